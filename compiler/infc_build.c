@@ -1,0 +1,139 @@
+/* infc_build: the build driver. */
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+#include "infc_build.h"
+#include "infc_hfconfig.h"
+#include "infc_safetensors.h"
+#include "infc_util.h"
+#include "ir_plan.h"
+#include "llama.h"
+#include "pass.h"
+
+struct infc_source {
+  infc_st *st;
+  char hash[17];
+};
+
+static bool st_find(void *ctx, const char *name, model_tensor *out) {
+  const infc_st_tensor *t = infc_st_find(ctx, name);
+  if (!t) return false;
+  *out = (model_tensor){.dtype = t->dtype, .rank = t->rank, .data = t->data, .nbytes = t->nbytes};
+  for (int i = 0; i < t->rank; i++) out->shape[i] = t->shape[i];
+  return true;
+}
+
+/* XXH3 over config.json and every tensor's name, dtype, shape and bytes. */
+static void hash_source(infc_source *s, const char *config_text) {
+  XXH3_state_t *h = XXH3_createState();
+  if (!h) return;
+  XXH3_64bits_reset(h);
+  XXH3_64bits_update(h, config_text, strlen(config_text));
+  for (size_t i = 0; i < infc_st_count(s->st); i++) {
+    const infc_st_tensor *t = infc_st_get(s->st, i);
+    XXH3_64bits_update(h, t->name, strlen(t->name) + 1);
+    XXH3_64bits_update(h, &t->dtype, sizeof t->dtype);
+    XXH3_64bits_update(h, t->shape, sizeof t->shape[0] * (size_t)t->rank);
+    XXH3_64bits_update(h, t->data, t->nbytes);
+  }
+  snprintf(s->hash, sizeof s->hash, "%016llx", (unsigned long long)XXH3_64bits_digest(h));
+  XXH3_freeState(h);
+}
+
+static ir_status find_config(const char *src, char *cfg, size_t len, ir_diag *d) {
+  char dir[4096];
+  if (infc_is_dir(src)) snprintf(dir, sizeof dir, "%s", src);
+  else infc_path_dir(dir, sizeof dir, src);
+  if (!infc_path_join(cfg, len, dir, "config.json") || !infc_file_exists(cfg))
+    return ir_diag_set(d, IR_IO, "%s: no config.json beside the checkpoint", src);
+  return IR_OK;
+}
+
+static ir_status check_format(const char *src, ir_diag *d) {
+  const char *dot = strrchr(src, '.');
+  if (!infc_is_dir(src) && !infc_file_exists(src))
+    return ir_diag_set(d, IR_IO, "%s: no such file or directory", src);
+  if (dot && (!strcmp(dot, ".onnx") || !strcmp(dot, ".gguf")))
+    return ir_diag_set(d, IR_UNSUPPORTED, "%s: %s models are not supported by this build yet",
+                       src, dot + 1);
+  return IR_OK;
+}
+
+ir_status infc_source_open(const char *src, const infc_options *o, infc_source **out,
+                           ir_graph **out_graph, ir_diag *d) {
+  char cfg[4096], *text = NULL;
+  model_llama_params p;
+  *out = NULL;
+  *out_graph = NULL;
+  ir_status st = check_format(src, d);
+  if (st == IR_OK) st = find_config(src, cfg, sizeof cfg, d);
+  if (st == IR_OK) st = infc_hfconfig_load(cfg, &p, d);
+  if (st == IR_OK && (st = infc_read_file(cfg, 16u << 20, &text, NULL, d)) != IR_OK)
+    ir_diag_prefix(d, "%s", cfg);
+  infc_source *s = st == IR_OK ? calloc(1, sizeof *s) : NULL;
+  if (st == IR_OK && !s) st = ir_diag_set(d, IR_OOM, "out of memory");
+  if (st == IR_OK) st = infc_st_open(src, &s->st, d);
+  if (st == IR_OK) {
+    hash_source(s, text);
+    model_tensor_src ts = {.ctx = s->st, .find = st_find};
+    st = model_llama_build(&p, &ts, &o->model, out_graph, d);
+    if (st != IR_OK) ir_diag_prefix(d, "%s", src);
+  }
+  free(text);
+  if (st != IR_OK) {
+    infc_source_close(s);
+    return st;
+  }
+  *out = s;
+  return IR_OK;
+}
+
+void infc_source_close(infc_source *s) {
+  if (!s) return;
+  infc_st_close(s->st);
+  free(s);
+}
+
+const char *infc_source_hash(const infc_source *s) { return s->hash; }
+
+static void fill_report(const ir_graph *g, int before, infc_build_report *r) {
+  if (!r) return;
+  r->nodes_before = before;
+  r->nodes_after = g->n_nodes;
+  r->weight_bytes = 0;
+  for (int32_t i = 0; i < g->n_tensors; i++)
+    if (g->tensors[i].kind == IR_TENSOR_WEIGHT) r->weight_bytes += g->tensors[i].nbytes;
+  r->arena_bytes = g->arena_size;
+  snprintf(r->source_kind, sizeof r->source_kind, "safetensors");
+}
+
+ir_status infc_build(const char *src, const infc_options *opts, const char *out_path,
+                     FILE *dump_ir, infc_build_report *report, ir_diag *d) {
+  infc_options o = *opts;
+  model_build_opts *m = &o.model;
+  if (m->max_seqs > m->max_tokens) m->max_seqs = m->max_tokens;
+  if (m->max_logits > m->max_tokens) m->max_logits = m->max_tokens;
+  infc_source *s = NULL;
+  ir_graph *g = NULL;
+  ir_status st = infc_source_open(src, &o, &s, &g, d);
+  if (st != IR_OK) return st;
+  int before = g->n_nodes;
+  pass_opts po = {.fold = o.fold, .fuse = o.fuse, .dump_ir = dump_ir};
+  pass_log log = {0};
+  st = pass_pipeline_run(g, &po, &log, d);
+  if (st == IR_OK) {
+    const char *keys[16], *vals[16];
+    char buf[1024];
+    int n = infc_options_describe(&o, keys, vals, 16, buf, sizeof buf);
+    ir_plan_info info = {.target = o.target, .source_hash = infc_source_hash(s),
+                         .option_keys = keys, .option_values = vals, .n_options = n,
+                         .pass_log = (const char *const *)log.lines, .n_pass_log = log.n};
+    st = ir_plan_write(g, &info, out_path, d);
+  }
+  if (st == IR_OK) fill_report(g, before, report);
+  pass_log_free(&log);
+  ir_graph_destroy(g);
+  infc_source_close(s);
+  return st;
+}

@@ -1,0 +1,32 @@
+/* infc_build: from a source model to a plan file: frontend -> template -> passes ->
+ * serialisation. Used by `infc build` and by tests. */
+#ifndef INFC_BUILD_H
+#define INFC_BUILD_H
+
+#include <stdio.h>
+
+#include "infc_options.h"
+#include "ir.h"
+
+typedef struct infc_build_report {
+  int nodes_before; /* after lowering, before passes */
+  int nodes_after;
+  uint64_t weight_bytes;
+  uint64_t arena_bytes;
+  char source_kind[16]; /* "safetensors" */
+} infc_build_report;
+
+/* Lowers `src` (an HF checkpoint directory with config.json, or a .safetensors file with
+ * config.json beside it) to an optimised graph. *out owned by the caller. The source
+ * files stay mapped until infc_source_close. dump_ir may be NULL. */
+typedef struct infc_source infc_source;
+ir_status infc_source_open(const char *src, const infc_options *o, infc_source **out,
+                           ir_graph **out_graph, ir_diag *d);
+void infc_source_close(infc_source *s);
+const char *infc_source_hash(const infc_source *s);
+
+/* The whole build: writes the plan to out_path. report may be NULL. */
+ir_status infc_build(const char *src, const infc_options *o, const char *out_path, FILE *dump_ir,
+                     infc_build_report *report, ir_diag *d);
+
+#endif

@@ -1,0 +1,144 @@
+/* infc_hfconfig: config.json -> model_llama_params, with every key checked. */
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "infc_hfconfig.h"
+#include "infc_util.h"
+
+typedef struct cfg_reader {
+  const cJSON *root;
+  ir_diag *d;
+  ir_status st;
+} cfg_reader;
+
+/* An integer value; `required` keys that are absent or null are errors. */
+static int64_t get_int(cfg_reader *r, const char *key, bool required, int64_t def) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(r->root, key);
+  if (!v || cJSON_IsNull(v)) {
+    if (required && r->st == IR_OK)
+      r->st = ir_diag_set(r->d, IR_BAD_FORMAT, "missing key '%s'", key);
+    return def;
+  }
+  if (cJSON_IsArray(v) && cJSON_GetArraySize(v) > 0) v = cJSON_GetArrayItem(v, 0);
+  if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) ||
+      fabs(v->valuedouble) > 9007199254740992.0) {
+    if (r->st == IR_OK)
+      r->st = ir_diag_set(r->d, IR_BAD_FORMAT, "key '%s' must be an integer", key);
+    return def;
+  }
+  return (int64_t)v->valuedouble;
+}
+
+static double get_num(cfg_reader *r, const char *key, bool required, double def) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(r->root, key);
+  if (!v || cJSON_IsNull(v)) {
+    if (required && r->st == IR_OK)
+      r->st = ir_diag_set(r->d, IR_BAD_FORMAT, "missing key '%s'", key);
+    return def;
+  }
+  if (!cJSON_IsNumber(v)) {
+    if (r->st == IR_OK) r->st = ir_diag_set(r->d, IR_BAD_FORMAT, "key '%s' must be a number", key);
+    return def;
+  }
+  return v->valuedouble;
+}
+
+static bool get_bool(cfg_reader *r, const char *key, bool def) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(r->root, key);
+  if (!v || cJSON_IsNull(v)) return def;
+  if (!cJSON_IsBool(v)) {
+    if (r->st == IR_OK) r->st = ir_diag_set(r->d, IR_BAD_FORMAT, "key '%s' must be true or false", key);
+    return def;
+  }
+  return cJSON_IsTrue(v);
+}
+
+static const char *get_str(cfg_reader *r, const char *key) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(r->root, key);
+  if (!v || cJSON_IsNull(v)) return NULL;
+  if (!cJSON_IsString(v)) {
+    if (r->st == IR_OK) r->st = ir_diag_set(r->d, IR_BAD_FORMAT, "key '%s' must be a string", key);
+    return NULL;
+  }
+  return v->valuestring;
+}
+
+/* Features that change the math and that the template does not implement yet. */
+static void check_unsupported(cfg_reader *r) {
+  const char *act = get_str(r, "hidden_act");
+  if (act && strcmp(act, "silu") != 0 && r->st == IR_OK)
+    r->st = ir_diag_set(r->d, IR_UNSUPPORTED, "hidden_act '%s' is not supported (only silu)", act);
+  const cJSON *rs = cJSON_GetObjectItemCaseSensitive(r->root, "rope_scaling");
+  if (rs && !cJSON_IsNull(rs) && r->st == IR_OK) {
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");
+    if (!t) t = cJSON_GetObjectItemCaseSensitive(rs, "type");
+    r->st = ir_diag_set(r->d, IR_UNSUPPORTED, "rope_scaling type '%s' is not supported yet",
+                        cJSON_IsString(t) ? t->valuestring : "?");
+  }
+}
+
+static void read_arch(cfg_reader *r, model_llama_params *p) {
+  const char *mt = get_str(r, "model_type");
+  if (!mt) {
+    if (r->st == IR_OK) r->st = ir_diag_set(r->d, IR_BAD_FORMAT, "missing key 'model_type'");
+    return;
+  }
+  if (strcmp(mt, "llama") && strcmp(mt, "mistral") && strcmp(mt, "qwen2")) {
+    if (r->st == IR_OK)
+      r->st = ir_diag_set(r->d, IR_UNSUPPORTED, "model_type '%s' is not supported "
+                          "(supported: llama, mistral, qwen2)", mt);
+    return;
+  }
+  snprintf(p->arch, sizeof p->arch, "%s", mt);
+}
+
+static void read_sizes(cfg_reader *r, model_llama_params *p) {
+  p->hidden_size = get_int(r, "hidden_size", true, 0);
+  p->intermediate_size = get_int(r, "intermediate_size", true, 0);
+  p->n_layers = get_int(r, "num_hidden_layers", true, 0);
+  p->n_heads = get_int(r, "num_attention_heads", true, 0);
+  p->vocab_size = get_int(r, "vocab_size", true, 0);
+  p->rms_norm_eps = get_num(r, "rms_norm_eps", true, 0);
+  p->n_kv_heads = get_int(r, "num_key_value_heads", false, p->n_heads);
+  int64_t def_hd = p->n_heads > 0 ? p->hidden_size / p->n_heads : 0;
+  p->head_dim = get_int(r, "head_dim", false, def_hd);
+  p->max_position = get_int(r, "max_position_embeddings", false, 2048);
+  p->rope_theta = get_num(r, "rope_theta", false, 10000.0);
+  p->bos_token_id = get_int(r, "bos_token_id", false, -1);
+  p->eos_token_id = get_int(r, "eos_token_id", false, -1);
+}
+
+ir_status infc_hfconfig_parse(const char *json, model_llama_params *out, ir_diag *d) {
+  memset(out, 0, sizeof *out);
+  cJSON *root = cJSON_Parse(json);
+  if (!root || !cJSON_IsObject(root)) {
+    cJSON_Delete(root);
+    return ir_diag_set(d, IR_BAD_FORMAT, "not a JSON object");
+  }
+  cfg_reader r = {.root = root, .d = d, .st = IR_OK};
+  read_arch(&r, out);
+  read_sizes(&r, out);
+  bool qwen = strcmp(out->arch, "qwen2") == 0;
+  out->tie_word_embeddings = get_bool(&r, "tie_word_embeddings", false);
+  out->attention_bias = qwen || get_bool(&r, "attention_bias", false);
+  check_unsupported(&r);
+  /* A sliding window only changes results past its length: cap the context there. */
+  int64_t window = get_int(&r, "sliding_window", false, 0);
+  bool use_window = strcmp(out->arch, "mistral") == 0 || get_bool(&r, "use_sliding_window", false);
+  if (use_window && window > 0 && window < out->max_position) out->max_position = window;
+  cJSON_Delete(root);
+  if (r.st == IR_OK) r.st = model_llama_check(out, d);
+  return r.st;
+}
+
+ir_status infc_hfconfig_load(const char *path, model_llama_params *out, ir_diag *d) {
+  char *text = NULL;
+  ir_status st = infc_read_file(path, 16u << 20, &text, NULL, d);
+  if (st == IR_OK) st = infc_hfconfig_parse(text, out, d);
+  free(text);
+  if (st != IR_OK) ir_diag_prefix(d, "%s", path);
+  return st;
+}

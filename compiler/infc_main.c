@@ -1,0 +1,200 @@
+/* infc: the ahead-of-time compiler's command line (build, inspect). */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "infc_build.h"
+#include "ir_plan.h"
+
+static int usage_main(FILE *f) {
+  fputs("usage: infc <command> [options]\n\n"
+        "commands:\n"
+        "  build SRC -o model.plan   compile a model (HF checkpoint dir with config.json +\n"
+        "                            safetensors) into a plan file\n"
+        "  inspect model.plan        show a plan's config, tensors, ops, options and format\n\n"
+        "options: --help, --version. `infc <command> --help` for a command's options.\n", f);
+  return f == stderr ? 2 : 0;
+}
+
+static int usage_build(FILE *f) {
+  fputs("usage: infc build SRC -o OUT [options]\n\n"
+        "  -o, --output PATH      plan file to write (required)\n"
+        "  -c, --config PATH      build options file (YAML; see README)\n"
+        "      --dtype T          weight dtype: auto (as stored), f32, f16, bf16\n"
+        "      --max-tokens N     tokens per step (default 512)\n"
+        "      --max-seqs N       sequences per step (default 64)\n"
+        "      --max-logits N     logit rows per step (default 64)\n"
+        "      --kv-block-size N  tokens per KV cache block (default 16)\n"
+        "      --max-context N    cap the context length (default: the model's)\n"
+        "      --no-fold          disable constant folding\n"
+        "      --no-fuse          disable fusion passes\n"
+        "      --dump-ir          print the IR after each pass to stdout\n"
+        "  -q, --quiet            print nothing on success\n", f);
+  return f == stderr ? 2 : 0;
+}
+
+static int fail(const char *msg) {
+  fprintf(stderr, "infc: error: %s\n", msg);
+  return 1;
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+typedef struct build_args {
+  const char *src, *out;
+  bool dump, quiet;
+} build_args;
+
+static int parse_build(int argc, char **argv, infc_options *o, build_args *a) {
+  static const struct option longs[] = {
+      {"output", required_argument, 0, 'o'},  {"config", required_argument, 0, 'c'},
+      {"dtype", required_argument, 0, 1},     {"max-tokens", required_argument, 0, 2},
+      {"max-seqs", required_argument, 0, 3},  {"max-logits", required_argument, 0, 4},
+      {"kv-block-size", required_argument, 0, 5}, {"max-context", required_argument, 0, 6},
+      {"no-fold", no_argument, 0, 7},         {"no-fuse", no_argument, 0, 8},
+      {"dump-ir", no_argument, 0, 9},         {"quiet", no_argument, 0, 'q'},
+      {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
+  static const char *keys[] = {"", "dtype", "max_tokens", "max_seqs", "max_logits",
+                               "kv_block_size", "max_context", "fold", "fuse"};
+  ir_diag d = {0};
+  int c;
+  while ((c = getopt_long(argc, argv, "o:c:qh", longs, NULL)) != -1) {
+    ir_status st = IR_OK;
+    if (c == 'o') a->out = optarg;
+    else if (c == 'c') st = infc_options_load_yaml(o, optarg, &d);
+    else if (c >= 1 && c <= 6) st = infc_options_set(o, keys[c], optarg, &d);
+    else if (c == 7 || c == 8) st = infc_options_set(o, keys[c], "false", &d);
+    else if (c == 9) a->dump = true;
+    else if (c == 'q') a->quiet = true;
+    else if (c == 'h') return usage_build(stdout) - 1;
+    else return usage_build(stderr);
+    if (st != IR_OK) return fail(d.msg);
+  }
+  if (optind != argc - 1 || !a->out) return usage_build(stderr);
+  a->src = argv[optind];
+  return 0;
+}
+
+static int cmd_build(int argc, char **argv) {
+  infc_options o = infc_options_default();
+  build_args a = {0};
+  int rc = parse_build(argc, argv, &o, &a);
+  if (rc) return rc < 0 ? 0 : rc;
+  ir_diag d = {0};
+  infc_build_report r = {0};
+  double t0 = now_s();
+  if (infc_build(a.src, &o, a.out, a.dump ? stdout : NULL, &r, &d) != IR_OK) return fail(d.msg);
+  if (!a.quiet)
+    printf("infc: built %s from %s (%s): %d -> %d ops, %.1f MiB weights, %.1f MiB arena, "
+           "%.2f s\n", a.out, a.src, r.source_kind, r.nodes_before, r.nodes_after,
+           (double)r.weight_bytes / 1048576.0, (double)r.arena_bytes / 1048576.0, now_s() - t0);
+  return 0;
+}
+
+static void print_op_counts(const ir_graph *g) {
+  int counts[IR_OP_COUNT] = {0};
+  for (int32_t i = 0; i < g->n_nodes; i++) counts[g->nodes[i].op]++;
+  printf("ops:         %d", g->n_nodes);
+  for (int op = 1; op < IR_OP_COUNT; op++)
+    if (counts[op]) printf(" %s=%d", ir_op_name((ir_op)op), counts[op]);
+  printf("\n");
+}
+
+static void print_tensors(const ir_graph *g, bool all) {
+  uint64_t by_type[IR_DTYPE_COUNT] = {0};
+  int n = 0;
+  for (int32_t i = 0; i < g->n_tensors; i++) {
+    const ir_tensor *t = &g->tensors[i];
+    if (t->kind != IR_TENSOR_WEIGHT) continue;
+    by_type[t->dtype] += t->nbytes;
+    n++;
+    if (!all) continue;
+    char shape[96];
+    ir_tensor_format_shape(t, shape, sizeof shape);
+    printf("  %-56s %-5s %-16s %10llu B\n", t->name, ir_dtype_name(t->dtype), shape,
+           (unsigned long long)t->nbytes);
+  }
+  printf("weights:     %d tensors;", n);
+  for (int t = 1; t < IR_DTYPE_COUNT; t++)
+    if (by_type[t]) printf(" %s %.2f MiB", ir_dtype_name((ir_dtype)t), (double)by_type[t] / 1048576.0);
+  printf("\n");
+}
+
+static void print_plan(const ir_plan *p, bool tensors) {
+  const ir_plan_header *h = ir_plan_get_header(p);
+  const ir_graph *g = ir_plan_graph(p);
+  const ir_model_config *c = &g->config;
+  printf("format:      %u.%u (%s), %llu bytes\n", h->version_major, h->version_minor,
+         ir_plan_producer(p), (unsigned long long)h->file_size);
+  printf("target:      %s\nsource hash: %s\n", ir_plan_target(p), ir_plan_source_hash(p));
+  printf("model:       %s, vocab %lld, hidden %lld, layers %lld, heads %lld (kv %lld), "
+         "head_dim %lld, ffn %lld\n", c->arch, (long long)c->vocab_size, (long long)c->hidden_size,
+         (long long)c->n_layers, (long long)c->n_heads, (long long)c->n_kv_heads,
+         (long long)c->head_dim, (long long)c->intermediate_size);
+  printf("             context %lld, rope_theta %g, rms_norm_eps %g, tied embeddings %s, "
+         "qkv bias %s, bos %lld, eos %lld\n", (long long)c->max_position, c->rope_theta,
+         c->rms_norm_eps, c->tie_word_embeddings ? "yes" : "no", c->attention_bias ? "yes" : "no",
+         (long long)c->bos_token_id, (long long)c->eos_token_id);
+  printf("step limits: %lld tokens, %lld sequences, %lld logit rows; KV block %lld\n",
+         (long long)c->max_tokens, (long long)c->max_seqs, (long long)c->max_logits,
+         (long long)c->kv_block_size);
+  print_tensors(g, tensors);
+  print_op_counts(g);
+  printf("arena:       %.2f MiB\n", (double)g->arena_size / 1048576.0);
+  printf("options:    ");
+  for (int i = 0; i < ir_plan_n_options(p); i++) {
+    const char *k, *v;
+    ir_plan_option(p, i, &k, &v);
+    printf(" %s=%s", k, v);
+  }
+  printf("\n");
+  for (int i = 0; i < ir_plan_n_pass_log(p); i++) printf("pass:        %s\n", ir_plan_pass_log(p, i));
+}
+
+static int cmd_inspect(int argc, char **argv) {
+  static const struct option longs[] = {{"tensors", no_argument, 0, 't'},
+                                        {"ir", no_argument, 0, 'i'},
+                                        {"help", no_argument, 0, 'h'},
+                                        {0, 0, 0, 0}};
+  bool tensors = false, ir = false;
+  int c;
+  while ((c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
+    if (c == 't') tensors = true;
+    else if (c == 'i') ir = true;
+    else {
+      fputs("usage: infc inspect model.plan [--tensors] [--ir]\n"
+            "  --tensors  list every weight tensor\n"
+            "  --ir       print the program\n", c == 'h' ? stdout : stderr);
+      return c == 'h' ? 0 : 2;
+    }
+  }
+  if (optind != argc - 1) return fail("inspect needs one plan file (see infc inspect --help)");
+  ir_plan *p = NULL;
+  ir_diag d = {0};
+  if (ir_plan_open(argv[optind], IR_PLAN_VERIFY_ALL, &p, &d) != IR_OK) return fail(d.msg);
+  print_plan(p, tensors);
+  if (ir) ir_graph_print(ir_plan_graph(p), stdout);
+  ir_plan_close(p);
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) return usage_main(stderr);
+  const char *cmd = argv[1];
+  if (!strcmp(cmd, "--version") || !strcmp(cmd, "version")) {
+    printf("infc %s (plan format %d.%d)\n", INFC_VERSION, IR_PLAN_VERSION_MAJOR,
+           IR_PLAN_VERSION_MINOR);
+    return 0;
+  }
+  if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) return usage_main(stdout);
+  if (!strcmp(cmd, "build")) return cmd_build(argc - 1, argv + 1);
+  if (!strcmp(cmd, "inspect")) return cmd_inspect(argc - 1, argv + 1);
+  fprintf(stderr, "infc: error: unknown command '%s'\n", cmd);
+  return usage_main(stderr);
+}

@@ -1,0 +1,140 @@
+/* infc_options: parsing and recording build options. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <yaml.h>
+
+#include "infc_options.h"
+
+infc_options infc_options_default(void) {
+  infc_options o = {.model = model_build_opts_default(), .fold = true, .fuse = true};
+  snprintf(o.target, sizeof o.target, "cpu");
+  return o;
+}
+
+static ir_status parse_int(const char *key, const char *v, int64_t lo, int64_t hi, int64_t *out,
+                           ir_diag *d) {
+  char *end = NULL;
+  long long x = strtoll(v, &end, 10);
+  if (!*v || *end || x < lo || x > hi)
+    return ir_diag_set(d, IR_INVALID_ARG, "option '%s': '%s' is not an integer in [%lld, %lld]",
+                       key, v, (long long)lo, (long long)hi);
+  *out = x;
+  return IR_OK;
+}
+
+static ir_status parse_bool(const char *key, const char *v, bool *out, ir_diag *d) {
+  if (!strcmp(v, "true") || !strcmp(v, "on") || !strcmp(v, "1")) *out = true;
+  else if (!strcmp(v, "false") || !strcmp(v, "off") || !strcmp(v, "0")) *out = false;
+  else return ir_diag_set(d, IR_INVALID_ARG, "option '%s': '%s' is not true or false", key, v);
+  return IR_OK;
+}
+
+static ir_status set_dtype(infc_options *o, const char *v, ir_diag *d) {
+  if (!strcmp(v, "auto")) {
+    o->model.weight_dtype = IR_DTYPE_INVALID;
+    return IR_OK;
+  }
+  ir_dtype t = ir_dtype_from_name(v);
+  if (t != IR_F32 && t != IR_F16 && t != IR_BF16)
+    return ir_diag_set(d, IR_INVALID_ARG, "option 'dtype': '%s' is not one of auto, f32, f16, bf16", v);
+  o->model.weight_dtype = t;
+  return IR_OK;
+}
+
+ir_status infc_options_set(infc_options *o, const char *key, const char *v, ir_diag *d) {
+  model_build_opts *m = &o->model;
+  if (!strcmp(key, "dtype")) return set_dtype(o, v, d);
+  if (!strcmp(key, "max_tokens")) return parse_int(key, v, 1, 1 << 20, &m->max_tokens, d);
+  if (!strcmp(key, "max_seqs")) return parse_int(key, v, 1, 1 << 16, &m->max_seqs, d);
+  if (!strcmp(key, "max_logits")) return parse_int(key, v, 1, 1 << 16, &m->max_logits, d);
+  if (!strcmp(key, "kv_block_size")) return parse_int(key, v, 1, 4096, &m->kv_block_size, d);
+  if (!strcmp(key, "max_context")) return parse_int(key, v, 0, 1 << 24, &m->max_context, d);
+  if (!strcmp(key, "passes.fold") || !strcmp(key, "fold")) return parse_bool(key, v, &o->fold, d);
+  if (!strcmp(key, "passes.fuse") || !strcmp(key, "fuse")) return parse_bool(key, v, &o->fuse, d);
+  if (!strcmp(key, "target")) {
+    if (strcmp(v, "cpu") != 0)
+      return ir_diag_set(d, IR_UNSUPPORTED, "option 'target': '%s' is not supported yet (cpu)", v);
+    snprintf(o->target, sizeof o->target, "%s", v);
+    return IR_OK;
+  }
+  return ir_diag_set(d, IR_INVALID_ARG, "unknown option '%s'", key);
+}
+
+/* Applies every scalar pair of a mapping node; nested mappings prefix their keys. */
+static ir_status apply_mapping(infc_options *o, yaml_document_t *doc, yaml_node_t *map,
+                               const char *prefix, ir_diag *d) {
+  for (yaml_node_pair_t *p = map->data.mapping.pairs.start; p < map->data.mapping.pairs.top; p++) {
+    yaml_node_t *k = yaml_document_get_node(doc, p->key);
+    yaml_node_t *v = yaml_document_get_node(doc, p->value);
+    if (!k || !v || k->type != YAML_SCALAR_NODE)
+      return ir_diag_set(d, IR_BAD_FORMAT, "line %zu: expected a key", map->start_mark.line + 1);
+    char key[128];
+    snprintf(key, sizeof key, "%s%s", prefix, (const char *)k->data.scalar.value);
+    ir_status st;
+    if (v->type == YAML_MAPPING_NODE && !*prefix) {
+      char sub[130];
+      snprintf(sub, sizeof sub, "%s.", key);
+      st = apply_mapping(o, doc, v, sub, d);
+    } else if (v->type != YAML_SCALAR_NODE) {
+      st = ir_diag_set(d, IR_BAD_FORMAT, "option '%s' must be a scalar", key);
+    } else {
+      st = infc_options_set(o, key, (const char *)v->data.scalar.value, d);
+    }
+    if (st != IR_OK) {
+      ir_diag_prefix(d, "line %zu", k->start_mark.line + 1);
+      return st;
+    }
+  }
+  return IR_OK;
+}
+
+ir_status infc_options_load_yaml(infc_options *o, const char *path, ir_diag *d) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return ir_diag_set(d, IR_IO, "%s: cannot open", path);
+  yaml_parser_t parser;
+  yaml_document_t doc;
+  ir_status st = IR_OK;
+  yaml_parser_initialize(&parser);
+  yaml_parser_set_input_file(&parser, f);
+  if (!yaml_parser_load(&parser, &doc)) {
+    st = ir_diag_set(d, IR_BAD_FORMAT, "line %zu: %s", parser.problem_mark.line + 1,
+                     parser.problem ? parser.problem : "YAML syntax error");
+  } else {
+    yaml_node_t *root = yaml_document_get_root_node(&doc);
+    if (root && root->type == YAML_MAPPING_NODE) st = apply_mapping(o, &doc, root, "", d);
+    else if (root) st = ir_diag_set(d, IR_BAD_FORMAT, "top level must be a mapping of options");
+    yaml_document_delete(&doc);
+  }
+  yaml_parser_delete(&parser);
+  fclose(f);
+  if (st != IR_OK) ir_diag_prefix(d, "%s", path);
+  return st;
+}
+
+int infc_options_describe(const infc_options *o, const char **keys, const char **values, int cap,
+                          char *buf, size_t len) {
+  const model_build_opts *m = &o->model;
+  char tmp[8][32];
+  const char *k[8] = {"dtype", "max_tokens", "max_seqs", "max_logits", "kv_block_size",
+                      "max_context", "passes", "target"};
+  snprintf(tmp[0], 32, "%s", m->weight_dtype ? ir_dtype_name(m->weight_dtype) : "auto");
+  snprintf(tmp[1], 32, "%lld", (long long)m->max_tokens);
+  snprintf(tmp[2], 32, "%lld", (long long)m->max_seqs);
+  snprintf(tmp[3], 32, "%lld", (long long)m->max_logits);
+  snprintf(tmp[4], 32, "%lld", (long long)m->kv_block_size);
+  snprintf(tmp[5], 32, "%lld", (long long)m->max_context);
+  snprintf(tmp[6], 32, "fold=%d fuse=%d", o->fold, o->fuse);
+  snprintf(tmp[7], 32, "%s", o->target);
+  int n = 0;
+  size_t off = 0;
+  for (int i = 0; i < 8 && n < cap; i++) {
+    size_t l = strlen(tmp[i]) + 1;
+    if (off + l > len) break;
+    memcpy(buf + off, tmp[i], l);
+    keys[n] = k[i];
+    values[n++] = buf + off;
+    off += l;
+  }
+  return n;
+}

@@ -1,0 +1,41 @@
+/* infc_options: build options from build.yaml (libyaml) and the command line.
+ *
+ *   dtype: auto | f32 | f16 | bf16    # weight dtype in the plan (auto: as the checkpoint)
+ *   max_tokens: 512                   # tokens per step (T); sizes the activation arena
+ *   max_seqs: 64                      # sequences per step (S)
+ *   max_logits: 64                    # logit rows per step (L)
+ *   kv_block_size: 16                 # tokens per KV cache block
+ *   max_context: 0                    # cap on context length (0: the model's)
+ *   target: cpu
+ *   passes: { fold: true, fuse: true }
+ */
+#ifndef INFC_OPTIONS_H
+#define INFC_OPTIONS_H
+
+#include <stdbool.h>
+
+#include "ir_status.h"
+#include "model.h"
+
+typedef struct infc_options {
+  model_build_opts model;
+  bool fold;
+  bool fuse;
+  char target[16];
+} infc_options;
+
+infc_options infc_options_default(void);
+
+/* Applies one option given as text (from YAML or a --key value flag). Unknown keys and
+ * bad values are errors naming the key. */
+ir_status infc_options_set(infc_options *o, const char *key, const char *value, ir_diag *d);
+
+/* Reads a build.yaml; keys as above, `passes` as a nested mapping. Errors name the line. */
+ir_status infc_options_load_yaml(infc_options *o, const char *path, ir_diag *d);
+
+/* The effective options as key/value text, for recording in the plan. Fills up to `cap`
+ * entries of keys/values (values are written into `buf` of len bytes). Returns count. */
+int infc_options_describe(const infc_options *o, const char **keys, const char **values, int cap,
+                          char *buf, size_t len);
+
+#endif

@@ -1,0 +1,193 @@
+/* ir: the graph every frontend lowers to and every pass rewrites. Tensors are typed,
+ * with static or symbolic dims; weights are referenced in place (a source mmap or a
+ * plan mapping), never copied unless a pass creates new constant data. */
+#ifndef IR_H
+#define IR_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "ir_dtype.h"
+#include "ir_status.h"
+
+#define IR_MAX_RANK 6
+#define IR_MAX_IO 16
+#define IR_MAX_ATTRS 12
+
+/* Symbolic extents, bound per runtime step. Values are stored in plans: append only. */
+typedef enum ir_sym {
+  IR_SYM_NONE = 0,
+  IR_SYM_TOKENS = 1, /* T: tokens in the step (prompt chunks and decodes, flat) */
+  IR_SYM_SEQS = 2,   /* S: sequences in the step */
+  IR_SYM_LOGITS = 3, /* L: tokens whose logits are wanted */
+  IR_SYM_COUNT
+} ir_sym;
+
+typedef struct ir_dim {
+  int64_t n;  /* the extent when sym == IR_SYM_NONE */
+  ir_sym sym; /* otherwise the extent is the symbol's value */
+} ir_dim;
+
+typedef enum ir_tensor_kind {
+  IR_TENSOR_ACT = 0,    /* produced by a node; lives in the activation arena */
+  IR_TENSOR_WEIGHT = 1, /* constant data */
+  IR_TENSOR_INPUT = 2,  /* filled by the runtime each step (in the arena) */
+} ir_tensor_kind;
+
+typedef struct ir_tensor {
+  char *name;
+  ir_dtype dtype;
+  int rank;
+  ir_dim dims[IR_MAX_RANK];
+  ir_tensor_kind kind;
+  const void *data;     /* WEIGHT: nbytes of data (borrowed, or owned by the graph) */
+  uint64_t nbytes;      /* WEIGHT: bytes of data */
+  int64_t arena_offset; /* ACT/INPUT: byte offset in the arena, -1 until planned */
+  int32_t producer;     /* node index, -1 for weights and inputs */
+} ir_tensor;
+
+/* The op vocabulary. Values are stored in plans: append only, never renumber.
+ * Shapes and attributes of each op are documented in ir_op.c next to its checker. */
+typedef enum ir_op {
+  IR_OP_INVALID = 0,
+  IR_OP_EMBED = 1,
+  IR_OP_RMS_NORM = 2,
+  IR_OP_ADD_RMS_NORM = 3,
+  IR_OP_MATMUL = 4,
+  IR_OP_ROPE = 5,
+  IR_OP_ATTENTION = 6,
+  IR_OP_SWIGLU = 7,
+  IR_OP_ADD = 8,
+  IR_OP_MUL = 9,
+  IR_OP_GATHER_ROWS = 10,
+  IR_OP_CAST = 11,
+  IR_OP_COUNT
+} ir_op;
+
+typedef enum ir_attr_type { IR_ATTR_INT = 0, IR_ATTR_FLOAT = 1 } ir_attr_type;
+
+typedef struct ir_attr {
+  const char *name; /* a static string from ir_attr_intern (plans keep the text) */
+  ir_attr_type type;
+  int64_t i;
+  double f;
+} ir_attr;
+
+typedef struct ir_node {
+  ir_op op;
+  char *name;
+  int n_in, n_out;
+  int32_t in[IR_MAX_IO];  /* tensor indices; -1 for an absent optional input */
+  int32_t out[IR_MAX_IO]; /* tensor indices */
+  int n_attrs;
+  ir_attr attrs[IR_MAX_ATTRS];
+} ir_node;
+
+/* Model-level facts the runtime needs, and the step limits the plan was built for. */
+typedef struct ir_model_config {
+  char arch[32];        /* "llama", "qwen2", ... */
+  int64_t vocab_size;
+  int64_t hidden_size;
+  int64_t n_layers;
+  int64_t n_heads;
+  int64_t n_kv_heads;
+  int64_t head_dim;
+  int64_t intermediate_size;
+  int64_t max_position;  /* longest context the rope table covers */
+  double rms_norm_eps;
+  double rope_theta;
+  bool tie_word_embeddings;
+  bool attention_bias;
+  int64_t bos_token_id; /* -1 if none */
+  int64_t eos_token_id; /* -1 if none */
+  /* step limits: the memory plan is sized for these */
+  int64_t max_tokens;   /* T max */
+  int64_t max_seqs;     /* S max */
+  int64_t max_logits;   /* L max */
+  int64_t kv_block_size;
+} ir_model_config;
+
+typedef struct ir_graph {
+  ir_tensor *tensors;
+  int32_t n_tensors, cap_tensors;
+  ir_node *nodes;
+  int32_t n_nodes, cap_nodes;
+  int32_t *inputs; /* tensor indices of IR_TENSOR_INPUT tensors, in order */
+  int32_t n_inputs;
+  int32_t *outputs; /* tensor indices the runtime reads after a step */
+  int32_t n_outputs;
+  ir_model_config config;
+  uint64_t arena_size; /* bytes, set by the memory planner */
+  void **owned;        /* data buffers the graph frees (folded constants, tables) */
+  int32_t n_owned, cap_owned;
+} ir_graph;
+
+/* --- graph construction ------------------------------------------------------------ */
+
+/* Returned graph is owned by the caller; ir_graph_destroy(NULL) is a no-op. */
+ir_graph *ir_graph_create(void);
+void ir_graph_destroy(ir_graph *g);
+
+/* Adds a tensor (name copied). Returns its index, or -1 on allocation failure. */
+int32_t ir_graph_add_tensor(ir_graph *g, const char *name, ir_dtype dt, int rank,
+                            const ir_dim *dims, ir_tensor_kind kind);
+/* A weight referencing `data` (borrowed: must outlive the graph, or be adopted). */
+int32_t ir_graph_add_weight(ir_graph *g, const char *name, ir_dtype dt, int rank,
+                            const int64_t *shape, const void *data, uint64_t nbytes);
+/* Takes ownership of a malloc'd buffer: freed by ir_graph_destroy. Returns false (and
+ * frees buf) on allocation failure. */
+bool ir_graph_adopt(ir_graph *g, void *buf);
+int32_t ir_graph_add_input(ir_graph *g, const char *name, ir_dtype dt, int rank,
+                           const ir_dim *dims);
+bool ir_graph_add_output(ir_graph *g, int32_t tensor);
+
+/* Adds a node whose output tensors are created from shape inference, named
+ * "<name>.out<i>" (or `name` itself for single-output nodes). Attributes are given as a
+ * NULL-terminated list built with IR_AI / IR_AF. On success returns the node index and
+ * the first output tensor in *out_tensor; on a type or shape error returns -1 with the
+ * reason in d. */
+int32_t ir_graph_add_node(ir_graph *g, ir_op op, const char *name, const int32_t *in, int n_in,
+                          const ir_attr *attrs, int n_attrs, int32_t *out_tensor, ir_diag *d);
+
+#define IR_AI(nm, v) ((ir_attr){.name = (nm), .type = IR_ATTR_INT, .i = (v)})
+#define IR_AF(nm, v) ((ir_attr){.name = (nm), .type = IR_ATTR_FLOAT, .f = (v)})
+
+/* Attribute lookup with a default. */
+int64_t ir_node_attr_i(const ir_node *n, const char *name, int64_t def);
+double ir_node_attr_f(const ir_node *n, const char *name, double def);
+bool ir_node_has_attr(const ir_node *n, const char *name);
+/* Returns the canonical static pointer for an attribute name, or NULL if unknown. */
+const char *ir_attr_intern(const char *name);
+
+/* --- queries ------------------------------------------------------------------------ */
+
+const char *ir_op_name(ir_op op);
+ir_op ir_op_from_name(const char *name);
+const char *ir_sym_name(ir_sym s);
+/* Extent of dim with symbols bound to `syms` (indexed by ir_sym; may be NULL, then the
+ * model's step limits are used: the worst case). */
+int64_t ir_dim_value(const ir_graph *g, ir_dim d, const int64_t *syms);
+uint64_t ir_tensor_elems(const ir_graph *g, const ir_tensor *t, const int64_t *syms);
+uint64_t ir_tensor_bytes(const ir_graph *g, const ir_tensor *t, const int64_t *syms);
+/* Index of the tensor with that name, or -1. Linear scan: for tools and tests. */
+int32_t ir_graph_find_tensor(const ir_graph *g, const char *name);
+
+/* --- checking and printing ---------------------------------------------------------- */
+
+/* Checks every node's input/output types, shapes and attributes, tensor indices, that
+ * each activation has exactly one producer that precedes its users, and that weights
+ * carry data of the right size. The first problem found is reported in d. */
+ir_status ir_graph_verify(const ir_graph *g, ir_diag *d);
+
+/* Infers the output dtypes and dims of node `n` from its inputs (used by add_node and
+ * by the verifier). out_* arrays have IR_MAX_IO entries. */
+ir_status ir_op_infer(const ir_graph *g, const ir_node *n, ir_dtype *out_dt, int *out_rank,
+                      ir_dim (*out_dims)[IR_MAX_RANK], int *out_n, ir_diag *d);
+
+/* Readable listing: config, inputs, weights summary, then one line per node. */
+void ir_graph_print(const ir_graph *g, FILE *f);
+void ir_tensor_format_shape(const ir_tensor *t, char *buf, size_t len);
+
+#endif

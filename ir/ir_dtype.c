@@ -1,0 +1,28 @@
+/* ir_dtype: names and sizes. */
+#include "ir_dtype.h"
+
+static const char *const k_names[IR_DTYPE_COUNT] = {
+    [IR_DTYPE_INVALID] = "invalid", [IR_F32] = "f32", [IR_F16] = "f16", [IR_BF16] = "bf16",
+    [IR_I64] = "i64",  [IR_I32] = "i32", [IR_I8] = "i8",   [IR_U8] = "u8", [IR_I4] = "i4",
+};
+
+bool ir_dtype_valid(ir_dtype t) { return t > IR_DTYPE_INVALID && t < IR_DTYPE_COUNT; }
+
+const char *ir_dtype_name(ir_dtype t) { return ir_dtype_valid(t) ? k_names[t] : "invalid"; }
+
+ir_dtype ir_dtype_from_name(const char *name) {
+  for (int t = 1; t < IR_DTYPE_COUNT; t++)
+    if (strcmp(name, k_names[t]) == 0) return (ir_dtype)t;
+  return IR_DTYPE_INVALID;
+}
+
+uint64_t ir_dtype_bytes(ir_dtype t, uint64_t n) {
+  switch (t) {
+  case IR_F32: case IR_I32: return n * 4;
+  case IR_F16: case IR_BF16: return n * 2;
+  case IR_I64: return n * 8;
+  case IR_I8: case IR_U8: return n;
+  case IR_I4: return (n + 1) / 2;
+  default: return 0;
+  }
+}

@@ -1,0 +1,92 @@
+/* ir_dtype: element types of tensors, their sizes, names and scalar conversions. */
+#ifndef IR_DTYPE_H
+#define IR_DTYPE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <string.h>
+
+/* Values are stored in plan files: append only, never renumber. */
+typedef enum ir_dtype {
+  IR_DTYPE_INVALID = 0,
+  IR_F32 = 1,
+  IR_F16 = 2,
+  IR_BF16 = 3,
+  IR_I64 = 4,
+  IR_I32 = 5,
+  IR_I8 = 6,
+  IR_U8 = 7,
+  IR_I4 = 8, /* packed two per byte, low nibble first */
+  IR_DTYPE_COUNT
+} ir_dtype;
+
+const char *ir_dtype_name(ir_dtype t);
+ir_dtype ir_dtype_from_name(const char *name); /* "f32", "bf16", ...; INVALID if unknown */
+bool ir_dtype_valid(ir_dtype t);
+/* Bytes for n elements (int4 rounds up to whole bytes). 0 for an invalid dtype. */
+uint64_t ir_dtype_bytes(ir_dtype t, uint64_t n);
+
+static inline float ir_bf16_to_f32(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+/* Round to nearest even; NaN stays NaN. */
+static inline uint16_t ir_f32_to_bf16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+
+static inline float ir_f16_to_f32(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1fu;
+  uint32_t man = h & 0x3ffu;
+  uint32_t u;
+  if (exp == 0) {
+    if (man == 0) {
+      u = sign;
+    } else { /* subnormal: renormalise */
+      exp = 127 - 15 + 1;
+      while (!(man & 0x400u)) { man <<= 1; exp--; }
+      man &= 0x3ffu;
+      u = sign | (exp << 23) | (man << 13);
+    }
+  } else if (exp == 31) {
+    u = sign | 0x7f800000u | (man << 13);
+  } else {
+    u = sign | ((exp + 127 - 15) << 23) | (man << 13);
+  }
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+/* Round to nearest even, overflow to inf, NaN preserved. */
+static inline uint16_t ir_f32_to_f16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  uint32_t sign = (u >> 16) & 0x8000u;
+  uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);
+  if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* rounds to >= 65520 */
+  if (a < 0x38800000u) {                                     /* subnormal or zero in f16 */
+    if (a < 0x33000000u) return (uint16_t)sign;
+    uint32_t man = (a & 0x7fffffu) | 0x800000u;
+    int shift = 113 - (int)(a >> 23) + 13;
+    uint32_t half = 1u << (shift - 1);
+    uint32_t r = man >> shift;
+    uint32_t rem = man & ((1u << shift) - 1);
+    if (rem > half || (rem == half && (r & 1))) r++;
+    return (uint16_t)(sign | r);
+  }
+  uint32_t r = a - 0x38000000u; /* rebias exponent 127 -> 15 */
+  r = (r + 0xfffu + ((r >> 13) & 1u)) >> 13;
+  return (uint16_t)(sign | r);
+}
+
+#endif

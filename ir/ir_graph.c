@@ -1,0 +1,211 @@
+/* ir_graph: construction, ownership and queries of the IR graph. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ir.h"
+
+static bool grow(void **arr, int32_t *cap, int32_t need, size_t elem) {
+  if (need <= *cap) return true;
+  int32_t ncap = *cap ? *cap * 2 : 16;
+  while (ncap < need) ncap *= 2;
+  void *p = realloc(*arr, (size_t)ncap * elem);
+  if (!p) return false;
+  *arr = p;
+  *cap = ncap;
+  return true;
+}
+
+/* Input and output lists are short: one realloc per append is fine. */
+static bool append_i32(int32_t **arr, int32_t *n, int32_t v) {
+  int32_t *p = realloc(*arr, (size_t)(*n + 1) * sizeof(int32_t));
+  if (!p) return false;
+  p[(*n)++] = v;
+  *arr = p;
+  return true;
+}
+
+ir_graph *ir_graph_create(void) { return calloc(1, sizeof(ir_graph)); }
+
+void ir_graph_destroy(ir_graph *g) {
+  if (!g) return;
+  for (int32_t i = 0; i < g->n_tensors; i++) free(g->tensors[i].name);
+  for (int32_t i = 0; i < g->n_nodes; i++) free(g->nodes[i].name);
+  for (int32_t i = 0; i < g->n_owned; i++) free(g->owned[i]);
+  free(g->tensors);
+  free(g->nodes);
+  free(g->inputs);
+  free(g->outputs);
+  free(g->owned);
+  free(g);
+}
+
+bool ir_graph_adopt(ir_graph *g, void *buf) {
+  if (!grow((void **)&g->owned, &g->cap_owned, g->n_owned + 1, sizeof(void *))) {
+    free(buf);
+    return false;
+  }
+  g->owned[g->n_owned++] = buf;
+  return true;
+}
+
+int32_t ir_graph_add_tensor(ir_graph *g, const char *name, ir_dtype dt, int rank,
+                            const ir_dim *dims, ir_tensor_kind kind) {
+  if (rank < 0 || rank > IR_MAX_RANK) return -1;
+  if (!grow((void **)&g->tensors, &g->cap_tensors, g->n_tensors + 1, sizeof(ir_tensor)))
+    return -1;
+  char *nm = strdup(name);
+  if (!nm) return -1;
+  ir_tensor *t = &g->tensors[g->n_tensors];
+  memset(t, 0, sizeof *t);
+  t->name = nm;
+  t->dtype = dt;
+  t->rank = rank;
+  for (int i = 0; i < rank; i++) t->dims[i] = dims[i];
+  t->kind = kind;
+  t->arena_offset = -1;
+  t->producer = -1;
+  return g->n_tensors++;
+}
+
+int32_t ir_graph_add_weight(ir_graph *g, const char *name, ir_dtype dt, int rank,
+                            const int64_t *shape, const void *data, uint64_t nbytes) {
+  ir_dim dims[IR_MAX_RANK];
+  if (rank < 0 || rank > IR_MAX_RANK) return -1;
+  for (int i = 0; i < rank; i++) dims[i] = (ir_dim){.n = shape[i], .sym = IR_SYM_NONE};
+  int32_t id = ir_graph_add_tensor(g, name, dt, rank, dims, IR_TENSOR_WEIGHT);
+  if (id < 0) return -1;
+  g->tensors[id].data = data;
+  g->tensors[id].nbytes = nbytes;
+  return id;
+}
+
+int32_t ir_graph_add_input(ir_graph *g, const char *name, ir_dtype dt, int rank,
+                           const ir_dim *dims) {
+  int32_t id = ir_graph_add_tensor(g, name, dt, rank, dims, IR_TENSOR_INPUT);
+  if (id < 0) return -1;
+  return append_i32(&g->inputs, &g->n_inputs, id) ? id : -1;
+}
+
+bool ir_graph_add_output(ir_graph *g, int32_t tensor) {
+  return append_i32(&g->outputs, &g->n_outputs, tensor);
+}
+
+static char *output_name(const char *node_name, int i, int n_out) {
+  size_t len = strlen(node_name) + 16;
+  char *s = malloc(len);
+  if (!s) return NULL;
+  if (n_out == 1)
+    snprintf(s, len, "%s", node_name);
+  else
+    snprintf(s, len, "%s.out%d", node_name, i);
+  return s;
+}
+
+static int32_t add_outputs(ir_graph *g, ir_node *n, const ir_dtype *dt, const int *rank,
+                           ir_dim (*dims)[IR_MAX_RANK], int n_out) {
+  for (int i = 0; i < n_out; i++) {
+    char *nm = output_name(n->name, i, n_out);
+    if (!nm) return -1;
+    int32_t t = ir_graph_add_tensor(g, nm, dt[i], rank[i], dims[i], IR_TENSOR_ACT);
+    free(nm);
+    if (t < 0) return -1;
+    g->tensors[t].producer = g->n_nodes;
+    n->out[i] = t;
+  }
+  n->n_out = n_out;
+  return 0;
+}
+
+int32_t ir_graph_add_node(ir_graph *g, ir_op op, const char *name, const int32_t *in, int n_in,
+                          const ir_attr *attrs, int n_attrs, int32_t *out_tensor, ir_diag *d) {
+  if (n_in > IR_MAX_IO || n_attrs > IR_MAX_ATTRS) {
+    ir_diag_set(d, IR_INVALID_ARG, "node '%s': too many inputs or attributes", name);
+    return -1;
+  }
+  ir_node n = {.op = op, .n_in = n_in, .n_attrs = n_attrs};
+  memcpy(n.in, in, sizeof(int32_t) * (size_t)n_in);
+  memcpy(n.attrs, attrs, sizeof(ir_attr) * (size_t)n_attrs);
+  ir_dtype dt[IR_MAX_IO];
+  int rank[IR_MAX_IO], n_out = 0;
+  ir_dim dims[IR_MAX_IO][IR_MAX_RANK];
+  n.name = (char *)name; /* for messages only until copied below */
+  if (ir_op_infer(g, &n, dt, rank, dims, &n_out, d) != IR_OK) return -1;
+  if (!grow((void **)&g->nodes, &g->cap_nodes, g->n_nodes + 1, sizeof(ir_node)) ||
+      !(n.name = strdup(name))) {
+    ir_diag_set(d, IR_OOM, "out of memory adding node '%s'", name);
+    return -1;
+  }
+  if (add_outputs(g, &n, dt, rank, dims, n_out) < 0) {
+    free(n.name);
+    ir_diag_set(d, IR_OOM, "out of memory adding node '%s'", name);
+    return -1;
+  }
+  g->nodes[g->n_nodes] = n;
+  if (out_tensor) *out_tensor = n.out[0];
+  return g->n_nodes++;
+}
+
+static const ir_attr *find_attr(const ir_node *n, const char *name) {
+  for (int i = 0; i < n->n_attrs; i++)
+    if (strcmp(n->attrs[i].name, name) == 0) return &n->attrs[i];
+  return NULL;
+}
+
+int64_t ir_node_attr_i(const ir_node *n, const char *name, int64_t def) {
+  const ir_attr *a = find_attr(n, name);
+  return a ? (a->type == IR_ATTR_INT ? a->i : (int64_t)a->f) : def;
+}
+
+double ir_node_attr_f(const ir_node *n, const char *name, double def) {
+  const ir_attr *a = find_attr(n, name);
+  return a ? (a->type == IR_ATTR_FLOAT ? a->f : (double)a->i) : def;
+}
+
+bool ir_node_has_attr(const ir_node *n, const char *name) { return find_attr(n, name) != NULL; }
+
+static const char *const k_attr_names[] = {
+    "eps", "scale", "layer", "n_heads", "n_kv_heads", "head_dim", "rot_dim", "neox", "to",
+};
+
+const char *ir_attr_intern(const char *name) {
+  for (size_t i = 0; i < sizeof k_attr_names / sizeof *k_attr_names; i++)
+    if (strcmp(k_attr_names[i], name) == 0) return k_attr_names[i];
+  return NULL;
+}
+
+const char *ir_sym_name(ir_sym s) {
+  switch (s) {
+  case IR_SYM_TOKENS: return "T";
+  case IR_SYM_SEQS: return "S";
+  case IR_SYM_LOGITS: return "L";
+  default: return "?";
+  }
+}
+
+int64_t ir_dim_value(const ir_graph *g, ir_dim d, const int64_t *syms) {
+  if (d.sym == IR_SYM_NONE) return d.n;
+  if (syms) return syms[d.sym];
+  switch (d.sym) {
+  case IR_SYM_TOKENS: return g->config.max_tokens;
+  case IR_SYM_SEQS: return g->config.max_seqs;
+  case IR_SYM_LOGITS: return g->config.max_logits;
+  default: return 0;
+  }
+}
+
+uint64_t ir_tensor_elems(const ir_graph *g, const ir_tensor *t, const int64_t *syms) {
+  uint64_t n = 1;
+  for (int i = 0; i < t->rank; i++) n *= (uint64_t)ir_dim_value(g, t->dims[i], syms);
+  return n;
+}
+
+uint64_t ir_tensor_bytes(const ir_graph *g, const ir_tensor *t, const int64_t *syms) {
+  return ir_dtype_bytes(t->dtype, ir_tensor_elems(g, t, syms));
+}
+
+int32_t ir_graph_find_tensor(const ir_graph *g, const char *name) {
+  for (int32_t i = 0; i < g->n_tensors; i++)
+    if (strcmp(g->tensors[i].name, name) == 0) return i;
+  return -1;
+}

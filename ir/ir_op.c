@@ -1,0 +1,280 @@
+/* ir_op: op names, shape and type inference, and the graph verifier.
+ *
+ * Op contracts (T, L: symbolic; activations f32 unless stated):
+ *   embed(ids[T] i32, table[V,H] f32|f16|bf16)            -> [T,H]
+ *   rms_norm(x[..,H], w[H] f32; eps)                        -> like x
+ *   add_rms_norm(a[..,H], b like a, w[H]; eps)              -> (norm like a, sum like a)
+ *   matmul(x[M,K], w[N,K] f32|f16|bf16, bias[N] f32?)       -> [M,N]
+ *   rope(x[T,n_heads*head_dim], pos[T] i32, cs[P,rot/2,2]; n_heads, head_dim, rot_dim, neox)
+ *                                                           -> like x
+ *   attention(q[T,nh*hd], k[T,nkv*hd], v[T,nkv*hd]; layer, n_heads, n_kv_heads, head_dim,
+ *             scale)                                        -> [T,nh*hd] (reads/writes KV)
+ *   swiglu(gate, up same shape)                             -> like gate
+ *   add, mul(a, b same shape | b[last dim of a] | b scalar) -> like a (any float dtype)
+ *   gather_rows(x[T,H], rows[L] i32)                        -> [L,H]
+ *   cast(x; to)                                             -> like x, dtype `to`
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "ir.h"
+
+static const char *const k_op_names[IR_OP_COUNT] = {
+    [IR_OP_INVALID] = "invalid",         [IR_OP_EMBED] = "embed",
+    [IR_OP_RMS_NORM] = "rms_norm",       [IR_OP_ADD_RMS_NORM] = "add_rms_norm",
+    [IR_OP_MATMUL] = "matmul",           [IR_OP_ROPE] = "rope",
+    [IR_OP_ATTENTION] = "attention",     [IR_OP_SWIGLU] = "swiglu",
+    [IR_OP_ADD] = "add",                 [IR_OP_MUL] = "mul",
+    [IR_OP_GATHER_ROWS] = "gather_rows", [IR_OP_CAST] = "cast",
+};
+
+const char *ir_op_name(ir_op op) {
+  return (op > IR_OP_INVALID && op < IR_OP_COUNT) ? k_op_names[op] : "invalid";
+}
+
+ir_op ir_op_from_name(const char *name) {
+  for (int i = 1; i < IR_OP_COUNT; i++)
+    if (strcmp(k_op_names[i], name) == 0) return (ir_op)i;
+  return IR_OP_INVALID;
+}
+
+/* --- inference helpers ---------------------------------------------------------------- */
+
+typedef struct infer_ctx {
+  const ir_graph *g;
+  const ir_node *n;
+  ir_diag *d;
+} infer_ctx;
+
+static bool dim_eq(ir_dim a, ir_dim b) {
+  return a.sym == b.sym && (a.sym != IR_SYM_NONE || a.n == b.n);
+}
+
+static void fmt_dim(ir_dim d, char *buf, size_t len) {
+  if (d.sym != IR_SYM_NONE)
+    snprintf(buf, len, "%s", ir_sym_name(d.sym));
+  else
+    snprintf(buf, len, "%lld", (long long)d.n);
+}
+
+void ir_tensor_format_shape(const ir_tensor *t, char *buf, size_t len) {
+  size_t o = 0;
+  o += (size_t)snprintf(buf + o, len - o, "[");
+  for (int i = 0; i < t->rank && o < len; i++) {
+    char db[24];
+    fmt_dim(t->dims[i], db, sizeof db);
+    o += (size_t)snprintf(buf + o, len - o, "%s%s", i ? "," : "", db);
+  }
+  if (o < len) snprintf(buf + o, len - o, "]");
+}
+
+static ir_status fail(infer_ctx *c, const char *fmt, const char *a, const char *b) {
+  char msg[256];
+  snprintf(msg, sizeof msg, fmt, a, b);
+  return ir_diag_set(c->d, IR_BAD_FORMAT, "node '%s' (%s): %s", c->n->name,
+                     ir_op_name(c->n->op), msg);
+}
+
+/* Fetches input i; NULL (with an error) if absent and required or out of range. */
+static const ir_tensor *in_t(infer_ctx *c, int i, bool required) {
+  if (i >= c->n->n_in || c->n->in[i] < 0) {
+    char idx[16];
+    snprintf(idx, sizeof idx, "%d", i);
+    if (required) fail(c, "missing input %s%s", idx, "");
+    return NULL;
+  }
+  if (c->n->in[i] >= c->g->n_tensors) {
+    fail(c, "input index out of range%s%s", "", "");
+    return NULL;
+  }
+  return &c->g->tensors[c->n->in[i]];
+}
+
+static bool want_dtype(infer_ctx *c, const ir_tensor *t, ir_dtype a, ir_dtype b, ir_dtype e) {
+  if (t->dtype == a || t->dtype == b || t->dtype == e) return true;
+  fail(c, "input '%s' has unexpected dtype %s", t->name, ir_dtype_name(t->dtype));
+  return false;
+}
+
+static bool want_rank(infer_ctx *c, const ir_tensor *t, int rank) {
+  if (t->rank == rank) return true;
+  char buf[128];
+  ir_tensor_format_shape(t, buf, sizeof buf);
+  fail(c, "input '%s' has wrong rank: %s", t->name, buf);
+  return false;
+}
+
+static bool want_dim(infer_ctx *c, const ir_tensor *t, int axis, ir_dim want) {
+  if (axis < t->rank && axis >= 0 && dim_eq(t->dims[axis], want)) return true;
+  char buf[128], wb[24];
+  ir_tensor_format_shape(t, buf, sizeof buf);
+  fmt_dim(want, wb, sizeof wb);
+  char msg[200];
+  snprintf(msg, sizeof msg, "%s, expected %s at axis %d", buf, wb, axis);
+  fail(c, "input '%s' has shape %s", t->name, msg);
+  return false;
+}
+
+static bool want_attr(infer_ctx *c, const char *name) {
+  if (ir_node_has_attr(c->n, name)) return true;
+  fail(c, "needs attribute '%s'%s", name, "");
+  return false;
+}
+
+static ir_dim D(int64_t n) { return (ir_dim){.n = n, .sym = IR_SYM_NONE}; }
+
+typedef struct infer_out {
+  ir_dtype *dt;
+  int *rank;
+  ir_dim (*dims)[IR_MAX_RANK];
+  int *n;
+} infer_out;
+
+static void set_out(infer_out *o, int i, ir_dtype dt, int rank, const ir_dim *dims) {
+  o->dt[i] = dt;
+  o->rank[i] = rank;
+  for (int k = 0; k < rank; k++) o->dims[i][k] = dims[k];
+  if (*o->n < i + 1) *o->n = i + 1;
+}
+
+/* --- per-op rules --------------------------------------------------------------------- */
+
+static ir_status infer_embed(infer_ctx *c, infer_out *o) {
+  const ir_tensor *ids = in_t(c, 0, true), *tab = in_t(c, 1, true);
+  if (!ids || !tab || !want_dtype(c, ids, IR_I32, IR_I32, IR_I32) || !want_rank(c, ids, 1) ||
+      !want_dtype(c, tab, IR_F32, IR_F16, IR_BF16) || !want_rank(c, tab, 2))
+    return c->d ? c->d->status : IR_BAD_FORMAT;
+  ir_dim dims[2] = {ids->dims[0], tab->dims[1]};
+  set_out(o, 0, IR_F32, 2, dims);
+  return IR_OK;
+}
+
+static ir_status infer_norm(infer_ctx *c, infer_out *o, bool fused) {
+  const ir_tensor *x = in_t(c, 0, true);
+  const ir_tensor *b = fused ? in_t(c, 1, true) : x;
+  const ir_tensor *w = in_t(c, fused ? 2 : 1, true);
+  if (!x || !b || !w || !want_attr(c, "eps") || !want_dtype(c, x, IR_F32, IR_F32, IR_F32) ||
+      !want_dtype(c, w, IR_F32, IR_F32, IR_F32) || !want_rank(c, w, 1) || x->rank < 1 ||
+      !want_dim(c, w, 0, x->dims[x->rank - 1]))
+    return IR_BAD_FORMAT;
+  if (fused) {
+    if (!want_dtype(c, b, IR_F32, IR_F32, IR_F32) || !want_rank(c, b, x->rank))
+      return IR_BAD_FORMAT;
+    for (int i = 0; i < x->rank; i++)
+      if (!want_dim(c, b, i, x->dims[i])) return IR_BAD_FORMAT;
+    set_out(o, 1, IR_F32, x->rank, x->dims);
+  }
+  set_out(o, 0, IR_F32, x->rank, x->dims);
+  return IR_OK;
+}
+
+static ir_status infer_matmul(infer_ctx *c, infer_out *o) {
+  const ir_tensor *x = in_t(c, 0, true), *w = in_t(c, 1, true), *b = in_t(c, 2, false);
+  if (!x || !w || !want_dtype(c, x, IR_F32, IR_F32, IR_F32) || !want_rank(c, x, 2) ||
+      !want_dtype(c, w, IR_F32, IR_F16, IR_BF16) || !want_rank(c, w, 2) ||
+      !want_dim(c, x, 1, w->dims[1]))
+    return IR_BAD_FORMAT;
+  if (b && (!want_dtype(c, b, IR_F32, IR_F32, IR_F32) || !want_rank(c, b, 1) ||
+            !want_dim(c, b, 0, w->dims[0])))
+    return IR_BAD_FORMAT;
+  ir_dim dims[2] = {x->dims[0], w->dims[0]};
+  set_out(o, 0, IR_F32, 2, dims);
+  return IR_OK;
+}
+
+static ir_status infer_rope(infer_ctx *c, infer_out *o) {
+  const ir_tensor *x = in_t(c, 0, true), *pos = in_t(c, 1, true), *cs = in_t(c, 2, true);
+  if (!x || !pos || !cs || !want_attr(c, "n_heads") || !want_attr(c, "head_dim") ||
+      !want_attr(c, "rot_dim") || !want_rank(c, x, 2) || !want_rank(c, pos, 1) ||
+      !want_dtype(c, pos, IR_I32, IR_I32, IR_I32) || !want_rank(c, cs, 3) ||
+      !want_dtype(c, cs, IR_F32, IR_F32, IR_F32) || !want_dim(c, pos, 0, x->dims[0]))
+    return IR_BAD_FORMAT;
+  int64_t nh = ir_node_attr_i(c->n, "n_heads", 0), hd = ir_node_attr_i(c->n, "head_dim", 0);
+  int64_t rot = ir_node_attr_i(c->n, "rot_dim", 0);
+  if (nh <= 0 || hd <= 0 || rot <= 0 || rot > hd || rot % 2 || !want_dim(c, x, 1, D(nh * hd)) ||
+      !want_dim(c, cs, 1, D(rot / 2)) || !want_dim(c, cs, 2, D(2)))
+    return fail(c, "bad rope geometry%s%s", "", "");
+  set_out(o, 0, IR_F32, 2, x->dims);
+  return IR_OK;
+}
+
+static ir_status infer_attention(infer_ctx *c, infer_out *o) {
+  const ir_tensor *q = in_t(c, 0, true), *k = in_t(c, 1, true), *v = in_t(c, 2, true);
+  const char *req[] = {"layer", "n_heads", "n_kv_heads", "head_dim", "scale"};
+  if (!q || !k || !v) return IR_BAD_FORMAT;
+  for (int i = 0; i < 5; i++)
+    if (!want_attr(c, req[i])) return IR_BAD_FORMAT;
+  int64_t nh = ir_node_attr_i(c->n, "n_heads", 0), nkv = ir_node_attr_i(c->n, "n_kv_heads", 0);
+  int64_t hd = ir_node_attr_i(c->n, "head_dim", 0);
+  if (nh <= 0 || nkv <= 0 || hd <= 0 || nh % nkv || hd > 256)
+    return fail(c, "bad head geometry (n_heads must be a multiple of n_kv_heads, head_dim <= 256)%s%s", "", "");
+  if (!want_rank(c, q, 2) || !want_rank(c, k, 2) || !want_rank(c, v, 2) ||
+      !want_dim(c, q, 1, D(nh * hd)) || !want_dim(c, k, 1, D(nkv * hd)) ||
+      !want_dim(c, v, 1, D(nkv * hd)) || !want_dim(c, k, 0, q->dims[0]) ||
+      !want_dim(c, v, 0, q->dims[0]))
+    return IR_BAD_FORMAT;
+  set_out(o, 0, IR_F32, 2, q->dims);
+  return IR_OK;
+}
+
+static bool is_float(ir_dtype t) { return t == IR_F32 || t == IR_F16 || t == IR_BF16; }
+
+static ir_status infer_binary(infer_ctx *c, infer_out *o, bool same_only) {
+  const ir_tensor *a = in_t(c, 0, true), *b = in_t(c, 1, true);
+  if (!a || !b) return IR_BAD_FORMAT;
+  if (!is_float(a->dtype) || a->dtype != b->dtype)
+    return fail(c, "inputs must share one float dtype ('%s', '%s')", a->name, b->name);
+  bool same = a->rank == b->rank;
+  for (int i = 0; same && i < a->rank; i++) same = dim_eq(a->dims[i], b->dims[i]);
+  bool row = b->rank == 1 && a->rank >= 1 && dim_eq(b->dims[0], a->dims[a->rank - 1]);
+  bool scalar = b->rank == 0 || (b->rank == 1 && b->dims[0].sym == IR_SYM_NONE && b->dims[0].n == 1);
+  if (!same && (same_only || !(row || scalar)))
+    return fail(c, "shapes of '%s' and '%s' do not match", a->name, b->name);
+  set_out(o, 0, a->dtype, a->rank, a->dims);
+  return IR_OK;
+}
+
+static ir_status infer_gather(infer_ctx *c, infer_out *o) {
+  const ir_tensor *x = in_t(c, 0, true), *r = in_t(c, 1, true);
+  if (!x || !r || !want_rank(c, x, 2) || !want_rank(c, r, 1) ||
+      !want_dtype(c, r, IR_I32, IR_I32, IR_I32) || !want_dtype(c, x, IR_F32, IR_F32, IR_F32))
+    return IR_BAD_FORMAT;
+  ir_dim dims[2] = {r->dims[0], x->dims[1]};
+  set_out(o, 0, IR_F32, 2, dims);
+  return IR_OK;
+}
+
+static ir_status infer_cast(infer_ctx *c, infer_out *o) {
+  const ir_tensor *x = in_t(c, 0, true);
+  if (!x || !want_attr(c, "to")) return IR_BAD_FORMAT;
+  ir_dtype to = (ir_dtype)ir_node_attr_i(c->n, "to", 0);
+  if (!is_float(to) || !is_float(x->dtype))
+    return fail(c, "cast supports float dtypes only (%s -> %s)", ir_dtype_name(x->dtype),
+                ir_dtype_name(to));
+  set_out(o, 0, to, x->rank, x->dims);
+  return IR_OK;
+}
+
+ir_status ir_op_infer(const ir_graph *g, const ir_node *n, ir_dtype *out_dt, int *out_rank,
+                      ir_dim (*out_dims)[IR_MAX_RANK], int *out_n, ir_diag *d) {
+  infer_ctx c = {g, n, d};
+  infer_out o = {out_dt, out_rank, out_dims, out_n};
+  ir_diag local = {0};
+  if (!d) c.d = &local;
+  *out_n = 0;
+  switch (n->op) {
+  case IR_OP_EMBED: return infer_embed(&c, &o);
+  case IR_OP_RMS_NORM: return infer_norm(&c, &o, false);
+  case IR_OP_ADD_RMS_NORM: return infer_norm(&c, &o, true);
+  case IR_OP_MATMUL: return infer_matmul(&c, &o);
+  case IR_OP_ROPE: return infer_rope(&c, &o);
+  case IR_OP_ATTENTION: return infer_attention(&c, &o);
+  case IR_OP_SWIGLU: return infer_binary(&c, &o, true);
+  case IR_OP_ADD:
+  case IR_OP_MUL: return infer_binary(&c, &o, false);
+  case IR_OP_GATHER_ROWS: return infer_gather(&c, &o);
+  case IR_OP_CAST: return infer_cast(&c, &o);
+  default:
+    return ir_diag_set(c.d, IR_UNSUPPORTED, "node '%s': unknown op %d", n->name, (int)n->op);
+  }
+}

@@ -1,0 +1,222 @@
+/* ir_plan_read: maps a model.plan, checks it, and rebuilds the graph with weights
+ * pointing into the mapping. Every offset, size and index is checked before use. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "ir_plan.h"
+#include "plan.pb-c.h"
+
+struct ir_plan {
+  const uint8_t *map;
+  size_t map_size;
+  ir_plan_header header;
+  Infc__Plan__Plan *meta;
+  ir_graph *graph;
+};
+
+static ir_status map_file(const char *path, ir_plan *p, ir_diag *d) {
+  int fd = open(path, O_RDONLY);
+  if (fd < 0) return ir_diag_set(d, IR_IO, "cannot open: %s", strerror(errno));
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    close(fd);
+    return ir_diag_set(d, IR_IO, "not a regular file");
+  }
+  if ((uint64_t)st.st_size < sizeof(ir_plan_header)) {
+    close(fd);
+    return ir_diag_set(d, IR_BAD_FORMAT, "not a plan file: %lld bytes is shorter than a plan header",
+                       (long long)st.st_size);
+  }
+  void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+  close(fd);
+  if (m == MAP_FAILED) return ir_diag_set(d, IR_IO, "mmap failed: %s", strerror(errno));
+  p->map = m;
+  p->map_size = (size_t)st.st_size;
+  return IR_OK;
+}
+
+static bool in_file(uint64_t off, uint64_t size, uint64_t file) {
+  return off <= file && size <= file - off;
+}
+
+static ir_status check_header(ir_plan *p, ir_diag *d) {
+  ir_plan_header *h = &p->header;
+  memcpy(h, p->map, sizeof *h);
+  if (memcmp(h->magic, IR_PLAN_MAGIC, 8) != 0)
+    return ir_diag_set(d, IR_BAD_FORMAT, "not a plan file (bad magic)");
+  if (h->version_major != IR_PLAN_VERSION_MAJOR)
+    return ir_diag_set(d, IR_VERSION,
+                       "plan format version %u.%u is not supported (this build reads %d.x); "
+                       "rebuild the plan with this version of infc",
+                       h->version_major, h->version_minor, IR_PLAN_VERSION_MAJOR);
+  if (XXH3_64bits(h, offsetof(ir_plan_header, header_hash)) != h->header_hash)
+    return ir_diag_set(d, IR_BAD_FORMAT, "header checksum mismatch (corrupt plan)");
+  if (h->file_size != p->map_size)
+    return ir_diag_set(d, IR_BAD_FORMAT, "file is %zu bytes but the header says %llu (%s)",
+                       p->map_size, (unsigned long long)h->file_size,
+                       p->map_size < h->file_size ? "truncated" : "trailing data");
+  if (!in_file(h->meta_offset, h->meta_size, p->map_size) ||
+      !in_file(h->weights_offset, h->weights_size, p->map_size) ||
+      !in_file(h->kernels_offset, h->kernels_size, p->map_size) ||
+      h->weights_offset % IR_PLAN_SECTION_ALIGN)
+    return ir_diag_set(d, IR_BAD_FORMAT, "section offsets outside the file");
+  if (XXH3_64bits(p->map + h->meta_offset, h->meta_size) != h->meta_hash)
+    return ir_diag_set(d, IR_BAD_FORMAT, "metadata checksum mismatch (corrupt plan)");
+  return IR_OK;
+}
+
+static ir_status check_sections(ir_plan *p, ir_diag *d) {
+  const ir_plan_header *h = &p->header;
+  if (XXH3_64bits(p->map + h->weights_offset, h->weights_size) != h->weights_hash)
+    return ir_diag_set(d, IR_BAD_FORMAT, "weights checksum mismatch (corrupt plan)");
+  if (XXH3_64bits(p->map + h->kernels_offset, h->kernels_size) != h->kernels_hash)
+    return ir_diag_set(d, IR_BAD_FORMAT, "kernels checksum mismatch (corrupt plan)");
+  return IR_OK;
+}
+
+static void read_config(ir_model_config *c, const Infc__Plan__ModelConfig *o) {
+  snprintf(c->arch, sizeof c->arch, "%s", o->arch ? o->arch : "");
+  c->vocab_size = o->vocab_size;
+  c->hidden_size = o->hidden_size;
+  c->n_layers = o->n_layers;
+  c->n_heads = o->n_heads;
+  c->n_kv_heads = o->n_kv_heads;
+  c->head_dim = o->head_dim;
+  c->intermediate_size = o->intermediate_size;
+  c->max_position = o->max_position;
+  c->rms_norm_eps = o->rms_norm_eps;
+  c->rope_theta = o->rope_theta;
+  c->tie_word_embeddings = o->tie_word_embeddings;
+  c->attention_bias = o->attention_bias;
+  c->bos_token_id = o->bos_token_id;
+  c->eos_token_id = o->eos_token_id;
+  c->max_tokens = o->max_tokens;
+  c->max_seqs = o->max_seqs;
+  c->max_logits = o->max_logits;
+  c->kv_block_size = o->kv_block_size;
+}
+
+static ir_status read_tensor(ir_plan *p, const Infc__Plan__Tensor *o, ir_diag *d) {
+  ir_graph *g = p->graph;
+  if (o->n_dims > IR_MAX_RANK)
+    return ir_diag_set(d, IR_BAD_FORMAT, "tensor '%s': rank %zu too large", o->name, o->n_dims);
+  ir_dim dims[IR_MAX_RANK];
+  for (size_t k = 0; k < o->n_dims; k++)
+    dims[k] = (ir_dim){.n = o->dims[k]->n, .sym = (ir_sym)o->dims[k]->sym};
+  int32_t id = ir_graph_add_tensor(g, o->name, (ir_dtype)o->dtype, (int)o->n_dims, dims,
+                                   (ir_tensor_kind)o->kind);
+  if (id < 0) return ir_diag_set(d, IR_OOM, "out of memory");
+  ir_tensor *t = &g->tensors[id];
+  t->arena_offset = o->arena_offset;
+  t->producer = o->producer;
+  if (t->kind == IR_TENSOR_WEIGHT) {
+    if (!in_file(o->data_offset, o->data_size, p->header.weights_size) ||
+        o->data_offset % IR_PLAN_WEIGHT_ALIGN)
+      return ir_diag_set(d, IR_BAD_FORMAT, "tensor '%s': data outside the weights section",
+                         o->name);
+    t->data = p->map + p->header.weights_offset + o->data_offset;
+    t->nbytes = o->data_size;
+  }
+  return IR_OK;
+}
+
+static ir_status read_node(ir_plan *p, const Infc__Plan__Node *o, ir_diag *d) {
+  ir_graph *g = p->graph;
+  if (o->n_inputs > IR_MAX_IO || o->n_outputs > IR_MAX_IO || o->n_attrs > IR_MAX_ATTRS)
+    return ir_diag_set(d, IR_BAD_FORMAT, "node '%s': too many inputs, outputs or attributes",
+                       o->name);
+  ir_node n = {.op = (ir_op)o->op, .n_in = (int)o->n_inputs, .n_out = (int)o->n_outputs,
+               .n_attrs = (int)o->n_attrs};
+  memcpy(n.in, o->inputs, o->n_inputs * sizeof(int32_t));
+  memcpy(n.out, o->outputs, o->n_outputs * sizeof(int32_t));
+  for (size_t k = 0; k < o->n_attrs; k++) {
+    const char *nm = ir_attr_intern(o->attrs[k]->name);
+    if (!nm)
+      return ir_diag_set(d, IR_BAD_FORMAT, "node '%s': unknown attribute '%s'", o->name,
+                         o->attrs[k]->name);
+    n.attrs[k] = (ir_attr){.name = nm, .type = (ir_attr_type)o->attrs[k]->type,
+                           .i = o->attrs[k]->i, .f = o->attrs[k]->f};
+  }
+  ir_node *slot = realloc(g->nodes, (size_t)(g->n_nodes + 1) * sizeof(ir_node));
+  if (!slot || !(n.name = strdup(o->name))) {
+    if (slot) g->nodes = slot;
+    return ir_diag_set(d, IR_OOM, "out of memory");
+  }
+  g->nodes = slot;
+  g->cap_nodes = g->n_nodes + 1;
+  g->nodes[g->n_nodes++] = n;
+  return IR_OK;
+}
+
+static ir_status read_graph(ir_plan *p, ir_diag *d) {
+  const Infc__Plan__Plan *m = p->meta;
+  if (!m->config) return ir_diag_set(d, IR_BAD_FORMAT, "plan has no model config");
+  if (!(p->graph = ir_graph_create())) return ir_diag_set(d, IR_OOM, "out of memory");
+  read_config(&p->graph->config, m->config);
+  ir_status st = IR_OK;
+  for (size_t i = 0; st == IR_OK && i < m->n_tensors; i++) st = read_tensor(p, m->tensors[i], d);
+  for (size_t i = 0; st == IR_OK && i < m->n_nodes; i++) st = read_node(p, m->nodes[i], d);
+  for (size_t i = 0; st == IR_OK && i < m->n_inputs; i++) {
+    int32_t ti = m->inputs[i];
+    if (ti < 0 || ti >= p->graph->n_tensors)
+      return ir_diag_set(d, IR_BAD_FORMAT, "graph input %zu out of range", i);
+    int32_t *in = realloc(p->graph->inputs, (i + 1) * sizeof *in);
+    if (!in) return ir_diag_set(d, IR_OOM, "out of memory");
+    p->graph->inputs = in;
+    in[p->graph->n_inputs++] = ti;
+  }
+  for (size_t i = 0; st == IR_OK && i < m->n_outputs; i++)
+    if (!ir_graph_add_output(p->graph, m->outputs[i])) st = ir_diag_set(d, IR_OOM, "out of memory");
+  p->graph->arena_size = m->arena_size;
+  return st == IR_OK ? ir_graph_verify(p->graph, d) : st;
+}
+
+ir_status ir_plan_open(const char *path, ir_plan_verify verify, ir_plan **out, ir_diag *d) {
+  *out = NULL;
+  ir_plan *p = calloc(1, sizeof *p);
+  if (!p) return ir_diag_set(d, IR_OOM, "out of memory");
+  ir_status st = map_file(path, p, d);
+  if (st == IR_OK) st = check_header(p, d);
+  if (st == IR_OK && verify == IR_PLAN_VERIFY_ALL) st = check_sections(p, d);
+  if (st == IR_OK) {
+    p->meta = infc__plan__plan__unpack(NULL, p->header.meta_size, p->map + p->header.meta_offset);
+    if (!p->meta) st = ir_diag_set(d, IR_BAD_FORMAT, "metadata does not decode");
+  }
+  if (st == IR_OK) st = read_graph(p, d);
+  if (st != IR_OK) {
+    ir_diag_prefix(d, "%s", path);
+    ir_plan_close(p);
+    return st;
+  }
+  *out = p;
+  return IR_OK;
+}
+
+void ir_plan_close(ir_plan *p) {
+  if (!p) return;
+  ir_graph_destroy(p->graph);
+  if (p->meta) infc__plan__plan__free_unpacked(p->meta, NULL);
+  if (p->map) munmap((void *)p->map, p->map_size);
+  free(p);
+}
+
+const ir_graph *ir_plan_graph(const ir_plan *p) { return p->graph; }
+const ir_plan_header *ir_plan_get_header(const ir_plan *p) { return &p->header; }
+const char *ir_plan_producer(const ir_plan *p) { return p->meta->producer; }
+const char *ir_plan_target(const ir_plan *p) { return p->meta->target; }
+const char *ir_plan_source_hash(const ir_plan *p) { return p->meta->source_hash; }
+int ir_plan_n_options(const ir_plan *p) { return (int)p->meta->n_options; }
+void ir_plan_option(const ir_plan *p, int i, const char **out_key, const char **out_value) {
+  *out_key = p->meta->options[i]->key;
+  *out_value = p->meta->options[i]->value;
+}
+int ir_plan_n_pass_log(const ir_plan *p) { return (int)p->meta->n_pass_log; }
+const char *ir_plan_pass_log(const ir_plan *p, int i) { return p->meta->pass_log[i]; }

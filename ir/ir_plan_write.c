@@ -1,0 +1,263 @@
+/* ir_plan_write: serialises a graph into a model.plan file (layout in ir_plan.h).
+ * Deterministic: the bytes depend only on the graph and the info strings. */
+#include <errno.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+#include "ir_plan.h"
+#include "plan.pb-c.h"
+
+static uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
+
+/* Scratch for the protobuf message: all arrays allocated together, freed together. */
+typedef struct meta_build {
+  Infc__Plan__Plan plan;
+  Infc__Plan__ModelConfig cfg;
+  Infc__Plan__Tensor *tensors;
+  Infc__Plan__Tensor **tensor_ptrs;
+  Infc__Plan__Dim *dims;
+  Infc__Plan__Dim **dim_ptrs;
+  Infc__Plan__Node *nodes;
+  Infc__Plan__Node **node_ptrs;
+  Infc__Plan__Attr *attrs;
+  Infc__Plan__Attr **attr_ptrs;
+  Infc__Plan__BuildOption *opts;
+  Infc__Plan__BuildOption **opt_ptrs;
+} meta_build;
+
+static void meta_free(meta_build *m) {
+  free(m->tensors);
+  free(m->tensor_ptrs);
+  free(m->dims);
+  free(m->dim_ptrs);
+  free(m->nodes);
+  free(m->node_ptrs);
+  free(m->attrs);
+  free(m->attr_ptrs);
+  free(m->opts);
+  free(m->opt_ptrs);
+}
+
+static void fill_config(Infc__Plan__ModelConfig *o, const ir_model_config *c) {
+  infc__plan__model_config__init(o);
+  o->arch = (char *)c->arch;
+  o->vocab_size = c->vocab_size;
+  o->hidden_size = c->hidden_size;
+  o->n_layers = c->n_layers;
+  o->n_heads = c->n_heads;
+  o->n_kv_heads = c->n_kv_heads;
+  o->head_dim = c->head_dim;
+  o->intermediate_size = c->intermediate_size;
+  o->max_position = c->max_position;
+  o->rms_norm_eps = c->rms_norm_eps;
+  o->rope_theta = c->rope_theta;
+  o->tie_word_embeddings = c->tie_word_embeddings;
+  o->attention_bias = c->attention_bias;
+  o->bos_token_id = c->bos_token_id;
+  o->eos_token_id = c->eos_token_id;
+  o->max_tokens = c->max_tokens;
+  o->max_seqs = c->max_seqs;
+  o->max_logits = c->max_logits;
+  o->kv_block_size = c->kv_block_size;
+}
+
+/* Tensors and dims; weight offsets assigned in tensor order, 64-byte aligned. */
+static uint64_t fill_tensors(meta_build *m, const ir_graph *g) {
+  uint64_t off = 0;
+  size_t di = 0;
+  for (int32_t i = 0; i < g->n_tensors; i++) {
+    const ir_tensor *t = &g->tensors[i];
+    Infc__Plan__Tensor *o = &m->tensors[i];
+    infc__plan__tensor__init(o);
+    o->name = t->name;
+    o->dtype = (uint32_t)t->dtype;
+    o->kind = (uint32_t)t->kind;
+    o->arena_offset = t->arena_offset;
+    o->producer = t->producer;
+    o->n_dims = (size_t)t->rank;
+    o->dims = &m->dim_ptrs[di];
+    for (int k = 0; k < t->rank; k++, di++) {
+      infc__plan__dim__init(&m->dims[di]);
+      m->dims[di].n = t->dims[k].n;
+      m->dims[di].sym = (uint32_t)t->dims[k].sym;
+      m->dim_ptrs[di] = &m->dims[di];
+    }
+    if (t->kind == IR_TENSOR_WEIGHT) {
+      off = align_up(off, IR_PLAN_WEIGHT_ALIGN);
+      o->data_offset = off;
+      o->data_size = t->nbytes;
+      off += t->nbytes;
+    }
+    m->tensor_ptrs[i] = o;
+  }
+  return off;
+}
+
+static void fill_nodes(meta_build *m, const ir_graph *g) {
+  size_t ai = 0;
+  for (int32_t i = 0; i < g->n_nodes; i++) {
+    const ir_node *n = &g->nodes[i];
+    Infc__Plan__Node *o = &m->nodes[i];
+    infc__plan__node__init(o);
+    o->op = (uint32_t)n->op;
+    o->name = n->name;
+    o->n_inputs = (size_t)n->n_in;
+    o->inputs = (int32_t *)n->in;
+    o->n_outputs = (size_t)n->n_out;
+    o->outputs = (int32_t *)n->out;
+    o->n_attrs = (size_t)n->n_attrs;
+    o->attrs = &m->attr_ptrs[ai];
+    for (int k = 0; k < n->n_attrs; k++, ai++) {
+      Infc__Plan__Attr *a = &m->attrs[ai];
+      infc__plan__attr__init(a);
+      a->name = (char *)n->attrs[k].name;
+      a->type = (uint32_t)n->attrs[k].type;
+      a->i = n->attrs[k].i;
+      a->f = n->attrs[k].f;
+      m->attr_ptrs[ai] = a;
+    }
+    m->node_ptrs[i] = o;
+  }
+}
+
+static bool meta_alloc(meta_build *m, const ir_graph *g, int n_opts) {
+  size_t nd = 0, na = 0;
+  for (int32_t i = 0; i < g->n_tensors; i++) nd += (size_t)g->tensors[i].rank;
+  for (int32_t i = 0; i < g->n_nodes; i++) na += (size_t)g->nodes[i].n_attrs;
+  size_t nt = (size_t)g->n_tensors, nn = (size_t)g->n_nodes, no = (size_t)n_opts;
+  m->tensors = calloc(nt + 1, sizeof *m->tensors);
+  m->tensor_ptrs = calloc(nt + 1, sizeof *m->tensor_ptrs);
+  m->dims = calloc(nd + 1, sizeof *m->dims);
+  m->dim_ptrs = calloc(nd + 1, sizeof *m->dim_ptrs);
+  m->nodes = calloc(nn + 1, sizeof *m->nodes);
+  m->node_ptrs = calloc(nn + 1, sizeof *m->node_ptrs);
+  m->attrs = calloc(na + 1, sizeof *m->attrs);
+  m->attr_ptrs = calloc(na + 1, sizeof *m->attr_ptrs);
+  m->opts = calloc(no + 1, sizeof *m->opts);
+  m->opt_ptrs = calloc(no + 1, sizeof *m->opt_ptrs);
+  return m->tensors && m->tensor_ptrs && m->dims && m->dim_ptrs && m->nodes && m->node_ptrs &&
+         m->attrs && m->attr_ptrs && m->opts && m->opt_ptrs;
+}
+
+static uint64_t meta_fill(meta_build *m, const ir_graph *g, const ir_plan_info *info) {
+  infc__plan__plan__init(&m->plan);
+  fill_config(&m->cfg, &g->config);
+  m->plan.producer = "infc " INFC_VERSION;
+  m->plan.config = &m->cfg;
+  uint64_t wsize = fill_tensors(m, g);
+  fill_nodes(m, g);
+  m->plan.n_tensors = (size_t)g->n_tensors;
+  m->plan.tensors = m->tensor_ptrs;
+  m->plan.n_nodes = (size_t)g->n_nodes;
+  m->plan.nodes = m->node_ptrs;
+  m->plan.n_inputs = (size_t)g->n_inputs;
+  m->plan.inputs = g->inputs;
+  m->plan.n_outputs = (size_t)g->n_outputs;
+  m->plan.outputs = g->outputs;
+  m->plan.arena_size = g->arena_size;
+  m->plan.target = (char *)(info && info->target ? info->target : "cpu");
+  m->plan.source_hash = (char *)(info && info->source_hash ? info->source_hash : "");
+  int no = info ? info->n_options : 0;
+  for (int i = 0; i < no; i++) {
+    infc__plan__build_option__init(&m->opts[i]);
+    m->opts[i].key = (char *)info->option_keys[i];
+    m->opts[i].value = (char *)info->option_values[i];
+    m->opt_ptrs[i] = &m->opts[i];
+  }
+  m->plan.n_options = (size_t)no;
+  m->plan.options = m->opt_ptrs;
+  m->plan.n_pass_log = info ? (size_t)info->n_pass_log : 0;
+  m->plan.pass_log = info ? (char **)info->pass_log : NULL;
+  return wsize;
+}
+
+static bool write_zeros(FILE *f, uint64_t n, XXH3_state_t *h) {
+  static const uint8_t zeros[4096];
+  while (n) {
+    size_t c = n < sizeof zeros ? (size_t)n : sizeof zeros;
+    if (fwrite(zeros, 1, c, f) != c) return false;
+    if (h) XXH3_64bits_update(h, zeros, c);
+    n -= c;
+  }
+  return true;
+}
+
+/* Streams the weights in tensor order with the same alignment fill_tensors assigned. */
+static bool write_weights(FILE *f, const ir_graph *g, uint64_t *out_hash) {
+  XXH3_state_t *h = XXH3_createState();
+  if (!h) return false;
+  XXH3_64bits_reset(h);
+  uint64_t off = 0;
+  bool ok = true;
+  for (int32_t i = 0; ok && i < g->n_tensors; i++) {
+    const ir_tensor *t = &g->tensors[i];
+    if (t->kind != IR_TENSOR_WEIGHT) continue;
+    uint64_t pad = align_up(off, IR_PLAN_WEIGHT_ALIGN) - off;
+    ok = write_zeros(f, pad, h) && fwrite(t->data, 1, t->nbytes, f) == t->nbytes;
+    XXH3_64bits_update(h, t->data, t->nbytes);
+    off += pad + t->nbytes;
+  }
+  *out_hash = XXH3_64bits_digest(h);
+  XXH3_freeState(h);
+  return ok;
+}
+
+static ir_status write_file(FILE *f, const ir_graph *g, const uint8_t *meta, size_t meta_size,
+                            uint64_t wsize, ir_diag *d) {
+  ir_plan_header hd;
+  memset(&hd, 0, sizeof hd);
+  memcpy(hd.magic, IR_PLAN_MAGIC, 8);
+  hd.version_major = IR_PLAN_VERSION_MAJOR;
+  hd.version_minor = IR_PLAN_VERSION_MINOR;
+  hd.meta_offset = sizeof hd;
+  hd.meta_size = meta_size;
+  hd.weights_offset = align_up(hd.meta_offset + meta_size, IR_PLAN_SECTION_ALIGN);
+  hd.weights_size = wsize;
+  hd.kernels_offset = align_up(hd.weights_offset + wsize, IR_PLAN_SECTION_ALIGN);
+  hd.kernels_size = 0;
+  hd.file_size = hd.kernels_offset;
+  hd.meta_hash = XXH3_64bits(meta, meta_size);
+  hd.kernels_hash = XXH3_64bits(NULL, 0);
+  bool ok = fwrite(&hd, sizeof hd, 1, f) == 1 && fwrite(meta, 1, meta_size, f) == meta_size &&
+            write_zeros(f, hd.weights_offset - hd.meta_offset - meta_size, NULL) &&
+            write_weights(f, g, &hd.weights_hash) &&
+            write_zeros(f, hd.kernels_offset - hd.weights_offset - wsize, NULL);
+  hd.header_hash = XXH3_64bits(&hd, offsetof(ir_plan_header, header_hash));
+  ok = ok && fseek(f, 0, SEEK_SET) == 0 && fwrite(&hd, sizeof hd, 1, f) == 1;
+  if (!ok) return ir_diag_set(d, IR_IO, "write failed: %s", strerror(errno));
+  return IR_OK;
+}
+
+ir_status ir_plan_write(const ir_graph *g, const ir_plan_info *info, const char *path,
+                        ir_diag *d) {
+  meta_build m = {0};
+  ir_status st = IR_OK;
+  uint8_t *meta = NULL;
+  if (!meta_alloc(&m, g, info ? info->n_options : 0)) {
+    meta_free(&m);
+    return ir_diag_set(d, IR_OOM, "out of memory");
+  }
+  uint64_t wsize = meta_fill(&m, g, info);
+  size_t meta_size = infc__plan__plan__get_packed_size(&m.plan);
+  meta = malloc(meta_size ? meta_size : 1);
+  if (!meta) st = ir_diag_set(d, IR_OOM, "out of memory");
+  if (st == IR_OK) infc__plan__plan__pack(&m.plan, meta);
+  meta_free(&m);
+  char tmp[4096];
+  snprintf(tmp, sizeof tmp, "%s.tmp", path);
+  FILE *f = st == IR_OK ? fopen(tmp, "wb") : NULL;
+  if (st == IR_OK && !f) st = ir_diag_set(d, IR_IO, "cannot create %s: %s", tmp, strerror(errno));
+  if (f) {
+    st = write_file(f, g, meta, meta_size, wsize, d);
+    if (fclose(f) != 0 && st == IR_OK) st = ir_diag_set(d, IR_IO, "close of %s failed", tmp);
+    if (st == IR_OK && rename(tmp, path) != 0)
+      st = ir_diag_set(d, IR_IO, "cannot rename into place: %s", strerror(errno));
+    if (st != IR_OK) remove(tmp);
+  }
+  free(meta);
+  if (st != IR_OK) ir_diag_prefix(d, "%s", path);
+  return st;
+}

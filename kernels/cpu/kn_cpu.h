@@ -1,0 +1,88 @@
+/* kn_cpu: the CPU kernels, one op per .c file. All activations are f32, row-major.
+ * Weights may be f32, f16 or bf16 and are read in place (never converted per call).
+ *
+ * Batch invariance (a user-facing guarantee): every kernel computes each output row
+ * with a reduction order that depends only on that row's data and the weights, never on
+ * how many rows share the call or on the thread count. So a token's result is
+ * bit-identical whether it runs alone, in a batch, or in a prefill chunk. */
+#ifndef KN_CPU_H
+#define KN_CPU_H
+
+#include <stdint.h>
+
+#include "ir_dtype.h"
+#include "kn_pool.h"
+
+/* out[t, :] = table[ids[t], :] converted to f32.  table: (vocab, dim) of dtype `dt`.
+ * ids are checked by the caller (0 <= id < vocab). */
+void kn_embed(kn_pool *p, float *out, const void *table, ir_dtype dt, const int32_t *ids,
+              int64_t n_tok, int64_t dim);
+
+/* out[t] = x[t] * w / sqrt(mean(x[t]^2) + eps).  x, out: (n, dim); w: (dim) f32.
+ * out may alias x. */
+void kn_rms_norm(kn_pool *p, float *out, const float *x, const float *w, int64_t n, int64_t dim,
+                 float eps);
+
+/* Fused residual add + RMSNorm: sum = a + b (written to out_sum), out = rms_norm(sum).
+ * out_sum may alias a or b. */
+void kn_add_rms_norm(kn_pool *p, float *out, float *out_sum, const float *a, const float *b,
+                     const float *w, int64_t n, int64_t dim, float eps);
+
+/* y = x . W^T (+ bias).  x: (m, k) f32; W: (n, k) of dtype `wt` (f32, f16 or bf16);
+ * bias: (n) f32 or NULL; y: (m, n) f32.  Cache-blocked, threaded over output tiles;
+ * the k-reduction of one y element never depends on m or the thread count. */
+void kn_matmul(kn_pool *p, float *y, const float *x, const void *w, ir_dtype wt,
+               const float *bias, int64_t m, int64_t n, int64_t k);
+
+/* Rotary embedding in place on x: (n_tok, n_heads, head_dim), rotating the first
+ * `rot_dim` dims of each head.  cos_sin: (max_pos, rot_dim/2, 2) f32 holding
+ * (cos, sin) of pos * inv_freq[i].  pos[t] < max_pos is checked by the caller.
+ * neox=1: rotate-half pairs (i, i + rot_dim/2) as HF Llama; neox=0: adjacent pairs
+ * (2i, 2i+1) as GPT-J / interleaved. */
+void kn_rope(kn_pool *p, float *x, const int32_t *pos, const float *cos_sin, int64_t n_tok,
+             int64_t n_heads, int64_t head_dim, int64_t rot_dim, int neox);
+
+/* out = silu(gate) * up, elementwise over n values. out may alias gate or up. */
+void kn_swiglu(kn_pool *p, float *out, const float *gate, const float *up, int64_t n);
+
+/* out = a + b, elementwise over n values. out may alias a or b. */
+void kn_add(kn_pool *p, float *out, const float *a, const float *b, int64_t n);
+
+/* out[r, :] = x[rows[r], :] for r in [0, n_rows). */
+void kn_gather_rows(kn_pool *p, float *out, const float *x, const int32_t *rows, int64_t n_rows,
+                    int64_t dim);
+
+/* Paged KV cache geometry for one layer. A block holds `block_size` consecutive
+ * positions of one sequence: k and v are (n_blocks, n_kv_heads, block_size, head_dim) f32. */
+typedef struct kn_kv_layer {
+  float *k;
+  float *v;
+  int64_t n_blocks;
+  int64_t block_size;
+  int64_t n_kv_heads;
+  int64_t head_dim;
+} kn_kv_layer;
+
+/* The flat step batch as attention sees it. Token t belongs to sequence tok_seq[t] and
+ * sits at absolute position tok_pos[t]. Sequence s maps logical block j to physical
+ * block block_tables[s * max_blocks_per_seq + j]. Tokens of a sequence attend to every
+ * cached position <= their own (causal), including positions written in this step. */
+typedef struct kn_attn_batch {
+  int64_t n_tok;
+  const int32_t *tok_seq; /* (n_tok) */
+  const int32_t *tok_pos; /* (n_tok) */
+  int64_t max_blocks_per_seq;
+  const int32_t *block_tables; /* (n_seq, max_blocks_per_seq) */
+} kn_attn_batch;
+
+/* Writes k_new/v_new of every token into the cache at its position, then computes
+ * out = softmax(q k^T * scale) v per head over each token's context, with grouped-query
+ * mapping head h -> kv head h / (n_heads / n_kv_heads).
+ * q: (n_tok, n_heads, head_dim); k_new, v_new: (n_tok, n_kv_heads, head_dim);
+ * out: (n_tok, n_heads, head_dim).  Threaded over (token, head). */
+void kn_attention_paged(kn_pool *p, float *out, const float *q, const float *k_new,
+                        const float *v_new, const kn_kv_layer *kv, const kn_attn_batch *b,
+                        int64_t n_heads, float scale);
+
+
+#endif

@@ -1,0 +1,41 @@
+/* kn_embed: token embedding lookup, converting one table row to f32 per token. */
+#include <string.h>
+
+#include "kn_cpu.h"
+
+/* Rows are short; batching a few thousand values per chunk amortises the pool wake. */
+enum { KN_EMBED_MIN_WORK = 16384 };
+
+typedef struct embed_args {
+  float *out;
+  const void *table;
+  ir_dtype dt;
+  const int32_t *ids;
+  int64_t dim;
+} embed_args;
+
+static void embed_row(float *restrict out, const void *table, ir_dtype dt, int64_t row,
+                      int64_t dim) {
+  if (dt == IR_F32) {
+    memcpy(out, (const float *)table + row * dim, (size_t)dim * sizeof(float));
+  } else if (dt == IR_BF16) {
+    const uint16_t *src = (const uint16_t *)table + row * dim;
+    for (int64_t i = 0; i < dim; i++) out[i] = ir_bf16_to_f32(src[i]);
+  } else {
+    const uint16_t *src = (const uint16_t *)table + row * dim;
+    for (int64_t i = 0; i < dim; i++) out[i] = ir_f16_to_f32(src[i]);
+  }
+}
+
+static void embed_task(void *arg, int64_t begin, int64_t end, int tid) {
+  const embed_args *a = arg;
+  for (int64_t t = begin; t < end; t++)
+    embed_row(a->out + t * a->dim, a->table, a->dt, a->ids[t], a->dim);
+}
+
+void kn_embed(kn_pool *p, float *out, const void *table, ir_dtype dt, const int32_t *ids,
+              int64_t n_tok, int64_t dim) {
+  embed_args a = {.out = out, .table = table, .dt = dt, .ids = ids, .dim = dim};
+  int64_t grain = dim > 0 ? 1 + KN_EMBED_MIN_WORK / dim : 1;
+  kn_parallel_for(p, n_tok, grain, embed_task, &a);
+}

@@ -1,0 +1,278 @@
+/* model_llama: builds the Llama-family program over the flat step batch. Weights are
+ * referenced in place; dtype changes and f32 norm weights are expressed as cast nodes
+ * that the fold pass evaluates at build time. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "llama.h"
+
+model_build_opts model_build_opts_default(void) {
+  return (model_build_opts){.weight_dtype = IR_DTYPE_INVALID, .max_tokens = 512,
+                            .max_seqs = 64, .max_logits = 64, .kv_block_size = 16,
+                            .max_context = 0};
+}
+
+ir_status model_llama_check(const model_llama_params *p, ir_diag *d) {
+  if (p->vocab_size <= 0 || p->hidden_size <= 0 || p->n_layers <= 0 || p->n_heads <= 0 ||
+      p->n_kv_heads <= 0 || p->head_dim <= 0 || p->intermediate_size <= 0 ||
+      p->max_position <= 0)
+    return ir_diag_set(d, IR_BAD_FORMAT, "model sizes must be positive");
+  if (p->n_heads % p->n_kv_heads)
+    return ir_diag_set(d, IR_BAD_FORMAT, "num_attention_heads (%lld) is not a multiple of "
+                       "num_key_value_heads (%lld)", (long long)p->n_heads,
+                       (long long)p->n_kv_heads);
+  if (p->head_dim % 2 || p->head_dim > 256)
+    return ir_diag_set(d, IR_UNSUPPORTED, "head_dim %lld must be even and at most 256",
+                       (long long)p->head_dim);
+  if (!(p->rms_norm_eps > 0) || !(p->rope_theta > 0))
+    return ir_diag_set(d, IR_BAD_FORMAT, "rms_norm_eps and rope_theta must be positive");
+  return IR_OK;
+}
+
+typedef struct builder {
+  ir_graph *g;
+  const model_llama_params *p;
+  const model_tensor_src *src;
+  const model_build_opts *bo;
+  ir_diag *d;
+  ir_status st;
+  int32_t tokens, positions, logit_rows, rope_table;
+} builder;
+
+static ir_dim DS(ir_sym s) { return (ir_dim){.n = 0, .sym = s}; }
+
+/* Adds checkpoint tensor `name` as a weight of the given shape (checked), or -1. */
+static int32_t weight(builder *b, const char *name, int64_t d0, int64_t d1) {
+  if (b->st != IR_OK) return -1;
+  model_tensor t;
+  if (!b->src->find(b->src->ctx, name, &t)) {
+    b->st = ir_diag_set(b->d, IR_BAD_FORMAT, "checkpoint has no tensor '%s'", name);
+    return -1;
+  }
+  int rank = d1 ? 2 : 1;
+  if (t.rank != rank || t.shape[0] != d0 || (d1 && t.shape[1] != d1)) {
+    b->st = ir_diag_set(b->d, IR_BAD_FORMAT, "tensor '%s' has shape [%lld%s%lld], expected "
+                        "[%lld%s%lld]", name, (long long)t.shape[0], t.rank > 1 ? "," : "",
+                        t.rank > 1 ? (long long)t.shape[1] : 0LL, (long long)d0,
+                        d1 ? "," : "", (long long)d1);
+    return -1;
+  }
+  if (t.dtype != IR_F32 && t.dtype != IR_F16 && t.dtype != IR_BF16) {
+    b->st = ir_diag_set(b->d, IR_UNSUPPORTED, "tensor '%s' has dtype %s; expected f32, f16 "
+                        "or bf16", name, ir_dtype_name(t.dtype));
+    return -1;
+  }
+  int64_t shape[2] = {d0, d1};
+  int32_t id = ir_graph_add_weight(b->g, name, t.dtype, rank, shape, t.data, t.nbytes);
+  if (id < 0) b->st = ir_diag_set(b->d, IR_OOM, "out of memory");
+  return id;
+}
+
+static int32_t node(builder *b, ir_op op, const char *name, const int32_t *in, int n_in,
+                    const ir_attr *attrs, int n_attrs) {
+  if (b->st != IR_OK) return -1;
+  int32_t out = -1;
+  if (ir_graph_add_node(b->g, op, name, in, n_in, attrs, n_attrs, &out, b->d) < 0)
+    b->st = b->d->status ? b->d->status : IR_OOM;
+  return out;
+}
+
+/* A weight converted to `to` by a cast node (folded at build time), or as stored. */
+static int32_t as_dtype(builder *b, int32_t w, ir_dtype to) {
+  if (w < 0 || to == IR_DTYPE_INVALID || b->g->tensors[w].dtype == to) return w;
+  char name[160];
+  snprintf(name, sizeof name, "%s.%s", b->g->tensors[w].name, ir_dtype_name(to));
+  ir_attr a = IR_AI(ir_attr_intern("to"), to);
+  return node(b, IR_OP_CAST, name, &w, 1, &a, 1);
+}
+
+static int32_t vec_weight(builder *b, const char *name, int64_t n) {
+  return as_dtype(b, weight(b, name, n, 0), IR_F32);
+}
+
+static int32_t mat_weight(builder *b, const char *name, int64_t n, int64_t k) {
+  return as_dtype(b, weight(b, name, n, k), b->bo->weight_dtype);
+}
+
+/* cos/sin of pos * inv_freq for every position, computed as HF does in f32:
+ * inv_freq[i] = 1 / theta^(2i / head_dim). */
+static int32_t rope_table(builder *b, int64_t max_pos) {
+  int64_t half = b->p->head_dim / 2;
+  float *cs = malloc((size_t)(max_pos * half * 2) * sizeof *cs);
+  if (!cs || !ir_graph_adopt(b->g, cs)) {
+    b->st = ir_diag_set(b->d, IR_OOM, "out of memory");
+    return -1;
+  }
+  for (int64_t i = 0; i < half; i++) {
+    float inv = (float)(1.0 / pow(b->p->rope_theta, (double)(2 * i) / (double)b->p->head_dim));
+    for (int64_t pos = 0; pos < max_pos; pos++) {
+      float f = (float)pos * inv;
+      cs[(pos * half + i) * 2] = cosf(f);
+      cs[(pos * half + i) * 2 + 1] = sinf(f);
+    }
+  }
+  int64_t shape[3] = {max_pos, half, 2};
+  int32_t id = ir_graph_add_weight(b->g, "rope.cos_sin", IR_F32, 3, shape, cs,
+                                   (uint64_t)(max_pos * half * 2) * sizeof *cs);
+  if (id < 0) b->st = ir_diag_set(b->d, IR_OOM, "out of memory");
+  return id;
+}
+
+static int32_t proj(builder *b, int32_t x, const char *pre, const char *w, int64_t n, int64_t k,
+                    bool bias, const char *node_name) {
+  char name[160];
+  snprintf(name, sizeof name, "%s%s.weight", pre, w);
+  int32_t in[3] = {x, mat_weight(b, name, n, k), -1};
+  if (bias) {
+    snprintf(name, sizeof name, "%s%s.bias", pre, w);
+    in[2] = vec_weight(b, name, n);
+  }
+  return node(b, IR_OP_MATMUL, node_name, in, bias ? 3 : 2, NULL, 0);
+}
+
+static int32_t rms_norm(builder *b, int32_t x, const char *wname, const char *node_name) {
+  int32_t in[2] = {x, vec_weight(b, wname, b->p->hidden_size)};
+  ir_attr a = IR_AF(ir_attr_intern("eps"), b->p->rms_norm_eps);
+  return node(b, IR_OP_RMS_NORM, node_name, in, 2, &a, 1);
+}
+
+static int32_t rope(builder *b, int32_t x, int64_t heads, const char *node_name) {
+  int32_t in[3] = {x, b->positions, b->rope_table};
+  ir_attr a[4] = {IR_AI(ir_attr_intern("n_heads"), heads),
+                  IR_AI(ir_attr_intern("head_dim"), b->p->head_dim),
+                  IR_AI(ir_attr_intern("rot_dim"), b->p->head_dim),
+                  IR_AI(ir_attr_intern("neox"), 1)};
+  return node(b, IR_OP_ROPE, node_name, in, 3, a, 4);
+}
+
+static int32_t attention_block(builder *b, int32_t h, int64_t l, const char *pre) {
+  const model_llama_params *p = b->p;
+  int64_t H = p->hidden_size, qd = p->n_heads * p->head_dim, kvd = p->n_kv_heads * p->head_dim;
+  char nm[5][64];
+  const char *parts[5] = {"q_proj", "k_proj", "v_proj", "attn", "o_proj"};
+  for (int i = 0; i < 5; i++) snprintf(nm[i], sizeof nm[i], "l%lld.%s", (long long)l, parts[i]);
+  char sa[160];
+  snprintf(sa, sizeof sa, "%sself_attn.", pre);
+  int32_t q = proj(b, h, sa, "q_proj", qd, H, p->attention_bias, nm[0]);
+  int32_t k = proj(b, h, sa, "k_proj", kvd, H, p->attention_bias, nm[1]);
+  int32_t v = proj(b, h, sa, "v_proj", kvd, H, p->attention_bias, nm[2]);
+  char rq[64], rk[64];
+  snprintf(rq, sizeof rq, "l%lld.rope_q", (long long)l);
+  snprintf(rk, sizeof rk, "l%lld.rope_k", (long long)l);
+  int32_t in[3] = {rope(b, q, p->n_heads, rq), rope(b, k, p->n_kv_heads, rk), v};
+  ir_attr a[5] = {IR_AI(ir_attr_intern("layer"), l),
+                  IR_AI(ir_attr_intern("n_heads"), p->n_heads),
+                  IR_AI(ir_attr_intern("n_kv_heads"), p->n_kv_heads),
+                  IR_AI(ir_attr_intern("head_dim"), p->head_dim),
+                  IR_AF(ir_attr_intern("scale"), 1.0 / sqrt((double)p->head_dim))};
+  int32_t att = node(b, IR_OP_ATTENTION, nm[3], in, 3, a, 5);
+  return proj(b, att, sa, "o_proj", H, qd, false, nm[4]);
+}
+
+static int32_t mlp_block(builder *b, int32_t h, int64_t l, const char *pre) {
+  int64_t H = b->p->hidden_size, F = b->p->intermediate_size;
+  char mp[160], ng[64], nu[64], ns[64], nd[64];
+  snprintf(mp, sizeof mp, "%smlp.", pre);
+  snprintf(ng, sizeof ng, "l%lld.gate_proj", (long long)l);
+  snprintf(nu, sizeof nu, "l%lld.up_proj", (long long)l);
+  snprintf(ns, sizeof ns, "l%lld.swiglu", (long long)l);
+  snprintf(nd, sizeof nd, "l%lld.down_proj", (long long)l);
+  int32_t gu[2] = {proj(b, h, mp, "gate_proj", F, H, false, ng),
+                   proj(b, h, mp, "up_proj", F, H, false, nu)};
+  int32_t m = node(b, IR_OP_SWIGLU, ns, gu, 2, NULL, 0);
+  return proj(b, m, mp, "down_proj", H, F, false, nd);
+}
+
+static int32_t layer(builder *b, int32_t x, int64_t l) {
+  char pre[64], w[160], nm[64];
+  snprintf(pre, sizeof pre, "model.layers.%lld.", (long long)l);
+  snprintf(w, sizeof w, "%sinput_layernorm.weight", pre);
+  snprintf(nm, sizeof nm, "l%lld.attn_norm", (long long)l);
+  int32_t h = rms_norm(b, x, w, nm);
+  int32_t in[2] = {x, attention_block(b, h, l, pre)};
+  snprintf(nm, sizeof nm, "l%lld.attn_residual", (long long)l);
+  x = node(b, IR_OP_ADD, nm, in, 2, NULL, 0);
+  snprintf(w, sizeof w, "%spost_attention_layernorm.weight", pre);
+  snprintf(nm, sizeof nm, "l%lld.mlp_norm", (long long)l);
+  h = rms_norm(b, x, w, nm);
+  in[0] = x;
+  in[1] = mlp_block(b, h, l, pre);
+  snprintf(nm, sizeof nm, "l%lld.mlp_residual", (long long)l);
+  return node(b, IR_OP_ADD, nm, in, 2, NULL, 0);
+}
+
+static void add_inputs(builder *b) {
+  ir_dim t = DS(IR_SYM_TOKENS), lg = DS(IR_SYM_LOGITS);
+  b->tokens = ir_graph_add_input(b->g, "tokens", IR_I32, 1, &t);
+  b->positions = ir_graph_add_input(b->g, "positions", IR_I32, 1, &t);
+  b->logit_rows = ir_graph_add_input(b->g, "logit_rows", IR_I32, 1, &lg);
+  if (b->tokens < 0 || b->positions < 0 || b->logit_rows < 0)
+    b->st = ir_diag_set(b->d, IR_OOM, "out of memory");
+}
+
+static void set_config(builder *b, int64_t max_pos) {
+  const model_llama_params *p = b->p;
+  ir_model_config *c = &b->g->config;
+  snprintf(c->arch, sizeof c->arch, "%s", p->arch);
+  c->vocab_size = p->vocab_size;
+  c->hidden_size = p->hidden_size;
+  c->n_layers = p->n_layers;
+  c->n_heads = p->n_heads;
+  c->n_kv_heads = p->n_kv_heads;
+  c->head_dim = p->head_dim;
+  c->intermediate_size = p->intermediate_size;
+  c->max_position = max_pos;
+  c->rms_norm_eps = p->rms_norm_eps;
+  c->rope_theta = p->rope_theta;
+  c->tie_word_embeddings = p->tie_word_embeddings;
+  c->attention_bias = p->attention_bias;
+  c->bos_token_id = p->bos_token_id;
+  c->eos_token_id = p->eos_token_id;
+  c->max_tokens = b->bo->max_tokens;
+  c->max_seqs = b->bo->max_seqs;
+  c->max_logits = b->bo->max_logits;
+  c->kv_block_size = b->bo->kv_block_size;
+}
+
+static void build_body(builder *b) {
+  const model_llama_params *p = b->p;
+  int32_t emb = mat_weight(b, "model.embed_tokens.weight", p->vocab_size, p->hidden_size);
+  int32_t in[2] = {b->tokens, emb};
+  int32_t x = node(b, IR_OP_EMBED, "embed", in, 2, NULL, 0);
+  for (int64_t l = 0; l < p->n_layers && b->st == IR_OK; l++) x = layer(b, x, l);
+  in[0] = x;
+  in[1] = b->logit_rows;
+  x = node(b, IR_OP_GATHER_ROWS, "logit_rows", in, 2, NULL, 0);
+  x = rms_norm(b, x, "model.norm.weight", "final_norm");
+  in[0] = x;
+  in[1] = p->tie_word_embeddings
+              ? emb
+              : mat_weight(b, "lm_head.weight", p->vocab_size, p->hidden_size);
+  int32_t logits = node(b, IR_OP_MATMUL, "logits", in, 2, NULL, 0);
+  if (b->st == IR_OK && !ir_graph_add_output(b->g, logits))
+    b->st = ir_diag_set(b->d, IR_OOM, "out of memory");
+}
+
+ir_status model_llama_build(const model_llama_params *p, const model_tensor_src *src,
+                            const model_build_opts *bo, ir_graph **out, ir_diag *d) {
+  *out = NULL;
+  ir_status st = model_llama_check(p, d);
+  if (st != IR_OK) return st;
+  builder b = {.g = ir_graph_create(), .p = p, .src = src, .bo = bo, .d = d, .st = IR_OK};
+  if (!b.g) return ir_diag_set(d, IR_OOM, "out of memory");
+  int64_t max_pos = p->max_position;
+  if (bo->max_context > 0 && bo->max_context < max_pos) max_pos = bo->max_context;
+  set_config(&b, max_pos);
+  add_inputs(&b);
+  if (b.st == IR_OK) b.rope_table = rope_table(&b, max_pos);
+  if (b.st == IR_OK) build_body(&b);
+  if (b.st == IR_OK) b.st = ir_graph_verify(b.g, d);
+  if (b.st != IR_OK) {
+    ir_graph_destroy(b.g);
+    return b.st;
+  }
+  *out = b.g;
+  return IR_OK;
+}

@@ -1,0 +1,38 @@
+/* model_llama: the Llama-family template (Llama 2/3, Mistral, Qwen2, SmolLM, ...).
+ * Builds the flat-step-batch program: embed -> N x (norm, q/k/v, rope, attention,
+ * o-proj, residual, norm, gate/up, swiglu, down, residual) -> gather logit rows ->
+ * norm -> lm_head. Step inputs: tokens[T], positions[T], logit_rows[L];
+ * output: logits[L, vocab] f32. */
+#ifndef MODEL_LLAMA_H
+#define MODEL_LLAMA_H
+
+#include "ir.h"
+#include "model.h"
+
+typedef struct model_llama_params {
+  char arch[32];
+  int64_t vocab_size;
+  int64_t hidden_size;
+  int64_t n_layers;
+  int64_t n_heads;
+  int64_t n_kv_heads;
+  int64_t head_dim; /* hidden_size / n_heads unless the config says otherwise */
+  int64_t intermediate_size;
+  int64_t max_position;
+  double rms_norm_eps;
+  double rope_theta;
+  bool tie_word_embeddings;
+  bool attention_bias; /* q/k/v projections carry a bias (Qwen2) */
+  int64_t bos_token_id;
+  int64_t eos_token_id;
+} model_llama_params;
+
+/* Checks the parameters for consistency (positive sizes, heads divisible, ...). */
+ir_status model_llama_check(const model_llama_params *p, ir_diag *d);
+
+/* Builds the graph. Missing or mis-shaped checkpoint tensors are reported by name.
+ * *out is owned by the caller (ir_graph_destroy). */
+ir_status model_llama_build(const model_llama_params *p, const model_tensor_src *src,
+                            const model_build_opts *bo, ir_graph **out, ir_diag *d);
+
+#endif

@@ -1,0 +1,35 @@
+/* model: internal layout of an open model (plan + backend + arena + KV pool) and of a
+ * sequence. The public face is runtime/include/inferrt.h. */
+#ifndef IRT_MODEL_H
+#define IRT_MODEL_H
+
+#include "backend.h"
+#include "inferrt.h"
+#include "ir_plan.h"
+#include "kv_cache.h"
+
+struct irt_model {
+  ir_plan *plan;
+  const ir_graph *g;
+  irt_backend be;
+  void *arena;
+  void **ptrs; /* (n_tensors) address of every tensor */
+  irt_kv_cache kv;
+  irt_model_info info;
+  int32_t in_tokens, in_positions, in_logit_rows, out_logits; /* tensor indices */
+  int64_t max_blocks; /* blocks one sequence may hold: ceil(context / block_size) */
+  /* step scratch, sized for the step limits at open */
+  int32_t *tok_seq, *tok_pos, *block_tables;
+  int64_t n_live_seqs;
+};
+
+struct irt_seq {
+  irt_model *m;
+  int64_t len;       /* tokens whose KV is cached */
+  int32_t *blocks;   /* (max_blocks) physical block ids; first ceil(len/bs) valid */
+  int64_t n_blocks;
+};
+
+void irt_error_from_diag(irt_error *err, const ir_diag *d);
+
+#endif

@@ -1,0 +1,141 @@
+/* step: one run of the program over a flat batch of tokens from several sequences.
+ * Validates the batch, reserves KV blocks (all or none), fills the step descriptor and
+ * the input tensors, runs every node, and hands back the requested logit rows. */
+#include <stdio.h>
+#include <string.h>
+
+#include "model.h"
+
+static irt_status fail(irt_error *err, irt_status st, const char *fmt, long long a, long long b) {
+  if (err) {
+    err->status = st;
+    snprintf(err->msg, sizeof err->msg, fmt, a, b);
+  }
+  return st;
+}
+
+static int64_t logit_rows_of(const irt_batch_item *it) {
+  return it->logits ? (it->all_logits ? it->n : 1) : 0;
+}
+
+static irt_status check_batch(irt_model *m, const irt_batch_item *items, int n_items,
+                              irt_error *err) {
+  const irt_model_info *in = &m->info;
+  int64_t T = 0, L = 0;
+  if (n_items <= 0 || n_items > in->max_step_seqs)
+    return fail(err, IRT_INVALID_ARG, "a step takes 1 to %lld sequences, got %lld",
+                in->max_step_seqs, n_items);
+  for (int i = 0; i < n_items; i++) {
+    const irt_batch_item *it = &items[i];
+    if (!it->seq || it->seq->m != m || it->n <= 0 || !it->tokens)
+      return fail(err, IRT_INVALID_ARG, "batch item %lld is empty or belongs to another model", (long long)i, 0LL);
+    for (int j = 0; j < i; j++)
+      if (items[j].seq == it->seq)
+        return fail(err, IRT_INVALID_ARG, "sequence appears twice in one step (items %lld, %lld)", j, i);
+    if (it->seq->len + it->n > in->context_length)
+      return fail(err, IRT_INVALID_ARG, "sequence would reach %lld tokens; the context is %lld",
+                  it->seq->len + it->n, in->context_length);
+    for (int64_t k = 0; k < it->n; k++)
+      if (it->tokens[k] < 0 || it->tokens[k] >= in->vocab_size)
+        return fail(err, IRT_INVALID_ARG, "token id %lld is outside the vocabulary of %lld",
+                    it->tokens[k], in->vocab_size);
+    T += it->n;
+    L += logit_rows_of(it);
+  }
+  if (T > in->max_step_tokens)
+    return fail(err, IRT_INVALID_ARG, "step of %lld tokens exceeds the plan's limit of %lld", T,
+                in->max_step_tokens);
+  if (L > in->max_step_logits)
+    return fail(err, IRT_INVALID_ARG, "step wants %lld logit rows; the plan allows %lld", L,
+                in->max_step_logits);
+  return IRT_OK;
+}
+
+/* Gives every sequence the blocks its new tokens need, or rolls back and fails. */
+static irt_status reserve_blocks(irt_model *m, const irt_batch_item *items, int n_items,
+                                 irt_error *err) {
+  int64_t bs = m->kv.block_size;
+  int64_t need = 0;
+  for (int i = 0; i < n_items; i++) {
+    int64_t want = (items[i].seq->len + items[i].n + bs - 1) / bs;
+    need += want - items[i].seq->n_blocks;
+  }
+  if (need > m->kv.n_free)
+    return fail(err, IRT_OOM, "KV cache full: step needs %lld blocks, %lld are free", need,
+                m->kv.n_free);
+  for (int i = 0; i < n_items; i++) {
+    irt_seq *s = items[i].seq;
+    int64_t want = (s->len + items[i].n + bs - 1) / bs;
+    while (s->n_blocks < want) s->blocks[s->n_blocks++] = irt_kv_block_alloc(&m->kv);
+  }
+  return IRT_OK;
+}
+
+/* Fills the step descriptor and the tokens / positions / logit_rows inputs. */
+static void fill_step(irt_model *m, const irt_batch_item *items, int n_items, irt_step *st) {
+  int32_t *tok = m->ptrs[m->in_tokens], *pos = m->ptrs[m->in_positions];
+  int32_t *rows = m->ptrs[m->in_logit_rows];
+  int64_t t = 0, l = 0;
+  for (int i = 0; i < n_items; i++) {
+    const irt_batch_item *it = &items[i];
+    memcpy(&m->block_tables[i * m->max_blocks], it->seq->blocks,
+           (size_t)it->seq->n_blocks * sizeof(int32_t));
+    for (int64_t k = 0; k < it->n; k++, t++) {
+      tok[t] = it->tokens[k];
+      pos[t] = (int32_t)(it->seq->len + k);
+      m->tok_seq[t] = i;
+      m->tok_pos[t] = pos[t];
+      if (it->logits && (it->all_logits || k == it->n - 1)) rows[l++] = (int32_t)t;
+    }
+  }
+  *st = (irt_step){.syms = {[IR_SYM_TOKENS] = t, [IR_SYM_SEQS] = n_items, [IR_SYM_LOGITS] = l},
+                   .tok_seq = m->tok_seq, .tok_pos = m->tok_pos,
+                   .block_tables = m->block_tables, .max_blocks = m->max_blocks, .kv = &m->kv};
+}
+
+static void copy_logits(irt_model *m, const irt_batch_item *items, int n_items) {
+  const float *lg = m->ptrs[m->out_logits];
+  size_t V = (size_t)m->info.vocab_size;
+  for (int i = 0; i < n_items; i++) {
+    int64_t r = logit_rows_of(&items[i]);
+    if (!r) continue;
+    memcpy(items[i].logits, lg, (size_t)r * V * sizeof(float));
+    lg += (size_t)r * V;
+  }
+}
+
+irt_status irt_decode_batch(irt_model *m, const irt_batch_item *items, int n_items,
+                            irt_error *err) {
+  irt_status st = check_batch(m, items, n_items, err);
+  if (st == IRT_OK) st = reserve_blocks(m, items, n_items, err);
+  if (st != IRT_OK) return st;
+  irt_step step;
+  fill_step(m, items, n_items, &step);
+  ir_diag d = {0};
+  for (int32_t i = 0; i < m->g->n_nodes; i++)
+    if (m->be.ops->run_node(m->be.ctx, m->g, i, m->ptrs, &step, &d) != IR_OK) {
+      irt_error_from_diag(err, &d);
+      return (irt_status)d.status;
+    }
+  copy_logits(m, items, n_items);
+  for (int i = 0; i < n_items; i++) items[i].seq->len += items[i].n;
+  return IRT_OK;
+}
+
+irt_status irt_seq_decode(irt_model *m, irt_seq *s, const int32_t *tokens, int64_t n,
+                          float *logits, bool all_logits, irt_error *err) {
+  int64_t chunk = m->info.max_step_tokens;
+  if (all_logits && logits && m->info.max_step_logits < chunk) chunk = m->info.max_step_logits;
+  if (n <= 0) return fail(err, IRT_INVALID_ARG, "nothing to decode (%lld tokens)", (long long)n, 0LL);
+  for (int64_t off = 0; off < n; off += chunk) {
+    int64_t c = n - off < chunk ? n - off : chunk;
+    bool last = off + c == n;
+    irt_batch_item it = {.seq = s, .tokens = tokens + off, .n = c, .all_logits = all_logits,
+                         .logits = all_logits && logits
+                                       ? logits + (size_t)off * (size_t)m->info.vocab_size
+                                       : (last ? logits : NULL)};
+    irt_status st = irt_decode_batch(m, &it, 1, err);
+    if (st != IRT_OK) return st;
+  }
+  return IRT_OK;
+}

@@ -1,0 +1,440 @@
+/* test_kernels: every CPU kernel against a naive double-precision reference, plus the
+ * batch-invariance guarantee (a row's bits do not depend on its batch or thread count). */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kn_cpu.h"
+#include "tcheck.h"
+
+/* ---- helpers ---------------------------------------------------------------------- */
+
+static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
+
+static float rnd(void) { /* uniform in [-1, 1) */
+  g_rng ^= g_rng << 13;
+  g_rng ^= g_rng >> 7;
+  g_rng ^= g_rng << 17;
+  return (float)((g_rng >> 40) * (1.0 / (1 << 23))) - 1.0f;
+}
+
+static float *rnd_vec(int64_t n, float scale) {
+  float *v = malloc((size_t)(n > 0 ? n : 1) * sizeof *v);
+  for (int64_t i = 0; i < n; i++) v[i] = rnd() * scale;
+  return v;
+}
+
+static size_t dt_size(ir_dtype dt) { return dt == IR_F32 ? 4 : 2; }
+
+/* Stores v in dtype dt and rounds v to what dt holds, so references use exact weights. */
+static void *to_dtype(float *v, int64_t n, ir_dtype dt) {
+  void *out = malloc((size_t)(n > 0 ? n : 1) * dt_size(dt));
+  for (int64_t i = 0; i < n; i++) {
+    if (dt == IR_F32) {
+      ((float *)out)[i] = v[i];
+    } else if (dt == IR_F16) {
+      ((uint16_t *)out)[i] = ir_f32_to_f16(v[i]);
+      v[i] = ir_f16_to_f32(((uint16_t *)out)[i]);
+    } else {
+      ((uint16_t *)out)[i] = ir_f32_to_bf16(v[i]);
+      v[i] = ir_bf16_to_f32(((uint16_t *)out)[i]);
+    }
+  }
+  return out;
+}
+
+static const ir_dtype k_dtypes[3] = {IR_F32, IR_F16, IR_BF16};
+
+/* ---- matmul ----------------------------------------------------------------------- */
+
+/* Checks y against a double reference with an error bound relative to sum |x_i w_i|. */
+static int matmul_ok(const float *y, const float *x, const float *w, const float *bias,
+                     int64_t m, int64_t n, int64_t k) {
+  int ok = 1;
+  for (int64_t i = 0; i < m; i++)
+    for (int64_t j = 0; j < n; j++) {
+      double ref = bias ? bias[j] : 0.0, mag = bias ? fabs(bias[j]) : 0.0;
+      for (int64_t l = 0; l < k; l++) {
+        ref += (double)x[i * k + l] * w[j * k + l];
+        mag += fabs((double)x[i * k + l] * w[j * k + l]);
+      }
+      ok &= fabs(y[i * n + j] - ref) <= 1e-5 * mag + 1e-6;
+    }
+  return ok;
+}
+
+static void matmul_case(kn_pool *p, ir_dtype dt, int use_bias, int64_t m, int64_t n,
+                        int64_t k) {
+  float *x = rnd_vec(m * k, 1.0f), *w = rnd_vec(n * k, 1.0f);
+  float *bias = use_bias ? rnd_vec(n, 1.0f) : NULL, *y = rnd_vec(m * n, 1.0f);
+  void *wq = to_dtype(w, n * k, dt);
+  kn_matmul(p, y, x, wq, dt, bias, m, n, k);
+  CHECKF(matmul_ok(y, x, w, bias, m, n, k), "dt=%s bias=%d m=%lld n=%lld k=%lld",
+         ir_dtype_name(dt), use_bias, (long long)m, (long long)n, (long long)k);
+  free(x), free(w), free(bias), free(y), free(wq);
+}
+
+static void test_matmul(kn_pool *p4) {
+  static const int64_t ms[] = {1, 3, 17}, ns[] = {1, 7, 300}, ks[] = {1, 5, 64, 172};
+  for (int d = 0; d < 3; d++)
+    for (int b = 0; b < 2; b++)
+      for (int mi = 0; mi < 3; mi++)
+        for (int ni = 0; ni < 3; ni++)
+          for (int ki = 0; ki < 4; ki++)
+            matmul_case(mi == 1 ? NULL : p4, k_dtypes[d], b, ms[mi], ns[ni], ks[ki]);
+  for (int d = 0; d < 3; d++) { /* several m and n tiles, threaded */
+    matmul_case(p4, k_dtypes[d], 1, 70, 1000, 172);
+    matmul_case(p4, k_dtypes[d], 0, 133, 45, 600);
+  }
+}
+
+/* Row i computed alone (serial, and on a 1-thread pool) and inside batches of 5 and 17
+ * rows on 4 threads must agree bit for bit. */
+static void matmul_invariance(kn_pool *p1, kn_pool *p4, ir_dtype dt, int64_t n, int64_t k) {
+  enum { M = 17 };
+  float *x = rnd_vec(M * k, 1.0f), *w = rnd_vec(n * k, 1.0f), *bias = rnd_vec(n, 1.0f);
+  float *y17 = rnd_vec(M * n, 1.0f), *y5 = rnd_vec(5 * n, 1.0f), *y1 = rnd_vec(n, 1.0f);
+  void *wq = to_dtype(w, n * k, dt);
+  kn_matmul(p4, y17, x, wq, dt, bias, M, n, k);
+  int ok = 1;
+  for (int64_t i = 0; i < M; i++) {
+    kn_matmul(i % 2 ? p1 : NULL, y1, x + i * k, wq, dt, bias, 1, n, k);
+    ok &= memcmp(y1, y17 + i * n, (size_t)n * sizeof(float)) == 0;
+  }
+  for (int64_t i0 = 0; i0 + 5 <= M; i0 += 3) { /* the same rows at other batch offsets */
+    kn_matmul(p4, y5, x + i0 * k, wq, dt, bias, 5, n, k);
+    ok &= memcmp(y5, y17 + i0 * n, 5 * (size_t)n * sizeof(float)) == 0;
+  }
+  CHECKF(ok, "matmul batch invariance dt=%s n=%lld k=%lld", ir_dtype_name(dt), (long long)n,
+         (long long)k);
+  free(x), free(w), free(bias), free(y17), free(y5), free(y1), free(wq);
+}
+
+static void test_matmul_invariance(kn_pool *p1, kn_pool *p4) {
+  for (int d = 0; d < 3; d++) {
+    matmul_invariance(p1, p4, k_dtypes[d], 300, 172);
+    matmul_invariance(p1, p4, k_dtypes[d], 1000, 64);
+    matmul_invariance(p1, p4, k_dtypes[d], 7, 5);
+  }
+}
+
+/* ---- attention -------------------------------------------------------------------- */
+
+enum { A_SEQ = 2, A_BS = 4, A_MAXB = 5, A_NBLK = 12, A_MAXPOS = A_BS * A_MAXB };
+
+/* The logical K/V of both sequences, which the paged cache must reproduce. */
+typedef struct attn_fix {
+  int64_t n_heads, n_kv, hd;
+  float *k_all, *v_all; /* (A_SEQ, A_MAXPOS, n_kv, hd) */
+  int32_t tables[A_SEQ * A_MAXB];
+  kn_kv_layer kv;
+} attn_fix;
+
+static void attn_fix_init(attn_fix *f, int64_t n_heads, int64_t n_kv, int64_t hd) {
+  f->n_heads = n_heads, f->n_kv = n_kv, f->hd = hd;
+  f->k_all = rnd_vec(A_SEQ * A_MAXPOS * n_kv * hd, 1.0f);
+  f->v_all = rnd_vec(A_SEQ * A_MAXPOS * n_kv * hd, 1.0f);
+  /* Shuffled, non-contiguous physical blocks; some never used. */
+  static const int32_t perm[A_SEQ * A_MAXB] = {7, 2, 10, 0, 5, 3, 11, 1, 8, 4};
+  memcpy(f->tables, perm, sizeof perm);
+  int64_t cache = A_NBLK * n_kv * A_BS * hd;
+  f->kv = (kn_kv_layer){.k = rnd_vec(cache, 100.0f), .v = rnd_vec(cache, 100.0f),
+                        .n_blocks = A_NBLK, .block_size = A_BS, .n_kv_heads = n_kv,
+                        .head_dim = hd};
+}
+
+static void attn_fix_free(attn_fix *f) {
+  free(f->k_all), free(f->v_all), free(f->kv.k), free(f->kv.v);
+}
+
+static const float *attn_kv_row(const attn_fix *f, const float *all, int64_t s, int64_t pos,
+                                int64_t kvh) {
+  return all + ((s * A_MAXPOS + pos) * f->n_kv + kvh) * f->hd;
+}
+
+/* Builds q, k_new, v_new for the tokens (seq[t], pos[t]) and runs the kernel. */
+static void attn_run(kn_pool *p, attn_fix *f, const int32_t *seq, const int32_t *pos,
+                     int64_t n_tok, const float *q, float *out, float scale) {
+  int64_t row = f->n_kv * f->hd;
+  float *kn = malloc((size_t)(n_tok * row) * sizeof *kn);
+  float *vn = malloc((size_t)(n_tok * row) * sizeof *vn);
+  for (int64_t t = 0; t < n_tok; t++) {
+    memcpy(kn + t * row, attn_kv_row(f, f->k_all, seq[t], pos[t], 0), row * sizeof(float));
+    memcpy(vn + t * row, attn_kv_row(f, f->v_all, seq[t], pos[t], 0), row * sizeof(float));
+  }
+  kn_attn_batch b = {.n_tok = n_tok, .tok_seq = seq, .tok_pos = pos,
+                     .max_blocks_per_seq = A_MAXB, .block_tables = f->tables};
+  kn_attention_paged(p, out, q, kn, vn, &f->kv, &b, f->n_heads, scale);
+  free(kn), free(vn);
+}
+
+/* Naive softmax(q k^T * scale) v in double for one (token, head). */
+static int attn_head_ok(const attn_fix *f, int64_t s, int64_t pos, int64_t h, const float *q,
+                        const float *out, float scale) {
+  int64_t kvh = h / (f->n_heads / f->n_kv);
+  double sc[A_MAXPOS], mx = -INFINITY, sum = 0;
+  for (int64_t j = 0; j <= pos; j++) {
+    const float *kr = attn_kv_row(f, f->k_all, s, j, kvh);
+    double d = 0;
+    for (int64_t i = 0; i < f->hd; i++) d += (double)q[i] * kr[i];
+    sc[j] = d * scale;
+    mx = sc[j] > mx ? sc[j] : mx;
+  }
+  for (int64_t j = 0; j <= pos; j++) sum += sc[j] = exp(sc[j] - mx);
+  int ok = 1;
+  for (int64_t i = 0; i < f->hd; i++) {
+    double ref = 0;
+    for (int64_t j = 0; j <= pos; j++) ref += sc[j] / sum * attn_kv_row(f, f->v_all, s, j, kvh)[i];
+    ok &= fabs(out[i] - ref) <= 2e-5;
+  }
+  return ok;
+}
+
+static int attn_batch_ok(const attn_fix *f, const int32_t *seq, const int32_t *pos,
+                         int64_t n_tok, const float *q, const float *out, float scale) {
+  int ok = 1;
+  for (int64_t t = 0; t < n_tok; t++)
+    for (int64_t h = 0; h < f->n_heads; h++) {
+      int64_t o = (t * f->n_heads + h) * f->hd;
+      ok &= attn_head_ok(f, seq[t], pos[t], h, q + o, out + o, scale);
+    }
+  return ok;
+}
+
+/* The cache must hold every written position where the block table says. */
+static int attn_cache_ok(const attn_fix *f, const int32_t *seq, const int32_t *pos, int64_t n) {
+  int ok = 1;
+  for (int64_t t = 0; t < n; t++)
+    for (int64_t h = 0; h < f->n_kv; h++) {
+      int64_t blk = f->tables[seq[t] * A_MAXB + pos[t] / A_BS];
+      int64_t off = ((blk * f->n_kv + h) * A_BS + pos[t] % A_BS) * f->hd;
+      size_t sz = (size_t)f->hd * sizeof(float);
+      ok &= memcmp(f->kv.k + off, attn_kv_row(f, f->k_all, seq[t], pos[t], h), sz) == 0;
+      ok &= memcmp(f->kv.v + off, attn_kv_row(f, f->v_all, seq[t], pos[t], h), sz) == 0;
+    }
+  return ok;
+}
+
+/* Prefill of two interleaved sequences, then a mixed decode step, then the same tokens
+ * alone: references, cache placement and bitwise invariance. */
+static void attn_case(kn_pool *p1, kn_pool *p4, int64_t n_heads, int64_t n_kv, int64_t hd) {
+  attn_fix f;
+  attn_fix_init(&f, n_heads, n_kv, hd);
+  float scale = 1.0f / sqrtf((float)hd);
+  static const int32_t pre_seq[] = {0, 1, 0, 0, 1, 0, 1, 0, 0, 1, 1, 0};
+  static const int32_t pre_pos[] = {0, 0, 1, 2, 1, 3, 2, 4, 5, 3, 4, 6};
+  enum { NP = 12 };
+  int64_t qrow = n_heads * hd;
+  float *q = rnd_vec(NP * qrow, 1.0f), *out = rnd_vec(NP * qrow, 1.0f);
+  float *one = rnd_vec(qrow, 1.0f);
+  attn_run(p4, &f, pre_seq, pre_pos, NP, q, out, scale);
+  CHECKF(attn_cache_ok(&f, pre_seq, pre_pos, NP), "cache h=%lld kv=%lld", (long long)n_heads,
+         (long long)n_kv);
+  CHECKF(attn_batch_ok(&f, pre_seq, pre_pos, NP, q, out, scale), "prefill hd=%lld kv=%lld",
+         (long long)hd, (long long)n_kv);
+  int inv = 1;
+  for (int64_t t = 0; t < NP; t++) { /* re-run each token alone: same cache, same bits */
+    attn_run(t % 2 ? p1 : NULL, &f, pre_seq + t, pre_pos + t, 1, q + t * qrow, one, scale);
+    inv &= memcmp(one, out + t * qrow, (size_t)qrow * sizeof(float)) == 0;
+  }
+  static const int32_t dec_seq[] = {1, 0}, dec_pos[] = {5, 7};
+  attn_run(p4, &f, dec_seq, dec_pos, 2, q, out, scale);
+  CHECK(attn_batch_ok(&f, dec_seq, dec_pos, 2, q, out, scale));
+  attn_run(p1, &f, dec_seq + 1, dec_pos + 1, 1, q + qrow, one, scale);
+  inv &= memcmp(one, out + qrow, (size_t)qrow * sizeof(float)) == 0;
+  CHECKF(inv, "attention batch invariance hd=%lld kv=%lld", (long long)hd, (long long)n_kv);
+  free(q), free(out), free(one);
+  attn_fix_free(&f);
+}
+
+static void test_attention(kn_pool *p1, kn_pool *p4) {
+  attn_case(p1, p4, 4, 2, 16);
+  attn_case(p1, p4, 4, 1, 16);
+  attn_case(p1, p4, 4, 4, 20);
+  attn_case(p1, p4, 4, 2, 300); /* wider than one stack slice of the accumulator */
+}
+
+/* ---- rope ------------------------------------------------------------------------- */
+
+static float *rope_table(int64_t max_pos, int64_t rot_dim) {
+  int64_t half = rot_dim / 2;
+  float *cs = malloc((size_t)(max_pos * half * 2) * sizeof *cs);
+  for (int64_t p = 0; p < max_pos; p++)
+    for (int64_t i = 0; i < half; i++) {
+      double ang = p * pow(10000.0, -2.0 * i / rot_dim);
+      cs[(p * half + i) * 2] = (float)cos(ang);
+      cs[(p * half + i) * 2 + 1] = (float)sin(ang);
+    }
+  return cs;
+}
+
+/* Index pairs rotated together: (i, i + half) for neox, (2i, 2i + 1) otherwise. */
+static int rope_head_ok(const float *in, const float *got, const float *cs, int64_t hd,
+                        int64_t rot, int neox) {
+  int64_t half = rot / 2;
+  int ok = 1;
+  for (int64_t i = 0; i < half; i++) {
+    int64_t a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+    double c = cs[2 * i], s = cs[2 * i + 1];
+    double ra = in[a] * c - in[b] * s, rb = in[b] * c + in[a] * s;
+    double tol = 1e-6 * (fabs(in[a]) + fabs(in[b]));
+    ok &= fabs(got[a] - ra) <= tol && fabs(got[b] - rb) <= tol;
+  }
+  for (int64_t i = rot; i < hd; i++) ok &= got[i] == in[i];
+  return ok;
+}
+
+static void rope_case(kn_pool *p, int64_t n_tok, int64_t n_heads, int64_t hd, int64_t rot,
+                      int neox) {
+  enum { MAXPOS = 64 };
+  float *cs = rope_table(MAXPOS, rot), *x = rnd_vec(n_tok * n_heads * hd, 3.0f);
+  float *in = malloc((size_t)(n_tok * n_heads * hd) * sizeof *in);
+  int32_t *pos = malloc((size_t)n_tok * sizeof *pos);
+  memcpy(in, x, (size_t)(n_tok * n_heads * hd) * sizeof *in);
+  for (int64_t t = 0; t < n_tok; t++) pos[t] = (int32_t)((t * 7 + 3) % MAXPOS);
+  kn_rope(p, x, pos, cs, n_tok, n_heads, hd, rot, neox);
+  int ok = 1;
+  for (int64_t t = 0; t < n_tok; t++)
+    for (int64_t h = 0; h < n_heads; h++) {
+      int64_t o = (t * n_heads + h) * hd;
+      ok &= rope_head_ok(in + o, x + o, cs + pos[t] * rot, hd, rot, neox);
+    }
+  CHECKF(ok, "rope neox=%d hd=%lld rot=%lld", neox, (long long)hd, (long long)rot);
+  free(cs), free(x), free(in), free(pos);
+}
+
+static void test_rope(kn_pool *p4) {
+  for (int neox = 0; neox < 2; neox++) {
+    rope_case(p4, 5, 3, 16, 16, neox);
+    rope_case(p4, 5, 3, 16, 8, neox); /* partial rotary */
+    rope_case(p4, 40, 8, 64, 64, neox);
+    rope_case(NULL, 1, 1, 6, 6, neox);
+  }
+}
+
+/* ---- rms_norm, add_rms_norm ------------------------------------------------------- */
+
+static int norm_ok(const float *got, const float *x, const float *w, int64_t n, int64_t dim,
+                   float eps) {
+  int ok = 1;
+  for (int64_t r = 0; r < n; r++) {
+    double ss = 0;
+    for (int64_t i = 0; i < dim; i++) ss += (double)x[r * dim + i] * x[r * dim + i];
+    double inv = 1.0 / sqrt(ss / dim + eps);
+    for (int64_t i = 0; i < dim; i++) {
+      double ref = w[i] * (x[r * dim + i] * inv);
+      ok &= fabs(got[r * dim + i] - ref) <= 1e-5 * fabs(ref) + 1e-7;
+    }
+  }
+  return ok;
+}
+
+static void norm_case(kn_pool *p, int64_t n, int64_t dim) {
+  float eps = 1e-6f;
+  float *x = rnd_vec(n * dim, 4.0f), *w = rnd_vec(dim, 2.0f), *out = rnd_vec(n * dim, 1.0f);
+  float *b = rnd_vec(n * dim, 4.0f), *sum = rnd_vec(n * dim, 1.0f);
+  kn_rms_norm(p, out, x, w, n, dim, eps);
+  CHECKF(norm_ok(out, x, w, n, dim, eps), "rms_norm n=%lld dim=%lld", (long long)n,
+         (long long)dim);
+  kn_rms_norm(p, x, x, w, n, dim, eps); /* in place */
+  CHECK(memcmp(x, out, (size_t)(n * dim) * sizeof(float)) == 0);
+  kn_add_rms_norm(p, out, sum, x, b, w, n, dim, eps);
+  int ok = 1;
+  for (int64_t i = 0; i < n * dim; i++) ok &= sum[i] == x[i] + b[i];
+  CHECK(ok);
+  CHECKF(norm_ok(out, sum, w, n, dim, eps), "add_rms_norm n=%lld dim=%lld", (long long)n,
+         (long long)dim);
+  float *out2 = rnd_vec(n * dim, 1.0f);
+  kn_add_rms_norm(p, out2, b, x, b, w, n, dim, eps); /* out_sum aliases b */
+  CHECK(memcmp(b, sum, (size_t)(n * dim) * sizeof(float)) == 0);
+  CHECK(memcmp(out2, out, (size_t)(n * dim) * sizeof(float)) == 0);
+  free(x), free(w), free(out), free(b), free(sum), free(out2);
+}
+
+static void test_norm(kn_pool *p4) {
+  norm_case(p4, 1, 1);
+  norm_case(p4, 3, 17);
+  norm_case(NULL, 2, 576);
+  norm_case(p4, 64, 1000);
+}
+
+/* ---- embed, swiglu, add, gather_rows ---------------------------------------------- */
+
+static void test_embed(kn_pool *p4) {
+  enum { VOCAB = 50, DIM = 37, NT = 600 };
+  int32_t ids[NT];
+  for (int t = 0; t < NT; t++) ids[t] = (t * 13 + 5) % VOCAB;
+  for (int d = 0; d < 3; d++) {
+    float *table = rnd_vec(VOCAB * DIM, 2.0f), *out = rnd_vec(NT * DIM, 1.0f);
+    void *tq = to_dtype(table, VOCAB * DIM, k_dtypes[d]);
+    kn_embed(d == 1 ? NULL : p4, out, tq, k_dtypes[d], ids, NT, DIM);
+    int ok = 1;
+    for (int t = 0; t < NT; t++)
+      ok &= memcmp(out + t * DIM, table + ids[t] * DIM, DIM * sizeof(float)) == 0;
+    CHECKF(ok, "embed dt=%s", ir_dtype_name(k_dtypes[d]));
+    free(table), free(out), free(tq);
+  }
+}
+
+static void test_swiglu(kn_pool *p4) {
+  enum { N = 100003 };
+  float *g = rnd_vec(N, 12.0f), *u = rnd_vec(N, 3.0f), *out = rnd_vec(N, 1.0f);
+  g[0] = -200.0f, g[1] = 200.0f, g[2] = 0.0f; /* exp overflow must not give NaN */
+  kn_swiglu(p4, out, g, u, N);
+  int ok = 1;
+  for (int64_t i = 0; i < N; i++) {
+    double ref = g[i] / (1.0 + exp(-(double)g[i])) * u[i];
+    ok &= fabs(out[i] - ref) <= 1e-6 * fabs(ref) + 1e-30;
+  }
+  CHECK(ok);
+  kn_swiglu(p4, g, g, u, N); /* in place over gate */
+  CHECK(memcmp(g, out, N * sizeof(float)) == 0);
+  kn_swiglu(NULL, out, g, u, 3);
+  free(g), free(u), free(out);
+}
+
+static void test_add(kn_pool *p4) {
+  enum { N = 100001 };
+  float *a = rnd_vec(N, 5.0f), *b = rnd_vec(N, 5.0f), *out = rnd_vec(N, 1.0f);
+  kn_add(p4, out, a, b, N);
+  int ok = 1;
+  for (int64_t i = 0; i < N; i++) ok &= out[i] == a[i] + b[i];
+  CHECK(ok);
+  kn_add(NULL, a, a, b, N); /* in place */
+  CHECK(memcmp(a, out, N * sizeof(float)) == 0);
+  free(a), free(b), free(out);
+}
+
+static void test_gather(kn_pool *p4) {
+  enum { ROWS = 40, DIM = 1500, NR = 30 };
+  float *x = rnd_vec(ROWS * DIM, 1.0f), *out = rnd_vec(NR * DIM, 1.0f);
+  int32_t rows[NR];
+  for (int r = 0; r < NR; r++) rows[r] = (r * 11 + 7) % ROWS;
+  kn_gather_rows(p4, out, x, rows, NR, DIM);
+  int ok = 1;
+  for (int r = 0; r < NR; r++)
+    ok &= memcmp(out + r * DIM, x + rows[r] * DIM, DIM * sizeof(float)) == 0;
+  CHECK(ok);
+  kn_gather_rows(NULL, out, x, rows, 1, DIM);
+  CHECK(memcmp(out, x + rows[0] * DIM, DIM * sizeof(float)) == 0);
+  free(x), free(out);
+}
+
+int main(void) {
+  kn_pool *p1 = kn_pool_create(1), *p4 = kn_pool_create(4);
+  CHECK(p1 != NULL && p4 != NULL);
+  if (!p1 || !p4) return tcheck_done("test_kernels");
+  test_matmul(p4);
+  test_matmul_invariance(p1, p4);
+  test_attention(p1, p4);
+  test_rope(p4);
+  test_norm(p4);
+  test_embed(p4);
+  test_swiglu(p4);
+  test_add(p4);
+  test_gather(p4);
+  kn_pool_destroy(p1);
+  kn_pool_destroy(p4);
+  return tcheck_done("test_kernels");
+}

@@ -1,0 +1,357 @@
+#!/usr/bin/python3
+"""Generate tiny random Llama-family checkpoints and oracle outputs.
+
+The fixtures written under tests/fixtures/ are the external oracle that the
+infc compiler / inferrt runtime are checked against.  CI never runs this
+script (it has no torch); a developer runs it once and commits the output.
+
+How to run (Debian bookworm, as root):
+
+    apt-get install -y python3-torch python3-pip      # CPU torch 1.13.1
+    /usr/bin/python3 -m pip install --break-system-packages \
+        -r tools/requirements-fixtures.txt
+    /usr/bin/python3 tools/gen_fixtures.py            # from the repo root
+
+Use /usr/bin/python3 explicitly: Debian's torch is only importable from the
+system interpreter, not from a pyenv / venv python found earlier on PATH.
+Do not pip-install torch (it pulls gigabytes of CUDA libraries).
+
+For every fixture the script:
+  1. builds the model from a small config and fills it with seeded random
+     weights (std INIT_STD, RMSNorm weights ~ 1 + 0.1*N(0,1), random q/k/v
+     biases for Qwen2) so logits are well spread;
+  2. saves it with save_pretrained(safe_serialization=True) in the fixture's
+     dtype (float32 / bfloat16 / float16);
+  3. reloads the saved checkpoint with torch_dtype=float32 and eager attention
+     and computes every oracle output from that reloaded model in float32
+     (the engine upcasts bf16/f16 weights exactly and computes in f32);
+  4. records full-sequence logits for three seeded prompts and a 32-token
+     greedy continuation (KV-cache loop, EOS never stops it), then checks
+     that a full forward over prompt+greedy reproduces the greedy tokens;
+  5. retries with the next seed if the smallest top1-top2 logit gap over all
+     greedy steps is below MIN_MARGIN.
+
+Each fixture directory holds exactly config.json, model.safetensors and
+oracle.json.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+
+import safetensors
+import torch
+import transformers
+from safetensors import safe_open
+from transformers import (DynamicCache, LlamaConfig, LlamaForCausalLM,
+                          Qwen2Config, Qwen2ForCausalLM)
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_OUT = os.path.join(REPO_ROOT, "tests", "fixtures")
+
+PROMPT_LENGTHS = (1, 7, 20)
+NUM_GENERATE = 32
+MIN_MARGIN = 1e-3
+MAX_SEED_TRIES = 50
+INIT_STD = 0.25          # HF default is 0.02: far too flat for greedy margins
+NORM_STD = 0.1           # RMSNorm weights are 1 + NORM_STD * N(0, 1)
+BIAS_STD = 0.1           # Qwen2 q/k/v biases are BIAS_STD * N(0, 1)
+MAX_FIXTURE_BYTES = 1 << 20
+
+ARCHES = {
+    "LlamaForCausalLM": (LlamaConfig, LlamaForCausalLM),
+    "Qwen2ForCausalLM": (Qwen2Config, Qwen2ForCausalLM),
+}
+
+DTYPE_NAMES = {
+    torch.float32: "float32",
+    torch.bfloat16: "bfloat16",
+    torch.float16: "float16",
+}
+SAFETENSORS_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16",
+                      torch.float16: "F16"}
+
+FIXTURES = [
+    dict(
+        name="llama-gqa-f32",
+        arch="LlamaForCausalLM",
+        dtype=torch.float32,
+        base_seed=1000,
+        config=dict(
+            hidden_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_hidden_layers=2,
+            intermediate_size=172,  # deliberately not a multiple of 8
+            vocab_size=300,
+            rope_theta=10000.0,
+            rms_norm_eps=1e-5,
+            tie_word_embeddings=False,
+            max_position_embeddings=256,
+        ),
+    ),
+    dict(
+        name="qwen2-bias-bf16",
+        arch="Qwen2ForCausalLM",
+        dtype=torch.bfloat16,
+        base_seed=2000,
+        config=dict(
+            hidden_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            num_hidden_layers=2,
+            intermediate_size=128,
+            vocab_size=256,
+            rope_theta=1000000.0,
+            rms_norm_eps=1e-6,
+            tie_word_embeddings=True,
+            max_position_embeddings=256,
+        ),
+    ),
+    dict(
+        name="llama-mha-f16",
+        arch="LlamaForCausalLM",
+        dtype=torch.float16,
+        base_seed=3000,
+        config=dict(
+            hidden_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            num_hidden_layers=3,
+            intermediate_size=128,
+            vocab_size=256,
+            rope_theta=10000.0,
+            rms_norm_eps=1e-6,
+            tie_word_embeddings=True,
+            max_position_embeddings=256,
+        ),
+    ),
+]
+
+
+# --------------------------------------------------------------------------
+# Model construction and checkpoint round trip
+# --------------------------------------------------------------------------
+
+def build_random_model(spec, seed):
+    """Instantiate the model and overwrite every parameter with seeded noise."""
+    config_cls, model_cls = ARCHES[spec["arch"]]
+    config = config_cls(initializer_range=INIT_STD, **spec["config"])
+    model = model_cls(config)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        # Sorted names give a fixed draw order; tied lm_head is the same
+        # tensor as embed_tokens and is not listed separately.
+        for name, param in sorted(model.named_parameters()):
+            noise = torch.randn(param.shape, generator=gen)
+            if name.endswith("norm.weight"):
+                param.copy_(1.0 + NORM_STD * noise)
+            elif name.endswith(".bias"):
+                param.copy_(BIAS_STD * noise)
+            else:
+                param.copy_(INIT_STD * noise)
+    return model.eval()
+
+
+def save_checkpoint(model, dtype, out_dir):
+    """save_pretrained in the target dtype; keep only config + safetensors."""
+    model.to(dtype).save_pretrained(out_dir, safe_serialization=True)
+    for fname in os.listdir(out_dir):
+        if fname not in ("config.json", "model.safetensors"):
+            os.remove(os.path.join(out_dir, fname))
+
+
+def make_world_readable(out_dir):
+    """Temp dirs/files are created 0700/0600; fixtures should be 0755/0644."""
+    os.chmod(out_dir, 0o755)
+    for fname in os.listdir(out_dir):
+        os.chmod(os.path.join(out_dir, fname), 0o644)
+
+
+def check_checkpoint(spec, ckpt_dir):
+    """Tied models must not store lm_head; all tensors in the saved dtype."""
+    path = os.path.join(ckpt_dir, "model.safetensors")
+    want = SAFETENSORS_DTYPES[spec["dtype"]]
+    with safe_open(path, framework="pt") as f:
+        keys = list(f.keys())
+        for key in keys:
+            got = f.get_slice(key).get_dtype()
+            assert got == want, f"{key}: dtype {got}, expected {want}"
+    tied = spec["config"]["tie_word_embeddings"]
+    assert ("lm_head.weight" in keys) == (not tied), \
+        f"lm_head.weight presence wrong for tie_word_embeddings={tied}"
+    if spec["arch"] == "Qwen2ForCausalLM":
+        assert "model.layers.0.self_attn.q_proj.bias" in keys
+    return len(keys)
+
+
+def reload_f32(spec, ckpt_dir):
+    _, model_cls = ARCHES[spec["arch"]]
+    model = model_cls.from_pretrained(ckpt_dir, torch_dtype=torch.float32,
+                                      attn_implementation="eager")
+    assert next(model.parameters()).dtype == torch.float32
+    return model.eval()
+
+
+# --------------------------------------------------------------------------
+# Oracle computation (float32, eager attention)
+# --------------------------------------------------------------------------
+
+def make_prompts(vocab_size, seed):
+    gen = torch.Generator().manual_seed(seed + 1)
+    return [torch.randint(0, vocab_size, (n,), generator=gen).tolist()
+            for n in PROMPT_LENGTHS]
+
+
+def full_logits(model, ids):
+    """Logits [len(ids), vocab] from one forward over the whole sequence."""
+    out = model(torch.tensor([ids]), use_cache=False)
+    return out.logits[0].float()
+
+
+def top2_margin(logits):
+    top = torch.topk(logits, 2).values
+    return float(top[0] - top[1])
+
+
+def greedy_with_cache(model, prompt):
+    """Greedy decode NUM_GENERATE tokens with a KV cache (no EOS stop).
+
+    Returns (tokens, min top1-top2 margin, per-step logits)."""
+    cache = DynamicCache()
+    out = model(torch.tensor([prompt]), past_key_values=cache, use_cache=True)
+    tokens, steps, margin = [], [], float("inf")
+    for _ in range(NUM_GENERATE):
+        logits = out.logits[0, -1].float()
+        steps.append(logits)
+        margin = min(margin, top2_margin(logits))
+        tok = int(torch.argmax(logits))
+        tokens.append(tok)
+        out = model(torch.tensor([[tok]]), past_key_values=out.past_key_values,
+                    use_cache=True)
+    return tokens, margin, steps
+
+
+def check_greedy_consistency(model, prompt, tokens, cached_steps):
+    """A full forward over prompt+greedy must reproduce the greedy tokens."""
+    logits = full_logits(model, prompt + tokens)
+    n = len(prompt)
+    preds = torch.argmax(logits[n - 1:n - 1 + len(tokens)], dim=-1).tolist()
+    assert preds == tokens, f"KV-cache vs full-forward greedy mismatch: " \
+                            f"{tokens} vs {preds}"
+    diff = max(float((logits[n - 1 + i] - step).abs().max())
+               for i, step in enumerate(cached_steps))
+    assert diff < 1e-3, f"cached vs full logits differ by {diff}"
+    return diff
+
+
+@torch.no_grad()
+def compute_oracle(model, prompts):
+    logits, greedy, margin, max_diff = [], [], float("inf"), 0.0
+    for prompt in prompts:
+        logits.append(full_logits(model, prompt))
+        tokens, m, steps = greedy_with_cache(model, prompt)
+        max_diff = max(max_diff,
+                       check_greedy_consistency(model, prompt, tokens, steps))
+        greedy.append(tokens)
+        margin = min(margin, m)
+    return logits, greedy, margin, max_diff
+
+
+# --------------------------------------------------------------------------
+# Output
+# --------------------------------------------------------------------------
+
+def f32_round_trip(x):
+    """Shortest-ish decimal that round-trips a float32 ('%.9g')."""
+    return float("%.9g" % x)
+
+
+def write_oracle(path, fields):
+    """One top-level key per line; each value as compact JSON."""
+    lines = ["  %s: %s" % (json.dumps(k), json.dumps(v, separators=(",", ":")))
+             for k, v in fields.items()]
+    with open(path, "w") as f:
+        f.write("{\n" + ",\n".join(lines) + "\n}\n")
+
+
+def generate_fixture(spec, out_root):
+    vocab = spec["config"]["vocab_size"]
+    for seed in range(spec["base_seed"], spec["base_seed"] + MAX_SEED_TRIES):
+        with tempfile.TemporaryDirectory() as tmp:
+            torch.manual_seed(seed)
+            model = build_random_model(spec, seed)
+            save_checkpoint(model, spec["dtype"], tmp)
+            num_tensors = check_checkpoint(spec, tmp)
+            model = reload_f32(spec, tmp)
+            prompts = make_prompts(vocab, seed)
+            logits, greedy, margin, max_diff = compute_oracle(model, prompts)
+            if margin < MIN_MARGIN:
+                print(f"  {spec['name']}: seed {seed} margin {margin:.3g} "
+                      f"< {MIN_MARGIN}, trying next seed")
+                continue
+            out_dir = os.path.join(out_root, spec["name"])
+            if os.path.isdir(out_dir):
+                shutil.rmtree(out_dir)
+            shutil.copytree(tmp, out_dir)
+            make_world_readable(out_dir)
+        break
+    else:
+        sys.exit(f"{spec['name']}: no seed with margin >= {MIN_MARGIN}")
+
+    write_oracle(os.path.join(out_dir, "oracle.json"), {
+        "model": spec["name"],
+        "architecture": spec["arch"],
+        "saved_dtype": DTYPE_NAMES[spec["dtype"]],
+        "transformers_version": transformers.__version__,
+        "torch_version": torch.__version__,
+        "seed": seed,
+        "prompts": prompts,
+        "greedy": greedy,
+        "greedy_min_margin": margin,
+        "logits": [[[f32_round_trip(x) for x in row] for row in seq.tolist()]
+                   for seq in logits],
+    })
+    return dict(name=spec["name"], seed=seed, margin=margin,
+                max_diff=max_diff, num_tensors=num_tensors, dir=out_dir,
+                logit_absmax=max(float(l.abs().max()) for l in logits))
+
+
+def print_summary(results):
+    print("\n%-18s %5s %10s %9s %8s  files" %
+          ("fixture", "seed", "margin", "|logit|", "total"))
+    for r in results:
+        sizes = {f: os.path.getsize(os.path.join(r["dir"], f))
+                 for f in sorted(os.listdir(r["dir"]))}
+        total = sum(sizes.values())
+        files = ", ".join(f"{f} {s / 1024:.1f}K" for f, s in sizes.items())
+        print("%-18s %5d %10.4f %9.2f %7.1fK  %s" %
+              (r["name"], r["seed"], r["margin"], r["logit_absmax"],
+               total / 1024, files))
+        print("%-18s kv-cache vs full-forward max |dlogit| = %.2e, "
+              "%d tensors" % ("", r["max_diff"], r["num_tensors"]))
+        assert total < MAX_FIXTURE_BYTES, f"{r['name']} is {total} bytes"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", default=DEFAULT_OUT,
+                        help="fixture root (default: tests/fixtures)")
+    args = parser.parse_args()
+    torch.set_grad_enabled(False)
+    transformers.logging.set_verbosity_error()
+    print(f"transformers {transformers.__version__}, torch {torch.__version__}, "
+          f"safetensors {safetensors.__version__}")
+    os.makedirs(args.out, exist_ok=True)
+    results = []
+    for spec in FIXTURES:
+        print(f"generating {spec['name']} ...")
+        results.append(generate_fixture(spec, args.out))
+    print_summary(results)
+
+
+if __name__ == "__main__":
+    main()
