@@ -13,6 +13,7 @@ typedef struct add_args {
 /* No restrict: out may alias a or b, which is safe because each index is read then
  * written once. */
 static void add_task(void *arg, int64_t begin, int64_t end, int tid) {
+  (void)tid;
   const add_args *x = arg;
   for (int64_t i = begin; i < end; i++) x->out[i] = x->a[i] + x->b[i];
 }

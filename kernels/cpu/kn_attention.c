@@ -32,6 +32,7 @@ static int64_t attn_block(const kn_attn_batch *b, int64_t seq, int64_t logical) 
 }
 
 static void attn_write_task(void *arg, int64_t begin, int64_t end, int tid) {
+  (void)tid;
   const attn_args *a = arg;
   const kn_kv_layer *kv = a->kv;
   size_t row = (size_t)kv->head_dim * sizeof(float);
@@ -107,6 +108,7 @@ static void attn_head_slice(const attn_args *a, int64_t t, int64_t h, int64_t d0
 
 /* One index is one (token, head) pair. */
 static void attn_head_task(void *arg, int64_t begin, int64_t end, int tid) {
+  (void)tid;
   const attn_args *a = arg;
   int64_t hd = a->kv->head_dim;
   for (int64_t th = begin; th < end; th++)

@@ -28,6 +28,7 @@ static void embed_row(float *restrict out, const void *table, ir_dtype dt, int64
 }
 
 static void embed_task(void *arg, int64_t begin, int64_t end, int tid) {
+  (void)tid;
   const embed_args *a = arg;
   for (int64_t t = begin; t < end; t++)
     embed_row(a->out + t * a->dim, a->table, a->dt, a->ids[t], a->dim);

@@ -14,6 +14,7 @@ typedef struct gather_args {
 } gather_args;
 
 static void gather_task(void *arg, int64_t begin, int64_t end, int tid) {
+  (void)tid;
   const gather_args *a = arg;
   for (int64_t r = begin; r < end; r++)
     memcpy(a->out + r * a->dim, a->x + (int64_t)a->rows[r] * a->dim,

@@ -276,8 +276,8 @@ typedef struct mm_args {
  * j1: missing W rows repeat row j0 and their outputs are dropped. */
 static void mm_block(const mm_args *a, mm_kern_fn fn, int mr, int nr, int64_t i0, int64_t j0,
                      int64_t j1) {
-  const float *xr[KN_MM_MAX_R];
-  const void *wr[KN_MM_MAX_C];
+  const float *xr[KN_MM_MAX_R] = {0};
+  const void *wr[KN_MM_MAX_C] = {0};
   float acc[KN_MM_MAX_R * KN_MM_MAX_C];
   int64_t nv = j1 - j0 < nr ? j1 - j0 : nr;
   for (int r = 0; r < mr; r++) xr[r] = a->x + (i0 + r) * a->k;
@@ -301,6 +301,7 @@ static void mm_tile(const mm_args *a, int64_t i0, int64_t i1, int64_t j0, int64_
 }
 
 static void mm_task(void *arg, int64_t begin, int64_t end, int tid) {
+  (void)tid;
   const mm_args *a = arg;
   for (int64_t t = begin; t < end; t++) {
     int64_t i0 = t / a->n_tiles * a->mb, j0 = t % a->n_tiles * a->nb;

@@ -40,6 +40,7 @@ static void norm_row(float *out, const float *x, const float *restrict w, int64_
 }
 
 static void norm_task(void *arg, int64_t begin, int64_t end, int tid) {
+  (void)tid;
   const norm_args *a = arg;
   for (int64_t r = begin; r < end; r++) {
     int64_t o = r * a->dim;

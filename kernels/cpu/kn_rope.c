@@ -36,6 +36,7 @@ static void rope_interleaved(float *restrict x, const float *restrict cs, int64_
 
 /* One index is one (token, head) pair. */
 static void rope_task(void *arg, int64_t begin, int64_t end, int tid) {
+  (void)tid;
   const rope_args *a = arg;
   int64_t half = a->rot_dim / 2;
   for (int64_t th = begin; th < end; th++) {

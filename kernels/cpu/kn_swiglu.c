@@ -15,6 +15,7 @@ typedef struct swiglu_args {
 /* silu(g) = g / (1 + exp(-g)), the form HF uses; for g -> -inf expf overflows to inf
  * and the quotient is a correctly signed zero rather than NaN. */
 static void swiglu_task(void *arg, int64_t begin, int64_t end, int tid) {
+  (void)tid;
   const swiglu_args *a = arg;
   for (int64_t i = begin; i < end; i++) {
     float g = a->gate[i];

@@ -1,0 +1,196 @@
+/* test_oracle: the engine against HF transformers (external oracle). For each tiny
+ * checkpoint in tests/fixtures (made by tools/gen_fixtures.py), build a plan, then:
+ *   - logits at every prompt position match transformers' float32 forward;
+ *   - 32 greedy tokens are identical;
+ *   - batch invariance: the same prompts decoded together in one flat step, and a prompt
+ *     decoded in chunks, give bit-identical logits to decoding each alone.
+ * Tolerance: both sides compute in f32 from the same (exactly upcast) weights; only the
+ * summation order differs, so |ours - hf| <= 1e-4 * (1 + |hf|) (logits here are < 10). */
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "infc_build.h"
+#include "infc_util.h"
+#include "inferrt.h"
+#include "tcheck.h"
+
+#define N_GREEDY 32
+#define TOL 1e-4
+
+typedef struct oracle {
+  cJSON *root;
+  const cJSON *prompts, *logits, *greedy;
+} oracle;
+
+static bool load_oracle(const char *dir, oracle *o) {
+  char path[1200], *text = NULL;
+  ir_diag d = {0};
+  snprintf(path, sizeof path, "%s/oracle.json", dir);
+  if (infc_read_file(path, 64u << 20, &text, NULL, &d) != IR_OK) return false;
+  o->root = cJSON_Parse(text);
+  free(text);
+  o->prompts = cJSON_GetObjectItem(o->root, "prompts");
+  o->logits = cJSON_GetObjectItem(o->root, "logits");
+  o->greedy = cJSON_GetObjectItem(o->root, "greedy");
+  return o->prompts && o->logits && o->greedy;
+}
+
+static int64_t json_ids(const cJSON *arr, int32_t *out, int64_t cap) {
+  int64_t n = 0;
+  const cJSON *v;
+  cJSON_ArrayForEach(v, arr) if (n < cap) out[n++] = (int32_t)v->valueint;
+  return n;
+}
+
+static irt_model *build_and_open(const char *name, const char *fixture) {
+  char plan[1024];
+  snprintf(plan, sizeof plan, "%s/oracle-%s.plan", TEST_TMP_DIR, name);
+  infc_options o = infc_options_default();
+  o.model.max_tokens = 64; /* small steps so the chunked path is exercised too */
+  ir_diag d = {0};
+  ir_status st = infc_build(fixture, &o, plan, NULL, NULL, &d);
+  CHECKF(st == IR_OK, "build %s: %s", name, d.msg);
+  if (st != IR_OK) return NULL;
+  irt_model *m = NULL;
+  irt_error err = {0};
+  irt_model_opts mo = irt_model_opts_default();
+  mo.n_threads = 2;
+  CHECKF(irt_model_open(plan, &mo, &m, &err) == IRT_OK, "open %s: %s", name, err.msg);
+  return m;
+}
+
+/* Logits for every position of one prompt, decoded alone. */
+static float *prompt_logits(irt_model *m, const int32_t *ids, int64_t n) {
+  int64_t V = irt_model_get_info(m)->vocab_size;
+  float *lg = malloc((size_t)(n * V) * sizeof *lg);
+  irt_seq *s = NULL;
+  irt_error err = {0};
+  irt_seq_create(m, &s, &err);
+  CHECKF(irt_seq_decode(m, s, ids, n, lg, true, &err) == IRT_OK, "decode: %s", err.msg);
+  irt_seq_destroy(s);
+  return lg;
+}
+
+static double compare_logits(const float *lg, const cJSON *want, int64_t V, const char *name) {
+  double worst = 0;
+  int64_t t = 0;
+  const cJSON *row;
+  cJSON_ArrayForEach(row, want) {
+    int64_t i = 0;
+    const cJSON *v;
+    cJSON_ArrayForEach(v, row) {
+      double hf = v->valuedouble, err = fabs((double)lg[t * V + i] - hf) / (1.0 + fabs(hf));
+      if (err > worst) worst = err;
+      i++;
+    }
+    CHECKF(i == V, "%s: oracle row has %lld logits, vocab is %lld", name, (long long)i, (long long)V);
+    t++;
+  }
+  CHECKF(worst <= TOL, "%s: logits differ from transformers by %.3g (relative), tolerance %g",
+         name, worst, TOL);
+  return worst;
+}
+
+static void check_greedy(irt_model *m, const int32_t *ids, int64_t n, const cJSON *want,
+                         const char *name) {
+  int64_t V = irt_model_get_info(m)->vocab_size;
+  float *lg = malloc((size_t)V * sizeof *lg);
+  int32_t expect[N_GREEDY], got[N_GREEDY];
+  int64_t ne = json_ids(want, expect, N_GREEDY);
+  irt_seq *s = NULL;
+  irt_sampler *smp = NULL;
+  irt_error err = {0};
+  irt_sampling sp = irt_sampling_default();
+  irt_seq_create(m, &s, &err);
+  irt_sampler_create(&sp, V, &smp, &err);
+  irt_status st = irt_seq_decode(m, s, ids, n, lg, false, &err);
+  for (int i = 0; st == IRT_OK && i < N_GREEDY; i++) {
+    got[i] = irt_sampler_sample(smp, lg);
+    st = irt_seq_decode(m, s, &got[i], 1, lg, false, &err);
+  }
+  CHECKF(st == IRT_OK, "%s: greedy decode: %s", name, err.msg);
+  CHECKF(ne == N_GREEDY && memcmp(got, expect, sizeof got) == 0,
+         "%s: greedy tokens differ from transformers", name);
+  irt_sampler_destroy(smp);
+  irt_seq_destroy(s);
+  free(lg);
+}
+
+/* All prompts of the fixture in one flat step; each must equal its solo logits bitwise. */
+static void check_batch_invariance(irt_model *m, int32_t ids[][64], const int64_t *n, int np,
+                                   float **solo, const char *name) {
+  int64_t V = irt_model_get_info(m)->vocab_size;
+  irt_batch_item items[8];
+  irt_seq *seqs[8] = {0};
+  irt_error err = {0};
+  for (int i = 0; i < np; i++) {
+    irt_seq_create(m, &seqs[i], &err);
+    items[i] = (irt_batch_item){.seq = seqs[i], .tokens = ids[i], .n = n[i],
+                                .logits = malloc((size_t)(n[i] * V) * sizeof(float)),
+                                .all_logits = true};
+  }
+  CHECKF(irt_decode_batch(m, items, np, &err) == IRT_OK, "%s: batch: %s", name, err.msg);
+  for (int i = 0; i < np; i++) {
+    CHECKF(memcmp(items[i].logits, solo[i], (size_t)(n[i] * V) * sizeof(float)) == 0,
+           "%s: prompt %d logits differ between batched and solo decoding", name, i);
+    free(items[i].logits);
+    irt_seq_destroy(seqs[i]);
+  }
+}
+
+/* The longest prompt fed 3 tokens at a time must match its one-step logits bitwise. */
+static void check_chunk_invariance(irt_model *m, const int32_t *ids, int64_t n, const float *solo,
+                                   const char *name) {
+  int64_t V = irt_model_get_info(m)->vocab_size;
+  float *lg = malloc((size_t)(n * V) * sizeof *lg);
+  irt_seq *s = NULL;
+  irt_error err = {0};
+  irt_seq_create(m, &s, &err);
+  for (int64_t off = 0; off < n; off += 3) {
+    int64_t c = n - off < 3 ? n - off : 3;
+    CHECK(irt_seq_decode(m, s, ids + off, c, lg + off * V, true, &err) == IRT_OK);
+  }
+  CHECKF(memcmp(lg, solo, (size_t)(n * V) * sizeof(float)) == 0,
+         "%s: chunked prefill logits differ from one-step prefill", name);
+  irt_seq_destroy(s);
+  free(lg);
+}
+
+static void run_fixture(const char *name) {
+  char dir[1024];
+  snprintf(dir, sizeof dir, "%s/%s", FIXTURES_DIR, name);
+  oracle o = {0};
+  CHECKF(load_oracle(dir, &o), "%s: cannot read oracle.json", name);
+  irt_model *m = o.root ? build_and_open(name, dir) : NULL;
+  if (!m) {
+    cJSON_Delete(o.root);
+    return;
+  }
+  int32_t ids[8][64];
+  int64_t n[8];
+  float *solo[8];
+  int np = 0;
+  double worst = 0;
+  for (const cJSON *p = o.prompts->child; p && np < 8; p = p->next, np++) {
+    n[np] = json_ids(p, ids[np], 64);
+    solo[np] = prompt_logits(m, ids[np], n[np]);
+    double w = compare_logits(solo[np], cJSON_GetArrayItem(o.logits, np),
+                              irt_model_get_info(m)->vocab_size, name);
+    if (w > worst) worst = w;
+    check_greedy(m, ids[np], n[np], cJSON_GetArrayItem(o.greedy, np), name);
+  }
+  printf("%s: %d prompts, max relative logit error vs transformers %.3g\n", name, np, worst);
+  check_batch_invariance(m, ids, n, np, solo, name);
+  check_chunk_invariance(m, ids[np - 1], n[np - 1], solo[np - 1], name);
+  for (int i = 0; i < np; i++) free(solo[i]);
+  irt_model_close(m);
+  cJSON_Delete(o.root);
+}
+
+int main(void) {
+  const char *fixtures[] = {"llama-gqa-f32", "qwen2-bias-bf16", "llama-mha-f16"};
+  for (size_t i = 0; i < sizeof fixtures / sizeof *fixtures; i++) run_fixture(fixtures[i]);
+  return tcheck_done("oracle");
+}
