@@ -29,6 +29,7 @@ enum {
 #endif
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__) && KN_MATMUL_MAX_ISA > 0
 #define KN_MM_X86 1
+#include <cpuid.h>
 #include <immintrin.h>
 #else
 #define KN_MM_X86 0
@@ -244,18 +245,23 @@ static const mm_kernels k_mm_avx512[3] = {
 
 /* ---- dispatch and tiling ---------------------------------------------------------- */
 
+#if KN_MM_X86
+/* Asked of cpuid directly: not every compiler's __builtin_cpu_supports knows "f16c". */
+static bool mm_has_f16c(void) {
+  unsigned a, b, c, d;
+  return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+}
+#endif
+
 /* The choice depends only on the CPU, so it is the same for every call of a process. */
 static const mm_kernels *mm_pick(ir_dtype wt) {
   int d = wt == IR_F32 ? 0 : wt == IR_F16 ? 1 : 2;
-#if KN_MM_X86 && KN_MATMUL_MAX_ISA >= 2
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma") &&
-      __builtin_cpu_supports("f16c"))
-    return &k_mm_avx512[d];
-#endif
 #if KN_MM_X86
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-      __builtin_cpu_supports("f16c"))
-    return &k_mm_avx2[d];
+  bool base = __builtin_cpu_supports("fma") && mm_has_f16c();
+#if KN_MATMUL_MAX_ISA >= 2
+  if (base && __builtin_cpu_supports("avx512f")) return &k_mm_avx512[d];
+#endif
+  if (base && __builtin_cpu_supports("avx2")) return &k_mm_avx2[d];
 #endif
   return &k_mm_c[d];
 }

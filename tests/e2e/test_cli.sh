@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# test_cli: drives the real infc and inferrt binaries: help and version, build, inspect,
+# generate (text and --json), and bad input of every kind: each must give exactly one
+# "error:" line on stderr and exit 1 (never a crash, never a usage dump).
+# usage: test_cli.sh INFC INFERRT FIXTURES_DIR TMP_DIR
+set -u
+INFC=$1 INFERRT=$2 FIX=$3 TMP=$4/cli
+rm -rf "$TMP" && mkdir -p "$TMP"
+pass=0 fail=0
+ok() { pass=$((pass + 1)); }
+bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
+check() { if eval "$2"; then ok; else bad "$1"; fi; }
+
+# expect_error NAME NEEDLE CMD...: exit 1, one stderr line with "error:" and NEEDLE.
+expect_error() {
+  local name=$1 needle=$2; shift 2
+  "$@" >"$TMP/out" 2>"$TMP/err"
+  local rc=$? lines
+  lines=$(wc -l <"$TMP/err")
+  if [ $rc -eq 1 ] && [ "$lines" -eq 1 ] && grep -q "error:" "$TMP/err" && grep -qF -- "$needle" "$TMP/err"; then
+    ok
+  else
+    bad "$name: rc=$rc lines=$lines stderr=$(cat "$TMP/err")"
+  fi
+}
+
+# --- help and version ---------------------------------------------------------------
+check "infc --version" '"$INFC" --version | grep -q "^infc [0-9]"'
+check "inferrt --version" '"$INFERRT" --version | grep -q "^inferrt [0-9]"'
+check "infc --help" '"$INFC" --help | grep -q "build"'
+check "infc build --help" '"$INFC" build --help | grep -q -- "--dump-ir"'
+check "infc inspect --help" '"$INFC" inspect --help | grep -q -- "--tensors"'
+check "inferrt --help" '"$INFERRT" --help | grep -q generate'
+check "inferrt generate --help" '"$INFERRT" generate --help | grep -q -- "--prompt-ids"'
+
+# --- the happy path -------------------------------------------------------------------
+M=$FIX/llama-gqa-f32
+check "build" '"$INFC" build "$M" -o "$TMP/m.plan" >"$TMP/build.txt" && grep -q "ops" "$TMP/build.txt"'
+check "inspect" '"$INFC" inspect "$TMP/m.plan" >"$TMP/inspect.txt" && grep -q "format:      1.0" "$TMP/inspect.txt" && grep -q "heads 4 (kv 2)" "$TMP/inspect.txt" && grep -q "options:" "$TMP/inspect.txt"'
+check "inspect --tensors" '"$INFC" inspect --tensors "$TMP/m.plan" | grep -q "model.layers.0.self_attn.q_proj.weight"'
+check "dump-ir" '"$INFC" build "$M" -o "$TMP/d.plan" --dump-ir >"$TMP/dump.txt" && grep -q "=== after fuse_add_rms_norm" "$TMP/dump.txt" && grep -q "add_rms_norm(" "$TMP/dump.txt"'
+cat >"$TMP/build.yaml" <<'YAML'
+dtype: bf16
+max_tokens: 128
+passes:
+  fuse: false
+YAML
+check "build -c yaml" '"$INFC" build "$M" -o "$TMP/y.plan" -c "$TMP/build.yaml" -q && "$INFC" inspect "$TMP/y.plan" | grep -q "dtype=bf16 max_tokens=128" && ! "$INFC" inspect --ir "$TMP/y.plan" | grep -q "add_rms_norm("'
+check "generate ids" '[ "$("$INFERRT" generate "$TMP/m.plan" --prompt-ids 1,2,3 -n 5 2>/dev/null | tr -cd , | wc -c)" -eq 4 ]'
+"$INFERRT" generate "$TMP/m.plan" --prompt-ids 297,257,270 -n 8 --json >"$TMP/gen.json" 2>/dev/null
+check "generate --json" 'python3 -c "
+import json,sys
+o=json.load(open(sys.argv[1]))
+assert o[\"prompt_ids\"]==[297,257,270] and len(o[\"generated_ids\"])==8
+assert o[\"finish_reason\"] in (\"length\",\"stop\")
+t=o[\"timings\"]; assert all(k in t for k in (\"load_ms\",\"prefill_tokens_per_s\",\"decode_tokens_per_s\"))
+" "$TMP/gen.json"'
+check "sampling is seeded" '[ "$("$INFERRT" generate "$TMP/m.plan" --prompt-ids 5 -n 16 --temperature 0.9 --top-k 40 --top-p 0.95 --seed 7 2>/dev/null)" = "$("$INFERRT" generate "$TMP/m.plan" --prompt-ids 5 -n 16 --temperature 0.9 --top-k 40 --top-p 0.95 --seed 7 --threads 1 2>/dev/null)" ]'
+
+# --- bad checkpoints --------------------------------------------------------------------
+mkdir -p "$TMP/trunc" "$TMP/garbage" "$TMP/nokey" "$TMP/empty"
+cp "$M/config.json" "$TMP/trunc/" && head -c 100000 "$M/model.safetensors" >"$TMP/trunc/model.safetensors"
+expect_error "truncated safetensors" "truncated" "$INFC" build "$TMP/trunc" -o "$TMP/x.plan"
+cp "$M/config.json" "$TMP/garbage/" && printf '\x20\x00\x00\x00\x00\x00\x00\x00{"a": not json at all       }' >"$TMP/garbage/model.safetensors"
+expect_error "corrupt safetensors header" "model.safetensors" "$INFC" build "$TMP/garbage" -o "$TMP/x.plan"
+cp "$M/model.safetensors" "$TMP/nokey/" && python3 -c "
+import json,sys; c=json.load(open(sys.argv[1])); del c['num_hidden_layers']; json.dump(c,open(sys.argv[2],'w'))" "$M/config.json" "$TMP/nokey/config.json"
+expect_error "config.json missing key" "missing key 'num_hidden_layers'" "$INFC" build "$TMP/nokey" -o "$TMP/x.plan"
+expect_error "no config.json" "config.json" "$INFC" build "$TMP/empty" -o "$TMP/x.plan"
+expect_error "no such source" "no such file" "$INFC" build "$TMP/nothing-here" -o "$TMP/x.plan"
+printf 'dtype: int3\n' >"$TMP/bad.yaml"
+expect_error "bad yaml option" "dtype" "$INFC" build "$M" -o "$TMP/x.plan" -c "$TMP/bad.yaml"
+check "no partial plan left" '[ ! -e "$TMP/x.plan" ] && [ ! -e "$TMP/x.plan.tmp" ]'
+
+# --- bad plans -------------------------------------------------------------------------
+python3 - "$TMP/m.plan" "$TMP" <<'PY'
+import sys
+src, out = sys.argv[1], sys.argv[2]
+b = bytearray(open(src, 'rb').read())
+m = bytearray(b); m[0:8] = b'NOTAPLAN'; open(out + '/magic.plan', 'wb').write(m)
+v = bytearray(b); v[8:12] = (9).to_bytes(4, 'little'); open(out + '/version.plan', 'wb').write(v)
+meta_off = int.from_bytes(b[24:32], 'little')
+c = bytearray(b); c[meta_off + 10] ^= 0xff; open(out + '/checksum.plan', 'wb').write(c)
+open(out + '/trunc.plan', 'wb').write(b[:len(b) // 2])
+PY
+expect_error "plan wrong magic" "bad magic" "$INFERRT" generate "$TMP/magic.plan" --prompt-ids 1
+expect_error "plan wrong version" "format version 9" "$INFERRT" generate "$TMP/version.plan" --prompt-ids 1
+expect_error "plan bad checksum" "checksum" "$INFERRT" generate "$TMP/checksum.plan" --prompt-ids 1
+expect_error "plan truncated" "truncated" "$INFERRT" generate "$TMP/trunc.plan" --prompt-ids 1
+expect_error "inspect bad plan" "bad magic" "$INFC" inspect "$TMP/magic.plan"
+expect_error "missing plan" "cannot open" "$INFERRT" generate "$TMP/none.plan" --prompt-ids 1
+
+# --- bad requests ----------------------------------------------------------------------
+expect_error "token out of vocabulary" "outside the vocabulary" "$INFERRT" generate "$TMP/m.plan" --prompt-ids 1,300
+expect_error "malformed ids" "--prompt-ids" "$INFERRT" generate "$TMP/m.plan" --prompt-ids 1,x
+long=$(python3 -c "print(','.join(['1']*300))")
+expect_error "prompt longer than context" "context" "$INFERRT" generate "$TMP/m.plan" --prompt-ids "$long"
+
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
