@@ -22,7 +22,9 @@ static int64_t get_int(cfg_reader *r, const char *key, bool required, int64_t de
       r->st = ir_diag_set(r->d, IR_BAD_FORMAT, "missing key '%s'", key);
     return def;
   }
-  if (cJSON_IsArray(v) && cJSON_GetArraySize(v) > 0) v = cJSON_GetArrayItem(v, 0);
+  /* Token ids may be lists (several EOS tokens): the first is the primary one. */
+  bool ids = strstr(key, "token_id") != NULL;
+  if (ids && cJSON_IsArray(v) && cJSON_GetArraySize(v) > 0) v = cJSON_GetArrayItem(v, 0);
   if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) ||
       fabs(v->valuedouble) > 9007199254740992.0) {
     if (r->st == IR_OK)

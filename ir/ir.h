@@ -144,8 +144,8 @@ int32_t ir_graph_add_input(ir_graph *g, const char *name, ir_dtype dt, int rank,
 bool ir_graph_add_output(ir_graph *g, int32_t tensor);
 
 /* Adds a node whose output tensors are created from shape inference, named
- * "<name>.out<i>" (or `name` itself for single-output nodes). Attributes are given as a
- * NULL-terminated list built with IR_AI / IR_AF. On success returns the node index and
+ * "<name>.out<i>" (or `name` itself for single-output nodes). Attributes are an array of
+ * n_attrs entries built with IR_AI / IR_AF (names from ir_attr_intern). On success returns the node index and
  * the first output tensor in *out_tensor; on a type or shape error returns -1 with the
  * reason in d. */
 int32_t ir_graph_add_node(ir_graph *g, ir_op op, const char *name, const int32_t *in, int n_in,

@@ -124,8 +124,8 @@ int32_t ir_graph_add_node(ir_graph *g, ir_op op, const char *name, const int32_t
     return -1;
   }
   ir_node n = {.op = op, .n_in = n_in, .n_attrs = n_attrs};
-  memcpy(n.in, in, sizeof(int32_t) * (size_t)n_in);
-  memcpy(n.attrs, attrs, sizeof(ir_attr) * (size_t)n_attrs);
+  if (n_in > 0) memcpy(n.in, in, sizeof(int32_t) * (size_t)n_in);
+  if (n_attrs > 0) memcpy(n.attrs, attrs, sizeof(ir_attr) * (size_t)n_attrs);
   ir_dtype dt[IR_MAX_IO];
   int rank[IR_MAX_IO], n_out = 0;
   ir_dim dims[IR_MAX_IO][IR_MAX_RANK];

@@ -135,8 +135,8 @@ static ir_status read_node(ir_plan *p, const Infc__Plan__Node *o, ir_diag *d) {
                        o->name);
   ir_node n = {.op = (ir_op)o->op, .n_in = (int)o->n_inputs, .n_out = (int)o->n_outputs,
                .n_attrs = (int)o->n_attrs};
-  memcpy(n.in, o->inputs, o->n_inputs * sizeof(int32_t));
-  memcpy(n.out, o->outputs, o->n_outputs * sizeof(int32_t));
+  if (o->n_inputs) memcpy(n.in, o->inputs, o->n_inputs * sizeof(int32_t));
+  if (o->n_outputs) memcpy(n.out, o->outputs, o->n_outputs * sizeof(int32_t));
   for (size_t k = 0; k < o->n_attrs; k++) {
     const char *nm = ir_attr_intern(o->attrs[k]->name);
     if (!nm)

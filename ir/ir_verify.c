@@ -34,6 +34,12 @@ static ir_status check_tensor(const ir_graph *g, int32_t i, ir_diag *d) {
   } else if (t->kind == IR_TENSOR_ACT) {
     if (t->producer < 0 || t->producer >= g->n_nodes)
       return ir_diag_set(d, IR_BAD_FORMAT, "tensor '%s' has no producer", t->name);
+    const ir_node *p = &g->nodes[t->producer];
+    bool listed = false;
+    for (int k = 0; k < p->n_out && !listed; k++) listed = p->out[k] == i;
+    if (!listed)
+      return ir_diag_set(d, IR_BAD_FORMAT, "tensor '%s' names node '%s' as producer, which does "
+                         "not write it", t->name, p->name);
   } else if (t->kind != IR_TENSOR_INPUT) {
     return ir_diag_set(d, IR_BAD_FORMAT, "tensor '%s': unknown kind", t->name);
   }
@@ -77,10 +83,14 @@ static ir_status check_outputs(const ir_graph *g, int32_t ni, ir_diag *d) {
       ok = t->dims[k].sym == dims[i][k].sym &&
            (t->dims[k].sym != IR_SYM_NONE || t->dims[k].n == dims[i][k].n);
     if (!ok) {
-      char have[96];
+      char have[96], want[96];
+      ir_tensor inferred = {.rank = rank[i]};
+      for (int k = 0; k < rank[i]; k++) inferred.dims[k] = dims[i][k];
       ir_tensor_format_shape(t, have, sizeof have);
-      return ir_diag_set(d, IR_BAD_FORMAT, "node '%s': output '%s' is %s %s, op gives %s",
-                         n->name, t->name, ir_dtype_name(t->dtype), have, ir_dtype_name(dt[i]));
+      ir_tensor_format_shape(&inferred, want, sizeof want);
+      return ir_diag_set(d, IR_BAD_FORMAT, "node '%s': output '%s' is %s %s, op gives %s %s",
+                         n->name, t->name, ir_dtype_name(t->dtype), have, ir_dtype_name(dt[i]),
+                         want);
     }
   }
   return IR_OK;

@@ -132,8 +132,8 @@ static int32_t proj(builder *b, int32_t x, const char *pre, const char *w, int64
   return node(b, IR_OP_MATMUL, node_name, in, bias ? 3 : 2, NULL, 0);
 }
 
-static int32_t rms_norm(builder *b, int32_t x, const char *wname, const char *node_name) {
-  int32_t in[2] = {x, vec_weight(b, wname, b->p->hidden_size)};
+static int32_t rms_norm(builder *b, int32_t x, int32_t w, const char *node_name) {
+  int32_t in[2] = {x, w};
   ir_attr a = IR_AF(ir_attr_intern("eps"), b->p->rms_norm_eps);
   return node(b, IR_OP_RMS_NORM, node_name, in, 2, &a, 1);
 }
@@ -188,15 +188,19 @@ static int32_t mlp_block(builder *b, int32_t h, int64_t l, const char *pre) {
 static int32_t layer(builder *b, int32_t x, int64_t l) {
   char pre[64], w[160], nm[64];
   snprintf(pre, sizeof pre, "model.layers.%lld.", (long long)l);
+  /* Norm weights first, so that even unfolded casts precede the residual adds and the
+   * add + norm fusion always finds its weight available. */
   snprintf(w, sizeof w, "%sinput_layernorm.weight", pre);
+  int32_t w_attn = vec_weight(b, w, b->p->hidden_size);
+  snprintf(w, sizeof w, "%spost_attention_layernorm.weight", pre);
+  int32_t w_mlp = vec_weight(b, w, b->p->hidden_size);
   snprintf(nm, sizeof nm, "l%lld.attn_norm", (long long)l);
-  int32_t h = rms_norm(b, x, w, nm);
+  int32_t h = rms_norm(b, x, w_attn, nm);
   int32_t in[2] = {x, attention_block(b, h, l, pre)};
   snprintf(nm, sizeof nm, "l%lld.attn_residual", (long long)l);
   x = node(b, IR_OP_ADD, nm, in, 2, NULL, 0);
-  snprintf(w, sizeof w, "%spost_attention_layernorm.weight", pre);
   snprintf(nm, sizeof nm, "l%lld.mlp_norm", (long long)l);
-  h = rms_norm(b, x, w, nm);
+  h = rms_norm(b, x, w_mlp, nm);
   in[0] = x;
   in[1] = mlp_block(b, h, l, pre);
   snprintf(nm, sizeof nm, "l%lld.mlp_residual", (long long)l);
@@ -245,7 +249,7 @@ static void build_body(builder *b) {
   in[0] = x;
   in[1] = b->logit_rows;
   x = node(b, IR_OP_GATHER_ROWS, "logit_rows", in, 2, NULL, 0);
-  x = rms_norm(b, x, "model.norm.weight", "final_norm");
+  x = rms_norm(b, x, vec_weight(b, "model.norm.weight", p->hidden_size), "final_norm");
   in[0] = x;
   in[1] = p->tie_word_embeddings
               ? emb

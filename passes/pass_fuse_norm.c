@@ -24,6 +24,8 @@ static bool try_fuse(ir_graph *g, int32_t i, bool *dead) {
   if (add->op != IR_OP_ADD || g->tensors[add->out[0]].dtype != IR_F32) return false;
   const ir_tensor *a = &g->tensors[add->in[0]], *b = &g->tensors[add->in[1]];
   if (a->rank != b->rank) return false; /* only the same-shape residual form */
+  for (int k = 0; k < a->rank; k++)
+    if (a->dims[k].sym != b->dims[k].sym || a->dims[k].n != b->dims[k].n) return false;
   int32_t j = find_norm_user(g, i);
   if (j < 0 || dead[j] || !available_at(g, g->nodes[j].in[1], i)) return false;
   ir_node *norm = &g->nodes[j];

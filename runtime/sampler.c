@@ -24,6 +24,10 @@ irt_sampling irt_sampling_default(void) {
 
 irt_status irt_sampler_create(const irt_sampling *p, int64_t vocab_size, irt_sampler **out,
                               irt_error *err) {
+  if (vocab_size <= 0 || !p) {
+    if (err) *err = (irt_error){.status = IRT_INVALID_ARG, .msg = "sampler needs a vocabulary"};
+    return IRT_INVALID_ARG;
+  }
   irt_sampler *s = calloc(1, sizeof *s);
   if (s) s->c = malloc((size_t)vocab_size * sizeof *s->c);
   if (!s || !s->c) {

@@ -47,7 +47,7 @@ typedef struct irt_sampler irt_sampler;
 typedef struct irt_model_opts {
   int n_threads;       /* <= 0: all online cores */
   int64_t kv_tokens;   /* KV cache capacity in tokens over all sequences; <= 0: the
-                          model's context length times 4 */
+                          model's context length */
   bool skip_weight_checksum; /* verify only header and metadata checksums (fast open) */
 } irt_model_opts;
 

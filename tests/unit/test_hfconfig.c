@@ -1,0 +1,245 @@
+/* test_hfconfig: config.json of each fixture, then hand-written configs for every error
+ * the parser promises to name, and the special cases (eos lists, sliding windows). */
+#include "infc_hfconfig.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tcheck.h"
+
+static bool has(const char *hay, const char *needle) { return strstr(hay, needle) != NULL; }
+
+/* ---- the fixtures ------------------------------------------------------------------------ */
+
+static bool load_fixture(const char *name, model_llama_params *p) {
+  char path[512];
+  snprintf(path, sizeof path, "%s/%s/config.json", FIXTURES_DIR, name);
+  ir_diag d = {0};
+  ir_status st = infc_hfconfig_load(path, p, &d);
+  CHECKF(st == IR_OK, "%s: %s", name, d.msg);
+  return st == IR_OK;
+}
+
+static void test_fixtures(void) {
+  model_llama_params p;
+  if (load_fixture("llama-gqa-f32", &p)) {
+    CHECK(strcmp(p.arch, "llama") == 0);
+    CHECK(p.vocab_size == 300 && p.hidden_size == 64 && p.intermediate_size == 172);
+    CHECK(p.n_layers == 2 && p.n_heads == 4 && p.n_kv_heads == 2); /* GQA: 2 q heads per kv */
+    CHECK(p.head_dim == 16);                                        /* 64 / 4 */
+    CHECK(p.max_position == 256 && p.rope_theta == 10000.0 && p.rms_norm_eps == 1e-5);
+    CHECK(!p.tie_word_embeddings && !p.attention_bias);
+    CHECK(p.bos_token_id == 1 && p.eos_token_id == 2);
+  }
+  if (load_fixture("qwen2-bias-bf16", &p)) {
+    CHECK(strcmp(p.arch, "qwen2") == 0);
+    CHECK(p.n_heads == 4 && p.n_kv_heads == 1 && p.head_dim == 16 && p.n_layers == 2);
+    CHECK(p.attention_bias); /* implied by qwen2, not written in the file */
+    CHECK(p.tie_word_embeddings);
+    CHECK(p.rope_theta == 1000000.0 && p.rms_norm_eps == 1e-6);
+    CHECK(p.bos_token_id == -1 && p.eos_token_id == -1); /* absent */
+    CHECK(p.max_position == 256); /* sliding_window null, use_sliding_window false */
+  }
+  if (load_fixture("llama-mha-f16", &p)) {
+    CHECK(p.n_heads == 4 && p.n_kv_heads == 4 && p.head_dim == 16 && p.n_layers == 3);
+    CHECK(p.tie_word_embeddings && !p.attention_bias);
+    CHECK(p.vocab_size == 256 && p.intermediate_size == 128 && p.rms_norm_eps == 1e-6);
+  }
+}
+
+static void test_load_errors(void) {
+  model_llama_params p;
+  ir_diag d = {0};
+  const char *missing = TEST_TMP_DIR "/no_such_dir/config.json";
+  CHECK(infc_hfconfig_load(missing, &p, &d) == IR_IO);
+  CHECKF(has(d.msg, missing), "message lacks the path: %s", d.msg);
+  /* a file that is not JSON: the message carries the path and the cause */
+  const char *bad = TEST_TMP_DIR "/hfconfig_bad.json";
+  FILE *f = fopen(bad, "w");
+  CHECK(f != NULL);
+  if (!f) return;
+  fputs("model_type: llama\n", f);
+  fclose(f);
+  d = (ir_diag){0};
+  CHECK(infc_hfconfig_load(bad, &p, &d) == IR_BAD_FORMAT);
+  CHECKF(has(d.msg, bad) && has(d.msg, "JSON"), "%s", d.msg);
+  remove(bad);
+}
+
+/* ---- hand-written configs ------------------------------------------------------------------ */
+
+static const char *k_base =
+    "{\"model_type\": \"llama\", \"hidden_size\": 64, \"intermediate_size\": 128,"
+    " \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"num_key_value_heads\": 2,"
+    " \"vocab_size\": 256, \"rms_norm_eps\": 1e-5, \"max_position_embeddings\": 512,"
+    " \"hidden_act\": \"silu\", \"rope_theta\": 500000.0}";
+
+/* The base config with `key` removed (value NULL) or set to the JSON text `value`. */
+static char *variant(const char *key, const char *value) {
+  cJSON *root = cJSON_Parse(k_base);
+  if (!root) abort();
+  cJSON_DeleteItemFromObjectCaseSensitive(root, key);
+  if (value) {
+    cJSON *v = cJSON_Parse(value);
+    if (!v) abort();
+    cJSON_AddItemToObject(root, key, v);
+  }
+  char *s = cJSON_PrintUnformatted(root);
+  cJSON_Delete(root);
+  if (!s) abort();
+  return s;
+}
+
+/* Parses base+change; returns the status, with the message in d. */
+static ir_status parse_variant(const char *key, const char *value, model_llama_params *p,
+                               ir_diag *d) {
+  char *json = variant(key, value);
+  *d = (ir_diag){0};
+  ir_status st = infc_hfconfig_parse(json, p, d);
+  cJSON_free(json);
+  return st;
+}
+
+static void expect_error(const char *key, const char *value, ir_status want, const char *w1,
+                         const char *w2) {
+  model_llama_params p;
+  ir_diag d;
+  ir_status st = parse_variant(key, value, &p, &d);
+  CHECKF(st == want, "%s=%s: got %s (%s), want %s", key, value ? value : "(absent)",
+         ir_status_name(st), d.msg, ir_status_name(want));
+  if (st == IR_OK) return; /* already reported; there is no message to look at */
+  CHECKF(d.status == st, "%s: diag status %d vs %d", key, (int)d.status, (int)st);
+  CHECKF(has(d.msg, w1), "%s=%s: message lacks '%s': %s", key, value ? value : "-", w1, d.msg);
+  CHECKF(!w2 || has(d.msg, w2), "%s: message lacks '%s': %s", key, w2, d.msg);
+}
+
+static model_llama_params expect_ok(const char *key, const char *value) {
+  model_llama_params p;
+  ir_diag d;
+  ir_status st = parse_variant(key, value, &p, &d);
+  CHECKF(st == IR_OK, "%s=%s: %s", key, value ? value : "(absent)", d.msg);
+  return p;
+}
+
+static void test_base(void) {
+  model_llama_params p = expect_ok("unused_key", NULL);
+  CHECK(strcmp(p.arch, "llama") == 0 && p.hidden_size == 64 && p.n_kv_heads == 2);
+  CHECK(p.head_dim == 16 && p.rope_theta == 500000.0 && p.max_position == 512);
+  CHECK(!p.tie_word_embeddings && !p.attention_bias);
+  CHECK(p.bos_token_id == -1 && p.eos_token_id == -1);
+  p = expect_ok("num_key_value_heads", NULL); /* absent: MHA */
+  CHECK(p.n_kv_heads == 4);
+  p = expect_ok("num_key_value_heads", "null");
+  CHECK(p.n_kv_heads == 4);
+  p = expect_ok("head_dim", "32"); /* explicit head_dim wins over hidden / heads */
+  CHECK(p.head_dim == 32);
+  p = expect_ok("rope_theta", NULL);
+  CHECK(p.rope_theta == 10000.0);
+  p = expect_ok("hidden_act", NULL);
+  CHECK(p.hidden_size == 64);
+  p = expect_ok("rope_scaling", "null");
+  CHECK(p.n_layers == 2);
+  p = expect_ok("attention_bias", "true");
+  CHECK(p.attention_bias);
+  p = expect_ok("tie_word_embeddings", "true");
+  CHECK(p.tie_word_embeddings);
+  p = expect_ok("rms_norm_eps", "1e-06");
+  CHECK(p.rms_norm_eps == 1e-6);
+}
+
+static void test_errors(void) {
+  expect_error("hidden_size", NULL, IR_BAD_FORMAT, "hidden_size", NULL);
+  expect_error("vocab_size", NULL, IR_BAD_FORMAT, "vocab_size", NULL);
+  expect_error("rms_norm_eps", NULL, IR_BAD_FORMAT, "rms_norm_eps", NULL);
+  expect_error("model_type", NULL, IR_BAD_FORMAT, "model_type", NULL);
+  expect_error("hidden_size", "\"64\"", IR_BAD_FORMAT, "hidden_size", NULL);
+  expect_error("hidden_size", "64.5", IR_BAD_FORMAT, "hidden_size", NULL);
+  expect_error("num_hidden_layers", "true", IR_BAD_FORMAT, "num_hidden_layers", NULL);
+  expect_error("rms_norm_eps", "\"1e-5\"", IR_BAD_FORMAT, "rms_norm_eps", NULL);
+  expect_error("tie_word_embeddings", "\"yes\"", IR_BAD_FORMAT, "tie_word_embeddings", NULL);
+  expect_error("model_type", "7", IR_BAD_FORMAT, "model_type", NULL);
+  expect_error("model_type", "\"gpt2\"", IR_UNSUPPORTED, "gpt2", NULL);
+  expect_error("rope_scaling", "{\"rope_type\": \"llama3\", \"factor\": 8.0}", IR_UNSUPPORTED,
+               "rope_scaling", "llama3");
+  expect_error("rope_scaling", "{\"type\": \"linear\", \"factor\": 2.0}", IR_UNSUPPORTED,
+               "rope_scaling", "linear");
+  expect_error("hidden_act", "\"gelu\"", IR_UNSUPPORTED, "gelu", NULL);
+  expect_error("num_key_value_heads", "3", IR_BAD_FORMAT, "num_key_value_heads",
+               "num_attention_heads");
+  expect_error("num_hidden_layers", "0", IR_BAD_FORMAT, "positive", NULL);
+  expect_error("rms_norm_eps", "-1e-5", IR_BAD_FORMAT, "rms_norm_eps", NULL);
+  expect_error("head_dim", "7", IR_UNSUPPORTED, "head_dim", NULL); /* odd: no rope pairs */
+  /* A list is accepted for token ids only; a list where a size belongs is a wrong type. */
+  expect_error("hidden_size", "[64]", IR_BAD_FORMAT, "hidden_size", NULL);
+}
+
+static void test_not_json(void) {
+  const char *bad[] = {"", "{", "not json at all", "[1, 2, 3]", "42", "null", "\"llama\"",
+                       "{\"model_type\": \"llama\",}"};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    model_llama_params p;
+    ir_diag d = {0};
+    CHECKF(infc_hfconfig_parse(bad[i], &p, &d) == IR_BAD_FORMAT, "'%s' parsed", bad[i]);
+    CHECK(d.status == IR_BAD_FORMAT && d.msg[0]);
+  }
+}
+
+static void test_token_ids(void) {
+  model_llama_params p = expect_ok("eos_token_id", "[128001, 128008, 128009]");
+  CHECK(p.eos_token_id == 128001); /* a list: the first id */
+  p = expect_ok("eos_token_id", "7");
+  CHECK(p.eos_token_id == 7);
+  p = expect_ok("bos_token_id", "[5]");
+  CHECK(p.bos_token_id == 5 && p.eos_token_id == -1);
+  p = expect_ok("eos_token_id", "null");
+  CHECK(p.eos_token_id == -1);
+  expect_error("eos_token_id", "\"</s>\"", IR_BAD_FORMAT, "eos_token_id", NULL);
+}
+
+/* model_type / use_sliding_window switch the window on; a window caps max_position. */
+static void window_case(const char *type, const char *window, const char *use, int64_t want) {
+  cJSON *root = cJSON_Parse(k_base);
+  if (!root) abort();
+  cJSON_ReplaceItemInObjectCaseSensitive(root, "model_type", cJSON_CreateString(type));
+  if (window) cJSON_AddItemToObject(root, "sliding_window", cJSON_Parse(window));
+  if (use) cJSON_AddItemToObject(root, "use_sliding_window", cJSON_Parse(use));
+  char *json = cJSON_PrintUnformatted(root);
+  cJSON_Delete(root);
+  model_llama_params p;
+  ir_diag d = {0};
+  CHECKF(json && infc_hfconfig_parse(json, &p, &d) == IR_OK, "%s: %s", type, d.msg);
+  CHECKF(p.max_position == want, "%s window=%s use=%s: max_position %lld, want %lld", type,
+         window ? window : "-", use ? use : "-", (long long)p.max_position, (long long)want);
+  CHECK(strcmp(p.arch, type) == 0);
+  cJSON_free(json);
+}
+
+static void test_sliding_window(void) {
+  window_case("mistral", "128", NULL, 128);   /* capped at the window */
+  window_case("mistral", "4096", NULL, 512);  /* a window past the context changes nothing */
+  window_case("mistral", "null", NULL, 512);  /* Mistral v0.2+: no window */
+  window_case("mistral", NULL, NULL, 512);
+  window_case("llama", "128", NULL, 512);     /* llama has no sliding window */
+  window_case("qwen2", "128", "false", 512);  /* qwen2 only when use_sliding_window */
+  window_case("qwen2", "128", "true", 128);
+  model_llama_params p;
+  ir_diag d = {0};
+  char *json = variant("model_type", "\"qwen2\"");
+  CHECK(infc_hfconfig_parse(json, &p, &d) == IR_OK && p.attention_bias);
+  cJSON_free(json);
+}
+
+int main(void) {
+  test_fixtures();
+  test_load_errors();
+  test_base();
+  test_errors();
+  test_not_json();
+  test_token_ids();
+  test_sliding_window();
+  return tcheck_done("test_hfconfig");
+}
