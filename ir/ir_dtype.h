@@ -17,14 +17,25 @@ typedef enum ir_dtype {
   IR_I8 = 6,
   IR_U8 = 7,
   IR_I4 = 8, /* packed two per byte, low nibble first */
+  /* Block-quantized weights, GGUF/ggml layouts, 32 values per block along the last dim:
+   * Q8_0 {f16 d; int8 q[32]} (34 B): x = d*q
+   * Q4_0 {f16 d; u8 qs[16]} (18 B): x = d*(nibble - 8), low nibbles are values 0..15
+   * Q4_1 {f16 d; f16 m; u8 qs[16]} (20 B): x = d*nibble + m */
+  IR_Q8_0 = 9,
+  IR_Q4_0 = 10,
+  IR_Q4_1 = 11,
   IR_DTYPE_COUNT
 } ir_dtype;
 
 const char *ir_dtype_name(ir_dtype t);
 ir_dtype ir_dtype_from_name(const char *name); /* "f32", "bf16", ...; INVALID if unknown */
 bool ir_dtype_valid(ir_dtype t);
-/* Bytes for n elements (int4 rounds up to whole bytes). 0 for an invalid dtype. */
+/* Bytes for n elements (int4 rounds up to whole bytes). 0 for an invalid dtype, and for
+ * a block type when n is not a whole number of blocks. */
 uint64_t ir_dtype_bytes(ir_dtype t, uint64_t n);
+/* Values per block: 32 for the block-quantized types, 1 otherwise. */
+int ir_dtype_block(ir_dtype t);
+bool ir_dtype_is_quant(ir_dtype t);
 
 static inline float ir_bf16_to_f32(uint16_t h) {
   uint32_t u = (uint32_t)h << 16;

@@ -50,6 +50,8 @@ typedef struct ir_plan_info {
   int n_options;
   const char *const *pass_log;
   int n_pass_log;
+  const uint8_t *tokenizer; /* encoded infc.tok.Tokenizer, or NULL */
+  size_t tokenizer_size;
 } ir_plan_info;
 
 /* Writes g (verified, memory-planned) to path. Writes to "path.tmp" and renames, so a
@@ -79,6 +81,8 @@ const char *ir_plan_source_hash(const ir_plan *p);
 int ir_plan_n_options(const ir_plan *p);
 void ir_plan_option(const ir_plan *p, int i, const char **out_key, const char **out_value);
 int ir_plan_n_pass_log(const ir_plan *p);
+/* The encoded tokenizer message stored in the plan (borrowed), or NULL if none. */
+const uint8_t *ir_plan_tokenizer(const ir_plan *p, size_t *out_size);
 const char *ir_plan_pass_log(const ir_plan *p, int i);
 
 #endif

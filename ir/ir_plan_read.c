@@ -219,4 +219,8 @@ void ir_plan_option(const ir_plan *p, int i, const char **out_key, const char **
   *out_value = p->meta->options[i]->value;
 }
 int ir_plan_n_pass_log(const ir_plan *p) { return (int)p->meta->n_pass_log; }
+const uint8_t *ir_plan_tokenizer(const ir_plan *p, size_t *out_size) {
+  *out_size = p->meta->tokenizer.len;
+  return p->meta->tokenizer.len ? p->meta->tokenizer.data : NULL;
+}
 const char *ir_plan_pass_log(const ir_plan *p, int i) { return p->meta->pass_log[i]; }

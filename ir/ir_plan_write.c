@@ -171,6 +171,10 @@ static uint64_t meta_fill(meta_build *m, const ir_graph *g, const ir_plan_info *
   m->plan.options = m->opt_ptrs;
   m->plan.n_pass_log = info ? (size_t)info->n_pass_log : 0;
   m->plan.pass_log = info ? (char **)info->pass_log : NULL;
+  if (info && info->tokenizer) {
+    m->plan.tokenizer.data = (uint8_t *)info->tokenizer;
+    m->plan.tokenizer.len = info->tokenizer_size;
+  }
   return wsize;
 }
 
