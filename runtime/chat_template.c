@@ -1,0 +1,197 @@
+/* chat_template: family detection and rendering. Each renderer mirrors the reference
+ * Jinja template of its family (tests compare against Jinja's output). */
+#include <stdio.h>
+#include <string.h>
+
+#include "chat_template.h"
+
+static const char *const k_names[] = {"unknown", "chatml", "llama3", "mistral",
+                                      "llama2",  "gemma",  "phi3"};
+
+const char *irt_chat_kind_name(irt_chat_kind k) {
+  return (unsigned)k < sizeof k_names / sizeof *k_names ? k_names[k] : "unknown";
+}
+
+irt_chat_kind irt_chat_kind_from_name(const char *name) {
+  for (size_t i = 1; i < sizeof k_names / sizeof *k_names; i++)
+    if (!strcmp(name, k_names[i])) return (irt_chat_kind)i;
+  return IRT_CHAT_UNKNOWN;
+}
+
+/* A literal default system prompt: "<|im_start|>system" + newline (real or escaped) + text
+ * up to "<|im_end|>", with no Jinja or quotes inside (else it is not a constant). */
+static void chatml_default_system(const char *src, char *out, size_t cap) {
+  out[0] = '\0';
+  const char *p = strstr(src, "<|im_start|>system");
+  if (!p || !strstr(src, "!= 'system'")) return;
+  p += strlen("<|im_start|>system");
+  if (*p == '\n') p++;
+  else if (p[0] == '\\' && p[1] == 'n') p += 2;
+  else return;
+  const char *end = strstr(p, "<|im_end|>");
+  if (!end || (size_t)(end - p) >= cap) return;
+  for (const char *q = p; q < end; q++)
+    if (*q == '\'' || *q == '"' || *q == '{' || *q == '}') return;
+  memcpy(out, p, (size_t)(end - p));
+  out[end - p] = '\0';
+}
+
+ir_status irt_chat_template_detect(const char *src, irt_chat_template *out, ir_diag *d) {
+  memset(out, 0, sizeof *out);
+  if (!src || !*src)
+    return ir_diag_set(d, IR_UNSUPPORTED, "the model has no chat template; pass --chat-template "
+                       "NAME (chatml, llama3, mistral, llama2, gemma, phi3)");
+  if (strstr(src, "<|im_start|>")) {
+    out->kind = IRT_CHAT_CHATML;
+    chatml_default_system(src, out->default_system, sizeof out->default_system);
+  } else if (strstr(src, "<|start_header_id|>")) {
+    out->kind = IRT_CHAT_LLAMA3;
+  } else if (strstr(src, "<start_of_turn>")) {
+    out->kind = IRT_CHAT_GEMMA;
+  } else if (strstr(src, "<|user|>") && strstr(src, "<|end|>")) {
+    out->kind = IRT_CHAT_PHI3;
+  } else if (strstr(src, "<<SYS>>")) {
+    out->kind = IRT_CHAT_LLAMA2;
+  } else if (strstr(src, "[INST]")) {
+    out->kind = IRT_CHAT_MISTRAL;
+  } else {
+    return ir_diag_set(d, IR_UNSUPPORTED, "the model's chat template is not one the engine can "
+                       "render; pass --chat-template NAME (chatml, llama3, mistral, llama2, "
+                       "gemma, phi3)");
+  }
+  const char *bos = out->kind == IRT_CHAT_LLAMA3 ? "<|begin_of_text|>"
+                    : out->kind == IRT_CHAT_GEMMA ? "<bos>"
+                    : out->kind == IRT_CHAT_MISTRAL || out->kind == IRT_CHAT_LLAMA2 ? "<s>"
+                                                                                    : "";
+  if (strstr(src, "bos_token")) snprintf(out->bos, sizeof out->bos, "%s", bos);
+  return IR_OK;
+}
+
+/* --- rendering -------------------------------------------------------------------------- */
+
+typedef struct sbuf {
+  char *buf;
+  size_t cap, len;
+} sbuf;
+
+static void put_n(sbuf *s, const char *t, size_t n) {
+  if (s->len < s->cap) {
+    size_t room = s->cap - s->len;
+    memcpy(s->buf + s->len, t, n < room ? n : room);
+  }
+  s->len += n;
+}
+
+static void put(sbuf *s, const char *t) { put_n(s, t, strlen(t)); }
+
+/* Jinja's |trim: strips leading and trailing whitespace. */
+static void put_trim(sbuf *s, const char *t) {
+  size_t n = strlen(t);
+  while (n && strchr(" \t\n\r\f\v", *t)) t++, n--;
+  while (n && strchr(" \t\n\r\f\v", t[n - 1])) n--;
+  put_n(s, t, n);
+}
+
+static int role_of(const char *r) {
+  return !strcmp(r, "system") ? 0 : !strcmp(r, "user") ? 1 : !strcmp(r, "assistant") ? 2 : -1;
+}
+
+static void render_chatml(const irt_chat_template *t, const irt_chat_msg *m, size_t n, bool gen,
+                          sbuf *s) {
+  for (size_t i = 0; i < n; i++) {
+    if (i == 0 && role_of(m[0].role) != 0 && t->default_system[0]) {
+      put(s, "<|im_start|>system\n");
+      put(s, t->default_system);
+      put(s, "<|im_end|>\n");
+    }
+    put(s, "<|im_start|>");
+    put(s, m[i].role);
+    put(s, "\n");
+    put(s, m[i].content);
+    put(s, "<|im_end|>\n");
+  }
+  if (gen) put(s, "<|im_start|>assistant\n");
+}
+
+static void render_llama3(const irt_chat_template *t, const irt_chat_msg *m, size_t n, bool gen,
+                          sbuf *s) {
+  put(s, t->bos);
+  for (size_t i = 0; i < n; i++) {
+    put(s, "<|start_header_id|>");
+    put(s, m[i].role);
+    put(s, "<|end_header_id|>\n\n");
+    put_trim(s, m[i].content);
+    put(s, "<|eot_id|>");
+  }
+  if (gen) put(s, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+}
+
+static void render_gemma(const irt_chat_template *t, const irt_chat_msg *m, size_t n, bool gen,
+                         sbuf *s) {
+  put(s, t->bos);
+  for (size_t i = 0; i < n; i++) {
+    put(s, "<start_of_turn>");
+    put(s, role_of(m[i].role) == 2 ? "model" : m[i].role);
+    put(s, "\n");
+    put_trim(s, m[i].content);
+    put(s, "<end_of_turn>\n");
+  }
+  if (gen) put(s, "<start_of_turn>model\n");
+}
+
+static void render_phi3(const irt_chat_msg *m, size_t n, bool gen, sbuf *s) {
+  for (size_t i = 0; i < n; i++) {
+    put(s, "<|");
+    put(s, m[i].role);
+    put(s, "|>\n");
+    put(s, m[i].content);
+    put(s, "<|end|>\n");
+  }
+  if (gen) put(s, "<|assistant|>\n");
+}
+
+/* [INST] turns. Mistral joins a system prompt to the first user turn with a blank line;
+ * Llama 2 wraps it in <<SYS>> and opens every user turn with BOS. */
+static void render_inst(const irt_chat_template *t, const irt_chat_msg *m, size_t n, sbuf *s) {
+  bool llama2 = t->kind == IRT_CHAT_LLAMA2;
+  const char *sys = n && role_of(m[0].role) == 0 ? m[0].content : NULL;
+  if (!llama2) put(s, t->bos);
+  for (size_t i = sys ? 1 : 0; i < n; i++) {
+    bool first = i == (sys ? 1u : 0u);
+    if (role_of(m[i].role) == 2) {
+      put(s, llama2 ? " " : "");
+      if (llama2) put_trim(s, m[i].content); else put(s, m[i].content);
+      put(s, llama2 ? " </s>" : "</s>");
+      continue;
+    }
+    if (llama2) put(s, t->bos);
+    put(s, "[INST] ");
+    if (first && sys) {
+      put(s, llama2 ? "<<SYS>>\n" : "");
+      put(s, sys);
+      put(s, llama2 ? "\n<</SYS>>\n\n" : "\n\n");
+    }
+    if (llama2) put_trim(s, m[i].content); else put(s, m[i].content);
+    put(s, " [/INST]");
+  }
+}
+
+ir_status irt_chat_render(const irt_chat_template *t, const irt_chat_msg *msgs, size_t n,
+                          bool gen, char *buf, size_t cap, size_t *out_len, ir_diag *d) {
+  for (size_t i = 0; i < n; i++)
+    if (!msgs[i].role || !msgs[i].content || role_of(msgs[i].role) < 0)
+      return ir_diag_set(d, IR_INVALID_ARG, "message %zu: role must be system, user or assistant", i);
+  sbuf s = {.buf = buf, .cap = cap ? cap - 1 : 0};
+  switch (t->kind) {
+  case IRT_CHAT_CHATML: render_chatml(t, msgs, n, gen, &s); break;
+  case IRT_CHAT_LLAMA3: render_llama3(t, msgs, n, gen, &s); break;
+  case IRT_CHAT_GEMMA: render_gemma(t, msgs, n, gen, &s); break;
+  case IRT_CHAT_PHI3: render_phi3(msgs, n, gen, &s); break;
+  case IRT_CHAT_MISTRAL:
+  case IRT_CHAT_LLAMA2: render_inst(t, msgs, n, &s); break;
+  default: return ir_diag_set(d, IR_INVALID_ARG, "no chat template selected");
+  }
+  if (cap) buf[s.len < cap ? s.len : cap - 1] = '\0';
+  *out_len = s.len;
+  return IR_OK;
+}

@@ -1,0 +1,50 @@
+/* chat_template: renders a conversation into the prompt text a model was trained on.
+ * The engine does not interpret Jinja: it recognises the template family from the
+ * template source (tokenizer_config.json / GGUF tokenizer.chat_template) or takes it by
+ * name, and renders that family's format in C. A template it cannot recognise is an
+ * error that names the known families. */
+#ifndef IRT_CHAT_TEMPLATE_H
+#define IRT_CHAT_TEMPLATE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "ir_status.h"
+
+typedef enum irt_chat_kind {
+  IRT_CHAT_UNKNOWN = 0,
+  IRT_CHAT_CHATML = 1,  /* <|im_start|>role\n...<|im_end|>\n (Qwen2, SmolLM, ...) */
+  IRT_CHAT_LLAMA3 = 2,  /* <|start_header_id|>role<|end_header_id|>\n\n...<|eot_id|> */
+  IRT_CHAT_MISTRAL = 3, /* [INST] ... [/INST] answer</s> (system joined to the first user turn) */
+  IRT_CHAT_LLAMA2 = 4,  /* [INST] <<SYS>>\n...\n<</SYS>>\n\n ... [/INST] */
+  IRT_CHAT_GEMMA = 5,   /* <start_of_turn>user\n...<end_of_turn>\n, assistant is "model" */
+  IRT_CHAT_PHI3 = 6,    /* <|user|>\n...<|end|>\n<|assistant|>\n */
+} irt_chat_kind;
+
+typedef struct irt_chat_msg {
+  const char *role; /* "system", "user" or "assistant" */
+  const char *content;
+} irt_chat_msg;
+
+typedef struct irt_chat_template {
+  irt_chat_kind kind;
+  char default_system[512]; /* system prompt the template inserts when none is given */
+  char bos[32];             /* BOS text the template writes itself ("" if none) */
+} irt_chat_template;
+
+/* The family name ("chatml", "llama3", ...) and the reverse lookup (UNKNOWN if none). */
+const char *irt_chat_kind_name(irt_chat_kind k);
+irt_chat_kind irt_chat_kind_from_name(const char *name);
+
+/* Recognises the family of a Jinja template source, with its default system prompt.
+ * IR_UNSUPPORTED (message lists the families and --chat-template) if unrecognised. */
+ir_status irt_chat_template_detect(const char *source, irt_chat_template *out, ir_diag *d);
+
+/* Renders msgs; with add_generation_prompt the assistant's turn is opened at the end.
+ * Writes at most cap bytes plus a NUL; *out_len is the full length (excluding NUL).
+ * Unknown roles and a kind of UNKNOWN are IR_INVALID_ARG. */
+ir_status irt_chat_render(const irt_chat_template *t, const irt_chat_msg *msgs, size_t n,
+                          bool add_generation_prompt, char *buf, size_t cap, size_t *out_len,
+                          ir_diag *d);
+
+#endif

@@ -1,0 +1,78 @@
+/* test_chat_template: the C renderer against Jinja2 renderings of each family's reference
+ * template (tests/fixtures/chat, made by tools/gen_chat_fixtures.py): the family is
+ * detected from the template source, then every conversation renders byte-identically. */
+#include <cjson/cJSON.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "chat_template.h"
+#include "infc_util.h"
+#include "tcheck.h"
+
+static void run_case(const cJSON *root, const cJSON *c) {
+  const char *name = cJSON_GetObjectItem(c, "template")->valuestring;
+  const cJSON *tpl = cJSON_GetObjectItem(cJSON_GetObjectItem(root, "templates"), name);
+  const char *src = cJSON_GetObjectItem(tpl, "source")->valuestring;
+  const char *kind = cJSON_GetObjectItem(c, "kind")->valuestring;
+  int ci = cJSON_GetObjectItem(c, "conversation")->valueint;
+  bool gen = cJSON_IsTrue(cJSON_GetObjectItem(c, "add_generation_prompt"));
+  const cJSON *conv = cJSON_GetArrayItem(cJSON_GetObjectItem(root, "conversations"), ci);
+  irt_chat_msg msgs[16];
+  size_t n = 0;
+  const cJSON *m;
+  cJSON_ArrayForEach(m, conv) {
+    msgs[n].role = cJSON_GetObjectItem(m, "role")->valuestring;
+    msgs[n++].content = cJSON_GetObjectItem(m, "content")->valuestring;
+  }
+  irt_chat_template t;
+  ir_diag d = {0};
+  CHECKF(irt_chat_template_detect(src, &t, &d) == IR_OK, "%s: %s", name, d.msg);
+  CHECKF(!strcmp(irt_chat_kind_name(t.kind), kind), "%s: detected %s, want %s", name,
+         irt_chat_kind_name(t.kind), kind);
+  char buf[4096];
+  size_t len = 0;
+  CHECK(irt_chat_render(&t, msgs, n, gen, buf, sizeof buf, &len, &d) == IR_OK);
+  const char *want = cJSON_GetObjectItem(c, "expected")->valuestring;
+  CHECKF(len == strlen(want) && !strcmp(buf, want), "%s conversation %d gen=%d:\n got: %s\nwant: %s",
+         name, ci, gen, buf, want);
+}
+
+static void test_errors(void) {
+  irt_chat_template t;
+  ir_diag d = {0};
+  CHECK(irt_chat_template_detect("{{ messages | tojson }}", &t, &d) == IR_UNSUPPORTED);
+  CHECK(strstr(d.msg, "--chat-template") != NULL);
+  d = (ir_diag){0};
+  CHECK(irt_chat_template_detect(NULL, &t, &d) == IR_UNSUPPORTED);
+  t = (irt_chat_template){.kind = IRT_CHAT_CHATML};
+  irt_chat_msg bad = {"robot", "hi"};
+  char buf[64];
+  size_t len;
+  d = (ir_diag){0};
+  CHECK(irt_chat_render(&t, &bad, 1, true, buf, sizeof buf, &len, &d) == IR_INVALID_ARG);
+  /* Truncation reports the full length and stays NUL-terminated. */
+  irt_chat_msg ok = {"user", "a long enough message to overflow a tiny buffer"};
+  CHECK(irt_chat_render(&t, &ok, 1, true, buf, 8, &len, &d) == IR_OK);
+  CHECK(len > 8 && strlen(buf) == 7);
+  CHECK(irt_chat_kind_from_name("llama3") == IRT_CHAT_LLAMA3);
+  CHECK(irt_chat_kind_from_name("nope") == IRT_CHAT_UNKNOWN);
+}
+
+int main(void) {
+  char *text = NULL;
+  ir_diag d = {0};
+  CHECKF(infc_read_file(FIXTURES_DIR "/chat/chat_templates.json", 1u << 20, &text, NULL, &d) == IR_OK,
+         "%s", d.msg);
+  cJSON *root = text ? cJSON_Parse(text) : NULL;
+  const cJSON *c;
+  int n = 0;
+  cJSON_ArrayForEach(c, cJSON_GetObjectItem(root, "cases")) {
+    run_case(root, c);
+    n++;
+  }
+  CHECKF(n >= 40, "only %d cases", n);
+  test_errors();
+  cJSON_Delete(root);
+  free(text);
+  return tcheck_done("chat_template");
+}
