@@ -1,21 +1,50 @@
-/* kv_cache: the paged KV cache. A pool of fixed-size blocks, each holding block_size
- * consecutive positions of one sequence for every layer; a free list hands them out.
- * Layout per layer: k, v as (n_blocks, n_kv_heads, block_size, head_dim) f32.
- * Allocated once at model open; nothing here allocates afterwards. */
+/* kv_cache: the paged KV cache and its prefix cache.
+ *
+ * A pool of fixed-size blocks, each holding block_size consecutive positions of one
+ * sequence for every layer. Layout per layer: k, v as (n_blocks, n_kv_heads, block_size,
+ * head_dim) f32. Blocks are reference counted: sequences that share a prompt prefix
+ * (parallel sampling, prefix-cache hits) hold the same blocks; a writer copies a shared
+ * block first (copy-on-write, done by the caller with irt_kv_block_copy).
+ *
+ * Prefix cache: a full block may be registered under a chain hash of (parent block's
+ * hash, its tokens, tenant). A later prompt with the same prefix and tenant finds it and
+ * skips that prefill. Registered blocks whose last holder let go stay cached in an LRU
+ * list and are reclaimed (oldest first) only when the free list is empty. A tenant never
+ * finds another tenant's blocks: the tenant is part of the hash and checked on a hit.
+ *
+ * Everything is allocated at init; nothing here allocates afterwards. Not thread-safe:
+ * one engine thread owns the cache. */
 #ifndef IRT_KV_CACHE_H
 #define IRT_KV_CACHE_H
 
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "ir_status.h"
+
+typedef struct irt_kv_meta {
+  int32_t ref;
+  bool cached;
+  uint64_t hash, parent, tenant;
+  int32_t lru_prev, lru_next; /* evictable list: ref == 0 && cached */
+  int32_t hnext;              /* hash bucket chain */
+} irt_kv_meta;
 
 typedef struct irt_kv_cache {
   int64_t n_layers, n_kv_heads, head_dim, block_size, n_blocks;
   float **k; /* (n_layers) pointers into one allocation */
   float **v;
   void *storage;
-  int32_t *free_list; /* stack of free block ids */
+  irt_kv_meta *meta;   /* (n_blocks) */
+  int32_t *tokens;     /* (n_blocks, block_size) tokens of registered blocks */
+  int32_t *free_list;  /* stack of blocks with ref 0 that are not cached */
   int64_t n_free;
+  int32_t lru_head, lru_tail;
+  int64_t n_evictable;
+  int32_t *buckets; /* (n_buckets) heads of hash chains, -1 if empty */
+  int64_t n_buckets;
+  uint64_t evictions;
 } irt_kv_cache;
 
 typedef void *(*irt_kv_alloc_fn)(void *ctx, size_t bytes);
@@ -26,10 +55,32 @@ ir_status irt_kv_cache_init(irt_kv_cache *kv, int64_t n_layers, int64_t n_kv_hea
                             int64_t head_dim, int64_t block_size, int64_t tokens,
                             irt_kv_alloc_fn alloc, void *actx, ir_diag *d);
 void irt_kv_cache_release(irt_kv_cache *kv, irt_kv_free_fn free_fn, void *actx);
-
-/* Takes a free block; -1 if the pool is exhausted. */
-int32_t irt_kv_block_alloc(irt_kv_cache *kv);
-void irt_kv_block_free(irt_kv_cache *kv, int32_t block);
 uint64_t irt_kv_cache_bytes(const irt_kv_cache *kv);
+
+/* A block with ref 1: a free one, else the least recently used cached one (which leaves
+ * the prefix cache). -1 if every block is held. */
+int32_t irt_kv_block_alloc(irt_kv_cache *kv);
+void irt_kv_block_ref(irt_kv_cache *kv, int32_t block);
+/* Drops one reference; at zero a cached block becomes evictable, any other is freed. */
+void irt_kv_block_unref(irt_kv_cache *kv, int32_t block);
+/* Blocks an allocation could get now (free + evictable). */
+int64_t irt_kv_available(const irt_kv_cache *kv);
+/* Blocks held by at least one sequence. */
+int64_t irt_kv_in_use(const irt_kv_cache *kv);
+/* Copies block src's K and V (all layers) into dst (host-memory backends). */
+void irt_kv_block_copy(irt_kv_cache *kv, int32_t src, int32_t dst);
+
+/* The chain hash of a full block: parent hash (0 for the first block), its block_size
+ * tokens, and the tenant hash. */
+uint64_t irt_kv_chain_hash(uint64_t parent, const int32_t *tokens, int64_t n, uint64_t tenant);
+/* Registers a full, held block under its chain hash (no-op if an equal block is already
+ * registered, or if this one is). */
+void irt_kv_block_register(irt_kv_cache *kv, int32_t block, uint64_t parent,
+                           const int32_t *tokens, uint64_t tenant);
+/* The registered block for (parent, tokens, tenant), with a reference taken; -1 if none. */
+int32_t irt_kv_prefix_lookup(irt_kv_cache *kv, uint64_t parent, const int32_t *tokens,
+                             uint64_t tenant);
+/* The chain hash a registered block was stored under (0 if it is not registered). */
+uint64_t irt_kv_block_hash(const irt_kv_cache *kv, int32_t block);
 
 #endif

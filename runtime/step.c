@@ -60,9 +60,9 @@ static irt_status reserve_blocks(irt_model *m, const irt_batch_item *items, int 
     int64_t want = (items[i].seq->len + items[i].n + bs - 1) / bs;
     need += want - items[i].seq->n_blocks;
   }
-  if (need > m->kv.n_free)
+  if (need > irt_kv_available(&m->kv))
     return fail(err, IRT_OOM, "KV cache full: step needs %lld blocks, %lld are free", need,
-                m->kv.n_free);
+                irt_kv_available(&m->kv));
   for (int i = 0; i < n_items; i++) {
     irt_seq *s = items[i].seq;
     int64_t want = (s->len + items[i].n + bs - 1) / bs;
