@@ -21,14 +21,32 @@ typedef enum irt_tok_model {
   IRT_TOK_BPE_SPM = 2,        /* SentencePiece-style: spaces as U+2581, byte fallback */
 } irt_tok_model;
 
-/* Pre-tokenizer split rules (values stored in plans: append only). */
+/* Pre-tokenizer split rules (values stored in plans: append only). Each is a hand-written
+ * matcher equal to HF tokenizers' regex split (Isolated) with these patterns. */
 typedef enum irt_tok_pre {
   IRT_TOK_PRE_NONE = 0,   /* SentencePiece-style: no split */
   IRT_TOK_PRE_GPT2 = 1,   /* 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+ */
   IRT_TOK_PRE_LLAMA3 = 2, /* (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+ */
   IRT_TOK_PRE_QWEN2 = 3,  /* as LLAMA3 but \p{N} one digit at a time */
-  IRT_TOK_PRE_SMOLLM = 4, /* each digit alone, then GPT2 */
+  IRT_TOK_PRE_SMOLLM = 4, /* each \p{N} alone (HF Digits individual_digits), then GPT2 */
+  IRT_TOK_PRE_METASPACE = 5, /* SentencePiece-style, split before every U+2581 (HF Metaspace
+                              * split=true: the U+2581 starts the next word) */
 } irt_tok_pre;
+
+/* Where a prefix space goes (values stored in plans: append only). */
+typedef enum irt_tok_prefix {
+  IRT_TOK_PREFIX_DEFAULT = 0,    /* from add_prefix_space: SPM -> NORMALIZER, byte-level ->
+                                  * ALWAYS; nothing when add_prefix_space is false */
+  IRT_TOK_PREFIX_NORMALIZER = 1, /* SPM, HF normalizer Sequence[Prepend("\u2581"), Replace(" ",
+                                  * "\u2581")] (Llama 2, Mistral, llama.cpp): every non-empty text
+                                  * run between special tokens gets U+2581, unconditionally */
+  IRT_TOK_PREFIX_ALWAYS = 2,     /* HF Metaspace prepend_scheme "always", ByteLevel
+                                  * add_prefix_space: every text run not already starting with
+                                  * a space gets one */
+  IRT_TOK_PREFIX_FIRST = 3,      /* HF Metaspace prepend_scheme "first": only the text run at
+                                  * offset 0 of the input */
+  IRT_TOK_PREFIX_NONE = 4,       /* never (HF Metaspace prepend_scheme "never") */
+} irt_tok_prefix;
 
 typedef enum irt_tok_type { /* per token, as GGUF token_type */
   IRT_TOK_NORMAL = 1,
@@ -39,18 +57,41 @@ typedef enum irt_tok_type { /* per token, as GGUF token_type */
   IRT_TOK_BYTE = 6,         /* <0xAB> byte-fallback pieces */
 } irt_tok_type;
 
-/* Everything needed to build a tokenizer; arrays are borrowed for the call. */
+/* Per-token flags for added tokens (HF AddedToken), all zero for GGUF vocabularies. */
+enum {
+  IRT_TOK_ATTR_LSTRIP = 1,      /* a match absorbs the white space before it */
+  IRT_TOK_ATTR_RSTRIP = 2,      /* a match absorbs the white space after it */
+  IRT_TOK_ATTR_SINGLE_WORD = 4, /* matched only when not inside a word */
+  IRT_TOK_ATTR_NORMALIZED = 8,  /* matched in the normalized text (HF normalized=true), after
+                                 * the tokens without it have been split out */
+};
+
+/* Everything needed to build a tokenizer; arrays are borrowed for the call.
+ * Added tokens (matched verbatim in the text before pre-tokenization, longest leftmost
+ * first, as HF does) are the tokens of type CONTROL, UNKNOWN and USER_DEFINED; CONTROL and
+ * UNKNOWN ones are "special" (see parse_special at irt_tok_encode). A zero-initialised spec
+ * plus model, tokens and merges is a valid byte-level tokenizer. */
 typedef struct irt_tok_spec {
   irt_tok_model model;
   irt_tok_pre pre;
   int32_t n_tokens;
-  const char *const *tokens;     /* (n_tokens) vocabulary strings as stored (UTF-8) */
+  const char *const *tokens;     /* (n_tokens) vocabulary strings as stored (UTF-8); byte-level
+                                  * tokens use the GPT-2 byte-to-unicode alphabet */
   const int32_t *token_types;    /* (n_tokens) irt_tok_type, or NULL: all NORMAL */
-  const float *scores;           /* (n_tokens) or NULL (unused by BPE merges) */
+  const uint8_t *token_attrs;    /* (n_tokens) IRT_TOK_ATTR_* bits, or NULL: none */
+  const float *scores;           /* (n_tokens) or NULL; SPM with scores and no merges (GGUF
+                                  * "llama"): every split of a token into two tokens is a
+                                  * merge, ranked by the token's score, highest first */
   int32_t n_merges;
-  const char *const *merges;     /* (n_merges) "left right" in rank order */
+  const char *const *merges;     /* (n_merges) "left right" in rank order, or NULL when
+                                  * merge_ids is given. A later duplicate overrides (as HF) */
+  const int32_t *merge_ids;      /* (2 * n_merges) left, right token ids in rank order, or NULL */
   bool byte_fallback;            /* SPM: unknown bytes become <0xXX> tokens */
+  bool fuse_unk;                 /* consecutive unknown characters give one unk_id */
+  bool ignore_merges;            /* a word that is itself a token is not merged (Llama 3) */
+  bool nfc;                      /* NFC-normalize text runs first (HF normalizer NFC, Qwen2) */
   bool add_prefix_space;         /* SPM: prepend U+2581; byte-level: prepend ' ' */
+  irt_tok_prefix prefix;         /* where the prefix goes; DEFAULT is right for GGUF */
   bool add_bos, add_eos;
   int32_t bos_id, eos_id, pad_id, unk_id; /* -1 if none */
   const int32_t *eos_ids;        /* extra end-of-generation ids (e.g. <|im_end|>), or NULL */
@@ -60,10 +101,17 @@ typedef struct irt_tok_spec {
 
 typedef struct irt_tokenizer irt_tokenizer;
 
+/* Validates the spec (ids in range, every merge's halves and result in the vocabulary:
+ * IR_INVALID_ARG naming the first bad one) and builds the lookup tables. */
 ir_status irt_tok_create(const irt_tok_spec *spec, irt_tokenizer **out, ir_diag *d);
-/* Reads an HF tokenizer.json and, if non-NULL, its tokenizer_config.json (special-token
- * flags, add_bos/add_eos, chat_template). Unsupported models, normalizers or
- * pre-tokenizers are errors naming them. */
+/* Reads an HF tokenizer.json and, if non-NULL, its tokenizer_config.json (bos/eos/pad
+ * token strings, add_bos_token/add_eos_token overriding the post_processor, chat_template
+ * as a string or the "default" of a list). Unsupported models, normalizers or
+ * pre-tokenizers are IR_UNSUPPORTED errors naming them. add_bos/add_eos come from the
+ * post_processor (TemplateProcessing) so that add_special matches HF's
+ * encode(add_special_tokens=True). Extra end-of-generation ids: the special tokens named
+ * <|eot_id|>, <|im_end|>, <|endoftext|>, <|end_of_text|>, <|end|>, <|eom_id|>,
+ * <end_of_turn>, </s> (as llama.cpp guesses them). */
 ir_status irt_tok_load_hf(const char *tokenizer_json, const char *tokenizer_config,
                           irt_tokenizer **out, ir_diag *d);
 /* Encodes to an infc.tok.Tokenizer message (*out malloc'd, owned by the caller). */
@@ -72,21 +120,29 @@ ir_status irt_tok_deserialize(const uint8_t *buf, size_t len, irt_tokenizer **ou
 void irt_tok_destroy(irt_tokenizer *t);
 
 /* Text to ids. add_special: add BOS/EOS as the tokenizer is configured to;
- * parse_special: control and user-defined tokens written in the text become their ids
- * (otherwise they are encoded as plain text). Invalid UTF-8 is an IR_INVALID_ARG error
- * naming the byte offset. Writes at most cap ids; *out_n is the full count (call again
- * with a larger buffer if it exceeds cap). */
+ * parse_special: special (CONTROL, UNKNOWN) tokens written in the text become their ids,
+ * otherwise they are encoded as plain text (HF encode_special_tokens=True). USER_DEFINED
+ * (non-special added) tokens are always matched, as in HF and llama.cpp. Invalid UTF-8 is
+ * an IR_INVALID_ARG error naming the byte offset. Writes at most cap ids; *out_n is the
+ * full count (call again with a larger buffer if it exceeds cap).
+ * Scratch: one malloc per call (IR_OOM if it fails) of about 45 bytes per input byte
+ * (+ 90 per space for SPM, + 25 per byte with nfc), freed before returning; nothing is
+ * cached and nothing is locked, so calls may run concurrently. */
 ir_status irt_tok_encode(const irt_tokenizer *t, const char *text, size_t len, bool add_special,
                          bool parse_special, int32_t *ids, size_t cap, size_t *out_n, ir_diag *d);
 
-/* Ids to text. skip_special drops control tokens. Writes at most cap bytes (no NUL);
- * *out_len is the full length. Byte sequences that are not valid UTF-8 are replaced by
- * U+FFFD. */
+/* Ids to text. skip_special drops special (CONTROL, UNKNOWN) tokens; added tokens come out
+ * verbatim; SPM: U+2581 becomes ' ', <0xXX> pieces become bytes and the leading space of
+ * the text is dropped when a prefix is added at encode (as HF's Strip decoder does).
+ * Writes at most cap bytes (no NUL); *out_len is the full length. Byte sequences that are
+ * not valid UTF-8 are replaced by U+FFFD (one per maximal invalid subpart, as HF's
+ * from_utf8_lossy). An id out of range is IR_INVALID_ARG. */
 ir_status irt_tok_decode(const irt_tokenizer *t, const int32_t *ids, size_t n, bool skip_special,
                          char *buf, size_t cap, size_t *out_len, ir_diag *d);
 
 /* Streaming decode: push ids one at a time; text comes out only as complete UTF-8
- * characters (a character split over tokens is held until it completes). */
+ * characters (a character split over tokens is held until it completes). The
+ * concatenated output equals irt_tok_decode of the same ids. Plain struct, no cleanup. */
 typedef struct irt_tok_stream {
   const irt_tokenizer *t;
   bool skip_special;
@@ -96,10 +152,15 @@ typedef struct irt_tok_stream {
 } irt_tok_stream;
 
 void irt_tok_stream_init(irt_tok_stream *s, const irt_tokenizer *t, bool skip_special);
-/* Appends the text completed by `id` to buf (at most cap bytes); returns its length. */
+/* Writes the text completed by `id` to buf (no NUL) and returns its length. At most cap
+ * bytes are written; a cap of irt_tok_piece_max(t) never truncates. Invalid byte
+ * sequences come out as U+FFFD; out-of-range ids give nothing. */
 size_t irt_tok_stream_push(irt_tok_stream *s, int32_t id, char *buf, size_t cap);
-/* Flushes held bytes at the end (incomplete characters become U+FFFD). */
+/* Flushes held bytes at the end (incomplete characters become U+FFFD, at most 3 bytes) and
+ * resets the stream for a new text. */
 size_t irt_tok_stream_finish(irt_tok_stream *s, char *buf, size_t cap);
+/* The most bytes one irt_tok_stream_push can produce for this tokenizer. */
+size_t irt_tok_piece_max(const irt_tokenizer *t);
 
 int32_t irt_tok_vocab_size(const irt_tokenizer *t);
 int32_t irt_tok_bos(const irt_tokenizer *t);
@@ -109,6 +170,8 @@ bool irt_tok_is_eog(const irt_tokenizer *t, int32_t id);
 bool irt_tok_is_special(const irt_tokenizer *t, int32_t id);
 /* The id of a token string exactly as in the vocabulary, or -1. */
 int32_t irt_tok_find(const irt_tokenizer *t, const char *token);
+/* The vocabulary string of id (borrowed, NUL-terminated), or NULL if out of range. */
+const char *irt_tok_token(const irt_tokenizer *t, int32_t id);
 /* The stored chat template source, or NULL. Borrowed. */
 const char *irt_tok_chat_template(const irt_tokenizer *t);
 irt_tok_model irt_tok_get_model(const irt_tokenizer *t);
