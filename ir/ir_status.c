@@ -39,6 +39,7 @@ const char *ir_status_name(ir_status s) {
   case IR_OOM: return "out of memory";
   case IR_UNSUPPORTED: return "unsupported";
   case IR_DEVICE: return "device error";
+  case IR_BUSY: return "busy";
   }
   return "unknown";
 }

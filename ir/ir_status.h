@@ -14,6 +14,7 @@ typedef enum ir_status {
   IR_OOM,
   IR_UNSUPPORTED,
   IR_DEVICE,
+  IR_BUSY,
 } ir_status;
 
 /* A caller-owned message buffer. The first error set wins; later calls do not

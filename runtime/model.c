@@ -104,6 +104,7 @@ irt_status irt_model_open(const char *path, const irt_model_opts *opts, irt_mode
   if (st == IR_OK) st = setup_io(m, &d);
   if (st == IR_OK) st = bind_tensors(m, &d);
   if (st == IR_OK) st = setup_kv(m, &o, &d);
+  if (st == IR_OK) st = irt_plan_tokenizer_load(m->plan, &m->tok, &d);
   if (st != IR_OK) {
     irt_error_from_diag(err, &d);
     irt_model_close(m);
@@ -125,11 +126,24 @@ void irt_model_close(irt_model *m) {
   free(m->tok_seq);
   free(m->tok_pos);
   free(m->block_tables);
+  irt_tok_destroy(m->tok);
   ir_plan_close(m->plan);
   free(m);
 }
 
 const irt_model_info *irt_model_get_info(const irt_model *m) { return &m->info; }
+
+const irt_tokenizer *irt_model_get_tokenizer(const irt_model *m) { return m->tok; }
+
+ir_status irt_plan_tokenizer_load(const ir_plan *p, irt_tokenizer **out, ir_diag *d) {
+  size_t n = 0;
+  const uint8_t *buf = ir_plan_tokenizer(p, &n);
+  *out = NULL;
+  if (!buf) return IR_OK;
+  ir_status st = irt_tok_deserialize(buf, n, out, d);
+  if (st != IR_OK) ir_diag_prefix(d, "plan tokenizer");
+  return st;
+}
 
 irt_status irt_seq_create(irt_model *m, irt_seq **out, irt_error *err) {
   irt_seq *s = calloc(1, sizeof *s);

@@ -7,6 +7,7 @@
 #include "inferrt.h"
 #include "ir_plan.h"
 #include "kv_cache.h"
+#include "tokenizer.h"
 
 struct irt_model {
   ir_plan *plan;
@@ -20,7 +21,7 @@ struct irt_model {
   int64_t max_blocks; /* blocks one sequence may hold: ceil(context / block_size) */
   /* step scratch, sized for the step limits at open */
   int32_t *tok_seq, *tok_pos, *block_tables;
-  int64_t n_live_seqs;
+  irt_tokenizer *tok; /* from the plan, or NULL */
 };
 
 struct irt_seq {
@@ -31,5 +32,7 @@ struct irt_seq {
 };
 
 void irt_error_from_diag(irt_error *err, const ir_diag *d);
+/* The tokenizer stored in a plan (*out NULL if none). */
+ir_status irt_plan_tokenizer_load(const ir_plan *p, irt_tokenizer **out, ir_diag *d);
 
 #endif

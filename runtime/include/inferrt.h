@@ -15,6 +15,7 @@
 #define INFERRT_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -32,6 +33,7 @@ typedef enum irt_status {
   IRT_OOM,
   IRT_UNSUPPORTED,
   IRT_DEVICE,
+  IRT_BUSY, /* the engine's queue is full: retry later */
 } irt_status;
 
 /* Filled on failure with a one-line message naming the problem. */
@@ -116,6 +118,207 @@ irt_status irt_sampler_create(const irt_sampling *p, int64_t vocab_size, irt_sam
 void irt_sampler_destroy(irt_sampler *s);
 /* Picks the next token from logits (vocab_size values). Allocation-free. */
 int32_t irt_sampler_sample(irt_sampler *s, const float *logits);
+
+/* --- text ------------------------------------------------------------------------------- */
+
+typedef struct irt_tokenizer irt_tokenizer;
+typedef struct irt_text_stream irt_text_stream;
+
+/* The plan's tokenizer (borrowed; valid while the model is open), or NULL if the plan was
+ * built without one. */
+const irt_tokenizer *irt_model_get_tokenizer(const irt_model *m);
+
+/* A tokenizer read from an HF tokenizer.json (+ tokenizer_config.json if not NULL), or
+ * from a plan file. Owned by the caller (irt_tokenizer_destroy). */
+irt_status irt_tokenizer_open_json(const char *tokenizer_json, const char *tokenizer_config,
+                                   irt_tokenizer **out, irt_error *err);
+irt_status irt_tokenizer_open_plan(const char *plan_path, irt_tokenizer **out, irt_error *err);
+void irt_tokenizer_destroy(irt_tokenizer *t);
+
+/* Text to ids (see runtime/tokenizer.h for add_special / parse_special). Writes at most
+ * cap ids; *out_n is the full count. Invalid UTF-8 is IRT_INVALID_ARG. */
+irt_status irt_tokenize(const irt_tokenizer *t, const char *text, size_t len, bool add_special,
+                        bool parse_special, int32_t *ids, size_t cap, size_t *out_n,
+                        irt_error *err);
+/* Ids to text; writes at most cap bytes (no NUL); *out_len is the full length. */
+irt_status irt_detokenize(const irt_tokenizer *t, const int32_t *ids, size_t n,
+                          bool skip_special, char *buf, size_t cap, size_t *out_len,
+                          irt_error *err);
+/* True for the end-of-generation tokens (EOS and e.g. <|im_end|>, <|eot_id|>). */
+bool irt_token_is_eog(const irt_tokenizer *t, int32_t id);
+int32_t irt_tokenizer_vocab_size(const irt_tokenizer *t);
+
+/* Streaming detokenizer: text comes out in whole UTF-8 characters only. */
+irt_status irt_text_stream_create(const irt_tokenizer *t, bool skip_special,
+                                  irt_text_stream **out, irt_error *err);
+void irt_text_stream_destroy(irt_text_stream *s);
+/* Appends the text completed by `id` to buf (at most cap bytes); returns its length. */
+size_t irt_text_stream_push(irt_text_stream *s, int32_t id, char *buf, size_t cap);
+size_t irt_text_stream_finish(irt_text_stream *s, char *buf, size_t cap);
+
+typedef struct irt_chat_message {
+  const char *role; /* "system", "user", "assistant" */
+  const char *content;
+} irt_chat_message;
+
+/* Renders a conversation with the tokenizer's chat template, or with the named family
+ * (template_name: chatml, llama3, mistral, llama2, gemma, phi3) when not NULL. Writes at
+ * most cap bytes plus a NUL; *out_len is the full length. */
+irt_status irt_chat_format(const irt_tokenizer *t, const char *template_name,
+                           const irt_chat_message *msgs, size_t n, bool add_generation_prompt,
+                           char *buf, size_t cap, size_t *out_len, irt_error *err);
+
+/* --- engine: continuous batching over many requests ----------------------------------------
+ *
+ * The engine schedules requests iteration by iteration over the flat step batch: every
+ * step carries the running sequences' next tokens plus prompt chunks of others (chunked
+ * prefill) within a token budget. KV blocks are paged and shared: prompts that start with
+ * a cached prefix (same tokens, same tenant) skip that prefill, and the n completions of
+ * one request share their prompt's blocks (copy-on-write). When blocks run out, the
+ * lowest-priority, most recently admitted sequence is preempted and later recomputed;
+ * no request is lost. Higher priority classes are scheduled first; within a class,
+ * requests run in arrival order.
+ *
+ * Threading: submit, cancel and stats may be called from any thread. Steps run either on
+ * the caller's thread (irt_engine_step / irt_engine_run) or on the engine's own thread
+ * (irt_engine_start); callbacks run on the stepping thread and must not block. */
+
+typedef struct irt_engine irt_engine;
+typedef uint64_t irt_request_id;
+
+typedef struct irt_engine_opts {
+  int64_t max_batched_tokens; /* token budget per step; <= 0: the plan's step limit */
+  int64_t max_running;        /* sequences per step; <= 0: the plan's step limit */
+  int64_t max_waiting;        /* queued requests before submit says IRT_BUSY; <= 0: 4096 */
+  bool disable_prefix_cache;
+  bool static_batching;       /* baseline: admit a new batch only when the last one is done,
+                                 and prefill it whole before decoding */
+} irt_engine_opts;
+
+typedef enum irt_finish {
+  IRT_FINISH_NONE = 0,
+  IRT_FINISH_LENGTH = 1,    /* max_tokens or the context length reached */
+  IRT_FINISH_STOP = 2,      /* end-of-generation token or a stop string */
+  IRT_FINISH_CANCELLED = 3,
+} irt_finish;
+
+/* One generated token of one completion (or its end). Pointers are valid during the
+ * callback only. */
+typedef struct irt_event {
+  irt_request_id id;
+  int index;              /* completion index in [0, n) */
+  int32_t token;          /* -1 on a final event that carries no token */
+  float logprob;          /* log-probability of token under the model's distribution */
+  const char *text;       /* text this token completed (plan has a tokenizer), else NULL */
+  size_t text_len;
+  irt_finish finish;      /* != NONE on the last event of this completion */
+  bool request_done;      /* every completion of the request has finished */
+  int64_t prompt_tokens;  /* tokens in the prompt */
+  int64_t cached_tokens;  /* of which came from the prefix cache */
+} irt_event;
+
+typedef void (*irt_event_fn)(void *user, const irt_event *ev);
+
+typedef struct irt_request {
+  const int32_t *prompt_ids; /* the prompt as ids, or NULL to use prompt_text */
+  size_t n_prompt;
+  const char *prompt_text;   /* tokenized with the plan's tokenizer (special tokens parsed) */
+  bool add_special;          /* with prompt_text: add BOS/EOS as the tokenizer says */
+  irt_sampling sampling;     /* completion i uses seed + i */
+  int64_t max_tokens;        /* <= 0: up to the context length */
+  const char *const *stop;   /* stop strings (need a tokenizer), copied at submit */
+  int n_stop;
+  bool ignore_eos;
+  int n;                     /* completions sharing the prompt; <= 0 means 1 */
+  int priority;              /* higher is scheduled first */
+  const char *tenant;        /* prefix-cache isolation domain; NULL is the shared one */
+  irt_event_fn on_event;
+  void *user;
+} irt_request;
+
+typedef struct irt_engine_stats {
+  int64_t running, waiting;
+  int64_t kv_blocks_total, kv_blocks_used, kv_blocks_cached;
+  int64_t preemptions;
+  int64_t prompt_tokens, cached_prompt_tokens, generated_tokens;
+  int64_t steps, requests_finished;
+} irt_engine_stats;
+
+irt_engine_opts irt_engine_opts_default(void);
+/* The engine borrows the model, which must outlive it. */
+irt_status irt_engine_create(irt_model *m, const irt_engine_opts *o, irt_engine **out,
+                             irt_error *err);
+/* Stops the engine thread if running; unfinished requests are cancelled (their callbacks
+ * get a final CANCELLED event). */
+void irt_engine_destroy(irt_engine *e);
+/* Queues a request. Fails with IRT_INVALID_ARG (bad prompt, too long, bad params) or
+ * IRT_BUSY (queue full) without side effects. */
+irt_status irt_engine_submit(irt_engine *e, const irt_request *r, irt_request_id *out_id,
+                             irt_error *err);
+/* Cancels a request; its completions end with IRT_FINISH_CANCELLED at the next step.
+ * Unknown or finished ids are ignored. */
+void irt_engine_cancel(irt_engine *e, irt_request_id id);
+/* Runs one scheduling iteration and model step. *out_busy is false when nothing is
+ * left to do. */
+irt_status irt_engine_step(irt_engine *e, bool *out_busy, irt_error *err);
+/* Steps until every submitted request has finished. */
+irt_status irt_engine_run(irt_engine *e, irt_error *err);
+/* Runs steps on an engine thread until irt_engine_destroy. */
+irt_status irt_engine_start(irt_engine *e, irt_error *err);
+void irt_engine_get_stats(irt_engine *e, irt_engine_stats *out);
+
+/* --- generic programs ------------------------------------------------------------------
+ *
+ * A plan built from a graph that is not an LLM step program (`infc build model.onnx`)
+ * runs as a program: named inputs with static shapes in, named outputs out. Inputs keep
+ * their values across runs until set again (they start zeroed). Outputs are borrowed and
+ * valid until the next run or close. Plans with symbolic dims or the paged-KV attention
+ * op are refused here: open those with irt_model_open.
+ * Ownership and threading as for models: one thread at a time per program. */
+
+typedef struct irt_program irt_program;
+
+/* Element types (the same values as in plans). bool data is IRT_DTYPE_U8 holding 0 or 1. */
+typedef enum irt_dtype {
+  IRT_DTYPE_F32 = 1,
+  IRT_DTYPE_F16 = 2,
+  IRT_DTYPE_BF16 = 3,
+  IRT_DTYPE_I64 = 4,
+  IRT_DTYPE_I32 = 5,
+  IRT_DTYPE_I8 = 6,
+  IRT_DTYPE_U8 = 7,
+} irt_dtype;
+
+#define IRT_MAX_RANK 8
+
+typedef struct irt_tensor_info {
+  const char *name; /* borrowed; valid while the program is open */
+  irt_dtype dtype;
+  int rank;
+  int64_t shape[IRT_MAX_RANK];
+  uint64_t nbytes;  /* dense row-major size */
+} irt_tensor_info;
+
+/* opts: n_threads and skip_weight_checksum are honoured (NULL: defaults). */
+irt_status irt_program_open(const char *plan_path, const irt_model_opts *opts,
+                            irt_program **out, irt_error *err);
+void irt_program_close(irt_program *p);
+int irt_program_n_inputs(const irt_program *p);
+int irt_program_n_outputs(const irt_program *p);
+/* Describes input / output i; IRT_INVALID_ARG when i is out of range. */
+irt_status irt_program_input_info(const irt_program *p, int i, irt_tensor_info *out);
+irt_status irt_program_output_info(const irt_program *p, int i, irt_tensor_info *out);
+/* Index of the input / output with that name, or -1. */
+int irt_program_find_input(const irt_program *p, const char *name);
+int irt_program_find_output(const irt_program *p, const char *name);
+/* Copies input i from data, which holds exactly the input's nbytes. */
+irt_status irt_program_set_input(irt_program *p, int i, const void *data, uint64_t nbytes,
+                                 irt_error *err);
+irt_status irt_program_run(irt_program *p, irt_error *err);
+/* Output i of the last run (its nbytes in *out_nbytes if non-NULL); NULL before the first
+ * run or when i is out of range. */
+const void *irt_program_output(const irt_program *p, int i, uint64_t *out_nbytes);
+const char *irt_dtype_name(irt_dtype t);
 
 const char *irt_status_name(irt_status s);
 

@@ -1,0 +1,29 @@
+/* cli: helpers shared by the inferrt subcommands. */
+#ifndef IRT_CLI_H
+#define IRT_CLI_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "inferrt.h"
+
+/* Prints "inferrt: error: msg" and returns 1. */
+int cli_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+double cli_now_ms(void);
+/* Parses "1,2,3" into a malloc'd array; false on any malformed entry. */
+bool cli_parse_ids(const char *s, int32_t **out, int64_t *out_n);
+/* Reads all of standard input into a malloc'd NUL-terminated buffer. */
+char *cli_read_stdin(size_t *out_len);
+/* Opens a tokenizer from a plan, a tokenizer.json (with tokenizer_config.json beside it
+ * if present) or a GGUF file, by extension. */
+irt_status cli_open_tokenizer(const char *path, irt_tokenizer **out, irt_error *err);
+/* Parses a non-negative integer flag value; false if malformed. */
+bool cli_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out);
+
+int cmd_generate(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);
+int cmd_detokenize(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
+
+#endif

@@ -1,0 +1,94 @@
+/* cli_common: argument helpers and tokenizer opening for the inferrt subcommands. */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli.h"
+
+int cli_fail(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fputs("inferrt: error: ", stderr);
+  vfprintf(stderr, fmt, ap);
+  fputc('\n', stderr);
+  va_end(ap);
+  return 1;
+}
+
+double cli_now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+bool cli_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out) {
+  char *end;
+  errno = 0;
+  long long v = strtoll(s, &end, 10);
+  if (!*s || *end || errno || v < lo || v > hi) return false;
+  *out = v;
+  return true;
+}
+
+bool cli_parse_ids(const char *s, int32_t **out, int64_t *out_n) {
+  int64_t cap = 16, n = 0;
+  int32_t *ids = malloc((size_t)cap * sizeof *ids);
+  while (ids && *s) {
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (end == s || errno || v < 0 || v > INT32_MAX || (*end && *end != ',')) break;
+    if (n == cap) {
+      int32_t *p = realloc(ids, (size_t)(cap *= 2) * sizeof *ids);
+      if (!p) break;
+      ids = p;
+    }
+    ids[n++] = (int32_t)v;
+    s = *end ? end + 1 : end;
+  }
+  if (!ids || *s || n == 0) {
+    free(ids);
+    return false;
+  }
+  *out = ids;
+  *out_n = n;
+  return true;
+}
+
+char *cli_read_stdin(size_t *out_len) {
+  size_t cap = 1 << 16, n = 0;
+  char *buf = malloc(cap);
+  while (buf) {
+    size_t r = fread(buf + n, 1, cap - n - 1, stdin);
+    n += r;
+    if (r == 0) break;
+    if (n + 1 == cap) {
+      char *p = realloc(buf, cap *= 2);
+      if (!p) {
+        free(buf);
+        return NULL;
+      }
+      buf = p;
+    }
+  }
+  if (buf) buf[n] = '\0';
+  *out_len = n;
+  return buf;
+}
+
+static bool ends_with(const char *s, const char *suffix) {
+  size_t a = strlen(s), b = strlen(suffix);
+  return a >= b && !strcmp(s + a - b, suffix);
+}
+
+irt_status cli_open_tokenizer(const char *path, irt_tokenizer **out, irt_error *err) {
+  if (!ends_with(path, ".json")) return irt_tokenizer_open_plan(path, out, err);
+  char cfg[4096];
+  const char *slash = strrchr(path, '/');
+  snprintf(cfg, sizeof cfg, "%.*stokenizer_config.json", slash ? (int)(slash - path + 1) : 0, path);
+  return irt_tokenizer_open_json(path, access(cfg, R_OK) == 0 ? cfg : NULL, out, err);
+}

@@ -1,0 +1,284 @@
+/* cli_generate: `inferrt generate` — prompt ids, text or a chat message in; ids or
+ * streamed text out, with EOS and stop strings. Uses only the public API. */
+#include <cjson/cJSON.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+#define MAX_STOPS 8
+
+typedef struct gen_args {
+  const char *plan, *prompt, *chat, *system, *chat_template;
+  int32_t *ids;
+  int64_t n_ids, max_new;
+  irt_sampling sampling;
+  int64_t threads;
+  const char *stops[MAX_STOPS];
+  int n_stops;
+  bool json, ignore_eos;
+} gen_args;
+
+static int usage(FILE *f) {
+  fputs("usage: inferrt generate model.plan (--prompt-ids IDS | --prompt TEXT | --chat MSG) [options]\n\n"
+        "  --prompt-ids IDS     comma-separated token ids\n"
+        "  --prompt TEXT        text, tokenized with the plan's tokenizer\n"
+        "  --chat MSG           a user message, formatted with the model's chat template\n"
+        "  --system MSG         system message for --chat\n"
+        "  --chat-template NAME chatml, llama3, mistral, llama2, gemma or phi3 (default: the model's)\n"
+        "  -n, --max-tokens N   tokens to generate (default 32; --chat: 256)\n"
+        "  --temperature T      0 = greedy (default 0)\n"
+        "  --top-k K            sample among the K most likely (default: all)\n"
+        "  --top-p P            nucleus sampling mass (default 1)\n"
+        "  --seed S             sampling seed (default 0)\n"
+        "  --stop STR           stop when the text contains STR (repeatable, up to 8)\n"
+        "  --ignore-eos         keep generating after end-of-generation tokens\n"
+        "  --threads N          CPU threads (default: all cores)\n"
+        "  --json               print one JSON object with ids, text, finish reason and timings\n", f);
+  return f == stderr ? 2 : 0;
+}
+
+static int parse_value(gen_args *a, int c, const char *v) {
+  int64_t x;
+  char *end;
+  switch (c) {
+  case 1: return cli_parse_ids(v, &a->ids, &a->n_ids) ? 0 : cli_fail("--prompt-ids: expected comma-separated non-negative integers");
+  case 'n': return cli_parse_i64(v, 0, 1 << 24, &a->max_new) ? 0 : cli_fail("-n: expected a non-negative integer");
+  case 2: a->sampling.temperature = strtof(v, &end);
+          return *end || a->sampling.temperature < 0 ? cli_fail("--temperature: expected a number >= 0") : 0;
+  case 3: if (!cli_parse_i64(v, 0, 1 << 30, &x)) return cli_fail("--top-k: expected a non-negative integer");
+          a->sampling.top_k = (int)x; return 0;
+  case 4: a->sampling.top_p = strtof(v, &end);
+          return *end || !(a->sampling.top_p > 0 && a->sampling.top_p <= 1) ? cli_fail("--top-p: expected a number in (0, 1]") : 0;
+  case 5: a->sampling.seed = strtoull(v, &end, 10); return *end ? cli_fail("--seed: expected an integer") : 0;
+  case 6: return cli_parse_i64(v, 0, 4096, &a->threads) ? 0 : cli_fail("--threads: expected a non-negative integer");
+  case 9: a->prompt = v; return 0;
+  case 10: a->chat = v; return 0;
+  case 11: a->system = v; return 0;
+  case 12: a->chat_template = v; return 0;
+  case 13: if (a->n_stops == MAX_STOPS || !*v) return cli_fail("--stop: at most %d non-empty strings", MAX_STOPS);
+           a->stops[a->n_stops++] = v; return 0;
+  default: return usage(stderr);
+  }
+}
+
+static int parse(int argc, char **argv, gen_args *a) {
+  static const struct option longs[] = {
+      {"prompt-ids", required_argument, 0, 1}, {"max-tokens", required_argument, 0, 'n'},
+      {"temperature", required_argument, 0, 2}, {"top-k", required_argument, 0, 3},
+      {"top-p", required_argument, 0, 4},     {"seed", required_argument, 0, 5},
+      {"threads", required_argument, 0, 6},   {"json", no_argument, 0, 7},
+      {"ignore-eos", no_argument, 0, 8},      {"prompt", required_argument, 0, 9},
+      {"chat", required_argument, 0, 10},     {"system", required_argument, 0, 11},
+      {"chat-template", required_argument, 0, 12}, {"stop", required_argument, 0, 13},
+      {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
+  int c, rc;
+  a->max_new = -1;
+  while ((c = getopt_long(argc, argv, "n:h", longs, NULL)) != -1) {
+    if (c == 'h') return usage(stdout) - 1;
+    if (c == 7) a->json = true;
+    else if (c == 8) a->ignore_eos = true;
+    else if ((rc = parse_value(a, c, optarg))) return rc;
+  }
+  if (optind != argc - 1) return usage(stderr);
+  if (!!a->ids + !!a->prompt + !!a->chat != 1)
+    return cli_fail("give exactly one of --prompt-ids, --prompt and --chat");
+  if (a->max_new < 0) a->max_new = a->chat ? 256 : 32;
+  a->plan = argv[optind];
+  return 0;
+}
+
+typedef struct gen_state {
+  irt_model *m;
+  const irt_tokenizer *tok;
+  irt_text_stream *stream;
+  int32_t *out;
+  int64_t n_out;
+  char *text;
+  size_t len, cap, printed;
+  const char *finish;
+  double load_ms, prefill_ms, decode_ms;
+} gen_state;
+
+/* Prompt ids from --prompt-ids, --prompt or --chat. */
+static irt_status prompt_ids(gen_args *a, const irt_tokenizer *t, irt_error *err) {
+  if (a->ids) return IRT_OK;
+  if (!t) {
+    snprintf(err->msg, sizeof err->msg, "the plan has no tokenizer: use --prompt-ids, or rebuild "
+             "it with a tokenizer.json beside the checkpoint");
+    return err->status = IRT_INVALID_ARG;
+  }
+  const char *text = a->prompt;
+  char *chat = NULL;
+  irt_status st = IRT_OK;
+  if (a->chat) {
+    irt_chat_message msgs[2] = {{"system", a->system}, {"user", a->chat}};
+    size_t n = a->system ? 2 : 1, len = 0, cap = strlen(a->chat) + (a->system ? strlen(a->system) : 0) + 4096;
+    chat = malloc(cap);
+    st = chat ? irt_chat_format(t, a->chat_template, a->system ? msgs : msgs + 1, n, true, chat,
+                                cap, &len, err)
+              : IRT_OOM;
+    text = chat;
+  }
+  size_t len = text ? strlen(text) : 0, n = 0;
+  a->ids = st == IRT_OK ? malloc((len + 16) * sizeof *a->ids) : NULL;
+  if (st == IRT_OK)
+    st = a->ids ? irt_tokenize(t, text, len, !a->chat, true, a->ids, len + 16, &n, err) : IRT_OOM;
+  a->n_ids = (int64_t)n;
+  free(chat);
+  return st;
+}
+
+/* Longest suffix of s[0..len) that is a proper prefix of some stop string. */
+static size_t stop_overlap(const gen_args *a, const char *s, size_t len) {
+  size_t best = 0;
+  for (int i = 0; i < a->n_stops; i++)
+    for (size_t k = strlen(a->stops[i]) - 1; k > best; k--)
+      if (k <= len && !memcmp(s + len - k, a->stops[i], k)) {
+        best = k;
+        break;
+      }
+  return best;
+}
+
+/* Appends the token's text; returns true when a stop string completed. */
+static bool add_text(gen_state *g, const gen_args *a, int32_t id) {
+  char piece[256];
+  size_t n = irt_text_stream_push(g->stream, id, piece, sizeof piece);
+  if (n > sizeof piece) n = sizeof piece;
+  if (g->len + n + 1 > g->cap) {
+    size_t cap = (g->cap + n + 1) * 2;
+    char *p = realloc(g->text, cap);
+    if (!p) return true;
+    g->text = p, g->cap = cap;
+  }
+  memcpy(g->text + g->len, piece, n);
+  g->len += n;
+  g->text[g->len] = '\0';
+  size_t safe = g->len - stop_overlap(a, g->text, g->len);
+  for (int i = 0; i < a->n_stops; i++) {
+    char *hit = strstr(g->text, a->stops[i]);
+    if (hit && (size_t)(hit - g->text) < safe) safe = (size_t)(hit - g->text);
+    if (hit) g->finish = "stop";
+  }
+  if (!a->json && safe > g->printed) {
+    fwrite(g->text + g->printed, 1, safe - g->printed, stdout);
+    fflush(stdout);
+  }
+  if (safe > g->printed) g->printed = safe;
+  if (!strcmp(g->finish, "stop")) g->len = g->printed, g->text[g->len] = '\0';
+  return !strcmp(g->finish, "stop");
+}
+
+static bool is_end(const gen_state *g, const gen_args *a, int32_t tok) {
+  if (a->ignore_eos) return false;
+  if (g->tok) return irt_token_is_eog(g->tok, tok);
+  return tok == irt_model_get_info(g->m)->eos_token_id;
+}
+
+static irt_status run(gen_state *g, const gen_args *a, irt_error *err) {
+  const irt_model_info *info = irt_model_get_info(g->m);
+  irt_seq *s = NULL;
+  irt_sampler *smp = NULL;
+  float *logits = malloc((size_t)info->vocab_size * sizeof *logits);
+  g->out = malloc((size_t)(a->max_new + 1) * sizeof *g->out);
+  irt_status st = logits && g->out ? IRT_OK : IRT_OOM;
+  if (st == IRT_OK) st = irt_seq_create(g->m, &s, err);
+  if (st == IRT_OK) st = irt_sampler_create(&a->sampling, info->vocab_size, &smp, err);
+  double t0 = cli_now_ms();
+  if (st == IRT_OK && a->max_new > 0) st = irt_seq_decode(g->m, s, a->ids, a->n_ids, logits, false, err);
+  g->prefill_ms = cli_now_ms() - t0;
+  t0 = cli_now_ms();
+  while (st == IRT_OK && g->n_out < a->max_new) {
+    int32_t tok = irt_sampler_sample(smp, logits);
+    g->out[g->n_out++] = tok;
+    if (is_end(g, a, tok)) {
+      g->finish = "stop";
+      break;
+    }
+    if (g->stream && add_text(g, a, tok)) break;
+    if (g->n_out == a->max_new || irt_seq_length(s) + 1 >= info->context_length) break;
+    st = irt_seq_decode(g->m, s, &tok, 1, logits, false, err);
+  }
+  g->decode_ms = cli_now_ms() - t0;
+  irt_sampler_destroy(smp);
+  irt_seq_destroy(s);
+  free(logits);
+  return st;
+}
+
+static void add_ids(cJSON *o, const char *key, const int32_t *ids, int64_t n) {
+  cJSON *arr = cJSON_AddArrayToObject(o, key);
+  for (int64_t i = 0; i < n; i++) cJSON_AddItemToArray(arr, cJSON_CreateNumber(ids[i]));
+}
+
+static void print_result(const gen_args *a, const gen_state *g) {
+  double pf = g->prefill_ms > 0 ? (double)a->n_ids / (g->prefill_ms / 1e3) : 0;
+  double dc = g->n_out > 1 && g->decode_ms > 0 ? (double)(g->n_out - 1) / (g->decode_ms / 1e3) : 0;
+  if (!a->json) {
+    if (g->stream) {
+      fputc('\n', stdout);
+    } else {
+      for (int64_t i = 0; i < g->n_out; i++) printf("%s%d", i ? "," : "", g->out[i]);
+      putchar('\n');
+    }
+    fprintf(stderr, "inferrt: %lld prompt + %lld generated tokens (%s); load %.1f ms, prefill "
+            "%.1f tok/s, decode %.1f tok/s\n", (long long)a->n_ids, (long long)g->n_out,
+            g->finish, g->load_ms, pf, dc);
+    return;
+  }
+  cJSON *o = cJSON_CreateObject(), *t;
+  add_ids(o, "prompt_ids", a->ids, a->n_ids);
+  add_ids(o, "generated_ids", g->out, g->n_out);
+  if (g->stream) cJSON_AddStringToObject(o, "text", g->text ? g->text : "");
+  cJSON_AddStringToObject(o, "finish_reason", g->finish);
+  t = cJSON_AddObjectToObject(o, "timings");
+  cJSON_AddNumberToObject(t, "load_ms", g->load_ms);
+  cJSON_AddNumberToObject(t, "prefill_tokens_per_s", pf);
+  cJSON_AddNumberToObject(t, "decode_tokens_per_s", dc);
+  char *s = cJSON_PrintUnformatted(o);
+  puts(s);
+  free(s);
+  cJSON_Delete(o);
+}
+
+int cmd_generate(int argc, char **argv) {
+  gen_args a = {.sampling = irt_sampling_default()};
+  int rc = parse(argc, argv, &a);
+  if (rc) {
+    free(a.ids);
+    return rc < 0 ? 0 : rc;
+  }
+  irt_model_opts o = irt_model_opts_default();
+  o.n_threads = (int)a.threads;
+  irt_error err = {0};
+  gen_state g = {.finish = "length"};
+  double t0 = cli_now_ms();
+  irt_status st = irt_model_open(a.plan, &o, &g.m, &err);
+  g.load_ms = cli_now_ms() - t0;
+  if (st == IRT_OK) {
+    g.tok = irt_model_get_tokenizer(g.m);
+    bool text_mode = !a.ids;
+    st = prompt_ids(&a, g.tok, &err);
+    if (st == IRT_OK && text_mode) st = irt_text_stream_create(g.tok, true, &g.stream, &err);
+  }
+  int64_t ctx = g.m ? irt_model_get_info(g.m)->context_length : 0;
+  if (st == IRT_OK && a.n_ids >= ctx) {
+    snprintf(err.msg, sizeof err.msg, "prompt of %lld tokens does not fit the context of %lld",
+             (long long)a.n_ids, (long long)ctx);
+    st = IRT_INVALID_ARG;
+  }
+  if (st == IRT_OK && a.n_ids == 0) {
+    snprintf(err.msg, sizeof err.msg, "the prompt is empty");
+    st = IRT_INVALID_ARG;
+  }
+  if (st == IRT_OK) st = run(&g, &a, &err);
+  if (st == IRT_OK) print_result(&a, &g);
+  else cli_fail("%s", err.msg[0] ? err.msg : irt_status_name(st));
+  irt_text_stream_destroy(g.stream);
+  free(g.out), free(g.text), free(a.ids);
+  irt_model_close(g.m);
+  return st == IRT_OK ? 0 : 1;
+}

@@ -1,0 +1,33 @@
+/* inferrt: the runtime's command line. Each subcommand lives in its own cli_*.c file and
+ * uses only the public API (runtime/include/inferrt.h). */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+
+static int usage(FILE *f) {
+  fputs("usage: inferrt <command> [options]\n\n"
+        "commands:\n"
+        "  generate model.plan (--prompt TEXT | --chat MSG | --prompt-ids IDS)  generate text\n"
+        "  tokenize (model.plan | --tokenizer PATH) --text TEXT     print token ids\n"
+        "  detokenize (model.plan | --tokenizer PATH) --ids IDS     print text\n"
+        "  bench model.plan [--requests N ...]      synthetic serving workload\n\n"
+        "options: --help, --version. `inferrt <command> --help` for a command's options.\n", f);
+  return f == stderr ? 2 : 0;
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) return usage(stderr);
+  const char *cmd = argv[1];
+  if (!strcmp(cmd, "--version") || !strcmp(cmd, "version")) {
+    printf("inferrt %s\n", INFC_VERSION);
+    return 0;
+  }
+  if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) return usage(stdout);
+  if (!strcmp(cmd, "generate")) return cmd_generate(argc - 1, argv + 1);
+  if (!strcmp(cmd, "tokenize")) return cmd_tokenize(argc - 1, argv + 1);
+  if (!strcmp(cmd, "detokenize")) return cmd_detokenize(argc - 1, argv + 1);
+  if (!strcmp(cmd, "bench")) return cmd_bench(argc - 1, argv + 1);
+  fprintf(stderr, "inferrt: error: unknown command '%s'\n", cmd);
+  return usage(stderr);
+}

@@ -1,0 +1,320 @@
+/* engine: lifecycle, submission, cancellation, the engine thread and stats. The
+ * scheduling iteration itself is in sched.c. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <xxhash.h>
+
+#include "engine.h"
+
+double irt_engine_now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+static irt_status fail(irt_error *err, irt_status st, const char *msg) {
+  if (err) {
+    err->status = st;
+    snprintf(err->msg, sizeof err->msg, "%s", msg);
+  }
+  return st;
+}
+
+irt_engine_opts irt_engine_opts_default(void) { return (irt_engine_opts){0}; }
+
+irt_status irt_engine_create(irt_model *m, const irt_engine_opts *o, irt_engine **out,
+                             irt_error *err) {
+  const irt_model_info *in = irt_model_get_info(m);
+  irt_engine *e = calloc(1, sizeof *e);
+  if (!e) return fail(err, IRT_OOM, "out of memory");
+  e->m = m;
+  e->tok = irt_model_get_tokenizer(m);
+  e->o = o ? *o : irt_engine_opts_default();
+  e->budget = e->o.max_batched_tokens > 0 && e->o.max_batched_tokens < in->max_step_tokens
+                  ? e->o.max_batched_tokens : in->max_step_tokens;
+  e->max_running = e->o.max_running > 0 && e->o.max_running < in->max_step_seqs
+                       ? e->o.max_running : in->max_step_seqs;
+  if (e->max_running > in->max_step_logits) e->max_running = in->max_step_logits;
+  if (e->o.max_waiting <= 0) e->o.max_waiting = 4096;
+  e->next_id = 1;
+  e->items = calloc((size_t)e->max_running, sizeof *e->items);
+  e->item_seq = calloc((size_t)e->max_running, sizeof *e->item_seq);
+  e->logits = malloc((size_t)(e->max_running * in->vocab_size) * sizeof(float));
+  pthread_mutex_init(&e->mu, NULL);
+  pthread_cond_init(&e->cv, NULL);
+  if (!e->items || !e->item_seq || !e->logits) {
+    irt_engine_destroy(e);
+    return fail(err, IRT_OOM, "out of memory");
+  }
+  e->work.kv_blocks_total = m->kv.n_blocks;
+  e->stats = e->work;
+  *out = e;
+  return IRT_OK;
+}
+
+static void free_req(ereq *q) {
+  for (int i = 0; i < q->r.n_stop; i++) free(q->stops[i]);
+  free(q->stops);
+  free(q->tenant);
+  free(q->prompt);
+  free(q->seqs);
+  free(q);
+}
+
+/* Copies what the request points at, so the caller's buffers may go after submit. */
+static irt_status copy_request(irt_engine *e, const irt_request *r, ereq *q, irt_error *err) {
+  q->r = *r;
+  q->n = r->n > 0 ? r->n : 1;
+  q->r.n_stop = 0;
+  q->stops = calloc((size_t)r->n_stop + 1, sizeof *q->stops);
+  q->tenant = strdup(r->tenant ? r->tenant : "");
+  q->seqs = calloc((size_t)q->n, sizeof *q->seqs);
+  if (!q->stops || !q->tenant || !q->seqs) return fail(err, IRT_OOM, "out of memory");
+  for (int i = 0; i < r->n_stop; i++, q->r.n_stop++)
+    if (!(q->stops[i] = strdup(r->stop[i]))) return fail(err, IRT_OOM, "out of memory");
+  q->r.stop = (const char *const *)q->stops;
+  q->r.tenant = q->tenant;
+  q->tenant_hash = XXH3_64bits(q->tenant, strlen(q->tenant));
+  return IRT_OK;
+}
+
+static irt_status tokenize_prompt(irt_engine *e, const irt_request *r, ereq *q, irt_error *err) {
+  if (r->prompt_ids) {
+    q->prompt = malloc((r->n_prompt + 1) * sizeof *q->prompt);
+    if (!q->prompt) return fail(err, IRT_OOM, "out of memory");
+    if (r->n_prompt) memcpy(q->prompt, r->prompt_ids, r->n_prompt * sizeof *q->prompt);
+    q->n_prompt = (int64_t)r->n_prompt;
+    return IRT_OK;
+  }
+  if (!r->prompt_text) return fail(err, IRT_INVALID_ARG, "the request has no prompt");
+  if (!e->tok) return fail(err, IRT_INVALID_ARG, "the plan has no tokenizer: send token ids");
+  size_t len = strlen(r->prompt_text), n = 0;
+  q->prompt = malloc((len + 16) * sizeof *q->prompt);
+  if (!q->prompt) return fail(err, IRT_OOM, "out of memory");
+  ir_diag d = {0};
+  if (irt_tok_encode(e->tok, r->prompt_text, len, r->add_special, true, q->prompt, len + 16, &n,
+                     &d) != IR_OK) {
+    irt_error_from_diag(err, &d);
+    return IRT_INVALID_ARG;
+  }
+  q->n_prompt = (int64_t)n;
+  return IRT_OK;
+}
+
+static irt_status check_request(irt_engine *e, const ereq *q, irt_error *err) {
+  const irt_model_info *in = irt_model_get_info(e->m);
+  char msg[256];
+  if (q->n_prompt <= 0) return fail(err, IRT_INVALID_ARG, "the prompt is empty");
+  if (q->n_prompt >= in->context_length) {
+    snprintf(msg, sizeof msg, "the prompt has %lld tokens; the context holds %lld",
+             (long long)q->n_prompt, (long long)in->context_length);
+    return fail(err, IRT_INVALID_ARG, msg);
+  }
+  for (int64_t i = 0; i < q->n_prompt; i++)
+    if (q->prompt[i] < 0 || q->prompt[i] >= in->vocab_size) {
+      snprintf(msg, sizeof msg, "token id %d is outside the vocabulary of %lld", q->prompt[i],
+               (long long)in->vocab_size);
+      return fail(err, IRT_INVALID_ARG, msg);
+    }
+  if (q->n > e->max_running) {
+    snprintf(msg, sizeof msg, "n=%d exceeds the %lld sequences a step can hold", q->n,
+             (long long)e->max_running);
+    return fail(err, IRT_INVALID_ARG, msg);
+  }
+  const irt_sampling *sp = &q->r.sampling;
+  if (!(sp->temperature >= 0) || !(sp->top_p > 0 && sp->top_p <= 1) || sp->top_k < 0)
+    return fail(err, IRT_INVALID_ARG, "sampling needs temperature >= 0, 0 < top_p <= 1, top_k >= 0");
+  if (q->r.n_stop && !e->tok) return fail(err, IRT_INVALID_ARG, "stop strings need a tokenizer");
+  for (int i = 0; i < q->r.n_stop; i++)
+    if (!q->stops[i][0]) return fail(err, IRT_INVALID_ARG, "stop strings must not be empty");
+  return IRT_OK;
+}
+
+/* Creates completion i's sequence state (tokens, KV handle, sampler, text buffers). */
+irt_status irt_eseq_init(irt_engine *e, ereq *q, int i, irt_error *err) {
+  eseq *s = &q->seqs[i];
+  const irt_model_info *in = irt_model_get_info(e->m);
+  size_t max_stop = 0;
+  for (int k = 0; k < q->r.n_stop; k++)
+    if (strlen(q->stops[k]) > max_stop) max_stop = strlen(q->stops[k]);
+  irt_sampling sp = q->r.sampling;
+  sp.seed += (uint64_t)i;
+  s->req = q;
+  s->index = i;
+  s->held_cap = max_stop + 1024;
+  s->tokens = malloc((size_t)in->context_length * sizeof *s->tokens);
+  s->held = malloc(s->held_cap);
+  if (!s->tokens || !s->held) return fail(err, IRT_OOM, "out of memory");
+  if (irt_seq_create(e->m, &s->kv, err) != IRT_OK) return IRT_OOM;
+  if (irt_sampler_create(&sp, in->vocab_size, &s->sampler, err) != IRT_OK) return IRT_OOM;
+  if (e->tok) irt_tok_stream_init(&s->stream, e->tok, true);
+  q->n_live = i + 1 > q->n_live ? i + 1 : q->n_live;
+  return IRT_OK;
+}
+
+void irt_eseq_release(irt_engine *e, eseq *s) {
+  irt_seq_destroy(s->kv);
+  irt_sampler_destroy(s->sampler);
+  free(s->tokens);
+  free(s->held);
+  s->kv = NULL;
+  s->sampler = NULL;
+  s->tokens = NULL;
+  s->held = NULL;
+}
+
+irt_status irt_engine_submit(irt_engine *e, const irt_request *r, irt_request_id *out_id,
+                             irt_error *err) {
+  ereq *q = calloc(1, sizeof *q);
+  if (!q) return fail(err, IRT_OOM, "out of memory");
+  irt_status st = copy_request(e, r, q, err);
+  if (st == IRT_OK) st = tokenize_prompt(e, r, q, err);
+  if (st == IRT_OK) st = check_request(e, q, err);
+  if (st == IRT_OK) st = irt_eseq_init(e, q, 0, err);
+  if (st == IRT_OK) {
+    const irt_model_info *in = irt_model_get_info(e->m);
+    int64_t room = in->context_length - q->n_prompt;
+    if (q->r.max_tokens <= 0 || q->r.max_tokens > room) q->r.max_tokens = room;
+    memcpy(q->seqs[0].tokens, q->prompt, (size_t)q->n_prompt * sizeof *q->prompt);
+    q->seqs[0].n_tokens = q->n_prompt;
+  }
+  pthread_mutex_lock(&e->mu);
+  if (st == IRT_OK && e->n_queued >= e->o.max_waiting)
+    st = fail(err, IRT_BUSY, "the engine's queue is full; retry later");
+  if (st == IRT_OK) {
+    q->id = e->next_id++;
+    q->arrival = e->next_arrival++;
+    if (e->inbox_tail) e->inbox_tail->next = q;
+    else e->inbox_head = q;
+    e->inbox_tail = q;
+    e->n_queued++;
+    if (out_id) *out_id = q->id;
+    pthread_cond_signal(&e->cv);
+  }
+  pthread_mutex_unlock(&e->mu);
+  if (st != IRT_OK) {
+    if (q->seqs) irt_eseq_release(e, &q->seqs[0]);
+    free_req(q);
+  }
+  return st;
+}
+
+void irt_engine_cancel(irt_engine *e, irt_request_id id) {
+  pthread_mutex_lock(&e->mu);
+  if (e->n_cancels == e->cap_cancels) {
+    int cap = e->cap_cancels ? e->cap_cancels * 2 : 16;
+    irt_request_id *p = realloc(e->cancels, (size_t)cap * sizeof *p);
+    if (p) e->cancels = p, e->cap_cancels = cap;
+  }
+  if (e->n_cancels < e->cap_cancels) e->cancels[e->n_cancels++] = id;
+  pthread_cond_signal(&e->cv);
+  pthread_mutex_unlock(&e->mu);
+}
+
+/* Moves submissions into the request list and marks cancelled requests. */
+void irt_engine_drain_inbox(irt_engine *e) {
+  pthread_mutex_lock(&e->mu);
+  ereq *head = e->inbox_head;
+  e->inbox_head = e->inbox_tail = NULL;
+  ereq **tail = &e->reqs;
+  while (*tail) tail = &(*tail)->next;
+  *tail = head;
+  for (int i = 0; i < e->n_cancels; i++)
+    for (ereq *q = e->reqs; q; q = q->next)
+      if (q->id == e->cancels[i]) q->cancelled = true;
+  e->n_cancels = 0;
+  pthread_mutex_unlock(&e->mu);
+}
+
+/* Removes finished requests from the list and frees them. */
+void irt_engine_reap(irt_engine *e) {
+  ereq **p = &e->reqs;
+  int64_t reaped = 0;
+  while (*p) {
+    ereq *q = *p;
+    if (q->n_done < q->n) {
+      p = &q->next;
+      continue;
+    }
+    *p = q->next;
+    for (int i = 0; i < q->n_live; i++) irt_eseq_release(e, &q->seqs[i]);
+    free_req(q);
+    reaped++;
+  }
+  if (!reaped) return;
+  pthread_mutex_lock(&e->mu);
+  e->n_queued -= reaped;
+  e->work.requests_finished += reaped;
+  pthread_mutex_unlock(&e->mu);
+}
+
+irt_status irt_engine_step(irt_engine *e, bool *out_busy, irt_error *err) {
+  return irt_engine_iterate(e, out_busy, err);
+}
+
+irt_status irt_engine_run(irt_engine *e, irt_error *err) {
+  bool busy = true;
+  irt_status st = IRT_OK;
+  while (busy && st == IRT_OK) st = irt_engine_iterate(e, &busy, err);
+  return st;
+}
+
+static void *engine_thread(void *arg) {
+  irt_engine *e = arg;
+  for (;;) {
+    pthread_mutex_lock(&e->mu);
+    while (!e->stop && !e->reqs && !e->inbox_head && !e->n_cancels)
+      pthread_cond_wait(&e->cv, &e->mu);
+    bool stop = e->stop;
+    pthread_mutex_unlock(&e->mu);
+    if (stop) break;
+    bool busy;
+    irt_error err = {0};
+    if (irt_engine_iterate(e, &busy, &err) != IRT_OK) { /* the step's requests were ended */
+      pthread_mutex_lock(&e->mu);
+      e->last_err = err;
+      pthread_mutex_unlock(&e->mu);
+    }
+  }
+  return NULL;
+}
+
+irt_status irt_engine_start(irt_engine *e, irt_error *err) {
+  if (e->thread_running) return IRT_OK;
+  if (pthread_create(&e->thread, NULL, engine_thread, e) != 0)
+    return fail(err, IRT_OOM, "cannot start the engine thread");
+  e->thread_running = true;
+  return IRT_OK;
+}
+
+void irt_engine_destroy(irt_engine *e) {
+  if (!e) return;
+  if (e->thread_running) {
+    pthread_mutex_lock(&e->mu);
+    e->stop = true;
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    pthread_join(e->thread, NULL);
+  }
+  irt_engine_drain_inbox(e);
+  for (ereq *q = e->reqs; q; q = q->next) q->cancelled = true;
+  irt_engine_cancel_all(e);
+  irt_engine_reap(e);
+  pthread_mutex_destroy(&e->mu);
+  pthread_cond_destroy(&e->cv);
+  free(e->cancels);
+  free(e->run);
+  free(e->wait);
+  free(e->items);
+  free(e->item_seq);
+  free(e->logits);
+  free(e);
+}
+
+void irt_engine_get_stats(irt_engine *e, irt_engine_stats *out) {
+  pthread_mutex_lock(&e->mu);
+  *out = e->stats;
+  pthread_mutex_unlock(&e->mu);
+}

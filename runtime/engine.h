@@ -1,0 +1,96 @@
+/* engine: internal state of the continuous-batching engine (public API in inferrt.h).
+ * engine.c: lifecycle, submission, cancellation, threads, stats.
+ * sched.c: one iteration: choose the step batch, run it, sample, emit events. */
+#ifndef IRT_ENGINE_H
+#define IRT_ENGINE_H
+
+#include <pthread.h>
+
+#include "model.h"
+
+typedef enum eseq_state { ESEQ_WAITING = 0, ESEQ_RUNNING = 1, ESEQ_DONE = 2 } eseq_state;
+
+typedef struct ereq ereq;
+
+/* One completion stream: its tokens, KV blocks (through an irt_seq) and sampler. */
+typedef struct eseq {
+  ereq *req;
+  int index;
+  eseq_state state;
+  irt_seq *kv;            /* blocks and the count of positions already computed */
+  int32_t *tokens;        /* (context) prompt then generated tokens */
+  int64_t n_tokens;       /* known tokens */
+  int64_t n_generated;
+  int64_t n_registered;   /* leading full blocks registered in the prefix cache */
+  uint64_t last_hash;     /* chain hash of block n_registered - 1 (0 if none) */
+  irt_sampler *sampler;
+  irt_tok_stream stream;  /* when the plan has a tokenizer */
+  char *held;             /* text not yet emitted (a possible stop-string prefix) */
+  size_t held_len, held_cap;
+  uint64_t admit_order;   /* when it last entered the running set */
+  irt_finish finish;
+  double first_token_ms;
+} eseq;
+
+struct ereq {
+  irt_request_id id;
+  irt_request r;          /* stop strings and tenant point into owned copies */
+  char **stops;
+  char *tenant;
+  uint64_t tenant_hash;
+  int32_t *prompt;
+  int64_t n_prompt;
+  int64_t cached_tokens;
+  int n;
+  eseq *seqs;             /* (n); only seqs[0] exists until the prompt is prefilled */
+  int n_live;             /* seqs created so far */
+  int n_done;
+  bool cancelled;
+  bool counted;           /* prompt tokens entered the stats */
+  uint64_t arrival;
+  ereq *next;             /* engine list links */
+};
+
+struct irt_engine {
+  irt_model *m;
+  const irt_tokenizer *tok;
+  irt_engine_opts o;
+  int64_t budget, max_running;
+  ereq *reqs;             /* every unfinished request, in arrival order */
+  /* the inbox: submissions and cancellations from other threads */
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  ereq *inbox_head, *inbox_tail;
+  irt_request_id *cancels;
+  int n_cancels, cap_cancels;
+  int64_t n_queued;       /* requests in the inbox or waiting */
+  irt_request_id next_id;
+  uint64_t next_arrival, next_admit;
+  bool thread_running, stop;
+  pthread_t thread;
+  irt_engine_stats stats;  /* published under mu at the end of each iteration */
+  irt_engine_stats work;   /* updated by the stepping thread */
+  irt_error last_err;      /* the last failed step on the engine thread */
+  /* step scratch, sized at create */
+  irt_batch_item *items;
+  eseq **item_seq;
+  float *logits;          /* (max_running, vocab) */
+  eseq **run, **wait;     /* sorted candidates of one iteration (grown as needed) */
+  int cap_cand;
+  int n_items_now;        /* items chosen so far in this iteration */
+};
+
+irt_status irt_eseq_init(irt_engine *e, ereq *q, int i, irt_error *err);
+void irt_engine_drain_inbox(irt_engine *e);
+void irt_engine_reap(irt_engine *e);
+/* Ends every unfinished completion of cancelled requests (sched.c). */
+void irt_engine_cancel_all(irt_engine *e);
+/* One scheduling iteration (sched.c). */
+irt_status irt_engine_iterate(irt_engine *e, bool *out_busy, irt_error *err);
+/* Releases a sequence's KV blocks and sampler (engine.c). */
+void irt_eseq_release(irt_engine *e, eseq *s);
+/* Emits the final event of a completion and retires the request when all are done. */
+void irt_eseq_finish(irt_engine *e, eseq *s, irt_finish why);
+double irt_engine_now_ms(void);
+
+#endif

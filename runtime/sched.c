@@ -1,0 +1,387 @@
+/* sched: one iteration of the continuous-batching engine.
+ *   1. take new requests and cancellations;
+ *   2. choose the step: running sequences first (decodes and unfinished prompt chunks) in
+ *      priority order, then waiting ones (prefix-cache lookup on first admission), within
+ *      the token budget and the step's sequence limit; give each the KV blocks it will
+ *      write (copy-on-write for a shared partial block), preempting the lowest-priority,
+ *      most recently admitted sequence when blocks run out;
+ *   3. run the model once over the flat batch;
+ *   4. register newly full blocks in the prefix cache, sample where logits came back
+ *      (forking the n completions after the prompt), emit events, finish sequences. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine.h"
+
+static int64_t bsz(const irt_engine *e) { return e->m->kv.block_size; }
+
+/* Scheduling order: higher priority first, then earlier admission (running) or arrival. */
+static int cmp_seq(const void *pa, const void *pb) {
+  const eseq *a = *(eseq *const *)pa, *b = *(eseq *const *)pb;
+  if (a->req->r.priority != b->req->r.priority) return a->req->r.priority > b->req->r.priority ? -1 : 1;
+  uint64_t ka = a->state == ESEQ_RUNNING ? a->admit_order : a->req->arrival;
+  uint64_t kb = b->state == ESEQ_RUNNING ? b->admit_order : b->req->arrival;
+  if (ka != kb) return ka < kb ? -1 : 1;
+  return a->index - b->index;
+}
+
+/* Every live sequence in `state`, sorted. */
+static int collect(irt_engine *e, eseq_state state, eseq **out, int cap) {
+  int n = 0;
+  for (ereq *q = e->reqs; q; q = q->next)
+    for (int i = 0; i < q->n_live && n < cap; i++)
+      if (q->seqs[i].state == state && q->seqs[i].finish == IRT_FINISH_NONE) out[n++] = &q->seqs[i];
+  qsort(out, (size_t)n, sizeof *out, cmp_seq);
+  return n;
+}
+
+static void drop_blocks(irt_engine *e, eseq *s) {
+  irt_seq *k = s->kv;
+  for (int64_t i = 0; i < k->n_blocks; i++) irt_kv_block_unref(&e->m->kv, k->blocks[i]);
+  k->n_blocks = 0;
+  k->len = 0;
+  s->n_registered = 0;
+  s->last_hash = 0;
+}
+
+/* Sends a running sequence back to the queue; it will recompute everything it knows. */
+static void preempt(irt_engine *e, eseq *s) {
+  drop_blocks(e, s);
+  s->state = ESEQ_WAITING;
+  e->work.preemptions++;
+}
+
+/* Blocks for positions [len, len + take): a private copy of a shared partial block, then
+ * fresh ones. False (nothing changed) if the pool cannot supply them. */
+static bool ensure_blocks(irt_engine *e, eseq *s, int64_t take, int64_t reserve) {
+  irt_kv_cache *kv = &e->m->kv;
+  irt_seq *k = s->kv;
+  int64_t bs = bsz(e), first = k->len / bs;
+  bool cow = k->len % bs && first < k->n_blocks && kv->meta[k->blocks[first]].ref > 1;
+  int64_t need = (k->len + take + bs - 1) / bs - k->n_blocks + (cow ? 1 : 0);
+  if (need > irt_kv_available(kv) - reserve) return false;
+  if (cow) {
+    int32_t b = irt_kv_block_alloc(kv);
+    irt_kv_block_copy(kv, k->blocks[first], b);
+    irt_kv_block_unref(kv, k->blocks[first]);
+    k->blocks[first] = b;
+  }
+  while (k->n_blocks < (k->len + take + bs - 1) / bs) k->blocks[k->n_blocks++] = irt_kv_block_alloc(kv);
+  return true;
+}
+
+/* The lowest-priority, latest-admitted running sequence other than `keep` (and not
+ * already in this step), or NULL. With `below` set, only strictly lower priorities. */
+static eseq *pick_victim(irt_engine *e, eseq **run, int n_run, const eseq *keep, bool below) {
+  for (int i = n_run - 1; i >= 0; i--) {
+    eseq *v = run[i];
+    if (v == keep || v->state != ESEQ_RUNNING) continue;
+    bool in_step = false;
+    for (int k = 0; k < e->n_items_now && !in_step; k++) in_step = e->item_seq[k] == v;
+    if (in_step) continue;
+    if (below && v->req->r.priority >= keep->req->r.priority) return NULL;
+    return v;
+  }
+  return NULL;
+}
+
+/* First admission: reuse every cached full block of the known tokens (same tenant),
+ * keeping at least one token to compute so that logits come back. */
+static void prefix_lookup(irt_engine *e, eseq *s) {
+  irt_seq *k = s->kv;
+  if (e->o.disable_prefix_cache || k->n_blocks) return;
+  int64_t bs = bsz(e), limit = (s->n_tokens - 1) / bs;
+  uint64_t parent = 0, tenant = s->req->tenant_hash;
+  for (int64_t j = 0; j < limit; j++) {
+    const int32_t *t = s->tokens + j * bs;
+    int32_t b = irt_kv_prefix_lookup(&e->m->kv, parent, t, tenant);
+    if (b < 0) break;
+    k->blocks[k->n_blocks++] = b;
+    k->len += bs;
+    parent = irt_kv_chain_hash(parent, t, bs, tenant);
+  }
+  s->n_registered = k->n_blocks;
+  s->last_hash = parent;
+}
+
+static void add_item(irt_engine *e, eseq *s, int64_t take) {
+  int k = e->n_items_now++;
+  bool last = s->kv->len + take == s->n_tokens;
+  e->items[k] = (irt_batch_item){.seq = s->kv, .tokens = s->tokens + s->kv->len, .n = take,
+                                 .logits = last ? e->logits + (size_t)k * (size_t)irt_model_get_info(e->m)->vocab_size : NULL};
+  e->item_seq[k] = s;
+}
+
+/* Gives s blocks for `take` tokens (halving take until it fits), preempting victims as
+ * allowed. Returns the tokens granted, 0 if none. */
+static int64_t grant(irt_engine *e, eseq *s, int64_t take, int64_t reserve, bool below, int n_run) {
+  for (;;) {
+    if (ensure_blocks(e, s, take, reserve)) return take;
+    eseq *v = pick_victim(e, e->run, n_run, s, below);
+    if (v) {
+      preempt(e, v);
+      continue;
+    }
+    if (take == 1) return 0;
+    take = (take + 1) / 2;
+  }
+}
+
+static bool grow_cand(irt_engine *e) {
+  int need = 0;
+  for (ereq *q = e->reqs; q; q = q->next) need += q->n_live;
+  if (need <= e->cap_cand) return true;
+  eseq **r = realloc(e->run, (size_t)need * sizeof *r);
+  if (r) e->run = r;
+  eseq **w = realloc(e->wait, (size_t)need * sizeof *w);
+  if (w) e->wait = w;
+  if (!r || !w) return false;
+  e->cap_cand = need;
+  return true;
+}
+
+static void schedule_running(irt_engine *e, int n_run, int64_t *budget) {
+  bool prefilling = false;
+  if (e->o.static_batching)
+    for (int i = 0; i < n_run; i++) prefilling |= e->run[i]->kv->len < e->run[i]->req->n_prompt;
+  for (int i = 0; i < n_run && *budget > 0 && e->n_items_now < e->max_running; i++) {
+    eseq *s = e->run[i];
+    if (s->state != ESEQ_RUNNING) continue; /* preempted in this iteration */
+    int64_t need = s->n_tokens - s->kv->len;
+    if (prefilling && s->kv->len >= s->req->n_prompt) continue; /* static: prefill first */
+    int64_t take = grant(e, s, need < *budget ? need : *budget, 0, false, n_run);
+    if (take == 0) {
+      preempt(e, s); /* wait for others to free blocks */
+      continue;
+    }
+    add_item(e, s, take);
+    *budget -= take;
+  }
+}
+
+static void schedule_waiting(irt_engine *e, int n_run, int n_wait, int64_t *budget) {
+  int64_t watermark = e->m->kv.n_blocks / 100;
+  for (int i = 0; i < n_wait && *budget > 0 && e->n_items_now < e->max_running; i++) {
+    eseq *s = e->wait[i];
+    prefix_lookup(e, s);
+    int64_t need = s->n_tokens - s->kv->len;
+    int64_t take = grant(e, s, need < *budget ? need : *budget, e->n_items_now ? watermark : 0,
+                         true, n_run);
+    if (take == 0) {
+      drop_blocks(e, s); /* let go of prefix hits: waiting sequences hold nothing */
+      break;             /* keep arrival order: nobody overtakes the head of the queue */
+    }
+    s->state = ESEQ_RUNNING;
+    s->admit_order = e->next_admit++;
+    if (!s->req->counted) { /* a request's prompt counts once, at its first admission */
+      s->req->counted = true;
+      s->req->cached_tokens = s->kv->len;
+      e->work.prompt_tokens += s->req->n_prompt;
+      e->work.cached_prompt_tokens += s->kv->len;
+    }
+    add_item(e, s, take);
+    *budget -= take;
+  }
+}
+
+/* Chooses this step's items. */
+static bool schedule(irt_engine *e) {
+  if (!grow_cand(e)) return false;
+  e->n_items_now = 0;
+  int64_t budget = e->budget;
+  int n_run = collect(e, ESEQ_RUNNING, e->run, e->cap_cand);
+  schedule_running(e, n_run, &budget);
+  int still_running = 0;
+  for (int i = 0; i < n_run; i++) still_running += e->run[i]->state == ESEQ_RUNNING;
+  if (e->o.static_batching && still_running) return true;
+  int n_wait = collect(e, ESEQ_WAITING, e->wait, e->cap_cand);
+  schedule_waiting(e, n_run, n_wait, &budget);
+  return true;
+}
+
+/* --- after the step ----------------------------------------------------------------------- */
+
+static void register_blocks(irt_engine *e, eseq *s) {
+  if (e->o.disable_prefix_cache) return;
+  int64_t bs = bsz(e);
+  uint64_t tenant = s->req->tenant_hash;
+  while ((s->n_registered + 1) * bs <= s->kv->len) {
+    const int32_t *t = s->tokens + s->n_registered * bs;
+    irt_kv_block_register(&e->m->kv, s->kv->blocks[s->n_registered], s->last_hash, t, tenant);
+    s->last_hash = irt_kv_chain_hash(s->last_hash, t, bs, tenant);
+    s->n_registered++;
+  }
+}
+
+static void emit(irt_engine *e, eseq *s, int32_t tok, float lp, const char *text, size_t len) {
+  ereq *q = s->req;
+  irt_event ev = {.id = q->id, .index = s->index, .token = tok, .logprob = lp,
+                  .text = e->tok ? (text ? text : "") : NULL, .text_len = len,
+                  .finish = s->finish, .request_done = s->finish && q->n_done == q->n,
+                  .prompt_tokens = q->n_prompt, .cached_tokens = q->cached_tokens};
+  if (q->r.on_event) q->r.on_event(q->r.user, &ev);
+}
+
+/* Marks a completion finished and gives its blocks back (cached ones stay cached). */
+static void finish(irt_engine *e, eseq *s, irt_finish why) {
+  s->finish = why;
+  s->state = ESEQ_DONE;
+  s->req->n_done++;
+  if (s->kv) drop_blocks(e, s);
+}
+
+/* Longest suffix of held text that begins some stop string. */
+static size_t stop_overlap(const ereq *q, const char *t, size_t len) {
+  size_t best = 0;
+  for (int i = 0; i < q->r.n_stop; i++)
+    for (size_t k = strlen(q->stops[i]) - 1; k > best; k--)
+      if (k <= len && !memcmp(t + len - k, q->stops[i], k)) {
+        best = k;
+        break;
+      }
+  return best;
+}
+
+/* Adds a token's text to the held buffer; returns how much of it may be emitted now and
+ * sets *hit when a stop string completed (the text is cut before it). */
+static size_t take_text(eseq *s, int32_t tok, bool flush, bool *hit) {
+  char piece[512];
+  size_t n = tok >= 0 ? irt_tok_stream_push(&s->stream, tok, piece, sizeof piece) : 0;
+  if (flush) n += irt_tok_stream_finish(&s->stream, piece + n, sizeof piece - n);
+  if (n > sizeof piece) n = sizeof piece;
+  if (s->held_len + n > s->held_cap) n = s->held_cap - s->held_len; /* bounded by design */
+  memcpy(s->held + s->held_len, piece, n);
+  s->held_len += n;
+  const ereq *q = s->req;
+  size_t cut = s->held_len;
+  *hit = false;
+  for (int i = 0; i < q->r.n_stop; i++) {
+    const char *p = memmem(s->held, s->held_len, q->stops[i], strlen(q->stops[i]));
+    if (p && (size_t)(p - s->held) < cut) cut = (size_t)(p - s->held), *hit = true;
+  }
+  if (!*hit && !flush) cut = s->held_len - stop_overlap(q, s->held, s->held_len);
+  return cut;
+}
+
+static void on_token(irt_engine *e, eseq *s, const float *lg, double lse) {
+  const irt_model_info *in = irt_model_get_info(e->m);
+  int32_t tok = irt_sampler_sample(s->sampler, lg);
+  float lp = (float)((double)lg[tok] - lse);
+  s->tokens[s->n_tokens++] = tok;
+  s->n_generated++;
+  e->work.generated_tokens++;
+  bool eog = !s->req->r.ignore_eos &&
+             (e->tok ? irt_tok_is_eog(e->tok, tok) : tok == in->eos_token_id);
+  bool length = s->n_generated >= s->req->r.max_tokens || s->n_tokens >= in->context_length;
+  bool hit = false;
+  size_t cut = 0;
+  if (e->tok) cut = take_text(s, eog ? -1 : tok, eog || length, &hit);
+  irt_finish why = eog || hit ? IRT_FINISH_STOP : length ? IRT_FINISH_LENGTH : IRT_FINISH_NONE;
+  if (why) finish(e, s, why);
+  emit(e, s, tok, lp, s->held, cut);
+  if (e->tok) {
+    memmove(s->held, s->held + cut, s->held_len - cut);
+    s->held_len -= cut;
+  }
+}
+
+/* log(sum(exp(logits))) in double, for log-probabilities. */
+static double log_sum_exp(const float *lg, int64_t n) {
+  float mx = lg[0];
+  for (int64_t i = 1; i < n; i++) mx = lg[i] > mx ? lg[i] : mx;
+  double sum = 0;
+  for (int64_t i = 0; i < n; i++) sum += exp((double)lg[i] - mx);
+  return mx + log(sum);
+}
+
+/* After the prompt of a request with n > 1: the other completions share its blocks. */
+static void fork_completions(irt_engine *e, eseq *s) {
+  ereq *q = s->req;
+  for (int i = 1; i < q->n; i++) {
+    irt_error err;
+    if (irt_eseq_init(e, q, i, &err) != IRT_OK) {
+      q->seqs[i].req = q;
+      q->seqs[i].index = i;
+      finish(e, &q->seqs[i], IRT_FINISH_CANCELLED);
+      continue;
+    }
+    eseq *c = &q->seqs[i];
+    memcpy(c->tokens, s->tokens, (size_t)s->n_tokens * sizeof *c->tokens);
+    c->n_tokens = s->n_tokens;
+    for (int64_t b = 0; b < s->kv->n_blocks; b++) {
+      irt_kv_block_ref(&e->m->kv, s->kv->blocks[b]);
+      c->kv->blocks[c->kv->n_blocks++] = s->kv->blocks[b];
+    }
+    c->kv->len = s->kv->len;
+    c->n_registered = s->n_registered;
+    c->last_hash = s->last_hash;
+    c->state = ESEQ_RUNNING;
+    c->admit_order = e->next_admit++;
+  }
+}
+
+static void after_item(irt_engine *e, int k) {
+  eseq *s = e->item_seq[k];
+  register_blocks(e, s);
+  const float *lg = e->items[k].logits;
+  if (!lg) return;
+  int64_t V = irt_model_get_info(e->m)->vocab_size;
+  double lse = log_sum_exp(lg, V);
+  ereq *q = s->req;
+  bool fork = q->n > 1 && q->n_live == 1 && s->n_generated == 0;
+  if (fork) fork_completions(e, s);
+  for (int i = fork ? 0 : s->index; i < (fork ? q->n_live : s->index + 1); i++)
+    if (q->seqs[i].state == ESEQ_RUNNING) on_token(e, &q->seqs[i], lg, lse);
+}
+
+void irt_engine_cancel_all(irt_engine *e) {
+  for (ereq *q = e->reqs; q; q = q->next) {
+    if (!q->cancelled) continue;
+    for (int i = 0; i < q->n; i++) {
+      eseq *s = &q->seqs[i];
+      if (i < q->n_live && s->finish) continue;
+      if (i >= q->n_live) s->req = q, s->index = i;
+      finish(e, s, IRT_FINISH_CANCELLED);
+      emit(e, s, -1, 0.0f, NULL, 0);
+    }
+  }
+}
+
+static void publish_stats(irt_engine *e) {
+  int64_t running = 0, waiting = 0;
+  for (ereq *q = e->reqs; q; q = q->next)
+    for (int i = 0; i < q->n_live; i++) {
+      running += q->seqs[i].state == ESEQ_RUNNING;
+      waiting += q->seqs[i].state == ESEQ_WAITING;
+    }
+  const irt_kv_cache *kv = &e->m->kv;
+  pthread_mutex_lock(&e->mu);
+  e->work.running = running;
+  e->work.waiting = waiting;
+  e->work.kv_blocks_used = irt_kv_in_use(kv);
+  e->work.kv_blocks_cached = kv->n_evictable;
+  e->stats = e->work;
+  pthread_mutex_unlock(&e->mu);
+}
+
+irt_status irt_engine_iterate(irt_engine *e, bool *out_busy, irt_error *err) {
+  irt_engine_drain_inbox(e);
+  irt_engine_cancel_all(e);
+  irt_status st = schedule(e) ? IRT_OK : IRT_OOM;
+  if (st == IRT_OK && e->n_items_now > 0) {
+    st = irt_decode_batch(e->m, e->items, e->n_items_now, err);
+    if (st == IRT_OK) {
+      e->work.steps++;
+      for (int k = 0; k < e->n_items_now; k++) after_item(e, k);
+    } else { /* a failed step ends its requests rather than retrying forever */
+      for (int k = 0; k < e->n_items_now; k++) e->item_seq[k]->req->cancelled = true;
+      irt_engine_cancel_all(e);
+    }
+  }
+  e->n_items_now = 0;
+  irt_engine_reap(e);
+  publish_stats(e);
+  *out_busy = e->reqs != NULL;
+  return st;
+}

@@ -1,0 +1,110 @@
+/* text: the public text API (tokenize, detokenize, streaming, chat formatting) over the
+ * internal tokenizer and chat-template modules. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "chat_template.h"
+#include "model.h"
+
+struct irt_text_stream {
+  irt_tok_stream s;
+};
+
+static irt_status done(irt_error *err, ir_status st, const ir_diag *d) {
+  if (st != IR_OK) irt_error_from_diag(err, d);
+  return (irt_status)st;
+}
+
+irt_status irt_tokenizer_open_json(const char *json, const char *config, irt_tokenizer **out,
+                                   irt_error *err) {
+  ir_diag d = {0};
+  return done(err, irt_tok_load_hf(json, config, out, &d), &d);
+}
+
+irt_status irt_tokenizer_open_plan(const char *path, irt_tokenizer **out, irt_error *err) {
+  ir_diag d = {0};
+  ir_plan *p = NULL;
+  *out = NULL;
+  ir_status st = ir_plan_open(path, IR_PLAN_VERIFY_META, &p, &d);
+  if (st == IR_OK) st = irt_plan_tokenizer_load(p, out, &d);
+  if (st == IR_OK && !*out)
+    st = ir_diag_set(&d, IR_INVALID_ARG, "%s: the plan has no tokenizer (build it with a "
+                     "tokenizer.json beside the checkpoint, or pass --tokenizer)", path);
+  ir_plan_close(p);
+  return done(err, st, &d);
+}
+
+void irt_tokenizer_destroy(irt_tokenizer *t) { irt_tok_destroy(t); }
+
+irt_status irt_tokenize(const irt_tokenizer *t, const char *text, size_t len, bool add_special,
+                        bool parse_special, int32_t *ids, size_t cap, size_t *out_n,
+                        irt_error *err) {
+  ir_diag d = {0};
+  return done(err, irt_tok_encode(t, text, len, add_special, parse_special, ids, cap, out_n, &d),
+              &d);
+}
+
+irt_status irt_detokenize(const irt_tokenizer *t, const int32_t *ids, size_t n,
+                          bool skip_special, char *buf, size_t cap, size_t *out_len,
+                          irt_error *err) {
+  ir_diag d = {0};
+  return done(err, irt_tok_decode(t, ids, n, skip_special, buf, cap, out_len, &d), &d);
+}
+
+bool irt_token_is_eog(const irt_tokenizer *t, int32_t id) { return irt_tok_is_eog(t, id); }
+
+int32_t irt_tokenizer_vocab_size(const irt_tokenizer *t) { return irt_tok_vocab_size(t); }
+
+irt_status irt_text_stream_create(const irt_tokenizer *t, bool skip_special,
+                                  irt_text_stream **out, irt_error *err) {
+  irt_text_stream *s = calloc(1, sizeof *s);
+  if (!s) {
+    if (err) *err = (irt_error){.status = IRT_OOM, .msg = "out of memory"};
+    return IRT_OOM;
+  }
+  irt_tok_stream_init(&s->s, t, skip_special);
+  *out = s;
+  return IRT_OK;
+}
+
+void irt_text_stream_destroy(irt_text_stream *s) { free(s); }
+
+size_t irt_text_stream_push(irt_text_stream *s, int32_t id, char *buf, size_t cap) {
+  return irt_tok_stream_push(&s->s, id, buf, cap);
+}
+
+size_t irt_text_stream_finish(irt_text_stream *s, char *buf, size_t cap) {
+  return irt_tok_stream_finish(&s->s, buf, cap);
+}
+
+/* The family from a name or from the tokenizer's template; BOS text from the vocabulary. */
+static ir_status pick_template(const irt_tokenizer *t, const char *name, irt_chat_template *ct,
+                               ir_diag *d) {
+  if (name) {
+    memset(ct, 0, sizeof *ct);
+    ct->kind = irt_chat_kind_from_name(name);
+    if (ct->kind == IRT_CHAT_UNKNOWN)
+      return ir_diag_set(d, IR_INVALID_ARG, "unknown chat template '%s' (chatml, llama3, "
+                         "mistral, llama2, gemma, phi3)", name);
+    if (ct->kind != IRT_CHAT_CHATML && ct->kind != IRT_CHAT_PHI3 && irt_tok_bos(t) >= 0) {
+      size_t n = 0;
+      int32_t bos = irt_tok_bos(t);
+      irt_tok_decode(t, &bos, 1, false, ct->bos, sizeof ct->bos - 1, &n, d);
+      ct->bos[n < sizeof ct->bos ? n : sizeof ct->bos - 1] = '\0';
+    }
+    return IR_OK;
+  }
+  return irt_chat_template_detect(irt_tok_chat_template(t), ct, d);
+}
+
+irt_status irt_chat_format(const irt_tokenizer *t, const char *name, const irt_chat_message *msgs,
+                           size_t n, bool gen, char *buf, size_t cap, size_t *out_len,
+                           irt_error *err) {
+  ir_diag d = {0};
+  irt_chat_template ct;
+  ir_status st = pick_template(t, name, &ct, &d);
+  _Static_assert(sizeof(irt_chat_message) == sizeof(irt_chat_msg), "same layout");
+  if (st == IR_OK)
+    st = irt_chat_render(&ct, (const irt_chat_msg *)msgs, n, gen, buf, cap, out_len, &d);
+  return done(err, st, &d);
+}

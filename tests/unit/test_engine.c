@@ -1,0 +1,290 @@
+/* test_engine: continuous batching, chunked prefill, prefix caching, parallel sampling,
+ * preemption and cancellation, checked against single-sequence runs of the same model.
+ * Because CPU kernels are batch-invariant, a request's tokens and log-probabilities must
+ * be bit-identical however it was batched, chunked, cached or preempted. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "infc_build.h"
+#include "inferrt.h"
+#include "tcheck.h"
+
+#define MAX_OUT 48
+#define MAX_REQ 16
+
+typedef struct result {
+  int32_t tokens[4][MAX_OUT];
+  float logprobs[4][MAX_OUT];
+  int n[4];
+  irt_finish finish[4];
+  int done_events;
+  int64_t cached;
+  int order; /* when the request finished, across requests */
+} result;
+
+static int g_finish_counter;
+
+static void on_event(void *user, const irt_event *ev) {
+  result *r = user;
+  int i = ev->index;
+  if (ev->token >= 0 && r->n[i] < MAX_OUT) {
+    r->tokens[i][r->n[i]] = ev->token;
+    r->logprobs[i][r->n[i]++] = ev->logprob;
+  }
+  if (ev->finish) r->finish[i] = ev->finish;
+  r->cached = ev->cached_tokens;
+  if (ev->request_done) {
+    r->done_events++;
+    r->order = ++g_finish_counter;
+  }
+}
+
+static const char *build_plan(void) {
+  static const char *path = TEST_TMP_DIR "/engine.plan";
+  infc_options o = infc_options_default();
+  o.model.max_tokens = 48;
+  o.model.max_seqs = 8;
+  o.model.max_logits = 8;
+  o.model.kv_block_size = 4;
+  ir_diag d = {0};
+  CHECKF(infc_build(FIXTURES_DIR "/llama-gqa-f32", &o, path, NULL, NULL, &d) == IR_OK, "%s", d.msg);
+  return path;
+}
+
+static irt_model *open_model(const char *plan, int64_t kv_tokens) {
+  irt_model_opts mo = irt_model_opts_default();
+  mo.n_threads = 2;
+  mo.kv_tokens = kv_tokens;
+  irt_model *m = NULL;
+  irt_error err = {0};
+  CHECKF(irt_model_open(plan, &mo, &m, &err) == IRT_OK, "%s", err.msg);
+  return m;
+}
+
+/* Deterministic prompts: lengths 3..30, some sharing a 16-token prefix. */
+static int make_prompt(int i, int32_t *out) {
+  int len = 3 + (i * 7) % 28;
+  for (int k = 0; k < len; k++)
+    out[k] = (i % 3 == 0 && k < 16) ? (k * 11 + 5) % 300 : (i * 31 + k * 17 + 1) % 300;
+  return len;
+}
+
+static irt_request make_request(int i, const int32_t *prompt, int len, result *r) {
+  irt_request q = {.prompt_ids = prompt, .n_prompt = (size_t)len, .max_tokens = 8 + i % 9,
+                   .ignore_eos = true, .n = 1, .on_event = on_event, .user = r};
+  q.sampling = (irt_sampling){.temperature = 0.8f, .top_k = 40, .top_p = 0.95f, .seed = 100 + (uint64_t)i};
+  if (i % 4 == 1) q.sampling = irt_sampling_default();
+  return q;
+}
+
+/* Each request alone through its own fresh engine: the reference. */
+static void run_solo(irt_model *m, int n_req, result *ref) {
+  for (int i = 0; i < n_req; i++) {
+    irt_engine_opts eo = irt_engine_opts_default();
+    eo.disable_prefix_cache = true;
+    irt_engine *e = NULL;
+    irt_error err = {0};
+    CHECK(irt_engine_create(m, &eo, &e, &err) == IRT_OK);
+    int32_t p[64];
+    int len = make_prompt(i, p);
+    irt_request q = make_request(i, p, len, &ref[i]);
+    CHECK(irt_engine_submit(e, &q, NULL, &err) == IRT_OK);
+    CHECK(irt_engine_run(e, &err) == IRT_OK);
+    irt_engine_destroy(e);
+  }
+}
+
+static bool same(const result *a, const result *b, int completions) {
+  for (int c = 0; c < completions; c++)
+    if (a->n[c] != b->n[c] || memcmp(a->tokens[c], b->tokens[c], sizeof(int32_t) * (size_t)a->n[c]) ||
+        memcmp(a->logprobs[c], b->logprobs[c], sizeof(float) * (size_t)a->n[c]) ||
+        a->finish[c] != b->finish[c])
+      return false;
+  return true;
+}
+
+static void test_continuous(irt_model *m, const result *ref, int n_req) {
+  irt_engine_opts eo = irt_engine_opts_default();
+  eo.max_batched_tokens = 16; /* forces chunked prefill mixed with decodes */
+  irt_engine *e = NULL;
+  irt_error err = {0};
+  CHECK(irt_engine_create(m, &eo, &e, &err) == IRT_OK);
+  static result got[MAX_REQ];
+  memset(got, 0, sizeof got);
+  int32_t prompts[MAX_REQ][64];
+  for (int i = 0; i < n_req; i++) {
+    int len = make_prompt(i, prompts[i]);
+    irt_request q = make_request(i, prompts[i], len, &got[i]);
+    CHECK(irt_engine_submit(e, &q, NULL, &err) == IRT_OK);
+    if (i % 3 == 2) /* staggered arrivals: join a running batch */
+      for (int s = 0; s < 3; s++) {
+        bool busy;
+        CHECK(irt_engine_step(e, &busy, &err) == IRT_OK);
+      }
+  }
+  CHECK(irt_engine_run(e, &err) == IRT_OK);
+  for (int i = 0; i < n_req; i++) {
+    CHECKF(same(&got[i], &ref[i], 1), "request %d differs from its solo run", i);
+    CHECK(got[i].done_events == 1);
+  }
+  irt_engine_stats st;
+  irt_engine_get_stats(e, &st);
+  CHECKF(st.kv_blocks_used == 0, "%lld blocks still held", (long long)st.kv_blocks_used);
+  CHECK(st.cached_prompt_tokens > 0 && st.requests_finished == n_req && st.running == 0);
+  irt_engine_destroy(e);
+}
+
+static void run_one(irt_engine *e, const int32_t *p, int len, const char *tenant, uint64_t seed,
+                    int n, result *r) {
+  irt_error err = {0};
+  irt_request q = {.prompt_ids = p, .n_prompt = (size_t)len, .max_tokens = 12, .ignore_eos = true,
+                   .n = n, .tenant = tenant, .on_event = on_event, .user = r};
+  q.sampling = (irt_sampling){.temperature = 1.0f, .top_p = 1.0f, .seed = seed};
+  CHECK(irt_engine_submit(e, &q, NULL, &err) == IRT_OK);
+  CHECK(irt_engine_run(e, &err) == IRT_OK);
+}
+
+static void test_prefix_and_tenants(irt_model *m) {
+  irt_engine *e = NULL;
+  irt_error err = {0};
+  CHECK(irt_engine_create(m, NULL, &e, &err) == IRT_OK);
+  int32_t p[20];
+  for (int k = 0; k < 20; k++) p[k] = (k * 13 + 7) % 300;
+  result a = {0}, b = {0}, c = {0};
+  run_one(e, p, 20, "alice", 9, 1, &a);
+  run_one(e, p, 20, "alice", 9, 1, &b);
+  run_one(e, p, 20, "bob", 9, 1, &c);
+  CHECK(a.cached == 0);
+  CHECKF(b.cached == 16, "same tenant reused %lld tokens, want 16", (long long)b.cached);
+  CHECKF(c.cached == 0, "another tenant reused %lld cached tokens", (long long)c.cached);
+  CHECK(same(&a, &b, 1) && same(&a, &c, 1));
+  irt_engine_destroy(e);
+}
+
+static void test_parallel_sampling(irt_model *m) {
+  irt_engine *e = NULL;
+  irt_error err = {0};
+  CHECK(irt_engine_create(m, NULL, &e, &err) == IRT_OK);
+  int32_t p[10];
+  for (int k = 0; k < 10; k++) p[k] = (k * 29 + 3) % 300;
+  result all, one[3];
+  memset(&all, 0, sizeof all);
+  memset(one, 0, sizeof one);
+  run_one(e, p, 10, NULL, 50, 3, &all);
+  CHECK(all.done_events == 1);
+  irt_engine_destroy(e);
+  for (int i = 0; i < 3; i++) {
+    CHECK(irt_engine_create(m, NULL, &e, &err) == IRT_OK);
+    run_one(e, p, 10, NULL, 50 + (uint64_t)i, 1, &one[i]);
+    irt_engine_destroy(e);
+    CHECKF(all.n[i] == one[i].n[0] && !memcmp(all.tokens[i], one[i].tokens[0], sizeof(int32_t) * (size_t)all.n[i]),
+           "completion %d differs from a solo run with seed + %d", i, i);
+  }
+  CHECK(memcmp(all.tokens[0], all.tokens[1], sizeof all.tokens[0]) != 0); /* they do differ */
+}
+
+static void test_preemption(const char *plan, const result *ref, int n_req) {
+  irt_model *m = open_model(plan, 48); /* 12 blocks of 4 tokens for 8 requests */
+  if (!m) return;
+  irt_engine *e = NULL;
+  irt_error err = {0};
+  CHECK(irt_engine_create(m, NULL, &e, &err) == IRT_OK);
+  static result got[MAX_REQ];
+  memset(got, 0, sizeof got);
+  int32_t prompts[MAX_REQ][64];
+  for (int i = 0; i < n_req; i++) {
+    int len = make_prompt(i, prompts[i]);
+    irt_request q = make_request(i, prompts[i], len, &got[i]);
+    CHECK(irt_engine_submit(e, &q, NULL, &err) == IRT_OK);
+  }
+  CHECK(irt_engine_run(e, &err) == IRT_OK);
+  irt_engine_stats st;
+  irt_engine_get_stats(e, &st);
+  CHECKF(st.preemptions > 0, "the tiny pool caused no preemption");
+  for (int i = 0; i < n_req; i++)
+    CHECKF(got[i].done_events == 1 && same(&got[i], &ref[i], 1),
+           "request %d after %lld preemptions differs from its solo run", i, (long long)st.preemptions);
+  CHECK(st.kv_blocks_used == 0);
+  irt_engine_destroy(e);
+  irt_model_close(m);
+}
+
+static void test_cancel(irt_model *m) {
+  irt_engine *e = NULL;
+  irt_error err = {0};
+  CHECK(irt_engine_create(m, NULL, &e, &err) == IRT_OK);
+  int32_t p[5] = {1, 2, 3, 4, 5};
+  result r = {0};
+  irt_request q = {.prompt_ids = p, .n_prompt = 5, .max_tokens = 40, .ignore_eos = true, .n = 2,
+                   .on_event = on_event, .user = &r, .sampling = irt_sampling_default()};
+  irt_request_id id = 0;
+  CHECK(irt_engine_submit(e, &q, &id, &err) == IRT_OK);
+  bool busy;
+  for (int s = 0; s < 4; s++) CHECK(irt_engine_step(e, &busy, &err) == IRT_OK);
+  irt_engine_cancel(e, id);
+  CHECK(irt_engine_run(e, &err) == IRT_OK);
+  CHECK(r.finish[0] == IRT_FINISH_CANCELLED && r.finish[1] == IRT_FINISH_CANCELLED);
+  CHECK(r.done_events == 1 && r.n[0] > 0 && r.n[0] < 40);
+  irt_engine_stats st;
+  irt_engine_get_stats(e, &st);
+  CHECK(st.kv_blocks_used == 0 && st.running == 0 && st.waiting == 0);
+  /* Cancelling an unknown or finished id is harmless. */
+  irt_engine_cancel(e, id);
+  irt_engine_cancel(e, 999999);
+  CHECK(irt_engine_run(e, &err) == IRT_OK);
+  irt_engine_destroy(e);
+}
+
+static void test_priority_and_limits(irt_model *m) {
+  irt_engine_opts eo = irt_engine_opts_default();
+  eo.max_running = 1;
+  eo.max_waiting = 3;
+  irt_engine *e = NULL;
+  irt_error err = {0};
+  CHECK(irt_engine_create(m, &eo, &e, &err) == IRT_OK);
+  int32_t p[4] = {7, 8, 9, 10};
+  result low1 = {0}, low2 = {0}, high = {0}, extra = {0};
+  irt_request q = {.prompt_ids = p, .n_prompt = 4, .max_tokens = 6, .ignore_eos = true,
+                   .sampling = irt_sampling_default(), .on_event = on_event};
+  q.user = &low1;
+  CHECK(irt_engine_submit(e, &q, NULL, &err) == IRT_OK);
+  q.user = &low2;
+  CHECK(irt_engine_submit(e, &q, NULL, &err) == IRT_OK);
+  q.user = &high;
+  q.priority = 5;
+  CHECK(irt_engine_submit(e, &q, NULL, &err) == IRT_OK);
+  q.user = &extra;
+  CHECKF(irt_engine_submit(e, &q, NULL, &err) == IRT_BUSY, "a full queue must say busy");
+  CHECK(irt_engine_run(e, &err) == IRT_OK);
+  CHECKF(high.order < low1.order && high.order < low2.order,
+         "high priority finished %d, low ones %d and %d", high.order, low1.order, low2.order);
+  /* Bad requests are refused with a reason and change nothing. */
+  int32_t bad[2] = {1, 300};
+  q.prompt_ids = bad;
+  q.n_prompt = 2;
+  CHECK(irt_engine_submit(e, &q, NULL, &err) == IRT_INVALID_ARG && strstr(err.msg, "vocabulary"));
+  q.n_prompt = 0;
+  CHECK(irt_engine_submit(e, &q, NULL, &err) == IRT_INVALID_ARG);
+  q.prompt_ids = p;
+  q.n_prompt = 4;
+  q.n = 5;
+  CHECK(irt_engine_submit(e, &q, NULL, &err) == IRT_INVALID_ARG);
+  irt_engine_destroy(e);
+}
+
+int main(void) {
+  const char *plan = build_plan();
+  irt_model *m = open_model(plan, 0);
+  if (!m) return tcheck_done("engine");
+  enum { N = 8 };
+  static result ref[MAX_REQ];
+  run_solo(m, N, ref);
+  test_continuous(m, ref, N);
+  test_prefix_and_tenants(m);
+  test_parallel_sampling(m);
+  test_cancel(m);
+  test_priority_and_limits(m);
+  irt_model_close(m);
+  test_preemption(plan, ref, N);
+  return tcheck_done("engine");
+}
