@@ -6,6 +6,7 @@
 #include "infc_build.h"
 #include "infc_hfconfig.h"
 #include "infc_safetensors.h"
+#include "infc_tokenizer.h"
 #include "infc_util.h"
 #include "ir_plan.h"
 #include "llama.h"
@@ -119,19 +120,25 @@ ir_status infc_build(const char *src, const infc_options *opts, const char *out_
   ir_status st = infc_source_open(src, &o, &s, &g, d);
   if (st != IR_OK) return st;
   int before = g->n_nodes;
+  infc_tok_blob tok = {0};
+  if (o.tokenizer[0]) st = infc_tokenizer_load_json(o.tokenizer, g->config.vocab_size, &tok, d);
+  else st = infc_tokenizer_beside(src, g->config.vocab_size, &tok, d);
   pass_opts po = {.fold = o.fold, .fuse = o.fuse, .dump_ir = dump_ir};
   pass_log log = {0};
-  st = pass_pipeline_run(g, &po, &log, d);
+  if (st == IR_OK) st = pass_pipeline_run(g, &po, &log, d);
   if (st == IR_OK) {
     const char *keys[16], *vals[16];
     char buf[1024];
     int n = infc_options_describe(&o, keys, vals, 16, buf, sizeof buf);
     ir_plan_info info = {.target = o.target, .source_hash = infc_source_hash(s),
                          .option_keys = keys, .option_values = vals, .n_options = n,
-                         .pass_log = (const char *const *)log.lines, .n_pass_log = log.n};
+                         .pass_log = (const char *const *)log.lines, .n_pass_log = log.n,
+                         .tokenizer = tok.data, .tokenizer_size = tok.size};
     st = ir_plan_write(g, &info, out_path, d);
   }
   if (st == IR_OK) fill_report(g, before, report);
+  if (st == IR_OK && report) snprintf(report->tokenizer, sizeof report->tokenizer, "%s", tok.origin);
+  infc_tok_blob_free(&tok);
   pass_log_free(&log);
   ir_graph_destroy(g);
   infc_source_close(s);

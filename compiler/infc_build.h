@@ -14,6 +14,7 @@ typedef struct infc_build_report {
   uint64_t weight_bytes;
   uint64_t arena_bytes;
   char source_kind[16]; /* "safetensors" */
+  char tokenizer[256];  /* where the plan's tokenizer came from ("" if it has none) */
 } infc_build_report;
 
 /* Lowers `src` (an HF checkpoint directory with config.json, or a .safetensors file with

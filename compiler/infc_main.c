@@ -6,7 +6,9 @@
 #include <time.h>
 
 #include "infc_build.h"
+#include "chat_template.h"
 #include "ir_plan.h"
+#include "tokenizer.h"
 
 static int usage_main(FILE *f) {
   fputs("usage: infc <command> [options]\n\n"
@@ -30,6 +32,7 @@ static int usage_build(FILE *f) {
         "      --max-context N    cap the context length (default: the model's)\n"
         "      --no-fold          disable constant folding\n"
         "      --no-fuse          disable fusion passes\n"
+        "      --tokenizer PATH   tokenizer.json to embed (default: the one beside the model)\n"
         "      --dump-ir          print the IR after each pass to stdout\n"
         "  -q, --quiet            print nothing on success\n", f);
   return f == stderr ? 2 : 0;
@@ -59,6 +62,7 @@ static int parse_build(int argc, char **argv, infc_options *o, build_args *a) {
       {"kv-block-size", required_argument, 0, 5}, {"max-context", required_argument, 0, 6},
       {"no-fold", no_argument, 0, 7},         {"no-fuse", no_argument, 0, 8},
       {"dump-ir", no_argument, 0, 9},         {"quiet", no_argument, 0, 'q'},
+      {"tokenizer", required_argument, 0, 10},
       {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
   static const char *keys[] = {"", "dtype", "max_tokens", "max_seqs", "max_logits",
                                "kv_block_size", "max_context", "fold", "fuse"};
@@ -71,6 +75,7 @@ static int parse_build(int argc, char **argv, infc_options *o, build_args *a) {
     else if (c >= 1 && c <= 6) st = infc_options_set(o, keys[c], optarg, &d);
     else if (c == 7 || c == 8) st = infc_options_set(o, keys[c], "false", &d);
     else if (c == 9) a->dump = true;
+    else if (c == 10) st = infc_options_set(o, "tokenizer", optarg, &d);
     else if (c == 'q') a->quiet = true;
     else if (c == 'h') return usage_build(stdout) - 1;
     else return usage_build(stderr);
@@ -94,6 +99,8 @@ static int cmd_build(int argc, char **argv) {
     printf("infc: built %s from %s (%s): %d -> %d ops, %.1f MiB weights, %.1f MiB arena, "
            "%.2f s\n", a.out, a.src, r.source_kind, r.nodes_before, r.nodes_after,
            (double)r.weight_bytes / 1048576.0, (double)r.arena_bytes / 1048576.0, now_s() - t0);
+  if (!a.quiet)
+    printf("infc: tokenizer: %s\n", r.tokenizer[0] ? r.tokenizer : "none (the plan takes token ids)");
   return 0;
 }
 
@@ -126,6 +133,32 @@ static void print_tensors(const ir_graph *g, bool all) {
   printf("\n");
 }
 
+static void print_tokenizer(const ir_plan *p) {
+  size_t n = 0;
+  const uint8_t *blob = ir_plan_tokenizer(p, &n);
+  irt_tokenizer *t = NULL;
+  ir_diag d = {0};
+  if (!blob) {
+    printf("tokenizer:   none (the plan takes token ids)\n");
+    return;
+  }
+  if (irt_tok_deserialize(blob, n, &t, &d) != IR_OK) {
+    printf("tokenizer:   unreadable: %s\n", d.msg);
+    return;
+  }
+  static const char *const pre[] = {"none", "gpt2", "llama3", "qwen2", "smollm", "metaspace"};
+  irt_tok_pre k = irt_tok_get_pre(t);
+  irt_chat_template ct;
+  const char *tpl = irt_tok_chat_template(t);
+  d = (ir_diag){0};
+  bool known = tpl && irt_chat_template_detect(tpl, &ct, &d) == IR_OK;
+  printf("tokenizer:   %s BPE, %s pre-tokenizer, %d tokens, bos %d, eos %d, chat template %s\n",
+         irt_tok_get_model(t) == IRT_TOK_BPE_SPM ? "SentencePiece-style" : "byte-level",
+         (unsigned)k < sizeof pre / sizeof *pre ? pre[k] : "?", irt_tok_vocab_size(t),
+         irt_tok_bos(t), irt_tok_eos(t), !tpl ? "none" : known ? irt_chat_kind_name(ct.kind) : "not recognised");
+  irt_tok_destroy(t);
+}
+
 static void print_plan(const ir_plan *p, bool tensors) {
   const ir_plan_header *h = ir_plan_get_header(p);
   const ir_graph *g = ir_plan_graph(p);
@@ -147,6 +180,7 @@ static void print_plan(const ir_plan *p, bool tensors) {
   print_tensors(g, tensors);
   print_op_counts(g);
   printf("arena:       %.2f MiB\n", (double)g->arena_size / 1048576.0);
+  print_tokenizer(p);
   printf("options:    ");
   for (int i = 0; i < ir_plan_n_options(p); i++) {
     const char *k, *v;

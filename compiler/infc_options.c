@@ -52,6 +52,12 @@ ir_status infc_options_set(infc_options *o, const char *key, const char *v, ir_d
   if (!strcmp(key, "max_context")) return parse_int(key, v, 0, 1 << 24, &m->max_context, d);
   if (!strcmp(key, "passes.fold") || !strcmp(key, "fold")) return parse_bool(key, v, &o->fold, d);
   if (!strcmp(key, "passes.fuse") || !strcmp(key, "fuse")) return parse_bool(key, v, &o->fuse, d);
+  if (!strcmp(key, "tokenizer")) {
+    if (strlen(v) >= sizeof o->tokenizer)
+      return ir_diag_set(d, IR_INVALID_ARG, "option 'tokenizer': path too long");
+    snprintf(o->tokenizer, sizeof o->tokenizer, "%s", v);
+    return IR_OK;
+  }
   if (!strcmp(key, "target")) {
     if (strcmp(v, "cpu") != 0)
       return ir_diag_set(d, IR_UNSUPPORTED, "option 'target': '%s' is not supported yet (cpu)", v);

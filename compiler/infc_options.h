@@ -22,6 +22,7 @@ typedef struct infc_options {
   bool fold;
   bool fuse;
   char target[16];
+  char tokenizer[4096]; /* --tokenizer PATH: a tokenizer.json to embed ("" = find one) */
 } infc_options;
 
 infc_options infc_options_default(void);
