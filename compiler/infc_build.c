@@ -1,10 +1,14 @@
-/* infc_build: the build driver. */
+/* infc_build: the build driver: picks the frontend (safetensors + config.json, or GGUF),
+ * lowers through the Llama template, runs the passes and writes the plan. */
 #include <stdlib.h>
 #include <string.h>
 #include <xxhash.h>
 
 #include "infc_build.h"
+#include "infc_gguf.h"
+#include "infc_gguf_llama.h"
 #include "infc_hfconfig.h"
+#include "onnx/infc_onnx.h"
 #include "infc_safetensors.h"
 #include "infc_tokenizer.h"
 #include "infc_util.h"
@@ -13,7 +17,10 @@
 #include "pass.h"
 
 struct infc_source {
-  infc_st *st;
+  infc_st *st;     /* a safetensors checkpoint, or */
+  infc_gguf *gguf; /* a GGUF file, or */
+  infc_onnx *onnx; /* an ONNX model (lowered to n-d ops; weights borrowed from it) */
+  char kind[16];
   char hash[17];
 };
 
@@ -25,8 +32,13 @@ static bool st_find(void *ctx, const char *name, model_tensor *out) {
   return true;
 }
 
+static void hash_finish(infc_source *s, XXH3_state_t *h) {
+  snprintf(s->hash, sizeof s->hash, "%016llx", (unsigned long long)XXH3_64bits_digest(h));
+  XXH3_freeState(h);
+}
+
 /* XXH3 over config.json and every tensor's name, dtype, shape and bytes. */
-static void hash_source(infc_source *s, const char *config_text) {
+static void hash_safetensors(infc_source *s, const char *config_text) {
   XXH3_state_t *h = XXH3_createState();
   if (!h) return;
   XXH3_64bits_reset(h);
@@ -38,8 +50,22 @@ static void hash_source(infc_source *s, const char *config_text) {
     XXH3_64bits_update(h, t->shape, sizeof t->shape[0] * (size_t)t->rank);
     XXH3_64bits_update(h, t->data, t->nbytes);
   }
-  snprintf(s->hash, sizeof s->hash, "%016llx", (unsigned long long)XXH3_64bits_digest(h));
-  XXH3_freeState(h);
+  hash_finish(s, h);
+}
+
+/* XXH3 over the GGUF header (metadata and tensor infos) and every tensor's bytes. */
+static void hash_gguf(infc_source *s) {
+  XXH3_state_t *h = XXH3_createState();
+  if (!h) return;
+  uint64_t size;
+  const void *bytes = infc_gguf_bytes(s->gguf, &size);
+  XXH3_64bits_reset(h);
+  XXH3_64bits_update(h, bytes, infc_gguf_data_offset(s->gguf));
+  for (size_t i = 0; i < infc_gguf_tensor_count(s->gguf); i++) {
+    const infc_gguf_tensor *t = infc_gguf_tensor_get(s->gguf, i);
+    XXH3_64bits_update(h, t->data, t->nbytes);
+  }
+  hash_finish(s, h);
 }
 
 static ir_status find_config(const char *src, char *cfg, size_t len, ir_diag *d) {
@@ -51,37 +77,76 @@ static ir_status find_config(const char *src, char *cfg, size_t len, ir_diag *d)
   return IR_OK;
 }
 
-static ir_status check_format(const char *src, ir_diag *d) {
+static bool has_ext(const char *src, const char *ext) {
   const char *dot = strrchr(src, '.');
+  return dot && !strcmp(dot, ext);
+}
+
+static ir_status check_format(const char *src, ir_diag *d) {
   if (!infc_is_dir(src) && !infc_file_exists(src))
     return ir_diag_set(d, IR_IO, "%s: no such file or directory", src);
-  if (dot && (!strcmp(dot, ".onnx") || !strcmp(dot, ".gguf")))
-    return ir_diag_set(d, IR_UNSUPPORTED, "%s: %s models are not supported by this build yet",
-                       src, dot + 1);
   return IR_OK;
 }
 
-ir_status infc_source_open(const char *src, const infc_options *o, infc_source **out,
-                           ir_graph **out_graph, ir_diag *d) {
+/* An HF checkpoint: config.json drives the template, safetensors hold the weights. */
+static ir_status open_safetensors(const char *src, const infc_options *o, infc_source *s,
+                                  ir_graph **out_graph, ir_diag *d) {
   char cfg[4096], *text = NULL;
   model_llama_params p;
-  *out = NULL;
-  *out_graph = NULL;
-  ir_status st = check_format(src, d);
-  if (st == IR_OK) st = find_config(src, cfg, sizeof cfg, d);
+  ir_status st = find_config(src, cfg, sizeof cfg, d);
   if (st == IR_OK) st = infc_hfconfig_load(cfg, &p, d);
   if (st == IR_OK && (st = infc_read_file(cfg, 16u << 20, &text, NULL, d)) != IR_OK)
     ir_diag_prefix(d, "%s", cfg);
-  infc_source *s = st == IR_OK ? calloc(1, sizeof *s) : NULL;
-  if (st == IR_OK && !s) st = ir_diag_set(d, IR_OOM, "out of memory");
   if (st == IR_OK) st = infc_st_open(src, &s->st, d);
   if (st == IR_OK) {
-    hash_source(s, text);
+    snprintf(s->kind, sizeof s->kind, "safetensors");
+    hash_safetensors(s, text);
     model_tensor_src ts = {.ctx = s->st, .find = st_find};
     st = model_llama_build(&p, &ts, &o->model, out_graph, d);
     if (st != IR_OK) ir_diag_prefix(d, "%s", src);
   }
   free(text);
+  return st;
+}
+
+/* A GGUF file: its metadata drives the template, its tensors are the weights. */
+static ir_status open_gguf(const char *src, const infc_options *o, infc_source *s,
+                           ir_graph **out_graph, ir_diag *d) {
+  model_llama_params p;
+  ir_status st = infc_gguf_open(src, &s->gguf, d);
+  if (st == IR_OK) st = infc_gguf_llama_params(s->gguf, &p, d);
+  if (st == IR_OK) {
+    snprintf(s->kind, sizeof s->kind, "gguf");
+    hash_gguf(s);
+    model_tensor_src ts = infc_gguf_llama_src(s->gguf);
+    st = model_llama_build(&p, &ts, &o->model, out_graph, d);
+    if (st != IR_OK) ir_diag_prefix(d, "%s", src);
+  }
+  return st;
+}
+
+/* An ONNX model: lowered to the n-d generic ops with static shapes (run as a program). */
+static ir_status open_onnx(const char *src, const infc_options *o, infc_source *s,
+                           ir_graph **out_graph, ir_diag *d) {
+  ir_model_config lim = {.max_tokens = o->model.max_tokens, .max_seqs = o->model.max_seqs,
+                         .max_logits = o->model.max_logits,
+                         .kv_block_size = o->model.kv_block_size};
+  snprintf(s->kind, sizeof s->kind, "onnx");
+  return infc_onnx_import(src, &lim, &s->onnx, out_graph, s->hash, d);
+}
+
+ir_status infc_source_open(const char *src, const infc_options *o, infc_source **out,
+                           ir_graph **out_graph, ir_diag *d) {
+  *out = NULL;
+  *out_graph = NULL;
+  ir_status st = check_format(src, d);
+  infc_source *s = st == IR_OK ? calloc(1, sizeof *s) : NULL;
+  if (st == IR_OK && !s) st = ir_diag_set(d, IR_OOM, "out of memory");
+  if (st == IR_OK && !infc_is_dir(src) && infc_onnx_is_source(src))
+    st = open_onnx(src, o, s, out_graph, d);
+  else if (st == IR_OK)
+    st = !infc_is_dir(src) && has_ext(src, ".gguf") ? open_gguf(src, o, s, out_graph, d)
+                                                    : open_safetensors(src, o, s, out_graph, d);
   if (st != IR_OK) {
     infc_source_close(s);
     return st;
@@ -93,12 +158,15 @@ ir_status infc_source_open(const char *src, const infc_options *o, infc_source *
 void infc_source_close(infc_source *s) {
   if (!s) return;
   infc_st_close(s->st);
+  infc_gguf_close(s->gguf);
+  infc_onnx_close(s->onnx);
   free(s);
 }
 
 const char *infc_source_hash(const infc_source *s) { return s->hash; }
 
-static void fill_report(const ir_graph *g, int before, infc_build_report *r) {
+static void fill_report(const ir_graph *g, const infc_source *s, int before,
+                        infc_build_report *r) {
   if (!r) return;
   r->nodes_before = before;
   r->nodes_after = g->n_nodes;
@@ -106,7 +174,7 @@ static void fill_report(const ir_graph *g, int before, infc_build_report *r) {
   for (int32_t i = 0; i < g->n_tensors; i++)
     if (g->tensors[i].kind == IR_TENSOR_WEIGHT) r->weight_bytes += g->tensors[i].nbytes;
   r->arena_bytes = g->arena_size;
-  snprintf(r->source_kind, sizeof r->source_kind, "safetensors");
+  snprintf(r->source_kind, sizeof r->source_kind, "%s", s->kind);
 }
 
 ir_status infc_build(const char *src, const infc_options *opts, const char *out_path,
@@ -122,7 +190,8 @@ ir_status infc_build(const char *src, const infc_options *opts, const char *out_
   int before = g->n_nodes;
   infc_tok_blob tok = {0};
   if (o.tokenizer[0]) st = infc_tokenizer_load_json(o.tokenizer, g->config.vocab_size, &tok, d);
-  else st = infc_tokenizer_beside(src, g->config.vocab_size, &tok, d);
+  else if (!strcmp(s->kind, "safetensors") || !strcmp(s->kind, "onnx"))
+    st = infc_tokenizer_beside(src, g->config.vocab_size, &tok, d);
   pass_opts po = {.fold = o.fold, .fuse = o.fuse, .dump_ir = dump_ir};
   pass_log log = {0};
   if (st == IR_OK) st = pass_pipeline_run(g, &po, &log, d);
@@ -136,7 +205,7 @@ ir_status infc_build(const char *src, const infc_options *opts, const char *out_
                          .tokenizer = tok.data, .tokenizer_size = tok.size};
     st = ir_plan_write(g, &info, out_path, d);
   }
-  if (st == IR_OK) fill_report(g, before, report);
+  if (st == IR_OK) fill_report(g, s, before, report);
   if (st == IR_OK && report) snprintf(report->tokenizer, sizeof report->tokenizer, "%s", tok.origin);
   infc_tok_blob_free(&tok);
   pass_log_free(&log);

@@ -13,12 +13,12 @@ typedef struct infc_build_report {
   int nodes_after;
   uint64_t weight_bytes;
   uint64_t arena_bytes;
-  char source_kind[16]; /* "safetensors" */
+  char source_kind[16]; /* "safetensors" or "gguf" */
   char tokenizer[256];  /* where the plan's tokenizer came from ("" if it has none) */
 } infc_build_report;
 
-/* Lowers `src` (an HF checkpoint directory with config.json, or a .safetensors file with
- * config.json beside it) to an optimised graph. *out owned by the caller. The source
+/* Lowers `src` (an HF checkpoint directory with config.json, a .safetensors file with
+ * config.json beside it, or a .gguf file) to an optimised graph. *out owned by the caller. The source
  * files stay mapped until infc_source_close. dump_ir may be NULL. */
 typedef struct infc_source infc_source;
 ir_status infc_source_open(const char *src, const infc_options *o, infc_source **out,

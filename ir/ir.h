@@ -63,16 +63,121 @@ typedef enum ir_op {
   IR_OP_MUL = 9,
   IR_OP_GATHER_ROWS = 10,
   IR_OP_CAST = 11,
+  /* n-d generic ops: ONNX semantics over static shapes, for graphs run as programs
+   * (contracts in ir_op_nd.c; the ONNX frontend lowers to them, part (b) canonicalizes
+   * LLM patterns over them onto the fused ops above). */
+  IR_OP_ND_RESHAPE = 12, /* also Identity, Flatten, Squeeze, Unsqueeze */
+  IR_OP_ND_CAST = 13,
+  IR_OP_ND_NEG = 14,
+  IR_OP_ND_ABS = 15,
+  IR_OP_ND_SQRT = 16,
+  IR_OP_ND_RECIPROCAL = 17,
+  IR_OP_ND_EXP = 18,
+  IR_OP_ND_LOG = 19,
+  IR_OP_ND_TANH = 20,
+  IR_OP_ND_SIGMOID = 21,
+  IR_OP_ND_ERF = 22,
+  IR_OP_ND_RELU = 23,
+  IR_OP_ND_SIN = 24,
+  IR_OP_ND_COS = 25,
+  IR_OP_ND_TAN = 26,
+  IR_OP_ND_ASIN = 27,
+  IR_OP_ND_ACOS = 28,
+  IR_OP_ND_ATAN = 29,
+  IR_OP_ND_SINH = 30,
+  IR_OP_ND_COSH = 31,
+  IR_OP_ND_ASINH = 32,
+  IR_OP_ND_ACOSH = 33,
+  IR_OP_ND_ATANH = 34,
+  IR_OP_ND_FLOOR = 35,
+  IR_OP_ND_CEIL = 36,
+  IR_OP_ND_ROUND = 37,
+  IR_OP_ND_SIGN = 38,
+  IR_OP_ND_SOFTPLUS = 39,
+  IR_OP_ND_SOFTSIGN = 40,
+  IR_OP_ND_GELU = 41,
+  IR_OP_ND_ELU = 42,
+  IR_OP_ND_SELU = 43,
+  IR_OP_ND_LEAKY_RELU = 44,
+  IR_OP_ND_HARD_SIGMOID = 45,
+  IR_OP_ND_HARD_SWISH = 46,
+  IR_OP_ND_THRESHOLDED_RELU = 47,
+  IR_OP_ND_CELU = 48,
+  IR_OP_ND_MISH = 49,
+  IR_OP_ND_CLIP = 50,
+  IR_OP_ND_NOT = 51,
+  IR_OP_ND_ISNAN = 52,
+  IR_OP_ND_ISINF = 53,
+  IR_OP_ND_ADD = 54,
+  IR_OP_ND_SUB = 55,
+  IR_OP_ND_MUL = 56,
+  IR_OP_ND_DIV = 57,
+  IR_OP_ND_POW = 58,
+  IR_OP_ND_MOD = 59,
+  IR_OP_ND_MIN = 60,
+  IR_OP_ND_MAX = 61,
+  IR_OP_ND_AND = 62,
+  IR_OP_ND_OR = 63,
+  IR_OP_ND_XOR = 64,
+  IR_OP_ND_EQUAL = 65,
+  IR_OP_ND_LESS = 66,
+  IR_OP_ND_LESS_EQUAL = 67,
+  IR_OP_ND_GREATER = 68,
+  IR_OP_ND_GREATER_EQUAL = 69,
+  IR_OP_ND_PRELU = 70,
+  IR_OP_ND_WHERE = 71,
+  IR_OP_ND_REDUCE_SUM = 72,
+  IR_OP_ND_REDUCE_MEAN = 73,
+  IR_OP_ND_REDUCE_MAX = 74,
+  IR_OP_ND_REDUCE_MIN = 75,
+  IR_OP_ND_REDUCE_PROD = 76,
+  IR_OP_ND_REDUCE_L1 = 77,
+  IR_OP_ND_REDUCE_L2 = 78,
+  IR_OP_ND_REDUCE_LOG_SUM = 79,
+  IR_OP_ND_REDUCE_LOG_SUM_EXP = 80,
+  IR_OP_ND_REDUCE_SUM_SQUARE = 81,
+  IR_OP_ND_ARGMAX = 82,
+  IR_OP_ND_ARGMIN = 83,
+  IR_OP_ND_SOFTMAX = 84,
+  IR_OP_ND_LOG_SOFTMAX = 85,
+  IR_OP_ND_HARDMAX = 86,
+  IR_OP_ND_CUMSUM = 87,
+  IR_OP_ND_MATMUL = 88,
+  IR_OP_ND_GEMM = 89,
+  IR_OP_ND_TRANSPOSE = 90,
+  IR_OP_ND_CONCAT = 91,
+  IR_OP_ND_SPLIT = 92,
+  IR_OP_ND_SLICE = 93,
+  IR_OP_ND_EXPAND = 94,
+  IR_OP_ND_TILE = 95,
+  IR_OP_ND_PAD = 96,
+  IR_OP_ND_GATHER = 97,
+  IR_OP_ND_GATHER_ELEMENTS = 98,
+  IR_OP_ND_TRILU = 99,
+  IR_OP_ND_LAYER_NORM = 100,
+  IR_OP_ND_SKIP_LAYER_NORM = 101,
+  IR_OP_ND_RMS_NORM = 102,
+  IR_OP_ND_ATTENTION = 103,
+  IR_OP_ND_ROTARY_EMBEDDING = 104,
   IR_OP_COUNT
 } ir_op;
 
-typedef enum ir_attr_type { IR_ATTR_INT = 0, IR_ATTR_FLOAT = 1 } ir_attr_type;
+/* The n-d generic ops occupy one contiguous range of the enum. */
+#define IR_OP_ND_FIRST IR_OP_ND_RESHAPE
+#define IR_OP_ND_LAST IR_OP_ND_ROTARY_EMBEDDING
+static inline bool ir_op_is_nd(ir_op op) { return op >= IR_OP_ND_FIRST && op <= IR_OP_ND_LAST; }
+
+/* Values are stored in plans: append only. */
+typedef enum ir_attr_type { IR_ATTR_INT = 0, IR_ATTR_FLOAT = 1, IR_ATTR_INTS = 2 } ir_attr_type;
+
+#define IR_MAX_ATTR_INTS 64 /* longest int list (perm, axes, pads, split sizes, ...) */
 
 typedef struct ir_attr {
   const char *name; /* a static string from ir_attr_intern (plans keep the text) */
   ir_attr_type type;
-  int64_t i;
+  int64_t i;           /* INT: the value; INTS: the number of values */
   double f;
+  const int64_t *ints; /* INTS: i values, owned by the graph (or the plan mapping) */
 } ir_attr;
 
 typedef struct ir_node {
@@ -145,19 +250,24 @@ bool ir_graph_add_output(ir_graph *g, int32_t tensor);
 
 /* Adds a node whose output tensors are created from shape inference, named
  * "<name>.out<i>" (or `name` itself for single-output nodes). Attributes are an array of
- * n_attrs entries built with IR_AI / IR_AF (names from ir_attr_intern). On success returns the node index and
- * the first output tensor in *out_tensor; on a type or shape error returns -1 with the
- * reason in d. */
+ * n_attrs entries built with IR_AI / IR_AF / IR_AIS (names from ir_attr_intern). On
+ * success returns the node index and the first output tensor in *out_tensor; on a type or
+ * shape error returns -1 with the reason in d. */
 int32_t ir_graph_add_node(ir_graph *g, ir_op op, const char *name, const int32_t *in, int n_in,
                           const ir_attr *attrs, int n_attrs, int32_t *out_tensor, ir_diag *d);
 
 #define IR_AI(nm, v) ((ir_attr){.name = (nm), .type = IR_ATTR_INT, .i = (v)})
 #define IR_AF(nm, v) ((ir_attr){.name = (nm), .type = IR_ATTR_FLOAT, .f = (v)})
+/* An int list: add_node copies the n values into memory the graph owns. */
+#define IR_AIS(nm, p, cnt) ((ir_attr){.name = (nm), .type = IR_ATTR_INTS, .i = (cnt), .ints = (p)})
 
 /* Attribute lookup with a default. */
 int64_t ir_node_attr_i(const ir_node *n, const char *name, int64_t def);
 double ir_node_attr_f(const ir_node *n, const char *name, double def);
 bool ir_node_has_attr(const ir_node *n, const char *name);
+/* An int-list attribute: its values (borrowed from the graph) and count, or NULL with
+ * *out_n = 0 when absent or not a list. */
+const int64_t *ir_node_attr_ints(const ir_node *n, const char *name, int *out_n);
 /* Returns the canonical static pointer for an attribute name, or NULL if unknown. */
 const char *ir_attr_intern(const char *name);
 

@@ -117,6 +117,20 @@ static int32_t add_outputs(ir_graph *g, ir_node *n, const ir_dtype *dt, const in
   return 0;
 }
 
+/* Int-list attributes arrive pointing at the caller's memory: give them the graph's. */
+static bool copy_int_lists(ir_graph *g, ir_node *n) {
+  for (int k = 0; k < n->n_attrs; k++) {
+    ir_attr *a = &n->attrs[k];
+    if (a->type != IR_ATTR_INTS) continue;
+    int64_t *v = malloc(((size_t)a->i + 1) * sizeof *v);
+    if (!v) return false;
+    if (a->i > 0) memcpy(v, a->ints, (size_t)a->i * sizeof *v);
+    if (!ir_graph_adopt(g, v)) return false;
+    a->ints = v;
+  }
+  return true;
+}
+
 int32_t ir_graph_add_node(ir_graph *g, ir_op op, const char *name, const int32_t *in, int n_in,
                           const ir_attr *attrs, int n_attrs, int32_t *out_tensor, ir_diag *d) {
   if (n_in > IR_MAX_IO || n_attrs > IR_MAX_ATTRS) {
@@ -131,6 +145,10 @@ int32_t ir_graph_add_node(ir_graph *g, ir_op op, const char *name, const int32_t
   ir_dim dims[IR_MAX_IO][IR_MAX_RANK];
   n.name = (char *)name; /* for messages only until copied below */
   if (ir_op_infer(g, &n, dt, rank, dims, &n_out, d) != IR_OK) return -1;
+  if (!copy_int_lists(g, &n)) {
+    ir_diag_set(d, IR_OOM, "out of memory adding node '%s'", name);
+    return -1;
+  }
   if (!grow((void **)&g->nodes, &g->cap_nodes, g->n_nodes + 1, sizeof(ir_node)) ||
       !(n.name = strdup(name))) {
     ir_diag_set(d, IR_OOM, "out of memory adding node '%s'", name);
@@ -164,8 +182,23 @@ double ir_node_attr_f(const ir_node *n, const char *name, double def) {
 
 bool ir_node_has_attr(const ir_node *n, const char *name) { return find_attr(n, name) != NULL; }
 
+const int64_t *ir_node_attr_ints(const ir_node *n, const char *name, int *out_n) {
+  const ir_attr *a = find_attr(n, name);
+  bool ok = a && a->type == IR_ATTR_INTS && a->i >= 0 && a->i <= IR_MAX_ATTR_INTS &&
+            (a->ints || a->i == 0);
+  *out_n = ok ? (int)a->i : 0;
+  return ok ? a->ints : NULL;
+}
+
+/* Plans store attribute names as text: append only, never rename. */
 static const char *const k_attr_names[] = {
     "eps", "scale", "layer", "n_heads", "n_kv_heads", "head_dim", "rot_dim", "neox", "to",
+    /* n-d generic ops (ir_op_nd.c) */
+    "axis", "axes", "perm", "shape", "keepdims", "starts", "steps", "trans_a", "trans_b",
+    "alpha", "beta", "gamma", "upper", "k", "exclusive", "reverse", "is_causal",
+    "q_num_heads", "kv_num_heads", "softcap", "qk_mode", "interleaved", "num_heads",
+    "approximate", "pads", "value", "mode", "select_last", "bool", "fmod", "split",
+    "repeats", "flat", "n_out", "min", "max", "detect_neg", "detect_pos",
 };
 
 const char *ir_attr_intern(const char *name) {

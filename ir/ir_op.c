@@ -1,10 +1,11 @@
 /* ir_op: op names, shape and type inference, and the graph verifier.
  *
  * Op contracts (T, L: symbolic; activations f32 unless stated):
- *   embed(ids[T] i32, table[V,H] f32|f16|bf16)            -> [T,H]
+ *   embed(ids[T] i32, table[V,H] f32|f16|bf16|q8_0|q4_0|q4_1)  -> [T,H]
  *   rms_norm(x[..,H], w[H] f32; eps)                        -> like x
  *   add_rms_norm(a[..,H], b like a, w[H]; eps)              -> (norm like a, sum like a)
- *   matmul(x[M,K], w[N,K] f32|f16|bf16, bias[N] f32?)       -> [M,N]
+ *   matmul(x[M,K], w[N,K] f32|f16|bf16|q8_0|q4_0|q4_1, bias[N] f32?) -> [M,N]
+ *       (block-quantized tables and weights: H and K multiples of the 32-value block)
  *   rope(x[T,n_heads*head_dim], pos[T] i32, cs[P,rot/2,2]; n_heads, head_dim, rot_dim, neox)
  *                                                           -> like x
  *   attention(q[T,nh*hd], k[T,nkv*hd], v[T,nkv*hd]; layer, n_heads, n_kv_heads, head_dim,
@@ -12,12 +13,13 @@
  *   swiglu(gate, up same shape)                             -> like gate
  *   add, mul(a, b same shape | b[last dim of a] | b scalar) -> like a (any float dtype)
  *   gather_rows(x[T,H], rows[L] i32)                        -> [L,H]
- *   cast(x; to)                                             -> like x, dtype `to`
+ *   cast(x f32|f16|bf16|q*; to f32|f16|bf16)               -> like x, dtype `to`
  */
 #include <stdio.h>
 #include <string.h>
 
 #include "ir.h"
+#include "ir_op_nd.h"
 
 static const char *const k_op_names[IR_OP_COUNT] = {
     [IR_OP_INVALID] = "invalid",         [IR_OP_EMBED] = "embed",
@@ -29,12 +31,13 @@ static const char *const k_op_names[IR_OP_COUNT] = {
 };
 
 const char *ir_op_name(ir_op op) {
-  return (op > IR_OP_INVALID && op < IR_OP_COUNT) ? k_op_names[op] : "invalid";
+  if (ir_op_is_nd(op)) return ir_op_nd_name(op);
+  return (op > IR_OP_INVALID && op < IR_OP_COUNT && k_op_names[op]) ? k_op_names[op] : "invalid";
 }
 
 ir_op ir_op_from_name(const char *name) {
   for (int i = 1; i < IR_OP_COUNT; i++)
-    if (strcmp(k_op_names[i], name) == 0) return (ir_op)i;
+    if (strcmp(ir_op_name((ir_op)i), name) == 0) return (ir_op)i;
   return IR_OP_INVALID;
 }
 
@@ -96,6 +99,23 @@ static bool want_dtype(infer_ctx *c, const ir_tensor *t, ir_dtype a, ir_dtype b,
   return false;
 }
 
+static bool is_float(ir_dtype t) { return t == IR_F32 || t == IR_F16 || t == IR_BF16; }
+
+/* A weight the matmul and embed kernels read in place: float, or block-quantized with
+ * whole blocks per row (rank and shape are checked by the caller). */
+static bool want_weight_dtype(infer_ctx *c, const ir_tensor *t) {
+  if (is_float(t->dtype)) return true;
+  if (!ir_dtype_is_quant(t->dtype)) {
+    fail(c, "input '%s' has unexpected dtype %s", t->name, ir_dtype_name(t->dtype));
+    return false;
+  }
+  ir_dim last = t->rank > 0 ? t->dims[t->rank - 1] : (ir_dim){.n = 0};
+  if (last.sym == IR_SYM_NONE && last.n % ir_dtype_block(t->dtype) == 0) return true;
+  fail(c, "input '%s' is %s: its rows must hold whole 32-value blocks", t->name,
+       ir_dtype_name(t->dtype));
+  return false;
+}
+
 static bool want_rank(infer_ctx *c, const ir_tensor *t, int rank) {
   if (t->rank == rank) return true;
   char buf[128];
@@ -142,7 +162,7 @@ static void set_out(infer_out *o, int i, ir_dtype dt, int rank, const ir_dim *di
 static ir_status infer_embed(infer_ctx *c, infer_out *o) {
   const ir_tensor *ids = in_t(c, 0, true), *tab = in_t(c, 1, true);
   if (!ids || !tab || !want_dtype(c, ids, IR_I32, IR_I32, IR_I32) || !want_rank(c, ids, 1) ||
-      !want_dtype(c, tab, IR_F32, IR_F16, IR_BF16) || !want_rank(c, tab, 2))
+      !want_weight_dtype(c, tab) || !want_rank(c, tab, 2))
     return c->d ? c->d->status : IR_BAD_FORMAT;
   ir_dim dims[2] = {ids->dims[0], tab->dims[1]};
   set_out(o, 0, IR_F32, 2, dims);
@@ -171,7 +191,7 @@ static ir_status infer_norm(infer_ctx *c, infer_out *o, bool fused) {
 static ir_status infer_matmul(infer_ctx *c, infer_out *o) {
   const ir_tensor *x = in_t(c, 0, true), *w = in_t(c, 1, true), *b = in_t(c, 2, false);
   if (!x || !w || !want_dtype(c, x, IR_F32, IR_F32, IR_F32) || !want_rank(c, x, 2) ||
-      !want_dtype(c, w, IR_F32, IR_F16, IR_BF16) || !want_rank(c, w, 2) ||
+      !want_weight_dtype(c, w) || !want_rank(c, w, 2) ||
       !want_dim(c, x, 1, w->dims[1]))
     return IR_BAD_FORMAT;
   if (b && (!want_dtype(c, b, IR_F32, IR_F32, IR_F32) || !want_rank(c, b, 1) ||
@@ -217,8 +237,6 @@ static ir_status infer_attention(infer_ctx *c, infer_out *o) {
   return IR_OK;
 }
 
-static bool is_float(ir_dtype t) { return t == IR_F32 || t == IR_F16 || t == IR_BF16; }
-
 static ir_status infer_binary(infer_ctx *c, infer_out *o, bool same_only) {
   const ir_tensor *a = in_t(c, 0, true), *b = in_t(c, 1, true);
   if (!a || !b) return IR_BAD_FORMAT;
@@ -248,9 +266,12 @@ static ir_status infer_cast(infer_ctx *c, infer_out *o) {
   const ir_tensor *x = in_t(c, 0, true);
   if (!x || !want_attr(c, "to")) return IR_BAD_FORMAT;
   ir_dtype to = (ir_dtype)ir_node_attr_i(c->n, "to", 0);
-  if (!is_float(to) || !is_float(x->dtype))
-    return fail(c, "cast supports float dtypes only (%s -> %s)", ir_dtype_name(x->dtype),
-                ir_dtype_name(to));
+  bool from_ok = is_float(x->dtype) || (ir_dtype_is_quant(x->dtype) && x->rank > 0 &&
+                                        x->dims[x->rank - 1].sym == IR_SYM_NONE &&
+                                        x->dims[x->rank - 1].n % ir_dtype_block(x->dtype) == 0);
+  if (!is_float(to) || !from_ok)
+    return fail(c, "cast goes from a float or whole-block quantized dtype to a float dtype "
+                "(%s -> %s)", ir_dtype_name(x->dtype), ir_dtype_name(to));
   set_out(o, 0, to, x->rank, x->dims);
   return IR_OK;
 }
@@ -275,6 +296,7 @@ ir_status ir_op_infer(const ir_graph *g, const ir_node *n, ir_dtype *out_dt, int
   case IR_OP_GATHER_ROWS: return infer_gather(&c, &o);
   case IR_OP_CAST: return infer_cast(&c, &o);
   default:
+    if (ir_op_is_nd(n->op)) return ir_op_nd_infer(g, n, out_dt, out_rank, out_dims, out_n, c.d);
     return ir_diag_set(c.d, IR_UNSUPPORTED, "node '%s': unknown op %d", n->name, (int)n->op);
   }
 }

@@ -41,6 +41,21 @@ typedef struct ir_plan_header {
 } ir_plan_header;
 _Static_assert(sizeof(ir_plan_header) == 128, "plan header is 128 bytes on disk");
 
+/* A compiled kernel image in the kernels section: kernels/cuda/<name>.cu for one arch. */
+typedef enum ir_plan_kernel_kind {
+  IR_PLAN_KERNEL_CUBIN = 1,
+  IR_PLAN_KERNEL_PTX = 2, /* text, NUL included in size */
+} ir_plan_kernel_kind;
+#define IR_PLAN_KERNEL_ALIGN 256
+
+typedef struct ir_plan_kernel {
+  const char *name;    /* "attention" */
+  uint32_t arch;       /* 90 for sm_90 */
+  uint32_t kind;       /* ir_plan_kernel_kind */
+  const uint8_t *data; /* written: the caller's bytes; read: borrowed from the mapping */
+  uint64_t size;
+} ir_plan_kernel;
+
 /* Key/value build options recorded in the plan (shown by `infc inspect`). */
 typedef struct ir_plan_info {
   const char *target;      /* "cpu" */
@@ -52,6 +67,8 @@ typedef struct ir_plan_info {
   int n_pass_log;
   const uint8_t *tokenizer; /* encoded infc.tok.Tokenizer, or NULL */
   size_t tokenizer_size;
+  const ir_plan_kernel *kernels; /* images for the kernels section, in table order */
+  int n_kernels;
 } ir_plan_info;
 
 /* Writes g (verified, memory-planned) to path. Writes to "path.tmp" and renames, so a
@@ -84,5 +101,12 @@ int ir_plan_n_pass_log(const ir_plan *p);
 /* The encoded tokenizer message stored in the plan (borrowed), or NULL if none. */
 const uint8_t *ir_plan_tokenizer(const ir_plan *p, size_t *out_size);
 const char *ir_plan_pass_log(const ir_plan *p, int i);
+/* The kernel table (borrowed; data points into the mapping). Entries were checked at open:
+ * inside the kernels section, a known kind, a non-empty name, PTX NUL-terminated. */
+int ir_plan_n_kernels(const ir_plan *p);
+const ir_plan_kernel *ir_plan_kernel_at(const ir_plan *p, int i);
+/* The entry for (name, arch, kind), or NULL. */
+const ir_plan_kernel *ir_plan_find_kernel(const ir_plan *p, const char *name, uint32_t arch,
+                                          ir_plan_kernel_kind kind);
 
 #endif

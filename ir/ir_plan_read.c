@@ -12,6 +12,7 @@
 #include <xxhash.h>
 
 #include "ir_plan.h"
+#include "ir_plan_kernels.h"
 #include "plan.pb-c.h"
 
 struct ir_plan {
@@ -20,6 +21,8 @@ struct ir_plan {
   ir_plan_header header;
   Infc__Plan__Plan *meta;
   ir_graph *graph;
+  ir_plan_kernel *kernels; /* (n_kernels), data in the mapping */
+  int n_kernels;
 };
 
 static ir_status map_file(const char *path, ir_plan *p, ir_diag *d) {
@@ -144,6 +147,15 @@ static ir_status read_node(ir_plan *p, const Infc__Plan__Node *o, ir_diag *d) {
                          o->attrs[k]->name);
     n.attrs[k] = (ir_attr){.name = nm, .type = (ir_attr_type)o->attrs[k]->type,
                            .i = o->attrs[k]->i, .f = o->attrs[k]->f};
+    if (n.attrs[k].type == IR_ATTR_INTS) { /* the values stay in the decoded metadata */
+      size_t cnt = o->attrs[k]->n_ints;
+      if (cnt > IR_MAX_ATTR_INTS || (int64_t)cnt != o->attrs[k]->i)
+        return ir_diag_set(d, IR_BAD_FORMAT, "node '%s': bad int list '%s'", o->name, nm);
+      n.attrs[k].ints = o->attrs[k]->ints;
+    } else if (n.attrs[k].type != IR_ATTR_INT && n.attrs[k].type != IR_ATTR_FLOAT) {
+      return ir_diag_set(d, IR_BAD_FORMAT, "node '%s': attribute '%s' has unknown type %u",
+                         o->name, nm, o->attrs[k]->type);
+    }
   }
   ir_node *slot = realloc(g->nodes, (size_t)(g->n_nodes + 1) * sizeof(ir_node));
   if (!slot || !(n.name = strdup(o->name))) {
@@ -191,6 +203,9 @@ ir_status ir_plan_open(const char *path, ir_plan_verify verify, ir_plan **out, i
     if (!p->meta) st = ir_diag_set(d, IR_BAD_FORMAT, "metadata does not decode");
   }
   if (st == IR_OK) st = read_graph(p, d);
+  if (st == IR_OK)
+    st = ir_plan_kernels_read(p->meta, p->map + p->header.kernels_offset,
+                              p->header.kernels_size, &p->kernels, &p->n_kernels, d);
   if (st != IR_OK) {
     ir_diag_prefix(d, "%s", path);
     ir_plan_close(p);
@@ -203,6 +218,7 @@ ir_status ir_plan_open(const char *path, ir_plan_verify verify, ir_plan **out, i
 void ir_plan_close(ir_plan *p) {
   if (!p) return;
   ir_graph_destroy(p->graph);
+  free(p->kernels);
   if (p->meta) infc__plan__plan__free_unpacked(p->meta, NULL);
   if (p->map) munmap((void *)p->map, p->map_size);
   free(p);
@@ -224,3 +240,13 @@ const uint8_t *ir_plan_tokenizer(const ir_plan *p, size_t *out_size) {
   return p->meta->tokenizer.len ? p->meta->tokenizer.data : NULL;
 }
 const char *ir_plan_pass_log(const ir_plan *p, int i) { return p->meta->pass_log[i]; }
+int ir_plan_n_kernels(const ir_plan *p) { return p->n_kernels; }
+const ir_plan_kernel *ir_plan_kernel_at(const ir_plan *p, int i) { return &p->kernels[i]; }
+const ir_plan_kernel *ir_plan_find_kernel(const ir_plan *p, const char *name, uint32_t arch,
+                                          ir_plan_kernel_kind kind) {
+  for (int i = 0; i < p->n_kernels; i++) {
+    const ir_plan_kernel *k = &p->kernels[i];
+    if (k->arch == arch && k->kind == (uint32_t)kind && !strcmp(k->name, name)) return k;
+  }
+  return NULL;
+}

@@ -8,6 +8,7 @@
 #include <xxhash.h>
 
 #include "ir_plan.h"
+#include "ir_plan_kernels.h"
 #include "plan.pb-c.h"
 
 static uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
@@ -117,6 +118,10 @@ static void fill_nodes(meta_build *m, const ir_graph *g) {
       a->type = (uint32_t)n->attrs[k].type;
       a->i = n->attrs[k].i;
       a->f = n->attrs[k].f;
+      if (n->attrs[k].type == IR_ATTR_INTS) {
+        a->n_ints = (size_t)n->attrs[k].i;
+        a->ints = (int64_t *)n->attrs[k].ints;
+      }
       m->attr_ptrs[ai] = a;
     }
     m->node_ptrs[i] = o;
@@ -209,8 +214,8 @@ static bool write_weights(FILE *f, const ir_graph *g, uint64_t *out_hash) {
   return ok;
 }
 
-static ir_status write_file(FILE *f, const ir_graph *g, const uint8_t *meta, size_t meta_size,
-                            uint64_t wsize, ir_diag *d) {
+static ir_status write_file(FILE *f, const ir_graph *g, const ir_plan_info *info,
+                            const uint8_t *meta, size_t meta_size, uint64_t wsize, ir_diag *d) {
   ir_plan_header hd;
   memset(&hd, 0, sizeof hd);
   memcpy(hd.magic, IR_PLAN_MAGIC, 8);
@@ -221,14 +226,14 @@ static ir_status write_file(FILE *f, const ir_graph *g, const uint8_t *meta, siz
   hd.weights_offset = align_up(hd.meta_offset + meta_size, IR_PLAN_SECTION_ALIGN);
   hd.weights_size = wsize;
   hd.kernels_offset = align_up(hd.weights_offset + wsize, IR_PLAN_SECTION_ALIGN);
-  hd.kernels_size = 0;
-  hd.file_size = hd.kernels_offset;
+  hd.kernels_size = ir_plan_kernels_size(info);
+  hd.file_size = hd.kernels_offset + hd.kernels_size;
   hd.meta_hash = XXH3_64bits(meta, meta_size);
-  hd.kernels_hash = XXH3_64bits(NULL, 0);
   bool ok = fwrite(&hd, sizeof hd, 1, f) == 1 && fwrite(meta, 1, meta_size, f) == meta_size &&
             write_zeros(f, hd.weights_offset - hd.meta_offset - meta_size, NULL) &&
             write_weights(f, g, &hd.weights_hash) &&
-            write_zeros(f, hd.kernels_offset - hd.weights_offset - wsize, NULL);
+            write_zeros(f, hd.kernels_offset - hd.weights_offset - wsize, NULL) &&
+            ir_plan_kernels_write(f, info, &hd.kernels_hash);
   hd.header_hash = XXH3_64bits(&hd, offsetof(ir_plan_header, header_hash));
   ok = ok && fseek(f, 0, SEEK_SET) == 0 && fwrite(&hd, sizeof hd, 1, f) == 1;
   if (!ok) return ir_diag_set(d, IR_IO, "write failed: %s", strerror(errno));
@@ -245,17 +250,21 @@ ir_status ir_plan_write(const ir_graph *g, const ir_plan_info *info, const char 
     return ir_diag_set(d, IR_OOM, "out of memory");
   }
   uint64_t wsize = meta_fill(&m, g, info);
+  ir_plan_kernels_meta km;
+  if (!ir_plan_kernels_meta_fill(&km, &m.plan, info))
+    st = ir_diag_set(d, IR_INVALID_ARG, "kernel table: out of memory or an empty image");
   size_t meta_size = infc__plan__plan__get_packed_size(&m.plan);
   meta = malloc(meta_size ? meta_size : 1);
   if (!meta) st = ir_diag_set(d, IR_OOM, "out of memory");
   if (st == IR_OK) infc__plan__plan__pack(&m.plan, meta);
   meta_free(&m);
+  ir_plan_kernels_meta_free(&km);
   char tmp[4096];
   snprintf(tmp, sizeof tmp, "%s.tmp", path);
   FILE *f = st == IR_OK ? fopen(tmp, "wb") : NULL;
   if (st == IR_OK && !f) st = ir_diag_set(d, IR_IO, "cannot create %s: %s", tmp, strerror(errno));
   if (f) {
-    st = write_file(f, g, meta, meta_size, wsize, d);
+    st = write_file(f, g, info, meta, meta_size, wsize, d);
     if (fclose(f) != 0 && st == IR_OK) st = ir_diag_set(d, IR_IO, "close of %s failed", tmp);
     if (st == IR_OK && rename(tmp, path) != 0)
       st = ir_diag_set(d, IR_IO, "cannot rename into place: %s", strerror(errno));

@@ -20,9 +20,13 @@ static void print_attrs(const ir_node *n, FILE *f) {
   fputs(" {", f);
   for (int i = 0; i < n->n_attrs; i++) {
     const ir_attr *a = &n->attrs[i];
-    if (a->type == IR_ATTR_INT)
+    if (a->type == IR_ATTR_INT) {
       fprintf(f, "%s%s=%" PRId64, i ? ", " : "", a->name, a->i);
-    else
+    } else if (a->type == IR_ATTR_INTS) {
+      fprintf(f, "%s%s=[", i ? ", " : "", a->name);
+      for (int64_t k = 0; k < a->i; k++) fprintf(f, "%s%" PRId64, k ? "," : "", a->ints[k]);
+      fputc(']', f);
+    } else
       fprintf(f, "%s%s=%g", i ? ", " : "", a->name, a->f);
   }
   fputs("}", f);

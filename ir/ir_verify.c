@@ -26,6 +26,11 @@ static ir_status check_tensor(const ir_graph *g, int32_t i, ir_diag *d) {
     if (t->kind == IR_TENSOR_WEIGHT && dm.sym != IR_SYM_NONE)
       return ir_diag_set(d, IR_BAD_FORMAT, "weight '%s' has a symbolic dim", t->name);
   }
+  if (ir_dtype_is_quant(t->dtype) &&
+      (t->rank < 1 || t->dims[t->rank - 1].sym != IR_SYM_NONE ||
+       t->dims[t->rank - 1].n % ir_dtype_block(t->dtype) != 0))
+    return ir_diag_set(d, IR_BAD_FORMAT, "tensor '%s': %s rows must hold whole %d-value blocks",
+                       t->name, ir_dtype_name(t->dtype), ir_dtype_block(t->dtype));
   if (t->kind == IR_TENSOR_WEIGHT) {
     uint64_t want = ir_tensor_bytes(g, t, NULL);
     if (!t->data || t->nbytes != want)

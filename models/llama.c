@@ -59,9 +59,10 @@ static int32_t weight(builder *b, const char *name, int64_t d0, int64_t d1) {
                         d1 ? "," : "", (long long)d1);
     return -1;
   }
-  if (t.dtype != IR_F32 && t.dtype != IR_F16 && t.dtype != IR_BF16) {
-    b->st = ir_diag_set(b->d, IR_UNSUPPORTED, "tensor '%s' has dtype %s; expected f32, f16 "
-                        "or bf16", name, ir_dtype_name(t.dtype));
+  bool known = t.dtype == IR_F32 || t.dtype == IR_F16 || t.dtype == IR_BF16;
+  if (!known && !ir_dtype_is_quant(t.dtype)) {
+    b->st = ir_diag_set(b->d, IR_UNSUPPORTED, "tensor '%s' has dtype %s; expected f32, f16, "
+                        "bf16, q8_0, q4_0 or q4_1", name, ir_dtype_name(t.dtype));
     return -1;
   }
   int64_t shape[2] = {d0, d1};
@@ -143,7 +144,7 @@ static int32_t rope(builder *b, int32_t x, int64_t heads, const char *node_name)
   ir_attr a[4] = {IR_AI(ir_attr_intern("n_heads"), heads),
                   IR_AI(ir_attr_intern("head_dim"), b->p->head_dim),
                   IR_AI(ir_attr_intern("rot_dim"), b->p->head_dim),
-                  IR_AI(ir_attr_intern("neox"), 1)};
+                  IR_AI(ir_attr_intern("neox"), b->p->rope_interleaved ? 0 : 1)};
   return node(b, IR_OP_ROPE, node_name, in, 3, a, 4);
 }
 

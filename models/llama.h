@@ -23,6 +23,8 @@ typedef struct model_llama_params {
   double rope_theta;
   bool tie_word_embeddings;
   bool attention_bias; /* q/k/v projections carry a bias (Qwen2) */
+  bool rope_interleaved; /* rotate adjacent pairs (2i, 2i+1): GGUF llama, whose converter
+                            permuted the q/k rows; false: rotate-half (i, i + d/2) as HF */
   int64_t bos_token_id;
   int64_t eos_token_id;
 } model_llama_params;
@@ -31,6 +33,8 @@ typedef struct model_llama_params {
 ir_status model_llama_check(const model_llama_params *p, ir_diag *d);
 
 /* Builds the graph. Missing or mis-shaped checkpoint tensors are reported by name.
+ * Matmul weights and the embedding may be f32, f16, bf16 or block-quantized (q8_0,
+ * q4_0, q4_1); norm weights and biases of any of those types are cast to f32.
  * *out is owned by the caller (ir_graph_destroy). */
 ir_status model_llama_build(const model_llama_params *p, const model_tensor_src *src,
                             const model_build_opts *bo, ir_graph **out, ir_diag *d);

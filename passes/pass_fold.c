@@ -1,19 +1,16 @@
 /* pass_fold: constant folding. A cast, add or mul whose inputs are all weights is
  * evaluated at build time into a new weight (owned by the graph); the node goes, and so
  * does any source weight nobody else reads. Model templates rely on it to turn
- * bf16 norm weights into the f32 the kernels read, at no run-time cost. */
+ * bf16 norm weights into the f32 the kernels read, and to dequantize block-quantized
+ * weights when a float plan dtype is asked for, at no run-time cost. */
 #include <stdlib.h>
 
+#include "kn_quant.h"
 #include "pass.h"
 
-static float load(const void *p, ir_dtype t, uint64_t i) {
-  switch (t) {
-  case IR_F32: return ((const float *)p)[i];
-  case IR_F16: return ir_f16_to_f32(((const uint16_t *)p)[i]);
-  case IR_BF16: return ir_bf16_to_f32(((const uint16_t *)p)[i]);
-  default: return 0.0f;
-  }
-}
+/* Any weight dtype, block-quantized ones included (so casting a quantized weight to a
+ * float dtype dequantizes it at build time). */
+static float load(const void *p, ir_dtype t, uint64_t i) { return kn_dequant_one(p, t, i); }
 
 static void store(void *p, ir_dtype t, uint64_t i, float v) {
   switch (t) {

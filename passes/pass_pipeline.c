@@ -1,6 +1,7 @@
 /* pass_pipeline: runs the passes in order, verifying the graph after each one and
  * printing it when --dump-ir asked for it. */
 #include "pass.h"
+#include "pass_fold_nd.h"
 
 typedef ir_status (*pass_fn)(ir_graph *, const pass_opts *, pass_log *, ir_diag *);
 
@@ -13,6 +14,7 @@ typedef struct pass_entry {
 ir_status pass_pipeline_run(ir_graph *g, const pass_opts *o, pass_log *log, ir_diag *d) {
   const pass_entry passes[] = {
       {"fold", pass_fold, o->fold},
+      {"fold_nd", pass_fold_nd, o->fold},
       {"dce", pass_dce, true},
       {"fuse_add_rms_norm", pass_fuse_add_rms_norm, o->fuse},
       {"memory_plan", pass_memory_plan, true},

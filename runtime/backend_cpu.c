@@ -3,7 +3,9 @@
 #include <string.h>
 
 #include "backend.h"
+#include "backend_cpu_nd.h"
 #include "kn_cpu.h"
+#include "kn_quant.h"
 
 typedef struct cpu_ctx {
   kn_pool *pool;
@@ -17,13 +19,12 @@ static int64_t dimv(const ir_graph *g, const ir_tensor *t, int axis, const irt_s
 #define P_(i) (ptrs[n->in[i]])
 #define O_(i) (ptrs[n->out[i]])
 
+/* Unfolded casts (--no-fold): element by element, block-quantized sources included. */
 static void run_cast(const ir_graph *g, const ir_node *n, void *const *ptrs, const irt_step *s) {
   const ir_tensor *x = T_(0), *y = &g->tensors[n->out[0]];
   uint64_t cnt = ir_tensor_elems(g, x, s->syms);
   for (uint64_t i = 0; i < cnt; i++) {
-    float v = x->dtype == IR_F32    ? ((const float *)P_(0))[i]
-              : x->dtype == IR_F16 ? ir_f16_to_f32(((const uint16_t *)P_(0))[i])
-                                    : ir_bf16_to_f32(((const uint16_t *)P_(0))[i]);
+    float v = kn_dequant_one(P_(0), x->dtype, i);
     if (y->dtype == IR_F32) ((float *)O_(0))[i] = v;
     else if (y->dtype == IR_F16) ((uint16_t *)O_(0))[i] = ir_f32_to_f16(v);
     else ((uint16_t *)O_(0))[i] = ir_f32_to_bf16(v);
@@ -103,6 +104,7 @@ static ir_status cpu_run_node(void *vctx, const ir_graph *g, int32_t ni, void *c
     break;
   case IR_OP_CAST: run_cast(g, n, ptrs, s); break;
   default:
+    if (ir_op_is_nd(n->op)) return irt_cpu_nd_run(p, g, ni, ptrs, d);
     return ir_diag_set(d, IR_UNSUPPORTED, "cpu backend: op '%s' (node '%s') is not supported",
                        ir_op_name(n->op), n->name);
   }
@@ -114,6 +116,8 @@ static ir_status cpu_check(void *vctx, const ir_graph *g, ir_diag *d) {
     const ir_node *n = &g->nodes[i];
     if (n->op <= IR_OP_INVALID || n->op >= IR_OP_COUNT)
       return ir_diag_set(d, IR_UNSUPPORTED, "cpu backend: node '%s' has an unknown op", n->name);
+    ir_status st = ir_op_is_nd(n->op) ? irt_cpu_nd_check(g, n, d) : IR_OK;
+    if (st != IR_OK) return st;
     if ((n->op == IR_OP_ADD || n->op == IR_OP_MUL) && g->tensors[n->out[0]].dtype != IR_F32)
       return ir_diag_set(d, IR_UNSUPPORTED, "cpu backend: node '%s': %s on %s", n->name,
                          ir_op_name(n->op), ir_dtype_name(g->tensors[n->out[0]].dtype));

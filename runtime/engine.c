@@ -1,5 +1,6 @@
 /* engine: lifecycle, submission, cancellation, the engine thread and stats. The
  * scheduling iteration itself is in sched.c. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -126,6 +127,12 @@ static irt_status check_request(irt_engine *e, const ereq *q, irt_error *err) {
   const irt_sampling *sp = &q->r.sampling;
   if (!(sp->temperature >= 0) || !(sp->top_p > 0 && sp->top_p <= 1) || sp->top_k < 0)
     return fail(err, IRT_INVALID_ARG, "sampling needs temperature >= 0, 0 < top_p <= 1, top_k >= 0");
+  if (!(fabsf(q->r.presence_penalty) <= 2) || !(fabsf(q->r.frequency_penalty) <= 2))
+    return fail(err, IRT_INVALID_ARG, "penalties must lie in [-2, 2]");
+  if (q->r.top_logprobs < 0 || q->r.top_logprobs > IRT_MAX_TOP_LOGPROBS) {
+    snprintf(msg, sizeof msg, "top_logprobs must lie in [0, %d]", IRT_MAX_TOP_LOGPROBS);
+    return fail(err, IRT_INVALID_ARG, msg);
+  }
   if (q->r.n_stop && !e->tok) return fail(err, IRT_INVALID_ARG, "stop strings need a tokenizer");
   for (int i = 0; i < q->r.n_stop; i++)
     if (!q->stops[i][0]) return fail(err, IRT_INVALID_ARG, "stop strings must not be empty");
@@ -147,6 +154,11 @@ irt_status irt_eseq_init(irt_engine *e, ereq *q, int i, irt_error *err) {
   s->tokens = malloc((size_t)in->context_length * sizeof *s->tokens);
   s->held = malloc(s->held_cap);
   if (!s->tokens || !s->held) return fail(err, IRT_OOM, "out of memory");
+  if (q->r.presence_penalty != 0 || q->r.frequency_penalty != 0) {
+    s->counts = calloc((size_t)in->vocab_size, sizeof *s->counts);
+    s->penalized = malloc((size_t)in->vocab_size * sizeof *s->penalized);
+    if (!s->counts || !s->penalized) return fail(err, IRT_OOM, "out of memory");
+  }
   if (irt_seq_create(e->m, &s->kv, err) != IRT_OK) return IRT_OOM;
   if (irt_sampler_create(&sp, in->vocab_size, &s->sampler, err) != IRT_OK) return IRT_OOM;
   if (e->tok) irt_tok_stream_init(&s->stream, e->tok, true);
@@ -159,6 +171,10 @@ void irt_eseq_release(irt_engine *e, eseq *s) {
   irt_sampler_destroy(s->sampler);
   free(s->tokens);
   free(s->held);
+  free(s->counts);
+  free(s->penalized);
+  s->counts = NULL;
+  s->penalized = NULL;
   s->kv = NULL;
   s->sampler = NULL;
   s->tokens = NULL;

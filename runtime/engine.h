@@ -30,6 +30,12 @@ typedef struct eseq {
   uint64_t admit_order;   /* when it last entered the running set */
   irt_finish finish;
   double first_token_ms;
+  /* with presence/frequency penalties (allocated at init, so sampling stays allocation-free) */
+  int32_t *counts;        /* (vocab) occurrences of each token this completion generated */
+  float *penalized;       /* (vocab) the step's logits after penalties */
+  /* with top_logprobs: the alternatives of the current event */
+  int32_t top_ids[IRT_MAX_TOP_LOGPROBS];
+  float top_lps[IRT_MAX_TOP_LOGPROBS];
 } eseq;
 
 struct ereq {

@@ -220,6 +220,12 @@ static void emit(irt_engine *e, eseq *s, int32_t tok, float lp, const char *text
                   .text = e->tok ? (text ? text : "") : NULL, .text_len = len,
                   .finish = s->finish, .request_done = s->finish && q->n_done == q->n,
                   .prompt_tokens = q->n_prompt, .cached_tokens = q->cached_tokens};
+  if (tok >= 0 && q->r.top_logprobs > 0) {
+    int64_t V = irt_model_get_info(e->m)->vocab_size;
+    ev.n_top = q->r.top_logprobs < V ? q->r.top_logprobs : (int)V;
+    ev.top_tokens = s->top_ids;
+    ev.top_logprobs = s->top_lps;
+  }
   if (q->r.on_event) q->r.on_event(q->r.user, &ev);
 }
 
@@ -264,10 +270,39 @@ static size_t take_text(eseq *s, int32_t tok, bool flush, bool *hit) {
   return cut;
 }
 
+/* The logits with presence/frequency penalties applied, in the sequence's scratch. */
+static const float *penalize(eseq *s, const float *lg, int64_t V) {
+  const irt_request *r = &s->req->r;
+  memcpy(s->penalized, lg, (size_t)V * sizeof *lg);
+  for (int64_t v = 0; v < V; v++)
+    if (s->counts[v])
+      s->penalized[v] -= r->presence_penalty + r->frequency_penalty * (float)s->counts[v];
+  return s->penalized;
+}
+
+/* The k most likely tokens, most likely first (lower id first on ties), as logprobs. */
+static void top_alternatives(eseq *s, const float *lg, int64_t V, double lse) {
+  int k = s->req->r.top_logprobs < V ? s->req->r.top_logprobs : (int)V, n = 0;
+  for (int64_t v = 0; v < V; v++) {
+    if (n == k && !(lg[v] > s->top_lps[k - 1])) continue;
+    int at = n < k ? n++ : k - 1; /* insertion sort into the kept k */
+    while (at > 0 && lg[v] > s->top_lps[at - 1]) {
+      s->top_lps[at] = s->top_lps[at - 1];
+      s->top_ids[at] = s->top_ids[at - 1];
+      at--;
+    }
+    s->top_lps[at] = lg[v];
+    s->top_ids[at] = (int32_t)v;
+  }
+  for (int i = 0; i < n; i++) s->top_lps[i] = (float)((double)s->top_lps[i] - lse);
+}
+
 static void on_token(irt_engine *e, eseq *s, const float *lg, double lse) {
   const irt_model_info *in = irt_model_get_info(e->m);
-  int32_t tok = irt_sampler_sample(s->sampler, lg);
+  int32_t tok = irt_sampler_sample(s->sampler, s->counts ? penalize(s, lg, in->vocab_size) : lg);
   float lp = (float)((double)lg[tok] - lse);
+  if (s->counts) s->counts[tok]++;
+  if (s->req->r.top_logprobs > 0) top_alternatives(s, lg, in->vocab_size, lse);
   s->tokens[s->n_tokens++] = tok;
   s->n_generated++;
   e->work.generated_tokens++;

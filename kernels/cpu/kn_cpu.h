@@ -1,5 +1,6 @@
 /* kn_cpu: the CPU kernels, one op per .c file. All activations are f32, row-major.
- * Weights may be f32, f16 or bf16 and are read in place (never converted per call).
+ * Weights may be f32, f16, bf16 or block-quantized (q8_0, q4_0, q4_1: kn_quant.h) and are
+ * read in place (never converted per call).
  *
  * Batch invariance (a user-facing guarantee): every kernel computes each output row
  * with a reduction order that depends only on that row's data and the weights, never on
@@ -13,7 +14,8 @@
 #include "ir_dtype.h"
 #include "kn_pool.h"
 
-/* out[t, :] = table[ids[t], :] converted to f32.  table: (vocab, dim) of dtype `dt`.
+/* out[t, :] = table[ids[t], :] converted to f32.  table: (vocab, dim) of dtype `dt`
+ * (f32, f16, bf16, or q8_0 / q4_0 / q4_1 with dim a multiple of 32).
  * ids are checked by the caller (0 <= id < vocab). */
 void kn_embed(kn_pool *p, float *out, const void *table, ir_dtype dt, const int32_t *ids,
               int64_t n_tok, int64_t dim);
@@ -28,11 +30,17 @@ void kn_rms_norm(kn_pool *p, float *out, const float *x, const float *w, int64_t
 void kn_add_rms_norm(kn_pool *p, float *out, float *out_sum, const float *a, const float *b,
                      const float *w, int64_t n, int64_t dim, float eps);
 
-/* y = x . W^T (+ bias).  x: (m, k) f32; W: (n, k) of dtype `wt` (f32, f16 or bf16);
+/* y = x . W^T (+ bias).  x: (m, k) f32; W: (n, k) of dtype `wt` (f32, f16, bf16, or
+ * q8_0 / q4_0 / q4_1 with k a multiple of 32: rows of k/32 blocks, no alignment needed);
  * bias: (n) f32 or NULL; y: (m, n) f32.  Cache-blocked, threaded over output tiles;
  * the k-reduction of one y element never depends on m or the thread count. */
 void kn_matmul(kn_pool *p, float *y, const float *x, const void *w, ir_dtype wt,
                const float *bias, int64_t m, int64_t n, int64_t k);
+
+/* Caps the instruction set kn_matmul dispatches to (0 portable C, 1 AVX2, 2 AVX-512;
+ * the CPU must still support it) and returns the previous cap. For tests and
+ * benchmarks; call it only while no kernel runs. */
+int kn_matmul_set_max_isa(int isa);
 
 /* Rotary embedding in place on x: (n_tok, n_heads, head_dim), rotating the first
  * `rot_dim` dims of each head.  cos_sin: (max_pos, rot_dim/2, 2) f32 holding

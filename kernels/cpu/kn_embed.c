@@ -1,7 +1,6 @@
 /* kn_embed: token embedding lookup, converting one table row to f32 per token. */
-#include <string.h>
-
 #include "kn_cpu.h"
+#include "kn_quant.h"
 
 /* Rows are short; batching a few thousand values per chunk amortises the pool wake. */
 enum { KN_EMBED_MIN_WORK = 16384 };
@@ -16,15 +15,8 @@ typedef struct embed_args {
 
 static void embed_row(float *restrict out, const void *table, ir_dtype dt, int64_t row,
                       int64_t dim) {
-  if (dt == IR_F32) {
-    memcpy(out, (const float *)table + row * dim, (size_t)dim * sizeof(float));
-  } else if (dt == IR_BF16) {
-    const uint16_t *src = (const uint16_t *)table + row * dim;
-    for (int64_t i = 0; i < dim; i++) out[i] = ir_bf16_to_f32(src[i]);
-  } else {
-    const uint16_t *src = (const uint16_t *)table + row * dim;
-    for (int64_t i = 0; i < dim; i++) out[i] = ir_f16_to_f32(src[i]);
-  }
+  const char *src = (const char *)table + (uint64_t)row * ir_dtype_bytes(dt, (uint64_t)dim);
+  kn_dequant_row(src, dt, out, dim);
 }
 
 static void embed_task(void *arg, int64_t begin, int64_t end, int tid) {

@@ -1,17 +1,27 @@
 /* kn_matmul: y = x . W^T + bias, cache-blocked and threaded over (m, n) output tiles.
  * x86-64 picks AVX-512 or AVX2+FMA kernels at run time (build with KN_MATMUL_MAX_ISA=0
- * or 1 to cap that); a portable C path covers everything else. */
+ * or 1 to cap that, or call kn_matmul_set_max_isa); a portable C path covers everything
+ * else. W is f32, f16, bf16, or block-quantized (q8_0, q4_0, q4_1) and converted to f32
+ * in registers: x stays f32. */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdbool.h>
+#include <string.h>
 
 #include "kn_cpu.h"
+#include "kn_quant.h"
 
 /* Batch invariance rests on one rule: every y element is a single dot product in a
  * fixed order -- 16 lanes strided over k (lane l takes k-indices = l mod 16), folded
  * as (l, l+8), (l, l+4), (l, l+2), (0, 1), then the k % 16 tail added in order, then
  * the bias.  Tiles, kernel shapes, thread counts and m only decide which outputs are
  * computed together, never how one is summed.  The AVX2 and AVX-512 kernels follow
- * the same order with FMA, so they agree bit for bit. */
+ * the same order with FMA, so they agree bit for bit.
+ *
+ * Block-quantized W (k a multiple of 32, so no tail) is dequantized in registers to the
+ * exact f32 values kn_dequant_row gives (w = d*q, or fma(d, q, m) for Q4_1) and then
+ * summed in the f32 order above, so a quantized matmul is bit for bit the f32 matmul of
+ * its dequantized W on the same path (and a plan built with --dtype f32 agrees). */
 enum {
   KN_MM_LANES = 16,
   KN_MM_MAX_R = 4,               /* largest kernel shape: rows of x ... */
@@ -22,6 +32,7 @@ enum {
   KN_MM_TASKS_PER_THREAD = 4,
   KN_MM_SERIAL_FLOPS = 1 << 18,  /* below this, waking the pool costs more than it saves */
   KN_MM_KC = 256,                /* portable path: W values converted per stack chunk */
+  KN_MM_QRUN = 16,               /* AVX-512 quantized path: blocks whose scales convert ahead */
 };
 
 #ifndef KN_MATMUL_MAX_ISA
@@ -75,11 +86,16 @@ static inline float mm_tail_c(const float *x, const void *w, ir_dtype dt, int64_
   return s;
 }
 
-/* f16/bf16 rows are widened a chunk at a time into a stack buffer so the multiply-add
- * loop stays a plain f32 loop the compiler vectorises. */
+/* f16/bf16/quantized rows are widened a chunk at a time into a stack buffer so the
+ * multiply-add loop stays a plain f32 loop the compiler vectorises. Chunks start at
+ * multiples of KN_MM_KC, so quantized ones start on a block. */
 static inline const float *mm_w_chunk(const void *w, ir_dtype dt, int64_t i0, int64_t n,
                                       float *buf) {
   if (dt == IR_F32) return (const float *)w + i0;
+  if (ir_dtype_is_quant(dt)) {
+    kn_dequant_row((const uint8_t *)w + i0 / KN_QBLOCK * kn_quant_block_bytes(dt), dt, buf, n);
+    return buf;
+  }
   for (int64_t i = 0; i < n; i++) buf[i] = mm_w_scalar(w, dt, i0 + i);
   return buf;
 }
@@ -116,10 +132,18 @@ MM_INST_C(mm_c_f16_1x4, IR_F16, 1, 4)
 MM_INST_C(mm_c_bf16_2x2, IR_BF16, 2, 2)
 MM_INST_C(mm_c_bf16_1x4, IR_BF16, 1, 4)
 
-static const mm_kernels k_mm_c[3] = {
-    {2, 2, mm_c_f32_2x2, 4, mm_c_f32_1x4},
-    {2, 2, mm_c_f16_2x2, 4, mm_c_f16_1x4},
-    {2, 2, mm_c_bf16_2x2, 4, mm_c_bf16_1x4},
+MM_INST_C(mm_c_q8_0_2x2, IR_Q8_0, 2, 2)
+MM_INST_C(mm_c_q8_0_1x4, IR_Q8_0, 1, 4)
+MM_INST_C(mm_c_q4_0_2x2, IR_Q4_0, 2, 2)
+MM_INST_C(mm_c_q4_0_1x4, IR_Q4_0, 1, 4)
+MM_INST_C(mm_c_q4_1_2x2, IR_Q4_1, 2, 2)
+MM_INST_C(mm_c_q4_1_1x4, IR_Q4_1, 1, 4)
+
+/* Indexed by mm_dtype_index. */
+static const mm_kernels k_mm_c[6] = {
+    {2, 2, mm_c_f32_2x2, 4, mm_c_f32_1x4},   {2, 2, mm_c_f16_2x2, 4, mm_c_f16_1x4},
+    {2, 2, mm_c_bf16_2x2, 4, mm_c_bf16_1x4}, {2, 2, mm_c_q8_0_2x2, 4, mm_c_q8_0_1x4},
+    {2, 2, mm_c_q4_0_2x2, 4, mm_c_q4_0_1x4}, {2, 2, mm_c_q4_1_2x2, 4, mm_c_q4_1_1x4},
 };
 
 /* ---- x86: AVX2 + FMA + F16C ------------------------------------------------------- */
@@ -181,10 +205,86 @@ MM_INST_AVX2(mm_avx2_f16_1x4, IR_F16, 1, 4)
 MM_INST_AVX2(mm_avx2_bf16_2x2, IR_BF16, 2, 2)
 MM_INST_AVX2(mm_avx2_bf16_1x4, IR_BF16, 1, 4)
 
-static const mm_kernels k_mm_avx2[3] = {
+/* The 16 nibbles of a Q4 block as bytes: values 0..15 in lo, 16..31 in hi (minus 8 for
+ * Q4_0), so every block type is 32 signed bytes from here on. */
+MM_AVX2_INLINE void mm_q4_bytes(const uint8_t *qs, ir_dtype dt, __m128i *lo, __m128i *hi) {
+  __m128i v = _mm_loadu_si128((const __m128i *)qs), mask = _mm_set1_epi8(0x0f);
+  *lo = _mm_and_si128(v, mask);
+  *hi = _mm_and_si128(_mm_srli_epi16(v, 4), mask);
+  if (dt == IR_Q4_0) {
+    *lo = _mm_sub_epi8(*lo, _mm_set1_epi8(8));
+    *hi = _mm_sub_epi8(*hi, _mm_set1_epi8(8));
+  }
+}
+
+MM_AVX2_INLINE __m256 mm_i8x8_ps(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)); }
+
+/* The d and m of a block (m = 0 unless Q4_1), converted together. */
+MM_AVX2_INLINE __m128 mm_block_dm(const uint8_t *blk, ir_dtype dt) {
+  uint32_t dm = 0;
+  memcpy(&dm, blk, dt == IR_Q4_1 ? 4 : 2);
+  return _mm_cvtph_ps(_mm_cvtsi32_si128((int)dm));
+}
+
+/* w[g] = values 8g..8g+7 of the block, dequantized as kn_dequant_row does. */
+MM_AVX2_INLINE void mm_qblock_avx2(const uint8_t *blk, ir_dtype dt, __m256 *w) {
+  __m128i a, b;
+  __m128 dm = mm_block_dm(blk, dt);
+  __m256 d = _mm256_broadcastss_ps(dm), m = _mm256_broadcastss_ps(_mm_movehdup_ps(dm));
+  if (dt == IR_Q8_0) {
+    a = _mm_loadu_si128((const __m128i *)(blk + 2));
+    b = _mm_loadu_si128((const __m128i *)(blk + 18));
+  } else {
+    mm_q4_bytes(blk + (dt == IR_Q4_1 ? 4 : 2), dt, &a, &b);
+  }
+  __m256 q[4] = {mm_i8x8_ps(a), mm_i8x8_ps(_mm_srli_si128(a, 8)), mm_i8x8_ps(b),
+                 mm_i8x8_ps(_mm_srli_si128(b, 8))};
+  for (int g = 0; g < 4; g++)
+    w[g] = dt == IR_Q4_1 ? _mm256_fmadd_ps(d, q[g], m) : _mm256_mul_ps(d, q[g]);
+}
+
+/* The f32 order with lanes 0-7 in lo and 8-15 in hi, over dequantized blocks. */
+MM_AVX2_INLINE void mm_qbody_avx2(const float *const *xr, const void *const *wr, int64_t k,
+                                  float *out, ir_dtype dt, int mr, int nr) {
+  __m256 lo[KN_MM_MAX_R][KN_MM_MAX_C], hi[KN_MM_MAX_R][KN_MM_MAX_C];
+  const int64_t bb = kn_quant_block_bytes(dt);
+  for (int r = 0; r < mr; r++)
+    for (int c = 0; c < nr; c++) lo[r][c] = hi[r][c] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < k / KN_QBLOCK; b++)
+    for (int c = 0; c < nr; c++) {
+      __m256 w[4];
+      mm_qblock_avx2((const uint8_t *)wr[c] + b * bb, dt, w);
+      for (int r = 0; r < mr; r++) {
+        const float *x = xr[r] + b * KN_QBLOCK;
+        lo[r][c] = _mm256_fmadd_ps(_mm256_loadu_ps(x), w[0], lo[r][c]);
+        hi[r][c] = _mm256_fmadd_ps(_mm256_loadu_ps(x + 8), w[1], hi[r][c]);
+        lo[r][c] = _mm256_fmadd_ps(_mm256_loadu_ps(x + 16), w[2], lo[r][c]);
+        hi[r][c] = _mm256_fmadd_ps(_mm256_loadu_ps(x + 24), w[3], hi[r][c]);
+      }
+    }
+  for (int r = 0; r < mr; r++)
+    for (int c = 0; c < nr; c++) out[r * nr + c] = mm_fold8_avx(_mm256_add_ps(lo[r][c], hi[r][c]));
+}
+
+#define MM_INST_QAVX2(name, dt, mr, nr)                                                    \
+  static MM_AVX2 void name(const float *const *xr, const void *const *wr, int64_t k,      \
+                           float *out) {                                                   \
+    mm_qbody_avx2(xr, wr, k, out, dt, mr, nr);                                             \
+  }
+MM_INST_QAVX2(mm_avx2_q8_0_2x2, IR_Q8_0, 2, 2)
+MM_INST_QAVX2(mm_avx2_q8_0_1x4, IR_Q8_0, 1, 4)
+MM_INST_QAVX2(mm_avx2_q4_0_2x2, IR_Q4_0, 2, 2)
+MM_INST_QAVX2(mm_avx2_q4_0_1x4, IR_Q4_0, 1, 4)
+MM_INST_QAVX2(mm_avx2_q4_1_2x2, IR_Q4_1, 2, 2)
+MM_INST_QAVX2(mm_avx2_q4_1_1x4, IR_Q4_1, 1, 4)
+
+static const mm_kernels k_mm_avx2[6] = {
     {2, 2, mm_avx2_f32_2x2, 4, mm_avx2_f32_1x4},
     {2, 2, mm_avx2_f16_2x2, 4, mm_avx2_f16_1x4},
     {2, 2, mm_avx2_bf16_2x2, 4, mm_avx2_bf16_1x4},
+    {2, 2, mm_avx2_q8_0_2x2, 4, mm_avx2_q8_0_1x4},
+    {2, 2, mm_avx2_q4_0_2x2, 4, mm_avx2_q4_0_1x4},
+    {2, 2, mm_avx2_q4_1_2x2, 4, mm_avx2_q4_1_1x4},
 };
 #endif
 
@@ -236,10 +336,79 @@ MM_INST_AVX512(mm_avx512_f16_1x8, IR_F16, 1, 8)
 MM_INST_AVX512(mm_avx512_bf16_4x4, IR_BF16, 4, 4)
 MM_INST_AVX512(mm_avx512_bf16_1x8, IR_BF16, 1, 8)
 
-static const mm_kernels k_mm_avx512[3] = {
+MM_AVX512_INLINE __m512 mm_i8x16_ps(__m128i v) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v));
+}
+
+/* w[0] = values 0..15 of the block, w[1] = values 16..31, dequantized as kn_dequant_row
+ * does, given the block's d and m as f32 in memory (broadcast loads cost no shuffle). A
+ * Q4 block takes 16 distinct values: they are computed once into a table and looked up
+ * by nibble (vpermps reads only the low 4 bits of each index). */
+MM_AVX512_INLINE void mm_qblock_avx512(const uint8_t *blk, ir_dtype dt, const float *dm,
+                                       __m512 *w) {
+  __m512 d = _mm512_set1_ps(dm[0]);
+  if (dt == IR_Q8_0) {
+    w[0] = _mm512_mul_ps(d, mm_i8x16_ps(_mm_loadu_si128((const __m128i *)(blk + 2))));
+    w[1] = _mm512_mul_ps(d, mm_i8x16_ps(_mm_loadu_si128((const __m128i *)(blk + 18))));
+    return;
+  }
+  const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  __m512 table = dt == IR_Q4_1 ? _mm512_fmadd_ps(d, iota, _mm512_set1_ps(dm[1]))
+                               : _mm512_mul_ps(d, _mm512_sub_ps(iota, _mm512_set1_ps(8.0f)));
+  const uint8_t *qs = blk + (dt == IR_Q4_1 ? 4 : 2);
+  __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)qs));
+  w[0] = _mm512_permutexvar_ps(idx, table);
+  w[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(idx, 4), table);
+}
+
+/* One zmm accumulator per output: the f32 order over dequantized blocks. The scales of
+ * a run of blocks are converted to f32 first, each f16 pair in one instruction. */
+MM_AVX512_INLINE void mm_qbody_avx512(const float *const *xr, const void *const *wr, int64_t k,
+                                      float *out, ir_dtype dt, int mr, int nr) {
+  __m512 acc[KN_MM_MAX_R][KN_MM_MAX_C];
+  float dm[KN_MM_MAX_C][KN_MM_QRUN][4];
+  const int64_t bb = kn_quant_block_bytes(dt), nb = k / KN_QBLOCK;
+  for (int r = 0; r < mr; r++)
+    for (int c = 0; c < nr; c++) acc[r][c] = _mm512_setzero_ps();
+  for (int64_t b0 = 0; b0 < nb; b0 += KN_MM_QRUN) {
+    int run = nb - b0 < KN_MM_QRUN ? (int)(nb - b0) : KN_MM_QRUN;
+    for (int c = 0; c < nr; c++)
+      for (int j = 0; j < run; j++)
+        _mm_storeu_ps(dm[c][j], mm_block_dm((const uint8_t *)wr[c] + (b0 + j) * bb, dt));
+    for (int j = 0; j < run; j++)
+      for (int c = 0; c < nr; c++) {
+        __m512 w[2];
+        mm_qblock_avx512((const uint8_t *)wr[c] + (b0 + j) * bb, dt, dm[c][j], w);
+        for (int r = 0; r < mr; r++) {
+          const float *x = xr[r] + (b0 + j) * KN_QBLOCK;
+          acc[r][c] = _mm512_fmadd_ps(_mm512_loadu_ps(x), w[0], acc[r][c]);
+          acc[r][c] = _mm512_fmadd_ps(_mm512_loadu_ps(x + 16), w[1], acc[r][c]);
+        }
+      }
+  }
+  for (int r = 0; r < mr; r++)
+    for (int c = 0; c < nr; c++) out[r * nr + c] = mm_fold16_avx512(acc[r][c]);
+}
+
+#define MM_INST_QAVX512(name, dt, mr, nr)                                                  \
+  static MM_AVX512 void name(const float *const *xr, const void *const *wr, int64_t k,    \
+                             float *out) {                                                 \
+    mm_qbody_avx512(xr, wr, k, out, dt, mr, nr);                                           \
+  }
+MM_INST_QAVX512(mm_avx512_q8_0_4x4, IR_Q8_0, 4, 4)
+MM_INST_QAVX512(mm_avx512_q8_0_1x8, IR_Q8_0, 1, 8)
+MM_INST_QAVX512(mm_avx512_q4_0_4x4, IR_Q4_0, 4, 4)
+MM_INST_QAVX512(mm_avx512_q4_0_1x8, IR_Q4_0, 1, 8)
+MM_INST_QAVX512(mm_avx512_q4_1_4x4, IR_Q4_1, 4, 4)
+MM_INST_QAVX512(mm_avx512_q4_1_1x8, IR_Q4_1, 1, 8)
+
+static const mm_kernels k_mm_avx512[6] = {
     {4, 4, mm_avx512_f32_4x4, 8, mm_avx512_f32_1x8},
     {4, 4, mm_avx512_f16_4x4, 8, mm_avx512_f16_1x8},
     {4, 4, mm_avx512_bf16_4x4, 8, mm_avx512_bf16_1x8},
+    {4, 4, mm_avx512_q8_0_4x4, 8, mm_avx512_q8_0_1x8},
+    {4, 4, mm_avx512_q4_0_4x4, 8, mm_avx512_q4_0_1x8},
+    {4, 4, mm_avx512_q4_1_4x4, 8, mm_avx512_q4_1_1x8},
 };
 #endif
 
@@ -253,15 +422,54 @@ static bool mm_has_f16c(void) {
 }
 #endif
 
-/* The choice depends only on the CPU, so it is the same for every call of a process. */
-static const mm_kernels *mm_pick(ir_dtype wt) {
-  int d = wt == IR_F32 ? 0 : wt == IR_F16 ? 1 : 2;
+/* The best instruction set the CPU offers (0, 1, 2), found once: cpuid is slow, and
+ * under a hypervisor each one is a VM exit. Every thread finds the same value, so the
+ * first-use race is benign; it is atomic to stay defined. */
+static int mm_cpu_isa(void) {
+  static _Atomic int cached = -1;
+  int isa = atomic_load_explicit(&cached, memory_order_relaxed);
+  if (isa >= 0) return isa;
+  isa = 0;
 #if KN_MM_X86
   bool base = __builtin_cpu_supports("fma") && mm_has_f16c();
+  if (base && __builtin_cpu_supports("avx2")) isa = 1;
 #if KN_MATMUL_MAX_ISA >= 2
-  if (base && __builtin_cpu_supports("avx512f")) return &k_mm_avx512[d];
+  if (base && __builtin_cpu_supports("avx512f")) isa = 2;
 #endif
-  if (base && __builtin_cpu_supports("avx2")) return &k_mm_avx2[d];
+#endif
+  atomic_store_explicit(&cached, isa, memory_order_relaxed);
+  return isa;
+}
+
+static _Atomic int g_mm_max_isa = KN_MATMUL_MAX_ISA;
+
+int kn_matmul_set_max_isa(int isa) {
+  int cap = isa < 0 ? 0 : isa > KN_MATMUL_MAX_ISA ? KN_MATMUL_MAX_ISA : isa;
+  return atomic_exchange(&g_mm_max_isa, cap);
+}
+
+static int mm_dtype_index(ir_dtype wt) {
+  switch (wt) {
+  case IR_F16: return 1;
+  case IR_BF16: return 2;
+  case IR_Q8_0: return 3;
+  case IR_Q4_0: return 4;
+  case IR_Q4_1: return 5;
+  default: return 0;
+  }
+}
+
+/* The choice depends only on the CPU (and the cap), so it is the same for every call
+ * of a process unless a test changes the cap. */
+static const mm_kernels *mm_pick(ir_dtype wt) {
+  int d = mm_dtype_index(wt);
+  int isa = mm_cpu_isa(), cap = atomic_load_explicit(&g_mm_max_isa, memory_order_relaxed);
+  if (isa > cap) isa = cap;
+#if KN_MM_X86
+#if KN_MATMUL_MAX_ISA >= 2
+  if (isa >= 2) return &k_mm_avx512[d];
+#endif
+  if (isa >= 1) return &k_mm_avx2[d];
 #endif
   return &k_mm_c[d];
 }
@@ -340,7 +548,7 @@ void kn_matmul(kn_pool *p, float *y, const float *x, const void *w, ir_dtype wt,
                const float *bias, int64_t m, int64_t n, int64_t k) {
   if (m <= 0 || n <= 0) return;
   mm_args a = {.y = y, .x = x, .w = w, .bias = bias, .m = m, .n = n, .k = k,
-               .w_row_bytes = k * (wt == IR_F32 ? 4 : 2), .kern = mm_pick(wt)};
+               .w_row_bytes = (int64_t)ir_dtype_bytes(wt, (uint64_t)k), .kern = mm_pick(wt)};
   mm_plan(&a, kn_pool_threads(p));
   int64_t tasks = a.n_tiles * ((m + a.mb - 1) / a.mb);
   int64_t flops = 2 * m * n * k;

@@ -25,5 +25,8 @@ int cmd_generate(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+int cmd_run(int argc, char **argv); /* cli_run.c */
+int cmd_serve(int argc, char **argv);
+int cmd_batch(int argc, char **argv);
 
 #endif

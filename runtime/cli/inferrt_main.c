@@ -11,7 +11,10 @@ static int usage(FILE *f) {
         "  generate model.plan (--prompt TEXT | --chat MSG | --prompt-ids IDS)  generate text\n"
         "  tokenize (model.plan | --tokenizer PATH) --text TEXT     print token ids\n"
         "  detokenize (model.plan | --tokenizer PATH) --ids IDS     print text\n"
-        "  bench model.plan [--requests N ...]      synthetic serving workload\n\n"
+        "  bench model.plan [--requests N ...]      synthetic serving workload\n"
+        "  run model.plan --input [NAME=]F.pb ...   run a generic (e.g. ONNX) program\n"
+        "  serve model.plan [--port N ...]          OpenAI-compatible HTTP server\n"
+        "  batch model.plan --input F --output F    offline OpenAI batch-style jobs\n\n"
         "options: --help, --version. `inferrt <command> --help` for a command's options.\n", f);
   return f == stderr ? 2 : 0;
 }
@@ -28,6 +31,9 @@ int main(int argc, char **argv) {
   if (!strcmp(cmd, "tokenize")) return cmd_tokenize(argc - 1, argv + 1);
   if (!strcmp(cmd, "detokenize")) return cmd_detokenize(argc - 1, argv + 1);
   if (!strcmp(cmd, "bench")) return cmd_bench(argc - 1, argv + 1);
+  if (!strcmp(cmd, "run")) return cmd_run(argc - 1, argv + 1);
+  if (!strcmp(cmd, "serve")) return cmd_serve(argc - 1, argv + 1);
+  if (!strcmp(cmd, "batch")) return cmd_batch(argc - 1, argv + 1);
   fprintf(stderr, "inferrt: error: unknown command '%s'\n", cmd);
   return usage(stderr);
 }

@@ -2,6 +2,7 @@
  * preemption and cancellation, checked against single-sequence runs of the same model.
  * Because CPU kernels are batch-invariant, a request's tokens and log-probabilities must
  * be bit-identical however it was batched, chunked, cached or preempted. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -272,6 +273,100 @@ static void test_priority_and_limits(irt_model *m) {
   irt_engine_destroy(e);
 }
 
+typedef struct top_result {
+  int32_t tokens[MAX_OUT];
+  float logprobs[MAX_OUT];
+  int32_t top[MAX_OUT][5];
+  float top_lp[MAX_OUT][5];
+  int n_top[MAX_OUT];
+  int n;
+} top_result;
+
+static void on_top_event(void *user, const irt_event *ev) {
+  top_result *r = user;
+  if (ev->token < 0 || r->n >= MAX_OUT) return;
+  r->tokens[r->n] = ev->token;
+  r->logprobs[r->n] = ev->logprob;
+  r->n_top[r->n] = ev->n_top;
+  for (int k = 0; k < ev->n_top && k < 5; k++) {
+    r->top[r->n][k] = ev->top_tokens[k];
+    r->top_lp[r->n][k] = ev->top_logprobs[k];
+  }
+  r->n++;
+}
+
+/* Penalties and top alternatives against a hand-rolled greedy loop over irt_seq_decode:
+ * the penalised argmax must match token for token, and the top-5 must be the five largest
+ * raw logits as log-probabilities. */
+static void test_penalties_and_top(irt_model *m) {
+  enum { N_OUT = 24, P = 6 };
+  const float presence = 0.7f, frequency = 1.3f;
+  int32_t p[P] = {11, 12, 13, 11, 12, 13};
+  int64_t V = irt_model_get_info(m)->vocab_size;
+  float *lg = malloc((size_t)V * sizeof *lg), *pen = malloc((size_t)V * sizeof *pen);
+  int32_t *counts = calloc((size_t)V, sizeof *counts), want[N_OUT];
+  float want_top_lp[N_OUT][5];
+  int32_t want_top[N_OUT][5];
+  irt_seq *s = NULL;
+  irt_error err = {0};
+  CHECK(lg && pen && counts && irt_seq_create(m, &s, &err) == IRT_OK);
+  CHECK(irt_seq_decode(m, s, p, P, lg, false, &err) == IRT_OK);
+  for (int t = 0; t < N_OUT; t++) {
+    double mx = lg[0], sum = 0;
+    for (int64_t v = 0; v < V; v++) mx = lg[v] > mx ? lg[v] : mx;
+    for (int64_t v = 0; v < V; v++) sum += exp((double)lg[v] - mx);
+    for (int k = 0; k < 5; k++) { /* k-th largest, lower id first on ties */
+      int64_t best = -1;
+      for (int64_t v = 0; v < V; v++) {
+        bool taken = false;
+        for (int j = 0; j < k; j++) taken |= want_top[t][j] == v;
+        if (!taken && (best < 0 || lg[v] > lg[best])) best = v;
+      }
+      want_top[t][k] = (int32_t)best;
+      want_top_lp[t][k] = (float)((double)lg[best] - (mx + log(sum)));
+    }
+    int64_t arg = 0;
+    for (int64_t v = 0; v < V; v++) {
+      pen[v] = lg[v] - (counts[v] ? presence + frequency * (float)counts[v] : 0.0f);
+      if (pen[v] > pen[arg]) arg = v;
+    }
+    want[t] = (int32_t)arg;
+    counts[arg]++;
+    CHECK(irt_seq_decode(m, s, &want[t], 1, lg, false, &err) == IRT_OK);
+  }
+  irt_seq_destroy(s);
+  irt_engine *e = NULL;
+  CHECK(irt_engine_create(m, NULL, &e, &err) == IRT_OK);
+  static top_result got;
+  memset(&got, 0, sizeof got);
+  irt_request q = {.prompt_ids = p, .n_prompt = P, .max_tokens = N_OUT, .ignore_eos = true,
+                   .sampling = irt_sampling_default(), .presence_penalty = presence,
+                   .frequency_penalty = frequency, .top_logprobs = 5, .on_event = on_top_event,
+                   .user = &got};
+  CHECK(irt_engine_submit(e, &q, NULL, &err) == IRT_OK);
+  CHECK(irt_engine_run(e, &err) == IRT_OK);
+  CHECK(got.n == N_OUT);
+  int repeats = 0;
+  for (int t = 0; t < got.n; t++) {
+    CHECKF(got.tokens[t] == want[t], "penalised token %d: got %d, want %d", t, got.tokens[t], want[t]);
+    CHECK(got.n_top[t] == 5);
+    for (int k = 0; k < 5; k++)
+      CHECKF(got.top[t][k] == want_top[t][k] && fabsf(got.top_lp[t][k] - want_top_lp[t][k]) < 1e-5f,
+             "top %d at %d: got %d (%g), want %d (%g)", k, t, got.top[t][k], got.top_lp[t][k],
+             want_top[t][k], want_top_lp[t][k]);
+    for (int u = 0; u < t; u++) repeats += got.tokens[u] == got.tokens[t];
+  }
+  CHECKF(repeats < N_OUT / 2, "penalties left %d repeats", repeats);
+  /* Out-of-range values are refused. */
+  q.presence_penalty = 2.5f;
+  CHECK(irt_engine_submit(e, &q, NULL, &err) == IRT_INVALID_ARG);
+  q.presence_penalty = 0;
+  q.top_logprobs = IRT_MAX_TOP_LOGPROBS + 1;
+  CHECK(irt_engine_submit(e, &q, NULL, &err) == IRT_INVALID_ARG);
+  irt_engine_destroy(e);
+  free(lg), free(pen), free(counts);
+}
+
 int main(void) {
   const char *plan = build_plan();
   irt_model *m = open_model(plan, 0);
@@ -284,6 +379,7 @@ int main(void) {
   test_parallel_sampling(m);
   test_cancel(m);
   test_priority_and_limits(m);
+  test_penalties_and_top(m);
   irt_model_close(m);
   test_preemption(plan, ref, N);
   return tcheck_done("engine");

@@ -369,7 +369,12 @@ static void test_names_and_destroy(void) {
   CHECK(strcmp(ir_op_name(IR_OP_ADD_RMS_NORM), "add_rms_norm") == 0);
   CHECK(ir_op_from_name("gather_rows") == IR_OP_GATHER_ROWS);
   CHECK(ir_op_from_name("conv") == IR_OP_INVALID);
-  CHECK(strcmp(ir_op_name((ir_op)99), "invalid") == 0);
+  CHECK(strcmp(ir_op_name(IR_OP_COUNT), "invalid") == 0);
+  CHECK(strcmp(ir_op_name((ir_op)9999), "invalid") == 0);
+  CHECK(strcmp(ir_op_name(IR_OP_ND_TRILU), "nd.trilu") == 0);
+  CHECK(ir_op_from_name("nd.attention") == IR_OP_ND_ATTENTION);
+  for (int op = 1; op < IR_OP_COUNT; op++) /* every op has a name of its own */
+    CHECKF(ir_op_from_name(ir_op_name((ir_op)op)) == (ir_op)op, "op %d", op);
   CHECK(strcmp(ir_sym_name(IR_SYM_LOGITS), "L") == 0);
   ir_graph_destroy(NULL); /* a no-op */
   ir_graph *g = ir_graph_create();

@@ -1,0 +1,213 @@
+/* infc_gguf_llama: GGUF metadata -> model_llama_params, HF tensor names -> GGUF names. */
+#include "infc_gguf_llama.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- names -------------------------------------------------------------------------- */
+
+typedef struct gl_name {
+  const char *hf, *gguf;
+} gl_name;
+
+static const gl_name k_global_names[] = {
+    {"model.embed_tokens", "token_embd"},
+    {"model.norm", "output_norm"},
+    {"lm_head", "output"},
+};
+
+static const gl_name k_layer_names[] = {
+    {"input_layernorm", "attn_norm"},      {"post_attention_layernorm", "ffn_norm"},
+    {"self_attn.q_proj", "attn_q"},        {"self_attn.k_proj", "attn_k"},
+    {"self_attn.v_proj", "attn_v"},        {"self_attn.o_proj", "attn_output"},
+    {"mlp.gate_proj", "ffn_gate"},         {"mlp.up_proj", "ffn_up"},
+    {"mlp.down_proj", "ffn_down"},
+};
+
+#define GL_COUNT(a) (sizeof(a) / sizeof((a)[0]))
+
+static const char *gl_lookup(const gl_name *tab, size_t n, const char *hf, size_t len) {
+  for (size_t i = 0; i < n; i++)
+    if (strlen(tab[i].hf) == len && memcmp(tab[i].hf, hf, len) == 0) return tab[i].gguf;
+  return NULL;
+}
+
+bool infc_gguf_llama_name(const char *hf, char *buf, size_t len) {
+  const char *dot = strrchr(hf, '.');
+  if (!dot || (strcmp(dot, ".weight") != 0 && strcmp(dot, ".bias") != 0)) return false;
+  const char *g = gl_lookup(k_global_names, GL_COUNT(k_global_names), hf, (size_t)(dot - hf));
+  int n = -1;
+  if (g) {
+    n = snprintf(buf, len, "%s%s", g, dot);
+  } else if (strncmp(hf, "model.layers.", 13) == 0) {
+    const char *p = hf + 13, *q = p;
+    while (*q >= '0' && *q <= '9') q++;
+    if (q == p || q - p > 9 || *q != '.' || (*p == '0' && q - p > 1)) return false;
+    g = gl_lookup(k_layer_names, GL_COUNT(k_layer_names), q + 1, (size_t)(dot - q - 1));
+    if (g) n = snprintf(buf, len, "blk.%.*s.%s%s", (int)(q - p), p, g, dot);
+  }
+  return n > 0 && (size_t)n < len;
+}
+
+static bool gl_find(void *ctx, const char *name, model_tensor *out) {
+  char gname[256];
+  if (!infc_gguf_llama_name(name, gname, sizeof gname)) return false;
+  const infc_gguf_tensor *t = infc_gguf_tensor_find(ctx, gname);
+  if (!t) return false;
+  *out = (model_tensor){.dtype = t->dtype, .rank = t->rank, .data = t->data, .nbytes = t->nbytes};
+  for (int i = 0; i < t->rank; i++) out->shape[i] = t->shape[i];
+  return true;
+}
+
+model_tensor_src infc_gguf_llama_src(const infc_gguf *g) {
+  return (model_tensor_src){.ctx = (void *)g, .find = gl_find};
+}
+
+/* ---- metadata ----------------------------------------------------------------------- */
+
+typedef struct gl_reader {
+  const infc_gguf *g;
+  const char *arch;
+  ir_diag *d;
+  ir_status st;
+  char key[160];
+} gl_reader;
+
+static const char *gl_key(gl_reader *r, const char *suffix) {
+  snprintf(r->key, sizeof r->key, "%s.%s", r->arch, suffix);
+  return r->key;
+}
+
+static int64_t gl_int(gl_reader *r, const char *key, bool required, int64_t def) {
+  if (r->st != IR_OK) return def;
+  if (!infc_gguf_kv_find(r->g, key)) {
+    if (required)
+      r->st = ir_diag_set(r->d, IR_BAD_FORMAT, "%s: metadata key '%s' is missing",
+                          infc_gguf_path(r->g), key);
+    return def;
+  }
+  uint32_t v = 0;
+  r->st = infc_gguf_get_u32(r->g, key, &v, r->d);
+  return v;
+}
+
+static double gl_float(gl_reader *r, const char *key, bool required, double def) {
+  if (r->st != IR_OK || (!required && !infc_gguf_kv_find(r->g, key))) return def;
+  float v = 0;
+  r->st = infc_gguf_get_f32(r->g, key, &v, r->d);
+  return v;
+}
+
+static void gl_refuse(gl_reader *r, const char *what) {
+  if (r->st == IR_OK)
+    r->st = ir_diag_set(r->d, IR_UNSUPPORTED, "%s: %s is not supported", infc_gguf_path(r->g),
+                        what);
+}
+
+static void gl_arch(gl_reader *r, model_llama_params *p) {
+  infc_gguf_str a;
+  r->st = infc_gguf_get_str(r->g, "general.architecture", &a, r->d);
+  if (r->st != IR_OK) return;
+  if (infc_gguf_str_eq(a, "llama")) r->arch = "llama";
+  else if (infc_gguf_str_eq(a, "qwen2")) r->arch = "qwen2";
+  else {
+    r->st = ir_diag_set(r->d, IR_UNSUPPORTED, "%s: unknown architecture '%.*s' (supported: "
+                        "llama, qwen2)", infc_gguf_path(r->g), a.len > 64 ? 64 : (int)a.len,
+                        a.ptr);
+    return;
+  }
+  snprintf(p->arch, sizeof p->arch, "%s", r->arch);
+  /* llama.cpp runs llama with its "normal" rope on adjacent pairs (the converter
+   * permuted the q/k rows to match) and qwen2 with NeoX rotate-half, as HF does. */
+  p->rope_interleaved = strcmp(r->arch, "llama") == 0;
+}
+
+static void gl_sizes(gl_reader *r, model_llama_params *p) {
+  p->n_layers = gl_int(r, gl_key(r, "block_count"), true, 0);
+  p->max_position = gl_int(r, gl_key(r, "context_length"), true, 0);
+  p->hidden_size = gl_int(r, gl_key(r, "embedding_length"), true, 0);
+  p->intermediate_size = gl_int(r, gl_key(r, "feed_forward_length"), true, 0);
+  p->n_heads = gl_int(r, gl_key(r, "attention.head_count"), true, 0);
+  p->n_kv_heads = gl_int(r, gl_key(r, "attention.head_count_kv"), false, p->n_heads);
+  int64_t def_hd = p->n_heads > 0 ? p->hidden_size / p->n_heads : 0;
+  p->head_dim = gl_int(r, gl_key(r, "attention.key_length"), false, def_hd);
+  int64_t vd = gl_int(r, gl_key(r, "attention.value_length"), false, p->head_dim);
+  p->rms_norm_eps = gl_float(r, gl_key(r, "attention.layer_norm_rms_epsilon"), true, 0);
+  p->rope_theta = gl_float(r, gl_key(r, "rope.freq_base"), false, 10000.0);
+  int64_t rot = gl_int(r, gl_key(r, "rope.dimension_count"), false, p->head_dim);
+  /* each layer holds tensors: a count the file cannot back is refused before any loop */
+  if (r->st == IR_OK && (uint64_t)p->n_layers > infc_gguf_tensor_count(r->g))
+    r->st = ir_diag_set(r->d, IR_BAD_FORMAT, "%s: block_count %lld exceeds the %zu tensors "
+                        "of the file", infc_gguf_path(r->g), (long long)p->n_layers,
+                        infc_gguf_tensor_count(r->g));
+  if (r->st == IR_OK && vd != p->head_dim) gl_refuse(r, "a value_length unlike key_length");
+  if (r->st == IR_OK && rot != p->head_dim)
+    gl_refuse(r, "partial rotary (rope.dimension_count below the head size)");
+}
+
+static void gl_vocab(gl_reader *r, model_llama_params *p) {
+  if (r->st != IR_OK) return;
+  const char *key = gl_key(r, "vocab_size");
+  if (infc_gguf_kv_find(r->g, key)) {
+    p->vocab_size = gl_int(r, key, true, 0);
+  } else if (infc_gguf_kv_find(r->g, "tokenizer.ggml.tokens")) {
+    const infc_gguf_str *toks;
+    uint64_t n = 0;
+    r->st = infc_gguf_get_strs(r->g, "tokenizer.ggml.tokens", &toks, &n, r->d);
+    p->vocab_size = (int64_t)n;
+  } else {
+    const infc_gguf_tensor *t = infc_gguf_tensor_find(r->g, "token_embd.weight");
+    p->vocab_size = t && t->rank == 2 ? t->shape[0] : 0;
+  }
+  p->bos_token_id = gl_int(r, "tokenizer.ggml.bos_token_id", false, -1);
+  p->eos_token_id = gl_int(r, "tokenizer.ggml.eos_token_id", false, -1);
+}
+
+/* Features llama.cpp can run on these archs but the template cannot express. */
+static void gl_features(gl_reader *r, model_llama_params *p) {
+  if (r->st != IR_OK) return;
+  if (gl_int(r, gl_key(r, "expert_count"), false, 0) > 0)
+    gl_refuse(r, "a mixture of experts (expert_count > 0)");
+  const infc_gguf_kv *kv = infc_gguf_kv_find(r->g, gl_key(r, "rope.scaling.type"));
+  if (r->st == IR_OK && kv && !(kv->value.type == INFC_GGUF_STRING &&
+                                infc_gguf_str_eq(kv->value.str, "none")))
+    gl_refuse(r, "rope scaling (rope.scaling.type)");
+  if (r->st == IR_OK && infc_gguf_tensor_find(r->g, "rope_freqs.weight"))
+    gl_refuse(r, "rope frequency factors (tensor 'rope_freqs.weight')");
+  p->tie_word_embeddings = !infc_gguf_tensor_find(r->g, "output.weight");
+  p->attention_bias = infc_gguf_tensor_find(r->g, "blk.0.attn_q.bias") != NULL;
+}
+
+/* Every tensor the template will ask for must have a type the kernels know. */
+static ir_status gl_check_types(const infc_gguf *g, const model_llama_params *p, ir_diag *d) {
+  static const char *const k_global[] = {"token_embd.weight", "output_norm.weight",
+                                         "output.weight"};
+  char name[96];
+  for (size_t i = 0; i < GL_COUNT(k_global); i++) {
+    const infc_gguf_tensor *t = infc_gguf_tensor_find(g, k_global[i]);
+    if (t && infc_gguf_type_check(t, d) != IR_OK) return d->status;
+  }
+  for (int64_t l = 0; l < p->n_layers; l++)
+    for (size_t i = 0; i < 2 * GL_COUNT(k_layer_names); i++) {
+      snprintf(name, sizeof name, "blk.%lld.%s.%s", (long long)l,
+               k_layer_names[i / 2].gguf, i % 2 ? "bias" : "weight");
+      const infc_gguf_tensor *t = infc_gguf_tensor_find(g, name);
+      if (t && infc_gguf_type_check(t, d) != IR_OK) return d->status;
+    }
+  return IR_OK;
+}
+
+ir_status infc_gguf_llama_params(const infc_gguf *g, model_llama_params *out, ir_diag *d) {
+  memset(out, 0, sizeof *out);
+  gl_reader r = {.g = g, .d = d, .st = IR_OK};
+  gl_arch(&r, out);
+  if (r.st == IR_OK) gl_sizes(&r, out);
+  gl_vocab(&r, out);
+  gl_features(&r, out);
+  if (r.st == IR_OK && (r.st = gl_check_types(g, out, d)) != IR_OK)
+    ir_diag_prefix(d, "%s", infc_gguf_path(g));
+  if (r.st == IR_OK && (r.st = model_llama_check(out, d)) != IR_OK)
+    ir_diag_prefix(d, "%s", infc_gguf_path(g));
+  return r.st;
+}

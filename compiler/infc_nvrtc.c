@@ -1,0 +1,258 @@
+/* infc_nvrtc: NVRTC through dlopen; see infc_nvrtc.h. The few NVRTC entry points used
+ * are declared here, so no CUDA header is needed to build infc. */
+#include "infc_nvrtc.h"
+
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef int nvrtc_result; /* nvrtcResult: 0 is NVRTC_SUCCESS */
+typedef void *nvrtc_program;
+
+struct infc_nvrtc {
+  void *lib;
+  int major, minor;
+  const char *(*error_string)(nvrtc_result);
+  nvrtc_result (*version)(int *, int *);
+  nvrtc_result (*create)(nvrtc_program *, const char *, const char *, int, const char *const *,
+                         const char *const *);
+  nvrtc_result (*destroy)(nvrtc_program *);
+  nvrtc_result (*compile)(nvrtc_program, int, const char *const *);
+  nvrtc_result (*log_size)(nvrtc_program, size_t *);
+  nvrtc_result (*log)(nvrtc_program, char *);
+  nvrtc_result (*ptx_size)(nvrtc_program, size_t *);
+  nvrtc_result (*ptx)(nvrtc_program, char *);
+  nvrtc_result (*cubin_size)(nvrtc_program, size_t *);
+  nvrtc_result (*cubin)(nvrtc_program, char *);
+};
+
+static void *nvrtc_dlopen(void) {
+  static const char *const names[] = {"libnvrtc.so", "libnvrtc.so.13", "libnvrtc.so.12",
+                                      "/usr/local/cuda/lib64/libnvrtc.so"};
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+    void *lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+    if (lib) return lib;
+  }
+  return NULL;
+}
+
+/* POSIX lets a data pointer carry a function address; memcpy keeps -Wpedantic quiet. */
+static int nvrtc_sym(void *lib, const char *name, void *fn_out, size_t fn_size) {
+  void *p = dlsym(lib, name);
+  if (!p) return 0;
+  memcpy(fn_out, &p, fn_size);
+  return 1;
+}
+
+ir_status infc_nvrtc_open(infc_nvrtc **out, ir_diag *d) {
+  *out = NULL;
+  void *lib = nvrtc_dlopen();
+  if (!lib)
+    return ir_diag_set(d, IR_UNSUPPORTED,
+                       "NVRTC not found: install the CUDA toolkit or build a CPU plan");
+  infc_nvrtc *n = calloc(1, sizeof *n);
+  if (!n) {
+    dlclose(lib);
+    return ir_diag_set(d, IR_OOM, "out of memory");
+  }
+  n->lib = lib;
+#define SYM(field, name) nvrtc_sym(lib, name, &n->field, sizeof n->field)
+  int ok = SYM(error_string, "nvrtcGetErrorString") && SYM(version, "nvrtcVersion") &&
+           SYM(create, "nvrtcCreateProgram") && SYM(destroy, "nvrtcDestroyProgram") &&
+           SYM(compile, "nvrtcCompileProgram") && SYM(log_size, "nvrtcGetProgramLogSize") &&
+           SYM(log, "nvrtcGetProgramLog") && SYM(ptx_size, "nvrtcGetPTXSize") &&
+           SYM(ptx, "nvrtcGetPTX") && SYM(cubin_size, "nvrtcGetCUBINSize") &&
+           SYM(cubin, "nvrtcGetCUBIN");
+#undef SYM
+  if (!ok || n->version(&n->major, &n->minor) != 0) {
+    infc_nvrtc_close(n);
+    return ir_diag_set(d, IR_UNSUPPORTED,
+                       "NVRTC found but unusable (missing entry points; CUDA 11.2 or newer "
+                       "is needed): install the CUDA toolkit or build a CPU plan");
+  }
+  *out = n;
+  return IR_OK;
+}
+
+void infc_nvrtc_close(infc_nvrtc *n) {
+  if (!n) return;
+  if (n->lib) dlclose(n->lib);
+  free(n);
+}
+
+void infc_nvrtc_version(const infc_nvrtc *n, int *out_major, int *out_minor) {
+  *out_major = n->major;
+  *out_minor = n->minor;
+}
+
+ir_status infc_nvrtc_parse_archs(const char *list, int *out, int cap, int *out_n, ir_diag *d) {
+  *out_n = 0;
+  const char *p = list;
+  while (*p) {
+    if (!strncmp(p, "sm_", 3)) p += 3;
+    char *end;
+    long v = strtol(p, &end, 10);
+    if (end == p || v < 50 || v > 199 || (*end && *end != ','))
+      return ir_diag_set(d, IR_INVALID_ARG, "arch: '%s': expected a list like sm_80,sm_90",
+                         list);
+    for (int i = 0; i < *out_n; i++)
+      if (out[i] == v) return ir_diag_set(d, IR_INVALID_ARG, "arch: sm_%ld given twice", v);
+    if (*out_n == cap)
+      return ir_diag_set(d, IR_INVALID_ARG, "arch: more than %d archs in '%s'", cap, list);
+    out[(*out_n)++] = (int)v;
+    p = *end ? end + 1 : end;
+  }
+  if (*out_n == 0) return ir_diag_set(d, IR_INVALID_ARG, "arch: empty list");
+  return IR_OK;
+}
+
+/* Reads one of the program's outputs (log, PTX or CUBIN) into a fresh buffer. */
+static ir_status nvrtc_fetch(nvrtc_result (*size_fn)(nvrtc_program, size_t *),
+                             nvrtc_result (*get_fn)(nvrtc_program, char *), nvrtc_program prog,
+                             char **out, size_t *out_size, ir_diag *d) {
+  size_t size = 0;
+  *out = NULL;
+  if (size_fn(prog, &size) != 0) return ir_diag_set(d, IR_UNSUPPORTED, "NVRTC gave no output");
+  char *buf = malloc(size + 1);
+  if (!buf) return ir_diag_set(d, IR_OOM, "out of memory");
+  if (size && get_fn(prog, buf) != 0) {
+    free(buf);
+    return ir_diag_set(d, IR_UNSUPPORTED, "NVRTC gave no output");
+  }
+  buf[size] = '\0';
+  *out = buf;
+  if (out_size) *out_size = size;
+  return IR_OK;
+}
+
+/* One NVRTC compile of src for target ("sm_80" gives CUBIN, "compute_80" PTX). */
+static ir_status nvrtc_run(infc_nvrtc *n, const char *src, const char *name, const char *target,
+                           const char *const *opts, int n_opts, nvrtc_program *out_prog,
+                           char **out_log, ir_diag *d) {
+  char arch_opt[64];
+  snprintf(arch_opt, sizeof arch_opt, "--gpu-architecture=%s", target);
+  const char *argv[64];
+  int argc = 0;
+  argv[argc++] = arch_opt;
+  argv[argc++] = "-std=c++17";
+  argv[argc++] = "--ptxas-options=-v";
+  if (n_opts > (int)(sizeof argv / sizeof argv[0]) - argc)
+    return ir_diag_set(d, IR_INVALID_ARG, "%s: too many NVRTC options", name);
+  for (int i = 0; i < n_opts; i++) argv[argc++] = opts[i];
+  nvrtc_program prog = NULL;
+  nvrtc_result r = n->create(&prog, src, name, 0, NULL, NULL);
+  if (r != 0) return ir_diag_set(d, IR_UNSUPPORTED, "%s: NVRTC: %s", name, n->error_string(r));
+  r = n->compile(prog, argc, argv);
+  ir_status st = nvrtc_fetch(n->log_size, n->log, prog, out_log, NULL, d);
+  if (st == IR_OK && r != 0) {
+    st = ir_diag_set(d, IR_BAD_FORMAT, "%s: %s for %s:\n%.400s", name, n->error_string(r),
+                     target, *out_log);
+    free(*out_log);
+    *out_log = NULL;
+  }
+  if (st != IR_OK) {
+    n->destroy(&prog);
+    return st;
+  }
+  *out_prog = prog;
+  return IR_OK;
+}
+
+ir_status infc_nvrtc_compile(infc_nvrtc *n, const char *src, const char *name, int arch,
+                             const char *const *opts, int n_opts, infc_nvrtc_image *out,
+                             ir_diag *d) {
+  memset(out, 0, sizeof *out);
+  out->arch = arch;
+  char target[32];
+  nvrtc_program prog;
+  snprintf(target, sizeof target, "sm_%d", arch);
+  ir_status st = nvrtc_run(n, src, name, target, opts, n_opts, &prog, &out->log, d);
+  if (st != IR_OK) return st;
+  st = nvrtc_fetch(n->cubin_size, n->cubin, prog, (char **)&out->cubin, &out->cubin_size, d);
+  n->destroy(&prog);
+  if (st == IR_OK) { /* a real-arch compile yields no PTX: a virtual-arch one does */
+    char *log2 = NULL;
+    snprintf(target, sizeof target, "compute_%d", arch);
+    st = nvrtc_run(n, src, name, target, opts, n_opts, &prog, &log2, d);
+    free(log2);
+    if (st == IR_OK) {
+      st = nvrtc_fetch(n->ptx_size, n->ptx, prog, &out->ptx, &out->ptx_size, d);
+      n->destroy(&prog);
+    }
+  }
+  if (st == IR_OK) {
+    int cap = infc_nvrtc_parse_ptxas(out->log, NULL, 0);
+    out->stats = calloc(cap > 0 ? (size_t)cap : 1, sizeof *out->stats);
+    if (!out->stats) st = ir_diag_set(d, IR_OOM, "out of memory");
+    else out->n_stats = infc_nvrtc_parse_ptxas(out->log, out->stats, cap);
+  }
+  if (st != IR_OK) infc_nvrtc_image_free(out);
+  return st;
+}
+
+void infc_nvrtc_image_free(infc_nvrtc_image *im) {
+  if (!im) return;
+  free(im->ptx);
+  free(im->cubin);
+  free(im->log);
+  free(im->stats);
+  memset(im, 0, sizeof *im);
+}
+
+/* Reads the integer before `what` on the line starting at line (0 if absent). */
+static int ptxas_num_before(const char *line, const char *eol, const char *what) {
+  size_t wl = strlen(what);
+  for (const char *p = line; p + wl <= eol; p++) {
+    if (memcmp(p, what, wl)) continue;
+    const char *q = p;
+    while (q > line && q[-1] == ' ') q--;
+    while (q > line && q[-1] >= '0' && q[-1] <= '9') q--;
+    return atoi(q);
+  }
+  return 0;
+}
+
+/* ptxas -v prints, per kernel:
+ *   ptxas info    : Compiling entry function 'kn_x' for 'sm_90'
+ *   ptxas info    : Function properties for kn_x
+ *       0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ *   ptxas info    : Used 32 registers, used 1 barriers, 32 bytes smem, ...  */
+int infc_nvrtc_parse_ptxas(const char *log, infc_kernel_stats *out, int cap) {
+  int n = 0;
+  infc_kernel_stats *cur = NULL;
+  int in_entry = 0;
+  for (const char *line = log; line && *line;) {
+    const char *eol = strchr(line, '\n');
+    if (!eol) eol = line + strlen(line);
+    const char *q = strstr(line, "Compiling entry function '");
+    if (q && q < eol) {
+      q += strlen("Compiling entry function '");
+      const char *e = memchr(q, '\'', (size_t)(eol - q));
+      cur = n < cap ? &out[n] : NULL;
+      in_entry = 0;
+      n++;
+      if (cur && e) {
+        memset(cur, 0, sizeof *cur);
+        size_t len = (size_t)(e - q) < sizeof cur->name - 1 ? (size_t)(e - q)
+                                                            : sizeof cur->name - 1;
+        memcpy(cur->name, q, len);
+      }
+    } else if ((q = strstr(line, "Function properties for ")) && q < eol) {
+      /* non-inlined device functions get their own report: keep only the entry's */
+      q += strlen("Function properties for ");
+      size_t len = strlen(cur ? cur->name : "");
+      in_entry = cur && (size_t)(eol - q) >= len && !memcmp(q, cur->name, len) &&
+                 (q + len == eol || q[len] == ' ' || q[len] == '\r');
+    } else if (cur && in_entry && (q = strstr(line, "bytes stack frame")) && q < eol) {
+      cur->stack_bytes = ptxas_num_before(line, eol, "bytes stack frame");
+      cur->spill_stores = ptxas_num_before(line, eol, "bytes spill stores");
+      cur->spill_loads = ptxas_num_before(line, eol, "bytes spill loads");
+    } else if (cur && (q = strstr(line, "Used ")) && q < eol) {
+      cur->registers = ptxas_num_before(line, eol, "registers");
+      cur->smem_bytes = ptxas_num_before(line, eol, "bytes smem");
+    }
+    line = *eol ? eol + 1 : eol;
+  }
+  return n;
+}

@@ -1,0 +1,56 @@
+/* kn_quant: the block-quantized weight types (ggml layouts, see ir_dtype.h), decoded
+ * block by block. Every type is read as x[i] = d * q[i] + m over a block of 32 values:
+ *   Q8_0: q = int8,          m = 0      x = d * q
+ *   Q4_0: q = nibble - 8,    m = 0      x = d * q  (low nibbles: values 0..15, high: 16..31)
+ *   Q4_1: q = nibble,        m = min    x = fma(d, q, m), rounded once
+ * q is an exact small integer held in a float. Blocks need no alignment. These values
+ * are the contract: the matmul kernels dequantize in registers to exactly them. */
+#ifndef KN_QUANT_H
+#define KN_QUANT_H
+
+#include <math.h>
+#include <stdint.h>
+
+#include "ir_dtype.h"
+
+enum { KN_QBLOCK = 32 };
+
+static inline int kn_quant_block_bytes(ir_dtype dt) {
+  return dt == IR_Q8_0 ? 34 : dt == IR_Q4_0 ? 18 : dt == IR_Q4_1 ? 20 : 0;
+}
+
+static inline float kn_quant_f16(const uint8_t *p) {
+  return ir_f16_to_f32((uint16_t)(p[0] | (uint16_t)p[1] << 8));
+}
+
+/* Decodes one block: q[32], the scale d and the offset m. */
+static inline void kn_quant_block(const uint8_t *blk, ir_dtype dt, float *q, float *d,
+                                  float *m) {
+  *d = kn_quant_f16(blk);
+  *m = 0.0f;
+  if (dt == IR_Q8_0) {
+    for (int i = 0; i < KN_QBLOCK; i++) q[i] = (float)(int8_t)blk[2 + i];
+    return;
+  }
+  const uint8_t *qs = blk + (dt == IR_Q4_1 ? 4 : 2);
+  int off = dt == IR_Q4_1 ? 0 : 8;
+  if (dt == IR_Q4_1) *m = kn_quant_f16(blk + 2);
+  for (int i = 0; i < KN_QBLOCK / 2; i++) {
+    q[i] = (float)((qs[i] & 0x0f) - off);
+    q[i + KN_QBLOCK / 2] = (float)((qs[i] >> 4) - off);
+  }
+}
+
+static inline float kn_quant_value(ir_dtype dt, float q, float d, float m) {
+  return dt == IR_Q4_1 ? fmaf(d, q, m) : d * q;
+}
+
+/* out[0, n) = values [0, n) of a row of dtype dt (f32, f16, bf16 or a block type, with n
+ * a whole number of blocks) as f32. */
+void kn_dequant_row(const void *src, ir_dtype dt, float *out, int64_t n);
+
+/* Value i of a tensor stored as dt (flat row-major index; blocks run along the last
+ * dim, which holds whole blocks). */
+float kn_dequant_one(const void *src, ir_dtype dt, uint64_t i);
+
+#endif

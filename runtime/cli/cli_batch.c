@@ -1,0 +1,440 @@
+/* cli_batch: `inferrt batch` — offline OpenAI batch-style jobs. Each input line is
+ * {"custom_id", "method", "url", "body"}; each output line is {"id", "custom_id",
+ * "response": {"status_code", "request_id", "body"}, "error"}. Lines run through the engine
+ * concurrently (a bounded number in flight). Every finished result is appended as one whole
+ * line with one write(2), so a killed run loses nothing already written; a rerun skips the
+ * custom_ids already in the output and first drops a torn last line. Bad lines give error
+ * results, never a crash. */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "srv.h"
+
+typedef struct batch_args {
+  const char *plan, *input, *output, *model_name, *chat_template;
+  int64_t concurrency, threads, kv_tokens, max_batched;
+  bool no_progress;
+} batch_args;
+
+/* A set of strings (open addressing; grows at half load). */
+typedef struct strset {
+  char **slot;
+  size_t cap, n;
+} strset;
+
+typedef struct batch {
+  srv_ctx c;
+  char **lines;             /* (n_lines) pointers into buf, NUL-terminated */
+  int64_t *line_no;         /* (n_lines) 1-based line numbers in the input */
+  int64_t n_lines;
+  atomic_int_fast64_t next; /* next line to take */
+  atomic_int_fast64_t ok, failed, skipped, finished, prompt_tokens, gen_tokens;
+  pthread_mutex_t mu;       /* guards done and the output fd */
+  strset done;
+  int out_fd;
+  bool write_failed;
+} batch;
+
+static int usage(FILE *f) {
+  fputs("usage: inferrt batch model.plan --input IN.jsonl --output OUT.jsonl [options]\n\n"
+        "  --input FILE            requests, one JSON object a line:\n"
+        "                          {\"custom_id\", \"method\": \"POST\", \"url\": \"/v1/chat/completions\"\n"
+        "                          or \"/v1/completions\", \"body\": {...}}\n"
+        "  --output FILE           results, appended; custom_ids already there are skipped\n"
+        "  --concurrency N         requests in flight (default: the plan's sequences per step)\n"
+        "  --model-name NAME       the model id in responses (default: the plan's file name)\n"
+        "  --chat-template NAME    chatml, llama3, mistral, llama2, gemma or phi3\n"
+        "  --kv-tokens N           KV cache capacity in tokens (default: the context length)\n"
+        "  --max-batched-tokens N  token budget per step (default: the plan's)\n"
+        "  --threads N             CPU threads (default: all cores)\n"
+        "  --no-progress           no progress output\n", f);
+  return f == stderr ? 2 : 0;
+}
+
+static int parse(int argc, char **argv, batch_args *a) {
+  static const struct option longs[] = {
+      {"input", 1, 0, 1}, {"output", 1, 0, 2}, {"concurrency", 1, 0, 3}, {"model-name", 1, 0, 4},
+      {"chat-template", 1, 0, 5}, {"kv-tokens", 1, 0, 6}, {"max-batched-tokens", 1, 0, 7},
+      {"threads", 1, 0, 8}, {"no-progress", 0, 0, 9}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+  int c;
+  bool ok = true;
+  while (ok && (c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
+    switch (c) {
+    case 1: a->input = optarg; break;
+    case 2: a->output = optarg; break;
+    case 3: ok = cli_parse_i64(optarg, 1, 4096, &a->concurrency); break;
+    case 4: a->model_name = optarg; break;
+    case 5: a->chat_template = optarg; break;
+    case 6: ok = cli_parse_i64(optarg, 1, (int64_t)1 << 40, &a->kv_tokens); break;
+    case 7: ok = cli_parse_i64(optarg, 1, 1 << 20, &a->max_batched); break;
+    case 8: ok = cli_parse_i64(optarg, 0, 4096, &a->threads); break;
+    case 9: a->no_progress = true; break;
+    case 'h': return usage(stdout) - 1;
+    default: return usage(stderr);
+    }
+    if (!ok) return cli_fail("bad value for --%s: '%s'", longs[c - 1].name, optarg);
+  }
+  if (optind != argc - 1) return usage(stderr);
+  if (!a->input || !a->output) return cli_fail("batch needs --input and --output");
+  a->plan = argv[optind];
+  return 0;
+}
+
+/* --- the set of finished custom_ids ------------------------------------------------------ */
+
+static uint64_t str_hash(const char *s) {
+  uint64_t h = 1469598103934665603ull;
+  while (*s) h = (h ^ (unsigned char)*s++) * 1099511628211ull;
+  return h;
+}
+
+/* Adds s (copied); false if it was there already (or on OOM). */
+static bool strset_add(strset *st, const char *s) {
+  if (2 * (st->n + 1) > st->cap) {
+    strset big = {.cap = st->cap ? st->cap * 2 : 64};
+    if (!(big.slot = calloc(big.cap, sizeof *big.slot))) return false;
+    for (size_t i = 0; i < st->cap; i++)
+      if (st->slot[i]) {
+        size_t k = str_hash(st->slot[i]) & (big.cap - 1);
+        while (big.slot[k]) k = (k + 1) & (big.cap - 1);
+        big.slot[k] = st->slot[i];
+      }
+    free(st->slot);
+    big.n = st->n;
+    *st = big;
+  }
+  size_t k = str_hash(s) & (st->cap - 1);
+  for (; st->slot[k]; k = (k + 1) & (st->cap - 1))
+    if (!strcmp(st->slot[k], s)) return false;
+  if (!(st->slot[k] = strdup(s))) return false;
+  st->n++;
+  return true;
+}
+
+static void strset_free(strset *st) {
+  for (size_t i = 0; i < st->cap; i++) free(st->slot[i]);
+  free(st->slot);
+}
+
+/* --- files ---------------------------------------------------------------------------------- */
+
+static char *read_file(const char *path, size_t *out_len) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  size_t cap = 1 << 16, n = 0;
+  char *buf = malloc(cap + 1);
+  for (size_t r; buf && (r = fread(buf + n, 1, cap - n, f)) > 0;) {
+    n += r;
+    if (n == cap) {
+      char *p = realloc(buf, (cap *= 2) + 1);
+      if (!p) free(buf);
+      buf = p;
+    }
+  }
+  fclose(f);
+  if (buf) buf[n] = '\0';
+  *out_len = n;
+  return buf;
+}
+
+/* Reads the results already written: records their custom_ids and cuts a torn last line
+ * (one without its newline, or that does not parse) off the file. */
+static bool load_done(batch *b, const char *path) {
+  size_t len = 0;
+  char *buf = read_file(path, &len);
+  if (!buf) return errno == ENOENT;
+  size_t good = 0, start = 0;
+  for (size_t i = 0; i < len; i++) {
+    if (buf[i] != '\n') continue;
+    buf[i] = '\0';
+    cJSON *o = cJSON_Parse(buf + start);
+    const cJSON *id = cJSON_GetObjectItemCaseSensitive(o, "custom_id");
+    if (o) good = i + 1;
+    if (cJSON_IsString(id)) strset_add(&b->done, id->valuestring);
+    cJSON_Delete(o);
+    start = i + 1;
+  }
+  free(buf);
+  if (good < len) {
+    fprintf(stderr, "inferrt: batch: %s: dropping a torn last line (%zu bytes)\n", path, len - good);
+    if (truncate(path, (off_t)good) != 0) return false;
+  }
+  return true;
+}
+
+/* Splits the input into lines (blank ones dropped); the buffer is kept by the caller. */
+static bool split_lines(batch *b, char *buf, size_t len) {
+  int64_t cap = 0, no = 0;
+  for (size_t start = 0, i = 0; i <= len; i++) {
+    if (i < len && buf[i] != '\n') continue;
+    buf[i] = '\0';
+    char *s = buf + start;
+    start = i + 1;
+    no++;
+    while (*s == ' ' || *s == '\t' || *s == '\r') s++;
+    if (!*s) continue;
+    if (b->n_lines == cap) {
+      cap = cap ? cap * 2 : 1024;
+      char **p = realloc(b->lines, (size_t)cap * sizeof *p);
+      if (p) b->lines = p;
+      int64_t *q = p ? realloc(b->line_no, (size_t)cap * sizeof *q) : NULL;
+      if (q) b->line_no = q;
+      if (!p || !q) return false;
+    }
+    b->line_no[b->n_lines] = no;
+    b->lines[b->n_lines++] = s;
+  }
+  return true;
+}
+
+/* Appends one result line with one write(2) (retrying short writes). */
+static void write_line(batch *b, cJSON *o) {
+  char *s = cJSON_PrintUnformatted(o);
+  size_t n = s ? strlen(s) : 0;
+  char *line = s ? realloc(s, n + 2) : NULL;
+  if (!line) {
+    free(s);
+    b->write_failed = true;
+    return;
+  }
+  line[n++] = '\n';
+  pthread_mutex_lock(&b->mu);
+  for (size_t off = 0; off < n && !b->write_failed;) {
+    ssize_t w = write(b->out_fd, line + off, n - off);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) b->write_failed = true;
+    else off += (size_t)w;
+  }
+  pthread_mutex_unlock(&b->mu);
+  free(line);
+}
+
+/* --- one line ------------------------------------------------------------------------------ */
+
+static void emit(batch *b, const char *custom_id, int status, cJSON *body, const char *request_id,
+                 const char *err_code, const char *err_msg) {
+  char id[48];
+  uint64_t x = b->c.id_salt ^ (atomic_fetch_add(&b->c.next_id, 1) * 0x9e3779b97f4a7c15ull);
+  snprintf(id, sizeof id, "batch_req_%016llx", (unsigned long long)((x ^ (x >> 31)) * 0xbf58476d1ce4e5b9ull));
+  cJSON *o = cJSON_CreateObject();
+  cJSON_AddStringToObject(o, "id", id);
+  cJSON_AddStringToObject(o, "custom_id", custom_id);
+  if (body) {
+    cJSON *r = cJSON_AddObjectToObject(o, "response");
+    cJSON_AddNumberToObject(r, "status_code", status);
+    cJSON_AddStringToObject(r, "request_id", request_id ? request_id : id);
+    cJSON_AddItemToObject(r, "body", body);
+    cJSON_AddNullToObject(o, "error");
+  } else {
+    cJSON_AddNullToObject(o, "response");
+    cJSON *e = cJSON_AddObjectToObject(o, "error");
+    cJSON_AddStringToObject(e, "code", err_code);
+    cJSON_AddStringToObject(e, "message", err_msg);
+  }
+  write_line(b, o);
+  cJSON_Delete(o);
+  atomic_fetch_add(status == 200 ? &b->ok : &b->failed, 1);
+}
+
+static cJSON *error_body(const srv_error *e) {
+  char *s = srv_render_error(e);
+  cJSON *o = s ? cJSON_Parse(s) : NULL;
+  free(s);
+  return o ? o : cJSON_CreateObject();
+}
+
+/* Runs a request body to completion; 429 from a full engine queue is retried. */
+static void run_request(batch *b, const char *custom_id, srv_endpoint ep, cJSON *body) {
+  srv_params p;
+  srv_error e;
+  cJSON_DeleteItemFromObjectCaseSensitive(body, "stream"); /* batch results are whole */
+  cJSON_DeleteItemFromObjectCaseSensitive(body, "stream_options");
+  if (!srv_params_from_json(&b->c, ep, body, &p, &e)) {
+    emit(b, custom_id, e.status, error_body(&e), NULL, NULL, NULL);
+    return;
+  }
+  srv_job *j;
+  while (!(j = srv_job_submit(&b->c, &p, &e)) && e.status == 429) usleep(2000);
+  if (!j) {
+    srv_params_free(&p);
+    emit(b, custom_id, e.status, error_body(&e), NULL, NULL, NULL);
+    return;
+  }
+  while (!srv_job_wait(j, 1000)) {}
+  if (j->failed) {
+    srv_fail(&e, 500, "server_error", NULL, NULL, "The engine failed while generating this response.");
+    emit(b, custom_id, 500, error_body(&e), j->id, NULL, NULL);
+  } else {
+    atomic_fetch_add(&b->prompt_tokens, j->prompt_tokens);
+    for (int i = 0; i < j->p.n; i++) atomic_fetch_add(&b->gen_tokens, j->ch[i].n_gen);
+    emit(b, custom_id, 200, srv_render_response(j), j->id, NULL, NULL);
+  }
+  srv_job_release(j);
+}
+
+static void run_line(batch *b, int64_t k) {
+  char fallback[32], msg[256];
+  snprintf(fallback, sizeof fallback, "line-%lld", (long long)b->line_no[k]);
+  cJSON *o = cJSON_Parse(b->lines[k]);
+  const cJSON *cid = cJSON_GetObjectItemCaseSensitive(o, "custom_id");
+  const char *id = cJSON_IsString(cid) && cid->valuestring[0] ? cid->valuestring : fallback;
+  pthread_mutex_lock(&b->mu);
+  bool fresh = strset_add(&b->done, id);
+  pthread_mutex_unlock(&b->mu);
+  if (!fresh) {
+    atomic_fetch_add(&b->skipped, 1);
+    cJSON_Delete(o);
+    return;
+  }
+  const cJSON *method = cJSON_GetObjectItemCaseSensitive(o, "method");
+  const cJSON *url = cJSON_GetObjectItemCaseSensitive(o, "url");
+  cJSON *body = cJSON_GetObjectItemCaseSensitive(o, "body");
+  srv_error e;
+  if (!o) {
+    emit(b, id, 0, NULL, NULL, "invalid_json_line", "the line is not valid JSON");
+  } else if (!cJSON_IsObject(o) || id == fallback) {
+    emit(b, id, 0, NULL, NULL, "missing_custom_id", "the line needs a non-empty string 'custom_id'");
+  } else if (!cJSON_IsString(url) || (strcmp(url->valuestring, "/v1/completions") && strcmp(url->valuestring, "/v1/chat/completions"))) {
+    snprintf(msg, sizeof msg, "Unknown request URL: %.200s.", cJSON_IsString(url) ? url->valuestring : "(none)");
+    srv_fail(&e, 404, "invalid_request_error", "unknown_url", "url", "%s", msg);
+    emit(b, id, 404, error_body(&e), NULL, NULL, NULL);
+  } else if (!cJSON_IsString(method) || strcmp(method->valuestring, "POST")) {
+    srv_fail(&e, 405, "invalid_request_error", "method_not_allowed", "method", "The method must be POST.");
+    emit(b, id, 405, error_body(&e), NULL, NULL, NULL);
+  } else if (!cJSON_IsObject(body)) {
+    srv_bad(&e, "body", "The line needs a JSON object 'body'.");
+    emit(b, id, 400, error_body(&e), NULL, NULL, NULL);
+  } else {
+    run_request(b, id, strcmp(url->valuestring, "/v1/completions") ? SRV_CHAT : SRV_COMPLETIONS, body);
+  }
+  atomic_fetch_add(&b->finished, 1);
+  cJSON_Delete(o);
+}
+
+static void *worker(void *arg) {
+  batch *b = arg;
+  for (int64_t k; (k = atomic_fetch_add(&b->next, 1)) < b->n_lines;) run_line(b, k);
+  return NULL;
+}
+
+/* --- progress ------------------------------------------------------------------------------- */
+
+static void progress(batch *b, double t0, bool tty, bool final) {
+  int64_t ran = atomic_load(&b->finished), skipped = atomic_load(&b->skipped);
+  int64_t done = ran + skipped, total = b->n_lines;
+  double secs = (cli_now_ms() - t0) / 1e3, rate = secs > 0 ? (double)ran / secs : 0;
+  if (tty) {
+    char bar[31];
+    int fill = total ? (int)(30 * done / total) : 30;
+    for (int i = 0; i < 30; i++) bar[i] = i < fill ? '#' : '-';
+    bar[30] = '\0';
+    fprintf(stderr, "\r[%s] %lld/%lld (%lld skipped)  %.1f req/s  ETA %.0fs   ", bar, (long long)done,
+            (long long)total, (long long)skipped, rate, rate > 0 ? (double)(total - done) / rate : 0.0);
+    if (final) fputc('\n', stderr);
+  } else {
+    fprintf(stderr, "inferrt: batch: %lld/%lld lines done (%lld skipped), %.1f req/s\n", (long long)done,
+            (long long)total, (long long)skipped, rate);
+  }
+  fflush(stderr);
+}
+
+static void watch(batch *b, double t0, bool show) {
+  bool tty = isatty(STDERR_FILENO);
+  double last = cli_now_ms();
+  int64_t last_done = -1;
+  while (atomic_load(&b->finished) + atomic_load(&b->skipped) < b->n_lines) {
+    usleep(50000);
+    double now = cli_now_ms();
+    int64_t done = atomic_load(&b->finished) + atomic_load(&b->skipped);
+    bool due = tty ? now - last >= 200 : (now - last >= 2000 && done != last_done);
+    if (show && due) progress(b, t0, tty, false), last = now, last_done = done;
+  }
+  if (show) progress(b, t0, tty, true);
+}
+
+static int run_batch(batch *b, const batch_args *a) {
+  size_t len = 0;
+  char *buf = read_file(a->input, &len);
+  if (!buf) return cli_fail("%s: %s", a->input, strerror(errno));
+  if (!split_lines(b, buf, len) || !load_done(b, a->output)) {
+    free(buf);
+    return cli_fail("%s: %s", a->output, strerror(errno));
+  }
+  b->out_fd = open(a->output, O_WRONLY | O_APPEND | O_CREAT, 0644);
+  if (b->out_fd < 0) {
+    free(buf);
+    return cli_fail("%s: %s", a->output, strerror(errno));
+  }
+  int n_workers = (int)(a->concurrency > 0 ? a->concurrency : b->c.max_n);
+  pthread_t *th = calloc((size_t)n_workers, sizeof *th);
+  double t0 = cli_now_ms();
+  int started = 0;
+  while (th && started < n_workers && pthread_create(&th[started], NULL, worker, b) == 0) started++;
+  watch(b, t0, !a->no_progress && started > 0);
+  for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+  double secs = (cli_now_ms() - t0) / 1e3;
+  close(b->out_fd);
+  free(th);
+  free(buf);
+  if (!started) return cli_fail("cannot start worker threads");
+  int64_t ok = atomic_load(&b->ok), failed = atomic_load(&b->failed), gen = atomic_load(&b->gen_tokens);
+  printf("inferrt: batch: %lld requests in %.2f s: %lld ok, %lld failed, %lld skipped (already done); "
+         "%.2f req/s, %lld prompt + %lld generated tokens (%.1f generated tok/s)\n",
+         (long long)(ok + failed), secs, (long long)ok, (long long)failed,
+         (long long)atomic_load(&b->skipped), secs > 0 ? (double)(ok + failed) / secs : 0,
+         (long long)atomic_load(&b->prompt_tokens), (long long)gen, secs > 0 ? (double)gen / secs : 0);
+  return b->write_failed ? cli_fail("%s: writing results failed", a->output) : 0;
+}
+
+int cmd_batch(int argc, char **argv) {
+  batch_args a = {0};
+  int rc = parse(argc, argv, &a);
+  if (rc) return rc < 0 ? 0 : rc;
+  batch *b = calloc(1, sizeof *b);
+  if (!b) return cli_fail("out of memory");
+  pthread_mutex_init(&b->mu, NULL);
+  irt_model_opts mo = irt_model_opts_default();
+  mo.n_threads = (int)a.threads;
+  mo.kv_tokens = a.kv_tokens;
+  srv_ctx *c = &b->c;
+  c->chat_template = a.chat_template;
+  c->created = (int64_t)time(NULL);
+  c->id_salt = (uint64_t)time(NULL) * 0x9e3779b97f4a7c15ull ^ (uint64_t)getpid();
+  irt_error err = {0};
+  irt_status st = irt_model_open(a.plan, &mo, &c->m, &err);
+  if (st == IRT_OK) {
+    c->info = irt_model_get_info(c->m);
+    c->tok = irt_model_get_tokenizer(c->m);
+    c->max_n = c->info->max_step_seqs < c->info->max_step_logits ? c->info->max_step_seqs : c->info->max_step_logits;
+    int64_t workers = a.concurrency > 0 ? a.concurrency : c->max_n;
+    irt_engine_opts eo = {.max_batched_tokens = a.max_batched, .max_waiting = workers + 1};
+    st = irt_engine_create(c->m, &eo, &c->e, &err);
+  }
+  if (st == IRT_OK) st = irt_engine_start(c->e, &err);
+  if (st == IRT_OK) {
+    const char *base = strrchr(a.plan, '/') ? strrchr(a.plan, '/') + 1 : a.plan;
+    size_t n = strlen(base);
+    snprintf(c->model_name, sizeof c->model_name, "%.*s", (int)(n > 5 && !strcmp(base + n - 5, ".plan") ? n - 5 : n), base);
+    if (a.model_name) snprintf(c->model_name, sizeof c->model_name, "%s", a.model_name);
+    rc = run_batch(b, &a);
+  } else {
+    rc = cli_fail("%s", err.msg[0] ? err.msg : irt_status_name(st));
+  }
+  irt_engine_destroy(c->e);
+  irt_model_close(c->m);
+  strset_free(&b->done);
+  free(b->lines);
+  free(b->line_no);
+  pthread_mutex_destroy(&b->mu);
+  free(b);
+  return rc;
+}

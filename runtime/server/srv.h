@@ -1,0 +1,219 @@
+/* srv: the OpenAI-compatible serving layer over the engine, shared by `inferrt serve` and
+ * `inferrt batch`. Linked into the inferrt executable only: the irt library stays free of
+ * HTTP. Modules:
+ *   srv_params.c   request bodies -> validated parameters (OpenAI error on refusal)
+ *   srv_job.c      one request through the engine: events in, per-choice state out
+ *   srv_openai.c   OpenAI response, SSE chunk and error JSON
+ *   srv_metrics.c  Prometheus counters, gauges and histograms
+ *   srv_keys.c     API keys -> tenant and priority
+ *   srv_http.c     the HTTP server (libmicrohttpd, a thread per connection)
+ * Threading: a srv_ctx is shared by every connection thread and the engine thread; jobs
+ * lock themselves; the metrics lock themselves. */
+#ifndef IRT_SRV_H
+#define IRT_SRV_H
+
+#include <cjson/cJSON.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "inferrt.h"
+
+typedef enum srv_endpoint { SRV_COMPLETIONS = 0, SRV_CHAT = 1 } srv_endpoint;
+
+/* An OpenAI error: {"error": {"message", "type", "param", "code"}} with an HTTP status. */
+typedef struct srv_error {
+  int status;
+  const char *type; /* static, e.g. "invalid_request_error" */
+  const char *code; /* static or NULL (JSON null) */
+  char param[96];   /* "" is JSON null */
+  char msg[512];
+} srv_error;
+
+/* Fills e and returns false (so parsers can `return srv_fail(...)`). */
+bool srv_fail(srv_error *e, int status, const char *type, const char *code, const char *param,
+              const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+/* Shorthand for a 400 invalid_request_error naming `param`. */
+bool srv_bad(srv_error *e, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+typedef struct srv_metrics srv_metrics;
+
+/* What every request needs: borrowed model, engine and tokenizer, and the served name. */
+typedef struct srv_ctx {
+  irt_model *m;
+  irt_engine *e;
+  const irt_tokenizer *tok;   /* NULL when the plan has none: token-id prompts only */
+  const irt_model_info *info;
+  const char *chat_template;  /* family name override, or NULL for the model's own */
+  char model_name[256];
+  int64_t created;            /* unix seconds, for /v1/models */
+  int64_t max_n;              /* completions per request the engine can hold */
+  srv_metrics *metrics;       /* NULL: not recorded (batch) */
+  atomic_uint_fast64_t next_id;
+  uint64_t id_salt;
+} srv_ctx;
+
+/* --- srv_params.c ------------------------------------------------------------------------- */
+
+typedef struct srv_params {
+  srv_endpoint ep;
+  int32_t *prompt;            /* (n_prompt) owned */
+  int64_t n_prompt;
+  int64_t max_tokens;
+  irt_sampling sampling;
+  char **stop;                /* (n_stop) owned */
+  int n_stop;
+  int n;
+  int logprobs;               /* -1: not asked; else alternatives per token (0..20) */
+  float presence_penalty, frequency_penalty;
+  bool stream, include_usage, ignore_eos;
+  const char *tenant;         /* from the API key (borrowed); NULL: shared */
+  int priority;
+} srv_params;
+
+/* Validates an OpenAI request body for ep and tokenizes its prompt. False (err filled:
+ * 400 naming the field, 404 for an unknown model) on refusal. */
+bool srv_params_from_json(srv_ctx *c, srv_endpoint ep, const cJSON *body, srv_params *p,
+                          srv_error *err);
+/* The same from raw bytes (malformed JSON is a 400). */
+bool srv_params_parse(srv_ctx *c, srv_endpoint ep, const char *body, size_t len, srv_params *p,
+                      srv_error *err);
+void srv_params_free(srv_params *p);
+
+/* --- srv_job.c ---------------------------------------------------------------------------- */
+
+typedef struct srv_tok { /* one generated token, kept when logprobs were asked for */
+  int32_t id;
+  float logprob;
+  int n_top;
+  int32_t top_id[IRT_MAX_TOP_LOGPROBS];
+  float top_lp[IRT_MAX_TOP_LOGPROBS];
+} srv_tok;
+
+typedef struct srv_choice {
+  char *text;                 /* everything generated so far (stop strings cut) */
+  size_t len, cap;
+  srv_tok *toks;              /* (n_toks) with logprobs only */
+  int64_t n_toks, cap_toks;
+  int64_t n_gen;              /* tokens generated */
+  irt_finish finish;
+  /* the stream's cursor (consumer side) */
+  size_t sent_len;
+  int64_t sent_toks, sent_offset; /* text_offset of the next streamed token (completions) */
+  bool sent_role, sent_finish;
+} srv_choice;
+
+typedef struct srv_job {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int refs;                   /* the caller's and the engine's */
+  srv_ctx *c;
+  srv_params p;
+  irt_request_id rid;
+  char id[48];                /* "cmpl-..." / "chatcmpl-..." */
+  int64_t created;
+  srv_choice *ch;             /* (p.n) */
+  int64_t prompt_tokens, cached_tokens;
+  bool done;                  /* the engine sent its last event */
+  bool cancelled;             /* we asked the engine to stop (client gone) */
+  bool failed;                /* ended CANCELLED without our asking: the engine failed */
+  double t_submit, t_first, t_done; /* ms, monotonic */
+  uint64_t events, seen;      /* events received; seen by the consumer's last wait */
+} srv_job;
+
+/* Submits p (moved into the job; p is zeroed). NULL with err filled when the engine refuses
+ * (429 when its queue is full, 400 for bad parameters); p is then unchanged and still the
+ * caller's to retry or to srv_params_free. The job is referenced by the caller
+ * and by the engine until its last event; the caller ends its share with srv_job_release. */
+srv_job *srv_job_submit(srv_ctx *c, srv_params *p, srv_error *err);
+/* Waits up to timeout_ms for news (any new event); returns j->done. Lock-free to call. */
+bool srv_job_wait(srv_job *j, int timeout_ms);
+/* Asks the engine to stop the request (idempotent); its sequences are freed at the next step. */
+void srv_job_cancel(srv_job *j);
+void srv_job_release(srv_job *j);
+
+/* --- srv_openai.c ------------------------------------------------------------------------- */
+
+typedef struct srv_buf {
+  char *p;
+  size_t len, cap, off;       /* off: bytes already handed on (streaming) */
+} srv_buf;
+
+bool srv_buf_put(srv_buf *b, const char *s, size_t n);
+void srv_buf_free(srv_buf *b);
+
+/* {"error": {...}} as a malloc'd string. */
+char *srv_render_error(const srv_error *e);
+/* The whole response of a finished job (completions or chat), as a cJSON object. */
+cJSON *srv_render_response(srv_job *j);
+/* Appends the SSE chunks for what is new since the last call; after the last event also the
+ * finish chunks, the usage chunk (include_usage) and "data: [DONE]". Returns true when the
+ * stream is complete. Takes the job's lock. */
+bool srv_render_stream(srv_job *j, srv_buf *out);
+/* The finish_reason string of a completion. */
+const char *srv_finish_name(irt_finish f);
+
+/* --- srv_metrics.c ------------------------------------------------------------------------ */
+
+typedef enum srv_route {
+  SRV_ROUTE_COMPLETIONS, SRV_ROUTE_CHAT, SRV_ROUTE_MODELS, SRV_ROUTE_HEALTH, SRV_ROUTE_METRICS,
+  SRV_ROUTE_PAGE, SRV_ROUTE_OTHER, SRV_N_ROUTES
+} srv_route;
+
+srv_metrics *srv_metrics_create(void);
+void srv_metrics_destroy(srv_metrics *m);
+void srv_metrics_request(srv_metrics *m, srv_route r, int status);
+/* A finished generation: ttft_s and tpot_s < 0 when not measured. */
+void srv_metrics_generation(srv_metrics *m, double ttft_s, double tpot_s, double e2e_s);
+/* A request ended early because its client went away. */
+void srv_metrics_cancelled(srv_metrics *m);
+void srv_metrics_connections(srv_metrics *m, int delta);
+int64_t srv_metrics_open_connections(srv_metrics *m);
+/* Prometheus text exposition (version 0.0.4), engine gauges included. Caller frees. */
+char *srv_metrics_render(srv_metrics *m, irt_engine *e);
+
+/* --- srv_keys.c --------------------------------------------------------------------------- */
+
+typedef struct srv_key {
+  char *key, *tenant;         /* tenant NULL: the shared prefix-cache domain */
+  int priority;
+} srv_key;
+
+typedef struct srv_keys {
+  srv_key *k;
+  int n, cap;
+} srv_keys;
+
+bool srv_keys_add(srv_keys *ks, const char *key, const char *tenant, int priority);
+/* Reads lines "key [tenant [priority]]" ('#' comments, blank lines). False with msg set. */
+bool srv_keys_load(srv_keys *ks, const char *path, char *msg, size_t cap);
+/* The entry for key (compared in constant time per entry), or NULL. */
+const srv_key *srv_keys_find(const srv_keys *ks, const char *key);
+void srv_keys_free(srv_keys *ks);
+
+/* --- srv_http.c --------------------------------------------------------------------------- */
+
+typedef struct srv_http_opts {
+  const char *host;           /* numeric IPv4 or IPv6 address */
+  int port;                   /* 0: any free port (srv_http_port tells which) */
+  int max_connections;        /* open connections before requests get 429 */
+  size_t max_body;            /* request bytes before 413 */
+  const srv_keys *keys;       /* NULL or empty: no authentication */
+} srv_http_opts;
+
+typedef struct srv_http srv_http;
+
+/* Starts listening; false with msg set on failure. */
+bool srv_http_start(srv_ctx *c, const srv_http_opts *o, srv_http **out, char *msg, size_t cap);
+int srv_http_port(const srv_http *h);
+/* Ends open streams (their requests are cancelled), closes the socket, joins the threads. */
+void srv_http_stop(srv_http *h);
+
+/* The chat page, embedded at build time from runtime/server/chat.html. */
+extern const unsigned char srv_chat_html[];
+extern const size_t srv_chat_html_len;
+
+#endif

@@ -1,0 +1,275 @@
+/* srv_openai: OpenAI's JSON shapes for what a job produced: text_completion and
+ * chat.completion objects, their streamed chunks (SSE "data: {...}\n\n", ending with
+ * "data: [DONE]"), legacy and chat log-probabilities, usage, and error objects. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "srv.h"
+
+bool srv_buf_put(srv_buf *b, const char *s, size_t n) {
+  if (b->len + n + 1 > b->cap) {
+    size_t cap = (b->len + n + 1) * 2 + 256;
+    char *p = realloc(b->p, cap);
+    if (!p) return false;
+    b->p = p, b->cap = cap;
+  }
+  memcpy(b->p + b->len, s, n);
+  b->len += n;
+  b->p[b->len] = '\0';
+  return true;
+}
+
+void srv_buf_free(srv_buf *b) {
+  free(b->p);
+  *b = (srv_buf){0};
+}
+
+const char *srv_finish_name(irt_finish f) {
+  return f == IRT_FINISH_STOP ? "stop" : f == IRT_FINISH_LENGTH ? "length" : "abort";
+}
+
+static void add_nullable_string(cJSON *o, const char *k, const char *v) {
+  if (v && *v) cJSON_AddStringToObject(o, k, v);
+  else cJSON_AddNullToObject(o, k);
+}
+
+char *srv_render_error(const srv_error *e) {
+  cJSON *o = cJSON_CreateObject(), *er = cJSON_AddObjectToObject(o, "error");
+  cJSON_AddStringToObject(er, "message", e->msg);
+  cJSON_AddStringToObject(er, "type", e->type ? e->type : "invalid_request_error");
+  add_nullable_string(er, "param", e->param);
+  add_nullable_string(er, "code", e->code);
+  char *s = cJSON_PrintUnformatted(o);
+  cJSON_Delete(o);
+  return s;
+}
+
+/* --- token strings -------------------------------------------------------------------------- */
+
+/* Length of the valid UTF-8 sequence at s (1..4), or 0 if invalid. */
+static size_t utf8_seq(const unsigned char *s, size_t n) {
+  size_t len = s[0] < 0x80 ? 1 : (s[0] & 0xE0) == 0xC0 ? 2 : (s[0] & 0xF0) == 0xE0 ? 3
+               : (s[0] & 0xF8) == 0xF0 ? 4 : 0;
+  if (!len || len > n || (len == 2 && s[0] < 0xC2)) return 0;
+  for (size_t i = 1; i < len; i++)
+    if ((s[i] & 0xC0) != 0x80) return 0;
+  if (len == 3 && ((s[0] == 0xE0 && s[1] < 0xA0) || (s[0] == 0xED && s[1] >= 0xA0))) return 0;
+  if (len == 4 && ((s[0] == 0xF0 && s[1] < 0x90) || s[0] > 0xF4 || (s[0] == 0xF4 && s[1] >= 0x90))) return 0;
+  return len;
+}
+
+/* A token as raw bytes (*raw, *n_raw) and as a valid UTF-8 string with U+FFFD for the bytes
+ * of partial characters (out, NUL-terminated); returns the string's code point count. */
+typedef struct tok_text {
+  char raw[256];
+  size_t n_raw;
+  char str[768];
+  int64_t chars;
+} tok_text;
+
+static void token_text(const srv_ctx *c, int32_t id, tok_text *t) {
+  irt_error err;
+  size_t n = 0;
+  t->n_raw = 0;
+  if (c->tok && irt_detokenize(c->tok, &id, 1, false, t->raw, sizeof t->raw, &n, &err) == IRT_OK)
+    t->n_raw = n < sizeof t->raw ? n : sizeof t->raw;
+  size_t o = 0;
+  t->chars = 0;
+  for (size_t i = 0; i < t->n_raw && o + 4 < sizeof t->str;) {
+    size_t k = t->raw[i] ? utf8_seq((const unsigned char *)t->raw + i, t->n_raw - i) : 0;
+    if (k) memcpy(t->str + o, t->raw + i, k), o += k, i += k;
+    else memcpy(t->str + o, "\xEF\xBF\xBD", 3), o += 3, i++;
+    t->chars++;
+  }
+  t->str[o] = '\0';
+}
+
+static cJSON *bytes_array(const tok_text *t) {
+  cJSON *a = cJSON_CreateArray();
+  for (size_t i = 0; i < t->n_raw; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber((unsigned char)t->raw[i]));
+  return a;
+}
+
+/* Chat: {"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}, ...], "refusal": null}. */
+static cJSON *chat_logprobs(const srv_job *j, const srv_tok *toks, int64_t n) {
+  cJSON *o = cJSON_CreateObject(), *content = cJSON_AddArrayToObject(o, "content");
+  tok_text t;
+  for (int64_t i = 0; i < n; i++) {
+    cJSON *e = cJSON_CreateObject(), *tops;
+    token_text(j->c, toks[i].id, &t);
+    cJSON_AddStringToObject(e, "token", t.str);
+    cJSON_AddNumberToObject(e, "logprob", toks[i].logprob);
+    cJSON_AddItemToObject(e, "bytes", bytes_array(&t));
+    tops = cJSON_AddArrayToObject(e, "top_logprobs");
+    for (int k = 0; k < toks[i].n_top && k < j->p.logprobs; k++) {
+      cJSON *a = cJSON_CreateObject();
+      token_text(j->c, toks[i].top_id[k], &t);
+      cJSON_AddStringToObject(a, "token", t.str);
+      cJSON_AddNumberToObject(a, "logprob", toks[i].top_lp[k]);
+      cJSON_AddItemToObject(a, "bytes", bytes_array(&t));
+      cJSON_AddItemToArray(tops, a);
+    }
+    cJSON_AddItemToArray(content, e);
+  }
+  cJSON_AddNullToObject(o, "refusal");
+  return o;
+}
+
+/* Completions: {"tokens", "token_logprobs", "top_logprobs": [{token: logprob}], "text_offset"};
+ * each top dict holds the k alternatives plus the sampled token. *offset advances. */
+static cJSON *legacy_logprobs(const srv_job *j, const srv_tok *toks, int64_t n, int64_t *offset) {
+  cJSON *o = cJSON_CreateObject();
+  cJSON *tokens = cJSON_AddArrayToObject(o, "tokens"), *lps = cJSON_AddArrayToObject(o, "token_logprobs");
+  cJSON *tops = cJSON_AddArrayToObject(o, "top_logprobs"), *offs = cJSON_AddArrayToObject(o, "text_offset");
+  tok_text t;
+  for (int64_t i = 0; i < n; i++) {
+    token_text(j->c, toks[i].id, &t);
+    cJSON_AddItemToArray(tokens, cJSON_CreateString(t.str));
+    cJSON_AddItemToArray(lps, cJSON_CreateNumber(toks[i].logprob));
+    cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)*offset));
+    *offset += t.chars;
+    cJSON *d = cJSON_CreateObject();
+    for (int k = 0; k <= toks[i].n_top && k <= j->p.logprobs; k++) {
+      bool sampled = k == toks[i].n_top || k == j->p.logprobs;
+      token_text(j->c, sampled ? toks[i].id : toks[i].top_id[k], &t);
+      if (!cJSON_GetObjectItemCaseSensitive(d, t.str))
+        cJSON_AddNumberToObject(d, t.str, sampled ? toks[i].logprob : toks[i].top_lp[k]);
+    }
+    cJSON_AddItemToArray(tops, d);
+  }
+  return o;
+}
+
+/* --- whole responses -------------------------------------------------------------------- */
+
+static cJSON *envelope(const srv_job *j, bool chunk) {
+  cJSON *o = cJSON_CreateObject();
+  cJSON_AddStringToObject(o, "id", j->id);
+  cJSON_AddStringToObject(o, "object", j->p.ep == SRV_CHAT ? (chunk ? "chat.completion.chunk" : "chat.completion")
+                                                            : "text_completion");
+  cJSON_AddNumberToObject(o, "created", (double)j->created);
+  cJSON_AddStringToObject(o, "model", j->c->model_name);
+  cJSON_AddStringToObject(o, "system_fingerprint", "inferrt-" INFC_VERSION);
+  return o;
+}
+
+static cJSON *usage(const srv_job *j) {
+  int64_t gen = 0;
+  for (int i = 0; i < j->p.n; i++) gen += j->ch[i].n_gen;
+  cJSON *u = cJSON_CreateObject();
+  cJSON_AddNumberToObject(u, "prompt_tokens", (double)j->prompt_tokens);
+  cJSON_AddNumberToObject(u, "completion_tokens", (double)gen);
+  cJSON_AddNumberToObject(u, "total_tokens", (double)(j->prompt_tokens + gen));
+  cJSON *d = cJSON_AddObjectToObject(u, "prompt_tokens_details");
+  cJSON_AddNumberToObject(d, "cached_tokens", (double)j->cached_tokens);
+  return u;
+}
+
+cJSON *srv_render_response(srv_job *j) {
+  pthread_mutex_lock(&j->mu);
+  cJSON *o = envelope(j, false), *choices = cJSON_AddArrayToObject(o, "choices");
+  for (int i = 0; i < j->p.n; i++) {
+    const srv_choice *ch = &j->ch[i];
+    cJSON *c = cJSON_CreateObject();
+    cJSON_AddNumberToObject(c, "index", i);
+    if (j->p.ep == SRV_CHAT) {
+      cJSON *m = cJSON_AddObjectToObject(c, "message");
+      cJSON_AddStringToObject(m, "role", "assistant");
+      cJSON_AddStringToObject(m, "content", ch->text ? ch->text : "");
+      cJSON_AddNullToObject(m, "refusal");
+    } else {
+      cJSON_AddStringToObject(c, "text", ch->text ? ch->text : "");
+    }
+    int64_t offset = 0;
+    if (j->p.logprobs < 0) cJSON_AddNullToObject(c, "logprobs");
+    else cJSON_AddItemToObject(c, "logprobs", j->p.ep == SRV_CHAT ? chat_logprobs(j, ch->toks, ch->n_toks)
+                                                                  : legacy_logprobs(j, ch->toks, ch->n_toks, &offset));
+    cJSON_AddStringToObject(c, "finish_reason", srv_finish_name(ch->finish));
+    cJSON_AddItemToArray(choices, c);
+  }
+  cJSON_AddItemToObject(o, "usage", usage(j));
+  pthread_mutex_unlock(&j->mu);
+  return o;
+}
+
+/* --- streaming ---------------------------------------------------------------------------- */
+
+static void put_event(srv_buf *out, cJSON *o) {
+  char *s = cJSON_PrintUnformatted(o);
+  cJSON_Delete(o);
+  if (!s) return;
+  srv_buf_put(out, "data: ", 6);
+  srv_buf_put(out, s, strlen(s));
+  srv_buf_put(out, "\n\n", 2);
+  free(s);
+}
+
+/* One chunk for choice i: role (chat's first), new text and logprobs, or the finish. */
+static void put_chunk(const srv_job *j, srv_buf *out, int i, const char *role, const char *text,
+                      size_t len, cJSON *logprobs, const char *finish) {
+  cJSON *o = envelope(j, true), *choices = cJSON_AddArrayToObject(o, "choices"), *c = cJSON_CreateObject();
+  cJSON_AddNumberToObject(c, "index", i);
+  char *t = strndup(text ? text : "", len);
+  if (j->p.ep == SRV_CHAT) {
+    cJSON *d = cJSON_AddObjectToObject(c, "delta");
+    if (role) cJSON_AddStringToObject(d, "role", role);
+    if (role || len || logprobs) cJSON_AddStringToObject(d, "content", t ? t : "");
+  } else {
+    cJSON_AddStringToObject(c, "text", t ? t : "");
+  }
+  free(t);
+  if (logprobs) cJSON_AddItemToObject(c, "logprobs", logprobs);
+  else cJSON_AddNullToObject(c, "logprobs");
+  if (finish) cJSON_AddStringToObject(c, "finish_reason", finish);
+  else cJSON_AddNullToObject(c, "finish_reason");
+  cJSON_AddItemToArray(choices, c);
+  if (j->p.include_usage) cJSON_AddNullToObject(o, "usage");
+  put_event(out, o);
+}
+
+static void stream_choice(srv_job *j, srv_buf *out, int i) {
+  srv_choice *ch = &j->ch[i];
+  if (j->p.ep == SRV_CHAT && !ch->sent_role) {
+    put_chunk(j, out, i, "assistant", "", 0, NULL, NULL);
+    ch->sent_role = true;
+  }
+  bool new_toks = j->p.logprobs >= 0 && ch->n_toks > ch->sent_toks;
+  if (ch->len > ch->sent_len || new_toks) {
+    cJSON *lp = NULL;
+    if (new_toks)
+      lp = j->p.ep == SRV_CHAT ? chat_logprobs(j, ch->toks + ch->sent_toks, ch->n_toks - ch->sent_toks)
+                               : legacy_logprobs(j, ch->toks + ch->sent_toks, ch->n_toks - ch->sent_toks, &ch->sent_offset);
+    put_chunk(j, out, i, NULL, ch->text + ch->sent_len, ch->len - ch->sent_len, lp, NULL);
+    ch->sent_len = ch->len;
+    ch->sent_toks = ch->n_toks;
+  }
+  if (ch->finish && !ch->sent_finish && !j->failed) {
+    put_chunk(j, out, i, NULL, "", 0, NULL, srv_finish_name(ch->finish));
+    ch->sent_finish = true;
+  }
+}
+
+bool srv_render_stream(srv_job *j, srv_buf *out) {
+  pthread_mutex_lock(&j->mu);
+  for (int i = 0; i < j->p.n; i++) stream_choice(j, out, i);
+  bool done = j->done;
+  if (done && j->failed) {
+    srv_error e;
+    srv_fail(&e, 500, "server_error", NULL, NULL, "The engine failed while generating this response.");
+    char *s = srv_render_error(&e);
+    srv_buf_put(out, "data: ", 6);
+    srv_buf_put(out, s, strlen(s));
+    srv_buf_put(out, "\n\n", 2);
+    free(s);
+  }
+  if (done && j->p.include_usage && !j->failed) {
+    cJSON *o = envelope(j, true);
+    cJSON_AddArrayToObject(o, "choices");
+    cJSON_AddItemToObject(o, "usage", usage(j));
+    put_event(out, o);
+  }
+  if (done) srv_buf_put(out, "data: [DONE]\n\n", 14);
+  pthread_mutex_unlock(&j->mu);
+  return done;
+}

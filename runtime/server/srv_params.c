@@ -1,0 +1,368 @@
+/* srv_params: an OpenAI request body (completions or chat) to validated engine parameters.
+ * Every refusal names the field (OpenAI's "param") and says what was expected; JSON null
+ * counts as absent. Prompts are tokenized here so that length limits give a 400 with the
+ * real counts before anything reaches the engine. */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "srv.h"
+
+#define MAX_STOPS 16
+#define MAX_STOP_LEN 256
+
+bool srv_fail(srv_error *e, int status, const char *type, const char *code, const char *param,
+              const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  e->status = status;
+  e->type = type;
+  e->code = code;
+  snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+  vsnprintf(e->msg, sizeof e->msg, fmt, ap);
+  va_end(ap);
+  return false;
+}
+
+bool srv_bad(srv_error *e, const char *param, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  e->status = 400;
+  e->type = "invalid_request_error";
+  e->code = NULL;
+  snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+  vsnprintf(e->msg, sizeof e->msg, fmt, ap);
+  va_end(ap);
+  return false;
+}
+
+static const char *type_name(const cJSON *v) {
+  return cJSON_IsString(v) ? "a string" : cJSON_IsNumber(v) ? "a number" : cJSON_IsBool(v) ? "a boolean"
+         : cJSON_IsArray(v) ? "an array" : cJSON_IsObject(v) ? "an object" : "null";
+}
+
+static bool bad_type(srv_error *e, const char *k, const char *want, const cJSON *v) {
+  return srv_bad(e, k, "Invalid type for '%s': expected %s, but got %s instead.", k, want,
+                 type_name(v));
+}
+
+/* The field k of o, or NULL when absent or null. */
+static const cJSON *field(const cJSON *o, const char *k) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+  return v && !cJSON_IsNull(v) ? v : NULL;
+}
+
+static bool is_int(const cJSON *v) {
+  return cJSON_IsNumber(v) && v->valuedouble == floor(v->valuedouble) && fabs(v->valuedouble) < 9e15;
+}
+
+/* Optional integer in [lo, hi]; *out unchanged when absent. */
+static bool get_int(const cJSON *o, const char *k, int64_t lo, int64_t hi, int64_t *out, srv_error *e) {
+  const cJSON *v = field(o, k);
+  if (!v) return true;
+  if (!is_int(v)) return bad_type(e, k, "an integer", v);
+  if (v->valuedouble < (double)lo || v->valuedouble > (double)hi)
+    return srv_bad(e, k, "Invalid value for '%s': %.0f is outside [%lld, %lld].", k, v->valuedouble,
+                   (long long)lo, (long long)hi);
+  *out = (int64_t)v->valuedouble;
+  return true;
+}
+
+static bool get_num(const cJSON *o, const char *k, double lo, double hi, float *out, srv_error *e) {
+  const cJSON *v = field(o, k);
+  if (!v) return true;
+  if (!cJSON_IsNumber(v)) return bad_type(e, k, "a number", v);
+  if (!(v->valuedouble >= lo && v->valuedouble <= hi))
+    return srv_bad(e, k, "Invalid value for '%s': %g is outside [%g, %g].", k, v->valuedouble, lo, hi);
+  *out = (float)v->valuedouble;
+  return true;
+}
+
+static bool get_bool(const cJSON *o, const char *k, bool *out, srv_error *e) {
+  const cJSON *v = field(o, k);
+  if (!v) return true;
+  if (!cJSON_IsBool(v)) return bad_type(e, k, "a boolean", v);
+  *out = cJSON_IsTrue(v);
+  return true;
+}
+
+static bool check_model(srv_ctx *c, const cJSON *body, srv_error *e) {
+  const cJSON *v = field(body, "model");
+  if (!v) return true; /* the one served model */
+  if (!cJSON_IsString(v)) return bad_type(e, "model", "a string", v);
+  if (strcmp(v->valuestring, c->model_name))
+    return srv_fail(e, 404, "invalid_request_error", "model_not_found", "model",
+                    "The model '%.200s' does not exist; this server serves '%.200s'.",
+                    v->valuestring, c->model_name);
+  return true;
+}
+
+/* --- prompts ---------------------------------------------------------------------------- */
+
+static bool tokenize(srv_ctx *c, const char *text, bool add_special, const char *param,
+                     srv_params *p, srv_error *e) {
+  if (!c->tok)
+    return srv_bad(e, param, "The served plan has no tokenizer: send the prompt as token ids.");
+  size_t len = strlen(text), n = 0, cap = len + 16;
+  p->prompt = malloc(cap * sizeof *p->prompt);
+  if (!p->prompt) return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+  irt_error err = {0};
+  if (irt_tokenize(c->tok, text, len, add_special, true, p->prompt, cap, &n, &err) != IRT_OK)
+    return srv_bad(e, param, "Cannot tokenize '%s': %s", param, err.msg);
+  if (n > cap) { /* more ids than bytes: only with many added tokens; size it exactly */
+    int32_t *q = realloc(p->prompt, n * sizeof *q);
+    if (!q) return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    p->prompt = q;
+    if (irt_tokenize(c->tok, text, len, add_special, true, p->prompt, n, &n, &err) != IRT_OK)
+      return srv_bad(e, param, "Cannot tokenize '%s': %s", param, err.msg);
+  }
+  p->n_prompt = (int64_t)n;
+  return true;
+}
+
+static bool take_ids(srv_ctx *c, const cJSON *arr, srv_params *p, srv_error *e) {
+  int n = cJSON_GetArraySize(arr);
+  p->prompt = malloc(((size_t)n + 1) * sizeof *p->prompt);
+  if (!p->prompt) return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+  int k = 0;
+  for (const cJSON *v = arr->child; v; v = v->next, k++) {
+    if (!is_int(v)) return srv_bad(e, "prompt", "Invalid type for 'prompt[%d]': expected a token id, but got %s instead.", k, type_name(v));
+    if (v->valuedouble < 0 || v->valuedouble >= (double)c->info->vocab_size)
+      return srv_bad(e, "prompt", "Invalid value for 'prompt[%d]': token id %.0f is outside the vocabulary of %lld.",
+                     k, v->valuedouble, (long long)c->info->vocab_size);
+    p->prompt[k] = (int32_t)v->valuedouble;
+  }
+  p->n_prompt = n;
+  return true;
+}
+
+/* "prompt": a string, an array of token ids, or a one-element array of either. */
+static bool parse_prompt(srv_ctx *c, const cJSON *body, srv_params *p, srv_error *e) {
+  const cJSON *v = field(body, "prompt");
+  if (!v) return srv_bad(e, "prompt", "Missing required parameter: 'prompt'.");
+  if (cJSON_IsArray(v) && cJSON_GetArraySize(v) == 1 &&
+      (cJSON_IsString(v->child) || cJSON_IsArray(v->child)))
+    v = v->child;
+  else if (cJSON_IsArray(v) && v->child && (cJSON_IsString(v->child) || cJSON_IsArray(v->child)))
+    return srv_bad(e, "prompt", "Only one prompt per request is supported; send several requests.");
+  if (cJSON_IsString(v)) return tokenize(c, v->valuestring, true, "prompt", p, e);
+  if (!cJSON_IsArray(v)) return bad_type(e, "prompt", "a string or an array of token ids", v);
+  if (!v->child) return srv_bad(e, "prompt", "Invalid value for 'prompt': the prompt is empty.");
+  return take_ids(c, v, p, e);
+}
+
+/* A message's content: a string or an array of {"type": "text", "text": ...} parts, joined. */
+static char *message_text(const cJSON *m, int i, bool may_be_null, srv_error *e) {
+  char key[64];
+  snprintf(key, sizeof key, "messages[%d].content", i);
+  const cJSON *v = field(m, "content");
+  if (!v && may_be_null) return strdup("");
+  if (!v) return srv_bad(e, key, "Missing required parameter: '%s'.", key), NULL;
+  if (cJSON_IsString(v)) return strdup(v->valuestring);
+  if (!cJSON_IsArray(v)) return bad_type(e, key, "a string or an array of content parts", v), NULL;
+  srv_buf b = {0};
+  for (const cJSON *part = v->child; part; part = part->next) {
+    const cJSON *t = field(part, "type"), *text = field(part, "text");
+    if (!cJSON_IsString(t) || strcmp(t->valuestring, "text") || !cJSON_IsString(text)) {
+      srv_buf_free(&b);
+      return srv_bad(e, key, "Only text content parts ({\"type\": \"text\", \"text\": ...}) are supported."), NULL;
+    }
+    srv_buf_put(&b, text->valuestring, strlen(text->valuestring));
+  }
+  srv_buf_put(&b, "", 1);
+  return b.p;
+}
+
+static bool parse_messages(srv_ctx *c, const cJSON *body, srv_params *p, srv_error *e) {
+  const cJSON *v = field(body, "messages");
+  if (!v) return srv_bad(e, "messages", "Missing required parameter: 'messages'.");
+  if (!cJSON_IsArray(v)) return bad_type(e, "messages", "an array", v);
+  int n = cJSON_GetArraySize(v);
+  if (n == 0) return srv_bad(e, "messages", "Invalid value for 'messages': the array is empty.");
+  if (!c->tok) return srv_bad(e, "messages", "The served plan has no tokenizer: use /v1/completions with token ids.");
+  irt_chat_message *msgs = calloc((size_t)n, sizeof *msgs);
+  char **texts = calloc((size_t)n, sizeof *texts);
+  bool ok = msgs && texts;
+  size_t total = 4096;
+  int i = 0;
+  for (const cJSON *m = v->child; ok && m; m = m->next, i++) {
+    char key[64];
+    snprintf(key, sizeof key, "messages[%d].role", i);
+    const cJSON *role = field(m, "role");
+    if (!cJSON_IsObject(m)) ok = srv_bad(e, "messages", "Invalid type for 'messages[%d]': expected an object, but got %s instead.", i, type_name(m));
+    else if (!role) ok = srv_bad(e, key, "Missing required parameter: '%s'.", key);
+    else if (!cJSON_IsString(role)) ok = bad_type(e, key, "a string", role);
+    else if (!strcmp(role->valuestring, "developer")) msgs[i].role = "system";
+    else if (!strcmp(role->valuestring, "system") || !strcmp(role->valuestring, "user") ||
+             !strcmp(role->valuestring, "assistant"))
+      msgs[i].role = role->valuestring;
+    else ok = srv_bad(e, key, "Invalid value for '%s': '%.64s' (supported: system, developer, user, assistant).", key, role->valuestring);
+    if (ok) ok = (texts[i] = message_text(m, i, !strcmp(msgs[i].role, "assistant"), e)) != NULL;
+    if (ok) msgs[i].content = texts[i], total += strlen(texts[i]) + 64;
+  }
+  char *chat = NULL;
+  size_t len = 0;
+  irt_error err = {0};
+  for (int pass = 0; ok && pass < 2; pass++) { /* a second pass when the estimate was short */
+    free(chat);
+    if (!(chat = malloc(total + 1))) ok = srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    else if (irt_chat_format(c->tok, c->chat_template, msgs, (size_t)n, true, chat, total + 1, &len, &err) != IRT_OK)
+      ok = srv_bad(e, "messages", "Cannot format the conversation: %s", err.msg);
+    else if (len <= total) break;
+    total = len;
+  }
+  if (ok) ok = tokenize(c, chat, false, "messages", p, e);
+  for (int k = 0; texts && k < n; k++) free(texts[k]);
+  free(texts), free(msgs), free(chat);
+  return ok;
+}
+
+/* --- sampling and output ------------------------------------------------------------------ */
+
+static bool parse_stop(const cJSON *body, srv_params *p, srv_error *e) {
+  const cJSON *v = field(body, "stop");
+  if (!v) return true;
+  const cJSON *one = cJSON_IsString(v) ? v : NULL;
+  if (!one && !cJSON_IsArray(v)) return bad_type(e, "stop", "a string or an array of strings", v);
+  int n = one ? 1 : cJSON_GetArraySize(v);
+  if (n > MAX_STOPS) return srv_bad(e, "stop", "Invalid value for 'stop': at most %d strings.", MAX_STOPS);
+  p->stop = calloc((size_t)n + 1, sizeof *p->stop);
+  if (!p->stop) return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+  for (const cJSON *s = one ? one : v->child; s && p->n_stop < n; s = s->next) {
+    if (!cJSON_IsString(s)) return bad_type(e, "stop", "a string or an array of strings", s);
+    size_t len = strlen(s->valuestring);
+    if (len == 0 || len > MAX_STOP_LEN)
+      return srv_bad(e, "stop", "Invalid value for 'stop': each string needs 1 to %d bytes.", MAX_STOP_LEN);
+    if (!(p->stop[p->n_stop++] = strdup(s->valuestring)))
+      return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+  }
+  return true;
+}
+
+static bool parse_logprobs(srv_endpoint ep, const cJSON *body, srv_params *p, srv_error *e) {
+  int64_t k = -1;
+  if (ep == SRV_COMPLETIONS) {
+    if (!get_int(body, "logprobs", 0, IRT_MAX_TOP_LOGPROBS, &k, e)) return false;
+    p->logprobs = (int)k;
+    return true;
+  }
+  bool on = false;
+  if (!get_bool(body, "logprobs", &on, e)) return false;
+  if (!get_int(body, "top_logprobs", 0, IRT_MAX_TOP_LOGPROBS, &k, e)) return false;
+  if (k >= 0 && !on)
+    return srv_bad(e, "top_logprobs", "Invalid value for 'top_logprobs': it needs 'logprobs' set to true.");
+  p->logprobs = on ? (k > 0 ? (int)k : 0) : -1;
+  return true;
+}
+
+static bool parse_sampling(srv_ctx *c, const cJSON *body, srv_params *p, srv_error *e) {
+  int64_t top_k = 0, n = 1, seed = -1;
+  p->sampling = irt_sampling_default();
+  p->sampling.temperature = 1.0f;
+  if (!get_num(body, "temperature", 0, 2, &p->sampling.temperature, e)) return false;
+  const cJSON *tp = field(body, "top_p");
+  if (tp && cJSON_IsNumber(tp) && tp->valuedouble <= 0)
+    return srv_bad(e, "top_p", "Invalid value for 'top_p': it must be greater than 0.");
+  if (!get_num(body, "top_p", 0, 1, &p->sampling.top_p, e)) return false;
+  if (!get_int(body, "top_k", -1, 1 << 30, &top_k, e)) return false;
+  p->sampling.top_k = top_k > 0 ? (int)top_k : 0;
+  if (!get_int(body, "seed", INT64_MIN / 2, INT64_MAX / 2, &seed, e)) return false;
+  p->sampling.seed = field(body, "seed") ? (uint64_t)seed
+                                         : c->id_salt ^ (atomic_fetch_add(&c->next_id, 1) * 0x9e3779b97f4a7c15ull);
+  if (!get_int(body, "n", 1, c->max_n, &n, e)) return false;
+  p->n = (int)n;
+  if (!get_num(body, "presence_penalty", -2, 2, &p->presence_penalty, e)) return false;
+  if (!get_num(body, "frequency_penalty", -2, 2, &p->frequency_penalty, e)) return false;
+  return get_bool(body, "ignore_eos", &p->ignore_eos, e);
+}
+
+static bool parse_stream(const cJSON *body, srv_params *p, srv_error *e) {
+  if (!get_bool(body, "stream", &p->stream, e)) return false;
+  const cJSON *so = field(body, "stream_options");
+  if (!so) return true;
+  if (!cJSON_IsObject(so)) return bad_type(e, "stream_options", "an object", so);
+  if (!p->stream)
+    return srv_bad(e, "stream_options", "The 'stream_options' parameter is only allowed when 'stream' is enabled.");
+  const cJSON *iu = field(so, "include_usage");
+  if (iu && !cJSON_IsBool(iu)) return bad_type(e, "stream_options.include_usage", "a boolean", iu);
+  p->include_usage = iu && cJSON_IsTrue(iu);
+  return true;
+}
+
+/* Fields this server does not implement are refused rather than silently ignored. */
+static bool refuse_unsupported(const cJSON *body, srv_endpoint ep, srv_error *e) {
+  const cJSON *v;
+  if ((v = field(body, "user")) && !cJSON_IsString(v)) return bad_type(e, "user", "a string", v);
+  if (ep == SRV_COMPLETIONS && (v = field(body, "echo")) && cJSON_IsTrue(v))
+    return srv_bad(e, "echo", "'echo' is not supported.");
+  if (ep == SRV_COMPLETIONS && (v = field(body, "suffix")))
+    return srv_bad(e, "suffix", "'suffix' is not supported.");
+  const cJSON *bo = field(body, "best_of"), *n = field(body, "n");
+  if (bo && (!is_int(bo) || bo->valuedouble != (n && is_int(n) ? n->valuedouble : 1)))
+    return srv_bad(e, "best_of", "'best_of' other than 'n' is not supported.");
+  return true;
+}
+
+/* Length limits: the prompt must leave room, and so must the asked-for completion. */
+static bool parse_lengths(srv_ctx *c, srv_endpoint ep, const cJSON *body, srv_params *p, srv_error *e) {
+  int64_t ctx = c->info->context_length, room = ctx - p->n_prompt, max = -1;
+  const char *what = ep == SRV_CHAT ? "messages" : "prompt";
+  if (p->n_prompt == 0) return srv_bad(e, what, "Invalid value for '%s': the prompt is empty.", what);
+  if (room <= 0)
+    return srv_fail(e, 400, "invalid_request_error", "context_length_exceeded", what,
+                    "This model's maximum context length is %lld tokens. However, your %s has %lld "
+                    "tokens. Please reduce the length of the %s.", (long long)ctx,
+                    ep == SRV_CHAT ? "messages" : "prompt", (long long)p->n_prompt, what);
+  const char *key = ep == SRV_CHAT && field(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+  if (!get_int(body, key, 1, INT32_MAX, &max, e)) return false;
+  if (max > room)
+    return srv_fail(e, 400, "invalid_request_error", "context_length_exceeded", key,
+                    "This model's maximum context length is %lld tokens. However, you requested "
+                    "%lld tokens (%lld in the %s, %lld for the completion). Please reduce the "
+                    "length of the %s or the completion.", (long long)ctx,
+                    (long long)(p->n_prompt + max), (long long)p->n_prompt, what, (long long)max, what);
+  p->max_tokens = max > 0 ? max : ep == SRV_COMPLETIONS && room > 16 ? 16 : room;
+  return true;
+}
+
+bool srv_params_from_json(srv_ctx *c, srv_endpoint ep, const cJSON *body, srv_params *p,
+                          srv_error *err) {
+  memset(p, 0, sizeof *p);
+  p->ep = ep;
+  p->logprobs = -1;
+  bool ok = true;
+  if (!cJSON_IsObject(body)) ok = srv_bad(err, NULL, "The request body must be a JSON object.");
+  if (ok) ok = check_model(c, body, err) && refuse_unsupported(body, ep, err);
+  if (ok) ok = parse_sampling(c, body, p, err) && parse_stop(body, p, err);
+  if (ok) ok = parse_logprobs(ep, body, p, err) && parse_stream(body, p, err);
+  if (ok && p->n_stop && !c->tok)
+    ok = srv_bad(err, "stop", "Stop strings need a tokenizer; the served plan has none.");
+  if (ok) ok = ep == SRV_CHAT ? parse_messages(c, body, p, err) : parse_prompt(c, body, p, err);
+  if (ok) ok = parse_lengths(c, ep, body, p, err);
+  if (!ok) srv_params_free(p);
+  return ok;
+}
+
+bool srv_params_parse(srv_ctx *c, srv_endpoint ep, const char *body, size_t len, srv_params *p,
+                      srv_error *err) {
+  memset(p, 0, sizeof *p);
+  cJSON *j = cJSON_ParseWithLength(body, len);
+  if (!j)
+    return srv_bad(err, NULL, "We could not parse the JSON body of your request. The body must "
+                   "be a JSON object (see the OpenAI API reference).");
+  bool ok = srv_params_from_json(c, ep, j, p, err);
+  cJSON_Delete(j);
+  return ok;
+}
+
+void srv_params_free(srv_params *p) {
+  for (int i = 0; i < p->n_stop; i++) free(p->stop[i]);
+  free(p->stop);
+  free(p->prompt);
+  p->stop = NULL;
+  p->prompt = NULL;
+  p->n_stop = 0;
+  p->n_prompt = 0;
+}

@@ -1,0 +1,620 @@
+#!/usr/bin/env python3
+"""test_serve: drives `inferrt serve` with the openai Python client and raw HTTP, and
+`inferrt batch` end to end, on the tiny text Llama (tests/fixtures/llama-text).
+
+Oracles: greedy text must equal `inferrt generate` on the same plan; batched and concurrent
+requests must equal sequential ones (the engine is batch-invariant); completion i of an n>1
+request must equal a single request with seed + i. Every error status is checked with its
+OpenAI error shape. Servers run on free loopback ports and are always stopped.
+
+usage: test_serve.py INFC INFERRT FIXTURES_DIR TMP_DIR
+"""
+import http.client
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+try:
+    import openai
+except ImportError:
+    sys.exit("test_serve: the openai package is missing: run tools/bootstrap "
+             "(it pip-installs tools/requirements-test.txt)")
+
+INFC, INFERRT, FIX, TMP = sys.argv[1], sys.argv[2], sys.argv[3], os.path.join(sys.argv[4], "serve")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.makedirs(TMP, exist_ok=True)
+PASSED, FAILED = 0, 0
+SERVERS = []
+
+
+def check(name, cond, detail=""):
+    global PASSED, FAILED
+    if cond:
+        PASSED += 1
+    else:
+        FAILED += 1
+        print(f"FAIL: {name} {detail}", file=sys.stderr, flush=True)
+
+
+def run(*args, **kw):
+    return subprocess.run(list(args), capture_output=True, text=True, timeout=120, **kw)
+
+
+class Server:
+    """An `inferrt serve` on a free loopback port (--port 0; the port is read from stderr)."""
+
+    def __init__(self, plan, *flags):
+        self.log = open(os.path.join(TMP, f"server{len(SERVERS)}.log"), "w+")
+        self.p = subprocess.Popen([INFERRT, "serve", plan, "--port", "0", "--threads", "2", *flags],
+                                  stdout=self.log, stderr=subprocess.PIPE, text=True)
+        SERVERS.append(self)
+        line = self.p.stderr.readline()
+        m = re.search(r"http://127\.0\.0\.1:(\d+)", line)
+        if not m:
+            self.stop()
+            sys.exit(f"test_serve: the server did not start: {line}{self.p.stderr.read()}")
+        self.port = int(m.group(1))
+        threading.Thread(target=self._drain, daemon=True).start()
+
+    def _drain(self):
+        for line in self.p.stderr:
+            self.log.write(line)
+
+    def client(self, key="alice-key", **kw):
+        return openai.OpenAI(api_key=key, base_url=f"http://127.0.0.1:{self.port}/v1",
+                             max_retries=0, timeout=60, **kw)
+
+    def raw(self, method, path, body=None, headers=None, key="alice-key"):
+        """(status, headers dict, body bytes) of one plain HTTP request."""
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        h = {"Content-Type": "application/json"}
+        if key:
+            h["Authorization"] = f"Bearer {key}"
+        h.update(headers or {})
+        data = body if isinstance(body, (bytes, str)) or body is None else json.dumps(body)
+        c.request(method, path, body=data, headers=h)
+        r = c.getresponse()
+        out = (r.status, {k.lower(): v for k, v in r.getheaders()}, r.read())
+        c.close()
+        return out
+
+    def metrics(self):
+        _, _, body = self.raw("GET", "/metrics", key=None)
+        vals = {}
+        for line in body.decode().splitlines():
+            if line and not line.startswith("#"):
+                name, v = line.rsplit(" ", 1)
+                vals[name] = float(v)
+        return vals
+
+    def stop(self):
+        if self.p.poll() is None:
+            self.p.send_signal(signal.SIGTERM)
+            try:
+                self.p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+                self.p.wait()
+        return self.p.returncode
+
+
+def stop_all():
+    for s in SERVERS:
+        s.stop()
+
+
+# --- setup ---------------------------------------------------------------------------------
+PLAN = os.path.join(TMP, "tiny.plan")
+r = run(INFC, "build", os.path.join(FIX, "llama-text"), "-o", PLAN, "-q")
+if r.returncode != 0:
+    sys.exit(f"test_serve: infc build failed: {r.stderr}")
+KEYS = os.path.join(TMP, "keys.txt")
+with open(KEYS, "w") as f:
+    f.write("# key tenant priority\nalice-key alice 0\nbob-key bob 5\n\n")
+
+
+def generate(*args):
+    r = run(INFERRT, "generate", PLAN, "--json", "--threads", "2", *args)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def sse_events(body):
+    """The data payloads of an SSE body, checking the framing."""
+    text = body.decode()
+    check("sse framing", text.endswith("data: [DONE]\n\n"), repr(text[-40:]))
+    out = []
+    for ev in text.split("\n\n")[:-1]:
+        check("sse event", ev.startswith("data: ") and "\n" not in ev, repr(ev[:80]))
+        out.append(ev[6:])
+    return out
+
+
+def test_basics(s):
+    c = s.client()
+    models = c.models.list()
+    check("models", [m.id for m in models.data] == ["tiny"], str(models))
+    st, h, body = s.raw("GET", "/health", key=None)
+    check("health", st == 200 and json.loads(body)["status"] == "ok")
+    st, h, body = s.raw("GET", "/", key=None)
+    check("chat page", st == 200 and h["content-type"].startswith("text/html") and
+          b"<title>inferrt chat</title>" in body and b"/v1/chat/completions" in body)
+
+
+def test_completions(s):
+    c = s.client()
+    prompt = "Once upon a time"
+    ref = generate("--prompt", prompt, "-n", "12", "--ignore-eos")
+    r = c.completions.create(model="tiny", prompt=prompt, max_tokens=12, temperature=0,
+                             extra_body={"ignore_eos": True})
+    ch = r.choices[0]
+    check("completion text = generate", ch.text == ref["text"], f"{ch.text!r} vs {ref['text']!r}")
+    check("completion shape", r.object == "text_completion" and r.id.startswith("cmpl-") and
+          ch.finish_reason == "length" and ch.index == 0 and r.model == "tiny")
+    u = r.usage
+    check("usage", u.prompt_tokens == len(ref["prompt_ids"]) and u.completion_tokens == 12 and
+          u.total_tokens == u.prompt_tokens + 12, str(u))
+    r2 = c.completions.create(model="tiny", prompt=ref["prompt_ids"], max_tokens=12, temperature=0,
+                              extra_body={"ignore_eos": True})
+    check("token-id prompt", r2.choices[0].text == ref["text"])
+    # streaming: the deltas add up to the same text; usage comes last with no choices
+    chunks = list(c.completions.create(model="tiny", prompt=prompt, max_tokens=12, temperature=0,
+                                       stream=True, stream_options={"include_usage": True},
+                                       extra_body={"ignore_eos": True}))
+    text = "".join(k.choices[0].text for k in chunks if k.choices)
+    finishes = [k.choices[0].finish_reason for k in chunks if k.choices and k.choices[0].finish_reason]
+    check("stream text", text == ref["text"], f"{text!r}")
+    check("stream finish", finishes == ["length"], str(finishes))
+    check("stream usage", chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 12)
+    # raw SSE: exact framing and chunk shapes
+    st, h, body = s.raw("POST", "/v1/completions", {"prompt": prompt, "max_tokens": 4, "stream": True})
+    check("sse headers", st == 200 and h["content-type"].startswith("text/event-stream"))
+    evs = sse_events(body)
+    objs = [json.loads(e) for e in evs[:-1]]
+    check("sse chunk shape", all(o["object"] == "text_completion" and "usage" not in o and
+                                 set(o["choices"][0]) == {"index", "text", "logprobs", "finish_reason"}
+                                 for o in objs))
+    # default max_tokens for completions is 16
+    r = c.completions.create(model="tiny", prompt=prompt, temperature=0, extra_body={"ignore_eos": True})
+    check("default max_tokens", r.usage.completion_tokens == 16)
+
+
+def test_chat(s):
+    c = s.client()
+    ref = generate("--chat", "Hello there", "-n", "10", "--ignore-eos")
+    msgs = [{"role": "user", "content": "Hello there"}]
+    r = c.chat.completions.create(model="tiny", messages=msgs, max_tokens=10, temperature=0,
+                                  extra_body={"ignore_eos": True})
+    m = r.choices[0].message
+    check("chat text = generate", m.content == ref["text"] and m.role == "assistant",
+          f"{m.content!r} vs {ref['text']!r}")
+    check("chat shape", r.object == "chat.completion" and r.id.startswith("chatcmpl-") and
+          r.usage.prompt_tokens == len(ref["prompt_ids"]) and r.usage.completion_tokens == 10)
+    r = c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": [
+        {"type": "text", "text": "Hello"}, {"type": "text", "text": " there"}]}], max_tokens=10,
+        temperature=0, extra_body={"ignore_eos": True})
+    check("content parts", r.choices[0].message.content == ref["text"])
+    stream = c.chat.completions.create(model="tiny", messages=msgs, max_tokens=10, temperature=0,
+                                       stream=True, extra_body={"ignore_eos": True})
+    chunks = list(stream)
+    check("chat stream role first", chunks[0].choices[0].delta.role == "assistant")
+    text = "".join(k.choices[0].delta.content or "" for k in chunks)
+    check("chat stream text", text == ref["text"], f"{text!r}")
+    check("chat stream finish", chunks[-1].choices[0].finish_reason == "length" and
+          chunks[-1].object == "chat.completion.chunk")
+    # a system message changes the prompt
+    r = c.chat.completions.create(model="tiny", messages=[{"role": "system", "content": "Be brief."}] + msgs,
+                                  max_tokens=2, temperature=0)
+    check("system message", r.usage.prompt_tokens > len(ref["prompt_ids"]))
+
+
+def test_sampling(s):
+    c = s.client()
+    kw = dict(model="tiny", prompt="The sea", max_tokens=10, temperature=1.0, top_p=0.9,
+              extra_body={"ignore_eos": True, "top_k": 50})
+    a = c.completions.create(n=3, seed=42, **kw)
+    check("n=3", sorted(ch.index for ch in a.choices) == [0, 1, 2] and a.usage.completion_tokens == 30)
+    b = c.completions.create(n=3, seed=42, **kw)
+    check("seeded n=3 repeats", [ch.text for ch in a.choices] == [ch.text for ch in b.choices])
+    for i in range(3):
+        one = c.completions.create(n=1, seed=42 + i, **kw)
+        check(f"choice {i} = seed+{i}", one.choices[0].text == a.choices[i].text)
+    check("choices differ", len({ch.text for ch in a.choices}) > 1)
+    # n > 1 streamed: every index gets its text and a finish
+    texts, fins = {}, {}
+    for k in c.completions.create(n=2, seed=7, stream=True, **kw):
+        for ch in k.choices:
+            texts[ch.index] = texts.get(ch.index, "") + ch.text
+            if ch.finish_reason:
+                fins[ch.index] = ch.finish_reason
+    ref = c.completions.create(n=2, seed=7, **kw)
+    check("n=2 stream", texts == {ch.index: ch.text for ch in ref.choices} and fins == {0: "length", 1: "length"})
+    # penalties reach the engine (exactness is tests/unit/test_engine.c's): negative ones make
+    # greedy decoding repeat itself, which the plain run does not
+    base = dict(model="tiny", prompt="a a a a", max_tokens=24, temperature=0, logprobs=0,
+                extra_body={"ignore_eos": True})
+    plain = c.completions.create(**base).choices[0].logprobs.tokens
+    pen1 = c.completions.create(presence_penalty=-2, frequency_penalty=-2, **base).choices[0].logprobs.tokens
+    pen2 = c.completions.create(presence_penalty=-2, frequency_penalty=-2, **base).choices[0].logprobs.tokens
+    check("penalties", pen1 == pen2 and pen1 != plain and len(set(pen1)) < len(set(plain)),
+          f"{plain!r} / {pen1!r}")
+
+
+def test_logprobs(s):
+    c = s.client()
+    r = c.completions.create(model="tiny", prompt="Once upon", max_tokens=6, temperature=0, logprobs=3,
+                             extra_body={"ignore_eos": True})
+    lp = r.choices[0].logprobs
+    check("legacy logprobs lengths", len(lp.tokens) == 6 and len(lp.token_logprobs) == 6 and
+          len(lp.top_logprobs) == 6 and len(lp.text_offset) == 6)
+    ok = all(v <= 0 for v in lp.token_logprobs)
+    for tok, v, tops in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+        ok &= 1 <= len(tops) <= 4 and abs(max(tops.values()) - v) < 1e-6  # greedy: sampled = best
+    check("legacy logprobs values", ok, str(lp))
+    check("legacy text_offset", lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset))
+    r = c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=6,
+                                  temperature=0, logprobs=True, top_logprobs=2, extra_body={"ignore_eos": True})
+    content = r.choices[0].logprobs.content
+    check("chat logprobs", len(content) == 6 and all(len(e.top_logprobs) == 2 and
+          e.top_logprobs[0].logprob >= e.top_logprobs[1].logprob and
+          abs(e.top_logprobs[0].logprob - e.logprob) < 1e-6 for e in content))
+    raw = b"".join(bytes(e.bytes) for e in content)
+    check("chat logprob bytes = text", raw.decode("utf-8", "replace") == r.choices[0].message.content)
+    # streamed logprobs cover every token once
+    n = 0
+    for k in c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=6,
+                                       temperature=0, logprobs=True, stream=True, extra_body={"ignore_eos": True}):
+        if k.choices and k.choices[0].logprobs and k.choices[0].logprobs.content:
+            n += len(k.choices[0].logprobs.content)
+    check("streamed logprobs", n == 6, str(n))
+
+
+def test_stop(s):
+    c = s.client()
+    kw = dict(model="tiny", prompt="Once upon a time", temperature=0, extra_body={"ignore_eos": True})
+    full = c.completions.create(max_tokens=20, **kw).choices[0].text
+    m = re.search(r"[a-z]{2}", full[3:])
+    if not m:
+        check("stop: found an ASCII stop string", False, repr(full))
+        return
+    stop = m.group(0)
+    cut = full.find(stop)
+    r = c.completions.create(max_tokens=20, stop=[stop, "zzqq-never"], **kw)
+    check("stop string", r.choices[0].text == full[:cut] and r.choices[0].finish_reason == "stop",
+          f"{stop!r}: {r.choices[0].text!r} vs {full[:cut]!r}")
+    text = "".join(k.choices[0].text for k in c.completions.create(max_tokens=20, stop=stop, stream=True, **kw))
+    check("stop string streamed", text == full[:cut], repr(text))
+
+
+def test_prefix_cache_and_tenants(s):
+    prompt = list(range(100, 150))  # 50 tokens: three full blocks of 16
+    kw = dict(model="tiny", prompt=prompt, max_tokens=2, temperature=0)
+    a = s.client("alice-key").completions.create(**kw)
+    b = s.client("alice-key").completions.create(**kw)
+    c = s.client("bob-key").completions.create(**kw)
+    cached = lambda r: r.usage.prompt_tokens_details.cached_tokens
+    check("prefix cache hit", cached(a) == 0 and cached(b) == 48, f"{cached(a)} {cached(b)}")
+    check("tenant isolation", cached(c) == 0 and c.choices[0].text == a.choices[0].text, str(cached(c)))
+    m = s.metrics()
+    check("metrics: cached tokens", m["inferrt_prompt_tokens_cached_total"] >= 48 and
+          0 < m["inferrt_prefix_cache_hit_rate"] < 1)
+
+
+def test_concurrent(s):
+    prompts = [f"Story number {i}: once" for i in range(12)]
+    c = s.client()
+    seq = [c.completions.create(model="tiny", prompt=p, max_tokens=12, temperature=0,
+                                extra_body={"ignore_eos": True}).choices[0].text for p in prompts]
+    out, errors = [None] * len(prompts), []
+
+    def worker(k):
+        try:
+            cl = s.client()
+            for i in range(k, len(prompts), 6):
+                if i % 2:
+                    out[i] = "".join(ch.choices[0].text for ch in cl.completions.create(
+                        model="tiny", prompt=prompts[i], max_tokens=12, temperature=0, stream=True,
+                        extra_body={"ignore_eos": True}))
+                else:
+                    out[i] = cl.completions.create(model="tiny", prompt=prompts[i], max_tokens=12,
+                                                   temperature=0, extra_body={"ignore_eos": True}).choices[0].text
+        except Exception as e:  # noqa: BLE001
+            errors.append(repr(e))
+
+    ts = [threading.Thread(target=worker, args=(k,)) for k in range(6)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    check("concurrent clients", not errors and out == seq, str(errors))
+
+
+def expect_error(s, name, status, method, path, body=None, param=None, code=None, **kw):
+    st, h, raw = s.raw(method, path, body, **kw)
+    try:
+        e = json.loads(raw)["error"]
+        shape = set(e) == {"message", "type", "param", "code"} and e["message"]
+    except (ValueError, KeyError, TypeError):
+        e, shape = {}, False
+    ok = st == status and shape and (param is None or e.get("param") == param) and \
+        (code is None or e.get("code") == code)
+    check(f"error {name}", ok, f"status {st}, body {raw[:300]!r}")
+    return h
+
+
+def test_errors(s):
+    ok_body = {"model": "tiny", "prompt": "hi", "max_tokens": 2}
+    expect_error(s, "malformed json", 400, "POST", "/v1/completions", b'{"prompt": "hi",')
+    expect_error(s, "not an object", 400, "POST", "/v1/completions", b'[1, 2]')
+    expect_error(s, "wrong type", 400, "POST", "/v1/completions", {**ok_body, "max_tokens": "8"}, param="max_tokens")
+    expect_error(s, "wrong type temperature", 400, "POST", "/v1/chat/completions",
+                 {"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}, param="temperature")
+    expect_error(s, "bad role", 400, "POST", "/v1/chat/completions",
+                 {"messages": [{"role": "wizard", "content": "x"}]}, param="messages[0].role")
+    expect_error(s, "missing prompt", 400, "POST", "/v1/completions", {"model": "tiny"}, param="prompt")
+    expect_error(s, "token out of vocab", 400, "POST", "/v1/completions", {"prompt": [1, 99999]}, param="prompt")
+    expect_error(s, "prompt too long", 400, "POST", "/v1/completions", {"prompt": [5] * 300},
+                 param="prompt", code="context_length_exceeded")
+    expect_error(s, "max_tokens too large", 400, "POST", "/v1/completions", {**ok_body, "max_tokens": 1000},
+                 param="max_tokens", code="context_length_exceeded")
+    expect_error(s, "n too large", 400, "POST", "/v1/completions", {**ok_body, "n": 1000}, param="n")
+    expect_error(s, "top_logprobs without logprobs", 400, "POST", "/v1/chat/completions",
+                 {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, param="top_logprobs")
+    expect_error(s, "stream_options without stream", 400, "POST", "/v1/completions",
+                 {**ok_body, "stream_options": {"include_usage": True}}, param="stream_options")
+    expect_error(s, "unknown model", 404, "POST", "/v1/completions", {**ok_body, "model": "gpt-9"},
+                 param="model", code="model_not_found")
+    expect_error(s, "unknown endpoint", 404, "GET", "/v1/nothing")
+    expect_error(s, "unknown model path", 404, "GET", "/v1/models/gpt-9")
+    h = expect_error(s, "wrong method", 405, "GET", "/v1/completions")
+    check("405 Allow", h.get("allow") == "POST")
+    expect_error(s, "wrong method 2", 405, "POST", "/v1/models", ok_body)
+    expect_error(s, "body too large", 413, "POST", "/v1/completions",
+                 {**ok_body, "prompt": "x" * 100000})
+    expect_error(s, "no key", 401, "POST", "/v1/completions", ok_body, key=None, code="invalid_api_key")
+    expect_error(s, "wrong key", 401, "POST", "/v1/completions", ok_body, key="mallory", code="invalid_api_key")
+    expect_error(s, "no key for models", 401, "GET", "/v1/models", key=None)
+    st, _, _ = s.raw("POST", "/v1/completions", ok_body, key="shared-key")
+    check("--api-key key works", st == 200)
+    # through the client: the right exception classes
+    try:
+        s.client().completions.create(model="gpt-9", prompt="x", max_tokens=1)
+        check("client 404", False)
+    except openai.NotFoundError:
+        check("client 404", True)
+    try:
+        s.client("nope").completions.create(model="tiny", prompt="x", max_tokens=1)
+        check("client 401", False)
+    except openai.AuthenticationError:
+        check("client 401", True)
+    try:
+        s.client().completions.create(model="tiny", prompt="x", max_tokens=1, temperature=5)
+        check("client 400", False)
+    except openai.BadRequestError as e:
+        check("client 400", e.body.get("param") == "temperature" if isinstance(e.body, dict) else False, str(e.body))
+    m = s.metrics()
+    for st in (400, 401, 404, 405, 413):
+        check(f"metrics count {st}", m.get(f'inferrt_requests_total{{endpoint="/v1/completions",status="{st}"}}', 0) >= 1)
+
+
+def wait_for(pred, timeout=10.0):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if pred():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_disconnect(s):
+    before = s.metrics().get("inferrt_requests_cancelled_total", 0)
+    body = json.dumps({"prompt": [3, 4, 5], "max_tokens": 240, "n": 16, "stream": True,
+                       "temperature": 1, "ignore_eos": True})
+    sock = socket.create_connection(("127.0.0.1", s.port))
+    sock.sendall((f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer alice-key\r\n"
+                  f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n{body}").encode())
+    got = b""
+    while b"data: " not in got:
+        got += sock.recv(4096)
+    sock.close()  # mid-stream
+    wait_for(lambda: s.metrics()["inferrt_seqs_running"] == 0, timeout=5)
+    # and a non-streamed request whose client gives up early
+    body = json.dumps({"prompt": [3, 4, 6], "max_tokens": 240, "n": 16, "ignore_eos": True})
+    sock = socket.create_connection(("127.0.0.1", s.port))
+    sock.sendall((f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer alice-key\r\n"
+                  f"Content-Length: {len(body)}\r\n\r\n{body}").encode())
+    running = wait_for(lambda: s.metrics()["inferrt_seqs_running"] > 0, timeout=5)
+    sock.close()  # while it runs
+    freed = wait_for(lambda: (lambda m: m["inferrt_seqs_running"] == 0 and m["inferrt_seqs_waiting"] == 0 and
+                              m['inferrt_kv_cache_blocks{state="used"}'] == 0)(s.metrics()))
+    check("disconnect frees sequences", freed)
+    after = s.metrics().get("inferrt_requests_cancelled_total", 0)
+    check("disconnect cancels", running and after - before == 2, f"{before} -> {after}")
+
+    # a storm: streams dropped after a few chunks, alongside complete ones
+    def storm(k):
+        body = json.dumps({"prompt": [k + 1, 9], "max_tokens": 120, "n": 2, "stream": k % 3 != 2,
+                           "ignore_eos": True})
+        sk = socket.create_connection(("127.0.0.1", s.port))
+        sk.sendall((f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer alice-key\r\n"
+                    f"Content-Length: {len(body)}\r\n\r\n{body}").encode())
+        if k % 3 != 1:
+            got = b""
+            while len(got) < 200 * (k % 4 + 1):
+                piece = sk.recv(4096)
+                if not piece:
+                    break
+                got += piece
+        sk.close()
+
+    ts = [threading.Thread(target=storm, args=(k,)) for k in range(12)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    freed = wait_for(lambda: (lambda m: m["inferrt_seqs_running"] == 0 and m["inferrt_seqs_waiting"] == 0 and
+                              m['inferrt_kv_cache_blocks{state="used"}'] == 0)(s.metrics()))
+    check("disconnect storm frees everything", freed)
+    check("server alive after disconnects", s.raw("GET", "/health", key=None)[0] == 200)
+
+
+def test_overload():
+    s = Server(PLAN, "--max-waiting", "1", "--max-connections", "4", "--kv-tokens", "8192")
+    try:
+        results = []
+
+        def one():
+            st, h, _ = s.raw("POST", "/v1/completions", {"prompt": [1, 2, 3], "max_tokens": 200, "n": 8,
+                                                         "ignore_eos": True}, key=None)
+            results.append((st, h.get("retry-after")))
+
+        ts = [threading.Thread(target=one) for _ in range(3)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        codes = sorted(st for st, _ in results)
+        check("busy -> 429", 200 in codes and 429 in codes, str(codes))
+        check("429 Retry-After", all(ra == "1" for st, ra in results if st == 429))
+        idle = [socket.create_connection(("127.0.0.1", s.port)) for _ in range(5)]
+        check("connections counted", wait_for(lambda: s.metrics()["inferrt_http_connections_open"] >= 5))
+        h = expect_error(s, "too many connections", 429, "POST", "/v1/completions", {"prompt": [1], "max_tokens": 1},
+                         key=None, code="rate_limit_exceeded")
+        check("429 Retry-After (connections)", h.get("retry-after") == "1")
+        st, _, _ = s.raw("GET", "/health", key=None)
+        check("health under overload", st == 200)
+        for k in idle:
+            k.close()
+        wait_for(lambda: s.metrics()["inferrt_http_connections_open"] <= 1)
+        st, _, _ = s.raw("POST", "/v1/completions", {"prompt": [1], "max_tokens": 1}, key=None)
+        check("recovers after overload", st == 200, str(st))
+    finally:
+        check("server exits cleanly", s.stop() == 0)
+
+
+# --- batch -----------------------------------------------------------------------------------------
+def batch_line(cid, url="/v1/completions", **body):
+    return json.dumps({"custom_id": cid, "method": "POST", "url": url, "body": body})
+
+
+def read_results(path):
+    with open(path) as f:
+        lines = f.read().splitlines()
+    return [json.loads(x) for x in lines]
+
+
+def test_batch():
+    inp, out = os.path.join(TMP, "in.jsonl"), os.path.join(TMP, "out.jsonl")
+    if os.path.exists(out):
+        os.remove(out)
+    lines = [batch_line(f"c{i}", prompt=f"Item {i}", max_tokens=6, temperature=0, ignore_eos=True) for i in range(6)]
+    lines += [batch_line("chat1", "/v1/chat/completions", messages=[{"role": "user", "content": "Hello there"}],
+                         max_tokens=10, temperature=0, ignore_eos=True),
+              "{this is not json",
+              batch_line("badurl", "/v1/embeddings", input="x"),
+              batch_line("badparam", max_tokens=2),
+              json.dumps({"method": "POST", "url": "/v1/completions", "body": {"prompt": "x"}}),
+              batch_line("big", prompt=[7] * 300)]
+    with open(inp, "w") as f:
+        f.write("\n".join(lines) + "\n\n")
+    r = run(INFERRT, "batch", PLAN, "--input", inp, "--output", out, "--threads", "2")
+    check("batch runs", r.returncode == 0, r.stderr)
+    check("batch summary", "12 requests" in r.stdout and "req/s" in r.stdout, r.stdout)
+    check("batch progress (no tty)", "lines done" in r.stderr, r.stderr)
+    res = {o["custom_id"]: o for o in read_results(out)}
+    check("batch all lines", len(res) == 12, str(sorted(res)))
+    ok = [res[f"c{i}"] for i in range(6)]
+    check("batch ok shape", all(o["response"]["status_code"] == 200 and o["error"] is None and
+                                o["id"].startswith("batch_req_") and
+                                o["response"]["body"]["object"] == "text_completion" for o in ok))
+    ref = generate("--chat", "Hello there", "-n", "10", "--ignore-eos")
+    chat = res["chat1"]["response"]["body"]["choices"][0]["message"]["content"]
+    check("batch chat = generate", chat == ref["text"], repr(chat))
+    check("batch bad json", res["line-8"]["error"]["code"] == "invalid_json_line" and res["line-8"]["response"] is None)
+    check("batch bad url", res["badurl"]["response"]["status_code"] == 404)
+    check("batch bad param", res["badparam"]["response"]["status_code"] == 400 and
+          res["badparam"]["response"]["body"]["error"]["param"] == "prompt")
+    check("batch no custom_id", res["line-11"]["error"]["code"] == "missing_custom_id")
+    check("batch too long", res["big"]["response"]["body"]["error"]["code"] == "context_length_exceeded")
+    r = run(INFERRT, "batch", PLAN, "--input", inp, "--output", out, "--threads", "2")
+    check("batch rerun skips all", r.returncode == 0 and len(read_results(out)) == 12 and "12 skipped" in r.stdout,
+          r.stdout)
+
+
+def test_batch_resume():
+    """Kill a run partway, tear its last line, and resume: every id exactly once."""
+    inp, out = os.path.join(TMP, "in2.jsonl"), os.path.join(TMP, "out2.jsonl")
+    if os.path.exists(out):
+        os.remove(out)
+    n = 40
+    with open(inp, "w") as f:
+        for i in range(n):
+            f.write(batch_line(f"r{i}", prompt=[i + 1, i + 2], max_tokens=200, n=4, ignore_eos=True,
+                               temperature=0) + "\n")
+    p = subprocess.Popen([INFERRT, "batch", PLAN, "--input", inp, "--output", out, "--threads", "1",
+                          "--concurrency", "2", "--no-progress"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    got = wait_for(lambda: os.path.exists(out) and open(out).read().count("\n") >= 3, timeout=60)
+    p.kill()
+    p.wait()
+    written = open(out).read().count("\n")
+    check("batch killed partway", got and written < n, f"{written} lines")
+    with open(out, "a") as f:
+        f.write('{"id": "batch_req_torn", "custom_id": "r3')  # a torn last line
+    # the first run had the default KV pool (one sequence at a time: slow enough to kill);
+    # the resumed one gets room for all (greedy results do not depend on it)
+    r = run(INFERRT, "batch", PLAN, "--input", inp, "--output", out, "--threads", "2", "--kv-tokens", "8192")
+    check("batch resume runs", r.returncode == 0 and "torn" in r.stderr, r.stderr)
+    res = read_results(out)
+    ids = [o["custom_id"] for o in res]
+    check("batch resume: each id once", sorted(ids) == sorted(f"r{i}" for i in range(n)), f"{len(ids)} lines")
+    check("batch resume: all ok", all(o["response"]["status_code"] == 200 for o in res))
+    check("batch resume skipped", f"{written} skipped" in r.stdout, r.stdout)
+    texts = {o["custom_id"]: [c["text"] for c in o["response"]["body"]["choices"]] for o in res}
+    check("batch resume: greedy choices agree", all(len(set(t)) == 1 for t in texts.values()))
+
+
+def test_loadtest(s):
+    r = run(sys.executable, os.path.join(ROOT, "tools", "loadtest.py"), "--url", f"http://127.0.0.1:{s.port}",
+            "--api-key", "alice-key", "--requests", "40", "--concurrency", "8", "--max-tokens", "16",
+            "--time-limit", "60", "--json")
+    try:
+        o = json.loads(r.stdout)
+    except ValueError:
+        o = {}
+    check("loadtest", r.returncode == 0 and o.get("ok") == 40 and o.get("requests_per_s", 0) > 0 and
+          "p50" in o.get("latency_ms", {}), r.stdout + r.stderr)
+
+
+def main():
+    t0 = time.time()
+    s = Server(PLAN, "--api-keys", KEYS, "--api-key", "shared-key", "--model-name", "tiny",
+               "--kv-tokens", "16384", "--max-body", "65536")
+    try:
+        for t in (test_basics, test_completions, test_chat, test_sampling, test_logprobs, test_stop,
+                  test_prefix_cache_and_tenants, test_concurrent, test_errors, test_disconnect, test_loadtest):
+            t(s)
+        m = s.metrics()
+        check("metrics histograms", m.get("inferrt_time_to_first_token_seconds_count", 0) > 0 and
+              m.get("inferrt_e2e_request_latency_seconds_count", 0) > 0 and
+              'inferrt_time_per_output_token_seconds_bucket{le="+Inf"}' in m)
+    finally:
+        check("server exits cleanly on SIGTERM", s.stop() == 0)
+    test_overload()
+    test_batch()
+    test_batch_resume()
+    print(f"serve: {PASSED} checks passed, {FAILED} failed ({time.time() - t0:.1f} s)")
+    return 1 if FAILED else 0
+
+
+if __name__ == "__main__":
+    try:
+        rc = main()
+    finally:
+        stop_all()
+    sys.exit(rc)

@@ -1,0 +1,286 @@
+/* test_quant: block-quantized weights (q8_0, q4_0, q4_1): block decoding against hand-made
+ * blocks; matmul and embedding against a naive dequantize-then-dot reference (double
+ * precision within a bound, and the f32 kernel on the dequantized W bit for bit) on
+ * every instruction set the CPU has; batch invariance; agreement of the SIMD paths; and
+ * the IR rules and build-time folding that let a template use quantized weights. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ir.h"
+#include "kn_cpu.h"
+#include "kn_quant.h"
+#include "pass.h"
+#include "tcheck.h"
+
+static const ir_dtype k_qtypes[3] = {IR_Q8_0, IR_Q4_0, IR_Q4_1};
+
+/* ---- helpers ---------------------------------------------------------------------- */
+
+static uint64_t g_rng = 0x2545f4914f6cdd1dull;
+
+static uint32_t rnd_u32(void) {
+  g_rng ^= g_rng << 13;
+  g_rng ^= g_rng >> 7;
+  g_rng ^= g_rng << 17;
+  return (uint32_t)(g_rng >> 32);
+}
+
+static float rnd(void) { return (float)(rnd_u32() >> 8) * (1.0f / (1 << 23)) - 1.0f; }
+
+static float *rnd_vec(int64_t n) {
+  float *v = malloc((size_t)(n > 0 ? n : 1) * sizeof *v);
+  for (int64_t i = 0; i < n; i++) v[i] = rnd();
+  return v;
+}
+
+static void put_f16(uint8_t *p, float v) {
+  uint16_t h = ir_f32_to_f16(v);
+  p[0] = (uint8_t)h;
+  p[1] = (uint8_t)(h >> 8);
+}
+
+/* n_rows x k of random blocks: random quants, scales in +-[0.002, 0.05), mins in +-0.5. */
+static uint8_t *rnd_qmatrix(ir_dtype dt, int64_t n_rows, int64_t k) {
+  uint64_t bytes = ir_dtype_bytes(dt, (uint64_t)(n_rows * k));
+  uint8_t *w = malloc(bytes ? bytes : 1);
+  int bb = kn_quant_block_bytes(dt);
+  for (uint64_t b = 0; b < bytes / (uint64_t)bb; b++) {
+    uint8_t *blk = w + b * (uint64_t)bb;
+    for (int i = 0; i < bb; i++) blk[i] = (uint8_t)rnd_u32();
+    put_f16(blk, (0.002f + 0.048f * fabsf(rnd())) * (rnd() < 0 ? -1.0f : 1.0f));
+    if (dt == IR_Q4_1) put_f16(blk + 2, 0.5f * rnd());
+  }
+  return w;
+}
+
+static float *dequant_matrix(const uint8_t *w, ir_dtype dt, int64_t n_rows, int64_t k) {
+  float *out = malloc((size_t)(n_rows * k) * sizeof *out);
+  uint64_t row = ir_dtype_bytes(dt, (uint64_t)k);
+  for (int64_t r = 0; r < n_rows; r++)
+    kn_dequant_row(w + (uint64_t)r * row, dt, out + r * k, k);
+  return out;
+}
+
+/* ---- block decoding --------------------------------------------------------------- */
+
+static void test_blocks(void) {
+  uint8_t q8[34], q40[18], q41[20];
+  put_f16(q8, 0.5f);
+  for (int i = 0; i < 32; i++) q8[2 + i] = (uint8_t)(int8_t)(i * 8 - 128);
+  put_f16(q40, 2.0f);
+  for (int i = 0; i < 16; i++) q40[2 + i] = (uint8_t)(i | (15 - i) << 4);
+  put_f16(q41, 0.25f);
+  put_f16(q41 + 2, -1.0f);
+  for (int i = 0; i < 16; i++) q41[4 + i] = (uint8_t)((i * 3 % 16) | (i << 4));
+  float o8[32], o40[32], o41[32];
+  kn_dequant_row(q8, IR_Q8_0, o8, 32);
+  kn_dequant_row(q40, IR_Q4_0, o40, 32);
+  kn_dequant_row(q41, IR_Q4_1, o41, 32);
+  int ok8 = 1, ok40 = 1, ok41 = 1, one = 1;
+  for (int i = 0; i < 32; i++) {
+    ok8 &= o8[i] == 0.5f * (float)(i * 8 - 128);
+    int n40 = i < 16 ? i : 15 - (i - 16); /* low nibbles hold 0..15, high 16..31 */
+    ok40 &= o40[i] == 2.0f * (float)(n40 - 8);
+    int n41 = i < 16 ? i * 3 % 16 : i - 16;
+    ok41 &= o41[i] == 0.25f * (float)n41 - 1.0f; /* exact here, so fma or not */
+    one &= kn_dequant_one(q8, IR_Q8_0, (uint64_t)i) == o8[i] &&
+           kn_dequant_one(q40, IR_Q4_0, (uint64_t)i) == o40[i] &&
+           kn_dequant_one(q41, IR_Q4_1, (uint64_t)i) == o41[i];
+  }
+  CHECK(ok8);
+  CHECK(ok40);
+  CHECK(ok41);
+  CHECK(one);
+  CHECK(ir_dtype_bytes(IR_Q8_0, 64) == 68 && ir_dtype_bytes(IR_Q4_1, 48) == 0);
+  /* the second block of a row is found by kn_dequant_one's flat index */
+  uint8_t two[68];
+  memcpy(two, q8, 34);
+  memcpy(two + 34, q8, 34);
+  CHECK(kn_dequant_one(two, IR_Q8_0, 37) == o8[5]);
+}
+
+/* ---- matmul ----------------------------------------------------------------------- */
+
+/* Error bound relative to sum |x_i w_i| over a double reference of the dequantized W. */
+static int matmul_ok(const float *y, const float *x, const float *w, const float *bias,
+                     int64_t m, int64_t n, int64_t k) {
+  int ok = 1;
+  for (int64_t i = 0; i < m; i++)
+    for (int64_t j = 0; j < n; j++) {
+      double ref = bias ? bias[j] : 0.0, mag = bias ? fabs(bias[j]) : 0.0;
+      for (int64_t l = 0; l < k; l++) {
+        ref += (double)x[i * k + l] * w[j * k + l];
+        mag += fabs((double)x[i * k + l] * w[j * k + l]);
+      }
+      ok &= fabs(y[i * n + j] - ref) <= 2e-5 * mag + 1e-6;
+    }
+  return ok;
+}
+
+/* Against a double reference of the dequantized W, and bit for bit against the f32
+ * kernel on that W: the quantized kernels dequantize in registers to exactly the values
+ * kn_dequant_row gives, then sum in the f32 order. */
+static void matmul_case(kn_pool *p, ir_dtype dt, int isa, bool bias_on, int64_t m, int64_t n,
+                        int64_t k) {
+  uint8_t *wq = rnd_qmatrix(dt, n, k);
+  float *w = dequant_matrix(wq, dt, n, k), *x = rnd_vec(m * k), *y = rnd_vec(m * n);
+  float *yf = rnd_vec(m * n), *bias = bias_on ? rnd_vec(n) : NULL;
+  kn_matmul(p, y, x, wq, dt, bias, m, n, k);
+  kn_matmul(p, yf, x, w, IR_F32, bias, m, n, k);
+  CHECKF(matmul_ok(y, x, w, bias, m, n, k), "dt=%s isa=%d bias=%d m=%lld n=%lld k=%lld",
+         ir_dtype_name(dt), isa, bias_on, (long long)m, (long long)n, (long long)k);
+  CHECKF(memcmp(y, yf, (size_t)(m * n) * sizeof(float)) == 0,
+         "dt=%s isa=%d m=%lld n=%lld k=%lld: not the f32 kernel's bits on dequantized W",
+         ir_dtype_name(dt), isa, (long long)m, (long long)n, (long long)k);
+  free(wq), free(w), free(x), free(y), free(yf), free(bias);
+}
+
+static void test_matmul(kn_pool *p4, int isa) {
+  static const int64_t ms[] = {1, 2, 5, 17}, ns[] = {1, 3, 10, 300}, ks[] = {32, 64, 576};
+  for (int d = 0; d < 3; d++)
+    for (int mi = 0; mi < 4; mi++)
+      for (int ni = 0; ni < 4; ni++)
+        for (int ki = 0; ki < 3; ki++)
+          matmul_case(mi == 2 ? NULL : p4, k_qtypes[d], isa, (mi + ni) % 2, ms[mi], ns[ni],
+                      ks[ki]);
+  for (int d = 0; d < 3; d++) matmul_case(p4, k_qtypes[d], isa, true, 70, 1000, 160);
+}
+
+/* Row i alone (serial, and on one thread) and inside batches of 5 and 17 rows on four
+ * threads must agree bit for bit. */
+static void matmul_invariance(kn_pool *p1, kn_pool *p4, ir_dtype dt, int isa, int64_t n,
+                              int64_t k) {
+  enum { M = 17 };
+  uint8_t *wq = rnd_qmatrix(dt, n, k);
+  float *x = rnd_vec(M * k), *bias = rnd_vec(n), *y17 = rnd_vec(M * n), *y5 = rnd_vec(5 * n);
+  float *y1 = rnd_vec(n);
+  kn_matmul(p4, y17, x, wq, dt, bias, M, n, k);
+  int ok = 1;
+  for (int64_t i = 0; i < M; i++) {
+    kn_matmul(i % 2 ? p1 : NULL, y1, x + i * k, wq, dt, bias, 1, n, k);
+    ok &= memcmp(y1, y17 + i * n, (size_t)n * sizeof(float)) == 0;
+  }
+  for (int64_t i0 = 0; i0 + 5 <= M; i0 += 3) {
+    kn_matmul(p4, y5, x + i0 * k, wq, dt, bias, 5, n, k);
+    ok &= memcmp(y5, y17 + i0 * n, 5 * (size_t)n * sizeof(float)) == 0;
+  }
+  CHECKF(ok, "batch invariance dt=%s isa=%d n=%lld k=%lld", ir_dtype_name(dt), isa,
+         (long long)n, (long long)k);
+  free(wq), free(x), free(bias), free(y17), free(y5), free(y1);
+}
+
+/* The AVX2 and AVX-512 kernels follow one order with FMA: the same bits. */
+static void test_isa_agree(kn_pool *p4) {
+  for (int d = 0; d < 3; d++) {
+    enum { M = 9, N = 70, K = 320 };
+    uint8_t *wq = rnd_qmatrix(k_qtypes[d], N, K);
+    float *x = rnd_vec(M * K), *ya = rnd_vec(M * N), *yb = rnd_vec(M * N);
+    kn_matmul_set_max_isa(1);
+    kn_matmul(p4, ya, x, wq, k_qtypes[d], NULL, M, N, K);
+    kn_matmul_set_max_isa(2);
+    kn_matmul(p4, yb, x, wq, k_qtypes[d], NULL, M, N, K);
+    CHECKF(memcmp(ya, yb, sizeof(float) * M * N) == 0, "avx2 vs avx-512 dt=%s",
+           ir_dtype_name(k_qtypes[d]));
+    free(wq), free(x), free(ya), free(yb);
+  }
+}
+
+/* ---- embedding -------------------------------------------------------------------- */
+
+static void test_embed(kn_pool *p4) {
+  enum { V = 50, H = 96, T = 40 };
+  for (int d = 0; d < 3; d++) {
+    uint8_t *tab = rnd_qmatrix(k_qtypes[d], V, H);
+    float *ref = dequant_matrix(tab, k_qtypes[d], V, H), *out = rnd_vec(T * H);
+    int32_t ids[T];
+    for (int t = 0; t < T; t++) ids[t] = (int32_t)((t * 7 + 3) % V);
+    kn_embed(p4, out, tab, k_qtypes[d], ids, T, H);
+    int ok = 1;
+    for (int t = 0; t < T; t++)
+      ok &= memcmp(out + t * H, ref + ids[t] * H, H * sizeof(float)) == 0;
+    CHECKF(ok, "embed dt=%s", ir_dtype_name(k_qtypes[d]));
+    free(tab), free(ref), free(out);
+  }
+}
+
+/* ---- IR rules and folding --------------------------------------------------------- */
+
+static int32_t add_w(ir_graph *g, const char *name, ir_dtype dt, int64_t r, int64_t c,
+                     const void *data) {
+  int64_t shape[2] = {r, c};
+  uint64_t bytes = ir_dtype_bytes(dt, (uint64_t)(r * c));
+  return ir_graph_add_weight(g, name, dt, 2, shape, data, bytes);
+}
+
+static void test_ir_rules(void) {
+  ir_graph *g = ir_graph_create();
+  g->config = (ir_model_config){.max_tokens = 8, .max_seqs = 1, .max_logits = 8,
+                                .kv_block_size = 16};
+  uint8_t *w64 = rnd_qmatrix(IR_Q4_1, 4, 64), *w48 = calloc(4 * 48, 1);
+  ir_dim t = {.sym = IR_SYM_TOKENS};
+  ir_dim dims[2] = {t, {.n = 64}}, dims48[2] = {t, {.n = 48}};
+  int32_t x = ir_graph_add_input(g, "x", IR_F32, 2, dims);
+  int32_t x48 = ir_graph_add_input(g, "x48", IR_F32, 2, dims48);
+  int32_t ids = ir_graph_add_input(g, "ids", IR_I32, 1, &t);
+  int32_t w = add_w(g, "w", IR_Q4_1, 4, 64, w64);
+  int64_t shape48[2] = {4, 48};
+  int32_t wbad = ir_graph_add_weight(g, "wbad", IR_Q8_0, 2, shape48, w48, 4 * 48);
+  ir_diag d = {0};
+  int32_t in[2] = {x, w}, out = -1;
+  CHECK(ir_graph_add_node(g, IR_OP_MATMUL, "mm", in, 2, NULL, 0, &out, &d) >= 0);
+  in[0] = ids;
+  CHECK(ir_graph_add_node(g, IR_OP_EMBED, "emb", in, 2, NULL, 0, &out, &d) >= 0);
+  in[0] = x48;
+  in[1] = wbad;
+  d = (ir_diag){0};
+  CHECK(ir_graph_add_node(g, IR_OP_MATMUL, "mm48", in, 2, NULL, 0, &out, &d) < 0);
+  CHECKF(strstr(d.msg, "whole 32-value blocks") != NULL, "%s", d.msg);
+  /* cast q4_1 -> f32 is allowed, and fold dequantizes it into a weight */
+  ir_attr to = IR_AI(ir_attr_intern("to"), IR_F32);
+  d = (ir_diag){0};
+  int32_t cast = -1;
+  CHECK(ir_graph_add_node(g, IR_OP_CAST, "w.f32", &w, 1, &to, 1, &cast, &d) >= 0);
+  CHECK(ir_graph_add_output(g, cast));
+  pass_log log = {0};
+  pass_opts po = {.fold = true};
+  CHECK(pass_fold(g, &po, &log, &d) == IR_OK);
+  int32_t f = ir_graph_find_tensor(g, "w.f32");
+  CHECK(f >= 0 && g->tensors[f].kind == IR_TENSOR_WEIGHT && g->tensors[f].dtype == IR_F32);
+  if (f >= 0 && g->tensors[f].data) {
+    float *ref = dequant_matrix(w64, IR_Q4_1, 4, 64);
+    CHECK(memcmp(g->tensors[f].data, ref, 4 * 64 * sizeof(float)) == 0);
+    free(ref);
+  }
+  pass_log_free(&log);
+  ir_graph_destroy(g);
+  free(w64), free(w48);
+}
+
+int main(void) {
+  kn_pool *p1 = kn_pool_create(1), *p4 = kn_pool_create(4);
+  CHECK(p1 != NULL && p4 != NULL);
+  if (!p1 || !p4) return tcheck_done("quant");
+  test_blocks();
+  test_embed(p4);
+  test_ir_rules();
+  /* Every path this CPU can run: portable C, AVX2, AVX-512 (capped paths that the CPU
+   * lacks fall back to the best it has, so this stays correct everywhere). */
+  for (int isa = 0; isa <= 2; isa++) {
+    kn_matmul_set_max_isa(isa);
+    test_matmul(p4, isa);
+    for (int d = 0; d < 3; d++) {
+      matmul_invariance(p1, p4, k_qtypes[d], isa, 300, 576);
+      matmul_invariance(p1, p4, k_qtypes[d], isa, 1000, 64);
+      matmul_invariance(p1, p4, k_qtypes[d], isa, 7, 32);
+    }
+  }
+#if defined(__x86_64__)
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2")) test_isa_agree(p4);
+#endif
+  kn_matmul_set_max_isa(2);
+  kn_pool_destroy(p1);
+  kn_pool_destroy(p4);
+  return tcheck_done("quant");
+}
