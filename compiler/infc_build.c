@@ -5,8 +5,10 @@
 #include <xxhash.h>
 
 #include "infc_build.h"
+#include "infc_codegen_cuda.h"
 #include "infc_gguf.h"
 #include "infc_gguf_llama.h"
+#include "infc_gguf_tok.h"
 #include "infc_hfconfig.h"
 #include "onnx/infc_onnx.h"
 #include "infc_safetensors.h"
@@ -190,11 +192,15 @@ ir_status infc_build(const char *src, const infc_options *opts, const char *out_
   int before = g->n_nodes;
   infc_tok_blob tok = {0};
   if (o.tokenizer[0]) st = infc_tokenizer_load_json(o.tokenizer, g->config.vocab_size, &tok, d);
-  else if (!strcmp(s->kind, "safetensors") || !strcmp(s->kind, "onnx"))
+  else if (!strcmp(s->kind, "gguf"))
+    st = infc_gguf_tokenizer_blob(s->gguf, g->config.vocab_size, &tok, d);
+  else
     st = infc_tokenizer_beside(src, g->config.vocab_size, &tok, d);
   pass_opts po = {.fold = o.fold, .fuse = o.fuse, .dump_ir = dump_ir};
   pass_log log = {0};
   if (st == IR_OK) st = pass_pipeline_run(g, &po, &log, d);
+  infc_cuda_kernels ck = {0}; /* target cuda: NVRTC images for the kernels section */
+  if (st == IR_OK && !strcmp(o.target, "cuda")) st = infc_cuda_kernels_build(g, o.arch, &ck, d);
   if (st == IR_OK) {
     const char *keys[16], *vals[16];
     char buf[1024];
@@ -202,12 +208,14 @@ ir_status infc_build(const char *src, const infc_options *opts, const char *out_
     ir_plan_info info = {.target = o.target, .source_hash = infc_source_hash(s),
                          .option_keys = keys, .option_values = vals, .n_options = n,
                          .pass_log = (const char *const *)log.lines, .n_pass_log = log.n,
-                         .tokenizer = tok.data, .tokenizer_size = tok.size};
+                         .tokenizer = tok.data, .tokenizer_size = tok.size,
+                         .kernels = ck.table, .n_kernels = ck.n};
     st = ir_plan_write(g, &info, out_path, d);
   }
   if (st == IR_OK) fill_report(g, s, before, report);
   if (st == IR_OK && report) snprintf(report->tokenizer, sizeof report->tokenizer, "%s", tok.origin);
   infc_tok_blob_free(&tok);
+  infc_cuda_kernels_free(&ck);
   pass_log_free(&log);
   ir_graph_destroy(g);
   infc_source_close(s);

@@ -33,6 +33,8 @@ static int usage_build(FILE *f) {
         "      --no-fold          disable constant folding\n"
         "      --no-fuse          disable fusion passes\n"
         "      --tokenizer PATH   tokenizer.json to embed (default: the one beside the model)\n"
+        "      --target T         cpu (default) or cuda (kernels compiled by NVRTC; no GPU needed)\n"
+        "      --arch LIST        target cuda: GPU archs (default sm_80,sm_90)\n"
         "      --dump-ir          print the IR after each pass to stdout\n"
         "  -q, --quiet            print nothing on success\n", f);
   return f == stderr ? 2 : 0;
@@ -63,6 +65,7 @@ static int parse_build(int argc, char **argv, infc_options *o, build_args *a) {
       {"no-fold", no_argument, 0, 7},         {"no-fuse", no_argument, 0, 8},
       {"dump-ir", no_argument, 0, 9},         {"quiet", no_argument, 0, 'q'},
       {"tokenizer", required_argument, 0, 10},
+      {"target", required_argument, 0, 11},   {"arch", required_argument, 0, 12},
       {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
   static const char *keys[] = {"", "dtype", "max_tokens", "max_seqs", "max_logits",
                                "kv_block_size", "max_context", "fold", "fuse"};
@@ -76,6 +79,7 @@ static int parse_build(int argc, char **argv, infc_options *o, build_args *a) {
     else if (c == 7 || c == 8) st = infc_options_set(o, keys[c], "false", &d);
     else if (c == 9) a->dump = true;
     else if (c == 10) st = infc_options_set(o, "tokenizer", optarg, &d);
+    else if (c == 11 || c == 12) st = infc_options_set(o, c == 11 ? "target" : "arch", optarg, &d);
     else if (c == 'q') a->quiet = true;
     else if (c == 'h') return usage_build(stdout) - 1;
     else return usage_build(stderr);
@@ -180,6 +184,12 @@ static void print_plan(const ir_plan *p, bool tensors) {
   print_tensors(g, tensors);
   print_op_counts(g);
   printf("arena:       %.2f MiB\n", (double)g->arena_size / 1048576.0);
+  if (ir_plan_n_kernels(p) > 0) {
+    uint64_t kb = 0;
+    for (int i = 0; i < ir_plan_n_kernels(p); i++) kb += ir_plan_kernel_at(p, i)->size;
+    printf("kernels:     %d images (CUBIN and PTX per source and arch), %.2f MiB\n",
+           ir_plan_n_kernels(p), (double)kb / 1048576.0);
+  }
   print_tokenizer(p);
   printf("options:    ");
   for (int i = 0; i < ir_plan_n_options(p); i++) {

@@ -4,6 +4,7 @@
 #include <string.h>
 #include <yaml.h>
 
+#include "infc_nvrtc.h"
 #include "infc_options.h"
 
 infc_options infc_options_default(void) {
@@ -58,9 +59,18 @@ ir_status infc_options_set(infc_options *o, const char *key, const char *v, ir_d
     snprintf(o->tokenizer, sizeof o->tokenizer, "%s", v);
     return IR_OK;
   }
+  if (!strcmp(key, "arch")) {
+    int archs[INFC_NVRTC_MAX_ARCHS], n;
+    ir_status st = infc_nvrtc_parse_archs(v, archs, INFC_NVRTC_MAX_ARCHS, &n, d);
+    if (st != IR_OK) return st;
+    if (strlen(v) >= sizeof o->arch)
+      return ir_diag_set(d, IR_INVALID_ARG, "option 'arch': '%s' is too long", v);
+    snprintf(o->arch, sizeof o->arch, "%s", v);
+    return IR_OK;
+  }
   if (!strcmp(key, "target")) {
-    if (strcmp(v, "cpu") != 0)
-      return ir_diag_set(d, IR_UNSUPPORTED, "option 'target': '%s' is not supported yet (cpu)", v);
+    if (strcmp(v, "cpu") != 0 && strcmp(v, "cuda") != 0)
+      return ir_diag_set(d, IR_UNSUPPORTED, "option 'target': '%s' is not one of cpu, cuda", v);
     snprintf(o->target, sizeof o->target, "%s", v);
     return IR_OK;
   }
@@ -121,9 +131,9 @@ ir_status infc_options_load_yaml(infc_options *o, const char *path, ir_diag *d) 
 int infc_options_describe(const infc_options *o, const char **keys, const char **values, int cap,
                           char *buf, size_t len) {
   const model_build_opts *m = &o->model;
-  char tmp[8][32];
-  const char *k[8] = {"dtype", "max_tokens", "max_seqs", "max_logits", "kv_block_size",
-                      "max_context", "passes", "target"};
+  char tmp[9][64];
+  const char *k[9] = {"dtype", "max_tokens", "max_seqs", "max_logits", "kv_block_size",
+                      "max_context", "passes", "target", "arch"};
   snprintf(tmp[0], 32, "%s", m->weight_dtype ? ir_dtype_name(m->weight_dtype) : "auto");
   snprintf(tmp[1], 32, "%lld", (long long)m->max_tokens);
   snprintf(tmp[2], 32, "%lld", (long long)m->max_seqs);
@@ -132,9 +142,12 @@ int infc_options_describe(const infc_options *o, const char **keys, const char *
   snprintf(tmp[5], 32, "%lld", (long long)m->max_context);
   snprintf(tmp[6], 32, "fold=%d fuse=%d", o->fold, o->fuse);
   snprintf(tmp[7], 32, "%s", o->target);
+  /* arch only for CUDA plans, so CPU plans keep their bytes */
+  snprintf(tmp[8], 64, "%s", o->arch[0] ? o->arch : INFC_NVRTC_DEFAULT_ARCHS);
+  int n_keys = strcmp(o->target, "cuda") ? 8 : 9;
   int n = 0;
   size_t off = 0;
-  for (int i = 0; i < 8 && n < cap; i++) {
+  for (int i = 0; i < n_keys && n < cap; i++) {
     size_t l = strlen(tmp[i]) + 1;
     if (off + l > len) break;
     memcpy(buf + off, tmp[i], l);

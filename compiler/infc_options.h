@@ -6,7 +6,8 @@
  *   max_logits: 64                    # logit rows per step (L)
  *   kv_block_size: 16                 # tokens per KV cache block
  *   max_context: 0                    # cap on context length (0: the model's)
- *   target: cpu
+ *   target: cpu | cuda
+ *   arch: sm_80,sm_90                 # target cuda: GPU archs to compile kernels for
  *   passes: { fold: true, fuse: true }
  */
 #ifndef INFC_OPTIONS_H
@@ -22,6 +23,7 @@ typedef struct infc_options {
   bool fold;
   bool fuse;
   char target[16];
+  char arch[64]; /* target cuda: GPU archs, "sm_80,sm_90" ("" = that default) */
   char tokenizer[4096]; /* --tokenizer PATH: a tokenizer.json to embed ("" = find one) */
 } infc_options;
 

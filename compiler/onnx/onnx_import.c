@@ -496,7 +496,7 @@ static void set_config(ir_graph *g, const ir_model_config *limits) {
   g->config.bos_token_id = g->config.eos_token_id = -1;
 }
 
-static void hash_model(const infc_onnx *m, char *out) {
+void onnx_model_hash(const infc_onnx *m, char *out) {
   XXH3_state_t *h = XXH3_createState();
   if (!h) return;
   XXH3_64bits_reset(h);
@@ -558,7 +558,7 @@ ir_status infc_onnx_import_bound(const char *path, const ir_model_config *limits
     infc_onnx_close(im.m);
     return st;
   }
-  if (out_hash) hash_model(im.m, out_hash);
+  if (out_hash) onnx_model_hash(im.m, out_hash);
   *out_model = im.m;
   *out_graph = im.g;
   return IR_OK;

@@ -3,7 +3,7 @@
 // causal context, head h reading kv head h / GQA_GROUP. The new K/V of the step must be in
 // the cache first (kv_write.cu). f32 everywhere, CUDA cores (the cache is f32).
 //
-// Compile-time: HEAD_DIM (multiple of 32), BLOCK_SIZE (KV block tokens), GQA_GROUP
+// Compile-time: HEAD_DIM (a multiple of 32, or at most 32), BLOCK_SIZE (KV block tokens), GQA_GROUP
 // (n_heads / n_kv_heads), ATTN_WARPS (warps per CTA), PREFILL_ROWS (query rows per warp).
 // Layouts: q, out (n_tok, n_heads, HEAD_DIM); k, v (n_blocks, n_kv_heads, BLOCK_SIZE,
 // HEAD_DIM); block_tables (n_seq, max_blocks).
@@ -27,13 +27,15 @@
 #ifndef PREFILL_ROWS
 #define PREFILL_ROWS 4
 #endif
-#if HEAD_DIM % 32 != 0 || HEAD_DIM > 256
-#error "HEAD_DIM must be a multiple of 32, at most 256"
+#if HEAD_DIM < 1 || HEAD_DIM > 256 || (HEAD_DIM > 32 && HEAD_DIM % 32 != 0)
+#error "HEAD_DIM must be at most 32 or a multiple of 32, at most 256"
 #endif
 #if BLOCK_SIZE < 1 || BLOCK_SIZE > 32
 #error "BLOCK_SIZE must be in [1, 32]"
 #endif
-#define DPL (HEAD_DIM / 32) /* dims per lane */
+#define DPL ((HEAD_DIM + 31) / 32) /* dims per lane */
+/* Does lane own dim lane + 32 i? Always, but for a head under 32 dims (tiny test models). */
+#define DIM_OK(i) (HEAD_DIM % 32 == 0 || lane + 32 * (i) < HEAD_DIM)
 #define NEG_INF (-__int_as_float(0x7f800000))
 
 // One warp: rows r < R of one (sequence, head) attend to the logical KV blocks
@@ -53,7 +55,7 @@ __device__ __forceinline__ void attn_blocks(const float (&q)[R][DPL], float (&ac
     for (int j = 0; j < BLOCK_SIZE; j++) {
       float kd[DPL];
 #pragma unroll
-      for (int i = 0; i < DPL; i++) kd[i] = __ldg(kb + j * HEAD_DIM + 32 * i);
+      for (int i = 0; i < DPL; i++) kd[i] = DIM_OK(i) ? __ldg(kb + j * HEAD_DIM + 32 * i) : 0.0f;
 #pragma unroll
       for (int r = 0; r < R; r++) {
         float a = 0.0f;
@@ -99,7 +101,7 @@ __device__ __forceinline__ void attn_blocks(const float (&q)[R][DPL], float (&ac
     for (int j = 0; j < BLOCK_SIZE; j++) {
       float vd[DPL];
 #pragma unroll
-      for (int i = 0; i < DPL; i++) vd[i] = __ldg(vb + j * HEAD_DIM + 32 * i);
+      for (int i = 0; i < DPL; i++) vd[i] = DIM_OK(i) ? __ldg(vb + j * HEAD_DIM + 32 * i) : 0.0f;
 #pragma unroll
       for (int r = 0; r < R; r++) {
 #pragma unroll
@@ -132,13 +134,14 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32)
   const int lim[1] = {pos};
 #pragma unroll
   for (int i = 0; i < DPL; i++) {
-    qr[0][i] = qt[32 * i] * scale;
+    qr[0][i] = DIM_OK(i) ? qt[32 * i] * scale : 0.0f;
     acc[0][i] = 0.0f;
   }
   attn_blocks<1>(qr, acc, m, l, lim, k, v, block_tables + (long long)tok_seq[t] * max_blocks,
                  h / GQA_GROUP, n_kv_heads, b0 + w, b1, ATTN_WARPS);
 #pragma unroll
-  for (int i = 0; i < DPL; i++) sm_acc[w][lane + 32 * i] = acc[0][i];
+  for (int i = 0; i < DPL; i++)
+    if (DIM_OK(i)) sm_acc[w][lane + 32 * i] = acc[0][i];
   if (lane == 0) {
     sm_ml[w][0] = m[0];
     sm_ml[w][1] = l[0];
@@ -213,7 +216,9 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32)
     l[r] = 0.0f;
 #pragma unroll
     for (int i = 0; i < DPL; i++) {
-      qr[r][i] = ok ? q[((long long)t * n_heads + h) * HEAD_DIM + lane + 32 * i] * scale : 0.0f;
+      qr[r][i] = ok && DIM_OK(i)
+                     ? q[((long long)t * n_heads + h) * HEAD_DIM + lane + 32 * i] * scale
+                     : 0.0f;
       acc[r][i] = 0.0f;
     }
   }
@@ -225,6 +230,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32)
     if (r0 + r >= ntok) break;
     float *o = out + ((long long)(tok0 + r0 + r) * n_heads + h) * HEAD_DIM + lane;
 #pragma unroll
-    for (int i = 0; i < DPL; i++) o[32 * i] = l[r] > 0.0f ? acc[r][i] / l[r] : 0.0f;
+    for (int i = 0; i < DPL; i++)
+      if (DIM_OK(i)) o[32 * i] = l[r] > 0.0f ? acc[r][i] / l[r] : 0.0f;
   }
 }

@@ -33,12 +33,12 @@ typedef struct strset {
 
 typedef struct batch {
   srv_ctx c;
-  char **lines;             /* (n_lines) pointers into buf, NUL-terminated */
-  int64_t *line_no;         /* (n_lines) 1-based line numbers in the input */
+  char **lines;     /* (n_lines) pointers into buf, NUL-terminated */
+  int64_t *line_no; /* (n_lines) 1-based line numbers in the input */
   int64_t n_lines;
   atomic_int_fast64_t next; /* next line to take */
   atomic_int_fast64_t ok, failed, skipped, finished, prompt_tokens, gen_tokens;
-  pthread_mutex_t mu;       /* guards done and the output fd */
+  pthread_mutex_t mu; /* guards done and the output fd */
   strset done;
   int out_fd;
   bool write_failed;
@@ -47,24 +47,34 @@ typedef struct batch {
 static int usage(FILE *f) {
   fputs("usage: inferrt batch model.plan --input IN.jsonl --output OUT.jsonl [options]\n\n"
         "  --input FILE            requests, one JSON object a line:\n"
-        "                          {\"custom_id\", \"method\": \"POST\", \"url\": \"/v1/chat/completions\"\n"
+        "                          {\"custom_id\", \"method\": \"POST\", \"url\": "
+        "\"/v1/chat/completions\"\n"
         "                          or \"/v1/completions\", \"body\": {...}}\n"
         "  --output FILE           results, appended; custom_ids already there are skipped\n"
         "  --concurrency N         requests in flight (default: the plan's sequences per step)\n"
         "  --model-name NAME       the model id in responses (default: the plan's file name)\n"
         "  --chat-template NAME    chatml, llama3, mistral, llama2, gemma or phi3\n"
-        "  --kv-tokens N           KV cache capacity in tokens (default: the context length)\n"
+        "  --kv-tokens N           KV cache capacity in tokens, over all requests (default: one\n"
+        "                          context length; raise it to run many requests at once)\n"
         "  --max-batched-tokens N  token budget per step (default: the plan's)\n"
         "  --threads N             CPU threads (default: all cores)\n"
-        "  --no-progress           no progress output\n", f);
+        "  --no-progress           no progress output\n",
+        f);
   return f == stderr ? 2 : 0;
 }
 
 static int parse(int argc, char **argv, batch_args *a) {
-  static const struct option longs[] = {
-      {"input", 1, 0, 1}, {"output", 1, 0, 2}, {"concurrency", 1, 0, 3}, {"model-name", 1, 0, 4},
-      {"chat-template", 1, 0, 5}, {"kv-tokens", 1, 0, 6}, {"max-batched-tokens", 1, 0, 7},
-      {"threads", 1, 0, 8}, {"no-progress", 0, 0, 9}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+  static const struct option longs[] = {{"input", 1, 0, 1},
+                                        {"output", 1, 0, 2},
+                                        {"concurrency", 1, 0, 3},
+                                        {"model-name", 1, 0, 4},
+                                        {"chat-template", 1, 0, 5},
+                                        {"kv-tokens", 1, 0, 6},
+                                        {"max-batched-tokens", 1, 0, 7},
+                                        {"threads", 1, 0, 8},
+                                        {"no-progress", 0, 0, 9},
+                                        {"help", 0, 0, 'h'},
+                                        {0, 0, 0, 0}};
   int c;
   bool ok = true;
   while (ok && (c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
@@ -165,7 +175,8 @@ static bool load_done(batch *b, const char *path) {
   }
   free(buf);
   if (good < len) {
-    fprintf(stderr, "inferrt: batch: %s: dropping a torn last line (%zu bytes)\n", path, len - good);
+    fprintf(stderr, "inferrt: batch: %s: dropping a torn last line (%zu bytes)\n", path,
+            len - good);
     if (truncate(path, (off_t)good) != 0) return false;
   }
   return true;
@@ -211,8 +222,10 @@ static void write_line(batch *b, cJSON *o) {
   for (size_t off = 0; off < n && !b->write_failed;) {
     ssize_t w = write(b->out_fd, line + off, n - off);
     if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) b->write_failed = true;
-    else off += (size_t)w;
+    if (w <= 0)
+      b->write_failed = true;
+    else
+      off += (size_t)w;
   }
   pthread_mutex_unlock(&b->mu);
   free(line);
@@ -224,7 +237,8 @@ static void emit(batch *b, const char *custom_id, int status, cJSON *body, const
                  const char *err_code, const char *err_msg) {
   char id[48];
   uint64_t x = b->c.id_salt ^ (atomic_fetch_add(&b->c.next_id, 1) * 0x9e3779b97f4a7c15ull);
-  snprintf(id, sizeof id, "batch_req_%016llx", (unsigned long long)((x ^ (x >> 31)) * 0xbf58476d1ce4e5b9ull));
+  snprintf(id, sizeof id, "batch_req_%016llx",
+           (unsigned long long)((x ^ (x >> 31)) * 0xbf58476d1ce4e5b9ull));
   cJSON *o = cJSON_CreateObject();
   cJSON_AddStringToObject(o, "id", id);
   cJSON_AddStringToObject(o, "custom_id", custom_id);
@@ -271,7 +285,8 @@ static void run_request(batch *b, const char *custom_id, srv_endpoint ep, cJSON 
   }
   while (!srv_job_wait(j, 1000)) {}
   if (j->failed) {
-    srv_fail(&e, 500, "server_error", NULL, NULL, "The engine failed while generating this response.");
+    srv_fail(&e, 500, "server_error", NULL, NULL,
+             "The engine failed while generating this response.");
     emit(b, custom_id, 500, error_body(&e), j->id, NULL, NULL);
   } else {
     atomic_fetch_add(&b->prompt_tokens, j->prompt_tokens);
@@ -302,19 +317,24 @@ static void run_line(batch *b, int64_t k) {
   if (!o) {
     emit(b, id, 0, NULL, NULL, "invalid_json_line", "the line is not valid JSON");
   } else if (!cJSON_IsObject(o) || id == fallback) {
-    emit(b, id, 0, NULL, NULL, "missing_custom_id", "the line needs a non-empty string 'custom_id'");
-  } else if (!cJSON_IsString(url) || (strcmp(url->valuestring, "/v1/completions") && strcmp(url->valuestring, "/v1/chat/completions"))) {
-    snprintf(msg, sizeof msg, "Unknown request URL: %.200s.", cJSON_IsString(url) ? url->valuestring : "(none)");
+    emit(b, id, 0, NULL, NULL, "missing_custom_id",
+         "the line needs a non-empty string 'custom_id'");
+  } else if (!cJSON_IsString(url) || (strcmp(url->valuestring, "/v1/completions") &&
+                                      strcmp(url->valuestring, "/v1/chat/completions"))) {
+    snprintf(msg, sizeof msg, "Unknown request URL: %.200s.",
+             cJSON_IsString(url) ? url->valuestring : "(none)");
     srv_fail(&e, 404, "invalid_request_error", "unknown_url", "url", "%s", msg);
     emit(b, id, 404, error_body(&e), NULL, NULL, NULL);
   } else if (!cJSON_IsString(method) || strcmp(method->valuestring, "POST")) {
-    srv_fail(&e, 405, "invalid_request_error", "method_not_allowed", "method", "The method must be POST.");
+    srv_fail(&e, 405, "invalid_request_error", "method_not_allowed", "method",
+             "The method must be POST.");
     emit(b, id, 405, error_body(&e), NULL, NULL, NULL);
   } else if (!cJSON_IsObject(body)) {
     srv_bad(&e, "body", "The line needs a JSON object 'body'.");
     emit(b, id, 400, error_body(&e), NULL, NULL, NULL);
   } else {
-    run_request(b, id, strcmp(url->valuestring, "/v1/completions") ? SRV_CHAT : SRV_COMPLETIONS, body);
+    run_request(b, id, strcmp(url->valuestring, "/v1/completions") ? SRV_CHAT : SRV_COMPLETIONS,
+                body);
   }
   atomic_fetch_add(&b->finished, 1);
   cJSON_Delete(o);
@@ -337,12 +357,13 @@ static void progress(batch *b, double t0, bool tty, bool final) {
     int fill = total ? (int)(30 * done / total) : 30;
     for (int i = 0; i < 30; i++) bar[i] = i < fill ? '#' : '-';
     bar[30] = '\0';
-    fprintf(stderr, "\r[%s] %lld/%lld (%lld skipped)  %.1f req/s  ETA %.0fs   ", bar, (long long)done,
-            (long long)total, (long long)skipped, rate, rate > 0 ? (double)(total - done) / rate : 0.0);
+    fprintf(stderr, "\r[%s] %lld/%lld (%lld skipped)  %.1f req/s  ETA %.0fs   ", bar,
+            (long long)done, (long long)total, (long long)skipped, rate,
+            rate > 0 ? (double)(total - done) / rate : 0.0);
     if (final) fputc('\n', stderr);
   } else {
-    fprintf(stderr, "inferrt: batch: %lld/%lld lines done (%lld skipped), %.1f req/s\n", (long long)done,
-            (long long)total, (long long)skipped, rate);
+    fprintf(stderr, "inferrt: batch: %lld/%lld lines done (%lld skipped), %.1f req/s\n",
+            (long long)done, (long long)total, (long long)skipped, rate);
   }
   fflush(stderr);
 }
@@ -386,12 +407,14 @@ static int run_batch(batch *b, const batch_args *a) {
   free(th);
   free(buf);
   if (!started) return cli_fail("cannot start worker threads");
-  int64_t ok = atomic_load(&b->ok), failed = atomic_load(&b->failed), gen = atomic_load(&b->gen_tokens);
-  printf("inferrt: batch: %lld requests in %.2f s: %lld ok, %lld failed, %lld skipped (already done); "
-         "%.2f req/s, %lld prompt + %lld generated tokens (%.1f generated tok/s)\n",
-         (long long)(ok + failed), secs, (long long)ok, (long long)failed,
-         (long long)atomic_load(&b->skipped), secs > 0 ? (double)(ok + failed) / secs : 0,
-         (long long)atomic_load(&b->prompt_tokens), (long long)gen, secs > 0 ? (double)gen / secs : 0);
+  int64_t ok = atomic_load(&b->ok), failed = atomic_load(&b->failed),
+          gen = atomic_load(&b->gen_tokens);
+  printf(
+      "inferrt: batch: %lld requests in %.2f s: %lld ok, %lld failed, %lld skipped (already done); "
+      "%.2f req/s, %lld prompt + %lld generated tokens (%.1f generated tok/s)\n",
+      (long long)(ok + failed), secs, (long long)ok, (long long)failed,
+      (long long)atomic_load(&b->skipped), secs > 0 ? (double)(ok + failed) / secs : 0,
+      (long long)atomic_load(&b->prompt_tokens), (long long)gen, secs > 0 ? (double)gen / secs : 0);
   return b->write_failed ? cli_fail("%s: writing results failed", a->output) : 0;
 }
 
@@ -414,7 +437,8 @@ int cmd_batch(int argc, char **argv) {
   if (st == IRT_OK) {
     c->info = irt_model_get_info(c->m);
     c->tok = irt_model_get_tokenizer(c->m);
-    c->max_n = c->info->max_step_seqs < c->info->max_step_logits ? c->info->max_step_seqs : c->info->max_step_logits;
+    c->max_n = c->info->max_step_seqs < c->info->max_step_logits ? c->info->max_step_seqs
+                                                                 : c->info->max_step_logits;
     int64_t workers = a.concurrency > 0 ? a.concurrency : c->max_n;
     irt_engine_opts eo = {.max_batched_tokens = a.max_batched, .max_waiting = workers + 1};
     st = irt_engine_create(c->m, &eo, &c->e, &err);
@@ -423,7 +447,8 @@ int cmd_batch(int argc, char **argv) {
   if (st == IRT_OK) {
     const char *base = strrchr(a.plan, '/') ? strrchr(a.plan, '/') + 1 : a.plan;
     size_t n = strlen(base);
-    snprintf(c->model_name, sizeof c->model_name, "%.*s", (int)(n > 5 && !strcmp(base + n - 5, ".plan") ? n - 5 : n), base);
+    snprintf(c->model_name, sizeof c->model_name, "%.*s",
+             (int)(n > 5 && !strcmp(base + n - 5, ".plan") ? n - 5 : n), base);
     if (a.model_name) snprintf(c->model_name, sizeof c->model_name, "%s", a.model_name);
     rc = run_batch(b, &a);
   } else {

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "infc_gguf_tok.h"
 
 int cli_fail(const char *fmt, ...) {
   va_list ap;
@@ -86,6 +87,7 @@ static bool ends_with(const char *s, const char *suffix) {
 }
 
 irt_status cli_open_tokenizer(const char *path, irt_tokenizer **out, irt_error *err) {
+  if (ends_with(path, ".gguf")) return infc_gguf_open_tokenizer(path, out, err);
   if (!ends_with(path, ".json")) return irt_tokenizer_open_plan(path, out, err);
   char cfg[4096];
   const char *slash = strrchr(path, '/');

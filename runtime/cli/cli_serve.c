@@ -20,7 +20,7 @@ typedef struct serve_args {
 
 static int usage(FILE *f) {
   fputs("usage: inferrt serve model.plan [options]\n\n"
-        "  --host ADDR             listen address, numeric IPv4 or IPv6 (default 127.0.0.1)\n"
+        "  --host ADDR             listen address, IPv4 or IPv6 (default 127.0.0.1)\n"
         "  --port N                port (default 8000; 0: any free port, printed at start)\n"
         "  --model-name NAME       the served model id (default: the plan's file name)\n"
         "  --api-key KEY           require this key (repeatable); shared tenant, priority 0\n"
@@ -29,13 +29,16 @@ static int usage(FILE *f) {
         "  --max-connections N     open connections before requests get 429 (default 256)\n"
         "  --max-waiting N         requests in the engine before 429 (default 256)\n"
         "  --max-body BYTES        request body limit, else 413 (default 1048576)\n"
-        "  --chat-template NAME    chatml, llama3, mistral, llama2, gemma or phi3 (default: the model's)\n"
-        "  --kv-tokens N           KV cache capacity in tokens (default: the context length)\n"
+        "  --chat-template NAME    chatml, llama3, mistral, llama2, gemma or phi3 (default: the "
+        "model's)\n"
+        "  --kv-tokens N           KV cache capacity in tokens, over all requests (default: one\n"
+        "                          context length; raise it to run many requests at once)\n"
         "  --max-batched-tokens N  token budget per step (default: the plan's)\n"
         "  --no-prefix-cache       disable prefix caching\n"
         "  --threads N             CPU threads (default: all cores)\n\n"
         "endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, /health,\n"
-        "/metrics (Prometheus), / (chat page)\n", f);
+        "/metrics (Prometheus), / (chat page)\n",
+        f);
   return f == stderr ? 2 : 0;
 }
 
@@ -47,29 +50,58 @@ static int parse_value(serve_args *a, int c, const char *v) {
   case 3: a->model_name = v; return 0;
   case 4: return srv_keys_add(&a->keys, v, NULL, 0) ? 0 : cli_fail("out of memory");
   case 5: return srv_keys_load(&a->keys, v, msg, sizeof msg) ? 0 : cli_fail("--api-keys: %s", msg);
-  case 6: return cli_parse_i64(v, 1, 100000, &a->max_connections) ? 0 : cli_fail("--max-connections: expected 1..100000");
-  case 7: return cli_parse_i64(v, 1, 1 << 20, &a->max_waiting) ? 0 : cli_fail("--max-waiting: expected 1..1048576");
-  case 8: return cli_parse_i64(v, 1024, (int64_t)1 << 30, &a->max_body) ? 0 : cli_fail("--max-body: expected 1024..1073741824");
+  case 6:
+    return cli_parse_i64(v, 1, 100000, &a->max_connections)
+               ? 0
+               : cli_fail("--max-connections: expected 1..100000");
+  case 7:
+    return cli_parse_i64(v, 1, 1 << 20, &a->max_waiting)
+               ? 0
+               : cli_fail("--max-waiting: expected 1..1048576");
+  case 8:
+    return cli_parse_i64(v, 1024, (int64_t)1 << 30, &a->max_body)
+               ? 0
+               : cli_fail("--max-body: expected 1024..1073741824");
   case 9: a->chat_template = v; return 0;
-  case 10: return cli_parse_i64(v, 1, (int64_t)1 << 40, &a->kv_tokens) ? 0 : cli_fail("--kv-tokens: expected a positive integer");
-  case 11: return cli_parse_i64(v, 1, 1 << 20, &a->max_batched) ? 0 : cli_fail("--max-batched-tokens: expected a positive integer");
-  case 13: return cli_parse_i64(v, 0, 4096, &a->threads) ? 0 : cli_fail("--threads: expected a non-negative integer");
+  case 10:
+    return cli_parse_i64(v, 1, (int64_t)1 << 40, &a->kv_tokens)
+               ? 0
+               : cli_fail("--kv-tokens: expected a positive integer");
+  case 11:
+    return cli_parse_i64(v, 1, 1 << 20, &a->max_batched)
+               ? 0
+               : cli_fail("--max-batched-tokens: expected a positive integer");
+  case 13:
+    return cli_parse_i64(v, 0, 4096, &a->threads)
+               ? 0
+               : cli_fail("--threads: expected a non-negative integer");
   default: return usage(stderr);
   }
 }
 
 static int parse(int argc, char **argv, serve_args *a) {
-  static const struct option longs[] = {
-      {"host", 1, 0, 1}, {"port", 1, 0, 2}, {"model-name", 1, 0, 3}, {"api-key", 1, 0, 4},
-      {"api-keys", 1, 0, 5}, {"max-connections", 1, 0, 6}, {"max-waiting", 1, 0, 7},
-      {"max-body", 1, 0, 8}, {"chat-template", 1, 0, 9}, {"kv-tokens", 1, 0, 10},
-      {"max-batched-tokens", 1, 0, 11}, {"no-prefix-cache", 0, 0, 12}, {"threads", 1, 0, 13},
-      {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+  static const struct option longs[] = {{"host", 1, 0, 1},
+                                        {"port", 1, 0, 2},
+                                        {"model-name", 1, 0, 3},
+                                        {"api-key", 1, 0, 4},
+                                        {"api-keys", 1, 0, 5},
+                                        {"max-connections", 1, 0, 6},
+                                        {"max-waiting", 1, 0, 7},
+                                        {"max-body", 1, 0, 8},
+                                        {"chat-template", 1, 0, 9},
+                                        {"kv-tokens", 1, 0, 10},
+                                        {"max-batched-tokens", 1, 0, 11},
+                                        {"no-prefix-cache", 0, 0, 12},
+                                        {"threads", 1, 0, 13},
+                                        {"help", 0, 0, 'h'},
+                                        {0, 0, 0, 0}};
   int c, rc;
   while ((c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
     if (c == 'h') return usage(stdout) - 1;
-    if (c == 12) a->no_prefix_cache = true;
-    else if ((rc = parse_value(a, c, optarg))) return rc;
+    if (c == 12)
+      a->no_prefix_cache = true;
+    else if ((rc = parse_value(a, c, optarg)))
+      return rc;
   }
   if (optind != argc - 1) return usage(stderr);
   a->plan = argv[optind];
@@ -85,17 +117,23 @@ static void default_name(const char *plan, char *out, size_t cap) {
 }
 
 static int serve(serve_args *a, srv_ctx *c, sigset_t *sigs) {
-  srv_http_opts ho = {.host = a->host, .port = (int)a->port, .max_connections = (int)a->max_connections,
-                      .max_body = (size_t)a->max_body, .keys = &a->keys};
+  srv_http_opts ho = {.host = a->host,
+                      .port = (int)a->port,
+                      .max_connections = (int)a->max_connections,
+                      .max_body = (size_t)a->max_body,
+                      .keys = &a->keys};
   srv_http *h = NULL;
   char msg[512];
   if (!srv_http_start(c, &ho, &h, msg, sizeof msg)) return cli_fail("%s", msg);
   const char *fmt = strchr(a->host, ':') ? "[%s]" : "%s";
   char host[300];
   snprintf(host, sizeof host, fmt, a->host);
-  fprintf(stderr, "inferrt: serving '%s' on http://%s:%d (context %lld, %s, %d API keys); Ctrl-C stops\n",
+  fprintf(stderr,
+          "inferrt: serving '%s' on http://%s:%d (context %lld, KV cache %.1f MiB, %s, %d API "
+          "keys); Ctrl-C stops\n",
           c->model_name, host, srv_http_port(h), (long long)c->info->context_length,
-          c->tok ? "with tokenizer" : "token ids only", a->keys.n);
+          (double)c->info->kv_bytes / (1 << 20), c->tok ? "with tokenizer" : "token ids only",
+          a->keys.n);
   fflush(stderr);
   int sig = 0;
   sigwait(sigs, &sig);
@@ -105,7 +143,10 @@ static int serve(serve_args *a, srv_ctx *c, sigset_t *sigs) {
 }
 
 int cmd_serve(int argc, char **argv) {
-  serve_args a = {.host = "127.0.0.1", .port = 8000, .max_connections = 256, .max_waiting = 256,
+  serve_args a = {.host = "127.0.0.1",
+                  .port = 8000,
+                  .max_connections = 256,
+                  .max_waiting = 256,
                   .max_body = 1 << 20};
   int rc = parse(argc, argv, &a);
   if (rc) {
@@ -122,9 +163,11 @@ int cmd_serve(int argc, char **argv) {
   irt_model_opts mo = irt_model_opts_default();
   mo.n_threads = (int)a.threads;
   mo.kv_tokens = a.kv_tokens;
-  irt_engine_opts eo = {.max_batched_tokens = a.max_batched, .max_waiting = a.max_waiting,
+  irt_engine_opts eo = {.max_batched_tokens = a.max_batched,
+                        .max_waiting = a.max_waiting,
                         .disable_prefix_cache = a.no_prefix_cache};
-  srv_ctx c = {.chat_template = a.chat_template, .created = (int64_t)time(NULL),
+  srv_ctx c = {.chat_template = a.chat_template,
+               .created = (int64_t)time(NULL),
                .id_salt = (uint64_t)time(NULL) * 0x9e3779b97f4a7c15ull ^ (uint64_t)getpid()};
   irt_error err = {0};
   irt_status st = irt_model_open(a.plan, &mo, &c.m, &err);
@@ -134,9 +177,12 @@ int cmd_serve(int argc, char **argv) {
   if (st == IRT_OK) {
     c.info = irt_model_get_info(c.m);
     c.tok = irt_model_get_tokenizer(c.m);
-    c.max_n = c.info->max_step_seqs < c.info->max_step_logits ? c.info->max_step_seqs : c.info->max_step_logits;
-    if (a.model_name) snprintf(c.model_name, sizeof c.model_name, "%s", a.model_name);
-    else default_name(a.plan, c.model_name, sizeof c.model_name);
+    c.max_n = c.info->max_step_seqs < c.info->max_step_logits ? c.info->max_step_seqs
+                                                              : c.info->max_step_logits;
+    if (a.model_name)
+      snprintf(c.model_name, sizeof c.model_name, "%s", a.model_name);
+    else
+      default_name(a.plan, c.model_name, sizeof c.model_name);
     rc = serve(&a, &c, &sigs);
   } else {
     rc = cli_fail("%s", err.msg[0] ? err.msg : irt_status_name(st));

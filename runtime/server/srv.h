@@ -45,13 +45,13 @@ typedef struct srv_metrics srv_metrics;
 typedef struct srv_ctx {
   irt_model *m;
   irt_engine *e;
-  const irt_tokenizer *tok;   /* NULL when the plan has none: token-id prompts only */
+  const irt_tokenizer *tok; /* NULL when the plan has none: token-id prompts only */
   const irt_model_info *info;
-  const char *chat_template;  /* family name override, or NULL for the model's own */
+  const char *chat_template; /* family name override, or NULL for the model's own */
   char model_name[256];
-  int64_t created;            /* unix seconds, for /v1/models */
-  int64_t max_n;              /* completions per request the engine can hold */
-  srv_metrics *metrics;       /* NULL: not recorded (batch) */
+  int64_t created;      /* unix seconds, for /v1/models */
+  int64_t max_n;        /* completions per request the engine can hold */
+  srv_metrics *metrics; /* NULL: not recorded (batch) */
   atomic_uint_fast64_t next_id;
   uint64_t id_salt;
 } srv_ctx;
@@ -60,17 +60,17 @@ typedef struct srv_ctx {
 
 typedef struct srv_params {
   srv_endpoint ep;
-  int32_t *prompt;            /* (n_prompt) owned */
+  int32_t *prompt; /* (n_prompt) owned */
   int64_t n_prompt;
   int64_t max_tokens;
   irt_sampling sampling;
-  char **stop;                /* (n_stop) owned */
+  char **stop; /* (n_stop) owned */
   int n_stop;
   int n;
-  int logprobs;               /* -1: not asked; else alternatives per token (0..20) */
+  int logprobs; /* -1: not asked; else alternatives per token (0..20) */
   float presence_penalty, frequency_penalty;
   bool stream, include_usage, ignore_eos;
-  const char *tenant;         /* from the API key (borrowed); NULL: shared */
+  const char *tenant; /* from the API key (borrowed); NULL: shared */
   int priority;
 } srv_params;
 
@@ -94,11 +94,11 @@ typedef struct srv_tok { /* one generated token, kept when logprobs were asked f
 } srv_tok;
 
 typedef struct srv_choice {
-  char *text;                 /* everything generated so far (stop strings cut) */
+  char *text; /* everything generated so far (stop strings cut) */
   size_t len, cap;
-  srv_tok *toks;              /* (n_toks) with logprobs only */
+  srv_tok *toks; /* (n_toks) with logprobs only */
   int64_t n_toks, cap_toks;
-  int64_t n_gen;              /* tokens generated */
+  int64_t n_gen; /* tokens generated */
   irt_finish finish;
   /* the stream's cursor (consumer side) */
   size_t sent_len;
@@ -109,19 +109,19 @@ typedef struct srv_choice {
 typedef struct srv_job {
   pthread_mutex_t mu;
   pthread_cond_t cv;
-  int refs;                   /* the caller's and the engine's */
+  int refs; /* the caller's and the engine's */
   srv_ctx *c;
   srv_params p;
   irt_request_id rid;
-  char id[48];                /* "cmpl-..." / "chatcmpl-..." */
+  char id[48]; /* "cmpl-..." / "chatcmpl-..." */
   int64_t created;
-  srv_choice *ch;             /* (p.n) */
+  srv_choice *ch; /* (p.n) */
   int64_t prompt_tokens, cached_tokens;
-  bool done;                  /* the engine sent its last event */
-  bool cancelled;             /* we asked the engine to stop (client gone) */
-  bool failed;                /* ended CANCELLED without our asking: the engine failed */
+  bool done;                        /* the engine sent its last event */
+  bool cancelled;                   /* we asked the engine to stop (client gone) */
+  bool failed;                      /* ended CANCELLED without our asking: the engine failed */
   double t_submit, t_first, t_done; /* ms, monotonic */
-  uint64_t events, seen;      /* events received; seen by the consumer's last wait */
+  uint64_t events, seen;            /* events received; seen by the consumer's last wait */
 } srv_job;
 
 /* Submits p (moved into the job; p is zeroed). NULL with err filled when the engine refuses
@@ -139,7 +139,7 @@ void srv_job_release(srv_job *j);
 
 typedef struct srv_buf {
   char *p;
-  size_t len, cap, off;       /* off: bytes already handed on (streaming) */
+  size_t len, cap, off; /* off: bytes already handed on (streaming) */
 } srv_buf;
 
 bool srv_buf_put(srv_buf *b, const char *s, size_t n);
@@ -159,8 +159,14 @@ const char *srv_finish_name(irt_finish f);
 /* --- srv_metrics.c ------------------------------------------------------------------------ */
 
 typedef enum srv_route {
-  SRV_ROUTE_COMPLETIONS, SRV_ROUTE_CHAT, SRV_ROUTE_MODELS, SRV_ROUTE_HEALTH, SRV_ROUTE_METRICS,
-  SRV_ROUTE_PAGE, SRV_ROUTE_OTHER, SRV_N_ROUTES
+  SRV_ROUTE_COMPLETIONS,
+  SRV_ROUTE_CHAT,
+  SRV_ROUTE_MODELS,
+  SRV_ROUTE_HEALTH,
+  SRV_ROUTE_METRICS,
+  SRV_ROUTE_PAGE,
+  SRV_ROUTE_OTHER,
+  SRV_N_ROUTES
 } srv_route;
 
 srv_metrics *srv_metrics_create(void);
@@ -178,7 +184,7 @@ char *srv_metrics_render(srv_metrics *m, irt_engine *e);
 /* --- srv_keys.c --------------------------------------------------------------------------- */
 
 typedef struct srv_key {
-  char *key, *tenant;         /* tenant NULL: the shared prefix-cache domain */
+  char *key, *tenant; /* tenant NULL: the shared prefix-cache domain */
   int priority;
 } srv_key;
 
@@ -197,11 +203,11 @@ void srv_keys_free(srv_keys *ks);
 /* --- srv_http.c --------------------------------------------------------------------------- */
 
 typedef struct srv_http_opts {
-  const char *host;           /* numeric IPv4 or IPv6 address */
-  int port;                   /* 0: any free port (srv_http_port tells which) */
-  int max_connections;        /* open connections before requests get 429 */
-  size_t max_body;            /* request bytes before 413 */
-  const srv_keys *keys;       /* NULL or empty: no authentication */
+  const char *host;     /* IPv4 or IPv6 address, or a name (first address used) */
+  int port;             /* 0: any free port (srv_http_port tells which) */
+  int max_connections;  /* open connections before requests get 429 */
+  size_t max_body;      /* request bytes before 413 */
+  const srv_keys *keys; /* NULL or empty: no authentication */
 } srv_http_opts;
 
 typedef struct srv_http srv_http;

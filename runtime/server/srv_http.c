@@ -4,8 +4,8 @@
  * OpenAI error object with its status: 400 bad request, 401 key, 404 route or model,
  * 405 method, 413 body, 429 overload (with Retry-After). A connection thread that waits on a
  * generation polls its socket, so a client that goes away cancels its request at once. */
-#include <arpa/inet.h>
 #include <microhttpd.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <stdarg.h>
@@ -59,7 +59,8 @@ static bool client_gone(int fd) {
 }
 
 static int conn_fd(struct MHD_Connection *conn) {
-  const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+  const union MHD_ConnectionInfo *ci =
+      MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
   return ci ? ci->connect_fd : -1;
 }
 
@@ -71,9 +72,12 @@ static enum MHD_Result send_body(srv_http *h, struct MHD_Connection *conn, conn_
       len, (void *)data, copy ? MHD_RESPMEM_MUST_COPY : MHD_RESPMEM_PERSISTENT);
   if (!resp) return MHD_NO;
   MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, type);
-  if (status == 429 || status == 503) MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, "1");
+  if (status == 429 || status == 503)
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, "1");
   if (status == 405)
-    MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, r->route == SRV_ROUTE_COMPLETIONS || r->route == SRV_ROUTE_CHAT ? "POST" : "GET");
+    MHD_add_response_header(
+        resp, MHD_HTTP_HEADER_ALLOW,
+        r->route == SRV_ROUTE_COMPLETIONS || r->route == SRV_ROUTE_CHAT ? "POST" : "GET");
   if (status == 401) MHD_add_response_header(resp, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
   enum MHD_Result ok = MHD_queue_response(conn, (unsigned)status, resp);
   MHD_destroy_response(resp);
@@ -119,7 +123,8 @@ static cJSON *model_object(const srv_ctx *c) {
   return m;
 }
 
-static enum MHD_Result models(srv_http *h, struct MHD_Connection *conn, conn_req *r, const char *url) {
+static enum MHD_Result models(srv_http *h, struct MHD_Connection *conn, conn_req *r,
+                              const char *url) {
   if (!strncmp(url, "/v1/models/", 11)) {
     char msg[320];
     snprintf(msg, sizeof msg, "The model '%.200s' does not exist.", url + 11);
@@ -136,7 +141,8 @@ static enum MHD_Result models(srv_http *h, struct MHD_Connection *conn, conn_req
 static enum MHD_Result metrics(srv_http *h, struct MHD_Connection *conn, conn_req *r) {
   char *s = srv_metrics_render(h->c->metrics, h->c->e);
   if (!s) return MHD_NO;
-  enum MHD_Result ok = send_body(h, conn, r, 200, "text/plain; version=0.0.4; charset=utf-8", s, strlen(s), true);
+  enum MHD_Result ok =
+      send_body(h, conn, r, 200, "text/plain; version=0.0.4; charset=utf-8", s, strlen(s), true);
   free(s);
   return ok;
 }
@@ -171,9 +177,12 @@ static void stream_free(void *cls) {
   free(s);
 }
 
-static enum MHD_Result start_stream(srv_http *h, struct MHD_Connection *conn, conn_req *r, srv_job *j) {
+static enum MHD_Result start_stream(srv_http *h, struct MHD_Connection *conn, conn_req *r,
+                                    srv_job *j) {
   stream *s = calloc(1, sizeof *s);
-  struct MHD_Response *resp = s ? MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, stream_read, s, stream_free) : NULL;
+  struct MHD_Response *resp = s ? MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024,
+                                                                    stream_read, s, stream_free)
+                                : NULL;
   if (!resp) {
     srv_job_cancel(j);
     srv_job_release(j);
@@ -191,7 +200,8 @@ static enum MHD_Result start_stream(srv_http *h, struct MHD_Connection *conn, co
 }
 
 /* Waits for a non-streamed job, watching the client; MHD_NO closes a vanished connection. */
-static enum MHD_Result finish_plain(srv_http *h, struct MHD_Connection *conn, conn_req *r, srv_job *j) {
+static enum MHD_Result finish_plain(srv_http *h, struct MHD_Connection *conn, conn_req *r,
+                                    srv_job *j) {
   int fd = conn_fd(conn);
   while (!srv_job_wait(j, WAIT_SLICE_MS)) {
     if (atomic_load(&h->stopping) || client_gone(fd)) {
@@ -203,7 +213,8 @@ static enum MHD_Result finish_plain(srv_http *h, struct MHD_Connection *conn, co
   enum MHD_Result ok;
   if (j->failed) {
     srv_error e;
-    srv_fail(&e, 500, "server_error", NULL, NULL, "The engine failed while generating this response.");
+    srv_fail(&e, 500, "server_error", NULL, NULL,
+             "The engine failed while generating this response.");
     ok = send_error(h, conn, r, &e);
   } else {
     ok = send_json(h, conn, r, 200, srv_render_response(j));
@@ -252,7 +263,8 @@ static enum MHD_Result dispatch(srv_http *h, struct MHD_Connection *conn, conn_r
     snprintf(msg, sizeof msg, "Unknown request URL: %.16s %.200s.", method, url);
     return fail(h, conn, r, 404, "invalid_request_error", "unknown_url", msg);
   }
-  bool is_api = r->route == SRV_ROUTE_COMPLETIONS || r->route == SRV_ROUTE_CHAT || r->route == SRV_ROUTE_MODELS;
+  bool is_api = r->route == SRV_ROUTE_COMPLETIONS || r->route == SRV_ROUTE_CHAT ||
+                r->route == SRV_ROUTE_MODELS;
   bool authed = true;
   const srv_key *key = is_api ? authenticate(h, conn, &authed) : NULL;
   if (!authed)
@@ -271,8 +283,10 @@ static enum MHD_Result dispatch(srv_http *h, struct MHD_Connection *conn, conn_r
   }
   switch (r->route) {
   case SRV_ROUTE_PAGE:
-    return send_body(h, conn, r, 200, "text/html; charset=utf-8", srv_chat_html, srv_chat_html_len, false);
-  case SRV_ROUTE_HEALTH: return send_body(h, conn, r, 200, "application/json", "{\"status\":\"ok\"}", 15, false);
+    return send_body(h, conn, r, 200, "text/html; charset=utf-8", srv_chat_html, srv_chat_html_len,
+                     false);
+  case SRV_ROUTE_HEALTH:
+    return send_body(h, conn, r, 200, "application/json", "{\"status\":\"ok\"}", 15, false);
   case SRV_ROUTE_METRICS: return metrics(h, conn, r);
   case SRV_ROUTE_MODELS: return models(h, conn, r, url);
   default: return generate(h, conn, r, key);
@@ -288,7 +302,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     if (!(r = calloc(1, sizeof *r))) return MHD_NO;
     *con_cls = r;
     r->route = route_of(url);
-    const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    const char *cl =
+        MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
     r->too_large = cl && strtoull(cl, NULL, 10) > h->o.max_body;
     if (r->too_large) return dispatch(h, conn, r, url, method); /* refuse before the body */
     return MHD_YES;
@@ -323,18 +338,37 @@ static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_
 static void on_log(void *cls, const char *fmt, va_list ap) {
   char msg[512];
   vsnprintf(msg, sizeof msg, fmt, ap);
-  if (strstr(msg, "application error") || strstr(msg, "Application reported internal error")) return;
+  if (strstr(msg, "application error") || strstr(msg, "Application reported internal error"))
+    return;
   fprintf(stderr, "inferrt: http: %s%s", msg, msg[0] && msg[strlen(msg) - 1] == '\n' ? "" : "\n");
 }
 
-bool srv_http_start(srv_ctx *c, const srv_http_opts *o, srv_http **out, char *msg, size_t cap) {
-  struct sockaddr_in a4 = {.sin_family = AF_INET, .sin_port = htons((uint16_t)o->port)};
-  struct sockaddr_in6 a6 = {.sin6_family = AF_INET6, .sin6_port = htons((uint16_t)o->port)};
-  bool v6 = strchr(o->host, ':') != NULL;
-  if (v6 ? inet_pton(AF_INET6, o->host, &a6.sin6_addr) != 1 : inet_pton(AF_INET, o->host, &a4.sin_addr) != 1) {
-    snprintf(msg, cap, "--host '%s' is not a numeric IPv4 or IPv6 address", o->host);
+/* The first address of host (a number, or a name such as localhost). */
+static bool resolve(const char *host, int port, struct sockaddr_storage *out, char *msg,
+                    size_t cap) {
+  struct addrinfo hints = {.ai_family = AF_UNSPEC,
+                           .ai_socktype = SOCK_STREAM,
+                           .ai_flags = AI_PASSIVE},
+                  *ai = NULL;
+  int rc = getaddrinfo(host, NULL, &hints, &ai);
+  if (rc != 0 || !ai) {
+    snprintf(msg, cap, "--host '%s': %s", host, rc ? gai_strerror(rc) : "no address");
     return false;
   }
+  memset(out, 0, sizeof *out);
+  memcpy(out, ai->ai_addr, ai->ai_addrlen);
+  freeaddrinfo(ai);
+  if (out->ss_family == AF_INET6)
+    ((struct sockaddr_in6 *)out)->sin6_port = htons((uint16_t)port);
+  else
+    ((struct sockaddr_in *)out)->sin_port = htons((uint16_t)port);
+  return true;
+}
+
+bool srv_http_start(srv_ctx *c, const srv_http_opts *o, srv_http **out, char *msg, size_t cap) {
+  struct sockaddr_storage addr;
+  if (!resolve(o->host, o->port, &addr, msg, cap)) return false;
+  bool v6 = addr.ss_family == AF_INET6;
   srv_http *h = calloc(1, sizeof *h);
   if (!h) return snprintf(msg, cap, "out of memory"), false;
   h->c = c;
@@ -342,14 +376,14 @@ bool srv_http_start(srv_ctx *c, const srv_http_opts *o, srv_http **out, char *ms
   unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO |
                    MHD_USE_ERROR_LOG | (v6 ? MHD_USE_IPv6 : 0);
   h->d = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, on_request, h,
-                          MHD_OPTION_EXTERNAL_LOGGER, on_log, h,
-                          MHD_OPTION_SOCK_ADDR, v6 ? (struct sockaddr *)&a6 : (struct sockaddr *)&a4,
-                          MHD_OPTION_CONNECTION_LIMIT, (unsigned)(o->max_connections + 16),
-                          MHD_OPTION_CONNECTION_TIMEOUT, 120u,
+                          MHD_OPTION_EXTERNAL_LOGGER, on_log, h, MHD_OPTION_SOCK_ADDR,
+                          (struct sockaddr *)&addr, MHD_OPTION_CONNECTION_LIMIT,
+                          (unsigned)(o->max_connections + 16), MHD_OPTION_CONNECTION_TIMEOUT, 120u,
                           MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
                           MHD_OPTION_NOTIFY_CONNECTION, on_connection, h, MHD_OPTION_END);
   if (!h->d) {
-    snprintf(msg, cap, "cannot listen on %s:%d (in use, or not an address of this machine)", o->host, o->port);
+    snprintf(msg, cap, "cannot listen on %s:%d (in use, or not an address of this machine)",
+             o->host, o->port);
     free(h);
     return false;
   }

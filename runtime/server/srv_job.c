@@ -66,7 +66,8 @@ static void add_tok(srv_job *j, srv_choice *ch, const irt_event *ev) {
   t->id = ev->token;
   t->logprob = ev->logprob;
   t->n_top = ev->n_top;
-  for (int k = 0; k < ev->n_top; k++) t->top_id[k] = ev->top_tokens[k], t->top_lp[k] = ev->top_logprobs[k];
+  for (int k = 0; k < ev->n_top; k++)
+    t->top_id[k] = ev->top_tokens[k], t->top_lp[k] = ev->top_logprobs[k];
 }
 
 /* Metrics of a finished request: TTFT, time per output token after the first, latency. */
@@ -138,11 +139,18 @@ srv_job *srv_job_submit(srv_ctx *c, srv_params *p, srv_error *err) {
     return NULL;
   }
   const srv_params *q = &j->p;
-  irt_request r = {.prompt_ids = q->prompt, .n_prompt = (size_t)q->n_prompt,
-                   .sampling = q->sampling, .max_tokens = q->max_tokens,
-                   .stop = (const char *const *)q->stop, .n_stop = q->n_stop,
-                   .ignore_eos = q->ignore_eos, .n = q->n, .priority = q->priority,
-                   .tenant = q->tenant, .on_event = on_event, .user = j,
+  irt_request r = {.prompt_ids = q->prompt,
+                   .n_prompt = (size_t)q->n_prompt,
+                   .sampling = q->sampling,
+                   .max_tokens = q->max_tokens,
+                   .stop = (const char *const *)q->stop,
+                   .n_stop = q->n_stop,
+                   .ignore_eos = q->ignore_eos,
+                   .n = q->n,
+                   .priority = q->priority,
+                   .tenant = q->tenant,
+                   .on_event = on_event,
+                   .user = j,
                    .presence_penalty = q->presence_penalty,
                    .frequency_penalty = q->frequency_penalty,
                    .top_logprobs = q->logprobs > 0 ? q->logprobs : 0};

@@ -27,7 +27,8 @@ bool srv_keys_add(srv_keys *ks, const char *key, const char *tenant, int priorit
   return true;
 }
 
-static bool parse_line(srv_keys *ks, char *line, int lineno, const char *path, char *msg, size_t cap) {
+static bool parse_line(srv_keys *ks, char *line, int lineno, const char *path, char *msg,
+                       size_t cap) {
   char *hash = strchr(line, '#');
   if (hash) *hash = '\0';
   char *save = NULL, *key = strtok_r(line, " \t\r\n", &save);

@@ -11,18 +11,18 @@
 #define N_BUCKETS 16
 
 typedef struct hist {
-  const double *le;  /* (n) upper bounds in seconds; +Inf is implied */
+  const double *le; /* (n) upper bounds in seconds; +Inf is implied */
   int n;
   int64_t count[N_BUCKETS + 1];
   double sum;
 } hist;
 
-static const double k_ttft[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5,
-                                0.75, 1.0, 2.5, 5.0, 7.5, 10.0};
-static const double k_tpot[] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1,
-                                0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0};
-static const double k_e2e[] = {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0,
-                               20.0, 30.0, 40.0, 50.0, 60.0};
+static const double k_ttft[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,
+                                0.25,  0.5,   0.75, 1.0,  2.5,  5.0,  7.5,  10.0};
+static const double k_tpot[] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075,
+                                0.1,    0.15,  0.2,    0.3,   0.4,  0.5,   0.75, 1.0};
+static const double k_e2e[] = {0.01, 0.025, 0.05, 0.1,  0.25, 0.5,  1.0,  2.5,
+                               5.0,  10.0,  15.0, 20.0, 30.0, 40.0, 50.0, 60.0};
 
 struct srv_metrics {
   pthread_mutex_t mu;
@@ -110,8 +110,10 @@ static void put_hist(srv_buf *b, const char *name, const char *help, const hist 
   int64_t acc = 0;
   for (int i = 0; i <= h->n; i++) {
     acc += h->count[i];
-    if (i < h->n) snprintf(le, sizeof le, "{le=\"%g\"}", h->le[i]);
-    else snprintf(le, sizeof le, "{le=\"+Inf\"}");
+    if (i < h->n)
+      snprintf(le, sizeof le, "{le=\"%g\"}", h->le[i]);
+    else
+      snprintf(le, sizeof le, "{le=\"+Inf\"}");
     value(b, key, le, (double)acc);
   }
   snprintf(key, sizeof key, "%s_sum", name);
@@ -136,19 +138,25 @@ static void put_engine(srv_buf *b, irt_engine *e) {
   irt_engine_get_stats(e, &st);
   head(b, "inferrt_prompt_tokens_total", "counter", "Prompt tokens admitted.");
   value(b, "inferrt_prompt_tokens_total", "", (double)st.prompt_tokens);
-  head(b, "inferrt_prompt_tokens_cached_total", "counter", "Prompt tokens served from the prefix cache.");
+  head(b, "inferrt_prompt_tokens_cached_total", "counter",
+       "Prompt tokens served from the prefix cache.");
   value(b, "inferrt_prompt_tokens_cached_total", "", (double)st.cached_prompt_tokens);
   head(b, "inferrt_generation_tokens_total", "counter", "Tokens generated.");
   value(b, "inferrt_generation_tokens_total", "", (double)st.generated_tokens);
-  head(b, "inferrt_prefix_cache_hit_rate", "gauge", "Cached prompt tokens / prompt tokens since start.");
-  value(b, "inferrt_prefix_cache_hit_rate", "", st.prompt_tokens ? (double)st.cached_prompt_tokens / (double)st.prompt_tokens : 0);
+  head(b, "inferrt_prefix_cache_hit_rate", "gauge",
+       "Cached prompt tokens / prompt tokens since start.");
+  value(b, "inferrt_prefix_cache_hit_rate", "",
+        st.prompt_tokens ? (double)st.cached_prompt_tokens / (double)st.prompt_tokens : 0);
   head(b, "inferrt_seqs_running", "gauge", "Sequences in the running batch.");
   value(b, "inferrt_seqs_running", "", (double)st.running);
   head(b, "inferrt_seqs_waiting", "gauge", "Sequences waiting for admission.");
   value(b, "inferrt_seqs_waiting", "", (double)st.waiting);
-  head(b, "inferrt_kv_cache_usage_ratio", "gauge", "Fraction of KV cache blocks held by sequences.");
-  value(b, "inferrt_kv_cache_usage_ratio", "", st.kv_blocks_total ? (double)st.kv_blocks_used / (double)st.kv_blocks_total : 0);
-  head(b, "inferrt_kv_cache_blocks", "gauge", "KV cache blocks: total, used by sequences, cached and evictable.");
+  head(b, "inferrt_kv_cache_usage_ratio", "gauge",
+       "Fraction of KV cache blocks held by sequences.");
+  value(b, "inferrt_kv_cache_usage_ratio", "",
+        st.kv_blocks_total ? (double)st.kv_blocks_used / (double)st.kv_blocks_total : 0);
+  head(b, "inferrt_kv_cache_blocks", "gauge",
+       "KV cache blocks: total, used by sequences, cached and evictable.");
   value(b, "inferrt_kv_cache_blocks", "{state=\"total\"}", (double)st.kv_blocks_total);
   value(b, "inferrt_kv_cache_blocks", "{state=\"used\"}", (double)st.kv_blocks_used);
   value(b, "inferrt_kv_cache_blocks", "{state=\"cached\"}", (double)st.kv_blocks_cached);
@@ -156,7 +164,8 @@ static void put_engine(srv_buf *b, irt_engine *e) {
   value(b, "inferrt_preemptions_total", "", (double)st.preemptions);
   head(b, "inferrt_engine_steps_total", "counter", "Engine steps run.");
   value(b, "inferrt_engine_steps_total", "", (double)st.steps);
-  head(b, "inferrt_engine_requests_finished_total", "counter", "Requests the engine finished (any reason).");
+  head(b, "inferrt_engine_requests_finished_total", "counter",
+       "Requests the engine finished (any reason).");
   value(b, "inferrt_engine_requests_finished_total", "", (double)st.requests_finished);
 }
 
@@ -164,10 +173,14 @@ char *srv_metrics_render(srv_metrics *m, irt_engine *e) {
   srv_buf b = {0};
   pthread_mutex_lock(&m->mu);
   put_requests(&b, m);
-  put_hist(&b, "inferrt_time_to_first_token_seconds", "Time from submission to the first token.", &m->ttft);
-  put_hist(&b, "inferrt_time_per_output_token_seconds", "Mean time per output token after the first, per request.", &m->tpot);
-  put_hist(&b, "inferrt_e2e_request_latency_seconds", "Time from submission to the last token.", &m->e2e);
-  head(&b, "inferrt_requests_cancelled_total", "counter", "Requests cancelled because their client disconnected.");
+  put_hist(&b, "inferrt_time_to_first_token_seconds", "Time from submission to the first token.",
+           &m->ttft);
+  put_hist(&b, "inferrt_time_per_output_token_seconds",
+           "Mean time per output token after the first, per request.", &m->tpot);
+  put_hist(&b, "inferrt_e2e_request_latency_seconds", "Time from submission to the last token.",
+           &m->e2e);
+  head(&b, "inferrt_requests_cancelled_total", "counter",
+       "Requests cancelled because their client disconnected.");
   value(&b, "inferrt_requests_cancelled_total", "", (double)m->cancelled);
   head(&b, "inferrt_http_connections_open", "gauge", "Open HTTP connections.");
   value(&b, "inferrt_http_connections_open", "", (double)m->open_connections);

@@ -30,8 +30,10 @@ const char *srv_finish_name(irt_finish f) {
 }
 
 static void add_nullable_string(cJSON *o, const char *k, const char *v) {
-  if (v && *v) cJSON_AddStringToObject(o, k, v);
-  else cJSON_AddNullToObject(o, k);
+  if (v && *v)
+    cJSON_AddStringToObject(o, k, v);
+  else
+    cJSON_AddNullToObject(o, k);
 }
 
 char *srv_render_error(const srv_error *e) {
@@ -49,13 +51,17 @@ char *srv_render_error(const srv_error *e) {
 
 /* Length of the valid UTF-8 sequence at s (1..4), or 0 if invalid. */
 static size_t utf8_seq(const unsigned char *s, size_t n) {
-  size_t len = s[0] < 0x80 ? 1 : (s[0] & 0xE0) == 0xC0 ? 2 : (s[0] & 0xF0) == 0xE0 ? 3
-               : (s[0] & 0xF8) == 0xF0 ? 4 : 0;
+  size_t len = s[0] < 0x80             ? 1
+               : (s[0] & 0xE0) == 0xC0 ? 2
+               : (s[0] & 0xF0) == 0xE0 ? 3
+               : (s[0] & 0xF8) == 0xF0 ? 4
+                                       : 0;
   if (!len || len > n || (len == 2 && s[0] < 0xC2)) return 0;
   for (size_t i = 1; i < len; i++)
     if ((s[i] & 0xC0) != 0x80) return 0;
   if (len == 3 && ((s[0] == 0xE0 && s[1] < 0xA0) || (s[0] == 0xED && s[1] >= 0xA0))) return 0;
-  if (len == 4 && ((s[0] == 0xF0 && s[1] < 0x90) || s[0] > 0xF4 || (s[0] == 0xF4 && s[1] >= 0x90))) return 0;
+  if (len == 4 && ((s[0] == 0xF0 && s[1] < 0x90) || s[0] > 0xF4 || (s[0] == 0xF4 && s[1] >= 0x90)))
+    return 0;
   return len;
 }
 
@@ -78,8 +84,10 @@ static void token_text(const srv_ctx *c, int32_t id, tok_text *t) {
   t->chars = 0;
   for (size_t i = 0; i < t->n_raw && o + 4 < sizeof t->str;) {
     size_t k = t->raw[i] ? utf8_seq((const unsigned char *)t->raw + i, t->n_raw - i) : 0;
-    if (k) memcpy(t->str + o, t->raw + i, k), o += k, i += k;
-    else memcpy(t->str + o, "\xEF\xBF\xBD", 3), o += 3, i++;
+    if (k)
+      memcpy(t->str + o, t->raw + i, k), o += k, i += k;
+    else
+      memcpy(t->str + o, "\xEF\xBF\xBD", 3), o += 3, i++;
     t->chars++;
   }
   t->str[o] = '\0';
@@ -87,11 +95,13 @@ static void token_text(const srv_ctx *c, int32_t id, tok_text *t) {
 
 static cJSON *bytes_array(const tok_text *t) {
   cJSON *a = cJSON_CreateArray();
-  for (size_t i = 0; i < t->n_raw; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber((unsigned char)t->raw[i]));
+  for (size_t i = 0; i < t->n_raw; i++)
+    cJSON_AddItemToArray(a, cJSON_CreateNumber((unsigned char)t->raw[i]));
   return a;
 }
 
-/* Chat: {"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}, ...], "refusal": null}. */
+/* Chat: {"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}, ...], "refusal": null}.
+ */
 static cJSON *chat_logprobs(const srv_job *j, const srv_tok *toks, int64_t n) {
   cJSON *o = cJSON_CreateObject(), *content = cJSON_AddArrayToObject(o, "content");
   tok_text t;
@@ -120,8 +130,10 @@ static cJSON *chat_logprobs(const srv_job *j, const srv_tok *toks, int64_t n) {
  * each top dict holds the k alternatives plus the sampled token. *offset advances. */
 static cJSON *legacy_logprobs(const srv_job *j, const srv_tok *toks, int64_t n, int64_t *offset) {
   cJSON *o = cJSON_CreateObject();
-  cJSON *tokens = cJSON_AddArrayToObject(o, "tokens"), *lps = cJSON_AddArrayToObject(o, "token_logprobs");
-  cJSON *tops = cJSON_AddArrayToObject(o, "top_logprobs"), *offs = cJSON_AddArrayToObject(o, "text_offset");
+  cJSON *tokens = cJSON_AddArrayToObject(o, "tokens"),
+        *lps = cJSON_AddArrayToObject(o, "token_logprobs");
+  cJSON *tops = cJSON_AddArrayToObject(o, "top_logprobs"),
+        *offs = cJSON_AddArrayToObject(o, "text_offset");
   tok_text t;
   for (int64_t i = 0; i < n; i++) {
     token_text(j->c, toks[i].id, &t);
@@ -146,8 +158,10 @@ static cJSON *legacy_logprobs(const srv_job *j, const srv_tok *toks, int64_t n, 
 static cJSON *envelope(const srv_job *j, bool chunk) {
   cJSON *o = cJSON_CreateObject();
   cJSON_AddStringToObject(o, "id", j->id);
-  cJSON_AddStringToObject(o, "object", j->p.ep == SRV_CHAT ? (chunk ? "chat.completion.chunk" : "chat.completion")
-                                                            : "text_completion");
+  cJSON_AddStringToObject(o, "object",
+                          j->p.ep == SRV_CHAT
+                              ? (chunk ? "chat.completion.chunk" : "chat.completion")
+                              : "text_completion");
   cJSON_AddNumberToObject(o, "created", (double)j->created);
   cJSON_AddStringToObject(o, "model", j->c->model_name);
   cJSON_AddStringToObject(o, "system_fingerprint", "inferrt-" INFC_VERSION);
@@ -182,9 +196,13 @@ cJSON *srv_render_response(srv_job *j) {
       cJSON_AddStringToObject(c, "text", ch->text ? ch->text : "");
     }
     int64_t offset = 0;
-    if (j->p.logprobs < 0) cJSON_AddNullToObject(c, "logprobs");
-    else cJSON_AddItemToObject(c, "logprobs", j->p.ep == SRV_CHAT ? chat_logprobs(j, ch->toks, ch->n_toks)
-                                                                  : legacy_logprobs(j, ch->toks, ch->n_toks, &offset));
+    if (j->p.logprobs < 0)
+      cJSON_AddNullToObject(c, "logprobs");
+    else
+      cJSON_AddItemToObject(c, "logprobs",
+                            j->p.ep == SRV_CHAT
+                                ? chat_logprobs(j, ch->toks, ch->n_toks)
+                                : legacy_logprobs(j, ch->toks, ch->n_toks, &offset));
     cJSON_AddStringToObject(c, "finish_reason", srv_finish_name(ch->finish));
     cJSON_AddItemToArray(choices, c);
   }
@@ -208,7 +226,8 @@ static void put_event(srv_buf *out, cJSON *o) {
 /* One chunk for choice i: role (chat's first), new text and logprobs, or the finish. */
 static void put_chunk(const srv_job *j, srv_buf *out, int i, const char *role, const char *text,
                       size_t len, cJSON *logprobs, const char *finish) {
-  cJSON *o = envelope(j, true), *choices = cJSON_AddArrayToObject(o, "choices"), *c = cJSON_CreateObject();
+  cJSON *o = envelope(j, true), *choices = cJSON_AddArrayToObject(o, "choices"),
+        *c = cJSON_CreateObject();
   cJSON_AddNumberToObject(c, "index", i);
   char *t = strndup(text ? text : "", len);
   if (j->p.ep == SRV_CHAT) {
@@ -219,10 +238,14 @@ static void put_chunk(const srv_job *j, srv_buf *out, int i, const char *role, c
     cJSON_AddStringToObject(c, "text", t ? t : "");
   }
   free(t);
-  if (logprobs) cJSON_AddItemToObject(c, "logprobs", logprobs);
-  else cJSON_AddNullToObject(c, "logprobs");
-  if (finish) cJSON_AddStringToObject(c, "finish_reason", finish);
-  else cJSON_AddNullToObject(c, "finish_reason");
+  if (logprobs)
+    cJSON_AddItemToObject(c, "logprobs", logprobs);
+  else
+    cJSON_AddNullToObject(c, "logprobs");
+  if (finish)
+    cJSON_AddStringToObject(c, "finish_reason", finish);
+  else
+    cJSON_AddNullToObject(c, "finish_reason");
   cJSON_AddItemToArray(choices, c);
   if (j->p.include_usage) cJSON_AddNullToObject(o, "usage");
   put_event(out, o);
@@ -238,8 +261,10 @@ static void stream_choice(srv_job *j, srv_buf *out, int i) {
   if (ch->len > ch->sent_len || new_toks) {
     cJSON *lp = NULL;
     if (new_toks)
-      lp = j->p.ep == SRV_CHAT ? chat_logprobs(j, ch->toks + ch->sent_toks, ch->n_toks - ch->sent_toks)
-                               : legacy_logprobs(j, ch->toks + ch->sent_toks, ch->n_toks - ch->sent_toks, &ch->sent_offset);
+      lp = j->p.ep == SRV_CHAT
+               ? chat_logprobs(j, ch->toks + ch->sent_toks, ch->n_toks - ch->sent_toks)
+               : legacy_logprobs(j, ch->toks + ch->sent_toks, ch->n_toks - ch->sent_toks,
+                                 &ch->sent_offset);
     put_chunk(j, out, i, NULL, ch->text + ch->sent_len, ch->len - ch->sent_len, lp, NULL);
     ch->sent_len = ch->len;
     ch->sent_toks = ch->n_toks;
@@ -256,7 +281,8 @@ bool srv_render_stream(srv_job *j, srv_buf *out) {
   bool done = j->done;
   if (done && j->failed) {
     srv_error e;
-    srv_fail(&e, 500, "server_error", NULL, NULL, "The engine failed while generating this response.");
+    srv_fail(&e, 500, "server_error", NULL, NULL,
+             "The engine failed while generating this response.");
     char *s = srv_render_error(&e);
     srv_buf_put(out, "data: ", 6);
     srv_buf_put(out, s, strlen(s));

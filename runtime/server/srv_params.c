@@ -39,8 +39,12 @@ bool srv_bad(srv_error *e, const char *param, const char *fmt, ...) {
 }
 
 static const char *type_name(const cJSON *v) {
-  return cJSON_IsString(v) ? "a string" : cJSON_IsNumber(v) ? "a number" : cJSON_IsBool(v) ? "a boolean"
-         : cJSON_IsArray(v) ? "an array" : cJSON_IsObject(v) ? "an object" : "null";
+  return cJSON_IsString(v)   ? "a string"
+         : cJSON_IsNumber(v) ? "a number"
+         : cJSON_IsBool(v)   ? "a boolean"
+         : cJSON_IsArray(v)  ? "an array"
+         : cJSON_IsObject(v) ? "an object"
+                             : "null";
 }
 
 static bool bad_type(srv_error *e, const char *k, const char *want, const cJSON *v) {
@@ -55,11 +59,13 @@ static const cJSON *field(const cJSON *o, const char *k) {
 }
 
 static bool is_int(const cJSON *v) {
-  return cJSON_IsNumber(v) && v->valuedouble == floor(v->valuedouble) && fabs(v->valuedouble) < 9e15;
+  return cJSON_IsNumber(v) && v->valuedouble == floor(v->valuedouble) &&
+         fabs(v->valuedouble) < 9e15;
 }
 
 /* Optional integer in [lo, hi]; *out unchanged when absent. */
-static bool get_int(const cJSON *o, const char *k, int64_t lo, int64_t hi, int64_t *out, srv_error *e) {
+static bool get_int(const cJSON *o, const char *k, int64_t lo, int64_t hi, int64_t *out,
+                    srv_error *e) {
   const cJSON *v = field(o, k);
   if (!v) return true;
   if (!is_int(v)) return bad_type(e, k, "an integer", v);
@@ -75,7 +81,8 @@ static bool get_num(const cJSON *o, const char *k, double lo, double hi, float *
   if (!v) return true;
   if (!cJSON_IsNumber(v)) return bad_type(e, k, "a number", v);
   if (!(v->valuedouble >= lo && v->valuedouble <= hi))
-    return srv_bad(e, k, "Invalid value for '%s': %g is outside [%g, %g].", k, v->valuedouble, lo, hi);
+    return srv_bad(e, k, "Invalid value for '%s': %g is outside [%g, %g].", k, v->valuedouble, lo,
+                   hi);
   *out = (float)v->valuedouble;
   return true;
 }
@@ -128,10 +135,15 @@ static bool take_ids(srv_ctx *c, const cJSON *arr, srv_params *p, srv_error *e) 
   if (!p->prompt) return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
   int k = 0;
   for (const cJSON *v = arr->child; v; v = v->next, k++) {
-    if (!is_int(v)) return srv_bad(e, "prompt", "Invalid type for 'prompt[%d]': expected a token id, but got %s instead.", k, type_name(v));
+    if (!is_int(v))
+      return srv_bad(e, "prompt",
+                     "Invalid type for 'prompt[%d]': expected a token id, but got %s instead.", k,
+                     type_name(v));
     if (v->valuedouble < 0 || v->valuedouble >= (double)c->info->vocab_size)
-      return srv_bad(e, "prompt", "Invalid value for 'prompt[%d]': token id %.0f is outside the vocabulary of %lld.",
-                     k, v->valuedouble, (long long)c->info->vocab_size);
+      return srv_bad(
+          e, "prompt",
+          "Invalid value for 'prompt[%d]': token id %.0f is outside the vocabulary of %lld.", k,
+          v->valuedouble, (long long)c->info->vocab_size);
     p->prompt[k] = (int32_t)v->valuedouble;
   }
   p->n_prompt = n;
@@ -167,7 +179,10 @@ static char *message_text(const cJSON *m, int i, bool may_be_null, srv_error *e)
     const cJSON *t = field(part, "type"), *text = field(part, "text");
     if (!cJSON_IsString(t) || strcmp(t->valuestring, "text") || !cJSON_IsString(text)) {
       srv_buf_free(&b);
-      return srv_bad(e, key, "Only text content parts ({\"type\": \"text\", \"text\": ...}) are supported."), NULL;
+      return srv_bad(
+                 e, key,
+                 "Only text content parts ({\"type\": \"text\", \"text\": ...}) are supported."),
+             NULL;
     }
     srv_buf_put(&b, text->valuestring, strlen(text->valuestring));
   }
@@ -181,7 +196,9 @@ static bool parse_messages(srv_ctx *c, const cJSON *body, srv_params *p, srv_err
   if (!cJSON_IsArray(v)) return bad_type(e, "messages", "an array", v);
   int n = cJSON_GetArraySize(v);
   if (n == 0) return srv_bad(e, "messages", "Invalid value for 'messages': the array is empty.");
-  if (!c->tok) return srv_bad(e, "messages", "The served plan has no tokenizer: use /v1/completions with token ids.");
+  if (!c->tok)
+    return srv_bad(e, "messages",
+                   "The served plan has no tokenizer: use /v1/completions with token ids.");
   irt_chat_message *msgs = calloc((size_t)n, sizeof *msgs);
   char **texts = calloc((size_t)n, sizeof *texts);
   bool ok = msgs && texts;
@@ -191,14 +208,24 @@ static bool parse_messages(srv_ctx *c, const cJSON *body, srv_params *p, srv_err
     char key[64];
     snprintf(key, sizeof key, "messages[%d].role", i);
     const cJSON *role = field(m, "role");
-    if (!cJSON_IsObject(m)) ok = srv_bad(e, "messages", "Invalid type for 'messages[%d]': expected an object, but got %s instead.", i, type_name(m));
-    else if (!role) ok = srv_bad(e, key, "Missing required parameter: '%s'.", key);
-    else if (!cJSON_IsString(role)) ok = bad_type(e, key, "a string", role);
-    else if (!strcmp(role->valuestring, "developer")) msgs[i].role = "system";
+    if (!cJSON_IsObject(m))
+      ok = srv_bad(e, "messages",
+                   "Invalid type for 'messages[%d]': expected an object, but got %s instead.", i,
+                   type_name(m));
+    else if (!role)
+      ok = srv_bad(e, key, "Missing required parameter: '%s'.", key);
+    else if (!cJSON_IsString(role))
+      ok = bad_type(e, key, "a string", role);
+    else if (!strcmp(role->valuestring, "developer"))
+      msgs[i].role = "system";
     else if (!strcmp(role->valuestring, "system") || !strcmp(role->valuestring, "user") ||
              !strcmp(role->valuestring, "assistant"))
       msgs[i].role = role->valuestring;
-    else ok = srv_bad(e, key, "Invalid value for '%s': '%.64s' (supported: system, developer, user, assistant).", key, role->valuestring);
+    else
+      ok = srv_bad(
+          e, key,
+          "Invalid value for '%s': '%.64s' (supported: system, developer, user, assistant).", key,
+          role->valuestring);
     if (ok) ok = (texts[i] = message_text(m, i, !strcmp(msgs[i].role, "assistant"), e)) != NULL;
     if (ok) msgs[i].content = texts[i], total += strlen(texts[i]) + 64;
   }
@@ -207,10 +234,13 @@ static bool parse_messages(srv_ctx *c, const cJSON *body, srv_params *p, srv_err
   irt_error err = {0};
   for (int pass = 0; ok && pass < 2; pass++) { /* a second pass when the estimate was short */
     free(chat);
-    if (!(chat = malloc(total + 1))) ok = srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
-    else if (irt_chat_format(c->tok, c->chat_template, msgs, (size_t)n, true, chat, total + 1, &len, &err) != IRT_OK)
+    if (!(chat = malloc(total + 1)))
+      ok = srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    else if (irt_chat_format(c->tok, c->chat_template, msgs, (size_t)n, true, chat, total + 1, &len,
+                             &err) != IRT_OK)
       ok = srv_bad(e, "messages", "Cannot format the conversation: %s", err.msg);
-    else if (len <= total) break;
+    else if (len <= total)
+      break;
     total = len;
   }
   if (ok) ok = tokenize(c, chat, false, "messages", p, e);
@@ -227,14 +257,16 @@ static bool parse_stop(const cJSON *body, srv_params *p, srv_error *e) {
   const cJSON *one = cJSON_IsString(v) ? v : NULL;
   if (!one && !cJSON_IsArray(v)) return bad_type(e, "stop", "a string or an array of strings", v);
   int n = one ? 1 : cJSON_GetArraySize(v);
-  if (n > MAX_STOPS) return srv_bad(e, "stop", "Invalid value for 'stop': at most %d strings.", MAX_STOPS);
+  if (n > MAX_STOPS)
+    return srv_bad(e, "stop", "Invalid value for 'stop': at most %d strings.", MAX_STOPS);
   p->stop = calloc((size_t)n + 1, sizeof *p->stop);
   if (!p->stop) return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
   for (const cJSON *s = one ? one : v->child; s && p->n_stop < n; s = s->next) {
     if (!cJSON_IsString(s)) return bad_type(e, "stop", "a string or an array of strings", s);
     size_t len = strlen(s->valuestring);
     if (len == 0 || len > MAX_STOP_LEN)
-      return srv_bad(e, "stop", "Invalid value for 'stop': each string needs 1 to %d bytes.", MAX_STOP_LEN);
+      return srv_bad(e, "stop", "Invalid value for 'stop': each string needs 1 to %d bytes.",
+                     MAX_STOP_LEN);
     if (!(p->stop[p->n_stop++] = strdup(s->valuestring)))
       return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
   }
@@ -252,7 +284,8 @@ static bool parse_logprobs(srv_endpoint ep, const cJSON *body, srv_params *p, sr
   if (!get_bool(body, "logprobs", &on, e)) return false;
   if (!get_int(body, "top_logprobs", 0, IRT_MAX_TOP_LOGPROBS, &k, e)) return false;
   if (k >= 0 && !on)
-    return srv_bad(e, "top_logprobs", "Invalid value for 'top_logprobs': it needs 'logprobs' set to true.");
+    return srv_bad(e, "top_logprobs",
+                   "Invalid value for 'top_logprobs': it needs 'logprobs' set to true.");
   p->logprobs = on ? (k > 0 ? (int)k : 0) : -1;
   return true;
 }
@@ -269,8 +302,9 @@ static bool parse_sampling(srv_ctx *c, const cJSON *body, srv_params *p, srv_err
   if (!get_int(body, "top_k", -1, 1 << 30, &top_k, e)) return false;
   p->sampling.top_k = top_k > 0 ? (int)top_k : 0;
   if (!get_int(body, "seed", INT64_MIN / 2, INT64_MAX / 2, &seed, e)) return false;
-  p->sampling.seed = field(body, "seed") ? (uint64_t)seed
-                                         : c->id_salt ^ (atomic_fetch_add(&c->next_id, 1) * 0x9e3779b97f4a7c15ull);
+  p->sampling.seed = field(body, "seed")
+                         ? (uint64_t)seed
+                         : c->id_salt ^ (atomic_fetch_add(&c->next_id, 1) * 0x9e3779b97f4a7c15ull);
   if (!get_int(body, "n", 1, c->max_n, &n, e)) return false;
   p->n = (int)n;
   if (!get_num(body, "presence_penalty", -2, 2, &p->presence_penalty, e)) return false;
@@ -284,7 +318,8 @@ static bool parse_stream(const cJSON *body, srv_params *p, srv_error *e) {
   if (!so) return true;
   if (!cJSON_IsObject(so)) return bad_type(e, "stream_options", "an object", so);
   if (!p->stream)
-    return srv_bad(e, "stream_options", "The 'stream_options' parameter is only allowed when 'stream' is enabled.");
+    return srv_bad(e, "stream_options",
+                   "The 'stream_options' parameter is only allowed when 'stream' is enabled.");
   const cJSON *iu = field(so, "include_usage");
   if (iu && !cJSON_IsBool(iu)) return bad_type(e, "stream_options.include_usage", "a boolean", iu);
   p->include_usage = iu && cJSON_IsTrue(iu);
@@ -306,23 +341,28 @@ static bool refuse_unsupported(const cJSON *body, srv_endpoint ep, srv_error *e)
 }
 
 /* Length limits: the prompt must leave room, and so must the asked-for completion. */
-static bool parse_lengths(srv_ctx *c, srv_endpoint ep, const cJSON *body, srv_params *p, srv_error *e) {
+static bool parse_lengths(srv_ctx *c, srv_endpoint ep, const cJSON *body, srv_params *p,
+                          srv_error *e) {
   int64_t ctx = c->info->context_length, room = ctx - p->n_prompt, max = -1;
   const char *what = ep == SRV_CHAT ? "messages" : "prompt";
-  if (p->n_prompt == 0) return srv_bad(e, what, "Invalid value for '%s': the prompt is empty.", what);
+  if (p->n_prompt == 0)
+    return srv_bad(e, what, "Invalid value for '%s': the prompt is empty.", what);
   if (room <= 0)
     return srv_fail(e, 400, "invalid_request_error", "context_length_exceeded", what,
                     "This model's maximum context length is %lld tokens. However, your %s has %lld "
-                    "tokens. Please reduce the length of the %s.", (long long)ctx,
-                    ep == SRV_CHAT ? "messages" : "prompt", (long long)p->n_prompt, what);
-  const char *key = ep == SRV_CHAT && field(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+                    "tokens. Please reduce the length of the %s.",
+                    (long long)ctx, ep == SRV_CHAT ? "messages" : "prompt", (long long)p->n_prompt,
+                    what);
+  const char *key = ep == SRV_CHAT && field(body, "max_completion_tokens") ? "max_completion_tokens"
+                                                                           : "max_tokens";
   if (!get_int(body, key, 1, INT32_MAX, &max, e)) return false;
   if (max > room)
     return srv_fail(e, 400, "invalid_request_error", "context_length_exceeded", key,
                     "This model's maximum context length is %lld tokens. However, you requested "
                     "%lld tokens (%lld in the %s, %lld for the completion). Please reduce the "
-                    "length of the %s or the completion.", (long long)ctx,
-                    (long long)(p->n_prompt + max), (long long)p->n_prompt, what, (long long)max, what);
+                    "length of the %s or the completion.",
+                    (long long)ctx, (long long)(p->n_prompt + max), (long long)p->n_prompt, what,
+                    (long long)max, what);
   p->max_tokens = max > 0 ? max : ep == SRV_COMPLETIONS && room > 16 ? 16 : room;
   return true;
 }
@@ -350,7 +390,8 @@ bool srv_params_parse(srv_ctx *c, srv_endpoint ep, const char *body, size_t len,
   memset(p, 0, sizeof *p);
   cJSON *j = cJSON_ParseWithLength(body, len);
   if (!j)
-    return srv_bad(err, NULL, "We could not parse the JSON body of your request. The body must "
+    return srv_bad(err, NULL,
+                   "We could not parse the JSON body of your request. The body must "
                    "be a JSON object (see the OpenAI API reference).");
   bool ok = srv_params_from_json(c, ep, j, p, err);
   cJSON_Delete(j);

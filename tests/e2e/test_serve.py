@@ -558,7 +558,7 @@ def test_batch_resume():
             f.write(batch_line(f"r{i}", prompt=[i + 1, i + 2], max_tokens=200, n=4, ignore_eos=True,
                                temperature=0) + "\n")
     p = subprocess.Popen([INFERRT, "batch", PLAN, "--input", inp, "--output", out, "--threads", "1",
-                          "--concurrency", "2", "--no-progress"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                          "--concurrency", "2", "--kv-tokens", "256", "--no-progress"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     got = wait_for(lambda: os.path.exists(out) and open(out).read().count("\n") >= 3, timeout=60)
     p.kill()
     p.wait()
@@ -591,8 +591,32 @@ def test_loadtest(s):
           "p50" in o.get("latency_ms", {}), r.stdout + r.stderr)
 
 
+def test_cli_errors():
+    def one_error(name, needle, *args):
+        r = run(INFERRT, *args)
+        lines = r.stderr.strip().splitlines()
+        check(f"cli {name}", r.returncode == 1 and len(lines) == 1 and "error:" in lines[0] and needle in lines[0],
+              f"rc={r.returncode} {r.stderr!r}")
+
+    for cmd in ("serve", "batch"):
+        r = run(INFERRT, cmd, "--help")
+        check(f"{cmd} --help", r.returncode == 0 and "usage: inferrt " + cmd in r.stdout)
+    check("inferrt --help lists serve", "serve" in run(INFERRT, "--help").stdout)
+    one_error("serve no plan", "nothing.plan", "serve", os.path.join(TMP, "nothing.plan"), "--port", "0")
+    one_error("serve no keys file", "--api-keys", "serve", PLAN, "--api-keys", os.path.join(TMP, "nokeys"))
+    bad = os.path.join(TMP, "badkeys.txt")
+    with open(bad, "w") as f:
+        f.write("k1 t1 high\n")
+    one_error("serve bad keys file", "priority", "serve", PLAN, "--api-keys", bad)
+    one_error("serve bad port", "--port", "serve", PLAN, "--port", "99999")
+    one_error("batch needs output", "--output", "batch", PLAN, "--input", bad)
+    one_error("batch no input", "nothing.jsonl", "batch", PLAN, "--input", os.path.join(TMP, "nothing.jsonl"),
+              "--output", os.path.join(TMP, "o.jsonl"))
+
+
 def main():
     t0 = time.time()
+    test_cli_errors()
     s = Server(PLAN, "--api-keys", KEYS, "--api-key", "shared-key", "--model-name", "tiny",
                "--kv-tokens", "16384", "--max-body", "65536")
     try:

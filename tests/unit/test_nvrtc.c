@@ -52,11 +52,14 @@ static int is_hot(const char *kernel) {
          !strcmp(kernel, "kn_rms_norm") || !strcmp(kernel, "kn_add_rms_norm");
 }
 
-/* Constants of real plans: SmolLM2-135M (head_dim 64, GQA 3) and Llama-8B-like (128, 4). */
+/* Constants of real plans: SmolLM2-135M (head_dim 64, GQA 3), Llama-8B-like (128, 4),
+ * and the tiny test fixtures (16, 2). */
 static const char *const CONFIGS[][3] = {
     {"-DHEAD_DIM=64", "-DBLOCK_SIZE=16", "-DGQA_GROUP=3"},
     {"-DHEAD_DIM=128", "-DBLOCK_SIZE=16", "-DGQA_GROUP=4"},
+    {"-DHEAD_DIM=16", "-DBLOCK_SIZE=16", "-DGQA_GROUP=2"},
 };
+#define N_CONFIGS (int)(sizeof CONFIGS / sizeof CONFIGS[0])
 
 static void compile_one(infc_nvrtc *nv, const char *file, const char *src, int arch, int cfg) {
   infc_nvrtc_image im;
@@ -107,7 +110,7 @@ static void test_kernels(infc_nvrtc *nv) {
     d = (ir_diag){0};
     CHECKF(infc_read_file(path, 1u << 20, &src, &len, &d) == IR_OK, "%s", d.msg);
     for (int a = 0; src && a < n_archs; a++)
-      for (int c = 0; c < 2; c++) compile_one(nv, files[f], src, archs[a], c);
+      for (int c = 0; c < N_CONFIGS; c++) compile_one(nv, files[f], src, archs[a], c);
     free(src);
     free(files[f]);
   }

@@ -1,0 +1,78 @@
+/* infc_codegen_cuda: NVRTC over the embedded kernel sources into a plan kernel table. */
+#include "infc_codegen_cuda.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "infc_cuda_sources.h"
+
+/* The -D constants every source is compiled with; checked against attention.cu's limits. */
+static ir_status cuda_defines(const ir_graph *g, char (*defs)[48], ir_diag *d) {
+  const ir_model_config *c = &g->config;
+  if (c->head_dim <= 0 || c->head_dim > 256 || (c->head_dim > 32 && c->head_dim % 32))
+    return ir_diag_set(d, IR_UNSUPPORTED,
+                       "target cuda: head_dim %lld is not supported (at most 32, or a multiple "
+                       "of 32 up to 256); build a CPU plan",
+                       (long long)c->head_dim);
+  if (c->kv_block_size < 1 || c->kv_block_size > 32)
+    return ir_diag_set(d, IR_UNSUPPORTED,
+                       "target cuda: kv_block_size %lld is not supported (1 to 32)",
+                       (long long)c->kv_block_size);
+  if (c->n_kv_heads <= 0 || c->n_heads % c->n_kv_heads)
+    return ir_diag_set(d, IR_UNSUPPORTED, "target cuda: %lld heads over %lld kv heads",
+                       (long long)c->n_heads, (long long)c->n_kv_heads);
+  snprintf(defs[0], 48, "-DHEAD_DIM=%lld", (long long)c->head_dim);
+  snprintf(defs[1], 48, "-DBLOCK_SIZE=%lld", (long long)c->kv_block_size);
+  snprintf(defs[2], 48, "-DGQA_GROUP=%lld", (long long)(c->n_heads / c->n_kv_heads));
+  return IR_OK;
+}
+
+static ir_status cuda_compile_all(infc_nvrtc *nv, const int *archs, int n_archs,
+                                  const char *const *opts, infc_cuda_kernels *out, ir_diag *d) {
+  int n_img = infc_cuda_n_sources * n_archs;
+  out->images = calloc((size_t)n_img + 1, sizeof *out->images);
+  out->table = calloc(2 * (size_t)n_img + 1, sizeof *out->table);
+  if (!out->images || !out->table) return ir_diag_set(d, IR_OOM, "out of memory");
+  for (int s = 0; s < infc_cuda_n_sources; s++) {
+    const infc_cuda_source *src = &infc_cuda_sources[s];
+    for (int a = 0; a < n_archs; a++) {
+      infc_nvrtc_image *im = &out->images[out->n_images];
+      ir_status st = infc_nvrtc_compile(nv, src->text, src->name, archs[a], opts, 3, im, d);
+      if (st != IR_OK) return st;
+      out->n_images++;
+      out->table[out->n++] = (ir_plan_kernel){.name = src->name, .arch = (uint32_t)archs[a],
+                                              .kind = IR_PLAN_KERNEL_CUBIN, .data = im->cubin,
+                                              .size = im->cubin_size};
+      out->table[out->n++] = (ir_plan_kernel){.name = src->name, .arch = (uint32_t)archs[a],
+                                              .kind = IR_PLAN_KERNEL_PTX,
+                                              .data = (const uint8_t *)im->ptx,
+                                              .size = im->ptx_size};
+    }
+  }
+  return IR_OK;
+}
+
+ir_status infc_cuda_kernels_build(const ir_graph *g, const char *arch_list,
+                                  infc_cuda_kernels *out, ir_diag *d) {
+  memset(out, 0, sizeof *out);
+  int archs[INFC_NVRTC_MAX_ARCHS], n_archs = 0;
+  char defs[3][48];
+  const char *opts[3] = {defs[0], defs[1], defs[2]};
+  if (!arch_list || !*arch_list) arch_list = INFC_NVRTC_DEFAULT_ARCHS;
+  ir_status st = infc_nvrtc_parse_archs(arch_list, archs, INFC_NVRTC_MAX_ARCHS, &n_archs, d);
+  if (st == IR_OK) st = cuda_defines(g, defs, d);
+  infc_nvrtc *nv = NULL;
+  if (st == IR_OK) st = infc_nvrtc_open(&nv, d);
+  if (st == IR_OK) st = cuda_compile_all(nv, archs, n_archs, opts, out, d);
+  infc_nvrtc_close(nv);
+  return st;
+}
+
+void infc_cuda_kernels_free(infc_cuda_kernels *k) {
+  if (!k) return;
+  for (int i = 0; i < k->n_images; i++) infc_nvrtc_image_free(&k->images[i]);
+  free(k->images);
+  free(k->table);
+  memset(k, 0, sizeof *k);
+}
