@@ -11,6 +11,7 @@
 #include "infc_gguf_tok.h"
 #include "infc_hfconfig.h"
 #include "onnx/infc_onnx.h"
+#include "onnx/infc_onnx_llm.h"
 #include "infc_safetensors.h"
 #include "infc_tokenizer.h"
 #include "infc_util.h"
@@ -24,6 +25,7 @@ struct infc_source {
   infc_onnx *onnx; /* an ONNX model (lowered to n-d ops; weights borrowed from it) */
   char kind[16];
   char hash[17];
+  char recognised[INFC_ONNX_LLM_RECOGNISED]; /* what the ONNX LLM path matched */
 };
 
 static bool st_find(void *ctx, const char *name, model_tensor *out) {
@@ -127,13 +129,18 @@ static ir_status open_gguf(const char *src, const infc_options *o, infc_source *
   return st;
 }
 
-/* An ONNX model: lowered to the n-d generic ops with static shapes (run as a program). */
+/* An ONNX model: a causal LM (input_ids -> logits) is recognised and built as an LLM
+ * plan; any other graph is lowered to the n-d generic ops with static shapes. */
 static ir_status open_onnx(const char *src, const infc_options *o, infc_source *s,
                            ir_graph **out_graph, ir_diag *d) {
+  bool is_lm = false;
+  snprintf(s->kind, sizeof s->kind, "onnx");
+  ir_status st = infc_onnx_llm_import(src, &o->model, &is_lm, &s->onnx, out_graph, s->hash,
+                                      s->recognised, d);
+  if (st != IR_OK || is_lm) return st;
   ir_model_config lim = {.max_tokens = o->model.max_tokens, .max_seqs = o->model.max_seqs,
                          .max_logits = o->model.max_logits,
                          .kv_block_size = o->model.kv_block_size};
-  snprintf(s->kind, sizeof s->kind, "onnx");
   return infc_onnx_import(src, &lim, &s->onnx, out_graph, s->hash, d);
 }
 
@@ -177,6 +184,7 @@ static void fill_report(const ir_graph *g, const infc_source *s, int before,
     if (g->tensors[i].kind == IR_TENSOR_WEIGHT) r->weight_bytes += g->tensors[i].nbytes;
   r->arena_bytes = g->arena_size;
   snprintf(r->source_kind, sizeof r->source_kind, "%s", s->kind);
+  snprintf(r->recognised, sizeof r->recognised, "%s", s->recognised);
 }
 
 ir_status infc_build(const char *src, const infc_options *opts, const char *out_path,

@@ -15,6 +15,7 @@ typedef struct infc_build_report {
   uint64_t arena_bytes;
   char source_kind[16]; /* "safetensors" or "gguf" */
   char tokenizer[256];  /* where the plan's tokenizer came from ("" if it has none) */
+  char recognised[256]; /* an ONNX LLM: what was recognised ("2 attention blocks -> ...") */
 } infc_build_report;
 
 /* Lowers `src` (an HF checkpoint directory with config.json, a .safetensors file with

@@ -1,0 +1,90 @@
+/* test_gguf_vocab: the GGUF tokenizer path against llama.cpp's own tokenizer test vectors
+ * (models/ggml-vocab-*.gguf with .inp/.out, from the llama-cpp-python source distribution,
+ * fetched by tools/get-llama-vocabs into $INFC_LLAMA_VOCABS). For every vocabulary whose
+ * tokenizer the engine supports, every vector must encode to llama.cpp's ids (no BOS, no
+ * special-token parsing, as llama.cpp's test-tokenizer-0). Vocabularies of unsupported
+ * kinds are listed, not failed. Without $INFC_LLAMA_VOCABS the test says it is skipped. */
+#include <dirent.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "infc_gguf_tok.h"
+#include "infc_util.h"
+#include "tcheck.h"
+
+#define SEP "\n__ggml_vocab_test__\n"
+
+/* Compares one vector: text vs a line of space-separated ids. */
+static bool check_vector(const irt_tokenizer *t, const char *text, size_t len, char *line,
+                         const char *vocab, int idx) {
+  int32_t ids[4096], want[4096];
+  size_t n = 0, nw = 0;
+  ir_diag d = {0};
+  for (char *tok = strtok(line, " "); tok && nw < 4096; tok = strtok(NULL, " ")) want[nw++] = atoi(tok);
+  if (irt_tok_encode(t, text, len, false, false, ids, 4096, &n, &d) != IR_OK) {
+    fprintf(stderr, "%s #%d: %s\n", vocab, idx, d.msg);
+    return false;
+  }
+  bool ok = n == nw && !memcmp(ids, want, n * sizeof *ids);
+  if (!ok) fprintf(stderr, "%s #%d: %zu ids, llama.cpp %zu\n", vocab, idx, n, nw);
+  return ok;
+}
+
+/* Returns the number of mismatching vectors, or -1 if the vocabulary is unsupported. */
+static int run_vocab(const char *dir, const char *name, int *out_total) {
+  char path[1024], inp_path[1100], out_path[1100], *inp = NULL, *out = NULL;
+  snprintf(path, sizeof path, "%s/%s", dir, name);
+  snprintf(inp_path, sizeof inp_path, "%s.inp", path);
+  snprintf(out_path, sizeof out_path, "%s.out", path);
+  ir_diag d = {0};
+  infc_gguf *g = NULL;
+  irt_tokenizer *t = NULL;
+  if (infc_gguf_open(path, &g, &d) != IR_OK || infc_gguf_tokenizer(g, &t, &d) != IR_OK || !t) {
+    printf("  %-34s unsupported: %s\n", name, d.msg);
+    infc_gguf_close(g);
+    return -1;
+  }
+  infc_read_file(inp_path, 1 << 20, &inp, NULL, &d);
+  infc_read_file(out_path, 1 << 20, &out, NULL, &d);
+  int bad = 0, total = 0;
+  char *text = inp, *save = NULL, *line = out ? strtok_r(out, "\n", &save) : NULL;
+  for (char *sep; text && line && (sep = strstr(text, SEP)); text = sep + strlen(SEP), total++) {
+    bad += !check_vector(t, text, (size_t)(sep - text), line, name, total);
+    line = strtok_r(NULL, "\n", &save);
+  }
+  printf("  %-34s %d/%d vectors as llama.cpp\n", name, total - bad, total);
+  *out_total = total;
+  free(inp), free(out);
+  irt_tok_destroy(t);
+  infc_gguf_close(g);
+  return bad;
+}
+
+int main(void) {
+  const char *dir = getenv("INFC_LLAMA_VOCABS");
+  if (!dir || !*dir) {
+    printf("skipped: set INFC_LLAMA_VOCABS (tools/get-llama-vocabs) to run\n");
+    return tcheck_done("gguf_vocab");
+  }
+  DIR *dp = opendir(dir);
+  CHECKF(dp != NULL, "cannot open %s", dir);
+  if (!dp) return tcheck_done("gguf_vocab");
+  int supported = 0, vectors = 0;
+  struct dirent *e;
+  while ((e = readdir(dp))) {
+    size_t l = strlen(e->d_name);
+    if (l < 6 || strcmp(e->d_name + l - 5, ".gguf") || strncmp(e->d_name, "ggml-vocab-", 11)) continue;
+    char inp[1200];
+    snprintf(inp, sizeof inp, "%s/%s.inp", dir, e->d_name);
+    if (!infc_file_exists(inp)) continue;
+    int total = 0, bad = run_vocab(dir, e->d_name, &total);
+    if (bad < 0) continue;
+    supported++;
+    vectors += total;
+    CHECKF(bad == 0 && total > 0, "%s: %d of %d vectors differ from llama.cpp", e->d_name, bad, total);
+  }
+  closedir(dp);
+  CHECKF(supported >= 4, "only %d vocabularies were supported", supported);
+  printf("%d vocabularies, %d vectors\n", supported, vectors);
+  return tcheck_done("gguf_vocab");
+}
