@@ -17,6 +17,7 @@ typedef struct infc_nvrtc infc_nvrtc;
  * by the caller (infc_nvrtc_close). Absent: IR_UNSUPPORTED with the message
  * "NVRTC not found: install the CUDA toolkit or build a CPU plan". */
 ir_status infc_nvrtc_open(infc_nvrtc **out, ir_diag *d);
+/* Frees n; the library itself stays loaded for the life of the process. */
 void infc_nvrtc_close(infc_nvrtc *n);
 void infc_nvrtc_version(const infc_nvrtc *n, int *out_major, int *out_minor);
 

@@ -39,14 +39,28 @@ static void *evaluate(const ir_graph *g, const ir_node *n, uint64_t *out_bytes) 
   if (!buf) return NULL;
   const ir_tensor *b = n->n_in > 1 ? &g->tensors[n->in[1]] : NULL;
   uint64_t bn = b ? ir_tensor_elems(g, b, NULL) : 1;
+  /* A quantized source is dequantized whole, once: by value it would decode a block
+   * per element. (Only cast takes one; it has as many elements as its output.) */
+  const void *ad = a->data;
+  ir_dtype at = a->dtype;
+  float *deq = NULL;
+  if (ir_dtype_is_quant(at)) {
+    if (!(deq = malloc(cnt * sizeof *deq))) {
+      free(buf);
+      return NULL;
+    }
+    kn_dequant_row(ad, at, deq, (int64_t)cnt);
+    ad = deq, at = IR_F32;
+  }
   for (uint64_t i = 0; i < cnt; i++) {
-    float x = load(a->data, a->dtype, i), r = x;
+    float x = load(ad, at, i), r = x;
     if (b) {
       float y = load(b->data, b->dtype, bn == cnt ? i : i % bn);
       r = n->op == IR_OP_ADD ? x + y : x * y;
     }
     store(buf, out->dtype, i, r);
   }
+  free(deq);
   return buf;
 }
 

@@ -121,7 +121,9 @@ def start_server(a):
     cmd = [a.inferrt, "serve", a.plan, "--port", "0", "--kv-tokens", str(a.kv_tokens)]
     if a.threads:
         cmd += ["--threads", str(a.threads)]
-    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    import ctypes  # the server gets SIGTERM if this script dies (PR_SET_PDEATHSIG)
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=lambda: ctypes.CDLL(None).prctl(1, signal.SIGTERM))
     line = p.stderr.readline()
     m = re.search(r"http://127\.0\.0\.1:(\d+)", line)
     if not m:

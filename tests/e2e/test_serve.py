@@ -42,8 +42,15 @@ def check(name, cond, detail=""):
         print(f"FAIL: {name} {detail}", file=sys.stderr, flush=True)
 
 
+def die_with_parent():
+    """In a child: get SIGTERM when this test process dies, however it dies (no orphans)."""
+    import ctypes
+    ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 def run(*args, **kw):
-    return subprocess.run(list(args), capture_output=True, text=True, timeout=120, **kw)
+    return subprocess.run(list(args), capture_output=True, text=True, timeout=120,
+                          preexec_fn=die_with_parent, **kw)
 
 
 class Server:
@@ -52,13 +59,19 @@ class Server:
     def __init__(self, plan, *flags):
         self.log = open(os.path.join(TMP, f"server{len(SERVERS)}.log"), "w+")
         self.p = subprocess.Popen([INFERRT, "serve", plan, "--port", "0", "--threads", "2", *flags],
-                                  stdout=self.log, stderr=subprocess.PIPE, text=True)
+                                  stdout=self.log, stderr=subprocess.PIPE, text=True,
+                                  preexec_fn=die_with_parent)
         SERVERS.append(self)
-        line = self.p.stderr.readline()
-        m = re.search(r"http://127\.0\.0\.1:(\d+)", line)
+        seen, m = "", None
+        for _ in range(20):
+            line = self.p.stderr.readline()
+            seen += line
+            m = re.search(r"http://127\.0\.0\.1:(\d+)", line)
+            if m or not line:
+                break
         if not m:
             self.stop()
-            sys.exit(f"test_serve: the server did not start: {line}{self.p.stderr.read()}")
+            sys.exit(f"test_serve: the server did not start: {seen}{self.p.stderr.read()}")
         self.port = int(m.group(1))
         threading.Thread(target=self._drain, daemon=True).start()
 
@@ -558,7 +571,8 @@ def test_batch_resume():
             f.write(batch_line(f"r{i}", prompt=[i + 1, i + 2], max_tokens=200, n=4, ignore_eos=True,
                                temperature=0) + "\n")
     p = subprocess.Popen([INFERRT, "batch", PLAN, "--input", inp, "--output", out, "--threads", "1",
-                          "--concurrency", "2", "--kv-tokens", "256", "--no-progress"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                          "--concurrency", "2", "--kv-tokens", "256", "--no-progress"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=die_with_parent)
     got = wait_for(lambda: os.path.exists(out) and open(out).read().count("\n") >= 3, timeout=60)
     p.kill()
     p.wait()

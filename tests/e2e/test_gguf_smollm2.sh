@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# test_gguf_smollm2: the real SmolLM2-135M-Instruct Q4_1 GGUF (Q4_1 matrices, a Q8_0 tied
+# embedding) through infc build and inferrt generate. The golden ids are llama.cpp's
+# greedy output on this file, which it also gives on the weights dequantized to F32
+# (tools/check-llamacpp.py). Needs the model in the cache (tools/get-smollm2) or at
+# $INFC_SMOLLM2; without it the test says so and passes: it never downloads.
+# usage: test_gguf_smollm2.sh INFC INFERRT FIXTURES_DIR TMP_DIR
+set -u
+INFC=$1 INFERRT=$2 TMP=$4/gguf-smollm2
+MODEL=${INFC_SMOLLM2:-${XDG_CACHE_HOME:-$HOME/.cache}/infc/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf}
+if [ ! -s "$MODEL" ]; then
+  echo "skipped: no $MODEL (run tools/get-smollm2 to fetch it)"
+  exit 0
+fi
+rm -rf "$TMP" && mkdir -p "$TMP"
+pass=0 fail=0
+check() { if eval "$2"; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL: $1" >&2; fi; }
+
+# "The capital of France is" -> " Paris.\n\nThe answer is: ..." then <|im_end|>
+FRANCE_IDS=504,3575,282,4649,314
+FRANCE_OUT=7042,30,198,198,504,2988,314,42,216,34,32,33,40,29,32,33,29,34,34,216,33,34,42,33,34,42,37,35,30,2
+# ChatML: translate 'good morning, how are you?' into French (first 32 generated ids)
+CHAT_IDS=1,4093,198,8241,12837,637,12018,5738,28,638,359,346,27285,618,3432,30,2,198,1,520,9531,198
+CHAT_OUT=46719,393,271,14047,28,16718,393,271,14047,24583,28,16718,393,271,14047,24583,28,16718,393,271,14047,24583,28,16718,393,271,14047,24583,28,16718,393,271
+
+ids() { sed -n 's/.*"generated_ids":\[\([0-9,]*\)\].*/\1/p'; }
+
+check "build" '"$INFC" build "$MODEL" -o "$TMP/q.plan" --max-context 256 >/dev/null'
+check "inspect shows the quantized weights" \
+  '"$INFC" inspect "$TMP/q.plan" | grep -q "q8_0.*q4_1"'
+check "france greedy" \
+  '[ "$("$INFERRT" generate "$TMP/q.plan" --prompt-ids $FRANCE_IDS -n 64 --json | ids)" = "$FRANCE_OUT" ]'
+check "chat greedy" \
+  '[ "$("$INFERRT" generate "$TMP/q.plan" --prompt-ids $CHAT_IDS -n 32 --json | ids)" = "$CHAT_OUT" ]'
+
+echo "test_gguf_smollm2: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]

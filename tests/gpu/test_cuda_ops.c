@@ -1,0 +1,441 @@
+/* test_cuda_ops (label gpu): every CUDA kernel of kernels/cuda against the CPU kernels
+ * (kn_cpu.h) on fresh random data, through NVRTC (for the device's own arch) and the
+ * driver API (libcuda via dlopen, so it builds anywhere). Outputs are poisoned with NaN
+ * first, so an unwritten element fails. Bounds: ||gpu - cpu|| / ||cpu|| <= 1e-5 for
+ * exact-order f32 ops (copies, elementwise), 1e-4 for reductions in another order
+ * (norms, GEMV, attention with __expf). Exits 0 printing "skipped: ..." without a GPU. */
+#include <dlfcn.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "infc_cuda_sources.h"
+#include "infc_nvrtc.h"
+#include "ir_dtype.h"
+#include "kn_cpu.h"
+#include "tcheck.h"
+
+typedef int CUresult;
+typedef unsigned long long CUdeviceptr;
+static struct {
+  CUresult (*init)(unsigned);
+  CUresult (*device_get)(int *, int);
+  CUresult (*attr)(int *, int, int);
+  CUresult (*ctx_retain)(void **, int);
+  CUresult (*ctx_set)(void *);
+  CUresult (*load)(void **, const void *);
+  CUresult (*get_fn)(void **, void *, const char *);
+  CUresult (*alloc)(CUdeviceptr *, size_t);
+  CUresult (*free)(CUdeviceptr);
+  CUresult (*htod)(CUdeviceptr, const void *, size_t);
+  CUresult (*dtoh)(void *, CUdeviceptr, size_t);
+  CUresult (*launch)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                     unsigned, void *, void **, void **);
+  CUresult (*sync)(void);
+  CUresult (*err)(CUresult, const char **);
+} cu;
+static infc_nvrtc *nv;
+static int arch;
+
+#define CU(call)                                                                              \
+  do {                                                                                        \
+    CUresult r_ = (call);                                                                     \
+    if (r_) {                                                                                 \
+      const char *s_ = "?";                                                                   \
+      cu.err(r_, &s_);                                                                        \
+      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, s_);                      \
+      exit(1);                                                                                \
+    }                                                                                         \
+  } while (0)
+
+static int sym(void *lib, const char *name, void *out, size_t size) {
+  void *p = dlsym(lib, name);
+  if (p) memcpy(out, &p, size);
+  return p != NULL;
+}
+
+static const char *cu_open(void) {
+  void *lib = dlopen("libcuda.so.1", RTLD_NOW);
+  if (!lib) return "no libcuda (no NVIDIA driver)";
+#define S(f, n) sym(lib, n, &cu.f, sizeof cu.f)
+  if (!(S(init, "cuInit") && S(device_get, "cuDeviceGet") && S(attr, "cuDeviceGetAttribute") &&
+        S(ctx_retain, "cuDevicePrimaryCtxRetain") && S(ctx_set, "cuCtxSetCurrent") &&
+        S(load, "cuModuleLoadData") && S(get_fn, "cuModuleGetFunction") &&
+        S(alloc, "cuMemAlloc_v2") && S(free, "cuMemFree_v2") && S(htod, "cuMemcpyHtoD_v2") &&
+        S(dtoh, "cuMemcpyDtoH_v2") && S(launch, "cuLaunchKernel") &&
+        S(sync, "cuCtxSynchronize") && S(err, "cuGetErrorString")))
+    return "libcuda lacks driver API entry points";
+#undef S
+  int dev, major, minor;
+  void *ctx;
+  if (cu.init(0) || cu.device_get(&dev, 0)) return "no CUDA device found";
+  CU(cu.attr(&major, 75, dev)); /* CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR */
+  CU(cu.attr(&minor, 76, dev));
+  arch = major * 10 + minor;
+  CU(cu.ctx_retain(&ctx, dev));
+  CU(cu.ctx_set(ctx));
+  return NULL;
+}
+
+/* Compiles kernels/cuda/<name>.cu for this GPU with the test constants, returns entry fn. */
+static void *kernel(const char *file, const char *fn) {
+  static const char *const defs[] = {"-DHEAD_DIM=64", "-DBLOCK_SIZE=16", "-DGQA_GROUP=2"};
+  for (int i = 0; i < infc_cuda_n_sources; i++) {
+    if (strcmp(infc_cuda_sources[i].name, file)) continue;
+    infc_nvrtc_image im;
+    ir_diag d = {0};
+    if (infc_nvrtc_compile(nv, infc_cuda_sources[i].text, file, arch, defs, 3, &im, &d)) {
+      fprintf(stderr, "%s\n", d.msg);
+      exit(1);
+    }
+    void *mod, *f;
+    CU(cu.load(&mod, im.cubin));
+    CU(cu.get_fn(&f, mod, fn));
+    infc_nvrtc_image_free(&im);
+    return f;
+  }
+  fprintf(stderr, "no kernel source %s\n", file);
+  exit(1);
+}
+
+static CUdeviceptr up(const void *h, size_t n) {
+  CUdeviceptr p;
+  CU(cu.alloc(&p, n ? n : 1));
+  if (n) CU(cu.htod(p, h, n));
+  return p;
+}
+static CUdeviceptr poisoned(size_t n) {
+  void *nan = malloc(n);
+  memset(nan, 0xff, n);
+  CUdeviceptr p = up(nan, n);
+  free(nan);
+  return p;
+}
+static void down(void *h, CUdeviceptr p, size_t n) { CU(cu.dtoh(h, p, n)); }
+static void run(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, void **args) {
+  CU(cu.launch(f, gx, gy, gz, bx, 1, 1, 0, NULL, args, NULL));
+  CU(cu.sync());
+}
+
+static float frand(void) { return (float)rand() / (float)RAND_MAX * 2.0f - 1.0f; }
+static float *frands(size_t n) {
+  float *x = malloc(n * sizeof *x);
+  for (size_t i = 0; i < n; i++) x[i] = frand();
+  return x;
+}
+
+static double rel_err(const float *out, const float *ref, size_t n) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (!isfinite(out[i])) return INFINITY;
+    num += ((double)out[i] - ref[i]) * ((double)out[i] - ref[i]);
+    den += (double)ref[i] * ref[i];
+  }
+  return sqrt(num / (den > 0 ? den : 1));
+}
+
+#define CLOSE(what, out, ref, n, tol)                                                         \
+  do {                                                                                        \
+    double e_ = rel_err(out, ref, n);                                                         \
+    printf("  %-28s rel err %.2e\n", what, e_);                                               \
+    CHECKF(e_ <= (tol), "%s: rel err %.3e > %.0e", what, e_, (double)(tol));                  \
+  } while (0)
+
+/* Random weights of dtype dt, rows x k: floats converted, or random blocks with a sane
+ * f16 scale (and min) in each block header. */
+static uint8_t *weights(ir_dtype dt, int64_t rows, int64_t k) {
+  size_t row = (size_t)ir_dtype_bytes(dt, (uint64_t)k), n = row * (size_t)rows;
+  uint8_t *w = malloc(n);
+  for (size_t i = 0; i < n; i++) w[i] = (uint8_t)rand();
+  if (dt == IR_F32 || dt == IR_F16 || dt == IR_BF16) {
+    for (size_t i = 0; i < (size_t)(rows * k); i++) {
+      float f = frand();
+      uint16_t h = dt == IR_F16 ? ir_f32_to_f16(f) : ir_f32_to_bf16(f);
+      if (dt == IR_F32) memcpy(w + 4 * i, &f, 4);
+      else memcpy(w + 2 * i, &h, 2);
+    }
+    return w;
+  }
+  size_t bsz = dt == IR_Q8_0 ? 34 : dt == IR_Q4_0 ? 18 : 20;
+  for (size_t b = 0; b < n / bsz; b++) {
+    uint16_t d = ir_f32_to_f16(0.01f + 0.02f * (float)rand() / RAND_MAX);
+    uint16_t m = ir_f32_to_f16(-0.1f * (float)rand() / RAND_MAX);
+    memcpy(w + b * bsz, &d, 2);
+    if (dt == IR_Q4_1) memcpy(w + b * bsz + 2, &m, 2);
+  }
+  return w;
+}
+
+static void test_elementwise(void) {
+  const long long n = 100003;
+  float *a = frands((size_t)n), *b = frands((size_t)n), *ref = malloc(n * 4), *out = malloc(n * 4);
+  CUdeviceptr da = up(a, n * 4), db = up(b, n * 4), dout = poisoned(n * 4);
+  void *args[] = {&dout, &da, &db, (void *)&n};
+  run(kernel("add", "kn_add"), 256, 1, 1, 256, args);
+  down(out, dout, n * 4);
+  kn_add(NULL, ref, a, b, n);
+  CLOSE("add", out, ref, (size_t)n, 1e-6);
+  run(kernel("swiglu", "kn_swiglu"), 256, 1, 1, 256, args);
+  down(out, dout, n * 4);
+  kn_swiglu(NULL, ref, a, b, n);
+  CLOSE("swiglu", out, ref, (size_t)n, 1e-5);
+  cu.free(da), cu.free(db), cu.free(dout);
+  free(a), free(b), free(ref), free(out);
+}
+
+static void test_norms(void) {
+  const int rows = 7, dim = 576;
+  const float eps = 1e-5f;
+  size_t n = (size_t)rows * dim;
+  float *a = frands(n), *b = frands(n), *w = frands(dim);
+  float *ref = malloc(n * 4), *ref_sum = malloc(n * 4), *out = malloc(n * 4), *sum = malloc(n * 4);
+  CUdeviceptr da = up(a, n * 4), db = up(b, n * 4), dw = up(w, dim * 4);
+  CUdeviceptr dout = poisoned(n * 4), dsum = poisoned(n * 4);
+  void *a1[] = {&dout, &da, &dw, (void *)&dim, (void *)&eps};
+  run(kernel("rms_norm", "kn_rms_norm"), rows, 1, 1, 256, a1);
+  down(out, dout, n * 4);
+  kn_rms_norm(NULL, ref, a, w, rows, dim, eps);
+  CLOSE("rms_norm", out, ref, n, 1e-5);
+  void *a2[] = {&dout, &dsum, &da, &db, &dw, (void *)&dim, (void *)&eps};
+  run(kernel("rms_norm", "kn_add_rms_norm"), rows, 1, 1, 256, a2);
+  down(out, dout, n * 4);
+  down(sum, dsum, n * 4);
+  kn_add_rms_norm(NULL, ref, ref_sum, a, b, w, rows, dim, eps);
+  CLOSE("add_rms_norm (sum)", sum, ref_sum, n, 1e-6);
+  CLOSE("add_rms_norm", out, ref, n, 1e-5);
+  cu.free(da), cu.free(db), cu.free(dw), cu.free(dout), cu.free(dsum);
+  free(a), free(b), free(w), free(ref), free(ref_sum), free(out), free(sum);
+}
+
+static void test_rows(void) {
+  const long long dim = 128;
+  const int vocab = 50, n_tok = 9;
+  int32_t ids[9] = {3, 0, 49, 7, 7, 12, 33, 1, 48};
+  float *ref = malloc(n_tok * dim * 4), *out = malloc(n_tok * dim * 4);
+  CUdeviceptr dids = up(ids, sizeof ids), dout = poisoned(n_tok * dim * 4);
+  const ir_dtype dts[] = {IR_F32, IR_F16, IR_BF16, IR_Q8_0, IR_Q4_0, IR_Q4_1};
+  for (int i = 0; i < 6; i++) {
+    uint8_t *t = weights(dts[i], vocab, dim);
+    CUdeviceptr dt = up(t, ir_dtype_bytes(dts[i], (uint64_t)(vocab * dim)));
+    char fn[32], what[32];
+    snprintf(fn, sizeof fn, "kn_embed_%s", ir_dtype_name(dts[i]));
+    snprintf(what, sizeof what, "embed %s", ir_dtype_name(dts[i]));
+    void *args[] = {&dout, &dt, &dids, (void *)&dim};
+    run(kernel("embed", fn), n_tok, 1, 1, 128, args);
+    down(out, dout, n_tok * dim * 4);
+    kn_embed(NULL, ref, t, dts[i], ids, n_tok, dim);
+    CLOSE(what, out, ref, (size_t)(n_tok * dim), 1e-6);
+    cu.free(dt);
+    free(t);
+  }
+  float *x = frands(vocab * dim);
+  CUdeviceptr dx = up(x, vocab * dim * 4);
+  void *args[] = {&dout, &dx, &dids, (void *)&dim};
+  run(kernel("gather_rows", "kn_gather_rows"), n_tok, 1, 1, 128, args);
+  down(out, dout, n_tok * dim * 4);
+  kn_gather_rows(NULL, ref, x, ids, n_tok, dim);
+  CLOSE("gather_rows", out, ref, (size_t)(n_tok * dim), 0);
+  cu.free(dx), cu.free(dids), cu.free(dout);
+  free(x), free(ref), free(out);
+}
+
+static void test_gemv(void) {
+  const int m = 5, n = 67, k = 256;
+  float *x = frands(m * k), *bias = frands(n), *ref = malloc(m * n * 4), *out = malloc(m * n * 4);
+  CUdeviceptr dx = up(x, m * k * 4), db = up(bias, n * 4), dy = poisoned(m * n * 4);
+  const ir_dtype dts[] = {IR_F32, IR_F16, IR_BF16, IR_Q8_0, IR_Q4_0, IR_Q4_1};
+  for (int i = 0; i < 6; i++) {
+    uint8_t *w = weights(dts[i], n, k);
+    CUdeviceptr dw = up(w, ir_dtype_bytes(dts[i], (uint64_t)n * k));
+    char fn[32], what[32];
+    snprintf(fn, sizeof fn, "kn_gemv_%s", ir_dtype_name(dts[i]));
+    snprintf(what, sizeof what, "gemv %s", ir_dtype_name(dts[i]));
+    void *args[] = {&dy, &dx, &dw, &db, (void *)&m, (void *)&n, (void *)&k};
+    run(kernel("gemv", fn), (n + 3) / 4, (m + 3) / 4, 1, 128, args); /* GEMV_WARPS, GEMV_M 4 */
+    down(out, dy, m * n * 4);
+    kn_matmul(NULL, ref, x, w, dts[i], bias, m, n, k);
+    CLOSE(what, out, ref, (size_t)(m * n), 1e-5);
+    cu.free(dw);
+    free(w);
+  }
+  cu.free(dx), cu.free(db), cu.free(dy);
+  free(x), free(bias), free(ref), free(out);
+}
+
+static void test_rope(void) {
+  const int n_tok = 5, n_heads = 4, hd = 64, max_pos = 40;
+  int32_t pos[5] = {0, 1, 17, 39, 5};
+  for (int neox = 0; neox < 2; neox++) {
+    for (int rot = 32; rot <= 64; rot += 32) {
+      float *cs = malloc(max_pos * rot * 4), *x = frands(n_tok * n_heads * hd);
+      float *ref = malloc(n_tok * n_heads * hd * 4);
+      for (int p = 0; p < max_pos; p++)
+        for (int i = 0; i < rot / 2; i++) {
+          double a = p * pow(10000.0, -2.0 * i / rot);
+          cs[(p * rot / 2 + i) * 2] = (float)cos(a);
+          cs[(p * rot / 2 + i) * 2 + 1] = (float)sin(a);
+        }
+      memcpy(ref, x, n_tok * n_heads * hd * 4);
+      CUdeviceptr dx = up(x, n_tok * n_heads * hd * 4), dp = up(pos, sizeof pos);
+      CUdeviceptr dc = up(cs, max_pos * rot * 4);
+      void *args[] = {&dx, &dp, &dc, (void *)&n_heads, (void *)&hd, (void *)&rot};
+      run(kernel("rope", neox ? "kn_rope_neox" : "kn_rope_interleaved"), n_tok, 1, 1, 128, args);
+      down(x, dx, n_tok * n_heads * hd * 4);
+      kn_rope(NULL, ref, pos, cs, n_tok, n_heads, hd, rot, neox);
+      char what[32];
+      snprintf(what, sizeof what, "rope %s rot %d", neox ? "neox" : "interleaved", rot);
+      CLOSE(what, x, ref, (size_t)(n_tok * n_heads * hd), 1e-6);
+      cu.free(dx), cu.free(dp), cu.free(dc);
+      free(cs), free(x), free(ref);
+    }
+  }
+}
+
+/* Paged attention: seq 0 decodes one token at position 37 over blocks {3, 0, 5}; seq 1
+ * prefills positions 10..29 over blocks {1, 4}; earlier positions are already cached. */
+enum { HD = 64, BS = 16, NH = 4, NKV = 2, NBLK = 6, MAXB = 3, NT = 21 };
+
+static void attn_setup(int32_t *seq, int32_t *pos) {
+  seq[0] = 0, pos[0] = 37;
+  for (int t = 1; t < NT; t++) seq[t] = 1, pos[t] = 9 + t;
+}
+
+static void test_attention(void) {
+  static const int32_t bt[2 * MAXB] = {3, 0, 5, 1, 4, 2};
+  int32_t seq[NT], pos[NT];
+  attn_setup(seq, pos);
+  const size_t cache = (size_t)NBLK * NKV * BS * HD, qn = (size_t)NT * NH * HD;
+  const size_t kvn = (size_t)NT * NKV * HD;
+  float *k = frands(cache), *v = frands(cache), *q = frands(qn), *kn = frands(kvn),
+        *vn = frands(kvn), *ref = malloc(qn * 4), *out = malloc(qn * 4),
+        *kc = malloc(cache * 4);
+  CUdeviceptr dk = up(k, cache * 4), dv = up(v, cache * 4), dq = up(q, qn * 4);
+  CUdeviceptr dkn = up(kn, kvn * 4), dvn = up(vn, kvn * 4), dseq = up(seq, sizeof seq);
+  CUdeviceptr dpos = up(pos, sizeof pos), dbt = up(bt, sizeof bt), dout = poisoned(qn * 4);
+  const int maxb = MAXB, nh = NH, nkv = NKV;
+  const float scale = 0.125f;
+  kn_kv_layer kv = {k, v, NBLK, BS, NKV, HD};
+  kn_attn_batch b = {NT, seq, pos, MAXB, bt};
+  kn_attention_paged(NULL, ref, q, kn, vn, &kv, &b, NH, scale); /* also writes k, v */
+
+  void *wa[] = {&dk, &dv, &dkn, &dvn, &dseq, &dpos, &dbt, (void *)&maxb, (void *)&nkv};
+  run(kernel("kv_write", "kn_kv_write"), NT, 1, 1, 128, wa);
+  down(kc, dk, cache * 4);
+  CLOSE("kv_write k", kc, k, cache, 0);
+  down(kc, dv, cache * 4);
+  CLOSE("kv_write v", kc, v, cache, 0);
+
+  void *decode = kernel("attention", "kn_attn_decode");
+  CUdeviceptr pacc = poisoned(qn * 2 * 4), pml = poisoned((size_t)NT * NH * 2 * 2 * 4);
+  int bps = MAXB;
+  void *da[] = {&dout, &pacc, &pml, &dq, &dk, &dv, &dseq, &dpos, &dbt, (void *)&maxb,
+                (void *)&nh, (void *)&nkv, (void *)&scale, &bps};
+  run(decode, NT, NH, 1, 128, da);
+  down(out, dout, qn * 4);
+  CLOSE("attn decode, 1 split", out, ref, qn, 1e-4);
+
+  bps = 2; /* two splits of up to 2 blocks, then the reduction */
+  CUdeviceptr dout2 = poisoned(qn * 4);
+  run(decode, NT, NH, 2, 128, da);
+  int splits = 2;
+  void *ra[] = {&dout2, &pacc, &pml, (void *)&nh, &splits};
+  run(kernel("attention", "kn_attn_decode_reduce"), NT, NH, 1, HD, ra);
+  down(out, dout2, qn * 4);
+  CLOSE("attn decode, 2 splits", out, ref, qn, 1e-4);
+
+  int32_t tok0[3] = {0, 1, 17}, ntok[3] = {1, 16, 4}; /* tiles of <= 4 warps x 4 rows */
+  CUdeviceptr dt0 = up(tok0, sizeof tok0), dnt = up(ntok, sizeof ntok), dout3 = poisoned(qn * 4);
+  void *pa[] = {&dout3, &dq, &dk, &dv, &dseq, &dpos, &dbt, (void *)&maxb, (void *)&nh,
+                (void *)&nkv, (void *)&scale, &dt0, &dnt};
+  run(kernel("attention", "kn_attn_prefill"), 3, NH, 1, 128, pa);
+  down(out, dout3, qn * 4);
+  CLOSE("attn prefill tiles", out, ref, qn, 1e-4);
+
+  CUdeviceptr all[] = {dk, dv, dq, dkn, dvn, dseq, dpos, dbt, dout, pacc, pml, dout2, dt0, dnt,
+                       dout3};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) cu.free(all[i]);
+  free(k), free(v), free(q), free(kn), free(vn), free(ref), free(out), free(kc);
+}
+
+typedef struct cand {
+  float v;
+  int id;
+} cand;
+static int cand_cmp(const void *pa, const void *pb) {
+  const cand *a = pa, *b = pb;
+  if (a->v != b->v) return a->v < b->v ? 1 : -1;
+  return a->id - b->id;
+}
+
+/* runtime/sampler.c's function with the uniform draw given. */
+static int ref_sample(const float *x, int vocab, float temp, int top_k, float top_p, float u) {
+  cand *c = malloc(vocab * sizeof *c);
+  for (int i = 0; i < vocab; i++) c[i] = (cand){x[i], i};
+  qsort(c, (size_t)vocab, sizeof *c, cand_cmp);
+  int n = top_k;
+  double sum = 0, acc = 0, inv_t = 1.0 / temp;
+  float *w = malloc(n * sizeof *w);
+  for (int i = 0; i < n; i++) sum += (w[i] = (float)exp(((double)c[i].v - c[0].v) * inv_t));
+  int keep = 0;
+  while (keep < n && acc < top_p * sum) acc += w[keep++];
+  double r = u * acc;
+  int id = c[keep - 1].id;
+  acc = 0;
+  for (int i = 0; i < keep; i++)
+    if (r < (acc += w[i])) {
+      id = c[i].id;
+      break;
+    }
+  free(c), free(w);
+  return id;
+}
+
+static void test_sampling(void) {
+  const int rows = 3, vocab = 49152, top_k = 40;
+  const float temp = 0.8f, top_p = 0.9f;
+  float *x = frands((size_t)rows * vocab), u[3] = {0.37f, 0.0f, 0.999f};
+  x[vocab + 5] = x[vocab + 9] = 5.0f; /* a tie in row 1: the lower id wins */
+  int32_t out[3];
+  CUdeviceptr dx = up(x, (size_t)rows * vocab * 4), du = up(u, sizeof u), dout = poisoned(12);
+  void *aa[] = {&dout, &dx, (void *)&vocab};
+  run(kernel("sampling", "kn_argmax"), rows, 1, 1, 1024, aa);
+  down(out, dout, sizeof out);
+  for (int r = 0; r < rows; r++) {
+    int best = 0;
+    for (int i = 1; i < vocab; i++)
+      if (x[r * vocab + i] > x[r * vocab + best]) best = i;
+    CHECKF(out[r] == best, "argmax row %d: %d, want %d", r, out[r], best);
+  }
+  void *sa[] = {&dout, &dx, (void *)&vocab, (void *)&temp, (void *)&top_k, (void *)&top_p, &du};
+  run(kernel("sampling", "kn_sample_topk_topp"), rows, 1, 1, 1024, sa);
+  down(out, dout, sizeof out);
+  for (int r = 0; r < rows; r++) {
+    int want = ref_sample(x + (size_t)r * vocab, vocab, temp, top_k, top_p, u[r]);
+    CHECKF(out[r] == want, "sample row %d: %d, want %d", r, out[r], want);
+  }
+  printf("  argmax, top-k/top-p sampling  checked\n");
+  cu.free(dx), cu.free(du), cu.free(dout);
+  free(x);
+}
+
+int main(void) {
+  ir_diag d = {0};
+  const char *why = cu_open();
+  if (!why && infc_nvrtc_open(&nv, &d) != IR_OK) why = d.msg;
+  if (why) {
+    printf("skipped: %s\n", why);
+    return 0;
+  }
+  printf("device sm_%d\n", arch);
+  srand(1234);
+  test_elementwise();
+  test_norms();
+  test_rows();
+  test_gemv();
+  test_rope();
+  test_attention();
+  test_sampling();
+  infc_nvrtc_close(nv);
+  return tcheck_done("cuda_ops");
+}
