@@ -224,6 +224,7 @@ static void print_result(const gen_args *a, const gen_state *g) {
       for (int64_t i = 0; i < g->n_out; i++) printf("%s%d", i ? "," : "", g->out[i]);
       putchar('\n');
     }
+    fflush(stdout); /* the text first, then the stats line, even through a pipe */
     fprintf(stderr, "inferrt: %lld prompt + %lld generated tokens (%s); load %.1f ms, prefill "
             "%.1f tok/s, decode %.1f tok/s\n", (long long)a->n_ids, (long long)g->n_out,
             g->finish, g->load_ms, pf, dc);
