@@ -21,6 +21,7 @@
 #include "infc_util.h"
 #include "inferrt.h"
 #include "tcheck.h"
+#include "tmodel.h"
 
 #define N_GREEDY 32
 #define TOL 1e-4
@@ -178,68 +179,21 @@ static irt_model *build_and_open(const char *gguf, const char *dtype) {
   CHECKF(st == IR_OK, "build %s: %s", gguf, d.msg);
   if (st != IR_OK) return NULL;
   CHECK(!strcmp(rep.source_kind, "gguf"));
-  irt_model *m = NULL;
-  irt_error err = {0};
-  irt_model_opts mo = irt_model_opts_default();
-  mo.n_threads = 2;
-  CHECKF(irt_model_open(plan, &mo, &m, &err) == IRT_OK, "open %s: %s", plan, err.msg);
-  return m;
-}
-
-static float *prompt_logits(irt_model *m, const int32_t *ids, int64_t n) {
-  int64_t V = irt_model_get_info(m)->vocab_size;
-  float *lg = malloc((size_t)(n * V) * sizeof *lg);
-  irt_seq *s = NULL;
-  irt_error err = {0};
-  irt_seq_create(m, &s, &err);
-  CHECKF(irt_seq_decode(m, s, ids, n, lg, true, &err) == IRT_OK, "decode: %s", err.msg);
-  irt_seq_destroy(s);
-  return lg;
-}
-
-static int64_t json_ids(const cJSON *arr, int32_t *out, int64_t cap) {
-  int64_t n = 0;
-  const cJSON *v;
-  cJSON_ArrayForEach(v, arr) if (n < cap) out[n++] = (int32_t)v->valueint;
-  return n;
+  return tmodel_open(plan);
 }
 
 static double worst_vs_oracle(const float *lg, const cJSON *rows, int64_t V) {
-  double worst = 0;
-  int64_t t = 0;
-  const cJSON *row, *v;
-  cJSON_ArrayForEach(row, rows) {
-    int64_t i = 0;
-    cJSON_ArrayForEach(v, row) {
-      double hf = v->valuedouble, err = fabs((double)lg[t * V + i] - hf) / (1.0 + fabs(hf));
-      if (err > worst) worst = err;
-      i++;
-    }
-    t++;
-  }
-  return worst;
+  int64_t n;
+  bool short_row;
+  double worst = tmodel_max_rel_error(lg, rows, V, &n, &short_row);
+  return short_row ? INFINITY : worst;
 }
 
 static bool greedy_matches(irt_model *m, const int32_t *ids, int64_t n, const cJSON *want) {
-  int64_t V = irt_model_get_info(m)->vocab_size;
-  float *lg = malloc((size_t)V * sizeof *lg);
   int32_t expect[N_GREEDY], got[N_GREEDY];
-  int64_t ne = json_ids(want, expect, N_GREEDY);
-  irt_seq *s = NULL;
-  irt_sampler *smp = NULL;
-  irt_error err = {0};
-  irt_sampling sp = irt_sampling_default();
-  irt_seq_create(m, &s, &err);
-  irt_sampler_create(&sp, V, &smp, &err);
-  irt_status st = irt_seq_decode(m, s, ids, n, lg, false, &err);
-  for (int i = 0; st == IRT_OK && i < N_GREEDY; i++) {
-    got[i] = irt_sampler_sample(smp, lg);
-    st = irt_seq_decode(m, s, &got[i], 1, lg, false, &err);
-  }
-  irt_sampler_destroy(smp);
-  irt_seq_destroy(s);
-  free(lg);
-  return st == IRT_OK && ne == N_GREEDY && memcmp(got, expect, sizeof got) == 0;
+  int64_t ne = tmodel_json_ids(want, expect, N_GREEDY);
+  return tmodel_greedy(m, ids, n, got, N_GREEDY) == IRT_OK && ne == N_GREEDY &&
+         !memcmp(got, expect, sizeof got);
 }
 
 static cJSON *load_oracle(const char *name) {
@@ -267,8 +221,8 @@ static void run_fixture(const char *name) {
   double worst = 0;
   cJSON_ArrayForEach(p, prompts) {
     int32_t ids[64];
-    int64_t n = json_ids(p, ids, 64);
-    float *lg = prompt_logits(m, ids, n);
+    int64_t n = tmodel_json_ids(p, ids, 64);
+    float *lg = tmodel_prompt_logits(m, ids, n);
     double w = worst_vs_oracle(lg, cJSON_GetArrayItem(cJSON_GetObjectItem(o, "logits"), np),
                                irt_model_get_info(m)->vocab_size);
     if (w > worst) worst = w;
@@ -294,7 +248,7 @@ static void run_q8(const char *name) {
   if (mq && mf) {
     static const int32_t ids[12] = {1, 17, 99, 4, 250, 3, 3, 64, 128, 7, 200, 11};
     int64_t V = irt_model_get_info(mq)->vocab_size;
-    float *a = prompt_logits(mq, ids, 12), *b = prompt_logits(mf, ids, 12);
+    float *a = tmodel_prompt_logits(mq, ids, 12), *b = tmodel_prompt_logits(mf, ids, 12);
     double worst = 0;
     for (int64_t i = 0; i < 12 * V; i++) {
       double e = fabs((double)a[i] - b[i]) / (1.0 + fabs((double)b[i]));

@@ -18,6 +18,7 @@
 #include "infc_util.h"
 #include "inferrt.h"
 #include "tcheck.h"
+#include "tmodel.h"
 
 #define N_GREEDY 32
 #define TOL 1e-4
@@ -30,13 +31,6 @@ static cJSON *load_json(const char *path) {
   cJSON *root = cJSON_Parse(text);
   free(text);
   return root;
-}
-
-static int64_t json_ids(const cJSON *arr, int32_t *out, int64_t cap) {
-  int64_t n = 0;
-  const cJSON *v;
-  cJSON_ArrayForEach(v, arr) if (n < cap) out[n++] = (int32_t)v->valueint;
-  return n;
 }
 
 static irt_model *build_and_open(const char *model, const char *plan) {
@@ -56,25 +50,7 @@ static irt_model *build_and_open(const char *model, const char *plan) {
           strstr(r.recognised, "eps=1e-05") &&
           strstr(r.recognised, "SwiGLU 172"),
       "unexpected recognition summary: %s", r.recognised);
-  irt_model *m = NULL;
-  irt_error err = {0};
-  irt_model_opts mo = irt_model_opts_default();
-  mo.n_threads = 2;
-  CHECKF(irt_model_open(plan, &mo, &m, &err) == IRT_OK, "open %s: %s", plan,
-         err.msg);
-  return m;
-}
-
-static float *prompt_logits(irt_model *m, const int32_t *ids, int64_t n) {
-  int64_t V = irt_model_get_info(m)->vocab_size;
-  float *lg = malloc((size_t)(n * V) * sizeof *lg);
-  irt_seq *s = NULL;
-  irt_error err = {0};
-  irt_seq_create(m, &s, &err);
-  CHECKF(irt_seq_decode(m, s, ids, n, lg, true, &err) == IRT_OK, "decode: %s",
-         err.msg);
-  irt_seq_destroy(s);
-  return lg;
+  return tmodel_open(plan);
 }
 
 /* Worst |ours - want| / (1 + |want|) over every row of `want` (and the absolute
@@ -102,26 +78,6 @@ static double compare(const float *lg, const cJSON *want, int64_t V,
   return worst;
 }
 
-static void greedy(irt_model *m, const int32_t *ids, int64_t n, int32_t *got) {
-  int64_t V = irt_model_get_info(m)->vocab_size;
-  float *lg = malloc((size_t)V * sizeof *lg);
-  irt_seq *s = NULL;
-  irt_sampler *smp = NULL;
-  irt_error err = {0};
-  irt_sampling sp = irt_sampling_default();
-  irt_seq_create(m, &s, &err);
-  irt_sampler_create(&sp, V, &smp, &err);
-  irt_status st = irt_seq_decode(m, s, ids, n, lg, false, &err);
-  for (int i = 0; st == IRT_OK && i < N_GREEDY; i++) {
-    got[i] = irt_sampler_sample(smp, lg);
-    st = irt_seq_decode(m, s, &got[i], 1, lg, false, &err);
-  }
-  CHECKF(st == IRT_OK, "greedy decode: %s", err.msg);
-  irt_sampler_destroy(smp);
-  irt_seq_destroy(s);
-  free(lg);
-}
-
 static void check_against(irt_model *m, const cJSON *oracle, const char *who) {
   const cJSON *prompts = cJSON_GetObjectItem(oracle, "prompts");
   const cJSON *logits = cJSON_GetObjectItem(oracle, "logits");
@@ -135,14 +91,14 @@ static void check_against(irt_model *m, const cJSON *oracle, const char *who) {
   int np = 0, same = 0;
   for (const cJSON *p = prompts->child; p; p = p->next, np++) {
     int32_t ids[64], want[N_GREEDY], got[N_GREEDY];
-    int64_t n = json_ids(p, ids, 64);
-    float *lg = prompt_logits(m, ids, n);
+    int64_t n = tmodel_json_ids(p, ids, 64);
+    float *lg = tmodel_prompt_logits(m, ids, n);
     double w = compare(lg, cJSON_GetArrayItem(logits, np), V, &abs_max);
     if (w > worst)
       worst = w;
     free(lg);
-    int64_t nw = json_ids(cJSON_GetArrayItem(greedys, np), want, N_GREEDY);
-    greedy(m, ids, n, got);
+    int64_t nw = tmodel_json_ids(cJSON_GetArrayItem(greedys, np), want, N_GREEDY);
+    tmodel_greedy(m, ids, n, got, N_GREEDY);
     bool eq = nw == N_GREEDY && !memcmp(got, want, sizeof got);
     same += eq;
     CHECKF(eq, "%s: prompt %d: greedy tokens differ", who, np);
