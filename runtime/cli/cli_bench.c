@@ -17,7 +17,7 @@
 typedef struct bench_args {
   const char *plan;
   int64_t requests, prompt_min, prompt_max, out_min, out_max, concurrency, threads;
-  int64_t max_batched, kv_tokens;
+  int64_t max_batched, kv_tokens, max_running;
   double rate, shared_prefix;
   uint64_t seed;
   bool json, static_batching, no_prefix_cache;
@@ -72,6 +72,7 @@ static int usage(FILE *f) {
         "  --static-batching       baseline: admit a batch only when the last is done\n"
         "  --no-prefix-cache       disable prefix caching\n"
         "  --max-batched-tokens N  token budget per step (default: the plan's)\n"
+        "  --max-running N         sequences per step (default: the plan's)\n"
         "  --kv-tokens N           KV cache capacity in tokens (default: the context)\n"
         "  --threads N             CPU threads (default: all cores)\n"
         "  --json                  print one JSON object\n", f);
@@ -92,7 +93,8 @@ static int parse(int argc, char **argv, bench_args *a) {
       {"requests", 1, 0, 1}, {"prompt-len", 1, 0, 2}, {"output-len", 1, 0, 3}, {"rate", 1, 0, 4},
       {"concurrency", 1, 0, 5}, {"shared-prefix", 1, 0, 6}, {"seed", 1, 0, 7},
       {"static-batching", 0, 0, 8}, {"no-prefix-cache", 0, 0, 9}, {"max-batched-tokens", 1, 0, 10},
-      {"kv-tokens", 1, 0, 11}, {"threads", 1, 0, 12}, {"json", 0, 0, 13}, {"help", 0, 0, 'h'},
+      {"kv-tokens", 1, 0, 11}, {"threads", 1, 0, 12}, {"json", 0, 0, 13},
+      {"max-running", 1, 0, 14}, {"help", 0, 0, 'h'},
       {0, 0, 0, 0}};
   int c;
   char *end;
@@ -112,6 +114,7 @@ static int parse(int argc, char **argv, bench_args *a) {
     case 11: ok = cli_parse_i64(optarg, 1, (int64_t)1 << 40, &a->kv_tokens); break;
     case 12: ok = cli_parse_i64(optarg, 0, 4096, &a->threads); break;
     case 13: a->json = true; break;
+    case 14: ok = cli_parse_i64(optarg, 1, 1 << 16, &a->max_running); break;
     case 'h': usage(stdout); return -1;
     default: return usage(stderr);
     }
@@ -296,7 +299,8 @@ int cmd_bench(int argc, char **argv) {
   irt_engine *e = NULL;
   irt_error err = {0};
   irt_status st = irt_model_open(a.plan, &mo, &m, &err);
-  irt_engine_opts eo = {.max_batched_tokens = a.max_batched, .static_batching = a.static_batching,
+  irt_engine_opts eo = {.max_batched_tokens = a.max_batched, .max_running = a.max_running,
+                        .static_batching = a.static_batching,
                         .disable_prefix_cache = a.no_prefix_cache};
   if (st == IRT_OK) st = irt_engine_create(m, &eo, &e, &err);
   const irt_model_info *in = m ? irt_model_get_info(m) : NULL;
