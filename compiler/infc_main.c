@@ -103,6 +103,7 @@ static int cmd_build(int argc, char **argv) {
     printf("infc: built %s from %s (%s): %d -> %d ops, %.1f MiB weights, %.1f MiB arena, "
            "%.2f s\n", a.out, a.src, r.source_kind, r.nodes_before, r.nodes_after,
            (double)r.weight_bytes / 1048576.0, (double)r.arena_bytes / 1048576.0, now_s() - t0);
+  if (!a.quiet && r.recognised[0]) printf("infc: recognised: %s\n", r.recognised);
   if (!a.quiet)
     printf("infc: tokenizer: %s\n", r.tokenizer[0] ? r.tokenizer : "none (the plan takes token ids)");
   return 0;
