@@ -396,29 +396,39 @@ static int64_t proj_in(lm *L, int i) {
   return shape[0];
 }
 
-/* A projection's output, through a bias Add by a [width] constant when there is
- * one (recorded as `hf_bias`, or refused when hf_bias is NULL). */
-static const char *proj_out(lm *L, int i, const char *hf_bias, bool *has_bias) {
+/* The bias Add after projection node i: an Add of its output and a [width] constant.
+ * Returns the Add's node index (and in *out_k the operand holding the bias), or -1. */
+static int bias_add(lm *L, int i, size_t *out_k) {
   const char *y = L->gp->node[i]->output[0];
   int64_t shape[IR_MAX_RANK] = {0};
   int a = consumer(L, y, "Add", (size_t)i + 1);
-  *has_bias = false;
   if (a < 0)
-    return y;
+    return -1;
   node_t *n = L->gp->node[a];
   for (size_t k = 0; k < 2; k++)
     if (same(L, in(n, 1 - k), y) && const_shape(L, in(n, k), shape) == 1 &&
         shape[0] == proj_width(L, i)) {
-      if (!hf_bias) {
-        fail(L, "projection '%s' has a bias the Llama template lacks",
-             L->gp->node[i]->name);
-        return NULL;
-      }
-      add_weight(L, hf_bias, in(n, k), false);
-      *has_bias = true;
-      return n->output[0];
+      *out_k = k;
+      return a;
     }
-  return y;
+  return -1;
+}
+
+/* A projection's output, through its bias Add when there is one (recorded as `hf_bias`,
+ * or refused when hf_bias is NULL). */
+static const char *proj_out(lm *L, int i, const char *hf_bias, bool *has_bias) {
+  size_t k = 0;
+  int a = bias_add(L, i, &k);
+  *has_bias = false;
+  if (a < 0)
+    return L->gp->node[i]->output[0];
+  if (!hf_bias) {
+    fail(L, "projection '%s' has a bias the Llama template lacks", L->gp->node[i]->name);
+    return NULL;
+  }
+  add_weight(L, hf_bias, in(L->gp->node[a], k), false);
+  *has_bias = true;
+  return L->gp->node[a]->output[0];
 }
 
 /* The table operand of a rope Mul: cos(pos * inv_freq) (times a scaling of 1).
@@ -523,20 +533,11 @@ static bool has_ancestor(const lm *L, const char *v, const char *op,
   return false;
 }
 
-/* The projection's output, through a bias Add by a [width] constant (not
- * recorded). */
+/* The projection's output, through its bias Add if any (not recorded). */
 static const char *proj_value(lm *L, int i) {
-  const char *y = L->gp->node[i]->output[0];
-  int64_t shape[IR_MAX_RANK] = {0};
-  int a = consumer(L, y, "Add", (size_t)i + 1);
-  if (a < 0)
-    return y;
-  node_t *n = L->gp->node[a];
-  for (size_t k = 0; k < 2; k++)
-    if (same(L, in(n, 1 - k), y) && const_shape(L, in(n, k), shape) == 1 &&
-        shape[0] == proj_width(L, i))
-      return n->output[0];
-  return y;
+  size_t k = 0;
+  int a = bias_add(L, i, &k);
+  return a < 0 ? L->gp->node[i]->output[0] : L->gp->node[a]->output[0];
 }
 
 static int find_op(const lm *L, const char *op, size_t from) {

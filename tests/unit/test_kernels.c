@@ -7,6 +7,7 @@
 
 #include "kn_cpu.h"
 #include "tcheck.h"
+#include "tref.h"
 
 /* ---- helpers ---------------------------------------------------------------------- */
 
@@ -48,20 +49,10 @@ static const ir_dtype k_dtypes[3] = {IR_F32, IR_F16, IR_BF16};
 
 /* ---- matmul ----------------------------------------------------------------------- */
 
-/* Checks y against a double reference with an error bound relative to sum |x_i w_i|. */
+/* Against a double reference, error bound relative to sum |x_i w_i| (tests/unit/tref.h). */
 static int matmul_ok(const float *y, const float *x, const float *w, const float *bias,
                      int64_t m, int64_t n, int64_t k) {
-  int ok = 1;
-  for (int64_t i = 0; i < m; i++)
-    for (int64_t j = 0; j < n; j++) {
-      double ref = bias ? bias[j] : 0.0, mag = bias ? fabs(bias[j]) : 0.0;
-      for (int64_t l = 0; l < k; l++) {
-        ref += (double)x[i * k + l] * w[j * k + l];
-        mag += fabs((double)x[i * k + l] * w[j * k + l]);
-      }
-      ok &= fabs(y[i * n + j] - ref) <= 1e-5 * mag + 1e-6;
-    }
-  return ok;
+  return tref_matmul_ok(y, x, w, bias, m, n, k, 1e-5);
 }
 
 static void matmul_case(kn_pool *p, ir_dtype dt, int use_bias, int64_t m, int64_t n,

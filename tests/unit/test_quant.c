@@ -13,6 +13,7 @@
 #include "kn_quant.h"
 #include "pass.h"
 #include "tcheck.h"
+#include "tref.h"
 
 static const ir_dtype k_qtypes[3] = {IR_Q8_0, IR_Q4_0, IR_Q4_1};
 
@@ -103,20 +104,10 @@ static void test_blocks(void) {
 
 /* ---- matmul ----------------------------------------------------------------------- */
 
-/* Error bound relative to sum |x_i w_i| over a double reference of the dequantized W. */
+/* Against a double reference, error bound relative to sum |x_i w_i| (tests/unit/tref.h). */
 static int matmul_ok(const float *y, const float *x, const float *w, const float *bias,
                      int64_t m, int64_t n, int64_t k) {
-  int ok = 1;
-  for (int64_t i = 0; i < m; i++)
-    for (int64_t j = 0; j < n; j++) {
-      double ref = bias ? bias[j] : 0.0, mag = bias ? fabs(bias[j]) : 0.0;
-      for (int64_t l = 0; l < k; l++) {
-        ref += (double)x[i * k + l] * w[j * k + l];
-        mag += fabs((double)x[i * k + l] * w[j * k + l]);
-      }
-      ok &= fabs(y[i * n + j] - ref) <= 2e-5 * mag + 1e-6;
-    }
-  return ok;
+  return tref_matmul_ok(y, x, w, bias, m, n, k, 2e-5);
 }
 
 /* Against a double reference of the dequantized W, and bit for bit against the f32

@@ -1,10 +1,11 @@
-/* tmodel: shared helpers of the oracle tests. */
+/* tmodel: shared helpers of the oracle tests (tmodel.h) and the kernel references (tref.h). */
 #include "tmodel.h"
 
 #include <math.h>
 #include <stdlib.h>
 
 #include "tcheck.h"
+#include "tref.h"
 
 irt_model *tmodel_open(const char *plan) {
   irt_model *m = NULL;
@@ -72,4 +73,19 @@ double tmodel_max_rel_error(const float *lg, const cJSON *rows, int64_t V, int64
   }
   *out_rows = t;
   return worst;
+}
+
+int tref_matmul_ok(const float *y, const float *x, const float *w, const float *bias, int64_t m,
+                   int64_t n, int64_t k, double rel) {
+  int ok = 1;
+  for (int64_t i = 0; i < m; i++)
+    for (int64_t j = 0; j < n; j++) {
+      double ref = bias ? bias[j] : 0.0, mag = bias ? fabs(bias[j]) : 0.0;
+      for (int64_t l = 0; l < k; l++) {
+        ref += (double)x[i * k + l] * w[j * k + l];
+        mag += fabs((double)x[i * k + l] * w[j * k + l]);
+      }
+      ok &= fabs(y[i * n + j] - ref) <= rel * mag + 1e-6;
+    }
+  return ok;
 }
