@@ -204,7 +204,11 @@ ir_status infc_build(const char *src, const infc_options *opts, const char *out_
     st = infc_gguf_tokenizer_blob(s->gguf, g->config.vocab_size, &tok, d);
   else
     st = infc_tokenizer_beside(src, g->config.vocab_size, &tok, d);
-  pass_opts po = {.fold = o.fold, .fuse = o.fuse, .dump_ir = dump_ir};
+  pass_opts po = {.fold = o.fold, .fuse = o.fuse, .no_fuse = o.no_fuse, .dump_ir = dump_ir,
+                  .quant = &o.quant};
+  /* The CUDA kernels have no packed/roped attention or swiglu epilogue yet: CPU-only. */
+  if (!strcmp(o.target, "cuda"))
+    po.no_fuse |= PASS_FUSE_ROPE_ATTENTION | PASS_FUSE_QKV | PASS_FUSE_GATE_UP;
   pass_log log = {0};
   if (st == IR_OK) st = pass_pipeline_run(g, &po, &log, d);
   infc_cuda_kernels ck = {0}; /* target cuda: NVRTC images for the kernels section */
@@ -221,6 +225,11 @@ ir_status infc_build(const char *src, const infc_options *opts, const char *out_
     st = ir_plan_write(g, &info, out_path, d);
   }
   if (st == IR_OK) fill_report(g, s, before, report);
+  for (int i = 0; st == IR_OK && report && i < log.n; i++)
+    if (!strncmp(log.lines[i], "ops: ", 5))
+      snprintf(report->ops, sizeof report->ops, "%s", log.lines[i]);
+    else if (!strncmp(log.lines[i], "quantize ", 9))
+      snprintf(report->quant, sizeof report->quant, "%s", log.lines[i]);
   if (st == IR_OK && report) snprintf(report->tokenizer, sizeof report->tokenizer, "%s", tok.origin);
   infc_tok_blob_free(&tok);
   infc_cuda_kernels_free(&ck);

@@ -16,6 +16,8 @@ typedef struct infc_build_report {
   char source_kind[16]; /* "safetensors" or "gguf" */
   char tokenizer[256];  /* where the plan's tokenizer came from ("" if it has none) */
   char recognised[256]; /* an ONNX LLM: what was recognised ("2 attention blocks -> ...") */
+  char ops[256];        /* "ops: 454 -> 214 (fuse_qkv -60, ...)": what each pass took */
+  char quant[512];      /* --quant: what was quantized, weight bytes before and after */
 } infc_build_report;
 
 /* Lowers `src` (an HF checkpoint directory with config.json, a .safetensors file with

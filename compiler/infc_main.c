@@ -31,10 +31,14 @@ static int usage_build(FILE *f) {
         "      --kv-block-size N  tokens per KV cache block (default 16)\n"
         "      --max-context N    cap the context length (default: the model's)\n"
         "      --no-fold          disable constant folding\n"
-        "      --no-fuse          disable fusion passes\n"
+        "      --no-fuse[=LIST]   disable fusion passes (all, or those listed of\n"
+        "                         rope_attention,qkv,gate_up,add_rms_norm)\n"
         "      --tokenizer PATH   tokenizer.json to embed (default: the one beside the model)\n"
         "      --target T         cpu (default) or cuda (kernels compiled by NVRTC; no GPU needed)\n"
         "      --arch LIST        target cuda: GPU archs (default sm_80,sm_90)\n"
+        "      --quant SCHEME     quantize matmul weights: none (default), int8[:asym],\n"
+        "                         int4[:g32|g64|g128][:sym|asym], w8a8 (int8 activations\n"
+        "                         too, VNNI); add :lm_head to include the logits projection\n"
         "      --dump-ir          print the IR after each pass to stdout\n"
         "  -q, --quiet            print nothing on success\n", f);
   return f == stderr ? 2 : 0;
@@ -62,10 +66,11 @@ static int parse_build(int argc, char **argv, infc_options *o, build_args *a) {
       {"dtype", required_argument, 0, 1},     {"max-tokens", required_argument, 0, 2},
       {"max-seqs", required_argument, 0, 3},  {"max-logits", required_argument, 0, 4},
       {"kv-block-size", required_argument, 0, 5}, {"max-context", required_argument, 0, 6},
-      {"no-fold", no_argument, 0, 7},         {"no-fuse", no_argument, 0, 8},
+      {"no-fold", no_argument, 0, 7},         {"no-fuse", optional_argument, 0, 8},
       {"dump-ir", no_argument, 0, 9},         {"quiet", no_argument, 0, 'q'},
       {"tokenizer", required_argument, 0, 10},
       {"target", required_argument, 0, 11},   {"arch", required_argument, 0, 12},
+      {"quant", required_argument, 0, 13},
       {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
   static const char *keys[] = {"", "dtype", "max_tokens", "max_seqs", "max_logits",
                                "kv_block_size", "max_context", "fold", "fuse"};
@@ -76,10 +81,12 @@ static int parse_build(int argc, char **argv, infc_options *o, build_args *a) {
     if (c == 'o') a->out = optarg;
     else if (c == 'c') st = infc_options_load_yaml(o, optarg, &d);
     else if (c >= 1 && c <= 6) st = infc_options_set(o, keys[c], optarg, &d);
+    else if (c == 8 && optarg) st = infc_options_set(o, "no_fuse", optarg, &d);
     else if (c == 7 || c == 8) st = infc_options_set(o, keys[c], "false", &d);
     else if (c == 9) a->dump = true;
     else if (c == 10) st = infc_options_set(o, "tokenizer", optarg, &d);
     else if (c == 11 || c == 12) st = infc_options_set(o, c == 11 ? "target" : "arch", optarg, &d);
+    else if (c == 13) st = infc_options_set(o, "quant", optarg, &d);
     else if (c == 'q') a->quiet = true;
     else if (c == 'h') return usage_build(stdout) - 1;
     else return usage_build(stderr);
@@ -103,6 +110,8 @@ static int cmd_build(int argc, char **argv) {
     printf("infc: built %s from %s (%s): %d -> %d ops, %.1f MiB weights, %.1f MiB arena, "
            "%.2f s\n", a.out, a.src, r.source_kind, r.nodes_before, r.nodes_after,
            (double)r.weight_bytes / 1048576.0, (double)r.arena_bytes / 1048576.0, now_s() - t0);
+  if (!a.quiet && r.ops[0]) printf("infc: %s\n", r.ops);
+  if (!a.quiet && r.quant[0]) printf("infc: %s\n", r.quant);
   if (!a.quiet && r.recognised[0]) printf("infc: recognised: %s\n", r.recognised);
   if (!a.quiet)
     printf("infc: tokenizer: %s\n", r.tokenizer[0] ? r.tokenizer : "none (the plan takes token ids)");

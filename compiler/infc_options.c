@@ -6,6 +6,7 @@
 
 #include "infc_nvrtc.h"
 #include "infc_options.h"
+#include "pass.h"
 
 infc_options infc_options_default(void) {
   infc_options o = {.model = model_build_opts_default(), .fold = true, .fuse = true};
@@ -43,6 +44,33 @@ static ir_status set_dtype(infc_options *o, const char *v, ir_diag *d) {
   return IR_OK;
 }
 
+/* passes.fuse_qkv: false (one fusion on or off; `fuse` still switches them all). */
+static ir_status set_fusion(infc_options *o, const char *key, const char *v, ir_diag *d) {
+  bool on = true;
+  ir_status st = parse_bool(key, v, &on, d);
+  unsigned bit = pass_fusion_from_name(key + 7);
+  o->no_fuse = on ? o->no_fuse & ~bit : o->no_fuse | bit;
+  return st;
+}
+
+/* --no-fuse=qkv,gate_up: the fusions to skip, by name. */
+static ir_status set_no_fuse(infc_options *o, const char *v, ir_diag *d) {
+  unsigned bits = 0;
+  for (const char *p = v; *p;) {
+    size_t n = strcspn(p, ",");
+    char name[32];
+    snprintf(name, sizeof name, "%.*s", (int)(n < sizeof name ? n : sizeof name - 1), p);
+    unsigned bit = pass_fusion_from_name(name);
+    if (!bit)
+      return ir_diag_set(d, IR_INVALID_ARG, "option 'no_fuse': '%s' is not one of "
+                         "rope_attention, qkv, gate_up, add_rms_norm", name);
+    bits |= bit;
+    p += n + (p[n] == ',');
+  }
+  o->no_fuse |= bits;
+  return IR_OK;
+}
+
 ir_status infc_options_set(infc_options *o, const char *key, const char *v, ir_diag *d) {
   model_build_opts *m = &o->model;
   if (!strcmp(key, "dtype")) return set_dtype(o, v, d);
@@ -53,6 +81,10 @@ ir_status infc_options_set(infc_options *o, const char *key, const char *v, ir_d
   if (!strcmp(key, "max_context")) return parse_int(key, v, 0, 1 << 24, &m->max_context, d);
   if (!strcmp(key, "passes.fold") || !strcmp(key, "fold")) return parse_bool(key, v, &o->fold, d);
   if (!strcmp(key, "passes.fuse") || !strcmp(key, "fuse")) return parse_bool(key, v, &o->fuse, d);
+  if (!strncmp(key, "passes.fuse_", 12) && pass_fusion_from_name(key + 7))
+    return set_fusion(o, key, v, d);
+  if (!strcmp(key, "no_fuse")) return set_no_fuse(o, v, d);
+  if (!strcmp(key, "quant")) return pass_quant_parse(v, &o->quant, d);
   if (!strcmp(key, "tokenizer")) {
     if (strlen(v) >= sizeof o->tokenizer)
       return ir_diag_set(d, IR_INVALID_ARG, "option 'tokenizer': path too long");
@@ -140,7 +172,14 @@ int infc_options_describe(const infc_options *o, const char **keys, const char *
   snprintf(tmp[3], 32, "%lld", (long long)m->max_logits);
   snprintf(tmp[4], 32, "%lld", (long long)m->kv_block_size);
   snprintf(tmp[5], 32, "%lld", (long long)m->max_context);
-  snprintf(tmp[6], 32, "fold=%d fuse=%d", o->fold, o->fuse);
+  snprintf(tmp[6], 64, "fold=%d fuse=%d", o->fold, o->fuse);
+  static const char *const fusions[] = {"rope_attention", "qkv", "gate_up", "add_rms_norm"};
+  for (int i = 0, first = 1; o->fuse && i < 4; i++) /* only if set: default plans keep bytes */
+    if (o->no_fuse & pass_fusion_from_name(fusions[i])) {
+      size_t l = strlen(tmp[6]);
+      snprintf(tmp[6] + l, 64 - l, "%s%s", first ? " no_fuse=" : ",", fusions[i]);
+      first = 0;
+    }
   snprintf(tmp[7], 32, "%s", o->target);
   /* arch only for CUDA plans, so CPU plans keep their bytes */
   snprintf(tmp[8], 64, "%s", o->arch[0] ? o->arch : INFC_NVRTC_DEFAULT_ARCHS);
@@ -154,6 +193,13 @@ int infc_options_describe(const infc_options *o, const char **keys, const char *
     keys[n] = k[i];
     values[n++] = buf + off;
     off += l;
+  }
+  char qs[64]; /* only when set: plans built without --quant keep their bytes */
+  pass_quant_format(&o->quant, qs, sizeof qs);
+  if (o->quant.scheme != PASS_QUANT_NONE && n < cap && off + strlen(qs) + 1 <= len) {
+    memcpy(buf + off, qs, strlen(qs) + 1);
+    keys[n] = "quant";
+    values[n++] = buf + off;
   }
   return n;
 }

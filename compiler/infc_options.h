@@ -6,9 +6,13 @@
  *   max_logits: 64                    # logit rows per step (L)
  *   kv_block_size: 16                 # tokens per KV cache block
  *   max_context: 0                    # cap on context length (0: the model's)
+ *   quant: none                       # int8[:asym][:gN] | int4[:g32|g64|g128][:sym|asym]
+ *                                     # | w8a8 (each may add :lm_head); pass_quantize.h
  *   target: cpu | cuda
  *   arch: sm_80,sm_90                 # target cuda: GPU archs to compile kernels for
- *   passes: { fold: true, fuse: true }
+ *   passes: { fold: true, fuse: true }  # and fuse_rope_attention, fuse_qkv, fuse_gate_up,
+ *                                        # fuse_add_rms_norm: true|false, one fusion each
+ *   no_fuse: qkv,gate_up                 # the same as a list (also --no-fuse=LIST)
  */
 #ifndef INFC_OPTIONS_H
 #define INFC_OPTIONS_H
@@ -17,14 +21,17 @@
 
 #include "ir_status.h"
 #include "model.h"
+#include "pass_quantize.h"
 
 typedef struct infc_options {
   model_build_opts model;
   bool fold;
   bool fuse;
+  unsigned no_fuse; /* pass_fusion bits (passes/pass.h) of fusions to skip */
   char target[16];
   char arch[64]; /* target cuda: GPU archs, "sm_80,sm_90" ("" = that default) */
   char tokenizer[4096]; /* --tokenizer PATH: a tokenizer.json to embed ("" = find one) */
+  pass_quant_opts quant; /* --quant SCHEME: weight quantization (passes/pass_quantize.h) */
 } infc_options;
 
 infc_options infc_options_default(void);

@@ -167,6 +167,11 @@ typedef enum ir_op {
 #define IR_OP_ND_LAST IR_OP_ND_ROTARY_EMBEDDING
 static inline bool ir_op_is_nd(ir_op op) { return op >= IR_OP_ND_FIRST && op <= IR_OP_ND_LAST; }
 
+/* A matmul's epilogue (attribute "act"). Values are stored in plans: append only.
+ * SWIGLU: w is [2N,K] (gate rows, then up rows) and y[:, j] = silu(z[:, j]) * z[:, N + j]
+ * for z = x . w^T + bias, so y is [M,N]. */
+typedef enum ir_act { IR_ACT_NONE = 0, IR_ACT_SWIGLU = 1 } ir_act;
+
 /* Values are stored in plans: append only. */
 typedef enum ir_attr_type { IR_ATTR_INT = 0, IR_ATTR_FLOAT = 1, IR_ATTR_INTS = 2 } ir_attr_type;
 

@@ -199,6 +199,10 @@ static const char *const k_attr_names[] = {
     "q_num_heads", "kv_num_heads", "softcap", "qk_mode", "interleaved", "num_heads",
     "approximate", "pads", "value", "mode", "select_last", "bool", "fmod", "split",
     "repeats", "flat", "n_out", "min", "max", "detect_neg", "detect_pos",
+    /* matmul with an i8 weight: W8A8 (ir_op.c) */
+    "act_int8",
+    /* fusion: matmul epilogue (ir_act) */
+    "act",
 };
 
 const char *ir_attr_intern(const char *name) {

@@ -4,12 +4,26 @@
  *   embed(ids[T] i32, table[V,H] f32|f16|bf16|q8_0|q4_0|q4_1)  -> [T,H]
  *   rms_norm(x[..,H], w[H] f32; eps)                        -> like x
  *   add_rms_norm(a[..,H], b like a, w[H]; eps)              -> (norm like a, sum like a)
- *   matmul(x[M,K], w[N,K] f32|f16|bf16|q8_0|q4_0|q4_1, bias[N] f32?) -> [M,N]
+ *   matmul(x[M,K], w[N,K] f32|f16|bf16|q8_0|q4_0|q4_1, bias[N] f32?; act?) -> [M,N]
  *       (block-quantized tables and weights: H and K multiples of the 32-value block)
+ *       act = IR_ACT_SWIGLU (ir.h): w holds gate rows then up rows, output [M,N/2]
+ *   matmul(x[M,K], w[N,K] i8|i4, bias[N] f32?, scales[N,G] f32|f16, zero_points[N,G] u8|i8|f16|f32?;
+ *          act_int8?)                                      -> [M,N]
+ *       weight-only quantization with separate parameters (ONNX MatMulNBits, TRT-LLM):
+ *       G divides K, group = K/G columns share a scale (G = 1: per output channel);
+ *       w[n,k] = (q[n,k] - zp[n,k/group]) * scale[n,k/group] in f32 (zp may be fractional:
+ *       f16/f32 zero points, as Q4_1's min or TRT-LLM's float zeros). i4 packs two a byte,
+ *       element 2j in the low nibble of byte j (unsigned 0..15), K even; without
+ *       zero_points zp is 8 (i4) or 0 (i8). act_int8 = 1 (W8A8): x is quantized per row
+ *       at run time (int8, scale max|x|/127); needs i8, no zero points, G = 1, K <= 32768.
  *   rope(x[T,n_heads*head_dim], pos[T] i32, cs[P,rot/2,2]; n_heads, head_dim, rot_dim, neox)
  *                                                           -> like x
- *   attention(q[T,nh*hd], k[T,nkv*hd], v[T,nkv*hd]; layer, n_heads, n_kv_heads, head_dim,
- *             scale)                                        -> [T,nh*hd] (reads/writes KV)
+ *   attention(q[T,nh*hd], k[T,nkv*hd], v[T,nkv*hd], pos[T] i32?, cs[P,rot/2,2]?; layer,
+ *             n_heads, n_kv_heads, head_dim, scale; rot_dim, neox with pos)
+ *                                                           -> [T,nh*hd] (reads/writes KV)
+ *       packed (k, v absent: -1): q is qkv[T,(nh+2*nkv)*hd], the q heads, then k, then v.
+ *       pos and cs present: rope (as the rope op, same attrs) applied to q and to k before
+ *       k enters the cache.
  *   swiglu(gate, up same shape)                             -> like gate
  *   add, mul(a, b same shape | b[last dim of a] | b scalar) -> like a (any float dtype)
  *   gather_rows(x[T,H], rows[L] i32)                        -> [L,H]
@@ -188,16 +202,60 @@ static ir_status infer_norm(infer_ctx *c, infer_out *o, bool fused) {
   return IR_OK;
 }
 
+/* The i8/i4 weight of a matmul and its scales [N,G] and zero points [N,G]? (inputs 3, 4). */
+static bool want_wq_params(infer_ctx *c, const ir_tensor *w) {
+  const ir_tensor *s = in_t(c, 3, false), *z = in_t(c, 4, false);
+  int64_t k = w->dims[1].n, g = s && s->rank == 2 ? s->dims[1].n : 0;
+  if (!s) {
+    fail(c, "weight '%s' is %s: needs scales (input 3)", w->name, ir_dtype_name(w->dtype));
+    return false;
+  }
+  if (!want_dtype(c, s, IR_F32, IR_F16, IR_F16) || !want_rank(c, s, 2) ||
+      !want_dim(c, s, 0, w->dims[0]) ||
+      (z && (!(z->dtype == IR_F32 || want_dtype(c, z, IR_U8, IR_I8, IR_F16)) ||
+             !want_rank(c, z, 2) ||
+             !want_dim(c, z, 0, w->dims[0]) || !want_dim(c, z, 1, s->dims[1]))))
+    return false;
+  if (w->dims[1].sym != IR_SYM_NONE || s->dims[1].sym != IR_SYM_NONE || g <= 0 || k % g ||
+      (w->dtype == IR_I4 && k % 2)) {
+    fail(c, "scales '%s' must split the K of weight '%s' into equal groups (i4: K even)",
+         s->name, w->name);
+    return false;
+  }
+  if (ir_node_attr_i(c->n, "act_int8", 0) && (w->dtype != IR_I8 || z || g != 1 || k > 32768)) {
+    fail(c, "act_int8 (W8A8) needs an i8 weight with per-channel scales, no zero points and "
+         "K <= 32768 ('%s')%s", w->name, "");
+    return false;
+  }
+  return true;
+}
+
 static ir_status infer_matmul(infer_ctx *c, infer_out *o) {
   const ir_tensor *x = in_t(c, 0, true), *w = in_t(c, 1, true), *b = in_t(c, 2, false);
+  bool wq = w && (w->dtype == IR_I8 || w->dtype == IR_I4);
   if (!x || !w || !want_dtype(c, x, IR_F32, IR_F32, IR_F32) || !want_rank(c, x, 2) ||
-      !want_weight_dtype(c, w) || !want_rank(c, w, 2) ||
-      !want_dim(c, x, 1, w->dims[1]))
+      !(wq || want_weight_dtype(c, w)) || !want_rank(c, w, 2) ||
+      !want_dim(c, x, 1, w->dims[1]) || (wq && !want_wq_params(c, w)))
     return IR_BAD_FORMAT;
+  if (!wq && (in_t(c, 3, false) || in_t(c, 4, false) || ir_node_attr_i(c->n, "act_int8", 0)))
+    return fail(c, "scales, zero points and act_int8 go with an i8 or i4 weight, not %s%s",
+                ir_dtype_name(w->dtype), "");
   if (b && (!want_dtype(c, b, IR_F32, IR_F32, IR_F32) || !want_rank(c, b, 1) ||
             !want_dim(c, b, 0, w->dims[0])))
     return IR_BAD_FORMAT;
   ir_dim dims[2] = {x->dims[0], w->dims[0]};
+  int64_t act = ir_node_attr_i(c->n, "act", IR_ACT_NONE);
+  if (act != IR_ACT_NONE && act != IR_ACT_SWIGLU) {
+    char num[24];
+    snprintf(num, sizeof num, "%lld", (long long)act);
+    return fail(c, "unknown matmul epilogue act=%s%s", num, "");
+  }
+  if (act == IR_ACT_SWIGLU) {
+    if (w->dims[0].sym != IR_SYM_NONE || w->dims[0].n % 2)
+      return fail(c, "act=swiglu needs weight '%s' with an even row count (gate rows, then up "
+                  "rows)%s", w->name, "");
+    dims[1] = D(w->dims[0].n / 2);
+  }
   set_out(o, 0, IR_F32, 2, dims);
   return IR_OK;
 }
@@ -218,22 +276,51 @@ static ir_status infer_rope(infer_ctx *c, infer_out *o) {
   return IR_OK;
 }
 
+/* The rope folded into attention: pos[T] i32 (input 3) and cs[P,rot/2,2] f32 (input 4). */
+static bool want_attn_rope(infer_ctx *c, const ir_tensor *q, int64_t hd) {
+  const ir_tensor *pos = in_t(c, 3, false), *cs = in_t(c, 4, false);
+  if (!pos && !cs) return true;
+  if (!pos || !cs) {
+    fail(c, "rope in attention needs both positions (input 3) and the cos/sin table (input "
+         "4)%s%s", "", "");
+    return false;
+  }
+  int64_t rot = ir_node_attr_i(c->n, "rot_dim", 0);
+  if (!want_attr(c, "rot_dim") || !want_rank(c, pos, 1) ||
+      !want_dtype(c, pos, IR_I32, IR_I32, IR_I32) || !want_dim(c, pos, 0, q->dims[0]) ||
+      !want_rank(c, cs, 3) || !want_dtype(c, cs, IR_F32, IR_F32, IR_F32))
+    return false;
+  if (rot <= 0 || rot > hd || rot % 2 || !want_dim(c, cs, 1, D(rot / 2)) ||
+      !want_dim(c, cs, 2, D(2))) {
+    fail(c, "bad rope geometry%s%s", "", "");
+    return false;
+  }
+  return true;
+}
+
 static ir_status infer_attention(infer_ctx *c, infer_out *o) {
-  const ir_tensor *q = in_t(c, 0, true), *k = in_t(c, 1, true), *v = in_t(c, 2, true);
+  bool has_k = c->n->n_in > 1 && c->n->in[1] >= 0, has_v = c->n->n_in > 2 && c->n->in[2] >= 0;
+  bool packed = !has_k && !has_v;
+  const ir_tensor *q = in_t(c, 0, true), *k = packed ? NULL : in_t(c, 1, true);
+  const ir_tensor *v = packed ? NULL : in_t(c, 2, true);
   const char *req[] = {"layer", "n_heads", "n_kv_heads", "head_dim", "scale"};
-  if (!q || !k || !v) return IR_BAD_FORMAT;
+  if (!q || (!packed && (!k || !v))) return IR_BAD_FORMAT;
   for (int i = 0; i < 5; i++)
     if (!want_attr(c, req[i])) return IR_BAD_FORMAT;
   int64_t nh = ir_node_attr_i(c->n, "n_heads", 0), nkv = ir_node_attr_i(c->n, "n_kv_heads", 0);
   int64_t hd = ir_node_attr_i(c->n, "head_dim", 0);
   if (nh <= 0 || nkv <= 0 || hd <= 0 || nh % nkv || hd > 256)
     return fail(c, "bad head geometry (n_heads must be a multiple of n_kv_heads, head_dim <= 256)%s%s", "", "");
-  if (!want_rank(c, q, 2) || !want_rank(c, k, 2) || !want_rank(c, v, 2) ||
-      !want_dim(c, q, 1, D(nh * hd)) || !want_dim(c, k, 1, D(nkv * hd)) ||
-      !want_dim(c, v, 1, D(nkv * hd)) || !want_dim(c, k, 0, q->dims[0]) ||
-      !want_dim(c, v, 0, q->dims[0]))
+  if (!want_dtype(c, q, IR_F32, IR_F32, IR_F32) || !want_rank(c, q, 2) ||
+      !want_dim(c, q, 1, D((packed ? nh + 2 * nkv : nh) * hd)))
     return IR_BAD_FORMAT;
-  set_out(o, 0, IR_F32, 2, q->dims);
+  if (!packed && (!want_rank(c, k, 2) || !want_rank(c, v, 2) ||
+                  !want_dim(c, k, 1, D(nkv * hd)) || !want_dim(c, v, 1, D(nkv * hd)) ||
+                  !want_dim(c, k, 0, q->dims[0]) || !want_dim(c, v, 0, q->dims[0])))
+    return IR_BAD_FORMAT;
+  if (!want_attn_rope(c, q, hd)) return IR_BAD_FORMAT;
+  ir_dim dims[2] = {q->dims[0], D(nh * hd)};
+  set_out(o, 0, IR_F32, 2, dims);
   return IR_OK;
 }
 

@@ -9,10 +9,25 @@
 
 #include "ir.h"
 
+/* The fusions, as bits of pass_opts.no_fuse. */
+typedef enum pass_fusion {
+  PASS_FUSE_ROPE_ATTENTION = 1u << 0, /* rope(q), rope(k) -> attention: rope in attention */
+  PASS_FUSE_QKV = 1u << 1,            /* q/k/v matmuls -> one matmul, packed attention */
+  PASS_FUSE_GATE_UP = 1u << 2,        /* gate/up matmuls + swiglu -> one matmul, act=swiglu */
+  PASS_FUSE_ADD_RMS_NORM = 1u << 3,   /* residual add + rms_norm -> add_rms_norm */
+  PASS_FUSE_ALL = (1u << 4) - 1,
+} pass_fusion;
+
+/* The bit of a fusion named "rope_attention", "qkv", "gate_up" or "add_rms_norm" (with or
+ * without a "fuse_" prefix); 0 for any other name. */
+unsigned pass_fusion_from_name(const char *name);
+
 typedef struct pass_opts {
-  bool fold;      /* constant folding */
-  bool fuse;      /* fusion passes */
-  FILE *dump_ir;  /* when set, the IR is printed here after each pass */
+  bool fold;        /* constant folding */
+  bool fuse;        /* fusion passes */
+  unsigned no_fuse; /* pass_fusion bits of fusions to skip even when fuse is set */
+  FILE *dump_ir;    /* when set, the IR is printed here after each pass */
+  const struct pass_quant_opts *quant; /* weight quantization (pass_quantize.h); NULL: none */
 } pass_opts;
 
 /* A growing list of one-line summaries ("dce: removed 3 nodes, 1 tensor"). */
@@ -28,14 +43,31 @@ ir_status pass_dce(ir_graph *g, const pass_opts *o, pass_log *log, ir_diag *d);
 ir_status pass_fold(ir_graph *g, const pass_opts *o, pass_log *log, ir_diag *d);
 ir_status pass_fuse_add_rms_norm(ir_graph *g, const pass_opts *o, pass_log *log, ir_diag *d);
 ir_status pass_memory_plan(ir_graph *g, const pass_opts *o, pass_log *log, ir_diag *d);
+/* rope(q), rope(k) feeding only an attention -> that attention with inputs (q, k, v, pos,
+ * cos_sin) and the rope attrs: the kernel rotates q and k itself (k as it enters the KV
+ * cache). Bit-identical: kn_rope's arithmetic on the same values. */
+ir_status pass_fuse_rope_attention(ir_graph *g, const pass_opts *o, pass_log *log, ir_diag *d);
+/* Three plain matmuls of one x feeding only an attention's q, k, v -> one matmul whose
+ * weight (and bias) is [wq; wk; wv] concatenated along N at build time, and the attention
+ * reads the packed [T, (nh + 2 nkv) hd] result in place. Weights must be constants of one
+ * dtype (f32, f16, bf16, q8_0, q4_0, q4_1: rows are whole blocks, so rows concatenate);
+ * matmuls with more inputs or attributes (separate quant params) are left alone. */
+ir_status pass_fuse_qkv(ir_graph *g, const pass_opts *o, pass_log *log, ir_diag *d);
+/* swiglu(matmul(x, wg), matmul(x, wu)) -> matmul(x, [wg; wu]; act=swiglu): one GEMM whose
+ * epilogue writes silu(gate) * up, with no [T, 2F] intermediate. Same conditions. */
+ir_status pass_fuse_gate_up(ir_graph *g, const pass_opts *o, pass_log *log, ir_diag *d);
 
-/* fold -> dce -> fuse -> dce -> memory plan, verifying after each. */
+/* fold -> dce -> fusions -> memory plan, verifying after each. Logs one more line,
+ * "ops: A -> B (pass -n, ...)": the node count before and after and what each pass took. */
 ir_status pass_pipeline_run(ir_graph *g, const pass_opts *o, pass_log *log, ir_diag *d);
 
 /* --- helpers shared by passes ----------------------------------------------------------- */
 
 /* Replaces every use of tensor `from` (node inputs and graph outputs) with `to`. */
 void pass_replace_uses(ir_graph *g, int32_t from, int32_t to);
+/* How many times tensor t is read (node inputs; a graph output counts once); the last
+ * reading node in *out_user (-1 if none). */
+int pass_count_uses(const ir_graph *g, int32_t t, int32_t *out_user);
 /* Removes nodes with dead[i] set and then every tensor no live node or graph
  * input/output refers to, renumbering indices. dead may be NULL. Returns the counts. */
 bool pass_compact(ir_graph *g, const bool *dead, int32_t *out_nodes_removed,

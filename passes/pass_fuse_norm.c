@@ -1,6 +1,9 @@
 /* pass_fuse_add_rms_norm: y = add(a, b); z = rms_norm(y, w)  ->  (z, y) = add_rms_norm(a, b, w).
  * The residual add and the norm read the hidden state once instead of twice. The fused
- * node takes the add's place, so both of its outputs exist before any former user. */
+ * node takes the add's place, so both of its outputs exist before any former user.
+ * The final norm sits behind gather_rows (logit rows only); rms_norm works row by row, so
+ * gather then norm equals norm then gather bit for bit: the two swap, and the last
+ * residual add fuses with the final norm like every other. */
 #include <stdlib.h>
 
 #include "pass.h"
@@ -44,7 +47,41 @@ static bool try_fuse(ir_graph *g, int32_t i, bool *dead) {
   return true;
 }
 
+/* z = gather_rows(y, rows) at j, read only by u = rms_norm(z, w) at k, with y the output
+ * of an add read only by the gather  ->  n = rms_norm(y, w) at j, u = gather_rows(n, rows)
+ * at k. The nodes trade places (names and all); n is a new tensor shaped like y. */
+static int swap_gather_norm(ir_graph *g, int32_t j) {
+  const ir_node *gn = &g->nodes[j];
+  if (gn->op != IR_OP_GATHER_ROWS) return 0;
+  int32_t y = gn->in[0], k = -1, yp = g->tensors[y].producer;
+  if (yp < 0 || g->nodes[yp].op != IR_OP_ADD || pass_count_uses(g, y, NULL) != 1 ||
+      pass_count_uses(g, gn->out[0], &k) != 1 || k < 0 || g->nodes[k].op != IR_OP_RMS_NORM ||
+      g->nodes[k].in[0] != gn->out[0] || !available_at(g, g->nodes[k].in[1], j))
+    return 0;
+  const ir_tensor *ty = &g->tensors[y];
+  char name[160];
+  snprintf(name, sizeof name, "%s.all_rows", g->nodes[k].name);
+  int32_t n = ir_graph_add_tensor(g, name, IR_F32, ty->rank, ty->dims, IR_TENSOR_ACT);
+  if (n < 0) return -1;
+  ir_node gather = g->nodes[j], norm = g->nodes[k];
+  norm.in[0] = y;
+  gather.in[0] = n;
+  gather.out[0] = norm.out[0];
+  norm.out[0] = n;
+  g->nodes[j] = norm;
+  g->nodes[k] = gather;
+  g->tensors[n].producer = j;
+  g->tensors[gather.out[0]].producer = k;
+  return 1;
+}
+
 ir_status pass_fuse_add_rms_norm(ir_graph *g, const pass_opts *o, pass_log *log, ir_diag *d) {
+  int swapped = 0;
+  for (int32_t j = 0; j < g->n_nodes; j++) {
+    int r = swap_gather_norm(g, j);
+    if (r < 0) return ir_diag_set(d, IR_OOM, "fuse: out of memory");
+    swapped += r;
+  }
   bool *dead = calloc((size_t)g->n_nodes + 1, sizeof *dead);
   if (!dead) return ir_diag_set(d, IR_OOM, "fuse: out of memory");
   int fused = 0;
@@ -53,6 +90,7 @@ ir_status pass_fuse_add_rms_norm(ir_graph *g, const pass_opts *o, pass_log *log,
   bool ok = pass_compact(g, dead, NULL, NULL);
   free(dead);
   if (!ok) return ir_diag_set(d, IR_OOM, "fuse: out of memory");
-  pass_log_add(log, "fuse_add_rms_norm: fused %d residual adds into their norms", fused);
+  pass_log_add(log, "fuse_add_rms_norm: fused %d residual adds into their norms (%d norms moved "
+               "before their gather_rows)", fused, swapped);
   return IR_OK;
 }

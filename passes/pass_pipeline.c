@@ -1,7 +1,8 @@
 /* pass_pipeline: runs the passes in order, verifying the graph after each one and
- * printing it when --dump-ir asked for it. */
+ * printing it when --dump-ir asked for it, and logs the op count each one changed. */
 #include "pass.h"
 #include "pass_fold_nd.h"
+#include "pass_quantize.h"
 
 typedef ir_status (*pass_fn)(ir_graph *, const pass_opts *, pass_log *, ir_diag *);
 
@@ -11,21 +12,49 @@ typedef struct pass_entry {
   bool enabled;
 } pass_entry;
 
+/* "ops: 454 -> 275 (fold -59, fuse_qkv -60, ...)": passes that changed the node count. */
+static void log_op_counts(pass_log *log, const pass_entry *passes, const int *delta, int n,
+                          int before, int after) {
+  char buf[200];
+  int o = snprintf(buf, sizeof buf, "ops: %d -> %d", before, after);
+  const char *sep = " (";
+  for (int i = 0; i < n && o < (int)sizeof buf; i++) {
+    if (!delta[i]) continue;
+    o += snprintf(buf + o, sizeof buf - (size_t)o, "%s%s %+d", sep, passes[i].name, delta[i]);
+    sep = ", ";
+  }
+  if (o < (int)sizeof buf && *sep == ',') snprintf(buf + o, sizeof buf - (size_t)o, ")");
+  pass_log_add(log, "%s", buf);
+}
+
 ir_status pass_pipeline_run(ir_graph *g, const pass_opts *o, pass_log *log, ir_diag *d) {
+  bool fuse = o->fuse;
+  unsigned skip = o->no_fuse;
+  /* rope first: the qkv merge needs the attention to read the projections directly */
   const pass_entry passes[] = {
       {"fold", pass_fold, o->fold},
       {"fold_nd", pass_fold_nd, o->fold},
       {"dce", pass_dce, true},
-      {"fuse_add_rms_norm", pass_fuse_add_rms_norm, o->fuse},
+      {"fuse_rope_attention", pass_fuse_rope_attention,
+       fuse && !(skip & PASS_FUSE_ROPE_ATTENTION)},
+      {"fuse_qkv", pass_fuse_qkv, fuse && !(skip & PASS_FUSE_QKV)},
+      {"fuse_gate_up", pass_fuse_gate_up, fuse && !(skip & PASS_FUSE_GATE_UP)},
+      {"fuse_add_rms_norm", pass_fuse_add_rms_norm, fuse && !(skip & PASS_FUSE_ADD_RMS_NORM)},
+      /* after fusion: fused q/k/v and gate/up weights are quantized whole */
+      {"quantize", pass_quantize, o->quant && o->quant->scheme != PASS_QUANT_NONE},
       {"memory_plan", pass_memory_plan, true},
   };
+  enum { N_PASSES = sizeof passes / sizeof *passes };
+  int delta[N_PASSES] = {0}, before = g->n_nodes;
   if (o->dump_ir) {
     fprintf(o->dump_ir, "=== input (%d nodes) ===\n", g->n_nodes);
     ir_graph_print(g, o->dump_ir);
   }
-  for (size_t i = 0; i < sizeof passes / sizeof *passes; i++) {
+  for (size_t i = 0; i < N_PASSES; i++) {
     if (!passes[i].enabled) continue;
+    int n0 = g->n_nodes;
     ir_status st = passes[i].fn(g, o, log, d);
+    delta[i] = g->n_nodes - n0;
     if (st == IR_OK) st = ir_graph_verify(g, d);
     if (st != IR_OK) {
       ir_diag_prefix(d, "pass %s", passes[i].name);
@@ -36,5 +65,6 @@ ir_status pass_pipeline_run(ir_graph *g, const pass_opts *o, pass_log *log, ir_d
       ir_graph_print(g, o->dump_ir);
     }
   }
+  log_op_counts(log, passes, delta, N_PASSES, before, g->n_nodes);
   return IR_OK;
 }

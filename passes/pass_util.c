@@ -32,6 +32,29 @@ void pass_replace_uses(ir_graph *g, int32_t from, int32_t to) {
     if (g->outputs[i] == from) g->outputs[i] = to;
 }
 
+int pass_count_uses(const ir_graph *g, int32_t t, int32_t *out_user) {
+  int uses = 0;
+  int32_t user = -1;
+  for (int32_t i = 0; i < g->n_nodes; i++)
+    for (int k = 0; k < g->nodes[i].n_in; k++)
+      if (g->nodes[i].in[k] == t) uses++, user = i;
+  for (int32_t i = 0; i < g->n_outputs; i++) uses += g->outputs[i] == t;
+  if (out_user) *out_user = user;
+  return uses;
+}
+
+unsigned pass_fusion_from_name(const char *name) {
+  static const struct {
+    const char *name;
+    unsigned bit;
+  } k[] = {{"rope_attention", PASS_FUSE_ROPE_ATTENTION}, {"qkv", PASS_FUSE_QKV},
+           {"gate_up", PASS_FUSE_GATE_UP}, {"add_rms_norm", PASS_FUSE_ADD_RMS_NORM}};
+  if (!strncmp(name, "fuse_", 5)) name += 5;
+  for (size_t i = 0; i < sizeof k / sizeof *k; i++)
+    if (!strcmp(name, k[i].name)) return k[i].bit;
+  return 0;
+}
+
 static void mark_used(const ir_graph *g, const bool *dead, bool *used) {
   for (int32_t i = 0; i < g->n_nodes; i++) {
     if (dead && dead[i]) continue;

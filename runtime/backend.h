@@ -4,15 +4,17 @@
 #ifndef IRT_BACKEND_H
 #define IRT_BACKEND_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "ir.h"
+#include "ir_plan.h"
 #include "kv_cache.h"
 
 /* One step of the flat batch. Token t belongs to step-sequence tok_seq[t] at absolute
  * position tok_pos[t]; step-sequence s owns the physical KV blocks
- * block_tables[s * max_blocks .. + n_blocks). */
+ * block_tables[s * max_blocks .. + n_blocks). Every pointer here is host memory. */
 typedef struct irt_step {
   int64_t syms[IR_SYM_COUNT]; /* T, S, L values for this step */
   const int32_t *tok_seq;
@@ -20,6 +22,11 @@ typedef struct irt_step {
   const int32_t *block_tables;
   int64_t max_blocks;
   const irt_kv_cache *kv;
+  /* Device backends only (run_step): the step's inputs in host memory, which the backend
+   * uploads itself, and a KV block no sequence owns (padding tokens write there). */
+  const int32_t *tokens;     /* (T) */
+  const int32_t *logit_rows; /* (L) */
+  int32_t pad_block;         /* -1 if none */
 } irt_step;
 
 typedef struct irt_backend_ops {
@@ -33,6 +40,24 @@ typedef struct irt_backend_ops {
   void *(*alloc)(void *ctx, size_t bytes);
   void (*free)(void *ctx, void *p);
   void (*destroy)(void *ctx);
+
+  /* Device backends (memory the host cannot address) set the slots below; the CPU backend
+   * leaves them NULL and the executor then reads and writes tensors in place and calls
+   * run_node for every node. */
+  /* Copies `bytes` of host data (a weight) into backend memory once, at load; *out is
+   * freed with free(). */
+  ir_status (*upload)(void *ctx, const void *host, size_t bytes, void **out, ir_diag *d);
+  /* Runs the whole program for one step: uploads the step descriptor and inputs from
+   * step's host arrays, then queues every node (a backend may replay a captured graph).
+   * Returns without waiting; errors of queued work surface in `read`. */
+  ir_status (*run_step)(void *ctx, const ir_graph *g, void *const *ptrs, const irt_step *step,
+                        ir_diag *d);
+  /* Copies backend memory to the host after all queued work; dst is complete on return. */
+  ir_status (*read)(void *ctx, void *dst, const void *src, size_t bytes, ir_diag *d);
+  /* Copies within backend memory, ordered with the queued work (KV copy-on-write). */
+  void (*copy)(void *ctx, void *dst, const void *src, size_t bytes);
+  /* Free and total bytes of backend memory (for out-of-memory messages). */
+  void (*mem_info)(void *ctx, uint64_t *out_free, uint64_t *out_total);
 } irt_backend_ops;
 
 typedef struct irt_backend {
@@ -42,6 +67,33 @@ typedef struct irt_backend {
 
 /* The CPU backend with a pool of n_threads workers (<= 0: all cores). */
 ir_status irt_backend_cpu_create(int n_threads, irt_backend *out, ir_diag *d);
+
+/* --- the CUDA backend: libinferrt_cuda.so, loaded with dlopen ---------------------------
+ * The library exports one function, IRT_CUDA_ENTRY, of type irt_cuda_create_fn. It loads
+ * libcuda.so.1 and cuBLAS itself, so neither is needed until a CUDA plan is opened. */
+#define IRT_CUDA_LIB "libinferrt_cuda.so"
+#define IRT_CUDA_ENTRY "irt_backend_cuda_create"
+#define IRT_CUDA_ABI 1 /* bump when irt_backend_ops, irt_step or irt_cuda_opts change */
+
+typedef struct irt_cuda_opts {
+  int abi;                        /* IRT_CUDA_ABI of the caller */
+  int device;                     /* CUDA device ordinal */
+  bool graphs;                    /* capture and replay decode steps as CUDA Graphs */
+  const ir_plan_kernel *kernels;  /* the plan's kernel table (borrowed, in the mapping) */
+  int n_kernels;
+} irt_cuda_opts;
+
+/* Creates the backend for graph g (sized by its config: step limits, heads). *out is
+ * owned by the caller (irt_backend_destroy). Errors: IR_DEVICE "no CUDA device found;
+ * run with --device cpu or build a CPU plan"; IR_UNSUPPORTED when the plan has no image
+ * for the GPU's arch (both named). */
+typedef ir_status (*irt_cuda_create_fn)(const irt_cuda_opts *o, const ir_graph *g,
+                                        irt_backend *out, ir_diag *d);
+
+/* Loads libinferrt_cuda.so ($INFERRT_CUDA_LIB, else beside the executable, else the
+ * library search path) and creates the CUDA backend. */
+ir_status irt_backend_cuda_open(const irt_cuda_opts *o, const ir_graph *g, irt_backend *out,
+                                ir_diag *d);
 /* Releases the backend's context; a zeroed backend is a no-op. */
 void irt_backend_destroy(irt_backend *b);
 

@@ -1,10 +1,12 @@
 /* backend_cpu: runs IR nodes with the kernels in kernels/cpu on a thread pool. */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "backend.h"
 #include "backend_cpu_nd.h"
 #include "kn_cpu.h"
+#include "kn_matmul_wq.h"
 #include "kn_quant.h"
 
 typedef struct cpu_ctx {
@@ -47,6 +49,50 @@ static void run_binary(kn_pool *p, const ir_graph *g, const ir_node *n, void *co
   }
 }
 
+/* matmul: float / block-quantized W, or i8/i4 W with scales and zero points (inputs 3,
+ * 4), optionally with int8 activations (act_int8, W8A8). */
+static void run_matmul(kn_pool *p, const ir_graph *g, const ir_node *n, void *const *ptrs,
+                       const irt_step *s) {
+  const ir_tensor *w = T_(1);
+  const float *bias = n->n_in > 2 && n->in[2] >= 0 ? P_(2) : NULL;
+  int64_t m = dimv(g, T_(0), 0, s), rows = dimv(g, w, 0, s), k = dimv(g, w, 1, s);
+  if (w->dtype != IR_I8 && w->dtype != IR_I4) {
+    if (ir_node_attr_i(n, "act", IR_ACT_NONE) == IR_ACT_SWIGLU) /* W: gate rows, up rows */
+      kn_matmul_swiglu(p, O_(0), P_(0), P_(1), w->dtype, bias, m, rows / 2, k);
+    else
+      kn_matmul(p, O_(0), P_(0), P_(1), w->dtype, bias, m, rows, k);
+    return;
+  }
+  bool zp = n->n_in > 4 && n->in[4] >= 0;
+  kn_wq q = {.q = P_(1), .qt = w->dtype, .scales = P_(3), .st = T_(3)->dtype,
+             .zp = zp ? P_(4) : NULL, .zt = zp ? T_(4)->dtype : IR_U8,
+             .group = k / T_(3)->dims[1].n};
+  int act = ir_node_attr_i(n, "act", IR_ACT_NONE) == IR_ACT_SWIGLU ? KN_WQ_ACT_SWIGLU
+                                                                    : KN_WQ_ACT_NONE;
+  if (ir_node_attr_i(n, "act_int8", 0))
+    kn_matmul_w8a8(p, O_(0), P_(0), &q, bias, m, rows, k, act);
+  else
+    kn_matmul_wq(p, O_(0), P_(0), &q, bias, m, rows, k, act);
+}
+
+/* q, k, v as separate tensors or one packed qkv (k, v absent), with the rope folded in
+ * when positions and the cos/sin table are inputs 3 and 4. */
+static kn_attn_io attention_io(const ir_node *n, void *const *ptrs, int64_t nh, int64_t nkv,
+                               int64_t hd) {
+  kn_attn_io io = {.q = P_(0), .q_stride = nh * hd, .kv_stride = nkv * hd};
+  if (n->n_in > 2 && n->in[1] >= 0) {
+    io.k = P_(1), io.v = P_(2);
+  } else { /* packed: one row is the q heads, then the k heads, then the v heads */
+    io.q_stride = io.kv_stride = (nh + 2 * nkv) * hd;
+    io.k = io.q + nh * hd, io.v = io.k + nkv * hd;
+  }
+  if (n->n_in > 4 && n->in[3] >= 0) {
+    io.pos = P_(3), io.cos_sin = P_(4);
+    io.rot_dim = ir_node_attr_i(n, "rot_dim", hd), io.neox = (int)ir_node_attr_i(n, "neox", 1);
+  }
+  return io;
+}
+
 static void run_attention(kn_pool *p, const ir_graph *g, const ir_node *n, void *const *ptrs,
                           const irt_step *s) {
   int64_t layer = ir_node_attr_i(n, "layer", 0);
@@ -57,8 +103,9 @@ static void run_attention(kn_pool *p, const ir_graph *g, const ir_node *n, void 
   kn_attn_batch b = {.n_tok = s->syms[IR_SYM_TOKENS], .tok_seq = s->tok_seq,
                      .tok_pos = s->tok_pos, .max_blocks_per_seq = s->max_blocks,
                      .block_tables = s->block_tables};
-  kn_attention_paged(p, O_(0), P_(0), P_(1), P_(2), &kl, &b, ir_node_attr_i(n, "n_heads", 0),
-                     (float)ir_node_attr_f(n, "scale", 1.0));
+  int64_t nh = ir_node_attr_i(n, "n_heads", 0);
+  kn_attn_io io = attention_io(n, ptrs, nh, kv->n_kv_heads, kv->head_dim);
+  kn_attention_paged_io(p, O_(0), &io, &kl, &b, nh, (float)ir_node_attr_f(n, "scale", 1.0));
 }
 
 static ir_status cpu_run_node(void *vctx, const ir_graph *g, int32_t ni, void *const *ptrs,
@@ -82,10 +129,7 @@ static ir_status cpu_run_node(void *vctx, const ir_graph *g, int32_t ni, void *c
                     (int64_t)ir_tensor_elems(g, T_(0), s->syms) / dim, dim, eps);
     break;
   }
-  case IR_OP_MATMUL:
-    kn_matmul(p, O_(0), P_(0), P_(1), T_(1)->dtype, n->n_in > 2 && n->in[2] >= 0 ? P_(2) : NULL,
-              dimv(g, T_(0), 0, s), dimv(g, T_(1), 0, s), dimv(g, T_(1), 1, s));
-    break;
+  case IR_OP_MATMUL: run_matmul(p, g, n, ptrs, s); break;
   case IR_OP_ROPE: {
     if (O_(0) != P_(0)) memcpy(O_(0), P_(0), ir_tensor_bytes(g, T_(0), s->syms));
     kn_rope(p, O_(0), P_(1), P_(2), dimv(g, T_(0), 0, s), ir_node_attr_i(n, "n_heads", 0),
@@ -125,6 +169,14 @@ static ir_status cpu_check(void *vctx, const ir_graph *g, ir_diag *d) {
   return IR_OK;
 }
 
+/* The arena and the KV pool come from anonymous mmap: pages the kernel zero-fills on
+ * first touch, so opening a model costs no memset and RSS grows only with the pages a
+ * workload uses. A 64-byte header before the returned (64-aligned) pointer keeps the
+ * mapping's length for munmap. */
+enum { CPU_ALLOC_HEADER = 64 };
+
+#if defined(__SANITIZE_ADDRESS__)
+/* Under ASan the heap, so that overruns of the arena or the pool are caught. */
 static void *cpu_alloc(void *vctx, size_t bytes) {
   void *p = NULL;
   if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0) return NULL;
@@ -133,6 +185,24 @@ static void *cpu_alloc(void *vctx, size_t bytes) {
 }
 
 static void cpu_free(void *vctx, void *p) { free(p); }
+#else
+static void *cpu_alloc(void *vctx, size_t bytes) {
+  size_t len = bytes + CPU_ALLOC_HEADER;
+  if (len < bytes) return NULL;
+  void *base = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (base == MAP_FAILED) return NULL;
+  memcpy(base, &len, sizeof len);
+  return (char *)base + CPU_ALLOC_HEADER;
+}
+
+static void cpu_free(void *vctx, void *p) {
+  if (!p) return;
+  char *base = (char *)p - CPU_ALLOC_HEADER;
+  size_t len;
+  memcpy(&len, base, sizeof len);
+  munmap(base, len);
+}
+#endif
 
 static void cpu_destroy(void *vctx) {
   cpu_ctx *c = vctx;

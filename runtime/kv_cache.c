@@ -185,9 +185,15 @@ int64_t irt_kv_in_use(const irt_kv_cache *kv) {
 void irt_kv_block_copy(irt_kv_cache *kv, int32_t src, int32_t dst) {
   size_t per_block = (size_t)(kv->n_kv_heads * kv->block_size * kv->head_dim);
   for (int64_t l = 0; l < kv->n_layers; l++) {
-    memcpy(kv->k[l] + (size_t)dst * per_block, kv->k[l] + (size_t)src * per_block,
-           per_block * sizeof(float));
-    memcpy(kv->v[l] + (size_t)dst * per_block, kv->v[l] + (size_t)src * per_block,
-           per_block * sizeof(float));
+    float *k = kv->k[l], *v = kv->v[l];
+    if (kv->copy) {
+      kv->copy(kv->copy_ctx, k + (size_t)dst * per_block, k + (size_t)src * per_block,
+               per_block * sizeof(float));
+      kv->copy(kv->copy_ctx, v + (size_t)dst * per_block, v + (size_t)src * per_block,
+               per_block * sizeof(float));
+      continue;
+    }
+    memcpy(k + (size_t)dst * per_block, k + (size_t)src * per_block, per_block * sizeof(float));
+    memcpy(v + (size_t)dst * per_block, v + (size_t)src * per_block, per_block * sizeof(float));
   }
 }

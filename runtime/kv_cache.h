@@ -45,6 +45,10 @@ typedef struct irt_kv_cache {
   int32_t *buckets; /* (n_buckets) heads of hash chains, -1 if empty */
   int64_t n_buckets;
   uint64_t evictions;
+  /* Block copies through the backend when its memory is not the host's (set after init;
+   * NULL: memcpy). */
+  void (*copy)(void *ctx, void *dst, const void *src, size_t bytes);
+  void *copy_ctx;
 } irt_kv_cache;
 
 typedef void *(*irt_kv_alloc_fn)(void *ctx, size_t bytes);
@@ -67,7 +71,7 @@ void irt_kv_block_unref(irt_kv_cache *kv, int32_t block);
 int64_t irt_kv_available(const irt_kv_cache *kv);
 /* Blocks held by at least one sequence. */
 int64_t irt_kv_in_use(const irt_kv_cache *kv);
-/* Copies block src's K and V (all layers) into dst (host-memory backends). */
+/* Copies block src's K and V (all layers) into dst (through kv->copy when set). */
 void irt_kv_block_copy(irt_kv_cache *kv, int32_t src, int32_t dst);
 
 /* The chain hash of a full block: parent hash (0 for the first block), its block_size

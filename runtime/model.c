@@ -15,7 +15,16 @@ void irt_error_from_diag(irt_error *err, const ir_diag *d) {
 }
 
 irt_model_opts irt_model_opts_default(void) {
-  return (irt_model_opts){.n_threads = 0, .kv_tokens = 0, .skip_weight_checksum = false};
+  return (irt_model_opts){.n_threads = 0, .kv_tokens = 0, .skip_weight_checksum = true};
+}
+
+irt_status irt_plan_verify(const char *plan_path, irt_error *err) {
+  ir_diag d = {0};
+  ir_plan *p = NULL;
+  ir_status st = ir_plan_open(plan_path, IR_PLAN_VERIFY_ALL, &p, &d);
+  ir_plan_close(p);
+  if (st != IR_OK) irt_error_from_diag(err, &d);
+  return (irt_status)st;
 }
 
 static int32_t find_io(const ir_graph *g, const char *name, ir_diag *d) {
@@ -24,7 +33,37 @@ static int32_t find_io(const ir_graph *g, const char *name, ir_diag *d) {
   return t;
 }
 
-/* Resolves every tensor to an address: weights in the mapping, the rest in the arena. */
+/* The backend for the plan's target and opts->device (NULL / "auto": the target). */
+static ir_status open_backend(irt_model *m, const irt_model_opts *o, ir_diag *d) {
+  const char *dev = o->device && *o->device ? o->device : "auto";
+  const char *target = ir_plan_target(m->plan) ? ir_plan_target(m->plan) : "cpu";
+  bool cuda_plan = !strcmp(target, "cuda") && ir_plan_n_kernels(m->plan) > 0;
+  if (!strcmp(dev, "auto")) dev = cuda_plan ? "cuda" : "cpu";
+  if (!strcmp(dev, "cpu")) return irt_backend_cpu_create(o->n_threads, &m->be, d);
+  if (strcmp(dev, "cuda"))
+    return ir_diag_set(d, IR_INVALID_ARG, "device '%s': expected cpu, cuda or auto", dev);
+  if (!cuda_plan)
+    return ir_diag_set(d, IR_UNSUPPORTED,
+                       "device cuda needs a CUDA plan, and this plan was built for target '%s' "
+                       "(rebuild it with infc build --target cuda, or run with --device cpu)",
+                       target);
+  irt_cuda_opts co = {.abi = IRT_CUDA_ABI, .device = o->cuda_device, .graphs = !o->no_cuda_graphs,
+                      .kernels = ir_plan_kernel_at(m->plan, 0),
+                      .n_kernels = ir_plan_n_kernels(m->plan)};
+  return irt_backend_cuda_open(&co, m->g, &m->be, d);
+}
+
+/* A weight's address for the backend: in the mapping, or uploaded once to the device. */
+static ir_status bind_weight(irt_model *m, const ir_tensor *t, void **out, ir_diag *d) {
+  *out = (void *)t->data;
+  if (!m->be.ops->upload) return IR_OK;
+  ir_status st = m->be.ops->upload(m->be.ctx, t->data, t->nbytes, out, d);
+  if (st != IR_OK) ir_diag_prefix(d, "weight '%s'", t->name);
+  return st;
+}
+
+/* Resolves every tensor to an address: weights in the mapping (or on the device), the
+ * rest in the arena. */
 static ir_status bind_tensors(irt_model *m, ir_diag *d) {
   const ir_graph *g = m->g;
   m->arena = m->be.ops->alloc(m->be.ctx, g->arena_size);
@@ -33,7 +72,8 @@ static ir_status bind_tensors(irt_model *m, ir_diag *d) {
   for (int32_t i = 0; i < g->n_tensors; i++) {
     const ir_tensor *t = &g->tensors[i];
     if (t->kind == IR_TENSOR_WEIGHT) {
-      m->ptrs[i] = (void *)t->data;
+      ir_status st = bind_weight(m, t, &m->ptrs[i], d);
+      if (st != IR_OK) return st;
       continue;
     }
     uint64_t need = ir_tensor_bytes(g, t, NULL);
@@ -59,6 +99,34 @@ static ir_status setup_io(irt_model *m, ir_diag *d) {
   return IR_OK;
 }
 
+/* A device backend's KV pool gets one block more, held for good: decode steps padded to
+ * a graph's batch bucket write their padding tokens there. */
+static ir_status setup_device_kv(irt_model *m, int64_t tokens, ir_diag *d) {
+  const ir_model_config *c = &m->g->config;
+  m->h_tokens = calloc((size_t)c->max_tokens, sizeof(int32_t));
+  m->h_rows = calloc((size_t)c->max_logits, sizeof(int32_t));
+  if (!m->h_tokens || !m->h_rows) return ir_diag_set(d, IR_OOM, "out of memory");
+  ir_status st = irt_kv_cache_init(&m->kv, c->n_layers, c->n_kv_heads, c->head_dim,
+                                   c->kv_block_size, tokens + c->kv_block_size, m->be.ops->alloc,
+                                   m->be.ctx, d);
+  if (st == IR_OOM && m->be.ops->mem_info) {
+    uint64_t fr = 0, tot = 0, want = (uint64_t)(tokens + c->kv_block_size) * 2 *
+                                     (uint64_t)(c->n_layers * c->n_kv_heads * c->head_dim) * 4;
+    m->be.ops->mem_info(m->be.ctx, &fr, &tot);
+    *d = (ir_diag){0};
+    return ir_diag_set(d, IR_OOM,
+                       "out of device memory for the KV pool: %lld tokens need %.1f MiB, %.1f "
+                       "MiB of %.1f MiB are free (lower --kv-tokens)",
+                       (long long)tokens, (double)want / 1048576.0, (double)fr / 1048576.0,
+                       (double)tot / 1048576.0);
+  }
+  if (st != IR_OK) return st;
+  m->pad_block = irt_kv_block_alloc(&m->kv);
+  m->kv.copy = m->be.ops->copy;
+  m->kv.copy_ctx = m->be.ctx;
+  return IR_OK;
+}
+
 static ir_status setup_kv(irt_model *m, const irt_model_opts *o, ir_diag *d) {
   const ir_model_config *c = &m->g->config;
   int64_t tokens = o->kv_tokens > 0 ? o->kv_tokens : c->max_position;
@@ -66,8 +134,10 @@ static ir_status setup_kv(irt_model *m, const irt_model_opts *o, ir_diag *d) {
   m->tok_seq = calloc((size_t)c->max_tokens, sizeof(int32_t));
   m->tok_pos = calloc((size_t)c->max_tokens, sizeof(int32_t));
   m->block_tables = calloc((size_t)(c->max_seqs * m->max_blocks), sizeof(int32_t));
+  m->pad_block = -1;
   if (!m->tok_seq || !m->tok_pos || !m->block_tables)
     return ir_diag_set(d, IR_OOM, "out of memory");
+  if (m->be.ops->run_step) return setup_device_kv(m, tokens, d);
   return irt_kv_cache_init(&m->kv, c->n_layers, c->n_kv_heads, c->head_dim, c->kv_block_size,
                            tokens, m->be.ops->alloc, m->be.ctx, d);
 }
@@ -82,7 +152,8 @@ static void fill_info(irt_model *m) {
       .n_layers = c->n_layers, .hidden_size = c->hidden_size, .bos_token_id = c->bos_token_id,
       .eos_token_id = c->eos_token_id, .max_step_tokens = c->max_tokens,
       .max_step_seqs = c->max_seqs, .max_step_logits = c->max_logits, .weight_bytes = wb,
-      .arena_bytes = m->g->arena_size, .kv_bytes = irt_kv_cache_bytes(&m->kv)};
+      .arena_bytes = m->g->arena_size, .kv_bytes = irt_kv_cache_bytes(&m->kv),
+      .device = m->be.ops->name};
 }
 
 irt_status irt_model_open(const char *path, const irt_model_opts *opts, irt_model **out,
@@ -98,7 +169,7 @@ irt_status irt_model_open(const char *path, const irt_model_opts *opts, irt_mode
                    : IR_OOM;
   if (st == IR_OK) {
     m->g = ir_plan_graph(m->plan);
-    st = irt_backend_cpu_create(o.n_threads, &m->be, &d);
+    st = open_backend(m, &o, &d);
   }
   if (st == IR_OK) st = m->be.ops->check(m->be.ctx, m->g, &d);
   if (st == IR_OK) st = setup_io(m, &d);
@@ -120,12 +191,17 @@ void irt_model_close(irt_model *m) {
   if (m->be.ops) {
     irt_kv_cache_release(&m->kv, m->be.ops->free, m->be.ctx);
     if (m->arena) m->be.ops->free(m->be.ctx, m->arena);
+    for (int32_t i = 0; m->be.ops->upload && m->ptrs && i < m->g->n_tensors; i++)
+      if (m->g->tensors[i].kind == IR_TENSOR_WEIGHT && m->ptrs[i])
+        m->be.ops->free(m->be.ctx, m->ptrs[i]);
   }
   irt_backend_destroy(&m->be);
   free(m->ptrs);
   free(m->tok_seq);
   free(m->tok_pos);
   free(m->block_tables);
+  free(m->h_tokens);
+  free(m->h_rows);
   irt_tok_destroy(m->tok);
   ir_plan_close(m->plan);
   free(m);

@@ -21,6 +21,10 @@ struct irt_model {
   int64_t max_blocks; /* blocks one sequence may hold: ceil(context / block_size) */
   /* step scratch, sized for the step limits at open */
   int32_t *tok_seq, *tok_pos, *block_tables;
+  /* device backends (be.ops->run_step set): host copies of the tokens and logit_rows
+   * inputs, and a KV block held by no sequence that padding tokens write to */
+  int32_t *h_tokens, *h_rows;
+  int32_t pad_block;
   irt_tokenizer *tok; /* from the plan, or NULL */
 };
 

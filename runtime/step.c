@@ -71,10 +71,13 @@ static irt_status reserve_blocks(irt_model *m, const irt_batch_item *items, int 
   return IRT_OK;
 }
 
-/* Fills the step descriptor and the tokens / positions / logit_rows inputs. */
+/* Fills the step descriptor and the tokens / positions / logit_rows inputs (in host
+ * copies that the backend uploads, when its memory is a device's). */
 static void fill_step(irt_model *m, const irt_batch_item *items, int n_items, irt_step *st) {
-  int32_t *tok = m->ptrs[m->in_tokens], *pos = m->ptrs[m->in_positions];
-  int32_t *rows = m->ptrs[m->in_logit_rows];
+  bool dev = m->be.ops->run_step != NULL;
+  int32_t *tok = dev ? m->h_tokens : m->ptrs[m->in_tokens];
+  int32_t *pos = dev ? m->tok_pos : m->ptrs[m->in_positions];
+  int32_t *rows = dev ? m->h_rows : m->ptrs[m->in_logit_rows];
   int64_t t = 0, l = 0;
   for (int i = 0; i < n_items; i++) {
     const irt_batch_item *it = &items[i];
@@ -90,7 +93,8 @@ static void fill_step(irt_model *m, const irt_batch_item *items, int n_items, ir
   }
   *st = (irt_step){.syms = {[IR_SYM_TOKENS] = t, [IR_SYM_SEQS] = n_items, [IR_SYM_LOGITS] = l},
                    .tok_seq = m->tok_seq, .tok_pos = m->tok_pos,
-                   .block_tables = m->block_tables, .max_blocks = m->max_blocks, .kv = &m->kv};
+                   .block_tables = m->block_tables, .max_blocks = m->max_blocks, .kv = &m->kv,
+                   .tokens = tok, .logit_rows = rows, .pad_block = m->pad_block};
 }
 
 static void copy_logits(irt_model *m, const irt_batch_item *items, int n_items) {
@@ -104,6 +108,33 @@ static void copy_logits(irt_model *m, const irt_batch_item *items, int n_items) 
   }
 }
 
+/* Device backends: only the wanted logit rows come down, one read per run of items whose
+ * buffers follow each other (the engine's usually all do). The first read waits for the
+ * step, so it also reports any error of its queued work. */
+static ir_status read_logits(irt_model *m, const irt_batch_item *items, int n_items,
+                             ir_diag *d) {
+  const char *lg = m->ptrs[m->out_logits];
+  size_t row = (size_t)m->info.vocab_size * sizeof(float), off = 0;
+  float *dst = NULL;
+  size_t run = 0; /* rows in the pending read */
+  ir_status st = IR_OK;
+  for (int i = 0; i <= n_items && st == IR_OK; i++) {
+    int64_t r = i < n_items ? logit_rows_of(&items[i]) : 0;
+    if (i < n_items && !r) continue;
+    if (run && (i == n_items || items[i].logits != dst + run * (row / sizeof(float)))) {
+      st = m->be.ops->read(m->be.ctx, dst, lg + off, run * row, d);
+      off += run * row;
+      run = 0;
+    }
+    if (i == n_items) break;
+    if (!run) dst = items[i].logits;
+    run += (size_t)r;
+  }
+  /* No logits wanted: still wait, so errors surface in this step. */
+  if (st == IR_OK && off == 0) st = m->be.ops->read(m->be.ctx, NULL, lg, 0, d);
+  return st;
+}
+
 irt_status irt_decode_batch(irt_model *m, const irt_batch_item *items, int n_items,
                             irt_error *err) {
   irt_status st = check_batch(m, items, n_items, err);
@@ -112,12 +143,20 @@ irt_status irt_decode_batch(irt_model *m, const irt_batch_item *items, int n_ite
   irt_step step;
   fill_step(m, items, n_items, &step);
   ir_diag d = {0};
-  for (int32_t i = 0; i < m->g->n_nodes; i++)
-    if (m->be.ops->run_node(m->be.ctx, m->g, i, m->ptrs, &step, &d) != IR_OK) {
+  if (m->be.ops->run_step) {
+    if (m->be.ops->run_step(m->be.ctx, m->g, m->ptrs, &step, &d) != IR_OK ||
+        read_logits(m, items, n_items, &d) != IR_OK) {
       irt_error_from_diag(err, &d);
       return (irt_status)d.status;
     }
-  copy_logits(m, items, n_items);
+  } else {
+    for (int32_t i = 0; i < m->g->n_nodes; i++)
+      if (m->be.ops->run_node(m->be.ctx, m->g, i, m->ptrs, &step, &d) != IR_OK) {
+        irt_error_from_diag(err, &d);
+        return (irt_status)d.status;
+      }
+    copy_logits(m, items, n_items);
+  }
   for (int i = 0; i < n_items; i++) items[i].seq->len += items[i].n;
   return IRT_OK;
 }

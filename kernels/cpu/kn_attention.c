@@ -12,9 +12,7 @@ enum { KN_ATTN_DSLICE = 256, KN_ATTN_LANES = 8, KN_ATTN_MIN_WORK = 32768 };
 
 typedef struct attn_args {
   float *out;
-  const float *q;
-  const float *k_new;
-  const float *v_new;
+  const kn_attn_io *io;
   const kn_kv_layer *kv;
   const kn_attn_batch *b;
   int64_t n_heads;
@@ -36,14 +34,19 @@ static void attn_write_task(void *arg, int64_t begin, int64_t end, int tid) {
   const attn_args *a = arg;
   const kn_kv_layer *kv = a->kv;
   size_t row = (size_t)kv->head_dim * sizeof(float);
+  const kn_attn_io *io = a->io;
   for (int64_t t = begin; t < end; t++) {
     int64_t pos = a->b->tok_pos[t];
     int64_t blk = attn_block(a->b, a->b->tok_seq[t], pos / kv->block_size);
     for (int64_t h = 0; h < kv->n_kv_heads; h++) {
       int64_t dst = attn_cache_off(kv, blk, h, pos % kv->block_size);
-      int64_t src = (t * kv->n_kv_heads + h) * kv->head_dim;
-      memcpy(kv->k + dst, a->k_new + src, row);
-      memcpy(kv->v + dst, a->v_new + src, row);
+      int64_t src = t * io->kv_stride + h * kv->head_dim;
+      memcpy(kv->k + dst, io->k + src, row);
+      memcpy(kv->v + dst, io->v + src, row);
+      /* rotated in the cache: the same operations as kn_rope on the input, then a copy */
+      if (io->cos_sin)
+        kn_rope_head(kv->k + dst, io->cos_sin + (int64_t)io->pos[t] * io->rot_dim, io->rot_dim,
+                     io->neox);
     }
   }
 }
@@ -90,7 +93,14 @@ static void attn_head_slice(const attn_args *a, int64_t t, int64_t h, int64_t d0
   int64_t hd = kv->head_dim, bs = kv->block_size;
   int64_t kvh = h / (a->n_heads / kv->n_kv_heads);
   int64_t seq = a->b->tok_seq[t], n_pos = (int64_t)a->b->tok_pos[t] + 1;
-  const float *q = a->q + (t * a->n_heads + h) * hd;
+  const kn_attn_io *io = a->io;
+  const float *q = io->q + t * io->q_stride + h * hd;
+  float qr[KN_ATTN_DSLICE]; /* head_dim <= 256 (the IR checks it) */
+  if (io->cos_sin) {
+    memcpy(qr, q, (size_t)hd * sizeof *qr);
+    kn_rope_head(qr, io->cos_sin + (int64_t)io->pos[t] * io->rot_dim, io->rot_dim, io->neox);
+    q = qr;
+  }
   attn_state st = {.max = -INFINITY, .sum = 0.0f};
   for (int64_t j0 = 0; j0 < n_pos; j0 += bs) {
     int64_t base = attn_cache_off(kv, attn_block(a->b, seq, j0 / bs), kvh, 0);
@@ -131,8 +141,14 @@ static int64_t attn_head_grain(const kn_attn_batch *b, int64_t n_heads, int64_t 
 void kn_attention_paged(kn_pool *p, float *out, const float *q, const float *k_new,
                         const float *v_new, const kn_kv_layer *kv, const kn_attn_batch *b,
                         int64_t n_heads, float scale) {
-  attn_args a = {.out = out, .q = q, .k_new = k_new, .v_new = v_new, .kv = kv, .b = b,
-                 .n_heads = n_heads, .scale = scale};
+  kn_attn_io io = {.q = q, .k = k_new, .v = v_new, .q_stride = n_heads * kv->head_dim,
+                   .kv_stride = kv->n_kv_heads * kv->head_dim};
+  kn_attention_paged_io(p, out, &io, kv, b, n_heads, scale);
+}
+
+void kn_attention_paged_io(kn_pool *p, float *out, const kn_attn_io *io, const kn_kv_layer *kv,
+                           const kn_attn_batch *b, int64_t n_heads, float scale) {
+  attn_args a = {.out = out, .io = io, .kv = kv, .b = b, .n_heads = n_heads, .scale = scale};
   int64_t row = kv->n_kv_heads * kv->head_dim;
   /* Every write lands before any read: a token may attend to positions written by
    * other tokens of the same step (prefill chunks). */

@@ -9,6 +9,7 @@
 #ifndef KN_CPU_H
 #define KN_CPU_H
 
+#include <math.h>
 #include <stdint.h>
 
 #include "ir_dtype.h"
@@ -37,6 +38,13 @@ void kn_add_rms_norm(kn_pool *p, float *out, float *out_sum, const float *a, con
 void kn_matmul(kn_pool *p, float *y, const float *x, const void *w, ir_dtype wt,
                const float *bias, int64_t m, int64_t n, int64_t k);
 
+/* The swiglu epilogue: y[i, j] = kn_silu_mul(z[i, j], z[i, n + j]) for z = x . W^T (+ bias)
+ * with W (2n, k): gate rows, then up rows; bias (2n) or NULL; y (m, n).  Each z is the
+ * same dot product kn_matmul computes, so y equals kn_matmul then kn_swiglu bit for bit,
+ * without the (m, 2n) intermediate. */
+void kn_matmul_swiglu(kn_pool *p, float *y, const float *x, const void *w, ir_dtype wt,
+                      const float *bias, int64_t m, int64_t n, int64_t k);
+
 /* Caps the instruction set kn_matmul dispatches to (0 portable C, 1 AVX2, 2 AVX-512;
  * the CPU must still support it) and returns the previous cap. For tests and
  * benchmarks; call it only while no kernel runs. */
@@ -49,6 +57,15 @@ int kn_matmul_set_max_isa(int isa);
  * (2i, 2i+1) as GPT-J / interleaved. */
 void kn_rope(kn_pool *p, float *x, const int32_t *pos, const float *cos_sin, int64_t n_tok,
              int64_t n_heads, int64_t head_dim, int64_t rot_dim, int neox);
+
+/* One element of swiglu: silu(g) * u with silu(g) = g / (1 + exp(-g)), the form HF uses
+ * (for g -> -inf expf overflows to inf and the quotient is a signed zero, not NaN). Shared
+ * by kn_swiglu and the matmul epilogue so both round alike. */
+static inline float kn_silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+
+/* Rotates one head in place (x: head_dim values, the first rot_dim rotated) with the
+ * (cos, sin) row of its position: cs = cos_sin + pos * rot_dim. The arithmetic of kn_rope. */
+void kn_rope_head(float *x, const float *cs, int64_t rot_dim, int neox);
 
 /* out = silu(gate) * up, elementwise over n values. out may alias gate or up. */
 void kn_swiglu(kn_pool *p, float *out, const float *gate, const float *up, int64_t n);
@@ -91,6 +108,25 @@ typedef struct kn_attn_batch {
 void kn_attention_paged(kn_pool *p, float *out, const float *q, const float *k_new,
                         const float *v_new, const kn_kv_layer *kv, const kn_attn_batch *b,
                         int64_t n_heads, float scale);
+
+/* Where attention finds q, k and v, and the rope it applies first. Head h of token t is at
+ * q + t * q_stride + h * head_dim (k, v likewise with kv_stride), so one packed qkv row
+ * (q heads, k heads, v heads) is q = qkv, k = qkv + n_heads * head_dim, ... with every
+ * stride the packed width. With cos_sin set, q and k are rotated as kn_rope would (k as
+ * it is written to the cache; the inputs are not modified), by the positions pos[t]. */
+typedef struct kn_attn_io {
+  const float *q, *k, *v;
+  int64_t q_stride, kv_stride; /* floats between consecutive tokens */
+  const int32_t *pos;          /* (n_tok), < the table's rows (checked by the caller) */
+  const float *cos_sin;        /* (max_pos, rot_dim / 2, 2) or NULL: no rope */
+  int64_t rot_dim;
+  int neox;
+} kn_attn_io;
+
+/* kn_attention_paged over strided (packed) inputs with an optional rope: bit for bit
+ * kn_rope on q and k followed by kn_attention_paged. */
+void kn_attention_paged_io(kn_pool *p, float *out, const kn_attn_io *io, const kn_kv_layer *kv,
+                           const kn_attn_batch *b, int64_t n_heads, float scale);
 
 
 #endif

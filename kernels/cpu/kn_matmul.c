@@ -33,6 +33,10 @@ enum {
   KN_MM_SERIAL_FLOPS = 1 << 18,  /* below this, waking the pool costs more than it saves */
   KN_MM_KC = 256,                /* portable path: W values converted per stack chunk */
   KN_MM_QRUN = 16,               /* AVX-512 quantized path: blocks whose scales convert ahead */
+  KN_MM_PANEL_MIN_M = 2,         /* from this many x rows, W is converted once per panel */
+  KN_MM_PANEL_BYTES = 32 << 10,  /* a converted panel aims to stay in L1 ... */
+  KN_MM_PANEL_FLOATS = 32768,    /* ... and never exceeds this stack buffer (128 KiB) */
+  KN_MM_PANEL_MAX_COLS = 16,
 };
 
 #ifndef KN_MATMUL_MAX_ISA
@@ -57,6 +61,20 @@ typedef struct mm_kernels {
   int nr1;         /* the single-row kernel (decode, and m % mr leftovers) */
   mm_kern_fn row;
 } mm_kernels;
+
+/* Converts one W row of k values to the exact f32 values the kernels of its ISA use. */
+typedef void (*mm_deq_fn)(const void *w, int64_t k, float *out);
+
+/* The panel path, for several x rows against non-f32 W: a panel of W rows is converted
+ * once to f32 (in L1) and then swept by every x row of the tile with the f32 kernels of
+ * the same ISA. Those sum in the order the W type's own kernels use over the same
+ * values, so the path changes speed only, never bits. */
+typedef struct mm_panel_kernels {
+  int mr, nr;                   /* f32 kernel: mr rows of x against nr panel rows */
+  mm_kern_fn block;
+  mm_kern_fn left[KN_MM_MAX_R]; /* left[r]: r rows (0 < r < mr) against nr panel rows */
+  mm_deq_fn deq[6];             /* by mm_dtype_index; [0] (f32) unused */
+} mm_panel_kernels;
 
 static inline float mm_w_scalar(const void *w, ir_dtype dt, int64_t i) {
   if (dt == IR_F32) return ((const float *)w)[i];
@@ -138,6 +156,19 @@ MM_INST_C(mm_c_q4_0_2x2, IR_Q4_0, 2, 2)
 MM_INST_C(mm_c_q4_0_1x4, IR_Q4_0, 1, 4)
 MM_INST_C(mm_c_q4_1_2x2, IR_Q4_1, 2, 2)
 MM_INST_C(mm_c_q4_1_1x4, IR_Q4_1, 1, 4)
+MM_INST_C(mm_c_f32_1x2, IR_F32, 1, 2)
+
+#define MM_DEQ_C(name, dt)                                                                 \
+  static void name(const void *w, int64_t k, float *out) { kn_dequant_row(w, dt, out, k); }
+MM_DEQ_C(mm_deq_c_f16, IR_F16)
+MM_DEQ_C(mm_deq_c_bf16, IR_BF16)
+MM_DEQ_C(mm_deq_c_q8_0, IR_Q8_0)
+MM_DEQ_C(mm_deq_c_q4_0, IR_Q4_0)
+MM_DEQ_C(mm_deq_c_q4_1, IR_Q4_1)
+
+static const mm_panel_kernels k_panel_c = {
+    2, 2, mm_c_f32_2x2, {NULL, mm_c_f32_1x2},
+    {NULL, mm_deq_c_f16, mm_deq_c_bf16, mm_deq_c_q8_0, mm_deq_c_q4_0, mm_deq_c_q4_1}};
 
 /* Indexed by mm_dtype_index. */
 static const mm_kernels k_mm_c[6] = {
@@ -286,6 +317,36 @@ static const mm_kernels k_mm_avx2[6] = {
     {2, 2, mm_avx2_q4_0_2x2, 4, mm_avx2_q4_0_1x4},
     {2, 2, mm_avx2_q4_1_2x2, 4, mm_avx2_q4_1_1x4},
 };
+
+MM_INST_AVX2(mm_avx2_f32_1x2, IR_F32, 1, 2)
+
+MM_AVX2_INLINE void mm_deq_avx2(const void *w, int64_t k, float *out, ir_dtype dt) {
+  if (ir_dtype_is_quant(dt)) {
+    const int64_t bb = kn_quant_block_bytes(dt);
+    for (int64_t b = 0; b < k / KN_QBLOCK; b++) {
+      __m256 v[4];
+      mm_qblock_avx2((const uint8_t *)w + b * bb, dt, v);
+      for (int g = 0; g < 4; g++) _mm256_storeu_ps(out + b * KN_QBLOCK + 8 * g, v[g]);
+    }
+    return;
+  }
+  int64_t i = 0;
+  for (; i + 8 <= k; i += 8) _mm256_storeu_ps(out + i, mm_w8_avx2(w, i, dt));
+  for (; i < k; i++) out[i] = mm_w_scalar(w, dt, i);
+}
+
+#define MM_DEQ_AVX2(name, dt)                                                              \
+  static MM_AVX2 void name(const void *w, int64_t k, float *out) { mm_deq_avx2(w, k, out, dt); }
+MM_DEQ_AVX2(mm_deq_avx2_f16, IR_F16)
+MM_DEQ_AVX2(mm_deq_avx2_bf16, IR_BF16)
+MM_DEQ_AVX2(mm_deq_avx2_q8_0, IR_Q8_0)
+MM_DEQ_AVX2(mm_deq_avx2_q4_0, IR_Q4_0)
+MM_DEQ_AVX2(mm_deq_avx2_q4_1, IR_Q4_1)
+
+static const mm_panel_kernels k_panel_avx2 = {
+    2, 2, mm_avx2_f32_2x2, {NULL, mm_avx2_f32_1x2},
+    {NULL, mm_deq_avx2_f16, mm_deq_avx2_bf16, mm_deq_avx2_q8_0, mm_deq_avx2_q4_0,
+     mm_deq_avx2_q4_1}};
 #endif
 
 /* ---- x86: AVX-512F ---------------------------------------------------------------- */
@@ -410,6 +471,44 @@ static const mm_kernels k_mm_avx512[6] = {
     {4, 4, mm_avx512_q4_0_4x4, 8, mm_avx512_q4_0_1x8},
     {4, 4, mm_avx512_q4_1_4x4, 8, mm_avx512_q4_1_1x8},
 };
+
+MM_INST_AVX512(mm_avx512_f32_1x4, IR_F32, 1, 4)
+MM_INST_AVX512(mm_avx512_f32_2x4, IR_F32, 2, 4)
+MM_INST_AVX512(mm_avx512_f32_3x4, IR_F32, 3, 4)
+
+MM_AVX512_INLINE void mm_deq_avx512(const void *w, int64_t k, float *out, ir_dtype dt) {
+  if (ir_dtype_is_quant(dt)) {
+    const int64_t bb = kn_quant_block_bytes(dt);
+    for (int64_t b = 0; b < k / KN_QBLOCK; b++) {
+      const uint8_t *blk = (const uint8_t *)w + b * bb;
+      float dm[4];
+      __m512 v[2];
+      _mm_storeu_ps(dm, mm_block_dm(blk, dt));
+      mm_qblock_avx512(blk, dt, dm, v);
+      _mm512_storeu_ps(out + b * KN_QBLOCK, v[0]);
+      _mm512_storeu_ps(out + b * KN_QBLOCK + 16, v[1]);
+    }
+    return;
+  }
+  int64_t i = 0;
+  for (; i + KN_MM_LANES <= k; i += KN_MM_LANES) _mm512_storeu_ps(out + i, mm_w16_avx512(w, i, dt));
+  for (; i < k; i++) out[i] = mm_w_scalar(w, dt, i);
+}
+
+#define MM_DEQ_AVX512(name, dt)                                                            \
+  static MM_AVX512 void name(const void *w, int64_t k, float *out) {                      \
+    mm_deq_avx512(w, k, out, dt);                                                          \
+  }
+MM_DEQ_AVX512(mm_deq_avx512_f16, IR_F16)
+MM_DEQ_AVX512(mm_deq_avx512_bf16, IR_BF16)
+MM_DEQ_AVX512(mm_deq_avx512_q8_0, IR_Q8_0)
+MM_DEQ_AVX512(mm_deq_avx512_q4_0, IR_Q4_0)
+MM_DEQ_AVX512(mm_deq_avx512_q4_1, IR_Q4_1)
+
+static const mm_panel_kernels k_panel_avx512 = {
+    4, 4, mm_avx512_f32_4x4, {NULL, mm_avx512_f32_1x4, mm_avx512_f32_2x4, mm_avx512_f32_3x4},
+    {NULL, mm_deq_avx512_f16, mm_deq_avx512_bf16, mm_deq_avx512_q8_0, mm_deq_avx512_q4_0,
+     mm_deq_avx512_q4_1}};
 #endif
 
 /* ---- dispatch and tiling ---------------------------------------------------------- */
@@ -461,17 +560,33 @@ static int mm_dtype_index(ir_dtype wt) {
 
 /* The choice depends only on the CPU (and the cap), so it is the same for every call
  * of a process unless a test changes the cap. */
-static const mm_kernels *mm_pick(ir_dtype wt) {
-  int d = mm_dtype_index(wt);
+static int mm_isa(void) {
   int isa = mm_cpu_isa(), cap = atomic_load_explicit(&g_mm_max_isa, memory_order_relaxed);
-  if (isa > cap) isa = cap;
+  return isa > cap ? cap : isa;
+}
+
+static const mm_kernels *mm_pick(ir_dtype wt) {
+  int d = mm_dtype_index(wt), isa = mm_isa();
 #if KN_MM_X86
 #if KN_MATMUL_MAX_ISA >= 2
   if (isa >= 2) return &k_mm_avx512[d];
 #endif
   if (isa >= 1) return &k_mm_avx2[d];
 #endif
+  (void)isa;
   return &k_mm_c[d];
+}
+
+static const mm_panel_kernels *mm_pick_panel(void) {
+  int isa = mm_isa();
+#if KN_MM_X86
+#if KN_MATMUL_MAX_ISA >= 2
+  if (isa >= 2) return &k_panel_avx512;
+#endif
+  if (isa >= 1) return &k_panel_avx2;
+#endif
+  (void)isa;
+  return &k_panel_c;
 }
 
 typedef struct mm_args {
@@ -479,39 +594,104 @@ typedef struct mm_args {
   const float *x;
   const char *w;
   const float *bias;
-  int64_t m, n, k;
+  int64_t m, n, k;  /* n: columns of y */
   int64_t w_row_bytes;
+  bool swiglu;     /* y[:, j] = silu(z[:, j]) * z[:, n + j]: W has 2n rows */
   int64_t mb, nb;  /* tile sizes */
   int64_t n_tiles; /* tiles along n; task t is m tile t / n_tiles, n tile t % n_tiles */
   const mm_kernels *kern;
+  const mm_panel_kernels *panel; /* the panel path, or NULL */
+  mm_deq_fn deq;                 /* panel: W row -> f32 */
+  int64_t panel_cols;            /* panel: columns of y per converted panel */
 } mm_args;
 
-/* Runs one kernel call for rows [i0, i0 + mr) of x and [j0, j0 + nr) of W, clipped at
- * j1: missing W rows repeat row j0 and their outputs are dropped. */
-static void mm_block(const mm_args *a, mm_kern_fn fn, int mr, int nr, int64_t i0, int64_t j0,
-                     int64_t j1) {
+/* Where a kernel call finds the W row of y column j (h = 1: its swiglu up row): in the
+ * weights (j_org 0, up = n rows), or in a converted panel that starts at column j_org. */
+typedef struct mm_wsrc {
+  const char *base;
+  int64_t j_org, stride, up;
+} mm_wsrc;
+
+static const void *mm_wrow(const mm_wsrc *s, int64_t j, int h) {
+  return s->base + (j - s->j_org + h * s->up) * s->stride;
+}
+
+/* Columns of y one kernel call of width nr computes: the swiglu epilogue spends half of
+ * the W rows on gate and half on up. */
+static int mm_cols(const mm_args *a, int nr) { return a->swiglu ? nr / 2 : nr; }
+
+/* The swiglu epilogue of one call: gate sums in acc[0, nc), up sums in acc[nc, 2 nc). Bias
+ * first, as kn_matmul stores z, so the result is kn_swiglu of kn_matmul's output. */
+static void mm_store_swiglu(const mm_args *a, const float *acc, int nc, int64_t nv, float *y,
+                            int64_t j0) {
+  for (int64_t c = 0; c < nv; c++) {
+    float g = acc[c], u = acc[nc + c];
+    if (a->bias) g += a->bias[j0 + c], u += a->bias[a->n + j0 + c];
+    y[c] = kn_silu_mul(g, u);
+  }
+}
+
+/* Runs one kernel call for rows [i0, i0 + mr) of x and columns [j0, j0 + cols) of y,
+ * clipped at j1: missing W rows repeat row j0 and their outputs are dropped. */
+static void mm_block(const mm_args *a, const mm_wsrc *ws, mm_kern_fn fn, int mr, int nr,
+                     int64_t i0, int64_t j0, int64_t j1) {
   const float *xr[KN_MM_MAX_R] = {0};
   const void *wr[KN_MM_MAX_C] = {0};
   float acc[KN_MM_MAX_R * KN_MM_MAX_C];
-  int64_t nv = j1 - j0 < nr ? j1 - j0 : nr;
+  int nc = mm_cols(a, nr);
+  int64_t nv = j1 - j0 < nc ? j1 - j0 : nc;
   for (int r = 0; r < mr; r++) xr[r] = a->x + (i0 + r) * a->k;
-  for (int c = 0; c < nr; c++) wr[c] = a->w + (j0 + (c < nv ? c : 0)) * a->w_row_bytes;
+  for (int c = 0; c < nc; c++) {
+    wr[c] = mm_wrow(ws, j0 + (c < nv ? c : 0), 0);
+    if (a->swiglu) wr[nc + c] = mm_wrow(ws, j0 + (c < nv ? c : 0), 1);
+  }
   fn(xr, wr, a->k, acc);
   for (int r = 0; r < mr; r++) {
     float *y = a->y + (i0 + r) * a->n + j0;
+    if (a->swiglu) {
+      mm_store_swiglu(a, acc + r * nr, nc, nv, y, j0);
+      continue;
+    }
     for (int64_t c = 0; c < nv; c++)
       y[c] = a->bias ? acc[r * nr + c] + a->bias[j0 + c] : acc[r * nr + c];
   }
 }
 
+/* Panels of W rows, converted to f32 once, swept by every x row of the tile. A panel's
+ * rows: gate rows of columns [pj, pj + panel_cols), then (swiglu) their up rows. */
+static void mm_tile_panel(const mm_args *a, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+  _Alignas(64) float panel[KN_MM_PANEL_FLOATS];
+  const mm_panel_kernels *pk = a->panel;
+  int64_t pc = a->panel_cols, cb = mm_cols(a, pk->nr);
+  for (int64_t pj = j0; pj < j1; pj += pc) {
+    int64_t pe = pj + pc < j1 ? pj + pc : j1;
+    for (int h = 0; h < (a->swiglu ? 2 : 1); h++)
+      for (int64_t j = pj; j < pe; j++)
+        a->deq(a->w + (j + h * a->n) * a->w_row_bytes, a->k, panel + (j - pj + h * pc) * a->k);
+    mm_wsrc ws = {(const char *)panel, pj, a->k * (int64_t)sizeof(float), pc};
+    int64_t i = i0;
+    for (; i + pk->mr <= i1; i += pk->mr)
+      for (int64_t j = pj; j < pe; j += cb) mm_block(a, &ws, pk->block, pk->mr, pk->nr, i, j, pe);
+    if (i < i1)
+      for (int64_t j = pj; j < pe; j += cb)
+        mm_block(a, &ws, pk->left[i1 - i], (int)(i1 - i), pk->nr, i, j, pe);
+  }
+}
+
 /* x rows sweep the tile in groups of mr (in L1) over W rows that stay in L2. */
 static void mm_tile(const mm_args *a, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+  if (a->panel) {
+    mm_tile_panel(a, i0, i1, j0, j1);
+    return;
+  }
   const mm_kernels *kn = a->kern;
+  const mm_wsrc ws = {a->w, 0, a->w_row_bytes, a->n};
   int64_t i = i0;
+  int cb = mm_cols(a, kn->nr), cr = mm_cols(a, kn->nr1);
   for (; i + kn->mr <= i1; i += kn->mr)
-    for (int64_t j = j0; j < j1; j += kn->nr) mm_block(a, kn->block, kn->mr, kn->nr, i, j, j1);
+    for (int64_t j = j0; j < j1; j += cb) mm_block(a, &ws, kn->block, kn->mr, kn->nr, i, j, j1);
   for (; i < i1; i++)
-    for (int64_t j = j0; j < j1; j += kn->nr1) mm_block(a, kn->row, 1, kn->nr1, i, j, j1);
+    for (int64_t j = j0; j < j1; j += cr) mm_block(a, &ws, kn->row, 1, kn->nr1, i, j, j1);
 }
 
 static void mm_task(void *arg, int64_t begin, int64_t end, int tid) {
@@ -530,7 +710,8 @@ static int64_t mm_round_up(int64_t v, int64_t to) { return (v + to - 1) / to * t
 /* Tile sizes change only which outputs share a task, so they are free to follow the
  * cache and the thread count. */
 static void mm_plan(mm_args *a, int n_threads) {
-  int64_t nb = KN_MM_W_TILE_BYTES / (a->w_row_bytes > 0 ? a->w_row_bytes : 1);
+  int64_t col_bytes = a->w_row_bytes * (a->swiglu ? 2 : 1); /* W bytes per column of y */
+  int64_t nb = KN_MM_W_TILE_BYTES / (col_bytes > 0 ? col_bytes : 1);
   nb = nb / KN_MM_TILE_ALIGN * KN_MM_TILE_ALIGN;
   if (nb < KN_MM_TILE_ALIGN) nb = KN_MM_TILE_ALIGN;
   a->mb = a->m < KN_MM_M_TILE ? a->m : KN_MM_M_TILE;
@@ -544,13 +725,43 @@ static void mm_plan(mm_args *a, int n_threads) {
   a->n_tiles = (a->n + nb - 1) / nb;
 }
 
+/* Several x rows against a non-f32 W take the panel path when a panel of one kernel
+ * width fits the stack buffer; panels aim at KN_MM_PANEL_BYTES. */
+static void mm_choose_panel(mm_args *a, ir_dtype wt) {
+  if (wt == IR_F32 || a->m < KN_MM_PANEL_MIN_M || a->k <= 0) return;
+  const mm_panel_kernels *pk = mm_pick_panel();
+  int64_t cb = mm_cols(a, pk->nr), rows_per_col = a->swiglu ? 2 : 1;
+  int64_t col_floats = rows_per_col * a->k;
+  if (cb * col_floats > KN_MM_PANEL_FLOATS) return;
+  int64_t cols = KN_MM_PANEL_BYTES / (col_floats * (int64_t)sizeof(float));
+  cols = cols / cb * cb;
+  if (cols < cb) cols = cb;
+  if (cols > KN_MM_PANEL_MAX_COLS) cols = KN_MM_PANEL_MAX_COLS / cb * cb;
+  a->panel = pk;
+  a->deq = pk->deq[mm_dtype_index(wt)];
+  a->panel_cols = cols;
+}
+
+static void mm_run(kn_pool *p, mm_args *a) {
+  if (a->m <= 0 || a->n <= 0) return;
+  mm_plan(a, kn_pool_threads(p));
+  int64_t tasks = a->n_tiles * ((a->m + a->mb - 1) / a->mb);
+  int64_t flops = 2 * a->m * a->n * a->k * (a->swiglu ? 2 : 1);
+  kn_parallel_for(p, tasks, flops < KN_MM_SERIAL_FLOPS ? tasks : 1, mm_task, a);
+}
+
 void kn_matmul(kn_pool *p, float *y, const float *x, const void *w, ir_dtype wt,
                const float *bias, int64_t m, int64_t n, int64_t k) {
-  if (m <= 0 || n <= 0) return;
   mm_args a = {.y = y, .x = x, .w = w, .bias = bias, .m = m, .n = n, .k = k,
                .w_row_bytes = (int64_t)ir_dtype_bytes(wt, (uint64_t)k), .kern = mm_pick(wt)};
-  mm_plan(&a, kn_pool_threads(p));
-  int64_t tasks = a.n_tiles * ((m + a.mb - 1) / a.mb);
-  int64_t flops = 2 * m * n * k;
-  kn_parallel_for(p, tasks, flops < KN_MM_SERIAL_FLOPS ? tasks : 1, mm_task, &a);
+  mm_choose_panel(&a, wt);
+  mm_run(p, &a);
+}
+
+void kn_matmul_swiglu(kn_pool *p, float *y, const float *x, const void *w, ir_dtype wt,
+                      const float *bias, int64_t m, int64_t n, int64_t k) {
+  mm_args a = {.y = y, .x = x, .w = w, .bias = bias, .m = m, .n = n, .k = k, .swiglu = true,
+               .w_row_bytes = (int64_t)ir_dtype_bytes(wt, (uint64_t)k), .kern = mm_pick(wt)};
+  mm_choose_panel(&a, wt);
+  mm_run(p, &a);
 }

@@ -34,19 +34,21 @@ static void rope_interleaved(float *restrict x, const float *restrict cs, int64_
   }
 }
 
+void kn_rope_head(float *x, const float *cs, int64_t rot_dim, int neox) {
+  if (neox)
+    rope_neox(x, cs, rot_dim / 2);
+  else
+    rope_interleaved(x, cs, rot_dim / 2);
+}
+
 /* One index is one (token, head) pair. */
 static void rope_task(void *arg, int64_t begin, int64_t end, int tid) {
   (void)tid;
   const rope_args *a = arg;
-  int64_t half = a->rot_dim / 2;
   for (int64_t th = begin; th < end; th++) {
     int64_t t = th / a->n_heads;
-    const float *cs = a->cos_sin + (int64_t)a->pos[t] * half * 2;
-    float *x = a->x + th * a->head_dim;
-    if (a->neox)
-      rope_neox(x, cs, half);
-    else
-      rope_interleaved(x, cs, half);
+    kn_rope_head(a->x + th * a->head_dim, a->cos_sin + (int64_t)a->pos[t] * a->rot_dim,
+                 a->rot_dim, a->neox);
   }
 }
 

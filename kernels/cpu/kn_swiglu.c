@@ -12,15 +12,10 @@ typedef struct swiglu_args {
   const float *up;
 } swiglu_args;
 
-/* silu(g) = g / (1 + exp(-g)), the form HF uses; for g -> -inf expf overflows to inf
- * and the quotient is a correctly signed zero rather than NaN. */
 static void swiglu_task(void *arg, int64_t begin, int64_t end, int tid) {
   (void)tid;
   const swiglu_args *a = arg;
-  for (int64_t i = begin; i < end; i++) {
-    float g = a->gate[i];
-    a->out[i] = g / (1.0f + expf(-g)) * a->up[i];
-  }
+  for (int64_t i = begin; i < end; i++) a->out[i] = kn_silu_mul(a->gate[i], a->up[i]);
 }
 
 void kn_swiglu(kn_pool *p, float *out, const float *gate, const float *up, int64_t n) {

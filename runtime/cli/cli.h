@@ -28,5 +28,7 @@ int cmd_bench(int argc, char **argv);
 int cmd_run(int argc, char **argv); /* cli_run.c */
 int cmd_serve(int argc, char **argv);
 int cmd_batch(int argc, char **argv);
+int cmd_perplexity(int argc, char **argv); /* cli_perplexity.c */
+int cmd_verify(int argc, char **argv);     /* cli_verify.c */
 
 #endif

@@ -20,9 +20,9 @@
 #include "srv.h"
 
 typedef struct batch_args {
-  const char *plan, *input, *output, *model_name, *chat_template;
+  const char *plan, *input, *output, *model_name, *chat_template, *device;
   int64_t concurrency, threads, kv_tokens, max_batched;
-  bool no_progress;
+  bool no_progress, no_cuda_graphs;
 } batch_args;
 
 /* A set of strings (open addressing; grows at half load). */
@@ -58,6 +58,8 @@ static int usage(FILE *f) {
         "                          context length; raise it to run many requests at once)\n"
         "  --max-batched-tokens N  token budget per step (default: the plan's)\n"
         "  --threads N             CPU threads (default: all cores)\n"
+        "  --device DEV            cpu or cuda (default: the plan's target)\n"
+        "  --no-cuda-graphs        CUDA: run decode steps kernel by kernel\n"
         "  --no-progress           no progress output\n",
         f);
   return f == stderr ? 2 : 0;
@@ -73,6 +75,8 @@ static int parse(int argc, char **argv, batch_args *a) {
                                         {"max-batched-tokens", 1, 0, 7},
                                         {"threads", 1, 0, 8},
                                         {"no-progress", 0, 0, 9},
+                                        {"device", 1, 0, 10},
+                                        {"no-cuda-graphs", 0, 0, 11},
                                         {"help", 0, 0, 'h'},
                                         {0, 0, 0, 0}};
   int c;
@@ -88,6 +92,8 @@ static int parse(int argc, char **argv, batch_args *a) {
     case 7: ok = cli_parse_i64(optarg, 1, 1 << 20, &a->max_batched); break;
     case 8: ok = cli_parse_i64(optarg, 0, 4096, &a->threads); break;
     case 9: a->no_progress = true; break;
+    case 10: a->device = optarg; break;
+    case 11: a->no_cuda_graphs = true; break;
     case 'h': return usage(stdout) - 1;
     default: return usage(stderr);
     }
@@ -428,6 +434,8 @@ int cmd_batch(int argc, char **argv) {
   irt_model_opts mo = irt_model_opts_default();
   mo.n_threads = (int)a.threads;
   mo.kv_tokens = a.kv_tokens;
+  mo.device = a.device;
+  mo.no_cuda_graphs = a.no_cuda_graphs;
   srv_ctx *c = &b->c;
   c->chat_template = a.chat_template;
   c->created = (int64_t)time(NULL);

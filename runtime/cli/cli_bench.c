@@ -20,7 +20,8 @@ typedef struct bench_args {
   int64_t max_batched, kv_tokens, max_running;
   double rate, shared_prefix;
   uint64_t seed;
-  bool json, static_batching, no_prefix_cache;
+  bool json, static_batching, no_prefix_cache, no_cuda_graphs;
+  const char *device;
 } bench_args;
 
 typedef struct breq {
@@ -75,6 +76,8 @@ static int usage(FILE *f) {
         "  --max-running N         sequences per step (default: the plan's)\n"
         "  --kv-tokens N           KV cache capacity in tokens (default: the context)\n"
         "  --threads N             CPU threads (default: all cores)\n"
+        "  --device DEV            cpu or cuda (default: the plan's target)\n"
+        "  --no-cuda-graphs        CUDA: run decode steps kernel by kernel\n"
         "  --json                  print one JSON object\n", f);
   return f == stderr ? 2 : 0;
 }
@@ -94,7 +97,8 @@ static int parse(int argc, char **argv, bench_args *a) {
       {"concurrency", 1, 0, 5}, {"shared-prefix", 1, 0, 6}, {"seed", 1, 0, 7},
       {"static-batching", 0, 0, 8}, {"no-prefix-cache", 0, 0, 9}, {"max-batched-tokens", 1, 0, 10},
       {"kv-tokens", 1, 0, 11}, {"threads", 1, 0, 12}, {"json", 0, 0, 13},
-      {"max-running", 1, 0, 14}, {"help", 0, 0, 'h'},
+      {"max-running", 1, 0, 14}, {"device", 1, 0, 15}, {"no-cuda-graphs", 0, 0, 16},
+      {"help", 0, 0, 'h'},
       {0, 0, 0, 0}};
   int c;
   char *end;
@@ -115,6 +119,8 @@ static int parse(int argc, char **argv, bench_args *a) {
     case 12: ok = cli_parse_i64(optarg, 0, 4096, &a->threads); break;
     case 13: a->json = true; break;
     case 14: ok = cli_parse_i64(optarg, 1, 1 << 16, &a->max_running); break;
+    case 15: a->device = optarg; break;
+    case 16: a->no_cuda_graphs = true; break;
     case 'h': usage(stdout); return -1;
     default: return usage(stderr);
     }
@@ -295,6 +301,8 @@ int cmd_bench(int argc, char **argv) {
   irt_model_opts mo = irt_model_opts_default();
   mo.n_threads = (int)a.threads;
   mo.kv_tokens = a.kv_tokens;
+  mo.device = a.device;
+  mo.no_cuda_graphs = a.no_cuda_graphs;
   irt_model *m = NULL;
   irt_engine *e = NULL;
   irt_error err = {0};

@@ -16,6 +16,8 @@ typedef struct gen_args {
   int64_t n_ids, max_new;
   irt_sampling sampling;
   int64_t threads;
+  const char *device;
+  bool no_cuda_graphs;
   const char *stops[MAX_STOPS];
   int n_stops;
   bool json, ignore_eos;
@@ -36,6 +38,8 @@ static int usage(FILE *f) {
         "  --stop STR           stop when the text contains STR (repeatable, up to 8)\n"
         "  --ignore-eos         keep generating after end-of-generation tokens\n"
         "  --threads N          CPU threads (default: all cores)\n"
+        "  --device DEV         cpu or cuda (default: the plan's target)\n"
+        "  --no-cuda-graphs     CUDA: run decode steps kernel by kernel\n"
         "  --json               print one JSON object with ids, text, finish reason and timings\n", f);
   return f == stderr ? 2 : 0;
 }
@@ -58,6 +62,7 @@ static int parse_value(gen_args *a, int c, const char *v) {
   case 10: a->chat = v; return 0;
   case 11: a->system = v; return 0;
   case 12: a->chat_template = v; return 0;
+  case 14: a->device = v; return 0;
   case 13: if (a->n_stops == MAX_STOPS || !*v) return cli_fail("--stop: at most %d non-empty strings", MAX_STOPS);
            a->stops[a->n_stops++] = v; return 0;
   default: return usage(stderr);
@@ -73,6 +78,7 @@ static int parse(int argc, char **argv, gen_args *a) {
       {"ignore-eos", no_argument, 0, 8},      {"prompt", required_argument, 0, 9},
       {"chat", required_argument, 0, 10},     {"system", required_argument, 0, 11},
       {"chat-template", required_argument, 0, 12}, {"stop", required_argument, 0, 13},
+      {"device", required_argument, 0, 14},   {"no-cuda-graphs", no_argument, 0, 15},
       {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
   int c, rc;
   a->max_new = -1;
@@ -80,6 +86,7 @@ static int parse(int argc, char **argv, gen_args *a) {
     if (c == 'h') return usage(stdout) - 1;
     if (c == 7) a->json = true;
     else if (c == 8) a->ignore_eos = true;
+    else if (c == 15) a->no_cuda_graphs = true;
     else if ((rc = parse_value(a, c, optarg))) return rc;
   }
   if (optind != argc - 1) return usage(stderr);
@@ -235,6 +242,7 @@ static void print_result(const gen_args *a, const gen_state *g) {
   add_ids(o, "generated_ids", g->out, g->n_out);
   if (g->stream) cJSON_AddStringToObject(o, "text", g->text ? g->text : "");
   cJSON_AddStringToObject(o, "finish_reason", g->finish);
+  cJSON_AddStringToObject(o, "device", irt_model_get_info(g->m)->device);
   t = cJSON_AddObjectToObject(o, "timings");
   cJSON_AddNumberToObject(t, "load_ms", g->load_ms);
   cJSON_AddNumberToObject(t, "prefill_tokens_per_s", pf);
@@ -254,6 +262,8 @@ int cmd_generate(int argc, char **argv) {
   }
   irt_model_opts o = irt_model_opts_default();
   o.n_threads = (int)a.threads;
+  o.device = a.device;
+  o.no_cuda_graphs = a.no_cuda_graphs;
   irt_error err = {0};
   gen_state g = {.finish = "length"};
   double t0 = cli_now_ms();

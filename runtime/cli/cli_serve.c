@@ -12,9 +12,9 @@
 #include "srv.h"
 
 typedef struct serve_args {
-  const char *plan, *host, *model_name, *chat_template;
+  const char *plan, *host, *model_name, *chat_template, *device;
   int64_t port, max_connections, max_waiting, max_body, threads, kv_tokens, max_batched;
-  bool no_prefix_cache;
+  bool no_prefix_cache, no_cuda_graphs;
   srv_keys keys;
 } serve_args;
 
@@ -35,7 +35,9 @@ static int usage(FILE *f) {
         "                          context length; raise it to run many requests at once)\n"
         "  --max-batched-tokens N  token budget per step (default: the plan's)\n"
         "  --no-prefix-cache       disable prefix caching\n"
-        "  --threads N             CPU threads (default: all cores)\n\n"
+        "  --threads N             CPU threads (default: all cores)\n"
+        "  --device DEV            cpu or cuda (default: the plan's target)\n"
+        "  --no-cuda-graphs        CUDA: run decode steps kernel by kernel\n\n"
         "endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, /health,\n"
         "/metrics (Prometheus), / (chat page)\n",
         f);
@@ -71,6 +73,7 @@ static int parse_value(serve_args *a, int c, const char *v) {
     return cli_parse_i64(v, 1, 1 << 20, &a->max_batched)
                ? 0
                : cli_fail("--max-batched-tokens: expected a positive integer");
+  case 14: a->device = v; return 0;
   case 13:
     return cli_parse_i64(v, 0, 4096, &a->threads)
                ? 0
@@ -93,6 +96,8 @@ static int parse(int argc, char **argv, serve_args *a) {
                                         {"max-batched-tokens", 1, 0, 11},
                                         {"no-prefix-cache", 0, 0, 12},
                                         {"threads", 1, 0, 13},
+                                        {"device", 1, 0, 14},
+                                        {"no-cuda-graphs", 0, 0, 15},
                                         {"help", 0, 0, 'h'},
                                         {0, 0, 0, 0}};
   int c, rc;
@@ -100,6 +105,8 @@ static int parse(int argc, char **argv, serve_args *a) {
     if (c == 'h') return usage(stdout) - 1;
     if (c == 12)
       a->no_prefix_cache = true;
+    else if (c == 15)
+      a->no_cuda_graphs = true;
     else if ((rc = parse_value(a, c, optarg)))
       return rc;
   }
@@ -163,6 +170,8 @@ int cmd_serve(int argc, char **argv) {
   irt_model_opts mo = irt_model_opts_default();
   mo.n_threads = (int)a.threads;
   mo.kv_tokens = a.kv_tokens;
+  mo.device = a.device;
+  mo.no_cuda_graphs = a.no_cuda_graphs;
   irt_engine_opts eo = {.max_batched_tokens = a.max_batched,
                         .max_waiting = a.max_waiting,
                         .disable_prefix_cache = a.no_prefix_cache};

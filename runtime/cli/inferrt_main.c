@@ -14,7 +14,9 @@ static int usage(FILE *f) {
         "  bench model.plan [--requests N ...]      synthetic serving workload\n"
         "  run model.plan --input [NAME=]F.pb ...   run a generic (e.g. ONNX) program\n"
         "  serve model.plan [--port N ...]          OpenAI-compatible HTTP server\n"
-        "  batch model.plan --input F --output F    offline OpenAI batch-style jobs\n\n"
+        "  batch model.plan --input F --output F    offline OpenAI batch-style jobs\n"
+        "  perplexity model.plan --file TEXT [--ref PLAN]  perplexity, top-1 agreement\n"
+        "  verify model.plan                        check every checksum (weights included)\n\n"
         "options: --help, --version. `inferrt <command> --help` for a command's options.\n", f);
   return f == stderr ? 2 : 0;
 }
@@ -34,6 +36,8 @@ int main(int argc, char **argv) {
   if (!strcmp(cmd, "run")) return cmd_run(argc - 1, argv + 1);
   if (!strcmp(cmd, "serve")) return cmd_serve(argc - 1, argv + 1);
   if (!strcmp(cmd, "batch")) return cmd_batch(argc - 1, argv + 1);
+  if (!strcmp(cmd, "perplexity")) return cmd_perplexity(argc - 1, argv + 1);
+  if (!strcmp(cmd, "verify")) return cmd_verify(argc - 1, argv + 1);
   fprintf(stderr, "inferrt: error: unknown command '%s'\n", cmd);
   return usage(stderr);
 }

@@ -50,7 +50,17 @@ typedef struct irt_model_opts {
   int n_threads;       /* <= 0: all online cores */
   int64_t kv_tokens;   /* KV cache capacity in tokens over all sequences; <= 0: the
                           model's context length */
-  bool skip_weight_checksum; /* verify only header and metadata checksums (fast open) */
+  /* Default true: open checks the header, the metadata checksum and every offset and size,
+   * but does not hash the weights section (that would read every weight page before the
+   * first token; what serving engines skip). false: hash it too and refuse a mismatch.
+   * irt_plan_verify / `inferrt verify` / `infc inspect` check a plan on demand. */
+  bool skip_weight_checksum;
+  /* Where to run: NULL or "auto" follows the plan's target (a CUDA plan runs on the GPU),
+   * "cpu" runs any plan on the CPU, "cuda" needs a CUDA plan and a GPU. The CUDA backend
+   * (libinferrt_cuda.so) is loaded only then. */
+  const char *device;
+  int cuda_device;      /* CUDA device ordinal (default 0) */
+  bool no_cuda_graphs;  /* CUDA: run decode steps kernel by kernel, not as captured graphs */
 } irt_model_opts;
 
 typedef struct irt_model_info {
@@ -67,12 +77,17 @@ typedef struct irt_model_info {
   uint64_t weight_bytes;
   uint64_t arena_bytes;
   uint64_t kv_bytes;
+  const char *device;      /* the backend running the model: "cpu" or "cuda" */
 } irt_model_info;
 
 irt_model_opts irt_model_opts_default(void);
 irt_status irt_model_open(const char *plan_path, const irt_model_opts *opts, irt_model **out,
                           irt_error *err);
 void irt_model_close(irt_model *m);
+/* Checks every checksum of a plan (header, metadata, weights, kernels) and its offsets,
+ * without building a model: IRT_OK, or IRT_BAD_FORMAT / IRT_VERSION_MISMATCH / IRT_IO
+ * with a message naming the problem. */
+irt_status irt_plan_verify(const char *plan_path, irt_error *err);
 /* Borrowed; valid while the model is open. */
 const irt_model_info *irt_model_get_info(const irt_model *m);
 

@@ -38,7 +38,7 @@ M=$FIX/llama-gqa-f32
 check "build" '"$INFC" build "$M" -o "$TMP/m.plan" >"$TMP/build.txt" && grep -q "ops" "$TMP/build.txt"'
 check "onnx LLM recognised" '"$INFC" build "$FIX/onnx-llama-gqa/model.onnx" -o "$TMP/o.plan" | grep -q "recognised: 2 attention blocks -> paged attention, GQA 4/2"'
 check "inspect" '"$INFC" inspect "$TMP/m.plan" >"$TMP/inspect.txt" && grep -q "format:      1.0" "$TMP/inspect.txt" && grep -q "heads 4 (kv 2)" "$TMP/inspect.txt" && grep -q "options:" "$TMP/inspect.txt"'
-check "inspect --tensors" '"$INFC" inspect --tensors "$TMP/m.plan" | grep -q "model.layers.0.self_attn.q_proj.weight"'
+check "inspect --tensors" '"$INFC" inspect --tensors "$TMP/m.plan" | grep -q "model.layers.0.self_attn.qkv_proj.weight"'
 check "dump-ir" '"$INFC" build "$M" -o "$TMP/d.plan" --dump-ir >"$TMP/dump.txt" && grep -q "=== after fuse_add_rms_norm" "$TMP/dump.txt" && grep -q "add_rms_norm(" "$TMP/dump.txt"'
 cat >"$TMP/build.yaml" <<'YAML'
 dtype: bf16
@@ -46,6 +46,8 @@ max_tokens: 128
 passes:
   fuse: false
 YAML
+check "build: ops before and after the passes" 'grep -q "^infc: ops: 34 -> 18 (fuse_rope_attention -4, fuse_qkv -4, fuse_gate_up -4, fuse_add_rms_norm -4)" "$TMP/build.txt"'
+check "build --no-fuse=LIST" '"$INFC" build "$M" -o "$TMP/n.plan" --no-fuse=qkv,gate_up | grep -q "^infc: ops: 34 -> 26 (fuse_rope_attention -4, fuse_add_rms_norm -4)" && "$INFC" inspect "$TMP/n.plan" | grep -q "no_fuse=qkv,gate_up"'
 check "build -c yaml" '"$INFC" build "$M" -o "$TMP/y.plan" -c "$TMP/build.yaml" -q && "$INFC" inspect "$TMP/y.plan" | grep -q "dtype=bf16 max_tokens=128" && ! "$INFC" inspect --ir "$TMP/y.plan" | grep -q "add_rms_norm("'
 check "generate ids" '[ "$("$INFERRT" generate "$TMP/m.plan" --prompt-ids 1,2,3 -n 5 2>/dev/null | tr -cd , | wc -c)" -eq 4 ]'
 "$INFERRT" generate "$TMP/m.plan" --prompt-ids 297,257,270 -n 8 --json >"$TMP/gen.json" 2>/dev/null
@@ -69,6 +71,7 @@ import json,sys; c=json.load(open(sys.argv[1])); del c['num_hidden_layers']; jso
 expect_error "config.json missing key" "missing key 'num_hidden_layers'" "$INFC" build "$TMP/nokey" -o "$TMP/x.plan"
 expect_error "no config.json" "config.json" "$INFC" build "$TMP/empty" -o "$TMP/x.plan"
 expect_error "no such source" "no such file" "$INFC" build "$TMP/nothing-here" -o "$TMP/x.plan"
+expect_error "unknown fusion" "'swiglu' is not one of rope_attention, qkv, gate_up, add_rms_norm" "$INFC" build "$M" -o "$TMP/x.plan" --no-fuse=qkv,swiglu
 printf 'dtype: int3\n' >"$TMP/bad.yaml"
 expect_error "bad yaml option" "dtype" "$INFC" build "$M" -o "$TMP/x.plan" -c "$TMP/bad.yaml"
 check "no partial plan left" '[ ! -e "$TMP/x.plan" ] && [ ! -e "$TMP/x.plan.tmp" ]'

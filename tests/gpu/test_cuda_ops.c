@@ -419,6 +419,36 @@ static void test_sampling(void) {
   free(x);
 }
 
+/* cast.cu: activations to f16 / bf16 for cuBLAS (bit-exact against ir_f32_to_f16 /
+ * ir_f32_to_bf16, both round to nearest even) and the bias add after the GEMM. */
+static void test_cast(void) {
+  const long long n = 70001, rows = 37, cols = 1891;
+  float *x = frands((size_t)n);
+  for (long long i = 0; i < n; i++) x[i] *= (float)(1 << (i % 24)) / 4096.0f; /* wide range */
+  uint16_t *h = malloc((size_t)n * 2);
+  CUdeviceptr dx = up(x, (size_t)n * 4), dh = poisoned((size_t)n * 2);
+  void *args[] = {&dh, &dx, (void *)&n};
+  int bad16 = 0, bad_bf = 0;
+  run(kernel("cast", "kn_cast_f16"), 64, 1, 1, 256, args);
+  down(h, dh, (size_t)n * 2);
+  for (long long i = 0; i < n; i++) bad16 += h[i] != ir_f32_to_f16(x[i]);
+  run(kernel("cast", "kn_cast_bf16"), 64, 1, 1, 256, args);
+  down(h, dh, (size_t)n * 2);
+  for (long long i = 0; i < n; i++) bad_bf += h[i] != ir_f32_to_bf16(x[i]);
+  printf("  cast f16 / bf16               %d / %d of %lld differ\n", bad16, bad_bf, n);
+  CHECK(bad16 == 0 && bad_bf == 0);
+  float *y = frands((size_t)(rows * cols)), *b = frands((size_t)cols);
+  float *ref = malloc((size_t)(rows * cols) * 4);
+  for (long long i = 0; i < rows * cols; i++) ref[i] = y[i] + b[i % cols];
+  CUdeviceptr dy = up(y, (size_t)(rows * cols) * 4), db = up(b, (size_t)cols * 4);
+  void *bargs[] = {&dy, &db, (void *)&rows, (void *)&cols};
+  run(kernel("cast", "kn_add_bias"), 128, 1, 1, 256, bargs);
+  down(y, dy, (size_t)(rows * cols) * 4);
+  CLOSE("add_bias", y, ref, (size_t)(rows * cols), 0);
+  cu.free(dx), cu.free(dh), cu.free(dy), cu.free(db);
+  free(x), free(h), free(y), free(b), free(ref);
+}
+
 int main(void) {
   ir_diag d = {0};
   const char *why = cu_open();
@@ -436,6 +466,7 @@ int main(void) {
   test_rope();
   test_attention();
   test_sampling();
+  test_cast();
   infc_nvrtc_close(nv);
   return tcheck_done("cuda_ops");
 }

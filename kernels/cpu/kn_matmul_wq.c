@@ -1,0 +1,719 @@
+/* kn_matmul_wq: y = x . W^T + bias for int8 / int4 weights with separate scales and zero
+ * points (weight-only: dequantized in registers, f32 sums), and W8A8 (per-row int8
+ * activations, int32 sums with VNNI). Run-time dispatch to AVX-512 / AVX2 (+ VNNI) with a
+ * portable C fallback; threaded over (m, n) output tiles like kn_matmul. */
+#include "kn_matmul_wq.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <string.h>
+
+#include "kn_cpu.h"
+
+/* Weight-only order (batch invariance): as kn_matmul, every y element is one dot product
+ * in a fixed order -- 16 lanes strided over k, folded (l, l+8), (l, l+4), (l, l+2),
+ * (0, 1), the k % 16 tail added in order, then the bias. The AVX2 and AVX-512 kernels
+ * both use FMA in that order, so they agree with each other and with kn_matmul on the
+ * dequantized W bit for bit. They need k and group multiples of 16 (a 16-value chunk then
+ * has one scale); other shapes take the portable path.
+ *
+ * W8A8: each row of x is quantized by itself (its scale depends on that row only) and
+ * the integer dot is exact, so the result does not depend on order at all. VNNI's
+ * vpdpbusd multiplies unsigned by signed bytes: W goes in as the unsigned operand
+ * (q + 128, a sign-bit flip in the register) and 128 * sum(xq) is taken off again. */
+enum {
+  WQ_LANES = 16,
+  WQ_MAX_R = 4,
+  WQ_MAX_C = 8,
+  WQ_TILE_ALIGN = 8,
+  WQ_W_TILE_BYTES = 256 << 10,
+  WQ_M_TILE = 64,
+  WQ_TASKS_PER_THREAD = 4,
+  WQ_SERIAL_FLOPS = 1 << 18,
+  WQ_RUN = 16, /* SIMD paths: groups whose scales and zeros are read ahead into f32 */
+};
+
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+#define WQ_X86 1
+#include <cpuid.h>
+#include <immintrin.h>
+#else
+#define WQ_X86 0
+#endif
+
+typedef struct wq_args wq_args;
+/* Weight-only: the mr x nr dot products of rows xr[r] with W rows rows[c]. */
+typedef void (*wq_fn)(const wq_args *a, const float *const *xr, const int64_t *rows,
+                      float *out);
+/* W8A8: exact sum_l xq[r][l] * wr[c][l] into out[r * nr + c]; xs[r] = sum_l xq[r][l]. */
+typedef void (*w8_fn)(const int8_t *const *xq, const int32_t *xs, const int8_t *const *wr,
+                      int64_t k, int32_t *out);
+/* Quantizes one row of x (see kn_matmul_w8a8). */
+typedef void (*w8_quant_fn)(const float *x, int64_t k, int8_t *q, float *scale, int32_t *sum);
+
+typedef struct wq_kernels {
+  int mr, nr; /* the blocked kernel */
+  int nr1;    /* the single-row kernel (decode, and m % mr leftovers) */
+  wq_fn block, row;
+  w8_fn block8, row8;
+  w8_quant_fn quant;
+} wq_kernels;
+
+struct wq_args {
+  float *y;
+  const float *x;
+  const kn_wq *w;
+  const float *bias;
+  int64_t m, n, k;     /* n: columns of y (rows of W, or half of them with swiglu) */
+  bool swiglu;         /* y[:, j] = silu(z[:, j]) * z[:, n + j] (kn_matmul_swiglu) */
+  int64_t ng;          /* groups per row: k / group */
+  int64_t w_row_bytes; /* bytes of one row of q */
+  int64_t mb, nb, n_tiles;
+  const wq_kernels *kern;
+};
+
+/* ---- scalar access (the reference for every path) -------------------------------------- */
+
+static inline float wq_scale(const kn_wq *w, int64_t ng, int64_t j, int64_t g) {
+  int64_t i = j * ng + g;
+  return w->st == IR_F16 ? ir_f16_to_f32(((const uint16_t *)w->scales)[i])
+                         : ((const float *)w->scales)[i];
+}
+
+static inline float wq_zero(const kn_wq *w, int64_t ng, int64_t j, int64_t g) {
+  if (!w->zp) return w->qt == IR_I4 ? 8.0f : 0.0f;
+  int64_t i = j * ng + g;
+  switch (w->zt) {
+  case IR_I8: return ((const int8_t *)w->zp)[i];
+  case IR_F16: return ir_f16_to_f32(((const uint16_t *)w->zp)[i]);
+  case IR_F32: return ((const float *)w->zp)[i];
+  default: return ((const uint8_t *)w->zp)[i];
+  }
+}
+
+static inline int wq_q(const kn_wq *w, int64_t k, int64_t j, int64_t i) {
+  if (w->qt == IR_I8) return ((const int8_t *)w->q)[j * k + i];
+  uint8_t b = ((const uint8_t *)w->q)[(j * k + i) / 2]; /* k is even: rows start on a byte */
+  return i & 1 ? b >> 4 : b & 15;
+}
+
+float kn_wq_value(const kn_wq *w, int64_t k, int64_t row, int64_t col) {
+  int64_t ng = k / w->group, g = col / w->group;
+  return ((float)wq_q(w, k, row, col) - wq_zero(w, ng, row, g)) * wq_scale(w, ng, row, g);
+}
+
+/* ---- portable C ------------------------------------------------------------------------ */
+
+#ifdef FP_FAST_FMAF
+#define WQ_MADD(a, b, c) fmaf((a), (b), (c))
+#else
+#define WQ_MADD(a, b, c) ((a) * (b) + (c))
+#endif
+
+static inline float wq_fold16(float *v) {
+  for (int w = WQ_LANES / 2; w > 0; w /= 2)
+    for (int l = 0; l < w; l++) v[l] += v[l + w];
+  return v[0];
+}
+
+static inline __attribute__((always_inline)) void
+wq_body_c(const wq_args *a, const float *const *xr, const int64_t *rows, float *out, int mr,
+          int nr) {
+  float acc[WQ_MAX_R][WQ_MAX_C][WQ_LANES] = {{{0}}};
+  float wv[WQ_MAX_C][WQ_LANES];
+  const int64_t k = a->k, kf = k - k % WQ_LANES;
+  for (int64_t i = 0; i < kf; i += WQ_LANES) {
+    for (int c = 0; c < nr; c++)
+      for (int l = 0; l < WQ_LANES; l++) wv[c][l] = kn_wq_value(a->w, k, rows[c], i + l);
+    for (int r = 0; r < mr; r++)
+      for (int c = 0; c < nr; c++)
+        for (int l = 0; l < WQ_LANES; l++)
+          acc[r][c][l] = WQ_MADD(xr[r][i + l], wv[c][l], acc[r][c][l]);
+  }
+  for (int r = 0; r < mr; r++)
+    for (int c = 0; c < nr; c++) {
+      float s = wq_fold16(acc[r][c]);
+      for (int64_t i = kf; i < k; i++) s = WQ_MADD(xr[r][i], kn_wq_value(a->w, k, rows[c], i), s);
+      out[r * nr + c] = s;
+    }
+}
+
+static void wq_c_2x2(const wq_args *a, const float *const *xr, const int64_t *rows, float *out) {
+  wq_body_c(a, xr, rows, out, 2, 2);
+}
+static void wq_c_1x4(const wq_args *a, const float *const *xr, const int64_t *rows, float *out) {
+  wq_body_c(a, xr, rows, out, 1, 4);
+}
+
+static inline __attribute__((always_inline)) void
+w8_body_c(const int8_t *const *xq, const int8_t *const *wr, int64_t k, int32_t *out, int mr,
+          int nr) {
+  for (int r = 0; r < mr; r++)
+    for (int c = 0; c < nr; c++) {
+      int32_t s = 0; /* |xq|, |q| <= 127 and k <= 32768: no overflow */
+      for (int64_t i = 0; i < k; i++) s += (int32_t)xq[r][i] * wr[c][i];
+      out[r * nr + c] = s;
+    }
+}
+
+static void w8_c_2x2(const int8_t *const *xq, const int32_t *xs, const int8_t *const *wr,
+                     int64_t k, int32_t *out) {
+  (void)xs;
+  w8_body_c(xq, wr, k, out, 2, 2);
+}
+static void w8_c_1x4(const int8_t *const *xq, const int32_t *xs, const int8_t *const *wr,
+                     int64_t k, int32_t *out) {
+  (void)xs;
+  w8_body_c(xq, wr, k, out, 1, 4);
+}
+
+/* max|x| ignoring NaN, then v = x * (127 / amax) clamped as max(v, -127), min(v, 127)
+ * (the operand order of maxps/minps, so the SIMD paths give the same bytes), rounded to
+ * nearest even. */
+static void w8_quant_c(const float *x, int64_t k, int8_t *q, float *scale, int32_t *sum) {
+  float amax = 0.0f;
+  for (int64_t i = 0; i < k; i++) {
+    float v = fabsf(x[i]);
+    amax = v > amax ? v : amax;
+  }
+  float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+  int32_t s = 0;
+  for (int64_t i = 0; i < k; i++) {
+    float v = x[i] * inv;
+    v = v > -127.0f ? v : -127.0f;
+    v = v < 127.0f ? v : 127.0f;
+    q[i] = (int8_t)lrintf(v);
+    s += q[i];
+  }
+  *scale = amax / 127.0f;
+  *sum = s;
+}
+
+/* ---- x86: AVX2 + FMA (+ AVX-VNNI for W8A8) ---------------------------------------------- */
+#if WQ_X86
+#define WQ_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define WQ_AVX2_INLINE static inline __attribute__((target("avx2,fma,f16c"), always_inline))
+
+WQ_AVX2_INLINE float wq_fold8_avx(__m256 v) {
+  __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  a = _mm_add_ps(a, _mm_movehl_ps(a, a));
+  a = _mm_add_ss(a, _mm_shuffle_ps(a, a, 1));
+  return _mm_cvtss_f32(a);
+}
+
+/* 16 int4 values (8 bytes, element 2t low nibble of byte t) as 16 bytes in element order. */
+WQ_AVX2_INLINE __m128i wq_nibbles16(const uint8_t *p) {
+  __m128i v = _mm_loadl_epi64((const __m128i *)p), m = _mm_set1_epi8(0x0f);
+  return _mm_unpacklo_epi8(_mm_and_si128(v, m), _mm_and_si128(_mm_srli_epi16(v, 4), m));
+}
+
+/* q of values i..i+15 of a row as f32, in two halves. */
+WQ_AVX2_INLINE void wq_q16_avx2(const uint8_t *row, int64_t i, ir_dtype qt, __m256 *lo,
+                                __m256 *hi) {
+  __m128i b;
+  if (qt == IR_I4) {
+    b = wq_nibbles16(row + i / 2);
+    *lo = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b));
+    *hi = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(b, 8)));
+  } else {
+    b = _mm_loadu_si128((const __m128i *)(row + i));
+    *lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+    *hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)));
+  }
+}
+
+/* Scales and zeros of groups [g0, g0 + cnt) of W row j as f32, ahead of their use:
+ * F16C converts a half in one instruction where ir_f16_to_f32 branches. */
+WQ_AVX2_INLINE void wq_params(const kn_wq *w, int64_t ng, int64_t j, int64_t g0, int cnt,
+                              float *s, float *z) {
+  int64_t b = j * ng + g0;
+  for (int t = 0; t < cnt; t++)
+    s[t] = w->st == IR_F16 ? _cvtsh_ss(((const uint16_t *)w->scales)[b + t])
+                           : ((const float *)w->scales)[b + t];
+  for (int t = 0; t < cnt; t++)
+    z[t] = !w->zp ? (w->qt == IR_I4 ? 8.0f : 0.0f)
+           : w->zt == IR_F16 ? _cvtsh_ss(((const uint16_t *)w->zp)[b + t])
+                             : wq_zero(w, ng, j, g0 + t);
+}
+
+/* Lanes 0-7 in lo, 8-15 in hi; a run of groups at a time, each group's scale and zero
+ * broadcast once for its chunks. */
+WQ_AVX2_INLINE void wq_body_avx2(const wq_args *a, const float *const *xr, const int64_t *rows,
+                                 float *out, ir_dtype qt, int mr, int nr) {
+  const kn_wq *w = a->w;
+  __m256 lo[WQ_MAX_R][WQ_MAX_C], hi[WQ_MAX_R][WQ_MAX_C];
+  const uint8_t *qr[WQ_MAX_C];
+  float s[WQ_MAX_C][WQ_RUN], z[WQ_MAX_C][WQ_RUN];
+  const int64_t group = w->group;
+  bool sub = w->zp || qt == IR_I4;
+  for (int c = 0; c < nr; c++) qr[c] = (const uint8_t *)w->q + rows[c] * a->w_row_bytes;
+  for (int r = 0; r < mr; r++)
+    for (int c = 0; c < nr; c++) lo[r][c] = hi[r][c] = _mm256_setzero_ps();
+  for (int64_t g0 = 0; g0 < a->ng; g0 += WQ_RUN) {
+    int run = a->ng - g0 < WQ_RUN ? (int)(a->ng - g0) : WQ_RUN;
+    for (int c = 0; c < nr; c++) wq_params(w, a->ng, rows[c], g0, run, s[c], z[c]);
+    for (int t = 0; t < run; t++)
+    for (int64_t i = (g0 + t) * group; i < (g0 + t + 1) * group; i += WQ_LANES)
+      for (int c = 0; c < nr; c++) {
+        __m256 ql, qh, sv = _mm256_set1_ps(s[c][t]), zv = _mm256_set1_ps(z[c][t]);
+        wq_q16_avx2(qr[c], i, qt, &ql, &qh);
+        __m256 wl = _mm256_mul_ps(sub ? _mm256_sub_ps(ql, zv) : ql, sv);
+        __m256 wh = _mm256_mul_ps(sub ? _mm256_sub_ps(qh, zv) : qh, sv);
+        for (int r = 0; r < mr; r++) {
+          lo[r][c] = _mm256_fmadd_ps(_mm256_loadu_ps(xr[r] + i), wl, lo[r][c]);
+          hi[r][c] = _mm256_fmadd_ps(_mm256_loadu_ps(xr[r] + i + 8), wh, hi[r][c]);
+        }
+      }
+  }
+  for (int r = 0; r < mr; r++)
+    for (int c = 0; c < nr; c++) out[r * nr + c] = wq_fold8_avx(_mm256_add_ps(lo[r][c], hi[r][c]));
+}
+
+#define WQ_INST_AVX2(name, qt, mr, nr)                                                      \
+  static WQ_AVX2 void name(const wq_args *a, const float *const *xr, const int64_t *rows, \
+                           float *out) {                                                    \
+    wq_body_avx2(a, xr, rows, out, qt, mr, nr);                                             \
+  }
+WQ_INST_AVX2(wq_avx2_i8_2x2, IR_I8, 2, 2)
+WQ_INST_AVX2(wq_avx2_i8_1x4, IR_I8, 1, 4)
+WQ_INST_AVX2(wq_avx2_i4_2x2, IR_I4, 2, 2)
+WQ_INST_AVX2(wq_avx2_i4_1x4, IR_I4, 1, 4)
+
+WQ_AVX2_INLINE int32_t wq_hsum8_epi32(__m256i v) {
+  __m128i a = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  a = _mm_add_epi32(a, _mm_shuffle_epi32(a, 0x4e));
+  a = _mm_add_epi32(a, _mm_shuffle_epi32(a, 0xb1));
+  return _mm_cvtsi128_si32(a);
+}
+
+static WQ_AVX2 void w8_quant_avx2(const float *x, int64_t k, int8_t *q, float *scale,
+                                  int32_t *sum) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 am = _mm256_setzero_ps();
+  int64_t i = 0, kf = k - k % 8;
+  for (; i < kf; i += 8) am = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(x + i)), am);
+  float lane[8], amax = 0.0f;
+  _mm256_storeu_ps(lane, am);
+  for (int l = 0; l < 8; l++) amax = lane[l] > amax ? lane[l] : amax;
+  for (; i < k; i++) amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
+  float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+  __m256 iv = _mm256_set1_ps(inv), lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
+  __m256i acc = _mm256_setzero_si256();
+  for (i = 0; i < kf; i += 8) {
+    __m256 v = _mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), iv), lo), hi);
+    __m256i qi = _mm256_cvtps_epi32(v);
+    acc = _mm256_add_epi32(acc, qi);
+    __m128i p = _mm_packs_epi32(_mm256_castsi256_si128(qi), _mm256_extracti128_si256(qi, 1));
+    _mm_storel_epi64((__m128i *)(q + i), _mm_packs_epi16(p, p));
+  }
+  int32_t s = wq_hsum8_epi32(acc);
+  for (; i < k; i++) {
+    float v = x[i] * inv;
+    v = v > -127.0f ? v : -127.0f;
+    v = v < 127.0f ? v : 127.0f;
+    q[i] = (int8_t)lrintf(v);
+    s += q[i];
+  }
+  *scale = amax / 127.0f;
+  *sum = s;
+}
+
+#define WQ_VNNI256 __attribute__((target("avx2,fma,f16c,avxvnni")))
+#define WQ_VNNI256_INLINE static inline __attribute__((target("avx2,fma,f16c,avxvnni"), always_inline))
+
+/* 32 bytes a step with vpdpbusd; the k % 32 tail in scalar, its xq sum taken out of the
+ * correction. */
+WQ_VNNI256_INLINE void w8_body_vnni256(const int8_t *const *xq, const int32_t *xs,
+                                       const int8_t *const *wr, int64_t k, int32_t *out,
+                                       int mr, int nr) {
+  __m256i acc[WQ_MAX_R][WQ_MAX_C];
+  const __m256i flip = _mm256_set1_epi8((char)0x80);
+  const int64_t kf = k - k % 32;
+  for (int r = 0; r < mr; r++)
+    for (int c = 0; c < nr; c++) acc[r][c] = _mm256_setzero_si256();
+  for (int64_t i = 0; i < kf; i += 32) {
+    __m256i xv[WQ_MAX_R];
+    for (int r = 0; r < mr; r++) xv[r] = _mm256_loadu_si256((const __m256i *)(xq[r] + i));
+    for (int c = 0; c < nr; c++) {
+      __m256i wv = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(wr[c] + i)), flip);
+      for (int r = 0; r < mr; r++) acc[r][c] = _mm256_dpbusd_avx_epi32(acc[r][c], wv, xv[r]);
+    }
+  }
+  for (int r = 0; r < mr; r++) {
+    int32_t tail_x = 0;
+    for (int64_t i = kf; i < k; i++) tail_x += xq[r][i];
+    for (int c = 0; c < nr; c++) {
+      int32_t tail = 0;
+      for (int64_t i = kf; i < k; i++) tail += (int32_t)xq[r][i] * wr[c][i];
+      /* wrapping arithmetic: the true value fits in int32 even where the biased sum may not */
+      uint32_t v = (uint32_t)wq_hsum8_epi32(acc[r][c]) - 128u * (uint32_t)(xs[r] - tail_x) +
+                   (uint32_t)tail;
+      out[r * nr + c] = (int32_t)v;
+    }
+  }
+}
+
+static WQ_VNNI256 void w8_vnni256_2x4(const int8_t *const *xq, const int32_t *xs,
+                                      const int8_t *const *wr, int64_t k, int32_t *out) {
+  w8_body_vnni256(xq, xs, wr, k, out, 2, 4);
+}
+static WQ_VNNI256 void w8_vnni256_1x4(const int8_t *const *xq, const int32_t *xs,
+                                      const int8_t *const *wr, int64_t k, int32_t *out) {
+  w8_body_vnni256(xq, xs, wr, k, out, 1, 4);
+}
+
+/* ---- x86: AVX-512F (+ AVX512-VNNI for W8A8) -------------------------------------------- */
+#define WQ_AVX512 __attribute__((target("avx512f,avx512bw,avx2,fma,f16c")))
+#define WQ_AVX512_INLINE \
+  static inline __attribute__((target("avx512f,avx512bw,avx2,fma,f16c"), always_inline))
+
+WQ_AVX512_INLINE float wq_fold16_avx512(__m512 v) {
+  __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+  return wq_fold8_avx(_mm256_add_ps(_mm512_castps512_ps256(v), hi));
+}
+
+/* One zmm accumulator per output. An int4 chunk is a lookup of its 16 nibbles in the
+ * group's table (v - z) * s, v = 0..15 (vpermps reads the low 4 bits of each index): the
+ * same products as dequantizing value by value. */
+WQ_AVX512_INLINE void wq_body_avx512(const wq_args *a, const float *const *xr,
+                                     const int64_t *rows, float *out, ir_dtype qt, int mr,
+                                     int nr) {
+  const kn_wq *w = a->w;
+  const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  __m512 acc[WQ_MAX_R][WQ_MAX_C];
+  const uint8_t *qr[WQ_MAX_C];
+  float s[WQ_MAX_C][WQ_RUN], z[WQ_MAX_C][WQ_RUN];
+  const int64_t group = w->group;
+  bool sub = w->zp != NULL;
+  for (int c = 0; c < nr; c++) qr[c] = (const uint8_t *)w->q + rows[c] * a->w_row_bytes;
+  for (int r = 0; r < mr; r++)
+    for (int c = 0; c < nr; c++) acc[r][c] = _mm512_setzero_ps();
+  for (int64_t g0 = 0; g0 < a->ng; g0 += WQ_RUN) {
+    int run = a->ng - g0 < WQ_RUN ? (int)(a->ng - g0) : WQ_RUN;
+    for (int c = 0; c < nr; c++) wq_params(w, a->ng, rows[c], g0, run, s[c], z[c]);
+    for (int t = 0; t < run; t++) {
+      __m512 tab[WQ_MAX_C]; /* int4: the group's 16 values; int8: unused */
+      if (qt == IR_I4)
+        for (int c = 0; c < nr; c++)
+          tab[c] = _mm512_mul_ps(_mm512_sub_ps(iota, _mm512_set1_ps(z[c][t])),
+                                 _mm512_set1_ps(s[c][t]));
+      for (int64_t i = (g0 + t) * group; i < (g0 + t + 1) * group; i += WQ_LANES)
+        for (int c = 0; c < nr; c++) {
+          __m512 wv;
+          if (qt == IR_I4) {
+            wv = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(wq_nibbles16(qr[c] + i / 2)),
+                                       tab[c]);
+          } else {
+            __m512 q = _mm512_cvtepi32_ps(
+                _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(qr[c] + i))));
+            wv = _mm512_mul_ps(sub ? _mm512_sub_ps(q, _mm512_set1_ps(z[c][t])) : q,
+                               _mm512_set1_ps(s[c][t]));
+          }
+          for (int r = 0; r < mr; r++)
+            acc[r][c] = _mm512_fmadd_ps(_mm512_loadu_ps(xr[r] + i), wv, acc[r][c]);
+        }
+    }
+  }
+  for (int r = 0; r < mr; r++)
+    for (int c = 0; c < nr; c++) out[r * nr + c] = wq_fold16_avx512(acc[r][c]);
+}
+
+#define WQ_INST_AVX512(name, qt, mr, nr)                                                    \
+  static WQ_AVX512 void name(const wq_args *a, const float *const *xr, const int64_t *rows, \
+                             float *out) {                                                  \
+    wq_body_avx512(a, xr, rows, out, qt, mr, nr);                                           \
+  }
+WQ_INST_AVX512(wq_avx512_i8_4x4, IR_I8, 4, 4)
+WQ_INST_AVX512(wq_avx512_i8_1x8, IR_I8, 1, 8)
+WQ_INST_AVX512(wq_avx512_i4_4x4, IR_I4, 4, 4)
+WQ_INST_AVX512(wq_avx512_i4_1x8, IR_I4, 1, 8)
+
+static WQ_AVX512 void w8_quant_avx512(const float *x, int64_t k, int8_t *q, float *scale,
+                                      int32_t *sum) {
+  __m512 am = _mm512_setzero_ps();
+  for (int64_t i = 0; i < k; i += 16) {
+    __mmask16 mk = k - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (k - i)) - 1);
+    am = _mm512_max_ps(_mm512_abs_ps(_mm512_maskz_loadu_ps(mk, x + i)), am);
+  }
+  float amax = _mm512_reduce_max_ps(am); /* lanes are >= 0 and not NaN: order-free */
+  float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+  __m512 iv = _mm512_set1_ps(inv), lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f);
+  __m512i acc = _mm512_setzero_si512();
+  for (int64_t i = 0; i < k; i += 16) {
+    __mmask16 mk = k - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (k - i)) - 1);
+    __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, x + i), iv);
+    __m512i qi = _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(v, lo), hi));
+    acc = _mm512_add_epi32(acc, qi); /* masked-off lanes are 0 */
+    _mm512_mask_cvtepi32_storeu_epi8(q + i, mk, qi);
+  }
+  *scale = amax / 127.0f;
+  *sum = _mm512_reduce_add_epi32(acc);
+}
+
+#define WQ_VNNI512 __attribute__((target("avx512f,avx512bw,avx512vnni")))
+#define WQ_VNNI512_INLINE \
+  static inline __attribute__((target("avx512f,avx512bw,avx512vnni"), always_inline))
+
+/* 64 bytes a step; the last step is a masked load (zero bytes add nothing). */
+WQ_VNNI512_INLINE void w8_body_vnni512(const int8_t *const *xq, const int32_t *xs,
+                                       const int8_t *const *wr, int64_t k, int32_t *out,
+                                       int mr, int nr) {
+  __m512i acc[WQ_MAX_R][WQ_MAX_C];
+  const __m512i flip = _mm512_set1_epi8((char)0x80);
+  for (int r = 0; r < mr; r++)
+    for (int c = 0; c < nr; c++) acc[r][c] = _mm512_setzero_si512();
+  for (int64_t i = 0; i < k; i += 64) {
+    __mmask64 mk = k - i >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << (k - i)) - 1);
+    __m512i xv[WQ_MAX_R];
+    for (int r = 0; r < mr; r++) xv[r] = _mm512_maskz_loadu_epi8(mk, xq[r] + i);
+    for (int c = 0; c < nr; c++) {
+      __m512i wv = _mm512_xor_si512(_mm512_maskz_loadu_epi8(mk, wr[c] + i), flip);
+      for (int r = 0; r < mr; r++) acc[r][c] = _mm512_dpbusd_epi32(acc[r][c], wv, xv[r]);
+    }
+  }
+  for (int r = 0; r < mr; r++)
+    for (int c = 0; c < nr; c++)
+      out[r * nr + c] =
+          (int32_t)((uint32_t)_mm512_reduce_add_epi32(acc[r][c]) - 128u * (uint32_t)xs[r]);
+}
+
+static WQ_VNNI512 void w8_vnni512_4x4(const int8_t *const *xq, const int32_t *xs,
+                                      const int8_t *const *wr, int64_t k, int32_t *out) {
+  w8_body_vnni512(xq, xs, wr, k, out, 4, 4);
+}
+static WQ_VNNI512 void w8_vnni512_1x8(const int8_t *const *xq, const int32_t *xs,
+                                      const int8_t *const *wr, int64_t k, int32_t *out) {
+  w8_body_vnni512(xq, xs, wr, k, out, 1, 8);
+}
+#endif
+
+/* ---- dispatch --------------------------------------------------------------------------- */
+
+/* Weight-only [isa][i8, i4]; W8A8 [isa]. Only the fields each table is read for are set. */
+static const wq_kernels k_wq_c = {2, 2, 4, wq_c_2x2, wq_c_1x4, w8_c_2x2, w8_c_1x4, w8_quant_c};
+#if WQ_X86
+static const wq_kernels k_wq_simd[2][2] = {
+    {{2, 2, 4, wq_avx2_i8_2x2, wq_avx2_i8_1x4, NULL, NULL, NULL},
+     {2, 2, 4, wq_avx2_i4_2x2, wq_avx2_i4_1x4, NULL, NULL, NULL}},
+    {{4, 4, 8, wq_avx512_i8_4x4, wq_avx512_i8_1x8, NULL, NULL, NULL},
+     {4, 4, 8, wq_avx512_i4_4x4, wq_avx512_i4_1x8, NULL, NULL, NULL}},
+};
+static const wq_kernels k_w8_simd[2] = {
+    {2, 4, 4, NULL, NULL, w8_vnni256_2x4, w8_vnni256_1x4, w8_quant_avx2},
+    {4, 4, 8, NULL, NULL, w8_vnni512_4x4, w8_vnni512_1x8, w8_quant_avx512},
+};
+
+static bool wq_has_f16c(void) {
+  unsigned a, b, c, d;
+  return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+}
+#endif
+
+/* Best levels the CPU offers, found once (cpuid is slow under a hypervisor): bits 0-1
+ * weight-only (0, 1 AVX2, 2 AVX-512), bits 2-3 W8A8 (0, 1 AVX-VNNI, 2 AVX512-VNNI). */
+static int wq_cpu_levels(void) {
+  static _Atomic int cached = -1;
+  int v = atomic_load_explicit(&cached, memory_order_relaxed);
+  if (v >= 0) return v;
+  int wo = 0, w8 = 0;
+#if WQ_X86
+  bool base = __builtin_cpu_supports("fma") && wq_has_f16c() && __builtin_cpu_supports("avx2");
+  bool avx512 = base && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+  wo = avx512 ? 2 : base ? 1 : 0;
+  w8 = avx512 && __builtin_cpu_supports("avx512vnni") ? 2
+       : base && __builtin_cpu_supports("avxvnni")    ? 1
+                                                      : 0;
+#endif
+  v = wo | w8 << 2;
+  atomic_store_explicit(&cached, v, memory_order_relaxed);
+  return v;
+}
+
+static _Atomic int g_wq_max_isa = 2;
+
+int kn_matmul_wq_set_max_isa(int isa) {
+  return atomic_exchange(&g_wq_max_isa, isa < 0 ? 0 : isa > 2 ? 2 : isa);
+}
+
+static int wq_level(bool w8a8) {
+  int lv = wq_cpu_levels(), cap = atomic_load_explicit(&g_wq_max_isa, memory_order_relaxed);
+  lv = w8a8 ? lv >> 2 : lv & 3;
+  return lv < cap ? lv : cap;
+}
+
+const char *kn_matmul_w8a8_path(void) {
+  static const char *const names[3] = {"portable", "avx-vnni", "avx512-vnni"};
+  return names[wq_level(true)];
+}
+
+static const wq_kernels *wq_pick(const kn_wq *w, int64_t k, bool w8a8) {
+  int lv = wq_level(w8a8);
+#if WQ_X86
+  if (w8a8 && lv > 0) return &k_w8_simd[lv - 1];
+  if (!w8a8 && lv > 0 && k % WQ_LANES == 0 && w->group % WQ_LANES == 0)
+    return &k_wq_simd[lv - 1][w->qt == IR_I4];
+#else
+  (void)w, (void)k, (void)lv;
+#endif
+  return &k_wq_c;
+}
+
+/* ---- tiling and threads ------------------------------------------------------------------ */
+
+/* Output columns a kernel call of nr W rows covers: nr, or nr / 2 gate rows with their
+ * nr / 2 up rows. */
+static int wq_cols(const wq_args *a, int nr) { return a->swiglu ? nr / 2 : nr; }
+
+/* The W rows of columns [j0, j0 + cols) clipped at j1: missing ones repeat j0 (their
+ * outputs are dropped); with swiglu the up rows follow the gate rows. */
+static int64_t wq_rows(const wq_args *a, int nr, int64_t j0, int64_t j1, int64_t *rows) {
+  int cols = wq_cols(a, nr);
+  int64_t nv = j1 - j0 < cols ? j1 - j0 : cols;
+  for (int c = 0; c < nr; c++) {
+    int64_t j = j0 + (c % cols < nv ? c % cols : 0);
+    rows[c] = c >= cols ? j + a->n : j;
+  }
+  return nv;
+}
+
+/* y[i0 + r, j0 + c] from the dot products z of one call (bias and epilogue). */
+static void wq_store(const wq_args *a, const float *z, int mr, int nr, int64_t nv, int64_t i0,
+                     int64_t j0) {
+  int cols = wq_cols(a, nr);
+  for (int r = 0; r < mr; r++) {
+    float *y = a->y + (i0 + r) * a->n + j0;
+    for (int64_t c = 0; c < nv; c++) {
+      float g = a->bias ? z[r * nr + c] + a->bias[j0 + c] : z[r * nr + c];
+      if (!a->swiglu) {
+        y[c] = g;
+        continue;
+      }
+      float u = z[r * nr + cols + c];
+      y[c] = kn_silu_mul(g, a->bias ? u + a->bias[a->n + j0 + c] : u);
+    }
+  }
+}
+
+/* Rows [i0, i0 + mr) of x against the W rows of columns [j0, j1). */
+static void wq_block(const wq_args *a, wq_fn fn, int mr, int nr, int64_t i0, int64_t j0,
+                     int64_t j1) {
+  const float *xr[WQ_MAX_R] = {0};
+  int64_t rows[WQ_MAX_C];
+  float acc[WQ_MAX_R * WQ_MAX_C];
+  int64_t nv = wq_rows(a, nr, j0, j1, rows);
+  for (int r = 0; r < mr; r++) xr[r] = a->x + (i0 + r) * a->k;
+  fn(a, xr, rows, acc);
+  wq_store(a, acc, mr, nr, nv, i0, j0);
+}
+
+/* The same for W8A8, with rows of x already quantized (xq, per-row scale sx and sum xs). */
+static void w8_block(const wq_args *a, w8_fn fn, int mr, int nr, int64_t i0, int64_t j0,
+                     int64_t j1, const int8_t *const *xq, const float *sx, const int32_t *xs) {
+  const int8_t *wr[WQ_MAX_C];
+  int64_t rows[WQ_MAX_C];
+  int32_t acc[WQ_MAX_R * WQ_MAX_C];
+  float z[WQ_MAX_R * WQ_MAX_C];
+  int64_t nv = wq_rows(a, nr, j0, j1, rows);
+  for (int c = 0; c < nr; c++) wr[c] = (const int8_t *)a->w->q + rows[c] * a->k;
+  fn(xq, xs, wr, a->k, acc);
+  for (int r = 0; r < mr; r++)
+    for (int c = 0; c < nr; c++)
+      z[r * nr + c] = (float)acc[r * nr + c] * (sx[r] * wq_scale(a->w, 1, rows[c], 0));
+  wq_store(a, z, mr, nr, nv, i0, j0);
+}
+
+static void wq_tile(const wq_args *a, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+  const wq_kernels *kn = a->kern;
+  int64_t i = i0;
+  for (; i + kn->mr <= i1; i += kn->mr)
+    for (int64_t j = j0; j < j1; j += wq_cols(a, kn->nr))
+      wq_block(a, kn->block, kn->mr, kn->nr, i, j, j1);
+  for (; i < i1; i++)
+    for (int64_t j = j0; j < j1; j += wq_cols(a, kn->nr1))
+      wq_block(a, kn->row, 1, kn->nr1, i, j, j1);
+}
+
+/* Rows are quantized here, per tile, onto the stack: recomputing them for each n tile
+ * costs k per row against n_tile * k for the products, and needs no scratch. */
+static void w8_tile(const wq_args *a, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+  const wq_kernels *kn = a->kern;
+  int8_t buf[WQ_MAX_R * KN_W8A8_MAX_K];
+  const int8_t *xq[WQ_MAX_R];
+  float sx[WQ_MAX_R];
+  int32_t xs[WQ_MAX_R];
+  for (int64_t i = i0; i < i1;) {
+    int mr = i + kn->mr <= i1 ? kn->mr : 1, nr = mr > 1 ? kn->nr : kn->nr1;
+    for (int r = 0; r < mr; r++) {
+      kn->quant(a->x + (i + r) * a->k, a->k, buf + r * a->k, &sx[r], &xs[r]);
+      xq[r] = buf + r * a->k;
+    }
+    for (int64_t j = j0; j < j1; j += wq_cols(a, nr))
+      w8_block(a, mr > 1 ? kn->block8 : kn->row8, mr, nr, i, j, j1, xq, sx, xs);
+    i += mr;
+  }
+}
+
+static void wq_task(void *arg, int64_t begin, int64_t end, int tid) {
+  (void)tid;
+  const wq_args *a = arg;
+  for (int64_t t = begin; t < end; t++) {
+    int64_t i0 = t / a->n_tiles * a->mb, j0 = t % a->n_tiles * a->nb;
+    int64_t i1 = i0 + a->mb < a->m ? i0 + a->mb : a->m;
+    int64_t j1 = j0 + a->nb < a->n ? j0 + a->nb : a->n;
+    wq_tile(a, i0, i1, j0, j1);
+  }
+}
+
+static void w8_task(void *arg, int64_t begin, int64_t end, int tid) {
+  (void)tid;
+  const wq_args *a = arg;
+  for (int64_t t = begin; t < end; t++) {
+    int64_t i0 = t / a->n_tiles * a->mb, j0 = t % a->n_tiles * a->nb;
+    int64_t i1 = i0 + a->mb < a->m ? i0 + a->mb : a->m;
+    int64_t j1 = j0 + a->nb < a->n ? j0 + a->nb : a->n;
+    w8_tile(a, i0, i1, j0, j1);
+  }
+}
+
+static int64_t wq_round_up(int64_t v, int64_t to) { return (v + to - 1) / to * to; }
+
+/* Tile sizes change only which outputs share a task, never how one is summed. */
+static void wq_plan(wq_args *a, int n_threads) {
+  int64_t col_bytes = a->w_row_bytes * (a->swiglu ? 2 : 1); /* W bytes per column of y */
+  int64_t nb = WQ_W_TILE_BYTES / (col_bytes > 0 ? col_bytes : 1);
+  nb = nb / WQ_TILE_ALIGN * WQ_TILE_ALIGN;
+  if (nb < WQ_TILE_ALIGN) nb = WQ_TILE_ALIGN;
+  a->mb = a->m < WQ_M_TILE ? a->m : WQ_M_TILE;
+  int64_t m_tiles = (a->m + a->mb - 1) / a->mb;
+  int64_t want = (int64_t)n_threads * WQ_TASKS_PER_THREAD;
+  if (n_threads > 1 && m_tiles * ((a->n + nb - 1) / nb) < want) {
+    int64_t per = wq_round_up((a->n * m_tiles + want - 1) / want, WQ_TILE_ALIGN);
+    nb = per < nb ? per : nb;
+  }
+  a->nb = nb;
+  a->n_tiles = (a->n + nb - 1) / nb;
+}
+
+static void wq_run(kn_pool *p, float *y, const float *x, const kn_wq *w, const float *bias,
+                   int64_t m, int64_t n, int64_t k, int act, bool w8a8) {
+  bool swiglu = act == KN_WQ_ACT_SWIGLU;
+  if (m <= 0 || n <= 0) return;
+  wq_args a = {.y = y, .x = x, .w = w, .bias = bias, .m = m, .n = swiglu ? n / 2 : n, .k = k,
+               .swiglu = swiglu, .ng = k / w->group,
+               .w_row_bytes = (int64_t)ir_dtype_bytes(w->qt, (uint64_t)k),
+               .kern = wq_pick(w, k, w8a8)};
+  wq_plan(&a, kn_pool_threads(p));
+  int64_t tasks = a.n_tiles * ((m + a.mb - 1) / a.mb), flops = 2 * m * n * k;
+  kn_parallel_for(p, tasks, flops < WQ_SERIAL_FLOPS ? tasks : 1, w8a8 ? w8_task : wq_task, &a);
+}
+
+void kn_matmul_wq(kn_pool *p, float *y, const float *x, const kn_wq *w, const float *bias,
+                  int64_t m, int64_t n, int64_t k, int act) {
+  wq_run(p, y, x, w, bias, m, n, k, act, false);
+}
+
+void kn_matmul_w8a8(kn_pool *p, float *y, const float *x, const kn_wq *w, const float *bias,
+                    int64_t m, int64_t n, int64_t k, int act) {
+  wq_run(p, y, x, w, bias, m, n, k, act, true);
+}

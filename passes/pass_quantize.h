@@ -1,0 +1,58 @@
+/* pass_quantize: `infc build --quant SCHEME`: converts float matmul weights to i8 / i4
+ * with separate scales and zero points (the matmul contract in ir_op.c), or to W8A8.
+ *
+ *   none                         leave the weights as they are
+ *   int8[:sym|asym][:gN]         int8, per output channel (or groups of N along K)
+ *   int4[:g32|g64|g128][:sym|asym]   int4 in groups of 32 (default), 64 or 128
+ *   w8a8                         int8 per-channel symmetric weights, and activations
+ *                                quantized per row at run time (VNNI where present)
+ * A ":lm_head" suffix also quantizes the logits projection (by default it stays as built:
+ * it is the most sensitive matmul, and with tied embeddings the embedding lookup keeps
+ * the float table, so a quantized copy would add bytes rather than save them).
+ * The embedding is a lookup, not a matmul: never quantized here. */
+#ifndef PASS_QUANTIZE_H
+#define PASS_QUANTIZE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pass.h"
+
+typedef enum pass_quant_scheme {
+  PASS_QUANT_NONE = 0,
+  PASS_QUANT_INT8 = 1,
+  PASS_QUANT_INT4 = 2,
+  PASS_QUANT_W8A8 = 3,
+} pass_quant_scheme;
+
+typedef struct pass_quant_opts {
+  pass_quant_scheme scheme;
+  int64_t group; /* columns per scale; 0 = per output channel (int8, w8a8 default) */
+  bool asym;     /* zero points (int8, int4) */
+  bool lm_head;  /* also the logits projection */
+} pass_quant_opts;
+
+/* Parses a scheme as above into *out. Errors name the spec and what is wrong. */
+ir_status pass_quant_parse(const char *spec, pass_quant_opts *out, ir_diag *d);
+
+/* The canonical text of a scheme ("int4:g32:sym", "none"), recorded in plans. */
+void pass_quant_format(const pass_quant_opts *q, char *buf, size_t len);
+
+/* The pass (runs after fusion, so fused q/k/v and gate/up weights are quantized whole).
+ * o->quant selects the scheme; NULL or none does nothing. */
+ir_status pass_quantize(ir_graph *g, const pass_opts *o, pass_log *log, ir_diag *d);
+
+/* Quantizes w (n, k) f32 in groups of `group` columns (group divides k; i4 needs k even).
+ * Writes q: (n, k) i8, or i4 packed two a byte (element 2t in the low nibble); scales:
+ * (n, k / group) of st (IR_F32 or IR_F16); zp: (n, k / group) when asym (else NULL): i8
+ * codes for i8, f16 fractional zero points for i4 (an affine fit per group, as Q4_1's
+ * min; an integer zero point costs int4 about a fifth more error). Symmetric int8 codes
+ * stay in [-127, 127] (W8A8 needs it).
+ * Dequantized, w ~ (q - zp) * scale with zp 8 (i4) or 0 (i8) when symmetric. The scale
+ * of each group is searched (round-to-nearest at a few candidate scales or clipping
+ * ranges, least squares) to minimise the group's squared error. */
+void pass_quant_matrix(const float *w, int64_t n, int64_t k, ir_dtype qt, int64_t group,
+                       bool asym, ir_dtype st, void *q, void *scales, void *zp);
+
+#endif

@@ -1,0 +1,56 @@
+/* backend_cuda_load: finds and loads libinferrt_cuda.so with dlopen when a model is to run
+ * on CUDA, so inferrt itself links against nothing CUDA and runs on CPU-only machines. */
+#include <dlfcn.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backend.h"
+
+/* $INFERRT_CUDA_LIB, then beside the executable (and ../, ../lib), then the search path.
+ * The library stays loaded: the backend's vtable lives in it. */
+static void *load_lib(char *tried, size_t cap) {
+  static void *lib;
+  if (lib) return lib;
+  char dir[PATH_MAX] = "", path[PATH_MAX + 64];
+  const char *env = getenv("INFERRT_CUDA_LIB");
+  if (env && *env) {
+    snprintf(tried, cap, "%s ($INFERRT_CUDA_LIB)", env);
+    return lib = dlopen(env, RTLD_NOW | RTLD_LOCAL);
+  }
+  ssize_t n = readlink("/proc/self/exe", dir, sizeof dir - 1);
+  if (n > 0) {
+    dir[n] = '\0';
+    char *slash = strrchr(dir, '/');
+    if (slash) *slash = '\0';
+  }
+  static const char *const rel[] = {"/", "/../", "/../lib/"};
+  for (size_t i = 0; n > 0 && i < sizeof rel / sizeof rel[0] && !lib; i++) {
+    snprintf(path, sizeof path, "%s%s" IRT_CUDA_LIB, dir, rel[i]);
+    lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  }
+  if (!lib) lib = dlopen(IRT_CUDA_LIB, RTLD_NOW | RTLD_LOCAL);
+  snprintf(tried, cap, "beside %s or on the library path", n > 0 ? dir : "inferrt");
+  return lib;
+}
+
+ir_status irt_backend_cuda_open(const irt_cuda_opts *o, const ir_graph *g, irt_backend *out,
+                                ir_diag *d) {
+  char tried[PATH_MAX + 64];
+  void *lib = load_lib(tried, sizeof tried);
+  if (!lib) {
+    const char *why = dlerror();
+    return ir_diag_set(d, IR_UNSUPPORTED,
+                       "the CUDA backend is not installed (" IRT_CUDA_LIB " not found %s%s%s); "
+                       "run with --device cpu or build a CPU plan",
+                       tried, why ? ": " : "", why ? why : "");
+  }
+  void *sym = dlsym(lib, IRT_CUDA_ENTRY);
+  irt_cuda_create_fn create;
+  if (!sym)
+    return ir_diag_set(d, IR_BAD_FORMAT, IRT_CUDA_LIB " has no " IRT_CUDA_ENTRY);
+  memcpy(&create, &sym, sizeof create);
+  return create(o, g, out, d);
+}

@@ -1,0 +1,478 @@
+/* backend_cuda: the CUDA backend (libinferrt_cuda.so). Weights, activation arena and the
+ * paged KV pool live in device memory; a step uploads its descriptor in one copy, queues
+ * the plan's NVRTC kernels (and cuBLAS) on one stream, and decode steps are captured once
+ * per batch-size bucket as CUDA Graphs and replayed. See runtime/backend.h. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_internal.h"
+
+static const struct {
+  cuda_fn fn;
+  const char *src, *entry;
+} k_fns[CF_COUNT] = {
+    {CF_ADD, "add", "kn_add"},
+    {CF_ATTN_DECODE, "attention", "kn_attn_decode"},
+    {CF_ATTN_REDUCE, "attention", "kn_attn_decode_reduce"},
+    {CF_ATTN_PREFILL, "attention", "kn_attn_prefill"},
+    {CF_CAST_F16, "cast", "kn_cast_f16"},
+    {CF_CAST_BF16, "cast", "kn_cast_bf16"},
+    {CF_ADD_BIAS, "cast", "kn_add_bias"},
+    {CF_EMBED_F32, "embed", "kn_embed_f32"},
+    {CF_EMBED_F16, "embed", "kn_embed_f16"},
+    {CF_EMBED_BF16, "embed", "kn_embed_bf16"},
+    {CF_EMBED_Q8_0, "embed", "kn_embed_q8_0"},
+    {CF_EMBED_Q4_0, "embed", "kn_embed_q4_0"},
+    {CF_EMBED_Q4_1, "embed", "kn_embed_q4_1"},
+    {CF_GATHER_ROWS, "gather_rows", "kn_gather_rows"},
+    {CF_GEMV_F32, "gemv", "kn_gemv_f32"},
+    {CF_GEMV_F16, "gemv", "kn_gemv_f16"},
+    {CF_GEMV_BF16, "gemv", "kn_gemv_bf16"},
+    {CF_GEMV_Q8_0, "gemv", "kn_gemv_q8_0"},
+    {CF_GEMV_Q4_0, "gemv", "kn_gemv_q4_0"},
+    {CF_GEMV_Q4_1, "gemv", "kn_gemv_q4_1"},
+    {CF_KV_WRITE, "kv_write", "kn_kv_write"},
+    {CF_RMS_NORM, "rms_norm", "kn_rms_norm"},
+    {CF_ADD_RMS_NORM, "rms_norm", "kn_add_rms_norm"},
+    {CF_ROPE_NEOX, "rope", "kn_rope_neox"},
+    {CF_ROPE_INTERLEAVED, "rope", "kn_rope_interleaved"},
+    {CF_SWIGLU, "swiglu", "kn_swiglu"},
+};
+
+ir_status cuda_fail(cuda_ctx *c, CUresult r, const char *what, ir_diag *d) {
+  return ir_diag_set(d, r == CU_ERR_OUT_OF_MEMORY ? IR_OOM : IR_DEVICE, "CUDA: %s: %s", what,
+                     cu_api_error(&c->cu, r));
+}
+
+static void make_current(cuda_ctx *c) { c->cu.ctx_set(c->ctx); }
+
+/* --- device and kernel images ------------------------------------------------------------ */
+
+static ir_status open_device(cuda_ctx *c, int ordinal, ir_diag *d) {
+  int count = 0, major = 0, minor = 0;
+  CUresult r = c->cu.init(0);
+  if (r == 0) r = c->cu.device_count(&count);
+  if (r || count == 0)
+    return ir_diag_set(d, IR_DEVICE,
+                       "no CUDA device found; run with --device cpu or build a CPU plan (%s)",
+                       r ? cu_api_error(&c->cu, r) : "the driver sees no GPU");
+  if (ordinal < 0 || ordinal >= count)
+    return ir_diag_set(d, IR_INVALID_ARG, "CUDA device %d does not exist (%d found)", ordinal,
+                       count);
+  if ((r = c->cu.device_get(&c->dev, ordinal)) ||
+      (r = c->cu.device_name(c->name, (int)sizeof c->name, c->dev)) ||
+      (r = c->cu.device_attr(&major, CU_ATTR_CC_MAJOR, c->dev)) ||
+      (r = c->cu.device_attr(&minor, CU_ATTR_CC_MINOR, c->dev)))
+    return cuda_fail(c, r, "device query", d);
+  c->arch = major * 10 + minor;
+  if ((r = c->cu.ctx_retain(&c->ctx, c->dev))) return cuda_fail(c, r, "primary context", d);
+  make_current(c);
+  if ((r = c->cu.stream_create(&c->stream, CU_STREAM_NON_BLOCKING)) ||
+      (r = c->cu.event_create(&c->stage_ev, CU_EVENT_DISABLE_TIMING)))
+    return cuda_fail(c, r, "stream", d);
+  return IR_OK;
+}
+
+/* The image of `src` this GPU runs best: its own CUBIN, a CUBIN of the same major arch
+ * and a lower minor, else the newest PTX not above it (JIT-compiled by the driver). */
+static const ir_plan_kernel *pick_image(const irt_cuda_opts *o, const char *src, int arch) {
+  const ir_plan_kernel *best = NULL;
+  int best_rank = 0;
+  for (int i = 0; i < o->n_kernels; i++) {
+    const ir_plan_kernel *k = &o->kernels[i];
+    int a = (int)k->arch, rank = 0;
+    if (strcmp(k->name, src) || a > arch) continue;
+    if (k->kind == IR_PLAN_KERNEL_CUBIN && a == arch) rank = 3000;
+    else if (k->kind == IR_PLAN_KERNEL_CUBIN && a / 10 == arch / 10) rank = 2000 + a;
+    else if (k->kind == IR_PLAN_KERNEL_PTX) rank = 1000 + a;
+    if (rank > best_rank) best = k, best_rank = rank;
+  }
+  return best;
+}
+
+/* "sm_80,sm_90": the archs the plan has images for. */
+static void plan_archs(const irt_cuda_opts *o, char *buf, size_t cap) {
+  size_t len = 0;
+  buf[0] = '\0';
+  for (int i = 0; i < o->n_kernels; i++) {
+    bool seen = false;
+    for (int j = 0; j < i; j++) seen |= o->kernels[j].arch == o->kernels[i].arch;
+    if (!seen && len < cap)
+      len += (size_t)snprintf(buf + len, cap - len, "%ssm_%u", len ? "," : "",
+                              o->kernels[i].arch);
+  }
+  if (!len) snprintf(buf, cap, "none");
+}
+
+static ir_status load_source(cuda_ctx *c, const irt_cuda_opts *o, const char *src,
+                             CUmodule *out, ir_diag *d) {
+  const ir_plan_kernel *k = pick_image(o, src, c->arch);
+  *out = NULL;
+  if (!k) {
+    if (!strcmp(src, "cast")) return IR_OK; /* plans from before cast.cu: GEMV only */
+    char archs[96];
+    plan_archs(o, archs, sizeof archs);
+    return ir_diag_set(d, IR_UNSUPPORTED,
+                       "the plan's CUDA kernels are for %s but the GPU (%s) is sm_%d: rebuild "
+                       "with infc build --target cuda --arch sm_%d, or run with --device cpu",
+                       archs, c->name, c->arch, c->arch);
+  }
+  CUresult r = c->cu.module_load(out, k->data);
+  if (r == 0) return IR_OK;
+  return ir_diag_set(d, IR_DEVICE, "CUDA: loading kernels '%s' (%s for sm_%u) on %s (sm_%d): %s",
+                     src, k->kind == IR_PLAN_KERNEL_PTX ? "PTX" : "CUBIN", k->arch, c->name,
+                     c->arch, cu_api_error(&c->cu, r));
+}
+
+static ir_status load_kernels(cuda_ctx *c, const irt_cuda_opts *o, ir_diag *d) {
+  for (int i = 0; i < CF_COUNT; i++) {
+    int first = i;
+    while (first > 0 && strcmp(k_fns[first - 1].src, k_fns[i].src) == 0) first--;
+    if (first == i) { /* a new source: load its module */
+      if (c->n_mods == (int)(sizeof c->mods / sizeof c->mods[0]))
+        return ir_diag_set(d, IR_UNSUPPORTED, "cuda backend: too many kernel sources");
+      ir_status st = load_source(c, o, k_fns[i].src, &c->mods[c->n_mods++], d);
+      if (st != IR_OK) return st;
+    }
+    CUmodule mod = c->mods[c->n_mods - 1];
+    if (!mod) continue;
+    CUresult r = c->cu.module_fn(&c->fn[k_fns[i].fn], mod, k_fns[i].entry);
+    if (r)
+      return ir_diag_set(d, IR_BAD_FORMAT, "CUDA: the plan's '%s' kernels lack %s (%s)",
+                         k_fns[i].src, k_fns[i].entry, cu_api_error(&c->cu, r));
+  }
+  return IR_OK;
+}
+
+/* --- scratch: step buffer, attention splits, GEMM ---------------------------------------- */
+
+static ir_status dev_alloc(cuda_ctx *c, size_t bytes, CUdeviceptr *out, const char *what,
+                           ir_diag *d) {
+  CUresult r = c->cu.mem_alloc(out, bytes ? bytes : 1);
+  if (!r) return IR_OK;
+  *out = 0;
+  return cuda_fail(c, r, what, d);
+}
+
+static ir_status alloc_scratch(cuda_ctx *c, const ir_graph *g, ir_diag *d) {
+  const ir_model_config *k = &g->config;
+  size_t T = (size_t)c->max_tokens, off = 0;
+  c->off_tok = off, off += T;
+  c->off_pos = off, off += T;
+  c->off_seq = off, off += T;
+  c->off_rows = off, off += T > (size_t)c->max_logits ? T : (size_t)c->max_logits;
+  c->off_tile0 = off, off += T;
+  c->off_tilen = off, off += T;
+  c->off_bt = off, off += (size_t)(c->max_seqs * c->max_blocks);
+  c->stage_elems = off;
+  CUresult r = c->cu.host_alloc((void **)&c->stage, off * sizeof(int32_t));
+  if (r) return cuda_fail(c, r, "pinned step buffer", d);
+  memset(c->stage, 0, off * sizeof(int32_t));
+  /* Split-K decode: about 8 KV blocks per split (2 per warp), at most 32 splits; the split
+   * count is fixed for the model, so captured graphs fit every context length. */
+  c->n_splits = (int)((c->max_blocks + 7) / 8);
+  if (c->n_splits > 32) c->n_splits = 32;
+  if (c->n_splits < 1) c->n_splits = 1;
+  c->blocks_per_split = (int)((c->max_blocks + c->n_splits - 1) / c->n_splits);
+  size_t rows = (size_t)(c->max_seqs * k->n_heads * c->n_splits);
+  ir_status st = dev_alloc(c, off * sizeof(int32_t), &c->d_stage, "step buffer", d);
+  if (st == IR_OK)
+    st = dev_alloc(c, rows * (size_t)c->head_dim * 4, &c->part_acc, "attention scratch", d);
+  if (st == IR_OK) st = dev_alloc(c, rows * 2 * 4, &c->part_ml, "attention scratch", d);
+  if (st == IR_OK && c->xh_bytes) st = dev_alloc(c, c->xh_bytes, &c->xh, "GEMM scratch", d);
+  return st;
+}
+
+/* cuBLAS for the dense GEMMs; without it every matmul runs on the GEMV kernels. */
+static void open_blas(cuda_ctx *c) {
+  ir_diag quiet = {0};
+  const size_t ws = (size_t)32 << 20; /* workspace, so graph capture never allocates */
+  if (cublas_api_load(&c->blas, &quiet) != IR_OK) return;
+  if (c->blas.create(&c->blas_h)) {
+    c->blas_h = NULL;
+    return;
+  }
+  if (c->cu.mem_alloc(&c->blas_ws, ws)) c->blas_ws = 0;
+  if (c->blas.set_stream(c->blas_h, c->stream) ||
+      (c->blas_ws && c->blas.set_workspace(c->blas_h, (void *)(uintptr_t)c->blas_ws, ws))) {
+    c->blas.destroy(c->blas_h);
+    c->blas_h = NULL;
+  }
+}
+
+/* Decode buckets 1, 2, 4, ... up to the step limits (the limit itself last). */
+static void make_buckets(cuda_ctx *c) {
+  int64_t cap = c->max_seqs;
+  if (c->max_tokens < cap) cap = c->max_tokens;
+  if (c->max_logits < cap) cap = c->max_logits;
+  for (int64_t b = 1; b < cap && c->n_buckets < CUDA_MAX_BUCKETS - 1; b *= 2)
+    c->bucket[c->n_buckets++] = b;
+  if (cap >= 1) c->bucket[c->n_buckets++] = cap;
+}
+
+/* --- one step ------------------------------------------------------------------------------ */
+
+/* The smallest decode bucket holding t tokens, or -1. */
+static int bucket_of(const cuda_ctx *c, int64_t t) {
+  for (int i = 0; i < c->n_buckets; i++)
+    if (c->bucket[i] >= t) return i;
+  return -1;
+}
+
+/* Prefill attention tiles: runs of at most CUDA_TILE_TOKENS consecutive tokens of one
+ * sequence. Returns the tile count. */
+static int make_tiles(cuda_ctx *c, const int32_t *tok_seq, int64_t n_tok) {
+  int32_t *t0 = c->stage + c->off_tile0, *tn = c->stage + c->off_tilen;
+  int n = 0;
+  for (int64_t t = 0; t < n_tok; t++) {
+    if (n && tok_seq[t] == tok_seq[t0[n - 1]] && tn[n - 1] < CUDA_TILE_TOKENS) {
+      tn[n - 1]++;
+      continue;
+    }
+    t0[n] = (int32_t)t;
+    tn[n++] = 1;
+  }
+  return n;
+}
+
+/* Fills the pinned step buffer for n >= T tokens (tokens past T pad a decode bucket: each
+ * its own sequence at position 0 of the pad block) and uploads it in one copy. */
+static ir_status upload_step(cuda_ctx *c, const irt_step *s, int64_t n, cuda_step *cs,
+                             ir_diag *d) {
+  int64_t T = s->syms[IR_SYM_TOKENS], S = s->syms[IR_SYM_SEQS], L = s->syms[IR_SYM_LOGITS];
+  CUresult r;
+  if (c->stage_busy && (r = c->cu.event_sync(c->stage_ev)))
+    return cuda_fail(c, r, "step upload", d);
+  int32_t *st = c->stage;
+  memcpy(st + c->off_tok, s->tokens, (size_t)T * 4);
+  memcpy(st + c->off_pos, s->tok_pos, (size_t)T * 4);
+  memcpy(st + c->off_seq, s->tok_seq, (size_t)T * 4);
+  memcpy(st + c->off_rows, s->logit_rows, (size_t)L * 4);
+  memcpy(st + c->off_bt, s->block_tables, (size_t)(S * s->max_blocks) * 4);
+  int64_t rows = S;
+  for (int64_t t = T; t < n; t++, rows++) {
+    st[c->off_tok + t] = 0, st[c->off_pos + t] = 0, st[c->off_seq + t] = (int32_t)rows;
+    st[c->off_rows + t] = (int32_t)t;
+    st[c->off_bt + rows * s->max_blocks] = s->pad_block;
+  }
+  cs->n_tiles = cs->decode ? 0 : make_tiles(c, s->tok_seq, T);
+  size_t bytes = (c->off_bt + (size_t)(rows * s->max_blocks)) * sizeof(int32_t);
+  if ((r = c->cu.htod(c->d_stage, st, bytes, c->stream)) ||
+      (r = c->cu.event_record(c->stage_ev, c->stream)))
+    return cuda_fail(c, r, "step upload", d);
+  c->stage_busy = true;
+  return IR_OK;
+}
+
+static ir_status run_nodes(cuda_ctx *c, const ir_graph *g, void *const *ptrs, const cuda_step *s,
+                           ir_diag *d) {
+  for (int32_t i = 0; i < g->n_nodes; i++) {
+    ir_status st = cuda_ops_run(c, g, i, ptrs, s, d);
+    if (st != IR_OK) return st;
+  }
+  return IR_OK;
+}
+
+/* Records the step's kernels into a graph for bucket b (nothing runs until launched). */
+static ir_status capture(cuda_ctx *c, int b, const ir_graph *g, void *const *ptrs,
+                         const cuda_step *s, ir_diag *d) {
+  CUresult r = c->cu.capture_begin(c->stream, CU_CAPTURE_MODE_THREAD_LOCAL);
+  if (r) return cuda_fail(c, r, "cuStreamBeginCapture", d);
+  ir_status st = run_nodes(c, g, ptrs, s, d);
+  CUgraph graph = NULL;
+  r = c->cu.capture_end(c->stream, &graph);
+  if (st == IR_OK && r) st = cuda_fail(c, r, "cuStreamEndCapture", d);
+  if (st == IR_OK && (r = c->cu.graph_instantiate(&c->exec[b], graph, 0))) {
+    c->exec[b] = NULL;
+    st = cuda_fail(c, r, "cuGraphInstantiate", d);
+  }
+  if (graph) c->cu.graph_destroy(graph);
+  return st;
+}
+
+static ir_status cuda_run_step(void *vctx, const ir_graph *g, void *const *ptrs,
+                               const irt_step *s, ir_diag *d) {
+  cuda_ctx *c = vctx;
+  int64_t T = s->syms[IR_SYM_TOKENS], S = s->syms[IR_SYM_SEQS], L = s->syms[IR_SYM_LOGITS];
+  cuda_step cs = {.decode = T == S, .kv = s->kv, .max_blocks = s->max_blocks};
+  /* Decode steps where every sequence wants its logits replay a graph of their bucket. */
+  int b = cs.decode && L == T && c->want_graphs && s->pad_block >= 0 ? bucket_of(c, T) : -1;
+  int64_t n = b >= 0 ? c->bucket[b] : T;
+  if (s->max_blocks != c->max_blocks || T > c->max_tokens || S > c->max_seqs)
+    return ir_diag_set(d, IR_INVALID_ARG, "cuda backend: step exceeds the plan's limits");
+  cs.syms[IR_SYM_TOKENS] = n;
+  cs.syms[IR_SYM_SEQS] = b >= 0 ? n : S;
+  cs.syms[IR_SYM_LOGITS] = b >= 0 ? n : L;
+  make_current(c);
+  ir_status st = upload_step(c, s, n, &cs, d);
+  if (st != IR_OK || b < 0) return st != IR_OK ? st : run_nodes(c, g, ptrs, &cs, d);
+  /* A bucket's first step runs eagerly, so lazy initialisation (cuBLAS, module loading)
+   * happens outside a capture; the second is captured; later ones replay. */
+  if (!c->warm[b]) {
+    c->warm[b] = true;
+    return run_nodes(c, g, ptrs, &cs, d);
+  }
+  if (!c->exec[b] && (st = capture(c, b, g, ptrs, &cs, d)) != IR_OK) return st;
+  CUresult r = c->cu.graph_launch(c->exec[b], c->stream);
+  return r ? cuda_fail(c, r, "cuGraphLaunch", d) : IR_OK;
+}
+
+/* --- memory -------------------------------------------------------------------------------- */
+
+static void *cuda_alloc(void *vctx, size_t bytes) {
+  cuda_ctx *c = vctx;
+  CUdeviceptr p = 0;
+  make_current(c);
+  if (c->cu.mem_alloc(&p, bytes ? bytes : 64)) return NULL;
+  if (c->cu.memset8(p, 0, bytes, c->stream) || c->cu.stream_sync(c->stream)) {
+    c->cu.mem_free(p);
+    return NULL;
+  }
+  return (void *)(uintptr_t)p;
+}
+
+static void cuda_free(void *vctx, void *p) {
+  cuda_ctx *c = vctx;
+  if (!p) return;
+  make_current(c);
+  c->cu.mem_free(cuda_dptr(p));
+}
+
+static ir_status cuda_upload(void *vctx, const void *host, size_t bytes, void **out, ir_diag *d) {
+  cuda_ctx *c = vctx;
+  CUdeviceptr p = 0;
+  make_current(c);
+  ir_status st = dev_alloc(c, bytes, &p, "weights", d);
+  CUresult r = 0;
+  if (st == IR_OK && bytes && ((r = c->cu.htod(p, host, bytes, c->stream)) ||
+                               (r = c->cu.stream_sync(c->stream)))) {
+    c->cu.mem_free(p);
+    st = cuda_fail(c, r, "weight upload", d);
+  }
+  if (st == IR_OOM) {
+    size_t fr = 0, tot = 0;
+    c->cu.mem_info(&fr, &tot);
+    d->status = IR_OK;
+    st = ir_diag_set(d, IR_OOM, "out of device memory for the weights: %.1f MiB more asked, "
+                     "%.1f MiB free of %.1f MiB on %s", (double)bytes / 1048576.0,
+                     (double)fr / 1048576.0, (double)tot / 1048576.0, c->name);
+  }
+  *out = st == IR_OK ? (void *)(uintptr_t)p : NULL;
+  return st;
+}
+
+static ir_status cuda_read(void *vctx, void *dst, const void *src, size_t bytes, ir_diag *d) {
+  cuda_ctx *c = vctx;
+  make_current(c);
+  CUresult r = bytes ? c->cu.dtoh(dst, cuda_dptr(src), bytes, c->stream) : 0;
+  if (!r) r = c->cu.stream_sync(c->stream);
+  if (!r) c->stage_busy = false; /* the upload before it is done too */
+  return r ? cuda_fail(c, r, "step (reading the logits)", d) : IR_OK;
+}
+
+static void cuda_copy(void *vctx, void *dst, const void *src, size_t bytes) {
+  cuda_ctx *c = vctx;
+  make_current(c);
+  c->cu.dtod(cuda_dptr(dst), cuda_dptr(src), bytes, c->stream);
+}
+
+static void cuda_mem_info(void *vctx, uint64_t *out_free, uint64_t *out_total) {
+  cuda_ctx *c = vctx;
+  size_t fr = 0, tot = 0;
+  make_current(c);
+  c->cu.mem_info(&fr, &tot);
+  *out_free = fr, *out_total = tot;
+}
+
+/* --- vtable -------------------------------------------------------------------------------- */
+
+static ir_status cuda_check(void *vctx, const ir_graph *g, ir_diag *d) {
+  return cuda_ops_check(vctx, g, d);
+}
+
+static ir_status cuda_run_node(void *vctx, const ir_graph *g, int32_t ni, void *const *ptrs,
+                               const irt_step *step, ir_diag *d) {
+  return ir_diag_set(d, IR_UNSUPPORTED, "cuda backend: nodes run only within run_step");
+}
+
+static void cuda_destroy(void *vctx) {
+  cuda_ctx *c = vctx;
+  if (!c) return;
+  if (c->ctx) {
+    make_current(c);
+    if (c->stream) c->cu.stream_sync(c->stream);
+    for (int i = 0; i < c->n_buckets; i++)
+      if (c->exec[i]) c->cu.graph_exec_destroy(c->exec[i]);
+    if (c->blas_h) c->blas.destroy(c->blas_h);
+    CUdeviceptr bufs[] = {c->d_stage, c->part_acc, c->part_ml, c->xh, c->blas_ws};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+      if (bufs[i]) c->cu.mem_free(bufs[i]);
+    for (int i = 0; i < c->n_mods; i++)
+      if (c->mods[i]) c->cu.module_unload(c->mods[i]);
+    if (c->stage) c->cu.host_free(c->stage);
+    if (c->stage_ev) c->cu.event_destroy(c->stage_ev);
+    if (c->stream) c->cu.stream_destroy(c->stream);
+    c->cu.ctx_release(c->dev);
+  }
+  free(c);
+}
+
+static const irt_backend_ops k_cuda_ops = {
+    .name = "cuda",
+    .check = cuda_check,
+    .run_node = cuda_run_node,
+    .alloc = cuda_alloc,
+    .free = cuda_free,
+    .destroy = cuda_destroy,
+    .upload = cuda_upload,
+    .run_step = cuda_run_step,
+    .read = cuda_read,
+    .copy = cuda_copy,
+    .mem_info = cuda_mem_info,
+};
+
+static void set_limits(cuda_ctx *c, const ir_graph *g, const irt_cuda_opts *o) {
+  const ir_model_config *k = &g->config;
+  c->want_graphs = o->graphs;
+  c->max_tokens = k->max_tokens, c->max_seqs = k->max_seqs, c->max_logits = k->max_logits;
+  int64_t bs = k->kv_block_size;
+  c->max_blocks = bs > 0 ? (k->max_position + bs - 1) / bs : 0;
+  c->n_heads = k->n_heads, c->n_kv_heads = k->n_kv_heads, c->head_dim = k->head_dim;
+  c->t_tokens = ir_graph_find_tensor(g, "tokens");
+  c->t_positions = ir_graph_find_tensor(g, "positions");
+  c->t_rows = ir_graph_find_tensor(g, "logit_rows");
+}
+
+__attribute__((visibility("default"))) ir_status
+irt_backend_cuda_create(const irt_cuda_opts *o, const ir_graph *g, irt_backend *out, ir_diag *d);
+
+ir_status irt_backend_cuda_create(const irt_cuda_opts *o, const ir_graph *g, irt_backend *out,
+                                  ir_diag *d) {
+  if (!o || o->abi != IRT_CUDA_ABI)
+    return ir_diag_set(d, IR_VERSION,
+                       "libinferrt_cuda.so (backend ABI %d) does not match this inferrt (ABI %d): "
+                       "install both from one build",
+                       IRT_CUDA_ABI, o ? o->abi : -1);
+  cuda_ctx *c = calloc(1, sizeof *c);
+  if (!c) return ir_diag_set(d, IR_OOM, "out of memory");
+  set_limits(c, g, o);
+  ir_status st = cu_api_load(&c->cu, d);
+  if (st == IR_OK) st = open_device(c, o->device, d);
+  if (st == IR_OK && (c->max_blocks <= 0 || c->max_tokens <= 0 || c->max_seqs <= 0 ||
+                      c->max_logits <= 0 || c->head_dim <= 0 || c->n_heads <= 0))
+    st = ir_diag_set(d, IR_BAD_FORMAT, "cuda backend: the plan is not an LLM step program");
+  if (st == IR_OK) st = load_kernels(c, o, d);
+  if (st == IR_OK) open_blas(c);
+  if (st == IR_OK) st = cuda_ops_check(c, g, d);
+  if (st == IR_OK && !c->fn[CF_CAST_F16]) c->xh_bytes = 0; /* no cast kernels: GEMV only */
+  if (st == IR_OK) st = alloc_scratch(c, g, d);
+  if (st != IR_OK) {
+    if (c->cu.init) cuda_destroy(c);
+    else free(c);
+    return st;
+  }
+  make_buckets(c);
+  *out = (irt_backend){.ops = &k_cuda_ops, .ctx = c};
+  return IR_OK;
+}

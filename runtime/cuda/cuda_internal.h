@@ -1,0 +1,97 @@
+/* cuda_internal: the CUDA backend's context, shared by backend_cuda.c (device, memory,
+ * modules, step upload, graphs) and cuda_ops.c (one launch sequence per IR node). Not
+ * a public header; nothing here is exported from libinferrt_cuda.so. */
+#ifndef IRT_CUDA_INTERNAL_H
+#define IRT_CUDA_INTERNAL_H
+
+#include <stdbool.h>
+
+#include "backend.h"
+#include "cu_api.h"
+
+/* Every kernel the backend launches: kernels/cuda/<src>.cu, entry <fn>. */
+typedef enum cuda_fn {
+  CF_ADD, CF_ATTN_DECODE, CF_ATTN_REDUCE, CF_ATTN_PREFILL, CF_CAST_F16, CF_CAST_BF16,
+  CF_ADD_BIAS, CF_EMBED_F32, CF_EMBED_F16, CF_EMBED_BF16, CF_EMBED_Q8_0, CF_EMBED_Q4_0,
+  CF_EMBED_Q4_1, CF_GATHER_ROWS, CF_GEMV_F32, CF_GEMV_F16, CF_GEMV_BF16, CF_GEMV_Q8_0,
+  CF_GEMV_Q4_0, CF_GEMV_Q4_1, CF_KV_WRITE, CF_RMS_NORM, CF_ADD_RMS_NORM, CF_ROPE_NEOX,
+  CF_ROPE_INTERLEAVED, CF_SWIGLU, CF_COUNT
+} cuda_fn;
+
+/* Fixed launch geometry of kernels/cuda (their compile-time defaults). */
+#define CUDA_GEMV_M 4      /* gemv.cu GEMV_M: rows of x per CTA */
+#define CUDA_GEMV_WARPS 4  /* gemv.cu GEMV_WARPS */
+#define CUDA_ATTN_WARPS 4  /* attention.cu ATTN_WARPS */
+#define CUDA_TILE_TOKENS 16 /* attention.cu ATTN_WARPS * PREFILL_ROWS */
+#define CUDA_RMS_THREADS 256
+/* Dense f32/f16/bf16 matmuls with more rows than this go to cuBLAS; fewer to the GEMV,
+ * which reads the weights once per CUDA_GEMV_M rows. */
+#define CUDA_GEMV_MAX_M 4
+#define CUDA_MAX_BUCKETS 16
+
+typedef struct cuda_ctx {
+  cu_api cu;
+  cublas_api blas;
+  cublas_handle blas_h;  /* NULL until cuBLAS is loaded (first dense GEMM at check) */
+  CUdevice dev;
+  CUcontext ctx;
+  int arch;        /* 90 for sm_90 */
+  char name[128];  /* "NVIDIA H200" */
+  CUstream stream;
+  CUmodule mods[16];
+  int n_mods;
+  CUfunction fn[CF_COUNT];
+  bool want_graphs;
+
+  /* graph limits: the step limits of the plan */
+  int64_t max_tokens, max_seqs, max_logits, max_blocks;
+  int64_t n_heads, n_kv_heads, head_dim;
+  int32_t t_tokens, t_positions, t_rows; /* input tensors, served from the step buffer */
+
+  /* Step buffer: host (pinned) and device copies of one layout of int32 arrays, uploaded
+   * with one copy per step. Fixed addresses, so captured graphs stay valid. */
+  int32_t *stage;      /* pinned host */
+  CUdeviceptr d_stage;
+  size_t off_tok, off_pos, off_seq, off_rows, off_tile0, off_tilen, off_bt; /* elements */
+  size_t stage_elems;
+  CUevent stage_ev;    /* recorded after the last upload: the host copy may be reused */
+  bool stage_busy;
+
+  /* attention split-K scratch, sized for max_seqs decode tokens */
+  CUdeviceptr part_acc, part_ml;
+  int n_splits, blocks_per_split;
+  /* GEMM scratch: activations as f16/bf16 (max_tokens x max k), cuBLAS workspace */
+  CUdeviceptr xh;
+  size_t xh_bytes;
+  CUdeviceptr blas_ws;
+
+  /* decode graphs, one per batch-size bucket */
+  int64_t bucket[CUDA_MAX_BUCKETS];
+  CUgraphExec exec[CUDA_MAX_BUCKETS];
+  bool warm[CUDA_MAX_BUCKETS]; /* ran once eagerly */
+  int n_buckets;
+} cuda_ctx;
+
+/* What the kernels of one step see: symbol values, mode, device step arrays. */
+typedef struct cuda_step {
+  int64_t syms[IR_SYM_COUNT];
+  bool decode;   /* one token per sequence: split-K decode attention */
+  int n_tiles;   /* prefill attention tiles */
+  const irt_kv_cache *kv;
+  int64_t max_blocks;
+} cuda_step;
+
+static inline CUdeviceptr cuda_dptr(const void *p) { return (CUdeviceptr)(uintptr_t)p; }
+static inline CUdeviceptr cuda_stage_ptr(const cuda_ctx *c, size_t off) {
+  return c->d_stage + off * sizeof(int32_t);
+}
+
+/* ir_diag_set with the driver's text for r; returns IR_DEVICE (IR_OOM for out-of-memory). */
+ir_status cuda_fail(cuda_ctx *c, CUresult r, const char *what, ir_diag *d);
+/* Checks that every node of g has a kernel here; sizes the GEMM scratch. */
+ir_status cuda_ops_check(cuda_ctx *c, const ir_graph *g, ir_diag *d);
+/* Queues node ni on c->stream. */
+ir_status cuda_ops_run(cuda_ctx *c, const ir_graph *g, int32_t ni, void *const *ptrs,
+                       const cuda_step *s, ir_diag *d);
+
+#endif

@@ -1,0 +1,277 @@
+/* cuda_ops: one IR node as kernel launches on the backend's stream: NVRTC kernels from
+ * the plan (kernels/cuda) for everything, cuBLAS for dense matmuls of more than
+ * CUDA_GEMV_MAX_M rows. Nothing here synchronises, so a step can be captured as a graph. */
+#include <string.h>
+
+#include "cuda_internal.h"
+
+#define T_(i) (&g->tensors[n->in[i]])
+#define TO_(i) (&g->tensors[n->out[i]])
+
+/* The device address of tensor t: the step buffer for the step inputs, else ptrs[t]. */
+static CUdeviceptr dp(const cuda_ctx *c, void *const *ptrs, int32_t t) {
+  if (t == c->t_tokens) return cuda_stage_ptr(c, c->off_tok);
+  if (t == c->t_positions) return cuda_stage_ptr(c, c->off_pos);
+  if (t == c->t_rows) return cuda_stage_ptr(c, c->off_rows);
+  return cuda_dptr(ptrs[t]);
+}
+#define P_(i) dp(c, ptrs, n->in[i])
+#define O_(i) dp(c, ptrs, n->out[i])
+
+static int64_t dimv(const ir_graph *g, const ir_tensor *t, int axis, const cuda_step *s) {
+  return ir_dim_value(g, t->dims[axis], s->syms);
+}
+
+static ir_status launch(cuda_ctx *c, cuda_fn f, unsigned gx, unsigned gy, unsigned gz,
+                        unsigned bx, void **args, ir_diag *d) {
+  if (!gx || !gy || !gz) return IR_OK; /* nothing to do (an empty step dimension) */
+  CUresult r = c->cu.launch(c->fn[f], gx, gy, gz, bx, 1, 1, 0, c->stream, args, NULL);
+  return r ? cuda_fail(c, r, "cuLaunchKernel", d) : IR_OK;
+}
+
+/* Grid of a grid-stride elementwise kernel over n values. */
+static unsigned grid_for(long long n) {
+  long long g = (n + 255) / 256;
+  return (unsigned)(g > 4096 ? 4096 : g);
+}
+
+static ir_status run_embed(cuda_ctx *c, const ir_graph *g, const ir_node *n, void *const *ptrs,
+                           const cuda_step *s, ir_diag *d) {
+  static const cuda_fn by_dtype[] = {[IR_F32] = CF_EMBED_F32, [IR_F16] = CF_EMBED_F16,
+                                     [IR_BF16] = CF_EMBED_BF16, [IR_Q8_0] = CF_EMBED_Q8_0,
+                                     [IR_Q4_0] = CF_EMBED_Q4_0, [IR_Q4_1] = CF_EMBED_Q4_1};
+  CUdeviceptr out = O_(0), table = P_(1), ids = P_(0);
+  long long dim = dimv(g, T_(1), 1, s);
+  void *args[] = {&out, &table, &ids, &dim};
+  return launch(c, by_dtype[T_(1)->dtype], (unsigned)dimv(g, T_(0), 0, s), 1, 1, 256, args, d);
+}
+
+static ir_status run_norm(cuda_ctx *c, const ir_graph *g, const ir_node *n, void *const *ptrs,
+                          const cuda_step *s, ir_diag *d) {
+  int dim = (int)dimv(g, T_(0), T_(0)->rank - 1, s);
+  unsigned rows = (unsigned)(ir_tensor_elems(g, T_(0), s->syms) / (uint64_t)dim);
+  float eps = (float)ir_node_attr_f(n, "eps", 1e-6);
+  CUdeviceptr o0 = O_(0), a = P_(0), b = P_(1);
+  if (n->op == IR_OP_RMS_NORM) {
+    void *args[] = {&o0, &a, &b, &dim, &eps};
+    return launch(c, CF_RMS_NORM, rows, 1, 1, CUDA_RMS_THREADS, args, d);
+  }
+  CUdeviceptr o1 = O_(1), w = P_(2);
+  void *args[] = {&o0, &o1, &a, &b, &w, &dim, &eps};
+  return launch(c, CF_ADD_RMS_NORM, rows, 1, 1, CUDA_RMS_THREADS, args, d);
+}
+
+static ir_status run_gemv(cuda_ctx *c, ir_dtype wt, CUdeviceptr y, CUdeviceptr x, CUdeviceptr w,
+                          CUdeviceptr bias, int m, int nn, int k, ir_diag *d) {
+  static const cuda_fn by_dtype[] = {[IR_F32] = CF_GEMV_F32, [IR_F16] = CF_GEMV_F16,
+                                     [IR_BF16] = CF_GEMV_BF16, [IR_Q8_0] = CF_GEMV_Q8_0,
+                                     [IR_Q4_0] = CF_GEMV_Q4_0, [IR_Q4_1] = CF_GEMV_Q4_1};
+  void *args[] = {&y, &x, &w, &bias, &m, &nn, &k};
+  return launch(c, by_dtype[wt], (unsigned)((nn + CUDA_GEMV_WARPS - 1) / CUDA_GEMV_WARPS),
+                (unsigned)((m + CUDA_GEMV_M - 1) / CUDA_GEMV_M), 1, CUDA_GEMV_WARPS * 32, args,
+                d);
+}
+
+/* Row-major y(m, n) = x(m, k) . W(n, k)^T is column-major y^T = W^T(k, n)^T . x^T: cuBLAS
+ * computes C(n x m) = op(A) B with A = W (k x n, ld k) transposed, B = x^T (k x m, ld k). */
+static ir_status run_gemm(cuda_ctx *c, ir_dtype wt, CUdeviceptr y, CUdeviceptr x, CUdeviceptr w,
+                          CUdeviceptr bias, int m, int nn, int k, ir_diag *d) {
+  int type = CUB_R_32F;
+  CUdeviceptr xb = x;
+  if (wt != IR_F32) { /* both operands in the weights' type */
+    long long cnt = (long long)m * k;
+    xb = c->xh;
+    void *args[] = {&xb, &x, &cnt};
+    ir_status st = launch(c, wt == IR_F16 ? CF_CAST_F16 : CF_CAST_BF16, grid_for(cnt), 1, 1, 256,
+                          args, d);
+    if (st != IR_OK) return st;
+    type = wt == IR_F16 ? CUB_R_16F : CUB_R_16BF;
+  }
+  const float one = 1.0f, zero = 0.0f;
+  cublas_status bs = c->blas.gemm_ex(c->blas_h, CUB_OP_T, CUB_OP_N, nn, m, k, &one,
+                                     (const void *)(uintptr_t)w, type, k,
+                                     (const void *)(uintptr_t)xb, type, k, &zero,
+                                     (void *)(uintptr_t)y, CUB_R_32F, nn, CUB_COMPUTE_32F,
+                                     CUB_GEMM_DEFAULT);
+  if (bs != 0)
+    return ir_diag_set(d, IR_DEVICE, "cuBLAS GEMM (%d x %d x %d) failed with status %d", m, nn,
+                       k, bs);
+  if (!bias) return IR_OK;
+  long long mm = m, n64 = nn;
+  void *args[] = {&y, &bias, &mm, &n64};
+  return launch(c, CF_ADD_BIAS, grid_for(mm * n64), 1, 1, 256, args, d);
+}
+
+static bool dense(ir_dtype t) { return t == IR_F32 || t == IR_F16 || t == IR_BF16; }
+
+/* The GEMV kernels load 16 bytes of a weight row at a time (gemv.cu). */
+static bool gemv_ok(ir_dtype wt, int64_t k) {
+  return wt == IR_F32 ? k % 4 == 0 : dense(wt) ? k % 8 == 0 : k % 32 == 0;
+}
+
+static bool blas_ok(const cuda_ctx *c, ir_dtype wt) {
+  return dense(wt) && c->blas_h && (wt == IR_F32 || c->fn[CF_CAST_F16]);
+}
+
+static ir_status run_matmul(cuda_ctx *c, const ir_graph *g, const ir_node *n, void *const *ptrs,
+                            const cuda_step *s, ir_diag *d) {
+  int m = (int)dimv(g, T_(0), 0, s), nn = (int)dimv(g, T_(1), 0, s), k = (int)dimv(g, T_(1), 1, s);
+  ir_dtype wt = T_(1)->dtype;
+  CUdeviceptr bias = n->n_in > 2 && n->in[2] >= 0 ? P_(2) : 0;
+  if (m == 0) return IR_OK;
+  if (blas_ok(c, wt) && (m > CUDA_GEMV_MAX_M || !gemv_ok(wt, k)))
+    return run_gemm(c, wt, O_(0), P_(0), P_(1), bias, m, nn, k, d);
+  return run_gemv(c, wt, O_(0), P_(0), P_(1), bias, m, nn, k, d);
+}
+
+static ir_status run_rope(cuda_ctx *c, const ir_graph *g, const ir_node *n, void *const *ptrs,
+                          const cuda_step *s, ir_diag *d) {
+  CUdeviceptr x = O_(0), src = P_(0), pos = P_(1), cs = P_(2);
+  if (x != src) {
+    CUresult r = c->cu.dtod(x, src, ir_tensor_bytes(g, T_(0), s->syms), c->stream);
+    if (r) return cuda_fail(c, r, "cuMemcpyDtoDAsync", d);
+  }
+  int heads = (int)ir_node_attr_i(n, "n_heads", 0), hd = (int)ir_node_attr_i(n, "head_dim", 0);
+  int rot = (int)ir_node_attr_i(n, "rot_dim", 0);
+  int threads = (heads * rot / 2 + 31) / 32 * 32;
+  void *args[] = {&x, &pos, &cs, &heads, &hd, &rot};
+  return launch(c, ir_node_attr_i(n, "neox", 1) ? CF_ROPE_NEOX : CF_ROPE_INTERLEAVED,
+                (unsigned)dimv(g, T_(0), 0, s), 1, 1,
+                (unsigned)(threads > 1024 ? 1024 : threads < 32 ? 32 : threads), args, d);
+}
+
+/* kv_write, then split-K decode attention (+ reduce) or tiled prefill attention. */
+static ir_status run_attention(cuda_ctx *c, const ir_graph *g, const ir_node *n,
+                               void *const *ptrs, const cuda_step *s, ir_diag *d) {
+  int layer = (int)ir_node_attr_i(n, "layer", 0), heads = (int)ir_node_attr_i(n, "n_heads", 0);
+  int kvh = (int)s->kv->n_kv_heads, maxb = (int)s->max_blocks, bps = c->blocks_per_split;
+  int splits = c->n_splits;
+  float scale = (float)ir_node_attr_f(n, "scale", 1.0);
+  unsigned n_tok = (unsigned)s->syms[IR_SYM_TOKENS];
+  CUdeviceptr out = O_(0), q = P_(0), kn = P_(1), vn = P_(2);
+  CUdeviceptr kc = cuda_dptr(s->kv->k[layer]), vc = cuda_dptr(s->kv->v[layer]);
+  CUdeviceptr seq = cuda_stage_ptr(c, c->off_seq), pos = cuda_stage_ptr(c, c->off_pos);
+  CUdeviceptr bt = cuda_stage_ptr(c, c->off_bt);
+  void *wargs[] = {&kc, &vc, &kn, &vn, &seq, &pos, &bt, &maxb, &kvh};
+  ir_status st = launch(c, CF_KV_WRITE, n_tok, 1, 1, 256, wargs, d);
+  if (st != IR_OK) return st;
+  if (!s->decode) {
+    CUdeviceptr t0 = cuda_stage_ptr(c, c->off_tile0), tn = cuda_stage_ptr(c, c->off_tilen);
+    void *args[] = {&out, &q, &kc, &vc, &seq, &pos, &bt, &maxb, &heads, &kvh, &scale, &t0, &tn};
+    return launch(c, CF_ATTN_PREFILL, (unsigned)s->n_tiles, (unsigned)heads, 1,
+                  CUDA_ATTN_WARPS * 32, args, d);
+  }
+  CUdeviceptr pa = c->part_acc, pm = c->part_ml;
+  void *args[] = {&out, &pa, &pm, &q, &kc, &vc, &seq, &pos, &bt, &maxb, &heads, &kvh, &scale, &bps};
+  st = launch(c, CF_ATTN_DECODE, n_tok, (unsigned)heads, (unsigned)splits, CUDA_ATTN_WARPS * 32,
+              args, d);
+  if (st != IR_OK || splits == 1) return st;
+  void *rargs[] = {&out, &pa, &pm, &heads, &splits};
+  return launch(c, CF_ATTN_REDUCE, n_tok, (unsigned)heads, 1, (unsigned)c->head_dim, rargs, d);
+}
+
+static ir_status run_elementwise(cuda_ctx *c, const ir_graph *g, const ir_node *n,
+                                 void *const *ptrs, const cuda_step *s, ir_diag *d) {
+  CUdeviceptr o = O_(0), a = P_(0), b = P_(1);
+  long long cnt = (long long)ir_tensor_elems(g, T_(0), s->syms);
+  void *args[] = {&o, &a, &b, &cnt};
+  return launch(c, n->op == IR_OP_ADD ? CF_ADD : CF_SWIGLU, grid_for(cnt), 1, 1, 256, args, d);
+}
+
+static ir_status run_gather(cuda_ctx *c, const ir_graph *g, const ir_node *n, void *const *ptrs,
+                            const cuda_step *s, ir_diag *d) {
+  CUdeviceptr o = O_(0), x = P_(0), rows = P_(1);
+  long long dim = dimv(g, T_(0), 1, s);
+  void *args[] = {&o, &x, &rows, &dim};
+  return launch(c, CF_GATHER_ROWS, (unsigned)dimv(g, T_(1), 0, s), 1, 1, 256, args, d);
+}
+
+ir_status cuda_ops_run(cuda_ctx *c, const ir_graph *g, int32_t ni, void *const *ptrs,
+                       const cuda_step *s, ir_diag *d) {
+  const ir_node *n = &g->nodes[ni];
+  switch (n->op) {
+  case IR_OP_EMBED: return run_embed(c, g, n, ptrs, s, d);
+  case IR_OP_RMS_NORM:
+  case IR_OP_ADD_RMS_NORM: return run_norm(c, g, n, ptrs, s, d);
+  case IR_OP_MATMUL: return run_matmul(c, g, n, ptrs, s, d);
+  case IR_OP_ROPE: return run_rope(c, g, n, ptrs, s, d);
+  case IR_OP_ATTENTION: return run_attention(c, g, n, ptrs, s, d);
+  case IR_OP_ADD:
+  case IR_OP_SWIGLU: return run_elementwise(c, g, n, ptrs, s, d);
+  case IR_OP_GATHER_ROWS: return run_gather(c, g, n, ptrs, s, d);
+  default:
+    return ir_diag_set(d, IR_UNSUPPORTED, "cuda backend: op '%s' (node '%s') is not supported",
+                       ir_op_name(n->op), n->name);
+  }
+}
+
+/* --- load-time checks ---------------------------------------------------------------------- */
+
+static bool same_shape(const ir_graph *g, const ir_tensor *a, const ir_tensor *b) {
+  if (a->rank != b->rank) return false;
+  for (int i = 0; i < a->rank; i++)
+    if (a->dims[i].sym != b->dims[i].sym || (!a->dims[i].sym && a->dims[i].n != b->dims[i].n))
+      return false;
+  return true;
+}
+
+static ir_status check_matmul(cuda_ctx *c, const ir_graph *g, const ir_node *n, size_t *xh,
+                              ir_diag *d) {
+  ir_dtype wt = T_(1)->dtype;
+  int64_t k = T_(1)->rank == 2 ? ir_dim_value(g, T_(1)->dims[1], NULL) : 0;
+  if (!(dense(wt) || wt == IR_Q8_0 || wt == IR_Q4_0 || wt == IR_Q4_1) || T_(1)->rank != 2 ||
+      T_(0)->dtype != IR_F32)
+    return ir_diag_set(d, IR_UNSUPPORTED, "cuda backend: matmul '%s': %s weights", n->name,
+                       ir_dtype_name(wt));
+  if (!gemv_ok(wt, k) && !blas_ok(c, wt))
+    return ir_diag_set(d, IR_UNSUPPORTED,
+                       "cuda backend: matmul '%s': k = %lld needs cuBLAS (libcublas), which "
+                       "is not available",
+                       n->name, (long long)k);
+  if (wt == IR_F16 || wt == IR_BF16) {
+    size_t need = (size_t)g->config.max_tokens * (size_t)k * 2;
+    if (need > *xh) *xh = need;
+  }
+  return IR_OK;
+}
+
+static ir_status check_node(cuda_ctx *c, const ir_graph *g, const ir_node *n, size_t *xh,
+                            ir_diag *d) {
+  switch (n->op) {
+  case IR_OP_EMBED: {
+    ir_dtype t = T_(1)->dtype;
+    if (!(dense(t) || t == IR_Q8_0 || t == IR_Q4_0 || t == IR_Q4_1)) break;
+    return IR_OK;
+  }
+  case IR_OP_MATMUL: return check_matmul(c, g, n, xh, d);
+  case IR_OP_ATTENTION:
+    if (g->config.head_dim != c->head_dim) break;
+    return IR_OK;
+  case IR_OP_ADD:
+    if (!same_shape(g, T_(0), T_(1)) || TO_(0)->dtype != IR_F32) break;
+    return IR_OK;
+  case IR_OP_RMS_NORM:
+  case IR_OP_ADD_RMS_NORM:
+  case IR_OP_ROPE:
+  case IR_OP_SWIGLU:
+  case IR_OP_GATHER_ROWS: return IR_OK;
+  default: break;
+  }
+  return ir_diag_set(d, IR_UNSUPPORTED,
+                     "cuda backend: node '%s' (%s) is not supported on the GPU; run with "
+                     "--device cpu",
+                     n->name, ir_op_name(n->op));
+}
+
+ir_status cuda_ops_check(cuda_ctx *c, const ir_graph *g, ir_diag *d) {
+  size_t xh = 0;
+  for (int32_t i = 0; i < g->n_nodes; i++) {
+    const ir_node *n = &g->nodes[i];
+    if (n->op <= IR_OP_INVALID || n->op >= IR_OP_COUNT)
+      return ir_diag_set(d, IR_UNSUPPORTED, "cuda backend: node '%s' has an unknown op", n->name);
+    ir_status st = check_node(c, g, n, &xh, d);
+    if (st != IR_OK) return st;
+  }
+  c->xh_bytes = xh;
+  return IR_OK;
+}

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# test_quantize: `infc build --quant` and `inferrt perplexity` end to end. On the tiny
+# text fixture (a trained BPE vocabulary, random weights): every scheme builds, says what it
+# quantized, is smaller, and agrees with the f32 plan far above chance; bad specs
+# and inputs are refused with a message. With SmolLM2 in the cache (tools/get-smollm2; never
+# downloaded here), int8 and w8a8 stay within the issue's +1% perplexity of the f32 plan and
+# int4 g32 asym (which reproduces the GGUF's Q4_1 grid) within +8%.
+# usage: test_quantize.sh INFC INFERRT FIXTURES_DIR TMP_DIR
+set -u
+INFC=$1 INFERRT=$2 FIX=$3 TMP=$4/quantize
+rm -rf "$TMP" && mkdir -p "$TMP"
+pass=0 fail=0
+check() { if eval "$2"; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL: $1" >&2; fi; }
+TEXT=$FIX/quality/public-domain.txt
+SRC=$FIX/llama-text
+# a JSON number field of the one-line object in file $2
+field() { sed -n "s/.*\"$1\":\([-0-9.e+]*\).*/\1/p" "$2"; }
+# awk's exit status of a comparison: lt A B, gt A B
+lt() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a + 0 < b + 0) }'; }
+gt() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a + 0 > b + 0) }'; }
+
+check "f32 build" '"$INFC" build "$SRC" --dtype f32 -o "$TMP/f32.plan" -q'
+for q in int8 int8:asym int4 int4:g64:asym w8a8; do
+  f=$TMP/$(echo $q | tr : _)
+  check "$q build" '"$INFC" build "$SRC" --dtype f32 --quant $q -o $f.plan > $f.log'
+  check "$q says what it quantized" 'grep -q "quantize $q.*: 8 matmul weights" $f.log'
+  check "$q plan is smaller" '[ $(stat -c %s $f.plan) -lt $(stat -c %s "$TMP/f32.plan") ]'
+  check "$q inspect records it" '"$INFC" inspect $f.plan | grep -q "quant="'
+  check "$q perplexity" \
+    '"$INFERRT" perplexity $f.plan --file "$TEXT" --ref "$TMP/f32.plan" --ctx 128 --json > $f.json'
+done
+# A random-weight model has peaky, unstable argmaxes, so agreement is lower than on a
+# trained one (measured: int8 91%, w8a8 87%, int4 31%); chance is 1/2006, so a wrong kernel
+# cannot pass these bounds.
+check "int8 agreement" 'gt "$(field top1_agreement $TMP/int8.json)" 0.85'
+check "int8 perplexity within 1%" 'lt "$(field delta_pct $TMP/int8.json)" 1'
+check "w8a8 agreement" 'gt "$(field top1_agreement $TMP/w8a8.json)" 0.8'
+check "int4 agreement" 'gt "$(field top1_agreement $TMP/int4.json)" 0.2'
+check "int4 asym agreement" 'gt "$(field top1_agreement $TMP/int4_g64_asym.json)" 0.2'
+check "plain perplexity text" \
+  '"$INFERRT" perplexity "$TMP/int8.plan" --file "$TEXT" --max-tokens 100 | grep -q "^perplexity: "'
+
+# refusals: one clear message, non-zero exit
+refused() { ! "$@" > "$TMP/err.out" 2>&1 && grep -q "error" "$TMP/err.out"; }
+check "bad scheme" 'refused "$INFC" build "$SRC" --quant int3 -o "$TMP/x.plan"'
+check "bad group" 'refused "$INFC" build "$SRC" --quant int4:g33 -o "$TMP/x.plan" && grep -q "g33" "$TMP/err.out"'
+check "w8a8 takes no group" 'refused "$INFC" build "$SRC" --quant w8a8:g32 -o "$TMP/x.plan"'
+check "yaml quant key" 'printf "quant: int4:g32:asym\n" > "$TMP/b.yaml" &&
+  "$INFC" build "$SRC" -c "$TMP/b.yaml" -o "$TMP/y.plan" | grep -q "quantize int4:g32:asym"'
+check "missing text" 'refused "$INFERRT" perplexity "$TMP/int8.plan" --file "$TMP/none.txt"'
+check "no --file" 'refused "$INFERRT" perplexity "$TMP/int8.plan"'
+check "missing ref plan" \
+  'refused "$INFERRT" perplexity "$TMP/int8.plan" --file "$TEXT" --ref "$TMP/none.plan"'
+
+MODEL=${INFC_SMOLLM2:-${XDG_CACHE_HOME:-$HOME/.cache}/infc/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf}
+if [ -s "$MODEL" ]; then
+  check "smollm2 f32" '"$INFC" build "$MODEL" --dtype f32 --max-context 256 -q -o "$TMP/s32.plan"'
+  for q in int8 w8a8 int4:g32:asym; do
+    f=$TMP/s_$(echo $q | tr : _)
+    check "smollm2 $q" '"$INFC" build "$MODEL" --dtype f32 --quant $q --max-context 256 -q -o $f.plan &&
+      "$INFERRT" perplexity $f.plan --file "$TEXT" --ref "$TMP/s32.plan" --max-tokens 512 --json > $f.json'
+  done
+  check "smollm2 int8 within +1%" 'lt "$(field delta_pct $TMP/s_int8.json)" 1'
+  check "smollm2 w8a8 within +1%" 'lt "$(field delta_pct $TMP/s_w8a8.json)" 1'
+  check "smollm2 int4 g32 asym within +8%" 'lt "$(field delta_pct $TMP/s_int4_g32_asym.json)" 8'
+else
+  echo "smollm2 part skipped: no $MODEL (tools/get-smollm2 fetches it)"
+fi
+
+echo "test_quantize: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]

@@ -1,0 +1,296 @@
+/* test_cuda_model (label gpu): whole models on the CUDA backend against the CPU backend,
+ * on the oracle fixtures (f32, f16 and bf16 weights, GQA/MHA, q/k/v bias). Per fixture:
+ * prompt logits at every position (one prefill step: cuBLAS, tiled attention) and after a
+ * chunked prefill, greedy continuations (decode steps: GEMV, split-K attention, CUDA
+ * Graphs), a batch of sequences of different lengths decoded together with graphs on and
+ * off (buckets with padding), and parallel completions through the engine (KV
+ * copy-on-write on the device). Bounds, ||cuda - cpu|| / ||cpu|| over the logits: f32
+ * weights 1e-4 (f32 arithmetic, another summation order); f16 5e-3 and bf16 2e-2 (cuBLAS
+ * takes the activations of prefill GEMMs in the weights' type). Also the clear errors: a
+ * plan for another arch, a KV pool larger than the GPU. Exits 0 printing "skipped: ..."
+ * without a GPU. */
+#include <dlfcn.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "infc_build.h"
+#include "inferrt.h"
+#include "tcheck.h"
+
+static int (*g_replays)(void); /* set under tests/unit/fake_cuda.c: graph launches so far */
+
+typedef struct fixture {
+  const char *name;
+  double bound;
+} fixture;
+
+static const fixture k_fixtures[] = {
+    {"llama-gqa-f32", 1e-4}, {"llama-mha-f16", 5e-3}, {"qwen2-bias-bf16", 2e-2}};
+
+static double rel_err(const float *out, const float *ref, size_t n) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (!isfinite(out[i])) return INFINITY;
+    num += ((double)out[i] - ref[i]) * ((double)out[i] - ref[i]);
+    den += (double)ref[i] * ref[i];
+  }
+  return sqrt(num / (den > 0 ? den : 1));
+}
+
+/* $INFC_TEST_ARCH (e.g. sm_90, as tools/gpu-check sets it) saves compiling for other archs. */
+static bool build(const char *fix, const char *arch, const char *out) {
+  char src[512];
+  const char *env = getenv("INFC_TEST_ARCH");
+  if (!arch && env && *env) arch = env;
+  snprintf(src, sizeof src, FIXTURES_DIR "/%s", fix);
+  infc_options o = infc_options_default();
+  ir_diag d = {0};
+  bool ok = infc_options_set(&o, "target", "cuda", &d) == IR_OK &&
+            (!arch || infc_options_set(&o, "arch", arch, &d) == IR_OK) &&
+            infc_build(src, &o, out, NULL, NULL, &d) == IR_OK;
+  CHECKF(ok, "build %s: %s", fix, d.msg);
+  return ok;
+}
+
+static irt_model *open_on(const char *plan, const char *dev, bool graphs, int64_t kv_tokens) {
+  irt_model_opts o = irt_model_opts_default();
+  o.n_threads = 4;
+  o.device = dev;
+  o.no_cuda_graphs = !graphs;
+  o.kv_tokens = kv_tokens;
+  irt_model *m = NULL;
+  irt_error err = {0};
+  CHECKF(irt_model_open(plan, &o, &m, &err) == IRT_OK, "open %s on %s: %s", plan, dev, err.msg);
+  return m;
+}
+
+/* Logits of every prompt position, prefilled in chunks of `chunk` tokens. */
+static float *prompt_logits(irt_model *m, const int32_t *ids, int64_t n, int64_t chunk) {
+  int64_t V = irt_model_get_info(m)->vocab_size;
+  float *lg = malloc((size_t)(n * V) * sizeof *lg);
+  irt_seq *s = NULL;
+  irt_error err = {0};
+  irt_seq_create(m, &s, &err);
+  for (int64_t off = 0; off < n; off += chunk) {
+    int64_t c = n - off < chunk ? n - off : chunk;
+    CHECKF(irt_seq_decode(m, s, ids + off, c, lg + off * V, true, &err) == IRT_OK, "%s", err.msg);
+  }
+  irt_seq_destroy(s);
+  return lg;
+}
+
+static void greedy(irt_model *m, const int32_t *ids, int64_t n, int32_t *out, int n_out,
+                   float *last_logits) {
+  int64_t V = irt_model_get_info(m)->vocab_size;
+  float *lg = malloc((size_t)V * sizeof *lg);
+  irt_seq *s = NULL;
+  irt_error err = {0};
+  irt_seq_create(m, &s, &err);
+  irt_status st = irt_seq_decode(m, s, ids, n, lg, false, &err);
+  for (int i = 0; st == IRT_OK && i < n_out; i++) {
+    int32_t best = 0;
+    for (int64_t v = 1; v < V; v++)
+      if (lg[v] > lg[best]) best = (int32_t)v;
+    out[i] = best;
+    st = irt_seq_decode(m, s, &out[i], 1, lg, false, &err);
+  }
+  CHECKF(st == IRT_OK, "greedy: %s", err.msg);
+  memcpy(last_logits, lg, (size_t)V * sizeof *lg);
+  irt_seq_destroy(s);
+  free(lg);
+}
+
+/* n_seq sequences with prompts of different lengths, then `steps` decode steps of all of
+ * them together; returns the logits of the last step (n_seq, V). */
+static float *batch_decode(irt_model *m, int n_seq, int steps) {
+  int64_t V = irt_model_get_info(m)->vocab_size;
+  float *lg = calloc((size_t)(n_seq * V), sizeof *lg);
+  irt_seq *s[64];
+  irt_batch_item it[64];
+  int32_t tok[64];
+  irt_error err = {0};
+  for (int i = 0; i < n_seq; i++) {
+    int32_t p[40];
+    for (int j = 0; j < 3 + 5 * i % 37; j++) p[j] = (int32_t)((7 * i + 13 * j + 1) % V);
+    irt_seq_create(m, &s[i], &err);
+    CHECKF(irt_seq_decode(m, s[i], p, 3 + 5 * i % 37, NULL, false, &err) == IRT_OK, "%s", err.msg);
+  }
+  for (int k = 0; k < steps; k++) {
+    for (int i = 0; i < n_seq; i++) {
+      tok[i] = (int32_t)((31 * i + 7 * k + 3) % V);
+      it[i] = (irt_batch_item){.seq = s[i], .tokens = &tok[i], .n = 1, .logits = lg + i * V};
+    }
+    CHECKF(irt_decode_batch(m, it, n_seq, &err) == IRT_OK, "batch: %s", err.msg);
+  }
+  for (int i = 0; i < n_seq; i++) irt_seq_destroy(s[i]);
+  return lg;
+}
+
+static void test_fixture(const fixture *f) {
+  char plan[512];
+  snprintf(plan, sizeof plan, TEST_TMP_DIR "/gpu_%s.plan", f->name);
+  if (!build(f->name, NULL, plan)) return;
+  irt_model *cpu = open_on(plan, "cpu", false, 4096), *gpu = open_on(plan, "cuda", true, 4096);
+  irt_model *eager = open_on(plan, "cuda", false, 4096);
+  if (!cpu || !gpu || !eager) goto done;
+  CHECK(!strcmp(irt_model_get_info(gpu)->device, "cuda"));
+  int64_t V = irt_model_get_info(cpu)->vocab_size, n = 48;
+  int32_t ids[48];
+  for (int i = 0; i < n; i++) ids[i] = (int32_t)((i * 37 + 11) % V);
+  printf("%s (bound %.0e)\n", f->name, f->bound);
+  float *a = prompt_logits(cpu, ids, n, n), *b = prompt_logits(gpu, ids, n, n);
+  double e = rel_err(b, a, (size_t)(n * V));
+  printf("  prompt logits, one step     rel err %.2e\n", e);
+  CHECKF(e <= f->bound, "%s prompt: %.3e", f->name, e);
+  free(b);
+  b = prompt_logits(gpu, ids, n, 5);
+  e = rel_err(b, a, (size_t)(n * V));
+  printf("  prompt logits, chunks of 5  rel err %.2e\n", e);
+  CHECKF(e <= f->bound, "%s chunked: %.3e", f->name, e);
+  free(a), free(b);
+
+  int32_t ga[24], gb[24], gc[24];
+  float *la = malloc((size_t)V * 4), *lb = malloc((size_t)V * 4), *lc = malloc((size_t)V * 4);
+  greedy(cpu, ids, 8, ga, 24, la);
+  int replays = g_replays ? g_replays() : 0;
+  greedy(gpu, ids, 8, gb, 24, lb);
+  if (g_replays) CHECKF(g_replays() - replays >= 20, "%d graph launches", g_replays() - replays);
+  greedy(eager, ids, 8, gc, 24, lc);
+  int same = 0;
+  while (same < 24 && ga[same] == gb[same]) same++;
+  printf("  greedy: %d/24 tokens as on the CPU; graphs == no graphs: %s\n", same,
+         memcmp(gb, gc, sizeof gb) ? "no" : "yes");
+  CHECKF(same == 24 || f->bound > 1e-4, "%s greedy differs at %d", f->name, same);
+  CHECK(!memcmp(gb, gc, sizeof gb));
+  CHECKF(rel_err(lb, lc, (size_t)V) <= 1e-6, "%s graphs vs eager logits", f->name);
+  free(la), free(lb), free(lc);
+
+  for (int bs = 1; bs <= 16; bs = bs * 2 + 1) { /* 1, 3, 7, 15: padded buckets */
+    float *x = batch_decode(cpu, bs, 3), *y = batch_decode(gpu, bs, 3);
+    float *z = batch_decode(eager, bs, 3);
+    double e1 = rel_err(y, x, (size_t)(bs * V)), e2 = rel_err(z, x, (size_t)(bs * V));
+    printf("  batch %2d decode: graphs rel err %.2e, no graphs %.2e\n", bs, e1, e2);
+    CHECKF(e1 <= f->bound && e2 <= f->bound, "%s batch %d: %.3e %.3e", f->name, bs, e1, e2);
+    free(x), free(y), free(z);
+  }
+done:
+  irt_model_close(cpu);
+  irt_model_close(gpu);
+  irt_model_close(eager);
+}
+
+typedef struct collect {
+  int32_t toks[4][32];
+  int n[4];
+} collect;
+
+static void on_event(void *user, const irt_event *ev) {
+  collect *c = user;
+  if (ev->token >= 0 && ev->index < 4 && c->n[ev->index] < 32)
+    c->toks[ev->index][c->n[ev->index]++] = ev->token;
+}
+
+/* n = 3 greedy completions share the prompt's blocks; the partial last block is copied on
+ * the device when they diverge in their writes. */
+static void engine_run(irt_model *m, collect *c) {
+  irt_engine *e = NULL;
+  irt_error err = {0};
+  int32_t p[21];
+  for (int i = 0; i < 21; i++) p[i] = (int32_t)(i * 5 + 2);
+  irt_request r = {.prompt_ids = p, .n_prompt = 21, .sampling = irt_sampling_default(),
+                   .max_tokens = 12, .n = 3, .ignore_eos = true, .on_event = on_event, .user = c};
+  CHECKF(irt_engine_create(m, NULL, &e, &err) == IRT_OK, "%s", err.msg);
+  if (!e) return;
+  CHECKF(irt_engine_submit(e, &r, NULL, &err) == IRT_OK, "%s", err.msg);
+  CHECKF(irt_engine_run(e, &err) == IRT_OK, "%s", err.msg);
+  irt_engine_destroy(e);
+}
+
+static void test_engine_cow(void) {
+  const char *plan = TEST_TMP_DIR "/gpu_llama-gqa-f32.plan";
+  irt_model *cpu = open_on(plan, "cpu", false, 0), *gpu = open_on(plan, "cuda", true, 0);
+  if (cpu && gpu) {
+    collect a = {0}, b = {0};
+    engine_run(cpu, &a);
+    engine_run(gpu, &b);
+    CHECK(a.n[0] == 12 && b.n[0] == 12 && b.n[2] == 12);
+    CHECK(!memcmp(&a, &b, sizeof a));
+    printf("engine, n=3 completions on the device: %s\n",
+           memcmp(&a, &b, sizeof a) ? "DIFFER" : "as on the CPU");
+  }
+  irt_model_close(cpu);
+  irt_model_close(gpu);
+}
+
+static void test_errors(void) {
+  irt_model *m = NULL;
+  irt_error err = {0};
+  irt_model_opts o = irt_model_opts_default();
+  const char *plan = TEST_TMP_DIR "/gpu_llama-gqa-f32.plan";
+  /* 1 Gi tokens x 512 B: more than any GPU holds; 32 Mi (16 GiB) for the fake one of 8 */
+  o.kv_tokens = (int64_t)1 << (g_replays ? 25 : 30);
+  CHECK(irt_model_open(plan, &o, &m, &err) == IRT_OOM && !m);
+  printf("KV too large: %s\n", err.msg);
+  CHECKF(strstr(err.msg, "out of device memory for the KV pool") && strstr(err.msg, "MiB"), "%s",
+         err.msg);
+  const char *other = TEST_TMP_DIR "/gpu_sm100.plan";
+  if (build("llama-gqa-f32", "sm_100", other)) {
+    o = irt_model_opts_default();
+    err = (irt_error){0};
+    irt_status st = irt_model_open(other, &o, &m, &err);
+    printf("plan for sm_100: %s\n", err.msg);
+    CHECKF(st == IRT_UNSUPPORTED && strstr(err.msg, "sm_100") && strstr(err.msg, "is sm_"), "%s",
+           err.msg);
+    irt_model_close(m);
+  }
+  /* sm_80 only: on a newer GPU the driver JIT-compiles the PTX. */
+  const char *ptx = TEST_TMP_DIR "/gpu_sm80.plan";
+  if (build("llama-gqa-f32", "sm_80", ptx)) {
+    irt_model *a = open_on(ptx, "cuda", true, 0), *c = open_on(ptx, "cpu", false, 0);
+    if (a && c) {
+      int32_t ids[] = {3, 1, 4, 1, 5, 9, 2, 6};
+      int64_t V = irt_model_get_info(a)->vocab_size;
+      float *x = prompt_logits(a, ids, 8, 8), *y = prompt_logits(c, ids, 8, 8);
+      double e = rel_err(x, y, (size_t)(8 * V));
+      printf("plan for sm_80 only (PTX JIT or sm_80 CUBIN): rel err %.2e\n", e);
+      CHECK(e <= 1e-4);
+      free(x), free(y);
+    }
+    irt_model_close(a);
+    irt_model_close(c);
+  }
+}
+
+int main(void) {
+  void *cu = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!cu) {
+    printf("skipped: no libcuda (no NVIDIA driver)\n");
+    return 0;
+  }
+  void *cfg = dlsym(cu, "fake_cuda_config"), *rep = dlsym(cu, "fake_cuda_replays");
+  if (cfg && rep) { /* tests/unit/fake_cuda.c: the fixtures' head_dim and block size, sm_90 */
+    void (*config)(int, int, int);
+    memcpy(&config, &cfg, sizeof config);
+    memcpy(&g_replays, &rep, sizeof g_replays);
+    config(16, 16, 90);
+    printf("fake libcuda (CPU emulation): checks the backend's host side, not the kernels\n");
+  }
+  irt_model *probe = NULL;
+  irt_error err = {0};
+  const char *plan = TEST_TMP_DIR "/gpu_llama-gqa-f32.plan";
+  if (!build("llama-gqa-f32", NULL, plan)) return tcheck_done("cuda_model");
+  irt_model_opts o = irt_model_opts_default();
+  o.device = "cuda";
+  if (irt_model_open(plan, &o, &probe, &err) == IRT_DEVICE && strstr(err.msg, "no CUDA device")) {
+    printf("skipped: %s\n", err.msg);
+    return 0;
+  }
+  irt_model_close(probe);
+  for (size_t i = 0; i < sizeof k_fixtures / sizeof k_fixtures[0]; i++)
+    test_fixture(&k_fixtures[i]);
+  test_engine_cow();
+  test_errors();
+  return tcheck_done("cuda_model");
+}

@@ -1,0 +1,413 @@
+/* fake_cuda: a stand-in libcuda.so.1 (and, through a symlink, libcublas.so.13) for CI
+ * machines without a GPU, so the CUDA backend's host side runs for real: driver calls,
+ * kernel argument lists, launch geometry, the step buffer, padding to decode buckets,
+ * graph capture and replay, logits download, KV copies, out-of-memory and arch errors.
+ * "Device memory" is host memory; each kernel launch is decoded by the kernel's name from
+ * its parameter list as written in kernels/cuda/<op>.cu and computed on the CPU (with the
+ * kn_* kernels of the test executable, which exports them, or plainly here). Stream
+ * capture records launches and copies; a graph launch replays them. Not thread-safe (the
+ * backend uses one stream). Test-only: never installed. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ir_dtype.h"
+#include "kn_cpu.h"
+
+typedef int CUresult;
+typedef unsigned long long CUdeviceptr;
+#define EXPORT __attribute__((visibility("default")))
+#define NPARAM 16
+
+static int g_head_dim = 16, g_block_size = 16, g_arch = 90;
+static size_t g_max_alloc = (size_t)8 << 30;
+
+/* The test sets the constants the kernels were compiled with, and the fake GPU's arch. */
+EXPORT void fake_cuda_config(int head_dim, int block_size, int arch);
+void fake_cuda_config(int head_dim, int block_size, int arch) {
+  g_head_dim = head_dim, g_block_size = block_size, g_arch = arch;
+}
+
+/* --- kernels: name, parameter sizes, CPU emulation ----------------------------------------- */
+
+typedef struct launch_t {
+  int fn;
+  unsigned grid[3], block;
+  uint64_t p[NPARAM]; /* parameter values, each widened to 8 bytes */
+} launch_t;
+
+#define PF(i) ((float *)(uintptr_t)l->p[i])
+#define PI(i) ((int32_t *)(uintptr_t)l->p[i])
+#define PV(i) ((void *)(uintptr_t)l->p[i])
+#define I32(i) ((int)(int32_t)l->p[i])
+#define I64(i) ((long long)l->p[i])
+static float F32(const launch_t *l, int i) {
+  float f;
+  uint32_t u = (uint32_t)l->p[i];
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+/* One query row against its sequence's cached positions 0..pos (double accumulation). */
+static void attend(float *out, const float *q, const float *kc, const float *vc, const int32_t *bt,
+                   int pos, int kvh, int n_kv, float scale) {
+  int hd = g_head_dim, bs = g_block_size;
+  double *w = malloc(sizeof(double) * (size_t)(pos + 1)), mx = -INFINITY, sum = 0;
+  for (int p = 0; p <= pos; p++) {
+    const float *k = kc + (((size_t)bt[p / bs] * n_kv + kvh) * bs + p % bs) * hd;
+    double s = 0;
+    for (int i = 0; i < hd; i++) s += (double)q[i] * k[i];
+    w[p] = s * scale;
+    if (w[p] > mx) mx = w[p];
+  }
+  for (int p = 0; p <= pos; p++) sum += w[p] = exp(w[p] - mx);
+  for (int i = 0; i < hd; i++) {
+    double a = 0;
+    for (int p = 0; p <= pos; p++)
+      a += w[p] * vc[(((size_t)bt[p / bs] * n_kv + kvh) * bs + p % bs) * hd + i];
+    out[i] = (float)(a / sum);
+  }
+  free(w);
+}
+
+/* attention params as kn_attn_decode: out, part_acc, part_ml, q, k, v, seq, pos, bt, ... */
+static void emu_decode(const launch_t *l) {
+  int maxb = I32(9), nh = I32(10), nkv = I32(11), splits = (int)l->grid[2];
+  float scale = F32(l, 12);
+  for (unsigned t = 0; t < l->grid[0]; t++)
+    for (int h = 0; h < nh && h < (int)l->grid[1]; h++) {
+      const int32_t *bt = PI(8) + (size_t)PI(6)[t] * maxb;
+      float o[256];
+      attend(o, PF(3) + ((size_t)t * nh + h) * g_head_dim, PF(4), PF(5), bt, PI(7)[t],
+             h / (nh / nkv), nkv, scale);
+      if (splits == 1) {
+        memcpy(PF(0) + ((size_t)t * nh + h) * g_head_dim, o, sizeof(float) * g_head_dim);
+        continue;
+      }
+      for (int z = 0; z < splits; z++) { /* the whole result in split 0, empty others */
+        size_t row = ((size_t)t * nh + h) * splits + z;
+        for (int i = 0; i < g_head_dim; i++) PF(1)[row * g_head_dim + i] = z ? 0.0f : o[i];
+        PF(2)[row * 2] = z ? -INFINITY : 0.0f;
+        PF(2)[row * 2 + 1] = z ? 0.0f : 1.0f;
+      }
+    }
+}
+
+static void emu_reduce(const launch_t *l) { /* kn_attn_decode_reduce, as in attention.cu */
+  int nh = I32(3), ns = I32(4);
+  for (unsigned t = 0; t < l->grid[0]; t++)
+    for (unsigned h = 0; h < l->grid[1]; h++) {
+      size_t row = (size_t)t * nh + h;
+      const float *ml = PF(2) + row * ns * 2;
+      float mx = -INFINITY;
+      for (int z = 0; z < ns; z++) mx = fmaxf(mx, ml[2 * z]);
+      for (unsigned d = 0; d < l->block; d++) {
+        float a = 0, sum = 0;
+        for (int z = 0; z < ns; z++) {
+          if (ml[2 * z] == -INFINITY) continue;
+          float wt = expf(ml[2 * z] - mx);
+          sum += ml[2 * z + 1] * wt;
+          a += PF(1)[(row * ns + z) * g_head_dim + d] * wt;
+        }
+        PF(0)[row * g_head_dim + d] = sum > 0 ? a / sum : 0;
+      }
+    }
+}
+
+/* kn_attn_prefill: out, q, k, v, seq, pos, bt, max_blocks, n_heads, n_kv_heads, scale, t0, tn */
+static void emu_prefill(const launch_t *l) {
+  int maxb = I32(7), nh = I32(8), nkv = I32(9);
+  for (unsigned x = 0; x < l->grid[0]; x++)
+    for (int r = 0; r < PI(12)[x]; r++) {
+      int t = PI(11)[x] + r;
+      if (r >= 16 || PI(4)[t] != PI(4)[PI(11)[x]]) abort(); /* a tile is one sequence, <= 16 */
+      for (int h = 0; h < nh; h++)
+        attend(PF(0) + ((size_t)t * nh + h) * g_head_dim, PF(1) + ((size_t)t * nh + h) * g_head_dim,
+               PF(2), PF(3), PI(6) + (size_t)PI(4)[t] * maxb, PI(5)[t], h / (nh / nkv), nkv,
+               F32(l, 10));
+    }
+}
+
+static void emu_kv_write(const launch_t *l) {
+  int maxb = I32(7), nkv = I32(8), hd = g_head_dim, bs = g_block_size;
+  for (unsigned t = 0; t < l->grid[0]; t++) {
+    int pos = PI(5)[t];
+    long long blk = PI(6)[(size_t)PI(4)[t] * maxb + pos / bs];
+    for (int i = 0; i < nkv * hd; i++) {
+      size_t dst = (((size_t)blk * nkv + i / hd) * bs + pos % bs) * hd + i % hd;
+      PF(0)[dst] = PF(2)[(size_t)t * nkv * hd + i];
+      PF(1)[dst] = PF(3)[(size_t)t * nkv * hd + i];
+    }
+  }
+}
+
+static void emu_gemv(const launch_t *l, ir_dtype dt) {
+  int m = I32(4), n = I32(5), k = I32(6);
+  if ((long long)l->grid[0] * 4 < n || (long long)l->grid[1] * 4 < m || l->block != 128) abort();
+  kn_matmul(NULL, PF(0), PF(1), PV(2), dt, PF(3), m, n, k);
+}
+
+static void emu_simple(const launch_t *l, const char *name) {
+  if (!strcmp(name, "kn_add")) kn_add(NULL, PF(0), PF(1), PF(2), I64(3));
+  else if (!strcmp(name, "kn_swiglu")) kn_swiglu(NULL, PF(0), PF(1), PF(2), I64(3));
+  else if (!strcmp(name, "kn_gather_rows")) kn_gather_rows(NULL, PF(0), PF(1), PI(2), l->grid[0], I64(3));
+  else if (!strcmp(name, "kn_rms_norm"))
+    kn_rms_norm(NULL, PF(0), PF(1), PF(2), l->grid[0], I32(3), F32(l, 4));
+  else if (!strcmp(name, "kn_add_rms_norm"))
+    kn_add_rms_norm(NULL, PF(0), PF(1), PF(2), PF(3), PF(4), l->grid[0], I32(5), F32(l, 6));
+  else if (!strncmp(name, "kn_rope_", 8))
+    kn_rope(NULL, PF(0), PI(1), PF(2), l->grid[0], I32(3), I32(4), I32(5), name[8] == 'n');
+  else if (!strcmp(name, "kn_add_bias"))
+    for (long long i = 0; i < I64(2) * I64(3); i++) PF(0)[i] += PF(1)[i % I64(3)];
+  else if (!strcmp(name, "kn_cast_f16") || !strcmp(name, "kn_cast_bf16"))
+    for (long long i = 0; i < I64(2); i++)
+      ((uint16_t *)PV(0))[i] = name[8] == 'f' ? ir_f32_to_f16(PF(1)[i]) : ir_f32_to_bf16(PF(1)[i]);
+  else abort();
+}
+
+static const struct {
+  const char *name;
+  int n;
+  const char *sizes; /* '8' pointer / long long, '4' int / float */
+} k_fns[] = {
+    {"kn_add", 4, "8888"}, {"kn_swiglu", 4, "8888"}, {"kn_gather_rows", 4, "8888"},
+    {"kn_rms_norm", 5, "88844"}, {"kn_add_rms_norm", 7, "8888844"},
+    {"kn_rope_neox", 6, "888444"}, {"kn_rope_interleaved", 6, "888444"},
+    {"kn_add_bias", 4, "8888"}, {"kn_cast_f16", 3, "888"}, {"kn_cast_bf16", 3, "888"},
+    {"kn_attn_decode", 14, "88888888844444"}, {"kn_attn_decode_reduce", 5, "88844"},
+    {"kn_attn_prefill", 13, "8888888444488"}, {"kn_kv_write", 9, "888888844"},
+    {"kn_gemv_f32", 7, "8888444"}, {"kn_gemv_f16", 7, "8888444"}, {"kn_gemv_bf16", 7, "8888444"},
+    {"kn_gemv_q8_0", 7, "8888444"}, {"kn_gemv_q4_0", 7, "8888444"}, {"kn_gemv_q4_1", 7, "8888444"},
+    {"kn_embed_f32", 4, "8888"}, {"kn_embed_f16", 4, "8888"}, {"kn_embed_bf16", 4, "8888"},
+    {"kn_embed_q8_0", 4, "8888"}, {"kn_embed_q4_0", 4, "8888"}, {"kn_embed_q4_1", 4, "8888"},
+};
+#define N_FNS ((int)(sizeof k_fns / sizeof k_fns[0]))
+
+static ir_dtype dtype_of(const char *suffix) {
+  return !strcmp(suffix, "f32") ? IR_F32 : !strcmp(suffix, "f16") ? IR_F16
+       : !strcmp(suffix, "bf16") ? IR_BF16 : !strcmp(suffix, "q8_0") ? IR_Q8_0
+       : !strcmp(suffix, "q4_0") ? IR_Q4_0 : IR_Q4_1;
+}
+
+static void run_launch(const launch_t *l) {
+  const char *name = k_fns[l->fn].name;
+  if (!strcmp(name, "kn_attn_decode")) emu_decode(l);
+  else if (!strcmp(name, "kn_attn_decode_reduce")) emu_reduce(l);
+  else if (!strcmp(name, "kn_attn_prefill")) emu_prefill(l);
+  else if (!strcmp(name, "kn_kv_write")) emu_kv_write(l);
+  else if (!strncmp(name, "kn_gemv_", 8)) emu_gemv(l, dtype_of(name + 8));
+  else if (!strncmp(name, "kn_embed_", 9))
+    kn_embed(NULL, PF(0), PV(1), dtype_of(name + 9), PI(2), l->grid[0], I64(3));
+  else emu_simple(l, name);
+}
+
+/* --- the recorded stream: a capture, or a graph --------------------------------------------- */
+
+typedef struct op_t {
+  int kind; /* 0 launch, 1 copy, 2 gemm */
+  launch_t l;
+  CUdeviceptr dst, src;
+  size_t bytes;
+  int g[9];      /* gemm: transa, transb, m, n, k, atype, lda, btype, ldb */
+  int g2[3];     /* ctype, ldc, (unused) */
+  float alpha, beta;
+} op_t;
+
+typedef struct graph_t {
+  op_t *ops;
+  int n, cap;
+} graph_t;
+
+static graph_t *g_capture; /* non-NULL while capturing */
+
+static void record(const op_t *op) {
+  if (g_capture->n == g_capture->cap) {
+    g_capture->cap = g_capture->cap ? 2 * g_capture->cap : 256;
+    g_capture->ops = realloc(g_capture->ops, sizeof(op_t) * (size_t)g_capture->cap);
+  }
+  g_capture->ops[g_capture->n++] = *op;
+}
+
+static float elem(const void *p, int type, size_t i) {
+  if (type == 0) return ((const float *)p)[i];
+  uint16_t h = ((const uint16_t *)p)[i];
+  if (type == 2) return ir_f16_to_f32(h);
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+/* Column-major C(m x n) = alpha op(A) op(B) + beta C, as cublasGemmEx. */
+static void run_gemm(const op_t *o) {
+  int ta = o->g[0], tb = o->g[1], m = o->g[2], n = o->g[3], k = o->g[4];
+  const void *a = (const void *)(uintptr_t)o->src, *b = (const void *)(uintptr_t)o->l.p[0];
+  float *c = (float *)(uintptr_t)o->dst;
+  for (int j = 0; j < n; j++)
+    for (int i = 0; i < m; i++) {
+      double s = 0;
+      for (int p = 0; p < k; p++)
+        s += (double)elem(a, o->g[5], ta ? (size_t)i * o->g[6] + p : (size_t)p * o->g[6] + i) *
+             elem(b, o->g[7], tb ? (size_t)p * o->g[8] + j : (size_t)j * o->g[8] + p);
+      float *cv = &c[(size_t)j * o->g2[1] + i];
+      *cv = (float)(o->alpha * s + (o->beta ? o->beta * *cv : 0));
+    }
+}
+
+static void run_op(const op_t *o) {
+  if (o->kind == 0) run_launch(&o->l);
+  else if (o->kind == 1) memmove((void *)(uintptr_t)o->dst, (const void *)(uintptr_t)o->src, o->bytes);
+  else run_gemm(o);
+}
+
+static void submit(const op_t *o) {
+  if (g_capture) record(o);
+  else run_op(o);
+}
+
+/* --- driver API ------------------------------------------------------------------------------ */
+#define API(ret, name, ...) EXPORT ret name(__VA_ARGS__); ret name(__VA_ARGS__)
+
+API(CUresult, cuInit, unsigned f) { return 0; }
+/* NVRTC (in the same process, building plans) asks libcuda for its private tables. */
+API(CUresult, cuGetExportTable, const void **table, const void *id) {
+  *table = NULL;
+  return 801; /* CUDA_ERROR_NOT_SUPPORTED */
+}
+API(CUresult, cuDriverGetVersion, int *v) { *v = 13000; return 0; }
+API(CUresult, cuDeviceGetCount, int *n) { *n = 1; return 0; }
+API(CUresult, cuDeviceGet, int *d, int i) { *d = 0; return i == 0 ? 0 : 101; }
+API(CUresult, cuDeviceGetName, char *s, int len, int d) {
+  snprintf(s, (size_t)len, "Fake GPU");
+  return 0;
+}
+API(CUresult, cuDeviceGetAttribute, int *v, int attr, int d) {
+  *v = attr == 75 ? g_arch / 10 : attr == 76 ? g_arch % 10 : 1;
+  return 0;
+}
+static int g_ctx;
+API(CUresult, cuDevicePrimaryCtxRetain, void **c, int d) { *c = &g_ctx; return 0; }
+API(CUresult, cuDevicePrimaryCtxRelease_v2, int d) { return 0; }
+API(CUresult, cuCtxSetCurrent, void *c) { return c == &g_ctx ? 0 : 201; }
+static int g_mod;
+API(CUresult, cuModuleLoadData, void **m, const void *image) { *m = &g_mod; return 0; }
+API(CUresult, cuModuleUnload, void *m) { return 0; }
+API(CUresult, cuModuleGetFunction, void **f, void *m, const char *name) {
+  for (int i = 0; i < N_FNS; i++)
+    if (!strcmp(k_fns[i].name, name)) {
+      *f = (void *)&k_fns[i];
+      return 0;
+    }
+  return 500; /* CUDA_ERROR_NOT_FOUND */
+}
+API(CUresult, cuMemAlloc_v2, CUdeviceptr *p, size_t n) {
+  void *q = NULL;
+  if (n > g_max_alloc || posix_memalign(&q, 256, n ? n : 1)) return 2;
+  memset(q, 0xff, n); /* never zero: the backend must zero what it promises zeroed */
+  *p = (CUdeviceptr)(uintptr_t)q;
+  return 0;
+}
+API(CUresult, cuMemFree_v2, CUdeviceptr p) { free((void *)(uintptr_t)p); return 0; }
+API(CUresult, cuMemAllocHost_v2, void **p, size_t n) { return (*p = malloc(n ? n : 1)) ? 0 : 2; }
+API(CUresult, cuMemFreeHost, void *p) { free(p); return 0; }
+API(CUresult, cuMemGetInfo_v2, size_t *fr, size_t *tot) {
+  *fr = (size_t)6 << 30, *tot = (size_t)8 << 30;
+  return 0;
+}
+static CUresult copy(CUdeviceptr dst, CUdeviceptr src, size_t n) {
+  op_t o = {.kind = 1, .dst = dst, .src = src, .bytes = n};
+  submit(&o);
+  return 0;
+}
+API(CUresult, cuMemcpyHtoDAsync_v2, CUdeviceptr d, const void *s, size_t n, void *st) {
+  return g_capture ? 900 : copy(d, (CUdeviceptr)(uintptr_t)s, n); /* illegal while capturing */
+}
+API(CUresult, cuMemcpyDtoHAsync_v2, void *d, CUdeviceptr s, size_t n, void *st) {
+  return g_capture ? 900 : copy((CUdeviceptr)(uintptr_t)d, s, n);
+}
+API(CUresult, cuMemcpyDtoDAsync_v2, CUdeviceptr d, CUdeviceptr s, size_t n, void *st) {
+  return copy(d, s, n);
+}
+API(CUresult, cuMemsetD8Async, CUdeviceptr d, unsigned char v, size_t n, void *st) {
+  if (g_capture) return 900;
+  memset((void *)(uintptr_t)d, v, n);
+  return 0;
+}
+API(CUresult, cuLaunchKernel, void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+    unsigned by, unsigned bz, unsigned smem, void *st, void **params, void **extra) {
+  int fn = (int)((const char *)f - (const char *)k_fns) / (int)sizeof k_fns[0];
+  op_t o = {.kind = 0, .l = {.fn = fn, .grid = {gx, gy, gz}, .block = bx}};
+  if (!gx || !gy || !gz || !bx || bx > 1024 || by != 1 || bz != 1 || extra) return 1;
+  for (int i = 0; i < k_fns[fn].n; i++) {
+    if (k_fns[fn].sizes[i] == '8') memcpy(&o.l.p[i], params[i], 8);
+    else memcpy(&o.l.p[i], params[i], 4);
+  }
+  submit(&o);
+  return 0;
+}
+static int g_obj;
+API(CUresult, cuStreamCreate, void **s, unsigned f) { *s = &g_obj; return 0; }
+API(CUresult, cuStreamDestroy_v2, void *s) { return 0; }
+API(CUresult, cuStreamSynchronize, void *s) { return g_capture ? 900 : 0; }
+API(CUresult, cuStreamBeginCapture_v2, void *s, int mode) {
+  if (g_capture) return 900;
+  g_capture = calloc(1, sizeof *g_capture);
+  return 0;
+}
+API(CUresult, cuStreamEndCapture, void *s, void **graph) {
+  *graph = g_capture;
+  g_capture = NULL;
+  return *graph ? 0 : 901;
+}
+API(CUresult, cuGraphInstantiateWithFlags, void **exec, void *graph, unsigned long long fl) {
+  graph_t *g = graph, *e = calloc(1, sizeof *e);
+  e->n = e->cap = g->n;
+  e->ops = malloc(sizeof(op_t) * (size_t)(g->n ? g->n : 1));
+  memcpy(e->ops, g->ops, sizeof(op_t) * (size_t)g->n);
+  *exec = e;
+  return 0;
+}
+static int g_replays;
+/* Graph launches so far (the test checks that decode steps replay graphs). */
+EXPORT int fake_cuda_replays(void);
+int fake_cuda_replays(void) { return g_replays; }
+API(CUresult, cuGraphLaunch, void *exec, void *st) {
+  graph_t *e = exec;
+  for (int i = 0; i < e->n; i++) run_op(&e->ops[i]);
+  g_replays++;
+  return 0;
+}
+static void graph_free(graph_t *g) {
+  if (g) free(g->ops);
+  free(g);
+}
+API(CUresult, cuGraphExecDestroy, void *e) { graph_free(e); return 0; }
+API(CUresult, cuGraphDestroy, void *g) { graph_free(g); return 0; }
+API(CUresult, cuEventCreate, void **e, unsigned f) { *e = &g_obj; return 0; }
+API(CUresult, cuEventRecord, void *e, void *s) { return 0; }
+API(CUresult, cuEventSynchronize, void *e) { return 0; }
+API(CUresult, cuEventDestroy_v2, void *e) { return 0; }
+API(CUresult, cuGetErrorString, CUresult r, const char **s) {
+  *s = r == 2 ? "out of memory (fake)" : "fake CUDA error";
+  return 0;
+}
+
+/* --- cuBLAS ------------------------------------------------------------------------------------ */
+static int g_blas;
+API(int, cublasCreate_v2, void **h) { *h = &g_blas; return 0; }
+API(int, cublasDestroy_v2, void *h) { return 0; }
+API(int, cublasSetStream_v2, void *h, void *s) { return 0; }
+API(int, cublasSetWorkspace_v2, void *h, void *w, size_t n) { return 0; }
+API(int, cublasGemmEx, void *h, int ta, int tb, int m, int n, int k, const void *alpha,
+    const void *a, int at, int lda, const void *b, int bt, int ldb, const void *beta, void *c,
+    int ct, int ldc, int compute, int algo) {
+  if (ct != 0 || compute != 68 || at != bt) return 7; /* CUBLAS_STATUS_INVALID_VALUE */
+  op_t o = {.kind = 2, .dst = (CUdeviceptr)(uintptr_t)c, .src = (CUdeviceptr)(uintptr_t)a,
+            .g = {ta, tb, m, n, k, at, lda, bt, ldb}, .g2 = {ct, ldc, 0},
+            .alpha = *(const float *)alpha, .beta = *(const float *)beta};
+  o.l.p[0] = (uint64_t)(uintptr_t)b;
+  submit(&o);
+  return 0;
+}

@@ -1,0 +1,400 @@
+/* test_quantize: int8 / int4 weights with separate scales and zero points (matmul inputs
+ * 3, 4) and W8A8. Kernels against a double-precision reference computed here from the
+ * stored integers (not through the kernel's own dequantizer), on every instruction set
+ * the CPU has; the SIMD paths bit for bit equal to kn_matmul on the dequantized W; batch
+ * invariance; W8A8 bit-exact against the documented per-row quantization on every path;
+ * the IR rules; plan round trip; and pass_quantize (error bounds, what it converts). */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ir.h"
+#include "ir_plan.h"
+#include "kn_cpu.h"
+#include "kn_matmul_wq.h"
+#include "pass.h"
+#include "tcheck.h"
+#include "tref.h"
+
+/* ---- helpers ------------------------------------------------------------------------- */
+
+static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
+
+static uint32_t rnd_u32(void) {
+  g_rng ^= g_rng << 13;
+  g_rng ^= g_rng >> 7;
+  g_rng ^= g_rng << 17;
+  return (uint32_t)(g_rng >> 32);
+}
+
+static float rnd(void) { return (float)(rnd_u32() >> 8) * (1.0f / (1 << 23)) - 1.0f; }
+
+static float *rnd_vec(int64_t n) {
+  float *v = malloc((size_t)(n > 0 ? n : 1) * sizeof *v);
+  for (int64_t i = 0; i < n; i++) v[i] = rnd();
+  return v;
+}
+
+/* A random quantized W (n, k) and its parameters; owns its buffers. */
+typedef struct qmat {
+  kn_wq w;
+  void *q, *s, *z;
+  int64_t n, k;
+} qmat;
+
+static qmat qmat_make(ir_dtype qt, int64_t n, int64_t k, int64_t group, ir_dtype st,
+                      ir_dtype zt /* IR_DTYPE_INVALID: symmetric */) {
+  qmat m = {.n = n, .k = k};
+  int64_t ng = k / group, qb = (int64_t)ir_dtype_bytes(qt, (uint64_t)(n * k));
+  m.q = malloc((size_t)qb);
+  for (int64_t i = 0; i < qb; i++) ((uint8_t *)m.q)[i] = (uint8_t)rnd_u32();
+  m.s = malloc((size_t)(n * ng) * 4);
+  for (int64_t i = 0; i < n * ng; i++) {
+    float v = (0.002f + 0.048f * fabsf(rnd())) * (rnd() < 0 ? -1.0f : 1.0f);
+    if (st == IR_F16) ((uint16_t *)m.s)[i] = ir_f32_to_f16(v);
+    else ((float *)m.s)[i] = v;
+  }
+  if (zt != IR_DTYPE_INVALID) {
+    m.z = malloc((size_t)(n * ng) * 4);
+    for (int64_t i = 0; i < n * ng; i++) {
+      /* fractional zero points: multiples of 1/64, exact in f16 (so q - z is exact) */
+      float zf = (qt == IR_I4 ? 7.5f : 0.0f) + 8.0f * rnd();
+      zf = (float)lrintf(zf * 64.0f) / 64.0f;
+      if (zt == IR_F16) ((uint16_t *)m.z)[i] = ir_f32_to_f16(zf);
+      else if (zt == IR_F32) ((float *)m.z)[i] = zf;
+      else ((uint8_t *)m.z)[i] = qt == IR_I4 ? (uint8_t)(rnd_u32() % 16) : (uint8_t)(rnd_u32() % 41 - 20);
+    }
+  }
+  m.w = (kn_wq){.q = m.q, .qt = qt, .scales = m.s, .st = st, .zp = m.z,
+                .zt = zt != IR_DTYPE_INVALID ? zt : IR_U8, .group = group};
+  return m;
+}
+
+static void qmat_free(qmat *m) { free(m->q), free(m->s), free(m->z); }
+
+/* The stored integers read back by hand: q, zero point and scale of element (j, i). */
+static double ref_value(const qmat *m, int64_t j, int64_t i) {
+  const kn_wq *w = &m->w;
+  int64_t g = j * (m->k / w->group) + i / w->group;
+  int q;
+  if (w->qt == IR_I8) {
+    q = ((const int8_t *)w->q)[j * m->k + i];
+  } else {
+    uint8_t b = ((const uint8_t *)w->q)[(j * m->k + i) >> 1];
+    q = (i & 1) ? b >> 4 : b & 0x0f;
+  }
+  double z = !w->zp               ? (w->qt == IR_I4 ? 8 : 0)
+             : w->zt == IR_I8     ? ((const int8_t *)w->zp)[g]
+             : w->zt == IR_F16    ? ir_f16_to_f32(((const uint16_t *)w->zp)[g])
+             : w->zt == IR_F32    ? ((const float *)w->zp)[g]
+                                  : ((const uint8_t *)w->zp)[g];
+  double s = w->st == IR_F16 ? ir_f16_to_f32(((const uint16_t *)w->scales)[g])
+                             : ((const float *)w->scales)[g];
+  return (double)(q - z) * s;
+}
+
+/* W dequantized as f32 (the kernel's contract: (q - z) * s rounded once). */
+static float *ref_matrix(const qmat *m) {
+  float *w = malloc((size_t)(m->n * m->k) * sizeof *w);
+  for (int64_t j = 0; j < m->n; j++)
+    for (int64_t i = 0; i < m->k; i++) w[j * m->k + i] = (float)ref_value(m, j, i);
+  return w;
+}
+
+/* ---- weight-only kernels --------------------------------------------------------------- */
+
+static void test_values(void) {
+  /* int4: element 2t is the low nibble of byte t; symmetric zero point 8 */
+  uint8_t q4[2] = {0x21, 0xf0};
+  float s[1] = {0.5f};
+  kn_wq w = {.q = q4, .qt = IR_I4, .scales = s, .st = IR_F32, .group = 4};
+  CHECK(kn_wq_value(&w, 4, 0, 0) == (1 - 8) * 0.5f && kn_wq_value(&w, 4, 0, 1) == (2 - 8) * 0.5f);
+  CHECK(kn_wq_value(&w, 4, 0, 2) == -4.0f && kn_wq_value(&w, 4, 0, 3) == 3.5f);
+  uint8_t zp[1] = {3};
+  w.zp = zp, w.zt = IR_U8;
+  CHECK(kn_wq_value(&w, 4, 0, 3) == 6.0f);
+  /* int8: signed, zero point 0 unless given (i8 zero points are signed) */
+  int8_t q8[2] = {-128, 127};
+  uint16_t s16[1] = {ir_f32_to_f16(0.25f)};
+  int8_t z8[1] = {-2};
+  kn_wq w8 = {.q = q8, .qt = IR_I8, .scales = s16, .st = IR_F16, .group = 2};
+  CHECK(kn_wq_value(&w8, 2, 0, 0) == -32.0f && kn_wq_value(&w8, 2, 0, 1) == 31.75f);
+  w8.zp = z8, w8.zt = IR_I8;
+  CHECK(kn_wq_value(&w8, 2, 0, 0) == -31.5f);
+}
+
+typedef struct wq_case {
+  ir_dtype qt;
+  int64_t m, n, k, group;
+  ir_dtype st, zt;
+} wq_case;
+
+static const wq_case k_cases[] = {
+    {IR_I4, 1, 13, 64, 32, IR_F32, IR_DTYPE_INVALID},
+    {IR_I4, 5, 37, 128, 32, IR_F16, IR_U8},
+    {IR_I4, 9, 20, 256, 64, IR_F16, IR_DTYPE_INVALID},
+    {IR_I4, 3, 24, 384, 128, IR_F32, IR_U8},
+    {IR_I4, 2, 8, 96, 96, IR_F32, IR_DTYPE_INVALID},  /* per channel */
+    {IR_I4, 3, 21, 128, 32, IR_F16, IR_F16},          /* fractional zero points */
+    {IR_I4, 1, 9, 64, 64, IR_F32, IR_F32},
+    {IR_I8, 2, 10, 64, 32, IR_F16, IR_F16},
+    {IR_I4, 4, 11, 40, 8, IR_F32, IR_U8},             /* group % 16 != 0: portable */
+    {IR_I4, 3, 9, 42, 42, IR_F16, IR_DTYPE_INVALID},  /* k % 16 != 0: portable, tail */
+    {IR_I8, 1, 19, 576, 576, IR_F32, IR_DTYPE_INVALID},
+    {IR_I8, 6, 17, 160, 32, IR_F16, IR_I8},
+    {IR_I8, 7, 33, 64, 16, IR_F32, IR_U8},
+    {IR_I8, 2, 5, 30, 30, IR_F32, IR_I8},
+};
+
+/* Against the double-precision product of x and the dequantized W, and (SIMD paths, k and
+ * group multiples of 16) bit for bit against kn_matmul on the f32 dequantized W. */
+static void test_wq_matmul(kn_pool *p, int isa) {
+  for (size_t c = 0; c < sizeof k_cases / sizeof *k_cases; c++) {
+    const wq_case *t = &k_cases[c];
+    qmat m = qmat_make(t->qt, t->n, t->k, t->group, t->st, t->zt);
+    float *x = rnd_vec(t->m * t->k), *bias = rnd_vec(t->n), *wf = ref_matrix(&m);
+    float *y = calloc((size_t)(t->m * t->n), sizeof *y), *yf = calloc((size_t)(t->m * t->n), 4);
+    for (int b = 0; b < 2; b++) {
+      const float *bb = b ? bias : NULL;
+      kn_matmul_wq(p, y, x, &m.w, bb, t->m, t->n, t->k, KN_WQ_ACT_NONE);
+      CHECKF(tref_matmul_ok(y, x, wf, bb, t->m, t->n, t->k, 2e-5),
+             "isa %d case %zu (%s k=%lld group=%lld)", isa, c, ir_dtype_name(t->qt),
+             (long long)t->k, (long long)t->group);
+      if (isa > 0 && t->k % 16 == 0 && t->group % 16 == 0) {
+        kn_matmul(p, yf, x, wf, IR_F32, bb, t->m, t->n, t->k);
+        CHECKF(!memcmp(y, yf, (size_t)(t->m * t->n) * 4), "isa %d case %zu: not kn_matmul's bits",
+               isa, c);
+      }
+    }
+    for (int64_t j = 0; j < t->n; j += 3)
+      CHECK(kn_wq_value(&m.w, t->k, j, t->k - 1) == wf[j * t->k + t->k - 1]);
+    free(x), free(bias), free(wf), free(y), free(yf);
+    qmat_free(&m);
+  }
+}
+
+/* Each row alone (m = 1, one thread) equals that row inside a batch on four threads. */
+static void test_invariance(kn_pool *p1, kn_pool *p4, ir_dtype qt, bool w8a8, int act,
+                            int64_t m, int64_t n, int64_t k, int64_t group) {
+  qmat q = qmat_make(qt, n, k, group, IR_F16, IR_DTYPE_INVALID);
+  float *x = rnd_vec(m * k), *bias = rnd_vec(n);
+  float *yb = calloc((size_t)(m * n), 4), *y1 = calloc((size_t)n, 4);
+  (w8a8 ? kn_matmul_w8a8 : kn_matmul_wq)(p4, yb, x, &q.w, bias, m, n, k, act);
+  int bad = 0;
+  int64_t ny = act == KN_WQ_ACT_SWIGLU ? n / 2 : n;
+  for (int64_t i = 0; i < m; i += (m > 40 ? 7 : 1)) {
+    (w8a8 ? kn_matmul_w8a8 : kn_matmul_wq)(p1, y1, x + i * k, &q.w, bias, 1, n, k, act);
+    bad += memcmp(y1, yb + i * ny, (size_t)ny * 4) != 0;
+  }
+  CHECKF(bad == 0, "%s%s m=%lld: %d rows differ alone vs batched", ir_dtype_name(qt),
+         w8a8 ? " w8a8" : "", (long long)m, bad);
+  free(x), free(bias), free(yb), free(y1);
+  qmat_free(&q);
+}
+
+/* act = swiglu: bit for bit the plain matmul (gate rows, up rows) then kn_swiglu. */
+static void test_swiglu(kn_pool *p, bool w8a8, ir_dtype qt, int64_t m, int64_t n, int64_t k,
+                        int64_t group) {
+  qmat q = qmat_make(qt, 2 * n, k, group, IR_F32, IR_DTYPE_INVALID);
+  float *x = rnd_vec(m * k), *bias = rnd_vec(2 * n);
+  float *z = calloc((size_t)(m * 2 * n), 4), *y = calloc((size_t)(m * n), 4);
+  float *want = calloc((size_t)(m * n), 4);
+  void (*mm)(kn_pool *, float *, const float *, const kn_wq *, const float *, int64_t, int64_t,
+             int64_t, int) = w8a8 ? kn_matmul_w8a8 : kn_matmul_wq;
+  mm(p, z, x, &q.w, bias, m, 2 * n, k, KN_WQ_ACT_NONE);
+  for (int64_t i = 0; i < m; i++) kn_swiglu(NULL, want + i * n, z + i * 2 * n, z + i * 2 * n + n, n);
+  mm(p, y, x, &q.w, bias, m, 2 * n, k, KN_WQ_ACT_SWIGLU);
+  CHECKF(!memcmp(y, want, (size_t)(m * n) * 4), "swiglu epilogue %s%s m=%lld n=%lld",
+         ir_dtype_name(qt), w8a8 ? " w8a8" : "", (long long)m, (long long)n);
+  free(x), free(bias), free(z), free(y), free(want);
+  qmat_free(&q);
+}
+
+/* ---- W8A8 --------------------------------------------------------------------------------- */
+
+/* The documented per-row quantization, written out here independently. */
+static void ref_quant_row(const float *x, int64_t k, int8_t *q, float *scale) {
+  float amax = 0.0f;
+  for (int64_t i = 0; i < k; i++)
+    if (fabsf(x[i]) > amax) amax = fabsf(x[i]);
+  float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+  for (int64_t i = 0; i < k; i++) {
+    float v = x[i] * inv;
+    q[i] = (int8_t)(v >= 127.0f ? 127 : v <= -127.0f ? -127 : (int)nearbyintf(v));
+  }
+  *scale = amax / 127.0f;
+}
+
+static void test_w8a8(kn_pool *p, int isa, int64_t m, int64_t n, int64_t k) {
+  qmat q = qmat_make(IR_I8, n, k, k, IR_F32, IR_DTYPE_INVALID);
+  float *x = rnd_vec(m * k), *bias = rnd_vec(n), *wf = ref_matrix(&q);
+  for (int64_t i = 0; i < k; i++) x[i] = 0.0f; /* a zero row: scale 0, output = bias */
+  if (m > 2) x[2 * k + 1] = 40.0f;            /* an outlier row */
+  float *y = calloc((size_t)(m * n), 4);
+  int8_t *xq = malloc((size_t)k);
+  kn_matmul_w8a8(p, y, x, &q.w, bias, m, n, k, KN_WQ_ACT_NONE);
+  int exact = 0, near = 0;
+  for (int64_t i = 0; i < m; i++) {
+    float sx;
+    ref_quant_row(x + i * k, k, xq, &sx);
+    for (int64_t j = 0; j < n; j++) {
+      int64_t dot = 0;
+      double ref = bias[j], wabs = 0.0;
+      for (int64_t l = 0; l < k; l++) {
+        dot += (int64_t)xq[l] * ((const int8_t *)q.q)[j * k + l];
+        ref += (double)x[i * k + l] * wf[j * k + l];
+        wabs += fabs(wf[j * k + l]);
+      }
+      float want = (float)dot * (sx * ((const float *)q.s)[j]) + bias[j];
+      exact += y[i * n + j] == want;
+      /* rounding x to the grid moves each term by at most sx/2 * |w| */
+      near += fabs(y[i * n + j] - ref) <= 0.5 * sx * wabs * (1 + 1e-5) + 1e-5 * fabs(ref) + 1e-6;
+    }
+  }
+  CHECKF(exact == m * n, "w8a8 isa %d (%s) m=%lld k=%lld: %d of %lld bit-exact", isa,
+         kn_matmul_w8a8_path(), (long long)m, (long long)k, exact, (long long)(m * n));
+  CHECKF(near == m * n, "w8a8 isa %d: %d of %lld within the activation-rounding bound", isa,
+         near, (long long)(m * n));
+  free(x), free(bias), free(wf), free(y), free(xq);
+  qmat_free(&q);
+}
+
+/* ---- IR rules and the plan ------------------------------------------------------------------ */
+
+typedef struct ir_fix {
+  ir_graph *g;
+  int32_t x, w4, w8, s, s_bad, z, z_bad, wf;
+} ir_fix;
+
+static ir_fix ir_fix_make(void) {
+  static uint8_t q[16 * 64], zb[16 * 4];
+  static float sf[16 * 4], wfd[16 * 64];
+  ir_fix f = {.g = ir_graph_create()};
+  f.g->config = (ir_model_config){.max_tokens = 8, .max_seqs = 1, .max_logits = 1,
+                                  .kv_block_size = 16};
+  ir_dim xd[2] = {{.sym = IR_SYM_TOKENS}, {.n = 64}};
+  f.x = ir_graph_add_input(f.g, "x", IR_F32, 2, xd);
+  f.w4 = ir_graph_add_weight(f.g, "w4", IR_I4, 2, (int64_t[]){16, 64}, q, 16 * 32);
+  f.w8 = ir_graph_add_weight(f.g, "w8", IR_I8, 2, (int64_t[]){16, 64}, q, 16 * 64);
+  f.s = ir_graph_add_weight(f.g, "s", IR_F32, 2, (int64_t[]){16, 2}, sf, 16 * 2 * 4);
+  f.s_bad = ir_graph_add_weight(f.g, "s3", IR_F32, 2, (int64_t[]){16, 3}, sf, 16 * 3 * 4);
+  f.z = ir_graph_add_weight(f.g, "z", IR_U8, 2, (int64_t[]){16, 2}, zb, 16 * 2);
+  f.z_bad = ir_graph_add_weight(f.g, "z4", IR_U8, 2, (int64_t[]){16, 4}, zb, 16 * 4);
+  f.wf = ir_graph_add_weight(f.g, "wf", IR_F32, 2, (int64_t[]){16, 64}, wfd, 16 * 64 * 4);
+  return f;
+}
+
+static bool add_mm(ir_fix *f, const char *name, int32_t w, int32_t s, int32_t z, bool a8,
+                   const char *want_msg) {
+  int32_t in[5] = {f->x, w, -1, s, z};
+  ir_attr at = IR_AI(ir_attr_intern("act_int8"), 1);
+  ir_diag d = {0};
+  int32_t out;
+  bool ok = ir_graph_add_node(f->g, IR_OP_MATMUL, name, in, z >= 0 ? 5 : s >= 0 ? 4 : 2,
+                              a8 ? &at : NULL, a8 ? 1 : 0, &out, &d) >= 0;
+  if (want_msg) CHECKF(!ok && strstr(d.msg, want_msg), "%s: '%s'", name, d.msg);
+  else CHECKF(ok, "%s: %s", name, d.msg);
+  return ok;
+}
+
+static void test_ir_rules(void) {
+  ir_fix f = ir_fix_make();
+  add_mm(&f, "i4_g32", f.w4, f.s, -1, false, NULL);
+  add_mm(&f, "i4_g32_zp", f.w4, f.s, f.z, false, NULL);
+  add_mm(&f, "i8_w8a8", f.w8, -1, -1, false, "needs scales");
+  add_mm(&f, "i4_no_scales", f.w4, -1, -1, false, "needs scales");
+  add_mm(&f, "i4_bad_group", f.w4, f.s_bad, -1, false, "equal groups");
+  add_mm(&f, "i4_zp_shape", f.w4, f.s, f.z_bad, false, "z4");
+  add_mm(&f, "i4_a8", f.w4, f.s, -1, true, "act_int8");
+  add_mm(&f, "i8_a8_grouped", f.w8, f.s, -1, true, "act_int8");
+  add_mm(&f, "f32_scales", f.wf, f.s, -1, false, "go with an i8 or i4");
+  add_mm(&f, "f32_a8", f.wf, -1, -1, true, "go with an i8 or i4");
+  ir_diag d = {0};
+  CHECK(ir_graph_add_output(f.g, ir_graph_find_tensor(f.g, "i4_g32_zp")));
+  CHECKF(ir_graph_verify(f.g, &d) == IR_OK, "%s", d.msg);
+  ir_graph_destroy(f.g);
+}
+
+/* A plan holding an i4 matmul with zero points and an i8 W8A8 one reads back the same. */
+static void test_plan_round_trip(void) {
+  static uint8_t q[8 * 64], z[8 * 2];
+  static uint16_t s[8 * 2], s1[8];
+  ir_graph *g = ir_graph_create();
+  g->config = (ir_model_config){.max_tokens = 8, .max_seqs = 1, .max_logits = 1,
+                                .kv_block_size = 16};
+  ir_dim xd[2] = {{.sym = IR_SYM_TOKENS}, {.n = 64}};
+  int32_t x = ir_graph_add_input(g, "x", IR_F32, 2, xd);
+  int32_t w4 = ir_graph_add_weight(g, "w4", IR_I4, 2, (int64_t[]){8, 64}, q, 8 * 32);
+  int32_t w8 = ir_graph_add_weight(g, "w8", IR_I8, 2, (int64_t[]){8, 64}, q, 8 * 64);
+  int32_t sc = ir_graph_add_weight(g, "s", IR_F16, 2, (int64_t[]){8, 2}, s, sizeof s);
+  int32_t sc1 = ir_graph_add_weight(g, "s1", IR_F16, 2, (int64_t[]){8, 1}, s1, sizeof s1);
+  int32_t zp = ir_graph_add_weight(g, "z", IR_U8, 2, (int64_t[]){8, 2}, z, sizeof z);
+  ir_attr a8 = IR_AI(ir_attr_intern("act_int8"), 1);
+  ir_diag d = {0};
+  int32_t y4, y8;
+  CHECK(ir_graph_add_node(g, IR_OP_MATMUL, "mm4", (int32_t[]){x, w4, -1, sc, zp}, 5, NULL, 0,
+                          &y4, &d) >= 0);
+  CHECK(ir_graph_add_node(g, IR_OP_MATMUL, "mm8", (int32_t[]){x, w8, -1, sc1}, 4, &a8, 1, &y8,
+                          &d) >= 0);
+  CHECK(ir_graph_add_output(g, y4) && ir_graph_add_output(g, y8));
+  pass_opts o = {0};
+  pass_log log = {0};
+  CHECKF(pass_memory_plan(g, &o, &log, &d) == IR_OK, "%s", d.msg);
+  const char *path = TEST_TMP_DIR "/quantize-rt.plan";
+  CHECKF(ir_plan_write(g, NULL, path, &d) == IR_OK, "%s", d.msg);
+  ir_plan *p = NULL;
+  CHECKF(ir_plan_open(path, IR_PLAN_VERIFY_ALL, &p, &d) == IR_OK, "%s", d.msg);
+  if (p) {
+    const ir_graph *r = ir_plan_graph(p);
+    int32_t n4 = -1, n8 = -1;
+    for (int32_t i = 0; i < r->n_nodes; i++) {
+      if (!strcmp(r->nodes[i].name, "mm4")) n4 = i;
+      if (!strcmp(r->nodes[i].name, "mm8")) n8 = i;
+    }
+    CHECK(n4 >= 0 && n8 >= 0);
+    if (n4 >= 0 && n8 >= 0) {
+      const ir_node *a = &r->nodes[n4], *b = &r->nodes[n8];
+      CHECK(a->n_in == 5 && r->tensors[a->in[1]].dtype == IR_I4 &&
+            r->tensors[a->in[3]].dtype == IR_F16 && r->tensors[a->in[4]].dtype == IR_U8 &&
+            r->tensors[a->in[1]].nbytes == 8 * 32);
+      CHECK(b->n_in == 4 && ir_node_attr_i(b, "act_int8", 0) == 1 &&
+            r->tensors[b->in[1]].dtype == IR_I8);
+    }
+  }
+  ir_plan_close(p);
+  pass_log_free(&log);
+  ir_graph_destroy(g);
+}
+
+int main(void) {
+  kn_pool *p1 = kn_pool_create(1), *p4 = kn_pool_create(4);
+  CHECK(p1 != NULL && p4 != NULL);
+  if (!p1 || !p4) return tcheck_done("quantize");
+  test_values();
+  test_ir_rules();
+  test_plan_round_trip();
+  /* Every path this CPU can run (a capped path the CPU lacks falls back to what it has). */
+  for (int isa = 0; isa <= 2; isa++) {
+    kn_matmul_wq_set_max_isa(isa);
+    kn_matmul_set_max_isa(isa);
+    test_wq_matmul(p4, isa);
+    test_invariance(p1, p4, IR_I4, false, KN_WQ_ACT_NONE, 70, 45, 256, 32);
+    test_invariance(p1, p4, IR_I8, false, KN_WQ_ACT_NONE, 9, 33, 576, 576);
+    test_invariance(p1, p4, IR_I8, true, KN_WQ_ACT_NONE, 70, 45, 576, 576);
+    test_invariance(p1, p4, IR_I8, true, KN_WQ_ACT_NONE, 5, 13, 100, 100);
+    test_invariance(p1, p4, IR_I4, false, KN_WQ_ACT_SWIGLU, 37, 42, 128, 64);
+    test_invariance(p1, p4, IR_I8, true, KN_WQ_ACT_SWIGLU, 37, 42, 128, 128);
+    test_swiglu(p4, false, IR_I4, 9, 21, 128, 32);
+    test_swiglu(p4, false, IR_I8, 1, 40, 64, 64);
+    test_swiglu(p4, true, IR_I8, 6, 19, 96, 96);
+    test_w8a8(p4, isa, 7, 29, 576);
+    test_w8a8(p4, isa, 3, 10, 77); /* k tails of every path */
+    test_w8a8(p1, isa, 66, 9, 1536);
+  }
+  kn_matmul_wq_set_max_isa(2);
+  kn_matmul_set_max_isa(2);
+  kn_pool_destroy(p1);
+  kn_pool_destroy(p4);
+  return tcheck_done("quantize");
+}

@@ -1,0 +1,261 @@
+/* bench_cpu: the measurements behind tools/bench-cpu, one JSON object on stdout.
+ *   bench_cpu membw [--threads N] [--mib M] [--repeats R]
+ *       read bandwidth: N threads sum a buffer of M MiB (default 1024, past any L3),
+ *       best of R passes, in GB/s (1e9 bytes/s).
+ *   bench_cpu model model.plan [--threads N] [--prompt 512] [--decode 128] [--batch 16]
+ *                   [--batch-steps 32] [--repeats R] [--kv-tokens K]
+ *       plan load ms (irt_model_open, best of R), prefill tok/s of a --prompt token prompt,
+ *       decode tok/s at batch 1 (--decode steps), aggregate tok/s of --batch sequences
+ *       decoding together (--batch-steps steps), peak RSS. Best of R for each speed.
+ * Token ids are a fixed pseudo-random sequence: speed does not depend on the text.
+ * Uses only the public inferrt API. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <pthread.h>
+
+#include "inferrt.h"
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+static int fail(const char *msg) {
+  fprintf(stderr, "bench_cpu: error: %s\n", msg);
+  return 1;
+}
+
+/* ---- memory bandwidth ------------------------------------------------------------ */
+
+typedef struct bw_job {
+  const uint64_t *p;
+  size_t n; /* words */
+  uint64_t sum;
+  pthread_barrier_t *bar;
+  int passes;
+  double *best_ms; /* written by thread 0 */
+} bw_job;
+
+/* Four independent xor chains so the loop is bound by loads, not by one dependency;
+ * the compiler vectorises it to full-width loads. */
+static uint64_t bw_read(const uint64_t *p, size_t n) {
+  uint64_t a = 0, b = 0, c = 0, d = 0;
+  for (size_t i = 0; i + 4 <= n; i += 4) {
+    a += p[i];
+    b += p[i + 1];
+    c += p[i + 2];
+    d += p[i + 3];
+  }
+  return a + b + c + d;
+}
+
+static void *bw_thread(void *arg) {
+  bw_job *j = arg;
+  for (int r = 0; r < j->passes; r++) {
+    pthread_barrier_wait(j->bar);
+    double t0 = now_ms();
+    j->sum += bw_read(j->p, j->n) + (uint64_t)r;
+    pthread_barrier_wait(j->bar);
+    double ms = now_ms() - t0;
+    if (j->best_ms && ms < *j->best_ms) *j->best_ms = ms;
+  }
+  return NULL;
+}
+
+static int run_membw(int threads, int64_t mib, int repeats) {
+  size_t bytes = (size_t)mib << 20, per = bytes / (size_t)threads / 64 * 64;
+  uint64_t *buf = NULL;
+  if (posix_memalign((void **)&buf, 4096, bytes) != 0) return fail("out of memory");
+  for (size_t i = 0; i < bytes / 8; i++) buf[i] = i * 0x9e3779b97f4a7c15ull;
+  pthread_t tid[256];
+  bw_job job[256];
+  pthread_barrier_t bar;
+  pthread_barrier_init(&bar, NULL, (unsigned)threads);
+  double best = 1e30;
+  for (int t = 0; t < threads; t++)
+    job[t] = (bw_job){.p = buf + per / 8 * (size_t)t, .n = per / 8, .bar = &bar,
+                      .passes = repeats + 1, .best_ms = t == 0 ? &best : NULL};
+  for (int t = 1; t < threads; t++) pthread_create(&tid[t], NULL, bw_thread, &job[t]);
+  bw_thread(&job[0]);
+  uint64_t sum = job[0].sum;
+  for (int t = 1; t < threads; t++) {
+    pthread_join(tid[t], NULL);
+    sum ^= job[t].sum;
+  }
+  pthread_barrier_destroy(&bar);
+  free(buf);
+  double gbps = (double)per * threads / (best * 1e-3) / 1e9;
+  printf("{\"threads\": %d, \"mib\": %lld, \"gbps\": %.3f, \"checksum\": %llu}\n", threads,
+         (long long)mib, gbps, (unsigned long long)(sum & 0xffff));
+  return 0;
+}
+
+/* ---- the model ------------------------------------------------------------------- */
+
+typedef struct bench_opts {
+  const char *plan;
+  int threads, repeats;
+  int64_t prompt, decode, batch, batch_steps, kv_tokens;
+} bench_opts;
+
+typedef struct bench_result {
+  double load_ms, prefill_tps, decode_tps, batch_tps;
+} bench_result;
+
+static int32_t bench_token(int64_t i, int64_t vocab) {
+  return (int32_t)(1000 + (uint64_t)(i * 2654435761u) % (uint64_t)(vocab - 1000));
+}
+
+static int32_t argmax(const float *v, int64_t n) {
+  int64_t b = 0;
+  for (int64_t i = 1; i < n; i++)
+    if (v[i] > v[b]) b = i;
+  return (int32_t)b;
+}
+
+/* Prefill of o->prompt tokens, then o->decode greedy steps of one token. */
+static irt_status bench_single(irt_model *m, const bench_opts *o, float *lg, int32_t *ids,
+                               bench_result *r, irt_error *err) {
+  int64_t V = irt_model_get_info(m)->vocab_size;
+  irt_seq *s = NULL;
+  irt_status st = irt_seq_create(m, &s, err);
+  double t0 = now_ms();
+  if (st == IRT_OK) st = irt_seq_decode(m, s, ids, o->prompt, lg, false, err);
+  double t1 = now_ms();
+  for (int64_t i = 0; st == IRT_OK && i < o->decode; i++) {
+    int32_t tok = argmax(lg, V);
+    st = irt_seq_decode(m, s, &tok, 1, lg, false, err);
+  }
+  double t2 = now_ms();
+  irt_seq_destroy(s);
+  if (st != IRT_OK) return st;
+  r->prefill_tps = fmax(r->prefill_tps, (double)o->prompt / ((t1 - t0) * 1e-3));
+  r->decode_tps = fmax(r->decode_tps, (double)o->decode / ((t2 - t1) * 1e-3));
+  return IRT_OK;
+}
+
+/* o->batch sequences with 16-token prompts, then o->batch_steps steps of one token each. */
+static irt_status bench_batch(irt_model *m, const bench_opts *o, float *lg, int32_t *ids,
+                              bench_result *r, irt_error *err) {
+  int64_t V = irt_model_get_info(m)->vocab_size, nb = o->batch;
+  irt_seq **s = calloc((size_t)nb, sizeof *s);
+  irt_batch_item *it = calloc((size_t)nb, sizeof *it);
+  int32_t *tok = calloc((size_t)nb, sizeof *tok);
+  irt_status st = s && it && tok ? IRT_OK : IRT_OOM;
+  for (int64_t i = 0; st == IRT_OK && i < nb; i++) {
+    st = irt_seq_create(m, &s[i], err);
+    if (st == IRT_OK) st = irt_seq_decode(m, s[i], ids + 16 * i, 16, lg + i * V, false, err);
+  }
+  double t0 = now_ms();
+  for (int64_t step = 0; st == IRT_OK && step < o->batch_steps; step++) {
+    for (int64_t i = 0; i < nb; i++) {
+      tok[i] = argmax(lg + i * V, V);
+      it[i] = (irt_batch_item){.seq = s[i], .tokens = &tok[i], .n = 1, .logits = lg + i * V};
+    }
+    st = irt_decode_batch(m, it, (int)nb, err);
+  }
+  double t1 = now_ms();
+  for (int64_t i = 0; s && i < nb; i++) irt_seq_destroy(s[i]);
+  free(s), free(it), free(tok);
+  if (st == IRT_OK)
+    r->batch_tps = fmax(r->batch_tps, (double)(nb * o->batch_steps) / ((t1 - t0) * 1e-3));
+  return st;
+}
+
+static irt_status bench_open(const bench_opts *o, irt_model **m, bench_result *r,
+                             irt_error *err) {
+  irt_model_opts mo = irt_model_opts_default();
+  mo.n_threads = o->threads;
+  mo.kv_tokens = o->kv_tokens;
+  r->load_ms = 1e30;
+  for (int i = 0; i < o->repeats; i++) {
+    double t0 = now_ms();
+    irt_status st = irt_model_open(o->plan, &mo, m, err);
+    double ms = now_ms() - t0;
+    if (st != IRT_OK) return st;
+    r->load_ms = fmin(r->load_ms, ms);
+    if (i + 1 < o->repeats) irt_model_close(*m);
+  }
+  return IRT_OK;
+}
+
+static int run_model(const bench_opts *o) {
+  bench_result r = {0};
+  irt_error err = {0};
+  irt_model *m = NULL;
+  irt_status st = bench_open(o, &m, &r, &err);
+  if (st != IRT_OK) return fail(err.msg);
+  const irt_model_info *info = irt_model_get_info(m);
+  int64_t V = info->vocab_size, n_ids = o->prompt > 16 * o->batch ? o->prompt : 16 * o->batch;
+  float *lg = malloc((size_t)(V * (o->batch > 1 ? o->batch : 1)) * sizeof *lg);
+  int32_t *ids = malloc((size_t)n_ids * sizeof *ids);
+  if (!lg || !ids) st = IRT_OOM;
+  for (int64_t i = 0; st == IRT_OK && i < n_ids; i++) ids[i] = bench_token(i, V);
+  /* Warm-up: the first steps fault the weight pages in and wake the pool. */
+  bench_opts warm = *o;
+  bench_result unused = {0};
+  warm.prompt = warm.prompt < 16 ? warm.prompt : 16;
+  warm.decode = 2;
+  if (st == IRT_OK) st = bench_single(m, &warm, lg, ids, &unused, &err);
+  for (int i = 0; st == IRT_OK && i < o->repeats; i++) {
+    st = bench_single(m, o, lg, ids, &r, &err);
+    if (st == IRT_OK && o->batch > 0) st = bench_batch(m, o, lg, ids, &r, &err);
+  }
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  if (st == IRT_OK)
+    printf("{\"load_ms\": %.3f, \"prefill_tps\": %.3f, \"decode_tps\": %.3f, "
+           "\"batch_tps\": %.3f, \"peak_rss_bytes\": %lld, \"weight_bytes\": %llu, "
+           "\"kv_bytes\": %llu, \"arena_bytes\": %llu, \"threads\": %d}\n",
+           r.load_ms, r.prefill_tps, r.decode_tps, r.batch_tps, (long long)ru.ru_maxrss * 1024,
+           (unsigned long long)info->weight_bytes, (unsigned long long)info->kv_bytes,
+           (unsigned long long)info->arena_bytes, o->threads);
+  free(lg);
+  free(ids);
+  irt_model_close(m);
+  return st == IRT_OK ? 0 : fail(err.msg[0] ? err.msg : irt_status_name(st));
+}
+
+static int usage(void) {
+  return fail("usage: bench_cpu membw [--threads N] [--mib M] [--repeats R]\n"
+              "       bench_cpu model model.plan [--threads N] [--prompt 512] [--decode 128]\n"
+              "                 [--batch 16] [--batch-steps 32] [--repeats R] [--kv-tokens K]");
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) return usage();
+  bench_opts o = {.threads = 0, .repeats = 3, .prompt = 512, .decode = 128, .batch = 16,
+                  .batch_steps = 32};
+  int64_t mib = 1024;
+  bool membw = !strcmp(argv[1], "membw");
+  if (!membw && strcmp(argv[1], "model")) return usage();
+  for (int i = 2; i < argc; i++) {
+    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    int64_t *dst = !strcmp(a, "--prompt")        ? &o.prompt
+                   : !strcmp(a, "--decode")      ? &o.decode
+                   : !strcmp(a, "--batch")       ? &o.batch
+                   : !strcmp(a, "--batch-steps") ? &o.batch_steps
+                   : !strcmp(a, "--kv-tokens")   ? &o.kv_tokens
+                   : !strcmp(a, "--mib")         ? &mib
+                                                 : NULL;
+    if (dst && v) *dst = atoll(v), i++;
+    else if (!strcmp(a, "--threads") && v) o.threads = atoi(v), i++;
+    else if (!strcmp(a, "--repeats") && v) o.repeats = atoi(v), i++;
+    else if (a[0] != '-' && !o.plan && !membw) o.plan = a;
+    else return usage();
+  }
+  if (o.threads <= 0) o.threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
+  if (o.repeats < 1 || o.prompt < 1 || o.decode < 0 || o.batch < 0 || o.batch > 256 ||
+      mib < 1 || o.threads > 256)
+    return usage();
+  if (membw) return run_membw(o.threads, mib, o.repeats);
+  return o.plan ? run_model(&o) : usage();
+}
