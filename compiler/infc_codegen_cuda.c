@@ -28,6 +28,37 @@ static ir_status cuda_defines(const ir_graph *g, char (*defs)[48], ir_diag *d) {
   return IR_OK;
 }
 
+/* The ops and forms the CUDA backend has kernels for; anything else is refused at build time
+ * rather than when the plan is opened on a GPU. */
+static ir_status cuda_supported(const ir_graph *g, ir_diag *d) {
+  for (int32_t i = 0; i < g->n_nodes; i++) {
+    const ir_node *n = &g->nodes[i];
+    const char *why = NULL;
+    switch (n->op) {
+    case IR_OP_MATMUL: {
+      ir_dtype wt = g->tensors[n->in[1]].dtype;
+      if (wt == IR_I8 || wt == IR_I4 || n->n_in > 3)
+        why = "weight-only int8/int4 weights (--quant or MatMulNBits) have no GPU GEMM yet; "
+              "build with --dtype f16";
+      else if (ir_node_attr_i(n, "act", IR_ACT_NONE) != IR_ACT_NONE)
+        why = "a fused epilogue has no GPU kernel";
+      break;
+    }
+    case IR_OP_ATTENTION:
+      if (n->n_in < 3 || n->in[1] < 0 || (n->n_in > 3 && n->in[3] >= 0))
+        why = "packed or roped attention has no GPU kernel";
+      break;
+    case IR_OP_EMBED: case IR_OP_RMS_NORM: case IR_OP_ADD_RMS_NORM: case IR_OP_ROPE:
+    case IR_OP_SWIGLU: case IR_OP_ADD: case IR_OP_GATHER_ROWS: break;
+    default: why = "the op has no GPU kernel"; break;
+    }
+    if (why)
+      return ir_diag_set(d, IR_UNSUPPORTED, "target cuda: node '%s' (%s): %s", n->name,
+                         ir_op_name(n->op), why);
+  }
+  return IR_OK;
+}
+
 static ir_status cuda_compile_all(infc_nvrtc *nv, const int *archs, int n_archs,
                                   const char *const *opts, infc_cuda_kernels *out, ir_diag *d) {
   int n_img = infc_cuda_n_sources * n_archs;
@@ -62,6 +93,7 @@ ir_status infc_cuda_kernels_build(const ir_graph *g, const char *arch_list,
   if (!arch_list || !*arch_list) arch_list = INFC_NVRTC_DEFAULT_ARCHS;
   ir_status st = infc_nvrtc_parse_archs(arch_list, archs, INFC_NVRTC_MAX_ARCHS, &n_archs, d);
   if (st == IR_OK) st = cuda_defines(g, defs, d);
+  if (st == IR_OK) st = cuda_supported(g, d);
   infc_nvrtc *nv = NULL;
   if (st == IR_OK) st = infc_nvrtc_open(&nv, d);
   if (st == IR_OK) st = cuda_compile_all(nv, archs, n_archs, opts, out, d);

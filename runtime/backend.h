@@ -74,9 +74,16 @@ ir_status irt_backend_cpu_create(int n_threads, irt_backend *out, ir_diag *d);
 #define IRT_CUDA_LIB "libinferrt_cuda.so"
 #define IRT_CUDA_ENTRY "irt_backend_cuda_create"
 #define IRT_CUDA_ABI 1 /* bump when irt_backend_ops, irt_step or irt_cuda_opts change */
+/* The struct sizes both sides compile with: a library built from another tree (ir.h's
+ * graph, node and tensor, the step, the KV cache) is refused rather than misread. */
+#define IRT_CUDA_LAYOUT                                                                     \
+  ((uint64_t)sizeof(ir_graph) ^ ((uint64_t)sizeof(ir_node) << 12) ^                       \
+   ((uint64_t)sizeof(ir_tensor) << 24) ^ ((uint64_t)sizeof(irt_step) << 36) ^              \
+   ((uint64_t)sizeof(irt_kv_cache) << 48))
 
 typedef struct irt_cuda_opts {
   int abi;                        /* IRT_CUDA_ABI of the caller */
+  uint64_t layout;                /* IRT_CUDA_LAYOUT of the caller */
   int device;                     /* CUDA device ordinal */
   bool graphs;                    /* capture and replay decode steps as CUDA Graphs */
   const ir_plan_kernel *kernels;  /* the plan's kernel table (borrowed, in the mapping) */

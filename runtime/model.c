@@ -47,8 +47,8 @@ static ir_status open_backend(irt_model *m, const irt_model_opts *o, ir_diag *d)
                        "device cuda needs a CUDA plan, and this plan was built for target '%s' "
                        "(rebuild it with infc build --target cuda, or run with --device cpu)",
                        target);
-  irt_cuda_opts co = {.abi = IRT_CUDA_ABI, .device = o->cuda_device, .graphs = !o->no_cuda_graphs,
-                      .kernels = ir_plan_kernel_at(m->plan, 0),
+  irt_cuda_opts co = {.abi = IRT_CUDA_ABI, .layout = IRT_CUDA_LAYOUT, .device = o->cuda_device,
+                      .graphs = !o->no_cuda_graphs, .kernels = ir_plan_kernel_at(m->plan, 0),
                       .n_kernels = ir_plan_n_kernels(m->plan)};
   return irt_backend_cuda_open(&co, m->g, &m->be, d);
 }

@@ -165,6 +165,7 @@ typedef struct gqa {
   gx_node *n;
   int64_t nh, nkv;
   bool rot, inter;
+  bool by_node; /* q and k rotated by RotaryEmbedding nodes */
 } gqa;
 
 static bool gqa_kv_quant(gx *G, gx_node *n) {
@@ -261,7 +262,8 @@ static bool set_heads(gx *G, const gqa *a, int64_t hd) {
 
 static void set_bias_flag(gx *G, bool bias) {
   if (G->layer == 0) G->p.attention_bias = bias;
-  else if (G->p.attention_bias != bias) gx_fail(G, IR_UNSUPPORTED, "q/k/v bias differs between layers");
+  else if (G->p.attention_bias != bias)
+    gx_fail(G, IR_UNSUPPORTED, "q/k/v bias differs between layers");
 }
 
 /* Packed QKV: one projection into GQA's query input, key and value empty. */
@@ -326,7 +328,8 @@ static bool attn_separate(gx *G, gqa *a, const char *h) {
     return false;
   if (iq != ik) return gx_fail(G, IR_UNSUPPORTED, "q and k RoPE differ in interleaving"), false;
   a->inter |= iq;
-  G->rope_node |= rope[0] != NULL;
+  a->by_node = rope[0] != NULL;
+  G->rope_node |= a->by_node;
   if ((bias[0] != NULL) != (bias[1] != NULL) || (bias[0] != NULL) != (bias[2] != NULL))
     return gx_fail(G, IR_UNSUPPORTED, "only some of q/k/v carry a bias"), false;
   char hf[96], part[48];
@@ -366,7 +369,7 @@ static const char *match_attention(gx *G, const char *h) {
   bool packed = !gx_in(a.n, 1)[0] && !gx_in(a.n, 2)[0];
   if (!(packed ? attn_packed(G, &a, h) : attn_separate(G, &a, h))) return NULL;
   if (a.rot && !gx_rope_caches(G, a.n, gx_in(a.n, 7), gx_in(a.n, 8))) return NULL;
-  if (!a.rot && !G->rope_node) {
+  if (!a.rot && !a.by_node) {
     gx_fail_node(G, a.n, IR_UNSUPPORTED, "q and k are not rotated (no do_rotary, no "
                  "RotaryEmbedding): attention without RoPE is not supported");
     return NULL;
@@ -395,7 +398,8 @@ static const char *match_attention(gx *G, const char *h) {
 static const char *silu_of(gx *G, const char *g) {
   int s = gx_consumer(G, g, "Sigmoid", 0, 0);
   for (size_t i = 0; s >= 0 && i < G->gp->n_node; i++)
-    if (gx_is_op(G->gp->node[i], "Mul") && reads_pair(G, G->gp->node[i], g, gx_out(G->gp->node[s], 0)))
+    if (gx_is_op(G->gp->node[i], "Mul") &&
+        reads_pair(G, G->gp->node[i], g, gx_out(G->gp->node[s], 0)))
       return gx_out(G->gp->node[i], 0);
   int n = gx_consumer(G, g, "Silu", 0, 0);
   if (n < 0 && (n = gx_consumer(G, g, "Swish", 0, 0)) >= 0 &&
@@ -535,7 +539,8 @@ static void match_head(gx *G, const char *h) {
 }
 
 static void match_model(gx *G) {
-  for (size_t i = 0; i < G->gp->n_node; i++) G->n_gqa += is_ms(G->gp->node[i], "GroupQueryAttention");
+  for (size_t i = 0; i < G->gp->n_node; i++)
+    G->n_gqa += is_ms(G->gp->node[i], "GroupQueryAttention");
   const char *x = match_embed(G), *h = NULL;
   if (x) h = match_norm(G, x, "model.layers.0.input_layernorm.weight");
   for (int l = 0; l < G->n_gqa && G->st == IR_OK; l++) {
@@ -564,11 +569,11 @@ static void describe(const gx *G, char *out) {
   const model_llama_params *p = &G->p;
   const char *kind = p->n_kv_heads == p->n_heads ? "MHA" : p->n_kv_heads == 1 ? "MQA" : "GQA";
   char wq[160], to[64];
-  int packed = G->keep_int4 ? G->n_nbits_packable : 0;
+  int packed = G->n_nbits_packable; /* 0 unless keep_int4 */
   if (packed == G->n_nbits)
     snprintf(to, sizeof to, "int4 matmul");
-  else if (packed == 0)
-    snprintf(to, sizeof to, "f32");
+  else if (packed == 0) /* dequantized: f32, or the --dtype asked for */
+    snprintf(to, sizeof to, "%s", ir_dtype_name(G->keep_int4 ? IR_F32 : G->wdt));
   else
     snprintf(to, sizeof to, "int4 matmul (%d f32: K%%bs)", G->n_nbits - packed);
   if (G->n_nbits)
@@ -598,9 +603,7 @@ static ir_status build(gx *G, const char *path, const model_build_opts *bo, ir_g
   snprintf(G->p.arch, sizeof G->p.arch, "llama");
   model_tensor_src src = {.ctx = G, .find = gx_find};
   ir_status st = model_llama_build(&G->p, &src, bo, out, G->d);
-  /* --dtype asks for float weights: MatMulNBits stays dequantized. */
-  G->keep_int4 = bo->weight_dtype == IR_DTYPE_INVALID;
-  if (st == IR_OK && G->keep_int4 && G->n_qw && gx_qw_rewire(G, *out) < 0) st = IR_OOM;
+  if (st == IR_OK && G->keep_int4 && G->n_qw && gx_qw_rewire(G, *out) < 0) st = G->d->status;
   if (st == IR_OK && G->keep_int4 && G->n_qw) st = ir_graph_verify(*out, G->d);
   for (int i = 0; st == IR_OK && i < G->n_owned; i++) {
     void *buf = G->owned[i];
@@ -622,7 +625,9 @@ ir_status infc_onnx_genai_import(infc_onnx *m, const char *path, const model_bui
                                  char *recognised, ir_diag *d) {
   *out_model = NULL;
   *out_graph = NULL;
-  gx G = {.m = m, .gp = m->model->graph, .d = d, .layer = -1, .st = IR_OK};
+  gx G = {.m = m, .gp = m->model->graph, .d = d, .layer = -1, .st = IR_OK,
+          .keep_int4 = bo->weight_dtype == IR_DTYPE_INVALID, /* --dtype: dequantize */
+          .wdt = bo->weight_dtype};
   if (!gx_map_build(&G)) G.st = ir_diag_set(d, IR_OOM, "out of memory");
   if (G.st == IR_OK) match_model(&G);
   ir_status st = G.st == IR_OK ? build(&G, path, bo, out_graph) : G.st;

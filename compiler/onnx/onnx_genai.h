@@ -43,7 +43,8 @@ typedef struct gx {
   const char *embed_t;   /* the [hidden, vocab] matrix the embedding transposes (tied) */
   struct gx_qw *qw;      /* MatMulNBits weights that may stay packed */
   int n_qw, cap_qw, n_nbits_packable;
-  bool keep_int4; /* rewire MatMulNBits to the int4 matmul (else f32 copies) */
+  bool keep_int4; /* MatMulNBits -> the int4 matmul (else dequantized: --dtype) */
+  ir_dtype wdt;   /* the build's weight dtype (IR_DTYPE_INVALID: as stored) */
   int64_t rope_rows;
 } gx;
 
@@ -133,9 +134,10 @@ bool gx_rope_caches(gx *G, gx_node *node, const char *cos, const char *sin);
 
 /* Remembers rows [r0, r0 + rows) of a MatMulNBits weight recorded under hf. */
 void gx_qw_note(gx *G, const char *hf, const gx_mat *mat, int64_t r0, int64_t rows);
-/* Rewires each matmul of g that reads a noted weight (the template was given its
- * dequantized copy) to the IR's weight-only int4 matmul over the packed codes; dead f32
- * copies are left to dce. Returns how many matmuls were rewired (-1 with d set). */
+/* Rewires each matmul of g that reads a noted weight (the template was given an f32
+ * stand-in: zeros when G->keep_int4) to the IR's weight-only int4 matmul over the packed
+ * codes; dead stand-ins are left to dce. Returns how many matmuls were rewired, or -1
+ * with d set (also when a noted weight is read by no matmul). */
 int gx_qw_rewire(gx *G, ir_graph *g);
 
 /* bos, eos and the context length from genai_config.json / config.json beside path. */

@@ -1,8 +1,8 @@
 /* onnx_genai_quant: keeps MatMulNBits weights packed. The Llama template builds over
- * dequantized f32 copies; each matmul reading one is then rewired to the IR's weight-only
+ * f32 stand-ins; each matmul reading one is then rewired to the IR's weight-only
  * int4 matmul (ir_op.c: i4 codes [N,K], scales [N,K/group], zero points [N,K/group] u8),
  * whose value is MatMulNBits' own, w = (q - zp) * scale in f32 with zp 8 when absent. The
- * f32 copies are then dead and dce drops them from the plan. */
+ * stand-ins are then dead and dce drops them from the plan. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -80,6 +80,11 @@ int gx_qw_rewire(gx *G, ir_graph *g) {
     int c = t < 0 ? 0 : rewire_one(g, &G->qw[i], t);
     if (c < 0) {
       ir_diag_set(G->d, IR_OOM, "out of memory");
+      return -1;
+    }
+    if (c == 0) { /* its f32 stand-in holds no values: never let it reach a plan */
+      ir_diag_set(G->d, IR_UNSUPPORTED, "MatMulNBits weight '%s' is not read by a matmul "
+                  "of the built program", G->qw[i].name);
       return -1;
     }
     total += c;

@@ -236,14 +236,18 @@ static bool nbits_keep_packed(gx *G, nbits *q, gx_mat *out) {
 static bool nbits_read(gx *G, gx_node *n, gx_mat *out) {
   nbits q = {0};
   bool ok = nbits_check(G, n, &q);
-  float *w = ok ? nbits_dequant(&q) : NULL;
+  /* Staying packed, the template's f32 copy is never read (the matmul is rewired to the
+   * codes, and gx_qw_rewire fails if one is not): untouched zero pages, no dequantized
+   * model in memory at build time. */
+  bool packed = ok && G->keep_int4 && q.K % q.bs == 0;
+  float *w = !ok ? NULL : packed ? calloc((size_t)(q.N * q.K), sizeof *w) : nbits_dequant(&q);
   if (ok && (!w || !gx_keep(G, w))) {
     oom(G);
     ok = false;
   }
   if (ok) {
     *out = (gx_mat){.node = n, .dt = IR_F32, .n = q.N, .k = q.K, .data = (const uint8_t *)w};
-    ok = q.K % q.bs || nbits_keep_packed(G, &q, out);
+    ok = !packed || nbits_keep_packed(G, &q, out);
     G->n_nbits_packable += out->q != NULL;
     if (G->n_nbits && G->nbits_block != q.bs) G->nbits_mixed = true;
     G->nbits_block = q.bs;
@@ -339,11 +343,24 @@ static double cache_at(const onnx_dense *t, int64_t i) {
                          : ((const float *)t->data)[i];
 }
 
-/* theta from position 1 of the highest frequency index (the most precise one): the
- * angle there is theta^(-(d-2)/d); rounded to an integer when within 1e-4 of one. */
-static double rope_theta(const onnx_dense *c, const onnx_dense *s, int64_t half) {
-  double ang = atan2(cache_at(s, half + half - 1), cache_at(c, half + half - 1));
-  double theta = pow(ang, -(double)(2 * half) / (double)(2 * half - 2));
+/* inv_freq[i]: the phase of entry i followed from position 1 to the last, doubling the
+ * position each step so the predicted phase is always within pi of the true one. */
+static double inv_freq(const onnx_dense *c, const onnx_dense *s, int64_t rows, int64_t half,
+                       int64_t i) {
+  const double two_pi = 6.283185307179586;
+  double inv = atan2(cache_at(s, half + i), cache_at(c, half + i));
+  for (int64_t p = 1; p < rows - 1;) {
+    p = 2 * p < rows - 1 ? 2 * p : rows - 1;
+    double a = atan2(cache_at(s, p * half + i), cache_at(c, p * half + i));
+    inv = (a + two_pi * round(((double)p * inv - a) / two_pi)) / (double)p;
+  }
+  return inv;
+}
+
+/* theta from inv_freq[1] = theta^(-2/d), measured over the whole cache (f16 caches too);
+ * rounded to an integer when within 1e-4 of one. */
+static double rope_theta(const onnx_dense *c, const onnx_dense *s, int64_t rows, int64_t half) {
+  double theta = pow(inv_freq(c, s, rows, half, 1), -(double)half);
   double r = round(theta);
   return fabs(theta - r) <= 1e-4 * r ? r : theta;
 }
@@ -377,7 +394,7 @@ static bool rope_check(gx *G, gx_node *node, const onnx_dense *c, const onnx_den
     return gx_fail_node(G, node, IR_UNSUPPORTED, "rotary dim %lld (cos cache width x 2) is "
                         "not head_dim %lld: partial rotary is not supported",
                         (long long)(2 * half), (long long)G->p.head_dim), false;
-  double theta = rope_theta(c, s, half);
+  double theta = rope_theta(c, s, rows, half);
   if (!(theta > 1) || !rope_matches(c, s, rows, half, theta))
     return gx_fail_node(G, node, IR_UNSUPPORTED, "cos/sin caches are not cos/sin(pos * "
                         "theta^(-2i/d)) for one theta (scaled RoPE is not supported)"), false;

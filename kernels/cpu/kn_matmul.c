@@ -33,7 +33,7 @@ enum {
   KN_MM_SERIAL_FLOPS = 1 << 18,  /* below this, waking the pool costs more than it saves */
   KN_MM_KC = 256,                /* portable path: W values converted per stack chunk */
   KN_MM_QRUN = 16,               /* AVX-512 quantized path: blocks whose scales convert ahead */
-  KN_MM_PANEL_MIN_M = 2,         /* from this many x rows, W is converted once per panel */
+  KN_MM_PANEL_MIN_M = 8,         /* from this many x rows, W is converted once per panel */
   KN_MM_PANEL_BYTES = 32 << 10,  /* a converted panel aims to stay in L1 ... */
   KN_MM_PANEL_FLOATS = 32768,    /* ... and never exceeds this stack buffer (128 KiB) */
   KN_MM_PANEL_MAX_COLS = 16,

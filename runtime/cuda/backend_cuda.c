@@ -449,7 +449,7 @@ irt_backend_cuda_create(const irt_cuda_opts *o, const ir_graph *g, irt_backend *
 
 ir_status irt_backend_cuda_create(const irt_cuda_opts *o, const ir_graph *g, irt_backend *out,
                                   ir_diag *d) {
-  if (!o || o->abi != IRT_CUDA_ABI)
+  if (!o || o->abi != IRT_CUDA_ABI || o->layout != IRT_CUDA_LAYOUT)
     return ir_diag_set(d, IR_VERSION,
                        "libinferrt_cuda.so (backend ABI %d) does not match this inferrt (ABI %d): "
                        "install both from one build",

@@ -243,9 +243,15 @@ static ir_status check_node(cuda_ctx *c, const ir_graph *g, const ir_node *n, si
     if (!(dense(t) || t == IR_Q8_0 || t == IR_Q4_0 || t == IR_Q4_1)) break;
     return IR_OK;
   }
-  case IR_OP_MATMUL: return check_matmul(c, g, n, xh, d);
+  case IR_OP_MATMUL:
+    /* fused epilogues and separate quantization parameters have no GPU kernel yet */
+    if (ir_node_attr_i(n, "act", IR_ACT_NONE) != IR_ACT_NONE || n->n_in > 3) break;
+    return check_matmul(c, g, n, xh, d);
   case IR_OP_ATTENTION:
-    if (g->config.head_dim != c->head_dim) break;
+    /* packed qkv (k absent) and rope folded in (pos present) are CPU-only forms */
+    if (g->config.head_dim != c->head_dim || n->n_in < 3 || n->in[1] < 0 ||
+        (n->n_in > 3 && n->in[3] >= 0))
+      break;
     return IR_OK;
   case IR_OP_ADD:
     if (!same_shape(g, T_(0), T_(1)) || TO_(0)->dtype != IR_F32) break;

@@ -30,7 +30,7 @@ void fake_cuda_config(int head_dim, int block_size, int arch) {
   g_head_dim = head_dim, g_block_size = block_size, g_arch = arch;
 }
 
-/* --- kernels: name, parameter sizes, CPU emulation ----------------------------------------- */
+/* --- kernels: name, parameter sizes, CPU emulation --------------------------------------- */
 
 typedef struct launch_t {
   int fn;
@@ -152,7 +152,8 @@ static void emu_gemv(const launch_t *l, ir_dtype dt) {
 static void emu_simple(const launch_t *l, const char *name) {
   if (!strcmp(name, "kn_add")) kn_add(NULL, PF(0), PF(1), PF(2), I64(3));
   else if (!strcmp(name, "kn_swiglu")) kn_swiglu(NULL, PF(0), PF(1), PF(2), I64(3));
-  else if (!strcmp(name, "kn_gather_rows")) kn_gather_rows(NULL, PF(0), PF(1), PI(2), l->grid[0], I64(3));
+  else if (!strcmp(name, "kn_gather_rows"))
+    kn_gather_rows(NULL, PF(0), PF(1), PI(2), l->grid[0], I64(3));
   else if (!strcmp(name, "kn_rms_norm"))
     kn_rms_norm(NULL, PF(0), PF(1), PF(2), l->grid[0], I32(3), F32(l, 4));
   else if (!strcmp(name, "kn_add_rms_norm"))
@@ -203,7 +204,7 @@ static void run_launch(const launch_t *l) {
   else emu_simple(l, name);
 }
 
-/* --- the recorded stream: a capture, or a graph --------------------------------------------- */
+/* --- the recorded stream: a capture, or a graph ------------------------------------------- */
 
 typedef struct op_t {
   int kind; /* 0 launch, 1 copy, 2 gemm */
@@ -258,7 +259,8 @@ static void run_gemm(const op_t *o) {
 
 static void run_op(const op_t *o) {
   if (o->kind == 0) run_launch(&o->l);
-  else if (o->kind == 1) memmove((void *)(uintptr_t)o->dst, (const void *)(uintptr_t)o->src, o->bytes);
+  else if (o->kind == 1)
+    memmove((void *)(uintptr_t)o->dst, (const void *)(uintptr_t)o->src, o->bytes);
   else run_gemm(o);
 }
 
@@ -267,7 +269,7 @@ static void submit(const op_t *o) {
   else run_op(o);
 }
 
-/* --- driver API ------------------------------------------------------------------------------ */
+/* --- driver API ---------------------------------------------------------------------------- */
 #define API(ret, name, ...) EXPORT ret name(__VA_ARGS__); ret name(__VA_ARGS__)
 
 API(CUresult, cuInit, unsigned f) { return 0; }
@@ -394,7 +396,7 @@ API(CUresult, cuGetErrorString, CUresult r, const char **s) {
   return 0;
 }
 
-/* --- cuBLAS ------------------------------------------------------------------------------------ */
+/* --- cuBLAS -------------------------------------------------------------------------------- */
 static int g_blas;
 API(int, cublasCreate_v2, void **h) { *h = &g_blas; return 0; }
 API(int, cublasDestroy_v2, void *h) { return 0; }

@@ -48,7 +48,7 @@ static void test_library(void) {
   CHECKF(strstr(d.msg, "does not match") != NULL, "%s", d.msg);
   if (!have_driver()) {
     ir_graph *g = ir_graph_create();
-    o.abi = IRT_CUDA_ABI;
+    o = (irt_cuda_opts){.abi = IRT_CUDA_ABI, .layout = IRT_CUDA_LAYOUT};
     d = (ir_diag){0};
     CHECK(create(&o, g, &be, &d) == IR_DEVICE && be.ops == NULL);
     CHECKF(strstr(d.msg, NO_GPU_MSG) != NULL, "%s", d.msg);

@@ -143,6 +143,22 @@ static void check_prompt(irt_model *m, const cJSON *o, int k, score *s) {
   s->n++;
 }
 
+/* context_length, bos and eos from the genai_config.json beside the model. */
+static void check_config(irt_model *m, const fixture *f) {
+  char path[1024];
+  snprintf(path, sizeof path, "%s/%s/genai_config.json", FIXTURES_DIR, f->dir);
+  cJSON *g = load_json(path), *model = cJSON_GetObjectItem(g, "model");
+  const cJSON *ctx = cJSON_GetObjectItem(model, "context_length");
+  const cJSON *bos = cJSON_GetObjectItem(model, "bos_token_id");
+  const cJSON *eos = cJSON_GetObjectItem(model, "eos_token_id");
+  const irt_model_info *info = m ? irt_model_get_info(m) : NULL;
+  CHECKF(info && cJSON_IsNumber(ctx) && cJSON_IsNumber(bos) && cJSON_IsNumber(eos) &&
+             info->context_length == ctx->valueint && info->bos_token_id == bos->valueint &&
+             info->eos_token_id == eos->valueint,
+         "%s: plan context/bos/eos differ from genai_config.json", f->dir);
+  cJSON_Delete(g);
+}
+
 /* Builds f (weights as stored, or dequantized to f32) and checks it against its oracles. */
 static void check_fixture(const fixture *f, ir_dtype wdt) {
   char model[1024], plan[1024], path[1024];
@@ -164,6 +180,7 @@ static void check_fixture(const fixture *f, ir_dtype wdt) {
   irt_model *m = tmodel_open(plan);
   cJSON *o = load_json(path);
   CHECKF(o, "cannot read %s", path);
+  check_config(m, f);
   score s = {0};
   int np = cJSON_GetArraySize(cJSON_GetObjectItem(o, "prompts"));
   for (int k = 0; m && o && k < np; k++) check_prompt(m, o, k, &s);
@@ -206,12 +223,16 @@ static void set_f(Onnx__ModelProto *mp, const char *op, const char *name, float 
   if (a) a->f = v;
 }
 
-static void window(Onnx__ModelProto *mp) { set_i(mp, "GroupQueryAttention", "local_window_size", 16); }
+static void window(Onnx__ModelProto *mp) {
+  set_i(mp, "GroupQueryAttention", "local_window_size", 16);
+}
 static void softcap(Onnx__ModelProto *mp) { set_f(mp, "GroupQueryAttention", "softcap", 30.0f); }
 static void scale(Onnx__ModelProto *mp) { set_f(mp, "GroupQueryAttention", "scale", 0.5f); }
 static void bits8(Onnx__ModelProto *mp) { set_i(mp, "MatMulNBits", "bits", 8); }
 static void bad_k(Onnx__ModelProto *mp) { set_i(mp, "MatMulNBits", "K", 128); }
-static void rot_dim(Onnx__ModelProto *mp) { set_i(mp, "RotaryEmbedding", "rotary_embedding_dim", 8); }
+static void rot_dim(Onnx__ModelProto *mp) {
+  set_i(mp, "RotaryEmbedding", "rotary_embedding_dim", 8);
+}
 static void eps(Onnx__ModelProto *mp) {
   set_f(mp, "SkipSimplifiedLayerNormalization", "epsilon", 1e-6f);
 }
@@ -251,42 +272,98 @@ static bool copy_file(const char *from, const char *to) {
   return ok;
 }
 
-/* Writes the int4-rope fixture, mutated, into tmp/genai-bad/ and builds it. */
-static void expect_refusal(mutate_fn fn, ir_status want_st, const char *a, const char *b,
-                           const char *c) {
-  char src[1024], dir[1024], path[1100], plan[1100];
-  snprintf(src, sizeof src, "%s/onnx-genai-int4-rope", FIXTURES_DIR);
-  snprintf(dir, sizeof dir, "%s/genai-bad", TEST_TMP_DIR);
+/* Writes fixture `fix`, mutated, as tmp/genai-mut/model.onnx (weights copied beside it)
+ * into path (1100 bytes). */
+static bool write_mutated(const char *fix, mutate_fn fn, char *path) {
+  char src[1024], dir[1024], data[1100];
+  snprintf(src, sizeof src, "%s/%s", FIXTURES_DIR, fix);
+  snprintf(dir, sizeof dir, "%s/genai-mut", TEST_TMP_DIR);
   CHECK(mkdir(dir, 0755) == 0 || errno == EEXIST);
-  snprintf(path, sizeof path, "%s/model.onnx.data", src);
-  snprintf(plan, sizeof plan, "%s/model.onnx.data", dir);
-  CHECK(copy_file(path, plan));
-  snprintf(path, sizeof path, "%s/model.onnx", src);
+  snprintf(path, 1100, "%s/model.onnx.data", src);
+  snprintf(data, sizeof data, "%s/model.onnx.data", dir);
+  CHECK(copy_file(path, data));
+  snprintf(path, 1100, "%s/model.onnx", src);
   char *bytes = NULL;
   size_t len = 0;
   ir_diag d = {0};
   CHECK(infc_read_file(path, 64u << 20, &bytes, &len, &d) == IR_OK);
-  Onnx__ModelProto *mp = onnx__model_proto__unpack(NULL, len, (const uint8_t *)bytes);
+  Onnx__ModelProto *mp = bytes ? onnx__model_proto__unpack(NULL, len, (const uint8_t *)bytes)
+                               : NULL;
   free(bytes);
   CHECK(mp != NULL);
-  if (!mp) return;
+  if (!mp) return false;
   fn(mp);
   size_t n = onnx__model_proto__get_packed_size(mp);
   uint8_t *out = malloc(n);
   onnx__model_proto__pack(mp, out);
   onnx__model_proto__free_unpacked(mp, NULL);
-  snprintf(path, sizeof path, "%s/model.onnx", dir);
+  snprintf(path, 1100, "%s/model.onnx", dir);
   FILE *f = fopen(path, "wb");
-  CHECK(f && fwrite(out, 1, n, f) == n);
-  if (f) fclose(f);
+  bool ok = f && fwrite(out, 1, n, f) == n;
+  if (f) ok = fclose(f) == 0 && ok;
   free(out);
-  snprintf(plan, sizeof plan, "%s/bad.plan", dir);
+  CHECK(ok);
+  return ok;
+}
+
+static void expect_refusal_in(const char *fix, mutate_fn fn, ir_status want_st, const char *a,
+                              const char *b, const char *c) {
+  char path[1100], plan[1100];
+  if (!write_mutated(fix, fn, path)) return;
+  snprintf(plan, sizeof plan, "%s/genai-mut/bad.plan", TEST_TMP_DIR);
   infc_build_report r = {0};
+  ir_diag d = {0};
   ir_status st = build(path, plan, &r, &d);
   CHECKF(st == want_st && strstr(d.msg, a) && strstr(d.msg, b) && strstr(d.msg, c),
          "status %s, message: %s", ir_status_name(st), d.msg);
   printf("refused (%s): %s\n", ir_status_name(st), d.msg);
 }
+
+/* Every g * Sigmoid(g) of the MLPs as one Swish(g) node (alpha 1: the same function; the
+ * Sigmoid is left dead): the graph computes what onnxruntime computed for the oracle. */
+static void swish(Onnx__ModelProto *mp) {
+  int cnt = 0;
+  for (size_t i = 0; i < mp->graph->n_node; i++) {
+    Onnx__NodeProto *n = mp->graph->node[i];
+    if (!strstr(n->name, "act_fn/Mul") || n->n_input != 2) continue;
+    free(n->op_type);
+    n->op_type = strdup("Swish");
+    free(n->input[1]);
+    n->n_input = 1;
+    cnt++;
+  }
+  CHECKF(cnt == 2, "%d act_fn/Mul nodes", cnt);
+}
+
+/* A mutated fixture that means the same must match the fixture's oracle. */
+static void expect_same(const char *fix, mutate_fn fn, const char *want) {
+  char path[1100], plan[1100], oracle[1100];
+  if (!write_mutated(fix, fn, path)) return;
+  snprintf(plan, sizeof plan, "%s/genai-mut/same.plan", TEST_TMP_DIR);
+  snprintf(oracle, sizeof oracle, "%s/%s/oracle.json", FIXTURES_DIR, fix);
+  infc_build_report r = {0};
+  ir_diag d = {0};
+  ir_status st = build(path, plan, &r, &d);
+  CHECKF(st == IR_OK && strstr(r.recognised, want), "build: %s %s", d.msg, r.recognised);
+  if (st != IR_OK) return;
+  irt_model *m = tmodel_open(plan);
+  cJSON *o = load_json(oracle);
+  score s = {0};
+  for (int k = 0; m && o && k < cJSON_GetArraySize(cJSON_GetObjectItem(o, "prompts")); k++)
+    check_prompt(m, o, k, &s);
+  CHECKF(s.n >= 2 && s.rel <= TOL && s.dec_rel <= TOL, "%s mutated: relative error %.3g",
+         fix, s.rel);
+  printf("%s with Swish: max |logit error| %.3g vs onnxruntime on the original\n", fix, s.abs);
+  cJSON_Delete(o);
+  irt_model_close(m);
+}
+
+static void expect_refusal(mutate_fn fn, ir_status want_st, const char *a, const char *b,
+                           const char *c) {
+  expect_refusal_in("onnx-genai-int4-rope", fn, want_st, a, b, c);
+}
+
+static void no_rotary(Onnx__ModelProto *mp) { set_i(mp, "GroupQueryAttention", "do_rotary", 0); }
 
 static void check_refusals(void) {
   const char *gqa = "node '/model/layers.0/attn/GroupQueryAttention': op 'GroupQueryAttention'";
@@ -305,6 +382,9 @@ static void check_refusals(void) {
                  "scaled RoPE");
   expect_refusal(eps, IR_UNSUPPORTED, "op 'SkipSimplifiedLayerNormalization'",
                  "attribute 'epsilon' = 1e-06", "differs");
+  expect_refusal_in("onnx-genai-int4", no_rotary, IR_UNSUPPORTED, gqa, "not rotated",
+                    "attention without RoPE");
+  expect_same("onnx-genai-int4", swish, "SwiGLU 172");
 }
 
 int main(void) {

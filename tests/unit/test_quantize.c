@@ -14,6 +14,7 @@
 #include "kn_cpu.h"
 #include "kn_matmul_wq.h"
 #include "pass.h"
+#include "pass_quantize.h"
 #include "tcheck.h"
 #include "tref.h"
 
@@ -367,12 +368,191 @@ static void test_plan_round_trip(void) {
   ir_graph_destroy(g);
 }
 
+/* ---- pass_quantize ---------------------------------------------------------------------------- */
+
+static void test_parse(void) {
+  static const char *const good[][2] = {
+      {"none", "none"},           {"int8", "int8:sym"},          {"int8:asym", "int8:asym"},
+      {"int4", "int4:g32:sym"},   {"int4:g128:asym", "int4:g128:asym"},
+      {"int4:asym:g64", "int4:g64:asym"}, {"w8a8", "w8a8"},
+      {"int4:g32:sym:lm_head", "int4:g32:sym:lm_head"},
+  };
+  for (size_t i = 0; i < sizeof good / sizeof *good; i++) {
+    pass_quant_opts q;
+    ir_diag d = {0};
+    char buf[64] = "";
+    CHECKF(pass_quant_parse(good[i][0], &q, &d) == IR_OK, "%s: %s", good[i][0], d.msg);
+    pass_quant_format(&q, buf, sizeof buf);
+    CHECKF(!strcmp(buf, good[i][1]), "%s -> %s", good[i][0], buf);
+  }
+  static const char *const bad[][2] = {
+      {"int3", "expected none"}, {"int4:g33", "g33"}, {"int4:g8", "g8"},
+      {"int4:fast", "fast"},     {"w8a8:asym", "w8a8"}, {"none:asym", "none"}, {"", "expected"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    pass_quant_opts q;
+    ir_diag d = {0};
+    CHECKF(pass_quant_parse(bad[i][0], &q, &d) == IR_INVALID_ARG && strstr(d.msg, bad[i][1]),
+           "'%s' gave '%s'", bad[i][0], d.msg);
+  }
+}
+
+/* Squared error of one group dequantized from pass_quant_matrix's output. */
+static double group_err(const float *w, const qmat *m, int64_t j, int64_t g) {
+  double e = 0.0;
+  for (int64_t i = g * m->w.group; i < (g + 1) * m->w.group; i++) {
+    double v = w[j * m->k + i] - ref_value(m, j, i);
+    e += v * v;
+  }
+  return e;
+}
+
+/* Round to nearest at the plain scale (Q4_0's max / -8, int8's amax / 127, or min/max
+ * onto the code range): the baseline the searched scales must never lose to. */
+static double rtn_err(const float *w, int64_t n, ir_dtype qt, bool asym, ir_dtype st) {
+  float lo = w[0], hi = w[0], m = 0.0f;
+  for (int64_t i = 0; i < n; i++) {
+    lo = fminf(lo, w[i]), hi = fmaxf(hi, w[i]);
+    if (fabsf(w[i]) > fabsf(m)) m = w[i];
+  }
+  int cl = qt == IR_I4 ? 0 : asym ? -128 : -127, ch = qt == IR_I4 ? 15 : 127;
+  double s, z;
+  if (!asym) {
+    s = qt == IR_I4 ? m / -8.0 : fabsf(m) / 127.0, z = qt == IR_I4 ? 8 : 0;
+  } else {
+    s = (hi - lo) / (ch - cl);
+    z = qt == IR_I4 ? cl - lo / s : nearbyint(cl - lo / s);
+  }
+  s = st == IR_F16 ? ir_f16_to_f32(ir_f32_to_f16((float)s)) : (float)s; /* as stored */
+  if (qt == IR_I4 && asym) z = ir_f16_to_f32(ir_f32_to_f16((float)z));
+  double e = 0.0;
+  for (int64_t i = 0; i < n; i++) {
+    double c = s != 0.0 ? fmin(fmax(nearbyint(w[i] / s + z), cl), ch) : z;
+    double v = w[i] - (c - z) * s;
+    e += v * v;
+  }
+  return e;
+}
+
+/* Searched scales: never worse than round-to-nearest per group, codes in range, overall
+ * error near the uniform-quantization figure, and a grid the format can hold is kept
+ * exactly (int4 g32 asym on Q4_1-like data). */
+static void test_quant_matrix(ir_dtype qt, int64_t group, bool asym, double max_rel) {
+  const int64_t n = 12, k = 256, ng = k / group;
+  float *w = rnd_vec(n * k);
+  for (int64_t i = 0; i < n * k; i++) w[i] = w[i] * w[i] * w[i] + 0.1f * rnd(); /* heavy-ish tails */
+  ir_dtype st = qt == IR_I4 || group < k ? IR_F16 : IR_F32;
+  ir_dtype zt = !asym ? IR_DTYPE_INVALID : qt == IR_I4 ? IR_F16 : IR_I8;
+  qmat m = qmat_make(qt, n, k, group, st, zt);
+  pass_quant_matrix(w, n, k, qt, group, asym, st, m.q, m.s, m.z);
+  double err = 0.0, tot = 0.0;
+  int worse = 0, out_of_range = 0;
+  for (int64_t j = 0; j < n; j++)
+    for (int64_t g = 0; g < ng; g++) {
+      double e = group_err(w, &m, j, g);
+      worse += e > rtn_err(w + j * k + g * group, group, qt, asym, st) * (1 + 1e-9) + 1e-12;
+      err += e;
+    }
+  for (int64_t i = 0; i < n * k; i++) {
+    tot += (double)w[i] * w[i];
+    out_of_range += qt == IR_I8 && !asym && ((const int8_t *)m.q)[i] == -128;
+  }
+  CHECKF(worse == 0, "%s g%lld%s: %d groups worse than round-to-nearest", ir_dtype_name(qt),
+         (long long)group, asym ? " asym" : "", worse);
+  CHECKF(sqrt(err / tot) < max_rel, "%s g%lld%s: relative error %.4f", ir_dtype_name(qt),
+         (long long)group, asym ? " asym" : "", sqrt(err / tot));
+  CHECK(out_of_range == 0);
+  /* the dequantized values, quantized again, come back exactly (a Q4_1-style grid) */
+  if (qt == IR_I4 && asym) {
+    float *wq = ref_matrix(&m);
+    qmat m2 = qmat_make(qt, n, k, group, st, zt);
+    pass_quant_matrix(wq, n, k, qt, group, asym, st, m2.q, m2.s, m2.z);
+    double e2 = 0.0;
+    for (int64_t j = 0; j < n; j++)
+      for (int64_t g = 0; g < ng; g++) e2 += group_err(wq, &m2, j, g);
+    CHECKF(sqrt(e2 / tot) < 1e-3, "requantized grid: relative error %.6f", sqrt(e2 / tot));
+    free(wq);
+    qmat_free(&m2);
+  }
+  free(w);
+  qmat_free(&m);
+}
+
+/* A two-matmul graph with a tied embedding: the projection is quantized, the logits
+ * matmul (lm_head) only when asked; outputs stay near the f32 ones. */
+static void test_pass(const char *spec, bool want_head, double max_rel) {
+  const int64_t H = 64, V = 48;
+  float *emb = rnd_vec(V * H), *wp = rnd_vec(H * H);
+  ir_graph *g = ir_graph_create();
+  g->config = (ir_model_config){.max_tokens = 4, .max_seqs = 1, .max_logits = 4,
+                                .kv_block_size = 16};
+  ir_dim td[1] = {{.sym = IR_SYM_TOKENS}};
+  int32_t ids = ir_graph_add_input(g, "ids", IR_I32, 1, td);
+  int32_t te = ir_graph_add_weight(g, "emb", IR_F32, 2, (int64_t[]){V, H}, emb, V * H * 4);
+  int32_t tp = ir_graph_add_weight(g, "proj", IR_F32, 2, (int64_t[]){H, H}, wp, H * H * 4);
+  ir_diag d = {0};
+  int32_t x, y, logits;
+  CHECK(ir_graph_add_node(g, IR_OP_EMBED, "embed", (int32_t[]){ids, te}, 2, NULL, 0, &x, &d) >= 0);
+  CHECK(ir_graph_add_node(g, IR_OP_MATMUL, "proj", (int32_t[]){x, tp}, 2, NULL, 0, &y, &d) >= 0);
+  CHECK(ir_graph_add_node(g, IR_OP_MATMUL, "logits", (int32_t[]){y, te}, 2, NULL, 0, &logits,
+                          &d) >= 0);
+  CHECK(ir_graph_add_output(g, logits));
+  pass_quant_opts q;
+  CHECK(pass_quant_parse(spec, &q, &d) == IR_OK);
+  pass_opts o = {.quant = &q};
+  pass_log log = {0};
+  CHECKF(pass_quantize(g, &o, &log, &d) == IR_OK && ir_graph_verify(g, &d) == IR_OK, "%s: %s",
+         spec, d.msg);
+  CHECKF(log.n == 1 && strstr(log.lines[0], want_head ? "2 matmul weights" : "1 matmul weights"),
+         "%s: %s", spec, log.n ? log.lines[0] : "no log");
+  for (int32_t i = 0; i < g->n_nodes; i++) {
+    const ir_node *n = &g->nodes[i];
+    if (n->op != IR_OP_MATMUL) continue;
+    bool head = !strcmp(n->name, "logits"), quant = g->tensors[n->in[1]].dtype != IR_F32;
+    CHECKF(quant == (!head || want_head), "%s: node %s", spec, n->name);
+    CHECK(ir_node_attr_i(n, "act_int8", 0) == (quant && q.scheme == PASS_QUANT_W8A8));
+    if (!quant) continue;
+    /* the quantized projection against the float one on random rows */
+    const ir_tensor *tw = &g->tensors[n->in[1]], *ts = &g->tensors[n->in[3]];
+    int64_t N = tw->dims[0].n;
+    kn_wq kw = {.q = tw->data, .qt = tw->dtype, .scales = ts->data, .st = ts->dtype,
+                .group = H / ts->dims[1].n};
+    if (n->n_in > 4 && n->in[4] >= 0)
+      kw.zp = g->tensors[n->in[4]].data, kw.zt = g->tensors[n->in[4]].dtype;
+    float *xr = rnd_vec(3 * H), *yq = calloc((size_t)(3 * N), 4), *yf = calloc((size_t)(3 * N), 4);
+    (kw.qt == IR_I8 && ir_node_attr_i(n, "act_int8", 0) ? kn_matmul_w8a8 : kn_matmul_wq)(
+        NULL, yq, xr, &kw, NULL, 3, N, H, KN_WQ_ACT_NONE);
+    kn_matmul(NULL, yf, xr, head ? emb : wp, IR_F32, NULL, 3, N, H);
+    double e = 0.0, t = 0.0;
+    for (int64_t i2 = 0; i2 < 3 * N; i2++) e += (yq[i2] - yf[i2]) * (yq[i2] - yf[i2]), t += yf[i2] * yf[i2];
+    CHECKF(sqrt(e / t) < max_rel, "%s %s: output relative error %.4f", spec, n->name, sqrt(e / t));
+    free(xr), free(yq), free(yf);
+  }
+  pass_log_free(&log);
+  ir_graph_destroy(g);
+  free(emb), free(wp);
+}
+
 int main(void) {
   kn_pool *p1 = kn_pool_create(1), *p4 = kn_pool_create(4);
   CHECK(p1 != NULL && p4 != NULL);
   if (!p1 || !p4) return tcheck_done("quantize");
   test_values();
   test_ir_rules();
+  test_parse();
+  /* uniform-ish data: int8 ~ 0.3%, int4 ~ 6-9% relative RMS error */
+  test_quant_matrix(IR_I8, 256, false, 0.01);
+  test_quant_matrix(IR_I8, 256, true, 0.01);
+  test_quant_matrix(IR_I8, 32, false, 0.01);
+  test_quant_matrix(IR_I4, 32, false, 0.12);
+  test_quant_matrix(IR_I4, 32, true, 0.10);
+  test_quant_matrix(IR_I4, 128, true, 0.12);
+  test_quant_matrix(IR_I4, 64, false, 0.14);
+  test_pass("int8", false, 0.01);
+  test_pass("int8:lm_head", true, 0.01);
+  test_pass("int4:g32:asym", false, 0.12);
+  test_pass("int4:g64:sym:lm_head", true, 0.15);
+  test_pass("w8a8", false, 0.02);
   test_plan_round_trip();
   /* Every path this CPU can run (a capped path the CPU lacks falls back to what it has). */
   for (int isa = 0; isa <= 2; isa++) {

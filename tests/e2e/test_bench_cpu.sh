@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# test_bench_cpu: tools/bench-cpu end to end in its smoke mode (a tiny fixture model, a few
+# tokens, one repeat, no llama.cpp): it must build the plan, run every measurement and
+# print the table and a JSON object with every figure present and positive and every
+# target stated. Timings are never compared with anything.
+# usage: test_bench_cpu.sh INFC INFERRT FIXTURES_DIR TMP_DIR
+set -u
+INFC=$1 FIX=$3 TMP=$4/bench_cpu
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+BUILD=$(dirname "$INFC")
+rm -rf "$TMP" && mkdir -p "$TMP"
+fail=0
+bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
+B=("$ROOT/tools/bench-cpu" --smoke --no-llamacpp --build "$BUILD" --model "$FIX/llama-gqa-f32"
+   --threads 2)
+"${B[@]}" >"$TMP/table.txt" 2>"$TMP/err" || bad "table: $(cat "$TMP/err")"
+grep -q "decode / roofline" "$TMP/table.txt" || bad "table has no roofline row"
+grep -q "< 50 ms" "$TMP/table.txt" || bad "table does not state the load target"
+"${B[@]}" --json >"$TMP/out.json" 2>"$TMP/err" || bad "json: $(cat "$TMP/err")"
+python3 - "$TMP/out.json" <<'PY' || bad "json content"
+import json, sys
+r = json.load(open(sys.argv[1]))
+o = r["ours"]
+for k in ("load_ms", "prefill_tps", "decode_tps", "batch_tps", "peak_rss_bytes",
+          "weight_bytes", "kv_bytes"):
+    assert o[k] > 0, k
+assert r["membw_gbps"] > 0 and r["roofline_tps"] > 0 and r["threads"] == 2
+assert [x["metric"].split(" ")[0] for x in r["rows"]] == \
+    ["prefill", "decode,", "decode", "decode,", "plan", "peak"], r["rows"]
+assert all(x["target"] for x in r["rows"])
+assert "llamacpp" not in r
+PY
+echo "test_bench_cpu: $fail failed"
+[ "$fail" -eq 0 ]
