@@ -205,7 +205,8 @@ ir_status infc_build(const char *src, const infc_options *opts, const char *out_
   else
     st = infc_tokenizer_beside(src, g->config.vocab_size, &tok, d);
   pass_opts po = {.fold = o.fold, .fuse = o.fuse, .no_fuse = o.no_fuse, .dump_ir = dump_ir,
-                  .quant = &o.quant};
+                  .quant = &o.quant,
+                  .quant_calib = o.quant_calib[0] ? o.quant_calib : NULL};
   /* The CUDA kernels have no packed/roped attention or swiglu epilogue yet: CPU-only. */
   if (!strcmp(o.target, "cuda"))
     po.no_fuse |= PASS_FUSE_ROPE_ATTENTION | PASS_FUSE_QKV | PASS_FUSE_GATE_UP;

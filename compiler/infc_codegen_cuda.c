@@ -28,6 +28,24 @@ static ir_status cuda_defines(const ir_graph *g, char (*defs)[48], ir_diag *d) {
   return IR_OK;
 }
 
+/* Why kernels/cuda/gemv_wq.cu cannot run a weight-only int8/int4 matmul, or NULL: W8A8,
+ * a scale or zero-point type it does not read, or groups not whole 16-byte weight loads. */
+static const char *wq_refusal(const ir_graph *g, const ir_node *n) {
+  const ir_tensor *w = &g->tensors[n->in[1]];
+  if (ir_node_attr_i(n, "act_int8", 0))
+    return "int8 activations (W8A8, --quant w8a8) have no GPU kernel; build with --quant int8";
+  if (n->n_in < 4 || n->in[3] < 0 || w->rank != 2) return "int weights without scales";
+  const ir_tensor *sc = &g->tensors[n->in[3]];
+  ir_dtype zt = n->n_in > 4 && n->in[4] >= 0 ? g->tensors[n->in[4]].dtype : IR_U8;
+  if ((sc->dtype != IR_F32 && sc->dtype != IR_F16) ||
+      (zt != IR_U8 && zt != IR_I8 && zt != IR_F16 && zt != IR_F32))
+    return "the GPU reads f32/f16 scales and u8/i8/f16/f32 zero points only";
+  int64_t k = w->dims[1].n, ng = sc->rank == 2 ? sc->dims[1].n : 0;
+  if (ng <= 0 || k % ng || (k / ng) % (w->dtype == IR_I4 ? 32 : 16))
+    return "the GPU needs quantization groups of a multiple of 32 (int4) or 16 (int8) columns";
+  return NULL;
+}
+
 /* The ops and forms the CUDA backend has kernels for; anything else is refused at build time
  * rather than when the plan is opened on a GPU. */
 static ir_status cuda_supported(const ir_graph *g, ir_diag *d) {
@@ -37,11 +55,12 @@ static ir_status cuda_supported(const ir_graph *g, ir_diag *d) {
     switch (n->op) {
     case IR_OP_MATMUL: {
       ir_dtype wt = g->tensors[n->in[1]].dtype;
-      if (wt == IR_I8 || wt == IR_I4 || n->n_in > 3)
-        why = "weight-only int8/int4 weights (--quant or MatMulNBits) have no GPU GEMM yet; "
-              "build with --dtype f16";
-      else if (ir_node_attr_i(n, "act", IR_ACT_NONE) != IR_ACT_NONE)
+      if (ir_node_attr_i(n, "act", IR_ACT_NONE) != IR_ACT_NONE)
         why = "a fused epilogue has no GPU kernel";
+      else if (wt == IR_I8 || wt == IR_I4)
+        why = wq_refusal(g, n);
+      else if (n->n_in > 3)
+        why = "separate quantization parameters on float weights have no GPU kernel";
       break;
     }
     case IR_OP_ATTENTION:

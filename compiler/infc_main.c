@@ -39,6 +39,7 @@ static int usage_build(FILE *f) {
         "      --quant SCHEME     quantize matmul weights: none (default), int8[:asym],\n"
         "                         int4[:g32|g64|g128][:sym|asym], w8a8 (int8 activations\n"
         "                         too, VNNI); add :lm_head to include the logits projection\n"
+        "      --quant-calib FILE w8a8: smooth with activation maxima from tools/w8a8-calib\n"
         "      --dump-ir          print the IR after each pass to stdout\n"
         "  -q, --quiet            print nothing on success\n", f);
   return f == stderr ? 2 : 0;
@@ -70,7 +71,7 @@ static int parse_build(int argc, char **argv, infc_options *o, build_args *a) {
       {"dump-ir", no_argument, 0, 9},         {"quiet", no_argument, 0, 'q'},
       {"tokenizer", required_argument, 0, 10},
       {"target", required_argument, 0, 11},   {"arch", required_argument, 0, 12},
-      {"quant", required_argument, 0, 13},
+      {"quant", required_argument, 0, 13},    {"quant-calib", required_argument, 0, 14},
       {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
   static const char *keys[] = {"", "dtype", "max_tokens", "max_seqs", "max_logits",
                                "kv_block_size", "max_context", "fold", "fuse"};
@@ -87,6 +88,7 @@ static int parse_build(int argc, char **argv, infc_options *o, build_args *a) {
     else if (c == 10) st = infc_options_set(o, "tokenizer", optarg, &d);
     else if (c == 11 || c == 12) st = infc_options_set(o, c == 11 ? "target" : "arch", optarg, &d);
     else if (c == 13) st = infc_options_set(o, "quant", optarg, &d);
+    else if (c == 14) st = infc_options_set(o, "quant_calib", optarg, &d);
     else if (c == 'q') a->quiet = true;
     else if (c == 'h') return usage_build(stdout) - 1;
     else return usage_build(stderr);

@@ -85,6 +85,12 @@ ir_status infc_options_set(infc_options *o, const char *key, const char *v, ir_d
     return set_fusion(o, key, v, d);
   if (!strcmp(key, "no_fuse")) return set_no_fuse(o, v, d);
   if (!strcmp(key, "quant")) return pass_quant_parse(v, &o->quant, d);
+  if (!strcmp(key, "quant_calib")) {
+    if (strlen(v) >= sizeof o->quant_calib)
+      return ir_diag_set(d, IR_INVALID_ARG, "option 'quant_calib': path too long");
+    snprintf(o->quant_calib, sizeof o->quant_calib, "%s", v);
+    return IR_OK;
+  }
   if (!strcmp(key, "tokenizer")) {
     if (strlen(v) >= sizeof o->tokenizer)
       return ir_diag_set(d, IR_INVALID_ARG, "option 'tokenizer': path too long");

@@ -8,6 +8,7 @@
  *   max_context: 0                    # cap on context length (0: the model's)
  *   quant: none                       # int8[:asym][:gN] | int4[:g32|g64|g128][:sym|asym]
  *                                     # | w8a8 (each may add :lm_head); pass_quantize.h
+ *   quant_calib: ""                   # w8a8: activation maxima (tools/w8a8-calib)
  *   target: cpu | cuda
  *   arch: sm_80,sm_90                 # target cuda: GPU archs to compile kernels for
  *   passes: { fold: true, fuse: true }  # and fuse_rope_attention, fuse_qkv, fuse_gate_up,
@@ -32,6 +33,7 @@ typedef struct infc_options {
   char arch[64]; /* target cuda: GPU archs, "sm_80,sm_90" ("" = that default) */
   char tokenizer[4096]; /* --tokenizer PATH: a tokenizer.json to embed ("" = find one) */
   pass_quant_opts quant; /* --quant SCHEME: weight quantization (passes/pass_quantize.h) */
+  char quant_calib[4096]; /* --quant-calib FILE: w8a8 activation maxima ("" = none) */
 } infc_options;
 
 infc_options infc_options_default(void);

@@ -28,6 +28,7 @@ typedef struct pass_opts {
   unsigned no_fuse; /* pass_fusion bits of fusions to skip even when fuse is set */
   FILE *dump_ir;    /* when set, the IR is printed here after each pass */
   const struct pass_quant_opts *quant; /* weight quantization (pass_quantize.h); NULL: none */
+  const char *quant_calib; /* w8a8: activation maxima for smoothing (pass_quantize.h); NULL */
 } pass_opts;
 
 /* A growing list of one-line summaries ("dce: removed 3 nodes, 1 tensor"). */

@@ -226,6 +226,250 @@ void pass_quant_matrix(const float *w, int64_t n, int64_t k, ir_dtype qt, int64_
   free(tmp);
 }
 
+/* ---- smoothing (W8A8) ------------------------------------------------------------------------ */
+
+static bool float_matmul(const ir_graph *g, const ir_node *n);
+static const char *unsuited(const ir_graph *g, const ir_node *n, const pass_quant_opts *q,
+                            int64_t *out_group);
+
+enum { SMOOTH_MAX_USERS = 4 };
+
+/* The matmuls reading norm output t, if they are all float matmuls the scheme quantizes,
+ * each with a weight read by it alone, and there are at most SMOOTH_MAX_USERS; else 0. */
+static int smooth_users(const ir_graph *g, const pass_quant_opts *q, int32_t t,
+                        int32_t *out_users) {
+  int n_users = 0;
+  for (int32_t i = 0; i < g->n_outputs; i++)
+    if (g->outputs[i] == t) return 0;
+  for (int32_t i = 0; i < g->n_nodes; i++) {
+    const ir_node *n = &g->nodes[i];
+    bool reads = false;
+    for (int a = 0; a < n->n_in; a++) reads |= n->in[a] == t;
+    if (!reads) continue;
+    int64_t group;
+    if (n_users == SMOOTH_MAX_USERS || !float_matmul(g, n) || n->in[0] != t ||
+        n->in[1] == t || unsuited(g, n, q, &group) || pass_count_uses(g, n->in[1], NULL) != 1)
+      return 0;
+    out_users[n_users++] = i;
+  }
+  return n_users;
+}
+
+/* A new f32 weight shaped like tensor `like`, named "<like>.smoothed", adopted by the
+ * graph (its data is left for the caller to write). */
+static int32_t add_f32_like(ir_graph *g, int32_t like, float **out_buf) {
+  ir_tensor t = g->tensors[like];
+  char name[512];
+  snprintf(name, sizeof name, "%s.smoothed", t.name);
+  int64_t dims[IR_MAX_RANK], count = 1;
+  for (int i = 0; i < t.rank; i++) dims[i] = t.dims[i].n, count *= t.dims[i].n;
+  float *buf = malloc((size_t)(count > 0 ? count : 1) * sizeof *buf);
+  if (!buf || !ir_graph_adopt(g, buf)) {
+    free(buf);
+    return -1;
+  }
+  *out_buf = buf;
+  return ir_graph_add_weight(g, name, IR_F32, t.rank, dims, buf, (uint64_t)count * 4);
+}
+
+/* Copies weight wi (n, k) as f32 with column j multiplied by s[j]; repoints node ni. */
+static ir_status smooth_weight(ir_graph *g, int32_t ni, const float *s, ir_diag *d) {
+  int32_t wi = g->nodes[ni].in[1];
+  float *wf = NULL;
+  int32_t nw = add_f32_like(g, wi, &wf);
+  if (nw < 0) return ir_diag_set(d, IR_OOM, "out of memory smoothing '%s'", g->tensors[wi].name);
+  const ir_tensor *w = &g->tensors[wi];
+  int64_t n = w->dims[0].n, k = w->dims[1].n;
+  uint64_t row_bytes = ir_dtype_bytes(w->dtype, (uint64_t)k);
+  for (int64_t r = 0; r < n; r++) {
+    kn_dequant_row((const uint8_t *)w->data + r * row_bytes, w->dtype, wf + r * k, k);
+    for (int64_t j = 0; j < k; j++) wf[r * k + j] *= s[j];
+  }
+  g->nodes[ni].in[1] = nw;
+  return IR_OK;
+}
+
+/* max_r |W[r, j]| over the users' weights, into wmax (k), which starts at zero. */
+static ir_status column_max(const ir_graph *g, const int32_t *users, int n_users, float *wmax,
+                            ir_diag *d) {
+  for (int u = 0; u < n_users; u++) {
+    const ir_tensor *w = &g->tensors[g->nodes[users[u]].in[1]];
+    int64_t n = w->dims[0].n, k = w->dims[1].n;
+    float *row = malloc((size_t)k * sizeof *row);
+    if (!row) return ir_diag_set(d, IR_OOM, "out of memory smoothing '%s'", w->name);
+    uint64_t row_bytes = ir_dtype_bytes(w->dtype, (uint64_t)k);
+    for (int64_t r = 0; r < n; r++) {
+      kn_dequant_row((const uint8_t *)w->data + r * row_bytes, w->dtype, row, k);
+      for (int64_t j = 0; j < k; j++) wmax[j] = fmaxf(wmax[j], fabsf(row[j]));
+    }
+    free(row);
+  }
+  return IR_OK;
+}
+
+/* Smooths one norm and its users; *out_done when it did. */
+static ir_status smooth_norm(ir_graph *g, const pass_quant_smoothing *sm, int32_t ni,
+                             bool *out_done, ir_diag *d) {
+  *out_done = false;
+  const ir_node *norm = &g->nodes[ni];
+  int32_t gi = norm->op == IR_OP_RMS_NORM ? norm->in[1] : norm->in[2], users[SMOOTH_MAX_USERS];
+  int n_users = smooth_users(g, sm->q, norm->out[0], users);
+  if (!n_users || gi < 0 || g->tensors[gi].dtype != IR_F32 || g->tensors[gi].rank != 1 ||
+      pass_count_uses(g, gi, NULL) != 1)
+    return IR_OK;
+  int64_t k = g->tensors[gi].dims[0].n;
+  const float *amax = sm->amax(sm->ctx, g->tensors[gi].name, k);
+  if (!amax) return IR_OK;
+  float *s = calloc((size_t)k, sizeof *s), *gamma = NULL;
+  if (!s) return ir_diag_set(d, IR_OOM, "out of memory");
+  ir_status st = column_max(g, users, n_users, s, d);
+  double alpha = sm->alpha;
+  for (int64_t j = 0; j < k && st == IR_OK; j++) {
+    double a = amax[j], w = s[j];
+    double f = a > 0.0 && w > 0.0 ? pow(a, alpha) / pow(w, 1.0 - alpha) : 1.0;
+    s[j] = (float)(f < 1e-4 ? 1e-4 : f > 1e4 ? 1e4 : f);
+  }
+  int32_t ng = st == IR_OK ? add_f32_like(g, gi, &gamma) : 0;
+  if (st == IR_OK && ng < 0) st = ir_diag_set(d, IR_OOM, "out of memory");
+  for (int64_t j = 0; j < k && st == IR_OK; j++)
+    gamma[j] = ((const float *)g->tensors[gi].data)[j] / s[j];
+  if (st == IR_OK) {
+    ir_node *n = &g->nodes[ni];
+    if (n->op == IR_OP_RMS_NORM) n->in[1] = ng;
+    else n->in[2] = ng;
+  }
+  for (int u = 0; u < n_users && st == IR_OK; u++) st = smooth_weight(g, users[u], s, d);
+  free(s);
+  *out_done = st == IR_OK;
+  return st;
+}
+
+ir_status pass_quant_smooth(ir_graph *g, const pass_quant_smoothing *sm, int *out_n,
+                            ir_diag *d) {
+  *out_n = 0;
+  for (int32_t i = 0; i < g->n_nodes; i++) {
+    ir_op op = g->nodes[i].op;
+    if (op != IR_OP_RMS_NORM && op != IR_OP_ADD_RMS_NORM) continue;
+    bool done = false;
+    ir_status st = smooth_norm(g, sm, i, &done, d);
+    if (st != IR_OK) return st;
+    *out_n += done;
+  }
+  return IR_OK;
+}
+
+/* ---- calibration files -------------------------------------------------------------------- */
+
+typedef struct calib_entry {
+  char *name;
+  int64_t k;
+  float *amax;
+} calib_entry;
+
+typedef struct calib_set {
+  calib_entry *e;
+  int n, cap;
+} calib_set;
+
+static void calib_free(calib_set *c) {
+  for (int i = 0; i < c->n; i++) free(c->e[i].name), free(c->e[i].amax);
+  free(c->e);
+}
+
+/* NAME matches the norm's weight as the source names it, or with the ".f32" the fold pass
+ * adds when it converts a bf16 / f16 weight. */
+static const float *calib_amax(void *ctx, const char *norm_weight, int64_t k) {
+  const calib_set *c = ctx;
+  size_t l = strlen(norm_weight);
+  size_t base = l > 4 && !strcmp(norm_weight + l - 4, ".f32") ? l - 4 : l;
+  for (int i = 0; i < c->n; i++) {
+    const char *nm = c->e[i].name;
+    if (c->e[i].k == k && (!strcmp(nm, norm_weight) ||
+                           (strlen(nm) == base && !strncmp(nm, norm_weight, base))))
+      return c->e[i].amax;
+  }
+  return NULL;
+}
+
+/* One line "NAME K v0 ... v(K-1)" into c (line is modified). */
+static ir_status calib_line(calib_set *c, char *line, const char *path, int ln, ir_diag *d) {
+  static const char sep[] = " \t\r\n";
+  char *save = NULL, *name = strtok_r(line, sep, &save), *ks = strtok_r(NULL, sep, &save);
+  if (!name || name[0] == '#') return IR_OK;
+  char *end = NULL;
+  long long k = ks ? strtoll(ks, &end, 10) : 0;
+  if (!ks || *end || k < 1 || k > KN_W8A8_MAX_K)
+    return ir_diag_set(d, IR_BAD_FORMAT, "%s:%d: expected 'NAME K v0 ... v(K-1)'", path, ln);
+  if (c->n == c->cap) {
+    int cap = c->cap ? 2 * c->cap : 64;
+    calib_entry *e = realloc(c->e, (size_t)cap * sizeof *e);
+    if (!e) return ir_diag_set(d, IR_OOM, "out of memory");
+    c->e = e, c->cap = cap;
+  }
+  calib_entry *e = &c->e[c->n];
+  e->k = k, e->name = strdup(name), e->amax = malloc((size_t)k * sizeof *e->amax);
+  if (!e->name || !e->amax) {
+    free(e->name), free(e->amax);
+    return ir_diag_set(d, IR_OOM, "out of memory");
+  }
+  c->n++;
+  for (long long j = 0; j < k; j++) {
+    char *v = strtok_r(NULL, sep, &save);
+    e->amax[j] = v ? strtof(v, &end) : -1.0f;
+    if (!v || *end || !(e->amax[j] >= 0.0f) || !isfinite(e->amax[j]))
+      return ir_diag_set(d, IR_BAD_FORMAT, "%s:%d: '%s' needs %lld finite maxima >= 0", path, ln,
+                         name, k);
+  }
+  if (strtok_r(NULL, sep, &save))
+    return ir_diag_set(d, IR_BAD_FORMAT, "%s:%d: '%s' has more than %lld values", path, ln,
+                       name, k);
+  return IR_OK;
+}
+
+static ir_status calib_load(const char *path, calib_set *c, ir_diag *d) {
+  FILE *f = fopen(path, "r");
+  if (!f) return ir_diag_set(d, IR_IO, "%s: cannot open the calibration file", path);
+  size_t cap = 1 << 20;
+  char *line = malloc(cap);
+  ir_status st = line ? IR_OK : ir_diag_set(d, IR_OOM, "out of memory");
+  for (int ln = 1; st == IR_OK && fgets(line, (int)cap, f); ln++) {
+    if (!strchr(line, '\n') && !feof(f))
+      st = ir_diag_set(d, IR_BAD_FORMAT, "%s:%d: line too long", path, ln);
+    else st = calib_line(c, line, path, ln, d);
+  }
+  free(line);
+  fclose(f);
+  if (st == IR_OK && !c->n) st = ir_diag_set(d, IR_BAD_FORMAT, "%s: no activation maxima", path);
+  return st;
+}
+
+/* Smooths from o->quant_calib (W8A8 only); *out_n: norms smoothed (0 without a file). */
+static ir_status smooth_from_file(ir_graph *g, const pass_opts *o, int *out_n, ir_diag *d) {
+  *out_n = 0;
+  if (!o->quant_calib) return IR_OK;
+  if (o->quant->scheme != PASS_QUANT_W8A8)
+    return ir_diag_set(d, IR_INVALID_ARG, "a calibration file (%s) goes with w8a8 only",
+                       o->quant_calib);
+  calib_set c = {0};
+  ir_status st = calib_load(o->quant_calib, &c, d);
+  pass_quant_smoothing sm = {.q = o->quant, .alpha = PASS_QUANT_SMOOTH_ALPHA, .amax = calib_amax,
+                             .ctx = &c};
+  if (st == IR_OK) st = pass_quant_smooth(g, &sm, out_n, d);
+  calib_free(&c);
+  if (st == IR_OK && !*out_n)
+    st = ir_diag_set(d, IR_INVALID_ARG, "%s: names no norm this model can smooth",
+                     o->quant_calib);
+  return st;
+}
+
+/* Whether tensor t is the output of a norm. */
+static bool norm_output(const ir_graph *g, int32_t t) {
+  for (int32_t i = 0; i < g->n_nodes; i++)
+    if (g->nodes[i].out[0] == t)
+      return g->nodes[i].op == IR_OP_RMS_NORM || g->nodes[i].op == IR_OP_ADD_RMS_NORM;
+  return false;
+}
+
 /* ---- the pass ------------------------------------------------------------------------------- */
 
 /* The logits projection: its output is a graph output, or its weight is also an
@@ -248,6 +492,7 @@ typedef struct quant_run {
   char kept[160]; /* names of matmul weights left as they were, and why */
   int n_regrouped; /* weights whose K the group does not divide: a smaller group */
   int64_t regroup_k, regroup_g;
+  int n_smoothed; /* norms smoothed from a calibration file (W8A8) */
 } quant_run;
 
 static void note_kept(quant_run *r, const char *name, const char *why) {
@@ -355,7 +600,9 @@ static ir_status quantize_node(ir_graph *g, quant_run *r, int32_t ni, ir_diag *d
   n->in[3] = r->made[wi] + 1;
   n->in[4] = r->q->asym ? r->made[wi] + 2 : -1;
   n->n_in = r->q->asym ? 5 : 4;
-  if (r->q->scheme == PASS_QUANT_W8A8) {
+  /* Smoothed: inputs not from a norm (o_proj, down_proj) keep f32 activations, which
+   * halves what is left of the error (measured on SmolLM2). */
+  if (r->q->scheme == PASS_QUANT_W8A8 && (!r->n_smoothed || norm_output(g, n->in[0]))) {
     if (n->n_attrs >= IR_MAX_ATTRS)
       return ir_diag_set(d, IR_UNSUPPORTED, "node '%s': no room for attribute act_int8", n->name);
     n->attrs[n->n_attrs++] = IR_AI(ir_attr_intern("act_int8"), 1);
@@ -374,11 +621,13 @@ ir_status pass_quantize(ir_graph *g, const pass_opts *o, pass_log *log, ir_diag 
   const pass_quant_opts *q = o->quant;
   if (!q || q->scheme == PASS_QUANT_NONE) return IR_OK;
   uint64_t total_before = weight_total(g);
-  quant_run r = {.q = q, .n_orig = g->n_tensors};
+  quant_run r = {.q = q};
+  ir_status st = smooth_from_file(g, o, &r.n_smoothed, d);
+  if (st != IR_OK) return st;
+  r.n_orig = g->n_tensors;
   r.made = malloc((size_t)(g->n_tensors > 0 ? g->n_tensors : 1) * sizeof *r.made);
   if (!r.made) return ir_diag_set(d, IR_OOM, "out of memory");
   for (int32_t i = 0; i < g->n_tensors; i++) r.made[i] = -1;
-  ir_status st = IR_OK;
   for (int32_t i = 0; i < g->n_nodes && st == IR_OK; i++)
     if (float_matmul(g, &g->nodes[i]) && g->nodes[i].in[1] < r.n_orig)
       st = quantize_node(g, &r, i, d);
@@ -393,11 +642,15 @@ ir_status pass_quantize(ir_graph *g, const pass_opts *o, pass_log *log, ir_diag 
   if (r.n_regrouped)
     snprintf(regroup, sizeof regroup, " (%d with g%lld: K = %lld%s)", r.n_regrouped,
              (long long)r.regroup_g, (long long)r.regroup_k, r.n_regrouped > 1 ? ", ..." : "");
+  char smooth[96] = "";
+  if (r.n_smoothed)
+    snprintf(smooth, sizeof smooth, "; smoothed %d norms (alpha %.2f), f32 activations elsewhere",
+             r.n_smoothed, (double)PASS_QUANT_SMOOTH_ALPHA);
   pass_log_add(log,
-               "quantize %s: %d matmul weights%s (%.1fM values) %.1f MiB -> %.1f MiB%s%s; "
+               "quantize %s: %d matmul weights%s (%.1fM values) %.1f MiB -> %.1f MiB%s%s%s; "
                "all weights %.1f MiB -> %.1f MiB",
                scheme, r.n_done, regroup, (double)r.values / 1e6,
-               (double)r.bytes_before / 1048576.0, (double)r.bytes_after / 1048576.0,
+               (double)r.bytes_before / 1048576.0, (double)r.bytes_after / 1048576.0, smooth,
                r.n_kept ? "; kept as built: " : "", r.kept, (double)total_before / 1048576.0,
                (double)weight_total(g) / 1048576.0);
   return IR_OK;

@@ -8,43 +8,82 @@
 
 static void free_arrays(irt_kv_cache *kv) {
   free(kv->k), free(kv->v), free(kv->meta), free(kv->tokens), free(kv->free_list);
+  free(kv->k8), free(kv->v8), free(kv->k_scale), free(kv->v_scale);
   free(kv->buckets);
 }
 
 static bool alloc_arrays(irt_kv_cache *kv) {
-  size_t nb = (size_t)kv->n_blocks;
+  size_t nb = (size_t)kv->n_blocks, nl = (size_t)kv->n_layers;
   kv->n_buckets = 1;
   while (kv->n_buckets < kv->n_blocks * 2) kv->n_buckets *= 2;
-  kv->k = calloc((size_t)kv->n_layers, sizeof *kv->k);
-  kv->v = calloc((size_t)kv->n_layers, sizeof *kv->v);
+  kv->k = calloc(nl, sizeof *kv->k);
+  kv->v = calloc(nl, sizeof *kv->v);
+  kv->k8 = calloc(nl, sizeof *kv->k8);
+  kv->v8 = calloc(nl, sizeof *kv->v8);
+  kv->k_scale = calloc(nl, sizeof *kv->k_scale);
+  kv->v_scale = calloc(nl, sizeof *kv->v_scale);
   kv->meta = calloc(nb, sizeof *kv->meta);
   kv->tokens = calloc(nb * (size_t)kv->block_size, sizeof *kv->tokens);
   kv->free_list = malloc(nb * sizeof *kv->free_list);
   kv->buckets = malloc((size_t)kv->n_buckets * sizeof *kv->buckets);
-  return kv->k && kv->v && kv->meta && kv->tokens && kv->free_list && kv->buckets;
+  return kv->k && kv->v && kv->k8 && kv->v8 && kv->k_scale && kv->v_scale && kv->meta &&
+         kv->tokens && kv->free_list && kv->buckets;
+}
+
+uint64_t irt_kv_token_bytes(int64_t n_layers, int64_t n_kv_heads, int64_t head_dim,
+                            irt_kv_dtype_id dtype) {
+  uint64_t row = dtype == IRT_KV_INT8 ? (uint64_t)head_dim + sizeof(float)
+                                      : (uint64_t)head_dim * sizeof(float);
+  return row * 2 * (uint64_t)(n_layers * n_kv_heads);
+}
+
+/* Points the per-layer arrays into storage: f32 K, V per layer; or, for int8, every
+ * layer's K, V scales first (keeps them 4-aligned), then every layer's int8 K, V. */
+static void carve_storage(irt_kv_cache *kv) {
+  size_t rows = (size_t)(kv->n_blocks * kv->n_kv_heads * kv->block_size);
+  size_t per_layer = rows * (size_t)kv->head_dim;
+  for (int64_t l = 0; l < kv->n_layers; l++) {
+    size_t i = (size_t)l;
+    if (kv->dtype == IRT_KV_F32) {
+      kv->k[l] = (float *)kv->storage + 2 * i * per_layer;
+      kv->v[l] = (float *)kv->storage + (2 * i + 1) * per_layer;
+      continue;
+    }
+    kv->k_scale[l] = (float *)kv->storage + 2 * i * rows;
+    kv->v_scale[l] = (float *)kv->storage + (2 * i + 1) * rows;
+    int8_t *q = (int8_t *)((float *)kv->storage + 2 * (size_t)kv->n_layers * rows);
+    kv->k8[l] = q + 2 * i * per_layer;
+    kv->v8[l] = q + (2 * i + 1) * per_layer;
+  }
 }
 
 ir_status irt_kv_cache_init(irt_kv_cache *kv, int64_t n_layers, int64_t n_kv_heads,
                             int64_t head_dim, int64_t block_size, int64_t tokens,
                             irt_kv_alloc_fn alloc, void *actx, ir_diag *d) {
+  return irt_kv_cache_init_dtype(kv, n_layers, n_kv_heads, head_dim, block_size, tokens,
+                                 IRT_KV_F32, alloc, actx, d);
+}
+
+ir_status irt_kv_cache_init_dtype(irt_kv_cache *kv, int64_t n_layers, int64_t n_kv_heads,
+                                  int64_t head_dim, int64_t block_size, int64_t tokens,
+                                  irt_kv_dtype_id dtype, irt_kv_alloc_fn alloc, void *actx,
+                                  ir_diag *d) {
   *kv = (irt_kv_cache){.n_layers = n_layers, .n_kv_heads = n_kv_heads, .head_dim = head_dim,
-                       .block_size = block_size, .lru_head = -1, .lru_tail = -1};
+                       .block_size = block_size, .dtype = dtype, .lru_head = -1,
+                       .lru_tail = -1};
   kv->n_blocks = (tokens + block_size - 1) / block_size;
   if (kv->n_blocks <= 0 || kv->n_blocks > INT32_MAX / 2)
     return ir_diag_set(d, IR_INVALID_ARG, "KV cache of %lld tokens is out of range",
                        (long long)tokens);
-  size_t per_layer = (size_t)(kv->n_blocks * n_kv_heads * block_size * head_dim);
-  kv->storage = alloc_arrays(kv) ? alloc(actx, per_layer * 2 * (size_t)n_layers * sizeof(float))
-                                 : NULL;
+  if (dtype != IRT_KV_F32 && dtype != IRT_KV_INT8)
+    return ir_diag_set(d, IR_INVALID_ARG, "unknown KV cache dtype %d", (int)dtype);
+  kv->storage = alloc_arrays(kv) ? alloc(actx, (size_t)irt_kv_cache_bytes(kv)) : NULL;
   if (!kv->storage) {
     free_arrays(kv);
     *kv = (irt_kv_cache){0};
     return ir_diag_set(d, IR_OOM, "cannot allocate a KV cache of %lld tokens", (long long)tokens);
   }
-  for (int64_t l = 0; l < n_layers; l++) {
-    kv->k[l] = (float *)kv->storage + (size_t)(2 * l) * per_layer;
-    kv->v[l] = (float *)kv->storage + (size_t)(2 * l + 1) * per_layer;
-  }
+  carve_storage(kv);
   /* Lowest block ids come out first, so a fresh run always fills the pool the same way. */
   for (int64_t i = 0; i < kv->n_blocks; i++) {
     kv->free_list[i] = (int32_t)(kv->n_blocks - 1 - i);
@@ -62,8 +101,8 @@ void irt_kv_cache_release(irt_kv_cache *kv, irt_kv_free_fn free_fn, void *actx) 
 }
 
 uint64_t irt_kv_cache_bytes(const irt_kv_cache *kv) {
-  return (uint64_t)(kv->n_blocks * kv->n_kv_heads * kv->block_size * kv->head_dim) * 2 *
-         (uint64_t)kv->n_layers * sizeof(float);
+  return (uint64_t)(kv->n_blocks * kv->block_size) *
+         irt_kv_token_bytes(kv->n_layers, kv->n_kv_heads, kv->head_dim, kv->dtype);
 }
 
 /* --- LRU of evictable (cached, unreferenced) blocks --------------------------------------- */
@@ -182,18 +221,24 @@ int64_t irt_kv_in_use(const irt_kv_cache *kv) {
   return kv->n_blocks - kv->n_free - kv->n_evictable;
 }
 
+static void copy_bytes(irt_kv_cache *kv, void *base, int32_t src, int32_t dst, size_t bytes) {
+  char *b = base;
+  if (kv->copy) kv->copy(kv->copy_ctx, b + (size_t)dst * bytes, b + (size_t)src * bytes, bytes);
+  else memcpy(b + (size_t)dst * bytes, b + (size_t)src * bytes, bytes);
+}
+
 void irt_kv_block_copy(irt_kv_cache *kv, int32_t src, int32_t dst) {
-  size_t per_block = (size_t)(kv->n_kv_heads * kv->block_size * kv->head_dim);
+  size_t rows = (size_t)(kv->n_kv_heads * kv->block_size);
+  size_t per_block = rows * (size_t)kv->head_dim;
   for (int64_t l = 0; l < kv->n_layers; l++) {
-    float *k = kv->k[l], *v = kv->v[l];
-    if (kv->copy) {
-      kv->copy(kv->copy_ctx, k + (size_t)dst * per_block, k + (size_t)src * per_block,
-               per_block * sizeof(float));
-      kv->copy(kv->copy_ctx, v + (size_t)dst * per_block, v + (size_t)src * per_block,
-               per_block * sizeof(float));
+    if (kv->dtype == IRT_KV_F32) {
+      copy_bytes(kv, kv->k[l], src, dst, per_block * sizeof(float));
+      copy_bytes(kv, kv->v[l], src, dst, per_block * sizeof(float));
       continue;
     }
-    memcpy(k + (size_t)dst * per_block, k + (size_t)src * per_block, per_block * sizeof(float));
-    memcpy(v + (size_t)dst * per_block, v + (size_t)src * per_block, per_block * sizeof(float));
+    copy_bytes(kv, kv->k8[l], src, dst, per_block);
+    copy_bytes(kv, kv->v8[l], src, dst, per_block);
+    copy_bytes(kv, kv->k_scale[l], src, dst, rows * sizeof(float));
+    copy_bytes(kv, kv->v_scale[l], src, dst, rows * sizeof(float));
   }
 }

@@ -2,7 +2,10 @@
  *
  * A pool of fixed-size blocks, each holding block_size consecutive positions of one
  * sequence for every layer. Layout per layer: k, v as (n_blocks, n_kv_heads, block_size,
- * head_dim) f32. Blocks are reference counted: sequences that share a prompt prefix
+ * head_dim) f32, or with IRT_KV_INT8 the same shape in int8 plus one f32 scale per (block,
+ * kv head, slot) in k_scale / v_scale (n_blocks, n_kv_heads, block_size): symmetric,
+ * scale = max|x| / 127, so a token's cached values depend on that token alone. Blocks are
+ * reference counted: sequences that share a prompt prefix
  * (parallel sampling, prefix-cache hits) hold the same blocks; a writer copies a shared
  * block first (copy-on-write, done by the caller with irt_kv_block_copy).
  *
@@ -31,10 +34,16 @@ typedef struct irt_kv_meta {
   int32_t hnext;              /* hash bucket chain */
 } irt_kv_meta;
 
+/* Element type of the cached K and V. */
+typedef enum irt_kv_dtype_id { IRT_KV_F32 = 0, IRT_KV_INT8 = 1 } irt_kv_dtype_id;
+
 typedef struct irt_kv_cache {
   int64_t n_layers, n_kv_heads, head_dim, block_size, n_blocks;
-  float **k; /* (n_layers) pointers into one allocation */
+  irt_kv_dtype_id dtype;
+  float **k; /* (n_layers) pointers into one allocation; NULL entries with IRT_KV_INT8 */
   float **v;
+  int8_t **k8, **v8;           /* (n_layers) with IRT_KV_INT8, else NULL entries */
+  float **k_scale, **v_scale;  /* (n_layers) with IRT_KV_INT8, else NULL entries */
   void *storage;
   irt_kv_meta *meta;   /* (n_blocks) */
   int32_t *tokens;     /* (n_blocks, block_size) tokens of registered blocks */
@@ -54,12 +63,20 @@ typedef struct irt_kv_cache {
 typedef void *(*irt_kv_alloc_fn)(void *ctx, size_t bytes);
 typedef void (*irt_kv_free_fn)(void *ctx, void *p);
 
-/* Creates a pool of ceil(tokens / block_size) blocks in memory from `alloc`. */
+/* Creates a pool of ceil(tokens / block_size) f32 blocks in memory from `alloc`. */
 ir_status irt_kv_cache_init(irt_kv_cache *kv, int64_t n_layers, int64_t n_kv_heads,
                             int64_t head_dim, int64_t block_size, int64_t tokens,
                             irt_kv_alloc_fn alloc, void *actx, ir_diag *d);
+/* The same with the element type chosen. */
+ir_status irt_kv_cache_init_dtype(irt_kv_cache *kv, int64_t n_layers, int64_t n_kv_heads,
+                                  int64_t head_dim, int64_t block_size, int64_t tokens,
+                                  irt_kv_dtype_id dtype, irt_kv_alloc_fn alloc, void *actx,
+                                  ir_diag *d);
 void irt_kv_cache_release(irt_kv_cache *kv, irt_kv_free_fn free_fn, void *actx);
 uint64_t irt_kv_cache_bytes(const irt_kv_cache *kv);
+/* Bytes one token takes over all layers (K and V, scales included). */
+uint64_t irt_kv_token_bytes(int64_t n_layers, int64_t n_kv_heads, int64_t head_dim,
+                            irt_kv_dtype_id dtype);
 
 /* A block with ref 1: a free one, else the least recently used cached one (which leaves
  * the prefix cache). -1 if every block is held. */

@@ -137,9 +137,36 @@ static ir_status setup_kv(irt_model *m, const irt_model_opts *o, ir_diag *d) {
   m->pad_block = -1;
   if (!m->tok_seq || !m->tok_pos || !m->block_tables)
     return ir_diag_set(d, IR_OOM, "out of memory");
+  if (m->be.ops->run_step && o->kv_dtype != IRT_KV_DTYPE_F32)
+    return ir_diag_set(d, IR_UNSUPPORTED,
+                       "KV cache dtype '%s' is CPU-only; the %s backend keeps an f32 cache "
+                       "(use --kv-dtype f32, or --device cpu)",
+                       irt_kv_dtype_name(o->kv_dtype), m->be.ops->name);
   if (m->be.ops->run_step) return setup_device_kv(m, tokens, d);
-  return irt_kv_cache_init(&m->kv, c->n_layers, c->n_kv_heads, c->head_dim, c->kv_block_size,
-                           tokens, m->be.ops->alloc, m->be.ctx, d);
+  return irt_kv_cache_init_dtype(&m->kv, c->n_layers, c->n_kv_heads, c->head_dim,
+                                 c->kv_block_size, tokens, (irt_kv_dtype_id)o->kv_dtype,
+                                 m->be.ops->alloc, m->be.ctx, d);
+}
+
+_Static_assert((int)IRT_KV_DTYPE_F32 == (int)IRT_KV_F32 &&
+                   (int)IRT_KV_DTYPE_INT8 == (int)IRT_KV_INT8,
+               "public and internal KV dtype values agree");
+
+bool irt_kv_dtype_parse(const char *s, irt_kv_dtype *out) {
+  if (!s) return false;
+  if (!strcmp(s, "f32")) *out = IRT_KV_DTYPE_F32;
+  else if (!strcmp(s, "int8")) *out = IRT_KV_DTYPE_INT8;
+  else return false;
+  return true;
+}
+
+const char *irt_kv_dtype_name(irt_kv_dtype t) {
+  return t == IRT_KV_DTYPE_F32 ? "f32" : t == IRT_KV_DTYPE_INT8 ? "int8" : "?";
+}
+
+uint64_t irt_model_kv_token_bytes(const irt_model *m, irt_kv_dtype t) {
+  const ir_model_config *c = &m->g->config;
+  return irt_kv_token_bytes(c->n_layers, c->n_kv_heads, c->head_dim, (irt_kv_dtype_id)t);
 }
 
 static void fill_info(irt_model *m) {
@@ -153,6 +180,8 @@ static void fill_info(irt_model *m) {
       .eos_token_id = c->eos_token_id, .max_step_tokens = c->max_tokens,
       .max_step_seqs = c->max_seqs, .max_step_logits = c->max_logits, .weight_bytes = wb,
       .arena_bytes = m->g->arena_size, .kv_bytes = irt_kv_cache_bytes(&m->kv),
+      .kv_tokens = m->kv.n_blocks * m->kv.block_size,
+      .kv_dtype = irt_kv_dtype_name((irt_kv_dtype)m->kv.dtype),
       .device = m->be.ops->name};
 }
 

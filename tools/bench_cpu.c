@@ -4,7 +4,8 @@
  *       best of R passes, in GB/s (1e9 bytes/s).
  *   bench_cpu model model.plan [--threads N] [--prompt 512] [--decode 128] [--batch 16]
  *                   [--batch-steps 32] [--repeats R] [--kv-tokens K]
- *       plan load ms (irt_model_open, best of R; wall and process CPU time), prefill tok/s of a --prompt token prompt,
+ *       plan load ms (irt_model_open, best of R; wall and process CPU time), prefill
+ *       tok/s of a --prompt token prompt,
  *       decode tok/s at batch 1 (--decode steps), aggregate tok/s of --batch sequences
  *       decoding together (--batch-steps steps), peak RSS. Best of R for each speed.
  * Token ids are a fixed pseudo-random sequence: speed does not depend on the text.
@@ -101,6 +102,24 @@ static int run_membw(int threads, int64_t mib, int repeats) {
 }
 
 /* ---- the model ------------------------------------------------------------------- */
+
+/* Peak RSS of this process image in bytes: VmHWM, not getrusage's ru_maxrss, which on
+ * Linux carries the high-water mark of the parent across fork + exec (a Python driver
+ * with llama.cpp loaded would count). Falls back to ru_maxrss without /proc. */
+static long long peak_rss_bytes(void) {
+  FILE *f = fopen("/proc/self/status", "r");
+  char line[256];
+  long long kb = -1;
+  while (f && fgets(line, sizeof line, f))
+    if (sscanf(line, "VmHWM: %lld kB", &kb) == 1) break;
+  if (f) fclose(f);
+  if (kb < 0) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    kb = ru.ru_maxrss;
+  }
+  return kb * 1024;
+}
 
 typedef struct bench_opts {
   const char *plan;
@@ -214,13 +233,12 @@ static int run_model(const bench_opts *o) {
     st = bench_single(m, o, lg, ids, &r, &err);
     if (st == IRT_OK && o->batch > 0) st = bench_batch(m, o, lg, ids, &r, &err);
   }
-  struct rusage ru;
-  getrusage(RUSAGE_SELF, &ru);
   if (st == IRT_OK)
-    printf("{\"load_ms\": %.3f, \"load_cpu_ms\": %.3f, \"prefill_tps\": %.3f, \"decode_tps\": %.3f, "
+    printf("{\"load_ms\": %.3f, \"load_cpu_ms\": %.3f, \"prefill_tps\": %.3f, "
+           "\"decode_tps\": %.3f, "
            "\"batch_tps\": %.3f, \"peak_rss_bytes\": %lld, \"weight_bytes\": %llu, "
            "\"kv_bytes\": %llu, \"arena_bytes\": %llu, \"threads\": %d}\n",
-           r.load_ms, r.load_cpu_ms, r.prefill_tps, r.decode_tps, r.batch_tps, (long long)ru.ru_maxrss * 1024,
+           r.load_ms, r.load_cpu_ms, r.prefill_tps, r.decode_tps, r.batch_tps, peak_rss_bytes(),
            (unsigned long long)info->weight_bytes, (unsigned long long)info->kv_bytes,
            (unsigned long long)info->arena_bytes, o->threads);
   free(lg);

@@ -78,7 +78,10 @@ void kn_gather_rows(kn_pool *p, float *out, const float *x, const int32_t *rows,
                     int64_t dim);
 
 /* Paged KV cache geometry for one layer. A block holds `block_size` consecutive
- * positions of one sequence: k and v are (n_blocks, n_kv_heads, block_size, head_dim) f32. */
+ * positions of one sequence: k and v are (n_blocks, n_kv_heads, block_size, head_dim) f32.
+ * int8 cache (k8 set; k, v unused): k8, v8 have that shape in int8 and k_scale, v_scale
+ * are (n_blocks, n_kv_heads, block_size) f32; x = scale * q, scale = max|x| / 127 per
+ * (position, kv head), so writing a position never touches another. */
 typedef struct kn_kv_layer {
   float *k;
   float *v;
@@ -86,6 +89,8 @@ typedef struct kn_kv_layer {
   int64_t block_size;
   int64_t n_kv_heads;
   int64_t head_dim;
+  int8_t *k8, *v8;          /* NULL: the f32 cache */
+  float *k_scale, *v_scale;
 } kn_kv_layer;
 
 /* The flat step batch as attention sees it. Token t belongs to sequence tok_seq[t] and

@@ -20,6 +20,10 @@ char *cli_read_stdin(size_t *out_len);
 irt_status cli_open_tokenizer(const char *path, irt_tokenizer **out, irt_error *err);
 /* Parses a non-negative integer flag value; false if malformed. */
 bool cli_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out);
+/* Parses a --kv-dtype value (f32 | int8): 0, or 1 after printing the error. */
+int cli_parse_kv_dtype(const char *s, irt_kv_dtype *out);
+/* The --kv-dtype line of the usage texts. */
+#define CLI_KV_DTYPE_USAGE "KV cache: f32 (default) or int8 (CPU; ~3.8x the tokens per MiB)"
 
 int cmd_generate(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);

@@ -23,6 +23,7 @@ typedef struct batch_args {
   const char *plan, *input, *output, *model_name, *chat_template, *device;
   int64_t concurrency, threads, kv_tokens, max_batched;
   bool no_progress, no_cuda_graphs;
+  irt_kv_dtype kv_dtype;
 } batch_args;
 
 /* A set of strings (open addressing; grows at half load). */
@@ -56,6 +57,7 @@ static int usage(FILE *f) {
         "  --chat-template NAME    chatml, llama3, mistral, llama2, gemma or phi3\n"
         "  --kv-tokens N           KV cache capacity in tokens, over all requests (default: one\n"
         "                          context length; raise it to run many requests at once)\n"
+        "  --kv-dtype T            " CLI_KV_DTYPE_USAGE "\n"
         "  --max-batched-tokens N  token budget per step (default: the plan's)\n"
         "  --threads N             CPU threads (default: all cores)\n"
         "  --device DEV            cpu or cuda (default: the plan's target)\n"
@@ -77,6 +79,7 @@ static int parse(int argc, char **argv, batch_args *a) {
                                         {"no-progress", 0, 0, 9},
                                         {"device", 1, 0, 10},
                                         {"no-cuda-graphs", 0, 0, 11},
+                                        {"kv-dtype", 1, 0, 12},
                                         {"help", 0, 0, 'h'},
                                         {0, 0, 0, 0}};
   int c;
@@ -94,6 +97,7 @@ static int parse(int argc, char **argv, batch_args *a) {
     case 9: a->no_progress = true; break;
     case 10: a->device = optarg; break;
     case 11: a->no_cuda_graphs = true; break;
+    case 12: if (cli_parse_kv_dtype(optarg, &a->kv_dtype)) return 1; break;
     case 'h': return usage(stdout) - 1;
     default: return usage(stderr);
     }
@@ -436,6 +440,7 @@ int cmd_batch(int argc, char **argv) {
   mo.kv_tokens = a.kv_tokens;
   mo.device = a.device;
   mo.no_cuda_graphs = a.no_cuda_graphs;
+  mo.kv_dtype = a.kv_dtype;
   srv_ctx *c = &b->c;
   c->chat_template = a.chat_template;
   c->created = (int64_t)time(NULL);

@@ -22,6 +22,7 @@ typedef struct bench_args {
   uint64_t seed;
   bool json, static_batching, no_prefix_cache, no_cuda_graphs;
   const char *device;
+  irt_kv_dtype kv_dtype;
 } bench_args;
 
 typedef struct breq {
@@ -75,6 +76,7 @@ static int usage(FILE *f) {
         "  --max-batched-tokens N  token budget per step (default: the plan's)\n"
         "  --max-running N         sequences per step (default: the plan's)\n"
         "  --kv-tokens N           KV cache capacity in tokens (default: the context)\n"
+        "  --kv-dtype T            " CLI_KV_DTYPE_USAGE "\n"
         "  --threads N             CPU threads (default: all cores)\n"
         "  --device DEV            cpu or cuda (default: the plan's target)\n"
         "  --no-cuda-graphs        CUDA: run decode steps kernel by kernel\n"
@@ -98,7 +100,7 @@ static int parse(int argc, char **argv, bench_args *a) {
       {"static-batching", 0, 0, 8}, {"no-prefix-cache", 0, 0, 9}, {"max-batched-tokens", 1, 0, 10},
       {"kv-tokens", 1, 0, 11}, {"threads", 1, 0, 12}, {"json", 0, 0, 13},
       {"max-running", 1, 0, 14}, {"device", 1, 0, 15}, {"no-cuda-graphs", 0, 0, 16},
-      {"help", 0, 0, 'h'},
+      {"kv-dtype", 1, 0, 17}, {"help", 0, 0, 'h'},
       {0, 0, 0, 0}};
   int c;
   char *end;
@@ -121,6 +123,7 @@ static int parse(int argc, char **argv, bench_args *a) {
     case 14: ok = cli_parse_i64(optarg, 1, 1 << 16, &a->max_running); break;
     case 15: a->device = optarg; break;
     case 16: a->no_cuda_graphs = true; break;
+    case 17: if (cli_parse_kv_dtype(optarg, &a->kv_dtype)) return 1; break;
     case 'h': usage(stdout); return -1;
     default: return usage(stderr);
     }
@@ -269,6 +272,18 @@ static cJSON *report(const bench_args *a, const breq *rs, const run_totals *t) {
   return o;
 }
 
+/* The KV pool's dtype and size, and what a MiB holds in each dtype. */
+static void add_kv_report(cJSON *o, const irt_model *m) {
+  const irt_model_info *in = irt_model_get_info(m);
+  cJSON_AddStringToObject(o, "kv_dtype", in->kv_dtype);
+  cJSON_AddNumberToObject(o, "kv_tokens", (double)in->kv_tokens);
+  cJSON_AddNumberToObject(o, "kv_mib", (double)in->kv_bytes / 1048576.0);
+  cJSON_AddNumberToObject(o, "kv_tokens_per_mib_f32",
+                          1048576.0 / (double)irt_model_kv_token_bytes(m, IRT_KV_DTYPE_F32));
+  cJSON_AddNumberToObject(o, "kv_tokens_per_mib_int8",
+                          1048576.0 / (double)irt_model_kv_token_bytes(m, IRT_KV_DTYPE_INT8));
+}
+
 static void print_table(const cJSON *o) {
   const char *keys[] = {"ttft_ms", "tpot_ms", "e2e_ms"};
   printf("scheduler        %s\n", cJSON_GetObjectItem(o, "scheduler")->valuestring);
@@ -288,6 +303,12 @@ static void print_table(const cJSON *o) {
            cJSON_GetObjectItem(d, "p50")->valuedouble, cJSON_GetObjectItem(d, "p95")->valuedouble,
            cJSON_GetObjectItem(d, "p99")->valuedouble, cJSON_GetObjectItem(d, "mean")->valuedouble);
   }
+  printf("kv cache         %s, %.0f tokens in %.1f MiB (tokens per MiB: f32 %.0f, int8 %.0f)\n",
+         cJSON_GetObjectItem(o, "kv_dtype")->valuestring,
+         cJSON_GetObjectItem(o, "kv_tokens")->valuedouble,
+         cJSON_GetObjectItem(o, "kv_mib")->valuedouble,
+         cJSON_GetObjectItem(o, "kv_tokens_per_mib_f32")->valuedouble,
+         cJSON_GetObjectItem(o, "kv_tokens_per_mib_int8")->valuedouble);
   printf("kv utilisation   %.1f%% (mean while busy)\npreemptions      %.0f\nsteps            %.0f\n",
          100 * cJSON_GetObjectItem(o, "kv_utilization")->valuedouble,
          cJSON_GetObjectItem(o, "preemptions")->valuedouble, cJSON_GetObjectItem(o, "steps")->valuedouble);
@@ -303,6 +324,7 @@ int cmd_bench(int argc, char **argv) {
   mo.kv_tokens = a.kv_tokens;
   mo.device = a.device;
   mo.no_cuda_graphs = a.no_cuda_graphs;
+  mo.kv_dtype = a.kv_dtype;
   irt_model *m = NULL;
   irt_engine *e = NULL;
   irt_error err = {0};
@@ -319,6 +341,7 @@ int cmd_bench(int argc, char **argv) {
   if (st == IRT_OK) st = drive(e, &a, rs, &t, &err);
   if (st == IRT_OK) {
     cJSON *o = report(&a, rs, &t);
+    add_kv_report(o, m);
     if (a.json) {
       char *s = cJSON_PrintUnformatted(o);
       puts(s);

@@ -35,6 +35,10 @@ bool cli_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out) {
   return true;
 }
 
+int cli_parse_kv_dtype(const char *s, irt_kv_dtype *out) {
+  return irt_kv_dtype_parse(s, out) ? 0 : cli_fail("--kv-dtype: expected f32 or int8, got '%s'", s);
+}
+
 bool cli_parse_ids(const char *s, int32_t **out, int64_t *out_n) {
   int64_t cap = 16, n = 0;
   int32_t *ids = malloc((size_t)cap * sizeof *ids);

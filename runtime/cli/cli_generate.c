@@ -18,6 +18,7 @@ typedef struct gen_args {
   int64_t threads;
   const char *device;
   bool no_cuda_graphs;
+  irt_kv_dtype kv_dtype;
   const char *stops[MAX_STOPS];
   int n_stops;
   bool json, ignore_eos;
@@ -40,6 +41,7 @@ static int usage(FILE *f) {
         "  --threads N          CPU threads (default: all cores)\n"
         "  --device DEV         cpu or cuda (default: the plan's target)\n"
         "  --no-cuda-graphs     CUDA: run decode steps kernel by kernel\n"
+        "  --kv-dtype T         " CLI_KV_DTYPE_USAGE "\n"
         "  --json               print one JSON object with ids, text, finish reason and timings\n", f);
   return f == stderr ? 2 : 0;
 }
@@ -63,6 +65,7 @@ static int parse_value(gen_args *a, int c, const char *v) {
   case 11: a->system = v; return 0;
   case 12: a->chat_template = v; return 0;
   case 14: a->device = v; return 0;
+  case 16: return cli_parse_kv_dtype(v, &a->kv_dtype);
   case 13: if (a->n_stops == MAX_STOPS || !*v) return cli_fail("--stop: at most %d non-empty strings", MAX_STOPS);
            a->stops[a->n_stops++] = v; return 0;
   default: return usage(stderr);
@@ -79,6 +82,7 @@ static int parse(int argc, char **argv, gen_args *a) {
       {"chat", required_argument, 0, 10},     {"system", required_argument, 0, 11},
       {"chat-template", required_argument, 0, 12}, {"stop", required_argument, 0, 13},
       {"device", required_argument, 0, 14},   {"no-cuda-graphs", no_argument, 0, 15},
+      {"kv-dtype", required_argument, 0, 16},
       {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
   int c, rc;
   a->max_new = -1;
@@ -264,6 +268,7 @@ int cmd_generate(int argc, char **argv) {
   o.n_threads = (int)a.threads;
   o.device = a.device;
   o.no_cuda_graphs = a.no_cuda_graphs;
+  o.kv_dtype = a.kv_dtype;
   irt_error err = {0};
   gen_state g = {.finish = "length"};
   double t0 = cli_now_ms();

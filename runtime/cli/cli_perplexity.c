@@ -14,6 +14,7 @@ typedef struct ppl_args {
   const char *plan, *ref, *file;
   int64_t ctx, max_tokens, threads;
   bool json;
+  irt_kv_dtype kv_dtype, ref_kv_dtype;
 } ppl_args;
 
 static int usage(FILE *f) {
@@ -24,6 +25,8 @@ static int usage(FILE *f) {
         "  --ref PLAN         a reference plan with the same vocabulary: also report its\n"
         "                     perplexity, top-1 agreement and mean KL(ref || model)\n"
         "  --max-tokens N     score at most the first N tokens of the text (default: all)\n"
+        "  --kv-dtype T       " CLI_KV_DTYPE_USAGE "\n"
+        "  --ref-kv-dtype T   the same for the --ref plan (default f32)\n"
         "  --threads N        CPU threads (default: all cores)\n"
         "  --json             print one JSON object\n", f);
   return f == stderr ? 2 : 0;
@@ -34,12 +37,15 @@ static int parse(int argc, char **argv, ppl_args *a) {
       {"file", required_argument, 0, 'f'},       {"ctx", required_argument, 0, 'c'},
       {"ref", required_argument, 0, 'r'},        {"max-tokens", required_argument, 0, 'm'},
       {"threads", required_argument, 0, 't'},    {"json", no_argument, 0, 'j'},
+      {"kv-dtype", required_argument, 0, 'k'},   {"ref-kv-dtype", required_argument, 0, 'K'},
       {"help", no_argument, 0, 'h'},             {0, 0, 0, 0}};
   int c;
   while ((c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
     if (c == 'f') a->file = optarg;
     else if (c == 'r') a->ref = optarg;
     else if (c == 'j') a->json = true;
+    else if (c == 'k' && cli_parse_kv_dtype(optarg, &a->kv_dtype)) return 1;
+    else if (c == 'K' && cli_parse_kv_dtype(optarg, &a->ref_kv_dtype)) return 1;
     else if (c == 'c' && !cli_parse_i64(optarg, 2, 1 << 20, &a->ctx))
       return cli_fail("--ctx: expected an integer >= 2");
     else if (c == 'm' && !cli_parse_i64(optarg, 2, INT64_MAX, &a->max_tokens))
@@ -47,7 +53,7 @@ static int parse(int argc, char **argv, ppl_args *a) {
     else if (c == 't' && !cli_parse_i64(optarg, 0, 4096, &a->threads))
       return cli_fail("--threads: expected an integer in [0, 4096]");
     else if (c == 'h') return usage(stdout) - 1;
-    else if (c != 'c' && c != 'm' && c != 't') return usage(stderr);
+    else if (c != 'c' && c != 'm' && c != 't' && c != 'k' && c != 'K') return usage(stderr);
   }
   if (optind == argc - 1) a->plan = argv[optind++];
   if (!a->plan || optind != argc) return usage(stderr);
@@ -206,10 +212,11 @@ static irt_status tokenize_file(irt_model *m, const char *path, int32_t **out, i
   return st;
 }
 
-static irt_status open_model(const ppl_args *a, const char *path, irt_model **out,
-                             irt_error *err) {
+static irt_status open_model(const ppl_args *a, const char *path, irt_kv_dtype kv_dtype,
+                             irt_model **out, irt_error *err) {
   irt_model_opts o = irt_model_opts_default();
   o.n_threads = (int)a->threads;
+  o.kv_dtype = kv_dtype;
   o.kv_tokens = a->ctx;
   irt_status st = irt_model_open(path, &o, out, err);
   if (st == IRT_OK && irt_model_get_info(*out)->context_length < a->ctx) {
@@ -229,8 +236,8 @@ int cmd_perplexity(int argc, char **argv) {
   int32_t *ids = NULL;
   int64_t n = 0;
   ppl_sums sum = {0};
-  irt_status st = open_model(&a, a.plan, &m, &err);
-  if (st == IRT_OK && a.ref) st = open_model(&a, a.ref, &ref, &err);
+  irt_status st = open_model(&a, a.plan, a.kv_dtype, &m, &err);
+  if (st == IRT_OK && a.ref) st = open_model(&a, a.ref, a.ref_kv_dtype, &ref, &err);
   if (st == IRT_OK && ref &&
       irt_model_get_info(ref)->vocab_size != irt_model_get_info(m)->vocab_size) {
     snprintf(err.msg, sizeof err.msg, "%s and %s have different vocabularies", a.plan, a.ref);

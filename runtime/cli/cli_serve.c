@@ -15,6 +15,7 @@ typedef struct serve_args {
   const char *plan, *host, *model_name, *chat_template, *device;
   int64_t port, max_connections, max_waiting, max_body, threads, kv_tokens, max_batched;
   bool no_prefix_cache, no_cuda_graphs;
+  irt_kv_dtype kv_dtype;
   srv_keys keys;
 } serve_args;
 
@@ -33,6 +34,7 @@ static int usage(FILE *f) {
         "model's)\n"
         "  --kv-tokens N           KV cache capacity in tokens, over all requests (default: one\n"
         "                          context length; raise it to run many requests at once)\n"
+        "  --kv-dtype T            " CLI_KV_DTYPE_USAGE "\n"
         "  --max-batched-tokens N  token budget per step (default: the plan's)\n"
         "  --no-prefix-cache       disable prefix caching\n"
         "  --threads N             CPU threads (default: all cores)\n"
@@ -74,6 +76,7 @@ static int parse_value(serve_args *a, int c, const char *v) {
                ? 0
                : cli_fail("--max-batched-tokens: expected a positive integer");
   case 14: a->device = v; return 0;
+  case 16: return cli_parse_kv_dtype(v, &a->kv_dtype);
   case 13:
     return cli_parse_i64(v, 0, 4096, &a->threads)
                ? 0
@@ -98,6 +101,7 @@ static int parse(int argc, char **argv, serve_args *a) {
                                         {"threads", 1, 0, 13},
                                         {"device", 1, 0, 14},
                                         {"no-cuda-graphs", 0, 0, 15},
+                                        {"kv-dtype", 1, 0, 16},
                                         {"help", 0, 0, 'h'},
                                         {0, 0, 0, 0}};
   int c, rc;
@@ -136,9 +140,10 @@ static int serve(serve_args *a, srv_ctx *c, sigset_t *sigs) {
   char host[300];
   snprintf(host, sizeof host, fmt, a->host);
   fprintf(stderr,
-          "inferrt: serving '%s' on http://%s:%d (context %lld, KV cache %.1f MiB, %s, %d API "
-          "keys); Ctrl-C stops\n",
+          "inferrt: serving '%s' on http://%s:%d (context %lld, KV cache %lld tokens %s in %.1f "
+          "MiB, %s, %d API keys); Ctrl-C stops\n",
           c->model_name, host, srv_http_port(h), (long long)c->info->context_length,
+          (long long)c->info->kv_tokens, c->info->kv_dtype,
           (double)c->info->kv_bytes / (1 << 20), c->tok ? "with tokenizer" : "token ids only",
           a->keys.n);
   fflush(stderr);
@@ -172,6 +177,7 @@ int cmd_serve(int argc, char **argv) {
   mo.kv_tokens = a.kv_tokens;
   mo.device = a.device;
   mo.no_cuda_graphs = a.no_cuda_graphs;
+  mo.kv_dtype = a.kv_dtype;
   irt_engine_opts eo = {.max_batched_tokens = a.max_batched,
                         .max_waiting = a.max_waiting,
                         .disable_prefix_cache = a.no_prefix_cache};

@@ -32,6 +32,8 @@ static const struct {
     {CF_GEMV_Q8_0, "gemv", "kn_gemv_q8_0"},
     {CF_GEMV_Q4_0, "gemv", "kn_gemv_q4_0"},
     {CF_GEMV_Q4_1, "gemv", "kn_gemv_q4_1"},
+    {CF_GEMV_WQ_I4, "gemv_wq", "kn_gemv_wq_i4"},
+    {CF_GEMV_WQ_I8, "gemv_wq", "kn_gemv_wq_i8"},
     {CF_KV_WRITE, "kv_write", "kn_kv_write"},
     {CF_RMS_NORM, "rms_norm", "kn_rms_norm"},
     {CF_ADD_RMS_NORM, "rms_norm", "kn_add_rms_norm"},
@@ -110,7 +112,8 @@ static ir_status load_source(cuda_ctx *c, const irt_cuda_opts *o, const char *sr
   const ir_plan_kernel *k = pick_image(o, src, c->arch);
   *out = NULL;
   if (!k) {
-    if (!strcmp(src, "cast")) return IR_OK; /* plans from before cast.cu: GEMV only */
+    /* plans from before cast.cu (GEMV only) or gemv_wq.cu (no int8/int4 weights) */
+    if (!strcmp(src, "cast") || !strcmp(src, "gemv_wq")) return IR_OK;
     char archs[96];
     plan_archs(o, archs, sizeof archs);
     return ir_diag_set(d, IR_UNSUPPORTED,

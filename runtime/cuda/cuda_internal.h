@@ -14,13 +14,13 @@ typedef enum cuda_fn {
   CF_ADD, CF_ATTN_DECODE, CF_ATTN_REDUCE, CF_ATTN_PREFILL, CF_CAST_F16, CF_CAST_BF16,
   CF_ADD_BIAS, CF_EMBED_F32, CF_EMBED_F16, CF_EMBED_BF16, CF_EMBED_Q8_0, CF_EMBED_Q4_0,
   CF_EMBED_Q4_1, CF_GATHER_ROWS, CF_GEMV_F32, CF_GEMV_F16, CF_GEMV_BF16, CF_GEMV_Q8_0,
-  CF_GEMV_Q4_0, CF_GEMV_Q4_1, CF_KV_WRITE, CF_RMS_NORM, CF_ADD_RMS_NORM, CF_ROPE_NEOX,
-  CF_ROPE_INTERLEAVED, CF_SWIGLU, CF_COUNT
+  CF_GEMV_Q4_0, CF_GEMV_Q4_1, CF_GEMV_WQ_I4, CF_GEMV_WQ_I8, CF_KV_WRITE, CF_RMS_NORM,
+  CF_ADD_RMS_NORM, CF_ROPE_NEOX, CF_ROPE_INTERLEAVED, CF_SWIGLU, CF_COUNT
 } cuda_fn;
 
 /* Fixed launch geometry of kernels/cuda (their compile-time defaults). */
-#define CUDA_GEMV_M 4      /* gemv.cu GEMV_M: rows of x per CTA */
-#define CUDA_GEMV_WARPS 4  /* gemv.cu GEMV_WARPS */
+#define CUDA_GEMV_M 4      /* gemv.cu and gemv_wq.cu GEMV_M: rows of x per CTA */
+#define CUDA_GEMV_WARPS 4  /* gemv.cu and gemv_wq.cu GEMV_WARPS */
 #define CUDA_ATTN_WARPS 4  /* attention.cu ATTN_WARPS */
 #define CUDA_TILE_TOKENS 16 /* attention.cu ATTN_WARPS * PREFILL_ROWS */
 #define CUDA_RMS_THREADS 256

@@ -113,12 +113,40 @@ static bool blas_ok(const cuda_ctx *c, ir_dtype wt) {
   return dense(wt) && c->blas_h && (wt == IR_F32 || c->fn[CF_CAST_F16]);
 }
 
+/* gemv_wq.cu's zero-point code (0 none, 1 u8, 2 i8, 3 f16, 4 f32), or -1: not readable. */
+static int wq_zt(const ir_graph *g, const ir_node *n) {
+  if (n->n_in < 5 || n->in[4] < 0) return 0;
+  switch (T_(4)->dtype) {
+  case IR_U8: return 1;
+  case IR_I8: return 2;
+  case IR_F16: return 3;
+  case IR_F32: return 4;
+  default: return -1;
+  }
+}
+
+/* Weight-only int8/int4 (inputs 3, 4: scales, zero points) for every m: the CTAs loop over
+ * the row tiles past the grid's 65535 in y. */
+static ir_status run_gemv_wq(cuda_ctx *c, const ir_graph *g, const ir_node *n,
+                             void *const *ptrs, const cuda_step *s, ir_diag *d) {
+  int m = (int)dimv(g, T_(0), 0, s), nn = (int)dimv(g, T_(1), 0, s), k = (int)dimv(g, T_(1), 1, s);
+  int group = k / (int)dimv(g, T_(3), 1, s), st = T_(3)->dtype == IR_F16, zt = wq_zt(g, n);
+  CUdeviceptr y = O_(0), x = P_(0), w = P_(1), sc = P_(3), zp = zt ? P_(4) : 0;
+  CUdeviceptr bias = n->in[2] >= 0 ? P_(2) : 0;
+  long long tiles = ((long long)m + CUDA_GEMV_M - 1) / CUDA_GEMV_M;
+  void *args[] = {&y, &x, &w, &bias, &sc, &zp, &m, &nn, &k, &group, &st, &zt};
+  return launch(c, T_(1)->dtype == IR_I4 ? CF_GEMV_WQ_I4 : CF_GEMV_WQ_I8,
+                (unsigned)((nn + CUDA_GEMV_WARPS - 1) / CUDA_GEMV_WARPS),
+                (unsigned)(tiles > 65535 ? 65535 : tiles), 1, CUDA_GEMV_WARPS * 32, args, d);
+}
+
 static ir_status run_matmul(cuda_ctx *c, const ir_graph *g, const ir_node *n, void *const *ptrs,
                             const cuda_step *s, ir_diag *d) {
   int m = (int)dimv(g, T_(0), 0, s), nn = (int)dimv(g, T_(1), 0, s), k = (int)dimv(g, T_(1), 1, s);
   ir_dtype wt = T_(1)->dtype;
   CUdeviceptr bias = n->n_in > 2 && n->in[2] >= 0 ? P_(2) : 0;
   if (m == 0) return IR_OK;
+  if (wt == IR_I8 || wt == IR_I4) return run_gemv_wq(c, g, n, ptrs, s, d);
   if (blas_ok(c, wt) && (m > CUDA_GEMV_MAX_M || !gemv_ok(wt, k)))
     return run_gemm(c, wt, O_(0), P_(0), P_(1), bias, m, nn, k, d);
   return run_gemv(c, wt, O_(0), P_(0), P_(1), bias, m, nn, k, d);
@@ -215,9 +243,41 @@ static bool same_shape(const ir_graph *g, const ir_tensor *a, const ir_tensor *b
   return true;
 }
 
+/* What gemv_wq.cu runs (infc's cuda_supported refuses the rest at build time): no W8A8,
+ * f32/f16 scales (n, G), groups of whole 16-byte weight loads. */
+static ir_status check_wq(cuda_ctx *c, const ir_graph *g, const ir_node *n, ir_diag *d) {
+  const ir_tensor *w = T_(1);
+  const char *why = NULL;
+  if (ir_node_attr_i(n, "act_int8", 0))
+    why = "int8 activations (W8A8) have no GPU kernel; build with --quant int8";
+  else if (!c->fn[CF_GEMV_WQ_I4] || !c->fn[CF_GEMV_WQ_I8])
+    why = "the plan has no gemv_wq kernels (an older infc built it); rebuild it";
+  else if (n->n_in < 4 || n->in[3] < 0 || w->rank != 2 || T_(3)->rank != 2 ||
+           T_(0)->dtype != IR_F32 || (T_(3)->dtype != IR_F32 && T_(3)->dtype != IR_F16) ||
+           wq_zt(g, n) < 0)
+    why = "the GPU reads f32 x, f32/f16 scales and u8/i8/f16/f32 zero points only";
+  if (why)
+    return ir_diag_set(d, IR_UNSUPPORTED, "cuda backend: matmul '%s' (%s weights): %s", n->name,
+                       ir_dtype_name(w->dtype), why);
+  int64_t k = ir_dim_value(g, w->dims[1], NULL), ng = ir_dim_value(g, T_(3)->dims[1], NULL);
+  int chunk = w->dtype == IR_I4 ? 32 : 16;
+  if (ng <= 0 || k % ng || (k / ng) % chunk)
+    return ir_diag_set(d, IR_UNSUPPORTED,
+                       "cuda backend: matmul '%s': groups of %lld columns (k = %lld) are not a "
+                       "multiple of %d",
+                       n->name, (long long)(ng > 0 ? k / ng : 0), (long long)k, chunk);
+  return IR_OK;
+}
+
 static ir_status check_matmul(cuda_ctx *c, const ir_graph *g, const ir_node *n, size_t *xh,
                               ir_diag *d) {
   ir_dtype wt = T_(1)->dtype;
+  if (wt == IR_I8 || wt == IR_I4) return check_wq(c, g, n, d);
+  if (n->n_in > 3)
+    return ir_diag_set(d, IR_UNSUPPORTED,
+                       "cuda backend: matmul '%s': separate quantization parameters on %s "
+                       "weights",
+                       n->name, ir_dtype_name(wt));
   int64_t k = T_(1)->rank == 2 ? ir_dim_value(g, T_(1)->dims[1], NULL) : 0;
   if (!(dense(wt) || wt == IR_Q8_0 || wt == IR_Q4_0 || wt == IR_Q4_1) || T_(1)->rank != 2 ||
       T_(0)->dtype != IR_F32)
@@ -244,8 +304,8 @@ static ir_status check_node(cuda_ctx *c, const ir_graph *g, const ir_node *n, si
     return IR_OK;
   }
   case IR_OP_MATMUL:
-    /* fused epilogues and separate quantization parameters have no GPU kernel yet */
-    if (ir_node_attr_i(n, "act", IR_ACT_NONE) != IR_ACT_NONE || n->n_in > 3) break;
+    /* fused epilogues have no GPU kernel yet */
+    if (ir_node_attr_i(n, "act", IR_ACT_NONE) != IR_ACT_NONE) break;
     return check_matmul(c, g, n, xh, d);
   case IR_OP_ATTENTION:
     /* packed qkv (k absent) and rope folded in (pos present) are CPU-only forms */

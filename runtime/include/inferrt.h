@@ -46,6 +46,18 @@ typedef struct irt_model irt_model;
 typedef struct irt_seq irt_seq;
 typedef struct irt_sampler irt_sampler;
 
+typedef enum irt_kv_dtype {
+  IRT_KV_DTYPE_F32 = 0, /* the default */
+  IRT_KV_DTYPE_INT8 = 1,
+} irt_kv_dtype;
+
+/* "f32" / "int8" to the enum; false for anything else. */
+bool irt_kv_dtype_parse(const char *s, irt_kv_dtype *out);
+const char *irt_kv_dtype_name(irt_kv_dtype t);
+/* KV cache bytes per token of an open model's geometry with dtype t (all layers, K and V,
+ * scales included). */
+uint64_t irt_model_kv_token_bytes(const irt_model *m, irt_kv_dtype t);
+
 typedef struct irt_model_opts {
   int n_threads;       /* <= 0: all online cores */
   int64_t kv_tokens;   /* KV cache capacity in tokens over all sequences; <= 0: the
@@ -61,6 +73,10 @@ typedef struct irt_model_opts {
   const char *device;
   int cuda_device;      /* CUDA device ordinal (default 0) */
   bool no_cuda_graphs;  /* CUDA: run decode steps kernel by kernel, not as captured graphs */
+  /* Element type of the KV cache. IRT_KV_DTYPE_INT8 (CPU only) stores int8 values with one
+   * f32 scale per (token, kv head): about 3.5-4x the tokens per byte of f32, each token's
+   * cached values depending on that token alone (batch invariance holds). */
+  irt_kv_dtype kv_dtype;
 } irt_model_opts;
 
 typedef struct irt_model_info {
@@ -77,6 +93,8 @@ typedef struct irt_model_info {
   uint64_t weight_bytes;
   uint64_t arena_bytes;
   uint64_t kv_bytes;
+  int64_t kv_tokens;       /* KV pool capacity in tokens (whole blocks) */
+  const char *kv_dtype;    /* "f32" or "int8" */
   const char *device;      /* the backend running the model: "cpu" or "cuda" */
 } irt_model_info;
 

@@ -3,7 +3,8 @@
 # plan refuses --device cuda; an unknown device is refused; a CUDA plan (where NVRTC can
 # build one) runs with --device cpu exactly as the CPU plan and, without a GPU, fails
 # with one clear error line ("no CUDA device found; run with --device cpu or build a CPU
-# plan") and exit 1 (where libinferrt_cuda.so was built; else "not installed").
+# plan") and exit 1 (where libinferrt_cuda.so was built; else "not installed"). infc builds
+# int4 MatMulNBits into a CUDA plan and refuses nodes the GPU has no kernel for (W8A8).
 # usage: test_cuda_cli.sh INFC INFERRT FIXTURES_DIR TMP_DIR
 set -u
 INFC=$1 INFERRT=$2 FIX=$3 TMP=$4/cuda_cli
@@ -45,8 +46,16 @@ if "$INFC" build "$M" -o "$TMP/cuda.plan" --target cuda -q 2>"$TMP/build.err"; t
   else
     echo "a GPU driver is present: the no-GPU errors are not checked here (tests/gpu are)"
   fi
+  # Weight-only int4 (MatMulNBits) has a GPU kernel (gemv_wq.cu): the CUDA plan builds.
+  Q4=$FIX/onnx-genai-int4/model.onnx
+  check "cuda build, int4 weights" '"$INFC" build "$Q4" -o "$TMP/g.plan" --target cuda -q'
+  check "int4 cuda plan --device cpu" '"$INFC" build "$Q4" -o "$TMP/g_cpu.plan" -q && diff <("$INFERRT" generate "$TMP/g.plan" "${GEN[@]:1}" --device cpu --json 2>/dev/null | grep -o "\"generated_ids\":\[[0-9,]*\]") <("$INFERRT" generate "$TMP/g_cpu.plan" "${GEN[@]:1}" --json 2>/dev/null | grep -o "\"generated_ids\":\[[0-9,]*\]") >/dev/null'
 else
   echo "skipped CUDA plans: $(head -1 "$TMP/build.err")"
 fi
+# Nodes the GPU has no kernel for are refused when the plan is built, not when it is opened:
+# W8A8, and int8 groups that are not whole 16-byte loads (this fixture's k).
+expect_error "cuda build, --quant w8a8" "W8A8" "$INFC" build "$M" -o "$TMP/q.plan" --target cuda --quant w8a8 -q
+expect_error "cuda build, --quant int8, k" "multiple of 32 (int4) or 16 (int8)" "$INFC" build "$M" -o "$TMP/q.plan" --target cuda --quant int8 -q
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -5,7 +5,8 @@
  * Graphs), a batch of sequences of different lengths decoded together with graphs on and
  * off (buckets with padding), and parallel completions through the engine (KV
  * copy-on-write on the device). Bounds, ||cuda - cpu|| / ||cpu|| over the logits: f32
- * weights 1e-4 (f32 arithmetic, another summation order); f16 5e-3 and bf16 2e-2 (cuBLAS
+ * weights 1e-4 (f32 arithmetic, another summation order), also int4 MatMulNBits (GEMV
+ * gemv_wq.cu at every m, dequantized as the CPU does); f16 5e-3 and bf16 2e-2 (cuBLAS
  * takes the activations of prefill GEMMs in the weights' type). Also the clear errors: a
  * plan for another arch, a KV pool larger than the GPU. Exits 0 printing "skipped: ..."
  * without a GPU. */
@@ -24,10 +25,13 @@ static int (*g_replays)(void); /* set under tests/unit/fake_cuda.c: graph launch
 typedef struct fixture {
   const char *name;
   double bound;
+  const char *src; /* under tests/fixtures, NULL: name */
 } fixture;
 
-static const fixture k_fixtures[] = {
-    {"llama-gqa-f32", 1e-4}, {"llama-mha-f16", 5e-3}, {"qwen2-bias-bf16", 2e-2}};
+static const fixture k_fixtures[] = {{"llama-gqa-f32", 1e-4, NULL},
+                                     {"llama-mha-f16", 5e-3, NULL},
+                                     {"qwen2-bias-bf16", 2e-2, NULL},
+                                     {"onnx-genai-int4", 1e-4, "onnx-genai-int4/model.onnx"}};
 
 static double rel_err(const float *out, const float *ref, size_t n) {
   double num = 0, den = 0;
@@ -131,7 +135,7 @@ static float *batch_decode(irt_model *m, int n_seq, int steps) {
 static void test_fixture(const fixture *f) {
   char plan[512];
   snprintf(plan, sizeof plan, TEST_TMP_DIR "/gpu_%s.plan", f->name);
-  if (!build(f->name, NULL, plan)) return;
+  if (!build(f->src ? f->src : f->name, NULL, plan)) return;
   irt_model *cpu = open_on(plan, "cpu", false, 4096), *gpu = open_on(plan, "cuda", true, 4096);
   irt_model *eager = open_on(plan, "cuda", false, 4096);
   if (!cpu || !gpu || !eager) goto done;

@@ -14,6 +14,7 @@
 #include "infc_nvrtc.h"
 #include "ir_dtype.h"
 #include "kn_cpu.h"
+#include "kn_matmul_wq.h"
 #include "tcheck.h"
 
 typedef int CUresult;
@@ -142,12 +143,13 @@ static double rel_err(const float *out, const float *ref, size_t n) {
     CHECKF(e_ <= (tol), "%s: rel err %.3e > %.0e", what, e_, (double)(tol));                  \
   } while (0)
 
-/* Random weights of dtype dt, rows x k: floats converted, or random blocks with a sane
- * f16 scale (and min) in each block header. */
+/* Random weights of dtype dt, rows x k: floats converted, random int8/int4 bytes, or random
+ * blocks with a sane f16 scale (and min) in each block header. */
 static uint8_t *weights(ir_dtype dt, int64_t rows, int64_t k) {
   size_t row = (size_t)ir_dtype_bytes(dt, (uint64_t)k), n = row * (size_t)rows;
   uint8_t *w = malloc(n);
   for (size_t i = 0; i < n; i++) w[i] = (uint8_t)rand();
+  if (dt == IR_I8 || dt == IR_I4) return w; /* any byte is a value (scales are separate) */
   if (dt == IR_F32 || dt == IR_F16 || dt == IR_BF16) {
     for (size_t i = 0; i < (size_t)(rows * k); i++) {
       float f = frand();
@@ -263,6 +265,68 @@ static void test_gemv(void) {
   free(x), free(bias), free(ref), free(out);
 }
 
+/* Quantization parameters (n, ng) of type t, stored as gemv_wq.cu reads them. */
+static void *qparams(ir_dtype t, int n, int ng, float lo, float span) {
+  size_t cnt = (size_t)n * ng;
+  void *p = malloc(cnt * 4);
+  for (size_t i = 0; i < cnt; i++) {
+    float v = lo + span * (frand() * 0.5f + 0.5f);
+    if (t == IR_F16) ((uint16_t *)p)[i] = ir_f32_to_f16(v);
+    else if (t == IR_F32) ((float *)p)[i] = v;
+    else if (t == IR_I8) ((int8_t *)p)[i] = (int8_t)lrintf(v);
+    else ((uint8_t *)p)[i] = (uint8_t)lrintf(v);
+  }
+  return p;
+}
+
+/* gemv_wq.cu against kn_matmul_wq: i4 / i8 weights, f32 / f16 scales, zero points of every
+ * type or none, m = 1, 3, 9 (9 also with one CTA row looping over its row tiles). */
+static void test_gemv_wq(void) {
+  static const struct {
+    ir_dtype qt, st, zt;
+    int group, code; /* code: gemv_wq.cu's zt, 0 for no zero points */
+  } cases[] = {{IR_I4, IR_F32, IR_U8, 32, 0},      {IR_I4, IR_F32, IR_U8, 64, 1},
+               {IR_I4, IR_F16, IR_F16, 128, 3},    {IR_I4, IR_F16, IR_F32, 256, 4},
+               {IR_I8, IR_F32, IR_U8, 256, 0},     {IR_I8, IR_F16, IR_I8, 16, 2}};
+  const int n = 67, k = 256, ms[] = {1, 3, 9};
+  float *x = frands(9 * k), *bias = frands(n), *ref = malloc(9 * n * 4), *out = malloc(9 * n * 4);
+  float *nan = malloc(9 * n * 4);
+  memset(nan, 0xff, 9 * n * 4);
+  CUdeviceptr dx = up(x, 9 * k * 4), db = up(bias, n * 4), dy = up(nan, 9 * n * 4);
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    int group = cases[c].group, ng = k / cases[c].group, st = cases[c].st == IR_F16;
+    int zt = cases[c].code;
+    bool i4 = cases[c].qt == IR_I4;
+    uint8_t *q = weights(cases[c].qt, n, k);
+    void *sc = qparams(cases[c].st, n, ng, 0.002f, 0.02f);
+    void *zp = zt ? qparams(cases[c].zt, n, ng, i4 ? 4.0f : -8.0f, i4 ? 8.0f : 16.0f) : NULL;
+    CUdeviceptr dq = up(q, ir_dtype_bytes(cases[c].qt, (uint64_t)n * k));
+    CUdeviceptr ds = up(sc, (size_t)n * ng * ir_dtype_bytes(cases[c].st, 1));
+    CUdeviceptr dz = zt ? up(zp, (size_t)n * ng * ir_dtype_bytes(cases[c].zt, 1)) : 0;
+    kn_wq w = {.q = q, .qt = cases[c].qt, .scales = sc, .st = cases[c].st, .zp = zp,
+               .zt = cases[c].zt, .group = group};
+    void *f = kernel("gemv_wq", i4 ? "kn_gemv_wq_i4" : "kn_gemv_wq_i8");
+    for (int mi = 0; mi < 4; mi++) {
+      int m = ms[mi < 3 ? mi : 2];
+      void *args[] = {&dy, &dx, &dq, &db, &ds, &dz, &m, (void *)&n, (void *)&k, &group, &st, &zt};
+      CU(cu.htod(dy, nan, (size_t)m * n * 4)); /* an unwritten element fails */
+      run(f, (n + 3) / 4, mi < 3 ? (unsigned)(m + 3) / 4 : 1, 1, 128, args);
+      down(out, dy, (size_t)m * n * 4);
+      kn_matmul_wq(NULL, ref, x, &w, bias, m, n, k, KN_WQ_ACT_NONE);
+      char what[64];
+      snprintf(what, sizeof what, "gemv_wq %s %s zp %s g%d m%d%s", ir_dtype_name(cases[c].qt),
+               ir_dtype_name(cases[c].st), zt ? ir_dtype_name(cases[c].zt) : "-", group, m,
+               mi == 3 ? " 1cta" : "");
+      CLOSE(what, out, ref, (size_t)(m * n), 1e-5);
+    }
+    cu.free(dq), cu.free(ds);
+    if (zt) cu.free(dz);
+    free(q), free(sc), free(zp);
+  }
+  cu.free(dx), cu.free(db), cu.free(dy);
+  free(x), free(bias), free(ref), free(out), free(nan);
+}
+
 static void test_rope(void) {
   const int n_tok = 5, n_heads = 4, hd = 64, max_pos = 40;
   int32_t pos[5] = {0, 1, 17, 39, 5};
@@ -315,7 +379,8 @@ static void test_attention(void) {
   CUdeviceptr dpos = up(pos, sizeof pos), dbt = up(bt, sizeof bt), dout = poisoned(qn * 4);
   const int maxb = MAXB, nh = NH, nkv = NKV;
   const float scale = 0.125f;
-  kn_kv_layer kv = {k, v, NBLK, BS, NKV, HD};
+  kn_kv_layer kv = {.k = k, .v = v, .n_blocks = NBLK, .block_size = BS, .n_kv_heads = NKV,
+                    .head_dim = HD};
   kn_attn_batch b = {NT, seq, pos, MAXB, bt};
   kn_attention_paged(NULL, ref, q, kn, vn, &kv, &b, NH, scale); /* also writes k, v */
 
@@ -463,6 +528,7 @@ int main(void) {
   test_norms();
   test_rows();
   test_gemv();
+  test_gemv_wq();
   test_rope();
   test_attention();
   test_sampling();

@@ -15,6 +15,7 @@
 
 #include "ir_dtype.h"
 #include "kn_cpu.h"
+#include "kn_matmul_wq.h"
 
 typedef int CUresult;
 typedef unsigned long long CUdeviceptr;
@@ -149,6 +150,21 @@ static void emu_gemv(const launch_t *l, ir_dtype dt) {
   kn_matmul(NULL, PF(0), PF(1), PV(2), dt, PF(3), m, n, k);
 }
 
+/* kn_gemv_wq_i4/_i8: y, x, w, bias, scales, zp, m, n, k, group, st, zt (gemv_wq.cu); its
+ * CTAs loop over row tiles, so any grid y up to the tile count computes every row. */
+static void emu_gemv_wq(const launch_t *l, bool i4) {
+  static const ir_dtype zts[] = {IR_U8, IR_U8, IR_I8, IR_F16, IR_F32};
+  int m = I32(6), n = I32(7), k = I32(8), group = I32(9), st = I32(10), zt = I32(11);
+  long long tiles = (m + 3) / 4;
+  if ((long long)l->grid[0] * 4 < n || !l->grid[1] || l->grid[1] > 65535 || l->grid[1] > tiles ||
+      l->block != 128 || group <= 0 || k % group || group % (i4 ? 32 : 16) || st < 0 ||
+      st > 1 || zt < 0 || zt > 4 || (zt != 0) != (PV(5) != NULL))
+    abort();
+  kn_wq q = {.q = PV(2), .qt = i4 ? IR_I4 : IR_I8, .scales = PV(4), .st = st ? IR_F16 : IR_F32,
+             .zp = PV(5), .zt = zts[zt], .group = group};
+  kn_matmul_wq(NULL, PF(0), PF(1), &q, PF(3), m, n, k, KN_WQ_ACT_NONE);
+}
+
 static void emu_simple(const launch_t *l, const char *name) {
   if (!strcmp(name, "kn_add")) kn_add(NULL, PF(0), PF(1), PF(2), I64(3));
   else if (!strcmp(name, "kn_swiglu")) kn_swiglu(NULL, PF(0), PF(1), PF(2), I64(3));
@@ -181,6 +197,7 @@ static const struct {
     {"kn_attn_prefill", 13, "8888888444488"}, {"kn_kv_write", 9, "888888844"},
     {"kn_gemv_f32", 7, "8888444"}, {"kn_gemv_f16", 7, "8888444"}, {"kn_gemv_bf16", 7, "8888444"},
     {"kn_gemv_q8_0", 7, "8888444"}, {"kn_gemv_q4_0", 7, "8888444"}, {"kn_gemv_q4_1", 7, "8888444"},
+    {"kn_gemv_wq_i4", 12, "888888444444"}, {"kn_gemv_wq_i8", 12, "888888444444"},
     {"kn_embed_f32", 4, "8888"}, {"kn_embed_f16", 4, "8888"}, {"kn_embed_bf16", 4, "8888"},
     {"kn_embed_q8_0", 4, "8888"}, {"kn_embed_q4_0", 4, "8888"}, {"kn_embed_q4_1", 4, "8888"},
 };
@@ -198,6 +215,7 @@ static void run_launch(const launch_t *l) {
   else if (!strcmp(name, "kn_attn_decode_reduce")) emu_reduce(l);
   else if (!strcmp(name, "kn_attn_prefill")) emu_prefill(l);
   else if (!strcmp(name, "kn_kv_write")) emu_kv_write(l);
+  else if (!strncmp(name, "kn_gemv_wq_", 11)) emu_gemv_wq(l, name[12] == '4');
   else if (!strncmp(name, "kn_gemv_", 8)) emu_gemv(l, dtype_of(name + 8));
   else if (!strncmp(name, "kn_embed_", 9))
     kn_embed(NULL, PF(0), PV(1), dtype_of(name + 9), PI(2), l->grid[0], I64(3));

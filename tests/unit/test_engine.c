@@ -1,7 +1,8 @@
 /* test_engine: continuous batching, chunked prefill, prefix caching, parallel sampling,
  * preemption and cancellation, checked against single-sequence runs of the same model.
  * Because CPU kernels are batch-invariant, a request's tokens and log-probabilities must
- * be bit-identical however it was batched, chunked, cached or preempted. */
+ * be bit-identical however it was batched, chunked, cached or preempted.
+ * `test_engine --kv-dtype int8` runs every check again over the int8 KV cache. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +25,7 @@ typedef struct result {
 } result;
 
 static int g_finish_counter;
+static irt_kv_dtype g_kv_dtype; /* --kv-dtype */
 
 static void on_event(void *user, const irt_event *ev) {
   result *r = user;
@@ -41,7 +43,9 @@ static void on_event(void *user, const irt_event *ev) {
 }
 
 static const char *build_plan(void) {
-  static const char *path = TEST_TMP_DIR "/engine.plan";
+  /* one plan per dtype: both runs may go at once under ctest -j */
+  const char *path = g_kv_dtype == IRT_KV_DTYPE_F32 ? TEST_TMP_DIR "/engine.plan"
+                                                    : TEST_TMP_DIR "/engine-kv-int8.plan";
   infc_options o = infc_options_default();
   o.model.max_tokens = 48;
   o.model.max_seqs = 8;
@@ -56,6 +60,7 @@ static irt_model *open_model(const char *plan, int64_t kv_tokens) {
   irt_model_opts mo = irt_model_opts_default();
   mo.n_threads = 2;
   mo.kv_tokens = kv_tokens;
+  mo.kv_dtype = g_kv_dtype;
   irt_model *m = NULL;
   irt_error err = {0};
   CHECKF(irt_model_open(plan, &mo, &m, &err) == IRT_OK, "%s", err.msg);
@@ -367,10 +372,13 @@ static void test_penalties_and_top(irt_model *m) {
   free(lg), free(pen), free(counts);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+  if (argc == 3 && !strcmp(argv[1], "--kv-dtype") && !irt_kv_dtype_parse(argv[2], &g_kv_dtype))
+    return fprintf(stderr, "test_engine: bad --kv-dtype '%s'\n", argv[2]), 2;
   const char *plan = build_plan();
   irt_model *m = open_model(plan, 0);
   if (!m) return tcheck_done("engine");
+  CHECK(!strcmp(irt_model_get_info(m)->kv_dtype, irt_kv_dtype_name(g_kv_dtype)));
   enum { N = 8 };
   static result ref[MAX_REQ];
   run_solo(m, N, ref);

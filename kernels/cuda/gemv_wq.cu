@@ -1,0 +1,120 @@
+// gemv_wq.cu: weight-only int8 / int4 GEMV with separate scales and zero points (ONNX
+// MatMulNBits, infc --quant int8|int4), y = x . W^T (+ bias), for every m (no cuBLAS path).
+// x: (m, k) f32; q: (n, k) i8, or i4 two a byte (element 2t the low nibble of byte t,
+// unsigned); scales (n, k / group) f32 (st 0) or f16 (st 1); zero points (n, k / group) by
+// zt: 0 none (8 for i4, 0 for i8), 1 u8, 2 i8, 3 f16, 4 f32; bias (n) f32 or NULL; y (m, n).
+// w = ((float)q - zp) * scale in f32, as kn_matmul_wq (kernels/cpu) computes it.
+//
+// As gemv.cu: one warp per output column, GEMV_M rows of x per CTA, one 16-byte weight load
+// per chunk (32 i4 or 16 i8 values, one scale each: group % CHUNK == 0); lane i takes chunks
+// i, i + 32, ...; the order of one y element's sum depends only on k, never on m. CTAs loop
+// over row tiles past gridDim.y * GEMV_M, so any m fits in one launch.
+// Launch: grid (ceil(n / GEMV_WARPS), min(ceil(m / GEMV_M), 65535)), block GEMV_WARPS * 32.
+
+#ifndef GEMV_M
+#define GEMV_M 4
+#endif
+#ifndef GEMV_WARPS
+#define GEMV_WARPS 4
+#endif
+
+__device__ __forceinline__ float wq_f16(unsigned short h) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return f;
+}
+
+__device__ __forceinline__ float wq_scale(const void *s, int st, long long i) {
+  return st ? wq_f16(__ldg((const unsigned short *)s + i)) : __ldg((const float *)s + i);
+}
+
+__device__ __forceinline__ float wq_zero(const void *z, int zt, long long i, float dflt) {
+  switch (zt) {
+  case 1: return (float)__ldg((const unsigned char *)z + i);
+  case 2: return (float)(signed char)__ldg((const unsigned char *)z + i);
+  case 3: return wq_f16(__ldg((const unsigned short *)z + i));
+  case 4: return __ldg((const float *)z + i);
+  default: return dflt;
+  }
+}
+
+// The CHUNK values of one 16-byte load, as integers in f32.
+template <bool I4>
+struct wq_q {
+  enum { CHUNK = I4 ? 32 : 16 };
+  static __device__ __forceinline__ void unpack(float (&q)[CHUNK], uint4 u) {
+    unsigned int v[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int t = 0; t < 4; t++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        unsigned int b = (v[t] >> (8 * e)) & 0xffu;
+        if (I4) {
+          q[8 * t + 2 * e] = (float)(b & 15u);
+          q[8 * t + 2 * e + 1] = (float)(b >> 4);
+        } else {
+          q[4 * t + e] = (float)(signed char)b;
+        }
+      }
+  }
+};
+
+template <bool I4>
+__device__ __forceinline__ void gemv_wq(float *y, const float *x, const unsigned char *w,
+                                        const float *bias, const void *scales, const void *zp,
+                                        int m, int n, int k, int group, int st, int zt) {
+  typedef wq_q<I4> Q;
+  const int lane = threadIdx.x & 31;
+  const int col = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
+  if (col >= n) return;
+  const int n_chunks = k / Q::CHUNK, ng = k / group;
+  const unsigned char *wr = w + (long long)col * n_chunks * 16;
+  const long long prow = (long long)col * ng;
+  const float b = bias ? bias[col] : 0.0f, dflt = I4 ? 8.0f : 0.0f;
+  for (int r0 = blockIdx.y * GEMV_M; r0 < m; r0 += gridDim.y * GEMV_M) {
+    const int rows = min(GEMV_M, m - r0);
+    const float *xr = x + (long long)r0 * k;
+    float acc[GEMV_M];
+#pragma unroll
+    for (int r = 0; r < GEMV_M; r++) acc[r] = 0.0f;
+    for (int ch = lane; ch < n_chunks; ch += 32) {
+      const long long c = (long long)ch * Q::CHUNK, gi = prow + c / group;
+      const float s = wq_scale(scales, st, gi), z = wq_zero(zp, zt, gi, dflt);
+      float wv[Q::CHUNK];
+      Q::unpack(wv, __ldg((const uint4 *)(wr + (long long)ch * 16)));
+#pragma unroll
+      for (int j = 0; j < Q::CHUNK; j++) wv[j] = (wv[j] - z) * s;
+#pragma unroll
+      for (int r = 0; r < GEMV_M; r++) {
+        if (r >= rows) break;
+        const float *xp = xr + (long long)r * k + c;
+        float a = acc[r];
+#pragma unroll
+        for (int j = 0; j < Q::CHUNK; j += 4) {
+          float4 xv = __ldg((const float4 *)(xp + j));
+          a = fmaf(wv[j + 3], xv.w, fmaf(wv[j + 2], xv.z, fmaf(wv[j + 1], xv.y,
+                                                                  fmaf(wv[j], xv.x, a))));
+        }
+        acc[r] = a;
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < GEMV_M; r++) {
+      float s = acc[r];
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+      if (lane == 0 && r < rows) y[(long long)(r0 + r) * n + col] = s + b;
+    }
+  }
+}
+
+#define GEMV_WQ_ENTRY(name, I4)                                                                \
+  extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                \
+      name(float *y, const float *x, const unsigned char *w, const float *bias,                \
+           const void *scales, const void *zp, int m, int n, int k, int group, int st,         \
+           int zt) {                                                                           \
+    gemv_wq<I4>(y, x, w, bias, scales, zp, m, n, k, group, st, zt);                           \
+  }
+
+GEMV_WQ_ENTRY(kn_gemv_wq_i4, true)
+GEMV_WQ_ENTRY(kn_gemv_wq_i8, false)
