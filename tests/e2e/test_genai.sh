@@ -8,10 +8,7 @@
 set -u
 INFC=$1 INFERRT=$2 FIX=$3 TMP=$4/genai-e2e
 rm -rf "$TMP" && mkdir -p "$TMP"
-pass=0 fail=0
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
-check() { if eval "$2"; then ok; else bad "$1"; fi; }
+source "$(dirname "$0")/tlib.sh"
 
 M=$FIX/onnx-genai-int4
 check "build prints the recognition" '"$INFC" build "$M/model.onnx" -o "$TMP/g.plan" >"$TMP/build.txt" &&
