@@ -45,6 +45,19 @@ void kn_matmul(kn_pool *p, float *y, const float *x, const void *w, ir_dtype wt,
 void kn_matmul_swiglu(kn_pool *p, float *y, const float *x, const void *w, ir_dtype wt,
                       const float *bias, int64_t m, int64_t n, int64_t k);
 
+/* How the matmul kernels cut y (m, n) into pool tasks: tiles of mb rows x nb columns,
+ * n_tiles of them along n; task t is row tile t / n_tiles, column tile t % n_tiles. Tiles
+ * follow the cache (a W tile stays in L2 while x rows sweep it) and the thread count; they
+ * change only which outputs share a task, never how one output is summed. */
+typedef struct kn_mm_tiles {
+  int64_t m, n, mb, nb, n_tiles, n_tasks;
+} kn_mm_tiles;
+/* col_bytes: bytes of W read per column of y. */
+kn_mm_tiles kn_mm_tiles_plan(int64_t m, int64_t n, int64_t col_bytes, int n_threads);
+/* The rows [*i0, *i1) and columns [*j0, *j1) of task t. */
+void kn_mm_tile_bounds(const kn_mm_tiles *t, int64_t task, int64_t *i0, int64_t *i1,
+                       int64_t *j0, int64_t *j1);
+
 /* Caps the instruction set kn_matmul dispatches to (0 portable C, 1 AVX2, 2 AVX-512;
  * the CPU must still support it) and returns the previous cap. For tests and
  * benchmarks; call it only while no kernel runs. */

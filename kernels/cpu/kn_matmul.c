@@ -597,8 +597,7 @@ typedef struct mm_args {
   int64_t m, n, k;  /* n: columns of y */
   int64_t w_row_bytes;
   bool swiglu;     /* y[:, j] = silu(z[:, j]) * z[:, n + j]: W has 2n rows */
-  int64_t mb, nb;  /* tile sizes */
-  int64_t n_tiles; /* tiles along n; task t is m tile t / n_tiles, n tile t % n_tiles */
+  kn_mm_tiles tiles;
   const mm_kernels *kern;
   const mm_panel_kernels *panel; /* the panel path, or NULL */
   mm_deq_fn deq;                 /* panel: W row -> f32 */
@@ -698,31 +697,39 @@ static void mm_task(void *arg, int64_t begin, int64_t end, int tid) {
   (void)tid;
   const mm_args *a = arg;
   for (int64_t t = begin; t < end; t++) {
-    int64_t i0 = t / a->n_tiles * a->mb, j0 = t % a->n_tiles * a->nb;
-    int64_t i1 = i0 + a->mb < a->m ? i0 + a->mb : a->m;
-    int64_t j1 = j0 + a->nb < a->n ? j0 + a->nb : a->n;
+    int64_t i0, i1, j0, j1;
+    kn_mm_tile_bounds(&a->tiles, t, &i0, &i1, &j0, &j1);
     mm_tile(a, i0, i1, j0, j1);
   }
 }
 
 static int64_t mm_round_up(int64_t v, int64_t to) { return (v + to - 1) / to * to; }
 
-/* Tile sizes change only which outputs share a task, so they are free to follow the
- * cache and the thread count. */
-static void mm_plan(mm_args *a, int n_threads) {
-  int64_t col_bytes = a->w_row_bytes * (a->swiglu ? 2 : 1); /* W bytes per column of y */
+kn_mm_tiles kn_mm_tiles_plan(int64_t m, int64_t n, int64_t col_bytes, int n_threads) {
+  kn_mm_tiles t = {.m = m, .n = n};
   int64_t nb = KN_MM_W_TILE_BYTES / (col_bytes > 0 ? col_bytes : 1);
   nb = nb / KN_MM_TILE_ALIGN * KN_MM_TILE_ALIGN;
   if (nb < KN_MM_TILE_ALIGN) nb = KN_MM_TILE_ALIGN;
-  a->mb = a->m < KN_MM_M_TILE ? a->m : KN_MM_M_TILE;
-  int64_t m_tiles = (a->m + a->mb - 1) / a->mb;
+  t.mb = m < KN_MM_M_TILE ? m : KN_MM_M_TILE;
+  if (t.mb < 1) t.mb = 1;
+  int64_t m_tiles = (m + t.mb - 1) / t.mb;
   int64_t want = (int64_t)n_threads * KN_MM_TASKS_PER_THREAD;
-  if (n_threads > 1 && m_tiles * ((a->n + nb - 1) / nb) < want) {
-    int64_t per = mm_round_up((a->n * m_tiles + want - 1) / want, KN_MM_TILE_ALIGN);
+  if (n_threads > 1 && m_tiles * ((n + nb - 1) / nb) < want) {
+    int64_t per = mm_round_up((n * m_tiles + want - 1) / want, KN_MM_TILE_ALIGN);
     nb = per < nb ? per : nb;
   }
-  a->nb = nb;
-  a->n_tiles = (a->n + nb - 1) / nb;
+  t.nb = nb;
+  t.n_tiles = (n + nb - 1) / nb;
+  t.n_tasks = t.n_tiles * m_tiles;
+  return t;
+}
+
+void kn_mm_tile_bounds(const kn_mm_tiles *t, int64_t task, int64_t *i0, int64_t *i1,
+                       int64_t *j0, int64_t *j1) {
+  *i0 = task / t->n_tiles * t->mb;
+  *j0 = task % t->n_tiles * t->nb;
+  *i1 = *i0 + t->mb < t->m ? *i0 + t->mb : t->m;
+  *j1 = *j0 + t->nb < t->n ? *j0 + t->nb : t->n;
 }
 
 /* Several x rows against a non-f32 W take the panel path when a panel of one kernel
@@ -744,8 +751,9 @@ static void mm_choose_panel(mm_args *a, ir_dtype wt) {
 
 static void mm_run(kn_pool *p, mm_args *a) {
   if (a->m <= 0 || a->n <= 0) return;
-  mm_plan(a, kn_pool_threads(p));
-  int64_t tasks = a->n_tiles * ((a->m + a->mb - 1) / a->mb);
+  a->tiles = kn_mm_tiles_plan(a->m, a->n, a->w_row_bytes * (a->swiglu ? 2 : 1),
+                             kn_pool_threads(p));
+  int64_t tasks = a->tiles.n_tasks;
   int64_t flops = 2 * a->m * a->n * a->k * (a->swiglu ? 2 : 1);
   kn_parallel_for(p, tasks, flops < KN_MM_SERIAL_FLOPS ? tasks : 1, mm_task, a);
 }

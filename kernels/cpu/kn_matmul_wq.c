@@ -26,10 +26,6 @@ enum {
   WQ_LANES = 16,
   WQ_MAX_R = 4,
   WQ_MAX_C = 8,
-  WQ_TILE_ALIGN = 8,
-  WQ_W_TILE_BYTES = 256 << 10,
-  WQ_M_TILE = 64,
-  WQ_TASKS_PER_THREAD = 4,
   WQ_SERIAL_FLOPS = 1 << 18,
   WQ_RUN = 16, /* SIMD paths: groups whose scales and zeros are read ahead into f32 */
 };
@@ -69,7 +65,7 @@ struct wq_args {
   bool swiglu;         /* y[:, j] = silu(z[:, j]) * z[:, n + j] (kn_matmul_swiglu) */
   int64_t ng;          /* groups per row: k / group */
   int64_t w_row_bytes; /* bytes of one row of q */
-  int64_t mb, nb, n_tiles;
+  kn_mm_tiles tiles;   /* as kn_matmul cuts its tasks */
   const wq_kernels *kern;
 };
 
@@ -658,9 +654,8 @@ static void wq_task(void *arg, int64_t begin, int64_t end, int tid) {
   (void)tid;
   const wq_args *a = arg;
   for (int64_t t = begin; t < end; t++) {
-    int64_t i0 = t / a->n_tiles * a->mb, j0 = t % a->n_tiles * a->nb;
-    int64_t i1 = i0 + a->mb < a->m ? i0 + a->mb : a->m;
-    int64_t j1 = j0 + a->nb < a->n ? j0 + a->nb : a->n;
+    int64_t i0, i1, j0, j1;
+    kn_mm_tile_bounds(&a->tiles, t, &i0, &i1, &j0, &j1);
     wq_tile(a, i0, i1, j0, j1);
   }
 }
@@ -669,30 +664,10 @@ static void w8_task(void *arg, int64_t begin, int64_t end, int tid) {
   (void)tid;
   const wq_args *a = arg;
   for (int64_t t = begin; t < end; t++) {
-    int64_t i0 = t / a->n_tiles * a->mb, j0 = t % a->n_tiles * a->nb;
-    int64_t i1 = i0 + a->mb < a->m ? i0 + a->mb : a->m;
-    int64_t j1 = j0 + a->nb < a->n ? j0 + a->nb : a->n;
+    int64_t i0, i1, j0, j1;
+    kn_mm_tile_bounds(&a->tiles, t, &i0, &i1, &j0, &j1);
     w8_tile(a, i0, i1, j0, j1);
   }
-}
-
-static int64_t wq_round_up(int64_t v, int64_t to) { return (v + to - 1) / to * to; }
-
-/* Tile sizes change only which outputs share a task, never how one is summed. */
-static void wq_plan(wq_args *a, int n_threads) {
-  int64_t col_bytes = a->w_row_bytes * (a->swiglu ? 2 : 1); /* W bytes per column of y */
-  int64_t nb = WQ_W_TILE_BYTES / (col_bytes > 0 ? col_bytes : 1);
-  nb = nb / WQ_TILE_ALIGN * WQ_TILE_ALIGN;
-  if (nb < WQ_TILE_ALIGN) nb = WQ_TILE_ALIGN;
-  a->mb = a->m < WQ_M_TILE ? a->m : WQ_M_TILE;
-  int64_t m_tiles = (a->m + a->mb - 1) / a->mb;
-  int64_t want = (int64_t)n_threads * WQ_TASKS_PER_THREAD;
-  if (n_threads > 1 && m_tiles * ((a->n + nb - 1) / nb) < want) {
-    int64_t per = wq_round_up((a->n * m_tiles + want - 1) / want, WQ_TILE_ALIGN);
-    nb = per < nb ? per : nb;
-  }
-  a->nb = nb;
-  a->n_tiles = (a->n + nb - 1) / nb;
 }
 
 static void wq_run(kn_pool *p, float *y, const float *x, const kn_wq *w, const float *bias,
@@ -703,8 +678,8 @@ static void wq_run(kn_pool *p, float *y, const float *x, const kn_wq *w, const f
                .swiglu = swiglu, .ng = k / w->group,
                .w_row_bytes = (int64_t)ir_dtype_bytes(w->qt, (uint64_t)k),
                .kern = wq_pick(w, k, w8a8)};
-  wq_plan(&a, kn_pool_threads(p));
-  int64_t tasks = a.n_tiles * ((m + a.mb - 1) / a.mb), flops = 2 * m * n * k;
+  a.tiles = kn_mm_tiles_plan(a.m, a.n, a.w_row_bytes * (swiglu ? 2 : 1), kn_pool_threads(p));
+  int64_t tasks = a.tiles.n_tasks, flops = 2 * m * n * k;
   kn_parallel_for(p, tasks, flops < WQ_SERIAL_FLOPS ? tasks : 1, w8a8 ? w8_task : wq_task, &a);
 }
 
