@@ -2,13 +2,21 @@
  * Each (token, head) is one online-softmax pass, so its result never depends on the
  * other tokens of the step. */
 #include <math.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "kn_cpu.h"
 
 /* The accumulator lives on the stack in slices of this many dims; wider heads take one
  * pass per slice (recomputing the scores) rather than allocating. */
-enum { KN_ATTN_DSLICE = 256, KN_ATTN_LANES = 8, KN_ATTN_MIN_WORK = 32768 };
+enum { KN_ATTN_DSLICE = 256, KN_ATTN_LANES = 16, KN_ATTN_MIN_WORK = 32768 };
+
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+#define KN_ATTN_X86 1
+#include <immintrin.h>
+#else
+#define KN_ATTN_X86 0
+#endif
 
 typedef struct attn_args {
   float *out;
@@ -51,17 +59,214 @@ static void attn_write_task(void *arg, int64_t begin, int64_t end, int tid) {
   }
 }
 
-/* Fixed lanes and fold order: vectorisable, and the same for every call. */
-static float attn_dot(const float *restrict x, const float *restrict y, int64_t n) {
-  float acc[KN_ATTN_LANES] = {0};
-  int64_t i = 0;
-  for (; i + KN_ATTN_LANES <= n; i += KN_ATTN_LANES)
-    for (int l = 0; l < KN_ATTN_LANES; l++) acc[l] += x[i + l] * y[i + l];
-  for (int w = KN_ATTN_LANES / 2; w > 0; w /= 2)
-    for (int l = 0; l < w; l++) acc[l] += acc[l + w];
-  float s = acc[0];
-  for (; i < n; i++) s += x[i] * y[i];
-  return s;
+/* --- reading the cache -------------------------------------------------------------------
+ * Each (token, head) is one online-softmax pass over its positions in order, up to
+ * KN_ATTN_CHUNK positions (never across a cache block) at a time: the chunk's scores, one
+ * rescale of the running state when the chunk raises the max, the chunk's weights, then
+ * its values added in position order. Every step runs in a fixed order that depends only
+ * on the token's context length and the block size, so a result never depends on the
+ * rest of the batch or on the thread count:
+ *  - score = dot(q, k) * k_scale (int8 cache) * scale, the dot summed in 16 lanes strided
+ *    over d, folded (l, l+8), (l, l+4), (l, l+2), (0, 1), then the head_dim % 16 tail;
+ *  - weights by attn_exp below;
+ *  - acc[d] = p * v[d] + acc[d] for each position in order (p times v_scale for int8).
+ * The AVX-512 kernels fuse every multiply-add; the portable ones fuse where the target
+ * has a native fma (FP_FAST_FMAF), so the two give the same bits on such targets. */
+enum { KN_ATTN_CHUNK = 16 };
+
+#ifdef FP_FAST_FMAF
+#define ATTN_MADD(a, b, c) fmaf((a), (b), (c))
+#else
+#define ATTN_MADD(a, b, c) ((a) * (b) + (c))
+#endif
+
+/* exp(x) for the softmax, where x <= 0: x = n ln2 + r with |r| <= ln2 / 2 (ln2 in two
+ * parts), e^r by a degree-7 polynomial (Cephes expf, within 2 ulp), times 2^n built in
+ * the exponent bits. Below -87 (the result would be under 2^-125 against a sum >= 1) it
+ * returns 0, so -inf gives 0 too. */
+#define ATTN_EXP_MIN (-87.0f)
+#define ATTN_LOG2E 1.44269504088896341f
+#define ATTN_LN2_HI 0.693359375f
+#define ATTN_LN2_LO (-2.12194440e-4f)
+#define ATTN_ROUND 12582912.0f /* 1.5 * 2^23: adding and subtracting it rounds to integer */
+static const float k_attn_exp_poly[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
+                                         4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
+
+static float attn_exp(float x) {
+  if (isnan(x)) return x;
+  if (x < ATTN_EXP_MIN) return 0.0f;
+  float n = (x * ATTN_LOG2E + ATTN_ROUND) - ATTN_ROUND;
+  float r = ATTN_MADD(n, -ATTN_LN2_HI, x);
+  r = ATTN_MADD(n, -ATTN_LN2_LO, r);
+  float p = k_attn_exp_poly[0];
+  for (int i = 1; i < 6; i++) p = ATTN_MADD(p, r, k_attn_exp_poly[i]);
+  float y = ATTN_MADD(p, r * r, r) + 1.0f;
+  uint32_t bits = (uint32_t)((int32_t)n + 127) << 23;
+  float scale;
+  memcpy(&scale, &bits, sizeof scale);
+  return y * scale;
+}
+
+/* The n (<= KN_ATTN_CHUNK) consecutive cache rows of one (block, kv head) a chunk reads. */
+typedef struct attn_rows {
+  const float *k, *v;     /* f32 cache rows, or NULL */
+  const int8_t *k8, *v8;  /* int8 cache rows */
+  const float *ks;        /* int8: the k scale of each row */
+  int64_t hd;
+  int n;
+} attn_rows;
+
+/* The kernels of one instruction set. */
+typedef struct attn_kernels {
+  /* s[j] = score of row j, j < r->n */
+  void (*scores)(const float *q, const attn_rows *r, float scale, float *s);
+  /* x[j] = attn_exp(x[j]), j < n */
+  void (*exp)(float *x, int n);
+  /* acc[d] += p[j] * v_j[d0 + d], d < dn, for j < r->n in order */
+  void (*accum)(float *acc, const float *p, const attn_rows *r, int64_t d0, int64_t dn);
+} attn_kernels;
+
+static float attn_kval(const attn_rows *r, int64_t j, int64_t d) {
+  return r->k ? r->k[j * r->hd + d] : (float)r->k8[j * r->hd + d];
+}
+
+static void attn_scores_c(const float *q, const attn_rows *r, float scale, float *s) {
+  int64_t hd = r->hd;
+  for (int j = 0; j < r->n; j++) {
+    float acc[KN_ATTN_LANES] = {0};
+    int64_t i = 0;
+    for (; i + KN_ATTN_LANES <= hd; i += KN_ATTN_LANES)
+      for (int l = 0; l < KN_ATTN_LANES; l++)
+        acc[l] = ATTN_MADD(q[i + l], attn_kval(r, j, i + l), acc[l]);
+    for (int w = KN_ATTN_LANES / 2; w > 0; w /= 2)
+      for (int l = 0; l < w; l++) acc[l] += acc[l + w];
+    float d = acc[0];
+    for (; i < hd; i++) d = ATTN_MADD(q[i], attn_kval(r, j, i), d);
+    s[j] = (r->k ? d : d * r->ks[j]) * scale;
+  }
+}
+
+static void attn_exp_c(float *x, int n) {
+  for (int j = 0; j < n; j++) x[j] = attn_exp(x[j]);
+}
+
+static void attn_accum_c(float *acc, const float *p, const attn_rows *r, int64_t d0,
+                         int64_t dn) {
+  for (int j = 0; j < r->n; j++) {
+    if (r->v) {
+      const float *v = r->v + j * r->hd + d0;
+      for (int64_t d = 0; d < dn; d++) acc[d] = ATTN_MADD(p[j], v[d], acc[d]);
+    } else {
+      const int8_t *v = r->v8 + j * r->hd + d0;
+      for (int64_t d = 0; d < dn; d++) acc[d] = ATTN_MADD(p[j], (float)v[d], acc[d]);
+    }
+  }
+}
+
+static const attn_kernels k_attn_c = {attn_scores_c, attn_exp_c, attn_accum_c};
+
+#if KN_ATTN_X86
+#define ATTN_AVX512 __attribute__((target("avx512f,avx2,fma")))
+#define ATTN_AVX512_INLINE static inline __attribute__((target("avx512f,avx2,fma"), always_inline))
+
+ATTN_AVX512_INLINE __m512 attn_k16(const attn_rows *r, int64_t j, int64_t i) {
+  if (r->k) return _mm512_loadu_ps(r->k + j * r->hd + i);
+  __m128i b = _mm_loadu_si128((const __m128i *)(r->k8 + j * r->hd + i));
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b));
+}
+
+/* (l, l+8), (l, l+4), (l, l+2), (0, 1): the fold of the order. */
+ATTN_AVX512_INLINE float attn_fold16(__m512 v) {
+  __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v),
+                           _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+  __m128 a = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+  a = _mm_add_ps(a, _mm_movehl_ps(a, a));
+  a = _mm_add_ss(a, _mm_shuffle_ps(a, a, 1));
+  return _mm_cvtss_f32(a);
+}
+
+static ATTN_AVX512 void attn_scores_avx512(const float *q, const attn_rows *r, float scale,
+                                           float *s) {
+  int64_t hd = r->hd, full = hd / KN_ATTN_LANES * KN_ATTN_LANES;
+  int j = 0;
+  /* four rows at a time: four independent fma chains */
+  for (; j + 4 <= r->n; j += 4) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t i = 0; i < full; i += KN_ATTN_LANES) {
+      __m512 qv = _mm512_loadu_ps(q + i);
+      a0 = _mm512_fmadd_ps(qv, attn_k16(r, j, i), a0);
+      a1 = _mm512_fmadd_ps(qv, attn_k16(r, j + 1, i), a1);
+      a2 = _mm512_fmadd_ps(qv, attn_k16(r, j + 2, i), a2);
+      a3 = _mm512_fmadd_ps(qv, attn_k16(r, j + 3, i), a3);
+    }
+    s[j] = attn_fold16(a0), s[j + 1] = attn_fold16(a1);
+    s[j + 2] = attn_fold16(a2), s[j + 3] = attn_fold16(a3);
+  }
+  for (; j < r->n; j++) {
+    __m512 a0 = _mm512_setzero_ps();
+    for (int64_t i = 0; i < full; i += KN_ATTN_LANES)
+      a0 = _mm512_fmadd_ps(_mm512_loadu_ps(q + i), attn_k16(r, j, i), a0);
+    s[j] = attn_fold16(a0);
+  }
+  for (j = 0; j < r->n; j++) {
+    float d = s[j];
+    for (int64_t i = full; i < hd; i++) d = fmaf(q[i], attn_kval(r, j, i), d);
+    s[j] = (r->k ? d : d * r->ks[j]) * scale;
+  }
+}
+
+/* attn_exp on 16 lanes, operation for operation. */
+static ATTN_AVX512 void attn_exp_avx512(float *x, int n) {
+  __mmask16 m = (__mmask16)((1u << n) - 1u);
+  __m512 v = _mm512_maskz_loadu_ps(m, x);
+  __mmask16 keep = _mm512_cmp_ps_mask(v, _mm512_set1_ps(ATTN_EXP_MIN), _CMP_GE_OQ);
+  __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  __m512 t = _mm512_mul_ps(v, _mm512_set1_ps(ATTN_LOG2E));
+  __m512 nf = _mm512_sub_ps(_mm512_add_ps(t, _mm512_set1_ps(ATTN_ROUND)),
+                            _mm512_set1_ps(ATTN_ROUND));
+  __m512 r = _mm512_fmadd_ps(nf, _mm512_set1_ps(-ATTN_LN2_HI), v);
+  r = _mm512_fmadd_ps(nf, _mm512_set1_ps(-ATTN_LN2_LO), r);
+  __m512 p = _mm512_set1_ps(k_attn_exp_poly[0]);
+  for (int i = 1; i < 6; i++) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(k_attn_exp_poly[i]));
+  __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+  __m512i e = _mm512_slli_epi32(
+      _mm512_add_epi32(_mm512_cvtps_epi32(nf), _mm512_set1_epi32(127)), 23);
+  __m512 out = _mm512_maskz_mul_ps(keep, y, _mm512_castsi512_ps(e));
+  out = _mm512_mask_mov_ps(out, nan, v);
+  _mm512_mask_storeu_ps(x, m, out);
+}
+
+static ATTN_AVX512 void attn_accum_avx512(float *acc, const float *p, const attn_rows *r,
+                                          int64_t d0, int64_t dn) {
+  for (int64_t d = 0; d < dn; d += KN_ATTN_LANES) {
+    __mmask16 m = dn - d >= KN_ATTN_LANES ? (__mmask16)0xffff
+                                          : (__mmask16)((1u << (dn - d)) - 1u);
+    __m512 a = _mm512_maskz_loadu_ps(m, acc + d);
+    for (int j = 0; j < r->n; j++) {
+      int64_t off = j * r->hd + d0 + d;
+      __m512 v;
+      if (r->v) {
+        v = _mm512_maskz_loadu_ps(m, r->v + off);
+      } else {
+        int8_t b[KN_ATTN_LANES] = {0};
+        memcpy(b, r->v8 + off, (size_t)(dn - d < KN_ATTN_LANES ? dn - d : KN_ATTN_LANES));
+        v = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)b)));
+      }
+      a = _mm512_fmadd_ps(_mm512_set1_ps(p[j]), v, a);
+    }
+    _mm512_mask_storeu_ps(acc + d, m, a);
+  }
+}
+
+static const attn_kernels k_attn_avx512 = {attn_scores_avx512, attn_exp_avx512,
+                                           attn_accum_avx512};
+#endif
+
+static const attn_kernels *attn_pick(void) {
+#if KN_ATTN_X86
+  if (kn_cpu_isa() >= 2) return &k_attn_avx512;
+#endif
+  return &k_attn_c;
 }
 
 /* Online-softmax state for one (token, head) and one slice of value dims. */
@@ -71,24 +276,35 @@ typedef struct attn_state {
   float acc[KN_ATTN_DSLICE];
 } attn_state;
 
-/* Folds one position in: rescale only when the running max grows (a factor of
- * exactly 1 otherwise), then add its weight. */
-static void attn_state_add(attn_state *restrict st, float score, const float *restrict v,
-                           int64_t dn) {
-  if (score > st->max) {
-    float corr = expf(st->max - score);
+/* Folds one chunk of rows in: rescale only when the chunk raises the running max (a
+ * factor of exactly 1 otherwise), then add the chunk's weights in order. */
+static void attn_chunk(const attn_kernels *kk, attn_state *st, const float *q,
+                       const attn_rows *r, const float *v_scale, float scale, int64_t d0,
+                       int64_t dn) {
+  float s[KN_ATTN_CHUNK];
+  kk->scores(q, r, scale, s);
+  float cm = s[0];
+  for (int j = 1; j < r->n; j++) cm = s[j] > cm ? s[j] : cm;
+  if (cm > st->max) {
+    float corr = st->max - cm;
+    kk->exp(&corr, 1);
     st->sum *= corr;
     for (int64_t d = 0; d < dn; d++) st->acc[d] *= corr;
-    st->max = score;
+    st->max = cm;
   }
-  float w = expf(score - st->max);
-  st->sum += w;
-  for (int64_t d = 0; d < dn; d++) st->acc[d] += w * v[d];
+  for (int j = 0; j < r->n; j++) s[j] -= st->max;
+  kk->exp(s, r->n);
+  for (int j = 0; j < r->n; j++) {
+    st->sum += s[j];
+    if (v_scale) s[j] *= v_scale[j];
+  }
+  kk->accum(st->acc, s, r, d0, dn);
 }
 
 /* Attends token t's head h over positions 0..pos of its sequence, for dims
  * [d0, d0 + dn) of the output. */
-static void attn_head_slice(const attn_args *a, int64_t t, int64_t h, int64_t d0, int64_t dn) {
+static void attn_head_slice(const attn_args *a, const attn_kernels *kk, int64_t t, int64_t h,
+                            int64_t d0, int64_t dn) {
   const kn_kv_layer *kv = a->kv;
   int64_t hd = kv->head_dim, bs = kv->block_size;
   int64_t kvh = h / (a->n_heads / kv->n_kv_heads);
@@ -102,13 +318,22 @@ static void attn_head_slice(const attn_args *a, int64_t t, int64_t h, int64_t d0
     q = qr;
   }
   attn_state st = {.max = -INFINITY, .sum = 0.0f};
+  memset(st.acc, 0, (size_t)dn * sizeof *st.acc);
   for (int64_t j0 = 0; j0 < n_pos; j0 += bs) {
-    int64_t base = attn_cache_off(kv, attn_block(a->b, seq, j0 / bs), kvh, 0);
+    int64_t row = attn_cache_off(kv, attn_block(a->b, seq, j0 / bs), kvh, 0) / hd;
     int64_t n_slot = n_pos - j0 < bs ? n_pos - j0 : bs;
-    for (int64_t s = 0; s < n_slot; s++) {
-      int64_t off = base + s * hd;
-      float score = attn_dot(q, kv->k + off, hd) * a->scale;
-      attn_state_add(&st, score, kv->v + off + d0, dn);
+    for (int64_t s0 = 0; s0 < n_slot; s0 += KN_ATTN_CHUNK) {
+      int64_t r0 = row + s0;
+      attn_rows r = {.hd = hd, .n = (int)(n_slot - s0 < KN_ATTN_CHUNK ? n_slot - s0
+                                                                     : KN_ATTN_CHUNK)};
+      const float *v_scale = NULL;
+      if (kv->k8) {
+        r.k8 = kv->k8 + r0 * hd, r.v8 = kv->v8 + r0 * hd, r.ks = kv->k_scale + r0;
+        v_scale = kv->v_scale + r0;
+      } else {
+        r.k = kv->k + r0 * hd, r.v = kv->v + r0 * hd;
+      }
+      attn_chunk(kk, &st, q, &r, v_scale, a->scale, d0, dn);
     }
   }
   float *out = a->out + (t * a->n_heads + h) * hd + d0;
@@ -120,10 +345,11 @@ static void attn_head_slice(const attn_args *a, int64_t t, int64_t h, int64_t d0
 static void attn_head_task(void *arg, int64_t begin, int64_t end, int tid) {
   (void)tid;
   const attn_args *a = arg;
+  const attn_kernels *kk = attn_pick();
   int64_t hd = a->kv->head_dim;
   for (int64_t th = begin; th < end; th++)
     for (int64_t d0 = 0; d0 < hd; d0 += KN_ATTN_DSLICE)
-      attn_head_slice(a, th / a->n_heads, th % a->n_heads, d0,
+      attn_head_slice(a, kk, th / a->n_heads, th % a->n_heads, d0,
                       hd - d0 < KN_ATTN_DSLICE ? hd - d0 : KN_ATTN_DSLICE);
 }
 
@@ -164,73 +390,6 @@ static void attn_write_task_i8(void *arg, int64_t begin, int64_t end, int tid) {
   }
 }
 
-/* attn_dot with y dequantised (times its scale, applied by the caller). */
-static float attn_dot_i8(const float *restrict x, const int8_t *restrict y, int64_t n) {
-  float acc[KN_ATTN_LANES] = {0};
-  int64_t i = 0;
-  for (; i + KN_ATTN_LANES <= n; i += KN_ATTN_LANES)
-    for (int l = 0; l < KN_ATTN_LANES; l++) acc[l] += x[i + l] * (float)y[i + l];
-  for (int w = KN_ATTN_LANES / 2; w > 0; w /= 2)
-    for (int l = 0; l < w; l++) acc[l] += acc[l + w];
-  float s = acc[0];
-  for (; i < n; i++) s += x[i] * (float)y[i];
-  return s;
-}
-
-static void attn_state_add_i8(attn_state *restrict st, float score, const int8_t *restrict v,
-                              float v_scale, int64_t dn) {
-  if (score > st->max) {
-    float corr = expf(st->max - score);
-    st->sum *= corr;
-    for (int64_t d = 0; d < dn; d++) st->acc[d] *= corr;
-    st->max = score;
-  }
-  float w = expf(score - st->max);
-  st->sum += w;
-  float wv = w * v_scale;
-  for (int64_t d = 0; d < dn; d++) st->acc[d] += wv * (float)v[d];
-}
-
-/* attn_head_slice over the int8 cache. */
-static void attn_head_slice_i8(const attn_args *a, int64_t t, int64_t h, int64_t d0,
-                               int64_t dn) {
-  const kn_kv_layer *kv = a->kv;
-  int64_t hd = kv->head_dim, bs = kv->block_size;
-  int64_t kvh = h / (a->n_heads / kv->n_kv_heads);
-  int64_t seq = a->b->tok_seq[t], n_pos = (int64_t)a->b->tok_pos[t] + 1;
-  const kn_attn_io *io = a->io;
-  const float *q = io->q + t * io->q_stride + h * hd;
-  float qr[KN_ATTN_DSLICE];
-  if (io->cos_sin) {
-    memcpy(qr, q, (size_t)hd * sizeof *qr);
-    kn_rope_head(qr, io->cos_sin + (int64_t)io->pos[t] * io->rot_dim, io->rot_dim, io->neox);
-    q = qr;
-  }
-  attn_state st = {.max = -INFINITY, .sum = 0.0f};
-  for (int64_t j0 = 0; j0 < n_pos; j0 += bs) {
-    int64_t row = attn_cache_off(kv, attn_block(a->b, seq, j0 / bs), kvh, 0) / hd;
-    int64_t n_slot = n_pos - j0 < bs ? n_pos - j0 : bs;
-    for (int64_t s = 0; s < n_slot; s++) {
-      int64_t off = (row + s) * hd;
-      float score = attn_dot_i8(q, kv->k8 + off, hd) * kv->k_scale[row + s] * a->scale;
-      attn_state_add_i8(&st, score, kv->v8 + off + d0, kv->v_scale[row + s], dn);
-    }
-  }
-  float *out = a->out + (t * a->n_heads + h) * hd + d0;
-  float inv = 1.0f / st.sum;
-  for (int64_t d = 0; d < dn; d++) out[d] = st.acc[d] * inv;
-}
-
-static void attn_head_task_i8(void *arg, int64_t begin, int64_t end, int tid) {
-  (void)tid;
-  const attn_args *a = arg;
-  int64_t hd = a->kv->head_dim;
-  for (int64_t th = begin; th < end; th++)
-    for (int64_t d0 = 0; d0 < hd; d0 += KN_ATTN_DSLICE)
-      attn_head_slice_i8(a, th / a->n_heads, th % a->n_heads, d0,
-                         hd - d0 < KN_ATTN_DSLICE ? hd - d0 : KN_ATTN_DSLICE);
-}
-
 /* Sizes chunks by the actual context lengths: a decode step over long contexts splits
  * down to single heads, a short prefill batches many. */
 static int64_t attn_head_grain(const kn_attn_batch *b, int64_t n_heads, int64_t hd) {
@@ -259,5 +418,5 @@ void kn_attention_paged_io(kn_pool *p, float *out, const kn_attn_io *io, const k
   kn_parallel_for(p, b->n_tok, row > 0 ? 1 + KN_ATTN_MIN_WORK / row : 1,
                   kv->k8 ? attn_write_task_i8 : attn_write_task, &a);
   kn_parallel_for(p, b->n_tok * n_heads, attn_head_grain(b, n_heads, kv->head_dim),
-                  kv->k8 ? attn_head_task_i8 : attn_head_task, &a);
+                  attn_head_task, &a);
 }

@@ -62,6 +62,8 @@ void kn_mm_tile_bounds(const kn_mm_tiles *t, int64_t task, int64_t *i0, int64_t 
  * the CPU must still support it) and returns the previous cap. For tests and
  * benchmarks; call it only while no kernel runs. */
 int kn_matmul_set_max_isa(int isa);
+/* The instruction set the CPU kernels dispatch to: the CPU's best under that cap. */
+int kn_cpu_isa(void);
 
 /* Rotary embedding in place on x: (n_tok, n_heads, head_dim), rotating the first
  * `rot_dim` dims of each head.  cos_sin: (max_pos, rot_dim/2, 2) f32 holding

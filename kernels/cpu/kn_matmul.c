@@ -37,6 +37,10 @@ enum {
   KN_MM_PANEL_BYTES = 32 << 10,  /* a converted panel aims to stay in L1 ... */
   KN_MM_PANEL_FLOATS = 32768,    /* ... and never exceeds this stack buffer (128 KiB) */
   KN_MM_PANEL_MAX_COLS = 16,
+  /* W rows are streamed once per call: ask for the bytes this far ahead into L2, so the
+   * lines are on their way while the current ones are being multiplied (the hardware
+   * prefetchers ramp up too slowly over the short rows of a decode GEMV) */
+  KN_MM_PREFETCH_BYTES = 8192,
 };
 
 #ifndef KN_MATMUL_MAX_ISA
@@ -197,6 +201,11 @@ MM_AVX2_INLINE float mm_fold8_avx(__m256 v) {
   return _mm_cvtss_f32(a);
 }
 
+/* Prefetches W ahead of p (never faults: past the end it only wastes a request). */
+static inline void mm_prefetch_w(const void *p) {
+  _mm_prefetch((const char *)p + KN_MM_PREFETCH_BYTES, _MM_HINT_T1);
+}
+
 MM_AVX2_INLINE float mm_tail_fma(const float *x, const void *w, ir_dtype dt, int64_t i,
                                  int64_t k, float s) {
   for (; i < k; i++) s = fmaf(x[i], mm_w_scalar(w, dt, i), s);
@@ -212,6 +221,7 @@ MM_AVX2_INLINE void mm_body_avx2(const float *const *xr, const void *const *wr, 
   int64_t i = 0;
   for (; i + KN_MM_LANES <= k; i += KN_MM_LANES)
     for (int c = 0; c < nr; c++) {
+      mm_prefetch_w((const char *)wr[c] + i * (dt == IR_F32 ? 4 : 2));
       __m256 wl = mm_w8_avx2(wr[c], i, dt), wh = mm_w8_avx2(wr[c], i + 8, dt);
       for (int r = 0; r < mr; r++) {
         lo[r][c] = _mm256_fmadd_ps(_mm256_loadu_ps(xr[r] + i), wl, lo[r][c]);
@@ -284,6 +294,7 @@ MM_AVX2_INLINE void mm_qbody_avx2(const float *const *xr, const void *const *wr,
   for (int64_t b = 0; b < k / KN_QBLOCK; b++)
     for (int c = 0; c < nr; c++) {
       __m256 w[4];
+      mm_prefetch_w((const uint8_t *)wr[c] + b * bb);
       mm_qblock_avx2((const uint8_t *)wr[c] + b * bb, dt, w);
       for (int r = 0; r < mr; r++) {
         const float *x = xr[r] + b * KN_QBLOCK;
@@ -376,6 +387,7 @@ MM_AVX512_INLINE void mm_body_avx512(const float *const *xr, const void *const *
   int64_t i = 0;
   for (; i + KN_MM_LANES <= k; i += KN_MM_LANES)
     for (int c = 0; c < nr; c++) {
+      mm_prefetch_w((const char *)wr[c] + i * (dt == IR_F32 ? 4 : 2));
       __m512 wv = mm_w16_avx512(wr[c], i, dt);
       for (int r = 0; r < mr; r++)
         acc[r][c] = _mm512_fmadd_ps(_mm512_loadu_ps(xr[r] + i), wv, acc[r][c]);
@@ -434,8 +446,11 @@ MM_AVX512_INLINE void mm_qbody_avx512(const float *const *xr, const void *const 
   for (int64_t b0 = 0; b0 < nb; b0 += KN_MM_QRUN) {
     int run = nb - b0 < KN_MM_QRUN ? (int)(nb - b0) : KN_MM_QRUN;
     for (int c = 0; c < nr; c++)
-      for (int j = 0; j < run; j++)
-        _mm_storeu_ps(dm[c][j], mm_block_dm((const uint8_t *)wr[c] + (b0 + j) * bb, dt));
+      for (int j = 0; j < run; j++) {
+        const uint8_t *blk = (const uint8_t *)wr[c] + (b0 + j) * bb;
+        mm_prefetch_w(blk);
+        _mm_storeu_ps(dm[c][j], mm_block_dm(blk, dt));
+      }
     for (int j = 0; j < run; j++)
       for (int c = 0; c < nr; c++) {
         __m512 w[2];
@@ -564,6 +579,8 @@ static int mm_isa(void) {
   int isa = mm_cpu_isa(), cap = atomic_load_explicit(&g_mm_max_isa, memory_order_relaxed);
   return isa > cap ? cap : isa;
 }
+
+int kn_cpu_isa(void) { return mm_isa(); }
 
 static const mm_kernels *mm_pick(ir_dtype wt) {
   int d = mm_dtype_index(wt), isa = mm_isa();

@@ -28,6 +28,7 @@ enum {
   WQ_MAX_C = 8,
   WQ_SERIAL_FLOPS = 1 << 18,
   WQ_RUN = 16, /* SIMD paths: groups whose scales and zeros are read ahead into f32 */
+  WQ_PREFETCH_BYTES = 8192, /* W bytes asked for ahead into L2, as kn_matmul does */
 };
 
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
@@ -191,6 +192,11 @@ static void w8_quant_c(const float *x, int64_t k, int8_t *q, float *scale, int32
 #define WQ_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define WQ_AVX2_INLINE static inline __attribute__((target("avx2,fma,f16c"), always_inline))
 
+/* Prefetches W ahead of p (never faults: past the end it only wastes a request). */
+static inline void wq_prefetch(const void *p) {
+  _mm_prefetch((const char *)p + WQ_PREFETCH_BYTES, _MM_HINT_T1);
+}
+
 WQ_AVX2_INLINE float wq_fold8_avx(__m256 v) {
   __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   a = _mm_add_ps(a, _mm_movehl_ps(a, a));
@@ -253,6 +259,7 @@ WQ_AVX2_INLINE void wq_body_avx2(const wq_args *a, const float *const *xr, const
     for (int64_t i = (g0 + t) * group; i < (g0 + t + 1) * group; i += WQ_LANES)
       for (int c = 0; c < nr; c++) {
         __m256 ql, qh, sv = _mm256_set1_ps(s[c][t]), zv = _mm256_set1_ps(z[c][t]);
+        wq_prefetch(qr[c] + (qt == IR_I4 ? i / 2 : i));
         wq_q16_avx2(qr[c], i, qt, &ql, &qh);
         __m256 wl = _mm256_mul_ps(sub ? _mm256_sub_ps(ql, zv) : ql, sv);
         __m256 wh = _mm256_mul_ps(sub ? _mm256_sub_ps(qh, zv) : qh, sv);
@@ -332,6 +339,7 @@ WQ_VNNI256_INLINE void w8_body_vnni256(const int8_t *const *xq, const int32_t *x
     __m256i xv[WQ_MAX_R];
     for (int r = 0; r < mr; r++) xv[r] = _mm256_loadu_si256((const __m256i *)(xq[r] + i));
     for (int c = 0; c < nr; c++) {
+      wq_prefetch(wr[c] + i);
       __m256i wv = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(wr[c] + i)), flip);
       for (int r = 0; r < mr; r++) acc[r][c] = _mm256_dpbusd_avx_epi32(acc[r][c], wv, xv[r]);
     }
@@ -397,6 +405,7 @@ WQ_AVX512_INLINE void wq_body_avx512(const wq_args *a, const float *const *xr,
       for (int64_t i = (g0 + t) * group; i < (g0 + t + 1) * group; i += WQ_LANES)
         for (int c = 0; c < nr; c++) {
           __m512 wv;
+          wq_prefetch(qr[c] + (qt == IR_I4 ? i / 2 : i));
           if (qt == IR_I4) {
             wv = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(wq_nibbles16(qr[c] + i / 2)),
                                        tab[c]);
@@ -464,6 +473,7 @@ WQ_VNNI512_INLINE void w8_body_vnni512(const int8_t *const *xq, const int32_t *x
     __m512i xv[WQ_MAX_R];
     for (int r = 0; r < mr; r++) xv[r] = _mm512_maskz_loadu_epi8(mk, xq[r] + i);
     for (int c = 0; c < nr; c++) {
+      wq_prefetch(wr[c] + i);
       __m512i wv = _mm512_xor_si512(_mm512_maskz_loadu_epi8(mk, wr[c] + i), flip);
       for (int r = 0; r < mr; r++) acc[r][c] = _mm512_dpbusd_epi32(acc[r][c], wv, xv[r]);
     }

@@ -95,8 +95,13 @@ elif [ -s "$MODEL" ]; then
     check "smollm2 calibrate" 'python3 "$CALIB_TOOL" "$MODEL" -o $f.calib --inferrt "$INFERRT" > /dev/null'
     check "smollm2 w8a8 smoothed" '"$INFC" build "$MODEL" --dtype f32 --quant w8a8 --quant-calib $f.calib --max-context 256 -q -o $f.plan &&
       "$INFERRT" perplexity $f.plan --file "$TEXT" --ref "$TMP/s32.plan" --max-tokens 512 --json > $f.json'
-    # measured +0.65% on the whole text, 95% top-1
-    check "smollm2 w8a8 smoothed within +1%" 'lt "$(field delta_pct $f.json)" 1'
+    # Measured +0.70% and +1.21% (95-96% top-1) with two attention kernels whose logits
+    # differ only in rounding: int8 activations turn last-bit changes into rounding flips,
+    # so the perplexity delta moves by tenths of a percent. The KL to f32 is the steady
+    # measure: 0.0073 smoothed against 0.030 plain.
+    check "smollm2 w8a8 smoothed within +2%" 'lt "$(field delta_pct $f.json)" 2'
+    check "smollm2 smoothing at least halves the KL" \
+      'lt "$(python3 -c "print($(field kl $f.json) * 2 - $(field kl $TMP/s_w8a8.json))")" 0'
   else
     echo "smollm2 w8a8 calibration skipped: no numpy / gguf"
   fi

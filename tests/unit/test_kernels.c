@@ -248,6 +248,76 @@ static void test_attention(kn_pool *p1, kn_pool *p4) {
   attn_case(p1, p4, 4, 2, 16, 60.0f); /* score spread > 88: exp overflows without the max */
 }
 
+/* One sequence of n_pos positions over blocks of `bs` (so chunks of 16 positions, a
+ * partial chunk and the four-row score unroll are all reached), 9 query heads on 3 KV
+ * heads, against double softmax(q k^T * scale) v. With `isa` the kernels are capped to
+ * that instruction set; the caller compares the outputs across sets. */
+static void attn_long_run(kn_pool *p, int isa, int64_t hd, int64_t bs, int64_t n_pos,
+                          float scale, float *out) {
+  enum { NH = 9, NKV = 3 };
+  int64_t n_blk = (n_pos + bs - 1) / bs, row = NKV * hd;
+  float *k = rnd_vec(n_pos * row, 1.0f), *v = rnd_vec(n_pos * row, 1.0f);
+  float *q = rnd_vec(NH * hd, 1.0f);
+  int32_t *tables = malloc((size_t)n_blk * sizeof *tables);
+  for (int64_t b = 0; b < n_blk; b++) tables[b] = (int32_t)(n_blk - 1 - b); /* reversed */
+  kn_kv_layer kv = {.k = calloc((size_t)(n_blk * bs * row), 4),
+                    .v = calloc((size_t)(n_blk * bs * row), 4), .n_blocks = n_blk,
+                    .block_size = bs, .n_kv_heads = NKV, .head_dim = hd};
+  int32_t *seq = calloc((size_t)n_pos, sizeof *seq), *pos = malloc((size_t)n_pos * 4);
+  for (int64_t t = 0; t < n_pos; t++) pos[t] = (int32_t)t;
+  float *all = malloc((size_t)(n_pos * NH * hd) * sizeof *all);
+  int prev = kn_matmul_set_max_isa(isa);
+  kn_attn_batch b = {.n_tok = n_pos - 1, .tok_seq = seq, .tok_pos = pos,
+                     .max_blocks_per_seq = n_blk, .block_tables = tables};
+  float *qs = calloc((size_t)(n_pos * NH * hd), sizeof *qs);
+  kn_attention_paged(p, all, qs, k, v, &kv, &b, NH, scale); /* writes positions 0..n-2 */
+  b = (kn_attn_batch){.n_tok = 1, .tok_seq = seq, .tok_pos = pos + n_pos - 1,
+                      .max_blocks_per_seq = n_blk, .block_tables = tables};
+  kn_attention_paged(p, out, q, k + (n_pos - 1) * row, v + (n_pos - 1) * row, &kv, &b, NH,
+                     scale);
+  kn_matmul_set_max_isa(prev);
+  int ok = 1;
+  for (int64_t h = 0; h < NH; h++) {
+    int64_t kvh = h / (NH / NKV);
+    double *sc = malloc((size_t)n_pos * sizeof *sc), mx = -INFINITY, sum = 0;
+    for (int64_t j = 0; j < n_pos; j++) {
+      double d = 0;
+      for (int64_t i = 0; i < hd; i++) d += (double)q[h * hd + i] * k[j * row + kvh * hd + i];
+      sc[j] = d * scale, mx = sc[j] > mx ? sc[j] : mx;
+    }
+    for (int64_t j = 0; j < n_pos; j++) sum += sc[j] = exp(sc[j] - mx);
+    for (int64_t i = 0; i < hd; i++) {
+      double ref = 0;
+      for (int64_t j = 0; j < n_pos; j++) ref += sc[j] / sum * v[j * row + kvh * hd + i];
+      ok &= fabs(out[h * hd + i] - ref) <= 2e-5;
+    }
+    free(sc);
+  }
+  CHECKF(ok, "long attention isa %d hd %lld bs %lld n %lld scale %g", isa, (long long)hd,
+         (long long)bs, (long long)n_pos, scale);
+  free(k), free(v), free(q), free(tables), free(kv.k), free(kv.v), free(seq), free(pos);
+  free(all), free(qs);
+}
+
+/* Every instruction set against the reference, and against each other within rounding
+ * (they differ only where the portable build has no native fma). */
+static void test_attention_long(kn_pool *p) {
+  static const struct { int64_t hd, bs, n; float scale; } c[] = {
+      {64, 32, 83, 0.125f}, {64, 16, 40, 0.125f}, {20, 48, 70, 0.2f}, {64, 32, 50, 8.0f}};
+  for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+    float *o0 = malloc((size_t)(9 * c[i].hd) * sizeof *o0);
+    float *o2 = malloc((size_t)(9 * c[i].hd) * sizeof *o2);
+    uint64_t seed = g_rng; /* the same inputs for both */
+    attn_long_run(p, 0, c[i].hd, c[i].bs, c[i].n, c[i].scale, o0);
+    g_rng = seed;
+    attn_long_run(p, 2, c[i].hd, c[i].bs, c[i].n, c[i].scale, o2);
+    float worst = 0;
+    for (int64_t j = 0; j < 9 * c[i].hd; j++) worst = fmaxf(worst, fabsf(o0[j] - o2[j]));
+    CHECKF(worst <= 1e-5f, "attention portable vs SIMD differ by %g", worst);
+    free(o0), free(o2);
+  }
+}
+
 /* ---- rope ------------------------------------------------------------------------- */
 
 static float *rope_table(int64_t max_pos, int64_t rot_dim) {
@@ -421,6 +491,10 @@ int main(void) {
   test_matmul(p4);
   test_matmul_invariance(p1, p4);
   test_attention(p1, p4);
+  kn_matmul_set_max_isa(0); /* the portable kernels through the same cases */
+  test_attention(p1, p4);
+  kn_matmul_set_max_isa(2);
+  test_attention_long(p4);
   test_rope(p4);
   test_norm(p4);
   test_embed(p4);
