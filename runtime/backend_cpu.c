@@ -100,6 +100,7 @@ static void run_attention(kn_pool *p, const ir_graph *g, const ir_node *n, void 
   kn_kv_layer kl = {.k = kv->k[layer], .v = kv->v[layer], .n_blocks = kv->n_blocks,
                     .block_size = kv->block_size, .n_kv_heads = kv->n_kv_heads,
                     .head_dim = kv->head_dim, .k8 = kv->k8[layer], .v8 = kv->v8[layer],
+                    .k16 = kv->k16[layer], .v16 = kv->v16[layer],
                     .k_scale = kv->k_scale[layer], .v_scale = kv->v_scale[layer]};
   kn_attn_batch b = {.n_tok = s->syms[IR_SYM_TOKENS], .tok_seq = s->tok_seq,
                      .tok_pos = s->tok_pos, .max_blocks_per_seq = s->max_blocks,

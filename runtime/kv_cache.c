@@ -9,6 +9,7 @@
 static void free_arrays(irt_kv_cache *kv) {
   free(kv->k), free(kv->v), free(kv->meta), free(kv->tokens), free(kv->free_list);
   free(kv->k8), free(kv->v8), free(kv->k_scale), free(kv->v_scale);
+  free(kv->k16), free(kv->v16);
   free(kv->buckets);
 }
 
@@ -20,24 +21,27 @@ static bool alloc_arrays(irt_kv_cache *kv) {
   kv->v = calloc(nl, sizeof *kv->v);
   kv->k8 = calloc(nl, sizeof *kv->k8);
   kv->v8 = calloc(nl, sizeof *kv->v8);
+  kv->k16 = calloc(nl, sizeof *kv->k16);
+  kv->v16 = calloc(nl, sizeof *kv->v16);
   kv->k_scale = calloc(nl, sizeof *kv->k_scale);
   kv->v_scale = calloc(nl, sizeof *kv->v_scale);
   kv->meta = calloc(nb, sizeof *kv->meta);
   kv->tokens = calloc(nb * (size_t)kv->block_size, sizeof *kv->tokens);
   kv->free_list = malloc(nb * sizeof *kv->free_list);
   kv->buckets = malloc((size_t)kv->n_buckets * sizeof *kv->buckets);
-  return kv->k && kv->v && kv->k8 && kv->v8 && kv->k_scale && kv->v_scale && kv->meta &&
+  return kv->k && kv->v && kv->k8 && kv->v8 && kv->k16 && kv->v16 && kv->k_scale && kv->v_scale && kv->meta &&
          kv->tokens && kv->free_list && kv->buckets;
 }
 
 uint64_t irt_kv_token_bytes(int64_t n_layers, int64_t n_kv_heads, int64_t head_dim,
                             irt_kv_dtype_id dtype) {
-  uint64_t row = dtype == IRT_KV_INT8 ? (uint64_t)head_dim + sizeof(float)
-                                      : (uint64_t)head_dim * sizeof(float);
+  uint64_t row = dtype == IRT_KV_INT8  ? (uint64_t)head_dim + sizeof(float)
+                 : dtype == IRT_KV_F16 ? (uint64_t)head_dim * sizeof(uint16_t)
+                                       : (uint64_t)head_dim * sizeof(float);
   return row * 2 * (uint64_t)(n_layers * n_kv_heads);
 }
 
-/* Points the per-layer arrays into storage: f32 K, V per layer; or, for int8, every
+/* Points the per-layer arrays into storage: f32 (or f16) K, V per layer; or, for int8, every
  * layer's K, V scales first (keeps them 4-aligned), then every layer's int8 K, V. */
 static void carve_storage(irt_kv_cache *kv) {
   size_t rows = (size_t)(kv->n_blocks * kv->n_kv_heads * kv->block_size);
@@ -47,6 +51,11 @@ static void carve_storage(irt_kv_cache *kv) {
     if (kv->dtype == IRT_KV_F32) {
       kv->k[l] = (float *)kv->storage + 2 * i * per_layer;
       kv->v[l] = (float *)kv->storage + (2 * i + 1) * per_layer;
+      continue;
+    }
+    if (kv->dtype == IRT_KV_F16) {
+      kv->k16[l] = (uint16_t *)kv->storage + 2 * i * per_layer;
+      kv->v16[l] = (uint16_t *)kv->storage + (2 * i + 1) * per_layer;
       continue;
     }
     kv->k_scale[l] = (float *)kv->storage + 2 * i * rows;
@@ -75,7 +84,7 @@ ir_status irt_kv_cache_init_dtype(irt_kv_cache *kv, int64_t n_layers, int64_t n_
   if (kv->n_blocks <= 0 || kv->n_blocks > INT32_MAX / 2)
     return ir_diag_set(d, IR_INVALID_ARG, "KV cache of %lld tokens is out of range",
                        (long long)tokens);
-  if (dtype != IRT_KV_F32 && dtype != IRT_KV_INT8)
+  if (dtype != IRT_KV_F32 && dtype != IRT_KV_INT8 && dtype != IRT_KV_F16)
     return ir_diag_set(d, IR_INVALID_ARG, "unknown KV cache dtype %d", (int)dtype);
   kv->storage = alloc_arrays(kv) ? alloc(actx, (size_t)irt_kv_cache_bytes(kv)) : NULL;
   if (!kv->storage) {
@@ -234,6 +243,11 @@ void irt_kv_block_copy(irt_kv_cache *kv, int32_t src, int32_t dst) {
     if (kv->dtype == IRT_KV_F32) {
       copy_bytes(kv, kv->k[l], src, dst, per_block * sizeof(float));
       copy_bytes(kv, kv->v[l], src, dst, per_block * sizeof(float));
+      continue;
+    }
+    if (kv->dtype == IRT_KV_F16) {
+      copy_bytes(kv, kv->k16[l], src, dst, per_block * sizeof(uint16_t));
+      copy_bytes(kv, kv->v16[l], src, dst, per_block * sizeof(uint16_t));
       continue;
     }
     copy_bytes(kv, kv->k8[l], src, dst, per_block);

@@ -35,14 +35,15 @@ typedef struct irt_kv_meta {
 } irt_kv_meta;
 
 /* Element type of the cached K and V. */
-typedef enum irt_kv_dtype_id { IRT_KV_F32 = 0, IRT_KV_INT8 = 1 } irt_kv_dtype_id;
+typedef enum irt_kv_dtype_id { IRT_KV_F32 = 0, IRT_KV_INT8 = 1, IRT_KV_F16 = 2 } irt_kv_dtype_id;
 
 typedef struct irt_kv_cache {
   int64_t n_layers, n_kv_heads, head_dim, block_size, n_blocks;
   irt_kv_dtype_id dtype;
-  float **k; /* (n_layers) pointers into one allocation; NULL entries with IRT_KV_INT8 */
+  float **k; /* (n_layers) pointers into one allocation with IRT_KV_F32, else NULL entries */
   float **v;
   int8_t **k8, **v8;           /* (n_layers) with IRT_KV_INT8, else NULL entries */
+  uint16_t **k16, **v16;       /* (n_layers) with IRT_KV_F16, else NULL entries */
   float **k_scale, **v_scale;  /* (n_layers) with IRT_KV_INT8, else NULL entries */
   void *storage;
   irt_kv_meta *meta;   /* (n_blocks) */

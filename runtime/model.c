@@ -149,19 +149,24 @@ static ir_status setup_kv(irt_model *m, const irt_model_opts *o, ir_diag *d) {
 }
 
 _Static_assert((int)IRT_KV_DTYPE_F32 == (int)IRT_KV_F32 &&
-                   (int)IRT_KV_DTYPE_INT8 == (int)IRT_KV_INT8,
+                   (int)IRT_KV_DTYPE_INT8 == (int)IRT_KV_INT8 &&
+                   (int)IRT_KV_DTYPE_F16 == (int)IRT_KV_F16,
                "public and internal KV dtype values agree");
 
 bool irt_kv_dtype_parse(const char *s, irt_kv_dtype *out) {
   if (!s) return false;
   if (!strcmp(s, "f32")) *out = IRT_KV_DTYPE_F32;
   else if (!strcmp(s, "int8")) *out = IRT_KV_DTYPE_INT8;
+  else if (!strcmp(s, "f16")) *out = IRT_KV_DTYPE_F16;
   else return false;
   return true;
 }
 
 const char *irt_kv_dtype_name(irt_kv_dtype t) {
-  return t == IRT_KV_DTYPE_F32 ? "f32" : t == IRT_KV_DTYPE_INT8 ? "int8" : "?";
+  return t == IRT_KV_DTYPE_F32    ? "f32"
+         : t == IRT_KV_DTYPE_F16  ? "f16"
+         : t == IRT_KV_DTYPE_INT8 ? "int8"
+                                  : "?";
 }
 
 uint64_t irt_model_kv_token_bytes(const irt_model *m, irt_kv_dtype t) {

@@ -125,6 +125,7 @@ typedef struct bench_opts {
   const char *plan;
   int threads, repeats;
   int64_t prompt, decode, batch, batch_steps, kv_tokens;
+  irt_kv_dtype kv_dtype;
 } bench_opts;
 
 typedef struct bench_result {
@@ -198,6 +199,7 @@ static irt_status bench_open(const bench_opts *o, irt_model **m, bench_result *r
   irt_model_opts mo = irt_model_opts_default();
   mo.n_threads = o->threads;
   mo.kv_tokens = o->kv_tokens;
+  mo.kv_dtype = o->kv_dtype;
   r->load_ms = r->load_cpu_ms = 1e30;
   for (int i = 0; i < o->repeats; i++) {
     double t0 = now_ms(), c0 = clock_ms(CLOCK_PROCESS_CPUTIME_ID);
@@ -250,7 +252,8 @@ static int run_model(const bench_opts *o) {
 static int usage(void) {
   return fail("usage: bench_cpu membw [--threads N] [--mib M] [--repeats R]\n"
               "       bench_cpu model model.plan [--threads N] [--prompt 512] [--decode 128]\n"
-              "                 [--batch 16] [--batch-steps 32] [--repeats R] [--kv-tokens K]");
+              "                 [--batch 16] [--batch-steps 32] [--repeats R] [--kv-tokens K]\n"
+              "                 [--kv-dtype f32|f16|int8]");
 }
 
 int main(int argc, char **argv) {
@@ -272,6 +275,7 @@ int main(int argc, char **argv) {
     if (dst && v) *dst = atoll(v), i++;
     else if (!strcmp(a, "--threads") && v) o.threads = atoi(v), i++;
     else if (!strcmp(a, "--repeats") && v) o.repeats = atoi(v), i++;
+    else if (!strcmp(a, "--kv-dtype") && v && irt_kv_dtype_parse(v, &o.kv_dtype)) i++;
     else if (a[0] != '-' && !o.plan && !membw) o.plan = a;
     else return usage();
   }

@@ -109,8 +109,9 @@ static float attn_exp(float x) {
 
 /* The n (<= KN_ATTN_CHUNK) consecutive cache rows of one (block, kv head) a chunk reads. */
 typedef struct attn_rows {
-  const float *k, *v;     /* f32 cache rows, or NULL */
-  const int8_t *k8, *v8;  /* int8 cache rows */
+  const float *k, *v;        /* f32 cache rows, or NULL */
+  const uint16_t *k16, *v16; /* f16 cache rows, or NULL */
+  const int8_t *k8, *v8;     /* int8 cache rows */
   const float *ks;        /* int8: the k scale of each row */
   int64_t hd;
   int n;
@@ -127,7 +128,9 @@ typedef struct attn_kernels {
 } attn_kernels;
 
 static float attn_kval(const attn_rows *r, int64_t j, int64_t d) {
-  return r->k ? r->k[j * r->hd + d] : (float)r->k8[j * r->hd + d];
+  if (r->k) return r->k[j * r->hd + d];
+  if (r->k16) return ir_f16_to_f32(r->k16[j * r->hd + d]);
+  return (float)r->k8[j * r->hd + d];
 }
 
 static void attn_scores_c(const float *q, const attn_rows *r, float scale, float *s) {
@@ -142,7 +145,7 @@ static void attn_scores_c(const float *q, const attn_rows *r, float scale, float
       for (int l = 0; l < w; l++) acc[l] += acc[l + w];
     float d = acc[0];
     for (; i < hd; i++) d = ATTN_MADD(q[i], attn_kval(r, j, i), d);
-    s[j] = (r->k ? d : d * r->ks[j]) * scale;
+    s[j] = (r->k8 ? d * r->ks[j] : d) * scale;
   }
 }
 
@@ -156,6 +159,9 @@ static void attn_accum_c(float *acc, const float *p, const attn_rows *r, int64_t
     if (r->v) {
       const float *v = r->v + j * r->hd + d0;
       for (int64_t d = 0; d < dn; d++) acc[d] = ATTN_MADD(p[j], v[d], acc[d]);
+    } else if (r->v16) {
+      const uint16_t *v = r->v16 + j * r->hd + d0;
+      for (int64_t d = 0; d < dn; d++) acc[d] = ATTN_MADD(p[j], ir_f16_to_f32(v[d]), acc[d]);
     } else {
       const int8_t *v = r->v8 + j * r->hd + d0;
       for (int64_t d = 0; d < dn; d++) acc[d] = ATTN_MADD(p[j], (float)v[d], acc[d]);
@@ -166,11 +172,13 @@ static void attn_accum_c(float *acc, const float *p, const attn_rows *r, int64_t
 static const attn_kernels k_attn_c = {attn_scores_c, attn_exp_c, attn_accum_c};
 
 #if KN_ATTN_X86
-#define ATTN_AVX512 __attribute__((target("avx512f,avx2,fma")))
-#define ATTN_AVX512_INLINE static inline __attribute__((target("avx512f,avx2,fma"), always_inline))
+#define ATTN_AVX512 __attribute__((target("avx512f,avx2,fma,f16c")))
+#define ATTN_AVX512_INLINE                                                                  \
+  static inline __attribute__((target("avx512f,avx2,fma,f16c"), always_inline))
 
 ATTN_AVX512_INLINE __m512 attn_k16(const attn_rows *r, int64_t j, int64_t i) {
   if (r->k) return _mm512_loadu_ps(r->k + j * r->hd + i);
+  if (r->k16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(r->k16 + j * r->hd + i)));
   __m128i b = _mm_loadu_si128((const __m128i *)(r->k8 + j * r->hd + i));
   return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b));
 }
@@ -211,7 +219,7 @@ static ATTN_AVX512 void attn_scores_avx512(const float *q, const attn_rows *r, f
   for (j = 0; j < r->n; j++) {
     float d = s[j];
     for (int64_t i = full; i < hd; i++) d = fmaf(q[i], attn_kval(r, j, i), d);
-    s[j] = (r->k ? d : d * r->ks[j]) * scale;
+    s[j] = (r->k8 ? d * r->ks[j] : d) * scale;
   }
 }
 
@@ -236,25 +244,65 @@ static ATTN_AVX512 void attn_exp_avx512(float *x, int n) {
   _mm512_mask_storeu_ps(x, m, out);
 }
 
+/* 16 values of a V row from off on, of which the first nv (<= 16) are real. */
+ATTN_AVX512_INLINE __m512 attn_v16(const attn_rows *r, int64_t off, int64_t nv) {
+  __mmask16 m = nv >= KN_ATTN_LANES ? (__mmask16)0xffff : (__mmask16)((1u << nv) - 1u);
+  if (r->v) return _mm512_maskz_loadu_ps(m, r->v + off);
+  if (nv >= KN_ATTN_LANES) {
+    if (r->v16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(r->v16 + off)));
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(r->v8 + off))));
+  }
+  if (r->v16) {
+    uint16_t h[KN_ATTN_LANES] = {0};
+    memcpy(h, r->v16 + off, (size_t)nv * sizeof *h);
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h));
+  }
+  int8_t b[KN_ATTN_LANES] = {0};
+  memcpy(b, r->v8 + off, (size_t)nv);
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)b)));
+}
+
+/* Up to 64 dims at a time in four accumulators, rows in order inside: four independent
+ * fma chains instead of one per 16 dims (each chain is still row after row). */
 static ATTN_AVX512 void attn_accum_avx512(float *acc, const float *p, const attn_rows *r,
                                           int64_t d0, int64_t dn) {
-  for (int64_t d = 0; d < dn; d += KN_ATTN_LANES) {
-    __mmask16 m = dn - d >= KN_ATTN_LANES ? (__mmask16)0xffff
-                                          : (__mmask16)((1u << (dn - d)) - 1u);
-    __m512 a = _mm512_maskz_loadu_ps(m, acc + d);
+  enum { U = 4 };
+  int64_t d = 0;
+  for (; d + U * KN_ATTN_LANES <= dn; d += U * KN_ATTN_LANES) { /* in registers */
+    float *o = acc + d;
+    __m512 a0 = _mm512_loadu_ps(o), a1 = _mm512_loadu_ps(o + 16);
+    __m512 a2 = _mm512_loadu_ps(o + 32), a3 = _mm512_loadu_ps(o + 48);
     for (int j = 0; j < r->n; j++) {
+      __m512 pj = _mm512_set1_ps(p[j]);
       int64_t off = j * r->hd + d0 + d;
-      __m512 v;
-      if (r->v) {
-        v = _mm512_maskz_loadu_ps(m, r->v + off);
-      } else {
-        int8_t b[KN_ATTN_LANES] = {0};
-        memcpy(b, r->v8 + off, (size_t)(dn - d < KN_ATTN_LANES ? dn - d : KN_ATTN_LANES));
-        v = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)b)));
-      }
-      a = _mm512_fmadd_ps(_mm512_set1_ps(p[j]), v, a);
+      a0 = _mm512_fmadd_ps(pj, attn_v16(r, off, 16), a0);
+      a1 = _mm512_fmadd_ps(pj, attn_v16(r, off + 16, 16), a1);
+      a2 = _mm512_fmadd_ps(pj, attn_v16(r, off + 32, 16), a2);
+      a3 = _mm512_fmadd_ps(pj, attn_v16(r, off + 48, 16), a3);
     }
-    _mm512_mask_storeu_ps(acc + d, m, a);
+    _mm512_storeu_ps(o, a0), _mm512_storeu_ps(o + 16, a1);
+    _mm512_storeu_ps(o + 32, a2), _mm512_storeu_ps(o + 48, a3);
+  }
+  for (; d < dn; d += U * KN_ATTN_LANES) { /* the last dims: masked */
+    __m512 a[U];
+    int64_t left = dn - d, nu = (left + KN_ATTN_LANES - 1) / KN_ATTN_LANES;
+    if (nu > U) nu = U;
+    for (int u = 0; u < nu; u++) {
+      int64_t nv = left - u * KN_ATTN_LANES;
+      __mmask16 m = nv >= KN_ATTN_LANES ? (__mmask16)0xffff : (__mmask16)((1u << nv) - 1u);
+      a[u] = _mm512_maskz_loadu_ps(m, acc + d + u * KN_ATTN_LANES);
+    }
+    for (int j = 0; j < r->n; j++) {
+      __m512 pj = _mm512_set1_ps(p[j]);
+      int64_t off = j * r->hd + d0 + d;
+      for (int u = 0; u < nu; u++)
+        a[u] = _mm512_fmadd_ps(pj, attn_v16(r, off + u * KN_ATTN_LANES, left - u * KN_ATTN_LANES), a[u]);
+    }
+    for (int u = 0; u < nu; u++) {
+      int64_t nv = left - u * KN_ATTN_LANES;
+      __mmask16 m = nv >= KN_ATTN_LANES ? (__mmask16)0xffff : (__mmask16)((1u << nv) - 1u);
+      _mm512_mask_storeu_ps(acc + d + u * KN_ATTN_LANES, m, a[u]);
+    }
   }
 }
 
@@ -330,6 +378,8 @@ static void attn_head_slice(const attn_args *a, const attn_kernels *kk, int64_t 
       if (kv->k8) {
         r.k8 = kv->k8 + r0 * hd, r.v8 = kv->v8 + r0 * hd, r.ks = kv->k_scale + r0;
         v_scale = kv->v_scale + r0;
+      } else if (kv->k16) {
+        r.k16 = kv->k16 + r0 * hd, r.v16 = kv->v16 + r0 * hd;
       } else {
         r.k = kv->k + r0 * hd, r.v = kv->v + r0 * hd;
       }
@@ -366,6 +416,31 @@ static float attn_quant_row(int8_t *restrict q, const float *restrict x, int64_t
     q[i] = (int8_t)lrintf(r);
   }
   return amax / 127.0f;
+}
+
+/* f16 cache: k roped in f32 as for the f32 cache, then both rounded to nearest f16. */
+static void attn_write_task_f16(void *arg, int64_t begin, int64_t end, int tid) {
+  (void)tid;
+  const attn_args *a = arg;
+  const kn_kv_layer *kv = a->kv;
+  const kn_attn_io *io = a->io;
+  int64_t hd = kv->head_dim;
+  float kr[KN_ATTN_DSLICE]; /* head_dim <= 256 (the IR checks it) */
+  for (int64_t t = begin; t < end; t++) {
+    int64_t pos = a->b->tok_pos[t];
+    int64_t blk = attn_block(a->b, a->b->tok_seq[t], pos / kv->block_size);
+    for (int64_t h = 0; h < kv->n_kv_heads; h++) {
+      int64_t dst = attn_cache_off(kv, blk, h, pos % kv->block_size);
+      int64_t src = t * io->kv_stride + h * hd;
+      memcpy(kr, io->k + src, (size_t)hd * sizeof *kr);
+      if (io->cos_sin)
+        kn_rope_head(kr, io->cos_sin + (int64_t)io->pos[t] * io->rot_dim, io->rot_dim, io->neox);
+      for (int64_t d = 0; d < hd; d++) {
+        kv->k16[dst + d] = ir_f32_to_f16(kr[d]);
+        kv->v16[dst + d] = ir_f32_to_f16(io->v[src + d]);
+      }
+    }
+  }
 }
 
 static void attn_write_task_i8(void *arg, int64_t begin, int64_t end, int tid) {
@@ -416,7 +491,7 @@ void kn_attention_paged_io(kn_pool *p, float *out, const kn_attn_io *io, const k
   /* Every write lands before any read: a token may attend to positions written by
    * other tokens of the same step (prefill chunks). */
   kn_parallel_for(p, b->n_tok, row > 0 ? 1 + KN_ATTN_MIN_WORK / row : 1,
-                  kv->k8 ? attn_write_task_i8 : attn_write_task, &a);
+                  kv->k8 ? attn_write_task_i8 : kv->k16 ? attn_write_task_f16 : attn_write_task, &a);
   kn_parallel_for(p, b->n_tok * n_heads, attn_head_grain(b, n_heads, kv->head_dim),
                   attn_head_task, &a);
 }

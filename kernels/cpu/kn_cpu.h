@@ -104,7 +104,8 @@ typedef struct kn_kv_layer {
   int64_t block_size;
   int64_t n_kv_heads;
   int64_t head_dim;
-  int8_t *k8, *v8;          /* NULL: the f32 cache */
+  int8_t *k8, *v8;          /* NULL: the f32 (or f16) cache */
+  uint16_t *k16, *v16;      /* f16 cache (k, v, k8 unused): values rounded to nearest */
   float *k_scale, *v_scale;
 } kn_kv_layer;
 

@@ -23,7 +23,8 @@ bool cli_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out);
 /* Parses a --kv-dtype value (f32 | int8): 0, or 1 after printing the error. */
 int cli_parse_kv_dtype(const char *s, irt_kv_dtype *out);
 /* The --kv-dtype line of the usage texts. */
-#define CLI_KV_DTYPE_USAGE "KV cache: f32 (default) or int8 (CPU; ~3.8x the tokens per MiB)"
+#define CLI_KV_DTYPE_USAGE \
+  "KV cache: f32 (default), f16 (CPU; 2x the tokens per MiB) or int8 (CPU; ~3.8x)"
 
 int cmd_generate(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);

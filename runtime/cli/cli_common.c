@@ -36,7 +36,7 @@ bool cli_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out) {
 }
 
 int cli_parse_kv_dtype(const char *s, irt_kv_dtype *out) {
-  return irt_kv_dtype_parse(s, out) ? 0 : cli_fail("--kv-dtype: expected f32 or int8, got '%s'", s);
+  return irt_kv_dtype_parse(s, out) ? 0 : cli_fail("--kv-dtype: expected f32, f16 or int8, got '%s'", s);
 }
 
 bool cli_parse_ids(const char *s, int32_t **out, int64_t *out_n) {

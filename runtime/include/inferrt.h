@@ -49,9 +49,10 @@ typedef struct irt_sampler irt_sampler;
 typedef enum irt_kv_dtype {
   IRT_KV_DTYPE_F32 = 0, /* the default */
   IRT_KV_DTYPE_INT8 = 1,
+  IRT_KV_DTYPE_F16 = 2,
 } irt_kv_dtype;
 
-/* "f32" / "int8" to the enum; false for anything else. */
+/* "f32" / "f16" / "int8" to the enum; false for anything else. */
 bool irt_kv_dtype_parse(const char *s, irt_kv_dtype *out);
 const char *irt_kv_dtype_name(irt_kv_dtype t);
 /* KV cache bytes per token of an open model's geometry with dtype t (all layers, K and V,
@@ -73,9 +74,11 @@ typedef struct irt_model_opts {
   const char *device;
   int cuda_device;      /* CUDA device ordinal (default 0) */
   bool no_cuda_graphs;  /* CUDA: run decode steps kernel by kernel, not as captured graphs */
-  /* Element type of the KV cache. IRT_KV_DTYPE_INT8 (CPU only) stores int8 values with one
-   * f32 scale per (token, kv head): about 3.5-4x the tokens per byte of f32, each token's
-   * cached values depending on that token alone (batch invariance holds). */
+  /* Element type of the KV cache. IRT_KV_DTYPE_F16 (CPU only) halves the bytes attention
+   * reads per token (values rounded to f16 as written). IRT_KV_DTYPE_INT8 (CPU only) stores
+   * int8 values with one f32 scale per (token, kv head): about 3.5-4x the tokens per byte
+   * of f32. Either way each token's cached values depend on that token alone (batch
+   * invariance holds). */
   irt_kv_dtype kv_dtype;
 } irt_model_opts;
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# test_kv_dtype: `--kv-dtype int8` (the int8 KV cache) end to end on the tiny text fixture
+# test_kv_dtype: `--kv-dtype int8` and `f16` (the int8 and f16 KV caches) end to end on the tiny text fixture
 # (trained BPE vocabulary, random weights): every runtime command takes it, perplexity with
 # it stays close to the f32 cache of the same plan, bench reports the pool in tokens per
 # MiB for both dtypes, and a bad value is refused with one clear message.
@@ -25,12 +25,20 @@ check "perplexity int8 vs f32 cache" \
 check "int8 cache perplexity within 1%" 'lt "$(field delta_pct "$TMP/ppl.json" | tr -d -)" 1'
 check "int8 cache top-1 agreement" 'gt "$(field top1_agreement "$TMP/ppl.json")" 0.9'
 check "int8 cache is not the f32 cache" 'gt "$(field kl "$TMP/ppl.json")" 0'
+check "perplexity f16 vs f32 cache" \
+  '"$INFERRT" perplexity "$P" --kv-dtype f16 --ref "$P" --file "$FIX/quality/public-domain.txt" --ctx 128 --max-tokens 600 --threads 2 --json > "$TMP/ppl16.json"'
+# f16 rounding of K and V (11-bit mantissa) moves logits far less than int8 does.
+check "f16 cache perplexity within 0.2%" 'lt "$(field delta_pct "$TMP/ppl16.json" | tr -d -)" 0.2'
+check "f16 cache top-1 agreement" 'gt "$(field top1_agreement "$TMP/ppl16.json")" 0.97'
+check "f16 cache closer than int8" 'lt "$(field kl "$TMP/ppl16.json")" "$(field kl "$TMP/ppl.json")"'
+check "generate f16" \
+  '"$INFERRT" generate "$P" --prompt "Once upon" -n 6 --ignore-eos --kv-dtype f16 --json | grep -q "\"generated_ids\":\[[0-9]*,[0-9]*,[0-9]*,[0-9]*,[0-9]*,[0-9]*\]"'
 check "generate int8" \
   '"$INFERRT" generate "$P" --prompt "Once upon" -n 6 --ignore-eos --kv-dtype int8 --json | grep -q "\"generated_ids\":\[[0-9]*,[0-9]*,[0-9]*,[0-9]*,[0-9]*,[0-9]*\]"'
 check "bench reports the pool" \
   '"$INFERRT" bench "$P" --requests 2 --prompt-len 8 --output-len 4 --kv-tokens 256 --kv-dtype int8 --threads 2 > "$TMP/bench.txt" && grep -q "^kv cache *int8, 256 tokens" "$TMP/bench.txt" && grep -q "tokens per MiB: f32 [0-9]*, int8 [0-9]*" "$TMP/bench.txt"'
 check "bad --kv-dtype refused" \
-  '! "$INFERRT" generate "$P" --prompt x --kv-dtype fp8 2> "$TMP/err" && [ $(wc -l < "$TMP/err") -eq 1 ] && grep -q "error: --kv-dtype: expected f32 or int8" "$TMP/err"'
+  '! "$INFERRT" generate "$P" --prompt x --kv-dtype fp8 2> "$TMP/err" && [ $(wc -l < "$TMP/err") -eq 1 ] && grep -q "error: --kv-dtype: expected f32, f16 or int8" "$TMP/err"'
 
 echo "kv_dtype: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

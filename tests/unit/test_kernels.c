@@ -248,21 +248,26 @@ static void test_attention(kn_pool *p1, kn_pool *p4) {
   attn_case(p1, p4, 4, 2, 16, 60.0f); /* score spread > 88: exp overflows without the max */
 }
 
-/* One sequence of n_pos positions over blocks of `bs` (so chunks of 16 positions, a
+/* One sequence of n_pos positions, in an f32 or f16 cache, over blocks of `bs` (so chunks of 16 positions, a
  * partial chunk and the four-row score unroll are all reached), 9 query heads on 3 KV
  * heads, against double softmax(q k^T * scale) v. With `isa` the kernels are capped to
  * that instruction set; the caller compares the outputs across sets. */
-static void attn_long_run(kn_pool *p, int isa, int64_t hd, int64_t bs, int64_t n_pos,
-                          float scale, float *out) {
+static void attn_long_run(kn_pool *p, int isa, bool f16, int64_t hd, int64_t bs,
+                          int64_t n_pos, float scale, float *out) {
   enum { NH = 9, NKV = 3 };
   int64_t n_blk = (n_pos + bs - 1) / bs, row = NKV * hd;
   float *k = rnd_vec(n_pos * row, 1.0f), *v = rnd_vec(n_pos * row, 1.0f);
   float *q = rnd_vec(NH * hd, 1.0f);
+  for (int64_t i = 0; f16 && i < n_pos * row; i++) { /* what an f16 cache can hold */
+    k[i] = ir_f16_to_f32(ir_f32_to_f16(k[i]));
+    v[i] = ir_f16_to_f32(ir_f32_to_f16(v[i]));
+  }
   int32_t *tables = malloc((size_t)n_blk * sizeof *tables);
   for (int64_t b = 0; b < n_blk; b++) tables[b] = (int32_t)(n_blk - 1 - b); /* reversed */
-  kn_kv_layer kv = {.k = calloc((size_t)(n_blk * bs * row), 4),
-                    .v = calloc((size_t)(n_blk * bs * row), 4), .n_blocks = n_blk,
-                    .block_size = bs, .n_kv_heads = NKV, .head_dim = hd};
+  size_t cache = (size_t)(n_blk * bs * row);
+  kn_kv_layer kv = {.n_blocks = n_blk, .block_size = bs, .n_kv_heads = NKV, .head_dim = hd};
+  if (f16) kv.k16 = calloc(cache, 2), kv.v16 = calloc(cache, 2);
+  else kv.k = calloc(cache, 4), kv.v = calloc(cache, 4);
   int32_t *seq = calloc((size_t)n_pos, sizeof *seq), *pos = malloc((size_t)n_pos * 4);
   for (int64_t t = 0; t < n_pos; t++) pos[t] = (int32_t)t;
   float *all = malloc((size_t)(n_pos * NH * hd) * sizeof *all);
@@ -293,9 +298,10 @@ static void attn_long_run(kn_pool *p, int isa, int64_t hd, int64_t bs, int64_t n
     }
     free(sc);
   }
-  CHECKF(ok, "long attention isa %d hd %lld bs %lld n %lld scale %g", isa, (long long)hd,
-         (long long)bs, (long long)n_pos, scale);
+  CHECKF(ok, "long attention isa %d %s hd %lld bs %lld n %lld scale %g", isa,
+         f16 ? "f16" : "f32", (long long)hd, (long long)bs, (long long)n_pos, scale);
   free(k), free(v), free(q), free(tables), free(kv.k), free(kv.v), free(seq), free(pos);
+  free(kv.k16), free(kv.v16);
   free(all), free(qs);
 }
 
@@ -304,15 +310,16 @@ static void attn_long_run(kn_pool *p, int isa, int64_t hd, int64_t bs, int64_t n
 static void test_attention_long(kn_pool *p) {
   static const struct { int64_t hd, bs, n; float scale; } c[] = {
       {64, 32, 83, 0.125f}, {64, 16, 40, 0.125f}, {20, 48, 70, 0.2f}, {64, 32, 50, 8.0f}};
-  for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
-    float *o0 = malloc((size_t)(9 * c[i].hd) * sizeof *o0);
-    float *o2 = malloc((size_t)(9 * c[i].hd) * sizeof *o2);
+  for (size_t i = 0; i < 2 * sizeof c / sizeof c[0]; i++) {
+    bool f16 = i % 2;
+    float *o0 = malloc((size_t)(9 * c[i / 2].hd) * sizeof *o0);
+    float *o2 = malloc((size_t)(9 * c[i / 2].hd) * sizeof *o2);
     uint64_t seed = g_rng; /* the same inputs for both */
-    attn_long_run(p, 0, c[i].hd, c[i].bs, c[i].n, c[i].scale, o0);
+    attn_long_run(p, 0, f16, c[i / 2].hd, c[i / 2].bs, c[i / 2].n, c[i / 2].scale, o0);
     g_rng = seed;
-    attn_long_run(p, 2, c[i].hd, c[i].bs, c[i].n, c[i].scale, o2);
+    attn_long_run(p, 2, f16, c[i / 2].hd, c[i / 2].bs, c[i / 2].n, c[i / 2].scale, o2);
     float worst = 0;
-    for (int64_t j = 0; j < 9 * c[i].hd; j++) worst = fmaxf(worst, fabsf(o0[j] - o2[j]));
+    for (int64_t j = 0; j < 9 * c[i / 2].hd; j++) worst = fmaxf(worst, fabsf(o0[j] - o2[j]));
     CHECKF(worst <= 1e-5f, "attention portable vs SIMD differ by %g", worst);
     free(o0), free(o2);
   }
