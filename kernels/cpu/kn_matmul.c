@@ -439,22 +439,28 @@ MM_AVX512_INLINE void mm_qblock_avx512(const uint8_t *blk, ir_dtype dt, const fl
 MM_AVX512_INLINE void mm_qbody_avx512(const float *const *xr, const void *const *wr, int64_t k,
                                       float *out, ir_dtype dt, int mr, int nr) {
   __m512 acc[KN_MM_MAX_R][KN_MM_MAX_C];
-  float dm[KN_MM_MAX_C][KN_MM_QRUN][4];
+  _Alignas(64) float dm[KN_MM_MAX_C][2 * KN_MM_QRUN]; /* d, m (garbage unless Q4_1) */
   const int64_t bb = kn_quant_block_bytes(dt), nb = k / KN_QBLOCK;
+  const __m512i offs = _mm512_mullo_epi32(
+      _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+      _mm512_set1_epi32((int)bb));
   for (int r = 0; r < mr; r++)
     for (int c = 0; c < nr; c++) acc[r][c] = _mm512_setzero_ps();
   for (int64_t b0 = 0; b0 < nb; b0 += KN_MM_QRUN) {
     int run = nb - b0 < KN_MM_QRUN ? (int)(nb - b0) : KN_MM_QRUN;
-    for (int c = 0; c < nr; c++)
-      for (int j = 0; j < run; j++) {
-        const uint8_t *blk = (const uint8_t *)wr[c] + (b0 + j) * bb;
-        mm_prefetch_w(blk);
-        _mm_storeu_ps(dm[c][j], mm_block_dm(blk, dt));
-      }
+    __mmask16 live = (__mmask16)((1u << run) - 1u);
+    /* The first 4 bytes of each block in one gather: 16 half pairs, widened together. */
+    for (int c = 0; c < nr; c++) {
+      const uint8_t *base = (const uint8_t *)wr[c] + b0 * bb;
+      for (int64_t o = 0; o < run * bb; o += 64) mm_prefetch_w(base + o);
+      __m512i h = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, offs, base, 1);
+      _mm512_store_ps(dm[c], _mm512_cvtph_ps(_mm512_castsi512_si256(h)));
+      _mm512_store_ps(dm[c] + 16, _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1)));
+    }
     for (int j = 0; j < run; j++)
       for (int c = 0; c < nr; c++) {
         __m512 w[2];
-        mm_qblock_avx512((const uint8_t *)wr[c] + (b0 + j) * bb, dt, dm[c][j], w);
+        mm_qblock_avx512((const uint8_t *)wr[c] + (b0 + j) * bb, dt, dm[c] + 2 * j, w);
         for (int r = 0; r < mr; r++) {
           const float *x = xr[r] + (b0 + j) * KN_QBLOCK;
           acc[r][c] = _mm512_fmadd_ps(_mm512_loadu_ps(x), w[0], acc[r][c]);
