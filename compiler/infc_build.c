@@ -208,8 +208,15 @@ ir_status infc_build(const char *src, const infc_options *opts, const char *out_
                   .quant = &o.quant,
                   .quant_calib = o.quant_calib[0] ? o.quant_calib : NULL};
   /* The CUDA kernels have no packed/roped attention or swiglu epilogue yet: CPU-only. */
-  if (!strcmp(o.target, "cuda"))
+  if (!strcmp(o.target, "cuda")) {
     po.no_fuse |= PASS_FUSE_ROPE_ATTENTION | PASS_FUSE_QKV | PASS_FUSE_GATE_UP;
+    po.capture_plan = true;
+    if (o.n_decode_buckets > 0)
+      po.decode_buckets = o.decode_buckets, po.n_decode_buckets = o.n_decode_buckets;
+  } else if (o.n_decode_buckets > 0 && st == IR_OK) {
+    st = ir_diag_set(d, IR_INVALID_ARG,
+                     "option 'decode_buckets': CUDA Graph buckets need --target cuda");
+  }
   pass_log log = {0};
   if (st == IR_OK) st = pass_pipeline_run(g, &po, &log, d);
   infc_cuda_kernels ck = {0}; /* target cuda: NVRTC images for the kernels section */

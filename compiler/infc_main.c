@@ -36,6 +36,8 @@ static int usage_build(FILE *f) {
         "      --tokenizer PATH   tokenizer.json to embed (default: the one beside the model)\n"
         "      --target T         cpu (default) or cuda (kernels compiled by NVRTC; no GPU needed)\n"
         "      --arch LIST        target cuda: GPU archs (default sm_80,sm_90)\n"
+        "      --decode-buckets L target cuda: decode batch sizes captured as CUDA Graphs\n"
+        "                         (default 1,2,4,... up to the step limit)\n"
         "      --quant SCHEME     quantize matmul weights: none (default), int8[:asym],\n"
         "                         int4[:g32|g64|g128][:sym|asym], w8a8 (int8 activations\n"
         "                         too, VNNI); add :lm_head to include the logits projection\n"
@@ -72,6 +74,7 @@ static int parse_build(int argc, char **argv, infc_options *o, build_args *a) {
       {"tokenizer", required_argument, 0, 10},
       {"target", required_argument, 0, 11},   {"arch", required_argument, 0, 12},
       {"quant", required_argument, 0, 13},    {"quant-calib", required_argument, 0, 14},
+      {"decode-buckets", required_argument, 0, 15},
       {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
   static const char *keys[] = {"", "dtype", "max_tokens", "max_seqs", "max_logits",
                                "kv_block_size", "max_context", "fold", "fuse"};
@@ -89,6 +92,7 @@ static int parse_build(int argc, char **argv, infc_options *o, build_args *a) {
     else if (c == 11 || c == 12) st = infc_options_set(o, c == 11 ? "target" : "arch", optarg, &d);
     else if (c == 13) st = infc_options_set(o, "quant", optarg, &d);
     else if (c == 14) st = infc_options_set(o, "quant_calib", optarg, &d);
+    else if (c == 15) st = infc_options_set(o, "decode_buckets", optarg, &d);
     else if (c == 'q') a->quiet = true;
     else if (c == 'h') return usage_build(stdout) - 1;
     else return usage_build(stderr);
@@ -193,6 +197,12 @@ static void print_plan(const ir_plan *p, bool tensors) {
   printf("step limits: %lld tokens, %lld sequences, %lld logit rows; KV block %lld\n",
          (long long)c->max_tokens, (long long)c->max_seqs, (long long)c->max_logits,
          (long long)c->kv_block_size);
+  if (c->n_decode_buckets > 0) {
+    printf("cuda graphs: decode batch");
+    for (int32_t i = 0; i < c->n_decode_buckets; i++)
+      printf("%s%lld", i ? "," : " ", (long long)c->decode_buckets[i]);
+    printf("\n");
+  }
   print_tensors(g, tensors);
   print_op_counts(g);
   printf("arena:       %.2f MiB\n", (double)g->arena_size / 1048576.0);

@@ -14,6 +14,31 @@ infc_options infc_options_default(void) {
   return o;
 }
 
+/* "1,2,4,8": ascending positive integers, at most IR_MAX_DECODE_BUCKETS of them. */
+static ir_status set_decode_buckets(infc_options *o, const char *v, ir_diag *d) {
+  int32_t n = 0;
+  for (const char *p = v; *p;) {
+    char *end = NULL;
+    long long x = strtoll(p, &end, 10);
+    if (end == p || (*end && *end != ',') || x < 1 || x > (1 << 20))
+      return ir_diag_set(d, IR_INVALID_ARG,
+                         "option 'decode_buckets': '%s' is not a list of batch sizes like 1,2,4,8",
+                         v);
+    if (n == IR_MAX_DECODE_BUCKETS)
+      return ir_diag_set(d, IR_INVALID_ARG, "option 'decode_buckets': more than %d buckets",
+                         IR_MAX_DECODE_BUCKETS);
+    if (n > 0 && x <= o->decode_buckets[n - 1])
+      return ir_diag_set(d, IR_INVALID_ARG,
+                         "option 'decode_buckets': sizes must be ascending (%lld after %lld)", x,
+                         (long long)o->decode_buckets[n - 1]);
+    o->decode_buckets[n++] = x;
+    p = *end ? end + 1 : end;
+  }
+  if (n == 0) return ir_diag_set(d, IR_INVALID_ARG, "option 'decode_buckets': empty list");
+  o->n_decode_buckets = n;
+  return IR_OK;
+}
+
 static ir_status parse_int(const char *key, const char *v, int64_t lo, int64_t hi, int64_t *out,
                            ir_diag *d) {
   char *end = NULL;
@@ -106,6 +131,7 @@ ir_status infc_options_set(infc_options *o, const char *key, const char *v, ir_d
     snprintf(o->arch, sizeof o->arch, "%s", v);
     return IR_OK;
   }
+  if (!strcmp(key, "decode_buckets")) return set_decode_buckets(o, v, d);
   if (!strcmp(key, "target")) {
     if (strcmp(v, "cpu") != 0 && strcmp(v, "cuda") != 0)
       return ir_diag_set(d, IR_UNSUPPORTED, "option 'target': '%s' is not one of cpu, cuda", v);

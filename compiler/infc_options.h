@@ -34,6 +34,10 @@ typedef struct infc_options {
   char tokenizer[4096]; /* --tokenizer PATH: a tokenizer.json to embed ("" = find one) */
   pass_quant_opts quant; /* --quant SCHEME: weight quantization (passes/pass_quantize.h) */
   char quant_calib[4096]; /* --quant-calib FILE: w8a8 activation maxima ("" = none) */
+  /* target cuda: --decode-buckets LIST, the CUDA Graph decode batch sizes (0: the default
+   * 1, 2, 4, ... up to the step limit; checked against the limits by pass_capture_plan) */
+  int32_t n_decode_buckets;
+  int64_t decode_buckets[IR_MAX_DECODE_BUCKETS];
 } infc_options;
 
 infc_options infc_options_default(void);

@@ -13,6 +13,7 @@
 #include "ir_status.h"
 
 #define IR_MAX_RANK 6
+#define IR_MAX_DECODE_BUCKETS 16
 #define IR_MAX_IO 16
 #define IR_MAX_ATTRS 12
 
@@ -217,6 +218,11 @@ typedef struct ir_model_config {
   int64_t max_seqs;     /* S max */
   int64_t max_logits;   /* L max */
   int64_t kv_block_size;
+  /* CUDA Graph capture plan (pass_capture_plan): decode steps of up to decode_buckets[i]
+   * tokens replay the graph of the smallest such bucket; ascending, each in
+   * [1, min(max_tokens, max_seqs, max_logits)]. 0 buckets: none planned. */
+  int32_t n_decode_buckets;
+  int64_t decode_buckets[IR_MAX_DECODE_BUCKETS];
 } ir_model_config;
 
 typedef struct ir_graph {
@@ -295,6 +301,10 @@ int32_t ir_graph_find_tensor(const ir_graph *g, const char *name);
  * each activation has exactly one producer that precedes its users, and that weights
  * carry data of the right size. The first problem found is reported in d. */
 ir_status ir_graph_verify(const ir_graph *g, ir_diag *d);
+/* Checks a decode-bucket list against c's step limits (ascending, each in 1..min of
+ * max_tokens, max_seqs, max_logits, at most IR_MAX_DECODE_BUCKETS); errors say which. */
+ir_status ir_check_decode_buckets(const ir_model_config *c, const int64_t *b, int32_t n,
+                                  ir_diag *d);
 
 /* Infers the output dtypes and dims of node `n` from its inputs (used by add_node and
  * by the verifier). out_* arrays have IR_MAX_IO entries. */

@@ -85,7 +85,8 @@ static ir_status check_sections(ir_plan *p, ir_diag *d) {
   return IR_OK;
 }
 
-static void read_config(ir_model_config *c, const Infc__Plan__ModelConfig *o) {
+static ir_status read_config(ir_model_config *c, const Infc__Plan__ModelConfig *o,
+                             ir_diag *d) {
   snprintf(c->arch, sizeof c->arch, "%s", o->arch ? o->arch : "");
   c->vocab_size = o->vocab_size;
   c->hidden_size = o->hidden_size;
@@ -105,6 +106,12 @@ static void read_config(ir_model_config *c, const Infc__Plan__ModelConfig *o) {
   c->max_seqs = o->max_seqs;
   c->max_logits = o->max_logits;
   c->kv_block_size = o->kv_block_size;
+  if (o->n_decode_buckets > IR_MAX_DECODE_BUCKETS)
+    return ir_diag_set(d, IR_BAD_FORMAT, "model config: %zu decode buckets (at most %d)",
+                       o->n_decode_buckets, IR_MAX_DECODE_BUCKETS);
+  c->n_decode_buckets = (int32_t)o->n_decode_buckets;
+  for (size_t i = 0; i < o->n_decode_buckets; i++) c->decode_buckets[i] = o->decode_buckets[i];
+  return IR_OK;
 }
 
 static ir_status read_tensor(ir_plan *p, const Infc__Plan__Tensor *o, ir_diag *d) {
@@ -172,8 +179,7 @@ static ir_status read_graph(ir_plan *p, ir_diag *d) {
   const Infc__Plan__Plan *m = p->meta;
   if (!m->config) return ir_diag_set(d, IR_BAD_FORMAT, "plan has no model config");
   if (!(p->graph = ir_graph_create())) return ir_diag_set(d, IR_OOM, "out of memory");
-  read_config(&p->graph->config, m->config);
-  ir_status st = IR_OK;
+  ir_status st = read_config(&p->graph->config, m->config, d);
   for (size_t i = 0; st == IR_OK && i < m->n_tensors; i++) st = read_tensor(p, m->tensors[i], d);
   for (size_t i = 0; st == IR_OK && i < m->n_nodes; i++) st = read_node(p, m->nodes[i], d);
   for (size_t i = 0; st == IR_OK && i < m->n_inputs; i++) {

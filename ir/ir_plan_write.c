@@ -63,6 +63,8 @@ static void fill_config(Infc__Plan__ModelConfig *o, const ir_model_config *c) {
   o->max_seqs = c->max_seqs;
   o->max_logits = c->max_logits;
   o->kv_block_size = c->kv_block_size;
+  o->n_decode_buckets = (size_t)c->n_decode_buckets;
+  o->decode_buckets = (int64_t *)c->decode_buckets; /* read only by the packer */
 }
 
 /* Tensors and dims; weight offsets assigned in tensor order, 64-byte aligned. */

@@ -39,6 +39,12 @@ static void print_config(const ir_model_config *c, FILE *f) {
           c->head_dim, c->intermediate_size);
   fprintf(f, "step limits: T<=%" PRId64 " S<=%" PRId64 " L<=%" PRId64 ", kv block %" PRId64 "\n",
           c->max_tokens, c->max_seqs, c->max_logits, c->kv_block_size);
+  if (c->n_decode_buckets > 0) {
+    fprintf(f, "decode graphs:");
+    for (int32_t i = 0; i < c->n_decode_buckets; i++)
+      fprintf(f, "%s%" PRId64, i ? "," : " ", c->decode_buckets[i]);
+    fprintf(f, "\n");
+  }
 }
 
 void ir_graph_print(const ir_graph *g, FILE *f) {

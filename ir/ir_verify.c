@@ -10,6 +10,27 @@ static ir_status check_config(const ir_model_config *c, ir_diag *d) {
   if (c->max_seqs > c->max_tokens || c->max_logits > c->max_tokens)
     return ir_diag_set(d, IR_BAD_FORMAT,
                        "model config: max_seqs and max_logits must not exceed max_tokens");
+  return ir_check_decode_buckets(c, c->decode_buckets, c->n_decode_buckets, d);
+}
+
+ir_status ir_check_decode_buckets(const ir_model_config *c, const int64_t *b, int32_t n,
+                                  ir_diag *d) {
+  int64_t cap = c->max_tokens;
+  if (c->max_seqs < cap) cap = c->max_seqs;
+  if (c->max_logits < cap) cap = c->max_logits;
+  if (n < 0 || n > IR_MAX_DECODE_BUCKETS)
+    return ir_diag_set(d, IR_BAD_FORMAT, "decode buckets: %d of them (at most %d)", (int)n,
+                       IR_MAX_DECODE_BUCKETS);
+  for (int32_t i = 0; i < n; i++) {
+    if (b[i] < 1 || b[i] > cap)
+      return ir_diag_set(d, IR_BAD_FORMAT,
+                         "decode bucket %lld is outside 1..%lld (the step limits: a decode "
+                         "step holds at most min(max_tokens, max_seqs, max_logits) tokens)",
+                         (long long)b[i], (long long)cap);
+    if (i > 0 && b[i] <= b[i - 1])
+      return ir_diag_set(d, IR_BAD_FORMAT, "decode buckets must be ascending (%lld after %lld)",
+                         (long long)b[i], (long long)b[i - 1]);
+  }
   return IR_OK;
 }
 

@@ -29,6 +29,9 @@ typedef struct pass_opts {
   FILE *dump_ir;    /* when set, the IR is printed here after each pass */
   const struct pass_quant_opts *quant; /* weight quantization (pass_quantize.h); NULL: none */
   const char *quant_calib; /* w8a8: activation maxima for smoothing (pass_quantize.h); NULL */
+  bool capture_plan;       /* target cuda: plan the CUDA Graph decode buckets */
+  const int64_t *decode_buckets; /* the buckets asked for; NULL: 1, 2, 4, ... up to the limit */
+  int32_t n_decode_buckets;
 } pass_opts;
 
 /* A growing list of one-line summaries ("dce: removed 3 nodes, 1 tensor"). */
@@ -44,6 +47,10 @@ ir_status pass_dce(ir_graph *g, const pass_opts *o, pass_log *log, ir_diag *d);
 ir_status pass_fold(ir_graph *g, const pass_opts *o, pass_log *log, ir_diag *d);
 ir_status pass_fuse_add_rms_norm(ir_graph *g, const pass_opts *o, pass_log *log, ir_diag *d);
 ir_status pass_memory_plan(ir_graph *g, const pass_opts *o, pass_log *log, ir_diag *d);
+/* The CUDA Graph capture plan: the decode batch sizes the runtime captures one graph for
+ * (config.decode_buckets). Arena offsets are already fixed by the memory plan, so one
+ * graph per bucket replays with the same addresses every step. */
+ir_status pass_capture_plan(ir_graph *g, const pass_opts *o, pass_log *log, ir_diag *d);
 /* rope(q), rope(k) feeding only an attention -> that attention with inputs (q, k, v, pos,
  * cos_sin) and the rope attrs: the kernel rotates q and k itself (k as it enters the KV
  * cache). Bit-identical: kn_rope's arithmetic on the same values. */

@@ -204,8 +204,14 @@ static void open_blas(cuda_ctx *c) {
   }
 }
 
-/* Decode buckets 1, 2, 4, ... up to the step limits (the limit itself last). */
-static void make_buckets(cuda_ctx *c) {
+/* Decode buckets: the plan's capture plan (pass_capture_plan; checked at load), or for a
+ * plan without one 1, 2, 4, ... up to the step limits (the limit itself last). */
+static void make_buckets(cuda_ctx *c, const ir_model_config *k) {
+  if (k->n_decode_buckets > 0) {
+    for (int32_t i = 0; i < k->n_decode_buckets && i < CUDA_MAX_BUCKETS; i++)
+      c->bucket[c->n_buckets++] = k->decode_buckets[i];
+    return;
+  }
   int64_t cap = c->max_seqs;
   if (c->max_tokens < cap) cap = c->max_tokens;
   if (c->max_logits < cap) cap = c->max_logits;
@@ -475,7 +481,7 @@ ir_status irt_backend_cuda_create(const irt_cuda_opts *o, const ir_graph *g, irt
     else free(c);
     return st;
   }
-  make_buckets(c);
+  make_buckets(c, &g->config);
   *out = (irt_backend){.ops = &k_cuda_ops, .ctx = c};
   return IR_OK;
 }

@@ -27,7 +27,7 @@ typedef enum cuda_fn {
 /* Dense f32/f16/bf16 matmuls with more rows than this go to cuBLAS; fewer to the GEMV,
  * which reads the weights once per CUDA_GEMV_M rows. */
 #define CUDA_GEMV_MAX_M 4
-#define CUDA_MAX_BUCKETS 16
+#define CUDA_MAX_BUCKETS IR_MAX_DECODE_BUCKETS
 
 typedef struct cuda_ctx {
   cu_api cu;

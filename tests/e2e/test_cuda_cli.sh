@@ -16,12 +16,16 @@ GEN=(generate --prompt-ids 1,5,9,2 -n 8)
 check "build cpu" '"$INFC" build "$M" -o "$TMP/cpu.plan" -q'
 check "help lists --device" '"$INFERRT" generate --help | grep -q -- "--device DEV" && "$INFERRT" bench --help | grep -q -- "--no-cuda-graphs"'
 expect_error "cpu plan on cuda" "needs a CUDA plan" "$INFERRT" "${GEN[0]}" "$TMP/cpu.plan" "${GEN[@]:1}" --device cuda
+expect_error "decode buckets need cuda" "need --target cuda" "$INFC" build "$M" -o "$TMP/x.plan" --decode-buckets 1,2
 expect_error "unknown device" "device 'tpu'" "$INFERRT" "${GEN[0]}" "$TMP/cpu.plan" "${GEN[@]:1}" --device tpu
 check "cpu plan --device cpu" '"$INFERRT" "${GEN[@]:0:1}" "$TMP/cpu.plan" "${GEN[@]:1}" --device cpu --json >"$TMP/a.json" 2>/dev/null && grep -q "\"device\":\"cpu\"" "$TMP/a.json"'
 
 if "$INFC" build "$M" -o "$TMP/cuda.plan" --target cuda -q 2>"$TMP/build.err"; then
   check "cuda plan --device cpu" '"$INFERRT" "${GEN[@]:0:1}" "$TMP/cuda.plan" "${GEN[@]:1}" --device cpu --json >"$TMP/b.json" 2>/dev/null'
   check "same ids on the cpu" 'diff <(grep -o "\"generated_ids\":\[[0-9,]*\]" "$TMP/a.json") <(grep -o "\"generated_ids\":\[[0-9,]*\]" "$TMP/b.json") >/dev/null'
+  check "capture plan: default decode graphs" '"$INFC" inspect "$TMP/cuda.plan" | grep -q "^cuda graphs: decode batch 1,2,4,8,16,32,64$"'
+  check "capture plan: --decode-buckets" '"$INFC" build "$M" -o "$TMP/cuda_b.plan" --target cuda --decode-buckets 1,3,8 -q && "$INFC" inspect "$TMP/cuda_b.plan" | grep -q "^cuda graphs: decode batch 1,3,8$"'
+  expect_error "capture plan: past the limits" "decode bucket 100 is outside 1..64" "$INFC" build "$M" -o "$TMP/x.plan" --target cuda --decode-buckets 1,100
   if ! ldconfig -p 2>/dev/null | grep -q "libcuda\.so\.1"; then
     lib=$(dirname "$INFERRT")/libinferrt_cuda.so
     needle="not installed"

@@ -9,6 +9,7 @@
 #include "infc_nvrtc.h"
 #include "infc_util.h"
 #include "ir_plan.h"
+#include "pass.h"
 #include "tcheck.h"
 
 #define FIXTURE FIXTURES_DIR "/llama-gqa-f32"
@@ -96,8 +97,58 @@ static void test_build_cuda(void) {
   ir_plan_close(p);
 }
 
+/* The capture plan: pass_capture_plan's default and asked-for buckets, their trip through
+ * the plan file, and lists the step limits or the order refuse. */
+static void test_capture_plan(void) {
+  infc_options o = infc_options_default();
+  infc_source *src = NULL;
+  ir_graph *g = NULL;
+  ir_diag d = {0};
+  CHECKF(infc_source_open(FIXTURE, &o, &src, &g, &d) == IR_OK, "%s", d.msg);
+  if (!g) return;
+  g->config.max_tokens = 512, g->config.max_seqs = 48, g->config.max_logits = 40;
+  pass_log log = {0};
+  pass_opts po = {.capture_plan = true};
+  CHECKF(pass_capture_plan(g, &po, &log, &d) == IR_OK, "%s", d.msg);
+  static const int64_t want[] = {1, 2, 4, 8, 16, 32, 40}; /* up to min(S, L) = 40 */
+  CHECK(g->config.n_decode_buckets == 7 &&
+        !memcmp(g->config.decode_buckets, want, sizeof want));
+  CHECK(log.n == 1 && strstr(log.lines[0], "7 decode graphs (batch 1,2,4,8,16,32,40)"));
+  static const int64_t asked[] = {1, 3, 12};
+  po.decode_buckets = asked, po.n_decode_buckets = 3;
+  CHECKF(pass_capture_plan(g, &po, &log, &d) == IR_OK, "%s", d.msg);
+  const char *path = TEST_TMP_DIR "/buckets.plan";
+  CHECKF(ir_plan_write(g, NULL, path, &d) == IR_OK, "%s", d.msg);
+  ir_plan *p = NULL;
+  CHECKF(ir_plan_open(path, IR_PLAN_VERIFY_ALL, &p, &d) == IR_OK, "%s", d.msg);
+  if (p) {
+    const ir_model_config *c = &ir_plan_graph(p)->config;
+    CHECK(c->n_decode_buckets == 3 && !memcmp(c->decode_buckets, asked, sizeof asked));
+    ir_plan_close(p);
+  }
+  static const int64_t big[] = {1, 41}, down[] = {4, 2};
+  po.decode_buckets = big, po.n_decode_buckets = 2;
+  CHECK(pass_capture_plan(g, &po, &log, &d) != IR_OK && strstr(d.msg, "outside 1..40"));
+  po.decode_buckets = down, d = (ir_diag){0};
+  CHECKF(pass_capture_plan(g, &po, &log, &d) != IR_OK && strstr(d.msg, "ascending"), "%s", d.msg);
+  /* a plan whose buckets break the limits is refused when it is opened */
+  g->config.n_decode_buckets = 2, g->config.decode_buckets[0] = 8, g->config.decode_buckets[1] = 8;
+  CHECKF(ir_plan_write(g, NULL, path, &d) == IR_OK, "%s", d.msg);
+  p = NULL, d = (ir_diag){0};
+  CHECKF(ir_plan_open(path, IR_PLAN_VERIFY_ALL, &p, &d) != IR_OK && strstr(d.msg, "ascending"), "%s", d.msg);
+  ir_plan_close(p);
+  CHECK(infc_options_set(&o, "decode_buckets", "1,2,8", &d) == IR_OK && o.n_decode_buckets == 3);
+  CHECK(infc_options_set(&o, "decode_buckets", "2,2", &d) != IR_OK);
+  CHECK(infc_options_set(&o, "decode_buckets", "0,2", &d) != IR_OK);
+  CHECK(infc_options_set(&o, "decode_buckets", "", &d) != IR_OK);
+  pass_log_free(&log);
+  ir_graph_destroy(g);
+  infc_source_close(src);
+}
+
 int main(void) {
   test_round_trip();
+  test_capture_plan();
   test_build_cuda();
   return tcheck_done("plan_kernels");
 }
