@@ -21,7 +21,9 @@
  * W8A8: each row of x is quantized by itself (its scale depends on that row only) and
  * the integer dot is exact, so the result does not depend on order at all. VNNI's
  * vpdpbusd multiplies unsigned by signed bytes: W goes in as the unsigned operand
- * (q + 128, a sign-bit flip in the register) and 128 * sum(xq) is taken off again. */
+ * (q + 128, a sign-bit flip in the register) and 128 * sum(xq) is taken off again.
+ * Blocks of 16 rows of a prefill tile go to AMX-INT8 where the CPU and the OS allow it:
+ * TDPBSSD multiplies signed by signed bytes into exact int32 sums, the same values. */
 enum {
   WQ_LANES = 16,
   WQ_MAX_R = 4,
@@ -35,6 +37,10 @@ enum {
 #define WQ_X86 1
 #include <cpuid.h>
 #include <immintrin.h>
+#ifdef __linux__
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 #else
 #define WQ_X86 0
 #endif
@@ -55,6 +61,7 @@ typedef struct wq_kernels {
   wq_fn block, row;
   w8_fn block8, row8;
   w8_quant_fn quant;
+  bool amx; /* W8A8: 16-row blocks of a tile on AMX-INT8 (block8 / row8 take the rest) */
 } wq_kernels;
 
 struct wq_args {
@@ -497,27 +504,44 @@ static WQ_VNNI512 void w8_vnni512_1x8(const int8_t *const *xq, const int32_t *xs
 /* ---- dispatch --------------------------------------------------------------------------- */
 
 /* Weight-only [isa][i8, i4]; W8A8 [isa]. Only the fields each table is read for are set. */
-static const wq_kernels k_wq_c = {2, 2, 4, wq_c_2x2, wq_c_1x4, w8_c_2x2, w8_c_1x4, w8_quant_c};
+static const wq_kernels k_wq_c = {2, 2, 4, wq_c_2x2, wq_c_1x4,
+                                  w8_c_2x2, w8_c_1x4, w8_quant_c, false};
 #if WQ_X86
 static const wq_kernels k_wq_simd[2][2] = {
-    {{2, 2, 4, wq_avx2_i8_2x2, wq_avx2_i8_1x4, NULL, NULL, NULL},
-     {2, 2, 4, wq_avx2_i4_2x2, wq_avx2_i4_1x4, NULL, NULL, NULL}},
-    {{4, 4, 8, wq_avx512_i8_4x4, wq_avx512_i8_1x8, NULL, NULL, NULL},
-     {4, 4, 8, wq_avx512_i4_4x4, wq_avx512_i4_1x8, NULL, NULL, NULL}},
+    {{2, 2, 4, wq_avx2_i8_2x2, wq_avx2_i8_1x4, NULL, NULL, NULL, false},
+     {2, 2, 4, wq_avx2_i4_2x2, wq_avx2_i4_1x4, NULL, NULL, NULL, false}},
+    {{4, 4, 8, wq_avx512_i8_4x4, wq_avx512_i8_1x8, NULL, NULL, NULL, false},
+     {4, 4, 8, wq_avx512_i4_4x4, wq_avx512_i4_1x8, NULL, NULL, NULL, false}},
 };
-static const wq_kernels k_w8_simd[2] = {
-    {2, 4, 4, NULL, NULL, w8_vnni256_2x4, w8_vnni256_1x4, w8_quant_avx2},
-    {4, 4, 8, NULL, NULL, w8_vnni512_4x4, w8_vnni512_1x8, w8_quant_avx512},
+static const wq_kernels k_w8_simd[3] = {
+    {2, 4, 4, NULL, NULL, w8_vnni256_2x4, w8_vnni256_1x4, w8_quant_avx2, false},
+    {4, 4, 8, NULL, NULL, w8_vnni512_4x4, w8_vnni512_1x8, w8_quant_avx512, false},
+    {4, 4, 8, NULL, NULL, w8_vnni512_4x4, w8_vnni512_1x8, w8_quant_avx512, true},
 };
 
 static bool wq_has_f16c(void) {
   unsigned a, b, c, d;
   return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
 }
+
+/* AMX-TILE and AMX-INT8 (cpuid 7.0 edx bits 24, 25), and Linux's leave to use the tile
+ * data (ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA, once per process): without it the
+ * first tile instruction faults. */
+static bool wq_has_amx(void) {
+  unsigned a, b, c, d;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & 1u << 24) || !(d & 1u << 25))
+    return false;
+#if defined(__linux__) && defined(SYS_arch_prctl)
+  return syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+#else
+  return false;
+#endif
+}
 #endif
 
 /* Best levels the CPU offers, found once (cpuid is slow under a hypervisor): bits 0-1
- * weight-only (0, 1 AVX2, 2 AVX-512), bits 2-3 W8A8 (0, 1 AVX-VNNI, 2 AVX512-VNNI). */
+ * weight-only (0, 1 AVX2, 2 AVX-512), bits 2-3 W8A8 (0, 1 AVX-VNNI, 2 AVX512-VNNI,
+ * 3 that and AMX-INT8). */
 static int wq_cpu_levels(void) {
   static _Atomic int cached = -1;
   int v = atomic_load_explicit(&cached, memory_order_relaxed);
@@ -527,7 +551,7 @@ static int wq_cpu_levels(void) {
   bool base = __builtin_cpu_supports("fma") && wq_has_f16c() && __builtin_cpu_supports("avx2");
   bool avx512 = base && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
   wo = avx512 ? 2 : base ? 1 : 0;
-  w8 = avx512 && __builtin_cpu_supports("avx512vnni") ? 2
+  w8 = avx512 && __builtin_cpu_supports("avx512vnni") ? (wq_has_amx() ? 3 : 2)
        : base && __builtin_cpu_supports("avxvnni")    ? 1
                                                       : 0;
 #endif
@@ -536,10 +560,10 @@ static int wq_cpu_levels(void) {
   return v;
 }
 
-static _Atomic int g_wq_max_isa = 2;
+static _Atomic int g_wq_max_isa = 3;
 
 int kn_matmul_wq_set_max_isa(int isa) {
-  return atomic_exchange(&g_wq_max_isa, isa < 0 ? 0 : isa > 2 ? 2 : isa);
+  return atomic_exchange(&g_wq_max_isa, isa < 0 ? 0 : isa > 3 ? 3 : isa);
 }
 
 static int wq_level(bool w8a8) {
@@ -549,7 +573,7 @@ static int wq_level(bool w8a8) {
 }
 
 const char *kn_matmul_w8a8_path(void) {
-  static const char *const names[3] = {"portable", "avx-vnni", "avx512-vnni"};
+  static const char *const names[4] = {"portable", "avx-vnni", "avx512-vnni", "amx-int8"};
   return names[wq_level(true)];
 }
 
@@ -586,18 +610,20 @@ static int64_t wq_rows(const wq_args *a, int nr, int64_t j0, int64_t j1, int64_t
 /* y[i0 + r, j0 + c] from the dot products z of one call (bias and epilogue). */
 static void wq_store(const wq_args *a, const float *z, int mr, int nr, int64_t nv, int64_t i0,
                      int64_t j0) {
-  int cols = wq_cols(a, nr);
+  /* locals: stores to y could alias *a, which would reload a->bias and a->swiglu per y */
+  const int cols = wq_cols(a, nr);
+  const float *bias = a->bias, *bg = bias ? bias + j0 : NULL, *bu = bias ? bias + a->n + j0 : NULL;
   for (int r = 0; r < mr; r++) {
     float *y = a->y + (i0 + r) * a->n + j0;
-    for (int64_t c = 0; c < nv; c++) {
-      float g = a->bias ? z[r * nr + c] + a->bias[j0 + c] : z[r * nr + c];
-      if (!a->swiglu) {
-        y[c] = g;
-        continue;
-      }
-      float u = z[r * nr + cols + c];
-      y[c] = kn_silu_mul(g, a->bias ? u + a->bias[a->n + j0 + c] : u);
-    }
+    const float *zr = z + r * nr;
+    if (!a->swiglu && bias)
+      for (int64_t c = 0; c < nv; c++) y[c] = zr[c] + bg[c];
+    else if (!a->swiglu)
+      for (int64_t c = 0; c < nv; c++) y[c] = zr[c];
+    else
+      for (int64_t c = 0; c < nv; c++)
+        y[c] = kn_silu_mul(bias ? zr[c] + bg[c] : zr[c],
+                           bias ? zr[cols + c] + bu[c] : zr[cols + c]);
   }
 }
 
@@ -613,6 +639,9 @@ static void wq_block(const wq_args *a, wq_fn fn, int mr, int nr, int64_t i0, int
   wq_store(a, acc, mr, nr, nv, i0, j0);
 }
 
+/* A W8A8 dot product scaled back (every path: the bits do not depend on the path). */
+static inline float w8_deq(int32_t dot, float sx, float sw) { return (float)dot * (sx * sw); }
+
 /* The same for W8A8, with rows of x already quantized (xq, per-row scale sx and sum xs). */
 static void w8_block(const wq_args *a, w8_fn fn, int mr, int nr, int64_t i0, int64_t j0,
                      int64_t j1, const int8_t *const *xq, const float *sx, const int32_t *xs) {
@@ -625,7 +654,7 @@ static void w8_block(const wq_args *a, w8_fn fn, int mr, int nr, int64_t i0, int
   fn(xq, xs, wr, a->k, acc);
   for (int r = 0; r < mr; r++)
     for (int c = 0; c < nr; c++)
-      z[r * nr + c] = (float)acc[r * nr + c] * (sx[r] * wq_scale(a->w, 1, rows[c], 0));
+      z[r * nr + c] = w8_deq(acc[r * nr + c], sx[r], wq_scale(a->w, 1, rows[c], 0));
   wq_store(a, z, mr, nr, nv, i0, j0);
 }
 
@@ -660,6 +689,197 @@ static void w8_tile(const wq_args *a, int64_t i0, int64_t i1, int64_t j0, int64_
   }
 }
 
+/* ---- x86: AMX-INT8 for the 16-row blocks of a W8A8 tile --------------------------------- */
+#if WQ_X86
+/* Tiles, all 16 rows x 64 bytes: 0-3 C (int32; tile 2 x + b for x block x, W block b);
+ * 4-5 two blocks of 16 W rows as they lie in memory (64 bytes of k a row); 6-7 two blocks
+ * of 16 x rows packed for TDPBSSD: row t of a step is dword t of each of the 16 rows, so
+ * C[w][r] sums W[w][l] * xq[r][l]. W as the left operand needs no repacking; x is packed
+ * once per pass as it is quantized. */
+enum {
+  WQ_AMX_X_BYTES = 128 << 10, /* packed x of one pass (stack): AMX takes k <= 8192 */
+  WQ_AMX_MAX_ROWS = 64,       /* rows per pass: kn_mm_tiles_plan's largest mb */
+  WQ_AMX_STEP = 1024,         /* one 16 x 64-byte tile */
+};
+
+#define WQ_AMX __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw")))
+#define WQ_AMX_INLINE \
+  static inline __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw"), always_inline))
+/* GCC's tile loads and ldtilecfg do not tell the compiler which memory they read: make
+ * the buffers' stores happen before them. */
+#define WQ_AMX_BARRIER() __asm__ volatile("" ::: "memory")
+
+typedef struct wq_amx_cfg {
+  uint8_t palette, start_row, reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+} wq_amx_cfg;
+_Static_assert(sizeof(wq_amx_cfg) == 64, "ldtilecfg reads 64 bytes");
+
+/* C += W blocks w0 (w1) at stride ws x x blocks x0 (x0 + xstep) over nkb 64-byte steps. */
+WQ_AMX_INLINE void w8_amx_steps(const int8_t *w0, const int8_t *w1, int64_t ws,
+                                const int8_t *x0, int64_t xstep, int64_t nkb, int nw, int nx) {
+  for (int64_t kb = 0; kb < nkb; kb++) {
+    _tile_loadd(4, w0 + kb * 64, ws);
+    if (nw > 1) _tile_loadd(5, w1 + kb * 64, ws);
+    _tile_loadd(6, x0 + kb * WQ_AMX_STEP, 64);
+    _tile_dpbssd(0, 4, 6);
+    if (nw > 1) _tile_dpbssd(1, 5, 6);
+    if (nx > 1) {
+      _tile_loadd(7, x0 + xstep + kb * WQ_AMX_STEP, 64);
+      _tile_dpbssd(2, 4, 7);
+      if (nw > 1) _tile_dpbssd(3, 5, 7);
+    }
+  }
+}
+
+/* nw W blocks x nx x blocks into c (tile t at c + t * 256, 16 int32 a row). The k % 64
+ * tail of W comes from tail (zero-padded), so no load reads past a W row; x's padding is
+ * zero too. */
+WQ_AMX_INLINE void w8_amx_kernel(const int8_t *const *wb, const int8_t *tail, int64_t k,
+                                 const int8_t *xb, int64_t nkb, int32_t *c, int nw, int nx) {
+  const int64_t kf = k / 64, xstep = nkb * WQ_AMX_STEP;
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  w8_amx_steps(wb[0], wb[1], k, xb, xstep, kf, nw, nx);
+  if (kf < nkb)
+    w8_amx_steps(tail, tail + WQ_AMX_STEP, 64, xb + kf * WQ_AMX_STEP, xstep, 1, nw, nx);
+  _tile_stored(0, c, 64);
+  if (nw > 1) _tile_stored(1, c + 256, 64);
+  if (nx > 1) _tile_stored(2, c + 512, 64);
+  if (nx > 1 && nw > 1) _tile_stored(3, c + 768, 64);
+}
+
+/* z[t] = w8_deq(c[16 t], sx, sw[t]) for t < v: a column of a C tile (one x row against
+ * the W rows) into a row of z, the same two roundings as w8_deq. */
+WQ_AMX_INLINE void w8_amx_deq16(float *z, const int32_t *c, int64_t v, float sx,
+                                const float *sw) {
+  const __m512i idx = _mm512_setr_epi32(0, 16, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176,
+                                        192, 208, 224, 240);
+  __mmask16 mk = v >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << v) - 1);
+  __m512i dot = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), mk, idx, c, 4);
+  __m512 d = _mm512_cvtepi32_ps(dot);
+  __m512 s = _mm512_mul_ps(_mm512_set1_ps(sx), _mm512_maskz_loadu_ps(mk, sw));
+  _mm512_mask_storeu_ps(z, mk, _mm512_mul_ps(d, s));
+}
+
+/* The columns [j0, j1) one panel covers (32, or 16 gate with their 16 up rows) against
+ * mr packed rows of x from row i0. A W block is 16 consecutive rows inside W: at the end
+ * of W it starts earlier and its outputs are read from row off on. */
+static WQ_AMX void w8_amx_panel(const wq_args *a, const int8_t *xv, int64_t nkb, int64_t mr,
+                                const float *sx, int64_t i0, int64_t j0, int64_t j1) {
+  const int64_t k = a->k, nrow = a->swiglu ? 2 * a->n : a->n;
+  const int cols = wq_cols(a, 32);
+  const int64_t nv = j1 - j0 < cols ? j1 - j0 : cols;
+  const int64_t r0[2] = {j0, a->swiglu ? a->n + j0 : j0 + 16};
+  const int64_t vb[2] = {a->swiglu || nv < 16 ? nv : 16, a->swiglu ? nv : nv - 16};
+  const int nw = vb[1] > 0 ? 2 : 1;
+  const int8_t *wb[2];
+  int64_t off[2] = {0, 0};
+  float sw[32];
+  _Alignas(64) int8_t tail[2 * WQ_AMX_STEP];
+  _Alignas(64) int32_t c[4 * 256];
+  float z[16 * 32];
+  for (int b = 0; b < nw; b++) {
+    int64_t s = r0[b] + 16 <= nrow ? r0[b] : nrow - 16;
+    off[b] = r0[b] - s;
+    wb[b] = (const int8_t *)a->w->q + s * k;
+    for (int64_t t = 0; t < vb[b]; t++) sw[b * 16 + t] = wq_scale(a->w, 1, r0[b] + t, 0);
+  }
+  if (nw == 1) wb[1] = wb[0];
+  if (k % 64) {
+    memset(tail, 0, sizeof tail);
+    for (int b = 0; b < nw; b++)
+      for (int t = 0; t < 16; t++)
+        memcpy(tail + b * WQ_AMX_STEP + t * 64, wb[b] + t * k + k / 64 * 64, (size_t)(k % 64));
+  }
+  WQ_AMX_BARRIER();
+  for (int64_t x = 0; x < mr; x += 32) {
+    const int8_t *xb = xv + x / 16 * nkb * WQ_AMX_STEP;
+    int nx = mr - x >= 32 ? 2 : 1;
+    if (nw == 2 && nx == 2) w8_amx_kernel(wb, tail, k, xb, nkb, c, 2, 2);
+    else if (nw == 2) w8_amx_kernel(wb, tail, k, xb, nkb, c, 2, 1);
+    else if (nx == 2) w8_amx_kernel(wb, tail, k, xb, nkb, c, 1, 2);
+    else w8_amx_kernel(wb, tail, k, xb, nkb, c, 1, 1);
+    for (int bx = 0; bx < nx; bx++) {
+      for (int r = 0; r < 16; r++)
+        for (int b = 0; b < nw; b++)
+          w8_amx_deq16(z + r * 32 + b * 16, c + (bx * 2 + b) * 256 + off[b] * 16 + r, vb[b],
+                       sx[x + bx * 16 + r], sw + b * 16);
+      wq_store(a, z, 16, 32, nv, i0 + x + bx * 16, j0);
+    }
+  }
+}
+
+/* The 16 bytes of rows (a, b, c, d) at dword t of v's 128-bit lane t / 4 (v[t % 4]) go to
+ * dst + t * 64: 4 rows of a 64-byte step into the packed layout. */
+#define WQ_AMX_PUT4(dst, v, j)                                                          \
+  do {                                                                                  \
+    __m512i v_ = (v);                                                                   \
+    _mm_storeu_si128((__m128i *)((dst) + (j) * 64), _mm512_castsi512_si128(v_));        \
+    _mm_storeu_si128((__m128i *)((dst) + ((j) + 4) * 64), _mm512_extracti32x4_epi32(v_, 1)); \
+    _mm_storeu_si128((__m128i *)((dst) + ((j) + 8) * 64), _mm512_extracti32x4_epi32(v_, 2)); \
+    _mm_storeu_si128((__m128i *)((dst) + ((j) + 12) * 64), _mm512_extracti32x4_epi32(v_, 3)); \
+  } while (0)
+
+/* Rows r..r+3 of a pass (quantized and zero-padded, kp = nkb * 64 bytes apart) into their
+ * packed block: per step a 4 x 16 dword transpose in registers. */
+static WQ_AMX void w8_amx_pack4(int8_t *xv, int64_t nkb, int64_t r, const int8_t *rows) {
+  int8_t *dst = xv + r / 16 * nkb * WQ_AMX_STEP + r % 16 * 4;
+  const int64_t kp = nkb * 64;
+  for (int64_t kb = 0; kb < nkb; kb++, dst += WQ_AMX_STEP) {
+    const int8_t *p = rows + kb * 64;
+    __m512i a = _mm512_loadu_si512(p), b = _mm512_loadu_si512(p + kp);
+    __m512i c = _mm512_loadu_si512(p + 2 * kp), d = _mm512_loadu_si512(p + 3 * kp);
+    __m512i ab0 = _mm512_unpacklo_epi32(a, b), ab1 = _mm512_unpackhi_epi32(a, b);
+    __m512i cd0 = _mm512_unpacklo_epi32(c, d), cd1 = _mm512_unpackhi_epi32(c, d);
+    WQ_AMX_PUT4(dst, _mm512_unpacklo_epi64(ab0, cd0), 0);
+    WQ_AMX_PUT4(dst, _mm512_unpackhi_epi64(ab0, cd0), 1);
+    WQ_AMX_PUT4(dst, _mm512_unpacklo_epi64(ab1, cd1), 2);
+    WQ_AMX_PUT4(dst, _mm512_unpackhi_epi64(ab1, cd1), 3);
+  }
+}
+
+/* Rows [i0, i1) of a tile in blocks of 16 on AMX; returns the first row left to w8_tile
+ * (i0 where AMX does not apply: no AMX, under 16 rows, k over 8192, W under 16 rows). The
+ * tile configuration is loaded per call, so any thread can run this, and released after. */
+static WQ_AMX int64_t w8_tile_amx(const wq_args *a, int64_t i0, int64_t i1, int64_t j0,
+                                  int64_t j1) {
+  const int64_t k = a->k, nkb = (k + 63) / 64;
+  if (k <= 0) return i0;
+  int64_t per = WQ_AMX_X_BYTES / (nkb * 64) / 16 * 16;
+  if (per > WQ_AMX_MAX_ROWS) per = WQ_AMX_MAX_ROWS;
+  if (!a->kern->amx || i1 - i0 < 16 || per < 16 || (a->swiglu ? 2 : 1) * a->n < 16) return i0;
+  _Alignas(64) int8_t xv[WQ_AMX_X_BYTES];
+  _Alignas(64) int8_t rows[4 * (WQ_AMX_X_BYTES / 16)]; /* 4 rows of kp <= 8192 bytes */
+  float sx[WQ_AMX_MAX_ROWS];
+  wq_amx_cfg cfg = {.palette = 1};
+  for (int t = 0; t < 8; t++) cfg.rows[t] = 16, cfg.colsb[t] = 64;
+  WQ_AMX_BARRIER();
+  _tile_loadconfig(&cfg);
+  int64_t i = i0;
+  while (i1 - i >= 16) {
+    int64_t mr = (i1 - i) / 16 * 16 < per ? (i1 - i) / 16 * 16 : per;
+    for (int64_t r = 0; r < mr; r += 4) {
+      for (int q = 0; q < 4; q++) {
+        int8_t *row = rows + q * nkb * 64;
+        int32_t xs;
+        a->kern->quant(a->x + (i + r + q) * k, k, row, &sx[r + q], &xs);
+        memset(row + k, 0, (size_t)(nkb * 64 - k));
+      }
+      w8_amx_pack4(xv, nkb, r, rows);
+    }
+    for (int64_t j = j0; j < j1; j += wq_cols(a, 32))
+      w8_amx_panel(a, xv, nkb, mr, sx, i, j, j1);
+    i += mr;
+  }
+  _tile_release();
+  return i;
+}
+#endif
+
 static void wq_task(void *arg, int64_t begin, int64_t end, int tid) {
   (void)tid;
   const wq_args *a = arg;
@@ -676,6 +896,9 @@ static void w8_task(void *arg, int64_t begin, int64_t end, int tid) {
   for (int64_t t = begin; t < end; t++) {
     int64_t i0, i1, j0, j1;
     kn_mm_tile_bounds(&a->tiles, t, &i0, &i1, &j0, &j1);
+#if WQ_X86
+    i0 = w8_tile_amx(a, i0, i1, j0, j1);
+#endif
     w8_tile(a, i0, i1, j0, j1);
   }
 }

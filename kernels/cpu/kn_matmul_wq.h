@@ -1,7 +1,7 @@
 /* kn_matmul_wq: matmul against int8 / int4 weights whose quantization parameters are
  * separate tensors (the layout of ONNX MatMulNBits and TensorRT-LLM weight-only GEMMs),
  * and W8A8: the same int8 weights against activations quantized per row at run time,
- * summed in integers with VNNI (vpdpbusd) where the CPU has it.
+ * summed in integers with VNNI (vpdpbusd) or AMX-INT8 where the CPU has it.
  *
  * Both are batch-invariant like every CPU kernel (kn_cpu.h): a row's result depends only
  * on that row and the weights, never on m, the other rows or the thread count. Nothing
@@ -56,11 +56,13 @@ void kn_matmul_w8a8(kn_pool *p, float *y, const float *x, const kn_wq *w, const 
                     int64_t m, int64_t n, int64_t k, int act);
 
 /* Caps the instruction set both kernels dispatch to (0 portable C, 1 AVX2 (+ AVX-VNNI for
- * W8A8), 2 AVX-512 (+ AVX512-VNNI)); the CPU must still support it. Returns the previous
- * cap. For tests and benchmarks; call it only while no kernel runs. */
+ * W8A8), 2 AVX-512 (+ AVX512-VNNI), 3 that and AMX-INT8 for W8A8 blocks of 16 rows, k <=
+ * 8192; weight-only stops at 2); the CPU must still support it. Returns the previous cap.
+ * For tests and benchmarks; call it only while no kernel runs. */
 int kn_matmul_wq_set_max_isa(int isa);
 
-/* The path kn_matmul_w8a8 takes now: "avx512-vnni", "avx-vnni" or "portable". */
+/* The path kn_matmul_w8a8 takes now: "amx-int8", "avx512-vnni", "avx-vnni" or
+ * "portable". */
 const char *kn_matmul_w8a8_path(void);
 
 #endif

@@ -2,7 +2,8 @@
  * 3, 4) and W8A8. Kernels against a double-precision reference computed here from the
  * stored integers (not through the kernel's own dequantizer), on every instruction set
  * the CPU has; the SIMD paths bit for bit equal to kn_matmul on the dequantized W; batch
- * invariance; W8A8 bit-exact against the documented per-row quantization on every path;
+ * invariance; W8A8 bit-exact against the documented per-row quantization on every path,
+ * AMX-INT8 (where the CPU has it) bit for bit AVX512-VNNI;
  * the IR rules; plan round trip; pass_quantize (error bounds, what it converts); and
  * SmoothQuant smoothing (f32 outputs kept, W8A8 error with an outlier channel reduced). */
 #include <math.h>
@@ -261,6 +262,78 @@ static void test_w8a8(kn_pool *p, int isa, int64_t m, int64_t n, int64_t k) {
          near, (long long)(m * n));
   free(x), free(bias), free(wf), free(y), free(xq);
   qmat_free(&q);
+}
+
+/* The documented W8A8 result with bias (or none) and the swiglu epilogue, from the stored
+ * integers; y is (m, n) or (m, n / 2) with swiglu. */
+static void ref_w8a8(float *y, const float *x, const qmat *q, const float *bias, int64_t m,
+                     int64_t n, int64_t k, int act) {
+  int64_t ny = act == KN_WQ_ACT_SWIGLU ? n / 2 : n;
+  int8_t *xq = malloc((size_t)k);
+  float *z = malloc((size_t)n * 4);
+  for (int64_t i = 0; i < m; i++) {
+    float sx;
+    ref_quant_row(x + i * k, k, xq, &sx);
+    for (int64_t j = 0; j < n; j++) {
+      int64_t dot = 0;
+      for (int64_t l = 0; l < k; l++) dot += (int64_t)xq[l] * ((const int8_t *)q->q)[j * k + l];
+      z[j] = (float)dot * (sx * ((const float *)q->s)[j]);
+      if (bias) z[j] += bias[j]; /* not + 0.0f: that would turn -0 into +0 */
+    }
+    for (int64_t j = 0; j < ny; j++)
+      y[i * ny + j] = act == KN_WQ_ACT_SWIGLU ? kn_silu_mul(z[j], z[ny + j]) : z[j];
+  }
+  free(xq), free(z);
+}
+
+/* One shape on AMX (isa 3, pool pa) and on AVX512-VNNI (isa 2, one thread): the same bits,
+ * and the reference's. */
+static void amx_case(kn_pool *pa, kn_pool *p1, int64_t m, int64_t n, int64_t k, bool with_bias,
+                     int act) {
+  qmat q = qmat_make(IR_I8, n, k, k, IR_F32, IR_DTYPE_INVALID);
+  float *x = rnd_vec(m * k), *bias = with_bias ? rnd_vec(n) : NULL;
+  int64_t ny = act == KN_WQ_ACT_SWIGLU ? n / 2 : n;
+  size_t bytes = (size_t)(m * ny) * 4;
+  float *ya = malloc(bytes), *yv = malloc(bytes), *want = malloc(bytes);
+  if (m > 1) x[k + 3] = 40.0f; /* an outlier row */
+  kn_matmul_wq_set_max_isa(3);
+  kn_matmul_w8a8(pa, ya, x, &q.w, bias, m, n, k, act);
+  kn_matmul_wq_set_max_isa(2);
+  kn_matmul_w8a8(p1, yv, x, &q.w, bias, m, n, k, act);
+  ref_w8a8(want, x, &q, bias, m, n, k, act);
+  CHECKF(!memcmp(ya, yv, bytes) && !memcmp(ya, want, bytes),
+         "amx m=%lld n=%lld k=%lld bias=%d act=%d: amx %s vnni, %s reference", (long long)m,
+         (long long)n, (long long)k, with_bias, act, memcmp(ya, yv, bytes) ? "!=" : "==",
+         memcmp(ya, want, bytes) ? "!=" : "==");
+  free(x), free(bias), free(ya), free(yv), free(want);
+  qmat_free(&q);
+}
+
+/* AMX-INT8 sums the same int32 dot products as VNNI: 16-row blocks with row leftovers,
+ * column and W edges, k tails and the stack limit on k; the 4-thread pool runs the AMX
+ * path on its workers, each loading its own tile configuration. */
+static void test_w8a8_amx(kn_pool *p1, kn_pool *p4) {
+  int prev = kn_matmul_wq_set_max_isa(3);
+  bool amx = !strcmp(kn_matmul_w8a8_path(), "amx-int8");
+  kn_matmul_wq_set_max_isa(prev);
+  if (!amx) {
+    printf("quantize: no AMX-INT8 on this CPU (or not allowed by the OS): AMX cases skipped\n");
+    return;
+  }
+  static const int64_t ms[] = {16, 17, 40, 64, 100}, ns[] = {16, 24, 40, 100},
+                       ks[] = {64, 96, 100, 576};
+  for (int a = 0; a < 5; a++)
+    for (int b = 0; b < 4; b++)
+      for (int c = 0; c < 4; c++)
+        for (int v = 0; v < 4; v++)
+          amx_case(v & 2 ? p4 : p1, p1, ms[a], ns[b], ks[c], v & 1,
+                   v & 2 ? KN_WQ_ACT_SWIGLU : KN_WQ_ACT_NONE);
+  amx_case(p4, p1, 256, 512, 576, true, KN_WQ_ACT_NONE);   /* many tasks: worker threads */
+  amx_case(p4, p1, 192, 384, 1536, true, KN_WQ_ACT_SWIGLU);
+  amx_case(p4, p1, 48, 40, 8192, false, KN_WQ_ACT_NONE);   /* the longest k AMX takes */
+  amx_case(p4, p1, 48, 40, 8193, false, KN_WQ_ACT_NONE);   /* past it: VNNI */
+  amx_case(p4, p1, 33, 15, 64, true, KN_WQ_ACT_NONE);      /* W under 16 rows: VNNI */
+  kn_matmul_wq_set_max_isa(prev);
 }
 
 /* ---- IR rules and the plan ------------------------------------------------------------------ */
@@ -736,7 +809,7 @@ int main(void) {
   test_smooth();
   test_plan_round_trip();
   /* Every path this CPU can run (a capped path the CPU lacks falls back to what it has). */
-  for (int isa = 0; isa <= 2; isa++) {
+  for (int isa = 0; isa <= 3; isa++) {
     kn_matmul_wq_set_max_isa(isa);
     kn_matmul_set_max_isa(isa);
     test_wq_matmul(p4, isa);
@@ -753,8 +826,9 @@ int main(void) {
     test_w8a8(p4, isa, 3, 10, 77); /* k tails of every path */
     test_w8a8(p1, isa, 66, 9, 1536);
   }
-  kn_matmul_wq_set_max_isa(2);
+  kn_matmul_wq_set_max_isa(3);
   kn_matmul_set_max_isa(2);
+  test_w8a8_amx(p1, p4);
   kn_pool_destroy(p1);
   kn_pool_destroy(p4);
   return tcheck_done("quantize");
