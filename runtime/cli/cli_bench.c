@@ -280,6 +280,8 @@ static void add_kv_report(cJSON *o, const irt_model *m) {
   cJSON_AddNumberToObject(o, "kv_mib", (double)in->kv_bytes / 1048576.0);
   cJSON_AddNumberToObject(o, "kv_tokens_per_mib_f32",
                           1048576.0 / (double)irt_model_kv_token_bytes(m, IRT_KV_DTYPE_F32));
+  cJSON_AddNumberToObject(o, "kv_tokens_per_mib_f16",
+                          1048576.0 / (double)irt_model_kv_token_bytes(m, IRT_KV_DTYPE_F16));
   cJSON_AddNumberToObject(o, "kv_tokens_per_mib_int8",
                           1048576.0 / (double)irt_model_kv_token_bytes(m, IRT_KV_DTYPE_INT8));
 }
@@ -303,11 +305,13 @@ static void print_table(const cJSON *o) {
            cJSON_GetObjectItem(d, "p50")->valuedouble, cJSON_GetObjectItem(d, "p95")->valuedouble,
            cJSON_GetObjectItem(d, "p99")->valuedouble, cJSON_GetObjectItem(d, "mean")->valuedouble);
   }
-  printf("kv cache         %s, %.0f tokens in %.1f MiB (tokens per MiB: f32 %.0f, int8 %.0f)\n",
+  printf("kv cache         %s, %.0f tokens in %.1f MiB "
+         "(tokens per MiB: f32 %.0f, f16 %.0f, int8 %.0f)\n",
          cJSON_GetObjectItem(o, "kv_dtype")->valuestring,
          cJSON_GetObjectItem(o, "kv_tokens")->valuedouble,
          cJSON_GetObjectItem(o, "kv_mib")->valuedouble,
          cJSON_GetObjectItem(o, "kv_tokens_per_mib_f32")->valuedouble,
+         cJSON_GetObjectItem(o, "kv_tokens_per_mib_f16")->valuedouble,
          cJSON_GetObjectItem(o, "kv_tokens_per_mib_int8")->valuedouble);
   printf("kv utilisation   %.1f%% (mean while busy)\npreemptions      %.0f\nsteps            %.0f\n",
          100 * cJSON_GetObjectItem(o, "kv_utilization")->valuedouble,

@@ -36,7 +36,7 @@ check "generate f16" \
 check "generate int8" \
   '"$INFERRT" generate "$P" --prompt "Once upon" -n 6 --ignore-eos --kv-dtype int8 --json | grep -q "\"generated_ids\":\[[0-9]*,[0-9]*,[0-9]*,[0-9]*,[0-9]*,[0-9]*\]"'
 check "bench reports the pool" \
-  '"$INFERRT" bench "$P" --requests 2 --prompt-len 8 --output-len 4 --kv-tokens 256 --kv-dtype int8 --threads 2 > "$TMP/bench.txt" && grep -q "^kv cache *int8, 256 tokens" "$TMP/bench.txt" && grep -q "tokens per MiB: f32 [0-9]*, int8 [0-9]*" "$TMP/bench.txt"'
+  '"$INFERRT" bench "$P" --requests 2 --prompt-len 8 --output-len 4 --kv-tokens 256 --kv-dtype int8 --threads 2 > "$TMP/bench.txt" && grep -q "^kv cache *int8, 256 tokens" "$TMP/bench.txt" && grep -q "tokens per MiB: f32 [0-9]*, f16 [0-9]*, int8 [0-9]*" "$TMP/bench.txt"'
 check "bad --kv-dtype refused" \
   '! "$INFERRT" generate "$P" --prompt x --kv-dtype fp8 2> "$TMP/err" && [ $(wc -l < "$TMP/err") -eq 1 ] && grep -q "error: --kv-dtype: expected f32, f16 or int8" "$TMP/err"'
 
