@@ -3,7 +3,8 @@
  *       read bandwidth: N threads sum a buffer of M MiB (default 1024, past any L3),
  *       best of R passes, in GB/s (1e9 bytes/s).
  *   bench_cpu model model.plan [--threads N] [--prompt 512] [--decode 128] [--batch 16]
- *                   [--batch-steps 32] [--repeats R] [--kv-tokens K]
+ *                   [--batch-steps 32] [--repeats R] [--kv-tokens K] [--kv-dtype T]
+ *                   [--max-isa N: 0 portable, 1 AVX2, 2 AVX-512, 3 + AMX (W8A8)]
  *       plan load ms (irt_model_open, best of R; wall and process CPU time), prefill
  *       tok/s of a --prompt token prompt,
  *       decode tok/s at batch 1 (--decode steps), aggregate tok/s of --batch sequences
@@ -22,6 +23,8 @@
 #include <pthread.h>
 
 #include "inferrt.h"
+#include "kn_cpu.h"
+#include "kn_matmul_wq.h"
 
 static double clock_ms(clockid_t c) {
   struct timespec ts;
@@ -253,7 +256,7 @@ static int usage(void) {
   return fail("usage: bench_cpu membw [--threads N] [--mib M] [--repeats R]\n"
               "       bench_cpu model model.plan [--threads N] [--prompt 512] [--decode 128]\n"
               "                 [--batch 16] [--batch-steps 32] [--repeats R] [--kv-tokens K]\n"
-              "                 [--kv-dtype f32|f16|int8]");
+              "                 [--kv-dtype f32|f16|int8] [--max-isa 0|1|2|3]");
 }
 
 int main(int argc, char **argv) {
@@ -276,6 +279,9 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--threads") && v) o.threads = atoi(v), i++;
     else if (!strcmp(a, "--repeats") && v) o.repeats = atoi(v), i++;
     else if (!strcmp(a, "--kv-dtype") && v && irt_kv_dtype_parse(v, &o.kv_dtype)) i++;
+    else if (!strcmp(a, "--max-isa") && v) { /* 0 portable, 1 AVX2, 2 AVX-512 */
+      kn_matmul_set_max_isa(atoi(v)), kn_matmul_wq_set_max_isa(atoi(v)), i++;
+    }
     else if (a[0] != '-' && !o.plan && !membw) o.plan = a;
     else return usage();
   }

@@ -133,18 +133,27 @@ static float attn_kval(const attn_rows *r, int64_t j, int64_t d) {
   return (float)r->k8[j * r->hd + d];
 }
 
+/* Row j of K (or V) as f32: the f32 cache in place, others widened into buf. */
+static const float *attn_row_f32(const float *f, const uint16_t *h, const int8_t *q,
+                                 int64_t off, int64_t n, float *buf) {
+  if (f) return f + off;
+  for (int64_t i = 0; i < n; i++) buf[i] = h ? ir_f16_to_f32(h[off + i]) : (float)q[off + i];
+  return buf;
+}
+
 static void attn_scores_c(const float *q, const attn_rows *r, float scale, float *s) {
   int64_t hd = r->hd;
+  float buf[KN_ATTN_DSLICE]; /* head_dim <= 256 */
   for (int j = 0; j < r->n; j++) {
+    const float *k = attn_row_f32(r->k, r->k16, r->k8, j * hd, hd, buf);
     float acc[KN_ATTN_LANES] = {0};
     int64_t i = 0;
     for (; i + KN_ATTN_LANES <= hd; i += KN_ATTN_LANES)
-      for (int l = 0; l < KN_ATTN_LANES; l++)
-        acc[l] = ATTN_MADD(q[i + l], attn_kval(r, j, i + l), acc[l]);
+      for (int l = 0; l < KN_ATTN_LANES; l++) acc[l] = ATTN_MADD(q[i + l], k[i + l], acc[l]);
     for (int w = KN_ATTN_LANES / 2; w > 0; w /= 2)
       for (int l = 0; l < w; l++) acc[l] += acc[l + w];
     float d = acc[0];
-    for (; i < hd; i++) d = ATTN_MADD(q[i], attn_kval(r, j, i), d);
+    for (; i < hd; i++) d = ATTN_MADD(q[i], k[i], d);
     s[j] = (r->k8 ? d * r->ks[j] : d) * scale;
   }
 }
@@ -155,17 +164,10 @@ static void attn_exp_c(float *x, int n) {
 
 static void attn_accum_c(float *acc, const float *p, const attn_rows *r, int64_t d0,
                          int64_t dn) {
+  float buf[KN_ATTN_DSLICE];
   for (int j = 0; j < r->n; j++) {
-    if (r->v) {
-      const float *v = r->v + j * r->hd + d0;
-      for (int64_t d = 0; d < dn; d++) acc[d] = ATTN_MADD(p[j], v[d], acc[d]);
-    } else if (r->v16) {
-      const uint16_t *v = r->v16 + j * r->hd + d0;
-      for (int64_t d = 0; d < dn; d++) acc[d] = ATTN_MADD(p[j], ir_f16_to_f32(v[d]), acc[d]);
-    } else {
-      const int8_t *v = r->v8 + j * r->hd + d0;
-      for (int64_t d = 0; d < dn; d++) acc[d] = ATTN_MADD(p[j], (float)v[d], acc[d]);
-    }
+    const float *v = attn_row_f32(r->v, r->v16, r->v8, j * r->hd + d0, dn, buf);
+    for (int64_t d = 0; d < dn; d++) acc[d] = ATTN_MADD(p[j], v[d], acc[d]);
   }
 }
 
@@ -308,11 +310,107 @@ static ATTN_AVX512 void attn_accum_avx512(float *acc, const float *p, const attn
 
 static const attn_kernels k_attn_avx512 = {attn_scores_avx512, attn_exp_avx512,
                                            attn_accum_avx512};
+/* AVX2 + FMA: lanes 0-7 of the order in one ymm, 8-15 in another; lo + hi is the first
+ * fold, so these give the AVX-512 kernels' bits. */
+#define ATTN_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define ATTN_AVX2_INLINE static inline __attribute__((target("avx2,fma,f16c"), always_inline))
+
+/* 8 values of a K or V row (f32, f16 or int8 rows) from off on; all 8 are real. */
+ATTN_AVX2_INLINE __m256 attn_row8(const float *f, const uint16_t *h, const int8_t *q,
+                                   int64_t off) {
+  if (f) return _mm256_loadu_ps(f + off);
+  if (h) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + off)));
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + off))));
+}
+
+ATTN_AVX2_INLINE float attn_fold8(__m256 h) {
+  __m128 a = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+  a = _mm_add_ps(a, _mm_movehl_ps(a, a));
+  a = _mm_add_ss(a, _mm_shuffle_ps(a, a, 1));
+  return _mm_cvtss_f32(a);
+}
+
+static ATTN_AVX2 void attn_scores_avx2(const float *q, const attn_rows *r, float scale,
+                                       float *s) {
+  int64_t hd = r->hd, full = hd / KN_ATTN_LANES * KN_ATTN_LANES;
+  for (int j = 0; j < r->n; j++) {
+    __m256 lo = _mm256_setzero_ps(), hi = lo;
+    int64_t row = j * hd;
+    for (int64_t i = 0; i < full; i += KN_ATTN_LANES) {
+      lo = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), attn_row8(r->k, r->k16, r->k8, row + i), lo);
+      hi = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8),
+                           attn_row8(r->k, r->k16, r->k8, row + i + 8), hi);
+    }
+    float d = attn_fold8(_mm256_add_ps(lo, hi));
+    for (int64_t i = full; i < hd; i++) d = fmaf(q[i], attn_kval(r, j, i), d);
+    s[j] = (r->k8 ? d * r->ks[j] : d) * scale;
+  }
+}
+
+/* attn_exp on 8 lanes at a time, operation for operation. */
+static ATTN_AVX2 void attn_exp_avx2(float *x, int n) {
+  for (int j0 = 0; j0 < n; j0 += 8) {
+    float buf[8] = {0};
+    int m = n - j0 < 8 ? n - j0 : 8;
+    memcpy(buf, x + j0, (size_t)m * sizeof *buf);
+    __m256 v = _mm256_loadu_ps(buf);
+    __m256 keep = _mm256_cmp_ps(v, _mm256_set1_ps(ATTN_EXP_MIN), _CMP_GE_OQ);
+    __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
+    __m256 t = _mm256_mul_ps(v, _mm256_set1_ps(ATTN_LOG2E));
+    __m256 nf = _mm256_sub_ps(_mm256_add_ps(t, _mm256_set1_ps(ATTN_ROUND)),
+                              _mm256_set1_ps(ATTN_ROUND));
+    __m256 r = _mm256_fmadd_ps(nf, _mm256_set1_ps(-ATTN_LN2_HI), v);
+    r = _mm256_fmadd_ps(nf, _mm256_set1_ps(-ATTN_LN2_LO), r);
+    __m256 p = _mm256_set1_ps(k_attn_exp_poly[0]);
+    for (int i = 1; i < 6; i++) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(k_attn_exp_poly[i]));
+    __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+    /* below the cut nf may be far out of range; the result is masked to 0 there anyway */
+    __m256i e = _mm256_slli_epi32(
+        _mm256_add_epi32(_mm256_cvtps_epi32(_mm256_max_ps(nf, _mm256_set1_ps(-127.0f))),
+                         _mm256_set1_epi32(127)), 23);
+    __m256 out = _mm256_and_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(e)), keep);
+    out = _mm256_blendv_ps(out, v, nan);
+    _mm256_storeu_ps(buf, out);
+    memcpy(x + j0, buf, (size_t)m * sizeof *buf);
+  }
+}
+
+static ATTN_AVX2 void attn_accum_avx2(float *acc, const float *p, const attn_rows *r,
+                                      int64_t d0, int64_t dn) {
+  int64_t d = 0;
+  for (; d + 32 <= dn; d += 32) { /* 32 dims in four registers, rows in order inside */
+    float *o = acc + d;
+    __m256 a0 = _mm256_loadu_ps(o), a1 = _mm256_loadu_ps(o + 8);
+    __m256 a2 = _mm256_loadu_ps(o + 16), a3 = _mm256_loadu_ps(o + 24);
+    for (int j = 0; j < r->n; j++) {
+      __m256 pj = _mm256_set1_ps(p[j]);
+      int64_t off = j * r->hd + d0 + d;
+      a0 = _mm256_fmadd_ps(pj, attn_row8(r->v, r->v16, r->v8, off), a0);
+      a1 = _mm256_fmadd_ps(pj, attn_row8(r->v, r->v16, r->v8, off + 8), a1);
+      a2 = _mm256_fmadd_ps(pj, attn_row8(r->v, r->v16, r->v8, off + 16), a2);
+      a3 = _mm256_fmadd_ps(pj, attn_row8(r->v, r->v16, r->v8, off + 24), a3);
+    }
+    _mm256_storeu_ps(o, a0), _mm256_storeu_ps(o + 8, a1);
+    _mm256_storeu_ps(o + 16, a2), _mm256_storeu_ps(o + 24, a3);
+  }
+  for (; d < dn; d++) { /* the last dims one by one, rows in order */
+    float a = acc[d];
+    for (int j = 0; j < r->n; j++) {
+      int64_t off = j * r->hd + d0 + d;
+      float v = r->v ? r->v[off] : r->v16 ? ir_f16_to_f32(r->v16[off]) : (float)r->v8[off];
+      a = fmaf(p[j], v, a);
+    }
+    acc[d] = a;
+  }
+}
+
+static const attn_kernels k_attn_avx2 = {attn_scores_avx2, attn_exp_avx2, attn_accum_avx2};
 #endif
 
 static const attn_kernels *attn_pick(void) {
 #if KN_ATTN_X86
   if (kn_cpu_isa() >= 2) return &k_attn_avx512;
+  if (kn_cpu_isa() >= 1) return &k_attn_avx2;
 #endif
   return &k_attn_c;
 }

@@ -314,10 +314,18 @@ static void test_attention_long(kn_pool *p) {
     bool f16 = i % 2;
     float *o0 = malloc((size_t)(9 * c[i / 2].hd) * sizeof *o0);
     float *o2 = malloc((size_t)(9 * c[i / 2].hd) * sizeof *o2);
-    uint64_t seed = g_rng; /* the same inputs for both */
+    float *o1 = malloc((size_t)(9 * c[i / 2].hd) * sizeof *o1);
+    uint64_t seed = g_rng; /* the same inputs for every instruction set */
     attn_long_run(p, 0, f16, c[i / 2].hd, c[i / 2].bs, c[i / 2].n, c[i / 2].scale, o0);
     g_rng = seed;
+    attn_long_run(p, 1, f16, c[i / 2].hd, c[i / 2].bs, c[i / 2].n, c[i / 2].scale, o1);
+    g_rng = seed;
     attn_long_run(p, 2, f16, c[i / 2].hd, c[i / 2].bs, c[i / 2].n, c[i / 2].scale, o2);
+    /* AVX2 and AVX-512 both fuse every multiply-add in the same order: the same bits
+     * (and on a CPU with less, both runs take the same kernels) */
+    CHECKF(!memcmp(o1, o2, (size_t)(9 * c[i / 2].hd) * sizeof *o1),
+           "attention AVX2 vs AVX-512 differ (hd %lld)", (long long)c[i / 2].hd);
+    free(o1);
     float worst = 0;
     for (int64_t j = 0; j < 9 * c[i / 2].hd; j++) worst = fmaxf(worst, fabsf(o0[j] - o2[j]));
     CHECKF(worst <= 1e-5f, "attention portable vs SIMD differ by %g", worst);
@@ -498,7 +506,9 @@ int main(void) {
   test_matmul(p4);
   test_matmul_invariance(p1, p4);
   test_attention(p1, p4);
-  kn_matmul_set_max_isa(0); /* the portable kernels through the same cases */
+  kn_matmul_set_max_isa(0); /* the portable and AVX2 kernels through the same cases */
+  test_attention(p1, p4);
+  kn_matmul_set_max_isa(1);
   test_attention(p1, p4);
   kn_matmul_set_max_isa(2);
   test_attention_long(p4);
