@@ -225,27 +225,6 @@ static ATTN_AVX512 void attn_scores_avx512(const float *q, const attn_rows *r, f
   }
 }
 
-/* attn_exp on 16 lanes, operation for operation. */
-static ATTN_AVX512 void attn_exp_avx512(float *x, int n) {
-  __mmask16 m = (__mmask16)((1u << n) - 1u);
-  __m512 v = _mm512_maskz_loadu_ps(m, x);
-  __mmask16 keep = _mm512_cmp_ps_mask(v, _mm512_set1_ps(ATTN_EXP_MIN), _CMP_GE_OQ);
-  __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-  __m512 t = _mm512_mul_ps(v, _mm512_set1_ps(ATTN_LOG2E));
-  __m512 nf = _mm512_sub_ps(_mm512_add_ps(t, _mm512_set1_ps(ATTN_ROUND)),
-                            _mm512_set1_ps(ATTN_ROUND));
-  __m512 r = _mm512_fmadd_ps(nf, _mm512_set1_ps(-ATTN_LN2_HI), v);
-  r = _mm512_fmadd_ps(nf, _mm512_set1_ps(-ATTN_LN2_LO), r);
-  __m512 p = _mm512_set1_ps(k_attn_exp_poly[0]);
-  for (int i = 1; i < 6; i++) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(k_attn_exp_poly[i]));
-  __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
-  __m512i e = _mm512_slli_epi32(
-      _mm512_add_epi32(_mm512_cvtps_epi32(nf), _mm512_set1_epi32(127)), 23);
-  __m512 out = _mm512_maskz_mul_ps(keep, y, _mm512_castsi512_ps(e));
-  out = _mm512_mask_mov_ps(out, nan, v);
-  _mm512_mask_storeu_ps(x, m, out);
-}
-
 /* 16 values of a V row from off on, of which the first nv (<= 16) are real. */
 ATTN_AVX512_INLINE __m512 attn_v16(const attn_rows *r, int64_t off, int64_t nv) {
   __mmask16 m = nv >= KN_ATTN_LANES ? (__mmask16)0xffff : (__mmask16)((1u << nv) - 1u);
@@ -308,8 +287,6 @@ static ATTN_AVX512 void attn_accum_avx512(float *acc, const float *p, const attn
   }
 }
 
-static const attn_kernels k_attn_avx512 = {attn_scores_avx512, attn_exp_avx512,
-                                           attn_accum_avx512};
 /* AVX2 + FMA: lanes 0-7 of the order in one ymm, 8-15 in another; lo + hi is the first
  * fold, so these give the AVX-512 kernels' bits. */
 #define ATTN_AVX2 __attribute__((target("avx2,fma,f16c")))
@@ -347,7 +324,8 @@ static ATTN_AVX2 void attn_scores_avx2(const float *q, const attn_rows *r, float
   }
 }
 
-/* attn_exp on 8 lanes at a time, operation for operation. */
+/* attn_exp on 8 lanes at a time, operation for operation (the AVX-512 set uses it too:
+ * a chunk has at most 16 weights). */
 static ATTN_AVX2 void attn_exp_avx2(float *x, int n) {
   for (int j0 = 0; j0 < n; j0 += 8) {
     float buf[8] = {0};
@@ -404,6 +382,8 @@ static ATTN_AVX2 void attn_accum_avx2(float *acc, const float *p, const attn_row
   }
 }
 
+static const attn_kernels k_attn_avx512 = {attn_scores_avx512, attn_exp_avx2,
+                                           attn_accum_avx512};
 static const attn_kernels k_attn_avx2 = {attn_scores_avx2, attn_exp_avx2, attn_accum_avx2};
 #endif
 
