@@ -37,24 +37,58 @@ static int64_t attn_block(const kn_attn_batch *b, int64_t seq, int64_t logical) 
   return b->block_tables[seq * b->max_blocks_per_seq + logical];
 }
 
+/* int8 cache, symmetric: scale = max|x| / 127, q = round(x / scale); the scale is
+ * returned. */
+static float attn_quant_row(int8_t *restrict q, const float *restrict x, int64_t n) {
+  float amax = 0.0f;
+  for (int64_t i = 0; i < n; i++) amax = fmaxf(amax, fabsf(x[i]));
+  float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+  for (int64_t i = 0; i < n; i++) {
+    float r = x[i] * inv;
+    r = r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r;
+    q[i] = (int8_t)lrintf(r);
+  }
+  return amax / 127.0f;
+}
+
+/* Stores one (position, kv head) row of k (already roped) and v at cache offset dst in
+ * the cache's dtype: f32 as is, f16 rounded to nearest, int8 with a scale per row. */
+static void attn_store_row(const kn_kv_layer *kv, int64_t dst, const float *k, const float *v) {
+  int64_t hd = kv->head_dim;
+  if (kv->k8) {
+    kv->k_scale[dst / hd] = attn_quant_row(kv->k8 + dst, k, hd);
+    kv->v_scale[dst / hd] = attn_quant_row(kv->v8 + dst, v, hd);
+  } else if (kv->k16) {
+    for (int64_t d = 0; d < hd; d++) {
+      kv->k16[dst + d] = ir_f32_to_f16(k[d]);
+      kv->v16[dst + d] = ir_f32_to_f16(v[d]);
+    }
+  } else {
+    memcpy(kv->k + dst, k, (size_t)hd * sizeof *k);
+    memcpy(kv->v + dst, v, (size_t)hd * sizeof *v);
+  }
+}
+
+/* k is roped (the same operations as kn_rope on the input) into a copy, then stored. */
 static void attn_write_task(void *arg, int64_t begin, int64_t end, int tid) {
   (void)tid;
   const attn_args *a = arg;
   const kn_kv_layer *kv = a->kv;
-  size_t row = (size_t)kv->head_dim * sizeof(float);
   const kn_attn_io *io = a->io;
+  int64_t hd = kv->head_dim;
+  float kr[KN_ATTN_DSLICE]; /* head_dim <= 256 (the IR checks it) */
   for (int64_t t = begin; t < end; t++) {
     int64_t pos = a->b->tok_pos[t];
     int64_t blk = attn_block(a->b, a->b->tok_seq[t], pos / kv->block_size);
     for (int64_t h = 0; h < kv->n_kv_heads; h++) {
-      int64_t dst = attn_cache_off(kv, blk, h, pos % kv->block_size);
-      int64_t src = t * io->kv_stride + h * kv->head_dim;
-      memcpy(kv->k + dst, io->k + src, row);
-      memcpy(kv->v + dst, io->v + src, row);
-      /* rotated in the cache: the same operations as kn_rope on the input, then a copy */
-      if (io->cos_sin)
-        kn_rope_head(kv->k + dst, io->cos_sin + (int64_t)io->pos[t] * io->rot_dim, io->rot_dim,
-                     io->neox);
+      int64_t src = t * io->kv_stride + h * hd;
+      const float *k = io->k + src;
+      if (io->cos_sin) {
+        memcpy(kr, k, (size_t)hd * sizeof *kr);
+        kn_rope_head(kr, io->cos_sin + (int64_t)io->pos[t] * io->rot_dim, io->rot_dim, io->neox);
+        k = kr;
+      }
+      attn_store_row(kv, attn_cache_off(kv, blk, h, pos % kv->block_size), k, io->v + src);
     }
   }
 }
@@ -481,68 +515,6 @@ static void attn_head_task(void *arg, int64_t begin, int64_t end, int tid) {
                       hd - d0 < KN_ATTN_DSLICE ? hd - d0 : KN_ATTN_DSLICE);
 }
 
-/* --- int8 cache: quantised on write, dequantised on the fly on read --------------------- */
-
-/* Symmetric: scale = max|x| / 127, q = round(x / scale); the scale is returned. */
-static float attn_quant_row(int8_t *restrict q, const float *restrict x, int64_t n) {
-  float amax = 0.0f;
-  for (int64_t i = 0; i < n; i++) amax = fmaxf(amax, fabsf(x[i]));
-  float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-  for (int64_t i = 0; i < n; i++) {
-    float r = x[i] * inv;
-    r = r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r;
-    q[i] = (int8_t)lrintf(r);
-  }
-  return amax / 127.0f;
-}
-
-/* f16 cache: k roped in f32 as for the f32 cache, then both rounded to nearest f16. */
-static void attn_write_task_f16(void *arg, int64_t begin, int64_t end, int tid) {
-  (void)tid;
-  const attn_args *a = arg;
-  const kn_kv_layer *kv = a->kv;
-  const kn_attn_io *io = a->io;
-  int64_t hd = kv->head_dim;
-  float kr[KN_ATTN_DSLICE]; /* head_dim <= 256 (the IR checks it) */
-  for (int64_t t = begin; t < end; t++) {
-    int64_t pos = a->b->tok_pos[t];
-    int64_t blk = attn_block(a->b, a->b->tok_seq[t], pos / kv->block_size);
-    for (int64_t h = 0; h < kv->n_kv_heads; h++) {
-      int64_t dst = attn_cache_off(kv, blk, h, pos % kv->block_size);
-      int64_t src = t * io->kv_stride + h * hd;
-      memcpy(kr, io->k + src, (size_t)hd * sizeof *kr);
-      if (io->cos_sin)
-        kn_rope_head(kr, io->cos_sin + (int64_t)io->pos[t] * io->rot_dim, io->rot_dim, io->neox);
-      for (int64_t d = 0; d < hd; d++) {
-        kv->k16[dst + d] = ir_f32_to_f16(kr[d]);
-        kv->v16[dst + d] = ir_f32_to_f16(io->v[src + d]);
-      }
-    }
-  }
-}
-
-static void attn_write_task_i8(void *arg, int64_t begin, int64_t end, int tid) {
-  (void)tid;
-  const attn_args *a = arg;
-  const kn_kv_layer *kv = a->kv;
-  const kn_attn_io *io = a->io;
-  int64_t hd = kv->head_dim;
-  float kr[KN_ATTN_DSLICE]; /* head_dim <= 256 (the IR checks it) */
-  for (int64_t t = begin; t < end; t++) {
-    int64_t pos = a->b->tok_pos[t];
-    int64_t blk = attn_block(a->b, a->b->tok_seq[t], pos / kv->block_size);
-    for (int64_t h = 0; h < kv->n_kv_heads; h++) {
-      int64_t dst = attn_cache_off(kv, blk, h, pos % kv->block_size);
-      int64_t src = t * io->kv_stride + h * hd;
-      memcpy(kr, io->k + src, (size_t)hd * sizeof *kr);
-      if (io->cos_sin)
-        kn_rope_head(kr, io->cos_sin + (int64_t)io->pos[t] * io->rot_dim, io->rot_dim, io->neox);
-      kv->k_scale[dst / hd] = attn_quant_row(kv->k8 + dst, kr, hd);
-      kv->v_scale[dst / hd] = attn_quant_row(kv->v8 + dst, io->v + src, hd);
-    }
-  }
-}
-
 /* Sizes chunks by the actual context lengths: a decode step over long contexts splits
  * down to single heads, a short prefill batches many. */
 static int64_t attn_head_grain(const kn_attn_batch *b, int64_t n_heads, int64_t hd) {
@@ -568,8 +540,7 @@ void kn_attention_paged_io(kn_pool *p, float *out, const kn_attn_io *io, const k
   int64_t row = kv->n_kv_heads * kv->head_dim;
   /* Every write lands before any read: a token may attend to positions written by
    * other tokens of the same step (prefill chunks). */
-  kn_parallel_for(p, b->n_tok, row > 0 ? 1 + KN_ATTN_MIN_WORK / row : 1,
-                  kv->k8 ? attn_write_task_i8 : kv->k16 ? attn_write_task_f16 : attn_write_task, &a);
+  kn_parallel_for(p, b->n_tok, row > 0 ? 1 + KN_ATTN_MIN_WORK / row : 1, attn_write_task, &a);
   kn_parallel_for(p, b->n_tok * n_heads, attn_head_grain(b, n_heads, kv->head_dim),
                   attn_head_task, &a);
 }
