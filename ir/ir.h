@@ -301,6 +301,11 @@ int32_t ir_graph_find_tensor(const ir_graph *g, const char *name);
  * each activation has exactly one producer that precedes its users, and that weights
  * carry data of the right size. The first problem found is reported in d. */
 ir_status ir_graph_verify(const ir_graph *g, ir_diag *d);
+/* The most tokens one decode step can hold: min(max_tokens, max_seqs, max_logits). */
+int64_t ir_max_decode_batch(const ir_model_config *c);
+/* The default capture plan: 1, 2, 4, ... below that limit, then the limit itself (at most
+ * IR_MAX_DECODE_BUCKETS entries into out). Returns the count. */
+int32_t ir_default_decode_buckets(const ir_model_config *c, int64_t *out);
 /* Checks a decode-bucket list against c's step limits (ascending, each in 1..min of
  * max_tokens, max_seqs, max_logits, at most IR_MAX_DECODE_BUCKETS); errors say which. */
 ir_status ir_check_decode_buckets(const ir_model_config *c, const int64_t *b, int32_t n,

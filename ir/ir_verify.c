@@ -13,11 +13,24 @@ static ir_status check_config(const ir_model_config *c, ir_diag *d) {
   return ir_check_decode_buckets(c, c->decode_buckets, c->n_decode_buckets, d);
 }
 
-ir_status ir_check_decode_buckets(const ir_model_config *c, const int64_t *b, int32_t n,
-                                  ir_diag *d) {
+int64_t ir_max_decode_batch(const ir_model_config *c) {
   int64_t cap = c->max_tokens;
   if (c->max_seqs < cap) cap = c->max_seqs;
   if (c->max_logits < cap) cap = c->max_logits;
+  return cap;
+}
+
+int32_t ir_default_decode_buckets(const ir_model_config *c, int64_t *out) {
+  int64_t cap = ir_max_decode_batch(c);
+  int32_t n = 0;
+  for (int64_t v = 1; v < cap && n < IR_MAX_DECODE_BUCKETS - 1; v *= 2) out[n++] = v;
+  if (cap >= 1) out[n++] = cap;
+  return n;
+}
+
+ir_status ir_check_decode_buckets(const ir_model_config *c, const int64_t *b, int32_t n,
+                                  ir_diag *d) {
+  int64_t cap = ir_max_decode_batch(c);
   if (n < 0 || n > IR_MAX_DECODE_BUCKETS)
     return ir_diag_set(d, IR_BAD_FORMAT, "decode buckets: %d of them (at most %d)", (int)n,
                        IR_MAX_DECODE_BUCKETS);

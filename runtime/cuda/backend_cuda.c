@@ -208,16 +208,11 @@ static void open_blas(cuda_ctx *c) {
  * plan without one 1, 2, 4, ... up to the step limits (the limit itself last). */
 static void make_buckets(cuda_ctx *c, const ir_model_config *k) {
   if (k->n_decode_buckets > 0) {
-    for (int32_t i = 0; i < k->n_decode_buckets && i < CUDA_MAX_BUCKETS; i++)
-      c->bucket[c->n_buckets++] = k->decode_buckets[i];
-    return;
+    c->n_buckets = k->n_decode_buckets;
+    for (int32_t i = 0; i < c->n_buckets; i++) c->bucket[i] = k->decode_buckets[i];
+  } else {
+    c->n_buckets = ir_default_decode_buckets(k, c->bucket);
   }
-  int64_t cap = c->max_seqs;
-  if (c->max_tokens < cap) cap = c->max_tokens;
-  if (c->max_logits < cap) cap = c->max_logits;
-  for (int64_t b = 1; b < cap && c->n_buckets < CUDA_MAX_BUCKETS - 1; b *= 2)
-    c->bucket[c->n_buckets++] = b;
-  if (cap >= 1) c->bucket[c->n_buckets++] = cap;
 }
 
 /* --- one step ------------------------------------------------------------------------------ */
