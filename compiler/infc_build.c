@@ -207,9 +207,7 @@ ir_status infc_build(const char *src, const infc_options *opts, const char *out_
   pass_opts po = {.fold = o.fold, .fuse = o.fuse, .no_fuse = o.no_fuse, .dump_ir = dump_ir,
                   .quant = &o.quant,
                   .quant_calib = o.quant_calib[0] ? o.quant_calib : NULL};
-  /* The CUDA kernels have no packed/roped attention or swiglu epilogue yet: CPU-only. */
   if (!strcmp(o.target, "cuda")) {
-    po.no_fuse |= PASS_FUSE_ROPE_ATTENTION | PASS_FUSE_QKV | PASS_FUSE_GATE_UP;
     po.capture_plan = true;
     if (o.n_decode_buckets > 0)
       po.decode_buckets = o.decode_buckets, po.n_decode_buckets = o.n_decode_buckets;

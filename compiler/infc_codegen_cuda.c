@@ -55,8 +55,9 @@ static ir_status cuda_supported(const ir_graph *g, ir_diag *d) {
     switch (n->op) {
     case IR_OP_MATMUL: {
       ir_dtype wt = g->tensors[n->in[1]].dtype;
-      if (ir_node_attr_i(n, "act", IR_ACT_NONE) != IR_ACT_NONE)
-        why = "a fused epilogue has no GPU kernel";
+      int64_t act = ir_node_attr_i(n, "act", IR_ACT_NONE);
+      if (act != IR_ACT_NONE && act != IR_ACT_SWIGLU)
+        why = "the fused epilogue has no GPU kernel";
       else if (wt == IR_I8 || wt == IR_I4)
         why = wq_refusal(g, n);
       else if (n->n_in > 3)
@@ -64,8 +65,8 @@ static ir_status cuda_supported(const ir_graph *g, ir_diag *d) {
       break;
     }
     case IR_OP_ATTENTION:
-      if (n->n_in < 3 || n->in[1] < 0 || (n->n_in > 3 && n->in[3] >= 0))
-        why = "packed or roped attention has no GPU kernel";
+      if (n->n_in < 3 || (n->in[1] < 0) != (n->in[2] < 0))
+        why = "attention needs q, k and v, or one packed qkv";
       break;
     case IR_OP_EMBED: case IR_OP_RMS_NORM: case IR_OP_ADD_RMS_NORM: case IR_OP_ROPE:
     case IR_OP_SWIGLU: case IR_OP_ADD: case IR_OP_GATHER_ROWS: break;

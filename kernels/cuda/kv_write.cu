@@ -27,3 +27,51 @@ extern "C" __global__ void kn_kv_write(float *k_cache, float *v_cache, const flo
     v_cache[dst] = v_new[src];
   }
 }
+
+// Value d of a head row x after rotary embedding of its first rot_dim dims (kn_rope's
+// arithmetic) with cs = the (cos, sin) row of the position; rot_dim 0: x[d] unchanged.
+__device__ __forceinline__ float rope_at(const float *x, int d, const float *cs, int rot_dim,
+                                         bool neox) {
+  if (d >= rot_dim) return x[d];
+  const int half = rot_dim / 2;
+  if (neox) {
+    const int i = d < half ? d : d - half;
+    const float c = cs[2 * i], s = cs[2 * i + 1];
+    return d < half ? x[d] * c - x[d + half] * s : x[d] * c + x[i] * s;
+  }
+  const int i = d / 2;
+  const float c = cs[2 * i], s = cs[2 * i + 1];
+  return d % 2 == 0 ? x[d] * c - x[d + 1] * s : x[d] * c + x[d - 1] * s;
+}
+
+// The front half of an attention node with rope folded in and/or a packed qkv input (the
+// fuse_rope_attention and fuse_qkv passes): token t's q heads, rotated, go to q_out
+// (n_tok, n_heads, HEAD_DIM), where the attention kernels read them (q_out may be the
+// attention's own output: each (token, head) row is read before it is written, by the
+// same CTA); its k heads, rotated, and v heads go to the cache as kn_kv_write does.
+// Row t of q is q + t * q_stride (likewise k, v with kv_stride), so a packed qkv row
+// (q | k | v) is read in place. cos_sin (max_pos, rot_dim/2, 2) as rope.cu; rot_dim 0
+// rotates nothing; neox 1 pairs (i, i + rot_dim/2), 0 pairs (2i, 2i+1).
+// Launch: grid (n_tok), block (256).
+extern "C" __global__ void kn_rope_kv_write(float *q_out, float *k_cache, float *v_cache,
+                                            const float *q, const float *k, const float *v,
+                                            long long q_stride, long long kv_stride,
+                                            const int *tok_seq, const int *tok_pos,
+                                            const int *block_tables, int max_blocks,
+                                            int n_heads, int n_kv_heads,
+                                            const float *cos_sin, int rot_dim, int neox) {
+  const int t = blockIdx.x, pos = tok_pos[t];
+  const float *cs = cos_sin + (long long)pos * rot_dim;
+  const float *qt = q + t * q_stride, *kt = k + t * kv_stride, *vt = v + t * kv_stride;
+  for (int i = threadIdx.x; i < n_heads * HEAD_DIM; i += blockDim.x)
+    q_out[(long long)t * n_heads * HEAD_DIM + i] =
+        rope_at(qt + i / HEAD_DIM * HEAD_DIM, i % HEAD_DIM, cs, rot_dim, neox != 0);
+  long long blk = block_tables[(long long)tok_seq[t] * max_blocks + pos / BLOCK_SIZE];
+  int off = pos % BLOCK_SIZE;
+  for (int i = threadIdx.x; i < n_kv_heads * HEAD_DIM; i += blockDim.x) {
+    int h = i / HEAD_DIM, d = i % HEAD_DIM;
+    long long dst = ((blk * n_kv_heads + h) * BLOCK_SIZE + off) * HEAD_DIM + d;
+    k_cache[dst] = rope_at(kt + h * HEAD_DIM, d, cs, rot_dim, neox != 0);
+    v_cache[dst] = vt[i];
+  }
+}

@@ -8,6 +8,7 @@
 
 #include "cuda_internal.h"
 
+/* Grouped by source. */
 static const struct {
   cuda_fn fn;
   const char *src, *entry;
@@ -32,14 +33,22 @@ static const struct {
     {CF_GEMV_Q8_0, "gemv", "kn_gemv_q8_0"},
     {CF_GEMV_Q4_0, "gemv", "kn_gemv_q4_0"},
     {CF_GEMV_Q4_1, "gemv", "kn_gemv_q4_1"},
+    {CF_GEMV_F32_SWIGLU, "gemv", "kn_gemv_f32_swiglu"},
+    {CF_GEMV_F16_SWIGLU, "gemv", "kn_gemv_f16_swiglu"},
+    {CF_GEMV_BF16_SWIGLU, "gemv", "kn_gemv_bf16_swiglu"},
+    {CF_GEMV_Q8_0_SWIGLU, "gemv", "kn_gemv_q8_0_swiglu"},
+    {CF_GEMV_Q4_0_SWIGLU, "gemv", "kn_gemv_q4_0_swiglu"},
+    {CF_GEMV_Q4_1_SWIGLU, "gemv", "kn_gemv_q4_1_swiglu"},
     {CF_GEMV_WQ_I4, "gemv_wq", "kn_gemv_wq_i4"},
     {CF_GEMV_WQ_I8, "gemv_wq", "kn_gemv_wq_i8"},
     {CF_KV_WRITE, "kv_write", "kn_kv_write"},
+    {CF_ROPE_KV_WRITE, "kv_write", "kn_rope_kv_write"},
     {CF_RMS_NORM, "rms_norm", "kn_rms_norm"},
     {CF_ADD_RMS_NORM, "rms_norm", "kn_add_rms_norm"},
     {CF_ROPE_NEOX, "rope", "kn_rope_neox"},
     {CF_ROPE_INTERLEAVED, "rope", "kn_rope_interleaved"},
     {CF_SWIGLU, "swiglu", "kn_swiglu"},
+    {CF_SWIGLU_PACKED, "swiglu", "kn_swiglu_packed"},
 };
 
 ir_status cuda_fail(cuda_ctx *c, CUresult r, const char *what, ir_diag *d) {
@@ -128,6 +137,13 @@ static ir_status load_source(cuda_ctx *c, const irt_cuda_opts *o, const char *sr
                      c->arch, cu_api_error(&c->cu, r));
 }
 
+/* The fused forms' kernels, missing from plans built before them (which have no fused
+ * nodes): their fn stays NULL, and cuda_ops_check refuses a node that would need one. */
+static bool optional_fn(cuda_fn f) {
+  return (f >= CF_GEMV_F32_SWIGLU && f <= CF_GEMV_Q4_1_SWIGLU) || f == CF_ROPE_KV_WRITE ||
+         f == CF_SWIGLU_PACKED;
+}
+
 static ir_status load_kernels(cuda_ctx *c, const irt_cuda_opts *o, ir_diag *d) {
   for (int i = 0; i < CF_COUNT; i++) {
     int first = i;
@@ -141,6 +157,10 @@ static ir_status load_kernels(cuda_ctx *c, const irt_cuda_opts *o, ir_diag *d) {
     CUmodule mod = c->mods[c->n_mods - 1];
     if (!mod) continue;
     CUresult r = c->cu.module_fn(&c->fn[k_fns[i].fn], mod, k_fns[i].entry);
+    if (r && optional_fn(k_fns[i].fn)) {
+      c->fn[k_fns[i].fn] = NULL;
+      continue;
+    }
     if (r)
       return ir_diag_set(d, IR_BAD_FORMAT, "CUDA: the plan's '%s' kernels lack %s (%s)",
                          k_fns[i].src, k_fns[i].entry, cu_api_error(&c->cu, r));
@@ -184,6 +204,7 @@ static ir_status alloc_scratch(cuda_ctx *c, const ir_graph *g, ir_diag *d) {
     st = dev_alloc(c, rows * (size_t)c->head_dim * 4, &c->part_acc, "attention scratch", d);
   if (st == IR_OK) st = dev_alloc(c, rows * 2 * 4, &c->part_ml, "attention scratch", d);
   if (st == IR_OK && c->xh_bytes) st = dev_alloc(c, c->xh_bytes, &c->xh, "GEMM scratch", d);
+  if (st == IR_OK && c->zh_bytes) st = dev_alloc(c, c->zh_bytes, &c->zh, "swiglu scratch", d);
   return st;
 }
 
@@ -409,7 +430,7 @@ static void cuda_destroy(void *vctx) {
     for (int i = 0; i < c->n_buckets; i++)
       if (c->exec[i]) c->cu.graph_exec_destroy(c->exec[i]);
     if (c->blas_h) c->blas.destroy(c->blas_h);
-    CUdeviceptr bufs[] = {c->d_stage, c->part_acc, c->part_ml, c->xh, c->blas_ws};
+    CUdeviceptr bufs[] = {c->d_stage, c->part_acc, c->part_ml, c->xh, c->zh, c->blas_ws};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
       if (bufs[i]) c->cu.mem_free(bufs[i]);
     for (int i = 0; i < c->n_mods; i++)

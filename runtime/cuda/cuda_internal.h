@@ -14,8 +14,10 @@ typedef enum cuda_fn {
   CF_ADD, CF_ATTN_DECODE, CF_ATTN_REDUCE, CF_ATTN_PREFILL, CF_CAST_F16, CF_CAST_BF16,
   CF_ADD_BIAS, CF_EMBED_F32, CF_EMBED_F16, CF_EMBED_BF16, CF_EMBED_Q8_0, CF_EMBED_Q4_0,
   CF_EMBED_Q4_1, CF_GATHER_ROWS, CF_GEMV_F32, CF_GEMV_F16, CF_GEMV_BF16, CF_GEMV_Q8_0,
-  CF_GEMV_Q4_0, CF_GEMV_Q4_1, CF_GEMV_WQ_I4, CF_GEMV_WQ_I8, CF_KV_WRITE, CF_RMS_NORM,
-  CF_ADD_RMS_NORM, CF_ROPE_NEOX, CF_ROPE_INTERLEAVED, CF_SWIGLU, CF_COUNT
+  CF_GEMV_Q4_0, CF_GEMV_Q4_1, CF_GEMV_F32_SWIGLU, CF_GEMV_F16_SWIGLU, CF_GEMV_BF16_SWIGLU,
+  CF_GEMV_Q8_0_SWIGLU, CF_GEMV_Q4_0_SWIGLU, CF_GEMV_Q4_1_SWIGLU, CF_GEMV_WQ_I4, CF_GEMV_WQ_I8,
+  CF_KV_WRITE, CF_ROPE_KV_WRITE, CF_RMS_NORM, CF_ADD_RMS_NORM, CF_ROPE_NEOX,
+  CF_ROPE_INTERLEAVED, CF_SWIGLU, CF_SWIGLU_PACKED, CF_COUNT
 } cuda_fn;
 
 /* Fixed launch geometry of kernels/cuda (their compile-time defaults). */
@@ -63,6 +65,9 @@ typedef struct cuda_ctx {
   /* GEMM scratch: activations as f16/bf16 (max_tokens x max k), cuBLAS workspace */
   CUdeviceptr xh;
   size_t xh_bytes;
+  /* swiglu scratch: the (max_tokens x 2n) sums of a fused gate_up matmul run on cuBLAS */
+  CUdeviceptr zh;
+  size_t zh_bytes;
   CUdeviceptr blas_ws;
 
   /* decode graphs, one per batch-size bucket */
@@ -88,7 +93,7 @@ static inline CUdeviceptr cuda_stage_ptr(const cuda_ctx *c, size_t off) {
 
 /* ir_diag_set with the driver's text for r; returns IR_DEVICE (IR_OOM for out-of-memory). */
 ir_status cuda_fail(cuda_ctx *c, CUresult r, const char *what, ir_diag *d);
-/* Checks that every node of g has a kernel here; sizes the GEMM scratch. */
+/* Checks that every node of g has a kernel here; sizes the GEMM and swiglu scratch. */
 ir_status cuda_ops_check(cuda_ctx *c, const ir_graph *g, ir_diag *d);
 /* Queues node ni on c->stream. */
 ir_status cuda_ops_run(cuda_ctx *c, const ir_graph *g, int32_t ni, void *const *ptrs,

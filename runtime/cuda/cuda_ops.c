@@ -61,13 +61,16 @@ static ir_status run_norm(cuda_ctx *c, const ir_graph *g, const ir_node *n, void
   return launch(c, CF_ADD_RMS_NORM, rows, 1, 1, CUDA_RMS_THREADS, args, d);
 }
 
-static ir_status run_gemv(cuda_ctx *c, ir_dtype wt, CUdeviceptr y, CUdeviceptr x, CUdeviceptr w,
-                          CUdeviceptr bias, int m, int nn, int k, ir_diag *d) {
-  static const cuda_fn by_dtype[] = {[IR_F32] = CF_GEMV_F32, [IR_F16] = CF_GEMV_F16,
-                                     [IR_BF16] = CF_GEMV_BF16, [IR_Q8_0] = CF_GEMV_Q8_0,
-                                     [IR_Q4_0] = CF_GEMV_Q4_0, [IR_Q4_1] = CF_GEMV_Q4_1};
+static const cuda_fn k_gemv[][2] = {
+    [IR_F32] = {CF_GEMV_F32, CF_GEMV_F32_SWIGLU},    [IR_F16] = {CF_GEMV_F16, CF_GEMV_F16_SWIGLU},
+    [IR_BF16] = {CF_GEMV_BF16, CF_GEMV_BF16_SWIGLU}, [IR_Q8_0] = {CF_GEMV_Q8_0, CF_GEMV_Q8_0_SWIGLU},
+    [IR_Q4_0] = {CF_GEMV_Q4_0, CF_GEMV_Q4_0_SWIGLU}, [IR_Q4_1] = {CF_GEMV_Q4_1, CF_GEMV_Q4_1_SWIGLU}};
+
+/* y(m, nn) = x . W^T (+ bias); with swiglu, W has 2 nn rows and y = silu(gate) * up. */
+static ir_status run_gemv(cuda_ctx *c, ir_dtype wt, bool swiglu, CUdeviceptr y, CUdeviceptr x,
+                          CUdeviceptr w, CUdeviceptr bias, int m, int nn, int k, ir_diag *d) {
   void *args[] = {&y, &x, &w, &bias, &m, &nn, &k};
-  return launch(c, by_dtype[wt], (unsigned)((nn + CUDA_GEMV_WARPS - 1) / CUDA_GEMV_WARPS),
+  return launch(c, k_gemv[wt][swiglu], (unsigned)((nn + CUDA_GEMV_WARPS - 1) / CUDA_GEMV_WARPS),
                 (unsigned)((m + CUDA_GEMV_M - 1) / CUDA_GEMV_M), 1, CUDA_GEMV_WARPS * 32, args,
                 d);
 }
@@ -125,13 +128,13 @@ static int wq_zt(const ir_graph *g, const ir_node *n) {
   }
 }
 
-/* Weight-only int8/int4 (inputs 3, 4: scales, zero points) for every m: the CTAs loop over
- * the row tiles past the grid's 65535 in y. */
+/* Weight-only int8/int4 (inputs 3, 4: scales, zero points) for every m into y (m, all of
+ * W's rows): the CTAs loop over the row tiles past the grid's 65535 in y. */
 static ir_status run_gemv_wq(cuda_ctx *c, const ir_graph *g, const ir_node *n,
-                             void *const *ptrs, const cuda_step *s, ir_diag *d) {
+                             void *const *ptrs, const cuda_step *s, CUdeviceptr y, ir_diag *d) {
   int m = (int)dimv(g, T_(0), 0, s), nn = (int)dimv(g, T_(1), 0, s), k = (int)dimv(g, T_(1), 1, s);
   int group = k / (int)dimv(g, T_(3), 1, s), st = T_(3)->dtype == IR_F16, zt = wq_zt(g, n);
-  CUdeviceptr y = O_(0), x = P_(0), w = P_(1), sc = P_(3), zp = zt ? P_(4) : 0;
+  CUdeviceptr x = P_(0), w = P_(1), sc = P_(3), zp = zt ? P_(4) : 0;
   CUdeviceptr bias = n->in[2] >= 0 ? P_(2) : 0;
   long long tiles = ((long long)m + CUDA_GEMV_M - 1) / CUDA_GEMV_M;
   void *args[] = {&y, &x, &w, &bias, &sc, &zp, &m, &nn, &k, &group, &st, &zt};
@@ -140,16 +143,30 @@ static ir_status run_gemv_wq(cuda_ctx *c, const ir_graph *g, const ir_node *n,
                 (unsigned)(tiles > 65535 ? 65535 : tiles), 1, CUDA_GEMV_WARPS * 32, args, d);
 }
 
+static bool swiglu_of(const ir_node *n) {
+  return ir_node_attr_i(n, "act", IR_ACT_NONE) == IR_ACT_SWIGLU;
+}
+
+/* Matmuls: the GEMV kernels for few rows (a fused gate_up's swiglu in their epilogue),
+ * cuBLAS for more, gemv_wq for int8/int4 weights. A fused gate_up that is not on the GEMV
+ * kernels writes its (m, 2n) sums to the swiglu scratch, then kn_swiglu_packed. */
 static ir_status run_matmul(cuda_ctx *c, const ir_graph *g, const ir_node *n, void *const *ptrs,
                             const cuda_step *s, ir_diag *d) {
   int m = (int)dimv(g, T_(0), 0, s), nn = (int)dimv(g, T_(1), 0, s), k = (int)dimv(g, T_(1), 1, s);
   ir_dtype wt = T_(1)->dtype;
-  CUdeviceptr bias = n->n_in > 2 && n->in[2] >= 0 ? P_(2) : 0;
+  CUdeviceptr bias = n->n_in > 2 && n->in[2] >= 0 ? P_(2) : 0, y = O_(0);
+  bool swiglu = swiglu_of(n), wq = wt == IR_I8 || wt == IR_I4;
+  bool blas = !wq && blas_ok(c, wt) && (m > CUDA_GEMV_MAX_M || !gemv_ok(wt, k));
   if (m == 0) return IR_OK;
-  if (wt == IR_I8 || wt == IR_I4) return run_gemv_wq(c, g, n, ptrs, s, d);
-  if (blas_ok(c, wt) && (m > CUDA_GEMV_MAX_M || !gemv_ok(wt, k)))
-    return run_gemm(c, wt, O_(0), P_(0), P_(1), bias, m, nn, k, d);
-  return run_gemv(c, wt, O_(0), P_(0), P_(1), bias, m, nn, k, d);
+  if (swiglu && !wq && !blas) return run_gemv(c, wt, true, y, P_(0), P_(1), bias, m, nn / 2, k, d);
+  CUdeviceptr z = swiglu ? c->zh : y;
+  ir_status st = wq     ? run_gemv_wq(c, g, n, ptrs, s, z, d)
+                 : blas ? run_gemm(c, wt, z, P_(0), P_(1), bias, m, nn, k, d)
+                        : run_gemv(c, wt, false, z, P_(0), P_(1), bias, m, nn, k, d);
+  if (st != IR_OK || !swiglu) return st;
+  long long mm = m, half = nn / 2;
+  void *args[] = {&y, &z, &mm, &half};
+  return launch(c, CF_SWIGLU_PACKED, grid_for(mm * half), 1, 1, 256, args, d);
 }
 
 static ir_status run_rope(cuda_ctx *c, const ir_graph *g, const ir_node *n, void *const *ptrs,
@@ -168,7 +185,10 @@ static ir_status run_rope(cuda_ctx *c, const ir_graph *g, const ir_node *n, void
                 (unsigned)(threads > 1024 ? 1024 : threads < 32 ? 32 : threads), args, d);
 }
 
-/* kv_write, then split-K decode attention (+ reduce) or tiled prefill attention. */
+/* The KV write (kn_kv_write; or kn_rope_kv_write for the fused forms: rope folded in,
+ * packed qkv), then split-K decode attention (+ reduce) or tiled prefill attention. The
+ * fused forms' rotated q goes to the output buffer, which the attention kernels then read
+ * as q: each (token, head) row is read before the same CTA writes it. */
 static ir_status run_attention(cuda_ctx *c, const ir_graph *g, const ir_node *n,
                                void *const *ptrs, const cuda_step *s, ir_diag *d) {
   int layer = (int)ir_node_attr_i(n, "layer", 0), heads = (int)ir_node_attr_i(n, "n_heads", 0);
@@ -176,12 +196,29 @@ static ir_status run_attention(cuda_ctx *c, const ir_graph *g, const ir_node *n,
   int splits = c->n_splits;
   float scale = (float)ir_node_attr_f(n, "scale", 1.0);
   unsigned n_tok = (unsigned)s->syms[IR_SYM_TOKENS];
-  CUdeviceptr out = O_(0), q = P_(0), kn = P_(1), vn = P_(2);
+  CUdeviceptr out = O_(0), q = P_(0);
   CUdeviceptr kc = cuda_dptr(s->kv->k[layer]), vc = cuda_dptr(s->kv->v[layer]);
   CUdeviceptr seq = cuda_stage_ptr(c, c->off_seq), pos = cuda_stage_ptr(c, c->off_pos);
   CUdeviceptr bt = cuda_stage_ptr(c, c->off_bt);
-  void *wargs[] = {&kc, &vc, &kn, &vn, &seq, &pos, &bt, &maxb, &kvh};
-  ir_status st = launch(c, CF_KV_WRITE, n_tok, 1, 1, 256, wargs, d);
+  bool packed = n->in[1] < 0, roped = n->n_in > 3 && n->in[3] >= 0;
+  ir_status st;
+  if (packed || roped) {
+    long long hd = c->head_dim, q_stride = heads * hd, kv_stride = kvh * hd;
+    CUdeviceptr kn = packed ? q + (CUdeviceptr)(heads * hd * 4) : P_(1);
+    CUdeviceptr vn = packed ? kn + (CUdeviceptr)(kv_stride * 4) : P_(2);
+    if (packed) q_stride = kv_stride = (heads + 2LL * kvh) * hd;
+    CUdeviceptr cs = roped ? P_(4) : 0;
+    int rot = roped ? (int)ir_node_attr_i(n, "rot_dim", 0) : 0;
+    int neox = (int)ir_node_attr_i(n, "neox", 1);
+    void *wargs[] = {&out, &kc, &vc, &q, &kn, &vn, &q_stride, &kv_stride, &seq, &pos, &bt,
+                     &maxb, &heads, &kvh, &cs, &rot, &neox};
+    st = launch(c, CF_ROPE_KV_WRITE, n_tok, 1, 1, 256, wargs, d);
+    q = out;
+  } else {
+    CUdeviceptr kn = P_(1), vn = P_(2);
+    void *wargs[] = {&kc, &vc, &kn, &vn, &seq, &pos, &bt, &maxb, &kvh};
+    st = launch(c, CF_KV_WRITE, n_tok, 1, 1, 256, wargs, d);
+  }
   if (st != IR_OK) return st;
   if (!s->decode) {
     CUdeviceptr t0 = cuda_stage_ptr(c, c->off_tile0), tn = cuda_stage_ptr(c, c->off_tilen);
@@ -295,23 +332,53 @@ static ir_status check_matmul(cuda_ctx *c, const ir_graph *g, const ir_node *n, 
   return IR_OK;
 }
 
+/* A fused gate_up matmul (act=swiglu): the GEMV kernels' epilogue, or kn_swiglu_packed
+ * after cuBLAS / gemv_wq over the swiglu scratch (max_tokens x 2n), sized here. */
+static ir_status check_swiglu(cuda_ctx *c, const ir_graph *g, const ir_node *n, size_t *zh,
+                              ir_diag *d) {
+  ir_dtype wt = T_(1)->dtype;
+  bool wq = wt == IR_I8 || wt == IR_I4;
+  if (!c->fn[CF_SWIGLU_PACKED] || (!wq && !c->fn[k_gemv[wt][1]]))
+    return ir_diag_set(d, IR_UNSUPPORTED,
+                       "cuda backend: matmul '%s': the plan's kernels have no swiglu epilogue "
+                       "(an older infc built it); rebuild it",
+                       n->name);
+  size_t need = (size_t)g->config.max_tokens * (size_t)ir_dim_value(g, T_(1)->dims[0], NULL) * 4;
+  if (need > *zh) *zh = need;
+  return IR_OK;
+}
+
+/* Attention: the plain form (q, k, v), or rope folded in (positions, cos_sin) and/or a
+ * packed qkv, which kn_rope_kv_write serves. */
+static bool attention_ok(const cuda_ctx *c, const ir_graph *g, const ir_node *n) {
+  if (g->config.head_dim != c->head_dim || n->n_in < 3) return false;
+  bool packed = n->in[1] < 0, roped = n->n_in > 3 && n->in[3] >= 0;
+  if (packed != (n->in[2] < 0)) return false;
+  if (!packed && !roped) return n->n_in == 3 || n->in[3] < 0;
+  if (!c->fn[CF_ROPE_KV_WRITE]) return false;
+  if (!roped) return true;
+  int64_t rot = ir_node_attr_i(n, "rot_dim", 0);
+  return n->n_in > 4 && n->in[4] >= 0 && T_(4)->dtype == IR_F32 && rot > 0 && rot % 2 == 0 &&
+         rot <= c->head_dim;
+}
+
 static ir_status check_node(cuda_ctx *c, const ir_graph *g, const ir_node *n, size_t *xh,
-                            ir_diag *d) {
+                            size_t *zh, ir_diag *d) {
   switch (n->op) {
   case IR_OP_EMBED: {
     ir_dtype t = T_(1)->dtype;
     if (!(dense(t) || t == IR_Q8_0 || t == IR_Q4_0 || t == IR_Q4_1)) break;
     return IR_OK;
   }
-  case IR_OP_MATMUL:
-    /* fused epilogues have no GPU kernel yet */
-    if (ir_node_attr_i(n, "act", IR_ACT_NONE) != IR_ACT_NONE) break;
-    return check_matmul(c, g, n, xh, d);
+  case IR_OP_MATMUL: {
+    int64_t act = ir_node_attr_i(n, "act", IR_ACT_NONE);
+    if (act != IR_ACT_NONE && act != IR_ACT_SWIGLU) break;
+    ir_status st = check_matmul(c, g, n, xh, d);
+    if (st == IR_OK && act == IR_ACT_SWIGLU) st = check_swiglu(c, g, n, zh, d);
+    return st;
+  }
   case IR_OP_ATTENTION:
-    /* packed qkv (k absent) and rope folded in (pos present) are CPU-only forms */
-    if (g->config.head_dim != c->head_dim || n->n_in < 3 || n->in[1] < 0 ||
-        (n->n_in > 3 && n->in[3] >= 0))
-      break;
+    if (!attention_ok(c, g, n)) break;
     return IR_OK;
   case IR_OP_ADD:
     if (!same_shape(g, T_(0), T_(1)) || TO_(0)->dtype != IR_F32) break;
@@ -330,14 +397,15 @@ static ir_status check_node(cuda_ctx *c, const ir_graph *g, const ir_node *n, si
 }
 
 ir_status cuda_ops_check(cuda_ctx *c, const ir_graph *g, ir_diag *d) {
-  size_t xh = 0;
+  size_t xh = 0, zh = 0;
   for (int32_t i = 0; i < g->n_nodes; i++) {
     const ir_node *n = &g->nodes[i];
     if (n->op <= IR_OP_INVALID || n->op >= IR_OP_COUNT)
       return ir_diag_set(d, IR_UNSUPPORTED, "cuda backend: node '%s' has an unknown op", n->name);
-    ir_status st = check_node(c, g, n, &xh, d);
+    ir_status st = check_node(c, g, n, &xh, &zh, d);
     if (st != IR_OK) return st;
   }
   c->xh_bytes = xh;
+  c->zh_bytes = zh;
   return IR_OK;
 }

@@ -25,13 +25,20 @@ static int (*g_replays)(void); /* set under tests/unit/fake_cuda.c: graph launch
 typedef struct fixture {
   const char *name;
   double bound;
-  const char *src; /* under tests/fixtures, NULL: name */
+  const char *src;      /* under tests/fixtures, NULL: name */
+  const char *opt, *val; /* one more infc option, or NULL */
 } fixture;
 
-static const fixture k_fixtures[] = {{"llama-gqa-f32", 1e-4, NULL},
-                                     {"llama-mha-f16", 5e-3, NULL},
-                                     {"qwen2-bias-bf16", 2e-2, NULL},
-                                     {"onnx-genai-int4", 1e-4, "onnx-genai-int4/model.onnx"}};
+/* CUDA plans are fused as CPU plans are (packed qkv with rope folded into attention, gate_up
+ * with its swiglu epilogue); "unfused" keeps the plain forms covered, "int4" runs the fused
+ * gate_up on gemv_wq through the swiglu scratch. */
+static const fixture k_fixtures[] = {
+    {"llama-gqa-f32", 1e-4, NULL, NULL, NULL},
+    {"llama-mha-f16", 5e-3, NULL, NULL, NULL},
+    {"qwen2-bias-bf16", 2e-2, NULL, NULL, NULL},
+    {"onnx-genai-int4", 1e-4, "onnx-genai-int4/model.onnx", NULL, NULL},
+    {"llama-gqa-f32-unfused", 1e-4, "llama-gqa-f32", "fuse", "false"},
+    {"llama-gqa-int4", 1e-4, "llama-gqa-f32", "quant", "int4"}};
 
 static double rel_err(const float *out, const float *ref, size_t n) {
   double num = 0, den = 0;
@@ -44,7 +51,8 @@ static double rel_err(const float *out, const float *ref, size_t n) {
 }
 
 /* $INFC_TEST_ARCH (e.g. sm_90, as tools/gpu-check sets it) saves compiling for other archs. */
-static bool build(const char *fix, const char *arch, const char *out) {
+static bool build(const char *fix, const char *arch, const char *out, const char *opt,
+                  const char *val) {
   char src[512];
   const char *env = getenv("INFC_TEST_ARCH");
   if (!arch && env && *env) arch = env;
@@ -53,6 +61,7 @@ static bool build(const char *fix, const char *arch, const char *out) {
   ir_diag d = {0};
   bool ok = infc_options_set(&o, "target", "cuda", &d) == IR_OK &&
             (!arch || infc_options_set(&o, "arch", arch, &d) == IR_OK) &&
+            (!opt || infc_options_set(&o, opt, val, &d) == IR_OK) &&
             infc_build(src, &o, out, NULL, NULL, &d) == IR_OK;
   CHECKF(ok, "build %s: %s", fix, d.msg);
   return ok;
@@ -135,7 +144,7 @@ static float *batch_decode(irt_model *m, int n_seq, int steps) {
 static void test_fixture(const fixture *f) {
   char plan[512];
   snprintf(plan, sizeof plan, TEST_TMP_DIR "/gpu_%s.plan", f->name);
-  if (!build(f->src ? f->src : f->name, NULL, plan)) return;
+  if (!build(f->src ? f->src : f->name, NULL, plan, f->opt, f->val)) return;
   irt_model *cpu = open_on(plan, "cpu", false, 4096), *gpu = open_on(plan, "cuda", true, 4096);
   irt_model *eager = open_on(plan, "cuda", false, 4096);
   if (!cpu || !gpu || !eager) goto done;
@@ -240,7 +249,7 @@ static void test_errors(void) {
   CHECKF(strstr(err.msg, "out of device memory for the KV pool") && strstr(err.msg, "MiB"), "%s",
          err.msg);
   const char *other = TEST_TMP_DIR "/gpu_sm100.plan";
-  if (build("llama-gqa-f32", "sm_100", other)) {
+  if (build("llama-gqa-f32", "sm_100", other, NULL, NULL)) {
     o = irt_model_opts_default();
     err = (irt_error){0};
     irt_status st = irt_model_open(other, &o, &m, &err);
@@ -251,7 +260,7 @@ static void test_errors(void) {
   }
   /* sm_80 only: on a newer GPU the driver JIT-compiles the PTX. */
   const char *ptx = TEST_TMP_DIR "/gpu_sm80.plan";
-  if (build("llama-gqa-f32", "sm_80", ptx)) {
+  if (build("llama-gqa-f32", "sm_80", ptx, NULL, NULL)) {
     irt_model *a = open_on(ptx, "cuda", true, 0), *c = open_on(ptx, "cpu", false, 0);
     if (a && c) {
       int32_t ids[] = {3, 1, 4, 1, 5, 9, 2, 6};
@@ -284,7 +293,7 @@ int main(void) {
   irt_model *probe = NULL;
   irt_error err = {0};
   const char *plan = TEST_TMP_DIR "/gpu_llama-gqa-f32.plan";
-  if (!build("llama-gqa-f32", NULL, plan)) return tcheck_done("cuda_model");
+  if (!build("llama-gqa-f32", NULL, plan, NULL, NULL)) return tcheck_done("cuda_model");
   irt_model_opts o = irt_model_opts_default();
   o.device = "cuda";
   if (irt_model_open(plan, &o, &probe, &err) == IRT_DEVICE && strstr(err.msg, "no CUDA device")) {

@@ -20,7 +20,7 @@
 typedef int CUresult;
 typedef unsigned long long CUdeviceptr;
 #define EXPORT __attribute__((visibility("default")))
-#define NPARAM 16
+#define NPARAM 20
 
 static int g_head_dim = 16, g_block_size = 16, g_arch = 90;
 static size_t g_max_alloc = (size_t)8 << 30;
@@ -144,10 +144,36 @@ static void emu_kv_write(const launch_t *l) {
   }
 }
 
-static void emu_gemv(const launch_t *l, ir_dtype dt) {
+/* kn_rope_kv_write: q_out, kc, vc, q, k, v, q_stride, kv_stride, seq, pos, bt, max_blocks,
+ * n_heads, n_kv_heads, cos_sin, rot_dim, neox (kv_write.cu). */
+static void emu_rope_kv_write(const launch_t *l) {
+  int maxb = I32(11), nh = I32(12), nkv = I32(13), rot = I32(15), neox = I32(16);
+  int hd = g_head_dim, bs = g_block_size;
+  long long qs = I64(6), kvs = I64(7);
+  if (rot < 0 || rot > hd || rot % 2 || (rot && !PV(14)) || l->block != 256) abort();
+  for (unsigned t = 0; t < l->grid[0]; t++) {
+    int pos = PI(9)[t];
+    const float *cs = rot ? PF(14) + (size_t)pos * rot : NULL;
+    for (int h = 0; h < nh; h++) {
+      float *o = PF(0) + ((size_t)t * nh + h) * hd;
+      memcpy(o, PF(3) + t * qs + h * hd, sizeof(float) * hd);
+      if (rot) kn_rope_head(o, cs, rot, neox);
+    }
+    long long blk = PI(10)[(size_t)PI(8)[t] * maxb + pos / bs];
+    for (int h = 0; h < nkv; h++) {
+      size_t dst = (((size_t)blk * nkv + h) * bs + pos % bs) * hd;
+      memcpy(PF(1) + dst, PF(4) + t * kvs + h * hd, sizeof(float) * hd);
+      memcpy(PF(2) + dst, PF(5) + t * kvs + h * hd, sizeof(float) * hd);
+      if (rot) kn_rope_head(PF(1) + dst, cs, rot, neox);
+    }
+  }
+}
+
+static void emu_gemv(const launch_t *l, ir_dtype dt, bool swiglu) {
   int m = I32(4), n = I32(5), k = I32(6);
   if ((long long)l->grid[0] * 4 < n || (long long)l->grid[1] * 4 < m || l->block != 128) abort();
-  kn_matmul(NULL, PF(0), PF(1), PV(2), dt, PF(3), m, n, k);
+  if (swiglu) kn_matmul_swiglu(NULL, PF(0), PF(1), PV(2), dt, PF(3), m, n, k);
+  else kn_matmul(NULL, PF(0), PF(1), PV(2), dt, PF(3), m, n, k);
 }
 
 /* kn_gemv_wq_i4/_i8: y, x, w, bias, scales, zp, m, n, k, group, st, zt (gemv_wq.cu); its
@@ -168,6 +194,11 @@ static void emu_gemv_wq(const launch_t *l, bool i4) {
 static void emu_simple(const launch_t *l, const char *name) {
   if (!strcmp(name, "kn_add")) kn_add(NULL, PF(0), PF(1), PF(2), I64(3));
   else if (!strcmp(name, "kn_swiglu")) kn_swiglu(NULL, PF(0), PF(1), PF(2), I64(3));
+  else if (!strcmp(name, "kn_swiglu_packed"))
+    for (long long i = 0; i < I64(2) * I64(3); i++) {
+      const float *z = PF(1) + i / I64(3) * 2 * I64(3);
+      PF(0)[i] = kn_silu_mul(z[i % I64(3)], z[I64(3) + i % I64(3)]);
+    }
   else if (!strcmp(name, "kn_gather_rows"))
     kn_gather_rows(NULL, PF(0), PF(1), PI(2), l->grid[0], I64(3));
   else if (!strcmp(name, "kn_rms_norm"))
@@ -189,7 +220,8 @@ static const struct {
   int n;
   const char *sizes; /* '8' pointer / long long, '4' int / float */
 } k_fns[] = {
-    {"kn_add", 4, "8888"}, {"kn_swiglu", 4, "8888"}, {"kn_gather_rows", 4, "8888"},
+    {"kn_add", 4, "8888"}, {"kn_swiglu", 4, "8888"}, {"kn_swiglu_packed", 4, "8888"},
+    {"kn_gather_rows", 4, "8888"}, {"kn_rope_kv_write", 17, "88888888888444844"},
     {"kn_rms_norm", 5, "88844"}, {"kn_add_rms_norm", 7, "8888844"},
     {"kn_rope_neox", 6, "888444"}, {"kn_rope_interleaved", 6, "888444"},
     {"kn_add_bias", 4, "8888"}, {"kn_cast_f16", 3, "888"}, {"kn_cast_bf16", 3, "888"},
@@ -197,6 +229,9 @@ static const struct {
     {"kn_attn_prefill", 13, "8888888444488"}, {"kn_kv_write", 9, "888888844"},
     {"kn_gemv_f32", 7, "8888444"}, {"kn_gemv_f16", 7, "8888444"}, {"kn_gemv_bf16", 7, "8888444"},
     {"kn_gemv_q8_0", 7, "8888444"}, {"kn_gemv_q4_0", 7, "8888444"}, {"kn_gemv_q4_1", 7, "8888444"},
+    {"kn_gemv_f32_swiglu", 7, "8888444"}, {"kn_gemv_f16_swiglu", 7, "8888444"},
+    {"kn_gemv_bf16_swiglu", 7, "8888444"}, {"kn_gemv_q8_0_swiglu", 7, "8888444"},
+    {"kn_gemv_q4_0_swiglu", 7, "8888444"}, {"kn_gemv_q4_1_swiglu", 7, "8888444"},
     {"kn_gemv_wq_i4", 12, "888888444444"}, {"kn_gemv_wq_i8", 12, "888888444444"},
     {"kn_embed_f32", 4, "8888"}, {"kn_embed_f16", 4, "8888"}, {"kn_embed_bf16", 4, "8888"},
     {"kn_embed_q8_0", 4, "8888"}, {"kn_embed_q4_0", 4, "8888"}, {"kn_embed_q4_1", 4, "8888"},
@@ -215,8 +250,14 @@ static void run_launch(const launch_t *l) {
   else if (!strcmp(name, "kn_attn_decode_reduce")) emu_reduce(l);
   else if (!strcmp(name, "kn_attn_prefill")) emu_prefill(l);
   else if (!strcmp(name, "kn_kv_write")) emu_kv_write(l);
+  else if (!strcmp(name, "kn_rope_kv_write")) emu_rope_kv_write(l);
   else if (!strncmp(name, "kn_gemv_wq_", 11)) emu_gemv_wq(l, name[12] == '4');
-  else if (!strncmp(name, "kn_gemv_", 8)) emu_gemv(l, dtype_of(name + 8));
+  else if (!strncmp(name, "kn_gemv_", 8)) {
+    const char *sw = strstr(name, "_swiglu");
+    char dt[8];
+    snprintf(dt, sizeof dt, "%.*s", sw ? (int)(sw - name - 8) : 7, name + 8);
+    emu_gemv(l, dtype_of(dt), sw != NULL);
+  }
   else if (!strncmp(name, "kn_embed_", 9))
     kn_embed(NULL, PF(0), PV(1), dtype_of(name + 9), PI(2), l->grid[0], I64(3));
   else emu_simple(l, name);
