@@ -338,7 +338,18 @@ static ir_status cuda_run_step(void *vctx, const ir_graph *g, void *const *ptrs,
     c->warm[b] = true;
     return run_nodes(c, g, ptrs, &cs, d);
   }
-  if (!c->exec[b] && (st = capture(c, b, g, ptrs, &cs, d)) != IR_OK) return st;
+  if (!c->exec[b] && !c->no_graph[b]) {
+    /* A capture that fails (a driver without graph support for a kernel, a capture
+     * invalidated by another thread) costs speed, not the step: the bucket runs eagerly,
+     * where a real error in the step shows again and fails it. */
+    ir_diag cd = {0};
+    if (capture(c, b, g, ptrs, &cs, &cd) != IR_OK) {
+      c->no_graph[b] = true;
+      fprintf(stderr, "inferrt: cuda: decode batch %lld runs without a CUDA Graph: %s\n",
+              (long long)n, cd.msg);
+    }
+  }
+  if (!c->exec[b]) return run_nodes(c, g, ptrs, &cs, d);
   CUresult r = c->cu.graph_launch(c->exec[b], c->stream);
   return r ? cuda_fail(c, r, "cuGraphLaunch", d) : IR_OK;
 }

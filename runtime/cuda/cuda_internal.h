@@ -74,6 +74,7 @@ typedef struct cuda_ctx {
   int64_t bucket[CUDA_MAX_BUCKETS];
   CUgraphExec exec[CUDA_MAX_BUCKETS];
   bool warm[CUDA_MAX_BUCKETS]; /* ran once eagerly */
+  bool no_graph[CUDA_MAX_BUCKETS]; /* its capture failed: it runs eagerly from then on */
   int n_buckets;
 } cuda_ctx;
 

@@ -8,7 +8,8 @@
  * weights 1e-4 (f32 arithmetic, another summation order), also int4 MatMulNBits (GEMV
  * gemv_wq.cu at every m, dequantized as the CPU does); f16 5e-3 and bf16 2e-2 (cuBLAS
  * takes the activations of prefill GEMMs in the weights' type). Also the clear errors: a
- * plan for another arch, a KV pool larger than the GPU. Exits 0 printing "skipped: ..."
+ * plan for another arch, a KV pool larger than the GPU; and (fake driver) failed graph
+ * captures falling back to eager steps. Exits 0 printing "skipped: ..."
  * without a GPU. */
 #include <dlfcn.h>
 #include <math.h>
@@ -21,6 +22,7 @@
 #include "tcheck.h"
 
 static int (*g_replays)(void); /* set under tests/unit/fake_cuda.c: graph launches so far */
+static void (*g_fail_instantiate)(int); /* fake_cuda.c: the next n graph instantiations fail */
 
 typedef struct fixture {
   const char *name;
@@ -237,6 +239,27 @@ static void test_engine_cow(void) {
   irt_model_close(gpu);
 }
 
+/* Graph captures that fail (fake driver only) leave decode steps eager and correct. */
+static void test_graph_fallback(void) {
+  if (!g_fail_instantiate) return;
+  const char *plan = TEST_TMP_DIR "/gpu_llama-gqa-f32.plan";
+  irt_model *gpu = open_on(plan, "cuda", true, 4096), *cpu = open_on(plan, "cpu", false, 4096);
+  if (gpu && cpu) {
+    int64_t V = irt_model_get_info(gpu)->vocab_size;
+    g_fail_instantiate(1000);
+    int replays = g_replays();
+    float *x = batch_decode(cpu, 3, 4), *y = batch_decode(gpu, 3, 4);
+    double e = rel_err(y, x, (size_t)(3 * V));
+    printf("failed graph captures: batch 3 decode rel err %.2e, %d graph launches\n", e,
+           g_replays() - replays);
+    CHECKF(e <= 1e-4 && g_replays() == replays, "%.3e, %d", e, g_replays() - replays);
+    g_fail_instantiate(0);
+    free(x), free(y);
+  }
+  irt_model_close(gpu);
+  irt_model_close(cpu);
+}
+
 static void test_errors(void) {
   irt_model *m = NULL;
   irt_error err = {0};
@@ -287,6 +310,8 @@ int main(void) {
     void (*config)(int, int, int);
     memcpy(&config, &cfg, sizeof config);
     memcpy(&g_replays, &rep, sizeof g_replays);
+    void *fi = dlsym(cu, "fake_cuda_fail_instantiate");
+    if (fi) memcpy(&g_fail_instantiate, &fi, sizeof g_fail_instantiate);
     config(16, 16, 90);
     printf("fake libcuda (CPU emulation): checks the backend's host side, not the kernels\n");
   }
@@ -304,6 +329,7 @@ int main(void) {
   for (size_t i = 0; i < sizeof k_fixtures / sizeof k_fixtures[0]; i++)
     test_fixture(&k_fixtures[i]);
   test_engine_cow();
+  test_graph_fallback();
   test_errors();
   return tcheck_done("cuda_model");
 }

@@ -422,7 +422,16 @@ API(CUresult, cuStreamEndCapture, void *s, void **graph) {
   g_capture = NULL;
   return *graph ? 0 : 901;
 }
+static int g_fail_instantiate;
+/* The next n graph instantiations fail (the backend must fall back to eager steps). */
+EXPORT void fake_cuda_fail_instantiate(int n);
+void fake_cuda_fail_instantiate(int n) { g_fail_instantiate = n; }
 API(CUresult, cuGraphInstantiateWithFlags, void **exec, void *graph, unsigned long long fl) {
+  if (g_fail_instantiate > 0) {
+    g_fail_instantiate--;
+    *exec = NULL;
+    return 999; /* CUDA_ERROR_UNKNOWN */
+  }
   graph_t *g = graph, *e = calloc(1, sizeof *e);
   e->n = e->cap = g->n;
   e->ops = malloc(sizeof(op_t) * (size_t)(g->n ? g->n : 1));
