@@ -234,3 +234,195 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32)
       if (DIM_OK(i)) o[32 * i] = l[r] > 0.0f ? acc[r][i] / l[r] : 0.0f;
   }
 }
+
+// Prefill chunks on tensor cores (sm_80+): flash-attention with f16 operands and f32
+// accumulation, for plans whose GEMMs already take f16/bf16 activations. Grid (n_tiles,
+// n_heads), block TC_WARPS * 32; tile x is tokens [tile_tok0[x], + tile_ntok[x]) of one
+// sequence, at most TC_WARPS * 16 (the host tiles by CUDA_TC_TILE_TOKENS); warp w owns
+// query rows 16 w .. 16 w + 15 of the tile.
+// Per chunk of TC_KC cached positions the CTA stages K (row-major) and V (transposed) as
+// f16 in shared memory; each warp computes its 16 x TC_KC scores with mma.m16n8k16 (q
+// pre-scaled, in registers as A fragments), runs the online softmax on the accumulators
+// in registers, and feeds the probabilities straight back as the A fragments of P V
+// (the accumulator layout of two n-tiles is the A layout of one k-step). Fragment layouts
+// (PTX ISA, mma.m16n8k16 .f16): lane = 4 g + c; A regs a0..a3 hold rows g, g+8, g, g+8 at
+// columns 2c, 2c+1 (+8 for a2, a3); B regs b0, b1 hold rows (k) 2c, 2c+1 (+8 for b1) of
+// column g; C/D d0..d3 hold rows g, g, g+8, g+8 at columns 2c, 2c+1, 2c, 2c+1.
+#if HEAD_DIM % 16 == 0 && HEAD_DIM <= 128
+#define TC_WARPS 4
+#define TC_KC 32                /* positions per chunk */
+#define TC_KP (HEAD_DIM + 8)    /* sK row pitch (halves): conflict-free fragment loads */
+#define TC_VP (TC_KC + 8)       /* sVt row pitch (halves) */
+
+#ifdef __CUDACC__
+// {lo, hi} rounded to nearest-even f16, lo in the low half.
+__device__ __forceinline__ unsigned tc_pack(float lo, float hi) {
+  unsigned u;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(u) : "f"(hi), "f"(lo));
+  return u;
+}
+// d += a b for one m16n8k16 tile (f16 operands, f32 accumulators).
+__device__ __forceinline__ void tc_mma(float (&d)[4], const unsigned (&a)[4], unsigned b0,
+                                       unsigned b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+#else
+__device__ __forceinline__ unsigned tc_pack(float lo, float hi) { return cuemu_pack_f16x2(lo, hi); }
+__device__ __forceinline__ void tc_mma(float (&d)[4], const unsigned (&a)[4], unsigned b0,
+                                       unsigned b1) {
+  cuemu_mma_m16n8k16_f16(d, a, b0, b1);
+}
+#endif
+
+// __maxnreg__ rather than __launch_bounds__: under the latter ptxas spills at HEAD_DIM 128
+// on sm_90 (168 registers); capped at 200 it uses about 175 and none spill.
+extern "C" __global__ void __maxnreg__(200)
+    kn_attn_prefill_tc(float *out, const float *q, const float *k, const float *v,
+                       const int *tok_seq, const int *tok_pos, const int *block_tables,
+                       int max_blocks, int n_heads, int n_kv_heads, float scale,
+                       const int *tile_tok0, const int *tile_ntok) {
+  __shared__ __align__(16) unsigned short sK[TC_KC * TC_KP];
+  __shared__ __align__(16) unsigned short sVt[HEAD_DIM * TC_VP];
+  const int h = blockIdx.y, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  const int g = lane >> 2, c = lane & 3;
+  const int tok0 = tile_tok0[blockIdx.x], ntok = tile_ntok[blockIdx.x];
+  const int kvh = h / GQA_GROUP;
+  const int *bt = block_tables + (long long)tok_seq[tok0] * max_blocks;
+  // Rows g and g + 8 of this warp: their token's position, -1 past the tile.
+  const int ra = 16 * w + g, rb = ra + 8;
+  const int lim_a = ra < ntok ? tok_pos[tok0 + ra] : -1;
+  const int lim_b = rb < ntok ? tok_pos[tok0 + rb] : -1;
+  // The tile's tokens are consecutive positions of one sequence: its last is the largest.
+  const int last = tok_pos[tok0 + ntok - 1];
+  int wlast = -1;  // the largest position this warp's rows see
+  for (int r = 16 * w; r < min(16 * w + 16, ntok); r++) wlast = max(wlast, tok_pos[tok0 + r]);
+
+  unsigned qa[HEAD_DIM / 16][4];  // q * scale as A fragments, one per 16 dims
+#pragma unroll
+  for (int kk = 0; kk < HEAD_DIM / 16; kk++) {
+    const int d0 = 16 * kk + 2 * c;
+    const float *qa_row = q + ((long long)(tok0 + ra) * n_heads + h) * HEAD_DIM;
+    const float *qb_row = q + ((long long)(tok0 + rb) * n_heads + h) * HEAD_DIM;
+    const bool oa = lim_a >= 0, ob = lim_b >= 0;
+    qa[kk][0] = tc_pack(oa ? qa_row[d0] * scale : 0.0f, oa ? qa_row[d0 + 1] * scale : 0.0f);
+    qa[kk][1] = tc_pack(ob ? qb_row[d0] * scale : 0.0f, ob ? qb_row[d0 + 1] * scale : 0.0f);
+    qa[kk][2] = tc_pack(oa ? qa_row[d0 + 8] * scale : 0.0f, oa ? qa_row[d0 + 9] * scale : 0.0f);
+    qa[kk][3] = tc_pack(ob ? qb_row[d0 + 8] * scale : 0.0f, ob ? qb_row[d0 + 9] * scale : 0.0f);
+  }
+  float o[HEAD_DIM / 8][4];
+#pragma unroll
+  for (int dn = 0; dn < HEAD_DIM / 8; dn++) o[dn][0] = o[dn][1] = o[dn][2] = o[dn][3] = 0.0f;
+  float m_a = NEG_INF, m_b = NEG_INF, l_a = 0.0f, l_b = 0.0f;
+
+  for (int p0 = 0; p0 <= last; p0 += TC_KC) {
+    __syncthreads();  // the previous chunk's fragments are read
+    // Stage K and V of positions p0 .. p0 + TC_KC - 1 (zeros past `last`), 4 dims a load.
+    for (int i = threadIdx.x; i < TC_KC * HEAD_DIM / 4; i += TC_WARPS * 32) {
+      const int j = i / (HEAD_DIM / 4), d = 4 * (i % (HEAD_DIM / 4)), p = p0 + j;
+      float4 kv = make_float4(0.0f, 0.0f, 0.0f, 0.0f), vv = kv;
+      if (p <= last) {
+        long long row = (((long long)bt[p / BLOCK_SIZE] * n_kv_heads + kvh) * BLOCK_SIZE +
+                         p % BLOCK_SIZE) * HEAD_DIM + d;
+        kv = __ldg((const float4 *)(k + row));
+        vv = __ldg((const float4 *)(v + row));
+      }
+      *(unsigned *)&sK[j * TC_KP + d] = tc_pack(kv.x, kv.y);
+      *(unsigned *)&sK[j * TC_KP + d + 2] = tc_pack(kv.z, kv.w);
+      const unsigned v01 = tc_pack(vv.x, vv.y), v23 = tc_pack(vv.z, vv.w);
+      sVt[(d + 0) * TC_VP + j] = (unsigned short)(v01 & 0xffffu);
+      sVt[(d + 1) * TC_VP + j] = (unsigned short)(v01 >> 16);
+      sVt[(d + 2) * TC_VP + j] = (unsigned short)(v23 & 0xffffu);
+      sVt[(d + 3) * TC_VP + j] = (unsigned short)(v23 >> 16);
+    }
+    __syncthreads();
+    if (p0 > wlast) continue;  // causal: no row of this warp sees the chunk (warp-uniform)
+
+    float s[TC_KC / 8][4];  // scores: n-tile nt covers positions p0 + 8 nt ..
+#pragma unroll
+    for (int nt = 0; nt < TC_KC / 8; nt++) {
+      s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < HEAD_DIM / 16; kk++) {
+        const unsigned short *kr = &sK[(8 * nt + g) * TC_KP + 16 * kk + 2 * c];
+        tc_mma(s[nt], qa[kk], *(const unsigned *)kr, *(const unsigned *)(kr + 8));
+      }
+    }
+    // Online softmax for rows a (g) and b (g + 8); each row's 32 scores are spread over
+    // the 4 lanes of its quad, 8 each.
+    float mx_a = m_a, mx_b = m_b;
+#pragma unroll
+    for (int nt = 0; nt < TC_KC / 8; nt++) {
+#pragma unroll
+      for (int e = 0; e < 2; e++) {
+        const int p = p0 + 8 * nt + 2 * c + e;
+        if (p > lim_a) s[nt][e] = NEG_INF;
+        if (p > lim_b) s[nt][2 + e] = NEG_INF;
+        mx_a = fmaxf(mx_a, s[nt][e]);
+        mx_b = fmaxf(mx_b, s[nt][2 + e]);
+      }
+    }
+#pragma unroll
+    for (int off = 1; off < 4; off <<= 1) {
+      mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, off));
+      mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, off));
+    }
+    // A row with nothing visible yet keeps m = -inf: its probabilities are 0, alpha 1.
+    const float alpha_a = mx_a == NEG_INF ? 1.0f : __expf(m_a - mx_a);
+    const float alpha_b = mx_b == NEG_INF ? 1.0f : __expf(m_b - mx_b);
+    float sum_a = 0.0f, sum_b = 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < TC_KC / 8; nt++) {
+#pragma unroll
+      for (int e = 0; e < 2; e++) {
+        s[nt][e] = mx_a == NEG_INF ? 0.0f : __expf(s[nt][e] - mx_a);
+        s[nt][2 + e] = mx_b == NEG_INF ? 0.0f : __expf(s[nt][2 + e] - mx_b);
+        sum_a += s[nt][e];
+        sum_b += s[nt][2 + e];
+      }
+    }
+#pragma unroll
+    for (int off = 1; off < 4; off <<= 1) {
+      sum_a += __shfl_xor_sync(0xffffffffu, sum_a, off);
+      sum_b += __shfl_xor_sync(0xffffffffu, sum_b, off);
+    }
+    l_a = l_a * alpha_a + sum_a;
+    l_b = l_b * alpha_b + sum_b;
+    m_a = mx_a, m_b = mx_b;
+#pragma unroll
+    for (int dn = 0; dn < HEAD_DIM / 8; dn++) {
+      o[dn][0] *= alpha_a, o[dn][1] *= alpha_a;
+      o[dn][2] *= alpha_b, o[dn][3] *= alpha_b;
+    }
+    // O += P V: k-step ks takes score n-tiles 2 ks and 2 ks + 1 as its A fragment.
+#pragma unroll
+    for (int ks = 0; ks < TC_KC / 16; ks++) {
+      const unsigned pa[4] = {tc_pack(s[2 * ks][0], s[2 * ks][1]),
+                              tc_pack(s[2 * ks][2], s[2 * ks][3]),
+                              tc_pack(s[2 * ks + 1][0], s[2 * ks + 1][1]),
+                              tc_pack(s[2 * ks + 1][2], s[2 * ks + 1][3])};
+#pragma unroll
+      for (int dn = 0; dn < HEAD_DIM / 8; dn++) {
+        const unsigned short *vr = &sVt[(8 * dn + g) * TC_VP + 16 * ks + 2 * c];
+        tc_mma(o[dn], pa, *(const unsigned *)vr, *(const unsigned *)(vr + 8));
+      }
+    }
+  }
+  const float ia = l_a > 0.0f ? 1.0f / l_a : 0.0f, ib = l_b > 0.0f ? 1.0f / l_b : 0.0f;
+#pragma unroll
+  for (int dn = 0; dn < HEAD_DIM / 8; dn++) {
+    const int d = 8 * dn + 2 * c;
+    if (lim_a >= 0) {
+      float *oa = out + ((long long)(tok0 + ra) * n_heads + h) * HEAD_DIM + d;
+      oa[0] = o[dn][0] * ia, oa[1] = o[dn][1] * ia;
+    }
+    if (lim_b >= 0) {
+      float *ob = out + ((long long)(tok0 + rb) * n_heads + h) * HEAD_DIM + d;
+      ob[0] = o[dn][2] * ib, ob[1] = o[dn][3] * ib;
+    }
+  }
+}
+#endif

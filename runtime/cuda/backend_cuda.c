@@ -17,6 +17,7 @@ static const struct {
     {CF_ATTN_DECODE, "attention", "kn_attn_decode"},
     {CF_ATTN_REDUCE, "attention", "kn_attn_decode_reduce"},
     {CF_ATTN_PREFILL, "attention", "kn_attn_prefill"},
+    {CF_ATTN_PREFILL_TC, "attention", "kn_attn_prefill_tc"},
     {CF_CAST_F16, "cast", "kn_cast_f16"},
     {CF_CAST_BF16, "cast", "kn_cast_bf16"},
     {CF_ADD_BIAS, "cast", "kn_add_bias"},
@@ -141,7 +142,7 @@ static ir_status load_source(cuda_ctx *c, const irt_cuda_opts *o, const char *sr
  * nodes): their fn stays NULL, and cuda_ops_check refuses a node that would need one. */
 static bool optional_fn(cuda_fn f) {
   return (f >= CF_GEMV_F32_SWIGLU && f <= CF_GEMV_Q4_1_SWIGLU) || f == CF_ROPE_KV_WRITE ||
-         f == CF_SWIGLU_PACKED;
+         f == CF_SWIGLU_PACKED || f == CF_ATTN_PREFILL_TC;
 }
 
 static ir_status load_kernels(cuda_ctx *c, const irt_cuda_opts *o, ir_diag *d) {
@@ -245,13 +246,13 @@ static int bucket_of(const cuda_ctx *c, int64_t t) {
   return -1;
 }
 
-/* Prefill attention tiles: runs of at most CUDA_TILE_TOKENS consecutive tokens of one
+/* Prefill attention tiles: runs of at most c->tile_tokens consecutive tokens of one
  * sequence. Returns the tile count. */
 static int make_tiles(cuda_ctx *c, const int32_t *tok_seq, int64_t n_tok) {
   int32_t *t0 = c->stage + c->off_tile0, *tn = c->stage + c->off_tilen;
   int n = 0;
   for (int64_t t = 0; t < n_tok; t++) {
-    if (n && tok_seq[t] == tok_seq[t0[n - 1]] && tn[n - 1] < CUDA_TILE_TOKENS) {
+    if (n && tok_seq[t] == tok_seq[t0[n - 1]] && tn[n - 1] < c->tile_tokens) {
       tn[n - 1]++;
       continue;
     }

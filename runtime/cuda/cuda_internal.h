@@ -11,7 +11,7 @@
 
 /* Every kernel the backend launches: kernels/cuda/<src>.cu, entry <fn>. */
 typedef enum cuda_fn {
-  CF_ADD, CF_ATTN_DECODE, CF_ATTN_REDUCE, CF_ATTN_PREFILL, CF_CAST_F16, CF_CAST_BF16,
+  CF_ADD, CF_ATTN_DECODE, CF_ATTN_REDUCE, CF_ATTN_PREFILL, CF_ATTN_PREFILL_TC, CF_CAST_F16, CF_CAST_BF16,
   CF_ADD_BIAS, CF_EMBED_F32, CF_EMBED_F16, CF_EMBED_BF16, CF_EMBED_Q8_0, CF_EMBED_Q4_0,
   CF_EMBED_Q4_1, CF_GATHER_ROWS, CF_GEMV_F32, CF_GEMV_F16, CF_GEMV_BF16, CF_GEMV_Q8_0,
   CF_GEMV_Q4_0, CF_GEMV_Q4_1, CF_GEMV_F32_SWIGLU, CF_GEMV_F16_SWIGLU, CF_GEMV_BF16_SWIGLU,
@@ -25,6 +25,7 @@ typedef enum cuda_fn {
 #define CUDA_GEMV_WARPS 4  /* gemv.cu and gemv_wq.cu GEMV_WARPS */
 #define CUDA_ATTN_WARPS 4  /* attention.cu ATTN_WARPS */
 #define CUDA_TILE_TOKENS 16 /* attention.cu ATTN_WARPS * PREFILL_ROWS */
+#define CUDA_TC_TILE_TOKENS 64 /* attention.cu TC_WARPS * 16: kn_attn_prefill_tc */
 #define CUDA_RMS_THREADS 256
 /* Dense f32/f16/bf16 matmuls with more rows than this go to cuBLAS; fewer to the GEMV,
  * which reads the weights once per CUDA_GEMV_M rows. */
@@ -44,6 +45,10 @@ typedef struct cuda_ctx {
   int n_mods;
   CUfunction fn[CF_COUNT];
   bool want_graphs;
+  /* prefill attention on tensor cores (f16 operands): sm_80+, for plans whose GEMMs take
+   * f16/bf16 activations anyway; tiles of CUDA_TC_TILE_TOKENS, else CUDA_TILE_TOKENS */
+  bool tc_prefill;
+  int tile_tokens;
 
   /* graph limits: the step limits of the plan */
   int64_t max_tokens, max_seqs, max_logits, max_blocks;

@@ -223,8 +223,8 @@ static ir_status run_attention(cuda_ctx *c, const ir_graph *g, const ir_node *n,
   if (!s->decode) {
     CUdeviceptr t0 = cuda_stage_ptr(c, c->off_tile0), tn = cuda_stage_ptr(c, c->off_tilen);
     void *args[] = {&out, &q, &kc, &vc, &seq, &pos, &bt, &maxb, &heads, &kvh, &scale, &t0, &tn};
-    return launch(c, CF_ATTN_PREFILL, (unsigned)s->n_tiles, (unsigned)heads, 1,
-                  CUDA_ATTN_WARPS * 32, args, d);
+    return launch(c, c->tc_prefill ? CF_ATTN_PREFILL_TC : CF_ATTN_PREFILL, (unsigned)s->n_tiles,
+                  (unsigned)heads, 1, CUDA_ATTN_WARPS * 32, args, d);
   }
   CUdeviceptr pa = c->part_acc, pm = c->part_ml;
   void *args[] = {&out, &pa, &pm, &q, &kc, &vc, &seq, &pos, &bt, &maxb, &heads, &kvh, &scale, &bps};
@@ -398,14 +398,21 @@ static ir_status check_node(cuda_ctx *c, const ir_graph *g, const ir_node *n, si
 
 ir_status cuda_ops_check(cuda_ctx *c, const ir_graph *g, ir_diag *d) {
   size_t xh = 0, zh = 0;
+  bool half = false; /* some GEMM takes f16/bf16 activations (cuBLAS on f16/bf16 weights) */
   for (int32_t i = 0; i < g->n_nodes; i++) {
     const ir_node *n = &g->nodes[i];
     if (n->op <= IR_OP_INVALID || n->op >= IR_OP_COUNT)
       return ir_diag_set(d, IR_UNSUPPORTED, "cuda backend: node '%s' has an unknown op", n->name);
     ir_status st = check_node(c, g, n, &xh, &zh, d);
     if (st != IR_OK) return st;
+    if (n->op == IR_OP_MATMUL)
+      half |= T_(1)->dtype == IR_F16 || T_(1)->dtype == IR_BF16;
   }
   c->xh_bytes = xh;
   c->zh_bytes = zh;
+  /* Tensor-core prefill attention rounds q, k, v and the probabilities to f16: taken where
+   * the prefill GEMMs already round activations so (f32 plans keep f32 attention). */
+  c->tc_prefill = half && c->fn[CF_ATTN_PREFILL_TC] && c->arch >= 80;
+  c->tile_tokens = c->tc_prefill ? CUDA_TC_TILE_TOKENS : CUDA_TILE_TOKENS;
   return IR_OK;
 }

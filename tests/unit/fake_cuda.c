@@ -117,13 +117,14 @@ static void emu_reduce(const launch_t *l) { /* kn_attn_decode_reduce, as in atte
     }
 }
 
-/* kn_attn_prefill: out, q, k, v, seq, pos, bt, max_blocks, n_heads, n_kv_heads, scale, t0, tn */
-static void emu_prefill(const launch_t *l) {
+/* kn_attn_prefill(_tc): out, q, k, v, seq, pos, bt, max_blocks, n_heads, n_kv_heads, scale,
+ * t0, tn; tiles of at most `tile` tokens. */
+static void emu_prefill(const launch_t *l, int tile) {
   int maxb = I32(7), nh = I32(8), nkv = I32(9);
   for (unsigned x = 0; x < l->grid[0]; x++)
     for (int r = 0; r < PI(12)[x]; r++) {
       int t = PI(11)[x] + r;
-      if (r >= 16 || PI(4)[t] != PI(4)[PI(11)[x]]) abort(); /* a tile is one sequence, <= 16 */
+      if (r >= tile || PI(4)[t] != PI(4)[PI(11)[x]]) abort(); /* a tile is one sequence */
       for (int h = 0; h < nh; h++)
         attend(PF(0) + ((size_t)t * nh + h) * g_head_dim, PF(1) + ((size_t)t * nh + h) * g_head_dim,
                PF(2), PF(3), PI(6) + (size_t)PI(4)[t] * maxb, PI(5)[t], h / (nh / nkv), nkv,
@@ -226,7 +227,7 @@ static const struct {
     {"kn_rope_neox", 6, "888444"}, {"kn_rope_interleaved", 6, "888444"},
     {"kn_add_bias", 4, "8888"}, {"kn_cast_f16", 3, "888"}, {"kn_cast_bf16", 3, "888"},
     {"kn_attn_decode", 14, "88888888844444"}, {"kn_attn_decode_reduce", 5, "88844"},
-    {"kn_attn_prefill", 13, "8888888444488"}, {"kn_kv_write", 9, "888888844"},
+    {"kn_attn_prefill", 13, "8888888444488"}, {"kn_attn_prefill_tc", 13, "8888888444488"}, {"kn_kv_write", 9, "888888844"},
     {"kn_gemv_f32", 7, "8888444"}, {"kn_gemv_f16", 7, "8888444"}, {"kn_gemv_bf16", 7, "8888444"},
     {"kn_gemv_q8_0", 7, "8888444"}, {"kn_gemv_q4_0", 7, "8888444"}, {"kn_gemv_q4_1", 7, "8888444"},
     {"kn_gemv_f32_swiglu", 7, "8888444"}, {"kn_gemv_f16_swiglu", 7, "8888444"},
@@ -248,7 +249,8 @@ static void run_launch(const launch_t *l) {
   const char *name = k_fns[l->fn].name;
   if (!strcmp(name, "kn_attn_decode")) emu_decode(l);
   else if (!strcmp(name, "kn_attn_decode_reduce")) emu_reduce(l);
-  else if (!strcmp(name, "kn_attn_prefill")) emu_prefill(l);
+  else if (!strcmp(name, "kn_attn_prefill")) emu_prefill(l, 16);
+  else if (!strcmp(name, "kn_attn_prefill_tc")) emu_prefill(l, 64);
   else if (!strcmp(name, "kn_kv_write")) emu_kv_write(l);
   else if (!strcmp(name, "kn_rope_kv_write")) emu_rope_kv_write(l);
   else if (!strncmp(name, "kn_gemv_wq_", 11)) emu_gemv_wq(l, name[12] == '4');
