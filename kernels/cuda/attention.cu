@@ -254,7 +254,15 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32)
 #define TC_KP (HEAD_DIM + 8)    /* sK row pitch (halves): conflict-free fragment loads */
 #define TC_VP (TC_KC + 8)       /* sVt row pitch (halves) */
 
-#ifdef __CUDACC__
+#ifdef CUEMU  // tests/cuemu: the kernel built for the CPU (a warp-collective mma there)
+__device__ __forceinline__ unsigned tc_pack(float lo, float hi) {
+  return cuemu_pack_f16x2(lo, hi);
+}
+__device__ __forceinline__ void tc_mma(float (&d)[4], const unsigned (&a)[4], unsigned b0,
+                                       unsigned b1) {
+  cuemu_mma_m16n8k16_f16(d, a, b0, b1);
+}
+#else
 // {lo, hi} rounded to nearest-even f16, lo in the low half.
 __device__ __forceinline__ unsigned tc_pack(float lo, float hi) {
   unsigned u;
@@ -269,12 +277,6 @@ __device__ __forceinline__ void tc_mma(float (&d)[4], const unsigned (&a)[4], un
       "{%8,%9}, {%0,%1,%2,%3};"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-#else
-__device__ __forceinline__ unsigned tc_pack(float lo, float hi) { return cuemu_pack_f16x2(lo, hi); }
-__device__ __forceinline__ void tc_mma(float (&d)[4], const unsigned (&a)[4], unsigned b0,
-                                       unsigned b1) {
-  cuemu_mma_m16n8k16_f16(d, a, b0, b1);
 }
 #endif
 
