@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "engine.h"
+#include "kn_cpu.h"
 
 static int64_t bsz(const irt_engine *e) { return e->m->kv.block_size; }
 
@@ -322,14 +323,6 @@ static void on_token(irt_engine *e, eseq *s, const float *lg, double lse) {
 }
 
 /* log(sum(exp(logits))) in double, for log-probabilities. */
-static double log_sum_exp(const float *lg, int64_t n) {
-  float mx = lg[0];
-  for (int64_t i = 1; i < n; i++) mx = lg[i] > mx ? lg[i] : mx;
-  double sum = 0;
-  for (int64_t i = 0; i < n; i++) sum += exp((double)lg[i] - mx);
-  return mx + log(sum);
-}
-
 /* After the prompt of a request with n > 1: the other completions share its blocks. */
 static void fork_completions(irt_engine *e, eseq *s) {
   ereq *q = s->req;
@@ -362,7 +355,7 @@ static void after_item(irt_engine *e, int k) {
   const float *lg = e->items[k].logits;
   if (!lg) return;
   int64_t V = irt_model_get_info(e->m)->vocab_size;
-  double lse = log_sum_exp(lg, V);
+  double lse = kn_log_sum_exp(lg, V);
   ereq *q = s->req;
   bool fork = q->n > 1 && q->n_live == 1 && s->n_generated == 0;
   if (fork) fork_completions(e, s);

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "kn_cpu.h"
+#include "kn_vexp.h"
 
 /* The accumulator lives on the stack in slices of this many dims; wider heads take one
  * pass per slice (recomputing the scores) rather than allocating. */
@@ -114,32 +115,8 @@ enum { KN_ATTN_CHUNK = 16 };
 #define ATTN_MADD(a, b, c) ((a) * (b) + (c))
 #endif
 
-/* exp(x) for the softmax, where x <= 0: x = n ln2 + r with |r| <= ln2 / 2 (ln2 in two
- * parts), e^r by a degree-7 polynomial (Cephes expf, within 2 ulp), times 2^n built in
- * the exponent bits. Below -87 (the result would be under 2^-125 against a sum >= 1) it
- * returns 0, so -inf gives 0 too. */
-#define ATTN_EXP_MIN (-87.0f)
-#define ATTN_LOG2E 1.44269504088896341f
-#define ATTN_LN2_HI 0.693359375f
-#define ATTN_LN2_LO (-2.12194440e-4f)
-#define ATTN_ROUND 12582912.0f /* 1.5 * 2^23: adding and subtracting it rounds to integer */
-static const float k_attn_exp_poly[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
-                                         4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
-
-static float attn_exp(float x) {
-  if (isnan(x)) return x;
-  if (x < ATTN_EXP_MIN) return 0.0f;
-  float n = (x * ATTN_LOG2E + ATTN_ROUND) - ATTN_ROUND;
-  float r = ATTN_MADD(n, -ATTN_LN2_HI, x);
-  r = ATTN_MADD(n, -ATTN_LN2_LO, r);
-  float p = k_attn_exp_poly[0];
-  for (int i = 1; i < 6; i++) p = ATTN_MADD(p, r, k_attn_exp_poly[i]);
-  float y = ATTN_MADD(p, r * r, r) + 1.0f;
-  uint32_t bits = (uint32_t)((int32_t)n + 127) << 23;
-  float scale;
-  memcpy(&scale, &bits, sizeof scale);
-  return y * scale;
-}
+/* exp(x) for the softmax, where x <= 0: kn_vexp (kn_vexp.h). */
+static float attn_exp(float x) { return kn_vexp(x); }
 
 /* The n (<= KN_ATTN_CHUNK) consecutive cache rows of one (block, kv head) a chunk reads. */
 typedef struct attn_rows {
@@ -365,24 +342,7 @@ static ATTN_AVX2 void attn_exp_avx2(float *x, int n) {
     float buf[8] = {0};
     int m = n - j0 < 8 ? n - j0 : 8;
     memcpy(buf, x + j0, (size_t)m * sizeof *buf);
-    __m256 v = _mm256_loadu_ps(buf);
-    __m256 keep = _mm256_cmp_ps(v, _mm256_set1_ps(ATTN_EXP_MIN), _CMP_GE_OQ);
-    __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
-    __m256 t = _mm256_mul_ps(v, _mm256_set1_ps(ATTN_LOG2E));
-    __m256 nf = _mm256_sub_ps(_mm256_add_ps(t, _mm256_set1_ps(ATTN_ROUND)),
-                              _mm256_set1_ps(ATTN_ROUND));
-    __m256 r = _mm256_fmadd_ps(nf, _mm256_set1_ps(-ATTN_LN2_HI), v);
-    r = _mm256_fmadd_ps(nf, _mm256_set1_ps(-ATTN_LN2_LO), r);
-    __m256 p = _mm256_set1_ps(k_attn_exp_poly[0]);
-    for (int i = 1; i < 6; i++) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(k_attn_exp_poly[i]));
-    __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
-    /* below the cut nf may be far out of range; the result is masked to 0 there anyway */
-    __m256i e = _mm256_slli_epi32(
-        _mm256_add_epi32(_mm256_cvtps_epi32(_mm256_max_ps(nf, _mm256_set1_ps(-127.0f))),
-                         _mm256_set1_epi32(127)), 23);
-    __m256 out = _mm256_and_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(e)), keep);
-    out = _mm256_blendv_ps(out, v, nan);
-    _mm256_storeu_ps(buf, out);
+    _mm256_storeu_ps(buf, kn_vexp8(_mm256_loadu_ps(buf)));
     memcpy(x + j0, buf, (size_t)m * sizeof *buf);
   }
 }

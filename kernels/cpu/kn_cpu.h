@@ -65,6 +65,11 @@ int kn_matmul_set_max_isa(int isa);
 /* The instruction set the CPU kernels dispatch to: the CPU's best under that cap. */
 int kn_cpu_isa(void);
 
+/* log(sum_i e^x[i]) over n > 0 logits (the max taken out first; f32 exps within 2 ulp,
+ * summed in f64): a sampled token's logprob is x[tok] minus it. -inf if every x is -inf;
+ * +inf or NaN if some x is (NaN propagates through the sum). */
+double kn_log_sum_exp(const float *x, int64_t n);
+
 /* Rotary embedding in place on x: (n_tok, n_heads, head_dim), rotating the first
  * `rot_dim` dims of each head.  cos_sin: (max_pos, rot_dim/2, 2) f32 holding
  * (cos, sin) of pos * inv_freq[i].  pos[t] < max_pos is checked by the caller.

@@ -499,7 +499,38 @@ static void test_gather(kn_pool *p4) {
   free(x), free(out);
 }
 
+/* kn_log_sum_exp against max + log(sum exp(x - max)) in double with libm's exp: lengths
+ * around the 16-lane loop, a vocabulary, -inf entries (masked logits), all -inf, a NaN;
+ * both the portable and (where the CPU has it) the AVX2 path. */
+static void test_log_sum_exp(void) {
+  const int64_t lens[] = {1, 5, 16, 17, 33, 49152, 100003};
+  float *x = malloc(100003 * sizeof *x);
+  for (int isa = 0; isa <= 1; isa++) {
+    int prev = kn_matmul_set_max_isa(isa);
+    double worst = 0;
+    for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
+      int64_t n = lens[li];
+      for (int64_t i = 0; i < n; i++) x[i] = 30.0f * rnd();
+      for (int64_t i = 3; i < n; i += 7) x[i] = -INFINITY;
+      double mx = -INFINITY, sum = 0;
+      for (int64_t i = 0; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+      for (int64_t i = 0; i < n; i++) sum += exp((double)x[i] - mx);
+      double ref = mx + log(sum), got = kn_log_sum_exp(x, n), e = fabs(got - ref);
+      worst = e > worst ? e : worst;
+      CHECKF(e <= 2e-6, "isa %d n %lld: lse %.9f, reference %.9f", isa, (long long)n, got, ref);
+    }
+    for (int i = 0; i < 20; i++) x[i] = -INFINITY;
+    CHECK(kn_log_sum_exp(x, 20) == -INFINITY);
+    x[7] = NAN;
+    CHECK(isnan(kn_log_sum_exp(x, 20)));
+    printf("log_sum_exp isa %d: worst |error| %.2e\n", isa, worst);
+    kn_matmul_set_max_isa(prev);
+  }
+  free(x);
+}
+
 int main(void) {
+  test_log_sum_exp();
   kn_pool *p1 = kn_pool_create(1), *p4 = kn_pool_create(4);
   CHECK(p1 != NULL && p4 != NULL);
   if (!p1 || !p4) return tcheck_done("test_kernels");
