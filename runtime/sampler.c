@@ -1,8 +1,20 @@
 /* sampler: greedy, temperature, top-k and top-p sampling with a seeded generator.
- * The candidate buffer is allocated at create; sampling never allocates. With the same
- * seed and logits the same tokens come out on every machine. */
+ * The candidate buffers are allocated at create; sampling never allocates. With the same
+ * seed and logits the same tokens come out on every machine.
+ *
+ * The function: candidates ordered by larger logit, then lower id; the top_k best kept
+ * (all when 0); weights w = exp((logit - max) / temperature) summed in double in that
+ * order (and walked as floats); with 0 < top_p < 1 the smallest prefix of mass >= top_p *
+ * sum kept; the token where u * sum falls in the running sum, u uniform in [0, 1) from the
+ * seed. Computed without a comparison sort of the vocabulary: a candidate more than 40 temperatures
+ * below the max has w < 2^-53, and added to a running sum that is already >= 1 (the max's
+ * w is 1) such a w changes no bit of it, so it can never be chosen and is dropped before
+ * the sort; the rest are ordered by a stable radix sort on the logit's bits. */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
+
+#include <stdint.h>
 
 #include "inferrt.h"
 
@@ -14,8 +26,9 @@ typedef struct cand {
 struct irt_sampler {
   irt_sampling p;
   int64_t vocab;
-  uint64_t state; /* splitmix64 */
-  cand *c;        /* (vocab) */
+  uint64_t state;  /* splitmix64 */
+  cand *c, *tmp;   /* (vocab) each: the candidates, the radix sort's other buffer */
+  uint32_t *hist;  /* (65536): top_k's histogram of the keys' top 16 bits */
 };
 
 irt_sampling irt_sampling_default(void) {
@@ -29,9 +42,13 @@ irt_status irt_sampler_create(const irt_sampling *p, int64_t vocab_size, irt_sam
     return IRT_INVALID_ARG;
   }
   irt_sampler *s = calloc(1, sizeof *s);
-  if (s) s->c = malloc((size_t)vocab_size * sizeof *s->c);
-  if (!s || !s->c) {
-    if (s) free(s);
+  if (s) {
+    s->c = malloc((size_t)vocab_size * sizeof *s->c);
+    s->tmp = malloc((size_t)vocab_size * sizeof *s->tmp);
+    s->hist = malloc(65536 * sizeof *s->hist);
+  }
+  if (!s || !s->c || !s->tmp || !s->hist) {
+    if (s) free(s->c), free(s->tmp), free(s->hist), free(s);
     if (err) *err = (irt_error){.status = IRT_OOM, .msg = "out of memory"};
     return IRT_OOM;
   }
@@ -45,6 +62,8 @@ irt_status irt_sampler_create(const irt_sampling *p, int64_t vocab_size, irt_sam
 void irt_sampler_destroy(irt_sampler *s) {
   if (!s) return;
   free(s->c);
+  free(s->tmp);
+  free(s->hist);
   free(s);
 }
 
@@ -65,62 +84,77 @@ static int32_t argmax(const float *x, int64_t n) {
   return (int32_t)best;
 }
 
-/* Larger logit first; lower id first on ties, so the order is total and stable. */
-static int cmp_cand(const void *pa, const void *pb) {
-  const cand *a = pa, *b = pb;
-  if (a->logit != b->logit) return a->logit < b->logit ? 1 : -1;
-  return a->id - b->id;
+/* The radix key of a logit: larger logits give smaller keys (-0 is +0). */
+static uint32_t desc_key(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  if (u == 0x80000000u) u = 0;
+  u = u & 0x80000000u ? ~u : u | 0x80000000u; /* ascending order as unsigned */
+  return ~u;
 }
 
-/* Keeps the k best candidates at the front of c[0..n) (selection by partial sort). */
-static int64_t keep_top_k(cand *c, int64_t n, int64_t k) {
-  if (k <= 0 || k >= n) {
-    qsort(c, (size_t)n, sizeof *c, cmp_cand);
-    return n;
-  }
-  /* Quickselect around the k-th best, then order the head. */
-  int64_t lo = 0, hi = n - 1;
-  while (lo < hi) {
-    cand pivot = c[(lo + hi) / 2];
-    int64_t i = lo, j = hi;
-    while (i <= j) {
-      while (cmp_cand(&c[i], &pivot) < 0) i++;
-      while (cmp_cand(&c[j], &pivot) > 0) j--;
-      if (i <= j) {
-        cand t = c[i];
-        c[i++] = c[j];
-        c[j--] = t;
-      }
+/* Orders c[0..n) by larger logit, then lower id (c must come in ascending id order: the
+ * LSD radix sort is stable), in three passes of 11 bits through tmp. Returns the sorted
+ * buffer (c or tmp). */
+static cand *sort_cands(cand *c, cand *tmp, int64_t n) {
+  static const int shift[3] = {0, 11, 22};
+  for (int p = 0; p < 3; p++) {
+    int64_t count[2048] = {0};
+    for (int64_t i = 0; i < n; i++) count[(desc_key(c[i].logit) >> shift[p]) & 2047]++;
+    int64_t at = 0;
+    for (int b = 0; b < 2048; b++) {
+      int64_t k = count[b];
+      count[b] = at;
+      at += k;
     }
-    if (k - 1 <= j) hi = j;
-    else if (k - 1 >= i) lo = i;
-    else break;
+    for (int64_t i = 0; i < n; i++) tmp[count[(desc_key(c[i].logit) >> shift[p]) & 2047]++] = c[i];
+    cand *t = c;
+    c = tmp;
+    tmp = t;
   }
-  qsort(c, (size_t)k, sizeof *c, cmp_cand);
-  return k;
+  return c;
+}
+
+/* Drops from c[0..n) (id order kept) all but the candidates whose key's top 16 bits are
+ * at most those of the k-th best: a superset of the k best, usually a few more than k. */
+static int64_t prefilter_top_k(irt_sampler *s, cand *c, int64_t n, int64_t k) {
+  memset(s->hist, 0, 65536 * sizeof *s->hist);
+  for (int64_t i = 0; i < n; i++) s->hist[desc_key(c[i].logit) >> 16]++;
+  uint32_t cut = 0;
+  for (int64_t seen = 0; (seen += s->hist[cut]) < k;) cut++;
+  int64_t m = 0;
+  for (int64_t i = 0; i < n; i++)
+    if (desc_key(c[i].logit) >> 16 <= cut) c[m++] = c[i];
+  return m;
 }
 
 int32_t irt_sampler_sample(irt_sampler *s, const float *logits) {
   if (s->p.temperature <= 0.0f) return argmax(logits, s->vocab);
-  for (int64_t i = 0; i < s->vocab; i++) s->c[i] = (cand){logits[i], (int32_t)i};
-  int64_t n = keep_top_k(s->c, s->vocab, s->p.top_k);
-  double inv_t = 1.0 / s->p.temperature, sum = 0.0, max = s->c[0].logit;
+  double inv_t = 1.0 / s->p.temperature, max = logits[argmax(logits, s->vocab)];
+  int64_t n = 0;
+  for (int64_t i = 0; i < s->vocab; i++) /* NaN logits are kept (and poison the sum) */
+    if (!(((double)logits[i] - max) * inv_t < -40.0)) s->c[n++] = (cand){logits[i], (int32_t)i};
+  if (s->p.top_k > 0 && s->p.top_k < n) n = prefilter_top_k(s, s->c, n, s->p.top_k);
+  cand *c = sort_cands(s->c, s->tmp, n);
+  if (s->p.top_k > 0 && s->p.top_k < n) n = s->p.top_k;
+  double sum = 0.0;
+  max = c[0].logit;
   for (int64_t i = 0; i < n; i++) {
-    double w = exp(((double)s->c[i].logit - max) * inv_t);
-    s->c[i].logit = (float)w;
+    double w = exp(((double)c[i].logit - max) * inv_t);
+    c[i].logit = (float)w;
     sum += w;
   }
   if (s->p.top_p > 0.0f && s->p.top_p < 1.0f) { /* smallest prefix with mass >= top_p */
     double acc = 0.0;
     int64_t keep = 0;
-    while (keep < n && acc < s->p.top_p * sum) acc += s->c[keep++].logit;
+    while (keep < n && acc < s->p.top_p * sum) acc += c[keep++].logit;
     n = keep;
     sum = acc;
   }
   double r = next_unit(s) * sum, acc = 0.0;
   for (int64_t i = 0; i < n; i++) {
-    acc += s->c[i].logit;
-    if (r < acc) return s->c[i].id;
+    acc += c[i].logit;
+    if (r < acc) return c[i].id;
   }
-  return s->c[n - 1].id;
+  return c[n - 1].id;
 }

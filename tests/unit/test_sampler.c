@@ -293,6 +293,78 @@ static void test_create_rejects_empty_vocab(void) {
    * aborts on instead of returning NULL.) */
 }
 
+/* The sampler's function written plainly (the whole vocabulary sorted by qsort, as the
+ * sampler computed it before its filter and radix sort): the same token for every seed. */
+typedef struct rcand {
+  float logit;
+  int32_t id;
+} rcand;
+static int rcand_cmp(const void *pa, const void *pb) {
+  const rcand *a = pa, *b = pb;
+  if (a->logit != b->logit) return a->logit < b->logit ? 1 : -1;
+  return a->id - b->id;
+}
+static int32_t ref_sample(const float *x, int64_t v, float temp, int top_k, float top_p,
+                          uint64_t *state) {
+  rcand *c = malloc((size_t)v * sizeof *c);
+  for (int64_t i = 0; i < v; i++) c[i] = (rcand){x[i], (int32_t)i};
+  qsort(c, (size_t)v, sizeof *c, rcand_cmp);
+  int64_t n = top_k > 0 && top_k < v ? top_k : v;
+  double inv_t = 1.0 / temp, sum = 0.0, max = c[0].logit;
+  for (int64_t i = 0; i < n; i++) {
+    double w = exp(((double)c[i].logit - max) * inv_t);
+    c[i].logit = (float)w;
+    sum += w;
+  }
+  if (top_p > 0.0f && top_p < 1.0f) {
+    double acc = 0.0;
+    int64_t keep = 0;
+    while (keep < n && acc < top_p * sum) acc += c[keep++].logit;
+    n = keep;
+    sum = acc;
+  }
+  uint64_t z = (*state += 0x9e3779b97f4a7c15ull); /* the sampler's splitmix64 */
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  double r = (double)((z ^ (z >> 31)) >> 11) * 0x1.0p-53 * sum, acc = 0.0;
+  int32_t id = c[n - 1].id;
+  for (int64_t i = 0; i < n; i++)
+    if (r < (acc += c[i].logit)) {
+      id = c[i].id;
+      break;
+    }
+  free(c);
+  return id;
+}
+
+static void test_matches_plain_sort(void) {
+  const int64_t vocab = 49152;
+  float *x = malloc((size_t)vocab * sizeof *x);
+  const float temps[] = {0.3f, 0.7f, 1.0f, 1.6f};
+  const int top_ks[] = {0, 1, 40, 5000};
+  const float top_ps[] = {1.0f, 0.9f, 0.5f};
+  int same = 0, total = 0;
+  for (int dist = 0; dist < 2; dist++) {
+    for (int64_t i = 0; i < vocab; i++) { /* a peaked LLM-like spread, or coarse ties */
+      double u = (rnd() + 0.5) / 2147483648.0; /* rnd: 31 bits */
+      x[i] = dist ? (float)(rnd() % 64) * 0.25f : (float)(-4.0 * log(-log(u)) + 2.0);
+    }
+    for (size_t a = 0; a < 4; a++)
+      for (size_t b = 0; b < 4; b++)
+        for (size_t c = 0; c < 3; c++) {
+          irt_sampler *s = make(temps[a], top_ks[b], top_ps[c], 77 + a, vocab);
+          uint64_t state = 77 + a;
+          for (int k = 0; k < 8; k++, total++)
+            same += irt_sampler_sample(s, x) == ref_sample(x, vocab, temps[a], top_ks[b],
+                                                            top_ps[c], &state);
+          irt_sampler_destroy(s);
+        }
+  }
+  printf("matches the plain-sort sampler: %d/%d draws\n", same, total);
+  CHECK(same == total);
+  free(x);
+}
+
 int main(void) {
   test_greedy();
   test_top1_any_temperature();
@@ -303,5 +375,6 @@ int main(void) {
   test_seeds();
   test_frequencies_and_temperature();
   test_create_rejects_empty_vocab();
+  test_matches_plain_sort();
   return tcheck_done("test_sampler");
 }
