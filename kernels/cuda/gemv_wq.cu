@@ -19,9 +19,13 @@
 #endif
 
 __device__ __forceinline__ float wq_f16(unsigned short h) {
+#ifdef CUEMU  // tests/cuemu: the kernel built for the CPU
+  return cuemu_f16_to_f32(h);
+#else
   float f;
   asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
   return f;
+#endif
 }
 
 __device__ __forceinline__ float wq_scale(const void *s, int st, long long i) {

@@ -3,15 +3,23 @@
  * driver API (libcuda via dlopen, so it builds anywhere). Outputs are poisoned with NaN
  * first, so an unwritten element fails. Bounds: ||gpu - cpu|| / ||cpu|| <= 1e-5 for
  * exact-order f32 ops (copies, elementwise), 1e-4 for reductions in another order
- * (norms, GEMV, attention with __expf). Exits 0 printing "skipped: ..." without a GPU. */
+ * (norms, GEMV, attention with __expf), 2e-3 for the tensor-core prefill (f16 operands).
+ * Exits 0 printing "skipped: ..." without a GPU.
+ * Built with CUDA_OPS_EMU (test_cuda_ops_emu, label unit) the same checks run each kernel
+ * compiled as host C++ under the CPU emulator of tests/cuemu, with no GPU nor NVRTC. */
 #include <dlfcn.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#ifdef CUDA_OPS_EMU
+#include "cuemu_host.h"
+#else
 #include "infc_cuda_sources.h"
 #include "infc_nvrtc.h"
+#endif
 #include "ir_dtype.h"
 #include "kn_cpu.h"
 #include "kn_matmul_wq.h"
@@ -36,8 +44,10 @@ static struct {
   CUresult (*sync)(void);
   CUresult (*err)(CUresult, const char **);
 } cu;
+#ifndef CUDA_OPS_EMU
 static infc_nvrtc *nv;
 static int arch;
+#endif
 
 #define CU(call)                                                                              \
   do {                                                                                        \
@@ -50,6 +60,53 @@ static int arch;
     }                                                                                         \
   } while (0)
 
+#ifdef CUDA_OPS_EMU
+/* The driver calls the test makes, on the emulator: device memory is host memory. */
+static void *dptr(CUdeviceptr p) { return (void *)(uintptr_t)p; }
+static CUresult emu_alloc(CUdeviceptr *p, size_t n) {
+  *p = (CUdeviceptr)(uintptr_t)malloc(n);
+  return *p ? 0 : 2; /* CUDA_ERROR_OUT_OF_MEMORY */
+}
+static CUresult emu_free(CUdeviceptr p) {
+  free(dptr(p));
+  return 0;
+}
+static CUresult emu_htod(CUdeviceptr d, const void *h, size_t n) {
+  memcpy(dptr(d), h, n);
+  return 0;
+}
+static CUresult emu_dtoh(void *h, CUdeviceptr d, size_t n) {
+  memcpy(h, dptr(d), n);
+  return 0;
+}
+static CUresult emu_launch(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                           unsigned by, unsigned bz, unsigned shmem, void *stream, void **args,
+                           void **extra) {
+  return cuemu_launch(f, gx, gy, gz, bx, by, bz, args) ? 1 : 0; /* CUDA_ERROR_INVALID_VALUE */
+}
+static CUresult emu_sync(void) { return 0; }
+static CUresult emu_err(CUresult r, const char **s) {
+  *s = cuemu_error();
+  return 0;
+}
+
+static const char *cu_open(void) {
+  cu.alloc = emu_alloc, cu.free = emu_free, cu.htod = emu_htod, cu.dtoh = emu_dtoh;
+  cu.launch = emu_launch, cu.sync = emu_sync, cu.err = emu_err;
+  return NULL;
+}
+
+/* The emulator's build of entry fn of kernels/cuda/<file>.cu (compiled with the defines
+ * kernel() below passes to NVRTC). */
+static void *kernel(const char *file, const char *fn) {
+  const struct cuemu_kernel *k = cuemu_find(file, fn);
+  if (!k) {
+    fprintf(stderr, "%s.cu: no entry %s in the emulator's kernel table\n", file, fn);
+    exit(1);
+  }
+  return (void *)k;
+}
+#else
 static int sym(void *lib, const char *name, void *out, size_t size) {
   void *p = dlsym(lib, name);
   if (p) memcpy(out, &p, size);
@@ -99,6 +156,7 @@ static void *kernel(const char *file, const char *fn) {
   fprintf(stderr, "no kernel source %s\n", file);
   exit(1);
 }
+#endif
 
 static CUdeviceptr up(const void *h, size_t n) {
   CUdeviceptr p;
@@ -423,6 +481,174 @@ static void test_attention(void) {
   free(k), free(v), free(q), free(kn), free(vn), free(ref), free(out), free(kc);
 }
 
+/* The fused gate_up GEMV (kn_gemv_<type>_swiglu) against kn_matmul_swiglu, m = 1..5, and
+ * kn_swiglu_packed (the epilogue after cuBLAS / gemv_wq) over kn_matmul's (m, 2n) sums. */
+static void test_gemv_swiglu(void) {
+  const int n = 67, k = 256, mmax = 5;
+  float *x = frands(mmax * k), *bias = frands(2 * n), *ref = malloc(mmax * n * 4);
+  float *out = malloc(mmax * n * 4), *z = malloc(mmax * 2 * n * 4);
+  CUdeviceptr dx = up(x, mmax * k * 4), db = up(bias, 2 * n * 4);
+  const ir_dtype dts[] = {IR_F32, IR_F16, IR_BF16, IR_Q8_0, IR_Q4_0, IR_Q4_1};
+  for (int i = 0; i < 6; i++) {
+    uint8_t *w = weights(dts[i], 2 * n, k);
+    CUdeviceptr dw = up(w, ir_dtype_bytes(dts[i], (uint64_t)2 * n * k));
+    char fn[40];
+    snprintf(fn, sizeof fn, "kn_gemv_%s_swiglu", ir_dtype_name(dts[i]));
+    void *f = kernel("gemv", fn);
+    for (int m = 1; m <= mmax; m += 2) {
+      CUdeviceptr dy = poisoned(m * n * 4);
+      void *args[] = {&dy, &dx, &dw, &db, &m, (void *)&n, (void *)&k};
+      run(f, (n + 3) / 4, (m + 3) / 4, 1, 128, args);
+      down(out, dy, m * n * 4);
+      kn_matmul_swiglu(NULL, ref, x, w, dts[i], bias, m, n, k);
+      char what[48];
+      snprintf(what, sizeof what, "gemv %s swiglu m%d", ir_dtype_name(dts[i]), m);
+      CLOSE(what, out, ref, (size_t)(m * n), 1e-5);
+      cu.free(dy);
+    }
+    if (dts[i] == IR_F32) { /* the packed epilogue over the same sums */
+      const long long mm = mmax, nn = n;
+      kn_matmul(NULL, z, x, w, IR_F32, bias, mmax, 2 * n, k);
+      kn_matmul_swiglu(NULL, ref, x, w, IR_F32, bias, mmax, n, k);
+      CUdeviceptr dz = up(z, mmax * 2 * n * 4), dy = poisoned(mmax * n * 4);
+      void *args[] = {&dy, &dz, (void *)&mm, (void *)&nn};
+      run(kernel("swiglu", "kn_swiglu_packed"), 2, 1, 1, 128, args);
+      down(out, dy, mmax * n * 4);
+      CLOSE("swiglu packed", out, ref, (size_t)(mmax * n), 1e-6);
+      cu.free(dz), cu.free(dy);
+    }
+    cu.free(dw);
+    free(w);
+  }
+  cu.free(dx), cu.free(db);
+  free(x), free(bias), free(ref), free(out), free(z);
+}
+
+/* The fused attention front (kn_rope_kv_write) and the attention kernels reading its rotated
+ * q from their own output buffer, against kn_attention_paged_io: a packed qkv with rope
+ * (neox and interleaved, all dims or half rotated), and separate q/k/v without rope. */
+static void test_fused_attention(void) {
+  static const int32_t bt[2 * MAXB] = {3, 0, 5, 1, 4, 2};
+  int32_t seq[NT], pos[NT];
+  attn_setup(seq, pos);
+  const int W = (NH + 2 * NKV) * HD, max_pos = 40;
+  const size_t cache = (size_t)NBLK * NKV * BS * HD, qn = (size_t)NT * NH * HD;
+  float *k0 = frands(cache), *v0 = frands(cache), *qkv = frands((size_t)NT * W);
+  float *k = malloc(cache * 4), *v = malloc(cache * 4), *ref = malloc(qn * 4);
+  float *out = malloc(qn * 4), *got = malloc(cache * 4);
+  CUdeviceptr dqkv = up(qkv, (size_t)NT * W * 4), dseq = up(seq, sizeof seq);
+  CUdeviceptr dpos = up(pos, sizeof pos), dbt = up(bt, sizeof bt);
+  const int maxb = MAXB, nh = NH, nkv = NKV;
+  const float scale = 0.125f;
+  static const struct { int packed, rot, neox; } cases[] = {
+      {1, HD, 1}, {1, HD, 0}, {1, HD / 2, 1}, {0, 0, 1}};
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    int rot = cases[c].rot, neox = cases[c].neox;
+    const size_t csb = (size_t)max_pos * (rot ? rot : 2) * 4;
+    float *cs = calloc(1, csb);
+    for (int p = 0; p < max_pos; p++)
+      for (int i = 0; i < rot / 2; i++) {
+        double a = p * pow(10000.0, -2.0 * i / rot);
+        cs[(p * rot / 2 + i) * 2] = (float)cos(a);
+        cs[(p * rot / 2 + i) * 2 + 1] = (float)sin(a);
+      }
+    long long qs = cases[c].packed ? W : NH * HD, kvs = cases[c].packed ? W : NKV * HD;
+    /* separate q, k, v: the first NT * NH * HD, then NT * NKV * HD floats of qkv each */
+    size_t ko = cases[c].packed ? (size_t)NH * HD : qn;
+    size_t vo = cases[c].packed ? (size_t)(NH + NKV) * HD : qn + (size_t)NT * NKV * HD;
+    memcpy(k, k0, cache * 4), memcpy(v, v0, cache * 4);
+    kn_kv_layer kv = {.k = k, .v = v, .n_blocks = NBLK, .block_size = BS, .n_kv_heads = NKV,
+                      .head_dim = HD};
+    kn_attn_batch b = {NT, seq, pos, MAXB, bt};
+    kn_attn_io io = {.q = qkv, .k = qkv + ko, .v = qkv + vo, .q_stride = qs, .kv_stride = kvs,
+                     .pos = pos, .cos_sin = rot ? cs : NULL, .rot_dim = rot, .neox = neox};
+    kn_attention_paged_io(NULL, ref, &io, &kv, &b, NH, scale);
+
+    CUdeviceptr dk = up(k0, cache * 4), dv = up(v0, cache * 4), dcs = up(cs, csb);
+    CUdeviceptr dkn = dqkv + ko * 4, dvn = dqkv + vo * 4;
+    CUdeviceptr dout[3] = {poisoned(qn * 4), poisoned(qn * 4), poisoned(qn * 4)};
+    for (int o = 0; o < 3; o++) { /* the rotated q into each output buffer */
+      void *wa[] = {&dout[o], &dk, &dv, &dqkv, &dkn, &dvn, &qs, &kvs, &dseq, &dpos, &dbt,
+                    (void *)&maxb, (void *)&nh, (void *)&nkv, &dcs, &rot, &neox};
+      run(kernel("kv_write", "kn_rope_kv_write"), NT, 1, 1, 256, wa);
+    }
+    char what[64];
+    snprintf(what, sizeof what, "rope_kv_write %s rot %d %s k", cases[c].packed ? "qkv" : "q,k,v",
+             rot, neox ? "neox" : "il");
+    down(got, dk, cache * 4);
+    CLOSE(what, got, k, cache, 1e-6);
+    down(got, dv, cache * 4);
+    what[strlen(what) - 1] = 'v';
+    CLOSE(what, got, v, cache, 0);
+
+    CUdeviceptr pacc = poisoned(qn * 2 * 4), pml = poisoned((size_t)NT * NH * 2 * 2 * 4);
+    int bps = MAXB;
+    void *da[] = {&dout[0], &pacc, &pml, &dout[0], &dk, &dv, &dseq, &dpos, &dbt, (void *)&maxb,
+                  (void *)&nh, (void *)&nkv, (void *)&scale, &bps};
+    run(kernel("attention", "kn_attn_decode"), NT, NH, 1, 128, da);
+    down(out, dout[0], qn * 4);
+    snprintf(what, sizeof what, "  then decode, q = out");
+    CLOSE(what, out, ref, qn, 1e-4);
+    bps = 2;
+    void *da2[] = {&dout[1], &pacc, &pml, &dout[1], &dk, &dv, &dseq, &dpos, &dbt,
+                   (void *)&maxb, (void *)&nh, (void *)&nkv, (void *)&scale, &bps};
+    run(kernel("attention", "kn_attn_decode"), NT, NH, 2, 128, da2);
+    int splits = 2;
+    void *ra[] = {&dout[1], &pacc, &pml, (void *)&nh, &splits};
+    run(kernel("attention", "kn_attn_decode_reduce"), NT, NH, 1, HD, ra);
+    down(out, dout[1], qn * 4);
+    CLOSE("  then decode 2 splits, q = out", out, ref, qn, 1e-4);
+    int32_t tok0[3] = {0, 1, 17}, ntok[3] = {1, 16, 4};
+    CUdeviceptr dt0 = up(tok0, sizeof tok0), dnt = up(ntok, sizeof ntok);
+    void *pa[] = {&dout[2], &dout[2], &dk, &dv, &dseq, &dpos, &dbt, (void *)&maxb, (void *)&nh,
+                  (void *)&nkv, (void *)&scale, &dt0, &dnt};
+    run(kernel("attention", "kn_attn_prefill"), 3, NH, 1, 128, pa);
+    down(out, dout[2], qn * 4);
+    CLOSE("  then prefill tiles, q = out", out, ref, qn, 1e-4);
+    CUdeviceptr all[] = {dk, dv, dcs, dout[0], dout[1], dout[2], pacc, pml, dt0, dnt};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) cu.free(all[i]);
+    free(cs);
+  }
+  cu.free(dqkv), cu.free(dseq), cu.free(dpos), cu.free(dbt);
+  free(k0), free(v0), free(qkv), free(k), free(v), free(ref), free(out), free(got);
+}
+
+/* The tensor-core prefill (f16 operands, f32 accumulation) on test_attention's batch: tiles
+ * of up to 64 tokens of one sequence. Bound 2e-3: q, k, v and the probabilities are
+ * rounded to f16 (2^-11 relative each). */
+static void test_attention_tc(void) {
+  static const int32_t bt[2 * MAXB] = {3, 0, 5, 1, 4, 2};
+  int32_t seq[NT], pos[NT];
+  attn_setup(seq, pos);
+  const size_t cache = (size_t)NBLK * NKV * BS * HD, qn = (size_t)NT * NH * HD;
+  const size_t kvn = (size_t)NT * NKV * HD;
+  float *k = frands(cache), *v = frands(cache), *q = frands(qn), *kn = frands(kvn),
+        *vn = frands(kvn), *ref = malloc(qn * 4), *out = malloc(qn * 4);
+  kn_kv_layer kv = {.k = k, .v = v, .n_blocks = NBLK, .block_size = BS, .n_kv_heads = NKV,
+                    .head_dim = HD};
+  kn_attn_batch b = {NT, seq, pos, MAXB, bt};
+  const float scale = 0.125f;
+  kn_attention_paged(NULL, ref, q, kn, vn, &kv, &b, NH, scale); /* also writes k, v */
+  CUdeviceptr dk = up(k, cache * 4), dv = up(v, cache * 4), dq = up(q, qn * 4);
+  CUdeviceptr dseq = up(seq, sizeof seq), dpos = up(pos, sizeof pos), dbt = up(bt, sizeof bt);
+  const int maxb = MAXB, nh = NH, nkv = NKV;
+  static const struct { int n; int32_t t0[3], nt[3]; } tilings[] = {
+      {2, {0, 1}, {1, 20}}, {3, {0, 1, 9}, {1, 8, 12}}};
+  for (int c = 0; c < 2; c++) {
+    CUdeviceptr dt0 = up(tilings[c].t0, sizeof tilings[c].t0);
+    CUdeviceptr dnt = up(tilings[c].nt, sizeof tilings[c].nt), dout = poisoned(qn * 4);
+    void *pa[] = {&dout, &dq, &dk, &dv, &dseq, &dpos, &dbt, (void *)&maxb, (void *)&nh,
+                  (void *)&nkv, (void *)&scale, &dt0, &dnt};
+    run(kernel("attention", "kn_attn_prefill_tc"), (unsigned)tilings[c].n, NH, 1, 128, pa);
+    down(out, dout, qn * 4);
+    CLOSE(c ? "attn prefill tc, 3 tiles" : "attn prefill tc, 2 tiles", out, ref, qn, 2e-3);
+    cu.free(dt0), cu.free(dnt), cu.free(dout);
+  }
+  CUdeviceptr all[] = {dk, dv, dq, dseq, dpos, dbt};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) cu.free(all[i]);
+  free(k), free(v), free(q), free(kn), free(vn), free(ref), free(out);
+}
+
 typedef struct cand {
   float v;
   int id;
@@ -515,14 +741,19 @@ static void test_cast(void) {
 }
 
 int main(void) {
-  ir_diag d = {0};
+#ifdef CUDA_OPS_EMU
+  cu_open();
+  printf("device: cpu emulator\n");
+#else
   const char *why = cu_open();
+  ir_diag d = {0};
   if (!why && infc_nvrtc_open(&nv, &d) != IR_OK) why = d.msg;
   if (why) {
     printf("skipped: %s\n", why);
     return 0;
   }
   printf("device sm_%d\n", arch);
+#endif
   srand(1234);
   test_elementwise();
   test_norms();
@@ -531,8 +762,13 @@ int main(void) {
   test_gemv_wq();
   test_rope();
   test_attention();
+  test_attention_tc();
+  test_fused_attention();
+  test_gemv_swiglu();
   test_sampling();
   test_cast();
+#ifndef CUDA_OPS_EMU
   infc_nvrtc_close(nv);
+#endif
   return tcheck_done("cuda_ops");
 }
