@@ -7,7 +7,7 @@
 // registers, so each weight byte is read once per GEMV_M rows). Lane i takes the k-chunks
 // i, i + 32, ...; the order of one y element's sum depends only on k, never on m.
 // Launch: grid (ceil(n / GEMV_WARPS), ceil(m / GEMV_M)), block GEMV_WARPS * 32.
-// Each kn_gemv_<type> has a kn_gemv_<type>_swiglu twin (gemv_swiglu below).
+// Each kn_gemv_<type> has a kn_gemv_<type>_swiglu twin (gemv's SWIGLU below).
 // Needs k % 32 == 0 for the block types, k % 8 == 0 for f16/bf16, k % 4 == 0 for f32,
 // x 16-byte aligned and its rows too (k * 4 bytes).
 
@@ -143,40 +143,13 @@ struct gv_f32 {
   }
 };
 
-template <class T>
+// SWIGLU: the gate/up projection of a fused gate_up matmul with its swiglu epilogue. W has
+// 2n rows, gate rows [0, n) then up rows [n, 2n), bias (2n) or NULL, and y (m, n) = silu(g)
+// * u with g, u the biased sums of column col's gate and up rows, as kn_matmul_swiglu: each
+// warp dots both rows, so the 2n-wide intermediate is never stored.
+template <class T, bool SWIGLU>
 __device__ __forceinline__ void gemv(float *y, const float *x, const unsigned char *w,
                                      const float *bias, int m, int n, int k) {
-  const int lane = threadIdx.x & 31;
-  const int col = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
-  const int r0 = blockIdx.y * GEMV_M;
-  if (col >= n) return;
-  const int rows = min(GEMV_M, m - r0);
-  const int n_chunks = k / T::CHUNK;
-  const unsigned char *wr = w + (long long)col * n_chunks * T::BYTES;
-  const float *xr = x + (long long)r0 * k;
-  float acc[GEMV_M];
-#pragma unroll
-  for (int r = 0; r < GEMV_M; r++) acc[r] = 0.0f;
-  for (int ch = lane; ch < n_chunks; ch += 32)
-    T::dot(acc, wr + (long long)ch * T::BYTES, xr, (long long)ch * T::CHUNK, k, rows);
-  const float b = bias ? bias[col] : 0.0f;
-#pragma unroll
-  for (int r = 0; r < GEMV_M; r++) {
-    float s = acc[r];
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    if (lane == 0 && r < rows) y[(long long)(r0 + r) * n + col] = s + b;
-  }
-}
-
-// The gate/up projection with its swiglu epilogue (a fused gate_up matmul): W has 2n rows,
-// gate rows [0, n) then up rows [n, 2n), bias (2n) or NULL; y (m, n) = silu(g) * u with
-// g, u the biased sums of column col's gate and up rows, as kn_matmul_swiglu. Each warp
-// dots both rows, so the 2n-wide intermediate is never stored. Same launch as gemv; the
-// entries cap registers at 128 (q8_0 spills on sm_80 under ptxas's own choice of 96).
-template <class T>
-__device__ __forceinline__ void gemv_swiglu(float *y, const float *x, const unsigned char *w,
-                                            const float *bias, int m, int n, int k) {
   const int lane = threadIdx.x & 31;
   const int col = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
   const int r0 = blockIdx.y * GEMV_M;
@@ -191,33 +164,35 @@ __device__ __forceinline__ void gemv_swiglu(float *y, const float *x, const unsi
   for (int r = 0; r < GEMV_M; r++) ag[r] = au[r] = 0.0f;
   for (int ch = lane; ch < n_chunks; ch += 32) {
     T::dot(ag, wg + (long long)ch * T::BYTES, xr, (long long)ch * T::CHUNK, k, rows);
-    T::dot(au, wu + (long long)ch * T::BYTES, xr, (long long)ch * T::CHUNK, k, rows);
+    if (SWIGLU) T::dot(au, wu + (long long)ch * T::BYTES, xr, (long long)ch * T::CHUNK, k, rows);
   }
-  const float bg = bias ? bias[col] : 0.0f, bu = bias ? bias[n + col] : 0.0f;
+  const float bg = bias ? bias[col] : 0.0f, bu = SWIGLU && bias ? bias[n + col] : 0.0f;
 #pragma unroll
   for (int r = 0; r < GEMV_M; r++) {
     float g = ag[r], u = au[r];
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
       g += __shfl_xor_sync(0xffffffffu, g, o);
-      u += __shfl_xor_sync(0xffffffffu, u, o);
+      if (SWIGLU) u += __shfl_xor_sync(0xffffffffu, u, o);
     }
     g += bg;
     if (lane == 0 && r < rows)
-      y[(long long)(r0 + r) * n + col] = g / (1.0f + __expf(-g)) * (u + bu);
+      y[(long long)(r0 + r) * n + col] = SWIGLU ? g / (1.0f + __expf(-g)) * (u + bu) : g;
   }
 }
 
+// The swiglu entries cap registers at 128 (q8_0 spills on sm_80 under ptxas's own choice
+// of 96).
 #define GEMV_ENTRY(name, T)                                                                 \
   extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                             \
       name(float *y, const float *x, const unsigned char *w, const float *bias, int m, int n, \
            int k) {                                                                         \
-    gemv<T>(y, x, w, bias, m, n, k);                                                        \
+    gemv<T, false>(y, x, w, bias, m, n, k);                                                 \
   }                                                                                         \
   extern "C" __global__ void __maxnreg__(128)                                               \
       name##_swiglu(float *y, const float *x, const unsigned char *w, const float *bias,      \
                     int m, int n, int k) {                                                  \
-    gemv_swiglu<T>(y, x, w, bias, m, n, k);                                                 \
+    gemv<T, true>(y, x, w, bias, m, n, k);                                                  \
   }
 
 GEMV_ENTRY(kn_gemv_q8_0, gv_q8_0)

@@ -61,10 +61,14 @@ static ir_status run_norm(cuda_ctx *c, const ir_graph *g, const ir_node *n, void
   return launch(c, CF_ADD_RMS_NORM, rows, 1, 1, CUDA_RMS_THREADS, args, d);
 }
 
+/* The GEMV kernel by weight dtype: [dtype][0] plain, [dtype][1] with the swiglu epilogue. */
 static const cuda_fn k_gemv[][2] = {
-    [IR_F32] = {CF_GEMV_F32, CF_GEMV_F32_SWIGLU},    [IR_F16] = {CF_GEMV_F16, CF_GEMV_F16_SWIGLU},
-    [IR_BF16] = {CF_GEMV_BF16, CF_GEMV_BF16_SWIGLU}, [IR_Q8_0] = {CF_GEMV_Q8_0, CF_GEMV_Q8_0_SWIGLU},
-    [IR_Q4_0] = {CF_GEMV_Q4_0, CF_GEMV_Q4_0_SWIGLU}, [IR_Q4_1] = {CF_GEMV_Q4_1, CF_GEMV_Q4_1_SWIGLU}};
+    [IR_F32] = {CF_GEMV_F32, CF_GEMV_F32_SWIGLU},
+    [IR_F16] = {CF_GEMV_F16, CF_GEMV_F16_SWIGLU},
+    [IR_BF16] = {CF_GEMV_BF16, CF_GEMV_BF16_SWIGLU},
+    [IR_Q8_0] = {CF_GEMV_Q8_0, CF_GEMV_Q8_0_SWIGLU},
+    [IR_Q4_0] = {CF_GEMV_Q4_0, CF_GEMV_Q4_0_SWIGLU},
+    [IR_Q4_1] = {CF_GEMV_Q4_1, CF_GEMV_Q4_1_SWIGLU}};
 
 /* y(m, nn) = x . W^T (+ bias); with swiglu, W has 2 nn rows and y = silu(gate) * up. */
 static ir_status run_gemv(cuda_ctx *c, ir_dtype wt, bool swiglu, CUdeviceptr y, CUdeviceptr x,

@@ -385,19 +385,26 @@ static void test_gemv_wq(void) {
   free(x), free(bias), free(ref), free(out), free(nan);
 }
 
+/* The rope table (max_pos, rot / 2, 2) of (cos, sin) of pos * 10000^(-2i / rot); rot 0
+ * gives one zeroed row pair per position (a table nothing reads). */
+static float *cos_sin_table(int max_pos, int rot) {
+  float *cs = calloc((size_t)max_pos * (rot ? rot : 2), sizeof *cs);
+  for (int p = 0; p < max_pos; p++)
+    for (int i = 0; i < rot / 2; i++) {
+      double a = p * pow(10000.0, -2.0 * i / rot);
+      cs[(p * rot / 2 + i) * 2] = (float)cos(a);
+      cs[(p * rot / 2 + i) * 2 + 1] = (float)sin(a);
+    }
+  return cs;
+}
+
 static void test_rope(void) {
   const int n_tok = 5, n_heads = 4, hd = 64, max_pos = 40;
   int32_t pos[5] = {0, 1, 17, 39, 5};
   for (int neox = 0; neox < 2; neox++) {
     for (int rot = 32; rot <= 64; rot += 32) {
-      float *cs = malloc(max_pos * rot * 4), *x = frands(n_tok * n_heads * hd);
+      float *cs = cos_sin_table(max_pos, rot), *x = frands(n_tok * n_heads * hd);
       float *ref = malloc(n_tok * n_heads * hd * 4);
-      for (int p = 0; p < max_pos; p++)
-        for (int i = 0; i < rot / 2; i++) {
-          double a = p * pow(10000.0, -2.0 * i / rot);
-          cs[(p * rot / 2 + i) * 2] = (float)cos(a);
-          cs[(p * rot / 2 + i) * 2 + 1] = (float)sin(a);
-        }
       memcpy(ref, x, n_tok * n_heads * hd * 4);
       CUdeviceptr dx = up(x, n_tok * n_heads * hd * 4), dp = up(pos, sizeof pos);
       CUdeviceptr dc = up(cs, max_pos * rot * 4);
@@ -545,13 +552,7 @@ static void test_fused_attention(void) {
   for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
     int rot = cases[c].rot, neox = cases[c].neox;
     const size_t csb = (size_t)max_pos * (rot ? rot : 2) * 4;
-    float *cs = calloc(1, csb);
-    for (int p = 0; p < max_pos; p++)
-      for (int i = 0; i < rot / 2; i++) {
-        double a = p * pow(10000.0, -2.0 * i / rot);
-        cs[(p * rot / 2 + i) * 2] = (float)cos(a);
-        cs[(p * rot / 2 + i) * 2 + 1] = (float)sin(a);
-      }
+    float *cs = cos_sin_table(max_pos, rot);
     long long qs = cases[c].packed ? W : NH * HD, kvs = cases[c].packed ? W : NKV * HD;
     /* separate q, k, v: the first NT * NH * HD, then NT * NKV * HD floats of qkv each */
     size_t ko = cases[c].packed ? (size_t)NH * HD : qn;
