@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "infc_cuda_sources.h"
+
 typedef int nvrtc_result; /* nvrtcResult: 0 is NVRTC_SUCCESS */
 typedef void *nvrtc_program;
 
@@ -136,8 +138,15 @@ static ir_status nvrtc_run(infc_nvrtc *n, const char *src, const char *name, con
   if (n_opts > (int)(sizeof argv / sizeof argv[0]) - argc)
     return ir_diag_set(d, IR_INVALID_ARG, "%s: too many NVRTC options", name);
   for (int i = 0; i < n_opts; i++) argv[argc++] = opts[i];
+  /* every kernels/cuda header, so a source's #include "kn_cuda.cuh" resolves */
+  const char *hdr_text[16], *hdr_name[16];
+  int n_hdr = infc_cuda_n_headers;
+  if (n_hdr > (int)(sizeof hdr_text / sizeof hdr_text[0]))
+    return ir_diag_set(d, IR_UNSUPPORTED, "%s: more kernel headers than NVRTC is given", name);
+  for (int i = 0; i < n_hdr; i++)
+    hdr_text[i] = infc_cuda_headers[i].text, hdr_name[i] = infc_cuda_headers[i].name;
   nvrtc_program prog = NULL;
-  nvrtc_result r = n->create(&prog, src, name, 0, NULL, NULL);
+  nvrtc_result r = n->create(&prog, src, name, n_hdr, hdr_text, hdr_name);
   if (r != 0) return ir_diag_set(d, IR_UNSUPPORTED, "%s: NVRTC: %s", name, n->error_string(r));
   r = n->compile(prog, argc, argv);
   ir_status st = nvrtc_fetch(n->log_size, n->log, prog, out_log, NULL, d);

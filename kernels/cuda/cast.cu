@@ -3,16 +3,12 @@
 // f16 / bf16: cuBLAS wants both operands in one type). kn_add_bias: y[r, :] += bias over
 // m rows of n. Launch: any 1-D grid (grid-stride loops).
 
+#include "kn_cuda.cuh"
+
 extern "C" __global__ void kn_cast_f16(unsigned short *out, const float *x, long long n) {
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
        i += (long long)gridDim.x * blockDim.x) {
-    unsigned short h;
-#ifdef CUEMU  // tests/cuemu: the kernel built for the CPU
-    h = cuemu_f32_to_f16(x[i]);
-#else
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x[i]));
-#endif
-    out[i] = h;
+    out[i] = kn_f32_to_f16(x[i]);
   }
 }
 

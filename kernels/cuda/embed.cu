@@ -2,18 +2,7 @@
 // One CTA per token; table dtypes f32, f16, bf16 and the ggml blocks q8_0/q4_0/q4_1.
 // ids are checked by the host (0 <= id < vocab).
 
-__device__ __forceinline__ float emb_f16(unsigned short h) {
-#ifdef CUEMU  // tests/cuemu: the kernel built for the CPU
-  return cuemu_f16_to_f32(h);
-#else
-  float f;
-  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-  return f;
-#endif
-}
-__device__ __forceinline__ float emb_bf16(unsigned short h) {
-  return __uint_as_float((unsigned int)h << 16);
-}
+#include "kn_cuda.cuh"
 
 extern "C" __global__ void kn_embed_f32(float *out, const float *table, const int *ids,
                                         long long dim) {
@@ -26,14 +15,14 @@ extern "C" __global__ void kn_embed_f16(float *out, const unsigned short *table,
                                         long long dim) {
   const unsigned short *row = table + (long long)ids[blockIdx.x] * dim;
   float *o = out + (long long)blockIdx.x * dim;
-  for (long long i = threadIdx.x; i < dim; i += blockDim.x) o[i] = emb_f16(row[i]);
+  for (long long i = threadIdx.x; i < dim; i += blockDim.x) o[i] = kn_f16_to_f32(row[i]);
 }
 
 extern "C" __global__ void kn_embed_bf16(float *out, const unsigned short *table,
                                          const int *ids, long long dim) {
   const unsigned short *row = table + (long long)ids[blockIdx.x] * dim;
   float *o = out + (long long)blockIdx.x * dim;
-  for (long long i = threadIdx.x; i < dim; i += blockDim.x) o[i] = emb_bf16(row[i]);
+  for (long long i = threadIdx.x; i < dim; i += blockDim.x) o[i] = kn_bf16_to_f32(row[i]);
 }
 
 // Block layouts (ir/ir_dtype.h): q8_0 {f16 d; i8 q[32]} 34 B, q4_0 {f16 d; u8 qs[16]} 18 B,
@@ -49,7 +38,7 @@ extern "C" __global__ void kn_embed_q8_0(float *out, const unsigned char *table,
   float *o = out + (long long)blockIdx.x * dim;
   for (long long i = threadIdx.x; i < dim; i += blockDim.x) {
     const unsigned char *blk = row + (i / 32) * 34;
-    o[i] = emb_f16(emb_u16(blk)) * (float)(signed char)blk[2 + i % 32];
+    o[i] = kn_f16_to_f32(emb_u16(blk)) * (float)(signed char)blk[2 + i % 32];
   }
 }
 
@@ -61,7 +50,7 @@ extern "C" __global__ void kn_embed_q4_0(float *out, const unsigned char *table,
     const unsigned char *blk = row + (i / 32) * 18;
     int j = (int)(i % 32);
     int q = j < 16 ? (blk[2 + j] & 15) : (blk[2 + j - 16] >> 4);
-    o[i] = emb_f16(emb_u16(blk)) * (float)(q - 8);
+    o[i] = kn_f16_to_f32(emb_u16(blk)) * (float)(q - 8);
   }
 }
 
@@ -73,6 +62,6 @@ extern "C" __global__ void kn_embed_q4_1(float *out, const unsigned char *table,
     const unsigned char *blk = row + (i / 32) * 20;
     int j = (int)(i % 32);
     int q = j < 16 ? (blk[4 + j] & 15) : (blk[4 + j - 16] >> 4);
-    o[i] = emb_f16(emb_u16(blk)) * (float)q + emb_f16(emb_u16(blk + 2));
+    o[i] = kn_f16_to_f32(emb_u16(blk)) * (float)q + kn_f16_to_f32(emb_u16(blk + 2));
   }
 }

@@ -11,23 +11,7 @@
 // Needs k % 32 == 0 for the block types, k % 8 == 0 for f16/bf16, k % 4 == 0 for f32,
 // x 16-byte aligned and its rows too (k * 4 bytes).
 
-#ifndef GEMV_M
-#define GEMV_M 4
-#endif
-#ifndef GEMV_WARPS
-#define GEMV_WARPS 4
-#endif
-
-__device__ __forceinline__ float gv_f16(unsigned short h) {
-#ifdef CUEMU  // tests/cuemu: the kernel built for the CPU
-  return cuemu_f16_to_f32(h);
-#else
-  float f;
-  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-  return f;
-#endif
-}
-__device__ __forceinline__ float gv_bf16(unsigned int h) { return __uint_as_float(h << 16); }
+#include "kn_cuda.cuh"
 
 // Loads 8 consecutive x values of row r starting at column c.
 __device__ __forceinline__ void gv_x8(float (&xv)[8], const float *x, long long c) {
@@ -41,7 +25,7 @@ struct gv_q8_0 {
   enum { CHUNK = 32, BYTES = 34 };
   static __device__ __forceinline__ void dot(float (&acc)[GEMV_M], const unsigned char *blk,
                                              const float *x, long long c, int k, int rows) {
-    float d = gv_f16(*(const unsigned short *)blk);
+    float d = kn_f16_to_f32(*(const unsigned short *)blk);
     const unsigned short *qs = (const unsigned short *)(blk + 2);  // 2-byte aligned
     float w[32];
 #pragma unroll
@@ -73,7 +57,7 @@ struct gv_q4 {
   static __device__ __forceinline__ void dot(float (&acc)[GEMV_M], const unsigned char *blk,
                                              const float *x, long long c, int k, int rows) {
     const unsigned short *hd = (const unsigned short *)blk;
-    float d = gv_f16(hd[0]), mn = MIN ? gv_f16(hd[1]) : 0.0f;
+    float d = kn_f16_to_f32(hd[0]), mn = MIN ? kn_f16_to_f32(hd[1]) : 0.0f;
     const unsigned short *qs = (const unsigned short *)(blk + HDR);
     float w[32];
 #pragma unroll
@@ -114,8 +98,9 @@ struct gv_half {
     float w[8];
 #pragma unroll
     for (int j = 0; j < 4; j++) {
-      w[2 * j] = BF16 ? gv_bf16(h[j] & 0xffff) : gv_f16((unsigned short)(h[j] & 0xffff));
-      w[2 * j + 1] = BF16 ? gv_bf16(h[j] >> 16) : gv_f16((unsigned short)(h[j] >> 16));
+      const unsigned int lo = h[j] & 0xffff, hi = h[j] >> 16;
+      w[2 * j] = BF16 ? kn_bf16_to_f32(lo) : kn_f16_to_f32((unsigned short)lo);
+      w[2 * j + 1] = BF16 ? kn_bf16_to_f32(hi) : kn_f16_to_f32((unsigned short)hi);
     }
 #pragma unroll
     for (int r = 0; r < GEMV_M; r++) {

@@ -11,32 +11,17 @@
 // over row tiles past gridDim.y * GEMV_M, so any m fits in one launch.
 // Launch: grid (ceil(n / GEMV_WARPS), min(ceil(m / GEMV_M), 65535)), block GEMV_WARPS * 32.
 
-#ifndef GEMV_M
-#define GEMV_M 4
-#endif
-#ifndef GEMV_WARPS
-#define GEMV_WARPS 4
-#endif
-
-__device__ __forceinline__ float wq_f16(unsigned short h) {
-#ifdef CUEMU  // tests/cuemu: the kernel built for the CPU
-  return cuemu_f16_to_f32(h);
-#else
-  float f;
-  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-  return f;
-#endif
-}
+#include "kn_cuda.cuh"
 
 __device__ __forceinline__ float wq_scale(const void *s, int st, long long i) {
-  return st ? wq_f16(__ldg((const unsigned short *)s + i)) : __ldg((const float *)s + i);
+  return st ? kn_f16_to_f32(__ldg((const unsigned short *)s + i)) : __ldg((const float *)s + i);
 }
 
 __device__ __forceinline__ float wq_zero(const void *z, int zt, long long i, float dflt) {
   switch (zt) {
   case 1: return (float)__ldg((const unsigned char *)z + i);
   case 2: return (float)(signed char)__ldg((const unsigned char *)z + i);
-  case 3: return wq_f16(__ldg((const unsigned short *)z + i));
+  case 3: return kn_f16_to_f32(__ldg((const unsigned short *)z + i));
   case 4: return __ldg((const float *)z + i);
   default: return dflt;
   }

@@ -1,0 +1,40 @@
+// kn_cuda.cuh: what several kernels/cuda sources share. NVRTC gets it as a named header
+// (compiler/infc_nvrtc.c, embedded as the sources are); the CPU emulator (tests/cuemu)
+// finds it beside the source. Kernels include it as "kn_cuda.cuh".
+#ifndef KN_CUDA_CUH
+#define KN_CUDA_CUH
+
+// GEMV geometry of gemv.cu and gemv_wq.cu (runtime/cuda/cuda_internal.h launches with it).
+#ifndef GEMV_M
+#define GEMV_M 4 /* rows of x per CTA */
+#endif
+#ifndef GEMV_WARPS
+#define GEMV_WARPS 4 /* output columns per CTA, one a warp */
+#endif
+
+// f16 bits -> f32 (exact).
+__device__ __forceinline__ float kn_f16_to_f32(unsigned short h) {
+#ifdef CUEMU  // tests/cuemu: the kernel built for the CPU
+  return cuemu_f16_to_f32(h);
+#else
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return f;
+#endif
+}
+
+// f32 -> f16 bits, rounded to nearest even.
+__device__ __forceinline__ unsigned short kn_f32_to_f16(float x) {
+#ifdef CUEMU
+  return cuemu_f32_to_f16(x);
+#else
+  unsigned short h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
+  return h;
+#endif
+}
+
+// bf16 bits (in the low 16 of h) -> f32 (exact).
+__device__ __forceinline__ float kn_bf16_to_f32(unsigned int h) { return __uint_as_float(h << 16); }
+
+#endif
