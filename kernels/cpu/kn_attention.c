@@ -185,6 +185,18 @@ static void attn_accum_c(float *acc, const float *p, const attn_rows *r, int64_t
 static const attn_kernels k_attn_c = {attn_scores_c, attn_exp_c, attn_accum_c};
 
 #if KN_ATTN_X86
+#define ATTN_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define ATTN_AVX2_INLINE static inline __attribute__((target("avx2,fma,f16c"), always_inline))
+
+/* (l, l+4), (l, l+2), (0, 1): the fold of 8 lanes (the AVX2 order, and the last steps of
+ * the AVX-512 one). */
+ATTN_AVX2_INLINE float attn_fold8(__m256 h) {
+  __m128 a = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+  a = _mm_add_ps(a, _mm_movehl_ps(a, a));
+  a = _mm_add_ss(a, _mm_shuffle_ps(a, a, 1));
+  return _mm_cvtss_f32(a);
+}
+
 #define ATTN_AVX512 __attribute__((target("avx512f,avx2,fma,f16c")))
 #define ATTN_AVX512_INLINE                                                                  \
   static inline __attribute__((target("avx512f,avx2,fma,f16c"), always_inline))
@@ -198,12 +210,8 @@ ATTN_AVX512_INLINE __m512 attn_k16(const attn_rows *r, int64_t j, int64_t i) {
 
 /* (l, l+8), (l, l+4), (l, l+2), (0, 1): the fold of the order. */
 ATTN_AVX512_INLINE float attn_fold16(__m512 v) {
-  __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v),
-                           _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
-  __m128 a = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-  a = _mm_add_ps(a, _mm_movehl_ps(a, a));
-  a = _mm_add_ss(a, _mm_shuffle_ps(a, a, 1));
-  return _mm_cvtss_f32(a);
+  __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+  return attn_fold8(_mm256_add_ps(_mm512_castps512_ps256(v), hi));
 }
 
 static ATTN_AVX512 void attn_scores_avx512(const float *q, const attn_rows *r, float scale,
@@ -300,8 +308,6 @@ static ATTN_AVX512 void attn_accum_avx512(float *acc, const float *p, const attn
 
 /* AVX2 + FMA: lanes 0-7 of the order in one ymm, 8-15 in another; lo + hi is the first
  * fold, so these give the AVX-512 kernels' bits. */
-#define ATTN_AVX2 __attribute__((target("avx2,fma,f16c")))
-#define ATTN_AVX2_INLINE static inline __attribute__((target("avx2,fma,f16c"), always_inline))
 
 /* 8 values of a K or V row (f32, f16 or int8 rows) from off on; all 8 are real. */
 ATTN_AVX2_INLINE __m256 attn_row8(const float *f, const uint16_t *h, const int8_t *q,
@@ -309,13 +315,6 @@ ATTN_AVX2_INLINE __m256 attn_row8(const float *f, const uint16_t *h, const int8_
   if (f) return _mm256_loadu_ps(f + off);
   if (h) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + off)));
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + off))));
-}
-
-ATTN_AVX2_INLINE float attn_fold8(__m256 h) {
-  __m128 a = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-  a = _mm_add_ps(a, _mm_movehl_ps(a, a));
-  a = _mm_add_ss(a, _mm_shuffle_ps(a, a, 1));
-  return _mm_cvtss_f32(a);
 }
 
 static ATTN_AVX2 void attn_scores_avx2(const float *q, const attn_rows *r, float scale,
