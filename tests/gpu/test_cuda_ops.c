@@ -482,6 +482,22 @@ static void test_attention(void) {
   down(out, dout3, qn * 4);
   CLOSE("attn prefill tiles", out, ref, qn, 1e-4);
 
+  /* The tensor-core prefill (f16 operands, f32 accumulation): tiles of up to 64 tokens of
+   * one sequence. Bound 2e-3: q, k, v and the probabilities are rounded to f16 (2^-11
+   * relative each). */
+  static const struct { int n; int32_t t0[3], nt[3]; } tilings[] = {
+      {2, {0, 1}, {1, 20}}, {3, {0, 1, 9}, {1, 8, 12}}};
+  for (int c = 0; c < 2; c++) {
+    CUdeviceptr ct0 = up(tilings[c].t0, sizeof tilings[c].t0);
+    CUdeviceptr cnt = up(tilings[c].nt, sizeof tilings[c].nt), cout = poisoned(qn * 4);
+    void *ta[] = {&cout, &dq, &dk, &dv, &dseq, &dpos, &dbt, (void *)&maxb, (void *)&nh,
+                  (void *)&nkv, (void *)&scale, &ct0, &cnt};
+    run(kernel("attention", "kn_attn_prefill_tc"), (unsigned)tilings[c].n, NH, 1, 128, ta);
+    down(out, cout, qn * 4);
+    CLOSE(c ? "attn prefill tc, 3 tiles" : "attn prefill tc, 2 tiles", out, ref, qn, 2e-3);
+    cu.free(ct0), cu.free(cnt), cu.free(cout);
+  }
+
   CUdeviceptr all[] = {dk, dv, dq, dkn, dvn, dseq, dpos, dbt, dout, pacc, pml, dout2, dt0, dnt,
                        dout3};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) cu.free(all[i]);
@@ -614,42 +630,6 @@ static void test_fused_attention(void) {
   free(k0), free(v0), free(qkv), free(k), free(v), free(ref), free(out), free(got);
 }
 
-/* The tensor-core prefill (f16 operands, f32 accumulation) on test_attention's batch: tiles
- * of up to 64 tokens of one sequence. Bound 2e-3: q, k, v and the probabilities are
- * rounded to f16 (2^-11 relative each). */
-static void test_attention_tc(void) {
-  static const int32_t bt[2 * MAXB] = {3, 0, 5, 1, 4, 2};
-  int32_t seq[NT], pos[NT];
-  attn_setup(seq, pos);
-  const size_t cache = (size_t)NBLK * NKV * BS * HD, qn = (size_t)NT * NH * HD;
-  const size_t kvn = (size_t)NT * NKV * HD;
-  float *k = frands(cache), *v = frands(cache), *q = frands(qn), *kn = frands(kvn),
-        *vn = frands(kvn), *ref = malloc(qn * 4), *out = malloc(qn * 4);
-  kn_kv_layer kv = {.k = k, .v = v, .n_blocks = NBLK, .block_size = BS, .n_kv_heads = NKV,
-                    .head_dim = HD};
-  kn_attn_batch b = {NT, seq, pos, MAXB, bt};
-  const float scale = 0.125f;
-  kn_attention_paged(NULL, ref, q, kn, vn, &kv, &b, NH, scale); /* also writes k, v */
-  CUdeviceptr dk = up(k, cache * 4), dv = up(v, cache * 4), dq = up(q, qn * 4);
-  CUdeviceptr dseq = up(seq, sizeof seq), dpos = up(pos, sizeof pos), dbt = up(bt, sizeof bt);
-  const int maxb = MAXB, nh = NH, nkv = NKV;
-  static const struct { int n; int32_t t0[3], nt[3]; } tilings[] = {
-      {2, {0, 1}, {1, 20}}, {3, {0, 1, 9}, {1, 8, 12}}};
-  for (int c = 0; c < 2; c++) {
-    CUdeviceptr dt0 = up(tilings[c].t0, sizeof tilings[c].t0);
-    CUdeviceptr dnt = up(tilings[c].nt, sizeof tilings[c].nt), dout = poisoned(qn * 4);
-    void *pa[] = {&dout, &dq, &dk, &dv, &dseq, &dpos, &dbt, (void *)&maxb, (void *)&nh,
-                  (void *)&nkv, (void *)&scale, &dt0, &dnt};
-    run(kernel("attention", "kn_attn_prefill_tc"), (unsigned)tilings[c].n, NH, 1, 128, pa);
-    down(out, dout, qn * 4);
-    CLOSE(c ? "attn prefill tc, 3 tiles" : "attn prefill tc, 2 tiles", out, ref, qn, 2e-3);
-    cu.free(dt0), cu.free(dnt), cu.free(dout);
-  }
-  CUdeviceptr all[] = {dk, dv, dq, dseq, dpos, dbt};
-  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) cu.free(all[i]);
-  free(k), free(v), free(q), free(kn), free(vn), free(ref), free(out);
-}
-
 typedef struct cand {
   float v;
   int id;
@@ -763,7 +743,6 @@ int main(void) {
   test_gemv_wq();
   test_rope();
   test_attention();
-  test_attention_tc();
   test_fused_attention();
   test_gemv_swiglu();
   test_sampling();

@@ -14,12 +14,18 @@
 
 #define FIXTURE FIXTURES_DIR "/llama-gqa-f32"
 
-static void test_round_trip(void) {
+/* The fixture's graph as the frontend gives it (NULL, with a failed CHECK, on error). */
+static ir_graph *open_fixture(infc_source **src, ir_diag *d) {
   infc_options o = infc_options_default();
-  infc_source *src = NULL;
   ir_graph *g = NULL;
+  CHECKF(infc_source_open(FIXTURE, &o, src, &g, d) == IR_OK, "%s", d->msg);
+  return g;
+}
+
+static void test_round_trip(void) {
+  infc_source *src = NULL;
   ir_diag d = {0};
-  CHECKF(infc_source_open(FIXTURE, &o, &src, &g, &d) == IR_OK, "%s", d.msg);
+  ir_graph *g = open_fixture(&src, &d);
   if (!g) return;
   static const uint8_t cubin[300] = {0x7f, 'E', 'L', 'F'};
   static const char ptx[] = ".version 9.0\n.target sm_90\n";
@@ -100,11 +106,9 @@ static void test_build_cuda(void) {
 /* The capture plan: pass_capture_plan's default and asked-for buckets, their trip through
  * the plan file, and lists the step limits or the order refuse. */
 static void test_capture_plan(void) {
-  infc_options o = infc_options_default();
   infc_source *src = NULL;
-  ir_graph *g = NULL;
   ir_diag d = {0};
-  CHECKF(infc_source_open(FIXTURE, &o, &src, &g, &d) == IR_OK, "%s", d.msg);
+  ir_graph *g = open_fixture(&src, &d);
   if (!g) return;
   g->config.max_tokens = 512, g->config.max_seqs = 48, g->config.max_logits = 40;
   pass_log log = {0};
@@ -137,6 +141,7 @@ static void test_capture_plan(void) {
   p = NULL, d = (ir_diag){0};
   CHECKF(ir_plan_open(path, IR_PLAN_VERIFY_ALL, &p, &d) != IR_OK && strstr(d.msg, "ascending"), "%s", d.msg);
   ir_plan_close(p);
+  infc_options o = infc_options_default();
   CHECK(infc_options_set(&o, "decode_buckets", "1,2,8", &d) == IR_OK && o.n_decode_buckets == 3);
   CHECK(infc_options_set(&o, "decode_buckets", "2,2", &d) != IR_OK);
   CHECK(infc_options_set(&o, "decode_buckets", "0,2", &d) != IR_OK);
