@@ -337,7 +337,8 @@ static ir_status check_matmul(cuda_ctx *c, const ir_graph *g, const ir_node *n, 
 }
 
 /* A fused gate_up matmul (act=swiglu): the GEMV kernels' epilogue, or kn_swiglu_packed
- * after cuBLAS / gemv_wq over the swiglu scratch (max_tokens x 2n), sized here. */
+ * after cuBLAS / gemv_wq over the swiglu scratch (max_tokens x 2n), sized here only for
+ * the matmuls that can take those paths (GGUF block weights never do). */
 static ir_status check_swiglu(cuda_ctx *c, const ir_graph *g, const ir_node *n, size_t *zh,
                               ir_diag *d) {
   ir_dtype wt = T_(1)->dtype;
@@ -347,6 +348,7 @@ static ir_status check_swiglu(cuda_ctx *c, const ir_graph *g, const ir_node *n, 
                        "cuda backend: matmul '%s': the plan's kernels have no swiglu epilogue "
                        "(an older infc built it); rebuild it",
                        n->name);
+  if (!wq && !blas_ok(c, wt)) return IR_OK; /* always the GEMV kernels: no scratch */
   size_t need = (size_t)g->config.max_tokens * (size_t)ir_dim_value(g, T_(1)->dims[0], NULL) * 4;
   if (need > *zh) *zh = need;
   return IR_OK;
