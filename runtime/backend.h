@@ -29,6 +29,28 @@ typedef struct irt_step {
   int32_t pad_block;         /* -1 if none */
 } irt_step;
 
+/* One token choice on a device (irt_backend_ops.pick): from row `row` of the step's logits,
+ * with the sampler's settings and its uniform draw u (runtime/sampler.c's function). The
+ * layouts are kernels/cuda/sampling.cu's kn_pick_args and kn_pick_out. */
+typedef struct irt_pick_req {
+  float temperature, top_p;
+  int32_t top_k, row;
+  double u;
+} irt_pick_req;
+typedef struct irt_pick_res {
+  int32_t token;
+  float logprob;
+} irt_pick_res;
+_Static_assert(sizeof(irt_pick_req) == 24 && sizeof(irt_pick_res) == 8, "kn_pick layouts");
+/* For picks on a device (sampler.c): the sampler's settings, and the uniform
+ * in [0, 1) that its next irt_sampler_sample would draw (the generator moves on). */
+struct irt_sampler;
+struct irt_sampling;
+const struct irt_sampling *irt_sampler_params(const struct irt_sampler *s);
+double irt_sampler_draw(struct irt_sampler *s);
+/* irt_sampler_sample with the draw u given (the generator does not move). */
+int32_t irt_sampler_sample_u(struct irt_sampler *s, const float *logits, double u);
+
 typedef struct irt_backend_ops {
   const char *name;
   /* Checks at load time that every node of g can run here. */
@@ -56,6 +78,11 @@ typedef struct irt_backend_ops {
   ir_status (*read)(void *ctx, void *dst, const void *src, size_t bytes, ir_diag *d);
   /* Copies within backend memory, ordered with the queued work (KV copy-on-write). */
   void (*copy)(void *ctx, void *dst, const void *src, size_t bytes);
+  /* Optional: chooses n tokens from rows of logits (L, vocab) in backend memory, after
+   * the queued work, and returns when out[0..n) is on the host. n = 0 asks whether this
+   * backend can (IR_OK) or not (IR_UNSUPPORTED: an older plan without the kernel). */
+  ir_status (*pick)(void *ctx, const void *logits, int64_t vocab, int n,
+                    const irt_pick_req *req, irt_pick_res *out, ir_diag *d);
   /* Free and total bytes of backend memory (for out-of-memory messages). */
   void (*mem_info)(void *ctx, uint64_t *out_free, uint64_t *out_total);
 } irt_backend_ops;
@@ -73,7 +100,7 @@ ir_status irt_backend_cpu_create(int n_threads, irt_backend *out, ir_diag *d);
  * libcuda.so.1 and cuBLAS itself, so neither is needed until a CUDA plan is opened. */
 #define IRT_CUDA_LIB "libinferrt_cuda.so"
 #define IRT_CUDA_ENTRY "irt_backend_cuda_create"
-#define IRT_CUDA_ABI 1 /* bump when irt_backend_ops, irt_step or irt_cuda_opts change */
+#define IRT_CUDA_ABI 2 /* bump when irt_backend_ops, irt_step or irt_cuda_opts change */
 /* The struct sizes both sides compile with: a library built from another tree (ir.h's
  * graph, node and tensor, the step, the KV cache) is refused rather than misread. */
 #define IRT_CUDA_LAYOUT                                                                     \

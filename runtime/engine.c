@@ -43,9 +43,10 @@ irt_status irt_engine_create(irt_model *m, const irt_engine_opts *o, irt_engine 
   e->items = calloc((size_t)e->max_running, sizeof *e->items);
   e->item_seq = calloc((size_t)e->max_running, sizeof *e->item_seq);
   e->logits = malloc((size_t)(e->max_running * in->vocab_size) * sizeof(float));
+  e->picks = calloc((size_t)e->max_running, sizeof *e->picks);
   pthread_mutex_init(&e->mu, NULL);
   pthread_cond_init(&e->cv, NULL);
-  if (!e->items || !e->item_seq || !e->logits) {
+  if (!e->items || !e->item_seq || !e->logits || !e->picks) {
     irt_engine_destroy(e);
     return fail(err, IRT_OOM, "out of memory");
   }
@@ -326,6 +327,7 @@ void irt_engine_destroy(irt_engine *e) {
   free(e->items);
   free(e->item_seq);
   free(e->logits);
+  free(e->picks);
   free(e);
 }
 

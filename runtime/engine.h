@@ -81,6 +81,7 @@ struct irt_engine {
   irt_batch_item *items;
   eseq **item_seq;
   float *logits;          /* (max_running, vocab) */
+  irt_pick *picks;        /* (max_running) */
   eseq **run, **wait;     /* sorted candidates of one iteration (grown as needed) */
   int cap_cand;
   int n_items_now;        /* items chosen so far in this iteration */

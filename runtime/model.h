@@ -25,6 +25,11 @@ struct irt_model {
    * inputs, and a KV block held by no sequence that padding tokens write to */
   int32_t *h_tokens, *h_rows;
   int32_t pad_block;
+  /* picks: on the device (dev_pick: the backend has the kernel), else through h_row */
+  bool dev_pick;
+  irt_pick_req *h_pick;     /* (max_logits) */
+  irt_pick_res *h_pick_res; /* (max_logits) */
+  float *h_row;             /* (vocab) */
   irt_tokenizer *tok; /* from the plan, or NULL */
 };
 

@@ -9,7 +9,9 @@
  * seed. Computed without a comparison sort of the vocabulary: a candidate more than 40 temperatures
  * below the max has w < 2^-53, and added to a running sum that is already >= 1 (the max's
  * w is 1) such a w changes no bit of it, so it can never be chosen and is dropped before
- * the sort; the rest are ordered by a stable radix sort on the logit's bits. */
+ * the sort; the rest are ordered by a stable radix sort on the logit's bits. The CUDA
+ * backend's kn_pick (kernels/cuda/sampling.cu) computes this function on the device with
+ * the draw from irt_sampler_draw. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +19,7 @@
 #include <stdint.h>
 
 #include "inferrt.h"
+#include "model.h"
 
 typedef struct cand {
   float logit;
@@ -128,7 +131,16 @@ static int64_t prefilter_top_k(irt_sampler *s, cand *c, int64_t n, int64_t k) {
   return m;
 }
 
+const irt_sampling *irt_sampler_params(const irt_sampler *s) { return &s->p; }
+
+double irt_sampler_draw(irt_sampler *s) { return next_unit(s); }
+
 int32_t irt_sampler_sample(irt_sampler *s, const float *logits) {
+  if (s->p.temperature <= 0.0f) return argmax(logits, s->vocab);
+  return irt_sampler_sample_u(s, logits, next_unit(s));
+}
+
+int32_t irt_sampler_sample_u(irt_sampler *s, const float *logits, double u) {
   if (s->p.temperature <= 0.0f) return argmax(logits, s->vocab);
   double inv_t = 1.0 / s->p.temperature, max = logits[argmax(logits, s->vocab)];
   int64_t n = 0;
@@ -151,7 +163,7 @@ int32_t irt_sampler_sample(irt_sampler *s, const float *logits) {
     n = keep;
     sum = acc;
   }
-  double r = next_unit(s) * sum, acc = 0.0;
+  double r = u * sum, acc = 0.0;
   for (int64_t i = 0; i < n; i++) {
     acc += c[i].logit;
     if (r < acc) return c[i].id;

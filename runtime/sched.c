@@ -106,11 +106,23 @@ static void prefix_lookup(irt_engine *e, eseq *s) {
   s->last_hash = parent;
 }
 
+/* Can the step choose this sequence's next token itself (irt_pick: on a GPU the logits
+ * then stay there)? Not when the logits are needed here: penalties, top_logprobs, or the
+ * first token of a request with n > 1 (every completion samples the one row). */
+static bool pickable(const eseq *s) {
+  const ereq *q = s->req;
+  bool forks = q->n > 1 && q->n_live == 1 && s->n_generated == 0;
+  return !s->counts && q->r.top_logprobs <= 0 && !forks;
+}
+
 static void add_item(irt_engine *e, eseq *s, int64_t take) {
   int k = e->n_items_now++;
-  bool last = s->kv->len + take == s->n_tokens;
+  bool last = s->kv->len + take == s->n_tokens, pick = last && pickable(s);
+  size_t V = (size_t)irt_model_get_info(e->m)->vocab_size;
+  e->picks[k] = (irt_pick){.sampler = s->sampler};
   e->items[k] = (irt_batch_item){.seq = s->kv, .tokens = s->tokens + s->kv->len, .n = take,
-                                 .logits = last ? e->logits + (size_t)k * (size_t)irt_model_get_info(e->m)->vocab_size : NULL};
+                                 .logits = last && !pick ? e->logits + (size_t)k * V : NULL,
+                                 .pick = pick ? &e->picks[k] : NULL};
   e->item_seq[k] = s;
 }
 
@@ -298,12 +310,10 @@ static void top_alternatives(eseq *s, const float *lg, int64_t V, double lse) {
   for (int i = 0; i < n; i++) s->top_lps[i] = (float)((double)s->top_lps[i] - lse);
 }
 
-static void on_token(irt_engine *e, eseq *s, const float *lg, double lse) {
+/* The sequence's next token is tok (log-probability lp): stop checks, text, the event. */
+static void take_token(irt_engine *e, eseq *s, int32_t tok, float lp) {
   const irt_model_info *in = irt_model_get_info(e->m);
-  int32_t tok = irt_sampler_sample(s->sampler, s->counts ? penalize(s, lg, in->vocab_size) : lg);
-  float lp = (float)((double)lg[tok] - lse);
   if (s->counts) s->counts[tok]++;
-  if (s->req->r.top_logprobs > 0) top_alternatives(s, lg, in->vocab_size, lse);
   s->tokens[s->n_tokens++] = tok;
   s->n_generated++;
   e->work.generated_tokens++;
@@ -322,7 +332,14 @@ static void on_token(irt_engine *e, eseq *s, const float *lg, double lse) {
   }
 }
 
-/* log(sum(exp(logits))) in double, for log-probabilities. */
+/* Samples the next token from a row of logits brought to the host (lse: its log-sum-exp). */
+static void on_token(irt_engine *e, eseq *s, const float *lg, double lse) {
+  int64_t V = irt_model_get_info(e->m)->vocab_size;
+  int32_t tok = irt_sampler_sample(s->sampler, s->counts ? penalize(s, lg, V) : lg);
+  if (s->req->r.top_logprobs > 0) top_alternatives(s, lg, V, lse);
+  take_token(e, s, tok, (float)((double)lg[tok] - lse));
+}
+
 /* After the prompt of a request with n > 1: the other completions share its blocks. */
 static void fork_completions(irt_engine *e, eseq *s) {
   ereq *q = s->req;
@@ -352,6 +369,11 @@ static void fork_completions(irt_engine *e, eseq *s) {
 static void after_item(irt_engine *e, int k) {
   eseq *s = e->item_seq[k];
   register_blocks(e, s);
+  const irt_pick *p = e->items[k].pick;
+  if (p) {
+    if (s->state == ESEQ_RUNNING) take_token(e, s, p->token, p->logprob);
+    return;
+  }
   const float *lg = e->items[k].logits;
   if (!lg) return;
   int64_t V = irt_model_get_info(e->m)->vocab_size;

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "kn_cpu.h"
 #include "model.h"
 
 static irt_status fail(irt_error *err, irt_status st, const char *fmt, long long a, long long b) {
@@ -14,8 +15,9 @@ static irt_status fail(irt_error *err, irt_status st, const char *fmt, long long
   return st;
 }
 
+/* Rows of the step's logits an item takes: its logits, or the row its pick reads. */
 static int64_t logit_rows_of(const irt_batch_item *it) {
-  return it->logits ? (it->all_logits ? it->n : 1) : 0;
+  return it->logits ? (it->all_logits ? it->n : 1) : it->pick ? 1 : 0;
 }
 
 static irt_status check_batch(irt_model *m, const irt_batch_item *items, int n_items,
@@ -29,6 +31,9 @@ static irt_status check_batch(irt_model *m, const irt_batch_item *items, int n_i
     const irt_batch_item *it = &items[i];
     if (!it->seq || it->seq->m != m || it->n <= 0 || !it->tokens)
       return fail(err, IRT_INVALID_ARG, "batch item %lld is empty or belongs to another model", (long long)i, 0LL);
+    if (it->pick && (it->logits || !it->pick->sampler))
+      return fail(err, IRT_INVALID_ARG, "batch item %lld: a pick needs a sampler and no logits",
+                  (long long)i, 0LL);
     for (int j = 0; j < i; j++)
       if (items[j].seq == it->seq)
         return fail(err, IRT_INVALID_ARG, "sequence appears twice in one step (items %lld, %lld)", j, i);
@@ -81,6 +86,7 @@ static void fill_step(irt_model *m, const irt_batch_item *items, int n_items, ir
   int64_t t = 0, l = 0;
   for (int i = 0; i < n_items; i++) {
     const irt_batch_item *it = &items[i];
+    int64_t r = logit_rows_of(it);
     memcpy(&m->block_tables[i * m->max_blocks], it->seq->blocks,
            (size_t)it->seq->n_blocks * sizeof(int32_t));
     for (int64_t k = 0; k < it->n; k++, t++) {
@@ -88,7 +94,7 @@ static void fill_step(irt_model *m, const irt_batch_item *items, int n_items, ir
       pos[t] = (int32_t)(it->seq->len + k);
       m->tok_seq[t] = i;
       m->tok_pos[t] = pos[t];
-      if (it->logits && (it->all_logits || k == it->n - 1)) rows[l++] = (int32_t)t;
+      if (k >= it->n - r) rows[l++] = (int32_t)t;
     }
   }
   *st = (irt_step){.syms = {[IR_SYM_TOKENS] = t, [IR_SYM_SEQS] = n_items, [IR_SYM_LOGITS] = l},
@@ -97,15 +103,53 @@ static void fill_step(irt_model *m, const irt_batch_item *items, int n_items, ir
                    .tokens = tok, .logit_rows = rows, .pad_block = m->pad_block};
 }
 
+/* A pick on the host: the sampler's own function on the row. */
+static void pick_host(irt_model *m, irt_pick *p, const float *row) {
+  p->token = irt_sampler_sample(p->sampler, row);
+  p->logprob = (float)((double)row[p->token] - kn_log_sum_exp(row, m->info.vocab_size));
+}
+
 static void copy_logits(irt_model *m, const irt_batch_item *items, int n_items) {
   const float *lg = m->ptrs[m->out_logits];
   size_t V = (size_t)m->info.vocab_size;
   for (int i = 0; i < n_items; i++) {
     int64_t r = logit_rows_of(&items[i]);
-    if (!r) continue;
-    memcpy(items[i].logits, lg, (size_t)r * V * sizeof(float));
+    if (items[i].pick) pick_host(m, items[i].pick, lg);
+    else if (r) memcpy(items[i].logits, lg, (size_t)r * V * sizeof(float));
     lg += (size_t)r * V;
   }
+}
+
+/* Device backends: the picks, on the device when it can (one launch, and only tokens and
+ * logprobs come down), else each row read and picked here. */
+static ir_status pick_device(irt_model *m, const irt_batch_item *items, int n_items,
+                             ir_diag *d) {
+  const char *lg = m->ptrs[m->out_logits];
+  size_t row = (size_t)m->info.vocab_size * sizeof(float);
+  int n = 0;
+  int64_t at = 0;
+  ir_status st = IR_OK;
+  for (int i = 0; i < n_items && st == IR_OK; at += logit_rows_of(&items[i]), i++) {
+    irt_pick *p = items[i].pick;
+    if (!p) continue;
+    if (!m->dev_pick) { /* a plan built before the device kernel */
+      st = m->be.ops->read(m->be.ctx, m->h_row, lg + (size_t)at * row, row, d);
+      if (st == IR_OK) pick_host(m, p, m->h_row);
+      continue;
+    }
+    const irt_sampling *sp = irt_sampler_params(p->sampler);
+    double u = sp->temperature > 0.0f ? irt_sampler_draw(p->sampler) : 0.0;
+    m->h_pick[n++] = (irt_pick_req){.temperature = sp->temperature, .top_p = sp->top_p,
+                                    .top_k = sp->top_k, .row = (int32_t)at, .u = u};
+  }
+  if (st != IR_OK || n == 0) return st;
+  st = m->be.ops->pick(m->be.ctx, lg, m->info.vocab_size, n, m->h_pick, m->h_pick_res, d);
+  for (int i = 0, k = 0; i < n_items && st == IR_OK; i++)
+    if (items[i].pick) {
+      items[i].pick->token = m->h_pick_res[k].token;
+      items[i].pick->logprob = m->h_pick_res[k++].logprob;
+    }
+  return st;
 }
 
 /* Device backends: only the wanted logit rows come down, one read per run of items whose
@@ -114,24 +158,26 @@ static void copy_logits(irt_model *m, const irt_batch_item *items, int n_items) 
 static ir_status read_logits(irt_model *m, const irt_batch_item *items, int n_items,
                              ir_diag *d) {
   const char *lg = m->ptrs[m->out_logits];
-  size_t row = (size_t)m->info.vocab_size * sizeof(float), off = 0;
+  size_t row = (size_t)m->info.vocab_size * sizeof(float), at = 0, from = 0;
   float *dst = NULL;
-  size_t run = 0; /* rows in the pending read */
+  size_t run = 0; /* rows in the pending read, from row `from` */
+  bool read = false;
   ir_status st = IR_OK;
   for (int i = 0; i <= n_items && st == IR_OK; i++) {
     int64_t r = i < n_items ? logit_rows_of(&items[i]) : 0;
     if (i < n_items && !r) continue;
-    if (run && (i == n_items || items[i].logits != dst + run * (row / sizeof(float)))) {
-      st = m->be.ops->read(m->be.ctx, dst, lg + off, run * row, d);
-      off += run * row;
+    float *want = i < n_items ? items[i].logits : NULL;
+    if (run && (!want || want != dst + run * (row / sizeof(float)))) {
+      st = m->be.ops->read(m->be.ctx, dst, lg + from * row, run * row, d);
+      read = true;
       run = 0;
     }
-    if (i == n_items) break;
-    if (!run) dst = items[i].logits;
-    run += (size_t)r;
+    if (want && !run) dst = want, from = at;
+    if (want) run += (size_t)r;
+    at += (size_t)r;
   }
   /* No logits wanted: still wait, so errors surface in this step. */
-  if (st == IR_OK && off == 0) st = m->be.ops->read(m->be.ctx, NULL, lg, 0, d);
+  if (st == IR_OK && !read) st = m->be.ops->read(m->be.ctx, NULL, lg, 0, d);
   return st;
 }
 
@@ -145,6 +191,7 @@ irt_status irt_decode_batch(irt_model *m, const irt_batch_item *items, int n_ite
   ir_diag d = {0};
   if (m->be.ops->run_step) {
     if (m->be.ops->run_step(m->be.ctx, m->g, m->ptrs, &step, &d) != IR_OK ||
+        pick_device(m, items, n_items, &d) != IR_OK ||
         read_logits(m, items, n_items, &d) != IR_OK) {
       irt_error_from_diag(err, &d);
       return (irt_status)d.status;

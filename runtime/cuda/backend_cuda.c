@@ -48,6 +48,7 @@ static const struct {
     {CF_ADD_RMS_NORM, "rms_norm", "kn_add_rms_norm"},
     {CF_ROPE_NEOX, "rope", "kn_rope_neox"},
     {CF_ROPE_INTERLEAVED, "rope", "kn_rope_interleaved"},
+    {CF_PICK, "sampling", "kn_pick"},
     {CF_SWIGLU, "swiglu", "kn_swiglu"},
     {CF_SWIGLU_PACKED, "swiglu", "kn_swiglu_packed"},
 };
@@ -122,8 +123,9 @@ static ir_status load_source(cuda_ctx *c, const irt_cuda_opts *o, const char *sr
   const ir_plan_kernel *k = pick_image(o, src, c->arch);
   *out = NULL;
   if (!k) {
-    /* plans from before cast.cu (GEMV only) or gemv_wq.cu (no int8/int4 weights) */
-    if (!strcmp(src, "cast") || !strcmp(src, "gemv_wq")) return IR_OK;
+    /* plans from before cast.cu (GEMV only), gemv_wq.cu (no int8/int4 weights) or
+     * sampling.cu (logits come down) */
+    if (!strcmp(src, "cast") || !strcmp(src, "gemv_wq") || !strcmp(src, "sampling")) return IR_OK;
     char archs[96];
     plan_archs(o, archs, sizeof archs);
     return ir_diag_set(d, IR_UNSUPPORTED,
@@ -139,10 +141,11 @@ static ir_status load_source(cuda_ctx *c, const irt_cuda_opts *o, const char *sr
 }
 
 /* The fused forms' kernels, missing from plans built before them (which have no fused
- * nodes): their fn stays NULL, and cuda_ops_check refuses a node that would need one. */
+ * nodes): their fn stays NULL, and cuda_ops_check refuses a node that would need one.
+ * Without kn_pick the engine reads logit rows and samples on the host. */
 static bool optional_fn(cuda_fn f) {
   return (f >= CF_GEMV_F32_SWIGLU && f <= CF_GEMV_Q4_1_SWIGLU) || f == CF_ROPE_KV_WRITE ||
-         f == CF_SWIGLU_PACKED || f == CF_ATTN_PREFILL_TC;
+         f == CF_SWIGLU_PACKED || f == CF_ATTN_PREFILL_TC || f == CF_PICK;
 }
 
 static ir_status load_kernels(cuda_ctx *c, const irt_cuda_opts *o, ir_diag *d) {
@@ -206,6 +209,10 @@ static ir_status alloc_scratch(cuda_ctx *c, const ir_graph *g, ir_diag *d) {
   if (st == IR_OK) st = dev_alloc(c, rows * 2 * 4, &c->part_ml, "attention scratch", d);
   if (st == IR_OK && c->xh_bytes) st = dev_alloc(c, c->xh_bytes, &c->xh, "GEMM scratch", d);
   if (st == IR_OK && c->zh_bytes) st = dev_alloc(c, c->zh_bytes, &c->zh, "swiglu scratch", d);
+  size_t pick = (size_t)c->max_logits * (sizeof(irt_pick_req) + sizeof(irt_pick_res));
+  if (st == IR_OK && c->fn[CF_PICK]) st = dev_alloc(c, pick, &c->d_pick, "pick buffer", d);
+  if (st == IR_OK && c->fn[CF_PICK] && (r = c->cu.host_alloc(&c->pick_stage, pick)))
+    st = cuda_fail(c, r, "pinned pick buffer", d);
   return st;
 }
 
@@ -408,6 +415,36 @@ static ir_status cuda_read(void *vctx, void *dst, const void *src, size_t bytes,
   return r ? cuda_fail(c, r, "step (reading the logits)", d) : IR_OK;
 }
 
+/* Token picks on the device: requests up, one kn_pick launch after the queued step,
+ * tokens and logprobs down (8 bytes a pick instead of a row of logits). */
+static ir_status cuda_pick(void *vctx, const void *logits, int64_t vocab, int n,
+                           const irt_pick_req *req, irt_pick_res *out, ir_diag *d) {
+  cuda_ctx *c = vctx;
+  if (!c->fn[CF_PICK] || !c->d_pick)
+    return ir_diag_set(d, IR_UNSUPPORTED, "cuda backend: the plan has no kn_pick kernel");
+  if (n == 0) return IR_OK;
+  if (n < 0 || n > c->max_logits || vocab > INT32_MAX)
+    return ir_diag_set(d, IR_INVALID_ARG, "cuda backend: %d picks exceed the plan's limits", n);
+  size_t rq = (size_t)n * sizeof *req, rs = (size_t)n * sizeof *out;
+  size_t res_off = (size_t)c->max_logits * sizeof *req;
+  char *stage = c->pick_stage;
+  CUdeviceptr d_req = c->d_pick, d_res = c->d_pick + res_off, lg = cuda_dptr(logits);
+  int v = (int)vocab;
+  void *args[] = {&d_res, &lg, &d_req, &v};
+  make_current(c);
+  memcpy(stage, req, rq); /* the last pick has finished: it synchronised */
+  CUresult r = c->cu.htod(d_req, stage, rq, c->stream);
+  if (!r)
+    r = c->cu.launch(c->fn[CF_PICK], (unsigned)n, 1, 1, CUDA_PICK_THREADS, 1, 1, 0, c->stream,
+                     args, NULL);
+  if (!r) r = c->cu.dtoh(stage + res_off, d_res, rs, c->stream);
+  if (!r) r = c->cu.stream_sync(c->stream);
+  if (r) return cuda_fail(c, r, "step (picking tokens)", d);
+  c->stage_busy = false; /* the step's upload is done too */
+  memcpy(out, stage + res_off, rs);
+  return IR_OK;
+}
+
 static void cuda_copy(void *vctx, void *dst, const void *src, size_t bytes) {
   cuda_ctx *c = vctx;
   make_current(c);
@@ -442,12 +479,13 @@ static void cuda_destroy(void *vctx) {
     for (int i = 0; i < c->n_buckets; i++)
       if (c->exec[i]) c->cu.graph_exec_destroy(c->exec[i]);
     if (c->blas_h) c->blas.destroy(c->blas_h);
-    CUdeviceptr bufs[] = {c->d_stage, c->part_acc, c->part_ml, c->xh, c->zh, c->blas_ws};
+    CUdeviceptr bufs[] = {c->d_stage, c->part_acc, c->part_ml, c->xh, c->zh, c->blas_ws, c->d_pick};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
       if (bufs[i]) c->cu.mem_free(bufs[i]);
     for (int i = 0; i < c->n_mods; i++)
       if (c->mods[i]) c->cu.module_unload(c->mods[i]);
     if (c->stage) c->cu.host_free(c->stage);
+    if (c->pick_stage) c->cu.host_free(c->pick_stage);
     if (c->stage_ev) c->cu.event_destroy(c->stage_ev);
     if (c->stream) c->cu.stream_destroy(c->stream);
     c->cu.ctx_release(c->dev);
@@ -466,6 +504,7 @@ static const irt_backend_ops k_cuda_ops = {
     .run_step = cuda_run_step,
     .read = cuda_read,
     .copy = cuda_copy,
+    .pick = cuda_pick,
     .mem_info = cuda_mem_info,
 };
 

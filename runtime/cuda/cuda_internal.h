@@ -11,13 +11,14 @@
 
 /* Every kernel the backend launches: kernels/cuda/<src>.cu, entry <fn>. */
 typedef enum cuda_fn {
-  CF_ADD, CF_ATTN_DECODE, CF_ATTN_REDUCE, CF_ATTN_PREFILL, CF_ATTN_PREFILL_TC, CF_CAST_F16, CF_CAST_BF16,
+  CF_ADD, CF_ATTN_DECODE, CF_ATTN_REDUCE, CF_ATTN_PREFILL, CF_ATTN_PREFILL_TC, CF_CAST_F16,
+  CF_CAST_BF16,
   CF_ADD_BIAS, CF_EMBED_F32, CF_EMBED_F16, CF_EMBED_BF16, CF_EMBED_Q8_0, CF_EMBED_Q4_0,
   CF_EMBED_Q4_1, CF_GATHER_ROWS, CF_GEMV_F32, CF_GEMV_F16, CF_GEMV_BF16, CF_GEMV_Q8_0,
   CF_GEMV_Q4_0, CF_GEMV_Q4_1, CF_GEMV_F32_SWIGLU, CF_GEMV_F16_SWIGLU, CF_GEMV_BF16_SWIGLU,
   CF_GEMV_Q8_0_SWIGLU, CF_GEMV_Q4_0_SWIGLU, CF_GEMV_Q4_1_SWIGLU, CF_GEMV_WQ_I4, CF_GEMV_WQ_I8,
   CF_KV_WRITE, CF_ROPE_KV_WRITE, CF_RMS_NORM, CF_ADD_RMS_NORM, CF_ROPE_NEOX,
-  CF_ROPE_INTERLEAVED, CF_SWIGLU, CF_SWIGLU_PACKED, CF_COUNT
+  CF_ROPE_INTERLEAVED, CF_PICK, CF_SWIGLU, CF_SWIGLU_PACKED, CF_COUNT
 } cuda_fn;
 
 /* Fixed launch geometry of kernels/cuda (their compile-time defaults). */
@@ -27,6 +28,7 @@ typedef enum cuda_fn {
 #define CUDA_TILE_TOKENS 16 /* attention.cu ATTN_WARPS * PREFILL_ROWS */
 #define CUDA_TC_TILE_TOKENS 64 /* attention.cu TC_WARPS * 16: kn_attn_prefill_tc */
 #define CUDA_RMS_THREADS 256
+#define CUDA_PICK_THREADS 1024 /* sampling.cu PICK_THREADS */
 /* Dense f32/f16/bf16 matmuls with more rows than this go to cuBLAS; fewer to the GEMV,
  * which reads the weights once per CUDA_GEMV_M rows. */
 #define CUDA_GEMV_MAX_M 4
@@ -74,6 +76,9 @@ typedef struct cuda_ctx {
   CUdeviceptr zh;
   size_t zh_bytes;
   CUdeviceptr blas_ws;
+  /* token picks (kn_pick): max_logits requests then results, pinned and on the device */
+  void *pick_stage;
+  CUdeviceptr d_pick;
 
   /* decode graphs, one per batch-size bucket */
   int64_t bucket[CUDA_MAX_BUCKETS];

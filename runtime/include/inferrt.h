@@ -119,14 +119,23 @@ int64_t irt_seq_length(const irt_seq *s);
 
 /* One entry of a flat step batch: append `n` tokens to `seq`, and write the logits of
  * its last token (all_logits=false: logits is (vocab)) or of every appended token
- * (all_logits=true: logits is (n, vocab)) unless logits is NULL. A sequence appears at
- * most once per batch. */
+ * (all_logits=true: logits is (n, vocab)) unless logits is NULL, or pick the next token
+ * (pick). A sequence appears at most once per batch. */
+typedef struct irt_pick {
+  irt_sampler *sampler; /* its settings, and one draw of its generator if temperature > 0 */
+  int32_t token;        /* out: irt_sampler_sample's token for the row */
+  float logprob;        /* out: the token's log-softmax under the row's logits */
+} irt_pick;
+
 typedef struct irt_batch_item {
   irt_seq *seq;
   const int32_t *tokens;
   int64_t n;
   float *logits;
   bool all_logits;
+  /* Instead of logits (which must then be NULL): the step chooses the token after the
+   * last one itself. On a device backend the row never leaves the device. */
+  irt_pick *pick;
 } irt_batch_item;
 
 /* Runs one step over all items. The batch must fit the step limits (sum of n <=

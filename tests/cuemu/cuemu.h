@@ -16,7 +16,8 @@
 // as a read of poison or of data already overwritten, as a rule.
 // Not emulated: parallelism and the memory model (a race the barriers do not order and that
 // order does not expose goes unseen), warp divergence and timing, collectives over part of a
-// warp (the mask must be full), atomics, dynamic shared memory, streams. __expf and rsqrtf are
+// warp (the mask must be full), atomic contention (an atomic is a plain read-modify-write:
+// threads never switch inside one), dynamic shared memory, streams. __expf and rsqrtf are
 // precise here, not the GPU's approximations, and there is no FMA contraction.
 #ifndef CUEMU_H
 #define CUEMU_H
@@ -97,6 +98,14 @@ template <class A, class B,
 inline typename std::common_type<A, B>::type max(A a, B b) {
   typedef typename std::common_type<A, B>::type C;
   return (C)a > (C)b ? (C)a : (C)b;
+}
+
+// Threads switch only at barriers and warp collectives, so a plain add is atomic here.
+template <class T>
+inline T atomicAdd(T *p, T v) {
+  T old = *p;
+  *p = old + v;
+  return old;
 }
 
 inline float __expf(float x) { return expf(x); }

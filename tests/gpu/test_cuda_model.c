@@ -3,7 +3,8 @@
  * prompt logits at every position (one prefill step: cuBLAS, tiled attention) and after a
  * chunked prefill, greedy continuations (decode steps: GEMV, split-K attention, CUDA
  * Graphs), a batch of sequences of different lengths decoded together with graphs on and
- * off (buckets with padding), and parallel completions through the engine (KV
+ * off (buckets with padding), token picks in the step (sampling on the device) against
+ * the host sampler on the same rows, and parallel completions through the engine (KV
  * copy-on-write on the device). Bounds, ||cuda - cpu|| / ||cpu|| over the logits: f32
  * weights 1e-4 (f32 arithmetic, another summation order), also int4 MatMulNBits (GEMV
  * gemv_wq.cu at every m, dequantized as the CPU does); f16 5e-3 and bf16 2e-2 (cuBLAS
@@ -143,6 +144,61 @@ static float *batch_decode(irt_model *m, int n_seq, int steps) {
   return lg;
 }
 
+/* Picks (the step chooses tokens, on the device): 2 x n sequences with equal prompts; in one
+ * decode step the first n bring their logits to the host and the other n pick, with the
+ * settings below and equal seeds. The picked tokens must be runtime/sampler.c's on the
+ * returned rows, the logprobs their log-softmax. */
+static void test_picks(irt_model *m) {
+  enum { N = 6 };
+  static const irt_sampling set[N] = {{0.0f, 0, 1.0f, 1}, {1.0f, 0, 1.0f, 2},
+                                      {0.7f, 40, 0.9f, 3}, {1.3f, 0, 0.5f, 4},
+                                      {0.5f, 1, 1.0f, 5},  {2.0f, 3, 1.0f, 6}};
+  int64_t V = irt_model_get_info(m)->vocab_size;
+  float *lg = malloc((size_t)(N * V) * sizeof *lg);
+  irt_seq *s[2 * N];
+  irt_batch_item it[2 * N];
+  irt_pick pk[N];
+  irt_sampler *host[N];
+  int32_t tok[2 * N];
+  irt_error err = {0};
+  for (int i = 0; i < 2 * N; i++) {
+    int32_t p[12];
+    for (int j = 0; j < 4 + i % N; j++) p[j] = (int32_t)((5 * (i % N) + 3 * j + 2) % V);
+    irt_seq_create(m, &s[i], &err);
+    CHECKF(irt_seq_decode(m, s[i], p, 4 + i % N, NULL, false, &err) == IRT_OK, "%s", err.msg);
+    tok[i] = (int32_t)((11 * (i % N) + 1) % V);
+  }
+  for (int i = 0; i < N; i++) {
+    CHECK(irt_sampler_create(&set[i], V, &host[i], &err) == IRT_OK);
+    CHECK(irt_sampler_create(&set[i], V, &pk[i].sampler, &err) == IRT_OK);
+    it[i] = (irt_batch_item){.seq = s[i], .tokens = &tok[i], .n = 1, .logits = lg + i * V};
+    it[N + i] = (irt_batch_item){.seq = s[N + i], .tokens = &tok[N + i], .n = 1, .pick = &pk[i]};
+  }
+  for (int step = 0; step < 3; step++) {
+    CHECKF(irt_decode_batch(m, it, 2 * N, &err) == IRT_OK, "picks: %s", err.msg);
+    int same = 0;
+    double lp_err = 0;
+    for (int i = 0; i < N; i++) {
+      int32_t want = irt_sampler_sample(host[i], lg + i * V);
+      same += pk[i].token == want;
+      if (pk[i].token < 0 || pk[i].token >= V) continue;
+      double lse = 0, mx = lg[i * V];
+      for (int64_t v = 0; v < V; v++) mx = lg[i * V + v] > mx ? lg[i * V + v] : mx;
+      for (int64_t v = 0; v < V; v++) lse += exp((double)lg[i * V + v] - mx);
+      double e = fabs(pk[i].logprob - ((double)lg[i * V + pk[i].token] - mx - log(lse)));
+      lp_err = e > lp_err ? e : lp_err;
+      tok[i] = tok[N + i] = want; /* both halves go on with the same token */
+    }
+    printf("  picks, step %d: %d/%d tokens as the host sampler, logprob err %.1e\n", step, same,
+           N, lp_err);
+    CHECKF(same == N, "picks step %d: %d/%d", step, same, N);
+    CHECKF(lp_err <= 1e-5, "picks step %d: logprob err %.3e", step, lp_err);
+  }
+  for (int i = 0; i < N; i++) irt_sampler_destroy(host[i]), irt_sampler_destroy(pk[i].sampler);
+  for (int i = 0; i < 2 * N; i++) irt_seq_destroy(s[i]);
+  free(lg);
+}
+
 static void test_fixture(const fixture *f) {
   char plan[512];
   snprintf(plan, sizeof plan, TEST_TMP_DIR "/gpu_%s.plan", f->name);
@@ -190,6 +246,8 @@ static void test_fixture(const fixture *f) {
     CHECKF(e1 <= f->bound && e2 <= f->bound, "%s batch %d: %.3e %.3e", f->name, bs, e1, e2);
     free(x), free(y), free(z);
   }
+  test_picks(gpu);
+  test_picks(eager);
 done:
   irt_model_close(cpu);
   irt_model_close(gpu);

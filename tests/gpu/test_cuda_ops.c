@@ -22,6 +22,8 @@
 #endif
 #include "ir_dtype.h"
 #include "kn_cpu.h"
+#include "inferrt.h"
+#include "backend.h"
 #include "kn_matmul_wq.h"
 #include "tcheck.h"
 
@@ -630,65 +632,66 @@ static void test_fused_attention(void) {
   free(k0), free(v0), free(qkv), free(k), free(v), free(ref), free(out), free(got);
 }
 
-typedef struct cand {
-  float v;
-  int id;
-} cand;
-static int cand_cmp(const void *pa, const void *pb) {
-  const cand *a = pa, *b = pb;
-  if (a->v != b->v) return a->v < b->v ? 1 : -1;
-  return a->id - b->id;
-}
-
-/* runtime/sampler.c's function with the uniform draw given. */
-static int ref_sample(const float *x, int vocab, float temp, int top_k, float top_p, float u) {
-  cand *c = malloc(vocab * sizeof *c);
-  for (int i = 0; i < vocab; i++) c[i] = (cand){x[i], i};
-  qsort(c, (size_t)vocab, sizeof *c, cand_cmp);
-  int n = top_k;
-  double sum = 0, acc = 0, inv_t = 1.0 / temp;
-  float *w = malloc(n * sizeof *w);
-  for (int i = 0; i < n; i++) sum += (w[i] = (float)exp(((double)c[i].v - c[0].v) * inv_t));
-  int keep = 0;
-  while (keep < n && acc < top_p * sum) acc += w[keep++];
-  double r = u * acc;
-  int id = c[keep - 1].id;
-  acc = 0;
-  for (int i = 0; i < keep; i++)
-    if (r < (acc += w[i])) {
-      id = c[i].id;
-      break;
-    }
-  free(c), free(w);
-  return id;
-}
-
-static void test_sampling(void) {
-  const int rows = 3, vocab = 49152, top_k = 40;
-  const float temp = 0.8f, top_p = 0.9f;
-  float *x = frands((size_t)rows * vocab), u[3] = {0.37f, 0.0f, 0.999f};
-  x[vocab + 5] = x[vocab + 9] = 5.0f; /* a tie in row 1: the lower id wins */
-  int32_t out[3];
-  CUdeviceptr dx = up(x, (size_t)rows * vocab * 4), du = up(u, sizeof u), dout = poisoned(12);
-  void *aa[] = {&dout, &dx, (void *)&vocab};
-  run(kernel("sampling", "kn_argmax"), rows, 1, 1, 1024, aa);
-  down(out, dout, sizeof out);
-  for (int r = 0; r < rows; r++) {
-    int best = 0;
-    for (int i = 1; i < vocab; i++)
-      if (x[r * vocab + i] > x[r * vocab + best]) best = i;
-    CHECKF(out[r] == best, "argmax row %d: %d, want %d", r, out[r], best);
+/* sampling.cu kn_pick against runtime/sampler.c, the function it must equal: for each
+ * setting and seed, the CPU sampler samples the row while a sampler of the same seed hands
+ * its draw to the kernel; the tokens must be the same and the logprob the token's
+ * log-softmax (kn_log_sum_exp). Rows: spread logits with a few peaks, bf16-rounded ones
+ * (many equal logits), and one row all equal. */
+static void test_pick(void) {
+  enum { VOCAB = 49152, ROWS = 3, SEEDS = 6 };
+  static const struct {
+    float temperature, top_p;
+    int top_k;
+  } set[] = {{0.0f, 1.0f, 0},  {1.0f, 1.0f, 0},  {0.7f, 0.95f, 0}, {0.8f, 0.9f, 40},
+             {1.5f, 1.0f, 1},  {1.0f, 0.5f, 0},  {0.3f, 1.0f, 5000}, {2.0f, 0.99f, 100}};
+  const int n_set = (int)(sizeof set / sizeof set[0]), n = n_set * ROWS * SEEDS;
+  float *x = malloc(sizeof(float) * VOCAB * ROWS);
+  for (int i = 0; i < VOCAB; i++) {
+    float g = frand() + frand() + frand(); /* about normal */
+    x[i] = 4.0f * g + (i % 997 == 0 ? 12.0f * frand() + 6.0f : 0.0f);
+    x[VOCAB + i] = ir_bf16_to_f32(ir_f32_to_bf16(3.0f * g));
+    x[2 * VOCAB + i] = 0.25f;
   }
-  void *sa[] = {&dout, &dx, (void *)&vocab, (void *)&temp, (void *)&top_k, (void *)&top_p, &du};
-  run(kernel("sampling", "kn_sample_topk_topp"), rows, 1, 1, 1024, sa);
-  down(out, dout, sizeof out);
-  for (int r = 0; r < rows; r++) {
-    int want = ref_sample(x + (size_t)r * vocab, vocab, temp, top_k, top_p, u[r]);
-    CHECKF(out[r] == want, "sample row %d: %d, want %d", r, out[r], want);
+  x[17] = x[4000] = 30.0f; /* a tie for the max: the lower id is the argmax */
+  irt_pick_req *req = malloc(sizeof *req * (size_t)n);
+  int32_t *want = malloc(sizeof *want * (size_t)n);
+  int k = 0;
+  for (int si = 0; si < n_set; si++)
+    for (int r = 0; r < ROWS; r++)
+      for (int seed = 0; seed < SEEDS; seed++, k++) {
+        irt_sampling p = {set[si].temperature, set[si].top_k, set[si].top_p, 1000u * seed + 7u};
+        irt_sampler *cpu, *dev;
+        irt_error err;
+        CHECK(irt_sampler_create(&p, VOCAB, &cpu, &err) == IRT_OK);
+        CHECK(irt_sampler_create(&p, VOCAB, &dev, &err) == IRT_OK);
+        want[k] = irt_sampler_sample(cpu, x + (size_t)r * VOCAB);
+        req[k] = (irt_pick_req){p.temperature, p.top_p, p.top_k, r,
+                                p.temperature > 0 ? irt_sampler_draw(dev) : 0.0};
+        irt_sampler_destroy(cpu), irt_sampler_destroy(dev);
+      }
+  CUdeviceptr dx = up(x, sizeof(float) * VOCAB * ROWS), dreq = up(req, sizeof *req * (size_t)n);
+  CUdeviceptr dout = poisoned(sizeof(irt_pick_res) * (size_t)n);
+  int vocab = VOCAB;
+  void *args[] = {&dout, &dx, &dreq, &vocab};
+  run(kernel("sampling", "kn_pick"), (unsigned)n, 1, 1, 1024, args);
+  irt_pick_res *out = malloc(sizeof *out * (size_t)n);
+  down(out, dout, sizeof *out * (size_t)n);
+  int same = 0;
+  double lp_err = 0;
+  for (k = 0; k < n; k++) {
+    int r = req[k].row, t = out[k].token;
+    same += t == want[k];
+    CHECKF(t == want[k], "pick %d (T %.2f top_k %d top_p %.2f row %d u %.17g): %d, want %d", k,
+           req[k].temperature, req[k].top_k, req[k].top_p, r, req[k].u, t, want[k]);
+    if (t < 0 || t >= VOCAB) continue;
+    double lp = (double)x[(size_t)r * VOCAB + t] - kn_log_sum_exp(x + (size_t)r * VOCAB, VOCAB);
+    if (fabs(out[k].logprob - lp) > lp_err) lp_err = fabs(out[k].logprob - lp);
   }
-  printf("  argmax, top-k/top-p sampling  checked\n");
-  cu.free(dx), cu.free(du), cu.free(dout);
-  free(x);
+  printf("  pick: %d/%d tokens as the CPU sampler, logprob err %.2e\n", same, n, lp_err);
+  CHECKF(lp_err <= 1e-5, "logprob err %.3e", lp_err);
+  CHECK(out[0].token == 17); /* greedy on row 0: the tie's lower id */
+  cu.free(dx), cu.free(dreq), cu.free(dout);
+  free(x), free(req), free(want), free(out);
 }
 
 /* cast.cu: activations to f16 / bf16 for cuBLAS (bit-exact against ir_f32_to_f16 /
@@ -745,7 +748,7 @@ int main(void) {
   test_attention();
   test_fused_attention();
   test_gemv_swiglu();
-  test_sampling();
+  test_pick();
   test_cast();
 #ifndef CUDA_OPS_EMU
   infc_nvrtc_close(nv);

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "inferrt.h"
 #include "ir_dtype.h"
 #include "kn_cpu.h"
 #include "kn_matmul_wq.h"
@@ -228,7 +229,7 @@ static const struct {
     {"kn_add_bias", 4, "8888"}, {"kn_cast_f16", 3, "888"}, {"kn_cast_bf16", 3, "888"},
     {"kn_attn_decode", 14, "88888888844444"}, {"kn_attn_decode_reduce", 5, "88844"},
     {"kn_attn_prefill", 13, "8888888444488"}, {"kn_attn_prefill_tc", 13, "8888888444488"},
-    {"kn_kv_write", 9, "888888844"},
+    {"kn_kv_write", 9, "888888844"}, {"kn_pick", 4, "8884"},
     {"kn_gemv_f32", 7, "8888444"}, {"kn_gemv_f16", 7, "8888444"}, {"kn_gemv_bf16", 7, "8888444"},
     {"kn_gemv_q8_0", 7, "8888444"}, {"kn_gemv_q4_0", 7, "8888444"}, {"kn_gemv_q4_1", 7, "8888444"},
     {"kn_gemv_f32_swiglu", 7, "8888444"}, {"kn_gemv_f16_swiglu", 7, "8888444"},
@@ -246,6 +247,32 @@ static ir_dtype dtype_of(const char *suffix) {
        : !strcmp(suffix, "q4_0") ? IR_Q4_0 : IR_Q4_1;
 }
 
+/* kn_pick: out, logits, args, vocab (sampling.cu): runtime/sampler.c's own function with
+ * each pick's draw, so the backend's plumbing (rows, settings, results) is what is tested. */
+int32_t irt_sampler_sample_u(irt_sampler *s, const float *logits, double u);
+static void emu_pick(const launch_t *l) {
+  const int vocab = I32(3);
+  for (unsigned b = 0; b < l->grid[0]; b++) {
+    struct {
+      float temperature, top_p;
+      int32_t top_k, row;
+      double u;
+    } a;
+    memcpy(&a, (const char *)PV(2) + 24 * b, 24);
+    const float *x = PF(1) + (size_t)a.row * (size_t)vocab;
+    irt_sampling p = {.temperature = a.temperature, .top_k = a.top_k, .top_p = a.top_p};
+    irt_sampler *s;
+    int32_t tok = -1;
+    if (irt_sampler_create(&p, vocab, &s, NULL) == IRT_OK) {
+      tok = irt_sampler_sample_u(s, x, a.u);
+      irt_sampler_destroy(s);
+    }
+    float lp = tok < 0 ? NAN : (float)((double)x[tok] - kn_log_sum_exp(x, vocab));
+    memcpy((char *)PV(0) + 8 * b, &tok, 4);
+    memcpy((char *)PV(0) + 8 * b + 4, &lp, 4);
+  }
+}
+
 static void run_launch(const launch_t *l) {
   const char *name = k_fns[l->fn].name;
   if (!strcmp(name, "kn_attn_decode")) emu_decode(l);
@@ -254,6 +281,7 @@ static void run_launch(const launch_t *l) {
   else if (!strcmp(name, "kn_attn_prefill_tc")) emu_prefill(l, 64);
   else if (!strcmp(name, "kn_kv_write")) emu_kv_write(l);
   else if (!strcmp(name, "kn_rope_kv_write")) emu_rope_kv_write(l);
+  else if (!strcmp(name, "kn_pick")) emu_pick(l);
   else if (!strncmp(name, "kn_gemv_wq_", 11)) emu_gemv_wq(l, name[12] == '4');
   else if (!strncmp(name, "kn_gemv_", 8)) {
     const char *sw = strstr(name, "_swiglu");
