@@ -113,6 +113,7 @@ typedef struct irt_cuda_opts {
   uint64_t layout;                /* IRT_CUDA_LAYOUT of the caller */
   int device;                     /* CUDA device ordinal */
   bool graphs;                    /* capture and replay decode steps as CUDA Graphs */
+  int kv_dtype;                   /* irt_kv_dtype_id of the KV cache: f32 or f16 */
   const ir_plan_kernel *kernels;  /* the plan's kernel table (borrowed, in the mapping) */
   int n_kernels;
 } irt_cuda_opts;

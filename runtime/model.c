@@ -48,7 +48,8 @@ static ir_status open_backend(irt_model *m, const irt_model_opts *o, ir_diag *d)
                        "(rebuild it with infc build --target cuda, or run with --device cpu)",
                        target);
   irt_cuda_opts co = {.abi = IRT_CUDA_ABI, .layout = IRT_CUDA_LAYOUT, .device = o->cuda_device,
-                      .graphs = !o->no_cuda_graphs, .kernels = ir_plan_kernel_at(m->plan, 0),
+                      .graphs = !o->no_cuda_graphs, .kv_dtype = (int)o->kv_dtype,
+                      .kernels = ir_plan_kernel_at(m->plan, 0),
                       .n_kernels = ir_plan_n_kernels(m->plan)};
   return irt_backend_cuda_open(&co, m->g, &m->be, d);
 }
@@ -101,7 +102,8 @@ static ir_status setup_io(irt_model *m, ir_diag *d) {
 
 /* A device backend's KV pool gets one block more, held for good: decode steps padded to
  * a graph's batch bucket write their padding tokens there. */
-static ir_status setup_device_kv(irt_model *m, int64_t tokens, ir_diag *d) {
+static ir_status setup_device_kv(irt_model *m, int64_t tokens, irt_kv_dtype_id dtype,
+                                 ir_diag *d) {
   const ir_model_config *c = &m->g->config;
   m->h_tokens = calloc((size_t)c->max_tokens, sizeof(int32_t));
   m->h_rows = calloc((size_t)c->max_logits, sizeof(int32_t));
@@ -113,12 +115,13 @@ static ir_status setup_device_kv(irt_model *m, int64_t tokens, ir_diag *d) {
   ir_diag probe = {0};
   m->dev_pick = m->be.ops->pick &&
                 m->be.ops->pick(m->be.ctx, NULL, c->vocab_size, 0, NULL, NULL, &probe) == IR_OK;
-  ir_status st = irt_kv_cache_init(&m->kv, c->n_layers, c->n_kv_heads, c->head_dim,
-                                   c->kv_block_size, tokens + c->kv_block_size, m->be.ops->alloc,
-                                   m->be.ctx, d);
+  ir_status st = irt_kv_cache_init_dtype(&m->kv, c->n_layers, c->n_kv_heads, c->head_dim,
+                                         c->kv_block_size, tokens + c->kv_block_size, dtype,
+                                         m->be.ops->alloc, m->be.ctx, d);
   if (st == IR_OOM && m->be.ops->mem_info) {
-    uint64_t fr = 0, tot = 0, want = (uint64_t)(tokens + c->kv_block_size) * 2 *
-                                     (uint64_t)(c->n_layers * c->n_kv_heads * c->head_dim) * 4;
+    uint64_t fr = 0, tot = 0,
+             want = (uint64_t)(tokens + c->kv_block_size) *
+                    irt_kv_token_bytes(c->n_layers, c->n_kv_heads, c->head_dim, dtype);
     m->be.ops->mem_info(m->be.ctx, &fr, &tot);
     *d = (ir_diag){0};
     return ir_diag_set(d, IR_OOM,
@@ -144,12 +147,8 @@ static ir_status setup_kv(irt_model *m, const irt_model_opts *o, ir_diag *d) {
   m->pad_block = -1;
   if (!m->tok_seq || !m->tok_pos || !m->block_tables)
     return ir_diag_set(d, IR_OOM, "out of memory");
-  if (m->be.ops->run_step && o->kv_dtype != IRT_KV_DTYPE_F32)
-    return ir_diag_set(d, IR_UNSUPPORTED,
-                       "KV cache dtype '%s' is CPU-only; the %s backend keeps an f32 cache "
-                       "(use --kv-dtype f32, or --device cpu)",
-                       irt_kv_dtype_name(o->kv_dtype), m->be.ops->name);
-  if (m->be.ops->run_step) return setup_device_kv(m, tokens, d);
+  /* a device backend has refused a KV dtype it cannot keep when it was created */
+  if (m->be.ops->run_step) return setup_device_kv(m, tokens, (irt_kv_dtype_id)o->kv_dtype, d);
   return irt_kv_cache_init_dtype(&m->kv, c->n_layers, c->n_kv_heads, c->head_dim,
                                  c->kv_block_size, tokens, (irt_kv_dtype_id)o->kv_dtype,
                                  m->be.ops->alloc, m->be.ctx, d);

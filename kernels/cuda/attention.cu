@@ -1,7 +1,8 @@
 // attention.cu: paged attention over the block-table KV layout of kernels/cpu/kn_cpu.h
 // (kn_kv_layer, kn_attn_batch): out = softmax(q k^T * scale) v per head over each token's
 // causal context, head h reading kv head h / GQA_GROUP. The new K/V of the step must be in
-// the cache first (kv_write.cu). f32 everywhere, CUDA cores (the cache is f32).
+// the cache first (kv_write.cu). The cache is f32, or f16 bits for the _f16 entries
+// (--kv-dtype f16); the arithmetic is f32 on CUDA cores but for kn_attn_prefill_tc*.
 //
 // Compile-time: HEAD_DIM (a multiple of 32, or at most 32), BLOCK_SIZE (KV block tokens), GQA_GROUP
 // (n_heads / n_kv_heads), ATTN_WARPS (warps per CTA), PREFILL_ROWS (query rows per warp).
@@ -34,28 +35,34 @@
 #error "BLOCK_SIZE must be in [1, 32]"
 #endif
 #define DPL ((HEAD_DIM + 31) / 32) /* dims per lane */
+
+#include "kn_cuda.cuh"
+
+// A cache element as f32.
+__device__ __forceinline__ float kv_ld(const float *p) { return __ldg(p); }
+__device__ __forceinline__ float kv_ld(const unsigned short *p) { return kn_f16_to_f32(__ldg(p)); }
 /* Does lane own dim lane + 32 i? Always, but for a head under 32 dims (tiny test models). */
 #define DIM_OK(i) (HEAD_DIM % 32 == 0 || lane + 32 * (i) < HEAD_DIM)
 #define NEG_INF (-__int_as_float(0x7f800000))
 
 // One warp: rows r < R of one (sequence, head) attend to the logical KV blocks
 // b0, b0 + step, ... < b1 of block table bt; row r sees positions <= lim[r] (lim < 0: none).
-template <int R>
+template <int R, class KV>
 __device__ __forceinline__ void attn_blocks(const float (&q)[R][DPL], float (&acc)[R][DPL],
                                             float (&m)[R], float (&l)[R], const int (&lim)[R],
-                                            const float *k, const float *v, const int *bt,
+                                            const KV *k, const KV *v, const int *bt,
                                             int kvh, int n_kv_heads, int b0, int b1, int step) {
   const int lane = threadIdx.x & 31;
   for (int b = b0; b < b1; b += step) {
     long long base = ((long long)bt[b] * n_kv_heads + kvh) * (BLOCK_SIZE * HEAD_DIM) + lane;
-    const float *kb = k + base, *vb = v + base;
+    const KV *kb = k + base, *vb = v + base;
     const int p0 = b * BLOCK_SIZE;
     float s[R][BLOCK_SIZE];
 #pragma unroll
     for (int j = 0; j < BLOCK_SIZE; j++) {
       float kd[DPL];
 #pragma unroll
-      for (int i = 0; i < DPL; i++) kd[i] = DIM_OK(i) ? __ldg(kb + j * HEAD_DIM + 32 * i) : 0.0f;
+      for (int i = 0; i < DPL; i++) kd[i] = DIM_OK(i) ? kv_ld(kb + j * HEAD_DIM + 32 * i) : 0.0f;
 #pragma unroll
       for (int r = 0; r < R; r++) {
         float a = 0.0f;
@@ -101,7 +108,7 @@ __device__ __forceinline__ void attn_blocks(const float (&q)[R][DPL], float (&ac
     for (int j = 0; j < BLOCK_SIZE; j++) {
       float vd[DPL];
 #pragma unroll
-      for (int i = 0; i < DPL; i++) vd[i] = DIM_OK(i) ? __ldg(vb + j * HEAD_DIM + 32 * i) : 0.0f;
+      for (int i = 0; i < DPL; i++) vd[i] = DIM_OK(i) ? kv_ld(vb + j * HEAD_DIM + 32 * i) : 0.0f;
 #pragma unroll
       for (int r = 0; r < R; r++) {
 #pragma unroll
@@ -117,11 +124,13 @@ __device__ __forceinline__ void attn_blocks(const float (&q)[R][DPL], float (&ac
 // straight to out; otherwise the unnormalised partial (n_tok, n_heads, n_splits, HEAD_DIM)
 // and its (max, sum) (n_tok, n_heads, n_splits, 2) go to part_acc / part_ml for
 // kn_attn_decode_reduce.
-extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32)
-    kn_attn_decode(float *out, float *part_acc, float *part_ml, const float *q, const float *k,
-                   const float *v, const int *tok_seq, const int *tok_pos,
-                   const int *block_tables, int max_blocks, int n_heads, int n_kv_heads,
-                   float scale, int blocks_per_split) {
+template <class KV>
+__device__ __forceinline__ void attn_decode(float *out, float *part_acc, float *part_ml,
+                                            const float *q, const KV *k, const KV *v,
+                                            const int *tok_seq, const int *tok_pos,
+                                            const int *block_tables, int max_blocks,
+                                            int n_heads, int n_kv_heads, float scale,
+                                            int blocks_per_split) {
   __shared__ float sm_acc[ATTN_WARPS][HEAD_DIM];
   __shared__ float sm_ml[ATTN_WARPS][2];
   const int t = blockIdx.x, h = blockIdx.y, z = blockIdx.z;
@@ -137,7 +146,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32)
     qr[0][i] = DIM_OK(i) ? qt[32 * i] * scale : 0.0f;
     acc[0][i] = 0.0f;
   }
-  attn_blocks<1>(qr, acc, m, l, lim, k, v, block_tables + (long long)tok_seq[t] * max_blocks,
+  attn_blocks<1, KV>(qr, acc, m, l, lim, k, v, block_tables + (long long)tok_seq[t] * max_blocks,
                  h / GQA_GROUP, n_kv_heads, b0 + w, b1, ATTN_WARPS);
 #pragma unroll
   for (int i = 0; i < DPL; i++)
@@ -172,6 +181,17 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32)
   }
 }
 
+#define ATTN_DECODE_ENTRY(name, KV)                                                            \
+  extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32)                               \
+      name(float *out, float *part_acc, float *part_ml, const float *q, const KV *k,          \
+           const KV *v, const int *tok_seq, const int *tok_pos, const int *block_tables,      \
+           int max_blocks, int n_heads, int n_kv_heads, float scale, int blocks_per_split) {  \
+    attn_decode(out, part_acc, part_ml, q, k, v, tok_seq, tok_pos, block_tables, max_blocks, \
+                n_heads, n_kv_heads, scale, blocks_per_split);                                \
+  }
+ATTN_DECODE_ENTRY(kn_attn_decode, float)
+ATTN_DECODE_ENTRY(kn_attn_decode_f16, unsigned short)
+
 // Combines the splits of kn_attn_decode. Grid (n_tok, n_heads), block HEAD_DIM.
 extern "C" __global__ void __launch_bounds__(HEAD_DIM)
     kn_attn_decode_reduce(float *out, const float *part_acc, const float *part_ml, int n_heads,
@@ -195,11 +215,13 @@ extern "C" __global__ void __launch_bounds__(HEAD_DIM)
 // tokens of one sequence: tile x is tokens [tile_tok0[x], + tile_ntok[x]). Each warp keeps
 // PREFILL_ROWS query rows in registers, so every K/V element it loads serves them all;
 // the warps of a tile read the same blocks, which L1 shares.
-extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32)
-    kn_attn_prefill(float *out, const float *q, const float *k, const float *v,
-                    const int *tok_seq, const int *tok_pos, const int *block_tables,
-                    int max_blocks, int n_heads, int n_kv_heads, float scale,
-                    const int *tile_tok0, const int *tile_ntok) {
+template <class KV>
+__device__ __forceinline__ void attn_prefill(float *out, const float *q, const KV *k,
+                                             const KV *v, const int *tok_seq,
+                                             const int *tok_pos, const int *block_tables,
+                                             int max_blocks, int n_heads, int n_kv_heads,
+                                             float scale, const int *tile_tok0,
+                                             const int *tile_ntok) {
   const int h = blockIdx.y, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
   const int tok0 = tile_tok0[blockIdx.x], ntok = tile_ntok[blockIdx.x];
   const int r0 = w * PREFILL_ROWS;
@@ -222,7 +244,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32)
       acc[r][i] = 0.0f;
     }
   }
-  attn_blocks<PREFILL_ROWS>(qr, acc, m, l, lim, k, v,
+  attn_blocks<PREFILL_ROWS, KV>(qr, acc, m, l, lim, k, v,
                             block_tables + (long long)tok_seq[tok0] * max_blocks,
                             h / GQA_GROUP, n_kv_heads, 0, last / BLOCK_SIZE + 1, 1);
 #pragma unroll
@@ -233,6 +255,24 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32)
     for (int i = 0; i < DPL; i++)
       if (DIM_OK(i)) o[32 * i] = l[r] > 0.0f ? acc[r][i] / l[r] : 0.0f;
   }
+}
+
+// The prefill entries' parameters (kn_attn_prefill and kn_attn_prefill_tc, by KV type).
+#define ATTN_PREFILL_PARAMS(KV)                                                                \
+  float *out, const float *q, const KV *k, const KV *v, const int *tok_seq,                    \
+      const int *tok_pos, const int *block_tables, int max_blocks, int n_heads,                \
+      int n_kv_heads, float scale, const int *tile_tok0, const int *tile_ntok
+#define ATTN_PREFILL_ARGS                                                                      \
+  out, q, k, v, tok_seq, tok_pos, block_tables, max_blocks, n_heads, n_kv_heads, scale,        \
+      tile_tok0, tile_ntok
+
+extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32)
+    kn_attn_prefill(ATTN_PREFILL_PARAMS(float)) {
+  attn_prefill(ATTN_PREFILL_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32)
+    kn_attn_prefill_f16(ATTN_PREFILL_PARAMS(unsigned short)) {
+  attn_prefill(ATTN_PREFILL_ARGS);
 }
 
 // Prefill chunks on tensor cores (sm_80+): flash-attention with f16 operands and f32
@@ -280,13 +320,19 @@ __device__ __forceinline__ void tc_mma(float (&d)[4], const unsigned (&a)[4], un
 }
 #endif
 
-// __maxnreg__ rather than __launch_bounds__: under the latter ptxas spills at HEAD_DIM 128
-// on sm_90 (168 registers); capped at 200 it uses about 175 and none spill.
-extern "C" __global__ void __maxnreg__(200)
-    kn_attn_prefill_tc(float *out, const float *q, const float *k, const float *v,
-                       const int *tok_seq, const int *tok_pos, const int *block_tables,
-                       int max_blocks, int n_heads, int n_kv_heads, float scale,
-                       const int *tile_tok0, const int *tile_ntok) {
+// Cache elements p[0..3] as f16 pairs {p0, p1} (lo) and {p2, p3} (hi): rounded from an f32
+// cache, as they are from an f16 one.
+__device__ __forceinline__ void tc_load4(const float *p, unsigned &lo, unsigned &hi) {
+  const float4 x = __ldg((const float4 *)p);
+  lo = tc_pack(x.x, x.y), hi = tc_pack(x.z, x.w);
+}
+__device__ __forceinline__ void tc_load4(const unsigned short *p, unsigned &lo, unsigned &hi) {
+  const uint2 x = __ldg((const uint2 *)p);
+  lo = x.x, hi = x.y;
+}
+
+template <class KV>
+__device__ __forceinline__ void attn_prefill_tc(ATTN_PREFILL_PARAMS(KV)) {
   __shared__ __align__(16) unsigned short sK[TC_KC * TC_KP];
   __shared__ __align__(16) unsigned short sVt[HEAD_DIM * TC_VP];
   const int h = blockIdx.y, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
@@ -325,16 +371,15 @@ extern "C" __global__ void __maxnreg__(200)
     // Stage K and V of positions p0 .. p0 + TC_KC - 1 (zeros past `last`), 4 dims a load.
     for (int i = threadIdx.x; i < TC_KC * HEAD_DIM / 4; i += TC_WARPS * 32) {
       const int j = i / (HEAD_DIM / 4), d = 4 * (i % (HEAD_DIM / 4)), p = p0 + j;
-      float4 kv = make_float4(0.0f, 0.0f, 0.0f, 0.0f), vv = kv;
+      unsigned k01 = 0, k23 = 0, v01 = 0, v23 = 0; // f16 zeros past `last`
       if (p <= last) {
         long long row = (((long long)bt[p / BLOCK_SIZE] * n_kv_heads + kvh) * BLOCK_SIZE +
                          p % BLOCK_SIZE) * HEAD_DIM + d;
-        kv = __ldg((const float4 *)(k + row));
-        vv = __ldg((const float4 *)(v + row));
+        tc_load4(k + row, k01, k23);
+        tc_load4(v + row, v01, v23);
       }
-      *(unsigned *)&sK[j * TC_KP + d] = tc_pack(kv.x, kv.y);
-      *(unsigned *)&sK[j * TC_KP + d + 2] = tc_pack(kv.z, kv.w);
-      const unsigned v01 = tc_pack(vv.x, vv.y), v23 = tc_pack(vv.z, vv.w);
+      *(unsigned *)&sK[j * TC_KP + d] = k01;
+      *(unsigned *)&sK[j * TC_KP + d + 2] = k23;
       sVt[(d + 0) * TC_VP + j] = (unsigned short)(v01 & 0xffffu);
       sVt[(d + 1) * TC_VP + j] = (unsigned short)(v01 >> 16);
       sVt[(d + 2) * TC_VP + j] = (unsigned short)(v23 & 0xffffu);
@@ -426,5 +471,15 @@ extern "C" __global__ void __maxnreg__(200)
       ob[0] = o[dn][2] * ib, ob[1] = o[dn][3] * ib;
     }
   }
+}
+
+// __maxnreg__ rather than __launch_bounds__: under the latter ptxas spills at HEAD_DIM 128
+// on sm_90 (168 registers); capped at 200 it uses about 175 and none spill.
+extern "C" __global__ void __maxnreg__(200) kn_attn_prefill_tc(ATTN_PREFILL_PARAMS(float)) {
+  attn_prefill_tc(ATTN_PREFILL_ARGS);
+}
+extern "C" __global__ void __maxnreg__(200)
+    kn_attn_prefill_tc_f16(ATTN_PREFILL_PARAMS(unsigned short)) {
+  attn_prefill_tc(ATTN_PREFILL_ARGS);
 }
 #endif

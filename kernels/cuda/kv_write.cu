@@ -1,6 +1,7 @@
 // kv_write.cu: writes each token's new K and V into the paged cache at its position
 // (the first half of kn_attention_paged). Cache layout per layer, as kn_kv_layer:
-// k, v: (n_blocks, n_kv_heads, BLOCK_SIZE, HEAD_DIM) f32; token t of step-sequence
+// k, v: (n_blocks, n_kv_heads, BLOCK_SIZE, HEAD_DIM) f32, or f16 bits for the _f16 entries
+// (--kv-dtype f16: rounded to nearest even, as the CPU's f16 cache); token t of step-sequence
 // tok_seq[t] at position tok_pos[t] goes to physical block
 // block_tables[tok_seq[t] * max_blocks + tok_pos[t] / BLOCK_SIZE].
 // k_new, v_new: (n_tok, n_kv_heads, HEAD_DIM). Launch: grid (n_tok), block (256).
@@ -12,10 +13,19 @@
 #define BLOCK_SIZE 16
 #endif
 
-extern "C" __global__ void kn_kv_write(float *k_cache, float *v_cache, const float *k_new,
-                                       const float *v_new, const int *tok_seq,
-                                       const int *tok_pos, const int *block_tables,
-                                       int max_blocks, int n_kv_heads) {
+#include "kn_cuda.cuh"
+
+// A cache element from f32: stored as is, or rounded to f16.
+__device__ __forceinline__ float kv_elem(float *, float x) { return x; }
+__device__ __forceinline__ unsigned short kv_elem(unsigned short *, float x) {
+  return kn_f32_to_f16(x);
+}
+
+template <class KV>
+__device__ __forceinline__ void kv_write(KV *k_cache, KV *v_cache, const float *k_new,
+                                         const float *v_new, const int *tok_seq,
+                                         const int *tok_pos, const int *block_tables,
+                                         int max_blocks, int n_kv_heads) {
   int t = blockIdx.x, pos = tok_pos[t];
   long long blk = block_tables[(long long)tok_seq[t] * max_blocks + pos / BLOCK_SIZE];
   int off = pos % BLOCK_SIZE;
@@ -23,9 +33,26 @@ extern "C" __global__ void kn_kv_write(float *k_cache, float *v_cache, const flo
     int h = i / HEAD_DIM, d = i % HEAD_DIM;
     long long dst = ((blk * n_kv_heads + h) * BLOCK_SIZE + off) * HEAD_DIM + d;
     long long src = (long long)t * n_kv_heads * HEAD_DIM + i;
-    k_cache[dst] = k_new[src];
-    v_cache[dst] = v_new[src];
+    k_cache[dst] = kv_elem(k_cache, k_new[src]);
+    v_cache[dst] = kv_elem(v_cache, v_new[src]);
   }
+}
+
+extern "C" __global__ void kn_kv_write(float *k_cache, float *v_cache, const float *k_new,
+                                       const float *v_new, const int *tok_seq,
+                                       const int *tok_pos, const int *block_tables,
+                                       int max_blocks, int n_kv_heads) {
+  kv_write(k_cache, v_cache, k_new, v_new, tok_seq, tok_pos, block_tables, max_blocks,
+           n_kv_heads);
+}
+
+extern "C" __global__ void kn_kv_write_f16(unsigned short *k_cache, unsigned short *v_cache,
+                                           const float *k_new, const float *v_new,
+                                           const int *tok_seq, const int *tok_pos,
+                                           const int *block_tables, int max_blocks,
+                                           int n_kv_heads) {
+  kv_write(k_cache, v_cache, k_new, v_new, tok_seq, tok_pos, block_tables, max_blocks,
+           n_kv_heads);
 }
 
 // Value d of a head row x after rotary embedding of its first rot_dim dims (kn_rope's
@@ -53,13 +80,14 @@ __device__ __forceinline__ float rope_at(const float *x, int d, const float *cs,
 // (q | k | v) is read in place. cos_sin (max_pos, rot_dim/2, 2) as rope.cu; rot_dim 0
 // rotates nothing; neox 1 pairs (i, i + rot_dim/2), 0 pairs (2i, 2i+1).
 // Launch: grid (n_tok), block (256).
-extern "C" __global__ void kn_rope_kv_write(float *q_out, float *k_cache, float *v_cache,
-                                            const float *q, const float *k, const float *v,
-                                            long long q_stride, long long kv_stride,
-                                            const int *tok_seq, const int *tok_pos,
-                                            const int *block_tables, int max_blocks,
-                                            int n_heads, int n_kv_heads,
-                                            const float *cos_sin, int rot_dim, int neox) {
+template <class KV>
+__device__ __forceinline__ void rope_kv_write(float *q_out, KV *k_cache, KV *v_cache,
+                                              const float *q, const float *k, const float *v,
+                                              long long q_stride, long long kv_stride,
+                                              const int *tok_seq, const int *tok_pos,
+                                              const int *block_tables, int max_blocks,
+                                              int n_heads, int n_kv_heads,
+                                              const float *cos_sin, int rot_dim, int neox) {
   const int t = blockIdx.x, pos = tok_pos[t];
   const float *cs = cos_sin + (long long)pos * rot_dim;
   const float *qt = q + t * q_stride, *kt = k + t * kv_stride, *vt = v + t * kv_stride;
@@ -71,7 +99,20 @@ extern "C" __global__ void kn_rope_kv_write(float *q_out, float *k_cache, float 
   for (int i = threadIdx.x; i < n_kv_heads * HEAD_DIM; i += blockDim.x) {
     int h = i / HEAD_DIM, d = i % HEAD_DIM;
     long long dst = ((blk * n_kv_heads + h) * BLOCK_SIZE + off) * HEAD_DIM + d;
-    k_cache[dst] = rope_at(kt + h * HEAD_DIM, d, cs, rot_dim, neox != 0);
-    v_cache[dst] = vt[i];
+    k_cache[dst] = kv_elem(k_cache, rope_at(kt + h * HEAD_DIM, d, cs, rot_dim, neox != 0));
+    v_cache[dst] = kv_elem(v_cache, vt[i]);
   }
 }
+
+#define ROPE_KV_WRITE_ENTRY(name, KV)                                                          \
+  extern "C" __global__ void name(float *q_out, KV *k_cache, KV *v_cache, const float *q,     \
+                                  const float *k, const float *v, long long q_stride,         \
+                                  long long kv_stride, const int *tok_seq, const int *tok_pos, \
+                                  const int *block_tables, int max_blocks, int n_heads,       \
+                                  int n_kv_heads, const float *cos_sin, int rot_dim,          \
+                                  int neox) {                                                 \
+    rope_kv_write(q_out, k_cache, v_cache, q, k, v, q_stride, kv_stride, tok_seq, tok_pos,    \
+                  block_tables, max_blocks, n_heads, n_kv_heads, cos_sin, rot_dim, neox);     \
+  }
+ROPE_KV_WRITE_ENTRY(kn_rope_kv_write, float)
+ROPE_KV_WRITE_ENTRY(kn_rope_kv_write_f16, unsigned short)

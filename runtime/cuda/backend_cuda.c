@@ -18,6 +18,9 @@ static const struct {
     {CF_ATTN_REDUCE, "attention", "kn_attn_decode_reduce"},
     {CF_ATTN_PREFILL, "attention", "kn_attn_prefill"},
     {CF_ATTN_PREFILL_TC, "attention", "kn_attn_prefill_tc"},
+    {CF_ATTN_DECODE_F16, "attention", "kn_attn_decode_f16"},
+    {CF_ATTN_PREFILL_F16, "attention", "kn_attn_prefill_f16"},
+    {CF_ATTN_PREFILL_TC_F16, "attention", "kn_attn_prefill_tc_f16"},
     {CF_CAST_F16, "cast", "kn_cast_f16"},
     {CF_CAST_BF16, "cast", "kn_cast_bf16"},
     {CF_ADD_BIAS, "cast", "kn_add_bias"},
@@ -44,6 +47,8 @@ static const struct {
     {CF_GEMV_WQ_I8, "gemv_wq", "kn_gemv_wq_i8"},
     {CF_KV_WRITE, "kv_write", "kn_kv_write"},
     {CF_ROPE_KV_WRITE, "kv_write", "kn_rope_kv_write"},
+    {CF_KV_WRITE_F16, "kv_write", "kn_kv_write_f16"},
+    {CF_ROPE_KV_WRITE_F16, "kv_write", "kn_rope_kv_write_f16"},
     {CF_RMS_NORM, "rms_norm", "kn_rms_norm"},
     {CF_ADD_RMS_NORM, "rms_norm", "kn_add_rms_norm"},
     {CF_ROPE_NEOX, "rope", "kn_rope_neox"},
@@ -142,10 +147,12 @@ static ir_status load_source(cuda_ctx *c, const irt_cuda_opts *o, const char *sr
 
 /* The fused forms' kernels, missing from plans built before them (which have no fused
  * nodes): their fn stays NULL, and cuda_ops_check refuses a node that would need one.
- * Without kn_pick the engine reads logit rows and samples on the host. */
+ * Without kn_pick the engine reads logit rows and samples on the host; without the _f16
+ * attention kernels the KV cache can only be f32. */
 static bool optional_fn(cuda_fn f) {
   return (f >= CF_GEMV_F32_SWIGLU && f <= CF_GEMV_Q4_1_SWIGLU) || f == CF_ROPE_KV_WRITE ||
-         f == CF_SWIGLU_PACKED || f == CF_ATTN_PREFILL_TC || f == CF_PICK;
+         f == CF_SWIGLU_PACKED || f == CF_ATTN_PREFILL_TC || f == CF_PICK ||
+         (f >= CF_KV_WRITE_F16 && f <= CF_ATTN_PREFILL_TC_F16);
 }
 
 static ir_status load_kernels(cuda_ctx *c, const irt_cuda_opts *o, ir_diag *d) {
@@ -214,6 +221,21 @@ static ir_status alloc_scratch(cuda_ctx *c, const ir_graph *g, ir_diag *d) {
   if (st == IR_OK && c->fn[CF_PICK] && (r = c->cu.host_alloc(&c->pick_stage, pick)))
     st = cuda_fail(c, r, "pinned pick buffer", d);
   return st;
+}
+
+/* An f32 cache, or f16 with its kernels (plans built before them: f32 only). */
+static ir_status check_kv_dtype(cuda_ctx *c, int kv_dtype, ir_diag *d) {
+  c->kv_f16 = kv_dtype == IRT_KV_F16;
+  if (kv_dtype != IRT_KV_F32 && kv_dtype != IRT_KV_F16)
+    return ir_diag_set(d, IR_UNSUPPORTED,
+                       "KV cache dtype int8 is CPU-only; the cuda backend keeps f32 or f16 "
+                       "(use --kv-dtype f16, or --device cpu)");
+  for (int f = CF_KV_WRITE_F16; c->kv_f16 && f <= CF_ATTN_PREFILL_TC_F16; f++)
+    if (!c->fn[f] && f != CF_ATTN_PREFILL_TC_F16)
+      return ir_diag_set(d, IR_UNSUPPORTED,
+                         "the plan's CUDA kernels have no f16 KV cache: rebuild the plan with "
+                         "this infc, or use --kv-dtype f32");
+  return IR_OK;
 }
 
 /* cuBLAS for the dense GEMMs; without it every matmul runs on the GEMV kernels. */
@@ -539,6 +561,7 @@ ir_status irt_backend_cuda_create(const irt_cuda_opts *o, const ir_graph *g, irt
                       c->max_logits <= 0 || c->head_dim <= 0 || c->n_heads <= 0))
     st = ir_diag_set(d, IR_BAD_FORMAT, "cuda backend: the plan is not an LLM step program");
   if (st == IR_OK) st = load_kernels(c, o, d);
+  if (st == IR_OK) st = check_kv_dtype(c, o->kv_dtype, d);
   if (st == IR_OK) open_blas(c);
   if (st == IR_OK) st = cuda_ops_check(c, g, d);
   if (st == IR_OK && !c->fn[CF_CAST_F16]) c->xh_bytes = 0; /* no cast kernels: GEMV only */

@@ -17,7 +17,8 @@ typedef enum cuda_fn {
   CF_EMBED_Q4_1, CF_GATHER_ROWS, CF_GEMV_F32, CF_GEMV_F16, CF_GEMV_BF16, CF_GEMV_Q8_0,
   CF_GEMV_Q4_0, CF_GEMV_Q4_1, CF_GEMV_F32_SWIGLU, CF_GEMV_F16_SWIGLU, CF_GEMV_BF16_SWIGLU,
   CF_GEMV_Q8_0_SWIGLU, CF_GEMV_Q4_0_SWIGLU, CF_GEMV_Q4_1_SWIGLU, CF_GEMV_WQ_I4, CF_GEMV_WQ_I8,
-  CF_KV_WRITE, CF_ROPE_KV_WRITE, CF_RMS_NORM, CF_ADD_RMS_NORM, CF_ROPE_NEOX,
+  CF_KV_WRITE, CF_ROPE_KV_WRITE, CF_KV_WRITE_F16, CF_ROPE_KV_WRITE_F16, CF_ATTN_DECODE_F16,
+  CF_ATTN_PREFILL_F16, CF_ATTN_PREFILL_TC_F16, CF_RMS_NORM, CF_ADD_RMS_NORM, CF_ROPE_NEOX,
   CF_ROPE_INTERLEAVED, CF_PICK, CF_SWIGLU, CF_SWIGLU_PACKED, CF_COUNT
 } cuda_fn;
 
@@ -51,6 +52,7 @@ typedef struct cuda_ctx {
    * f16/bf16 activations anyway; tiles of CUDA_TC_TILE_TOKENS, else CUDA_TILE_TOKENS */
   bool tc_prefill;
   int tile_tokens;
+  bool kv_f16; /* the KV cache holds f16 (the _F16 attention and KV-write kernels) */
 
   /* graph limits: the step limits of the plan */
   int64_t max_tokens, max_seqs, max_logits, max_blocks;

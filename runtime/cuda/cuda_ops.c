@@ -201,7 +201,9 @@ static ir_status run_attention(cuda_ctx *c, const ir_graph *g, const ir_node *n,
   float scale = (float)ir_node_attr_f(n, "scale", 1.0);
   unsigned n_tok = (unsigned)s->syms[IR_SYM_TOKENS];
   CUdeviceptr out = O_(0), q = P_(0);
-  CUdeviceptr kc = cuda_dptr(s->kv->k[layer]), vc = cuda_dptr(s->kv->v[layer]);
+  const bool f16 = c->kv_f16;
+  CUdeviceptr kc = cuda_dptr(f16 ? (void *)s->kv->k16[layer] : (void *)s->kv->k[layer]);
+  CUdeviceptr vc = cuda_dptr(f16 ? (void *)s->kv->v16[layer] : (void *)s->kv->v[layer]);
   CUdeviceptr seq = cuda_stage_ptr(c, c->off_seq), pos = cuda_stage_ptr(c, c->off_pos);
   CUdeviceptr bt = cuda_stage_ptr(c, c->off_bt);
   bool packed = n->in[1] < 0, roped = n->n_in > 3 && n->in[3] >= 0;
@@ -216,24 +218,25 @@ static ir_status run_attention(cuda_ctx *c, const ir_graph *g, const ir_node *n,
     int neox = (int)ir_node_attr_i(n, "neox", 1);
     void *wargs[] = {&out, &kc, &vc, &q, &kn, &vn, &q_stride, &kv_stride, &seq, &pos, &bt,
                      &maxb, &heads, &kvh, &cs, &rot, &neox};
-    st = launch(c, CF_ROPE_KV_WRITE, n_tok, 1, 1, 256, wargs, d);
+    st = launch(c, f16 ? CF_ROPE_KV_WRITE_F16 : CF_ROPE_KV_WRITE, n_tok, 1, 1, 256, wargs, d);
     q = out;
   } else {
     CUdeviceptr kn = P_(1), vn = P_(2);
     void *wargs[] = {&kc, &vc, &kn, &vn, &seq, &pos, &bt, &maxb, &kvh};
-    st = launch(c, CF_KV_WRITE, n_tok, 1, 1, 256, wargs, d);
+    st = launch(c, f16 ? CF_KV_WRITE_F16 : CF_KV_WRITE, n_tok, 1, 1, 256, wargs, d);
   }
   if (st != IR_OK) return st;
   if (!s->decode) {
     CUdeviceptr t0 = cuda_stage_ptr(c, c->off_tile0), tn = cuda_stage_ptr(c, c->off_tilen);
     void *args[] = {&out, &q, &kc, &vc, &seq, &pos, &bt, &maxb, &heads, &kvh, &scale, &t0, &tn};
-    return launch(c, c->tc_prefill ? CF_ATTN_PREFILL_TC : CF_ATTN_PREFILL, (unsigned)s->n_tiles,
-                  (unsigned)heads, 1, CUDA_ATTN_WARPS * 32, args, d);
+    cuda_fn fn = c->tc_prefill ? (f16 ? CF_ATTN_PREFILL_TC_F16 : CF_ATTN_PREFILL_TC)
+                               : (f16 ? CF_ATTN_PREFILL_F16 : CF_ATTN_PREFILL);
+    return launch(c, fn, (unsigned)s->n_tiles, (unsigned)heads, 1, CUDA_ATTN_WARPS * 32, args, d);
   }
   CUdeviceptr pa = c->part_acc, pm = c->part_ml;
   void *args[] = {&out, &pa, &pm, &q, &kc, &vc, &seq, &pos, &bt, &maxb, &heads, &kvh, &scale, &bps};
-  st = launch(c, CF_ATTN_DECODE, n_tok, (unsigned)heads, (unsigned)splits, CUDA_ATTN_WARPS * 32,
-              args, d);
+  st = launch(c, f16 ? CF_ATTN_DECODE_F16 : CF_ATTN_DECODE, n_tok, (unsigned)heads,
+              (unsigned)splits, CUDA_ATTN_WARPS * 32, args, d);
   if (st != IR_OK || splits == 1) return st;
   void *rargs[] = {&out, &pa, &pm, &heads, &splits};
   return launch(c, CF_ATTN_REDUCE, n_tok, (unsigned)heads, 1, (unsigned)c->head_dim, rargs, d);
@@ -361,7 +364,7 @@ static bool attention_ok(const cuda_ctx *c, const ir_graph *g, const ir_node *n)
   bool packed = n->in[1] < 0, roped = n->n_in > 3 && n->in[3] >= 0;
   if (packed != (n->in[2] < 0)) return false;
   if (!packed && !roped) return n->n_in == 3 || n->in[3] < 0;
-  if (!c->fn[CF_ROPE_KV_WRITE]) return false;
+  if (!c->fn[c->kv_f16 ? CF_ROPE_KV_WRITE_F16 : CF_ROPE_KV_WRITE]) return false;
   if (!roped) return true;
   int64_t rot = ir_node_attr_i(n, "rot_dim", 0);
   return n->n_in > 4 && n->in[4] >= 0 && T_(4)->dtype == IR_F32 && rot > 0 && rot % 2 == 0 &&
@@ -418,7 +421,8 @@ ir_status cuda_ops_check(cuda_ctx *c, const ir_graph *g, ir_diag *d) {
   c->zh_bytes = zh;
   /* Tensor-core prefill attention rounds q, k, v and the probabilities to f16: taken where
    * the prefill GEMMs already round activations so (f32 plans keep f32 attention). */
-  c->tc_prefill = half && c->fn[CF_ATTN_PREFILL_TC] && c->arch >= 80;
+  c->tc_prefill = half && c->fn[c->kv_f16 ? CF_ATTN_PREFILL_TC_F16 : CF_ATTN_PREFILL_TC] &&
+                  c->arch >= 80;
   c->tile_tokens = c->tc_prefill ? CUDA_TC_TILE_TOKENS : CUDA_TILE_TOKENS;
   return IR_OK;
 }

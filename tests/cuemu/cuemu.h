@@ -53,6 +53,9 @@ struct alignas(16) uint4 {
 struct alignas(8) float2 {
   float x, y;
 };
+struct alignas(8) uint2 {
+  unsigned int x, y;
+};
 inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
 inline uint4 make_uint4(unsigned int x, unsigned int y, unsigned int z, unsigned int w) {
   return {x, y, z, w};

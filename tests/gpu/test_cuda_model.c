@@ -30,18 +30,24 @@ typedef struct fixture {
   double bound;
   const char *src;      /* under tests/fixtures, NULL: name */
   const char *opt, *val; /* one more infc option, or NULL */
+  irt_kv_dtype kv;       /* of every model opened (CPU and CUDA alike) */
 } fixture;
+
+static irt_kv_dtype g_kv = IRT_KV_DTYPE_F32; /* the KV dtype open_on gives */
 
 /* CUDA plans are fused as CPU plans are (packed qkv with rope folded into attention, gate_up
  * with its swiglu epilogue); "unfused" keeps the plain forms covered, "int4" runs the fused
  * gate_up on gemv_wq through the swiglu scratch. */
 static const fixture k_fixtures[] = {
-    {"llama-gqa-f32", 1e-4, NULL, NULL, NULL},
-    {"llama-mha-f16", 5e-3, NULL, NULL, NULL},
-    {"qwen2-bias-bf16", 2e-2, NULL, NULL, NULL},
-    {"onnx-genai-int4", 1e-4, "onnx-genai-int4/model.onnx", NULL, NULL},
-    {"llama-gqa-f32-unfused", 1e-4, "llama-gqa-f32", "fuse", "false"},
-    {"llama-gqa-int4", 1e-4, "llama-gqa-f32", "quant", "int4"}};
+    {"llama-gqa-f32", 1e-4, NULL, NULL, NULL, IRT_KV_DTYPE_F32},
+    {"llama-mha-f16", 5e-3, NULL, NULL, NULL, IRT_KV_DTYPE_F32},
+    {"qwen2-bias-bf16", 2e-2, NULL, NULL, NULL, IRT_KV_DTYPE_F32},
+    {"onnx-genai-int4", 1e-4, "onnx-genai-int4/model.onnx", NULL, NULL, IRT_KV_DTYPE_F32},
+    {"llama-gqa-f32-unfused", 1e-4, "llama-gqa-f32", "fuse", "false", IRT_KV_DTYPE_F32},
+    {"llama-gqa-int4", 1e-4, "llama-gqa-f32", "quant", "int4", IRT_KV_DTYPE_F32},
+    /* --kv-dtype f16 on both backends: K and V rounded alike, so the f32 bounds hold */
+    {"llama-gqa-f32-kvf16", 1e-4, "llama-gqa-f32", NULL, NULL, IRT_KV_DTYPE_F16},
+    {"llama-mha-f16-kvf16", 5e-3, "llama-mha-f16", NULL, NULL, IRT_KV_DTYPE_F16}};
 
 static double rel_err(const float *out, const float *ref, size_t n) {
   double num = 0, den = 0;
@@ -76,6 +82,7 @@ static irt_model *open_on(const char *plan, const char *dev, bool graphs, int64_
   o.device = dev;
   o.no_cuda_graphs = !graphs;
   o.kv_tokens = kv_tokens;
+  o.kv_dtype = g_kv;
   irt_model *m = NULL;
   irt_error err = {0};
   CHECKF(irt_model_open(plan, &o, &m, &err) == IRT_OK, "open %s on %s: %s", plan, dev, err.msg);
@@ -203,6 +210,7 @@ static void test_fixture(const fixture *f) {
   char plan[512];
   snprintf(plan, sizeof plan, TEST_TMP_DIR "/gpu_%s.plan", f->name);
   if (!build(f->src ? f->src : f->name, NULL, plan, f->opt, f->val)) return;
+  g_kv = f->kv;
   irt_model *cpu = open_on(plan, "cpu", false, 4096), *gpu = open_on(plan, "cuda", true, 4096);
   irt_model *eager = open_on(plan, "cuda", false, 4096);
   if (!cpu || !gpu || !eager) goto done;
@@ -249,6 +257,7 @@ static void test_fixture(const fixture *f) {
   test_picks(gpu);
   test_picks(eager);
 done:
+  g_kv = IRT_KV_DTYPE_F32;
   irt_model_close(cpu);
   irt_model_close(gpu);
   irt_model_close(eager);
@@ -329,6 +338,11 @@ static void test_errors(void) {
   printf("KV too large: %s\n", err.msg);
   CHECKF(strstr(err.msg, "out of device memory for the KV pool") && strstr(err.msg, "MiB"), "%s",
          err.msg);
+  o = irt_model_opts_default();
+  o.kv_dtype = IRT_KV_DTYPE_INT8; /* CPU-only */
+  CHECK(irt_model_open(plan, &o, &m, &err) == IRT_UNSUPPORTED && !m);
+  printf("KV int8 on CUDA: %s\n", err.msg);
+  CHECKF(strstr(err.msg, "int8") && strstr(err.msg, "--kv-dtype"), "%s", err.msg);
   const char *other = TEST_TMP_DIR "/gpu_sm100.plan";
   if (build("llama-gqa-f32", "sm_100", other, NULL, NULL)) {
     o = irt_model_opts_default();

@@ -506,6 +506,72 @@ static void test_attention(void) {
   free(k), free(v), free(q), free(kn), free(vn), free(ref), free(out), free(kc);
 }
 
+/* The f16 cache (--kv-dtype f16): the _f16 entries against kn_attention_paged on an f16
+ * cache (the same rounding of K and V; bit-exact cache writes). */
+static void test_attention_f16(void) {
+  static const int32_t bt[2 * MAXB] = {3, 0, 5, 1, 4, 2};
+  int32_t seq[NT], pos[NT];
+  attn_setup(seq, pos);
+  const size_t cache = (size_t)NBLK * NKV * BS * HD, qn = (size_t)NT * NH * HD;
+  const size_t kvn = (size_t)NT * NKV * HD;
+  float *q = frands(qn), *kn = frands(kvn), *vn = frands(kvn), *ref = malloc(qn * 4);
+  float *out = malloc(qn * 4);
+  uint16_t *k = malloc(cache * 2), *v = malloc(cache * 2), *got = malloc(cache * 2);
+  for (size_t i = 0; i < cache; i++) k[i] = ir_f32_to_f16(frand()), v[i] = ir_f32_to_f16(frand());
+  CUdeviceptr dk = up(k, cache * 2), dv = up(v, cache * 2), dq = up(q, qn * 4);
+  CUdeviceptr dkn = up(kn, kvn * 4), dvn = up(vn, kvn * 4), dseq = up(seq, sizeof seq);
+  CUdeviceptr dpos = up(pos, sizeof pos), dbt = up(bt, sizeof bt);
+  const int maxb = MAXB, nh = NH, nkv = NKV;
+  const float scale = 0.125f;
+  kn_kv_layer kv = {.n_blocks = NBLK, .block_size = BS, .n_kv_heads = NKV, .head_dim = HD,
+                    .k16 = k, .v16 = v};
+  kn_attn_batch b = {NT, seq, pos, MAXB, bt};
+  kn_attention_paged(NULL, ref, q, kn, vn, &kv, &b, NH, scale); /* also writes k, v */
+
+  void *wa[] = {&dk, &dv, &dkn, &dvn, &dseq, &dpos, &dbt, (void *)&maxb, (void *)&nkv};
+  run(kernel("kv_write", "kn_kv_write_f16"), NT, 1, 1, 128, wa);
+  down(got, dk, cache * 2);
+  int bad = memcmp(got, k, cache * 2) != 0;
+  down(got, dv, cache * 2);
+  bad += memcmp(got, v, cache * 2) != 0;
+  printf("  kv_write f16                 %s\n", bad ? "differs" : "bit-exact");
+  CHECK(bad == 0);
+
+  CUdeviceptr dout[4], pacc = poisoned(qn * 2 * 4), pml = poisoned((size_t)NT * NH * 2 * 2 * 4);
+  for (int i = 0; i < 4; i++) dout[i] = poisoned(qn * 4);
+  for (int splits = 1; splits <= 2; splits++) {
+    int bps = splits == 1 ? MAXB : 2;
+    void *da[] = {&dout[splits - 1], &pacc, &pml, &dq, &dk, &dv, &dseq, &dpos, &dbt,
+                  (void *)&maxb, (void *)&nh, (void *)&nkv, (void *)&scale, &bps};
+    run(kernel("attention", "kn_attn_decode_f16"), NT, NH, (unsigned)splits, 128, da);
+    if (splits == 2) {
+      void *ra[] = {&dout[1], &pacc, &pml, (void *)&nh, &splits};
+      run(kernel("attention", "kn_attn_decode_reduce"), NT, NH, 1, HD, ra);
+    }
+    down(out, dout[splits - 1], qn * 4);
+    CLOSE(splits == 1 ? "attn decode f16, 1 split" : "attn decode f16, 2 splits", out, ref, qn,
+          1e-4);
+  }
+  int32_t tok0[3] = {0, 1, 17}, ntok[3] = {1, 16, 4}, tc0[2] = {0, 1}, tcn[2] = {1, 20};
+  CUdeviceptr dt0 = up(tok0, sizeof tok0), dnt = up(ntok, sizeof ntok);
+  CUdeviceptr ct0 = up(tc0, sizeof tc0), cnt = up(tcn, sizeof tcn);
+  void *pa[] = {&dout[2], &dq, &dk, &dv, &dseq, &dpos, &dbt, (void *)&maxb, (void *)&nh,
+                (void *)&nkv, (void *)&scale, &dt0, &dnt};
+  run(kernel("attention", "kn_attn_prefill_f16"), 3, NH, 1, 128, pa);
+  down(out, dout[2], qn * 4);
+  CLOSE("attn prefill f16", out, ref, qn, 1e-4);
+  void *ta[] = {&dout[3], &dq, &dk, &dv, &dseq, &dpos, &dbt, (void *)&maxb, (void *)&nh,
+                (void *)&nkv, (void *)&scale, &ct0, &cnt};
+  run(kernel("attention", "kn_attn_prefill_tc_f16"), 2, NH, 1, 128, ta);
+  down(out, dout[3], qn * 4);
+  CLOSE("attn prefill tc f16", out, ref, qn, 2e-3);
+
+  CUdeviceptr all[] = {dk, dv, dq, dkn, dvn, dseq, dpos, dbt, pacc, pml, dt0, dnt, ct0, cnt,
+                       dout[0], dout[1], dout[2], dout[3]};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) cu.free(all[i]);
+  free(q), free(kn), free(vn), free(ref), free(out), free(k), free(v), free(got);
+}
+
 /* The fused gate_up GEMV (kn_gemv_<type>_swiglu) against kn_matmul_swiglu, m = 1..5, and
  * kn_swiglu_packed (the epilogue after cuBLAS / gemv_wq) over kn_matmul's (m, 2n) sums. */
 static void test_gemv_swiglu(void) {
@@ -746,6 +812,7 @@ int main(void) {
   test_gemv_wq();
   test_rope();
   test_attention();
+  test_attention_f16();
   test_fused_attention();
   test_gemv_swiglu();
   test_pick();

@@ -52,15 +52,25 @@ static float F32(const launch_t *l, int i) {
   return f;
 }
 
+/* The launch being run is an _f16 entry: its KV cache holds f16 bits. */
+static bool g_kv_f16;
+static float kv_get(const void *cache, size_t i) {
+  return g_kv_f16 ? ir_f16_to_f32(((const uint16_t *)cache)[i]) : ((const float *)cache)[i];
+}
+static void kv_put(void *cache, size_t i, float x) {
+  if (g_kv_f16) ((uint16_t *)cache)[i] = ir_f32_to_f16(x);
+  else ((float *)cache)[i] = x;
+}
+
 /* One query row against its sequence's cached positions 0..pos (double accumulation). */
-static void attend(float *out, const float *q, const float *kc, const float *vc, const int32_t *bt,
+static void attend(float *out, const float *q, const void *kc, const void *vc, const int32_t *bt,
                    int pos, int kvh, int n_kv, float scale) {
   int hd = g_head_dim, bs = g_block_size;
   double *w = malloc(sizeof(double) * (size_t)(pos + 1)), mx = -INFINITY, sum = 0;
   for (int p = 0; p <= pos; p++) {
-    const float *k = kc + (((size_t)bt[p / bs] * n_kv + kvh) * bs + p % bs) * hd;
+    size_t k = (((size_t)bt[p / bs] * n_kv + kvh) * bs + p % bs) * hd;
     double s = 0;
-    for (int i = 0; i < hd; i++) s += (double)q[i] * k[i];
+    for (int i = 0; i < hd; i++) s += (double)q[i] * kv_get(kc, k + (size_t)i);
     w[p] = s * scale;
     if (w[p] > mx) mx = w[p];
   }
@@ -68,7 +78,7 @@ static void attend(float *out, const float *q, const float *kc, const float *vc,
   for (int i = 0; i < hd; i++) {
     double a = 0;
     for (int p = 0; p <= pos; p++)
-      a += w[p] * vc[(((size_t)bt[p / bs] * n_kv + kvh) * bs + p % bs) * hd + i];
+      a += w[p] * kv_get(vc, (((size_t)bt[p / bs] * n_kv + kvh) * bs + p % bs) * hd + i);
     out[i] = (float)(a / sum);
   }
   free(w);
@@ -82,7 +92,7 @@ static void emu_decode(const launch_t *l) {
     for (int h = 0; h < nh && h < (int)l->grid[1]; h++) {
       const int32_t *bt = PI(8) + (size_t)PI(6)[t] * maxb;
       float o[256];
-      attend(o, PF(3) + ((size_t)t * nh + h) * g_head_dim, PF(4), PF(5), bt, PI(7)[t],
+      attend(o, PF(3) + ((size_t)t * nh + h) * g_head_dim, PV(4), PV(5), bt, PI(7)[t],
              h / (nh / nkv), nkv, scale);
       if (splits == 1) {
         memcpy(PF(0) + ((size_t)t * nh + h) * g_head_dim, o, sizeof(float) * g_head_dim);
@@ -128,7 +138,7 @@ static void emu_prefill(const launch_t *l, int tile) {
       if (r >= tile || PI(4)[t] != PI(4)[PI(11)[x]]) abort(); /* a tile is one sequence */
       for (int h = 0; h < nh; h++)
         attend(PF(0) + ((size_t)t * nh + h) * g_head_dim, PF(1) + ((size_t)t * nh + h) * g_head_dim,
-               PF(2), PF(3), PI(6) + (size_t)PI(4)[t] * maxb, PI(5)[t], h / (nh / nkv), nkv,
+               PV(2), PV(3), PI(6) + (size_t)PI(4)[t] * maxb, PI(5)[t], h / (nh / nkv), nkv,
                F32(l, 10));
     }
 }
@@ -140,8 +150,8 @@ static void emu_kv_write(const launch_t *l) {
     long long blk = PI(6)[(size_t)PI(4)[t] * maxb + pos / bs];
     for (int i = 0; i < nkv * hd; i++) {
       size_t dst = (((size_t)blk * nkv + i / hd) * bs + pos % bs) * hd + i % hd;
-      PF(0)[dst] = PF(2)[(size_t)t * nkv * hd + i];
-      PF(1)[dst] = PF(3)[(size_t)t * nkv * hd + i];
+      kv_put(PV(0), dst, PF(2)[(size_t)t * nkv * hd + i]);
+      kv_put(PV(1), dst, PF(3)[(size_t)t * nkv * hd + i]);
     }
   }
 }
@@ -164,9 +174,13 @@ static void emu_rope_kv_write(const launch_t *l) {
     long long blk = PI(10)[(size_t)PI(8)[t] * maxb + pos / bs];
     for (int h = 0; h < nkv; h++) {
       size_t dst = (((size_t)blk * nkv + h) * bs + pos % bs) * hd;
-      memcpy(PF(1) + dst, PF(4) + t * kvs + h * hd, sizeof(float) * hd);
-      memcpy(PF(2) + dst, PF(5) + t * kvs + h * hd, sizeof(float) * hd);
-      if (rot) kn_rope_head(PF(1) + dst, cs, rot, neox);
+      float kr[256];
+      memcpy(kr, PF(4) + t * kvs + h * hd, sizeof(float) * hd);
+      if (rot) kn_rope_head(kr, cs, rot, neox);
+      for (int i = 0; i < hd; i++) {
+        kv_put(PV(1), dst + (size_t)i, kr[i]);
+        kv_put(PV(2), dst + (size_t)i, PF(5)[t * kvs + h * hd + i]);
+      }
     }
   }
 }
@@ -230,6 +244,9 @@ static const struct {
     {"kn_attn_decode", 14, "88888888844444"}, {"kn_attn_decode_reduce", 5, "88844"},
     {"kn_attn_prefill", 13, "8888888444488"}, {"kn_attn_prefill_tc", 13, "8888888444488"},
     {"kn_kv_write", 9, "888888844"}, {"kn_pick", 4, "8884"},
+    {"kn_attn_decode_f16", 14, "88888888844444"}, {"kn_attn_prefill_f16", 13, "8888888444488"},
+    {"kn_attn_prefill_tc_f16", 13, "8888888444488"}, {"kn_kv_write_f16", 9, "888888844"},
+    {"kn_rope_kv_write_f16", 17, "88888888888444844"},
     {"kn_gemv_f32", 7, "8888444"}, {"kn_gemv_f16", 7, "8888444"}, {"kn_gemv_bf16", 7, "8888444"},
     {"kn_gemv_q8_0", 7, "8888444"}, {"kn_gemv_q4_0", 7, "8888444"}, {"kn_gemv_q4_1", 7, "8888444"},
     {"kn_gemv_f32_swiglu", 7, "8888444"}, {"kn_gemv_f16_swiglu", 7, "8888444"},
@@ -274,7 +291,11 @@ static void emu_pick(const launch_t *l) {
 }
 
 static void run_launch(const launch_t *l) {
-  const char *name = k_fns[l->fn].name;
+  char name[64];
+  size_t len = strlen(k_fns[l->fn].name);
+  g_kv_f16 = len > 4 && !strcmp(k_fns[l->fn].name + len - 4, "_f16") &&
+             (strstr(k_fns[l->fn].name, "attn") || strstr(k_fns[l->fn].name, "kv_write"));
+  snprintf(name, sizeof name, "%.*s", (int)(g_kv_f16 ? len - 4 : len), k_fns[l->fn].name);
   if (!strcmp(name, "kn_attn_decode")) emu_decode(l);
   else if (!strcmp(name, "kn_attn_decode_reduce")) emu_reduce(l);
   else if (!strcmp(name, "kn_attn_prefill")) emu_prefill(l, 16);
