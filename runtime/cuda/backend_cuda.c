@@ -84,6 +84,8 @@ static ir_status open_device(cuda_ctx *c, int ordinal, ir_diag *d) {
       (r = c->cu.device_attr(&minor, CU_ATTR_CC_MINOR, c->dev)))
     return cuda_fail(c, r, "device query", d);
   c->arch = major * 10 + minor;
+  if (c->cu.device_attr(&c->n_sm, CU_ATTR_MULTIPROCESSOR_COUNT, c->dev) || c->n_sm < 1)
+    c->n_sm = 1;
   if ((r = c->cu.ctx_retain(&c->ctx, c->dev))) return cuda_fail(c, r, "primary context", d);
   make_current(c);
   if ((r = c->cu.stream_create(&c->stream, CU_STREAM_NON_BLOCKING)) ||
@@ -203,12 +205,11 @@ static ir_status alloc_scratch(cuda_ctx *c, const ir_graph *g, ir_diag *d) {
   CUresult r = c->cu.host_alloc((void **)&c->stage, off * sizeof(int32_t));
   if (r) return cuda_fail(c, r, "pinned step buffer", d);
   memset(c->stage, 0, off * sizeof(int32_t));
-  /* Split-K decode: about 8 KV blocks per split (2 per warp), at most 32 splits; the split
-   * count is fixed for the model, so captured graphs fit every context length. */
+  /* Split-K decode: at most 32 splits, and at least about 8 KV blocks (2 per warp) per
+   * split of the longest context; a step takes fewer (cuda_ops.c decode_splits). */
   c->n_splits = (int)((c->max_blocks + 7) / 8);
   if (c->n_splits > 32) c->n_splits = 32;
   if (c->n_splits < 1) c->n_splits = 1;
-  c->blocks_per_split = (int)((c->max_blocks + c->n_splits - 1) / c->n_splits);
   size_t rows = (size_t)(c->max_seqs * k->n_heads * c->n_splits);
   ir_status st = dev_alloc(c, off * sizeof(int32_t), &c->d_stage, "step buffer", d);
   if (st == IR_OK)

@@ -42,6 +42,7 @@ typedef struct cuda_ctx {
   CUdevice dev;
   CUcontext ctx;
   int arch;        /* 90 for sm_90 */
+  int n_sm;        /* multiprocessors */
   char name[128];  /* "NVIDIA H200" */
   CUstream stream;
   CUmodule mods[16];
@@ -68,9 +69,10 @@ typedef struct cuda_ctx {
   CUevent stage_ev;    /* recorded after the last upload: the host copy may be reused */
   bool stage_busy;
 
-  /* attention split-K scratch, sized for max_seqs decode tokens */
+  /* attention split-K scratch, sized for max_seqs decode tokens and n_splits splits (the
+   * most a step uses) */
   CUdeviceptr part_acc, part_ml;
-  int n_splits, blocks_per_split;
+  int n_splits;
   /* GEMM scratch: activations as f16/bf16 (max_tokens x max k), cuBLAS workspace */
   CUdeviceptr xh;
   size_t xh_bytes;

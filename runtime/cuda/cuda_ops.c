@@ -189,6 +189,16 @@ static ir_status run_rope(cuda_ctx *c, const ir_graph *g, const ir_node *n, void
                 (unsigned)(threads > 1024 ? 1024 : threads < 32 ? 32 : threads), args, d);
 }
 
+/* Decode splits for n_tok tokens: enough CTAs (tokens x heads x splits) to fill the GPU
+ * about twice, within c->n_splits. A function of n_tok alone, so a captured graph's bucket
+ * always gets the same, whatever the contexts; a split past a short context exits at once,
+ * and a big batch needs no split (and no reduce launch) at all. */
+static int decode_splits(const cuda_ctx *c, int n_tok, int heads) {
+  long long ctas = (long long)n_tok * heads;
+  long long want = ctas > 0 ? (2LL * c->n_sm + ctas - 1) / ctas : 1;
+  return want < 1 ? 1 : want > c->n_splits ? c->n_splits : (int)want;
+}
+
 /* The KV write (kn_kv_write; or kn_rope_kv_write for the fused forms: rope folded in,
  * packed qkv), then split-K decode attention (+ reduce) or tiled prefill attention. The
  * fused forms' rotated q goes to the output buffer, which the attention kernels then read
@@ -196,8 +206,7 @@ static ir_status run_rope(cuda_ctx *c, const ir_graph *g, const ir_node *n, void
 static ir_status run_attention(cuda_ctx *c, const ir_graph *g, const ir_node *n,
                                void *const *ptrs, const cuda_step *s, ir_diag *d) {
   int layer = (int)ir_node_attr_i(n, "layer", 0), heads = (int)ir_node_attr_i(n, "n_heads", 0);
-  int kvh = (int)s->kv->n_kv_heads, maxb = (int)s->max_blocks, bps = c->blocks_per_split;
-  int splits = c->n_splits;
+  int kvh = (int)s->kv->n_kv_heads, maxb = (int)s->max_blocks;
   float scale = (float)ir_node_attr_f(n, "scale", 1.0);
   unsigned n_tok = (unsigned)s->syms[IR_SYM_TOKENS];
   CUdeviceptr out = O_(0), q = P_(0);
@@ -233,6 +242,7 @@ static ir_status run_attention(cuda_ctx *c, const ir_graph *g, const ir_node *n,
                                : (f16 ? CF_ATTN_PREFILL_F16 : CF_ATTN_PREFILL);
     return launch(c, fn, (unsigned)s->n_tiles, (unsigned)heads, 1, CUDA_ATTN_WARPS * 32, args, d);
   }
+  int splits = decode_splits(c, (int)n_tok, heads), bps = (maxb + splits - 1) / splits;
   CUdeviceptr pa = c->part_acc, pm = c->part_ml;
   void *args[] = {&out, &pa, &pm, &q, &kc, &vc, &seq, &pos, &bt, &maxb, &heads, &kvh, &scale, &bps};
   st = launch(c, f16 ? CF_ATTN_DECODE_F16 : CF_ATTN_DECODE, n_tok, (unsigned)heads,

@@ -397,7 +397,7 @@ API(CUresult, cuDeviceGetName, char *s, int len, int d) {
   return 0;
 }
 API(CUresult, cuDeviceGetAttribute, int *v, int attr, int d) {
-  *v = attr == 75 ? g_arch / 10 : attr == 76 ? g_arch % 10 : 1;
+  *v = attr == 75 ? g_arch / 10 : attr == 76 ? g_arch % 10 : attr == 16 ? 132 : 1;
   return 0;
 }
 static int g_ctx;
