@@ -108,6 +108,14 @@ __device__ __forceinline__ void pk_bins(double e, int *b1, int *b2) {
   *b2 = f < PICK_BINS - 1 ? (int)f : PICK_BINS - 1;
 }
 
+// Is element i a candidate? If so, its key, e (as pk_cand) and bins (as pk_bins).
+__device__ __forceinline__ bool pk_binned(const pk_row &r, int i, unsigned *key, double *e,
+                                          int *b1, int *b2) {
+  if (!pk_cand(r, i, key, e)) return false;
+  pk_bins(*e, b1, b2);
+  return true;
+}
+
 // A candidate's mass: 1 (counting), or its weight rounded to float (the CPU sampler walks
 // float weights).
 __device__ __forceinline__ double pk_mass(bool count, double e) {
@@ -195,9 +203,7 @@ __device__ void pk_select(const pk_row &r, bool count, double R, bool ge, pk_sme
       unsigned k;
       double e;
       int c1, c2;
-      if (!pk_cand(r, i, &k, &e)) continue;
-      pk_bins(e, &c1, &c2);
-      if (level == 1 && c1 != b1) continue;
+      if (!pk_binned(r, i, &k, &e, &c1, &c2) || (level == 1 && c1 != b1)) continue;
       atomicAdd(&sm->bin[level ? c2 : c1], pk_mass(count, e));
     }
     __syncthreads();
@@ -216,9 +222,7 @@ __device__ void pk_select(const pk_row &r, bool count, double R, bool ge, pk_sme
       unsigned k;
       double e;
       int c1, c2;
-      if (!pk_cand(r, i, &k, &e)) continue;
-      pk_bins(e, &c1, &c2);
-      if (c1 == b1 && c2 == b2 && (first || k > key)) {
+      if (pk_binned(r, i, &k, &e, &c1, &c2) && c1 == b1 && c2 == b2 && (first || k > key)) {
         unsigned long long v = (unsigned long long)k << 32 | (unsigned)i;
         lo = v < lo ? v : lo;
       }

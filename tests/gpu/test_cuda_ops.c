@@ -427,23 +427,28 @@ static void test_rope(void) {
  * prefills positions 10..29 over blocks {1, 4}; earlier positions are already cached. */
 enum { HD = 64, BS = 16, NH = 4, NKV = 2, NBLK = 6, MAXB = 3, NT = 21 };
 
+/* Block tables of the two sequences, and the sizes of the cache, of q and of the new K. */
+static const int32_t attn_bt[2 * MAXB] = {3, 0, 5, 1, 4, 2};
+#define ATTN_CACHE ((size_t)NBLK * NKV * BS * HD)
+#define ATTN_QN ((size_t)NT * NH * HD)
+#define ATTN_KVN ((size_t)NT * NKV * HD)
+
 static void attn_setup(int32_t *seq, int32_t *pos) {
   seq[0] = 0, pos[0] = 37;
   for (int t = 1; t < NT; t++) seq[t] = 1, pos[t] = 9 + t;
 }
 
 static void test_attention(void) {
-  static const int32_t bt[2 * MAXB] = {3, 0, 5, 1, 4, 2};
+  const int32_t *bt = attn_bt;
   int32_t seq[NT], pos[NT];
   attn_setup(seq, pos);
-  const size_t cache = (size_t)NBLK * NKV * BS * HD, qn = (size_t)NT * NH * HD;
-  const size_t kvn = (size_t)NT * NKV * HD;
+  const size_t cache = ATTN_CACHE, qn = ATTN_QN, kvn = ATTN_KVN;
   float *k = frands(cache), *v = frands(cache), *q = frands(qn), *kn = frands(kvn),
         *vn = frands(kvn), *ref = malloc(qn * 4), *out = malloc(qn * 4),
         *kc = malloc(cache * 4);
   CUdeviceptr dk = up(k, cache * 4), dv = up(v, cache * 4), dq = up(q, qn * 4);
   CUdeviceptr dkn = up(kn, kvn * 4), dvn = up(vn, kvn * 4), dseq = up(seq, sizeof seq);
-  CUdeviceptr dpos = up(pos, sizeof pos), dbt = up(bt, sizeof bt), dout = poisoned(qn * 4);
+  CUdeviceptr dpos = up(pos, sizeof pos), dbt = up(attn_bt, sizeof attn_bt), dout = poisoned(qn * 4);
   const int maxb = MAXB, nh = NH, nkv = NKV;
   const float scale = 0.125f;
   kn_kv_layer kv = {.k = k, .v = v, .n_blocks = NBLK, .block_size = BS, .n_kv_heads = NKV,
@@ -509,18 +514,17 @@ static void test_attention(void) {
 /* The f16 cache (--kv-dtype f16): the _f16 entries against kn_attention_paged on an f16
  * cache (the same rounding of K and V; bit-exact cache writes). */
 static void test_attention_f16(void) {
-  static const int32_t bt[2 * MAXB] = {3, 0, 5, 1, 4, 2};
+  const int32_t *bt = attn_bt;
   int32_t seq[NT], pos[NT];
   attn_setup(seq, pos);
-  const size_t cache = (size_t)NBLK * NKV * BS * HD, qn = (size_t)NT * NH * HD;
-  const size_t kvn = (size_t)NT * NKV * HD;
+  const size_t cache = ATTN_CACHE, qn = ATTN_QN, kvn = ATTN_KVN;
   float *q = frands(qn), *kn = frands(kvn), *vn = frands(kvn), *ref = malloc(qn * 4);
   float *out = malloc(qn * 4);
   uint16_t *k = malloc(cache * 2), *v = malloc(cache * 2), *got = malloc(cache * 2);
   for (size_t i = 0; i < cache; i++) k[i] = ir_f32_to_f16(frand()), v[i] = ir_f32_to_f16(frand());
   CUdeviceptr dk = up(k, cache * 2), dv = up(v, cache * 2), dq = up(q, qn * 4);
   CUdeviceptr dkn = up(kn, kvn * 4), dvn = up(vn, kvn * 4), dseq = up(seq, sizeof seq);
-  CUdeviceptr dpos = up(pos, sizeof pos), dbt = up(bt, sizeof bt);
+  CUdeviceptr dpos = up(pos, sizeof pos), dbt = up(attn_bt, sizeof attn_bt);
   const int maxb = MAXB, nh = NH, nkv = NKV;
   const float scale = 0.125f;
   kn_kv_layer kv = {.n_blocks = NBLK, .block_size = BS, .n_kv_heads = NKV, .head_dim = HD,
@@ -619,7 +623,7 @@ static void test_gemv_swiglu(void) {
  * q from their own output buffer, against kn_attention_paged_io: a packed qkv with rope
  * (neox and interleaved, all dims or half rotated), and separate q/k/v without rope. */
 static void test_fused_attention(void) {
-  static const int32_t bt[2 * MAXB] = {3, 0, 5, 1, 4, 2};
+  const int32_t *bt = attn_bt;
   int32_t seq[NT], pos[NT];
   attn_setup(seq, pos);
   const int W = (NH + 2 * NKV) * HD, max_pos = 40;
@@ -628,7 +632,7 @@ static void test_fused_attention(void) {
   float *k = malloc(cache * 4), *v = malloc(cache * 4), *ref = malloc(qn * 4);
   float *out = malloc(qn * 4), *got = malloc(cache * 4);
   CUdeviceptr dqkv = up(qkv, (size_t)NT * W * 4), dseq = up(seq, sizeof seq);
-  CUdeviceptr dpos = up(pos, sizeof pos), dbt = up(bt, sizeof bt);
+  CUdeviceptr dpos = up(pos, sizeof pos), dbt = up(attn_bt, sizeof attn_bt);
   const int maxb = MAXB, nh = NH, nkv = NKV;
   const float scale = 0.125f;
   static const struct { int packed, rot, neox; } cases[] = {
