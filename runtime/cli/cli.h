@@ -24,7 +24,7 @@ bool cli_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out);
 int cli_parse_kv_dtype(const char *s, irt_kv_dtype *out);
 /* The --kv-dtype line of the usage texts. */
 #define CLI_KV_DTYPE_USAGE \
-  "KV cache: f32 (default), f16 (CPU; 2x the tokens per MiB) or int8 (CPU; ~3.8x)"
+  "KV cache: f32 (default), f16 (2x the tokens per MiB) or int8 (CPU only; ~3.8x)"
 
 int cmd_generate(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
