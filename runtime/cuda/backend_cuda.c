@@ -321,13 +321,95 @@ static ir_status upload_step(cuda_ctx *c, const irt_step *s, int64_t n, cuda_ste
   return IR_OK;
 }
 
-static ir_status run_nodes(cuda_ctx *c, const ir_graph *g, void *const *ptrs, const cuda_step *s,
-                           ir_diag *d) {
-  for (int32_t i = 0; i < g->n_nodes; i++) {
-    ir_status st = cuda_ops_run(c, g, i, ptrs, s, d);
-    if (st != IR_OK) return st;
+/* --- profile ($INFERRT_CUDA_PROFILE) ------------------------------------------------------ */
+
+/* The profile row of node n in a prefill or decode step: its op, and a matmul's weight type
+ * and shape (k -> n); the last row takes what does not fit. */
+static int prof_row(cuda_prof *p, const ir_graph *g, const ir_node *n, bool decode) {
+  char what[48];
+  if (n->op == IR_OP_MATMUL) {
+    const ir_tensor *w = &g->tensors[n->in[1]];
+    snprintf(what, sizeof what, "matmul %s %lld->%lld", ir_dtype_name(w->dtype),
+             (long long)w->dims[1].n, (long long)w->dims[0].n);
+  } else {
+    snprintf(what, sizeof what, "%s", ir_op_name(n->op));
+  }
+  for (int r = 0; r < p->n_rows; r++)
+    if (p->rows[r].decode == decode && !strcmp(p->rows[r].what, what)) return r;
+  if (p->n_rows == CUDA_PROF_ROWS) return CUDA_PROF_ROWS - 1;
+  int r = p->n_rows++;
+  const bool last = p->n_rows == CUDA_PROF_ROWS;
+  snprintf(p->rows[r].what, sizeof p->rows[r].what, "%s", last ? "(other)" : what);
+  p->rows[r].decode = decode;
+  return r;
+}
+
+/* Events before node 0 and after every node, created at the first profiled step. */
+static ir_status prof_events(cuda_ctx *c, const ir_graph *g, ir_diag *d) {
+  cuda_prof *p = &c->prof;
+  if (p->ev) return IR_OK;
+  p->ev = calloc((size_t)g->n_nodes + 1, sizeof *p->ev);
+  p->row_of = calloc((size_t)g->n_nodes, sizeof *p->row_of);
+  if (!p->ev || !p->row_of) return ir_diag_set(d, IR_OOM, "out of memory");
+  for (; p->n_ev <= g->n_nodes; p->n_ev++) {
+    CUresult r = c->cu.event_create(&p->ev[p->n_ev], 0);
+    if (r) return cuda_fail(c, r, "profile events", d);
   }
   return IR_OK;
+}
+
+/* Waits for the profiled step and adds its nodes' times. */
+static ir_status prof_harvest(cuda_ctx *c, const ir_graph *g, bool decode, ir_diag *d) {
+  cuda_prof *p = &c->prof;
+  CUresult r = c->cu.event_sync(p->ev[g->n_nodes]);
+  float ms = 0.0f;
+  for (int32_t i = 0; !r && i < g->n_nodes; i++)
+    if (!(r = c->cu.event_elapsed(&ms, p->ev[i], p->ev[i + 1]))) {
+      p->rows[p->row_of[i]].ms += ms;
+      p->rows[p->row_of[i]].launches++;
+    }
+  if (!r) r = c->cu.event_elapsed(&ms, p->ev[0], p->ev[g->n_nodes]);
+  if (r) return cuda_fail(c, r, "profile events", d);
+  p->step_ms[decode] += ms;
+  p->steps[decode]++;
+  return IR_OK;
+}
+
+static void prof_print(const cuda_prof *p) {
+  if (!p->steps[0] && !p->steps[1]) return;
+  fprintf(stderr,
+          "inferrt: cuda profile: %lld prefill steps %.1f ms, %lld decode steps %.1f ms "
+          "(eager, an event around each node)\n  %-8s %-34s %9s %10s %6s %9s\n",
+          p->steps[0], p->step_ms[0], p->steps[1], p->step_ms[1], "step", "node", "runs",
+          "total ms", "share", "mean us");
+  bool done[CUDA_PROF_ROWS] = {false};
+  for (int k = 0; k < p->n_rows; k++) { /* largest first */
+    int b = -1;
+    for (int r = 0; r < p->n_rows; r++)
+      if (!done[r] && (b < 0 || p->rows[r].ms > p->rows[b].ms)) b = r;
+    done[b] = true;
+    double all = p->step_ms[p->rows[b].decode];
+    fprintf(stderr, "  %-8s %-34s %9lld %10.2f %5.1f%% %9.1f\n",
+            p->rows[b].decode ? "decode" : "prefill", p->rows[b].what, p->rows[b].launches,
+            p->rows[b].ms, all > 0 ? 100.0 * p->rows[b].ms / all : 0.0,
+            p->rows[b].launches ? 1e3 * p->rows[b].ms / (double)p->rows[b].launches : 0.0);
+  }
+}
+
+static ir_status run_nodes(cuda_ctx *c, const ir_graph *g, void *const *ptrs, const cuda_step *s,
+                           ir_diag *d) {
+  cuda_prof *p = &c->prof;
+  ir_status st = p->on ? prof_events(c, g, d) : IR_OK;
+  if (st == IR_OK && p->on) c->cu.event_record(p->ev[0], c->stream);
+  for (int32_t i = 0; st == IR_OK && i < g->n_nodes; i++) {
+    st = cuda_ops_run(c, g, i, ptrs, s, d);
+    if (st == IR_OK && p->on) {
+      p->row_of[i] = prof_row(p, g, &g->nodes[i], s->decode);
+      c->cu.event_record(p->ev[i + 1], c->stream);
+    }
+  }
+  if (st == IR_OK && p->on) st = prof_harvest(c, g, s->decode, d);
+  return st;
 }
 
 /* Records the step's kernels into a graph for bucket b (nothing runs until launched). */
@@ -353,7 +435,8 @@ static ir_status cuda_run_step(void *vctx, const ir_graph *g, void *const *ptrs,
   int64_t T = s->syms[IR_SYM_TOKENS], S = s->syms[IR_SYM_SEQS], L = s->syms[IR_SYM_LOGITS];
   cuda_step cs = {.decode = T == S, .kv = s->kv, .max_blocks = s->max_blocks};
   /* Decode steps where every sequence wants its logits replay a graph of their bucket. */
-  int b = cs.decode && L == T && c->want_graphs && s->pad_block >= 0 ? bucket_of(c, T) : -1;
+  int b = cs.decode && L == T && c->want_graphs && !c->prof.on && s->pad_block >= 0
+              ? bucket_of(c, T) : -1;
   int64_t n = b >= 0 ? c->bucket[b] : T;
   if (s->max_blocks != c->max_blocks || T > c->max_tokens || S > c->max_seqs)
     return ir_diag_set(d, IR_INVALID_ARG, "cuda backend: step exceeds the plan's limits");
@@ -499,6 +582,8 @@ static void cuda_destroy(void *vctx) {
   if (c->ctx) {
     make_current(c);
     if (c->stream) c->cu.stream_sync(c->stream);
+    prof_print(&c->prof);
+    for (int i = 0; i < c->prof.n_ev; i++) c->cu.event_destroy(c->prof.ev[i]);
     for (int i = 0; i < c->n_buckets; i++)
       if (c->exec[i]) c->cu.graph_exec_destroy(c->exec[i]);
     if (c->blas_h) c->blas.destroy(c->blas_h);
@@ -513,6 +598,8 @@ static void cuda_destroy(void *vctx) {
     if (c->stream) c->cu.stream_destroy(c->stream);
     c->cu.ctx_release(c->dev);
   }
+  free(c->prof.ev);
+  free(c->prof.row_of);
   free(c);
 }
 
@@ -534,6 +621,8 @@ static const irt_backend_ops k_cuda_ops = {
 static void set_limits(cuda_ctx *c, const ir_graph *g, const irt_cuda_opts *o) {
   const ir_model_config *k = &g->config;
   c->want_graphs = o->graphs;
+  const char *prof = getenv("INFERRT_CUDA_PROFILE");
+  c->prof.on = prof && *prof && strcmp(prof, "0");
   c->max_tokens = k->max_tokens, c->max_seqs = k->max_seqs, c->max_logits = k->max_logits;
   int64_t bs = k->kv_block_size;
   c->max_blocks = bs > 0 ? (k->max_position + bs - 1) / bs : 0;

@@ -49,6 +49,7 @@ static int cu_syms(void *lib, cu_api *cu) {
          SYM(lib, cu, event_record, "cuEventRecord") &&
          SYM(lib, cu, event_sync, "cuEventSynchronize") &&
          SYM(lib, cu, event_destroy, "cuEventDestroy_v2") &&
+         SYM(lib, cu, event_elapsed, "cuEventElapsedTime") &&
          SYM(lib, cu, error_string, "cuGetErrorString");
 }
 

@@ -71,6 +71,7 @@ typedef struct cu_api {
   CUresult (*event_record)(CUevent, CUstream);
   CUresult (*event_sync)(CUevent);
   CUresult (*event_destroy)(CUevent);
+  CUresult (*event_elapsed)(float *ms, CUevent start, CUevent end);
   CUresult (*error_string)(CUresult, const char **);
 } cu_api;
 

@@ -35,6 +35,25 @@ typedef enum cuda_fn {
 #define CUDA_GEMV_MAX_M 4
 #define CUDA_MAX_BUCKETS IR_MAX_DECODE_BUCKETS
 
+/* $INFERRT_CUDA_PROFILE=1: the time of every node of every step (CUDA events around each;
+ * graphs off), summed by (step kind, what the node is) and printed when the backend closes. */
+#define CUDA_PROF_ROWS 64
+typedef struct cuda_prof {
+  bool on;
+  CUevent *ev;     /* (n_ev): before node 0, after each node */
+  int n_ev;
+  int *row_of;     /* (n_nodes) the row node i adds to in this step */
+  struct {
+    char what[48];
+    bool decode;
+    double ms;
+    long long launches;
+  } rows[CUDA_PROF_ROWS];
+  int n_rows;
+  double step_ms[2]; /* prefill, decode steps: their whole time */
+  long long steps[2];
+} cuda_prof;
+
 typedef struct cuda_ctx {
   cu_api cu;
   cublas_api blas;
@@ -90,6 +109,7 @@ typedef struct cuda_ctx {
   bool warm[CUDA_MAX_BUCKETS]; /* ran once eagerly */
   bool no_graph[CUDA_MAX_BUCKETS]; /* its capture failed: it runs eagerly from then on */
   int n_buckets;
+  cuda_prof prof;
 } cuda_ctx;
 
 /* What the kernels of one step see: symbol values, mode, device step arrays. */

@@ -13,6 +13,7 @@
  * captures falling back to eager steps. Exits 0 printing "skipped: ..."
  * without a GPU. */
 #include <dlfcn.h>
+#include <unistd.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -327,6 +328,46 @@ static void test_graph_fallback(void) {
   irt_model_close(cpu);
 }
 
+/* $INFERRT_CUDA_PROFILE=1: the same logits, and at close a table on stderr with a row per
+ * kind of node and step (prefill and decode). */
+static void test_profile(void) {
+  const char *plan = TEST_TMP_DIR "/gpu_llama-gqa-f32.plan", *log = TEST_TMP_DIR "/gpu_prof.txt";
+  int32_t ids[12] = {3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8}, ga[4], gb[4];
+  irt_model *cpu = open_on(plan, "cpu", false, 0);
+  fflush(stderr);
+  int saved = dup(2);
+  FILE *f = fopen(log, "w");
+  if (!cpu || saved < 0 || !f) goto done;
+  dup2(fileno(f), 2);
+  setenv("INFERRT_CUDA_PROFILE", "1", 1);
+  irt_model *gpu = open_on(plan, "cuda", true, 0);
+  unsetenv("INFERRT_CUDA_PROFILE");
+  if (gpu) {
+    int64_t V = irt_model_get_info(gpu)->vocab_size;
+    float *la = malloc((size_t)V * 4), *lb = malloc((size_t)V * 4);
+    greedy(cpu, ids, 12, ga, 4, la);
+    greedy(gpu, ids, 12, gb, 4, lb);
+    CHECKF(rel_err(lb, la, (size_t)V) <= 1e-4 && !memcmp(ga, gb, sizeof ga), "profiled logits");
+    free(la), free(lb);
+  }
+  irt_model_close(gpu);
+  fflush(stderr);
+  dup2(saved, 2);
+  fclose(f);
+  f = fopen(log, "r");
+  char text[8192] = "";
+  size_t n = f ? fread(text, 1, sizeof text - 1, f) : 0;
+  text[n] = '\0';
+  printf("profile table:\n%s", text);
+  CHECKF(strstr(text, "cuda profile: 1 prefill steps") && strstr(text, "4 decode steps") &&
+             strstr(text, "prefill  attention") && strstr(text, "decode   matmul f32"),
+         "profile table: %s", text);
+done:
+  if (f) fclose(f);
+  if (saved >= 0) close(saved);
+  irt_model_close(cpu);
+}
+
 static void test_errors(void) {
   irt_model *m = NULL;
   irt_error err = {0};
@@ -402,6 +443,7 @@ int main(void) {
     test_fixture(&k_fixtures[i]);
   test_engine_cow();
   test_graph_fallback();
+  test_profile();
   test_errors();
   return tcheck_done("cuda_model");
 }

@@ -511,6 +511,7 @@ API(CUresult, cuEventCreate, void **e, unsigned f) { *e = &g_obj; return 0; }
 API(CUresult, cuEventRecord, void *e, void *s) { return 0; }
 API(CUresult, cuEventSynchronize, void *e) { return 0; }
 API(CUresult, cuEventDestroy_v2, void *e) { return 0; }
+API(CUresult, cuEventElapsedTime, float *ms, void *a, void *b) { *ms = 0.001f; return 0; }
 API(CUresult, cuGetErrorString, CUresult r, const char **s) {
   *s = r == 2 ? "out of memory (fake)" : "fake CUDA error";
   return 0;
