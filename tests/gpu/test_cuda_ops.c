@@ -702,20 +702,69 @@ static void test_fused_attention(void) {
   free(k0), free(v0), free(qkv), free(k), free(v), free(ref), free(out), free(got);
 }
 
+typedef struct pick_set {
+  float temperature, top_p;
+  int top_k;
+} pick_set;
+
+/* kn_pick over rows x (rows, vocab) for every setting and seed against runtime/sampler.c;
+ * returns the picks, and adds the matches and the largest logprob error. */
+static irt_pick_res *pick_rows(const char *what, const float *x, int vocab, int rows,
+                               const pick_set *set, int n_set, int seeds, double *lp_err) {
+  const int n = n_set * rows * seeds;
+  irt_pick_req *req = malloc(sizeof *req * (size_t)n);
+  int32_t *want = malloc(sizeof *want * (size_t)n);
+  for (int si = 0, k = 0; si < n_set; si++)
+    for (int r = 0; r < rows; r++)
+      for (int seed = 0; seed < seeds; seed++, k++) {
+        irt_sampling p = {set[si].temperature, set[si].top_k, set[si].top_p, 1000u * seed + 7u};
+        irt_sampler *cpu, *dev;
+        irt_error err;
+        CHECK(irt_sampler_create(&p, vocab, &cpu, &err) == IRT_OK);
+        CHECK(irt_sampler_create(&p, vocab, &dev, &err) == IRT_OK);
+        want[k] = irt_sampler_sample(cpu, x + (size_t)r * vocab);
+        req[k] = (irt_pick_req){p.temperature, p.top_p, p.top_k, r,
+                                p.temperature > 0 ? irt_sampler_draw(dev) : 0.0};
+        irt_sampler_destroy(cpu), irt_sampler_destroy(dev);
+      }
+  CUdeviceptr dx = up(x, sizeof(float) * (size_t)vocab * rows);
+  CUdeviceptr dreq = up(req, sizeof *req * (size_t)n);
+  CUdeviceptr dout = poisoned(sizeof(irt_pick_res) * (size_t)n);
+  void *args[] = {&dout, &dx, &dreq, &vocab};
+  run(kernel("sampling", "kn_pick"), (unsigned)n, 1, 1, 1024, args);
+  irt_pick_res *out = malloc(sizeof *out * (size_t)n);
+  down(out, dout, sizeof *out * (size_t)n);
+  int same = 0;
+  for (int k = 0; k < n; k++) {
+    int r = req[k].row, t = out[k].token;
+    same += t == want[k];
+    CHECKF(t == want[k], "%s pick %d (T %.2f top_k %d top_p %.2f row %d u %.17g): %d, want %d",
+           what, k, req[k].temperature, req[k].top_k, req[k].top_p, r, req[k].u, t, want[k]);
+    if (t < 0 || t >= vocab) continue;
+    const float *row = x + (size_t)r * vocab;
+    double e = fabs(out[k].logprob - ((double)row[t] - kn_log_sum_exp(row, vocab)));
+    if (!(e <= *lp_err)) *lp_err = e;
+  }
+  printf("  pick, %-22s %d/%d tokens as the CPU sampler\n", what, same, n);
+  cu.free(dx), cu.free(dreq), cu.free(dout);
+  free(req), free(want);
+  return out;
+}
+
 /* sampling.cu kn_pick against runtime/sampler.c, the function it must equal: for each
  * setting and seed, the CPU sampler samples the row while a sampler of the same seed hands
  * its draw to the kernel; the tokens must be the same and the logprob the token's
  * log-softmax (kn_log_sum_exp). Rows: spread logits with a few peaks, bf16-rounded ones
- * (many equal logits), and one row all equal. */
+ * (many equal logits), one all equal; then small vocabularies (fewer ids than threads, or
+ * than a warp) with masked (-inf) ids, large logits and extreme settings. */
 static void test_pick(void) {
-  enum { VOCAB = 49152, ROWS = 3, SEEDS = 6 };
-  static const struct {
-    float temperature, top_p;
-    int top_k;
-  } set[] = {{0.0f, 1.0f, 0},  {1.0f, 1.0f, 0},  {0.7f, 0.95f, 0}, {0.8f, 0.9f, 40},
-             {1.5f, 1.0f, 1},  {1.0f, 0.5f, 0},  {0.3f, 1.0f, 5000}, {2.0f, 0.99f, 100}};
-  const int n_set = (int)(sizeof set / sizeof set[0]), n = n_set * ROWS * SEEDS;
-  float *x = malloc(sizeof(float) * VOCAB * ROWS);
+  enum { VOCAB = 49152, SMALL = 1000, TINY = 7 };
+  static const pick_set set[] = {{0.0f, 1.0f, 0},  {1.0f, 1.0f, 0},  {0.7f, 0.95f, 0},
+                                 {0.8f, 0.9f, 40}, {1.5f, 1.0f, 1},  {1.0f, 0.5f, 0},
+                                 {0.3f, 1.0f, 5000}, {2.0f, 0.99f, 100}};
+  static const pick_set edge[] = {{0.05f, 1.0f, 0}, {1.0f, 0.01f, 0}, {3.0f, 1.0f, 2000},
+                                  {1.0f, 0.999f, 3}, {0.0f, 1.0f, 0}};
+  float *x = malloc(sizeof(float) * VOCAB * 3), *y = malloc(sizeof(float) * SMALL * 2);
   for (int i = 0; i < VOCAB; i++) {
     float g = frand() + frand() + frand(); /* about normal */
     x[i] = 4.0f * g + (i % 997 == 0 ? 12.0f * frand() + 6.0f : 0.0f);
@@ -723,45 +772,19 @@ static void test_pick(void) {
     x[2 * VOCAB + i] = 0.25f;
   }
   x[17] = x[4000] = 30.0f; /* a tie for the max: the lower id is the argmax */
-  irt_pick_req *req = malloc(sizeof *req * (size_t)n);
-  int32_t *want = malloc(sizeof *want * (size_t)n);
-  int k = 0;
-  for (int si = 0; si < n_set; si++)
-    for (int r = 0; r < ROWS; r++)
-      for (int seed = 0; seed < SEEDS; seed++, k++) {
-        irt_sampling p = {set[si].temperature, set[si].top_k, set[si].top_p, 1000u * seed + 7u};
-        irt_sampler *cpu, *dev;
-        irt_error err;
-        CHECK(irt_sampler_create(&p, VOCAB, &cpu, &err) == IRT_OK);
-        CHECK(irt_sampler_create(&p, VOCAB, &dev, &err) == IRT_OK);
-        want[k] = irt_sampler_sample(cpu, x + (size_t)r * VOCAB);
-        req[k] = (irt_pick_req){p.temperature, p.top_p, p.top_k, r,
-                                p.temperature > 0 ? irt_sampler_draw(dev) : 0.0};
-        irt_sampler_destroy(cpu), irt_sampler_destroy(dev);
-      }
-  CUdeviceptr dx = up(x, sizeof(float) * VOCAB * ROWS), dreq = up(req, sizeof *req * (size_t)n);
-  CUdeviceptr dout = poisoned(sizeof(irt_pick_res) * (size_t)n);
-  int vocab = VOCAB;
-  void *args[] = {&dout, &dx, &dreq, &vocab};
-  run(kernel("sampling", "kn_pick"), (unsigned)n, 1, 1, 1024, args);
-  irt_pick_res *out = malloc(sizeof *out * (size_t)n);
-  down(out, dout, sizeof *out * (size_t)n);
-  int same = 0;
-  double lp_err = 0;
-  for (k = 0; k < n; k++) {
-    int r = req[k].row, t = out[k].token;
-    same += t == want[k];
-    CHECKF(t == want[k], "pick %d (T %.2f top_k %d top_p %.2f row %d u %.17g): %d, want %d", k,
-           req[k].temperature, req[k].top_k, req[k].top_p, r, req[k].u, t, want[k]);
-    if (t < 0 || t >= VOCAB) continue;
-    double lp = (double)x[(size_t)r * VOCAB + t] - kn_log_sum_exp(x + (size_t)r * VOCAB, VOCAB);
-    if (fabs(out[k].logprob - lp) > lp_err) lp_err = fabs(out[k].logprob - lp);
+  for (int i = 0; i < SMALL; i++) {
+    y[i] = i % 3 ? 5.0f * frand() : -INFINITY; /* a third masked */
+    y[SMALL + i] = 3000.0f + 20.0f * frand();   /* far from zero */
   }
-  printf("  pick: %d/%d tokens as the CPU sampler, logprob err %.2e\n", same, n, lp_err);
-  CHECKF(lp_err <= 1e-5, "logprob err %.3e", lp_err);
+  double lp_err = 0;
+  irt_pick_res *out = pick_rows("49152 ids", x, VOCAB, 3, set, 8, 6, &lp_err);
   CHECK(out[0].token == 17); /* greedy on row 0: the tie's lower id */
-  cu.free(dx), cu.free(dreq), cu.free(dout);
-  free(x), free(req), free(want), free(out);
+  free(out);
+  free(pick_rows("1000 ids, edge cases", y, SMALL, 2, edge, 5, 4, &lp_err));
+  free(pick_rows("7 ids", y + SMALL + 100, TINY, 1, set, 8, 4, &lp_err));
+  printf("  pick: logprob err %.2e\n", lp_err);
+  CHECKF(lp_err <= 1e-5, "logprob err %.3e", lp_err);
+  free(x), free(y);
 }
 
 /* cast.cu: activations to f16 / bf16 for cuBLAS (bit-exact against ir_f32_to_f16 /
