@@ -83,6 +83,8 @@ typedef struct irt_backend_ops {
    * backend can (IR_OK) or not (IR_UNSUPPORTED: an older plan without the kernel). */
   ir_status (*pick)(void *ctx, const void *logits, int64_t vocab, int n,
                     const irt_pick_req *req, irt_pick_res *out, ir_diag *d);
+  /* Optional: the model's warm-up steps are over (statistics count from here). */
+  void (*ready)(void *ctx);
   /* Free and total bytes of backend memory (for out-of-memory messages). */
   void (*mem_info)(void *ctx, uint64_t *out_free, uint64_t *out_total);
 } irt_backend_ops;

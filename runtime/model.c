@@ -196,6 +196,54 @@ static void fill_info(irt_model *m) {
       .device = m->be.ops->name};
 }
 
+/* A device backend's first steps pay one-time costs: cuBLAS loading its kernels and choosing
+ * algorithms, the driver loading each kernel at its first launch, a CUDA Graph captured per
+ * decode bucket. They are paid here, at open, not by the first requests (nor counted in
+ * their prefill and decode times): a prompt of max_tokens tokens, then two decode steps of
+ * each bucket (the first eager, the second captured), with fresh sequences that are dropped
+ * after. A bucket whose sequences the KV pool cannot hold is left for later. */
+static irt_status warm_up(irt_model *m, irt_error *err) {
+  const ir_model_config *c = &m->g->config;
+  int64_t bucket[IR_MAX_DECODE_BUCKETS], n_b = c->n_decode_buckets;
+  if (n_b > 0) memcpy(bucket, c->decode_buckets, (size_t)n_b * sizeof *bucket);
+  else n_b = ir_default_decode_buckets(c, bucket);
+  int64_t most = m->info.max_step_tokens, nseq = n_b ? bucket[n_b - 1] : 1;
+  int64_t room = irt_kv_available(&m->kv) * m->kv.block_size;
+  if (most > room) most = room;
+  if (most > m->info.context_length - 1) most = m->info.context_length - 1;
+  irt_sampling greedy = irt_sampling_default();
+  irt_sampler *smp = NULL;
+  int32_t *ids = calloc((size_t)(most > nseq ? most : nseq), sizeof *ids);
+  irt_seq **s = calloc((size_t)nseq, sizeof *s);
+  irt_batch_item *it = calloc((size_t)nseq, sizeof *it);
+  irt_pick *pk = calloc((size_t)nseq, sizeof *pk);
+  irt_status st = ids && s && it && pk ? IRT_OK : IRT_OOM;
+  if (st == IRT_OOM) snprintf(err->msg, sizeof err->msg, "out of memory");
+  if (st == IRT_OK) st = irt_sampler_create(&greedy, m->info.vocab_size, &smp, err);
+  if (st == IRT_OK && most > 0 && (st = irt_seq_create(m, &s[0], err)) == IRT_OK) {
+    it[0] = (irt_batch_item){.seq = s[0], .tokens = ids, .n = most, .pick = &pk[0]};
+    pk[0].sampler = smp;
+    st = irt_decode_batch(m, it, 1, err);
+    irt_seq_destroy(s[0]);
+    s[0] = NULL;
+  }
+  for (int64_t b = 0; st == IRT_OK && b < n_b; b++) {
+    int64_t n = bucket[b];
+    if (n * ((2 + m->kv.block_size - 1) / m->kv.block_size) > irt_kv_available(&m->kv)) continue;
+    for (int64_t i = 0; st == IRT_OK && i < n; i++) {
+      st = irt_seq_create(m, &s[i], err);
+      pk[i].sampler = smp;
+      it[i] = (irt_batch_item){.seq = s[i], .tokens = ids, .n = 1, .pick = &pk[i]};
+    }
+    for (int step = 0; st == IRT_OK && step < 2; step++) st = irt_decode_batch(m, it, (int)n, err);
+    for (int64_t i = 0; i < n; i++) irt_seq_destroy(s[i]), s[i] = NULL;
+  }
+  irt_sampler_destroy(smp);
+  free(ids), free(s), free(it), free(pk);
+  if (st == IRT_OK && m->be.ops->ready) m->be.ops->ready(m->be.ctx);
+  return st;
+}
+
 irt_status irt_model_open(const char *path, const irt_model_opts *opts, irt_model **out,
                           irt_error *err) {
   ir_diag d = {0};
@@ -222,6 +270,11 @@ irt_status irt_model_open(const char *path, const irt_model_opts *opts, irt_mode
     return (irt_status)st;
   }
   fill_info(m);
+  irt_status ws = m->be.ops->run_step ? warm_up(m, err) : IRT_OK;
+  if (ws != IRT_OK) {
+    irt_model_close(m);
+    return ws;
+  }
   *out = m;
   return IRT_OK;
 }
