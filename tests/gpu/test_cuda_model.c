@@ -307,6 +307,62 @@ static void test_engine_cow(void) {
   irt_model_close(gpu);
 }
 
+/* One engine, four requests batched together: greedy and top-p sampling (their tokens picked
+ * on the device), top_logprobs and a presence penalty (their rows brought to the host).
+ * The tokens must be the CPU engine's, with the same seeds; the logprobs close to them. */
+typedef struct mixed {
+  int32_t tok[4][16];
+  float lp[4][16];
+  int n[4];
+} mixed;
+
+static void on_mixed(void *user, const irt_event *ev) {
+  mixed *x = user;
+  int r = (int)(ev->id - 1) & 3;
+  if (ev->token >= 0 && x->n[r] < 16) x->lp[r][x->n[r]] = ev->logprob, x->tok[r][x->n[r]++] = ev->token;
+}
+
+static void engine_mixed(irt_model *m, mixed *x) {
+  irt_engine *e = NULL;
+  irt_error err = {0};
+  int32_t p[4][9];
+  CHECKF(irt_engine_create(m, NULL, &e, &err) == IRT_OK, "%s", err.msg);
+  if (!e) return;
+  for (int r = 0; r < 4; r++) {
+    for (int i = 0; i < 9; i++) p[r][i] = (int32_t)(13 * r + 7 * i + 1);
+    irt_request q = {.prompt_ids = p[r], .n_prompt = 9, .sampling = irt_sampling_default(),
+                     .max_tokens = 16, .ignore_eos = true, .on_event = on_mixed, .user = x};
+    if (r > 0) q.sampling = (irt_sampling){.temperature = 0.9f, .top_p = 0.9f, .seed = 5u + r};
+    if (r == 2) q.top_logprobs = 3;
+    if (r == 3) q.presence_penalty = 0.5f;
+    CHECKF(irt_engine_submit(e, &q, NULL, &err) == IRT_OK, "%s", err.msg);
+  }
+  CHECKF(irt_engine_run(e, &err) == IRT_OK, "%s", err.msg);
+  irt_engine_destroy(e);
+}
+
+static void test_engine_mixed(void) {
+  const char *plan = TEST_TMP_DIR "/gpu_llama-gqa-f32.plan";
+  irt_model *cpu = open_on(plan, "cpu", false, 0), *gpu = open_on(plan, "cuda", true, 0);
+  if (cpu && gpu) {
+    mixed a = {0}, b = {0};
+    engine_mixed(cpu, &a);
+    engine_mixed(gpu, &b);
+    double lp = 0;
+    for (int r = 0; r < 4; r++)
+      for (int i = 0; i < b.n[r]; i++)
+        lp = fabs(a.lp[r][i] - b.lp[r][i]) > lp ? fabs(a.lp[r][i] - b.lp[r][i]) : lp;
+    printf("engine, greedy / top-p / top_logprobs / penalty requests on the device: %s, "
+           "logprob diff %.1e\n", memcmp(a.tok, b.tok, sizeof a.tok) ? "DIFFER" : "as on the CPU",
+           lp);
+    CHECK(a.n[0] == 16 && a.n[3] == 16 && !memcmp(a.n, b.n, sizeof a.n));
+    CHECK(!memcmp(a.tok, b.tok, sizeof a.tok));
+    CHECKF(lp <= 1e-4, "logprobs differ by %.3e", lp);
+  }
+  irt_model_close(cpu);
+  irt_model_close(gpu);
+}
+
 /* Graph captures that fail (fake driver only) leave decode steps eager and correct. */
 static void test_graph_fallback(void) {
   if (!g_fail_instantiate) return;
@@ -442,6 +498,7 @@ int main(void) {
   for (size_t i = 0; i < sizeof k_fixtures / sizeof k_fixtures[0]; i++)
     test_fixture(&k_fixtures[i]);
   test_engine_cow();
+  test_engine_mixed();
   test_graph_fallback();
   test_profile();
   test_errors();
