@@ -32,16 +32,18 @@ typedef struct irt_step {
 /* One token choice on a device (irt_backend_ops.pick): from row `row` of the step's logits,
  * with the sampler's settings and its uniform draw u (runtime/sampler.c's function). The
  * layouts are kernels/cuda/sampling.cu's kn_pick_args and kn_pick_out. */
+#define IRT_PICK_TOP 20 /* most alternatives a pick reports (IRT_MAX_TOP_LOGPROBS) */
 typedef struct irt_pick_req {
   float temperature, top_p;
   int32_t top_k, row;
   double u;
+  int32_t n_top, pad; /* alternatives wanted, at most IRT_PICK_TOP */
 } irt_pick_req;
 typedef struct irt_pick_res {
   int32_t token;
   float logprob;
 } irt_pick_res;
-_Static_assert(sizeof(irt_pick_req) == 24 && sizeof(irt_pick_res) == 8, "kn_pick layouts");
+_Static_assert(sizeof(irt_pick_req) == 32 && sizeof(irt_pick_res) == 8, "kn_pick layouts");
 /* For picks on a device (sampler.c): the sampler's settings, and the uniform
  * in [0, 1) that its next irt_sampler_sample would draw (the generator moves on). */
 struct irt_sampler;
@@ -50,6 +52,10 @@ const struct irt_sampling *irt_sampler_params(const struct irt_sampler *s);
 double irt_sampler_draw(struct irt_sampler *s);
 /* irt_sampler_sample with the draw u given (the generator does not move). */
 int32_t irt_sampler_sample_u(struct irt_sampler *s, const float *logits, double u);
+/* The k largest logits, largest first (lower id first among equal ones), as ids and
+ * logprobs (logit - lse). */
+void irt_top_logprobs(const float *logits, int64_t vocab, double lse, int k, int32_t *ids,
+                      float *lps);
 
 typedef struct irt_backend_ops {
   const char *name;
@@ -79,10 +85,11 @@ typedef struct irt_backend_ops {
   /* Copies within backend memory, ordered with the queued work (KV copy-on-write). */
   void (*copy)(void *ctx, void *dst, const void *src, size_t bytes);
   /* Optional: chooses n tokens from rows of logits (L, vocab) in backend memory, after
-   * the queued work, and returns when out[0..n) is on the host. n = 0 asks whether this
-   * backend can (IR_OK) or not (IR_UNSUPPORTED: an older plan without the kernel). */
+   * the queued work, and returns when out[0..n) is on the host, and for each pick i with
+   * n_top > 0 its alternatives in top[i * IRT_PICK_TOP ..] (as irt_top_logprobs). n = 0
+   * asks whether this backend can (IR_OK) or not (IR_UNSUPPORTED: an older plan). */
   ir_status (*pick)(void *ctx, const void *logits, int64_t vocab, int n,
-                    const irt_pick_req *req, irt_pick_res *out, ir_diag *d);
+                    const irt_pick_req *req, irt_pick_res *out, irt_pick_res *top, ir_diag *d);
   /* Optional: the model's warm-up steps are over (statistics count from here). */
   void (*ready)(void *ctx);
   /* Free and total bytes of backend memory (for out-of-memory messages). */
@@ -102,7 +109,7 @@ ir_status irt_backend_cpu_create(int n_threads, irt_backend *out, ir_diag *d);
  * libcuda.so.1 and cuBLAS itself, so neither is needed until a CUDA plan is opened. */
 #define IRT_CUDA_LIB "libinferrt_cuda.so"
 #define IRT_CUDA_ENTRY "irt_backend_cuda_create"
-#define IRT_CUDA_ABI 2 /* bump when irt_backend_ops, irt_step or irt_cuda_opts change */
+#define IRT_CUDA_ABI 3 /* bump when irt_backend_ops, irt_step or irt_cuda_opts change */
 /* The struct sizes both sides compile with: a library built from another tree (ir.h's
  * graph, node and tensor, the step, the KV cache) is refused rather than misread. */
 #define IRT_CUDA_LAYOUT                                                                     \

@@ -109,12 +109,13 @@ static ir_status setup_device_kv(irt_model *m, int64_t tokens, irt_kv_dtype_id d
   m->h_rows = calloc((size_t)c->max_logits, sizeof(int32_t));
   m->h_pick = calloc((size_t)c->max_logits, sizeof *m->h_pick);
   m->h_pick_res = calloc((size_t)c->max_logits, sizeof *m->h_pick_res);
+  m->h_pick_top = calloc((size_t)c->max_logits * IRT_PICK_TOP, sizeof *m->h_pick_top);
   m->h_row = calloc((size_t)c->vocab_size, sizeof(float));
-  if (!m->h_tokens || !m->h_rows || !m->h_pick || !m->h_pick_res || !m->h_row)
+  if (!m->h_tokens || !m->h_rows || !m->h_pick || !m->h_pick_res || !m->h_pick_top || !m->h_row)
     return ir_diag_set(d, IR_OOM, "out of memory");
   ir_diag probe = {0};
-  m->dev_pick = m->be.ops->pick &&
-                m->be.ops->pick(m->be.ctx, NULL, c->vocab_size, 0, NULL, NULL, &probe) == IR_OK;
+  m->dev_pick = m->be.ops->pick && m->be.ops->pick(m->be.ctx, NULL, c->vocab_size, 0, NULL,
+                                                   NULL, NULL, &probe) == IR_OK;
   ir_status st = irt_kv_cache_init_dtype(&m->kv, c->n_layers, c->n_kv_heads, c->head_dim,
                                          c->kv_block_size, tokens + c->kv_block_size, dtype,
                                          m->be.ops->alloc, m->be.ctx, d);
@@ -297,6 +298,7 @@ void irt_model_close(irt_model *m) {
   free(m->h_rows);
   free(m->h_pick);
   free(m->h_pick_res);
+  free(m->h_pick_top);
   free(m->h_row);
   irt_tok_destroy(m->tok);
   ir_plan_close(m->plan);

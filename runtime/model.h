@@ -29,6 +29,7 @@ struct irt_model {
   bool dev_pick;
   irt_pick_req *h_pick;     /* (max_logits) */
   irt_pick_res *h_pick_res; /* (max_logits) */
+  irt_pick_res *h_pick_top; /* (max_logits, IRT_PICK_TOP) */
   float *h_row;             /* (vocab) */
   irt_tokenizer *tok; /* from the plan, or NULL */
 };

@@ -170,3 +170,21 @@ int32_t irt_sampler_sample_u(irt_sampler *s, const float *logits, double u) {
   }
   return c[n - 1].id;
 }
+
+void irt_top_logprobs(const float *lg, int64_t vocab, double lse, int k, int32_t *ids,
+                      float *lps) {
+  int n = 0;
+  if (k > vocab) k = (int)vocab;
+  for (int64_t v = 0; v < vocab && k > 0; v++) {
+    if (n == k && !(lg[v] > lps[k - 1])) continue;
+    int at = n < k ? n++ : k - 1; /* insertion sort into the kept k */
+    while (at > 0 && lg[v] > lps[at - 1]) {
+      lps[at] = lps[at - 1];
+      ids[at] = ids[at - 1];
+      at--;
+    }
+    lps[at] = lg[v];
+    ids[at] = (int32_t)v;
+  }
+  for (int i = 0; i < n; i++) lps[i] = (float)((double)lps[i] - lse);
+}

@@ -107,19 +107,20 @@ static void prefix_lookup(irt_engine *e, eseq *s) {
 }
 
 /* Can the step choose this sequence's next token itself (irt_pick: on a GPU the logits
- * then stay there)? Not when the logits are needed here: penalties, top_logprobs, or the
- * first token of a request with n > 1 (every completion samples the one row). */
+ * then stay there)? Not when the logits are needed here: penalties, or the first token of
+ * a request with n > 1 (every completion samples the one row). */
 static bool pickable(const eseq *s) {
   const ereq *q = s->req;
   bool forks = q->n > 1 && q->n_live == 1 && s->n_generated == 0;
-  return !s->counts && q->r.top_logprobs <= 0 && !forks;
+  return !s->counts && !forks;
 }
 
 static void add_item(irt_engine *e, eseq *s, int64_t take) {
   int k = e->n_items_now++;
   bool last = s->kv->len + take == s->n_tokens, pick = last && pickable(s);
   size_t V = (size_t)irt_model_get_info(e->m)->vocab_size;
-  e->picks[k] = (irt_pick){.sampler = s->sampler};
+  e->picks[k] = (irt_pick){.sampler = s->sampler, .n_top = s->req->r.top_logprobs,
+                           .top_ids = s->top_ids, .top_logprobs = s->top_lps};
   e->items[k] = (irt_batch_item){.seq = s->kv, .tokens = s->tokens + s->kv->len, .n = take,
                                  .logits = last && !pick ? e->logits + (size_t)k * V : NULL,
                                  .pick = pick ? &e->picks[k] : NULL};
@@ -293,23 +294,6 @@ static const float *penalize(eseq *s, const float *lg, int64_t V) {
   return s->penalized;
 }
 
-/* The k most likely tokens, most likely first (lower id first on ties), as logprobs. */
-static void top_alternatives(eseq *s, const float *lg, int64_t V, double lse) {
-  int k = s->req->r.top_logprobs < V ? s->req->r.top_logprobs : (int)V, n = 0;
-  for (int64_t v = 0; v < V; v++) {
-    if (n == k && !(lg[v] > s->top_lps[k - 1])) continue;
-    int at = n < k ? n++ : k - 1; /* insertion sort into the kept k */
-    while (at > 0 && lg[v] > s->top_lps[at - 1]) {
-      s->top_lps[at] = s->top_lps[at - 1];
-      s->top_ids[at] = s->top_ids[at - 1];
-      at--;
-    }
-    s->top_lps[at] = lg[v];
-    s->top_ids[at] = (int32_t)v;
-  }
-  for (int i = 0; i < n; i++) s->top_lps[i] = (float)((double)s->top_lps[i] - lse);
-}
-
 /* The sequence's next token is tok (log-probability lp): stop checks, text, the event. */
 static void take_token(irt_engine *e, eseq *s, int32_t tok, float lp) {
   const irt_model_info *in = irt_model_get_info(e->m);
@@ -336,7 +320,8 @@ static void take_token(irt_engine *e, eseq *s, int32_t tok, float lp) {
 static void on_token(irt_engine *e, eseq *s, const float *lg, double lse) {
   int64_t V = irt_model_get_info(e->m)->vocab_size;
   int32_t tok = irt_sampler_sample(s->sampler, s->counts ? penalize(s, lg, V) : lg);
-  if (s->req->r.top_logprobs > 0) top_alternatives(s, lg, V, lse);
+  if (s->req->r.top_logprobs > 0)
+    irt_top_logprobs(lg, V, lse, s->req->r.top_logprobs, s->top_ids, s->top_lps);
   take_token(e, s, tok, (float)((double)lg[tok] - lse));
 }
 

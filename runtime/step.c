@@ -103,10 +103,15 @@ static void fill_step(irt_model *m, const irt_batch_item *items, int n_items, ir
                    .tokens = tok, .logit_rows = rows, .pad_block = m->pad_block};
 }
 
+_Static_assert(IRT_PICK_TOP == IRT_MAX_TOP_LOGPROBS, "a pick reports every alternative asked");
+
 /* A pick on the host: the sampler's own function on the row. */
 static void pick_host(irt_model *m, irt_pick *p, const float *row) {
+  double lse = kn_log_sum_exp(row, m->info.vocab_size);
   p->token = irt_sampler_sample(p->sampler, row);
-  p->logprob = (float)((double)row[p->token] - kn_log_sum_exp(row, m->info.vocab_size));
+  p->logprob = (float)((double)row[p->token] - lse);
+  if (p->n_top > 0)
+    irt_top_logprobs(row, m->info.vocab_size, lse, p->n_top, p->top_ids, p->top_logprobs);
 }
 
 static void copy_logits(irt_model *m, const irt_batch_item *items, int n_items) {
@@ -139,16 +144,25 @@ static ir_status pick_device(irt_model *m, const irt_batch_item *items, int n_it
     }
     const irt_sampling *sp = irt_sampler_params(p->sampler);
     double u = sp->temperature > 0.0f ? irt_sampler_draw(p->sampler) : 0.0;
+    int n_top = p->n_top < 0 ? 0 : p->n_top > IRT_PICK_TOP ? IRT_PICK_TOP : p->n_top;
     m->h_pick[n++] = (irt_pick_req){.temperature = sp->temperature, .top_p = sp->top_p,
-                                    .top_k = sp->top_k, .row = (int32_t)at, .u = u};
+                                    .top_k = sp->top_k, .row = (int32_t)at, .u = u,
+                                    .n_top = n_top};
   }
   if (st != IR_OK || n == 0) return st;
-  st = m->be.ops->pick(m->be.ctx, lg, m->info.vocab_size, n, m->h_pick, m->h_pick_res, d);
-  for (int i = 0, k = 0; i < n_items && st == IR_OK; i++)
-    if (items[i].pick) {
-      items[i].pick->token = m->h_pick_res[k].token;
-      items[i].pick->logprob = m->h_pick_res[k++].logprob;
+  st = m->be.ops->pick(m->be.ctx, lg, m->info.vocab_size, n, m->h_pick, m->h_pick_res,
+                       m->h_pick_top, d);
+  for (int i = 0, k = 0; i < n_items && st == IR_OK; i++) {
+    irt_pick *p = items[i].pick;
+    if (!p) continue;
+    p->token = m->h_pick_res[k].token;
+    p->logprob = m->h_pick_res[k].logprob;
+    for (int j = 0; j < m->h_pick[k].n_top; j++) {
+      p->top_ids[j] = m->h_pick_top[k * IRT_PICK_TOP + j].token;
+      p->top_logprobs[j] = m->h_pick_top[k * IRT_PICK_TOP + j].logprob;
     }
+    k++;
+  }
   return st;
 }
 

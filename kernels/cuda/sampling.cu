@@ -17,6 +17,8 @@
 // order, and among equal logits the ids in ascending order. The sums are added in another
 // order than the CPU sampler's, so the two choose different tokens only when u * S lies
 // within rounding (about 1e-16 relative) of a boundary between two candidates.
+// With n_top > 0 (at most PICK_TOP) it also writes top[b * PICK_TOP + j], j < n_top: the
+// n_top largest logits (lower id first among equal ones) and their logprobs.
 // Launch: grid (n_picks), block (PICK_THREADS).
 
 #ifndef PICK_THREADS
@@ -25,12 +27,14 @@
 #define PICK_WARPS (PICK_THREADS / 32)
 #define PICK_BINS 2048
 #define PICK_SPAN 40.0 /* candidates lie within PICK_SPAN temperatures of the max */
+#define PICK_TOP 20    /* most alternatives a pick reports (IRT_MAX_TOP_LOGPROBS) */
 
-// One pick's settings (24 bytes; runtime/cuda mirrors it as cuda_pick_args).
+// One pick's settings (32 bytes; runtime/backend.h mirrors it as irt_pick_req).
 struct kn_pick_args {
   float temperature, top_p;
   int top_k, row;
   double u;
+  int n_top, pad;
 };
 struct kn_pick_out {
   int token;
@@ -258,7 +262,8 @@ __device__ void pk_select(const pk_row &r, bool count, double R, bool ge, pk_sme
 }
 
 extern "C" __global__ void __launch_bounds__(PICK_THREADS)
-    kn_pick(kn_pick_out *out, const float *logits, const kn_pick_args *args, int vocab) {
+    kn_pick(kn_pick_out *out, kn_pick_out *top, const float *logits, const kn_pick_args *args,
+            int vocab) {
   __shared__ pk_smem sm;
   const kn_pick_args a = args[blockIdx.x];
   pk_row r = {logits + (long long)a.row * vocab, vocab, 0.0, 1.0, 0xffffffffu, 0x7fffffff};
@@ -274,6 +279,20 @@ extern "C" __global__ void __launch_bounds__(PICK_THREADS)
   double s = 0.0;
   for (int i = threadIdx.x; i < vocab; i += PICK_THREADS) s += exp((double)r.x[i] - r.max);
   const double lse = r.max + log(pk_sum(s, &sm));
+  // The alternatives: the best (key, id) after the previous one, n_top times.
+  for (int j = 0, n = min(a.n_top, min(PICK_TOP, vocab)); j < n; j++) {
+    const unsigned long long prev = best;
+    if (j > 0) {
+      best = ~0ull;
+      for (int i = threadIdx.x; i < vocab; i += PICK_THREADS) {
+        unsigned long long v = (unsigned long long)pk_key(r.x[i]) << 32 | (unsigned)i;
+        best = v > prev && v < best ? v : best;
+      }
+      best = pk_min(best, &sm);
+    }
+    const int id = (int)(unsigned)best;
+    if (threadIdx.x == 0) top[blockIdx.x * PICK_TOP + j] = {id, (float)((double)r.x[id] - lse)};
+  }
   if (a.temperature > 0.0f) {
     unsigned key;
     int id;

@@ -217,7 +217,8 @@ static ir_status alloc_scratch(cuda_ctx *c, const ir_graph *g, ir_diag *d) {
   if (st == IR_OK) st = dev_alloc(c, rows * 2 * 4, &c->part_ml, "attention scratch", d);
   if (st == IR_OK && c->xh_bytes) st = dev_alloc(c, c->xh_bytes, &c->xh, "GEMM scratch", d);
   if (st == IR_OK && c->zh_bytes) st = dev_alloc(c, c->zh_bytes, &c->zh, "swiglu scratch", d);
-  size_t pick = (size_t)c->max_logits * (sizeof(irt_pick_req) + sizeof(irt_pick_res));
+  size_t pick = (size_t)c->max_logits *
+                (sizeof(irt_pick_req) + sizeof(irt_pick_res) * (1 + IRT_PICK_TOP));
   if (st == IR_OK && c->fn[CF_PICK]) st = dev_alloc(c, pick, &c->d_pick, "pick buffer", d);
   if (st == IR_OK && c->fn[CF_PICK] && (r = c->cu.host_alloc(&c->pick_stage, pick)))
     st = cuda_fail(c, r, "pinned pick buffer", d);
@@ -532,7 +533,8 @@ static ir_status cuda_read(void *vctx, void *dst, const void *src, size_t bytes,
 /* Token picks on the device: requests up, one kn_pick launch after the queued step,
  * tokens and logprobs down (8 bytes a pick instead of a row of logits). */
 static ir_status cuda_pick(void *vctx, const void *logits, int64_t vocab, int n,
-                           const irt_pick_req *req, irt_pick_res *out, ir_diag *d) {
+                           const irt_pick_req *req, irt_pick_res *out, irt_pick_res *top,
+                           ir_diag *d) {
   cuda_ctx *c = vctx;
   if (!c->fn[CF_PICK] || !c->d_pick)
     return ir_diag_set(d, IR_UNSUPPORTED, "cuda backend: the plan has no kn_pick kernel");
@@ -541,10 +543,14 @@ static ir_status cuda_pick(void *vctx, const void *logits, int64_t vocab, int n,
     return ir_diag_set(d, IR_INVALID_ARG, "cuda backend: %d picks exceed the plan's limits", n);
   size_t rq = (size_t)n * sizeof *req, rs = (size_t)n * sizeof *out;
   size_t res_off = (size_t)c->max_logits * sizeof *req;
+  size_t top_off = res_off + (size_t)c->max_logits * sizeof *out, rt = rs * IRT_PICK_TOP;
+  bool tops = false;
+  for (int i = 0; i < n; i++) tops |= req[i].n_top > 0;
   char *stage = c->pick_stage;
-  CUdeviceptr d_req = c->d_pick, d_res = c->d_pick + res_off, lg = cuda_dptr(logits);
+  CUdeviceptr d_req = c->d_pick, d_res = c->d_pick + res_off, d_top = c->d_pick + top_off;
+  CUdeviceptr lg = cuda_dptr(logits);
   int v = (int)vocab;
-  void *args[] = {&d_res, &lg, &d_req, &v};
+  void *args[] = {&d_res, &d_top, &lg, &d_req, &v};
   make_current(c);
   memcpy(stage, req, rq); /* the last pick has finished: it synchronised */
   CUresult r = c->cu.htod(d_req, stage, rq, c->stream);
@@ -552,10 +558,12 @@ static ir_status cuda_pick(void *vctx, const void *logits, int64_t vocab, int n,
     r = c->cu.launch(c->fn[CF_PICK], (unsigned)n, 1, 1, CUDA_PICK_THREADS, 1, 1, 0, c->stream,
                      args, NULL);
   if (!r) r = c->cu.dtoh(stage + res_off, d_res, rs, c->stream);
+  if (!r && tops) r = c->cu.dtoh(stage + top_off, d_top, rt, c->stream);
   if (!r) r = c->cu.stream_sync(c->stream);
   if (r) return cuda_fail(c, r, "step (picking tokens)", d);
   c->stage_busy = false; /* the step's upload is done too */
   memcpy(out, stage + res_off, rs);
+  if (tops) memcpy(top, stage + top_off, rt);
   return IR_OK;
 }
 

@@ -99,7 +99,8 @@ typedef struct cuda_ctx {
   CUdeviceptr zh;
   size_t zh_bytes;
   CUdeviceptr blas_ws;
-  /* token picks (kn_pick): max_logits requests then results, pinned and on the device */
+  /* token picks (kn_pick): max_logits requests, results, then IRT_PICK_TOP alternatives a
+   * pick, pinned and on the device */
   void *pick_stage;
   CUdeviceptr d_pick;
 

@@ -125,6 +125,9 @@ typedef struct irt_pick {
   irt_sampler *sampler; /* its settings, and one draw of its generator if temperature > 0 */
   int32_t token;        /* out: irt_sampler_sample's token for the row */
   float logprob;        /* out: the token's log-softmax under the row's logits */
+  int n_top;            /* alternatives wanted, 0..20 (IRT_MAX_TOP_LOGPROBS): */
+  int32_t *top_ids;     /* out (n_top): the most likely tokens, most likely first (lower */
+  float *top_logprobs;  /* id first among equals), and their log-softmax */
 } irt_pick;
 
 typedef struct irt_batch_item {

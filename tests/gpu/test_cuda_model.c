@@ -166,6 +166,8 @@ static void test_picks(irt_model *m) {
   irt_seq *s[2 * N];
   irt_batch_item it[2 * N];
   irt_pick pk[N];
+  int32_t top_ids[N][5];
+  float top_lps[N][5];
   irt_sampler *host[N];
   int32_t tok[2 * N];
   irt_error err = {0};
@@ -179,6 +181,8 @@ static void test_picks(irt_model *m) {
   for (int i = 0; i < N; i++) {
     CHECK(irt_sampler_create(&set[i], V, &host[i], &err) == IRT_OK);
     CHECK(irt_sampler_create(&set[i], V, &pk[i].sampler, &err) == IRT_OK);
+    pk[i].n_top = i % 2 ? 5 : 0; /* alternatives for every other one */
+    pk[i].top_ids = top_ids[i], pk[i].top_logprobs = top_lps[i];
     it[i] = (irt_batch_item){.seq = s[i], .tokens = &tok[i], .n = 1, .logits = lg + i * V};
     it[N + i] = (irt_batch_item){.seq = s[N + i], .tokens = &tok[N + i], .n = 1, .pick = &pk[i]};
   }
@@ -195,6 +199,14 @@ static void test_picks(irt_model *m) {
       for (int64_t v = 0; v < V; v++) lse += exp((double)lg[i * V + v] - mx);
       double e = fabs(pk[i].logprob - ((double)lg[i * V + pk[i].token] - mx - log(lse)));
       lp_err = e > lp_err ? e : lp_err;
+      for (int j = 0; j < pk[i].n_top; j++) { /* the j-th largest of the returned row */
+        int64_t above = 0;
+        float v = lg[i * V + pk[i].top_ids[j]];
+        for (int64_t u = 0; u < V; u++) above += lg[i * V + u] > v;
+        same -= above > j; /* counted as a miss */
+        e = fabs(pk[i].top_logprobs[j] - ((double)v - mx - log(lse)));
+        lp_err = e > lp_err ? e : lp_err;
+      }
       tok[i] = tok[N + i] = want; /* both halves go on with the same token */
     }
     printf("  picks, step %d: %d/%d tokens as the host sampler, logprob err %.1e\n", step, same,
@@ -311,7 +323,7 @@ static void test_engine_cow(void) {
  * on the device), top_logprobs and a presence penalty (their rows brought to the host).
  * The tokens must be the CPU engine's, with the same seeds; the logprobs close to them. */
 typedef struct mixed {
-  int32_t tok[4][16];
+  int32_t tok[4][16], alt[16][3]; /* alt: request 2's top_logprobs tokens */
   float lp[4][16];
   int n[4];
 } mixed;
@@ -319,7 +331,9 @@ typedef struct mixed {
 static void on_mixed(void *user, const irt_event *ev) {
   mixed *x = user;
   int r = (int)(ev->id - 1) & 3;
-  if (ev->token >= 0 && x->n[r] < 16) x->lp[r][x->n[r]] = ev->logprob, x->tok[r][x->n[r]++] = ev->token;
+  if (ev->token < 0 || x->n[r] >= 16) return;
+  for (int j = 0; r == 2 && j < ev->n_top && j < 3; j++) x->alt[x->n[r]][j] = ev->top_tokens[j];
+  x->lp[r][x->n[r]] = ev->logprob, x->tok[r][x->n[r]++] = ev->token;
 }
 
 static void engine_mixed(irt_model *m, mixed *x) {
@@ -357,6 +371,7 @@ static void test_engine_mixed(void) {
            lp);
     CHECK(a.n[0] == 16 && a.n[3] == 16 && !memcmp(a.n, b.n, sizeof a.n));
     CHECK(!memcmp(a.tok, b.tok, sizeof a.tok));
+    CHECK(!memcmp(a.alt, b.alt, sizeof a.alt) && a.alt[0][0] != a.alt[0][1]);
     CHECKF(lp <= 1e-4, "logprobs differ by %.3e", lp);
   }
   irt_model_close(cpu);

@@ -724,17 +724,21 @@ static irt_pick_res *pick_rows(const char *what, const float *x, int vocab, int 
         CHECK(irt_sampler_create(&p, vocab, &dev, &err) == IRT_OK);
         want[k] = irt_sampler_sample(cpu, x + (size_t)r * vocab);
         req[k] = (irt_pick_req){p.temperature, p.top_p, p.top_k, r,
-                                p.temperature > 0 ? irt_sampler_draw(dev) : 0.0};
+                                p.temperature > 0 ? irt_sampler_draw(dev) : 0.0,
+                                k % 3 == 0 ? IRT_PICK_TOP : k % 3 == 1 ? 0 : 5, 0};
         irt_sampler_destroy(cpu), irt_sampler_destroy(dev);
       }
   CUdeviceptr dx = up(x, sizeof(float) * (size_t)vocab * rows);
   CUdeviceptr dreq = up(req, sizeof *req * (size_t)n);
   CUdeviceptr dout = poisoned(sizeof(irt_pick_res) * (size_t)n);
-  void *args[] = {&dout, &dx, &dreq, &vocab};
+  CUdeviceptr dtop = poisoned(sizeof(irt_pick_res) * (size_t)n * IRT_PICK_TOP);
+  void *args[] = {&dout, &dtop, &dx, &dreq, &vocab};
   run(kernel("sampling", "kn_pick"), (unsigned)n, 1, 1, 1024, args);
   irt_pick_res *out = malloc(sizeof *out * (size_t)n);
+  irt_pick_res *top = malloc(sizeof *top * (size_t)n * IRT_PICK_TOP);
   down(out, dout, sizeof *out * (size_t)n);
-  int same = 0;
+  down(top, dtop, sizeof *top * (size_t)n * IRT_PICK_TOP);
+  int same = 0, top_bad = 0;
   for (int k = 0; k < n; k++) {
     int r = req[k].row, t = out[k].token;
     same += t == want[k];
@@ -742,12 +746,23 @@ static irt_pick_res *pick_rows(const char *what, const float *x, int vocab, int 
            what, k, req[k].temperature, req[k].top_k, req[k].top_p, r, req[k].u, t, want[k]);
     if (t < 0 || t >= vocab) continue;
     const float *row = x + (size_t)r * vocab;
-    double e = fabs(out[k].logprob - ((double)row[t] - kn_log_sum_exp(row, vocab)));
+    double lse = kn_log_sum_exp(row, vocab), e = fabs(out[k].logprob - ((double)row[t] - lse));
     if (!(e <= *lp_err)) *lp_err = e;
+    int32_t ids[IRT_PICK_TOP];
+    float lps[IRT_PICK_TOP];
+    int nt = req[k].n_top < vocab ? req[k].n_top : vocab;
+    irt_top_logprobs(row, vocab, lse, nt, ids, lps);
+    for (int j = 0; j < nt; j++) {
+      const irt_pick_res *g = &top[(size_t)k * IRT_PICK_TOP + j];
+      top_bad += g->token != ids[j];
+      if (!(fabs(g->logprob - lps[j]) <= *lp_err)) *lp_err = fabs(g->logprob - lps[j]);
+    }
   }
-  printf("  pick, %-22s %d/%d tokens as the CPU sampler\n", what, same, n);
-  cu.free(dx), cu.free(dreq), cu.free(dout);
-  free(req), free(want);
+  printf("  pick, %-22s %d/%d tokens as the CPU sampler, %d alternatives differ\n", what, same,
+         n, top_bad);
+  CHECKF(top_bad == 0, "%s: %d alternatives differ", what, top_bad);
+  cu.free(dx), cu.free(dreq), cu.free(dout), cu.free(dtop);
+  free(req), free(want), free(top);
   return out;
 }
 

@@ -243,7 +243,7 @@ static const struct {
     {"kn_add_bias", 4, "8888"}, {"kn_cast_f16", 3, "888"}, {"kn_cast_bf16", 3, "888"},
     {"kn_attn_decode", 14, "88888888844444"}, {"kn_attn_decode_reduce", 5, "88844"},
     {"kn_attn_prefill", 13, "8888888444488"}, {"kn_attn_prefill_tc", 13, "8888888444488"},
-    {"kn_kv_write", 9, "888888844"}, {"kn_pick", 4, "8884"},
+    {"kn_kv_write", 9, "888888844"}, {"kn_pick", 5, "88884"},
     {"kn_attn_decode_f16", 14, "88888888844444"}, {"kn_attn_prefill_f16", 13, "8888888444488"},
     {"kn_attn_prefill_tc_f16", 13, "8888888444488"}, {"kn_kv_write_f16", 9, "888888844"},
     {"kn_rope_kv_write_f16", 17, "88888888888444844"},
@@ -264,19 +264,22 @@ static ir_dtype dtype_of(const char *suffix) {
        : !strcmp(suffix, "q4_0") ? IR_Q4_0 : IR_Q4_1;
 }
 
-/* kn_pick: out, logits, args, vocab (sampling.cu): runtime/sampler.c's own function with
- * each pick's draw, so the backend's plumbing (rows, settings, results) is what is tested. */
+/* kn_pick: out, top, logits, args, vocab (sampling.cu): runtime/sampler.c's own function
+ * with each pick's draw, so the backend's plumbing (rows, settings, results) is tested. */
 int32_t irt_sampler_sample_u(irt_sampler *s, const float *logits, double u);
+void irt_top_logprobs(const float *logits, int64_t vocab, double lse, int k, int32_t *ids,
+                      float *lps);
 static void emu_pick(const launch_t *l) {
-  const int vocab = I32(3);
+  const int vocab = I32(4);
   for (unsigned b = 0; b < l->grid[0]; b++) {
     struct {
       float temperature, top_p;
       int32_t top_k, row;
       double u;
+      int32_t n_top, pad;
     } a;
-    memcpy(&a, (const char *)PV(2) + 24 * b, 24);
-    const float *x = PF(1) + (size_t)a.row * (size_t)vocab;
+    memcpy(&a, (const char *)PV(3) + sizeof a * b, sizeof a);
+    const float *x = PF(2) + (size_t)a.row * (size_t)vocab;
     irt_sampling p = {.temperature = a.temperature, .top_k = a.top_k, .top_p = a.top_p};
     irt_sampler *s;
     int32_t tok = -1;
@@ -284,9 +287,18 @@ static void emu_pick(const launch_t *l) {
       tok = irt_sampler_sample_u(s, x, a.u);
       irt_sampler_destroy(s);
     }
-    float lp = tok < 0 ? NAN : (float)((double)x[tok] - kn_log_sum_exp(x, vocab));
+    double lse = kn_log_sum_exp(x, vocab);
+    float lp = tok < 0 ? NAN : (float)((double)x[tok] - lse);
     memcpy((char *)PV(0) + 8 * b, &tok, 4);
     memcpy((char *)PV(0) + 8 * b + 4, &lp, 4);
+    int32_t ids[20];
+    float lps[20];
+    int nt = a.n_top > 20 ? 20 : a.n_top;
+    irt_top_logprobs(x, vocab, lse, nt, ids, lps);
+    for (int j = 0; j < nt; j++) {
+      memcpy((char *)PV(1) + 8 * (20 * b + (unsigned)j), &ids[j], 4);
+      memcpy((char *)PV(1) + 8 * (20 * b + (unsigned)j) + 4, &lps[j], 4);
+    }
   }
 }
 
