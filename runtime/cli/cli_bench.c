@@ -23,6 +23,7 @@ typedef struct bench_args {
   bool json, static_batching, no_prefix_cache, no_cuda_graphs;
   const char *device;
   irt_kv_dtype kv_dtype;
+  irt_sampling sampling; /* every request's; its seed + the request's index */
 } bench_args;
 
 typedef struct breq {
@@ -71,6 +72,9 @@ static int usage(FILE *f) {
         "  --concurrency C         closed loop: keep C requests in flight (overrides --rate)\n"
         "  --shared-prefix F       fraction of each prompt that is a common prefix (0..1)\n"
         "  --seed S                workload seed (default 1)\n"
+        "  --temperature T         sample at temperature T (default 0: greedy)\n"
+        "  --top-k K               with --temperature: the K most likely only (0: all)\n"
+        "  --top-p P               with --temperature: the smallest set of mass P (1: all)\n"
         "  --static-batching       baseline: admit a batch only when the last is done\n"
         "  --no-prefix-cache       disable prefix caching\n"
         "  --max-batched-tokens N  token budget per step (default: the plan's)\n"
@@ -100,7 +104,8 @@ static int parse(int argc, char **argv, bench_args *a) {
       {"static-batching", 0, 0, 8}, {"no-prefix-cache", 0, 0, 9}, {"max-batched-tokens", 1, 0, 10},
       {"kv-tokens", 1, 0, 11}, {"threads", 1, 0, 12}, {"json", 0, 0, 13},
       {"max-running", 1, 0, 14}, {"device", 1, 0, 15}, {"no-cuda-graphs", 0, 0, 16},
-      {"kv-dtype", 1, 0, 17}, {"help", 0, 0, 'h'},
+      {"kv-dtype", 1, 0, 17}, {"temperature", 1, 0, 18}, {"top-k", 1, 0, 19},
+      {"top-p", 1, 0, 20}, {"help", 0, 0, 'h'},
       {0, 0, 0, 0}};
   int c;
   char *end;
@@ -124,6 +129,9 @@ static int parse(int argc, char **argv, bench_args *a) {
     case 15: a->device = optarg; break;
     case 16: a->no_cuda_graphs = true; break;
     case 17: if (cli_parse_kv_dtype(optarg, &a->kv_dtype)) return 1; break;
+    case 18: a->sampling.temperature = strtof(optarg, &end); ok = !*end && a->sampling.temperature >= 0; break;
+    case 19: a->sampling.top_k = (int)strtol(optarg, &end, 10); ok = !*end && a->sampling.top_k >= 0; break;
+    case 20: a->sampling.top_p = strtof(optarg, &end); ok = !*end && a->sampling.top_p > 0 && a->sampling.top_p <= 1; break;
     case 'h': usage(stdout); return -1;
     default: return usage(stderr);
     }
@@ -172,10 +180,12 @@ typedef struct run_totals {
   irt_engine_stats stats;
 } run_totals;
 
-static irt_status submit(irt_engine *e, breq *r, irt_error *err) {
+static irt_status submit(irt_engine *e, const bench_args *a, breq *r, int64_t i,
+                         irt_error *err) {
   irt_request q = {.prompt_ids = r->prompt, .n_prompt = (size_t)r->n_prompt,
                    .max_tokens = r->n_out, .ignore_eos = true, .n = 1,
-                   .sampling = irt_sampling_default(), .on_event = on_event, .user = r};
+                   .sampling = a->sampling, .on_event = on_event, .user = r};
+  q.sampling.seed = a->sampling.seed + (uint64_t)i;
   r->submit_ms = cli_now_ms();
   irt_status st;
   while ((st = irt_engine_submit(e, &q, NULL, err)) == IRT_BUSY) sleep_ms(1);
@@ -202,7 +212,7 @@ static irt_status drive(irt_engine *e, const bench_args *a, breq *rs, run_totals
       next += -log(1.0 - unit(&s)) / a->rate * 1e3;
       while (cli_now_ms() < next) sleep_ms(next - cli_now_ms() < 1 ? next - cli_now_ms() : 1), sample_kv(e, t);
     }
-    irt_status st = submit(e, &rs[i], err);
+    irt_status st = submit(e, a, &rs[i], i, err);
     if (st != IRT_OK) return st;
   }
   while (atomic_load(&g_done) < a->requests) sleep_ms(1), sample_kv(e, t);
@@ -253,6 +263,7 @@ static cJSON *report(const bench_args *a, const breq *rs, const run_totals *t) {
   cJSON *o = cJSON_CreateObject();
   cJSON_AddStringToObject(o, "scheduler", a->static_batching ? "static" : "continuous");
   cJSON_AddNumberToObject(o, "requests", (double)n);
+  cJSON_AddNumberToObject(o, "temperature", a->sampling.temperature);
   cJSON_AddNumberToObject(o, "duration_s", secs);
   cJSON_AddNumberToObject(o, "prompt_tokens", (double)in);
   cJSON_AddNumberToObject(o, "cached_prompt_tokens", (double)cached);
@@ -320,7 +331,7 @@ static void print_table(const cJSON *o) {
 
 int cmd_bench(int argc, char **argv) {
   bench_args a = {.requests = 64, .prompt_min = 32, .prompt_max = 256, .out_min = 16,
-                  .out_max = 128, .seed = 1};
+                  .out_max = 128, .seed = 1, .sampling = irt_sampling_default()};
   int rc = parse(argc, argv, &a);
   if (rc) return rc < 0 ? 0 : rc;
   irt_model_opts mo = irt_model_opts_default();
