@@ -263,7 +263,7 @@ static cJSON *report(const bench_args *a, const breq *rs, const run_totals *t) {
   cJSON *o = cJSON_CreateObject();
   cJSON_AddStringToObject(o, "scheduler", a->static_batching ? "static" : "continuous");
   cJSON_AddNumberToObject(o, "requests", (double)n);
-  cJSON_AddNumberToObject(o, "temperature", a->sampling.temperature);
+  cJSON_AddNumberToObject(o, "temperature", round(a->sampling.temperature * 1e6) / 1e6);
   cJSON_AddNumberToObject(o, "duration_s", secs);
   cJSON_AddNumberToObject(o, "prompt_tokens", (double)in);
   cJSON_AddNumberToObject(o, "cached_prompt_tokens", (double)cached);

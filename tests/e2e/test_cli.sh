@@ -81,6 +81,8 @@ expect_error "missing plan" "cannot open" "$INFERRT" generate "$TMP/none.plan" -
 # --- bad requests ----------------------------------------------------------------------
 expect_error "token out of vocabulary" "outside the vocabulary" "$INFERRT" generate "$TMP/m.plan" --prompt-ids 1,300
 expect_error "malformed ids" "--prompt-ids" "$INFERRT" generate "$TMP/m.plan" --prompt-ids 1,x
+check "bench, sampled" '"$INFERRT" bench "$TMP/m.plan" --requests 3 --prompt-len 4 --output-len 5 --temperature 0.8 --top-p 0.9 --top-k 20 --threads 2 --json >"$TMP/bench.json" && grep -q "\"temperature\":0.8" "$TMP/bench.json" && grep -q "\"output_tokens\":15," "$TMP/bench.json"'
+expect_error "bench, bad --top-p" "--top-p" "$INFERRT" bench "$TMP/m.plan" --top-p 1.5
 long=$(python3 -c "print(','.join(['1']*300))")
 expect_error "prompt longer than context" "context" "$INFERRT" generate "$TMP/m.plan" --prompt-ids "$long"
 
