@@ -842,16 +842,11 @@ static WQ_AMX void w8_amx_pack4(int8_t *xv, int64_t nkb, int64_t r, const int8_t
   }
 }
 
-/* Rows [i0, i1) of a tile in blocks of 16 on AMX; returns the first row left to w8_tile
- * (i0 where AMX does not apply: no AMX, under 16 rows, k over 8192, W under 16 rows). The
+/* w8_tile_amx's work, where AMX applies: rows [i0, i1) in passes of up to `per` rows. The
  * tile configuration is loaded per call, so any thread can run this, and released after. */
-static WQ_AMX int64_t w8_tile_amx(const wq_args *a, int64_t i0, int64_t i1, int64_t j0,
-                                  int64_t j1) {
-  const int64_t k = a->k, nkb = (k + 63) / 64;
-  if (k <= 0) return i0;
-  int64_t per = WQ_AMX_X_BYTES / (nkb * 64) / 16 * 16;
-  if (per > WQ_AMX_MAX_ROWS) per = WQ_AMX_MAX_ROWS;
-  if (!a->kern->amx || i1 - i0 < 16 || per < 16 || (a->swiglu ? 2 : 1) * a->n < 16) return i0;
+static WQ_AMX int64_t w8_amx_rows(const wq_args *a, int64_t i0, int64_t i1, int64_t j0,
+                                  int64_t j1, int64_t per, int64_t nkb) {
+  const int64_t k = a->k;
   _Alignas(64) int8_t xv[WQ_AMX_X_BYTES];
   _Alignas(64) int8_t rows[4 * (WQ_AMX_X_BYTES / 16)]; /* 4 rows of kp <= 8192 bytes */
   float sx[WQ_AMX_MAX_ROWS];
@@ -877,6 +872,19 @@ static WQ_AMX int64_t w8_tile_amx(const wq_args *a, int64_t i0, int64_t i1, int6
   }
   _tile_release();
   return i;
+}
+
+/* Rows [i0, i1) of a tile in blocks of 16 on AMX; returns the first row left to w8_tile
+ * (i0 where AMX does not apply: no AMX, under 16 rows, k over 8192, W under 16 rows). The
+ * checks stay out of the AVX-512/AMX function: an instrumented build (ASan) poisons its
+ * stack arrays with AVX-512 stores on entry, which a CPU without AVX-512 cannot run. */
+static int64_t w8_tile_amx(const wq_args *a, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+  const int64_t k = a->k, nkb = (k + 63) / 64;
+  if (k <= 0) return i0;
+  int64_t per = WQ_AMX_X_BYTES / (nkb * 64) / 16 * 16;
+  if (per > WQ_AMX_MAX_ROWS) per = WQ_AMX_MAX_ROWS;
+  if (!a->kern->amx || i1 - i0 < 16 || per < 16 || (a->swiglu ? 2 : 1) * a->n < 16) return i0;
+  return w8_amx_rows(a, i0, i1, j0, j1, per, nkb);
 }
 #endif
 
