@@ -37,13 +37,15 @@ typedef struct irt_pick_req {
   float temperature, top_p;
   int32_t top_k, row;
   double u;
-  int32_t n_top, pad; /* alternatives wanted, at most IRT_PICK_TOP */
+  int32_t n_top;          /* alternatives wanted, at most IRT_PICK_TOP */
+  int32_t n_pen, pen_off; /* penalties: entries [pen_off, + n_pen) of the pick's pen arrays */
+  int32_t pad;
 } irt_pick_req;
 typedef struct irt_pick_res {
   int32_t token;
   float logprob;
 } irt_pick_res;
-_Static_assert(sizeof(irt_pick_req) == 32 && sizeof(irt_pick_res) == 8, "kn_pick layouts");
+_Static_assert(sizeof(irt_pick_req) == 40 && sizeof(irt_pick_res) == 8, "kn_pick layouts");
 /* For picks on a device (sampler.c): the sampler's settings, and the uniform
  * in [0, 1) that its next irt_sampler_sample would draw (the generator moves on). */
 struct irt_sampler;
@@ -86,10 +88,12 @@ typedef struct irt_backend_ops {
   void (*copy)(void *ctx, void *dst, const void *src, size_t bytes);
   /* Optional: chooses n tokens from rows of logits (L, vocab) in backend memory, after
    * the queued work, and returns when out[0..n) is on the host, and for each pick i with
-   * n_top > 0 its alternatives in top[i * IRT_PICK_TOP ..] (as irt_top_logprobs). n = 0
+   * n_top > 0 its alternatives in top[i * IRT_PICK_TOP ..] (as irt_top_logprobs); a pick
+   * with n_pen > 0 samples its row less pen_sub at pen_ids (entries pen_off..). n = 0
    * asks whether this backend can (IR_OK) or not (IR_UNSUPPORTED: an older plan). */
   ir_status (*pick)(void *ctx, const void *logits, int64_t vocab, int n,
-                    const irt_pick_req *req, irt_pick_res *out, irt_pick_res *top, ir_diag *d);
+                    const irt_pick_req *req, const int32_t *pen_ids, const float *pen_sub,
+                    irt_pick_res *out, irt_pick_res *top, ir_diag *d);
   /* Optional: the model's warm-up steps are over (statistics count from here). */
   void (*ready)(void *ctx);
   /* Free and total bytes of backend memory (for out-of-memory messages). */

@@ -33,6 +33,9 @@ typedef struct eseq {
   /* with presence/frequency penalties (allocated at init, so sampling stays allocation-free) */
   int32_t *counts;        /* (vocab) occurrences of each token this completion generated */
   float *penalized;       /* (vocab) the step's logits after penalties */
+  int32_t *seen;          /* (vocab) the distinct generated tokens, first seen first */
+  float *pen_sub;         /* (vocab) a pick's penalty for each of them */
+  int64_t n_seen;
   /* with top_logprobs: the alternatives of the current event */
   int32_t top_ids[IRT_MAX_TOP_LOGPROBS];
   float top_lps[IRT_MAX_TOP_LOGPROBS];

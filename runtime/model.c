@@ -114,8 +114,8 @@ static ir_status setup_device_kv(irt_model *m, int64_t tokens, irt_kv_dtype_id d
   if (!m->h_tokens || !m->h_rows || !m->h_pick || !m->h_pick_res || !m->h_pick_top || !m->h_row)
     return ir_diag_set(d, IR_OOM, "out of memory");
   ir_diag probe = {0};
-  m->dev_pick = m->be.ops->pick && m->be.ops->pick(m->be.ctx, NULL, c->vocab_size, 0, NULL,
-                                                   NULL, NULL, &probe) == IR_OK;
+  m->dev_pick = m->be.ops->pick && m->be.ops->pick(m->be.ctx, NULL, c->vocab_size, 0, NULL, NULL,
+                                                   NULL, NULL, NULL, &probe) == IR_OK;
   ir_status st = irt_kv_cache_init_dtype(&m->kv, c->n_layers, c->n_kv_heads, c->head_dim,
                                          c->kv_block_size, tokens + c->kv_block_size, dtype,
                                          m->be.ops->alloc, m->be.ctx, d);
@@ -265,6 +265,8 @@ irt_status irt_model_open(const char *path, const irt_model_opts *opts, irt_mode
   if (st == IR_OK) st = bind_tensors(m, &d);
   if (st == IR_OK) st = setup_kv(m, &o, &d);
   if (st == IR_OK) st = irt_plan_tokenizer_load(m->plan, &m->tok, &d);
+  if (st == IR_OK && !(m->h_pen = malloc((size_t)m->g->config.vocab_size * sizeof(float))))
+    st = ir_diag_set(&d, IR_OOM, "out of memory");
   if (st != IR_OK) {
     irt_error_from_diag(err, &d);
     irt_model_close(m);
@@ -300,6 +302,9 @@ void irt_model_close(irt_model *m) {
   free(m->h_pick_res);
   free(m->h_pick_top);
   free(m->h_row);
+  free(m->h_pen);
+  free(m->h_pen_ids);
+  free(m->h_pen_sub);
   irt_tok_destroy(m->tok);
   ir_plan_close(m->plan);
   free(m);

@@ -31,6 +31,10 @@ struct irt_model {
   irt_pick_res *h_pick_res; /* (max_logits) */
   irt_pick_res *h_pick_top; /* (max_logits, IRT_PICK_TOP) */
   float *h_row;             /* (vocab) */
+  float *h_pen;             /* (vocab) a host pick's row with its penalties */
+  int32_t *h_pen_ids;       /* (pen_cap) the step's penalties for the device */
+  float *h_pen_sub;
+  int pen_cap;
   irt_tokenizer *tok; /* from the plan, or NULL */
 };
 

@@ -107,12 +107,20 @@ static void prefix_lookup(irt_engine *e, eseq *s) {
 }
 
 /* Can the step choose this sequence's next token itself (irt_pick: on a GPU the logits
- * then stay there)? Not when the logits are needed here: penalties, or the first token of
- * a request with n > 1 (every completion samples the one row). */
+ * then stay there)? Not for the first token of a request with n > 1: every completion
+ * samples that one row here. */
 static bool pickable(const eseq *s) {
   const ereq *q = s->req;
-  bool forks = q->n > 1 && q->n_live == 1 && s->n_generated == 0;
-  return !s->counts && !forks;
+  return !(q->n > 1 && q->n_live == 1 && s->n_generated == 0);
+}
+
+/* The pick's penalties: as penalize() below, for the tokens generated so far. */
+static void pick_penalties(eseq *s, irt_pick *p) {
+  const irt_request *r = &s->req->r;
+  if (!s->counts) return;
+  for (int64_t j = 0; j < s->n_seen; j++)
+    s->pen_sub[j] = r->presence_penalty + r->frequency_penalty * (float)s->counts[s->seen[j]];
+  p->pen_ids = s->seen, p->pen_sub = s->pen_sub, p->n_pen = (int)s->n_seen;
 }
 
 static void add_item(irt_engine *e, eseq *s, int64_t take) {
@@ -121,6 +129,7 @@ static void add_item(irt_engine *e, eseq *s, int64_t take) {
   size_t V = (size_t)irt_model_get_info(e->m)->vocab_size;
   e->picks[k] = (irt_pick){.sampler = s->sampler, .n_top = s->req->r.top_logprobs,
                            .top_ids = s->top_ids, .top_logprobs = s->top_lps};
+  if (pick) pick_penalties(s, &e->picks[k]);
   e->items[k] = (irt_batch_item){.seq = s->kv, .tokens = s->tokens + s->kv->len, .n = take,
                                  .logits = last && !pick ? e->logits + (size_t)k * V : NULL,
                                  .pick = pick ? &e->picks[k] : NULL};
@@ -297,7 +306,7 @@ static const float *penalize(eseq *s, const float *lg, int64_t V) {
 /* The sequence's next token is tok (log-probability lp): stop checks, text, the event. */
 static void take_token(irt_engine *e, eseq *s, int32_t tok, float lp) {
   const irt_model_info *in = irt_model_get_info(e->m);
-  if (s->counts) s->counts[tok]++;
+  if (s->counts && s->counts[tok]++ == 0) s->seen[s->n_seen++] = tok;
   s->tokens[s->n_tokens++] = tok;
   s->n_generated++;
   e->work.generated_tokens++;

@@ -2,6 +2,7 @@
  * Validates the batch, reserves KV blocks (all or none), fills the step descriptor and
  * the input tensors, runs every node, and hands back the requested logit rows. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kn_cpu.h"
@@ -108,7 +109,13 @@ _Static_assert(IRT_PICK_TOP == IRT_MAX_TOP_LOGPROBS, "a pick reports every alter
 /* A pick on the host: the sampler's own function on the row. */
 static void pick_host(irt_model *m, irt_pick *p, const float *row) {
   double lse = kn_log_sum_exp(row, m->info.vocab_size);
-  p->token = irt_sampler_sample(p->sampler, row);
+  const float *seen = row;
+  if (p->n_pen > 0) { /* the sampler's row, with the penalties */
+    memcpy(m->h_pen, row, (size_t)m->info.vocab_size * sizeof *row);
+    for (int j = 0; j < p->n_pen; j++) m->h_pen[p->pen_ids[j]] -= p->pen_sub[j];
+    seen = m->h_pen;
+  }
+  p->token = irt_sampler_sample(p->sampler, seen);
   p->logprob = (float)((double)row[p->token] - lse);
   if (p->n_top > 0)
     irt_top_logprobs(row, m->info.vocab_size, lse, p->n_top, p->top_ids, p->top_logprobs);
@@ -125,13 +132,26 @@ static void copy_logits(irt_model *m, const irt_batch_item *items, int n_items) 
   }
 }
 
+/* The step's penalty lists for the device, grown to hold `need` entries. */
+static ir_status grow_pen(irt_model *m, int need, ir_diag *d) {
+  int cap = m->pen_cap ? m->pen_cap : 1024;
+  while (cap < need) cap *= 2;
+  int32_t *ids = realloc(m->h_pen_ids, (size_t)cap * sizeof *ids);
+  if (ids) m->h_pen_ids = ids;
+  float *sub = realloc(m->h_pen_sub, (size_t)cap * sizeof *sub);
+  if (sub) m->h_pen_sub = sub;
+  if (!ids || !sub) return ir_diag_set(d, IR_OOM, "out of memory");
+  m->pen_cap = cap;
+  return IR_OK;
+}
+
 /* Device backends: the picks, on the device when it can (one launch, and only tokens and
  * logprobs come down), else each row read and picked here. */
 static ir_status pick_device(irt_model *m, const irt_batch_item *items, int n_items,
                              ir_diag *d) {
   const char *lg = m->ptrs[m->out_logits];
   size_t row = (size_t)m->info.vocab_size * sizeof(float);
-  int n = 0;
+  int n = 0, n_pen = 0;
   int64_t at = 0;
   ir_status st = IR_OK;
   for (int i = 0; i < n_items && st == IR_OK; at += logit_rows_of(&items[i]), i++) {
@@ -145,13 +165,18 @@ static ir_status pick_device(irt_model *m, const irt_batch_item *items, int n_it
     const irt_sampling *sp = irt_sampler_params(p->sampler);
     double u = sp->temperature > 0.0f ? irt_sampler_draw(p->sampler) : 0.0;
     int n_top = p->n_top < 0 ? 0 : p->n_top > IRT_PICK_TOP ? IRT_PICK_TOP : p->n_top;
+    int np = p->n_pen > 0 ? p->n_pen : 0;
+    if (n_pen + np > m->pen_cap && (st = grow_pen(m, n_pen + np, d)) != IR_OK) break;
+    memcpy(m->h_pen_ids + n_pen, p->pen_ids, (size_t)np * sizeof *p->pen_ids);
+    memcpy(m->h_pen_sub + n_pen, p->pen_sub, (size_t)np * sizeof *p->pen_sub);
     m->h_pick[n++] = (irt_pick_req){.temperature = sp->temperature, .top_p = sp->top_p,
                                     .top_k = sp->top_k, .row = (int32_t)at, .u = u,
-                                    .n_top = n_top};
+                                    .n_top = n_top, .n_pen = np, .pen_off = n_pen};
+    n_pen += np;
   }
   if (st != IR_OK || n == 0) return st;
-  st = m->be.ops->pick(m->be.ctx, lg, m->info.vocab_size, n, m->h_pick, m->h_pick_res,
-                       m->h_pick_top, d);
+  st = m->be.ops->pick(m->be.ctx, lg, m->info.vocab_size, n, m->h_pick, m->h_pen_ids,
+                       m->h_pen_sub, m->h_pick_res, m->h_pick_top, d);
   for (int i = 0, k = 0; i < n_items && st == IR_OK; i++) {
     irt_pick *p = items[i].pick;
     if (!p) continue;

@@ -18,7 +18,10 @@
 // order than the CPU sampler's, so the two choose different tokens only when u * S lies
 // within rounding (about 1e-16 relative) of a boundary between two candidates.
 // With n_top > 0 (at most PICK_TOP) it also writes top[b * PICK_TOP + j], j < n_top: the
-// n_top largest logits (lower id first among equal ones) and their logprobs.
+// n_top largest logits (lower id first among equal ones) and their logprobs. With n_pen >
+// 0 the token is chosen (argmax included) from the row less pen_sub[pen_off + j] at
+// pen_ids[pen_off + j] (presence/frequency penalties; distinct ids), built in
+// work + b * vocab; lse, logprob and alternatives stay those of the row itself.
 // Launch: grid (n_picks), block (PICK_THREADS).
 
 #ifndef PICK_THREADS
@@ -29,12 +32,12 @@
 #define PICK_SPAN 40.0 /* candidates lie within PICK_SPAN temperatures of the max */
 #define PICK_TOP 20    /* most alternatives a pick reports (IRT_MAX_TOP_LOGPROBS) */
 
-// One pick's settings (32 bytes; runtime/backend.h mirrors it as irt_pick_req).
+// One pick's settings (40 bytes; runtime/backend.h mirrors it as irt_pick_req).
 struct kn_pick_args {
   float temperature, top_p;
   int top_k, row;
   double u;
-  int n_top, pad;
+  int n_top, n_pen, pen_off, pad;
 };
 struct kn_pick_out {
   int token;
@@ -263,7 +266,7 @@ __device__ void pk_select(const pk_row &r, bool count, double R, bool ge, pk_sme
 
 extern "C" __global__ void __launch_bounds__(PICK_THREADS)
     kn_pick(kn_pick_out *out, kn_pick_out *top, const float *logits, const kn_pick_args *args,
-            int vocab) {
+            int vocab, float *work, const int *pen_ids, const float *pen_sub) {
   __shared__ pk_smem sm;
   const kn_pick_args a = args[blockIdx.x];
   pk_row r = {logits + (long long)a.row * vocab, vocab, 0.0, 1.0, 0xffffffffu, 0x7fffffff};
@@ -293,6 +296,24 @@ extern "C" __global__ void __launch_bounds__(PICK_THREADS)
     const int id = (int)(unsigned)best;
     if (threadIdx.x == 0) top[blockIdx.x * PICK_TOP + j] = {id, (float)((double)r.x[id] - lse)};
   }
+  const float *raw = r.x;
+  if (a.n_pen > 0) { // the sampler's row: the penalties applied, then its own argmax
+    float *w = work + (long long)blockIdx.x * vocab;
+    for (int i = threadIdx.x; i < vocab; i += PICK_THREADS) w[i] = raw[i];
+    __syncthreads();
+    for (int j = threadIdx.x; j < a.n_pen; j += PICK_THREADS)
+      w[pen_ids[a.pen_off + j]] -= pen_sub[a.pen_off + j];
+    __syncthreads();
+    best = ~0ull;
+    for (int i = threadIdx.x; i < vocab; i += PICK_THREADS) {
+      unsigned long long v = (unsigned long long)pk_key(w[i]) << 32 | (unsigned)i;
+      best = v < best ? v : best;
+    }
+    best = pk_min(best, &sm);
+    token = (int)(unsigned)best;
+    r.x = w;
+    r.max = (double)w[token];
+  }
   if (a.temperature > 0.0f) {
     unsigned key;
     int id;
@@ -316,5 +337,5 @@ extern "C" __global__ void __launch_bounds__(PICK_THREADS)
     pk_select(r, false, a.u * S, false, &sm, &key, &id, &cum);
     if (id >= 0) token = id;
   }
-  if (threadIdx.x == 0) out[blockIdx.x] = {token, (float)((double)r.x[token] - lse)};
+  if (threadIdx.x == 0) out[blockIdx.x] = {token, (float)((double)raw[token] - lse)};
 }

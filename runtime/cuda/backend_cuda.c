@@ -532,8 +532,27 @@ static ir_status cuda_read(void *vctx, void *dst, const void *src, size_t bytes,
 
 /* Token picks on the device: requests up, one kn_pick launch after the queued step,
  * tokens and logprobs down (8 bytes a pick instead of a row of logits). */
+/* Room for the penalties of a pick call (n_pen entries) and the picks' rows. */
+static ir_status pen_room(cuda_ctx *c, size_t n_pen, int64_t vocab, ir_diag *d) {
+  CUresult r = 0;
+  if (!c->d_pick_work &&
+      (r = c->cu.mem_alloc(&c->d_pick_work, (size_t)c->max_logits * (size_t)vocab * 4)))
+    return cuda_fail(c, r, "pick rows", d);
+  if (n_pen <= c->pen_cap) return IR_OK;
+  size_t cap = c->pen_cap ? c->pen_cap : 4096;
+  while (cap < n_pen) cap *= 2;
+  if (c->pen_stage) c->cu.host_free(c->pen_stage), c->pen_stage = NULL;
+  if (c->d_pen) c->cu.mem_free(c->d_pen), c->d_pen = 0;
+  c->pen_cap = 0;
+  if ((r = c->cu.host_alloc(&c->pen_stage, cap * 8)) || (r = c->cu.mem_alloc(&c->d_pen, cap * 8)))
+    return cuda_fail(c, r, "pick penalties", d);
+  c->pen_cap = cap;
+  return IR_OK;
+}
+
 static ir_status cuda_pick(void *vctx, const void *logits, int64_t vocab, int n,
-                           const irt_pick_req *req, irt_pick_res *out, irt_pick_res *top,
+                           const irt_pick_req *req, const int32_t *pen_ids,
+                           const float *pen_sub, irt_pick_res *out, irt_pick_res *top,
                            ir_diag *d) {
   cuda_ctx *c = vctx;
   if (!c->fn[CF_PICK] || !c->d_pick)
@@ -545,15 +564,29 @@ static ir_status cuda_pick(void *vctx, const void *logits, int64_t vocab, int n,
   size_t res_off = (size_t)c->max_logits * sizeof *req;
   size_t top_off = res_off + (size_t)c->max_logits * sizeof *out, rt = rs * IRT_PICK_TOP;
   bool tops = false;
-  for (int i = 0; i < n; i++) tops |= req[i].n_top > 0;
+  size_t n_pen = 0;
+  for (int i = 0; i < n; i++) {
+    tops |= req[i].n_top > 0;
+    size_t end = (size_t)req[i].pen_off + (size_t)req[i].n_pen;
+    if (req[i].n_pen > 0 && end > n_pen) n_pen = end;
+  }
+  make_current(c);
+  ir_status st = n_pen ? pen_room(c, n_pen, vocab, d) : IR_OK;
+  if (st != IR_OK) return st;
   char *stage = c->pick_stage;
   CUdeviceptr d_req = c->d_pick, d_res = c->d_pick + res_off, d_top = c->d_pick + top_off;
-  CUdeviceptr lg = cuda_dptr(logits);
+  CUdeviceptr lg = cuda_dptr(logits), work = c->d_pick_work, pid = c->d_pen;
+  CUdeviceptr psub = c->d_pen + c->pen_cap * 4;
   int v = (int)vocab;
-  void *args[] = {&d_res, &d_top, &lg, &d_req, &v};
-  make_current(c);
+  void *args[] = {&d_res, &d_top, &lg, &d_req, &v, &work, &pid, &psub};
   memcpy(stage, req, rq); /* the last pick has finished: it synchronised */
   CUresult r = c->cu.htod(d_req, stage, rq, c->stream);
+  if (!r && n_pen) { /* ids, then the subtrahends, c->pen_cap entries apart */
+    memcpy(c->pen_stage, pen_ids, n_pen * 4);
+    memcpy((char *)c->pen_stage + c->pen_cap * 4, pen_sub, n_pen * 4);
+    r = c->cu.htod(pid, c->pen_stage, n_pen * 4, c->stream);
+    if (!r) r = c->cu.htod(psub, (char *)c->pen_stage + c->pen_cap * 4, n_pen * 4, c->stream);
+  }
   if (!r)
     r = c->cu.launch(c->fn[CF_PICK], (unsigned)n, 1, 1, CUDA_PICK_THREADS, 1, 1, 0, c->stream,
                      args, NULL);
@@ -603,13 +636,15 @@ static void cuda_destroy(void *vctx) {
     for (int i = 0; i < c->n_buckets; i++)
       if (c->exec[i]) c->cu.graph_exec_destroy(c->exec[i]);
     if (c->blas_h) c->blas.destroy(c->blas_h);
-    CUdeviceptr bufs[] = {c->d_stage, c->part_acc, c->part_ml, c->xh, c->zh, c->blas_ws, c->d_pick};
+    CUdeviceptr bufs[] = {c->d_stage, c->part_acc, c->part_ml, c->xh,     c->zh,
+                          c->blas_ws, c->d_pick,   c->d_pick_work, c->d_pen};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
       if (bufs[i]) c->cu.mem_free(bufs[i]);
     for (int i = 0; i < c->n_mods; i++)
       if (c->mods[i]) c->cu.module_unload(c->mods[i]);
     if (c->stage) c->cu.host_free(c->stage);
     if (c->pick_stage) c->cu.host_free(c->pick_stage);
+    if (c->pen_stage) c->cu.host_free(c->pen_stage);
     if (c->stage_ev) c->cu.event_destroy(c->stage_ev);
     if (c->stream) c->cu.stream_destroy(c->stream);
     c->cu.ctx_release(c->dev);

@@ -103,6 +103,12 @@ typedef struct cuda_ctx {
    * pick, pinned and on the device */
   void *pick_stage;
   CUdeviceptr d_pick;
+  /* picks with penalties: their rows (max_logits x vocab, at the first such pick), and the
+   * penalty lists, pinned and on the device (grown as needed) */
+  CUdeviceptr d_pick_work;
+  void *pen_stage;
+  CUdeviceptr d_pen;
+  size_t pen_cap; /* entries */
 
   /* decode graphs, one per batch-size bucket */
   int64_t bucket[CUDA_MAX_BUCKETS];

@@ -121,6 +121,7 @@ int64_t irt_seq_length(const irt_seq *s);
  * its last token (all_logits=false: logits is (vocab)) or of every appended token
  * (all_logits=true: logits is (n, vocab)) unless logits is NULL, or pick the next token
  * (pick). A sequence appears at most once per batch. */
+/* Zero it, then set the sampler (and what else is wanted). */
 typedef struct irt_pick {
   irt_sampler *sampler; /* its settings, and one draw of its generator if temperature > 0 */
   int32_t token;        /* out: irt_sampler_sample's token for the row */
@@ -128,6 +129,11 @@ typedef struct irt_pick {
   int n_top;            /* alternatives wanted, 0..20 (IRT_MAX_TOP_LOGPROBS): */
   int32_t *top_ids;     /* out (n_top): the most likely tokens, most likely first (lower */
   float *top_logprobs;  /* id first among equals), and their log-softmax */
+  /* Penalties: the sampler sees logit pen_ids[j] less pen_sub[j] (distinct ids), the
+   * logprobs stay those of the row as it is. */
+  const int32_t *pen_ids;
+  const float *pen_sub;
+  int n_pen;
 } irt_pick;
 
 typedef struct irt_batch_item {

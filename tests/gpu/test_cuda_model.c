@@ -165,7 +165,7 @@ static void test_picks(irt_model *m) {
   float *lg = malloc((size_t)(N * V) * sizeof *lg);
   irt_seq *s[2 * N];
   irt_batch_item it[2 * N];
-  irt_pick pk[N];
+  irt_pick pk[N] = {{0}}; /* no penalties */
   int32_t top_ids[N][5];
   float top_lps[N][5];
   irt_sampler *host[N];

@@ -707,13 +707,34 @@ typedef struct pick_set {
   int top_k;
 } pick_set;
 
+/* The id of the j-th largest logit of x (lower id first among equals). */
+static int32_t rank_id(const float *x, int vocab, int j) {
+  int32_t ids[IRT_PICK_TOP];
+  float lps[IRT_PICK_TOP];
+  irt_top_logprobs(x, vocab, 0.0, j + 1 < vocab ? j + 1 : vocab, ids, lps);
+  return ids[j + 1 < vocab ? j : vocab - 1];
+}
+
+/* The lowest id in [0, vocab) not among ids[0..n) (-1s skipped). */
+static int32_t free_id(const int32_t *ids, int n, int vocab) {
+  for (int32_t v = 0; v < vocab; v++) {
+    bool used = false;
+    for (int i = 0; i < n; i++) used |= ids[i] == v;
+    if (!used) return v;
+  }
+  return 0;
+}
+
 /* kn_pick over rows x (rows, vocab) for every setting and seed against runtime/sampler.c;
  * returns the picks, and adds the matches and the largest logprob error. */
 static irt_pick_res *pick_rows(const char *what, const float *x, int vocab, int rows,
                                const pick_set *set, int n_set, int seeds, double *lp_err) {
+  enum { PEN = 6 };
   const int n = n_set * rows * seeds;
   irt_pick_req *req = malloc(sizeof *req * (size_t)n);
-  int32_t *want = malloc(sizeof *want * (size_t)n);
+  int32_t *want = malloc(sizeof *want * (size_t)n), *pen_ids = malloc(sizeof(int32_t) * PEN * n);
+  float *pen_sub = malloc(sizeof(float) * PEN * (size_t)n);
+  int n_pen = 0;
   for (int si = 0, k = 0; si < n_set; si++)
     for (int r = 0; r < rows; r++)
       for (int seed = 0; seed < seeds; seed++, k++) {
@@ -725,14 +746,36 @@ static irt_pick_res *pick_rows(const char *what, const float *x, int vocab, int 
         want[k] = irt_sampler_sample(cpu, x + (size_t)r * vocab);
         req[k] = (irt_pick_req){p.temperature, p.top_p, p.top_k, r,
                                 p.temperature > 0 ? irt_sampler_draw(dev) : 0.0,
-                                k % 3 == 0 ? IRT_PICK_TOP : k % 3 == 1 ? 0 : 5, 0};
+                                k % 3 == 0 ? IRT_PICK_TOP : k % 3 == 1 ? 0 : 5, 0, 0, 0};
+        if (k % 4 == 1) { /* penalties on the row's PEN best ids, and a few others */
+          req[k].n_pen = PEN, req[k].pen_off = n_pen;
+          for (int j = 0; j < PEN; j++) {
+            int32_t id = j < PEN / 2 ? rank_id(x + (size_t)r * vocab, vocab, j)
+                                     : (j * 7919) % vocab;
+            bool dup = false;
+            for (int i = n_pen; i < n_pen + j; i++) dup |= pen_ids[i] == id;
+            pen_ids[n_pen + j] = dup ? -1 : id; /* distinct ids only */
+            pen_sub[n_pen + j] = 0.4f + 0.3f * (float)(j % 3);
+          }
+          for (int j = 0; j < PEN; j++) /* a duplicate becomes another unused id */
+            if (pen_ids[n_pen + j] < 0) pen_ids[n_pen + j] = free_id(pen_ids + n_pen, PEN, vocab);
+          float *w = malloc(sizeof(float) * (size_t)vocab);
+          memcpy(w, x + (size_t)r * vocab, sizeof(float) * (size_t)vocab);
+          for (int j = 0; j < PEN; j++) w[pen_ids[n_pen + j]] -= pen_sub[n_pen + j];
+          want[k] = irt_sampler_sample_u(cpu, w, req[k].u);
+          free(w);
+          n_pen += PEN;
+        }
         irt_sampler_destroy(cpu), irt_sampler_destroy(dev);
       }
   CUdeviceptr dx = up(x, sizeof(float) * (size_t)vocab * rows);
   CUdeviceptr dreq = up(req, sizeof *req * (size_t)n);
   CUdeviceptr dout = poisoned(sizeof(irt_pick_res) * (size_t)n);
   CUdeviceptr dtop = poisoned(sizeof(irt_pick_res) * (size_t)n * IRT_PICK_TOP);
-  void *args[] = {&dout, &dtop, &dx, &dreq, &vocab};
+  CUdeviceptr dwork = poisoned(sizeof(float) * (size_t)n * vocab);
+  CUdeviceptr dpid = up(pen_ids, sizeof(int32_t) * (size_t)(n_pen ? n_pen : 1));
+  CUdeviceptr dpsub = up(pen_sub, sizeof(float) * (size_t)(n_pen ? n_pen : 1));
+  void *args[] = {&dout, &dtop, &dx, &dreq, &vocab, &dwork, &dpid, &dpsub};
   run(kernel("sampling", "kn_pick"), (unsigned)n, 1, 1, 1024, args);
   irt_pick_res *out = malloc(sizeof *out * (size_t)n);
   irt_pick_res *top = malloc(sizeof *top * (size_t)n * IRT_PICK_TOP);
@@ -761,8 +804,9 @@ static irt_pick_res *pick_rows(const char *what, const float *x, int vocab, int 
   printf("  pick, %-22s %d/%d tokens as the CPU sampler, %d alternatives differ\n", what, same,
          n, top_bad);
   CHECKF(top_bad == 0, "%s: %d alternatives differ", what, top_bad);
-  cu.free(dx), cu.free(dreq), cu.free(dout), cu.free(dtop);
-  free(req), free(want), free(top);
+  cu.free(dx), cu.free(dreq), cu.free(dout), cu.free(dtop), cu.free(dwork), cu.free(dpid);
+  cu.free(dpsub);
+  free(req), free(want), free(top), free(pen_ids), free(pen_sub);
   return out;
 }
 

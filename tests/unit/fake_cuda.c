@@ -243,7 +243,7 @@ static const struct {
     {"kn_add_bias", 4, "8888"}, {"kn_cast_f16", 3, "888"}, {"kn_cast_bf16", 3, "888"},
     {"kn_attn_decode", 14, "88888888844444"}, {"kn_attn_decode_reduce", 5, "88844"},
     {"kn_attn_prefill", 13, "8888888444488"}, {"kn_attn_prefill_tc", 13, "8888888444488"},
-    {"kn_kv_write", 9, "888888844"}, {"kn_pick", 5, "88884"},
+    {"kn_kv_write", 9, "888888844"}, {"kn_pick", 8, "88884888"},
     {"kn_attn_decode_f16", 14, "88888888844444"}, {"kn_attn_prefill_f16", 13, "8888888444488"},
     {"kn_attn_prefill_tc_f16", 13, "8888888444488"}, {"kn_kv_write_f16", 9, "888888844"},
     {"kn_rope_kv_write_f16", 17, "88888888888444844"},
@@ -276,17 +276,21 @@ static void emu_pick(const launch_t *l) {
       float temperature, top_p;
       int32_t top_k, row;
       double u;
-      int32_t n_top, pad;
+      int32_t n_top, n_pen, pen_off, pad;
     } a;
     memcpy(&a, (const char *)PV(3) + sizeof a * b, sizeof a);
     const float *x = PF(2) + (size_t)a.row * (size_t)vocab;
     irt_sampling p = {.temperature = a.temperature, .top_k = a.top_k, .top_p = a.top_p};
     irt_sampler *s;
     int32_t tok = -1;
-    if (irt_sampler_create(&p, vocab, &s, NULL) == IRT_OK) {
-      tok = irt_sampler_sample_u(s, x, a.u);
+    float *w = malloc(sizeof(float) * (size_t)vocab); /* the row with the penalties */
+    if (w) memcpy(w, x, sizeof(float) * (size_t)vocab);
+    for (int j = 0; w && j < a.n_pen; j++) w[PI(6)[a.pen_off + j]] -= PF(7)[a.pen_off + j];
+    if (w && irt_sampler_create(&p, vocab, &s, NULL) == IRT_OK) {
+      tok = irt_sampler_sample_u(s, w, a.u);
       irt_sampler_destroy(s);
     }
+    free(w);
     double lse = kn_log_sum_exp(x, vocab);
     float lp = tok < 0 ? NAN : (float)((double)x[tok] - lse);
     memcpy((char *)PV(0) + 8 * b, &tok, 4);
