@@ -113,7 +113,7 @@ ir_status irt_backend_cpu_create(int n_threads, irt_backend *out, ir_diag *d);
  * libcuda.so.1 and cuBLAS itself, so neither is needed until a CUDA plan is opened. */
 #define IRT_CUDA_LIB "libinferrt_cuda.so"
 #define IRT_CUDA_ENTRY "irt_backend_cuda_create"
-#define IRT_CUDA_ABI 3 /* bump when irt_backend_ops, irt_step or irt_cuda_opts change */
+#define IRT_CUDA_ABI 4 /* bump when irt_backend_ops, irt_step or irt_cuda_opts change */
 /* The struct sizes both sides compile with: a library built from another tree (ir.h's
  * graph, node and tensor, the step, the KV cache) is refused rather than misread. */
 #define IRT_CUDA_LAYOUT                                                                     \
