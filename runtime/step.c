@@ -35,6 +35,11 @@ static irt_status check_batch(irt_model *m, const irt_batch_item *items, int n_i
     if (it->pick && (it->logits || !it->pick->sampler))
       return fail(err, IRT_INVALID_ARG, "batch item %lld: a pick needs a sampler and no logits",
                   (long long)i, 0LL);
+    for (int j = 0; it->pick && j < it->pick->n_pen; j++)
+      if (it->pick->pen_ids[j] < 0 || it->pick->pen_ids[j] >= in->vocab_size)
+        return fail(err, IRT_INVALID_ARG,
+                    "batch item %lld: penalty on token %lld, outside the vocabulary",
+                    (long long)i, it->pick->pen_ids[j]);
     for (int j = 0; j < i; j++)
       if (items[j].seq == it->seq)
         return fail(err, IRT_INVALID_ARG, "sequence appears twice in one step (items %lld, %lld)", j, i);

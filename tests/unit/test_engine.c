@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend.h" /* irt_top_logprobs */
 #include "infc_build.h"
 #include "inferrt.h"
 #include "tcheck.h"
@@ -372,6 +373,53 @@ static void test_penalties_and_top(irt_model *m) {
   free(lg), free(pen), free(counts);
 }
 
+/* irt_batch_item.pick on the CPU backend: the sampler's token on the row less the
+ * penalties, the logprob and alternatives of the row itself; bad picks are refused. */
+static void test_picks(irt_model *m) {
+  int64_t V = irt_model_get_info(m)->vocab_size;
+  int32_t p[6] = {5, 9, 2, 7, 1, 3}, ids[3], pen_ids[2];
+  float *lg = malloc((size_t)V * sizeof *lg), *w = malloc((size_t)V * sizeof *w), lps[3];
+  const float pen_sub[2] = {3.0f, 1.5f};
+  irt_seq *a = NULL, *b = NULL;
+  irt_sampler *host = NULL, *dev = NULL;
+  irt_error err = {0};
+  irt_sampling sp = {.temperature = 0.0f, .top_p = 1.0f};
+  CHECK(irt_seq_create(m, &a, &err) == IRT_OK && irt_seq_create(m, &b, &err) == IRT_OK);
+  CHECK(irt_sampler_create(&sp, V, &host, &err) == IRT_OK);
+  CHECK(irt_sampler_create(&sp, V, &dev, &err) == IRT_OK);
+  CHECK(irt_seq_decode(m, a, p, 6, lg, false, &err) == IRT_OK);
+  CHECK(irt_seq_decode(m, b, p, 5, NULL, false, &err) == IRT_OK);
+  /* penalties on the two best ids: greedy then takes the third */
+  int32_t top2[2];
+  float l2[2];
+  irt_top_logprobs(lg, V, 0.0, 2, top2, l2);
+  pen_ids[0] = top2[0], pen_ids[1] = top2[1];
+  irt_pick pk = {.sampler = dev, .n_top = 3, .top_ids = ids, .top_logprobs = lps,
+                 .pen_ids = pen_ids, .pen_sub = pen_sub, .n_pen = 2};
+  irt_batch_item it = {.seq = b, .tokens = &p[5], .n = 1, .pick = &pk};
+  CHECKF(irt_decode_batch(m, &it, 1, &err) == IRT_OK, "%s", err.msg);
+  memcpy(w, lg, (size_t)V * sizeof *w);
+  w[pen_ids[0]] -= pen_sub[0], w[pen_ids[1]] -= pen_sub[1];
+  double lse = 0, mx = lg[0];
+  for (int64_t v = 0; v < V; v++) mx = lg[v] > mx ? lg[v] : mx;
+  for (int64_t v = 0; v < V; v++) lse += exp((double)lg[v] - mx);
+  lse = mx + log(lse);
+  int32_t want = irt_sampler_sample(host, w);
+  CHECKF(pk.token == want && want != top2[0], "pick %d, want %d", pk.token, want);
+  CHECK(fabs(pk.logprob - ((double)lg[want] - lse)) < 1e-5);
+  CHECK(ids[0] == top2[0] && ids[1] == top2[1]);
+  CHECK(fabs(lps[0] - ((double)lg[top2[0]] - lse)) < 1e-5);
+  /* refused: a penalty outside the vocabulary, logits and a pick at once */
+  pen_ids[1] = (int32_t)V;
+  CHECK(irt_decode_batch(m, &it, 1, &err) == IRT_INVALID_ARG &&
+        strstr(err.msg, "outside the vocabulary"));
+  it.pick = &pk, pk.n_pen = 0, it.logits = lg;
+  CHECK(irt_decode_batch(m, &it, 1, &err) == IRT_INVALID_ARG && strstr(err.msg, "a pick needs"));
+  irt_sampler_destroy(host), irt_sampler_destroy(dev);
+  irt_seq_destroy(a), irt_seq_destroy(b);
+  free(lg), free(w);
+}
+
 int main(int argc, char **argv) {
   if (argc == 3 && !strcmp(argv[1], "--kv-dtype") && !irt_kv_dtype_parse(argv[2], &g_kv_dtype))
     return fprintf(stderr, "test_engine: bad --kv-dtype '%s'\n", argv[2]), 2;
@@ -388,6 +436,7 @@ int main(int argc, char **argv) {
   test_cancel(m);
   test_priority_and_limits(m);
   test_penalties_and_top(m);
+  test_picks(m);
   irt_model_close(m);
   test_preemption(plan, ref, N);
   return tcheck_done("engine");
