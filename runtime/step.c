@@ -172,8 +172,10 @@ static ir_status pick_device(irt_model *m, const irt_batch_item *items, int n_it
     int n_top = p->n_top < 0 ? 0 : p->n_top > IRT_PICK_TOP ? IRT_PICK_TOP : p->n_top;
     int np = p->n_pen > 0 ? p->n_pen : 0;
     if (n_pen + np > m->pen_cap && (st = grow_pen(m, n_pen + np, d)) != IR_OK) break;
-    memcpy(m->h_pen_ids + n_pen, p->pen_ids, (size_t)np * sizeof *p->pen_ids);
-    memcpy(m->h_pen_sub + n_pen, p->pen_sub, (size_t)np * sizeof *p->pen_sub);
+    if (np) {
+      memcpy(m->h_pen_ids + n_pen, p->pen_ids, (size_t)np * sizeof *p->pen_ids);
+      memcpy(m->h_pen_sub + n_pen, p->pen_sub, (size_t)np * sizeof *p->pen_sub);
+    }
     m->h_pick[n++] = (irt_pick_req){.temperature = sp->temperature, .top_p = sp->top_p,
                                     .top_k = sp->top_k, .row = (int32_t)at, .u = u,
                                     .n_top = n_top, .n_pen = np, .pen_off = n_pen};
