@@ -157,10 +157,9 @@ irt_status irt_eseq_init(irt_engine *e, ereq *q, int i, irt_error *err) {
   if (!s->tokens || !s->held) return fail(err, IRT_OOM, "out of memory");
   if (q->r.presence_penalty != 0 || q->r.frequency_penalty != 0) {
     s->counts = calloc((size_t)in->vocab_size, sizeof *s->counts);
-    s->penalized = malloc((size_t)in->vocab_size * sizeof *s->penalized);
     s->seen = malloc((size_t)in->vocab_size * sizeof *s->seen);
     s->pen_sub = malloc((size_t)in->vocab_size * sizeof *s->pen_sub);
-    if (!s->counts || !s->penalized || !s->seen || !s->pen_sub)
+    if (!s->counts || !s->seen || !s->pen_sub)
       return fail(err, IRT_OOM, "out of memory");
   }
   if (irt_seq_create(e->m, &s->kv, err) != IRT_OK) return IRT_OOM;
@@ -176,11 +175,9 @@ void irt_eseq_release(irt_engine *e, eseq *s) {
   free(s->tokens);
   free(s->held);
   free(s->counts);
-  free(s->penalized);
   free(s->seen);
   free(s->pen_sub);
   s->counts = NULL;
-  s->penalized = NULL;
   s->seen = NULL;
   s->pen_sub = NULL;
   s->kv = NULL;

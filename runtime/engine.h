@@ -32,7 +32,6 @@ typedef struct eseq {
   double first_token_ms;
   /* with presence/frequency penalties (allocated at init, so sampling stays allocation-free) */
   int32_t *counts;        /* (vocab) occurrences of each token this completion generated */
-  float *penalized;       /* (vocab) the step's logits after penalties */
   int32_t *seen;          /* (vocab) the distinct generated tokens, first seen first */
   float *pen_sub;         /* (vocab) a pick's penalty for each of them */
   int64_t n_seen;

@@ -46,6 +46,9 @@ struct irt_seq {
 };
 
 void irt_error_from_diag(irt_error *err, const ir_diag *d);
+/* A pick on the host (step.c): the sampler's own function on the row less the penalties,
+ * the logprob and alternatives of the row itself. The engine's rows go through it too. */
+void irt_pick_row(irt_model *m, irt_pick *p, const float *row);
 /* The tokenizer stored in a plan (*out NULL if none). */
 ir_status irt_plan_tokenizer_load(const ir_plan *p, irt_tokenizer **out, ir_diag *d);
 

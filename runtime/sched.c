@@ -13,7 +13,6 @@
 #include <string.h>
 
 #include "engine.h"
-#include "kn_cpu.h"
 
 static int64_t bsz(const irt_engine *e) { return e->m->kv.block_size; }
 
@@ -114,22 +113,24 @@ static bool pickable(const eseq *s) {
   return !(q->n > 1 && q->n_live == 1 && s->n_generated == 0);
 }
 
-/* The pick's penalties: as penalize() below, for the tokens generated so far. */
-static void pick_penalties(eseq *s, irt_pick *p) {
+/* The pick of s's next token: its sampler, top_logprobs, and the presence/frequency
+ * penalties of the tokens it generated so far. */
+static irt_pick make_pick(eseq *s) {
   const irt_request *r = &s->req->r;
-  if (!s->counts) return;
+  irt_pick p = {.sampler = s->sampler, .n_top = r->top_logprobs, .top_ids = s->top_ids,
+                .top_logprobs = s->top_lps};
+  if (!s->counts) return p;
   for (int64_t j = 0; j < s->n_seen; j++)
     s->pen_sub[j] = r->presence_penalty + r->frequency_penalty * (float)s->counts[s->seen[j]];
-  p->pen_ids = s->seen, p->pen_sub = s->pen_sub, p->n_pen = (int)s->n_seen;
+  p.pen_ids = s->seen, p.pen_sub = s->pen_sub, p.n_pen = (int)s->n_seen;
+  return p;
 }
 
 static void add_item(irt_engine *e, eseq *s, int64_t take) {
   int k = e->n_items_now++;
   bool last = s->kv->len + take == s->n_tokens, pick = last && pickable(s);
   size_t V = (size_t)irt_model_get_info(e->m)->vocab_size;
-  e->picks[k] = (irt_pick){.sampler = s->sampler, .n_top = s->req->r.top_logprobs,
-                           .top_ids = s->top_ids, .top_logprobs = s->top_lps};
-  if (pick) pick_penalties(s, &e->picks[k]);
+  if (pick) e->picks[k] = make_pick(s);
   e->items[k] = (irt_batch_item){.seq = s->kv, .tokens = s->tokens + s->kv->len, .n = take,
                                  .logits = last && !pick ? e->logits + (size_t)k * V : NULL,
                                  .pick = pick ? &e->picks[k] : NULL};
@@ -293,16 +294,6 @@ static size_t take_text(eseq *s, int32_t tok, bool flush, bool *hit) {
   return cut;
 }
 
-/* The logits with presence/frequency penalties applied, in the sequence's scratch. */
-static const float *penalize(eseq *s, const float *lg, int64_t V) {
-  const irt_request *r = &s->req->r;
-  memcpy(s->penalized, lg, (size_t)V * sizeof *lg);
-  for (int64_t v = 0; v < V; v++)
-    if (s->counts[v])
-      s->penalized[v] -= r->presence_penalty + r->frequency_penalty * (float)s->counts[v];
-  return s->penalized;
-}
-
 /* The sequence's next token is tok (log-probability lp): stop checks, text, the event. */
 static void take_token(irt_engine *e, eseq *s, int32_t tok, float lp) {
   const irt_model_info *in = irt_model_get_info(e->m);
@@ -325,13 +316,11 @@ static void take_token(irt_engine *e, eseq *s, int32_t tok, float lp) {
   }
 }
 
-/* Samples the next token from a row of logits brought to the host (lse: its log-sum-exp). */
-static void on_token(irt_engine *e, eseq *s, const float *lg, double lse) {
-  int64_t V = irt_model_get_info(e->m)->vocab_size;
-  int32_t tok = irt_sampler_sample(s->sampler, s->counts ? penalize(s, lg, V) : lg);
-  if (s->req->r.top_logprobs > 0)
-    irt_top_logprobs(lg, V, lse, s->req->r.top_logprobs, s->top_ids, s->top_lps);
-  take_token(e, s, tok, (float)((double)lg[tok] - lse));
+/* Samples the next token from a row of logits brought to the host, as a pick would. */
+static void on_token(irt_engine *e, eseq *s, const float *lg) {
+  irt_pick p = make_pick(s);
+  irt_pick_row(e->m, &p, lg);
+  take_token(e, s, p.token, p.logprob);
 }
 
 /* After the prompt of a request with n > 1: the other completions share its blocks. */
@@ -370,13 +359,11 @@ static void after_item(irt_engine *e, int k) {
   }
   const float *lg = e->items[k].logits;
   if (!lg) return;
-  int64_t V = irt_model_get_info(e->m)->vocab_size;
-  double lse = kn_log_sum_exp(lg, V);
   ereq *q = s->req;
   bool fork = q->n > 1 && q->n_live == 1 && s->n_generated == 0;
   if (fork) fork_completions(e, s);
   for (int i = fork ? 0 : s->index; i < (fork ? q->n_live : s->index + 1); i++)
-    if (q->seqs[i].state == ESEQ_RUNNING) on_token(e, &q->seqs[i], lg, lse);
+    if (q->seqs[i].state == ESEQ_RUNNING) on_token(e, &q->seqs[i], lg);
 }
 
 void irt_engine_cancel_all(irt_engine *e) {

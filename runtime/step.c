@@ -111,8 +111,7 @@ static void fill_step(irt_model *m, const irt_batch_item *items, int n_items, ir
 
 _Static_assert(IRT_PICK_TOP == IRT_MAX_TOP_LOGPROBS, "a pick reports every alternative asked");
 
-/* A pick on the host: the sampler's own function on the row. */
-static void pick_host(irt_model *m, irt_pick *p, const float *row) {
+void irt_pick_row(irt_model *m, irt_pick *p, const float *row) {
   double lse = kn_log_sum_exp(row, m->info.vocab_size);
   const float *seen = row;
   if (p->n_pen > 0) { /* the sampler's row, with the penalties */
@@ -131,7 +130,7 @@ static void copy_logits(irt_model *m, const irt_batch_item *items, int n_items) 
   size_t V = (size_t)m->info.vocab_size;
   for (int i = 0; i < n_items; i++) {
     int64_t r = logit_rows_of(&items[i]);
-    if (items[i].pick) pick_host(m, items[i].pick, lg);
+    if (items[i].pick) irt_pick_row(m, items[i].pick, lg);
     else if (r) memcpy(items[i].logits, lg, (size_t)r * V * sizeof(float));
     lg += (size_t)r * V;
   }
@@ -164,7 +163,7 @@ static ir_status pick_device(irt_model *m, const irt_batch_item *items, int n_it
     if (!p) continue;
     if (!m->dev_pick) { /* a plan built before the device kernel */
       st = m->be.ops->read(m->be.ctx, m->h_row, lg + (size_t)at * row, row, d);
-      if (st == IR_OK) pick_host(m, p, m->h_row);
+      if (st == IR_OK) irt_pick_row(m, p, m->h_row);
       continue;
     }
     const irt_sampling *sp = irt_sampler_params(p->sampler);
