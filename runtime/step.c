@@ -150,9 +150,9 @@ static ir_status grow_pen(irt_model *m, int need, ir_diag *d) {
 }
 
 /* Device backends: the picks, on the device when it can (one launch, and only tokens and
- * logprobs come down), else each row read and picked here. */
+ * logprobs come down), else each row read and picked here. *waited: the step is done. */
 static ir_status pick_device(irt_model *m, const irt_batch_item *items, int n_items,
-                             ir_diag *d) {
+                             bool *waited, ir_diag *d) {
   const char *lg = m->ptrs[m->out_logits];
   size_t row = (size_t)m->info.vocab_size * sizeof(float);
   int n = 0, n_pen = 0;
@@ -164,6 +164,7 @@ static ir_status pick_device(irt_model *m, const irt_batch_item *items, int n_it
     if (!m->dev_pick) { /* a plan built before the device kernel */
       st = m->be.ops->read(m->be.ctx, m->h_row, lg + (size_t)at * row, row, d);
       if (st == IR_OK) irt_pick_row(m, p, m->h_row);
+      *waited = true;
       continue;
     }
     const irt_sampling *sp = irt_sampler_params(p->sampler);
@@ -183,6 +184,7 @@ static ir_status pick_device(irt_model *m, const irt_batch_item *items, int n_it
   if (st != IR_OK || n == 0) return st;
   st = m->be.ops->pick(m->be.ctx, lg, m->info.vocab_size, n, m->h_pick, m->h_pen_ids,
                        m->h_pen_sub, m->h_pick_res, m->h_pick_top, d);
+  *waited = true;
   for (int i = 0, k = 0; i < n_items && st == IR_OK; i++) {
     irt_pick *p = items[i].pick;
     if (!p) continue;
@@ -199,9 +201,9 @@ static ir_status pick_device(irt_model *m, const irt_batch_item *items, int n_it
 
 /* Device backends: only the wanted logit rows come down, one read per run of items whose
  * buffers follow each other (the engine's usually all do). The first read waits for the
- * step, so it also reports any error of its queued work. */
+ * step, so it also reports any error of its queued work (unless the picks `waited`). */
 static ir_status read_logits(irt_model *m, const irt_batch_item *items, int n_items,
-                             ir_diag *d) {
+                             bool waited, ir_diag *d) {
   const char *lg = m->ptrs[m->out_logits];
   size_t row = (size_t)m->info.vocab_size * sizeof(float), at = 0, from = 0;
   float *dst = NULL;
@@ -222,7 +224,7 @@ static ir_status read_logits(irt_model *m, const irt_batch_item *items, int n_it
     at += (size_t)r;
   }
   /* No logits wanted: still wait, so errors surface in this step. */
-  if (st == IR_OK && !read) st = m->be.ops->read(m->be.ctx, NULL, lg, 0, d);
+  if (st == IR_OK && !read && !waited) st = m->be.ops->read(m->be.ctx, NULL, lg, 0, d);
   return st;
 }
 
@@ -235,9 +237,10 @@ irt_status irt_decode_batch(irt_model *m, const irt_batch_item *items, int n_ite
   fill_step(m, items, n_items, &step);
   ir_diag d = {0};
   if (m->be.ops->run_step) {
+    bool waited = false;
     if (m->be.ops->run_step(m->be.ctx, m->g, m->ptrs, &step, &d) != IR_OK ||
-        pick_device(m, items, n_items, &d) != IR_OK ||
-        read_logits(m, items, n_items, &d) != IR_OK) {
+        pick_device(m, items, n_items, &waited, &d) != IR_OK ||
+        read_logits(m, items, n_items, waited, &d) != IR_OK) {
       irt_error_from_diag(err, &d);
       return (irt_status)d.status;
     }

@@ -232,8 +232,8 @@ static ir_status check_kv_dtype(cuda_ctx *c, int kv_dtype, ir_diag *d) {
     return ir_diag_set(d, IR_UNSUPPORTED,
                        "KV cache dtype int8 is CPU-only; the cuda backend keeps f32 or f16 "
                        "(use --kv-dtype f16, or --device cpu)");
-  for (int f = CF_KV_WRITE_F16; c->kv_f16 && f <= CF_ATTN_PREFILL_TC_F16; f++)
-    if (!c->fn[f] && f != CF_ATTN_PREFILL_TC_F16)
+  for (int f = CF_KV_WRITE_F16; c->kv_f16 && f <= CF_ATTN_PREFILL_F16; f++) /* tc: optional */
+    if (!c->fn[f])
       return ir_diag_set(d, IR_UNSUPPORTED,
                          "the plan's CUDA kernels have no f16 KV cache: rebuild the plan with "
                          "this infc, or use --kv-dtype f32");
