@@ -39,10 +39,22 @@ irt_status irt_engine_create(irt_model *m, const irt_engine_opts *o, irt_engine 
                        ? e->o.max_running : in->max_step_seqs;
   if (e->max_running > in->max_step_logits) e->max_running = in->max_step_logits;
   if (e->o.max_waiting <= 0) e->o.max_waiting = 4096;
+  if (e->o.spec_tokens < 0 || e->o.spec_tokens > IRT_MAX_SPEC_TOKENS) {
+    free(e);
+    return fail(err, IRT_INVALID_ARG, "speculative tokens must be 0..16");
+  }
+  if (!e->o.spec_ngram_min) e->o.spec_ngram_min = 2;
+  if (!e->o.spec_ngram_max) e->o.spec_ngram_max = e->o.spec_ngram_min > 4 ? e->o.spec_ngram_min : 4;
+  if (e->o.spec_ngram_min < 1 || e->o.spec_ngram_max < e->o.spec_ngram_min ||
+      e->o.spec_ngram_max > 64) {
+    free(e);
+    return fail(err, IRT_INVALID_ARG, "speculative n-gram sizes must be 1 <= min <= max <= 64");
+  }
+  e->max_rows = in->max_step_logits;
   e->next_id = 1;
   e->items = calloc((size_t)e->max_running, sizeof *e->items);
   e->item_seq = calloc((size_t)e->max_running, sizeof *e->item_seq);
-  e->logits = malloc((size_t)(e->max_running * in->vocab_size) * sizeof(float));
+  e->logits = malloc((size_t)(e->max_rows * in->vocab_size) * sizeof(float));
   e->picks = calloc((size_t)e->max_running, sizeof *e->picks);
   pthread_mutex_init(&e->mu, NULL);
   pthread_cond_init(&e->cv, NULL);

@@ -82,7 +82,9 @@ struct irt_engine {
   /* step scratch, sized at create */
   irt_batch_item *items;
   eseq **item_seq;
-  float *logits;          /* (max_running, vocab) */
+  float *logits;          /* (max_rows, vocab): the step's rows, as items ask for them */
+  int64_t max_rows;       /* the plan's logit rows per step */
+  int64_t rows_now;       /* rows taken so far in this iteration */
   irt_pick *picks;        /* (max_running) */
   eseq **run, **wait;     /* sorted candidates of one iteration (grown as needed) */
   int cap_cand;

@@ -126,17 +126,18 @@ static irt_pick make_pick(eseq *s) {
   return p;
 }
 
+/* Appends s's next `take` tokens to the step. Its logits row (if it needs one) gets its
+ * place in e->logits once the step is complete (place_rows). */
 static void add_item(irt_engine *e, eseq *s, int64_t take) {
   int k = e->n_items_now++;
   bool last = s->kv->len + take == s->n_tokens, pick = last && pickable(s);
-  size_t V = (size_t)irt_model_get_info(e->m)->vocab_size;
   if (pick) e->picks[k] = make_pick(s);
   e->items[k] = (irt_batch_item){.seq = s->kv, .tokens = s->tokens + s->kv->len, .n = take,
-                                 .logits = last && !pick ? e->logits + (size_t)k * V : NULL,
+                                 .logits = last && !pick ? e->logits : NULL,
                                  .pick = pick ? &e->picks[k] : NULL};
   e->item_seq[k] = s;
+  e->rows_now += last;
 }
-
 /* Gives s blocks for `take` tokens (halving take until it fits), preempting victims as
  * allowed. Returns the tokens granted, 0 if none. */
 static int64_t grant(irt_engine *e, eseq *s, int64_t take, int64_t reserve, bool below, int n_run) {
@@ -209,18 +210,77 @@ static void schedule_waiting(irt_engine *e, int n_run, int n_wait, int64_t *budg
   }
 }
 
+/* --- speculative decoding by prompt lookup ----------------------------------------------- */
+
+/* Up to `cap` draft tokens for s, written after its known tokens (not counted in them):
+ * the tokens that followed the latest earlier occurrence of its last n tokens, n from
+ * spec_ngram_max down to spec_ngram_min. Returns how many. */
+static int propose(const irt_engine *e, eseq *s, int64_t cap) {
+  int32_t *t = s->tokens;
+  int64_t len = s->n_tokens;
+  for (int64_t n = e->o.spec_ngram_max; n >= e->o.spec_ngram_min; n--) {
+    if (n >= len) continue;
+    const int32_t *tail = t + len - n;
+    for (int64_t j = len - n - 1; j >= 0; j--) {
+      if (t[j] != tail[0] || memcmp(t + j, tail, (size_t)n * sizeof *t)) continue;
+      int64_t d = len - (j + n) < cap ? len - (j + n) : cap;
+      memcpy(t + len, t + j + n, (size_t)d * sizeof *t); /* [j+n, j+n+d) ends by len */
+      return (int)d;
+    }
+  }
+  return 0;
+}
+
+/* After the step is chosen: a decoding sequence whose context proposes drafts gets them
+ * appended to its item, within the token budget, the plan's logit rows and the blocks
+ * free now (drafts never preempt anyone nor displace a waiting request). Its rows come
+ * back as logits: verify() picks them one by one. */
+static void add_drafts(irt_engine *e, int64_t budget) {
+  const irt_model_info *in = irt_model_get_info(e->m);
+  for (int k = 0; k < e->n_items_now && budget > 0 && e->rows_now < e->max_rows; k++) {
+    eseq *s = e->item_seq[k];
+    irt_batch_item *it = &e->items[k];
+    if (it->n != 1 || s->kv->len + 1 != s->n_tokens || !pickable(s)) continue;
+    int64_t cap = e->o.spec_tokens;
+    int64_t lim[4] = {budget, e->max_rows - e->rows_now,
+                      s->req->r.max_tokens - s->n_generated - 1, in->context_length - s->n_tokens};
+    for (int j = 0; j < 4; j++) cap = lim[j] < cap ? lim[j] : cap;
+    int d = cap > 0 ? propose(e, s, cap) : 0;
+    if (d == 0 || !ensure_blocks(e, s, 1 + d, 0)) continue;
+    *it = (irt_batch_item){.seq = s->kv, .tokens = it->tokens, .n = 1 + d, .logits = e->logits,
+                           .all_logits = true};
+    budget -= d;
+    e->rows_now += d;
+  }
+}
+
+/* Gives every item that asks for logits its rows of e->logits, in item order. */
+static void place_rows(irt_engine *e) {
+  size_t V = (size_t)irt_model_get_info(e->m)->vocab_size, row = 0;
+  for (int k = 0; k < e->n_items_now; k++) {
+    irt_batch_item *it = &e->items[k];
+    if (!it->logits) continue;
+    it->logits = e->logits + row * V;
+    row += it->all_logits ? (size_t)it->n : 1;
+  }
+}
+
 /* Chooses this step's items. */
 static bool schedule(irt_engine *e) {
   if (!grow_cand(e)) return false;
   e->n_items_now = 0;
+  e->rows_now = 0;
   int64_t budget = e->budget;
   int n_run = collect(e, ESEQ_RUNNING, e->run, e->cap_cand);
   schedule_running(e, n_run, &budget);
   int still_running = 0;
   for (int i = 0; i < n_run; i++) still_running += e->run[i]->state == ESEQ_RUNNING;
-  if (e->o.static_batching && still_running) return true;
-  int n_wait = collect(e, ESEQ_WAITING, e->wait, e->cap_cand);
-  schedule_waiting(e, n_run, n_wait, &budget);
+  if (!e->o.static_batching || !still_running) {
+    int n_wait = collect(e, ESEQ_WAITING, e->wait, e->cap_cand);
+    schedule_waiting(e, n_run, n_wait, &budget);
+  }
+  if (e->o.spec_tokens && !e->o.static_batching) add_drafts(e, budget);
+  place_rows(e);
   return true;
 }
 
@@ -349,8 +409,47 @@ static void fork_completions(irt_engine *e, eseq *s) {
   }
 }
 
+/* Gives back the blocks past s's cached positions (those that held rejected drafts). */
+static void trim_blocks(irt_engine *e, eseq *s) {
+  irt_seq *k = s->kv;
+  int64_t keep = (k->len + bsz(e) - 1) / bsz(e);
+  while (k->n_blocks > keep) irt_kv_block_unref(&e->m->kv, k->blocks[--k->n_blocks]);
+}
+
+/* A step ran s's last token and n - 1 drafts: row i is the distribution after draft i
+ * (the last token for i = 0). Each row is picked exactly as a plain decode step would
+ * pick it, so the tokens taken are those decoding without drafts would take: a draft
+ * is kept while the pick equals it, and the first pick that differs (or the one after
+ * the last draft) is the step's own new token. The cache keeps the kept positions. */
+static void verify(irt_engine *e, int k) {
+  eseq *s = e->item_seq[k];
+  const irt_batch_item *it = &e->items[k];
+  size_t V = (size_t)irt_model_get_info(e->m)->vocab_size;
+  int nd = (int)it->n - 1;
+  int32_t draft[IRT_MAX_SPEC_TOKENS];
+  memcpy(draft, it->tokens + 1, (size_t)nd * sizeof *draft); /* take_token overwrites them */
+  int64_t base = s->kv->len - it->n; /* the last token's position */
+  e->work.spec_draft_tokens += nd;
+  for (int i = 0; i <= nd; i++) {
+    s->kv->len = base + 1 + i; /* the last token and the drafts kept so far */
+    register_blocks(e, s);
+    irt_pick p = make_pick(s);
+    irt_pick_row(e->m, &p, it->logits + (size_t)i * V);
+    bool kept = i < nd && p.token == draft[i];
+    e->work.spec_accepted_tokens += kept;
+    take_token(e, s, p.token, p.logprob);
+    if (s->state != ESEQ_RUNNING) return; /* finished: its blocks are gone */
+    if (!kept) break;
+  }
+  trim_blocks(e, s);
+}
+
 static void after_item(irt_engine *e, int k) {
   eseq *s = e->item_seq[k];
+  if (e->items[k].all_logits) {
+    verify(e, k);
+    return;
+  }
   register_blocks(e, s);
   const irt_pick *p = e->items[k].pick;
   if (p) {

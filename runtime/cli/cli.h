@@ -26,6 +26,17 @@ int cli_parse_kv_dtype(const char *s, irt_kv_dtype *out);
 #define CLI_KV_DTYPE_USAGE \
   "KV cache: f32 (default), f16 (2x the tokens per MiB) or int8 (CPU only; ~3.8x)"
 
+/* Parses "MIN:MAX" (or "N" for N:N) within [1, hi]; false if malformed. */
+bool cli_parse_range(const char *v, int64_t hi, int64_t *lo, int64_t *out_hi);
+/* Speculative decoding flags (--spec-tokens K, --spec-ngram MIN:MAX) into eo: 0, or 1
+ * after printing the error. */
+int cli_parse_spec(const char *flag, const char *v, irt_engine_opts *eo);
+#define CLI_SPEC_USAGE                                                                      \
+  "  --spec-tokens K         speculative decoding: up to K draft tokens a step, found by\n" \
+  "                          prompt lookup in the context (0: off, the default; output\n"  \
+  "                          is unchanged: drafts are checked against plain decoding)\n"  \
+  "  --spec-ngram MIN:MAX    n-gram sizes matched, longest first (default 2:4)\n"
+
 int cmd_generate(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);

@@ -24,6 +24,7 @@ typedef struct batch_args {
   int64_t concurrency, threads, kv_tokens, max_batched;
   bool no_progress, no_cuda_graphs;
   irt_kv_dtype kv_dtype;
+  irt_engine_opts spec; /* its speculative decoding fields */
 } batch_args;
 
 /* A set of strings (open addressing; grows at half load). */
@@ -62,6 +63,7 @@ static int usage(FILE *f) {
         "  --threads N             CPU threads (default: all cores)\n"
         "  --device DEV            cpu or cuda (default: the plan's target)\n"
         "  --no-cuda-graphs        CUDA: run decode steps kernel by kernel\n"
+        CLI_SPEC_USAGE
         "  --no-progress           no progress output\n",
         f);
   return f == stderr ? 2 : 0;
@@ -80,6 +82,8 @@ static int parse(int argc, char **argv, batch_args *a) {
                                         {"device", 1, 0, 10},
                                         {"no-cuda-graphs", 0, 0, 11},
                                         {"kv-dtype", 1, 0, 12},
+                                        {"spec-tokens", 1, 0, 13},
+                                        {"spec-ngram", 1, 0, 14},
                                         {"help", 0, 0, 'h'},
                                         {0, 0, 0, 0}};
   int c;
@@ -98,6 +102,8 @@ static int parse(int argc, char **argv, batch_args *a) {
     case 10: a->device = optarg; break;
     case 11: a->no_cuda_graphs = true; break;
     case 12: if (cli_parse_kv_dtype(optarg, &a->kv_dtype)) return 1; break;
+    case 13:
+    case 14: if (cli_parse_spec(longs[c - 1].name, optarg, &a->spec)) return 1; break;
     case 'h': return usage(stdout) - 1;
     default: return usage(stderr);
     }
@@ -375,6 +381,17 @@ static void progress(batch *b, double t0, bool tty, bool final) {
     fprintf(stderr, "inferrt: batch: %lld/%lld lines done (%lld skipped), %.1f req/s\n",
             (long long)done, (long long)total, (long long)skipped, rate);
   }
+  irt_engine_stats st;
+  if (final) {
+    irt_engine_get_stats(b->c.e, &st);
+    fprintf(stderr, "inferrt: batch: %lld tokens generated in %.2f s (%.1f tok/s), %lld steps\n",
+            (long long)st.generated_tokens, secs, secs > 0 ? (double)st.generated_tokens / secs : 0,
+            (long long)st.steps);
+  }
+  if (final && st.spec_draft_tokens)
+    fprintf(stderr, "inferrt: batch: speculation: %lld draft tokens, %lld kept (%.1f%%)\n",
+            (long long)st.spec_draft_tokens, (long long)st.spec_accepted_tokens,
+            100.0 * (double)st.spec_accepted_tokens / (double)st.spec_draft_tokens);
   fflush(stderr);
 }
 
@@ -453,7 +470,10 @@ int cmd_batch(int argc, char **argv) {
     c->max_n = c->info->max_step_seqs < c->info->max_step_logits ? c->info->max_step_seqs
                                                                  : c->info->max_step_logits;
     int64_t workers = a.concurrency > 0 ? a.concurrency : c->max_n;
-    irt_engine_opts eo = {.max_batched_tokens = a.max_batched, .max_waiting = workers + 1};
+    irt_engine_opts eo = {.max_batched_tokens = a.max_batched, .max_waiting = workers + 1,
+                          .spec_tokens = a.spec.spec_tokens,
+                          .spec_ngram_min = a.spec.spec_ngram_min,
+                          .spec_ngram_max = a.spec.spec_ngram_max};
     st = irt_engine_create(c->m, &eo, &c->e, &err);
   }
   if (st == IRT_OK) st = irt_engine_start(c->e, &err);

@@ -24,6 +24,7 @@ typedef struct bench_args {
   const char *device;
   irt_kv_dtype kv_dtype;
   irt_sampling sampling; /* every request's; its seed + the request's index */
+  irt_engine_opts spec;  /* its speculative decoding fields */
 } bench_args;
 
 typedef struct breq {
@@ -84,17 +85,9 @@ static int usage(FILE *f) {
         "  --threads N             CPU threads (default: all cores)\n"
         "  --device DEV            cpu or cuda (default: the plan's target)\n"
         "  --no-cuda-graphs        CUDA: run decode steps kernel by kernel\n"
+        CLI_SPEC_USAGE
         "  --json                  print one JSON object\n", f);
   return f == stderr ? 2 : 0;
-}
-
-static bool parse_range(const char *v, int64_t *lo, int64_t *hi) {
-  char a[32], b[32];
-  const char *c = strchr(v, ':');
-  if (!c || c - v >= 31 || strlen(c + 1) >= 31) return cli_parse_i64(v, 1, 1 << 20, lo) && (*hi = *lo);
-  snprintf(a, sizeof a, "%.*s", (int)(c - v), v);
-  snprintf(b, sizeof b, "%s", c + 1);
-  return cli_parse_i64(a, 1, 1 << 20, lo) && cli_parse_i64(b, *lo, 1 << 20, hi);
 }
 
 static int parse(int argc, char **argv, bench_args *a) {
@@ -105,7 +98,8 @@ static int parse(int argc, char **argv, bench_args *a) {
       {"kv-tokens", 1, 0, 11}, {"threads", 1, 0, 12}, {"json", 0, 0, 13},
       {"max-running", 1, 0, 14}, {"device", 1, 0, 15}, {"no-cuda-graphs", 0, 0, 16},
       {"kv-dtype", 1, 0, 17}, {"temperature", 1, 0, 18}, {"top-k", 1, 0, 19},
-      {"top-p", 1, 0, 20}, {"help", 0, 0, 'h'},
+      {"top-p", 1, 0, 20}, {"spec-tokens", 1, 0, 21}, {"spec-ngram", 1, 0, 22},
+      {"help", 0, 0, 'h'},
       {0, 0, 0, 0}};
   int c;
   char *end;
@@ -113,8 +107,8 @@ static int parse(int argc, char **argv, bench_args *a) {
   while (ok && (c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
     switch (c) {
     case 1: ok = cli_parse_i64(optarg, 1, 1 << 20, &a->requests); break;
-    case 2: ok = parse_range(optarg, &a->prompt_min, &a->prompt_max); break;
-    case 3: ok = parse_range(optarg, &a->out_min, &a->out_max); break;
+    case 2: ok = cli_parse_range(optarg, 1 << 20, &a->prompt_min, &a->prompt_max); break;
+    case 3: ok = cli_parse_range(optarg, 1 << 20, &a->out_min, &a->out_max); break;
     case 4: a->rate = strtod(optarg, &end); ok = !*end && a->rate >= 0; break;
     case 5: ok = cli_parse_i64(optarg, 1, 1 << 16, &a->concurrency); break;
     case 6: a->shared_prefix = strtod(optarg, &end); ok = !*end && a->shared_prefix >= 0 && a->shared_prefix <= 1; break;
@@ -132,6 +126,8 @@ static int parse(int argc, char **argv, bench_args *a) {
     case 18: a->sampling.temperature = strtof(optarg, &end); ok = !*end && a->sampling.temperature >= 0; break;
     case 19: a->sampling.top_k = (int)strtol(optarg, &end, 10); ok = !*end && a->sampling.top_k >= 0; break;
     case 20: a->sampling.top_p = strtof(optarg, &end); ok = !*end && a->sampling.top_p > 0 && a->sampling.top_p <= 1; break;
+    case 21:
+    case 22: if (cli_parse_spec(longs[c - 1].name, optarg, &a->spec)) return 1; break;
     case 'h': usage(stdout); return -1;
     default: return usage(stderr);
     }
@@ -279,6 +275,8 @@ static cJSON *report(const bench_args *a, const breq *rs, const run_totals *t) {
   cJSON_AddNumberToObject(o, "kv_utilization", t->kv_samples ? t->kv_util_sum / (double)t->kv_samples : 0);
   cJSON_AddNumberToObject(o, "preemptions", (double)t->stats.preemptions);
   cJSON_AddNumberToObject(o, "steps", (double)t->stats.steps);
+  cJSON_AddNumberToObject(o, "spec_draft_tokens", (double)t->stats.spec_draft_tokens);
+  cJSON_AddNumberToObject(o, "spec_accepted_tokens", (double)t->stats.spec_accepted_tokens);
   free(ttft), free(tpot), free(e2e);
   return o;
 }
@@ -327,6 +325,11 @@ static void print_table(const cJSON *o) {
   printf("kv utilisation   %.1f%% (mean while busy)\npreemptions      %.0f\nsteps            %.0f\n",
          100 * cJSON_GetObjectItem(o, "kv_utilization")->valuedouble,
          cJSON_GetObjectItem(o, "preemptions")->valuedouble, cJSON_GetObjectItem(o, "steps")->valuedouble);
+  double drafts = cJSON_GetObjectItem(o, "spec_draft_tokens")->valuedouble;
+  double kept = cJSON_GetObjectItem(o, "spec_accepted_tokens")->valuedouble;
+  if (drafts > 0)
+    printf("speculation      %.0f draft tokens, %.0f kept (%.1f%%)\n", drafts, kept,
+           100 * kept / drafts);
 }
 
 int cmd_bench(int argc, char **argv) {
@@ -346,7 +349,10 @@ int cmd_bench(int argc, char **argv) {
   irt_status st = irt_model_open(a.plan, &mo, &m, &err);
   irt_engine_opts eo = {.max_batched_tokens = a.max_batched, .max_running = a.max_running,
                         .static_batching = a.static_batching,
-                        .disable_prefix_cache = a.no_prefix_cache};
+                        .disable_prefix_cache = a.no_prefix_cache,
+                        .spec_tokens = a.spec.spec_tokens,
+                        .spec_ngram_min = a.spec.spec_ngram_min,
+                        .spec_ngram_max = a.spec.spec_ngram_max};
   if (st == IRT_OK) st = irt_engine_create(m, &eo, &e, &err);
   const irt_model_info *in = m ? irt_model_get_info(m) : NULL;
   breq *rs = st == IRT_OK ? make_workload(&a, in->vocab_size, in->context_length) : NULL;

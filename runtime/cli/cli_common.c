@@ -35,6 +35,30 @@ bool cli_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out) {
   return true;
 }
 
+bool cli_parse_range(const char *v, int64_t hi, int64_t *lo, int64_t *out_hi) {
+  char a[32], b[32];
+  const char *c = strchr(v, ':');
+  if (!c || c - v >= 31 || strlen(c + 1) >= 31)
+    return cli_parse_i64(v, 1, hi, lo) && (*out_hi = *lo);
+  snprintf(a, sizeof a, "%.*s", (int)(c - v), v);
+  snprintf(b, sizeof b, "%s", c + 1);
+  return cli_parse_i64(a, 1, hi, lo) && cli_parse_i64(b, *lo, hi, out_hi);
+}
+
+int cli_parse_spec(const char *flag, const char *v, irt_engine_opts *eo) {
+  int64_t a, b;
+  if (!strcmp(flag, "spec-tokens")) {
+    if (!cli_parse_i64(v, 0, IRT_MAX_SPEC_TOKENS, &a))
+      return cli_fail("--spec-tokens: expected 0..%d, got '%s'", IRT_MAX_SPEC_TOKENS, v);
+    eo->spec_tokens = (int)a;
+    return 0;
+  }
+  if (!cli_parse_range(v, 64, &a, &b))
+    return cli_fail("--spec-ngram: expected MIN:MAX with 1 <= MIN <= MAX <= 64, got '%s'", v);
+  eo->spec_ngram_min = (int)a, eo->spec_ngram_max = (int)b;
+  return 0;
+}
+
 int cli_parse_kv_dtype(const char *s, irt_kv_dtype *out) {
   return irt_kv_dtype_parse(s, out) ? 0 : cli_fail("--kv-dtype: expected f32, f16 or int8, got '%s'", s);
 }

@@ -17,6 +17,7 @@ typedef struct serve_args {
   bool no_prefix_cache, no_cuda_graphs;
   irt_kv_dtype kv_dtype;
   srv_keys keys;
+  irt_engine_opts spec; /* its speculative decoding fields */
 } serve_args;
 
 static int usage(FILE *f) {
@@ -39,7 +40,8 @@ static int usage(FILE *f) {
         "  --no-prefix-cache       disable prefix caching\n"
         "  --threads N             CPU threads (default: all cores)\n"
         "  --device DEV            cpu or cuda (default: the plan's target)\n"
-        "  --no-cuda-graphs        CUDA: run decode steps kernel by kernel\n\n"
+        "  --no-cuda-graphs        CUDA: run decode steps kernel by kernel\n"
+        CLI_SPEC_USAGE "\n"
         "endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, /health,\n"
         "/metrics (Prometheus), / (chat page)\n",
         f);
@@ -77,6 +79,8 @@ static int parse_value(serve_args *a, int c, const char *v) {
                : cli_fail("--max-batched-tokens: expected a positive integer");
   case 14: a->device = v; return 0;
   case 16: return cli_parse_kv_dtype(v, &a->kv_dtype);
+  case 17: return cli_parse_spec("spec-tokens", v, &a->spec);
+  case 18: return cli_parse_spec("spec-ngram", v, &a->spec);
   case 13:
     return cli_parse_i64(v, 0, 4096, &a->threads)
                ? 0
@@ -102,6 +106,8 @@ static int parse(int argc, char **argv, serve_args *a) {
                                         {"device", 1, 0, 14},
                                         {"no-cuda-graphs", 0, 0, 15},
                                         {"kv-dtype", 1, 0, 16},
+                                        {"spec-tokens", 1, 0, 17},
+                                        {"spec-ngram", 1, 0, 18},
                                         {"help", 0, 0, 'h'},
                                         {0, 0, 0, 0}};
   int c, rc;
@@ -180,7 +186,10 @@ int cmd_serve(int argc, char **argv) {
   mo.kv_dtype = a.kv_dtype;
   irt_engine_opts eo = {.max_batched_tokens = a.max_batched,
                         .max_waiting = a.max_waiting,
-                        .disable_prefix_cache = a.no_prefix_cache};
+                        .disable_prefix_cache = a.no_prefix_cache,
+                        .spec_tokens = a.spec.spec_tokens,
+                        .spec_ngram_min = a.spec.spec_ngram_min,
+                        .spec_ngram_max = a.spec.spec_ngram_max};
   srv_ctx c = {.chat_template = a.chat_template,
                .created = (int64_t)time(NULL),
                .id_salt = (uint64_t)time(NULL) * 0x9e3779b97f4a7c15ull ^ (uint64_t)getpid()};

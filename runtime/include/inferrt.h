@@ -247,7 +247,16 @@ typedef struct irt_engine_opts {
   bool disable_prefix_cache;
   bool static_batching;       /* baseline: admit a new batch only when the last one is done,
                                  and prefill it whole before decoding */
+  /* Speculative decoding by prompt lookup: a decoding sequence whose last spec_ngram_max
+   * .. spec_ngram_min tokens occurred earlier in its context proposes the spec_tokens that
+   * followed them; one step checks them all (each row picked as a plain step would, so
+   * the tokens and their distribution are those of decoding without it) and keeps the
+   * matching prefix plus one token. 0: off; at most IRT_MAX_SPEC_TOKENS. */
+  int spec_tokens;
+  int spec_ngram_min, spec_ngram_max; /* n-gram sizes tried, longest first; 0: 2 and 4 */
 } irt_engine_opts;
+
+#define IRT_MAX_SPEC_TOKENS 16
 
 typedef enum irt_finish {
   IRT_FINISH_NONE = 0,
@@ -312,6 +321,7 @@ typedef struct irt_engine_stats {
   int64_t preemptions;
   int64_t prompt_tokens, cached_prompt_tokens, generated_tokens;
   int64_t steps, requests_finished;
+  int64_t spec_draft_tokens, spec_accepted_tokens; /* proposed by prompt lookup; kept */
 } irt_engine_stats;
 
 irt_engine_opts irt_engine_opts_default(void);

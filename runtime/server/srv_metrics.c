@@ -143,6 +143,12 @@ static void put_engine(srv_buf *b, irt_engine *e) {
   value(b, "inferrt_prompt_tokens_cached_total", "", (double)st.cached_prompt_tokens);
   head(b, "inferrt_generation_tokens_total", "counter", "Tokens generated.");
   value(b, "inferrt_generation_tokens_total", "", (double)st.generated_tokens);
+  head(b, "inferrt_spec_draft_tokens_total", "counter",
+       "Draft tokens proposed by speculative decoding (prompt lookup).");
+  value(b, "inferrt_spec_draft_tokens_total", "", (double)st.spec_draft_tokens);
+  head(b, "inferrt_spec_accepted_tokens_total", "counter",
+       "Draft tokens that plain decoding confirmed, and that were kept.");
+  value(b, "inferrt_spec_accepted_tokens_total", "", (double)st.spec_accepted_tokens);
   head(b, "inferrt_prefix_cache_hit_rate", "gauge",
        "Cached prompt tokens / prompt tokens since start.");
   value(b, "inferrt_prefix_cache_hit_rate", "",

@@ -81,6 +81,11 @@ static irt_request make_request(int i, const int32_t *prompt, int len, result *r
                    .ignore_eos = true, .n = 1, .on_event = on_event, .user = r};
   q.sampling = (irt_sampling){.temperature = 0.8f, .top_k = 40, .top_p = 0.95f, .seed = 100 + (uint64_t)i};
   if (i % 4 == 1) q.sampling = irt_sampling_default();
+  if (i >= 8) { /* a negative frequency penalty makes the output repeat itself: drafts hit */
+    q.max_tokens = 40;
+    q.frequency_penalty = -2.0f;
+    q.presence_penalty = i % 3 ? 0.0f : 0.5f;
+  }
   return q;
 }
 
@@ -110,12 +115,14 @@ static bool same(const result *a, const result *b, int completions) {
   return true;
 }
 
-static void test_continuous(irt_model *m, const result *ref, int n_req) {
-  irt_engine_opts eo = irt_engine_opts_default();
-  eo.max_batched_tokens = 16; /* forces chunked prefill mixed with decodes */
+/* The requests of run_solo through one engine with options eo, arriving staggered; each
+ * must be bit-identical to its solo run. *out gets the engine's final stats. */
+static void run_continuous(irt_model *m, const result *ref, int n_req, const irt_engine_opts *eo,
+                           irt_engine_stats *out) {
   irt_engine *e = NULL;
   irt_error err = {0};
-  CHECK(irt_engine_create(m, &eo, &e, &err) == IRT_OK);
+  CHECKF(irt_engine_create(m, eo, &e, &err) == IRT_OK, "%s", err.msg);
+  if (!e) return;
   static result got[MAX_REQ];
   memset(got, 0, sizeof got);
   int32_t prompts[MAX_REQ][64];
@@ -134,11 +141,49 @@ static void test_continuous(irt_model *m, const result *ref, int n_req) {
     CHECKF(same(&got[i], &ref[i], 1), "request %d differs from its solo run", i);
     CHECK(got[i].done_events == 1);
   }
-  irt_engine_stats st;
-  irt_engine_get_stats(e, &st);
-  CHECKF(st.kv_blocks_used == 0, "%lld blocks still held", (long long)st.kv_blocks_used);
-  CHECK(st.cached_prompt_tokens > 0 && st.requests_finished == n_req && st.running == 0);
+  irt_engine_get_stats(e, out);
+  CHECKF(out->kv_blocks_used == 0, "%lld blocks still held", (long long)out->kv_blocks_used);
+  CHECK(out->requests_finished == n_req && out->running == 0);
   irt_engine_destroy(e);
+}
+
+static void test_continuous(irt_model *m, const result *ref, int n_req) {
+  irt_engine_opts eo = irt_engine_opts_default();
+  eo.max_batched_tokens = 16; /* forces chunked prefill mixed with decodes */
+  irt_engine_stats st;
+  run_continuous(m, ref, n_req, &eo, &st);
+  CHECK(st.cached_prompt_tokens > 0 && st.spec_draft_tokens == 0);
+}
+
+/* Speculative decoding by prompt lookup changes no token and no logprob: greedy and
+ * sampled requests, chunked and batched, give their solo runs' outputs, while drafts were
+ * both kept and rejected. A tight token budget and few logit rows bound the drafts. */
+static void test_speculative(irt_model *m, const result *ref, int n_req) {
+  for (int v = 0; v < 3; v++) {
+    irt_engine_opts eo = irt_engine_opts_default();
+    eo.max_running = v == 1 ? 3 : 0;
+    eo.max_batched_tokens = v == 1 ? 12 : 0;
+    irt_engine_stats plain;
+    run_continuous(m, ref, n_req, &eo, &plain);
+    eo.spec_tokens = v == 2 ? IRT_MAX_SPEC_TOKENS : 4;
+    eo.spec_ngram_min = v == 2 ? 2 : 0;
+    irt_engine_stats st;
+    run_continuous(m, ref, n_req, &eo, &st);
+    CHECKF(st.spec_accepted_tokens > 0 && st.spec_draft_tokens > st.spec_accepted_tokens,
+           "variant %d: %lld drafts, %lld kept", v, (long long)st.spec_draft_tokens,
+           (long long)st.spec_accepted_tokens);
+    printf("speculative variant %d: %lld drafts, %lld kept, %lld steps (%lld without)\n", v,
+           (long long)st.spec_draft_tokens, (long long)st.spec_accepted_tokens,
+           (long long)st.steps, (long long)plain.steps);
+    CHECK(st.steps < plain.steps);
+  }
+  irt_engine_opts bad = irt_engine_opts_default();
+  irt_engine *e = NULL;
+  irt_error err = {0};
+  bad.spec_tokens = IRT_MAX_SPEC_TOKENS + 1;
+  CHECK(irt_engine_create(m, &bad, &e, &err) == IRT_INVALID_ARG && strstr(err.msg, "speculative"));
+  bad.spec_tokens = 2, bad.spec_ngram_min = 3, bad.spec_ngram_max = 2;
+  CHECK(irt_engine_create(m, &bad, &e, &err) == IRT_INVALID_ARG && strstr(err.msg, "n-gram"));
 }
 
 static void run_one(irt_engine *e, const int32_t *p, int len, const char *tenant, uint64_t seed,
@@ -341,35 +386,51 @@ static void test_penalties_and_top(irt_model *m) {
     CHECK(irt_seq_decode(m, s, &want[t], 1, lg, false, &err) == IRT_OK);
   }
   irt_seq_destroy(s);
-  irt_engine *e = NULL;
-  CHECK(irt_engine_create(m, NULL, &e, &err) == IRT_OK);
-  static top_result got;
-  memset(&got, 0, sizeof got);
-  irt_request q = {.prompt_ids = p, .n_prompt = P, .max_tokens = N_OUT, .ignore_eos = true,
-                   .sampling = irt_sampling_default(), .presence_penalty = presence,
-                   .frequency_penalty = frequency, .top_logprobs = 5, .on_event = on_top_event,
-                   .user = &got};
-  CHECK(irt_engine_submit(e, &q, NULL, &err) == IRT_OK);
-  CHECK(irt_engine_run(e, &err) == IRT_OK);
-  CHECK(got.n == N_OUT);
-  int repeats = 0;
-  for (int t = 0; t < got.n; t++) {
-    CHECKF(got.tokens[t] == want[t], "penalised token %d: got %d, want %d", t, got.tokens[t], want[t]);
-    CHECK(got.n_top[t] == 5);
-    for (int k = 0; k < 5; k++)
-      CHECKF(got.top[t][k] == want_top[t][k] && fabsf(got.top_lp[t][k] - want_top_lp[t][k]) < 1e-5f,
-             "top %d at %d: got %d (%g), want %d (%g)", k, t, got.top[t][k], got.top_lp[t][k],
-             want_top[t][k], want_top_lp[t][k]);
-    for (int u = 0; u < t; u++) repeats += got.tokens[u] == got.tokens[t];
+  for (int spec = 0; spec < 2; spec++) { /* the same with prompt-lookup drafts */
+    irt_engine_opts eo = irt_engine_opts_default();
+    eo.spec_tokens = spec ? 3 : 0;
+    eo.spec_ngram_min = 1; /* penalties keep the output from repeating longer n-grams */
+    irt_engine *e = NULL;
+    CHECK(irt_engine_create(m, &eo, &e, &err) == IRT_OK);
+    static top_result got;
+    memset(&got, 0, sizeof got);
+    irt_request q = {.prompt_ids = p, .n_prompt = P, .max_tokens = N_OUT, .ignore_eos = true,
+                     .sampling = irt_sampling_default(), .presence_penalty = presence,
+                     .frequency_penalty = frequency, .top_logprobs = 5, .on_event = on_top_event,
+                     .user = &got};
+    CHECK(irt_engine_submit(e, &q, NULL, &err) == IRT_OK);
+    CHECK(irt_engine_run(e, &err) == IRT_OK);
+    CHECK(got.n == N_OUT);
+    int repeats = 0;
+    for (int t = 0; t < got.n; t++) {
+      CHECKF(got.tokens[t] == want[t], "penalised token %d: got %d, want %d", t, got.tokens[t],
+             want[t]);
+      CHECK(got.n_top[t] == 5);
+      for (int k = 0; k < 5; k++)
+        CHECKF(got.top[t][k] == want_top[t][k] &&
+                   fabsf(got.top_lp[t][k] - want_top_lp[t][k]) < 1e-5f,
+               "top %d at %d: got %d (%g), want %d (%g)", k, t, got.top[t][k], got.top_lp[t][k],
+               want_top[t][k], want_top_lp[t][k]);
+      for (int u = 0; u < t; u++) repeats += got.tokens[u] == got.tokens[t];
+    }
+    CHECKF(repeats < N_OUT / 2, "penalties left %d repeats", repeats);
+    irt_engine_stats st;
+    irt_engine_get_stats(e, &st);
+    /* (over the int8 cache this output happens to repeat no token: nothing to draft) */
+    CHECK(spec ? st.spec_draft_tokens > 0 || g_kv_dtype != IRT_KV_DTYPE_F32
+               : st.spec_draft_tokens == 0);
+    if (spec) {
+      irt_engine_destroy(e);
+      continue;
+    }
+    /* Out-of-range values are refused. */
+    q.presence_penalty = 2.5f;
+    CHECK(irt_engine_submit(e, &q, NULL, &err) == IRT_INVALID_ARG);
+    q.presence_penalty = 0;
+    q.top_logprobs = IRT_MAX_TOP_LOGPROBS + 1;
+    CHECK(irt_engine_submit(e, &q, NULL, &err) == IRT_INVALID_ARG);
+    irt_engine_destroy(e);
   }
-  CHECKF(repeats < N_OUT / 2, "penalties left %d repeats", repeats);
-  /* Out-of-range values are refused. */
-  q.presence_penalty = 2.5f;
-  CHECK(irt_engine_submit(e, &q, NULL, &err) == IRT_INVALID_ARG);
-  q.presence_penalty = 0;
-  q.top_logprobs = IRT_MAX_TOP_LOGPROBS + 1;
-  CHECK(irt_engine_submit(e, &q, NULL, &err) == IRT_INVALID_ARG);
-  irt_engine_destroy(e);
   free(lg), free(pen), free(counts);
 }
 
@@ -427,10 +488,11 @@ int main(int argc, char **argv) {
   irt_model *m = open_model(plan, 0);
   if (!m) return tcheck_done("engine");
   CHECK(!strcmp(irt_model_get_info(m)->kv_dtype, irt_kv_dtype_name(g_kv_dtype)));
-  enum { N = 8 };
+  enum { N = 8, N_SPEC = 12 }; /* the last four repeat themselves (make_request) */
   static result ref[MAX_REQ];
-  run_solo(m, N, ref);
+  run_solo(m, N_SPEC, ref);
   test_continuous(m, ref, N);
+  test_speculative(m, ref, N_SPEC);
   test_prefix_and_tenants(m);
   test_parallel_sampling(m);
   test_cancel(m);
