@@ -83,6 +83,10 @@ expect_error "token out of vocabulary" "outside the vocabulary" "$INFERRT" gener
 expect_error "malformed ids" "--prompt-ids" "$INFERRT" generate "$TMP/m.plan" --prompt-ids 1,x
 check "bench, sampled" '"$INFERRT" bench "$TMP/m.plan" --requests 3 --prompt-len 4 --output-len 5 --temperature 0.8 --top-p 0.9 --top-k 20 --threads 2 --json >"$TMP/bench.json" && grep -q "\"temperature\":0.8" "$TMP/bench.json" && grep -q "\"output_tokens\":15," "$TMP/bench.json"'
 expect_error "bench, bad --top-p" "--top-p" "$INFERRT" bench "$TMP/m.plan" --top-p 1.5
+check "bench, speculative" '"$INFERRT" bench "$TMP/m.plan" --requests 4 --prompt-len 6 --output-len 40 --spec-tokens 4 --spec-ngram 1:2 --threads 2 --json >"$TMP/spec.json" && grep -q "\"output_tokens\":160," "$TMP/spec.json" && grep -q "\"spec_draft_tokens\":[1-9]" "$TMP/spec.json"'
+check "serve, batch list --spec-tokens" '"$INFERRT" serve --help | grep -q -- "--spec-tokens K" && "$INFERRT" batch --help | grep -q -- "--spec-ngram MIN:MAX"'
+expect_error "bench, too many drafts" "--spec-tokens" "$INFERRT" bench "$TMP/m.plan" --spec-tokens 17
+expect_error "serve, bad n-gram range" "--spec-ngram" "$INFERRT" serve "$TMP/m.plan" --spec-ngram 3:2
 long=$(python3 -c "print(','.join(['1']*300))")
 expect_error "prompt longer than context" "context" "$INFERRT" generate "$TMP/m.plan" --prompt-ids "$long"
 

@@ -33,5 +33,18 @@ check "france greedy" \
 check "chat greedy" \
   '[ "$("$INFERRT" generate "$TMP/q.plan" --prompt-ids $CHAT_IDS -n 32 --json | ids)" = "$CHAT_OUT" ]'
 
+# Speculative decoding by prompt lookup changes no token: the chat prompt (whose greedy
+# output repeats itself) greedy and sampled with a seed, through inferrt batch with and
+# without drafts; the drafted run must have kept some.
+for t in 0 0.8; do
+  echo "{\"custom_id\": \"t$t\", \"method\": \"POST\", \"url\": \"/v1/completions\", \"body\": {\"prompt\": [$CHAT_IDS], \"max_tokens\": 40, \"temperature\": $t, \"seed\": 11}}"
+done >"$TMP/spec.jsonl"
+texts() { sed 's/.*"text":\("[^"]*"\).*/\1/' "$1" | sort; }
+check "speculative decoding keeps the tokens" \
+  '"$INFERRT" batch "$TMP/q.plan" --input "$TMP/spec.jsonl" --output "$TMP/plain.out" --threads 2 --no-progress &&
+   "$INFERRT" batch "$TMP/q.plan" --input "$TMP/spec.jsonl" --output "$TMP/spec.out" --threads 2 --spec-tokens 4 2>"$TMP/spec.log" &&
+   [ "$(texts "$TMP/plain.out")" = "$(texts "$TMP/spec.out")" ] && [ "$(wc -l <"$TMP/spec.out")" = 2 ] &&
+   grep -q "speculation: [0-9]* draft tokens, [1-9][0-9]* kept" "$TMP/spec.log"'
+
 echo "test_gguf_smollm2: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

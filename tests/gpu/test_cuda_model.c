@@ -336,11 +336,14 @@ static void on_mixed(void *user, const irt_event *ev) {
   x->lp[r][x->n[r]] = ev->logprob, x->tok[r][x->n[r]++] = ev->token;
 }
 
-static void engine_mixed(irt_model *m, mixed *x) {
+/* spec > 0: with that many prompt-lookup drafts (1-grams up); *st gets the final stats. */
+static void engine_mixed(irt_model *m, mixed *x, int spec, irt_engine_stats *st) {
   irt_engine *e = NULL;
   irt_error err = {0};
   int32_t p[4][9];
-  CHECKF(irt_engine_create(m, NULL, &e, &err) == IRT_OK, "%s", err.msg);
+  irt_engine_opts eo = irt_engine_opts_default();
+  eo.spec_tokens = spec, eo.spec_ngram_min = 1;
+  CHECKF(irt_engine_create(m, &eo, &e, &err) == IRT_OK, "%s", err.msg);
   if (!e) return;
   for (int r = 0; r < 4; r++) {
     for (int i = 0; i < 9; i++) p[r][i] = (int32_t)(13 * r + 7 * i + 1);
@@ -352,6 +355,7 @@ static void engine_mixed(irt_model *m, mixed *x) {
     CHECKF(irt_engine_submit(e, &q, NULL, &err) == IRT_OK, "%s", err.msg);
   }
   CHECKF(irt_engine_run(e, &err) == IRT_OK, "%s", err.msg);
+  irt_engine_get_stats(e, st);
   irt_engine_destroy(e);
 }
 
@@ -359,9 +363,21 @@ static void test_engine_mixed(void) {
   const char *plan = TEST_TMP_DIR "/gpu_llama-gqa-f32.plan";
   irt_model *cpu = open_on(plan, "cpu", false, 0), *gpu = open_on(plan, "cuda", true, 0);
   if (cpu && gpu) {
-    mixed a = {0}, b = {0};
-    engine_mixed(cpu, &a);
-    engine_mixed(gpu, &b);
+    mixed a = {0}, b = {0}, c = {0};
+    irt_engine_stats sa, sb, sc;
+    engine_mixed(cpu, &a, 0, &sa);
+    engine_mixed(gpu, &b, 0, &sb);
+    engine_mixed(gpu, &c, 4, &sc); /* drafts: every row of a step comes down, host picks */
+    printf("engine with prompt-lookup drafts on the device: %s, %lld drafts, %lld kept, "
+           "%lld steps (%lld without)\n",
+           memcmp(a.tok, c.tok, sizeof a.tok) ? "DIFFER" : "as on the CPU",
+           (long long)sc.spec_draft_tokens, (long long)sc.spec_accepted_tokens,
+           (long long)sc.steps, (long long)sb.steps);
+    CHECK(!memcmp(a.tok, c.tok, sizeof a.tok) && !memcmp(a.n, c.n, sizeof a.n));
+    CHECK(!memcmp(a.alt, c.alt, sizeof a.alt) && sc.spec_draft_tokens > 0);
+    /* (the model's pad block for graph replays stays held) */
+    CHECKF(sc.kv_blocks_used == sb.kv_blocks_used, "%lld blocks held, %lld without drafts",
+           (long long)sc.kv_blocks_used, (long long)sb.kv_blocks_used);
     double lp = 0;
     for (int r = 0; r < 4; r++)
       for (int i = 0; i < b.n[r]; i++)
