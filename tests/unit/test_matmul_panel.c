@@ -79,14 +79,15 @@ int main(void) {
   CHECK(p1 != NULL && p3 != NULL);
   if (!p1 || !p3) return tcheck_done("matmul_panel");
   static const ir_dtype dts[] = {IR_F16, IR_BF16, IR_Q8_0, IR_Q4_0, IR_Q4_1};
-  /* m: below, at and past the threshold, past one m tile (64) with leftovers of 1..3. */
-  static const int64_t ms[] = {7, 8, 9, 11, 70}, ns[] = {1, 7, 33, 300};
+  /* m: below, at and past the thresholds (3 for block-quantized W on AVX2, else 8), past
+   * one m tile (64) with leftovers of 1..3. */
+  static const int64_t ms[] = {2, 3, 4, 7, 8, 9, 11, 70}, ns[] = {1, 7, 33, 300};
   for (int isa = 0; isa <= 2; isa++) {
     kn_matmul_set_max_isa(isa);
     for (int d = 0; d < 5; d++) {
       bool q = ir_dtype_is_quant(dts[d]);
       int64_t ks[2] = {q ? 32 : 5, q ? 576 : 172}; /* f16/bf16: k % 16 tails too */
-      for (int mi = 0; mi < 5; mi++)
+      for (int mi = 0; mi < 8; mi++)
         for (int ni = 0; ni < 4; ni++)
           for (int ki = 0; ki < 2; ki++)
             for (int sw = 0; sw < 2; sw++)
