@@ -164,6 +164,7 @@ irt_status irt_eseq_init(irt_engine *e, ereq *q, int i, irt_error *err) {
   s->req = q;
   s->index = i;
   s->held_cap = max_stop + 1024;
+  s->spec_len = e->o.spec_tokens;
   s->tokens = malloc((size_t)in->context_length * sizeof *s->tokens);
   s->held = malloc(s->held_cap);
   if (!s->tokens || !s->held) return fail(err, IRT_OOM, "out of memory");

@@ -30,6 +30,8 @@ typedef struct eseq {
   uint64_t admit_order;   /* when it last entered the running set */
   irt_finish finish;
   double first_token_ms;
+  int spec_len;           /* drafts to propose next: all kept doubles it (up to spec_tokens),
+                             a rejection sets it to the kept count + 1 */
   /* with presence/frequency penalties (allocated at init, so sampling stays allocation-free) */
   int32_t *counts;        /* (vocab) occurrences of each token this completion generated */
   int32_t *seen;          /* (vocab) the distinct generated tokens, first seen first */

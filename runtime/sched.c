@@ -241,7 +241,7 @@ static void add_drafts(irt_engine *e, int64_t budget) {
     eseq *s = e->item_seq[k];
     irt_batch_item *it = &e->items[k];
     if (it->n != 1 || s->kv->len + 1 != s->n_tokens || !pickable(s)) continue;
-    int64_t cap = e->o.spec_tokens;
+    int64_t cap = s->spec_len;
     int64_t lim[4] = {budget, e->max_rows - e->rows_now,
                       s->req->r.max_tokens - s->n_generated - 1, in->context_length - s->n_tokens};
     for (int j = 0; j < 4; j++) cap = lim[j] < cap ? lim[j] : cap;
@@ -430,7 +430,8 @@ static void verify(irt_engine *e, int k) {
   memcpy(draft, it->tokens + 1, (size_t)nd * sizeof *draft); /* take_token overwrites them */
   int64_t base = s->kv->len - it->n; /* the last token's position */
   e->work.spec_draft_tokens += nd;
-  for (int i = 0; i <= nd; i++) {
+  int i = 0;
+  for (; i <= nd; i++) {
     s->kv->len = base + 1 + i; /* the last token and the drafts kept so far */
     register_blocks(e, s);
     irt_pick p = make_pick(s);
@@ -441,6 +442,9 @@ static void verify(irt_engine *e, int k) {
     if (s->state != ESEQ_RUNNING) return; /* finished: its blocks are gone */
     if (!kept) break;
   }
+  /* i drafts kept: a sequence that stops copying its context soon drafts one at a time */
+  int grow = 2 * s->spec_len < e->o.spec_tokens ? 2 * s->spec_len : e->o.spec_tokens;
+  s->spec_len = i == nd ? grow : i + 1;
   trim_blocks(e, s);
 }
 

@@ -251,7 +251,9 @@ typedef struct irt_engine_opts {
    * .. spec_ngram_min tokens occurred earlier in its context proposes the spec_tokens that
    * followed them; one step checks them all (each row picked as a plain step would, so
    * the tokens and their distribution are those of decoding without it) and keeps the
-   * matching prefix plus one token. 0: off; at most IRT_MAX_SPEC_TOKENS. */
+   * matching prefix plus one token. A sequence's next draft is the kept count + 1 after a
+   * rejection, twice the last (up to spec_tokens) after none. 0: off; at most
+   * IRT_MAX_SPEC_TOKENS. */
   int spec_tokens;
   int spec_ngram_min, spec_ngram_max; /* n-gram sizes tried, longest first; 0: 2 and 4 */
 } irt_engine_opts;
