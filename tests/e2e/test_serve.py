@@ -631,8 +631,11 @@ def test_cli_errors():
 def main():
     t0 = time.time()
     test_cli_errors()
+    # Prompt-lookup drafts are on for every check below: each compares with `inferrt
+    # generate` (no drafts) or its own invariants, so drafting must change no token.
     s = Server(PLAN, "--api-keys", KEYS, "--api-key", "shared-key", "--model-name", "tiny",
-               "--kv-tokens", "16384", "--max-body", "65536")
+               "--kv-tokens", "16384", "--max-body", "65536", "--spec-tokens", "4",
+               "--spec-ngram", "1:3")
     try:
         for t in (test_basics, test_completions, test_chat, test_sampling, test_logprobs, test_stop,
                   test_prefix_cache_and_tenants, test_concurrent, test_errors, test_disconnect, test_loadtest):
@@ -641,6 +644,9 @@ def main():
         check("metrics histograms", m.get("inferrt_time_to_first_token_seconds_count", 0) > 0 and
               m.get("inferrt_e2e_request_latency_seconds_count", 0) > 0 and
               'inferrt_time_per_output_token_seconds_bucket{le="+Inf"}' in m)
+        check("metrics: drafts proposed and kept",
+              m.get("inferrt_spec_draft_tokens_total", 0) > m.get("inferrt_spec_accepted_tokens_total", 0) > 0,
+              str({k: v for k, v in m.items() if "spec" in k}))
     finally:
         check("server exits cleanly on SIGTERM", s.stop() == 0)
     test_overload()
