@@ -43,10 +43,8 @@ irt_status irt_engine_create(irt_model *m, const irt_engine_opts *o, irt_engine 
     free(e);
     return fail(err, IRT_INVALID_ARG, "speculative tokens must be 0..16");
   }
-  if (!e->o.spec_ngram_min) e->o.spec_ngram_min = 2;
-  if (!e->o.spec_ngram_max) e->o.spec_ngram_max = e->o.spec_ngram_min > 4 ? e->o.spec_ngram_min : 4;
-  if (e->o.spec_ngram_min < 1 || e->o.spec_ngram_max < e->o.spec_ngram_min ||
-      e->o.spec_ngram_max > 64) {
+  int nmin = e->o.spec_ngram_min, nmax = e->o.spec_ngram_max; /* 0: irt_prompt_lookup's */
+  if (nmin < 0 || nmax < 0 || nmax > 64 || (nmax && nmax < (nmin ? nmin : IRT_SPEC_NGRAM_MIN))) {
     free(e);
     return fail(err, IRT_INVALID_ARG, "speculative n-gram sizes must be 1 <= min <= max <= 64");
   }

@@ -212,25 +212,6 @@ static void schedule_waiting(irt_engine *e, int n_run, int n_wait, int64_t *budg
 
 /* --- speculative decoding by prompt lookup ----------------------------------------------- */
 
-/* Up to `cap` draft tokens for s, written after its known tokens (not counted in them):
- * the tokens that followed the latest earlier occurrence of its last n tokens, n from
- * spec_ngram_max down to spec_ngram_min. Returns how many. */
-static int propose(const irt_engine *e, eseq *s, int64_t cap) {
-  int32_t *t = s->tokens;
-  int64_t len = s->n_tokens;
-  for (int64_t n = e->o.spec_ngram_max; n >= e->o.spec_ngram_min; n--) {
-    if (n >= len) continue;
-    const int32_t *tail = t + len - n;
-    for (int64_t j = len - n - 1; j >= 0; j--) {
-      if (t[j] != tail[0] || memcmp(t + j, tail, (size_t)n * sizeof *t)) continue;
-      int64_t d = len - (j + n) < cap ? len - (j + n) : cap;
-      memcpy(t + len, t + j + n, (size_t)d * sizeof *t); /* [j+n, j+n+d) ends by len */
-      return (int)d;
-    }
-  }
-  return 0;
-}
-
 /* After the step is chosen: a decoding sequence whose context proposes drafts gets them
  * appended to its item, within the token budget, the plan's logit rows and the blocks
  * free now (drafts never preempt anyone nor displace a waiting request). Its rows come
@@ -245,7 +226,9 @@ static void add_drafts(irt_engine *e, int64_t budget) {
     int64_t lim[4] = {budget, e->max_rows - e->rows_now,
                       s->req->r.max_tokens - s->n_generated - 1, in->context_length - s->n_tokens};
     for (int j = 0; j < 4; j++) cap = lim[j] < cap ? lim[j] : cap;
-    int d = cap > 0 ? propose(e, s, cap) : 0;
+    int d = cap > 0 ? irt_prompt_lookup(s->tokens, s->n_tokens, e->o.spec_ngram_min,
+                                        e->o.spec_ngram_max, (int)cap)
+                    : 0;
     if (d == 0 || !ensure_blocks(e, s, 1 + d, 0)) continue;
     *it = (irt_batch_item){.seq = s->kv, .tokens = it->tokens, .n = 1 + d, .logits = e->logits,
                            .all_logits = true};
@@ -409,13 +392,6 @@ static void fork_completions(irt_engine *e, eseq *s) {
   }
 }
 
-/* Gives back the blocks past s's cached positions (those that held rejected drafts). */
-static void trim_blocks(irt_engine *e, eseq *s) {
-  irt_seq *k = s->kv;
-  int64_t keep = (k->len + bsz(e) - 1) / bsz(e);
-  while (k->n_blocks > keep) irt_kv_block_unref(&e->m->kv, k->blocks[--k->n_blocks]);
-}
-
 /* A step ran s's last token and n - 1 drafts: row i is the distribution after draft i
  * (the last token for i = 0). Each row is picked exactly as a plain decode step would
  * pick it, so the tokens taken are those decoding without drafts would take: a draft
@@ -445,7 +421,7 @@ static void verify(irt_engine *e, int k) {
   /* i drafts kept: a sequence that stops copying its context soon drafts one at a time */
   int grow = 2 * s->spec_len < e->o.spec_tokens ? 2 * s->spec_len : e->o.spec_tokens;
   s->spec_len = i == nd ? grow : i + 1;
-  trim_blocks(e, s);
+  irt_seq_truncate(s->kv, s->kv->len); /* the blocks past it held rejected drafts */
 }
 
 static void after_item(irt_engine *e, int k) {

@@ -22,6 +22,7 @@ typedef struct gen_args {
   const char *stops[MAX_STOPS];
   int n_stops;
   bool json, ignore_eos;
+  irt_engine_opts spec; /* its speculative decoding fields */
 } gen_args;
 
 static int usage(FILE *f) {
@@ -42,6 +43,9 @@ static int usage(FILE *f) {
         "  --device DEV         cpu or cuda (default: the plan's target)\n"
         "  --no-cuda-graphs     CUDA: run decode steps kernel by kernel\n"
         "  --kv-dtype T         " CLI_KV_DTYPE_USAGE "\n"
+        "  --spec-tokens K      speculative decoding by prompt lookup: up to K draft tokens\n"
+        "                       a step, checked against plain decoding (same output)\n"
+        "  --spec-ngram MIN:MAX n-gram sizes it matches, longest first (default 2:4)\n"
         "  --json               print one JSON object with ids, text, finish reason and timings\n", f);
   return f == stderr ? 2 : 0;
 }
@@ -66,6 +70,8 @@ static int parse_value(gen_args *a, int c, const char *v) {
   case 12: a->chat_template = v; return 0;
   case 14: a->device = v; return 0;
   case 16: return cli_parse_kv_dtype(v, &a->kv_dtype);
+  case 17: return cli_parse_spec("spec-tokens", v, &a->spec);
+  case 18: return cli_parse_spec("spec-ngram", v, &a->spec);
   case 13: if (a->n_stops == MAX_STOPS || !*v) return cli_fail("--stop: at most %d non-empty strings", MAX_STOPS);
            a->stops[a->n_stops++] = v; return 0;
   default: return usage(stderr);
@@ -82,7 +88,8 @@ static int parse(int argc, char **argv, gen_args *a) {
       {"chat", required_argument, 0, 10},     {"system", required_argument, 0, 11},
       {"chat-template", required_argument, 0, 12}, {"stop", required_argument, 0, 13},
       {"device", required_argument, 0, 14},   {"no-cuda-graphs", no_argument, 0, 15},
-      {"kv-dtype", required_argument, 0, 16},
+      {"kv-dtype", required_argument, 0, 16}, {"spec-tokens", required_argument, 0, 17},
+      {"spec-ngram", required_argument, 0, 18},
       {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
   int c, rc;
   a->max_new = -1;
@@ -105,8 +112,10 @@ typedef struct gen_state {
   irt_model *m;
   const irt_tokenizer *tok;
   irt_text_stream *stream;
-  int32_t *out;
+  int32_t *ctx;  /* the prompt, the generated tokens, then room for drafts */
+  int32_t *out;  /* ctx + the prompt's length */
   int64_t n_out;
+  int64_t drafted, kept; /* draft tokens proposed by prompt lookup; kept */
   char *text;
   size_t len, cap, printed;
   const char *finish;
@@ -189,29 +198,69 @@ static bool is_end(const gen_state *g, const gen_args *a, int32_t tok) {
   return tok == irt_model_get_info(g->m)->eos_token_id;
 }
 
+/* Records a generated token; true when generation ends with it. */
+static bool take(gen_state *g, const gen_args *a, int32_t tok) {
+  g->out[g->n_out++] = tok;
+  if (is_end(g, a, tok)) {
+    g->finish = "stop";
+    return true;
+  }
+  if (g->stream && add_text(g, a, tok)) return true;
+  return g->n_out == a->max_new;
+}
+
+/* Prefill, then one token a step; with --spec-tokens, a step also checks the drafts that
+ * prompt lookup finds and keeps those the sampler picks itself, row by row: the tokens
+ * (and the sampler's draws) are exactly those of decoding without drafts. */
 static irt_status run(gen_state *g, const gen_args *a, irt_error *err) {
   const irt_model_info *info = irt_model_get_info(g->m);
+  size_t V = (size_t)info->vocab_size;
+  int K = a->spec.spec_tokens;
   irt_seq *s = NULL;
   irt_sampler *smp = NULL;
-  float *logits = malloc((size_t)info->vocab_size * sizeof *logits);
-  g->out = malloc((size_t)(a->max_new + 1) * sizeof *g->out);
-  irt_status st = logits && g->out ? IRT_OK : IRT_OOM;
+  float *logits = malloc((size_t)(K + 1) * V * sizeof *logits);
+  g->ctx = malloc((size_t)(a->n_ids + a->max_new + K + 1) * sizeof *g->ctx);
+  irt_status st = logits && g->ctx ? IRT_OK : IRT_OOM;
+  if (st == IRT_OK) memcpy(g->ctx, a->ids, (size_t)a->n_ids * sizeof *g->ctx);
+  g->out = g->ctx ? g->ctx + a->n_ids : NULL;
   if (st == IRT_OK) st = irt_seq_create(g->m, &s, err);
   if (st == IRT_OK) st = irt_sampler_create(&a->sampling, info->vocab_size, &smp, err);
   double t0 = cli_now_ms();
   if (st == IRT_OK && a->max_new > 0) st = irt_seq_decode(g->m, s, a->ids, a->n_ids, logits, false, err);
   g->prefill_ms = cli_now_ms() - t0;
   t0 = cli_now_ms();
+  const float *row = logits;
+  int32_t next = -1; /* the pick that rejected a draft: the next token */
   while (st == IRT_OK && g->n_out < a->max_new) {
-    int32_t tok = irt_sampler_sample(smp, logits);
-    g->out[g->n_out++] = tok;
-    if (is_end(g, a, tok)) {
-      g->finish = "stop";
-      break;
+    int32_t tok = next >= 0 ? next : irt_sampler_sample(smp, row);
+    next = -1;
+    int64_t len = irt_seq_length(s), n_ctx = a->n_ids + g->n_out + 1;
+    if (take(g, a, tok) || len + 1 >= info->context_length) break;
+    int64_t cap = K, lim[2] = {a->max_new - g->n_out - 1, info->context_length - len - 2};
+    for (int j = 0; j < 2; j++) cap = lim[j] < cap ? lim[j] : cap;
+    int d = cap > 0 ? irt_prompt_lookup(g->ctx, n_ctx, a->spec.spec_ngram_min,
+                                        a->spec.spec_ngram_max, (int)cap)
+                    : 0;
+    int32_t draft[IRT_MAX_SPEC_TOKENS];
+    memcpy(draft, g->ctx + n_ctx, (size_t)d * sizeof *draft); /* take() overwrites them */
+    st = irt_seq_decode(g->m, s, g->ctx + n_ctx - 1, 1 + d, logits, d > 0, err);
+    row = logits;
+    if (st != IRT_OK || d == 0) continue;
+    g->drafted += d;
+    int i = 0;
+    bool done = false;
+    for (; i < d && !done; i++) {
+      int32_t t = irt_sampler_sample(smp, logits + (size_t)i * V);
+      if (t != draft[i]) {
+        next = t;
+        break;
+      }
+      g->kept++;
+      done = take(g, a, t);
     }
-    if (g->stream && add_text(g, a, tok)) break;
-    if (g->n_out == a->max_new || irt_seq_length(s) + 1 >= info->context_length) break;
-    st = irt_seq_decode(g->m, s, &tok, 1, logits, false, err);
+    if (done) break;
+    if (i == d) row = logits + (size_t)d * V;
+    irt_seq_truncate(s, len + 1 + i); /* the token and the drafts kept */
   }
   g->decode_ms = cli_now_ms() - t0;
   irt_sampler_destroy(smp);
@@ -239,6 +288,9 @@ static void print_result(const gen_args *a, const gen_state *g) {
     fprintf(stderr, "inferrt: %lld prompt + %lld generated tokens (%s); load %.1f ms, prefill "
             "%.1f tok/s, decode %.1f tok/s\n", (long long)a->n_ids, (long long)g->n_out,
             g->finish, g->load_ms, pf, dc);
+    if (g->drafted)
+      fprintf(stderr, "inferrt: speculation: %lld draft tokens, %lld kept\n",
+              (long long)g->drafted, (long long)g->kept);
     return;
   }
   cJSON *o = cJSON_CreateObject(), *t;
@@ -251,6 +303,10 @@ static void print_result(const gen_args *a, const gen_state *g) {
   cJSON_AddNumberToObject(t, "load_ms", g->load_ms);
   cJSON_AddNumberToObject(t, "prefill_tokens_per_s", pf);
   cJSON_AddNumberToObject(t, "decode_tokens_per_s", dc);
+  if (a->spec.spec_tokens) {
+    cJSON_AddNumberToObject(o, "spec_draft_tokens", (double)g->drafted);
+    cJSON_AddNumberToObject(o, "spec_accepted_tokens", (double)g->kept);
+  }
   char *s = cJSON_PrintUnformatted(o);
   puts(s);
   free(s);
@@ -294,7 +350,7 @@ int cmd_generate(int argc, char **argv) {
   if (st == IRT_OK) print_result(&a, &g);
   else cli_fail("%s", err.msg[0] ? err.msg : irt_status_name(st));
   irt_text_stream_destroy(g.stream);
-  free(g.out), free(g.text), free(a.ids);
+  free(g.ctx), free(g.text), free(a.ids);
   irt_model_close(g.m);
   return st == IRT_OK ? 0 : 1;
 }

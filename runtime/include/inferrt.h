@@ -116,6 +116,15 @@ const irt_model_info *irt_model_get_info(const irt_model *m);
 irt_status irt_seq_create(irt_model *m, irt_seq **out, irt_error *err);
 void irt_seq_destroy(irt_seq *s);
 int64_t irt_seq_length(const irt_seq *s);
+/* Forgets every position from len on (no-op if len > the length) and gives back the
+ * blocks past it: after a step that checked draft tokens, the rejected ones. The next
+ * step writes from len on. */
+void irt_seq_truncate(irt_seq *s, int64_t len);
+/* Drafts by prompt lookup: finds the latest earlier occurrence of the last g tokens of
+ * tokens[0, n), g from ngram_max down to ngram_min (0: IRT_SPEC_NGRAM_MIN, and the larger
+ * of that and IRT_SPEC_NGRAM_MAX), and copies the up to `cap` tokens that followed it to
+ * tokens[n, n + cap) (room the caller provides). Returns how many; 0 when none recurs. */
+int irt_prompt_lookup(int32_t *tokens, int64_t n, int ngram_min, int ngram_max, int cap);
 
 /* One entry of a flat step batch: append `n` tokens to `seq`, and write the logits of
  * its last token (all_logits=false: logits is (vocab)) or of every appended token
@@ -255,10 +264,12 @@ typedef struct irt_engine_opts {
    * rejection, twice the last (up to spec_tokens) after none. 0: off; at most
    * IRT_MAX_SPEC_TOKENS. */
   int spec_tokens;
-  int spec_ngram_min, spec_ngram_max; /* n-gram sizes tried, longest first; 0: 2 and 4 */
+  int spec_ngram_min, spec_ngram_max; /* n-gram sizes tried, longest first; 0: defaults */
 } irt_engine_opts;
 
 #define IRT_MAX_SPEC_TOKENS 16
+#define IRT_SPEC_NGRAM_MIN 2 /* the default n-gram sizes of prompt lookup */
+#define IRT_SPEC_NGRAM_MAX 4
 
 typedef enum irt_finish {
   IRT_FINISH_NONE = 0,

@@ -33,6 +33,10 @@ check "france greedy" \
 check "chat greedy" \
   '[ "$("$INFERRT" generate "$TMP/q.plan" --prompt-ids $CHAT_IDS -n 32 --json | ids)" = "$CHAT_OUT" ]'
 
+check "chat greedy with prompt-lookup drafts" \
+  '"$INFERRT" generate "$TMP/q.plan" --prompt-ids $CHAT_IDS -n 32 --spec-tokens 4 --json >"$TMP/spec-gen.json" &&
+   [ "$(ids <"$TMP/spec-gen.json")" = "$CHAT_OUT" ] && grep -q "\"spec_accepted_tokens\":[1-9]" "$TMP/spec-gen.json"'
+
 # Speculative decoding by prompt lookup changes no token: the chat prompt (whose greedy
 # output repeats itself) greedy and sampled with a seed, through inferrt batch with and
 # without drafts; the drafted run must have kept some.

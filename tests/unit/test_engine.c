@@ -177,6 +177,13 @@ static void test_speculative(irt_model *m, const result *ref, int n_req) {
            (long long)st.steps, (long long)plain.steps);
     CHECK(st.steps < plain.steps);
   }
+  /* prompt lookup itself: the longest n-gram first, its latest occurrence, capped */
+  int32_t t[16] = {1, 2, 3, 5, 9, 3, 6, 2, 3, 1, 2, 3};
+  CHECK(irt_prompt_lookup(t, 12, 1, 3, 2) == 2 && t[12] == 5 && t[13] == 9); /* "1 2 3" */
+  CHECK(irt_prompt_lookup(t, 12, 1, 2, 4) == 3 && t[12] == 1 && t[14] == 3); /* "2 3" at 7 */
+  CHECK(irt_prompt_lookup(t, 12, 1, 1, 1) == 1 && t[12] == 1);               /* "3" at 8 */
+  int32_t u[8] = {4, 5, 6};
+  CHECK(irt_prompt_lookup(u, 3, 0, 0, 4) == 0 && irt_prompt_lookup(u, 3, 1, 1, 0) == 0);
   irt_engine_opts bad = irt_engine_opts_default();
   irt_engine *e = NULL;
   irt_error err = {0};
