@@ -207,8 +207,19 @@ irt_status irt_engine_submit(irt_engine *e, const irt_request *r, irt_request_id
   if (st == IRT_OK) st = irt_eseq_init(e, q, 0, err);
   if (st == IRT_OK) {
     const irt_model_info *in = irt_model_get_info(e->m);
+    /* The context and the KV pool bound the tokens: a sequence the whole pool cannot hold
+     * would be preempted by itself forever. */
+    const irt_kv_cache *kv = &e->m->kv;
+    int64_t pool = (kv->n_blocks - (e->m->pad_block >= 0)) * kv->block_size;
     int64_t room = in->context_length - q->n_prompt;
+    if (room > pool - q->n_prompt) room = pool - q->n_prompt;
     if (q->r.max_tokens <= 0 || q->r.max_tokens > room) q->r.max_tokens = room;
+    if (room <= 0) {
+      char msg[160];
+      snprintf(msg, sizeof msg, "prompt of %lld tokens leaves no room in the KV cache of %lld "
+               "tokens (raise --kv-tokens)", (long long)q->n_prompt, (long long)pool);
+      st = fail(err, IRT_INVALID_ARG, msg);
+    }
     memcpy(q->seqs[0].tokens, q->prompt, (size_t)q->n_prompt * sizeof *q->prompt);
     q->seqs[0].n_tokens = q->n_prompt;
   }

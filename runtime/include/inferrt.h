@@ -273,7 +273,7 @@ typedef struct irt_engine_opts {
 
 typedef enum irt_finish {
   IRT_FINISH_NONE = 0,
-  IRT_FINISH_LENGTH = 1,    /* max_tokens or the context length reached */
+  IRT_FINISH_LENGTH = 1,    /* max_tokens, the context length or the KV pool reached */
   IRT_FINISH_STOP = 2,      /* end-of-generation token or a stop string */
   IRT_FINISH_CANCELLED = 3,
 } irt_finish;
@@ -308,7 +308,9 @@ typedef struct irt_request {
   const char *prompt_text;   /* tokenized with the plan's tokenizer (special tokens parsed) */
   bool add_special;          /* with prompt_text: add BOS/EOS as the tokenizer says */
   irt_sampling sampling;     /* completion i uses seed + i */
-  int64_t max_tokens;        /* <= 0: up to the context length */
+  int64_t max_tokens;        /* <= 0: up to the context length; at most what the context
+                                and the whole KV pool leave after the prompt (a prompt
+                                the pool cannot hold with one more token is refused) */
   const char *const *stop;   /* stop strings (need a tokenizer), copied at submit */
   int n_stop;
   bool ignore_eos;

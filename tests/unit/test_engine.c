@@ -242,12 +242,15 @@ static void test_parallel_sampling(irt_model *m) {
   CHECK(memcmp(all.tokens[0], all.tokens[1], sizeof all.tokens[0]) != 0); /* they do differ */
 }
 
-static void test_preemption(const char *plan, const result *ref, int n_req) {
+/* spec: with prompt-lookup drafts, which must then live off the blocks left over. */
+static void test_preemption(const char *plan, const result *ref, int n_req, int spec) {
   irt_model *m = open_model(plan, 48); /* 12 blocks of 4 tokens for 8 requests */
   if (!m) return;
   irt_engine *e = NULL;
   irt_error err = {0};
-  CHECK(irt_engine_create(m, NULL, &e, &err) == IRT_OK);
+  irt_engine_opts eo = irt_engine_opts_default();
+  eo.spec_tokens = spec, eo.spec_ngram_min = 1;
+  CHECK(irt_engine_create(m, &eo, &e, &err) == IRT_OK);
   static result got[MAX_REQ];
   memset(got, 0, sizeof got);
   int32_t prompts[MAX_REQ][64];
@@ -260,10 +263,34 @@ static void test_preemption(const char *plan, const result *ref, int n_req) {
   irt_engine_stats st;
   irt_engine_get_stats(e, &st);
   CHECKF(st.preemptions > 0, "the tiny pool caused no preemption");
+  CHECK(spec ? st.spec_draft_tokens > 0 : st.spec_draft_tokens == 0);
   for (int i = 0; i < n_req; i++)
     CHECKF(got[i].done_events == 1 && same(&got[i], &ref[i], 1),
            "request %d after %lld preemptions differs from its solo run", i, (long long)st.preemptions);
   CHECK(st.kv_blocks_used == 0);
+  irt_engine_destroy(e);
+  irt_model_close(m);
+}
+
+/* A request the whole KV pool cannot hold is bounded by it (finish "length") instead of
+ * preempting itself forever; a prompt that leaves no room is refused. */
+static void test_pool_bound(const char *plan) {
+  irt_model *m = open_model(plan, 48); /* 12 blocks of 4 tokens */
+  if (!m) return;
+  irt_engine *e = NULL;
+  irt_error err = {0};
+  CHECK(irt_engine_create(m, NULL, &e, &err) == IRT_OK);
+  int32_t p[48];
+  for (int k = 0; k < 48; k++) p[k] = (k * 7 + 3) % 300;
+  result r = {0};
+  irt_request q = {.prompt_ids = p, .n_prompt = 30, .max_tokens = 40, .ignore_eos = true,
+                   .sampling = irt_sampling_default(), .on_event = on_event, .user = &r};
+  CHECK(irt_engine_submit(e, &q, NULL, &err) == IRT_OK);
+  CHECK(irt_engine_run(e, &err) == IRT_OK);
+  CHECKF(r.n[0] == 18 && r.finish[0] == IRT_FINISH_LENGTH, "%d tokens, finish %d", r.n[0],
+         r.finish[0]);
+  q.n_prompt = 48;
+  CHECK(irt_engine_submit(e, &q, NULL, &err) == IRT_INVALID_ARG && strstr(err.msg, "KV cache"));
   irt_engine_destroy(e);
   irt_model_close(m);
 }
@@ -507,6 +534,8 @@ int main(int argc, char **argv) {
   test_penalties_and_top(m);
   test_picks(m);
   irt_model_close(m);
-  test_preemption(plan, ref, N);
+  test_preemption(plan, ref, N, 0);
+  test_preemption(plan, ref, N, 4);
+  test_pool_bound(plan);
   return tcheck_done("engine");
 }
