@@ -4,10 +4,12 @@
  *      priority order, then waiting ones (prefix-cache lookup on first admission), within
  *      the token budget and the step's sequence limit; give each the KV blocks it will
  *      write (copy-on-write for a shared partial block), preempting the lowest-priority,
- *      most recently admitted sequence when blocks run out;
+ *      most recently admitted sequence when blocks run out; with speculative decoding,
+ *      append prompt-lookup drafts to decoding sequences from what is left over;
  *   3. run the model once over the flat batch;
  *   4. register newly full blocks in the prefix cache, sample where logits came back
- *      (forking the n completions after the prompt), emit events, finish sequences. */
+ *      (forking the n completions after the prompt; keeping the drafts the sampler picks
+ *      itself), emit events, finish sequences. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -138,6 +140,7 @@ static void add_item(irt_engine *e, eseq *s, int64_t take) {
   e->item_seq[k] = s;
   e->rows_now += last;
 }
+
 /* Gives s blocks for `take` tokens (halving take until it fits), preempting victims as
  * allowed. Returns the tokens granted, 0 if none. */
 static int64_t grant(irt_engine *e, eseq *s, int64_t take, int64_t reserve, bool below, int n_run) {
