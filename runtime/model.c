@@ -340,7 +340,7 @@ irt_status irt_seq_create(irt_model *m, irt_seq **out, irt_error *err) {
 
 void irt_seq_destroy(irt_seq *s) {
   if (!s) return;
-  for (int64_t i = 0; i < s->n_blocks; i++) irt_kv_block_unref(&s->m->kv, s->blocks[i]);
+  irt_seq_truncate(s, 0);
   free(s->blocks);
   free(s);
 }

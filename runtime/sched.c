@@ -38,18 +38,15 @@ static int collect(irt_engine *e, eseq_state state, eseq **out, int cap) {
   return n;
 }
 
-static void drop_blocks(irt_engine *e, eseq *s) {
-  irt_seq *k = s->kv;
-  for (int64_t i = 0; i < k->n_blocks; i++) irt_kv_block_unref(&e->m->kv, k->blocks[i]);
-  k->n_blocks = 0;
-  k->len = 0;
+static void drop_blocks(eseq *s) {
+  irt_seq_truncate(s->kv, 0);
   s->n_registered = 0;
   s->last_hash = 0;
 }
 
 /* Sends a running sequence back to the queue; it will recompute everything it knows. */
 static void preempt(irt_engine *e, eseq *s) {
-  drop_blocks(e, s);
+  drop_blocks(s);
   s->state = ESEQ_WAITING;
   e->work.preemptions++;
 }
@@ -197,7 +194,7 @@ static void schedule_waiting(irt_engine *e, int n_run, int n_wait, int64_t *budg
     int64_t take = grant(e, s, need < *budget ? need : *budget, e->n_items_now ? watermark : 0,
                          true, n_run);
     if (take == 0) {
-      drop_blocks(e, s); /* let go of prefix hits: waiting sequences hold nothing */
+      drop_blocks(s); /* let go of prefix hits: waiting sequences hold nothing */
       break;             /* keep arrival order: nobody overtakes the head of the queue */
     }
     s->state = ESEQ_RUNNING;
@@ -304,7 +301,7 @@ static void finish(irt_engine *e, eseq *s, irt_finish why) {
   s->finish = why;
   s->state = ESEQ_DONE;
   s->req->n_done++;
-  if (s->kv) drop_blocks(e, s);
+  if (s->kv) drop_blocks(s);
 }
 
 /* Longest suffix of held text that begins some stop string. */
@@ -362,11 +359,13 @@ static void take_token(irt_engine *e, eseq *s, int32_t tok, float lp) {
   }
 }
 
-/* Samples the next token from a row of logits brought to the host, as a pick would. */
-static void on_token(irt_engine *e, eseq *s, const float *lg) {
+/* Samples the next token from a row of logits brought to the host, as a pick would, and
+ * takes it; returns it. */
+static int32_t on_token(irt_engine *e, eseq *s, const float *lg) {
   irt_pick p = make_pick(s);
   irt_pick_row(e->m, &p, lg);
   take_token(e, s, p.token, p.logprob);
+  return p.token;
 }
 
 /* After the prompt of a request with n > 1: the other completions share its blocks. */
@@ -413,11 +412,9 @@ static void verify(irt_engine *e, int k) {
   for (; i <= nd; i++) {
     s->kv->len = base + 1 + i; /* the last token and the drafts kept so far */
     register_blocks(e, s);
-    irt_pick p = make_pick(s);
-    irt_pick_row(e->m, &p, it->logits + (size_t)i * V);
-    bool kept = i < nd && p.token == draft[i];
+    int32_t tok = on_token(e, s, it->logits + (size_t)i * V);
+    bool kept = i < nd && tok == draft[i];
     e->work.spec_accepted_tokens += kept;
-    take_token(e, s, p.token, p.logprob);
     if (s->state != ESEQ_RUNNING) return; /* finished: its blocks are gone */
     if (!kept) break;
   }

@@ -25,5 +25,6 @@ void irt_seq_truncate(irt_seq *s, int64_t len) {
   if (len > s->len) return;
   s->len = len;
   int64_t bs = s->m->kv.block_size, keep = (len + bs - 1) / bs;
-  while (s->n_blocks > keep) irt_kv_block_unref(&s->m->kv, s->blocks[--s->n_blocks]);
+  for (int64_t i = keep; i < s->n_blocks; i++) irt_kv_block_unref(&s->m->kv, s->blocks[i]);
+  if (s->n_blocks > keep) s->n_blocks = keep;
 }

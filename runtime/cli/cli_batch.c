@@ -24,7 +24,7 @@ typedef struct batch_args {
   int64_t concurrency, threads, kv_tokens, max_batched;
   bool no_progress, no_cuda_graphs;
   irt_kv_dtype kv_dtype;
-  irt_engine_opts spec; /* its speculative decoding fields */
+  irt_engine_opts spec; /* the --spec-* fields; the engine's options start from it */
 } batch_args;
 
 /* A set of strings (open addressing; grows at half load). */
@@ -381,17 +381,17 @@ static void progress(batch *b, double t0, bool tty, bool final) {
     fprintf(stderr, "inferrt: batch: %lld/%lld lines done (%lld skipped), %.1f req/s\n",
             (long long)done, (long long)total, (long long)skipped, rate);
   }
-  irt_engine_stats st;
   if (final) {
+    irt_engine_stats st;
     irt_engine_get_stats(b->c.e, &st);
     fprintf(stderr, "inferrt: batch: %lld tokens generated in %.2f s (%.1f tok/s), %lld steps\n",
             (long long)st.generated_tokens, secs, secs > 0 ? (double)st.generated_tokens / secs : 0,
             (long long)st.steps);
+    if (st.spec_draft_tokens)
+      fprintf(stderr, "inferrt: batch: speculation: %lld draft tokens, %lld kept (%.1f%%)\n",
+              (long long)st.spec_draft_tokens, (long long)st.spec_accepted_tokens,
+              100.0 * (double)st.spec_accepted_tokens / (double)st.spec_draft_tokens);
   }
-  if (final && st.spec_draft_tokens)
-    fprintf(stderr, "inferrt: batch: speculation: %lld draft tokens, %lld kept (%.1f%%)\n",
-            (long long)st.spec_draft_tokens, (long long)st.spec_accepted_tokens,
-            100.0 * (double)st.spec_accepted_tokens / (double)st.spec_draft_tokens);
   fflush(stderr);
 }
 
@@ -470,10 +470,8 @@ int cmd_batch(int argc, char **argv) {
     c->max_n = c->info->max_step_seqs < c->info->max_step_logits ? c->info->max_step_seqs
                                                                  : c->info->max_step_logits;
     int64_t workers = a.concurrency > 0 ? a.concurrency : c->max_n;
-    irt_engine_opts eo = {.max_batched_tokens = a.max_batched, .max_waiting = workers + 1,
-                          .spec_tokens = a.spec.spec_tokens,
-                          .spec_ngram_min = a.spec.spec_ngram_min,
-                          .spec_ngram_max = a.spec.spec_ngram_max};
+    irt_engine_opts eo = a.spec; /* the --spec-* fields, then the rest */
+    eo.max_batched_tokens = a.max_batched, eo.max_waiting = workers + 1;
     st = irt_engine_create(c->m, &eo, &c->e, &err);
   }
   if (st == IRT_OK) st = irt_engine_start(c->e, &err);

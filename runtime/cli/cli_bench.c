@@ -24,7 +24,7 @@ typedef struct bench_args {
   const char *device;
   irt_kv_dtype kv_dtype;
   irt_sampling sampling; /* every request's; its seed + the request's index */
-  irt_engine_opts spec;  /* its speculative decoding fields */
+  irt_engine_opts spec;  /* the --spec-* fields; the engine's options start from it */
 } bench_args;
 
 typedef struct breq {
@@ -347,12 +347,9 @@ int cmd_bench(int argc, char **argv) {
   irt_engine *e = NULL;
   irt_error err = {0};
   irt_status st = irt_model_open(a.plan, &mo, &m, &err);
-  irt_engine_opts eo = {.max_batched_tokens = a.max_batched, .max_running = a.max_running,
-                        .static_batching = a.static_batching,
-                        .disable_prefix_cache = a.no_prefix_cache,
-                        .spec_tokens = a.spec.spec_tokens,
-                        .spec_ngram_min = a.spec.spec_ngram_min,
-                        .spec_ngram_max = a.spec.spec_ngram_max};
+  irt_engine_opts eo = a.spec; /* the --spec-* fields, then the rest */
+  eo.max_batched_tokens = a.max_batched, eo.max_running = a.max_running;
+  eo.static_batching = a.static_batching, eo.disable_prefix_cache = a.no_prefix_cache;
   if (st == IRT_OK) st = irt_engine_create(m, &eo, &e, &err);
   const irt_model_info *in = m ? irt_model_get_info(m) : NULL;
   breq *rs = st == IRT_OK ? make_workload(&a, in->vocab_size, in->context_length) : NULL;

@@ -17,7 +17,7 @@ typedef struct serve_args {
   bool no_prefix_cache, no_cuda_graphs;
   irt_kv_dtype kv_dtype;
   srv_keys keys;
-  irt_engine_opts spec; /* its speculative decoding fields */
+  irt_engine_opts spec; /* the --spec-* fields; the engine's options start from it */
 } serve_args;
 
 static int usage(FILE *f) {
@@ -184,12 +184,9 @@ int cmd_serve(int argc, char **argv) {
   mo.device = a.device;
   mo.no_cuda_graphs = a.no_cuda_graphs;
   mo.kv_dtype = a.kv_dtype;
-  irt_engine_opts eo = {.max_batched_tokens = a.max_batched,
-                        .max_waiting = a.max_waiting,
-                        .disable_prefix_cache = a.no_prefix_cache,
-                        .spec_tokens = a.spec.spec_tokens,
-                        .spec_ngram_min = a.spec.spec_ngram_min,
-                        .spec_ngram_max = a.spec.spec_ngram_max};
+  irt_engine_opts eo = a.spec; /* the --spec-* fields, then the rest */
+  eo.max_batched_tokens = a.max_batched, eo.max_waiting = a.max_waiting;
+  eo.disable_prefix_cache = a.no_prefix_cache;
   srv_ctx c = {.chat_template = a.chat_template,
                .created = (int64_t)time(NULL),
                .id_salt = (uint64_t)time(NULL) * 0x9e3779b97f4a7c15ull ^ (uint64_t)getpid()};

@@ -126,11 +126,8 @@ void irt_seq_truncate(irt_seq *s, int64_t len);
  * tokens[n, n + cap) (room the caller provides). Returns how many; 0 when none recurs. */
 int irt_prompt_lookup(int32_t *tokens, int64_t n, int ngram_min, int ngram_max, int cap);
 
-/* One entry of a flat step batch: append `n` tokens to `seq`, and write the logits of
- * its last token (all_logits=false: logits is (vocab)) or of every appended token
- * (all_logits=true: logits is (n, vocab)) unless logits is NULL, or pick the next token
- * (pick). A sequence appears at most once per batch. */
-/* Zero it, then set the sampler (and what else is wanted). */
+/* A token the step chooses itself (irt_batch_item.pick). Zero it, then set the sampler
+ * (and what else is wanted). */
 typedef struct irt_pick {
   irt_sampler *sampler; /* its settings, and one draw of its generator if temperature > 0 */
   int32_t token;        /* out: irt_sampler_sample's token for the row */
@@ -145,6 +142,10 @@ typedef struct irt_pick {
   int n_pen;
 } irt_pick;
 
+/* One entry of a flat step batch: append `n` tokens to `seq`, and write the logits of
+ * its last token (all_logits=false: logits is (vocab)) or of every appended token
+ * (all_logits=true: logits is (n, vocab)) unless logits is NULL, or pick the next token
+ * (pick). A sequence appears at most once per batch. */
 typedef struct irt_batch_item {
   irt_seq *seq;
   const int32_t *tokens;
