@@ -206,7 +206,12 @@ ir_status infc_build(const char *src, const infc_options *opts, const char *out_
     st = infc_tokenizer_beside(src, g->config.vocab_size, &tok, d);
   pass_opts po = {.fold = o.fold, .fuse = o.fuse, .no_fuse = o.no_fuse, .dump_ir = dump_ir,
                   .quant = &o.quant,
-                  .quant_calib = o.quant_calib[0] ? o.quant_calib : NULL};
+                  .quant_calib = o.quant_calib[0] ? o.quant_calib : NULL,
+                  .act_int8 = infc_options_act_int8(&o)};
+  if (st == IR_OK && o.act_dtype == INFC_ACT_INT8 && !strcmp(o.target, "cuda"))
+    st = ir_diag_set(d, IR_UNSUPPORTED, "option 'act_dtype': int8 activations of q8_0/q4_0/q4_1 "
+                     "matmuls are a CPU path (the GPU kernels read f32); use auto or f32 with "
+                     "--target cuda");
   if (!strcmp(o.target, "cuda")) {
     po.capture_plan = true;
     if (o.n_decode_buckets > 0)
@@ -236,6 +241,8 @@ ir_status infc_build(const char *src, const infc_options *opts, const char *out_
       snprintf(report->ops, sizeof report->ops, "%s", log.lines[i]);
     else if (!strncmp(log.lines[i], "quantize ", 9))
       snprintf(report->quant, sizeof report->quant, "%s", log.lines[i]);
+    else if (!strncmp(log.lines[i], "act_int8: ", 10))
+      snprintf(report->act, sizeof report->act, "%s", log.lines[i]);
   if (st == IR_OK && report) snprintf(report->tokenizer, sizeof report->tokenizer, "%s", tok.origin);
   infc_tok_blob_free(&tok);
   infc_cuda_kernels_free(&ck);

@@ -42,6 +42,8 @@ static int usage_build(FILE *f) {
         "                         int4[:g32|g64|g128][:sym|asym], w8a8 (int8 activations\n"
         "                         too, VNNI); add :lm_head to include the logits projection\n"
         "      --quant-calib FILE w8a8: smooth with activation maxima from tools/w8a8-calib\n"
+        "      --act-dtype T      activations of q8_0/q4_0/q4_1 matmuls: auto (int8 for\n"
+        "                         --target cpu, f32 for cuda), f32, int8 (per 32 values)\n"
         "      --dump-ir          print the IR after each pass to stdout\n"
         "  -q, --quiet            print nothing on success\n", f);
   return f == stderr ? 2 : 0;
@@ -74,7 +76,7 @@ static int parse_build(int argc, char **argv, infc_options *o, build_args *a) {
       {"tokenizer", required_argument, 0, 10},
       {"target", required_argument, 0, 11},   {"arch", required_argument, 0, 12},
       {"quant", required_argument, 0, 13},    {"quant-calib", required_argument, 0, 14},
-      {"decode-buckets", required_argument, 0, 15},
+      {"decode-buckets", required_argument, 0, 15}, {"act-dtype", required_argument, 0, 16},
       {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
   static const char *keys[] = {"", "dtype", "max_tokens", "max_seqs", "max_logits",
                                "kv_block_size", "max_context", "fold", "fuse"};
@@ -93,6 +95,7 @@ static int parse_build(int argc, char **argv, infc_options *o, build_args *a) {
     else if (c == 13) st = infc_options_set(o, "quant", optarg, &d);
     else if (c == 14) st = infc_options_set(o, "quant_calib", optarg, &d);
     else if (c == 15) st = infc_options_set(o, "decode_buckets", optarg, &d);
+    else if (c == 16) st = infc_options_set(o, "act_dtype", optarg, &d);
     else if (c == 'q') a->quiet = true;
     else if (c == 'h') return usage_build(stdout) - 1;
     else return usage_build(stderr);
@@ -118,6 +121,7 @@ static int cmd_build(int argc, char **argv) {
            (double)r.weight_bytes / 1048576.0, (double)r.arena_bytes / 1048576.0, now_s() - t0);
   if (!a.quiet && r.ops[0]) printf("infc: %s\n", r.ops);
   if (!a.quiet && r.quant[0]) printf("infc: %s\n", r.quant);
+  if (!a.quiet && r.act[0]) printf("infc: %s\n", r.act);
   if (!a.quiet && r.recognised[0]) printf("infc: recognised: %s\n", r.recognised);
   if (!a.quiet)
     printf("infc: tokenizer: %s\n", r.tokenizer[0] ? r.tokenizer : "none (the plan takes token ids)");

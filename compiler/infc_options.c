@@ -116,6 +116,16 @@ ir_status infc_options_set(infc_options *o, const char *key, const char *v, ir_d
     snprintf(o->quant_calib, sizeof o->quant_calib, "%s", v);
     return IR_OK;
   }
+  if (!strcmp(key, "act_dtype")) {
+    static const char *const names[] = {"auto", "f32", "int8"};
+    for (int i = 0; i < 3; i++)
+      if (!strcmp(v, names[i])) {
+        o->act_dtype = (infc_act_dtype)i;
+        return IR_OK;
+      }
+    return ir_diag_set(d, IR_INVALID_ARG, "option 'act_dtype': '%s' is not one of auto, f32, int8",
+                       v);
+  }
   if (!strcmp(key, "tokenizer")) {
     if (strlen(v) >= sizeof o->tokenizer)
       return ir_diag_set(d, IR_INVALID_ARG, "option 'tokenizer': path too long");
@@ -192,6 +202,11 @@ ir_status infc_options_load_yaml(infc_options *o, const char *path, ir_diag *d) 
   return st;
 }
 
+bool infc_options_act_int8(const infc_options *o) {
+  return o->act_dtype == INFC_ACT_INT8 ||
+         (o->act_dtype == INFC_ACT_AUTO && strcmp(o->target, "cuda") != 0);
+}
+
 int infc_options_describe(const infc_options *o, const char **keys, const char **values, int cap,
                           char *buf, size_t len) {
   const model_build_opts *m = &o->model;
@@ -225,6 +240,13 @@ int infc_options_describe(const infc_options *o, const char **keys, const char *
     keys[n] = k[i];
     values[n++] = buf + off;
     off += l;
+  }
+  const char *act = infc_options_act_int8(o) ? "int8" : "f32";
+  if (n < cap && off + strlen(act) + 1 <= len) {
+    memcpy(buf + off, act, strlen(act) + 1);
+    keys[n] = "act_dtype";
+    values[n++] = buf + off;
+    off += strlen(act) + 1;
   }
   char qs[64]; /* only when set: plans built without --quant keep their bytes */
   pass_quant_format(&o->quant, qs, sizeof qs);

@@ -9,6 +9,8 @@
  *   quant: none                       # int8[:asym][:gN] | int4[:g32|g64|g128][:sym|asym]
  *                                     # | w8a8 (each may add :lm_head); pass_quantize.h
  *   quant_calib: ""                   # w8a8: activation maxima (tools/w8a8-calib)
+ *   act_dtype: auto | f32 | int8      # activations of q8_0/q4_0/q4_1 matmuls: int8 per
+ *                                     # 32-value block (auto: int8 for target cpu)
  *   target: cpu | cuda
  *   arch: sm_80,sm_90                 # target cuda: GPU archs to compile kernels for
  *   passes: { fold: true, fuse: true }  # and fuse_rope_attention, fuse_qkv, fuse_gate_up,
@@ -24,6 +26,13 @@
 #include "model.h"
 #include "pass_quantize.h"
 
+/* act_dtype: auto (int8 for target cpu, f32 for cuda), f32, int8. */
+typedef enum infc_act_dtype {
+  INFC_ACT_AUTO = 0,
+  INFC_ACT_F32 = 1,
+  INFC_ACT_INT8 = 2,
+} infc_act_dtype;
+
 typedef struct infc_options {
   model_build_opts model;
   bool fold;
@@ -34,6 +43,7 @@ typedef struct infc_options {
   char tokenizer[4096]; /* --tokenizer PATH: a tokenizer.json to embed ("" = find one) */
   pass_quant_opts quant; /* --quant SCHEME: weight quantization (passes/pass_quantize.h) */
   char quant_calib[4096]; /* --quant-calib FILE: w8a8 activation maxima ("" = none) */
+  infc_act_dtype act_dtype; /* --act-dtype: activations of block-quantized matmuls */
   /* target cuda: --decode-buckets LIST, the CUDA Graph decode batch sizes (0: the default
    * 1, 2, 4, ... up to the step limit; checked against the limits by pass_capture_plan) */
   int32_t n_decode_buckets;
@@ -51,6 +61,9 @@ ir_status infc_options_load_yaml(infc_options *o, const char *path, ir_diag *d);
 
 /* The effective options as key/value text, for recording in the plan. Fills up to `cap`
  * entries of keys/values (values are written into `buf` of len bytes). Returns count. */
+/* Whether block-quantized matmuls take int8 activations under these options. */
+bool infc_options_act_int8(const infc_options *o);
+
 int infc_options_describe(const infc_options *o, const char **keys, const char **values, int cap,
                           char *buf, size_t len);
 

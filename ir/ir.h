@@ -173,6 +173,10 @@ static inline bool ir_op_is_nd(ir_op op) { return op >= IR_OP_ND_FIRST && op <= 
  * for z = x . w^T + bias, so y is [M,N]. */
 typedef enum ir_act { IR_ACT_NONE = 0, IR_ACT_SWIGLU = 1 } ir_act;
 
+/* Longest K of a matmul with act_int8 on a block-quantized weight (int8 activations in
+ * 32-value blocks; kernels/cpu/kn_cpu.h's KN_Q8_MAX_K). */
+#define IR_Q8_ACT_MAX_K 16384 /* (ir_op.c names it in an error as text) */
+
 /* Values are stored in plans: append only. */
 typedef enum ir_attr_type { IR_ATTR_INT = 0, IR_ATTR_FLOAT = 1, IR_ATTR_INTS = 2 } ir_attr_type;
 

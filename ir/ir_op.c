@@ -6,6 +6,8 @@
  *   add_rms_norm(a[..,H], b like a, w[H]; eps)              -> (norm like a, sum like a)
  *   matmul(x[M,K], w[N,K] f32|f16|bf16|q8_0|q4_0|q4_1, bias[N] f32?; act?) -> [M,N]
  *       (block-quantized tables and weights: H and K multiples of the 32-value block)
+ *       act_int8 = 1 with a q8_0|q4_0|q4_1 w: x is quantized to int8 per 32-value block
+ *       at run time and summed in integers (kn_matmul_q8); K <= IR_Q8_ACT_MAX_K.
  *       act = IR_ACT_SWIGLU (ir.h): w holds gate rows then up rows, output [M,N/2]
  *   matmul(x[M,K], w[N,K] i8|i4, bias[N] f32?, scales[N,G] f32|f16, zero_points[N,G] u8|i8|f16|f32?;
  *          act_int8?)                                      -> [M,N]
@@ -237,9 +239,13 @@ static ir_status infer_matmul(infer_ctx *c, infer_out *o) {
       !(wq || want_weight_dtype(c, w)) || !want_rank(c, w, 2) ||
       !want_dim(c, x, 1, w->dims[1]) || (wq && !want_wq_params(c, w)))
     return IR_BAD_FORMAT;
-  if (!wq && (in_t(c, 3, false) || in_t(c, 4, false) || ir_node_attr_i(c->n, "act_int8", 0)))
-    return fail(c, "scales, zero points and act_int8 go with an i8 or i4 weight, not %s%s",
+  if (!wq && (in_t(c, 3, false) || in_t(c, 4, false)))
+    return fail(c, "scales and zero points go with an i8 or i4 weight, not %s%s",
                 ir_dtype_name(w->dtype), "");
+  if (!wq && ir_node_attr_i(c->n, "act_int8", 0) &&
+      (!ir_dtype_is_quant(w->dtype) || w->dims[1].n > IR_Q8_ACT_MAX_K))
+    return fail(c, "act_int8 goes with an i8 weight (W8A8) or a q8_0/q4_0/q4_1 weight with "
+                "K <= 16384, not %s", ir_dtype_name(w->dtype), "");
   if (b && (!want_dtype(c, b, IR_F32, IR_F32, IR_F32) || !want_rank(c, b, 1) ||
             !want_dim(c, b, 0, w->dims[0])))
     return IR_BAD_FORMAT;

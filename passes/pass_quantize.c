@@ -655,3 +655,31 @@ ir_status pass_quantize(ir_graph *g, const pass_opts *o, pass_log *log, ir_diag 
                (double)weight_total(g) / 1048576.0);
   return IR_OK;
 }
+
+/* ---- int8 activations for block-quantized weights ----------------------------------------- */
+
+ir_status pass_act_int8(ir_graph *g, const pass_opts *o, pass_log *log, ir_diag *d) {
+  (void)o;
+  int n_done = 0, n_long = 0;
+  const char *key = ir_attr_intern("act_int8");
+  for (int32_t i = 0; i < g->n_nodes; i++) {
+    ir_node *n = &g->nodes[i];
+    if (n->op != IR_OP_MATMUL || n->n_in < 2 || n->in[1] < 0) continue;
+    const ir_tensor *w = &g->tensors[n->in[1]];
+    if (!ir_dtype_is_quant(w->dtype) || w->rank != 2 || ir_node_attr_i(n, "act_int8", 0))
+      continue;
+    if (w->dims[1].n > IR_Q8_ACT_MAX_K) {
+      n_long++;
+      continue;
+    }
+    if (n->n_attrs >= IR_MAX_ATTRS)
+      return ir_diag_set(d, IR_UNSUPPORTED, "node '%s': no room for attribute act_int8", n->name);
+    n->attrs[n->n_attrs++] = IR_AI(key, 1);
+    n_done++;
+  }
+  char extra[64] = "";
+  if (n_long) snprintf(extra, sizeof extra, "; %d with K > %d keep f32", n_long, IR_Q8_ACT_MAX_K);
+  pass_log_add(log, "act_int8: %d q8_0/q4_0/q4_1 matmuls take int8 activations%s", n_done,
+               extra);
+  return IR_OK;
+}

@@ -7,14 +7,16 @@ before the first divergence; then teacher-forces a longer text through both and 
 how often the next-token argmax agrees; then decode tokens/s at batch 1 for both.
 
 Two llama.cpp references: the GGUF as given (llama.cpp quantizes activations to 8 bits
-for its quantized dot products, an approximation we do not make: our activations stay
-f32), and, when gguf-py is installed (pip install gguf), the same weights dequantized
-exactly to an F32 GGUF, where llama.cpp computes in f32 like us: the like-for-like check.
+per 32 values for its quantized dot products, as our default CPU plans do: --act-dtype
+auto), and, when gguf-py is installed (pip install gguf), the same weights dequantized
+exactly to an F32 GGUF, where llama.cpp computes in f32 as a plan built with
+--act-dtype f32 does: the like-for-like check for that path.
 
 Our side: `infc build` makes the plan, `inferrt generate --json` decodes, and
 `dump_logits` (a tool target built by CMake next to them) writes per-position logits.
 
 usage: tools/check-llamacpp.py [--gguf FILE] [--build DIR] [--threads 2] [-n 64]
+                              [--act-dtype auto|int8|f32]
        (default --gguf: whatever tools/get-smollm2 prints)
 Needs: pip install llama-cpp-python numpy [gguf].
 """
@@ -209,6 +211,8 @@ def main():
     ap.add_argument("-n", type=int, default=64)
     ap.add_argument("--ctx", type=int, default=1024)
     ap.add_argument("--repeats", type=int, default=3, help="speed runs (best is kept)")
+    ap.add_argument("--act-dtype", default="auto",
+                    help="infc build --act-dtype: int8 (auto on the CPU) or f32 activations")
     args = ap.parse_args()
     import llama_cpp
 
@@ -216,7 +220,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         plan = os.path.join(tmp, "model.plan")
         run([os.path.join(args.build, "infc"), "build", gguf, "-o", plan,
-             "--max-context", str(args.ctx)])
+             "--max-context", str(args.ctx), "--act-dtype", args.act_dtype])
         refs = [("the GGUF as given", gguf)]
         f32 = os.path.join(tmp, "dequantized-f32.gguf")
         if dequantize_gguf(gguf, f32):

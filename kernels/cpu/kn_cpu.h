@@ -10,6 +10,7 @@
 #define KN_CPU_H
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "ir_dtype.h"
@@ -57,6 +58,18 @@ kn_mm_tiles kn_mm_tiles_plan(int64_t m, int64_t n, int64_t col_bytes, int n_thre
 /* The rows [*i0, *i1) and columns [*j0, *j1) of task t. */
 void kn_mm_tile_bounds(const kn_mm_tiles *t, int64_t task, int64_t *i0, int64_t *i1,
                        int64_t *j0, int64_t *j1);
+
+/* Longest K kn_matmul_q8 quantizes x rows for (on the stack of each task). */
+enum { KN_Q8_MAX_K = 16384 };
+
+/* y = x . W^T (+ bias), or the swiglu epilogue (W (2n, k), y (m, n)), for block-quantized
+ * W (q8_0, q4_0, q4_1; k a multiple of 32, k <= KN_Q8_MAX_K) with x quantized to int8 per
+ * block of 32 values and summed in integers -- the speed of llama.cpp's CPU kernels, at
+ * the precision of 8-bit activations (not the f32 sums of kn_matmul). Every path (AVX2,
+ * portable C) gives the same bits, and a row's result depends on that row only. The
+ * order is written out in kn_matmul_q8.c. Other shapes and types go to kn_matmul. */
+void kn_matmul_q8(kn_pool *p, float *y, const float *x, const void *w, ir_dtype wt,
+                  const float *bias, int64_t m, int64_t n, int64_t k, bool swiglu);
 
 /* Caps the instruction set kn_matmul dispatches to (0 portable C, 1 AVX2, 2 AVX-512;
  * the CPU must still support it) and returns the previous cap. For tests and

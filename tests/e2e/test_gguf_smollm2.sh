@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # test_gguf_smollm2: the real SmolLM2-135M-Instruct Q4_1 GGUF (Q4_1 matrices, a Q8_0 tied
 # embedding) through infc build and inferrt generate. The golden ids are llama.cpp's
-# greedy output on this file, which it also gives on the weights dequantized to F32
-# (tools/check-llamacpp.py). Needs the model in the cache (tools/get-smollm2) or at
-# $INFC_SMOLLM2; without it the test says so and passes: it never downloads.
+# greedy output on the weights dequantized to F32 (tools/check-llamacpp.py), which a plan
+# with f32 activations (--act-dtype f32) must give exactly. The default CPU plan (int8
+# activations per 32 values, as llama.cpp's own quantized kernels) must answer the same,
+# and stay batch-invariant: drafts change none of its tokens. Needs the model in the cache
+# (tools/get-smollm2) or at $INFC_SMOLLM2; without it the test says so and passes: it
+# never downloads.
 # usage: test_gguf_smollm2.sh INFC INFERRT FIXTURES_DIR TMP_DIR
 set -u
 INFC=$1 INFERRT=$2 TMP=$4/gguf-smollm2
@@ -25,9 +28,17 @@ CHAT_OUT=46719,393,271,14047,28,16718,393,271,14047,24583,28,16718,393,271,14047
 
 ids() { sed -n 's/.*"generated_ids":\[\([0-9,]*\)\].*/\1/p'; }
 
-check "build" '"$INFC" build "$MODEL" -o "$TMP/q.plan" --max-context 256 >/dev/null'
+check "build" '"$INFC" build "$MODEL" -o "$TMP/q.plan" --max-context 256 --act-dtype f32 >/dev/null'
 check "inspect shows the quantized weights" \
   '"$INFC" inspect "$TMP/q.plan" | grep -q "q8_0.*q4_1"'
+check "build with int8 activations (the default)" \
+  '"$INFC" build "$MODEL" -o "$TMP/qi.plan" --max-context 256 | grep -q "act_int8: 121 q8_0/q4_0/q4_1 matmuls" &&
+   "$INFC" inspect "$TMP/qi.plan" | grep -q "act_dtype=int8"'
+check "int8 activations: france answers Paris" \
+  '"$INFERRT" generate "$TMP/qi.plan" --prompt-ids $FRANCE_IDS -n 8 --json | ids | grep -q "^7042,30,198,198,504,"'
+check "int8 activations: drafts change no token" \
+  '[ "$("$INFERRT" generate "$TMP/qi.plan" --prompt-ids $CHAT_IDS -n 32 --json | ids)" = \
+     "$("$INFERRT" generate "$TMP/qi.plan" --prompt-ids $CHAT_IDS -n 32 --spec-tokens 4 --json | ids)" ]'
 check "france greedy" \
   '[ "$("$INFERRT" generate "$TMP/q.plan" --prompt-ids $FRANCE_IDS -n 64 --json | ids)" = "$FRANCE_OUT" ]'
 check "chat greedy" \
@@ -45,8 +56,8 @@ for t in 0 0.8; do
 done >"$TMP/spec.jsonl"
 texts() { sed 's/.*"text":\("[^"]*"\).*/\1/' "$1" | sort; }
 check "speculative decoding keeps the tokens" \
-  '"$INFERRT" batch "$TMP/q.plan" --input "$TMP/spec.jsonl" --output "$TMP/plain.out" --threads 2 --no-progress &&
-   "$INFERRT" batch "$TMP/q.plan" --input "$TMP/spec.jsonl" --output "$TMP/spec.out" --threads 2 --spec-tokens 4 2>"$TMP/spec.log" &&
+  '"$INFERRT" batch "$TMP/qi.plan" --input "$TMP/spec.jsonl" --output "$TMP/plain.out" --threads 2 --no-progress &&
+   "$INFERRT" batch "$TMP/qi.plan" --input "$TMP/spec.jsonl" --output "$TMP/spec.out" --threads 2 --spec-tokens 4 2>"$TMP/spec.log" &&
    [ "$(texts "$TMP/plain.out")" = "$(texts "$TMP/spec.out")" ] && [ "$(wc -l <"$TMP/spec.out")" = 2 ] &&
    grep -q "speculation: [0-9]* draft tokens, [1-9][0-9]* kept" "$TMP/spec.log"'
 

@@ -167,14 +167,16 @@ static bool convert_fixture(const char *name, const char *out, bool q8) {
 
 /* ---- running ------------------------------------------------------------------------- */
 
-static irt_model *build_and_open(const char *gguf, const char *dtype) {
+/* act: the act_dtype option (int8 activations of block-quantized matmuls, or f32). */
+static irt_model *build_and_open(const char *gguf, const char *dtype, const char *act) {
   char plan[1100];
-  snprintf(plan, sizeof plan, "%s.%s.plan", gguf, dtype);
+  snprintf(plan, sizeof plan, "%s.%s.%s.plan", gguf, dtype, act);
   infc_options o = infc_options_default();
   o.model.max_tokens = 64;
   ir_diag d = {0};
   infc_build_report rep = {0};
   ir_status st = infc_options_set(&o, "dtype", dtype, &d);
+  if (st == IR_OK) st = infc_options_set(&o, "act_dtype", act, &d);
   if (st == IR_OK) st = infc_build(gguf, &o, plan, NULL, &rep, &d);
   CHECKF(st == IR_OK, "build %s: %s", gguf, d.msg);
   if (st != IR_OK) return NULL;
@@ -211,7 +213,8 @@ static void run_fixture(const char *name) {
   snprintf(gguf, sizeof gguf, "%s/gguf-oracle-%s.gguf", TEST_TMP_DIR, name);
   cJSON *o = load_oracle(name);
   CHECKF(o != NULL, "%s: cannot read oracle.json", name);
-  irt_model *m = o && convert_fixture(name, gguf, false) ? build_and_open(gguf, "auto") : NULL;
+  irt_model *m =
+      o && convert_fixture(name, gguf, false) ? build_and_open(gguf, "auto", "auto") : NULL;
   if (!m) {
     cJSON_Delete(o);
     return;
@@ -239,12 +242,14 @@ static void run_fixture(const char *name) {
   cJSON_Delete(o);
 }
 
-/* Quantized kernels against build-time dequantization of the same Q8_0 file. */
+/* Quantized kernels with f32 activations against build-time dequantization of the same
+ * Q8_0 file: the same bits. (int8 activations, the CPU default, are checked against the
+ * integer arithmetic in test_quant and on SmolLM2's perplexity in test_quantize.sh.) */
 static void run_q8(const char *name) {
   char gguf[1024];
   snprintf(gguf, sizeof gguf, "%s/gguf-q8-%s.gguf", TEST_TMP_DIR, name);
   if (!convert_fixture(name, gguf, true)) return;
-  irt_model *mq = build_and_open(gguf, "auto"), *mf = build_and_open(gguf, "f32");
+  irt_model *mq = build_and_open(gguf, "auto", "f32"), *mf = build_and_open(gguf, "f32", "f32");
   if (mq && mf) {
     static const int32_t ids[12] = {1, 17, 99, 4, 250, 3, 3, 64, 128, 7, 200, 11};
     int64_t V = irt_model_get_info(mq)->vocab_size;

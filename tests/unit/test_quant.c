@@ -5,6 +5,7 @@
  * the IR rules and build-time folding that let a template use quantized weights. */
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -178,6 +179,119 @@ static void test_isa_agree(kn_pool *p4) {
   }
 }
 
+/* ---- int8 activations (kn_matmul_q8) ------------------------------------------------ */
+
+/* The documented quantization of one 32-value block of x, restated. */
+static float q8_quant_block(const float *x, int8_t *q) {
+  float amax = 0.0f;
+  for (int i = 0; i < KN_QBLOCK; i++) amax = fmaxf(amax, fabsf(x[i]));
+  float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+  for (int i = 0; i < KN_QBLOCK; i++) q[i] = (int8_t)fminf(fmaxf(rintf(x[i] * id), -127), 127);
+  return amax / 127.0f;
+}
+
+/* y against (a) the integer dot of the documented codes, summed in double: within f32
+ * rounding of the terms; (b) the dequantized-W matmul of the unquantized x: within the
+ * half step each x value may move, sum_i |w_i| dx_i / 2. */
+static int q8_row_ok(const float *y, const float *x, const uint8_t *wq, const float *w,
+                     ir_dtype dt, const float *bias, int64_t n, int64_t k, double *worst) {
+  int64_t rb = (int64_t)ir_dtype_bytes(dt, (uint64_t)k);
+  int ok = 1;
+  for (int64_t j = 0; j < n; j++) {
+    double ref = bias ? bias[j] : 0.0, mag = fabs(ref), exact = ref, step = 0.0;
+    for (int64_t b = 0; b < k / KN_QBLOCK; b++) {
+      int8_t xq[KN_QBLOCK];
+      float dx = q8_quant_block(x + b * KN_QBLOCK, xq), q[KN_QBLOCK], dw, mw;
+      kn_quant_block(wq + j * rb + b * kn_quant_block_bytes(dt), dt, q, &dw, &mw);
+      double dot = 0, adot = 0, sx = 0;
+      for (int i = 0; i < KN_QBLOCK; i++) {
+        dot += (double)q[i] * xq[i], adot += fabs((double)q[i] * xq[i]), sx += xq[i];
+        double wi = w[j * k + b * KN_QBLOCK + i];
+        exact += wi * x[b * KN_QBLOCK + i], step += fabs(wi) * dx / 2;
+      }
+      ref += (double)dw * dx * dot + (double)mw * dx * sx;
+      mag += fabs((double)dw * dx) * adot + fabs((double)mw * dx * sx);
+    }
+    double e = fabs(y[j] - ref) / (mag + 1e-30);
+    if (e > *worst) *worst = e;
+    ok &= fabs(y[j] - ref) <= 1e-5 * mag + 1e-30;
+    ok &= fabs(y[j] - exact) <= step * 1.0001 + 1e-5 * mag + 1e-6;
+  }
+  return ok;
+}
+
+static void q8_case(kn_pool *p, ir_dtype dt, int isa, bool bias_on, int64_t m, int64_t n,
+                    int64_t k, double *worst) {
+  uint8_t *wq = rnd_qmatrix(dt, 2 * n, k);
+  float *w = dequant_matrix(wq, dt, 2 * n, k), *x = rnd_vec(m * k), *y = rnd_vec(2 * m * n);
+  float *ys = rnd_vec(m * n), *bias = bias_on ? rnd_vec(2 * n) : NULL;
+  if (m > 1) memset(x + k, 0, (size_t)k * sizeof *x); /* an all-zero row */
+  for (int64_t i = 0; i < k && m > 2; i++) x[2 * k + i] *= 300.0f; /* and a large one */
+  kn_matmul_q8(p, y, x, wq, dt, bias, m, 2 * n, k, false);
+  kn_matmul_q8(p, ys, x, wq, dt, bias, m, n, k, true);
+  int ok = 1, sw = 1;
+  for (int64_t i = 0; i < m; i++) {
+    ok &= q8_row_ok(y + i * 2 * n, x + i * k, wq, w, dt, bias, 2 * n, k, worst);
+    for (int64_t j = 0; j < n; j++) /* the epilogue on the plain matmul's z, bit for bit */
+      sw &= ys[i * n + j] == kn_silu_mul(y[i * 2 * n + j], y[i * 2 * n + n + j]);
+  }
+  CHECKF(ok, "q8 dt=%s isa=%d bias=%d m=%lld n=%lld k=%lld", ir_dtype_name(dt), isa, bias_on,
+         (long long)m, (long long)n, (long long)k);
+  CHECKF(sw, "q8 swiglu dt=%s isa=%d m=%lld n=%lld", ir_dtype_name(dt), isa, (long long)m,
+         (long long)n);
+  free(wq), free(w), free(x), free(y), free(ys), free(bias);
+}
+
+/* Row i alone (serial, one thread) and in batches on four threads: the same bits; and the
+ * portable path against the SIMD one. */
+static void q8_invariance(kn_pool *p1, kn_pool *p4, ir_dtype dt, int64_t n, int64_t k) {
+  enum { M = 17 };
+  uint8_t *wq = rnd_qmatrix(dt, n, k);
+  float *x = rnd_vec(M * k), *bias = rnd_vec(n), *y17 = rnd_vec(M * n), *y5 = rnd_vec(5 * n);
+  float *y1 = rnd_vec(n), *yc = rnd_vec(M * n);
+  kn_matmul_q8(p4, y17, x, wq, dt, bias, M, n, k, false);
+  int ok = 1;
+  for (int64_t i = 0; i < M; i++) {
+    kn_matmul_q8(i % 2 ? p1 : NULL, y1, x + i * k, wq, dt, bias, 1, n, k, false);
+    ok &= memcmp(y1, y17 + i * n, (size_t)n * sizeof(float)) == 0;
+  }
+  for (int64_t i0 = 0; i0 + 5 <= M; i0 += 3) {
+    kn_matmul_q8(p4, y5, x + i0 * k, wq, dt, bias, 5, n, k, false);
+    ok &= memcmp(y5, y17 + i0 * n, 5 * (size_t)n * sizeof(float)) == 0;
+  }
+  int prev = kn_matmul_set_max_isa(0);
+  kn_matmul_q8(p4, yc, x, wq, dt, bias, M, n, k, false);
+  kn_matmul_set_max_isa(prev);
+  CHECKF(ok, "q8 batch invariance dt=%s n=%lld k=%lld", ir_dtype_name(dt), (long long)n,
+         (long long)k);
+  CHECKF(memcmp(yc, y17, (size_t)(M * n) * sizeof(float)) == 0,
+         "q8 portable vs SIMD dt=%s n=%lld k=%lld", ir_dtype_name(dt), (long long)n,
+         (long long)k);
+  free(wq), free(x), free(bias), free(y17), free(y5), free(y1), free(yc);
+}
+
+static void test_matmul_q8(kn_pool *p1, kn_pool *p4) {
+  static const int64_t ms[] = {1, 2, 3, 6}, ns[] = {1, 3, 10, 150}, ks[] = {32, 96, 576};
+  double worst = 0;
+  for (int isa = 0; isa <= 1; isa++) {
+    kn_matmul_set_max_isa(isa);
+    for (int d = 0; d < 3; d++)
+      for (int mi = 0; mi < 4; mi++)
+        for (int ni = 0; ni < 4; ni++)
+          for (int ki = 0; ki < 3; ki++)
+            q8_case(mi == 2 ? NULL : p4, k_qtypes[d], isa, (mi + ni) % 2, ms[mi], ns[ni],
+                    ks[ki], &worst);
+  }
+  kn_matmul_set_max_isa(2);
+  for (int d = 0; d < 3; d++) {
+    q8_case(p4, k_qtypes[d], 2, true, 70, 300, 1536, &worst);
+    q8_invariance(p1, p4, k_qtypes[d], 300, 576);
+    q8_invariance(p1, p4, k_qtypes[d], 7, 32);
+  }
+  printf("kn_matmul_q8: worst error against the integer reference %.2e of the term sum\n",
+         worst);
+}
+
 /* ---- embedding -------------------------------------------------------------------- */
 
 static void test_embed(kn_pool *p4) {
@@ -223,6 +337,16 @@ static void test_ir_rules(void) {
   CHECK(ir_graph_add_node(g, IR_OP_MATMUL, "mm", in, 2, NULL, 0, &out, &d) >= 0);
   in[0] = ids;
   CHECK(ir_graph_add_node(g, IR_OP_EMBED, "emb", in, 2, NULL, 0, &out, &d) >= 0);
+  /* int8 activations: a block-quantized weight takes them, a float one does not */
+  ir_attr a8 = IR_AI(ir_attr_intern("act_int8"), 1);
+  in[0] = x;
+  in[1] = w;
+  CHECK(ir_graph_add_node(g, IR_OP_MATMUL, "mm_a8", in, 2, &a8, 1, &out, &d) >= 0);
+  float wf[4 * 64] = {0};
+  in[1] = add_w(g, "wf", IR_F32, 4, 64, wf);
+  d = (ir_diag){0};
+  CHECK(ir_graph_add_node(g, IR_OP_MATMUL, "mm_f32_a8", in, 2, &a8, 1, &out, &d) < 0);
+  CHECKF(strstr(d.msg, "act_int8 goes with") != NULL, "%s", d.msg);
   in[0] = x48;
   in[1] = wbad;
   d = (ir_diag){0};
@@ -256,6 +380,7 @@ int main(void) {
   test_blocks();
   test_embed(p4);
   test_ir_rules();
+  test_matmul_q8(p1, p4);
   /* Every path this CPU can run: portable C, AVX2, AVX-512 (capped paths that the CPU
    * lacks fall back to the best it has, so this stays correct everywhere). */
   for (int isa = 0; isa <= 2; isa++) {

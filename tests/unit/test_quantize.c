@@ -385,7 +385,7 @@ static void test_ir_rules(void) {
   add_mm(&f, "i4_a8", f.w4, f.s, -1, true, "act_int8");
   add_mm(&f, "i8_a8_grouped", f.w8, f.s, -1, true, "act_int8");
   add_mm(&f, "f32_scales", f.wf, f.s, -1, false, "go with an i8 or i4");
-  add_mm(&f, "f32_a8", f.wf, -1, -1, true, "go with an i8 or i4");
+  add_mm(&f, "f32_a8", f.wf, -1, -1, true, "act_int8 goes with an i8 weight");
   ir_diag d = {0};
   CHECK(ir_graph_add_output(f.g, ir_graph_find_tensor(f.g, "i4_g32_zp")));
   CHECKF(ir_graph_verify(f.g, &d) == IR_OK, "%s", d.msg);

@@ -1,0 +1,382 @@
+/* kn_matmul_q8: block-quantized W (q8_0, q4_0, q4_1) against x quantized to int8 per
+ * block of 32 values, summed in integers (llama.cpp's q8_1 scheme on the CPU). */
+#include <math.h>
+#include <stdbool.h>
+#include <string.h>
+
+#include "kn_cpu.h"
+#include "kn_quant.h"
+
+/* The order, which every path follows (so they agree bit for bit, and a row's result
+ * never depends on m, the tile or the thread count): per x row and block b,
+ *   amax = max |x|, dx = amax / 127, q = rint(x * (127 / amax)) clamped to [-127, 127]
+ *   (all zero when amax is 0), sx = dx * sum(q);
+ * per output, 8 f32 lanes: lane l of block b is the exact integer
+ *   p = sum_{j<4} wq[4l + j] * q[4l + j]   (wq: the block's int8 / nibble codes, minus 8
+ *   for q4_0), added as acc[l] = fma(dw * dx, (float)p, acc[l]); for q4_1 also
+ *   mterm = fma(mw, sx, mterm) in block order. Then y = fold(acc) + mterm (+ bias) with
+ * the fold (l, l+4), (l, l+2), (0, 1). On AVX2 that is vpmaddubsw + vpmaddwd per block
+ * (no int16 saturation: |w| <= 128, |q| <= 127), the lanes of llama.cpp's own kernels. */
+enum {
+  Q8_LANES = 8,
+  Q8_MAX_R = 4,
+  Q8_MAX_C = 4,
+  Q8_PREFETCH_BYTES = 8192, /* W bytes asked for ahead into L2 (as kn_matmul) */
+  Q8_SERIAL_FLOPS = 1 << 18, /* below this, waking the pool costs more than it saves */
+};
+
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+#define Q8_X86 1
+#include <immintrin.h>
+#else
+#define Q8_X86 0
+#endif
+
+/* One block of a quantized x row: the codes, dx and sx (llama.cpp's block_q8_1, with
+ * f32 scales). A row is k / 32 of them. */
+typedef struct q8_xblock {
+  int8_t q[KN_QBLOCK];
+  float d, s;
+} q8_xblock;
+
+/* Quantized rows of x. */
+typedef struct q8_rows {
+  const q8_xblock *r[Q8_MAX_R];
+} q8_rows;
+
+/* The mr x nr dot products of rows x[r] with W rows wr[c] (nb blocks) into
+ * out[r * nr + c]. */
+typedef void (*q8_fn)(const q8_rows *x, const uint8_t *const *wr, int64_t nb, float *out);
+
+/* Quantizes one row of x (k values) into k / 32 blocks. */
+typedef void (*q8_quant_fn)(const float *x, int64_t k, q8_xblock *out);
+
+typedef struct q8_kernels {
+  int mr, nr, nr1; /* blocked kernel mr x nr; single-row kernel 1 x nr1 */
+  q8_fn block, row;
+  q8_quant_fn quant;
+} q8_kernels;
+
+/* Comparisons, not fmaxf/fminf: NaN is skipped by the max and clamps to -127, as in the
+ * AVX2 version. */
+static void q8_quantize_c(const float *x, int64_t k, q8_xblock *out) {
+  for (int64_t b = 0; b < k / KN_QBLOCK; b++) {
+    const float *xb = x + b * KN_QBLOCK;
+    float amax = 0.0f;
+    for (int i = 0; i < KN_QBLOCK; i++) amax = fabsf(xb[i]) > amax ? fabsf(xb[i]) : amax;
+    float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+    int sum = 0;
+    for (int i = 0; i < KN_QBLOCK; i++) {
+      float v = rintf(xb[i] * id);
+      v = v > -127.0f ? v : -127.0f;
+      v = v < 127.0f ? v : 127.0f;
+      out[b].q[i] = (int8_t)v;
+      sum += (int)v;
+    }
+    out[b].d = amax / 127.0f;
+    out[b].s = out[b].d * (float)sum;
+  }
+}
+
+/* ---- portable C (the reference) ------------------------------------------------------ */
+
+static inline void q8_wcodes(const uint8_t *blk, ir_dtype dt, int8_t *wq, float *dw,
+                             float *mw) {
+  *dw = kn_quant_f16(blk);
+  *mw = dt == IR_Q4_1 ? kn_quant_f16(blk + 2) : 0.0f;
+  if (dt == IR_Q8_0) {
+    memcpy(wq, blk + 2, KN_QBLOCK);
+    return;
+  }
+  const uint8_t *qs = blk + (dt == IR_Q4_1 ? 4 : 2);
+  int off = dt == IR_Q4_0 ? 8 : 0;
+  for (int i = 0; i < KN_QBLOCK / 2; i++) {
+    wq[i] = (int8_t)((qs[i] & 15) - off);
+    wq[i + KN_QBLOCK / 2] = (int8_t)((qs[i] >> 4) - off);
+  }
+}
+
+static inline float q8_fold(float *v, float mterm) {
+  for (int w = Q8_LANES / 2; w > 0; w /= 2)
+    for (int l = 0; l < w; l++) v[l] += v[l + w];
+  return v[0] + mterm;
+}
+
+static inline __attribute__((always_inline)) void
+q8_body_c(const q8_rows *x, const uint8_t *const *wr, int64_t nb, float *out, ir_dtype dt,
+          int mr, int nr) {
+  float acc[Q8_MAX_R][Q8_MAX_C][Q8_LANES] = {{{0}}}, mterm[Q8_MAX_R][Q8_MAX_C] = {{0}};
+  const int bb = kn_quant_block_bytes(dt);
+  for (int64_t b = 0; b < nb; b++)
+    for (int c = 0; c < nr; c++) {
+      int8_t wq[KN_QBLOCK];
+      float dw, mw;
+      q8_wcodes(wr[c] + b * bb, dt, wq, &dw, &mw);
+      for (int r = 0; r < mr; r++) {
+        const q8_xblock *xb = x->r[r] + b;
+        const int8_t *xq = xb->q;
+        float sc = dw * xb->d;
+        for (int l = 0; l < Q8_LANES; l++) {
+          int p = 0;
+          for (int j = 4 * l; j < 4 * l + 4; j++) p += wq[j] * xq[j];
+          acc[r][c][l] = fmaf(sc, (float)p, acc[r][c][l]);
+        }
+        if (dt == IR_Q4_1) mterm[r][c] = fmaf(mw, xb->s, mterm[r][c]);
+      }
+    }
+  for (int r = 0; r < mr; r++)
+    for (int c = 0; c < nr; c++) out[r * nr + c] = q8_fold(acc[r][c], mterm[r][c]);
+}
+
+#define Q8_INST_C(name, dt, mr, nr)                                                        \
+  static void name(const q8_rows *x, const uint8_t *const *wr, int64_t nb, float *out) {  \
+    q8_body_c(x, wr, nb, out, dt, mr, nr);                                                 \
+  }
+Q8_INST_C(q8_c_q8_0_2x4, IR_Q8_0, 2, 4)
+Q8_INST_C(q8_c_q8_0_1x4, IR_Q8_0, 1, 4)
+Q8_INST_C(q8_c_q4_0_2x4, IR_Q4_0, 2, 4)
+Q8_INST_C(q8_c_q4_0_1x4, IR_Q4_0, 1, 4)
+Q8_INST_C(q8_c_q4_1_2x4, IR_Q4_1, 2, 4)
+Q8_INST_C(q8_c_q4_1_1x4, IR_Q4_1, 1, 4)
+
+static const q8_kernels k_q8_c[3] = {
+    {2, 4, 4, q8_c_q8_0_2x4, q8_c_q8_0_1x4, q8_quantize_c},
+    {2, 4, 4, q8_c_q4_0_2x4, q8_c_q4_0_1x4, q8_quantize_c},
+    {2, 4, 4, q8_c_q4_1_2x4, q8_c_q4_1_1x4, q8_quantize_c},
+};
+
+/* ---- x86: AVX2 ----------------------------------------------------------------------- */
+#if Q8_X86
+#define Q8_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define Q8_AVX2_INLINE static inline __attribute__((target("avx2,fma,f16c"), always_inline))
+
+Q8_AVX2_INLINE float q8_fold_avx(__m256 v, float mterm) {
+  __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  a = _mm_add_ps(a, _mm_movehl_ps(a, a));
+  a = _mm_add_ss(a, _mm_shuffle_ps(a, a, 1));
+  return _mm_cvtss_f32(a) + mterm;
+}
+
+/* A block's codes as 32 bytes in element order (q4: low nibbles are elements 0..15, high
+ * nibbles 16..31), unsigned for q4_1 and signed otherwise; its dw and mw. */
+Q8_AVX2_INLINE __m256i q8_wbytes_avx2(const uint8_t *blk, ir_dtype dt, __m128 *dm) {
+  uint32_t h = 0;
+  memcpy(&h, blk, dt == IR_Q4_1 ? 4 : 2);
+  *dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)h));
+  if (dt == IR_Q8_0) return _mm256_loadu_si256((const __m256i *)(blk + 2));
+  __m128i v = _mm_loadu_si128((const __m128i *)(blk + (dt == IR_Q4_1 ? 4 : 2)));
+  __m256i w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(15));
+  return dt == IR_Q4_0 ? _mm256_sub_epi8(w, _mm256_set1_epi8(8)) : w;
+}
+
+/* The 8 lane sums of one block as f32 (exact). */
+Q8_AVX2_INLINE __m256 q8_dot_avx2(__m256i w, __m256i xq, ir_dtype dt) {
+  __m256i p16 = dt == IR_Q4_1 ? _mm256_maddubs_epi16(w, xq)
+                              : _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(xq, w));
+  return _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
+}
+
+/* The m of a q4_1 block for nr = 2 or 4 columns, column c in lane c: lane c of mv[r] is
+ * output (r, c)'s chain of fma(mw, sx, .) in block order, the reference's scalar chains
+ * run side by side. dm[c] holds (d, m, 0, 0). */
+Q8_AVX2_INLINE __m128 q8_mcols_avx2(const __m128 *dm, int nr) {
+  __m128 t01 = _mm_unpacklo_ps(dm[0], dm[1]); /* (d0 d1 m0 m1) */
+  if (nr == 2) return _mm_movehl_ps(t01, t01);
+  return _mm_movehl_ps(_mm_unpacklo_ps(dm[2], dm[3]), t01);
+}
+
+Q8_AVX2_INLINE void q8_body_avx2(const q8_rows *x, const uint8_t *const *wr, int64_t nb,
+                                 float *out, ir_dtype dt, int mr, int nr) {
+  __m256 acc[Q8_MAX_R][Q8_MAX_C];
+  __m128 mv[Q8_MAX_R][(Q8_MAX_C + 3) / 4];
+  const int bb = kn_quant_block_bytes(dt);
+  for (int r = 0; r < mr; r++) {
+    for (int c = 0; c < nr; c++) acc[r][c] = _mm256_setzero_ps();
+    for (int c = 0; c < (nr + 3) / 4; c++) mv[r][c] = _mm_setzero_ps();
+  }
+  for (int64_t b = 0; b < nb; b++) {
+    __m256i xq[Q8_MAX_R];
+    for (int r = 0; r < mr; r++)
+      xq[r] = _mm256_loadu_si256((const __m256i *)x->r[r][b].q);
+    __m128 dm[Q8_MAX_C];
+    for (int c = 0; c < nr; c++) {
+      const uint8_t *blk = wr[c] + b * bb;
+      if (!(b & 1)) _mm_prefetch((const char *)blk + Q8_PREFETCH_BYTES, _MM_HINT_T1);
+      __m256i w = q8_wbytes_avx2(blk, dt, &dm[c]);
+      __m256 dw = _mm256_broadcastss_ps(dm[c]);
+      for (int r = 0; r < mr; r++) {
+        __m256 sc = _mm256_mul_ps(dw, _mm256_broadcast_ss(&x->r[r][b].d));
+        acc[r][c] = _mm256_fmadd_ps(sc, q8_dot_avx2(w, xq[r], dt), acc[r][c]);
+      }
+    }
+    if (dt == IR_Q4_1)
+      for (int c = 0; c < (nr + 3) / 4; c++) {
+        __m128 mc = q8_mcols_avx2(dm + 4 * c, nr < 4 ? nr : 4);
+        for (int r = 0; r < mr; r++)
+          mv[r][c] = _mm_fmadd_ps(mc, _mm_broadcast_ss(&x->r[r][b].s), mv[r][c]);
+      }
+  }
+  for (int r = 0; r < mr; r++)
+    for (int c = 0; c < nr; c++) {
+      __m128 m = mv[r][c / 4];
+      m = c % 4 == 0 ? m : c % 4 == 1 ? _mm_movehdup_ps(m) : c % 4 == 2 ? _mm_movehl_ps(m, m)
+                                                                        : _mm_shuffle_ps(m, m, 3);
+      out[r * nr + c] = q8_fold_avx(acc[r][c], dt == IR_Q4_1 ? _mm_cvtss_f32(m) : 0.0f);
+    }
+}
+
+#define Q8_INST_AVX2(name, dt, mr, nr)                                                     \
+  static Q8_AVX2 void name(const q8_rows *x, const uint8_t *const *wr, int64_t nb,        \
+                           float *out) {                                                   \
+    q8_body_avx2(x, wr, nb, out, dt, mr, nr);                                              \
+  }
+/* 4 x 2 blocks (the kernels are bound by vpmaddubsw/vpmaddwd issue, so every shape from
+ * 2 x 2 to 4 x 2 ran within 10% on a SmolLM2 prefill); 1 x 4 for a row (1 x 8: no faster) */
+Q8_INST_AVX2(q8_avx2_q8_0_4x2, IR_Q8_0, 4, 2)
+Q8_INST_AVX2(q8_avx2_q8_0_1x4, IR_Q8_0, 1, 4)
+Q8_INST_AVX2(q8_avx2_q4_0_4x2, IR_Q4_0, 4, 2)
+Q8_INST_AVX2(q8_avx2_q4_0_1x4, IR_Q4_0, 1, 4)
+Q8_INST_AVX2(q8_avx2_q4_1_4x2, IR_Q4_1, 4, 2)
+Q8_INST_AVX2(q8_avx2_q4_1_1x4, IR_Q4_1, 1, 4)
+
+/* q8_quantize_c's arithmetic 8 lanes at a time: max_ps(v, m) returns m when v is NaN,
+ * and round_ps to nearest is rintf in the default rounding mode. */
+static Q8_AVX2 void q8_quantize_avx2(const float *x, int64_t k, q8_xblock *out) {
+  const __m256 sign = _mm256_set1_ps(-0.0f), lo = _mm256_set1_ps(-127.0f);
+  const __m256 hi = _mm256_set1_ps(127.0f);
+  for (int64_t b = 0; b < k / KN_QBLOCK; b++) {
+    const float *xb = x + b * KN_QBLOCK;
+    __m256 v[4], m = _mm256_setzero_ps();
+    for (int g = 0; g < 4; g++) {
+      v[g] = _mm256_loadu_ps(xb + 8 * g);
+      m = _mm256_max_ps(_mm256_andnot_ps(sign, v[g]), m);
+    }
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
+    float amax = _mm_cvtss_f32(h), id = amax > 0.0f ? 127.0f / amax : 0.0f;
+    __m256 vid = _mm256_set1_ps(id);
+    __m256i c[4], sum = _mm256_setzero_si256();
+    for (int g = 0; g < 4; g++) {
+      __m256 r = _mm256_round_ps(_mm256_mul_ps(v[g], vid), _MM_FROUND_TO_NEAREST_INT |
+                                                               _MM_FROUND_NO_EXC);
+      c[g] = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(r, lo), hi));
+      sum = _mm256_add_epi32(sum, c[g]);
+    }
+    /* packs interleave the 128-bit halves: (0 1 4 5 2 3 6 7) in dwords, put back in order */
+    __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(c[0], c[1]), _mm256_packs_epi32(c[2], c[3]));
+    p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256((__m256i *)out[b].q, p);
+    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4e));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xb1));
+    out[b].d = amax / 127.0f;
+    out[b].s = out[b].d * (float)_mm_cvtsi128_si32(t);
+  }
+}
+
+static const q8_kernels k_q8_avx2[3] = {
+    {4, 2, 4, q8_avx2_q8_0_4x2, q8_avx2_q8_0_1x4, q8_quantize_avx2},
+    {4, 2, 4, q8_avx2_q4_0_4x2, q8_avx2_q4_0_1x4, q8_quantize_avx2},
+    {4, 2, 4, q8_avx2_q4_1_4x2, q8_avx2_q4_1_1x4, q8_quantize_avx2},
+};
+#endif
+
+/* ---- dispatch and tiling ------------------------------------------------------------- */
+
+static const q8_kernels *q8_pick(ir_dtype wt) {
+  int d = wt == IR_Q8_0 ? 0 : wt == IR_Q4_0 ? 1 : 2;
+#if Q8_X86
+  if (kn_cpu_isa() >= 1) return &k_q8_avx2[d];
+#endif
+  return &k_q8_c[d];
+}
+
+typedef struct q8_args {
+  float *y;
+  const float *x;
+  const uint8_t *w;
+  const float *bias;
+  int64_t m, n, k; /* n: columns of y */
+  int64_t w_row_bytes;
+  bool swiglu; /* y[:, j] = silu(z[:, j]) * z[:, n + j]: W has 2n rows */
+  kn_mm_tiles tiles;
+  const q8_kernels *kern;
+} q8_args;
+
+/* Rows [i0, i0 + mr) of x (quantized in xs) against columns [j0, j0 + nr / h) of y,
+ * clipped at j1: missing W rows repeat row j0 and their outputs are dropped. */
+static void q8_block(const q8_args *a, const q8_rows *xs, q8_fn fn, int mr, int nr, int64_t i0,
+                     int64_t j0, int64_t j1) {
+  const uint8_t *wr[Q8_MAX_C];
+  float acc[Q8_MAX_R * Q8_MAX_C];
+  int nc = a->swiglu ? nr / 2 : nr;
+  int64_t nv = j1 - j0 < nc ? j1 - j0 : nc;
+  for (int c = 0; c < nc; c++) {
+    int64_t j = j0 + (c < nv ? c : 0);
+    wr[c] = a->w + j * a->w_row_bytes;
+    if (a->swiglu) wr[nc + c] = a->w + (a->n + j) * a->w_row_bytes;
+  }
+  fn(xs, wr, a->k / KN_QBLOCK, acc);
+  for (int r = 0; r < mr; r++) {
+    float *y = a->y + (i0 + r) * a->n + j0;
+    const float *z = acc + r * nr;
+    for (int64_t c = 0; c < nv; c++) {
+      float g = z[c];
+      if (a->bias) g += a->bias[j0 + c];
+      if (!a->swiglu) {
+        y[c] = g;
+        continue;
+      }
+      float u = z[nc + c];
+      if (a->bias) u += a->bias[a->n + j0 + c];
+      y[c] = kn_silu_mul(g, u);
+    }
+  }
+}
+
+/* A tile: each group of x rows is quantized once (into L1), then sweeps the W columns. */
+static void q8_tile(const q8_args *a, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+  q8_xblock buf[Q8_MAX_R][KN_Q8_MAX_K / KN_QBLOCK];
+  const q8_kernels *kn = a->kern;
+  const int64_t k = a->k;
+  for (int64_t i = i0; i < i1;) {
+    int mr = i1 - i >= kn->mr ? kn->mr : 1, nr = mr > 1 ? kn->nr : kn->nr1;
+    q8_rows xs = {0};
+    for (int r = 0; r < mr; r++) {
+      kn->quant(a->x + (i + r) * k, k, buf[r]);
+      xs.r[r] = buf[r];
+    }
+    q8_fn fn = mr > 1 ? kn->block : kn->row;
+    int cb = a->swiglu ? nr / 2 : nr;
+    for (int64_t j = j0; j < j1; j += cb) q8_block(a, &xs, fn, mr, nr, i, j, j1);
+    i += mr;
+  }
+}
+
+static void q8_task(void *arg, int64_t begin, int64_t end, int tid) {
+  (void)tid;
+  const q8_args *a = arg;
+  for (int64_t t = begin; t < end; t++) {
+    int64_t i0, i1, j0, j1;
+    kn_mm_tile_bounds(&a->tiles, t, &i0, &i1, &j0, &j1);
+    q8_tile(a, i0, i1, j0, j1);
+  }
+}
+
+void kn_matmul_q8(kn_pool *p, float *y, const float *x, const void *w, ir_dtype wt,
+                  const float *bias, int64_t m, int64_t n, int64_t k, bool swiglu) {
+  if (!ir_dtype_is_quant(wt) || k % KN_QBLOCK || k > KN_Q8_MAX_K) {
+    /* not a q8 shape (the IR refuses these; kept total for direct callers) */
+    if (swiglu) kn_matmul_swiglu(p, y, x, w, wt, bias, m, n, k);
+    else kn_matmul(p, y, x, w, wt, bias, m, n, k);
+    return;
+  }
+  if (m <= 0 || n <= 0) return;
+  q8_args a = {.y = y, .x = x, .w = w, .bias = bias, .m = m, .n = n, .k = k,
+               .w_row_bytes = (int64_t)ir_dtype_bytes(wt, (uint64_t)k), .swiglu = swiglu,
+               .kern = q8_pick(wt)};
+  a.tiles = kn_mm_tiles_plan(m, n, a.w_row_bytes * (swiglu ? 2 : 1), kn_pool_threads(p));
+  int64_t tasks = a.tiles.n_tasks, flops = 2 * m * n * k * (swiglu ? 2 : 1);
+  kn_parallel_for(p, tasks, flops < Q8_SERIAL_FLOPS ? tasks : 1, q8_task, &a);
+}
