@@ -7,7 +7,8 @@
  *   kv_block_size: 16                 # tokens per KV cache block
  *   max_context: 0                    # cap on context length (0: the model's)
  *   quant: none                       # int8[:asym][:gN] | int4[:g32|g64|g128][:sym|asym]
- *                                     # | w8a8 (each may add :lm_head); pass_quantize.h
+ *                                     # | w8a8 | q8_0 | q4_0 | q4_1 (each may add
+ *                                     # :lm_head); pass_quantize.h
  *   quant_calib: ""                   # w8a8: activation maxima (tools/w8a8-calib)
  *   act_dtype: auto | f32 | int8      # activations of q8_0/q4_0/q4_1 matmuls: int8 per
  *                                     # 32-value block (auto: int8 for target cpu)

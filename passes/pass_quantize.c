@@ -43,10 +43,14 @@ ir_status pass_quant_parse(const char *spec, pass_quant_opts *out, ir_diag *d) {
   else if (!strcmp(name, "int8")) q.scheme = PASS_QUANT_INT8;
   else if (!strcmp(name, "int4")) q.scheme = PASS_QUANT_INT4, q.group = 32;
   else if (!strcmp(name, "w8a8")) q.scheme = PASS_QUANT_W8A8;
+  else if (!strcmp(name, "q8_0")) q.scheme = PASS_QUANT_Q8_0;
+  else if (!strcmp(name, "q4_0")) q.scheme = PASS_QUANT_Q4_0;
+  else if (!strcmp(name, "q4_1")) q.scheme = PASS_QUANT_Q4_1;
   else
     return ir_diag_set(d, IR_INVALID_ARG,
                        "quant '%s': expected none, int8[:sym|asym][:gN], "
-                       "int4[:g32|g64|g128][:sym|asym] or w8a8 (each may add :lm_head)",
+                       "int4[:g32|g64|g128][:sym|asym], w8a8, q8_0, q4_0 or q4_1 (each may "
+                       "add :lm_head)",
                        spec);
   for (tok = strtok_r(NULL, ":", &save); tok; tok = strtok_r(NULL, ":", &save)) {
     ir_status st = parse_token(spec, tok, &q, d);
@@ -55,15 +59,25 @@ ir_status pass_quant_parse(const char *spec, pass_quant_opts *out, ir_diag *d) {
   if (q.scheme == PASS_QUANT_W8A8 && (q.asym || q.group))
     return ir_diag_set(d, IR_INVALID_ARG,
                        "quant '%s': w8a8 is symmetric and per channel (no gN, no asym)", spec);
+  if (pass_quant_block_dtype(&q) && (q.asym || q.group || strstr(spec, "sym")))
+    return ir_diag_set(d, IR_INVALID_ARG,
+                       "quant '%s': %s is a fixed block format (no gN, sym or asym)", spec, name);
   if (q.scheme == PASS_QUANT_NONE && (q.asym || q.group || q.lm_head))
     return ir_diag_set(d, IR_INVALID_ARG, "quant '%s': none takes no options", spec);
   *out = q;
   return IR_OK;
 }
 
+ir_dtype pass_quant_block_dtype(const pass_quant_opts *q) {
+  return q->scheme == PASS_QUANT_Q8_0   ? IR_Q8_0
+         : q->scheme == PASS_QUANT_Q4_0 ? IR_Q4_0
+         : q->scheme == PASS_QUANT_Q4_1 ? IR_Q4_1
+                                        : IR_DTYPE_INVALID;
+}
+
 void pass_quant_format(const pass_quant_opts *q, char *buf, size_t len) {
-  static const char *const names[] = {"none", "int8", "int4", "w8a8"};
-  const char *name = q->scheme <= PASS_QUANT_W8A8 ? names[q->scheme] : "?";
+  static const char *const names[] = {"none", "int8", "int4", "w8a8", "q8_0", "q4_0", "q4_1"};
+  const char *name = q->scheme <= PASS_QUANT_Q4_1 ? names[q->scheme] : "?";
   if (q->scheme == PASS_QUANT_NONE) {
     snprintf(buf, len, "none");
     return;
@@ -71,7 +85,9 @@ void pass_quant_format(const pass_quant_opts *q, char *buf, size_t len) {
   char g[24] = "";
   if (q->group) snprintf(g, sizeof g, ":g%lld", (long long)q->group);
   snprintf(buf, len, "%s%s%s%s", name, g,
-           q->scheme == PASS_QUANT_W8A8 ? "" : q->asym ? ":asym" : ":sym",
+           q->scheme == PASS_QUANT_W8A8 || pass_quant_block_dtype(q) ? ""
+           : q->asym                                                ? ":asym"
+                                                                    : ":sym",
            q->lm_head ? ":lm_head" : "");
 }
 
@@ -514,10 +530,39 @@ static int32_t add_owned(ir_graph *g, const char *base, const char *suffix, ir_d
   return ir_graph_add_weight(g, name, dt, 2, (int64_t[]){rows, cols}, buf, bytes);
 }
 
+/* Block formats: one new tensor of ggml blocks, r->made[wi], rows quantized one by one. */
+static ir_status quantize_blocks(ir_graph *g, quant_run *r, int32_t wi, ir_diag *d) {
+  ir_tensor w = g->tensors[wi]; /* a copy: adding tensors moves the array */
+  ir_dtype bt = pass_quant_block_dtype(r->q);
+  int64_t n = w.dims[0].n, k = w.dims[1].n;
+  uint64_t row_bytes = ir_dtype_bytes(w.dtype, (uint64_t)k);
+  uint64_t out_row = ir_dtype_bytes(bt, (uint64_t)k);
+  float *wf = malloc((size_t)k * sizeof *wf);
+  void *qb = NULL;
+  int32_t ti = wf ? add_owned(g, w.name, ir_dtype_name(bt), bt, n, k, out_row * (uint64_t)n, &qb)
+                  : -1;
+  if (ti < 0) {
+    free(wf);
+    return ir_diag_set(d, IR_OOM, "out of memory quantizing '%s'", w.name);
+  }
+  for (int64_t j = 0; j < n; j++) {
+    kn_dequant_row((const uint8_t *)w.data + j * row_bytes, w.dtype, wf, k);
+    kn_quant_row(wf, bt, (uint8_t *)qb + j * out_row, k);
+  }
+  free(wf);
+  r->made[wi] = ti;
+  r->n_done++;
+  r->values += n * k;
+  r->bytes_before += w.nbytes;
+  r->bytes_after += out_row * (uint64_t)n;
+  return IR_OK;
+}
+
 /* Quantizes weight tensor wi (n, k) once: three new tensors from r->made[wi]. */
 static ir_status quantize_weight(ir_graph *g, quant_run *r, int32_t wi, int64_t group,
                                  ir_diag *d) {
   const pass_quant_opts *q = r->q;
+  if (pass_quant_block_dtype(q)) return quantize_blocks(g, r, wi, d);
   ir_tensor w = g->tensors[wi]; /* a copy: adding tensors moves the array */
   int64_t n = w.dims[0].n, k = w.dims[1].n, ng = k / group;
   ir_dtype qt = q->scheme == PASS_QUANT_INT4 ? IR_I4 : IR_I8;
@@ -564,6 +609,11 @@ static const char *unsuited(const ir_graph *g, const ir_node *n, const pass_quan
   const ir_tensor *w = &g->tensors[n->in[1]];
   int64_t k = w->dims[1].n, group = q->group ? group_for(k, q->group) : k;
   *out_group = group;
+  if (pass_quant_block_dtype(q)) {
+    *out_group = KN_QBLOCK;
+    if (k % KN_QBLOCK) return "K not a multiple of 32";
+    return !q->lm_head && is_lm_head(g, n) ? "lm_head" : NULL;
+  }
   if (!group) return "no group of 16 or more divides K";
   if (q->scheme == PASS_QUANT_INT4 && k % 2) return "odd K";
   if (q->scheme == PASS_QUANT_W8A8 && k > KN_W8A8_MAX_K) return "K too long for w8a8";
@@ -595,6 +645,13 @@ static ir_status quantize_node(ir_graph *g, quant_run *r, int32_t ni, ir_diag *d
       r->regroup_k = g->tensors[wi].dims[1].n, r->regroup_g = group;
   }
   n = &g->nodes[ni];
+  if (pass_quant_block_dtype(r->q)) { /* the lookup of a tied table reads the blocks too */
+    for (int32_t i = 0; i < g->n_nodes; i++)
+      if (g->nodes[i].op == IR_OP_EMBED && g->nodes[i].in[1] == wi)
+        g->nodes[i].in[1] = r->made[wi];
+    n->in[1] = r->made[wi];
+    return IR_OK;
+  }
   if (n->n_in < 3) n->in[2] = -1;
   n->in[1] = r->made[wi];
   n->in[3] = r->made[wi] + 1;

@@ -6,9 +6,14 @@
  *   int4[:g32|g64|g128][:sym|asym]   int4 in groups of 32 (default), 64 or 128
  *   w8a8                         int8 per-channel symmetric weights, and activations
  *                                quantized per row at run time (VNNI where present)
+ *   q8_0 | q4_0 | q4_1           ggml's block formats (32 values, f16 scales; K a multiple
+ *                                of 32), made by ggml's reference quantizers
+ *                                (kn_quant_row): the GGUF kernels, int8 activations on
+ *                                the CPU, and a tied embedding table shared with the lookup
  * A ":lm_head" suffix also quantizes the logits projection (by default it stays as built:
  * it is the most sensitive matmul, and with tied embeddings the embedding lookup keeps
- * the float table, so a quantized copy would add bytes rather than save them).
+ * the float table, so a quantized copy would add bytes rather than save them -- except
+ * for the block formats, whose table the lookup reads too: there the tie is kept).
  * The embedding is a lookup, not a matmul: never quantized here. */
 #ifndef PASS_QUANTIZE_H
 #define PASS_QUANTIZE_H
@@ -24,6 +29,9 @@ typedef enum pass_quant_scheme {
   PASS_QUANT_INT8 = 1,
   PASS_QUANT_INT4 = 2,
   PASS_QUANT_W8A8 = 3,
+  PASS_QUANT_Q8_0 = 4,
+  PASS_QUANT_Q4_0 = 5,
+  PASS_QUANT_Q4_1 = 6,
 } pass_quant_scheme;
 
 typedef struct pass_quant_opts {
@@ -35,6 +43,9 @@ typedef struct pass_quant_opts {
 
 /* Parses a scheme as above into *out. Errors name the spec and what is wrong. */
 ir_status pass_quant_parse(const char *spec, pass_quant_opts *out, ir_diag *d);
+
+/* The block dtype of a q8_0 / q4_0 / q4_1 scheme; IR_DTYPE_INVALID for the others. */
+ir_dtype pass_quant_block_dtype(const pass_quant_opts *q);
 
 /* The canonical text of a scheme ("int4:g32:sym", "none"), recorded in plans. */
 void pass_quant_format(const pass_quant_opts *q, char *buf, size_t len);

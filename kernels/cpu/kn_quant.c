@@ -2,7 +2,54 @@
  * lookups, casts). */
 #include "kn_quant.h"
 
+#include <math.h>
 #include <string.h>
+
+static void put_f16(uint8_t *p, float v) {
+  uint16_t h = ir_f32_to_f16(v);
+  p[0] = (uint8_t)h, p[1] = (uint8_t)(h >> 8);
+}
+
+/* The multiplies and adds are separate statements, as in ggml's reference C: a fused
+ * multiply-add would round once and could move a code across a boundary. */
+static void quant_block(const float *x, ir_dtype dt, uint8_t *blk) {
+  if (dt == IR_Q8_0) {
+    float amax = 0.0f;
+    for (int i = 0; i < KN_QBLOCK; i++) amax = fmaxf(amax, fabsf(x[i]));
+    float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    put_f16(blk, d);
+    for (int i = 0; i < KN_QBLOCK; i++) {
+      volatile float t = x[i] * id;
+      blk[2 + i] = (uint8_t)(int8_t)roundf(t);
+    }
+    return;
+  }
+  float lo = x[0], hi = x[0], big = x[0];
+  for (int i = 1; i < KN_QBLOCK; i++) {
+    lo = x[i] < lo ? x[i] : lo, hi = x[i] > hi ? x[i] : hi;
+    if (fabsf(x[i]) > fabsf(big)) big = x[i]; /* the first of equal magnitudes, as argmax */
+  }
+  float d = dt == IR_Q4_0 ? big / -8.0f : (hi - lo) / 15.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+  float base = dt == IR_Q4_0 ? 0.0f : lo, add = dt == IR_Q4_0 ? 8.5f : 0.5f;
+  put_f16(blk, d);
+  if (dt == IR_Q4_1) put_f16(blk + 2, lo);
+  uint8_t *qs = blk + (dt == IR_Q4_1 ? 4 : 2);
+  for (int i = 0; i < KN_QBLOCK / 2; i++) {
+    int c[2];
+    for (int h = 0; h < 2; h++) {
+      volatile float t = (x[i + h * KN_QBLOCK / 2] - base) * id;
+      float v = t + add;
+      c[h] = v >= 15.0f ? 15 : v <= 0.0f ? 0 : (int)v;
+    }
+    qs[i] = (uint8_t)(c[0] | c[1] << 4);
+  }
+}
+
+void kn_quant_row(const float *x, ir_dtype dt, void *dst, int64_t n) {
+  int bb = kn_quant_block_bytes(dt);
+  for (int64_t b = 0; b < n / KN_QBLOCK; b++)
+    quant_block(x + b * KN_QBLOCK, dt, (uint8_t *)dst + b * bb);
+}
 
 void kn_dequant_row(const void *src, ir_dtype dt, float *out, int64_t n) {
   if (dt == IR_F32) {

@@ -49,6 +49,13 @@ static inline float kn_quant_value(ir_dtype dt, float q, float d, float m) {
  * a whole number of blocks) as f32. */
 void kn_dequant_row(const void *src, ir_dtype dt, float *out, int64_t n);
 
+/* Quantizes n values (a whole number of blocks) of x into blocks of dt (q8_0, q4_0,
+ * q4_1) at dst, with ggml's reference quantizers byte for byte (gguf-py's numpy port is
+ * the test oracle): q8_0 d = max|x| / 127, q = roundf(x / d); q4_0 d = -x_m / 8 for x_m
+ * the value of largest magnitude, q = min(15, trunc(x / d + 8.5)); q4_1 d = (max - min)
+ * / 15, m = min, q = min(15, trunc((x - min) / d + 0.5)); d and m stored as f16. */
+void kn_quant_row(const float *x, ir_dtype dt, void *dst, int64_t n);
+
 /* Value i of a tensor stored as dt (flat row-major index; blocks run along the last
  * dim, which holds whole blocks). */
 float kn_dequant_one(const void *src, ir_dtype dt, uint64_t i);

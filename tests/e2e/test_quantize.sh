@@ -23,7 +23,7 @@ gt() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a + 0 > b + 0) }'; }
 refused() { ! "$@" > "$TMP/err.out" 2>&1 && grep -q "error" "$TMP/err.out"; }
 
 check "f32 build" '"$INFC" build "$SRC" --dtype f32 -o "$TMP/f32.plan" -q'
-for q in int8 int8:asym int4 int4:g64:asym w8a8; do
+for q in int8 int8:asym int4 int4:g64:asym w8a8 q8_0 q4_1; do
   f=$TMP/$(echo $q | tr : _)
   check "$q build" '"$INFC" build "$SRC" --dtype f32 --quant $q -o $f.plan > $f.log'
   check "$q says what it quantized" 'grep -q "quantize $q.*: 8 matmul weights" $f.log'
@@ -40,6 +40,9 @@ check "int8 perplexity within 1%" 'lt "$(field delta_pct $TMP/int8.json)" 1'
 check "w8a8 agreement" 'gt "$(field top1_agreement $TMP/w8a8.json)" 0.8'
 check "int4 agreement" 'gt "$(field top1_agreement $TMP/int4.json)" 0.2'
 check "int4 asym agreement" 'gt "$(field top1_agreement $TMP/int4_g64_asym.json)" 0.2'
+check "q8_0 agreement" 'gt "$(field top1_agreement $TMP/q8_0.json)" 0.85'
+check "q4_1 agreement" 'gt "$(field top1_agreement $TMP/q4_1.json)" 0.2'
+check "q4_1 weights take int8 activations" 'grep -q "act_int8: 8 q8_0/q4_0/q4_1 matmuls" $TMP/q4_1.log'
 # w8a8 smoothed from calibration maxima (tools/w8a8-calib runs the model in numpy)
 CALIB_TOOL=$(dirname "$0")/../../tools/w8a8-calib
 if python3 -c "import numpy" 2>/dev/null; then
@@ -69,6 +72,7 @@ check "plain perplexity text" \
 check "bad scheme" 'refused "$INFC" build "$SRC" --quant int3 -o "$TMP/x.plan"'
 check "bad group" 'refused "$INFC" build "$SRC" --quant int4:g33 -o "$TMP/x.plan" && grep -q "g33" "$TMP/err.out"'
 check "w8a8 takes no group" 'refused "$INFC" build "$SRC" --quant w8a8:g32 -o "$TMP/x.plan"'
+check "block formats take no group" 'refused "$INFC" build "$SRC" --quant q4_1:g64 -o "$TMP/x.plan"'
 check "yaml quant key" 'printf "quant: int4:g32:asym\n" > "$TMP/b.yaml" &&
   "$INFC" build "$SRC" -c "$TMP/b.yaml" -o "$TMP/y.plan" | grep -q "quantize int4:g32:asym"'
 check "missing text" 'refused "$INFERRT" perplexity "$TMP/int8.plan" --file "$TMP/none.txt"'
@@ -106,6 +110,19 @@ elif [ -s "$MODEL" ]; then
     echo "smollm2 w8a8 calibration skipped: no numpy / gguf"
   fi
   check "smollm2 int4 g32 asym within +8%" 'lt "$(field delta_pct $TMP/s_int4_g32_asym.json)" 8'
+  # ggml block formats made here from the f32 weights (measured against this reference:
+  # q8_0 +0.63%, q4_1 +0.66%: the weights sit on the GGUF's Q4_1 grid already), and q8_0
+  # with the tied table too: the lookup reads the blocks, so no f32 table stays (+0.73%).
+  for q in q8_0 q4_1 q8_0:lm_head; do
+    f=$TMP/s_$(echo $q | tr : _)
+    check "smollm2 $q" '"$INFC" build "$MODEL" --dtype f32 --quant $q --max-context 256 -q -o $f.plan &&
+      "$INFERRT" perplexity $f.plan --file "$TEXT" --ref "$TMP/s32.plan" --max-tokens 512 --json > $f.json'
+  done
+  check "smollm2 q8_0 within +1.5%" 'lt "$(field delta_pct $TMP/s_q8_0.json)" 1.5'
+  check "smollm2 q4_1 within +2%" 'lt "$(field delta_pct $TMP/s_q4_1.json)" 2'
+  check "smollm2 q8_0:lm_head within +2%" 'lt "$(field delta_pct $TMP/s_q8_0_lm_head.json)" 2'
+  check "smollm2 q8_0:lm_head keeps the tie (no f32 table)" \
+    '[ $(stat -c %s $TMP/s_q8_0_lm_head.plan) -lt 160000000 ]'
   # The GGUF's own Q4_1 weights: with f32 activations exactly the dequantized f32 plan;
   # with int8 activations per 32 values (the CPU default) measured +0.55%, 97% top-1
   # (llama.cpp's 8-bit activations move llama.cpp itself to 95% top-1 on this model).

@@ -9,6 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cjson/cJSON.h>
+
+#include "infc_util.h"
 #include "ir.h"
 #include "kn_cpu.h"
 #include "kn_quant.h"
@@ -177,6 +180,48 @@ static void test_isa_agree(kn_pool *p4) {
            ir_dtype_name(k_qtypes[d]));
     free(wq), free(x), free(ya), free(yb);
   }
+}
+
+/* ---- quantizing (kn_quant_row) against gguf-py ---------------------------------------- */
+
+/* tests/fixtures/quant-blocks/blocks.json (tools/gen_quant_fixture.py): f32 rows and the
+ * blocks gguf-py's port of ggml's reference quantizers makes of them. Ours must be the
+ * same bytes. */
+static void test_quant_row(void) {
+  char path[1200], *text = NULL;
+  ir_diag d = {0};
+  snprintf(path, sizeof path, "%s/quant-blocks/blocks.json", FIXTURES_DIR);
+  CHECKF(infc_read_file(path, 1u << 20, &text, NULL, &d) == IR_OK, "%s", d.msg);
+  cJSON *root = text ? cJSON_Parse(text) : NULL;
+  free(text);
+  const cJSON *rows = cJSON_GetObjectItem(root, "rows"), *row;
+  CHECK(cJSON_GetArraySize(rows) >= 4);
+  static const char *const names[3] = {"q8_0", "q4_0", "q4_1"};
+  cJSON_ArrayForEach(row, rows) {
+    const cJSON *bits = cJSON_GetObjectItem(row, "bits");
+    int n = cJSON_GetArraySize(bits);
+    float *x = malloc((size_t)n * sizeof *x);
+    for (int i = 0; i < n; i++) {
+      uint32_t b = (uint32_t)cJSON_GetArrayItem(bits, i)->valuedouble;
+      memcpy(x + i, &b, 4);
+    }
+    for (int t = 0; t < 3; t++) {
+      const char *want = cJSON_GetStringValue(cJSON_GetObjectItem(row, names[t]));
+      size_t bytes = ir_dtype_bytes(k_qtypes[t], (uint64_t)n);
+      uint8_t *got = malloc(bytes);
+      kn_quant_row(x, k_qtypes[t], got, n);
+      char *hex = malloc(2 * bytes + 1);
+      for (size_t i = 0; i < bytes; i++) snprintf(hex + 2 * i, 3, "%02x", got[i]);
+      size_t bad = 0;
+      while (want && bad < 2 * bytes && hex[bad] == want[bad]) bad++;
+      CHECKF(want && strlen(want) == 2 * bytes && bad == 2 * bytes,
+             "%s of %d values: gguf-py's blocks differ from byte %zu (block %zu)", names[t], n,
+             bad / 2, bad / 2 / (size_t)kn_quant_block_bytes(k_qtypes[t]));
+      free(got), free(hex);
+    }
+    free(x);
+  }
+  cJSON_Delete(root);
 }
 
 /* ---- int8 activations (kn_matmul_q8) ------------------------------------------------ */
@@ -381,6 +426,7 @@ int main(void) {
   test_embed(p4);
   test_ir_rules();
   test_matmul_q8(p1, p4);
+  test_quant_row();
   /* Every path this CPU can run: portable C, AVX2, AVX-512 (capped paths that the CPU
    * lacks fall back to the best it has, so this stays correct everywhere). */
   for (int isa = 0; isa <= 2; isa++) {

@@ -451,6 +451,7 @@ static void test_parse(void) {
       {"int4", "int4:g32:sym"},   {"int4:g128:asym", "int4:g128:asym"},
       {"int4:asym:g64", "int4:g64:asym"}, {"w8a8", "w8a8"},
       {"int4:g32:sym:lm_head", "int4:g32:sym:lm_head"},
+      {"q8_0", "q8_0"},           {"q4_0", "q4_0"},              {"q4_1:lm_head", "q4_1:lm_head"},
   };
   for (size_t i = 0; i < sizeof good / sizeof *good; i++) {
     pass_quant_opts q;
@@ -463,6 +464,8 @@ static void test_parse(void) {
   static const char *const bad[][2] = {
       {"int3", "expected none"}, {"int4:g33", "g33"}, {"int4:g8", "g8"},
       {"int4:fast", "fast"},     {"w8a8:asym", "w8a8"}, {"none:asym", "none"}, {"", "expected"},
+      {"q4_1:g64", "fixed block format"}, {"q8_0:sym", "fixed block format"},
+      {"q4_0:asym", "fixed block format"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
     pass_quant_opts q;
