@@ -329,6 +329,47 @@ static WQ_AVX2 void w8_quant_avx2(const float *x, int64_t k, int8_t *q, float *s
   *sum = s;
 }
 
+/* Without VNNI: vpmaddubsw multiplies |w| (unsigned) by x with w's sign, pairs summed
+ * into int16 (at most 2 * 128 * 127: no saturation), vpmaddwd sums those into int32. The
+ * k % 32 tail in scalar. */
+WQ_AVX2_INLINE void w8_body_avx2(const int8_t *const *xq, const int8_t *const *wr, int64_t k,
+                                 int32_t *out, int mr, int nr) {
+  __m256i acc[WQ_MAX_R][WQ_MAX_C];
+  const __m256i ones = _mm256_set1_epi16(1);
+  const int64_t kf = k - k % 32;
+  for (int r = 0; r < mr; r++)
+    for (int c = 0; c < nr; c++) acc[r][c] = _mm256_setzero_si256();
+  for (int64_t i = 0; i < kf; i += 32) {
+    __m256i xv[WQ_MAX_R];
+    for (int r = 0; r < mr; r++) xv[r] = _mm256_loadu_si256((const __m256i *)(xq[r] + i));
+    for (int c = 0; c < nr; c++) {
+      wq_prefetch(wr[c] + i);
+      __m256i wv = _mm256_loadu_si256((const __m256i *)(wr[c] + i)), aw = _mm256_abs_epi8(wv);
+      for (int r = 0; r < mr; r++) {
+        __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv[r], wv));
+        acc[r][c] = _mm256_add_epi32(acc[r][c], _mm256_madd_epi16(p, ones));
+      }
+    }
+  }
+  for (int r = 0; r < mr; r++)
+    for (int c = 0; c < nr; c++) {
+      int32_t tail = 0;
+      for (int64_t i = kf; i < k; i++) tail += (int32_t)xq[r][i] * wr[c][i];
+      out[r * nr + c] = wq_hsum8_epi32(acc[r][c]) + tail;
+    }
+}
+
+static WQ_AVX2 void w8_avx2_2x4(const int8_t *const *xq, const int32_t *xs,
+                                const int8_t *const *wr, int64_t k, int32_t *out) {
+  (void)xs;
+  w8_body_avx2(xq, wr, k, out, 2, 4);
+}
+static WQ_AVX2 void w8_avx2_1x4(const int8_t *const *xq, const int32_t *xs,
+                                const int8_t *const *wr, int64_t k, int32_t *out) {
+  (void)xs;
+  w8_body_avx2(xq, wr, k, out, 1, 4);
+}
+
 #define WQ_VNNI256 __attribute__((target("avx2,fma,f16c,avxvnni")))
 #define WQ_VNNI256_INLINE static inline __attribute__((target("avx2,fma,f16c,avxvnni"), always_inline))
 
@@ -513,6 +554,9 @@ static const wq_kernels k_wq_simd[2][2] = {
     {{4, 4, 8, wq_avx512_i8_4x4, wq_avx512_i8_1x8, NULL, NULL, NULL, false},
      {4, 4, 8, wq_avx512_i4_4x4, wq_avx512_i4_1x8, NULL, NULL, NULL, false}},
 };
+/* Level 1 without AVX-VNNI */
+static const wq_kernels k_w8_avx2 = {2, 4, 4, NULL, NULL, w8_avx2_2x4, w8_avx2_1x4,
+                                     w8_quant_avx2, false};
 static const wq_kernels k_w8_simd[3] = {
     {2, 4, 4, NULL, NULL, w8_vnni256_2x4, w8_vnni256_1x4, w8_quant_avx2, false},
     {4, 4, 8, NULL, NULL, w8_vnni512_4x4, w8_vnni512_1x8, w8_quant_avx512, false},
@@ -540,8 +584,8 @@ static bool wq_has_amx(void) {
 #endif
 
 /* Best levels the CPU offers, found once (cpuid is slow under a hypervisor): bits 0-1
- * weight-only (0, 1 AVX2, 2 AVX-512), bits 2-3 W8A8 (0, 1 AVX-VNNI, 2 AVX512-VNNI,
- * 3 that and AMX-INT8). */
+ * weight-only (0, 1 AVX2, 2 AVX-512), bits 2-3 W8A8 (0, 1 AVX2 -- AVX-VNNI where the CPU
+ * has it, bit 4 --, 2 AVX512-VNNI, 3 that and AMX-INT8). */
 static int wq_cpu_levels(void) {
   static _Atomic int cached = -1;
   int v = atomic_load_explicit(&cached, memory_order_relaxed);
@@ -551,11 +595,12 @@ static int wq_cpu_levels(void) {
   bool base = __builtin_cpu_supports("fma") && wq_has_f16c() && __builtin_cpu_supports("avx2");
   bool avx512 = base && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
   wo = avx512 ? 2 : base ? 1 : 0;
-  w8 = avx512 && __builtin_cpu_supports("avx512vnni") ? (wq_has_amx() ? 3 : 2)
-       : base && __builtin_cpu_supports("avxvnni")    ? 1
-                                                      : 0;
+  w8 = avx512 && __builtin_cpu_supports("avx512vnni") ? (wq_has_amx() ? 3 : 2) : base ? 1 : 0;
+  bool vnni256 = base && __builtin_cpu_supports("avxvnni");
+#else
+  bool vnni256 = false;
 #endif
-  v = wo | w8 << 2;
+  v = wo | w8 << 2 | vnni256 << 4;
   atomic_store_explicit(&cached, v, memory_order_relaxed);
   return v;
 }
@@ -568,18 +613,20 @@ int kn_matmul_wq_set_max_isa(int isa) {
 
 static int wq_level(bool w8a8) {
   int lv = wq_cpu_levels(), cap = atomic_load_explicit(&g_wq_max_isa, memory_order_relaxed);
-  lv = w8a8 ? lv >> 2 : lv & 3;
+  lv = w8a8 ? lv >> 2 & 3 : lv & 3;
   return lv < cap ? lv : cap;
 }
 
 const char *kn_matmul_w8a8_path(void) {
   static const char *const names[4] = {"portable", "avx-vnni", "avx512-vnni", "amx-int8"};
-  return names[wq_level(true)];
+  int lv = wq_level(true);
+  return lv == 1 && !(wq_cpu_levels() >> 4 & 1) ? "avx2" : names[lv];
 }
 
 static const wq_kernels *wq_pick(const kn_wq *w, int64_t k, bool w8a8) {
   int lv = wq_level(w8a8);
 #if WQ_X86
+  if (w8a8 && lv == 1 && !(wq_cpu_levels() >> 4 & 1)) return &k_w8_avx2;
   if (w8a8 && lv > 0) return &k_w8_simd[lv - 1];
   if (!w8a8 && lv > 0 && k % WQ_LANES == 0 && w->group % WQ_LANES == 0)
     return &k_wq_simd[lv - 1][w->qt == IR_I4];

@@ -55,13 +55,13 @@ void kn_matmul_wq(kn_pool *p, float *y, const float *x, const kn_wq *w, const fl
 void kn_matmul_w8a8(kn_pool *p, float *y, const float *x, const kn_wq *w, const float *bias,
                     int64_t m, int64_t n, int64_t k, int act);
 
-/* Caps the instruction set both kernels dispatch to (0 portable C, 1 AVX2 (+ AVX-VNNI for
- * W8A8), 2 AVX-512 (+ AVX512-VNNI), 3 that and AMX-INT8 for W8A8 blocks of 16 rows, k <=
+/* Caps the instruction set both kernels dispatch to (0 portable C, 1 AVX2 (W8A8: AVX-VNNI
+ * where the CPU has it, else vpmaddubsw), 2 AVX-512 (+ AVX512-VNNI), 3 that and AMX-INT8 for W8A8 blocks of 16 rows, k <=
  * 8192; weight-only stops at 2); the CPU must still support it. Returns the previous cap.
  * For tests and benchmarks; call it only while no kernel runs. */
 int kn_matmul_wq_set_max_isa(int isa);
 
-/* The path kn_matmul_w8a8 takes now: "amx-int8", "avx512-vnni", "avx-vnni" or
+/* The path kn_matmul_w8a8 takes now: "amx-int8", "avx512-vnni", "avx-vnni", "avx2" or
  * "portable". */
 const char *kn_matmul_w8a8_path(void);
 

@@ -825,6 +825,11 @@ int main(void) {
     test_swiglu(p4, false, IR_I4, 9, 21, 128, 32);
     test_swiglu(p4, false, IR_I8, 1, 40, 64, 64);
     test_swiglu(p4, true, IR_I8, 6, 19, 96, 96);
+#if defined(__x86_64__)
+    if (isa == 1 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+      CHECKF(strcmp(kn_matmul_w8a8_path(), "portable") != 0, "an AVX2 CPU runs W8A8 %s",
+             kn_matmul_w8a8_path());
+#endif
     test_w8a8(p4, isa, 7, 29, 576);
     test_w8a8(p4, isa, 3, 10, 77); /* k tails of every path */
     test_w8a8(p1, isa, 66, 9, 1536);
