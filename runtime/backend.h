@@ -52,6 +52,12 @@ struct irt_sampler;
 struct irt_sampling;
 const struct irt_sampling *irt_sampler_params(const struct irt_sampler *s);
 double irt_sampler_draw(struct irt_sampler *s);
+/* The draw `ahead` draws after the next one, the generator left where it is. */
+double irt_sampler_peek(const struct irt_sampler *s, int64_t ahead);
+/* The uniform a pick samples with (irt_pick.draw: the next draw, which moves the
+ * generator, or a peeked one); 0 for a greedy sampler, which draws nothing. */
+struct irt_pick;
+double irt_pick_draw(struct irt_pick *p);
 /* irt_sampler_sample with the draw u given (the generator does not move). */
 int32_t irt_sampler_sample_u(struct irt_sampler *s, const float *logits, double u);
 /* The k largest logits, largest first (lower id first among equal ones), as ids and

@@ -54,9 +54,13 @@ irt_status irt_engine_create(irt_model *m, const irt_engine_opts *o, irt_engine 
   e->item_seq = calloc((size_t)e->max_running, sizeof *e->item_seq);
   e->logits = malloc((size_t)(e->max_rows * in->vocab_size) * sizeof(float));
   e->picks = calloc((size_t)e->max_running, sizeof *e->picks);
+  e->row_picks = calloc((size_t)e->max_rows, sizeof *e->row_picks);
+  e->row_top_ids = calloc((size_t)e->max_rows * IRT_MAX_TOP_LOGPROBS, sizeof *e->row_top_ids);
+  e->row_top_lps = calloc((size_t)e->max_rows * IRT_MAX_TOP_LOGPROBS, sizeof *e->row_top_lps);
   pthread_mutex_init(&e->mu, NULL);
   pthread_cond_init(&e->cv, NULL);
-  if (!e->items || !e->item_seq || !e->logits || !e->picks) {
+  if (!e->items || !e->item_seq || !e->logits || !e->picks || !e->row_picks ||
+      !e->row_top_ids || !e->row_top_lps) {
     irt_engine_destroy(e);
     return fail(err, IRT_OOM, "out of memory");
   }
@@ -354,6 +358,9 @@ void irt_engine_destroy(irt_engine *e) {
   free(e->item_seq);
   free(e->logits);
   free(e->picks);
+  free(e->row_picks);
+  free(e->row_top_ids);
+  free(e->row_top_lps);
   free(e);
 }
 

@@ -88,6 +88,12 @@ struct irt_engine {
   int64_t max_rows;       /* the plan's logit rows per step */
   int64_t rows_now;       /* rows taken so far in this iteration */
   irt_pick *picks;        /* (max_running) */
+  /* drafted rows picked in the step (sequences without penalties): (max_rows) picks and
+   * their alternatives, IRT_MAX_TOP_LOGPROBS each */
+  irt_pick *row_picks;
+  int32_t *row_top_ids;
+  float *row_top_lps;
+  int64_t row_picks_now;  /* taken so far in this iteration */
   eseq **run, **wait;     /* sorted candidates of one iteration (grown as needed) */
   int cap_cand;
   int n_items_now;        /* items chosen so far in this iteration */

@@ -135,6 +135,21 @@ const irt_sampling *irt_sampler_params(const irt_sampler *s) { return &s->p; }
 
 double irt_sampler_draw(irt_sampler *s) { return next_unit(s); }
 
+/* splitmix64 steps its state by a constant: draw `ahead` is that many steps further. */
+double irt_sampler_peek(const irt_sampler *s, int64_t ahead) {
+  irt_sampler t = {.state = s->state + (uint64_t)ahead * 0x9e3779b97f4a7c15ull};
+  return next_unit(&t);
+}
+
+void irt_sampler_skip(irt_sampler *s, int64_t n) {
+  if (s->p.temperature > 0.0f && n > 0) s->state += (uint64_t)n * 0x9e3779b97f4a7c15ull;
+}
+
+double irt_pick_draw(irt_pick *p) {
+  if (irt_sampler_params(p->sampler)->temperature <= 0.0f) return 0.0;
+  return p->draw > 0 ? irt_sampler_peek(p->sampler, p->draw - 1) : irt_sampler_draw(p->sampler);
+}
+
 int32_t irt_sampler_sample(irt_sampler *s, const float *logits) {
   if (s->p.temperature <= 0.0f) return argmax(logits, s->vocab);
   return irt_sampler_sample_u(s, logits, next_unit(s));

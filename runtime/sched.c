@@ -212,10 +212,26 @@ static void schedule_waiting(irt_engine *e, int n_run, int n_wait, int64_t *budg
 
 /* --- speculative decoding by prompt lookup ----------------------------------------------- */
 
+/* The picks of a drafted item of n rows: row j takes draw j of s's generator without
+ * moving it (irt_pick.draw), so each row is picked as plain decoding would pick it if the
+ * drafts before it are kept; verify() moves the generator past the rows it used. */
+static irt_pick *row_picks(irt_engine *e, eseq *s, int64_t n) {
+  irt_pick *p = e->row_picks + e->row_picks_now;
+  for (int64_t j = 0; j < n; j++) {
+    int64_t r = e->row_picks_now + j;
+    p[j] = (irt_pick){.sampler = s->sampler, .n_top = s->req->r.top_logprobs, .draw = (int)j + 1,
+                      .top_ids = e->row_top_ids + r * IRT_MAX_TOP_LOGPROBS,
+                      .top_logprobs = e->row_top_lps + r * IRT_MAX_TOP_LOGPROBS};
+  }
+  e->row_picks_now += n;
+  return p;
+}
+
 /* After the step is chosen: a decoding sequence whose context proposes drafts gets them
  * appended to its item, within the token budget, the plan's logit rows and the blocks
- * free now (drafts never preempt anyone nor displace a waiting request). Its rows come
- * back as logits: verify() picks them one by one. */
+ * free now (drafts never preempt anyone nor displace a waiting request). Its rows are
+ * picked in the step (on a GPU they stay there), or with penalties -- which change from
+ * row to row with the drafts taken -- come back as logits; verify() takes them in order. */
 static void add_drafts(irt_engine *e, int64_t budget) {
   const irt_model_info *in = irt_model_get_info(e->m);
   for (int k = 0; k < e->n_items_now && budget > 0 && e->rows_now < e->max_rows; k++) {
@@ -230,8 +246,9 @@ static void add_drafts(irt_engine *e, int64_t budget) {
                                         e->o.spec_ngram_max, (int)cap)
                     : 0;
     if (d == 0 || !ensure_blocks(e, s, 1 + d, 0)) continue;
-    *it = (irt_batch_item){.seq = s->kv, .tokens = it->tokens, .n = 1 + d, .logits = e->logits,
-                           .all_logits = true};
+    *it = (irt_batch_item){.seq = s->kv, .tokens = it->tokens, .n = 1 + d, .all_logits = true,
+                           .logits = s->counts ? e->logits : NULL,
+                           .pick = s->counts ? NULL : row_picks(e, s, 1 + d)};
     budget -= d;
     e->rows_now += d;
   }
@@ -253,6 +270,7 @@ static bool schedule(irt_engine *e) {
   if (!grow_cand(e)) return false;
   e->n_items_now = 0;
   e->rows_now = 0;
+  e->row_picks_now = 0;
   int64_t budget = e->budget;
   int n_run = collect(e, ESEQ_RUNNING, e->run, e->cap_cand);
   schedule_running(e, n_run, &budget);
@@ -359,6 +377,17 @@ static void take_token(irt_engine *e, eseq *s, int32_t tok, float lp) {
   }
 }
 
+/* Takes the token a pick in the step chose; returns it. */
+static int32_t take_pick(irt_engine *e, eseq *s, const irt_pick *p) {
+  int n = p->n_top < IRT_MAX_TOP_LOGPROBS ? p->n_top : IRT_MAX_TOP_LOGPROBS;
+  if (n > 0) {
+    memcpy(s->top_ids, p->top_ids, (size_t)n * sizeof *s->top_ids);
+    memcpy(s->top_lps, p->top_logprobs, (size_t)n * sizeof *s->top_lps);
+  }
+  take_token(e, s, p->token, p->logprob);
+  return p->token;
+}
+
 /* Samples the next token from a row of logits brought to the host, as a pick would, and
  * takes it; returns it. */
 static int32_t on_token(irt_engine *e, eseq *s, const float *lg) {
@@ -412,12 +441,13 @@ static void verify(irt_engine *e, int k) {
   for (; i <= nd; i++) {
     s->kv->len = base + 1 + i; /* the last token and the drafts kept so far */
     register_blocks(e, s);
-    int32_t tok = on_token(e, s, it->logits + (size_t)i * V);
+    int32_t tok = it->pick ? take_pick(e, s, &it->pick[i]) : on_token(e, s, it->logits + i * V);
     bool kept = i < nd && tok == draft[i];
     e->work.spec_accepted_tokens += kept;
     if (s->state != ESEQ_RUNNING) return; /* finished: its blocks are gone */
     if (!kept) break;
   }
+  if (it->pick) irt_sampler_skip(s->sampler, i + 1); /* rows 0..i took their draws */
   /* i drafts kept: a sequence that stops copying its context soon drafts one at a time */
   int grow = 2 * s->spec_len < e->o.spec_tokens ? 2 * s->spec_len : e->o.spec_tokens;
   s->spec_len = i == nd ? grow : i + 1;

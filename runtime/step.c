@@ -16,10 +16,13 @@ static irt_status fail(irt_error *err, irt_status st, const char *fmt, long long
   return st;
 }
 
-/* Rows of the step's logits an item takes: its logits, or the row its pick reads. */
+/* Rows of the step's logits an item takes: its logits, or the rows its picks read. */
 static int64_t logit_rows_of(const irt_batch_item *it) {
-  return it->logits ? (it->all_logits ? it->n : 1) : it->pick ? 1 : 0;
+  return it->logits || it->pick ? (it->all_logits ? it->n : 1) : 0;
 }
+
+/* Picks of an item: one per row. */
+static int64_t picks_of(const irt_batch_item *it) { return it->pick ? logit_rows_of(it) : 0; }
 
 static irt_status check_batch(irt_model *m, const irt_batch_item *items, int n_items,
                               irt_error *err) {
@@ -32,14 +35,18 @@ static irt_status check_batch(irt_model *m, const irt_batch_item *items, int n_i
     const irt_batch_item *it = &items[i];
     if (!it->seq || it->seq->m != m || it->n <= 0 || !it->tokens)
       return fail(err, IRT_INVALID_ARG, "batch item %lld is empty or belongs to another model", (long long)i, 0LL);
-    if (it->pick && (it->logits || !it->pick->sampler))
-      return fail(err, IRT_INVALID_ARG, "batch item %lld: a pick needs a sampler and no logits",
-                  (long long)i, 0LL);
-    for (int j = 0; it->pick && j < it->pick->n_pen; j++)
-      if (it->pick->pen_ids[j] < 0 || it->pick->pen_ids[j] >= in->vocab_size)
+    for (int64_t k = 0; k < picks_of(it); k++) {
+      const irt_pick *p = &it->pick[k];
+      if (it->logits || !p->sampler || p->draw < 0)
         return fail(err, IRT_INVALID_ARG,
-                    "batch item %lld: penalty on token %lld, outside the vocabulary",
-                    (long long)i, it->pick->pen_ids[j]);
+                    "batch item %lld: a pick needs a sampler, a draw >= 0 and no logits",
+                    (long long)i, 0LL);
+      for (int j = 0; j < p->n_pen; j++)
+        if (p->pen_ids[j] < 0 || p->pen_ids[j] >= in->vocab_size)
+          return fail(err, IRT_INVALID_ARG,
+                      "batch item %lld: penalty on token %lld, outside the vocabulary",
+                      (long long)i, p->pen_ids[j]);
+    }
     for (int j = 0; j < i; j++)
       if (items[j].seq == it->seq)
         return fail(err, IRT_INVALID_ARG, "sequence appears twice in one step (items %lld, %lld)", j, i);
@@ -119,7 +126,7 @@ void irt_pick_row(irt_model *m, irt_pick *p, const float *row) {
     for (int j = 0; j < p->n_pen; j++) m->h_pen[p->pen_ids[j]] -= p->pen_sub[j];
     seen = m->h_pen;
   }
-  p->token = irt_sampler_sample(p->sampler, seen);
+  p->token = irt_sampler_sample_u(p->sampler, seen, irt_pick_draw(p));
   p->logprob = (float)((double)row[p->token] - lse);
   if (p->n_top > 0)
     irt_top_logprobs(row, m->info.vocab_size, lse, p->n_top, p->top_ids, p->top_logprobs);
@@ -130,8 +137,9 @@ static void copy_logits(irt_model *m, const irt_batch_item *items, int n_items) 
   size_t V = (size_t)m->info.vocab_size;
   for (int i = 0; i < n_items; i++) {
     int64_t r = logit_rows_of(&items[i]);
-    if (items[i].pick) irt_pick_row(m, items[i].pick, lg);
-    else if (r) memcpy(items[i].logits, lg, (size_t)r * V * sizeof(float));
+    for (int64_t k = 0; k < picks_of(&items[i]); k++)
+      irt_pick_row(m, &items[i].pick[k], lg + k * V);
+    if (items[i].logits) memcpy(items[i].logits, lg, (size_t)r * V * sizeof(float));
     lg += (size_t)r * V;
   }
 }
@@ -149,6 +157,15 @@ static ir_status grow_pen(irt_model *m, int need, ir_diag *d) {
   return IR_OK;
 }
 
+/* One pick's request for the device kernel: row `row`, penalties from n_pen on. */
+static irt_pick_req pick_req(irt_pick *p, int64_t row, int n_pen) {
+  const irt_sampling *sp = irt_sampler_params(p->sampler);
+  int n_top = p->n_top < 0 ? 0 : p->n_top > IRT_PICK_TOP ? IRT_PICK_TOP : p->n_top;
+  return (irt_pick_req){.temperature = sp->temperature, .top_p = sp->top_p, .top_k = sp->top_k,
+                        .row = (int32_t)row, .u = irt_pick_draw(p), .n_top = n_top,
+                        .n_pen = p->n_pen > 0 ? p->n_pen : 0, .pen_off = n_pen};
+}
+
 /* Device backends: the picks, on the device when it can (one launch, and only tokens and
  * logprobs come down), else each row read and picked here. *waited: the step is done. */
 static ir_status pick_device(irt_model *m, const irt_batch_item *items, int n_items,
@@ -158,44 +175,38 @@ static ir_status pick_device(irt_model *m, const irt_batch_item *items, int n_it
   int n = 0, n_pen = 0;
   int64_t at = 0;
   ir_status st = IR_OK;
-  for (int i = 0; i < n_items && st == IR_OK; at += logit_rows_of(&items[i]), i++) {
-    irt_pick *p = items[i].pick;
-    if (!p) continue;
-    if (!m->dev_pick) { /* a plan built before the device kernel */
-      st = m->be.ops->read(m->be.ctx, m->h_row, lg + (size_t)at * row, row, d);
-      if (st == IR_OK) irt_pick_row(m, p, m->h_row);
-      *waited = true;
-      continue;
+  for (int i = 0; i < n_items && st == IR_OK; at += logit_rows_of(&items[i]), i++)
+    for (int64_t j = 0; j < picks_of(&items[i]) && st == IR_OK; j++) {
+      irt_pick *p = &items[i].pick[j];
+      if (!m->dev_pick) { /* a plan built before the device kernel */
+        st = m->be.ops->read(m->be.ctx, m->h_row, lg + (size_t)(at + j) * row, row, d);
+        if (st == IR_OK) irt_pick_row(m, p, m->h_row);
+        *waited = true;
+        continue;
+      }
+      int np = p->n_pen > 0 ? p->n_pen : 0;
+      if (n_pen + np > m->pen_cap && (st = grow_pen(m, n_pen + np, d)) != IR_OK) break;
+      if (np) {
+        memcpy(m->h_pen_ids + n_pen, p->pen_ids, (size_t)np * sizeof *p->pen_ids);
+        memcpy(m->h_pen_sub + n_pen, p->pen_sub, (size_t)np * sizeof *p->pen_sub);
+      }
+      m->h_pick[n++] = pick_req(p, at + j, n_pen);
+      n_pen += np;
     }
-    const irt_sampling *sp = irt_sampler_params(p->sampler);
-    double u = sp->temperature > 0.0f ? irt_sampler_draw(p->sampler) : 0.0;
-    int n_top = p->n_top < 0 ? 0 : p->n_top > IRT_PICK_TOP ? IRT_PICK_TOP : p->n_top;
-    int np = p->n_pen > 0 ? p->n_pen : 0;
-    if (n_pen + np > m->pen_cap && (st = grow_pen(m, n_pen + np, d)) != IR_OK) break;
-    if (np) {
-      memcpy(m->h_pen_ids + n_pen, p->pen_ids, (size_t)np * sizeof *p->pen_ids);
-      memcpy(m->h_pen_sub + n_pen, p->pen_sub, (size_t)np * sizeof *p->pen_sub);
-    }
-    m->h_pick[n++] = (irt_pick_req){.temperature = sp->temperature, .top_p = sp->top_p,
-                                    .top_k = sp->top_k, .row = (int32_t)at, .u = u,
-                                    .n_top = n_top, .n_pen = np, .pen_off = n_pen};
-    n_pen += np;
-  }
   if (st != IR_OK || n == 0) return st;
   st = m->be.ops->pick(m->be.ctx, lg, m->info.vocab_size, n, m->h_pick, m->h_pen_ids,
                        m->h_pen_sub, m->h_pick_res, m->h_pick_top, d);
   *waited = true;
-  for (int i = 0, k = 0; i < n_items && st == IR_OK; i++) {
-    irt_pick *p = items[i].pick;
-    if (!p) continue;
-    p->token = m->h_pick_res[k].token;
-    p->logprob = m->h_pick_res[k].logprob;
-    for (int j = 0; j < m->h_pick[k].n_top; j++) {
-      p->top_ids[j] = m->h_pick_top[k * IRT_PICK_TOP + j].token;
-      p->top_logprobs[j] = m->h_pick_top[k * IRT_PICK_TOP + j].logprob;
+  for (int i = 0, k = 0; i < n_items && st == IR_OK; i++)
+    for (int64_t j = 0; j < picks_of(&items[i]); j++, k++) {
+      irt_pick *p = &items[i].pick[j];
+      p->token = m->h_pick_res[k].token;
+      p->logprob = m->h_pick_res[k].logprob;
+      for (int t = 0; t < m->h_pick[k].n_top; t++) {
+        p->top_ids[t] = m->h_pick_top[k * IRT_PICK_TOP + t].token;
+        p->top_logprobs[t] = m->h_pick_top[k * IRT_PICK_TOP + t].logprob;
+      }
     }
-    k++;
-  }
   return st;
 }
 

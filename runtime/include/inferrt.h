@@ -140,12 +140,18 @@ typedef struct irt_pick {
   const int32_t *pen_ids;
   const float *pen_sub;
   int n_pen;
+  /* 0: the pick takes the generator's next draw and moves it on (irt_sampler_sample).
+   * d > 0: it takes draw d - 1 counted from the next one and leaves the generator where
+   * it is -- the rows of drafted tokens, one pick each, before it is known how many
+   * count; irt_sampler_skip then moves the generator past the draws that did. */
+  int draw;
 } irt_pick;
 
 /* One entry of a flat step batch: append `n` tokens to `seq`, and write the logits of
  * its last token (all_logits=false: logits is (vocab)) or of every appended token
  * (all_logits=true: logits is (n, vocab)) unless logits is NULL, or pick the next token
- * (pick). A sequence appears at most once per batch. */
+ * (pick; with all_logits, one pick per appended token: pick[j] from token j's row). A
+ * sequence appears at most once per batch. */
 typedef struct irt_batch_item {
   irt_seq *seq;
   const int32_t *tokens;
@@ -153,7 +159,8 @@ typedef struct irt_batch_item {
   float *logits;
   bool all_logits;
   /* Instead of logits (which must then be NULL): the step chooses the token after the
-   * last one itself. On a device backend the row never leaves the device. */
+   * last one itself. On a device backend the row never leaves the device. With
+   * all_logits, pick holds n picks, one per appended token's row. */
   irt_pick *pick;
 } irt_batch_item;
 
@@ -182,6 +189,9 @@ irt_status irt_sampler_create(const irt_sampling *p, int64_t vocab_size, irt_sam
 void irt_sampler_destroy(irt_sampler *s);
 /* Picks the next token from logits (vocab_size values). Allocation-free. */
 int32_t irt_sampler_sample(irt_sampler *s, const float *logits);
+/* Moves the generator past n draws, as n samples would (none when temperature <= 0: a
+ * greedy sampler draws nothing). */
+void irt_sampler_skip(irt_sampler *s, int64_t n);
 
 /* --- text ------------------------------------------------------------------------------- */
 

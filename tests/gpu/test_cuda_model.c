@@ -367,7 +367,7 @@ static void test_engine_mixed(void) {
     irt_engine_stats sa, sb, sc;
     engine_mixed(cpu, &a, 0, &sa);
     engine_mixed(gpu, &b, 0, &sb);
-    engine_mixed(gpu, &c, 4, &sc); /* drafts: every row of a step comes down, host picks */
+    engine_mixed(gpu, &c, 4, &sc); /* drafts: rows picked on the device (penalty: host) */
     printf("engine with prompt-lookup drafts on the device: %s, %lld drafts, %lld kept, "
            "%lld steps (%lld without)\n",
            memcmp(a.tok, c.tok, sizeof a.tok) ? "DIFFER" : "as on the CPU",

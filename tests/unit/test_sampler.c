@@ -365,8 +365,30 @@ static void test_matches_plain_sort(void) {
   free(x);
 }
 
+/* irt_sampler_skip(n) leaves the generator where n samples would: the tokens after it are
+ * those that follow n samples of the same seed; a greedy sampler has no draws to skip. */
+static void test_skip(void) {
+  float x[NV];
+  distinct_logits(x, NV, 0.0f, 2.0f);
+  int32_t all[60];
+  draw(0.9f, 77, x, NV, all, 60);
+  for (int n = 0; n < 40; n += 13) {
+    irt_sampler *s = make(0.9f, 0, 1.0f, 77, NV);
+    irt_sampler_skip(s, n);
+    int ok = 1;
+    for (int i = n; i < 60; i++) ok &= irt_sampler_sample(s, x) == all[i];
+    CHECKF(ok, "skip %d: the tokens after it are not the draws from %d on", n, n);
+    irt_sampler_destroy(s);
+  }
+  irt_sampler *g = make(0.0f, 0, 1.0f, 77, NV);
+  irt_sampler_skip(g, 5);
+  CHECK(irt_sampler_sample(g, x) == irt_sampler_sample(g, x));
+  irt_sampler_destroy(g);
+}
+
 int main(void) {
   test_greedy();
+  test_skip();
   test_top1_any_temperature();
   test_top_k_membership();
   test_top_k_ties();
