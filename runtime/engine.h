@@ -8,7 +8,14 @@
 
 #include "model.h"
 
-typedef enum eseq_state { ESEQ_WAITING = 0, ESEQ_RUNNING = 1, ESEQ_DONE = 2 } eseq_state;
+/* FORKING: a completion of an n > 1 request created for its first token's pick, its
+ * blocks shared once the prompt's last step has run (sched.c's fork_completions). */
+typedef enum eseq_state {
+  ESEQ_WAITING = 0,
+  ESEQ_RUNNING = 1,
+  ESEQ_DONE = 2,
+  ESEQ_FORKING = 3,
+} eseq_state;
 
 typedef struct ereq ereq;
 
@@ -54,6 +61,7 @@ struct ereq {
   int n;
   eseq *seqs;             /* (n); only seqs[0] exists until the prompt is prefilled */
   int n_live;             /* seqs created so far */
+  bool forked;            /* n > 1: the completions share the prompt's blocks */
   int n_done;
   bool cancelled;
   bool counted;           /* prompt tokens entered the stats */

@@ -104,13 +104,16 @@ static void prefix_lookup(irt_engine *e, eseq *s) {
   s->last_hash = parent;
 }
 
-/* Can the step choose this sequence's next token itself (irt_pick: on a GPU the logits
- * then stay there)? Not for the first token of a request with n > 1: every completion
- * samples that one row here. */
-static bool pickable(const eseq *s) {
+/* Is this the first token of a request with n > 1, which every completion picks from
+ * the prompt's last row? */
+static bool fork_point(const eseq *s) {
   const ereq *q = s->req;
-  return !(q->n > 1 && q->n_live == 1 && s->n_generated == 0);
+  return q->n > 1 && !q->forked && s->n_generated == 0;
 }
+
+/* Can the step choose this sequence's next token with one pick (irt_pick: on a GPU the
+ * logits then stay there)? */
+static bool pickable(const eseq *s) { return !fork_point(s); }
 
 /* The pick of s's next token: its sampler, top_logprobs, and the presence/frequency
  * penalties of the tokens it generated so far. */
@@ -125,17 +128,38 @@ static irt_pick make_pick(eseq *s) {
   return p;
 }
 
+/* The first token of a request with n > 1: one pick per completion from the prompt's
+ * last row, each with the completion's own sampler, so the completions are created now
+ * (FORKING: their blocks come once the step has run, fork_completions). NULL when the
+ * step has no room for n picks or a completion cannot be created: then the row comes to
+ * the host and is sampled there for each. */
+static irt_pick *fork_picks(irt_engine *e, eseq *s) {
+  ereq *q = s->req;
+  if (e->rows_now + q->n > e->max_rows || e->row_picks_now + q->n > e->max_rows) return NULL;
+  for (int i = q->n_live; i < q->n; i++) {
+    irt_error err;
+    if (irt_eseq_init(e, q, i, &err) != IRT_OK) return NULL; /* fork_completions retries */
+    q->seqs[i].state = ESEQ_FORKING;
+  }
+  irt_pick *p = e->row_picks + e->row_picks_now;
+  for (int i = 0; i < q->n; i++) p[i] = make_pick(&q->seqs[i]);
+  e->row_picks_now += q->n;
+  return p;
+}
+
 /* Appends s's next `take` tokens to the step. Its logits row (if it needs one) gets its
  * place in e->logits once the step is complete (place_rows). */
 static void add_item(irt_engine *e, eseq *s, int64_t take) {
   int k = e->n_items_now++;
   bool last = s->kv->len + take == s->n_tokens, pick = last && pickable(s);
+  irt_pick *forks = last && !pick ? fork_picks(e, s) : NULL;
   if (pick) e->picks[k] = make_pick(s);
   e->items[k] = (irt_batch_item){.seq = s->kv, .tokens = s->tokens + s->kv->len, .n = take,
-                                 .logits = last && !pick ? e->logits : NULL,
-                                 .pick = pick ? &e->picks[k] : NULL};
+                                 .logits = last && !pick && !forks ? e->logits : NULL,
+                                 .pick = pick ? &e->picks[k] : forks,
+                                 .n_picks = forks ? s->req->n : 0};
   e->item_seq[k] = s;
-  e->rows_now += last;
+  e->rows_now += !last ? 0 : forks ? s->req->n : 1; /* a pick holds a row's place */
 }
 
 /* Gives s blocks for `take` tokens (halving take until it fits), preempting victims as
@@ -270,7 +294,7 @@ static bool schedule(irt_engine *e) {
   if (!grow_cand(e)) return false;
   e->n_items_now = 0;
   e->rows_now = 0;
-  e->row_picks_now = 0;
+  e->row_picks_now = 0; /* before any add_item: fork_picks takes them too */
   int64_t budget = e->budget;
   int n_run = collect(e, ESEQ_RUNNING, e->run, e->cap_cand);
   schedule_running(e, n_run, &budget);
@@ -397,12 +421,14 @@ static int32_t on_token(irt_engine *e, eseq *s, const float *lg) {
   return p.token;
 }
 
-/* After the prompt of a request with n > 1: the other completions share its blocks. */
+/* After the prompt of a request with n > 1: the other completions (created now, or
+ * FORKING since the step began) share its blocks. */
 static void fork_completions(irt_engine *e, eseq *s) {
   ereq *q = s->req;
+  q->forked = true;
   for (int i = 1; i < q->n; i++) {
     irt_error err;
-    if (irt_eseq_init(e, q, i, &err) != IRT_OK) {
+    if (q->seqs[i].state != ESEQ_FORKING && irt_eseq_init(e, q, i, &err) != IRT_OK) {
       q->seqs[i].req = q;
       q->seqs[i].index = i;
       finish(e, &q->seqs[i], IRT_FINISH_CANCELLED);
@@ -462,14 +488,20 @@ static void after_item(irt_engine *e, int k) {
   }
   register_blocks(e, s);
   const irt_pick *p = e->items[k].pick;
+  ereq *q = s->req;
+  if (p && e->items[k].n_picks > 1) { /* the first token of each completion */
+    fork_completions(e, s);
+    for (int i = 0; i < q->n; i++)
+      if (q->seqs[i].state == ESEQ_RUNNING) take_token(e, &q->seqs[i], p[i].token, p[i].logprob);
+    return;
+  }
   if (p) {
     if (s->state == ESEQ_RUNNING) take_token(e, s, p->token, p->logprob);
     return;
   }
   const float *lg = e->items[k].logits;
   if (!lg) return;
-  ereq *q = s->req;
-  bool fork = q->n > 1 && q->n_live == 1 && s->n_generated == 0;
+  bool fork = fork_point(s);
   if (fork) fork_completions(e, s);
   for (int i = fork ? 0 : s->index; i < (fork ? q->n_live : s->index + 1); i++)
     if (q->seqs[i].state == ESEQ_RUNNING) on_token(e, &q->seqs[i], lg);

@@ -21,13 +21,19 @@ static int64_t logit_rows_of(const irt_batch_item *it) {
   return it->logits || it->pick ? (it->all_logits ? it->n : 1) : 0;
 }
 
-/* Picks of an item: one per row. */
-static int64_t picks_of(const irt_batch_item *it) { return it->pick ? logit_rows_of(it) : 0; }
+/* Picks of an item: one per row, or n_picks of its one row. */
+static int64_t picks_of(const irt_batch_item *it) {
+  if (!it->pick) return 0;
+  return it->all_logits ? it->n : it->n_picks > 1 ? it->n_picks : 1;
+}
+
+/* The step's logits row (counted from the item's first) that pick k of an item reads. */
+static int64_t pick_row(const irt_batch_item *it, int64_t k) { return it->all_logits ? k : 0; }
 
 static irt_status check_batch(irt_model *m, const irt_batch_item *items, int n_items,
                               irt_error *err) {
   const irt_model_info *in = &m->info;
-  int64_t T = 0, L = 0;
+  int64_t T = 0, L = 0, P = 0;
   if (n_items <= 0 || n_items > in->max_step_seqs)
     return fail(err, IRT_INVALID_ARG, "a step takes 1 to %lld sequences, got %lld",
                 in->max_step_seqs, n_items);
@@ -59,7 +65,11 @@ static irt_status check_batch(irt_model *m, const irt_batch_item *items, int n_i
                     it->tokens[k], in->vocab_size);
     T += it->n;
     L += logit_rows_of(it);
+    P += picks_of(it);
   }
+  if (P > in->max_step_logits)
+    return fail(err, IRT_INVALID_ARG, "step wants %lld picks; the plan allows %lld", P,
+                in->max_step_logits);
   if (T > in->max_step_tokens)
     return fail(err, IRT_INVALID_ARG, "step of %lld tokens exceeds the plan's limit of %lld", T,
                 in->max_step_tokens);
@@ -138,7 +148,7 @@ static void copy_logits(irt_model *m, const irt_batch_item *items, int n_items) 
   for (int i = 0; i < n_items; i++) {
     int64_t r = logit_rows_of(&items[i]);
     for (int64_t k = 0; k < picks_of(&items[i]); k++)
-      irt_pick_row(m, &items[i].pick[k], lg + k * V);
+      irt_pick_row(m, &items[i].pick[k], lg + pick_row(&items[i], k) * V);
     if (items[i].logits) memcpy(items[i].logits, lg, (size_t)r * V * sizeof(float));
     lg += (size_t)r * V;
   }
@@ -179,7 +189,8 @@ static ir_status pick_device(irt_model *m, const irt_batch_item *items, int n_it
     for (int64_t j = 0; j < picks_of(&items[i]) && st == IR_OK; j++) {
       irt_pick *p = &items[i].pick[j];
       if (!m->dev_pick) { /* a plan built before the device kernel */
-        st = m->be.ops->read(m->be.ctx, m->h_row, lg + (size_t)(at + j) * row, row, d);
+        st = m->be.ops->read(m->be.ctx, m->h_row,
+                             lg + (size_t)(at + pick_row(&items[i], j)) * row, row, d);
         if (st == IR_OK) irt_pick_row(m, p, m->h_row);
         *waited = true;
         continue;
@@ -190,7 +201,7 @@ static ir_status pick_device(irt_model *m, const irt_batch_item *items, int n_it
         memcpy(m->h_pen_ids + n_pen, p->pen_ids, (size_t)np * sizeof *p->pen_ids);
         memcpy(m->h_pen_sub + n_pen, p->pen_sub, (size_t)np * sizeof *p->pen_sub);
       }
-      m->h_pick[n++] = pick_req(p, at + j, n_pen);
+      m->h_pick[n++] = pick_req(p, at + pick_row(&items[i], j), n_pen);
       n_pen += np;
     }
   if (st != IR_OK || n == 0) return st;

@@ -160,8 +160,11 @@ typedef struct irt_batch_item {
   bool all_logits;
   /* Instead of logits (which must then be NULL): the step chooses the token after the
    * last one itself. On a device backend the row never leaves the device. With
-   * all_logits, pick holds n picks, one per appended token's row. */
+   * all_logits, pick holds n picks, one per appended token's row; without, n_picks picks
+   * (0 counts as 1) of the last token's row -- the completions of one prompt, each with
+   * its own sampler. A step holds at most max_step_logits picks. */
   irt_pick *pick;
+  int n_picks;
 } irt_batch_item;
 
 /* Runs one step over all items. The batch must fit the step limits (sum of n <=

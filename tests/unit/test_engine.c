@@ -510,9 +510,71 @@ static void test_picks(irt_model *m) {
         strstr(err.msg, "outside the vocabulary"));
   it.pick = &pk, pk.n_pen = 0, it.logits = lg;
   CHECK(irt_decode_batch(m, &it, 1, &err) == IRT_INVALID_ARG && strstr(err.msg, "a pick needs"));
+  it.logits = NULL, pk.draw = -1;
+  CHECK(irt_decode_batch(m, &it, 1, &err) == IRT_INVALID_ARG && strstr(err.msg, "a pick needs"));
+  int64_t L = irt_model_get_info(m)->max_step_logits;
+  irt_pick *many = calloc((size_t)L + 1, sizeof *many);
+  for (int64_t j = 0; j <= L; j++) many[j] = (irt_pick){.sampler = dev};
+  it.pick = many, it.n_picks = (int)L + 1;
+  CHECK(irt_decode_batch(m, &it, 1, &err) == IRT_INVALID_ARG && strstr(err.msg, "picks; the plan"));
+  free(many);
   irt_sampler_destroy(host), irt_sampler_destroy(dev);
   irt_seq_destroy(a), irt_seq_destroy(b);
   free(lg), free(w);
+}
+
+/* One pick per row of a 4-token item, pick j taking draw j ahead (irt_pick.draw = j + 1):
+ * each is the token a sampler that sampled j times before would take from that row, and the
+ * generator does not move; n_picks picks of one row each take their own sampler's draw. */
+static void test_row_picks(irt_model *m) {
+  int64_t V = irt_model_get_info(m)->vocab_size;
+  int32_t p[7] = {5, 9, 2, 7, 1, 3, 8};
+  float *lg = malloc((size_t)(4 * V) * sizeof *lg);
+  irt_seq *a = NULL, *b = NULL;
+  irt_sampler *s = NULL, *ref = NULL, *t[3] = {NULL};
+  irt_error err = {0};
+  irt_sampling sp = {.temperature = 1.5f, .top_p = 1.0f, .seed = 42};
+  CHECK(irt_seq_create(m, &a, &err) == IRT_OK && irt_seq_create(m, &b, &err) == IRT_OK);
+  CHECK(irt_sampler_create(&sp, V, &s, &err) == IRT_OK);
+  CHECK(irt_sampler_create(&sp, V, &ref, &err) == IRT_OK);
+  CHECK(irt_seq_decode(m, a, p, 3, NULL, false, &err) == IRT_OK);
+  CHECK(irt_seq_decode(m, a, p + 3, 4, lg, true, &err) == IRT_OK); /* the rows, to the host */
+  CHECK(irt_seq_decode(m, b, p, 3, NULL, false, &err) == IRT_OK);
+  irt_pick pk[4];
+  for (int j = 0; j < 4; j++) pk[j] = (irt_pick){.sampler = s, .draw = j + 1};
+  irt_batch_item it = {.seq = b, .tokens = p + 3, .n = 4, .all_logits = true, .pick = pk};
+  CHECKF(irt_decode_batch(m, &it, 1, &err) == IRT_OK, "%s", err.msg);
+  int ok = 1;
+  for (int j = 0; j < 4; j++) ok &= pk[j].token == irt_sampler_sample(ref, lg + j * V);
+  CHECK(ok);
+  irt_sampler_skip(ref, -4); /* nothing: n < 0 */
+  irt_sampler_destroy(ref);
+  CHECK(irt_sampler_create(&sp, V, &ref, &err) == IRT_OK);
+  CHECK(irt_sampler_sample(s, lg) == irt_sampler_sample(ref, lg)); /* s did not move */
+  /* three completions of one row, seeds 42, 43, 44 */
+  irt_pick fk[3];
+  for (int i = 0; i < 3; i++) {
+    irt_sampling si = sp;
+    si.seed = sp.seed + (uint64_t)i;
+    CHECK(irt_sampler_create(&si, V, &t[i], &err) == IRT_OK);
+    fk[i] = (irt_pick){.sampler = t[i]};
+  }
+  irt_seq_truncate(b, 6);
+  irt_batch_item f = {.seq = b, .tokens = p + 6, .n = 1, .pick = fk, .n_picks = 3};
+  CHECKF(irt_decode_batch(m, &f, 1, &err) == IRT_OK, "%s", err.msg);
+  ok = 1;
+  for (int i = 0; i < 3; i++) {
+    irt_sampling si = sp;
+    si.seed = sp.seed + (uint64_t)i;
+    irt_sampler *r = NULL;
+    CHECK(irt_sampler_create(&si, V, &r, &err) == IRT_OK);
+    ok &= fk[i].token == irt_sampler_sample(r, lg + 3 * V);
+    irt_sampler_destroy(r), irt_sampler_destroy(t[i]);
+  }
+  CHECK(ok);
+  irt_sampler_destroy(s), irt_sampler_destroy(ref);
+  irt_seq_destroy(a), irt_seq_destroy(b);
+  free(lg);
 }
 
 int main(int argc, char **argv) {
@@ -533,6 +595,7 @@ int main(int argc, char **argv) {
   test_priority_and_limits(m);
   test_penalties_and_top(m);
   test_picks(m);
+  test_row_picks(m);
   irt_model_close(m);
   test_preemption(plan, ref, N, 0);
   test_preemption(plan, ref, N, 4);
