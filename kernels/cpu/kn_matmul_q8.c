@@ -302,6 +302,7 @@ typedef struct q8_args {
   bool swiglu; /* y[:, j] = silu(z[:, j]) * z[:, n + j]: W has 2n rows */
   kn_mm_tiles tiles;
   const q8_kernels *kern;
+  const q8_xblock *xq; /* m <= Q8_MAX_R: every row quantized once by the caller, or NULL */
 } q8_args;
 
 /* Rows [i0, i0 + mr) of x (quantized in xs) against columns [j0, j0 + nr / h) of y,
@@ -344,6 +345,10 @@ static void q8_tile(const q8_args *a, int64_t i0, int64_t i1, int64_t j0, int64_
     int mr = i1 - i >= kn->mr ? kn->mr : 1, nr = mr > 1 ? kn->nr : kn->nr1;
     q8_rows xs = {0};
     for (int r = 0; r < mr; r++) {
+      if (a->xq) {
+        xs.r[r] = a->xq + (i + r) * (k / KN_QBLOCK);
+        continue;
+      }
       kn->quant(a->x + (i + r) * k, k, buf[r]);
       xs.r[r] = buf[r];
     }
@@ -376,6 +381,13 @@ void kn_matmul_q8(kn_pool *p, float *y, const float *x, const void *w, ir_dtype 
   q8_args a = {.y = y, .x = x, .w = w, .bias = bias, .m = m, .n = n, .k = k,
                .w_row_bytes = (int64_t)ir_dtype_bytes(wt, (uint64_t)k), .swiglu = swiglu,
                .kern = q8_pick(wt)};
+  /* A few rows (decode) are quantized here once, not once per tile: a decode matmul has
+   * 8 or more tiles, and the lm_head over a hundred. */
+  q8_xblock rows[Q8_MAX_R * (KN_Q8_MAX_K / KN_QBLOCK)];
+  if (m <= Q8_MAX_R) {
+    for (int64_t i = 0; i < m; i++) a.kern->quant(x + i * k, k, rows + i * (k / KN_QBLOCK));
+    a.xq = rows;
+  }
   a.tiles = kn_mm_tiles_plan(m, n, a.w_row_bytes * (swiglu ? 2 : 1), kn_pool_threads(p));
   int64_t tasks = a.tiles.n_tasks, flops = 2 * m * n * k * (swiglu ? 2 : 1);
   kn_parallel_for(p, tasks, flops < Q8_SERIAL_FLOPS ? tasks : 1, q8_task, &a);
