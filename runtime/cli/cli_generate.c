@@ -209,31 +209,45 @@ static bool take(gen_state *g, const gen_args *a, int32_t tok) {
   return g->n_out == a->max_new;
 }
 
-/* Prefill, then one token a step; with --spec-tokens, a step also checks the drafts that
- * prompt lookup finds and keeps those the sampler picks itself, row by row: the tokens
- * (and the sampler's draws) are exactly those of decoding without drafts. */
+/* One step of n tokens whose next token(s) the step picks itself: with all_logits one
+ * pick per token (pick j taking draw j ahead), else one pick of the last token's row. */
+static irt_status step_pick(irt_model *m, irt_seq *s, const int32_t *tokens, int64_t n,
+                            bool all_logits, irt_sampler *smp, irt_pick *pk, irt_error *err) {
+  for (int64_t j = 0; j < (all_logits ? n : 1); j++)
+    pk[j] = (irt_pick){.sampler = smp, .draw = all_logits ? (int)j + 1 : 0};
+  irt_batch_item it = {.seq = s, .tokens = tokens, .n = n, .all_logits = all_logits, .pick = pk};
+  return irt_decode_batch(m, &it, 1, err);
+}
+
+/* Prefill, then one token a step, each picked in the step (on a GPU the logits stay
+ * there); with --spec-tokens, a step also checks the drafts that prompt lookup finds and
+ * keeps those the sampler picks itself, row by row: each row takes the draw it would take
+ * without drafts, and the generator then skips the rows used, so the tokens (and draws)
+ * are exactly those of decoding without drafts. */
 static irt_status run(gen_state *g, const gen_args *a, irt_error *err) {
   const irt_model_info *info = irt_model_get_info(g->m);
-  size_t V = (size_t)info->vocab_size;
   int K = a->spec.spec_tokens;
   irt_seq *s = NULL;
   irt_sampler *smp = NULL;
-  float *logits = malloc((size_t)(K + 1) * V * sizeof *logits);
+  irt_pick pk[IRT_MAX_SPEC_TOKENS + 1];
+  memset(pk, 0, sizeof pk);
   g->ctx = malloc((size_t)(a->n_ids + a->max_new + K + 1) * sizeof *g->ctx);
-  irt_status st = logits && g->ctx ? IRT_OK : IRT_OOM;
+  irt_status st = g->ctx ? IRT_OK : IRT_OOM;
   if (st == IRT_OK) memcpy(g->ctx, a->ids, (size_t)a->n_ids * sizeof *g->ctx);
   g->out = g->ctx ? g->ctx + a->n_ids : NULL;
   if (st == IRT_OK) st = irt_seq_create(g->m, &s, err);
   if (st == IRT_OK) st = irt_sampler_create(&a->sampling, info->vocab_size, &smp, err);
   double t0 = cli_now_ms();
-  if (st == IRT_OK && a->max_new > 0) st = irt_seq_decode(g->m, s, a->ids, a->n_ids, logits, false, err);
+  /* the prompt in steps of the plan's size, the last one picking the first token */
+  int64_t last = a->n_ids - 1 - (a->n_ids - 1) % info->max_step_tokens;
+  if (st == IRT_OK && a->max_new > 0 && last > 0)
+    st = irt_seq_decode(g->m, s, a->ids, last, NULL, false, err);
+  if (st == IRT_OK && a->max_new > 0)
+    st = step_pick(g->m, s, a->ids + last, a->n_ids - last, false, smp, pk, err);
   g->prefill_ms = cli_now_ms() - t0;
   t0 = cli_now_ms();
-  const float *row = logits;
-  int32_t next = -1; /* the pick that rejected a draft: the next token */
+  int32_t tok = pk[0].token;
   while (st == IRT_OK && g->n_out < a->max_new) {
-    int32_t tok = next >= 0 ? next : irt_sampler_sample(smp, row);
-    next = -1;
     int64_t len = irt_seq_length(s), n_ctx = a->n_ids + g->n_out + 1;
     if (take(g, a, tok) || len + 1 >= info->context_length) break;
     int64_t cap = K, lim[2] = {a->max_new - g->n_out - 1, info->context_length - len - 2};
@@ -243,29 +257,24 @@ static irt_status run(gen_state *g, const gen_args *a, irt_error *err) {
                     : 0;
     int32_t draft[IRT_MAX_SPEC_TOKENS];
     memcpy(draft, g->ctx + n_ctx, (size_t)d * sizeof *draft); /* take() overwrites them */
-    st = irt_seq_decode(g->m, s, g->ctx + n_ctx - 1, 1 + d, logits, d > 0, err);
-    row = logits;
+    st = step_pick(g->m, s, g->ctx + n_ctx - 1, 1 + d, d > 0, smp, pk, err);
+    tok = pk[0].token;
     if (st != IRT_OK || d == 0) continue;
     g->drafted += d;
     int i = 0;
     bool done = false;
-    for (; i < d && !done; i++) {
-      int32_t t = irt_sampler_sample(smp, logits + (size_t)i * V);
-      if (t != draft[i]) {
-        next = t;
-        break;
-      }
+    for (; i < d && !done && pk[i].token == draft[i]; i++) {
       g->kept++;
-      done = take(g, a, t);
+      done = take(g, a, pk[i].token);
     }
     if (done) break;
-    if (i == d) row = logits + (size_t)d * V;
+    irt_sampler_skip(smp, i + 1); /* rows 0..i drew */
+    tok = pk[i].token;            /* the pick that rejected a draft, or the one after all */
     irt_seq_truncate(s, len + 1 + i); /* the token and the drafts kept */
   }
   g->decode_ms = cli_now_ms() - t0;
   irt_sampler_destroy(smp);
   irt_seq_destroy(s);
-  free(logits);
   return st;
 }
 
