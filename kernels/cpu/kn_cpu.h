@@ -96,6 +96,25 @@ void kn_rope(kn_pool *p, float *x, const int32_t *pos, const float *cos_sin, int
  * by kn_swiglu and the matmul epilogue so both round alike. */
 static inline float kn_silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
 
+/* The epilogue of one matmul kernel call (kn_matmul, kn_matmul_wq, kn_matmul_q8): mr rows
+ * of z, nr sums each, into columns [0, nv) of y's rows (row stride ldy). Plain: y = z +
+ * bg. swiglu: gate sums in z[0, cols), up sums in z[cols, 2 cols), y = kn_silu_mul(gate +
+ * bg, up + bu). bg / bu: the gate and up bias at the first column, or NULL. Bias first, as
+ * the plain matmul stores z, so swiglu is kn_swiglu of that output bit for bit. */
+static inline void kn_mm_store(float *y, int64_t ldy, const float *z, int mr, int nr, int cols,
+                               int64_t nv, const float *bg, const float *bu, bool swiglu) {
+  for (int r = 0; r < mr; r++, y += ldy) {
+    const float *zr = z + r * nr;
+    if (!swiglu && bg)
+      for (int64_t c = 0; c < nv; c++) y[c] = zr[c] + bg[c];
+    else if (!swiglu)
+      for (int64_t c = 0; c < nv; c++) y[c] = zr[c];
+    else
+      for (int64_t c = 0; c < nv; c++)
+        y[c] = kn_silu_mul(bg ? zr[c] + bg[c] : zr[c], bg ? zr[cols + c] + bu[c] : zr[cols + c]);
+  }
+}
+
 /* Rotates one head in place (x: head_dim values, the first rot_dim rotated) with the
  * (cos, sin) row of its position: cs = cos_sin + pos * rot_dim. The arithmetic of kn_rope. */
 void kn_rope_head(float *x, const float *cs, int64_t rot_dim, int neox);

@@ -668,17 +668,6 @@ static const void *mm_wrow(const mm_wsrc *s, int64_t j, int h) {
  * the W rows on gate and half on up. */
 static int mm_cols(const mm_args *a, int nr) { return a->swiglu ? nr / 2 : nr; }
 
-/* The swiglu epilogue of one call: gate sums in acc[0, nc), up sums in acc[nc, 2 nc). Bias
- * first, as kn_matmul stores z, so the result is kn_swiglu of kn_matmul's output. */
-static void mm_store_swiglu(const mm_args *a, const float *acc, int nc, int64_t nv, float *y,
-                            int64_t j0) {
-  for (int64_t c = 0; c < nv; c++) {
-    float g = acc[c], u = acc[nc + c];
-    if (a->bias) g += a->bias[j0 + c], u += a->bias[a->n + j0 + c];
-    y[c] = kn_silu_mul(g, u);
-  }
-}
-
 /* Runs one kernel call for rows [i0, i0 + mr) of x and columns [j0, j0 + cols) of y,
  * clipped at j1: missing W rows repeat row j0 and their outputs are dropped. */
 static void mm_block(const mm_args *a, const mm_wsrc *ws, mm_kern_fn fn, int mr, int nr,
@@ -694,15 +683,9 @@ static void mm_block(const mm_args *a, const mm_wsrc *ws, mm_kern_fn fn, int mr,
     if (a->swiglu) wr[nc + c] = mm_wrow(ws, j0 + (c < nv ? c : 0), 1);
   }
   fn(xr, wr, a->k, acc);
-  for (int r = 0; r < mr; r++) {
-    float *y = a->y + (i0 + r) * a->n + j0;
-    if (a->swiglu) {
-      mm_store_swiglu(a, acc + r * nr, nc, nv, y, j0);
-      continue;
-    }
-    for (int64_t c = 0; c < nv; c++)
-      y[c] = a->bias ? acc[r * nr + c] + a->bias[j0 + c] : acc[r * nr + c];
-  }
+  const float *b = a->bias;
+  kn_mm_store(a->y + i0 * a->n + j0, a->n, acc, mr, nr, nc, nv, b ? b + j0 : NULL,
+              b ? b + a->n + j0 : NULL, a->swiglu);
 }
 
 /* Panels of W rows, converted to f32 once, swept by every x row of the tile. A panel's

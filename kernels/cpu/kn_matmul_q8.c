@@ -80,22 +80,6 @@ static void q8_quantize_c(const float *x, int64_t k, q8_xblock *out) {
 
 /* ---- portable C (the reference) ------------------------------------------------------ */
 
-static inline void q8_wcodes(const uint8_t *blk, ir_dtype dt, int8_t *wq, float *dw,
-                             float *mw) {
-  *dw = kn_quant_f16(blk);
-  *mw = dt == IR_Q4_1 ? kn_quant_f16(blk + 2) : 0.0f;
-  if (dt == IR_Q8_0) {
-    memcpy(wq, blk + 2, KN_QBLOCK);
-    return;
-  }
-  const uint8_t *qs = blk + (dt == IR_Q4_1 ? 4 : 2);
-  int off = dt == IR_Q4_0 ? 8 : 0;
-  for (int i = 0; i < KN_QBLOCK / 2; i++) {
-    wq[i] = (int8_t)((qs[i] & 15) - off);
-    wq[i + KN_QBLOCK / 2] = (int8_t)((qs[i] >> 4) - off);
-  }
-}
-
 static inline float q8_fold(float *v, float mterm) {
   for (int w = Q8_LANES / 2; w > 0; w /= 2)
     for (int l = 0; l < w; l++) v[l] += v[l + w];
@@ -109,16 +93,15 @@ q8_body_c(const q8_rows *x, const uint8_t *const *wr, int64_t nb, float *out, ir
   const int bb = kn_quant_block_bytes(dt);
   for (int64_t b = 0; b < nb; b++)
     for (int c = 0; c < nr; c++) {
-      int8_t wq[KN_QBLOCK];
-      float dw, mw;
-      q8_wcodes(wr[c] + b * bb, dt, wq, &dw, &mw);
+      float wq[KN_QBLOCK], dw, mw; /* the block's codes (small exact integers), d and m */
+      kn_quant_block(wr[c] + b * bb, dt, wq, &dw, &mw);
       for (int r = 0; r < mr; r++) {
         const q8_xblock *xb = x->r[r] + b;
         const int8_t *xq = xb->q;
         float sc = dw * xb->d;
         for (int l = 0; l < Q8_LANES; l++) {
           int p = 0;
-          for (int j = 4 * l; j < 4 * l + 4; j++) p += wq[j] * xq[j];
+          for (int j = 4 * l; j < 4 * l + 4; j++) p += (int)wq[j] * xq[j];
           acc[r][c][l] = fmaf(sc, (float)p, acc[r][c][l]);
         }
         if (dt == IR_Q4_1) mterm[r][c] = fmaf(mw, xb->s, mterm[r][c]);
@@ -319,21 +302,9 @@ static void q8_block(const q8_args *a, const q8_rows *xs, q8_fn fn, int mr, int 
     if (a->swiglu) wr[nc + c] = a->w + (a->n + j) * a->w_row_bytes;
   }
   fn(xs, wr, a->k / KN_QBLOCK, acc);
-  for (int r = 0; r < mr; r++) {
-    float *y = a->y + (i0 + r) * a->n + j0;
-    const float *z = acc + r * nr;
-    for (int64_t c = 0; c < nv; c++) {
-      float g = z[c];
-      if (a->bias) g += a->bias[j0 + c];
-      if (!a->swiglu) {
-        y[c] = g;
-        continue;
-      }
-      float u = z[nc + c];
-      if (a->bias) u += a->bias[a->n + j0 + c];
-      y[c] = kn_silu_mul(g, u);
-    }
-  }
+  const float *b = a->bias;
+  kn_mm_store(a->y + i0 * a->n + j0, a->n, acc, mr, nr, nc, nv, b ? b + j0 : NULL,
+              b ? b + a->n + j0 : NULL, a->swiglu);
 }
 
 /* A tile: each group of x rows is quantized once (into L1), then sweeps the W columns. */

@@ -657,21 +657,9 @@ static int64_t wq_rows(const wq_args *a, int nr, int64_t j0, int64_t j1, int64_t
 /* y[i0 + r, j0 + c] from the dot products z of one call (bias and epilogue). */
 static void wq_store(const wq_args *a, const float *z, int mr, int nr, int64_t nv, int64_t i0,
                      int64_t j0) {
-  /* locals: stores to y could alias *a, which would reload a->bias and a->swiglu per y */
-  const int cols = wq_cols(a, nr);
-  const float *bias = a->bias, *bg = bias ? bias + j0 : NULL, *bu = bias ? bias + a->n + j0 : NULL;
-  for (int r = 0; r < mr; r++) {
-    float *y = a->y + (i0 + r) * a->n + j0;
-    const float *zr = z + r * nr;
-    if (!a->swiglu && bias)
-      for (int64_t c = 0; c < nv; c++) y[c] = zr[c] + bg[c];
-    else if (!a->swiglu)
-      for (int64_t c = 0; c < nv; c++) y[c] = zr[c];
-    else
-      for (int64_t c = 0; c < nv; c++)
-        y[c] = kn_silu_mul(bias ? zr[c] + bg[c] : zr[c],
-                           bias ? zr[cols + c] + bu[c] : zr[cols + c]);
-  }
+  const float *b = a->bias;
+  kn_mm_store(a->y + i0 * a->n + j0, a->n, z, mr, nr, wq_cols(a, nr), nv, b ? b + j0 : NULL,
+              b ? b + a->n + j0 : NULL, a->swiglu);
 }
 
 /* Rows [i0, i0 + mr) of x against the W rows of columns [j0, j1). */
