@@ -146,7 +146,7 @@ void irt_sampler_skip(irt_sampler *s, int64_t n) {
 }
 
 double irt_pick_draw(irt_pick *p) {
-  if (irt_sampler_params(p->sampler)->temperature <= 0.0f) return 0.0;
+  if (p->sampler->p.temperature <= 0.0f) return 0.0;
   return p->draw > 0 ? irt_sampler_peek(p->sampler, p->draw - 1) : irt_sampler_draw(p->sampler);
 }
 

@@ -105,15 +105,12 @@ static void prefix_lookup(irt_engine *e, eseq *s) {
 }
 
 /* Is this the first token of a request with n > 1, which every completion picks from
- * the prompt's last row? */
+ * the prompt's last row? (Any other next token is one pick, irt_pick: on a GPU the logits
+ * then stay there.) */
 static bool fork_point(const eseq *s) {
   const ereq *q = s->req;
   return q->n > 1 && !q->forked && s->n_generated == 0;
 }
-
-/* Can the step choose this sequence's next token with one pick (irt_pick: on a GPU the
- * logits then stay there)? */
-static bool pickable(const eseq *s) { return !fork_point(s); }
 
 /* The pick of s's next token: its sampler, top_logprobs, and the presence/frequency
  * penalties of the tokens it generated so far. */
@@ -151,7 +148,7 @@ static irt_pick *fork_picks(irt_engine *e, eseq *s) {
  * place in e->logits once the step is complete (place_rows). */
 static void add_item(irt_engine *e, eseq *s, int64_t take) {
   int k = e->n_items_now++;
-  bool last = s->kv->len + take == s->n_tokens, pick = last && pickable(s);
+  bool last = s->kv->len + take == s->n_tokens, pick = last && !fork_point(s);
   irt_pick *forks = last && !pick ? fork_picks(e, s) : NULL;
   if (pick) e->picks[k] = make_pick(s);
   e->items[k] = (irt_batch_item){.seq = s->kv, .tokens = s->tokens + s->kv->len, .n = take,
@@ -261,7 +258,7 @@ static void add_drafts(irt_engine *e, int64_t budget) {
   for (int k = 0; k < e->n_items_now && budget > 0 && e->rows_now < e->max_rows; k++) {
     eseq *s = e->item_seq[k];
     irt_batch_item *it = &e->items[k];
-    if (it->n != 1 || s->kv->len + 1 != s->n_tokens || !pickable(s)) continue;
+    if (it->n != 1 || s->kv->len + 1 != s->n_tokens || fork_point(s)) continue;
     int64_t cap = s->spec_len;
     int64_t lim[4] = {budget, e->max_rows - e->rows_now,
                       s->req->r.max_tokens - s->n_generated - 1, in->context_length - s->n_tokens};
