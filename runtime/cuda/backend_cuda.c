@@ -24,6 +24,9 @@ static const struct {
     {CF_CAST_F16, "cast", "kn_cast_f16"},
     {CF_CAST_BF16, "cast", "kn_cast_bf16"},
     {CF_ADD_BIAS, "cast", "kn_add_bias"},
+    {CF_DEQUANT_Q8_0, "cast", "kn_dequant_q8_0"},
+    {CF_DEQUANT_Q4_0, "cast", "kn_dequant_q4_0"},
+    {CF_DEQUANT_Q4_1, "cast", "kn_dequant_q4_1"},
     {CF_EMBED_F32, "embed", "kn_embed_f32"},
     {CF_EMBED_F16, "embed", "kn_embed_f16"},
     {CF_EMBED_BF16, "embed", "kn_embed_bf16"},
@@ -154,6 +157,7 @@ static ir_status load_source(cuda_ctx *c, const irt_cuda_opts *o, const char *sr
 static bool optional_fn(cuda_fn f) {
   return (f >= CF_GEMV_F32_SWIGLU && f <= CF_GEMV_Q4_1_SWIGLU) || f == CF_ROPE_KV_WRITE ||
          f == CF_SWIGLU_PACKED || f == CF_ATTN_PREFILL_TC || f == CF_PICK ||
+         (f >= CF_DEQUANT_Q8_0 && f <= CF_DEQUANT_Q4_1) ||
          (f >= CF_KV_WRITE_F16 && f <= CF_ATTN_PREFILL_TC_F16);
 }
 
@@ -217,6 +221,8 @@ static ir_status alloc_scratch(cuda_ctx *c, const ir_graph *g, ir_diag *d) {
   if (st == IR_OK) st = dev_alloc(c, rows * 2 * 4, &c->part_ml, "attention scratch", d);
   if (st == IR_OK && c->xh_bytes) st = dev_alloc(c, c->xh_bytes, &c->xh, "GEMM scratch", d);
   if (st == IR_OK && c->zh_bytes) st = dev_alloc(c, c->zh_bytes, &c->zh, "swiglu scratch", d);
+  if (st == IR_OK && c->wh_bytes)
+    st = dev_alloc(c, c->wh_bytes, &c->wh, "dequantized weight scratch", d);
   size_t pick = (size_t)c->max_logits *
                 (sizeof(irt_pick_req) + sizeof(irt_pick_res) * (1 + IRT_PICK_TOP));
   if (st == IR_OK && c->fn[CF_PICK]) st = dev_alloc(c, pick, &c->d_pick, "pick buffer", d);
@@ -636,7 +642,7 @@ static void cuda_destroy(void *vctx) {
     for (int i = 0; i < c->n_buckets; i++)
       if (c->exec[i]) c->cu.graph_exec_destroy(c->exec[i]);
     if (c->blas_h) c->blas.destroy(c->blas_h);
-    CUdeviceptr bufs[] = {c->d_stage, c->part_acc, c->part_ml, c->xh,     c->zh,
+    CUdeviceptr bufs[] = {c->d_stage, c->part_acc, c->part_ml,     c->xh,  c->zh, c->wh,
                           c->blas_ws, c->d_pick,   c->d_pick_work, c->d_pen};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
       if (bufs[i]) c->cu.mem_free(bufs[i]);
@@ -684,6 +690,20 @@ static void set_limits(cuda_ctx *c, const ir_graph *g, const irt_cuda_opts *o) {
   c->t_rows = ir_graph_find_tensor(g, "logit_rows");
 }
 
+/* CUDA_DEQUANT_GEMM_M, or $INFERRT_CUDA_DEQUANT_GEMM_M (rows; 0 never). */
+static ir_status set_dequant_gemm_m(cuda_ctx *c, ir_diag *d) {
+  const char *v = getenv("INFERRT_CUDA_DEQUANT_GEMM_M");
+  c->dequant_gemm_m = CUDA_DEQUANT_GEMM_M;
+  if (!v || !*v) return IR_OK;
+  char *end = NULL;
+  long long m = strtoll(v, &end, 10);
+  if (*end || m < 0 || m > (1LL << 30))
+    return ir_diag_set(d, IR_INVALID_ARG,
+                       "INFERRT_CUDA_DEQUANT_GEMM_M='%s': want a row count >= 0 (0: never)", v);
+  c->dequant_gemm_m = m;
+  return IR_OK;
+}
+
 __attribute__((visibility("default"))) ir_status
 irt_backend_cuda_create(const irt_cuda_opts *o, const ir_graph *g, irt_backend *out, ir_diag *d);
 
@@ -697,7 +717,8 @@ ir_status irt_backend_cuda_create(const irt_cuda_opts *o, const ir_graph *g, irt
   cuda_ctx *c = calloc(1, sizeof *c);
   if (!c) return ir_diag_set(d, IR_OOM, "out of memory");
   set_limits(c, g, o);
-  ir_status st = cu_api_load(&c->cu, d);
+  ir_status st = set_dequant_gemm_m(c, d);
+  if (st == IR_OK) st = cu_api_load(&c->cu, d);
   if (st == IR_OK) st = open_device(c, o->device, d);
   if (st == IR_OK && (c->max_blocks <= 0 || c->max_tokens <= 0 || c->max_seqs <= 0 ||
                       c->max_logits <= 0 || c->head_dim <= 0 || c->n_heads <= 0))
@@ -706,7 +727,8 @@ ir_status irt_backend_cuda_create(const irt_cuda_opts *o, const ir_graph *g, irt
   if (st == IR_OK) st = check_kv_dtype(c, o->kv_dtype, d);
   if (st == IR_OK) open_blas(c);
   if (st == IR_OK) st = cuda_ops_check(c, g, d);
-  if (st == IR_OK && !c->fn[CF_CAST_F16]) c->xh_bytes = 0; /* no cast kernels: GEMV only */
+  if (st == IR_OK && !c->fn[CF_CAST_F16]) /* no cast kernels: GEMV only */
+    c->xh_bytes = c->wh_bytes = 0;
   if (st == IR_OK) st = alloc_scratch(c, g, d);
   if (st != IR_OK) {
     if (c->cu.init) cuda_destroy(c);

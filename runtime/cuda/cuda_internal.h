@@ -19,7 +19,8 @@ typedef enum cuda_fn {
   CF_GEMV_Q8_0_SWIGLU, CF_GEMV_Q4_0_SWIGLU, CF_GEMV_Q4_1_SWIGLU, CF_GEMV_WQ_I4, CF_GEMV_WQ_I8,
   CF_KV_WRITE, CF_ROPE_KV_WRITE, CF_KV_WRITE_F16, CF_ROPE_KV_WRITE_F16, CF_ATTN_DECODE_F16,
   CF_ATTN_PREFILL_F16, CF_ATTN_PREFILL_TC_F16, CF_RMS_NORM, CF_ADD_RMS_NORM, CF_ROPE_NEOX,
-  CF_ROPE_INTERLEAVED, CF_PICK, CF_SWIGLU, CF_SWIGLU_PACKED, CF_COUNT
+  CF_ROPE_INTERLEAVED, CF_PICK, CF_SWIGLU, CF_SWIGLU_PACKED, CF_DEQUANT_Q8_0, CF_DEQUANT_Q4_0,
+  CF_DEQUANT_Q4_1, CF_COUNT
 } cuda_fn;
 
 /* Fixed launch geometry of kernels/cuda (their compile-time defaults). */
@@ -33,6 +34,11 @@ typedef enum cuda_fn {
 /* Dense f32/f16/bf16 matmuls with more rows than this go to cuBLAS; fewer to the GEMV,
  * which reads the weights once per CUDA_GEMV_M rows. */
 #define CUDA_GEMV_MAX_M 4
+/* GGUF block weights (q8_0, q4_0, q4_1) in a matmul of at least this many rows (prefill
+ * chunks, the largest decode buckets) are dequantized to f16 (kn_dequant_*) for cuBLAS:
+ * the GEMV would read them once per CUDA_GEMV_M rows. $INFERRT_CUDA_DEQUANT_GEMM_M
+ * overrides it (0: never), to compare. */
+#define CUDA_DEQUANT_GEMM_M 32
 #define CUDA_MAX_BUCKETS IR_MAX_DECODE_BUCKETS
 
 /* $INFERRT_CUDA_PROFILE=1: the time of every node of every step (CUDA events around each;
@@ -98,6 +104,10 @@ typedef struct cuda_ctx {
   /* swiglu scratch: the (max_tokens x 2n) sums of a fused gate_up matmul run on cuBLAS */
   CUdeviceptr zh;
   size_t zh_bytes;
+  /* dequantized weights: the f16 copy of the largest block-weight matrix taking cuBLAS */
+  CUdeviceptr wh;
+  size_t wh_bytes;
+  int64_t dequant_gemm_m; /* CUDA_DEQUANT_GEMM_M or its override; 0: never */
   CUdeviceptr blas_ws;
   /* token picks (kn_pick): max_logits requests, results, then IRT_PICK_TOP alternatives a
    * pick, pinned and on the device */

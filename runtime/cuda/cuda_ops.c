@@ -79,12 +79,27 @@ static ir_status run_gemv(cuda_ctx *c, ir_dtype wt, bool swiglu, CUdeviceptr y, 
                 d);
 }
 
+static bool dense(ir_dtype t) { return t == IR_F32 || t == IR_F16 || t == IR_BF16; }
+static bool block(ir_dtype t) { return t == IR_Q8_0 || t == IR_Q4_0 || t == IR_Q4_1; }
+
+static cuda_fn dequant_fn(ir_dtype t) {
+  return t == IR_Q8_0 ? CF_DEQUANT_Q8_0 : t == IR_Q4_0 ? CF_DEQUANT_Q4_0 : CF_DEQUANT_Q4_1;
+}
+
 /* Row-major y(m, n) = x(m, k) . W(n, k)^T is column-major y^T = W^T(k, n)^T . x^T: cuBLAS
- * computes C(n x m) = op(A) B with A = W (k x n, ld k) transposed, B = x^T (k x m, ld k). */
+ * computes C(n x m) = op(A) B with A = W (k x n, ld k) transposed, B = x^T (k x m, ld k).
+ * Block weights go through their f16 copy (c->wh), f16/bf16 weights take x in their type. */
 static ir_status run_gemm(cuda_ctx *c, ir_dtype wt, CUdeviceptr y, CUdeviceptr x, CUdeviceptr w,
                           CUdeviceptr bias, int m, int nn, int k, ir_diag *d) {
   int type = CUB_R_32F;
   CUdeviceptr xb = x;
+  if (block(wt)) { /* the f16 copy of W in the weight scratch */
+    long long blocks = (long long)nn * k / 32;
+    void *args[] = {&c->wh, &w, &blocks};
+    ir_status st = launch(c, dequant_fn(wt), grid_for(blocks * 4), 1, 1, 256, args, d);
+    if (st != IR_OK) return st;
+    w = c->wh, wt = IR_F16;
+  }
   if (wt != IR_F32) { /* both operands in the weights' type */
     long long cnt = (long long)m * k;
     xb = c->xh;
@@ -109,8 +124,6 @@ static ir_status run_gemm(cuda_ctx *c, ir_dtype wt, CUdeviceptr y, CUdeviceptr x
   return launch(c, CF_ADD_BIAS, grid_for(mm * n64), 1, 1, 256, args, d);
 }
 
-static bool dense(ir_dtype t) { return t == IR_F32 || t == IR_F16 || t == IR_BF16; }
-
 /* The GEMV kernels load 16 bytes of a weight row at a time (gemv.cu). */
 static bool gemv_ok(ir_dtype wt, int64_t k) {
   return wt == IR_F32 ? k % 4 == 0 : dense(wt) ? k % 8 == 0 : k % 32 == 0;
@@ -118,6 +131,19 @@ static bool gemv_ok(ir_dtype wt, int64_t k) {
 
 static bool blas_ok(const cuda_ctx *c, ir_dtype wt) {
   return dense(wt) && c->blas_h && (wt == IR_F32 || c->fn[CF_CAST_F16]);
+}
+
+/* Block weights can take cuBLAS (f16 copies from kn_dequant_*, plans built before it: no). */
+static bool dequant_ok(const cuda_ctx *c, ir_dtype wt) {
+  return block(wt) && c->dequant_gemm_m > 0 && c->blas_h && c->fn[CF_CAST_F16] &&
+         c->fn[dequant_fn(wt)];
+}
+
+/* This matmul of m rows of x runs on cuBLAS: dense weights past the GEMV's rows (or a k it
+ * cannot take), block weights from c->dequant_gemm_m rows. */
+static bool gemm_of(const cuda_ctx *c, ir_dtype wt, int64_t m, int64_t k) {
+  if (block(wt)) return dequant_ok(c, wt) && m >= c->dequant_gemm_m;
+  return blas_ok(c, wt) && (m > CUDA_GEMV_MAX_M || !gemv_ok(wt, k));
 }
 
 /* gemv_wq.cu's zero-point code (0 none, 1 u8, 2 i8, 3 f16, 4 f32), or -1: not readable. */
@@ -152,7 +178,7 @@ static bool swiglu_of(const ir_node *n) {
 }
 
 /* Matmuls: the GEMV kernels for few rows (a fused gate_up's swiglu in their epilogue),
- * cuBLAS for more, gemv_wq for int8/int4 weights. A fused gate_up that is not on the GEMV
+ * cuBLAS for more (gemm_of), gemv_wq for int8/int4 weights. A fused gate_up that is not on the GEMV
  * kernels writes its (m, 2n) sums to the swiglu scratch, then kn_swiglu_packed. */
 static ir_status run_matmul(cuda_ctx *c, const ir_graph *g, const ir_node *n, void *const *ptrs,
                             const cuda_step *s, ir_diag *d) {
@@ -160,7 +186,7 @@ static ir_status run_matmul(cuda_ctx *c, const ir_graph *g, const ir_node *n, vo
   ir_dtype wt = T_(1)->dtype;
   CUdeviceptr bias = n->n_in > 2 && n->in[2] >= 0 ? P_(2) : 0, y = O_(0);
   bool swiglu = swiglu_of(n), wq = wt == IR_I8 || wt == IR_I4;
-  bool blas = !wq && blas_ok(c, wt) && (m > CUDA_GEMV_MAX_M || !gemv_ok(wt, k));
+  bool blas = !wq && gemm_of(c, wt, m, k);
   if (m == 0) return IR_OK;
   if (swiglu && !wq && !blas) return run_gemv(c, wt, true, y, P_(0), P_(1), bias, m, nn / 2, k, d);
   CUdeviceptr z = swiglu ? c->zh : y;
@@ -323,7 +349,21 @@ static ir_status check_wq(cuda_ctx *c, const ir_graph *g, const ir_node *n, ir_d
   return IR_OK;
 }
 
-static ir_status check_matmul(cuda_ctx *c, const ir_graph *g, const ir_node *n, size_t *xh,
+/* The scratch the matmuls need (bytes): f16/bf16 activations, swiglu sums, f16 weights. */
+typedef struct scratch {
+  size_t xh, zh, wh;
+} scratch;
+
+static void need(size_t *have, size_t bytes) {
+  if (bytes > *have) *have = bytes;
+}
+
+/* Block weights of this plan's matmuls can take cuBLAS (a step can have enough rows). */
+static bool dequant_plan(const cuda_ctx *c, const ir_graph *g, ir_dtype wt) {
+  return dequant_ok(c, wt) && g->config.max_tokens >= c->dequant_gemm_m;
+}
+
+static ir_status check_matmul(cuda_ctx *c, const ir_graph *g, const ir_node *n, scratch *sc,
                               ir_diag *d) {
   ir_dtype wt = T_(1)->dtype;
   if (wt == IR_I8 || wt == IR_I4) return check_wq(c, g, n, d);
@@ -342,17 +382,17 @@ static ir_status check_matmul(cuda_ctx *c, const ir_graph *g, const ir_node *n, 
                        "cuda backend: matmul '%s': k = %lld needs cuBLAS (libcublas), which "
                        "is not available",
                        n->name, (long long)k);
-  if (wt == IR_F16 || wt == IR_BF16) {
-    size_t need = (size_t)g->config.max_tokens * (size_t)k * 2;
-    if (need > *xh) *xh = need;
-  }
+  bool dq = dequant_plan(c, g, wt);
+  if (wt == IR_F16 || wt == IR_BF16 || dq)
+    need(&sc->xh, (size_t)g->config.max_tokens * (size_t)k * 2);
+  if (dq) need(&sc->wh, (size_t)ir_dim_value(g, T_(1)->dims[0], NULL) * (size_t)k * 2);
   return IR_OK;
 }
 
 /* A fused gate_up matmul (act=swiglu): the GEMV kernels' epilogue, or kn_swiglu_packed
  * after cuBLAS / gemv_wq over the swiglu scratch (max_tokens x 2n), sized here only for
- * the matmuls that can take those paths (GGUF block weights never do). */
-static ir_status check_swiglu(cuda_ctx *c, const ir_graph *g, const ir_node *n, size_t *zh,
+ * the matmuls that can take those paths. */
+static ir_status check_swiglu(cuda_ctx *c, const ir_graph *g, const ir_node *n, scratch *sc,
                               ir_diag *d) {
   ir_dtype wt = T_(1)->dtype;
   bool wq = wt == IR_I8 || wt == IR_I4;
@@ -361,9 +401,8 @@ static ir_status check_swiglu(cuda_ctx *c, const ir_graph *g, const ir_node *n, 
                        "cuda backend: matmul '%s': the plan's kernels have no swiglu epilogue "
                        "(an older infc built it); rebuild it",
                        n->name);
-  if (!wq && !blas_ok(c, wt)) return IR_OK; /* always the GEMV kernels: no scratch */
-  size_t need = (size_t)g->config.max_tokens * (size_t)ir_dim_value(g, T_(1)->dims[0], NULL) * 4;
-  if (need > *zh) *zh = need;
+  if (!wq && !blas_ok(c, wt) && !dequant_plan(c, g, wt)) return IR_OK; /* GEMV only */
+  need(&sc->zh, (size_t)g->config.max_tokens * (size_t)ir_dim_value(g, T_(1)->dims[0], NULL) * 4);
   return IR_OK;
 }
 
@@ -381,8 +420,8 @@ static bool attention_ok(const cuda_ctx *c, const ir_graph *g, const ir_node *n)
          rot <= c->head_dim;
 }
 
-static ir_status check_node(cuda_ctx *c, const ir_graph *g, const ir_node *n, size_t *xh,
-                            size_t *zh, ir_diag *d) {
+static ir_status check_node(cuda_ctx *c, const ir_graph *g, const ir_node *n, scratch *sc,
+                            ir_diag *d) {
   switch (n->op) {
   case IR_OP_EMBED: {
     ir_dtype t = T_(1)->dtype;
@@ -392,8 +431,8 @@ static ir_status check_node(cuda_ctx *c, const ir_graph *g, const ir_node *n, si
   case IR_OP_MATMUL: {
     int64_t act = ir_node_attr_i(n, "act", IR_ACT_NONE);
     if (act != IR_ACT_NONE && act != IR_ACT_SWIGLU) break;
-    ir_status st = check_matmul(c, g, n, xh, d);
-    if (st == IR_OK && act == IR_ACT_SWIGLU) st = check_swiglu(c, g, n, zh, d);
+    ir_status st = check_matmul(c, g, n, sc, d);
+    if (st == IR_OK && act == IR_ACT_SWIGLU) st = check_swiglu(c, g, n, sc, d);
     return st;
   }
   case IR_OP_ATTENTION:
@@ -416,19 +455,20 @@ static ir_status check_node(cuda_ctx *c, const ir_graph *g, const ir_node *n, si
 }
 
 ir_status cuda_ops_check(cuda_ctx *c, const ir_graph *g, ir_diag *d) {
-  size_t xh = 0, zh = 0;
-  bool half = false; /* some GEMM takes f16/bf16 activations (cuBLAS on f16/bf16 weights) */
+  scratch sc = {0};
+  bool half = false; /* some GEMM takes f16/bf16 activations (cuBLAS on f16/bf16/block weights) */
   for (int32_t i = 0; i < g->n_nodes; i++) {
     const ir_node *n = &g->nodes[i];
     if (n->op <= IR_OP_INVALID || n->op >= IR_OP_COUNT)
       return ir_diag_set(d, IR_UNSUPPORTED, "cuda backend: node '%s' has an unknown op", n->name);
-    ir_status st = check_node(c, g, n, &xh, &zh, d);
+    ir_status st = check_node(c, g, n, &sc, d);
     if (st != IR_OK) return st;
-    if (n->op == IR_OP_MATMUL)
-      half |= T_(1)->dtype == IR_F16 || T_(1)->dtype == IR_BF16;
+    if (n->op == IR_OP_MATMUL) {
+      ir_dtype wt = T_(1)->dtype;
+      half |= wt == IR_F16 || wt == IR_BF16 || dequant_plan(c, g, wt);
+    }
   }
-  c->xh_bytes = xh;
-  c->zh_bytes = zh;
+  c->xh_bytes = sc.xh, c->zh_bytes = sc.zh, c->wh_bytes = sc.wh;
   /* Tensor-core prefill attention rounds q, k, v and the probabilities to f16: taken where
    * the prefill GEMMs already round activations so (f32 plans keep f32 attention). */
   c->tc_prefill = half && c->fn[c->kv_f16 ? CF_ATTN_PREFILL_TC_F16 : CF_ATTN_PREFILL_TC] &&

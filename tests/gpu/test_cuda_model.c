@@ -8,7 +8,8 @@
  * copy-on-write on the device). Bounds, ||cuda - cpu|| / ||cpu|| over the logits: f32
  * weights 1e-4 (f32 arithmetic, another summation order), also int4 MatMulNBits (GEMV
  * gemv_wq.cu at every m, dequantized as the CPU does); f16 5e-3 and bf16 2e-2 (cuBLAS
- * takes the activations of prefill GEMMs in the weights' type). Also the clear errors: a
+ * takes the activations of prefill GEMMs in the weights' type), also ggml q4_1 / q8_0
+ * blocks (5e-3: a 48-token prompt step takes their f16 copies and f16 activations). Also the clear errors: a
  * plan for another arch, a KV pool larger than the GPU; and (fake driver) failed graph
  * captures falling back to eager steps. Exits 0 printing "skipped: ..."
  * without a GPU. */
@@ -46,6 +47,9 @@ static const fixture k_fixtures[] = {
     {"onnx-genai-int4", 1e-4, "onnx-genai-int4/model.onnx", NULL, NULL, IRT_KV_DTYPE_F32},
     {"llama-gqa-f32-unfused", 1e-4, "llama-gqa-f32", "fuse", "false", IRT_KV_DTYPE_F32},
     {"llama-gqa-int4", 1e-4, "llama-gqa-f32", "quant", "int4", IRT_KV_DTYPE_F32},
+    /* ggml blocks: GEMV below CUDA_DEQUANT_GEMM_M rows, f16 copies on cuBLAS from it */
+    {"llama-gqa-q4_1", 5e-3, "llama-gqa-f32", "quant", "q4_1", IRT_KV_DTYPE_F32},
+    {"llama-gqa-q8_0", 5e-3, "llama-gqa-f32", "quant", "q8_0", IRT_KV_DTYPE_F32},
     /* --kv-dtype f16 on both backends: K and V rounded alike, so the f32 bounds hold */
     {"llama-gqa-f32-kvf16", 1e-4, "llama-gqa-f32", NULL, NULL, IRT_KV_DTYPE_F16},
     {"llama-mha-f16-kvf16", 5e-3, "llama-mha-f16", NULL, NULL, IRT_KV_DTYPE_F16}};

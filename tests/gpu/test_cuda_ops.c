@@ -25,6 +25,7 @@
 #include "inferrt.h"
 #include "backend.h"
 #include "kn_matmul_wq.h"
+#include "kn_quant.h"
 #include "tcheck.h"
 
 typedef int CUresult;
@@ -876,6 +877,35 @@ static void test_cast(void) {
   free(x), free(h), free(y), free(b), free(ref);
 }
 
+/* cast.cu kn_dequant_*: ggml blocks (made by kn_quant_row from values over 2^-12 .. 2^11)
+ * to f16, bit-exact against ir_f32_to_f16 of the CPU's kn_dequant_row; a grid smaller than
+ * the work covers it by striding. */
+static void test_dequant(void) {
+  const ir_dtype dts[] = {IR_Q8_0, IR_Q4_0, IR_Q4_1};
+  const long long blocks = 1031, n = blocks * 32;
+  float *x = frands((size_t)n), *ref = malloc((size_t)n * 4);
+  for (long long i = 0; i < n; i++) x[i] *= (float)(1 << (i / 32 % 24)) / 4096.0f;
+  uint8_t *q = malloc((size_t)blocks * 34);
+  uint16_t *h = malloc((size_t)n * 2);
+  for (int t = 0; t < 3; t++) {
+    kn_quant_row(x, dts[t], q, n);
+    kn_dequant_row(q, dts[t], ref, n);
+    CUdeviceptr dq = up(q, (size_t)(blocks * kn_quant_block_bytes(dts[t]))),
+                dh = poisoned((size_t)n * 2);
+    char fn[32];
+    snprintf(fn, sizeof fn, "kn_dequant_%s", ir_dtype_name(dts[t]));
+    void *args[] = {&dh, &dq, (void *)&blocks};
+    run(kernel("cast", fn), 3, 1, 1, 256, args);
+    down(h, dh, (size_t)n * 2);
+    int bad = 0;
+    for (long long i = 0; i < n; i++) bad += h[i] != ir_f32_to_f16(ref[i]);
+    printf("  dequant %-4s to f16           %d of %lld differ\n", ir_dtype_name(dts[t]), bad, n);
+    CHECKF(bad == 0, "%s: %d values differ", fn, bad);
+    cu.free(dq), cu.free(dh);
+  }
+  free(x), free(ref), free(q), free(h);
+}
+
 int main(void) {
 #ifdef CUDA_OPS_EMU
   cu_open();
@@ -896,6 +926,7 @@ int main(void) {
   test_rows();
   test_gemv();
   test_gemv_wq();
+  test_dequant();
   test_rope();
   test_attention();
   test_attention_f16();

@@ -17,6 +17,7 @@
 #include "ir_dtype.h"
 #include "kn_cpu.h"
 #include "kn_matmul_wq.h"
+#include "kn_quant.h"
 
 typedef int CUresult;
 typedef unsigned long long CUdeviceptr;
@@ -241,6 +242,7 @@ static const struct {
     {"kn_rms_norm", 5, "88844"}, {"kn_add_rms_norm", 7, "8888844"},
     {"kn_rope_neox", 6, "888444"}, {"kn_rope_interleaved", 6, "888444"},
     {"kn_add_bias", 4, "8888"}, {"kn_cast_f16", 3, "888"}, {"kn_cast_bf16", 3, "888"},
+    {"kn_dequant_q8_0", 3, "888"}, {"kn_dequant_q4_0", 3, "888"}, {"kn_dequant_q4_1", 3, "888"},
     {"kn_attn_decode", 14, "88888888844444"}, {"kn_attn_decode_reduce", 5, "88844"},
     {"kn_attn_prefill", 13, "8888888444488"}, {"kn_attn_prefill_tc", 13, "8888888444488"},
     {"kn_kv_write", 9, "888888844"}, {"kn_pick", 8, "88884888"},
@@ -306,6 +308,17 @@ static void emu_pick(const launch_t *l) {
   }
 }
 
+/* kn_dequant_<t>: out (f16), w, n_blocks; whole blocks of the grid-stride loop */
+static void emu_dequant(const launch_t *l, ir_dtype t) {
+  long long bb = kn_quant_block_bytes(t);
+  float v[32];
+  if (l->block != 256 || !l->grid[0]) abort();
+  for (long long b = 0; b < I64(2); b++) {
+    kn_dequant_row((const uint8_t *)PV(1) + b * bb, t, v, 32);
+    for (int i = 0; i < 32; i++) ((uint16_t *)PV(0))[b * 32 + i] = ir_f32_to_f16(v[i]);
+  }
+}
+
 static void run_launch(const launch_t *l) {
   char name[64];
   size_t len = strlen(k_fns[l->fn].name);
@@ -328,6 +341,7 @@ static void run_launch(const launch_t *l) {
   }
   else if (!strncmp(name, "kn_embed_", 9))
     kn_embed(NULL, PF(0), PV(1), dtype_of(name + 9), PI(2), l->grid[0], I64(3));
+  else if (!strncmp(name, "kn_dequant_", 11)) emu_dequant(l, dtype_of(name + 11));
   else emu_simple(l, name);
 }
 
