@@ -8,6 +8,24 @@
 
 #include "model.h"
 
+/* Whether drafts pay (spec.c): a step of T tokens takes about a + b T ms, fitted by least
+ * squares over the recent steps of decode size (each older step weighs IRT_STEP_COST_DECAY
+ * times less), so a draft row costs b ms; it is worth it while the chance it is kept, over
+ * b, is at least the tokens per ms of the step so far. */
+#define IRT_STEP_COST_DECAY 0.97
+typedef struct irt_step_cost {
+  double w, t, tt, y, ty; /* decayed sums of 1, T, T^2, ms, T ms */
+} irt_step_cost;
+void irt_step_cost_add(irt_step_cost *c, double tokens, double ms);
+/* The fit's a (at least 0) and b; false while it cannot tell them apart (too few steps,
+ * nearly one size of step) or b <= 0. */
+bool irt_step_cost_fit(const irt_step_cost *c, double *a, double *b);
+/* Drafts worth adding to a step of *tokens tokens worth *value (tokens processed, plus the
+ * chance each draft added so far is kept), up to cap, for a sequence whose drafts are each
+ * kept (given the ones before are) with probability alpha: draft j while
+ * alpha^j (a + b tokens) >= b value. Updates *tokens and *value by the drafts taken. */
+int irt_spec_worth(double alpha, double a, double b, double *tokens, double *value, int cap);
+
 /* FORKING: a completion of an n > 1 request created for its first token's pick, its
  * blocks shared once the prompt's last step has run (sched.c's fork_completions). */
 typedef enum eseq_state {
@@ -39,6 +57,7 @@ typedef struct eseq {
   double first_token_ms;
   int spec_len;           /* drafts to propose next: all kept doubles it (up to spec_tokens),
                              a rejection sets it to the kept count + 1 */
+  float spec_hits, spec_tries; /* its drafts kept and checked, older ones decayed */
   /* with presence/frequency penalties (allocated at init, so sampling stays allocation-free) */
   int32_t *counts;        /* (vocab) occurrences of each token this completion generated */
   int32_t *seen;          /* (vocab) the distinct generated tokens, first seen first */
@@ -102,6 +121,10 @@ struct irt_engine {
   int32_t *row_top_ids;
   float *row_top_lps;
   int64_t row_picks_now;  /* taken so far in this iteration */
+  /* speculative decoding: the step cost model over decode-only steps, its last fit */
+  irt_step_cost cost;
+  double cost_a, cost_b;
+  bool cost_ok;
   eseq **run, **wait;     /* sorted candidates of one iteration (grown as needed) */
   int cap_cand;
   int n_items_now;        /* items chosen so far in this iteration */

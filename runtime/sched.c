@@ -248,13 +248,24 @@ static irt_pick *row_picks(irt_engine *e, eseq *s, int64_t n) {
   return p;
 }
 
+/* The chance that a draft of s is kept, given the ones before it were: its own record,
+ * started at (and decaying back to) an optimistic prior so that every sequence tries. */
+#define SPEC_PRIOR 0.9
+static double spec_alpha(const eseq *s) {
+  return (s->spec_hits + SPEC_PRIOR) / (s->spec_tries + 1.0);
+}
+
 /* After the step is chosen: a decoding sequence whose context proposes drafts gets them
  * appended to its item, within the token budget, the plan's logit rows and the blocks
  * free now (drafts never preempt anyone nor displace a waiting request). Its rows are
  * picked in the step (on a GPU they stay there), or with penalties -- which change from
- * row to row with the drafts taken -- come back as logits; verify() takes them in order. */
+ * row to row with the drafts taken -- come back as logits; verify() takes them in order.
+ * Unless spec_always, only the drafts that pay for their rows by the timed cost model
+ * (irt_spec_worth), one a step until it has a fit. */
 static void add_drafts(irt_engine *e, int64_t budget) {
   const irt_model_info *in = irt_model_get_info(e->m);
+  bool weigh = !e->o.spec_always && e->cost_ok;
+  double tokens = (double)(e->budget - budget), value = tokens; /* of the step so far */
   for (int k = 0; k < e->n_items_now && budget > 0 && e->rows_now < e->max_rows; k++) {
     eseq *s = e->item_seq[k];
     irt_batch_item *it = &e->items[k];
@@ -263,10 +274,17 @@ static void add_drafts(irt_engine *e, int64_t budget) {
     int64_t lim[4] = {budget, e->max_rows - e->rows_now,
                       s->req->r.max_tokens - s->n_generated - 1, in->context_length - s->n_tokens};
     for (int j = 0; j < 4; j++) cap = lim[j] < cap ? lim[j] : cap;
+    if (!e->o.spec_always && !e->cost_ok && cap > 1) cap = 1; /* one at a time until timed */
+    if (weigh && cap > 0) {
+      double t = tokens, v = value;
+      cap = irt_spec_worth(spec_alpha(s), e->cost_a, e->cost_b, &t, &v, (int)cap);
+      if (cap == 0) s->spec_hits *= 0.95f, s->spec_tries *= 0.95f; /* back toward the prior */
+    }
     int d = cap > 0 ? irt_prompt_lookup(s->tokens, s->n_tokens, e->o.spec_ngram_min,
                                         e->o.spec_ngram_max, (int)cap)
                     : 0;
     if (d == 0 || !ensure_blocks(e, s, 1 + d, 0)) continue;
+    if (weigh) irt_spec_worth(spec_alpha(s), e->cost_a, e->cost_b, &tokens, &value, d);
     *it = (irt_batch_item){.seq = s->kv, .tokens = it->tokens, .n = 1 + d, .all_logits = true,
                            .logits = s->counts ? e->logits : NULL,
                            .pick = s->counts ? NULL : row_picks(e, s, 1 + d)};
@@ -471,6 +489,9 @@ static void verify(irt_engine *e, int k) {
     if (!kept) break;
   }
   if (it->pick) irt_sampler_skip(s->sampler, i + 1); /* rows 0..i took their draws */
+  /* drafts 0..i were checked (i + 1 of them unless all nd were kept), i kept */
+  s->spec_hits = s->spec_hits * 0.8f + (float)i;
+  s->spec_tries = s->spec_tries * 0.8f + (float)(i < nd ? i + 1 : nd);
   /* i drafts kept: a sequence that stops copying its context soon drafts one at a time */
   int grow = 2 * s->spec_len < e->o.spec_tokens ? 2 * s->spec_len : e->o.spec_tokens;
   s->spec_len = i == nd ? grow : i + 1;
@@ -534,13 +555,28 @@ static void publish_stats(irt_engine *e) {
   pthread_mutex_unlock(&e->mu);
 }
 
+/* A step of decode items only (plain or drafted) feeds the cost model drafts are weighed
+ * by; the last fit stands while new steps cannot tell a from b. */
+static void time_step(irt_engine *e, double ms) {
+  int64_t tokens = 0;
+  for (int k = 0; k < e->n_items_now; k++) {
+    if (e->items[k].n > 1 && !e->items[k].all_logits) return; /* a prefill chunk */
+    tokens += e->items[k].n;
+  }
+  irt_step_cost_add(&e->cost, (double)tokens, ms);
+  double a, b;
+  if (irt_step_cost_fit(&e->cost, &a, &b)) e->cost_a = a, e->cost_b = b, e->cost_ok = true;
+}
+
 irt_status irt_engine_iterate(irt_engine *e, bool *out_busy, irt_error *err) {
   irt_engine_drain_inbox(e);
   irt_engine_cancel_all(e);
   irt_status st = schedule(e) ? IRT_OK : IRT_OOM;
   if (st == IRT_OK && e->n_items_now > 0) {
+    double t0 = irt_engine_now_ms();
     st = irt_decode_batch(e->m, e->items, e->n_items_now, err);
     if (st == IRT_OK) {
+      if (e->o.spec_tokens) time_step(e, irt_engine_now_ms() - t0);
       e->work.steps++;
       for (int k = 0; k < e->n_items_now; k++) after_item(e, k);
     } else { /* a failed step ends its requests rather than retrying forever */

@@ -1,7 +1,9 @@
-/* spec: what speculative decoding needs beyond a step: drafts by prompt lookup, and
- * cutting a sequence back to the positions whose drafts were kept. */
+/* spec: what speculative decoding needs beyond a step: drafts by prompt lookup, cutting a
+ * sequence back to the positions whose drafts were kept, and whether a draft is worth its
+ * row (the step cost model; engine.h). */
 #include <string.h>
 
+#include "engine.h"
 #include "model.h"
 
 int irt_prompt_lookup(int32_t *tokens, int64_t n, int ngram_min, int ngram_max, int cap) {
@@ -27,4 +29,32 @@ void irt_seq_truncate(irt_seq *s, int64_t len) {
   int64_t bs = s->m->kv.block_size, keep = (len + bs - 1) / bs;
   for (int64_t i = keep; i < s->n_blocks; i++) irt_kv_block_unref(&s->m->kv, s->blocks[i]);
   if (s->n_blocks > keep) s->n_blocks = keep;
+}
+
+void irt_step_cost_add(irt_step_cost *c, double tokens, double ms) {
+  const double k = IRT_STEP_COST_DECAY;
+  c->w = c->w * k + 1;
+  c->t = c->t * k + tokens;
+  c->tt = c->tt * k + tokens * tokens;
+  c->y = c->y * k + ms;
+  c->ty = c->ty * k + tokens * ms;
+}
+
+bool irt_step_cost_fit(const irt_step_cost *c, double *a, double *b) {
+  if (c->w < 4) return false;
+  double mt = c->t / c->w, var = c->tt / c->w - mt * mt; /* of T */
+  if (var < 0.1) return false;                            /* nearly one size of step */
+  *b = (c->ty / c->w - mt * c->y / c->w) / var;
+  *a = c->y / c->w - *b * mt;
+  if (*a < 0) *a = 0; /* cost in proportion to the tokens: a draft is worth its row only if sure */
+  return *b > 0;
+}
+
+int irt_spec_worth(double alpha, double a, double b, double *tokens, double *value, int cap) {
+  int d = 0;
+  for (double p = alpha; d < cap && p * (a + b * *tokens) >= b * *value; p *= alpha, d++) {
+    *tokens += 1;
+    *value += p;
+  }
+  return d;
 }

@@ -28,14 +28,16 @@ int cli_parse_kv_dtype(const char *s, irt_kv_dtype *out);
 
 /* Parses "MIN:MAX" (or "N" for N:N) within [1, hi]; false if malformed. */
 bool cli_parse_range(const char *v, int64_t hi, int64_t *lo, int64_t *out_hi);
-/* Speculative decoding flags (--spec-tokens K, --spec-ngram MIN:MAX) into eo: 0, or 1
- * after printing the error. */
+/* Speculative decoding flags (--spec-tokens K, --spec-ngram MIN:MAX, --spec-always, whose
+ * v is NULL) into eo: 0, or 1 after printing the error. */
 int cli_parse_spec(const char *flag, const char *v, irt_engine_opts *eo);
 #define CLI_SPEC_USAGE                                                                      \
   "  --spec-tokens K         speculative decoding: up to K draft tokens a step, found by\n" \
   "                          prompt lookup in the context (0: off, the default; output\n"  \
   "                          is unchanged: drafts are checked against plain decoding)\n"  \
-  "  --spec-ngram MIN:MAX    n-gram sizes matched, longest first (default 2:4)\n"
+  "  --spec-ngram MIN:MAX    n-gram sizes matched, longest first (default 2:4)\n"         \
+  "  --spec-always           draft by the kept-count rule alone; by default a draft must\n" \
+  "                          also pay for its row (timed steps, each sequence's kept share)\n"
 
 int cmd_generate(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);

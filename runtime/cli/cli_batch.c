@@ -84,6 +84,7 @@ static int parse(int argc, char **argv, batch_args *a) {
                                         {"kv-dtype", 1, 0, 12},
                                         {"spec-tokens", 1, 0, 13},
                                         {"spec-ngram", 1, 0, 14},
+                                        {"spec-always", 0, 0, 15},
                                         {"help", 0, 0, 'h'},
                                         {0, 0, 0, 0}};
   int c;
@@ -103,7 +104,8 @@ static int parse(int argc, char **argv, batch_args *a) {
     case 11: a->no_cuda_graphs = true; break;
     case 12: if (cli_parse_kv_dtype(optarg, &a->kv_dtype)) return 1; break;
     case 13:
-    case 14: if (cli_parse_spec(longs[c - 1].name, optarg, &a->spec)) return 1; break;
+    case 14:
+    case 15: if (cli_parse_spec(longs[c - 1].name, optarg, &a->spec)) return 1; break;
     case 'h': return usage(stdout) - 1;
     default: return usage(stderr);
     }

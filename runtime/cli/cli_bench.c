@@ -99,7 +99,7 @@ static int parse(int argc, char **argv, bench_args *a) {
       {"max-running", 1, 0, 14}, {"device", 1, 0, 15}, {"no-cuda-graphs", 0, 0, 16},
       {"kv-dtype", 1, 0, 17}, {"temperature", 1, 0, 18}, {"top-k", 1, 0, 19},
       {"top-p", 1, 0, 20}, {"spec-tokens", 1, 0, 21}, {"spec-ngram", 1, 0, 22},
-      {"help", 0, 0, 'h'},
+      {"spec-always", 0, 0, 23}, {"help", 0, 0, 'h'},
       {0, 0, 0, 0}};
   int c;
   char *end;
@@ -127,7 +127,8 @@ static int parse(int argc, char **argv, bench_args *a) {
     case 19: a->sampling.top_k = (int)strtol(optarg, &end, 10); ok = !*end && a->sampling.top_k >= 0; break;
     case 20: a->sampling.top_p = strtof(optarg, &end); ok = !*end && a->sampling.top_p > 0 && a->sampling.top_p <= 1; break;
     case 21:
-    case 22: if (cli_parse_spec(longs[c - 1].name, optarg, &a->spec)) return 1; break;
+    case 22:
+    case 23: if (cli_parse_spec(longs[c - 1].name, optarg, &a->spec)) return 1; break;
     case 'h': usage(stdout); return -1;
     default: return usage(stderr);
     }

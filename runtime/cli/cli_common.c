@@ -47,6 +47,10 @@ bool cli_parse_range(const char *v, int64_t hi, int64_t *lo, int64_t *out_hi) {
 
 int cli_parse_spec(const char *flag, const char *v, irt_engine_opts *eo) {
   int64_t a, b;
+  if (!strcmp(flag, "spec-always")) {
+    eo->spec_always = true;
+    return 0;
+  }
   if (!strcmp(flag, "spec-tokens")) {
     if (!cli_parse_i64(v, 0, IRT_MAX_SPEC_TOKENS, &a))
       return cli_fail("--spec-tokens: expected 0..%d, got '%s'", IRT_MAX_SPEC_TOKENS, v);

@@ -81,6 +81,7 @@ static int parse_value(serve_args *a, int c, const char *v) {
   case 16: return cli_parse_kv_dtype(v, &a->kv_dtype);
   case 17: return cli_parse_spec("spec-tokens", v, &a->spec);
   case 18: return cli_parse_spec("spec-ngram", v, &a->spec);
+  case 19: return cli_parse_spec("spec-always", v, &a->spec);
   case 13:
     return cli_parse_i64(v, 0, 4096, &a->threads)
                ? 0
@@ -108,6 +109,7 @@ static int parse(int argc, char **argv, serve_args *a) {
                                         {"kv-dtype", 1, 0, 16},
                                         {"spec-tokens", 1, 0, 17},
                                         {"spec-ngram", 1, 0, 18},
+                                        {"spec-always", 0, 0, 19},
                                         {"help", 0, 0, 'h'},
                                         {0, 0, 0, 0}};
   int c, rc;

@@ -279,6 +279,13 @@ typedef struct irt_engine_opts {
    * IRT_MAX_SPEC_TOKENS. */
   int spec_tokens;
   int spec_ngram_min, spec_ngram_max; /* n-gram sizes tried, longest first; 0: defaults */
+  /* By default a sequence drafts only as many tokens as pay for their rows: the engine
+   * fits its decode steps' times to a + b x tokens ms and keeps track of how often each
+   * sequence's drafts are kept; a draft kept with probability p joins a step while p / b
+   * is at least the step's tokens per ms. So drafts fade out where a row costs nearly a
+   * token (large batches on a CPU) and stay where rows are almost free. true: draft by
+   * the rule above alone, the same drafts on every machine. */
+  bool spec_always;
 } irt_engine_opts;
 
 #define IRT_MAX_SPEC_TOKENS 16

@@ -83,10 +83,11 @@ expect_error "token out of vocabulary" "outside the vocabulary" "$INFERRT" gener
 expect_error "malformed ids" "--prompt-ids" "$INFERRT" generate "$TMP/m.plan" --prompt-ids 1,x
 check "bench, sampled" '"$INFERRT" bench "$TMP/m.plan" --requests 3 --prompt-len 4 --output-len 5 --temperature 0.8 --top-p 0.9 --top-k 20 --threads 2 --json >"$TMP/bench.json" && grep -q "\"temperature\":0.8" "$TMP/bench.json" && grep -q "\"output_tokens\":15," "$TMP/bench.json"'
 expect_error "bench, bad --top-p" "--top-p" "$INFERRT" bench "$TMP/m.plan" --top-p 1.5
-check "bench, speculative" '"$INFERRT" bench "$TMP/m.plan" --requests 4 --prompt-len 6 --output-len 40 --spec-tokens 4 --spec-ngram 1:2 --threads 2 --json >"$TMP/spec.json" && grep -q "\"output_tokens\":160," "$TMP/spec.json" && grep -q "\"spec_draft_tokens\":[1-9]" "$TMP/spec.json"'
+check "bench, speculative" '"$INFERRT" bench "$TMP/m.plan" --requests 4 --prompt-len 6 --output-len 40 --spec-tokens 4 --spec-ngram 1:2 --spec-always --threads 2 --json >"$TMP/spec.json" && grep -q "\"output_tokens\":160," "$TMP/spec.json" && grep -q "\"spec_draft_tokens\":[1-9]" "$TMP/spec.json"'
 gen_ids() { "$INFERRT" generate "$TMP/m.plan" --prompt-ids 5,6,7,5,6 -n 40 --ignore-eos --temperature 0.9 --seed 3 --threads 2 --json "$@" | sed -n 's/.*"generated_ids":\[\([0-9,]*\)\].*/\1/p'; }
 check "generate, drafts change no sampled token" '[ -n "$(gen_ids)" ] && [ "$(gen_ids)" = "$(gen_ids --spec-tokens 4 --spec-ngram 1:2)" ] && "$INFERRT" generate "$TMP/m.plan" --prompt-ids 5,6,7,5,6 -n 40 --ignore-eos --temperature 0.9 --seed 3 --spec-tokens 4 --spec-ngram 1:2 --json | grep -q "\"spec_draft_tokens\":[1-9]"'
 check "serve, batch list --spec-tokens" '"$INFERRT" serve --help | grep -q -- "--spec-tokens K" && "$INFERRT" batch --help | grep -q -- "--spec-ngram MIN:MAX"'
+check "bench, drafts weighed by their cost (the default)" '"$INFERRT" bench "$TMP/m.plan" --requests 4 --prompt-len 6 --output-len 40 --spec-tokens 4 --spec-ngram 1:2 --threads 2 --json >"$TMP/specw.json" && grep -q "\"output_tokens\":160," "$TMP/specw.json" && "$INFERRT" serve --help | grep -q -- "--spec-always"'
 expect_error "bench, too many drafts" "--spec-tokens" "$INFERRT" bench "$TMP/m.plan" --spec-tokens 17
 expect_error "serve, bad n-gram range" "--spec-ngram" "$INFERRT" serve "$TMP/m.plan" --spec-ngram 3:2
 long=$(python3 -c "print(','.join(['1']*300))")

@@ -57,7 +57,7 @@ done >"$TMP/spec.jsonl"
 texts() { sed 's/.*"text":\("[^"]*"\).*/\1/' "$1" | sort; }
 check "speculative decoding keeps the tokens" \
   '"$INFERRT" batch "$TMP/qi.plan" --input "$TMP/spec.jsonl" --output "$TMP/plain.out" --threads 2 --no-progress &&
-   "$INFERRT" batch "$TMP/qi.plan" --input "$TMP/spec.jsonl" --output "$TMP/spec.out" --threads 2 --spec-tokens 4 2>"$TMP/spec.log" &&
+   "$INFERRT" batch "$TMP/qi.plan" --input "$TMP/spec.jsonl" --output "$TMP/spec.out" --threads 2 --spec-tokens 4 --spec-always 2>"$TMP/spec.log" &&
    [ "$(texts "$TMP/plain.out")" = "$(texts "$TMP/spec.out")" ] && [ "$(wc -l <"$TMP/spec.out")" = 2 ] &&
    grep -q "speculation: [0-9]* draft tokens, [1-9][0-9]* kept" "$TMP/spec.log"'
 

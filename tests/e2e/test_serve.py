@@ -635,7 +635,7 @@ def main():
     # generate` (no drafts) or its own invariants, so drafting must change no token.
     s = Server(PLAN, "--api-keys", KEYS, "--api-key", "shared-key", "--model-name", "tiny",
                "--kv-tokens", "16384", "--max-body", "65536", "--spec-tokens", "4",
-               "--spec-ngram", "1:3")
+               "--spec-ngram", "1:3", "--spec-always")
     try:
         for t in (test_basics, test_completions, test_chat, test_sampling, test_logprobs, test_stop,
                   test_prefix_cache_and_tenants, test_concurrent, test_errors, test_disconnect, test_loadtest):

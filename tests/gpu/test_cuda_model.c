@@ -346,7 +346,7 @@ static void engine_mixed(irt_model *m, mixed *x, int spec, irt_engine_stats *st)
   irt_error err = {0};
   int32_t p[4][9];
   irt_engine_opts eo = irt_engine_opts_default();
-  eo.spec_tokens = spec, eo.spec_ngram_min = 1;
+  eo.spec_tokens = spec, eo.spec_ngram_min = 1, eo.spec_always = true;
   CHECKF(irt_engine_create(m, &eo, &e, &err) == IRT_OK, "%s", err.msg);
   if (!e) return;
   for (int r = 0; r < 4; r++) {

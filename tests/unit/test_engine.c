@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "backend.h" /* irt_top_logprobs */
+#include "engine.h"  /* the speculative cost model */
 #include "infc_build.h"
 #include "inferrt.h"
 #include "tcheck.h"
@@ -155,11 +156,44 @@ static void test_continuous(irt_model *m, const result *ref, int n_req) {
   CHECK(st.cached_prompt_tokens > 0 && st.spec_draft_tokens == 0);
 }
 
+/* The cost model drafts are weighed by (spec.c): the fit recovers a + b T from exact
+ * timings and refuses too few steps or one size of step; a draft joins a step while
+ * alpha^j (a + b tokens) >= b value. */
+static void test_step_cost(void) {
+  irt_step_cost c = {0};
+  double a = -1, b = -1;
+  for (int i = 0; i < 3; i++) irt_step_cost_add(&c, 8, 20);
+  CHECK(!irt_step_cost_fit(&c, &a, &b)); /* three steps */
+  for (int i = 0; i < 50; i++) irt_step_cost_add(&c, 8, 20);
+  CHECK(!irt_step_cost_fit(&c, &a, &b)); /* one size */
+  for (int i = 0; i < 50; i++) irt_step_cost_add(&c, 8 + i % 5, 4 + 2 * (8 + i % 5));
+  CHECKF(irt_step_cost_fit(&c, &a, &b) && fabs(a - 4) < 1e-6 && fabs(b - 2) < 1e-6,
+         "a %g b %g", a, b);
+  irt_step_cost d = {0};
+  for (int i = 0; i < 20; i++) irt_step_cost_add(&d, 4 + i % 3, 3 * (4 + i % 3) - 2);
+  CHECK(irt_step_cost_fit(&d, &a, &b) && a == 0 && fabs(b - 3) < 1e-6); /* a < 0: 0 */
+  double t = 1, v = 1;
+  /* 0.9 (4 + 2) >= 2, 0.81 (4 + 4) >= 2 x 1.9, 0.729 x 10 >= 2 x 2.71, 0.6561 x 12 >= 6.878 */
+  CHECK(irt_spec_worth(0.9, 4, 2, &t, &v, 4) == 4 && t == 5 && fabs(v - 4.0951) < 1e-9);
+  t = 1, v = 1;
+  CHECK(irt_spec_worth(0.9, 4, 2, &t, &v, 2) == 2 && t == 3);
+  t = 1, v = 1;
+  CHECK(irt_spec_worth(0.3, 4, 2, &t, &v, 4) == 0 && t == 1 && v == 1); /* 1.8 < 2 */
+  t = 8, v = 8;
+  CHECK(irt_spec_worth(0.6, 4, 2, &t, &v, 4) == 0); /* 0.6 x 20 < 16: a batch of 8 */
+  CHECK(irt_spec_worth(0.85, 4, 2, &t, &v, 4) == 1); /* 17 >= 16, then 0.7225 x 22 < 17.7 */
+  t = 1, v = 1;
+  CHECK(irt_spec_worth(0.99, 0, 2, &t, &v, 4) == 0); /* cost in proportion: never */
+}
+
 /* Speculative decoding by prompt lookup changes no token and no logprob: greedy and
  * sampled requests, chunked and batched, give their solo runs' outputs, while drafts were
- * both kept and rejected. A tight token budget and few logit rows bound the drafts. */
+ * both kept and rejected (spec_always: the same drafts on any machine). A tight token
+ * budget and few logit rows bound the drafts. Variant 3 weighs the drafts by their cost
+ * (the default), which depends on this machine's timings: outputs are still the same. */
 static void test_speculative(irt_model *m, const result *ref, int n_req) {
-  for (int v = 0; v < 3; v++) {
+  test_step_cost();
+  for (int v = 0; v < 4; v++) {
     irt_engine_opts eo = irt_engine_opts_default();
     eo.max_running = v == 1 ? 3 : 0;
     eo.max_batched_tokens = v == 1 ? 12 : 0;
@@ -167,8 +201,16 @@ static void test_speculative(irt_model *m, const result *ref, int n_req) {
     run_continuous(m, ref, n_req, &eo, &plain);
     eo.spec_tokens = v == 2 ? IRT_MAX_SPEC_TOKENS : 4;
     eo.spec_ngram_min = v == 2 ? 2 : 0;
+    eo.spec_always = v < 3;
     irt_engine_stats st;
     run_continuous(m, ref, n_req, &eo, &st);
+    if (v == 3) {
+      printf("speculative, drafts weighed: %lld drafts, %lld kept, %lld steps (%lld without)\n",
+             (long long)st.spec_draft_tokens, (long long)st.spec_accepted_tokens,
+             (long long)st.steps, (long long)plain.steps);
+      CHECK(st.spec_accepted_tokens <= st.spec_draft_tokens);
+      continue;
+    }
     CHECKF(st.spec_accepted_tokens > 0 && st.spec_draft_tokens > st.spec_accepted_tokens,
            "variant %d: %lld drafts, %lld kept", v, (long long)st.spec_draft_tokens,
            (long long)st.spec_accepted_tokens);
@@ -249,7 +291,7 @@ static void test_preemption(const char *plan, const result *ref, int n_req, int 
   irt_engine *e = NULL;
   irt_error err = {0};
   irt_engine_opts eo = irt_engine_opts_default();
-  eo.spec_tokens = spec, eo.spec_ngram_min = 1;
+  eo.spec_tokens = spec, eo.spec_ngram_min = 1, eo.spec_always = true;
   CHECK(irt_engine_create(m, &eo, &e, &err) == IRT_OK);
   static result got[MAX_REQ];
   memset(got, 0, sizeof got);
@@ -422,7 +464,7 @@ static void test_penalties_and_top(irt_model *m) {
   irt_seq_destroy(s);
   for (int spec = 0; spec < 2; spec++) { /* the same with prompt-lookup drafts */
     irt_engine_opts eo = irt_engine_opts_default();
-    eo.spec_tokens = spec ? 3 : 0;
+    eo.spec_tokens = spec ? 3 : 0, eo.spec_always = true;
     eo.spec_ngram_min = 1; /* penalties keep the output from repeating longer n-grams */
     irt_engine *e = NULL;
     CHECK(irt_engine_create(m, &eo, &e, &err) == IRT_OK);
