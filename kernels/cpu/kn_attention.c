@@ -165,7 +165,7 @@ static void attn_scores_c(const float *q, const attn_rows *r, float scale, float
       for (int l = 0; l < w; l++) acc[l] += acc[l + w];
     float d = acc[0];
     for (; i < hd; i++) d = ATTN_MADD(q[i], k[i], d);
-    s[j] = (r->k8 ? d * r->ks[j] : d) * scale;
+    s[j] = (r->ks ? d * r->ks[j] : d) * scale;
   }
 }
 
@@ -240,7 +240,7 @@ static ATTN_AVX512 void attn_scores_avx512(const float *q, const attn_rows *r, f
   for (j = 0; j < r->n; j++) {
     float d = s[j];
     for (int64_t i = full; i < hd; i++) d = fmaf(q[i], attn_kval(r, j, i), d);
-    s[j] = (r->k8 ? d * r->ks[j] : d) * scale;
+    s[j] = (r->ks ? d * r->ks[j] : d) * scale;
   }
 }
 
@@ -317,10 +317,57 @@ ATTN_AVX2_INLINE __m256 attn_row8(const float *f, const uint16_t *h, const int8_
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + off))));
 }
 
+/* One row's 16-lane dot product, folded as attn_fold8(lo + hi) (+ the tail, scaled). */
+ATTN_AVX2_INLINE float attn_score_tail(const float *q, const attn_rows *r, int j, float d,
+                                       float scale) {
+  for (int64_t i = r->hd / KN_ATTN_LANES * KN_ATTN_LANES; i < r->hd; i++)
+    d = fmaf(q[i], attn_kval(r, j, i), d);
+  return (r->ks ? d * r->ks[j] : d) * scale;
+}
+
+/* Four rows at a time (eight independent fma chains, q loaded once); their four folds run
+ * side by side on the same pairs as attn_fold8: (l, l+4) across the two 128-bit halves,
+ * then (l, l+2), then (0, 1). */
 static ATTN_AVX2 void attn_scores_avx2(const float *q, const attn_rows *r, float scale,
                                        float *s) {
   int64_t hd = r->hd, full = hd / KN_ATTN_LANES * KN_ATTN_LANES;
-  for (int j = 0; j < r->n; j++) {
+  int j = 0;
+  for (; j + 4 <= r->n; j += 4) {
+    __m256 l0 = _mm256_setzero_ps(), h0 = l0, l1 = l0, h1 = l0, l2 = l0, h2 = l0, l3 = l0,
+           h3 = l0;
+    const int64_t r0 = j * hd, r1 = r0 + hd, r2 = r1 + hd, r3 = r2 + hd;
+    for (int64_t i = 0; i < full; i += KN_ATTN_LANES) {
+      __m256 ql = _mm256_loadu_ps(q + i), qh = _mm256_loadu_ps(q + i + 8);
+      l0 = _mm256_fmadd_ps(ql, attn_row8(r->k, r->k16, r->k8, r0 + i), l0);
+      h0 = _mm256_fmadd_ps(qh, attn_row8(r->k, r->k16, r->k8, r0 + i + 8), h0);
+      l1 = _mm256_fmadd_ps(ql, attn_row8(r->k, r->k16, r->k8, r1 + i), l1);
+      h1 = _mm256_fmadd_ps(qh, attn_row8(r->k, r->k16, r->k8, r1 + i + 8), h1);
+      l2 = _mm256_fmadd_ps(ql, attn_row8(r->k, r->k16, r->k8, r2 + i), l2);
+      h2 = _mm256_fmadd_ps(qh, attn_row8(r->k, r->k16, r->k8, r2 + i + 8), h2);
+      l3 = _mm256_fmadd_ps(ql, attn_row8(r->k, r->k16, r->k8, r3 + i), l3);
+      h3 = _mm256_fmadd_ps(qh, attn_row8(r->k, r->k16, r->k8, r3 + i + 8), h3);
+    }
+    __m256 v0 = _mm256_add_ps(l0, h0), v1 = _mm256_add_ps(l1, h1);
+    __m256 v2 = _mm256_add_ps(l2, h2), v3 = _mm256_add_ps(l3, h3);
+    /* (l, l+4): [v0 | v1] and [v2 | v3], four lanes each */
+    __m256 t01 = _mm256_add_ps(_mm256_permute2f128_ps(v0, v1, 0x20),
+                               _mm256_permute2f128_ps(v0, v1, 0x31));
+    __m256 t23 = _mm256_add_ps(_mm256_permute2f128_ps(v2, v3, 0x20),
+                               _mm256_permute2f128_ps(v2, v3, 0x31));
+    /* (l, l+2): [v0 v0 v2 v2 | v1 v1 v3 v3] */
+    __m256 u = _mm256_add_ps(_mm256_shuffle_ps(t01, t23, _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm256_shuffle_ps(t01, t23, _MM_SHUFFLE(3, 2, 3, 2)));
+    /* (0, 1): [v0 v2 . . | v1 v3 . .] */
+    __m256 w = _mm256_add_ps(_mm256_shuffle_ps(u, u, _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm256_shuffle_ps(u, u, _MM_SHUFFLE(3, 1, 3, 1)));
+    float f[8];
+    _mm256_storeu_ps(f, w);
+    s[j] = attn_score_tail(q, r, j, f[0], scale);
+    s[j + 1] = attn_score_tail(q, r, j + 1, f[4], scale);
+    s[j + 2] = attn_score_tail(q, r, j + 2, f[1], scale);
+    s[j + 3] = attn_score_tail(q, r, j + 3, f[5], scale);
+  }
+  for (; j < r->n; j++) {
     __m256 lo = _mm256_setzero_ps(), hi = lo;
     int64_t row = j * hd;
     for (int64_t i = 0; i < full; i += KN_ATTN_LANES) {
@@ -328,38 +375,57 @@ static ATTN_AVX2 void attn_scores_avx2(const float *q, const attn_rows *r, float
       hi = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8),
                            attn_row8(r->k, r->k16, r->k8, row + i + 8), hi);
     }
-    float d = attn_fold8(_mm256_add_ps(lo, hi));
-    for (int64_t i = full; i < hd; i++) d = fmaf(q[i], attn_kval(r, j, i), d);
-    s[j] = (r->k8 ? d * r->ks[j] : d) * scale;
+    s[j] = attn_score_tail(q, r, j, attn_fold8(_mm256_add_ps(lo, hi)), scale);
   }
 }
 
 /* attn_exp on 8 lanes at a time, operation for operation (the AVX-512 set uses it too:
  * a chunk has at most 16 weights). */
 static ATTN_AVX2 void attn_exp_avx2(float *x, int n) {
-  for (int j0 = 0; j0 < n; j0 += 8) {
+  int j0 = 0;
+  for (; j0 + 8 <= n; j0 += 8) _mm256_storeu_ps(x + j0, kn_vexp8(_mm256_loadu_ps(x + j0)));
+  if (j0 < n) {
     float buf[8] = {0};
-    int m = n - j0 < 8 ? n - j0 : 8;
+    int m = n - j0;
     memcpy(buf, x + j0, (size_t)m * sizeof *buf);
     _mm256_storeu_ps(buf, kn_vexp8(_mm256_loadu_ps(buf)));
     memcpy(x + j0, buf, (size_t)m * sizeof *buf);
   }
 }
 
+/* acc[d] += p_j v_j[d], rows in order for each dim: 64 dims in eight registers (eight
+ * independent fma chains), then 32 in four, then the last dims one by one. */
+#define ATTN_ACC8(a, u, off) a = _mm256_fmadd_ps(pj, attn_row8(r->v, r->v16, r->v8, (off) + 8 * (u)), a)
 static ATTN_AVX2 void attn_accum_avx2(float *acc, const float *p, const attn_rows *r,
                                       int64_t d0, int64_t dn) {
   int64_t d = 0;
-  for (; d + 32 <= dn; d += 32) { /* 32 dims in four registers, rows in order inside */
+  for (; d + 64 <= dn; d += 64) {
+    float *o = acc + d;
+    __m256 a0 = _mm256_loadu_ps(o), a1 = _mm256_loadu_ps(o + 8);
+    __m256 a2 = _mm256_loadu_ps(o + 16), a3 = _mm256_loadu_ps(o + 24);
+    __m256 a4 = _mm256_loadu_ps(o + 32), a5 = _mm256_loadu_ps(o + 40);
+    __m256 a6 = _mm256_loadu_ps(o + 48), a7 = _mm256_loadu_ps(o + 56);
+    for (int j = 0; j < r->n; j++) {
+      __m256 pj = _mm256_set1_ps(p[j]);
+      int64_t off = j * r->hd + d0 + d;
+      ATTN_ACC8(a0, 0, off), ATTN_ACC8(a1, 1, off), ATTN_ACC8(a2, 2, off);
+      ATTN_ACC8(a3, 3, off), ATTN_ACC8(a4, 4, off), ATTN_ACC8(a5, 5, off);
+      ATTN_ACC8(a6, 6, off), ATTN_ACC8(a7, 7, off);
+    }
+    _mm256_storeu_ps(o, a0), _mm256_storeu_ps(o + 8, a1);
+    _mm256_storeu_ps(o + 16, a2), _mm256_storeu_ps(o + 24, a3);
+    _mm256_storeu_ps(o + 32, a4), _mm256_storeu_ps(o + 40, a5);
+    _mm256_storeu_ps(o + 48, a6), _mm256_storeu_ps(o + 56, a7);
+  }
+  for (; d + 32 <= dn; d += 32) {
     float *o = acc + d;
     __m256 a0 = _mm256_loadu_ps(o), a1 = _mm256_loadu_ps(o + 8);
     __m256 a2 = _mm256_loadu_ps(o + 16), a3 = _mm256_loadu_ps(o + 24);
     for (int j = 0; j < r->n; j++) {
       __m256 pj = _mm256_set1_ps(p[j]);
       int64_t off = j * r->hd + d0 + d;
-      a0 = _mm256_fmadd_ps(pj, attn_row8(r->v, r->v16, r->v8, off), a0);
-      a1 = _mm256_fmadd_ps(pj, attn_row8(r->v, r->v16, r->v8, off + 8), a1);
-      a2 = _mm256_fmadd_ps(pj, attn_row8(r->v, r->v16, r->v8, off + 16), a2);
-      a3 = _mm256_fmadd_ps(pj, attn_row8(r->v, r->v16, r->v8, off + 24), a3);
+      ATTN_ACC8(a0, 0, off), ATTN_ACC8(a1, 1, off), ATTN_ACC8(a2, 2, off);
+      ATTN_ACC8(a3, 3, off);
     }
     _mm256_storeu_ps(o, a0), _mm256_storeu_ps(o + 8, a1);
     _mm256_storeu_ps(o + 16, a2), _mm256_storeu_ps(o + 24, a3);
@@ -374,6 +440,7 @@ static ATTN_AVX2 void attn_accum_avx2(float *acc, const float *p, const attn_row
     acc[d] = a;
   }
 }
+#undef ATTN_ACC8
 
 static const attn_kernels k_attn_avx512 = {attn_scores_avx512, attn_exp_avx2,
                                            attn_accum_avx512};
