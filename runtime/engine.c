@@ -75,8 +75,42 @@ static void free_req(ereq *q) {
   free(q->stops);
   free(q->tenant);
   free(q->prompt);
+  free(q->bias_ids);
+  free(q->bias_sub);
   free(q->seqs);
   free(q);
+}
+
+typedef struct bias_pair {
+  int32_t id;
+  float sub;
+} bias_pair;
+
+static int by_id(const void *a, const void *b) {
+  int32_t x = ((const bias_pair *)a)->id, y = ((const bias_pair *)b)->id;
+  return (x > y) - (x < y);
+}
+
+/* logit_bias, sorted by id (checked in check_request). */
+static irt_status copy_bias(const irt_request *r, ereq *q, irt_error *err) {
+  q->r.logit_bias_ids = NULL, q->r.logit_bias = NULL;
+  if (r->n_logit_bias <= 0) return IRT_OK;
+  if (r->n_logit_bias > IRT_MAX_LOGIT_BIAS || !r->logit_bias_ids || !r->logit_bias)
+    return fail(err, IRT_INVALID_ARG, "logit_bias: at most 1024 tokens, with ids and biases");
+  int n = r->n_logit_bias;
+  bias_pair *pairs = malloc((size_t)n * sizeof *pairs);
+  q->bias_ids = malloc((size_t)n * sizeof *q->bias_ids);
+  q->bias_sub = malloc((size_t)n * sizeof *q->bias_sub);
+  if (!pairs || !q->bias_ids || !q->bias_sub) {
+    free(pairs);
+    return fail(err, IRT_OOM, "out of memory");
+  }
+  for (int i = 0; i < n; i++) pairs[i] = (bias_pair){r->logit_bias_ids[i], -r->logit_bias[i]};
+  qsort(pairs, (size_t)n, sizeof *pairs, by_id);
+  for (int i = 0; i < n; i++) q->bias_ids[i] = pairs[i].id, q->bias_sub[i] = pairs[i].sub;
+  free(pairs);
+  q->n_bias = n;
+  return IRT_OK;
 }
 
 /* Copies what the request points at, so the caller's buffers may go after submit. */
@@ -92,6 +126,8 @@ static irt_status copy_request(irt_engine *e, const irt_request *r, ereq *q, irt
     if (!(q->stops[i] = strdup(r->stop[i]))) return fail(err, IRT_OOM, "out of memory");
   q->r.stop = (const char *const *)q->stops;
   q->r.tenant = q->tenant;
+  irt_status st = copy_bias(r, q, err);
+  if (st != IRT_OK) return st;
   q->tenant_hash = XXH3_64bits(q->tenant, strlen(q->tenant));
   return IRT_OK;
 }
@@ -148,6 +184,23 @@ static irt_status check_request(irt_engine *e, const ereq *q, irt_error *err) {
     snprintf(msg, sizeof msg, "top_logprobs must lie in [0, %d]", IRT_MAX_TOP_LOGPROBS);
     return fail(err, IRT_INVALID_ARG, msg);
   }
+  for (int i = 0; i < q->n_bias; i++) {
+    float b = -q->bias_sub[i];
+    if (q->bias_ids[i] < 0 || q->bias_ids[i] >= in->vocab_size) {
+      snprintf(msg, sizeof msg, "logit_bias: token id %d is outside the vocabulary of %lld",
+               q->bias_ids[i], (long long)in->vocab_size);
+      return fail(err, IRT_INVALID_ARG, msg);
+    }
+    if (!(b >= -100 && b <= 100)) {
+      snprintf(msg, sizeof msg, "logit_bias: the bias of token %d must lie in [-100, 100]",
+               q->bias_ids[i]);
+      return fail(err, IRT_INVALID_ARG, msg);
+    }
+    if (i > 0 && q->bias_ids[i] == q->bias_ids[i - 1]) {
+      snprintf(msg, sizeof msg, "logit_bias: token %d appears twice", q->bias_ids[i]);
+      return fail(err, IRT_INVALID_ARG, msg);
+    }
+  }
   if (q->r.n_stop && !e->tok) return fail(err, IRT_INVALID_ARG, "stop strings need a tokenizer");
   for (int i = 0; i < q->r.n_stop; i++)
     if (!q->stops[i][0]) return fail(err, IRT_INVALID_ARG, "stop strings must not be empty");
@@ -174,7 +227,8 @@ irt_status irt_eseq_init(irt_engine *e, ereq *q, int i, irt_error *err) {
     s->counts = calloc((size_t)in->vocab_size, sizeof *s->counts);
     s->seen = malloc((size_t)in->vocab_size * sizeof *s->seen);
     s->pen_sub = malloc((size_t)in->vocab_size * sizeof *s->pen_sub);
-    if (!s->counts || !s->seen || !s->pen_sub)
+    if (q->n_bias) s->pen_ids = malloc((size_t)in->vocab_size * sizeof *s->pen_ids);
+    if (!s->counts || !s->seen || !s->pen_sub || (q->n_bias && !s->pen_ids))
       return fail(err, IRT_OOM, "out of memory");
   }
   if (irt_seq_create(e->m, &s->kv, err) != IRT_OK) return IRT_OOM;
@@ -192,6 +246,8 @@ void irt_eseq_release(irt_engine *e, eseq *s) {
   free(s->counts);
   free(s->seen);
   free(s->pen_sub);
+  free(s->pen_ids);
+  s->pen_ids = NULL;
   s->counts = NULL;
   s->seen = NULL;
   s->pen_sub = NULL;

@@ -61,7 +61,8 @@ typedef struct eseq {
   /* with presence/frequency penalties (allocated at init, so sampling stays allocation-free) */
   int32_t *counts;        /* (vocab) occurrences of each token this completion generated */
   int32_t *seen;          /* (vocab) the distinct generated tokens, first seen first */
-  float *pen_sub;         /* (vocab) a pick's penalty for each of them */
+  float *pen_sub;         /* (vocab) a pick's penalty for each of them (and biased ones) */
+  int32_t *pen_ids;       /* (vocab) with logit_bias too: seen, then the biased unseen */
   int64_t n_seen;
   /* with top_logprobs: the alternatives of the current event */
   int32_t top_ids[IRT_MAX_TOP_LOGPROBS];
@@ -76,6 +77,9 @@ struct ereq {
   uint64_t tenant_hash;
   int32_t *prompt;
   int64_t n_prompt;
+  int32_t *bias_ids;      /* logit_bias: (n_bias) ids, ascending */
+  float *bias_sub;        /* (n_bias) minus each bias: subtracted, as penalties are */
+  int n_bias;
   int64_t cached_tokens;
   int n;
   eseq *seqs;             /* (n); only seqs[0] exists until the prompt is prefilled */

@@ -112,16 +112,42 @@ static bool fork_point(const eseq *s) {
   return q->n > 1 && !q->forked && s->n_generated == 0;
 }
 
-/* The pick of s's next token: its sampler, top_logprobs, and the presence/frequency
- * penalties of the tokens it generated so far. */
+/* The bias subtracted from token tok's logit (logit_bias), 0 if none. */
+static float bias_sub(const ereq *q, int32_t tok) {
+  int lo = 0, hi = q->n_bias;
+  while (lo < hi) {
+    int mid = (lo + hi) / 2;
+    if (q->bias_ids[mid] < tok) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo < q->n_bias && q->bias_ids[lo] == tok ? q->bias_sub[lo] : 0.0f;
+}
+
+/* The pick of s's next token: its sampler, top_logprobs, and what is subtracted from the
+ * logits: the presence/frequency penalties of the tokens it generated so far and minus
+ * the request's logit_bias (a list that never changes without penalties). */
 static irt_pick make_pick(eseq *s) {
-  const irt_request *r = &s->req->r;
+  const ereq *q = s->req;
+  const irt_request *r = &q->r;
   irt_pick p = {.sampler = s->sampler, .n_top = r->top_logprobs, .top_ids = s->top_ids,
                 .top_logprobs = s->top_lps};
-  if (!s->counts) return p;
-  for (int64_t j = 0; j < s->n_seen; j++)
-    s->pen_sub[j] = r->presence_penalty + r->frequency_penalty * (float)s->counts[s->seen[j]];
-  p.pen_ids = s->seen, p.pen_sub = s->pen_sub, p.n_pen = (int)s->n_seen;
+  if (!s->counts) {
+    p.pen_ids = q->bias_ids, p.pen_sub = q->bias_sub, p.n_pen = q->n_bias;
+    return p;
+  }
+  int64_t n = s->n_seen;
+  for (int64_t j = 0; j < n; j++)
+    s->pen_sub[j] = r->presence_penalty + r->frequency_penalty * (float)s->counts[s->seen[j]] +
+                    (q->n_bias ? bias_sub(q, s->seen[j]) : 0.0f);
+  p.pen_ids = s->seen;
+  if (q->n_bias) { /* the seen ids, then the biased ones not seen (ids stay distinct) */
+    memcpy(s->pen_ids, s->seen, (size_t)n * sizeof *s->pen_ids);
+    for (int b = 0; b < q->n_bias; b++)
+      if (!s->counts[q->bias_ids[b]])
+        s->pen_ids[n] = q->bias_ids[b], s->pen_sub[n++] = q->bias_sub[b];
+    p.pen_ids = s->pen_ids;
+  }
+  p.pen_sub = s->pen_sub, p.n_pen = (int)n;
   return p;
 }
 
@@ -238,11 +264,13 @@ static void schedule_waiting(irt_engine *e, int n_run, int n_wait, int64_t *budg
  * drafts before it are kept; verify() moves the generator past the rows it used. */
 static irt_pick *row_picks(irt_engine *e, eseq *s, int64_t n) {
   irt_pick *p = e->row_picks + e->row_picks_now;
+  irt_pick base = make_pick(s); /* no penalties here: only the fixed logit_bias, if any */
   for (int64_t j = 0; j < n; j++) {
     int64_t r = e->row_picks_now + j;
-    p[j] = (irt_pick){.sampler = s->sampler, .n_top = s->req->r.top_logprobs, .draw = (int)j + 1,
-                      .top_ids = e->row_top_ids + r * IRT_MAX_TOP_LOGPROBS,
-                      .top_logprobs = e->row_top_lps + r * IRT_MAX_TOP_LOGPROBS};
+    p[j] = base;
+    p[j].draw = (int)j + 1;
+    p[j].top_ids = e->row_top_ids + r * IRT_MAX_TOP_LOGPROBS;
+    p[j].top_logprobs = e->row_top_lps + r * IRT_MAX_TOP_LOGPROBS;
   }
   e->row_picks_now += n;
   return p;

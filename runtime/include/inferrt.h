@@ -347,9 +347,18 @@ typedef struct irt_request {
   float presence_penalty;
   float frequency_penalty;
   int top_logprobs;          /* alternatives per event, 0..IRT_MAX_TOP_LOGPROBS */
+  /* OpenAI's logit_bias: logit_bias[j], in [-100, 100], is added to the logit of token
+   * logit_bias_ids[j] (distinct ids, at most IRT_MAX_LOGIT_BIAS of them) before sampling,
+   * at every position of every completion, with the penalties; -100 all but bans a token
+   * and 100 all but forces it. irt_event.logprob stays the model's own distribution.
+   * Copied at submit. */
+  const int32_t *logit_bias_ids;
+  const float *logit_bias;
+  int n_logit_bias;
 } irt_request;
 
 #define IRT_MAX_TOP_LOGPROBS 20
+#define IRT_MAX_LOGIT_BIAS 1024
 
 typedef struct irt_engine_stats {
   int64_t running, waiting;

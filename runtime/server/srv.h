@@ -69,6 +69,9 @@ typedef struct srv_params {
   int n;
   int logprobs; /* -1: not asked; else alternatives per token (0..20) */
   float presence_penalty, frequency_penalty;
+  int32_t *bias_ids; /* logit_bias: (n_bias) owned */
+  float *bias;
+  int n_bias;
   bool stream, include_usage, ignore_eos;
   const char *tenant; /* from the API key (borrowed); NULL: shared */
   int priority;

@@ -312,6 +312,41 @@ static bool parse_sampling(srv_ctx *c, const cJSON *body, srv_params *p, srv_err
   return get_bool(body, "ignore_eos", &p->ignore_eos, e);
 }
 
+/* logit_bias: {"token id": bias in [-100, 100], ...}, ids within the vocabulary. */
+static bool parse_logit_bias(srv_ctx *c, const cJSON *body, srv_params *p, srv_error *e) {
+  const cJSON *lb = field(body, "logit_bias"), *it;
+  if (!lb) return true;
+  if (!cJSON_IsObject(lb)) return bad_type(e, "logit_bias", "an object", lb);
+  int n = cJSON_GetArraySize(lb);
+  if (n > IRT_MAX_LOGIT_BIAS)
+    return srv_bad(e, "logit_bias", "Invalid value for 'logit_bias': %d tokens; at most %d.", n,
+                   IRT_MAX_LOGIT_BIAS);
+  if (n == 0) return true;
+  p->bias_ids = malloc((size_t)n * sizeof *p->bias_ids);
+  p->bias = malloc((size_t)n * sizeof *p->bias);
+  if (!p->bias_ids || !p->bias)
+    return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+  cJSON_ArrayForEach(it, lb) {
+    char *end = NULL;
+    long long id = strtoll(it->string, &end, 10);
+    if (!*it->string || *end || id < 0 || id >= c->info->vocab_size)
+      return srv_bad(e, "logit_bias",
+                     "Invalid key in 'logit_bias': '%.40s' is not a token id in [0, %lld).",
+                     it->string, (long long)c->info->vocab_size);
+    if (!cJSON_IsNumber(it) || !(it->valuedouble >= -100 && it->valuedouble <= 100))
+      return srv_bad(e, "logit_bias",
+                     "Invalid value in 'logit_bias' for token %lld: expected a number in "
+                     "[-100, 100].",
+                     id);
+    for (int i = 0; i < p->n_bias; i++)
+      if (p->bias_ids[i] == (int32_t)id)
+        return srv_bad(e, "logit_bias", "Invalid 'logit_bias': token %lld appears twice.", id);
+    p->bias_ids[p->n_bias] = (int32_t)id;
+    p->bias[p->n_bias++] = (float)it->valuedouble;
+  }
+  return true;
+}
+
 static bool parse_stream(const cJSON *body, srv_params *p, srv_error *e) {
   if (!get_bool(body, "stream", &p->stream, e)) return false;
   const cJSON *so = field(body, "stream_options");
@@ -334,6 +369,19 @@ static bool refuse_unsupported(const cJSON *body, srv_endpoint ep, srv_error *e)
     return srv_bad(e, "echo", "'echo' is not supported.");
   if (ep == SRV_COMPLETIONS && (v = field(body, "suffix")))
     return srv_bad(e, "suffix", "'suffix' is not supported.");
+  if ((v = field(body, "response_format"))) {
+    const cJSON *t = cJSON_IsObject(v) ? field(v, "type") : NULL;
+    if (!cJSON_IsObject(v) || !cJSON_IsString(t))
+      return srv_bad(e, "response_format",
+                     "Invalid value for 'response_format': expected an object with a 'type'.");
+    if (strcmp(t->valuestring, "text"))
+      return srv_bad(e, "response_format",
+                     "'response_format' of type '%.40s' is not supported (no constrained "
+                     "decoding): only 'text'.",
+                     t->valuestring);
+  }
+  if ((v = field(body, "tools")) && (!cJSON_IsArray(v) || cJSON_GetArraySize(v) > 0))
+    return srv_bad(e, "tools", "'tools' (function calling) is not supported.");
   const cJSON *bo = field(body, "best_of"), *n = field(body, "n");
   if (bo && (!is_int(bo) || bo->valuedouble != (n && is_int(n) ? n->valuedouble : 1)))
     return srv_bad(e, "best_of", "'best_of' other than 'n' is not supported.");
@@ -376,6 +424,7 @@ bool srv_params_from_json(srv_ctx *c, srv_endpoint ep, const cJSON *body, srv_pa
   if (!cJSON_IsObject(body)) ok = srv_bad(err, NULL, "The request body must be a JSON object.");
   if (ok) ok = check_model(c, body, err) && refuse_unsupported(body, ep, err);
   if (ok) ok = parse_sampling(c, body, p, err) && parse_stop(body, p, err);
+  if (ok) ok = parse_logit_bias(c, body, p, err);
   if (ok) ok = parse_logprobs(ep, body, p, err) && parse_stream(body, p, err);
   if (ok && p->n_stop && !c->tok)
     ok = srv_bad(err, "stop", "Stop strings need a tokenizer; the served plan has none.");
@@ -402,6 +451,11 @@ void srv_params_free(srv_params *p) {
   for (int i = 0; i < p->n_stop; i++) free(p->stop[i]);
   free(p->stop);
   free(p->prompt);
+  free(p->bias_ids);
+  free(p->bias);
+  p->bias_ids = NULL;
+  p->bias = NULL;
+  p->n_bias = 0;
   p->stop = NULL;
   p->prompt = NULL;
   p->n_stop = 0;

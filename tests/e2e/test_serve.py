@@ -257,6 +257,19 @@ def test_sampling(s):
     pen2 = c.completions.create(presence_penalty=-2, frequency_penalty=-2, **base).choices[0].logprobs.tokens
     check("penalties", pen1 == pen2 and pen1 != plain and len(set(pen1)) < len(set(plain)),
           f"{plain!r} / {pen1!r}")
+    # logit_bias (exactness is tests/unit/test_engine.c's): +100 forces a token everywhere,
+    # -100 bans one; its ids from `inferrt generate` on the same prompt
+    ids = generate("--prompt", "a a a a", "-n", "24", "--ignore-eos")["generated_ids"]
+    forced = c.completions.create(logit_bias={str(ids[3]): 100}, **base).choices[0].logprobs.tokens
+    check("logit_bias +100", len(forced) == 24 and len(set(forced)) == 1 and forced[0] == plain[3],
+          f"{forced!r}")
+    banned = c.completions.create(logit_bias={str(ids[0]): -100}, **base).choices[0].logprobs.tokens
+    check("logit_bias -100", banned[0] != plain[0] and plain[0] not in banned, f"{banned!r}")
+    chat = c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
+                                     max_tokens=5, temperature=0, logit_bias={str(ids[3]): 100},
+                                     extra_body={"ignore_eos": True})
+    check("logit_bias chat", chat.choices[0].message.content == plain[3] * 5,
+          repr(chat.choices[0].message.content))
 
 
 def test_logprobs(s):
@@ -381,6 +394,20 @@ def test_errors(s):
                  {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, param="top_logprobs")
     expect_error(s, "stream_options without stream", 400, "POST", "/v1/completions",
                  {**ok_body, "stream_options": {"include_usage": True}}, param="stream_options")
+    expect_error(s, "logit_bias key", 400, "POST", "/v1/completions", {**ok_body, "logit_bias": {"x1": 5}},
+                 param="logit_bias")
+    expect_error(s, "logit_bias out of vocab", 400, "POST", "/v1/completions",
+                 {**ok_body, "logit_bias": {"99999": 5}}, param="logit_bias")
+    expect_error(s, "logit_bias value", 400, "POST", "/v1/chat/completions",
+                 {"messages": [{"role": "user", "content": "x"}], "logit_bias": {"5": 101}}, param="logit_bias")
+    expect_error(s, "logit_bias type", 400, "POST", "/v1/completions", {**ok_body, "logit_bias": [5]},
+                 param="logit_bias")
+    expect_error(s, "json mode refused", 400, "POST", "/v1/chat/completions",
+                 {"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}},
+                 param="response_format")
+    expect_error(s, "tools refused", 400, "POST", "/v1/chat/completions",
+                 {"messages": [{"role": "user", "content": "x"}],
+                  "tools": [{"type": "function", "function": {"name": "f"}}]}, param="tools")
     expect_error(s, "unknown model", 404, "POST", "/v1/completions", {**ok_body, "model": "gpt-9"},
                  param="model", code="model_not_found")
     expect_error(s, "unknown endpoint", 404, "GET", "/v1/nothing")

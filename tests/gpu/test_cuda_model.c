@@ -354,8 +354,12 @@ static void engine_mixed(irt_model *m, mixed *x, int spec, irt_engine_stats *st)
     irt_request q = {.prompt_ids = p[r], .n_prompt = 9, .sampling = irt_sampling_default(),
                      .max_tokens = 16, .ignore_eos = true, .on_event = on_mixed, .user = x};
     if (r > 0) q.sampling = (irt_sampling){.temperature = 0.9f, .top_p = 0.9f, .seed = 5u + r};
+    static const int32_t bias_ids[2] = {7, 8};
+    static const float bias[2] = {3.0f, -100.0f};
+    if (r == 1) q.logit_bias_ids = bias_ids, q.logit_bias = bias, q.n_logit_bias = 2;
     if (r == 2) q.top_logprobs = 3;
-    if (r == 3) q.presence_penalty = 0.5f;
+    if (r == 3) q.presence_penalty = 0.5f, q.logit_bias_ids = bias_ids, q.logit_bias = bias,
+                q.n_logit_bias = 2;
     CHECKF(irt_engine_submit(e, &q, NULL, &err) == IRT_OK, "%s", err.msg);
   }
   CHECKF(irt_engine_run(e, &err) == IRT_OK, "%s", err.msg);
@@ -390,6 +394,10 @@ static void test_engine_mixed(void) {
            "logprob diff %.1e\n", memcmp(a.tok, b.tok, sizeof a.tok) ? "DIFFER" : "as on the CPU",
            lp);
     CHECK(a.n[0] == 16 && a.n[3] == 16 && !memcmp(a.n, b.n, sizeof a.n));
+    int banned = 0, pushed = 0; /* logit_bias on requests 1 and 3: token 8 -100, 7 +3 */
+    for (int r = 1; r < 4; r += 2)
+      for (int i = 0; i < a.n[r]; i++) banned += a.tok[r][i] == 8, pushed += a.tok[r][i] == 7;
+    CHECKF(banned == 0 && pushed > 0, "logit_bias: %d banned, %d pushed", banned, pushed);
     CHECK(!memcmp(a.tok, b.tok, sizeof a.tok));
     CHECK(!memcmp(a.alt, b.alt, sizeof a.alt) && a.alt[0][0] != a.alt[0][1]);
     CHECKF(lp <= 1e-4, "logprobs differ by %.3e", lp);

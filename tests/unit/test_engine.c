@@ -510,6 +510,138 @@ static void test_penalties_and_top(irt_model *m) {
   free(lg), free(pen), free(counts);
 }
 
+/* Greedy tokens of prompt p as a hand-rolled loop over irt_seq_decode sees them: the
+ * argmax of the raw logits less the penalties plus the logit_bias; lp[t] gets the raw
+ * log-softmax of token t, second[t] the runner-up and gap[t] how far behind it is. */
+static void biased_greedy(irt_model *m, const int32_t *p, int P, float presence, float frequency,
+                          const int32_t *ids, const float *bias, int nb, int n_out, int32_t *want,
+                          float *lp, int32_t *second, float *gap) {
+  int64_t V = irt_model_get_info(m)->vocab_size;
+  float *lg = malloc((size_t)V * sizeof *lg);
+  int32_t *counts = calloc((size_t)V, sizeof *counts);
+  irt_seq *s = NULL;
+  irt_error err = {0};
+  CHECK(lg && counts && irt_seq_create(m, &s, &err) == IRT_OK);
+  CHECK(irt_seq_decode(m, s, p, P, lg, false, &err) == IRT_OK);
+  for (int t = 0; t < n_out; t++) {
+    int64_t arg = -1, run = -1;
+    double best = -INFINITY, next = -INFINITY, mx = -INFINITY, sum = 0;
+    for (int64_t v = 0; v < V; v++) {
+      double x = lg[v] - (counts[v] ? presence + frequency * (float)counts[v] : 0.0f);
+      for (int j = 0; j < nb; j++) x += ids[j] == v ? bias[j] : 0.0f;
+      if (x > best) next = best, run = arg, best = x, arg = v;
+      else if (x > next) next = x, run = v;
+      mx = lg[v] > mx ? lg[v] : mx;
+    }
+    for (int64_t v = 0; v < V; v++) sum += exp((double)lg[v] - mx);
+    want[t] = (int32_t)arg;
+    second[t] = (int32_t)run, gap[t] = (float)(best - next);
+    lp[t] = (float)((double)lg[arg] - mx - log(sum));
+    counts[arg]++;
+    CHECK(irt_seq_decode(m, s, &want[t], 1, lg, false, &err) == IRT_OK);
+  }
+  irt_seq_destroy(s);
+  free(lg), free(counts);
+}
+
+/* logit_bias (OpenAI's) against biased_greedy: alone and with penalties, with and without
+ * drafts (whose rows take the bias as picks in the step): token for token, the banned
+ * token never, logprobs those of the raw logits. Bad biases are refused. */
+static void test_logit_bias(irt_model *m) {
+  enum { N_OUT = 40, P = 6 };
+  int32_t p[P] = {21, 22, 23, 21, 22, 23}, plain[N_OUT], want[N_OUT], ban_only[N_OUT];
+  int32_t second[N_OUT];
+  float lp[N_OUT], gap[N_OUT];
+  int64_t V = irt_model_get_info(m)->vocab_size;
+  biased_greedy(m, p, P, 0, 0, NULL, NULL, 0, N_OUT, plain, lp, second, gap);
+  /* ban the first plain token; then push the runner-up of position 5 past the winner, and
+   * give a third token a bias too small to matter */
+  int32_t ids[3] = {plain[0], 0, 0};
+  float bias[3] = {-100.0f, 0, 0.01f};
+  biased_greedy(m, p, P, 0, 0, ids, bias, 1, N_OUT, ban_only, lp, second, gap);
+  CHECK(ban_only[0] != plain[0]);
+  ids[1] = second[5], bias[1] = gap[5] + 0.25f;
+  ids[2] = ids[1] == (int32_t)(V / 2) ? (int32_t)(V / 3) : (int32_t)(V / 2);
+  irt_error err = {0};
+  for (int v = 0; v < 4; v++) {
+    bool pen = v & 1, spec = v & 2;
+    float presence = pen ? 0.5f : 0.0f, frequency = pen ? 0.9f : 0.0f;
+    biased_greedy(m, p, P, presence, frequency, ids, bias, 3, N_OUT, want, lp, second, gap);
+    irt_engine_opts eo = irt_engine_opts_default();
+    eo.spec_tokens = spec ? 3 : 0, eo.spec_ngram_min = 1, eo.spec_always = true;
+    irt_engine *e = NULL;
+    CHECK(irt_engine_create(m, &eo, &e, &err) == IRT_OK);
+    static top_result got;
+    memset(&got, 0, sizeof got);
+    irt_request q = {.prompt_ids = p, .n_prompt = P, .max_tokens = N_OUT, .ignore_eos = true,
+                     .sampling = irt_sampling_default(), .presence_penalty = presence,
+                     .frequency_penalty = frequency, .on_event = on_top_event, .user = &got,
+                     .logit_bias_ids = ids, .logit_bias = bias, .n_logit_bias = 3};
+    CHECK(irt_engine_submit(e, &q, NULL, &err) == IRT_OK);
+    CHECK(irt_engine_run(e, &err) == IRT_OK);
+    CHECK(got.n == N_OUT);
+    int diff = 0;
+    for (int t = 0; t < got.n; t++) {
+      CHECKF(got.tokens[t] == want[t] && fabsf(got.logprobs[t] - lp[t]) < 1e-5f,
+             "logit_bias variant %d token %d: got %d (%g), want %d (%g)", v, t, got.tokens[t],
+             got.logprobs[t], want[t], lp[t]);
+      CHECK(got.tokens[t] != plain[0]);
+      diff += got.tokens[t] != plain[t];
+    }
+    int pushed = 0; /* tokens the positive biases chose (the ban alone would not) */
+    for (int t = 0; t < got.n; t++) pushed += got.tokens[t] == ids[1] || got.tokens[t] == ids[2];
+    CHECKF(diff > 0 && (pen || (memcmp(want, ban_only, sizeof want) && pushed < N_OUT)),
+           "variant %d: the biases change too little or too much (%d pushed)", v, pushed);
+    irt_engine_stats st;
+    irt_engine_get_stats(e, &st);
+    CHECK(!spec || st.spec_draft_tokens > 0);
+    printf("logit_bias variant %d: %d of %d tokens differ from plain, %d pushed, %lld drafts\n",
+           v, diff, N_OUT, pushed, (long long)st.spec_draft_tokens);
+    if (v == 0) { /* refusals */
+      int32_t bad_ids[2] = {5, 5};
+      float bad[2] = {1.0f, 1.0f};
+      irt_request b = q;
+      b.logit_bias_ids = bad_ids, b.logit_bias = bad, b.n_logit_bias = 2; /* twice */
+      CHECK(irt_engine_submit(e, &b, NULL, &err) == IRT_INVALID_ARG && strstr(err.msg, "twice"));
+      bad_ids[1] = (int32_t)V;
+      CHECK(irt_engine_submit(e, &b, NULL, &err) == IRT_INVALID_ARG && strstr(err.msg, "vocab"));
+      bad_ids[1] = -1;
+      CHECK(irt_engine_submit(e, &b, NULL, &err) == IRT_INVALID_ARG);
+      bad_ids[1] = 6, bad[1] = 100.5f;
+      CHECK(irt_engine_submit(e, &b, NULL, &err) == IRT_INVALID_ARG && strstr(err.msg, "100"));
+      bad[1] = NAN;
+      CHECK(irt_engine_submit(e, &b, NULL, &err) == IRT_INVALID_ARG);
+      b.n_logit_bias = IRT_MAX_LOGIT_BIAS + 1;
+      CHECK(irt_engine_submit(e, &b, NULL, &err) == IRT_INVALID_ARG);
+    }
+    irt_engine_destroy(e);
+  }
+  /* +100 forces a token at every position, drafted rows (picks in the step) included */
+  for (int spec = 0; spec < 2; spec++) {
+    irt_engine_opts eo = irt_engine_opts_default();
+    eo.spec_tokens = spec ? 4 : 0, eo.spec_ngram_min = 1, eo.spec_always = true;
+    irt_engine *e = NULL;
+    CHECK(irt_engine_create(m, &eo, &e, &err) == IRT_OK);
+    static top_result got;
+    memset(&got, 0, sizeof got);
+    int32_t forced = ids[2];
+    float plus = 100.0f;
+    irt_request q = {.prompt_ids = p, .n_prompt = P, .max_tokens = N_OUT, .ignore_eos = true,
+                     .sampling = irt_sampling_default(), .on_event = on_top_event, .user = &got,
+                     .logit_bias_ids = &forced, .logit_bias = &plus, .n_logit_bias = 1};
+    CHECK(irt_engine_submit(e, &q, NULL, &err) == IRT_OK);
+    CHECK(irt_engine_run(e, &err) == IRT_OK);
+    int n_forced = 0;
+    for (int t = 0; t < got.n; t++) n_forced += got.tokens[t] == forced;
+    irt_engine_stats st;
+    irt_engine_get_stats(e, &st);
+    CHECKF(got.n == N_OUT && n_forced == N_OUT && (!spec || st.spec_accepted_tokens > 0),
+           "forced token: %d of %d, %lld drafts kept", n_forced, got.n,
+           (long long)st.spec_accepted_tokens);
+    irt_engine_destroy(e);
+  }
+}
+
 /* irt_batch_item.pick on the CPU backend: the sampler's token on the row less the
  * penalties, the logprob and alternatives of the row itself; bad picks are refused. */
 static void test_picks(irt_model *m) {
@@ -636,6 +768,7 @@ int main(int argc, char **argv) {
   test_cancel(m);
   test_priority_and_limits(m);
   test_penalties_and_top(m);
+  test_logit_bias(m);
   test_picks(m);
   test_row_picks(m);
   irt_model_close(m);
