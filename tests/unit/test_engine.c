@@ -544,6 +544,16 @@ static void biased_greedy(irt_model *m, const int32_t *p, int P, float presence,
   free(lg), free(counts);
 }
 
+/* An engine drafting up to spec tokens by 1-gram lookup (spec_always), or none. */
+static irt_engine *drafting_engine(irt_model *m, int spec) {
+  irt_engine_opts eo = irt_engine_opts_default();
+  eo.spec_tokens = spec, eo.spec_ngram_min = 1, eo.spec_always = true;
+  irt_engine *e = NULL;
+  irt_error err = {0};
+  CHECKF(irt_engine_create(m, &eo, &e, &err) == IRT_OK, "%s", err.msg);
+  return e;
+}
+
 /* logit_bias (OpenAI's) against biased_greedy: alone and with penalties, with and without
  * drafts (whose rows take the bias as picks in the step): token for token, the banned
  * token never, logprobs those of the raw logits. Bad biases are refused. */
@@ -567,10 +577,7 @@ static void test_logit_bias(irt_model *m) {
     bool pen = v & 1, spec = v & 2;
     float presence = pen ? 0.5f : 0.0f, frequency = pen ? 0.9f : 0.0f;
     biased_greedy(m, p, P, presence, frequency, ids, bias, 3, N_OUT, want, lp, second, gap);
-    irt_engine_opts eo = irt_engine_opts_default();
-    eo.spec_tokens = spec ? 3 : 0, eo.spec_ngram_min = 1, eo.spec_always = true;
-    irt_engine *e = NULL;
-    CHECK(irt_engine_create(m, &eo, &e, &err) == IRT_OK);
+    irt_engine *e = drafting_engine(m, spec ? 3 : 0);
     static top_result got;
     memset(&got, 0, sizeof got);
     irt_request q = {.prompt_ids = p, .n_prompt = P, .max_tokens = N_OUT, .ignore_eos = true,
@@ -618,10 +625,7 @@ static void test_logit_bias(irt_model *m) {
   }
   /* +100 forces a token at every position, drafted rows (picks in the step) included */
   for (int spec = 0; spec < 2; spec++) {
-    irt_engine_opts eo = irt_engine_opts_default();
-    eo.spec_tokens = spec ? 4 : 0, eo.spec_ngram_min = 1, eo.spec_always = true;
-    irt_engine *e = NULL;
-    CHECK(irt_engine_create(m, &eo, &e, &err) == IRT_OK);
+    irt_engine *e = drafting_engine(m, spec ? 4 : 0);
     static top_result got;
     memset(&got, 0, sizeof got);
     int32_t forced = ids[2];
