@@ -39,7 +39,7 @@ typedef struct irt_pick_req {
   double u;
   int32_t n_top;          /* alternatives wanted, at most IRT_PICK_TOP */
   int32_t n_pen, pen_off; /* penalties: entries [pen_off, + n_pen) of the pick's pen arrays */
-  int32_t pad;
+  float min_p;
 } irt_pick_req;
 typedef struct irt_pick_res {
   int32_t token;

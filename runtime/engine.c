@@ -176,8 +176,10 @@ static irt_status check_request(irt_engine *e, const ereq *q, irt_error *err) {
     return fail(err, IRT_INVALID_ARG, msg);
   }
   const irt_sampling *sp = &q->r.sampling;
-  if (!(sp->temperature >= 0) || !(sp->top_p > 0 && sp->top_p <= 1) || sp->top_k < 0)
-    return fail(err, IRT_INVALID_ARG, "sampling needs temperature >= 0, 0 < top_p <= 1, top_k >= 0");
+  if (!(sp->temperature >= 0) || !(sp->top_p > 0 && sp->top_p <= 1) || sp->top_k < 0 ||
+      !(sp->min_p >= 0 && sp->min_p <= 1))
+    return fail(err, IRT_INVALID_ARG,
+                "sampling needs temperature >= 0, 0 < top_p <= 1, top_k >= 0, 0 <= min_p <= 1");
   if (!(fabsf(q->r.presence_penalty) <= 2) || !(fabsf(q->r.frequency_penalty) <= 2))
     return fail(err, IRT_INVALID_ARG, "penalties must lie in [-2, 2]");
   if (q->r.top_logprobs < 0 || q->r.top_logprobs > IRT_MAX_TOP_LOGPROBS) {

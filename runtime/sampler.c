@@ -3,9 +3,10 @@
  * seed and logits the same tokens come out on every machine.
  *
  * The function: candidates ordered by larger logit, then lower id; the top_k best kept
- * (all when 0); weights w = exp((logit - max) / temperature) summed in double in that
- * order (and walked as floats); with 0 < top_p < 1 the smallest prefix of mass >= top_p *
- * sum kept; the token where u * sum falls in the running sum, u uniform in [0, 1) from the
+ * (all when 0); weights w = exp((logit - max) / temperature) (in double), those with w <
+ * min_p dropped (w is the probability relative to the likeliest's), summed in double in
+ * that order (and walked as floats); with 0 < top_p < 1 the smallest prefix of mass >=
+ * top_p * sum kept; the token where u * sum falls in the running sum, u uniform in [0, 1) from the
  * seed. Computed without a comparison sort of the vocabulary: a candidate more than 40 temperatures
  * below the max has w < 2^-53, and added to a running sum that is already >= 1 (the max's
  * w is 1) such a w changes no bit of it, so it can never be chosen and is dropped before
@@ -168,6 +169,10 @@ int32_t irt_sampler_sample_u(irt_sampler *s, const float *logits, double u) {
   max = c[0].logit;
   for (int64_t i = 0; i < n; i++) {
     double w = exp(((double)c[i].logit - max) * inv_t);
+    if (w < (double)s->p.min_p) { /* and so are all after it: w only falls */
+      n = i;
+      break;
+    }
     c[i].logit = (float)w;
     sum += w;
   }

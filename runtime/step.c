@@ -172,6 +172,7 @@ static irt_pick_req pick_req(irt_pick *p, int64_t row, int n_pen) {
   const irt_sampling *sp = irt_sampler_params(p->sampler);
   int n_top = p->n_top < 0 ? 0 : p->n_top > IRT_PICK_TOP ? IRT_PICK_TOP : p->n_top;
   return (irt_pick_req){.temperature = sp->temperature, .top_p = sp->top_p, .top_k = sp->top_k,
+                        .min_p = sp->min_p,
                         .row = (int32_t)row, .u = irt_pick_draw(p), .n_top = n_top,
                         .n_pen = p->n_pen > 0 ? p->n_pen : 0, .pen_off = n_pen};
 }

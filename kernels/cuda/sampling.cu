@@ -6,7 +6,8 @@
 //   - else runtime/sampler.c's function, with its uniform draw u = args[b].u in [0, 1): the
 //     candidates ordered by larger logit then lower id, those more than 40 temperatures
 //     below the max dropped (their weight is under 2^-53 of the max's), the top_k best kept
-//     (all when 0); weights w = exp((x - max) / temperature) in double, their sum S; with
+//     (all when 0); weights w = exp((x - max) / temperature) in double, those under min_p
+//     dropped (w is the probability relative to the max's), their sum S; with
 //     0 < top_p < 1 the smallest prefix whose float-rounded weights reach top_p * S kept and
 //     S set to that prefix's mass; the token where u * S falls in the running sum of the
 //     float-rounded weights (the last candidate if it falls past the end).
@@ -37,7 +38,8 @@ struct kn_pick_args {
   float temperature, top_p;
   int top_k, row;
   double u;
-  int n_top, n_pen, pen_off, pad;
+  int n_top, n_pen, pen_off;
+  float min_p;
 };
 struct kn_pick_out {
   int token;
@@ -86,14 +88,16 @@ __device__ unsigned long long pk_min(unsigned long long v, pk_smem *sm) {
   return t;
 }
 
-// One row being sampled: the candidates are those within PICK_SPAN temperatures of the max
-// and at or before the bound (key, id) in the order.
+// One row being sampled: the candidates are those within PICK_SPAN temperatures of the max,
+// with weight exp(e) >= min_p (min_p > 0; log_min = log(min_p)), and at or before the
+// bound (key, id) in the order.
 struct pk_row {
   const float *x;
   int vocab;
   double max, inv_t;
   unsigned bkey;
   int bid;
+  double min_p, log_min;
 };
 
 // Is element i a candidate? *e = (x - max) / temperature, as the CPU sampler computes it.
@@ -101,6 +105,9 @@ __device__ __forceinline__ bool pk_cand(const pk_row &r, int i, unsigned *key, d
   float v = r.x[i];
   *e = ((double)v - r.max) * r.inv_t;
   if (*e < -PICK_SPAN) return false; // NaN stays, as on the CPU
+  // min_p: exp only near the threshold (the CPU compares exp(e) with min_p)
+  if (r.min_p > 0.0 && *e < r.log_min + 1e-9 && (*e < r.log_min - 1e-9 || exp(*e) < r.min_p))
+    return false;
   *key = pk_key(v);
   return *key < r.bkey || (*key == r.bkey && i <= r.bid);
 }
@@ -269,7 +276,8 @@ extern "C" __global__ void __launch_bounds__(PICK_THREADS)
             int vocab, float *work, const int *pen_ids, const float *pen_sub) {
   __shared__ pk_smem sm;
   const kn_pick_args a = args[blockIdx.x];
-  pk_row r = {logits + (long long)a.row * vocab, vocab, 0.0, 1.0, 0xffffffffu, 0x7fffffff};
+  pk_row r = {logits + (long long)a.row * vocab, vocab, 0.0, 1.0, 0xffffffffu, 0x7fffffff,
+              0.0, 0.0};
   // max and argmax: the smallest (key, id)
   unsigned long long best = ~0ull;
   for (int i = threadIdx.x; i < vocab; i += PICK_THREADS) {
@@ -319,6 +327,7 @@ extern "C" __global__ void __launch_bounds__(PICK_THREADS)
     int id;
     double cum;
     r.inv_t = 1.0 / (double)a.temperature;
+    if (a.min_p > 0.0f) r.min_p = (double)a.min_p, r.log_min = log((double)a.min_p);
     if (a.top_k > 0) { // the top_k-th candidate bounds the rest
       pk_select(r, true, (double)a.top_k - 1.0, false, &sm, &key, &id, &cum);
       r.bkey = key, r.bid = id;

@@ -76,6 +76,7 @@ static int usage(FILE *f) {
         "  --temperature T         sample at temperature T (default 0: greedy)\n"
         "  --top-k K               with --temperature: the K most likely only (0: all)\n"
         "  --top-p P               with --temperature: the smallest set of mass P (1: all)\n"
+        "  --min-p P               with --temperature: drop tokens under P times the likeliest\n"
         "  --static-batching       baseline: admit a batch only when the last is done\n"
         "  --no-prefix-cache       disable prefix caching\n"
         "  --max-batched-tokens N  token budget per step (default: the plan's)\n"
@@ -99,7 +100,7 @@ static int parse(int argc, char **argv, bench_args *a) {
       {"max-running", 1, 0, 14}, {"device", 1, 0, 15}, {"no-cuda-graphs", 0, 0, 16},
       {"kv-dtype", 1, 0, 17}, {"temperature", 1, 0, 18}, {"top-k", 1, 0, 19},
       {"top-p", 1, 0, 20}, {"spec-tokens", 1, 0, 21}, {"spec-ngram", 1, 0, 22},
-      {"spec-always", 0, 0, 23}, {"help", 0, 0, 'h'},
+      {"spec-always", 0, 0, 23}, {"min-p", 1, 0, 24}, {"help", 0, 0, 'h'},
       {0, 0, 0, 0}};
   int c;
   char *end;
@@ -129,6 +130,7 @@ static int parse(int argc, char **argv, bench_args *a) {
     case 21:
     case 22:
     case 23: if (cli_parse_spec(longs[c - 1].name, optarg, &a->spec)) return 1; break;
+    case 24: a->sampling.min_p = strtof(optarg, &end); ok = !*end && a->sampling.min_p >= 0 && a->sampling.min_p <= 1; break;
     case 'h': usage(stdout); return -1;
     default: return usage(stderr);
     }

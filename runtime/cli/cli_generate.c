@@ -36,6 +36,7 @@ static int usage(FILE *f) {
         "  --temperature T      0 = greedy (default 0)\n"
         "  --top-k K            sample among the K most likely (default: all)\n"
         "  --top-p P            nucleus sampling mass (default 1)\n"
+        "  --min-p P            drop tokens under P times the likeliest's probability (0: off)\n"
         "  --seed S             sampling seed (default 0)\n"
         "  --stop STR           stop when the text contains STR (repeatable, up to 8)\n"
         "  --ignore-eos         keep generating after end-of-generation tokens\n"
@@ -72,6 +73,8 @@ static int parse_value(gen_args *a, int c, const char *v) {
   case 16: return cli_parse_kv_dtype(v, &a->kv_dtype);
   case 17: return cli_parse_spec("spec-tokens", v, &a->spec);
   case 18: return cli_parse_spec("spec-ngram", v, &a->spec);
+  case 19: a->sampling.min_p = strtof(v, &end);
+           return *end || !(a->sampling.min_p >= 0 && a->sampling.min_p <= 1) ? cli_fail("--min-p: expected a number in [0, 1]") : 0;
   case 13: if (a->n_stops == MAX_STOPS || !*v) return cli_fail("--stop: at most %d non-empty strings", MAX_STOPS);
            a->stops[a->n_stops++] = v; return 0;
   default: return usage(stderr);
@@ -89,7 +92,7 @@ static int parse(int argc, char **argv, gen_args *a) {
       {"chat-template", required_argument, 0, 12}, {"stop", required_argument, 0, 13},
       {"device", required_argument, 0, 14},   {"no-cuda-graphs", no_argument, 0, 15},
       {"kv-dtype", required_argument, 0, 16}, {"spec-tokens", required_argument, 0, 17},
-      {"spec-ngram", required_argument, 0, 18},
+      {"spec-ngram", required_argument, 0, 18}, {"min-p", required_argument, 0, 19},
       {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
   int c, rc;
   a->max_new = -1;

@@ -184,6 +184,9 @@ typedef struct irt_sampling {
   int top_k;         /* <= 0: no limit */
   float top_p;       /* >= 1: no limit */
   uint64_t seed;
+  float min_p;       /* in [0, 1]; 0: off. Drops candidates whose probability (after the
+                        temperature) is under min_p times the likeliest one's, after top_k
+                        and before top_p */
 } irt_sampling;
 
 irt_sampling irt_sampling_default(void); /* greedy */

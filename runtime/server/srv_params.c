@@ -299,6 +299,7 @@ static bool parse_sampling(srv_ctx *c, const cJSON *body, srv_params *p, srv_err
   if (tp && cJSON_IsNumber(tp) && tp->valuedouble <= 0)
     return srv_bad(e, "top_p", "Invalid value for 'top_p': it must be greater than 0.");
   if (!get_num(body, "top_p", 0, 1, &p->sampling.top_p, e)) return false;
+  if (!get_num(body, "min_p", 0, 1, &p->sampling.min_p, e)) return false;
   if (!get_int(body, "top_k", -1, 1 << 30, &top_k, e)) return false;
   p->sampling.top_k = top_k > 0 ? (int)top_k : 0;
   if (!get_int(body, "seed", INT64_MIN / 2, INT64_MAX / 2, &seed, e)) return false;

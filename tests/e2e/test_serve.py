@@ -257,6 +257,11 @@ def test_sampling(s):
     pen2 = c.completions.create(presence_penalty=-2, frequency_penalty=-2, **base).choices[0].logprobs.tokens
     check("penalties", pen1 == pen2 and pen1 != plain and len(set(pen1)) < len(set(plain)),
           f"{plain!r} / {pen1!r}")
+    # min_p 1 keeps only the likeliest token: sampling at any temperature is greedy
+    mp = c.completions.create(**{**base, "temperature": 1.7, "seed": 5,
+                                 "extra_body": {"ignore_eos": True, "min_p": 1.0}}
+                              ).choices[0].logprobs.tokens
+    check("min_p 1 is greedy", mp == plain, f"{mp!r}")
     # logit_bias (exactness is tests/unit/test_engine.c's): +100 forces a token everywhere,
     # -100 bans one; its ids from `inferrt generate` on the same prompt
     ids = generate("--prompt", "a a a a", "-n", "24", "--ignore-eos")["generated_ids"]
@@ -402,6 +407,7 @@ def test_errors(s):
                  {"messages": [{"role": "user", "content": "x"}], "logit_bias": {"5": 101}}, param="logit_bias")
     expect_error(s, "logit_bias type", 400, "POST", "/v1/completions", {**ok_body, "logit_bias": [5]},
                  param="logit_bias")
+    expect_error(s, "min_p range", 400, "POST", "/v1/completions", {**ok_body, "min_p": 1.5}, param="min_p")
     expect_error(s, "json mode refused", 400, "POST", "/v1/chat/completions",
                  {"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}},
                  param="response_format")

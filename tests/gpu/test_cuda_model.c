@@ -162,9 +162,9 @@ static float *batch_decode(irt_model *m, int n_seq, int steps) {
  * returned rows, the logprobs their log-softmax. */
 static void test_picks(irt_model *m) {
   enum { N = 6 };
-  static const irt_sampling set[N] = {{0.0f, 0, 1.0f, 1}, {1.0f, 0, 1.0f, 2},
-                                      {0.7f, 40, 0.9f, 3}, {1.3f, 0, 0.5f, 4},
-                                      {0.5f, 1, 1.0f, 5},  {2.0f, 3, 1.0f, 6}};
+  static const irt_sampling set[N] = {{0.0f, 0, 1.0f, 1, 0},  {1.0f, 0, 1.0f, 2, 0.1f},
+                                      {0.7f, 40, 0.9f, 3, 0},  {1.3f, 0, 0.5f, 4, 0.02f},
+                                      {0.5f, 1, 1.0f, 5, 0},   {2.0f, 3, 1.0f, 6, 0}};
   int64_t V = irt_model_get_info(m)->vocab_size;
   float *lg = malloc((size_t)(N * V) * sizeof *lg);
   irt_seq *s[2 * N];

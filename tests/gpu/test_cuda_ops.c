@@ -706,6 +706,7 @@ static void test_fused_attention(void) {
 typedef struct pick_set {
   float temperature, top_p;
   int top_k;
+  float min_p;
 } pick_set;
 
 /* The id of the j-th largest logit of x (lower id first among equals). */
@@ -739,7 +740,8 @@ static irt_pick_res *pick_rows(const char *what, const float *x, int vocab, int 
   for (int si = 0, k = 0; si < n_set; si++)
     for (int r = 0; r < rows; r++)
       for (int seed = 0; seed < seeds; seed++, k++) {
-        irt_sampling p = {set[si].temperature, set[si].top_k, set[si].top_p, 1000u * seed + 7u};
+        irt_sampling p = {set[si].temperature, set[si].top_k, set[si].top_p, 1000u * seed + 7u,
+                          set[si].min_p};
         irt_sampler *cpu, *dev;
         irt_error err;
         CHECK(irt_sampler_create(&p, vocab, &cpu, &err) == IRT_OK);
@@ -747,7 +749,8 @@ static irt_pick_res *pick_rows(const char *what, const float *x, int vocab, int 
         want[k] = irt_sampler_sample(cpu, x + (size_t)r * vocab);
         req[k] = (irt_pick_req){p.temperature, p.top_p, p.top_k, r,
                                 p.temperature > 0 ? irt_sampler_draw(dev) : 0.0,
-                                k % 3 == 0 ? IRT_PICK_TOP : k % 3 == 1 ? 0 : 5, 0, 0, 0};
+                                k % 3 == 0 ? IRT_PICK_TOP : k % 3 == 1 ? 0 : 5, 0, 0,
+                                p.min_p};
         if (k % 4 == 1) { /* penalties on the row's PEN best ids, and a few others */
           req[k].n_pen = PEN, req[k].pen_off = n_pen;
           for (int j = 0; j < PEN; j++) {
@@ -786,8 +789,10 @@ static irt_pick_res *pick_rows(const char *what, const float *x, int vocab, int 
   for (int k = 0; k < n; k++) {
     int r = req[k].row, t = out[k].token;
     same += t == want[k];
-    CHECKF(t == want[k], "%s pick %d (T %.2f top_k %d top_p %.2f row %d u %.17g): %d, want %d",
-           what, k, req[k].temperature, req[k].top_k, req[k].top_p, r, req[k].u, t, want[k]);
+    CHECKF(t == want[k],
+           "%s pick %d (T %.2f top_k %d top_p %.2f min_p %g row %d u %.17g): %d, want %d", what,
+           k, req[k].temperature, req[k].top_k, req[k].top_p, req[k].min_p, r, req[k].u, t,
+           want[k]);
     if (t < 0 || t >= vocab) continue;
     const float *row = x + (size_t)r * vocab;
     double lse = kn_log_sum_exp(row, vocab), e = fabs(out[k].logprob - ((double)row[t] - lse));
@@ -819,11 +824,16 @@ static irt_pick_res *pick_rows(const char *what, const float *x, int vocab, int 
  * than a warp) with masked (-inf) ids, large logits and extreme settings. */
 static void test_pick(void) {
   enum { VOCAB = 49152, SMALL = 1000, TINY = 7 };
-  static const pick_set set[] = {{0.0f, 1.0f, 0},  {1.0f, 1.0f, 0},  {0.7f, 0.95f, 0},
-                                 {0.8f, 0.9f, 40}, {1.5f, 1.0f, 1},  {1.0f, 0.5f, 0},
-                                 {0.3f, 1.0f, 5000}, {2.0f, 0.99f, 100}};
-  static const pick_set edge[] = {{0.05f, 1.0f, 0}, {1.0f, 0.01f, 0}, {3.0f, 1.0f, 2000},
-                                  {1.0f, 0.999f, 3}, {0.0f, 1.0f, 0}};
+  static const pick_set set[] = {{0.0f, 1.0f, 0, 0},     {1.0f, 1.0f, 0, 0},
+                                 {0.7f, 0.95f, 0, 0},    {0.8f, 0.9f, 40, 0},
+                                 {1.5f, 1.0f, 1, 0},     {1.0f, 0.5f, 0, 0},
+                                 {0.3f, 1.0f, 5000, 0},  {2.0f, 0.99f, 100, 0},
+                                 {1.0f, 1.0f, 0, 0.05f}, {1.5f, 0.9f, 50, 0.02f},
+                                 {0.8f, 1.0f, 0, 0.5f}};
+  static const pick_set edge[] = {{0.05f, 1.0f, 0, 0}, {1.0f, 0.01f, 0, 0},
+                                  {3.0f, 1.0f, 2000, 0}, {1.0f, 0.999f, 3, 0},
+                                  {0.0f, 1.0f, 0, 0},  {1.0f, 1.0f, 0, 1.0f},
+                                  {2.0f, 1.0f, 0, 0.001f}};
   float *x = malloc(sizeof(float) * VOCAB * 3), *y = malloc(sizeof(float) * SMALL * 2);
   for (int i = 0; i < VOCAB; i++) {
     float g = frand() + frand() + frand(); /* about normal */
@@ -837,11 +847,11 @@ static void test_pick(void) {
     y[SMALL + i] = 3000.0f + 20.0f * frand();   /* far from zero */
   }
   double lp_err = 0;
-  irt_pick_res *out = pick_rows("49152 ids", x, VOCAB, 3, set, 8, 6, &lp_err);
+  irt_pick_res *out = pick_rows("49152 ids", x, VOCAB, 3, set, 11, 6, &lp_err);
   CHECK(out[0].token == 17); /* greedy on row 0: the tie's lower id */
   free(out);
-  free(pick_rows("1000 ids, edge cases", y, SMALL, 2, edge, 5, 4, &lp_err));
-  free(pick_rows("7 ids", y + SMALL + 100, TINY, 1, set, 8, 4, &lp_err));
+  free(pick_rows("1000 ids, edge cases", y, SMALL, 2, edge, 7, 4, &lp_err));
+  free(pick_rows("7 ids", y + SMALL + 100, TINY, 1, set, 11, 4, &lp_err));
   printf("  pick: logprob err %.2e\n", lp_err);
   CHECKF(lp_err <= 1e-5, "logprob err %.3e", lp_err);
   free(x), free(y);

@@ -278,11 +278,13 @@ static void emu_pick(const launch_t *l) {
       float temperature, top_p;
       int32_t top_k, row;
       double u;
-      int32_t n_top, n_pen, pen_off, pad;
+      int32_t n_top, n_pen, pen_off;
+      float min_p;
     } a;
     memcpy(&a, (const char *)PV(3) + sizeof a * b, sizeof a);
     const float *x = PF(2) + (size_t)a.row * (size_t)vocab;
-    irt_sampling p = {.temperature = a.temperature, .top_k = a.top_k, .top_p = a.top_p};
+    irt_sampling p = {.temperature = a.temperature, .top_k = a.top_k, .top_p = a.top_p,
+                      .min_p = a.min_p};
     irt_sampler *s;
     int32_t tok = -1;
     float *w = malloc(sizeof(float) * (size_t)vocab); /* the row with the penalties */

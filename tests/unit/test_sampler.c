@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend.h" /* irt_sampler_sample_u */
 #include "tcheck.h"
 
 enum { NV = 1000 };
@@ -386,8 +387,35 @@ static void test_skip(void) {
   irt_sampler_destroy(g);
 }
 
+/* min_p (vLLM's): the candidates with probability under min_p times the likeliest's are
+ * dropped before top_p. Logits 0, -1, -2, -10 at temperature 1 weigh 1, 0.368, 0.135 and
+ * 4.5e-5 (sum 1.503); with min_p 0.3 only the first two remain (sum 1.368): a draw of
+ * u = 0.95 falls at 1.2996, on token 1, where without min_p it falls at 1.428, on token 2.
+ * And min_p 1 is greedy at any temperature. */
+static void test_min_p(void) {
+  const float x[4] = {0.0f, -1.0f, -2.0f, -10.0f};
+  irt_sampling p = {.temperature = 1.0f, .top_p = 1.0f, .seed = 3, .min_p = 0.3f};
+  irt_sampler *s = NULL;
+  CHECK(irt_sampler_create(&p, 4, &s, NULL) == IRT_OK);
+  CHECK(irt_sampler_sample_u(s, x, 0.95) == 1 && irt_sampler_sample_u(s, x, 0.7) == 0);
+  int seen[4] = {0};
+  for (int k = 0; k < 2000; k++) seen[irt_sampler_sample(s, x)]++;
+  CHECKF(seen[2] == 0 && seen[3] == 0 && seen[1] > 400 && seen[1] < 700,
+         "min_p 0.3: %d %d %d %d", seen[0], seen[1], seen[2], seen[3]);
+  irt_sampler_destroy(s);
+  p.min_p = 0.0f;
+  CHECK(irt_sampler_create(&p, 4, &s, NULL) == IRT_OK);
+  CHECK(irt_sampler_sample_u(s, x, 0.95) == 2);
+  irt_sampler_destroy(s);
+  p.min_p = 1.0f, p.temperature = 5.0f;
+  CHECK(irt_sampler_create(&p, 4, &s, NULL) == IRT_OK);
+  for (int k = 0; k < 100; k++) CHECK(irt_sampler_sample(s, x) == 0);
+  irt_sampler_destroy(s);
+}
+
 int main(void) {
   test_greedy();
+  test_min_p();
   test_skip();
   test_top1_any_temperature();
   test_top_k_membership();
