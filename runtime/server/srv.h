@@ -84,6 +84,11 @@ bool srv_params_from_json(srv_ctx *c, srv_endpoint ep, const cJSON *body, srv_pa
 /* The same from raw bytes (malformed JSON is a 400). */
 bool srv_params_parse(srv_ctx *c, srv_endpoint ep, const char *body, size_t len, srv_params *p,
                       srv_error *err);
+/* /tokenize (vLLM's): {"prompt": text or ids} or {"messages": [...]} (the chat template
+ * applied) to {"count", "max_model_len", "tokens"}; /detokenize: {"tokens": [ids]} to
+ * {"prompt": text}. NULL with *err set on a bad body. */
+cJSON *srv_tokenize(srv_ctx *c, const char *body, size_t len, srv_error *err);
+cJSON *srv_detokenize(srv_ctx *c, const char *body, size_t len, srv_error *err);
 void srv_params_free(srv_params *p);
 
 /* --- srv_job.c ---------------------------------------------------------------------------- */
@@ -168,6 +173,8 @@ typedef enum srv_route {
   SRV_ROUTE_HEALTH,
   SRV_ROUTE_METRICS,
   SRV_ROUTE_PAGE,
+  SRV_ROUTE_TOKENIZE,
+  SRV_ROUTE_DETOKENIZE,
   SRV_ROUTE_OTHER,
   SRV_N_ROUTES
 } srv_route;

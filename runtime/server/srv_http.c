@@ -49,7 +49,15 @@ static srv_route route_of(const char *url) {
   if (!strcmp(url, "/health")) return SRV_ROUTE_HEALTH;
   if (!strcmp(url, "/metrics")) return SRV_ROUTE_METRICS;
   if (!strcmp(url, "/") || !strcmp(url, "/index.html")) return SRV_ROUTE_PAGE;
+  if (!strcmp(url, "/tokenize")) return SRV_ROUTE_TOKENIZE;
+  if (!strcmp(url, "/detokenize")) return SRV_ROUTE_DETOKENIZE;
   return SRV_ROUTE_OTHER;
+}
+
+/* The routes that take a POST body (the others are GET). */
+static bool posted(srv_route r) {
+  return r == SRV_ROUTE_COMPLETIONS || r == SRV_ROUTE_CHAT || r == SRV_ROUTE_TOKENIZE ||
+         r == SRV_ROUTE_DETOKENIZE;
 }
 
 /* True when the peer has closed or reset the connection. */
@@ -77,7 +85,7 @@ static enum MHD_Result send_body(srv_http *h, struct MHD_Connection *conn, conn_
   if (status == 405)
     MHD_add_response_header(
         resp, MHD_HTTP_HEADER_ALLOW,
-        r->route == SRV_ROUTE_COMPLETIONS || r->route == SRV_ROUTE_CHAT ? "POST" : "GET");
+        posted(r->route) ? "POST" : "GET");
   if (status == 401) MHD_add_response_header(resp, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
   enum MHD_Result ok = MHD_queue_response(conn, (unsigned)status, resp);
   MHD_destroy_response(resp);
@@ -243,7 +251,17 @@ static enum MHD_Result generate(srv_http *h, struct MHD_Connection *conn, conn_r
   return stream_it ? start_stream(h, conn, r, j) : finish_plain(h, conn, r, j);
 }
 
+/* /tokenize, /detokenize (srv_params.c). */
+static enum MHD_Result tokens(srv_http *h, struct MHD_Connection *conn, conn_req *r) {
+  srv_error e;
+  const char *body = r->body.p ? r->body.p : "";
+  cJSON *o = r->route == SRV_ROUTE_TOKENIZE ? srv_tokenize(h->c, body, r->body.len, &e)
+                                            : srv_detokenize(h->c, body, r->body.len, &e);
+  return o ? send_json(h, conn, r, 200, o) : send_error(h, conn, r, &e);
+}
+
 /* --- dispatch -------------------------------------------------------------------------------- */
+
 
 /* NULL key with *ok true: no keys configured. */
 static const srv_key *authenticate(srv_http *h, struct MHD_Connection *conn, bool *ok) {
@@ -263,8 +281,7 @@ static enum MHD_Result dispatch(srv_http *h, struct MHD_Connection *conn, conn_r
     snprintf(msg, sizeof msg, "Unknown request URL: %.16s %.200s.", method, url);
     return fail(h, conn, r, 404, "invalid_request_error", "unknown_url", msg);
   }
-  bool is_api = r->route == SRV_ROUTE_COMPLETIONS || r->route == SRV_ROUTE_CHAT ||
-                r->route == SRV_ROUTE_MODELS;
+  bool is_api = posted(r->route) || r->route == SRV_ROUTE_MODELS;
   bool authed = true;
   const srv_key *key = is_api ? authenticate(h, conn, &authed) : NULL;
   if (!authed)
@@ -272,8 +289,7 @@ static enum MHD_Result dispatch(srv_http *h, struct MHD_Connection *conn, conn_r
                 MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION)
                     ? "Incorrect API key provided."
                     : "You didn't provide an API key. Send it as 'Authorization: Bearer KEY'.");
-  bool wants_post = r->route == SRV_ROUTE_COMPLETIONS || r->route == SRV_ROUTE_CHAT;
-  if (wants_post ? !post : !get) {
+  if (posted(r->route) ? !post : !get) {
     snprintf(msg, sizeof msg, "Method %.16s is not allowed for %.200s.", method, url);
     return fail(h, conn, r, 405, "invalid_request_error", "method_not_allowed", msg);
   }
@@ -289,6 +305,8 @@ static enum MHD_Result dispatch(srv_http *h, struct MHD_Connection *conn, conn_r
     return send_body(h, conn, r, 200, "application/json", "{\"status\":\"ok\"}", 15, false);
   case SRV_ROUTE_METRICS: return metrics(h, conn, r);
   case SRV_ROUTE_MODELS: return models(h, conn, r, url);
+  case SRV_ROUTE_TOKENIZE:
+  case SRV_ROUTE_DETOKENIZE: return tokens(h, conn, r);
   default: return generate(h, conn, r, key);
   }
 }
@@ -309,7 +327,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     return MHD_YES;
   }
   if (*upload_size) { /* body bytes: kept up to the limit, then counted as too large */
-    bool keep = !r->too_large && (r->route == SRV_ROUTE_COMPLETIONS || r->route == SRV_ROUTE_CHAT);
+    bool keep = !r->too_large && posted(r->route);
     if (keep && r->body.len + *upload_size > h->o.max_body) r->too_large = true, keep = false;
     if (keep && !srv_buf_put(&r->body, upload, *upload_size)) return MHD_NO;
     *upload_size = 0;

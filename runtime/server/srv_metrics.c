@@ -32,7 +32,8 @@ struct srv_metrics {
 };
 
 static const char *const k_route_names[SRV_N_ROUTES] = {
-    "/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics", "/", "other"};
+    "/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics", "/",
+    "/tokenize", "/detokenize", "other"};
 
 srv_metrics *srv_metrics_create(void) {
   srv_metrics *m = calloc(1, sizeof *m);

@@ -462,3 +462,78 @@ void srv_params_free(srv_params *p) {
   p->n_stop = 0;
   p->n_prompt = 0;
 }
+
+/* --- /tokenize and /detokenize ---------------------------------------------------------- */
+
+static cJSON *parse_body(const char *body, size_t len, srv_error *e) {
+  cJSON *j = cJSON_ParseWithLength(body, len);
+  if (!j) {
+    srv_bad(e, NULL, "We could not parse the JSON body of your request.");
+    return NULL;
+  }
+  if (!cJSON_IsObject(j)) {
+    cJSON_Delete(j);
+    srv_bad(e, NULL, "The request body must be a JSON object.");
+    return NULL;
+  }
+  return j;
+}
+
+cJSON *srv_tokenize(srv_ctx *c, const char *body, size_t len, srv_error *err) {
+  cJSON *j = parse_body(body, len, err), *out = NULL;
+  if (!j) return NULL;
+  srv_params p;
+  memset(&p, 0, sizeof p);
+  bool ok = check_model(c, j, err);
+  if (ok) ok = field(j, "messages") ? parse_messages(c, j, &p, err) : parse_prompt(c, j, &p, err);
+  if (ok && !(out = cJSON_CreateObject()))
+    ok = srv_fail(err, 500, "server_error", NULL, NULL, "out of memory");
+  if (ok) {
+    cJSON_AddNumberToObject(out, "count", (double)p.n_prompt);
+    cJSON_AddNumberToObject(out, "max_model_len", (double)c->info->context_length);
+    cJSON *ids = cJSON_AddArrayToObject(out, "tokens");
+    for (int64_t i = 0; i < p.n_prompt; i++)
+      cJSON_AddItemToArray(ids, cJSON_CreateNumber((double)p.prompt[i]));
+  }
+  srv_params_free(&p);
+  cJSON_Delete(j);
+  return out;
+}
+
+cJSON *srv_detokenize(srv_ctx *c, const char *body, size_t len, srv_error *err) {
+  cJSON *j = parse_body(body, len, err), *out = NULL;
+  if (!j) return NULL;
+  srv_params p;
+  memset(&p, 0, sizeof p);
+  const cJSON *t = field(j, "tokens");
+  bool ok = check_model(c, j, err);
+  if (ok && !t) ok = srv_bad(err, "tokens", "Missing required parameter: 'tokens'.");
+  if (ok && !cJSON_IsArray(t)) ok = bad_type(err, "tokens", "an array of token ids", t);
+  if (ok && !c->tok) ok = srv_bad(err, "tokens", "The served plan has no tokenizer.");
+  if (ok) ok = take_ids(c, t, &p, err); /* (its messages name 'prompt') */
+  size_t cap = 16 * (size_t)p.n_prompt + 16, n = 0;
+  char *text = ok ? malloc(cap) : NULL;
+  irt_error e = {0};
+  if (ok && text &&
+      irt_detokenize(c->tok, p.prompt, (size_t)p.n_prompt, false, text, cap - 1, &n, &e) ==
+          IRT_OK &&
+      n >= cap) { /* longer than guessed: once more at its size */
+    char *t2 = realloc(text, n + 1);
+    if (t2) text = t2, cap = n + 1;
+    if (!t2 || irt_detokenize(c->tok, p.prompt, (size_t)p.n_prompt, false, text, n, &n, &e) !=
+                   IRT_OK)
+      n = cap; /* fails below */
+  }
+  if (ok && (!text || n >= cap || e.status))
+    ok = srv_fail(err, 500, "server_error", NULL, NULL, "cannot detokenize: %s",
+                  text ? e.msg : "out of memory");
+  if (ok) {
+    text[n] = 0;
+    out = cJSON_CreateObject();
+    if (out) cJSON_AddStringToObject(out, "prompt", text);
+  }
+  free(text);
+  srv_params_free(&p);
+  cJSON_Delete(j);
+  return out;
+}

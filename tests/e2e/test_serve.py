@@ -277,6 +277,29 @@ def test_sampling(s):
           repr(chat.choices[0].message.content))
 
 
+def test_tokenize(s):
+    # /tokenize against the transformers tokenizer's ids (the fixture's oracle), and back
+    oracle = json.load(open(os.path.join(FIX, "llama-text", "oracle.json")))["cases"]
+    for case in oracle[:3]:
+        st, h, body = s.raw("POST", "/tokenize", {"model": "tiny", "prompt": case["prompt"]})
+        r = json.loads(body) if st == 200 else {}
+        check("tokenize = transformers", st == 200 and r.get("tokens") == case["prompt_ids"] and
+              r.get("count") == len(case["prompt_ids"]) and r.get("max_model_len", 0) > 0,
+              f"{st} {body[:200]!r} want {case['prompt_ids']}")
+        st, h, body = s.raw("POST", "/detokenize", {"tokens": r.get("tokens", [])})
+        text = json.loads(body).get("prompt", "") if st == 200 else ""
+        check("detokenize round trip", st == 200 and text.endswith(case["prompt"]), f"{st} {body[:200]!r}")
+    st, h, body = s.raw("POST", "/tokenize", {"messages": [{"role": "user", "content": "hi"}]})
+    chat = json.loads(body).get("tokens", []) if st == 200 else []
+    ref = s.client().chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
+                                             max_tokens=1)
+    check("tokenize chat = prompt_tokens", st == 200 and len(chat) == ref.usage.prompt_tokens, f"{st} {body[:120]!r}")
+    expect_error(s, "tokenize no prompt", 400, "POST", "/tokenize", {"model": "tiny"}, param="prompt")
+    expect_error(s, "detokenize bad id", 400, "POST", "/detokenize", {"tokens": [1, 10 ** 7]})
+    expect_error(s, "detokenize type", 400, "POST", "/detokenize", {"tokens": "abc"}, param="tokens")
+    expect_error(s, "tokenize GET", 405, "GET", "/tokenize")
+
+
 def test_logprobs(s):
     c = s.client()
     r = c.completions.create(model="tiny", prompt="Once upon", max_tokens=6, temperature=0, logprobs=3,
@@ -670,7 +693,7 @@ def main():
                "--kv-tokens", "16384", "--max-body", "65536", "--spec-tokens", "4",
                "--spec-ngram", "1:3", "--spec-always")
     try:
-        for t in (test_basics, test_completions, test_chat, test_sampling, test_logprobs, test_stop,
+        for t in (test_basics, test_completions, test_chat, test_sampling, test_tokenize, test_logprobs, test_stop,
                   test_prefix_cache_and_tenants, test_concurrent, test_errors, test_disconnect, test_loadtest):
             t(s)
         m = s.metrics()
