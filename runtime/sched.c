@@ -593,7 +593,9 @@ static void time_step(irt_engine *e, double ms) {
   }
   irt_step_cost_add(&e->cost, (double)tokens, ms);
   double a, b;
-  if (irt_step_cost_fit(&e->cost, &a, &b)) e->cost_a = a, e->cost_b = b, e->cost_ok = true;
+  if (!irt_step_cost_fit(&e->cost, &a, &b)) return;
+  e->cost_a = a, e->cost_b = b, e->cost_ok = true;
+  e->work.spec_step_ms = a, e->work.spec_token_ms = b;
 }
 
 irt_status irt_engine_iterate(irt_engine *e, bool *out_busy, irt_error *err) {

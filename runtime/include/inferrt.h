@@ -370,6 +370,9 @@ typedef struct irt_engine_stats {
   int64_t prompt_tokens, cached_prompt_tokens, generated_tokens;
   int64_t steps, requests_finished;
   int64_t spec_draft_tokens, spec_accepted_tokens; /* proposed by prompt lookup; kept */
+  /* The cost model drafts are weighed by (spec_always false): a decode step of T tokens
+   * takes about spec_step_ms + spec_token_ms x T; both 0 until the engine has a fit. */
+  double spec_step_ms, spec_token_ms;
 } irt_engine_stats;
 
 irt_engine_opts irt_engine_opts_default(void);

@@ -150,6 +150,11 @@ static void put_engine(srv_buf *b, irt_engine *e) {
   head(b, "inferrt_spec_accepted_tokens_total", "counter",
        "Draft tokens that plain decoding confirmed, and that were kept.");
   value(b, "inferrt_spec_accepted_tokens_total", "", (double)st.spec_accepted_tokens);
+  head(b, "inferrt_spec_step_cost_seconds", "gauge",
+       "The fit drafts are weighed by: a decode step of T tokens takes base + per_token x T "
+       "(0 until fitted).");
+  value(b, "inferrt_spec_step_cost_seconds", "{part=\"base\"}", st.spec_step_ms / 1e3);
+  value(b, "inferrt_spec_step_cost_seconds", "{part=\"per_token\"}", st.spec_token_ms / 1e3);
   head(b, "inferrt_prefix_cache_hit_rate", "gauge",
        "Cached prompt tokens / prompt tokens since start.");
   value(b, "inferrt_prefix_cache_hit_rate", "",

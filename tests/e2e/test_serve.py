@@ -703,6 +703,8 @@ def main():
         check("metrics: drafts proposed and kept",
               m.get("inferrt_spec_draft_tokens_total", 0) > m.get("inferrt_spec_accepted_tokens_total", 0) > 0,
               str({k: v for k, v in m.items() if "spec" in k}))
+        cost = [m.get(f'inferrt_spec_step_cost_seconds{{part="{p}"}}', -1) for p in ("base", "per_token")]
+        check("metrics: the draft cost fit", min(cost) >= 0, str(cost))
     finally:
         check("server exits cleanly on SIGTERM", s.stop() == 0)
     test_overload()
