@@ -58,6 +58,7 @@ typedef struct eseq {
   int spec_len;           /* drafts to propose next: all kept doubles it (up to spec_tokens),
                              a rejection sets it to the kept count + 1 */
   float spec_hits, spec_tries; /* its drafts kept and checked, older ones decayed */
+  int spec_idle;          /* steps in a row its drafts were weighed out */
   /* with presence/frequency penalties (allocated at init, so sampling stays allocation-free) */
   int32_t *counts;        /* (vocab) occurrences of each token this completion generated */
   int32_t *seen;          /* (vocab) the distinct generated tokens, first seen first */

@@ -279,6 +279,7 @@ static irt_pick *row_picks(irt_engine *e, eseq *s, int64_t n) {
 /* The chance that a draft of s is kept, given the ones before it were: its own record,
  * started at (and decaying back to) an optimistic prior so that every sequence tries. */
 #define SPEC_PRIOR 0.9
+#define SPEC_EXPLORE 32 /* a weighed-out sequence still drafts one token every this many steps */
 static double spec_alpha(const eseq *s) {
   return (s->spec_hits + SPEC_PRIOR) / (s->spec_tries + 1.0);
 }
@@ -305,14 +306,22 @@ static void add_drafts(irt_engine *e, int64_t budget) {
     if (!e->o.spec_always && !e->cost_ok && cap > 1) cap = 1; /* one at a time until timed */
     if (weigh && cap > 0) {
       double t = tokens, v = value;
-      cap = irt_spec_worth(spec_alpha(s), e->cost_a, e->cost_b, &t, &v, (int)cap);
-      if (cap == 0) s->spec_hits *= 0.95f, s->spec_tries *= 0.95f; /* back toward the prior */
+      int w = irt_spec_worth(spec_alpha(s), e->cost_a, e->cost_b, &t, &v, (int)cap);
+      /* weighed out: back toward the prior, and one draft now and then, which keeps the
+       * fit and the sequence's record from going stale (a noisy fit cannot lock it out) */
+      if (w == 0) s->spec_hits *= 0.95f, s->spec_tries *= 0.95f;
+      s->spec_idle = w ? 0 : s->spec_idle + 1;
+      cap = w ? w : s->spec_idle >= SPEC_EXPLORE ? 1 : 0;
+      if (s->spec_idle >= SPEC_EXPLORE) s->spec_idle = 0;
     }
     int d = cap > 0 ? irt_prompt_lookup(s->tokens, s->n_tokens, e->o.spec_ngram_min,
                                         e->o.spec_ngram_max, (int)cap)
                     : 0;
     if (d == 0 || !ensure_blocks(e, s, 1 + d, 0)) continue;
-    if (weigh) irt_spec_worth(spec_alpha(s), e->cost_a, e->cost_b, &tokens, &value, d);
+    if (weigh) { /* the step as it now is: d more tokens, draft j kept with p^j */
+      double a = spec_alpha(s), pj = a;
+      for (int j = 0; j < d; j++, pj *= a) tokens += 1, value += pj;
+    }
     *it = (irt_batch_item){.seq = s->kv, .tokens = it->tokens, .n = 1 + d, .all_logits = true,
                            .logits = s->counts ? e->logits : NULL,
                            .pick = s->counts ? NULL : row_picks(e, s, 1 + d)};
