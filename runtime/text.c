@@ -51,6 +51,26 @@ irt_status irt_detokenize(const irt_tokenizer *t, const int32_t *ids, size_t n,
   return done(err, irt_tok_decode(t, ids, n, skip_special, buf, cap, out_len, &d), &d);
 }
 
+irt_status irt_detokenize_alloc(const irt_tokenizer *t, const int32_t *ids, size_t n,
+                                bool skip_special, char **out, size_t *out_len,
+                                irt_error *err) {
+  size_t cap = n * 64 + 64, len = 0; /* a guess; once more at the exact size past it */
+  char *buf = malloc(cap);
+  irt_status st = buf ? irt_detokenize(t, ids, n, skip_special, buf, cap, &len, err) : IRT_OOM;
+  if (st == IRT_OK && len >= cap) {
+    char *p = realloc(buf, cap = len + 1);
+    st = p ? irt_detokenize(t, ids, n, skip_special, buf = p, cap, &len, err) : IRT_OOM;
+  }
+  if (st == IRT_OOM && err) *err = (irt_error){.status = IRT_OOM, .msg = "out of memory"};
+  if (st != IRT_OK) {
+    free(buf);
+    return st;
+  }
+  buf[len] = 0;
+  *out = buf, *out_len = len;
+  return IRT_OK;
+}
+
 bool irt_token_is_eog(const irt_tokenizer *t, int32_t id) { return irt_tok_is_eog(t, id); }
 
 int32_t irt_tokenizer_vocab_size(const irt_tokenizer *t) { return irt_tok_vocab_size(t); }

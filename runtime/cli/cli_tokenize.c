@@ -101,23 +101,18 @@ int cmd_detokenize(int argc, char **argv) {
   irt_tokenizer *t = NULL;
   irt_error err = {0};
   irt_status st = cli_open_tokenizer(a.source, &t, &err);
-  size_t len = 0, cap = (size_t)n * 64 + 64;
-  char *buf = malloc(cap);
-  if (st == IRT_OK) st = buf ? irt_detokenize(t, ids, (size_t)n, a.skip_special, buf, cap, &len, &err) : IRT_OOM;
-  if (st == IRT_OK && len > cap) { /* a long token: once more with the exact size */
-    char *p = realloc(buf, cap = len);
-    st = p ? irt_detokenize(t, ids, (size_t)n, a.skip_special, buf = p, cap, &len, &err) : IRT_OOM;
-  }
+  size_t len = 0;
+  char *buf = NULL;
+  if (st == IRT_OK) st = irt_detokenize_alloc(t, ids, (size_t)n, a.skip_special, &buf, &len, &err);
   if (st == IRT_OK && a.json) {
     cJSON *o = cJSON_CreateObject();
-    char *text = strndup(buf, len);
-    cJSON_AddStringToObject(o, "text", text ? text : "");
+    cJSON_AddStringToObject(o, "text", buf);
     char *s = cJSON_PrintUnformatted(o);
     puts(s);
-    free(s), free(text);
+    free(s);
     cJSON_Delete(o);
   } else if (st == IRT_OK) {
-    fwrite(buf, 1, len < cap ? len : cap, stdout);
+    fwrite(buf, 1, len, stdout);
     putchar('\n');
   }
   rc = st == IRT_OK ? 0 : cli_fail("%s", err.msg[0] ? err.msg : "out of memory");

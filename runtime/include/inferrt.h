@@ -224,6 +224,10 @@ irt_status irt_tokenize(const irt_tokenizer *t, const char *text, size_t len, bo
 irt_status irt_detokenize(const irt_tokenizer *t, const int32_t *ids, size_t n,
                           bool skip_special, char *buf, size_t cap, size_t *out_len,
                           irt_error *err);
+/* irt_detokenize into *out, allocated (free it) and NUL-terminated; *out_len its length. */
+irt_status irt_detokenize_alloc(const irt_tokenizer *t, const int32_t *ids, size_t n,
+                                bool skip_special, char **out, size_t *out_len,
+                                irt_error *err);
 /* True for the end-of-generation tokens (EOS and e.g. <|im_end|>, <|eot_id|>). */
 bool irt_token_is_eog(const irt_tokenizer *t, int32_t id);
 int32_t irt_tokenizer_vocab_size(const irt_tokenizer *t);

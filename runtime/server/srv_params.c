@@ -416,6 +416,23 @@ static bool parse_lengths(srv_ctx *c, srv_endpoint ep, const cJSON *body, srv_pa
   return true;
 }
 
+/* The JSON object of a request body; NULL with *e set when it is not one. */
+static cJSON *parse_body(const char *body, size_t len, srv_error *e) {
+  cJSON *j = cJSON_ParseWithLength(body, len);
+  if (!j) {
+    srv_bad(e, NULL,
+            "We could not parse the JSON body of your request. The body must "
+            "be a JSON object (see the OpenAI API reference).");
+    return NULL;
+  }
+  if (!cJSON_IsObject(j)) {
+    cJSON_Delete(j);
+    srv_bad(e, NULL, "The request body must be a JSON object.");
+    return NULL;
+  }
+  return j;
+}
+
 bool srv_params_from_json(srv_ctx *c, srv_endpoint ep, const cJSON *body, srv_params *p,
                           srv_error *err) {
   memset(p, 0, sizeof *p);
@@ -438,11 +455,8 @@ bool srv_params_from_json(srv_ctx *c, srv_endpoint ep, const cJSON *body, srv_pa
 bool srv_params_parse(srv_ctx *c, srv_endpoint ep, const char *body, size_t len, srv_params *p,
                       srv_error *err) {
   memset(p, 0, sizeof *p);
-  cJSON *j = cJSON_ParseWithLength(body, len);
-  if (!j)
-    return srv_bad(err, NULL,
-                   "We could not parse the JSON body of your request. The body must "
-                   "be a JSON object (see the OpenAI API reference).");
+  cJSON *j = parse_body(body, len, err);
+  if (!j) return false;
   bool ok = srv_params_from_json(c, ep, j, p, err);
   cJSON_Delete(j);
   return ok;
@@ -464,20 +478,6 @@ void srv_params_free(srv_params *p) {
 }
 
 /* --- /tokenize and /detokenize ---------------------------------------------------------- */
-
-static cJSON *parse_body(const char *body, size_t len, srv_error *e) {
-  cJSON *j = cJSON_ParseWithLength(body, len);
-  if (!j) {
-    srv_bad(e, NULL, "We could not parse the JSON body of your request.");
-    return NULL;
-  }
-  if (!cJSON_IsObject(j)) {
-    cJSON_Delete(j);
-    srv_bad(e, NULL, "The request body must be a JSON object.");
-    return NULL;
-  }
-  return j;
-}
 
 cJSON *srv_tokenize(srv_ctx *c, const char *body, size_t len, srv_error *err) {
   cJSON *j = parse_body(body, len, err), *out = NULL;
@@ -511,27 +511,14 @@ cJSON *srv_detokenize(srv_ctx *c, const char *body, size_t len, srv_error *err) 
   if (ok && !cJSON_IsArray(t)) ok = bad_type(err, "tokens", "an array of token ids", t);
   if (ok && !c->tok) ok = srv_bad(err, "tokens", "The served plan has no tokenizer.");
   if (ok) ok = take_ids(c, t, &p, err); /* (its messages name 'prompt') */
-  size_t cap = 16 * (size_t)p.n_prompt + 16, n = 0;
-  char *text = ok ? malloc(cap) : NULL;
+  char *text = NULL;
+  size_t n = 0;
   irt_error e = {0};
-  if (ok && text &&
-      irt_detokenize(c->tok, p.prompt, (size_t)p.n_prompt, false, text, cap - 1, &n, &e) ==
-          IRT_OK &&
-      n >= cap) { /* longer than guessed: once more at its size */
-    char *t2 = realloc(text, n + 1);
-    if (t2) text = t2, cap = n + 1;
-    if (!t2 || irt_detokenize(c->tok, p.prompt, (size_t)p.n_prompt, false, text, n, &n, &e) !=
-                   IRT_OK)
-      n = cap; /* fails below */
-  }
-  if (ok && (!text || n >= cap || e.status))
-    ok = srv_fail(err, 500, "server_error", NULL, NULL, "cannot detokenize: %s",
-                  text ? e.msg : "out of memory");
-  if (ok) {
-    text[n] = 0;
-    out = cJSON_CreateObject();
-    if (out) cJSON_AddStringToObject(out, "prompt", text);
-  }
+  if (ok && irt_detokenize_alloc(c->tok, p.prompt, (size_t)p.n_prompt, false, &text, &n, &e))
+    ok = srv_fail(err, 500, "server_error", NULL, NULL, "cannot detokenize: %s", e.msg);
+  if (ok && !(out = cJSON_CreateObject()))
+    ok = srv_fail(err, 500, "server_error", NULL, NULL, "out of memory");
+  if (ok) cJSON_AddStringToObject(out, "prompt", text);
   free(text);
   srv_params_free(&p);
   cJSON_Delete(j);
