@@ -117,3 +117,10 @@ ir_status irt_tok_decode(const irt_tokenizer *t, const int32_t *ids, size_t n, b
   *out_len = k.len;
   return IR_OK;
 }
+
+const uint8_t *irt_tok_piece(const irt_tokenizer *t, int32_t id, size_t *len) {
+  *len = 0;
+  if (!t || id < 0 || id >= t->n_tokens) return NULL;
+  *len = t->dec_off[id + 1] - t->dec_off[id];
+  return (const uint8_t *)t->dec + t->dec_off[id];
+}

@@ -159,6 +159,10 @@ size_t irt_tok_stream_push(irt_tok_stream *s, int32_t id, char *buf, size_t cap)
 /* Flushes held bytes at the end (incomplete characters become U+FFFD, at most 3 bytes) and
  * resets the stream for a new text. */
 size_t irt_tok_stream_finish(irt_tok_stream *s, char *buf, size_t cap);
+/* The bytes a token stands for in decoded text (not necessarily whole UTF-8 characters;
+ * SPM's U+2581 already a space, <0xXX> pieces already their byte), borrowed; NULL and 0
+ * for an id out of range. */
+const uint8_t *irt_tok_piece(const irt_tokenizer *t, int32_t id, size_t *len);
 /* The most bytes one irt_tok_stream_push can produce for this tokenizer. */
 size_t irt_tok_piece_max(const irt_tokenizer *t);
 

@@ -1,0 +1,67 @@
+/* grammar: constrained decoding. A context-free grammar in llama.cpp's GBNF notation is
+ * compiled once per request; each completion keeps a parse state that says which bytes
+ * may come next, and from it which tokens (irt_grammar_mask, over a byte trie of the
+ * vocabulary). irt_json_schema_grammar turns a JSON Schema (or "any JSON object") into
+ * such a grammar.
+ *
+ * GBNF: `name ::= alternatives`, one rule per line (a rule continues over newlines inside
+ * parentheses and after `|`), `#` comments. Items: "literal", [class] / [^class] with
+ * ranges, `.` (any character), rule names, ( groups ), and the postfixes *, +, ?, {m},
+ * {m,}, {m,n}. Escapes: \n \r \t \\ \" \[ \] \- \xHH \uHHHH \UHHHHHHHH. Matching is over
+ * Unicode code points (UTF-8 text); the start rule is `root`. Left-recursive rules are
+ * refused (the parser is top-down). */
+#ifndef IRT_GRAMMAR_H
+#define IRT_GRAMMAR_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "inferrt.h"
+#include "tokenizer.h"
+
+typedef struct irt_grammar irt_grammar; /* compiled; immutable, shared by threads */
+typedef struct irt_gstate irt_gstate;   /* one parse position; one thread at a time */
+typedef struct irt_gtrie irt_gtrie;     /* the vocabulary's token bytes, sorted */
+
+/* Compiles GBNF text. Errors (IRT_INVALID_ARG) name the line and the problem: a syntax
+ * error, an undefined rule, no root, a left-recursive rule. Owned by the caller. */
+irt_status irt_grammar_compile(const char *src, irt_grammar **out, irt_error *err);
+void irt_grammar_destroy(irt_grammar *g);
+
+/* A state at the start of g's root. Owned by the caller; g must outlive it. */
+irt_status irt_gstate_create(const irt_grammar *g, irt_gstate **out, irt_error *err);
+void irt_gstate_destroy(irt_gstate *s);
+/* Moves the state over n bytes and returns true if the grammar allows them (a character
+ * may be split over calls); otherwise returns false and leaves the state as it was. */
+bool irt_gstate_advance(irt_gstate *s, const uint8_t *p, size_t n);
+/* Whether the text so far is a whole sentence of the grammar / may go on. */
+bool irt_gstate_accepting(const irt_gstate *s);
+bool irt_gstate_can_continue(const irt_gstate *s);
+
+/* The byte strings of every ordinary token (special tokens left out). NULL on OOM. */
+irt_gtrie *irt_gtrie_create(const irt_tokenizer *t);
+void irt_gtrie_destroy(irt_gtrie *t);
+/* Sets allowed[id] (vocab bytes, from the trie's tokenizer) to 1 for each token whose
+ * bytes the grammar allows next and 0 for the others; end-of-generation tokens are allowed
+ * exactly when the state is accepting. Returns the count allowed. The state is unchanged
+ * (it only uses scratch it owns). */
+int64_t irt_grammar_mask(irt_gstate *s, const irt_gtrie *t, uint8_t *allowed);
+/* Whether token id may come next, as irt_grammar_mask would say. */
+bool irt_grammar_allows(irt_gstate *s, const irt_gtrie *t, int32_t id);
+/* Moves the state over token id (its bytes; an end-of-generation token moves nothing);
+ * false if the grammar does not allow it. */
+bool irt_gstate_take(irt_gstate *s, const irt_gtrie *t, int32_t id);
+
+/* GBNF for the JSON values a JSON Schema (text) describes, or for any JSON object when
+ * schema is NULL. Supported: type (one or a list), properties / required /
+ * additionalProperties, items / prefixItems / minItems / maxItems, enum, const, anyOf /
+ * oneOf (as anyOf), allOf of one schema, $ref to #/$defs/.. or #/definitions/..,
+ * minLength / maxLength, and annotations (title, description, format, ...). Other
+ * assertions (pattern, minimum, ...) are refused with IRT_UNSUPPORTED naming them rather
+ * than ignored. Properties come in the schema's order; an object without
+ * additionalProperties: true takes no others. *out is malloc'd (free it). */
+irt_status irt_json_schema_grammar(const char *schema, char **out, irt_error *err);
+/* GBNF for exactly one of n strings (vLLM's guided_choice). *out is malloc'd. */
+irt_status irt_choice_grammar(const char *const *choices, int n, char **out, irt_error *err);
+
+#endif

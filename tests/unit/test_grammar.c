@@ -1,0 +1,205 @@
+/* test_grammar: the grammar engine against external oracles. fixtures/grammar/cases.json
+ * (tools/gen_grammar_fixtures.py) labels strings with Python's re.fullmatch, json.loads and
+ * jsonschema for GBNF grammars, JSON mode and JSON Schemas; each string must be accepted
+ * exactly when its label says, fed whole and byte by byte. Token masks over GPT-2's real
+ * vocabulary must agree with checking every token alone. GBNF errors must name the
+ * problem. */
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "grammar.h"
+#include "tcheck.h"
+
+
+static char *read_all(const char *path) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  fseek(f, 0, SEEK_END);
+  long n = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  char *s = malloc((size_t)n + 1);
+  if (s && fread(s, 1, (size_t)n, f) != (size_t)n) n = 0;
+  if (s) s[n] = 0;
+  fclose(f);
+  return s;
+}
+
+static irt_grammar *compile(const char *src) {
+  irt_grammar *g = NULL;
+  irt_error err = {0};
+  irt_status st = irt_grammar_compile(src, &g, &err);
+  CHECKF(st == IRT_OK, "%s\n%s", err.msg, src);
+  return g;
+}
+
+/* Whole, then byte by byte: every prefix of an accepted string must be taken. */
+static bool accepts(const irt_grammar *g, const char *s, bool *prefix_ok) {
+  irt_gstate *st;
+  *prefix_ok = false;
+  if (irt_gstate_create(g, &st, NULL) != IRT_OK) return false;
+  bool whole = irt_gstate_advance(st, (const uint8_t *)s, strlen(s)) && irt_gstate_accepting(st);
+  irt_gstate_destroy(st);
+  irt_gstate_create(g, &st, NULL);
+  size_t n = strlen(s), i = 0;
+  while (i < n && irt_gstate_advance(st, (const uint8_t *)s + i, 1)) i++;
+  *prefix_ok = i == n && irt_gstate_accepting(st) == whole;
+  if (!whole) *prefix_ok = true; /* a rejected string may fail anywhere */
+  irt_gstate_destroy(st);
+  return whole;
+}
+
+static void check_group(const cJSON *grp) {
+  const cJSON *v;
+  char *src = NULL;
+  irt_error err = {0};
+  if ((v = cJSON_GetObjectItem(grp, "gbnf"))) {
+    src = strdup(v->valuestring);
+  } else if ((v = cJSON_GetObjectItem(grp, "schema"))) {
+    char *schema = cJSON_PrintUnformatted(v);
+    irt_status st = irt_json_schema_grammar(schema, &src, &err);
+    CHECKF(st == IRT_OK, "%s: %s", schema, err.msg);
+    free(schema);
+  } else {
+    CHECK(irt_json_schema_grammar(NULL, &src, &err) == IRT_OK);
+  }
+  irt_grammar *g = src ? compile(src) : NULL;
+  const char *oracle = cJSON_GetObjectItem(grp, "oracle")->valuestring;
+  int n = 0, wrong = 0;
+  for (const cJSON *c = cJSON_GetObjectItem(grp, "cases")->child; c && g; c = c->next, n++) {
+    const char *s = cJSON_GetArrayItem(c, 0)->valuestring;
+    bool want = cJSON_IsTrue(cJSON_GetArrayItem(c, 1)), prefix_ok = false;
+    bool got = accepts(g, s, &prefix_ok);
+    if (got != want || !prefix_ok) {
+      if (wrong++ < 5)
+        fprintf(stderr, "%s: '%s': grammar says %d, oracle %d (prefixes ok %d)\n", oracle, s, got,
+                want, prefix_ok);
+    }
+  }
+  CHECKF(wrong == 0, "%s: %d of %d strings disagree", oracle, wrong, n);
+  CHECK(n > 100);
+  irt_grammar_destroy(g);
+  free(src);
+}
+
+static void test_oracle_cases(void) {
+  char *text = read_all(FIXTURES_DIR "/grammar/cases.json");
+  CHECK(text != NULL);
+  cJSON *root = text ? cJSON_Parse(text) : NULL;
+  CHECK(root != NULL);
+  int groups = 0;
+  for (const cJSON *g = root ? cJSON_GetObjectItem(root, "groups")->child : NULL; g; g = g->next)
+    check_group(g), groups++;
+  CHECK(groups >= 10);
+  cJSON_Delete(root);
+  free(text);
+}
+
+static void expect_error(const char *src, const char *needle) {
+  irt_grammar *g = NULL;
+  irt_error err = {0};
+  irt_status st = irt_grammar_compile(src, &g, &err);
+  CHECKF(st == IRT_INVALID_ARG && strstr(err.msg, needle), "'%s': %s (want '%s')", src, err.msg,
+         needle);
+  CHECK(g == NULL);
+}
+
+static void test_errors(void) {
+  expect_error("root ::= foo", "rule 'foo' is used but not defined");
+  expect_error("rot ::= \"a\"", "no 'root' rule");
+  expect_error("root ::= \"a", "line 1: unterminated string literal");
+  expect_error("root ::= x\nx ::= x \"a\" | \"b\"", "rule 'x' is left-recursive");
+  expect_error("root ::= y* \"a\"\ny ::= \"b\"?", "left-recursive");
+  expect_error("root ::= \"a\"\n\nroot ::= \"b\"", "line 3: rule 'root' is defined twice");
+  expect_error("root ::= [z-a]", "out of order");
+  expect_error("root ::= \"a\"{3,1}", "max < min");
+  expect_error("root ::= * \"a\"", "follows nothing");
+  expect_error("root ::= \"\\q\"", "unknown escape");
+  expect_error("root ::= (\"a\"", "expected ')'");
+  expect_error("root = \"a\"", "expected '::='");
+  const char *bad[][2] = {
+      {"{\"type\": \"string\", \"pattern\": \"a+\"}", "'pattern' is not supported"},
+      {"{\"type\": \"integer\", \"minimum\": 3}", "'minimum' is not supported"},
+      {"{\"$ref\": \"#/$defs/nope\"}", "not found"},
+      {"{\"type\": \"object\", \"required\": [\"a\"]}", "required 'a'"},
+      {"[1,", "not valid JSON"},
+      {"{\"enum\": []}", "empty"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    char *out = NULL;
+    irt_error err = {0};
+    irt_status st = irt_json_schema_grammar(bad[i][0], &out, &err);
+    CHECKF(st != IRT_OK && strstr(err.msg, bad[i][1]) && !out, "%s: %s", bad[i][0], err.msg);
+  }
+}
+
+/* A choice of strings, and a state that stops once no character can follow. */
+static void test_choice(void) {
+  const char *ch[] = {"yes", "no", "y\"\\es"};
+  char *src = NULL;
+  CHECK(irt_choice_grammar(ch, 3, &src, NULL) == IRT_OK);
+  irt_grammar *g = src ? compile(src) : NULL;
+  for (int i = 0; i < 3 && g; i++) {
+    irt_gstate *s;
+    irt_gstate_create(g, &s, NULL);
+    CHECK(irt_gstate_advance(s, (const uint8_t *)ch[i], strlen(ch[i])));
+    CHECK(irt_gstate_accepting(s) && !irt_gstate_can_continue(s));
+    CHECK(!irt_gstate_advance(s, (const uint8_t *)"s", 1));
+    irt_gstate_destroy(s);
+  }
+  irt_grammar_destroy(g);
+  free(src);
+}
+
+/* Masks from the byte-order walk agree with asking about each token alone, at states
+ * inside strings, numbers, between tokens and with a character split over tokens. */
+static void test_masks(void) {
+  irt_tokenizer *t = NULL;
+  irt_error err;
+  if (irt_tokenizer_open_json(FIXTURES_DIR "/tokenizers/gpt2-real/tokenizer.json", NULL, &t,
+                              &err) != IRT_OK) {
+    CHECKF(0, "%s", err.msg);
+    return;
+  }
+  irt_gtrie *trie = irt_gtrie_create(t);
+  char *src = NULL;
+  CHECK(irt_json_schema_grammar(
+            "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},"
+            "\"n\":{\"type\":\"number\"},\"k\":{\"enum\":[\"\\u4e2d\\u6587\",true]}},"
+            "\"required\":[\"name\",\"n\",\"k\"]}",
+            &src, &err) == IRT_OK);
+  irt_grammar *g = compile(src);
+  const char *prefixes[] = {"", "{", "{\"na", "{\"name\": \"x y", "{\"name\":\"\",\"n\": 1",
+                            "{\"name\":\"\",\"n\":-0.5e", "{\"name\":\"\",\"n\":2,\"k\":\"\xe4",
+                            "{\"name\":\"\",\"n\":2,\"k\":true"};
+  int32_t V = irt_tokenizer_vocab_size(t);
+  uint8_t *mask = malloc((size_t)V);
+  for (size_t i = 0; i < sizeof prefixes / sizeof *prefixes && g && trie; i++) {
+    irt_gstate *s;
+    irt_gstate_create(g, &s, NULL);
+    CHECKF(irt_gstate_advance(s, (const uint8_t *)prefixes[i], strlen(prefixes[i])), "%s",
+           prefixes[i]);
+    int64_t n = irt_grammar_mask(s, trie, mask), agree = 0, count = 0;
+    for (int32_t id = 0; id < V; id++) {
+      agree += mask[id] == irt_grammar_allows(s, trie, id);
+      count += mask[id];
+    }
+    CHECKF(agree == V && count == n && n > 0, "prefix '%s': %lld of %d agree, %lld allowed",
+           prefixes[i], (long long)agree, V, (long long)n);
+    irt_gstate_destroy(s);
+  }
+  free(mask);
+  irt_grammar_destroy(g);
+  free(src);
+  irt_gtrie_destroy(trie);
+  irt_tokenizer_destroy(t);
+}
+
+int main(void) {
+  test_errors();
+  test_choice();
+  test_oracle_cases();
+  test_masks();
+  return tcheck_done("grammar");
+}
