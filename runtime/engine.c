@@ -57,10 +57,17 @@ irt_status irt_engine_create(irt_model *m, const irt_engine_opts *o, irt_engine 
   e->row_picks = calloc((size_t)e->max_rows, sizeof *e->row_picks);
   e->row_top_ids = calloc((size_t)e->max_rows * IRT_MAX_TOP_LOGPROBS, sizeof *e->row_top_ids);
   e->row_top_lps = calloc((size_t)e->max_rows * IRT_MAX_TOP_LOGPROBS, sizeof *e->row_top_lps);
+  if (e->tok) {
+    e->gtrie = irt_gtrie_create(e->tok);
+    e->gmask = malloc((size_t)in->vocab_size);
+    e->gpen_ids = malloc((size_t)in->vocab_size * sizeof *e->gpen_ids);
+    e->gpen_sub = malloc((size_t)in->vocab_size * sizeof *e->gpen_sub);
+  }
   pthread_mutex_init(&e->mu, NULL);
   pthread_cond_init(&e->cv, NULL);
   if (!e->items || !e->item_seq || !e->logits || !e->picks || !e->row_picks ||
-      !e->row_top_ids || !e->row_top_lps) {
+      !e->row_top_ids || !e->row_top_lps ||
+      (e->tok && (!e->gtrie || !e->gmask || !e->gpen_ids || !e->gpen_sub))) {
     irt_engine_destroy(e);
     return fail(err, IRT_OOM, "out of memory");
   }
@@ -77,6 +84,7 @@ static void free_req(ereq *q) {
   free(q->prompt);
   free(q->bias_ids);
   free(q->bias_sub);
+  irt_grammar_destroy(q->grammar);
   free(q->seqs);
   free(q);
 }
@@ -128,6 +136,11 @@ static irt_status copy_request(irt_engine *e, const irt_request *r, ereq *q, irt
   q->r.tenant = q->tenant;
   irt_status st = copy_bias(r, q, err);
   if (st != IRT_OK) return st;
+  q->r.grammar = NULL;
+  if (r->grammar) {
+    if (!e->tok) return fail(err, IRT_INVALID_ARG, "a grammar needs a plan with a tokenizer");
+    if ((st = irt_grammar_compile(r->grammar, &q->grammar, err)) != IRT_OK) return st;
+  }
   q->tenant_hash = XXH3_64bits(q->tenant, strlen(q->tenant));
   return IRT_OK;
 }
@@ -233,6 +246,7 @@ irt_status irt_eseq_init(irt_engine *e, ereq *q, int i, irt_error *err) {
     if (!s->counts || !s->seen || !s->pen_sub || (q->n_bias && !s->pen_ids))
       return fail(err, IRT_OOM, "out of memory");
   }
+  if (q->grammar && irt_gstate_create(q->grammar, &s->gram, err) != IRT_OK) return IRT_OOM;
   if (irt_seq_create(e->m, &s->kv, err) != IRT_OK) return IRT_OOM;
   if (irt_sampler_create(&sp, in->vocab_size, &s->sampler, err) != IRT_OK) return IRT_OOM;
   if (e->tok) irt_tok_stream_init(&s->stream, e->tok, true);
@@ -249,6 +263,8 @@ void irt_eseq_release(irt_engine *e, eseq *s) {
   free(s->seen);
   free(s->pen_sub);
   free(s->pen_ids);
+  irt_gstate_destroy(s->gram);
+  s->gram = NULL;
   s->pen_ids = NULL;
   s->counts = NULL;
   s->seen = NULL;
@@ -419,6 +435,10 @@ void irt_engine_destroy(irt_engine *e) {
   free(e->row_picks);
   free(e->row_top_ids);
   free(e->row_top_lps);
+  irt_gtrie_destroy(e->gtrie);
+  free(e->gmask);
+  free(e->gpen_ids);
+  free(e->gpen_sub);
   free(e);
 }
 

@@ -6,6 +6,7 @@
 
 #include <pthread.h>
 
+#include "grammar.h"
 #include "model.h"
 
 /* Whether drafts pay (spec.c): a step of T tokens takes about a + b T ms, fitted by least
@@ -65,6 +66,7 @@ typedef struct eseq {
   float *pen_sub;         /* (vocab) a pick's penalty for each of them (and biased ones) */
   int32_t *pen_ids;       /* (vocab) with logit_bias too: seen, then the biased unseen */
   int64_t n_seen;
+  irt_gstate *gram;       /* with a grammar: where its text is in it */
   /* with top_logprobs: the alternatives of the current event */
   int32_t top_ids[IRT_MAX_TOP_LOGPROBS];
   float top_lps[IRT_MAX_TOP_LOGPROBS];
@@ -81,6 +83,7 @@ struct ereq {
   int32_t *bias_ids;      /* logit_bias: (n_bias) ids, ascending */
   float *bias_sub;        /* (n_bias) minus each bias: subtracted, as penalties are */
   int n_bias;
+  irt_grammar *grammar;   /* compiled irt_request.grammar, or NULL */
   int64_t cached_tokens;
   int n;
   eseq *seqs;             /* (n); only seqs[0] exists until the prompt is prefilled */
@@ -126,6 +129,12 @@ struct irt_engine {
   int32_t *row_top_ids;
   float *row_top_lps;
   int64_t row_picks_now;  /* taken so far in this iteration */
+  /* constrained decoding (the plan has a tokenizer): the vocabulary's bytes, and scratch
+   * for one masked pick: the allowed tokens, the pick's penalty list with the rest */
+  irt_gtrie *gtrie;
+  uint8_t *gmask;         /* (vocab) */
+  int32_t *gpen_ids;      /* (vocab) */
+  float *gpen_sub;        /* (vocab) */
   /* speculative decoding: the step cost model over decode-only steps, its last fit */
   irt_step_cost cost;
   double cost_a, cost_b;

@@ -484,3 +484,10 @@ void irt_grammar_destroy(irt_grammar *G) {
   free(G->rule_alt);
   free(G);
 }
+
+irt_status irt_grammar_check(const char *gbnf, irt_error *err) {
+  irt_grammar *g = NULL;
+  irt_status st = irt_grammar_compile(gbnf, &g, err);
+  irt_grammar_destroy(g);
+  return st;
+}

@@ -1,7 +1,7 @@
 /* grammar: constrained decoding. A context-free grammar in llama.cpp's GBNF notation is
  * compiled once per request; each completion keeps a parse state that says which bytes
  * may come next, and from it which tokens (irt_grammar_mask, over a byte trie of the
- * vocabulary). irt_json_schema_grammar turns a JSON Schema (or "any JSON object") into
+ * vocabulary). irt_grammar_json turns a JSON Schema (or "any JSON object") into
  * such a grammar.
  *
  * GBNF: `name ::= alternatives`, one rule per line (a rule continues over newlines inside
@@ -52,16 +52,14 @@ bool irt_grammar_allows(irt_gstate *s, const irt_gtrie *t, int32_t id);
  * false if the grammar does not allow it. */
 bool irt_gstate_take(irt_gstate *s, const irt_gtrie *t, int32_t id);
 
-/* GBNF for the JSON values a JSON Schema (text) describes, or for any JSON object when
- * schema is NULL. Supported: type (one or a list), properties / required /
- * additionalProperties, items / prefixItems / minItems / maxItems, enum, const, anyOf /
- * oneOf (as anyOf), allOf of one schema, $ref to #/$defs/.. or #/definitions/..,
+/* JSON: irt_grammar_json (inferrt.h) writes GBNF for the JSON values a JSON Schema
+ * describes, or for any JSON object. Supported: type (one or a list), properties /
+ * required / additionalProperties, items / prefixItems / minItems / maxItems, enum, const,
+ * anyOf / oneOf (as anyOf), allOf of one schema, $ref to #/$defs/.. or #/definitions/..,
  * minLength / maxLength, and annotations (title, description, format, ...). Other
  * assertions (pattern, minimum, ...) are refused with IRT_UNSUPPORTED naming them rather
- * than ignored. Properties come in the schema's order; an object without
- * additionalProperties: true takes no others. *out is malloc'd (free it). */
-irt_status irt_json_schema_grammar(const char *schema, char **out, irt_error *err);
-/* GBNF for exactly one of n strings (vLLM's guided_choice). *out is malloc'd. */
-irt_status irt_choice_grammar(const char *const *choices, int n, char **out, irt_error *err);
+ * than ignored. Properties come in the schema's order; an object with properties takes no
+ * others unless additionalProperties says so. Whitespace between JSON tokens is none, a
+ * space, or a newline and up to 24 blanks. irt_grammar_choice: one of n strings. */
 
 #endif

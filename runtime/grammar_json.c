@@ -210,7 +210,8 @@ static int gen_array(sconv *c, const cJSON *s, int depth) {
                    "JSON Schema: 'prefixItems' must be a non-empty list, without min/maxItems");
     int n = cJSON_GetArraySize(prefix), *p = malloc((size_t)n * sizeof *p);
     if (!p) return sfail(c, IRT_OOM, "out of memory");
-    for (int i = 0; i < n && !c->failed; i++) p[i] = gen(c, cJSON_GetArrayItem(prefix, i), depth + 1);
+    for (int i = 0; i < n && !c->failed; i++)
+      p[i] = gen(c, cJSON_GetArrayItem(prefix, i), depth + 1);
     int r = new_rule(c);
     put(&c->out, "r%d ::= \"[\" ws", r);
     for (int i = 0; i < n; i++) put(&c->out, "%s r%d ws", i ? " \",\" ws" : "", p[i]);
@@ -252,7 +253,9 @@ static int gen_object(sconv *c, const cJSON *s, int depth) {
                    "JSON Schema: required '%.60s' is not among the 'properties'",
                    cJSON_IsString(v) ? v->valuestring : "?");
   bool extra = n == 0 ? !add || !cJSON_IsFalse(add) : add && !cJSON_IsFalse(add);
-  int ev = extra ? (add && cJSON_IsObject(add) ? gen(c, add, depth + 1) : text_rule(c, "value")) : -1;
+  int ev = !extra                         ? -1
+           : add && cJSON_IsObject(add) ? gen(c, add, depth + 1)
+                                        : text_rule(c, "value");
   if (c->failed) return -1;
   int *member = malloc((size_t)(n ? n : 1) * sizeof *member);
   if (!member) return sfail(c, IRT_OOM, "out of memory");
@@ -349,7 +352,8 @@ static int gen(sconv *c, const cJSON *s, int depth) {
   if (!check_keywords(c, s)) return -1;
   const cJSON *v;
   if ((v = cJSON_GetObjectItemCaseSensitive(s, "$ref"))) {
-    if (!cJSON_IsString(v)) return sfail(c, IRT_INVALID_ARG, "JSON Schema: '$ref' must be a string");
+    if (!cJSON_IsString(v))
+      return sfail(c, IRT_INVALID_ARG, "JSON Schema: '$ref' must be a string");
     return gen_ref(c, v->valuestring, depth);
   }
   if ((v = cJSON_GetObjectItemCaseSensitive(s, "const"))) return gen_enum(c, v, true);
@@ -398,7 +402,7 @@ static irt_status finish(sconv *c, int r, char **out) {
   return IRT_OK;
 }
 
-irt_status irt_json_schema_grammar(const char *schema, char **out, irt_error *err) {
+irt_status irt_grammar_json(const char *schema, char **out, irt_error *err) {
   *out = NULL;
   sconv c = {.err = err};
   put(&c.out, "%s", JSON_BASE);
@@ -414,7 +418,7 @@ irt_status irt_json_schema_grammar(const char *schema, char **out, irt_error *er
   return finish(&c, r, out);
 }
 
-irt_status irt_choice_grammar(const char *const *choices, int n, char **out, irt_error *err) {
+irt_status irt_grammar_choice(const char *const *choices, int n, char **out, irt_error *err) {
   *out = NULL;
   sconv c = {.err = err};
   if (n <= 0) sfail(&c, IRT_INVALID_ARG, "a choice needs at least one string");

@@ -32,8 +32,9 @@ typedef struct gmark {
 typedef struct gset {
   const gnode **v; /* (n) distinct stacks; NULL is the empty stack (the text may end) */
   int n;
-  uint32_t cp;     /* a character split between tokens: its bits so far */
-  int need;        /* and its continuation bytes still to come (0: none) */
+  uint32_t cp;     /* a character split between tokens: its bits so far, */
+  int need;        /* its continuation bytes still to come (0: none) */
+  int len;         /* and its length in bytes */
 } gset;
 
 struct irt_gstate {
@@ -204,9 +205,19 @@ static bool step_char(irt_gstate *s, const gset *in, uint32_t c, garena *a, gset
   return take_buf(s, a, out);
 }
 
+/* The least code point UTF-8 spells with n bytes (shorter forms are invalid). */
+static const uint32_t UTF8_MIN[5] = {0, 0, 0x80, 0x800, 0x10000};
+
+static bool valid_char(uint32_t c, int len) {
+  return c >= UTF8_MIN[len] && c <= 0x10FFFF && !(c >= 0xD800 && c <= 0xDFFF);
+}
+
 /* Whether some stack can take a character that starts with the split one's bytes. */
 static bool partial_ok(const irt_gstate *s, const gset *g) {
   uint32_t lo = g->cp << (6 * g->need), hi = lo | ((1u << (6 * g->need)) - 1);
+  if (lo < UTF8_MIN[g->len]) lo = UTF8_MIN[g->len];
+  if (hi > 0x10FFFF) hi = 0x10FFFF;
+  if (lo > hi) return false;
   for (int i = 0; i < g->n; i++)
     if (g->v[i] && class_meets(&s->g->cls[s->g->el[g->v[i]->pos].arg], lo, hi)) return true;
   return false;
@@ -215,20 +226,21 @@ static bool partial_ok(const irt_gstate *s, const gset *g) {
 /* One byte of UTF-8 text: in to *out (new stacks in arena a); false if none survive. */
 static bool step_byte(irt_gstate *s, const gset *in, uint8_t b, garena *a, gset *out) {
   uint32_t cp;
-  int need;
+  int need, len = in->len;
   if (in->need == 0) {
     if (b < 0x80) return step_char(s, in, b, a, out);
     need = b >= 0xC2 && b <= 0xDF ? 1 : b >= 0xE0 && b <= 0xEF ? 2 : b >= 0xF0 && b <= 0xF4 ? 3 : 0;
     if (!need) return false;
     cp = b & (0x3Fu >> need);
+    len = need + 1;
   } else {
     if ((b & 0xC0) != 0x80) return false;
     cp = in->cp << 6 | (b & 0x3F);
     need = in->need - 1;
-    if (need == 0) return step_char(s, in, cp, a, out);
+    if (need == 0) return valid_char(cp, len) && step_char(s, in, cp, a, out);
   }
   *out = *in;
-  out->cp = cp, out->need = need;
+  out->cp = cp, out->need = need, out->len = len;
   return partial_ok(s, out);
 }
 

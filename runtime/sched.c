@@ -174,8 +174,10 @@ static irt_pick *fork_picks(irt_engine *e, eseq *s) {
  * place in e->logits once the step is complete (place_rows). */
 static void add_item(irt_engine *e, eseq *s, int64_t take) {
   int k = e->n_items_now++;
-  bool last = s->kv->len + take == s->n_tokens, pick = last && !fork_point(s);
-  irt_pick *forks = last && !pick ? fork_picks(e, s) : NULL;
+  /* with a grammar the row comes to the host, where the mask is */
+  bool last = s->kv->len + take == s->n_tokens, host = s->req->grammar != NULL;
+  bool pick = last && !fork_point(s) && !host;
+  irt_pick *forks = last && fork_point(s) && !host ? fork_picks(e, s) : NULL;
   if (pick) e->picks[k] = make_pick(s);
   e->items[k] = (irt_batch_item){.seq = s->kv, .tokens = s->tokens + s->kv->len, .n = take,
                                  .logits = last && !pick && !forks ? e->logits : NULL,
@@ -298,7 +300,7 @@ static void add_drafts(irt_engine *e, int64_t budget) {
   for (int k = 0; k < e->n_items_now && budget > 0 && e->rows_now < e->max_rows; k++) {
     eseq *s = e->item_seq[k];
     irt_batch_item *it = &e->items[k];
-    if (it->n != 1 || s->kv->len + 1 != s->n_tokens || fork_point(s)) continue;
+    if (it->n != 1 || s->kv->len + 1 != s->n_tokens || fork_point(s) || s->gram) continue;
     int64_t cap = s->spec_len;
     int64_t lim[4] = {budget, e->max_rows - e->rows_now,
                       s->req->r.max_tokens - s->n_generated - 1, in->context_length - s->n_tokens};
@@ -441,10 +443,15 @@ static void take_token(irt_engine *e, eseq *s, int32_t tok, float lp) {
   bool eog = !s->req->r.ignore_eos &&
              (e->tok ? irt_tok_is_eog(e->tok, tok) : tok == in->eos_token_id);
   bool length = s->n_generated >= s->req->r.max_tokens || s->n_tokens >= in->context_length;
+  /* a grammar whose text is whole and cannot go on ends the completion here */
+  bool whole = s->gram && irt_gstate_take(s->gram, e->gtrie, tok) &&
+               irt_gstate_accepting(s->gram) && !irt_gstate_can_continue(s->gram);
   bool hit = false;
   size_t cut = 0;
-  if (e->tok) cut = take_text(s, eog ? -1 : tok, eog || length, &hit);
-  irt_finish why = eog || hit ? IRT_FINISH_STOP : length ? IRT_FINISH_LENGTH : IRT_FINISH_NONE;
+  if (e->tok) cut = take_text(s, eog ? -1 : tok, eog || length || whole, &hit);
+  irt_finish why = eog || hit || whole ? IRT_FINISH_STOP
+                   : length          ? IRT_FINISH_LENGTH
+                                     : IRT_FINISH_NONE;
   if (why) finish(e, s, why);
   emit(e, s, tok, lp, s->held, cut);
   if (e->tok) {
@@ -464,11 +471,34 @@ static int32_t take_pick(irt_engine *e, eseq *s, const irt_pick *p) {
   return p->token;
 }
 
+/* A pick under s's grammar: the row as it is, and if the grammar does not allow that
+ * token, the row again with the tokens it does not allow at -inf (added to the pick's
+ * penalty list, so the logprobs stay the model's). When nothing is allowed (a grammar
+ * that needs a character no token spells) the completion may only end. */
+static void grammar_pick(irt_engine *e, eseq *s, irt_pick *p, const float *lg) {
+  irt_pick_row(e->m, p, lg);
+  if (irt_grammar_allows(s->gram, e->gtrie, p->token)) return;
+  int64_t V = irt_model_get_info(e->m)->vocab_size;
+  if (irt_grammar_mask(s->gram, e->gtrie, e->gmask) == 0)
+    for (int32_t id = 0; id < V; id++) e->gmask[id] = irt_tok_is_eog(e->tok, id);
+  int n = 0;
+  for (int j = 0; j < p->n_pen; j++)
+    if (e->gmask[p->pen_ids[j]]) e->gpen_ids[n] = p->pen_ids[j], e->gpen_sub[n++] = p->pen_sub[j];
+  for (int32_t id = 0; id < V; id++)
+    if (!e->gmask[id]) e->gpen_ids[n] = id, e->gpen_sub[n++] = INFINITY;
+  if (n == V) return; /* no end-of-generation token either: keep the model's pick */
+  irt_pick q = *p;
+  q.pen_ids = e->gpen_ids, q.pen_sub = e->gpen_sub, q.n_pen = n;
+  irt_pick_row(e->m, &q, lg);
+  p->token = q.token, p->logprob = q.logprob;
+}
+
 /* Samples the next token from a row of logits brought to the host, as a pick would, and
  * takes it; returns it. */
 static int32_t on_token(irt_engine *e, eseq *s, const float *lg) {
   irt_pick p = make_pick(s);
-  irt_pick_row(e->m, &p, lg);
+  if (s->gram) grammar_pick(e, s, &p, lg);
+  else irt_pick_row(e->m, &p, lg);
   take_token(e, s, p.token, p.logprob);
   return p.token;
 }

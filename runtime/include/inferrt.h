@@ -362,9 +362,31 @@ typedef struct irt_request {
   const int32_t *logit_bias_ids;
   const float *logit_bias;
   int n_logit_bias;
+  /* Constrained decoding: a grammar in llama.cpp's GBNF notation (start rule `root`; see
+   * runtime/grammar.h, and irt_grammar_json for JSON and JSON Schemas) that every
+   * completion's text must follow. Each token is sampled as without it and kept if the
+   * grammar allows it; otherwise the tokens it does not allow are masked out (-inf) and
+   * the row is sampled again -- for greedy and plain temperature sampling exactly the
+   * distribution restricted to the allowed tokens. End-of-generation tokens are allowed
+   * only where the grammar's text may end, and a completion stops (IRT_FINISH_STOP) as
+   * soon as its text is a sentence no character can extend. Needs a tokenizer; such
+   * completions draft no speculative tokens. Compiled (and refused with the line and the
+   * problem) at submit. NULL: none. */
+  const char *grammar;
 } irt_request;
 
 #define IRT_MAX_TOP_LOGPROBS 20
+
+/* GBNF for JSON: the JSON values a JSON Schema (text) describes, or any JSON object when
+ * schema_json is NULL (OpenAI's response_format json_object). See runtime/grammar.h for
+ * what of JSON Schema is supported; the rest is refused (IRT_UNSUPPORTED) naming the
+ * keyword. *out is malloc'd (free it). */
+irt_status irt_grammar_json(const char *schema_json, char **out, irt_error *err);
+/* Compiles GBNF text only to check it: IRT_OK, or IRT_INVALID_ARG naming the line and the
+ * problem (what irt_engine_submit would say of irt_request.grammar). */
+irt_status irt_grammar_check(const char *gbnf, irt_error *err);
+/* GBNF for exactly one of n strings (vLLM's guided_choice). *out is malloc'd. */
+irt_status irt_grammar_choice(const char *const *choices, int n, char **out, irt_error *err);
 #define IRT_MAX_LOGIT_BIAS 1024
 
 typedef struct irt_engine_stats {

@@ -72,6 +72,7 @@ typedef struct srv_params {
   int32_t *bias_ids; /* logit_bias: (n_bias) owned */
   float *bias;
   int n_bias;
+  char *grammar;      /* GBNF from response_format / guided_* / grammar (owned), or NULL */
   bool stream, include_usage, ignore_eos;
   const char *tenant; /* from the API key (borrowed); NULL: shared */
   int priority;

@@ -156,7 +156,8 @@ srv_job *srv_job_submit(srv_ctx *c, srv_params *p, srv_error *err) {
                    .top_logprobs = q->logprobs > 0 ? q->logprobs : 0,
                    .logit_bias_ids = q->bias_ids,
                    .logit_bias = q->bias,
-                   .n_logit_bias = q->n_bias};
+                   .n_logit_bias = q->n_bias,
+                   .grammar = q->grammar};
   irt_error e = {0};
   j->t_submit = now_ms();
   irt_status st = irt_engine_submit(c->e, &r, &j->rid, &e);

@@ -370,22 +370,97 @@ static bool refuse_unsupported(const cJSON *body, srv_endpoint ep, srv_error *e)
     return srv_bad(e, "echo", "'echo' is not supported.");
   if (ep == SRV_COMPLETIONS && (v = field(body, "suffix")))
     return srv_bad(e, "suffix", "'suffix' is not supported.");
-  if ((v = field(body, "response_format"))) {
-    const cJSON *t = cJSON_IsObject(v) ? field(v, "type") : NULL;
-    if (!cJSON_IsObject(v) || !cJSON_IsString(t))
-      return srv_bad(e, "response_format",
-                     "Invalid value for 'response_format': expected an object with a 'type'.");
-    if (strcmp(t->valuestring, "text"))
-      return srv_bad(e, "response_format",
-                     "'response_format' of type '%.40s' is not supported (no constrained "
-                     "decoding): only 'text'.",
-                     t->valuestring);
-  }
+  if ((v = field(body, "guided_regex")))
+    return srv_bad(e, "guided_regex", "'guided_regex' is not supported: use 'guided_grammar'.");
   if ((v = field(body, "tools")) && (!cJSON_IsArray(v) || cJSON_GetArraySize(v) > 0))
     return srv_bad(e, "tools", "'tools' (function calling) is not supported.");
   const cJSON *bo = field(body, "best_of"), *n = field(body, "n");
   if (bo && (!is_int(bo) || bo->valuedouble != (n && is_int(n) ? n->valuedouble : 1)))
     return srv_bad(e, "best_of", "'best_of' other than 'n' is not supported.");
+  return true;
+}
+
+/* The grammar a field asks for: GBNF text (*gbnf, malloc'd), or false with e set. */
+static bool grammar_of(const char *k, const cJSON *v, char **gbnf, srv_error *e) {
+  irt_error ie = {0};
+  irt_status st = IRT_OK;
+  *gbnf = NULL;
+  if (!strcmp(k, "response_format")) {
+    const cJSON *t = cJSON_IsObject(v) ? field(v, "type") : NULL;
+    if (!cJSON_IsString(t))
+      return srv_bad(e, k,
+                     "Invalid value for 'response_format': expected an object with a 'type'.");
+    if (!strcmp(t->valuestring, "text")) return true;
+    if (!strcmp(t->valuestring, "json_object")) {
+      st = irt_grammar_json(NULL, gbnf, &ie);
+    } else if (!strcmp(t->valuestring, "json_schema")) {
+      const cJSON *js = field(v, "json_schema"), *sc = js ? field(js, "schema") : NULL;
+      if (!cJSON_IsObject(js) || !sc)
+        return srv_bad(e, "response_format.json_schema",
+                       "Invalid value for 'response_format': type 'json_schema' needs "
+                       "'json_schema': {\"name\": ..., \"schema\": {...}}.");
+      k = "response_format.json_schema.schema", v = sc;
+    } else {
+      return srv_bad(e, k, "Invalid value for 'response_format.type': '%.40s' (expected 'text', "
+                     "'json_object' or 'json_schema').", t->valuestring);
+    }
+  }
+  if (!*gbnf && st == IRT_OK) {
+    if (!strcmp(k, "guided_grammar") || !strcmp(k, "grammar")) {
+      if (!cJSON_IsString(v)) return bad_type(e, k, "a string (GBNF)", v);
+      if (!(*gbnf = strdup(v->valuestring)))
+        return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    } else if (!strcmp(k, "guided_choice")) {
+      int n = cJSON_IsArray(v) ? cJSON_GetArraySize(v) : 0;
+      const char **ch = calloc((size_t)(n ? n : 1), sizeof *ch);
+      if (!ch) return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+      int i = 0;
+      for (const cJSON *x = n ? v->child : NULL; x; x = x->next)
+        ch[i++] = cJSON_IsString(x) ? x->valuestring : NULL;
+      for (i = 0; i < n && ch[i]; i++) {}
+      if (n == 0 || i < n) {
+        free(ch);
+        return bad_type(e, k, "a non-empty array of strings", v);
+      }
+      st = irt_grammar_choice(ch, n, gbnf, &ie);
+      free(ch);
+    } else { /* a JSON Schema: guided_json, json_schema, response_format's */
+      if (cJSON_IsString(v) && !strcmp(k, "guided_json")) {
+        st = irt_grammar_json(v->valuestring, gbnf, &ie);
+      } else if (cJSON_IsObject(v) || cJSON_IsBool(v)) {
+        char *schema = cJSON_PrintUnformatted(v);
+        st = schema ? irt_grammar_json(schema, gbnf, &ie) : IRT_OOM;
+        free(schema);
+      } else {
+        return bad_type(e, k, "a JSON Schema object", v);
+      }
+    }
+  }
+  if (st != IRT_OK) return srv_bad(e, k, "Invalid '%s': %s", k, ie.msg);
+  if (*gbnf && irt_grammar_check(*gbnf, &ie) != IRT_OK) { /* this field's 400, not a 500 */
+    free(*gbnf), *gbnf = NULL;
+    return srv_bad(e, k, "Invalid '%s': %s", k, ie.msg);
+  }
+  return true;
+}
+
+/* Constrained decoding: OpenAI's response_format, vLLM's guided_json / guided_choice /
+ * guided_grammar, llama.cpp's grammar / json_schema; at most one of them. */
+static bool parse_grammar(srv_ctx *c, const cJSON *body, srv_params *p, srv_error *e) {
+  static const char *keys[] = {"response_format", "guided_json", "guided_choice",
+                               "guided_grammar", "grammar", "json_schema"};
+  const char *seen = NULL;
+  for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) {
+    const cJSON *v = field(body, keys[i]);
+    if (!v) continue;
+    if (seen)
+      return srv_bad(e, keys[i], "'%s' and '%s' cannot be given together.", seen, keys[i]);
+    seen = keys[i];
+    if (!grammar_of(keys[i], v, &p->grammar, e)) return false;
+    if (p->grammar && !c->tok)
+      return srv_bad(e, keys[i],
+                     "Constrained decoding needs a tokenizer; the served plan has none.");
+  }
   return true;
 }
 
@@ -442,7 +517,7 @@ bool srv_params_from_json(srv_ctx *c, srv_endpoint ep, const cJSON *body, srv_pa
   if (!cJSON_IsObject(body)) ok = srv_bad(err, NULL, "The request body must be a JSON object.");
   if (ok) ok = check_model(c, body, err) && refuse_unsupported(body, ep, err);
   if (ok) ok = parse_sampling(c, body, p, err) && parse_stop(body, p, err);
-  if (ok) ok = parse_logit_bias(c, body, p, err);
+  if (ok) ok = parse_logit_bias(c, body, p, err) && parse_grammar(c, body, p, err);
   if (ok) ok = parse_logprobs(ep, body, p, err) && parse_stream(body, p, err);
   if (ok && p->n_stop && !c->tok)
     ok = srv_bad(err, "stop", "Stop strings need a tokenizer; the served plan has none.");
@@ -468,6 +543,8 @@ void srv_params_free(srv_params *p) {
   free(p->prompt);
   free(p->bias_ids);
   free(p->bias);
+  free(p->grammar);
+  p->grammar = NULL;
   p->bias_ids = NULL;
   p->bias = NULL;
   p->n_bias = 0;

@@ -277,6 +277,81 @@ def test_sampling(s):
           repr(chat.choices[0].message.content))
 
 
+def test_grammar(s):
+    """Constrained decoding. Oracles: Python's json and re modules on the text (and the
+    schema's types by hand); a grammar that greedy decoding already follows changes no
+    token; every refusal names its field."""
+    c = s.client()
+    schema = {"type": "object", "additionalProperties": False, "required": ["ok", "n", "tag"],
+              "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer"},
+                             "tag": {"enum": ["red", "green", None]},
+                             "xs": {"type": "array", "items": {"type": "number"}, "maxItems": 2}}}
+    rf = {"type": "json_schema", "json_schema": {"name": "t", "schema": schema}}
+    r = c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "JSON please"}],
+                                  max_tokens=220, temperature=1.0, n=3, seed=7, response_format=rf)
+    for ch in r.choices:
+        txt = ch.message.content
+        try:
+            v = json.loads(txt)
+        except ValueError:
+            v = None
+        ok = (ch.finish_reason == "stop" and isinstance(v, dict) and
+              list(v)[:2] == ["ok", "n"] and isinstance(v["ok"], bool) and type(v["n"]) is int and
+              v["tag"] in ("red", "green", None) and set(v) <= {"ok", "n", "tag", "xs"} and
+              all(isinstance(x, (int, float)) for x in v.get("xs", [])) and len(v.get("xs", [])) <= 2)
+        check("json_schema output is valid", ok, f"{ch.finish_reason} {txt!r}")
+    check("json_schema n=3 completions differ", len({ch.message.content for ch in r.choices}) > 1)
+    # streamed, the deltas add up to valid JSON too
+    chunks = list(c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}],
+                                            max_tokens=220, temperature=0.8, seed=3, stream=True,
+                                            response_format=rf))
+    txt = "".join(k.choices[0].delta.content or "" for k in chunks if k.choices)
+    check("json_schema streamed", isinstance(json.loads(txt), dict), repr(txt))
+    # json_object: any object (a random model may run out of tokens inside a string)
+    r = c.completions.create(model="tiny", prompt="{", max_tokens=200, temperature=0.7, seed=1,
+                             extra_body={"response_format": {"type": "json_object"}})
+    ch = r.choices[0]
+    check("json_object starts an object", ch.text.startswith("{"), repr(ch.text))
+    if ch.finish_reason == "stop":
+        check("json_object output is an object", isinstance(json.loads(ch.text), dict), repr(ch.text))
+    # GBNF (llama.cpp's "grammar") and vLLM's guided_grammar / guided_choice
+    g = 'root ::= [0-9]{3} "-" word\nword ::= [a-c]{1,4}'
+    for key in ("grammar", "guided_grammar"):
+        r = c.completions.create(model="tiny", prompt="Code:", max_tokens=20, temperature=1.0,
+                                 seed=5, extra_body={key: g})
+        ch = r.choices[0]
+        check(f"{key} output matches", ch.finish_reason == "stop" and
+              re.fullmatch(r"[0-9]{3}-[a-c]{1,4}", ch.text), f"{ch.finish_reason} {ch.text!r}")
+    r = c.completions.create(model="tiny", prompt="Pick:", max_tokens=20, temperature=1.0, seed=2,
+                             n=4, extra_body={"guided_choice": ["alpha", "beta", "\u00e9t\u00e9"]})
+    check("guided_choice", all(ch.text in ("alpha", "beta", "\u00e9t\u00e9") and
+                               ch.finish_reason == "stop" for ch in r.choices),
+          str([ch.text for ch in r.choices]))
+    # a grammar greedy decoding already follows changes nothing
+    plain = c.completions.create(model="tiny", prompt="The sea", max_tokens=8, temperature=0,
+                                 extra_body={"ignore_eos": True}).choices[0].text
+    r = c.completions.create(model="tiny", prompt="The sea", max_tokens=30, temperature=0,
+                             extra_body={"guided_choice": [plain, plain + "zz", "q"]}).choices[0]
+    check("greedy inside the grammar is unchanged", r.text == plain and r.finish_reason == "stop",
+          f"{r.text!r} vs {plain!r}")
+    # refusals name the field
+    bad = [({"grammar": "root ::= nope"}, "grammar", "'nope' is used but not defined"),
+           ({"grammar": "root ::= x\nx ::= x \"a\""}, "grammar", "left-recursive"),
+           ({"response_format": {"type": "json_schema", "json_schema": {"name": "t", "schema":
+             {"type": "string", "pattern": "a+"}}}}, "response_format.json_schema.schema", "pattern"),
+           ({"response_format": {"type": "json_schema"}}, "response_format.json_schema", "schema"),
+           ({"response_format": {"type": "yaml"}}, "response_format", "yaml"),
+           ({"guided_choice": []}, "guided_choice", "non-empty"),
+           ({"guided_regex": "a+"}, "guided_regex", "not supported"),
+           ({"guided_json": {"type": "object"}, "grammar": "root ::= \"a\""}, "grammar",
+            "cannot be given together")]
+    for extra, param, needle in bad:
+        st, h, body = s.raw("POST", "/v1/completions", dict(prompt="x", max_tokens=4, **extra))
+        err = json.loads(body).get("error", {})
+        check(f"refused: {param}", st == 400 and err.get("param") == param and
+              needle in err.get("message", ""), f"{st} {body[:300]!r}")
+
+
 def test_tokenize(s):
     # /tokenize against the transformers tokenizer's ids (the fixture's oracle), and back
     oracle = json.load(open(os.path.join(FIX, "llama-text", "oracle.json")))["cases"]
@@ -431,8 +506,8 @@ def test_errors(s):
     expect_error(s, "logit_bias type", 400, "POST", "/v1/completions", {**ok_body, "logit_bias": [5]},
                  param="logit_bias")
     expect_error(s, "min_p range", 400, "POST", "/v1/completions", {**ok_body, "min_p": 1.5}, param="min_p")
-    expect_error(s, "json mode refused", 400, "POST", "/v1/chat/completions",
-                 {"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}},
+    expect_error(s, "response_format shape", 400, "POST", "/v1/chat/completions",
+                 {"messages": [{"role": "user", "content": "x"}], "response_format": "json"},
                  param="response_format")
     expect_error(s, "tools refused", 400, "POST", "/v1/chat/completions",
                  {"messages": [{"role": "user", "content": "x"}],
@@ -693,7 +768,7 @@ def main():
                "--kv-tokens", "16384", "--max-body", "65536", "--spec-tokens", "4",
                "--spec-ngram", "1:3", "--spec-always")
     try:
-        for t in (test_basics, test_completions, test_chat, test_sampling, test_tokenize, test_logprobs, test_stop,
+        for t in (test_basics, test_completions, test_chat, test_sampling, test_grammar, test_tokenize, test_logprobs, test_stop,
                   test_prefix_cache_and_tenants, test_concurrent, test_errors, test_disconnect, test_loadtest):
             t(s)
         m = s.metrics()

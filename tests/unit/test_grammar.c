@@ -58,11 +58,11 @@ static void check_group(const cJSON *grp) {
     src = strdup(v->valuestring);
   } else if ((v = cJSON_GetObjectItem(grp, "schema"))) {
     char *schema = cJSON_PrintUnformatted(v);
-    irt_status st = irt_json_schema_grammar(schema, &src, &err);
+    irt_status st = irt_grammar_json(schema, &src, &err);
     CHECKF(st == IRT_OK, "%s: %s", schema, err.msg);
     free(schema);
   } else {
-    CHECK(irt_json_schema_grammar(NULL, &src, &err) == IRT_OK);
+    CHECK(irt_grammar_json(NULL, &src, &err) == IRT_OK);
   }
   irt_grammar *g = src ? compile(src) : NULL;
   const char *oracle = cJSON_GetObjectItem(grp, "oracle")->valuestring;
@@ -129,7 +129,7 @@ static void test_errors(void) {
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     char *out = NULL;
     irt_error err = {0};
-    irt_status st = irt_json_schema_grammar(bad[i][0], &out, &err);
+    irt_status st = irt_grammar_json(bad[i][0], &out, &err);
     CHECKF(st != IRT_OK && strstr(err.msg, bad[i][1]) && !out, "%s: %s", bad[i][0], err.msg);
   }
 }
@@ -138,7 +138,7 @@ static void test_errors(void) {
 static void test_choice(void) {
   const char *ch[] = {"yes", "no", "y\"\\es"};
   char *src = NULL;
-  CHECK(irt_choice_grammar(ch, 3, &src, NULL) == IRT_OK);
+  CHECK(irt_grammar_choice(ch, 3, &src, NULL) == IRT_OK);
   irt_grammar *g = src ? compile(src) : NULL;
   for (int i = 0; i < 3 && g; i++) {
     irt_gstate *s;
@@ -150,6 +150,33 @@ static void test_choice(void) {
   }
   irt_grammar_destroy(g);
   free(src);
+}
+
+static bool takes(const char *src, const char *bytes) {
+  irt_grammar *g = compile(src);
+  irt_gstate *s = NULL;
+  bool ok = g && irt_gstate_create(g, &s, NULL) == IRT_OK &&
+            irt_gstate_advance(s, (const uint8_t *)bytes, strlen(bytes));
+  irt_gstate_destroy(s);
+  irt_grammar_destroy(g);
+  return ok;
+}
+
+/* Bytes that begin no valid UTF-8 spelling of an allowed character are refused as soon as
+ * they come: overlong forms, surrogates, past U+10FFFF, stray continuation bytes. */
+static void test_utf8(void) {
+  CHECK(!takes("root ::= \"t\"", "\xE0"));     /* E0 needs A0..BF next: >= U+0800 */
+  CHECK(!takes("root ::= \"t\"", "\xF0"));
+  CHECK(!takes("root ::= \"t\"", "\xC1\xB4")); /* overlong 't' */
+  CHECK(!takes("root ::= .", "\xE0\x81\xB4"));  /* overlong */
+  CHECK(!takes("root ::= .", "\xED\xA0\x80"));  /* a surrogate */
+  CHECK(!takes("root ::= .", "\xF4\x90\x80\x80"));
+  CHECK(!takes("root ::= .", "\x80"));
+  CHECK(takes("root ::= .", "\xF4\x8F\xBF\xBF")); /* U+10FFFF */
+  CHECK(takes("root ::= [\\u0800-\\uFFFF]", "\xE0"));
+  CHECK(takes("root ::= [\\u0800-\\uFFFF]", "\xE0\xA0"));
+  CHECK(!takes("root ::= [\\u0800-\\u0900]", "\xE1"));
+  CHECK(takes("root ::= [^a]", "\xF0\x9F"));
 }
 
 /* Masks from the byte-order walk agree with asking about each token alone, at states
@@ -164,7 +191,7 @@ static void test_masks(void) {
   }
   irt_gtrie *trie = irt_gtrie_create(t);
   char *src = NULL;
-  CHECK(irt_json_schema_grammar(
+  CHECK(irt_grammar_json(
             "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},"
             "\"n\":{\"type\":\"number\"},\"k\":{\"enum\":[\"\\u4e2d\\u6587\",true]}},"
             "\"required\":[\"name\",\"n\",\"k\"]}",
@@ -199,6 +226,7 @@ static void test_masks(void) {
 int main(void) {
   test_errors();
   test_choice();
+  test_utf8();
   test_oracle_cases();
   test_masks();
   return tcheck_done("grammar");
