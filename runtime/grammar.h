@@ -8,8 +8,9 @@
  * parentheses and after `|`), `#` comments. Items: "literal", [class] / [^class] with
  * ranges, `.` (any character), rule names, ( groups ), and the postfixes *, +, ?, {m},
  * {m,}, {m,n}. Escapes: \n \r \t \\ \" \[ \] \- \xHH \uHHHH \UHHHHHHHH. Matching is over
- * Unicode code points (UTF-8 text); the start rule is `root`. Left-recursive rules are
- * refused (the parser is top-down). */
+ * Unicode code points (UTF-8 text, never NUL); the start rule is `root`. Left-recursive
+ * rules are refused (the parser is top-down). Token masks agree with llama.cpp's grammar
+ * sampler on the same GBNF (tools/check-grammar-llamacpp.py). */
 #ifndef IRT_GRAMMAR_H
 #define IRT_GRAMMAR_H
 

@@ -228,6 +228,7 @@ static bool step_byte(irt_gstate *s, const gset *in, uint8_t b, garena *a, gset 
   uint32_t cp;
   int need, len = in->len;
   if (in->need == 0) {
+    if (b == 0) return false; /* text never holds NUL (as in llama.cpp's grammars) */
     if (b < 0x80) return step_char(s, in, b, a, out);
     need = b >= 0xC2 && b <= 0xDF ? 1 : b >= 0xE0 && b <= 0xEF ? 2 : b >= 0xF0 && b <= 0xF4 ? 3 : 0;
     if (!need) return false;

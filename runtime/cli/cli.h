@@ -15,6 +15,8 @@ double cli_now_ms(void);
 bool cli_parse_ids(const char *s, int32_t **out, int64_t *out_n);
 /* Reads all of standard input into a malloc'd NUL-terminated buffer. */
 char *cli_read_stdin(size_t *out_len);
+/* Reads a whole file the same way; NULL if it cannot be opened (errno says why). */
+char *cli_read_file(const char *path, size_t *out_len);
 /* Opens a tokenizer from a plan, a tokenizer.json (with tokenizer_config.json beside it
  * if present) or a GGUF file, by extension. */
 irt_status cli_open_tokenizer(const char *path, irt_tokenizer **out, irt_error *err);

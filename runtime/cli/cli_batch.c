@@ -155,30 +155,11 @@ static void strset_free(strset *st) {
 
 /* --- files ---------------------------------------------------------------------------------- */
 
-static char *read_file(const char *path, size_t *out_len) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
-  size_t cap = 1 << 16, n = 0;
-  char *buf = malloc(cap + 1);
-  for (size_t r; buf && (r = fread(buf + n, 1, cap - n, f)) > 0;) {
-    n += r;
-    if (n == cap) {
-      char *p = realloc(buf, (cap *= 2) + 1);
-      if (!p) free(buf);
-      buf = p;
-    }
-  }
-  fclose(f);
-  if (buf) buf[n] = '\0';
-  *out_len = n;
-  return buf;
-}
-
 /* Reads the results already written: records their custom_ids and cuts a torn last line
  * (one without its newline, or that does not parse) off the file. */
 static bool load_done(batch *b, const char *path) {
   size_t len = 0;
-  char *buf = read_file(path, &len);
+  char *buf = cli_read_file(path, &len);
   if (!buf) return errno == ENOENT;
   size_t good = 0, start = 0;
   for (size_t i = 0; i < len; i++) {
@@ -413,7 +394,7 @@ static void watch(batch *b, double t0, bool show) {
 
 static int run_batch(batch *b, const batch_args *a) {
   size_t len = 0;
-  char *buf = read_file(a->input, &len);
+  char *buf = cli_read_file(a->input, &len);
   if (!buf) return cli_fail("%s: %s", a->input, strerror(errno));
   if (!split_lines(b, buf, len) || !load_done(b, a->output)) {
     free(buf);

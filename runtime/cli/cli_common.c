@@ -92,24 +92,29 @@ bool cli_parse_ids(const char *s, int32_t **out, int64_t *out_n) {
   return true;
 }
 
-char *cli_read_stdin(size_t *out_len) {
+static char *read_all(FILE *f, size_t *out_len) {
   size_t cap = 1 << 16, n = 0;
-  char *buf = malloc(cap);
-  while (buf) {
-    size_t r = fread(buf + n, 1, cap - n - 1, stdin);
+  char *buf = malloc(cap + 1);
+  for (size_t r; buf && (r = fread(buf + n, 1, cap - n, f)) > 0;) {
     n += r;
-    if (r == 0) break;
-    if (n + 1 == cap) {
-      char *p = realloc(buf, cap *= 2);
-      if (!p) {
-        free(buf);
-        return NULL;
-      }
+    if (n == cap) {
+      char *p = realloc(buf, (cap *= 2) + 1);
+      if (!p) free(buf);
       buf = p;
     }
   }
   if (buf) buf[n] = '\0';
   *out_len = n;
+  return buf;
+}
+
+char *cli_read_stdin(size_t *out_len) { return read_all(stdin, out_len); }
+
+char *cli_read_file(const char *path, size_t *out_len) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  char *buf = read_all(f, out_len);
+  fclose(f);
   return buf;
 }
 

@@ -23,6 +23,8 @@ typedef struct gen_args {
   int n_stops;
   bool json, ignore_eos;
   irt_engine_opts spec; /* its speculative decoding fields */
+  char *grammar;        /* GBNF from --grammar*, --json-schema* or --json-object (owned) */
+  const char *grammar_flag;
 } gen_args;
 
 static int usage(FILE *f) {
@@ -47,8 +49,32 @@ static int usage(FILE *f) {
         "  --spec-tokens K      speculative decoding by prompt lookup: up to K draft tokens\n"
         "                       a step, checked against plain decoding (same output)\n"
         "  --spec-ngram MIN:MAX n-gram sizes it matches, longest first (default 2:4)\n"
+        "  --grammar GBNF       constrain the text to a grammar (llama.cpp's GBNF, rule root)\n"
+        "  --grammar-file FILE  the same, read from FILE\n"
+        "  --json-schema JSON   constrain the text to JSON values this JSON Schema describes\n"
+        "  --json-schema-file FILE   the same, read from FILE\n"
+        "  --json-object        constrain the text to a JSON object\n"
         "  --json               print one JSON object with ids, text, finish reason and timings\n", f);
   return f == stderr ? 2 : 0;
+}
+
+/* --grammar, --grammar-file, --json-schema, --json-schema-file, --json-object (one). */
+static int set_grammar(gen_args *a, int c, const char *v) {
+  static const char *names[] = {"--grammar", "--grammar-file", "--json-schema",
+                                "--json-schema-file", "--json-object"};
+  const char *flag = names[c - 20];
+  if (a->grammar) return cli_fail("%s: only one of %s and %s", flag, a->grammar_flag, flag);
+  a->grammar_flag = flag;
+  size_t len;
+  char *text = c == 21 || c == 23 ? cli_read_file(v, &len) : c == 24 ? NULL : strdup(v);
+  if ((c == 21 || c == 23) && !text) return cli_fail("%s: cannot read %s", flag, v);
+  irt_error err = {0};
+  irt_status st = IRT_OK;
+  if (c == 20 || c == 21) a->grammar = text, text = NULL;
+  else st = irt_grammar_json(text, &a->grammar, &err);
+  free(text);
+  if (st == IRT_OK && irt_grammar_check(a->grammar, &err) != IRT_OK) st = err.status;
+  return st == IRT_OK ? 0 : cli_fail("%s: %s", flag, err.msg);
 }
 
 static int parse_value(gen_args *a, int c, const char *v) {
@@ -77,6 +103,7 @@ static int parse_value(gen_args *a, int c, const char *v) {
            return *end || !(a->sampling.min_p >= 0 && a->sampling.min_p <= 1) ? cli_fail("--min-p: expected a number in [0, 1]") : 0;
   case 13: if (a->n_stops == MAX_STOPS || !*v) return cli_fail("--stop: at most %d non-empty strings", MAX_STOPS);
            a->stops[a->n_stops++] = v; return 0;
+  case 20: case 21: case 22: case 23: case 24: return set_grammar(a, c, v);
   default: return usage(stderr);
   }
 }
@@ -93,7 +120,10 @@ static int parse(int argc, char **argv, gen_args *a) {
       {"device", required_argument, 0, 14},   {"no-cuda-graphs", no_argument, 0, 15},
       {"kv-dtype", required_argument, 0, 16}, {"spec-tokens", required_argument, 0, 17},
       {"spec-ngram", required_argument, 0, 18}, {"min-p", required_argument, 0, 19},
-      {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
+      {"grammar", required_argument, 0, 20},  {"grammar-file", required_argument, 0, 21},
+      {"json-schema", required_argument, 0, 22}, {"json-schema-file", required_argument, 0, 23},
+      {"json-object", no_argument, 0, 24},    {"help", no_argument, 0, 'h'},
+      {0, 0, 0, 0}};
   int c, rc;
   a->max_new = -1;
   while ((c = getopt_long(argc, argv, "n:h", longs, NULL)) != -1) {
@@ -101,6 +131,8 @@ static int parse(int argc, char **argv, gen_args *a) {
     if (c == 7) a->json = true;
     else if (c == 8) a->ignore_eos = true;
     else if (c == 15) a->no_cuda_graphs = true;
+    else if (c == 24 && (rc = set_grammar(a, c, NULL))) return rc;
+    else if (c == 24) continue;
     else if ((rc = parse_value(a, c, optarg))) return rc;
   }
   if (optind != argc - 1) return usage(stderr);
@@ -281,6 +313,53 @@ static irt_status run(gen_state *g, const gen_args *a, irt_error *err) {
   return st;
 }
 
+typedef struct eng_run {
+  gen_state *g;
+  const gen_args *a;
+  double t0;
+} eng_run;
+
+static void on_event(void *user, const irt_event *ev) {
+  eng_run *r = user;
+  gen_state *g = r->g;
+  if (ev->token >= 0 && g->n_out == 0) g->prefill_ms = cli_now_ms() - r->t0;
+  if (ev->token >= 0) g->out[g->n_out++] = ev->token;
+  if (ev->text_len && g->len + ev->text_len + 1 > g->cap) {
+    size_t cap = (g->cap + ev->text_len + 1) * 2;
+    char *p = realloc(g->text, cap);
+    if (!p) return;
+    g->text = p, g->cap = cap;
+  }
+  if (ev->text_len) {
+    memcpy(g->text + g->len, ev->text, ev->text_len);
+    g->len += ev->text_len;
+    g->text[g->len] = '\0';
+    if (!r->a->json && g->stream) fwrite(ev->text, 1, ev->text_len, stdout), fflush(stdout);
+  }
+  if (ev->finish) g->finish = ev->finish == IRT_FINISH_STOP ? "stop" : "length";
+}
+
+/* With a grammar: one request through the engine, which keeps the grammar's state and
+ * masks what it does not allow. */
+static irt_status run_engine(gen_state *g, const gen_args *a, irt_error *err) {
+  irt_engine *e = NULL;
+  irt_engine_opts eo = a->spec;
+  g->ctx = malloc((size_t)(a->n_ids + a->max_new + 1) * sizeof *g->ctx);
+  if (!g->ctx) return IRT_OOM;
+  g->out = g->ctx + a->n_ids;
+  eng_run r = {g, a, cli_now_ms()};
+  irt_request q = {.prompt_ids = a->ids, .n_prompt = (size_t)a->n_ids, .sampling = a->sampling,
+                   .max_tokens = a->max_new, .stop = a->stops, .n_stop = a->n_stops,
+                   .ignore_eos = a->ignore_eos, .on_event = on_event, .user = &r,
+                   .grammar = a->grammar};
+  irt_status st = irt_engine_create(g->m, &eo, &e, err);
+  if (st == IRT_OK && a->max_new > 0) st = irt_engine_submit(e, &q, NULL, err);
+  if (st == IRT_OK && a->max_new > 0) st = irt_engine_run(e, err);
+  g->decode_ms = cli_now_ms() - r.t0 - g->prefill_ms;
+  irt_engine_destroy(e);
+  return st;
+}
+
 static void add_ids(cJSON *o, const char *key, const int32_t *ids, int64_t n) {
   cJSON *arr = cJSON_AddArrayToObject(o, key);
   for (int64_t i = 0; i < n; i++) cJSON_AddItemToArray(arr, cJSON_CreateNumber(ids[i]));
@@ -330,6 +409,7 @@ int cmd_generate(int argc, char **argv) {
   int rc = parse(argc, argv, &a);
   if (rc) {
     free(a.ids);
+    free(a.grammar);
     return rc < 0 ? 0 : rc;
   }
   irt_model_opts o = irt_model_opts_default();
@@ -358,11 +438,15 @@ int cmd_generate(int argc, char **argv) {
     snprintf(err.msg, sizeof err.msg, "the prompt is empty");
     st = IRT_INVALID_ARG;
   }
-  if (st == IRT_OK) st = run(&g, &a, &err);
+  if (st == IRT_OK && a.grammar && !g.tok) {
+    snprintf(err.msg, sizeof err.msg, "%s needs a plan with a tokenizer", a.grammar_flag);
+    st = IRT_INVALID_ARG;
+  }
+  if (st == IRT_OK) st = a.grammar ? run_engine(&g, &a, &err) : run(&g, &a, &err);
   if (st == IRT_OK) print_result(&a, &g);
   else cli_fail("%s", err.msg[0] ? err.msg : irt_status_name(st));
   irt_text_stream_destroy(g.stream);
-  free(g.ctx), free(g.text), free(a.ids);
+  free(g.ctx), free(g.text), free(a.ids), free(a.grammar);
   irt_model_close(g.m);
   return st == IRT_OK ? 0 : 1;
 }

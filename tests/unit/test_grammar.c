@@ -177,6 +177,13 @@ static void test_utf8(void) {
   CHECK(takes("root ::= [\\u0800-\\uFFFF]", "\xE0\xA0"));
   CHECK(!takes("root ::= [\\u0800-\\u0900]", "\xE1"));
   CHECK(takes("root ::= [^a]", "\xF0\x9F"));
+  irt_grammar *g = compile("root ::= .*"); /* NUL never, as in llama.cpp */
+  irt_gstate *s = NULL;
+  CHECK(g && irt_gstate_create(g, &s, NULL) == IRT_OK);
+  CHECK(s && irt_gstate_advance(s, (const uint8_t *)"a", 1));
+  CHECK(s && !irt_gstate_advance(s, (const uint8_t *)"\0", 1));
+  irt_gstate_destroy(s);
+  irt_grammar_destroy(g);
 }
 
 /* Masks from the byte-order walk agree with asking about each token alone, at states
