@@ -51,6 +51,44 @@ out = json.loads(r.stdout)
 check(out["finish_reason"] == "stop" and out["text"] == case["text"][:case["text"].find(stop)],
       f"stop string: {out}")
 
+# constrained generation: the text follows the grammar (oracles: re and json); a grammar
+# greedy decoding already follows changes no token; bad grammars are one error line
+import re, tempfile
+r = run(["generate", plan, "--prompt", "x", "-n", "20", "--temperature", "1", "--seed", "4",
+         "--grammar", 'root ::= [0-9]{2,3} "-" ("ab" | "c")', "--json"])
+out = json.loads(r.stdout) if r.returncode == 0 else {}
+check(out.get("finish_reason") == "stop" and re.fullmatch(r"[0-9]{2,3}-(ab|c)", out.get("text", "")),
+      f"--grammar: {out} {r.stderr[-300:]}")
+schema = {"type": "object", "properties": {"a": {"type": "boolean"}, "b": {"enum": [1, "x"]}},
+          "required": ["a", "b"], "additionalProperties": False}
+sf = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)
+json.dump(schema, sf)
+sf.close()
+for flags in (["--json-schema", json.dumps(schema)], ["--json-schema-file", sf.name]):
+    r = run(["generate", plan, "--prompt", "y", "-n", "120", "--temperature", "0.9", "--json"] + flags)
+    out = json.loads(r.stdout) if r.returncode == 0 else {}
+    try:
+        v = json.loads(out.get("text", ""))
+    except ValueError:
+        v = None
+    check(out.get("finish_reason") == "stop" and isinstance(v, dict) and list(v) == ["a", "b"] and
+          isinstance(v["a"], bool) and v["b"] in (1, "x"), f"{flags[0]}: {out} {r.stderr[-300:]}")
+for prompt in ("The", "Hello", "a", "1", "Once", "x", "y", "z"):  # greedy text in whole characters
+    ref = json.loads(run(["generate", plan, "--prompt", prompt, "-n", "6", "--ignore-eos", "--json"]).stdout)
+    if "\ufffd" not in ref["text"]:
+        break
+lit = json.dumps(ref["text"], ensure_ascii=False)[1:-1]
+r = run(["generate", plan, "--prompt", prompt, "-n", "11", "--json", "--grammar", f'root ::= "{lit}"'])
+out = json.loads(r.stdout) if r.returncode == 0 else {}
+check("\ufffd" not in ref["text"] and out.get("generated_ids") == ref["generated_ids"] and
+      out.get("finish_reason") == "stop", f"greedy inside a grammar: {out} vs {ref} {r.stderr[-300:]}")
+for flags, needle in ((["--grammar", "root ::= a"], b"rule 'a' is used but not defined"),
+                      (["--json-schema", '{"type": "string", "pattern": "x"}'], b"'pattern'"),
+                      (["--json-object", "--grammar", 'root ::= "a"'], b"only one of"),
+                      (["--grammar-file", "/nonexistent"], b"cannot read")):
+    r = run(["generate", plan, "--prompt", "x"] + flags)
+    check(r.returncode != 0 and r.stderr.count(b"\n") == 1 and needle in r.stderr, f"{flags}: {r.stderr}")
+
 tok = f"{fix}/tokenizers/gpt2/tokenizer.json"
 exp = json.load(open(f"{fix}/tokenizers/gpt2/expected.json", encoding="utf-8"))
 text = open(f"{fix}/tokenizers/corpus.txt", encoding="utf-8", newline="").read()
