@@ -52,6 +52,7 @@ irt_status irt_engine_create(irt_model *m, const irt_engine_opts *o, irt_engine 
   e->next_id = 1;
   e->items = calloc((size_t)e->max_running, sizeof *e->items);
   e->item_seq = calloc((size_t)e->max_running, sizeof *e->item_seq);
+  e->item_plp = calloc((size_t)e->max_running, sizeof *e->item_plp);
   e->logits = malloc((size_t)(e->max_rows * in->vocab_size) * sizeof(float));
   e->picks = calloc((size_t)e->max_running, sizeof *e->picks);
   e->row_picks = calloc((size_t)e->max_rows, sizeof *e->row_picks);
@@ -65,7 +66,7 @@ irt_status irt_engine_create(irt_model *m, const irt_engine_opts *o, irt_engine 
   }
   pthread_mutex_init(&e->mu, NULL);
   pthread_cond_init(&e->cv, NULL);
-  if (!e->items || !e->item_seq || !e->logits || !e->picks || !e->row_picks ||
+  if (!e->items || !e->item_seq || !e->item_plp || !e->logits || !e->picks || !e->row_picks ||
       !e->row_top_ids || !e->row_top_lps ||
       (e->tok && (!e->gtrie || !e->gmask || !e->gpen_ids || !e->gpen_sub))) {
     irt_engine_destroy(e);
@@ -430,6 +431,7 @@ void irt_engine_destroy(irt_engine *e) {
   free(e->wait);
   free(e->items);
   free(e->item_seq);
+  free(e->item_plp);
   free(e->logits);
   free(e->picks);
   free(e->row_picks);

@@ -67,6 +67,7 @@ typedef struct eseq {
   int32_t *pen_ids;       /* (vocab) with logit_bias too: seen, then the biased unseen */
   int64_t n_seen;
   irt_gstate *gram;       /* with a grammar: where its text is in it */
+  int64_t plp_next;       /* prompt_logprobs: the next prompt position to score */
   /* with top_logprobs: the alternatives of the current event */
   int32_t top_ids[IRT_MAX_TOP_LOGPROBS];
   float top_lps[IRT_MAX_TOP_LOGPROBS];
@@ -119,6 +120,7 @@ struct irt_engine {
   /* step scratch, sized at create */
   irt_batch_item *items;
   eseq **item_seq;
+  bool *item_plp;         /* (max_running) the item is a prompt chunk scored row by row */
   float *logits;          /* (max_rows, vocab): the step's rows, as items ask for them */
   int64_t max_rows;       /* the plan's logit rows per step */
   int64_t rows_now;       /* rows taken so far in this iteration */

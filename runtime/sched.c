@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "engine.h"
+#include "kn_cpu.h"
 
 static int64_t bsz(const irt_engine *e) { return e->m->kv.block_size; }
 
@@ -87,9 +88,15 @@ static eseq *pick_victim(irt_engine *e, eseq **run, int n_run, const eseq *keep,
 
 /* First admission: reuse every cached full block of the known tokens (same tenant),
  * keeping at least one token to compute so that logits come back. */
+/* Does s still have prompt positions to score (prompt_logprobs)? Its prompt chunks then
+ * bring every row to the host. */
+static bool scoring(const eseq *s) {
+  return s->req->r.prompt_logprobs && s->index == 0 && s->plp_next < s->req->n_prompt;
+}
+
 static void prefix_lookup(irt_engine *e, eseq *s) {
   irt_seq *k = s->kv;
-  if (e->o.disable_prefix_cache || k->n_blocks) return;
+  if (e->o.disable_prefix_cache || k->n_blocks || scoring(s)) return;
   int64_t bs = bsz(e), limit = (s->n_tokens - 1) / bs;
   uint64_t parent = 0, tenant = s->req->tenant_hash;
   for (int64_t j = 0; j < limit; j++) {
@@ -174,17 +181,31 @@ static irt_pick *fork_picks(irt_engine *e, eseq *s) {
  * place in e->logits once the step is complete (place_rows). */
 static void add_item(irt_engine *e, eseq *s, int64_t take) {
   int k = e->n_items_now++;
-  /* with a grammar the row comes to the host, where the mask is */
-  bool last = s->kv->len + take == s->n_tokens, host = s->req->grammar != NULL;
-  bool pick = last && !fork_point(s) && !host;
+  /* with a grammar the row comes to the host, where the mask is; a scored prompt chunk
+   * brings all its rows */
+  bool plp = scoring(s), last = s->kv->len + take == s->n_tokens;
+  bool host = s->req->grammar != NULL || plp, pick = last && !fork_point(s) && !host;
   irt_pick *forks = last && fork_point(s) && !host ? fork_picks(e, s) : NULL;
   if (pick) e->picks[k] = make_pick(s);
   e->items[k] = (irt_batch_item){.seq = s->kv, .tokens = s->tokens + s->kv->len, .n = take,
-                                 .logits = last && !pick && !forks ? e->logits : NULL,
+                                 .logits = (last || plp) && !pick && !forks ? e->logits : NULL,
+                                 .all_logits = plp,
                                  .pick = pick ? &e->picks[k] : forks,
                                  .n_picks = forks ? s->req->n : 0};
   e->item_seq[k] = s;
-  e->rows_now += !last ? 0 : forks ? s->req->n : 1; /* a pick holds a row's place */
+  e->item_plp[k] = plp;
+  e->rows_now += plp ? take : !last ? 0 : forks ? s->req->n : 1; /* a pick holds a row's place */
+}
+
+/* The tokens s may take now as far as the step's logit rows go: a scored prompt chunk
+ * takes a row per token, leaving one for each of the `others` still to come if it can
+ * (at least one row for itself); the last chunk of any other needs one row. 0: none. */
+static int64_t row_cap(const irt_engine *e, const eseq *s, int64_t need, int64_t budget,
+                       int64_t others) {
+  int64_t left = e->max_rows - e->rows_now;
+  if (!scoring(s)) return need <= budget && left < 1 ? 0 : need;
+  int64_t rows = left - others < 1 ? (left < 1 ? 0 : 1) : left - others;
+  return need < rows ? need : rows;
 }
 
 /* Gives s blocks for `take` tokens (halving take until it fits), preempting victims as
@@ -222,8 +243,9 @@ static void schedule_running(irt_engine *e, int n_run, int64_t *budget) {
   for (int i = 0; i < n_run && *budget > 0 && e->n_items_now < e->max_running; i++) {
     eseq *s = e->run[i];
     if (s->state != ESEQ_RUNNING) continue; /* preempted in this iteration */
-    int64_t need = s->n_tokens - s->kv->len;
+    int64_t need = row_cap(e, s, s->n_tokens - s->kv->len, *budget, n_run - i - 1);
     if (prefilling && s->kv->len >= s->req->n_prompt) continue; /* static: prefill first */
+    if (need == 0) continue; /* no logit row left for it in this step */
     int64_t take = grant(e, s, need < *budget ? need : *budget, 0, false, n_run);
     if (take == 0) {
       preempt(e, s); /* wait for others to free blocks */
@@ -239,9 +261,10 @@ static void schedule_waiting(irt_engine *e, int n_run, int n_wait, int64_t *budg
   for (int i = 0; i < n_wait && *budget > 0 && e->n_items_now < e->max_running; i++) {
     eseq *s = e->wait[i];
     prefix_lookup(e, s);
-    int64_t need = s->n_tokens - s->kv->len;
-    int64_t take = grant(e, s, need < *budget ? need : *budget, e->n_items_now ? watermark : 0,
-                         true, n_run);
+    int64_t need = row_cap(e, s, s->n_tokens - s->kv->len, *budget, n_wait - i - 1);
+    int64_t take = need == 0 ? 0
+                   : grant(e, s, need < *budget ? need : *budget, e->n_items_now ? watermark : 0,
+                           true, n_run);
     if (take == 0) {
       drop_blocks(s); /* let go of prefix hits: waiting sequences hold nothing */
       break;             /* keep arrival order: nobody overtakes the head of the queue */
@@ -300,7 +323,9 @@ static void add_drafts(irt_engine *e, int64_t budget) {
   for (int k = 0; k < e->n_items_now && budget > 0 && e->rows_now < e->max_rows; k++) {
     eseq *s = e->item_seq[k];
     irt_batch_item *it = &e->items[k];
-    if (it->n != 1 || s->kv->len + 1 != s->n_tokens || fork_point(s) || s->gram) continue;
+    if (it->n != 1 || s->kv->len + 1 != s->n_tokens || fork_point(s) || s->gram ||
+        e->item_plp[k])
+      continue;
     int64_t cap = s->spec_len;
     int64_t lim[4] = {budget, e->max_rows - e->rows_now,
                       s->req->r.max_tokens - s->n_generated - 1, in->context_length - s->n_tokens};
@@ -565,8 +590,54 @@ static void verify(irt_engine *e, int k) {
   irt_seq_truncate(s->kv, s->kv->len); /* the blocks past it held rejected drafts */
 }
 
+/* The first generated token(s) from the prompt's last row (every completion's, at the
+ * fork of an n > 1 request), or the next token, sampled on the host. */
+static void take_row(irt_engine *e, eseq *s, const float *lg) {
+  ereq *q = s->req;
+  bool fork = fork_point(s);
+  if (fork) fork_completions(e, s);
+  for (int i = fork ? 0 : s->index; i < (fork ? q->n_live : s->index + 1); i++)
+    if (q->seqs[i].state == ESEQ_RUNNING) on_token(e, &q->seqs[i], lg);
+}
+
+/* A prompt token scored: its log-probability under the row before it, as an event. */
+static void emit_prompt(irt_engine *e, eseq *s, const float *row, int32_t tok) {
+  ereq *q = s->req;
+  int64_t V = irt_model_get_info(e->m)->vocab_size;
+  double lse = kn_log_sum_exp(row, V);
+  irt_event ev = {.id = q->id, .index = 0, .token = tok, .logprob = (float)(row[tok] - lse),
+                  .prompt = true, .prompt_tokens = q->n_prompt, .cached_tokens = q->cached_tokens};
+  if (q->r.top_logprobs > 0) {
+    ev.n_top = q->r.top_logprobs < V ? q->r.top_logprobs : (int)V;
+    irt_top_logprobs(row, V, lse, ev.n_top, s->top_ids, s->top_lps);
+    ev.top_tokens = s->top_ids, ev.top_logprobs = s->top_lps;
+  }
+  if (q->r.on_event) q->r.on_event(q->r.user, &ev);
+}
+
+/* A scored prompt chunk: row j predicts the token after position start + j; the rows of
+ * prompt tokens become events (once: a recomputed chunk after preemption skips them), and
+ * the row after the prompt's last token picks the first generated one. */
+static void score_prompt(irt_engine *e, int k) {
+  eseq *s = e->item_seq[k];
+  const irt_batch_item *it = &e->items[k];
+  size_t V = (size_t)irt_model_get_info(e->m)->vocab_size;
+  register_blocks(e, s);
+  int64_t start = s->kv->len - it->n;
+  for (int64_t j = 0; j < it->n && start + j + 1 < s->req->n_prompt; j++)
+    if (start + j + 1 >= s->plp_next) {
+      emit_prompt(e, s, it->logits + (size_t)j * V, s->req->prompt[start + j + 1]);
+      s->plp_next = start + j + 2;
+    }
+  if (s->kv->len == s->n_tokens) take_row(e, s, it->logits + (size_t)(it->n - 1) * V);
+}
+
 static void after_item(irt_engine *e, int k) {
   eseq *s = e->item_seq[k];
+  if (e->item_plp[k]) {
+    score_prompt(e, k);
+    return;
+  }
   if (e->items[k].all_logits) {
     verify(e, k);
     return;
@@ -584,12 +655,7 @@ static void after_item(irt_engine *e, int k) {
     if (s->state == ESEQ_RUNNING) take_token(e, s, p->token, p->logprob);
     return;
   }
-  const float *lg = e->items[k].logits;
-  if (!lg) return;
-  bool fork = fork_point(s);
-  if (fork) fork_completions(e, s);
-  for (int i = fork ? 0 : s->index; i < (fork ? q->n_live : s->index + 1); i++)
-    if (q->seqs[i].state == ESEQ_RUNNING) on_token(e, &q->seqs[i], lg);
+  if (e->items[k].logits) take_row(e, s, e->items[k].logits);
 }
 
 void irt_engine_cancel_all(irt_engine *e) {
@@ -627,7 +693,7 @@ static void publish_stats(irt_engine *e) {
 static void time_step(irt_engine *e, double ms) {
   int64_t tokens = 0;
   for (int k = 0; k < e->n_items_now; k++) {
-    if (e->items[k].n > 1 && !e->items[k].all_logits) return; /* a prefill chunk */
+    if (e->items[k].n > 1 && (!e->items[k].all_logits || e->item_plp[k])) return; /* prefill */
     tokens += e->items[k].n;
   }
   irt_step_cost_add(&e->cost, (double)tokens, ms);

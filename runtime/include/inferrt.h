@@ -326,6 +326,11 @@ typedef struct irt_event {
   int n_top;
   const int32_t *top_tokens;
   const float *top_logprobs;
+  /* With irt_request.prompt_logprobs: an event of a prompt token (positions 1 .. n - 1 of
+   * the prompt, in order, all before the first generated token; index 0, no text, no
+   * finish): token, logprob and the alternatives as above, under the model's distribution
+   * after the tokens before it. */
+  bool prompt;
 } irt_event;
 
 typedef void (*irt_event_fn)(void *user, const irt_event *ev);
@@ -373,6 +378,11 @@ typedef struct irt_request {
    * completions draft no speculative tokens. Compiled (and refused with the line and the
    * problem) at submit. NULL: none. */
   const char *grammar;
+  /* Also score the prompt: one irt_event (prompt = true) per prompt token after the first
+   * (what `echo` with `logprobs` returns, and lm-eval's loglikelihood tasks read). The
+   * prompt is then computed whole (no prefix-cache hits) in chunks of at most the plan's
+   * logit rows per step. */
+  bool prompt_logprobs;
 } irt_request;
 
 #define IRT_MAX_TOP_LOGPROBS 20

@@ -24,6 +24,8 @@ typedef struct result {
   int done_events;
   int64_t cached;
   int order; /* when the request finished, across requests */
+  int n_prompt_ev;      /* prompt_logprobs events, and their tokens */
+  int32_t prompt_tok[64];
 } result;
 
 static int g_finish_counter;
@@ -32,6 +34,11 @@ static irt_kv_dtype g_kv_dtype; /* --kv-dtype */
 static void on_event(void *user, const irt_event *ev) {
   result *r = user;
   int i = ev->index;
+  if (ev->prompt) {
+    if (r->n_prompt_ev < 64) r->prompt_tok[r->n_prompt_ev] = ev->token;
+    r->n_prompt_ev++;
+    return;
+  }
   if (ev->token >= 0 && r->n[i] < MAX_OUT) {
     r->tokens[i][r->n[i]] = ev->token;
     r->logprobs[i][r->n[i]++] = ev->logprob;
@@ -299,12 +306,19 @@ static void test_preemption(const char *plan, const result *ref, int n_req, int 
   for (int i = 0; i < n_req; i++) {
     int len = make_prompt(i, prompts[i]);
     irt_request q = make_request(i, prompts[i], len, &got[i]);
+    q.prompt_logprobs = !spec && i % 2 == 0; /* scored once each, preempted or not */
     CHECK(irt_engine_submit(e, &q, NULL, &err) == IRT_OK);
   }
   CHECK(irt_engine_run(e, &err) == IRT_OK);
   irt_engine_stats st;
   irt_engine_get_stats(e, &st);
   CHECKF(st.preemptions > 0, "the tiny pool caused no preemption");
+  for (int i = 0; i < n_req; i++) {
+    int len = make_prompt(i, prompts[i]), want = !spec && i % 2 == 0 ? len - 1 : 0;
+    CHECKF(got[i].n_prompt_ev == want &&
+               !memcmp(got[i].prompt_tok, prompts[i] + 1, sizeof(int32_t) * (size_t)want),
+           "request %d: %d prompt events, want %d", i, got[i].n_prompt_ev, want);
+  }
   CHECK(spec ? st.spec_draft_tokens > 0 : st.spec_draft_tokens == 0);
   for (int i = 0; i < n_req; i++)
     CHECKF(got[i].done_events == 1 && same(&got[i], &ref[i], 1),
@@ -755,6 +769,85 @@ static void test_row_picks(irt_model *m) {
   free(lg);
 }
 
+/* --- prompt logprobs ----------------------------------------------------------------------- */
+
+typedef struct scored { /* (its own record of prompt events, with their logprobs) */
+  int32_t tok[64];
+  float lp[64];
+  int32_t top[64];
+  int n_prompt_ev, n_gen_before; /* prompt events; generated tokens seen before one */
+  result gen;
+} scored;
+
+static void on_scored(void *user, const irt_event *ev) {
+  scored *r = user;
+  if (!ev->prompt) return on_event(&r->gen, ev);
+  r->n_gen_before += r->gen.n[0] + r->gen.n[1];
+  if (r->n_prompt_ev < 64) {
+    r->tok[r->n_prompt_ev] = ev->token;
+    r->lp[r->n_prompt_ev] = ev->logprob;
+    r->top[r->n_prompt_ev] = ev->n_top > 0 ? ev->top_tokens[0] : -1;
+  }
+  r->n_prompt_ev++;
+}
+
+/* Every prompt token after the first is scored once, in order, with the log-softmax of
+ * the row before it (recomputed here in double from one whole-prompt pass), before any
+ * generated token; chunks are cut to the plan's 8 logit rows, prefix-cache hits are not
+ * taken, and the generated tokens stay those of the same request unscored. */
+static void test_prompt_logprobs(irt_model *m) {
+  enum { NQ = 6 };
+  const irt_model_info *in = irt_model_get_info(m);
+  int64_t V = in->vocab_size;
+  float *lg = malloc((size_t)(64 * V) * sizeof *lg);
+  static scored got[NQ], plain[NQ];
+  memset(got, 0, sizeof got);
+  memset(plain, 0, sizeof plain);
+  int32_t prompts[NQ][64];
+  int lens[NQ];
+  for (int pass = 0; pass < 2; pass++) {
+    irt_engine *e = NULL;
+    irt_error err = {0};
+    CHECK(irt_engine_create(m, NULL, &e, &err) == IRT_OK);
+    for (int i = 0; i < NQ && e; i++) {
+      lens[i] = make_prompt(i * 3, prompts[i]); /* i * 3: prompts sharing a prefix */
+      irt_request q = {.prompt_ids = prompts[i], .n_prompt = (size_t)lens[i], .max_tokens = 5,
+                       .ignore_eos = true, .n = 1 + i % 2, .top_logprobs = 2,
+                       .on_event = on_scored, .user = pass ? &got[i] : &plain[i],
+                       .prompt_logprobs = pass == 1};
+      q.sampling = (irt_sampling){.temperature = 0.7f, .top_p = 1, .seed = 9};
+      CHECK(irt_engine_submit(e, &q, NULL, &err) == IRT_OK);
+    }
+    CHECKF(e && irt_engine_run(e, &err) == IRT_OK, "pass %d: %s", pass, err.msg);
+    irt_engine_destroy(e);
+  }
+  for (int i = 0; i < NQ && lg; i++) {
+    irt_seq *sq = NULL;
+    irt_error err = {0};
+    CHECK(irt_seq_create(m, &sq, &err) == IRT_OK);
+    CHECK(irt_seq_decode(m, sq, prompts[i], lens[i], lg, true, &err) == IRT_OK);
+    irt_seq_destroy(sq);
+    int bad = 0;
+    for (int p = 1; p < lens[i]; p++) {
+      const float *row = lg + (size_t)(p - 1) * V;
+      double mx = row[0], sum = 0;
+      int32_t arg = 0;
+      for (int64_t v = 0; v < V; v++) if (row[v] > mx) mx = row[v], arg = (int32_t)v;
+      for (int64_t v = 0; v < V; v++) sum += exp((double)row[v] - mx);
+      double want = row[prompts[i][p]] - mx - log(sum);
+      bad += got[i].tok[p - 1] != prompts[i][p] || fabs(got[i].lp[p - 1] - want) > 1e-4 ||
+             got[i].top[p - 1] != arg;
+    }
+    CHECKF(got[i].n_prompt_ev == lens[i] - 1 && bad == 0,
+           "request %d: %d prompt events for %d tokens, %d wrong", i, got[i].n_prompt_ev,
+           lens[i], bad);
+    CHECK(got[i].n_gen_before == 0 && got[i].gen.cached == 0);
+    CHECKF(same(&got[i].gen, &plain[i].gen, 1 + i % 2), "request %d: scoring changed its tokens", i);
+    CHECK(plain[i].n_prompt_ev == 0);
+  }
+  free(lg);
+}
+
 int main(int argc, char **argv) {
   if (argc == 3 && !strcmp(argv[1], "--kv-dtype") && !irt_kv_dtype_parse(argv[2], &g_kv_dtype))
     return fprintf(stderr, "test_engine: bad --kv-dtype '%s'\n", argv[2]), 2;
@@ -775,6 +868,7 @@ int main(int argc, char **argv) {
   test_logit_bias(m);
   test_picks(m);
   test_row_picks(m);
+  test_prompt_logprobs(m);
   irt_model_close(m);
   test_preemption(plan, ref, N, 0);
   test_preemption(plan, ref, N, 4);
