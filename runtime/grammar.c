@@ -441,7 +441,7 @@ static irt_status flatten(gparser *g, int root, irt_grammar **out) {
     for (int a = 0; a < g->rules[r].n_alts; a++) {
       gseq *s = &g->rules[r].alts[a];
       G->alt[k++] = (uint32_t)e;
-      memcpy(G->el + e, s->v, (size_t)s->n * sizeof *s->v);
+      if (s->n) memcpy(G->el + e, s->v, (size_t)s->n * sizeof *s->v);
       e += s->n;
       G->el[e++] = (gel){G_END, 0};
     }

@@ -167,7 +167,7 @@ static bool take_buf(irt_gstate *s, garena *a, gset *out) {
   if (s->oom) return false;
   out->v = ga_alloc(s, a, (size_t)(s->n_buf ? s->n_buf : 1) * sizeof *out->v);
   if (!out->v) return false;
-  memcpy(out->v, s->buf, (size_t)s->n_buf * sizeof *out->v);
+  if (s->n_buf) memcpy(out->v, s->buf, (size_t)s->n_buf * sizeof *out->v);
   out->n = s->n_buf;
   return out->n > 0;
 }
