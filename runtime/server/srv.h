@@ -73,6 +73,9 @@ typedef struct srv_params {
   float *bias;
   int n_bias;
   char *grammar;      /* GBNF from response_format / guided_* / grammar (owned), or NULL */
+  bool echo;          /* completions: the prompt comes back before the completion, */
+  bool echo_only;     /* and with max_tokens 0, alone (the engine runs one token, dropped) */
+  char *echo_text;    /* the prompt's text (owned) */
   bool stream, include_usage, ignore_eos;
   const char *tenant; /* from the API key (borrowed); NULL: shared */
   int priority;
@@ -112,7 +115,7 @@ typedef struct srv_choice {
   /* the stream's cursor (consumer side) */
   size_t sent_len;
   int64_t sent_toks, sent_offset; /* text_offset of the next streamed token (completions) */
-  bool sent_role, sent_finish;
+  bool sent_role, sent_finish, sent_echo;
 } srv_choice;
 
 typedef struct srv_job {
@@ -125,6 +128,9 @@ typedef struct srv_job {
   char id[48]; /* "cmpl-..." / "chatcmpl-..." */
   int64_t created;
   srv_choice *ch; /* (p.n) */
+  srv_tok *ptoks;  /* echo with logprobs: (p.n_prompt) the prompt's tokens; the first has no
+                      logprob (NAN), the others come from the engine as they are scored */
+  int64_t n_ptoks;
   int64_t prompt_tokens, cached_tokens;
   bool done;                        /* the engine sent its last event */
   bool cancelled;                   /* we asked the engine to stop (client gone) */

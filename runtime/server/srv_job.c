@@ -4,6 +4,7 @@
  * worker. The job lives until both the consumer and the engine have let go of it, so a
  * client that disconnects can cancel and leave while the engine finishes its last event. */
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +24,7 @@ static void job_free(srv_job *j) {
     free(j->ch[i].toks);
   }
   free(j->ch);
+  free(j->ptoks);
   srv_params_free(&j->p);
   pthread_mutex_destroy(&j->mu);
   pthread_cond_destroy(&j->cv);
@@ -52,6 +54,14 @@ static void add_text(srv_job *j, srv_choice *ch, const char *t, size_t n) {
   ch->text[ch->len] = '\0';
 }
 
+static void set_tok(srv_tok *t, const irt_event *ev) {
+  t->id = ev->token;
+  t->logprob = ev->logprob;
+  t->n_top = ev->n_top;
+  for (int k = 0; k < ev->n_top; k++)
+    t->top_id[k] = ev->top_tokens[k], t->top_lp[k] = ev->top_logprobs[k];
+}
+
 static void add_tok(srv_job *j, srv_choice *ch, const irt_event *ev) {
   if (ch->n_toks == ch->cap_toks) {
     int64_t cap = ch->cap_toks ? ch->cap_toks * 2 : 16;
@@ -62,12 +72,7 @@ static void add_tok(srv_job *j, srv_choice *ch, const irt_event *ev) {
     }
     ch->toks = p, ch->cap_toks = cap;
   }
-  srv_tok *t = &ch->toks[ch->n_toks++];
-  t->id = ev->token;
-  t->logprob = ev->logprob;
-  t->n_top = ev->n_top;
-  for (int k = 0; k < ev->n_top; k++)
-    t->top_id[k] = ev->top_tokens[k], t->top_lp[k] = ev->top_logprobs[k];
+  set_tok(&ch->toks[ch->n_toks++], ev);
 }
 
 /* Metrics of a finished request: TTFT, time per output token after the first, latency. */
@@ -88,7 +93,11 @@ static void on_event(void *user, const irt_event *ev) {
   srv_choice *ch = &j->ch[ev->index];
   j->prompt_tokens = ev->prompt_tokens;
   j->cached_tokens = ev->cached_tokens;
-  if (ev->token >= 0) {
+  if (ev->prompt) { /* a scored prompt token (echo with logprobs) */
+    if (j->ptoks && j->n_ptoks < j->p.n_prompt) set_tok(&j->ptoks[j->n_ptoks++], ev);
+  } else if (ev->token >= 0 && j->p.echo_only) { /* the token run only to score the prompt */
+    if (j->t_first == 0) j->t_first = now;
+  } else if (ev->token >= 0) {
     if (j->t_first == 0) j->t_first = now;
     ch->n_gen++;
     /* the end-of-generation token itself is not part of the text, nor of its logprobs */
@@ -96,8 +105,8 @@ static void on_event(void *user, const irt_event *ev) {
                irt_token_is_eog(j->c->tok, ev->token);
     if (j->p.logprobs >= 0 && !eog) add_tok(j, ch, ev);
   }
-  if (ev->text_len) add_text(j, ch, ev->text, ev->text_len);
-  if (ev->finish) ch->finish = ev->finish;
+  if (ev->text_len && !j->p.echo_only) add_text(j, ch, ev->text, ev->text_len);
+  if (ev->finish) ch->finish = j->p.echo_only ? IRT_FINISH_LENGTH : ev->finish;
   if (ev->finish == IRT_FINISH_CANCELLED && !j->cancelled) j->failed = true;
   j->events++;
   bool done = ev->request_done;
@@ -157,7 +166,17 @@ srv_job *srv_job_submit(srv_ctx *c, srv_params *p, srv_error *err) {
                    .logit_bias_ids = q->bias_ids,
                    .logit_bias = q->bias,
                    .n_logit_bias = q->n_bias,
-                   .grammar = q->grammar};
+                   .grammar = q->grammar,
+                   .prompt_logprobs = q->echo && q->logprobs >= 0};
+  if (r.prompt_logprobs) { /* the first prompt token has no logprob */
+    j->ptoks = calloc((size_t)q->n_prompt, sizeof *j->ptoks);
+    if (!j->ptoks) {
+      srv_fail(err, 500, "server_error", NULL, NULL, "out of memory");
+      goto refused;
+    }
+    j->ptoks[0] = (srv_tok){.id = q->prompt[0], .logprob = NAN};
+    j->n_ptoks = 1;
+  }
   irt_error e = {0};
   j->t_submit = now_ms();
   irt_status st = irt_engine_submit(c->e, &r, &j->rid, &e);
@@ -169,6 +188,7 @@ srv_job *srv_job_submit(srv_ctx *c, srv_params *p, srv_error *err) {
     srv_bad(err, NULL, "%s", e.msg);
   else
     srv_fail(err, 500, "server_error", NULL, NULL, "The engine refused the request: %s", e.msg);
+refused:
   *p = j->p; /* back to the caller, e.g. for a retry */
   memset(&j->p, 0, sizeof j->p);
   j->p.n = p->n;

@@ -1,6 +1,7 @@
 /* srv_openai: OpenAI's JSON shapes for what a job produced: text_completion and
  * chat.completion objects, their streamed chunks (SSE "data: {...}\n\n", ending with
  * "data: [DONE]"), legacy and chat log-probabilities, usage, and error objects. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -127,20 +128,27 @@ static cJSON *chat_logprobs(const srv_job *j, const srv_tok *toks, int64_t n) {
 }
 
 /* Completions: {"tokens", "token_logprobs", "top_logprobs": [{token: logprob}], "text_offset"};
- * each top dict holds the k alternatives plus the sampled token. *offset advances. */
-static cJSON *legacy_logprobs(const srv_job *j, const srv_tok *toks, int64_t n, int64_t *offset) {
-  cJSON *o = cJSON_CreateObject();
-  cJSON *tokens = cJSON_AddArrayToObject(o, "tokens"),
-        *lps = cJSON_AddArrayToObject(o, "token_logprobs");
-  cJSON *tops = cJSON_AddArrayToObject(o, "top_logprobs"),
-        *offs = cJSON_AddArrayToObject(o, "text_offset");
+ * each top dict holds the k alternatives plus the sampled token; a token without a logprob
+ * (NAN: the echoed prompt's first) has null for both. Appends to o's lists; *offset
+ * advances. */
+static void legacy_add(const srv_job *j, cJSON *o, const srv_tok *toks, int64_t n,
+                       int64_t *offset) {
+  cJSON *tokens = cJSON_GetObjectItemCaseSensitive(o, "tokens"),
+        *lps = cJSON_GetObjectItemCaseSensitive(o, "token_logprobs"),
+        *tops = cJSON_GetObjectItemCaseSensitive(o, "top_logprobs"),
+        *offs = cJSON_GetObjectItemCaseSensitive(o, "text_offset");
   tok_text t;
   for (int64_t i = 0; i < n; i++) {
     token_text(j->c, toks[i].id, &t);
+    bool none = isnan(toks[i].logprob);
     cJSON_AddItemToArray(tokens, cJSON_CreateString(t.str));
-    cJSON_AddItemToArray(lps, cJSON_CreateNumber(toks[i].logprob));
+    cJSON_AddItemToArray(lps, none ? cJSON_CreateNull() : cJSON_CreateNumber(toks[i].logprob));
     cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)*offset));
     *offset += t.chars;
+    if (none) {
+      cJSON_AddItemToArray(tops, cJSON_CreateNull());
+      continue;
+    }
     cJSON *d = cJSON_CreateObject();
     for (int k = 0; k <= toks[i].n_top && k <= j->p.logprobs; k++) {
       bool sampled = k == toks[i].n_top || k == j->p.logprobs;
@@ -150,6 +158,13 @@ static cJSON *legacy_logprobs(const srv_job *j, const srv_tok *toks, int64_t n, 
     }
     cJSON_AddItemToArray(tops, d);
   }
+}
+
+static cJSON *legacy_logprobs(const srv_job *j, const srv_tok *toks, int64_t n, int64_t *offset) {
+  cJSON *o = cJSON_CreateObject();
+  const char *keys[] = {"tokens", "token_logprobs", "top_logprobs", "text_offset"};
+  for (int k = 0; k < 4; k++) cJSON_AddArrayToObject(o, keys[k]);
+  legacy_add(j, o, toks, n, offset);
   return o;
 }
 
@@ -192,17 +207,24 @@ cJSON *srv_render_response(srv_job *j) {
       cJSON_AddStringToObject(m, "role", "assistant");
       cJSON_AddStringToObject(m, "content", ch->text ? ch->text : "");
       cJSON_AddNullToObject(m, "refusal");
+    } else if (j->p.echo) { /* the prompt, then the completion */
+      char *t = malloc(strlen(j->p.echo_text) + ch->len + 1);
+      if (t) sprintf(t, "%s%s", j->p.echo_text, ch->text ? ch->text : "");
+      cJSON_AddStringToObject(c, "text", t ? t : "");
+      free(t);
     } else {
       cJSON_AddStringToObject(c, "text", ch->text ? ch->text : "");
     }
     int64_t offset = 0;
-    if (j->p.logprobs < 0)
-      cJSON_AddNullToObject(c, "logprobs");
-    else
-      cJSON_AddItemToObject(c, "logprobs",
-                            j->p.ep == SRV_CHAT
-                                ? chat_logprobs(j, ch->toks, ch->n_toks)
-                                : legacy_logprobs(j, ch->toks, ch->n_toks, &offset));
+    cJSON *lp = NULL;
+    if (j->p.logprobs >= 0 && j->p.ep == SRV_CHAT) {
+      lp = chat_logprobs(j, ch->toks, ch->n_toks);
+    } else if (j->p.logprobs >= 0) {
+      lp = legacy_logprobs(j, j->ptoks, j->n_ptoks, &offset); /* echo: the prompt's first */
+      legacy_add(j, lp, ch->toks, ch->n_toks, &offset);
+    }
+    if (lp) cJSON_AddItemToObject(c, "logprobs", lp);
+    else cJSON_AddNullToObject(c, "logprobs");
     cJSON_AddStringToObject(c, "finish_reason", srv_finish_name(ch->finish));
     cJSON_AddItemToArray(choices, c);
   }
@@ -253,6 +275,13 @@ static void put_chunk(const srv_job *j, srv_buf *out, int i, const char *role, c
 
 static void stream_choice(srv_job *j, srv_buf *out, int i) {
   srv_choice *ch = &j->ch[i];
+  if (j->p.echo && !ch->sent_echo) { /* first the prompt, with its logprobs once scored */
+    bool lp = j->p.logprobs >= 0;
+    if (lp && j->n_ptoks < j->p.n_prompt && !j->done) return;
+    put_chunk(j, out, i, NULL, j->p.echo_text, strlen(j->p.echo_text),
+              lp ? legacy_logprobs(j, j->ptoks, j->n_ptoks, &ch->sent_offset) : NULL, NULL);
+    ch->sent_echo = true;
+  }
   if (j->p.ep == SRV_CHAT && !ch->sent_role) {
     put_chunk(j, out, i, "assistant", "", 0, NULL, NULL);
     ch->sent_role = true;

@@ -159,10 +159,20 @@ static bool parse_prompt(srv_ctx *c, const cJSON *body, srv_params *p, srv_error
     v = v->child;
   else if (cJSON_IsArray(v) && v->child && (cJSON_IsString(v->child) || cJSON_IsArray(v->child)))
     return srv_bad(e, "prompt", "Only one prompt per request is supported; send several requests.");
+  if (cJSON_IsString(v) && p->echo && !(p->echo_text = strdup(v->valuestring)))
+    return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
   if (cJSON_IsString(v)) return tokenize(c, v->valuestring, true, "prompt", p, e);
   if (!cJSON_IsArray(v)) return bad_type(e, "prompt", "a string or an array of token ids", v);
   if (!v->child) return srv_bad(e, "prompt", "Invalid value for 'prompt': the prompt is empty.");
-  return take_ids(c, v, p, e);
+  if (!take_ids(c, v, p, e)) return false;
+  size_t n = 0;
+  irt_error ie = {0};
+  if (p->echo && !c->tok)
+    return srv_bad(e, "echo", "'echo' of a token-id prompt needs a tokenizer; the plan has none.");
+  if (p->echo && irt_detokenize_alloc(c->tok, p->prompt, (size_t)p->n_prompt, false,
+                                      &p->echo_text, &n, &ie) != IRT_OK)
+    return srv_fail(e, 500, "server_error", NULL, NULL, "cannot detokenize: %s", ie.msg);
+  return true;
 }
 
 /* A message's content: a string or an array of {"type": "text", "text": ...} parts, joined. */
@@ -366,8 +376,6 @@ static bool parse_stream(const cJSON *body, srv_params *p, srv_error *e) {
 static bool refuse_unsupported(const cJSON *body, srv_endpoint ep, srv_error *e) {
   const cJSON *v;
   if ((v = field(body, "user")) && !cJSON_IsString(v)) return bad_type(e, "user", "a string", v);
-  if (ep == SRV_COMPLETIONS && (v = field(body, "echo")) && cJSON_IsTrue(v))
-    return srv_bad(e, "echo", "'echo' is not supported.");
   if (ep == SRV_COMPLETIONS && (v = field(body, "suffix")))
     return srv_bad(e, "suffix", "'suffix' is not supported.");
   if ((v = field(body, "guided_regex")))
@@ -479,7 +487,12 @@ static bool parse_lengths(srv_ctx *c, srv_endpoint ep, const cJSON *body, srv_pa
                     what);
   const char *key = ep == SRV_CHAT && field(body, "max_completion_tokens") ? "max_completion_tokens"
                                                                            : "max_tokens";
-  if (!get_int(body, key, 1, INT32_MAX, &max, e)) return false;
+  if (!get_int(body, key, p->echo ? 0 : 1, INT32_MAX, &max, e)) return false;
+  if (max == 0) { /* echo alone: the prompt (and its logprobs), no completion */
+    p->echo_only = true;
+    p->max_tokens = 1;
+    return true;
+  }
   if (max > room)
     return srv_fail(e, 400, "invalid_request_error", "context_length_exceeded", key,
                     "This model's maximum context length is %lld tokens. However, you requested "
@@ -521,6 +534,7 @@ bool srv_params_from_json(srv_ctx *c, srv_endpoint ep, const cJSON *body, srv_pa
   if (ok) ok = parse_logprobs(ep, body, p, err) && parse_stream(body, p, err);
   if (ok && p->n_stop && !c->tok)
     ok = srv_bad(err, "stop", "Stop strings need a tokenizer; the served plan has none.");
+  if (ok && ep == SRV_COMPLETIONS) ok = get_bool(body, "echo", &p->echo, err);
   if (ok) ok = ep == SRV_CHAT ? parse_messages(c, body, p, err) : parse_prompt(c, body, p, err);
   if (ok) ok = parse_lengths(c, ep, body, p, err);
   if (!ok) srv_params_free(p);
@@ -544,7 +558,9 @@ void srv_params_free(srv_params *p) {
   free(p->bias_ids);
   free(p->bias);
   free(p->grammar);
+  free(p->echo_text);
   p->grammar = NULL;
+  p->echo_text = NULL;
   p->bias_ids = NULL;
   p->bias = NULL;
   p->n_bias = 0;

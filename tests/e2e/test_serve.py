@@ -352,6 +352,50 @@ def test_grammar(s):
               needle in err.get("message", ""), f"{st} {body[:300]!r}")
 
 
+def test_echo(s):
+    """echo (lm-eval's loglikelihood requests): the prompt comes back with a logprob per
+    token after the first, each the logprob the model gives that token after the ones
+    before it -- so scoring a prompt that is a greedy completion's prompt + output must give
+    the completion's own logprobs."""
+    c = s.client()
+    ref = generate("--prompt", "Once upon", "-n", "6", "--ignore-eos")
+    pids, gids = ref["prompt_ids"], ref["generated_ids"]
+    gen = c.completions.create(model="tiny", prompt=pids, max_tokens=6, temperature=0, logprobs=0,
+                               extra_body={"ignore_eos": True}).choices[0]
+    r = c.completions.create(model="tiny", prompt=pids + gids, max_tokens=0, echo=True, logprobs=1)
+    ch, u = r.choices[0], r.usage
+    lp = ch.logprobs
+    check("echo: one logprob per prompt token, the first null",
+          len(lp.tokens) == len(pids) + len(gids) and lp.token_logprobs[0] is None and
+          lp.top_logprobs[0] is None and all(x is not None for x in lp.token_logprobs[1:]),
+          str(lp.token_logprobs))
+    scored = lp.token_logprobs[len(pids):]
+    check("echo: scores equal the generation's logprobs",
+          len(scored) == 6 and all(abs(a - b) < 1e-5 for a, b in zip(scored, gen.logprobs.token_logprobs)),
+          f"{scored} vs {gen.logprobs.token_logprobs}")
+    check("echo: top_logprobs hold the scored token", all(
+        lp.tokens[i] in lp.top_logprobs[i] and len(lp.top_logprobs[i]) <= 2
+        for i in range(1, len(lp.tokens))))
+    check("echo max_tokens 0: the prompt alone", ch.finish_reason == "length" and
+          u.completion_tokens == 0 and
+          u.prompt_tokens == len(pids) + len(gids) and ch.text.endswith(gen.text), repr(ch.text))
+    check("echo: text offsets rise", lp.text_offset == sorted(lp.text_offset) and lp.text_offset[0] == 0)
+    # echo with a completion, text prompt; n=2; streamed
+    r = c.completions.create(model="tiny", prompt="Once upon", max_tokens=6, temperature=0,
+                             echo=True, n=2, extra_body={"ignore_eos": True})
+    check("echo text = prompt + completion",
+          all(ch.text == "Once upon" + gen.text for ch in r.choices), str([ch.text for ch in r.choices]))
+    chunks = list(c.completions.create(model="tiny", prompt="Once upon", max_tokens=6, temperature=0,
+                                       echo=True, logprobs=0, stream=True,
+                                       extra_body={"ignore_eos": True}))
+    text = "".join(k.choices[0].text for k in chunks if k.choices)
+    lps = [x for k in chunks if k.choices and k.choices[0].logprobs for x in k.choices[0].logprobs.token_logprobs]
+    check("echo streamed", text == "Once upon" + gen.text and lps[0] is None and
+          len(lps) == len(pids) + 6 and all(abs(a - b) < 1e-5 for a, b in zip(lps[len(pids):],
+                                                                               gen.logprobs.token_logprobs)),
+          f"{text!r} {lps}")
+
+
 def test_tokenize(s):
     # /tokenize against the transformers tokenizer's ids (the fixture's oracle), and back
     oracle = json.load(open(os.path.join(FIX, "llama-text", "oracle.json")))["cases"]
@@ -768,7 +812,7 @@ def main():
                "--kv-tokens", "16384", "--max-body", "65536", "--spec-tokens", "4",
                "--spec-ngram", "1:3", "--spec-always")
     try:
-        for t in (test_basics, test_completions, test_chat, test_sampling, test_grammar, test_tokenize, test_logprobs, test_stop,
+        for t in (test_basics, test_completions, test_chat, test_sampling, test_grammar, test_echo, test_tokenize, test_logprobs, test_stop,
                   test_prefix_cache_and_tenants, test_concurrent, test_errors, test_disconnect, test_loadtest):
             t(s)
         m = s.metrics()
