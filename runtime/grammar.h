@@ -57,10 +57,16 @@ bool irt_gstate_take(irt_gstate *s, const irt_gtrie *t, int32_t id);
  * describes, or for any JSON object. Supported: type (one or a list), properties /
  * required / additionalProperties, items / prefixItems / minItems / maxItems, enum, const,
  * anyOf / oneOf (as anyOf), allOf of one schema, $ref to #/$defs/.. or #/definitions/..,
- * minLength / maxLength, and annotations (title, description, format, ...). Other
- * assertions (pattern, minimum, ...) are refused with IRT_UNSUPPORTED naming them rather
+ * minLength / maxLength, pattern (irt_grammar_regex's subset), and annotations (title,
+ * description, format, ...). Other assertions (minimum, uniqueItems, ...) are refused with IRT_UNSUPPORTED naming them rather
  * than ignored. Properties come in the schema's order; an object with properties takes no
  * others unless additionalProperties says so. Whitespace between JSON tokens is none, a
  * space, or a newline and up to 24 blanks. irt_grammar_choice: one of n strings. */
+
+/* JSON Schema's pattern: GBNF (an alternative's items) for a JSON string whose value
+ * matches the regex somewhere (^ and $ anchor it), each character written as JSON
+ * writes it. NULL with *err set (IRT_UNSUPPORTED naming the construct) if the regex is
+ * beyond irt_grammar_regex's subset. malloc'd. */
+char *irt_grammar_regex_json(const char *pattern, irt_error *err);
 
 #endif

@@ -127,7 +127,7 @@ static int gen(sconv *c, const cJSON *s, int depth);
 static const char *KNOWN[] = {
     "type", "properties", "required", "additionalProperties", "items", "prefixItems",
     "minItems", "maxItems", "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "$defs",
-    "definitions", "minLength", "maxLength", "title", "description", "format", "default",
+    "definitions", "minLength", "maxLength", "pattern", "title", "description", "format", "default",
     "examples", "$schema", "$id", "$comment", "deprecated", "readOnly", "writeOnly", NULL};
 
 static bool check_keywords(sconv *c, const cJSON *s) {
@@ -186,6 +186,17 @@ static int int_of(sconv *c, const cJSON *s, const char *key, int dflt) {
 static int gen_string(sconv *c, const cJSON *s) {
   int lo = int_of(c, s, "minLength", 0), hi = int_of(c, s, "maxLength", -1);
   if (c->failed) return -1;
+  const cJSON *pat = cJSON_GetObjectItemCaseSensitive(s, "pattern");
+  if (pat && (!cJSON_IsString(pat) || lo || hi >= 0))
+    return sfail(c, IRT_UNSUPPORTED, "JSON Schema: 'pattern' must be a string, without "
+                 "minLength / maxLength");
+  if (pat) {
+    char *g = irt_grammar_regex_json(pat->valuestring, c->err);
+    if (!g) return c->failed = true, -1;
+    int r = text_rule(c, g);
+    free(g);
+    return r;
+  }
   if (lo == 0 && hi < 0) return text_rule(c, "string");
   if (hi >= 0 && hi < lo) return sfail(c, IRT_INVALID_ARG, "JSON Schema: maxLength < minLength");
   int r = new_rule(c);
@@ -386,7 +397,8 @@ static int gen(sconv *c, const cJSON *s, int depth) {
       cJSON_GetObjectItemCaseSensitive(s, "prefixItems"))
     return gen_array(c, s, depth);
   if (cJSON_GetObjectItemCaseSensitive(s, "minLength") ||
-      cJSON_GetObjectItemCaseSensitive(s, "maxLength"))
+      cJSON_GetObjectItemCaseSensitive(s, "maxLength") ||
+      cJSON_GetObjectItemCaseSensitive(s, "pattern"))
     return gen_string(c, s);
   return text_rule(c, "value");
 }

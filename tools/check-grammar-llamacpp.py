@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Token masks of the engine's grammars against llama.cpp's grammar sampler (the oracle),
 on a real vocabulary. For every grammar of tests/fixtures/grammar/cases.json (the GBNF
-ones as written; JSON mode and the JSON Schemas as the engine turns them into GBNF, which
-llama.cpp then reads itself), every accepted string is tokenized by llama.cpp and, after
+ones as written; regular expressions, JSON mode and the JSON Schemas as the engine turns
+them into GBNF, which llama.cpp then reads itself), every accepted string is tokenized by llama.cpp and, after
 each of its token prefixes, the set of tokens allowed next is compared: ours from
 build/grammar_mask, llama.cpp's from llama_sampler_init_grammar applied to the whole
 vocabulary. Control tokens are left out (llama.cpp matches their text, the engine never
@@ -71,6 +71,9 @@ def main():
             if "gbnf" in grp:
                 f.write(grp["gbnf"])
                 mode = "--gbnf"
+            elif "regex" in grp:
+                f.write(grp["regex"])
+                mode = "--regex"
             elif "schema" in grp:
                 json.dump(grp["schema"], f)
                 mode = "--json-schema"

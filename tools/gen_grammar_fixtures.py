@@ -53,6 +53,25 @@ REGEX_SAMPLES = [
 ]
 
 
+# regular expressions, translated by the engine (irt_grammar_regex); labels from
+# re.fullmatch with re.ASCII (the engine's \d \w \s are ASCII; its . is not a newline)
+REGEXES = [
+    (r'\(\d{3}\) \d{3}-\d{4}', '0123456789() -x',
+     lambda: '(%03d) %03d-%04d' % (rng.randint(0, 999), rng.randint(0, 999), rng.randint(0, 9999))),
+    (r'[a-z]+@[a-z]+\.(com|org)', 'abz@.comrgx',
+     lambda: rs('abz', 1, 4) + '@' + rs('xyz', 1, 3) + '.' + rng.choice(['com', 'org'])),
+    (r'^(\w+\s?){1,3}[.!?]$', 'ab_1 \t\n.!?-\u00e9',
+     lambda: ''.join(rs('ab_1', 1, 3) + rs(' \t\n', 0, 1) for _ in range(rng.randint(1, 3))) +
+     rng.choice('.!?')),
+    (r'[^"\\]*"x\\', 'ab"\\x\n\u00e9',
+     lambda: rs('ab\n\u00e9', 0, 4) + '"x\\'),
+    (r'a.c|\x41\u00e9+', 'ac\nA\u00e9b',
+     lambda: rng.choice(['a' + rng.choice('bc\u00e9 ') + 'c', 'A' + '\u00e9' * rng.randint(1, 3)])),
+    (r'(ab|cd)*?e{2,}', 'abcde',
+     lambda: ''.join(rng.choice(['ab', 'cd']) for _ in range(rng.randint(0, 3))) + 'e' * rng.randint(1, 4)),
+]
+
+
 def rand_string(alpha, n):
     return ''.join(rng.choice(alpha) for _ in range(n))
 
@@ -176,6 +195,28 @@ SCHEMAS = [
 ]
 
 
+SCHEMAS.append(
+    ({'type': 'object', 'additionalProperties': False, 'required': ['code', 'note'],
+      'properties': {'code': {'type': 'string', 'pattern': '^[A-Z]{2}-\\d{3}$'},
+                     'note': {'type': 'string', 'pattern': 'a"b|\\\\n'}}},
+     lambda: {'code': rs('AZ', 2, 2) + '-' + rs('0123456789', 3, 3) if rng.random() < 0.8
+              else rs('AZ-19', 3, 7),
+              'note': rs('xa\n', 0, 2) + rng.choice(['a"b', '\\n', 'ab']) + rs('"y\\', 0, 2)}))
+
+
+def mutate_any(s, alpha):
+    m = list(s)
+    i = rng.randrange(len(m) + 1)
+    op = rng.randint(0, 2)
+    if op == 0 and i < len(m):
+        del m[i]
+    elif op == 1 and i < len(m):
+        m[i] = rng.choice(alpha)
+    else:
+        m.insert(i, rng.choice(alpha))
+    return ''.join(m)
+
+
 def rand_tree(depth):
     n = {'v': rng.choice([rng.randint(-9, 9), round(rng.uniform(0, 1), 3)])}
     if depth < 3 and rng.random() < 0.5:
@@ -220,6 +261,15 @@ def main():
     for (gbnf, rx, alpha), sample in zip(REGEX_GROUPS, REGEX_SAMPLES):
         groups.append({'gbnf': gbnf, 'oracle': 're.fullmatch(%r)' % rx,
                        'cases': sorted(regex_cases(rx, alpha, sample).items())})
+    for rx, alpha, sample in REGEXES:
+        pat = re.compile(rx, re.ASCII)
+        cases = {}
+        for _ in range(200):
+            t = sample()
+            for u in (t, mutate_any(t, alpha)):
+                cases[u] = bool(pat.fullmatch(u))
+        groups.append({'regex': rx, 'oracle': 're.fullmatch(%r, re.ASCII)' % rx,
+                       'cases': sorted(cases.items())})
     groups.append({'json_object': True, 'oracle': 'json.loads, a dict',
                    'cases': sorted(json_cases(None, lambda: rand_object(0)).items())})
     for schema, sample in SCHEMAS:

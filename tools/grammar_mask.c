@@ -3,7 +3,7 @@
  * the grammar's GBNF as one JSON string line, then, for each line of standard input
  * (comma-separated token ids, possibly none), the ids the grammar allows next,
  * comma-separated, or "reject" when the prefix itself is not allowed.
- * usage: grammar_mask TOKENIZER (--gbnf FILE | --json-schema FILE | --json-object)
+ * usage: grammar_mask TOKENIZER (--gbnf FILE | --regex FILE | --json-schema FILE | --json-object)
  * TOKENIZER: a plan, a tokenizer.json or a GGUF file. */
 #include <cjson/cJSON.h>
 #include <stdio.h>
@@ -61,11 +61,14 @@ static void answer(const irt_grammar *g, const irt_gtrie *trie, char *line, uint
 }
 
 int main(int argc, char **argv) {
-  if (argc < 3) return fail("usage: grammar_mask TOKENIZER (--gbnf F | --json-schema F | --json-object)");
+  if (argc < 3)
+    return fail("usage: grammar_mask TOKENIZER (--gbnf F | --regex F | --json-schema F | "
+                "--json-object)");
   irt_error err = {0};
   char *src = NULL, *text = argc > 3 ? read_file(argv[3]) : NULL;
   if (!strcmp(argv[2], "--gbnf") && text) src = text, text = NULL;
   else if (!strcmp(argv[2], "--json-schema") && text) irt_grammar_json(text, &src, &err);
+  else if (!strcmp(argv[2], "--regex") && text) irt_grammar_regex(text, &src, &err);
   else if (!strcmp(argv[2], "--json-object")) irt_grammar_json(NULL, &src, &err);
   free(text);
   if (!src) return fail(err.msg[0] ? err.msg : "cannot read the grammar");

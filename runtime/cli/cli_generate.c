@@ -54,14 +54,16 @@ static int usage(FILE *f) {
         "  --json-schema JSON   constrain the text to JSON values this JSON Schema describes\n"
         "  --json-schema-file FILE   the same, read from FILE\n"
         "  --json-object        constrain the text to a JSON object\n"
+        "  --regex RE           constrain the text to match a regular expression whole\n"
         "  --json               print one JSON object with ids, text, finish reason and timings\n", f);
   return f == stderr ? 2 : 0;
 }
 
-/* --grammar, --grammar-file, --json-schema, --json-schema-file, --json-object (one). */
+/* --grammar, --grammar-file, --json-schema, --json-schema-file, --json-object, --regex
+ * (one of them). */
 static int set_grammar(gen_args *a, int c, const char *v) {
-  static const char *names[] = {"--grammar", "--grammar-file", "--json-schema",
-                                "--json-schema-file", "--json-object"};
+  static const char *names[] = {"--grammar",   "--grammar-file", "--json-schema",
+                                "--json-schema-file", "--json-object", "--regex"};
   const char *flag = names[c - 20];
   if (a->grammar) return cli_fail("%s: only one of %s and %s", flag, a->grammar_flag, flag);
   a->grammar_flag = flag;
@@ -71,6 +73,7 @@ static int set_grammar(gen_args *a, int c, const char *v) {
   irt_error err = {0};
   irt_status st = IRT_OK;
   if (c == 20 || c == 21) a->grammar = text, text = NULL;
+  else if (c == 25) st = irt_grammar_regex(text, &a->grammar, &err);
   else st = irt_grammar_json(text, &a->grammar, &err);
   free(text);
   if (st == IRT_OK && irt_grammar_check(a->grammar, &err) != IRT_OK) st = err.status;
@@ -103,7 +106,7 @@ static int parse_value(gen_args *a, int c, const char *v) {
            return *end || !(a->sampling.min_p >= 0 && a->sampling.min_p <= 1) ? cli_fail("--min-p: expected a number in [0, 1]") : 0;
   case 13: if (a->n_stops == MAX_STOPS || !*v) return cli_fail("--stop: at most %d non-empty strings", MAX_STOPS);
            a->stops[a->n_stops++] = v; return 0;
-  case 20: case 21: case 22: case 23: case 24: return set_grammar(a, c, v);
+  case 20: case 21: case 22: case 23: case 24: case 25: return set_grammar(a, c, v);
   default: return usage(stderr);
   }
 }
@@ -122,7 +125,8 @@ static int parse(int argc, char **argv, gen_args *a) {
       {"spec-ngram", required_argument, 0, 18}, {"min-p", required_argument, 0, 19},
       {"grammar", required_argument, 0, 20},  {"grammar-file", required_argument, 0, 21},
       {"json-schema", required_argument, 0, 22}, {"json-schema-file", required_argument, 0, 23},
-      {"json-object", no_argument, 0, 24},    {"help", no_argument, 0, 'h'},
+      {"json-object", no_argument, 0, 24},    {"regex", required_argument, 0, 25},
+      {"help", no_argument, 0, 'h'},
       {0, 0, 0, 0}};
   int c, rc;
   a->max_new = -1;

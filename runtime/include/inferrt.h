@@ -395,6 +395,11 @@ irt_status irt_grammar_json(const char *schema_json, char **out, irt_error *err)
 /* Compiles GBNF text only to check it: IRT_OK, or IRT_INVALID_ARG naming the line and the
  * problem (what irt_engine_submit would say of irt_request.grammar). */
 irt_status irt_grammar_check(const char *gbnf, irt_error *err);
+/* GBNF for the texts a regular expression matches whole (vLLM's guided_regex): literals,
+ * ., classes, \d \w \s (ASCII) and their negations, escapes, groups, alternation, the
+ * quantifiers * + ? {m,n}; ^ and $ only at the ends. Backreferences, lookaround and \b are
+ * refused (IRT_UNSUPPORTED naming them). *out is malloc'd. */
+irt_status irt_grammar_regex(const char *regex, char **out, irt_error *err);
 /* GBNF for exactly one of n strings (vLLM's guided_choice). *out is malloc'd. */
 irt_status irt_grammar_choice(const char *const *choices, int n, char **out, irt_error *err);
 #define IRT_MAX_LOGIT_BIAS 1024

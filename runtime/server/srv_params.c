@@ -378,8 +378,6 @@ static bool refuse_unsupported(const cJSON *body, srv_endpoint ep, srv_error *e)
   if ((v = field(body, "user")) && !cJSON_IsString(v)) return bad_type(e, "user", "a string", v);
   if (ep == SRV_COMPLETIONS && (v = field(body, "suffix")))
     return srv_bad(e, "suffix", "'suffix' is not supported.");
-  if ((v = field(body, "guided_regex")))
-    return srv_bad(e, "guided_regex", "'guided_regex' is not supported: use 'guided_grammar'.");
   if ((v = field(body, "tools")) && (!cJSON_IsArray(v) || cJSON_GetArraySize(v) > 0))
     return srv_bad(e, "tools", "'tools' (function calling) is not supported.");
   const cJSON *bo = field(body, "best_of"), *n = field(body, "n");
@@ -418,6 +416,9 @@ static bool grammar_of(const char *k, const cJSON *v, char **gbnf, srv_error *e)
       if (!cJSON_IsString(v)) return bad_type(e, k, "a string (GBNF)", v);
       if (!(*gbnf = strdup(v->valuestring)))
         return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    } else if (!strcmp(k, "guided_regex")) {
+      if (!cJSON_IsString(v)) return bad_type(e, k, "a string (a regular expression)", v);
+      st = irt_grammar_regex(v->valuestring, gbnf, &ie);
     } else if (!strcmp(k, "guided_choice")) {
       int n = cJSON_IsArray(v) ? cJSON_GetArraySize(v) : 0;
       const char **ch = calloc((size_t)(n ? n : 1), sizeof *ch);
@@ -453,10 +454,10 @@ static bool grammar_of(const char *k, const cJSON *v, char **gbnf, srv_error *e)
 }
 
 /* Constrained decoding: OpenAI's response_format, vLLM's guided_json / guided_choice /
- * guided_grammar, llama.cpp's grammar / json_schema; at most one of them. */
+ * guided_regex / guided_grammar, llama.cpp's grammar / json_schema; at most one of them. */
 static bool parse_grammar(srv_ctx *c, const cJSON *body, srv_params *p, srv_error *e) {
   static const char *keys[] = {"response_format", "guided_json", "guided_choice",
-                               "guided_grammar", "grammar", "json_schema"};
+                               "guided_regex",    "guided_grammar", "grammar", "json_schema"};
   const char *seen = NULL;
   for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) {
     const cJSON *v = field(body, keys[i]);

@@ -59,6 +59,12 @@ r = run(["generate", plan, "--prompt", "x", "-n", "20", "--temperature", "1", "-
 out = json.loads(r.stdout) if r.returncode == 0 else {}
 check(out.get("finish_reason") == "stop" and re.fullmatch(r"[0-9]{2,3}-(ab|c)", out.get("text", "")),
       f"--grammar: {out} {r.stderr[-300:]}")
+r = run(["generate", plan, "--prompt", "x", "-n", "20", "--temperature", "1", "--seed", "6",
+         "--regex", r"[a-f]{2}\d+\.(ok|no)", "--json"])
+out = json.loads(r.stdout) if r.returncode == 0 else {}
+check(re.fullmatch(r"[a-f]{2}\d+\.(ok|no)", out.get("text", ""), re.ASCII) is not None or
+      (out.get("finish_reason") == "length" and re.fullmatch(r"[a-f]{2}\d*", out.get("text", ""))),
+      f"--regex: {out} {r.stderr[-300:]}")
 schema = {"type": "object", "properties": {"a": {"type": "boolean"}, "b": {"enum": [1, "x"]}},
           "required": ["a", "b"], "additionalProperties": False}
 sf = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)
@@ -83,7 +89,7 @@ out = json.loads(r.stdout) if r.returncode == 0 else {}
 check("\ufffd" not in ref["text"] and out.get("generated_ids") == ref["generated_ids"] and
       out.get("finish_reason") == "stop", f"greedy inside a grammar: {out} vs {ref} {r.stderr[-300:]}")
 for flags, needle in ((["--grammar", "root ::= a"], b"rule 'a' is used but not defined"),
-                      (["--json-schema", '{"type": "string", "pattern": "x"}'], b"'pattern'"),
+                      (["--json-schema", '{"type": "integer", "minimum": 3}'], b"'minimum'"),
                       (["--json-object", "--grammar", 'root ::= "a"'], b"only one of"),
                       (["--grammar-file", "/nonexistent"], b"cannot read")):
     r = run(["generate", plan, "--prompt", "x"] + flags)

@@ -1,6 +1,7 @@
 /* test_grammar: the grammar engine against external oracles. fixtures/grammar/cases.json
  * (tools/gen_grammar_fixtures.py) labels strings with Python's re.fullmatch, json.loads and
- * jsonschema for GBNF grammars, JSON mode and JSON Schemas; each string must be accepted
+ * jsonschema for GBNF grammars, regular expressions, JSON mode and JSON Schemas (with
+ * patterns); each string must be accepted
  * exactly when its label says, fed whole and byte by byte. Token masks over GPT-2's real
  * vocabulary must agree with checking every token alone. GBNF errors must name the
  * problem. */
@@ -56,6 +57,9 @@ static void check_group(const cJSON *grp) {
   irt_error err = {0};
   if ((v = cJSON_GetObjectItem(grp, "gbnf"))) {
     src = strdup(v->valuestring);
+  } else if ((v = cJSON_GetObjectItem(grp, "regex"))) {
+    irt_status st = irt_grammar_regex(v->valuestring, &src, &err);
+    CHECKF(st == IRT_OK, "%s: %s", v->valuestring, err.msg);
   } else if ((v = cJSON_GetObjectItem(grp, "schema"))) {
     char *schema = cJSON_PrintUnformatted(v);
     irt_status st = irt_grammar_json(schema, &src, &err);
@@ -91,7 +95,7 @@ static void test_oracle_cases(void) {
   int groups = 0;
   for (const cJSON *g = root ? cJSON_GetObjectItem(root, "groups")->child : NULL; g; g = g->next)
     check_group(g), groups++;
-  CHECK(groups >= 10);
+  CHECK(groups >= 19);
   cJSON_Delete(root);
   free(text);
 }
@@ -119,13 +123,23 @@ static void test_errors(void) {
   expect_error("root ::= (\"a\"", "expected ')'");
   expect_error("root = \"a\"", "expected '::='");
   const char *bad[][2] = {
-      {"{\"type\": \"string\", \"pattern\": \"a+\"}", "'pattern' is not supported"},
+      {"{\"type\": \"string\", \"pattern\": \"(?!a)\"}", "lookaround"},
       {"{\"type\": \"integer\", \"minimum\": 3}", "'minimum' is not supported"},
       {"{\"$ref\": \"#/$defs/nope\"}", "not found"},
       {"{\"type\": \"object\", \"required\": [\"a\"]}", "required 'a'"},
       {"[1,", "not valid JSON"},
       {"{\"enum\": []}", "empty"},
   };
+  const char *bad_rx[][2] = {{"(a)\\1", "backreferences"}, {"a(?=b)", "lookaround"},
+                             {"\\bword", "word boundary"}, {"a**", "follows a quantifier"},
+                             {"(ab", "missing ')'"}, {"ab)", "unbalanced"},
+                             {"[b-a]", "out of order"}, {"a^b", "only at the ends"}};
+  for (size_t i = 0; i < sizeof bad_rx / sizeof bad_rx[0]; i++) {
+    char *out = NULL;
+    irt_error err = {0};
+    irt_status st = irt_grammar_regex(bad_rx[i][0], &out, &err);
+    CHECKF(st != IRT_OK && strstr(err.msg, bad_rx[i][1]) && !out, "%s: %s", bad_rx[i][0], err.msg);
+  }
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     char *out = NULL;
     irt_error err = {0};
