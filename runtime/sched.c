@@ -312,8 +312,9 @@ static double spec_alpha(const eseq *s) {
 /* After the step is chosen: a decoding sequence whose context proposes drafts gets them
  * appended to its item, within the token budget, the plan's logit rows and the blocks
  * free now (drafts never preempt anyone nor displace a waiting request). Its rows are
- * picked in the step (on a GPU they stay there), or with penalties -- which change from
- * row to row with the drafts taken -- come back as logits; verify() takes them in order.
+ * picked in the step (on a GPU they stay there), or with penalties or a grammar -- which
+ * change from row to row with the drafts taken -- come back as logits; verify() takes them
+ * in order, each row picked after the tokens before it (so under the grammar's state).
  * Unless spec_always, only the drafts that pay for their rows by the timed cost model
  * (irt_spec_worth), one a step until it has a fit. */
 static void add_drafts(irt_engine *e, int64_t budget) {
@@ -323,9 +324,7 @@ static void add_drafts(irt_engine *e, int64_t budget) {
   for (int k = 0; k < e->n_items_now && budget > 0 && e->rows_now < e->max_rows; k++) {
     eseq *s = e->item_seq[k];
     irt_batch_item *it = &e->items[k];
-    if (it->n != 1 || s->kv->len + 1 != s->n_tokens || fork_point(s) || s->gram ||
-        e->item_plp[k])
-      continue;
+    if (it->n != 1 || s->kv->len + 1 != s->n_tokens || fork_point(s) || e->item_plp[k]) continue;
     int64_t cap = s->spec_len;
     int64_t lim[4] = {budget, e->max_rows - e->rows_now,
                       s->req->r.max_tokens - s->n_generated - 1, in->context_length - s->n_tokens};
@@ -349,9 +348,10 @@ static void add_drafts(irt_engine *e, int64_t budget) {
       double a = spec_alpha(s), pj = a;
       for (int j = 0; j < d; j++, pj *= a) tokens += 1, value += pj;
     }
+    bool host = s->counts || s->gram; /* penalties or a grammar: picked on the host */
     *it = (irt_batch_item){.seq = s->kv, .tokens = it->tokens, .n = 1 + d, .all_logits = true,
-                           .logits = s->counts ? e->logits : NULL,
-                           .pick = s->counts ? NULL : row_picks(e, s, 1 + d)};
+                           .logits = host ? e->logits : NULL,
+                           .pick = host ? NULL : row_picks(e, s, 1 + d)};
     budget -= d;
     e->rows_now += d;
   }

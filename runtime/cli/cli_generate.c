@@ -348,6 +348,7 @@ static void on_event(void *user, const irt_event *ev) {
 static irt_status run_engine(gen_state *g, const gen_args *a, irt_error *err) {
   irt_engine *e = NULL;
   irt_engine_opts eo = a->spec;
+  eo.spec_always = true; /* as run() drafts: by the kept-count rule alone */
   g->ctx = malloc((size_t)(a->n_ids + a->max_new + 1) * sizeof *g->ctx);
   if (!g->ctx) return IRT_OOM;
   g->out = g->ctx + a->n_ids;
@@ -360,6 +361,9 @@ static irt_status run_engine(gen_state *g, const gen_args *a, irt_error *err) {
   if (st == IRT_OK && a->max_new > 0) st = irt_engine_submit(e, &q, NULL, err);
   if (st == IRT_OK && a->max_new > 0) st = irt_engine_run(e, err);
   g->decode_ms = cli_now_ms() - r.t0 - g->prefill_ms;
+  irt_engine_stats es = {0};
+  if (e) irt_engine_get_stats(e, &es);
+  g->drafted = es.spec_draft_tokens, g->kept = es.spec_accepted_tokens;
   irt_engine_destroy(e);
   return st;
 }

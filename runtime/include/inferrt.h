@@ -374,9 +374,10 @@ typedef struct irt_request {
    * the row is sampled again -- for greedy and plain temperature sampling exactly the
    * distribution restricted to the allowed tokens. End-of-generation tokens are allowed
    * only where the grammar's text may end, and a completion stops (IRT_FINISH_STOP) as
-   * soon as its text is a sentence no character can extend. Needs a tokenizer; such
-   * completions draft no speculative tokens. Compiled (and refused with the line and the
-   * problem) at submit. NULL: none. */
+   * soon as its text is a sentence no character can extend. Needs a tokenizer. With
+   * speculative decoding each drafted row is picked under the grammar as it stands after
+   * the tokens before it (the same tokens as without drafts). Compiled (and refused with
+   * the line and the problem) at submit. NULL: none. */
   const char *grammar;
   /* Also score the prompt: one irt_event (prompt = true) per prompt token after the first
    * (what `echo` with `logprobs` returns, and lm-eval's loglikelihood tasks read). The
