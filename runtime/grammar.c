@@ -30,11 +30,14 @@ typedef struct gparser {
   gclass *cls;
   int n_cls, cap_cls;
   int64_t n_elems;  /* elements so far: a bound on repetition blowing up */
+  int depth;        /* parentheses open now */
   irt_error *err;
   bool failed;
 } gparser;
 
 #define MAX_ELEMS (1 << 20)
+#define MAX_DEPTH 1000 /* nested parentheses, and rules nested at the left edge: the parser
+                          and the checks recurse that deep (a server thread's stack) */
 
 static void gfail(gparser *g, const char *fmt, ...) {
   if (g->failed) return;
@@ -302,6 +305,7 @@ static void parse_sequence(gparser *g, int rule, bool nested) {
       while (is_word(*g->p)) g->p++;
       push(g, s, (gel){G_REF, (uint32_t)find_rule(g, w, (size_t)(g->p - w))});
     } else if (c == '(') {
+      if (++g->depth > MAX_DEPTH) return gfail(g, "parentheses nested over %d deep", MAX_DEPTH);
       g->p++;
       skip_space(g, true);
       int sub = new_rule(g, NULL, 0);
@@ -310,6 +314,7 @@ static void parse_sequence(gparser *g, int rule, bool nested) {
       if (g->failed) return;
       if (*g->p != ')') return gfail(g, "expected ')'");
       g->p++;
+      g->depth--;
       s = &g->rules[rule].alts[g->rules[rule].n_alts - 1]; /* rules may have moved */
       push(g, s, (gel){G_REF, (uint32_t)sub});
     } else if (c == '*' || c == '+' || c == '?' || c == '{') {
@@ -377,16 +382,17 @@ static bool *nullable_rules(gparser *g) {
 }
 
 /* Depth-first search for a rule reached again at the left edge (0 new, 1 on the path,
- * 2 done). */
-static int left_cycle(gparser *g, const bool *nul, int r, uint8_t *mark) {
+ * 2 done): the rule, -1 for none, -2 when the search goes deeper than MAX_DEPTH. */
+static int left_cycle(gparser *g, const bool *nul, int r, uint8_t *mark, int depth) {
   if (mark[r] == 1) return r;
   if (mark[r] == 2) return -1;
+  if (depth > MAX_DEPTH) return -2;
   mark[r] = 1;
   for (int a = 0; a < g->rules[r].n_alts; a++) {
     gseq *s = &g->rules[r].alts[a];
     for (int i = 0; i < s->n && s->v[i].type == G_REF; i++) {
-      int c = left_cycle(g, nul, (int)s->v[i].arg, mark);
-      if (c >= 0) return c;
+      int c = left_cycle(g, nul, (int)s->v[i].arg, mark, depth + 1);
+      if (c >= 0 || c == -2) return c;
       if (!nul[s->v[i].arg]) break;
     }
   }
@@ -409,7 +415,11 @@ static void check(gparser *g, int *root) {
   uint8_t *mark = calloc((size_t)g->n_rules, 1);
   if (!nul || !mark) gfail(g, "out of memory");
   for (int r = 0; r < g->n_rules && !g->failed; r++) {
-    int c = left_cycle(g, nul, r, mark);
+    int c = left_cycle(g, nul, r, mark, 0);
+    if (c == -2) {
+      gfail(g, "rules nested over %d deep at the start of an alternative", MAX_DEPTH);
+      break;
+    }
     if (c < 0) continue;
     int named = c;
     while (!g->rules[named].name && named > 0) named--; /* helper rules follow their rule */

@@ -124,10 +124,18 @@ static bool same(const gnode *a, const gnode *b) {
   return true;
 }
 
+/* A state holds at most this many stacks: a grammar ambiguous enough to need more
+ * refuses the character (its completion then ends) rather than slowing every step. */
+#define MAX_STACKS 512
+
 /* Adds a stack to the collection unless it is there already. */
 static void collect(irt_gstate *s, const gnode *n) {
   for (int i = 0; i < s->n_buf; i++)
     if (same(s->buf[i], n)) return;
+  if (s->n_buf == MAX_STACKS) {
+    s->oom = true;
+    return;
+  }
   if (s->n_buf == s->cap_buf) {
     int cap = s->cap_buf ? 2 * s->cap_buf : 64;
     const gnode **b = realloc(s->buf, (size_t)cap * sizeof *b);
@@ -143,8 +151,11 @@ static void collect(irt_gstate *s, const gnode *n) {
 /* Follows a stack through rule references and ends of alternatives until its top is a
  * character item (or it is empty) and collects what it becomes. A reference that ends
  * its alternative pushes no return (so right recursion runs in constant depth). */
-static void expand(irt_gstate *s, garena *a, const gnode *n) {
+#define MAX_EXPAND 4096 /* references followed before a character: the recursion's depth */
+
+static void expand(irt_gstate *s, garena *a, const gnode *n, int depth) {
   const irt_grammar *G = s->g;
+  if (depth > MAX_EXPAND) s->oom = true;
   for (;;) {
     if (s->oom) return;
     if (!n) return collect(s, NULL);
@@ -156,7 +167,7 @@ static void expand(irt_gstate *s, garena *a, const gnode *n) {
     if (e.type == G_CHAR) return collect(s, n);
     const gnode *ret = G->el[n->pos + 1].type == G_END ? n->up : node(s, a, n->up, n->pos + 1);
     for (int k = G->rule_alt[e.arg]; k < G->rule_alt[e.arg + 1]; k++)
-      expand(s, a, node(s, a, ret, G->alt[k]));
+      expand(s, a, node(s, a, ret, G->alt[k]), depth + 1);
     return;
   }
 }
@@ -200,7 +211,8 @@ static bool step_char(irt_gstate *s, const gset *in, uint32_t c, garena *a, gset
   s->n_buf = 0;
   for (int i = 0; i < in->n; i++) {
     const gnode *n = in->v[i];
-    if (n && class_has(&G->cls[G->el[n->pos].arg], c)) expand(s, a, node(s, a, n->up, n->pos + 1));
+    if (n && class_has(&G->cls[G->el[n->pos].arg], c))
+      expand(s, a, node(s, a, n->up, n->pos + 1), 0);
   }
   return take_buf(s, a, out);
 }
@@ -278,7 +290,7 @@ irt_status irt_gstate_create(const irt_grammar *g, irt_gstate **out, irt_error *
     s->g = g;
     s->n_buf = 0;
     for (int k = g->rule_alt[g->root]; k < g->rule_alt[g->root + 1]; k++)
-      expand(s, &s->a[0], node(s, &s->a[0], NULL, g->alt[k]));
+      expand(s, &s->a[0], node(s, &s->a[0], NULL, g->alt[k]), 0);
     take_buf(s, &s->a[0], &s->cur);
   }
   if (!s || s->oom) {

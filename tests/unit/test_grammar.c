@@ -244,8 +244,38 @@ static void test_masks(void) {
   irt_tokenizer_destroy(t);
 }
 
+/* Grammars deep or ambiguous enough to exhaust a server thread's stack or time are refused
+ * (at compile time) or stop taking characters, never crash. */
+static void test_limits(void) {
+  enum { DEEP = 5000 };
+  char *src = malloc(32 * DEEP + 64), *p = src;
+  p += sprintf(p, "root ::= ");
+  for (int i = 0; i < DEEP; i++) *p++ = '(';
+  p += sprintf(p, "\"a\"");
+  for (int i = 0; i < DEEP; i++) *p++ = ')';
+  *p = 0;
+  expect_error(src, "parentheses nested over 1000 deep");
+  p = src + sprintf(src, "root ::= r0\n");
+  for (int i = 0; i < DEEP; i++) p += sprintf(p, "r%d ::= r%d \"x\"\n", i, i + 1);
+  sprintf(p, "r%d ::= \"y\"\n", DEEP);
+  expect_error(src, "rules nested over 1000 deep at the start of an alternative");
+  free(src);
+  /* Every 'a' may or may not wait for a 'b': one parse stack more per character, until the
+   * state's bound ends the text (rather than each step costing more and more). */
+  irt_grammar *g = compile("root ::= s\ns ::= \"a\" s \"b\" | \"a\" s | \"\"");
+  irt_gstate *st = NULL;
+  irt_error err = {0};
+  CHECK(irt_gstate_create(g, &st, &err) == IRT_OK);
+  int taken = 0;
+  while (st && taken < 10000 && irt_gstate_advance(st, (const uint8_t *)"a", 1)) taken++;
+  CHECKF(taken >= 100 && taken < 10000, "%d characters taken", taken);
+  irt_gstate_destroy(st);
+  irt_grammar_destroy(g);
+}
+
 int main(void) {
   test_errors();
+  test_limits();
   test_choice();
   test_utf8();
   test_oracle_cases();
