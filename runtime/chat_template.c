@@ -19,21 +19,26 @@ irt_chat_kind irt_chat_kind_from_name(const char *name) {
 }
 
 /* A literal default system prompt: "<|im_start|>system" + newline (real or escaped) + text
- * up to "<|im_end|>", with no Jinja or quotes inside (else it is not a constant). */
+ * up to "<|im_end|>", with no Jinja or quotes inside (else it is not a constant); the first
+ * such literal of a template that tests for a system message of its own. */
 static void chatml_default_system(const char *src, char *out, size_t cap) {
   out[0] = '\0';
-  const char *p = strstr(src, "<|im_start|>system");
-  if (!p || !strstr(src, "!= 'system'")) return;
-  p += strlen("<|im_start|>system");
-  if (*p == '\n') p++;
-  else if (p[0] == '\\' && p[1] == 'n') p += 2;
-  else return;
-  const char *end = strstr(p, "<|im_end|>");
-  if (!end || (size_t)(end - p) >= cap) return;
-  for (const char *q = p; q < end; q++)
-    if (*q == '\'' || *q == '"' || *q == '{' || *q == '}') return;
-  memcpy(out, p, (size_t)(end - p));
-  out[end - p] = '\0';
+  if (!strstr(src, "!= 'system'") && !strstr(src, "== 'system'")) return;
+  for (const char *p = strstr(src, "<|im_start|>system"); p;
+       p = strstr(p + 1, "<|im_start|>system")) {
+    const char *q = p + strlen("<|im_start|>system");
+    if (*q == '\n') q++;
+    else if (q[0] == '\\' && q[1] == 'n') q += 2;
+    else continue;
+    const char *end = strstr(q, "<|im_end|>");
+    if (!end || (size_t)(end - q) >= cap || end == q) continue;
+    const char *c = q;
+    while (c < end && *c != '\'' && *c != '"' && *c != '{' && *c != '}') c++;
+    if (c < end) continue;
+    memcpy(out, q, (size_t)(end - q));
+    out[end - q] = '\0';
+    return;
+  }
 }
 
 ir_status irt_chat_template_detect(const char *src, irt_chat_template *out, ir_diag *d) {

@@ -1,5 +1,6 @@
 /* text: the public text API (tokenize, detokenize, streaming, chat formatting) over the
  * internal tokenizer and chat-template modules. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -115,6 +116,15 @@ static ir_status pick_template(const irt_tokenizer *t, const char *name, irt_cha
     return IR_OK;
   }
   return irt_chat_template_detect(irt_tok_chat_template(t), ct, d);
+}
+
+irt_status irt_chat_default_system(const irt_tokenizer *t, const char *name, char *buf,
+                                   size_t cap, irt_error *err) {
+  ir_diag d = {0};
+  irt_chat_template ct;
+  ir_status st = pick_template(t, name, &ct, &d);
+  if (st == IR_OK && cap) snprintf(buf, cap, "%s", ct.default_system);
+  return done(err, st, &d);
 }
 
 irt_status irt_chat_format(const irt_tokenizer *t, const char *name, const irt_chat_message *msgs,

@@ -5,15 +5,40 @@ conversations, and writes tests/fixtures/chat/chat_templates.json: the oracle fo
 engine's C renderer (runtime/chat_template.c), which must detect each family from the
 template source and produce the same text.
 
+Also writes tests/fixtures/chat/tool_calls.json: conversations with tools, tool calls and
+tool results rendered by Qwen2.5-7B-Instruct's real template (from llama.cpp's
+models/templates, in the llama-cpp-python source distribution that tools/get-llama-vocabs
+fetches), after vLLM's own preprocessing (a call's "arguments" string parsed to an object),
+with transformers' tojson filter: the oracle for the server's tools prompt.
+
 Run: python3 tools/gen_chat_fixtures.py   (needs jinja2: pip install jinja2)
 """
+import glob
 import json
 import os
+import tarfile
 
 import jinja2
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, "..", "tests", "fixtures", "chat", "chat_templates.json")
+TOOLS_OUT = os.path.join(HERE, "..", "tests", "fixtures", "chat", "tool_calls.json")
+CACHE = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "infc")
+
+
+def llama_cpp_template(name):
+    """A template from llama.cpp's models/templates in the cached llama-cpp-python sdist."""
+    sdists = sorted(glob.glob(os.path.join(CACHE, "llama_cpp_python-*.tar.gz")))
+    if not sdists:
+        raise SystemExit("no llama-cpp-python sdist in the cache: run tools/get-llama-vocabs")
+    with tarfile.open(sdists[-1]) as tar:
+        member = next(m for m in tar.getmembers()
+                      if m.name.endswith("vendor/llama.cpp/models/templates/" + name))
+        return tar.extractfile(member).read().decode("utf-8")
+
+
+QWEN25 = llama_cpp_template("Qwen-Qwen2.5-7B-Instruct.jinja")
+QWEN25_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
 
 # SmolLM2-135M-Instruct's template, verbatim from its GGUF (tokenizer.chat_template).
 SMOLLM2 = ("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
@@ -66,6 +91,7 @@ PHI3 = ("{% for message in messages %}{% if message['role'] == 'system' %}{{'<|s
 TEMPLATES = [
     ("smollm2", "chatml", SMOLLM2, "<|im_start|>", "<|im_end|>", True),
     ("qwen2", "chatml", QWEN2, "<|endoftext|>", "<|im_end|>", True),
+    ("qwen2.5", "chatml", QWEN25, "<|endoftext|>", "<|im_end|>", True),
     ("chatml-plain", "chatml", CHATML_PLAIN, "<s>", "</s>", True),
     ("llama3", "llama3", LLAMA3, "<|begin_of_text|>", "<|eot_id|>", True),
     ("mistral", "mistral", MISTRAL, "<s>", "</s>", True),
@@ -88,10 +114,81 @@ CONVERSATIONS = [
 ]
 
 
-def render(source, bos, eos, messages, gen):
-    env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined)
+def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+    """transformers' tojson filter (apply_chat_template), not Jinja's HTML-escaping one."""
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                      sort_keys=sort_keys)
+
+
+def render(source, bos, eos, messages, gen, tools=None):
+    env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
+    env.filters["tojson"] = tojson
     return env.from_string(source).render(messages=messages, bos_token=bos, eos_token=eos,
-                                          add_generation_prompt=gen)
+                                          add_generation_prompt=gen, tools=tools)
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Get the current weather in a city",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "description": "The city, e.g. \"Paris\""},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+        "days": {"type": "integer"}}, "required": ["city"]}}}
+TIME = {"type": "function", "function": {
+    "name": "get_time", "description": "Heure locale d'une ville — en français",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "utc": {
+        "type": "boolean"}, "offset": {"type": "number"}, "tags": {
+        "type": "array", "items": {"type": "string"}}}, "required": ["city"]}}}
+NOPARAMS = {"type": "function", "function": {"name": "ping"}}
+
+
+def call(cid, name, args):
+    return {"id": cid, "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
+
+
+TOOL_CONVERSATIONS = [
+    ([WEATHER], [{"role": "system", "content": "You are terse."},
+                 {"role": "user", "content": "Weather in Paris?"}]),
+    ([WEATHER, TIME, NOPARAMS], [{"role": "user", "content": "Weather and time in Oslo?"}]),
+    ([WEATHER, TIME], [
+        {"role": "system", "content": "Use the tools."},
+        {"role": "user", "content": "Weather and time in Oslo?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            call("call_1", "get_weather", {"city": "Oslo", "days": 2}),
+            call("call_2", "get_time", {"city": "Oslo", "utc": False, "offset": 1.5,
+                                        "tags": ["a\"b", "ø\n"]})]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "{\"temp\": -3}"},
+        {"role": "tool", "tool_call_id": "call_2", "content": "09:41"},
+        {"role": "assistant", "content": "It is -3 and 09:41."},
+        {"role": "user", "content": "And Rome?"},
+        {"role": "assistant", "content": "Let me check.", "tool_calls": [
+            call("call_3", "get_weather", {"city": "Rome"})]},
+        {"role": "tool", "tool_call_id": "call_3", "content": "{\"temp\": 21}"},
+        {"role": "user", "content": "Thanks"}]),
+]
+
+
+def vllm_messages(messages):
+    """vLLM parses each call's arguments string to an object before the template sees it."""
+    out = json.loads(json.dumps(messages))
+    for m in out:
+        for c in m.get("tool_calls") or []:
+            c["function"]["arguments"] = json.loads(c["function"]["arguments"])
+        if m.get("content") is None:
+            m["content"] = ""
+    return out
+
+
+def tool_cases():
+    """Each conversation as Qwen2.5 renders it, and as it renders it with no default system
+    prompt (what a template without one, such as the test server's plain ChatML, gives)."""
+    cases = []
+    for tools, msgs in TOOL_CONVERSATIONS:
+        for default in (QWEN25_SYSTEM, ""):
+            src = QWEN25.replace(QWEN25_SYSTEM, default)
+            cases.append({"default_system": default, "tools": tools, "messages": msgs,
+                          "expected": render(src, "", "<|im_end|>", vllm_messages(msgs), True,
+                                             tools)})
+    return cases
 
 
 def main():
@@ -111,6 +208,13 @@ def main():
     with open(OUT, "w", encoding="utf-8") as f:
         json.dump(data, f, ensure_ascii=False, indent=1)
     print(f"wrote {len(cases)} cases to {os.path.relpath(OUT)}")
+    tcases = tool_cases()
+    with open(TOOLS_OUT, "w", encoding="utf-8") as f:
+        json.dump({"generator": "tools/gen_chat_fixtures.py", "template":
+                   "Qwen-Qwen2.5-7B-Instruct.jinja (llama.cpp models/templates)",
+                   "jinja2_version": jinja2.__version__, "cases": tcases}, f, ensure_ascii=False,
+                  indent=1)
+    print(f"wrote {len(tcases)} cases to {os.path.relpath(TOOLS_OUT)}")
 
 
 if __name__ == "__main__":

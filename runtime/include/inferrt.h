@@ -252,6 +252,11 @@ irt_status irt_chat_format(const irt_tokenizer *t, const char *template_name,
                            const irt_chat_message *msgs, size_t n, bool add_generation_prompt,
                            char *buf, size_t cap, size_t *out_len, irt_error *err);
 
+/* The system prompt the template writes when a conversation has none ("" if it writes none),
+ * truncated to cap bytes with a NUL. */
+irt_status irt_chat_default_system(const irt_tokenizer *t, const char *template_name, char *buf,
+                                   size_t cap, irt_error *err);
+
 /* --- engine: continuous batching over many requests ----------------------------------------
  *
  * The engine schedules requests iteration by iteration over the flat step batch: every

@@ -4,6 +4,7 @@
  *   srv_params.c   request bodies -> validated parameters (OpenAI error on refusal)
  *   srv_job.c      one request through the engine: events in, per-choice state out
  *   srv_openai.c   OpenAI response, SSE chunk and error JSON
+ *   srv_tools.c    function calling: tools in the prompt, calls constrained or read back
  *   srv_metrics.c  Prometheus counters, gauges and histograms
  *   srv_keys.c     API keys -> tenant and priority
  *   srv_http.c     the HTTP server (libmicrohttpd, a thread per connection)
@@ -56,6 +57,65 @@ typedef struct srv_ctx {
   uint64_t id_salt;
 } srv_ctx;
 
+/* --- srv_tools.c -------------------------------------------------------------------------- */
+
+typedef struct srv_buf {
+  char *p;
+  size_t len, cap, off; /* off: bytes already handed on (streaming) */
+} srv_buf;
+
+typedef enum srv_tool_mode {
+  SRV_TOOLS_NONE = 0, /* no tools, or tool_choice "none" (the tools stay out of the prompt) */
+  SRV_TOOLS_AUTO,     /* the model may call tools; calls are read out of its text */
+  SRV_TOOLS_REQUIRED, /* one or more calls (a grammar), of any of the tools */
+  SRV_TOOLS_NAMED,    /* a call of the named tool (a grammar) */
+} srv_tool_mode;
+
+typedef struct srv_tools {
+  cJSON *list; /* (owned) the request's tools, as given; NULL in mode NONE */
+  srv_tool_mode mode;
+  int named;     /* NAMED: the tool's index in list */
+  bool parallel; /* parallel_tool_calls: REQUIRED may make several calls */
+} srv_tools;
+
+/* "tools", "tool_choice" and "parallel_tool_calls" of a chat request. False with e set (a
+ * 400 naming the field) on a bad tool, an unknown name or a choice without tools. */
+bool srv_tools_parse(const cJSON *body, srv_tools *t, srv_error *e);
+void srv_tools_free(srv_tools *t);
+/* The system turn's text: sys, then the tools block. malloc'd (NULL: out of memory). */
+char *srv_tools_system(const srv_tools *t, const char *sys);
+/* An assistant turn with tool_calls as its text: content, then one <tool_call> block per call
+ * (arguments, a JSON string, written as the template's tojson writes the object). malloc'd;
+ * NULL with e set (naming messages[msg]) when a call is malformed. */
+char *srv_tools_assistant(const char *content, const cJSON *calls, int msg, srv_error *e);
+/* A tool turn's text appended to prev (the tool turns before it, or NULL). malloc'd. */
+char *srv_tools_response(const char *prev, const char *content);
+/* GBNF for the completion of REQUIRED / NAMED modes; *gbnf NULL for the others. False with
+ * e set when a tool's parameters cannot be a grammar (unsupported JSON Schema keywords). */
+bool srv_tools_grammar(const srv_tools *t, char **gbnf, srv_error *e);
+
+typedef struct srv_tool_call {
+  char *name, *arguments; /* owned; arguments: a JSON object's text */
+} srv_tool_call;
+
+typedef struct srv_tool_split {
+  size_t content_len;  /* text before the first call (or, mid-stream, what may be shown) */
+  srv_tool_call *calls; /* (n_calls) the complete, well-formed calls, in order */
+  int n_calls;
+  size_t rest; /* where the text is content again: a block that is not a call, and what
+                  follows it (len when there is none) */
+} srv_tool_split;
+
+/* Reads the calls out of a completion's text. Mid-stream (!final) a call is taken once its
+ * block closes, and a possible start of "<tool_call>" at the end is not content yet. False
+ * only when out of memory. */
+bool srv_tools_split(const char *text, size_t len, bool final, srv_tool_split *out);
+void srv_tool_split_free(srv_tool_split *s);
+/* A call's id: "call_" and 24 hex digits, fixed by the job's id and the indices. */
+void srv_tool_call_id(const char *job_id, int choice, int call, char out[32]);
+/* Python's json.dumps(v, ensure_ascii=False): ", " and ": " separators, keys in order. */
+bool srv_json_py(const cJSON *v, srv_buf *b);
+
 /* --- srv_params.c ------------------------------------------------------------------------- */
 
 typedef struct srv_params {
@@ -76,6 +136,7 @@ typedef struct srv_params {
   bool echo;          /* completions: the prompt comes back before the completion, */
   bool echo_only;     /* and with max_tokens 0, alone (the engine runs one token, dropped) */
   char *echo_text;    /* the prompt's text (owned) */
+  srv_tools tools;    /* chat: function calling (mode NONE without tools) */
   bool stream, include_usage, ignore_eos;
   const char *tenant; /* from the API key (borrowed); NULL: shared */
   int priority;
@@ -116,6 +177,8 @@ typedef struct srv_choice {
   size_t sent_len;
   int64_t sent_toks, sent_offset; /* text_offset of the next streamed token (completions) */
   bool sent_role, sent_finish, sent_echo;
+  int sent_calls; /* tool calls streamed */
+  bool sent_rest; /* the text after a malformed call, streamed as content at the end */
 } srv_choice;
 
 typedef struct srv_job {
@@ -151,11 +214,6 @@ void srv_job_cancel(srv_job *j);
 void srv_job_release(srv_job *j);
 
 /* --- srv_openai.c ------------------------------------------------------------------------- */
-
-typedef struct srv_buf {
-  char *p;
-  size_t len, cap, off; /* off: bytes already handed on (streaming) */
-} srv_buf;
 
 bool srv_buf_put(srv_buf *b, const char *s, size_t n);
 void srv_buf_free(srv_buf *b);

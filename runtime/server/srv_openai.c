@@ -170,6 +170,57 @@ static cJSON *legacy_logprobs(const srv_job *j, const srv_tok *toks, int64_t n, 
 
 /* --- whole responses -------------------------------------------------------------------- */
 
+/* "tool_calls" when a completion that ended by itself made calls the model chose to make
+ * (tool_choice auto or required); a named tool_choice ends with "stop", as OpenAI's does. */
+static const char *finish_of(const srv_job *j, const srv_choice *ch, int n_calls) {
+  if (n_calls > 0 && ch->finish == IRT_FINISH_STOP && j->p.tools.mode != SRV_TOOLS_NAMED)
+    return "tool_calls";
+  return srv_finish_name(ch->finish);
+}
+
+static cJSON *tool_call_json(const srv_job *j, int choice, int k, const srv_tool_call *c,
+                             bool with_index) {
+  cJSON *o = cJSON_CreateObject(), *fn;
+  char id[32];
+  srv_tool_call_id(j->id, choice, k, id);
+  if (with_index) cJSON_AddNumberToObject(o, "index", k);
+  cJSON_AddStringToObject(o, "id", id);
+  cJSON_AddStringToObject(o, "type", "function");
+  fn = cJSON_AddObjectToObject(o, "function");
+  cJSON_AddStringToObject(fn, "name", c->name);
+  cJSON_AddStringToObject(fn, "arguments", c->arguments);
+  return o;
+}
+
+/* A chat message: content, and the calls read out of it when the request has tools. Returns
+ * the number of calls. */
+static int chat_message(const srv_job *j, int i, cJSON *m) {
+  const srv_choice *ch = &j->ch[i];
+  const char *text = ch->text ? ch->text : "";
+  srv_tool_split sp = {0};
+  cJSON_AddStringToObject(m, "role", "assistant");
+  if (j->p.tools.mode == SRV_TOOLS_NONE || !srv_tools_split(text, ch->len, true, &sp) ||
+      sp.n_calls == 0) {
+    cJSON_AddStringToObject(m, "content", text);
+    cJSON_AddNullToObject(m, "refusal");
+    srv_tool_split_free(&sp);
+    return 0;
+  }
+  srv_buf b = {0};
+  srv_buf_put(&b, text, sp.content_len);
+  srv_buf_put(&b, text + sp.rest, ch->len - sp.rest);
+  if (b.len) cJSON_AddStringToObject(m, "content", b.p);
+  else cJSON_AddNullToObject(m, "content");
+  srv_buf_free(&b);
+  cJSON_AddNullToObject(m, "refusal");
+  cJSON *calls = cJSON_AddArrayToObject(m, "tool_calls");
+  for (int k = 0; k < sp.n_calls; k++)
+    cJSON_AddItemToArray(calls, tool_call_json(j, i, k, &sp.calls[k], false));
+  int n = sp.n_calls;
+  srv_tool_split_free(&sp);
+  return n;
+}
+
 static cJSON *envelope(const srv_job *j, bool chunk) {
   cJSON *o = cJSON_CreateObject();
   cJSON_AddStringToObject(o, "id", j->id);
@@ -202,11 +253,9 @@ cJSON *srv_render_response(srv_job *j) {
     const srv_choice *ch = &j->ch[i];
     cJSON *c = cJSON_CreateObject();
     cJSON_AddNumberToObject(c, "index", i);
+    int n_calls = 0;
     if (j->p.ep == SRV_CHAT) {
-      cJSON *m = cJSON_AddObjectToObject(c, "message");
-      cJSON_AddStringToObject(m, "role", "assistant");
-      cJSON_AddStringToObject(m, "content", ch->text ? ch->text : "");
-      cJSON_AddNullToObject(m, "refusal");
+      n_calls = chat_message(j, i, cJSON_AddObjectToObject(c, "message"));
     } else if (j->p.echo) { /* the prompt, then the completion */
       char *t = malloc(strlen(j->p.echo_text) + ch->len + 1);
       if (t) sprintf(t, "%s%s", j->p.echo_text, ch->text ? ch->text : "");
@@ -225,7 +274,7 @@ cJSON *srv_render_response(srv_job *j) {
     }
     if (lp) cJSON_AddItemToObject(c, "logprobs", lp);
     else cJSON_AddNullToObject(c, "logprobs");
-    cJSON_AddStringToObject(c, "finish_reason", srv_finish_name(ch->finish));
+    cJSON_AddStringToObject(c, "finish_reason", finish_of(j, ch, n_calls));
     cJSON_AddItemToArray(choices, c);
   }
   cJSON_AddItemToObject(o, "usage", usage(j));
@@ -273,6 +322,49 @@ static void put_chunk(const srv_job *j, srv_buf *out, int i, const char *role, c
   put_event(out, o);
 }
 
+/* A chunk with one whole tool call (OpenAI's delta.tool_calls, which clients accumulate). */
+static void put_call_chunk(const srv_job *j, srv_buf *out, int i, int k, const srv_tool_call *call) {
+  cJSON *o = envelope(j, true), *choices = cJSON_AddArrayToObject(o, "choices"),
+        *c = cJSON_CreateObject(), *d = cJSON_AddObjectToObject(c, "delta");
+  cJSON_AddNumberToObject(c, "index", i);
+  cJSON_AddItemToArray(cJSON_AddArrayToObject(d, "tool_calls"), tool_call_json(j, i, k, call, true));
+  cJSON_AddNullToObject(c, "logprobs");
+  cJSON_AddNullToObject(c, "finish_reason");
+  cJSON_AddItemToArray(choices, c);
+  if (j->p.include_usage) cJSON_AddNullToObject(o, "usage");
+  put_event(out, o);
+}
+
+/* New text and logprobs of choice i: the content before any call (held back while it may
+ * be the start of one), each call once its block closes, and at the end what follows a
+ * block that is not a call. */
+static void stream_text(srv_job *j, srv_buf *out, int i) {
+  srv_choice *ch = &j->ch[i];
+  bool tools = j->p.ep == SRV_CHAT && j->p.tools.mode != SRV_TOOLS_NONE;
+  srv_tool_split sp = {.content_len = ch->len, .rest = ch->len};
+  if (tools && !srv_tools_split(ch->text ? ch->text : "", ch->len, ch->finish != 0, &sp)) return;
+  size_t upto = sp.content_len > ch->sent_len ? sp.content_len : ch->sent_len;
+  bool new_toks = j->p.logprobs >= 0 && ch->n_toks > ch->sent_toks;
+  if (upto > ch->sent_len || new_toks) {
+    cJSON *lp = NULL;
+    if (new_toks)
+      lp = j->p.ep == SRV_CHAT
+               ? chat_logprobs(j, ch->toks + ch->sent_toks, ch->n_toks - ch->sent_toks)
+               : legacy_logprobs(j, ch->toks + ch->sent_toks, ch->n_toks - ch->sent_toks,
+                                 &ch->sent_offset);
+    put_chunk(j, out, i, NULL, ch->text + ch->sent_len, upto - ch->sent_len, lp, NULL);
+    ch->sent_len = upto;
+    ch->sent_toks = ch->n_toks;
+  }
+  for (; ch->sent_calls < sp.n_calls; ch->sent_calls++)
+    put_call_chunk(j, out, i, ch->sent_calls, &sp.calls[ch->sent_calls]);
+  if (tools && ch->finish && sp.rest < ch->len && !ch->sent_rest) {
+    put_chunk(j, out, i, NULL, ch->text + sp.rest, ch->len - sp.rest, NULL, NULL);
+    ch->sent_rest = true;
+  }
+  srv_tool_split_free(&sp);
+}
+
 static void stream_choice(srv_job *j, srv_buf *out, int i) {
   srv_choice *ch = &j->ch[i];
   if (j->p.echo && !ch->sent_echo) { /* first the prompt, with its logprobs once scored */
@@ -286,20 +378,9 @@ static void stream_choice(srv_job *j, srv_buf *out, int i) {
     put_chunk(j, out, i, "assistant", "", 0, NULL, NULL);
     ch->sent_role = true;
   }
-  bool new_toks = j->p.logprobs >= 0 && ch->n_toks > ch->sent_toks;
-  if (ch->len > ch->sent_len || new_toks) {
-    cJSON *lp = NULL;
-    if (new_toks)
-      lp = j->p.ep == SRV_CHAT
-               ? chat_logprobs(j, ch->toks + ch->sent_toks, ch->n_toks - ch->sent_toks)
-               : legacy_logprobs(j, ch->toks + ch->sent_toks, ch->n_toks - ch->sent_toks,
-                                 &ch->sent_offset);
-    put_chunk(j, out, i, NULL, ch->text + ch->sent_len, ch->len - ch->sent_len, lp, NULL);
-    ch->sent_len = ch->len;
-    ch->sent_toks = ch->n_toks;
-  }
+  stream_text(j, out, i);
   if (ch->finish && !ch->sent_finish && !j->failed) {
-    put_chunk(j, out, i, NULL, "", 0, NULL, srv_finish_name(ch->finish));
+    put_chunk(j, out, i, NULL, "", 0, NULL, finish_of(j, ch, ch->sent_calls));
     ch->sent_finish = true;
   }
 }

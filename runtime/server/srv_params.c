@@ -200,7 +200,73 @@ static char *message_text(const cJSON *m, int i, bool may_be_null, srv_error *e)
   return b.p;
 }
 
-static bool parse_messages(srv_ctx *c, const cJSON *body, srv_params *p, srv_error *e) {
+/* One message's role and text; tool results join the turn of the results before them. */
+static bool take_message(const cJSON *m, int i, irt_chat_message *msgs, char **texts, bool *is_tool,
+                         int *k, srv_error *e) {
+  char key[64];
+  snprintf(key, sizeof key, "messages[%d].role", i);
+  const cJSON *role = field(m, "role"), *calls = field(m, "tool_calls");
+  if (!cJSON_IsObject(m))
+    return srv_bad(e, "messages",
+                   "Invalid type for 'messages[%d]': expected an object, but got %s instead.", i,
+                   type_name(m));
+  if (!role) return srv_bad(e, key, "Missing required parameter: '%s'.", key);
+  if (!cJSON_IsString(role)) return bad_type(e, key, "a string", role);
+  const char *r = role->valuestring;
+  if (strcmp(r, "system") && strcmp(r, "developer") && strcmp(r, "user") &&
+      strcmp(r, "assistant") && strcmp(r, "tool"))
+    return srv_bad(e, key,
+                   "Invalid value for '%s': '%.64s' (supported: system, developer, user, "
+                   "assistant, tool).", key, r);
+  bool assistant = !strcmp(r, "assistant"), tool = !strcmp(r, "tool");
+  char *text = message_text(m, i, assistant, e);
+  if (!text) return false;
+  if (tool) { /* a user turn of <tool_response> blocks, as Qwen2.5's template writes them */
+    bool join = *k > 0 && is_tool[*k - 1];
+    char *t = srv_tools_response(join ? texts[*k - 1] : NULL, text);
+    free(text);
+    if (!t) return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    if (join) free(texts[--*k]);
+    msgs[*k].role = "user", texts[*k] = t, is_tool[*k] = true;
+  } else {
+    if (assistant && calls && !(cJSON_IsArray(calls) && !calls->child)) {
+      char *t = srv_tools_assistant(text, calls, i, e);
+      free(text);
+      if (!(text = t)) return false;
+    }
+    msgs[*k].role = !strcmp(r, "developer") ? "system" : r;
+    texts[*k] = text, is_tool[*k] = false;
+  }
+  msgs[*k].content = texts[*k];
+  ++*k;
+  return true;
+}
+
+/* With tools, the system turn ends with them: the caller's, or the template's default one. */
+static bool add_tools_turn(srv_ctx *c, const srv_tools *tools, irt_chat_message *msgs,
+                           char **texts, int *k, srv_error *e) {
+  if (tools->mode == SRV_TOOLS_NONE) return true;
+  bool has = *k > 0 && !strcmp(msgs[0].role, "system");
+  char dflt[512] = "";
+  irt_error err = {0};
+  if (!has && irt_chat_default_system(c->tok, c->chat_template, dflt, sizeof dflt, &err) != IRT_OK)
+    return srv_bad(e, "messages", "Cannot format the conversation: %s", err.msg);
+  char *t = srv_tools_system(tools, has ? texts[0] : dflt);
+  if (!t) return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+  if (has) {
+    free(texts[0]);
+  } else {
+    memmove(msgs + 1, msgs, (size_t)*k * sizeof *msgs);
+    memmove(texts + 1, texts, (size_t)*k * sizeof *texts);
+    ++*k;
+    msgs[0].role = "system";
+  }
+  texts[0] = t, msgs[0].content = t;
+  return true;
+}
+
+static bool parse_messages(srv_ctx *c, const cJSON *body, const srv_tools *tools, srv_params *p,
+                           srv_error *e) {
   const cJSON *v = field(body, "messages");
   if (!v) return srv_bad(e, "messages", "Missing required parameter: 'messages'.");
   if (!cJSON_IsArray(v)) return bad_type(e, "messages", "an array", v);
@@ -209,36 +275,17 @@ static bool parse_messages(srv_ctx *c, const cJSON *body, srv_params *p, srv_err
   if (!c->tok)
     return srv_bad(e, "messages",
                    "The served plan has no tokenizer: use /v1/completions with token ids.");
-  irt_chat_message *msgs = calloc((size_t)n, sizeof *msgs);
-  char **texts = calloc((size_t)n, sizeof *texts);
-  bool ok = msgs && texts;
+  irt_chat_message *msgs = calloc((size_t)n + 1, sizeof *msgs);
+  char **texts = calloc((size_t)n + 1, sizeof *texts);
+  bool *is_tool = calloc((size_t)n + 1, sizeof *is_tool);
+  bool ok = msgs && texts && is_tool;
+  if (!ok) srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+  int i = 0, k = 0;
+  for (const cJSON *m = v->child; ok && m; m = m->next, i++)
+    ok = take_message(m, i, msgs, texts, is_tool, &k, e);
+  if (ok) ok = add_tools_turn(c, tools, msgs, texts, &k, e);
   size_t total = 4096;
-  int i = 0;
-  for (const cJSON *m = v->child; ok && m; m = m->next, i++) {
-    char key[64];
-    snprintf(key, sizeof key, "messages[%d].role", i);
-    const cJSON *role = field(m, "role");
-    if (!cJSON_IsObject(m))
-      ok = srv_bad(e, "messages",
-                   "Invalid type for 'messages[%d]': expected an object, but got %s instead.", i,
-                   type_name(m));
-    else if (!role)
-      ok = srv_bad(e, key, "Missing required parameter: '%s'.", key);
-    else if (!cJSON_IsString(role))
-      ok = bad_type(e, key, "a string", role);
-    else if (!strcmp(role->valuestring, "developer"))
-      msgs[i].role = "system";
-    else if (!strcmp(role->valuestring, "system") || !strcmp(role->valuestring, "user") ||
-             !strcmp(role->valuestring, "assistant"))
-      msgs[i].role = role->valuestring;
-    else
-      ok = srv_bad(
-          e, key,
-          "Invalid value for '%s': '%.64s' (supported: system, developer, user, assistant).", key,
-          role->valuestring);
-    if (ok) ok = (texts[i] = message_text(m, i, !strcmp(msgs[i].role, "assistant"), e)) != NULL;
-    if (ok) msgs[i].content = texts[i], total += strlen(texts[i]) + 64;
-  }
+  for (int j = 0; ok && j < k; j++) total += strlen(texts[j]) + 64;
   char *chat = NULL;
   size_t len = 0;
   irt_error err = {0};
@@ -246,16 +293,16 @@ static bool parse_messages(srv_ctx *c, const cJSON *body, srv_params *p, srv_err
     free(chat);
     if (!(chat = malloc(total + 1)))
       ok = srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
-    else if (irt_chat_format(c->tok, c->chat_template, msgs, (size_t)n, true, chat, total + 1, &len,
-                             &err) != IRT_OK)
+    else if (irt_chat_format(c->tok, c->chat_template, msgs, (size_t)k, true, chat, total + 1,
+                             &len, &err) != IRT_OK)
       ok = srv_bad(e, "messages", "Cannot format the conversation: %s", err.msg);
     else if (len <= total)
       break;
     total = len;
   }
   if (ok) ok = tokenize(c, chat, false, "messages", p, e);
-  for (int k = 0; texts && k < n; k++) free(texts[k]);
-  free(texts), free(msgs), free(chat);
+  for (int j = 0; texts && j <= n; j++) free(texts[j]);
+  free(texts), free(msgs), free(is_tool), free(chat);
   return ok;
 }
 
@@ -378,8 +425,8 @@ static bool refuse_unsupported(const cJSON *body, srv_endpoint ep, srv_error *e)
   if ((v = field(body, "user")) && !cJSON_IsString(v)) return bad_type(e, "user", "a string", v);
   if (ep == SRV_COMPLETIONS && (v = field(body, "suffix")))
     return srv_bad(e, "suffix", "'suffix' is not supported.");
-  if ((v = field(body, "tools")) && (!cJSON_IsArray(v) || cJSON_GetArraySize(v) > 0))
-    return srv_bad(e, "tools", "'tools' (function calling) is not supported.");
+  if (ep == SRV_COMPLETIONS && ((v = field(body, "tools")) || (v = field(body, "tool_choice"))))
+    return srv_bad(e, v->string, "'%s' belongs to /v1/chat/completions.", v->string);
   const cJSON *bo = field(body, "best_of"), *n = field(body, "n");
   if (bo && (!is_int(bo) || bo->valuedouble != (n && is_int(n) ? n->valuedouble : 1)))
     return srv_bad(e, "best_of", "'best_of' other than 'n' is not supported.");
@@ -473,6 +520,18 @@ static bool parse_grammar(srv_ctx *c, const cJSON *body, srv_params *p, srv_erro
   return true;
 }
 
+/* tool_choice "required" or a named tool: the completion is calls, by a grammar. */
+static bool parse_tools(srv_ctx *c, const cJSON *body, srv_params *p, srv_error *e) {
+  if (!srv_tools_parse(body, &p->tools, e)) return false;
+  if (p->tools.mode != SRV_TOOLS_REQUIRED && p->tools.mode != SRV_TOOLS_NAMED) return true;
+  if (p->grammar)
+    return srv_bad(e, "tool_choice", "A 'tool_choice' of 'required' or a named tool decides the "
+                   "completion's form itself: drop 'response_format' / 'guided_*' / 'grammar'.");
+  if (!c->tok)
+    return srv_bad(e, "tool_choice", "Tool calls need a tokenizer; the served plan has none.");
+  return srv_tools_grammar(&p->tools, &p->grammar, e);
+}
+
 /* Length limits: the prompt must leave room, and so must the asked-for completion. */
 static bool parse_lengths(srv_ctx *c, srv_endpoint ep, const cJSON *body, srv_params *p,
                           srv_error *e) {
@@ -536,7 +595,9 @@ bool srv_params_from_json(srv_ctx *c, srv_endpoint ep, const cJSON *body, srv_pa
   if (ok && p->n_stop && !c->tok)
     ok = srv_bad(err, "stop", "Stop strings need a tokenizer; the served plan has none.");
   if (ok && ep == SRV_COMPLETIONS) ok = get_bool(body, "echo", &p->echo, err);
-  if (ok) ok = ep == SRV_CHAT ? parse_messages(c, body, p, err) : parse_prompt(c, body, p, err);
+  if (ok && ep == SRV_CHAT) ok = parse_tools(c, body, p, err);
+  if (ok)
+    ok = ep == SRV_CHAT ? parse_messages(c, body, &p->tools, p, err) : parse_prompt(c, body, p, err);
   if (ok) ok = parse_lengths(c, ep, body, p, err);
   if (!ok) srv_params_free(p);
   return ok;
@@ -560,6 +621,7 @@ void srv_params_free(srv_params *p) {
   free(p->bias);
   free(p->grammar);
   free(p->echo_text);
+  srv_tools_free(&p->tools);
   p->grammar = NULL;
   p->echo_text = NULL;
   p->bias_ids = NULL;
@@ -578,8 +640,9 @@ cJSON *srv_tokenize(srv_ctx *c, const char *body, size_t len, srv_error *err) {
   if (!j) return NULL;
   srv_params p;
   memset(&p, 0, sizeof p);
-  bool ok = check_model(c, j, err);
-  if (ok) ok = field(j, "messages") ? parse_messages(c, j, &p, err) : parse_prompt(c, j, &p, err);
+  bool ok = check_model(c, j, err), chat = field(j, "messages") != NULL;
+  if (ok && chat) ok = srv_tools_parse(j, &p.tools, err);
+  if (ok) ok = chat ? parse_messages(c, j, &p.tools, &p, err) : parse_prompt(c, j, &p, err);
   if (ok && !(out = cJSON_CreateObject()))
     ok = srv_fail(err, 500, "server_error", NULL, NULL, "out of memory");
   if (ok) {

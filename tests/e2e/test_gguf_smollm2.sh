@@ -72,5 +72,33 @@ check "JSON Schema on SmolLM2: an object naming Paris" \
    python3 -c "import json, sys; d = json.load(open(sys.argv[1])); v = json.loads(d[\"text\"]);
 assert d[\"finish_reason\"] == \"stop\" and list(v) == [\"city\", \"country\"] and v[\"city\"] == \"Paris\", d" "$TMP/cap.out"'
 
+# Function calling on the real model (inferrt batch, the server's request path): asked about
+# the weather in Paris with a weather and a clock tool, SmolLM2 under tool_choice "required"
+# (one call) picks get_weather, and under a named tool_choice calls it for Paris; the
+# arguments are JSON of the tool's schema (Python's json).
+python3 - "$TMP/tools.jsonl" <<'PY'
+import json, sys
+w = {"type": "function", "function": {"name": "get_weather", "description": "Get the current weather in a city",
+     "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40},
+                    "unit": {"enum": ["celsius", "fahrenheit"]}}, "required": ["city"]}}}
+t = {"type": "function", "function": {"name": "get_time", "description": "Get the local time in a city",
+     "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40}}, "required": ["city"]}}}
+msgs = [{"role": "user", "content": "What is the weather like in Paris today?"}]
+with open(sys.argv[1], "w") as f:
+    for cid, choice in (("required", "required"), ("named", {"type": "function", "function": {"name": "get_weather"}})):
+        body = {"messages": msgs, "tools": [w, t], "tool_choice": choice, "parallel_tool_calls": False,
+                "temperature": 0, "max_tokens": 80}
+        f.write(json.dumps({"custom_id": cid, "method": "POST", "url": "/v1/chat/completions", "body": body}) + "\n")
+PY
+check "tools on SmolLM2: get_weather called for Paris" \
+  '"$INFC" build "$MODEL" -o "$TMP/tools.plan" --max-context 1024 -q &&
+   "$INFERRT" batch "$TMP/tools.plan" --input "$TMP/tools.jsonl" --output "$TMP/tools.out" --threads 2 --no-progress >/dev/null &&
+   python3 -c "import json, sys
+res = {o[\"custom_id\"]: o[\"response\"][\"body\"][\"choices\"][0] for o in map(json.loads, open(sys.argv[1]))}
+for cid, fin in ((\"required\", \"tool_calls\"), (\"named\", \"stop\")):
+    ch = res[cid]; calls = ch[\"message\"][\"tool_calls\"]; args = json.loads(calls[0][\"function\"][\"arguments\"])
+    assert ch[\"finish_reason\"] == fin and len(calls) == 1 and calls[0][\"function\"][\"name\"] == \"get_weather\", ch
+    assert args[\"city\"] == \"Paris\" and set(args) <= {\"city\", \"unit\"}, args" "$TMP/tools.out"'
+
 echo "test_gguf_smollm2: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

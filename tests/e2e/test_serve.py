@@ -357,6 +357,208 @@ def test_grammar(s):
               needle in err.get("message", ""), f"{st} {body[:300]!r}")
 
 
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Get the current weather in a city",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "maxLength": 12}, "unit": {"enum": ["celsius", "fahrenheit"]},
+        "days": {"type": "integer"}}, "required": ["city"], "additionalProperties": False}}}
+CLOCK = {"type": "function", "function": {
+    "name": "get_time", "parameters": {"type": "object", "properties": {
+        "zone": {"$ref": "#/$defs/zone"}}, "required": ["zone"],
+        "$defs": {"zone": {"enum": ["UTC", "CET"]}}}}}
+
+
+def weather_args_ok(a):
+    """The get_weather schema, checked by hand on json.loads' output."""
+    try:
+        v = json.loads(a)
+    except ValueError:
+        return False
+    return (isinstance(v, dict) and set(v) <= {"city", "unit", "days"} and list(v)[:1] == ["city"]
+            and isinstance(v["city"], str) and len(v["city"]) <= 12 and
+            v.get("unit", "celsius") in ("celsius", "fahrenheit") and type(v.get("days", 0)) is int)
+
+
+def stream_calls(stream):
+    """(content, {index: [id, name, arguments]}, finish_reason) accumulated from chunks."""
+    content, calls, fin = "", {}, None
+    for k in stream:
+        if not k.choices:
+            continue
+        d = k.choices[0].delta
+        content += d.content or ""
+        for t in d.tool_calls or []:
+            c = calls.setdefault(t.index, [None, None, ""])
+            c[0] = t.id or c[0]
+            c[1] = (t.function.name if t.function else None) or c[1]
+            c[2] += (t.function.arguments or "") if t.function else ""
+        fin = k.choices[0].finish_reason or fin
+    return content, calls, fin
+
+
+def tools_server():
+    """The tiny model with room for a tools prompt: its context (256) raised to 2048, which
+    changes no computation below 256 positions (RoPE without scaling)."""
+    d = os.path.join(TMP, "llama-text-2k")
+    os.makedirs(d, exist_ok=True)
+    for f in os.listdir(os.path.join(FIX, "llama-text")):
+        src = os.path.join(FIX, "llama-text", f)
+        if f == "config.json":
+            cfg = json.load(open(src))
+            cfg["max_position_embeddings"] = 2048
+            json.dump(cfg, open(os.path.join(d, f), "w"))
+        elif not os.path.exists(os.path.join(d, f)):
+            os.symlink(os.path.abspath(src), os.path.join(d, f))
+    plan = os.path.join(TMP, "tiny-2k.plan")
+    r = run(INFC, "build", d, "-o", plan, "-q")
+    assert r.returncode == 0, r.stderr
+    return Server(plan, "--model-name", "tiny", "--kv-tokens", "16384", "--spec-tokens", "4",
+                  "--spec-always")
+
+
+def test_tools(s):
+    """Function calling. Oracles: Qwen2.5's real chat template rendered by Jinja2 over the
+    same conversations (fixtures/chat/tool_calls.json, after vLLM's preprocessing) for the
+    prompt; Python's json and the tools' schemas for the calls; the openai client's types
+    for the response shapes; the non-streamed response for the streamed one."""
+    c = s.client()
+    # the prompt: tokenized and detokenized back, equal to the template's text
+    fix = json.load(open(os.path.join(FIX, "chat", "tool_calls.json")))["cases"]
+    n = 0
+    for case in fix:
+        if case["default_system"]:  # the served ChatML template has no default system prompt
+            continue
+        st, h, body = s.raw("POST", "/tokenize", {"messages": case["messages"], "tools": case["tools"]})
+        toks = json.loads(body).get("tokens", []) if st == 200 else []
+        st2, h, body2 = s.raw("POST", "/detokenize", {"tokens": toks})
+        text = json.loads(body2).get("prompt") if st2 == 200 else None
+        n += 1
+        check(f"tools prompt = Qwen2.5's template ({n})", st == 200 and text == case["expected"],
+              f"{st} {body[:200]!r}\n--- got\n{text}\n--- want\n{case['expected']}")
+    check("tools prompt cases", n == 3)
+    msgs = [{"role": "user", "content": "Weather in Oslo?"}]
+    plain = c.chat.completions.create(model="tiny", messages=msgs, max_tokens=1)
+    none = c.chat.completions.create(model="tiny", messages=msgs, max_tokens=1, tools=[WEATHER],
+                                     tool_choice="none")
+    auto = c.chat.completions.create(model="tiny", messages=msgs, max_tokens=1, tools=[WEATHER])
+    check("tool_choice none: no tools in the prompt", none.usage.prompt_tokens == plain.usage.prompt_tokens)
+    check("tools in the prompt", auto.usage.prompt_tokens > plain.usage.prompt_tokens + 50)
+
+    # a named tool: one call of it, arguments by its schema, content null, finish "stop"
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    for seed in (1, 2, 3):
+        r = c.chat.completions.create(model="tiny", messages=msgs, tools=[WEATHER, CLOCK],
+                                      tool_choice=named, max_tokens=400, temperature=0.8, seed=seed)
+        ch = r.choices[0]
+        tc = ch.message.tool_calls or []
+        check(f"named tool call (seed {seed})", ch.finish_reason == "stop" and len(tc) == 1 and
+              tc[0].type == "function" and tc[0].function.name == "get_weather" and
+              weather_args_ok(tc[0].function.arguments) and ch.message.content is None and
+              re.fullmatch(r"call_[0-9a-f]{24}", tc[0].id) is not None, str(ch))
+        st = c.chat.completions.create(model="tiny", messages=msgs, tools=[WEATHER, CLOCK],
+                                       tool_choice=named, max_tokens=400, temperature=0.8,
+                                       seed=seed, stream=True)
+        content, calls, fin = stream_calls(st)
+        check(f"named tool call streamed = whole (seed {seed})", fin == ch.finish_reason and
+              content == "" and len(calls) == 1 and calls[0][1:] == [tc[0].function.name if tc else None,
+                                                                     tc[0].function.arguments if tc else None] and
+              calls[0][0].startswith("call_"), f"{content!r} {calls} {fin}")
+    # required, one call: either tool, with its own schema ($defs of a tool's parameters)
+    seen = set()
+    for seed in range(6):
+        r = c.chat.completions.create(model="tiny", messages=msgs, tools=[WEATHER, CLOCK],
+                                      tool_choice="required", parallel_tool_calls=False,
+                                      max_tokens=400, temperature=1.0, seed=seed)
+        ch = r.choices[0]
+        tc = ch.message.tool_calls or []
+        ok = len(tc) == 1 and ch.finish_reason == "tool_calls"
+        if ok and tc[0].function.name == "get_time":
+            ok = json.loads(tc[0].function.arguments) in ({"zone": "UTC"}, {"zone": "CET"})
+        elif ok:
+            ok = tc[0].function.name == "get_weather" and weather_args_ok(tc[0].function.arguments)
+        check(f"required tool call (seed {seed})", ok, str(ch))
+        seen.update(t.function.name for t in tc)
+    check("required: both tools chosen", seen == {"get_weather", "get_time"}, str(seen))
+    # required with parallel calls: every call well-formed, ids distinct
+    r = c.chat.completions.create(model="tiny", messages=msgs, tools=[CLOCK], tool_choice="required",
+                                  max_tokens=600, temperature=1.0, seed=5, n=2)
+    for ch in r.choices:
+        tc = ch.message.tool_calls or []
+        check("parallel calls", len(tc) >= 1 and all(
+            json.loads(t.function.arguments) in ({"zone": "UTC"}, {"zone": "CET"}) for t in tc) and
+            len({t.id for t in tc}) == len(tc), str(ch))
+    check("parallel calls: choices' ids differ", r.choices[0].message.tool_calls[0].id !=
+          r.choices[1].message.tool_calls[0].id)
+
+    # auto: calls read out of the text (a grammar makes this model write one)
+    text = ('Sure.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "days": 2}}\n'
+            '</tool_call>\n<tool_call>\n{"name": "get_time", "arguments": {"zone": "CET"}}\n</tool_call>')
+    lit = json.dumps(text)
+    g = {"guided_grammar": f"root ::= {lit}"}
+    r = c.chat.completions.create(model="tiny", messages=msgs, tools=[WEATHER, CLOCK], max_tokens=400,
+                                  temperature=0, extra_body=g)
+    ch = r.choices[0]
+    tc = ch.message.tool_calls or []
+    check("auto: calls read from the text", ch.finish_reason == "tool_calls" and
+          ch.message.content == "Sure.\n" and [t.function.name for t in tc] == ["get_weather", "get_time"] and
+          json.loads(tc[0].function.arguments) == {"city": "Oslo", "days": 2} and
+          tc[0].function.arguments == '{"city": "Oslo", "days": 2}', str(ch))
+    content, calls, fin = stream_calls(c.chat.completions.create(
+        model="tiny", messages=msgs, tools=[WEATHER, CLOCK], max_tokens=400, temperature=0,
+        extra_body=g, stream=True))
+    check("auto streamed: content held back from the calls", content == "Sure.\n" and fin == "tool_calls" and
+          [v[1:] for _, v in sorted(calls.items())] == [[t.function.name, t.function.arguments] for t in tc],
+          f"{content!r} {calls}")
+    r = c.chat.completions.create(model="tiny", messages=msgs, max_tokens=400, temperature=0, extra_body=g)
+    check("no tools: the text is content", r.choices[0].message.content == text and
+          not r.choices[0].message.tool_calls and r.choices[0].finish_reason == "stop")
+    bad = "<tool_call>\nnot json\n</tool_call>"
+    for stream in (False, True):
+        body = {"model": "tiny", "messages": msgs, "tools": [WEATHER], "max_tokens": 200,
+                "temperature": 0, "extra_body": {"guided_grammar": f"root ::= {json.dumps(bad)}"},
+                "stream": stream}
+        if stream:
+            content, calls, fin = stream_calls(c.chat.completions.create(**body))
+        else:
+            ch = c.chat.completions.create(**body).choices[0]
+            content, calls, fin = ch.message.content, ch.message.tool_calls, ch.finish_reason
+        check(f"a block that is not a call stays content (stream {stream})", content == bad and
+              not calls and fin == "stop", f"{content!r} {calls} {fin}")
+
+    # a conversation with calls and results goes through
+    conv = msgs + [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "-3 C"}]
+    r = c.chat.completions.create(model="tiny", messages=conv, tools=[WEATHER], max_tokens=4)
+    check("tool results accepted", r.choices[0].finish_reason in ("stop", "length", "tool_calls"))
+
+    # refusals name their field
+    chat = {"model": "tiny", "messages": msgs, "max_tokens": 4}
+    for name, extra, param in [
+            ("tools on completions", None, "tools"),
+            ("tool_choice without tools", {"tool_choice": "auto"}, "tool_choice"),
+            ("unknown tool", {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+            ("bad tool_choice", {"tools": [WEATHER], "tool_choice": "sometimes"}, "tool_choice"),
+            ("tool without a name", {"tools": [{"type": "function", "function": {}}]}, "tools[0]"),
+            ("tool name", {"tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools[0]"),
+            ("tool type", {"tools": [{"type": "retrieval"}]}, "tools[0]"),
+            ("tools type", {"tools": {"a": 1}}, "tools"),
+            ("parallel_tool_calls type", {"tools": [WEATHER], "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
+            ("required and a response_format", {"tools": [WEATHER], "tool_choice": "required",
+                                                "response_format": {"type": "json_object"}}, "tool_choice"),
+            ("parameters not a grammar", {"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+                "type": "object", "properties": {"n": {"type": "integer", "minimum": 3}}}}}], "tool_choice": "required"}, "tools"),
+            ("defs clash", {"tools": [CLOCK, {"type": "function", "function": dict(CLOCK["function"], name="t2")}],
+                            "tool_choice": "required"}, "tools"),
+            ("call arguments not JSON", {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "tool_calls": [
+                {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{oops"}}]}]}, "messages[1].tool_calls"),
+            ("bad role", {"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role")]:
+        if extra is None:
+            expect_error(s, name, 400, "POST", "/v1/completions", {"model": "tiny", "prompt": "x", "tools": [WEATHER]}, param=param)
+        else:
+            expect_error(s, name, 400, "POST", "/v1/chat/completions", dict(chat, **extra), param=param)
+
+
 def test_echo(s):
     """echo (lm-eval's loglikelihood requests): the prompt comes back with a logprob per
     token after the first, each the logprob the model gives that token after the ones
@@ -558,9 +760,6 @@ def test_errors(s):
     expect_error(s, "response_format shape", 400, "POST", "/v1/chat/completions",
                  {"messages": [{"role": "user", "content": "x"}], "response_format": "json"},
                  param="response_format")
-    expect_error(s, "tools refused", 400, "POST", "/v1/chat/completions",
-                 {"messages": [{"role": "user", "content": "x"}],
-                  "tools": [{"type": "function", "function": {"name": "f"}}]}, param="tools")
     expect_error(s, "unknown model", 404, "POST", "/v1/completions", {**ok_body, "model": "gpt-9"},
                  param="model", code="model_not_found")
     expect_error(s, "unknown endpoint", 404, "GET", "/v1/nothing")
@@ -831,6 +1030,11 @@ def main():
         check("metrics: the draft cost fit", min(cost) >= 0, str(cost))
     finally:
         check("server exits cleanly on SIGTERM", s.stop() == 0)
+    s = tools_server()
+    try:
+        test_tools(s)
+    finally:
+        s.stop()
     test_overload()
     test_batch()
     test_batch_resume()

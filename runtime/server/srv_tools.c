@@ -1,0 +1,477 @@
+/* srv_tools: function calling (OpenAI "tools" / "tool_choice") in the Hermes
+ * form that Qwen2.5's chat template writes: the tools as JSON lines inside
+ * <tools></tools> at the end of the system turn, each call the model makes as
+ * {"name": ..., "arguments": {...}} inside <tool_call></tool_call>, each tool
+ * result in a user turn inside <tool_response></tool_response>. The same text
+ * is given to every template family. "required" and a named tool_choice
+ * constrain the completion to such calls with a grammar built from the tools'
+ * parameter schemas; "auto" lets the model choose and reads the calls out of
+ * its text afterwards (as vLLM's hermes parser does). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "srv.h"
+
+#define TOOL_OPEN "<tool_call>"
+#define TOOL_CLOSE "</tool_call>"
+
+/* --- Python's json.dumps(v, ensure_ascii=False), which the template's tojson
+ * is ----------- */
+
+static bool put_str(srv_buf *b, const char *s) {
+  return srv_buf_put(b, s, strlen(s));
+}
+
+static bool py_string(srv_buf *b, const char *s) {
+  bool ok = put_str(b, "\"");
+  for (const unsigned char *p = (const unsigned char *)s; ok && *p; p++) {
+    char esc[8];
+    const char *e = *p == '"'    ? "\\\""
+                    : *p == '\\' ? "\\\\"
+                    : *p == '\n' ? "\\n"
+                    : *p == '\r' ? "\\r"
+                    : *p == '\t' ? "\\t"
+                    : *p == '\b' ? "\\b"
+                    : *p == '\f' ? "\\f"
+                                 : NULL;
+    if (!e && *p < 0x20)
+      snprintf(esc, sizeof esc, "\\u%04x", *p), e = esc;
+    ok = e ? put_str(b, e) : srv_buf_put(b, (const char *)p, 1);
+  }
+  return ok && put_str(b, "\"");
+}
+
+/* Integers as Python writes ints; other numbers as the shortest %g that reads
+ * back (Python's float repr, but for where it switches to an exponent). */
+static bool py_number(srv_buf *b, double v) {
+  char s[40];
+  if (v == floor(v) && fabs(v) < 1e16) {
+    snprintf(s, sizeof s, "%.0f", v);
+  } else {
+    for (int prec = 1; prec <= 17; prec++) {
+      snprintf(s, sizeof s, "%.*g", prec, v);
+      if (strtod(s, NULL) == v)
+        break;
+    }
+    if (!strpbrk(s, ".eni"))
+      strcat(s, ".0");
+  }
+  return put_str(b, s);
+}
+
+bool srv_json_py(const cJSON *v, srv_buf *b) {
+  if (cJSON_IsNull(v))
+    return put_str(b, "null");
+  if (cJSON_IsTrue(v))
+    return put_str(b, "true");
+  if (cJSON_IsFalse(v))
+    return put_str(b, "false");
+  if (cJSON_IsNumber(v))
+    return py_number(b, v->valuedouble);
+  if (cJSON_IsString(v))
+    return py_string(b, v->valuestring);
+  bool obj = cJSON_IsObject(v), ok = put_str(b, obj ? "{" : "[");
+  for (const cJSON *x = v->child; ok && x; x = x->next) {
+    if (x != v->child)
+      ok = put_str(b, ", ");
+    if (ok && obj)
+      ok = py_string(b, x->string) && put_str(b, ": ");
+    if (ok)
+      ok = srv_json_py(x, b);
+  }
+  return ok && put_str(b, obj ? "}" : "]");
+}
+
+/* --- the request's tools
+ * ------------------------------------------------------------------ */
+
+static const cJSON *field(const cJSON *o, const char *k) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+  return v && !cJSON_IsNull(v) ? v : NULL;
+}
+
+static bool valid_name(const char *s) {
+  size_t n = strlen(s);
+  if (n == 0 || n > 64)
+    return false;
+  for (; *s; s++)
+    if (!(*s == '_' || *s == '-' || (*s >= '0' && *s <= '9') ||
+          (*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z')))
+      return false;
+  return true;
+}
+
+static bool check_tool(const cJSON *t, int i, srv_error *e) {
+  char k[64];
+  snprintf(k, sizeof k, "tools[%d]", i);
+  const cJSON *type = field(t, "type"), *fn = field(t, "function");
+  if (!cJSON_IsObject(t) || !cJSON_IsString(type) ||
+      strcmp(type->valuestring, "function") || !cJSON_IsObject(fn))
+    return srv_bad(e, k,
+                   "Invalid value for '%s': expected {\"type\": \"function\", "
+                   "\"function\": "
+                   "{\"name\": ..., \"parameters\": {...}}}.",
+                   k);
+  const cJSON *name = field(fn, "name"), *params = field(fn, "parameters"),
+              *desc = field(fn, "description");
+  if (!cJSON_IsString(name) || !valid_name(name->valuestring))
+    return srv_bad(e, k,
+                   "Invalid value for '%s.function.name': expected 1 to 64 "
+                   "letters, digits, "
+                   "'_' or '-'.",
+                   k);
+  if (params && !cJSON_IsObject(params))
+    return srv_bad(
+        e, k,
+        "Invalid type for '%s.function.parameters': expected a JSON Schema "
+        "object.",
+        k);
+  if (desc && !cJSON_IsString(desc))
+    return srv_bad(
+        e, k, "Invalid type for '%s.function.description': expected a string.",
+        k);
+  return true;
+}
+
+static const char *tool_name(const cJSON *t) {
+  return field(field(t, "function"), "name")->valuestring;
+}
+
+bool srv_tools_parse(const cJSON *body, srv_tools *t, srv_error *e) {
+  memset(t, 0, sizeof *t);
+  t->parallel = true;
+  const cJSON *tools = field(body, "tools"),
+              *choice = field(body, "tool_choice"),
+              *par = field(body, "parallel_tool_calls");
+  if (tools && !cJSON_IsArray(tools))
+    return srv_bad(e, "tools",
+                   "Invalid type for 'tools': expected an array of tools.");
+  int n = tools ? cJSON_GetArraySize(tools) : 0, i = 0;
+  for (const cJSON *x = n ? tools->child : NULL; x; x = x->next, i++)
+    if (!check_tool(x, i, e))
+      return false;
+  if (par && !cJSON_IsBool(par))
+    return srv_bad(
+        e, "parallel_tool_calls",
+        "Invalid type for 'parallel_tool_calls': expected a boolean.");
+  t->parallel = !par || cJSON_IsTrue(par);
+  t->mode = n ? SRV_TOOLS_AUTO : SRV_TOOLS_NONE;
+  if (!choice)
+    goto take;
+  if (cJSON_IsString(choice) && !strcmp(choice->valuestring, "none")) {
+    t->mode = SRV_TOOLS_NONE;
+    return true; /* the tools stay out of the prompt */
+  }
+  if (!n)
+    return srv_bad(e, "tool_choice",
+                   "'tool_choice' is only allowed when 'tools' are given.");
+  if (cJSON_IsString(choice) && !strcmp(choice->valuestring, "auto"))
+    goto take;
+  if (cJSON_IsString(choice) && !strcmp(choice->valuestring, "required")) {
+    t->mode = SRV_TOOLS_REQUIRED;
+    goto take;
+  }
+  const cJSON *fn = cJSON_IsObject(choice) ? field(choice, "function") : NULL,
+              *name = fn ? field(fn, "name") : NULL;
+  if (!cJSON_IsString(name))
+    return srv_bad(e, "tool_choice",
+                   "Invalid value for 'tool_choice': expected 'none', 'auto', "
+                   "'required' or {\"type\": \"function\", \"function\": "
+                   "{\"name\": ...}}.");
+  i = 0;
+  for (const cJSON *x = tools->child; x; x = x->next, i++)
+    if (!strcmp(tool_name(x), name->valuestring))
+      break;
+  if (i == n)
+    return srv_bad(e, "tool_choice",
+                   "Invalid value for 'tool_choice': no tool is named '%.64s'.",
+                   name->valuestring);
+  t->mode = SRV_TOOLS_NAMED;
+  t->named = i;
+take:
+  if (n && !(t->list = cJSON_Duplicate(tools, true)))
+    return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+  return true;
+}
+
+void srv_tools_free(srv_tools *t) {
+  cJSON_Delete(t->list);
+  t->list = NULL;
+  t->mode = SRV_TOOLS_NONE;
+}
+
+/* --- the prompt
+ * -----------------------------------------------------------------------------
+ */
+
+char *srv_tools_system(const srv_tools *t, const char *sys) {
+  srv_buf b = {0};
+  bool ok =
+      put_str(&b, sys) &&
+      put_str(&b,
+              "\n\n# Tools\n\nYou may call one or more functions to assist "
+              "with the "
+              "user query.\n\nYou are provided with function signatures within "
+              "<tools></tools> XML tags:\n<tools>");
+  for (const cJSON *x = t->list ? t->list->child : NULL; ok && x; x = x->next)
+    ok = put_str(&b, "\n") && srv_json_py(x, &b);
+  ok =
+      ok &&
+      put_str(&b,
+              "\n</tools>\n\nFor each function call, return a json object with "
+              "function name and arguments within <tool_call></tool_call> XML "
+              "tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+              "<args-json-object>}\n</tool_call>");
+  if (!ok)
+    srv_buf_free(&b);
+  return b.p;
+}
+
+char *srv_tools_assistant(const char *content, const cJSON *calls, int msg,
+                          srv_error *e) {
+  char k[64];
+  snprintf(k, sizeof k, "messages[%d].tool_calls", msg);
+  if (!cJSON_IsArray(calls))
+    return srv_bad(e, k, "Invalid type for '%s': expected an array.", k), NULL;
+  srv_buf b = {0};
+  bool ok = put_str(&b, content);
+  int i = 0;
+  for (const cJSON *c = calls->child; ok && c; c = c->next, i++) {
+    const cJSON *fn = field(c, "function"),
+                *name = fn ? field(fn, "name") : NULL,
+                *args = fn ? field(fn, "arguments") : NULL;
+    cJSON *parsed =
+        cJSON_IsString(args) ? cJSON_Parse(args->valuestring) : NULL;
+    if (!cJSON_IsString(name) || !cJSON_IsObject(parsed)) {
+      cJSON_Delete(parsed);
+      srv_buf_free(&b);
+      return srv_bad(e, k,
+                     "Invalid value for '%s[%d]': expected {\"function\": "
+                     "{\"name\": ..., "
+                     "\"arguments\": a JSON object as a string}}.",
+                     k, i),
+             NULL;
+    }
+    /* Hermes: each call on its own lines, after the content if there is any */
+    ok = (b.len ? put_str(&b, "\n") : true) &&
+         put_str(&b, TOOL_OPEN "\n{\"name\": \"") &&
+         put_str(&b, name->valuestring) && put_str(&b, "\", \"arguments\": ") &&
+         srv_json_py(parsed, &b) && put_str(&b, "}\n" TOOL_CLOSE);
+    cJSON_Delete(parsed);
+  }
+  if (!ok) {
+    srv_buf_free(&b);
+    srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+  }
+  return b.p ? b.p : strdup("");
+}
+
+char *srv_tools_response(const char *prev, const char *content) {
+  srv_buf b = {0};
+  bool ok = (prev && *prev ? put_str(&b, prev) && put_str(&b, "\n") : true) &&
+            put_str(&b, "<tool_response>\n") && put_str(&b, content) &&
+            put_str(&b, "\n</tool_response>");
+  if (!ok)
+    srv_buf_free(&b);
+  return b.p;
+}
+
+/* --- the grammar of required / named calls
+ * ------------------------------------------------ */
+
+/* {"type": "object", "properties": {"name": {"const": N}, "arguments": P}, ...}
+ * for a tool; the parameters' $defs move up to the root, where their
+ * "#/$defs/.." refs point. */
+static cJSON *call_schema(const cJSON *tool, cJSON *root_defs, srv_error *e) {
+  const cJSON *fn = field(tool, "function"), *params = field(fn, "parameters");
+  cJSON *s = cJSON_CreateObject(),
+        *props = cJSON_AddObjectToObject(s, "properties");
+  cJSON_AddStringToObject(s, "type", "object");
+  cJSON_AddStringToObject(cJSON_AddObjectToObject(props, "name"), "const",
+                          tool_name(tool));
+  cJSON *args = params
+                    ? cJSON_Duplicate(params, true)
+                    : cJSON_Parse("{\"type\": \"object\", \"properties\": {}}");
+  for (int k = 0; args && k < 2; k++) {
+    const char *key = k ? "definitions" : "$defs";
+    cJSON *defs = cJSON_DetachItemFromObjectCaseSensitive(args, key);
+    cJSON *into = cJSON_GetObjectItemCaseSensitive(root_defs, key);
+    if (!into)
+      into = cJSON_AddObjectToObject(root_defs, key);
+    while (defs && defs->child) {
+      cJSON *d = cJSON_DetachItemViaPointer(defs, defs->child);
+      if (cJSON_GetObjectItemCaseSensitive(into, d->string)) {
+        srv_bad(
+            e, "tools",
+            "Tools '%s' and another define '%s/%.60s': give the definitions "
+            "distinct names.",
+            tool_name(tool), key, d->string);
+        cJSON_Delete(d), cJSON_Delete(defs), cJSON_Delete(args),
+            cJSON_Delete(s);
+        return NULL;
+      }
+      cJSON_AddItemToObject(into, d->string, d);
+    }
+    cJSON_Delete(defs);
+  }
+  cJSON_AddItemToObject(props, "arguments", args);
+  cJSON *req = cJSON_AddArrayToObject(s, "required");
+  cJSON_AddItemToArray(req, cJSON_CreateString("name"));
+  cJSON_AddItemToArray(req, cJSON_CreateString("arguments"));
+  cJSON_AddFalseToObject(s, "additionalProperties");
+  return s;
+}
+
+bool srv_tools_grammar(const srv_tools *t, char **gbnf, srv_error *e) {
+  *gbnf = NULL;
+  if (t->mode != SRV_TOOLS_REQUIRED && t->mode != SRV_TOOLS_NAMED)
+    return true;
+  cJSON *root = cJSON_CreateObject(),
+        *any = cJSON_AddArrayToObject(root, "anyOf");
+  int i = 0;
+  bool ok = root != NULL;
+  for (const cJSON *x = t->list->child; ok && x; x = x->next, i++) {
+    if (t->mode == SRV_TOOLS_NAMED && i != t->named)
+      continue;
+    cJSON *s = call_schema(x, root, e);
+    if (!s)
+      ok = false;
+    else
+      cJSON_AddItemToArray(any, s);
+  }
+  char *schema = ok ? cJSON_PrintUnformatted(root) : NULL, *json = NULL;
+  cJSON_Delete(root);
+  irt_error ie = {0};
+  if (ok && irt_grammar_json(schema, &json, &ie) != IRT_OK)
+    ok = srv_bad(e, "tools",
+                 "Cannot constrain the completion to the tools' parameters: %s",
+                 ie.msg);
+  free(schema);
+  /* The JSON grammar ends with its start rule, "root ::= rN": that rule becomes
+   * one call. */
+  char *last = ok ? strstr(json, "\nroot ::= ") : NULL;
+  while (last && strstr(last + 1, "\nroot ::= "))
+    last = strstr(last + 1, "\nroot ::= ");
+  if (ok && !last)
+    ok =
+        srv_fail(e, 500, "server_error", NULL, NULL, "unexpected JSON grammar");
+  srv_buf b = {0};
+  if (ok) {
+    *last = '\0';
+    ok = put_str(&b, json) && put_str(&b, "\ncall ::= ") &&
+         put_str(&b, last + 10) &&
+         put_str(&b, "block ::= \"" TOOL_OPEN "\\n\" call \"\\n" TOOL_CLOSE
+                     "\"\n") &&
+         put_str(&b, t->parallel && t->mode == SRV_TOOLS_REQUIRED
+                         ? "root ::= block (\"\\n\" block)*\n"
+                         : "root ::= block\n");
+    if (!ok)
+      srv_buf_free(&b);
+  }
+  free(json);
+  if (ok && irt_grammar_check(b.p, &ie) != IRT_OK)
+    ok = srv_bad(e, "tools", "Cannot constrain the completion to the tools: %s",
+                 ie.msg);
+  if (!ok)
+    srv_buf_free(&b);
+  *gbnf = b.p;
+  return ok;
+}
+
+/* --- reading calls out of a completion
+ * ------------------------------------------------------ */
+
+/* A block's JSON: {"name": string, "arguments" (or "parameters"): object}. */
+static bool parse_call(const char *s, size_t n, srv_tool_call *out) {
+  cJSON *j = cJSON_ParseWithLength(s, n);
+  const cJSON *name = j ? field(j, "name") : NULL,
+              *args = j ? field(j, "arguments") : NULL;
+  if (!args && j)
+    args = field(j, "parameters");
+  bool ok = cJSON_IsObject(j) && cJSON_IsString(name) &&
+            (!args || cJSON_IsObject(args));
+  srv_buf b = {0};
+  if (ok)
+    ok = args ? srv_json_py(args, &b) : put_str(&b, "{}");
+  if (ok)
+    ok = (out->name = strdup(name->valuestring)) != NULL;
+  if (ok)
+    out->arguments = b.p;
+  else
+    srv_buf_free(&b);
+  cJSON_Delete(j);
+  return ok;
+}
+
+/* How many bytes at the end of text could begin "<tool_call>" (held back from a
+ * stream). */
+static size_t partial_open(const char *text, size_t len) {
+  size_t k = strlen(TOOL_OPEN) - 1;
+  for (k = k < len ? k : len; k > 0; k--)
+    if (!memcmp(text + len - k, TOOL_OPEN, k))
+      return k;
+  return 0;
+}
+
+static const char *find(const char *s, const char *end, const char *what) {
+  size_t n = strlen(what);
+  for (; s + n <= end; s++)
+    if (*s == *what && !memcmp(s, what, n))
+      return s;
+  return NULL;
+}
+
+bool srv_tools_split(const char *text, size_t len, bool final,
+                     srv_tool_split *out) {
+  memset(out, 0, sizeof *out);
+  const char *end = text + len, *p = find(text, end, TOOL_OPEN);
+  out->rest = len;
+  if (!p) {
+    out->content_len = final ? len : len - partial_open(text, len);
+    return true;
+  }
+  out->content_len = (size_t)(p - text);
+  while (p) {
+    const char *body = p + strlen(TOOL_OPEN),
+               *close = find(body, end, TOOL_CLOSE);
+    if (!close && !final)
+      return true; /* a call still being written */
+    const char *stop = close ? close : end;
+    srv_tool_call c = {0};
+    if (!parse_call(body, (size_t)(stop - body), &c)) {
+      out->rest =
+          (size_t)(p - text); /* not a call: it and what follows are content */
+      return true;
+    }
+    srv_tool_call *v =
+        realloc(out->calls, (size_t)(out->n_calls + 1) * sizeof *v);
+    if (!v) {
+      free(c.name), free(c.arguments);
+      return false;
+    }
+    out->calls = v;
+    out->calls[out->n_calls++] = c;
+    p = close ? find(close, end, TOOL_OPEN) : NULL;
+  }
+  return true;
+}
+
+void srv_tool_split_free(srv_tool_split *s) {
+  for (int i = 0; i < s->n_calls; i++)
+    free(s->calls[i].name), free(s->calls[i].arguments);
+  free(s->calls);
+  memset(s, 0, sizeof *s);
+}
+
+void srv_tool_call_id(const char *job_id, int choice, int call, char out[32]) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (const char *s = job_id; *s; s++)
+    h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
+  h = (h ^ (uint64_t)choice * 0x9e3779b97f4a7c15ull) * 0xbf58476d1ce4e5b9ull;
+  uint64_t g = (h ^ (uint64_t)(call + 1) * 0x94d049bb133111ebull) *
+               0x9e3779b97f4a7c15ull;
+  snprintf(out, 32, "call_%012llx%012llx", (unsigned long long)(h >> 16),
+           (unsigned long long)(g >> 16));
+}
