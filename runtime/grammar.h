@@ -57,9 +57,10 @@ bool irt_gstate_take(irt_gstate *s, const irt_gtrie *t, int32_t id);
  * describes, or for any JSON object. Supported: type (one or a list), properties /
  * required / additionalProperties, items / prefixItems / minItems / maxItems, enum, const,
  * anyOf / oneOf (as anyOf), allOf of one schema, $ref to #/$defs/.. or #/definitions/..,
- * minLength / maxLength, pattern (irt_grammar_regex's subset), and annotations (title,
- * description, format, ...). Other assertions (minimum, uniqueItems, ...) are refused with IRT_UNSUPPORTED naming them rather
- * than ignored. Properties come in the schema's order; an object with properties takes no
+ * minLength / maxLength, pattern (irt_grammar_regex's subset), minimum / maximum /
+ * exclusiveMinimum / exclusiveMaximum on integers (within 16 digits), and annotations (title,
+ * description, format, ...). Other assertions (bounds on a number, uniqueItems, ...) are
+ * refused with IRT_UNSUPPORTED naming them rather than ignored. Properties come in the schema's order; an object with properties takes no
  * others unless additionalProperties says so. Whitespace between JSON tokens is none, a
  * space, or a newline and up to 24 blanks. irt_grammar_choice: one of n strings. */
 

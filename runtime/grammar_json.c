@@ -1,6 +1,7 @@
 /* grammar_json: GBNF for JSON values described by a JSON Schema, and for a choice of
  * strings. The output is grammar text that irt_grammar_compile reads like any other. */
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -128,7 +129,8 @@ static const char *KNOWN[] = {
     "type", "properties", "required", "additionalProperties", "items", "prefixItems",
     "minItems", "maxItems", "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "$defs",
     "definitions", "minLength", "maxLength", "pattern", "title", "description", "format", "default",
-    "examples", "$schema", "$id", "$comment", "deprecated", "readOnly", "writeOnly", NULL};
+    "examples", "$schema", "$id", "$comment", "deprecated", "readOnly", "writeOnly", "minimum",
+    "maximum", "exclusiveMinimum", "exclusiveMaximum", NULL};
 
 static bool check_keywords(sconv *c, const cJSON *s) {
   for (const cJSON *k = s->child; k; k = k->next) {
@@ -202,6 +204,117 @@ static int gen_string(sconv *c, const cJSON *s) {
   int r = new_rule(c);
   if (hi < 0) put(&c->out, "r%d ::= \"\\\"\" char{%d,} \"\\\"\"\n", r, lo);
   else put(&c->out, "r%d ::= \"\\\"\" char{%d,%d} \"\\\"\"\n", r, lo, hi);
+  return r;
+}
+
+/* --- integer bounds ----------------------------------------------------------------------
+ * Decimal strings without leading zeros (as JSON writes integers) of the values in a
+ * range, as alternatives of digit classes: numbers of the same length split at their
+ * first differing digit, each length between two lengths a block of its own. Values stay
+ * within the integer rule's 16 digits. */
+
+#define INT_DIGITS 16
+#define INT_MAX_ABS 9999999999999999.0 /* the largest 16-digit value */
+
+/* All n-digit strings between lo and hi (same length, lo <= hi), as a GBNF sequence. */
+static void put_digits(gbuf *b, const char *lo, const char *hi, int n) {
+  int i = 0;
+  while (i < n && lo[i] == hi[i]) put(b, " \"%c\"", lo[i++]);
+  if (i == n) return;
+  int rest = n - i - 1;
+  bool lo_zeros = strspn(lo + i + 1, "0") == (size_t)rest,
+       hi_nines = strspn(hi + i + 1, "9") == (size_t)rest;
+  char l = lo[i], h = hi[i], nines[INT_DIGITS + 1], zeros[INT_DIGITS + 1];
+  memset(nines, '9', (size_t)rest), memset(zeros, '0', (size_t)rest);
+  nines[rest] = zeros[rest] = '\0';
+  put(b, " (");
+  const char *sep = "";
+  if (!lo_zeros) { /* l followed by lo's rest .. 9s */
+    put(b, "\"%c\"", l);
+    put_digits(b, lo + i + 1, nines, rest);
+    sep = " | ", l++;
+  }
+  char top = hi_nines ? h : (char)(h - 1);
+  if (l <= top) {
+    put(b, "%s[%c-%c]", sep, l, top);
+    if (rest) put(b, " [0-9]{%d}", rest);
+    sep = " | ";
+  }
+  if (!hi_nines) { /* h followed by 0s .. hi's rest */
+    put(b, "%s\"%c\"", sep, h);
+    put_digits(b, zeros, hi + i + 1, rest);
+  }
+  put(b, ")");
+}
+
+/* The alternatives for values in [lo, hi] (0 <= lo <= hi), each after " | " but the first. */
+static void put_range(gbuf *b, long long lo, long long hi) {
+  char a[INT_DIGITS + 2], z[INT_DIGITS + 2];
+  int na = snprintf(a, sizeof a, "%lld", lo), nz = snprintf(z, sizeof z, "%lld", hi);
+  for (int n = na; n <= nz; n++) {
+    char from[INT_DIGITS + 2], to[INT_DIGITS + 2];
+    if (n == na) memcpy(from, a, (size_t)n + 1);
+    else memset(from, '0', (size_t)n), from[0] = '1', from[n] = '\0';
+    if (n == nz) memcpy(to, z, (size_t)n + 1);
+    else memset(to, '9', (size_t)n), to[n] = '\0';
+    put(b, "%s", n == na ? "" : " |");
+    put_digits(b, from, to, n);
+  }
+}
+
+/* The bound key of s rounded into the integers (exclusive ones moved by one); false when
+ * absent. */
+static bool int_bound(sconv *c, const cJSON *s, bool upper, long long *out) {
+  const char *key = upper ? "maximum" : "minimum", *ex = upper ? "exclusiveMaximum"
+                                                               : "exclusiveMinimum";
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(s, key),
+              *x = cJSON_GetObjectItemCaseSensitive(s, ex);
+  bool have = false;
+  for (int k = 0; k < 2; k++) {
+    const cJSON *b = k ? x : v;
+    if (!b) continue;
+    if (!cJSON_IsNumber(b) || !(fabs(b->valuedouble) <= INT_MAX_ABS))
+      return sfail(c, IRT_UNSUPPORTED, "JSON Schema: '%s' must be a number of at most %d "
+                   "digits", k ? ex : key, INT_DIGITS) , false;
+    double d = upper ? floor(b->valuedouble) : ceil(b->valuedouble);
+    if (k && d == b->valuedouble) d += upper ? -1 : 1;
+    long long q = (long long)d;
+    if (!have || (upper ? q < *out : q > *out)) *out = q;
+    have = true;
+  }
+  return have;
+}
+
+static bool has_bounds(const cJSON *s) {
+  return cJSON_GetObjectItemCaseSensitive(s, "minimum") ||
+         cJSON_GetObjectItemCaseSensitive(s, "maximum") ||
+         cJSON_GetObjectItemCaseSensitive(s, "exclusiveMinimum") ||
+         cJSON_GetObjectItemCaseSensitive(s, "exclusiveMaximum");
+}
+
+/* An integer within the schema's minimum / maximum (exclusive or not). */
+static int gen_integer(sconv *c, const cJSON *s) {
+  if (!has_bounds(s)) return text_rule(c, "integer");
+  long long lo = 0, hi = 0, big = (long long)INT_MAX_ABS;
+  bool has_lo = int_bound(c, s, false, &lo), has_hi = !c->failed && int_bound(c, s, true, &hi);
+  if (c->failed) return -1;
+  if (!has_lo) lo = -big;
+  if (!has_hi) hi = big;
+  if (lo > hi) return sfail(c, IRT_INVALID_ARG, "JSON Schema: no integer lies within the bounds");
+  int r = new_rule(c);
+  put(&c->out, "r%d ::=", r);
+  if (lo < 0) { /* "-" and the magnitudes [max(1, -hi), -lo] */
+    put(&c->out, " \"-\" (");
+    put_range(&c->out, hi < 0 ? -hi : 1, -lo);
+    put(&c->out, ")%s", hi >= 0 ? " |" : "");
+  }
+  if (hi >= 0) {
+    put(&c->out, " (");
+    put_range(&c->out, lo > 0 ? lo : 0, hi);
+    put(&c->out, ")");
+  }
+  if (lo <= 0 && hi >= 0) put(&c->out, " | \"-0\""); /* JSON's other spelling of 0 */
+  put(&c->out, "\n");
   return r;
 }
 
@@ -337,8 +450,12 @@ static int gen_type(sconv *c, const cJSON *s, const char *t, int depth) {
   if (!strcmp(t, "string")) return gen_string(c, s);
   if (!strcmp(t, "object")) return gen_object(c, s, depth);
   if (!strcmp(t, "array")) return gen_array(c, s, depth);
-  const char *simple[] = {"number", "integer", "boolean", "null"};
-  for (int i = 0; i < 4; i++)
+  if (!strcmp(t, "integer")) return gen_integer(c, s);
+  if (!strcmp(t, "number") && has_bounds(s))
+    return sfail(c, IRT_UNSUPPORTED, "JSON Schema: 'minimum' / 'maximum' on a 'number' is not "
+                 "supported (on an 'integer' it is)");
+  const char *simple[] = {"number", "boolean", "null"};
+  for (int i = 0; i < 3; i++)
     if (!strcmp(t, simple[i])) return text_rule(c, simple[i]);
   return sfail(c, IRT_INVALID_ARG, "JSON Schema: unknown type '%.40s'", t);
 }
@@ -400,6 +517,9 @@ static int gen(sconv *c, const cJSON *s, int depth) {
       cJSON_GetObjectItemCaseSensitive(s, "maxLength") ||
       cJSON_GetObjectItemCaseSensitive(s, "pattern"))
     return gen_string(c, s);
+  if (has_bounds(s))
+    return sfail(c, IRT_UNSUPPORTED, "JSON Schema: 'minimum' / 'maximum' need \"type\": "
+                 "\"integer\"");
   return text_rule(c, "value");
 }
 

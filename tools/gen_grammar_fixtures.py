@@ -204,6 +204,28 @@ SCHEMAS.append(
               'note': rs('xa\n', 0, 2) + rng.choice(['a"b', '\\n', 'ab']) + rs('"y\\', 0, 2)}))
 
 
+def near(lo, hi, *points):
+    """Mostly an integer in [lo, hi]; else one at or next to a bound or point, or far off."""
+    u = rng.random()
+    if u < 0.7:
+        return rng.randint(lo, hi)
+    if u < 0.9:
+        return rng.choice((lo, hi) + points) + rng.randint(-1, 1)
+    return rng.randint(lo - 50, hi + 50) * rng.choice([1, 10, 1000, -1])
+
+
+SCHEMAS.append(
+    ({'type': 'object', 'additionalProperties': False, 'required': ['a', 'b', 'c', 'd', 'e'],
+      'properties': {'a': {'type': 'integer', 'minimum': -37, 'maximum': 1205},
+                     'b': {'type': 'integer', 'exclusiveMinimum': 99},
+                     'c': {'type': 'integer', 'maximum': -8},
+                     'd': {'type': 'integer', 'minimum': 0, 'exclusiveMaximum': 10},
+                     'e': {'type': ['integer', 'null'], 'minimum': 2.5, 'maximum': 100000}}},
+     lambda: {'a': near(-37, 1205, 0, 9, 10, 99, 100, 1000), 'b': near(100, 5000, 999),
+              'c': near(-300, -8, -10, -100), 'd': near(0, 9),
+              'e': None if rng.random() < 0.1 else near(3, 100000, 9, 99999)}))
+
+
 def mutate_any(s, alpha):
     m = list(s)
     i = rng.randrange(len(m) + 1)

@@ -343,7 +343,7 @@ def test_grammar(s):
     bad = [({"grammar": "root ::= nope"}, "grammar", "'nope' is used but not defined"),
            ({"grammar": "root ::= x\nx ::= x \"a\""}, "grammar", "left-recursive"),
            ({"response_format": {"type": "json_schema", "json_schema": {"name": "t", "schema":
-             {"type": "integer", "minimum": 3}}}}, "response_format.json_schema.schema", "minimum"),
+             {"type": "number", "minimum": 3}}}}, "response_format.json_schema.schema", "minimum"),
            ({"response_format": {"type": "json_schema"}}, "response_format.json_schema", "schema"),
            ({"response_format": {"type": "yaml"}}, "response_format", "yaml"),
            ({"guided_choice": []}, "guided_choice", "non-empty"),
@@ -361,7 +361,8 @@ WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Get the current weather in a city",
     "parameters": {"type": "object", "properties": {
         "city": {"type": "string", "maxLength": 12}, "unit": {"enum": ["celsius", "fahrenheit"]},
-        "days": {"type": "integer"}}, "required": ["city"], "additionalProperties": False}}}
+        "days": {"type": "integer", "minimum": 1, "maximum": 7}}, "required": ["city"],
+        "additionalProperties": False}}}
 CLOCK = {"type": "function", "function": {
     "name": "get_time", "parameters": {"type": "object", "properties": {
         "zone": {"$ref": "#/$defs/zone"}}, "required": ["zone"],
@@ -376,7 +377,8 @@ def weather_args_ok(a):
         return False
     return (isinstance(v, dict) and set(v) <= {"city", "unit", "days"} and list(v)[:1] == ["city"]
             and isinstance(v["city"], str) and len(v["city"]) <= 12 and
-            v.get("unit", "celsius") in ("celsius", "fahrenheit") and type(v.get("days", 0)) is int)
+            v.get("unit", "celsius") in ("celsius", "fahrenheit") and type(v.get("days", 1)) is int and
+            1 <= v.get("days", 1) <= 7)
 
 
 def stream_calls(stream):
@@ -547,7 +549,7 @@ def test_tools(s):
             ("required and a response_format", {"tools": [WEATHER], "tool_choice": "required",
                                                 "response_format": {"type": "json_object"}}, "tool_choice"),
             ("parameters not a grammar", {"tools": [{"type": "function", "function": {"name": "f", "parameters": {
-                "type": "object", "properties": {"n": {"type": "integer", "minimum": 3}}}}}], "tool_choice": "required"}, "tools"),
+                "type": "object", "properties": {"n": {"type": "number", "minimum": 3}}}}}], "tool_choice": "required"}, "tools"),
             ("defs clash", {"tools": [CLOCK, {"type": "function", "function": dict(CLOCK["function"], name="t2")}],
                             "tool_choice": "required"}, "tools"),
             ("call arguments not JSON", {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "tool_calls": [

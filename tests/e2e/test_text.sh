@@ -89,7 +89,7 @@ out = json.loads(r.stdout) if r.returncode == 0 else {}
 check("\ufffd" not in ref["text"] and out.get("generated_ids") == ref["generated_ids"] and
       out.get("finish_reason") == "stop", f"greedy inside a grammar: {out} vs {ref} {r.stderr[-300:]}")
 for flags, needle in ((["--grammar", "root ::= a"], b"rule 'a' is used but not defined"),
-                      (["--json-schema", '{"type": "integer", "minimum": 3}'], b"'minimum'"),
+                      (["--json-schema", '{"type": "number", "minimum": 3}'], b"'minimum'"),
                       (["--json-object", "--grammar", 'root ::= "a"'], b"only one of"),
                       (["--grammar-file", "/nonexistent"], b"cannot read")):
     r = run(["generate", plan, "--prompt", "x"] + flags)

@@ -124,7 +124,11 @@ static void test_errors(void) {
   expect_error("root = \"a\"", "expected '::='");
   const char *bad[][2] = {
       {"{\"type\": \"string\", \"pattern\": \"(?!a)\"}", "lookaround"},
-      {"{\"type\": \"integer\", \"minimum\": 3}", "'minimum' is not supported"},
+      {"{\"type\": \"number\", \"minimum\": 3}", "on a 'number' is not supported"},
+      {"{\"minimum\": 3}", "need \"type\": \"integer\""},
+      {"{\"type\": \"integer\", \"minimum\": 5, \"exclusiveMaximum\": 5}", "no integer lies"},
+      {"{\"type\": \"integer\", \"maximum\": 1e20}", "at most 16 digits"},
+      {"{\"type\": \"integer\", \"minimum\": \"3\"}", "must be a number"},
       {"{\"$ref\": \"#/$defs/nope\"}", "not found"},
       {"{\"type\": \"object\", \"required\": [\"a\"]}", "required 'a'"},
       {"[1,", "not valid JSON"},
