@@ -1036,7 +1036,7 @@ def main():
     try:
         test_tools(s)
     finally:
-        s.stop()
+        check("tools server exits cleanly on SIGTERM", s.stop() == 0)
     test_overload()
     test_batch()
     test_batch_resume()
