@@ -2,11 +2,12 @@
  * Jinja template of its family (tests compare against Jinja's output). */
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "chat_template.h"
 
 static const char *const k_names[] = {"unknown", "chatml", "llama3", "mistral",
-                                      "llama2",  "gemma",  "phi3"};
+                                      "llama2",  "gemma",  "phi3",   "llama3.1"};
 
 const char *irt_chat_kind_name(irt_chat_kind k) {
   return (unsigned)k < sizeof k_names / sizeof *k_names ? k_names[k] : "unknown";
@@ -45,10 +46,13 @@ ir_status irt_chat_template_detect(const char *src, irt_chat_template *out, ir_d
   memset(out, 0, sizeof *out);
   if (!src || !*src)
     return ir_diag_set(d, IR_UNSUPPORTED, "the model has no chat template; pass --chat-template "
-                       "NAME (chatml, llama3, mistral, llama2, gemma, phi3)");
+                       "NAME (chatml, llama3, llama3.1, mistral, llama2, gemma, phi3)");
   if (strstr(src, "<|im_start|>")) {
     out->kind = IRT_CHAT_CHATML;
     chatml_default_system(src, out->default_system, sizeof out->default_system);
+  } else if (strstr(src, "<|start_header_id|>") && strstr(src, "Cutting Knowledge Date")) {
+    out->kind = IRT_CHAT_LLAMA31;
+    if (!strstr(src, "strftime_now")) snprintf(out->date, sizeof out->date, "26 Jul 2024");
   } else if (strstr(src, "<|start_header_id|>")) {
     out->kind = IRT_CHAT_LLAMA3;
   } else if (strstr(src, "<start_of_turn>")) {
@@ -61,10 +65,11 @@ ir_status irt_chat_template_detect(const char *src, irt_chat_template *out, ir_d
     out->kind = IRT_CHAT_MISTRAL;
   } else {
     return ir_diag_set(d, IR_UNSUPPORTED, "the model's chat template is not one the engine can "
-                       "render; pass --chat-template NAME (chatml, llama3, mistral, llama2, "
-                       "gemma, phi3)");
+                       "render; pass --chat-template NAME (chatml, llama3, llama3.1, "
+                       "mistral, llama2, gemma, phi3)");
   }
-  const char *bos = out->kind == IRT_CHAT_LLAMA3 ? "<|begin_of_text|>"
+  const char *bos = out->kind == IRT_CHAT_LLAMA3 || out->kind == IRT_CHAT_LLAMA31
+                        ? "<|begin_of_text|>"
                     : out->kind == IRT_CHAT_GEMMA ? "<bos>"
                     : out->kind == IRT_CHAT_MISTRAL || out->kind == IRT_CHAT_LLAMA2 ? "<s>"
                                                                                     : "";
@@ -131,6 +136,32 @@ static void render_llama3(const irt_chat_template *t, const irt_chat_msg *m, siz
   if (gen) put(s, "<|start_header_id|>assistant<|end_header_id|>\n\n");
 }
 
+/* Llama 3.1 / 3.2 / 3.3: a system turn always, with the knowledge cutoff and the date
+ * before the (trimmed) system message. */
+static void render_llama31(const irt_chat_template *t, const irt_chat_msg *m, size_t n, bool gen,
+                           sbuf *s) {
+  char today[32];
+  const char *date = t->date;
+  if (!date[0]) {
+    time_t now = time(NULL);
+    struct tm tm;
+    if (!localtime_r(&now, &tm) || !strftime(today, sizeof today, "%d %b %Y", &tm))
+      snprintf(today, sizeof today, "26 Jul 2024");
+    date = today;
+  }
+  bool sys = n && role_of(m[0].role) == 0;
+  put(s, t->bos);
+  put(s, "<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\n"
+         "Today Date: ");
+  put(s, date);
+  put(s, "\n\n");
+  if (sys) put_trim(s, m[0].content);
+  put(s, "<|eot_id|>");
+  irt_chat_template plain = *t;
+  plain.bos[0] = '\0';
+  render_llama3(&plain, m + sys, n - sys, gen, s);
+}
+
 static void render_gemma(const irt_chat_template *t, const irt_chat_msg *m, size_t n, bool gen,
                          sbuf *s) {
   put(s, t->bos);
@@ -190,6 +221,7 @@ ir_status irt_chat_render(const irt_chat_template *t, const irt_chat_msg *msgs, 
   switch (t->kind) {
   case IRT_CHAT_CHATML: render_chatml(t, msgs, n, gen, &s); break;
   case IRT_CHAT_LLAMA3: render_llama3(t, msgs, n, gen, &s); break;
+  case IRT_CHAT_LLAMA31: render_llama31(t, msgs, n, gen, &s); break;
   case IRT_CHAT_GEMMA: render_gemma(t, msgs, n, gen, &s); break;
   case IRT_CHAT_PHI3: render_phi3(msgs, n, gen, &s); break;
   case IRT_CHAT_MISTRAL:

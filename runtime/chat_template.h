@@ -19,6 +19,8 @@ typedef enum irt_chat_kind {
   IRT_CHAT_LLAMA2 = 4,  /* [INST] <<SYS>>\n...\n<</SYS>>\n\n ... [/INST] */
   IRT_CHAT_GEMMA = 5,   /* <start_of_turn>user\n...<end_of_turn>\n, assistant is "model" */
   IRT_CHAT_PHI3 = 6,    /* <|user|>\n...<|end|>\n<|assistant|>\n */
+  IRT_CHAT_LLAMA31 = 7, /* llama3 with Llama 3.1's system turn, always written: knowledge
+                           cutoff, today's date, then the system message */
 } irt_chat_kind;
 
 typedef struct irt_chat_msg {
@@ -30,6 +32,9 @@ typedef struct irt_chat_template {
   irt_chat_kind kind;
   char default_system[512]; /* system prompt the template inserts when none is given */
   char bos[32];             /* BOS text the template writes itself ("" if none) */
+  char date[32];            /* llama3.1: the "Today Date" ("26 Jul 2024" as Llama 3.1's
+                               template has it; "" for the day of rendering, "%d %b %Y" in
+                               local time, as templates calling strftime_now get it) */
 } irt_chat_template;
 
 /* The family name ("chatml", "llama3", ...) and the reverse lookup (UNKNOWN if none). */

@@ -38,6 +38,11 @@ def llama_cpp_template(name):
 
 
 QWEN25 = llama_cpp_template("Qwen-Qwen2.5-7B-Instruct.jinja")
+LLAMA31 = llama_cpp_template("meta-llama-Llama-3.1-8B-Instruct.jinja")
+LLAMA32 = llama_cpp_template("meta-llama-Llama-3.2-3B-Instruct.jinja")
+# What strftime_now gives in these renderings (transformers passes the day of rendering);
+# the C test renders with the same fixed day.
+FIXED_DAY = "01 Dec 2026"
 QWEN25_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
 
 # SmolLM2-135M-Instruct's template, verbatim from its GGUF (tokenizer.chat_template).
@@ -94,6 +99,8 @@ TEMPLATES = [
     ("qwen2.5", "chatml", QWEN25, "<|endoftext|>", "<|im_end|>", True),
     ("chatml-plain", "chatml", CHATML_PLAIN, "<s>", "</s>", True),
     ("llama3", "llama3", LLAMA3, "<|begin_of_text|>", "<|eot_id|>", True),
+    ("llama3.1", "llama3.1", LLAMA31, "<|begin_of_text|>", "<|eot_id|>", True),
+    ("llama3.2", "llama3.1", LLAMA32, "<|begin_of_text|>", "<|eot_id|>", True),
     ("mistral", "mistral", MISTRAL, "<s>", "</s>", True),
     ("llama2", "llama2", LLAMA2, "<s>", "</s>", True),
     ("gemma", "gemma", GEMMA, "<bos>", "<eos>", False),
@@ -123,8 +130,10 @@ def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False)
 def render(source, bos, eos, messages, gen, tools=None):
     env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
     env.filters["tojson"] = tojson
+    kw = {"tools": tools} if tools is not None else {}
     return env.from_string(source).render(messages=messages, bos_token=bos, eos_token=eos,
-                                          add_generation_prompt=gen, tools=tools)
+                                          add_generation_prompt=gen,
+                                          strftime_now=lambda fmt: FIXED_DAY, **kw)
 
 
 WEATHER = {"type": "function", "function": {
@@ -202,6 +211,7 @@ def main():
                               "add_generation_prompt": gen,
                               "expected": render(source, bos, eos, conv, gen)})
     data = {"generator": "tools/gen_chat_fixtures.py", "jinja2_version": jinja2.__version__,
+            "strftime_now": FIXED_DAY,
             "templates": {t[0]: {"kind": t[1], "source": t[2], "bos": t[3], "eos": t[4]}
                           for t in TEMPLATES},
             "conversations": CONVERSATIONS, "cases": cases}

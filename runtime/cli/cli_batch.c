@@ -55,7 +55,7 @@ static int usage(FILE *f) {
         "  --output FILE           results, appended; custom_ids already there are skipped\n"
         "  --concurrency N         requests in flight (default: the plan's sequences per step)\n"
         "  --model-name NAME       the model id in responses (default: the plan's file name)\n"
-        "  --chat-template NAME    chatml, llama3, mistral, llama2, gemma or phi3\n"
+        "  --chat-template NAME    chatml, llama3, llama3.1, mistral, llama2, gemma or phi3\n"
         "  --kv-tokens N           KV cache capacity in tokens, over all requests (default: one\n"
         "                          context length; raise it to run many requests at once)\n"
         "  --kv-dtype T            " CLI_KV_DTYPE_USAGE "\n"

@@ -33,7 +33,7 @@ static int usage(FILE *f) {
         "  --prompt TEXT        text, tokenized with the plan's tokenizer\n"
         "  --chat MSG           a user message, formatted with the model's chat template\n"
         "  --system MSG         system message for --chat\n"
-        "  --chat-template NAME chatml, llama3, mistral, llama2, gemma or phi3 (default: the model's)\n"
+        "  --chat-template NAME chatml, llama3, llama3.1, mistral, llama2, gemma or phi3 (default: the model's)\n"
         "  -n, --max-tokens N   tokens to generate (default 32; --chat: 256)\n"
         "  --temperature T      0 = greedy (default 0)\n"
         "  --top-k K            sample among the K most likely (default: all)\n"

@@ -31,7 +31,7 @@ static int usage(FILE *f) {
         "  --max-connections N     open connections before requests get 429 (default 256)\n"
         "  --max-waiting N         requests in the engine before 429 (default 256)\n"
         "  --max-body BYTES        request body limit, else 413 (default 1048576)\n"
-        "  --chat-template NAME    chatml, llama3, mistral, llama2, gemma or phi3 (default: the "
+        "  --chat-template NAME    chatml, llama3, llama3.1, mistral, llama2, gemma or phi3 (default: the "
         "model's)\n"
         "  --kv-tokens N           KV cache capacity in tokens, over all requests (default: one\n"
         "                          context length; raise it to run many requests at once)\n"

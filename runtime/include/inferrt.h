@@ -246,7 +246,7 @@ typedef struct irt_chat_message {
 } irt_chat_message;
 
 /* Renders a conversation with the tokenizer's chat template, or with the named family
- * (template_name: chatml, llama3, mistral, llama2, gemma, phi3) when not NULL. Writes at
+ * (template_name: chatml, llama3, llama3.1, mistral, llama2, gemma, phi3) when not NULL. Writes at
  * most cap bytes plus a NUL; *out_len is the full length. */
 irt_status irt_chat_format(const irt_tokenizer *t, const char *template_name,
                            const irt_chat_message *msgs, size_t n, bool add_generation_prompt,

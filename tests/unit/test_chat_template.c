@@ -3,7 +3,9 @@
  * detected from the template source, then every conversation renders byte-identically. */
 #include <cjson/cJSON.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "chat_template.h"
 #include "infc_util.h"
@@ -29,6 +31,8 @@ static void run_case(const cJSON *root, const cJSON *c) {
   CHECKF(irt_chat_template_detect(src, &t, &d) == IR_OK, "%s: %s", name, d.msg);
   CHECKF(!strcmp(irt_chat_kind_name(t.kind), kind), "%s: detected %s, want %s", name,
          irt_chat_kind_name(t.kind), kind);
+  if (t.kind == IRT_CHAT_LLAMA31 && !t.date[0]) /* today's date: the fixture's fixed day */
+    snprintf(t.date, sizeof t.date, "%s", cJSON_GetObjectItem(root, "strftime_now")->valuestring);
   char buf[4096];
   size_t len = 0;
   CHECK(irt_chat_render(&t, msgs, n, gen, buf, sizeof buf, &len, &d) == IR_OK);
@@ -55,6 +59,18 @@ static void test_errors(void) {
   CHECK(irt_chat_render(&t, &ok, 1, true, buf, 8, &len, &d) == IR_OK);
   CHECK(len > 8 && strlen(buf) == 7);
   CHECK(irt_chat_kind_from_name("llama3") == IRT_CHAT_LLAMA3);
+  CHECK(irt_chat_kind_from_name("llama3.1") == IRT_CHAT_LLAMA31);
+  /* A template that asks strftime_now gets the day of rendering. */
+  t = (irt_chat_template){.kind = IRT_CHAT_LLAMA31};
+  char today[32], want[64];
+  time_t now = time(NULL);
+  struct tm tm;
+  localtime_r(&now, &tm);
+  strftime(today, sizeof today, "%d %b %Y", &tm);
+  snprintf(want, sizeof want, "Today Date: %s\n\n<|eot_id|>", today);
+  char big[512];
+  CHECK(irt_chat_render(&t, &ok, 1, true, big, sizeof big, &len, &d) == IR_OK);
+  CHECKF(strstr(big, want) != NULL, "%s", big);
   CHECK(irt_chat_kind_from_name("nope") == IRT_CHAT_UNKNOWN);
 }
 
