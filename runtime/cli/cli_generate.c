@@ -237,15 +237,38 @@ static bool is_end(const gen_state *g, const gen_args *a, int32_t tok) {
   return tok == irt_model_get_info(g->m)->eos_token_id;
 }
 
+/* At the end (not at a stop string, which cuts the text): the bytes of a partial character
+ * the stream still holds, as U+FFFD, and what a possible stop string held back. */
+static void flush_text(gen_state *g, const gen_args *a) {
+  if (!g->stream) return;
+  char piece[64];
+  size_t n = irt_text_stream_finish(g->stream, piece, sizeof piece);
+  if (n > sizeof piece) n = sizeof piece;
+  if (g->len + n + 1 > g->cap) {
+    size_t cap = (g->cap + n + 1) * 2;
+    char *p = realloc(g->text, cap);
+    if (!p) return;
+    g->text = p, g->cap = cap;
+  }
+  memcpy(g->text + g->len, piece, n);
+  g->len += n;
+  g->text[g->len] = '\0';
+  if (!a->json && g->len > g->printed) fwrite(g->text + g->printed, 1, g->len - g->printed, stdout);
+  g->printed = g->len;
+}
+
 /* Records a generated token; true when generation ends with it. */
 static bool take(gen_state *g, const gen_args *a, int32_t tok) {
   g->out[g->n_out++] = tok;
   if (is_end(g, a, tok)) {
     g->finish = "stop";
+    flush_text(g, a);
     return true;
   }
   if (g->stream && add_text(g, a, tok)) return true;
-  return g->n_out == a->max_new;
+  if (g->n_out < a->max_new) return false;
+  flush_text(g, a);
+  return true;
 }
 
 /* One step of n tokens whose next token(s) the step picks itself: with all_logits one
@@ -451,6 +474,7 @@ int cmd_generate(int argc, char **argv) {
     st = IRT_INVALID_ARG;
   }
   if (st == IRT_OK) st = a.grammar ? run_engine(&g, &a, &err) : run(&g, &a, &err);
+  if (st == IRT_OK && !a.grammar && strcmp(g.finish, "stop")) flush_text(&g, &a); /* context full */
   if (st == IRT_OK) print_result(&a, &g);
   else cli_fail("%s", err.msg[0] ? err.msg : irt_status_name(st));
   irt_text_stream_destroy(g.stream);
