@@ -64,10 +64,18 @@ irt_status irt_engine_create(irt_model *m, const irt_engine_opts *o, irt_engine 
     e->gpen_ids = malloc((size_t)in->vocab_size * sizeof *e->gpen_ids);
     e->gpen_sub = malloc((size_t)in->vocab_size * sizeof *e->gpen_sub);
   }
+  e->xsub = calloc((size_t)in->vocab_size, sizeof *e->xsub);
+  e->xmark = calloc((size_t)in->vocab_size, 1);
+  e->xpen_ids = malloc((size_t)in->vocab_size * sizeof *e->xpen_ids);
+  e->xpen_sub = malloc((size_t)in->vocab_size * sizeof *e->xpen_sub);
+  e->eog_ids = malloc((size_t)in->vocab_size * sizeof *e->eog_ids);
+  for (int32_t id = 0; e->eog_ids && id < in->vocab_size; id++)
+    if (e->tok ? irt_tok_is_eog(e->tok, id) : id == in->eos_token_id) e->eog_ids[e->n_eog++] = id;
   pthread_mutex_init(&e->mu, NULL);
   pthread_cond_init(&e->cv, NULL);
   if (!e->items || !e->item_seq || !e->item_plp || !e->logits || !e->picks || !e->row_picks ||
-      !e->row_top_ids || !e->row_top_lps ||
+      !e->row_top_ids || !e->row_top_lps || !e->xsub || !e->xmark || !e->xpen_ids ||
+      !e->xpen_sub || !e->eog_ids ||
       (e->tok && (!e->gtrie || !e->gmask || !e->gpen_ids || !e->gpen_sub))) {
     irt_engine_destroy(e);
     return fail(err, IRT_OOM, "out of memory");
@@ -85,6 +93,7 @@ static void free_req(ereq *q) {
   free(q->prompt);
   free(q->bias_ids);
   free(q->bias_sub);
+  free(q->stop_ids);
   irt_grammar_destroy(q->grammar);
   free(q->seqs);
   free(q);
@@ -137,6 +146,17 @@ static irt_status copy_request(irt_engine *e, const irt_request *r, ereq *q, irt
   q->r.tenant = q->tenant;
   irt_status st = copy_bias(r, q, err);
   if (st != IRT_OK) return st;
+  q->r.stop_token_ids = NULL;
+  if (r->n_stop_token_ids > 0) {
+    if (r->n_stop_token_ids > IRT_MAX_STOP_TOKEN_IDS || !r->stop_token_ids)
+      return fail(err, IRT_INVALID_ARG, "stop_token_ids: at most 256 ids");
+    if (!(q->stop_ids = malloc((size_t)r->n_stop_token_ids * sizeof *q->stop_ids)))
+      return fail(err, IRT_OOM, "out of memory");
+    memcpy(q->stop_ids, r->stop_token_ids, (size_t)r->n_stop_token_ids * sizeof *q->stop_ids);
+    q->n_stop_ids = r->n_stop_token_ids;
+  }
+  float rp = r->repetition_penalty;
+  q->host_pick = (rp != 0 && rp != 1) || r->min_tokens > 0;
   q->r.grammar = NULL;
   if (r->grammar) {
     if (!e->tok) return fail(err, IRT_INVALID_ARG, "a grammar needs a plan with a tokenizer");
@@ -217,6 +237,18 @@ static irt_status check_request(irt_engine *e, const ereq *q, irt_error *err) {
       return fail(err, IRT_INVALID_ARG, msg);
     }
   }
+  for (int i = 0; i < q->n_stop_ids; i++)
+    if (q->stop_ids[i] < 0 || q->stop_ids[i] >= in->vocab_size) {
+      snprintf(msg, sizeof msg, "stop_token_ids: token id %d is outside the vocabulary of %lld",
+               q->stop_ids[i], (long long)in->vocab_size);
+      return fail(err, IRT_INVALID_ARG, msg);
+    }
+  if (!(q->r.repetition_penalty >= 0 && q->r.repetition_penalty <= 2))
+    return fail(err, IRT_INVALID_ARG, "repetition_penalty must lie in (0, 2] (0: off)");
+  if (q->r.min_tokens < 0 || (q->r.max_tokens > 0 && q->r.min_tokens > q->r.max_tokens))
+    return fail(err, IRT_INVALID_ARG, "min_tokens must lie in [0, max_tokens]");
+  if (q->r.min_tokens > 0 && q->grammar)
+    return fail(err, IRT_INVALID_ARG, "min_tokens cannot be combined with a grammar");
   if (q->r.n_stop && !e->tok) return fail(err, IRT_INVALID_ARG, "stop strings need a tokenizer");
   for (int i = 0; i < q->r.n_stop; i++)
     if (!q->stops[i][0]) return fail(err, IRT_INVALID_ARG, "stop strings must not be empty");
@@ -439,6 +471,11 @@ void irt_engine_destroy(irt_engine *e) {
   free(e->row_top_lps);
   irt_gtrie_destroy(e->gtrie);
   free(e->gmask);
+  free(e->xsub);
+  free(e->xmark);
+  free(e->xpen_ids);
+  free(e->xpen_sub);
+  free(e->eog_ids);
   free(e->gpen_ids);
   free(e->gpen_sub);
   free(e);

@@ -85,6 +85,9 @@ struct ereq {
   float *bias_sub;        /* (n_bias) minus each bias: subtracted, as penalties are */
   int n_bias;
   irt_grammar *grammar;   /* compiled irt_request.grammar, or NULL */
+  int32_t *stop_ids;      /* stop_token_ids: (n_stop_ids) */
+  int n_stop_ids;
+  bool host_pick;         /* repetition_penalty or min_tokens: rows picked on the host */
   int64_t cached_tokens;
   int n;
   eseq *seqs;             /* (n); only seqs[0] exists until the prompt is prefilled */
@@ -137,6 +140,14 @@ struct irt_engine {
   uint8_t *gmask;         /* (vocab) */
   int32_t *gpen_ids;      /* (vocab) */
   float *gpen_sub;        /* (vocab) */
+  /* repetition_penalty and min_tokens on the host: one pick's subtractions by token (zero
+   * between picks), which tokens it lists, the list; end-of-generation ids */
+  float *xsub;            /* (vocab) */
+  uint8_t *xmark;         /* (vocab) */
+  int32_t *xpen_ids;      /* (vocab) */
+  float *xpen_sub;        /* (vocab) */
+  int32_t *eog_ids;
+  int n_eog;
   /* speculative decoding: the step cost model over decode-only steps, its last fit */
   irt_step_cost cost;
   double cost_a, cost_b;

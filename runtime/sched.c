@@ -181,10 +181,11 @@ static irt_pick *fork_picks(irt_engine *e, eseq *s) {
  * place in e->logits once the step is complete (place_rows). */
 static void add_item(irt_engine *e, eseq *s, int64_t take) {
   int k = e->n_items_now++;
-  /* with a grammar the row comes to the host, where the mask is; a scored prompt chunk
-   * brings all its rows */
+  /* with a grammar the row comes to the host, where the mask is, and so does one that
+   * repetition_penalty or min_tokens adjust; a scored prompt chunk brings all its rows */
   bool plp = scoring(s), last = s->kv->len + take == s->n_tokens;
-  bool host = s->req->grammar != NULL || plp, pick = last && !fork_point(s) && !host;
+  bool host = s->req->grammar != NULL || s->req->host_pick || plp;
+  bool pick = last && !fork_point(s) && !host;
   irt_pick *forks = last && fork_point(s) && !host ? fork_picks(e, s) : NULL;
   if (pick) e->picks[k] = make_pick(s);
   e->items[k] = (irt_batch_item){.seq = s->kv, .tokens = s->tokens + s->kv->len, .n = take,
@@ -348,7 +349,8 @@ static void add_drafts(irt_engine *e, int64_t budget) {
       double a = spec_alpha(s), pj = a;
       for (int j = 0; j < d; j++, pj *= a) tokens += 1, value += pj;
     }
-    bool host = s->counts || s->gram; /* penalties or a grammar: picked on the host */
+    /* penalties, a grammar, repetition_penalty or min_tokens: picked on the host */
+    bool host = s->counts || s->gram || s->req->host_pick;
     *it = (irt_batch_item){.seq = s->kv, .tokens = it->tokens, .n = 1 + d, .all_logits = true,
                            .logits = host ? e->logits : NULL,
                            .pick = host ? NULL : row_picks(e, s, 1 + d)};
@@ -450,7 +452,8 @@ static size_t take_text(eseq *s, int32_t tok, bool flush, bool *hit) {
   const ereq *q = s->req;
   size_t cut = s->held_len;
   *hit = false;
-  for (int i = 0; i < q->r.n_stop; i++) {
+  int n_stop = s->n_generated >= q->r.min_tokens ? q->r.n_stop : 0; /* none before min_tokens */
+  for (int i = 0; i < n_stop; i++) {
     const char *p = memmem(s->held, s->held_len, q->stops[i], strlen(q->stops[i]));
     if (p && (size_t)(p - s->held) < cut) cut = (size_t)(p - s->held), *hit = true;
   }
@@ -467,14 +470,16 @@ static void take_token(irt_engine *e, eseq *s, int32_t tok, float lp) {
   e->work.generated_tokens++;
   bool eog = !s->req->r.ignore_eos &&
              (e->tok ? irt_tok_is_eog(e->tok, tok) : tok == in->eos_token_id);
+  bool stop_id = false; /* its text stays: eog ? -1 : tok below */
+  for (int i = 0; i < s->req->n_stop_ids && !stop_id; i++) stop_id = s->req->stop_ids[i] == tok;
   bool length = s->n_generated >= s->req->r.max_tokens || s->n_tokens >= in->context_length;
   /* a grammar whose text is whole and cannot go on ends the completion here */
   bool whole = s->gram && irt_gstate_take(s->gram, e->gtrie, tok) &&
                irt_gstate_accepting(s->gram) && !irt_gstate_can_continue(s->gram);
   bool hit = false;
   size_t cut = 0;
-  if (e->tok) cut = take_text(s, eog ? -1 : tok, eog || length || whole, &hit);
-  irt_finish why = eog || hit || whole ? IRT_FINISH_STOP
+  if (e->tok) cut = take_text(s, eog ? -1 : tok, eog || stop_id || length || whole, &hit);
+  irt_finish why = eog || stop_id || hit || whole ? IRT_FINISH_STOP
                    : length          ? IRT_FINISH_LENGTH
                                      : IRT_FINISH_NONE;
   if (why) finish(e, s, why);
@@ -518,10 +523,49 @@ static void grammar_pick(irt_engine *e, eseq *s, irt_pick *p, const float *lg) {
   p->token = q.token, p->logprob = q.logprob;
 }
 
+/* Adds token id to the host pick's list (e->xpen_*), once; its subtraction lives in xsub. */
+static int list_add(irt_engine *e, int n, int32_t id) {
+  if (e->xmark[id] & 1) return n;
+  e->xmark[id] |= 1;
+  e->xpen_ids[n] = id;
+  return n + 1;
+}
+
+/* repetition_penalty and min_tokens, which depend on the row and on the count, folded into
+ * p's penalty list as this row's exact subtractions: a token of the prompt or completion
+ * goes from x = logit + bias to x / r (x > 0) or x r, then loses its presence/frequency
+ * penalties; before min_tokens the stop tokens go to -inf. */
+static void host_adjust(irt_engine *e, eseq *s, irt_pick *p, const float *lg) {
+  const ereq *q = s->req;
+  float *d = e->xsub, r = q->r.repetition_penalty;
+  int n = 0;
+  for (int j = 0; j < p->n_pen; j++) n = list_add(e, n, p->pen_ids[j]), d[p->pen_ids[j]] = p->pen_sub[j];
+  if (r > 0 && r != 1)
+    for (int64_t t = 0; t < s->n_tokens; t++) {
+      int32_t id = s->tokens[t];
+      if (e->xmark[id] & 2) continue;
+      e->xmark[id] |= 2;
+      n = list_add(e, n, id);
+      float b = q->n_bias ? -bias_sub(q, id) : 0.0f, pf = d[id] + b, x = lg[id] + b;
+      d[id] = lg[id] - ((x > 0 ? x / r : x * r) - pf);
+    }
+  if (s->n_generated < q->r.min_tokens) {
+    for (int i = 0; i < e->n_eog; i++) n = list_add(e, n, e->eog_ids[i]), d[e->eog_ids[i]] = INFINITY;
+    for (int i = 0; i < q->n_stop_ids; i++) n = list_add(e, n, q->stop_ids[i]), d[q->stop_ids[i]] = INFINITY;
+  }
+  for (int k = 0; k < n; k++) {
+    int32_t id = e->xpen_ids[k];
+    e->xpen_sub[k] = d[id];
+    d[id] = 0, e->xmark[id] = 0;
+  }
+  p->pen_ids = e->xpen_ids, p->pen_sub = e->xpen_sub, p->n_pen = n;
+}
+
 /* Samples the next token from a row of logits brought to the host, as a pick would, and
  * takes it; returns it. */
 static int32_t on_token(irt_engine *e, eseq *s, const float *lg) {
   irt_pick p = make_pick(s);
+  if (s->req->host_pick) host_adjust(e, s, &p, lg);
   if (s->gram) grammar_pick(e, s, &p, lg);
   else irt_pick_row(e->m, &p, lg);
   take_token(e, s, p.token, p.logprob);

@@ -384,6 +384,20 @@ typedef struct irt_request {
    * the tokens before it (the same tokens as without drafts). Compiled (and refused with
    * the line and the problem) at submit. NULL: none. */
   const char *grammar;
+  /* vLLM's repetition_penalty (HF transformers'): every token of the prompt or of the
+   * completion so far has its logit (logit_bias included) divided by it where positive and
+   * multiplied by it otherwise, before the presence/frequency penalties. In (0, 2]; 0 and
+   * 1 are off. Such rows are picked on the host. */
+  float repetition_penalty;
+  /* vLLM's min_tokens: until this many tokens are generated, end-of-generation tokens and
+   * stop_token_ids are banned and stop strings are not looked for. At most max_tokens;
+   * not with a grammar (whose text may have to end sooner). Rows picked on the host. */
+  int64_t min_tokens;
+  /* vLLM's stop_token_ids: generating one of them ends the completion (IRT_FINISH_STOP),
+   * ignore_eos or not; its text is kept (a special token has none). At most
+   * IRT_MAX_STOP_TOKEN_IDS ids, copied at submit. */
+  const int32_t *stop_token_ids;
+  int n_stop_token_ids;
   /* Also score the prompt: one irt_event (prompt = true) per prompt token after the first
    * (what `echo` with `logprobs` returns, and lm-eval's loglikelihood tasks read). The
    * prompt is then computed whole (no prefix-cache hits) in chunks of at most the plan's
@@ -392,6 +406,7 @@ typedef struct irt_request {
 } irt_request;
 
 #define IRT_MAX_TOP_LOGPROBS 20
+#define IRT_MAX_STOP_TOKEN_IDS 256
 
 /* GBNF for JSON: the JSON values a JSON Schema (text) describes, or any JSON object when
  * schema_json is NULL (OpenAI's response_format json_object). See runtime/grammar.h for

@@ -129,6 +129,10 @@ typedef struct srv_params {
   int n;
   int logprobs; /* -1: not asked; else alternatives per token (0..20) */
   float presence_penalty, frequency_penalty;
+  float repetition_penalty; /* vLLM's; 1: off */
+  int64_t min_tokens;       /* vLLM's */
+  int32_t *stop_ids;        /* vLLM's stop_token_ids: (n_stop_ids) owned */
+  int n_stop_ids;
   int32_t *bias_ids; /* logit_bias: (n_bias) owned */
   float *bias;
   int n_bias;

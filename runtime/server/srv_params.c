@@ -367,7 +367,37 @@ static bool parse_sampling(srv_ctx *c, const cJSON *body, srv_params *p, srv_err
   p->n = (int)n;
   if (!get_num(body, "presence_penalty", -2, 2, &p->presence_penalty, e)) return false;
   if (!get_num(body, "frequency_penalty", -2, 2, &p->frequency_penalty, e)) return false;
+  p->repetition_penalty = 1;
+  const cJSON *rp = field(body, "repetition_penalty");
+  if (rp && cJSON_IsNumber(rp) && rp->valuedouble <= 0)
+    return srv_bad(e, "repetition_penalty",
+                   "Invalid value for 'repetition_penalty': it must be greater than 0.");
+  if (!get_num(body, "repetition_penalty", 0, 2, &p->repetition_penalty, e)) return false;
+  if (!get_int(body, "min_tokens", 0, INT32_MAX, &p->min_tokens, e)) return false;
   return get_bool(body, "ignore_eos", &p->ignore_eos, e);
+}
+
+/* vLLM's stop_token_ids: an array of token ids within the vocabulary. */
+static bool parse_stop_ids(srv_ctx *c, const cJSON *body, srv_params *p, srv_error *e) {
+  const cJSON *v = field(body, "stop_token_ids");
+  if (!v) return true;
+  if (!cJSON_IsArray(v)) return bad_type(e, "stop_token_ids", "an array of token ids", v);
+  int n = cJSON_GetArraySize(v), k = 0;
+  if (n > IRT_MAX_STOP_TOKEN_IDS)
+    return srv_bad(e, "stop_token_ids", "Invalid value for 'stop_token_ids': at most %d ids.",
+                   IRT_MAX_STOP_TOKEN_IDS);
+  if (n == 0) return true;
+  if (!(p->stop_ids = malloc((size_t)n * sizeof *p->stop_ids)))
+    return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+  for (const cJSON *x = v->child; x; x = x->next, k++) {
+    if (!is_int(x) || x->valuedouble < 0 || x->valuedouble >= (double)c->info->vocab_size)
+      return srv_bad(e, "stop_token_ids",
+                     "Invalid value for 'stop_token_ids[%d]': expected a token id in [0, %lld).",
+                     k, (long long)c->info->vocab_size);
+    p->stop_ids[k] = (int32_t)x->valuedouble;
+  }
+  p->n_stop_ids = n;
+  return true;
 }
 
 /* logit_bias: {"token id": bias in [-100, 100], ...}, ids within the vocabulary. */
@@ -561,6 +591,11 @@ static bool parse_lengths(srv_ctx *c, srv_endpoint ep, const cJSON *body, srv_pa
                     (long long)ctx, (long long)(p->n_prompt + max), (long long)p->n_prompt, what,
                     (long long)max, what);
   p->max_tokens = max > 0 ? max : ep == SRV_COMPLETIONS && room > 16 ? 16 : room;
+  if (p->min_tokens > p->max_tokens)
+    return srv_bad(e, "min_tokens", "Invalid value for 'min_tokens': %lld is more than the %lld "
+                   "tokens of the completion.", (long long)p->min_tokens, (long long)p->max_tokens);
+  if (p->min_tokens > 0 && p->grammar)
+    return srv_bad(e, "min_tokens", "'min_tokens' cannot be combined with constrained decoding.");
   return true;
 }
 
@@ -590,6 +625,7 @@ bool srv_params_from_json(srv_ctx *c, srv_endpoint ep, const cJSON *body, srv_pa
   if (!cJSON_IsObject(body)) ok = srv_bad(err, NULL, "The request body must be a JSON object.");
   if (ok) ok = check_model(c, body, err) && refuse_unsupported(body, ep, err);
   if (ok) ok = parse_sampling(c, body, p, err) && parse_stop(body, p, err);
+  if (ok) ok = parse_stop_ids(c, body, p, err);
   if (ok) ok = parse_logit_bias(c, body, p, err) && parse_grammar(c, body, p, err);
   if (ok) ok = parse_logprobs(ep, body, p, err) && parse_stream(body, p, err);
   if (ok && p->n_stop && !c->tok)
@@ -619,6 +655,9 @@ void srv_params_free(srv_params *p) {
   free(p->prompt);
   free(p->bias_ids);
   free(p->bias);
+  free(p->stop_ids);
+  p->stop_ids = NULL;
+  p->n_stop_ids = 0;
   free(p->grammar);
   free(p->echo_text);
   srv_tools_free(&p->tools);

@@ -561,6 +561,56 @@ def test_tools(s):
             expect_error(s, name, 400, "POST", "/v1/chat/completions", dict(chat, **extra), param=param)
 
 
+def test_vllm_sampling(s):
+    """vLLM's stop_token_ids, min_tokens and repetition_penalty through the server (the
+    engine's token-level checks are test_engine's). Oracles: `inferrt generate`'s greedy
+    ids; the tokenizer's own detokenization for the text."""
+    c = s.client()
+    ref = generate("--prompt", "Once upon", "-n", "24", "--ignore-eos")
+    ids = ref["generated_ids"]
+    stop = ids[9]
+    first = ids.index(stop)
+    r = c.completions.create(model="tiny", prompt="Once upon", max_tokens=24, temperature=0,
+                             extra_body={"ignore_eos": True, "stop_token_ids": [stop]})
+    st, h, body = s.raw("POST", "/detokenize", {"tokens": ids[:first + 1]})
+    check("stop_token_ids: the text up to the stop token", r.choices[0].finish_reason == "stop" and
+          r.usage.completion_tokens == first + 1 and st == 200 and
+          r.choices[0].text == json.loads(body)["prompt"], f"{r} {body[:200]!r}")
+    eos = {"logit_bias": {"0": 100}}
+    r = c.completions.create(model="tiny", prompt="Once upon", max_tokens=24, temperature=0, extra_body=eos)
+    check("forced end of generation", r.usage.completion_tokens == 1 and r.choices[0].finish_reason == "stop")
+    for stream in (False, True):
+        body = dict(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=24,
+                    temperature=0, extra_body=dict(eos, min_tokens=6), stream=stream)
+        if stream:
+            body["stream_options"] = {"include_usage": True}
+            chunks = list(c.chat.completions.create(**body))
+            fin = [k.choices[0].finish_reason for k in chunks if k.choices and k.choices[0].finish_reason]
+            n = chunks[-1].usage.completion_tokens
+        else:
+            r = c.chat.completions.create(**body)
+            fin, n = [r.choices[0].finish_reason], r.usage.completion_tokens
+        check(f"min_tokens holds off the end (stream {stream})", n == 7 and fin == ["stop"], f"{n} {fin}")
+    plain = c.completions.create(model="tiny", prompt="Once upon", max_tokens=24, temperature=0,
+                                 extra_body={"ignore_eos": True, "repetition_penalty": 1.0})
+    rep = [c.completions.create(model="tiny", prompt="Once upon", max_tokens=24, temperature=0,
+                                extra_body={"ignore_eos": True, "repetition_penalty": 1.6}) for _ in range(2)]
+    check("repetition_penalty 1 is plain", plain.choices[0].text == ref["text"])
+    check("repetition_penalty changes greedy text, the same each time",
+          rep[0].choices[0].text != ref["text"] and rep[0].choices[0].text == rep[1].choices[0].text)
+    ok = {"model": "tiny", "prompt": "hi", "max_tokens": 4}
+    for name, extra, param in [("repetition_penalty 0", {"repetition_penalty": 0}, "repetition_penalty"),
+                               ("repetition_penalty 3", {"repetition_penalty": 3}, "repetition_penalty"),
+                               ("repetition_penalty type", {"repetition_penalty": "x"}, "repetition_penalty"),
+                               ("min_tokens < 0", {"min_tokens": -1}, "min_tokens"),
+                               ("min_tokens > max_tokens", {"min_tokens": 5}, "min_tokens"),
+                               ("min_tokens with a grammar", {"min_tokens": 1, "guided_choice": ["a"]}, "min_tokens"),
+                               ("stop_token_ids type", {"stop_token_ids": 5}, "stop_token_ids"),
+                               ("stop_token_ids id", {"stop_token_ids": [1, -1]}, "stop_token_ids"),
+                               ("stop_token_ids too many", {"stop_token_ids": [1] * 257}, "stop_token_ids")]:
+        expect_error(s, name, 400, "POST", "/v1/completions", dict(ok, **extra), param=param)
+
+
 def test_echo(s):
     """echo (lm-eval's loglikelihood requests): the prompt comes back with a logprob per
     token after the first, each the logprob the model gives that token after the ones
@@ -1018,7 +1068,7 @@ def main():
                "--kv-tokens", "16384", "--max-body", "65536", "--spec-tokens", "4",
                "--spec-ngram", "1:3", "--spec-always")
     try:
-        for t in (test_basics, test_completions, test_chat, test_sampling, test_grammar, test_echo, test_tokenize, test_logprobs, test_stop,
+        for t in (test_basics, test_completions, test_chat, test_sampling, test_grammar, test_vllm_sampling, test_echo, test_tokenize, test_logprobs, test_stop,
                   test_prefix_cache_and_tenants, test_concurrent, test_errors, test_disconnect, test_loadtest):
             t(s)
         m = s.metrics()

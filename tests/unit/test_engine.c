@@ -421,10 +421,12 @@ typedef struct top_result {
   float top_lp[MAX_OUT][5];
   int n_top[MAX_OUT];
   int n;
+  irt_finish finish;
 } top_result;
 
 static void on_top_event(void *user, const irt_event *ev) {
   top_result *r = user;
+  if (ev->finish) r->finish = ev->finish;
   if (ev->token < 0 || r->n >= MAX_OUT) return;
   r->tokens[r->n] = ev->token;
   r->logprobs[r->n] = ev->logprob;
@@ -527,12 +529,26 @@ static void test_penalties_and_top(irt_model *m) {
 /* Greedy tokens of prompt p as a hand-rolled loop over irt_seq_decode sees them: the
  * argmax of the raw logits less the penalties plus the logit_bias; lp[t] gets the raw
  * log-softmax of token t, second[t] the runner-up and gap[t] how far behind it is. */
+static void rep_greedy(irt_model *m, const int32_t *p, int P, float presence, float frequency,
+                       float rep, const int32_t *ids, const float *bias, int nb, int n_out,
+                       int32_t *want, float *lp, int32_t *second, float *gap);
 static void biased_greedy(irt_model *m, const int32_t *p, int P, float presence, float frequency,
                           const int32_t *ids, const float *bias, int nb, int n_out, int32_t *want,
                           float *lp, int32_t *second, float *gap) {
+  rep_greedy(m, p, P, presence, frequency, 1.0f, ids, bias, nb, n_out, want, lp, second, gap);
+}
+
+/* ... and with HF's repetition penalty: a token of the prompt or of the output so far goes
+ * from x (its logit plus its bias) to x / rep where x > 0, x * rep otherwise, before the
+ * presence and frequency penalties (vLLM's order). */
+static void rep_greedy(irt_model *m, const int32_t *p, int P, float presence, float frequency,
+                       float rep, const int32_t *ids, const float *bias, int nb, int n_out,
+                       int32_t *want, float *lp, int32_t *second, float *gap) {
   int64_t V = irt_model_get_info(m)->vocab_size;
   float *lg = malloc((size_t)V * sizeof *lg);
   int32_t *counts = calloc((size_t)V, sizeof *counts);
+  uint8_t *ctx = calloc((size_t)V, 1);
+  for (int i = 0; ctx && i < P; i++) ctx[p[i]] = 1;
   irt_seq *s = NULL;
   irt_error err = {0};
   CHECK(lg && counts && irt_seq_create(m, &s, &err) == IRT_OK);
@@ -541,8 +557,10 @@ static void biased_greedy(irt_model *m, const int32_t *p, int P, float presence,
     int64_t arg = -1, run = -1;
     double best = -INFINITY, next = -INFINITY, mx = -INFINITY, sum = 0;
     for (int64_t v = 0; v < V; v++) {
-      double x = lg[v] - (counts[v] ? presence + frequency * (float)counts[v] : 0.0f);
+      double x = lg[v];
       for (int j = 0; j < nb; j++) x += ids[j] == v ? bias[j] : 0.0f;
+      if (ctx[v] && rep != 1.0f) x = x > 0 ? x / rep : x * rep;
+      x -= counts[v] ? presence + frequency * (float)counts[v] : 0.0f;
       if (x > best) next = best, run = arg, best = x, arg = v;
       else if (x > next) next = x, run = v;
       mx = lg[v] > mx ? lg[v] : mx;
@@ -552,10 +570,11 @@ static void biased_greedy(irt_model *m, const int32_t *p, int P, float presence,
     second[t] = (int32_t)run, gap[t] = (float)(best - next);
     lp[t] = (float)((double)lg[arg] - mx - log(sum));
     counts[arg]++;
+    ctx[arg] = 1;
     CHECK(irt_seq_decode(m, s, &want[t], 1, lg, false, &err) == IRT_OK);
   }
   irt_seq_destroy(s);
-  free(lg), free(counts);
+  free(lg), free(counts), free(ctx);
 }
 
 /* An engine drafting up to spec tokens by 1-gram lookup (spec_always), or none. */
@@ -566,6 +585,110 @@ static irt_engine *drafting_engine(irt_model *m, int spec) {
   irt_error err = {0};
   CHECKF(irt_engine_create(m, &eo, &e, &err) == IRT_OK, "%s", err.msg);
   return e;
+}
+
+/* vLLM's repetition_penalty, min_tokens and stop_token_ids. repetition_penalty against
+ * rep_greedy (alone, and with penalties and a bias; with and without drafts); min_tokens
+ * holds off an end-of-generation token that logit_bias forces; a stop token id ends the
+ * completion where plain greedy output first has it. Bad values are refused. */
+static void test_vllm_sampling(irt_model *m) {
+  enum { N_OUT = 40, P = 6 };
+  int32_t p[P] = {21, 22, 23, 21, 22, 23}, plain[N_OUT], want[N_OUT], second[N_OUT];
+  float lp[N_OUT], gap[N_OUT];
+  const irt_model_info *in = irt_model_get_info(m);
+  rep_greedy(m, p, P, 0, 0, 1.0f, NULL, NULL, 0, N_OUT, plain, lp, second, gap);
+  irt_error err = {0};
+  for (int v = 0; v < 6; v++) {
+    bool more = v & 1;
+    int spec = v < 2 ? 0 : v < 4 ? 3 : 1;
+    float rep = v < 4 ? 1.3f : 0.8f, presence = more ? 0.4f : 0, frequency = more ? 0.3f : 0;
+    int32_t bid[2] = {plain[1], plain[3]};
+    float bias[2] = {1.5f, -0.5f};
+    rep_greedy(m, p, P, presence, frequency, rep, bid, bias, more ? 2 : 0, N_OUT, want, lp,
+               second, gap);
+    irt_engine *e = drafting_engine(m, spec);
+    static top_result got;
+    memset(&got, 0, sizeof got);
+    irt_request q = {.prompt_ids = p, .n_prompt = P, .max_tokens = N_OUT, .ignore_eos = true,
+                     .sampling = irt_sampling_default(), .presence_penalty = presence,
+                     .frequency_penalty = frequency, .repetition_penalty = rep,
+                     .on_event = on_top_event, .user = &got, .logit_bias_ids = bid,
+                     .logit_bias = bias, .n_logit_bias = more ? 2 : 0};
+    CHECK(irt_engine_submit(e, &q, NULL, &err) == IRT_OK);
+    CHECK(irt_engine_run(e, &err) == IRT_OK);
+    int diff = 0, wrong = 0;
+    for (int t = 0; t < N_OUT; t++) {
+      wrong += got.tokens[t] != want[t] || fabsf(got.logprobs[t] - lp[t]) > 1e-5f;
+      diff += want[t] != plain[t];
+    }
+    CHECKF(got.n == N_OUT && wrong == 0 && diff > 0,
+           "repetition_penalty %g variant %d: %d of %d tokens wrong, %d differ from plain", rep,
+           v, wrong, got.n, diff);
+    irt_engine_destroy(e);
+  }
+  /* min_tokens against an end-of-generation token forced by logit_bias */
+  int32_t eos = (int32_t)in->eos_token_id;
+  float plus = 100.0f;
+  CHECK(eos >= 0);
+  for (int spec = 0; spec < 2 && eos >= 0; spec++)
+    for (int64_t min = 0; min <= 7; min += 7) {
+      irt_engine *e = drafting_engine(m, spec ? 4 : 0);
+      static top_result got;
+      memset(&got, 0, sizeof got);
+      irt_request q = {.prompt_ids = p, .n_prompt = P, .max_tokens = N_OUT, .min_tokens = min,
+                       .sampling = irt_sampling_default(), .on_event = on_top_event,
+                       .user = &got, .logit_bias_ids = &eos, .logit_bias = &plus,
+                       .n_logit_bias = 1};
+      CHECK(irt_engine_submit(e, &q, NULL, &err) == IRT_OK);
+      CHECK(irt_engine_run(e, &err) == IRT_OK);
+      int early = 0;
+      for (int t = 0; t + 1 < got.n; t++) early += got.tokens[t] == eos;
+      CHECKF(got.n == min + 1 && got.tokens[got.n - 1] == eos && !early &&
+             got.finish == IRT_FINISH_STOP, "min_tokens %lld: %d tokens, finish %d", (long long)min,
+             got.n, got.finish);
+      irt_engine_destroy(e);
+    }
+  /* a stop token id: plain greedy output up to its first occurrence */
+  int32_t stop = plain[9];
+  int first = 0;
+  while (plain[first] != stop) first++;
+  for (int spec = 0; spec < 2; spec++) {
+    irt_engine *e = drafting_engine(m, spec ? 4 : 0);
+    static top_result got;
+    memset(&got, 0, sizeof got);
+    irt_request q = {.prompt_ids = p, .n_prompt = P, .max_tokens = N_OUT, .ignore_eos = true,
+                     .sampling = irt_sampling_default(), .on_event = on_top_event, .user = &got,
+                     .stop_token_ids = &stop, .n_stop_token_ids = 1};
+    CHECK(irt_engine_submit(e, &q, NULL, &err) == IRT_OK);
+    CHECK(irt_engine_run(e, &err) == IRT_OK);
+    CHECKF(got.n == first + 1 && !memcmp(got.tokens, plain, (size_t)got.n * sizeof *plain) &&
+           got.finish == IRT_FINISH_STOP, "stop_token_ids: %d tokens, want %d", got.n, first + 1);
+    /* with min_tokens past it, the stop id is banned until then */
+    memset(&got, 0, sizeof got);
+    q.min_tokens = first + 2;
+    CHECK(irt_engine_submit(e, &q, NULL, &err) == IRT_OK);
+    CHECK(irt_engine_run(e, &err) == IRT_OK);
+    int early = 0;
+    for (int t = 0; t < first + 2 && t < got.n; t++) early += got.tokens[t] == stop;
+    CHECKF(got.n > first + 2 && !early, "stop id under min_tokens: %d tokens, %d early", got.n,
+           early);
+    if (spec == 0) { /* refusals */
+      irt_request b = q;
+      b.min_tokens = 0;
+      int32_t bad = (int32_t)in->vocab_size;
+      b.stop_token_ids = &bad;
+      CHECK(irt_engine_submit(e, &b, NULL, &err) == IRT_INVALID_ARG && strstr(err.msg, "vocab"));
+      b = q, b.min_tokens = N_OUT + 1;
+      CHECK(irt_engine_submit(e, &b, NULL, &err) == IRT_INVALID_ARG && strstr(err.msg, "min_tokens"));
+      b = q, b.min_tokens = 0, b.repetition_penalty = 2.5f;
+      CHECK(irt_engine_submit(e, &b, NULL, &err) == IRT_INVALID_ARG);
+      b.repetition_penalty = -1.0f;
+      CHECK(irt_engine_submit(e, &b, NULL, &err) == IRT_INVALID_ARG);
+      b.repetition_penalty = NAN;
+      CHECK(irt_engine_submit(e, &b, NULL, &err) == IRT_INVALID_ARG);
+    }
+    irt_engine_destroy(e);
+  }
 }
 
 /* logit_bias (OpenAI's) against biased_greedy: alone and with penalties, with and without
@@ -866,6 +989,7 @@ int main(int argc, char **argv) {
   test_priority_and_limits(m);
   test_penalties_and_top(m);
   test_logit_bias(m);
+  test_vllm_sampling(m);
   test_picks(m);
   test_row_picks(m);
   test_prompt_logprobs(m);
