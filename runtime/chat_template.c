@@ -103,7 +103,11 @@ static void put_trim(sbuf *s, const char *t) {
 }
 
 static int role_of(const char *r) {
-  return !strcmp(r, "system") ? 0 : !strcmp(r, "user") ? 1 : !strcmp(r, "assistant") ? 2 : -1;
+  return !strcmp(r, "system")      ? 0
+         : !strcmp(r, "user")      ? 1
+         : !strcmp(r, "assistant") ? 2
+         : !strcmp(r, "ipython")   ? 3
+                                   : -1;
 }
 
 static void render_chatml(const irt_chat_template *t, const irt_chat_msg *m, size_t n, bool gen,
@@ -151,8 +155,9 @@ static void render_llama31(const irt_chat_template *t, const irt_chat_msg *m, si
   }
   bool sys = n && role_of(m[0].role) == 0;
   put(s, t->bos);
-  put(s, "<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\n"
-         "Today Date: ");
+  put(s, "<|start_header_id|>system<|end_header_id|>\n\n");
+  if (t->tools) put(s, "Environment: ipython\n");
+  put(s, "Cutting Knowledge Date: December 2023\nToday Date: ");
   put(s, date);
   put(s, "\n\n");
   if (sys) put_trim(s, m[0].content);
@@ -216,7 +221,8 @@ ir_status irt_chat_render(const irt_chat_template *t, const irt_chat_msg *msgs, 
                           bool gen, char *buf, size_t cap, size_t *out_len, ir_diag *d) {
   for (size_t i = 0; i < n; i++)
     if (!msgs[i].role || !msgs[i].content || role_of(msgs[i].role) < 0)
-      return ir_diag_set(d, IR_INVALID_ARG, "message %zu: role must be system, user or assistant", i);
+      return ir_diag_set(d, IR_INVALID_ARG, "message %zu: role must be system, user, assistant "
+                         "or ipython", i);
   sbuf s = {.buf = buf, .cap = cap ? cap - 1 : 0};
   switch (t->kind) {
   case IRT_CHAT_CHATML: render_chatml(t, msgs, n, gen, &s); break;

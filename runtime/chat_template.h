@@ -24,7 +24,7 @@ typedef enum irt_chat_kind {
 } irt_chat_kind;
 
 typedef struct irt_chat_msg {
-  const char *role; /* "system", "user" or "assistant" */
+  const char *role; /* "system", "user", "assistant", or "ipython" (a tool's result) */
   const char *content;
 } irt_chat_msg;
 
@@ -32,6 +32,7 @@ typedef struct irt_chat_template {
   irt_chat_kind kind;
   char default_system[512]; /* system prompt the template inserts when none is given */
   char bos[32];             /* BOS text the template writes itself ("" if none) */
+  bool tools;               /* the conversation offers tools (llama3.1: "Environment: ipython") */
   char date[32];            /* llama3.1: the "Today Date" ("26 Jul 2024" as Llama 3.1's
                                template has it; "" for the day of rendering, "%d %b %Y" in
                                local time, as templates calling strftime_now get it) */

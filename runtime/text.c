@@ -119,23 +119,40 @@ static ir_status pick_template(const irt_tokenizer *t, const char *name, irt_cha
   return irt_chat_template_detect(irt_tok_chat_template(t), ct, d);
 }
 
-irt_status irt_chat_default_system(const irt_tokenizer *t, const char *name, char *buf,
-                                   size_t cap, irt_error *err) {
+irt_status irt_chat_get_info(const irt_tokenizer *t, const char *name, irt_chat_info *out,
+                             irt_error *err) {
   ir_diag d = {0};
   irt_chat_template ct;
   ir_status st = pick_template(t, name, &ct, &d);
-  if (st == IR_OK && cap) snprintf(buf, cap, "%s", ct.default_system);
+  memset(out, 0, sizeof *out);
+  if (st == IR_OK) {
+    snprintf(out->family, sizeof out->family, "%s", irt_chat_kind_name(ct.kind));
+    snprintf(out->default_system, sizeof out->default_system, "%s", ct.default_system);
+  }
   return done(err, st, &d);
+}
+
+static irt_status format(const irt_tokenizer *t, const char *name, const irt_chat_message *msgs,
+                         size_t n, bool gen, bool tools, char *buf, size_t cap, size_t *out_len,
+                         irt_error *err) {
+  ir_diag d = {0};
+  irt_chat_template ct;
+  ir_status st = pick_template(t, name, &ct, &d);
+  _Static_assert(sizeof(irt_chat_message) == sizeof(irt_chat_msg), "same layout");
+  ct.tools = tools;
+  if (st == IR_OK)
+    st = irt_chat_render(&ct, (const irt_chat_msg *)msgs, n, gen, buf, cap, out_len, &d);
+  return done(err, st, &d);
+}
+
+irt_status irt_chat_format_tools(const irt_tokenizer *t, const char *name,
+                                 const irt_chat_message *msgs, size_t n, bool gen, char *buf,
+                                 size_t cap, size_t *out_len, irt_error *err) {
+  return format(t, name, msgs, n, gen, true, buf, cap, out_len, err);
 }
 
 irt_status irt_chat_format(const irt_tokenizer *t, const char *name, const irt_chat_message *msgs,
                            size_t n, bool gen, char *buf, size_t cap, size_t *out_len,
                            irt_error *err) {
-  ir_diag d = {0};
-  irt_chat_template ct;
-  ir_status st = pick_template(t, name, &ct, &d);
-  _Static_assert(sizeof(irt_chat_message) == sizeof(irt_chat_msg), "same layout");
-  if (st == IR_OK)
-    st = irt_chat_render(&ct, (const irt_chat_msg *)msgs, n, gen, buf, cap, out_len, &d);
-  return done(err, st, &d);
+  return format(t, name, msgs, n, gen, false, buf, cap, out_len, err);
 }

@@ -187,16 +187,40 @@ def vllm_messages(messages):
     return out
 
 
+# Llama 3.1's template takes one call per assistant message.
+LLAMA_TOOL_CONVERSATIONS = [
+    ([WEATHER], [{"role": "user", "content": "  Weather in Paris?\n"}]),
+    ([WEATHER, TIME, NOPARAMS], [
+        {"role": "system", "content": "Use the tools. "},
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"role": "assistant", "content": "ignored", "tool_calls": [
+            call("call_1", "get_weather", {"city": "Oslo", "days": 2})]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "{\"temp\": -3, \"note\": \"ø\"}"},
+        {"role": "assistant", "content": "It is -3."},
+        {"role": "user", "content": "And the time?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            call("call_2", "get_time", {"city": "Oslo", "tags": []})]},
+        {"role": "tool", "tool_call_id": "call_2", "content": "09:41"}]),
+]
+
+
 def tool_cases():
     """Each conversation as Qwen2.5 renders it, and as it renders it with no default system
-    prompt (what a template without one, such as the test server's plain ChatML, gives)."""
+    prompt (what a template without one, such as the test server's plain ChatML, gives);
+    then as Llama 3.1's template renders its conversations."""
     cases = []
     for tools, msgs in TOOL_CONVERSATIONS:
         for default in (QWEN25_SYSTEM, ""):
             src = QWEN25.replace(QWEN25_SYSTEM, default)
-            cases.append({"default_system": default, "tools": tools, "messages": msgs,
+            cases.append({"template": "qwen2.5", "default_system": default, "tools": tools,
+                          "messages": msgs,
                           "expected": render(src, "", "<|im_end|>", vllm_messages(msgs), True,
                                              tools)})
+    for tools, msgs in LLAMA_TOOL_CONVERSATIONS:
+        cases.append({"template": "llama3.1", "default_system": "", "tools": tools,
+                      "messages": msgs,
+                      "expected": render(LLAMA31, "<|begin_of_text|>", "<|eot_id|>",
+                                         vllm_messages(msgs), True, tools)})
     return cases
 
 

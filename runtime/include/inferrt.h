@@ -252,10 +252,22 @@ irt_status irt_chat_format(const irt_tokenizer *t, const char *template_name,
                            const irt_chat_message *msgs, size_t n, bool add_generation_prompt,
                            char *buf, size_t cap, size_t *out_len, irt_error *err);
 
-/* The system prompt the template writes when a conversation has none ("" if it writes none),
- * truncated to cap bytes with a NUL. */
-irt_status irt_chat_default_system(const irt_tokenizer *t, const char *template_name, char *buf,
-                                   size_t cap, irt_error *err);
+/* What a conversation's rendering depends on: the template family, and the system prompt
+ * the template writes when a conversation has none ("" if it writes none). */
+typedef struct irt_chat_info {
+  char family[16];          /* chatml, llama3, llama3.1, mistral, llama2, gemma, phi3 */
+  char default_system[512];
+} irt_chat_info;
+irt_status irt_chat_get_info(const irt_tokenizer *t, const char *template_name,
+                             irt_chat_info *out, irt_error *err);
+/* irt_chat_format of a conversation that offers tools, which llama3.1 says in its system
+ * turn ("Environment: ipython"); the tools, calls and results themselves are the caller's
+ * to write into the messages in the family's own form (the server's srv_tools.c). Roles
+ * may then also be "ipython" (a tool's result, llama3.1). */
+irt_status irt_chat_format_tools(const irt_tokenizer *t, const char *template_name,
+                                 const irt_chat_message *msgs, size_t n,
+                                 bool add_generation_prompt, char *buf, size_t cap,
+                                 size_t *out_len, irt_error *err);
 
 /* --- engine: continuous batching over many requests ----------------------------------------
  *

@@ -4,6 +4,7 @@
  *   srv_params.c   request bodies -> validated parameters (OpenAI error on refusal)
  *   srv_job.c      one request through the engine: events in, per-choice state out
  *   srv_openai.c   OpenAI response, SSE chunk and error JSON
+ *   srv_chat.c     chat messages -> the template's messages (tool calls and results too)
  *   srv_tools.c    function calling: tools in the prompt, calls constrained or read back
  *   srv_metrics.c  Prometheus counters, gauges and histograms
  *   srv_keys.c     API keys -> tenant and priority
@@ -39,6 +40,8 @@ bool srv_fail(srv_error *e, int status, const char *type, const char *code, cons
 /* Shorthand for a 400 invalid_request_error naming `param`. */
 bool srv_bad(srv_error *e, const char *param, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* "Invalid type for 'k': expected want, but got <v's type> instead." (a 400). */
+bool srv_bad_type(srv_error *e, const char *k, const char *want, const cJSON *v);
 
 typedef struct srv_metrics srv_metrics;
 
@@ -71,9 +74,17 @@ typedef enum srv_tool_mode {
   SRV_TOOLS_NAMED,    /* a call of the named tool (a grammar) */
 } srv_tool_mode;
 
+/* How tools, calls and results are written: the Hermes form Qwen2.5's template uses (every
+ * family but llama3.1), or Llama 3.1's JSON form: the tools at the start of the first user
+ * turn, a call as {"name": ..., "parameters": {...}} alone in the assistant turn (several
+ * joined by ";"), a result as an "ipython" turn holding a JSON string. */
+typedef enum srv_tool_format { SRV_TOOLFMT_HERMES = 0, SRV_TOOLFMT_LLAMA3 = 1 } srv_tool_format;
+srv_tool_format srv_tool_format_of(const char *family);
+
 typedef struct srv_tools {
   cJSON *list; /* (owned) the request's tools, as given; NULL in mode NONE */
   srv_tool_mode mode;
+  srv_tool_format format;
   int named;     /* NAMED: the tool's index in list */
   bool parallel; /* parallel_tool_calls: REQUIRED may make several calls */
 } srv_tools;
@@ -82,14 +93,20 @@ typedef struct srv_tools {
  * 400 naming the field) on a bad tool, an unknown name or a choice without tools. */
 bool srv_tools_parse(const cJSON *body, srv_tools *t, srv_error *e);
 void srv_tools_free(srv_tools *t);
-/* The system turn's text: sys, then the tools block. malloc'd (NULL: out of memory). */
+/* Hermes: the system turn's text: sys, then the tools block. malloc'd (NULL: out of memory). */
 char *srv_tools_system(const srv_tools *t, const char *sys);
-/* An assistant turn with tool_calls as its text: content, then one <tool_call> block per call
- * (arguments, a JSON string, written as the template's tojson writes the object). malloc'd;
- * NULL with e set (naming messages[msg]) when a call is malformed. */
-char *srv_tools_assistant(const char *content, const cJSON *calls, int msg, srv_error *e);
-/* A tool turn's text appended to prev (the tool turns before it, or NULL). malloc'd. */
-char *srv_tools_response(const char *prev, const char *content);
+/* Llama 3.1: the first user turn's text: the tools and how to call them, then first (trimmed).
+ * malloc'd (NULL: out of memory). */
+char *srv_tools_user(const srv_tools *t, const char *first);
+/* An assistant turn with tool_calls as its text: Hermes, content then one <tool_call> block
+ * per call; Llama 3.1, the one call's JSON (its template takes one). Arguments, a JSON
+ * string, are written as the template's tojson writes the object. malloc'd; NULL with e
+ * set (naming messages[msg]) when a call is malformed, or out of memory. */
+char *srv_tools_assistant(srv_tool_format f, const char *content, const cJSON *calls, int msg,
+                          srv_error *e);
+/* A tool turn's text: Hermes, a <tool_response> block after prev (the results before it in
+ * the same turn, or NULL); Llama 3.1, content as a JSON string. malloc'd (NULL: out of memory). */
+char *srv_tools_result(srv_tool_format f, const char *prev, const char *content);
 /* GBNF for the completion of REQUIRED / NAMED modes; *gbnf NULL for the others. False with
  * e set when a tool's parameters cannot be a grammar (unsupported JSON Schema keywords). */
 bool srv_tools_grammar(const srv_tools *t, char **gbnf, srv_error *e);
@@ -106,15 +123,34 @@ typedef struct srv_tool_split {
                   follows it (len when there is none) */
 } srv_tool_split;
 
-/* Reads the calls out of a completion's text. Mid-stream (!final) a call is taken once its
- * block closes, and a possible start of "<tool_call>" at the end is not content yet. False
- * only when out of memory. */
-bool srv_tools_split(const char *text, size_t len, bool final, srv_tool_split *out);
+/* Reads the calls out of a completion's text. Hermes: mid-stream (!final) a call is taken
+ * once its block closes, and a possible start of "<tool_call>" at the end is not content
+ * yet. Llama 3.1: a text that starts with "{" (after blanks) is calls, read at the end.
+ * False only when out of memory. */
+bool srv_tools_split(srv_tool_format f, const char *text, size_t len, bool final,
+                     srv_tool_split *out);
 void srv_tool_split_free(srv_tool_split *s);
 /* A call's id: "call_" and 24 hex digits, fixed by the job's id and the indices. */
 void srv_tool_call_id(const char *job_id, int choice, int call, char out[32]);
-/* Python's json.dumps(v, ensure_ascii=False): ", " and ": " separators, keys in order. */
+/* Python's json.dumps(v, ensure_ascii=False): ", " and ": " separators, keys in order;
+ * with indent > 0, json.dumps(v, indent=indent) (one item a line, "," and ": "). */
 bool srv_json_py(const cJSON *v, srv_buf *b);
+bool srv_json_py_indent(const cJSON *v, int indent, int level, srv_buf *b);
+
+/* --- srv_chat.c --------------------------------------------------------------------------- */
+
+typedef struct srv_chat {
+  irt_chat_message *msgs; /* (n) roles static, contents = texts */
+  char **texts;           /* (n) owned */
+  bool *is_tool;          /* (n) a turn of tool results */
+  int n;
+} srv_chat;
+
+/* The template's messages for a request's "messages" (a non-empty array) with its tools
+ * (mode NONE: none) in the family's form. False with e set (a 400 naming the message). */
+bool srv_chat_build(const cJSON *messages, const srv_tools *t, const irt_chat_info *info,
+                    srv_chat *out, srv_error *e);
+void srv_chat_free(srv_chat *c);
 
 /* --- srv_params.c ------------------------------------------------------------------------- */
 

@@ -199,7 +199,7 @@ static int chat_message(const srv_job *j, int i, cJSON *m) {
   const char *text = ch->text ? ch->text : "";
   srv_tool_split sp = {0};
   cJSON_AddStringToObject(m, "role", "assistant");
-  if (j->p.tools.mode == SRV_TOOLS_NONE || !srv_tools_split(text, ch->len, true, &sp) ||
+  if (j->p.tools.mode == SRV_TOOLS_NONE || !srv_tools_split(j->p.tools.format, text, ch->len, true, &sp) ||
       sp.n_calls == 0) {
     cJSON_AddStringToObject(m, "content", text);
     cJSON_AddNullToObject(m, "refusal");
@@ -342,7 +342,8 @@ static void stream_text(srv_job *j, srv_buf *out, int i) {
   srv_choice *ch = &j->ch[i];
   bool tools = j->p.ep == SRV_CHAT && j->p.tools.mode != SRV_TOOLS_NONE;
   srv_tool_split sp = {.content_len = ch->len, .rest = ch->len};
-  if (tools && !srv_tools_split(ch->text ? ch->text : "", ch->len, ch->finish != 0, &sp)) return;
+  if (tools && !srv_tools_split(j->p.tools.format, ch->text ? ch->text : "", ch->len,
+                                   ch->finish != 0, &sp)) return;
   size_t upto = sp.content_len > ch->sent_len ? sp.content_len : ch->sent_len;
   bool new_toks = j->p.logprobs >= 0 && ch->n_toks > ch->sent_toks;
   if (upto > ch->sent_len || new_toks) {

@@ -47,7 +47,7 @@ static const char *type_name(const cJSON *v) {
                              : "null";
 }
 
-static bool bad_type(srv_error *e, const char *k, const char *want, const cJSON *v) {
+bool srv_bad_type(srv_error *e, const char *k, const char *want, const cJSON *v) {
   return srv_bad(e, k, "Invalid type for '%s': expected %s, but got %s instead.", k, want,
                  type_name(v));
 }
@@ -68,7 +68,7 @@ static bool get_int(const cJSON *o, const char *k, int64_t lo, int64_t hi, int64
                     srv_error *e) {
   const cJSON *v = field(o, k);
   if (!v) return true;
-  if (!is_int(v)) return bad_type(e, k, "an integer", v);
+  if (!is_int(v)) return srv_bad_type(e, k, "an integer", v);
   if (v->valuedouble < (double)lo || v->valuedouble > (double)hi)
     return srv_bad(e, k, "Invalid value for '%s': %.0f is outside [%lld, %lld].", k, v->valuedouble,
                    (long long)lo, (long long)hi);
@@ -79,7 +79,7 @@ static bool get_int(const cJSON *o, const char *k, int64_t lo, int64_t hi, int64
 static bool get_num(const cJSON *o, const char *k, double lo, double hi, float *out, srv_error *e) {
   const cJSON *v = field(o, k);
   if (!v) return true;
-  if (!cJSON_IsNumber(v)) return bad_type(e, k, "a number", v);
+  if (!cJSON_IsNumber(v)) return srv_bad_type(e, k, "a number", v);
   if (!(v->valuedouble >= lo && v->valuedouble <= hi))
     return srv_bad(e, k, "Invalid value for '%s': %g is outside [%g, %g].", k, v->valuedouble, lo,
                    hi);
@@ -90,7 +90,7 @@ static bool get_num(const cJSON *o, const char *k, double lo, double hi, float *
 static bool get_bool(const cJSON *o, const char *k, bool *out, srv_error *e) {
   const cJSON *v = field(o, k);
   if (!v) return true;
-  if (!cJSON_IsBool(v)) return bad_type(e, k, "a boolean", v);
+  if (!cJSON_IsBool(v)) return srv_bad_type(e, k, "a boolean", v);
   *out = cJSON_IsTrue(v);
   return true;
 }
@@ -98,7 +98,7 @@ static bool get_bool(const cJSON *o, const char *k, bool *out, srv_error *e) {
 static bool check_model(srv_ctx *c, const cJSON *body, srv_error *e) {
   const cJSON *v = field(body, "model");
   if (!v) return true; /* the one served model */
-  if (!cJSON_IsString(v)) return bad_type(e, "model", "a string", v);
+  if (!cJSON_IsString(v)) return srv_bad_type(e, "model", "a string", v);
   if (strcmp(v->valuestring, c->model_name))
     return srv_fail(e, 404, "invalid_request_error", "model_not_found", "model",
                     "The model '%.200s' does not exist; this server serves '%.200s'.",
@@ -162,7 +162,7 @@ static bool parse_prompt(srv_ctx *c, const cJSON *body, srv_params *p, srv_error
   if (cJSON_IsString(v) && p->echo && !(p->echo_text = strdup(v->valuestring)))
     return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
   if (cJSON_IsString(v)) return tokenize(c, v->valuestring, true, "prompt", p, e);
-  if (!cJSON_IsArray(v)) return bad_type(e, "prompt", "a string or an array of token ids", v);
+  if (!cJSON_IsArray(v)) return srv_bad_type(e, "prompt", "a string or an array of token ids", v);
   if (!v->child) return srv_bad(e, "prompt", "Invalid value for 'prompt': the prompt is empty.");
   if (!take_ids(c, v, p, e)) return false;
   size_t n = 0;
@@ -175,134 +175,39 @@ static bool parse_prompt(srv_ctx *c, const cJSON *body, srv_params *p, srv_error
   return true;
 }
 
-/* A message's content: a string or an array of {"type": "text", "text": ...} parts, joined. */
-static char *message_text(const cJSON *m, int i, bool may_be_null, srv_error *e) {
-  char key[64];
-  snprintf(key, sizeof key, "messages[%d].content", i);
-  const cJSON *v = field(m, "content");
-  if (!v && may_be_null) return strdup("");
-  if (!v) return srv_bad(e, key, "Missing required parameter: '%s'.", key), NULL;
-  if (cJSON_IsString(v)) return strdup(v->valuestring);
-  if (!cJSON_IsArray(v)) return bad_type(e, key, "a string or an array of content parts", v), NULL;
-  srv_buf b = {0};
-  for (const cJSON *part = v->child; part; part = part->next) {
-    const cJSON *t = field(part, "type"), *text = field(part, "text");
-    if (!cJSON_IsString(t) || strcmp(t->valuestring, "text") || !cJSON_IsString(text)) {
-      srv_buf_free(&b);
-      return srv_bad(
-                 e, key,
-                 "Only text content parts ({\"type\": \"text\", \"text\": ...}) are supported."),
-             NULL;
-    }
-    srv_buf_put(&b, text->valuestring, strlen(text->valuestring));
-  }
-  srv_buf_put(&b, "", 1);
-  return b.p;
-}
-
-/* One message's role and text; tool results join the turn of the results before them. */
-static bool take_message(const cJSON *m, int i, irt_chat_message *msgs, char **texts, bool *is_tool,
-                         int *k, srv_error *e) {
-  char key[64];
-  snprintf(key, sizeof key, "messages[%d].role", i);
-  const cJSON *role = field(m, "role"), *calls = field(m, "tool_calls");
-  if (!cJSON_IsObject(m))
-    return srv_bad(e, "messages",
-                   "Invalid type for 'messages[%d]': expected an object, but got %s instead.", i,
-                   type_name(m));
-  if (!role) return srv_bad(e, key, "Missing required parameter: '%s'.", key);
-  if (!cJSON_IsString(role)) return bad_type(e, key, "a string", role);
-  const char *r = role->valuestring;
-  if (strcmp(r, "system") && strcmp(r, "developer") && strcmp(r, "user") &&
-      strcmp(r, "assistant") && strcmp(r, "tool"))
-    return srv_bad(e, key,
-                   "Invalid value for '%s': '%.64s' (supported: system, developer, user, "
-                   "assistant, tool).", key, r);
-  bool assistant = !strcmp(r, "assistant"), tool = !strcmp(r, "tool");
-  char *text = message_text(m, i, assistant, e);
-  if (!text) return false;
-  if (tool) { /* a user turn of <tool_response> blocks, as Qwen2.5's template writes them */
-    bool join = *k > 0 && is_tool[*k - 1];
-    char *t = srv_tools_response(join ? texts[*k - 1] : NULL, text);
-    free(text);
-    if (!t) return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
-    if (join) free(texts[--*k]);
-    msgs[*k].role = "user", texts[*k] = t, is_tool[*k] = true;
-  } else {
-    if (assistant && calls && !(cJSON_IsArray(calls) && !calls->child)) {
-      char *t = srv_tools_assistant(text, calls, i, e);
-      free(text);
-      if (!(text = t)) return false;
-    }
-    msgs[*k].role = !strcmp(r, "developer") ? "system" : r;
-    texts[*k] = text, is_tool[*k] = false;
-  }
-  msgs[*k].content = texts[*k];
-  ++*k;
-  return true;
-}
-
-/* With tools, the system turn ends with them: the caller's, or the template's default one. */
-static bool add_tools_turn(srv_ctx *c, const srv_tools *tools, irt_chat_message *msgs,
-                           char **texts, int *k, srv_error *e) {
-  if (tools->mode == SRV_TOOLS_NONE) return true;
-  bool has = *k > 0 && !strcmp(msgs[0].role, "system");
-  char dflt[512] = "";
-  irt_error err = {0};
-  if (!has && irt_chat_default_system(c->tok, c->chat_template, dflt, sizeof dflt, &err) != IRT_OK)
-    return srv_bad(e, "messages", "Cannot format the conversation: %s", err.msg);
-  char *t = srv_tools_system(tools, has ? texts[0] : dflt);
-  if (!t) return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
-  if (has) {
-    free(texts[0]);
-  } else {
-    memmove(msgs + 1, msgs, (size_t)*k * sizeof *msgs);
-    memmove(texts + 1, texts, (size_t)*k * sizeof *texts);
-    ++*k;
-    msgs[0].role = "system";
-  }
-  texts[0] = t, msgs[0].content = t;
-  return true;
-}
-
 static bool parse_messages(srv_ctx *c, const cJSON *body, const srv_tools *tools, srv_params *p,
                            srv_error *e) {
   const cJSON *v = field(body, "messages");
   if (!v) return srv_bad(e, "messages", "Missing required parameter: 'messages'.");
-  if (!cJSON_IsArray(v)) return bad_type(e, "messages", "an array", v);
-  int n = cJSON_GetArraySize(v);
-  if (n == 0) return srv_bad(e, "messages", "Invalid value for 'messages': the array is empty.");
+  if (!cJSON_IsArray(v)) return srv_bad_type(e, "messages", "an array", v);
+  if (!v->child) return srv_bad(e, "messages", "Invalid value for 'messages': the array is empty.");
   if (!c->tok)
     return srv_bad(e, "messages",
                    "The served plan has no tokenizer: use /v1/completions with token ids.");
-  irt_chat_message *msgs = calloc((size_t)n + 1, sizeof *msgs);
-  char **texts = calloc((size_t)n + 1, sizeof *texts);
-  bool *is_tool = calloc((size_t)n + 1, sizeof *is_tool);
-  bool ok = msgs && texts && is_tool;
-  if (!ok) srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
-  int i = 0, k = 0;
-  for (const cJSON *m = v->child; ok && m; m = m->next, i++)
-    ok = take_message(m, i, msgs, texts, is_tool, &k, e);
-  if (ok) ok = add_tools_turn(c, tools, msgs, texts, &k, e);
-  size_t total = 4096;
-  for (int j = 0; ok && j < k; j++) total += strlen(texts[j]) + 64;
-  char *chat = NULL;
-  size_t len = 0;
+  irt_chat_info info;
   irt_error err = {0};
+  if (irt_chat_get_info(c->tok, c->chat_template, &info, &err) != IRT_OK)
+    return srv_bad(e, "messages", "Cannot format the conversation: %s", err.msg);
+  srv_chat chat;
+  if (!srv_chat_build(v, tools, &info, &chat, e)) return false;
+  size_t total = 4096, len = 0;
+  for (int j = 0; j < chat.n; j++) total += strlen(chat.texts[j]) + 64;
+  char *text = NULL;
+  bool ok = true, with_tools = tools->mode != SRV_TOOLS_NONE;
   for (int pass = 0; ok && pass < 2; pass++) { /* a second pass when the estimate was short */
-    free(chat);
-    if (!(chat = malloc(total + 1)))
-      ok = srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
-    else if (irt_chat_format(c->tok, c->chat_template, msgs, (size_t)k, true, chat, total + 1,
-                             &len, &err) != IRT_OK)
-      ok = srv_bad(e, "messages", "Cannot format the conversation: %s", err.msg);
-    else if (len <= total)
-      break;
+    free(text);
+    irt_status st = IRT_OOM;
+    if ((text = malloc(total + 1)))
+      st = (with_tools ? irt_chat_format_tools : irt_chat_format)(
+          c->tok, c->chat_template, chat.msgs, (size_t)chat.n, true, text, total + 1, &len, &err);
+    if (!text) ok = srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    else if (st != IRT_OK) ok = srv_bad(e, "messages", "Cannot format the conversation: %s", err.msg);
+    else if (len <= total) break;
     total = len;
   }
-  if (ok) ok = tokenize(c, chat, false, "messages", p, e);
-  for (int j = 0; texts && j <= n; j++) free(texts[j]);
-  free(texts), free(msgs), free(is_tool), free(chat);
+  if (ok) ok = tokenize(c, text, false, "messages", p, e);
+  srv_chat_free(&chat);
+  free(text);
   return ok;
 }
 
@@ -312,14 +217,14 @@ static bool parse_stop(const cJSON *body, srv_params *p, srv_error *e) {
   const cJSON *v = field(body, "stop");
   if (!v) return true;
   const cJSON *one = cJSON_IsString(v) ? v : NULL;
-  if (!one && !cJSON_IsArray(v)) return bad_type(e, "stop", "a string or an array of strings", v);
+  if (!one && !cJSON_IsArray(v)) return srv_bad_type(e, "stop", "a string or an array of strings", v);
   int n = one ? 1 : cJSON_GetArraySize(v);
   if (n > MAX_STOPS)
     return srv_bad(e, "stop", "Invalid value for 'stop': at most %d strings.", MAX_STOPS);
   p->stop = calloc((size_t)n + 1, sizeof *p->stop);
   if (!p->stop) return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
   for (const cJSON *s = one ? one : v->child; s && p->n_stop < n; s = s->next) {
-    if (!cJSON_IsString(s)) return bad_type(e, "stop", "a string or an array of strings", s);
+    if (!cJSON_IsString(s)) return srv_bad_type(e, "stop", "a string or an array of strings", s);
     size_t len = strlen(s->valuestring);
     if (len == 0 || len > MAX_STOP_LEN)
       return srv_bad(e, "stop", "Invalid value for 'stop': each string needs 1 to %d bytes.",
@@ -381,7 +286,7 @@ static bool parse_sampling(srv_ctx *c, const cJSON *body, srv_params *p, srv_err
 static bool parse_stop_ids(srv_ctx *c, const cJSON *body, srv_params *p, srv_error *e) {
   const cJSON *v = field(body, "stop_token_ids");
   if (!v) return true;
-  if (!cJSON_IsArray(v)) return bad_type(e, "stop_token_ids", "an array of token ids", v);
+  if (!cJSON_IsArray(v)) return srv_bad_type(e, "stop_token_ids", "an array of token ids", v);
   int n = cJSON_GetArraySize(v), k = 0;
   if (n > IRT_MAX_STOP_TOKEN_IDS)
     return srv_bad(e, "stop_token_ids", "Invalid value for 'stop_token_ids': at most %d ids.",
@@ -404,7 +309,7 @@ static bool parse_stop_ids(srv_ctx *c, const cJSON *body, srv_params *p, srv_err
 static bool parse_logit_bias(srv_ctx *c, const cJSON *body, srv_params *p, srv_error *e) {
   const cJSON *lb = field(body, "logit_bias"), *it;
   if (!lb) return true;
-  if (!cJSON_IsObject(lb)) return bad_type(e, "logit_bias", "an object", lb);
+  if (!cJSON_IsObject(lb)) return srv_bad_type(e, "logit_bias", "an object", lb);
   int n = cJSON_GetArraySize(lb);
   if (n > IRT_MAX_LOGIT_BIAS)
     return srv_bad(e, "logit_bias", "Invalid value for 'logit_bias': %d tokens; at most %d.", n,
@@ -439,12 +344,12 @@ static bool parse_stream(const cJSON *body, srv_params *p, srv_error *e) {
   if (!get_bool(body, "stream", &p->stream, e)) return false;
   const cJSON *so = field(body, "stream_options");
   if (!so) return true;
-  if (!cJSON_IsObject(so)) return bad_type(e, "stream_options", "an object", so);
+  if (!cJSON_IsObject(so)) return srv_bad_type(e, "stream_options", "an object", so);
   if (!p->stream)
     return srv_bad(e, "stream_options",
                    "The 'stream_options' parameter is only allowed when 'stream' is enabled.");
   const cJSON *iu = field(so, "include_usage");
-  if (iu && !cJSON_IsBool(iu)) return bad_type(e, "stream_options.include_usage", "a boolean", iu);
+  if (iu && !cJSON_IsBool(iu)) return srv_bad_type(e, "stream_options.include_usage", "a boolean", iu);
   p->include_usage = iu && cJSON_IsTrue(iu);
   return true;
 }
@@ -452,7 +357,7 @@ static bool parse_stream(const cJSON *body, srv_params *p, srv_error *e) {
 /* Fields this server does not implement are refused rather than silently ignored. */
 static bool refuse_unsupported(const cJSON *body, srv_endpoint ep, srv_error *e) {
   const cJSON *v;
-  if ((v = field(body, "user")) && !cJSON_IsString(v)) return bad_type(e, "user", "a string", v);
+  if ((v = field(body, "user")) && !cJSON_IsString(v)) return srv_bad_type(e, "user", "a string", v);
   if (ep == SRV_COMPLETIONS && (v = field(body, "suffix")))
     return srv_bad(e, "suffix", "'suffix' is not supported.");
   if (ep == SRV_COMPLETIONS && ((v = field(body, "tools")) || (v = field(body, "tool_choice"))))
@@ -490,11 +395,11 @@ static bool grammar_of(const char *k, const cJSON *v, char **gbnf, srv_error *e)
   }
   if (!*gbnf && st == IRT_OK) {
     if (!strcmp(k, "guided_grammar") || !strcmp(k, "grammar")) {
-      if (!cJSON_IsString(v)) return bad_type(e, k, "a string (GBNF)", v);
+      if (!cJSON_IsString(v)) return srv_bad_type(e, k, "a string (GBNF)", v);
       if (!(*gbnf = strdup(v->valuestring)))
         return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
     } else if (!strcmp(k, "guided_regex")) {
-      if (!cJSON_IsString(v)) return bad_type(e, k, "a string (a regular expression)", v);
+      if (!cJSON_IsString(v)) return srv_bad_type(e, k, "a string (a regular expression)", v);
       st = irt_grammar_regex(v->valuestring, gbnf, &ie);
     } else if (!strcmp(k, "guided_choice")) {
       int n = cJSON_IsArray(v) ? cJSON_GetArraySize(v) : 0;
@@ -506,7 +411,7 @@ static bool grammar_of(const char *k, const cJSON *v, char **gbnf, srv_error *e)
       for (i = 0; i < n && ch[i]; i++) {}
       if (n == 0 || i < n) {
         free(ch);
-        return bad_type(e, k, "a non-empty array of strings", v);
+        return srv_bad_type(e, k, "a non-empty array of strings", v);
       }
       st = irt_grammar_choice(ch, n, gbnf, &ie);
       free(ch);
@@ -518,7 +423,7 @@ static bool grammar_of(const char *k, const cJSON *v, char **gbnf, srv_error *e)
         st = schema ? irt_grammar_json(schema, gbnf, &ie) : IRT_OOM;
         free(schema);
       } else {
-        return bad_type(e, k, "a JSON Schema object", v);
+        return srv_bad_type(e, k, "a JSON Schema object", v);
       }
     }
   }
@@ -550,9 +455,20 @@ static bool parse_grammar(srv_ctx *c, const cJSON *body, srv_params *p, srv_erro
   return true;
 }
 
+/* The request's tools, in the form of the served template's family. */
+static bool take_tools(srv_ctx *c, const cJSON *body, srv_tools *t, srv_error *e) {
+  if (!srv_tools_parse(body, t, e)) return false;
+  irt_chat_info info;
+  irt_error err = {0};
+  if (t->mode != SRV_TOOLS_NONE && c->tok &&
+      irt_chat_get_info(c->tok, c->chat_template, &info, &err) == IRT_OK)
+    t->format = srv_tool_format_of(info.family);
+  return true;
+}
+
 /* tool_choice "required" or a named tool: the completion is calls, by a grammar. */
 static bool parse_tools(srv_ctx *c, const cJSON *body, srv_params *p, srv_error *e) {
-  if (!srv_tools_parse(body, &p->tools, e)) return false;
+  if (!take_tools(c, body, &p->tools, e)) return false;
   if (p->tools.mode != SRV_TOOLS_REQUIRED && p->tools.mode != SRV_TOOLS_NAMED) return true;
   if (p->grammar)
     return srv_bad(e, "tool_choice", "A 'tool_choice' of 'required' or a named tool decides the "
@@ -680,7 +596,7 @@ cJSON *srv_tokenize(srv_ctx *c, const char *body, size_t len, srv_error *err) {
   srv_params p;
   memset(&p, 0, sizeof p);
   bool ok = check_model(c, j, err), chat = field(j, "messages") != NULL;
-  if (ok && chat) ok = srv_tools_parse(j, &p.tools, err);
+  if (ok && chat) ok = take_tools(c, j, &p.tools, err);
   if (ok) ok = chat ? parse_messages(c, j, &p.tools, &p, err) : parse_prompt(c, j, &p, err);
   if (ok && !(out = cJSON_CreateObject()))
     ok = srv_fail(err, 500, "server_error", NULL, NULL, "out of memory");
@@ -704,7 +620,7 @@ cJSON *srv_detokenize(srv_ctx *c, const char *body, size_t len, srv_error *err) 
   const cJSON *t = field(j, "tokens");
   bool ok = check_model(c, j, err);
   if (ok && !t) ok = srv_bad(err, "tokens", "Missing required parameter: 'tokens'.");
-  if (ok && !cJSON_IsArray(t)) ok = bad_type(err, "tokens", "an array of token ids", t);
+  if (ok && !cJSON_IsArray(t)) ok = srv_bad_type(err, "tokens", "an array of token ids", t);
   if (ok && !c->tok) ok = srv_bad(err, "tokens", "The served plan has no tokenizer.");
   if (ok) ok = take_ids(c, t, &p, err); /* (its messages name 'prompt') */
   char *text = NULL;
