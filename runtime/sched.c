@@ -453,10 +453,13 @@ static size_t take_text(eseq *s, int32_t tok, bool flush, bool *hit) {
   size_t cut = s->held_len;
   *hit = false;
   int n_stop = s->n_generated >= q->r.min_tokens ? q->r.n_stop : 0; /* none before min_tokens */
+  size_t stop_len = 0;
   for (int i = 0; i < n_stop; i++) {
     const char *p = memmem(s->held, s->held_len, q->stops[i], strlen(q->stops[i]));
-    if (p && (size_t)(p - s->held) < cut) cut = (size_t)(p - s->held), *hit = true;
+    if (p && (size_t)(p - s->held) < cut)
+      cut = (size_t)(p - s->held), *hit = true, stop_len = strlen(q->stops[i]);
   }
+  if (*hit && q->r.include_stop_str) cut += stop_len; /* the stop string itself stays */
   if (!*hit && !flush) cut = s->held_len - stop_overlap(q, s->held, s->held_len);
   return cut;
 }

@@ -2,6 +2,7 @@
  * streamed text out, with EOS and stop strings. Uses only the public API. */
 #include <cjson/cJSON.h>
 #include <getopt.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +26,12 @@ typedef struct gen_args {
   irt_engine_opts spec; /* its speculative decoding fields */
   char *grammar;        /* GBNF from --grammar*, --json-schema* or --json-object (owned) */
   const char *grammar_flag;
+  /* what only the engine does (these take run_engine) */
+  float presence, frequency, repetition;
+  int64_t min_tokens;
+  int32_t *stop_ids, *bias_ids;
+  float *bias;
+  int64_t n_stop_ids, n_bias;
 } gen_args;
 
 static int usage(FILE *f) {
@@ -42,6 +49,11 @@ static int usage(FILE *f) {
         "  --seed S             sampling seed (default 0)\n"
         "  --stop STR           stop when the text contains STR (repeatable, up to 8)\n"
         "  --ignore-eos         keep generating after end-of-generation tokens\n"
+        "  --presence-penalty X, --frequency-penalty X   OpenAI's penalties, in [-2, 2]\n"
+        "  --repetition-penalty X   vLLM's (prompt and output tokens), in (0, 2]; 1: off\n"
+        "  --logit-bias ID:B,...    add B in [-100, 100] to token ID's logit\n"
+        "  --min-tokens N       no end of generation (nor stop token ids) before N tokens\n"
+        "  --stop-token-ids IDS stop at any of these comma-separated token ids\n"
         "  --threads N          CPU threads (default: all cores)\n"
         "  --device DEV         cpu or cuda (default: the plan's target)\n"
         "  --no-cuda-graphs     CUDA: run decode steps kernel by kernel\n"
@@ -80,6 +92,35 @@ static int set_grammar(gen_args *a, int c, const char *v) {
   return st == IRT_OK ? 0 : cli_fail("%s: %s", flag, err.msg);
 }
 
+static int set_penalty(gen_args *a, int c, const char *v) {
+  static const char *names[] = {"--presence-penalty", "--frequency-penalty", "--repetition-penalty"};
+  char *end;
+  float x = strtof(v, &end);
+  bool rep = c == 28, ok = !*end && *v && (rep ? x > 0 && x <= 2 : x >= -2 && x <= 2);
+  if (!ok) return cli_fail("%s: expected a number in %s", names[c - 26], rep ? "(0, 2]" : "[-2, 2]");
+  *(c == 26 ? &a->presence : c == 27 ? &a->frequency : &a->repetition) = x;
+  return 0;
+}
+
+/* --logit-bias ID:BIAS,... */
+static int parse_bias(gen_args *a, const char *v) {
+  for (const char *p = v; *p;) {
+    char *end;
+    long long id = strtoll(p, &end, 10);
+    float b = end > p && *end == ':' ? strtof(end + 1, &end) : NAN;
+    if (!(id >= 0 && id < INT32_MAX && b >= -100 && b <= 100) || (*end && *end != ','))
+      return cli_fail("--logit-bias: expected ID:BIAS pairs (BIAS in [-100, 100]), comma-separated");
+    int32_t *ids = realloc(a->bias_ids, (size_t)(a->n_bias + 1) * sizeof *ids);
+    if (ids) a->bias_ids = ids;
+    float *bs = ids ? realloc(a->bias, (size_t)(a->n_bias + 1) * sizeof *bs) : NULL;
+    if (!bs) return cli_fail("out of memory");
+    a->bias = bs;
+    a->bias_ids[a->n_bias] = (int32_t)id, a->bias[a->n_bias++] = b;
+    p = *end ? end + 1 : end;
+  }
+  return 0;
+}
+
 static int parse_value(gen_args *a, int c, const char *v) {
   int64_t x;
   char *end;
@@ -107,6 +148,10 @@ static int parse_value(gen_args *a, int c, const char *v) {
   case 13: if (a->n_stops == MAX_STOPS || !*v) return cli_fail("--stop: at most %d non-empty strings", MAX_STOPS);
            a->stops[a->n_stops++] = v; return 0;
   case 20: case 21: case 22: case 23: case 24: case 25: return set_grammar(a, c, v);
+  case 26: case 27: case 28: return set_penalty(a, c, v);
+  case 29: return cli_parse_i64(v, 0, 1 << 24, &a->min_tokens) ? 0 : cli_fail("--min-tokens: expected a non-negative integer");
+  case 30: return cli_parse_ids(v, &a->stop_ids, &a->n_stop_ids) ? 0 : cli_fail("--stop-token-ids: expected comma-separated non-negative integers");
+  case 31: return parse_bias(a, v);
   default: return usage(stderr);
   }
 }
@@ -126,6 +171,10 @@ static int parse(int argc, char **argv, gen_args *a) {
       {"grammar", required_argument, 0, 20},  {"grammar-file", required_argument, 0, 21},
       {"json-schema", required_argument, 0, 22}, {"json-schema-file", required_argument, 0, 23},
       {"json-object", no_argument, 0, 24},    {"regex", required_argument, 0, 25},
+      {"presence-penalty", required_argument, 0, 26},
+      {"frequency-penalty", required_argument, 0, 27},
+      {"repetition-penalty", required_argument, 0, 28}, {"min-tokens", required_argument, 0, 29},
+      {"stop-token-ids", required_argument, 0, 30}, {"logit-bias", required_argument, 0, 31},
       {"help", no_argument, 0, 'h'},
       {0, 0, 0, 0}};
   int c, rc;
@@ -366,8 +415,15 @@ static void on_event(void *user, const irt_event *ev) {
   if (ev->finish) g->finish = ev->finish == IRT_FINISH_STOP ? "stop" : "length";
 }
 
-/* With a grammar: one request through the engine, which keeps the grammar's state and
- * masks what it does not allow. */
+/* Whether the request needs what only the engine does: a grammar's state and masks,
+ * penalties, logit_bias, min_tokens, stop token ids. */
+static bool needs_engine(const gen_args *a) {
+  return a->grammar || a->presence != 0 || a->frequency != 0 ||
+         (a->repetition != 0 && a->repetition != 1) || a->min_tokens > 0 || a->n_stop_ids > 0 ||
+         a->n_bias > 0;
+}
+
+/* One request through the engine (a grammar, penalties, ...: needs_engine). */
 static irt_status run_engine(gen_state *g, const gen_args *a, irt_error *err) {
   irt_engine *e = NULL;
   irt_engine_opts eo = a->spec;
@@ -379,7 +435,11 @@ static irt_status run_engine(gen_state *g, const gen_args *a, irt_error *err) {
   irt_request q = {.prompt_ids = a->ids, .n_prompt = (size_t)a->n_ids, .sampling = a->sampling,
                    .max_tokens = a->max_new, .stop = a->stops, .n_stop = a->n_stops,
                    .ignore_eos = a->ignore_eos, .on_event = on_event, .user = &r,
-                   .grammar = a->grammar};
+                   .grammar = a->grammar, .presence_penalty = a->presence,
+                   .frequency_penalty = a->frequency, .repetition_penalty = a->repetition,
+                   .min_tokens = a->min_tokens, .stop_token_ids = a->stop_ids,
+                   .n_stop_token_ids = (int)a->n_stop_ids, .logit_bias_ids = a->bias_ids,
+                   .logit_bias = a->bias, .n_logit_bias = (int)a->n_bias};
   irt_status st = irt_engine_create(g->m, &eo, &e, err);
   if (st == IRT_OK && a->max_new > 0) st = irt_engine_submit(e, &q, NULL, err);
   if (st == IRT_OK && a->max_new > 0) st = irt_engine_run(e, err);
@@ -439,8 +499,7 @@ int cmd_generate(int argc, char **argv) {
   gen_args a = {.sampling = irt_sampling_default()};
   int rc = parse(argc, argv, &a);
   if (rc) {
-    free(a.ids);
-    free(a.grammar);
+    free(a.ids), free(a.grammar), free(a.stop_ids), free(a.bias_ids), free(a.bias);
     return rc < 0 ? 0 : rc;
   }
   irt_model_opts o = irt_model_opts_default();
@@ -473,12 +532,14 @@ int cmd_generate(int argc, char **argv) {
     snprintf(err.msg, sizeof err.msg, "%s needs a plan with a tokenizer", a.grammar_flag);
     st = IRT_INVALID_ARG;
   }
-  if (st == IRT_OK) st = a.grammar ? run_engine(&g, &a, &err) : run(&g, &a, &err);
-  if (st == IRT_OK && !a.grammar && strcmp(g.finish, "stop")) flush_text(&g, &a); /* context full */
+  bool engine = needs_engine(&a);
+  if (st == IRT_OK) st = engine ? run_engine(&g, &a, &err) : run(&g, &a, &err);
+  if (st == IRT_OK && !engine && strcmp(g.finish, "stop")) flush_text(&g, &a); /* context full */
   if (st == IRT_OK) print_result(&a, &g);
   else cli_fail("%s", err.msg[0] ? err.msg : irt_status_name(st));
   irt_text_stream_destroy(g.stream);
   free(g.ctx), free(g.text), free(a.ids), free(a.grammar);
+  free(a.stop_ids), free(a.bias_ids), free(a.bias);
   irt_model_close(g.m);
   return st == IRT_OK ? 0 : 1;
 }

@@ -363,6 +363,8 @@ typedef struct irt_request {
                                 the pool cannot hold with one more token is refused) */
   const char *const *stop;   /* stop strings (need a tokenizer), copied at submit */
   int n_stop;
+  bool include_stop_str;     /* the text keeps the stop string that ended it (vLLM's
+                                include_stop_str_in_output); else it is cut before it */
   bool ignore_eos;
   int n;                     /* completions sharing the prompt; <= 0 means 1 */
   int priority;              /* higher is scheduled first */

@@ -178,6 +178,7 @@ typedef struct srv_params {
   char *echo_text;    /* the prompt's text (owned) */
   srv_tools tools;    /* chat: function calling (mode NONE without tools) */
   bool stream, include_usage, ignore_eos;
+  bool include_stop_str; /* vLLM's include_stop_str_in_output */
   const char *tenant; /* from the API key (borrowed); NULL: shared */
   int priority;
 } srv_params;

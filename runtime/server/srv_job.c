@@ -154,6 +154,7 @@ srv_job *srv_job_submit(srv_ctx *c, srv_params *p, srv_error *err) {
                    .max_tokens = q->max_tokens,
                    .stop = (const char *const *)q->stop,
                    .n_stop = q->n_stop,
+                   .include_stop_str = q->include_stop_str,
                    .ignore_eos = q->ignore_eos,
                    .n = q->n,
                    .priority = q->priority,

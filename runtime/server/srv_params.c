@@ -279,6 +279,7 @@ static bool parse_sampling(srv_ctx *c, const cJSON *body, srv_params *p, srv_err
                    "Invalid value for 'repetition_penalty': it must be greater than 0.");
   if (!get_num(body, "repetition_penalty", 0, 2, &p->repetition_penalty, e)) return false;
   if (!get_int(body, "min_tokens", 0, INT32_MAX, &p->min_tokens, e)) return false;
+  if (!get_bool(body, "include_stop_str_in_output", &p->include_stop_str, e)) return false;
   return get_bool(body, "ignore_eos", &p->ignore_eos, e);
 }
 
@@ -362,6 +363,14 @@ static bool refuse_unsupported(const cJSON *body, srv_endpoint ep, srv_error *e)
     return srv_bad(e, "suffix", "'suffix' is not supported.");
   if (ep == SRV_COMPLETIONS && ((v = field(body, "tools")) || (v = field(body, "tool_choice"))))
     return srv_bad(e, v->string, "'%s' belongs to /v1/chat/completions.", v->string);
+  if ((v = field(body, "functions")) || (v = field(body, "function_call")))
+    return srv_bad(e, v->string, "'%s' (the legacy form of function calling) is not supported: "
+                   "use 'tools' and 'tool_choice'.", v->string);
+  if ((v = field(body, "use_beam_search")) && !cJSON_IsFalse(v))
+    return srv_bad(e, "use_beam_search", "Beam search is not supported.");
+  if ((v = field(body, "skip_special_tokens")) && !cJSON_IsTrue(v))
+    return srv_bad(e, "skip_special_tokens",
+                   "Only 'skip_special_tokens': true is supported (special tokens have no text).");
   const cJSON *bo = field(body, "best_of"), *n = field(body, "n");
   if (bo && (!is_int(bo) || bo->valuedouble != (n && is_int(n) ? n->valuedouble : 1)))
     return srv_bad(e, "best_of", "'best_of' other than 'n' is not supported.");
@@ -478,6 +487,19 @@ static bool parse_tools(srv_ctx *c, const cJSON *body, srv_params *p, srv_error 
   return srv_tools_grammar(&p->tools, &p->grammar, e);
 }
 
+/* vLLM's truncate_prompt_tokens: only the prompt's last k tokens are kept. */
+static bool truncate_prompt(const cJSON *body, srv_params *p, srv_error *e) {
+  int64_t k = 0;
+  if (!get_int(body, "truncate_prompt_tokens", 1, INT32_MAX, &k, e)) return false;
+  if (k == 0 || p->n_prompt <= k) return true;
+  if (p->echo)
+    return srv_bad(e, "truncate_prompt_tokens",
+                   "'truncate_prompt_tokens' cannot be combined with 'echo'.");
+  memmove(p->prompt, p->prompt + (p->n_prompt - k), (size_t)k * sizeof *p->prompt);
+  p->n_prompt = k;
+  return true;
+}
+
 /* Length limits: the prompt must leave room, and so must the asked-for completion. */
 static bool parse_lengths(srv_ctx *c, srv_endpoint ep, const cJSON *body, srv_params *p,
                           srv_error *e) {
@@ -550,7 +572,7 @@ bool srv_params_from_json(srv_ctx *c, srv_endpoint ep, const cJSON *body, srv_pa
   if (ok && ep == SRV_CHAT) ok = parse_tools(c, body, p, err);
   if (ok)
     ok = ep == SRV_CHAT ? parse_messages(c, body, &p->tools, p, err) : parse_prompt(c, body, p, err);
-  if (ok) ok = parse_lengths(c, ep, body, p, err);
+  if (ok) ok = truncate_prompt(body, p, err) && parse_lengths(c, ep, body, p, err);
   if (!ok) srv_params_free(p);
   return ok;
 }

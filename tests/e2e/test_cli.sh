@@ -81,6 +81,13 @@ expect_error "missing plan" "cannot open" "$INFERRT" generate "$TMP/none.plan" -
 # --- bad requests ----------------------------------------------------------------------
 expect_error "token out of vocabulary" "outside the vocabulary" "$INFERRT" generate "$TMP/m.plan" --prompt-ids 1,300
 expect_error "malformed ids" "--prompt-ids" "$INFERRT" generate "$TMP/m.plan" --prompt-ids 1,x
+expect_error "repetition penalty range" "--repetition-penalty" "$INFERRT" generate "$TMP/m.plan" --prompt-ids 1 --repetition-penalty 3
+expect_error "presence penalty range" "--presence-penalty" "$INFERRT" generate "$TMP/m.plan" --prompt-ids 1 --presence-penalty -2.5
+expect_error "malformed logit bias" "--logit-bias" "$INFERRT" generate "$TMP/m.plan" --prompt-ids 1 --logit-bias 5
+expect_error "logit bias range" "--logit-bias" "$INFERRT" generate "$TMP/m.plan" --prompt-ids 1 --logit-bias 5:101
+expect_error "logit bias out of vocabulary" "vocabulary" "$INFERRT" generate "$TMP/m.plan" --prompt-ids 1 --logit-bias 300:1
+expect_error "stop token id out of vocabulary" "vocabulary" "$INFERRT" generate "$TMP/m.plan" --prompt-ids 1 --stop-token-ids 300
+expect_error "min tokens over max" "min_tokens" "$INFERRT" generate "$TMP/m.plan" --prompt-ids 1 -n 4 --min-tokens 5
 check "bench, sampled" '"$INFERRT" bench "$TMP/m.plan" --requests 3 --prompt-len 4 --output-len 5 --temperature 0.8 --top-p 0.9 --top-k 20 --threads 2 --json >"$TMP/bench.json" && grep -q "\"temperature\":0.8" "$TMP/bench.json" && grep -q "\"output_tokens\":15," "$TMP/bench.json"'
 expect_error "bench, bad --top-p" "--top-p" "$INFERRT" bench "$TMP/m.plan" --top-p 1.5
 check "bench, speculative" '"$INFERRT" bench "$TMP/m.plan" --requests 4 --prompt-len 6 --output-len 40 --spec-tokens 4 --spec-ngram 1:2 --spec-always --threads 2 --json >"$TMP/spec.json" && grep -q "\"output_tokens\":160," "$TMP/spec.json" && grep -q "\"spec_draft_tokens\":[1-9]" "$TMP/spec.json"'

@@ -681,6 +681,38 @@ def test_vllm_sampling(s):
     check("repetition_penalty 1 is plain", plain.choices[0].text == ref["text"])
     check("repetition_penalty changes greedy text, the same each time",
           rep[0].choices[0].text != ref["text"] and rep[0].choices[0].text == rep[1].choices[0].text)
+    # `inferrt generate` takes the same through the engine: the same text as the server's
+    for flags, extra in [(["--repetition-penalty", "1.6"], {"repetition_penalty": 1.6}),
+                         (["--presence-penalty", "1.5", "--frequency-penalty", "0.5"],
+                          {"presence_penalty": 1.5, "frequency_penalty": 0.5}),
+                         (["--logit-bias", f"{ids[0]}:-100,{ids[3]}:5"],
+                          {"logit_bias": {str(ids[0]): -100, str(ids[3]): 5}}),
+                         (["--stop-token-ids", f"{stop},{ids[20]}"], {"stop_token_ids": [stop, ids[20]]})]:
+        g = generate("--prompt", "Once upon", "-n", "24", "--ignore-eos", *flags)
+        r = c.completions.create(model="tiny", prompt="Once upon", max_tokens=24, temperature=0,
+                                 extra_body=dict(extra, ignore_eos=True))
+        check(f"generate {flags[0]} = the server", g["text"] == r.choices[0].text and
+              g["finish_reason"] == r.choices[0].finish_reason and g["text"] != ref["text"],
+              f"{g['text']!r} vs {r.choices[0].text!r}")
+    # include_stop_str_in_output keeps the stop string; truncate_prompt_tokens keeps the last k
+    text = ref["text"]
+    stop_s = text[2:5]
+    at = text.find(stop_s)
+    for inc in (False, True):
+        r = c.completions.create(model="tiny", prompt="Once upon", max_tokens=24, temperature=0,
+                                 stop=[stop_s], extra_body={"ignore_eos": True, "include_stop_str_in_output": inc})
+        want = text[:at + len(stop_s)] if inc else text[:at]
+        check(f"include_stop_str_in_output {inc}", r.choices[0].text == want and
+              r.choices[0].finish_reason == "stop", f"{r.choices[0].text!r} vs {want!r}")
+    long_ids = [(7 * i) % 1900 + 20 for i in range(40)]
+    r = c.completions.create(model="tiny", prompt=long_ids, max_tokens=8, temperature=0,
+                             extra_body={"ignore_eos": True, "truncate_prompt_tokens": 6})
+    r6 = c.completions.create(model="tiny", prompt=long_ids[-6:], max_tokens=8, temperature=0,
+                              extra_body={"ignore_eos": True})
+    check("truncate_prompt_tokens keeps the last tokens", r.usage.prompt_tokens == 6 and
+          r.choices[0].text == r6.choices[0].text, f"{r.usage} {r.choices[0].text!r} {r6.choices[0].text!r}")
+    g = generate("--prompt", "Once upon", "-n", "24", "--min-tokens", "6", "--logit-bias", "0:100")
+    check("generate --min-tokens", len(g["generated_ids"]) == 7 and g["finish_reason"] == "stop", str(g))
     ok = {"model": "tiny", "prompt": "hi", "max_tokens": 4}
     for name, extra, param in [("repetition_penalty 0", {"repetition_penalty": 0}, "repetition_penalty"),
                                ("repetition_penalty 3", {"repetition_penalty": 3}, "repetition_penalty"),
@@ -690,7 +722,17 @@ def test_vllm_sampling(s):
                                ("min_tokens with a grammar", {"min_tokens": 1, "guided_choice": ["a"]}, "min_tokens"),
                                ("stop_token_ids type", {"stop_token_ids": 5}, "stop_token_ids"),
                                ("stop_token_ids id", {"stop_token_ids": [1, -1]}, "stop_token_ids"),
-                               ("stop_token_ids too many", {"stop_token_ids": [1] * 257}, "stop_token_ids")]:
+                               ("stop_token_ids too many", {"stop_token_ids": [1] * 257}, "stop_token_ids"),
+                               ("truncate_prompt_tokens 0", {"truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
+                               ("truncate_prompt_tokens with echo", {"truncate_prompt_tokens": 1, "echo": True,
+                                                                     "prompt": "hello there my friend"},
+                                "truncate_prompt_tokens"),
+                               ("legacy functions", {"functions": [{"name": "f"}]}, "functions"),
+                               ("legacy function_call", {"function_call": "auto"}, "function_call"),
+                               ("beam search", {"use_beam_search": True}, "use_beam_search"),
+                               ("skip_special_tokens false", {"skip_special_tokens": False}, "skip_special_tokens"),
+                               ("include_stop_str_in_output type", {"include_stop_str_in_output": 1},
+                                "include_stop_str_in_output")]:
         expect_error(s, name, 400, "POST", "/v1/completions", dict(ok, **extra), param=param)
 
 
