@@ -279,7 +279,8 @@ irt_status irt_eseq_init(irt_engine *e, ereq *q, int i, irt_error *err) {
     if (!s->counts || !s->seen || !s->pen_sub || (q->n_bias && !s->pen_ids))
       return fail(err, IRT_OOM, "out of memory");
   }
-  if (q->grammar && irt_gstate_create(q->grammar, &s->gram, err) != IRT_OK) return IRT_OOM;
+  irt_status gs = q->grammar ? irt_gstate_create(q->grammar, &s->gram, err) : IRT_OK;
+  if (gs != IRT_OK) return gs;
   if (irt_seq_create(e->m, &s->kv, err) != IRT_OK) return IRT_OOM;
   if (irt_sampler_create(&sp, in->vocab_size, &s->sampler, err) != IRT_OK) return IRT_OOM;
   if (e->tok) irt_tok_stream_init(&s->stream, e->tok, true);

@@ -190,7 +190,7 @@ static uint32_t read_char(gparser *g) {
   case 'x': return hex_digits(g, 2);
   case 'u': return hex_digits(g, 4);
   case 'U': return hex_digits(g, 8);
-  case 0: gfail(g, "unfinished escape"); return 0;
+  case 0: g->p--, gfail(g, "unfinished escape"); return 0; /* stay on the NUL */
   default:
     if ((e >= 'a' && e <= 'z') || (e >= 'A' && e <= 'Z') || (e >= '0' && e <= '9'))
       gfail(g, "unknown escape '\\%c'", e);
@@ -204,14 +204,14 @@ static void parse_alternates(gparser *g, int rule, bool nested);
 
 static void parse_literal(gparser *g, gseq *s) {
   g->p++; /* the quote */
-  while (*g->p != '"' && !g->failed) {
+  while (!g->failed && *g->p != '"') {
     if (!*g->p || *g->p == '\n') return gfail(g, "unterminated string literal");
     uint32_t c = read_char(g);
     int k = new_class(g, false);
     class_add(g, k, c, c);
     push(g, s, (gel){G_CHAR, (uint32_t)k});
   }
-  g->p++;
+  if (!g->failed) g->p++; /* the closing quote (never past the end) */
 }
 
 static void parse_class(gparser *g, gseq *s) {
@@ -219,7 +219,7 @@ static void parse_class(gparser *g, gseq *s) {
   bool neg = *g->p == '^';
   g->p += neg;
   int k = new_class(g, neg);
-  while (*g->p != ']' && !g->failed) {
+  while (!g->failed && *g->p != ']') {
     if (!*g->p || *g->p == '\n') return gfail(g, "unterminated character class");
     uint32_t lo = read_char(g), hi = lo;
     if (g->p[0] == '-' && g->p[1] && g->p[1] != ']') {
@@ -229,6 +229,7 @@ static void parse_class(gparser *g, gseq *s) {
     }
     class_add(g, k, lo, hi);
   }
+  if (g->failed) return;
   g->p++;
   push(g, s, (gel){G_CHAR, (uint32_t)k});
 }
@@ -239,7 +240,7 @@ static void repeat(gparser *g, gseq *s, int start, int min, int max) {
   int n = s->n - start;
   gel *item = malloc((size_t)n * sizeof *item);
   if (!item) return gfail(g, "out of memory");
-  memcpy(item, s->v + start, (size_t)n * sizeof *item);
+  if (n) memcpy(item, s->v + start, (size_t)n * sizeof *item);
   s->n = start;
   for (int i = 0; i < min; i++)
     for (int j = 0; j < n; j++) push(g, s, item[j]);
@@ -336,7 +337,7 @@ static void parse_sequence(gparser *g, int rule, bool nested) {
 
 static void parse_alternates(gparser *g, int rule, bool nested) {
   parse_sequence(g, rule, nested);
-  while (*g->p == '|' && !g->failed) {
+  while (!g->failed && *g->p == '|') {
     g->p++;
     skip_space(g, true);
     parse_sequence(g, rule, nested);
@@ -497,7 +498,10 @@ void irt_grammar_destroy(irt_grammar *G) {
 
 irt_status irt_grammar_check(const char *gbnf, irt_error *err) {
   irt_grammar *g = NULL;
+  irt_gstate *s = NULL;
   irt_status st = irt_grammar_compile(gbnf, &g, err);
+  if (st == IRT_OK) st = irt_gstate_create(g, &s, err); /* its start, as a request's would */
+  irt_gstate_destroy(s);
   irt_grammar_destroy(g);
   return st;
 }

@@ -158,7 +158,7 @@ static void put_class_char(rx *r, uint32_t c) {
 
 /* The text JSON writes for character c inside a string, as a GBNF literal. */
 static void put_json_char(rx *r, uint32_t c) {
-  static const char short_esc[] = {['\b'] = 'b', ['\f'] = 'f', ['\n'] = 'n', ['\r'] = 'r',
+  static const char short_esc[0x20] = {['\b'] = 'b', ['\f'] = 'f', ['\n'] = 'n', ['\r'] = 'r',
                                    ['\t'] = 't'};
   if (c == '"' || c == '\\') rput(r, "\"\\\\\\%c\"", (char)c);
   else if (c < 0x20 && short_esc[c]) rput(r, "\"\\\\%c\"", short_esc[c]);

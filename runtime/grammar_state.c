@@ -50,7 +50,9 @@ struct irt_gstate {
   gset *dep;         /* masks: the state after each byte of the current token */
   gmark *mark;       /* and the arena before the next byte */
   int cap_dep;
+  int64_t work; /* expansions in the current character step */
   bool oom;
+  bool too_hard; /* a step needed more than MAX_WORK expansions */
 };
 
 struct irt_gtrie {
@@ -152,10 +154,13 @@ static void collect(irt_gstate *s, const gnode *n) {
  * character item (or it is empty) and collects what it becomes. A reference that ends
  * its alternative pushes no return (so right recursion runs in constant depth). */
 #define MAX_EXPAND 4096 /* references followed before a character: the recursion's depth */
+#define MAX_WORK 65536  /* expansions for one character: ambiguity (nullable alternatives
+                           nested or repeated) can make the paths exponential */
 
 static void expand(irt_gstate *s, garena *a, const gnode *n, int depth) {
   const irt_grammar *G = s->g;
   if (depth > MAX_EXPAND) s->oom = true;
+  if (++s->work > MAX_WORK) s->oom = s->too_hard = true;
   for (;;) {
     if (s->oom) return;
     if (!n) return collect(s, NULL);
@@ -209,6 +214,7 @@ static bool class_meets(const gclass *k, uint32_t lo, uint32_t hi) {
 static bool step_char(irt_gstate *s, const gset *in, uint32_t c, garena *a, gset *out) {
   const irt_grammar *G = s->g;
   s->n_buf = 0;
+  s->work = 0;
   for (int i = 0; i < in->n; i++) {
     const gnode *n = in->v[i];
     if (n && class_has(&G->cls[G->el[n->pos].arg], c))
@@ -294,9 +300,15 @@ irt_status irt_gstate_create(const irt_grammar *g, irt_gstate **out, irt_error *
     take_buf(s, &s->a[0], &s->cur);
   }
   if (!s || s->oom) {
+    bool hard = s && s->too_hard;
     irt_gstate_destroy(s);
-    if (err) *err = (irt_error){.status = IRT_OOM, .msg = "out of memory"};
-    return IRT_OOM;
+    if (err && hard)
+      *err = (irt_error){.status = IRT_INVALID_ARG,
+                         .msg = "the grammar is too ambiguous: its start takes over 65536 "
+                                "expansions (nested or repeated empty alternatives)"};
+    else if (err)
+      *err = (irt_error){.status = IRT_OOM, .msg = "out of memory"};
+    return hard ? IRT_INVALID_ARG : IRT_OOM;
   }
   *out = s;
   return IRT_OK;

@@ -248,6 +248,24 @@ static void test_masks(void) {
   irt_tokenizer_destroy(t);
 }
 
+/* Inputs the fuzzer (tests/fuzz/fuzz_grammar.c) found: an escape at the very end of the
+ * text (read past its end), a control character in a JSON Schema pattern (read past a
+ * table), an empty group repeated (exponential expansion): each refused or compiled,
+ * quickly, without touching memory it should not. */
+static void test_fuzz_finds(void) {
+  expect_error("root ::= \"a\" (2b\" | [c-:y\x02(\"\"\"?\"ll\\", "unfinished escape");
+  expect_error("root ::= [ab\\", "unfinished escape");
+  char *out = NULL;
+  irt_error err = {0};
+  CHECK(irt_grammar_json("{\"type\": \"string\", \"pattern\": \"^[\\u0015a-z]{2}$\"}", &out,
+                         &err) == IRT_OK);
+  free(out), out = NULL;
+  CHECK(irt_grammar_regex("(|){87}", &out, &err) == IRT_OK);
+  CHECKF(irt_grammar_check(out, &err) == IRT_INVALID_ARG && strstr(err.msg, "too ambiguous"),
+         "%s", err.msg);
+  free(out);
+}
+
 /* Grammars deep or ambiguous enough to exhaust a server thread's stack or time are refused
  * (at compile time) or stop taking characters, never crash. */
 static void test_limits(void) {
@@ -280,6 +298,7 @@ static void test_limits(void) {
 int main(void) {
   test_errors();
   test_limits();
+  test_fuzz_finds();
   test_choice();
   test_utf8();
   test_oracle_cases();

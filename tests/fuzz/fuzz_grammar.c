@@ -1,0 +1,42 @@
+/* fuzz_grammar: libFuzzer target for the grammar engine, whose input is a request's. The
+ * first line is GBNF, a JSON Schema or a regular expression (by its first byte); the rest is
+ * text fed to the compiled grammar byte by byte. Build: tools/fuzz grammar. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "grammar.h"
+#include "inferrt.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  if (size < 2) return 0;
+  char *src = malloc(size + 1);
+  memcpy(src, data + 1, size - 1);
+  src[size - 1] = 0;
+  char *nl = memchr(src, '\n', size - 1), *text = nl ? nl + 1 : src + size - 1;
+  if (nl) *nl = 0;
+  irt_error err = {0};
+  char *gbnf = NULL;
+  irt_status st = IRT_OK;
+  switch (data[0] % 4) {
+  case 0: gbnf = strdup(src); break;
+  case 1: st = irt_grammar_json(src, &gbnf, &err); break;
+  case 2: st = irt_grammar_regex(src, &gbnf, &err); break;
+  default: st = irt_grammar_json(NULL, &gbnf, &err); break;
+  }
+  irt_grammar *g = NULL;
+  if (st == IRT_OK && gbnf && irt_grammar_compile(gbnf, &g, &err) == IRT_OK) {
+    irt_gstate *s = NULL;
+    if (irt_gstate_create(g, &s, &err) == IRT_OK) {
+      for (const char *p = text; *p; p++)
+        if (!irt_gstate_advance(s, (const uint8_t *)p, 1)) break;
+      (void)irt_gstate_accepting(s);
+      (void)irt_gstate_can_continue(s);
+      irt_gstate_destroy(s);
+    }
+    irt_grammar_destroy(g);
+  }
+  free(gbnf);
+  free(src);
+  return 0;
+}
