@@ -52,7 +52,7 @@ ir_status irt_chat_template_detect(const char *src, irt_chat_template *out, ir_d
     chatml_default_system(src, out->default_system, sizeof out->default_system);
   } else if (strstr(src, "<|start_header_id|>") && strstr(src, "Cutting Knowledge Date")) {
     out->kind = IRT_CHAT_LLAMA31;
-    if (!strstr(src, "strftime_now")) snprintf(out->date, sizeof out->date, "26 Jul 2024");
+    if (!strstr(src, "strftime_now")) snprintf(out->date, sizeof out->date, "%s", IRT_LLAMA31_DATE);
   } else if (strstr(src, "<|start_header_id|>")) {
     out->kind = IRT_CHAT_LLAMA3;
   } else if (strstr(src, "<start_of_turn>")) {
@@ -150,7 +150,7 @@ static void render_llama31(const irt_chat_template *t, const irt_chat_msg *m, si
     time_t now = time(NULL);
     struct tm tm;
     if (!localtime_r(&now, &tm) || !strftime(today, sizeof today, "%d %b %Y", &tm))
-      snprintf(today, sizeof today, "26 Jul 2024");
+      snprintf(today, sizeof today, "%s", IRT_LLAMA31_DATE);
     date = today;
   }
   bool sys = n && role_of(m[0].role) == 0;

@@ -23,6 +23,9 @@ typedef enum irt_chat_kind {
                            cutoff, today's date, then the system message */
 } irt_chat_kind;
 
+/* The "Today Date" Llama 3.1's template writes (its literal; also what named llama3.1 gets). */
+#define IRT_LLAMA31_DATE "26 Jul 2024"
+
 typedef struct irt_chat_msg {
   const char *role; /* "system", "user", "assistant", or "ipython" (a tool's result) */
   const char *content;

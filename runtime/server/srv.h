@@ -40,6 +40,8 @@ bool srv_fail(srv_error *e, int status, const char *type, const char *code, cons
 /* Shorthand for a 400 invalid_request_error naming `param`. */
 bool srv_bad(srv_error *e, const char *param, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* The field k of o, or NULL when absent or JSON null (which counts as absent). */
+const cJSON *srv_field(const cJSON *o, const char *k);
 /* "Invalid type for 'k': expected want, but got <v's type> instead." (a 400). */
 bool srv_bad_type(srv_error *e, const char *k, const char *want, const cJSON *v);
 

@@ -9,16 +9,11 @@
 
 #include "srv.h"
 
-static const cJSON *field(const cJSON *o, const char *k) {
-  const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
-  return v && !cJSON_IsNull(v) ? v : NULL;
-}
-
 /* A message's content: a string or an array of {"type": "text", "text": ...} parts, joined. */
 static char *message_text(const cJSON *m, int i, bool may_be_null, srv_error *e) {
   char key[64];
   snprintf(key, sizeof key, "messages[%d].content", i);
-  const cJSON *v = field(m, "content");
+  const cJSON *v = srv_field(m, "content");
   if (!v && may_be_null) return strdup("");
   if (!v) return srv_bad(e, key, "Missing required parameter: '%s'.", key), NULL;
   if (cJSON_IsString(v)) return strdup(v->valuestring);
@@ -26,7 +21,7 @@ static char *message_text(const cJSON *m, int i, bool may_be_null, srv_error *e)
     return srv_bad_type(e, key, "a string or an array of content parts", v), NULL;
   srv_buf b = {0};
   for (const cJSON *part = v->child; part; part = part->next) {
-    const cJSON *t = field(part, "type"), *text = field(part, "text");
+    const cJSON *t = srv_field(part, "type"), *text = srv_field(part, "text");
     if (!cJSON_IsString(t) || strcmp(t->valuestring, "text") || !cJSON_IsString(text)) {
       srv_buf_free(&b);
       return srv_bad(
@@ -49,7 +44,7 @@ static bool oom(srv_error *e) {
 static bool take_message(const cJSON *m, int i, srv_tool_format fmt, srv_chat *c, srv_error *e) {
   char key[64];
   snprintf(key, sizeof key, "messages[%d].role", i);
-  const cJSON *role = field(m, "role"), *calls = field(m, "tool_calls");
+  const cJSON *role = srv_field(m, "role"), *calls = srv_field(m, "tool_calls");
   if (!cJSON_IsObject(m)) return srv_bad_type(e, "messages", "an object for each message", m);
   if (!role) return srv_bad(e, key, "Missing required parameter: '%s'.", key);
   if (!cJSON_IsString(role)) return srv_bad_type(e, key, "a string", role);

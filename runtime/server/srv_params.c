@@ -52,8 +52,7 @@ bool srv_bad_type(srv_error *e, const char *k, const char *want, const cJSON *v)
                  type_name(v));
 }
 
-/* The field k of o, or NULL when absent or null. */
-static const cJSON *field(const cJSON *o, const char *k) {
+const cJSON *srv_field(const cJSON *o, const char *k) {
   const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
   return v && !cJSON_IsNull(v) ? v : NULL;
 }
@@ -66,7 +65,7 @@ static bool is_int(const cJSON *v) {
 /* Optional integer in [lo, hi]; *out unchanged when absent. */
 static bool get_int(const cJSON *o, const char *k, int64_t lo, int64_t hi, int64_t *out,
                     srv_error *e) {
-  const cJSON *v = field(o, k);
+  const cJSON *v = srv_field(o, k);
   if (!v) return true;
   if (!is_int(v)) return srv_bad_type(e, k, "an integer", v);
   if (v->valuedouble < (double)lo || v->valuedouble > (double)hi)
@@ -77,7 +76,7 @@ static bool get_int(const cJSON *o, const char *k, int64_t lo, int64_t hi, int64
 }
 
 static bool get_num(const cJSON *o, const char *k, double lo, double hi, float *out, srv_error *e) {
-  const cJSON *v = field(o, k);
+  const cJSON *v = srv_field(o, k);
   if (!v) return true;
   if (!cJSON_IsNumber(v)) return srv_bad_type(e, k, "a number", v);
   if (!(v->valuedouble >= lo && v->valuedouble <= hi))
@@ -88,7 +87,7 @@ static bool get_num(const cJSON *o, const char *k, double lo, double hi, float *
 }
 
 static bool get_bool(const cJSON *o, const char *k, bool *out, srv_error *e) {
-  const cJSON *v = field(o, k);
+  const cJSON *v = srv_field(o, k);
   if (!v) return true;
   if (!cJSON_IsBool(v)) return srv_bad_type(e, k, "a boolean", v);
   *out = cJSON_IsTrue(v);
@@ -96,7 +95,7 @@ static bool get_bool(const cJSON *o, const char *k, bool *out, srv_error *e) {
 }
 
 static bool check_model(srv_ctx *c, const cJSON *body, srv_error *e) {
-  const cJSON *v = field(body, "model");
+  const cJSON *v = srv_field(body, "model");
   if (!v) return true; /* the one served model */
   if (!cJSON_IsString(v)) return srv_bad_type(e, "model", "a string", v);
   if (strcmp(v->valuestring, c->model_name))
@@ -129,30 +128,32 @@ static bool tokenize(srv_ctx *c, const char *text, bool add_special, const char 
   return true;
 }
 
-static bool take_ids(srv_ctx *c, const cJSON *arr, srv_params *p, srv_error *e) {
+/* An array of token ids within the vocabulary, as *out (owned, n + 1 long) and *n_out;
+ * refusals name param. */
+static bool take_ids(srv_ctx *c, const cJSON *arr, const char *param, int32_t **out,
+                     int64_t *n_out, srv_error *e) {
   int n = cJSON_GetArraySize(arr);
-  p->prompt = malloc(((size_t)n + 1) * sizeof *p->prompt);
-  if (!p->prompt) return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+  int32_t *ids = *out = malloc(((size_t)n + 1) * sizeof *ids);
+  if (!ids) return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
   int k = 0;
   for (const cJSON *v = arr->child; v; v = v->next, k++) {
     if (!is_int(v))
-      return srv_bad(e, "prompt",
-                     "Invalid type for 'prompt[%d]': expected a token id, but got %s instead.", k,
-                     type_name(v));
+      return srv_bad(e, param,
+                     "Invalid type for '%s[%d]': expected a token id, but got %s instead.", param,
+                     k, type_name(v));
     if (v->valuedouble < 0 || v->valuedouble >= (double)c->info->vocab_size)
-      return srv_bad(
-          e, "prompt",
-          "Invalid value for 'prompt[%d]': token id %.0f is outside the vocabulary of %lld.", k,
-          v->valuedouble, (long long)c->info->vocab_size);
-    p->prompt[k] = (int32_t)v->valuedouble;
+      return srv_bad(e, param,
+                     "Invalid value for '%s[%d]': token id %.0f is outside the vocabulary of "
+                     "%lld.", param, k, v->valuedouble, (long long)c->info->vocab_size);
+    ids[k] = (int32_t)v->valuedouble;
   }
-  p->n_prompt = n;
+  *n_out = n;
   return true;
 }
 
 /* "prompt": a string, an array of token ids, or a one-element array of either. */
 static bool parse_prompt(srv_ctx *c, const cJSON *body, srv_params *p, srv_error *e) {
-  const cJSON *v = field(body, "prompt");
+  const cJSON *v = srv_field(body, "prompt");
   if (!v) return srv_bad(e, "prompt", "Missing required parameter: 'prompt'.");
   if (cJSON_IsArray(v) && cJSON_GetArraySize(v) == 1 &&
       (cJSON_IsString(v->child) || cJSON_IsArray(v->child)))
@@ -164,7 +165,7 @@ static bool parse_prompt(srv_ctx *c, const cJSON *body, srv_params *p, srv_error
   if (cJSON_IsString(v)) return tokenize(c, v->valuestring, true, "prompt", p, e);
   if (!cJSON_IsArray(v)) return srv_bad_type(e, "prompt", "a string or an array of token ids", v);
   if (!v->child) return srv_bad(e, "prompt", "Invalid value for 'prompt': the prompt is empty.");
-  if (!take_ids(c, v, p, e)) return false;
+  if (!take_ids(c, v, "prompt", &p->prompt, &p->n_prompt, e)) return false;
   size_t n = 0;
   irt_error ie = {0};
   if (p->echo && !c->tok)
@@ -177,7 +178,7 @@ static bool parse_prompt(srv_ctx *c, const cJSON *body, srv_params *p, srv_error
 
 static bool parse_messages(srv_ctx *c, const cJSON *body, const srv_tools *tools, srv_params *p,
                            srv_error *e) {
-  const cJSON *v = field(body, "messages");
+  const cJSON *v = srv_field(body, "messages");
   if (!v) return srv_bad(e, "messages", "Missing required parameter: 'messages'.");
   if (!cJSON_IsArray(v)) return srv_bad_type(e, "messages", "an array", v);
   if (!v->child) return srv_bad(e, "messages", "Invalid value for 'messages': the array is empty.");
@@ -214,7 +215,7 @@ static bool parse_messages(srv_ctx *c, const cJSON *body, const srv_tools *tools
 /* --- sampling and output ------------------------------------------------------------------ */
 
 static bool parse_stop(const cJSON *body, srv_params *p, srv_error *e) {
-  const cJSON *v = field(body, "stop");
+  const cJSON *v = srv_field(body, "stop");
   if (!v) return true;
   const cJSON *one = cJSON_IsString(v) ? v : NULL;
   if (!one && !cJSON_IsArray(v)) return srv_bad_type(e, "stop", "a string or an array of strings", v);
@@ -257,7 +258,7 @@ static bool parse_sampling(srv_ctx *c, const cJSON *body, srv_params *p, srv_err
   p->sampling = irt_sampling_default();
   p->sampling.temperature = 1.0f;
   if (!get_num(body, "temperature", 0, 2, &p->sampling.temperature, e)) return false;
-  const cJSON *tp = field(body, "top_p");
+  const cJSON *tp = srv_field(body, "top_p");
   if (tp && cJSON_IsNumber(tp) && tp->valuedouble <= 0)
     return srv_bad(e, "top_p", "Invalid value for 'top_p': it must be greater than 0.");
   if (!get_num(body, "top_p", 0, 1, &p->sampling.top_p, e)) return false;
@@ -265,7 +266,7 @@ static bool parse_sampling(srv_ctx *c, const cJSON *body, srv_params *p, srv_err
   if (!get_int(body, "top_k", -1, 1 << 30, &top_k, e)) return false;
   p->sampling.top_k = top_k > 0 ? (int)top_k : 0;
   if (!get_int(body, "seed", INT64_MIN / 2, INT64_MAX / 2, &seed, e)) return false;
-  p->sampling.seed = field(body, "seed")
+  p->sampling.seed = srv_field(body, "seed")
                          ? (uint64_t)seed
                          : c->id_salt ^ (atomic_fetch_add(&c->next_id, 1) * 0x9e3779b97f4a7c15ull);
   if (!get_int(body, "n", 1, c->max_n, &n, e)) return false;
@@ -273,7 +274,7 @@ static bool parse_sampling(srv_ctx *c, const cJSON *body, srv_params *p, srv_err
   if (!get_num(body, "presence_penalty", -2, 2, &p->presence_penalty, e)) return false;
   if (!get_num(body, "frequency_penalty", -2, 2, &p->frequency_penalty, e)) return false;
   p->repetition_penalty = 1;
-  const cJSON *rp = field(body, "repetition_penalty");
+  const cJSON *rp = srv_field(body, "repetition_penalty");
   if (rp && cJSON_IsNumber(rp) && rp->valuedouble <= 0)
     return srv_bad(e, "repetition_penalty",
                    "Invalid value for 'repetition_penalty': it must be greater than 0.");
@@ -285,30 +286,21 @@ static bool parse_sampling(srv_ctx *c, const cJSON *body, srv_params *p, srv_err
 
 /* vLLM's stop_token_ids: an array of token ids within the vocabulary. */
 static bool parse_stop_ids(srv_ctx *c, const cJSON *body, srv_params *p, srv_error *e) {
-  const cJSON *v = field(body, "stop_token_ids");
+  const cJSON *v = srv_field(body, "stop_token_ids");
   if (!v) return true;
   if (!cJSON_IsArray(v)) return srv_bad_type(e, "stop_token_ids", "an array of token ids", v);
-  int n = cJSON_GetArraySize(v), k = 0;
-  if (n > IRT_MAX_STOP_TOKEN_IDS)
+  if (cJSON_GetArraySize(v) > IRT_MAX_STOP_TOKEN_IDS)
     return srv_bad(e, "stop_token_ids", "Invalid value for 'stop_token_ids': at most %d ids.",
                    IRT_MAX_STOP_TOKEN_IDS);
-  if (n == 0) return true;
-  if (!(p->stop_ids = malloc((size_t)n * sizeof *p->stop_ids)))
-    return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
-  for (const cJSON *x = v->child; x; x = x->next, k++) {
-    if (!is_int(x) || x->valuedouble < 0 || x->valuedouble >= (double)c->info->vocab_size)
-      return srv_bad(e, "stop_token_ids",
-                     "Invalid value for 'stop_token_ids[%d]': expected a token id in [0, %lld).",
-                     k, (long long)c->info->vocab_size);
-    p->stop_ids[k] = (int32_t)x->valuedouble;
-  }
-  p->n_stop_ids = n;
-  return true;
+  int64_t n = 0;
+  bool ok = take_ids(c, v, "stop_token_ids", &p->stop_ids, &n, e);
+  p->n_stop_ids = (int)n;
+  return ok;
 }
 
 /* logit_bias: {"token id": bias in [-100, 100], ...}, ids within the vocabulary. */
 static bool parse_logit_bias(srv_ctx *c, const cJSON *body, srv_params *p, srv_error *e) {
-  const cJSON *lb = field(body, "logit_bias"), *it;
+  const cJSON *lb = srv_field(body, "logit_bias"), *it;
   if (!lb) return true;
   if (!cJSON_IsObject(lb)) return srv_bad_type(e, "logit_bias", "an object", lb);
   int n = cJSON_GetArraySize(lb);
@@ -343,13 +335,13 @@ static bool parse_logit_bias(srv_ctx *c, const cJSON *body, srv_params *p, srv_e
 
 static bool parse_stream(const cJSON *body, srv_params *p, srv_error *e) {
   if (!get_bool(body, "stream", &p->stream, e)) return false;
-  const cJSON *so = field(body, "stream_options");
+  const cJSON *so = srv_field(body, "stream_options");
   if (!so) return true;
   if (!cJSON_IsObject(so)) return srv_bad_type(e, "stream_options", "an object", so);
   if (!p->stream)
     return srv_bad(e, "stream_options",
                    "The 'stream_options' parameter is only allowed when 'stream' is enabled.");
-  const cJSON *iu = field(so, "include_usage");
+  const cJSON *iu = srv_field(so, "include_usage");
   if (iu && !cJSON_IsBool(iu)) return srv_bad_type(e, "stream_options.include_usage", "a boolean", iu);
   p->include_usage = iu && cJSON_IsTrue(iu);
   return true;
@@ -358,20 +350,20 @@ static bool parse_stream(const cJSON *body, srv_params *p, srv_error *e) {
 /* Fields this server does not implement are refused rather than silently ignored. */
 static bool refuse_unsupported(const cJSON *body, srv_endpoint ep, srv_error *e) {
   const cJSON *v;
-  if ((v = field(body, "user")) && !cJSON_IsString(v)) return srv_bad_type(e, "user", "a string", v);
-  if (ep == SRV_COMPLETIONS && (v = field(body, "suffix")))
+  if ((v = srv_field(body, "user")) && !cJSON_IsString(v)) return srv_bad_type(e, "user", "a string", v);
+  if (ep == SRV_COMPLETIONS && (v = srv_field(body, "suffix")))
     return srv_bad(e, "suffix", "'suffix' is not supported.");
-  if (ep == SRV_COMPLETIONS && ((v = field(body, "tools")) || (v = field(body, "tool_choice"))))
+  if (ep == SRV_COMPLETIONS && ((v = srv_field(body, "tools")) || (v = srv_field(body, "tool_choice"))))
     return srv_bad(e, v->string, "'%s' belongs to /v1/chat/completions.", v->string);
-  if ((v = field(body, "functions")) || (v = field(body, "function_call")))
+  if ((v = srv_field(body, "functions")) || (v = srv_field(body, "function_call")))
     return srv_bad(e, v->string, "'%s' (the legacy form of function calling) is not supported: "
                    "use 'tools' and 'tool_choice'.", v->string);
-  if ((v = field(body, "use_beam_search")) && !cJSON_IsFalse(v))
+  if ((v = srv_field(body, "use_beam_search")) && !cJSON_IsFalse(v))
     return srv_bad(e, "use_beam_search", "Beam search is not supported.");
-  if ((v = field(body, "skip_special_tokens")) && !cJSON_IsTrue(v))
+  if ((v = srv_field(body, "skip_special_tokens")) && !cJSON_IsTrue(v))
     return srv_bad(e, "skip_special_tokens",
                    "Only 'skip_special_tokens': true is supported (special tokens have no text).");
-  const cJSON *bo = field(body, "best_of"), *n = field(body, "n");
+  const cJSON *bo = srv_field(body, "best_of"), *n = srv_field(body, "n");
   if (bo && (!is_int(bo) || bo->valuedouble != (n && is_int(n) ? n->valuedouble : 1)))
     return srv_bad(e, "best_of", "'best_of' other than 'n' is not supported.");
   return true;
@@ -383,7 +375,7 @@ static bool grammar_of(const char *k, const cJSON *v, char **gbnf, srv_error *e)
   irt_status st = IRT_OK;
   *gbnf = NULL;
   if (!strcmp(k, "response_format")) {
-    const cJSON *t = cJSON_IsObject(v) ? field(v, "type") : NULL;
+    const cJSON *t = cJSON_IsObject(v) ? srv_field(v, "type") : NULL;
     if (!cJSON_IsString(t))
       return srv_bad(e, k,
                      "Invalid value for 'response_format': expected an object with a 'type'.");
@@ -391,7 +383,7 @@ static bool grammar_of(const char *k, const cJSON *v, char **gbnf, srv_error *e)
     if (!strcmp(t->valuestring, "json_object")) {
       st = irt_grammar_json(NULL, gbnf, &ie);
     } else if (!strcmp(t->valuestring, "json_schema")) {
-      const cJSON *js = field(v, "json_schema"), *sc = js ? field(js, "schema") : NULL;
+      const cJSON *js = srv_field(v, "json_schema"), *sc = js ? srv_field(js, "schema") : NULL;
       if (!cJSON_IsObject(js) || !sc)
         return srv_bad(e, "response_format.json_schema",
                        "Invalid value for 'response_format': type 'json_schema' needs "
@@ -451,7 +443,7 @@ static bool parse_grammar(srv_ctx *c, const cJSON *body, srv_params *p, srv_erro
                                "guided_regex",    "guided_grammar", "grammar", "json_schema"};
   const char *seen = NULL;
   for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) {
-    const cJSON *v = field(body, keys[i]);
+    const cJSON *v = srv_field(body, keys[i]);
     if (!v) continue;
     if (seen)
       return srv_bad(e, keys[i], "'%s' and '%s' cannot be given together.", seen, keys[i]);
@@ -513,7 +505,7 @@ static bool parse_lengths(srv_ctx *c, srv_endpoint ep, const cJSON *body, srv_pa
                     "tokens. Please reduce the length of the %s.",
                     (long long)ctx, ep == SRV_CHAT ? "messages" : "prompt", (long long)p->n_prompt,
                     what);
-  const char *key = ep == SRV_CHAT && field(body, "max_completion_tokens") ? "max_completion_tokens"
+  const char *key = ep == SRV_CHAT && srv_field(body, "max_completion_tokens") ? "max_completion_tokens"
                                                                            : "max_tokens";
   if (!get_int(body, key, p->echo ? 0 : 1, INT32_MAX, &max, e)) return false;
   if (max == 0) { /* echo alone: the prompt (and its logprobs), no completion */
@@ -617,7 +609,7 @@ cJSON *srv_tokenize(srv_ctx *c, const char *body, size_t len, srv_error *err) {
   if (!j) return NULL;
   srv_params p;
   memset(&p, 0, sizeof p);
-  bool ok = check_model(c, j, err), chat = field(j, "messages") != NULL;
+  bool ok = check_model(c, j, err), chat = srv_field(j, "messages") != NULL;
   if (ok && chat) ok = take_tools(c, j, &p.tools, err);
   if (ok) ok = chat ? parse_messages(c, j, &p.tools, &p, err) : parse_prompt(c, j, &p, err);
   if (ok && !(out = cJSON_CreateObject()))
@@ -639,12 +631,12 @@ cJSON *srv_detokenize(srv_ctx *c, const char *body, size_t len, srv_error *err) 
   if (!j) return NULL;
   srv_params p;
   memset(&p, 0, sizeof p);
-  const cJSON *t = field(j, "tokens");
+  const cJSON *t = srv_field(j, "tokens");
   bool ok = check_model(c, j, err);
   if (ok && !t) ok = srv_bad(err, "tokens", "Missing required parameter: 'tokens'.");
   if (ok && !cJSON_IsArray(t)) ok = srv_bad_type(err, "tokens", "an array of token ids", t);
   if (ok && !c->tok) ok = srv_bad(err, "tokens", "The served plan has no tokenizer.");
-  if (ok) ok = take_ids(c, t, &p, err); /* (its messages name 'prompt') */
+  if (ok) ok = take_ids(c, t, "prompt", &p.prompt, &p.n_prompt, err);
   char *text = NULL;
   size_t n = 0;
   irt_error e = {0};

@@ -96,11 +96,6 @@ srv_tool_format srv_tool_format_of(const char *family) {
 
 /* --- the request's tools ------------------------------------------------------------------ */
 
-static const cJSON *field(const cJSON *o, const char *k) {
-  const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
-  return v && !cJSON_IsNull(v) ? v : NULL;
-}
-
 static bool valid_name(const char *s) {
   size_t n = strlen(s);
   if (n == 0 || n > 64) return false;
@@ -114,13 +109,13 @@ static bool valid_name(const char *s) {
 static bool check_tool(const cJSON *t, int i, srv_error *e) {
   char k[64];
   snprintf(k, sizeof k, "tools[%d]", i);
-  const cJSON *type = field(t, "type"), *fn = field(t, "function");
+  const cJSON *type = srv_field(t, "type"), *fn = srv_field(t, "function");
   if (!cJSON_IsObject(t) || !cJSON_IsString(type) || strcmp(type->valuestring, "function") ||
       !cJSON_IsObject(fn))
     return srv_bad(e, k, "Invalid value for '%s': expected {\"type\": \"function\", \"function\": "
                    "{\"name\": ..., \"parameters\": {...}}}.", k);
-  const cJSON *name = field(fn, "name"), *params = field(fn, "parameters"),
-              *desc = field(fn, "description");
+  const cJSON *name = srv_field(fn, "name"), *params = srv_field(fn, "parameters"),
+              *desc = srv_field(fn, "description");
   if (!cJSON_IsString(name) || !valid_name(name->valuestring))
     return srv_bad(e, k, "Invalid value for '%s.function.name': expected 1 to 64 letters, digits, "
                    "'_' or '-'.", k);
@@ -133,14 +128,14 @@ static bool check_tool(const cJSON *t, int i, srv_error *e) {
 }
 
 static const char *tool_name(const cJSON *t) {
-  return field(field(t, "function"), "name")->valuestring;
+  return srv_field(srv_field(t, "function"), "name")->valuestring;
 }
 
 bool srv_tools_parse(const cJSON *body, srv_tools *t, srv_error *e) {
   memset(t, 0, sizeof *t);
   t->parallel = true;
-  const cJSON *tools = field(body, "tools"), *choice = field(body, "tool_choice"),
-              *par = field(body, "parallel_tool_calls");
+  const cJSON *tools = srv_field(body, "tools"), *choice = srv_field(body, "tool_choice"),
+              *par = srv_field(body, "parallel_tool_calls");
   if (tools && !cJSON_IsArray(tools))
     return srv_bad(e, "tools", "Invalid type for 'tools': expected an array of tools.");
   int n = tools ? cJSON_GetArraySize(tools) : 0, i = 0;
@@ -162,8 +157,8 @@ bool srv_tools_parse(const cJSON *body, srv_tools *t, srv_error *e) {
     t->mode = SRV_TOOLS_REQUIRED;
     goto take;
   }
-  const cJSON *fn = cJSON_IsObject(choice) ? field(choice, "function") : NULL,
-              *name = fn ? field(fn, "name") : NULL;
+  const cJSON *fn = cJSON_IsObject(choice) ? srv_field(choice, "function") : NULL,
+              *name = fn ? srv_field(fn, "name") : NULL;
   if (!cJSON_IsString(name))
     return srv_bad(e, "tool_choice", "Invalid value for 'tool_choice': expected 'none', 'auto', "
                    "'required' or {\"type\": \"function\", \"function\": {\"name\": ...}}.");
@@ -235,8 +230,8 @@ char *srv_tools_assistant(srv_tool_format f, const char *content, const cJSON *c
   bool ok = f == SRV_TOOLFMT_LLAMA3 || put_str(&b, content); /* Llama 3.1 drops the content */
   int i = 0;
   for (const cJSON *c = calls->child; ok && c; c = c->next, i++) {
-    const cJSON *fn = field(c, "function"), *name = fn ? field(fn, "name") : NULL,
-                *args = fn ? field(fn, "arguments") : NULL;
+    const cJSON *fn = srv_field(c, "function"), *name = fn ? srv_field(fn, "name") : NULL,
+                *args = fn ? srv_field(fn, "arguments") : NULL;
     cJSON *parsed = cJSON_IsString(args) ? cJSON_Parse(args->valuestring) : NULL;
     if (!cJSON_IsString(name) || !cJSON_IsObject(parsed)) {
       cJSON_Delete(parsed);
@@ -279,7 +274,7 @@ char *srv_tools_result(srv_tool_format f, const char *prev, const char *content)
  * the parameters' $defs move up to the root, where their "#/$defs/.." refs point. */
 static cJSON *call_schema(const cJSON *tool, const char *args_key, cJSON *root_defs,
                           srv_error *e) {
-  const cJSON *fn = field(tool, "function"), *params = field(fn, "parameters");
+  const cJSON *fn = srv_field(tool, "function"), *params = srv_field(fn, "parameters");
   cJSON *s = cJSON_CreateObject(), *props = cJSON_AddObjectToObject(s, "properties");
   cJSON_AddStringToObject(s, "type", "object");
   cJSON_AddStringToObject(cJSON_AddObjectToObject(props, "name"), "const", tool_name(tool));
@@ -356,17 +351,23 @@ bool srv_tools_grammar(const srv_tools *t, char **gbnf, srv_error *e) {
 
 /* --- reading calls out of a completion ------------------------------------------------------ */
 
-/* A block's JSON: {"name": string, "arguments" (or "parameters"): object}. */
-static bool parse_call(const char *s, size_t n, srv_tool_call *out) {
-  cJSON *j = cJSON_ParseWithLength(s, n);
-  const cJSON *name = j ? field(j, "name") : NULL, *args = j ? field(j, "arguments") : NULL;
-  if (!args && j) args = field(j, "parameters");
+/* A call's JSON: {"name": string, "arguments" (or "parameters"): object}. */
+static bool call_of(const cJSON *j, srv_tool_call *out) {
+  const cJSON *name = j ? srv_field(j, "name") : NULL, *args = j ? srv_field(j, "arguments") : NULL;
+  if (!args && j) args = srv_field(j, "parameters");
   bool ok = cJSON_IsObject(j) && cJSON_IsString(name) && (!args || cJSON_IsObject(args));
   srv_buf b = {0};
   if (ok) ok = args ? srv_json_py(args, &b) : put_str(&b, "{}");
   if (ok) ok = (out->name = strdup(name->valuestring)) != NULL;
   if (ok) out->arguments = b.p;
   else srv_buf_free(&b);
+  return ok;
+}
+
+/* A Hermes block's text as a call. */
+static bool parse_call(const char *s, size_t n, srv_tool_call *out) {
+  cJSON *j = cJSON_ParseWithLength(s, n);
+  bool ok = call_of(j, out);
   cJSON_Delete(j);
   return ok;
 }
@@ -401,10 +402,9 @@ static bool split_llama3(const char *text, size_t len, bool final, srv_tool_spli
   while (*p) {
     const char *end = NULL;
     cJSON *j = cJSON_ParseWithOpts(p, &end, false);
-    char *one = j ? cJSON_PrintUnformatted(j) : NULL;
     srv_tool_call c = {0};
-    bool ok = one && parse_call(one, strlen(one), &c);
-    cJSON_Delete(j), free(one);
+    bool ok = call_of(j, &c);
+    cJSON_Delete(j);
     if (!ok) { /* not a call: it and what follows are content (all of it, for the first) */
       out->rest = out->n_calls ? (size_t)(p - s) : 0;
       break;
