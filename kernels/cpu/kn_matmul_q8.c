@@ -1,6 +1,7 @@
 /* kn_matmul_q8: block-quantized W (q8_0, q4_0, q4_1) against x quantized to int8 per
  * block of 32 values, summed in integers (llama.cpp's q8_1 scheme on the CPU). */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <string.h>
 
@@ -263,6 +264,188 @@ static const q8_kernels k_q8_avx2[3] = {
     {4, 2, 4, q8_avx2_q4_0_4x2, q8_avx2_q4_0_1x4, q8_quantize_avx2},
     {4, 2, 4, q8_avx2_q4_1_4x2, q8_avx2_q4_1_1x4, q8_quantize_avx2},
 };
+
+/* ---- x86: AVX-512 VNNI --------------------------------------------------------------- */
+/* vpdpbusd sums four u8 x s8 products into an int32 lane: the lane sums p above, exact,
+ * so these kernels give the AVX2 bits. Signed W codes go in offset (q8_0: w ^ 0x80 is
+ * w + 128) or as they are (q4_0: the nibble, w + 8), and the offset times the lane's sum
+ * of x comes off again in int32. Four W columns are worked at once:
+ *   q4: one register holds the four columns' 16 nibble bytes; its low nibbles against x's
+ *       first 16 codes (broadcast to each 128-bit lane) give lanes 0..3 of every column,
+ *       its high nibbles against the last 16 give lanes 4..7 (two accumulators);
+ *   q8_0: a register holds two columns' 32 codes against x's 32 codes in both halves.
+ * Each lane keeps the reference's own fma chain over blocks; the fold adds the same pairs. */
+#define Q8_VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vnni")))
+#define Q8_VNNI_INLINE                                                                     \
+  static inline __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vnni"),        \
+                               always_inline))
+
+Q8_VNNI_INLINE uint32_t q8_ld32(const uint8_t *p) {
+  uint32_t v;
+  memcpy(&v, p, 4);
+  return v;
+}
+
+Q8_VNNI_INLINE uint16_t q8_ld16(const uint8_t *p) {
+  uint16_t v;
+  memcpy(&v, p, 2);
+  return v;
+}
+
+/* The 16 bytes at offset off of four columns, column c in 128-bit lane c. */
+Q8_VNNI_INLINE __m512i q8_cols16_vnni(const uint8_t *const *wr, int64_t off) {
+  __m256i a = _mm256_loadu2_m128i((const __m128i *)(wr[1] + off), (const __m128i *)(wr[0] + off));
+  __m256i b = _mm256_loadu2_m128i((const __m128i *)(wr[3] + off), (const __m128i *)(wr[2] + off));
+  return _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
+}
+
+/* The f16 d of four columns' blocks at offset off, as f32 (d0 d1 d2 d3). */
+Q8_VNNI_INLINE __m128 q8_d4_vnni(const uint8_t *const *wr, int64_t off) {
+  __m128i h = _mm_setr_epi16((short)q8_ld16(wr[0] + off), (short)q8_ld16(wr[1] + off),
+                             (short)q8_ld16(wr[2] + off), (short)q8_ld16(wr[3] + off), 0, 0, 0, 0);
+  return _mm_cvtph_ps(h);
+}
+
+/* Lane 0 of each 128-bit lane: the reference fold of the 8 lanes lo[l], hi[l] (lanes 0..3
+ * and 4..7 of a column in one 128-bit lane of each). */
+Q8_VNNI_INLINE __m512 q8_fold4_vnni(__m512 lo, __m512 hi) {
+  __m512 a = _mm512_add_ps(lo, hi);
+  a = _mm512_add_ps(a, _mm512_shuffle_ps(a, a, 0x4e));
+  return _mm512_add_ps(a, _mm512_shuffle_ps(a, a, 0xb1));
+}
+
+Q8_VNNI_INLINE void q8_body_vnni_q4(const q8_rows *x, const uint8_t *const *wr, int64_t nb,
+                                    float *out, ir_dtype dt, int mr) {
+  const bool q41 = dt == IR_Q4_1;
+  const int bb = kn_quant_block_bytes(dt), qoff = q41 ? 4 : 2;
+  const __m512i nib = _mm512_set1_epi8(15), eight = _mm512_set1_epi8(8);
+  const __m512i zero = _mm512_setzero_si512();
+  /* column c's d into 128-bit lane c: from (d0 m0 d1 m1 ..) for q4_1, (d0 d1 ..) for q4_0 */
+  const __m512i didx = q41 ? _mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6)
+                           : _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+  const __m256i midx = _mm256_setr_epi32(1, 3, 5, 7, 1, 3, 5, 7);
+  __m512 alo[Q8_MAX_R], ahi[Q8_MAX_R];
+  __m128 mv[Q8_MAX_R];
+  for (int r = 0; r < mr; r++) alo[r] = ahi[r] = _mm512_setzero_ps(), mv[r] = _mm_setzero_ps();
+  for (int64_t b = 0; b < nb; b++) {
+    const int64_t off = b * bb;
+    if (!(b & 1))
+      for (int c = 0; c < 4; c++)
+        _mm_prefetch((const char *)wr[c] + off + Q8_PREFETCH_BYTES, _MM_HINT_T1);
+    __m512i z = q8_cols16_vnni(wr, off + qoff);
+    __m512i wlo = _mm512_and_si512(z, nib);
+    __m512i whi = _mm512_and_si512(_mm512_srli_epi16(z, 4), nib);
+    __m512 d;
+    __m128 m = _mm_setzero_ps();
+    if (q41) {
+      __m128i h = _mm_setr_epi32((int)q8_ld32(wr[0] + off), (int)q8_ld32(wr[1] + off),
+                                 (int)q8_ld32(wr[2] + off), (int)q8_ld32(wr[3] + off));
+      __m256 dm = _mm256_cvtph_ps(h);
+      d = _mm512_permutexvar_ps(didx, _mm512_castps256_ps512(dm));
+      m = _mm256_castps256_ps128(_mm256_permutevar8x32_ps(dm, midx));
+    } else {
+      d = _mm512_permutexvar_ps(didx, _mm512_castps128_ps512(q8_d4_vnni(wr, off)));
+    }
+    for (int r = 0; r < mr; r++) {
+      const q8_xblock *xb = x->r[r] + b;
+      __m512i xlo = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)xb->q));
+      __m512i xhi = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(xb->q + 16)));
+      __m512i plo = _mm512_dpbusd_epi32(zero, wlo, xlo);
+      __m512i phi = _mm512_dpbusd_epi32(zero, whi, xhi);
+      if (!q41) { /* q4_0's codes are nibble - 8 */
+        plo = _mm512_sub_epi32(plo, _mm512_dpbusd_epi32(zero, eight, xlo));
+        phi = _mm512_sub_epi32(phi, _mm512_dpbusd_epi32(zero, eight, xhi));
+      }
+      __m512 sc = _mm512_mul_ps(d, _mm512_set1_ps(xb->d));
+      alo[r] = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(plo), alo[r]);
+      ahi[r] = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(phi), ahi[r]);
+      if (q41) mv[r] = _mm_fmadd_ps(m, _mm_set1_ps(xb->s), mv[r]);
+    }
+  }
+  for (int r = 0; r < mr; r++) {
+    float v[16], mt[4];
+    _mm512_storeu_ps(v, q8_fold4_vnni(alo[r], ahi[r]));
+    _mm_storeu_ps(mt, mv[r]);
+    for (int c = 0; c < 4; c++) out[r * 4 + c] = v[4 * c] + (q41 ? mt[c] : 0.0f);
+  }
+}
+
+Q8_VNNI_INLINE void q8_body_vnni_q8_0(const q8_rows *x, const uint8_t *const *wr, int64_t nb,
+                                      float *out, int mr) {
+  const int bb = kn_quant_block_bytes(IR_Q8_0);
+  const __m512i flip = _mm512_set1_epi8((char)0x80), zero = _mm512_setzero_si512();
+  const __m512i ia = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+  const __m512i ib = _mm512_setr_epi32(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+  __m512 acc[Q8_MAX_R][2];
+  for (int r = 0; r < mr; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; b++) {
+    const int64_t off = b * bb;
+    if (!(b & 1))
+      for (int c = 0; c < 4; c++)
+        _mm_prefetch((const char *)wr[c] + off + Q8_PREFETCH_BYTES, _MM_HINT_T1);
+    __m512i w[2];
+    for (int h = 0; h < 2; h++) {
+      __m256i c0 = _mm256_loadu_si256((const __m256i *)(wr[2 * h] + off + 2));
+      __m256i c1 = _mm256_loadu_si256((const __m256i *)(wr[2 * h + 1] + off + 2));
+      w[h] = _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(c0), c1, 1), flip);
+    }
+    __m512 d4 = _mm512_castps128_ps512(q8_d4_vnni(wr, off));
+    __m512 d[2] = {_mm512_permutexvar_ps(ia, d4), _mm512_permutexvar_ps(ib, d4)};
+    for (int r = 0; r < mr; r++) {
+      const q8_xblock *xb = x->r[r] + b;
+      __m512i xq = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)xb->q));
+      __m512i corr = _mm512_dpbusd_epi32(zero, flip, xq); /* 128 times the lane's x sum */
+      __m512 dx = _mm512_set1_ps(xb->d);
+      for (int h = 0; h < 2; h++) {
+        __m512i p = _mm512_sub_epi32(_mm512_dpbusd_epi32(zero, w[h], xq), corr);
+        acc[r][h] = _mm512_fmadd_ps(_mm512_mul_ps(d[h], dx), _mm512_cvtepi32_ps(p), acc[r][h]);
+      }
+    }
+  }
+  for (int r = 0; r < mr; r++)
+    for (int h = 0; h < 2; h++) {
+      /* lanes 0..7 are column 2h, 8..15 column 2h + 1: (l, l + 4) within each half */
+      __m512 a = acc[r][h];
+      __m512 t = _mm512_shuffle_f32x4(a, a, 0xb1);
+      float v[16];
+      _mm512_storeu_ps(v, q8_fold4_vnni(a, t));
+      out[r * 4 + 2 * h] = v[0] + 0.0f;
+      out[r * 4 + 2 * h + 1] = v[8] + 0.0f;
+    }
+}
+
+#define Q8_INST_VNNI_Q4(name, dt, mr)                                                      \
+  static Q8_VNNI void name(const q8_rows *x, const uint8_t *const *wr, int64_t nb,        \
+                           float *out) {                                                   \
+    q8_body_vnni_q4(x, wr, nb, out, dt, mr);                                               \
+  }
+#define Q8_INST_VNNI_Q8(name, mr)                                                          \
+  static Q8_VNNI void name(const q8_rows *x, const uint8_t *const *wr, int64_t nb,        \
+                           float *out) {                                                   \
+    q8_body_vnni_q8_0(x, wr, nb, out, mr);                                                 \
+  }
+Q8_INST_VNNI_Q8(q8_vnni_q8_0_4x4, 4)
+Q8_INST_VNNI_Q8(q8_vnni_q8_0_1x4, 1)
+Q8_INST_VNNI_Q4(q8_vnni_q4_0_4x4, IR_Q4_0, 4)
+Q8_INST_VNNI_Q4(q8_vnni_q4_0_1x4, IR_Q4_0, 1)
+Q8_INST_VNNI_Q4(q8_vnni_q4_1_4x4, IR_Q4_1, 4)
+Q8_INST_VNNI_Q4(q8_vnni_q4_1_1x4, IR_Q4_1, 1)
+
+static const q8_kernels k_q8_vnni[3] = {
+    {4, 4, 4, q8_vnni_q8_0_4x4, q8_vnni_q8_0_1x4, q8_quantize_avx2},
+    {4, 4, 4, q8_vnni_q4_0_4x4, q8_vnni_q4_0_1x4, q8_quantize_avx2},
+    {4, 4, 4, q8_vnni_q4_1_4x4, q8_vnni_q4_1_1x4, q8_quantize_avx2},
+};
+
+static bool q8_has_vnni(void) {
+  static _Atomic int cached = -1;
+  int v = atomic_load_explicit(&cached, memory_order_relaxed);
+  if (v < 0) {
+    v = __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni");
+    atomic_store_explicit(&cached, v, memory_order_relaxed);
+  }
+  return v;
+}
 #endif
 
 /* ---- dispatch and tiling ------------------------------------------------------------- */
@@ -270,7 +453,9 @@ static const q8_kernels k_q8_avx2[3] = {
 static const q8_kernels *q8_pick(ir_dtype wt) {
   int d = wt == IR_Q8_0 ? 0 : wt == IR_Q4_0 ? 1 : 2;
 #if Q8_X86
-  if (kn_cpu_isa() >= 1) return &k_q8_avx2[d];
+  int isa = kn_cpu_isa();
+  if (isa >= 2 && q8_has_vnni()) return &k_q8_vnni[d];
+  if (isa >= 1) return &k_q8_avx2[d];
 #endif
   return &k_q8_c[d];
 }

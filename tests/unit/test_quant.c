@@ -318,7 +318,7 @@ static void q8_invariance(kn_pool *p1, kn_pool *p4, ir_dtype dt, int64_t n, int6
 static void test_matmul_q8(kn_pool *p1, kn_pool *p4) {
   static const int64_t ms[] = {1, 2, 3, 6}, ns[] = {1, 3, 10, 150}, ks[] = {32, 96, 576};
   double worst = 0;
-  for (int isa = 0; isa <= 1; isa++) {
+  for (int isa = 0; isa <= 2; isa++) {
     kn_matmul_set_max_isa(isa);
     for (int d = 0; d < 3; d++)
       for (int mi = 0; mi < 4; mi++)
