@@ -3,6 +3,7 @@
  * other tokens of the step. */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kn_cpu.h"
@@ -11,6 +12,10 @@
 /* The accumulator lives on the stack in slices of this many dims; wider heads take one
  * pass per slice (recomputing the scores) rather than allocating. */
 enum { KN_ATTN_DSLICE = 256, KN_ATTN_LANES = 16, KN_ATTN_MIN_WORK = 32768 };
+
+/* Queries (token, head pairs) attended together over one read of the cache (see
+ * attn_group_slice). */
+enum { KN_ATTN_GROUP = 16 };
 
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
 #define KN_ATTN_X86 1
@@ -26,6 +31,7 @@ typedef struct attn_args {
   const kn_attn_batch *b;
   int64_t n_heads;
   float scale;
+  const int32_t *groups; /* token groups (attn_plan_groups), or NULL: one token each */
 } attn_args;
 
 /* Offset of (physical block, kv head, slot) in a (n_blocks, n_kv_heads, block_size,
@@ -462,56 +468,93 @@ typedef struct attn_state {
   float acc[KN_ATTN_DSLICE];
 } attn_state;
 
-/* Folds one chunk of rows in: rescale only when the chunk raises the running max (a
- * factor of exactly 1 otherwise), then add the chunk's weights in order. */
-static void attn_chunk(const attn_kernels *kk, attn_state *st, const float *q,
-                       const attn_rows *r, const float *v_scale, float scale, int64_t d0,
-                       int64_t dn) {
-  float s[KN_ATTN_CHUNK];
-  kk->scores(q, r, scale, s);
-  float cm = s[0];
-  for (int j = 1; j < r->n; j++) cm = s[j] > cm ? s[j] : cm;
-  if (cm > st->max) {
-    float corr = st->max - cm;
-    kk->exp(&corr, 1);
-    st->sum *= corr;
-    for (int64_t d = 0; d < dn; d++) st->acc[d] *= corr;
-    st->max = cm;
+typedef struct attn_query {
+  const float *q;
+  int64_t n_pos;
+  float *out;
+} attn_query;
+
+/* Folds one chunk of rows into each query of a group (the chunk at slot s0 of the block
+ * at position j0): the chunk's scores; when they raise the query's running max, a rescale
+ * of its state (a factor of exactly 1 otherwise is skipped); its weights added in order.
+ * Phase by phase across the queries, whose scores, maxima, exps and sums are independent
+ * chains that overlap; each query reads exactly the rows it would alone, and exp is
+ * elementwise, so one call over every query's weights gives each the same bits. */
+static void attn_chunk_group(const attn_kernels *kk, attn_state *st, const attn_query *qs,
+                             int64_t nq, const attn_rows *chunk, int64_t j0, int64_t bs,
+                             int64_t s0, const float *v_scale, float scale, int64_t d0,
+                             int64_t dn) {
+  float s[KN_ATTN_GROUP][KN_ATTN_CHUNK], corr[KN_ATTN_GROUP];
+  int n[KN_ATTN_GROUP], rescale[KN_ATTN_GROUP], nr = 0;
+  for (int64_t i = 0; i < nq; i++) {
+    /* this query's slots of the block, then of the chunk: as when it is alone */
+    int64_t q_slot = qs[i].n_pos - j0 < bs ? qs[i].n_pos - j0 : bs;
+    n[i] = q_slot <= s0 ? 0
+                        : (int)(q_slot - s0 < KN_ATTN_CHUNK ? q_slot - s0 : KN_ATTN_CHUNK);
+    if (!n[i]) continue;
+    attn_rows r = *chunk;
+    r.n = n[i];
+    kk->scores(qs[i].q, &r, scale, s[i]);
+    float cm = s[i][0];
+    for (int j = 1; j < n[i]; j++) cm = s[i][j] > cm ? s[i][j] : cm;
+    if (cm > st[i].max) {
+      corr[nr] = st[i].max - cm;
+      rescale[nr++] = (int)i;
+      st[i].max = cm;
+    }
+    for (int j = 0; j < n[i]; j++) s[i][j] -= st[i].max;
+    for (int j = n[i]; j < KN_ATTN_CHUNK; j++) s[i][j] = 0.0f; /* unused lanes */
   }
-  for (int j = 0; j < r->n; j++) s[j] -= st->max;
-  kk->exp(s, r->n);
-  for (int j = 0; j < r->n; j++) {
-    st->sum += s[j];
-    if (v_scale) s[j] *= v_scale[j];
+  if (nr) kk->exp(corr, nr);
+  for (int c = 0; c < nr; c++) {
+    attn_state *t = &st[rescale[c]];
+    t->sum *= corr[c];
+    for (int64_t d = 0; d < dn; d++) t->acc[d] *= corr[c];
   }
-  kk->accum(st->acc, s, r, d0, dn);
+  kk->exp(&s[0][0], (int)nq * KN_ATTN_CHUNK);
+  for (int64_t i = 0; i < nq; i++) {
+    if (!n[i]) continue;
+    for (int j = 0; j < n[i]; j++) {
+      st[i].sum += s[i][j];
+      if (v_scale) s[i][j] *= v_scale[j];
+    }
+    attn_rows r = *chunk;
+    r.n = n[i];
+    kk->accum(st[i].acc, s[i], &r, d0, dn);
+  }
 }
 
-/* Attends token t's head h over positions 0..pos of its sequence, for dims
- * [d0, d0 + dn) of the output. */
-static void attn_head_slice(const attn_args *a, const attn_kernels *kk, int64_t t, int64_t h,
-                            int64_t d0, int64_t dn) {
+static void attn_group_slice(const attn_args *a, const attn_kernels *kk, int64_t t0, int64_t nt,
+                             int64_t h0, int64_t nh, int64_t d0, int64_t dn) {
   const kn_kv_layer *kv = a->kv;
-  int64_t hd = kv->head_dim, bs = kv->block_size;
-  int64_t kvh = h / (a->n_heads / kv->n_kv_heads);
-  int64_t seq = a->b->tok_seq[t], n_pos = (int64_t)a->b->tok_pos[t] + 1;
   const kn_attn_io *io = a->io;
-  const float *q = io->q + t * io->q_stride + h * hd;
-  float qr[KN_ATTN_DSLICE]; /* head_dim <= 256 (the IR checks it) */
-  if (io->cos_sin) {
-    memcpy(qr, q, (size_t)hd * sizeof *qr);
-    kn_rope_head(qr, io->cos_sin + (int64_t)io->pos[t] * io->rot_dim, io->rot_dim, io->neox);
-    q = qr;
+  int64_t hd = kv->head_dim, bs = kv->block_size;
+  int64_t kvh = h0 / (a->n_heads / kv->n_kv_heads);
+  int64_t seq = a->b->tok_seq[t0], nq = nt * nh, max_pos = 0;
+  attn_query qs[KN_ATTN_GROUP];
+  attn_state st[KN_ATTN_GROUP];
+  float qr[KN_ATTN_GROUP][KN_ATTN_DSLICE]; /* head_dim <= 256 (the IR checks it) */
+  for (int64_t i = 0; i < nq; i++) {
+    int64_t t = t0 + i / nh, h = h0 + i % nh;
+    const float *q = io->q + t * io->q_stride + h * hd;
+    if (io->cos_sin) {
+      memcpy(qr[i], q, (size_t)hd * sizeof *qr[i]);
+      kn_rope_head(qr[i], io->cos_sin + (int64_t)io->pos[t] * io->rot_dim, io->rot_dim,
+                   io->neox);
+      q = qr[i];
+    }
+    qs[i] = (attn_query){.q = q, .n_pos = (int64_t)a->b->tok_pos[t] + 1,
+                         .out = a->out + (t * a->n_heads + h) * hd + d0};
+    if (qs[i].n_pos > max_pos) max_pos = qs[i].n_pos;
+    st[i].max = -INFINITY, st[i].sum = 0.0f;
+    memset(st[i].acc, 0, (size_t)dn * sizeof st[i].acc[0]);
   }
-  attn_state st = {.max = -INFINITY, .sum = 0.0f};
-  memset(st.acc, 0, (size_t)dn * sizeof *st.acc);
-  for (int64_t j0 = 0; j0 < n_pos; j0 += bs) {
+  for (int64_t j0 = 0; j0 < max_pos; j0 += bs) {
     int64_t row = attn_cache_off(kv, attn_block(a->b, seq, j0 / bs), kvh, 0) / hd;
-    int64_t n_slot = n_pos - j0 < bs ? n_pos - j0 : bs;
+    int64_t n_slot = max_pos - j0 < bs ? max_pos - j0 : bs;
     for (int64_t s0 = 0; s0 < n_slot; s0 += KN_ATTN_CHUNK) {
       int64_t r0 = row + s0;
-      attn_rows r = {.hd = hd, .n = (int)(n_slot - s0 < KN_ATTN_CHUNK ? n_slot - s0
-                                                                     : KN_ATTN_CHUNK)};
+      attn_rows r = {.hd = hd};
       const float *v_scale = NULL;
       if (kv->k8) {
         r.k8 = kv->k8 + r0 * hd, r.v8 = kv->v8 + r0 * hd, r.ks = kv->k_scale + r0;
@@ -521,33 +564,65 @@ static void attn_head_slice(const attn_args *a, const attn_kernels *kk, int64_t 
       } else {
         r.k = kv->k + r0 * hd, r.v = kv->v + r0 * hd;
       }
-      attn_chunk(kk, &st, q, &r, v_scale, a->scale, d0, dn);
+      attn_chunk_group(kk, st, qs, nq, &r, j0, bs, s0, v_scale, a->scale, d0, dn);
     }
   }
-  float *out = a->out + (t * a->n_heads + h) * hd + d0;
-  float inv = 1.0f / st.sum;
-  for (int64_t d = 0; d < dn; d++) out[d] = st.acc[d] * inv;
+  for (int64_t i = 0; i < nq; i++) {
+    float inv = 1.0f / st[i].sum;
+    for (int64_t d = 0; d < dn; d++) qs[i].out[d] = st[i].acc[d] * inv;
+  }
 }
 
-/* One index is one (token, head) pair. */
-static void attn_head_task(void *arg, int64_t begin, int64_t end, int tid) {
+/* One index is one group of tokens (a->groups: consecutive tokens of one sequence, at most
+ * a->group_tok of them) times one kv head; a kv head's query heads go in sub-groups of
+ * at most KN_ATTN_GROUP queries. */
+static void attn_group_task(void *arg, int64_t begin, int64_t end, int tid) {
   (void)tid;
   const attn_args *a = arg;
   const attn_kernels *kk = attn_pick();
-  int64_t hd = a->kv->head_dim;
-  for (int64_t th = begin; th < end; th++)
-    for (int64_t d0 = 0; d0 < hd; d0 += KN_ATTN_DSLICE)
-      attn_head_slice(a, kk, th / a->n_heads, th % a->n_heads, d0,
-                      hd - d0 < KN_ATTN_DSLICE ? hd - d0 : KN_ATTN_DSLICE);
+  int64_t hd = a->kv->head_dim, n_kv = a->kv->n_kv_heads, g = a->n_heads / n_kv;
+  for (int64_t u = begin; u < end; u++) {
+    int64_t grp = u / n_kv, kvh = u % n_kv;
+    int64_t t0 = a->groups ? a->groups[grp] : grp;
+    int64_t nt = a->groups ? a->groups[grp + 1] - t0 : 1;
+    int64_t hstep = g < KN_ATTN_GROUP ? g : KN_ATTN_GROUP;
+    for (int64_t h = kvh * g; h < (kvh + 1) * g; h += hstep) {
+      int64_t nh = (kvh + 1) * g - h < hstep ? (kvh + 1) * g - h : hstep;
+      for (int64_t d0 = 0; d0 < hd; d0 += KN_ATTN_DSLICE)
+        attn_group_slice(a, kk, t0, nt, h, nh, d0,
+                         hd - d0 < KN_ATTN_DSLICE ? hd - d0 : KN_ATTN_DSLICE);
+    }
+  }
+}
+
+/* Splits the batch into groups (a->groups[i] is group i's first token, then one past the
+ * last) of consecutive tokens of one sequence, each at most group_tok tokens with a head
+ * group that fits KN_ATTN_GROUP queries. Returns the group count; without memory, every
+ * token is a group of its own (a->groups NULL). */
+static int64_t attn_plan_groups(attn_args *a, int32_t **owned) {
+  const kn_attn_batch *b = a->b;
+  int64_t g = a->n_heads / a->kv->n_kv_heads;
+  int64_t tq = g < KN_ATTN_GROUP ? KN_ATTN_GROUP / g : 1;
+  *owned = NULL;
+  a->groups = NULL;
+  if (tq <= 1 || b->n_tok <= 1) return b->n_tok;
+  int32_t *gs = malloc((size_t)(b->n_tok + 1) * sizeof *gs);
+  if (!gs) return b->n_tok;
+  int64_t n = 0;
+  for (int64_t t = 0; t < b->n_tok; t++)
+    if (t == 0 || b->tok_seq[t] != b->tok_seq[t - 1] || t - gs[n - 1] >= tq) gs[n++] = (int32_t)t;
+  gs[n] = (int32_t)b->n_tok;
+  a->groups = gs;
+  *owned = gs;
+  return n;
 }
 
 /* Sizes chunks by the actual context lengths: a decode step over long contexts splits
- * down to single heads, a short prefill batches many. */
-static int64_t attn_head_grain(const kn_attn_batch *b, int64_t n_heads, int64_t hd) {
+ * down to single units, a short prefill batches many. */
+static int64_t attn_grain(const kn_attn_batch *b, int64_t units, int64_t n_heads, int64_t hd) {
   int64_t ctx = 0;
   for (int64_t t = 0; t < b->n_tok; t++) ctx += (int64_t)b->tok_pos[t] + 1;
   int64_t work = ctx * n_heads * hd; /* ~ multiply-adds for q.k, and as many for p.v */
-  int64_t units = b->n_tok * n_heads;
   if (work <= 0) return 1;
   return 1 + units * KN_ATTN_MIN_WORK / work;
 }
@@ -567,6 +642,8 @@ void kn_attention_paged_io(kn_pool *p, float *out, const kn_attn_io *io, const k
   /* Every write lands before any read: a token may attend to positions written by
    * other tokens of the same step (prefill chunks). */
   kn_parallel_for(p, b->n_tok, row > 0 ? 1 + KN_ATTN_MIN_WORK / row : 1, attn_write_task, &a);
-  kn_parallel_for(p, b->n_tok * n_heads, attn_head_grain(b, n_heads, kv->head_dim),
-                  attn_head_task, &a);
+  int32_t *owned;
+  int64_t units = attn_plan_groups(&a, &owned) * kv->n_kv_heads;
+  kn_parallel_for(p, units, attn_grain(b, units, n_heads, kv->head_dim), attn_group_task, &a);
+  free(owned);
 }

@@ -65,9 +65,10 @@ enum { KN_Q8_MAX_K = 16384 };
 /* y = x . W^T (+ bias), or the swiglu epilogue (W (2n, k), y (m, n)), for block-quantized
  * W (q8_0, q4_0, q4_1; k a multiple of 32, k <= KN_Q8_MAX_K) with x quantized to int8 per
  * block of 32 values and summed in integers -- the speed of llama.cpp's CPU kernels, at
- * the precision of 8-bit activations (not the f32 sums of kn_matmul). Every path (AVX2,
- * portable C) gives the same bits, and a row's result depends on that row only. The
- * order is written out in kn_matmul_q8.c. Other shapes and types go to kn_matmul. */
+ * the precision of 8-bit activations (not the f32 sums of kn_matmul). Every path
+ * (AVX-512 VNNI, AVX2, portable C) gives the same bits, and a row's result depends on
+ * that row only. The order is written out in kn_matmul_q8.c. Other shapes and types go
+ * to kn_matmul. */
 void kn_matmul_q8(kn_pool *p, float *y, const float *x, const void *w, ir_dtype wt,
                   const float *bias, int64_t m, int64_t n, int64_t k, bool swiglu);
 
