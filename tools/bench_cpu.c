@@ -252,8 +252,77 @@ static int run_model(const bench_opts *o) {
   return st == IRT_OK ? 0 : fail(err.msg[0] ? err.msg : irt_status_name(st));
 }
 
+/* ---- attention alone ---------------------------------------------------------------- */
+
+/* One decode step of attention: `batch` sequences of ctx cached positions each (SmolLM2's
+ * heads by default), the KV cache in `dtype`, blocks of 16 laid out as an allocator hands
+ * them out (sequence after sequence). Prints the best time of a call and the KV bytes it
+ * reads per second. */
+static int run_attn(int threads, int64_t ctx, int64_t batch, int64_t n_heads, int64_t n_kv,
+                    int64_t hd, irt_kv_dtype dtype, int repeats) {
+  const int64_t bs = 16, per_seq = (ctx + bs - 1) / bs, nb = per_seq * batch;
+  const int64_t vals = nb * n_kv * bs * hd;
+  kn_kv_layer kv = {.n_blocks = nb, .block_size = bs, .n_kv_heads = n_kv, .head_dim = hd};
+  size_t es = dtype == IRT_KV_DTYPE_INT8 ? 1 : dtype == IRT_KV_DTYPE_F16 ? 2 : 4;
+  void *kbuf = malloc((size_t)vals * es), *vbuf = malloc((size_t)vals * es);
+  float *ks = malloc((size_t)(nb * n_kv * bs) * sizeof(float));
+  float *vs = malloc((size_t)(nb * n_kv * bs) * sizeof(float));
+  float *q = malloc((size_t)(batch * n_heads * hd) * sizeof(float));
+  float *kn = malloc((size_t)(batch * n_kv * hd) * sizeof(float));
+  float *vn = malloc((size_t)(batch * n_kv * hd) * sizeof(float));
+  float *out = malloc((size_t)(batch * n_heads * hd) * sizeof(float));
+  int32_t *seq = malloc((size_t)batch * sizeof(int32_t)), *pos = malloc((size_t)batch * sizeof(int32_t));
+  int32_t *tables = malloc((size_t)nb * sizeof(int32_t));
+  kn_pool *pool = kn_pool_create(threads);
+  if (!kbuf || !vbuf || !ks || !vs || !q || !kn || !vn || !out || !seq || !pos || !tables || !pool)
+    return fail("out of memory");
+  uint64_t r = 0x9e3779b97f4a7c15ull;
+  for (size_t i = 0; i < (size_t)vals * es; i++) {
+    r = r * 6364136223846793005ull + 1442695040888963407ull;
+    uint8_t b = (uint8_t)(r >> 56);
+    /* f16: keep every value finite and small (exponent bits of the high byte cleared) */
+    ((uint8_t *)kbuf)[i] = es == 2 && i % 2 ? (uint8_t)(b & 0x37) : es == 4 && i % 4 == 3 ? 0x3c : b;
+    ((uint8_t *)vbuf)[i] = ((uint8_t *)kbuf)[i];
+  }
+  for (int64_t i = 0; i < nb * n_kv * bs; i++) ks[i] = vs[i] = 0.01f;
+  for (int64_t i = 0; i < batch * n_heads * hd; i++) q[i] = (float)((i * 37) % 101) / 101.0f - 0.5f;
+  for (int64_t i = 0; i < batch * n_kv * hd; i++) kn[i] = vn[i] = (float)(i % 7) / 7.0f;
+  for (int64_t i = 0; i < nb; i++) tables[i] = (int32_t)i;
+  for (int64_t s = 0; s < batch; s++) seq[s] = (int32_t)s, pos[s] = (int32_t)(ctx - 1);
+  if (dtype == IRT_KV_DTYPE_INT8) kv.k8 = kbuf, kv.v8 = vbuf, kv.k_scale = ks, kv.v_scale = vs;
+  else if (dtype == IRT_KV_DTYPE_F16) kv.k16 = kbuf, kv.v16 = vbuf;
+  else kv.k = kbuf, kv.v = vbuf;
+  kn_attn_batch b = {.n_tok = batch, .tok_seq = seq, .tok_pos = pos,
+                     .max_blocks_per_seq = per_seq, .block_tables = tables};
+  double best = 1e30;
+  for (int rep = 0; rep < repeats; rep++) {
+    double t0 = now_ms();
+    int calls = 0;
+    do {
+      kn_attention_paged(pool, out, q, kn, vn, &kv, &b, n_heads, 0.125f);
+      calls++;
+    } while (now_ms() - t0 < 200.0);
+    double ms = (now_ms() - t0) / calls;
+    if (ms < best) best = ms;
+  }
+  double bytes = (double)batch * (double)ctx * (double)(n_kv * hd) * 2.0 *
+                 (double)es + (dtype == IRT_KV_DTYPE_INT8 ? (double)(batch * ctx * n_kv) * 8.0 : 0.0);
+  printf("{\"threads\": %d, \"ctx\": %lld, \"batch\": %lld, \"heads\": %lld, \"kv_heads\": %lld, "
+         "\"head_dim\": %lld, \"kv_dtype\": \"%s\", \"us\": %.1f, \"kv_gbps\": %.2f, "
+         "\"checksum\": %.6g}\n",
+         threads, (long long)ctx, (long long)batch, (long long)n_heads, (long long)n_kv,
+         (long long)hd, irt_kv_dtype_name(dtype), best * 1e3, bytes / (best * 1e-3) / 1e9,
+         (double)out[0] + (double)out[batch * n_heads * hd - 1]);
+  kn_pool_destroy(pool);
+  free(kbuf), free(vbuf), free(ks), free(vs), free(q), free(kn), free(vn), free(out);
+  free(seq), free(pos), free(tables);
+  return 0;
+}
+
 static int usage(void) {
   return fail("usage: bench_cpu membw [--threads N] [--mib M] [--repeats R]\n"
+              "       bench_cpu attn [--threads N] [--ctx 4096] [--batch 1] [--heads 9]\n"
+              "                 [--kv-heads 3] [--head-dim 64] [--kv-dtype f16] [--repeats R]\n"
               "       bench_cpu model model.plan [--threads N] [--prompt 512] [--decode 128]\n"
               "                 [--batch 16] [--batch-steps 32] [--repeats R] [--kv-tokens K]\n"
               "                 [--kv-dtype f32|f16|int8] [--max-isa 0|1|2|3]");
@@ -263,9 +332,10 @@ int main(int argc, char **argv) {
   if (argc < 2) return usage();
   bench_opts o = {.threads = 0, .repeats = 3, .prompt = 512, .decode = 128, .batch = 16,
                   .batch_steps = 32};
-  int64_t mib = 1024;
-  bool membw = !strcmp(argv[1], "membw");
-  if (!membw && strcmp(argv[1], "model")) return usage();
+  int64_t mib = 1024, ctx = 4096, heads = 9, kv_heads = 3, head_dim = 64;
+  bool membw = !strcmp(argv[1], "membw"), attn = !strcmp(argv[1], "attn");
+  if (attn) o.batch = 1, o.kv_dtype = IRT_KV_DTYPE_F16;
+  if (!membw && !attn && strcmp(argv[1], "model")) return usage();
   for (int i = 2; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     int64_t *dst = !strcmp(a, "--prompt")        ? &o.prompt
@@ -274,6 +344,10 @@ int main(int argc, char **argv) {
                    : !strcmp(a, "--batch-steps") ? &o.batch_steps
                    : !strcmp(a, "--kv-tokens")   ? &o.kv_tokens
                    : !strcmp(a, "--mib")         ? &mib
+                   : !strcmp(a, "--ctx")         ? &ctx
+                   : !strcmp(a, "--heads")       ? &heads
+                   : !strcmp(a, "--kv-heads")    ? &kv_heads
+                   : !strcmp(a, "--head-dim")    ? &head_dim
                                                  : NULL;
     if (dst && v) *dst = atoll(v), i++;
     else if (!strcmp(a, "--threads") && v) o.threads = atoi(v), i++;
@@ -282,7 +356,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--max-isa") && v) { /* 0 portable, 1 AVX2, 2 AVX-512 */
       kn_matmul_set_max_isa(atoi(v)), kn_matmul_wq_set_max_isa(atoi(v)), i++;
     }
-    else if (a[0] != '-' && !o.plan && !membw) o.plan = a;
+    else if (a[0] != '-' && !o.plan && !membw && !attn) o.plan = a;
     else return usage();
   }
   if (o.threads <= 0) o.threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
@@ -290,5 +364,11 @@ int main(int argc, char **argv) {
       mib < 1 || o.threads > 256)
     return usage();
   if (membw) return run_membw(o.threads, mib, o.repeats);
+  if (attn) {
+    if (ctx < 1 || o.batch < 1 || kv_heads < 1 || heads % kv_heads || head_dim < 1 ||
+        head_dim > 256)
+      return usage();
+    return run_attn(o.threads, ctx, o.batch, heads, kv_heads, head_dim, o.kv_dtype, o.repeats);
+  }
   return o.plan ? run_model(&o) : usage();
 }

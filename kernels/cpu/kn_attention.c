@@ -142,6 +142,8 @@ typedef struct attn_kernels {
   void (*exp)(float *x, int n);
   /* acc[d] += p[j] * v_j[d0 + d], d < dn, for j < r->n in order */
   void (*accum)(float *acc, const float *p, const attn_rows *r, int64_t d0, int64_t dn);
+  /* k[j * hd + d], v[j * hd + d] = the rows of an f16 or int8 chunk as f32 (exact) */
+  void (*widen)(const attn_rows *r, float *k, float *v);
 } attn_kernels;
 
 static float attn_kval(const attn_rows *r, int64_t j, int64_t d) {
@@ -188,7 +190,15 @@ static void attn_accum_c(float *acc, const float *p, const attn_rows *r, int64_t
   }
 }
 
-static const attn_kernels k_attn_c = {attn_scores_c, attn_exp_c, attn_accum_c};
+static void attn_widen_c(const attn_rows *r, float *k, float *v) {
+  int64_t n = r->n * r->hd;
+  for (int64_t i = 0; i < n; i++) {
+    k[i] = r->k16 ? ir_f16_to_f32(r->k16[i]) : (float)r->k8[i];
+    v[i] = r->v16 ? ir_f16_to_f32(r->v16[i]) : (float)r->v8[i];
+  }
+}
+
+static const attn_kernels k_attn_c = {attn_scores_c, attn_exp_c, attn_accum_c, attn_widen_c};
 
 #if KN_ATTN_X86
 #define ATTN_AVX2 __attribute__((target("avx2,fma,f16c")))
@@ -220,9 +230,58 @@ ATTN_AVX512_INLINE float attn_fold16(__m512 v) {
   return attn_fold8(_mm256_add_ps(_mm512_castps512_ps256(v), hi));
 }
 
+/* A full chunk (16 rows, head_dim a multiple of 16): the 16 dot products side by side
+ * (sixteen fma chains), then the sixteen folds together by transposition:
+ * every step adds the same pairs as attn_fold16 does for one row, (l, l+8), (l, l+4),
+ * (l, l+2), (0, 1), two or four rows a register, and a last permute puts row j in lane
+ * j. A tenth of the work of folding one row at a time. */
+static ATTN_AVX512 void attn_scores16_avx512(const float *q, const attn_rows *r, float scale,
+                                             float *s) {
+  const int64_t hd = r->hd;
+  __m512 a[KN_ATTN_CHUNK];
+  /* row by row (one chain each, in the order of attn_scores_avx512's), q from L1 */
+#define ATTN_ROWS16(LOAD)                                                                  \
+  for (int j = 0; j < KN_ATTN_CHUNK; j++) {                                                \
+    __m512 acc = _mm512_setzero_ps();                                                      \
+    for (int64_t i = 0; i < hd; i += KN_ATTN_LANES)                                        \
+      acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + i), LOAD, acc);                            \
+    a[j] = acc;                                                                            \
+  }
+  if (r->k) {
+    ATTN_ROWS16(_mm512_loadu_ps(r->k + j * hd + i))
+  } else if (r->k16) {
+    ATTN_ROWS16(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(r->k16 + j * hd + i))))
+  } else {
+    ATTN_ROWS16(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+        _mm_loadu_si128((const __m128i *)(r->k8 + j * hd + i)))))
+  }
+#undef ATTN_ROWS16
+  __m512 p[8], t[4], u[2];
+  for (int j = 0; j < 8; j++) /* rows 2j, 2j+1: lanes l and l+8 */
+    p[j] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * j], a[2 * j + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_f32x4(a[2 * j], a[2 * j + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  for (int j = 0; j < 4; j++) /* rows 4j .. 4j+3, one a 128-bit lane: l and l+4 */
+    t[j] = _mm512_add_ps(_mm512_shuffle_f32x4(p[2 * j], p[2 * j + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(p[2 * j], p[2 * j + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+  for (int j = 0; j < 2; j++) /* lane c: rows 8j + c, 8j + 4 + c: l and l+2 */
+    u[j] = _mm512_add_ps(_mm512_shuffle_ps(t[2 * j], t[2 * j + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(t[2 * j], t[2 * j + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  /* lanes 0 and 1: element 4c + e is row c + 4e */
+  __m512 w = _mm512_add_ps(_mm512_shuffle_ps(u[0], u[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                           _mm512_shuffle_ps(u[0], u[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  w = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15),
+                            w);
+  if (r->ks) w = _mm512_mul_ps(w, _mm512_loadu_ps(r->ks));
+  _mm512_storeu_ps(s, _mm512_mul_ps(w, _mm512_set1_ps(scale)));
+}
+
 static ATTN_AVX512 void attn_scores_avx512(const float *q, const attn_rows *r, float scale,
                                            float *s) {
   int64_t hd = r->hd, full = hd / KN_ATTN_LANES * KN_ATTN_LANES;
+  if (r->n == KN_ATTN_CHUNK && full == hd) {
+    attn_scores16_avx512(q, r, scale, s);
+    return;
+  }
   int j = 0;
   /* four rows at a time: four independent fma chains */
   for (; j + 4 <= r->n; j += 4) {
@@ -448,9 +507,31 @@ static ATTN_AVX2 void attn_accum_avx2(float *acc, const float *p, const attn_row
 }
 #undef ATTN_ACC8
 
+/* The chunk's n * hd values, 16 at a time (the rest one by one). */
+static ATTN_AVX512 void attn_widen_avx512(const attn_rows *r, float *k, float *v) {
+  int64_t n = r->n * r->hd, i = 0;
+  if (r->k16)
+    for (; i + KN_ATTN_LANES <= n; i += KN_ATTN_LANES) {
+      _mm512_storeu_ps(k + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(r->k16 + i))));
+      _mm512_storeu_ps(v + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(r->v16 + i))));
+    }
+  else
+    for (; i + KN_ATTN_LANES <= n; i += KN_ATTN_LANES) {
+      __m128i kb = _mm_loadu_si128((const __m128i *)(r->k8 + i));
+      __m128i vb = _mm_loadu_si128((const __m128i *)(r->v8 + i));
+      _mm512_storeu_ps(k + i, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(kb)));
+      _mm512_storeu_ps(v + i, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(vb)));
+    }
+  for (; i < n; i++) {
+    k[i] = r->k16 ? ir_f16_to_f32(r->k16[i]) : (float)r->k8[i];
+    v[i] = r->v16 ? ir_f16_to_f32(r->v16[i]) : (float)r->v8[i];
+  }
+}
+
 static const attn_kernels k_attn_avx512 = {attn_scores_avx512, attn_exp_avx2,
-                                           attn_accum_avx512};
-static const attn_kernels k_attn_avx2 = {attn_scores_avx2, attn_exp_avx2, attn_accum_avx2};
+                                           attn_accum_avx512, attn_widen_avx512};
+static const attn_kernels k_attn_avx2 = {attn_scores_avx2, attn_exp_avx2, attn_accum_avx2,
+                                         attn_widen_c};
 #endif
 
 static const attn_kernels *attn_pick(void) {
@@ -485,12 +566,26 @@ static void attn_chunk_group(const attn_kernels *kk, attn_state *st, const attn_
                              int64_t s0, const float *v_scale, float scale, int64_t d0,
                              int64_t dn) {
   float s[KN_ATTN_GROUP][KN_ATTN_CHUNK], corr[KN_ATTN_GROUP];
-  int n[KN_ATTN_GROUP], rescale[KN_ATTN_GROUP], nr = 0;
+  int n[KN_ATTN_GROUP], rescale[KN_ATTN_GROUP], nr = 0, n_max = 0, active = 0;
   for (int64_t i = 0; i < nq; i++) {
     /* this query's slots of the block, then of the chunk: as when it is alone */
     int64_t q_slot = qs[i].n_pos - j0 < bs ? qs[i].n_pos - j0 : bs;
     n[i] = q_slot <= s0 ? 0
                         : (int)(q_slot - s0 < KN_ATTN_CHUNK ? q_slot - s0 : KN_ATTN_CHUNK);
+    n_max = n[i] > n_max ? n[i] : n_max;
+    active += n[i] > 0;
+  }
+  /* f16 / int8 rows read by many queries (a prefill's) are widened to f32 once (exactly:
+   * the kernels widen the same way when they read them) */
+  float kw[KN_ATTN_CHUNK * KN_ATTN_DSLICE], vw[KN_ATTN_CHUNK * KN_ATTN_DSLICE];
+  attn_rows wide = *chunk;
+  if (active > 3 && !chunk->k) {
+    wide.n = n_max;
+    kk->widen(&wide, kw, vw);
+    wide.k = kw, wide.v = vw, wide.k16 = wide.v16 = NULL, wide.k8 = wide.v8 = NULL;
+    chunk = &wide;
+  }
+  for (int64_t i = 0; i < nq; i++) {
     if (!n[i]) continue;
     attn_rows r = *chunk;
     r.n = n[i];

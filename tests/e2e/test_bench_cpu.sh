@@ -30,5 +30,17 @@ assert [x["metric"].split(" ")[0] for x in r["rows"]] == \
 assert all(x["target"] for x in r["rows"])
 assert "llamacpp" not in r
 PY
+# a longer prompt than the default workload's
+"${B[@]}" --prompt 24 --json >"$TMP/p24.json" 2>"$TMP/err" || bad "--prompt: $(cat "$TMP/err")"
+python3 -c 'import json,sys; assert json.load(open(sys.argv[1]))["workload"]["prompt"] == 24' \
+  "$TMP/p24.json" || bad "--prompt 24 not in the workload"
+# attention alone, every cache dtype: a time and a finite checksum
+for kv in f32 f16 int8; do
+  "$BUILD/bench_cpu" attn --threads 2 --ctx 100 --batch 2 --kv-dtype "$kv" --repeats 1 \
+    >"$TMP/attn.json" 2>"$TMP/err" || bad "attn $kv: $(cat "$TMP/err")"
+  python3 -c 'import json,math,sys; r=json.load(open(sys.argv[1])); assert r["us"] > 0 and math.isfinite(r["checksum"]) and r["kv_dtype"] == sys.argv[2], r' \
+    "$TMP/attn.json" "$kv" || bad "attn $kv output: $(cat "$TMP/attn.json")"
+done
+"$BUILD/bench_cpu" attn --heads 10 --kv-heads 3 >/dev/null 2>&1 && bad "attn took 10 heads over 3 kv heads"
 echo "test_bench_cpu: $fail failed"
 [ "$fail" -eq 0 ]
