@@ -276,13 +276,16 @@ static int run_attn(int threads, int64_t ctx, int64_t batch, int64_t n_heads, in
   kn_pool *pool = kn_pool_create(threads);
   if (!kbuf || !vbuf || !ks || !vs || !q || !kn || !vn || !out || !seq || !pos || !tables || !pool)
     return fail("out of memory");
+  /* values as a model's: uniform in (-1, 1) for K and V (int8: codes in [-127, 127]) */
   uint64_t r = 0x9e3779b97f4a7c15ull;
-  for (size_t i = 0; i < (size_t)vals * es; i++) {
+  for (int64_t i = 0; i < 2 * vals; i++) {
     r = r * 6364136223846793005ull + 1442695040888963407ull;
-    uint8_t b = (uint8_t)(r >> 56);
-    /* f16: keep every value finite and small (exponent bits of the high byte cleared) */
-    ((uint8_t *)kbuf)[i] = es == 2 && i % 2 ? (uint8_t)(b & 0x37) : es == 4 && i % 4 == 3 ? 0x3c : b;
-    ((uint8_t *)vbuf)[i] = ((uint8_t *)kbuf)[i];
+    float x = (float)((double)(r >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+    void *dst = i < vals ? kbuf : vbuf;
+    int64_t j = i < vals ? i : i - vals;
+    if (es == 1) ((int8_t *)dst)[j] = (int8_t)lrintf(x * 127.0f);
+    else if (es == 2) ((uint16_t *)dst)[j] = ir_f32_to_f16(x);
+    else ((float *)dst)[j] = x;
   }
   for (int64_t i = 0; i < nb * n_kv * bs; i++) ks[i] = vs[i] = 0.01f;
   for (int64_t i = 0; i < batch * n_heads * hd; i++) q[i] = (float)((i * 37) % 101) / 101.0f - 0.5f;
