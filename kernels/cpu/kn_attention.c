@@ -134,6 +134,13 @@ typedef struct attn_rows {
   int n;
 } attn_rows;
 
+/* Online-softmax state for one (token, head) and one slice of value dims. */
+typedef struct attn_state {
+  float max;
+  float sum;
+  float acc[KN_ATTN_DSLICE];
+} attn_state;
+
 /* The kernels of one instruction set. */
 typedef struct attn_kernels {
   /* s[j] = score of row j, j < r->n */
@@ -144,6 +151,9 @@ typedef struct attn_kernels {
   void (*accum)(float *acc, const float *p, const attn_rows *r, int64_t d0, int64_t dn);
   /* k[j * hd + d], v[j * hd + d] = the rows of an f16 or int8 chunk as f32 (exact) */
   void (*widen)(const attn_rows *r, float *k, float *v);
+  /* a full chunk folded into st at once (head_dim a multiple of 16), or NULL */
+  void (*chunk16)(attn_state *st, const float *q, const attn_rows *r,
+                  const float *v_scale, float scale, int64_t d0, int64_t dn);
 } attn_kernels;
 
 static float attn_kval(const attn_rows *r, int64_t j, int64_t d) {
@@ -198,7 +208,8 @@ static void attn_widen_c(const attn_rows *r, float *k, float *v) {
   }
 }
 
-static const attn_kernels k_attn_c = {attn_scores_c, attn_exp_c, attn_accum_c, attn_widen_c};
+static const attn_kernels k_attn_c = {attn_scores_c, attn_exp_c, attn_accum_c, attn_widen_c,
+                                      NULL};
 
 #if KN_ATTN_X86
 #define ATTN_AVX2 __attribute__((target("avx2,fma,f16c")))
@@ -235,8 +246,7 @@ ATTN_AVX512_INLINE float attn_fold16(__m512 v) {
  * every step adds the same pairs as attn_fold16 does for one row, (l, l+8), (l, l+4),
  * (l, l+2), (0, 1), two or four rows a register, and a last permute puts row j in lane
  * j. A tenth of the work of folding one row at a time. */
-static ATTN_AVX512 void attn_scores16_avx512(const float *q, const attn_rows *r, float scale,
-                                             float *s) {
+ATTN_AVX512_INLINE __m512 attn_scores16_vec(const float *q, const attn_rows *r, float scale) {
   const int64_t hd = r->hd;
   __m512 a[KN_ATTN_CHUNK];
   /* row by row (one chain each, in the order of attn_scores_avx512's), q from L1 */
@@ -272,7 +282,12 @@ static ATTN_AVX512 void attn_scores16_avx512(const float *q, const attn_rows *r,
   w = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15),
                             w);
   if (r->ks) w = _mm512_mul_ps(w, _mm512_loadu_ps(r->ks));
-  _mm512_storeu_ps(s, _mm512_mul_ps(w, _mm512_set1_ps(scale)));
+  return _mm512_mul_ps(w, _mm512_set1_ps(scale));
+}
+
+static ATTN_AVX512 void attn_scores16_avx512(const float *q, const attn_rows *r, float scale,
+                                             float *s) {
+  _mm512_storeu_ps(s, attn_scores16_vec(q, r, scale));
 }
 
 static ATTN_AVX512 void attn_scores_avx512(const float *q, const attn_rows *r, float scale,
@@ -528,10 +543,36 @@ static ATTN_AVX512 void attn_widen_avx512(const attn_rows *r, float *k, float *v
   }
 }
 
+/* A full chunk (16 rows, head_dim a multiple of 16) for one query, its scores and
+ * weights kept in a register: the operations of attn_chunk_group's phases for it, in
+ * their order (the max of the 16 scores is the same value taken in any order; kn_vexp16
+ * is kn_vexp8 lane for lane). */
+static ATTN_AVX512 void attn_chunk16_avx512(attn_state *st, const float *q, const attn_rows *r,
+                                            const float *v_scale, float scale, int64_t d0,
+                                            int64_t dn) {
+  __m512 w = attn_scores16_vec(q, r, scale);
+  float cm = _mm512_reduce_max_ps(w);
+  if (cm > st->max) {
+    float corr = _mm512_cvtss_f32(kn_vexp16(_mm512_set1_ps(st->max - cm)));
+    st->sum *= corr;
+    for (int64_t d = 0; d < dn; d++) st->acc[d] *= corr;
+    st->max = cm;
+  }
+  float p[KN_ATTN_CHUNK];
+  __m512 e = kn_vexp16(_mm512_sub_ps(w, _mm512_set1_ps(st->max)));
+  _mm512_storeu_ps(p, e);
+  float sum = st->sum;
+  for (int j = 0; j < KN_ATTN_CHUNK; j++) sum += p[j];
+  st->sum = sum;
+  if (v_scale) _mm512_storeu_ps(p, _mm512_mul_ps(e, _mm512_loadu_ps(v_scale)));
+  attn_accum_avx512(st->acc, p, r, d0, dn);
+}
+
 static const attn_kernels k_attn_avx512 = {attn_scores_avx512, attn_exp_avx2,
-                                           attn_accum_avx512, attn_widen_avx512};
+                                           attn_accum_avx512, attn_widen_avx512,
+                                           attn_chunk16_avx512};
 static const attn_kernels k_attn_avx2 = {attn_scores_avx2, attn_exp_avx2, attn_accum_avx2,
-                                         attn_widen_c};
+                                         attn_widen_c, NULL};
 #endif
 
 static const attn_kernels *attn_pick(void) {
@@ -542,12 +583,6 @@ static const attn_kernels *attn_pick(void) {
   return &k_attn_c;
 }
 
-/* Online-softmax state for one (token, head) and one slice of value dims. */
-typedef struct attn_state {
-  float max;
-  float sum;
-  float acc[KN_ATTN_DSLICE];
-} attn_state;
 
 typedef struct attn_query {
   const float *q;
@@ -566,7 +601,7 @@ static void attn_chunk_group(const attn_kernels *kk, attn_state *st, const attn_
                              int64_t s0, const float *v_scale, float scale, int64_t d0,
                              int64_t dn) {
   float s[KN_ATTN_GROUP][KN_ATTN_CHUNK], corr[KN_ATTN_GROUP];
-  int n[KN_ATTN_GROUP], rescale[KN_ATTN_GROUP], nr = 0, n_max = 0, active = 0;
+  int n[KN_ATTN_GROUP], rescale[KN_ATTN_GROUP], nr = 0, n_max = 0, active = 0, rest = 0;
   for (int64_t i = 0; i < nq; i++) {
     /* this query's slots of the block, then of the chunk: as when it is alone */
     int64_t q_slot = qs[i].n_pos - j0 < bs ? qs[i].n_pos - j0 : bs;
@@ -585,10 +620,18 @@ static void attn_chunk_group(const attn_kernels *kk, attn_state *st, const attn_
     wide.k = kw, wide.v = vw, wide.k16 = wide.v16 = NULL, wide.k8 = wide.v8 = NULL;
     chunk = &wide;
   }
+  const bool fused = kk->chunk16 && chunk->hd % KN_ATTN_LANES == 0;
   for (int64_t i = 0; i < nq; i++) {
     if (!n[i]) continue;
     attn_rows r = *chunk;
     r.n = n[i];
+    if (fused && n[i] == KN_ATTN_CHUNK) {
+      kk->chunk16(&st[i], qs[i].q, &r, v_scale, scale, d0, dn);
+      n[i] = 0; /* done: the phases below skip it */
+      memset(s[i], 0, sizeof s[i]);
+      continue;
+    }
+    rest++;
     kk->scores(qs[i].q, &r, scale, s[i]);
     float cm = s[i][0];
     for (int j = 1; j < n[i]; j++) cm = s[i][j] > cm ? s[i][j] : cm;
@@ -606,6 +649,7 @@ static void attn_chunk_group(const attn_kernels *kk, attn_state *st, const attn_
     t->sum *= corr[c];
     for (int64_t d = 0; d < dn; d++) t->acc[d] *= corr[c];
   }
+  if (!rest) return;
   kk->exp(&s[0][0], (int)nq * KN_ATTN_CHUNK);
   for (int64_t i = 0; i < nq; i++) {
     if (!n[i]) continue;

@@ -62,6 +62,26 @@ static inline __attribute__((target("avx2,fma"), always_inline)) __m256 kn_vexp8
   __m256 out = _mm256_and_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(e)), keep);
   return _mm256_blendv_ps(out, v, nan);
 }
+
+/* kn_vexp8 on 16 lanes, operation for operation (masks for the compares). */
+static inline __attribute__((target("avx512f"), always_inline)) __m512 kn_vexp16(__m512 v) {
+  __mmask16 keep = _mm512_cmp_ps_mask(v, _mm512_set1_ps(KN_VEXP_MIN), _CMP_GE_OQ);
+  __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  __m512 t = _mm512_mul_ps(v, _mm512_set1_ps(KN_VEXP_LOG2E));
+  __m512 nf = _mm512_sub_ps(_mm512_add_ps(t, _mm512_set1_ps(KN_VEXP_ROUND)),
+                            _mm512_set1_ps(KN_VEXP_ROUND));
+  __m512 r = _mm512_fmadd_ps(nf, _mm512_set1_ps(-KN_VEXP_LN2_HI), v);
+  r = _mm512_fmadd_ps(nf, _mm512_set1_ps(-KN_VEXP_LN2_LO), r);
+  __m512 p = _mm512_set1_ps(k_kn_vexp_poly[0]);
+  for (int i = 1; i < 6; i++) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(k_kn_vexp_poly[i]));
+  __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+  __m512i e = _mm512_slli_epi32(
+      _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_max_ps(nf, _mm512_set1_ps(-127.0f))),
+                       _mm512_set1_epi32(127)),
+      23);
+  __m512 out = _mm512_maskz_mov_ps(keep, _mm512_mul_ps(y, _mm512_castsi512_ps(e)));
+  return _mm512_mask_blend_ps(nan, out, v);
+}
 #endif
 
 #endif
