@@ -32,6 +32,7 @@ typedef struct attn_args {
   int64_t n_heads;
   float scale;
   const int32_t *groups; /* token groups (attn_plan_groups), or NULL: one token each */
+  int64_t head_splits;   /* sub-groups a kv head's query heads are split into */
 } attn_args;
 
 /* Offset of (physical block, kv head, slot) in a (n_blocks, n_kv_heads, block_size,
@@ -720,13 +721,16 @@ static void attn_group_task(void *arg, int64_t begin, int64_t end, int tid) {
   const attn_args *a = arg;
   const attn_kernels *kk = attn_pick();
   int64_t hd = a->kv->head_dim, n_kv = a->kv->n_kv_heads, g = a->n_heads / n_kv;
+  int64_t n_sub = a->head_splits, per = (g + n_sub - 1) / n_sub;
   for (int64_t u = begin; u < end; u++) {
-    int64_t grp = u / n_kv, kvh = u % n_kv;
+    int64_t grp = u / (n_kv * n_sub), kvh = u / n_sub % n_kv, sub = u % n_sub;
     int64_t t0 = a->groups ? a->groups[grp] : grp;
     int64_t nt = a->groups ? a->groups[grp + 1] - t0 : 1;
-    int64_t hstep = g < KN_ATTN_GROUP ? g : KN_ATTN_GROUP;
-    for (int64_t h = kvh * g; h < (kvh + 1) * g; h += hstep) {
-      int64_t nh = (kvh + 1) * g - h < hstep ? (kvh + 1) * g - h : hstep;
+    int64_t h1 = kvh * g + (sub + 1) * per < (kvh + 1) * g ? kvh * g + (sub + 1) * per
+                                                             : (kvh + 1) * g;
+    int64_t hstep = per < KN_ATTN_GROUP ? per : KN_ATTN_GROUP;
+    for (int64_t h = kvh * g + sub * per; h < h1; h += hstep) {
+      int64_t nh = h1 - h < hstep ? h1 - h : hstep;
       for (int64_t d0 = 0; d0 < hd; d0 += KN_ATTN_DSLICE)
         attn_group_slice(a, kk, t0, nt, h, nh, d0,
                          hd - d0 < KN_ATTN_DSLICE ? hd - d0 : KN_ATTN_DSLICE);
@@ -783,6 +787,13 @@ void kn_attention_paged_io(kn_pool *p, float *out, const kn_attn_io *io, const k
   kn_parallel_for(p, b->n_tok, row > 0 ? 1 + KN_ATTN_MIN_WORK / row : 1, attn_write_task, &a);
   int32_t *owned;
   int64_t units = attn_plan_groups(&a, &owned) * kv->n_kv_heads;
+  /* Too few units for the threads (a decode step of one or two sequences): a kv head's
+   * query heads split into sub-groups, each reading the cache again, so no thread waits
+   * long on another. How a query is computed does not depend on its group. */
+  int64_t g = n_heads / kv->n_kv_heads, want = 2 * (int64_t)kn_pool_threads(p);
+  a.head_splits = 1;
+  while (units * a.head_splits < want && a.head_splits < g) a.head_splits++;
+  units *= a.head_splits;
   kn_parallel_for(p, units, attn_grain(b, units, n_heads, kv->head_dim), attn_group_task, &a);
   free(owned);
 }
