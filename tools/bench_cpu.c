@@ -242,9 +242,11 @@ static int run_model(const bench_opts *o) {
     printf("{\"load_ms\": %.3f, \"load_cpu_ms\": %.3f, \"prefill_tps\": %.3f, "
            "\"decode_tps\": %.3f, "
            "\"batch_tps\": %.3f, \"peak_rss_bytes\": %lld, \"weight_bytes\": %llu, "
-           "\"kv_bytes\": %llu, \"arena_bytes\": %llu, \"threads\": %d}\n",
+           "\"kv_bytes\": %llu, \"kv_token_bytes\": %llu, \"arena_bytes\": %llu, "
+           "\"threads\": %d}\n",
            r.load_ms, r.load_cpu_ms, r.prefill_tps, r.decode_tps, r.batch_tps, peak_rss_bytes(),
            (unsigned long long)info->weight_bytes, (unsigned long long)info->kv_bytes,
+           (unsigned long long)irt_model_kv_token_bytes(m, o->kv_dtype),
            (unsigned long long)info->arena_bytes, o->threads);
   free(lg);
   free(ids);

@@ -22,9 +22,10 @@ import json, sys
 r = json.load(open(sys.argv[1]))
 o = r["ours"]
 for k in ("load_ms", "prefill_tps", "decode_tps", "batch_tps", "peak_rss_bytes",
-          "weight_bytes", "kv_bytes"):
+          "weight_bytes", "kv_bytes", "kv_token_bytes"):
     assert o[k] > 0, k
 assert r["membw_gbps"] > 0 and r["roofline_tps"] > 0 and r["threads"] == 2
+assert r["decode_step_bytes"] > o["weight_bytes"]  # the KV of the context counts too
 assert [x["metric"].split(" ")[0] for x in r["rows"]] == \
     ["prefill", "decode,", "decode", "decode,", "plan", "peak"], r["rows"]
 assert all(x["target"] for x in r["rows"])
