@@ -333,6 +333,94 @@ static void test_attention_long(kn_pool *p) {
   }
 }
 
+/* Grouped queries (GQA heads, a prefill's tokens, head sub-groups on idle threads) change
+ * no bit: a prompt of n tokens of one sequence (full 16-position chunks and a partial
+ * one, written and attended in one call on four threads) against each token attended
+ * alone on one thread, bit for bit; AVX2 (generic phases) against AVX-512 (a full chunk
+ * folded in registers) bit for bit; and a few rows against softmax(q k^T) v in double.
+ * Head layouts: 9 on 3 (g 3), 32 on 2 (g 16: one token a group), 40 on 2 (g 20: two
+ * sub-groups), 4 on 4 (g 1: 16 tokens a group). */
+static void attn_group_run(kn_pool *p, int isa, bool f16, int64_t nh, int64_t nkv,
+                           int64_t n, bool alone, float *out) {
+  const int64_t hd = 64, bs = 16, n_blk = (n + bs - 1) / bs, row = nkv * hd;
+  uint64_t seed = g_rng;
+  float *k = rnd_vec(n * row, 1.0f), *v = rnd_vec(n * row, 1.0f), *q = rnd_vec(n * nh * hd, 1.0f);
+  g_rng = seed;
+  int32_t *tables = malloc((size_t)n_blk * sizeof *tables);
+  for (int64_t b = 0; b < n_blk; b++) tables[b] = (int32_t)((b * 5 + 3) % n_blk); /* scattered */
+  size_t cache = (size_t)(n_blk * bs * row);
+  kn_kv_layer kv = {.n_blocks = n_blk, .block_size = bs, .n_kv_heads = nkv, .head_dim = hd};
+  if (f16) kv.k16 = calloc(cache, 2), kv.v16 = calloc(cache, 2);
+  else kv.k = calloc(cache, 4), kv.v = calloc(cache, 4);
+  int32_t *seq = calloc((size_t)n, sizeof *seq), *pos = malloc((size_t)n * sizeof *pos);
+  for (int64_t t = 0; t < n; t++) pos[t] = (int32_t)t;
+  int prev = kn_matmul_set_max_isa(isa);
+  kn_attn_batch b = {.n_tok = n, .tok_seq = seq, .tok_pos = pos, .max_blocks_per_seq = n_blk,
+                     .block_tables = tables};
+  kn_attention_paged(p, out, q, k, v, &kv, &b, nh, 0.125f);
+  if (alone) /* every token again on its own, over the cache the call above wrote */
+    for (int64_t t = 0; t < n; t++) {
+      b = (kn_attn_batch){.n_tok = 1, .tok_seq = seq, .tok_pos = pos + t,
+                          .max_blocks_per_seq = n_blk, .block_tables = tables};
+      kn_attention_paged(NULL, out + n * nh * hd + t * nh * hd, q + t * nh * hd, k + t * row,
+                         v + t * row, &kv, &b, nh, 0.125f);
+    }
+  kn_matmul_set_max_isa(prev);
+  int ok = 1; /* tokens 0, 17 and n - 1 against the double reference */
+  const int64_t ts[3] = {0, 17 < n ? 17 : 0, n - 1};
+  for (int i = 0; i < 3; i++)
+    for (int64_t h = 0; h < nh; h++) {
+      int64_t t = ts[i], kvh = h / (nh / nkv);
+      double *sc = malloc((size_t)(t + 1) * sizeof *sc), mx = -INFINITY, sum = 0;
+      for (int64_t j = 0; j <= t; j++) {
+        double d = 0;
+        for (int64_t e = 0; e < hd; e++) {
+          float kj = k[j * row + kvh * hd + e];
+          d += (double)q[(t * nh + h) * hd + e] * (f16 ? ir_f16_to_f32(ir_f32_to_f16(kj)) : kj);
+        }
+        sc[j] = d * 0.125, mx = sc[j] > mx ? sc[j] : mx;
+      }
+      for (int64_t j = 0; j <= t; j++) sum += sc[j] = exp(sc[j] - mx);
+      for (int64_t e = 0; e < hd; e++) {
+        double ref = 0;
+        for (int64_t j = 0; j <= t; j++) {
+          float vj = v[j * row + kvh * hd + e];
+          ref += sc[j] / sum * (f16 ? ir_f16_to_f32(ir_f32_to_f16(vj)) : vj);
+        }
+        ok &= fabs(out[(t * nh + h) * hd + e] - ref) <= 2e-5;
+      }
+      free(sc);
+    }
+  CHECKF(ok, "grouped attention vs reference isa %d %s heads %lld/%lld", isa,
+         f16 ? "f16" : "f32", (long long)nh, (long long)nkv);
+  free(k), free(v), free(q), free(tables), free(kv.k), free(kv.v), free(kv.k16), free(kv.v16);
+  free(seq), free(pos);
+}
+
+static void test_attention_groups(kn_pool *p4) {
+  static const int64_t heads[4][2] = {{9, 3}, {32, 2}, {40, 2}, {4, 4}};
+  const int64_t n = 37; /* two full chunks and a partial one */
+  for (int hi = 0; hi < 4; hi++)
+    for (int f16 = 0; f16 < 2; f16++) {
+      int64_t nh = heads[hi][0], nkv = heads[hi][1], sz = n * nh * 64;
+      float *o1 = malloc((size_t)(2 * sz) * sizeof *o1), *o2 = malloc((size_t)(2 * sz) * sizeof *o2);
+      uint64_t seed = g_rng;
+      attn_group_run(p4, 1, f16, nh, nkv, n, true, o1);
+      g_rng = seed;
+      attn_group_run(p4, 2, f16, nh, nkv, n, true, o2);
+      CHECKF(!memcmp(o2, o2 + sz, (size_t)sz * sizeof *o2),
+             "grouped prefill vs each token alone differ (heads %lld/%lld %s)", (long long)nh,
+             (long long)nkv, f16 ? "f16" : "f32");
+      CHECKF(!memcmp(o1, o1 + sz, (size_t)sz * sizeof *o1),
+             "grouped prefill vs each token alone differ, AVX2 (heads %lld/%lld)",
+             (long long)nh, (long long)nkv);
+      CHECKF(!memcmp(o1, o2, (size_t)sz * sizeof *o1),
+             "grouped attention AVX2 vs AVX-512 differ (heads %lld/%lld %s)", (long long)nh,
+             (long long)nkv, f16 ? "f16" : "f32");
+      free(o1), free(o2);
+    }
+}
+
 /* ---- rope ------------------------------------------------------------------------- */
 
 static float *rope_table(int64_t max_pos, int64_t rot_dim) {
@@ -543,6 +631,7 @@ int main(void) {
   test_attention(p1, p4);
   kn_matmul_set_max_isa(2);
   test_attention_long(p4);
+  test_attention_groups(p4);
   test_rope(p4);
   test_norm(p4);
   test_embed(p4);
