@@ -3,6 +3,7 @@
 #include <math.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kn_cpu.h"
@@ -24,6 +25,7 @@ enum {
   Q8_MAX_C = 4,
   Q8_PREFETCH_BYTES = 8192, /* W bytes asked for ahead into L2 (as kn_matmul) */
   Q8_SERIAL_FLOPS = 1 << 18, /* below this, waking the pool costs more than it saves */
+  Q8_QUANT_GRAIN = 1 << 14,  /* x values a quantizing chunk takes at least */
 };
 
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
@@ -470,7 +472,7 @@ typedef struct q8_args {
   bool swiglu; /* y[:, j] = silu(z[:, j]) * z[:, n + j]: W has 2n rows */
   kn_mm_tiles tiles;
   const q8_kernels *kern;
-  const q8_xblock *xq; /* m <= Q8_MAX_R: every row quantized once by the caller, or NULL */
+  const q8_xblock *xq; /* every row quantized once by the caller, or NULL: per tile */
 } q8_args;
 
 /* Rows [i0, i0 + mr) of x (quantized in xs) against columns [j0, j0 + nr / h) of y,
@@ -515,6 +517,14 @@ static void q8_tile(const q8_args *a, int64_t i0, int64_t i1, int64_t j0, int64_
   }
 }
 
+/* Rows [begin, end) of x quantized into a->xq (which the tiles then only read). */
+static void q8_quant_task(void *arg, int64_t begin, int64_t end, int tid) {
+  (void)tid;
+  const q8_args *a = arg;
+  for (int64_t i = begin; i < end; i++)
+    a->kern->quant(a->x + i * a->k, a->k, (q8_xblock *)a->xq + i * (a->k / KN_QBLOCK));
+}
+
 static void q8_task(void *arg, int64_t begin, int64_t end, int tid) {
   (void)tid;
   const q8_args *a = arg;
@@ -537,14 +547,21 @@ void kn_matmul_q8(kn_pool *p, float *y, const float *x, const void *w, ir_dtype 
   q8_args a = {.y = y, .x = x, .w = w, .bias = bias, .m = m, .n = n, .k = k,
                .w_row_bytes = (int64_t)ir_dtype_bytes(wt, (uint64_t)k), .swiglu = swiglu,
                .kern = q8_pick(wt)};
-  /* A few rows (decode) are quantized here once, not once per tile: a decode matmul has
-   * 8 or more tiles, and the lm_head over a hundred. */
-  q8_xblock rows[Q8_MAX_R * (KN_Q8_MAX_K / KN_QBLOCK)];
+  /* Every row is quantized once here, not once per tile it meets: a decode matmul has 8
+   * or more column tiles and the lm_head over a hundred (a batch of 16 sequences spent 8%
+   * of its step quantizing the same rows again). A few rows (batch-1 decode) on the
+   * stack; more on the heap, in parallel; without memory, each tile quantizes its own. */
+  q8_xblock rows[Q8_MAX_R * (KN_Q8_MAX_K / KN_QBLOCK)], *heap = NULL;
+  const int64_t nbk = k / KN_QBLOCK;
   if (m <= Q8_MAX_R) {
-    for (int64_t i = 0; i < m; i++) a.kern->quant(x + i * k, k, rows + i * (k / KN_QBLOCK));
+    for (int64_t i = 0; i < m; i++) a.kern->quant(x + i * k, k, rows + i * nbk);
     a.xq = rows;
+  } else if ((heap = malloc((size_t)(m * nbk) * sizeof *heap))) {
+    a.xq = heap;
+    kn_parallel_for(p, m, 1 + Q8_QUANT_GRAIN / k, q8_quant_task, &a);
   }
   a.tiles = kn_mm_tiles_plan(m, n, a.w_row_bytes * (swiglu ? 2 : 1), kn_pool_threads(p));
   int64_t tasks = a.tiles.n_tasks, flops = 2 * m * n * k * (swiglu ? 2 : 1);
   kn_parallel_for(p, tasks, flops < Q8_SERIAL_FLOPS ? tasks : 1, q8_task, &a);
+  free(heap);
 }
