@@ -104,6 +104,128 @@ static int run_membw(int threads, int64_t mib, int repeats) {
   return 0;
 }
 
+/* ---- vector peak ----------------------------------------------------------------- */
+
+/* What the cores can issue, measured (a shared or virtual machine may give far less than
+ * the data sheet): N threads each run twelve independent chains of f32 fma and of int8
+ * dot products (vpdpbusd with AVX512-VNNI, else vpmaddubsw + vpmaddwd) in the widest
+ * registers the CPU has. Prefill's roofline is the int8 (or f32) rate over the
+ * multiply-adds a token takes. */
+enum { PK_CHAINS = 12, PK_ITERS = 1 << 24 };
+
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+#include <immintrin.h>
+#define PK_X86 1
+__attribute__((target("avx512f"))) static float pk_f32_512(long n) {
+  __m512 a[PK_CHAINS], b = _mm512_set1_ps(0.999f), c = _mm512_set1_ps(1e-4f);
+  for (int i = 0; i < PK_CHAINS; i++) a[i] = _mm512_set1_ps((float)i * 1e-3f);
+  for (long k = 0; k < n; k++)
+    for (int i = 0; i < PK_CHAINS; i++) a[i] = _mm512_fmadd_ps(a[i], b, c);
+  __m512 t = a[0];
+  for (int i = 1; i < PK_CHAINS; i++) t = _mm512_add_ps(t, a[i]);
+  return _mm512_reduce_add_ps(t);
+}
+__attribute__((target("avx512f,avx512vnni"))) static float pk_i8_512(long n) {
+  __m512i a[PK_CHAINS], b = _mm512_set1_epi8(3), c = _mm512_set1_epi8(5);
+  for (int i = 0; i < PK_CHAINS; i++) a[i] = _mm512_set1_epi32(i);
+  for (long k = 0; k < n; k++)
+    for (int i = 0; i < PK_CHAINS; i++) a[i] = _mm512_dpbusd_epi32(a[i], b, c);
+  __m512i t = a[0];
+  for (int i = 1; i < PK_CHAINS; i++) t = _mm512_add_epi32(t, a[i]);
+  return (float)_mm512_reduce_add_epi32(t);
+}
+__attribute__((target("avx2,fma"))) static float pk_f32_256(long n) {
+  __m256 a[PK_CHAINS], b = _mm256_set1_ps(0.999f), c = _mm256_set1_ps(1e-4f);
+  for (int i = 0; i < PK_CHAINS; i++) a[i] = _mm256_set1_ps((float)i * 1e-3f);
+  for (long k = 0; k < n; k++)
+    for (int i = 0; i < PK_CHAINS; i++) a[i] = _mm256_fmadd_ps(a[i], b, c);
+  __m256 t = a[0];
+  for (int i = 1; i < PK_CHAINS; i++) t = _mm256_add_ps(t, a[i]);
+  float o[8];
+  _mm256_storeu_ps(o, t);
+  return o[0];
+}
+/* 32 multiply-adds per pair, as the AVX2 q8 kernels do them */
+__attribute__((target("avx2"))) static float pk_i8_256(long n) {
+  __m256i a[PK_CHAINS], b = _mm256_set1_epi8(3), c = _mm256_set1_epi8(5);
+  const __m256i one = _mm256_set1_epi16(1);
+  for (int i = 0; i < PK_CHAINS; i++) a[i] = _mm256_set1_epi32(i);
+  for (long k = 0; k < n; k++)
+    for (int i = 0; i < PK_CHAINS; i++)
+      a[i] = _mm256_add_epi32(a[i], _mm256_madd_epi16(_mm256_maddubs_epi16(b, c), one));
+  __m256i t = a[0];
+  for (int i = 1; i < PK_CHAINS; i++) t = _mm256_add_epi32(t, a[i]);
+  return (float)_mm256_extract_epi32(t, 0);
+}
+#else
+#define PK_X86 0
+#endif
+
+typedef struct pk_job {
+  int kind; /* 0 f32, 1 int8 */
+  int wide; /* 512-bit registers */
+  pthread_barrier_t *bar;
+  double ms;
+  float sink;
+} pk_job;
+
+static void *pk_thread(void *arg) {
+  pk_job *j = arg;
+  pthread_barrier_wait(j->bar);
+  double t0 = now_ms();
+#if PK_X86
+  j->sink = j->kind == 0 ? (j->wide ? pk_f32_512(PK_ITERS) : pk_f32_256(PK_ITERS))
+                         : (j->wide ? pk_i8_512(PK_ITERS) : pk_i8_256(PK_ITERS));
+#endif
+  j->ms = now_ms() - t0;
+  return NULL;
+}
+
+/* Operations a second over all threads: f32 flops (2 a fma) or int8 ops (2 a
+ * multiply-add), the slowest thread's time, best of `repeats`. */
+static double pk_rate(int threads, int kind, int wide, int repeats) {
+  double best = 0;
+  pthread_t tid[256];
+  pk_job job[256];
+  for (int r = 0; r < repeats; r++) {
+    pthread_barrier_t bar;
+    pthread_barrier_init(&bar, NULL, (unsigned)threads);
+    for (int t = 0; t < threads; t++) job[t] = (pk_job){.kind = kind, .wide = wide, .bar = &bar};
+    for (int t = 1; t < threads; t++) pthread_create(&tid[t], NULL, pk_thread, &job[t]);
+    pk_thread(&job[0]);
+    double ms = job[0].ms;
+    for (int t = 1; t < threads; t++) {
+      pthread_join(tid[t], NULL);
+      ms = job[t].ms > ms ? job[t].ms : ms;
+    }
+    pthread_barrier_destroy(&bar);
+    double lanes = kind == 0 ? (wide ? 16 : 8) : (wide ? 64 : 32);
+    double ops = 2.0 * lanes * PK_CHAINS * (double)PK_ITERS * threads;
+    double rate = ops / (ms * 1e-3);
+    best = rate > best ? rate : best;
+  }
+  return best;
+}
+
+static int run_peak(int threads, int repeats) {
+#if PK_X86
+  __builtin_cpu_init();
+  int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  int wide = __builtin_cpu_supports("avx512f");
+  int vnni = wide && __builtin_cpu_supports("avx512vnni");
+  if (!avx2) return fail("peak: needs AVX2 and FMA");
+  double f = pk_rate(threads, 0, wide, repeats), q = pk_rate(threads, 1, vnni, repeats);
+  printf("{\"threads\": %d, \"f32\": \"%s\", \"int8\": \"%s\", \"f32_gflops\": %.1f, "
+         "\"int8_gops\": %.1f}\n",
+         threads, wide ? "avx512 fma" : "avx2 fma", vnni ? "avx512 vnni" : "avx2 maddubs",
+         f / 1e9, q / 1e9);
+  return 0;
+#else
+  (void)threads, (void)repeats;
+  return fail("peak: x86 only");
+#endif
+}
+
 /* ---- the model ------------------------------------------------------------------- */
 
 /* Peak RSS of this process image in bytes: VmHWM, not getrusage's ru_maxrss, which on
@@ -326,6 +448,7 @@ static int run_attn(int threads, int64_t ctx, int64_t batch, int64_t n_heads, in
 
 static int usage(void) {
   return fail("usage: bench_cpu membw [--threads N] [--mib M] [--repeats R]\n"
+              "       bench_cpu peak [--threads N] [--repeats R]\n"
               "       bench_cpu attn [--threads N] [--ctx 4096] [--batch 1] [--heads 9]\n"
               "                 [--kv-heads 3] [--head-dim 64] [--kv-dtype f16] [--repeats R]\n"
               "       bench_cpu model model.plan [--threads N] [--prompt 512] [--decode 128]\n"
@@ -339,8 +462,9 @@ int main(int argc, char **argv) {
                   .batch_steps = 32};
   int64_t mib = 1024, ctx = 4096, heads = 9, kv_heads = 3, head_dim = 64;
   bool membw = !strcmp(argv[1], "membw"), attn = !strcmp(argv[1], "attn");
+  bool peak = !strcmp(argv[1], "peak");
   if (attn) o.batch = 1, o.kv_dtype = IRT_KV_DTYPE_F16;
-  if (!membw && !attn && strcmp(argv[1], "model")) return usage();
+  if (!membw && !attn && !peak && strcmp(argv[1], "model")) return usage();
   for (int i = 2; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     int64_t *dst = !strcmp(a, "--prompt")        ? &o.prompt
@@ -361,7 +485,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--max-isa") && v) { /* 0 portable, 1 AVX2, 2 AVX-512 */
       kn_matmul_set_max_isa(atoi(v)), kn_matmul_wq_set_max_isa(atoi(v)), i++;
     }
-    else if (a[0] != '-' && !o.plan && !membw && !attn) o.plan = a;
+    else if (a[0] != '-' && !o.plan && !membw && !attn && !peak) o.plan = a;
     else return usage();
   }
   if (o.threads <= 0) o.threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
@@ -369,6 +493,7 @@ int main(int argc, char **argv) {
       mib < 1 || o.threads > 256)
     return usage();
   if (membw) return run_membw(o.threads, mib, o.repeats);
+  if (peak) return run_peak(o.threads, o.repeats);
   if (attn) {
     if (ctx < 1 || o.batch < 1 || kv_heads < 1 || heads % kv_heads || head_dim < 1 ||
         head_dim > 256)

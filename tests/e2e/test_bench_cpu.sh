@@ -27,7 +27,9 @@ for k in ("load_ms", "prefill_tps", "decode_tps", "batch_tps", "peak_rss_bytes",
 assert r["membw_gbps"] > 0 and r["roofline_tps"] > 0 and r["threads"] == 2
 assert r["decode_step_bytes"] > o["weight_bytes"]  # the KV of the context counts too
 assert [x["metric"].split(" ")[0] for x in r["rows"]] == \
-    ["prefill", "decode,", "decode", "decode,", "plan", "peak"], r["rows"]
+    ["prefill", "prefill", "decode,", "decode", "decode,", "plan", "peak"], r["rows"]
+assert r["peak"]["f32_gflops"] > 0 and r["peak"]["int8_gops"] > 0
+assert r["macs_per_token"] > 0 and r["prefill_roofline_tps"] > 0  # from the fixture's config
 assert all(x["target"] for x in r["rows"])
 assert "llamacpp" not in r
 PY
