@@ -250,13 +250,20 @@ ATTN_AVX512_INLINE float attn_fold16(__m512 v) {
 ATTN_AVX512_INLINE __m512 attn_scores16_vec(const float *q, const attn_rows *r, float scale) {
   const int64_t hd = r->hd;
   __m512 a[KN_ATTN_CHUNK];
-  /* row by row (one chain each, in the order of attn_scores_avx512's), q from L1 */
+  /* four rows at a time, four independent chains (each in the order of
+   * attn_scores_avx512's), q loaded once for the four */
 #define ATTN_ROWS16(LOAD)                                                                  \
-  for (int j = 0; j < KN_ATTN_CHUNK; j++) {                                                \
-    __m512 acc = _mm512_setzero_ps();                                                      \
-    for (int64_t i = 0; i < hd; i += KN_ATTN_LANES)                                        \
-      acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + i), LOAD, acc);                            \
-    a[j] = acc;                                                                            \
+  for (int j0 = 0; j0 < KN_ATTN_CHUNK; j0 += 4) {                                          \
+    __m512 c0 = _mm512_setzero_ps(), c1 = c0, c2 = c0, c3 = c0;                            \
+    for (int64_t i = 0; i < hd; i += KN_ATTN_LANES) {                                      \
+      __m512 qv = _mm512_loadu_ps(q + i);                                                  \
+      int j = j0;                                                                          \
+      c0 = _mm512_fmadd_ps(qv, LOAD, c0), j++;                                             \
+      c1 = _mm512_fmadd_ps(qv, LOAD, c1), j++;                                             \
+      c2 = _mm512_fmadd_ps(qv, LOAD, c2), j++;                                             \
+      c3 = _mm512_fmadd_ps(qv, LOAD, c3);                                                  \
+    }                                                                                      \
+    a[j0] = c0, a[j0 + 1] = c1, a[j0 + 2] = c2, a[j0 + 3] = c3;                            \
   }
   if (r->k) {
     ATTN_ROWS16(_mm512_loadu_ps(r->k + j * hd + i))
