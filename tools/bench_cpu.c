@@ -130,9 +130,12 @@ __attribute__((target("avx512f,avx512vnni"))) static float pk_i8_512(long n) {
   for (int i = 0; i < PK_CHAINS; i++) a[i] = _mm512_set1_epi32(i);
   for (long k = 0; k < n; k++)
     for (int i = 0; i < PK_CHAINS; i++) a[i] = _mm512_dpbusd_epi32(a[i], b, c);
-  __m512i t = a[0];
-  for (int i = 1; i < PK_CHAINS; i++) t = _mm512_add_epi32(t, a[i]);
-  return (float)_mm512_reduce_add_epi32(t);
+  __m512i t = a[0]; /* the sums wrap (as they may): fold them without C's int adds */
+  for (int i = 1; i < PK_CHAINS; i++) t = _mm512_xor_si512(t, a[i]);
+  uint32_t o[16], x = 0;
+  _mm512_storeu_si512(o, t);
+  for (int i = 0; i < 16; i++) x ^= o[i];
+  return (float)x;
 }
 __attribute__((target("avx2,fma"))) static float pk_f32_256(long n) {
   __m256 a[PK_CHAINS], b = _mm256_set1_ps(0.999f), c = _mm256_set1_ps(1e-4f);
