@@ -201,13 +201,15 @@ static void attn_accum_c(float *acc, const float *p, const attn_rows *r, int64_t
   }
 }
 
-static void attn_widen_c(const attn_rows *r, float *k, float *v) {
-  int64_t n = r->n * r->hd;
-  for (int64_t i = 0; i < n; i++) {
+/* Values [i0, n * hd) of the chunk widened one by one (the SIMD sets' tail too). */
+static void attn_widen_from(const attn_rows *r, int64_t i0, float *k, float *v) {
+  for (int64_t i = i0; i < r->n * r->hd; i++) {
     k[i] = r->k16 ? ir_f16_to_f32(r->k16[i]) : (float)r->k8[i];
     v[i] = r->v16 ? ir_f16_to_f32(r->v16[i]) : (float)r->v8[i];
   }
 }
+
+static void attn_widen_c(const attn_rows *r, float *k, float *v) { attn_widen_from(r, 0, k, v); }
 
 static const attn_kernels k_attn_c = {attn_scores_c, attn_exp_c, attn_accum_c, attn_widen_c,
                                       NULL};
@@ -247,33 +249,24 @@ ATTN_AVX512_INLINE float attn_fold16(__m512 v) {
  * every step adds the same pairs as attn_fold16 does for one row, (l, l+8), (l, l+4),
  * (l, l+2), (0, 1), two or four rows a register, and a last permute puts row j in lane
  * j: 46 instructions for the 16 rows where one row at a time takes 8 each. */
+/* The 16-lane dot products of rows j .. j+3 with q over the first `full` dims: four
+ * independent fma chains, q loaded once for the four. */
+ATTN_AVX512_INLINE void attn_dot4_avx512(const float *q, const attn_rows *r, int j, int64_t full,
+                                         __m512 *a) {
+  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  for (int64_t i = 0; i < full; i += KN_ATTN_LANES) {
+    __m512 qv = _mm512_loadu_ps(q + i);
+    a0 = _mm512_fmadd_ps(qv, attn_k16(r, j, i), a0);
+    a1 = _mm512_fmadd_ps(qv, attn_k16(r, j + 1, i), a1);
+    a2 = _mm512_fmadd_ps(qv, attn_k16(r, j + 2, i), a2);
+    a3 = _mm512_fmadd_ps(qv, attn_k16(r, j + 3, i), a3);
+  }
+  a[0] = a0, a[1] = a1, a[2] = a2, a[3] = a3;
+}
+
 ATTN_AVX512_INLINE __m512 attn_scores16_vec(const float *q, const attn_rows *r, float scale) {
-  const int64_t hd = r->hd;
   __m512 a[KN_ATTN_CHUNK];
-  /* four rows at a time, four independent chains (each in the order of
-   * attn_scores_avx512's), q loaded once for the four */
-#define ATTN_ROWS16(LOAD)                                                                  \
-  for (int j0 = 0; j0 < KN_ATTN_CHUNK; j0 += 4) {                                          \
-    __m512 c0 = _mm512_setzero_ps(), c1 = c0, c2 = c0, c3 = c0;                            \
-    for (int64_t i = 0; i < hd; i += KN_ATTN_LANES) {                                      \
-      __m512 qv = _mm512_loadu_ps(q + i);                                                  \
-      int j = j0;                                                                          \
-      c0 = _mm512_fmadd_ps(qv, LOAD, c0), j++;                                             \
-      c1 = _mm512_fmadd_ps(qv, LOAD, c1), j++;                                             \
-      c2 = _mm512_fmadd_ps(qv, LOAD, c2), j++;                                             \
-      c3 = _mm512_fmadd_ps(qv, LOAD, c3);                                                  \
-    }                                                                                      \
-    a[j0] = c0, a[j0 + 1] = c1, a[j0 + 2] = c2, a[j0 + 3] = c3;                            \
-  }
-  if (r->k) {
-    ATTN_ROWS16(_mm512_loadu_ps(r->k + j * hd + i))
-  } else if (r->k16) {
-    ATTN_ROWS16(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(r->k16 + j * hd + i))))
-  } else {
-    ATTN_ROWS16(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-        _mm_loadu_si128((const __m128i *)(r->k8 + j * hd + i)))))
-  }
-#undef ATTN_ROWS16
+  for (int j = 0; j < KN_ATTN_CHUNK; j += 4) attn_dot4_avx512(q, r, j, r->hd, a + j);
   __m512 p[8], t[4], u[2];
   for (int j = 0; j < 8; j++) /* rows 2j, 2j+1: lanes l and l+8 */
     p[j] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * j], a[2 * j + 1], _MM_SHUFFLE(1, 0, 1, 0)),
@@ -306,18 +299,11 @@ static ATTN_AVX512 void attn_scores_avx512(const float *q, const attn_rows *r, f
     return;
   }
   int j = 0;
-  /* four rows at a time: four independent fma chains */
   for (; j + 4 <= r->n; j += 4) {
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    for (int64_t i = 0; i < full; i += KN_ATTN_LANES) {
-      __m512 qv = _mm512_loadu_ps(q + i);
-      a0 = _mm512_fmadd_ps(qv, attn_k16(r, j, i), a0);
-      a1 = _mm512_fmadd_ps(qv, attn_k16(r, j + 1, i), a1);
-      a2 = _mm512_fmadd_ps(qv, attn_k16(r, j + 2, i), a2);
-      a3 = _mm512_fmadd_ps(qv, attn_k16(r, j + 3, i), a3);
-    }
-    s[j] = attn_fold16(a0), s[j + 1] = attn_fold16(a1);
-    s[j + 2] = attn_fold16(a2), s[j + 3] = attn_fold16(a3);
+    __m512 a[4];
+    attn_dot4_avx512(q, r, j, full, a);
+    s[j] = attn_fold16(a[0]), s[j + 1] = attn_fold16(a[1]);
+    s[j + 2] = attn_fold16(a[2]), s[j + 3] = attn_fold16(a[3]);
   }
   for (; j < r->n; j++) {
     __m512 a0 = _mm512_setzero_ps();
@@ -545,10 +531,7 @@ static ATTN_AVX512 void attn_widen_avx512(const attn_rows *r, float *k, float *v
       _mm512_storeu_ps(k + i, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(kb)));
       _mm512_storeu_ps(v + i, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(vb)));
     }
-  for (; i < n; i++) {
-    k[i] = r->k16 ? ir_f16_to_f32(r->k16[i]) : (float)r->k8[i];
-    v[i] = r->v16 ? ir_f16_to_f32(r->v16[i]) : (float)r->v8[i];
-  }
+  attn_widen_from(r, i, k, v);
 }
 
 /* A full chunk (16 rows, head_dim a multiple of 16) for one query, its scores and
