@@ -207,7 +207,7 @@ ir_status infc_build(const char *src, const infc_options *opts, const char *out_
   pass_opts po = {.fold = o.fold, .fuse = o.fuse, .no_fuse = o.no_fuse, .dump_ir = dump_ir,
                   .quant = &o.quant,
                   .quant_calib = o.quant_calib[0] ? o.quant_calib : NULL,
-                  .act_int8 = infc_options_act_int8(&o)};
+                  .act_int8 = infc_options_act_int8(&o), .repack = o.repack};
   if (st == IR_OK && o.act_dtype == INFC_ACT_INT8 && !strcmp(o.target, "cuda"))
     st = ir_diag_set(d, IR_UNSUPPORTED, "option 'act_dtype': int8 activations of q8_0/q4_0/q4_1 "
                      "matmuls are a CPU path (the GPU kernels read f32); use auto or f32 with "

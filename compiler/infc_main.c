@@ -45,6 +45,8 @@ static int usage_build(FILE *f) {
         "      --quant-calib FILE w8a8: smooth with activation maxima from tools/w8a8-calib\n"
         "      --act-dtype T      activations of q8_0/q4_0/q4_1 matmuls: auto (int8 for\n"
         "                         --target cpu, f32 for cuda), f32, int8 (per 32 values)\n"
+        "      --no-repack        keep those weights in their GGUF block layout (default:\n"
+        "                         8 rows interleaved, the CPU kernels' faster layout)\n"
         "      --dump-ir          print the IR after each pass to stdout\n"
         "  -q, --quiet            print nothing on success\n", f);
   return f == stderr ? 2 : 0;
@@ -78,6 +80,7 @@ static int parse_build(int argc, char **argv, infc_options *o, build_args *a) {
       {"target", required_argument, 0, 11},   {"arch", required_argument, 0, 12},
       {"quant", required_argument, 0, 13},    {"quant-calib", required_argument, 0, 14},
       {"decode-buckets", required_argument, 0, 15}, {"act-dtype", required_argument, 0, 16},
+      {"no-repack", no_argument, 0, 17},
       {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
   static const char *keys[] = {"", "dtype", "max_tokens", "max_seqs", "max_logits",
                                "kv_block_size", "max_context", "fold", "fuse"};
@@ -97,6 +100,7 @@ static int parse_build(int argc, char **argv, infc_options *o, build_args *a) {
     else if (c == 14) st = infc_options_set(o, "quant_calib", optarg, &d);
     else if (c == 15) st = infc_options_set(o, "decode_buckets", optarg, &d);
     else if (c == 16) st = infc_options_set(o, "act_dtype", optarg, &d);
+    else if (c == 17) st = infc_options_set(o, "repack", "false", &d);
     else if (c == 'q') a->quiet = true;
     else if (c == 'h') return usage_build(stdout) - 1;
     else return usage_build(stderr);

@@ -9,7 +9,8 @@
 #include "pass.h"
 
 infc_options infc_options_default(void) {
-  infc_options o = {.model = model_build_opts_default(), .fold = true, .fuse = true};
+  infc_options o = {.model = model_build_opts_default(), .fold = true, .fuse = true,
+                    .repack = true};
   snprintf(o.target, sizeof o.target, "cpu");
   return o;
 }
@@ -105,6 +106,8 @@ ir_status infc_options_set(infc_options *o, const char *key, const char *v, ir_d
   if (!strcmp(key, "kv_block_size")) return parse_int(key, v, 1, 4096, &m->kv_block_size, d);
   if (!strcmp(key, "max_context")) return parse_int(key, v, 0, 1 << 24, &m->max_context, d);
   if (!strcmp(key, "passes.fold") || !strcmp(key, "fold")) return parse_bool(key, v, &o->fold, d);
+  if (!strcmp(key, "passes.repack") || !strcmp(key, "repack"))
+    return parse_bool(key, v, &o->repack, d);
   if (!strcmp(key, "passes.fuse") || !strcmp(key, "fuse")) return parse_bool(key, v, &o->fuse, d);
   if (!strncmp(key, "passes.fuse_", 12) && pass_fusion_from_name(key + 7))
     return set_fusion(o, key, v, d);
@@ -220,6 +223,10 @@ int infc_options_describe(const infc_options *o, const char **keys, const char *
   snprintf(tmp[4], 32, "%lld", (long long)m->kv_block_size);
   snprintf(tmp[5], 32, "%lld", (long long)m->max_context);
   snprintf(tmp[6], 64, "fold=%d fuse=%d", o->fold, o->fuse);
+  if (!o->repack) { /* only if unset: default plans record what they did before */
+    size_t l = strlen(tmp[6]);
+    snprintf(tmp[6] + l, 64 - l, " repack=0");
+  }
   static const char *const fusions[] = {"rope_attention", "qkv", "gate_up", "add_rms_norm"};
   for (int i = 0, first = 1; o->fuse && i < 4; i++) /* only if set: default plans keep bytes */
     if (o->no_fuse & pass_fusion_from_name(fusions[i])) {

@@ -15,7 +15,8 @@
  *   target: cpu | cuda
  *   arch: sm_80,sm_90                 # target cuda: GPU archs to compile kernels for
  *   passes: { fold: true, fuse: true }  # and fuse_rope_attention, fuse_qkv, fuse_gate_up,
- *                                        # fuse_add_rms_norm: true|false, one fusion each
+ *                                        # fuse_add_rms_norm: true|false, one fusion each;
+ *                                        # repack: true (the CPU's 8-row weight layout)
  *   no_fuse: qkv,gate_up                 # the same as a list (also --no-fuse=LIST)
  */
 #ifndef INFC_OPTIONS_H
@@ -38,6 +39,7 @@ typedef struct infc_options {
   model_build_opts model;
   bool fold;
   bool fuse;
+  bool repack; /* passes.repack: interleave block-quantized CPU matmul weights by 8 rows */
   unsigned no_fuse; /* pass_fusion bits (passes/pass.h) of fusions to skip */
   char target[16];
   char arch[64]; /* target cuda: GPU archs, "sm_80,sm_90" ("" = that default) */

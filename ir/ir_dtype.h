@@ -24,6 +24,15 @@ typedef enum ir_dtype {
   IR_Q8_0 = 9,
   IR_Q4_0 = 10,
   IR_Q4_1 = 11,
+  /* The same blocks with 8 rows interleaved (a CPU layout the compiler's repack pass
+   * writes; rank 2, rows a multiple of 8). Rows 8g .. 8g+7 keep the bytes rows 8g .. 8g+7
+   * take in the base layout; within them block b of the 8 rows is one group:
+   *   the 8 d (f16), for Q4_1 then the 8 m (f16), then the 8 rows' codes (32 B of Q8_0,
+   *   16 B of nibbles of Q4_0 / Q4_1 each) in row order 0 4 1 5 2 6 3 7 for the nibble
+   *   types (two rows a 32-byte load, their sums land in row order) and 0 .. 7 for Q8_0. */
+  IR_Q8_0_X8 = 12,
+  IR_Q4_0_X8 = 13,
+  IR_Q4_1_X8 = 14,
   IR_DTYPE_COUNT
 } ir_dtype;
 
@@ -36,6 +45,11 @@ uint64_t ir_dtype_bytes(ir_dtype t, uint64_t n);
 /* Values per block: 32 for the block-quantized types, 1 otherwise. */
 int ir_dtype_block(ir_dtype t);
 bool ir_dtype_is_quant(ir_dtype t);
+/* The 8-row interleaved block types, and the base type of one (itself otherwise). */
+bool ir_dtype_is_x8(ir_dtype t);
+ir_dtype ir_dtype_x8_base(ir_dtype t);
+/* The interleaved type of a base block type (INVALID for others). */
+ir_dtype ir_dtype_x8_of(ir_dtype t);
 
 static inline float ir_bf16_to_f32(uint16_t h) {
   uint32_t u = (uint32_t)h << 16;

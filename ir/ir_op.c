@@ -121,7 +121,13 @@ static bool is_float(ir_dtype t) { return t == IR_F32 || t == IR_F16 || t == IR_
  * whole blocks per row (rank and shape are checked by the caller). */
 static bool want_weight_dtype(infer_ctx *c, const ir_tensor *t) {
   if (is_float(t->dtype)) return true;
-  if (!ir_dtype_is_quant(t->dtype)) {
+  if (ir_dtype_is_x8(t->dtype) &&
+      (t->rank != 2 || t->dims[0].sym != IR_SYM_NONE || t->dims[0].n % 8)) {
+    fail(c, "input '%s' is %s: it needs rank 2 and a multiple of 8 rows", t->name,
+         ir_dtype_name(t->dtype));
+    return false;
+  }
+  if (!ir_dtype_is_quant(t->dtype) && !ir_dtype_is_x8(t->dtype)) {
     fail(c, "input '%s' has unexpected dtype %s", t->name, ir_dtype_name(t->dtype));
     return false;
   }
@@ -243,9 +249,12 @@ static ir_status infer_matmul(infer_ctx *c, infer_out *o) {
     return fail(c, "scales and zero points go with an i8 or i4 weight, not %s%s",
                 ir_dtype_name(w->dtype), "");
   if (!wq && ir_node_attr_i(c->n, "act_int8", 0) &&
-      (!ir_dtype_is_quant(w->dtype) || w->dims[1].n > IR_Q8_ACT_MAX_K))
+      ((!ir_dtype_is_quant(w->dtype) && !ir_dtype_is_x8(w->dtype)) ||
+       w->dims[1].n > IR_Q8_ACT_MAX_K))
     return fail(c, "act_int8 goes with an i8 weight (W8A8) or a q8_0/q4_0/q4_1 weight with "
                 "K <= 16384, not %s", ir_dtype_name(w->dtype), "");
+  if (ir_dtype_is_x8(w->dtype) && !ir_node_attr_i(c->n, "act_int8", 0))
+    return fail(c, "a %s weight (8 rows interleaved) needs act_int8", ir_dtype_name(w->dtype), "");
   if (b && (!want_dtype(c, b, IR_F32, IR_F32, IR_F32) || !want_rank(c, b, 1) ||
             !want_dim(c, b, 0, w->dims[0])))
     return IR_BAD_FORMAT;

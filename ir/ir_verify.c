@@ -60,7 +60,11 @@ static ir_status check_tensor(const ir_graph *g, int32_t i, ir_diag *d) {
     if (t->kind == IR_TENSOR_WEIGHT && dm.sym != IR_SYM_NONE)
       return ir_diag_set(d, IR_BAD_FORMAT, "weight '%s' has a symbolic dim", t->name);
   }
-  if (ir_dtype_is_quant(t->dtype) &&
+  if (ir_dtype_is_x8(t->dtype) &&
+      (t->rank != 2 || t->dims[0].sym != IR_SYM_NONE || t->dims[0].n % 8 != 0))
+    return ir_diag_set(d, IR_BAD_FORMAT, "tensor '%s': %s needs rank 2 and a multiple of 8 rows",
+                       t->name, ir_dtype_name(t->dtype));
+  if ((ir_dtype_is_quant(t->dtype) || ir_dtype_is_x8(t->dtype)) &&
       (t->rank < 1 || t->dims[t->rank - 1].sym != IR_SYM_NONE ||
        t->dims[t->rank - 1].n % ir_dtype_block(t->dtype) != 0))
     return ir_diag_set(d, IR_BAD_FORMAT, "tensor '%s': %s rows must hold whole %d-value blocks",

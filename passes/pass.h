@@ -30,6 +30,7 @@ typedef struct pass_opts {
   const struct pass_quant_opts *quant; /* weight quantization (pass_quantize.h); NULL: none */
   const char *quant_calib; /* w8a8: activation maxima for smoothing (pass_quantize.h); NULL */
   bool act_int8; /* matmuls of q8_0/q4_0/q4_1 weights take int8 activations (pass_act_int8) */
+  bool repack;   /* their weights interleaved by 8 rows for the CPU kernels (pass_repack) */
   bool capture_plan;       /* target cuda: plan the CUDA Graph decode buckets */
   const int64_t *decode_buckets; /* the buckets asked for; NULL: 1, 2, 4, ... up to the limit */
   int32_t n_decode_buckets;
@@ -71,6 +72,13 @@ ir_status pass_fuse_gate_up(ir_graph *g, const pass_opts *o, pass_log *log, ir_d
  * (kn_matmul_q8), as llama.cpp does -- about 1.5x faster decode on AVX2, at the precision
  * of 8-bit activations. Runs when o->act_int8 (infc's act_dtype int8, or auto on CPU). */
 ir_status pass_act_int8(ir_graph *g, const pass_opts *o, pass_log *log, ir_diag *d);
+
+/* The weights of act_int8 matmuls (q8_0, q4_0, q4_1; rows a multiple of 8, of 16 for a
+ * fused gate/up) rewritten in the 8-row interleaved layout (IR_*_X8, ir_dtype.h), which
+ * the CPU kernels read with a third of the instructions. A weight with any reader other
+ * than such a matmul or an embedding lookup (which reads both layouts) keeps its layout.
+ * Runs after act_int8, when o->repack (infc's passes.repack, on by default) and act_int8. */
+ir_status pass_repack(ir_graph *g, const pass_opts *o, pass_log *log, ir_diag *d);
 
 /* fold -> dce -> fusions -> memory plan, verifying after each. Logs one more line,
  * "ops: A -> B (pass -n, ...)": the node count before and after and what each pass took. */

@@ -559,11 +559,21 @@ static ATTN_AVX512 void attn_chunk16_avx512(attn_state *st, const float *q, cons
   attn_accum_avx512(st->acc, p, r, d0, dn);
 }
 
+/* The same 8 at a time (F16C's vcvtph2ps, vpmovsxbd: the exact widening). */
+static ATTN_AVX2 void attn_widen_avx2(const attn_rows *r, float *k, float *v) {
+  int64_t n = r->n * r->hd, i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(k + i, attn_row8(NULL, r->k16, r->k8, i));
+    _mm256_storeu_ps(v + i, attn_row8(NULL, r->v16, r->v8, i));
+  }
+  attn_widen_from(r, i, k, v);
+}
+
 static const attn_kernels k_attn_avx512 = {attn_scores_avx512, attn_exp_avx2,
                                            attn_accum_avx512, attn_widen_avx512,
                                            attn_chunk16_avx512};
 static const attn_kernels k_attn_avx2 = {attn_scores_avx2, attn_exp_avx2, attn_accum_avx2,
-                                         attn_widen_c, NULL};
+                                         attn_widen_avx2, NULL};
 #endif
 
 static const attn_kernels *attn_pick(void) {

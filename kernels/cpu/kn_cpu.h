@@ -68,7 +68,8 @@ enum { KN_Q8_MAX_K = 16384 };
  * the precision of 8-bit activations (not the f32 sums of kn_matmul). Every path
  * (AVX-512 VNNI, AVX2, portable C) gives the same bits, and a row's result depends on
  * that row only. The order is written out in kn_matmul_q8.c. Other shapes and types go
- * to kn_matmul. */
+ * to kn_matmul. W may also be one of the 8-row interleaved types (IR_*_X8, n a multiple
+ * of 8; these have no kn_matmul path, other shapes compute nothing). */
 void kn_matmul_q8(kn_pool *p, float *y, const float *x, const void *w, ir_dtype wt,
                   const float *bias, int64_t m, int64_t n, int64_t k, bool swiglu);
 

@@ -15,8 +15,7 @@ typedef struct embed_args {
 
 static void embed_row(float *restrict out, const void *table, ir_dtype dt, int64_t row,
                       int64_t dim) {
-  const char *src = (const char *)table + (uint64_t)row * ir_dtype_bytes(dt, (uint64_t)dim);
-  kn_dequant_row(src, dt, out, dim);
+  kn_dequant_row_at(table, dt, row, dim, out);
 }
 
 static void embed_task(void *arg, int64_t begin, int64_t end, int tid) {

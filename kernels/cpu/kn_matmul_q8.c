@@ -19,6 +19,12 @@
  *   mterm = fma(mw, sx, mterm) in block order. Then y = fold(acc) + mterm (+ bias) with
  * the fold (l, l+4), (l, l+2), (0, 1). On AVX2 that is vpmaddubsw + vpmaddwd per block
  * (no int16 saturation: |w| <= 128, |q| <= 127), the lanes of llama.cpp's own kernels. */
+/* The 8-row interleaved weights (IR_*_X8, written by the repack pass) have an order of
+ * their own, the same on every path: per output and block b the exact integer
+ *   p = sum_{i<32} wq[i] * q[i]
+ * (one sum a block, not eight lane sums: the 8 rows' sums of a block come out of one
+ * horizontal-add tree in integers), acc = fma(dw * dx, (float)p, acc) in block order, for
+ * q4_1 mterm = fma(mw, sx, mterm); y = acc + mterm (+ bias). */
 enum {
   Q8_LANES = 8,
   Q8_MAX_R = 4,
@@ -40,6 +46,7 @@ enum {
 typedef struct q8_xblock {
   int8_t q[KN_QBLOCK];
   float d, s;
+  int32_t isum; /* sum(q), for the x8 q4_0 kernels' offset */
 } q8_xblock;
 
 /* Quantized rows of x. */
@@ -78,6 +85,7 @@ static void q8_quantize_c(const float *x, int64_t k, q8_xblock *out) {
     }
     out[b].d = amax / 127.0f;
     out[b].s = out[b].d * (float)sum;
+    out[b].isum = sum;
   }
 }
 
@@ -130,6 +138,44 @@ static const q8_kernels k_q8_c[3] = {
     {2, 4, 4, q8_c_q4_0_2x4, q8_c_q4_0_1x4, q8_quantize_c},
     {2, 4, 4, q8_c_q4_1_2x4, q8_c_q4_1_1x4, q8_quantize_c},
 };
+
+/* The x8 kernels: mr rows of x against the 8 rows of one interleaved group (nb blocks)
+ * into out[r * 8 + c]. */
+typedef void (*q8x8_fn)(const q8_rows *x, int mr, const uint8_t *grp, int64_t nb, float *out);
+
+static void q8x8_c(const q8_rows *x, int mr, const uint8_t *grp, int64_t nb, float *out,
+                   ir_dtype dt) {
+  const int bb = kn_quant_block_bytes(dt);
+  for (int r = 0; r < mr; r++)
+    for (int c = 0; c < 8; c++) {
+      float acc = 0.0f, mterm = 0.0f;
+      for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *g = grp + b * 8 * bb;
+        const q8_xblock *xb = x->r[r] + b;
+        const uint8_t *codes = g + kn_x8_head(dt) + kn_x8_slot(dt, c) * kn_x8_codes(dt);
+        int p = 0;
+        for (int i = 0; i < KN_QBLOCK; i++) {
+          int w = dt == IR_Q8_0 ? (int8_t)codes[i]
+                                : (i < 16 ? codes[i] & 15 : codes[i - 16] >> 4) - (dt == IR_Q4_0 ? 8 : 0);
+          p += w * xb->q[i];
+        }
+        acc = fmaf(kn_quant_f16(g + 2 * c) * xb->d, (float)p, acc);
+        if (dt == IR_Q4_1) mterm = fmaf(kn_quant_f16(g + 16 + 2 * c), xb->s, mterm);
+      }
+      out[r * 8 + c] = acc + mterm;
+    }
+}
+
+static void q8x8_c_q8_0(const q8_rows *x, int mr, const uint8_t *g, int64_t nb, float *o) {
+  q8x8_c(x, mr, g, nb, o, IR_Q8_0);
+}
+static void q8x8_c_q4_0(const q8_rows *x, int mr, const uint8_t *g, int64_t nb, float *o) {
+  q8x8_c(x, mr, g, nb, o, IR_Q4_0);
+}
+static void q8x8_c_q4_1(const q8_rows *x, int mr, const uint8_t *g, int64_t nb, float *o) {
+  q8x8_c(x, mr, g, nb, o, IR_Q4_1);
+}
+static const q8x8_fn k_q8x8_c[3] = {q8x8_c_q8_0, q8x8_c_q4_0, q8x8_c_q4_1};
 
 /* ---- x86: AVX2 ----------------------------------------------------------------------- */
 #if Q8_X86
@@ -257,7 +303,8 @@ static Q8_AVX2 void q8_quantize_avx2(const float *x, int64_t k, q8_xblock *out) 
     t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4e));
     t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xb1));
     out[b].d = amax / 127.0f;
-    out[b].s = out[b].d * (float)_mm_cvtsi128_si32(t);
+    out[b].isum = _mm_cvtsi128_si32(t);
+    out[b].s = out[b].d * (float)out[b].isum;
   }
 }
 
@@ -266,6 +313,79 @@ static const q8_kernels k_q8_avx2[3] = {
     {4, 2, 4, q8_avx2_q4_0_4x2, q8_avx2_q4_0_1x4, q8_quantize_avx2},
     {4, 2, 4, q8_avx2_q4_1_4x2, q8_avx2_q4_1_1x4, q8_quantize_avx2},
 };
+
+/* x8, one block of one x row: the 8 rows' exact sums p in row order. Nibble types: a
+ * 32-byte load holds rows c and c + 4 (slots 2c, 2c + 1); its low nibbles against x's
+ * first 16 codes (in both halves) and its high nibbles against the last 16 give, after
+ * vpmaddwd, four lane sums of each of the two rows; three hadds make [p0 .. p3 | p4 .. p7].
+ * q8_0: one row a load (|w| against sign(x, w)), six hadds and a swap of halves. */
+Q8_AVX2_INLINE __m256i q8x8_sums_avx2(const uint8_t *g, const q8_xblock *xb, ir_dtype dt) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  const uint8_t *codes = g + kn_x8_head(dt);
+  if (dt == IR_Q8_0) {
+    __m256i xq = _mm256_loadu_si256((const __m256i *)xb->q), v[8];
+    for (int c = 0; c < 8; c++) {
+      __m256i w = _mm256_loadu_si256((const __m256i *)(codes + 32 * c));
+      v[c] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(xq, w)),
+                               ones);
+    }
+    __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+    __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20),
+                            _mm256_permute2x128_si256(a, b, 0x31));
+  }
+  const __m256i lo4 = _mm256_set1_epi8(15);
+  __m256i xlo = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)xb->q));
+  __m256i xhi = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(xb->q + 16)));
+  __m256i v[4];
+  for (int c = 0; c < 4; c++) {
+    __m256i w = _mm256_loadu_si256((const __m256i *)(codes + 32 * c));
+    __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(_mm256_and_si256(w, lo4), xlo),
+                                 _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(w, 4), lo4), xhi));
+    v[c] = _mm256_madd_epi16(p, ones); /* |p| <= 2 * 2 * 15 * 127: no int16 overflow */
+  }
+  __m256i t = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+  /* q4_0's codes are nibble - 8: the 8 * sum(q) comes off in integers */
+  return dt == IR_Q4_0 ? _mm256_sub_epi32(t, _mm256_set1_epi32(8 * xb->isum)) : t;
+}
+
+Q8_AVX2_INLINE void q8x8_body_avx2(const q8_rows *x, const uint8_t *grp, int64_t nb, float *out,
+                                   ir_dtype dt, int mr) {
+  const int sb = 8 * kn_quant_block_bytes(dt);
+  __m256 acc[Q8_MAX_R], mt[Q8_MAX_R];
+  for (int r = 0; r < mr; r++) acc[r] = mt[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; b++) {
+    const uint8_t *g = grp + b * sb;
+    _mm_prefetch((const char *)g + Q8_PREFETCH_BYTES, _MM_HINT_T1);
+    if (sb > 64) _mm_prefetch((const char *)g + Q8_PREFETCH_BYTES + 64, _MM_HINT_T1);
+    if (sb > 128) _mm_prefetch((const char *)g + Q8_PREFETCH_BYTES + 128, _MM_HINT_T1);
+    if (sb > 192) _mm_prefetch((const char *)g + Q8_PREFETCH_BYTES + 192, _MM_HINT_T1);
+    __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g));
+    __m256 mw = dt == IR_Q4_1 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + 16)))
+                              : _mm256_setzero_ps();
+    for (int r = 0; r < mr; r++) {
+      const q8_xblock *xb = x->r[r] + b;
+      __m256 p = _mm256_cvtepi32_ps(q8x8_sums_avx2(g, xb, dt));
+      acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(xb->d)), p, acc[r]);
+      if (dt == IR_Q4_1) mt[r] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xb->s), mt[r]);
+    }
+  }
+  for (int r = 0; r < mr; r++) _mm256_storeu_ps(out + 8 * r, _mm256_add_ps(acc[r], mt[r]));
+}
+
+#define Q8X8_INST_AVX2(name, dt)                                                            \
+  static Q8_AVX2 void name(const q8_rows *x, int mr, const uint8_t *g, int64_t nb, float *o) { \
+    switch (mr) {                                                                           \
+    case 4: q8x8_body_avx2(x, g, nb, o, dt, 4); break;                                      \
+    case 3: q8x8_body_avx2(x, g, nb, o, dt, 3); break;                                      \
+    case 2: q8x8_body_avx2(x, g, nb, o, dt, 2); break;                                      \
+    default: q8x8_body_avx2(x, g, nb, o, dt, 1); break;                                     \
+    }                                                                                       \
+  }
+Q8X8_INST_AVX2(q8x8_avx2_q8_0, IR_Q8_0)
+Q8X8_INST_AVX2(q8x8_avx2_q4_0, IR_Q4_0)
+Q8X8_INST_AVX2(q8x8_avx2_q4_1, IR_Q4_1)
+static const q8x8_fn k_q8x8_avx2[3] = {q8x8_avx2_q8_0, q8x8_avx2_q4_0, q8x8_avx2_q4_1};
 
 /* ---- x86: AVX-512 VNNI --------------------------------------------------------------- */
 /* vpdpbusd sums four u8 x s8 products into an int32 lane: the lane sums p above, exact,
@@ -462,6 +582,14 @@ static const q8_kernels *q8_pick(ir_dtype wt) {
   return &k_q8_c[d];
 }
 
+static q8x8_fn q8x8_pick(ir_dtype base) {
+  int d = base == IR_Q8_0 ? 0 : base == IR_Q4_0 ? 1 : 2;
+#if Q8_X86
+  if (kn_cpu_isa() >= 1) return k_q8x8_avx2[d];
+#endif
+  return k_q8x8_c[d];
+}
+
 typedef struct q8_args {
   float *y;
   const float *x;
@@ -472,8 +600,24 @@ typedef struct q8_args {
   bool swiglu; /* y[:, j] = silu(z[:, j]) * z[:, n + j]: W has 2n rows */
   kn_mm_tiles tiles;
   const q8_kernels *kern;
+  q8x8_fn x8; /* W interleaved by 8 rows (n a multiple of 8): its kernel, else NULL */
   const q8_xblock *xq; /* every row quantized once by the caller, or NULL: per tile */
 } q8_args;
+
+/* x8: rows [i0, i0 + mr) against columns [j0, j0 + 8) (one group; with swiglu, the gate
+ * group and the up group). */
+static void q8x8_block(const q8_args *a, const q8_rows *xs, int mr, int64_t i0, int64_t j0) {
+  float acc[Q8_MAX_R * 16], part[Q8_MAX_R * 8];
+  int64_t nb = a->k / KN_QBLOCK;
+  int nr = a->swiglu ? 16 : 8;
+  for (int h = 0; h < (a->swiglu ? 2 : 1); h++) {
+    a->x8(xs, mr, a->w + (j0 + h * a->n) * a->w_row_bytes, nb, part);
+    for (int r = 0; r < mr; r++) memcpy(acc + r * nr + 8 * h, part + 8 * r, 8 * sizeof *acc);
+  }
+  const float *b = a->bias;
+  kn_mm_store(a->y + i0 * a->n + j0, a->n, acc, mr, nr, 8, 8, b ? b + j0 : NULL,
+              b ? b + a->n + j0 : NULL, a->swiglu);
+}
 
 /* Rows [i0, i0 + mr) of x (quantized in xs) against columns [j0, j0 + nr / h) of y,
  * clipped at j1: missing W rows repeat row j0 and their outputs are dropped. */
@@ -501,6 +645,7 @@ static void q8_tile(const q8_args *a, int64_t i0, int64_t i1, int64_t j0, int64_
   const int64_t k = a->k;
   for (int64_t i = i0; i < i1;) {
     int mr = i1 - i >= kn->mr ? kn->mr : 1, nr = mr > 1 ? kn->nr : kn->nr1;
+    if (a->x8) mr = i1 - i >= Q8_MAX_R ? Q8_MAX_R : (int)(i1 - i);
     q8_rows xs = {0};
     for (int r = 0; r < mr; r++) {
       if (a->xq) {
@@ -509,6 +654,11 @@ static void q8_tile(const q8_args *a, int64_t i0, int64_t i1, int64_t j0, int64_
       }
       kn->quant(a->x + (i + r) * k, k, buf[r]);
       xs.r[r] = buf[r];
+    }
+    if (a->x8) { /* columns [j0, j1) are whole groups: tiles are multiples of 8 */
+      for (int64_t j = j0; j < j1; j += 8) q8x8_block(a, &xs, mr, i, j);
+      i += mr;
+      continue;
     }
     q8_fn fn = mr > 1 ? kn->block : kn->row;
     int cb = a->swiglu ? nr / 2 : nr;
@@ -537,6 +687,12 @@ static void q8_task(void *arg, int64_t begin, int64_t end, int tid) {
 
 void kn_matmul_q8(kn_pool *p, float *y, const float *x, const void *w, ir_dtype wt,
                   const float *bias, int64_t m, int64_t n, int64_t k, bool swiglu) {
+  q8x8_fn x8 = NULL;
+  if (ir_dtype_is_x8(wt)) { /* (the IR checks n % 8 and act_int8) */
+    if (n % 8 || k % KN_QBLOCK || k > KN_Q8_MAX_K) return;
+    wt = ir_dtype_x8_base(wt);
+    x8 = q8x8_pick(wt);
+  }
   if (!ir_dtype_is_quant(wt) || k % KN_QBLOCK || k > KN_Q8_MAX_K) {
     /* not a q8 shape (the IR refuses these; kept total for direct callers) */
     if (swiglu) kn_matmul_swiglu(p, y, x, w, wt, bias, m, n, k);
@@ -546,7 +702,7 @@ void kn_matmul_q8(kn_pool *p, float *y, const float *x, const void *w, ir_dtype 
   if (m <= 0 || n <= 0) return;
   q8_args a = {.y = y, .x = x, .w = w, .bias = bias, .m = m, .n = n, .k = k,
                .w_row_bytes = (int64_t)ir_dtype_bytes(wt, (uint64_t)k), .swiglu = swiglu,
-               .kern = q8_pick(wt)};
+               .kern = q8_pick(wt), .x8 = x8};
   /* Every row is quantized once here, not once per tile it meets: a decode matmul has 8
    * or more column tiles and the lm_head over a hundred (a batch of 16 sequences spent 8%
    * of its step quantizing the same rows again). A few rows (batch-1 decode) on the

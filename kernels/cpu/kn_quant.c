@@ -70,6 +70,54 @@ void kn_dequant_row(const void *src, ir_dtype dt, float *out, int64_t n) {
   }
 }
 
+/* Group g, block b: 8 * bb bytes at (g * nb + b) * 8 * bb, as ir_dtype.h lays out. */
+static uint8_t *x8_group(const void *base_ptr, ir_dtype base, int64_t k, int64_t g, int64_t b) {
+  int64_t nb = k / KN_QBLOCK, bb = kn_quant_block_bytes(base);
+  return (uint8_t *)base_ptr + (g * nb + b) * 8 * bb;
+}
+
+void kn_x8_pack(const void *src, ir_dtype base, int64_t rows, int64_t k, void *dst) {
+  int64_t nb = k / KN_QBLOCK, bb = kn_quant_block_bytes(base);
+  int head = kn_x8_head(base), nc = kn_x8_codes(base);
+  if (bb < nc + 2) return; /* not a base block type */
+  for (int64_t g = 0; g < rows / 8; g++)
+    for (int64_t b = 0; b < nb; b++) {
+      uint8_t *o = x8_group(dst, base, k, g, b);
+      for (int r = 0; r < 8; r++) {
+        const uint8_t *blk = (const uint8_t *)src + ((g * 8 + r) * nb + b) * bb;
+        memcpy(o + 2 * r, blk, 2);                           /* d */
+        if (base == IR_Q4_1) memcpy(o + 16 + 2 * r, blk + 2, 2); /* m */
+        memcpy(o + head + kn_x8_slot(base, r) * nc, blk + (bb - nc), (size_t)nc);
+      }
+    }
+}
+
+void kn_x8_block(const void *src, ir_dtype base, int64_t k, int64_t row, int64_t b,
+                 uint8_t *blk) {
+  const uint8_t *grp = x8_group(src, base, k, row / 8, b);
+  int r = (int)(row % 8), bb = kn_quant_block_bytes(base), nc = kn_x8_codes(base);
+  if (bb < nc + 2 || bb > 34) return; /* not a base block type */
+  memcpy(blk, grp + 2 * r, 2);
+  if (base == IR_Q4_1) memcpy(blk + 2, grp + 16 + 2 * r, 2);
+  memcpy(blk + (bb - nc), grp + kn_x8_head(base) + kn_x8_slot(base, r) * nc, (size_t)nc);
+}
+
+void kn_dequant_row_at(const void *src, ir_dtype dt, int64_t row, int64_t k, float *out) {
+  if (!ir_dtype_is_x8(dt)) {
+    kn_dequant_row((const char *)src + (uint64_t)row * ir_dtype_bytes(dt, (uint64_t)k), dt, out,
+                   k);
+    return;
+  }
+  ir_dtype base = ir_dtype_x8_base(dt);
+  for (int64_t b = 0; b < k / KN_QBLOCK; b++) {
+    uint8_t blk[34] = {0};
+    float q[KN_QBLOCK], d, m;
+    kn_x8_block(src, base, k, row, b, blk);
+    kn_quant_block(blk, base, q, &d, &m);
+    for (int i = 0; i < KN_QBLOCK; i++) out[b * KN_QBLOCK + i] = kn_quant_value(base, q[i], d, m);
+  }
+}
+
 float kn_dequant_one(const void *src, ir_dtype dt, uint64_t i) {
   switch (dt) {
   case IR_F32: return ((const float *)src)[i];

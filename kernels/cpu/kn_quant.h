@@ -56,6 +56,28 @@ void kn_dequant_row(const void *src, ir_dtype dt, float *out, int64_t n);
  * / 15, m = min, q = min(15, trunc((x - min) / d + 0.5)); d and m stored as f16. */
 void kn_quant_row(const float *x, ir_dtype dt, void *dst, int64_t n);
 
+/* The 8-row interleaved layouts (IR_*_X8, see ir_dtype.h). Slot of row r (0..7) of a
+ * group: where its codes sit among the group's 8. */
+static inline int kn_x8_slot(ir_dtype base, int r) {
+  return base == IR_Q8_0 ? r : r < 4 ? 2 * r : 2 * (r - 4) + 1;
+}
+
+/* Bytes before the codes in a group (the 8 d, and the 8 m of Q4_1) and each row's codes. */
+static inline int kn_x8_head(ir_dtype base) { return base == IR_Q4_1 ? 32 : 16; }
+static inline int kn_x8_codes(ir_dtype base) { return base == IR_Q8_0 ? 32 : 16; }
+
+/* rows (a multiple of 8) x k values of base blocks at src rewritten interleaved at dst
+ * (the same number of bytes; src and dst do not overlap). */
+void kn_x8_pack(const void *src, ir_dtype base, int64_t rows, int64_t k, void *dst);
+
+/* Block b of row `row` of an interleaved tensor with k values a row, in the base layout. */
+void kn_x8_block(const void *src, ir_dtype base, int64_t k, int64_t row, int64_t b,
+                 uint8_t *blk);
+
+/* out[0, k) = row `row` of a tensor of dtype dt (any kn_dequant_row type, or an
+ * interleaved one) with k values a row, as f32. */
+void kn_dequant_row_at(const void *src, ir_dtype dt, int64_t row, int64_t k, float *out);
+
 /* Value i of a tensor stored as dt (flat row-major index; blocks run along the last
  * dim, which holds whole blocks). */
 float kn_dequant_one(const void *src, ir_dtype dt, uint64_t i);
