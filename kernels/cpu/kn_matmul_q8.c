@@ -354,12 +354,11 @@ Q8_AVX2_INLINE void q8x8_body_avx2(const q8_rows *x, const uint8_t *grp, int64_t
   const int sb = 8 * kn_quant_block_bytes(dt);
   __m256 acc[Q8_MAX_R], mt[Q8_MAX_R];
   for (int r = 0; r < mr; r++) acc[r] = mt[r] = _mm256_setzero_ps();
+  const char *pf = (const char *)grp + Q8_PREFETCH_BYTES; /* the next line asked for */
   for (int64_t b = 0; b < nb; b++) {
     const uint8_t *g = grp + b * sb;
-    _mm_prefetch((const char *)g + Q8_PREFETCH_BYTES, _MM_HINT_T1);
-    if (sb > 64) _mm_prefetch((const char *)g + Q8_PREFETCH_BYTES + 64, _MM_HINT_T1);
-    if (sb > 128) _mm_prefetch((const char *)g + Q8_PREFETCH_BYTES + 128, _MM_HINT_T1);
-    if (sb > 192) _mm_prefetch((const char *)g + Q8_PREFETCH_BYTES + 192, _MM_HINT_T1);
+    for (; pf < (const char *)g + sb + Q8_PREFETCH_BYTES; pf += 64) /* each line once */
+      _mm_prefetch(pf, _MM_HINT_T1);
     __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g));
     __m256 mw = dt == IR_Q4_1 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + 16)))
                               : _mm256_setzero_ps();

@@ -265,33 +265,51 @@ static int q8_row_ok(const float *y, const float *x, const uint8_t *wq, const fl
   return ok;
 }
 
+/* W in the 8-row interleaved layout (x8: n a multiple of 8), or the GGUF one as made. */
+static uint8_t *maybe_x8(const uint8_t *wq, ir_dtype dt, int64_t rows, int64_t k, bool x8,
+                         ir_dtype *wt) {
+  size_t bytes = (size_t)ir_dtype_bytes(dt, (uint64_t)(rows * k));
+  uint8_t *w = malloc(bytes);
+  if (!w) abort();
+  if (x8) kn_x8_pack(wq, dt, rows, k, w);
+  else memcpy(w, wq, bytes);
+  *wt = x8 ? ir_dtype_x8_of(dt) : dt;
+  return w;
+}
+
 static void q8_case(kn_pool *p, ir_dtype dt, int isa, bool bias_on, int64_t m, int64_t n,
-                    int64_t k, double *worst) {
+                    int64_t k, bool x8, double *worst) {
   uint8_t *wq = rnd_qmatrix(dt, 2 * n, k);
+  ir_dtype wt;
+  uint8_t *wl = maybe_x8(wq, dt, 2 * n, k, x8, &wt);
   float *w = dequant_matrix(wq, dt, 2 * n, k), *x = rnd_vec(m * k), *y = rnd_vec(2 * m * n);
   float *ys = rnd_vec(m * n), *bias = bias_on ? rnd_vec(2 * n) : NULL;
   if (m > 1) memset(x + k, 0, (size_t)k * sizeof *x); /* an all-zero row */
   for (int64_t i = 0; i < k && m > 2; i++) x[2 * k + i] *= 300.0f; /* and a large one */
-  kn_matmul_q8(p, y, x, wq, dt, bias, m, 2 * n, k, false);
-  kn_matmul_q8(p, ys, x, wq, dt, bias, m, n, k, true);
+  kn_matmul_q8(p, y, x, wl, wt, bias, m, 2 * n, k, false);
+  kn_matmul_q8(p, ys, x, wl, wt, bias, m, n, k, true);
   int ok = 1, sw = 1;
   for (int64_t i = 0; i < m; i++) {
     ok &= q8_row_ok(y + i * 2 * n, x + i * k, wq, w, dt, bias, 2 * n, k, worst);
     for (int64_t j = 0; j < n; j++) /* the epilogue on the plain matmul's z, bit for bit */
       sw &= ys[i * n + j] == kn_silu_mul(y[i * 2 * n + j], y[i * 2 * n + n + j]);
   }
-  CHECKF(ok, "q8 dt=%s isa=%d bias=%d m=%lld n=%lld k=%lld", ir_dtype_name(dt), isa, bias_on,
+  CHECKF(ok, "q8 dt=%s isa=%d bias=%d m=%lld n=%lld k=%lld", ir_dtype_name(wt), isa, bias_on,
          (long long)m, (long long)n, (long long)k);
-  CHECKF(sw, "q8 swiglu dt=%s isa=%d m=%lld n=%lld", ir_dtype_name(dt), isa, (long long)m,
+  CHECKF(sw, "q8 swiglu dt=%s isa=%d m=%lld n=%lld", ir_dtype_name(wt), isa, (long long)m,
          (long long)n);
-  free(wq), free(w), free(x), free(y), free(ys), free(bias);
+  free(wq), free(wl), free(w), free(x), free(y), free(ys), free(bias);
 }
 
 /* Row i alone (serial, one thread) and in batches on four threads: the same bits; and the
  * portable path against the SIMD one. */
-static void q8_invariance(kn_pool *p1, kn_pool *p4, ir_dtype dt, int64_t n, int64_t k) {
+static void q8_invariance(kn_pool *p1, kn_pool *p4, ir_dtype base, int64_t n, int64_t k,
+                          bool x8) {
   enum { M = 17 };
-  uint8_t *wq = rnd_qmatrix(dt, n, k);
+  uint8_t *w0 = rnd_qmatrix(base, n, k);
+  ir_dtype dt;
+  uint8_t *wq = maybe_x8(w0, base, n, k, x8, &dt);
+  free(w0);
   float *x = rnd_vec(M * k), *bias = rnd_vec(n), *y17 = rnd_vec(M * n), *y5 = rnd_vec(5 * n);
   float *y1 = rnd_vec(n), *yc = rnd_vec(M * n);
   kn_matmul_q8(p4, y17, x, wq, dt, bias, M, n, k, false);
@@ -315,23 +333,32 @@ static void q8_invariance(kn_pool *p1, kn_pool *p4, ir_dtype dt, int64_t n, int6
   free(wq), free(x), free(bias), free(y17), free(y5), free(y1), free(yc);
 }
 
+/* The GGUF layout (any n) and the 8-row interleaved one (n a multiple of 8): the same
+ * integer reference decides both (their orders differ, within f32 rounding). */
 static void test_matmul_q8(kn_pool *p1, kn_pool *p4) {
   static const int64_t ms[] = {1, 2, 3, 6}, ns[] = {1, 3, 10, 150}, ks[] = {32, 96, 576};
+  static const int64_t ms8[] = {1, 4, 5, 7}, ns8[] = {8, 16, 24, 152};
   double worst = 0;
   for (int isa = 0; isa <= 2; isa++) {
     kn_matmul_set_max_isa(isa);
     for (int d = 0; d < 3; d++)
       for (int mi = 0; mi < 4; mi++)
         for (int ni = 0; ni < 4; ni++)
-          for (int ki = 0; ki < 3; ki++)
+          for (int ki = 0; ki < 3; ki++) {
             q8_case(mi == 2 ? NULL : p4, k_qtypes[d], isa, (mi + ni) % 2, ms[mi], ns[ni],
-                    ks[ki], &worst);
+                    ks[ki], false, &worst);
+            q8_case(mi == 2 ? NULL : p4, k_qtypes[d], isa, (mi + ni) % 2, ms8[mi], ns8[ni],
+                    ks[ki], true, &worst);
+          }
   }
   kn_matmul_set_max_isa(2);
   for (int d = 0; d < 3; d++) {
-    q8_case(p4, k_qtypes[d], 2, true, 70, 300, 1536, &worst);
-    q8_invariance(p1, p4, k_qtypes[d], 300, 576);
-    q8_invariance(p1, p4, k_qtypes[d], 7, 32);
+    q8_case(p4, k_qtypes[d], 2, true, 70, 300, 1536, false, &worst);
+    q8_case(p4, k_qtypes[d], 2, true, 70, 304, 1536, true, &worst);
+    q8_invariance(p1, p4, k_qtypes[d], 300, 576, false);
+    q8_invariance(p1, p4, k_qtypes[d], 7, 32, false);
+    q8_invariance(p1, p4, k_qtypes[d], 304, 576, true);
+    q8_invariance(p1, p4, k_qtypes[d], 8, 32, true);
   }
   printf("kn_matmul_q8: worst error against the integer reference %.2e of the term sum\n",
          worst);
@@ -339,23 +366,37 @@ static void test_matmul_q8(kn_pool *p1, kn_pool *p4) {
 
 /* ---- embedding -------------------------------------------------------------------- */
 
+/* Tables in both layouts: every row as kn_dequant_row gives it from the GGUF bytes. */
 static void test_embed(kn_pool *p4) {
-  enum { V = 50, H = 96, T = 40 };
-  for (int d = 0; d < 3; d++) {
-    uint8_t *tab = rnd_qmatrix(k_qtypes[d], V, H);
-    float *ref = dequant_matrix(tab, k_qtypes[d], V, H), *out = rnd_vec(T * H);
+  enum { V = 56, H = 96, T = 40 };
+  for (int d = 0; d < 6; d++) {
+    ir_dtype wt;
+    uint8_t *tab = rnd_qmatrix(k_qtypes[d % 3], V, H);
+    uint8_t *tl = maybe_x8(tab, k_qtypes[d % 3], V, H, d >= 3, &wt);
+    float *ref = dequant_matrix(tab, k_qtypes[d % 3], V, H), *out = rnd_vec(T * H);
     int32_t ids[T];
     for (int t = 0; t < T; t++) ids[t] = (int32_t)((t * 7 + 3) % V);
-    kn_embed(p4, out, tab, k_qtypes[d], ids, T, H);
+    kn_embed(p4, out, tl, wt, ids, T, H);
     int ok = 1;
     for (int t = 0; t < T; t++)
       ok &= memcmp(out + t * H, ref + ids[t] * H, H * sizeof(float)) == 0;
-    CHECKF(ok, "embed dt=%s", ir_dtype_name(k_qtypes[d]));
-    free(tab), free(ref), free(out);
+    CHECKF(ok, "embed dt=%s", ir_dtype_name(wt));
+    if (d >= 3) { /* the interleaved bytes are a permutation: each block comes back whole */
+      int64_t rb = (int64_t)ir_dtype_bytes(k_qtypes[d % 3], H), bb = kn_quant_block_bytes(k_qtypes[d % 3]);
+      int same = 1;
+      for (int64_t r = 0; r < V; r++)
+        for (int64_t b = 0; b < H / KN_QBLOCK; b++) {
+          uint8_t blk[34];
+          kn_x8_block(tl, k_qtypes[d % 3], H, r, b, blk);
+          same &= memcmp(blk, tab + r * rb + b * bb, (size_t)bb) == 0;
+        }
+      CHECKF(same, "x8 blocks round trip dt=%s", ir_dtype_name(wt));
+    }
+    free(tab), free(tl), free(ref), free(out);
   }
 }
 
-/* ---- IR rules and folding --------------------------------------------------------- */
+/* ---- the repack pass ---------------------------------------------------------------- */
 
 static int32_t add_w(ir_graph *g, const char *name, ir_dtype dt, int64_t r, int64_t c,
                      const void *data) {
@@ -363,6 +404,59 @@ static int32_t add_w(ir_graph *g, const char *name, ir_dtype dt, int64_t r, int6
   uint64_t bytes = ir_dtype_bytes(dt, (uint64_t)(r * c));
   return ir_graph_add_weight(g, name, dt, 2, shape, data, bytes);
 }
+
+/* Which weights pass_repack interleaves: those whose every reader takes the layout. */
+static void test_repack_pass(void) {
+  ir_graph *g = ir_graph_create();
+  g->config = (ir_model_config){.max_tokens = 8, .max_seqs = 1, .max_logits = 8,
+                                .kv_block_size = 16};
+  ir_dim t = {.sym = IR_SYM_TOKENS}, dims[2] = {t, {.n = 64}};
+  int32_t x = ir_graph_add_input(g, "x", IR_F32, 2, dims);
+  int32_t ids = ir_graph_add_input(g, "ids", IR_I32, 1, &t);
+  uint8_t *data[5];
+  static const int64_t rows[5] = {16, 12, 16, 24, 32};
+  int32_t w[5];
+  for (int i = 0; i < 5; i++) {
+    char name[8];
+    snprintf(name, sizeof name, "w%d", i);
+    data[i] = rnd_qmatrix(IR_Q4_0, rows[i], 64);
+    w[i] = add_w(g, name, IR_Q4_0, rows[i], 64, data[i]);
+  }
+  ir_attr a8 = IR_AI(ir_attr_intern("act_int8"), 1);
+  ir_attr sw[2] = {a8, IR_AI(ir_attr_intern("act"), IR_ACT_SWIGLU)};
+  ir_diag d = {0};
+  int32_t out = -1, in[2] = {ids, w[0]};
+  CHECK(ir_graph_add_node(g, IR_OP_EMBED, "emb", in, 2, NULL, 0, &out, &d) >= 0); /* tied */
+  for (int i = 0; i < 5; i++) {
+    in[0] = x, in[1] = w[i];
+    CHECK(ir_graph_add_node(g, IR_OP_MATMUL, "mm", in, 2, i >= 3 ? sw : &a8, i >= 3 ? 2 : 1,
+                            &out, &d) >= 0);
+  }
+  in[1] = w[2];
+  CHECK(ir_graph_add_node(g, IR_OP_MATMUL, "mm_f32", in, 2, NULL, 0, &out, &d) >= 0);
+  CHECK(ir_graph_add_output(g, out));
+  pass_log log = {0};
+  CHECK(pass_repack(g, &(pass_opts){.act_int8 = true, .repack = true}, &log, &d) == IR_OK);
+  ir_status vs = ir_graph_verify(g, &d);
+  CHECKF(vs == IR_OK, "%s", d.msg);
+  /* w0: embedding + act_int8 matmul; w1: 12 rows; w2: a f32-activation reader too;
+   * w3: a gate/up of 12 + 12 rows; w4: 16 + 16 */
+  static const ir_dtype want[5] = {IR_Q4_0_X8, IR_Q4_0, IR_Q4_0, IR_Q4_0, IR_Q4_0_X8};
+  for (int i = 0; i < 5; i++)
+    CHECKF(g->tensors[w[i]].dtype == want[i], "w%d is %s", i,
+           ir_dtype_name(g->tensors[w[i]].dtype));
+  /* a matmul of an interleaved weight without act_int8 is refused by the IR */
+  in[1] = w[0];
+  d = (ir_diag){0};
+  CHECK(ir_graph_add_node(g, IR_OP_MATMUL, "mm_x8_f32", in, 2, NULL, 0, &out, &d) < 0);
+  CHECKF(strstr(d.msg, "needs act_int8") != NULL, "%s", d.msg);
+  pass_log_free(&log);
+  ir_graph_destroy(g);
+  for (int i = 0; i < 5; i++) free(data[i]);
+}
+
+/* ---- IR rules and folding --------------------------------------------------------- */
+
 
 static void test_ir_rules(void) {
   ir_graph *g = ir_graph_create();
@@ -425,6 +519,7 @@ int main(void) {
   test_blocks();
   test_embed(p4);
   test_ir_rules();
+  test_repack_pass();
   test_matmul_q8(p1, p4);
   test_quant_row();
   /* Every path this CPU can run: portable C, AVX2, AVX-512 (capped paths that the CPU
