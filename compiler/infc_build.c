@@ -243,6 +243,8 @@ ir_status infc_build(const char *src, const infc_options *opts, const char *out_
       snprintf(report->quant, sizeof report->quant, "%s", log.lines[i]);
     else if (!strncmp(log.lines[i], "act_int8: ", 10))
       snprintf(report->act, sizeof report->act, "%s", log.lines[i]);
+    else if (!strncmp(log.lines[i], "repack: ", 8))
+      snprintf(report->repack, sizeof report->repack, "%s", log.lines[i]);
   if (st == IR_OK && report) snprintf(report->tokenizer, sizeof report->tokenizer, "%s", tok.origin);
   infc_tok_blob_free(&tok);
   infc_cuda_kernels_free(&ck);

@@ -19,6 +19,7 @@ typedef struct infc_build_report {
   char ops[256];        /* "ops: 454 -> 214 (fuse_qkv -60, ...)": what each pass took */
   char quant[512];      /* --quant: what was quantized, weight bytes before and after */
   char act[128];        /* act_dtype int8: how many matmuls take int8 activations */
+  char repack[128];     /* passes.repack: how many weights were interleaved by 8 rows */
 } infc_build_report;
 
 /* Lowers `src` (an HF checkpoint directory with config.json, a .safetensors file with

@@ -127,6 +127,7 @@ static int cmd_build(int argc, char **argv) {
   if (!a.quiet && r.ops[0]) printf("infc: %s\n", r.ops);
   if (!a.quiet && r.quant[0]) printf("infc: %s\n", r.quant);
   if (!a.quiet && r.act[0]) printf("infc: %s\n", r.act);
+  if (!a.quiet && r.repack[0]) printf("infc: %s\n", r.repack);
   if (!a.quiet && r.recognised[0]) printf("infc: recognised: %s\n", r.recognised);
   if (!a.quiet)
     printf("infc: tokenizer: %s\n", r.tokenizer[0] ? r.tokenizer : "none (the plan takes token ids)");

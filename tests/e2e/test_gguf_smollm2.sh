@@ -34,6 +34,15 @@ check "inspect shows the quantized weights" \
 check "build with int8 activations (the default)" \
   '"$INFC" build "$MODEL" -o "$TMP/qi.plan" --max-context 256 | grep -q "act_int8: 121 q8_0/q4_0/q4_1 matmuls" &&
    "$INFC" inspect "$TMP/qi.plan" | grep -q "act_dtype=int8"'
+# the default CPU plan interleaves the 121 matmul weights (the tied embedding among them,
+# which the lookup reads in that layout too); --no-repack keeps GGUF's, and answers the same
+check "default plan: weights interleaved by 8 rows" \
+  '"$INFC" build "$MODEL" -o "$TMP/qi.plan" --max-context 256 | grep -q "repack: 121 weights" &&
+   "$INFC" inspect "$TMP/qi.plan" | grep -q "q8_0x8.*q4_1x8"'
+check "--no-repack: GGUF blocks, france answers Paris" \
+  '"$INFC" build "$MODEL" -o "$TMP/qn.plan" --max-context 256 --no-repack | grep -vq "repack:" &&
+   "$INFC" inspect "$TMP/qn.plan" | grep -q "q8_0.*q4_1" && ! "$INFC" inspect "$TMP/qn.plan" | grep -q "x8" &&
+   "$INFERRT" generate "$TMP/qn.plan" --prompt-ids $FRANCE_IDS -n 8 --json | ids | grep -q "^7042,30,198,198,504,"'
 check "int8 activations: france answers Paris" \
   '"$INFERRT" generate "$TMP/qi.plan" --prompt-ids $FRANCE_IDS -n 8 --json | ids | grep -q "^7042,30,198,198,504,"'
 check "int8 activations: drafts change no token" \
