@@ -140,11 +140,12 @@ static const q8_kernels k_q8_c[3] = {
 };
 
 /* The x8 kernels: mr rows of x against the 8 rows of one interleaved group (nb blocks)
- * into out[r * 8 + c]. */
-typedef void (*q8x8_fn)(const q8_rows *x, int mr, const uint8_t *grp, int64_t nb, float *out);
+ * into out[r * ldo + c]. */
+typedef void (*q8x8_fn)(const q8_rows *x, int mr, const uint8_t *grp, int64_t nb, float *out,
+                        int64_t ldo);
 
 static void q8x8_c(const q8_rows *x, int mr, const uint8_t *grp, int64_t nb, float *out,
-                   ir_dtype dt) {
+                   int64_t ldo, ir_dtype dt) {
   const int bb = kn_quant_block_bytes(dt);
   for (int r = 0; r < mr; r++)
     for (int c = 0; c < 8; c++) {
@@ -162,18 +163,21 @@ static void q8x8_c(const q8_rows *x, int mr, const uint8_t *grp, int64_t nb, flo
         acc = fmaf(kn_quant_f16(g + 2 * c) * xb->d, (float)p, acc);
         if (dt == IR_Q4_1) mterm = fmaf(kn_quant_f16(g + 16 + 2 * c), xb->s, mterm);
       }
-      out[r * 8 + c] = acc + mterm;
+      out[r * ldo + c] = acc + mterm;
     }
 }
 
-static void q8x8_c_q8_0(const q8_rows *x, int mr, const uint8_t *g, int64_t nb, float *o) {
-  q8x8_c(x, mr, g, nb, o, IR_Q8_0);
+static void q8x8_c_q8_0(const q8_rows *x, int mr, const uint8_t *g, int64_t nb, float *o,
+                        int64_t ldo) {
+  q8x8_c(x, mr, g, nb, o, ldo, IR_Q8_0);
 }
-static void q8x8_c_q4_0(const q8_rows *x, int mr, const uint8_t *g, int64_t nb, float *o) {
-  q8x8_c(x, mr, g, nb, o, IR_Q4_0);
+static void q8x8_c_q4_0(const q8_rows *x, int mr, const uint8_t *g, int64_t nb, float *o,
+                        int64_t ldo) {
+  q8x8_c(x, mr, g, nb, o, ldo, IR_Q4_0);
 }
-static void q8x8_c_q4_1(const q8_rows *x, int mr, const uint8_t *g, int64_t nb, float *o) {
-  q8x8_c(x, mr, g, nb, o, IR_Q4_1);
+static void q8x8_c_q4_1(const q8_rows *x, int mr, const uint8_t *g, int64_t nb, float *o,
+                        int64_t ldo) {
+  q8x8_c(x, mr, g, nb, o, ldo, IR_Q4_1);
 }
 static const q8x8_fn k_q8x8_c[3] = {q8x8_c_q8_0, q8x8_c_q4_0, q8x8_c_q4_1};
 
@@ -350,7 +354,7 @@ Q8_AVX2_INLINE __m256i q8x8_sums_avx2(const uint8_t *g, const q8_xblock *xb, ir_
 }
 
 Q8_AVX2_INLINE void q8x8_body_avx2(const q8_rows *x, const uint8_t *grp, int64_t nb, float *out,
-                                   ir_dtype dt, int mr) {
+                                   int64_t ldo, ir_dtype dt, int mr) {
   const int sb = 8 * kn_quant_block_bytes(dt);
   __m256 acc[Q8_MAX_R], mt[Q8_MAX_R];
   for (int r = 0; r < mr; r++) acc[r] = mt[r] = _mm256_setzero_ps();
@@ -369,16 +373,17 @@ Q8_AVX2_INLINE void q8x8_body_avx2(const q8_rows *x, const uint8_t *grp, int64_t
       if (dt == IR_Q4_1) mt[r] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xb->s), mt[r]);
     }
   }
-  for (int r = 0; r < mr; r++) _mm256_storeu_ps(out + 8 * r, _mm256_add_ps(acc[r], mt[r]));
+  for (int r = 0; r < mr; r++) _mm256_storeu_ps(out + ldo * r, _mm256_add_ps(acc[r], mt[r]));
 }
 
 #define Q8X8_INST_AVX2(name, dt)                                                            \
-  static Q8_AVX2 void name(const q8_rows *x, int mr, const uint8_t *g, int64_t nb, float *o) { \
+  static Q8_AVX2 void name(const q8_rows *x, int mr, const uint8_t *g, int64_t nb, float *o,  \
+                           int64_t ldo) {                                                   \
     switch (mr) {                                                                           \
-    case 4: q8x8_body_avx2(x, g, nb, o, dt, 4); break;                                      \
-    case 3: q8x8_body_avx2(x, g, nb, o, dt, 3); break;                                      \
-    case 2: q8x8_body_avx2(x, g, nb, o, dt, 2); break;                                      \
-    default: q8x8_body_avx2(x, g, nb, o, dt, 1); break;                                     \
+    case 4: q8x8_body_avx2(x, g, nb, o, ldo, dt, 4); break;                                 \
+    case 3: q8x8_body_avx2(x, g, nb, o, ldo, dt, 3); break;                                 \
+    case 2: q8x8_body_avx2(x, g, nb, o, ldo, dt, 2); break;                                 \
+    default: q8x8_body_avx2(x, g, nb, o, ldo, dt, 1); break;                                \
     }                                                                                       \
   }
 Q8X8_INST_AVX2(q8x8_avx2_q8_0, IR_Q8_0)
@@ -603,19 +608,22 @@ typedef struct q8_args {
   const q8_xblock *xq; /* every row quantized once by the caller, or NULL: per tile */
 } q8_args;
 
-/* x8: rows [i0, i0 + mr) against columns [j0, j0 + 8) (one group; with swiglu, the gate
- * group and the up group). */
+/* x8: rows [i0, i0 + mr) against columns [j0, j0 + 8) (one group), straight into y (then
+ * y = z + bias, as kn_mm_store); with swiglu the gate and the up group side by side into
+ * kn_mm_store's epilogue. */
 static void q8x8_block(const q8_args *a, const q8_rows *xs, int mr, int64_t i0, int64_t j0) {
-  float acc[Q8_MAX_R * 16], part[Q8_MAX_R * 8];
   int64_t nb = a->k / KN_QBLOCK;
-  int nr = a->swiglu ? 16 : 8;
-  for (int h = 0; h < (a->swiglu ? 2 : 1); h++) {
-    a->x8(xs, mr, a->w + (j0 + h * a->n) * a->w_row_bytes, nb, part);
-    for (int r = 0; r < mr; r++) memcpy(acc + r * nr + 8 * h, part + 8 * r, 8 * sizeof *acc);
-  }
   const float *b = a->bias;
-  kn_mm_store(a->y + i0 * a->n + j0, a->n, acc, mr, nr, 8, 8, b ? b + j0 : NULL,
-              b ? b + a->n + j0 : NULL, a->swiglu);
+  float *y = a->y + i0 * a->n + j0;
+  if (!a->swiglu) {
+    a->x8(xs, mr, a->w + j0 * a->w_row_bytes, nb, y, a->n);
+    for (int r = 0; b && r < mr; r++)
+      for (int c = 0; c < 8; c++) y[r * a->n + c] += b[j0 + c];
+    return;
+  }
+  float acc[Q8_MAX_R * 16];
+  for (int h = 0; h < 2; h++) a->x8(xs, mr, a->w + (j0 + h * a->n) * a->w_row_bytes, nb, acc + 8 * h, 16);
+  kn_mm_store(y, a->n, acc, mr, 16, 8, 8, b ? b + j0 : NULL, b ? b + a->n + j0 : NULL, true);
 }
 
 /* Rows [i0, i0 + mr) of x (quantized in xs) against columns [j0, j0 + nr / h) of y,
