@@ -169,6 +169,7 @@ static ir_status apply_mapping(infc_options *o, yaml_document_t *doc, yaml_node_
       char sub[130];
       snprintf(sub, sizeof sub, "%s.", key);
       st = apply_mapping(o, doc, v, sub, d);
+      if (st != IR_OK) return st; /* its own key's line is named already */
     } else if (v->type != YAML_SCALAR_NODE) {
       st = ir_diag_set(d, IR_BAD_FORMAT, "option '%s' must be a scalar", key);
     } else {

@@ -58,6 +58,9 @@ expect_error "no such source" "no such file" "$INFC" build "$TMP/nothing-here" -
 expect_error "unknown fusion" "'swiglu' is not one of rope_attention, qkv, gate_up, add_rms_norm" "$INFC" build "$M" -o "$TMP/x.plan" --no-fuse=qkv,swiglu
 printf 'dtype: int3\n' >"$TMP/bad.yaml"
 expect_error "bad yaml option" "dtype" "$INFC" build "$M" -o "$TMP/x.plan" -c "$TMP/bad.yaml"
+printf 'passes:\n  fold: true\n  repack: maybe\n' >"$TMP/bad2.yaml"
+expect_error "bad nested yaml option names its own line" "yaml: line 3: option 'passes.repack': 'maybe' is not true or false" \
+  "$INFC" build "$M" -o "$TMP/x.plan" -c "$TMP/bad2.yaml"
 check "no partial plan left" '[ ! -e "$TMP/x.plan" ] && [ ! -e "$TMP/x.plan.tmp" ]'
 
 # --- bad plans -------------------------------------------------------------------------
