@@ -33,6 +33,10 @@ assert r["macs_per_token"] > 0 and r["prefill_roofline_tps"] > 0  # from the fix
 assert all(x["target"] for x in r["rows"])
 assert "llamacpp" not in r
 PY
+# the GGUF block layout on request (infc build --no-repack), recorded in the JSON
+"${B[@]}" --no-repack --json >"$TMP/nr.json" 2>"$TMP/err" || bad "--no-repack: $(cat "$TMP/err")"
+python3 -c 'import json,sys; assert json.load(open(sys.argv[1]))["repack"] is False and json.load(open(sys.argv[2]))["repack"] is True' \
+  "$TMP/nr.json" "$TMP/out.json" || bad "--no-repack not recorded"
 # a longer prompt than the default workload's
 "${B[@]}" --prompt 24 --json >"$TMP/p24.json" 2>"$TMP/err" || bad "--prompt: $(cat "$TMP/err")"
 python3 -c 'import json,sys; assert json.load(open(sys.argv[1]))["workload"]["prompt"] == 24' \
