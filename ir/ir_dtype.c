@@ -8,11 +8,13 @@ static const char *const k_names[IR_DTYPE_COUNT] = {
     [IR_Q8_0_X8] = "q8_0x8", [IR_Q4_0_X8] = "q4_0x8", [IR_Q4_1_X8] = "q4_1x8",
 };
 
-int ir_dtype_block(ir_dtype t) { return ir_dtype_is_quant(t) || ir_dtype_is_x8(t) ? 32 : 1; }
+int ir_dtype_block(ir_dtype t) { return ir_dtype_is_blocks(t) ? 32 : 1; }
 
 bool ir_dtype_is_quant(ir_dtype t) { return t == IR_Q8_0 || t == IR_Q4_0 || t == IR_Q4_1; }
 
 bool ir_dtype_is_x8(ir_dtype t) { return t == IR_Q8_0_X8 || t == IR_Q4_0_X8 || t == IR_Q4_1_X8; }
+
+bool ir_dtype_is_blocks(ir_dtype t) { return ir_dtype_is_quant(t) || ir_dtype_is_x8(t); }
 
 ir_dtype ir_dtype_x8_base(ir_dtype t) {
   return t == IR_Q8_0_X8 ? IR_Q8_0 : t == IR_Q4_0_X8 ? IR_Q4_0 : t == IR_Q4_1_X8 ? IR_Q4_1 : t;

@@ -47,6 +47,8 @@ int ir_dtype_block(ir_dtype t);
 bool ir_dtype_is_quant(ir_dtype t);
 /* The 8-row interleaved block types, and the base type of one (itself otherwise). */
 bool ir_dtype_is_x8(ir_dtype t);
+/* A block-quantized type in either layout (ir_dtype_is_quant or ir_dtype_is_x8). */
+bool ir_dtype_is_blocks(ir_dtype t);
 ir_dtype ir_dtype_x8_base(ir_dtype t);
 /* The interleaved type of a base block type (INVALID for others). */
 ir_dtype ir_dtype_x8_of(ir_dtype t);

@@ -127,7 +127,7 @@ static bool want_weight_dtype(infer_ctx *c, const ir_tensor *t) {
          ir_dtype_name(t->dtype));
     return false;
   }
-  if (!ir_dtype_is_quant(t->dtype) && !ir_dtype_is_x8(t->dtype)) {
+  if (!ir_dtype_is_blocks(t->dtype)) {
     fail(c, "input '%s' has unexpected dtype %s", t->name, ir_dtype_name(t->dtype));
     return false;
   }
@@ -249,8 +249,7 @@ static ir_status infer_matmul(infer_ctx *c, infer_out *o) {
     return fail(c, "scales and zero points go with an i8 or i4 weight, not %s%s",
                 ir_dtype_name(w->dtype), "");
   if (!wq && ir_node_attr_i(c->n, "act_int8", 0) &&
-      ((!ir_dtype_is_quant(w->dtype) && !ir_dtype_is_x8(w->dtype)) ||
-       w->dims[1].n > IR_Q8_ACT_MAX_K))
+      (!ir_dtype_is_blocks(w->dtype) || w->dims[1].n > IR_Q8_ACT_MAX_K))
     return fail(c, "act_int8 goes with an i8 weight (W8A8) or a q8_0/q4_0/q4_1 weight with "
                 "K <= 16384, not %s", ir_dtype_name(w->dtype), "");
   if (ir_dtype_is_x8(w->dtype) && !ir_node_attr_i(c->n, "act_int8", 0))

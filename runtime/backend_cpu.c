@@ -57,8 +57,7 @@ static void run_matmul(kn_pool *p, const ir_graph *g, const ir_node *n, void *co
   const ir_tensor *w = T_(1);
   const float *bias = n->n_in > 2 && n->in[2] >= 0 ? P_(2) : NULL;
   int64_t m = dimv(g, T_(0), 0, s), rows = dimv(g, w, 0, s), k = dimv(g, w, 1, s);
-  if ((ir_dtype_is_quant(w->dtype) || ir_dtype_is_x8(w->dtype)) &&
-      ir_node_attr_i(n, "act_int8", 0)) {
+  if (ir_dtype_is_blocks(w->dtype) && ir_node_attr_i(n, "act_int8", 0)) {
     bool swiglu = ir_node_attr_i(n, "act", IR_ACT_NONE) == IR_ACT_SWIGLU;
     kn_matmul_q8(p, O_(0), P_(0), P_(1), w->dtype, bias, m, swiglu ? rows / 2 : rows, k, swiglu);
     return;
