@@ -563,6 +563,98 @@ static const q8_kernels k_q8_vnni[3] = {
     {4, 4, 4, q8_vnni_q4_1_4x4, q8_vnni_q4_1_1x4, q8_quantize_avx2},
 };
 
+/* x8 with vpdpbusd: the same exact per-block sums p as q8x8_sums_avx2 (so the same bits),
+ * the group's W decoded once a block for all mr rows. q4: a 64-byte load holds four slots
+ * (rows 0 4 1 5, then 2 6 3 7), one row a 128-bit lane; low nibbles against x's first 16
+ * codes and high against the last 16 leave four partial sums a row. q8_0: a load holds two
+ * rows (w ^ 0x80 = w + 128 against x, less 128 * sum(q)), eight partial sums a row. */
+typedef struct q8x8_wv {
+  __m512i v[4];
+} q8x8_wv;
+
+Q8_VNNI_INLINE q8x8_wv q8x8_wload_vnni(const uint8_t *g, ir_dtype dt) {
+  const uint8_t *codes = g + kn_x8_head(dt);
+  q8x8_wv w;
+  if (dt == IR_Q8_0) {
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    for (int h = 0; h < 4; h++)
+      w.v[h] = _mm512_xor_si512(_mm512_loadu_si512(codes + 64 * h), flip);
+    return w;
+  }
+  const __m512i nib = _mm512_set1_epi8(15);
+  for (int h = 0; h < 2; h++) {
+    __m512i z = _mm512_loadu_si512(codes + 64 * h);
+    w.v[2 * h] = _mm512_and_si512(z, nib);
+    w.v[2 * h + 1] = _mm512_and_si512(_mm512_srli_epi16(z, 4), nib);
+  }
+  return w;
+}
+
+Q8_VNNI_INLINE __m256i q8x8_sums_vnni(const q8x8_wv *w, const q8_xblock *xb, ir_dtype dt) {
+  const __m512i zero = _mm512_setzero_si512();
+  if (dt == IR_Q8_0) {
+    __m512i xq = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)xb->q)), v[4];
+    for (int h = 0; h < 4; h++) v[h] = _mm512_dpbusd_epi32(zero, w->v[h], xq);
+    /* v[h]: rows 2h (128-bit lanes 0, 1) and 2h + 1 (lanes 2, 3), four partials a lane */
+    __m512i t0 = _mm512_add_epi32(_mm512_unpacklo_epi32(v[0], v[1]), _mm512_unpackhi_epi32(v[0], v[1]));
+    __m512i t1 = _mm512_add_epi32(_mm512_unpacklo_epi32(v[2], v[3]), _mm512_unpackhi_epi32(v[2], v[3]));
+    __m512i u = _mm512_add_epi32(_mm512_unpacklo_epi64(t0, t1), _mm512_unpackhi_epi64(t0, t1));
+    u = _mm512_add_epi32(u, _mm512_shuffle_i32x4(u, u, 0xb1)); /* lane 0: rows 0 2 4 6, 2: 1 3 5 7 */
+    __m512i s = _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 0, 0, 0, 0, 0, 0, 0, 0), u);
+    return _mm256_sub_epi32(_mm512_castsi512_si256(s), _mm256_set1_epi32(128 * xb->isum));
+  }
+  __m512i xlo = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)xb->q));
+  __m512i xhi = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(xb->q + 16)));
+  __m512i a = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, w->v[0], xlo), w->v[1], xhi);
+  __m512i b = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, w->v[2], xlo), w->v[3], xhi);
+  /* a: rows 0 4 1 5 a 128-bit lane, b: rows 2 6 3 7 */
+  __m512i t = _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
+  t = _mm512_add_epi32(t, _mm512_shuffle_epi32(t, 0x4e)); /* lanes (0 2) (4 6) (1 3) (5 7) */
+  __m512i s = _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 8, 1, 9, 4, 12, 5, 13, 0, 0, 0, 0, 0, 0, 0, 0), t);
+  __m256i p = _mm512_castsi512_si256(s);
+  /* q4_0's codes are nibble - 8: the 8 * sum(q) comes off in integers */
+  return dt == IR_Q4_0 ? _mm256_sub_epi32(p, _mm256_set1_epi32(8 * xb->isum)) : p;
+}
+
+Q8_VNNI_INLINE void q8x8_body_vnni(const q8_rows *x, const uint8_t *grp, int64_t nb, float *out,
+                                   int64_t ldo, ir_dtype dt, int mr) {
+  const int sb = 8 * kn_quant_block_bytes(dt);
+  __m256 acc[Q8_MAX_R], mt[Q8_MAX_R];
+  for (int r = 0; r < mr; r++) acc[r] = mt[r] = _mm256_setzero_ps();
+  const char *pf = (const char *)grp + Q8_PREFETCH_BYTES; /* the next line asked for */
+  for (int64_t b = 0; b < nb; b++) {
+    const uint8_t *g = grp + b * sb;
+    for (; pf < (const char *)g + sb + Q8_PREFETCH_BYTES; pf += 64) /* each line once */
+      _mm_prefetch(pf, _MM_HINT_T1);
+    q8x8_wv w = q8x8_wload_vnni(g, dt);
+    __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g));
+    __m256 mw = dt == IR_Q4_1 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + 16)))
+                              : _mm256_setzero_ps();
+    for (int r = 0; r < mr; r++) {
+      const q8_xblock *xb = x->r[r] + b;
+      __m256 p = _mm256_cvtepi32_ps(q8x8_sums_vnni(&w, xb, dt));
+      acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(xb->d)), p, acc[r]);
+      if (dt == IR_Q4_1) mt[r] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xb->s), mt[r]);
+    }
+  }
+  for (int r = 0; r < mr; r++) _mm256_storeu_ps(out + ldo * r, _mm256_add_ps(acc[r], mt[r]));
+}
+
+#define Q8X8_INST_VNNI(name, dt)                                                            \
+  static Q8_VNNI void name(const q8_rows *x, int mr, const uint8_t *g, int64_t nb, float *o,  \
+                           int64_t ldo) {                                                   \
+    switch (mr) {                                                                           \
+    case 4: q8x8_body_vnni(x, g, nb, o, ldo, dt, 4); break;                                 \
+    case 3: q8x8_body_vnni(x, g, nb, o, ldo, dt, 3); break;                                 \
+    case 2: q8x8_body_vnni(x, g, nb, o, ldo, dt, 2); break;                                 \
+    default: q8x8_body_vnni(x, g, nb, o, ldo, dt, 1); break;                                \
+    }                                                                                       \
+  }
+Q8X8_INST_VNNI(q8x8_vnni_q8_0, IR_Q8_0)
+Q8X8_INST_VNNI(q8x8_vnni_q4_0, IR_Q4_0)
+Q8X8_INST_VNNI(q8x8_vnni_q4_1, IR_Q4_1)
+static const q8x8_fn k_q8x8_vnni[3] = {q8x8_vnni_q8_0, q8x8_vnni_q4_0, q8x8_vnni_q4_1};
+
 static bool q8_has_vnni(void) {
   static _Atomic int cached = -1;
   int v = atomic_load_explicit(&cached, memory_order_relaxed);
@@ -589,7 +681,9 @@ static const q8_kernels *q8_pick(ir_dtype wt) {
 static q8x8_fn q8x8_pick(ir_dtype base) {
   int d = base == IR_Q8_0 ? 0 : base == IR_Q4_0 ? 1 : 2;
 #if Q8_X86
-  if (kn_cpu_isa() >= 1) return k_q8x8_avx2[d];
+  int isa = kn_cpu_isa();
+  if (isa >= 2 && q8_has_vnni()) return k_q8x8_vnni[d];
+  if (isa >= 1) return k_q8x8_avx2[d];
 #endif
   return k_q8x8_c[d];
 }
