@@ -152,8 +152,9 @@ typedef struct attn_kernels {
   void (*accum)(float *acc, const float *p, const attn_rows *r, int64_t d0, int64_t dn);
   /* k[j * hd + d], v[j * hd + d] = the rows of an f16 or int8 chunk as f32 (exact) */
   void (*widen)(const attn_rows *r, float *k, float *v);
-  /* a full chunk folded into st at once (head_dim a multiple of 16), or NULL */
-  void (*chunk16)(attn_state *st, const float *q, const attn_rows *r,
+  /* a full chunk folded into st[i] for queries q[i], i < nq <= KN_ATTN_MQ, at once
+   * (head_dim a multiple of 16), or NULL */
+  void (*chunk16)(attn_state *const *st, const float *const *q, int nq, const attn_rows *r,
                   const float *v_scale, float scale, int64_t d0, int64_t dn);
 } attn_kernels;
 
@@ -244,11 +245,6 @@ ATTN_AVX512_INLINE float attn_fold16(__m512 v) {
   return attn_fold8(_mm256_add_ps(_mm512_castps512_ps256(v), hi));
 }
 
-/* A full chunk (16 rows, head_dim a multiple of 16): the 16 dot products side by side
- * (sixteen fma chains), then the sixteen folds together by transposition:
- * every step adds the same pairs as attn_fold16 does for one row, (l, l+8), (l, l+4),
- * (l, l+2), (0, 1), two or four rows a register, and a last permute puts row j in lane
- * j: 46 instructions for the 16 rows where one row at a time takes 8 each. */
 /* The 16-lane dot products of rows j .. j+3 with q over the first `full` dims: four
  * independent fma chains, q loaded once for the four. */
 ATTN_AVX512_INLINE void attn_dot4_avx512(const float *q, const attn_rows *r, int j, int64_t full,
@@ -264,24 +260,41 @@ ATTN_AVX512_INLINE void attn_dot4_avx512(const float *q, const attn_rows *r, int
   a[0] = a0, a[1] = a1, a[2] = a2, a[3] = a3;
 }
 
-ATTN_AVX512_INLINE __m512 attn_scores16_vec(const float *q, const attn_rows *r, float scale) {
-  __m512 a[KN_ATTN_CHUNK];
-  for (int j = 0; j < KN_ATTN_CHUNK; j += 4) attn_dot4_avx512(q, r, j, r->hd, a + j);
-  __m512 p[8], t[4], u[2];
-  for (int j = 0; j < 8; j++) /* rows 2j, 2j+1: lanes l and l+8 */
-    p[j] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * j], a[2 * j + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                         _mm512_shuffle_f32x4(a[2 * j], a[2 * j + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-  for (int j = 0; j < 4; j++) /* rows 4j .. 4j+3, one a 128-bit lane: l and l+4 */
-    t[j] = _mm512_add_ps(_mm512_shuffle_f32x4(p[2 * j], p[2 * j + 1], _MM_SHUFFLE(2, 0, 2, 0)),
-                         _mm512_shuffle_f32x4(p[2 * j], p[2 * j + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+/* A full chunk (16 rows, head_dim a multiple of 16): the 16 dot products side by side
+ * (sixteen fma chains), then the sixteen folds together by transposition:
+ * every step adds the same pairs as attn_fold16 does for one row, (l, l+8), (l, l+4),
+ * (l, l+2), (0, 1), two or four rows a register, and a last permute puts row j in lane
+ * j: 46 instructions for the 16 rows where one row at a time takes 8 each. */
+/* Its first two steps, for rows 4g .. 4g+3 (a[0..3]). */
+ATTN_AVX512_INLINE __m512 attn_fold4rows(const __m512 *a) {
+  __m512 p0 = _mm512_add_ps(_mm512_shuffle_f32x4(a[0], a[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                            _mm512_shuffle_f32x4(a[0], a[1], _MM_SHUFFLE(3, 2, 3, 2)));
+  __m512 p1 = _mm512_add_ps(_mm512_shuffle_f32x4(a[2], a[3], _MM_SHUFFLE(1, 0, 1, 0)),
+                            _mm512_shuffle_f32x4(a[2], a[3], _MM_SHUFFLE(3, 2, 3, 2)));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(p0, p1, _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(p0, p1, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+/* The last steps from t[0..3] (rows 4j .. 4j+3 each): row j in lane j. */
+ATTN_AVX512_INLINE __m512 attn_fold_rows(const __m512 *t) {
+  __m512 u[2];
   for (int j = 0; j < 2; j++) /* lane c: rows 8j + c, 8j + 4 + c: l and l+2 */
     u[j] = _mm512_add_ps(_mm512_shuffle_ps(t[2 * j], t[2 * j + 1], _MM_SHUFFLE(1, 0, 1, 0)),
                          _mm512_shuffle_ps(t[2 * j], t[2 * j + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-  /* lanes 0 and 1: element 4c + e is row c + 4e */
   __m512 w = _mm512_add_ps(_mm512_shuffle_ps(u[0], u[1], _MM_SHUFFLE(2, 0, 2, 0)),
                            _mm512_shuffle_ps(u[0], u[1], _MM_SHUFFLE(3, 1, 3, 1)));
-  w = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15),
-                            w);
+  return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15),
+                               w);
+}
+
+ATTN_AVX512_INLINE __m512 attn_scores16_vec(const float *q, const attn_rows *r, float scale) {
+  __m512 t[4];
+  for (int g = 0; g < 4; g++) {
+    __m512 a[4];
+    attn_dot4_avx512(q, r, 4 * g, r->hd, a);
+    t[g] = attn_fold4rows(a);
+  }
+  __m512 w = attn_fold_rows(t);
   if (r->ks) w = _mm512_mul_ps(w, _mm512_loadu_ps(r->ks));
   return _mm512_mul_ps(w, _mm512_set1_ps(scale));
 }
@@ -534,29 +547,102 @@ static ATTN_AVX512 void attn_widen_avx512(const attn_rows *r, float *k, float *v
   attn_widen_from(r, i, k, v);
 }
 
-/* A full chunk (16 rows, head_dim a multiple of 16) for one query, its scores and
- * weights kept in a register: the operations of attn_chunk_group's phases for it, in
- * their order (the max of the 16 scores is the same value taken in any order; kn_vexp16
- * is kn_vexp8 lane for lane). */
-static ATTN_AVX512 void attn_chunk16_avx512(attn_state *st, const float *q, const attn_rows *r,
-                                            const float *v_scale, float scale, int64_t d0,
-                                            int64_t dn) {
-  __m512 w = attn_scores16_vec(q, r, scale);
-  float cm = _mm512_reduce_max_ps(w);
-  if (cm > st->max) {
-    float corr = _mm512_cvtss_f32(kn_vexp16(_mm512_set1_ps(st->max - cm)));
-    st->sum *= corr;
-    for (int64_t d = 0; d < dn; d++) st->acc[d] *= corr;
-    st->max = cm;
+/* A full chunk (16 rows, head_dim a multiple of 16) for nq (<= KN_ATTN_MQ) queries of one
+ * kv head at once, each query's scores and weights kept in a register: the operations of
+ * attn_chunk_group's phases for each query, in their order (the max of the 16 scores is
+ * the same value taken in any order; kn_vexp16 is kn_vexp8 lane for lane). Each K and V
+ * vector is loaded and widened once for all the queries, whose fma chains, independent,
+ * run side by side: a query's own chains are those it has alone. */
+enum { KN_ATTN_MQ = 4 };
+enum { ATTN_KIND_F32, ATTN_KIND_F16, ATTN_KIND_I8 };
+
+ATTN_AVX512_INLINE __m512 attn_ld16(int kind, const float *f, const uint16_t *h, const int8_t *b,
+                                   int64_t off) {
+  if (kind == ATTN_KIND_F32) return _mm512_loadu_ps(f + off);
+  if (kind == ATTN_KIND_F16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + off)));
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + off))));
+}
+
+ATTN_AVX512_INLINE void attn_chunk16_body(attn_state *const *st, const float *const *q, int nq,
+                                          const attn_rows *r, const float *v_scale, float scale,
+                                          int64_t d0, int64_t dn, int kind) {
+  const int64_t hd = r->hd;
+  __m512 t[KN_ATTN_MQ][4];
+  for (int g = 0; g < 4; g++) { /* rows 4g .. 4g+3: q . k, as attn_dot4_avx512 */
+    __m512 a[KN_ATTN_MQ][4];
+    for (int i = 0; i < nq; i++)
+      for (int c = 0; c < 4; c++) a[i][c] = _mm512_setzero_ps();
+    for (int64_t d = 0; d < hd; d += KN_ATTN_LANES) {
+      __m512 kr[4];
+      for (int c = 0; c < 4; c++) kr[c] = attn_ld16(kind, r->k, r->k16, r->k8, (4 * g + c) * hd + d);
+      for (int i = 0; i < nq; i++) {
+        __m512 qv = _mm512_loadu_ps(q[i] + d);
+        for (int c = 0; c < 4; c++) a[i][c] = _mm512_fmadd_ps(qv, kr[c], a[i][c]);
+      }
+    }
+    for (int i = 0; i < nq; i++) t[i][g] = attn_fold4rows(a[i]);
   }
-  float p[KN_ATTN_CHUNK];
-  __m512 e = kn_vexp16(_mm512_sub_ps(w, _mm512_set1_ps(st->max)));
-  _mm512_storeu_ps(p, e);
-  float sum = st->sum;
-  for (int j = 0; j < KN_ATTN_CHUNK; j++) sum += p[j];
-  st->sum = sum;
-  if (v_scale) _mm512_storeu_ps(p, _mm512_mul_ps(e, _mm512_loadu_ps(v_scale)));
-  attn_accum_avx512(st->acc, p, r, d0, dn);
+  float p[KN_ATTN_MQ][KN_ATTN_CHUNK];
+  for (int i = 0; i < nq; i++) {
+    __m512 w = attn_fold_rows(t[i]);
+    if (r->ks) w = _mm512_mul_ps(w, _mm512_loadu_ps(r->ks));
+    w = _mm512_mul_ps(w, _mm512_set1_ps(scale));
+    attn_state *s = st[i];
+    float cm = _mm512_reduce_max_ps(w);
+    if (cm > s->max) {
+      float corr = _mm512_cvtss_f32(kn_vexp16(_mm512_set1_ps(s->max - cm)));
+      s->sum *= corr;
+      for (int64_t d = 0; d < dn; d++) s->acc[d] *= corr;
+      s->max = cm;
+    }
+    __m512 e = kn_vexp16(_mm512_sub_ps(w, _mm512_set1_ps(s->max)));
+    _mm512_storeu_ps(p[i], e);
+    float sum = s->sum;
+    for (int j = 0; j < KN_ATTN_CHUNK; j++) sum += p[i][j];
+    s->sum = sum;
+    if (v_scale) _mm512_storeu_ps(p[i], _mm512_mul_ps(e, _mm512_loadu_ps(v_scale)));
+  }
+  int64_t d = 0;
+  for (; d + 4 * KN_ATTN_LANES <= dn; d += 4 * KN_ATTN_LANES) { /* p . v, as attn_accum_avx512 */
+    __m512 acc[KN_ATTN_MQ][4];
+    for (int i = 0; i < nq; i++)
+      for (int c = 0; c < 4; c++) acc[i][c] = _mm512_loadu_ps(st[i]->acc + d + 16 * c);
+    for (int j = 0; j < KN_ATTN_CHUNK; j++) {
+      __m512 vr[4];
+      for (int c = 0; c < 4; c++) vr[c] = attn_ld16(kind, r->v, r->v16, r->v8, j * hd + d0 + d + 16 * c);
+      for (int i = 0; i < nq; i++) {
+        __m512 pj = _mm512_set1_ps(p[i][j]);
+        for (int c = 0; c < 4; c++) acc[i][c] = _mm512_fmadd_ps(pj, vr[c], acc[i][c]);
+      }
+    }
+    for (int i = 0; i < nq; i++)
+      for (int c = 0; c < 4; c++) _mm512_storeu_ps(st[i]->acc + d + 16 * c, acc[i][c]);
+  }
+  if (d < dn) /* the last dims (each dim's chain is its own) */
+    for (int i = 0; i < nq; i++) attn_accum_avx512(st[i]->acc + d, p[i], r, d0 + d, dn - d);
+}
+
+#define ATTN_CHUNK16_INST(name, kind)                                                      \
+  static ATTN_AVX512 void name(attn_state *const *st, const float *const *q, int nq,        \
+                               const attn_rows *r, const float *v_scale, float scale,       \
+                               int64_t d0, int64_t dn) {                                    \
+    switch (nq) {                                                                           \
+    case 4: attn_chunk16_body(st, q, 4, r, v_scale, scale, d0, dn, kind); break;            \
+    case 3: attn_chunk16_body(st, q, 3, r, v_scale, scale, d0, dn, kind); break;            \
+    case 2: attn_chunk16_body(st, q, 2, r, v_scale, scale, d0, dn, kind); break;            \
+    default: attn_chunk16_body(st, q, 1, r, v_scale, scale, d0, dn, kind); break;           \
+    }                                                                                       \
+  }
+ATTN_CHUNK16_INST(attn_chunk16_f32, ATTN_KIND_F32)
+ATTN_CHUNK16_INST(attn_chunk16_f16, ATTN_KIND_F16)
+ATTN_CHUNK16_INST(attn_chunk16_i8, ATTN_KIND_I8)
+
+static ATTN_AVX512 void attn_chunk16_avx512(attn_state *const *st, const float *const *q, int nq,
+                                            const attn_rows *r, const float *v_scale,
+                                            float scale, int64_t d0, int64_t dn) {
+  if (r->k) attn_chunk16_f32(st, q, nq, r, v_scale, scale, d0, dn);
+  else if (r->k16) attn_chunk16_f16(st, q, nq, r, v_scale, scale, d0, dn);
+  else attn_chunk16_i8(st, q, nq, r, v_scale, scale, d0, dn);
 }
 
 /* The same 8 at a time (F16C's vcvtph2ps, vpmovsxbd: the exact widening). */
@@ -621,17 +707,25 @@ static void attn_chunk_group(const attn_kernels *kk, attn_state *st, const attn_
     wide.k = kw, wide.v = vw, wide.k16 = wide.v16 = NULL, wide.k8 = wide.v8 = NULL;
     chunk = &wide;
   }
-  const bool fused = kk->chunk16 && chunk->hd % KN_ATTN_LANES == 0;
+  if (kk->chunk16 && chunk->hd % KN_ATTN_LANES == 0) { /* the full chunks, KN_ATTN_MQ at once */
+    attn_state *fs[KN_ATTN_MQ];
+    const float *fq[KN_ATTN_MQ];
+    int nf = 0;
+    attn_rows r = *chunk;
+    r.n = KN_ATTN_CHUNK;
+    for (int64_t i = 0; i < nq; i++) {
+      if (n[i] != KN_ATTN_CHUNK) continue;
+      fs[nf] = &st[i], fq[nf++] = qs[i].q;
+      n[i] = 0; /* done: the phases below skip it */
+      memset(s[i], 0, sizeof s[i]);
+      if (nf == KN_ATTN_MQ) kk->chunk16(fs, fq, nf, &r, v_scale, scale, d0, dn), nf = 0;
+    }
+    if (nf) kk->chunk16(fs, fq, nf, &r, v_scale, scale, d0, dn);
+  }
   for (int64_t i = 0; i < nq; i++) {
     if (!n[i]) continue;
     attn_rows r = *chunk;
     r.n = n[i];
-    if (fused && n[i] == KN_ATTN_CHUNK) {
-      kk->chunk16(&st[i], qs[i].q, &r, v_scale, scale, d0, dn);
-      n[i] = 0; /* done: the phases below skip it */
-      memset(s[i], 0, sizeof s[i]);
-      continue;
-    }
     rest++;
     kk->scores(qs[i].q, &r, scale, s[i]);
     float cm = s[i][0];

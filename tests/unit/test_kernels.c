@@ -309,7 +309,8 @@ static void attn_long_run(kn_pool *p, int isa, bool f16, int64_t hd, int64_t bs,
  * (they differ only where the portable build has no native fma). */
 static void test_attention_long(kn_pool *p) {
   static const struct { int64_t hd, bs, n; float scale; } c[] = {
-      {64, 32, 83, 0.125f}, {64, 16, 40, 0.125f}, {20, 48, 70, 0.2f}, {64, 32, 50, 8.0f}};
+      {64, 32, 83, 0.125f}, {64, 16, 40, 0.125f}, {20, 48, 70, 0.2f}, {64, 32, 50, 8.0f},
+      {48, 16, 45, 0.125f}, {80, 32, 70, 0.1f}};
   for (size_t i = 0; i < 2 * sizeof c / sizeof c[0]; i++) {
     bool f16 = i % 2;
     float *o0 = malloc((size_t)(9 * c[i / 2].hd) * sizeof *o0);
