@@ -381,12 +381,21 @@ static int run_model(const bench_opts *o) {
 
 /* ---- attention alone ---------------------------------------------------------------- */
 
+/* Page i of the eviction buffer: a store to each of its lines (memset may go around the
+ * caches). */
+static void cold_task(void *arg, int64_t begin, int64_t end, int tid) {
+  (void)tid;
+  unsigned char *buf = arg;
+  for (int64_t i = begin * 4096; i < end * 4096; i += 64) buf[i]++;
+}
+
 /* One decode step of attention: `batch` sequences of ctx cached positions each (SmolLM2's
  * heads by default), the KV cache in `dtype`, blocks of 16 laid out as an allocator hands
  * them out (sequence after sequence). Prints the best time of a call and the KV bytes it
  * reads per second. With cold, every call first finds the caches full of other data (a
- * 64 MiB buffer written through, untimed), as a model's layer does after the weights and
- * the other layers' caches went by; the time is then the best mean of 16 such calls. */
+ * 64 MiB buffer written through by the pool, untimed), as a model's layer does after the
+ * weights and the other layers' caches went by; the time is then the best mean of 16
+ * such calls. */
 static int run_attn(int threads, int64_t ctx, int64_t batch, int64_t n_heads, int64_t n_kv,
                     int64_t hd, irt_kv_dtype dtype, int repeats, bool cold) {
   const int64_t bs = 16, per_seq = (ctx + bs - 1) / bs, nb = per_seq * batch;
@@ -433,8 +442,9 @@ static int run_attn(int threads, int64_t ctx, int64_t batch, int64_t n_heads, in
   for (int rep = 0; cold && rep < repeats; rep++) {
     double ms = 0;
     for (int c = 0; c < COLD_CALLS; c++) {
-      /* a store to every line (memset may go around the caches) */
-      for (size_t i = 0; i < COLD_BYTES; i += 64) evict[i]++;
+      /* a store to every line, by every thread of the pool (each core's own caches; and
+       * the workers are awake when the call starts, as in a model) */
+      kn_parallel_for(pool, COLD_BYTES / 4096, 1, cold_task, evict);
       double t0 = now_ms();
       kn_attention_paged(pool, out, q, kn, vn, &kv, &b, n_heads, 0.125f);
       ms += (now_ms() - t0) / COLD_CALLS;
