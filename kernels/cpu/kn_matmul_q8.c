@@ -318,14 +318,24 @@ static const q8_kernels k_q8_avx2[3] = {
     {4, 2, 4, q8_avx2_q4_1_4x2, q8_avx2_q4_1_1x4, q8_quantize_avx2},
 };
 
+/* AVX2 reads a block's W in its sums. */
+typedef struct q8x8_wg {
+  const uint8_t *g;
+} q8x8_wg;
+
+Q8_AVX2_INLINE q8x8_wg q8x8_wload_avx2(const uint8_t *g, ir_dtype dt) {
+  (void)dt;
+  return (q8x8_wg){g};
+}
+
 /* x8, one block of one x row: the 8 rows' exact sums p in row order. Nibble types: a
  * 32-byte load holds rows c and c + 4 (slots 2c, 2c + 1); its low nibbles against x's
  * first 16 codes (in both halves) and its high nibbles against the last 16 give, after
  * vpmaddwd, four lane sums of each of the two rows; three hadds make [p0 .. p3 | p4 .. p7].
  * q8_0: one row a load (|w| against sign(x, w)), six hadds and a swap of halves. */
-Q8_AVX2_INLINE __m256i q8x8_sums_avx2(const uint8_t *g, const q8_xblock *xb, ir_dtype dt) {
+Q8_AVX2_INLINE __m256i q8x8_sums_avx2(const q8x8_wg *w8, const q8_xblock *xb, ir_dtype dt) {
   const __m256i ones = _mm256_set1_epi16(1);
-  const uint8_t *codes = g + kn_x8_head(dt);
+  const uint8_t *codes = w8->g + kn_x8_head(dt);
   if (dt == IR_Q8_0) {
     __m256i xq = _mm256_loadu_si256((const __m256i *)xb->q), v[8];
     for (int c = 0; c < 8; c++) {
@@ -353,42 +363,49 @@ Q8_AVX2_INLINE __m256i q8x8_sums_avx2(const uint8_t *g, const q8_xblock *xb, ir_
   return dt == IR_Q4_0 ? _mm256_sub_epi32(t, _mm256_set1_epi32(8 * xb->isum)) : t;
 }
 
-Q8_AVX2_INLINE void q8x8_body_avx2(const q8_rows *x, const uint8_t *grp, int64_t nb, float *out,
-                                   int64_t ldo, ir_dtype dt, int mr) {
-  const int sb = 8 * kn_quant_block_bytes(dt);
-  __m256 acc[Q8_MAX_R], mt[Q8_MAX_R];
-  for (int r = 0; r < mr; r++) acc[r] = mt[r] = _mm256_setzero_ps();
-  const char *pf = (const char *)grp + Q8_PREFETCH_BYTES; /* the next line asked for */
-  for (int64_t b = 0; b < nb; b++) {
-    const uint8_t *g = grp + b * sb;
-    for (; pf < (const char *)g + sb + Q8_PREFETCH_BYTES; pf += 64) /* each line once */
-      _mm_prefetch(pf, _MM_HINT_T1);
-    __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g));
-    __m256 mw = dt == IR_Q4_1 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + 16)))
-                              : _mm256_setzero_ps();
-    for (int r = 0; r < mr; r++) {
-      const q8_xblock *xb = x->r[r] + b;
-      __m256 p = _mm256_cvtepi32_ps(q8x8_sums_avx2(g, xb, dt));
-      acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(xb->d)), p, acc[r]);
-      if (dt == IR_Q4_1) mt[r] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xb->s), mt[r]);
-    }
+/* The x8 body of one instruction set: wt, a group block's W as its sums function takes
+ * it (wload, once a block for the mr rows), sums, the 8 exact integer sums of a block. */
+#define Q8X8_BODY(name, INLINE, wt, wload, sums)                                            \
+  INLINE void name(const q8_rows *x, const uint8_t *grp, int64_t nb, float *out, int64_t ldo, \
+                   ir_dtype dt, int mr) {                                                   \
+    const int sb = 8 * kn_quant_block_bytes(dt);                                            \
+    __m256 acc[Q8_MAX_R], mt[Q8_MAX_R];                                                     \
+    for (int r = 0; r < mr; r++) acc[r] = mt[r] = _mm256_setzero_ps();                      \
+    const char *pf = (const char *)grp + Q8_PREFETCH_BYTES; /* the next line asked for */   \
+    for (int64_t b = 0; b < nb; b++) {                                                      \
+      const uint8_t *g = grp + b * sb;                                                      \
+      for (; pf < (const char *)g + sb + Q8_PREFETCH_BYTES; pf += 64) /* each line once */  \
+        _mm_prefetch(pf, _MM_HINT_T1);                                                      \
+      wt w = wload(g, dt);                                                                  \
+      __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g));                     \
+      __m256 mw = dt == IR_Q4_1 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + 16))) \
+                                : _mm256_setzero_ps();                                      \
+      for (int r = 0; r < mr; r++) {                                                        \
+        const q8_xblock *xb = x->r[r] + b;                                                  \
+        __m256 p = _mm256_cvtepi32_ps(sums(&w, xb, dt));                                    \
+        acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(xb->d)), p, acc[r]);      \
+        if (dt == IR_Q4_1) mt[r] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xb->s), mt[r]);       \
+      }                                                                                     \
+    }                                                                                       \
+    for (int r = 0; r < mr; r++) _mm256_storeu_ps(out + ldo * r, _mm256_add_ps(acc[r], mt[r])); \
   }
-  for (int r = 0; r < mr; r++) _mm256_storeu_ps(out + ldo * r, _mm256_add_ps(acc[r], mt[r]));
-}
 
-#define Q8X8_INST_AVX2(name, dt)                                                            \
-  static Q8_AVX2 void name(const q8_rows *x, int mr, const uint8_t *g, int64_t nb, float *o,  \
-                           int64_t ldo) {                                                   \
+/* The x8 kernels of one instruction set, mr fixed in each case. */
+#define Q8X8_INST(name, ATTR, body, dt)                                                     \
+  static ATTR void name(const q8_rows *x, int mr, const uint8_t *g, int64_t nb, float *o,   \
+                        int64_t ldo) {                                                      \
     switch (mr) {                                                                           \
-    case 4: q8x8_body_avx2(x, g, nb, o, ldo, dt, 4); break;                                 \
-    case 3: q8x8_body_avx2(x, g, nb, o, ldo, dt, 3); break;                                 \
-    case 2: q8x8_body_avx2(x, g, nb, o, ldo, dt, 2); break;                                 \
-    default: q8x8_body_avx2(x, g, nb, o, ldo, dt, 1); break;                                \
+    case 4: body(x, g, nb, o, ldo, dt, 4); break;                                           \
+    case 3: body(x, g, nb, o, ldo, dt, 3); break;                                           \
+    case 2: body(x, g, nb, o, ldo, dt, 2); break;                                           \
+    default: body(x, g, nb, o, ldo, dt, 1); break;                                          \
     }                                                                                       \
   }
-Q8X8_INST_AVX2(q8x8_avx2_q8_0, IR_Q8_0)
-Q8X8_INST_AVX2(q8x8_avx2_q4_0, IR_Q4_0)
-Q8X8_INST_AVX2(q8x8_avx2_q4_1, IR_Q4_1)
+
+Q8X8_BODY(q8x8_body_avx2, Q8_AVX2_INLINE, q8x8_wg, q8x8_wload_avx2, q8x8_sums_avx2)
+Q8X8_INST(q8x8_avx2_q8_0, Q8_AVX2, q8x8_body_avx2, IR_Q8_0)
+Q8X8_INST(q8x8_avx2_q4_0, Q8_AVX2, q8x8_body_avx2, IR_Q4_0)
+Q8X8_INST(q8x8_avx2_q4_1, Q8_AVX2, q8x8_body_avx2, IR_Q4_1)
 static const q8x8_fn k_q8x8_avx2[3] = {q8x8_avx2_q8_0, q8x8_avx2_q4_0, q8x8_avx2_q4_1};
 
 /* ---- x86: AVX-512 VNNI --------------------------------------------------------------- */
@@ -616,43 +633,11 @@ Q8_VNNI_INLINE __m256i q8x8_sums_vnni(const q8x8_wv *w, const q8_xblock *xb, ir_
   return dt == IR_Q4_0 ? _mm256_sub_epi32(p, _mm256_set1_epi32(8 * xb->isum)) : p;
 }
 
-Q8_VNNI_INLINE void q8x8_body_vnni(const q8_rows *x, const uint8_t *grp, int64_t nb, float *out,
-                                   int64_t ldo, ir_dtype dt, int mr) {
-  const int sb = 8 * kn_quant_block_bytes(dt);
-  __m256 acc[Q8_MAX_R], mt[Q8_MAX_R];
-  for (int r = 0; r < mr; r++) acc[r] = mt[r] = _mm256_setzero_ps();
-  const char *pf = (const char *)grp + Q8_PREFETCH_BYTES; /* the next line asked for */
-  for (int64_t b = 0; b < nb; b++) {
-    const uint8_t *g = grp + b * sb;
-    for (; pf < (const char *)g + sb + Q8_PREFETCH_BYTES; pf += 64) /* each line once */
-      _mm_prefetch(pf, _MM_HINT_T1);
-    q8x8_wv w = q8x8_wload_vnni(g, dt);
-    __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g));
-    __m256 mw = dt == IR_Q4_1 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + 16)))
-                              : _mm256_setzero_ps();
-    for (int r = 0; r < mr; r++) {
-      const q8_xblock *xb = x->r[r] + b;
-      __m256 p = _mm256_cvtepi32_ps(q8x8_sums_vnni(&w, xb, dt));
-      acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(xb->d)), p, acc[r]);
-      if (dt == IR_Q4_1) mt[r] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xb->s), mt[r]);
-    }
-  }
-  for (int r = 0; r < mr; r++) _mm256_storeu_ps(out + ldo * r, _mm256_add_ps(acc[r], mt[r]));
-}
+Q8X8_BODY(q8x8_body_vnni, Q8_VNNI_INLINE, q8x8_wv, q8x8_wload_vnni, q8x8_sums_vnni)
 
-#define Q8X8_INST_VNNI(name, dt)                                                            \
-  static Q8_VNNI void name(const q8_rows *x, int mr, const uint8_t *g, int64_t nb, float *o,  \
-                           int64_t ldo) {                                                   \
-    switch (mr) {                                                                           \
-    case 4: q8x8_body_vnni(x, g, nb, o, ldo, dt, 4); break;                                 \
-    case 3: q8x8_body_vnni(x, g, nb, o, ldo, dt, 3); break;                                 \
-    case 2: q8x8_body_vnni(x, g, nb, o, ldo, dt, 2); break;                                 \
-    default: q8x8_body_vnni(x, g, nb, o, ldo, dt, 1); break;                                \
-    }                                                                                       \
-  }
-Q8X8_INST_VNNI(q8x8_vnni_q8_0, IR_Q8_0)
-Q8X8_INST_VNNI(q8x8_vnni_q4_0, IR_Q4_0)
-Q8X8_INST_VNNI(q8x8_vnni_q4_1, IR_Q4_1)
+Q8X8_INST(q8x8_vnni_q8_0, Q8_VNNI, q8x8_body_vnni, IR_Q8_0)
+Q8X8_INST(q8x8_vnni_q4_0, Q8_VNNI, q8x8_body_vnni, IR_Q4_0)
+Q8X8_INST(q8x8_vnni_q4_1, Q8_VNNI, q8x8_body_vnni, IR_Q4_1)
 static const q8x8_fn k_q8x8_vnni[3] = {q8x8_vnni_q8_0, q8x8_vnni_q4_0, q8x8_vnni_q4_1};
 
 static bool q8_has_vnni(void) {
