@@ -232,11 +232,22 @@ ATTN_AVX2_INLINE float attn_fold8(__m256 h) {
 #define ATTN_AVX512_INLINE                                                                  \
   static inline __attribute__((target("avx512f,avx2,fma,f16c"), always_inline))
 
+/* 16 values of a cache row from off on as f32, the cache type known at compile time. */
+enum { ATTN_KIND_F32, ATTN_KIND_F16, ATTN_KIND_I8 };
+
+ATTN_AVX512_INLINE __m512 attn_ld16(int kind, const float *f, const uint16_t *h, const int8_t *b,
+                                   int64_t off) {
+  if (kind == ATTN_KIND_F32) return _mm512_loadu_ps(f + off);
+  if (kind == ATTN_KIND_F16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + off)));
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + off))));
+}
+
+ATTN_AVX512_INLINE int attn_kind(const float *f, const uint16_t *h) {
+  return f ? ATTN_KIND_F32 : h ? ATTN_KIND_F16 : ATTN_KIND_I8;
+}
+
 ATTN_AVX512_INLINE __m512 attn_k16(const attn_rows *r, int64_t j, int64_t i) {
-  if (r->k) return _mm512_loadu_ps(r->k + j * r->hd + i);
-  if (r->k16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(r->k16 + j * r->hd + i)));
-  __m128i b = _mm_loadu_si128((const __m128i *)(r->k8 + j * r->hd + i));
-  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b));
+  return attn_ld16(attn_kind(r->k, r->k16), r->k, r->k16, r->k8, j * r->hd + i);
 }
 
 /* (l, l+8), (l, l+4), (l, l+2), (0, 1): the fold of the order. */
@@ -287,30 +298,10 @@ ATTN_AVX512_INLINE __m512 attn_fold_rows(const __m512 *t) {
                                w);
 }
 
-ATTN_AVX512_INLINE __m512 attn_scores16_vec(const float *q, const attn_rows *r, float scale) {
-  __m512 t[4];
-  for (int g = 0; g < 4; g++) {
-    __m512 a[4];
-    attn_dot4_avx512(q, r, 4 * g, r->hd, a);
-    t[g] = attn_fold4rows(a);
-  }
-  __m512 w = attn_fold_rows(t);
-  if (r->ks) w = _mm512_mul_ps(w, _mm512_loadu_ps(r->ks));
-  return _mm512_mul_ps(w, _mm512_set1_ps(scale));
-}
-
-static ATTN_AVX512 void attn_scores16_avx512(const float *q, const attn_rows *r, float scale,
-                                             float *s) {
-  _mm512_storeu_ps(s, attn_scores16_vec(q, r, scale));
-}
-
 static ATTN_AVX512 void attn_scores_avx512(const float *q, const attn_rows *r, float scale,
                                            float *s) {
+  /* (a full chunk with head_dim a multiple of 16 goes to chunk16 instead) */
   int64_t hd = r->hd, full = hd / KN_ATTN_LANES * KN_ATTN_LANES;
-  if (r->n == KN_ATTN_CHUNK && full == hd) {
-    attn_scores16_avx512(q, r, scale, s);
-    return;
-  }
   int j = 0;
   for (; j + 4 <= r->n; j += 4) {
     __m512 a[4];
@@ -335,10 +326,7 @@ static ATTN_AVX512 void attn_scores_avx512(const float *q, const attn_rows *r, f
 ATTN_AVX512_INLINE __m512 attn_v16(const attn_rows *r, int64_t off, int64_t nv) {
   __mmask16 m = nv >= KN_ATTN_LANES ? (__mmask16)0xffff : (__mmask16)((1u << nv) - 1u);
   if (r->v) return _mm512_maskz_loadu_ps(m, r->v + off);
-  if (nv >= KN_ATTN_LANES) {
-    if (r->v16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(r->v16 + off)));
-    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(r->v8 + off))));
-  }
+  if (nv >= KN_ATTN_LANES) return attn_ld16(attn_kind(NULL, r->v16), NULL, r->v16, r->v8, off);
   if (r->v16) {
     uint16_t h[KN_ATTN_LANES] = {0};
     memcpy(h, r->v16 + off, (size_t)nv * sizeof *h);
@@ -554,15 +542,6 @@ static ATTN_AVX512 void attn_widen_avx512(const attn_rows *r, float *k, float *v
  * vector is loaded and widened once for all the queries, whose fma chains, independent,
  * run side by side: a query's own chains are those it has alone. */
 enum { KN_ATTN_MQ = 4 };
-enum { ATTN_KIND_F32, ATTN_KIND_F16, ATTN_KIND_I8 };
-
-ATTN_AVX512_INLINE __m512 attn_ld16(int kind, const float *f, const uint16_t *h, const int8_t *b,
-                                   int64_t off) {
-  if (kind == ATTN_KIND_F32) return _mm512_loadu_ps(f + off);
-  if (kind == ATTN_KIND_F16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + off)));
-  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + off))));
-}
-
 ATTN_AVX512_INLINE void attn_chunk16_body(attn_state *const *st, const float *const *q, int nq,
                                           const attn_rows *r, const float *v_scale, float scale,
                                           int64_t d0, int64_t dn, int kind) {
