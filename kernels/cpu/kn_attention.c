@@ -400,6 +400,25 @@ ATTN_AVX2_INLINE float attn_score_tail(const float *q, const attn_rows *r, int j
   return (r->ks ? d * r->ks[j] : d) * scale;
 }
 
+/* attn_fold8 of four rows' lo + hi side by side, on the same pairs: (l, l+4) across the
+ * two 128-bit halves, then (l, l+2), then (0, 1); f[c] is row c's. */
+ATTN_AVX2_INLINE void attn_fold4_avx2(__m256 v0, __m256 v1, __m256 v2, __m256 v3, float *f) {
+  /* (l, l+4): [v0 | v1] and [v2 | v3], four lanes each */
+  __m256 t01 = _mm256_add_ps(_mm256_permute2f128_ps(v0, v1, 0x20),
+                             _mm256_permute2f128_ps(v0, v1, 0x31));
+  __m256 t23 = _mm256_add_ps(_mm256_permute2f128_ps(v2, v3, 0x20),
+                             _mm256_permute2f128_ps(v2, v3, 0x31));
+  /* (l, l+2): [v0 v0 v2 v2 | v1 v1 v3 v3] */
+  __m256 u = _mm256_add_ps(_mm256_shuffle_ps(t01, t23, _MM_SHUFFLE(1, 0, 1, 0)),
+                           _mm256_shuffle_ps(t01, t23, _MM_SHUFFLE(3, 2, 3, 2)));
+  /* (0, 1): [v0 v2 . . | v1 v3 . .] */
+  __m256 w = _mm256_add_ps(_mm256_shuffle_ps(u, u, _MM_SHUFFLE(2, 0, 2, 0)),
+                           _mm256_shuffle_ps(u, u, _MM_SHUFFLE(3, 1, 3, 1)));
+  float g[8];
+  _mm256_storeu_ps(g, w);
+  f[0] = g[0], f[1] = g[4], f[2] = g[1], f[3] = g[5];
+}
+
 /* Four rows at a time (eight independent fma chains, q loaded once); their four folds run
  * side by side on the same pairs as attn_fold8: (l, l+4) across the two 128-bit halves,
  * then (l, l+2), then (0, 1). */
@@ -422,25 +441,10 @@ static ATTN_AVX2 void attn_scores_avx2(const float *q, const attn_rows *r, float
       l3 = _mm256_fmadd_ps(ql, attn_row8(r->k, r->k16, r->k8, r3 + i), l3);
       h3 = _mm256_fmadd_ps(qh, attn_row8(r->k, r->k16, r->k8, r3 + i + 8), h3);
     }
-    __m256 v0 = _mm256_add_ps(l0, h0), v1 = _mm256_add_ps(l1, h1);
-    __m256 v2 = _mm256_add_ps(l2, h2), v3 = _mm256_add_ps(l3, h3);
-    /* (l, l+4): [v0 | v1] and [v2 | v3], four lanes each */
-    __m256 t01 = _mm256_add_ps(_mm256_permute2f128_ps(v0, v1, 0x20),
-                               _mm256_permute2f128_ps(v0, v1, 0x31));
-    __m256 t23 = _mm256_add_ps(_mm256_permute2f128_ps(v2, v3, 0x20),
-                               _mm256_permute2f128_ps(v2, v3, 0x31));
-    /* (l, l+2): [v0 v0 v2 v2 | v1 v1 v3 v3] */
-    __m256 u = _mm256_add_ps(_mm256_shuffle_ps(t01, t23, _MM_SHUFFLE(1, 0, 1, 0)),
-                             _mm256_shuffle_ps(t01, t23, _MM_SHUFFLE(3, 2, 3, 2)));
-    /* (0, 1): [v0 v2 . . | v1 v3 . .] */
-    __m256 w = _mm256_add_ps(_mm256_shuffle_ps(u, u, _MM_SHUFFLE(2, 0, 2, 0)),
-                             _mm256_shuffle_ps(u, u, _MM_SHUFFLE(3, 1, 3, 1)));
-    float f[8];
-    _mm256_storeu_ps(f, w);
-    s[j] = attn_score_tail(q, r, j, f[0], scale);
-    s[j + 1] = attn_score_tail(q, r, j + 1, f[4], scale);
-    s[j + 2] = attn_score_tail(q, r, j + 2, f[1], scale);
-    s[j + 3] = attn_score_tail(q, r, j + 3, f[5], scale);
+    float f[4];
+    attn_fold4_avx2(_mm256_add_ps(l0, h0), _mm256_add_ps(l1, h1), _mm256_add_ps(l2, h2),
+                    _mm256_add_ps(l3, h3), f);
+    for (int c = 0; c < 4; c++) s[j + c] = attn_score_tail(q, r, j + c, f[c], scale);
   }
   for (; j < r->n; j++) {
     __m256 lo = _mm256_setzero_ps(), hi = lo;
@@ -634,11 +638,120 @@ static ATTN_AVX2 void attn_widen_avx2(const attn_rows *r, float *k, float *v) {
   attn_widen_from(r, i, k, v);
 }
 
+/* 8 values of a cache row from off on as f32, the cache type known at compile time. */
+ATTN_AVX2_INLINE __m256 attn_ld8(int kind, const float *f, const uint16_t *h, const int8_t *b,
+                                 int64_t off) {
+  if (kind == ATTN_KIND_F32) return _mm256_loadu_ps(f + off);
+  if (kind == ATTN_KIND_F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + off)));
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b + off))));
+}
+
+/* attn_chunk16_body on AVX2, two queries at a time (sixteen ymm registers hold two
+ * queries' chains): each query's steps are those of attn_chunk_group's phases with
+ * attn_scores_avx2, attn_exp_avx2 and attn_accum_avx2, so the same bits as alone and as
+ * the AVX-512 kernel; each K and V vector is loaded and widened once for both. */
+ATTN_AVX2_INLINE void attn_chunk2_body(attn_state *const *st, const float *const *q, int nq,
+                                       const attn_rows *r, const float *v_scale, float scale,
+                                       int64_t d0, int64_t dn, int kind) {
+  const int64_t hd = r->hd;
+  float p[2][KN_ATTN_CHUNK];
+  for (int j = 0; j < KN_ATTN_CHUNK; j += 4) {
+    __m256 v[2][4];
+    for (int c = 0; c < 4; c += 2) { /* rows j+c, j+c+1: lo and hi chains per query */
+      __m256 a[2][4];
+      for (int i = 0; i < nq; i++)
+        for (int e = 0; e < 4; e++) a[i][e] = _mm256_setzero_ps();
+      const int64_t r0 = (j + c) * hd, r1 = r0 + hd;
+      for (int64_t d = 0; d < hd; d += KN_ATTN_LANES) {
+        __m256 k0 = attn_ld8(kind, r->k, r->k16, r->k8, r0 + d);
+        __m256 k1 = attn_ld8(kind, r->k, r->k16, r->k8, r0 + d + 8);
+        __m256 k2 = attn_ld8(kind, r->k, r->k16, r->k8, r1 + d);
+        __m256 k3 = attn_ld8(kind, r->k, r->k16, r->k8, r1 + d + 8);
+        for (int i = 0; i < nq; i++) {
+          __m256 ql = _mm256_loadu_ps(q[i] + d), qh = _mm256_loadu_ps(q[i] + d + 8);
+          a[i][0] = _mm256_fmadd_ps(ql, k0, a[i][0]);
+          a[i][1] = _mm256_fmadd_ps(qh, k1, a[i][1]);
+          a[i][2] = _mm256_fmadd_ps(ql, k2, a[i][2]);
+          a[i][3] = _mm256_fmadd_ps(qh, k3, a[i][3]);
+        }
+      }
+      for (int i = 0; i < nq; i++) {
+        v[i][c] = _mm256_add_ps(a[i][0], a[i][1]);
+        v[i][c + 1] = _mm256_add_ps(a[i][2], a[i][3]);
+      }
+    }
+    for (int i = 0; i < nq; i++) {
+      float f[4];
+      attn_fold4_avx2(v[i][0], v[i][1], v[i][2], v[i][3], f);
+      for (int c = 0; c < 4; c++)
+        p[i][j + c] = (r->ks ? f[c] * r->ks[j + c] : f[c]) * scale;
+    }
+  }
+  for (int i = 0; i < nq; i++) { /* max, rescale, weights, sum: attn_chunk_group's phases */
+    attn_state *s = st[i];
+    float cm = p[i][0];
+    for (int j = 1; j < KN_ATTN_CHUNK; j++) cm = p[i][j] > cm ? p[i][j] : cm;
+    if (cm > s->max) {
+      float corr = s->max - cm;
+      attn_exp_avx2(&corr, 1);
+      s->sum *= corr;
+      for (int64_t d = 0; d < dn; d++) s->acc[d] *= corr;
+      s->max = cm;
+    }
+    for (int j = 0; j < KN_ATTN_CHUNK; j++) p[i][j] -= s->max;
+    attn_exp_avx2(p[i], KN_ATTN_CHUNK);
+    float sum = s->sum;
+    for (int j = 0; j < KN_ATTN_CHUNK; j++) sum += p[i][j];
+    s->sum = sum;
+    if (v_scale)
+      for (int j = 0; j < KN_ATTN_CHUNK; j++) p[i][j] *= v_scale[j];
+  }
+  int64_t d = 0;
+  for (; d + 32 <= dn; d += 32) { /* p . v: each dim's fma chain over the rows in order */
+    __m256 acc[2][4];
+    for (int i = 0; i < nq; i++)
+      for (int c = 0; c < 4; c++) acc[i][c] = _mm256_loadu_ps(st[i]->acc + d + 8 * c);
+    for (int j = 0; j < KN_ATTN_CHUNK; j++) {
+      __m256 vr[4];
+      for (int c = 0; c < 4; c++) vr[c] = attn_ld8(kind, r->v, r->v16, r->v8, j * hd + d0 + d + 8 * c);
+      for (int i = 0; i < nq; i++) {
+        __m256 pj = _mm256_set1_ps(p[i][j]);
+        for (int c = 0; c < 4; c++) acc[i][c] = _mm256_fmadd_ps(pj, vr[c], acc[i][c]);
+      }
+    }
+    for (int i = 0; i < nq; i++)
+      for (int c = 0; c < 4; c++) _mm256_storeu_ps(st[i]->acc + d + 8 * c, acc[i][c]);
+  }
+  if (d < dn) /* the last dims */
+    for (int i = 0; i < nq; i++) attn_accum_avx2(st[i]->acc + d, p[i], r, d0 + d, dn - d);
+}
+
+#define ATTN_CHUNK2_INST(name, kind)                                                       \
+  static ATTN_AVX2 void name(attn_state *const *st, const float *const *q, int nq,          \
+                             const attn_rows *r, const float *v_scale, float scale,         \
+                             int64_t d0, int64_t dn) {                                      \
+    for (int i = 0; i < nq; i += 2) {                                                       \
+      if (nq - i >= 2) attn_chunk2_body(st + i, q + i, 2, r, v_scale, scale, d0, dn, kind); \
+      else attn_chunk2_body(st + i, q + i, 1, r, v_scale, scale, d0, dn, kind);            \
+    }                                                                                       \
+  }
+ATTN_CHUNK2_INST(attn_chunk2_f32, ATTN_KIND_F32)
+ATTN_CHUNK2_INST(attn_chunk2_f16, ATTN_KIND_F16)
+ATTN_CHUNK2_INST(attn_chunk2_i8, ATTN_KIND_I8)
+
+static ATTN_AVX2 void attn_chunk16_avx2(attn_state *const *st, const float *const *q, int nq,
+                                        const attn_rows *r, const float *v_scale, float scale,
+                                        int64_t d0, int64_t dn) {
+  if (r->k) attn_chunk2_f32(st, q, nq, r, v_scale, scale, d0, dn);
+  else if (r->k16) attn_chunk2_f16(st, q, nq, r, v_scale, scale, d0, dn);
+  else attn_chunk2_i8(st, q, nq, r, v_scale, scale, d0, dn);
+}
+
 static const attn_kernels k_attn_avx512 = {attn_scores_avx512, attn_exp_avx2,
                                            attn_accum_avx512, attn_widen_avx512,
                                            attn_chunk16_avx512};
 static const attn_kernels k_attn_avx2 = {attn_scores_avx2, attn_exp_avx2, attn_accum_avx2,
-                                         attn_widen_avx2, NULL};
+                                         attn_widen_avx2, attn_chunk16_avx2};
 #endif
 
 static const attn_kernels *attn_pick(void) {
