@@ -384,12 +384,18 @@ static ATTN_AVX512 void attn_accum_avx512(float *acc, const float *p, const attn
 /* AVX2 + FMA: lanes 0-7 of the order in one ymm, 8-15 in another; lo + hi is the first
  * fold, so these give the AVX-512 kernels' bits. */
 
-/* 8 values of a K or V row (f32, f16 or int8 rows) from off on; all 8 are real. */
+/* 8 values of a cache row from off on as f32, the cache type known at compile time. */
+ATTN_AVX2_INLINE __m256 attn_ld8(int kind, const float *f, const uint16_t *h, const int8_t *b,
+                                 int64_t off) {
+  if (kind == ATTN_KIND_F32) return _mm256_loadu_ps(f + off);
+  if (kind == ATTN_KIND_F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + off)));
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b + off))));
+}
+
+/* The same, the cache type that of the row pointer that is set (all 8 values are real). */
 ATTN_AVX2_INLINE __m256 attn_row8(const float *f, const uint16_t *h, const int8_t *q,
                                    int64_t off) {
-  if (f) return _mm256_loadu_ps(f + off);
-  if (h) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + off)));
-  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + off))));
+  return attn_ld8(f ? ATTN_KIND_F32 : h ? ATTN_KIND_F16 : ATTN_KIND_I8, f, h, q, off);
 }
 
 /* One row's 16-lane dot product, folded as attn_fold8(lo + hi) (+ the tail, scaled). */
@@ -419,9 +425,8 @@ ATTN_AVX2_INLINE void attn_fold4_avx2(__m256 v0, __m256 v1, __m256 v2, __m256 v3
   f[0] = g[0], f[1] = g[4], f[2] = g[1], f[3] = g[5];
 }
 
-/* Four rows at a time (eight independent fma chains, q loaded once); their four folds run
- * side by side on the same pairs as attn_fold8: (l, l+4) across the two 128-bit halves,
- * then (l, l+2), then (0, 1). */
+/* Four rows at a time (eight independent fma chains, q loaded once), folded together by
+ * attn_fold4_avx2. */
 static ATTN_AVX2 void attn_scores_avx2(const float *q, const attn_rows *r, float scale,
                                        float *s) {
   int64_t hd = r->hd, full = hd / KN_ATTN_LANES * KN_ATTN_LANES;
@@ -636,14 +641,6 @@ static ATTN_AVX2 void attn_widen_avx2(const attn_rows *r, float *k, float *v) {
     _mm256_storeu_ps(v + i, attn_row8(NULL, r->v16, r->v8, i));
   }
   attn_widen_from(r, i, k, v);
-}
-
-/* 8 values of a cache row from off on as f32, the cache type known at compile time. */
-ATTN_AVX2_INLINE __m256 attn_ld8(int kind, const float *f, const uint16_t *h, const int8_t *b,
-                                 int64_t off) {
-  if (kind == ATTN_KIND_F32) return _mm256_loadu_ps(f + off);
-  if (kind == ATTN_KIND_F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + off)));
-  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b + off))));
 }
 
 /* attn_chunk16_body on AVX2, two queries at a time (sixteen ymm registers hold two

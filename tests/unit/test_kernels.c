@@ -337,8 +337,8 @@ static void test_attention_long(kn_pool *p) {
 /* Grouped queries (GQA heads, a prefill's tokens, head sub-groups on idle threads) change
  * no bit: a prompt of n tokens of one sequence (full 16-position chunks and a partial
  * one, written and attended in one call on four threads) against each token attended
- * alone on one thread, bit for bit; AVX2 (generic phases) against AVX-512 (a full chunk
- * folded in registers) bit for bit; and a few rows against softmax(q k^T) v in double.
+ * alone on one thread, bit for bit; AVX2 (a full chunk two queries at a time) against
+ * AVX-512 (four at a time) bit for bit; and a few rows against softmax(q k^T) v in double.
  * Head layouts: 9 on 3 (g 3), 32 on 2 (g 16: one token a group), 40 on 2 (g 20: two
  * sub-groups), 4 on 4 (g 1: 16 tokens a group). */
 static void attn_group_run(kn_pool *p, int isa, bool f16, int64_t nh, int64_t nkv,
