@@ -2,6 +2,8 @@
  * Each (token, head) is one online-softmax pass, so its result never depends on the
  * other tokens of the step. */
 #include <math.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -751,6 +753,12 @@ static const attn_kernels k_attn_avx2 = {attn_scores_avx2, attn_exp_avx2, attn_a
                                          attn_widen_avx2, attn_chunk16_avx2};
 #endif
 
+static _Atomic bool g_attn_chunk_kernels = true;
+
+bool kn_attention_set_chunk_kernels(bool on) {
+  return atomic_exchange(&g_attn_chunk_kernels, on);
+}
+
 static const attn_kernels *attn_pick(void) {
 #if KN_ATTN_X86
   if (kn_cpu_isa() >= 2) return &k_attn_avx512;
@@ -796,7 +804,9 @@ static void attn_chunk_group(const attn_kernels *kk, attn_state *st, const attn_
     wide.k = kw, wide.v = vw, wide.k16 = wide.v16 = NULL, wide.k8 = wide.v8 = NULL;
     chunk = &wide;
   }
-  if (kk->chunk16 && chunk->hd % KN_ATTN_LANES == 0) { /* the full chunks, KN_ATTN_MQ at once */
+  /* the full chunks, KN_ATTN_MQ at once */
+  if (kk->chunk16 && chunk->hd % KN_ATTN_LANES == 0 &&
+      atomic_load_explicit(&g_attn_chunk_kernels, memory_order_relaxed)) {
     attn_state *fs[KN_ATTN_MQ];
     const float *fq[KN_ATTN_MQ];
     int nf = 0;

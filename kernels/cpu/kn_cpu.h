@@ -188,5 +188,11 @@ typedef struct kn_attn_io {
 void kn_attention_paged_io(kn_pool *p, float *out, const kn_attn_io *io, const kn_kv_layer *kv,
                            const kn_attn_batch *b, int64_t n_heads, float scale);
 
+/* Turns the full-chunk kernels of kn_attention (several queries folded over one read of
+ * a 16-row chunk) off or on and returns the previous setting; off, every chunk takes the
+ * per-query phases, which must give the same bits. For tests; call it only while no
+ * kernel runs. */
+bool kn_attention_set_chunk_kernels(bool on);
+
 
 #endif

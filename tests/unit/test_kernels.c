@@ -248,11 +248,12 @@ static void test_attention(kn_pool *p1, kn_pool *p4) {
   attn_case(p1, p4, 4, 2, 16, 60.0f); /* score spread > 88: exp overflows without the max */
 }
 
-/* One sequence of n_pos positions, in an f32 or f16 cache, over blocks of `bs` (so chunks of 16 positions, a
- * partial chunk and the four-row score unroll are all reached), 9 query heads on 3 KV
- * heads, against double softmax(q k^T * scale) v. With `isa` the kernels are capped to
- * that instruction set; the caller compares the outputs across sets. */
-static void attn_long_run(kn_pool *p, int isa, bool f16, int64_t hd, int64_t bs,
+/* One sequence of n_pos positions, in an f32 or f16 cache, over blocks of `bs` (so chunks
+ * of 16 positions, a partial chunk and the four-row score unroll are all reached), 9 query
+ * heads on 3 KV heads, against double softmax(q k^T * scale) v. With `isa` the kernels are
+ * capped to that instruction set, and `chunks` off turns the full-chunk kernels off; the
+ * caller compares the outputs across runs. */
+static void attn_long_run(kn_pool *p, int isa, bool chunks, bool f16, int64_t hd, int64_t bs,
                           int64_t n_pos, float scale, float *out) {
   enum { NH = 9, NKV = 3 };
   int64_t n_blk = (n_pos + bs - 1) / bs, row = NKV * hd;
@@ -272,6 +273,7 @@ static void attn_long_run(kn_pool *p, int isa, bool f16, int64_t hd, int64_t bs,
   for (int64_t t = 0; t < n_pos; t++) pos[t] = (int32_t)t;
   float *all = malloc((size_t)(n_pos * NH * hd) * sizeof *all);
   int prev = kn_matmul_set_max_isa(isa);
+  bool prev_chunks = kn_attention_set_chunk_kernels(chunks);
   kn_attn_batch b = {.n_tok = n_pos - 1, .tok_seq = seq, .tok_pos = pos,
                      .max_blocks_per_seq = n_blk, .block_tables = tables};
   float *qs = calloc((size_t)(n_pos * NH * hd), sizeof *qs);
@@ -280,6 +282,7 @@ static void attn_long_run(kn_pool *p, int isa, bool f16, int64_t hd, int64_t bs,
                       .max_blocks_per_seq = n_blk, .block_tables = tables};
   kn_attention_paged(p, out, q, k + (n_pos - 1) * row, v + (n_pos - 1) * row, &kv, &b, NH,
                      scale);
+  kn_attention_set_chunk_kernels(prev_chunks);
   kn_matmul_set_max_isa(prev);
   int ok = 1;
   for (int64_t h = 0; h < NH; h++) {
@@ -306,31 +309,34 @@ static void attn_long_run(kn_pool *p, int isa, bool f16, int64_t hd, int64_t bs,
 }
 
 /* Every instruction set against the reference, and against each other within rounding
- * (they differ only where the portable build has no native fma). */
+ * (they differ only where the portable build has no native fma); AVX2 and AVX-512 with
+ * the chunk kernels on and off, bit for bit. */
 static void test_attention_long(kn_pool *p) {
   static const struct { int64_t hd, bs, n; float scale; } c[] = {
       {64, 32, 83, 0.125f}, {64, 16, 40, 0.125f}, {20, 48, 70, 0.2f}, {64, 32, 50, 8.0f},
       {48, 16, 45, 0.125f}, {80, 32, 70, 0.1f}};
   for (size_t i = 0; i < 2 * sizeof c / sizeof c[0]; i++) {
     bool f16 = i % 2;
-    float *o0 = malloc((size_t)(9 * c[i / 2].hd) * sizeof *o0);
-    float *o2 = malloc((size_t)(9 * c[i / 2].hd) * sizeof *o2);
-    float *o1 = malloc((size_t)(9 * c[i / 2].hd) * sizeof *o1);
-    uint64_t seed = g_rng; /* the same inputs for every instruction set */
-    attn_long_run(p, 0, f16, c[i / 2].hd, c[i / 2].bs, c[i / 2].n, c[i / 2].scale, o0);
-    g_rng = seed;
-    attn_long_run(p, 1, f16, c[i / 2].hd, c[i / 2].bs, c[i / 2].n, c[i / 2].scale, o1);
-    g_rng = seed;
-    attn_long_run(p, 2, f16, c[i / 2].hd, c[i / 2].bs, c[i / 2].n, c[i / 2].scale, o2);
+    int64_t hd = c[i / 2].hd, bs = c[i / 2].bs, n = c[i / 2].n;
+    size_t sz = (size_t)(9 * hd) * sizeof(float);
+    float *o[5]; /* portable; AVX2, AVX-512 with the chunk kernels; then without */
+    uint64_t seed = g_rng; /* the same inputs for every run */
+    for (int r = 0; r < 5; r++) {
+      g_rng = seed;
+      o[r] = malloc(sz);
+      attn_long_run(p, r ? 1 + (r + 1) % 2 : 0, r < 3, f16, hd, bs, n, c[i / 2].scale, o[r]);
+    }
     /* AVX2 and AVX-512 both fuse every multiply-add in the same order: the same bits
      * (and on a CPU with less, both runs take the same kernels) */
-    CHECKF(!memcmp(o1, o2, (size_t)(9 * c[i / 2].hd) * sizeof *o1),
-           "attention AVX2 vs AVX-512 differ (hd %lld)", (long long)c[i / 2].hd);
-    free(o1);
+    CHECKF(!memcmp(o[1], o[2], sz), "attention AVX2 vs AVX-512 differ (hd %lld)", (long long)hd);
+    for (int r = 3; r < 5; r++)
+      CHECKF(!memcmp(o[r - 2], o[r], sz),
+             "attention chunk kernels vs per-query phases differ (isa %d %s hd %lld)", r - 2,
+             f16 ? "f16" : "f32", (long long)hd);
     float worst = 0;
-    for (int64_t j = 0; j < 9 * c[i / 2].hd; j++) worst = fmaxf(worst, fabsf(o0[j] - o2[j]));
+    for (int64_t j = 0; j < 9 * hd; j++) worst = fmaxf(worst, fabsf(o[0][j] - o[2][j]));
     CHECKF(worst <= 1e-5f, "attention portable vs SIMD differ by %g", worst);
-    free(o0), free(o2);
+    for (int r = 0; r < 5; r++) free(o[r]);
   }
 }
 
@@ -338,34 +344,52 @@ static void test_attention_long(kn_pool *p) {
  * no bit: a prompt of n tokens of one sequence (full 16-position chunks and a partial
  * one, written and attended in one call on four threads) against each token attended
  * alone on one thread, bit for bit; AVX2 (a full chunk two queries at a time) against
- * AVX-512 (four at a time) bit for bit; and a few rows against softmax(q k^T) v in double.
- * Head layouts: 9 on 3 (g 3), 32 on 2 (g 16: one token a group), 40 on 2 (g 20: two
- * sub-groups), 4 on 4 (g 1: 16 tokens a group). */
-static void attn_group_run(kn_pool *p, int isa, bool f16, int64_t nh, int64_t nkv,
-                           int64_t n, bool alone, float *out) {
+ * AVX-512 (four at a time) and both against their per-query phases (the chunk kernels
+ * off) bit for bit; and a few rows against softmax(q k^T) v in double over what the cache
+ * holds. Caches: f32, f16, int8 (rows with their scales). Head layouts: 9 on 3 (g 3), 32
+ * on 2 (g 16: one token a group), 40 on 2 (g 20: two sub-groups), 4 on 4 (g 1: 16 tokens
+ * a group). */
+enum { ATTN_F32, ATTN_F16, ATTN_I8 };
+
+/* Element e of row j (position j of the sequence) of kv head kvh of the K (or V) cache. */
+static double attn_cached(const kn_kv_layer *kv, const int32_t *tables, int64_t j,
+                          int64_t kvh, int64_t e, bool v) {
+  int64_t bs = kv->block_size, r = (tables[j / bs] * kv->n_kv_heads + kvh) * bs + j % bs;
+  int64_t o = r * kv->head_dim + e;
+  if (kv->k) return v ? kv->v[o] : kv->k[o];
+  if (kv->k16) return ir_f16_to_f32(v ? kv->v16[o] : kv->k16[o]);
+  return v ? (double)kv->v8[o] * kv->v_scale[r] : (double)kv->k8[o] * kv->k_scale[r];
+}
+
+static void attn_group_run(kn_pool *p, int isa, bool chunks, int kind, int64_t nh, int64_t nkv,
+                           int64_t n, float *out) {
   const int64_t hd = 64, bs = 16, n_blk = (n + bs - 1) / bs, row = nkv * hd;
   uint64_t seed = g_rng;
   float *k = rnd_vec(n * row, 1.0f), *v = rnd_vec(n * row, 1.0f), *q = rnd_vec(n * nh * hd, 1.0f);
   g_rng = seed;
   int32_t *tables = malloc((size_t)n_blk * sizeof *tables);
   for (int64_t b = 0; b < n_blk; b++) tables[b] = (int32_t)((b * 5 + 3) % n_blk); /* scattered */
-  size_t cache = (size_t)(n_blk * bs * row);
+  size_t cache = (size_t)(n_blk * bs * row), rows = (size_t)(n_blk * bs * nkv);
   kn_kv_layer kv = {.n_blocks = n_blk, .block_size = bs, .n_kv_heads = nkv, .head_dim = hd};
-  if (f16) kv.k16 = calloc(cache, 2), kv.v16 = calloc(cache, 2);
-  else kv.k = calloc(cache, 4), kv.v = calloc(cache, 4);
+  if (kind == ATTN_F16) kv.k16 = calloc(cache, 2), kv.v16 = calloc(cache, 2);
+  else if (kind == ATTN_I8) {
+    kv.k8 = calloc(cache, 1), kv.v8 = calloc(cache, 1);
+    kv.k_scale = calloc(rows, 4), kv.v_scale = calloc(rows, 4);
+  } else kv.k = calloc(cache, 4), kv.v = calloc(cache, 4);
   int32_t *seq = calloc((size_t)n, sizeof *seq), *pos = malloc((size_t)n * sizeof *pos);
   for (int64_t t = 0; t < n; t++) pos[t] = (int32_t)t;
   int prev = kn_matmul_set_max_isa(isa);
+  bool prev_chunks = kn_attention_set_chunk_kernels(chunks);
   kn_attn_batch b = {.n_tok = n, .tok_seq = seq, .tok_pos = pos, .max_blocks_per_seq = n_blk,
                      .block_tables = tables};
   kn_attention_paged(p, out, q, k, v, &kv, &b, nh, 0.125f);
-  if (alone) /* every token again on its own, over the cache the call above wrote */
-    for (int64_t t = 0; t < n; t++) {
-      b = (kn_attn_batch){.n_tok = 1, .tok_seq = seq, .tok_pos = pos + t,
-                          .max_blocks_per_seq = n_blk, .block_tables = tables};
-      kn_attention_paged(NULL, out + n * nh * hd + t * nh * hd, q + t * nh * hd, k + t * row,
-                         v + t * row, &kv, &b, nh, 0.125f);
-    }
+  for (int64_t t = 0; t < n; t++) { /* every token again on its own, over that cache */
+    b = (kn_attn_batch){.n_tok = 1, .tok_seq = seq, .tok_pos = pos + t,
+                        .max_blocks_per_seq = n_blk, .block_tables = tables};
+    kn_attention_paged(NULL, out + n * nh * hd + t * nh * hd, q + t * nh * hd, k + t * row,
+                       v + t * row, &kv, &b, nh, 0.125f);
+  }
+  kn_attention_set_chunk_kernels(prev_chunks);
   kn_matmul_set_max_isa(prev);
   int ok = 1; /* tokens 0, 17 and n - 1 against the double reference */
   const int64_t ts[3] = {0, 17 < n ? 17 : 0, n - 1};
@@ -375,50 +399,49 @@ static void attn_group_run(kn_pool *p, int isa, bool f16, int64_t nh, int64_t nk
       double *sc = malloc((size_t)(t + 1) * sizeof *sc), mx = -INFINITY, sum = 0;
       for (int64_t j = 0; j <= t; j++) {
         double d = 0;
-        for (int64_t e = 0; e < hd; e++) {
-          float kj = k[j * row + kvh * hd + e];
-          d += (double)q[(t * nh + h) * hd + e] * (f16 ? ir_f16_to_f32(ir_f32_to_f16(kj)) : kj);
-        }
+        for (int64_t e = 0; e < hd; e++)
+          d += (double)q[(t * nh + h) * hd + e] * attn_cached(&kv, tables, j, kvh, e, false);
         sc[j] = d * 0.125, mx = sc[j] > mx ? sc[j] : mx;
       }
       for (int64_t j = 0; j <= t; j++) sum += sc[j] = exp(sc[j] - mx);
       for (int64_t e = 0; e < hd; e++) {
         double ref = 0;
-        for (int64_t j = 0; j <= t; j++) {
-          float vj = v[j * row + kvh * hd + e];
-          ref += sc[j] / sum * (f16 ? ir_f16_to_f32(ir_f32_to_f16(vj)) : vj);
-        }
+        for (int64_t j = 0; j <= t; j++)
+          ref += sc[j] / sum * attn_cached(&kv, tables, j, kvh, e, true);
         ok &= fabs(out[(t * nh + h) * hd + e] - ref) <= 2e-5;
       }
       free(sc);
     }
-  CHECKF(ok, "grouped attention vs reference isa %d %s heads %lld/%lld", isa,
-         f16 ? "f16" : "f32", (long long)nh, (long long)nkv);
+  CHECKF(ok, "grouped attention vs reference isa %d chunks %d kind %d heads %lld/%lld", isa,
+         chunks, kind, (long long)nh, (long long)nkv);
   free(k), free(v), free(q), free(tables), free(kv.k), free(kv.v), free(kv.k16), free(kv.v16);
+  free(kv.k8), free(kv.v8), free(kv.k_scale), free(kv.v_scale);
   free(seq), free(pos);
 }
 
 static void test_attention_groups(kn_pool *p4) {
   static const int64_t heads[4][2] = {{9, 3}, {32, 2}, {40, 2}, {4, 4}};
+  static const char *kinds[3] = {"f32", "f16", "int8"};
   const int64_t n = 37; /* two full chunks and a partial one */
   for (int hi = 0; hi < 4; hi++)
-    for (int f16 = 0; f16 < 2; f16++) {
+    for (int kind = 0; kind < 3; kind++) {
       int64_t nh = heads[hi][0], nkv = heads[hi][1], sz = n * nh * 64;
-      float *o1 = malloc((size_t)(2 * sz) * sizeof *o1), *o2 = malloc((size_t)(2 * sz) * sizeof *o2);
-      uint64_t seed = g_rng;
-      attn_group_run(p4, 1, f16, nh, nkv, n, true, o1);
-      g_rng = seed;
-      attn_group_run(p4, 2, f16, nh, nkv, n, true, o2);
-      CHECKF(!memcmp(o2, o2 + sz, (size_t)sz * sizeof *o2),
-             "grouped prefill vs each token alone differ (heads %lld/%lld %s)", (long long)nh,
-             (long long)nkv, f16 ? "f16" : "f32");
-      CHECKF(!memcmp(o1, o1 + sz, (size_t)sz * sizeof *o1),
-             "grouped prefill vs each token alone differ, AVX2 (heads %lld/%lld)",
-             (long long)nh, (long long)nkv);
-      CHECKF(!memcmp(o1, o2, (size_t)sz * sizeof *o1),
+      float *o[4]; /* AVX2, AVX-512, each with the chunk kernels then without */
+      for (int r = 0; r < 4; r++) { /* each run draws the same inputs */
+        o[r] = malloc((size_t)(2 * sz) * sizeof *o[r]);
+        attn_group_run(p4, 1 + r % 2, r < 2, kind, nh, nkv, n, o[r]);
+        CHECKF(!memcmp(o[r], o[r] + sz, (size_t)sz * sizeof *o[r]),
+               "grouped prefill vs each token alone differ (isa %d chunks %d heads %lld/%lld "
+               "%s)", 1 + r % 2, r < 2, (long long)nh, (long long)nkv, kinds[kind]);
+      }
+      CHECKF(!memcmp(o[0], o[1], (size_t)(2 * sz) * sizeof *o[0]),
              "grouped attention AVX2 vs AVX-512 differ (heads %lld/%lld %s)", (long long)nh,
-             (long long)nkv, f16 ? "f16" : "f32");
-      free(o1), free(o2);
+             (long long)nkv, kinds[kind]);
+      for (int r = 0; r < 2; r++)
+        CHECKF(!memcmp(o[r], o[r + 2], (size_t)(2 * sz) * sizeof *o[r]),
+               "attention chunk kernels vs per-query phases differ (isa %d heads %lld/%lld %s)",
+               1 + r, (long long)nh, (long long)nkv, kinds[kind]);
+      for (int r = 0; r < 4; r++) free(o[r]);
     }
 }
 
