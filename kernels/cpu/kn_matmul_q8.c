@@ -330,9 +330,11 @@ Q8_AVX2_INLINE q8x8_wg q8x8_wload_avx2(const uint8_t *g, ir_dtype dt) {
 
 /* x8, one block of one x row: the 8 rows' exact sums p in row order. Nibble types: a
  * 32-byte load holds rows c and c + 4 (slots 2c, 2c + 1); its low nibbles against x's
- * first 16 codes (in both halves) and its high nibbles against the last 16 give, after
- * vpmaddwd, four lane sums of each of the two rows; three hadds make [p0 .. p3 | p4 .. p7].
- * q8_0: one row a load (|w| against sign(x, w)), six hadds and a swap of halves. */
+ * first 16 codes (in both halves) and its high nibbles against the last 16 give eight
+ * int16 lane sums of each of the two rows; three 16-bit hadds (the sums still fit) and
+ * one vpmaddwd make [p0 .. p3 | p4 .. p7] (one multiply where four were, and no 32-bit
+ * hadd: AVX2's multiply port is the bound of this loop on some cores). q8_0: one row a
+ * load (|w| against sign(x, w)), six hadds and a swap of halves. */
 Q8_AVX2_INLINE __m256i q8x8_sums_avx2(const q8x8_wg *w8, const q8_xblock *xb, ir_dtype dt) {
   const __m256i ones = _mm256_set1_epi16(1);
   const uint8_t *codes = w8->g + kn_x8_head(dt);
@@ -345,8 +347,8 @@ Q8_AVX2_INLINE __m256i q8x8_sums_avx2(const q8x8_wg *w8, const q8_xblock *xb, ir
     }
     __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
     __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
-    return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20),
-                            _mm256_permute2x128_si256(a, b, 0x31));
+    /* [a.lo | b.hi] + [a.hi | b.lo]: one lane swap (a blend is cheaper than a second) */
+    return _mm256_add_epi32(_mm256_blend_epi32(a, b, 0xf0), _mm256_permute2x128_si256(a, b, 0x21));
   }
   const __m256i lo4 = _mm256_set1_epi8(15);
   __m256i xlo = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)xb->q));
@@ -354,11 +356,12 @@ Q8_AVX2_INLINE __m256i q8x8_sums_avx2(const q8x8_wg *w8, const q8_xblock *xb, ir
   __m256i v[4];
   for (int c = 0; c < 4; c++) {
     __m256i w = _mm256_loadu_si256((const __m256i *)(codes + 32 * c));
-    __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(_mm256_and_si256(w, lo4), xlo),
-                                 _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(w, 4), lo4), xhi));
-    v[c] = _mm256_madd_epi16(p, ones); /* |p| <= 2 * 2 * 15 * 127: no int16 overflow */
+    v[c] = _mm256_add_epi16(_mm256_maddubs_epi16(_mm256_and_si256(w, lo4), xlo),
+                            _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(w, 4), lo4), xhi));
   }
-  __m256i t = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+  /* int16 lanes of 4, then 8, then 16 products: |sum| <= 16 * 15 * 127 = 30480, exact */
+  __m256i u = _mm256_hadd_epi16(_mm256_hadd_epi16(v[0], v[1]), _mm256_hadd_epi16(v[2], v[3]));
+  __m256i t = _mm256_madd_epi16(u, ones);
   /* q4_0's codes are nibble - 8: the 8 * sum(q) comes off in integers */
   return dt == IR_Q4_0 ? _mm256_sub_epi32(t, _mm256_set1_epi32(8 * xb->isum)) : t;
 }
