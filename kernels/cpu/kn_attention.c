@@ -645,39 +645,43 @@ static ATTN_AVX2 void attn_widen_avx2(const attn_rows *r, float *k, float *v) {
   attn_widen_from(r, i, k, v);
 }
 
-/* attn_chunk16_body on AVX2, two queries at a time (sixteen ymm registers hold two
- * queries' chains): each query's steps are those of attn_chunk_group's phases with
- * attn_scores_avx2, attn_exp_avx2 and attn_accum_avx2, so the same bits as alone and as
- * the AVX-512 kernel; each K and V vector is loaded and widened once for both. */
+/* attn_chunk16_body on AVX2, two or three queries at a time (the sixteen ymm registers
+ * hold two queries' chains over two rows, or three queries' over one row and 16 value
+ * dims): each query's steps are those of attn_chunk_group's phases with attn_scores_avx2,
+ * attn_exp_avx2 and attn_accum_avx2 (a row's chains do not depend on the rows beside it,
+ * nor a value dim's on the other dims), so the same bits as alone and as the AVX-512
+ * kernel; each K and V vector is loaded and widened once for all of them. */
 ATTN_AVX2_INLINE void attn_chunk2_body(attn_state *const *st, const float *const *q, int nq,
                                        const attn_rows *r, const float *v_scale, float scale,
                                        int64_t d0, int64_t dn, int kind) {
   const int64_t hd = r->hd;
-  float p[2][KN_ATTN_CHUNK];
+  const int rs = nq == 3 ? 1 : 2, dw = nq == 3 ? 16 : 32; /* rows, value dims a step */
+  float p[3][KN_ATTN_CHUNK];
   for (int j = 0; j < KN_ATTN_CHUNK; j += 4) {
-    __m256 v[2][4];
-    for (int c = 0; c < 4; c += 2) { /* rows j+c, j+c+1: lo and hi chains per query */
-      __m256 a[2][4];
+    __m256 v[3][4];
+    for (int c = 0; c < 4; c += rs) { /* rows j+c (and j+c+1): lo and hi chains */
+      __m256 a[3][4];
       for (int i = 0; i < nq; i++)
-        for (int e = 0; e < 4; e++) a[i][e] = _mm256_setzero_ps();
+        for (int e = 0; e < 2 * rs; e++) a[i][e] = _mm256_setzero_ps();
       const int64_t r0 = (j + c) * hd, r1 = r0 + hd;
       for (int64_t d = 0; d < hd; d += KN_ATTN_LANES) {
-        __m256 k0 = attn_ld8(kind, r->k, r->k16, r->k8, r0 + d);
-        __m256 k1 = attn_ld8(kind, r->k, r->k16, r->k8, r0 + d + 8);
-        __m256 k2 = attn_ld8(kind, r->k, r->k16, r->k8, r1 + d);
-        __m256 k3 = attn_ld8(kind, r->k, r->k16, r->k8, r1 + d + 8);
+        __m256 k[4];
+        k[0] = attn_ld8(kind, r->k, r->k16, r->k8, r0 + d);
+        k[1] = attn_ld8(kind, r->k, r->k16, r->k8, r0 + d + 8);
+        if (rs == 2) {
+          k[2] = attn_ld8(kind, r->k, r->k16, r->k8, r1 + d);
+          k[3] = attn_ld8(kind, r->k, r->k16, r->k8, r1 + d + 8);
+        }
         for (int i = 0; i < nq; i++) {
           __m256 ql = _mm256_loadu_ps(q[i] + d), qh = _mm256_loadu_ps(q[i] + d + 8);
-          a[i][0] = _mm256_fmadd_ps(ql, k0, a[i][0]);
-          a[i][1] = _mm256_fmadd_ps(qh, k1, a[i][1]);
-          a[i][2] = _mm256_fmadd_ps(ql, k2, a[i][2]);
-          a[i][3] = _mm256_fmadd_ps(qh, k3, a[i][3]);
+          for (int e = 0; e < 2 * rs; e += 2) {
+            a[i][e] = _mm256_fmadd_ps(ql, k[e], a[i][e]);
+            a[i][e + 1] = _mm256_fmadd_ps(qh, k[e + 1], a[i][e + 1]);
+          }
         }
       }
-      for (int i = 0; i < nq; i++) {
-        v[i][c] = _mm256_add_ps(a[i][0], a[i][1]);
-        v[i][c + 1] = _mm256_add_ps(a[i][2], a[i][3]);
-      }
+      for (int i = 0; i < nq; i++)
+        for (int e = 0; e < rs; e++) v[i][c + e] = _mm256_add_ps(a[i][2 * e], a[i][2 * e + 1]);
     }
     for (int i = 0; i < nq; i++) {
       float f[4];
@@ -706,32 +710,37 @@ ATTN_AVX2_INLINE void attn_chunk2_body(attn_state *const *st, const float *const
       for (int j = 0; j < KN_ATTN_CHUNK; j++) p[i][j] *= v_scale[j];
   }
   int64_t d = 0;
-  for (; d + 32 <= dn; d += 32) { /* p . v: each dim's fma chain over the rows in order */
-    __m256 acc[2][4];
+  for (; d + dw <= dn; d += dw) { /* p . v: each dim's fma chain over the rows in order */
+    __m256 acc[3][4];
     for (int i = 0; i < nq; i++)
-      for (int c = 0; c < 4; c++) acc[i][c] = _mm256_loadu_ps(st[i]->acc + d + 8 * c);
+      for (int c = 0; c < dw / 8; c++) acc[i][c] = _mm256_loadu_ps(st[i]->acc + d + 8 * c);
     for (int j = 0; j < KN_ATTN_CHUNK; j++) {
       __m256 vr[4];
-      for (int c = 0; c < 4; c++) vr[c] = attn_ld8(kind, r->v, r->v16, r->v8, j * hd + d0 + d + 8 * c);
+      for (int c = 0; c < dw / 8; c++)
+        vr[c] = attn_ld8(kind, r->v, r->v16, r->v8, j * hd + d0 + d + 8 * c);
       for (int i = 0; i < nq; i++) {
         __m256 pj = _mm256_set1_ps(p[i][j]);
-        for (int c = 0; c < 4; c++) acc[i][c] = _mm256_fmadd_ps(pj, vr[c], acc[i][c]);
+        for (int c = 0; c < dw / 8; c++) acc[i][c] = _mm256_fmadd_ps(pj, vr[c], acc[i][c]);
       }
     }
     for (int i = 0; i < nq; i++)
-      for (int c = 0; c < 4; c++) _mm256_storeu_ps(st[i]->acc + d + 8 * c, acc[i][c]);
+      for (int c = 0; c < dw / 8; c++) _mm256_storeu_ps(st[i]->acc + d + 8 * c, acc[i][c]);
   }
   if (d < dn) /* the last dims */
     for (int i = 0; i < nq; i++) attn_accum_avx2(st[i]->acc + d, p[i], r, d0 + d, dn - d);
 }
 
+/* Three queries (a kv head's group in GQA 3:1) in one pass; otherwise two at a time. */
 #define ATTN_CHUNK2_INST(name, kind)                                                       \
   static ATTN_AVX2 void name(attn_state *const *st, const float *const *q, int nq,          \
                              const attn_rows *r, const float *v_scale, float scale,         \
                              int64_t d0, int64_t dn) {                                      \
-    for (int i = 0; i < nq; i += 2) {                                                       \
-      if (nq - i >= 2) attn_chunk2_body(st + i, q + i, 2, r, v_scale, scale, d0, dn, kind); \
+    for (int i = 0; i < nq;) {                                                              \
+      int n = nq - i == 3 ? 3 : nq - i >= 2 ? 2 : 1;                                        \
+      if (n == 3) attn_chunk2_body(st + i, q + i, 3, r, v_scale, scale, d0, dn, kind);      \
+      else if (n == 2) attn_chunk2_body(st + i, q + i, 2, r, v_scale, scale, d0, dn, kind); \
       else attn_chunk2_body(st + i, q + i, 1, r, v_scale, scale, d0, dn, kind);            \
+      i += n;                                                                               \
     }                                                                                       \
   }
 ATTN_CHUNK2_INST(attn_chunk2_f32, ATTN_KIND_F32)
