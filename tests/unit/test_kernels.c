@@ -343,9 +343,9 @@ static void test_attention_long(kn_pool *p) {
 /* Grouped queries (GQA heads, a prefill's tokens, head sub-groups on idle threads) change
  * no bit: a prompt of n tokens of one sequence (full 16-position chunks and a partial
  * one, written and attended in one call on four threads) against each token attended
- * alone on one thread, bit for bit; AVX2 (a full chunk two queries at a time) against
- * AVX-512 (four at a time) and both against their per-query phases (the chunk kernels
- * off) bit for bit; and a few rows against softmax(q k^T) v in double over what the cache
+ * alone on one thread, bit for bit; AVX2 (a full chunk two or three queries at a time)
+ * against AVX-512 (four at a time) and both against their per-query phases (the chunk
+ * kernels off) bit for bit; and a few rows against softmax(q k^T) v in double over what the cache
  * holds. Caches: f32, f16, int8 (rows with their scales). Head layouts: 9 on 3 (g 3), 32
  * on 2 (g 16: one token a group), 40 on 2 (g 20: two sub-groups), 4 on 4 (g 1: 16 tokens
  * a group). */
