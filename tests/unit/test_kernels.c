@@ -343,12 +343,12 @@ static void test_attention_long(kn_pool *p) {
 /* Grouped queries (GQA heads, a prefill's tokens, head sub-groups on idle threads) change
  * no bit: a prompt of n tokens of one sequence (full 16-position chunks and a partial
  * one, written and attended in one call on four threads) against each token attended
- * alone on one thread, bit for bit; AVX2 (a full chunk two or three queries at a time)
- * against AVX-512 (four at a time) and both against their per-query phases (the chunk
- * kernels off) bit for bit; and a few rows against softmax(q k^T) v in double over what the cache
- * holds. Caches: f32, f16, int8 (rows with their scales). Head layouts: 9 on 3 (g 3), 32
- * on 2 (g 16: one token a group), 40 on 2 (g 20: two sub-groups), 4 on 4 (g 1: 16 tokens
- * a group). */
+ * alone on one or four threads, bit for bit; AVX2 (a full chunk two or three queries at
+ * a time) against AVX-512 (four at a time) and both against their per-query phases (the
+ * chunk kernels off) bit for bit; and a few rows against softmax(q k^T) v in double over
+ * what the cache holds. Caches: f32, f16, int8 (rows with their scales). Head layouts: 9
+ * on 3 (g 3), 32 on 2 (g 16: one token a group), 40 on 2 (g 20: two sub-groups), 4 on 4
+ * (g 1: 16 tokens a group). */
 enum { ATTN_F32, ATTN_F16, ATTN_I8 };
 
 /* Element e of row j (position j of the sequence) of kv head kvh of the K (or V) cache. */
@@ -386,8 +386,9 @@ static void attn_group_run(kn_pool *p, int isa, bool chunks, int kind, int64_t n
   for (int64_t t = 0; t < n; t++) { /* every token again on its own, over that cache */
     b = (kn_attn_batch){.n_tok = 1, .tok_seq = seq, .tok_pos = pos + t,
                         .max_blocks_per_seq = n_blk, .block_tables = tables};
-    kn_attention_paged(NULL, out + n * nh * hd + t * nh * hd, q + t * nh * hd, k + t * row,
-                       v + t * row, &kv, &b, nh, 0.125f);
+    /* on one thread, or on four (fewer kv heads than threads: the heads split again) */
+    kn_attention_paged(t % 2 ? p : NULL, out + n * nh * hd + t * nh * hd, q + t * nh * hd,
+                       k + t * row, v + t * row, &kv, &b, nh, 0.125f);
   }
   kn_attention_set_chunk_kernels(prev_chunks);
   kn_matmul_set_max_isa(prev);
