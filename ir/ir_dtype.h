@@ -28,8 +28,11 @@ typedef enum ir_dtype {
    * writes; rank 2, rows a multiple of 8). Rows 8g .. 8g+7 keep the bytes rows 8g .. 8g+7
    * take in the base layout; within them block b of the 8 rows is one group:
    *   the 8 d (f16), for Q4_1 then the 8 m (f16), then the 8 rows' codes (32 B of Q8_0,
-   *   16 B of nibbles of Q4_0 / Q4_1 each) in row order 0 4 1 5 2 6 3 7 for the nibble
-   *   types (two rows a 32-byte load, their sums land in row order) and 0 .. 7 for Q8_0. */
+   *   16 B of nibbles of Q4_0 / Q4_1 each) 4 bytes of each row in turn: code bytes
+   *   4j .. 4j+3 of rows 0 .. 7 make 32 bytes, j = 0, 1, ... So a 32-byte load holds the
+   *   same 4 (Q8_0) or 4 + 4 (nibbles: low 4j .., high 16 + 4j ..) positions of all 8
+   *   rows, and a multiply-add against x's 4 codes there broadcast leaves each row's sum
+   *   in its lane. (Plan format 1 had each row's codes whole, a layout of its own.) */
   IR_Q8_0_X8 = 12,
   IR_Q4_0_X8 = 13,
   IR_Q4_1_X8 = 14,

@@ -1,7 +1,8 @@
 /* pass_repack: block-quantized weights of int8-activation matmuls rewritten with 8 rows
  * interleaved (IR_*_X8, ir_dtype.h): the CPU kernels then load the 8 rows' scales in one
- * register, two rows' nibbles in one, and sum a block's products in one integer tree, a
- * third of the instructions the GGUF layout takes (decode is bound by them on AVX2). */
+ * register and the same 4 code positions of all 8 rows in one, so each row's products
+ * add up in its own lane, with no horizontal sums: a fraction of the instructions the
+ * GGUF layout takes (decode is bound by them on AVX2). */
 #include <stdlib.h>
 
 #include "kn_quant.h"

@@ -53,8 +53,9 @@ void kn_matmul_swiglu(kn_pool *p, float *y, const float *x, const void *w, ir_dt
 typedef struct kn_mm_tiles {
   int64_t m, n, mb, nb, n_tiles, n_tasks;
 } kn_mm_tiles;
-/* col_bytes: bytes of W read per column of y. */
-kn_mm_tiles kn_mm_tiles_plan(int64_t m, int64_t n, int64_t col_bytes, int n_threads);
+/* col_bytes: bytes of W read per column of y; column tiles are multiples of align (a
+ * multiple of 8: every kernel's width). */
+kn_mm_tiles kn_mm_tiles_plan(int64_t m, int64_t n, int64_t col_bytes, int n_threads, int align);
 /* The rows [*i0, *i1) and columns [*j0, *j1) of task t. */
 void kn_mm_tile_bounds(const kn_mm_tiles *t, int64_t task, int64_t *i0, int64_t *i1,
                        int64_t *j0, int64_t *j1);

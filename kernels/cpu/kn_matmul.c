@@ -737,17 +737,18 @@ static void mm_task(void *arg, int64_t begin, int64_t end, int tid) {
 
 static int64_t mm_round_up(int64_t v, int64_t to) { return (v + to - 1) / to * to; }
 
-kn_mm_tiles kn_mm_tiles_plan(int64_t m, int64_t n, int64_t col_bytes, int n_threads) {
+kn_mm_tiles kn_mm_tiles_plan(int64_t m, int64_t n, int64_t col_bytes, int n_threads, int align) {
   kn_mm_tiles t = {.m = m, .n = n};
+  if (align < KN_MM_TILE_ALIGN) align = KN_MM_TILE_ALIGN;
   int64_t nb = KN_MM_W_TILE_BYTES / (col_bytes > 0 ? col_bytes : 1);
-  nb = nb / KN_MM_TILE_ALIGN * KN_MM_TILE_ALIGN;
-  if (nb < KN_MM_TILE_ALIGN) nb = KN_MM_TILE_ALIGN;
+  nb = nb / align * align;
+  if (nb < align) nb = align;
   t.mb = m < KN_MM_M_TILE ? m : KN_MM_M_TILE;
   if (t.mb < 1) t.mb = 1;
   int64_t m_tiles = (m + t.mb - 1) / t.mb;
   int64_t want = (int64_t)n_threads * KN_MM_TASKS_PER_THREAD;
   if (n_threads > 1 && m_tiles * ((n + nb - 1) / nb) < want) {
-    int64_t per = mm_round_up((n * m_tiles + want - 1) / want, KN_MM_TILE_ALIGN);
+    int64_t per = mm_round_up((n * m_tiles + want - 1) / want, align);
     nb = per < nb ? per : nb;
   }
   t.nb = nb;
@@ -785,7 +786,7 @@ static void mm_choose_panel(mm_args *a, ir_dtype wt) {
 static void mm_run(kn_pool *p, mm_args *a) {
   if (a->m <= 0 || a->n <= 0) return;
   a->tiles = kn_mm_tiles_plan(a->m, a->n, a->w_row_bytes * (a->swiglu ? 2 : 1),
-                             kn_pool_threads(p));
+                             kn_pool_threads(p), KN_MM_TILE_ALIGN);
   int64_t tasks = a->tiles.n_tasks;
   int64_t flops = 2 * a->m * a->n * a->k * (a->swiglu ? 2 : 1);
   kn_parallel_for(p, tasks, flops < KN_MM_SERIAL_FLOPS ? tasks : 1, mm_task, a);

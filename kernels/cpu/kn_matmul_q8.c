@@ -22,9 +22,9 @@
 /* The 8-row interleaved weights (IR_*_X8, written by the repack pass) have an order of
  * their own, the same on every path: per output and block b the exact integer
  *   p = sum_{i<32} wq[i] * q[i]
- * (one sum a block, not eight lane sums: the 8 rows' sums of a block come out of one
- * horizontal-add tree in integers), acc = fma(dw * dx, (float)p, acc) in block order, for
- * q4_1 mterm = fma(mw, sx, mterm); y = acc + mterm (+ bias). */
+ * (one sum a block, not eight lane sums: each row's products of a block add up in its
+ * own int32 lane, exact in any order), acc = fma(dw * dx, (float)p, acc) in block order,
+ * for q4_1 mterm = fma(mw, sx, mterm); y = acc + mterm (+ bias). */
 enum {
   Q8_LANES = 8,
   Q8_MAX_R = 4,
@@ -139,45 +139,46 @@ static const q8_kernels k_q8_c[3] = {
     {2, 4, 4, q8_c_q4_1_2x4, q8_c_q4_1_1x4, q8_quantize_c},
 };
 
-/* The x8 kernels: mr rows of x against the 8 rows of one interleaved group (nb blocks)
- * into out[r * ldo + c]. */
-typedef void (*q8x8_fn)(const q8_rows *x, int mr, const uint8_t *grp, int64_t nb, float *out,
-                        int64_t ldo);
+/* The x8 kernels: mr rows of x against the 8 rows of each of ng (1 or 2) consecutive
+ * interleaved groups (nb blocks each) into out[r * ldo + c], c < 8 * ng. */
+typedef void (*q8x8_fn)(const q8_rows *x, int mr, const uint8_t *grp, int ng, int64_t nb,
+                        float *out, int64_t ldo);
 
-static void q8x8_c(const q8_rows *x, int mr, const uint8_t *grp, int64_t nb, float *out,
-                   int64_t ldo, ir_dtype dt) {
+static void q8x8_c(const q8_rows *x, int mr, const uint8_t *grp, int ng, int64_t nb,
+                   float *out, int64_t ldo, ir_dtype dt) {
   const int bb = kn_quant_block_bytes(dt);
   for (int r = 0; r < mr; r++)
-    for (int c = 0; c < 8; c++) {
+    for (int c = 0; c < 8 * ng; c++) {
       float acc = 0.0f, mterm = 0.0f;
       for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *g = grp + b * 8 * bb;
+        const uint8_t *g = grp + (c / 8 * nb + b) * 8 * bb;
         const q8_xblock *xb = x->r[r] + b;
-        const uint8_t *codes = g + kn_x8_head(dt) + kn_x8_slot(dt, c) * kn_x8_codes(dt);
+        const uint8_t *codes = g + kn_x8_head(dt);
         int p = 0;
         for (int i = 0; i < KN_QBLOCK; i++) {
-          int w = dt == IR_Q8_0 ? (int8_t)codes[i]
-                                : (i < 16 ? codes[i] & 15 : codes[i - 16] >> 4) - (dt == IR_Q4_0 ? 8 : 0);
+          int w = dt == IR_Q8_0 ? (int8_t)codes[kn_x8_code_at(c % 8, i)]
+                                : codes[kn_x8_code_at(c % 8, i % 16)];
+          if (dt != IR_Q8_0) w = (i < 16 ? w & 15 : w >> 4) - (dt == IR_Q4_0 ? 8 : 0);
           p += w * xb->q[i];
         }
-        acc = fmaf(kn_quant_f16(g + 2 * c) * xb->d, (float)p, acc);
-        if (dt == IR_Q4_1) mterm = fmaf(kn_quant_f16(g + 16 + 2 * c), xb->s, mterm);
+        acc = fmaf(kn_quant_f16(g + 2 * (c % 8)) * xb->d, (float)p, acc);
+        if (dt == IR_Q4_1) mterm = fmaf(kn_quant_f16(g + 16 + 2 * (c % 8)), xb->s, mterm);
       }
       out[r * ldo + c] = acc + mterm;
     }
 }
 
-static void q8x8_c_q8_0(const q8_rows *x, int mr, const uint8_t *g, int64_t nb, float *o,
-                        int64_t ldo) {
-  q8x8_c(x, mr, g, nb, o, ldo, IR_Q8_0);
+static void q8x8_c_q8_0(const q8_rows *x, int mr, const uint8_t *g, int ng, int64_t nb,
+                        float *o, int64_t ldo) {
+  q8x8_c(x, mr, g, ng, nb, o, ldo, IR_Q8_0);
 }
-static void q8x8_c_q4_0(const q8_rows *x, int mr, const uint8_t *g, int64_t nb, float *o,
-                        int64_t ldo) {
-  q8x8_c(x, mr, g, nb, o, ldo, IR_Q4_0);
+static void q8x8_c_q4_0(const q8_rows *x, int mr, const uint8_t *g, int ng, int64_t nb,
+                        float *o, int64_t ldo) {
+  q8x8_c(x, mr, g, ng, nb, o, ldo, IR_Q4_0);
 }
-static void q8x8_c_q4_1(const q8_rows *x, int mr, const uint8_t *g, int64_t nb, float *o,
-                        int64_t ldo) {
-  q8x8_c(x, mr, g, nb, o, ldo, IR_Q4_1);
+static void q8x8_c_q4_1(const q8_rows *x, int mr, const uint8_t *g, int ng, int64_t nb,
+                        float *o, int64_t ldo) {
+  q8x8_c(x, mr, g, ng, nb, o, ldo, IR_Q4_1);
 }
 static const q8x8_fn k_q8x8_c[3] = {q8x8_c_q8_0, q8x8_c_q4_0, q8x8_c_q4_1};
 
@@ -185,6 +186,12 @@ static const q8x8_fn k_q8x8_c[3] = {q8x8_c_q8_0, q8x8_c_q4_0, q8x8_c_q4_1};
 #if Q8_X86
 #define Q8_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define Q8_AVX2_INLINE static inline __attribute__((target("avx2,fma,f16c"), always_inline))
+
+static inline uint32_t q8_ld32(const uint8_t *p) {
+  uint32_t v;
+  memcpy(&v, p, 4);
+  return v;
+}
 
 Q8_AVX2_INLINE float q8_fold_avx(__m256 v, float mterm) {
   __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -318,97 +325,98 @@ static const q8_kernels k_q8_avx2[3] = {
     {4, 2, 4, q8_avx2_q4_1_4x2, q8_avx2_q4_1_1x4, q8_quantize_avx2},
 };
 
-/* AVX2 reads a block's W in its sums. */
-typedef struct q8x8_wg {
-  const uint8_t *g;
-} q8x8_wg;
-
-Q8_AVX2_INLINE q8x8_wg q8x8_wload_avx2(const uint8_t *g, ir_dtype dt) {
-  (void)dt;
-  return (q8x8_wg){g};
+/* x8, one block of one x row: the 8 rows' exact sums p in row order. A 32-byte load of the
+ * codes holds 4 positions of all 8 rows (ir_dtype.h), each row's in its own 32-bit lane, so
+ * vpmaddubsw against x's 4 codes there, broadcast, leaves each row's products in its lane
+ * and no horizontal add is needed. pl: the block's codes as the multiplies take them,
+ * decoded once for all x rows. Nibble types: the low nibbles of load j (pl[j]) are
+ * positions 4j .. 4j+3, the high ones (pl[4 + j]) 16 + 4j ..; the pair sums add in int16
+ * (|sum| <= 16 * 15 * 127 = 30480, exact) and one vpmaddwd makes the int32 lanes. q8_0:
+ * pl[j] = |w| against sign(x, w), pair sums up to 2 * 128 * 127: each load widens alone. */
+Q8_AVX2_INLINE void q8x8_decode_avx2(const uint8_t *g, ir_dtype dt, __m256i *pl) {
+  const uint8_t *codes = g + kn_x8_head(dt);
+  const __m256i lo4 = _mm256_set1_epi8(15);
+  for (int j = 0; j < (dt == IR_Q8_0 ? 8 : 4); j++) {
+    __m256i w = _mm256_loadu_si256((const __m256i *)(codes + 32 * j));
+    if (dt == IR_Q8_0) {
+      pl[j] = _mm256_abs_epi8(w);
+      continue;
+    }
+    pl[j] = _mm256_and_si256(w, lo4);
+    pl[4 + j] = _mm256_and_si256(_mm256_srli_epi16(w, 4), lo4);
+  }
 }
 
-/* x8, one block of one x row: the 8 rows' exact sums p in row order. Nibble types: a
- * 32-byte load holds rows c and c + 4 (slots 2c, 2c + 1); its low nibbles against x's
- * first 16 codes (in both halves) and its high nibbles against the last 16 give eight
- * int16 lane sums of each of the two rows; three 16-bit hadds (the sums still fit) and
- * one vpmaddwd make [p0 .. p3 | p4 .. p7] (one multiply where four were, and no 32-bit
- * hadd: AVX2's multiply port is the bound of this loop on some cores). q8_0: one row a
- * load (|w| against sign(x, w)), six hadds and a swap of halves. */
-Q8_AVX2_INLINE __m256i q8x8_sums_avx2(const q8x8_wg *w8, const q8_xblock *xb, ir_dtype dt) {
+Q8_AVX2_INLINE __m256i q8x8_sums_avx2(const uint8_t *g, const __m256i *pl, const q8_xblock *xb,
+                                      ir_dtype dt) {
   const __m256i ones = _mm256_set1_epi16(1);
-  const uint8_t *codes = w8->g + kn_x8_head(dt);
+  const uint8_t *xq = (const uint8_t *)xb->q, *codes = g + kn_x8_head(dt);
   if (dt == IR_Q8_0) {
-    __m256i xq = _mm256_loadu_si256((const __m256i *)xb->q), v[8];
-    for (int c = 0; c < 8; c++) {
-      __m256i w = _mm256_loadu_si256((const __m256i *)(codes + 32 * c));
-      v[c] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(xq, w)),
-                               ones);
+    __m256i t = _mm256_setzero_si256();
+    for (int j = 0; j < 8; j++) {
+      __m256i w = _mm256_loadu_si256((const __m256i *)(codes + 32 * j));
+      __m256i xs = _mm256_sign_epi8(_mm256_set1_epi32((int)q8_ld32(xq + 4 * j)), w);
+      t = _mm256_add_epi32(t, _mm256_madd_epi16(_mm256_maddubs_epi16(pl[j], xs), ones));
     }
-    __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
-    __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
-    /* [a.lo | b.hi] + [a.hi | b.lo]: one lane swap (a blend is cheaper than a second) */
-    return _mm256_add_epi32(_mm256_blend_epi32(a, b, 0xf0), _mm256_permute2x128_si256(a, b, 0x21));
+    return t;
   }
-  const __m256i lo4 = _mm256_set1_epi8(15);
-  __m256i xlo = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)xb->q));
-  __m256i xhi = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(xb->q + 16)));
-  __m256i v[4];
-  for (int c = 0; c < 4; c++) {
-    __m256i w = _mm256_loadu_si256((const __m256i *)(codes + 32 * c));
-    v[c] = _mm256_add_epi16(_mm256_maddubs_epi16(_mm256_and_si256(w, lo4), xlo),
-                            _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(w, 4), lo4), xhi));
+  __m256i u0 = _mm256_setzero_si256(), u1 = _mm256_setzero_si256();
+  for (int j = 0; j < 8; j += 2) { /* broadcasts from memory: loads, not shuffles */
+    __m256i x0 = _mm256_set1_epi32((int)q8_ld32(xq + 4 * j));
+    __m256i x1 = _mm256_set1_epi32((int)q8_ld32(xq + 4 * j + 4));
+    u0 = _mm256_add_epi16(u0, _mm256_maddubs_epi16(pl[j], x0));
+    u1 = _mm256_add_epi16(u1, _mm256_maddubs_epi16(pl[j + 1], x1));
   }
-  /* int16 lanes of 4, then 8, then 16 products: |sum| <= 16 * 15 * 127 = 30480, exact */
-  __m256i u = _mm256_hadd_epi16(_mm256_hadd_epi16(v[0], v[1]), _mm256_hadd_epi16(v[2], v[3]));
-  __m256i t = _mm256_madd_epi16(u, ones);
+  __m256i t = _mm256_madd_epi16(_mm256_add_epi16(u0, u1), ones);
   /* q4_0's codes are nibble - 8: the 8 * sum(q) comes off in integers */
   return dt == IR_Q4_0 ? _mm256_sub_epi32(t, _mm256_set1_epi32(8 * xb->isum)) : t;
 }
 
-/* The x8 body of one instruction set: wt, a group block's W as its sums function takes
- * it (wload, once a block for the mr rows), sums, the 8 exact integer sums of a block. */
-#define Q8X8_BODY(name, INLINE, wt, wload, sums)                                            \
-  INLINE void name(const q8_rows *x, const uint8_t *grp, int64_t nb, float *out, int64_t ldo, \
-                   ir_dtype dt, int mr) {                                                   \
-    const int sb = 8 * kn_quant_block_bytes(dt);                                            \
-    __m256 acc[Q8_MAX_R], mt[Q8_MAX_R];                                                     \
-    for (int r = 0; r < mr; r++) acc[r] = mt[r] = _mm256_setzero_ps();                      \
-    const char *pf = (const char *)grp + Q8_PREFETCH_BYTES; /* the next line asked for */   \
-    for (int64_t b = 0; b < nb; b++) {                                                      \
-      const uint8_t *g = grp + b * sb;                                                      \
-      for (; pf < (const char *)g + sb + Q8_PREFETCH_BYTES; pf += 64) /* each line once */  \
-        _mm_prefetch(pf, _MM_HINT_T1);                                                      \
-      wt w = wload(g, dt);                                                                  \
-      __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g));                     \
-      __m256 mw = dt == IR_Q4_1 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + 16))) \
-                                : _mm256_setzero_ps();                                      \
-      for (int r = 0; r < mr; r++) {                                                        \
-        const q8_xblock *xb = x->r[r] + b;                                                  \
-        __m256 p = _mm256_cvtepi32_ps(sums(&w, xb, dt));                                    \
-        acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(xb->d)), p, acc[r]);      \
-        if (dt == IR_Q4_1) mt[r] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xb->s), mt[r]);       \
-      }                                                                                     \
-    }                                                                                       \
-    for (int r = 0; r < mr; r++) _mm256_storeu_ps(out + ldo * r, _mm256_add_ps(acc[r], mt[r])); \
+/* The x8 body: one group's 8 columns, the block's codes decoded once for the mr rows. */
+Q8_AVX2_INLINE void q8x8_body_avx2(const q8_rows *x, const uint8_t *grp, int64_t nb, float *out,
+                                   int64_t ldo, ir_dtype dt, int mr) {
+  const int sb = 8 * kn_quant_block_bytes(dt);
+  __m256 acc[Q8_MAX_R], mt[Q8_MAX_R];
+  for (int r = 0; r < mr; r++) acc[r] = mt[r] = _mm256_setzero_ps();
+  const char *pf = (const char *)grp + Q8_PREFETCH_BYTES; /* the next line asked for */
+  for (int64_t b = 0; b < nb; b++) {
+    const uint8_t *g = grp + b * sb;
+    for (; pf < (const char *)g + sb + Q8_PREFETCH_BYTES; pf += 64) /* each line once */
+      _mm_prefetch(pf, _MM_HINT_T1);
+    __m256i pl[8];
+    q8x8_decode_avx2(g, dt, pl);
+    __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g));
+    __m256 mw = dt == IR_Q4_1 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + 16)))
+                              : _mm256_setzero_ps();
+    for (int r = 0; r < mr; r++) {
+      const q8_xblock *xb = x->r[r] + b;
+      __m256 p = _mm256_cvtepi32_ps(q8x8_sums_avx2(g, pl, xb, dt));
+      acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(xb->d)), p, acc[r]);
+      if (dt == IR_Q4_1) mt[r] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xb->s), mt[r]);
+    }
+  }
+  for (int r = 0; r < mr; r++) _mm256_storeu_ps(out + ldo * r, _mm256_add_ps(acc[r], mt[r]));
+}
+
+/* body(x, grp, nb, out, ldo, dt, mr) with mr a constant in each case. */
+#define Q8X8_BY_MR(body, x, g, nb, o, ldo, dt, mr)                                          \
+  switch (mr) {                                                                             \
+  case 4: body(x, g, nb, o, ldo, dt, 4); break;                                             \
+  case 3: body(x, g, nb, o, ldo, dt, 3); break;                                             \
+  case 2: body(x, g, nb, o, ldo, dt, 2); break;                                             \
+  default: body(x, g, nb, o, ldo, dt, 1); break;                                            \
   }
 
-/* The x8 kernels of one instruction set, mr fixed in each case. */
-#define Q8X8_INST(name, ATTR, body, dt)                                                     \
-  static ATTR void name(const q8_rows *x, int mr, const uint8_t *g, int64_t nb, float *o,   \
-                        int64_t ldo) {                                                      \
-    switch (mr) {                                                                           \
-    case 4: body(x, g, nb, o, ldo, dt, 4); break;                                           \
-    case 3: body(x, g, nb, o, ldo, dt, 3); break;                                           \
-    case 2: body(x, g, nb, o, ldo, dt, 2); break;                                           \
-    default: body(x, g, nb, o, ldo, dt, 1); break;                                          \
-    }                                                                                       \
+#define Q8X8_INST_AVX2(name, dt)                                                           \
+  static Q8_AVX2 void name(const q8_rows *x, int mr, const uint8_t *g, int ng, int64_t nb, \
+                           float *o, int64_t ldo) {                                        \
+    for (int h = 0; h < ng; h++)                                                           \
+      Q8X8_BY_MR(q8x8_body_avx2, x, g + h * nb * 8 * kn_quant_block_bytes(dt), nb, o + 8 * h, \
+                 ldo, dt, mr)                                                              \
   }
-
-Q8X8_BODY(q8x8_body_avx2, Q8_AVX2_INLINE, q8x8_wg, q8x8_wload_avx2, q8x8_sums_avx2)
-Q8X8_INST(q8x8_avx2_q8_0, Q8_AVX2, q8x8_body_avx2, IR_Q8_0)
-Q8X8_INST(q8x8_avx2_q4_0, Q8_AVX2, q8x8_body_avx2, IR_Q4_0)
-Q8X8_INST(q8x8_avx2_q4_1, Q8_AVX2, q8x8_body_avx2, IR_Q4_1)
+Q8X8_INST_AVX2(q8x8_avx2_q8_0, IR_Q8_0)
+Q8X8_INST_AVX2(q8x8_avx2_q4_0, IR_Q4_0)
+Q8X8_INST_AVX2(q8x8_avx2_q4_1, IR_Q4_1)
 static const q8x8_fn k_q8x8_avx2[3] = {q8x8_avx2_q8_0, q8x8_avx2_q4_0, q8x8_avx2_q4_1};
 
 /* ---- x86: AVX-512 VNNI --------------------------------------------------------------- */
@@ -425,12 +433,6 @@ static const q8x8_fn k_q8x8_avx2[3] = {q8x8_avx2_q8_0, q8x8_avx2_q4_0, q8x8_avx2
 #define Q8_VNNI_INLINE                                                                     \
   static inline __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vnni"),        \
                                always_inline))
-
-Q8_VNNI_INLINE uint32_t q8_ld32(const uint8_t *p) {
-  uint32_t v;
-  memcpy(&v, p, 4);
-  return v;
-}
 
 Q8_VNNI_INLINE uint16_t q8_ld16(const uint8_t *p) {
   uint16_t v;
@@ -583,64 +585,81 @@ static const q8_kernels k_q8_vnni[3] = {
     {4, 4, 4, q8_vnni_q4_1_4x4, q8_vnni_q4_1_1x4, q8_quantize_avx2},
 };
 
-/* x8 with vpdpbusd: the same exact per-block sums p as q8x8_sums_avx2 (so the same bits),
- * the group's W decoded once a block for all mr rows. q4: a 64-byte load holds four slots
- * (rows 0 4 1 5, then 2 6 3 7), one row a 128-bit lane; low nibbles against x's first 16
- * codes and high against the last 16 leave four partial sums a row. q8_0: a load holds two
- * rows (w ^ 0x80 = w + 128 against x, less 128 * sum(q)), eight partial sums a row. */
-typedef struct q8x8_wv {
-  __m512i v[4];
-} q8x8_wv;
-
-Q8_VNNI_INLINE q8x8_wv q8x8_wload_vnni(const uint8_t *g, ir_dtype dt) {
-  const uint8_t *codes = g + kn_x8_head(dt);
-  q8x8_wv w;
-  if (dt == IR_Q8_0) {
-    const __m512i flip = _mm512_set1_epi8((char)0x80);
-    for (int h = 0; h < 4; h++)
-      w.v[h] = _mm512_xor_si512(_mm512_loadu_si512(codes + 64 * h), flip);
-    return w;
-  }
-  const __m512i nib = _mm512_set1_epi8(15);
-  for (int h = 0; h < 2; h++) {
-    __m512i z = _mm512_loadu_si512(codes + 64 * h);
-    w.v[2 * h] = _mm512_and_si512(z, nib);
-    w.v[2 * h + 1] = _mm512_and_si512(_mm512_srli_epi16(z, 4), nib);
-  }
-  return w;
+/* x8 with vpdpbusd, two groups (16 W rows) a register: load j of each group's codes side
+ * by side, decoded once a block for the mr rows (q8_0: w ^ 0x80 = w + 128, less 128 *
+ * sum(q) after); vpdpbusd against x's 4 codes there, broadcast, adds each row's 4 products
+ * in its lane, and eight of them (two chains) make the block's exact sums p: the AVX2 and
+ * C bits. A lone group takes the AVX2 body. */
+Q8_VNNI_INLINE __m512i q8_ld2x256(const uint8_t *a, const uint8_t *b) {
+  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)a)),
+                            _mm256_loadu_si256((const __m256i *)b), 1);
 }
 
-Q8_VNNI_INLINE __m256i q8x8_sums_vnni(const q8x8_wv *w, const q8_xblock *xb, ir_dtype dt) {
-  const __m512i zero = _mm512_setzero_si512();
-  if (dt == IR_Q8_0) {
-    __m512i xq = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)xb->q)), v[4];
-    for (int h = 0; h < 4; h++) v[h] = _mm512_dpbusd_epi32(zero, w->v[h], xq);
-    /* v[h]: rows 2h (128-bit lanes 0, 1) and 2h + 1 (lanes 2, 3), four partials a lane */
-    __m512i t0 = _mm512_add_epi32(_mm512_unpacklo_epi32(v[0], v[1]), _mm512_unpackhi_epi32(v[0], v[1]));
-    __m512i t1 = _mm512_add_epi32(_mm512_unpacklo_epi32(v[2], v[3]), _mm512_unpackhi_epi32(v[2], v[3]));
-    __m512i u = _mm512_add_epi32(_mm512_unpacklo_epi64(t0, t1), _mm512_unpackhi_epi64(t0, t1));
-    u = _mm512_add_epi32(u, _mm512_shuffle_i32x4(u, u, 0xb1)); /* lane 0: rows 0 2 4 6, 2: 1 3 5 7 */
-    __m512i s = _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 0, 0, 0, 0, 0, 0, 0, 0), u);
-    return _mm256_sub_epi32(_mm512_castsi512_si256(s), _mm256_set1_epi32(128 * xb->isum));
-  }
-  __m512i xlo = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)xb->q));
-  __m512i xhi = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(xb->q + 16)));
-  __m512i a = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, w->v[0], xlo), w->v[1], xhi);
-  __m512i b = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, w->v[2], xlo), w->v[3], xhi);
-  /* a: rows 0 4 1 5 a 128-bit lane, b: rows 2 6 3 7 */
-  __m512i t = _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
-  t = _mm512_add_epi32(t, _mm512_shuffle_epi32(t, 0x4e)); /* lanes (0 2) (4 6) (1 3) (5 7) */
-  __m512i s = _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 8, 1, 9, 4, 12, 5, 13, 0, 0, 0, 0, 0, 0, 0, 0), t);
-  __m256i p = _mm512_castsi512_si256(s);
-  /* q4_0's codes are nibble - 8: the 8 * sum(q) comes off in integers */
-  return dt == IR_Q4_0 ? _mm256_sub_epi32(p, _mm256_set1_epi32(8 * xb->isum)) : p;
+Q8_VNNI_INLINE __m512 q8_ld2xf16(const uint8_t *a, const uint8_t *b) {
+  return _mm512_cvtph_ps(_mm256_inserti128_si256(
+      _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)a)),
+      _mm_loadu_si128((const __m128i *)b), 1));
 }
 
-Q8X8_BODY(q8x8_body_vnni, Q8_VNNI_INLINE, q8x8_wv, q8x8_wload_vnni, q8x8_sums_vnni)
+Q8_VNNI_INLINE void q8x8_pair_vnni(const q8_rows *x, const uint8_t *grp, int64_t nb, float *out,
+                                   int64_t ldo, ir_dtype dt, int mr) {
+  const int sb = 8 * kn_quant_block_bytes(dt), head = kn_x8_head(dt);
+  const int64_t gs = nb * sb; /* the second group */
+  __m512 acc[Q8_MAX_R], mt[Q8_MAX_R];
+  for (int r = 0; r < mr; r++) acc[r] = mt[r] = _mm512_setzero_ps();
+  const char *pf = (const char *)grp + Q8_PREFETCH_BYTES;
+  for (int64_t b = 0; b < nb; b++) {
+    const uint8_t *g = grp + b * sb, *g2 = g + gs;
+    for (; pf < (const char *)g + sb + Q8_PREFETCH_BYTES; pf += 64) {
+      _mm_prefetch(pf, _MM_HINT_T1);
+      _mm_prefetch(pf + gs, _MM_HINT_T1);
+    }
+    __m512i w[8];
+    if (dt == IR_Q8_0) {
+      const __m512i flip = _mm512_set1_epi8((char)0x80);
+      for (int j = 0; j < 8; j++)
+        w[j] = _mm512_xor_si512(q8_ld2x256(g + head + 32 * j, g2 + head + 32 * j), flip);
+    } else {
+      const __m512i nib = _mm512_set1_epi8(15);
+      for (int j = 0; j < 4; j++) {
+        __m512i z = q8_ld2x256(g + head + 32 * j, g2 + head + 32 * j);
+        w[j] = _mm512_and_si512(z, nib);
+        w[4 + j] = _mm512_and_si512(_mm512_srli_epi16(z, 4), nib);
+      }
+    }
+    __m512 dw = q8_ld2xf16(g, g2);
+    __m512 mw = dt == IR_Q4_1 ? q8_ld2xf16(g + 16, g2 + 16) : _mm512_setzero_ps();
+    for (int r = 0; r < mr; r++) {
+      const q8_xblock *xb = x->r[r] + b;
+      const uint8_t *xq = (const uint8_t *)xb->q; /* broadcast from memory, in vpdpbusd */
+      __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+      for (int j = 0; j < 8; j += 2) {
+        s0 = _mm512_dpbusd_epi32(s0, w[j], _mm512_set1_epi32((int)q8_ld32(xq + 4 * j)));
+        s1 = _mm512_dpbusd_epi32(s1, w[j + 1], _mm512_set1_epi32((int)q8_ld32(xq + 4 * j + 4)));
+      }
+      __m512i p = _mm512_add_epi32(s0, s1);
+      if (dt != IR_Q4_1) /* the offset: 128 (q8_0's flip) or 8 (q4_0's nibble) times sum(q) */
+        p = _mm512_sub_epi32(p, _mm512_set1_epi32((dt == IR_Q8_0 ? 128 : 8) * xb->isum));
+      acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_set1_ps(xb->d)), _mm512_cvtepi32_ps(p),
+                               acc[r]);
+      if (dt == IR_Q4_1) mt[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(xb->s), mt[r]);
+    }
+  }
+  for (int r = 0; r < mr; r++) _mm512_storeu_ps(out + ldo * r, _mm512_add_ps(acc[r], mt[r]));
+}
 
-Q8X8_INST(q8x8_vnni_q8_0, Q8_VNNI, q8x8_body_vnni, IR_Q8_0)
-Q8X8_INST(q8x8_vnni_q4_0, Q8_VNNI, q8x8_body_vnni, IR_Q4_0)
-Q8X8_INST(q8x8_vnni_q4_1, Q8_VNNI, q8x8_body_vnni, IR_Q4_1)
+#define Q8X8_INST_VNNI(name, dt)                                                           \
+  static Q8_VNNI void name(const q8_rows *x, int mr, const uint8_t *g, int ng, int64_t nb, \
+                           float *o, int64_t ldo) {                                        \
+    if (ng == 2) {                                                                         \
+      Q8X8_BY_MR(q8x8_pair_vnni, x, g, nb, o, ldo, dt, mr)                                 \
+    } else {                                                                               \
+      Q8X8_BY_MR(q8x8_body_avx2, x, g, nb, o, ldo, dt, mr)                                 \
+    }                                                                                      \
+  }
+Q8X8_INST_VNNI(q8x8_vnni_q8_0, IR_Q8_0)
+Q8X8_INST_VNNI(q8x8_vnni_q4_0, IR_Q4_0)
+Q8X8_INST_VNNI(q8x8_vnni_q4_1, IR_Q4_1)
 static const q8x8_fn k_q8x8_vnni[3] = {q8x8_vnni_q8_0, q8x8_vnni_q4_0, q8x8_vnni_q4_1};
 
 static bool q8_has_vnni(void) {
@@ -666,11 +685,16 @@ static const q8_kernels *q8_pick(ir_dtype wt) {
   return &k_q8_c[d];
 }
 
-static q8x8_fn q8x8_pick(ir_dtype base) {
+/* The x8 kernel for this CPU; *align: the column tiles it wants (two groups at once). */
+static q8x8_fn q8x8_pick(ir_dtype base, int *align) {
   int d = base == IR_Q8_0 ? 0 : base == IR_Q4_0 ? 1 : 2;
+  *align = 8;
 #if Q8_X86
   int isa = kn_cpu_isa();
-  if (isa >= 2 && q8_has_vnni()) return k_q8x8_vnni[d];
+  if (isa >= 2 && q8_has_vnni()) {
+    *align = 16;
+    return k_q8x8_vnni[d];
+  }
   if (isa >= 1) return k_q8x8_avx2[d];
 #endif
   return k_q8x8_c[d];
@@ -690,22 +714,25 @@ typedef struct q8_args {
   const q8_xblock *xq; /* every row quantized once by the caller, or NULL: per tile */
 } q8_args;
 
-/* x8: rows [i0, i0 + mr) against columns [j0, j0 + 8) (one group), straight into y (then
- * y = z + bias, as kn_mm_store); with swiglu the gate and the up group side by side into
- * kn_mm_store's epilogue. */
-static void q8x8_block(const q8_args *a, const q8_rows *xs, int mr, int64_t i0, int64_t j0) {
+/* x8: rows [i0, i0 + mr) against columns [j0, j0 + 8 ng) (ng groups), straight into y
+ * (then y = z + bias, as kn_mm_store); with swiglu the gate and the up groups side by side
+ * into kn_mm_store's epilogue. */
+static void q8x8_block(const q8_args *a, const q8_rows *xs, int mr, int64_t i0, int64_t j0,
+                       int ng) {
   int64_t nb = a->k / KN_QBLOCK;
+  const int nc = 8 * ng;
   const float *b = a->bias;
   float *y = a->y + i0 * a->n + j0;
   if (!a->swiglu) {
-    a->x8(xs, mr, a->w + j0 * a->w_row_bytes, nb, y, a->n);
+    a->x8(xs, mr, a->w + j0 * a->w_row_bytes, ng, nb, y, a->n);
     for (int r = 0; b && r < mr; r++)
-      for (int c = 0; c < 8; c++) y[r * a->n + c] += b[j0 + c];
+      for (int c = 0; c < nc; c++) y[r * a->n + c] += b[j0 + c];
     return;
   }
-  float acc[Q8_MAX_R * 16];
-  for (int h = 0; h < 2; h++) a->x8(xs, mr, a->w + (j0 + h * a->n) * a->w_row_bytes, nb, acc + 8 * h, 16);
-  kn_mm_store(y, a->n, acc, mr, 16, 8, 8, b ? b + j0 : NULL, b ? b + a->n + j0 : NULL, true);
+  float acc[Q8_MAX_R * 32];
+  for (int h = 0; h < 2; h++)
+    a->x8(xs, mr, a->w + (j0 + h * a->n) * a->w_row_bytes, ng, nb, acc + nc * h, 2 * nc);
+  kn_mm_store(y, a->n, acc, mr, 2 * nc, nc, nc, b ? b + j0 : NULL, b ? b + a->n + j0 : NULL, true);
 }
 
 /* Rows [i0, i0 + mr) of x (quantized in xs) against columns [j0, j0 + nr / h) of y,
@@ -745,7 +772,11 @@ static void q8_tile(const q8_args *a, int64_t i0, int64_t i1, int64_t j0, int64_
       xs.r[r] = buf[r];
     }
     if (a->x8) { /* columns [j0, j1) are whole groups: tiles are multiples of 8 */
-      for (int64_t j = j0; j < j1; j += 8) q8x8_block(a, &xs, mr, i, j);
+      for (int64_t j = j0; j < j1;) {
+        int ng = j + 16 <= j1 ? 2 : 1;
+        q8x8_block(a, &xs, mr, i, j, ng);
+        j += 8 * ng;
+      }
       i += mr;
       continue;
     }
@@ -777,10 +808,11 @@ static void q8_task(void *arg, int64_t begin, int64_t end, int tid) {
 void kn_matmul_q8(kn_pool *p, float *y, const float *x, const void *w, ir_dtype wt,
                   const float *bias, int64_t m, int64_t n, int64_t k, bool swiglu) {
   q8x8_fn x8 = NULL;
+  int align = 8;
   if (ir_dtype_is_x8(wt)) { /* (the IR checks n % 8 and act_int8) */
     if (n % 8 || k % KN_QBLOCK || k > KN_Q8_MAX_K) return;
     wt = ir_dtype_x8_base(wt);
-    x8 = q8x8_pick(wt);
+    x8 = q8x8_pick(wt, &align);
   }
   if (!ir_dtype_is_quant(wt) || k % KN_QBLOCK || k > KN_Q8_MAX_K) {
     /* not a q8 shape (the IR refuses these; kept total for direct callers) */
@@ -805,7 +837,8 @@ void kn_matmul_q8(kn_pool *p, float *y, const float *x, const void *w, ir_dtype 
     a.xq = heap;
     kn_parallel_for(p, m, 1 + Q8_QUANT_GRAIN / k, q8_quant_task, &a);
   }
-  a.tiles = kn_mm_tiles_plan(m, n, a.w_row_bytes * (swiglu ? 2 : 1), kn_pool_threads(p));
+  if (n % 16) align = 8; /* tiles of pairs only where every tile can hold them */
+  a.tiles = kn_mm_tiles_plan(m, n, a.w_row_bytes * (swiglu ? 2 : 1), kn_pool_threads(p), align);
   int64_t tasks = a.tiles.n_tasks, flops = 2 * m * n * k * (swiglu ? 2 : 1);
   kn_parallel_for(p, tasks, flops < Q8_SERIAL_FLOPS ? tasks : 1, q8_task, &a);
   free(heap);

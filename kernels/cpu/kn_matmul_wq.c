@@ -954,7 +954,8 @@ static void wq_run(kn_pool *p, float *y, const float *x, const kn_wq *w, const f
                .swiglu = swiglu, .ng = k / w->group,
                .w_row_bytes = (int64_t)ir_dtype_bytes(w->qt, (uint64_t)k),
                .kern = wq_pick(w, k, w8a8)};
-  a.tiles = kn_mm_tiles_plan(a.m, a.n, a.w_row_bytes * (swiglu ? 2 : 1), kn_pool_threads(p));
+  a.tiles = kn_mm_tiles_plan(a.m, a.n, a.w_row_bytes * (swiglu ? 2 : 1), kn_pool_threads(p),
+                             8);
   int64_t tasks = a.tiles.n_tasks, flops = 2 * m * n * k;
   kn_parallel_for(p, tasks, flops < WQ_SERIAL_FLOPS ? tasks : 1, w8a8 ? w8_task : wq_task, &a);
 }

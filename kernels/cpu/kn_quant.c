@@ -87,7 +87,7 @@ void kn_x8_pack(const void *src, ir_dtype base, int64_t rows, int64_t k, void *d
         const uint8_t *blk = (const uint8_t *)src + ((g * 8 + r) * nb + b) * bb;
         memcpy(o + 2 * r, blk, 2);                           /* d */
         if (base == IR_Q4_1) memcpy(o + 16 + 2 * r, blk + 2, 2); /* m */
-        memcpy(o + head + kn_x8_slot(base, r) * nc, blk + (bb - nc), (size_t)nc);
+        for (int i = 0; i < nc; i++) o[head + kn_x8_code_at(r, i)] = blk[bb - nc + i];
       }
     }
 }
@@ -99,7 +99,7 @@ void kn_x8_block(const void *src, ir_dtype base, int64_t k, int64_t row, int64_t
   if (bb < nc + 2 || bb > 34) return; /* not a base block type */
   memcpy(blk, grp + 2 * r, 2);
   if (base == IR_Q4_1) memcpy(blk + 2, grp + 16 + 2 * r, 2);
-  memcpy(blk + (bb - nc), grp + kn_x8_head(base) + kn_x8_slot(base, r) * nc, (size_t)nc);
+  for (int i = 0; i < nc; i++) blk[bb - nc + i] = grp[kn_x8_head(base) + kn_x8_code_at(r, i)];
 }
 
 void kn_dequant_row_at(const void *src, ir_dtype dt, int64_t row, int64_t k, float *out) {

@@ -56,15 +56,12 @@ void kn_dequant_row(const void *src, ir_dtype dt, float *out, int64_t n);
  * / 15, m = min, q = min(15, trunc((x - min) / d + 0.5)); d and m stored as f16. */
 void kn_quant_row(const float *x, ir_dtype dt, void *dst, int64_t n);
 
-/* The 8-row interleaved layouts (IR_*_X8, see ir_dtype.h). Slot of row r (0..7) of a
- * group: where its codes sit among the group's 8. */
-static inline int kn_x8_slot(ir_dtype base, int r) {
-  return base == IR_Q8_0 ? r : r < 4 ? 2 * r : 2 * (r - 4) + 1;
-}
-
-/* Bytes before the codes in a group (the 8 d, and the 8 m of Q4_1) and each row's codes. */
+/* The 8-row interleaved layouts (IR_*_X8, see ir_dtype.h): bytes before the codes in a
+ * group (the 8 d, and the 8 m of Q4_1), each row's code bytes, and where code byte i of
+ * row r (0..7) of a group sits among the codes: 4 bytes of each row in turn. */
 static inline int kn_x8_head(ir_dtype base) { return base == IR_Q4_1 ? 32 : 16; }
 static inline int kn_x8_codes(ir_dtype base) { return base == IR_Q8_0 ? 32 : 16; }
+static inline int kn_x8_code_at(int r, int i) { return 32 * (i / 4) + 4 * r + i % 4; }
 
 /* rows (a multiple of 8) x k values of base blocks at src rewritten interleaved at dst
  * (the same number of bytes; src and dst do not overlap). */

@@ -21,7 +21,7 @@ check "inferrt generate --help" '"$INFERRT" generate --help | grep -q -- "--prom
 M=$FIX/llama-gqa-f32
 check "build" '"$INFC" build "$M" -o "$TMP/m.plan" >"$TMP/build.txt" && grep -q "ops" "$TMP/build.txt"'
 check "onnx LLM recognised" '"$INFC" build "$FIX/onnx-llama-gqa/model.onnx" -o "$TMP/o.plan" | grep -q "recognised: 2 attention blocks -> paged attention, GQA 4/2"'
-check "inspect" '"$INFC" inspect "$TMP/m.plan" >"$TMP/inspect.txt" && grep -q "format:      1.0" "$TMP/inspect.txt" && grep -q "heads 4 (kv 2)" "$TMP/inspect.txt" && grep -q "options:" "$TMP/inspect.txt"'
+check "inspect" '"$INFC" inspect "$TMP/m.plan" >"$TMP/inspect.txt" && grep -q "format:      2.0" "$TMP/inspect.txt" && grep -q "heads 4 (kv 2)" "$TMP/inspect.txt" && grep -q "options:" "$TMP/inspect.txt"'
 check "inspect --tensors" '"$INFC" inspect --tensors "$TMP/m.plan" | grep -q "model.layers.0.self_attn.qkv_proj.weight"'
 check "dump-ir" '"$INFC" build "$M" -o "$TMP/d.plan" --dump-ir >"$TMP/dump.txt" && grep -q "=== after fuse_add_rms_norm" "$TMP/dump.txt" && grep -q "add_rms_norm(" "$TMP/dump.txt"'
 cat >"$TMP/build.yaml" <<'YAML'

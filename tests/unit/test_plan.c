@@ -139,9 +139,14 @@ static void test_damage(void) {
   expect_refused(bad, len, IR_BAD_FORMAT, "bad magic");
 
   memcpy(bad, good, len);
-  ((ir_plan_header *)bad)->version_major = 2;
+  ((ir_plan_header *)bad)->version_major = IR_PLAN_VERSION_MAJOR + 1;
   rehash_header((ir_plan_header *)bad);
-  expect_refused(bad, len, IR_VERSION, "version 2.0");
+  expect_refused(bad, len, IR_VERSION, "is not supported");
+
+  memcpy(bad, good, len); /* 1.x: the interleaved weights had another order */
+  ((ir_plan_header *)bad)->version_major = 1;
+  rehash_header((ir_plan_header *)bad);
+  expect_refused(bad, len, IR_VERSION, "plan format version 1.0 is not supported");
 
   memcpy(bad, good, len);
   bad[offsetof(ir_plan_header, reserved)] ^= 1;
