@@ -94,10 +94,16 @@ double kn_log_sum_exp(const float *x, int64_t n);
 void kn_rope(kn_pool *p, float *x, const int32_t *pos, const float *cos_sin, int64_t n_tok,
              int64_t n_heads, int64_t head_dim, int64_t rot_dim, int neox);
 
-/* One element of swiglu: silu(g) * u with silu(g) = g / (1 + exp(-g)), the form HF uses
- * (for g -> -inf expf overflows to inf and the quotient is a signed zero, not NaN). Shared
- * by kn_swiglu and the matmul epilogue so both round alike. */
-static inline float kn_silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+/* swiglu's elementwise part, y[i] = silu(g[i]) * u[i], as every CPU kernel takes it (kn_swiglu
+ * and the matmul epilogue, so both round alike): silu(g) = g * s with the sigmoid s from
+ * e = kn_vexp(-|g|) <= 1 (kn_vexp.h, within 2 ulp): 1 / (1 + e) for g >= 0, e / (1 + e)
+ * below (for g < -87 a signed zero). Then y = (g * s) * u. Eight or sixteen values a step
+ * where the CPU has AVX2 or AVX-512, a short tail padded into a full step, so a value's
+ * bits never depend on where it sits or how many come with it. */
+void kn_silu_mul_n(float *y, const float *g, const float *u, int64_t n);
+
+/* One value, as kn_silu_mul_n gives it. */
+float kn_silu_mul(float g, float u);
 
 /* The epilogue of one matmul kernel call (kn_matmul, kn_matmul_wq, kn_matmul_q8): mr rows
  * of z, nr sums each, into columns [0, nv) of y's rows (row stride ldy). Plain: y = z +
@@ -113,8 +119,15 @@ static inline void kn_mm_store(float *y, int64_t ldy, const float *z, int mr, in
     else if (!swiglu)
       for (int64_t c = 0; c < nv; c++) y[c] = zr[c];
     else
-      for (int64_t c = 0; c < nv; c++)
-        y[c] = kn_silu_mul(bg ? zr[c] + bg[c] : zr[c], bg ? zr[cols + c] + bu[c] : zr[cols + c]);
+      for (int64_t c0 = 0; c0 < nv; c0 += 64) {
+        float g[64], u[64];
+        int64_t w = nv - c0 < 64 ? nv - c0 : 64;
+        for (int64_t c = 0; c < w; c++) {
+          g[c] = bg ? zr[c0 + c] + bg[c0 + c] : zr[c0 + c];
+          u[c] = bg ? zr[cols + c0 + c] + bu[c0 + c] : zr[cols + c0 + c];
+        }
+        kn_silu_mul_n(y + c0, g, u, w);
+      }
   }
 }
 

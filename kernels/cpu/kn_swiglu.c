@@ -1,10 +1,79 @@
 /* kn_swiglu: the gated activation of Llama-style MLPs, silu(gate) * up. */
 #include <math.h>
+#include <string.h>
 
 #include "kn_cpu.h"
+#include "kn_vexp.h"
 
-/* expf dominates; a chunk this size outweighs the cost of waking the pool. */
+/* a chunk this size outweighs the cost of waking the pool */
 enum { KN_SWIGLU_GRAIN = 8192 };
+
+static inline float silu_mul_c(float g, float u) {
+  float e = kn_vexp(-fabsf(g));
+  float s = (g >= 0.0f ? 1.0f : e) / (1.0f + e);
+  return g * s * u;
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+#define SILU_AVX2 __attribute__((target("avx2,fma")))
+#define SILU_AVX512 __attribute__((target("avx2,fma,avx512f")))
+
+static inline SILU_AVX2 __attribute__((always_inline)) __m256 silu_mul8(__m256 g, __m256 u) {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  __m256 e = kn_vexp8(_mm256_or_ps(g, _mm256_set1_ps(-0.0f))); /* -|g| */
+  __m256 num = _mm256_blendv_ps(e, one, _mm256_cmp_ps(g, _mm256_setzero_ps(), _CMP_GE_OQ));
+  return _mm256_mul_ps(_mm256_mul_ps(g, _mm256_div_ps(num, _mm256_add_ps(one, e))), u);
+}
+
+static inline SILU_AVX512 __attribute__((always_inline)) __m512 silu_mul16(__m512 g, __m512 u) {
+  const __m512 one = _mm512_set1_ps(1.0f);
+  __m512 e = kn_vexp16(_mm512_castsi512_ps(
+      _mm512_or_si512(_mm512_castps_si512(g), _mm512_set1_epi32((int)0x80000000u))));
+  __m512 num = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(g, _mm512_setzero_ps(), _CMP_GE_OQ), e, one);
+  return _mm512_mul_ps(_mm512_mul_ps(g, _mm512_div_ps(num, _mm512_add_ps(one, e))), u);
+}
+
+static SILU_AVX2 void silu_mul_avx2(float *y, const float *g, const float *u, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(y + i, silu_mul8(_mm256_loadu_ps(g + i), _mm256_loadu_ps(u + i)));
+  if (i == n) return;
+  float gb[8] = {0}, ub[8] = {0}, yb[8];
+  memcpy(gb, g + i, (size_t)(n - i) * sizeof *g);
+  memcpy(ub, u + i, (size_t)(n - i) * sizeof *u);
+  _mm256_storeu_ps(yb, silu_mul8(_mm256_loadu_ps(gb), _mm256_loadu_ps(ub)));
+  memcpy(y + i, yb, (size_t)(n - i) * sizeof *y);
+}
+
+/* silu_mul16 is silu_mul8 lane for lane (kn_vexp16 is kn_vexp8's; the rest rounds once) */
+static SILU_AVX512 void silu_mul_avx512(float *y, const float *g, const float *u, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(y + i, silu_mul16(_mm512_loadu_ps(g + i), _mm512_loadu_ps(u + i)));
+  if (i < n) silu_mul_avx2(y + i, g + i, u + i, n - i);
+}
+#endif
+
+void kn_silu_mul_n(float *y, const float *g, const float *u, int64_t n) {
+#if defined(__x86_64__) || defined(__i386__)
+  int isa = kn_cpu_isa();
+  if (isa >= 2) {
+    silu_mul_avx512(y, g, u, n);
+    return;
+  }
+  if (isa >= 1) {
+    silu_mul_avx2(y, g, u, n);
+    return;
+  }
+#endif
+  for (int64_t i = 0; i < n; i++) y[i] = silu_mul_c(g[i], u[i]);
+}
+
+float kn_silu_mul(float g, float u) {
+  float y;
+  kn_silu_mul_n(&y, &g, &u, 1);
+  return y;
+}
 
 typedef struct swiglu_args {
   float *out;
@@ -15,7 +84,7 @@ typedef struct swiglu_args {
 static void swiglu_task(void *arg, int64_t begin, int64_t end, int tid) {
   (void)tid;
   const swiglu_args *a = arg;
-  for (int64_t i = begin; i < end; i++) a->out[i] = kn_silu_mul(a->gate[i], a->up[i]);
+  kn_silu_mul_n(a->out + begin, a->gate + begin, a->up + begin, end - begin);
 }
 
 void kn_swiglu(kn_pool *p, float *out, const float *gate, const float *up, int64_t n) {

@@ -572,17 +572,36 @@ static void test_swiglu(kn_pool *p4) {
   enum { N = 100003 };
   float *g = rnd_vec(N, 12.0f), *u = rnd_vec(N, 3.0f), *out = rnd_vec(N, 1.0f);
   g[0] = -200.0f, g[1] = 200.0f, g[2] = 0.0f; /* exp overflow must not give NaN */
-  kn_swiglu(p4, out, g, u, N);
-  int ok = 1;
-  for (int64_t i = 0; i < N; i++) {
-    double ref = g[i] / (1.0 + exp(-(double)g[i])) * u[i];
-    ok &= fabs(out[i] - ref) <= 1e-6 * fabs(ref) + 1e-30;
+  g[3] = -86.0f, g[4] = -90.0f, g[5] = NAN, g[6] = -0.0f; /* kn_vexp's cut, NaN, -0 */
+  float *simd = rnd_vec(N, 1.0f);
+  /* every path (portable C, AVX2, AVX-512) against the formula in double: within 1e-6 of
+   * it (kn_vexp is within 2 ulp, the sigmoid's division and two products round once
+   * each); a value's bits the same alone as among N on a pool (padded tails); AVX2 and
+   * AVX-512 the same bits (kn_vexp16 is kn_vexp8 lane for lane) */
+  for (int isa = 0; isa <= 2; isa++) {
+    int prev = kn_matmul_set_max_isa(isa);
+    kn_swiglu(p4, out, g, u, N);
+    int ok = 1, alone = 1;
+    for (int64_t i = 0; i < N; i++) {
+      double ref = g[i] / (1.0 + exp(-(double)g[i])) * u[i];
+      ok &= i == 5 ? isnan(out[i]) : fabs(out[i] - ref) <= 1e-6 * fabs(ref) + 1e-30;
+      if (i % 97 == 0 || i < 8) {
+        float one = kn_silu_mul(g[i], u[i]);
+        alone &= memcmp(&one, out + i, sizeof one) == 0;
+      }
+    }
+    CHECKF(ok, "swiglu against the formula, isa %d", isa);
+    CHECKF(alone, "swiglu: a value alone gives its bits among many, isa %d", isa);
+    if (isa == 1) memcpy(simd, out, N * sizeof(float));
+    if (isa == 2)
+      CHECKF(memcmp(simd, out, N * sizeof(float)) == 0, "swiglu AVX2 vs AVX-512 bits");
+    kn_matmul_set_max_isa(prev);
   }
-  CHECK(ok);
+  kn_swiglu(p4, out, g, u, N);
   kn_swiglu(p4, g, g, u, N); /* in place over gate */
   CHECK(memcmp(g, out, N * sizeof(float)) == 0);
   kn_swiglu(NULL, out, g, u, 3);
-  free(g), free(u), free(out);
+  free(g), free(u), free(out), free(simd);
 }
 
 static void test_add(kn_pool *p4) {
