@@ -28,6 +28,7 @@
 enum {
   Q8_LANES = 8,
   Q8_MAX_R = 4,
+  Q8X8_MAX_R = 8, /* x rows one x8 kernel call takes (AVX-512: 8, the others 4) */
   Q8_MAX_C = 4,
   Q8_PREFETCH_BYTES = 8192, /* W bytes asked for ahead into L2 (as kn_matmul) */
   Q8_SERIAL_FLOPS = 1 << 18, /* below this, waking the pool costs more than it saves */
@@ -51,8 +52,15 @@ typedef struct q8_xblock {
 
 /* Quantized rows of x. */
 typedef struct q8_rows {
-  const q8_xblock *r[Q8_MAX_R];
+  const q8_xblock *r[Q8X8_MAX_R];
 } q8_rows;
+
+/* Rows [r0, ..) of x. */
+static inline q8_rows q8_rows_from(const q8_rows *x, int r0) {
+  q8_rows o = {0};
+  for (int r = r0; r < Q8X8_MAX_R; r++) o.r[r - r0] = x->r[r];
+  return o;
+}
 
 /* The mr x nr dot products of rows x[r] with W rows wr[c] (nb blocks) into
  * out[r * nr + c]. */
@@ -407,12 +415,19 @@ Q8_AVX2_INLINE void q8x8_body_avx2(const q8_rows *x, const uint8_t *grp, int64_t
   default: body(x, g, nb, o, ldo, dt, 1); break;                                            \
   }
 
+/* The AVX2 body over any mr <= Q8X8_MAX_R: four rows a call. */
+#define Q8X8_AVX2_ROWS(x, mr, g, nb, o, ldo, dt)                                           \
+  for (int r0 = 0; r0 < (mr); r0 += Q8_MAX_R) {                                            \
+    q8_rows xr = q8_rows_from(x, r0);                                                      \
+    int n4 = (mr) - r0 < Q8_MAX_R ? (mr) - r0 : Q8_MAX_R;                                   \
+    Q8X8_BY_MR(q8x8_body_avx2, &xr, g, nb, (o) + r0 * (ldo), ldo, dt, n4)                  \
+  }
+
 #define Q8X8_INST_AVX2(name, dt)                                                           \
   static Q8_AVX2 void name(const q8_rows *x, int mr, const uint8_t *g, int ng, int64_t nb, \
                            float *o, int64_t ldo) {                                        \
     for (int h = 0; h < ng; h++)                                                           \
-      Q8X8_BY_MR(q8x8_body_avx2, x, g + h * nb * 8 * kn_quant_block_bytes(dt), nb, o + 8 * h, \
-                 ldo, dt, mr)                                                              \
+      Q8X8_AVX2_ROWS(x, mr, g + h * nb * 8 * kn_quant_block_bytes(dt), nb, o + 8 * h, ldo, dt) \
   }
 Q8X8_INST_AVX2(q8x8_avx2_q8_0, IR_Q8_0)
 Q8X8_INST_AVX2(q8x8_avx2_q4_0, IR_Q4_0)
@@ -605,7 +620,7 @@ Q8_VNNI_INLINE void q8x8_pair_vnni(const q8_rows *x, const uint8_t *grp, int64_t
                                    int64_t ldo, ir_dtype dt, int mr) {
   const int sb = 8 * kn_quant_block_bytes(dt), head = kn_x8_head(dt);
   const int64_t gs = nb * sb; /* the second group */
-  __m512 acc[Q8_MAX_R], mt[Q8_MAX_R];
+  __m512 acc[Q8X8_MAX_R], mt[Q8X8_MAX_R];
   for (int r = 0; r < mr; r++) acc[r] = mt[r] = _mm512_setzero_ps();
   const char *pf = (const char *)grp + Q8_PREFETCH_BYTES;
   for (int64_t b = 0; b < nb; b++) {
@@ -652,9 +667,15 @@ Q8_VNNI_INLINE void q8x8_pair_vnni(const q8_rows *x, const uint8_t *grp, int64_t
   static Q8_VNNI void name(const q8_rows *x, int mr, const uint8_t *g, int ng, int64_t nb, \
                            float *o, int64_t ldo) {                                        \
     if (ng == 2) {                                                                         \
-      Q8X8_BY_MR(q8x8_pair_vnni, x, g, nb, o, ldo, dt, mr)                                 \
+      switch (mr) {                                                                        \
+      case 8: q8x8_pair_vnni(x, g, nb, o, ldo, dt, 8); break;                              \
+      case 7: q8x8_pair_vnni(x, g, nb, o, ldo, dt, 7); break;                              \
+      case 6: q8x8_pair_vnni(x, g, nb, o, ldo, dt, 6); break;                              \
+      case 5: q8x8_pair_vnni(x, g, nb, o, ldo, dt, 5); break;                              \
+      default: Q8X8_BY_MR(q8x8_pair_vnni, x, g, nb, o, ldo, dt, mr)                        \
+      }                                                                                    \
     } else {                                                                               \
-      Q8X8_BY_MR(q8x8_body_avx2, x, g, nb, o, ldo, dt, mr)                                 \
+      Q8X8_AVX2_ROWS(x, mr, g, nb, o, ldo, dt)                                             \
     }                                                                                      \
   }
 Q8X8_INST_VNNI(q8x8_vnni_q8_0, IR_Q8_0)
@@ -685,14 +706,17 @@ static const q8_kernels *q8_pick(ir_dtype wt) {
   return &k_q8_c[d];
 }
 
-/* The x8 kernel for this CPU; *align: the column tiles it wants (two groups at once). */
-static q8x8_fn q8x8_pick(ir_dtype base, int *align) {
+/* The x8 kernel for this CPU; *align: the column tiles it wants (two groups at once),
+ * *rows: the x rows it takes at most (a group's codes decoded once for them all). */
+static q8x8_fn q8x8_pick(ir_dtype base, int *align, int *rows) {
   int d = base == IR_Q8_0 ? 0 : base == IR_Q4_0 ? 1 : 2;
   *align = 8;
+  *rows = Q8_MAX_R;
 #if Q8_X86
   int isa = kn_cpu_isa();
   if (isa >= 2 && q8_has_vnni()) {
     *align = 16;
+    *rows = Q8X8_MAX_R;
     return k_q8x8_vnni[d];
   }
   if (isa >= 1) return k_q8x8_avx2[d];
@@ -711,6 +735,7 @@ typedef struct q8_args {
   kn_mm_tiles tiles;
   const q8_kernels *kern;
   q8x8_fn x8; /* W interleaved by 8 rows (n a multiple of 8): its kernel, else NULL */
+  int x8_rows; /* x rows the x8 kernel takes at once at most */
   const q8_xblock *xq; /* every row quantized once by the caller, or NULL: per tile */
 } q8_args;
 
@@ -729,7 +754,7 @@ static void q8x8_block(const q8_args *a, const q8_rows *xs, int mr, int64_t i0, 
       for (int c = 0; c < nc; c++) y[r * a->n + c] += b[j0 + c];
     return;
   }
-  float acc[Q8_MAX_R * 32];
+  float acc[Q8X8_MAX_R * 32];
   for (int h = 0; h < 2; h++)
     a->x8(xs, mr, a->w + (j0 + h * a->n) * a->w_row_bytes, ng, nb, acc + nc * h, 2 * nc);
   kn_mm_store(y, a->n, acc, mr, 2 * nc, nc, nc, b ? b + j0 : NULL, b ? b + a->n + j0 : NULL, true);
@@ -761,7 +786,10 @@ static void q8_tile(const q8_args *a, int64_t i0, int64_t i1, int64_t j0, int64_
   const int64_t k = a->k;
   for (int64_t i = i0; i < i1;) {
     int mr = i1 - i >= kn->mr ? kn->mr : 1, nr = mr > 1 ? kn->nr : kn->nr1;
-    if (a->x8) mr = i1 - i >= Q8_MAX_R ? Q8_MAX_R : (int)(i1 - i);
+    if (a->x8) { /* more rows than 4 only from the rows quantized ahead */
+      int cap = a->xq ? a->x8_rows : Q8_MAX_R;
+      mr = i1 - i >= cap ? cap : (int)(i1 - i);
+    }
     q8_rows xs = {0};
     for (int r = 0; r < mr; r++) {
       if (a->xq) {
@@ -808,11 +836,11 @@ static void q8_task(void *arg, int64_t begin, int64_t end, int tid) {
 void kn_matmul_q8(kn_pool *p, float *y, const float *x, const void *w, ir_dtype wt,
                   const float *bias, int64_t m, int64_t n, int64_t k, bool swiglu) {
   q8x8_fn x8 = NULL;
-  int align = 8;
+  int align = 8, x8_rows = Q8_MAX_R;
   if (ir_dtype_is_x8(wt)) { /* (the IR checks n % 8 and act_int8) */
     if (n % 8 || k % KN_QBLOCK || k > KN_Q8_MAX_K) return;
     wt = ir_dtype_x8_base(wt);
-    x8 = q8x8_pick(wt, &align);
+    x8 = q8x8_pick(wt, &align, &x8_rows);
   }
   if (!ir_dtype_is_quant(wt) || k % KN_QBLOCK || k > KN_Q8_MAX_K) {
     /* not a q8 shape (the IR refuses these; kept total for direct callers) */
@@ -823,7 +851,7 @@ void kn_matmul_q8(kn_pool *p, float *y, const float *x, const void *w, ir_dtype 
   if (m <= 0 || n <= 0) return;
   q8_args a = {.y = y, .x = x, .w = w, .bias = bias, .m = m, .n = n, .k = k,
                .w_row_bytes = (int64_t)ir_dtype_bytes(wt, (uint64_t)k), .swiglu = swiglu,
-               .kern = q8_pick(wt), .x8 = x8};
+               .kern = q8_pick(wt), .x8 = x8, .x8_rows = x8_rows};
   /* Every row is quantized once here, not once per tile it meets: a decode matmul has 8
    * or more column tiles and the lm_head over a hundred (a batch of 16 sequences spent 8%
    * of its step quantizing the same rows again). A few rows (batch-1 decode) on the
