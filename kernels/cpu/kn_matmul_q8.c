@@ -415,19 +415,12 @@ Q8_AVX2_INLINE void q8x8_body_avx2(const q8_rows *x, const uint8_t *grp, int64_t
   default: body(x, g, nb, o, ldo, dt, 1); break;                                            \
   }
 
-/* The AVX2 body over any mr <= Q8X8_MAX_R: four rows a call. */
-#define Q8X8_AVX2_ROWS(x, mr, g, nb, o, ldo, dt)                                           \
-  for (int r0 = 0; r0 < (mr); r0 += Q8_MAX_R) {                                            \
-    q8_rows xr = q8_rows_from(x, r0);                                                      \
-    int n4 = (mr) - r0 < Q8_MAX_R ? (mr) - r0 : Q8_MAX_R;                                   \
-    Q8X8_BY_MR(q8x8_body_avx2, &xr, g, nb, (o) + r0 * (ldo), ldo, dt, n4)                  \
-  }
-
 #define Q8X8_INST_AVX2(name, dt)                                                           \
   static Q8_AVX2 void name(const q8_rows *x, int mr, const uint8_t *g, int ng, int64_t nb, \
                            float *o, int64_t ldo) {                                        \
-    for (int h = 0; h < ng; h++)                                                           \
-      Q8X8_AVX2_ROWS(x, mr, g + h * nb * 8 * kn_quant_block_bytes(dt), nb, o + 8 * h, ldo, dt) \
+    for (int h = 0; h < ng; h++) /* mr <= Q8_MAX_R: q8x8_pick's rows */                    \
+      Q8X8_BY_MR(q8x8_body_avx2, x, g + h * nb * 8 * kn_quant_block_bytes(dt), nb, o + 8 * h, \
+                 ldo, dt, mr)                                                              \
   }
 Q8X8_INST_AVX2(q8x8_avx2_q8_0, IR_Q8_0)
 Q8X8_INST_AVX2(q8x8_avx2_q4_0, IR_Q4_0)
@@ -674,8 +667,12 @@ Q8_VNNI_INLINE void q8x8_pair_vnni(const q8_rows *x, const uint8_t *grp, int64_t
       case 5: q8x8_pair_vnni(x, g, nb, o, ldo, dt, 5); break;                              \
       default: Q8X8_BY_MR(q8x8_pair_vnni, x, g, nb, o, ldo, dt, mr)                        \
       }                                                                                    \
-    } else {                                                                               \
-      Q8X8_AVX2_ROWS(x, mr, g, nb, o, ldo, dt)                                             \
+    } else { /* a lone group: the AVX2 body, four rows a call */                           \
+      q8_rows xr = q8_rows_from(x, Q8_MAX_R);                                              \
+      int m4 = mr < Q8_MAX_R ? mr : Q8_MAX_R;                                              \
+      Q8X8_BY_MR(q8x8_body_avx2, x, g, nb, o, ldo, dt, m4)                                 \
+      if (mr > Q8_MAX_R)                                                                   \
+        Q8X8_BY_MR(q8x8_body_avx2, &xr, g, nb, o + Q8_MAX_R * ldo, ldo, dt, mr - Q8_MAX_R) \
     }                                                                                      \
   }
 Q8X8_INST_VNNI(q8x8_vnni_q8_0, IR_Q8_0)
