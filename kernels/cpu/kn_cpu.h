@@ -118,13 +118,15 @@ static inline void kn_mm_store(float *y, int64_t ldy, const float *z, int mr, in
       for (int64_t c = 0; c < nv; c++) y[c] = zr[c] + bg[c];
     else if (!swiglu)
       for (int64_t c = 0; c < nv; c++) y[c] = zr[c];
+    else if (!bg)
+      kn_silu_mul_n(y, zr, zr + cols, nv);
     else
-      for (int64_t c0 = 0; c0 < nv; c0 += 64) {
+      for (int64_t c0 = 0; c0 < nv; c0 += 64) { /* gate and up with their bias */
         float g[64], u[64];
         int64_t w = nv - c0 < 64 ? nv - c0 : 64;
         for (int64_t c = 0; c < w; c++) {
-          g[c] = bg ? zr[c0 + c] + bg[c0 + c] : zr[c0 + c];
-          u[c] = bg ? zr[cols + c0 + c] + bu[c0 + c] : zr[cols + c0 + c];
+          g[c] = zr[c0 + c] + bg[c0 + c];
+          u[c] = zr[cols + c0 + c] + bu[c0 + c];
         }
         kn_silu_mul_n(y + c0, g, u, w);
       }

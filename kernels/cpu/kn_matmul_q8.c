@@ -668,11 +668,12 @@ Q8_VNNI_INLINE void q8x8_pair_vnni(const q8_rows *x, const uint8_t *grp, int64_t
       default: Q8X8_BY_MR(q8x8_pair_vnni, x, g, nb, o, ldo, dt, mr)                        \
       }                                                                                    \
     } else { /* a lone group: the AVX2 body, four rows a call */                           \
-      q8_rows xr = q8_rows_from(x, Q8_MAX_R);                                              \
       int m4 = mr < Q8_MAX_R ? mr : Q8_MAX_R;                                              \
       Q8X8_BY_MR(q8x8_body_avx2, x, g, nb, o, ldo, dt, m4)                                 \
-      if (mr > Q8_MAX_R)                                                                   \
+      if (mr > Q8_MAX_R) { /* the row pointers copied only here */                         \
+        q8_rows xr = q8_rows_from(x, Q8_MAX_R);                                            \
         Q8X8_BY_MR(q8x8_body_avx2, &xr, g, nb, o + Q8_MAX_R * ldo, ldo, dt, mr - Q8_MAX_R) \
+      }                                                                                    \
     }                                                                                      \
   }
 Q8X8_INST_VNNI(q8x8_vnni_q8_0, IR_Q8_0)
