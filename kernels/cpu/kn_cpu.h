@@ -67,19 +67,22 @@ enum { KN_Q8_MAX_K = 16384 };
  * W (q8_0, q4_0, q4_1; k a multiple of 32, k <= KN_Q8_MAX_K) with x quantized to int8 per
  * block of 32 values and summed in integers -- the speed of llama.cpp's CPU kernels, at
  * the precision of 8-bit activations (not the f32 sums of kn_matmul). Every path
- * (AVX-512 VNNI, AVX2, portable C) gives the same bits, and a row's result depends on
- * that row only. The order is written out in kn_matmul_q8.c. Other shapes and types go
- * to kn_matmul. W may also be one of the 8-row interleaved types (IR_*_X8, n a multiple
- * of 8; these have no kn_matmul path, other shapes compute nothing). */
+ * (AMX-INT8, AVX-512 VNNI, AVX2, portable C) gives the same bits, and a row's result
+ * depends on that row only. The order is written out in kn_matmul_q8.c. Other shapes and
+ * types go to kn_matmul. W may also be one of the 8-row interleaved types (IR_*_X8, n a
+ * multiple of 8; these have no kn_matmul path, other shapes compute nothing). */
 void kn_matmul_q8(kn_pool *p, float *y, const float *x, const void *w, ir_dtype wt,
                   const float *bias, int64_t m, int64_t n, int64_t k, bool swiglu);
 
-/* Caps the instruction set kn_matmul dispatches to (0 portable C, 1 AVX2, 2 AVX-512;
- * the CPU must still support it) and returns the previous cap. For tests and
- * benchmarks; call it only while no kernel runs. */
+/* Caps the instruction set kn_matmul dispatches to (0 portable C, 1 AVX2, 2 AVX-512,
+ * 3 that and AMX-INT8 (kn_matmul_q8's prefill blocks); the CPU must still support it)
+ * and returns the previous cap. For tests and benchmarks; call it only while no kernel
+ * runs. */
 int kn_matmul_set_max_isa(int isa);
 /* The instruction set the CPU kernels dispatch to: the CPU's best under that cap. */
 int kn_cpu_isa(void);
+/* Whether this CPU and OS run AMX-INT8 (asks Linux for the tile state once). */
+bool kn_cpu_has_amx(void);
 
 /* log(sum_i e^x[i]) over n > 0 logits (the max taken out first; f32 exps within 2 ulp,
  * summed in f64): a sampled token's logprob is x[tok] minus it. -inf if every x is -inf;

@@ -43,12 +43,16 @@ enum {
 };
 
 #ifndef KN_MATMUL_MAX_ISA
-#define KN_MATMUL_MAX_ISA 2 /* 0 portable, 1 AVX2, 2 AVX-512 */
+#define KN_MATMUL_MAX_ISA 3 /* 0 portable, 1 AVX2, 2 AVX-512, 3 that and AMX-INT8 */
 #endif
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__) && KN_MATMUL_MAX_ISA > 0
 #define KN_MM_X86 1
 #include <cpuid.h>
 #include <immintrin.h>
+#ifdef __linux__
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 #else
 #define KN_MM_X86 0
 #endif
@@ -568,7 +572,24 @@ static bool mm_has_f16c(void) {
 }
 #endif
 
-/* The best instruction set the CPU offers (0, 1, 2), found once: cpuid is slow, and
+/* AMX-TILE and AMX-INT8 (cpuid 7.0 edx bits 24, 25), and Linux's leave to use the tile
+ * data (ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA, process-wide, asked once): without
+ * it the first tile instruction faults. */
+bool kn_cpu_has_amx(void) {
+  static _Atomic int cached = -1;
+  int v = atomic_load_explicit(&cached, memory_order_relaxed);
+  if (v >= 0) return v;
+  v = 0;
+#if KN_MM_X86 && defined(__x86_64__) && defined(__linux__) && defined(SYS_arch_prctl)
+  unsigned a, b, c, d;
+  if (__get_cpuid_count(7, 0, &a, &b, &c, &d) && (d & 1u << 24) && (d & 1u << 25))
+    v = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+#endif
+  atomic_store_explicit(&cached, v, memory_order_relaxed);
+  return v;
+}
+
+/* The best instruction set the CPU offers (0, 1, 2, 3), found once: cpuid is slow, and
  * under a hypervisor each one is a VM exit. Every thread finds the same value, so the
  * first-use race is benign; it is atomic to stay defined. */
 static int mm_cpu_isa(void) {
@@ -581,6 +602,11 @@ static int mm_cpu_isa(void) {
   if (base && __builtin_cpu_supports("avx2")) isa = 1;
 #if KN_MATMUL_MAX_ISA >= 2
   if (base && __builtin_cpu_supports("avx512f")) isa = 2;
+#endif
+#if KN_MATMUL_MAX_ISA >= 3
+  if (isa == 2 && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni") &&
+      kn_cpu_has_amx())
+    isa = 3;
 #endif
 #endif
   atomic_store_explicit(&cached, isa, memory_order_relaxed);

@@ -33,6 +33,11 @@ enum {
   Q8_PREFETCH_BYTES = 8192, /* W bytes asked for ahead into L2 (as kn_matmul) */
   Q8_SERIAL_FLOPS = 1 << 18, /* below this, waking the pool costs more than it saves */
   Q8_QUANT_GRAIN = 1 << 14,  /* x values a quantizing chunk takes at least */
+  Q8_AMX_ROWS = 16, /* an AMX kernel call: 16 x rows against 16 W rows (two x8 groups) */
+  Q8_AMX_COLS = 16,
+  Q8_AMX_AHEAD = 4, /* blocks a B is decoded before its product (and ring slots) */
+  Q8_AMX_LAG = 3,   /* blocks a product waits before it is scaled (< Q8_AMX_AHEAD) */
+  Q8_AMX_PAIRS = 8, /* group pairs one AMX call streams through */
 };
 
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
@@ -151,6 +156,12 @@ static const q8_kernels k_q8_c[3] = {
  * interleaved groups (nb blocks each) into out[r * ldo + c], c < 8 * ng. */
 typedef void (*q8x8_fn)(const q8_rows *x, int mr, const uint8_t *grp, int ng, int64_t nb,
                         float *out, int64_t ldo);
+
+/* The AMX kernel: 16 rows quantized ahead (x0, x0 + nb, ..) against np <= Q8_AMX_PAIRS
+ * group pairs grp[q] (nb blocks each) into out[q] + r * ldo + c, c < 16; the tile
+ * configuration loaded. */
+typedef void (*q8amx_fn)(const q8_xblock *x0, const uint8_t *const *grp, float *const *out,
+                         int np, int64_t nb, int64_t ldo);
 
 static void q8x8_c(const q8_rows *x, int mr, const uint8_t *grp, int ng, int64_t nb,
                    float *out, int64_t ldo, ir_dtype dt) {
@@ -681,6 +692,177 @@ Q8X8_INST_VNNI(q8x8_vnni_q4_0, IR_Q4_0)
 Q8X8_INST_VNNI(q8x8_vnni_q4_1, IR_Q4_1)
 static const q8x8_fn k_q8x8_vnni[3] = {q8x8_vnni_q8_0, q8x8_vnni_q4_0, q8x8_vnni_q4_1};
 
+/* ---- x86: AMX-INT8 ------------------------------------------------------------------ */
+/* x8 on the tile unit: 16 x rows against two groups (16 W rows), one block a tile product.
+ *   A (16 rows x 32 bytes): block b's codes of the 16 x rows, loaded straight from the
+ *     rows quantized ahead (a row's blocks are contiguous, so one stride apart);
+ *   B (8 rows x 64 bytes): row j holds 4 positions of each of the 16 W rows, 4 bytes a
+ *     row, which is AMX's layout of B and the pair kernel's w[j] (decoded into memory);
+ *   C (16 x 16 int32): the exact sums p of the 16 x 16 outputs.
+ * tdpbsud (signed x, unsigned nibbles) for q4, tdpbssd for q8_0 (signed codes as they are);
+ * q4_0's offset comes off as in the pair kernel. C leaves through memory and takes the pair
+ * kernel's f32 steps in block order, so the bits are the C reference's. */
+#define Q8_AMX_TARGET "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,amx-tile,amx-int8"
+#define Q8_AMX __attribute__((target(Q8_AMX_TARGET)))
+#define Q8_AMX_INLINE static inline __attribute__((target(Q8_AMX_TARGET), always_inline))
+/* The tile instructions as asm that says which memory it reads and writes (the compiler's
+ * own intrinsics do not): tile t, base p, row stride s. */
+#define Q8_TILE_LOAD(t, p, s)                                                              \
+  __asm__ volatile("tileloadd (%0,%1,1), %%tmm" #t ::"r"(p), "r"((int64_t)(s)) : "memory")
+#define Q8_TILE_STORE(t, p, s)                                                             \
+  __asm__ volatile("tilestored %%tmm" #t ", (%0,%1,1)" ::"r"(p), "r"((int64_t)(s)) : "memory")
+#define Q8_TILE_ZERO(t) __asm__ volatile("tilezero %%tmm" #t ::)
+#define Q8_TDPBSUD(c, a, b) __asm__ volatile("tdpbsud %%tmm" #b ", %%tmm" #a ", %%tmm" #c ::)
+#define Q8_TDPBSSD(c, a, b) __asm__ volatile("tdpbssd %%tmm" #b ", %%tmm" #a ", %%tmm" #c ::)
+
+typedef struct q8_amx_cfg {
+  uint8_t palette, start_row, reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+} q8_amx_cfg;
+_Static_assert(sizeof(q8_amx_cfg) == 64, "ldtilecfg reads 64 bytes");
+
+/* Tiles 0 and 3 are A, 1 and 4 B, 2 and 5 C. */
+Q8_AMX_INLINE void q8_amx_config(void) {
+  q8_amx_cfg cfg = {.palette = 1};
+  for (int s = 0; s < 2; s++) {
+    cfg.rows[3 * s] = Q8_AMX_ROWS, cfg.colsb[3 * s] = KN_QBLOCK;
+    cfg.rows[3 * s + 1] = KN_QBLOCK / 4, cfg.colsb[3 * s + 1] = 4 * Q8_AMX_COLS;
+    cfg.rows[3 * s + 2] = Q8_AMX_ROWS, cfg.colsb[3 * s + 2] = 4 * Q8_AMX_COLS;
+  }
+  __asm__ volatile("ldtilecfg %0" ::"m"(cfg));
+}
+
+/* Block b's B: the two groups' codes at g, g2 as the tile takes them, into wb. */
+Q8_AMX_INLINE void q8_amx_decode(const uint8_t *g, const uint8_t *g2, ir_dtype dt,
+                                 uint8_t *wb) {
+  const uint8_t *c = g + kn_x8_head(dt), *c2 = g2 + kn_x8_head(dt);
+  __m512i *o = (__m512i *)wb;
+  if (dt == IR_Q8_0) {
+    for (int j = 0; j < 8; j++) _mm512_store_si512(o + j, q8_ld2x256(c + 32 * j, c2 + 32 * j));
+    return;
+  }
+  const __m512i nib = _mm512_set1_epi8(15);
+  for (int j = 0; j < 4; j++) {
+    __m512i z = q8_ld2x256(c + 32 * j, c2 + 32 * j);
+    _mm512_store_si512(o + j, _mm512_and_si512(z, nib));
+    _mm512_store_si512(o + 4 + j, _mm512_and_si512(_mm512_srli_epi16(z, 4), nib));
+  }
+}
+
+/* One block's product: B from wb, A from the 16 rows at xa (xs bytes apart), into C of
+ * tile set s; q8_amx_store stores it after the next product is issued. */
+Q8_AMX_INLINE void q8_amx_product(const int8_t *xa, int64_t xs, const uint8_t *wb, ir_dtype dt,
+                                  int s) {
+  if (s == 0) {
+    Q8_TILE_LOAD(1, wb, 64);
+    Q8_TILE_LOAD(0, xa, xs);
+    Q8_TILE_ZERO(2);
+    if (dt == IR_Q8_0) Q8_TDPBSSD(2, 0, 1);
+    else Q8_TDPBSUD(2, 0, 1);
+  } else {
+    Q8_TILE_LOAD(4, wb, 64);
+    Q8_TILE_LOAD(3, xa, xs);
+    Q8_TILE_ZERO(5);
+    if (dt == IR_Q8_0) Q8_TDPBSSD(5, 3, 4);
+    else Q8_TDPBSUD(5, 3, 4);
+  }
+}
+
+Q8_AMX_INLINE void q8_amx_store(int32_t *c, int s) {
+  if (s == 0) Q8_TILE_STORE(2, c, 64);
+  else Q8_TILE_STORE(5, c, 64);
+}
+
+/* 16 rows (x0, x0 + nb, ..: rows quantized ahead) against np group pairs, grp[q] into
+ * out[q] + r * ldo + c (c < 16), as one stream of np * nb block products. The tile
+ * configuration must be loaded. A value crossing between the vector and the tile units
+ * goes through memory, where a load takes it only once the store has retired: so B is
+ * decoded Q8_AMX_AHEAD products before it is used and a product scaled Q8_AMX_LAG after,
+ * from rings of Q8_AMX_AHEAD slots; the stream runs on over pair boundaries. */
+Q8_AMX_INLINE void q8_amx_stream(const q8_xblock *x0, const uint8_t *const *grp,
+                                 float *const *out, int np, int64_t nb, int64_t ldo,
+                                 ir_dtype dt) {
+  const int sb = 8 * kn_quant_block_bytes(dt);
+  const int64_t gs = nb * sb, xs = nb * (int64_t)sizeof(q8_xblock), nt = np * nb;
+  _Alignas(64) uint8_t wb[Q8_AMX_AHEAD][8 * 64];
+  _Alignas(64) int32_t c[Q8_AMX_AHEAD][Q8_AMX_ROWS * Q8_AMX_COLS];
+  if (dt == IR_Q4_1) /* the m terms first, their own fma chains in block order, into out */
+    for (int q = 0; q < np; q++) {
+      __m512 mt[Q8_AMX_ROWS];
+#pragma GCC unroll 16
+      for (int r = 0; r < Q8_AMX_ROWS; r++) mt[r] = _mm512_setzero_ps();
+      for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *g = grp[q] + b * sb;
+        __m512 mw = q8_ld2xf16(g + 16, g + gs + 16);
+#pragma GCC unroll 16
+        for (int r = 0; r < Q8_AMX_ROWS; r++)
+          mt[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(x0[r * nb + b].s), mt[r]);
+      }
+#pragma GCC unroll 16
+      for (int r = 0; r < Q8_AMX_ROWS; r++) _mm512_storeu_ps(out[q] + ldo * r, mt[r]);
+    }
+  int64_t ub = 0, tb = 0; /* the blocks of the next decode (of pair uq) and product */
+  int uq = 0;
+  for (int64_t t = 0; t < nt && t < Q8_AMX_AHEAD; t++) {
+    const uint8_t *g = grp[uq] + ub * sb;
+    q8_amx_decode(g, g + gs, dt, wb[t]);
+    if (++ub == nb) ub = 0, uq++;
+  }
+  __m512 acc[Q8_AMX_ROWS];
+  int64_t pb = -Q8_AMX_LAG; /* the block scaled next, of pair pq */
+  int pq = 0;
+  for (int64_t t = 0; t < nt + Q8_AMX_LAG; t++, pb++) {
+    const int slot = (int)(t % Q8_AMX_AHEAD);
+    if (t < nt) {
+      q8_amx_product(x0[tb].q, xs, wb[slot], dt, (int)(t & 1));
+      if (t > 0) q8_amx_store(c[(t - 1) % Q8_AMX_AHEAD], (int)((t - 1) & 1));
+      if (++tb == nb) tb = 0;
+      if (uq < np) {
+        const uint8_t *g = grp[uq] + ub * sb;
+        q8_amx_decode(g, g + gs, dt, wb[slot]);
+        if (++ub == nb) ub = 0, uq++;
+      }
+    }
+    if (t == nt) q8_amx_store(c[(t - 1) % Q8_AMX_AHEAD], (int)((t - 1) & 1));
+    if (pb < 0) continue;
+    if (pb == 0) {
+#pragma GCC unroll 16
+      for (int r = 0; r < Q8_AMX_ROWS; r++) acc[r] = _mm512_setzero_ps();
+    }
+    const int32_t *cb = c[(t - Q8_AMX_LAG) % Q8_AMX_AHEAD];
+    const uint8_t *g = grp[pq] + pb * sb;
+    __m512 dw = q8_ld2xf16(g, g + gs);
+#pragma GCC unroll 16
+    for (int r = 0; r < Q8_AMX_ROWS; r++) {
+      const q8_xblock *xb = x0 + r * nb + pb;
+      __m512i p = _mm512_load_si512((const __m512i *)(cb + Q8_AMX_COLS * r));
+      if (dt == IR_Q4_0) p = _mm512_sub_epi32(p, _mm512_set1_epi32(8 * xb->isum));
+      acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_set1_ps(xb->d)), _mm512_cvtepi32_ps(p),
+                               acc[r]);
+    }
+    if (pb + 1 < nb) continue;
+    float *o = out[pq];
+#pragma GCC unroll 16
+    for (int r = 0; r < Q8_AMX_ROWS; r++) {
+      __m512 m = dt == IR_Q4_1 ? _mm512_loadu_ps(o + ldo * r) : _mm512_setzero_ps();
+      _mm512_storeu_ps(o + ldo * r, _mm512_add_ps(acc[r], m));
+    }
+    pb = -1, pq++;
+  }
+}
+
+#define Q8_INST_AMX(name, dt)                                                              \
+  static Q8_AMX void name(const q8_xblock *x0, const uint8_t *const *grp, float *const *out, \
+                          int np, int64_t nb, int64_t ldo) {                               \
+    q8_amx_stream(x0, grp, out, np, nb, ldo, dt);                                          \
+  }
+Q8_INST_AMX(q8_amx_q8_0, IR_Q8_0)
+Q8_INST_AMX(q8_amx_q4_0, IR_Q4_0)
+Q8_INST_AMX(q8_amx_q4_1, IR_Q4_1)
+
+static const q8amx_fn k_q8amx[3] = {q8_amx_q8_0, q8_amx_q4_0, q8_amx_q4_1};
+
 static bool q8_has_vnni(void) {
   static _Atomic int cached = -1;
   int v = atomic_load_explicit(&cached, memory_order_relaxed);
@@ -733,6 +915,7 @@ typedef struct q8_args {
   kn_mm_tiles tiles;
   const q8_kernels *kern;
   q8x8_fn x8; /* W interleaved by 8 rows (n a multiple of 8): its kernel, else NULL */
+  q8amx_fn amx; /* x8 on AMX for the 16-row blocks of a tile (rows quantized ahead), or NULL */
   int x8_rows; /* x rows the x8 kernel takes at once at most */
   const q8_xblock *xq; /* every row quantized once by the caller, or NULL: per tile */
 } q8_args;
@@ -758,6 +941,68 @@ static void q8x8_block(const q8_args *a, const q8_rows *xs, int mr, int64_t i0, 
   kn_mm_store(y, a->n, acc, mr, 2 * nc, nc, nc, b ? b + j0 : NULL, b ? b + a->n + j0 : NULL, true);
 }
 
+#if Q8_X86
+/* AMX: 16 rows from i0 (quantized ahead, at x0) against the pairs of columns [j0, j1)
+ * (j1 - j0 a multiple of 16, at most 16 * Q8_AMX_PAIRS; swiglu: half that), as
+ * q8x8_block: straight into y (then the bias), or the gate and up pairs side by side into
+ * the epilogue. */
+static void q8amx_block(const q8_args *a, const q8_xblock *x0, int64_t i0, int64_t j0,
+                        int64_t j1) {
+  const int64_t nb = a->k / KN_QBLOCK, nc = j1 - j0;
+  const float *b = a->bias;
+  float *y = a->y + i0 * a->n + j0;
+  const uint8_t *grp[Q8_AMX_PAIRS];
+  float *out[Q8_AMX_PAIRS];
+  int np = 0;
+  if (!a->swiglu) {
+    for (int64_t j = j0; j < j1; j += Q8_AMX_COLS, np++)
+      grp[np] = a->w + j * a->w_row_bytes, out[np] = y + (j - j0);
+    a->amx(x0, grp, out, np, nb, a->n);
+    for (int r = 0; b && r < Q8_AMX_ROWS; r++)
+      for (int64_t c = 0; c < nc; c++) y[r * a->n + c] += b[j0 + c];
+    return;
+  }
+  float acc[Q8_AMX_ROWS * Q8_AMX_PAIRS * Q8_AMX_COLS]; /* gate | up, 2 nc a row */
+  for (int64_t j = j0; j < j1; j += Q8_AMX_COLS)
+    for (int h = 0; h < 2; h++, np++)
+      grp[np] = a->w + (j + h * a->n) * a->w_row_bytes, out[np] = acc + (j - j0) + h * nc;
+  a->amx(x0, grp, out, np, nb, 2 * nc);
+  kn_mm_store(y, a->n, acc, Q8_AMX_ROWS, 2 * (int)nc, (int)nc, nc, b ? b + j0 : NULL,
+              b ? b + a->n + j0 : NULL, true);
+}
+
+/* Rows [i0, i1) of a tile in blocks of 16 on AMX against columns [j0, j1) (whole groups; a
+ * lone one at the end takes the x8 kernel, 8 rows a call); returns the first row left.
+ * The tile configuration is loaded per call, so any thread can run this, and released. */
+static Q8_AMX int64_t q8amx_rows(const q8_args *a, int64_t i0, int64_t i1, int64_t j0,
+                                 int64_t j1) {
+  const int64_t nb = a->k / KN_QBLOCK;
+  q8_amx_config();
+  int64_t i = i0;
+  for (; i1 - i >= Q8_AMX_ROWS; i += Q8_AMX_ROWS) {
+    const q8_xblock *x0 = a->xq + i * nb;
+    const int64_t step = Q8_AMX_COLS * Q8_AMX_PAIRS / (a->swiglu ? 2 : 1);
+    for (int64_t j = j0; j < j1;) {
+      int64_t je = j + step < j1 ? j + step : j1;
+      je = j + (je - j) / Q8_AMX_COLS * Q8_AMX_COLS;
+      if (je > j) {
+        q8amx_block(a, x0, i, j, je);
+        j = je;
+        continue;
+      }
+      for (int h = 0; h < 2; h++) {
+        q8_rows xs = {0};
+        for (int r = 0; r < 8; r++) xs.r[r] = x0 + (8 * h + r) * nb;
+        q8x8_block(a, &xs, 8, i + 8 * h, j, 1);
+      }
+      j += 8;
+    }
+  }
+  __asm__ volatile("tilerelease" ::);
+  return i;
+}
+#endif
+
 /* Rows [i0, i0 + mr) of x (quantized in xs) against columns [j0, j0 + nr / h) of y,
  * clipped at j1: missing W rows repeat row j0 and their outputs are dropped. */
 static void q8_block(const q8_args *a, const q8_rows *xs, q8_fn fn, int mr, int nr, int64_t i0,
@@ -782,6 +1027,9 @@ static void q8_tile(const q8_args *a, int64_t i0, int64_t i1, int64_t j0, int64_
   q8_xblock buf[Q8_MAX_R][KN_Q8_MAX_K / KN_QBLOCK];
   const q8_kernels *kn = a->kern;
   const int64_t k = a->k;
+#if Q8_X86 /* the check stays out of the AMX function (ASan's AVX-512 stack poisoning) */
+  if (a->amx && i1 - i0 >= Q8_AMX_ROWS) i0 = q8amx_rows(a, i0, i1, j0, j1);
+#endif
   for (int64_t i = i0; i < i1;) {
     int mr = i1 - i >= kn->mr ? kn->mr : 1, nr = mr > 1 ? kn->nr : kn->nr1;
     if (a->x8) { /* more rows than 4 only from the rows quantized ahead */
@@ -863,6 +1111,10 @@ void kn_matmul_q8(kn_pool *p, float *y, const float *x, const void *w, ir_dtype 
     a.xq = heap;
     kn_parallel_for(p, m, 1 + Q8_QUANT_GRAIN / k, q8_quant_task, &a);
   }
+#if Q8_X86
+  if (x8 && a.xq && m >= Q8_AMX_ROWS && kn_cpu_isa() >= 3)
+    a.amx = k_q8amx[wt == IR_Q8_0 ? 0 : wt == IR_Q4_0 ? 1 : 2];
+#endif
   if (n % 16) align = 8; /* tiles of pairs only where every tile can hold them */
   a.tiles = kn_mm_tiles_plan(m, n, a.w_row_bytes * (swiglu ? 2 : 1), kn_pool_threads(p), align);
   int64_t tasks = a.tiles.n_tasks, flops = 2 * m * n * k * (swiglu ? 2 : 1);

@@ -37,10 +37,6 @@ enum {
 #define WQ_X86 1
 #include <cpuid.h>
 #include <immintrin.h>
-#ifdef __linux__
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
 #else
 #define WQ_X86 0
 #endif
@@ -568,19 +564,6 @@ static bool wq_has_f16c(void) {
   return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
 }
 
-/* AMX-TILE and AMX-INT8 (cpuid 7.0 edx bits 24, 25), and Linux's leave to use the tile
- * data (ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA, once per process): without it the
- * first tile instruction faults. */
-static bool wq_has_amx(void) {
-  unsigned a, b, c, d;
-  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & 1u << 24) || !(d & 1u << 25))
-    return false;
-#if defined(__linux__) && defined(SYS_arch_prctl)
-  return syscall(SYS_arch_prctl, 0x1023, 18) == 0;
-#else
-  return false;
-#endif
-}
 #endif
 
 /* Best levels the CPU offers, found once (cpuid is slow under a hypervisor): bits 0-1
@@ -595,7 +578,7 @@ static int wq_cpu_levels(void) {
   bool base = __builtin_cpu_supports("fma") && wq_has_f16c() && __builtin_cpu_supports("avx2");
   bool avx512 = base && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
   wo = avx512 ? 2 : base ? 1 : 0;
-  w8 = avx512 && __builtin_cpu_supports("avx512vnni") ? (wq_has_amx() ? 3 : 2) : base ? 1 : 0;
+  w8 = avx512 && __builtin_cpu_supports("avx512vnni") ? (kn_cpu_has_amx() ? 3 : 2) : base ? 1 : 0;
   bool vnni256 = base && __builtin_cpu_supports("avxvnni");
 #else
   bool vnni256 = false;

@@ -351,14 +351,19 @@ static void test_matmul_q8(kn_pool *p1, kn_pool *p4) {
                     ks[ki], true, &worst);
           }
   }
-  kn_matmul_set_max_isa(2);
+  kn_matmul_set_max_isa(3);
+  bool amx = kn_cpu_isa() >= 3;
   for (int d = 0; d < 3; d++) {
     q8_case(p4, k_qtypes[d], 2, true, 70, 300, 1536, false, &worst);
-    q8_case(p4, k_qtypes[d], 2, true, 70, 304, 1536, true, &worst);
+    /* x8 with AMX where the CPU has it (16-row blocks, the rest on VNNI; n = 152 leaves
+     * a lone group, and 88 swiglu columns one too), else AVX-512 again */
+    q8_case(p4, k_qtypes[d], 3, true, 70, 304, 1536, true, &worst);
+    q8_case(p4, k_qtypes[d], 3, false, 48, 152, 576, true, &worst);
+    q8_case(p1, k_qtypes[d], 3, true, 33, 88, 96, true, &worst);
     q8_invariance(p1, p4, k_qtypes[d], 300, 576, false);
     q8_invariance(p1, p4, k_qtypes[d], 7, 32, false);
-    /* x8: AVX2 and AVX-512 (groups in pairs; n = 152 leaves a lone one) against C */
-    for (int isa = 1; isa <= 2; isa++) {
+    /* x8: AVX2, AVX-512 and AMX (groups in pairs; n = 152 leaves a lone one) against C */
+    for (int isa = 1; isa <= 3; isa++) {
       kn_matmul_set_max_isa(isa);
       q8_invariance(p1, p4, k_qtypes[d], 304, 576, true);
       q8_invariance(p1, p4, k_qtypes[d], 152, 96, true);
@@ -366,8 +371,8 @@ static void test_matmul_q8(kn_pool *p1, kn_pool *p4) {
     }
     kn_matmul_set_max_isa(2);
   }
-  printf("kn_matmul_q8: worst error against the integer reference %.2e of the term sum\n",
-         worst);
+  printf("kn_matmul_q8: worst error against the integer reference %.2e of the term sum; "
+         "AMX %s\n", worst, amx ? "tested" : "not on this CPU (its cases ran on AVX-512)");
 }
 
 /* ---- embedding -------------------------------------------------------------------- */
