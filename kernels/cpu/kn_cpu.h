@@ -83,6 +83,13 @@ int kn_matmul_set_max_isa(int isa);
 int kn_cpu_isa(void);
 /* Whether this CPU and OS run AMX-INT8 (asks Linux for the tile state once). */
 bool kn_cpu_has_amx(void);
+/* The 64 bytes ldtilecfg reads (palette 1: tile t has rows[t] rows of colsb[t] bytes). */
+typedef struct kn_amx_cfg {
+  uint8_t palette, start_row, reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+} kn_amx_cfg;
+_Static_assert(sizeof(kn_amx_cfg) == 64, "ldtilecfg reads 64 bytes");
 
 /* log(sum_i e^x[i]) over n > 0 logits (the max taken out first; f32 exps within 2 ulp,
  * summed in f64): a sampled token's logprob is x[tok] minus it. -inf if every x is -inf;

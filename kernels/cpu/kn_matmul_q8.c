@@ -715,16 +715,9 @@ static const q8x8_fn k_q8x8_vnni[3] = {q8x8_vnni_q8_0, q8x8_vnni_q4_0, q8x8_vnni
 #define Q8_TDPBSUD(c, a, b) __asm__ volatile("tdpbsud %%tmm" #b ", %%tmm" #a ", %%tmm" #c ::)
 #define Q8_TDPBSSD(c, a, b) __asm__ volatile("tdpbssd %%tmm" #b ", %%tmm" #a ", %%tmm" #c ::)
 
-typedef struct q8_amx_cfg {
-  uint8_t palette, start_row, reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-} q8_amx_cfg;
-_Static_assert(sizeof(q8_amx_cfg) == 64, "ldtilecfg reads 64 bytes");
-
 /* Tiles 0 and 3 are A, 1 and 4 B, 2 and 5 C. */
 Q8_AMX_INLINE void q8_amx_config(void) {
-  q8_amx_cfg cfg = {.palette = 1};
+  kn_amx_cfg cfg = {.palette = 1};
   for (int s = 0; s < 2; s++) {
     cfg.rows[3 * s] = Q8_AMX_ROWS, cfg.colsb[3 * s] = KN_QBLOCK;
     cfg.rows[3 * s + 1] = KN_QBLOCK / 4, cfg.colsb[3 * s + 1] = 4 * Q8_AMX_COLS;

@@ -727,13 +727,6 @@ enum {
  * the buffers' stores happen before them. */
 #define WQ_AMX_BARRIER() __asm__ volatile("" ::: "memory")
 
-typedef struct wq_amx_cfg {
-  uint8_t palette, start_row, reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-} wq_amx_cfg;
-_Static_assert(sizeof(wq_amx_cfg) == 64, "ldtilecfg reads 64 bytes");
-
 /* C += W blocks w0 (w1) at stride ws x x blocks x0 (x0 + xstep) over nkb 64-byte steps. */
 WQ_AMX_INLINE void w8_amx_steps(const int8_t *w0, const int8_t *w1, int64_t ws,
                                 const int8_t *x0, int64_t xstep, int64_t nkb, int nw, int nx) {
@@ -868,7 +861,7 @@ static WQ_AMX int64_t w8_amx_rows(const wq_args *a, int64_t i0, int64_t i1, int6
   _Alignas(64) int8_t xv[WQ_AMX_X_BYTES];
   _Alignas(64) int8_t rows[4 * (WQ_AMX_X_BYTES / 16)]; /* 4 rows of kp <= 8192 bytes */
   float sx[WQ_AMX_MAX_ROWS];
-  wq_amx_cfg cfg = {.palette = 1};
+  kn_amx_cfg cfg = {.palette = 1};
   for (int t = 0; t < 8; t++) cfg.rows[t] = 16, cfg.colsb[t] = 64;
   WQ_AMX_BARRIER();
   _tile_loadconfig(&cfg);
