@@ -813,6 +813,11 @@ Q8_AMX_INLINE void q8_amx_stream(const q8_xblock *x0, const uint8_t *const *grp,
       if (++tb == nb) tb = 0;
       if (uq < np) {
         const uint8_t *g = grp[uq] + ub * sb;
+        const char *pf = (const char *)g + Q8_PREFETCH_BYTES; /* as the VNNI kernels */
+        for (int l = 0; l < sb; l += 64) {
+          _mm_prefetch(pf + l, _MM_HINT_T1);
+          _mm_prefetch(pf + l + gs, _MM_HINT_T1);
+        }
         q8_amx_decode(g, g + gs, dt, wb[slot]);
         if (++ub == nb) ub = 0, uq++;
       }
