@@ -109,9 +109,10 @@ static int run_membw(int threads, int64_t mib, int repeats) {
 /* What the cores can issue, measured (a shared or virtual machine may give far less than
  * the data sheet): N threads each run twelve independent chains of f32 fma and of int8
  * dot products (vpdpbusd with AVX512-VNNI, else vpmaddubsw + vpmaddwd) in the widest
- * registers the CPU has. Prefill's roofline is the int8 (or f32) rate over the
- * multiply-adds a token takes. */
-enum { PK_CHAINS = 12, PK_ITERS = 1 << 24 };
+ * registers the CPU has, and where the CPU and OS allow AMX-INT8, four independent
+ * 16 x 16 x 64 tile products (tdpbssd). Prefill's roofline is the int8 (or f32) rate
+ * over the multiply-adds a token takes: the tile rate where there is one. */
+enum { PK_CHAINS = 12, PK_ITERS = 1 << 24, PK_AMX_ITERS = 1 << 20 };
 
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
 #include <immintrin.h>
@@ -136,6 +137,24 @@ __attribute__((target("avx512f,avx512vnni"))) static float pk_i8_512(long n) {
   _mm512_storeu_si512(o, t);
   for (int i = 0; i < 16; i++) x ^= o[i];
   return (float)x;
+}
+/* Tiles 0-3 C, 4-5 A, 6-7 B, all 16 rows of 64 bytes; 4 x 16384 multiply-adds a step. */
+__attribute__((target("amx-tile,amx-int8"))) static float pk_i8_amx(long n) {
+  kn_amx_cfg cfg = {.palette = 1};
+  for (int t = 0; t < 8; t++) cfg.rows[t] = 16, cfg.colsb[t] = 64;
+  static const int8_t ab[16 * 64] = {3};
+  int32_t c[16 * 16];
+  __asm__ volatile("ldtilecfg %0" ::"m"(cfg));
+  __asm__ volatile("tileloadd (%0,%1,1), %%tmm4\n\ttileloadd (%0,%1,1), %%tmm5\n\t"
+                   "tileloadd (%0,%1,1), %%tmm6\n\ttileloadd (%0,%1,1), %%tmm7\n\t"
+                   "tilezero %%tmm0\n\ttilezero %%tmm1\n\ttilezero %%tmm2\n\ttilezero %%tmm3"
+                   ::"r"(ab), "r"((int64_t)64) : "memory");
+  for (long k = 0; k < n; k++)
+    __asm__ volatile("tdpbssd %tmm6, %tmm4, %tmm0\n\ttdpbssd %tmm7, %tmm4, %tmm1\n\t"
+                     "tdpbssd %tmm6, %tmm5, %tmm2\n\ttdpbssd %tmm7, %tmm5, %tmm3");
+  __asm__ volatile("tilestored %%tmm0, (%0,%1,1)\n\ttilerelease" ::"r"(c), "r"((int64_t)64)
+                   : "memory");
+  return (float)c[0];
 }
 __attribute__((target("avx2,fma"))) static float pk_f32_256(long n) {
   __m256 a[PK_CHAINS], b = _mm256_set1_ps(0.999f), c = _mm256_set1_ps(1e-4f);
@@ -165,7 +184,7 @@ __attribute__((target("avx2"))) static float pk_i8_256(long n) {
 #endif
 
 typedef struct pk_job {
-  int kind; /* 0 f32, 1 int8 */
+  int kind; /* 0 f32, 1 int8, 2 int8 on AMX */
   int wide; /* 512-bit registers */
   pthread_barrier_t *bar;
   double ms;
@@ -177,8 +196,9 @@ static void *pk_thread(void *arg) {
   pthread_barrier_wait(j->bar);
   double t0 = now_ms();
 #if PK_X86
-  j->sink = j->kind == 0 ? (j->wide ? pk_f32_512(PK_ITERS) : pk_f32_256(PK_ITERS))
-                         : (j->wide ? pk_i8_512(PK_ITERS) : pk_i8_256(PK_ITERS));
+  j->sink = j->kind == 2   ? pk_i8_amx(PK_AMX_ITERS)
+            : j->kind == 0 ? (j->wide ? pk_f32_512(PK_ITERS) : pk_f32_256(PK_ITERS))
+                           : (j->wide ? pk_i8_512(PK_ITERS) : pk_i8_256(PK_ITERS));
 #endif
   j->ms = now_ms() - t0;
   return NULL;
@@ -203,7 +223,8 @@ static double pk_rate(int threads, int kind, int wide, int repeats) {
     }
     pthread_barrier_destroy(&bar);
     double lanes = kind == 0 ? (wide ? 16 : 8) : (wide ? 64 : 32);
-    double ops = 2.0 * lanes * PK_CHAINS * (double)PK_ITERS * threads;
+    double ops = kind == 2 ? 2.0 * 4 * 16 * 16 * 64 * (double)PK_AMX_ITERS * threads
+                           : 2.0 * lanes * PK_CHAINS * (double)PK_ITERS * threads;
     double rate = ops / (ms * 1e-3);
     best = rate > best ? rate : best;
   }
@@ -218,10 +239,14 @@ static int run_peak(int threads, int repeats) {
   int vnni = wide && __builtin_cpu_supports("avx512vnni");
   if (!avx2) return fail("peak: needs AVX2 and FMA");
   double f = pk_rate(threads, 0, wide, repeats), q = pk_rate(threads, 1, vnni, repeats);
+  /* int8_gops: the rate the q8 kernels can reach at best (the tile unit's where
+   * kn_matmul_q8 uses it); int8_vector_gops: the vector units' */
+  bool amx = kn_cpu_has_amx() && kn_cpu_isa() >= 3;
+  double t = amx ? pk_rate(threads, 2, 1, repeats) : q;
   printf("{\"threads\": %d, \"f32\": \"%s\", \"int8\": \"%s\", \"f32_gflops\": %.1f, "
-         "\"int8_gops\": %.1f}\n",
-         threads, wide ? "avx512 fma" : "avx2 fma", vnni ? "avx512 vnni" : "avx2 maddubs",
-         f / 1e9, q / 1e9);
+         "\"int8_gops\": %.1f, \"int8_vector_gops\": %.1f}\n",
+         threads, wide ? "avx512 fma" : "avx2 fma",
+         amx ? "amx-int8" : vnni ? "avx512 vnni" : "avx2 maddubs", f / 1e9, t / 1e9, q / 1e9);
   return 0;
 #else
   (void)threads, (void)repeats;
