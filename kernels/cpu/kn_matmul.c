@@ -47,14 +47,17 @@ enum {
 #endif
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__) && KN_MATMUL_MAX_ISA > 0
 #define KN_MM_X86 1
-#include <cpuid.h>
 #include <immintrin.h>
+#else
+#define KN_MM_X86 0
+#endif
+/* cpuid on any x86 build, whatever the cap: kn_cpu_has_amx also serves the W8A8 kernels */
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+#include <cpuid.h>
 #ifdef __linux__
 #include <sys/syscall.h>
 #include <unistd.h>
 #endif
-#else
-#define KN_MM_X86 0
 #endif
 
 /* Computes the mr x nr dot products of rows xr[r] with rows wr[c] into out[r * nr + c].
@@ -580,7 +583,7 @@ bool kn_cpu_has_amx(void) {
   int v = atomic_load_explicit(&cached, memory_order_relaxed);
   if (v >= 0) return v;
   v = 0;
-#if KN_MM_X86 && defined(__x86_64__) && defined(__linux__) && defined(SYS_arch_prctl)
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__) && defined(SYS_arch_prctl)
   unsigned a, b, c, d;
   if (__get_cpuid_count(7, 0, &a, &b, &c, &d) && (d & 1u << 24) && (d & 1u << 25))
     v = syscall(SYS_arch_prctl, 0x1023, 18) == 0;

@@ -874,8 +874,11 @@ static bool q8_has_vnni(void) {
 
 /* ---- dispatch and tiling ------------------------------------------------------------- */
 
+/* The kernel tables' index of a block type: q8_0, q4_0, q4_1. */
+static int q8_kind(ir_dtype wt) { return wt == IR_Q8_0 ? 0 : wt == IR_Q4_0 ? 1 : 2; }
+
 static const q8_kernels *q8_pick(ir_dtype wt) {
-  int d = wt == IR_Q8_0 ? 0 : wt == IR_Q4_0 ? 1 : 2;
+  int d = q8_kind(wt);
 #if Q8_X86
   int isa = kn_cpu_isa();
   if (isa >= 2 && q8_has_vnni()) return &k_q8_vnni[d];
@@ -887,7 +890,7 @@ static const q8_kernels *q8_pick(ir_dtype wt) {
 /* The x8 kernel for this CPU; *align: the column tiles it wants (two groups at once),
  * *rows: the x rows it takes at most (a group's codes decoded once for them all). */
 static q8x8_fn q8x8_pick(ir_dtype base, int *align, int *rows) {
-  int d = base == IR_Q8_0 ? 0 : base == IR_Q4_0 ? 1 : 2;
+  int d = q8_kind(base);
   *align = 8;
   *rows = Q8_MAX_R;
 #if Q8_X86
@@ -975,11 +978,11 @@ static void q8amx_block(const q8_args *a, const q8_xblock *x0, int64_t i0, int64
 static Q8_AMX int64_t q8amx_rows(const q8_args *a, int64_t i0, int64_t i1, int64_t j0,
                                  int64_t j1) {
   const int64_t nb = a->k / KN_QBLOCK;
+  const int64_t step = Q8_AMX_COLS * Q8_AMX_PAIRS / (a->swiglu ? 2 : 1); /* columns a call */
   q8_amx_config();
   int64_t i = i0;
   for (; i1 - i >= Q8_AMX_ROWS; i += Q8_AMX_ROWS) {
     const q8_xblock *x0 = a->xq + i * nb;
-    const int64_t step = Q8_AMX_COLS * Q8_AMX_PAIRS / (a->swiglu ? 2 : 1);
     for (int64_t j = j0; j < j1;) {
       int64_t je = j + step < j1 ? j + step : j1;
       je = j + (je - j) / Q8_AMX_COLS * Q8_AMX_COLS;
@@ -1109,9 +1112,8 @@ void kn_matmul_q8(kn_pool *p, float *y, const float *x, const void *w, ir_dtype 
     a.xq = heap;
     kn_parallel_for(p, m, 1 + Q8_QUANT_GRAIN / k, q8_quant_task, &a);
   }
-#if Q8_X86
-  if (x8 && a.xq && m >= Q8_AMX_ROWS && kn_cpu_isa() >= 3)
-    a.amx = k_q8amx[wt == IR_Q8_0 ? 0 : wt == IR_Q4_0 ? 1 : 2];
+#if Q8_X86 /* (q8_tile sends it only tiles of 16 rows or more) */
+  if (x8 && a.xq && kn_cpu_isa() >= 3) a.amx = k_q8amx[q8_kind(wt)];
 #endif
   if (n % 16) align = 8; /* tiles of pairs only where every tile can hold them */
   a.tiles = kn_mm_tiles_plan(m, n, a.w_row_bytes * (swiglu ? 2 : 1), kn_pool_threads(p), align);
