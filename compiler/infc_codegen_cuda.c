@@ -67,6 +67,9 @@ static ir_status cuda_supported(const ir_graph *g, ir_diag *d) {
     case IR_OP_ATTENTION:
       if (n->n_in < 3 || (n->in[1] < 0) != (n->in[2] < 0))
         why = "attention needs q, k and v, or one packed qkv";
+      else if (n->n_in > 5 && n->in[5] >= 0 &&
+               ir_node_attr_i(n, "n_heads", 0) + ir_node_attr_i(n, "n_kv_heads", 0) > 256)
+        why = "the q/k norm kernel takes at most 256 q + kv heads (kv_write.cu)";
       break;
     case IR_OP_EMBED: case IR_OP_RMS_NORM: case IR_OP_ADD_RMS_NORM: case IR_OP_ROPE:
     case IR_OP_SWIGLU: case IR_OP_ADD: case IR_OP_GATHER_ROWS: break;

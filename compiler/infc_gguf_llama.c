@@ -22,7 +22,8 @@ static const gl_name k_layer_names[] = {
     {"self_attn.q_proj", "attn_q"},        {"self_attn.k_proj", "attn_k"},
     {"self_attn.v_proj", "attn_v"},        {"self_attn.o_proj", "attn_output"},
     {"mlp.gate_proj", "ffn_gate"},         {"mlp.up_proj", "ffn_up"},
-    {"mlp.down_proj", "ffn_down"},
+    {"mlp.down_proj", "ffn_down"},         {"self_attn.q_norm", "attn_q_norm"},
+    {"self_attn.k_norm", "attn_k_norm"},
 };
 
 #define GL_COUNT(a) (sizeof(a) / sizeof((a)[0]))
@@ -111,16 +112,18 @@ static void gl_arch(gl_reader *r, model_llama_params *p) {
   if (r->st != IR_OK) return;
   if (infc_gguf_str_eq(a, "llama")) r->arch = "llama";
   else if (infc_gguf_str_eq(a, "qwen2")) r->arch = "qwen2";
+  else if (infc_gguf_str_eq(a, "qwen3")) r->arch = "qwen3";
   else {
     r->st = ir_diag_set(r->d, IR_UNSUPPORTED, "%s: unknown architecture '%.*s' (supported: "
-                        "llama, qwen2)", infc_gguf_path(r->g), a.len > 64 ? 64 : (int)a.len,
-                        a.ptr);
+                        "llama, qwen2, qwen3)", infc_gguf_path(r->g),
+                        a.len > 64 ? 64 : (int)a.len, a.ptr);
     return;
   }
   snprintf(p->arch, sizeof p->arch, "%s", r->arch);
   /* llama.cpp runs llama with its "normal" rope on adjacent pairs (the converter
-   * permuted the q/k rows to match) and qwen2 with NeoX rotate-half, as HF does. */
+   * permuted the q/k rows to match) and qwen2/qwen3 with NeoX rotate-half, as HF does. */
   p->rope_interleaved = strcmp(r->arch, "llama") == 0;
+  p->qk_norm = strcmp(r->arch, "qwen3") == 0;
 }
 
 static void gl_sizes(gl_reader *r, model_llama_params *p) {

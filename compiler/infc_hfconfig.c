@@ -68,6 +68,29 @@ static const char *get_str(cfg_reader *r, const char *key) {
   return v->valuestring;
 }
 
+/* The rope of newer configs: "rope_parameters": {"rope_theta": x, "rope_type": "default"}
+ * in place of a top-level rope_theta and rope_scaling; any other rope_type is a scaling. */
+static void read_rope_parameters(cfg_reader *r, model_llama_params *p) {
+  const cJSON *rp = cJSON_GetObjectItemCaseSensitive(r->root, "rope_parameters");
+  if (!rp || cJSON_IsNull(rp) || r->st != IR_OK) return;
+  if (!cJSON_IsObject(rp)) {
+    r->st = ir_diag_set(r->d, IR_BAD_FORMAT, "key 'rope_parameters' must be an object");
+    return;
+  }
+  const cJSON *t = cJSON_GetObjectItemCaseSensitive(rp, "rope_type");
+  if (t && !cJSON_IsNull(t) && !(cJSON_IsString(t) && !strcmp(t->valuestring, "default"))) {
+    r->st = ir_diag_set(r->d, IR_UNSUPPORTED, "rope_parameters rope_type '%s' is not supported "
+                        "yet", cJSON_IsString(t) ? t->valuestring : "?");
+    return;
+  }
+  cfg_reader sub = {.root = rp, .d = r->d, .st = IR_OK};
+  p->rope_theta = get_num(&sub, "rope_theta", false, p->rope_theta);
+  if (sub.st != IR_OK) {
+    ir_diag_prefix(r->d, "rope_parameters");
+    r->st = sub.st;
+  }
+}
+
 /* Features that change the math and that the template does not implement yet. */
 static void check_unsupported(cfg_reader *r) {
   const char *act = get_str(r, "hidden_act");
@@ -80,6 +103,15 @@ static void check_unsupported(cfg_reader *r) {
     r->st = ir_diag_set(r->d, IR_UNSUPPORTED, "rope_scaling type '%s' is not supported yet",
                         cJSON_IsString(t) ? t->valuestring : "?");
   }
+  /* per-layer attention kinds (transformers 5): all full attention, or a window somewhere */
+  const cJSON *lt = cJSON_GetObjectItemCaseSensitive(r->root, "layer_types"), *e;
+  if (lt && cJSON_IsArray(lt) && r->st == IR_OK)
+    cJSON_ArrayForEach(e, lt) {
+      if (cJSON_IsString(e) && !strcmp(e->valuestring, "full_attention")) continue;
+      r->st = ir_diag_set(r->d, IR_UNSUPPORTED, "layer_types entry '%s' is not supported "
+                          "(only full_attention)", cJSON_IsString(e) ? e->valuestring : "?");
+      break;
+    }
 }
 
 static void read_arch(cfg_reader *r, model_llama_params *p) {
@@ -88,10 +120,11 @@ static void read_arch(cfg_reader *r, model_llama_params *p) {
     if (r->st == IR_OK) r->st = ir_diag_set(r->d, IR_BAD_FORMAT, "missing key 'model_type'");
     return;
   }
-  if (strcmp(mt, "llama") && strcmp(mt, "mistral") && strcmp(mt, "qwen2")) {
+  if (strcmp(mt, "llama") && strcmp(mt, "mistral") && strcmp(mt, "qwen2") &&
+      strcmp(mt, "qwen3")) {
     if (r->st == IR_OK)
       r->st = ir_diag_set(r->d, IR_UNSUPPORTED, "model_type '%s' is not supported "
-                          "(supported: llama, mistral, qwen2)", mt);
+                          "(supported: llama, mistral, qwen2, qwen3)", mt);
     return;
   }
   snprintf(p->arch, sizeof p->arch, "%s", mt);
@@ -123,9 +156,11 @@ ir_status infc_hfconfig_parse(const char *json, model_llama_params *out, ir_diag
   cfg_reader r = {.root = root, .d = d, .st = IR_OK};
   read_arch(&r, out);
   read_sizes(&r, out);
-  bool qwen = strcmp(out->arch, "qwen2") == 0;
+  read_rope_parameters(&r, out);
+  bool qwen2 = strcmp(out->arch, "qwen2") == 0;
   out->tie_word_embeddings = get_bool(&r, "tie_word_embeddings", false);
-  out->attention_bias = qwen || get_bool(&r, "attention_bias", false);
+  out->attention_bias = qwen2 || get_bool(&r, "attention_bias", false);
+  out->qk_norm = strcmp(out->arch, "qwen3") == 0;
   check_unsupported(&r);
   /* A sliding window only changes results past its length: cap the context there. */
   int64_t window = get_int(&r, "sliding_window", false, 0);

@@ -203,6 +203,8 @@ static const char *const k_attr_names[] = {
     "act_int8",
     /* fusion: matmul epilogue (ir_act) */
     "act",
+    /* attention with the per-head q/k norm folded in */
+    "qk_eps",
 };
 
 const char *ir_attr_intern(const char *name) {

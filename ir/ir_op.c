@@ -3,6 +3,8 @@
  * Op contracts (T, L: symbolic; activations f32 unless stated):
  *   embed(ids[T] i32, table[V,H] f32|f16|bf16|q8_0|q4_0|q4_1)  -> [T,H]
  *   rms_norm(x[..,H], w[H] f32; eps)                        -> like x
+ *       w[G] with G dividing a static H: each G-slice of a row normalized on its own
+ *       (the per-head q/k norm of Qwen3: x[T,nh*hd], w[hd])
  *   add_rms_norm(a[..,H], b like a, w[H]; eps)              -> (norm like a, sum like a)
  *   matmul(x[M,K], w[N,K] f32|f16|bf16|q8_0|q4_0|q4_1, bias[N] f32?; act?) -> [M,N]
  *       (block-quantized tables and weights: H and K multiples of the 32-value block)
@@ -20,12 +22,14 @@
  *       at run time (int8, scale max|x|/127); needs i8, no zero points, G = 1, K <= 32768.
  *   rope(x[T,n_heads*head_dim], pos[T] i32, cs[P,rot/2,2]; n_heads, head_dim, rot_dim, neox)
  *                                                           -> like x
- *   attention(q[T,nh*hd], k[T,nkv*hd], v[T,nkv*hd], pos[T] i32?, cs[P,rot/2,2]?; layer,
- *             n_heads, n_kv_heads, head_dim, scale; rot_dim, neox with pos)
+ *   attention(q[T,nh*hd], k[T,nkv*hd], v[T,nkv*hd], pos[T] i32?, cs[P,rot/2,2]?,
+ *             q_norm[hd] f32?, k_norm[hd] f32?; layer, n_heads, n_kv_heads, head_dim,
+ *             scale; rot_dim, neox with pos; qk_eps with the norms)
  *                                                           -> [T,nh*hd] (reads/writes KV)
  *       packed (k, v absent: -1): q is qkv[T,(nh+2*nkv)*hd], the q heads, then k, then v.
  *       pos and cs present: rope (as the rope op, same attrs) applied to q and to k before
- *       k enters the cache.
+ *       k enters the cache. q_norm and k_norm present (both): each q and k head is first
+       rms-normalized (as rms_norm with w[hd], eps = qk_eps), then roped.
  *   swiglu(gate, up same shape)                             -> like gate
  *   add, mul(a, b same shape | b[last dim of a] | b scalar) -> like a (any float dtype)
  *   gather_rows(x[T,H], rows[L] i32)                        -> [L,H]
@@ -191,13 +195,19 @@ static ir_status infer_embed(infer_ctx *c, infer_out *o) {
   return IR_OK;
 }
 
+/* rms_norm's weight w[G] of a plain norm may cover a slice of the row (G divides H). */
+static bool norm_slices(const ir_tensor *x, const ir_tensor *w) {
+  ir_dim h = x->dims[x->rank - 1], g = w->dims[0];
+  return h.sym == IR_SYM_NONE && g.sym == IR_SYM_NONE && g.n > 0 && h.n % g.n == 0;
+}
+
 static ir_status infer_norm(infer_ctx *c, infer_out *o, bool fused) {
   const ir_tensor *x = in_t(c, 0, true);
   const ir_tensor *b = fused ? in_t(c, 1, true) : x;
   const ir_tensor *w = in_t(c, fused ? 2 : 1, true);
   if (!x || !b || !w || !want_attr(c, "eps") || !want_dtype(c, x, IR_F32, IR_F32, IR_F32) ||
       !want_dtype(c, w, IR_F32, IR_F32, IR_F32) || !want_rank(c, w, 1) || x->rank < 1 ||
-      !want_dim(c, w, 0, x->dims[x->rank - 1]))
+      (!(!fused && norm_slices(x, w)) && !want_dim(c, w, 0, x->dims[x->rank - 1])))
     return IR_BAD_FORMAT;
   if (fused) {
     if (!want_dtype(c, b, IR_F32, IR_F32, IR_F32) || !want_rank(c, b, x->rank))
@@ -312,6 +322,19 @@ static bool want_attn_rope(infer_ctx *c, const ir_tensor *q, int64_t hd) {
   return true;
 }
 
+/* The per-head q/k norm folded into attention: q_norm[hd], k_norm[hd] f32 (inputs 5, 6). */
+static bool want_attn_norm(infer_ctx *c, int64_t hd) {
+  const ir_tensor *qn = in_t(c, 5, false), *kn = in_t(c, 6, false);
+  if (!qn && !kn) return true;
+  if (!qn || !kn) {
+    fail(c, "a q/k norm in attention needs both weights (inputs 5 and 6)%s%s", "", "");
+    return false;
+  }
+  return want_attr(c, "qk_eps") && want_rank(c, qn, 1) && want_rank(c, kn, 1) &&
+         want_dtype(c, qn, IR_F32, IR_F32, IR_F32) && want_dtype(c, kn, IR_F32, IR_F32, IR_F32) &&
+         want_dim(c, qn, 0, D(hd)) && want_dim(c, kn, 0, D(hd));
+}
+
 static ir_status infer_attention(infer_ctx *c, infer_out *o) {
   bool has_k = c->n->n_in > 1 && c->n->in[1] >= 0, has_v = c->n->n_in > 2 && c->n->in[2] >= 0;
   bool packed = !has_k && !has_v;
@@ -332,7 +355,7 @@ static ir_status infer_attention(infer_ctx *c, infer_out *o) {
                   !want_dim(c, k, 1, D(nkv * hd)) || !want_dim(c, v, 1, D(nkv * hd)) ||
                   !want_dim(c, k, 0, q->dims[0]) || !want_dim(c, v, 0, q->dims[0])))
     return IR_BAD_FORMAT;
-  if (!want_attn_rope(c, q, hd)) return IR_BAD_FORMAT;
+  if (!want_attn_rope(c, q, hd) || !want_attn_norm(c, hd)) return IR_BAD_FORMAT;
   ir_dim dims[2] = {q->dims[0], D(nh * hd)};
   set_out(o, 0, IR_F32, 2, dims);
   return IR_OK;

@@ -148,6 +148,14 @@ static int32_t rope(builder *b, int32_t x, int64_t heads, const char *node_name)
   return node(b, IR_OP_ROPE, node_name, in, 3, a, 4);
 }
 
+/* Qwen3's q_norm / k_norm: every head of x normalized with one weight of head_dim. */
+static int32_t head_norm(builder *b, int32_t x, const char *pre, const char *w, int64_t l) {
+  char wn[160], nn[64];
+  snprintf(wn, sizeof wn, "%s%s.weight", pre, w);
+  snprintf(nn, sizeof nn, "l%lld.%s", (long long)l, w);
+  return rms_norm(b, x, vec_weight(b, wn, b->p->head_dim), nn);
+}
+
 static int32_t attention_block(builder *b, int32_t h, int64_t l, const char *pre) {
   const model_llama_params *p = b->p;
   int64_t H = p->hidden_size, qd = p->n_heads * p->head_dim, kvd = p->n_kv_heads * p->head_dim;
@@ -159,6 +167,10 @@ static int32_t attention_block(builder *b, int32_t h, int64_t l, const char *pre
   int32_t q = proj(b, h, sa, "q_proj", qd, H, p->attention_bias, nm[0]);
   int32_t k = proj(b, h, sa, "k_proj", kvd, H, p->attention_bias, nm[1]);
   int32_t v = proj(b, h, sa, "v_proj", kvd, H, p->attention_bias, nm[2]);
+  if (p->qk_norm) { /* one weight [head_dim] shared by the heads: rms_norm in slices */
+    q = head_norm(b, q, sa, "q_norm", l);
+    k = head_norm(b, k, sa, "k_norm", l);
+  }
   char rq[64], rk[64];
   snprintf(rq, sizeof rq, "l%lld.rope_q", (long long)l);
   snprintf(rk, sizeof rk, "l%lld.rope_k", (long long)l);

@@ -1,5 +1,5 @@
 /* model_llama: the Llama-family template (Llama 2/3, Mistral, Qwen2, SmolLM, ...).
- * Builds the flat-step-batch program: embed -> N x (norm, q/k/v, rope, attention,
+ * Builds the flat-step-batch program: embed -> N x (norm, q/k/v, [q/k norm], rope, attention,
  * o-proj, residual, norm, gate/up, swiglu, down, residual) -> gather logit rows ->
  * norm -> lm_head. Step inputs: tokens[T], positions[T], logit_rows[L];
  * output: logits[L, vocab] f32. */
@@ -23,6 +23,7 @@ typedef struct model_llama_params {
   double rope_theta;
   bool tie_word_embeddings;
   bool attention_bias; /* q/k/v projections carry a bias (Qwen2) */
+  bool qk_norm;        /* q and k RMSNorm per head (weights [head_dim]) before rope (Qwen3) */
   bool rope_interleaved; /* rotate adjacent pairs (2i, 2i+1): GGUF llama, whose converter
                             permuted the q/k rows; false: rotate-half (i, i + d/2) as HF */
   int64_t bos_token_id;

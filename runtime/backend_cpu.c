@@ -82,7 +82,8 @@ static void run_matmul(kn_pool *p, const ir_graph *g, const ir_node *n, void *co
 }
 
 /* q, k, v as separate tensors or one packed qkv (k, v absent), with the rope folded in
- * when positions and the cos/sin table are inputs 3 and 4. */
+ * when positions and the cos/sin table are inputs 3 and 4, the per-head q/k norm when its
+ * weights are inputs 5 and 6. */
 static kn_attn_io attention_io(const ir_node *n, void *const *ptrs, int64_t nh, int64_t nkv,
                                int64_t hd) {
   kn_attn_io io = {.q = P_(0), .q_stride = nh * hd, .kv_stride = nkv * hd};
@@ -95,6 +96,10 @@ static kn_attn_io attention_io(const ir_node *n, void *const *ptrs, int64_t nh, 
   if (n->n_in > 4 && n->in[3] >= 0) {
     io.pos = P_(3), io.cos_sin = P_(4);
     io.rot_dim = ir_node_attr_i(n, "rot_dim", hd), io.neox = (int)ir_node_attr_i(n, "neox", 1);
+  }
+  if (n->n_in > 6 && n->in[5] >= 0) {
+    io.q_norm = P_(5), io.k_norm = P_(6);
+    io.qk_eps = (float)ir_node_attr_f(n, "qk_eps", 1e-6);
   }
   return io;
 }
@@ -125,8 +130,8 @@ static ir_status cpu_run_node(void *vctx, const ir_graph *g, int32_t ni, void *c
   case IR_OP_EMBED:
     kn_embed(p, O_(0), P_(1), T_(1)->dtype, P_(0), dimv(g, T_(0), 0, s), dimv(g, T_(1), 1, s));
     break;
-  case IR_OP_RMS_NORM: {
-    int64_t dim = dimv(g, T_(0), T_(0)->rank - 1, s);
+  case IR_OP_RMS_NORM: { /* rows of the weight's length: a slice of the row, or all of it */
+    int64_t dim = dimv(g, T_(1), 0, s);
     kn_rms_norm(p, O_(0), P_(0), P_(1), (int64_t)ir_tensor_elems(g, T_(0), s->syms) / dim, dim,
                 eps);
     break;

@@ -14,6 +14,10 @@ How to run (Debian bookworm, as root):
 
 Use /usr/bin/python3 explicitly: Debian's torch is only importable from the
 system interpreter, not from a pyenv / venv python found earlier on PATH.
+The Qwen3 fixture needs transformers >= 4.51 (torch >= 2): made in a scratch venv
+(`python3 -m venv V && V/bin/pip install torch transformers safetensors`, torch
+2.15, transformers 5.24) with `V/bin/python tools/gen_fixtures.py --only
+qwen3-qknorm-bf16`; that transformers writes rope_parameters and layer_types.
 Do not pip-install torch (it pulls gigabytes of CUDA libraries).
 
 For every fixture the script:
@@ -49,6 +53,11 @@ from safetensors import safe_open
 from transformers import (DynamicCache, LlamaConfig, LlamaForCausalLM,
                           Qwen2Config, Qwen2ForCausalLM)
 
+try:  # Qwen3 (per-head q/k RMSNorm) needs transformers >= 4.51, hence torch >= 2
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+except ImportError:
+    Qwen3Config = Qwen3ForCausalLM = None
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_OUT = os.path.join(REPO_ROOT, "tests", "fixtures")
 
@@ -64,6 +73,7 @@ MAX_FIXTURE_BYTES = 1 << 20
 ARCHES = {
     "LlamaForCausalLM": (LlamaConfig, LlamaForCausalLM),
     "Qwen2ForCausalLM": (Qwen2Config, Qwen2ForCausalLM),
+    "Qwen3ForCausalLM": (Qwen3Config, Qwen3ForCausalLM),
 }
 
 DTYPE_NAMES = {
@@ -129,6 +139,28 @@ FIXTURES = [
             max_position_embeddings=256,
         ),
     ),
+    dict(
+        # q/k RMSNorm per head before RoPE; head_dim 32 with 4 heads: the q width (128) is
+        # not hidden_size (64), as in Qwen3-0.6B (1024 hidden, 16 x 128)
+        name="qwen3-qknorm-bf16",
+        arch="Qwen3ForCausalLM",
+        dtype=torch.bfloat16,
+        base_seed=4010,  # the first seed of 4000.. whose greedy margin is > 0.02
+        config=dict(
+            hidden_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            num_hidden_layers=2,
+            intermediate_size=96,
+            vocab_size=256,
+            rope_theta=1000000.0,
+            rms_norm_eps=1e-6,
+            attention_bias=False,
+            tie_word_embeddings=True,
+            max_position_embeddings=256,
+        ),
+    ),
 ]
 
 
@@ -185,6 +217,9 @@ def check_checkpoint(spec, ckpt_dir):
         f"lm_head.weight presence wrong for tie_word_embeddings={tied}"
     if spec["arch"] == "Qwen2ForCausalLM":
         assert "model.layers.0.self_attn.q_proj.bias" in keys
+    if spec["arch"] == "Qwen3ForCausalLM":
+        assert "model.layers.0.self_attn.q_norm.weight" in keys
+        assert "model.layers.0.self_attn.q_proj.bias" not in keys
     return len(keys)
 
 
@@ -340,6 +375,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default=DEFAULT_OUT,
                         help="fixture root (default: tests/fixtures)")
+    parser.add_argument("--only", action="append", metavar="NAME",
+                        help="generate only this fixture (repeatable)")
     args = parser.parse_args()
     torch.set_grad_enabled(False)
     transformers.logging.set_verbosity_error()
@@ -348,6 +385,11 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     results = []
     for spec in FIXTURES:
+        if args.only and spec["name"] not in args.only:
+            continue
+        if ARCHES[spec["arch"]][0] is None:
+            sys.exit(f"{spec['name']}: transformers {transformers.__version__} has no "
+                     f"{spec['arch']}")
         print(f"generating {spec['name']} ...")
         results.append(generate_fixture(spec, args.out))
     print_summary(results)

@@ -79,7 +79,19 @@ static void attn_store_row(const kn_kv_layer *kv, int64_t dst, const float *k, c
   }
 }
 
-/* k is roped (the same operations as kn_rope on the input) into a copy, then stored. */
+/* A q or k head as attention uses it: x itself, or normalized (kn_rms_norm_row) and/or
+ * roped (kn_rope's operations) into buf. */
+static const float *attn_head_in(float *buf, const float *x, const float *norm,
+                                 const kn_attn_io *io, int64_t t, int64_t hd) {
+  if (!norm && !io->cos_sin) return x;
+  if (norm) kn_rms_norm_row(buf, x, norm, hd, io->qk_eps);
+  else memcpy(buf, x, (size_t)hd * sizeof *buf);
+  if (io->cos_sin)
+    kn_rope_head(buf, io->cos_sin + (int64_t)io->pos[t] * io->rot_dim, io->rot_dim, io->neox);
+  return buf;
+}
+
+/* k is normalized and/or roped (attn_head_in) into a copy, then stored. */
 static void attn_write_task(void *arg, int64_t begin, int64_t end, int tid) {
   (void)tid;
   const attn_args *a = arg;
@@ -92,12 +104,7 @@ static void attn_write_task(void *arg, int64_t begin, int64_t end, int tid) {
     int64_t blk = attn_block(a->b, a->b->tok_seq[t], pos / kv->block_size);
     for (int64_t h = 0; h < kv->n_kv_heads; h++) {
       int64_t src = t * io->kv_stride + h * hd;
-      const float *k = io->k + src;
-      if (io->cos_sin) {
-        memcpy(kr, k, (size_t)hd * sizeof *kr);
-        kn_rope_head(kr, io->cos_sin + (int64_t)io->pos[t] * io->rot_dim, io->rot_dim, io->neox);
-        k = kr;
-      }
+      const float *k = attn_head_in(kr, io->k + src, io->k_norm, io, t, hd);
       attn_store_row(kv, attn_cache_off(kv, blk, h, pos % kv->block_size), k, io->v + src);
     }
   }
@@ -878,13 +885,8 @@ static void attn_group_slice(const attn_args *a, const attn_kernels *kk, int64_t
   float qr[KN_ATTN_GROUP][KN_ATTN_DSLICE]; /* head_dim <= 256 (the IR checks it) */
   for (int64_t i = 0; i < nq; i++) {
     int64_t t = t0 + i / nh, h = h0 + i % nh;
-    const float *q = io->q + t * io->q_stride + h * hd;
-    if (io->cos_sin) {
-      memcpy(qr[i], q, (size_t)hd * sizeof *qr[i]);
-      kn_rope_head(qr[i], io->cos_sin + (int64_t)io->pos[t] * io->rot_dim, io->rot_dim,
-                   io->neox);
-      q = qr[i];
-    }
+    const float *q = attn_head_in(qr[i], io->q + t * io->q_stride + h * hd, io->q_norm, io,
+                                  t, hd);
     qs[i] = (attn_query){.q = q, .n_pos = (int64_t)a->b->tok_pos[t] + 1,
                          .out = a->out + (t * a->n_heads + h) * hd + d0};
     if (qs[i].n_pos > max_pos) max_pos = qs[i].n_pos;

@@ -29,6 +29,10 @@ void kn_rms_norm(kn_pool *p, float *out, const float *x, const float *w, int64_t
 
 /* Fused residual add + RMSNorm: sum = a + b (written to out_sum), out = rms_norm(sum).
  * out_sum may alias a or b. */
+/* One row of kn_rms_norm (the same bits), for kernels that normalize a row on the way in;
+ * out may alias x. */
+void kn_rms_norm_row(float *out, const float *x, const float *w, int64_t dim, float eps);
+
 void kn_add_rms_norm(kn_pool *p, float *out, float *out_sum, const float *a, const float *b,
                      const float *w, int64_t n, int64_t dim, float eps);
 
@@ -195,11 +199,13 @@ void kn_attention_paged(kn_pool *p, float *out, const float *q, const float *k_n
                         const float *v_new, const kn_kv_layer *kv, const kn_attn_batch *b,
                         int64_t n_heads, float scale);
 
-/* Where attention finds q, k and v, and the rope it applies first. Head h of token t is at
- * q + t * q_stride + h * head_dim (k, v likewise with kv_stride), so one packed qkv row
- * (q heads, k heads, v heads) is q = qkv, k = qkv + n_heads * head_dim, ... with every
- * stride the packed width. With cos_sin set, q and k are rotated as kn_rope would (k as
- * it is written to the cache; the inputs are not modified), by the positions pos[t]. */
+/* Where attention finds q, k and v, and the per-head RMSNorm and rope it applies first.
+ * Head h of token t is at q + t * q_stride + h * head_dim (k, v likewise with kv_stride),
+ * so one packed qkv row (q heads, k heads, v heads) is q = qkv, k = qkv + n_heads *
+ * head_dim, ... with every stride the packed width. With q_norm set, each q and k head is
+ * first normalized as kn_rms_norm_row would; with cos_sin set, q and k are rotated as
+ * kn_rope would (k as it is written to the cache; the inputs are not modified), by the
+ * positions pos[t]. */
 typedef struct kn_attn_io {
   const float *q, *k, *v;
   int64_t q_stride, kv_stride; /* floats between consecutive tokens */
@@ -207,10 +213,13 @@ typedef struct kn_attn_io {
   const float *cos_sin;        /* (max_pos, rot_dim / 2, 2) or NULL: no rope */
   int64_t rot_dim;
   int neox;
+  const float *q_norm, *k_norm; /* (head_dim) or NULL: kn_rms_norm_row of each q / k head */
+  float qk_eps;                 /* before the rope (Qwen3's q_norm, k_norm) */
 } kn_attn_io;
 
-/* kn_attention_paged over strided (packed) inputs with an optional rope: bit for bit
- * kn_rope on q and k followed by kn_attention_paged. */
+/* kn_attention_paged over strided (packed) inputs with an optional per-head norm and rope:
+ * bit for bit kn_rms_norm (rows of head_dim) and kn_rope on q and k followed by
+ * kn_attention_paged. */
 void kn_attention_paged_io(kn_pool *p, float *out, const kn_attn_io *io, const kn_kv_layer *kv,
                            const kn_attn_batch *b, int64_t n_heads, float scale);
 

@@ -53,6 +53,10 @@ static void norm_task(void *arg, int64_t begin, int64_t end, int tid) {
   }
 }
 
+void kn_rms_norm_row(float *out, const float *x, const float *w, int64_t dim, float eps) {
+  norm_row(out, x, w, dim, eps);
+}
+
 static int64_t norm_grain(int64_t dim) { return dim > 0 ? 1 + KN_NORM_MIN_WORK / dim : 1; }
 
 void kn_rms_norm(kn_pool *p, float *out, const float *x, const float *w, int64_t n, int64_t dim,

@@ -30,6 +30,7 @@ typedef enum cuda_fn {
 #define CUDA_TILE_TOKENS 16 /* attention.cu ATTN_WARPS * PREFILL_ROWS */
 #define CUDA_TC_TILE_TOKENS 64 /* attention.cu TC_WARPS * 16: kn_attn_prefill_tc */
 #define CUDA_RMS_THREADS 256
+#define CUDA_NORM_HEADS 256 /* kv_write.cu KV_NORM_HEADS: q + k heads it normalizes */
 #define CUDA_PICK_THREADS 1024 /* sampling.cu PICK_THREADS */
 /* Dense f32/f16/bf16 matmuls with more rows than this go to cuBLAS; fewer to the GEMV,
  * which reads the weights once per CUDA_GEMV_M rows. */

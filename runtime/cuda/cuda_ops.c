@@ -48,7 +48,9 @@ static ir_status run_embed(cuda_ctx *c, const ir_graph *g, const ir_node *n, voi
 
 static ir_status run_norm(cuda_ctx *c, const ir_graph *g, const ir_node *n, void *const *ptrs,
                           const cuda_step *s, ir_diag *d) {
-  int dim = (int)dimv(g, T_(0), T_(0)->rank - 1, s);
+  /* a plain norm's rows are its weight's length: the whole row or a slice of it */
+  int dim = (int)(n->op == IR_OP_RMS_NORM ? dimv(g, T_(1), 0, s)
+                                          : dimv(g, T_(0), T_(0)->rank - 1, s));
   unsigned rows = (unsigned)(ir_tensor_elems(g, T_(0), s->syms) / (uint64_t)dim);
   float eps = (float)ir_node_attr_f(n, "eps", 1e-6);
   CUdeviceptr o0 = O_(0), a = P_(0), b = P_(1);
@@ -225,10 +227,11 @@ static int decode_splits(const cuda_ctx *c, int n_tok, int heads) {
   return want < 1 ? 1 : want > c->n_splits ? c->n_splits : (int)want;
 }
 
-/* The KV write (kn_kv_write; or kn_rope_kv_write for the fused forms: rope folded in,
- * packed qkv), then split-K decode attention (+ reduce) or tiled prefill attention. The
- * fused forms' rotated q goes to the output buffer, which the attention kernels then read
- * as q: each (token, head) row is read before the same CTA writes it. */
+/* The KV write (kn_kv_write; or kn_rope_kv_write for the fused forms: rope and/or the
+ * per-head q/k norm folded in, packed qkv), then split-K decode attention (+ reduce) or
+ * tiled prefill attention. The fused forms' rotated q goes to the output buffer, which the
+ * attention kernels then read as q: each (token, head) row is read before the same CTA
+ * writes it. */
 static ir_status run_attention(cuda_ctx *c, const ir_graph *g, const ir_node *n,
                                void *const *ptrs, const cuda_step *s, ir_diag *d) {
   int layer = (int)ir_node_attr_i(n, "layer", 0), heads = (int)ir_node_attr_i(n, "n_heads", 0);
@@ -242,8 +245,9 @@ static ir_status run_attention(cuda_ctx *c, const ir_graph *g, const ir_node *n,
   CUdeviceptr seq = cuda_stage_ptr(c, c->off_seq), pos = cuda_stage_ptr(c, c->off_pos);
   CUdeviceptr bt = cuda_stage_ptr(c, c->off_bt);
   bool packed = n->in[1] < 0, roped = n->n_in > 3 && n->in[3] >= 0;
+  bool normed = n->n_in > 6 && n->in[5] >= 0;
   ir_status st;
-  if (packed || roped) {
+  if (packed || roped || normed) {
     long long hd = c->head_dim, q_stride = heads * hd, kv_stride = kvh * hd;
     CUdeviceptr kn = packed ? q + (CUdeviceptr)(heads * hd * 4) : P_(1);
     CUdeviceptr vn = packed ? kn + (CUdeviceptr)(kv_stride * 4) : P_(2);
@@ -251,8 +255,10 @@ static ir_status run_attention(cuda_ctx *c, const ir_graph *g, const ir_node *n,
     CUdeviceptr cs = roped ? P_(4) : 0;
     int rot = roped ? (int)ir_node_attr_i(n, "rot_dim", 0) : 0;
     int neox = (int)ir_node_attr_i(n, "neox", 1);
+    CUdeviceptr qn = normed ? P_(5) : 0, kn_w = normed ? P_(6) : 0;
+    float qk_eps = (float)ir_node_attr_f(n, "qk_eps", 1e-6);
     void *wargs[] = {&out, &kc, &vc, &q, &kn, &vn, &q_stride, &kv_stride, &seq, &pos, &bt,
-                     &maxb, &heads, &kvh, &cs, &rot, &neox};
+                     &maxb, &heads, &kvh, &cs, &rot, &neox, &qn, &kn_w, &qk_eps};
     st = launch(c, f16 ? CF_ROPE_KV_WRITE_F16 : CF_ROPE_KV_WRITE, n_tok, 1, 1, 256, wargs, d);
     q = out;
   } else {
@@ -406,14 +412,18 @@ static ir_status check_swiglu(cuda_ctx *c, const ir_graph *g, const ir_node *n, 
   return IR_OK;
 }
 
-/* Attention: the plain form (q, k, v), or rope folded in (positions, cos_sin) and/or a
- * packed qkv, which kn_rope_kv_write serves. */
+/* Attention: the plain form (q, k, v), or rope (positions, cos_sin) and/or the per-head
+ * q/k norm folded in and/or a packed qkv, which kn_rope_kv_write serves. */
 static bool attention_ok(const cuda_ctx *c, const ir_graph *g, const ir_node *n) {
   if (g->config.head_dim != c->head_dim || n->n_in < 3) return false;
   bool packed = n->in[1] < 0, roped = n->n_in > 3 && n->in[3] >= 0;
-  if (packed != (n->in[2] < 0)) return false;
-  if (!packed && !roped) return n->n_in == 3 || n->in[3] < 0;
+  bool normed = n->n_in > 6 && n->in[5] >= 0 && n->in[6] >= 0;
+  if (packed != (n->in[2] < 0) || (n->n_in > 5 && !normed)) return false;
+  if (!packed && !roped && !normed) return n->n_in == 3 || n->in[3] < 0;
   if (!c->fn[c->kv_f16 ? CF_ROPE_KV_WRITE_F16 : CF_ROPE_KV_WRITE]) return false;
+  if (normed && (T_(5)->dtype != IR_F32 || T_(6)->dtype != IR_F32 ||
+                 ir_node_attr_i(n, "n_heads", 0) + c->n_kv_heads > CUDA_NORM_HEADS))
+    return false;
   if (!roped) return true;
   int64_t rot = ir_node_attr_i(n, "rot_dim", 0);
   return n->n_in > 4 && n->in[4] >= 0 && T_(4)->dtype == IR_F32 && rot > 0 && rot % 2 == 0 &&

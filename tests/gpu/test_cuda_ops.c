@@ -622,7 +622,8 @@ static void test_gemv_swiglu(void) {
 
 /* The fused attention front (kn_rope_kv_write) and the attention kernels reading its rotated
  * q from their own output buffer, against kn_attention_paged_io: a packed qkv with rope
- * (neox and interleaved, all dims or half rotated), and separate q/k/v without rope. */
+ * (neox and interleaved, all dims or half rotated), and separate q/k/v without rope; with
+ * the per-head q/k norm (Qwen3) before the rope, and alone. */
 static void test_fused_attention(void) {
   const int32_t *bt = attn_bt;
   int32_t seq[NT], pos[NT];
@@ -636,10 +637,14 @@ static void test_fused_attention(void) {
   CUdeviceptr dpos = up(pos, sizeof pos), dbt = up(attn_bt, sizeof attn_bt);
   const int maxb = MAXB, nh = NH, nkv = NKV;
   const float scale = 0.125f;
-  static const struct { int packed, rot, neox; } cases[] = {
-      {1, HD, 1}, {1, HD, 0}, {1, HD / 2, 1}, {0, 0, 1}};
+  static const struct { int packed, rot, neox, norm; } cases[] = {
+      {1, HD, 1, 0}, {1, HD, 0, 0}, {1, HD / 2, 1, 0}, {0, 0, 1, 0}, {1, HD, 1, 1}, {0, 0, 1, 1}};
+  float *wqn = frands(HD), *wkn = frands(HD);
+  CUdeviceptr dwq = up(wqn, HD * 4), dwk = up(wkn, HD * 4);
+  const float qk_eps = 1e-6f;
   for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
     int rot = cases[c].rot, neox = cases[c].neox;
+    CUdeviceptr dqn = cases[c].norm ? dwq : 0, dkw = cases[c].norm ? dwk : 0;
     const size_t csb = (size_t)max_pos * (rot ? rot : 2) * 4;
     float *cs = cos_sin_table(max_pos, rot);
     long long qs = cases[c].packed ? W : NH * HD, kvs = cases[c].packed ? W : NKV * HD;
@@ -651,7 +656,9 @@ static void test_fused_attention(void) {
                       .head_dim = HD};
     kn_attn_batch b = {NT, seq, pos, MAXB, bt};
     kn_attn_io io = {.q = qkv, .k = qkv + ko, .v = qkv + vo, .q_stride = qs, .kv_stride = kvs,
-                     .pos = pos, .cos_sin = rot ? cs : NULL, .rot_dim = rot, .neox = neox};
+                     .pos = pos, .cos_sin = rot ? cs : NULL, .rot_dim = rot, .neox = neox,
+                     .q_norm = cases[c].norm ? wqn : NULL, .k_norm = cases[c].norm ? wkn : NULL,
+                     .qk_eps = qk_eps};
     kn_attention_paged_io(NULL, ref, &io, &kv, &b, NH, scale);
 
     CUdeviceptr dk = up(k0, cache * 4), dv = up(v0, cache * 4), dcs = up(cs, csb);
@@ -659,14 +666,16 @@ static void test_fused_attention(void) {
     CUdeviceptr dout[3] = {poisoned(qn * 4), poisoned(qn * 4), poisoned(qn * 4)};
     for (int o = 0; o < 3; o++) { /* the rotated q into each output buffer */
       void *wa[] = {&dout[o], &dk, &dv, &dqkv, &dkn, &dvn, &qs, &kvs, &dseq, &dpos, &dbt,
-                    (void *)&maxb, (void *)&nh, (void *)&nkv, &dcs, &rot, &neox};
+                    (void *)&maxb, (void *)&nh, (void *)&nkv, &dcs, &rot, &neox, &dqn, &dkw,
+                    (void *)&qk_eps};
       run(kernel("kv_write", "kn_rope_kv_write"), NT, 1, 1, 256, wa);
     }
     char what[64];
-    snprintf(what, sizeof what, "rope_kv_write %s rot %d %s k", cases[c].packed ? "qkv" : "q,k,v",
-             rot, neox ? "neox" : "il");
+    snprintf(what, sizeof what, "rope_kv_write %s rot %d %s%s k",
+             cases[c].packed ? "qkv" : "q,k,v", rot, neox ? "neox" : "il",
+             cases[c].norm ? " qk-norm" : "");
     down(got, dk, cache * 4);
-    CLOSE(what, got, k, cache, 1e-6);
+    CLOSE(what, got, k, cache, cases[c].norm ? 1e-5 : 1e-6); /* rsqrtf against 1 / sqrtf */
     down(got, dv, cache * 4);
     what[strlen(what) - 1] = 'v';
     CLOSE(what, got, v, cache, 0);
@@ -699,8 +708,9 @@ static void test_fused_attention(void) {
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) cu.free(all[i]);
     free(cs);
   }
-  cu.free(dqkv), cu.free(dseq), cu.free(dpos), cu.free(dbt);
+  cu.free(dqkv), cu.free(dseq), cu.free(dpos), cu.free(dbt), cu.free(dwq), cu.free(dwk);
   free(k0), free(v0), free(qkv), free(k), free(v), free(ref), free(out), free(got);
+  free(wqn), free(wkn);
 }
 
 typedef struct pick_set {

@@ -158,7 +158,7 @@ static void emu_kv_write(const launch_t *l) {
 }
 
 /* kn_rope_kv_write: q_out, kc, vc, q, k, v, q_stride, kv_stride, seq, pos, bt, max_blocks,
- * n_heads, n_kv_heads, cos_sin, rot_dim, neox (kv_write.cu). */
+ * n_heads, n_kv_heads, cos_sin, rot_dim, neox, q_norm, k_norm, qk_eps (kv_write.cu). */
 static void emu_rope_kv_write(const launch_t *l) {
   int maxb = I32(11), nh = I32(12), nkv = I32(13), rot = I32(15), neox = I32(16);
   int hd = g_head_dim, bs = g_block_size;
@@ -170,6 +170,7 @@ static void emu_rope_kv_write(const launch_t *l) {
     for (int h = 0; h < nh; h++) {
       float *o = PF(0) + ((size_t)t * nh + h) * hd;
       memcpy(o, PF(3) + t * qs + h * hd, sizeof(float) * hd);
+      if (PV(17)) kn_rms_norm_row(o, o, PF(17), hd, F32(l, 19));
       if (rot) kn_rope_head(o, cs, rot, neox);
     }
     long long blk = PI(10)[(size_t)PI(8)[t] * maxb + pos / bs];
@@ -177,6 +178,7 @@ static void emu_rope_kv_write(const launch_t *l) {
       size_t dst = (((size_t)blk * nkv + h) * bs + pos % bs) * hd;
       float kr[256];
       memcpy(kr, PF(4) + t * kvs + h * hd, sizeof(float) * hd);
+      if (PV(18)) kn_rms_norm_row(kr, kr, PF(18), hd, F32(l, 19));
       if (rot) kn_rope_head(kr, cs, rot, neox);
       for (int i = 0; i < hd; i++) {
         kv_put(PV(1), dst + (size_t)i, kr[i]);
@@ -238,7 +240,7 @@ static const struct {
   const char *sizes; /* '8' pointer / long long, '4' int / float */
 } k_fns[] = {
     {"kn_add", 4, "8888"}, {"kn_swiglu", 4, "8888"}, {"kn_swiglu_packed", 4, "8888"},
-    {"kn_gather_rows", 4, "8888"}, {"kn_rope_kv_write", 17, "88888888888444844"},
+    {"kn_gather_rows", 4, "8888"}, {"kn_rope_kv_write", 20, "88888888888444844884"},
     {"kn_rms_norm", 5, "88844"}, {"kn_add_rms_norm", 7, "8888844"},
     {"kn_rope_neox", 6, "888444"}, {"kn_rope_interleaved", 6, "888444"},
     {"kn_add_bias", 4, "8888"}, {"kn_cast_f16", 3, "888"}, {"kn_cast_bf16", 3, "888"},
@@ -248,7 +250,7 @@ static const struct {
     {"kn_kv_write", 9, "888888844"}, {"kn_pick", 8, "88884888"},
     {"kn_attn_decode_f16", 14, "88888888844444"}, {"kn_attn_prefill_f16", 13, "8888888444488"},
     {"kn_attn_prefill_tc_f16", 13, "8888888444488"}, {"kn_kv_write_f16", 9, "888888844"},
-    {"kn_rope_kv_write_f16", 17, "88888888888444844"},
+    {"kn_rope_kv_write_f16", 20, "88888888888444844884"},
     {"kn_gemv_f32", 7, "8888444"}, {"kn_gemv_f16", 7, "8888444"}, {"kn_gemv_bf16", 7, "8888444"},
     {"kn_gemv_q8_0", 7, "8888444"}, {"kn_gemv_q4_0", 7, "8888444"}, {"kn_gemv_q4_1", 7, "8888444"},
     {"kn_gemv_f32_swiglu", 7, "8888444"}, {"kn_gemv_f16_swiglu", 7, "8888444"},

@@ -275,6 +275,18 @@ static void test_verifier(void) {
   d = (ir_diag){0};
   CHECKF(ir_graph_verify(g, &d) != IR_OK && strstr(d.msg, "expected 128"), "%s", d.msg);
   a->in[0] = keep;
+  /* the folded q/k norm: both weights, of head_dim, and qk_eps */
+  int32_t wn = ir_graph_find_tensor(g, "norm.weight"); /* [H]: not head_dim */
+  a->n_in = 7, a->in[5] = wn, a->in[6] = -1;
+  d = (ir_diag){0};
+  CHECKF(ir_graph_verify(g, &d) != IR_OK && strstr(d.msg, "both weights"), "%s", d.msg);
+  a->in[6] = wn;
+  d = (ir_diag){0};
+  CHECKF(ir_graph_verify(g, &d) != IR_OK && strstr(d.msg, "qk_eps"), "%s", d.msg);
+  a->attrs[a->n_attrs++] = IR_AF(ir_attr_intern("qk_eps"), 1e-6);
+  d = (ir_diag){0};
+  CHECKF(ir_graph_verify(g, &d) != IR_OK && strstr(d.msg, "expected 16"), "%s", d.msg);
+  a->n_in = 5, a->n_attrs--;
   ir_node *gm = &g->nodes[g->tensors[ir_graph_find_tensor(g, "l0.swiglu")].producer];
   gm->attrs[gm->n_attrs - 1].i = 7;
   d = (ir_diag){0};
@@ -549,8 +561,9 @@ int main(void) {
   attention_case(16, 16, 1);
   attention_case(16, 16, 0);
   attention_case(64, 32, 1); /* partial rotary */
-  const char *fx[3] = {"llama-gqa-f32", "qwen2-bias-bf16", "llama-mha-f16"};
-  for (int i = 0; i < 3; i++) {
+  /* qwen3: the q/k norms fold with the rope (a norm in slices of head_dim when unfused) */
+  const char *fx[4] = {"llama-gqa-f32", "qwen2-bias-bf16", "llama-mha-f16", "qwen3-qknorm-bf16"};
+  for (int i = 0; i < 4; i++) {
     char src[1024];
     snprintf(src, sizeof src, "%s/%s", FIXTURES_DIR, fx[i]);
     compare_fusions(src, fx[i]);

@@ -475,6 +475,8 @@ static void test_names(void) {
       {"model.layers.3.mlp.down_proj.weight", "blk.3.ffn_down.weight"},
       {"model.layers.3.input_layernorm.weight", "blk.3.attn_norm.weight"},
       {"model.layers.3.post_attention_layernorm.weight", "blk.3.ffn_norm.weight"},
+      {"model.layers.3.self_attn.q_norm.weight", "blk.3.attn_q_norm.weight"}, /* qwen3 */
+      {"model.layers.3.self_attn.k_norm.weight", "blk.3.attn_k_norm.weight"},
   };
   char buf[128];
   for (size_t i = 0; i < sizeof k_map / sizeof k_map[0]; i++)

@@ -3,7 +3,8 @@
  * qwen2: as is), built through infc_build and run: logits at every prompt position must
  * match transformers as closely as the safetensors path does (|ours - hf| <= 1e-4 *
  * (1 + |hf|): same f32 math, only the summation order and the pair layout of RoPE
- * differ), and the 32 greedy tokens must be identical. A Q8_0 copy of a fixture (the
+ * differ), and the 32 greedy tokens must be identical. qwen3: its q_norm / k_norm as
+ * attn_q_norm / attn_k_norm, head_dim as attention.key_length. A Q8_0 copy of a fixture (the
  * matrices whose rows are whole blocks) run with quantized kernels must give exactly the
  * logits of the same file dequantized at build time (--dtype f32): the kernels
  * dequantize in registers to the values the fold pass writes, then sum in the f32 order. */
@@ -119,6 +120,13 @@ static uint64_t write_kvs(gw *w, const model_llama_params *p) {
   snprintf(k, sizeof k, "%s.attention.layer_norm_rms_epsilon", a);
   kv_f32(w, k, (float)p->rms_norm_eps);
   uint64_t n = 11;
+  if (p->head_dim != p->hidden_size / p->n_heads) { /* as the converter, from head_dim */
+    snprintf(k, sizeof k, "%s.attention.key_length", a);
+    kv_u32(w, k, (uint32_t)p->head_dim);
+    snprintf(k, sizeof k, "%s.attention.value_length", a);
+    kv_u32(w, k, (uint32_t)p->head_dim);
+    n += 2;
+  }
   if (p->bos_token_id >= 0) {
     kv_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)p->bos_token_id);
     n++;
@@ -270,9 +278,11 @@ static void run_q8(const char *name) {
 }
 
 int main(void) {
-  const char *fixtures[] = {"llama-gqa-f32", "qwen2-bias-bf16", "llama-mha-f16"};
+  const char *fixtures[] = {"llama-gqa-f32", "qwen2-bias-bf16", "llama-mha-f16",
+                            "qwen3-qknorm-bf16"};
   for (size_t i = 0; i < sizeof fixtures / sizeof *fixtures; i++) run_fixture(fixtures[i]);
   run_q8("llama-gqa-f32");
   run_q8("qwen2-bias-bf16");
+  run_q8("qwen3-qknorm-bf16");
   return tcheck_done("gguf_oracle");
 }

@@ -44,6 +44,12 @@ static void test_fixtures(void) {
     CHECK(p.bos_token_id == -1 && p.eos_token_id == -1); /* absent */
     CHECK(p.max_position == 256); /* sliding_window null, use_sliding_window false */
   }
+  /* written by transformers 5: rope_parameters in place of rope_theta, layer_types */
+  if (load_fixture("qwen3-qknorm-bf16", &p)) {
+    CHECK(strcmp(p.arch, "qwen3") == 0 && p.qk_norm && !p.attention_bias);
+    CHECK(p.n_heads == 4 && p.n_kv_heads == 2 && p.head_dim == 32 && p.hidden_size == 64);
+    CHECK(p.rope_theta == 1000000.0 && p.tie_word_embeddings && p.max_position == 256);
+  }
   if (load_fixture("llama-mha-f16", &p)) {
     CHECK(p.n_heads == 4 && p.n_kv_heads == 4 && p.head_dim == 16 && p.n_layers == 3);
     CHECK(p.tie_word_embeddings && !p.attention_bias);
@@ -149,6 +155,15 @@ static void test_base(void) {
   CHECK(p.tie_word_embeddings);
   p = expect_ok("rms_norm_eps", "1e-06");
   CHECK(p.rms_norm_eps == 1e-6);
+  CHECK(!p.qk_norm); /* llama */
+  p = expect_ok("rope_parameters", "{\"rope_theta\": 1e6, \"rope_type\": \"default\"}");
+  CHECK(p.rope_theta == 1e6);
+  p = expect_ok("rope_parameters", "{\"rope_theta\": 2e5}");
+  CHECK(p.rope_theta == 2e5);
+  p = expect_ok("layer_types", "[\"full_attention\", \"full_attention\"]");
+  CHECK(p.n_layers == 2);
+  p = expect_ok("model_type", "\"qwen3\"");
+  CHECK(p.qk_norm && !p.attention_bias && !p.rope_interleaved);
 }
 
 static void test_errors(void) {
@@ -168,6 +183,13 @@ static void test_errors(void) {
   expect_error("rope_scaling", "{\"type\": \"linear\", \"factor\": 2.0}", IR_UNSUPPORTED,
                "rope_scaling", "linear");
   expect_error("hidden_act", "\"gelu\"", IR_UNSUPPORTED, "gelu", NULL);
+  expect_error("rope_parameters", "{\"rope_type\": \"yarn\", \"factor\": 4.0}", IR_UNSUPPORTED,
+               "rope_parameters", "yarn");
+  expect_error("rope_parameters", "{\"rope_theta\": \"1e6\"}", IR_BAD_FORMAT, "rope_parameters",
+               "rope_theta");
+  expect_error("rope_parameters", "7", IR_BAD_FORMAT, "rope_parameters", NULL);
+  expect_error("layer_types", "[\"full_attention\", \"sliding_attention\"]", IR_UNSUPPORTED,
+               "layer_types", "sliding_attention");
   expect_error("num_key_value_heads", "3", IR_BAD_FORMAT, "num_key_value_heads",
                "num_attention_heads");
   expect_error("num_hidden_layers", "0", IR_BAD_FORMAT, "positive", NULL);

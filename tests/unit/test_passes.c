@@ -535,8 +535,8 @@ int main(void) {
   test_fuse();
   test_fuse_respects_order();
   test_fuse_scalar_broadcast();
-  const char *fx[3] = {"llama-gqa-f32", "qwen2-bias-bf16", "llama-mha-f16"};
-  for (int i = 0; i < 3; i++) {
+  const char *fx[4] = {"llama-gqa-f32", "qwen2-bias-bf16", "llama-mha-f16", "qwen3-qknorm-bf16"};
+  for (int i = 0; i < 4; i++) {
     test_memory_plan(fx[i], true, true, 512);
     test_memory_plan(fx[i], true, false, 512);
     test_memory_plan(fx[i], false, true, 512);
@@ -545,10 +545,11 @@ int main(void) {
   /* The fused kernel adds and normalises with the same f32 operations in the same order
    * as add followed by rms_norm, so the logits are expected bit-for-bit equal (the
    * printed line says whether they were); 1e-5 is the bound asserted. */
-  for (int i = 0; i < 3; i++) compare_variants(fx[i], true, true, true, false);
+  for (int i = 0; i < 4; i++) compare_variants(fx[i], true, true, true, false);
   /* Folding turns bf16 norm weights and biases into f32 at build time with the same
    * conversion the runtime cast uses: again expected bitwise, asserted within 1e-5. */
   compare_variants("qwen2-bias-bf16", true, true, false, true);
   compare_variants("llama-mha-f16", true, true, false, true);
+  compare_variants("qwen3-qknorm-bf16", true, true, false, true);
   return tcheck_done("test_passes");
 }
