@@ -6,8 +6,8 @@
 
 #include "chat_template.h"
 
-static const char *const k_names[] = {"unknown", "chatml", "llama3", "mistral",
-                                      "llama2",  "gemma",  "phi3",   "llama3.1"};
+static const char *const k_names[] = {"unknown", "chatml", "llama3",   "mistral", "llama2",
+                                      "gemma",   "phi3",   "llama3.1", "qwen3"};
 
 const char *irt_chat_kind_name(irt_chat_kind k) {
   return (unsigned)k < sizeof k_names / sizeof *k_names ? k_names[k] : "unknown";
@@ -46,8 +46,10 @@ ir_status irt_chat_template_detect(const char *src, irt_chat_template *out, ir_d
   memset(out, 0, sizeof *out);
   if (!src || !*src)
     return ir_diag_set(d, IR_UNSUPPORTED, "the model has no chat template; pass --chat-template "
-                       "NAME (chatml, llama3, llama3.1, mistral, llama2, gemma, phi3)");
-  if (strstr(src, "<|im_start|>")) {
+                       "NAME (chatml, qwen3, llama3, llama3.1, mistral, llama2, gemma, phi3)");
+  if (strstr(src, "<|im_start|>") && strstr(src, "<think>") && strstr(src, "enable_thinking")) {
+    out->kind = IRT_CHAT_QWEN3;
+  } else if (strstr(src, "<|im_start|>")) {
     out->kind = IRT_CHAT_CHATML;
     chatml_default_system(src, out->default_system, sizeof out->default_system);
   } else if (strstr(src, "<|start_header_id|>") && strstr(src, "Cutting Knowledge Date")) {
@@ -65,7 +67,7 @@ ir_status irt_chat_template_detect(const char *src, irt_chat_template *out, ir_d
     out->kind = IRT_CHAT_MISTRAL;
   } else {
     return ir_diag_set(d, IR_UNSUPPORTED, "the model's chat template is not one the engine can "
-                       "render; pass --chat-template NAME (chatml, llama3, llama3.1, "
+                       "render; pass --chat-template NAME (chatml, qwen3, llama3, llama3.1, "
                        "mistral, llama2, gemma, phi3)");
   }
   const char *bos = out->kind == IRT_CHAT_LLAMA3 || out->kind == IRT_CHAT_LLAMA31
@@ -125,6 +127,70 @@ static void render_chatml(const irt_chat_template *t, const irt_chat_msg *m, siz
     put(s, "<|im_end|>\n");
   }
   if (gen) put(s, "<|im_start|>assistant\n");
+}
+
+/* Jinja's strip('\n') / lstrip('\n') / rstrip('\n') of [*p, *p + *n). */
+static void nl_trim(const char **p, size_t *n, bool left, bool right) {
+  while (left && *n && **p == '\n') (*p)++, (*n)--;
+  while (right && *n && (*p)[*n - 1] == '\n') (*n)--;
+}
+
+/* A tool result the Hermes form wrote as a user turn: not a query. */
+static bool tool_response(const char *c) {
+  size_t n = strlen(c), open = strlen("<tool_response>"), close = strlen("</tool_response>");
+  return n >= open + close && !strncmp(c, "<tool_response>", open) &&
+         !strcmp(c + n - close, "</tool_response>");
+}
+
+/* Qwen3's assistant turn: its thoughts (the message's own, or those of content's think
+ * block: before the first </think>, after the last <think>) and the answer (after the last
+ * </think>), written out only after the last query, as Qwen3-0.6B's template does. */
+static void qwen3_assistant(const irt_chat_msg *m, bool after_query, bool last, sbuf *s) {
+  const char *content = m->content, *think = m->reasoning ? m->reasoning : "";
+  size_t cn = strlen(content), tn = strlen(think);
+  const char *end = m->reasoning ? NULL : strstr(content, "</think>");
+  if (end) {
+    think = content, tn = (size_t)(end - content);
+    for (const char *o = strstr(content, "<think>"); o && o < end; o = strstr(o + 1, "<think>"))
+      think = o + strlen("<think>"), tn = (size_t)(end - think);
+    nl_trim(&think, &tn, true, true);
+    for (const char *e = end; e; e = strstr(e + 1, "</think>")) content = e + strlen("</think>");
+    cn = strlen(content);
+    nl_trim(&content, &cn, true, false);
+  }
+  put(s, "<|im_start|>assistant\n");
+  if (after_query && (last || tn)) {
+    nl_trim(&think, &tn, true, true);
+    put(s, "<think>\n");
+    put_n(s, think, tn);
+    put(s, "\n</think>\n\n");
+    nl_trim(&content, &cn, true, false);
+  }
+  put_n(s, content, cn);
+  put(s, "<|im_end|>\n");
+}
+
+static void render_qwen3(const irt_chat_template *t, const irt_chat_msg *m, size_t n, bool gen,
+                         sbuf *s) {
+  size_t last_query = n ? n - 1 : 0;
+  for (size_t i = n; i-- > 0;)
+    if (role_of(m[i].role) == 1 && !tool_response(m[i].content)) {
+      last_query = i;
+      break;
+    }
+  for (size_t i = 0; i < n; i++) {
+    if (role_of(m[i].role) == 2) {
+      qwen3_assistant(&m[i], i > last_query, i + 1 == n, s);
+      continue;
+    }
+    put(s, "<|im_start|>");
+    put(s, m[i].role);
+    put(s, "\n");
+    put(s, m[i].content);
+    put(s, "<|im_end|>\n");
+  }
+  if (gen) put(s, t->no_thinking ? "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+                                 : "<|im_start|>assistant\n");
 }
 
 static void render_llama3(const irt_chat_template *t, const irt_chat_msg *m, size_t n, bool gen,
@@ -226,6 +292,7 @@ ir_status irt_chat_render(const irt_chat_template *t, const irt_chat_msg *msgs, 
   sbuf s = {.buf = buf, .cap = cap ? cap - 1 : 0};
   switch (t->kind) {
   case IRT_CHAT_CHATML: render_chatml(t, msgs, n, gen, &s); break;
+  case IRT_CHAT_QWEN3: render_qwen3(t, msgs, n, gen, &s); break;
   case IRT_CHAT_LLAMA3: render_llama3(t, msgs, n, gen, &s); break;
   case IRT_CHAT_LLAMA31: render_llama31(t, msgs, n, gen, &s); break;
   case IRT_CHAT_GEMMA: render_gemma(t, msgs, n, gen, &s); break;

@@ -21,6 +21,10 @@ typedef enum irt_chat_kind {
   IRT_CHAT_PHI3 = 6,    /* <|user|>\n...<|end|>\n<|assistant|>\n */
   IRT_CHAT_LLAMA31 = 7, /* llama3 with Llama 3.1's system turn, always written: knowledge
                            cutoff, today's date, then the system message */
+  IRT_CHAT_QWEN3 = 8,   /* chatml with Qwen3's thinking turns: <think>...</think> dropped from
+                           assistant turns before the last query, the later ones rewritten
+                           as "<think>\n" thoughts "\n</think>\n\n" answer; no_thinking opens
+                           the new turn with an empty thought (enable_thinking false) */
 } irt_chat_kind;
 
 /* The "Today Date" Llama 3.1's template writes (its literal; also what named llama3.1 gets). */
@@ -29,6 +33,8 @@ typedef enum irt_chat_kind {
 typedef struct irt_chat_msg {
   const char *role; /* "system", "user", "assistant", or "ipython" (a tool's result) */
   const char *content;
+  const char *reasoning; /* an assistant turn's thoughts given apart (reasoning_content), or
+                            NULL: then qwen3 reads them out of content's <think> block */
 } irt_chat_msg;
 
 typedef struct irt_chat_template {
@@ -36,6 +42,7 @@ typedef struct irt_chat_template {
   char default_system[512]; /* system prompt the template inserts when none is given */
   char bos[32];             /* BOS text the template writes itself ("" if none) */
   bool tools;               /* the conversation offers tools (llama3.1: "Environment: ipython") */
+  bool no_thinking;         /* qwen3: enable_thinking false (an empty thought opens the turn) */
   char date[32];            /* llama3.1: the "Today Date" ("26 Jul 2024" as Llama 3.1's
                                template has it; "" for the day of rendering, "%d %b %Y" in
                                local time, as templates calling strftime_now get it) */

@@ -128,18 +128,21 @@ irt_status irt_chat_get_info(const irt_tokenizer *t, const char *name, irt_chat_
   if (st == IR_OK) {
     snprintf(out->family, sizeof out->family, "%s", irt_chat_kind_name(ct.kind));
     snprintf(out->default_system, sizeof out->default_system, "%s", ct.default_system);
+    out->thinks = ct.kind == IRT_CHAT_QWEN3;
   }
   return done(err, st, &d);
 }
 
-static irt_status format(const irt_tokenizer *t, const char *name, const irt_chat_message *msgs,
-                         size_t n, bool gen, bool tools, char *buf, size_t cap, size_t *out_len,
-                         irt_error *err) {
+irt_status irt_chat_format_opts(const irt_tokenizer *t, const char *name,
+                                const irt_chat_message *msgs, size_t n, bool gen,
+                                const irt_chat_opts *opts, char *buf, size_t cap,
+                                size_t *out_len, irt_error *err) {
   ir_diag d = {0};
   irt_chat_template ct;
   ir_status st = pick_template(t, name, &ct, &d);
   _Static_assert(sizeof(irt_chat_message) == sizeof(irt_chat_msg), "same layout");
-  ct.tools = tools;
+  ct.tools = opts && opts->tools;
+  ct.no_thinking = opts && opts->no_thinking;
   if (st == IR_OK)
     st = irt_chat_render(&ct, (const irt_chat_msg *)msgs, n, gen, buf, cap, out_len, &d);
   return done(err, st, &d);
@@ -148,11 +151,12 @@ static irt_status format(const irt_tokenizer *t, const char *name, const irt_cha
 irt_status irt_chat_format_tools(const irt_tokenizer *t, const char *name,
                                  const irt_chat_message *msgs, size_t n, bool gen, char *buf,
                                  size_t cap, size_t *out_len, irt_error *err) {
-  return format(t, name, msgs, n, gen, true, buf, cap, out_len, err);
+  irt_chat_opts o = {.tools = true};
+  return irt_chat_format_opts(t, name, msgs, n, gen, &o, buf, cap, out_len, err);
 }
 
 irt_status irt_chat_format(const irt_tokenizer *t, const char *name, const irt_chat_message *msgs,
                            size_t n, bool gen, char *buf, size_t cap, size_t *out_len,
                            irt_error *err) {
-  return format(t, name, msgs, n, gen, false, buf, cap, out_len, err);
+  return irt_chat_format_opts(t, name, msgs, n, gen, NULL, buf, cap, out_len, err);
 }

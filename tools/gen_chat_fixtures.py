@@ -40,6 +40,7 @@ def llama_cpp_template(name):
 QWEN25 = llama_cpp_template("Qwen-Qwen2.5-7B-Instruct.jinja")
 LLAMA31 = llama_cpp_template("meta-llama-Llama-3.1-8B-Instruct.jinja")
 LLAMA32 = llama_cpp_template("meta-llama-Llama-3.2-3B-Instruct.jinja")
+QWEN3 = llama_cpp_template("Qwen-Qwen3-0.6B.jinja")
 # What strftime_now gives in these renderings (transformers passes the day of rendering);
 # the C test renders with the same fixed day.
 FIXED_DAY = "01 Dec 2026"
@@ -105,6 +106,7 @@ TEMPLATES = [
     ("llama2", "llama2", LLAMA2, "<s>", "</s>", True),
     ("gemma", "gemma", GEMMA, "<bos>", "<eos>", False),
     ("phi3", "phi3", PHI3, "<s>", "<|endoftext|>", True),
+    ("qwen3", "qwen3", QWEN3, "<|endoftext|>", "<|im_end|>", True),
 ]
 
 CONVERSATIONS = [
@@ -118,6 +120,25 @@ CONVERSATIONS = [
      {"role": "user", "content": "Good morning"},
      {"role": "assistant", "content": " Guten Morgen "},
      {"role": "user", "content": "Thanks\n\n"}],
+    # thinking models' turns (Qwen3's template reworks them; the others render them as is):
+    # a past turn's thoughts dropped, the last turn's kept in canonical form
+    [{"role": "user", "content": "What is 2+2?"},
+     {"role": "assistant", "content": "<think>\nAdd them.\n\n</think>\n\n4."},
+     {"role": "user", "content": "And 3+3?"}],
+    [{"role": "system", "content": "Think briefly."},
+     {"role": "user", "content": "Name a prime."},
+     {"role": "assistant", "content": "\n<think>\nTwo is prime.</think>\n2"}],
+    # thoughts given apart (reasoning_content, as clients send back what the server split)
+    [{"role": "user", "content": "Hi"},
+     {"role": "assistant", "content": "\n\nHello!", "reasoning_content": "\nGreet back.\n"},
+     {"role": "user", "content": "Bye"},
+     {"role": "assistant", "content": "Goodbye.", "reasoning_content": ""}],
+    # a tool result is not a query: the turn before it keeps its thoughts
+    [{"role": "user", "content": "Weather?"},
+     {"role": "assistant", "content": "<think>\nAsk the tool.\n</think>\n\nChecking."},
+     {"role": "user", "content": "<tool_response>\nsunny\n</tool_response>"},
+     {"role": "assistant", "content": "No thoughts here."},
+     {"role": "user", "content": "<tool_response>\nwarm\n</tool_response>"}],
 ]
 
 
@@ -127,10 +148,12 @@ def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False)
                       sort_keys=sort_keys)
 
 
-def render(source, bos, eos, messages, gen, tools=None):
+def render(source, bos, eos, messages, gen, tools=None, enable_thinking=None):
     env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
     env.filters["tojson"] = tojson
     kw = {"tools": tools} if tools is not None else {}
+    if enable_thinking is not None:  # a chat_template_kwargs entry, as vLLM passes it
+        kw["enable_thinking"] = enable_thinking
     return env.from_string(source).render(messages=messages, bos_token=bos, eos_token=eos,
                                           add_generation_prompt=gen,
                                           strftime_now=lambda fmt: FIXED_DAY, **kw)
@@ -176,6 +199,24 @@ TOOL_CONVERSATIONS = [
 ]
 
 
+# Qwen3 (the Hermes form, no default system prompt): thoughts before a call, and thoughts
+# given apart (reasoning_content) on a turn before the last query.
+QWEN3_TOOL_CONVERSATIONS = TOOL_CONVERSATIONS + [
+    ([WEATHER], [
+        {"role": "user", "content": "Weather in Rome?"},
+        {"role": "assistant", "content": "<think>\nCall the tool.\n</think>\n\n", "tool_calls": [
+            call("call_1", "get_weather", {"city": "Rome"})]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "{\"temp\": 21}"}]),
+    ([WEATHER], [
+        {"role": "user", "content": "Weather in Rome?"},
+        {"role": "assistant", "content": "", "reasoning_content": "Call it.", "tool_calls": [
+            call("call_1", "get_weather", {"city": "Rome"})]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "{\"temp\": 21}"},
+        {"role": "assistant", "content": "21 degrees.", "reasoning_content": "Read it."},
+        {"role": "user", "content": "Thanks"}]),
+]
+
+
 def vllm_messages(messages):
     """vLLM parses each call's arguments string to an object before the template sees it."""
     out = json.loads(json.dumps(messages))
@@ -207,7 +248,8 @@ LLAMA_TOOL_CONVERSATIONS = [
 def tool_cases():
     """Each conversation as Qwen2.5 renders it, and as it renders it with no default system
     prompt (what a template without one, such as the test server's plain ChatML, gives);
-    then as Llama 3.1's template renders its conversations."""
+    as Qwen3's template renders them and its thinking ones; then as Llama 3.1's template
+    renders its conversations."""
     cases = []
     for tools, msgs in TOOL_CONVERSATIONS:
         for default in (QWEN25_SYSTEM, ""):
@@ -216,6 +258,11 @@ def tool_cases():
                           "messages": msgs,
                           "expected": render(src, "", "<|im_end|>", vllm_messages(msgs), True,
                                              tools)})
+    for tools, msgs in QWEN3_TOOL_CONVERSATIONS:
+        cases.append({"template": "qwen3", "default_system": "", "tools": tools,
+                      "messages": msgs,
+                      "expected": render(QWEN3, "", "<|im_end|>", vllm_messages(msgs), True,
+                                         tools)})
     for tools, msgs in LLAMA_TOOL_CONVERSATIONS:
         cases.append({"template": "llama3.1", "default_system": "", "tools": tools,
                       "messages": msgs,
@@ -234,6 +281,11 @@ def main():
                 cases.append({"template": name, "kind": kind, "conversation": ci,
                               "add_generation_prompt": gen,
                               "expected": render(source, bos, eos, conv, gen)})
+            if kind == "qwen3":  # enable_thinking false: an empty thought opens the turn
+                cases.append({"template": name, "kind": kind, "conversation": ci,
+                              "add_generation_prompt": True, "enable_thinking": False,
+                              "expected": render(source, bos, eos, conv, True,
+                                                 enable_thinking=False)})
     data = {"generator": "tools/gen_chat_fixtures.py", "jinja2_version": jinja2.__version__,
             "strftime_now": FIXED_DAY,
             "templates": {t[0]: {"kind": t[1], "source": t[2], "bos": t[3], "eos": t[4]}
@@ -245,7 +297,8 @@ def main():
     tcases = tool_cases()
     with open(TOOLS_OUT, "w", encoding="utf-8") as f:
         json.dump({"generator": "tools/gen_chat_fixtures.py", "template":
-                   "Qwen-Qwen2.5-7B-Instruct.jinja (llama.cpp models/templates)",
+                   "Qwen-Qwen2.5-7B-Instruct.jinja, Qwen-Qwen3-0.6B.jinja, "
+                   "meta-llama-Llama-3.1-8B-Instruct.jinja (llama.cpp models/templates)",
                    "jinja2_version": jinja2.__version__, "cases": tcases}, f, ensure_ascii=False,
                   indent=1)
     print(f"wrote {len(tcases)} cases to {os.path.relpath(TOOLS_OUT)}")

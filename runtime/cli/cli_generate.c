@@ -22,7 +22,7 @@ typedef struct gen_args {
   irt_kv_dtype kv_dtype;
   const char *stops[MAX_STOPS];
   int n_stops;
-  bool json, ignore_eos;
+  bool json, ignore_eos, no_thinking;
   irt_engine_opts spec; /* its speculative decoding fields */
   char *grammar;        /* GBNF from --grammar*, --json-schema* or --json-object (owned) */
   const char *grammar_flag;
@@ -40,7 +40,9 @@ static int usage(FILE *f) {
         "  --prompt TEXT        text, tokenized with the plan's tokenizer\n"
         "  --chat MSG           a user message, formatted with the model's chat template\n"
         "  --system MSG         system message for --chat\n"
-        "  --chat-template NAME chatml, llama3, llama3.1, mistral, llama2, gemma or phi3 (default: the model's)\n"
+        "  --chat-template NAME chatml, qwen3, llama3, llama3.1, mistral, llama2, gemma or phi3\n"
+        "                       (default: the model's)\n"
+        "  --no-thinking        --chat with a thinking template (qwen3): enable_thinking false\n"
         "  -n, --max-tokens N   tokens to generate (default 32; --chat: 256)\n"
         "  --temperature T      0 = greedy (default 0)\n"
         "  --top-k K            sample among the K most likely (default: all)\n"
@@ -175,7 +177,7 @@ static int parse(int argc, char **argv, gen_args *a) {
       {"frequency-penalty", required_argument, 0, 27},
       {"repetition-penalty", required_argument, 0, 28}, {"min-tokens", required_argument, 0, 29},
       {"stop-token-ids", required_argument, 0, 30}, {"logit-bias", required_argument, 0, 31},
-      {"help", no_argument, 0, 'h'},
+      {"no-thinking", no_argument, 0, 32},    {"help", no_argument, 0, 'h'},
       {0, 0, 0, 0}};
   int c, rc;
   a->max_new = -1;
@@ -184,6 +186,7 @@ static int parse(int argc, char **argv, gen_args *a) {
     if (c == 7) a->json = true;
     else if (c == 8) a->ignore_eos = true;
     else if (c == 15) a->no_cuda_graphs = true;
+    else if (c == 32) a->no_thinking = true;
     else if (c == 24 && (rc = set_grammar(a, c, NULL))) return rc;
     else if (c == 24) continue;
     else if ((rc = parse_value(a, c, optarg))) return rc;
@@ -222,11 +225,13 @@ static irt_status prompt_ids(gen_args *a, const irt_tokenizer *t, irt_error *err
   char *chat = NULL;
   irt_status st = IRT_OK;
   if (a->chat) {
-    irt_chat_message msgs[2] = {{"system", a->system}, {"user", a->chat}};
+    irt_chat_message msgs[2] = {{.role = "system", .content = a->system},
+                                {.role = "user", .content = a->chat}};
     size_t n = a->system ? 2 : 1, len = 0, cap = strlen(a->chat) + (a->system ? strlen(a->system) : 0) + 4096;
     chat = malloc(cap);
-    st = chat ? irt_chat_format(t, a->chat_template, a->system ? msgs : msgs + 1, n, true, chat,
-                                cap, &len, err)
+    irt_chat_opts co = {.no_thinking = a->no_thinking};
+    st = chat ? irt_chat_format_opts(t, a->chat_template, a->system ? msgs : msgs + 1, n, true,
+                                     &co, chat, cap, &len, err)
               : IRT_OOM;
     text = chat;
   }

@@ -14,7 +14,7 @@
 typedef struct serve_args {
   const char *plan, *host, *model_name, *chat_template, *device;
   int64_t port, max_connections, max_waiting, max_body, threads, kv_tokens, max_batched;
-  bool no_prefix_cache, no_cuda_graphs;
+  bool no_prefix_cache, no_cuda_graphs, no_reasoning;
   irt_kv_dtype kv_dtype;
   srv_keys keys;
   irt_engine_opts spec; /* the --spec-* fields; the engine's options start from it */
@@ -31,8 +31,10 @@ static int usage(FILE *f) {
         "  --max-connections N     open connections before requests get 429 (default 256)\n"
         "  --max-waiting N         requests in the engine before 429 (default 256)\n"
         "  --max-body BYTES        request body limit, else 413 (default 1048576)\n"
-        "  --chat-template NAME    chatml, llama3, llama3.1, mistral, llama2, gemma or phi3 (default: the "
-        "model's)\n"
+        "  --chat-template NAME    chatml, qwen3, llama3, llama3.1, mistral, llama2, gemma or\n"
+        "                          phi3 (default: the model's)\n"
+        "  --reasoning-format F    auto: a thinking template's <think> block comes apart as\n"
+        "                          reasoning_content (default); none: it stays in content\n"
         "  --kv-tokens N           KV cache capacity in tokens, over all requests (default: one\n"
         "                          context length; raise it to run many requests at once)\n"
         "  --kv-dtype T            " CLI_KV_DTYPE_USAGE "\n"
@@ -82,6 +84,11 @@ static int parse_value(serve_args *a, int c, const char *v) {
   case 17: return cli_parse_spec("spec-tokens", v, &a->spec);
   case 18: return cli_parse_spec("spec-ngram", v, &a->spec);
   case 19: return cli_parse_spec("spec-always", v, &a->spec);
+  case 20:
+    if (strcmp(v, "auto") && strcmp(v, "none"))
+      return cli_fail("--reasoning-format: expected auto or none");
+    a->no_reasoning = !strcmp(v, "none");
+    return 0;
   case 13:
     return cli_parse_i64(v, 0, 4096, &a->threads)
                ? 0
@@ -110,6 +117,7 @@ static int parse(int argc, char **argv, serve_args *a) {
                                         {"spec-tokens", 1, 0, 17},
                                         {"spec-ngram", 1, 0, 18},
                                         {"spec-always", 0, 0, 19},
+                                        {"reasoning-format", 1, 0, 20},
                                         {"help", 0, 0, 'h'},
                                         {0, 0, 0, 0}};
   int c, rc;
@@ -190,6 +198,7 @@ int cmd_serve(int argc, char **argv) {
   eo.max_batched_tokens = a.max_batched, eo.max_waiting = a.max_waiting;
   eo.disable_prefix_cache = a.no_prefix_cache;
   srv_ctx c = {.chat_template = a.chat_template,
+               .no_reasoning = a.no_reasoning,
                .created = (int64_t)time(NULL),
                .id_salt = (uint64_t)time(NULL) * 0x9e3779b97f4a7c15ull ^ (uint64_t)getpid()};
   irt_error err = {0};

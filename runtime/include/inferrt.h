@@ -243,20 +243,36 @@ size_t irt_text_stream_finish(irt_text_stream *s, char *buf, size_t cap);
 typedef struct irt_chat_message {
   const char *role; /* "system", "user", "assistant" */
   const char *content;
+  const char *reasoning; /* an assistant turn's thoughts apart from content (the API's
+                            reasoning_content), or NULL; only thinking templates (qwen3)
+                            write them */
 } irt_chat_message;
 
 /* Renders a conversation with the tokenizer's chat template, or with the named family
- * (template_name: chatml, llama3, llama3.1, mistral, llama2, gemma, phi3) when not NULL. Writes at
- * most cap bytes plus a NUL; *out_len is the full length. */
+ * (template_name: chatml, qwen3, llama3, llama3.1, mistral, llama2, gemma, phi3) when not
+ * NULL. Writes at most cap bytes plus a NUL; *out_len is the full length. */
 irt_status irt_chat_format(const irt_tokenizer *t, const char *template_name,
                            const irt_chat_message *msgs, size_t n, bool add_generation_prompt,
                            char *buf, size_t cap, size_t *out_len, irt_error *err);
 
-/* What a conversation's rendering depends on: the template family, and the system prompt
- * the template writes when a conversation has none ("" if it writes none). */
+/* What else a rendering may be asked for: tools offered (see irt_chat_format_tools), and a
+ * thinking template's enable_thinking false (the new turn opens with an empty thought). */
+typedef struct irt_chat_opts {
+  bool tools;
+  bool no_thinking;
+} irt_chat_opts;
+irt_status irt_chat_format_opts(const irt_tokenizer *t, const char *template_name,
+                                const irt_chat_message *msgs, size_t n,
+                                bool add_generation_prompt, const irt_chat_opts *opts,
+                                char *buf, size_t cap, size_t *out_len, irt_error *err);
+
+/* What a conversation's rendering depends on: the template family, the system prompt the
+ * template writes when a conversation has none ("" if it writes none), and whether the
+ * model thinks first (its answers open with a <think>...</think> block). */
 typedef struct irt_chat_info {
-  char family[16];          /* chatml, llama3, llama3.1, mistral, llama2, gemma, phi3 */
+  char family[16];          /* chatml, qwen3, llama3, llama3.1, mistral, llama2, gemma, phi3 */
   char default_system[512];
+  bool thinks;
 } irt_chat_info;
 irt_status irt_chat_get_info(const irt_tokenizer *t, const char *template_name,
                              irt_chat_info *out, irt_error *err);

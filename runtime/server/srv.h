@@ -54,6 +54,7 @@ typedef struct srv_ctx {
   const irt_tokenizer *tok; /* NULL when the plan has none: token-id prompts only */
   const irt_model_info *info;
   const char *chat_template; /* family name override, or NULL for the model's own */
+  bool no_reasoning;         /* --reasoning-format none: thoughts stay in content */
   char model_name[256];
   int64_t created;      /* unix seconds, for /v1/models */
   int64_t max_n;        /* completions per request the engine can hold */
@@ -61,6 +62,22 @@ typedef struct srv_ctx {
   atomic_uint_fast64_t next_id;
   uint64_t id_salt;
 } srv_ctx;
+
+/* --- srv_think.c -------------------------------------------------------------------------- */
+
+/* A thinking model's answer: its thoughts and the rest. With `final` (no more text comes)
+ * the whole split; else what a later byte may still change is left out of both parts (a
+ * tail that may be the start of "<think>" or "</think>", the thoughts' trailing newlines,
+ * the newlines that open the rest). */
+typedef struct srv_think {
+  bool has;                    /* a thought block: the answer opened one, or the prompt did */
+  bool closed;                 /* and "</think>" ended it */
+  size_t think, think_end;     /* the thoughts: text[think, think_end), newlines trimmed */
+  size_t content, content_end; /* the rest: text[content, content_end) (all of it if !has;
+                                  empty while the thoughts go on, or if they never ended) */
+} srv_think;
+/* open: the prompt ended inside a thought block (the template opened it). */
+void srv_think_split(const char *text, size_t len, bool open, bool final, srv_think *out);
 
 /* --- srv_tools.c -------------------------------------------------------------------------- */
 
@@ -95,7 +112,8 @@ typedef struct srv_tools {
  * 400 naming the field) on a bad tool, an unknown name or a choice without tools. */
 bool srv_tools_parse(const cJSON *body, srv_tools *t, srv_error *e);
 void srv_tools_free(srv_tools *t);
-/* Hermes: the system turn's text: sys, then the tools block. malloc'd (NULL: out of memory). */
+/* Hermes: the system turn's text: sys and a blank line (none for a NULL sys), then the
+ * tools block. malloc'd (NULL: out of memory). */
 char *srv_tools_system(const srv_tools *t, const char *sys);
 /* Llama 3.1: the first user turn's text: the tools and how to call them, then first (trimmed).
  * malloc'd (NULL: out of memory). */
@@ -181,6 +199,9 @@ typedef struct srv_params {
   srv_tools tools;    /* chat: function calling (mode NONE without tools) */
   bool stream, include_usage, ignore_eos;
   bool include_stop_str; /* vLLM's include_stop_str_in_output */
+  bool think;            /* chat with a thinking template: thoughts come as reasoning_content */
+  bool think_open;       /* the prompt ends inside a thought block */
+  bool no_thinking;      /* chat_template_kwargs.enable_thinking false */
   const char *tenant; /* from the API key (borrowed); NULL: shared */
   int priority;
 } srv_params;
@@ -222,6 +243,7 @@ typedef struct srv_choice {
   bool sent_role, sent_finish, sent_echo;
   int sent_calls; /* tool calls streamed */
   bool sent_rest; /* the text after a malformed call, streamed as content at the end */
+  size_t sent_think; /* end of the thoughts streamed as reasoning_content */
 } srv_choice;
 
 typedef struct srv_job {

@@ -73,6 +73,17 @@ static bool take_message(const cJSON *m, int i, srv_tool_format fmt, srv_chat *c
   free(text);
   if (!t) return tool ? oom(e) : false; /* srv_tools_assistant said why */
   c->texts[k] = t, c->msgs[k].content = t, c->is_tool[k] = tool;
+  c->msgs[k].reasoning = NULL;
+  /* an assistant turn's thoughts, as the server split them (vLLM's reasoning_content, or
+   * its newer name reasoning): borrowed from the request */
+  const cJSON *rc = assistant ? srv_field(m, "reasoning_content") : NULL;
+  if (assistant && !rc) rc = srv_field(m, "reasoning");
+  if (rc && !cJSON_IsString(rc)) {
+    snprintf(key, sizeof key, "messages[%d].%s", i, rc->string);
+    c->n = k + 1; /* texts[k] is freed with the rest */
+    return srv_bad_type(e, key, "a string", rc);
+  }
+  if (rc) c->msgs[k].reasoning = rc->valuestring;
   c->n = k + 1;
   return true;
 }
@@ -80,7 +91,12 @@ static bool take_message(const cJSON *m, int i, srv_tool_format fmt, srv_chat *c
 /* Hermes: the system turn ends with the tools (the caller's, or the template's default). */
 static bool hermes_tools(const srv_tools *t, const irt_chat_info *info, srv_chat *c, srv_error *e) {
   bool has = c->n > 0 && !strcmp(c->msgs[0].role, "system");
-  char *s = srv_tools_system(t, has ? c->texts[0] : info->default_system);
+  /* without a system message Qwen3 writes the tools alone, Qwen2.5 its default prompt
+   * (which may be "") and a blank line */
+  const char *sys = has                              ? c->texts[0]
+                    : !strcmp(info->family, "qwen3") ? NULL
+                                                     : info->default_system;
+  char *s = srv_tools_system(t, sys);
   if (!s) return oom(e);
   if (has) {
     free(c->texts[0]);
@@ -89,6 +105,7 @@ static bool hermes_tools(const srv_tools *t, const irt_chat_info *info, srv_chat
     memmove(c->texts + 1, c->texts, (size_t)c->n * sizeof *c->texts);
     c->n++;
     c->msgs[0].role = "system";
+    c->msgs[0].reasoning = NULL;
   }
   c->texts[0] = s, c->msgs[0].content = s;
   return true;

@@ -192,23 +192,42 @@ static cJSON *tool_call_json(const srv_job *j, int choice, int k, const srv_tool
   return o;
 }
 
-/* A chat message: content, and the calls read out of it when the request has tools. Returns
- * the number of calls. */
+/* Choice i's thoughts and the rest (without thoughts, all of it is the rest). */
+static srv_think think_of(const srv_job *j, const srv_choice *ch, bool final) {
+  srv_think t = {.content = 0, .content_end = ch->len};
+  if (j->p.ep == SRV_CHAT && j->p.think)
+    srv_think_split(ch->text ? ch->text : "", ch->len, j->p.think_open, final, &t);
+  return t;
+}
+
+/* A chat message: its thoughts (a thinking template's, as reasoning_content), content, and
+ * the calls read out of the content when the request has tools. Returns the number of
+ * calls. */
 static int chat_message(const srv_job *j, int i, cJSON *m) {
   const srv_choice *ch = &j->ch[i];
-  const char *text = ch->text ? ch->text : "";
+  const char *all = ch->text ? ch->text : "";
+  srv_think th = think_of(j, ch, true);
+  const char *text = all + th.content;
+  size_t len = ch->len - th.content;
   srv_tool_split sp = {0};
   cJSON_AddStringToObject(m, "role", "assistant");
-  if (j->p.tools.mode == SRV_TOOLS_NONE || !srv_tools_split(j->p.tools.format, text, ch->len, true, &sp) ||
-      sp.n_calls == 0) {
-    cJSON_AddStringToObject(m, "content", text);
+  if (j->p.think) {
+    char *r = th.has ? strndup(all + th.think, th.think_end - th.think) : NULL;
+    if (r) cJSON_AddStringToObject(m, "reasoning_content", r);
+    else cJSON_AddNullToObject(m, "reasoning_content");
+    free(r);
+  }
+  if (j->p.tools.mode == SRV_TOOLS_NONE ||
+      !srv_tools_split(j->p.tools.format, text, len, true, &sp) || sp.n_calls == 0) {
+    if (len || !th.has) cJSON_AddStringToObject(m, "content", text);
+    else cJSON_AddNullToObject(m, "content"); /* thoughts only (cut off while thinking) */
     cJSON_AddNullToObject(m, "refusal");
     srv_tool_split_free(&sp);
     return 0;
   }
   srv_buf b = {0};
   srv_buf_put(&b, text, sp.content_len);
-  srv_buf_put(&b, text + sp.rest, ch->len - sp.rest);
+  srv_buf_put(&b, text + sp.rest, len - sp.rest);
   if (b.len) cJSON_AddStringToObject(m, "content", b.p);
   else cJSON_AddNullToObject(m, "content");
   srv_buf_free(&b);
@@ -322,6 +341,23 @@ static void put_chunk(const srv_job *j, srv_buf *out, int i, const char *role, c
   put_event(out, o);
 }
 
+/* A chunk of choice i's thoughts (delta.reasoning_content, as vLLM streams them). */
+static void put_think_chunk(const srv_job *j, srv_buf *out, int i, const char *text, size_t len,
+                            cJSON *logprobs) {
+  cJSON *o = envelope(j, true), *choices = cJSON_AddArrayToObject(o, "choices"),
+        *c = cJSON_CreateObject(), *d = cJSON_AddObjectToObject(c, "delta");
+  cJSON_AddNumberToObject(c, "index", i);
+  char *t = strndup(text, len);
+  cJSON_AddStringToObject(d, "reasoning_content", t ? t : "");
+  free(t);
+  if (logprobs) cJSON_AddItemToObject(c, "logprobs", logprobs);
+  else cJSON_AddNullToObject(c, "logprobs");
+  cJSON_AddNullToObject(c, "finish_reason");
+  cJSON_AddItemToArray(choices, c);
+  if (j->p.include_usage) cJSON_AddNullToObject(o, "usage");
+  put_event(out, o);
+}
+
 /* A chunk with one whole tool call (OpenAI's delta.tool_calls, which clients accumulate). */
 static void put_call_chunk(const srv_job *j, srv_buf *out, int i, int k, const srv_tool_call *call) {
   cJSON *o = envelope(j, true), *choices = cJSON_AddArrayToObject(o, "choices"),
@@ -335,32 +371,49 @@ static void put_call_chunk(const srv_job *j, srv_buf *out, int i, int k, const s
   put_event(out, o);
 }
 
-/* New text and logprobs of choice i: the content before any call (held back while it may
- * be the start of one), each call once its block closes, and at the end what follows a
- * block that is not a call. */
+/* The logprobs of choice i's tokens not streamed yet (NULL if none or not asked). */
+static cJSON *new_logprobs(srv_job *j, srv_choice *ch) {
+  if (j->p.logprobs < 0 || ch->n_toks <= ch->sent_toks) return NULL;
+  cJSON *lp = j->p.ep == SRV_CHAT
+                  ? chat_logprobs(j, ch->toks + ch->sent_toks, ch->n_toks - ch->sent_toks)
+                  : legacy_logprobs(j, ch->toks + ch->sent_toks, ch->n_toks - ch->sent_toks,
+                                    &ch->sent_offset);
+  ch->sent_toks = ch->n_toks;
+  return lp;
+}
+
+/* New text and logprobs of choice i: thoughts (a thinking template's), then the content
+ * before any call (held back while it may be the start of one), each call once its block
+ * closes, and at the end what follows a block that is not a call. */
 static void stream_text(srv_job *j, srv_buf *out, int i) {
   srv_choice *ch = &j->ch[i];
-  bool tools = j->p.ep == SRV_CHAT && j->p.tools.mode != SRV_TOOLS_NONE;
-  srv_tool_split sp = {.content_len = ch->len, .rest = ch->len};
-  if (tools && !srv_tools_split(j->p.tools.format, ch->text ? ch->text : "", ch->len,
-                                   ch->finish != 0, &sp)) return;
-  size_t upto = sp.content_len > ch->sent_len ? sp.content_len : ch->sent_len;
+  const char *all = ch->text ? ch->text : "";
+  bool tools = j->p.ep == SRV_CHAT && j->p.tools.mode != SRV_TOOLS_NONE, fin = ch->finish != 0;
+  srv_think th = think_of(j, ch, fin);
+  if (ch->sent_think < th.think) ch->sent_think = th.think;
+  if (th.has && th.think_end > ch->sent_think) {
+    put_think_chunk(j, out, i, all + ch->sent_think, th.think_end - ch->sent_think,
+                    new_logprobs(j, ch));
+    ch->sent_think = th.think_end;
+  }
+  /* the rest: offsets below are into it, sent_len into the whole text */
+  const char *text = all + th.content;
+  size_t len = th.content_end - th.content;
+  if (ch->sent_len < th.content) ch->sent_len = th.content;
+  srv_tool_split sp = {.content_len = len, .rest = len};
+  if (tools && !srv_tools_split(j->p.tools.format, text, len, fin, &sp)) return;
+  size_t upto = th.content + sp.content_len, rest = th.content + sp.rest;
+  if (upto < ch->sent_len) upto = ch->sent_len;
   bool new_toks = j->p.logprobs >= 0 && ch->n_toks > ch->sent_toks;
   if (upto > ch->sent_len || new_toks) {
-    cJSON *lp = NULL;
-    if (new_toks)
-      lp = j->p.ep == SRV_CHAT
-               ? chat_logprobs(j, ch->toks + ch->sent_toks, ch->n_toks - ch->sent_toks)
-               : legacy_logprobs(j, ch->toks + ch->sent_toks, ch->n_toks - ch->sent_toks,
-                                 &ch->sent_offset);
-    put_chunk(j, out, i, NULL, ch->text + ch->sent_len, upto - ch->sent_len, lp, NULL);
+    put_chunk(j, out, i, NULL, all + ch->sent_len, upto - ch->sent_len, new_logprobs(j, ch),
+              NULL);
     ch->sent_len = upto;
-    ch->sent_toks = ch->n_toks;
   }
   for (; ch->sent_calls < sp.n_calls; ch->sent_calls++)
     put_call_chunk(j, out, i, ch->sent_calls, &sp.calls[ch->sent_calls]);
-  if (tools && ch->finish && sp.rest < ch->len && !ch->sent_rest) {
-    put_chunk(j, out, i, NULL, ch->text + sp.rest, ch->len - sp.rest, NULL, NULL);
+  if (tools && fin && rest < ch->len && !ch->sent_rest) {
+    put_chunk(j, out, i, NULL, all + rest, ch->len - rest, NULL, NULL);
     ch->sent_rest = true;
   }
   srv_tool_split_free(&sp);

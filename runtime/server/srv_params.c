@@ -176,6 +176,27 @@ static bool parse_prompt(srv_ctx *c, const cJSON *body, srv_params *p, srv_error
   return true;
 }
 
+/* vLLM's chat_template_kwargs: the template's variables; enable_thinking is the one the
+ * renderer has (thinking templates), others are accepted and, as a template would that does
+ * not read them, unused. */
+static bool parse_template_kwargs(const cJSON *body, srv_params *p, srv_error *e) {
+  const cJSON *kw = srv_field(body, "chat_template_kwargs");
+  if (!kw) return true;
+  if (!cJSON_IsObject(kw)) return srv_bad_type(e, "chat_template_kwargs", "an object", kw);
+  const cJSON *think = srv_field(kw, "enable_thinking");
+  if (think && !cJSON_IsBool(think))
+    return srv_bad_type(e, "chat_template_kwargs.enable_thinking", "a boolean", think);
+  p->no_thinking = think && cJSON_IsFalse(think);
+  return true;
+}
+
+/* Whether the rendered prompt leaves the model inside a thought block (a template that
+ * opens the turn with "<think>" itself). */
+static bool ends_in_thought(const char *text, size_t len) {
+  while (len && (text[len - 1] == '\n' || text[len - 1] == ' ')) len--;
+  return len >= 7 && !memcmp(text + len - 7, "<think>", 7);
+}
+
 static bool parse_messages(srv_ctx *c, const cJSON *body, const srv_tools *tools, srv_params *p,
                            srv_error *e) {
   const cJSON *v = srv_field(body, "messages");
@@ -189,23 +210,27 @@ static bool parse_messages(srv_ctx *c, const cJSON *body, const srv_tools *tools
   irt_error err = {0};
   if (irt_chat_get_info(c->tok, c->chat_template, &info, &err) != IRT_OK)
     return srv_bad(e, "messages", "Cannot format the conversation: %s", err.msg);
+  if (!parse_template_kwargs(body, p, e)) return false;
+  p->think = info.thinks && !c->no_reasoning;
   srv_chat chat;
   if (!srv_chat_build(v, tools, &info, &chat, e)) return false;
   size_t total = 4096, len = 0;
   for (int j = 0; j < chat.n; j++) total += strlen(chat.texts[j]) + 64;
   char *text = NULL;
-  bool ok = true, with_tools = tools->mode != SRV_TOOLS_NONE;
+  bool ok = true;
+  irt_chat_opts opts = {.tools = tools->mode != SRV_TOOLS_NONE, .no_thinking = p->no_thinking};
   for (int pass = 0; ok && pass < 2; pass++) { /* a second pass when the estimate was short */
     free(text);
     irt_status st = IRT_OOM;
     if ((text = malloc(total + 1)))
-      st = (with_tools ? irt_chat_format_tools : irt_chat_format)(
-          c->tok, c->chat_template, chat.msgs, (size_t)chat.n, true, text, total + 1, &len, &err);
+      st = irt_chat_format_opts(c->tok, c->chat_template, chat.msgs, (size_t)chat.n, true, &opts,
+                                text, total + 1, &len, &err);
     if (!text) ok = srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
     else if (st != IRT_OK) ok = srv_bad(e, "messages", "Cannot format the conversation: %s", err.msg);
     else if (len <= total) break;
     total = len;
   }
+  if (ok) p->think_open = p->think && ends_in_thought(text, len);
   if (ok) ok = tokenize(c, text, false, "messages", p, e);
   srv_chat_free(&chat);
   free(text);

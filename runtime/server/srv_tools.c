@@ -186,8 +186,8 @@ void srv_tools_free(srv_tools *t) {
 
 char *srv_tools_system(const srv_tools *t, const char *sys) {
   srv_buf b = {0};
-  bool ok = put_str(&b, sys) &&
-            put_str(&b, "\n\n# Tools\n\nYou may call one or more functions to assist with the "
+  bool ok = (!sys || (put_str(&b, sys) && put_str(&b, "\n\n"))) &&
+            put_str(&b, "# Tools\n\nYou may call one or more functions to assist with the "
                         "user query.\n\nYou are provided with function signatures within "
                         "<tools></tools> XML tags:\n<tools>");
   for (const cJSON *x = t->list ? t->list->child : NULL; ok && x; x = x->next)

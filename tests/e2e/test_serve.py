@@ -501,6 +501,110 @@ def test_tools_llama3(s):
                  param="messages")
 
 
+def stream_thoughts(stream):
+    """(reasoning_content, content, {index: [id, name, arguments]}, finish_reason) of a
+    streamed choice 0: the deltas joined."""
+    think, content, calls, fin = "", "", {}, None
+    for k in stream:
+        if not k.choices:
+            continue
+        d = k.choices[0].delta
+        think += getattr(d, "reasoning_content", None) or ""
+        content += d.content or ""
+        for t in d.tool_calls or []:
+            c = calls.setdefault(t.index, [None, None, ""])
+            c[0] = t.id or c[0]
+            c[1] = (t.function.name if t.function else None) or c[1]
+            c[2] += (t.function.arguments or "") if t.function else ""
+        fin = k.choices[0].finish_reason or fin
+    return think, content, calls, fin
+
+
+def test_qwen3(s):
+    """A thinking template (the server told --chat-template qwen3). Oracles: Qwen3-0.6B's real
+    template rendered by Jinja2 (fixtures/chat/tool_calls.json) for the tools prompts, with
+    thoughts before calls and thoughts sent back as reasoning_content; its
+    enable_thinking false; the forced answer's own text for the reasoning_content /
+    content split (as vLLM's qwen3 reasoning parser gives it, newlines trimmed as the
+    template writes them), the non-streamed response for the streamed one."""
+    c = s.client()
+    n = 0
+    for case in json.load(open(os.path.join(FIX, "chat", "tool_calls.json")))["cases"]:
+        if case["template"] != "qwen3":
+            continue
+        st, h, body = s.raw("POST", "/tokenize", {"messages": case["messages"], "tools": case["tools"]})
+        toks = json.loads(body).get("tokens", []) if st == 200 else []
+        st2, h, body2 = s.raw("POST", "/detokenize", {"tokens": toks})
+        text = json.loads(body2).get("prompt") if st2 == 200 else None
+        n += 1
+        check(f"qwen3 tools prompt = its template ({n})", st == 200 and text == case["expected"],
+              f"{st} {body[:200]!r}\n--- got\n{text!r}\n--- want\n{case['expected']!r}")
+    check("qwen3 tools prompt cases", n == 5)
+    msgs = [{"role": "user", "content": "Is 7 prime?"}]
+    prompt = {}
+    for think in (True, False):
+        st, h, body = s.raw("POST", "/tokenize", {"messages": msgs,
+                                                   "chat_template_kwargs": {"enable_thinking": think}})
+        st2, h, body2 = s.raw("POST", "/detokenize", {"tokens": json.loads(body)["tokens"]})
+        prompt[think] = json.loads(body2)["prompt"]
+    check("qwen3 enable_thinking false: an empty thought opens the turn",
+          prompt[True] == "<|im_start|>user\nIs 7 prime?<|im_end|>\n<|im_start|>assistant\n" and
+          prompt[False] == prompt[True] + "<think>\n\n</think>\n\n", str(prompt))
+    st, h, body = s.raw("POST", "/v1/chat/completions", {
+        "model": "tiny", "messages": msgs, "chat_template_kwargs": {"enable_thinking": "no"}})
+    check("qwen3 enable_thinking must be a boolean", st == 400 and
+          b"chat_template_kwargs.enable_thinking" in body, body)
+    st, h, body = s.raw("POST", "/v1/chat/completions", {
+        "model": "tiny", "messages": [{"role": "assistant", "content": "x", "reasoning_content": 3}]})
+    check("qwen3 reasoning_content must be a string", st == 400 and
+          b"messages[0].reasoning_content" in body, body)
+
+    forced = "<think>\nSeven has no divisors.\n\n</think>\n\nYes, 7 is prime."
+    g = {"guided_grammar": f"root ::= {json.dumps(forced)}"}
+    r = c.chat.completions.create(model="tiny", messages=msgs, max_tokens=300, temperature=0,
+                                  extra_body=g)
+    m = r.choices[0].message
+    check("qwen3 thoughts apart from the answer", getattr(m, "reasoning_content", None) ==
+          "Seven has no divisors." and m.content == "Yes, 7 is prime." and
+          r.choices[0].finish_reason == "stop", str(r.choices[0]))
+    think, content, calls, fin = stream_thoughts(c.chat.completions.create(
+        model="tiny", messages=msgs, max_tokens=300, temperature=0, extra_body=g, stream=True))
+    check("qwen3 thoughts streamed = whole", think == "Seven has no divisors." and
+          content == "Yes, 7 is prime." and not calls and fin == "stop", f"{think!r} {content!r}")
+    # cut off while thinking: thoughts only, content null
+    r = c.chat.completions.create(model="tiny", messages=msgs, max_tokens=8, temperature=0,
+                                  extra_body=g)
+    m = r.choices[0].message
+    rc = getattr(m, "reasoning_content", None) or ""
+    check("qwen3 cut off while thinking", r.choices[0].finish_reason == "length" and
+          m.content is None and rc and "Seven has no divisors.".startswith(rc), str(m))
+    # no thought block (enable_thinking false, or a model that skips it): all content
+    plain = "No block here."
+    r = c.chat.completions.create(model="tiny", messages=msgs, max_tokens=100, temperature=0,
+                                  extra_body={"guided_grammar": f"root ::= {json.dumps(plain)}",
+                                              "chat_template_kwargs": {"enable_thinking": False}})
+    m = r.choices[0].message
+    check("qwen3 without thoughts", m.content == plain and
+          getattr(m, "reasoning_content", "absent") is None, str(m))
+    # thoughts, then a call: the call read out of the answer
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+    g = {"guided_grammar": f"root ::= {json.dumps('<think>' + chr(10) + 'Use it.' + chr(10) + '</think>' + chr(10) + chr(10) + call)}"}
+    r = c.chat.completions.create(model="tiny", messages=msgs, tools=[WEATHER], max_tokens=400,
+                                  temperature=0, extra_body=g)
+    m = r.choices[0].message
+    tc = m.tool_calls or []
+    check("qwen3 thoughts then a call", getattr(m, "reasoning_content", None) == "Use it." and
+          m.content is None and len(tc) == 1 and tc[0].function.name == "get_weather" and
+          json.loads(tc[0].function.arguments) == {"city": "Oslo"} and
+          r.choices[0].finish_reason == "tool_calls", str(r.choices[0]))
+    think, content, calls, fin = stream_thoughts(c.chat.completions.create(
+        model="tiny", messages=msgs, tools=[WEATHER], max_tokens=400, temperature=0,
+        extra_body=g, stream=True))
+    check("qwen3 thoughts then a call, streamed", think == "Use it." and content == "" and
+          [v[1:] for v in calls.values()] == [["get_weather", tc[0].function.arguments if tc else None]]
+          and fin == "tool_calls", f"{think!r} {content!r} {calls} {fin}")
+
+
 def test_tools(s):
     """Function calling. Oracles: Qwen2.5's real chat template rendered by Jinja2 over the
     same conversations (fixtures/chat/tool_calls.json, after vLLM's preprocessing) for the
@@ -1217,6 +1321,11 @@ def main():
         test_tools_llama3(s)
     finally:
         check("llama3.1 tools server exits cleanly on SIGTERM", s.stop() == 0)
+    s = tools_server("--chat-template", "qwen3")
+    try:
+        test_qwen3(s)
+    finally:
+        check("qwen3 server exits cleanly on SIGTERM", s.stop() == 0)
     test_overload()
     test_batch()
     test_batch_resume()

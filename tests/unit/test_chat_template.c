@@ -23,7 +23,9 @@ static void run_case(const cJSON *root, const cJSON *c) {
   size_t n = 0;
   const cJSON *m;
   cJSON_ArrayForEach(m, conv) {
+    const cJSON *r = cJSON_GetObjectItem(m, "reasoning_content");
     msgs[n].role = cJSON_GetObjectItem(m, "role")->valuestring;
+    msgs[n].reasoning = r ? r->valuestring : NULL;
     msgs[n++].content = cJSON_GetObjectItem(m, "content")->valuestring;
   }
   irt_chat_template t;
@@ -31,14 +33,17 @@ static void run_case(const cJSON *root, const cJSON *c) {
   CHECKF(irt_chat_template_detect(src, &t, &d) == IR_OK, "%s: %s", name, d.msg);
   CHECKF(!strcmp(irt_chat_kind_name(t.kind), kind), "%s: detected %s, want %s", name,
          irt_chat_kind_name(t.kind), kind);
+  const cJSON *think = cJSON_GetObjectItem(c, "enable_thinking");
+  t.no_thinking = think && cJSON_IsFalse(think);
   if (t.kind == IRT_CHAT_LLAMA31 && !t.date[0]) /* today's date: the fixture's fixed day */
     snprintf(t.date, sizeof t.date, "%s", cJSON_GetObjectItem(root, "strftime_now")->valuestring);
   char buf[4096];
   size_t len = 0;
   CHECK(irt_chat_render(&t, msgs, n, gen, buf, sizeof buf, &len, &d) == IR_OK);
   const char *want = cJSON_GetObjectItem(c, "expected")->valuestring;
-  CHECKF(len == strlen(want) && !strcmp(buf, want), "%s conversation %d gen=%d:\n got: %s\nwant: %s",
-         name, ci, gen, buf, want);
+  CHECKF(len == strlen(want) && !strcmp(buf, want),
+         "%s conversation %d gen=%d%s:\n got: %s\nwant: %s", name, ci, gen,
+         t.no_thinking ? " no_thinking" : "", buf, want);
 }
 
 static void test_errors(void) {
@@ -49,13 +54,13 @@ static void test_errors(void) {
   d = (ir_diag){0};
   CHECK(irt_chat_template_detect(NULL, &t, &d) == IR_UNSUPPORTED);
   t = (irt_chat_template){.kind = IRT_CHAT_CHATML};
-  irt_chat_msg bad = {"robot", "hi"};
+  irt_chat_msg bad = {.role = "robot", .content = "hi"};
   char buf[64];
   size_t len;
   d = (ir_diag){0};
   CHECK(irt_chat_render(&t, &bad, 1, true, buf, sizeof buf, &len, &d) == IR_INVALID_ARG);
   /* Truncation reports the full length and stays NUL-terminated. */
-  irt_chat_msg ok = {"user", "a long enough message to overflow a tiny buffer"};
+  irt_chat_msg ok = {.role = "user", .content = "a long enough message to overflow a tiny buffer"};
   CHECK(irt_chat_render(&t, &ok, 1, true, buf, 8, &len, &d) == IR_OK);
   CHECK(len > 8 && strlen(buf) == 7);
   CHECK(irt_chat_kind_from_name("llama3") == IRT_CHAT_LLAMA3);
@@ -86,7 +91,7 @@ int main(void) {
     run_case(root, c);
     n++;
   }
-  CHECKF(n >= 40, "only %d cases", n);
+  CHECKF(n >= 190, "only %d cases", n);
   test_errors();
   cJSON_Delete(root);
   free(text);
