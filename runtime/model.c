@@ -194,7 +194,8 @@ static void fill_info(irt_model *m) {
       .arena_bytes = m->g->arena_size, .kv_bytes = irt_kv_cache_bytes(&m->kv),
       .kv_tokens = m->kv.n_blocks * m->kv.block_size,
       .kv_dtype = irt_kv_dtype_name((irt_kv_dtype)m->kv.dtype),
-      .device = m->be.ops->name};
+      .device = m->be.ops->name, .n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads,
+      .head_dim = c->head_dim};
 }
 
 /* A device backend's first steps pay one-time costs: cuBLAS loading its kernels and choosing

@@ -99,6 +99,7 @@ typedef struct irt_model_info {
   int64_t kv_tokens;       /* KV pool capacity in tokens (whole blocks) */
   const char *kv_dtype;    /* "f32" or "int8" */
   const char *device;      /* the backend running the model: "cpu" or "cuda" */
+  int64_t n_heads, n_kv_heads, head_dim; /* attention geometry (0 for generic graphs) */
 } irt_model_info;
 
 irt_model_opts irt_model_opts_default(void);
