@@ -167,17 +167,41 @@ static void gl_vocab(gl_reader *r, model_llama_params *p) {
   p->eos_token_id = gl_int(r, "tokenizer.ggml.eos_token_id", false, -1);
 }
 
+/* The rope's scaling as llama.cpp's converter writes it: rope.scaling.type linear with
+ * rope.scaling.factor, or (Llama 3.1's scaling) a rope_freqs.weight tensor of head_dim / 2
+ * f32 divisors of the frequencies. */
+static void gl_rope_scaling(gl_reader *r, model_llama_params *p) {
+  const infc_gguf_kv *kv = infc_gguf_kv_find(r->g, gl_key(r, "rope.scaling.type"));
+  if (kv && kv->value.type != INFC_GGUF_STRING) {
+    r->st = ir_diag_set(r->d, IR_BAD_FORMAT, "%s: '%s' must be a string", infc_gguf_path(r->g),
+                        r->key);
+    return;
+  }
+  if (kv && infc_gguf_str_eq(kv->value.str, "linear")) {
+    p->rope_scaling = MODEL_ROPE_LINEAR;
+    p->rope_factor = gl_float(r, gl_key(r, "rope.scaling.factor"), true, 0);
+  } else if (kv && !infc_gguf_str_eq(kv->value.str, "none")) {
+    char what[96];
+    snprintf(what, sizeof what, "rope scaling '%.*s' (rope.scaling.type)",
+             (int)(kv->value.str.len > 32 ? 32 : kv->value.str.len), kv->value.str.ptr);
+    gl_refuse(r, what);
+  }
+  const infc_gguf_tensor *t = infc_gguf_tensor_find(r->g, "rope_freqs.weight");
+  if (r->st != IR_OK || !t) return;
+  if (t->dtype != IR_F32 || t->rank != 1 || t->shape[0] * 2 != p->head_dim)
+    r->st = ir_diag_set(r->d, IR_BAD_FORMAT, "%s: tensor 'rope_freqs.weight' must be %lld f32 "
+                        "values (head_dim / 2)", infc_gguf_path(r->g),
+                        (long long)(p->head_dim / 2));
+  else
+    p->rope_freq_factors = t->data;
+}
+
 /* Features llama.cpp can run on these archs but the template cannot express. */
 static void gl_features(gl_reader *r, model_llama_params *p) {
   if (r->st != IR_OK) return;
   if (gl_int(r, gl_key(r, "expert_count"), false, 0) > 0)
     gl_refuse(r, "a mixture of experts (expert_count > 0)");
-  const infc_gguf_kv *kv = infc_gguf_kv_find(r->g, gl_key(r, "rope.scaling.type"));
-  if (r->st == IR_OK && kv && !(kv->value.type == INFC_GGUF_STRING &&
-                                infc_gguf_str_eq(kv->value.str, "none")))
-    gl_refuse(r, "rope scaling (rope.scaling.type)");
-  if (r->st == IR_OK && infc_gguf_tensor_find(r->g, "rope_freqs.weight"))
-    gl_refuse(r, "rope frequency factors (tensor 'rope_freqs.weight')");
+  if (r->st == IR_OK) gl_rope_scaling(r, p);
   p->tie_word_embeddings = !infc_gguf_tensor_find(r->g, "output.weight");
   p->attention_bias = infc_gguf_tensor_find(r->g, "blk.0.attn_q.bias") != NULL;
 }

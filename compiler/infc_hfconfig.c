@@ -68,25 +68,37 @@ static const char *get_str(cfg_reader *r, const char *key) {
   return v->valuestring;
 }
 
-/* The rope of newer configs: "rope_parameters": {"rope_theta": x, "rope_type": "default"}
- * in place of a top-level rope_theta and rope_scaling; any other rope_type is a scaling. */
-static void read_rope_parameters(cfg_reader *r, model_llama_params *p) {
-  const cJSON *rp = cJSON_GetObjectItemCaseSensitive(r->root, "rope_parameters");
+/* The rope's scaling: "rope_scaling" (transformers 4) or "rope_parameters" (transformers
+ * 5, which also holds rope_theta), {"rope_type" (or "type"): default | linear | llama3, ...}.
+ * Other types (yarn, dynamic, longrope, ...) are refused by name. */
+static void read_rope(cfg_reader *r, const char *key, model_llama_params *p) {
+  const cJSON *rp = cJSON_GetObjectItemCaseSensitive(r->root, key);
   if (!rp || cJSON_IsNull(rp) || r->st != IR_OK) return;
   if (!cJSON_IsObject(rp)) {
-    r->st = ir_diag_set(r->d, IR_BAD_FORMAT, "key 'rope_parameters' must be an object");
-    return;
-  }
-  const cJSON *t = cJSON_GetObjectItemCaseSensitive(rp, "rope_type");
-  if (t && !cJSON_IsNull(t) && !(cJSON_IsString(t) && !strcmp(t->valuestring, "default"))) {
-    r->st = ir_diag_set(r->d, IR_UNSUPPORTED, "rope_parameters rope_type '%s' is not supported "
-                        "yet", cJSON_IsString(t) ? t->valuestring : "?");
+    r->st = ir_diag_set(r->d, IR_BAD_FORMAT, "key '%s' must be an object", key);
     return;
   }
   cfg_reader sub = {.root = rp, .d = r->d, .st = IR_OK};
+  const char *t = get_str(&sub, "rope_type");
+  if (!t && sub.st == IR_OK) t = get_str(&sub, "type");
+  bool linear = t && !strcmp(t, "linear"), llama3 = t && !strcmp(t, "llama3");
+  if (sub.st == IR_OK && t && strcmp(t, "default") && !linear && !llama3) {
+    r->st = ir_diag_set(r->d, IR_UNSUPPORTED, "%s type '%s' is not supported yet (supported: "
+                        "default, linear, llama3)", key, t);
+    return;
+  }
   p->rope_theta = get_num(&sub, "rope_theta", false, p->rope_theta);
+  if (linear || llama3) {
+    p->rope_scaling = linear ? MODEL_ROPE_LINEAR : MODEL_ROPE_LLAMA3;
+    p->rope_factor = get_num(&sub, "factor", true, 0);
+  }
+  if (llama3) {
+    p->rope_low_freq = get_num(&sub, "low_freq_factor", true, 0);
+    p->rope_high_freq = get_num(&sub, "high_freq_factor", true, 0);
+    p->rope_orig_context = get_int(&sub, "original_max_position_embeddings", true, 0);
+  }
   if (sub.st != IR_OK) {
-    ir_diag_prefix(r->d, "rope_parameters");
+    ir_diag_prefix(r->d, "%s", key);
     r->st = sub.st;
   }
 }
@@ -96,13 +108,6 @@ static void check_unsupported(cfg_reader *r) {
   const char *act = get_str(r, "hidden_act");
   if (act && strcmp(act, "silu") != 0 && r->st == IR_OK)
     r->st = ir_diag_set(r->d, IR_UNSUPPORTED, "hidden_act '%s' is not supported (only silu)", act);
-  const cJSON *rs = cJSON_GetObjectItemCaseSensitive(r->root, "rope_scaling");
-  if (rs && !cJSON_IsNull(rs) && r->st == IR_OK) {
-    const cJSON *t = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");
-    if (!t) t = cJSON_GetObjectItemCaseSensitive(rs, "type");
-    r->st = ir_diag_set(r->d, IR_UNSUPPORTED, "rope_scaling type '%s' is not supported yet",
-                        cJSON_IsString(t) ? t->valuestring : "?");
-  }
   /* per-layer attention kinds (transformers 5): all full attention, or a window somewhere */
   const cJSON *lt = cJSON_GetObjectItemCaseSensitive(r->root, "layer_types"), *e;
   if (lt && cJSON_IsArray(lt) && r->st == IR_OK)
@@ -156,7 +161,8 @@ ir_status infc_hfconfig_parse(const char *json, model_llama_params *out, ir_diag
   cfg_reader r = {.root = root, .d = d, .st = IR_OK};
   read_arch(&r, out);
   read_sizes(&r, out);
-  read_rope_parameters(&r, out);
+  read_rope(&r, "rope_scaling", out);
+  read_rope(&r, "rope_parameters", out);
   bool qwen2 = strcmp(out->arch, "qwen2") == 0;
   out->tie_word_embeddings = get_bool(&r, "tie_word_embeddings", false);
   out->attention_bias = qwen2 || get_bool(&r, "attention_bias", false);

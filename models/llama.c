@@ -28,6 +28,13 @@ ir_status model_llama_check(const model_llama_params *p, ir_diag *d) {
                        (long long)p->head_dim);
   if (!(p->rms_norm_eps > 0) || !(p->rope_theta > 0))
     return ir_diag_set(d, IR_BAD_FORMAT, "rms_norm_eps and rope_theta must be positive");
+  if (p->rope_scaling != MODEL_ROPE_DEFAULT && !(p->rope_factor >= 1.0 && p->rope_factor < 1e6))
+    return ir_diag_set(d, IR_BAD_FORMAT, "rope scaling factor %g must be at least 1",
+                       p->rope_factor);
+  if (p->rope_scaling == MODEL_ROPE_LLAMA3 &&
+      !(p->rope_orig_context > 0 && p->rope_low_freq > 0 && p->rope_high_freq > p->rope_low_freq))
+    return ir_diag_set(d, IR_BAD_FORMAT, "llama3 rope scaling needs original_max_position_"
+                       "embeddings > 0 and high_freq_factor > low_freq_factor > 0");
   return IR_OK;
 }
 
@@ -97,8 +104,27 @@ static int32_t mat_weight(builder *b, const char *name, int64_t n, int64_t k) {
   return as_dtype(b, weight(b, name, n, k), b->bo->weight_dtype);
 }
 
-/* cos/sin of pos * inv_freq for every position, computed as HF does in f32:
- * inv_freq[i] = 1 / theta^(2i / head_dim). */
+/* Frequency i of the rope: 1 / theta^(2i / head_dim), scaled as the config says
+ * (transformers' _compute_linear_scaling / _compute_llama3_parameters), then divided by
+ * the GGUF's factor for it if any. */
+static double rope_freq(const model_llama_params *p, int64_t i) {
+  double inv = 1.0 / pow(p->rope_theta, (double)(2 * i) / (double)p->head_dim);
+  if (p->rope_scaling == MODEL_ROPE_LINEAR) inv /= p->rope_factor;
+  if (p->rope_scaling == MODEL_ROPE_LLAMA3) {
+    double ctx = (double)p->rope_orig_context, wavelen = 2.0 * M_PI / inv;
+    double low_wavelen = ctx / p->rope_low_freq, high_wavelen = ctx / p->rope_high_freq;
+    if (wavelen > low_wavelen) {
+      inv /= p->rope_factor;
+    } else if (wavelen >= high_wavelen) { /* between: a blend of the two */
+      double s = (ctx / wavelen - p->rope_low_freq) / (p->rope_high_freq - p->rope_low_freq);
+      inv = (1.0 - s) * inv / p->rope_factor + s * inv;
+    }
+  }
+  if (p->rope_freq_factors) inv /= (double)p->rope_freq_factors[i];
+  return inv;
+}
+
+/* cos/sin of pos * inv_freq for every position, computed as HF does in f32 (rope_freq). */
 static int32_t rope_table(builder *b, int64_t max_pos) {
   int64_t half = b->p->head_dim / 2;
   float *cs = malloc((size_t)(max_pos * half * 2) * sizeof *cs);
@@ -107,7 +133,7 @@ static int32_t rope_table(builder *b, int64_t max_pos) {
     return -1;
   }
   for (int64_t i = 0; i < half; i++) {
-    float inv = (float)(1.0 / pow(b->p->rope_theta, (double)(2 * i) / (double)b->p->head_dim));
+    float inv = (float)rope_freq(b->p, i);
     for (int64_t pos = 0; pos < max_pos; pos++) {
       float f = (float)pos * inv;
       cs[(pos * half + i) * 2] = cosf(f);

@@ -9,6 +9,13 @@
 #include "ir.h"
 #include "model.h"
 
+/* How the rope's frequencies are scaled for a longer context (HF rope_type). */
+typedef enum model_rope_scaling {
+  MODEL_ROPE_DEFAULT = 0,
+  MODEL_ROPE_LINEAR = 1, /* every frequency / factor */
+  MODEL_ROPE_LLAMA3 = 2, /* Llama 3.1: low frequencies / factor, a smooth ramp to the high */
+} model_rope_scaling;
+
 typedef struct model_llama_params {
   char arch[32];
   int64_t vocab_size;
@@ -21,6 +28,13 @@ typedef struct model_llama_params {
   int64_t max_position;
   double rms_norm_eps;
   double rope_theta;
+  model_rope_scaling rope_scaling;
+  double rope_factor;                  /* linear, llama3 */
+  double rope_low_freq, rope_high_freq; /* llama3: low_freq_factor, high_freq_factor */
+  int64_t rope_orig_context;           /* llama3: original_max_position_embeddings */
+  const float *rope_freq_factors;      /* GGUF rope_freqs.weight: (head_dim / 2) divisors of
+                                          the frequencies (llama.cpp's form of llama3), or
+                                          NULL; read while the graph is built */
   bool tie_word_embeddings;
   bool attention_bias; /* q/k/v projections carry a bias (Qwen2) */
   bool qk_norm;        /* q and k RMSNorm per head (weights [head_dim]) before rope (Qwen3) */

@@ -161,6 +161,28 @@ FIXTURES = [
             max_position_embeddings=256,
         ),
     ),
+    dict(
+        # Llama 3.1's rope scaling: with head_dim 16, theta 5e5 and an original context of
+        # 64, dim pair 0 keeps its frequency, pair 1 is smoothed, pairs 2-7 are divided by 8
+        name="llama3-rope-f32",
+        arch="LlamaForCausalLM",
+        dtype=torch.float32,
+        base_seed=5001,  # 5000 had a greedy margin of 0.005
+        config=dict(
+            hidden_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_hidden_layers=2,
+            intermediate_size=128,
+            vocab_size=256,
+            rms_norm_eps=1e-5,
+            tie_word_embeddings=False,
+            max_position_embeddings=256,
+            rope_parameters=dict(rope_type="llama3", rope_theta=500000.0, factor=8.0,
+                                 low_freq_factor=1.0, high_freq_factor=4.0,
+                                 original_max_position_embeddings=64),
+        ),
+    ),
 ]
 
 

@@ -4,7 +4,8 @@
  * match transformers as closely as the safetensors path does (|ours - hf| <= 1e-4 *
  * (1 + |hf|): same f32 math, only the summation order and the pair layout of RoPE
  * differ), and the 32 greedy tokens must be identical. qwen3: its q_norm / k_norm as
- * attn_q_norm / attn_k_norm, head_dim as attention.key_length. A Q8_0 copy of a fixture (the
+ * attn_q_norm / attn_k_norm, head_dim as attention.key_length; Llama 3.1's rope scaling as
+ * the converter's rope_freqs.weight divisors. A Q8_0 copy of a fixture (the
  * matrices whose rows are whole blocks) run with quantized kernels must give exactly the
  * logits of the same file dequantized at build time (--dtype f32): the kernels
  * dequantize in registers to the values the fold pass writes, then sum in the f32 order. */
@@ -142,6 +143,25 @@ static uint64_t write_kvs(gw *w, const model_llama_params *p) {
   return n;
 }
 
+/* Llama 3.1's rope scaling as llama.cpp's converter writes it: rope_freqs.weight, one
+ * divisor per frequency (1 for the high ones, factor for the low, a blend between). */
+static float *llama3_rope_factors(const model_llama_params *p) {
+  int64_t half = p->head_dim / 2;
+  float *f = malloc((size_t)half * sizeof *f);
+  double low = (double)p->rope_orig_context / p->rope_low_freq;
+  double high = (double)p->rope_orig_context / p->rope_high_freq;
+  for (int64_t i = 0; f && i < half; i++) {
+    double freq = 1.0 / pow(p->rope_theta, (double)(2 * i) / (double)p->head_dim);
+    double wavelen = 2.0 * M_PI / freq;
+    double s = ((double)p->rope_orig_context / wavelen - p->rope_low_freq) /
+               (p->rope_high_freq - p->rope_low_freq);
+    f[i] = wavelen < high  ? 1.0f
+           : wavelen > low ? (float)p->rope_factor
+                           : (float)(1.0 / ((1.0 - s) / p->rope_factor + s));
+  }
+  return f;
+}
+
 /* Writes fixture `name` as GGUF to `out`. */
 static bool convert_fixture(const char *name, const char *out, bool q8) {
   char dir[1024], cfg[1100];
@@ -152,16 +172,22 @@ static bool convert_fixture(const char *name, const char *out, bool q8) {
   bool ok = infc_hfconfig_load(cfg, &c.p, &d) == IR_OK && infc_st_open(dir, &c.st, &d) == IR_OK;
   CHECKF(ok, "%s: %s", name, d.msg);
   if (!ok) return false;
-  size_t n = infc_st_count(c.st);
+  size_t n = infc_st_count(c.st), nt = n;
   c.bufs = calloc(n, sizeof *c.bufs);
-  gw_tensor *ts = calloc(n, sizeof *ts);
+  gw_tensor *ts = calloc(n + 1, sizeof *ts);
   char(*names)[128] = calloc(n, sizeof *names);
   for (size_t i = 0; i < n; i++) ts[i] = convert_tensor(&c, i, names[i], sizeof names[i]);
+  float *factors = c.p.rope_scaling == MODEL_ROPE_LLAMA3 ? llama3_rope_factors(&c.p) : NULL;
+  if (factors)
+    ts[nt++] = (gw_tensor){.name = "rope_freqs.weight", .type = 0, .rank = 1,
+                           .ne = {(uint64_t)c.p.head_dim / 2}, .data = factors,
+                           .nbytes = (size_t)c.p.head_dim / 2 * sizeof *factors};
   gw w = {0}, kv = {0};
   uint64_t n_kv = write_kvs(&kv, &c.p);
-  gw_header(&w, 3, n, n_kv);
+  gw_header(&w, 3, nt, n_kv);
   gw_put(&w, kv.b, kv.n);
-  gw_tensors(&w, ts, (int)n, 32);
+  gw_tensors(&w, ts, (int)nt, 32);
+  free(factors);
   free(kv.b);
   FILE *f = fopen(out, "wb");
   ok = f && fwrite(w.b, 1, w.n, f) == w.n;
@@ -279,7 +305,7 @@ static void run_q8(const char *name) {
 
 int main(void) {
   const char *fixtures[] = {"llama-gqa-f32", "qwen2-bias-bf16", "llama-mha-f16",
-                            "qwen3-qknorm-bf16"};
+                            "qwen3-qknorm-bf16", "llama3-rope-f32"};
   for (size_t i = 0; i < sizeof fixtures / sizeof *fixtures; i++) run_fixture(fixtures[i]);
   run_q8("llama-gqa-f32");
   run_q8("qwen2-bias-bf16");

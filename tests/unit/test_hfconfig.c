@@ -50,6 +50,10 @@ static void test_fixtures(void) {
     CHECK(p.n_heads == 4 && p.n_kv_heads == 2 && p.head_dim == 32 && p.hidden_size == 64);
     CHECK(p.rope_theta == 1000000.0 && p.tie_word_embeddings && p.max_position == 256);
   }
+  if (load_fixture("llama3-rope-f32", &p)) { /* transformers 5: the scaling in rope_parameters */
+    CHECK(p.rope_scaling == MODEL_ROPE_LLAMA3 && p.rope_factor == 8.0 && p.rope_low_freq == 1.0 &&
+          p.rope_high_freq == 4.0 && p.rope_orig_context == 64 && p.rope_theta == 500000.0);
+  }
   if (load_fixture("llama-mha-f16", &p)) {
     CHECK(p.n_heads == 4 && p.n_kv_heads == 4 && p.head_dim == 16 && p.n_layers == 3);
     CHECK(p.tie_word_embeddings && !p.attention_bias);
@@ -162,6 +166,15 @@ static void test_base(void) {
   CHECK(p.rope_theta == 2e5);
   p = expect_ok("layer_types", "[\"full_attention\", \"full_attention\"]");
   CHECK(p.n_layers == 2);
+  /* Llama 3.1 / 3.2's rope_scaling (transformers 4 form) */
+  p = expect_ok("rope_scaling", "{\"rope_type\": \"llama3\", \"factor\": 32.0, \"low_freq_factor\": "
+                "1.0, \"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 8192}");
+  CHECK(p.rope_scaling == MODEL_ROPE_LLAMA3 && p.rope_factor == 32.0 && p.rope_low_freq == 1.0 &&
+        p.rope_high_freq == 4.0 && p.rope_orig_context == 8192 && p.rope_theta == 500000.0);
+  p = expect_ok("rope_scaling", "{\"type\": \"linear\", \"factor\": 2.0}");
+  CHECK(p.rope_scaling == MODEL_ROPE_LINEAR && p.rope_factor == 2.0);
+  p = expect_ok("rope_scaling", "{\"rope_type\": \"default\"}");
+  CHECK(p.rope_scaling == MODEL_ROPE_DEFAULT);
   p = expect_ok("model_type", "\"qwen3\"");
   CHECK(p.qk_norm && !p.attention_bias && !p.rope_interleaved);
 }
@@ -178,10 +191,18 @@ static void test_errors(void) {
   expect_error("tie_word_embeddings", "\"yes\"", IR_BAD_FORMAT, "tie_word_embeddings", NULL);
   expect_error("model_type", "7", IR_BAD_FORMAT, "model_type", NULL);
   expect_error("model_type", "\"gpt2\"", IR_UNSUPPORTED, "gpt2", NULL);
-  expect_error("rope_scaling", "{\"rope_type\": \"llama3\", \"factor\": 8.0}", IR_UNSUPPORTED,
-               "rope_scaling", "llama3");
-  expect_error("rope_scaling", "{\"type\": \"linear\", \"factor\": 2.0}", IR_UNSUPPORTED,
-               "rope_scaling", "linear");
+  expect_error("rope_scaling", "{\"rope_type\": \"llama3\", \"factor\": 8.0}", IR_BAD_FORMAT,
+               "rope_scaling", "low_freq_factor");
+  expect_error("rope_scaling", "{\"rope_type\": \"yarn\", \"factor\": 4.0}", IR_UNSUPPORTED,
+               "rope_scaling", "yarn");
+  expect_error("rope_scaling", "{\"type\": \"dynamic\", \"factor\": 2.0}", IR_UNSUPPORTED,
+               "rope_scaling", "dynamic");
+  expect_error("rope_scaling", "{\"type\": \"linear\"}", IR_BAD_FORMAT, "rope_scaling", "factor");
+  expect_error("rope_scaling", "{\"type\": \"linear\", \"factor\": 0.5}", IR_BAD_FORMAT,
+               "factor", NULL);
+  expect_error("rope_scaling", "{\"rope_type\": \"llama3\", \"factor\": 8.0, \"low_freq_factor\": "
+               "4.0, \"high_freq_factor\": 1.0, \"original_max_position_embeddings\": 8192}",
+               IR_BAD_FORMAT, "high_freq_factor", NULL);
   expect_error("hidden_act", "\"gelu\"", IR_UNSUPPORTED, "gelu", NULL);
   expect_error("rope_parameters", "{\"rope_type\": \"yarn\", \"factor\": 4.0}", IR_UNSUPPORTED,
                "rope_parameters", "yarn");
