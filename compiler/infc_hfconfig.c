@@ -88,6 +88,11 @@ static void read_rope(cfg_reader *r, const char *key, model_llama_params *p) {
     return;
   }
   p->rope_theta = get_num(&sub, "rope_theta", false, p->rope_theta);
+  if (get_num(&sub, "partial_rotary_factor", false, 1.0) != 1.0 && sub.st == IR_OK) {
+    r->st = ir_diag_set(r->d, IR_UNSUPPORTED, "%s: partial rotary (partial_rotary_factor) is not "
+                        "supported", key);
+    return;
+  }
   if (linear || llama3) {
     p->rope_scaling = linear ? MODEL_ROPE_LINEAR : MODEL_ROPE_LLAMA3;
     p->rope_factor = get_num(&sub, "factor", true, 0);
@@ -105,6 +110,9 @@ static void read_rope(cfg_reader *r, const char *key, model_llama_params *p) {
 
 /* Features that change the math and that the template does not implement yet. */
 static void check_unsupported(cfg_reader *r) {
+  if (get_num(r, "partial_rotary_factor", false, 1.0) != 1.0 && r->st == IR_OK)
+    r->st = ir_diag_set(r->d, IR_UNSUPPORTED, "partial rotary (partial_rotary_factor) is not "
+                        "supported");
   const char *act = get_str(r, "hidden_act");
   if (act && strcmp(act, "silu") != 0 && r->st == IR_OK)
     r->st = ir_diag_set(r->d, IR_UNSUPPORTED, "hidden_act '%s' is not supported (only silu)", act);

@@ -198,6 +198,9 @@ static void test_errors(void) {
   expect_error("rope_scaling", "{\"type\": \"dynamic\", \"factor\": 2.0}", IR_UNSUPPORTED,
                "rope_scaling", "dynamic");
   expect_error("rope_scaling", "{\"type\": \"linear\"}", IR_BAD_FORMAT, "rope_scaling", "factor");
+  expect_error("partial_rotary_factor", "0.5", IR_UNSUPPORTED, "partial_rotary_factor", NULL);
+  expect_error("rope_parameters", "{\"rope_theta\": 1e4, \"partial_rotary_factor\": 0.25}",
+               IR_UNSUPPORTED, "rope_parameters", "partial_rotary_factor");
   expect_error("rope_scaling", "{\"type\": \"linear\", \"factor\": 0.5}", IR_BAD_FORMAT,
                "factor", NULL);
   expect_error("rope_scaling", "{\"rope_type\": \"llama3\", \"factor\": 8.0, \"low_freq_factor\": "
