@@ -1,6 +1,7 @@
 /* infc_gguf_llama: GGUF metadata -> model_llama_params, HF tensor names -> GGUF names. */
 #include "infc_gguf_llama.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -168,8 +169,10 @@ static void gl_vocab(gl_reader *r, model_llama_params *p) {
 }
 
 /* The rope's scaling as llama.cpp's converter writes it: rope.scaling.type linear with
- * rope.scaling.factor, or (Llama 3.1's scaling) a rope_freqs.weight tensor of head_dim / 2
- * f32 divisors of the frequencies. */
+ * rope.scaling.factor; yarn with the factor, rope.scaling.original_context_length and
+ * optionally rope.scaling.attn_factor (llama.cpp's ramp over beta 32..1, cos/sin scaled by
+ * attn_factor * (1 + 0.1 ln factor)); or (Llama 3.1's scaling) a rope_freqs.weight tensor
+ * of head_dim / 2 f32 divisors of the frequencies. */
 static void gl_rope_scaling(gl_reader *r, model_llama_params *p) {
   const infc_gguf_kv *kv = infc_gguf_kv_find(r->g, gl_key(r, "rope.scaling.type"));
   if (kv && kv->value.type != INFC_GGUF_STRING) {
@@ -180,6 +183,13 @@ static void gl_rope_scaling(gl_reader *r, model_llama_params *p) {
   if (kv && infc_gguf_str_eq(kv->value.str, "linear")) {
     p->rope_scaling = MODEL_ROPE_LINEAR;
     p->rope_factor = gl_float(r, gl_key(r, "rope.scaling.factor"), true, 0);
+  } else if (kv && infc_gguf_str_eq(kv->value.str, "yarn")) {
+    p->rope_scaling = MODEL_ROPE_YARN;
+    p->rope_factor = gl_float(r, gl_key(r, "rope.scaling.factor"), true, 0);
+    p->rope_orig_context = gl_int(r, gl_key(r, "rope.scaling.original_context_length"), true, 0);
+    double attn = gl_float(r, gl_key(r, "rope.scaling.attn_factor"), false, 1.0);
+    p->rope_beta_fast = 32.0, p->rope_beta_slow = 1.0, p->rope_yarn_truncate = true;
+    p->rope_attn_factor = attn * (p->rope_factor > 1.0 ? 1.0 + 0.1 * log(p->rope_factor) : 1.0);
   } else if (kv && !infc_gguf_str_eq(kv->value.str, "none")) {
     char what[96];
     snprintf(what, sizeof what, "rope scaling '%.*s' (rope.scaling.type)",

@@ -68,6 +68,11 @@ static const char *get_str(cfg_reader *r, const char *key) {
   return v->valuestring;
 }
 
+/* YaRN's attention factor for a scale and an mscale (transformers' get_mscale). */
+static double yarn_mscale(double scale, double m) {
+  return scale <= 1.0 ? 1.0 : 0.1 * m * log(scale) + 1.0;
+}
+
 /* The rope's scaling: "rope_scaling" (transformers 4) or "rope_parameters" (transformers
  * 5, which also holds rope_theta), {"rope_type" (or "type"): default | linear | llama3, ...}.
  * Other types (yarn, dynamic, longrope, ...) are refused by name. */
@@ -82,9 +87,10 @@ static void read_rope(cfg_reader *r, const char *key, model_llama_params *p) {
   const char *t = get_str(&sub, "rope_type");
   if (!t && sub.st == IR_OK) t = get_str(&sub, "type");
   bool linear = t && !strcmp(t, "linear"), llama3 = t && !strcmp(t, "llama3");
-  if (sub.st == IR_OK && t && strcmp(t, "default") && !linear && !llama3) {
+  bool yarn = t && !strcmp(t, "yarn");
+  if (sub.st == IR_OK && t && strcmp(t, "default") && !linear && !llama3 && !yarn) {
     r->st = ir_diag_set(r->d, IR_UNSUPPORTED, "%s type '%s' is not supported yet (supported: "
-                        "default, linear, llama3)", key, t);
+                        "default, linear, llama3, yarn)", key, t);
     return;
   }
   p->rope_theta = get_num(&sub, "rope_theta", false, p->rope_theta);
@@ -93,9 +99,21 @@ static void read_rope(cfg_reader *r, const char *key, model_llama_params *p) {
                         "supported", key);
     return;
   }
-  if (linear || llama3) {
-    p->rope_scaling = linear ? MODEL_ROPE_LINEAR : MODEL_ROPE_LLAMA3;
+  if (linear || llama3 || yarn) {
+    p->rope_scaling = linear ? MODEL_ROPE_LINEAR : llama3 ? MODEL_ROPE_LLAMA3 : MODEL_ROPE_YARN;
     p->rope_factor = get_num(&sub, "factor", true, 0);
+  }
+  if (yarn) { /* defaults as transformers' _compute_yarn_parameters */
+    p->rope_orig_context =
+        get_int(&sub, "original_max_position_embeddings", false, p->max_position);
+    p->rope_beta_fast = get_num(&sub, "beta_fast", false, 32.0);
+    p->rope_beta_slow = get_num(&sub, "beta_slow", false, 1.0);
+    p->rope_yarn_truncate = get_bool(&sub, "truncate", true);
+    double f = p->rope_factor, ms = get_num(&sub, "mscale", false, 0);
+    double ms_all = get_num(&sub, "mscale_all_dim", false, 0);
+    p->rope_attn_factor = get_num(&sub, "attention_factor", false,
+                                  ms && ms_all ? yarn_mscale(f, ms) / yarn_mscale(f, ms_all)
+                                               : yarn_mscale(f, 1.0));
   }
   if (llama3) {
     p->rope_low_freq = get_num(&sub, "low_freq_factor", true, 0);

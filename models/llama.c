@@ -31,6 +31,11 @@ ir_status model_llama_check(const model_llama_params *p, ir_diag *d) {
   if (p->rope_scaling != MODEL_ROPE_DEFAULT && !(p->rope_factor >= 1.0 && p->rope_factor < 1e6))
     return ir_diag_set(d, IR_BAD_FORMAT, "rope scaling factor %g must be at least 1",
                        p->rope_factor);
+  if (p->rope_scaling == MODEL_ROPE_YARN &&
+      !(p->rope_orig_context > 0 && p->rope_beta_fast > 0 && p->rope_beta_slow > 0 &&
+        p->rope_attn_factor > 0))
+    return ir_diag_set(d, IR_BAD_FORMAT, "yarn rope scaling needs original_max_position_"
+                       "embeddings, beta_fast, beta_slow and an attention factor > 0");
   if (p->rope_scaling == MODEL_ROPE_LLAMA3 &&
       !(p->rope_orig_context > 0 && p->rope_low_freq > 0 && p->rope_high_freq > p->rope_low_freq))
     return ir_diag_set(d, IR_BAD_FORMAT, "llama3 rope scaling needs original_max_position_"
@@ -120,6 +125,18 @@ static double rope_freq(const model_llama_params *p, int64_t i) {
       inv = (1.0 - s) * inv / p->rope_factor + s * inv;
     }
   }
+  if (p->rope_scaling == MODEL_ROPE_YARN) { /* transformers' _compute_yarn_parameters */
+    double dim = (double)p->head_dim, ctx = (double)p->rope_orig_context;
+    double lo = dim * log(ctx / (p->rope_beta_fast * 2.0 * M_PI)) / (2.0 * log(p->rope_theta));
+    double hi = dim * log(ctx / (p->rope_beta_slow * 2.0 * M_PI)) / (2.0 * log(p->rope_theta));
+    if (p->rope_yarn_truncate) lo = floor(lo), hi = ceil(hi);
+    lo = lo > 0.0 ? lo : 0.0;
+    hi = hi < dim - 1.0 ? hi : dim - 1.0;
+    if (lo == hi) hi += 0.001;
+    double ramp = ((double)i - lo) / (hi - lo);
+    double keep = 1.0 - (ramp < 0.0 ? 0.0 : ramp > 1.0 ? 1.0 : ramp); /* extrapolated share */
+    inv = inv / p->rope_factor * (1.0 - keep) + inv * keep;
+  }
   if (p->rope_freq_factors) inv /= (double)p->rope_freq_factors[i];
   return inv;
 }
@@ -132,12 +149,14 @@ static int32_t rope_table(builder *b, int64_t max_pos) {
     b->st = ir_diag_set(b->d, IR_OOM, "out of memory");
     return -1;
   }
+  /* YaRN scales cos and sin (HF's attention_scaling, in f32); 1 leaves them exact */
+  float scale = b->p->rope_scaling == MODEL_ROPE_YARN ? (float)b->p->rope_attn_factor : 1.0f;
   for (int64_t i = 0; i < half; i++) {
     float inv = (float)rope_freq(b->p, i);
     for (int64_t pos = 0; pos < max_pos; pos++) {
       float f = (float)pos * inv;
-      cs[(pos * half + i) * 2] = cosf(f);
-      cs[(pos * half + i) * 2 + 1] = sinf(f);
+      cs[(pos * half + i) * 2] = cosf(f) * scale;
+      cs[(pos * half + i) * 2 + 1] = sinf(f) * scale;
     }
   }
   int64_t shape[3] = {max_pos, half, 2};

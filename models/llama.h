@@ -14,6 +14,8 @@ typedef enum model_rope_scaling {
   MODEL_ROPE_DEFAULT = 0,
   MODEL_ROPE_LINEAR = 1, /* every frequency / factor */
   MODEL_ROPE_LLAMA3 = 2, /* Llama 3.1: low frequencies / factor, a smooth ramp to the high */
+  MODEL_ROPE_YARN = 3,   /* YaRN: frequency pairs ramp from kept (fast) to / factor (slow),
+                            cos and sin scaled by the attention factor */
 } model_rope_scaling;
 
 typedef struct model_llama_params {
@@ -31,7 +33,10 @@ typedef struct model_llama_params {
   model_rope_scaling rope_scaling;
   double rope_factor;                  /* linear, llama3 */
   double rope_low_freq, rope_high_freq; /* llama3: low_freq_factor, high_freq_factor */
-  int64_t rope_orig_context;           /* llama3: original_max_position_embeddings */
+  int64_t rope_orig_context;           /* llama3, yarn: original_max_position_embeddings */
+  double rope_beta_fast, rope_beta_slow; /* yarn: the ramp's ends in rotations (32, 1) */
+  bool rope_yarn_truncate;             /* yarn: the ramp's ends rounded outwards (true) */
+  double rope_attn_factor;             /* yarn: cos/sin scale (1 + 0.1 ln factor by default) */
   const float *rope_freq_factors;      /* GGUF rope_freqs.weight: (head_dim / 2) divisors of
                                           the frequencies (llama.cpp's form of llama3), or
                                           NULL; read while the graph is built */

@@ -183,6 +183,30 @@ FIXTURES = [
                                  original_max_position_embeddings=64),
         ),
     ),
+    dict(
+        # YaRN, as Qwen3's model card enables it for long contexts: head_dim 32, theta 1e6,
+        # an original context of 64: pair 0 extrapolated, 1-2 on the ramp, 3-15 divided by
+        # 4; cos/sin scaled by 1 + 0.1 ln 4
+        name="qwen3-yarn-f32",
+        arch="Qwen3ForCausalLM",
+        dtype=torch.float32,
+        base_seed=6004,  # 6000-6003 had greedy margins of 0.002-0.011
+        config=dict(
+            hidden_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            num_hidden_layers=2,
+            intermediate_size=96,
+            vocab_size=256,
+            rms_norm_eps=1e-6,
+            attention_bias=False,
+            tie_word_embeddings=True,
+            max_position_embeddings=256,
+            rope_parameters=dict(rope_type="yarn", rope_theta=1000000.0, factor=4.0,
+                                 original_max_position_embeddings=64),
+        ),
+    ),
 ]
 
 

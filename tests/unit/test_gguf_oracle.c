@@ -5,7 +5,7 @@
  * (1 + |hf|): same f32 math, only the summation order and the pair layout of RoPE
  * differ), and the 32 greedy tokens must be identical. qwen3: its q_norm / k_norm as
  * attn_q_norm / attn_k_norm, head_dim as attention.key_length; Llama 3.1's rope scaling as
- * the converter's rope_freqs.weight divisors. A Q8_0 copy of a fixture (the
+ * the converter's rope_freqs.weight divisors, YaRN as rope.scaling.type yarn. A Q8_0 copy of a fixture (the
  * matrices whose rows are whole blocks) run with quantized kernels must give exactly the
  * logits of the same file dequantized at build time (--dtype f32): the kernels
  * dequantize in registers to the values the fold pass writes, then sum in the f32 order. */
@@ -127,6 +127,15 @@ static uint64_t write_kvs(gw *w, const model_llama_params *p) {
     snprintf(k, sizeof k, "%s.attention.value_length", a);
     kv_u32(w, k, (uint32_t)p->head_dim);
     n += 2;
+  }
+  if (p->rope_scaling == MODEL_ROPE_YARN) { /* as the converter: type, factor, context */
+    snprintf(k, sizeof k, "%s.rope.scaling.type", a);
+    kv_str(w, k, "yarn");
+    snprintf(k, sizeof k, "%s.rope.scaling.factor", a);
+    kv_f32(w, k, (float)p->rope_factor);
+    snprintf(k, sizeof k, "%s.rope.scaling.original_context_length", a);
+    kv_u32(w, k, (uint32_t)p->rope_orig_context);
+    n += 3;
   }
   if (p->bos_token_id >= 0) {
     kv_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)p->bos_token_id);
@@ -305,7 +314,7 @@ static void run_q8(const char *name) {
 
 int main(void) {
   const char *fixtures[] = {"llama-gqa-f32", "qwen2-bias-bf16", "llama-mha-f16",
-                            "qwen3-qknorm-bf16", "llama3-rope-f32"};
+                            "qwen3-qknorm-bf16", "llama3-rope-f32", "qwen3-yarn-f32"};
   for (size_t i = 0; i < sizeof fixtures / sizeof *fixtures; i++) run_fixture(fixtures[i]);
   run_q8("llama-gqa-f32");
   run_q8("qwen2-bias-bf16");

@@ -54,6 +54,11 @@ static void test_fixtures(void) {
     CHECK(p.rope_scaling == MODEL_ROPE_LLAMA3 && p.rope_factor == 8.0 && p.rope_low_freq == 1.0 &&
           p.rope_high_freq == 4.0 && p.rope_orig_context == 64 && p.rope_theta == 500000.0);
   }
+  if (load_fixture("qwen3-yarn-f32", &p)) { /* the defaults: beta 32 / 1, truncated ramp */
+    CHECK(p.rope_scaling == MODEL_ROPE_YARN && p.rope_factor == 4.0 && p.rope_orig_context == 64 &&
+          p.rope_beta_fast == 32.0 && p.rope_beta_slow == 1.0 && p.rope_yarn_truncate &&
+          fabs(p.rope_attn_factor - (1.0 + 0.1 * log(4.0))) < 1e-12);
+  }
   if (load_fixture("llama-mha-f16", &p)) {
     CHECK(p.n_heads == 4 && p.n_kv_heads == 4 && p.head_dim == 16 && p.n_layers == 3);
     CHECK(p.tie_word_embeddings && !p.attention_bias);
@@ -173,6 +178,15 @@ static void test_base(void) {
         p.rope_high_freq == 4.0 && p.rope_orig_context == 8192 && p.rope_theta == 500000.0);
   p = expect_ok("rope_scaling", "{\"type\": \"linear\", \"factor\": 2.0}");
   CHECK(p.rope_scaling == MODEL_ROPE_LINEAR && p.rope_factor == 2.0);
+  /* Qwen3's model card: YaRN over a 32768-token original context; DeepSeek's mscale pair */
+  p = expect_ok("rope_scaling", "{\"rope_type\": \"yarn\", \"factor\": 4.0, "
+                "\"original_max_position_embeddings\": 32768}");
+  CHECK(p.rope_scaling == MODEL_ROPE_YARN && p.rope_orig_context == 32768 &&
+        fabs(p.rope_attn_factor - 1.138629436111989) < 1e-12);
+  p = expect_ok("rope_scaling", "{\"type\": \"yarn\", \"factor\": 40.0, \"mscale\": 1.0, "
+                "\"mscale_all_dim\": 1.0, \"beta_fast\": 16, \"truncate\": false}");
+  CHECK(p.rope_attn_factor == 1.0 && p.rope_orig_context == 512 && p.rope_beta_fast == 16.0 &&
+        !p.rope_yarn_truncate);
   p = expect_ok("rope_scaling", "{\"rope_type\": \"default\"}");
   CHECK(p.rope_scaling == MODEL_ROPE_DEFAULT);
   p = expect_ok("model_type", "\"qwen3\"");
@@ -193,8 +207,10 @@ static void test_errors(void) {
   expect_error("model_type", "\"gpt2\"", IR_UNSUPPORTED, "gpt2", NULL);
   expect_error("rope_scaling", "{\"rope_type\": \"llama3\", \"factor\": 8.0}", IR_BAD_FORMAT,
                "rope_scaling", "low_freq_factor");
-  expect_error("rope_scaling", "{\"rope_type\": \"yarn\", \"factor\": 4.0}", IR_UNSUPPORTED,
-               "rope_scaling", "yarn");
+  expect_error("rope_scaling", "{\"rope_type\": \"longrope\", \"factor\": 4.0}", IR_UNSUPPORTED,
+               "rope_scaling", "longrope");
+  expect_error("rope_scaling", "{\"rope_type\": \"yarn\", \"factor\": 4.0, \"beta_fast\": -1}",
+               IR_BAD_FORMAT, "yarn", NULL);
   expect_error("rope_scaling", "{\"type\": \"dynamic\", \"factor\": 2.0}", IR_UNSUPPORTED,
                "rope_scaling", "dynamic");
   expect_error("rope_scaling", "{\"type\": \"linear\"}", IR_BAD_FORMAT, "rope_scaling", "factor");
@@ -207,8 +223,8 @@ static void test_errors(void) {
                "4.0, \"high_freq_factor\": 1.0, \"original_max_position_embeddings\": 8192}",
                IR_BAD_FORMAT, "high_freq_factor", NULL);
   expect_error("hidden_act", "\"gelu\"", IR_UNSUPPORTED, "gelu", NULL);
-  expect_error("rope_parameters", "{\"rope_type\": \"yarn\", \"factor\": 4.0}", IR_UNSUPPORTED,
-               "rope_parameters", "yarn");
+  expect_error("rope_parameters", "{\"rope_type\": \"dynamic\", \"factor\": 4.0}", IR_UNSUPPORTED,
+               "rope_parameters", "dynamic");
   expect_error("rope_parameters", "{\"rope_theta\": \"1e6\"}", IR_BAD_FORMAT, "rope_parameters",
                "rope_theta");
   expect_error("rope_parameters", "7", IR_BAD_FORMAT, "rope_parameters", NULL);
