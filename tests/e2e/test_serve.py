@@ -381,13 +381,27 @@ def weather_args_ok(a):
             1 <= v.get("days", 1) <= 7)
 
 
-def stream_calls(stream):
-    """(content, {index: [id, name, arguments]}, finish_reason) accumulated from chunks."""
-    content, calls, fin = "", {}, None
+def served_prompt(s, messages, tools=None, **extra):
+    """(status, body, text) of the prompt the server makes of a conversation: /tokenize,
+    then /detokenize of its tokens."""
+    req = {"messages": messages, **extra}
+    if tools is not None:
+        req["tools"] = tools
+    st, h, body = s.raw("POST", "/tokenize", req)
+    toks = json.loads(body).get("tokens", []) if st == 200 else []
+    st2, h, body2 = s.raw("POST", "/detokenize", {"tokens": toks})
+    return st, body, json.loads(body2).get("prompt") if st2 == 200 else None
+
+
+def stream_thoughts(stream):
+    """(reasoning_content, content, {index: [id, name, arguments]}, finish_reason) of a
+    streamed choice 0: the deltas joined."""
+    think, content, calls, fin = "", "", {}, None
     for k in stream:
         if not k.choices:
             continue
         d = k.choices[0].delta
+        think += getattr(d, "reasoning_content", None) or ""
         content += d.content or ""
         for t in d.tool_calls or []:
             c = calls.setdefault(t.index, [None, None, ""])
@@ -395,7 +409,12 @@ def stream_calls(stream):
             c[1] = (t.function.name if t.function else None) or c[1]
             c[2] += (t.function.arguments or "") if t.function else ""
         fin = k.choices[0].finish_reason or fin
-    return content, calls, fin
+    return think, content, calls, fin
+
+
+def stream_calls(stream):
+    """(content, {index: [id, name, arguments]}, finish_reason) accumulated from chunks."""
+    return stream_thoughts(stream)[1:]
 
 
 BUILT = set()
@@ -439,10 +458,7 @@ def test_tools_llama3(s):
     for case in json.load(open(os.path.join(FIX, "chat", "tool_calls.json")))["cases"]:
         if case["template"] != "llama3.1":
             continue
-        st, h, body = s.raw("POST", "/tokenize", {"messages": case["messages"], "tools": case["tools"]})
-        toks = json.loads(body).get("tokens", []) if st == 200 else []
-        st2, h, body2 = s.raw("POST", "/detokenize", {"tokens": toks})
-        text = json.loads(body2).get("prompt") if st2 == 200 else None
+        st, body, text = served_prompt(s, case["messages"], case["tools"])
         want = case["expected"].replace("<|begin_of_text|>", bos, 1)
         n += 1
         check(f"llama3.1 tools prompt = its template ({n})", st == 200 and text == want,
@@ -501,25 +517,6 @@ def test_tools_llama3(s):
                  param="messages")
 
 
-def stream_thoughts(stream):
-    """(reasoning_content, content, {index: [id, name, arguments]}, finish_reason) of a
-    streamed choice 0: the deltas joined."""
-    think, content, calls, fin = "", "", {}, None
-    for k in stream:
-        if not k.choices:
-            continue
-        d = k.choices[0].delta
-        think += getattr(d, "reasoning_content", None) or ""
-        content += d.content or ""
-        for t in d.tool_calls or []:
-            c = calls.setdefault(t.index, [None, None, ""])
-            c[0] = t.id or c[0]
-            c[1] = (t.function.name if t.function else None) or c[1]
-            c[2] += (t.function.arguments or "") if t.function else ""
-        fin = k.choices[0].finish_reason or fin
-    return think, content, calls, fin
-
-
 def test_qwen3(s):
     """A thinking template (the server told --chat-template qwen3). Oracles: Qwen3-0.6B's real
     template rendered by Jinja2 (fixtures/chat/tool_calls.json) for the tools prompts, with
@@ -532,21 +529,14 @@ def test_qwen3(s):
     for case in json.load(open(os.path.join(FIX, "chat", "tool_calls.json")))["cases"]:
         if case["template"] != "qwen3":
             continue
-        st, h, body = s.raw("POST", "/tokenize", {"messages": case["messages"], "tools": case["tools"]})
-        toks = json.loads(body).get("tokens", []) if st == 200 else []
-        st2, h, body2 = s.raw("POST", "/detokenize", {"tokens": toks})
-        text = json.loads(body2).get("prompt") if st2 == 200 else None
+        st, body, text = served_prompt(s, case["messages"], case["tools"])
         n += 1
         check(f"qwen3 tools prompt = its template ({n})", st == 200 and text == case["expected"],
               f"{st} {body[:200]!r}\n--- got\n{text!r}\n--- want\n{case['expected']!r}")
     check("qwen3 tools prompt cases", n == 5)
     msgs = [{"role": "user", "content": "Is 7 prime?"}]
-    prompt = {}
-    for think in (True, False):
-        st, h, body = s.raw("POST", "/tokenize", {"messages": msgs,
-                                                   "chat_template_kwargs": {"enable_thinking": think}})
-        st2, h, body2 = s.raw("POST", "/detokenize", {"tokens": json.loads(body)["tokens"]})
-        prompt[think] = json.loads(body2)["prompt"]
+    prompt = {think: served_prompt(s, msgs, chat_template_kwargs={"enable_thinking": think})[2]
+              for think in (True, False)}
     check("qwen3 enable_thinking false: an empty thought opens the turn",
           prompt[True] == "<|im_start|>user\nIs 7 prime?<|im_end|>\n<|im_start|>assistant\n" and
           prompt[False] == prompt[True] + "<think>\n\n</think>\n\n", str(prompt))
@@ -617,10 +607,7 @@ def test_tools(s):
     for case in fix:
         if case["template"] != "qwen2.5" or case["default_system"]:
             continue  # the served ChatML template has no default system prompt
-        st, h, body = s.raw("POST", "/tokenize", {"messages": case["messages"], "tools": case["tools"]})
-        toks = json.loads(body).get("tokens", []) if st == 200 else []
-        st2, h, body2 = s.raw("POST", "/detokenize", {"tokens": toks})
-        text = json.loads(body2).get("prompt") if st2 == 200 else None
+        st, body, text = served_prompt(s, case["messages"], case["tools"])
         n += 1
         check(f"tools prompt = Qwen2.5's template ({n})", st == 200 and text == case["expected"],
               f"{st} {body[:200]!r}\n--- got\n{text}\n--- want\n{case['expected']}")
