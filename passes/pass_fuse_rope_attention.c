@@ -83,8 +83,8 @@ static bool try_fuse_norm(ir_graph *g, int32_t ai, bool *dead) {
   return true;
 }
 
-/* One sweep of `fuse` over the attention nodes, the folded nodes then removed; the count
- * in *out, or -1 on OOM. */
+/* One sweep of `fuse` over the attention nodes, the folded nodes then removed: how many
+ * fused, or -1 on OOM. */
 static int sweep(ir_graph *g, bool (*fuse)(ir_graph *, int32_t, bool *)) {
   bool *dead = calloc((size_t)g->n_nodes + 1, sizeof *dead);
   if (!dead) return -1;
@@ -96,7 +96,6 @@ static int sweep(ir_graph *g, bool (*fuse)(ir_graph *, int32_t, bool *)) {
 }
 
 ir_status pass_fuse_rope_attention(ir_graph *g, const pass_opts *o, pass_log *log, ir_diag *d) {
-  (void)o;
   /* the ropes first: a norm is foldable once its output feeds the attention alone */
   int fused = sweep(g, try_fuse), normed = fused < 0 ? -1 : sweep(g, try_fuse_norm);
   if (normed < 0) return ir_diag_set(d, IR_OOM, "fuse_rope_attention: out of memory");
