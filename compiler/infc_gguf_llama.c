@@ -24,7 +24,8 @@ static const gl_name k_layer_names[] = {
     {"self_attn.v_proj", "attn_v"},        {"self_attn.o_proj", "attn_output"},
     {"mlp.gate_proj", "ffn_gate"},         {"mlp.up_proj", "ffn_up"},
     {"mlp.down_proj", "ffn_down"},         {"self_attn.q_norm", "attn_q_norm"},
-    {"self_attn.k_norm", "attn_k_norm"},
+    {"self_attn.k_norm", "attn_k_norm"},   {"self_attn.qkv_proj", "attn_qkv"},
+    {"mlp.gate_up_proj", "ffn_up"}, /* phi3: one ffn_up of gate rows then up rows */
 };
 
 #define GL_COUNT(a) (sizeof(a) / sizeof((a)[0]))
@@ -114,17 +115,19 @@ static void gl_arch(gl_reader *r, model_llama_params *p) {
   if (infc_gguf_str_eq(a, "llama")) r->arch = "llama";
   else if (infc_gguf_str_eq(a, "qwen2")) r->arch = "qwen2";
   else if (infc_gguf_str_eq(a, "qwen3")) r->arch = "qwen3";
+  else if (infc_gguf_str_eq(a, "phi3")) r->arch = "phi3";
   else {
     r->st = ir_diag_set(r->d, IR_UNSUPPORTED, "%s: unknown architecture '%.*s' (supported: "
-                        "llama, qwen2, qwen3)", infc_gguf_path(r->g),
+                        "llama, qwen2, qwen3, phi3)", infc_gguf_path(r->g),
                         a.len > 64 ? 64 : (int)a.len, a.ptr);
     return;
   }
   snprintf(p->arch, sizeof p->arch, "%s", r->arch);
   /* llama.cpp runs llama with its "normal" rope on adjacent pairs (the converter
-   * permuted the q/k rows to match) and qwen2/qwen3 with NeoX rotate-half, as HF does. */
+   * permuted the q/k rows to match) and qwen2/qwen3/phi3 with NeoX rotate-half, as HF does. */
   p->rope_interleaved = strcmp(r->arch, "llama") == 0;
   p->qk_norm = strcmp(r->arch, "qwen3") == 0;
+  p->fused_proj = strcmp(r->arch, "phi3") == 0;
 }
 
 static void gl_sizes(gl_reader *r, model_llama_params *p) {
@@ -146,8 +149,7 @@ static void gl_sizes(gl_reader *r, model_llama_params *p) {
                         "of the file", infc_gguf_path(r->g), (long long)p->n_layers,
                         infc_gguf_tensor_count(r->g));
   if (r->st == IR_OK && vd != p->head_dim) gl_refuse(r, "a value_length unlike key_length");
-  if (r->st == IR_OK && rot != p->head_dim)
-    gl_refuse(r, "partial rotary (rope.dimension_count below the head size)");
+  if (r->st == IR_OK && rot != p->head_dim) p->rot_dim = rot; /* partial rotary */
 }
 
 static void gl_vocab(gl_reader *r, model_llama_params *p) {
@@ -196,12 +198,15 @@ static void gl_rope_scaling(gl_reader *r, model_llama_params *p) {
              (int)(kv->value.str.len > 32 ? 32 : kv->value.str.len), kv->value.str.ptr);
     gl_refuse(r, what);
   }
+  if (r->st == IR_OK && (infc_gguf_tensor_find(r->g, "rope_factors_long.weight") ||
+                         infc_gguf_tensor_find(r->g, "rope_factors_short.weight")))
+    gl_refuse(r, "longrope scaling (rope_factors_long / rope_factors_short)");
   const infc_gguf_tensor *t = infc_gguf_tensor_find(r->g, "rope_freqs.weight");
   if (r->st != IR_OK || !t) return;
-  if (t->dtype != IR_F32 || t->rank != 1 || t->shape[0] * 2 != p->head_dim)
+  int64_t rot = p->rot_dim ? p->rot_dim : p->head_dim;
+  if (t->dtype != IR_F32 || t->rank != 1 || t->shape[0] * 2 != rot)
     r->st = ir_diag_set(r->d, IR_BAD_FORMAT, "%s: tensor 'rope_freqs.weight' must be %lld f32 "
-                        "values (head_dim / 2)", infc_gguf_path(r->g),
-                        (long long)(p->head_dim / 2));
+                        "values (one per rotated pair)", infc_gguf_path(r->g), (long long)(rot / 2));
   else
     p->rope_freq_factors = t->data;
 }

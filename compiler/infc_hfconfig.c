@@ -68,6 +68,20 @@ static const char *get_str(cfg_reader *r, const char *key) {
   return v->valuestring;
 }
 
+/* partial_rotary_factor (top level, or in rope_parameters): the rope turns the first
+ * int(head_dim * factor) dims of each head (transformers' dim), which must be even. */
+static void read_partial_rotary(cfg_reader *r, model_llama_params *p) {
+  double f = get_num(r, "partial_rotary_factor", false, 0.0);
+  if (r->st != IR_OK || f == 0.0) return;
+  int64_t rot = (int64_t)((double)p->head_dim * f);
+  if (!(f > 0.0 && f <= 1.0) || rot < 2 || rot % 2)
+    r->st = ir_diag_set(r->d, IR_UNSUPPORTED, "partial_rotary_factor %g gives %lld rotary dims "
+                        "of %lld: a positive even count is needed", f, (long long)rot,
+                        (long long)p->head_dim);
+  else
+    p->rot_dim = rot == p->head_dim ? 0 : rot;
+}
+
 /* YaRN's attention factor for a scale and an mscale (transformers' get_mscale). */
 static double yarn_mscale(double scale, double m) {
   return scale <= 1.0 ? 1.0 : 0.1 * m * log(scale) + 1.0;
@@ -94,11 +108,7 @@ static void read_rope(cfg_reader *r, const char *key, model_llama_params *p) {
     return;
   }
   p->rope_theta = get_num(&sub, "rope_theta", false, p->rope_theta);
-  if (get_num(&sub, "partial_rotary_factor", false, 1.0) != 1.0 && sub.st == IR_OK) {
-    r->st = ir_diag_set(r->d, IR_UNSUPPORTED, "%s: partial rotary (partial_rotary_factor) is not "
-                        "supported", key);
-    return;
-  }
+  read_partial_rotary(&sub, p);
   if (linear || llama3 || yarn) {
     p->rope_scaling = linear ? MODEL_ROPE_LINEAR : llama3 ? MODEL_ROPE_LLAMA3 : MODEL_ROPE_YARN;
     p->rope_factor = get_num(&sub, "factor", true, 0);
@@ -128,9 +138,6 @@ static void read_rope(cfg_reader *r, const char *key, model_llama_params *p) {
 
 /* Features that change the math and that the template does not implement yet. */
 static void check_unsupported(cfg_reader *r) {
-  if (get_num(r, "partial_rotary_factor", false, 1.0) != 1.0 && r->st == IR_OK)
-    r->st = ir_diag_set(r->d, IR_UNSUPPORTED, "partial rotary (partial_rotary_factor) is not "
-                        "supported");
   const char *act = get_str(r, "hidden_act");
   if (act && strcmp(act, "silu") != 0 && r->st == IR_OK)
     r->st = ir_diag_set(r->d, IR_UNSUPPORTED, "hidden_act '%s' is not supported (only silu)", act);
@@ -152,10 +159,10 @@ static void read_arch(cfg_reader *r, model_llama_params *p) {
     return;
   }
   if (strcmp(mt, "llama") && strcmp(mt, "mistral") && strcmp(mt, "qwen2") &&
-      strcmp(mt, "qwen3")) {
+      strcmp(mt, "qwen3") && strcmp(mt, "phi3")) {
     if (r->st == IR_OK)
       r->st = ir_diag_set(r->d, IR_UNSUPPORTED, "model_type '%s' is not supported "
-                          "(supported: llama, mistral, qwen2, qwen3)", mt);
+                          "(supported: llama, mistral, qwen2, qwen3, phi3)", mt);
     return;
   }
   snprintf(p->arch, sizeof p->arch, "%s", mt);
@@ -187,12 +194,14 @@ ir_status infc_hfconfig_parse(const char *json, model_llama_params *out, ir_diag
   cfg_reader r = {.root = root, .d = d, .st = IR_OK};
   read_arch(&r, out);
   read_sizes(&r, out);
+  read_partial_rotary(&r, out);
   read_rope(&r, "rope_scaling", out);
   read_rope(&r, "rope_parameters", out);
   bool qwen2 = strcmp(out->arch, "qwen2") == 0;
   out->tie_word_embeddings = get_bool(&r, "tie_word_embeddings", false);
   out->attention_bias = qwen2 || get_bool(&r, "attention_bias", false);
   out->qk_norm = strcmp(out->arch, "qwen3") == 0;
+  out->fused_proj = strcmp(out->arch, "phi3") == 0;
   check_unsupported(&r);
   /* A sliding window only changes results past its length: cap the context there. */
   int64_t window = get_int(&r, "sliding_window", false, 0);

@@ -26,6 +26,11 @@ ir_status model_llama_check(const model_llama_params *p, ir_diag *d) {
   if (p->head_dim % 2 || p->head_dim > 256)
     return ir_diag_set(d, IR_UNSUPPORTED, "head_dim %lld must be even and at most 256",
                        (long long)p->head_dim);
+  if (p->fused_proj && p->attention_bias)
+    return ir_diag_set(d, IR_UNSUPPORTED, "a fused qkv_proj with biases is not supported");
+  if (p->rot_dim < 0 || p->rot_dim % 2 || p->rot_dim > p->head_dim)
+    return ir_diag_set(d, IR_UNSUPPORTED, "rotary dims %lld must be even and at most head_dim "
+                       "%lld", (long long)p->rot_dim, (long long)p->head_dim);
   if (!(p->rms_norm_eps > 0) || !(p->rope_theta > 0))
     return ir_diag_set(d, IR_BAD_FORMAT, "rms_norm_eps and rope_theta must be positive");
   if (p->rope_scaling != MODEL_ROPE_DEFAULT && !(p->rope_factor >= 1.0 && p->rope_factor < 1e6))
@@ -83,6 +88,37 @@ static int32_t weight(builder *b, const char *name, int64_t d0, int64_t d1) {
   return id;
 }
 
+/* Rows [row0, row0 + rows) of checkpoint matrix `name` ([total, k]) as a weight of its own:
+ * a view of the stored bytes (rows are whole in every dtype the template takes). */
+static int32_t weight_rows(builder *b, const char *name, int64_t total, int64_t row0,
+                           int64_t rows, int64_t k, const char *view_name) {
+  if (b->st != IR_OK) return -1;
+  model_tensor t;
+  if (!b->src->find(b->src->ctx, name, &t)) {
+    b->st = ir_diag_set(b->d, IR_BAD_FORMAT, "checkpoint has no tensor '%s'", name);
+    return -1;
+  }
+  if (t.rank != 2 || t.shape[0] != total || t.shape[1] != k) {
+    b->st = ir_diag_set(b->d, IR_BAD_FORMAT, "tensor '%s' has shape [%lld,%lld], expected "
+                        "[%lld,%lld]", name, (long long)t.shape[0],
+                        t.rank > 1 ? (long long)t.shape[1] : 0LL, (long long)total, (long long)k);
+    return -1;
+  }
+  bool known = t.dtype == IR_F32 || t.dtype == IR_F16 || t.dtype == IR_BF16;
+  if (!known && !ir_dtype_is_quant(t.dtype)) {
+    b->st = ir_diag_set(b->d, IR_UNSUPPORTED, "tensor '%s' has dtype %s; expected f32, f16, "
+                        "bf16, q8_0, q4_0 or q4_1", name, ir_dtype_name(t.dtype));
+    return -1;
+  }
+  uint64_t row_bytes = t.nbytes / (uint64_t)total;
+  int64_t shape[2] = {rows, k};
+  int32_t id = ir_graph_add_weight(b->g, view_name, t.dtype, 2, shape,
+                                   (const uint8_t *)t.data + row_bytes * (uint64_t)row0,
+                                   row_bytes * (uint64_t)rows);
+  if (id < 0) b->st = ir_diag_set(b->d, IR_OOM, "out of memory");
+  return id;
+}
+
 static int32_t node(builder *b, ir_op op, const char *name, const int32_t *in, int n_in,
                     const ir_attr *attrs, int n_attrs) {
   if (b->st != IR_OK) return -1;
@@ -112,8 +148,13 @@ static int32_t mat_weight(builder *b, const char *name, int64_t n, int64_t k) {
 /* Frequency i of the rope: 1 / theta^(2i / head_dim), scaled as the config says
  * (transformers' _compute_linear_scaling / _compute_llama3_parameters), then divided by
  * the GGUF's factor for it if any. */
+/* The dims of a head the rope rotates (all of them unless partial). */
+static int64_t rot_dims(const model_llama_params *p) {
+  return p->rot_dim ? p->rot_dim : p->head_dim;
+}
+
 static double rope_freq(const model_llama_params *p, int64_t i) {
-  double inv = 1.0 / pow(p->rope_theta, (double)(2 * i) / (double)p->head_dim);
+  double inv = 1.0 / pow(p->rope_theta, (double)(2 * i) / (double)rot_dims(p));
   if (p->rope_scaling == MODEL_ROPE_LINEAR) inv /= p->rope_factor;
   if (p->rope_scaling == MODEL_ROPE_LLAMA3) {
     double ctx = (double)p->rope_orig_context, wavelen = 2.0 * M_PI / inv;
@@ -126,7 +167,7 @@ static double rope_freq(const model_llama_params *p, int64_t i) {
     }
   }
   if (p->rope_scaling == MODEL_ROPE_YARN) { /* transformers' _compute_yarn_parameters */
-    double dim = (double)p->head_dim, ctx = (double)p->rope_orig_context;
+    double dim = (double)rot_dims(p), ctx = (double)p->rope_orig_context;
     double lo = dim * log(ctx / (p->rope_beta_fast * 2.0 * M_PI)) / (2.0 * log(p->rope_theta));
     double hi = dim * log(ctx / (p->rope_beta_slow * 2.0 * M_PI)) / (2.0 * log(p->rope_theta));
     if (p->rope_yarn_truncate) lo = floor(lo), hi = ceil(hi);
@@ -143,7 +184,7 @@ static double rope_freq(const model_llama_params *p, int64_t i) {
 
 /* cos/sin of pos * inv_freq for every position, computed as HF does in f32 (rope_freq). */
 static int32_t rope_table(builder *b, int64_t max_pos) {
-  int64_t half = b->p->head_dim / 2;
+  int64_t half = rot_dims(b->p) / 2;
   float *cs = malloc((size_t)(max_pos * half * 2) * sizeof *cs);
   if (!cs || !ir_graph_adopt(b->g, cs)) {
     b->st = ir_diag_set(b->d, IR_OOM, "out of memory");
@@ -178,6 +219,19 @@ static int32_t proj(builder *b, int32_t x, const char *pre, const char *w, int64
   return node(b, IR_OP_MATMUL, node_name, in, bias ? 3 : 2, NULL, 0);
 }
 
+/* A projection whose weight is rows [row0, row0 + n) of the checkpoint's fused matrix
+ * pre+fused ([total, k]), named pre+w as its unfused form would be. */
+static int32_t proj_rows(builder *b, int32_t x, const char *pre, const char *fused,
+                         int64_t total, const char *w, int64_t row0, int64_t n, int64_t k,
+                         const char *node_name) {
+  char name[160], view[160];
+  snprintf(name, sizeof name, "%s%s.weight", pre, fused);
+  snprintf(view, sizeof view, "%s%s.weight", pre, w);
+  int32_t in[2] = {x, as_dtype(b, weight_rows(b, name, total, row0, n, k, view),
+                               b->bo->weight_dtype)};
+  return node(b, IR_OP_MATMUL, node_name, in, 2, NULL, 0);
+}
+
 static int32_t rms_norm(builder *b, int32_t x, int32_t w, const char *node_name) {
   int32_t in[2] = {x, w};
   ir_attr a = IR_AF(ir_attr_intern("eps"), b->p->rms_norm_eps);
@@ -188,7 +242,7 @@ static int32_t rope(builder *b, int32_t x, int64_t heads, const char *node_name)
   int32_t in[3] = {x, b->positions, b->rope_table};
   ir_attr a[4] = {IR_AI(ir_attr_intern("n_heads"), heads),
                   IR_AI(ir_attr_intern("head_dim"), b->p->head_dim),
-                  IR_AI(ir_attr_intern("rot_dim"), b->p->head_dim),
+                  IR_AI(ir_attr_intern("rot_dim"), rot_dims(b->p)),
                   IR_AI(ir_attr_intern("neox"), b->p->rope_interleaved ? 0 : 1)};
   return node(b, IR_OP_ROPE, node_name, in, 3, a, 4);
 }
@@ -209,9 +263,17 @@ static int32_t attention_block(builder *b, int32_t h, int64_t l, const char *pre
   for (int i = 0; i < 5; i++) snprintf(nm[i], sizeof nm[i], "l%lld.%s", (long long)l, parts[i]);
   char sa[160];
   snprintf(sa, sizeof sa, "%sself_attn.", pre);
-  int32_t q = proj(b, h, sa, "q_proj", qd, H, p->attention_bias, nm[0]);
-  int32_t k = proj(b, h, sa, "k_proj", kvd, H, p->attention_bias, nm[1]);
-  int32_t v = proj(b, h, sa, "v_proj", kvd, H, p->attention_bias, nm[2]);
+  int32_t q, k, v;
+  if (p->fused_proj) { /* Phi-3's qkv_proj: q rows, k rows, v rows */
+    int64_t all = qd + 2 * kvd;
+    q = proj_rows(b, h, sa, "qkv_proj", all, "q_proj", 0, qd, H, nm[0]);
+    k = proj_rows(b, h, sa, "qkv_proj", all, "k_proj", qd, kvd, H, nm[1]);
+    v = proj_rows(b, h, sa, "qkv_proj", all, "v_proj", qd + kvd, kvd, H, nm[2]);
+  } else {
+    q = proj(b, h, sa, "q_proj", qd, H, p->attention_bias, nm[0]);
+    k = proj(b, h, sa, "k_proj", kvd, H, p->attention_bias, nm[1]);
+    v = proj(b, h, sa, "v_proj", kvd, H, p->attention_bias, nm[2]);
+  }
   if (p->qk_norm) { /* one weight [head_dim] shared by the heads: rms_norm in slices */
     q = head_norm(b, q, sa, "q_norm", l);
     k = head_norm(b, k, sa, "k_norm", l);
@@ -237,8 +299,14 @@ static int32_t mlp_block(builder *b, int32_t h, int64_t l, const char *pre) {
   snprintf(nu, sizeof nu, "l%lld.up_proj", (long long)l);
   snprintf(ns, sizeof ns, "l%lld.swiglu", (long long)l);
   snprintf(nd, sizeof nd, "l%lld.down_proj", (long long)l);
-  int32_t gu[2] = {proj(b, h, mp, "gate_proj", F, H, false, ng),
-                   proj(b, h, mp, "up_proj", F, H, false, nu)};
+  int32_t gu[2];
+  if (b->p->fused_proj) { /* Phi-3's gate_up_proj: gate rows, then up rows */
+    gu[0] = proj_rows(b, h, mp, "gate_up_proj", 2 * F, "gate_proj", 0, F, H, ng);
+    gu[1] = proj_rows(b, h, mp, "gate_up_proj", 2 * F, "up_proj", F, F, H, nu);
+  } else {
+    gu[0] = proj(b, h, mp, "gate_proj", F, H, false, ng);
+    gu[1] = proj(b, h, mp, "up_proj", F, H, false, nu);
+  }
   int32_t m = node(b, IR_OP_SWIGLU, ns, gu, 2, NULL, 0);
   return proj(b, m, mp, "down_proj", H, F, false, nd);
 }

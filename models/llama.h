@@ -26,6 +26,7 @@ typedef struct model_llama_params {
   int64_t n_heads;
   int64_t n_kv_heads;
   int64_t head_dim; /* hidden_size / n_heads unless the config says otherwise */
+  int64_t rot_dim;  /* dims of each head the rope rotates (partial rotary), 0: head_dim */
   int64_t intermediate_size;
   int64_t max_position;
   double rms_norm_eps;
@@ -43,6 +44,8 @@ typedef struct model_llama_params {
   bool tie_word_embeddings;
   bool attention_bias; /* q/k/v projections carry a bias (Qwen2) */
   bool qk_norm;        /* q and k RMSNorm per head (weights [head_dim]) before rope (Qwen3) */
+  bool fused_proj;     /* the checkpoint stores self_attn.qkv_proj (q rows, k rows, v rows) and
+                          mlp.gate_up_proj (gate rows, up rows), as Phi-3: read as row views */
   bool rope_interleaved; /* rotate adjacent pairs (2i, 2i+1): GGUF llama, whose converter
                             permuted the q/k rows; false: rotate-half (i, i + d/2) as HF */
   int64_t bos_token_id;

@@ -561,9 +561,11 @@ int main(void) {
   attention_case(16, 16, 1);
   attention_case(16, 16, 0);
   attention_case(64, 32, 1); /* partial rotary */
-  /* qwen3: the q/k norms fold with the rope (a norm in slices of head_dim when unfused) */
-  const char *fx[4] = {"llama-gqa-f32", "qwen2-bias-bf16", "llama-mha-f16", "qwen3-qknorm-bf16"};
-  for (int i = 0; i < 4; i++) {
+  /* qwen3: the q/k norms fold with the rope (a norm in slices of head_dim when unfused);
+   * phi3: row views of the fused checkpoint matrices merged again, a partial rope */
+  const char *fx[5] = {"llama-gqa-f32", "qwen2-bias-bf16", "llama-mha-f16", "qwen3-qknorm-bf16",
+                       "phi3-fused-f32"};
+  for (int i = 0; i < 5; i++) {
     char src[1024];
     snprintf(src, sizeof src, "%s/%s", FIXTURES_DIR, fx[i]);
     compare_fusions(src, fx[i]);

@@ -114,7 +114,7 @@ static uint64_t write_kvs(gw *w, const model_llama_params *p) {
   KV("feed_forward_length", p->intermediate_size);
   KV("attention.head_count", p->n_heads);
   KV("attention.head_count_kv", p->n_kv_heads);
-  KV("rope.dimension_count", p->head_dim);
+  KV("rope.dimension_count", p->rot_dim ? p->rot_dim : p->head_dim);
 #undef KV
   snprintf(k, sizeof k, "%s.rope.freq_base", a);
   kv_f32(w, k, (float)p->rope_theta);
@@ -314,7 +314,8 @@ static void run_q8(const char *name) {
 
 int main(void) {
   const char *fixtures[] = {"llama-gqa-f32", "qwen2-bias-bf16", "llama-mha-f16",
-                            "qwen3-qknorm-bf16", "llama3-rope-f32", "qwen3-yarn-f32"};
+                            "qwen3-qknorm-bf16", "llama3-rope-f32", "qwen3-yarn-f32",
+                            "phi3-fused-f32"};
   for (size_t i = 0; i < sizeof fixtures / sizeof *fixtures; i++) run_fixture(fixtures[i]);
   run_q8("llama-gqa-f32");
   run_q8("qwen2-bias-bf16");

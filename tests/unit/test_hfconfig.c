@@ -189,6 +189,14 @@ static void test_base(void) {
         !p.rope_yarn_truncate);
   p = expect_ok("rope_scaling", "{\"rope_type\": \"default\"}");
   CHECK(p.rope_scaling == MODEL_ROPE_DEFAULT);
+  p = expect_ok("partial_rotary_factor", "0.5");
+  CHECK(p.rot_dim == 8 && p.head_dim == 16);
+  p = expect_ok("rope_parameters", "{\"rope_theta\": 1e4, \"partial_rotary_factor\": 0.25}");
+  CHECK(p.rot_dim == 4 && p.rope_theta == 1e4);
+  p = expect_ok("partial_rotary_factor", "1.0");
+  CHECK(p.rot_dim == 0);
+  p = expect_ok("model_type", "\"phi3\"");
+  CHECK(p.fused_proj && !p.qk_norm);
   p = expect_ok("model_type", "\"qwen3\"");
   CHECK(p.qk_norm && !p.attention_bias && !p.rope_interleaved);
 }
@@ -214,8 +222,10 @@ static void test_errors(void) {
   expect_error("rope_scaling", "{\"type\": \"dynamic\", \"factor\": 2.0}", IR_UNSUPPORTED,
                "rope_scaling", "dynamic");
   expect_error("rope_scaling", "{\"type\": \"linear\"}", IR_BAD_FORMAT, "rope_scaling", "factor");
-  expect_error("partial_rotary_factor", "0.5", IR_UNSUPPORTED, "partial_rotary_factor", NULL);
-  expect_error("rope_parameters", "{\"rope_theta\": 1e4, \"partial_rotary_factor\": 0.25}",
+  expect_error("partial_rotary_factor", "0.1875", IR_UNSUPPORTED, "partial_rotary_factor",
+               "3 rotary dims"); /* 16 * 0.1875 = 3: odd */
+  expect_error("partial_rotary_factor", "1.5", IR_UNSUPPORTED, "partial_rotary_factor", NULL);
+  expect_error("rope_parameters", "{\"rope_theta\": 1e4, \"partial_rotary_factor\": 0.0625}",
                IR_UNSUPPORTED, "rope_parameters", "partial_rotary_factor");
   expect_error("rope_scaling", "{\"type\": \"linear\", \"factor\": 0.5}", IR_BAD_FORMAT,
                "factor", NULL);

@@ -144,7 +144,8 @@ static void run_fixture(const char *name) {
 
 int main(void) {
   const char *fixtures[] = {"llama-gqa-f32", "qwen2-bias-bf16", "llama-mha-f16",
-                            "qwen3-qknorm-bf16", "llama3-rope-f32", "qwen3-yarn-f32"};
+                            "qwen3-qknorm-bf16", "llama3-rope-f32", "qwen3-yarn-f32",
+                            "phi3-fused-f32"};
   for (size_t i = 0; i < sizeof fixtures / sizeof *fixtures; i++) run_fixture(fixtures[i]);
   return tcheck_done("oracle");
 }
