@@ -14,10 +14,11 @@ How to run (Debian bookworm, as root):
 
 Use /usr/bin/python3 explicitly: Debian's torch is only importable from the
 system interpreter, not from a pyenv / venv python found earlier on PATH.
-The Qwen3 fixture needs transformers >= 4.51 (torch >= 2): made in a scratch venv
+The fixtures after llama-mha-f16 (Qwen3, rope_parameters with llama3 / yarn scaling,
+Phi-3 with partial rotary) need transformers 5 (torch >= 2): made in a scratch venv
 (`python3 -m venv V && V/bin/pip install torch transformers safetensors`, torch
-2.15, transformers 5.24) with `V/bin/python tools/gen_fixtures.py --only
-qwen3-qknorm-bf16`; that transformers writes rope_parameters and layer_types.
+2.15, transformers 5.24) with `V/bin/python tools/gen_fixtures.py --only NAME`; that
+transformers writes rope_parameters and layer_types.
 Do not pip-install torch (it pulls gigabytes of CUDA libraries).
 
 For every fixture the script:
