@@ -170,11 +170,31 @@ static void gl_vocab(gl_reader *r, model_llama_params *p) {
   p->eos_token_id = gl_int(r, "tokenizer.ggml.eos_token_id", false, -1);
 }
 
+/* Longrope's factors: tensor t, n positive f32 values, into out. */
+static bool gl_factors(gl_reader *r, const infc_gguf_tensor *t, const char *name, int64_t n,
+                       float *out) {
+  if (!t || t->dtype != IR_F32 || t->rank != 1 || t->shape[0] != n) {
+    r->st = ir_diag_set(r->d, IR_BAD_FORMAT, "%s: tensor '%s' must be %lld f32 values (one per "
+                        "rotated pair), with its long/short twin", infc_gguf_path(r->g), name,
+                        (long long)n);
+    return false;
+  }
+  memcpy(out, t->data, (size_t)n * sizeof *out);
+  for (int64_t i = 0; i < n; i++)
+    if (!(out[i] > 0)) {
+      r->st = ir_diag_set(r->d, IR_BAD_FORMAT, "%s: tensor '%s' holds a factor that is not "
+                          "positive", infc_gguf_path(r->g), name);
+      return false;
+    }
+  return true;
+}
+
 /* The rope's scaling as llama.cpp's converter writes it: rope.scaling.type linear with
  * rope.scaling.factor; yarn with the factor, rope.scaling.original_context_length and
  * optionally rope.scaling.attn_factor (llama.cpp's ramp over beta 32..1, cos/sin scaled by
- * attn_factor * (1 + 0.1 ln factor)); or (Llama 3.1's scaling) a rope_freqs.weight tensor
- * of head_dim / 2 f32 divisors of the frequencies. */
+ * attn_factor * (1 + 0.1 ln factor)); longrope (Phi-3.5 / 4) as rope_factors_long and
+ * rope_factors_short tensors with rope.scaling.original_context_length and attn_factor; or
+ * (Llama 3.1's scaling) a rope_freqs.weight tensor of f32 divisors of the frequencies. */
 static void gl_rope_scaling(gl_reader *r, model_llama_params *p) {
   const infc_gguf_kv *kv = infc_gguf_kv_find(r->g, gl_key(r, "rope.scaling.type"));
   if (kv && kv->value.type != INFC_GGUF_STRING) {
@@ -198,12 +218,23 @@ static void gl_rope_scaling(gl_reader *r, model_llama_params *p) {
              (int)(kv->value.str.len > 32 ? 32 : kv->value.str.len), kv->value.str.ptr);
     gl_refuse(r, what);
   }
-  if (r->st == IR_OK && (infc_gguf_tensor_find(r->g, "rope_factors_long.weight") ||
-                         infc_gguf_tensor_find(r->g, "rope_factors_short.weight")))
-    gl_refuse(r, "longrope scaling (rope_factors_long / rope_factors_short)");
+  int64_t rot = p->rot_dim ? p->rot_dim : p->head_dim;
+  const infc_gguf_tensor *fl = infc_gguf_tensor_find(r->g, "rope_factors_long.weight");
+  const infc_gguf_tensor *fs = infc_gguf_tensor_find(r->g, "rope_factors_short.weight");
+  if (r->st == IR_OK && (fl || fs)) { /* longrope, as llama.cpp's phi3 converter writes it */
+    if (!gl_factors(r, fl, "rope_factors_long.weight", rot / 2, p->rope_long) ||
+        !gl_factors(r, fs, "rope_factors_short.weight", rot / 2, p->rope_short))
+      return;
+    p->rope_scaling = MODEL_ROPE_LONGROPE;
+    p->rope_orig_context = gl_int(r, gl_key(r, "rope.scaling.original_context_length"), true, 0);
+    double f = p->rope_orig_context > 1 ? (double)p->max_position / (double)p->rope_orig_context
+                                        : 1.0;
+    p->rope_attn_factor =
+        gl_float(r, gl_key(r, "rope.scaling.attn_factor"), false,
+                 f > 1.0 ? sqrt(1.0 + log(f) / log((double)p->rope_orig_context)) : 1.0);
+  }
   const infc_gguf_tensor *t = infc_gguf_tensor_find(r->g, "rope_freqs.weight");
   if (r->st != IR_OK || !t) return;
-  int64_t rot = p->rot_dim ? p->rot_dim : p->head_dim;
   if (t->dtype != IR_F32 || t->rank != 1 || t->shape[0] * 2 != rot)
     r->st = ir_diag_set(r->d, IR_BAD_FORMAT, "%s: tensor 'rope_freqs.weight' must be %lld f32 "
                         "values (one per rotated pair)", infc_gguf_path(r->g), (long long)(rot / 2));

@@ -68,6 +68,25 @@ static const char *get_str(cfg_reader *r, const char *key) {
   return v->valuestring;
 }
 
+/* A list of exactly n positive numbers (longrope's factors) into out. */
+static void get_factors(cfg_reader *r, const char *key, int64_t n, float *out) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(r->root, key), *e;
+  if (r->st != IR_OK) return;
+  if (!cJSON_IsArray(v) || cJSON_GetArraySize(v) != n) {
+    r->st = ir_diag_set(r->d, IR_BAD_FORMAT, "key '%s' must be a list of %lld numbers (one per "
+                        "rotated pair)", key, (long long)n);
+    return;
+  }
+  int64_t i = 0;
+  cJSON_ArrayForEach(e, v) {
+    if (!cJSON_IsNumber(e) || !(e->valuedouble > 0)) {
+      r->st = ir_diag_set(r->d, IR_BAD_FORMAT, "key '%s' must hold positive numbers", key);
+      return;
+    }
+    out[i++] = (float)e->valuedouble;
+  }
+}
+
 /* partial_rotary_factor (top level, or in rope_parameters): the rope turns the first
  * int(head_dim * factor) dims of each head (transformers' dim), which must be even. */
 static void read_partial_rotary(cfg_reader *r, model_llama_params *p) {
@@ -101,10 +120,10 @@ static void read_rope(cfg_reader *r, const char *key, model_llama_params *p) {
   const char *t = get_str(&sub, "rope_type");
   if (!t && sub.st == IR_OK) t = get_str(&sub, "type");
   bool linear = t && !strcmp(t, "linear"), llama3 = t && !strcmp(t, "llama3");
-  bool yarn = t && !strcmp(t, "yarn");
-  if (sub.st == IR_OK && t && strcmp(t, "default") && !linear && !llama3 && !yarn) {
+  bool yarn = t && !strcmp(t, "yarn"), longrope = t && !strcmp(t, "longrope");
+  if (sub.st == IR_OK && t && strcmp(t, "default") && !linear && !llama3 && !yarn && !longrope) {
     r->st = ir_diag_set(r->d, IR_UNSUPPORTED, "%s type '%s' is not supported yet (supported: "
-                        "default, linear, llama3, yarn)", key, t);
+                        "default, linear, llama3, yarn, longrope)", key, t);
     return;
   }
   p->rope_theta = get_num(&sub, "rope_theta", false, p->rope_theta);
@@ -129,6 +148,19 @@ static void read_rope(cfg_reader *r, const char *key, model_llama_params *p) {
     p->rope_low_freq = get_num(&sub, "low_freq_factor", true, 0);
     p->rope_high_freq = get_num(&sub, "high_freq_factor", true, 0);
     p->rope_orig_context = get_int(&sub, "original_max_position_embeddings", true, 0);
+  }
+  if (longrope) { /* transformers' _compute_longrope_parameters; Phi-3 keeps the original
+                     context at the top level (transformers 4) */
+    p->rope_scaling = MODEL_ROPE_LONGROPE;
+    int64_t orig = get_int(r, "original_max_position_embeddings", false, 0);
+    p->rope_orig_context = get_int(&sub, "original_max_position_embeddings", !orig, orig);
+    int64_t pairs = (p->rot_dim ? p->rot_dim : p->head_dim) / 2;
+    get_factors(&sub, "long_factor", pairs, p->rope_long);
+    get_factors(&sub, "short_factor", pairs, p->rope_short);
+    double ctx = (double)p->rope_orig_context;
+    double f = get_num(&sub, "factor", false, ctx > 0 ? (double)p->max_position / ctx : 1.0);
+    p->rope_attn_factor = get_num(&sub, "attention_factor", false,
+                                  f <= 1.0 || ctx <= 1.0 ? 1.0 : sqrt(1.0 + log(f) / log(ctx)));
   }
   if (sub.st != IR_OK) {
     ir_diag_prefix(r->d, "%s", key);

@@ -33,9 +33,14 @@ ir_status model_llama_check(const model_llama_params *p, ir_diag *d) {
                        "%lld", (long long)p->rot_dim, (long long)p->head_dim);
   if (!(p->rms_norm_eps > 0) || !(p->rope_theta > 0))
     return ir_diag_set(d, IR_BAD_FORMAT, "rms_norm_eps and rope_theta must be positive");
-  if (p->rope_scaling != MODEL_ROPE_DEFAULT && !(p->rope_factor >= 1.0 && p->rope_factor < 1e6))
+  if (p->rope_scaling != MODEL_ROPE_DEFAULT && p->rope_scaling != MODEL_ROPE_LONGROPE &&
+      !(p->rope_factor >= 1.0 && p->rope_factor < 1e6))
     return ir_diag_set(d, IR_BAD_FORMAT, "rope scaling factor %g must be at least 1",
                        p->rope_factor);
+  if (p->rope_scaling == MODEL_ROPE_LONGROPE && !(p->rope_orig_context > 0 &&
+                                                   p->rope_attn_factor > 0))
+    return ir_diag_set(d, IR_BAD_FORMAT, "longrope scaling needs original_max_position_"
+                       "embeddings and an attention factor > 0");
   if (p->rope_scaling == MODEL_ROPE_YARN &&
       !(p->rope_orig_context > 0 && p->rope_beta_fast > 0 && p->rope_beta_slow > 0 &&
         p->rope_attn_factor > 0))
@@ -153,8 +158,10 @@ static int64_t rot_dims(const model_llama_params *p) {
   return p->rot_dim ? p->rot_dim : p->head_dim;
 }
 
-static double rope_freq(const model_llama_params *p, int64_t i) {
+static double rope_freq(const model_llama_params *p, int64_t i, int64_t max_pos) {
   double inv = 1.0 / pow(p->rope_theta, (double)(2 * i) / (double)rot_dims(p));
+  if (p->rope_scaling == MODEL_ROPE_LONGROPE)
+    inv /= (double)(max_pos > p->rope_orig_context ? p->rope_long : p->rope_short)[i];
   if (p->rope_scaling == MODEL_ROPE_LINEAR) inv /= p->rope_factor;
   if (p->rope_scaling == MODEL_ROPE_LLAMA3) {
     double ctx = (double)p->rope_orig_context, wavelen = 2.0 * M_PI / inv;
@@ -190,10 +197,12 @@ static int32_t rope_table(builder *b, int64_t max_pos) {
     b->st = ir_diag_set(b->d, IR_OOM, "out of memory");
     return -1;
   }
-  /* YaRN scales cos and sin (HF's attention_scaling, in f32); 1 leaves them exact */
-  float scale = b->p->rope_scaling == MODEL_ROPE_YARN ? (float)b->p->rope_attn_factor : 1.0f;
+  /* YaRN and longrope scale cos and sin (HF's attention_scaling, in f32); 1 keeps them */
+  model_rope_scaling sc = b->p->rope_scaling;
+  float scale = sc == MODEL_ROPE_YARN || sc == MODEL_ROPE_LONGROPE ? (float)b->p->rope_attn_factor
+                                                                   : 1.0f;
   for (int64_t i = 0; i < half; i++) {
-    float inv = (float)rope_freq(b->p, i);
+    float inv = (float)rope_freq(b->p, i, max_pos);
     for (int64_t pos = 0; pos < max_pos; pos++) {
       float f = (float)pos * inv;
       cs[(pos * half + i) * 2] = cosf(f) * scale;

@@ -16,7 +16,13 @@ typedef enum model_rope_scaling {
   MODEL_ROPE_LLAMA3 = 2, /* Llama 3.1: low frequencies / factor, a smooth ramp to the high */
   MODEL_ROPE_YARN = 3,   /* YaRN: frequency pairs ramp from kept (fast) to / factor (slow),
                             cos and sin scaled by the attention factor */
+  MODEL_ROPE_LONGROPE = 4, /* Phi-3.5 / Phi-4: each frequency / its long factor where the
+                              plan's context exceeds the original one, else / its short
+                              factor (vLLM's and llama.cpp's choice; transformers switches
+                              per sequence length); cos, sin scaled by the attention factor */
 } model_rope_scaling;
+
+#define MODEL_ROPE_MAX_FACTORS 128 /* longrope factors: one per rotated pair (head_dim <= 256) */
 
 typedef struct model_llama_params {
   char arch[32];
@@ -37,7 +43,8 @@ typedef struct model_llama_params {
   int64_t rope_orig_context;           /* llama3, yarn: original_max_position_embeddings */
   double rope_beta_fast, rope_beta_slow; /* yarn: the ramp's ends in rotations (32, 1) */
   bool rope_yarn_truncate;             /* yarn: the ramp's ends rounded outwards (true) */
-  double rope_attn_factor;             /* yarn: cos/sin scale (1 + 0.1 ln factor by default) */
+  double rope_attn_factor;             /* yarn, longrope: cos/sin scale */
+  float rope_long[MODEL_ROPE_MAX_FACTORS], rope_short[MODEL_ROPE_MAX_FACTORS]; /* longrope */
   const float *rope_freq_factors;      /* GGUF rope_freqs.weight: (head_dim / 2) divisors of
                                           the frequencies (llama.cpp's form of llama3), or
                                           NULL; read while the graph is built */

@@ -128,6 +128,13 @@ static uint64_t write_kvs(gw *w, const model_llama_params *p) {
     kv_u32(w, k, (uint32_t)p->head_dim);
     n += 2;
   }
+  if (p->rope_scaling == MODEL_ROPE_LONGROPE) { /* the factors are tensors */
+    snprintf(k, sizeof k, "%s.rope.scaling.original_context_length", a);
+    kv_u32(w, k, (uint32_t)p->rope_orig_context);
+    snprintf(k, sizeof k, "%s.rope.scaling.attn_factor", a);
+    kv_f32(w, k, (float)p->rope_attn_factor);
+    n += 2;
+  }
   if (p->rope_scaling == MODEL_ROPE_YARN) { /* as the converter: type, factor, context */
     snprintf(k, sizeof k, "%s.rope.scaling.type", a);
     kv_str(w, k, "yarn");
@@ -183,7 +190,7 @@ static bool convert_fixture(const char *name, const char *out, bool q8) {
   if (!ok) return false;
   size_t n = infc_st_count(c.st), nt = n;
   c.bufs = calloc(n, sizeof *c.bufs);
-  gw_tensor *ts = calloc(n + 1, sizeof *ts);
+  gw_tensor *ts = calloc(n + 2, sizeof *ts);
   char(*names)[128] = calloc(n, sizeof *names);
   for (size_t i = 0; i < n; i++) ts[i] = convert_tensor(&c, i, names[i], sizeof names[i]);
   float *factors = c.p.rope_scaling == MODEL_ROPE_LLAMA3 ? llama3_rope_factors(&c.p) : NULL;
@@ -191,6 +198,13 @@ static bool convert_fixture(const char *name, const char *out, bool q8) {
     ts[nt++] = (gw_tensor){.name = "rope_freqs.weight", .type = 0, .rank = 1,
                            .ne = {(uint64_t)c.p.head_dim / 2}, .data = factors,
                            .nbytes = (size_t)c.p.head_dim / 2 * sizeof *factors};
+  uint64_t pairs = (uint64_t)(c.p.rot_dim ? c.p.rot_dim : c.p.head_dim) / 2;
+  if (c.p.rope_scaling == MODEL_ROPE_LONGROPE) {
+    ts[nt++] = (gw_tensor){.name = "rope_factors_long.weight", .type = 0, .rank = 1,
+                           .ne = {pairs}, .data = c.p.rope_long, .nbytes = pairs * 4};
+    ts[nt++] = (gw_tensor){.name = "rope_factors_short.weight", .type = 0, .rank = 1,
+                           .ne = {pairs}, .data = c.p.rope_short, .nbytes = pairs * 4};
+  }
   gw w = {0}, kv = {0};
   uint64_t n_kv = write_kvs(&kv, &c.p);
   gw_header(&w, 3, nt, n_kv);
@@ -211,11 +225,13 @@ static bool convert_fixture(const char *name, const char *out, bool q8) {
 /* ---- running ------------------------------------------------------------------------- */
 
 /* act: the act_dtype option (int8 activations of block-quantized matmuls, or f32). */
-static irt_model *build_and_open(const char *gguf, const char *dtype, const char *act) {
+static irt_model *build_and_open(const char *gguf, const char *dtype, const char *act,
+                                 int64_t max_context) {
   char plan[1100];
-  snprintf(plan, sizeof plan, "%s.%s.%s.plan", gguf, dtype, act);
+  snprintf(plan, sizeof plan, "%s.%s.%s.%lld.plan", gguf, dtype, act, (long long)max_context);
   infc_options o = infc_options_default();
   o.model.max_tokens = 64;
+  o.model.max_context = max_context;
   ir_diag d = {0};
   infc_build_report rep = {0};
   ir_status st = infc_options_set(&o, "dtype", dtype, &d);
@@ -257,7 +273,7 @@ static void run_fixture(const char *name) {
   cJSON *o = load_oracle(name);
   CHECKF(o != NULL, "%s: cannot read oracle.json", name);
   irt_model *m =
-      o && convert_fixture(name, gguf, false) ? build_and_open(gguf, "auto", "auto") : NULL;
+      o && convert_fixture(name, gguf, false) ? build_and_open(gguf, "auto", "auto", 0) : NULL;
   if (!m) {
     cJSON_Delete(o);
     return;
@@ -292,7 +308,8 @@ static void run_q8(const char *name) {
   char gguf[1024];
   snprintf(gguf, sizeof gguf, "%s/gguf-q8-%s.gguf", TEST_TMP_DIR, name);
   if (!convert_fixture(name, gguf, true)) return;
-  irt_model *mq = build_and_open(gguf, "auto", "f32"), *mf = build_and_open(gguf, "f32", "f32");
+  irt_model *mq = build_and_open(gguf, "auto", "f32", 0),
+            *mf = build_and_open(gguf, "f32", "f32", 0);
   if (mq && mf) {
     static const int32_t ids[12] = {1, 17, 99, 4, 250, 3, 3, 64, 128, 7, 200, 11};
     int64_t V = irt_model_get_info(mq)->vocab_size;
@@ -312,6 +329,28 @@ static void run_q8(const char *name) {
   irt_model_close(mf);
 }
 
+/* Longrope from the GGUF form (tmodel_longrope_check): the converter's factor tensors. */
+static void run_longrope(const char *name, int64_t orig) {
+  char gguf[1024];
+  snprintf(gguf, sizeof gguf, "%s/gguf-oracle-%s.gguf", TEST_TMP_DIR, name);
+  cJSON *o = load_oracle(name);
+  CHECKF(o != NULL, "%s: cannot read oracle.json", name);
+  bool ok = o && convert_fixture(name, gguf, false);
+  irt_model *ms = ok ? build_and_open(gguf, "auto", "auto", orig) : NULL;
+  irt_model *ml = ok ? build_and_open(gguf, "auto", "auto", 0) : NULL;
+  if (ms && ml) {
+    int n_short = 0, n_long = 0;
+    double worst = tmodel_longrope_check(ms, ml, cJSON_GetObjectItem(o, "prompts"),
+                                         cJSON_GetObjectItem(o, "logits"), orig, TOL, name,
+                                         &n_short, &n_long);
+    printf("%s (gguf): %d prompts (%d on the short factors), max relative logit error vs "
+           "transformers %.3g\n", name, n_short + n_long, n_short, worst);
+  }
+  irt_model_close(ms);
+  irt_model_close(ml);
+  cJSON_Delete(o);
+}
+
 int main(void) {
   const char *fixtures[] = {"llama-gqa-f32", "qwen2-bias-bf16", "llama-mha-f16",
                             "qwen3-qknorm-bf16", "llama3-rope-f32", "qwen3-yarn-f32",
@@ -320,5 +359,6 @@ int main(void) {
   run_q8("llama-gqa-f32");
   run_q8("qwen2-bias-bf16");
   run_q8("qwen3-qknorm-bf16");
+  run_longrope("phi3-longrope-f32", 16);
   return tcheck_done("gguf_oracle");
 }

@@ -39,11 +39,14 @@ static bool load_oracle(const char *dir, oracle *o) {
 }
 
 
-static irt_model *build_and_open(const char *name, const char *fixture) {
+/* max_context: the plan's context (0: the model's). */
+static irt_model *build_and_open(const char *name, const char *fixture, int64_t max_context) {
   char plan[1024];
-  snprintf(plan, sizeof plan, "%s/oracle-%s.plan", TEST_TMP_DIR, name);
+  snprintf(plan, sizeof plan, "%s/oracle-%s-%lld.plan", TEST_TMP_DIR, name,
+           (long long)max_context);
   infc_options o = infc_options_default();
   o.model.max_tokens = 64; /* small steps so the chunked path is exercised too */
+  o.model.max_context = max_context;
   ir_diag d = {0};
   ir_status st = infc_build(fixture, &o, plan, NULL, NULL, &d);
   CHECKF(st == IR_OK, "build %s: %s", name, d.msg);
@@ -116,7 +119,7 @@ static void run_fixture(const char *name) {
   snprintf(dir, sizeof dir, "%s/%s", FIXTURES_DIR, name);
   oracle o = {0};
   CHECKF(load_oracle(dir, &o), "%s: cannot read oracle.json", name);
-  irt_model *m = o.root ? build_and_open(name, dir) : NULL;
+  irt_model *m = o.root ? build_and_open(name, dir, 0) : NULL;
   if (!m) {
     cJSON_Delete(o.root);
     return;
@@ -142,10 +145,32 @@ static void run_fixture(const char *name) {
   cJSON_Delete(o.root);
 }
 
+/* Longrope (tmodel_longrope_check): a plan of the original context for the short prompts,
+ * one of the model's 256 positions for the long one. */
+static void run_longrope(const char *name, int64_t orig) {
+  char dir[1024];
+  snprintf(dir, sizeof dir, "%s/%s", FIXTURES_DIR, name);
+  oracle o = {0};
+  CHECKF(load_oracle(dir, &o), "%s: cannot read oracle.json", name);
+  irt_model *ms = o.root ? build_and_open(name, dir, orig) : NULL;
+  irt_model *ml = o.root ? build_and_open(name, dir, 0) : NULL;
+  int n_short = 0, n_long = 0;
+  if (ms && ml) {
+    double worst = tmodel_longrope_check(ms, ml, o.prompts, o.logits, orig, TOL, name, &n_short,
+                                         &n_long);
+    printf("%s: %d prompts (%d on the short factors), max relative logit error vs "
+           "transformers %.3g\n", name, n_short + n_long, n_short, worst);
+  }
+  irt_model_close(ms);
+  irt_model_close(ml);
+  cJSON_Delete(o.root);
+}
+
 int main(void) {
   const char *fixtures[] = {"llama-gqa-f32", "qwen2-bias-bf16", "llama-mha-f16",
                             "qwen3-qknorm-bf16", "llama3-rope-f32", "qwen3-yarn-f32",
                             "phi3-fused-f32"};
   for (size_t i = 0; i < sizeof fixtures / sizeof *fixtures; i++) run_fixture(fixtures[i]);
+  run_longrope("phi3-longrope-f32", 16);
   return tcheck_done("oracle");
 }

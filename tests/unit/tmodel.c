@@ -3,6 +3,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "tcheck.h"
 #include "tref.h"
@@ -88,4 +89,36 @@ int tref_matmul_ok(const float *y, const float *x, const float *w, const float *
       ok &= fabs(y[i * n + j] - ref) <= rel * mag + 1e-6;
     }
   return ok;
+}
+
+double tmodel_longrope_check(irt_model *ms, irt_model *ml, const cJSON *prompts,
+                             const cJSON *logits, int64_t orig, double tol, const char *name,
+                             int *n_short, int *n_long) {
+  const cJSON *p;
+  int np = 0;
+  double worst = 0;
+  *n_short = *n_long = 0;
+  int64_t V = irt_model_get_info(ml)->vocab_size;
+  cJSON_ArrayForEach(p, prompts) {
+    int32_t ids[64];
+    int64_t n = tmodel_json_ids(p, ids, 64), rows = 0;
+    bool lng = n > orig, short_row = false;
+    float *lg = tmodel_prompt_logits(lng ? ml : ms, ids, n);
+    double w = tmodel_max_rel_error(lg, cJSON_GetArrayItem(logits, np), V, &rows, &short_row);
+    CHECKF(!short_row && rows == n && w <= tol, "%s: prompt %d (%s factors): logits differ "
+           "from transformers by %.3g, tolerance %g", name, np, lng ? "long" : "short", w, tol);
+    if (w > worst) worst = w;
+    if (lng) {
+      float *other = tmodel_prompt_logits(ms, ids, orig);
+      CHECKF(memcmp(other, lg, (size_t)(orig * V) * sizeof *lg) != 0,
+             "%s: the long and short factors gave the same logits", name);
+      free(other);
+    }
+    *n_long += lng, *n_short += !lng;
+    free(lg);
+    np++;
+  }
+  CHECKF(*n_short > 0 && *n_long > 0, "%s: %d short and %d long prompts", name, *n_short,
+         *n_long);
+  return worst;
 }

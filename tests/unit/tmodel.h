@@ -22,5 +22,13 @@ double tmodel_max_rel_error(const float *lg, const cJSON *rows, int64_t V, int64
                             bool *out_short);
 /* Up to cap integers of a JSON array; returns how many. */
 int64_t tmodel_json_ids(const cJSON *arr, int32_t *out, int64_t cap);
+/* Longrope: transformers takes the short factors for a sequence within the original context
+ * (orig positions) and the long ones past it; a plan takes them by its own context. Each
+ * oracle prompt's logits on the plan of its side (ms: context orig, ml: past it) against
+ * the oracle's rows, within tol (CHECKs); the two plans must differ on a long prompt's first
+ * orig positions. Returns the worst relative error; counts the prompts of each side. */
+double tmodel_longrope_check(irt_model *ms, irt_model *ml, const cJSON *prompts,
+                             const cJSON *logits, int64_t orig, double tol, const char *name,
+                             int *n_short, int *n_long);
 
 #endif
