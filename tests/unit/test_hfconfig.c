@@ -187,6 +187,13 @@ static void test_base(void) {
                 "\"mscale_all_dim\": 1.0, \"beta_fast\": 16, \"truncate\": false}");
   CHECK(p.rope_attn_factor == 1.0 && p.rope_orig_context == 512 && p.rope_beta_fast == 16.0 &&
         !p.rope_yarn_truncate);
+  /* Phi-3.5's rope_scaling: the attention factor from max_position / original (512 / 128) */
+  p = expect_ok("rope_scaling", "{\"type\": \"longrope\", \"long_factor\": [1, 2, 3, 4, 5, 6, 7, 8], "
+                "\"short_factor\": [1, 1, 1, 1, 1, 1, 1, 1.5], \"original_max_position_embeddings\": "
+                "128}");
+  CHECK(p.rope_scaling == MODEL_ROPE_LONGROPE && p.rope_orig_context == 128 &&
+        p.rope_long[7] == 8.0f && p.rope_short[7] == 1.5f &&
+        fabs(p.rope_attn_factor - sqrt(1.0 + log(4.0) / log(128.0))) < 1e-12);
   p = expect_ok("rope_scaling", "{\"rope_type\": \"default\"}");
   CHECK(p.rope_scaling == MODEL_ROPE_DEFAULT);
   p = expect_ok("partial_rotary_factor", "0.5");
@@ -215,8 +222,14 @@ static void test_errors(void) {
   expect_error("model_type", "\"gpt2\"", IR_UNSUPPORTED, "gpt2", NULL);
   expect_error("rope_scaling", "{\"rope_type\": \"llama3\", \"factor\": 8.0}", IR_BAD_FORMAT,
                "rope_scaling", "low_freq_factor");
-  expect_error("rope_scaling", "{\"rope_type\": \"longrope\", \"factor\": 4.0}", IR_UNSUPPORTED,
-               "rope_scaling", "longrope");
+  expect_error("rope_scaling", "{\"rope_type\": \"longrope\", \"factor\": 4.0}", IR_BAD_FORMAT,
+               "rope_scaling", "original_max_position_embeddings");
+  expect_error("rope_scaling", "{\"type\": \"longrope\", \"original_max_position_embeddings\": 64, "
+               "\"long_factor\": [1, 2], \"short_factor\": [1, 1]}", IR_BAD_FORMAT, "long_factor",
+               "8 numbers"); /* head_dim 16: 8 rotated pairs */
+  expect_error("rope_scaling", "{\"type\": \"longrope\", \"original_max_position_embeddings\": 64, "
+               "\"long_factor\": [1, 1, 1, 1, 1, 1, 1, 0], \"short_factor\": [1, 1, 1, 1, 1, 1, 1, "
+               "1]}", IR_BAD_FORMAT, "long_factor", "positive");
   expect_error("rope_scaling", "{\"rope_type\": \"yarn\", \"factor\": 4.0, \"beta_fast\": -1}",
                IR_BAD_FORMAT, "yarn", NULL);
   expect_error("rope_scaling", "{\"type\": \"dynamic\", \"factor\": 2.0}", IR_UNSUPPORTED,
