@@ -6,8 +6,13 @@
 
 #include "chat_template.h"
 
-static const char *const k_names[] = {"unknown", "chatml", "llama3",   "mistral", "llama2",
-                                      "gemma",   "phi3",   "llama3.1", "qwen3"};
+/* DeepSeek's special tokens spell their bars and spaces as U+FF5C and U+2581. */
+#define FW_BAR "\xef\xbd\x9c"
+#define SP "\xe2\x96\x81"
+
+static const char *const k_names[] = {"unknown", "chatml",   "llama3", "mistral",
+                                      "llama2",  "gemma",    "phi3",   "llama3.1",
+                                      "qwen3",   "deepseek-r1"};
 
 const char *irt_chat_kind_name(irt_chat_kind k) {
   return (unsigned)k < sizeof k_names / sizeof *k_names ? k_names[k] : "unknown";
@@ -46,8 +51,13 @@ ir_status irt_chat_template_detect(const char *src, irt_chat_template *out, ir_d
   memset(out, 0, sizeof *out);
   if (!src || !*src)
     return ir_diag_set(d, IR_UNSUPPORTED, "the model has no chat template; pass --chat-template "
-                       "NAME (chatml, qwen3, llama3, llama3.1, mistral, llama2, gemma, phi3)");
-  if (strstr(src, "<|im_start|>") && strstr(src, "<think>") && strstr(src, "enable_thinking")) {
+                       "NAME (chatml, qwen3, deepseek-r1, llama3, llama3.1, mistral, llama2, "
+                       "gemma, phi3)");
+  if (strstr(src, "<" FW_BAR "User" FW_BAR ">") &&
+      strstr(src, "<" FW_BAR "Assistant" FW_BAR ">")) {
+    out->kind = IRT_CHAT_DEEPSEEK_R1;
+  } else if (strstr(src, "<|im_start|>") && strstr(src, "<think>") &&
+             strstr(src, "enable_thinking")) {
     out->kind = IRT_CHAT_QWEN3;
   } else if (strstr(src, "<|im_start|>")) {
     out->kind = IRT_CHAT_CHATML;
@@ -67,12 +77,14 @@ ir_status irt_chat_template_detect(const char *src, irt_chat_template *out, ir_d
     out->kind = IRT_CHAT_MISTRAL;
   } else {
     return ir_diag_set(d, IR_UNSUPPORTED, "the model's chat template is not one the engine can "
-                       "render; pass --chat-template NAME (chatml, qwen3, llama3, llama3.1, "
-                       "mistral, llama2, gemma, phi3)");
+                       "render; pass --chat-template NAME (chatml, qwen3, deepseek-r1, "
+                       "llama3, llama3.1, mistral, llama2, gemma, phi3)");
   }
   const char *bos = out->kind == IRT_CHAT_LLAMA3 || out->kind == IRT_CHAT_LLAMA31
                         ? "<|begin_of_text|>"
                     : out->kind == IRT_CHAT_GEMMA ? "<bos>"
+                    : out->kind == IRT_CHAT_DEEPSEEK_R1
+                        ? "<" FW_BAR "begin" SP "of" SP "sentence" FW_BAR ">"
                     : out->kind == IRT_CHAT_MISTRAL || out->kind == IRT_CHAT_LLAMA2 ? "<s>"
                                                                                     : "";
   if (strstr(src, "bos_token")) snprintf(out->bos, sizeof out->bos, "%s", bos);
@@ -193,6 +205,39 @@ static void render_qwen3(const irt_chat_template *t, const irt_chat_msg *m, size
                                  : "<|im_start|>assistant\n");
 }
 
+/* DeepSeek-R1's template: BOS and the (last) system message's text, user turns after
+ * <｜User｜>, assistant turns after <｜Assistant｜> with their thoughts (up to the last
+ * </think>) dropped, each closed by <｜end▁of▁sentence｜>; the new turn opens a thought. */
+static void render_deepseek_r1(const irt_chat_template *t, const irt_chat_msg *m, size_t n,
+                               bool gen, sbuf *s) {
+  static const char user[] = "<" FW_BAR "User" FW_BAR ">";
+  static const char assistant[] = "<" FW_BAR "Assistant" FW_BAR ">";
+  static const char eos[] = "<" FW_BAR "end" SP "of" SP "sentence" FW_BAR ">";
+  put(s, t->bos);
+  const char *sys = "";
+  for (size_t i = 0; i < n; i++)
+    if (role_of(m[i].role) == 0) sys = m[i].content;
+  put(s, sys);
+  for (size_t i = 0; i < n; i++) {
+    int r = role_of(m[i].role);
+    if (r == 1) {
+      put(s, user);
+      put(s, m[i].content);
+    } else if (r == 2) {
+      const char *c = m[i].content;
+      for (const char *e = strstr(c, "</think>"); e; e = strstr(e + 1, "</think>"))
+        c = e + strlen("</think>");
+      put(s, assistant);
+      put(s, c);
+      put(s, eos);
+    }
+  }
+  if (gen) {
+    put(s, assistant);
+    put(s, t->no_thinking ? "<think>\n</think>" : "<think>\n");
+  }
+}
+
 static void render_llama3(const irt_chat_template *t, const irt_chat_msg *m, size_t n, bool gen,
                           sbuf *s) {
   put(s, t->bos);
@@ -293,6 +338,7 @@ ir_status irt_chat_render(const irt_chat_template *t, const irt_chat_msg *msgs, 
   switch (t->kind) {
   case IRT_CHAT_CHATML: render_chatml(t, msgs, n, gen, &s); break;
   case IRT_CHAT_QWEN3: render_qwen3(t, msgs, n, gen, &s); break;
+  case IRT_CHAT_DEEPSEEK_R1: render_deepseek_r1(t, msgs, n, gen, &s); break;
   case IRT_CHAT_LLAMA3: render_llama3(t, msgs, n, gen, &s); break;
   case IRT_CHAT_LLAMA31: render_llama31(t, msgs, n, gen, &s); break;
   case IRT_CHAT_GEMMA: render_gemma(t, msgs, n, gen, &s); break;

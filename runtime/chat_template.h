@@ -25,6 +25,10 @@ typedef enum irt_chat_kind {
                            assistant turns before the last query, the later ones rewritten
                            as "<think>\n" thoughts "\n</think>\n\n" answer; no_thinking opens
                            the new turn with an empty thought (enable_thinking false) */
+  IRT_CHAT_DEEPSEEK_R1 = 9, /* DeepSeek-R1 and its distills: BOS, the system prompt, then
+                               <｜User｜>... <｜Assistant｜>answer<｜end▁of▁sentence｜>, past
+                               thoughts dropped; the new turn opens a thought (<think>\n),
+                               closed at once with no_thinking */
 } irt_chat_kind;
 
 /* The "Today Date" Llama 3.1's template writes (its literal; also what named llama3.1 gets). */

@@ -128,7 +128,7 @@ irt_status irt_chat_get_info(const irt_tokenizer *t, const char *name, irt_chat_
   if (st == IR_OK) {
     snprintf(out->family, sizeof out->family, "%s", irt_chat_kind_name(ct.kind));
     snprintf(out->default_system, sizeof out->default_system, "%s", ct.default_system);
-    out->thinks = ct.kind == IRT_CHAT_QWEN3;
+    out->thinks = ct.kind == IRT_CHAT_QWEN3 || ct.kind == IRT_CHAT_DEEPSEEK_R1;
   }
   return done(err, st, &d);
 }

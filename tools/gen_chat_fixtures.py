@@ -41,6 +41,11 @@ QWEN25 = llama_cpp_template("Qwen-Qwen2.5-7B-Instruct.jinja")
 LLAMA31 = llama_cpp_template("meta-llama-Llama-3.1-8B-Instruct.jinja")
 LLAMA32 = llama_cpp_template("meta-llama-Llama-3.2-3B-Instruct.jinja")
 QWEN3 = llama_cpp_template("Qwen-Qwen3-0.6B.jinja")
+# DeepSeek-R1-Distill-Qwen's template as llama.cpp keeps it: the model's own, plus an
+# enable_thinking switch whose absence closes the thought; rendered with enable_thinking
+# true it is the model's (which always opens "<think>\n"), with false llama.cpp's
+R1 = llama_cpp_template("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja")
+R1_BOS, R1_EOS = "<\uff5cbegin\u2581of\u2581sentence\uff5c>", "<\uff5cend\u2581of\u2581sentence\uff5c>"
 # What strftime_now gives in these renderings (transformers passes the day of rendering);
 # the C test renders with the same fixed day.
 FIXED_DAY = "01 Dec 2026"
@@ -107,6 +112,7 @@ TEMPLATES = [
     ("gemma", "gemma", GEMMA, "<bos>", "<eos>", False),
     ("phi3", "phi3", PHI3, "<s>", "<|endoftext|>", True),
     ("qwen3", "qwen3", QWEN3, "<|endoftext|>", "<|im_end|>", True),
+    ("deepseek-r1", "deepseek-r1", R1, R1_BOS, R1_EOS, True),
 ]
 
 CONVERSATIONS = [
@@ -277,11 +283,13 @@ def main():
         for ci, conv in enumerate(CONVERSATIONS):
             if not system_ok and conv[0]["role"] == "system":
                 continue
+            think = True if kind == "deepseek-r1" else None
             for gen in (True, False):
                 cases.append({"template": name, "kind": kind, "conversation": ci,
                               "add_generation_prompt": gen,
-                              "expected": render(source, bos, eos, conv, gen)})
-            if kind == "qwen3":  # enable_thinking false: an empty thought opens the turn
+                              "expected": render(source, bos, eos, conv, gen,
+                                                 enable_thinking=think)})
+            if kind in ("qwen3", "deepseek-r1"):  # enable_thinking false: an empty thought
                 cases.append({"template": name, "kind": kind, "conversation": ci,
                               "add_generation_prompt": True, "enable_thinking": False,
                               "expected": render(source, bos, eos, conv, True,

@@ -250,8 +250,8 @@ typedef struct irt_chat_message {
 } irt_chat_message;
 
 /* Renders a conversation with the tokenizer's chat template, or with the named family
- * (template_name: chatml, qwen3, llama3, llama3.1, mistral, llama2, gemma, phi3) when not
- * NULL. Writes at most cap bytes plus a NUL; *out_len is the full length. */
+ * (template_name: chatml, qwen3, deepseek-r1, llama3, llama3.1, mistral, llama2, gemma,
+ * phi3) when not NULL. Writes at most cap bytes plus a NUL; *out_len is the full length. */
 irt_status irt_chat_format(const irt_tokenizer *t, const char *template_name,
                            const irt_chat_message *msgs, size_t n, bool add_generation_prompt,
                            char *buf, size_t cap, size_t *out_len, irt_error *err);
@@ -271,7 +271,8 @@ irt_status irt_chat_format_opts(const irt_tokenizer *t, const char *template_nam
  * template writes when a conversation has none ("" if it writes none), and whether the
  * model thinks first (its answers open with a <think>...</think> block). */
 typedef struct irt_chat_info {
-  char family[16];          /* chatml, qwen3, llama3, llama3.1, mistral, llama2, gemma, phi3 */
+  char family[16];          /* chatml, qwen3, deepseek-r1, llama3, llama3.1, mistral, llama2,
+                               gemma, phi3 */
   char default_system[512];
   bool thinks;
 } irt_chat_info;

@@ -595,6 +595,33 @@ def test_qwen3(s):
           and fin == "tool_calls", f"{think!r} {content!r} {calls} {fin}")
 
 
+def test_deepseek_r1(s):
+    """DeepSeek-R1's template (--chat-template deepseek-r1): the turn opens a thought in the
+    prompt, so the answer is thoughts up to </think>, then content (oracle: the forced
+    answer's own text); tools are refused."""
+    c = s.client()
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    st, h, body = s.raw("POST", "/detokenize", {"tokens": [0]})
+    bos = json.loads(body)["prompt"]  # this tokenizer's, for the template's BOS
+    st, body, text = served_prompt(s, msgs)
+    check("deepseek-r1 prompt opens a thought", st == 200 and text ==
+          bos + "Be brief.<\uff5cUser\uff5c>Hi<\uff5cAssistant\uff5c><think>\n", repr(text))
+    forced = "Greet back.\n</think>\n\nHello!"
+    g = {"guided_grammar": f"root ::= {json.dumps(forced)}"}
+    r = c.chat.completions.create(model="tiny", messages=msgs, max_tokens=200, temperature=0,
+                                  extra_body=g)
+    m = r.choices[0].message
+    check("deepseek-r1 thoughts apart", getattr(m, "reasoning_content", None) == "Greet back." and
+          m.content == "Hello!", str(m))
+    think, content, calls, fin = stream_thoughts(c.chat.completions.create(
+        model="tiny", messages=msgs, max_tokens=200, temperature=0, extra_body=g, stream=True))
+    check("deepseek-r1 thoughts streamed = whole", think == "Greet back." and
+          content == "Hello!" and fin == "stop", f"{think!r} {content!r}")
+    st, h, body = s.raw("POST", "/v1/chat/completions", {"model": "tiny", "messages": msgs,
+                                                          "tools": [WEATHER]})
+    check("deepseek-r1 refuses tools", st == 400 and b"deepseek-r1" in body, body)
+
+
 def test_tools(s):
     """Function calling. Oracles: Qwen2.5's real chat template rendered by Jinja2 over the
     same conversations (fixtures/chat/tool_calls.json, after vLLM's preprocessing) for the
@@ -1313,6 +1340,11 @@ def main():
         test_qwen3(s)
     finally:
         check("qwen3 server exits cleanly on SIGTERM", s.stop() == 0)
+    s = tools_server("--chat-template", "deepseek-r1")
+    try:
+        test_deepseek_r1(s)
+    finally:
+        check("deepseek-r1 server exits cleanly on SIGTERM", s.stop() == 0)
     test_overload()
     test_batch()
     test_batch_resume()
