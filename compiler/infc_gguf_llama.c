@@ -116,16 +116,21 @@ static void gl_arch(gl_reader *r, model_llama_params *p) {
   else if (infc_gguf_str_eq(a, "qwen2")) r->arch = "qwen2";
   else if (infc_gguf_str_eq(a, "qwen3")) r->arch = "qwen3";
   else if (infc_gguf_str_eq(a, "phi3")) r->arch = "phi3";
+  else if (infc_gguf_str_eq(a, "smollm3")) r->arch = "smollm3";
   else {
     r->st = ir_diag_set(r->d, IR_UNSUPPORTED, "%s: unknown architecture '%.*s' (supported: "
-                        "llama, qwen2, qwen3, phi3)", infc_gguf_path(r->g),
+                        "llama, qwen2, qwen3, phi3, smollm3)", infc_gguf_path(r->g),
                         a.len > 64 ? 64 : (int)a.len, a.ptr);
     return;
   }
   snprintf(p->arch, sizeof p->arch, "%s", r->arch);
   /* llama.cpp runs llama with its "normal" rope on adjacent pairs (the converter
    * permuted the q/k rows to match) and qwen2/qwen3/phi3 with NeoX rotate-half, as HF does. */
-  p->rope_interleaved = strcmp(r->arch, "llama") == 0;
+  /* smollm3 is llama's layout (rope on adjacent pairs) with no rope in every 4th layer, the
+   * step llama.cpp fixes for the arch */
+  bool llama_like = !strcmp(r->arch, "llama") || !strcmp(r->arch, "smollm3");
+  p->rope_interleaved = llama_like;
+  p->no_rope_every = strcmp(r->arch, "smollm3") == 0 ? 4 : 0;
   p->qk_norm = strcmp(r->arch, "qwen3") == 0;
   p->fused_proj = strcmp(r->arch, "phi3") == 0;
 }

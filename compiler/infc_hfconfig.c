@@ -101,6 +101,32 @@ static void read_partial_rotary(cfg_reader *r, model_llama_params *p) {
     p->rot_dim = rot == p->head_dim ? 0 : rot;
 }
 
+/* SmolLM3's NoPE layers: no_rope_layers (1: the layer has a rope) or, without it, one every
+ * no_rope_layer_interval (4) layers. The template takes the periodic pattern only. */
+static void read_no_rope(cfg_reader *r, model_llama_params *p) {
+  if (strcmp(p->arch, "smollm3") || r->st != IR_OK) return;
+  int64_t every = get_int(r, "no_rope_layer_interval", false, 4);
+  const cJSON *list = cJSON_GetObjectItemCaseSensitive(r->root, "no_rope_layers"), *e;
+  if (list && !cJSON_IsNull(list)) {
+    int64_t l = 0, n = cJSON_IsArray(list) ? cJSON_GetArraySize(list) : -1;
+    bool ok = n == p->n_layers;
+    const cJSON *items = ok ? list : NULL;
+    cJSON_ArrayForEach(e, items) {
+      bool want = every <= 0 || (l + 1) % every != 0; /* the layer keeps its rope */
+      ok = ok && cJSON_IsNumber(e) && (e->valueint != 0) == want &&
+           (e->valuedouble == 0 || e->valuedouble == 1);
+      l++;
+    }
+    if (!ok) {
+      r->st = ir_diag_set(r->d, IR_UNSUPPORTED, "no_rope_layers must be %lld entries of 0/1 with "
+                          "a 0 every no_rope_layer_interval (%lld) layers; other patterns are "
+                          "not supported", (long long)p->n_layers, (long long)every);
+      return;
+    }
+  }
+  p->no_rope_every = every > 0 ? every : 0;
+}
+
 /* YaRN's attention factor for a scale and an mscale (transformers' get_mscale). */
 static double yarn_mscale(double scale, double m) {
   return scale <= 1.0 ? 1.0 : 0.1 * m * log(scale) + 1.0;
@@ -191,10 +217,10 @@ static void read_arch(cfg_reader *r, model_llama_params *p) {
     return;
   }
   if (strcmp(mt, "llama") && strcmp(mt, "mistral") && strcmp(mt, "qwen2") &&
-      strcmp(mt, "qwen3") && strcmp(mt, "phi3")) {
+      strcmp(mt, "qwen3") && strcmp(mt, "phi3") && strcmp(mt, "smollm3")) {
     if (r->st == IR_OK)
       r->st = ir_diag_set(r->d, IR_UNSUPPORTED, "model_type '%s' is not supported "
-                          "(supported: llama, mistral, qwen2, qwen3, phi3)", mt);
+                          "(supported: llama, mistral, qwen2, qwen3, phi3, smollm3)", mt);
     return;
   }
   snprintf(p->arch, sizeof p->arch, "%s", mt);
@@ -227,6 +253,7 @@ ir_status infc_hfconfig_parse(const char *json, model_llama_params *out, ir_diag
   read_arch(&r, out);
   read_sizes(&r, out);
   read_partial_rotary(&r, out);
+  read_no_rope(&r, out);
   read_rope(&r, "rope_scaling", out);
   read_rope(&r, "rope_parameters", out);
   bool qwen2 = strcmp(out->arch, "qwen2") == 0;

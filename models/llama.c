@@ -26,6 +26,8 @@ ir_status model_llama_check(const model_llama_params *p, ir_diag *d) {
   if (p->head_dim % 2 || p->head_dim > 256)
     return ir_diag_set(d, IR_UNSUPPORTED, "head_dim %lld must be even and at most 256",
                        (long long)p->head_dim);
+  if (p->no_rope_every < 0)
+    return ir_diag_set(d, IR_BAD_FORMAT, "no_rope_layer_interval must not be negative");
   if (p->fused_proj && p->attention_bias)
     return ir_diag_set(d, IR_UNSUPPORTED, "a fused qkv_proj with biases is not supported");
   if (p->rot_dim < 0 || p->rot_dim % 2 || p->rot_dim > p->head_dim)
@@ -258,7 +260,7 @@ static int32_t rope(builder *b, int32_t x, int64_t heads, const char *node_name)
 
 /* Qwen3's q_norm / k_norm: every head of x normalized with one weight of head_dim. */
 static int32_t head_norm(builder *b, int32_t x, const char *pre, const char *w, int64_t l) {
-  char wn[160], nn[64];
+  char wn[200], nn[64]; /* pre is up to 160 bytes */
   snprintf(wn, sizeof wn, "%s%s.weight", pre, w);
   snprintf(nn, sizeof nn, "l%lld.%s", (long long)l, w);
   return rms_norm(b, x, vec_weight(b, wn, b->p->head_dim), nn);
@@ -290,7 +292,9 @@ static int32_t attention_block(builder *b, int32_t h, int64_t l, const char *pre
   char rq[64], rk[64];
   snprintf(rq, sizeof rq, "l%lld.rope_q", (long long)l);
   snprintf(rk, sizeof rk, "l%lld.rope_k", (long long)l);
-  int32_t in[3] = {rope(b, q, p->n_heads, rq), rope(b, k, p->n_kv_heads, rk), v};
+  bool nope = p->no_rope_every > 0 && (l + 1) % p->no_rope_every == 0; /* SmolLM3's NoPE */
+  int32_t in[3] = {nope ? q : rope(b, q, p->n_heads, rq), nope ? k : rope(b, k, p->n_kv_heads, rk),
+                   v};
   ir_attr a[5] = {IR_AI(ir_attr_intern("layer"), l),
                   IR_AI(ir_attr_intern("n_heads"), p->n_heads),
                   IR_AI(ir_attr_intern("n_kv_heads"), p->n_kv_heads),

@@ -33,6 +33,7 @@ typedef struct model_llama_params {
   int64_t n_kv_heads;
   int64_t head_dim; /* hidden_size / n_heads unless the config says otherwise */
   int64_t rot_dim;  /* dims of each head the rope rotates (partial rotary), 0: head_dim */
+  int64_t no_rope_every; /* SmolLM3: every n-th layer (l + 1 = n, 2n, ...) has no rope; 0: none */
   int64_t intermediate_size;
   int64_t max_position;
   double rms_norm_eps;

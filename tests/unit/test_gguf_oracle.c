@@ -87,7 +87,7 @@ static gw_tensor convert_tensor(conv *c, size_t i, char *gname, size_t glen) {
   if (dt == IR_Q8_0) quantize_q8_0(t->data, t->dtype, elems, buf);
   else memcpy(buf, t->data, t->nbytes);
   bool q = strstr(t->name, "q_proj") != NULL, k = strstr(t->name, "k_proj") != NULL;
-  if (!strcmp(c->p.arch, "llama") && (q || k)) {
+  if ((!strcmp(c->p.arch, "llama") || !strcmp(c->p.arch, "smollm3")) && (q || k)) {
     int64_t rows = t->shape[0];
     size_t rb = (size_t)ir_dtype_bytes(dt, elems) / (size_t)rows;
     uint8_t *perm = malloc(ir_dtype_bytes(dt, elems) + 1);
@@ -354,7 +354,7 @@ static void run_longrope(const char *name, int64_t orig) {
 int main(void) {
   const char *fixtures[] = {"llama-gqa-f32", "qwen2-bias-bf16", "llama-mha-f16",
                             "qwen3-qknorm-bf16", "llama3-rope-f32", "qwen3-yarn-f32",
-                            "phi3-fused-f32"};
+                            "phi3-fused-f32", "smollm3-nope-f32"};
   for (size_t i = 0; i < sizeof fixtures / sizeof *fixtures; i++) run_fixture(fixtures[i]);
   run_q8("llama-gqa-f32");
   run_q8("qwen2-bias-bf16");

@@ -59,6 +59,8 @@ static void test_fixtures(void) {
           p.rope_beta_fast == 32.0 && p.rope_beta_slow == 1.0 && p.rope_yarn_truncate &&
           fabs(p.rope_attn_factor - (1.0 + 0.1 * log(4.0))) < 1e-12);
   }
+  if (load_fixture("smollm3-nope-f32", &p)) /* no_rope_layers [1, 1, 1, 0] */
+    CHECK(strcmp(p.arch, "smollm3") == 0 && p.no_rope_every == 4 && p.n_layers == 4);
   if (load_fixture("llama-mha-f16", &p)) {
     CHECK(p.n_heads == 4 && p.n_kv_heads == 4 && p.head_dim == 16 && p.n_layers == 3);
     CHECK(p.tie_word_embeddings && !p.attention_bias);
@@ -202,6 +204,8 @@ static void test_base(void) {
   CHECK(p.rot_dim == 4 && p.rope_theta == 1e4);
   p = expect_ok("partial_rotary_factor", "1.0");
   CHECK(p.rot_dim == 0);
+  p = expect_ok("model_type", "\"smollm3\""); /* the default interval, 4 */
+  CHECK(p.no_rope_every == 4);
   p = expect_ok("model_type", "\"phi3\"");
   CHECK(p.fused_proj && !p.qk_norm);
   p = expect_ok("model_type", "\"qwen3\"");
@@ -238,6 +242,14 @@ static void test_errors(void) {
   expect_error("partial_rotary_factor", "0.1875", IR_UNSUPPORTED, "partial_rotary_factor",
                "3 rotary dims"); /* 16 * 0.1875 = 3: odd */
   expect_error("partial_rotary_factor", "1.5", IR_UNSUPPORTED, "partial_rotary_factor", NULL);
+  { /* SmolLM3 NoPE layers off the periodic pattern */
+    model_llama_params q;
+    ir_diag d = {0};
+    const char *cfg = "{\"model_type\": \"smollm3\", \"hidden_size\": 64, \"intermediate_size\": "
+                      "128, \"num_hidden_layers\": 4, \"num_attention_heads\": 4, \"vocab_size\": "
+                      "256, \"rms_norm_eps\": 1e-6, \"no_rope_layers\": [0, 1, 1, 1]}";
+    CHECK(infc_hfconfig_parse(cfg, &q, &d) == IR_UNSUPPORTED && has(d.msg, "no_rope_layers"));
+  }
   expect_error("rope_parameters", "{\"rope_theta\": 1e4, \"partial_rotary_factor\": 0.0625}",
                IR_UNSUPPORTED, "rope_parameters", "partial_rotary_factor");
   expect_error("rope_scaling", "{\"type\": \"linear\", \"factor\": 0.5}", IR_BAD_FORMAT,
