@@ -53,6 +53,10 @@ ir_status irt_chat_template_detect(const char *src, irt_chat_template *out, ir_d
     return ir_diag_set(d, IR_UNSUPPORTED, "the model has no chat template; pass --chat-template "
                        "NAME (chatml, qwen3, deepseek-r1, llama3, llama3.1, mistral, llama2, "
                        "gemma, phi3)");
+  if (strstr(src, "<|im_start|>") && strstr(src, "Reasoning Mode")) /* not Qwen3's */
+    return ir_diag_set(d, IR_UNSUPPORTED, "SmolLM3's chat template (its metadata system turn "
+                       "and /think flags) is not one the engine renders yet; pass "
+                       "--chat-template chatml for plain ChatML turns");
   if (strstr(src, "<" FW_BAR "User" FW_BAR ">") &&
       strstr(src, "<" FW_BAR "Assistant" FW_BAR ">")) {
     out->kind = IRT_CHAT_DEEPSEEK_R1;

@@ -77,6 +77,12 @@ static void test_errors(void) {
   CHECK(irt_chat_render(&t, &ok, 1, true, big, sizeof big, &len, &d) == IR_OK);
   CHECKF(strstr(big, want) != NULL, "%s", big);
   CHECK(irt_chat_kind_from_name("nope") == IRT_CHAT_UNKNOWN);
+  /* SmolLM3's template has ChatML, <think> and enable_thinking too, but is not Qwen3's */
+  d = (ir_diag){0};
+  CHECK(irt_chat_template_detect("{%- if enable_thinking -%}<|im_start|>system\n## Metadata\n"
+                                 "Reasoning Mode: /think<think></think>", &t, &d) ==
+            IR_UNSUPPORTED &&
+        strstr(d.msg, "SmolLM3") && strstr(d.msg, "--chat-template"));
 }
 
 int main(void) {
