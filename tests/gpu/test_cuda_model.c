@@ -48,6 +48,9 @@ static const fixture k_fixtures[] = {
     /* the q/k norm folded into attention (kn_rope_kv_write), and as norms in slices */
     {"qwen3-qknorm-bf16", 2e-2, NULL, NULL, NULL, IRT_KV_DTYPE_F32},
     {"qwen3-qknorm-bf16-unfused", 2e-2, "qwen3-qknorm-bf16", "fuse", "false", IRT_KV_DTYPE_F32},
+    /* Phi-3's fused checkpoint matrices with a partial rope; SmolLM3's unroped layer */
+    {"phi3-fused-f32", 1e-4, NULL, NULL, NULL, IRT_KV_DTYPE_F32},
+    {"smollm3-nope-f32", 1e-4, NULL, NULL, NULL, IRT_KV_DTYPE_F32},
     {"onnx-genai-int4", 1e-4, "onnx-genai-int4/model.onnx", NULL, NULL, IRT_KV_DTYPE_F32},
     {"llama-gqa-f32-unfused", 1e-4, "llama-gqa-f32", "fuse", "false", IRT_KV_DTYPE_F32},
     {"llama-gqa-int4", 1e-4, "llama-gqa-f32", "quant", "int4", IRT_KV_DTYPE_F32},
