@@ -67,30 +67,38 @@ typedef struct builder {
 
 static ir_dim DS(ir_sym s) { return (ir_dim){.n = 0, .sym = s}; }
 
-/* Adds checkpoint tensor `name` as a weight of the given shape (checked), or -1. */
-static int32_t weight(builder *b, const char *name, int64_t d0, int64_t d1) {
-  if (b->st != IR_OK) return -1;
-  model_tensor t;
-  if (!b->src->find(b->src->ctx, name, &t)) {
+/* Checkpoint tensor `name` into *t, checked to be [d0] (d1 0) or [d0, d1] and of a dtype the
+ * template takes; false with b->st set otherwise. */
+static bool checkpoint_tensor(builder *b, const char *name, int64_t d0, int64_t d1,
+                              model_tensor *t) {
+  if (b->st != IR_OK) return false;
+  if (!b->src->find(b->src->ctx, name, t)) {
     b->st = ir_diag_set(b->d, IR_BAD_FORMAT, "checkpoint has no tensor '%s'", name);
-    return -1;
+    return false;
   }
   int rank = d1 ? 2 : 1;
-  if (t.rank != rank || t.shape[0] != d0 || (d1 && t.shape[1] != d1)) {
+  if (t->rank != rank || t->shape[0] != d0 || (d1 && t->shape[1] != d1)) {
     b->st = ir_diag_set(b->d, IR_BAD_FORMAT, "tensor '%s' has shape [%lld%s%lld], expected "
-                        "[%lld%s%lld]", name, (long long)t.shape[0], t.rank > 1 ? "," : "",
-                        t.rank > 1 ? (long long)t.shape[1] : 0LL, (long long)d0,
+                        "[%lld%s%lld]", name, (long long)t->shape[0], t->rank > 1 ? "," : "",
+                        t->rank > 1 ? (long long)t->shape[1] : 0LL, (long long)d0,
                         d1 ? "," : "", (long long)d1);
-    return -1;
+    return false;
   }
-  bool known = t.dtype == IR_F32 || t.dtype == IR_F16 || t.dtype == IR_BF16;
-  if (!known && !ir_dtype_is_quant(t.dtype)) {
+  bool known = t->dtype == IR_F32 || t->dtype == IR_F16 || t->dtype == IR_BF16;
+  if (!known && !ir_dtype_is_quant(t->dtype)) {
     b->st = ir_diag_set(b->d, IR_UNSUPPORTED, "tensor '%s' has dtype %s; expected f32, f16, "
-                        "bf16, q8_0, q4_0 or q4_1", name, ir_dtype_name(t.dtype));
-    return -1;
+                        "bf16, q8_0, q4_0 or q4_1", name, ir_dtype_name(t->dtype));
+    return false;
   }
+  return true;
+}
+
+/* Adds checkpoint tensor `name` as a weight of the given shape (checked), or -1. */
+static int32_t weight(builder *b, const char *name, int64_t d0, int64_t d1) {
+  model_tensor t;
+  if (!checkpoint_tensor(b, name, d0, d1, &t)) return -1;
   int64_t shape[2] = {d0, d1};
-  int32_t id = ir_graph_add_weight(b->g, name, t.dtype, rank, shape, t.data, t.nbytes);
+  int32_t id = ir_graph_add_weight(b->g, name, t.dtype, d1 ? 2 : 1, shape, t.data, t.nbytes);
   if (id < 0) b->st = ir_diag_set(b->d, IR_OOM, "out of memory");
   return id;
 }
@@ -99,24 +107,8 @@ static int32_t weight(builder *b, const char *name, int64_t d0, int64_t d1) {
  * a view of the stored bytes (rows are whole in every dtype the template takes). */
 static int32_t weight_rows(builder *b, const char *name, int64_t total, int64_t row0,
                            int64_t rows, int64_t k, const char *view_name) {
-  if (b->st != IR_OK) return -1;
   model_tensor t;
-  if (!b->src->find(b->src->ctx, name, &t)) {
-    b->st = ir_diag_set(b->d, IR_BAD_FORMAT, "checkpoint has no tensor '%s'", name);
-    return -1;
-  }
-  if (t.rank != 2 || t.shape[0] != total || t.shape[1] != k) {
-    b->st = ir_diag_set(b->d, IR_BAD_FORMAT, "tensor '%s' has shape [%lld,%lld], expected "
-                        "[%lld,%lld]", name, (long long)t.shape[0],
-                        t.rank > 1 ? (long long)t.shape[1] : 0LL, (long long)total, (long long)k);
-    return -1;
-  }
-  bool known = t.dtype == IR_F32 || t.dtype == IR_F16 || t.dtype == IR_BF16;
-  if (!known && !ir_dtype_is_quant(t.dtype)) {
-    b->st = ir_diag_set(b->d, IR_UNSUPPORTED, "tensor '%s' has dtype %s; expected f32, f16, "
-                        "bf16, q8_0, q4_0 or q4_1", name, ir_dtype_name(t.dtype));
-    return -1;
-  }
+  if (!checkpoint_tensor(b, name, total, k, &t)) return -1;
   uint64_t row_bytes = t.nbytes / (uint64_t)total;
   int64_t shape[2] = {rows, k};
   int32_t id = ir_graph_add_weight(b->g, view_name, t.dtype, 2, shape,
