@@ -223,7 +223,7 @@ static void gl_rope_scaling(gl_reader *r, model_llama_params *p) {
              (int)(kv->value.str.len > 32 ? 32 : kv->value.str.len), kv->value.str.ptr);
     gl_refuse(r, what);
   }
-  int64_t rot = p->rot_dim ? p->rot_dim : p->head_dim;
+  int64_t rot = model_llama_rot_dims(p);
   const infc_gguf_tensor *fl = infc_gguf_tensor_find(r->g, "rope_factors_long.weight");
   const infc_gguf_tensor *fs = infc_gguf_tensor_find(r->g, "rope_factors_short.weight");
   if (r->st == IR_OK && (fl || fs)) { /* longrope, as llama.cpp's phi3 converter writes it */

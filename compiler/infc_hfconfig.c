@@ -180,7 +180,7 @@ static void read_rope(cfg_reader *r, const char *key, model_llama_params *p) {
     p->rope_scaling = MODEL_ROPE_LONGROPE;
     int64_t orig = get_int(r, "original_max_position_embeddings", false, 0);
     p->rope_orig_context = get_int(&sub, "original_max_position_embeddings", !orig, orig);
-    int64_t pairs = (p->rot_dim ? p->rot_dim : p->head_dim) / 2;
+    int64_t pairs = model_llama_rot_dims(p) / 2;
     get_factors(&sub, "long_factor", pairs, p->rope_long);
     get_factors(&sub, "short_factor", pairs, p->rope_short);
     double ctx = (double)p->rope_orig_context;

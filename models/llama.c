@@ -147,13 +147,12 @@ static int32_t mat_weight(builder *b, const char *name, int64_t n, int64_t k) {
 /* Frequency i of the rope: 1 / theta^(2i / head_dim), scaled as the config says
  * (transformers' _compute_linear_scaling / _compute_llama3_parameters), then divided by
  * the GGUF's factor for it if any. */
-/* The dims of a head the rope rotates (all of them unless partial). */
-static int64_t rot_dims(const model_llama_params *p) {
+int64_t model_llama_rot_dims(const model_llama_params *p) {
   return p->rot_dim ? p->rot_dim : p->head_dim;
 }
 
 static double rope_freq(const model_llama_params *p, int64_t i, int64_t max_pos) {
-  double inv = 1.0 / pow(p->rope_theta, (double)(2 * i) / (double)rot_dims(p));
+  double inv = 1.0 / pow(p->rope_theta, (double)(2 * i) / (double)model_llama_rot_dims(p));
   if (p->rope_scaling == MODEL_ROPE_LONGROPE)
     inv /= (double)(max_pos > p->rope_orig_context ? p->rope_long : p->rope_short)[i];
   if (p->rope_scaling == MODEL_ROPE_LINEAR) inv /= p->rope_factor;
@@ -168,7 +167,7 @@ static double rope_freq(const model_llama_params *p, int64_t i, int64_t max_pos)
     }
   }
   if (p->rope_scaling == MODEL_ROPE_YARN) { /* transformers' _compute_yarn_parameters */
-    double dim = (double)rot_dims(p), ctx = (double)p->rope_orig_context;
+    double dim = (double)model_llama_rot_dims(p), ctx = (double)p->rope_orig_context;
     double lo = dim * log(ctx / (p->rope_beta_fast * 2.0 * M_PI)) / (2.0 * log(p->rope_theta));
     double hi = dim * log(ctx / (p->rope_beta_slow * 2.0 * M_PI)) / (2.0 * log(p->rope_theta));
     if (p->rope_yarn_truncate) lo = floor(lo), hi = ceil(hi);
@@ -185,7 +184,7 @@ static double rope_freq(const model_llama_params *p, int64_t i, int64_t max_pos)
 
 /* cos/sin of pos * inv_freq for every position, computed as HF does in f32 (rope_freq). */
 static int32_t rope_table(builder *b, int64_t max_pos) {
-  int64_t half = rot_dims(b->p) / 2;
+  int64_t half = model_llama_rot_dims(b->p) / 2;
   float *cs = malloc((size_t)(max_pos * half * 2) * sizeof *cs);
   if (!cs || !ir_graph_adopt(b->g, cs)) {
     b->st = ir_diag_set(b->d, IR_OOM, "out of memory");
@@ -245,7 +244,7 @@ static int32_t rope(builder *b, int32_t x, int64_t heads, const char *node_name)
   int32_t in[3] = {x, b->positions, b->rope_table};
   ir_attr a[4] = {IR_AI(ir_attr_intern("n_heads"), heads),
                   IR_AI(ir_attr_intern("head_dim"), b->p->head_dim),
-                  IR_AI(ir_attr_intern("rot_dim"), rot_dims(b->p)),
+                  IR_AI(ir_attr_intern("rot_dim"), model_llama_rot_dims(b->p)),
                   IR_AI(ir_attr_intern("neox"), b->p->rope_interleaved ? 0 : 1)};
   return node(b, IR_OP_ROPE, node_name, in, 3, a, 4);
 }

@@ -60,6 +60,9 @@ typedef struct model_llama_params {
   int64_t eos_token_id;
 } model_llama_params;
 
+/* The dims of each head the rope rotates: rot_dim, or all head_dim when it is 0. */
+int64_t model_llama_rot_dims(const model_llama_params *p);
+
 /* Checks the parameters for consistency (positive sizes, heads divisible, ...). */
 ir_status model_llama_check(const model_llama_params *p, ir_diag *d);
 

@@ -114,7 +114,7 @@ static uint64_t write_kvs(gw *w, const model_llama_params *p) {
   KV("feed_forward_length", p->intermediate_size);
   KV("attention.head_count", p->n_heads);
   KV("attention.head_count_kv", p->n_kv_heads);
-  KV("rope.dimension_count", p->rot_dim ? p->rot_dim : p->head_dim);
+  KV("rope.dimension_count", model_llama_rot_dims(p));
 #undef KV
   snprintf(k, sizeof k, "%s.rope.freq_base", a);
   kv_f32(w, k, (float)p->rope_theta);
@@ -198,7 +198,7 @@ static bool convert_fixture(const char *name, const char *out, bool q8) {
     ts[nt++] = (gw_tensor){.name = "rope_freqs.weight", .type = 0, .rank = 1,
                            .ne = {(uint64_t)c.p.head_dim / 2}, .data = factors,
                            .nbytes = (size_t)c.p.head_dim / 2 * sizeof *factors};
-  uint64_t pairs = (uint64_t)(c.p.rot_dim ? c.p.rot_dim : c.p.head_dim) / 2;
+  uint64_t pairs = (uint64_t)model_llama_rot_dims(&c.p) / 2;
   if (c.p.rope_scaling == MODEL_ROPE_LONGROPE) {
     ts[nt++] = (gw_tensor){.name = "rope_factors_long.weight", .type = 0, .rank = 1,
                            .ne = {pairs}, .data = c.p.rope_long, .nbytes = pairs * 4};
