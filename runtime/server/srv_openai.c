@@ -341,15 +341,14 @@ static void put_chunk(const srv_job *j, srv_buf *out, int i, const char *role, c
   put_event(out, o);
 }
 
-/* A chunk of choice i's thoughts (delta.reasoning_content, as vLLM streams them). */
-static void put_think_chunk(const srv_job *j, srv_buf *out, int i, const char *text, size_t len,
+/* Sends a chat chunk for choice i with the given delta (thoughts or a call), its logprobs
+ * (NULL: none) and no finish. */
+static void put_delta_chunk(const srv_job *j, srv_buf *out, int i, cJSON *delta,
                             cJSON *logprobs) {
   cJSON *o = envelope(j, true), *choices = cJSON_AddArrayToObject(o, "choices"),
-        *c = cJSON_CreateObject(), *d = cJSON_AddObjectToObject(c, "delta");
+        *c = cJSON_CreateObject();
   cJSON_AddNumberToObject(c, "index", i);
-  char *t = strndup(text, len);
-  cJSON_AddStringToObject(d, "reasoning_content", t ? t : "");
-  free(t);
+  cJSON_AddItemToObject(c, "delta", delta);
   if (logprobs) cJSON_AddItemToObject(c, "logprobs", logprobs);
   else cJSON_AddNullToObject(c, "logprobs");
   cJSON_AddNullToObject(c, "finish_reason");
@@ -358,17 +357,21 @@ static void put_think_chunk(const srv_job *j, srv_buf *out, int i, const char *t
   put_event(out, o);
 }
 
+/* A chunk of choice i's thoughts (delta.reasoning_content, as vLLM streams them). */
+static void put_think_chunk(const srv_job *j, srv_buf *out, int i, const char *text, size_t len,
+                            cJSON *logprobs) {
+  cJSON *d = cJSON_CreateObject();
+  char *t = strndup(text, len);
+  cJSON_AddStringToObject(d, "reasoning_content", t ? t : "");
+  free(t);
+  put_delta_chunk(j, out, i, d, logprobs);
+}
+
 /* A chunk with one whole tool call (OpenAI's delta.tool_calls, which clients accumulate). */
 static void put_call_chunk(const srv_job *j, srv_buf *out, int i, int k, const srv_tool_call *call) {
-  cJSON *o = envelope(j, true), *choices = cJSON_AddArrayToObject(o, "choices"),
-        *c = cJSON_CreateObject(), *d = cJSON_AddObjectToObject(c, "delta");
-  cJSON_AddNumberToObject(c, "index", i);
+  cJSON *d = cJSON_CreateObject();
   cJSON_AddItemToArray(cJSON_AddArrayToObject(d, "tool_calls"), tool_call_json(j, i, k, call, true));
-  cJSON_AddNullToObject(c, "logprobs");
-  cJSON_AddNullToObject(c, "finish_reason");
-  cJSON_AddItemToArray(choices, c);
-  if (j->p.include_usage) cJSON_AddNullToObject(o, "usage");
-  put_event(out, o);
+  put_delta_chunk(j, out, i, d, NULL);
 }
 
 /* The logprobs of choice i's tokens not streamed yet (NULL if none or not asked). */
