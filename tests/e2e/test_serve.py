@@ -1325,26 +1325,14 @@ def main():
         check("metrics: the draft cost fit", min(cost) >= 0, str(cost))
     finally:
         check("server exits cleanly on SIGTERM", s.stop() == 0)
-    s = tools_server()
-    try:
-        test_tools(s)
-    finally:
-        check("tools server exits cleanly on SIGTERM", s.stop() == 0)
-    s = tools_server("--chat-template", "llama3.1")
-    try:
-        test_tools_llama3(s)
-    finally:
-        check("llama3.1 tools server exits cleanly on SIGTERM", s.stop() == 0)
-    s = tools_server("--chat-template", "qwen3")
-    try:
-        test_qwen3(s)
-    finally:
-        check("qwen3 server exits cleanly on SIGTERM", s.stop() == 0)
-    s = tools_server("--chat-template", "deepseek-r1")
-    try:
-        test_deepseek_r1(s)
-    finally:
-        check("deepseek-r1 server exits cleanly on SIGTERM", s.stop() == 0)
+    # the template families, each on a server told its name (the first: the model's ChatML)
+    for name, test in (("tools", test_tools), ("llama3.1", test_tools_llama3),
+                       ("qwen3", test_qwen3), ("deepseek-r1", test_deepseek_r1)):
+        s = tools_server(*(() if name == "tools" else ("--chat-template", name)))
+        try:
+            test(s)
+        finally:
+            check(f"{name} server exits cleanly on SIGTERM", s.stop() == 0)
     test_overload()
     test_batch()
     test_batch_resume()
