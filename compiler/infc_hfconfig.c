@@ -133,8 +133,8 @@ static double yarn_mscale(double scale, double m) {
 }
 
 /* The rope's scaling: "rope_scaling" (transformers 4) or "rope_parameters" (transformers
- * 5, which also holds rope_theta), {"rope_type" (or "type"): default | linear | llama3, ...}.
- * Other types (yarn, dynamic, longrope, ...) are refused by name. */
+ * 5, which also holds rope_theta), {"rope_type" (or "type"): default | linear | llama3 |
+ * yarn | longrope, ...}. Other types (dynamic, ...) are refused by name. */
 static void read_rope(cfg_reader *r, const char *key, model_llama_params *p) {
   const cJSON *rp = cJSON_GetObjectItemCaseSensitive(r->root, key);
   if (!rp || cJSON_IsNull(rp) || r->st != IR_OK) return;
