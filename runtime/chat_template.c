@@ -128,19 +128,21 @@ static int role_of(const char *r) {
                                    : -1;
 }
 
+/* One ChatML turn: <|im_start|>role\ncontent<|im_end|>\n. */
+static void chatml_turn(sbuf *s, const char *role, const char *content) {
+  put(s, "<|im_start|>");
+  put(s, role);
+  put(s, "\n");
+  put(s, content);
+  put(s, "<|im_end|>\n");
+}
+
 static void render_chatml(const irt_chat_template *t, const irt_chat_msg *m, size_t n, bool gen,
                           sbuf *s) {
   for (size_t i = 0; i < n; i++) {
-    if (i == 0 && role_of(m[0].role) != 0 && t->default_system[0]) {
-      put(s, "<|im_start|>system\n");
-      put(s, t->default_system);
-      put(s, "<|im_end|>\n");
-    }
-    put(s, "<|im_start|>");
-    put(s, m[i].role);
-    put(s, "\n");
-    put(s, m[i].content);
-    put(s, "<|im_end|>\n");
+    if (i == 0 && role_of(m[0].role) != 0 && t->default_system[0])
+      chatml_turn(s, "system", t->default_system);
+    chatml_turn(s, m[i].role, m[i].content);
   }
   if (gen) put(s, "<|im_start|>assistant\n");
 }
@@ -149,6 +151,13 @@ static void render_chatml(const irt_chat_template *t, const irt_chat_msg *m, siz
 static void nl_trim(const char **p, size_t *n, bool left, bool right) {
   while (left && *n && **p == '\n') (*p)++, (*n)--;
   while (right && *n && (*p)[*n - 1] == '\n') (*n)--;
+}
+
+/* What follows the last </think> of c (c itself if none): an answer without its thoughts. */
+static const char *after_thoughts(const char *c) {
+  for (const char *e = strstr(c, "</think>"); e; e = strstr(e + 1, "</think>"))
+    c = e + strlen("</think>");
+  return c;
 }
 
 /* A tool result the Hermes form wrote as a user turn: not a query. */
@@ -170,7 +179,7 @@ static void qwen3_assistant(const irt_chat_msg *m, bool after_query, bool last, 
     for (const char *o = strstr(content, "<think>"); o && o < end; o = strstr(o + 1, "<think>"))
       think = o + strlen("<think>"), tn = (size_t)(end - think);
     nl_trim(&think, &tn, true, true);
-    for (const char *e = end; e; e = strstr(e + 1, "</think>")) content = e + strlen("</think>");
+    content = after_thoughts(content);
     cn = strlen(content);
     nl_trim(&content, &cn, true, false);
   }
@@ -199,11 +208,7 @@ static void render_qwen3(const irt_chat_template *t, const irt_chat_msg *m, size
       qwen3_assistant(&m[i], i > last_query, i + 1 == n, s);
       continue;
     }
-    put(s, "<|im_start|>");
-    put(s, m[i].role);
-    put(s, "\n");
-    put(s, m[i].content);
-    put(s, "<|im_end|>\n");
+    chatml_turn(s, m[i].role, m[i].content);
   }
   if (gen) put(s, t->no_thinking ? "<|im_start|>assistant\n<think>\n\n</think>\n\n"
                                  : "<|im_start|>assistant\n");
@@ -228,11 +233,8 @@ static void render_deepseek_r1(const irt_chat_template *t, const irt_chat_msg *m
       put(s, user);
       put(s, m[i].content);
     } else if (r == 2) {
-      const char *c = m[i].content;
-      for (const char *e = strstr(c, "</think>"); e; e = strstr(e + 1, "</think>"))
-        c = e + strlen("</think>");
       put(s, assistant);
-      put(s, c);
+      put(s, after_thoughts(m[i].content));
       put(s, eos);
     }
   }
