@@ -393,6 +393,23 @@ def served_prompt(s, messages, tools=None, **extra):
     return st, body, json.loads(body2).get("prompt") if st2 == 200 else None
 
 
+def check_tools_prompts(s, template, n_want, bos=None):
+    """Each fixtures/chat/tool_calls.json case of `template` without a default system prompt
+    (what the served templates have), through /tokenize and /detokenize: the template's Jinja2
+    rendering, its <|begin_of_text|> read as this tokenizer's BOS (bos) where given."""
+    n = 0
+    for case in json.load(open(os.path.join(FIX, "chat", "tool_calls.json")))["cases"]:
+        if case["template"] != template or case["default_system"]:
+            continue
+        want = case["expected"] if bos is None else case["expected"].replace(
+            "<|begin_of_text|>", bos, 1)
+        st, body, text = served_prompt(s, case["messages"], case["tools"])
+        n += 1
+        check(f"{template} tools prompt = its template ({n})", st == 200 and text == want,
+              f"{st} {body[:200]!r}\n--- got\n{text!r}\n--- want\n{want!r}")
+    check(f"{template} tools prompt cases", n == n_want)
+
+
 def stream_thoughts(stream):
     """(reasoning_content, content, {index: [id, name, arguments]}, finish_reason) of a
     streamed choice 0: the deltas joined."""
@@ -454,16 +471,7 @@ def test_tools_llama3(s):
     c = s.client()
     st, h, body = s.raw("POST", "/detokenize", {"tokens": [0]})
     bos = json.loads(body)["prompt"]
-    n = 0
-    for case in json.load(open(os.path.join(FIX, "chat", "tool_calls.json")))["cases"]:
-        if case["template"] != "llama3.1":
-            continue
-        st, body, text = served_prompt(s, case["messages"], case["tools"])
-        want = case["expected"].replace("<|begin_of_text|>", bos, 1)
-        n += 1
-        check(f"llama3.1 tools prompt = its template ({n})", st == 200 and text == want,
-              f"{st} {body[:200]!r}\n--- got\n{text}\n--- want\n{want}")
-    check("llama3.1 tools prompt cases", n == 2)
+    check_tools_prompts(s, "llama3.1", 2, bos)
     msgs = [{"role": "user", "content": "Weather in Oslo?"}]
     named = {"type": "function", "function": {"name": "get_weather"}}
     r = c.chat.completions.create(model="tiny", messages=msgs, tools=[WEATHER, CLOCK],
@@ -525,15 +533,7 @@ def test_qwen3(s):
     content split (as vLLM's qwen3 reasoning parser gives it, newlines trimmed as the
     template writes them), the non-streamed response for the streamed one."""
     c = s.client()
-    n = 0
-    for case in json.load(open(os.path.join(FIX, "chat", "tool_calls.json")))["cases"]:
-        if case["template"] != "qwen3":
-            continue
-        st, body, text = served_prompt(s, case["messages"], case["tools"])
-        n += 1
-        check(f"qwen3 tools prompt = its template ({n})", st == 200 and text == case["expected"],
-              f"{st} {body[:200]!r}\n--- got\n{text!r}\n--- want\n{case['expected']!r}")
-    check("qwen3 tools prompt cases", n == 5)
+    check_tools_prompts(s, "qwen3", 5)
     msgs = [{"role": "user", "content": "Is 7 prime?"}]
     prompt = {think: served_prompt(s, msgs, chat_template_kwargs={"enable_thinking": think})[2]
               for think in (True, False)}
@@ -629,16 +629,7 @@ def test_tools(s):
     for the response shapes; the non-streamed response for the streamed one."""
     c = s.client()
     # the prompt: tokenized and detokenized back, equal to the template's text
-    fix = json.load(open(os.path.join(FIX, "chat", "tool_calls.json")))["cases"]
-    n = 0
-    for case in fix:
-        if case["template"] != "qwen2.5" or case["default_system"]:
-            continue  # the served ChatML template has no default system prompt
-        st, body, text = served_prompt(s, case["messages"], case["tools"])
-        n += 1
-        check(f"tools prompt = Qwen2.5's template ({n})", st == 200 and text == case["expected"],
-              f"{st} {body[:200]!r}\n--- got\n{text}\n--- want\n{case['expected']}")
-    check("tools prompt cases", n == 3)
+    check_tools_prompts(s, "qwen2.5", 3)
     msgs = [{"role": "user", "content": "Weather in Oslo?"}]
     plain = c.chat.completions.create(model="tiny", messages=msgs, max_tokens=1)
     none = c.chat.completions.create(model="tiny", messages=msgs, max_tokens=1, tools=[WEATHER],
