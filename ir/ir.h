@@ -160,6 +160,7 @@ typedef enum ir_op {
   IR_OP_ND_RMS_NORM = 102,
   IR_OP_ND_ATTENTION = 103,
   IR_OP_ND_ROTARY_EMBEDDING = 104,
+  IR_OP_SOFTCAP = 105, /* y = cap * tanh(x / cap) (Gemma 2's final logits) */
   IR_OP_COUNT
 } ir_op;
 
@@ -168,10 +169,13 @@ typedef enum ir_op {
 #define IR_OP_ND_LAST IR_OP_ND_ROTARY_EMBEDDING
 static inline bool ir_op_is_nd(ir_op op) { return op >= IR_OP_ND_FIRST && op <= IR_OP_ND_LAST; }
 
-/* A matmul's epilogue (attribute "act"). Values are stored in plans: append only.
+/* A matmul's epilogue (attribute "act"), and the gate activation of the swiglu op (its
+ * "act": SWIGLU when absent). Values are stored in plans: append only.
  * SWIGLU: w is [2N,K] (gate rows, then up rows) and y[:, j] = silu(z[:, j]) * z[:, N + j]
- * for z = x . w^T + bias, so y is [M,N]. */
-typedef enum ir_act { IR_ACT_NONE = 0, IR_ACT_SWIGLU = 1 } ir_act;
+ * for z = x . w^T + bias, so y is [M,N]. GEGLU: the same gate with GELU's tanh
+ * approximation, gelu(g) = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) (Gemma's
+ * gelu_pytorch_tanh); only the swiglu op takes it (no matmul epilogue yet). */
+typedef enum ir_act { IR_ACT_NONE = 0, IR_ACT_SWIGLU = 1, IR_ACT_GEGLU = 2 } ir_act;
 
 /* Longest K of a matmul with act_int8 on a block-quantized weight (int8 activations in
  * 32-value blocks; kernels/cpu/kn_cpu.h's KN_Q8_MAX_K). */

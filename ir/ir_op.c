@@ -1,7 +1,8 @@
 /* ir_op: op names, shape and type inference, and the graph verifier.
  *
  * Op contracts (T, L: symbolic; activations f32 unless stated):
- *   embed(ids[T] i32, table[V,H] f32|f16|bf16|q8_0|q4_0|q4_1)  -> [T,H]
+ *   embed(ids[T] i32, table[V,H] f32|f16|bf16|q8_0|q4_0|q4_1; scale?)  -> [T,H]
+ *       scale (default 1): each row times scale in f32 (Gemma's sqrt(H) normalizer)
  *   rms_norm(x[..,H], w[H] f32; eps)                        -> like x
  *       w[G] with G dividing a static H: each G-slice of a row normalized on its own
  *       (the per-head q/k norm of Qwen3: x[T,nh*hd], w[hd])
@@ -29,8 +30,13 @@
  *       packed (k, v absent: -1): q is qkv[T,(nh+2*nkv)*hd], the q heads, then k, then v.
  *       pos and cs present: rope (as the rope op, same attrs) applied to q and to k before
  *       k enters the cache. q_norm and k_norm present (both): each q and k head is first
-       rms-normalized (as rms_norm with w[hd], eps = qk_eps), then roped.
- *   swiglu(gate, up same shape)                             -> like gate
+ *       rms-normalized (as rms_norm with w[hd], eps = qk_eps), then roped.
+ *       window > 0 (default 0): a token at position p attends positions p - window < j <= p
+ *       only (sliding-window attention); softcap > 0 (default 0): each scaled score s
+ *       becomes softcap * tanh(s / softcap) before the softmax (Gemma 2).
+ *   swiglu(gate, up same shape; act?)                       -> like gate
+ *       act = IR_ACT_SWIGLU (default): silu(gate) * up; IR_ACT_GEGLU: gelu_tanh(gate) * up
+ *   softcap(x f32; cap > 0)                                 -> like x: cap * tanh(x / cap)
  *   add, mul(a, b same shape | b[last dim of a] | b scalar) -> like a (any float dtype)
  *   gather_rows(x[T,H], rows[L] i32)                        -> [L,H]
  *   cast(x f32|f16|bf16|q*; to f32|f16|bf16)               -> like x, dtype `to`
@@ -48,6 +54,7 @@ static const char *const k_op_names[IR_OP_COUNT] = {
     [IR_OP_ATTENTION] = "attention",     [IR_OP_SWIGLU] = "swiglu",
     [IR_OP_ADD] = "add",                 [IR_OP_MUL] = "mul",
     [IR_OP_GATHER_ROWS] = "gather_rows", [IR_OP_CAST] = "cast",
+    [IR_OP_SOFTCAP] = "softcap",
 };
 
 const char *ir_op_name(ir_op op) {
@@ -190,6 +197,8 @@ static ir_status infer_embed(infer_ctx *c, infer_out *o) {
   if (!ids || !tab || !want_dtype(c, ids, IR_I32, IR_I32, IR_I32) || !want_rank(c, ids, 1) ||
       !want_weight_dtype(c, tab) || !want_rank(c, tab, 2))
     return c->d ? c->d->status : IR_BAD_FORMAT;
+  if (!(ir_node_attr_f(c->n, "scale", 1.0) > 0))
+    return fail(c, "scale must be positive%s%s", "", "");
   ir_dim dims[2] = {ids->dims[0], tab->dims[1]};
   set_out(o, 0, IR_F32, 2, dims);
   return IR_OK;
@@ -356,6 +365,8 @@ static ir_status infer_attention(infer_ctx *c, infer_out *o) {
                   !want_dim(c, k, 0, q->dims[0]) || !want_dim(c, v, 0, q->dims[0])))
     return IR_BAD_FORMAT;
   if (!want_attn_rope(c, q, hd) || !want_attn_norm(c, hd)) return IR_BAD_FORMAT;
+  if (ir_node_attr_i(c->n, "window", 0) < 0 || !(ir_node_attr_f(c->n, "softcap", 0) >= 0))
+    return fail(c, "window and softcap must not be negative%s%s", "", "");
   ir_dim dims[2] = {q->dims[0], D(nh * hd)};
   set_out(o, 0, IR_F32, 2, dims);
   return IR_OK;
@@ -373,6 +384,25 @@ static ir_status infer_binary(infer_ctx *c, infer_out *o, bool same_only) {
   if (!same && (same_only || !(row || scalar)))
     return fail(c, "shapes of '%s' and '%s' do not match", a->name, b->name);
   set_out(o, 0, a->dtype, a->rank, a->dims);
+  return IR_OK;
+}
+
+static ir_status infer_swiglu(infer_ctx *c, infer_out *o) {
+  int64_t act = ir_node_attr_i(c->n, "act", IR_ACT_SWIGLU);
+  if (act != IR_ACT_SWIGLU && act != IR_ACT_GEGLU) {
+    char num[24];
+    snprintf(num, sizeof num, "%lld", (long long)act);
+    return fail(c, "unknown gate activation act=%s%s", num, "");
+  }
+  return infer_binary(c, o, true);
+}
+
+static ir_status infer_softcap(infer_ctx *c, infer_out *o) {
+  const ir_tensor *x = in_t(c, 0, true);
+  if (!x || !want_attr(c, "cap") || !want_dtype(c, x, IR_F32, IR_F32, IR_F32))
+    return IR_BAD_FORMAT;
+  if (!(ir_node_attr_f(c->n, "cap", 0) > 0)) return fail(c, "cap must be positive%s%s", "", "");
+  set_out(o, 0, IR_F32, x->rank, x->dims);
   return IR_OK;
 }
 
@@ -414,7 +444,8 @@ ir_status ir_op_infer(const ir_graph *g, const ir_node *n, ir_dtype *out_dt, int
   case IR_OP_MATMUL: return infer_matmul(&c, &o);
   case IR_OP_ROPE: return infer_rope(&c, &o);
   case IR_OP_ATTENTION: return infer_attention(&c, &o);
-  case IR_OP_SWIGLU: return infer_binary(&c, &o, true);
+  case IR_OP_SWIGLU: return infer_swiglu(&c, &o);
+  case IR_OP_SOFTCAP: return infer_softcap(&c, &o);
   case IR_OP_ADD:
   case IR_OP_MUL: return infer_binary(&c, &o, false);
   case IR_OP_GATHER_ROWS: return infer_gather(&c, &o);

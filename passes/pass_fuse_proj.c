@@ -139,7 +139,8 @@ static int fuse_qkv_at(ir_graph *g, int32_t ai, bool *dead, ir_diag *d) {
  * swiglu's own output, at the gate matmul's place. */
 static int fuse_gate_up_at(ir_graph *g, int32_t si, bool *dead, ir_diag *d) {
   const ir_node *s = &g->nodes[si];
-  if (s->op != IR_OP_SWIGLU) return 0;
+  /* the matmul epilogue is silu's alone: a geglu stays a swiglu op after two matmuls */
+  if (s->op != IR_OP_SWIGLU || ir_node_attr_i(s, "act", IR_ACT_SWIGLU) != IR_ACT_SWIGLU) return 0;
   int32_t m[2] = {producer_of(g, s, 0), producer_of(g, s, 1)};
   if (!mergeable(g, m, 2)) return 0;
   int32_t y = s->out[0];
