@@ -101,6 +101,8 @@ static kn_attn_io attention_io(const ir_node *n, void *const *ptrs, int64_t nh, 
     io.q_norm = P_(5), io.k_norm = P_(6);
     io.qk_eps = (float)ir_node_attr_f(n, "qk_eps", 1e-6);
   }
+  io.window = ir_node_attr_i(n, "window", 0);
+  io.softcap = (float)ir_node_attr_f(n, "softcap", 0.0);
   return io;
 }
 
@@ -128,7 +130,8 @@ static ir_status cpu_run_node(void *vctx, const ir_graph *g, int32_t ni, void *c
   float eps = (float)ir_node_attr_f(n, "eps", 1e-6);
   switch (n->op) {
   case IR_OP_EMBED:
-    kn_embed(p, O_(0), P_(1), T_(1)->dtype, P_(0), dimv(g, T_(0), 0, s), dimv(g, T_(1), 1, s));
+    kn_embed_scaled(p, O_(0), P_(1), T_(1)->dtype, P_(0), dimv(g, T_(0), 0, s),
+                    dimv(g, T_(1), 1, s), (float)ir_node_attr_f(n, "scale", 1.0));
     break;
   case IR_OP_RMS_NORM: { /* rows of the weight's length: a slice of the row, or all of it */
     int64_t dim = dimv(g, T_(1), 0, s);
@@ -152,7 +155,12 @@ static ir_status cpu_run_node(void *vctx, const ir_graph *g, int32_t ni, void *c
   }
   case IR_OP_ATTENTION: run_attention(p, g, n, ptrs, s); break;
   case IR_OP_SWIGLU:
-    kn_swiglu(p, O_(0), P_(0), P_(1), (int64_t)ir_tensor_elems(g, T_(0), s->syms));
+    (ir_node_attr_i(n, "act", IR_ACT_SWIGLU) == IR_ACT_GEGLU ? kn_geglu : kn_swiglu)(
+        p, O_(0), P_(0), P_(1), (int64_t)ir_tensor_elems(g, T_(0), s->syms));
+    break;
+  case IR_OP_SOFTCAP:
+    kn_softcap(p, O_(0), P_(0), (int64_t)ir_tensor_elems(g, T_(0), s->syms),
+               (float)ir_node_attr_f(n, "cap", 1.0));
     break;
   case IR_OP_ADD:
   case IR_OP_MUL: run_binary(p, g, n, ptrs, s); break;

@@ -786,9 +786,21 @@ static const attn_kernels *attn_pick(void) {
 
 typedef struct attn_query {
   const float *q;
-  int64_t n_pos;
+  int64_t lo, n_pos; /* the positions it attends: [lo, n_pos) */
   float *out;
 } attn_query;
+
+/* Rows [off, off + n) of a chunk. */
+static attn_rows attn_rows_at(const attn_rows *c, int off, int n) {
+  attn_rows r = *c;
+  int64_t e = (int64_t)off * c->hd;
+  if (r.k) r.k += e, r.v += e;
+  if (r.k16) r.k16 += e, r.v16 += e;
+  if (r.k8) r.k8 += e, r.v8 += e;
+  if (r.ks) r.ks += off;
+  r.n = n;
+  return r;
+}
 
 /* Folds one chunk of rows into each query of a group (the chunk at slot s0 of the block
  * at position j0): the chunk's scores; when they raise the query's running max, a rescale
@@ -798,15 +810,20 @@ typedef struct attn_query {
  * elementwise, so one call over every query's weights gives each the same bits. */
 static void attn_chunk_group(const attn_kernels *kk, attn_state *st, const attn_query *qs,
                              int64_t nq, const attn_rows *chunk, int64_t j0, int64_t bs,
-                             int64_t s0, const float *v_scale, float scale, int64_t d0,
-                             int64_t dn) {
+                             int64_t s0, const float *v_scale, float scale, float softcap,
+                             int64_t d0, int64_t dn) {
   float s[KN_ATTN_GROUP][KN_ATTN_CHUNK], corr[KN_ATTN_GROUP];
-  int n[KN_ATTN_GROUP], rescale[KN_ATTN_GROUP], nr = 0, n_max = 0, active = 0, rest = 0;
+  int n[KN_ATTN_GROUP], off[KN_ATTN_GROUP], rescale[KN_ATTN_GROUP], nr = 0, n_max = 0;
+  int active = 0, rest = 0;
   for (int64_t i = 0; i < nq; i++) {
-    /* this query's slots of the block, then of the chunk: as when it is alone */
+    /* this query's slots of the block, then of the chunk: as when it is alone; a sliding
+     * window skips the rows before its first position (off of them) */
     int64_t q_slot = qs[i].n_pos - j0 < bs ? qs[i].n_pos - j0 : bs;
     n[i] = q_slot <= s0 ? 0
                         : (int)(q_slot - s0 < KN_ATTN_CHUNK ? q_slot - s0 : KN_ATTN_CHUNK);
+    int64_t skip = qs[i].lo - (j0 + s0);
+    off[i] = skip <= 0 ? 0 : skip >= n[i] ? n[i] : (int)skip;
+    if (off[i] == n[i]) n[i] = off[i] = 0;
     n_max = n[i] > n_max ? n[i] : n_max;
     active += n[i] > 0;
   }
@@ -821,7 +838,7 @@ static void attn_chunk_group(const attn_kernels *kk, attn_state *st, const attn_
     chunk = &wide;
   }
   /* the full chunks, KN_ATTN_MQ at once */
-  if (kk->chunk16 && chunk->hd % KN_ATTN_LANES == 0 &&
+  if (kk->chunk16 && chunk->hd % KN_ATTN_LANES == 0 && softcap == 0.0f &&
       atomic_load_explicit(&g_attn_chunk_kernels, memory_order_relaxed)) {
     attn_state *fs[KN_ATTN_MQ];
     const float *fq[KN_ATTN_MQ];
@@ -829,7 +846,7 @@ static void attn_chunk_group(const attn_kernels *kk, attn_state *st, const attn_
     attn_rows r = *chunk;
     r.n = KN_ATTN_CHUNK;
     for (int64_t i = 0; i < nq; i++) {
-      if (n[i] != KN_ATTN_CHUNK) continue;
+      if (n[i] != KN_ATTN_CHUNK || off[i]) continue;
       fs[nf] = &st[i], fq[nf++] = qs[i].q;
       n[i] = 0; /* done: the phases below skip it */
       memset(s[i], 0, sizeof s[i]);
@@ -839,10 +856,12 @@ static void attn_chunk_group(const attn_kernels *kk, attn_state *st, const attn_
   }
   for (int64_t i = 0; i < nq; i++) {
     if (!n[i]) continue;
-    attn_rows r = *chunk;
-    r.n = n[i];
+    n[i] -= off[i]; /* from here on: the rows [off, off + n) */
+    attn_rows r = attn_rows_at(chunk, off[i], n[i]);
     rest++;
     kk->scores(qs[i].q, &r, scale, s[i]);
+    if (softcap > 0.0f)
+      for (int j = 0; j < n[i]; j++) s[i][j] = kn_softcap1(s[i][j], softcap);
     float cm = s[i][0];
     for (int j = 1; j < n[i]; j++) cm = s[i][j] > cm ? s[i][j] : cm;
     if (cm > st[i].max) {
@@ -865,10 +884,9 @@ static void attn_chunk_group(const attn_kernels *kk, attn_state *st, const attn_
     if (!n[i]) continue;
     for (int j = 0; j < n[i]; j++) {
       st[i].sum += s[i][j];
-      if (v_scale) s[i][j] *= v_scale[j];
+      if (v_scale) s[i][j] *= v_scale[off[i] + j];
     }
-    attn_rows r = *chunk;
-    r.n = n[i];
+    attn_rows r = attn_rows_at(chunk, off[i], n[i]);
     kk->accum(st[i].acc, s[i], &r, d0, dn);
   }
 }
@@ -879,7 +897,7 @@ static void attn_group_slice(const attn_args *a, const attn_kernels *kk, int64_t
   const kn_attn_io *io = a->io;
   int64_t hd = kv->head_dim, bs = kv->block_size;
   int64_t kvh = h0 / (a->n_heads / kv->n_kv_heads);
-  int64_t seq = a->b->tok_seq[t0], nq = nt * nh, max_pos = 0;
+  int64_t seq = a->b->tok_seq[t0], nq = nt * nh, max_pos = 0, min_lo = INT64_MAX;
   attn_query qs[KN_ATTN_GROUP];
   attn_state st[KN_ATTN_GROUP];
   float qr[KN_ATTN_GROUP][KN_ATTN_DSLICE]; /* head_dim <= 256 (the IR checks it) */
@@ -887,13 +905,16 @@ static void attn_group_slice(const attn_args *a, const attn_kernels *kk, int64_t
     int64_t t = t0 + i / nh, h = h0 + i % nh;
     const float *q = attn_head_in(qr[i], io->q + t * io->q_stride + h * hd, io->q_norm, io,
                                   t, hd);
-    qs[i] = (attn_query){.q = q, .n_pos = (int64_t)a->b->tok_pos[t] + 1,
+    int64_t n_pos = (int64_t)a->b->tok_pos[t] + 1;
+    int64_t lo = io->window > 0 && n_pos > io->window ? n_pos - io->window : 0;
+    qs[i] = (attn_query){.q = q, .lo = lo, .n_pos = n_pos,
                          .out = a->out + (t * a->n_heads + h) * hd + d0};
-    if (qs[i].n_pos > max_pos) max_pos = qs[i].n_pos;
+    if (n_pos > max_pos) max_pos = n_pos;
+    if (lo < min_lo) min_lo = lo;
     st[i].max = -INFINITY, st[i].sum = 0.0f;
     memset(st[i].acc, 0, (size_t)dn * sizeof st[i].acc[0]);
   }
-  for (int64_t j0 = 0; j0 < max_pos; j0 += bs) {
+  for (int64_t j0 = min_lo / bs * bs; j0 < max_pos; j0 += bs) {
     int64_t row = attn_cache_off(kv, attn_block(a->b, seq, j0 / bs), kvh, 0) / hd;
     int64_t n_slot = max_pos - j0 < bs ? max_pos - j0 : bs;
     for (int64_t s0 = 0; s0 < n_slot; s0 += KN_ATTN_CHUNK) {
@@ -908,7 +929,7 @@ static void attn_group_slice(const attn_args *a, const attn_kernels *kk, int64_t
       } else {
         r.k = kv->k + r0 * hd, r.v = kv->v + r0 * hd;
       }
-      attn_chunk_group(kk, st, qs, nq, &r, j0, bs, s0, v_scale, a->scale, d0, dn);
+      attn_chunk_group(kk, st, qs, nq, &r, j0, bs, s0, v_scale, a->scale, io->softcap, d0, dn);
     }
   }
   for (int64_t i = 0; i < nq; i++) {

@@ -21,6 +21,10 @@
  * ids are checked by the caller (0 <= id < vocab). */
 void kn_embed(kn_pool *p, float *out, const void *table, ir_dtype dt, const int32_t *ids,
               int64_t n_tok, int64_t dim);
+/* The same, each row then multiplied by scale in f32 (Gemma's sqrt(hidden) normalizer);
+ * scale 1 is kn_embed. */
+void kn_embed_scaled(kn_pool *p, float *out, const void *table, ir_dtype dt, const int32_t *ids,
+                     int64_t n_tok, int64_t dim, float scale);
 
 /* out[t] = x[t] * w / sqrt(mean(x[t]^2) + eps).  x, out: (n, dim); w: (dim) f32.
  * out may alias x. */
@@ -154,6 +158,16 @@ void kn_rope_head(float *x, const float *cs, int64_t rot_dim, int neox);
 /* out = silu(gate) * up, elementwise over n values. out may alias gate or up. */
 void kn_swiglu(kn_pool *p, float *out, const float *gate, const float *up, int64_t n);
 
+/* out = gelu_tanh(gate) * up (Gemma's gelu_pytorch_tanh), elementwise over n values, each
+ * as kn_gelu_tanh_mul: 0.5 g (1 + tanhf(0.7978845608 (g + 0.044715 g^3))) u in f32, in
+ * that order. out may alias gate or up. */
+void kn_geglu(kn_pool *p, float *out, const float *gate, const float *up, int64_t n);
+float kn_gelu_tanh_mul(float g, float u);
+
+/* out = cap * tanhf(x / cap) over n values (kn_softcap1 each; cap > 0); out may alias x. */
+void kn_softcap(kn_pool *p, float *out, const float *x, int64_t n, float cap);
+float kn_softcap1(float x, float cap);
+
 /* out = a + b, elementwise over n values. out may alias a or b. */
 void kn_add(kn_pool *p, float *out, const float *a, const float *b, int64_t n);
 
@@ -215,6 +229,9 @@ typedef struct kn_attn_io {
   int neox;
   const float *q_norm, *k_norm; /* (head_dim) or NULL: kn_rms_norm_row of each q / k head */
   float qk_eps;                 /* before the rope (Qwen3's q_norm, k_norm) */
+  int64_t window; /* > 0: a token at position p attends p - window < j <= p only (sliding
+                     window); 0: every position <= p */
+  float softcap;  /* > 0: each scaled score s becomes kn_softcap1(s, softcap) (Gemma 2) */
 } kn_attn_io;
 
 /* kn_attention_paged over strided (packed) inputs with an optional per-head norm and rope:

@@ -11,6 +11,7 @@ typedef struct embed_args {
   ir_dtype dt;
   const int32_t *ids;
   int64_t dim;
+  float scale;
 } embed_args;
 
 static void embed_row(float *restrict out, const void *table, ir_dtype dt, int64_t row,
@@ -21,13 +22,22 @@ static void embed_row(float *restrict out, const void *table, ir_dtype dt, int64
 static void embed_task(void *arg, int64_t begin, int64_t end, int tid) {
   (void)tid;
   const embed_args *a = arg;
-  for (int64_t t = begin; t < end; t++)
-    embed_row(a->out + t * a->dim, a->table, a->dt, a->ids[t], a->dim);
+  for (int64_t t = begin; t < end; t++) {
+    float *o = a->out + t * a->dim;
+    embed_row(o, a->table, a->dt, a->ids[t], a->dim);
+    if (a->scale != 1.0f)
+      for (int64_t i = 0; i < a->dim; i++) o[i] *= a->scale;
+  }
+}
+
+void kn_embed_scaled(kn_pool *p, float *out, const void *table, ir_dtype dt, const int32_t *ids,
+                     int64_t n_tok, int64_t dim, float scale) {
+  embed_args a = {.out = out, .table = table, .dt = dt, .ids = ids, .dim = dim, .scale = scale};
+  int64_t grain = dim > 0 ? 1 + KN_EMBED_MIN_WORK / dim : 1;
+  kn_parallel_for(p, n_tok, grain, embed_task, &a);
 }
 
 void kn_embed(kn_pool *p, float *out, const void *table, ir_dtype dt, const int32_t *ids,
               int64_t n_tok, int64_t dim) {
-  embed_args a = {.out = out, .table = table, .dt = dt, .ids = ids, .dim = dim};
-  int64_t grain = dim > 0 ? 1 + KN_EMBED_MIN_WORK / dim : 1;
-  kn_parallel_for(p, n_tok, grain, embed_task, &a);
+  kn_embed_scaled(p, out, table, dt, ids, n_tok, dim, 1.0f);
 }

@@ -1,4 +1,5 @@
-/* kn_swiglu: the gated activation of Llama-style MLPs, silu(gate) * up. */
+/* kn_swiglu: the gated activations of the MLPs, silu(gate) * up (Llama) and
+ * gelu_tanh(gate) * up (Gemma), and the tanh soft cap. */
 #include <math.h>
 #include <string.h>
 
@@ -75,10 +76,18 @@ float kn_silu_mul(float g, float u) {
   return y;
 }
 
+float kn_gelu_tanh_mul(float g, float u) {
+  const float beta = 0.7978845608028654f, kappa = 0.044715f; /* sqrt(2 / pi) */
+  return 0.5f * g * (1.0f + tanhf(beta * (g + kappa * g * g * g))) * u;
+}
+
+float kn_softcap1(float x, float cap) { return cap * tanhf(x / cap); }
+
 typedef struct swiglu_args {
   float *out;
   const float *gate;
   const float *up;
+  float cap;
 } swiglu_args;
 
 static void swiglu_task(void *arg, int64_t begin, int64_t end, int tid) {
@@ -90,4 +99,26 @@ static void swiglu_task(void *arg, int64_t begin, int64_t end, int tid) {
 void kn_swiglu(kn_pool *p, float *out, const float *gate, const float *up, int64_t n) {
   swiglu_args a = {.out = out, .gate = gate, .up = up};
   kn_parallel_for(p, n, KN_SWIGLU_GRAIN, swiglu_task, &a);
+}
+
+static void geglu_task(void *arg, int64_t begin, int64_t end, int tid) {
+  (void)tid;
+  const swiglu_args *a = arg;
+  for (int64_t i = begin; i < end; i++) a->out[i] = kn_gelu_tanh_mul(a->gate[i], a->up[i]);
+}
+
+void kn_geglu(kn_pool *p, float *out, const float *gate, const float *up, int64_t n) {
+  swiglu_args a = {.out = out, .gate = gate, .up = up};
+  kn_parallel_for(p, n, KN_SWIGLU_GRAIN / 4, geglu_task, &a);
+}
+
+static void softcap_task(void *arg, int64_t begin, int64_t end, int tid) {
+  (void)tid;
+  const swiglu_args *a = arg;
+  for (int64_t i = begin; i < end; i++) a->out[i] = kn_softcap1(a->gate[i], a->cap);
+}
+
+void kn_softcap(kn_pool *p, float *out, const float *x, int64_t n, float cap) {
+  swiglu_args a = {.out = out, .gate = x, .cap = cap};
+  kn_parallel_for(p, n, KN_SWIGLU_GRAIN / 4, softcap_task, &a);
 }
