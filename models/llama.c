@@ -48,6 +48,13 @@ ir_status model_llama_check(const model_llama_params *p, ir_diag *d) {
         p->rope_attn_factor > 0))
     return ir_diag_set(d, IR_BAD_FORMAT, "yarn rope scaling needs original_max_position_"
                        "embeddings, beta_fast, beta_slow and an attention factor > 0");
+  if (p->act != 0 && p->act != IR_ACT_SWIGLU && p->act != IR_ACT_GEGLU)
+    return ir_diag_set(d, IR_UNSUPPORTED, "unknown MLP activation %d", p->act);
+  if (!(p->embed_scale >= 0 && p->attn_scale >= 0 && p->attn_softcap >= 0 &&
+        p->final_softcap >= 0 && p->rope_local_theta >= 0) ||
+      p->sliding_window < 0 || p->swa_period < 0)
+    return ir_diag_set(d, IR_BAD_FORMAT, "scales, soft caps, the sliding window and the local "
+                       "rope base must not be negative");
   if (p->rope_scaling == MODEL_ROPE_LLAMA3 &&
       !(p->rope_orig_context > 0 && p->rope_low_freq > 0 && p->rope_high_freq > p->rope_low_freq))
     return ir_diag_set(d, IR_BAD_FORMAT, "llama3 rope scaling needs original_max_position_"
@@ -63,6 +70,8 @@ typedef struct builder {
   ir_diag *d;
   ir_status st;
   int32_t tokens, positions, logit_rows, rope_table;
+  int32_t rope_local; /* the sliding layers' table (rope_local_theta), or rope_table */
+  int32_t one;        /* the f32 scalar 1 (norm_plus_one), or -1 until asked for */
 } builder;
 
 static ir_dim DS(ir_sym s) { return (ir_dim){.n = 0, .sym = s}; }
@@ -140,6 +149,28 @@ static int32_t vec_weight(builder *b, const char *name, int64_t n) {
   return as_dtype(b, weight(b, name, n, 0), IR_F32);
 }
 
+/* The f32 scalar 1 the (1 + w) norms add, made once. */
+static int32_t one(builder *b) {
+  if (b->one >= 0 || b->st != IR_OK) return b->one;
+  float *v = malloc(sizeof *v);
+  int64_t shape[1] = {1};
+  if (v) *v = 1.0f;
+  if (!v || !ir_graph_adopt(b->g, v) ||
+      (b->one = ir_graph_add_weight(b->g, "one", IR_F32, 1, shape, v, sizeof *v)) < 0)
+    b->st = ir_diag_set(b->d, IR_OOM, "out of memory");
+  return b->one;
+}
+
+/* An RMSNorm weight in f32: w, or 1 + w (Gemma's), an add the fold pass evaluates. */
+static int32_t norm_weight(builder *b, const char *name, int64_t n) {
+  int32_t w = vec_weight(b, name, n);
+  if (!b->p->norm_plus_one || w < 0) return w;
+  char nm[200];
+  snprintf(nm, sizeof nm, "%s.plus1", name);
+  int32_t in[2] = {w, one(b)};
+  return node(b, IR_OP_ADD, nm, in, 2, NULL, 0);
+}
+
 static int32_t mat_weight(builder *b, const char *name, int64_t n, int64_t k) {
   return as_dtype(b, weight(b, name, n, k), b->bo->weight_dtype);
 }
@@ -182,20 +213,26 @@ static double rope_freq(const model_llama_params *p, int64_t i, int64_t max_pos)
   return inv;
 }
 
-/* cos/sin of pos * inv_freq for every position, computed as HF does in f32 (rope_freq). */
-static int32_t rope_table(builder *b, int64_t max_pos) {
-  int64_t half = model_llama_rot_dims(b->p) / 2;
+bool model_llama_layer_slides(const model_llama_params *p, int64_t l) {
+  return p->sliding_window > 0 && (p->swa_period <= 0 || (l + 1) % p->swa_period != 0);
+}
+
+/* cos/sin of pos * inv_freq for every position, computed as HF does in f32 (rope_freq),
+ * with the parameters p (the model's, or the sliding layers' local rope). */
+static int32_t rope_table(builder *b, const model_llama_params *p, int64_t max_pos,
+                          const char *name) {
+  int64_t half = model_llama_rot_dims(p) / 2;
   float *cs = malloc((size_t)(max_pos * half * 2) * sizeof *cs);
   if (!cs || !ir_graph_adopt(b->g, cs)) {
     b->st = ir_diag_set(b->d, IR_OOM, "out of memory");
     return -1;
   }
   /* YaRN and longrope scale cos and sin (HF's attention_scaling, in f32); 1 keeps them */
-  model_rope_scaling sc = b->p->rope_scaling;
-  float scale = sc == MODEL_ROPE_YARN || sc == MODEL_ROPE_LONGROPE ? (float)b->p->rope_attn_factor
+  model_rope_scaling sc = p->rope_scaling;
+  float scale = sc == MODEL_ROPE_YARN || sc == MODEL_ROPE_LONGROPE ? (float)p->rope_attn_factor
                                                                    : 1.0f;
   for (int64_t i = 0; i < half; i++) {
-    float inv = (float)rope_freq(b->p, i, max_pos);
+    float inv = (float)rope_freq(p, i, max_pos);
     for (int64_t pos = 0; pos < max_pos; pos++) {
       float f = (float)pos * inv;
       cs[(pos * half + i) * 2] = cosf(f) * scale;
@@ -203,7 +240,7 @@ static int32_t rope_table(builder *b, int64_t max_pos) {
     }
   }
   int64_t shape[3] = {max_pos, half, 2};
-  int32_t id = ir_graph_add_weight(b->g, "rope.cos_sin", IR_F32, 3, shape, cs,
+  int32_t id = ir_graph_add_weight(b->g, name, IR_F32, 3, shape, cs,
                                    (uint64_t)(max_pos * half * 2) * sizeof *cs);
   if (id < 0) b->st = ir_diag_set(b->d, IR_OOM, "out of memory");
   return id;
@@ -234,14 +271,32 @@ static int32_t proj_rows(builder *b, int32_t x, const char *pre, const char *fus
   return node(b, IR_OP_MATMUL, node_name, in, 2, NULL, 0);
 }
 
+/* The rope tables: the model's, and Gemma 3's local one for the sliding layers (its own
+ * base, no scaling). */
+static void rope_tables(builder *b, int64_t max_pos) {
+  b->rope_table = b->rope_local = rope_table(b, b->p, max_pos, "rope.cos_sin");
+  if (b->st != IR_OK || !(b->p->rope_local_theta > 0)) return;
+  model_llama_params *local = malloc(sizeof *local);
+  if (!local) {
+    b->st = ir_diag_set(b->d, IR_OOM, "out of memory");
+    return;
+  }
+  *local = *b->p;
+  local->rope_theta = b->p->rope_local_theta;
+  local->rope_scaling = MODEL_ROPE_DEFAULT;
+  local->rope_freq_factors = NULL;
+  b->rope_local = rope_table(b, local, max_pos, "rope.cos_sin.local");
+  free(local);
+}
+
 static int32_t rms_norm(builder *b, int32_t x, int32_t w, const char *node_name) {
   int32_t in[2] = {x, w};
   ir_attr a = IR_AF(ir_attr_intern("eps"), b->p->rms_norm_eps);
   return node(b, IR_OP_RMS_NORM, node_name, in, 2, &a, 1);
 }
 
-static int32_t rope(builder *b, int32_t x, int64_t heads, const char *node_name) {
-  int32_t in[3] = {x, b->positions, b->rope_table};
+static int32_t rope(builder *b, int32_t x, int64_t heads, int32_t table, const char *node_name) {
+  int32_t in[3] = {x, b->positions, table};
   ir_attr a[4] = {IR_AI(ir_attr_intern("n_heads"), heads),
                   IR_AI(ir_attr_intern("head_dim"), b->p->head_dim),
                   IR_AI(ir_attr_intern("rot_dim"), model_llama_rot_dims(b->p)),
@@ -254,7 +309,7 @@ static int32_t head_norm(builder *b, int32_t x, const char *pre, const char *w, 
   char wn[200], nn[64]; /* pre is up to 160 bytes */
   snprintf(wn, sizeof wn, "%s%s.weight", pre, w);
   snprintf(nn, sizeof nn, "l%lld.%s", (long long)l, w);
-  return rms_norm(b, x, vec_weight(b, wn, b->p->head_dim), nn);
+  return rms_norm(b, x, norm_weight(b, wn, b->p->head_dim), nn);
 }
 
 static int32_t attention_block(builder *b, int32_t h, int64_t l, const char *pre) {
@@ -284,14 +339,20 @@ static int32_t attention_block(builder *b, int32_t h, int64_t l, const char *pre
   snprintf(rq, sizeof rq, "l%lld.rope_q", (long long)l);
   snprintf(rk, sizeof rk, "l%lld.rope_k", (long long)l);
   bool nope = p->no_rope_every > 0 && (l + 1) % p->no_rope_every == 0; /* SmolLM3's NoPE */
-  int32_t in[3] = {nope ? q : rope(b, q, p->n_heads, rq), nope ? k : rope(b, k, p->n_kv_heads, rk),
-                   v};
-  ir_attr a[5] = {IR_AI(ir_attr_intern("layer"), l),
+  bool slides = model_llama_layer_slides(p, l);
+  int32_t table = slides ? b->rope_local : b->rope_table;
+  int32_t in[3] = {nope ? q : rope(b, q, p->n_heads, table, rq),
+                   nope ? k : rope(b, k, p->n_kv_heads, table, rk), v};
+  double scale = p->attn_scale > 0 ? p->attn_scale : 1.0 / sqrt((double)p->head_dim);
+  ir_attr a[7] = {IR_AI(ir_attr_intern("layer"), l),
                   IR_AI(ir_attr_intern("n_heads"), p->n_heads),
                   IR_AI(ir_attr_intern("n_kv_heads"), p->n_kv_heads),
                   IR_AI(ir_attr_intern("head_dim"), p->head_dim),
-                  IR_AF(ir_attr_intern("scale"), 1.0 / sqrt((double)p->head_dim))};
-  int32_t att = node(b, IR_OP_ATTENTION, nm[3], in, 3, a, 5);
+                  IR_AF(ir_attr_intern("scale"), scale)};
+  int na = 5;
+  if (slides) a[na++] = IR_AI(ir_attr_intern("window"), p->sliding_window);
+  if (p->attn_softcap > 0) a[na++] = IR_AF(ir_attr_intern("softcap"), p->attn_softcap);
+  int32_t att = node(b, IR_OP_ATTENTION, nm[3], in, 3, a, na);
   return proj(b, att, sa, "o_proj", H, qd, false, nm[4]);
 }
 
@@ -311,30 +372,50 @@ static int32_t mlp_block(builder *b, int32_t h, int64_t l, const char *pre) {
     gu[0] = proj(b, h, mp, "gate_proj", F, H, false, ng);
     gu[1] = proj(b, h, mp, "up_proj", F, H, false, nu);
   }
-  int32_t m = node(b, IR_OP_SWIGLU, ns, gu, 2, NULL, 0);
+  ir_attr act = IR_AI(ir_attr_intern("act"), b->p->act ? b->p->act : IR_ACT_SWIGLU);
+  int32_t m = node(b, IR_OP_SWIGLU, ns, gu, 2, &act, b->p->act == IR_ACT_GEGLU ? 1 : 0);
   return proj(b, m, mp, "down_proj", H, F, false, nd);
 }
 
+/* Layer l's norm weight pre+name, or -1 when name is NULL. */
+static int32_t layer_norm_weight(builder *b, const char *pre, const char *name) {
+  if (!name) return -1;
+  char w[160];
+  snprintf(w, sizeof w, "%s%s.weight", pre, name);
+  return norm_weight(b, w, b->p->hidden_size);
+}
+
+/* A block's output y normalized by w (Gemma's post norms) when w is set, then added to the
+ * residual x. */
+static int32_t residual(builder *b, int32_t x, int32_t y, int32_t w, int64_t l, const char *what) {
+  char nm[64];
+  if (w >= 0) {
+    snprintf(nm, sizeof nm, "l%lld.%s_post_norm", (long long)l, what);
+    y = rms_norm(b, y, w, nm);
+  }
+  snprintf(nm, sizeof nm, "l%lld.%s_residual", (long long)l, what);
+  int32_t in[2] = {x, y};
+  return node(b, IR_OP_ADD, nm, in, 2, NULL, 0);
+}
+
 static int32_t layer(builder *b, int32_t x, int64_t l) {
-  char pre[64], w[160], nm[64];
+  char pre[64], nm[64];
+  bool sw = b->p->sandwich_norms;
   snprintf(pre, sizeof pre, "model.layers.%lld.", (long long)l);
   /* Norm weights first, so that even unfolded casts precede the residual adds and the
-   * add + norm fusion always finds its weight available. */
-  snprintf(w, sizeof w, "%sinput_layernorm.weight", pre);
-  int32_t w_attn = vec_weight(b, w, b->p->hidden_size);
-  snprintf(w, sizeof w, "%spost_attention_layernorm.weight", pre);
-  int32_t w_mlp = vec_weight(b, w, b->p->hidden_size);
+   * add + norm fusion always finds its weight available. Gemma's post_attention_layernorm
+   * normalizes the attention's output; Llama's is the MLP's input norm. */
+  int32_t w_attn = layer_norm_weight(b, pre, "input_layernorm");
+  int32_t w_mlp = layer_norm_weight(b, pre, sw ? "pre_feedforward_layernorm"
+                                               : "post_attention_layernorm");
+  int32_t w_attn_post = layer_norm_weight(b, pre, sw ? "post_attention_layernorm" : NULL);
+  int32_t w_mlp_post = layer_norm_weight(b, pre, sw ? "post_feedforward_layernorm" : NULL);
   snprintf(nm, sizeof nm, "l%lld.attn_norm", (long long)l);
   int32_t h = rms_norm(b, x, w_attn, nm);
-  int32_t in[2] = {x, attention_block(b, h, l, pre)};
-  snprintf(nm, sizeof nm, "l%lld.attn_residual", (long long)l);
-  x = node(b, IR_OP_ADD, nm, in, 2, NULL, 0);
+  x = residual(b, x, attention_block(b, h, l, pre), w_attn_post, l, "attn");
   snprintf(nm, sizeof nm, "l%lld.mlp_norm", (long long)l);
   h = rms_norm(b, x, w_mlp, nm);
-  in[0] = x;
-  in[1] = mlp_block(b, h, l, pre);
-  snprintf(nm, sizeof nm, "l%lld.mlp_residual", (long long)l);
-  return node(b, IR_OP_ADD, nm, in, 2, NULL, 0);
+  return residual(b, x, mlp_block(b, h, l, pre), w_mlp_post, l, "mlp");
 }
 
 static void add_inputs(builder *b) {
@@ -374,17 +455,22 @@ static void build_body(builder *b) {
   const model_llama_params *p = b->p;
   int32_t emb = mat_weight(b, "model.embed_tokens.weight", p->vocab_size, p->hidden_size);
   int32_t in[2] = {b->tokens, emb};
-  int32_t x = node(b, IR_OP_EMBED, "embed", in, 2, NULL, 0);
+  ir_attr es = IR_AF(ir_attr_intern("scale"), (double)(float)p->embed_scale);
+  int32_t x = node(b, IR_OP_EMBED, "embed", in, 2, &es, p->embed_scale > 0 ? 1 : 0);
   for (int64_t l = 0; l < p->n_layers && b->st == IR_OK; l++) x = layer(b, x, l);
   in[0] = x;
   in[1] = b->logit_rows;
   x = node(b, IR_OP_GATHER_ROWS, "logit_rows", in, 2, NULL, 0);
-  x = rms_norm(b, x, vec_weight(b, "model.norm.weight", p->hidden_size), "final_norm");
+  x = rms_norm(b, x, norm_weight(b, "model.norm.weight", p->hidden_size), "final_norm");
   in[0] = x;
   in[1] = p->tie_word_embeddings
               ? emb
               : mat_weight(b, "lm_head.weight", p->vocab_size, p->hidden_size);
   int32_t logits = node(b, IR_OP_MATMUL, "logits", in, 2, NULL, 0);
+  if (p->final_softcap > 0) { /* Gemma 2 */
+    ir_attr cap = IR_AF(ir_attr_intern("cap"), p->final_softcap);
+    logits = node(b, IR_OP_SOFTCAP, "logits_softcap", &logits, 1, &cap, 1);
+  }
   if (b->st == IR_OK && !ir_graph_add_output(b->g, logits))
     b->st = ir_diag_set(b->d, IR_OOM, "out of memory");
 }
@@ -394,13 +480,14 @@ ir_status model_llama_build(const model_llama_params *p, const model_tensor_src 
   *out = NULL;
   ir_status st = model_llama_check(p, d);
   if (st != IR_OK) return st;
-  builder b = {.g = ir_graph_create(), .p = p, .src = src, .bo = bo, .d = d, .st = IR_OK};
+  builder b = {.g = ir_graph_create(), .p = p, .src = src, .bo = bo, .d = d, .st = IR_OK,
+               .one = -1};
   if (!b.g) return ir_diag_set(d, IR_OOM, "out of memory");
   int64_t max_pos = p->max_position;
   if (bo->max_context > 0 && bo->max_context < max_pos) max_pos = bo->max_context;
   set_config(&b, max_pos);
   add_inputs(&b);
-  if (b.st == IR_OK) b.rope_table = rope_table(&b, max_pos);
+  if (b.st == IR_OK) rope_tables(&b, max_pos);
   if (b.st == IR_OK) build_body(&b);
   if (b.st == IR_OK) b.st = ir_graph_verify(b.g, d);
   if (b.st != IR_OK) {

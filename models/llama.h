@@ -56,9 +56,30 @@ typedef struct model_llama_params {
                           mlp.gate_up_proj (gate rows, up rows), as Phi-3: read as row views */
   bool rope_interleaved; /* rotate adjacent pairs (2i, 2i+1): GGUF llama, whose converter
                             permuted the q/k rows; false: rotate-half (i, i + d/2) as HF */
+  /* Gemma 2 / Gemma 3 */
+  bool norm_plus_one;   /* every RMSNorm weight w is used as 1 + w (HF gemma; llama.cpp's
+                           converter stores 1 + w, so GGUF leaves this false) */
+  double embed_scale;   /* > 0: embeddings times this in f32 (Gemma: sqrt(hidden_size)) */
+  int act;              /* the MLP's gate: IR_ACT_SWIGLU (0 reads as it) or IR_ACT_GEGLU */
+  bool sandwich_norms;  /* Gemma: the attention's and the MLP's outputs are normalized before
+                           their residual adds (post_attention_layernorm,
+                           post_feedforward_layernorm; pre_feedforward_layernorm before the
+                           MLP) */
+  double attn_scale;    /* > 0: the scores' scale (Gemma: query_pre_attn_scalar^-0.5); 0:
+                           1 / sqrt(head_dim) */
+  double attn_softcap;  /* > 0: scores soft-capped at this (Gemma 2) */
+  double final_softcap; /* > 0: logits soft-capped at this (Gemma 2) */
+  int64_t sliding_window; /* > 0: the sliding layers attend this many positions */
+  int64_t swa_period;   /* with a window: layer l attends all when (l + 1) % swa_period == 0
+                           (Gemma 2: 2, Gemma 3: 6), the others slide; 0: all slide */
+  double rope_local_theta; /* > 0: the sliding layers' rope has this base and no scaling
+                              (Gemma 3's rope_local_base_freq); 0: one rope for all */
   int64_t bos_token_id;
   int64_t eos_token_id;
 } model_llama_params;
+
+/* Whether layer l attends a sliding window (sliding_window and swa_period). */
+bool model_llama_layer_slides(const model_llama_params *p, int64_t l);
 
 /* The dims of each head the rope rotates: rot_dim, or all head_dim when it is 0. */
 int64_t model_llama_rot_dims(const model_llama_params *p);
