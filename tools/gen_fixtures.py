@@ -15,16 +15,20 @@ How to run (Debian bookworm, as root):
 Use /usr/bin/python3 explicitly: Debian's torch is only importable from the
 system interpreter, not from a pyenv / venv python found earlier on PATH.
 The fixtures after llama-mha-f16 (Qwen3, rope_parameters with llama3 / yarn scaling,
-Phi-3 with partial rotary) need transformers 5 (torch >= 2): made in a scratch venv
-(`python3 -m venv V && V/bin/pip install torch transformers safetensors`, torch
-2.15, transformers 5.24) with `V/bin/python tools/gen_fixtures.py --only NAME`; that
-transformers writes rope_parameters and layer_types.
+Phi-3 with partial rotary, SmolLM3, Gemma 2, Gemma 3) need transformers 5 (torch >= 2):
+made in a scratch venv (`python3 -m venv V && V/bin/pip install torch transformers
+safetensors`, torch 2.15, transformers 5.24; gemma2-softcap-f32 and gemma3-local-f32
+with transformers 5.25) with `V/bin/python tools/gen_fixtures.py --only NAME`; that
+transformers writes rope_parameters (per layer type for Gemma 3) and layer_types.
 Do not pip-install torch (it pulls gigabytes of CUDA libraries).
 
 For every fixture the script:
   1. builds the model from a small config and fills it with seeded random
-     weights (std INIT_STD, RMSNorm weights ~ 1 + 0.1*N(0,1), random q/k/v
-     biases for Qwen2) so logits are well spread;
+     weights (std INIT_STD, RMSNorm weights ~ 1 + 0.1*N(0,1) -- 0.1*N(0,1)
+     for Gemma, whose RMSNorm scales by 1 + weight --, random q/k/v biases
+     for Qwen2; a spec's embed_std and final_norm_scale override the
+     embeddings' std and the final norm's mean scale) so logits are well
+     spread;
   2. saves it with save_pretrained(safe_serialization=True) in the fixture's
      dtype (float32 / bfloat16 / float16);
   3. reloads the saved checkpoint with torch_dtype=float32 and eager attention
@@ -60,6 +64,15 @@ except ImportError:
     Qwen3Config = Qwen3ForCausalLM = None
 from transformers import Phi3Config, Phi3ForCausalLM, SmolLM3Config, SmolLM3ForCausalLM
 
+try:  # Gemma 2 needs transformers >= 4.42
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+except ImportError:
+    Gemma2Config = Gemma2ForCausalLM = None
+try:  # Gemma 3 (text-only, model_type gemma3_text) needs transformers >= 4.50
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+except ImportError:
+    Gemma3TextConfig = Gemma3ForCausalLM = None
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_OUT = os.path.join(REPO_ROOT, "tests", "fixtures")
 
@@ -78,7 +91,13 @@ ARCHES = {
     "Qwen3ForCausalLM": (Qwen3Config, Qwen3ForCausalLM),
     "Phi3ForCausalLM": (Phi3Config, Phi3ForCausalLM),
     "SmolLM3ForCausalLM": (SmolLM3Config, SmolLM3ForCausalLM),
+    "Gemma2ForCausalLM": (Gemma2Config, Gemma2ForCausalLM),
+    "Gemma3ForCausalLM": (Gemma3TextConfig, Gemma3ForCausalLM),
 }
+# Gemma's RMSNorm scales by (1 + weight), not weight: its norm weights are drawn as
+# NORM_STD * N(0, 1) so that the effective scale is ~1 (~final_norm_scale for the final
+# norm), as for the other archs
+GEMMA_NORM_ARCHES = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
 
 DTYPE_NAMES = {
     torch.float32: "float32",
@@ -291,6 +310,76 @@ FIXTURES = [
             pad_token_id=0,
         ),
     ),
+    dict(
+        # Gemma 2: embeddings scaled by sqrt(hidden_size), RMSNorm by (1 + w), sandwich
+        # norms (pre/post attention and feed-forward), GeGLU with tanh GELU, attention scale
+        # query_pre_attn_scalar**-0.5 (24, not head_dim 16), tanh softcaps on the attention
+        # scores (5) and the final logits (10), sliding-window layers 0 and 2 (window 8:
+        # the 20-token prompt and the greedy decode exceed it), full layers 1 and 3
+        name="gemma2-softcap-f32",
+        arch="Gemma2ForCausalLM",
+        dtype=torch.float32,
+        base_seed=10009,  # the first seed of 10000.. whose greedy margin is > 0.02
+        # The input embeddings are multiplied by sqrt(hidden_size) = 8: drawn with INIT_STD
+        # they dominate the residual and the tied head hands the input token back (every
+        # greedy run repeats one token). A smaller embedding std keeps the continuations
+        # varied; the final norm's (1 + w) ~ 8 restores the logits' spread
+        embed_std=0.05,
+        final_norm_scale=8.0,
+        config=dict(
+            hidden_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            num_hidden_layers=4,
+            intermediate_size=96,
+            vocab_size=256,
+            hidden_activation="gelu_pytorch_tanh",
+            query_pre_attn_scalar=24,
+            sliding_window=8,
+            layer_types=["sliding_attention", "full_attention"] * 2,
+            attn_logit_softcapping=5.0,
+            final_logit_softcapping=10.0,
+            rms_norm_eps=1e-6,
+            tie_word_embeddings=True,
+            max_position_embeddings=256,
+            rope_parameters=dict(rope_type="default", rope_theta=10000.0),
+        ),
+    ),
+    dict(
+        # Gemma 3 (the text-only gemma3_text form of Gemma 3 1B): Gemma 2's layout without
+        # softcaps, plus per-head q/k RMSNorm (1 + w); layers 0-4 sliding (window 8, rope
+        # theta 1e4), layer 5 full (theta 1e6 with linear rope scaling 8, as Gemma 3
+        # 4B/12B/27B): rope_parameters keyed by layer type
+        name="gemma3-local-f32",
+        arch="Gemma3ForCausalLM",
+        dtype=torch.float32,
+        base_seed=11001,  # the first seed of 11000.. whose greedy margin is > 0.02
+        # as for gemma2-softcap-f32
+        embed_std=0.05,
+        final_norm_scale=8.0,
+        config=dict(
+            hidden_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            num_hidden_layers=6,
+            intermediate_size=96,
+            vocab_size=256,
+            hidden_activation="gelu_pytorch_tanh",
+            query_pre_attn_scalar=24,
+            sliding_window=8,
+            layer_types=["sliding_attention"] * 5 + ["full_attention"],
+            attn_logit_softcapping=None,
+            final_logit_softcapping=None,
+            rms_norm_eps=1e-6,
+            tie_word_embeddings=True,
+            max_position_embeddings=256,
+            rope_parameters=dict(
+                full_attention=dict(rope_type="linear", rope_theta=1000000.0, factor=8.0),
+                sliding_attention=dict(rope_type="default", rope_theta=10000.0)),
+        ),
+    ),
 ]
 
 
@@ -310,9 +399,16 @@ def build_random_model(spec, seed):
         for name, param in sorted(model.named_parameters()):
             noise = torch.randn(param.shape, generator=gen)
             if name.endswith("norm.weight"):
-                param.copy_(1.0 + NORM_STD * noise)
+                # Gemma's RMSNorm scales by (1 + weight): draw the weight itself around
+                # 0 (or around final_norm_scale - 1 for the final norm), not around 1
+                scale = spec.get("final_norm_scale", 1.0) if name == "model.norm.weight" \
+                    else 1.0
+                offset = scale - 1.0 if spec["arch"] in GEMMA_NORM_ARCHES else scale
+                param.copy_(offset + NORM_STD * noise)
             elif name.endswith(".bias"):
                 param.copy_(BIAS_STD * noise)
+            elif name == "model.embed_tokens.weight":
+                param.copy_(spec.get("embed_std", INIT_STD) * noise)
             else:
                 param.copy_(INIT_STD * noise)
     return model.eval()
@@ -350,6 +446,11 @@ def check_checkpoint(spec, ckpt_dir):
     if spec["arch"] == "Qwen3ForCausalLM":
         assert "model.layers.0.self_attn.q_norm.weight" in keys
         assert "model.layers.0.self_attn.q_proj.bias" not in keys
+    if spec["arch"] in GEMMA_NORM_ARCHES:
+        assert "model.layers.0.pre_feedforward_layernorm.weight" in keys
+        assert "model.layers.0.post_feedforward_layernorm.weight" in keys
+        assert ("model.layers.0.self_attn.q_norm.weight" in keys) == \
+            (spec["arch"] == "Gemma3ForCausalLM")
     return len(keys)
 
 
