@@ -194,20 +194,102 @@ static void read_rope(cfg_reader *r, const char *key, model_llama_params *p) {
   }
 }
 
-/* Features that change the math and that the template does not implement yet. */
-static void check_unsupported(cfg_reader *r) {
-  const char *act = get_str(r, "hidden_act");
-  if (act && strcmp(act, "silu") != 0 && r->st == IR_OK)
-    r->st = ir_diag_set(r->d, IR_UNSUPPORTED, "hidden_act '%s' is not supported (only silu)", act);
-  /* per-layer attention kinds (transformers 5): all full attention, or a window somewhere */
+/* The MLP's activation: hidden_act (or Gemma's hidden_activation), silu or GELU's tanh
+ * approximation. */
+static void read_act(cfg_reader *r, model_llama_params *p) {
+  const char *act = get_str(r, "hidden_activation");
+  if (!act) act = get_str(r, "hidden_act");
+  if (!act || !strcmp(act, "silu")) p->act = IR_ACT_SWIGLU;
+  else if (!strcmp(act, "gelu_pytorch_tanh") || !strcmp(act, "gelu_tanh")) p->act = IR_ACT_GEGLU;
+  else if (r->st == IR_OK)
+    r->st = ir_diag_set(r->d, IR_UNSUPPORTED, "hidden_act '%s' is not supported (silu, "
+                        "gelu_pytorch_tanh)", act);
+}
+
+/* Per-layer attention kinds (transformers 5's layer_types): each entry must be what the
+ * template's pattern says (model_llama_layer_slides): all full attention, or Gemma's
+ * sliding layers with a full one every swa_period. */
+static void check_layer_types(cfg_reader *r, const model_llama_params *p) {
   const cJSON *lt = cJSON_GetObjectItemCaseSensitive(r->root, "layer_types"), *e;
-  if (lt && cJSON_IsArray(lt) && r->st == IR_OK)
-    cJSON_ArrayForEach(e, lt) {
-      if (cJSON_IsString(e) && !strcmp(e->valuestring, "full_attention")) continue;
-      r->st = ir_diag_set(r->d, IR_UNSUPPORTED, "layer_types entry '%s' is not supported "
-                          "(only full_attention)", cJSON_IsString(e) ? e->valuestring : "?");
+  if (!lt || cJSON_IsNull(lt) || r->st != IR_OK) return;
+  int64_t l = 0;
+  bool ok = cJSON_IsArray(lt) && cJSON_GetArraySize(lt) == p->n_layers;
+  const cJSON *items = ok ? lt : NULL;
+  cJSON_ArrayForEach(e, items) {
+    const char *want = model_llama_layer_slides(p, l++) ? "sliding_attention" : "full_attention";
+    ok = ok && cJSON_IsString(e) && !strcmp(e->valuestring, want);
+  }
+  if (!ok)
+    r->st = ir_diag_set(r->d, IR_UNSUPPORTED, "layer_types must list %lld layers, %s; other "
+                        "patterns are not supported", (long long)p->n_layers,
+                        p->sliding_window > 0 ? "sliding_attention with full_attention every "
+                                                "sliding_window_pattern layers"
+                                              : "all full_attention");
+}
+
+/* Gemma 2 (gemma2) and Gemma 3's text model (gemma3_text): (1 + w) norms, the embeddings
+ * scaled by sqrt(hidden_size), norms after attention and MLP too, scores scaled by
+ * query_pre_attn_scalar^-0.5, soft caps (Gemma 2), sliding layers with a full one every 2
+ * (Gemma 2) or sliding_window_pattern (Gemma 3: 6) layers, whose rope has base
+ * rope_local_base_freq and no scaling (Gemma 3), and per-head q/k norms (Gemma 3). */
+static void read_gemma(cfg_reader *r, model_llama_params *p) {
+  bool g3 = !strcmp(p->arch, "gemma3_text");
+  if (strcmp(p->arch, "gemma2") && !g3) return;
+  p->norm_plus_one = p->sandwich_norms = true;
+  p->embed_scale = sqrt((double)p->hidden_size);
+  p->attn_scale = 1.0 / sqrt(get_num(r, "query_pre_attn_scalar", false, (double)p->head_dim));
+  p->attn_softcap = get_num(r, "attn_logit_softcapping", false, 0);
+  p->final_softcap = get_num(r, "final_logit_softcapping", false, 0);
+  p->sliding_window = get_int(r, "sliding_window", false, g3 ? 512 : 4096);
+  p->swa_period = g3 ? get_int(r, "sliding_window_pattern", false, 6) : 2;
+  /* transformers 5 lists the layers' kinds instead: the period is the first full layer's
+   * number (check_layer_types then checks the rest) */
+  const cJSON *lt = cJSON_GetObjectItemCaseSensitive(r->root, "layer_types"), *e;
+  const cJSON *items = cJSON_IsArray(lt) ? lt : NULL;
+  int64_t l = 0;
+  cJSON_ArrayForEach(e, items) {
+    l++;
+    if (cJSON_IsString(e) && !strcmp(e->valuestring, "full_attention")) {
+      p->swa_period = l;
       break;
     }
+  }
+  p->qk_norm = g3;
+  if (g3) p->rope_local_theta = get_num(r, "rope_local_base_freq", false, 10000.0);
+  if (r->st == IR_OK && !(p->attn_scale > 0 && p->swa_period > 0))
+    r->st = ir_diag_set(r->d, IR_BAD_FORMAT, "query_pre_attn_scalar and sliding_window_pattern "
+                        "must be positive");
+}
+
+/* transformers 5 keys Gemma 3's rope_parameters by layer type: full_attention's is the
+ * model's rope, sliding_attention's the local one (a plain rope: its rope_theta). */
+static bool read_rope_by_layer_type(cfg_reader *r, model_llama_params *p) {
+  const cJSON *rp = cJSON_GetObjectItemCaseSensitive(r->root, "rope_parameters");
+  const cJSON *full = rp ? cJSON_GetObjectItemCaseSensitive(rp, "full_attention") : NULL;
+  const cJSON *slide = rp ? cJSON_GetObjectItemCaseSensitive(rp, "sliding_attention") : NULL;
+  if (!cJSON_IsObject(full) && !cJSON_IsObject(slide)) return false;
+  cfg_reader sub = {.d = r->d, .st = r->st};
+  cJSON *wrap = cJSON_CreateObject(); /* {"rope_parameters": full} for read_rope */
+  if (!wrap) {
+    r->st = ir_diag_set(r->d, IR_OOM, "out of memory");
+    return true;
+  }
+  if (cJSON_IsObject(full))
+    cJSON_AddItemReferenceToObject(wrap, "rope_parameters.full_attention", (cJSON *)full);
+  sub.root = wrap;
+  read_rope(&sub, "rope_parameters.full_attention", p);
+  if (sub.st == IR_OK && cJSON_IsObject(slide)) {
+    cfg_reader s = {.root = slide, .d = r->d, .st = IR_OK};
+    const char *t = get_str(&s, "rope_type");
+    if (s.st == IR_OK && t && strcmp(t, "default"))
+      s.st = ir_diag_set(r->d, IR_UNSUPPORTED, "rope_parameters.sliding_attention type '%s' is "
+                         "not supported (default)", t);
+    p->rope_local_theta = get_num(&s, "rope_theta", false, p->rope_local_theta);
+    sub.st = s.st;
+  }
+  cJSON_Delete(wrap);
+  r->st = sub.st;
+  return true;
 }
 
 static void read_arch(cfg_reader *r, model_llama_params *p) {
@@ -217,10 +299,12 @@ static void read_arch(cfg_reader *r, model_llama_params *p) {
     return;
   }
   if (strcmp(mt, "llama") && strcmp(mt, "mistral") && strcmp(mt, "qwen2") &&
-      strcmp(mt, "qwen3") && strcmp(mt, "phi3") && strcmp(mt, "smollm3")) {
+      strcmp(mt, "qwen3") && strcmp(mt, "phi3") && strcmp(mt, "smollm3") &&
+      strcmp(mt, "gemma2") && strcmp(mt, "gemma3_text")) {
     if (r->st == IR_OK)
       r->st = ir_diag_set(r->d, IR_UNSUPPORTED, "model_type '%s' is not supported "
-                          "(supported: llama, mistral, qwen2, qwen3, phi3, smollm3)", mt);
+                          "(supported: llama, mistral, qwen2, qwen3, phi3, smollm3, gemma2, "
+                          "gemma3_text)", mt);
     return;
   }
   snprintf(p->arch, sizeof p->arch, "%s", mt);
@@ -254,16 +338,19 @@ ir_status infc_hfconfig_parse(const char *json, model_llama_params *out, ir_diag
   read_sizes(&r, out);
   read_partial_rotary(&r, out);
   read_no_rope(&r, out);
+  read_gemma(&r, out);
   read_rope(&r, "rope_scaling", out);
-  read_rope(&r, "rope_parameters", out);
-  bool qwen2 = strcmp(out->arch, "qwen2") == 0;
-  out->tie_word_embeddings = get_bool(&r, "tie_word_embeddings", false);
+  if (!read_rope_by_layer_type(&r, out)) read_rope(&r, "rope_parameters", out);
+  bool qwen2 = strcmp(out->arch, "qwen2") == 0, gemma = out->norm_plus_one;
+  out->tie_word_embeddings = get_bool(&r, "tie_word_embeddings", gemma); /* Gemma's default */
   out->attention_bias = qwen2 || get_bool(&r, "attention_bias", false);
-  out->qk_norm = strcmp(out->arch, "qwen3") == 0;
+  out->qk_norm = out->qk_norm || strcmp(out->arch, "qwen3") == 0;
   out->fused_proj = strcmp(out->arch, "phi3") == 0;
-  check_unsupported(&r);
-  /* A sliding window only changes results past its length: cap the context there. */
-  int64_t window = get_int(&r, "sliding_window", false, 0);
+  read_act(&r, out);
+  check_layer_types(&r, out);
+  /* Mistral's and Qwen2's sliding window only changes results past its length: cap the
+   * context there (Gemma's sliding layers attend their window). */
+  int64_t window = gemma ? 0 : get_int(&r, "sliding_window", false, 0);
   bool use_window = strcmp(out->arch, "mistral") == 0 || get_bool(&r, "use_sliding_window", false);
   if (use_window && window > 0 && window < out->max_position) out->max_position = window;
   cJSON_Delete(root);

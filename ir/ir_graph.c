@@ -205,6 +205,8 @@ static const char *const k_attr_names[] = {
     "act",
     /* attention with the per-head q/k norm folded in */
     "qk_eps",
+    /* sliding-window attention; the softcap op (Gemma) */
+    "window", "cap",
 };
 
 const char *ir_attr_intern(const char *name) {
