@@ -28,6 +28,14 @@ static const gl_name k_layer_names[] = {
     {"mlp.gate_up_proj", "ffn_up"}, /* phi3: one ffn_up of gate rows then up rows */
 };
 
+/* Gemma's names where they differ: its post_attention_layernorm normalizes the attention's
+ * output, its pre_feedforward_layernorm is the MLP's input norm (llama's ffn_norm). */
+static const gl_name k_gemma_names[] = {
+    {"post_attention_layernorm", "post_attention_norm"},
+    {"pre_feedforward_layernorm", "ffn_norm"},
+    {"post_feedforward_layernorm", "post_ffw_norm"},
+};
+
 #define GL_COUNT(a) (sizeof(a) / sizeof((a)[0]))
 
 static const char *gl_lookup(const gl_name *tab, size_t n, const char *hf, size_t len) {
@@ -36,7 +44,22 @@ static const char *gl_lookup(const gl_name *tab, size_t n, const char *hf, size_
   return NULL;
 }
 
+static bool gl_is_gemma(const char *arch) {
+  return arch && (!strcmp(arch, "gemma2") || !strcmp(arch, "gemma3"));
+}
+
+/* A layer tensor's GGUF name (after "blk.N."): the arch's own first, then llama's. */
+static const char *gl_layer_name(const char *arch, const char *hf, size_t len) {
+  const char *g = gl_is_gemma(arch) ? gl_lookup(k_gemma_names, GL_COUNT(k_gemma_names), hf, len)
+                                    : NULL;
+  return g ? g : gl_lookup(k_layer_names, GL_COUNT(k_layer_names), hf, len);
+}
+
 bool infc_gguf_llama_name(const char *hf, char *buf, size_t len) {
+  return infc_gguf_llama_name_arch("llama", hf, buf, len);
+}
+
+bool infc_gguf_llama_name_arch(const char *arch, const char *hf, char *buf, size_t len) {
   const char *dot = strrchr(hf, '.');
   if (!dot || (strcmp(dot, ".weight") != 0 && strcmp(dot, ".bias") != 0)) return false;
   const char *g = gl_lookup(k_global_names, GL_COUNT(k_global_names), hf, (size_t)(dot - hf));
@@ -47,15 +70,19 @@ bool infc_gguf_llama_name(const char *hf, char *buf, size_t len) {
     const char *p = hf + 13, *q = p;
     while (*q >= '0' && *q <= '9') q++;
     if (q == p || q - p > 9 || *q != '.' || (*p == '0' && q - p > 1)) return false;
-    g = gl_lookup(k_layer_names, GL_COUNT(k_layer_names), q + 1, (size_t)(dot - q - 1));
+    g = gl_layer_name(arch, q + 1, (size_t)(dot - q - 1));
     if (g) n = snprintf(buf, len, "blk.%.*s.%s%s", (int)(q - p), p, g, dot);
   }
   return n > 0 && (size_t)n < len;
 }
 
 static bool gl_find(void *ctx, const char *name, model_tensor *out) {
-  char gname[256];
-  if (!infc_gguf_llama_name(name, gname, sizeof gname)) return false;
+  char gname[256], arch[32] = "";
+  infc_gguf_str a;
+  ir_diag d = {0};
+  if (infc_gguf_get_str(ctx, "general.architecture", &a, &d) == IR_OK && a.len < sizeof arch)
+    memcpy(arch, a.ptr, a.len), arch[a.len] = 0;
+  if (!infc_gguf_llama_name_arch(arch, name, gname, sizeof gname)) return false;
   const infc_gguf_tensor *t = infc_gguf_tensor_find(ctx, gname);
   if (!t) return false;
   *out = (model_tensor){.dtype = t->dtype, .rank = t->rank, .data = t->data, .nbytes = t->nbytes};
@@ -117,9 +144,11 @@ static void gl_arch(gl_reader *r, model_llama_params *p) {
   else if (infc_gguf_str_eq(a, "qwen3")) r->arch = "qwen3";
   else if (infc_gguf_str_eq(a, "phi3")) r->arch = "phi3";
   else if (infc_gguf_str_eq(a, "smollm3")) r->arch = "smollm3";
+  else if (infc_gguf_str_eq(a, "gemma2")) r->arch = "gemma2";
+  else if (infc_gguf_str_eq(a, "gemma3")) r->arch = "gemma3";
   else {
     r->st = ir_diag_set(r->d, IR_UNSUPPORTED, "%s: unknown architecture '%.*s' (supported: "
-                        "llama, qwen2, qwen3, phi3, smollm3)", infc_gguf_path(r->g),
+                        "llama, qwen2, qwen3, phi3, smollm3, gemma2, gemma3)", infc_gguf_path(r->g),
                         a.len > 64 ? 64 : (int)a.len, a.ptr);
     return;
   }
@@ -131,8 +160,32 @@ static void gl_arch(gl_reader *r, model_llama_params *p) {
   bool llama_like = !strcmp(r->arch, "llama") || !strcmp(r->arch, "smollm3");
   p->rope_interleaved = llama_like;
   p->no_rope_every = strcmp(r->arch, "smollm3") == 0 ? 4 : 0;
-  p->qk_norm = strcmp(r->arch, "qwen3") == 0;
+  p->qk_norm = strcmp(r->arch, "qwen3") == 0 || strcmp(r->arch, "gemma3") == 0;
   p->fused_proj = strcmp(r->arch, "phi3") == 0;
+}
+
+/* Gemma 2 / 3 as llama.cpp runs them: the norms stored as 1 + w by the converter, the
+ * embeddings times sqrt(embedding_length), gelu_tanh MLP, post norms, sliding layers with a
+ * full one every 2 (gemma2) or 6 (gemma3; attention.sliding_window_pattern if written)
+ * layers, gemma3's sliding layers on a rope of base 10000 unscaled, soft caps (gemma2).
+ * The scores' scale: attention.scale if written, else llama.cpp's rule (1 / sqrt(head_dim),
+ * but 1 / sqrt(embedding_length / head_count) for the 27B models: 46 layers (Gemma 2), 62
+ * (Gemma 3), whose query_pre_attn_scalar is that). */
+static void gl_gemma(gl_reader *r, model_llama_params *p) {
+  bool g3 = !strcmp(r->arch, "gemma3");
+  if (r->st != IR_OK || !gl_is_gemma(r->arch)) return;
+  p->sandwich_norms = true;
+  p->act = IR_ACT_GEGLU;
+  p->embed_scale = sqrt((double)p->hidden_size);
+  bool big = p->n_layers == (g3 ? 62 : 46);
+  double qs = big && p->n_heads > 0 ? (double)p->hidden_size / (double)p->n_heads
+                                    : (double)p->head_dim;
+  p->attn_scale = gl_float(r, gl_key(r, "attention.scale"), false, 1.0 / sqrt(qs));
+  p->attn_softcap = gl_float(r, gl_key(r, "attn_logit_softcapping"), false, 0);
+  p->final_softcap = gl_float(r, gl_key(r, "final_logit_softcapping"), false, 0);
+  p->sliding_window = gl_int(r, gl_key(r, "attention.sliding_window"), false, g3 ? 512 : 4096);
+  p->swa_period = gl_int(r, gl_key(r, "attention.sliding_window_pattern"), false, g3 ? 6 : 2);
+  if (g3) p->rope_local_theta = 10000.0;
 }
 
 static void gl_sizes(gl_reader *r, model_llama_params *p) {
@@ -266,10 +319,13 @@ static ir_status gl_check_types(const infc_gguf *g, const model_llama_params *p,
     const infc_gguf_tensor *t = infc_gguf_tensor_find(g, k_global[i]);
     if (t && infc_gguf_type_check(t, d) != IR_OK) return d->status;
   }
+  size_t n_names = GL_COUNT(k_layer_names) + GL_COUNT(k_gemma_names);
   for (int64_t l = 0; l < p->n_layers; l++)
-    for (size_t i = 0; i < 2 * GL_COUNT(k_layer_names); i++) {
-      snprintf(name, sizeof name, "blk.%lld.%s.%s", (long long)l,
-               k_layer_names[i / 2].gguf, i % 2 ? "bias" : "weight");
+    for (size_t i = 0; i < 2 * n_names; i++) {
+      size_t j = i / 2;
+      const char *gn = j < GL_COUNT(k_layer_names) ? k_layer_names[j].gguf
+                                                   : k_gemma_names[j - GL_COUNT(k_layer_names)].gguf;
+      snprintf(name, sizeof name, "blk.%lld.%s.%s", (long long)l, gn, i % 2 ? "bias" : "weight");
       const infc_gguf_tensor *t = infc_gguf_tensor_find(g, name);
       if (t && infc_gguf_type_check(t, d) != IR_OK) return d->status;
     }
@@ -281,6 +337,7 @@ ir_status infc_gguf_llama_params(const infc_gguf *g, model_llama_params *out, ir
   gl_reader r = {.g = g, .d = d, .st = IR_OK};
   gl_arch(&r, out);
   if (r.st == IR_OK) gl_sizes(&r, out);
+  gl_gemma(&r, out);
   gl_vocab(&r, out);
   gl_features(&r, out);
   if (r.st == IR_OK && (r.st = gl_check_types(g, out, d)) != IR_OK)

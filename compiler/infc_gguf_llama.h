@@ -1,6 +1,7 @@
 /* infc_gguf_llama: a GGUF model of the Llama family as the Llama template's parameters
  * and tensor source. general.architecture "llama" (Llama, Mistral, SmolLM, ... as
- * llama.cpp's converter writes them) and "qwen2" are accepted. */
+ * llama.cpp's converter writes them), "qwen2", "qwen3", "phi3", "smollm3", "gemma2" and
+ * "gemma3" (the text model) are accepted. */
 #ifndef INFC_GGUF_LLAMA_H
 #define INFC_GGUF_LLAMA_H
 
@@ -25,7 +26,10 @@ ir_status infc_gguf_llama_params(const infc_gguf *g, model_llama_params *out, ir
  * its shape row-major as the template expects. */
 model_tensor_src infc_gguf_llama_src(const infc_gguf *g);
 
-/* The GGUF name of an HF tensor name into buf; false if it has none or buf is short. */
+/* The GGUF name of an HF tensor name into buf; false if it has none or buf is short.
+ * _arch: as the converter names them for general.architecture arch (gemma2 and gemma3
+ * name their norms apart); the plain form is llama's. */
 bool infc_gguf_llama_name(const char *hf, char *buf, size_t len);
+bool infc_gguf_llama_name_arch(const char *arch, const char *hf, char *buf, size_t len);
 
 #endif

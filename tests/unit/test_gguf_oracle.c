@@ -32,6 +32,7 @@
 
 typedef struct conv {
   model_llama_params p;
+  const char *arch; /* general.architecture: the HF model_type but gemma3_text's gemma3 */
   infc_st *st;
   bool q8; /* store matrices as Q8_0 */
   uint8_t **bufs; /* converted tensor data, one per safetensors tensor */
@@ -78,13 +79,19 @@ static void quantize_q8_0(const void *src, ir_dtype dt, size_t n, uint8_t *out) 
 static gw_tensor convert_tensor(conv *c, size_t i, char *gname, size_t glen) {
   const infc_st_tensor *t = infc_st_get(c->st, i);
   gw_tensor g = {.name = gname, .rank = t->rank};
-  CHECKF(infc_gguf_llama_name(t->name, gname, glen), "no GGUF name for %s", t->name);
+  CHECKF(infc_gguf_llama_name_arch(c->arch, t->name, gname, glen), "no GGUF name for %s",
+         t->name);
   for (int k = 0; k < t->rank; k++) g.ne[k] = (uint64_t)t->shape[t->rank - 1 - k];
-  /* as llama.cpp's converter: rows that are not whole blocks stay unquantized */
+  /* as llama.cpp's converter: rows that are not whole blocks stay unquantized; Gemma's
+   * norms are stored as 1 + w in f32 */
   ir_dtype dt = c->q8 && t->rank == 2 && t->shape[1] % 32 == 0 ? IR_Q8_0 : t->dtype;
   size_t elems = (size_t)(t->nbytes / ir_dtype_bytes(t->dtype, 1));
+  bool plus_one = c->p.norm_plus_one && strstr(t->name, "norm.weight") != NULL;
+  if (plus_one) dt = IR_F32;
   uint8_t *buf = malloc(ir_dtype_bytes(dt, elems) + 1);
   if (dt == IR_Q8_0) quantize_q8_0(t->data, t->dtype, elems, buf);
+  else if (plus_one)
+    for (size_t e = 0; e < elems; e++) ((float *)buf)[e] = 1.0f + elem_f32(t->data, t->dtype, e);
   else memcpy(buf, t->data, t->nbytes);
   bool q = strstr(t->name, "q_proj") != NULL, k = strstr(t->name, "k_proj") != NULL;
   if ((!strcmp(c->p.arch, "llama") || !strcmp(c->p.arch, "smollm3")) && (q || k)) {
@@ -102,10 +109,37 @@ static gw_tensor convert_tensor(conv *c, size_t i, char *gname, size_t glen) {
   return g;
 }
 
-/* Writes the metadata; returns how many entries. */
-static uint64_t write_kvs(gw *w, const model_llama_params *p) {
+/* Gemma's keys as the converter writes them (the soft caps, the window), the linear rope
+ * scaling of Gemma 3's global layers, and attention.scale where query_pre_attn_scalar is
+ * not head_dim (the converter drops it: llama.cpp takes 1 / sqrt(head_dim) but for the 27B
+ * models; the fixtures' 24 needs the key). Returns how many entries. */
+static uint64_t write_gemma_kvs(gw *w, const char *a, const model_llama_params *p) {
   char k[128];
-  const char *a = p->arch;
+  uint64_t n = 0;
+  if (!p->sandwich_norms) return 0;
+  snprintf(k, sizeof k, "%s.attention.sliding_window", a);
+  kv_u32(w, k, (uint32_t)p->sliding_window), n++;
+  const char *caps[2] = {"attn_logit_softcapping", "final_logit_softcapping"};
+  double cv[2] = {p->attn_softcap, p->final_softcap};
+  for (int i = 0; i < 2; i++)
+    if (cv[i] > 0) snprintf(k, sizeof k, "%s.%s", a, caps[i]), kv_f32(w, k, (float)cv[i]), n++;
+  if (p->rope_scaling == MODEL_ROPE_LINEAR) {
+    snprintf(k, sizeof k, "%s.rope.scaling.type", a);
+    kv_str(w, k, "linear");
+    snprintf(k, sizeof k, "%s.rope.scaling.factor", a);
+    kv_f32(w, k, (float)p->rope_factor);
+    n += 2;
+  }
+  if (fabs(p->attn_scale * sqrt((double)p->head_dim) - 1.0) > 1e-9) {
+    snprintf(k, sizeof k, "%s.attention.scale", a);
+    kv_f32(w, k, (float)p->attn_scale), n++;
+  }
+  return n;
+}
+
+/* Writes the metadata; returns how many entries. */
+static uint64_t write_kvs(gw *w, const char *a, const model_llama_params *p) {
+  char k[128];
   kv_str(w, "general.architecture", a);
 #define KV(suffix, v) (snprintf(k, sizeof k, "%s." suffix, a), kv_u32(w, k, (uint32_t)(v)))
   KV("block_count", p->n_layers);
@@ -120,7 +154,7 @@ static uint64_t write_kvs(gw *w, const model_llama_params *p) {
   kv_f32(w, k, (float)p->rope_theta);
   snprintf(k, sizeof k, "%s.attention.layer_norm_rms_epsilon", a);
   kv_f32(w, k, (float)p->rms_norm_eps);
-  uint64_t n = 11;
+  uint64_t n = 11 + write_gemma_kvs(w, a, p);
   if (p->head_dim != p->hidden_size / p->n_heads) { /* as the converter, from head_dim */
     snprintf(k, sizeof k, "%s.attention.key_length", a);
     kv_u32(w, k, (uint32_t)p->head_dim);
@@ -188,6 +222,7 @@ static bool convert_fixture(const char *name, const char *out, bool q8) {
   bool ok = infc_hfconfig_load(cfg, &c.p, &d) == IR_OK && infc_st_open(dir, &c.st, &d) == IR_OK;
   CHECKF(ok, "%s: %s", name, d.msg);
   if (!ok) return false;
+  c.arch = strcmp(c.p.arch, "gemma3_text") ? c.p.arch : "gemma3";
   size_t n = infc_st_count(c.st), nt = n;
   c.bufs = calloc(n, sizeof *c.bufs);
   gw_tensor *ts = calloc(n + 2, sizeof *ts);
@@ -206,7 +241,7 @@ static bool convert_fixture(const char *name, const char *out, bool q8) {
                            .ne = {pairs}, .data = c.p.rope_short, .nbytes = pairs * 4};
   }
   gw w = {0}, kv = {0};
-  uint64_t n_kv = write_kvs(&kv, &c.p);
+  uint64_t n_kv = write_kvs(&kv, c.arch, &c.p);
   gw_header(&w, 3, nt, n_kv);
   gw_put(&w, kv.b, kv.n);
   gw_tensors(&w, ts, (int)nt, 32);
@@ -354,9 +389,11 @@ static void run_longrope(const char *name, int64_t orig) {
 int main(void) {
   const char *fixtures[] = {"llama-gqa-f32", "qwen2-bias-bf16", "llama-mha-f16",
                             "qwen3-qknorm-bf16", "llama3-rope-f32", "qwen3-yarn-f32",
-                            "phi3-fused-f32", "smollm3-nope-f32"};
+                            "phi3-fused-f32", "smollm3-nope-f32", "gemma2-softcap-f32",
+                            "gemma3-local-f32"};
   for (size_t i = 0; i < sizeof fixtures / sizeof *fixtures; i++) run_fixture(fixtures[i]);
   run_q8("llama-gqa-f32");
+  run_q8("gemma3-local-f32");
   run_q8("qwen2-bias-bf16");
   run_q8("qwen3-qknorm-bf16");
   run_longrope("phi3-longrope-f32", 16);
