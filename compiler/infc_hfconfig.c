@@ -212,19 +212,25 @@ static void read_act(cfg_reader *r, model_llama_params *p) {
 static void check_layer_types(cfg_reader *r, const model_llama_params *p) {
   const cJSON *lt = cJSON_GetObjectItemCaseSensitive(r->root, "layer_types"), *e;
   if (!lt || cJSON_IsNull(lt) || r->st != IR_OK) return;
-  int64_t l = 0;
-  bool ok = cJSON_IsArray(lt) && cJSON_GetArraySize(lt) == p->n_layers;
-  const cJSON *items = ok ? lt : NULL;
-  cJSON_ArrayForEach(e, items) {
-    const char *want = model_llama_layer_slides(p, l++) ? "sliding_attention" : "full_attention";
-    ok = ok && cJSON_IsString(e) && !strcmp(e->valuestring, want);
+  if (!cJSON_IsArray(lt) || cJSON_GetArraySize(lt) != p->n_layers) {
+    r->st = ir_diag_set(r->d, IR_BAD_FORMAT, "layer_types must list %lld layers",
+                        (long long)p->n_layers);
+    return;
   }
-  if (!ok)
-    r->st = ir_diag_set(r->d, IR_UNSUPPORTED, "layer_types must list %lld layers, %s; other "
-                        "patterns are not supported", (long long)p->n_layers,
-                        p->sliding_window > 0 ? "sliding_attention with full_attention every "
-                                                "sliding_window_pattern layers"
-                                              : "all full_attention");
+  int64_t l = 0;
+  cJSON_ArrayForEach(e, lt) {
+    const char *want = model_llama_layer_slides(p, l) ? "sliding_attention" : "full_attention";
+    if (!cJSON_IsString(e) || strcmp(e->valuestring, want)) {
+      r->st = ir_diag_set(r->d, IR_UNSUPPORTED, "layer_types entry %lld is '%s' where the "
+                          "model's pattern has '%s' (%s); other patterns are not supported",
+                          (long long)l, cJSON_IsString(e) ? e->valuestring : "?", want,
+                          p->sliding_window > 0 ? "sliding layers with a full one every "
+                                                  "sliding_window_pattern"
+                                                : "all full_attention");
+      return;
+    }
+    l++;
+  }
 }
 
 /* Gemma 2 (gemma2) and Gemma 3's text model (gemma3_text): (1 + w) norms, the embeddings
@@ -256,6 +262,9 @@ static void read_gemma(cfg_reader *r, model_llama_params *p) {
   }
   p->qk_norm = g3;
   if (g3) p->rope_local_theta = get_num(r, "rope_local_base_freq", false, 10000.0);
+  if (get_bool(r, "use_bidirectional_attention", false) && r->st == IR_OK) /* EmbeddingGemma */
+    r->st = ir_diag_set(r->d, IR_UNSUPPORTED, "use_bidirectional_attention (an encoder) is not "
+                        "supported");
   if (r->st == IR_OK && !(p->attn_scale > 0 && p->swa_period > 0))
     r->st = ir_diag_set(r->d, IR_BAD_FORMAT, "query_pre_attn_scalar and sliding_window_pattern "
                         "must be positive");

@@ -61,6 +61,23 @@ static void test_fixtures(void) {
   }
   if (load_fixture("smollm3-nope-f32", &p)) /* no_rope_layers [1, 1, 1, 0] */
     CHECK(strcmp(p.arch, "smollm3") == 0 && p.no_rope_every == 4 && p.n_layers == 4);
+  if (load_fixture("gemma2-softcap-f32", &p)) { /* transformers 5's layer_types */
+    CHECK(!strcmp(p.arch, "gemma2") && p.norm_plus_one && p.sandwich_norms && !p.qk_norm);
+    CHECK(p.act == IR_ACT_GEGLU && p.embed_scale == 8.0 && p.tie_word_embeddings);
+    CHECK(fabs(p.attn_scale - 1.0 / sqrt(24.0)) < 1e-15); /* query_pre_attn_scalar */
+    CHECK(p.attn_softcap == 5.0 && p.final_softcap == 10.0);
+    CHECK(p.sliding_window == 8 && p.swa_period == 2 && p.rope_local_theta == 0);
+    CHECK(model_llama_layer_slides(&p, 0) && !model_llama_layer_slides(&p, 1) &&
+          model_llama_layer_slides(&p, 2) && !model_llama_layer_slides(&p, 3));
+    CHECK(p.max_position == 256); /* the window does not cap the context */
+  }
+  if (load_fixture("gemma3-local-f32", &p)) { /* rope_parameters keyed by layer type */
+    CHECK(!strcmp(p.arch, "gemma3_text") && p.qk_norm && p.norm_plus_one && p.sandwich_norms);
+    CHECK(p.attn_softcap == 0 && p.final_softcap == 0 && p.swa_period == 6);
+    CHECK(p.rope_theta == 1e6 && p.rope_scaling == MODEL_ROPE_LINEAR && p.rope_factor == 8.0);
+    CHECK(p.rope_local_theta == 10000.0);
+    for (int64_t l = 0; l < 6; l++) CHECK(model_llama_layer_slides(&p, l) == (l != 5));
+  }
   if (load_fixture("llama-mha-f16", &p)) {
     CHECK(p.n_heads == 4 && p.n_kv_heads == 4 && p.head_dim == 16 && p.n_layers == 3);
     CHECK(p.tie_word_embeddings && !p.attention_bias);
@@ -274,6 +291,58 @@ static void test_errors(void) {
   expect_error("hidden_size", "[64]", IR_BAD_FORMAT, "hidden_size", NULL);
 }
 
+/* Gemma's configs as transformers 4 wrote them (sliding_window_pattern, rope_local_base_freq,
+ * rope_scaling for the global layers), and what is refused. */
+/* The Gemma 3 config of test_gemma with `extra` keys appended (", \"k\": v"), parsed. */
+static ir_status parse_gemma3(const char *extra, model_llama_params *p, ir_diag *d) {
+  char cfg[1024];
+  snprintf(cfg, sizeof cfg,
+           "{\"model_type\": \"gemma3_text\", \"hidden_size\": 64, \"intermediate_size\": 96, "
+           "\"num_hidden_layers\": 7, \"num_attention_heads\": 4, \"head_dim\": 16, "
+           "\"vocab_size\": 256, \"rms_norm_eps\": 1e-6, \"rope_theta\": 1e6, "
+           "\"rope_local_base_freq\": 20000.0, \"sliding_window\": 512, "
+           "\"sliding_window_pattern\": 3, \"rope_scaling\": {\"rope_type\": \"linear\", "
+           "\"factor\": 8.0}%s}", extra);
+  *d = (ir_diag){0};
+  return infc_hfconfig_parse(cfg, p, d);
+}
+
+/* Gemma's configs as transformers 4 wrote them (sliding_window_pattern, rope_local_base_freq,
+ * rope_scaling for the global layers), and what is refused. */
+static void test_gemma(void) {
+  model_llama_params p;
+  ir_diag d;
+  CHECKF(parse_gemma3(", \"query_pre_attn_scalar\": 256, \"hidden_activation\": "
+                      "\"gelu_pytorch_tanh\"", &p, &d) == IR_OK, "%s", d.msg);
+  CHECK(p.swa_period == 3 && p.rope_local_theta == 20000.0 && p.rope_scaling == MODEL_ROPE_LINEAR);
+  CHECK(p.attn_scale == 1.0 / 16.0 && p.tie_word_embeddings && p.act == IR_ACT_GEGLU);
+  CHECK(model_llama_layer_slides(&p, 0) && !model_llama_layer_slides(&p, 2) &&
+        !model_llama_layer_slides(&p, 5) && model_llama_layer_slides(&p, 6));
+  CHECK(parse_gemma3("", &p, &d) == IR_OK && p.attn_scale == 0.25); /* head_dim's */
+  /* layer_types against the pattern; the period from the first full layer */
+  CHECKF(parse_gemma3(", \"layer_types\": [\"sliding_attention\", \"full_attention\", "
+                      "\"sliding_attention\", \"full_attention\", \"sliding_attention\", "
+                      "\"full_attention\", \"sliding_attention\"]", &p, &d) == IR_OK &&
+             p.swa_period == 2, "%s", d.msg);
+  CHECK(parse_gemma3(", \"layer_types\": [\"sliding_attention\", \"full_attention\", "
+                     "\"full_attention\", \"full_attention\", \"sliding_attention\", "
+                     "\"full_attention\", \"sliding_attention\"]", &p, &d) == IR_UNSUPPORTED &&
+        has(d.msg, "entry 2"));
+  CHECK(parse_gemma3(", \"layer_types\": [\"sliding_attention\"]", &p, &d) == IR_BAD_FORMAT &&
+        has(d.msg, "7 layers"));
+  CHECK(parse_gemma3(", \"hidden_activation\": \"relu\"", &p, &d) == IR_UNSUPPORTED &&
+        has(d.msg, "relu"));
+  CHECK(parse_gemma3(", \"query_pre_attn_scalar\": -4", &p, &d) == IR_BAD_FORMAT);
+  CHECK(parse_gemma3(", \"use_bidirectional_attention\": true", &p, &d) == IR_UNSUPPORTED &&
+        has(d.msg, "use_bidirectional_attention"));
+  CHECK(parse_gemma3(", \"rope_parameters\": {\"full_attention\": {\"rope_type\": \"default\", "
+                     "\"rope_theta\": 5e5}, \"sliding_attention\": {\"rope_type\": \"yarn\", "
+                     "\"factor\": 2.0}}", &p, &d) == IR_UNSUPPORTED &&
+        has(d.msg, "sliding_attention"));
+  CHECK(parse_gemma3(", \"rope_parameters\": {\"full_attention\": {\"rope_type\": \"dynamic\", "
+                     "\"factor\": 2.0}}", &p, &d) == IR_UNSUPPORTED && has(d.msg, "full_attention"));
+}
+
 static void test_not_json(void) {
   const char *bad[] = {"", "{", "not json at all", "[1, 2, 3]", "42", "null", "\"llama\"",
                        "{\"model_type\": \"llama\",}"};
@@ -336,6 +405,7 @@ int main(void) {
   test_base();
   test_errors();
   test_not_json();
+  test_gemma();
   test_token_ids();
   test_sliding_window();
   return tcheck_done("test_hfconfig");
