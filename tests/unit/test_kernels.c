@@ -115,6 +115,23 @@ static void test_matmul_invariance(kn_pool *p1, kn_pool *p4) {
 
 enum { A_SEQ = 2, A_BS = 4, A_MAXB = 5, A_NBLK = 12, A_MAXPOS = A_BS * A_MAXB };
 
+/* The sliding window and the score soft cap the attention tests run with (0: none). */
+static int64_t g_window;
+static float g_softcap;
+
+/* kn_attention_paged with g_window and g_softcap. */
+static void attn_call(kn_pool *p, float *out, const float *q, const float *k, const float *v,
+                      const kn_kv_layer *kv, const kn_attn_batch *b, int64_t nh, float scale) {
+  kn_attn_io io = {.q = q, .k = k, .v = v, .q_stride = nh * kv->head_dim,
+                   .kv_stride = kv->n_kv_heads * kv->head_dim, .window = g_window,
+                   .softcap = g_softcap};
+  kn_attention_paged_io(p, out, &io, kv, b, nh, scale);
+}
+
+/* The first position a query at pos attends, and a score as the reference takes it. */
+static int64_t ref_first(int64_t pos) { return g_window > 0 && pos >= g_window ? pos - g_window + 1 : 0; }
+static double ref_score(double s) { return g_softcap > 0 ? g_softcap * tanh(s / g_softcap) : s; }
+
 /* The logical K/V of both sequences, which the paged cache must reproduce. */
 typedef struct attn_fix {
   int64_t n_heads, n_kv, hd;
@@ -157,7 +174,7 @@ static void attn_run(kn_pool *p, attn_fix *f, const int32_t *seq, const int32_t 
   }
   kn_attn_batch b = {.n_tok = n_tok, .tok_seq = seq, .tok_pos = pos,
                      .max_blocks_per_seq = A_MAXB, .block_tables = f->tables};
-  kn_attention_paged(p, out, q, kn, vn, &f->kv, &b, f->n_heads, scale);
+  attn_call(p, out, q, kn, vn, &f->kv, &b, f->n_heads, scale);
   free(kn), free(vn);
 }
 
@@ -166,18 +183,19 @@ static int attn_head_ok(const attn_fix *f, int64_t s, int64_t pos, int64_t h, co
                         const float *out, float scale) {
   int64_t kvh = h / (f->n_heads / f->n_kv);
   double sc[A_MAXPOS], mx = -INFINITY, sum = 0;
-  for (int64_t j = 0; j <= pos; j++) {
+  int64_t j0 = ref_first(pos);
+  for (int64_t j = j0; j <= pos; j++) {
     const float *kr = attn_kv_row(f, f->k_all, s, j, kvh);
     double d = 0;
     for (int64_t i = 0; i < f->hd; i++) d += (double)q[i] * kr[i];
-    sc[j] = d * scale;
+    sc[j] = ref_score(d * scale);
     mx = sc[j] > mx ? sc[j] : mx;
   }
-  for (int64_t j = 0; j <= pos; j++) sum += sc[j] = exp(sc[j] - mx);
+  for (int64_t j = j0; j <= pos; j++) sum += sc[j] = exp(sc[j] - mx);
   int ok = 1;
   for (int64_t i = 0; i < f->hd; i++) {
     double ref = 0;
-    for (int64_t j = 0; j <= pos; j++) ref += sc[j] / sum * attn_kv_row(f, f->v_all, s, j, kvh)[i];
+    for (int64_t j = j0; j <= pos; j++) ref += sc[j] / sum * attn_kv_row(f, f->v_all, s, j, kvh)[i];
     ok &= fabs(out[i] - ref) <= 2e-5;
   }
   return ok;
@@ -246,6 +264,16 @@ static void test_attention(kn_pool *p1, kn_pool *p4) {
   attn_case(p1, p4, 4, 4, 20, 1.0f / sqrtf(20.0f));
   attn_case(p1, p4, 4, 2, 300, 1.0f / sqrtf(300.0f)); /* wider than one accumulator slice */
   attn_case(p1, p4, 4, 2, 16, 60.0f); /* score spread > 88: exp overflows without the max */
+  /* sliding windows (in blocks of 4: one that ends mid-block, one of a block, one of one
+   * position) and soft-capped scores (the cap bites: scores reach 60 * |q.k|) */
+  static const struct { int64_t window; float softcap, scale; } w[] = {
+      {3, 0, 0.25f}, {4, 0, 0.25f}, {1, 0, 0.25f}, {0, 2.0f, 60.0f}, {5, 2.0f, 60.0f}};
+  for (size_t i = 0; i < sizeof w / sizeof w[0]; i++) {
+    g_window = w[i].window, g_softcap = w[i].softcap;
+    attn_case(p1, p4, 4, 2, 16, w[i].scale);
+    attn_case(p1, p4, 4, 1, 20, w[i].scale);
+  }
+  g_window = 0, g_softcap = 0;
 }
 
 /* One sequence of n_pos positions, in an f32 or f16 cache, over blocks of `bs` (so chunks
@@ -277,32 +305,33 @@ static void attn_long_run(kn_pool *p, int isa, bool chunks, bool f16, int64_t hd
   kn_attn_batch b = {.n_tok = n_pos - 1, .tok_seq = seq, .tok_pos = pos,
                      .max_blocks_per_seq = n_blk, .block_tables = tables};
   float *qs = calloc((size_t)(n_pos * NH * hd), sizeof *qs);
-  kn_attention_paged(p, all, qs, k, v, &kv, &b, NH, scale); /* writes positions 0..n-2 */
+  attn_call(p, all, qs, k, v, &kv, &b, NH, scale); /* writes positions 0..n-2 */
   b = (kn_attn_batch){.n_tok = 1, .tok_seq = seq, .tok_pos = pos + n_pos - 1,
                       .max_blocks_per_seq = n_blk, .block_tables = tables};
-  kn_attention_paged(p, out, q, k + (n_pos - 1) * row, v + (n_pos - 1) * row, &kv, &b, NH,
-                     scale);
+  attn_call(p, out, q, k + (n_pos - 1) * row, v + (n_pos - 1) * row, &kv, &b, NH, scale);
   kn_attention_set_chunk_kernels(prev_chunks);
   kn_matmul_set_max_isa(prev);
   int ok = 1;
   for (int64_t h = 0; h < NH; h++) {
     int64_t kvh = h / (NH / NKV);
     double *sc = malloc((size_t)n_pos * sizeof *sc), mx = -INFINITY, sum = 0;
-    for (int64_t j = 0; j < n_pos; j++) {
+    int64_t j0 = ref_first(n_pos - 1);
+    for (int64_t j = j0; j < n_pos; j++) {
       double d = 0;
       for (int64_t i = 0; i < hd; i++) d += (double)q[h * hd + i] * k[j * row + kvh * hd + i];
-      sc[j] = d * scale, mx = sc[j] > mx ? sc[j] : mx;
+      sc[j] = ref_score(d * scale), mx = sc[j] > mx ? sc[j] : mx;
     }
-    for (int64_t j = 0; j < n_pos; j++) sum += sc[j] = exp(sc[j] - mx);
+    for (int64_t j = j0; j < n_pos; j++) sum += sc[j] = exp(sc[j] - mx);
     for (int64_t i = 0; i < hd; i++) {
       double ref = 0;
-      for (int64_t j = 0; j < n_pos; j++) ref += sc[j] / sum * v[j * row + kvh * hd + i];
+      for (int64_t j = j0; j < n_pos; j++) ref += sc[j] / sum * v[j * row + kvh * hd + i];
       ok &= fabs(out[h * hd + i] - ref) <= 2e-5;
     }
     free(sc);
   }
-  CHECKF(ok, "long attention isa %d %s hd %lld bs %lld n %lld scale %g", isa,
-         f16 ? "f16" : "f32", (long long)hd, (long long)bs, (long long)n_pos, scale);
+  CHECKF(ok, "long attention isa %d %s hd %lld bs %lld n %lld scale %g window %lld softcap %g",
+         isa, f16 ? "f16" : "f32", (long long)hd, (long long)bs, (long long)n_pos, scale,
+         (long long)g_window, g_softcap);
   free(k), free(v), free(q), free(tables), free(kv.k), free(kv.v), free(seq), free(pos);
   free(kv.k16), free(kv.v16);
   free(all), free(qs);
@@ -312,10 +341,14 @@ static void attn_long_run(kn_pool *p, int isa, bool chunks, bool f16, int64_t hd
  * (they differ only where the portable build has no native fma); AVX2 and AVX-512 with
  * the chunk kernels on and off, bit for bit. */
 static void test_attention_long(kn_pool *p) {
-  static const struct { int64_t hd, bs, n; float scale; } c[] = {
-      {64, 32, 83, 0.125f}, {64, 16, 40, 0.125f}, {20, 48, 70, 0.2f}, {64, 32, 50, 8.0f},
-      {48, 16, 45, 0.125f}, {80, 32, 70, 0.1f}};
+  static const struct { int64_t hd, bs, n; float scale; int64_t window; float softcap; } c[] = {
+      {64, 32, 83, 0.125f, 0, 0}, {64, 16, 40, 0.125f, 0, 0}, {20, 48, 70, 0.2f, 0, 0},
+      {64, 32, 50, 8.0f, 0, 0},   {48, 16, 45, 0.125f, 0, 0}, {80, 32, 70, 0.1f, 0, 0},
+      /* windows that start mid-chunk, on a chunk's edge, past whole blocks; soft caps */
+      {64, 32, 83, 0.125f, 37, 0}, {64, 16, 70, 0.125f, 32, 0}, {48, 16, 45, 8.0f, 20, 3.0f},
+      {64, 32, 50, 8.0f, 0, 3.0f}};
   for (size_t i = 0; i < 2 * sizeof c / sizeof c[0]; i++) {
+    g_window = c[i / 2].window, g_softcap = c[i / 2].softcap;
     bool f16 = i % 2;
     int64_t hd = c[i / 2].hd, bs = c[i / 2].bs, n = c[i / 2].n;
     size_t sz = (size_t)(9 * hd) * sizeof(float);
@@ -338,6 +371,7 @@ static void test_attention_long(kn_pool *p) {
     CHECKF(worst <= 1e-5f, "attention portable vs SIMD differ by %g", worst);
     for (int r = 0; r < 5; r++) free(o[r]);
   }
+  g_window = 0, g_softcap = 0;
 }
 
 /* Grouped queries (GQA heads, a prefill's tokens, head sub-groups on idle threads) change
@@ -564,6 +598,10 @@ static void test_embed(kn_pool *p4) {
     for (int t = 0; t < NT; t++)
       ok &= memcmp(out + t * DIM, table + ids[t] * DIM, DIM * sizeof(float)) == 0;
     CHECKF(ok, "embed dt=%s", ir_dtype_name(k_dtypes[d]));
+    kn_embed_scaled(p4, out, tq, k_dtypes[d], ids, NT, DIM, 5.656854f); /* Gemma's sqrt(32) */
+    for (int t = 0; t < NT; t++)
+      for (int i = 0; i < DIM; i++) ok &= out[t * DIM + i] == table[ids[t] * DIM + i] * 5.656854f;
+    CHECKF(ok, "embed scaled dt=%s", ir_dtype_name(k_dtypes[d]));
     free(table), free(out), free(tq);
   }
 }
@@ -602,6 +640,32 @@ static void test_swiglu(kn_pool *p4) {
   CHECK(memcmp(g, out, N * sizeof(float)) == 0);
   kn_swiglu(NULL, out, g, u, 3);
   free(g), free(u), free(out), free(simd);
+}
+
+/* gelu_tanh(g) * u and cap * tanh(x / cap) against the formulas in double; a value alone
+ * the same bits as among many. */
+static void test_geglu_softcap(kn_pool *p4) {
+  enum { N = 50001 };
+  float *g = rnd_vec(N, 12.0f), *u = rnd_vec(N, 3.0f), *out = rnd_vec(N, 1.0f);
+  g[0] = -200.0f, g[1] = 200.0f, g[2] = 0.0f, g[3] = -0.0f;
+  kn_geglu(p4, out, g, u, N);
+  int ok = 1, alone = 1;
+  for (int64_t i = 0; i < N; i++) {
+    double x = g[i], ref = 0.5 * x * (1.0 + tanh(sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x))) * u[i];
+    ok &= fabs(out[i] - ref) <= 2e-6 * fabs(x * u[i]) + 1e-30;
+    if (i % 97 == 0) {
+      float one = kn_gelu_tanh_mul(g[i], u[i]);
+      alone &= memcmp(&one, out + i, sizeof one) == 0;
+    }
+  }
+  CHECKF(ok && alone, "geglu against the formula (%d), alone (%d)", ok, alone);
+  kn_softcap(p4, out, g, N, 5.0f);
+  ok = 1;
+  for (int64_t i = 0; i < N; i++) ok &= fabs(out[i] - 5.0 * tanh(g[i] / 5.0)) <= 1e-6 * 5.0;
+  CHECK(ok && fabsf(out[1] - 5.0f) < 1e-6f && out[2] == 0.0f);
+  kn_softcap(p4, g, g, N, 5.0f); /* in place */
+  CHECK(memcmp(g, out, N * sizeof(float)) == 0);
+  free(g), free(u), free(out);
 }
 
 static void test_add(kn_pool *p4) {
@@ -680,6 +744,7 @@ int main(void) {
   test_norm(p4);
   test_embed(p4);
   test_swiglu(p4);
+  test_geglu_softcap(p4);
   test_add(p4);
   test_gather(p4);
   kn_pool_destroy(p1);
