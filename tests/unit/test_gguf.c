@@ -488,6 +488,21 @@ static void test_names(void) {
   for (size_t i = 0; i < sizeof k_none / sizeof k_none[0]; i++)
     CHECKF(!infc_gguf_llama_name(k_none[i], buf, sizeof buf), "'%s' mapped", k_none[i]);
   CHECK(!infc_gguf_llama_name("model.layers.3.mlp.up_proj.weight", buf, 8)); /* too short */
+  /* Gemma's norms: its post_attention_layernorm follows the attention (llama's is the MLP's
+   * input norm, pre_feedforward_layernorm in Gemma) */
+  static const char *const k_gemma[][2] = {
+      {"model.layers.3.post_attention_layernorm.weight", "blk.3.post_attention_norm.weight"},
+      {"model.layers.3.pre_feedforward_layernorm.weight", "blk.3.ffn_norm.weight"},
+      {"model.layers.3.post_feedforward_layernorm.weight", "blk.3.post_ffw_norm.weight"},
+      {"model.layers.3.input_layernorm.weight", "blk.3.attn_norm.weight"},
+      {"model.layers.3.self_attn.q_norm.weight", "blk.3.attn_q_norm.weight"},
+      {"model.embed_tokens.weight", "token_embd.weight"},
+  };
+  for (size_t i = 0; i < sizeof k_gemma / sizeof k_gemma[0]; i++)
+    for (int a = 0; a < 2; a++)
+      CHECKF(infc_gguf_llama_name_arch(a ? "gemma3" : "gemma2", k_gemma[i][0], buf, sizeof buf) &&
+                 !strcmp(buf, k_gemma[i][1]), "%s", k_gemma[i][0]);
+  CHECK(!infc_gguf_llama_name("model.layers.3.post_feedforward_layernorm.weight", buf, sizeof buf));
 }
 
 /* ---- the frontend through infc_build -------------------------------------------------- */
