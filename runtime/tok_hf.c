@@ -268,9 +268,18 @@ static ir_status metaspace(hf_load *h, const cJSON *p, ir_diag *d) {
   return IR_OK;
 }
 
+/* Split on the string " " once the normalizer has made every space U+2581 (Gemma's
+ * Split(" ", MergedWithPrevious)) finds nothing to split, whatever the behavior: a no-op.
+ * Inverted, the whole text would be the delimiter, so that is left to be refused. */
+static bool noop_space_split(const hf_load *h, const cJSON *p) {
+  const char *s = jstr(cJSON_GetObjectItemCaseSensitive(p, "pattern"), "String");
+  return h->spm_replace && s && strcmp(s, " ") == 0 && !jbool(p, "invert", false);
+}
+
 /* One step of the pre-tokenizer; `last` tells whether it ends the sequence. */
 static ir_status one_pre(hf_load *h, const cJSON *p, bool first, bool last, ir_diag *d) {
   const char *type = jtype(p);
+  if (strcmp(type, "Split") == 0 && noop_space_split(h, p)) return IR_OK;
   if (strcmp(type, "Digits") == 0 && first && !last && jbool(p, "individual_digits", false)) {
     h->digits = true;
     return IR_OK;

@@ -2,11 +2,13 @@
 """Generate the tokenizer fixtures: small BPE tokenizers trained with HF `tokenizers`
 on tests/fixtures/tokenizers/corpus.txt, and the ids HF gives for the corpus.
 
-    /usr/bin/python3 tools/gen_tokenizer_fixtures.py [--llama-cpp-models DIR]
+    /usr/bin/python3 tools/gen_tokenizer_fixtures.py [--llama-cpp-models DIR] [--only NAME ...]
 
 Needs `tokenizers` (pinned in tools/requirements-fixtures.txt: install that into the
 system interpreter as tools/gen_fixtures.py explains). CI never runs this; a developer
-runs it and commits the output. Rerunning gives the same files.
+runs it and commits the output. Rerunning gives the same files. (Checked with 0.19.1 when
+spm-gemma was added; tokenizers 0.23.3 trains the same models and gives the same ids but
+saves merges as [a, b] pairs instead of "a b".)
 
 With --llama-cpp-models DIR (the models/ folder of llama.cpp, e.g. from the sdist of
 llama-cpp-python: vendor/llama.cpp/models) it also converts the real GPT-2 vocabulary
@@ -14,6 +16,10 @@ from ggml-vocab-gpt-2.gguf into a tokenizer.json (needs gguf-py: DIR/../gguf-py 
 `pip install gguf`) and adds llama.cpp's test strings (ggml-vocab-gpt-2.gguf.inp), and
 writes llama-spm-gguf/vocab.json: the Llama 2 vocabulary as GGUF stores it (scores, no
 merges) with llama.cpp's test vectors for it.
+
+--only NAME (repeatable) writes just those fixtures (the models are still all trained, as
+later ones derive from earlier ones), so that one new fixture can be added without
+rewriting the others' files.
 
 Each fixture directory holds tokenizer.json, optionally tokenizer_config.json, and
 expected.json:
@@ -24,7 +30,9 @@ expected.json:
   decode    {line index: HF decode(ids, skip_special_tokens=True)} where it differs from
             the line (NFC normalization, the SPM leading space, ...)
   extra     [{text, ids, ids_plain (add_special_tokens=False), ids_noparse (special
-            tokens in the text encoded as text: encode_special_tokens=True)}]
+            tokens in the text encoded as text: encode_special_tokens=True)}], and for
+            fixtures written with decode_extra (spm-gemma): decode (HF decode(ids,
+            skip_special_tokens=True)) and decode_all (skip_special_tokens=False)
 """
 import argparse
 import json
@@ -65,6 +73,18 @@ EXTRA = [
     "<|im_start|><|im_start|>",
 ]
 
+# Gemma chat turns (the layout of Gemma's chat template) and its other added tokens
+EXTRA_GEMMA = [
+    "<bos><start_of_turn>user\nWrite a haiku about rain.<end_of_turn>\n<start_of_turn>model\n",
+    "<start_of_turn>model\nRain on the roof,  soft drums\u2014\nthe gutter hums along.<end_of_turn>",
+    "<start_of_turn>user\n\u00bfQu\u00e9 tal? \u65e5\u672c\u8a9e \U0001F600<end_of_turn><eos>",
+    "a<end_of_turn>b <start_of_turn> c  <end_of_turn>\n\n",
+    "<unused0> <unused1>x<mask>[@BOS@]<pad>",
+    "<start_of_turn><start_of_turn><end_of_turn>",
+    "  two leading, two trailing  ",
+    "tab\tand\u2581meta\u2581space",
+]
+
 
 def corpus():
     with open(os.path.join(FIX, "corpus.txt"), encoding="utf-8", newline="") as f:
@@ -102,6 +122,11 @@ def byte_level(name, split, text, vocab_size, specials, ignore_merges=False, nfc
     return tok
 
 
+def merge_pairs(j):
+    """The merges of a tokenizer.json as pairs: tokenizers before 0.20 save "a b", later [a, b]."""
+    return [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in j["model"]["merges"]]
+
+
 def spm(text, vocab_size):
     """Llama 2 style: trained with Metaspace words, saved with the Prepend/Replace normalizer
     and byte fallback; <unk> <s> </s> then <0x00>..<0xFF> first, as in Llama's vocab."""
@@ -123,9 +148,8 @@ def spm(text, vocab_size):
     for piece, _ in old:
         if piece not in vocab:
             vocab[piece] = len(vocab)
-    merges = [tuple(m.split(" ")) for m in j["model"]["merges"]]
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token="<unk>", fuse_unk=True,
-                               byte_fallback=True))
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merge_pairs(j), unk_token="<unk>",
+                               fuse_unk=True, byte_fallback=True))
     tok.add_special_tokens(["<unk>", "<s>", "</s>"])
     tok.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"),
                                            normalizers.Replace(" ", "\u2581")])
@@ -143,6 +167,48 @@ def spm_metaspace(base, scheme, split):
     j["pre_tokenizer"] = {"type": "Metaspace", "replacement": "\u2581",
                           "prepend_scheme": scheme, "split": split}
     return Tokenizer.from_str(json.dumps(j))
+
+
+def spm_gemma(base):
+    """The same model rebuilt as transformers' GemmaConverter (convert_slow_tokenizer.py) and
+    Gemma's tokenizer.json have it: normalizer Replace(" ", U+2581) and no dummy prefix,
+    pre-tokenizer Split(" ", merged_with_previous) (a no-op after that normalizer; newer
+    transformers write null), decoder Replace/ByteFallback/Fuse without Strip, <bos> added by
+    a TemplateProcessing. Gemma's vocabulary order: <pad> <eos> <bos> <unk>, then <mask>,
+    [@BOS@] and <unusedN> (added tokens not marked special), <start_of_turn> <end_of_turn>
+    (special), the byte pieces, the rest."""
+    j = json.loads(base.to_str())
+    specials = ["<pad>", "<eos>", "<bos>", "<unk>"]
+    plain = ["<mask>", "[@BOS@]", "<unused0>", "<unused1>"]
+    turns = ["<start_of_turn>", "<end_of_turn>"]
+    vocab = {}
+    for piece in specials + plain + turns + ["<0x%02X>" % b for b in range(256)]:
+        vocab[piece] = len(vocab)
+    for piece, _ in sorted(j["model"]["vocab"].items(), key=lambda kv: kv[1]):
+        if piece not in vocab and piece not in ("<s>", "</s>"):
+            vocab[piece] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merge_pairs(j), unk_token="<unk>",
+                               fuse_unk=True, byte_fallback=True))
+    tok.add_special_tokens([AddedToken(t, normalized=False) for t in specials])
+    tok.add_tokens([AddedToken(t, normalized=False, special=False) for t in plain])
+    tok.add_special_tokens([AddedToken(t, normalized=False) for t in turns])
+    tok.normalizer = normalizers.Replace(" ", "\u2581")
+    tok.pre_tokenizer = pre.Split(" ", "merged_with_previous")
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(),
+                                     decoders.Fuse()])
+    tok.post_processor = processors.TemplateProcessing(
+        single="<bos>:0 $A:0", pair="<bos>:0 $A:0 <bos>:1 $B:1", special_tokens=[("<bos>", 2)])
+    return tok
+
+
+def same_without_pre(tok, texts):
+    """Checks the Split pre-tokenizer is a no-op (as transformers #43062 says): pre_tokenizer
+    null gives the same ids, so the fixture stands for both forms of Gemma's tokenizer.json."""
+    j = json.loads(tok.to_str())
+    j["pre_tokenizer"] = None
+    other = Tokenizer.from_str(json.dumps(j))
+    bad = [s for s in texts if other.encode(s).ids != tok.encode(s).ids]
+    assert not bad, "spm-gemma: pre_tokenizer null differs on %r" % bad[:3]
 
 
 def gguf_gpt2(models_dir):
@@ -219,7 +285,7 @@ def add_extras(tok, gpt2_like):
     return tok
 
 
-def expected(tok, text, lines, extra):
+def expected(tok, text, lines, extra, decode_extra=False):
     out = {"lines": [tok.encode(l).ids for l in lines], "whole": tok.encode(text).ids}
     dec = {}
     for i, (l, ids) in enumerate(zip(lines, out["lines"])):
@@ -234,19 +300,27 @@ def expected(tok, text, lines, extra):
         tok.encode_special_tokens = True
         e["ids_noparse"] = tok.encode(s).ids
         tok.encode_special_tokens = False
+        if decode_extra:
+            e["decode"] = tok.decode(e["ids"], skip_special_tokens=True)
+            e["decode_all"] = tok.decode(e["ids"], skip_special_tokens=False)
         ex.append(e)
     out["extra"] = ex
     return out
 
 
-def write(name, tok, text, lines, extra, config=None):
+ONLY = None  # the fixture names of --only, or None for all
+
+
+def write(name, tok, text, lines, extra, config=None, decode_extra=False):
+    if ONLY is not None and name not in ONLY:
+        return
     d = os.path.join(FIX, name)
     os.makedirs(d, exist_ok=True)
     tok.save(os.path.join(d, "tokenizer.json"), pretty=False)
     if config is not None:
         with open(os.path.join(d, "tokenizer_config.json"), "w", encoding="utf-8") as f:
             json.dump(config, f, ensure_ascii=False, indent=1)
-    exp = expected(tok, text, lines, extra)
+    exp = expected(tok, text, lines, extra, decode_extra)
     with open(os.path.join(d, "expected.json"), "w", encoding="utf-8") as f:
         json.dump(exp, f, ensure_ascii=False, separators=(",", ":"))
     size = os.path.getsize(os.path.join(d, "tokenizer.json"))
@@ -261,7 +335,10 @@ CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--llama-cpp-models", help="llama.cpp models/ folder (for gpt2-real)")
+    ap.add_argument("--only", action="append", metavar="NAME", help="write only this fixture")
     args = ap.parse_args()
+    global ONLY
+    ONLY = set(args.only) if args.only else None
     text, lines = corpus()
 
     t = add_extras(byte_level("gpt2", None, text, 2000, ["<|endoftext|>"]), True)
@@ -303,11 +380,17 @@ def main():
            "eos_token": "</s>", "unk_token": "<unk>", "legacy": True})
     write("spm-first", spm_metaspace(base, "first", False), text, lines, EXTRA)
     write("spm-split", spm_metaspace(base, "always", True), text, lines, EXTRA)
+    t = spm_gemma(base)
+    same_without_pre(t, lines + [text] + EXTRA + EXTRA_GEMMA)
+    write("spm-gemma", t, text, lines, EXTRA + EXTRA_GEMMA,
+          {"add_bos_token": True, "add_eos_token": False, "bos_token": "<bos>",
+           "eos_token": "<eos>", "pad_token": "<pad>", "unk_token": "<unk>"}, decode_extra=True)
 
-    if args.llama_cpp_models:
+    if args.llama_cpp_models and (ONLY is None or "gpt2-real" in ONLY):
         t, inputs = gguf_gpt2(args.llama_cpp_models)
         write("gpt2-real", t, text, lines, EXTRA + inputs,
               {"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>"})
+    if args.llama_cpp_models and (ONLY is None or "llama-spm-gguf" in ONLY):
         gguf_spm(args.llama_cpp_models)
 
 

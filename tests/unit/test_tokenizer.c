@@ -169,9 +169,46 @@ static void check_lines(const char *name, const irt_tokenizer *t, const corpus *
   CHECKF(bad_stream == 0, "%s: %d lines stream differently", name, bad_stream);
 }
 
+/* HF's decode of an extra text's expected ids, where the fixture has it ("decode" with
+ * skip_special_tokens, "decode_all" without): decode and streaming decode must equal it.
+ * Returns the number of differences. */
+static int check_extra_decode(const char *name, const irt_tokenizer *t, const cJSON *e, int idx) {
+  const cJSON *exp_ids = cJSON_GetObjectItem(e, "ids"), *v;
+  int32_t ids[512];
+  size_t n = 0;
+  int bad = 0;
+  cJSON_ArrayForEach(v, exp_ids) if (n < 512) ids[n++] = v->valueint;
+  static const char *const keys[2] = {"decode", "decode_all"};
+  for (int k = 0; k < 2; k++) {
+    const cJSON *want = cJSON_GetObjectItem(e, keys[k]);
+    if (!cJSON_IsString(want)) continue;
+    size_t len, wlen = strlen(want->valuestring);
+    char *text = decode(t, ids, n, k == 0, &len);
+    irt_tok_stream s;
+    size_t cap = irt_tok_piece_max(t), got = 0;
+    char *chunk = malloc(cap), *all = malloc(wlen + 64 + n * cap);
+    irt_tok_stream_init(&s, t, k == 0);
+    for (size_t i = 0; i < n; i++) {
+      size_t m = irt_tok_stream_push(&s, ids[i], chunk, cap);
+      memcpy(all + got, chunk, m);
+      got += m;
+    }
+    got += irt_tok_stream_finish(&s, all + got, 3);
+    if (len != wlen || memcmp(text, want->valuestring, len) != 0 || got != wlen ||
+        memcmp(all, want->valuestring, got) != 0) {
+      fprintf(stderr, "%s: extra text %d %s: '%s'\n", name, idx, keys[k], text);
+      bad++;
+    }
+    free(chunk);
+    free(all);
+    free(text);
+  }
+  return bad;
+}
+
 static void check_extra(const char *name, const irt_tokenizer *t, const cJSON *exp) {
   const cJSON *e;
-  int i = 0, bad = 0;
+  int i = 0, bad = 0, bad_dec = 0;
   cJSON_ArrayForEach(e, cJSON_GetObjectItem(exp, "extra")) {
     const char *s = cJSON_GetObjectItem(e, "text")->valuestring;
     static const char *const keys[3] = {"ids", "ids_plain", "ids_noparse"};
@@ -185,9 +222,11 @@ static void check_extra(const char *name, const irt_tokenizer *t, const cJSON *e
       }
       free(ids);
     }
+    bad_dec += check_extra_decode(name, t, e, i);
     i++;
   }
   CHECKF(bad == 0, "%s: %d extra encodings differ from HF", name, bad);
+  CHECKF(bad_dec == 0, "%s: %d extra decodes differ from HF", name, bad_dec);
 }
 
 static void check_roundtrip(const char *name, const irt_tokenizer *t, const corpus *c,
@@ -275,6 +314,75 @@ static void check_config(void) {
   t = load_fixture("smollm");
   CHECK(t && irt_tok_get_pre(t) == IRT_TOK_PRE_SMOLLM);
   irt_tok_destroy(t);
+}
+
+/* Writes text to TEST_TMP_DIR/name and returns the path (static buffer), or NULL. */
+static const char *write_tmp(const char *name, const char *text) {
+  static char path[512];
+  snprintf(path, sizeof path, TEST_TMP_DIR "/%s", name);
+  FILE *f = fopen(path, "w");
+  if (!f) return NULL;
+  fputs(text, f);
+  fclose(f);
+  return path;
+}
+
+/* The merges "a b" of a tokenizer.json rewritten as [a, b] pairs (tokenizers >= 0.20). */
+static void merges_as_pairs(cJSON *j) {
+  cJSON *merges = cJSON_GetObjectItem(cJSON_GetObjectItem(j, "model"), "merges");
+  for (cJSON *e = merges ? merges->child : NULL, *next; e; e = next) {
+    next = e->next; /* e is freed when replaced */
+    char *sp = cJSON_IsString(e) ? strchr(e->valuestring, ' ') : NULL;
+    if (!sp) continue;
+    *sp = '\0';
+    const char *pair[2] = {e->valuestring, sp + 1};
+    cJSON_ReplaceItemViaPointer(merges, e, cJSON_CreateStringArray(pair, 2));
+  }
+}
+
+/* Gemma (spm-gemma): its special-token layout, and its tokenizer.json in both forms: with
+ * Split(" ", MergedWithPrevious) (the fixture, as transformers' GemmaConverter writes it)
+ * and with pre_tokenizer null (newer transformers; here also with the merges as pairs, as
+ * newer tokenizers save them), the same ids, as the generator checked with HF. */
+static void check_gemma(const corpus *c) {
+  irt_tokenizer *t = load_fixture("spm-gemma");
+  if (t) {
+    int32_t sot = irt_tok_find(t, "<start_of_turn>"), eot = irt_tok_find(t, "<end_of_turn>");
+    CHECK(irt_tok_bos(t) == 2 && irt_tok_eos(t) == 1 && irt_tok_find(t, "<pad>") == 0 &&
+          irt_tok_find(t, "<unk>") == 3);
+    CHECK(irt_tok_is_special(t, sot) && irt_tok_is_special(t, eot) && irt_tok_is_eog(t, eot));
+    CHECK(!irt_tok_is_special(t, irt_tok_find(t, "<unused0>")) &&
+          !irt_tok_is_special(t, irt_tok_find(t, "<mask>")));
+    CHECK(irt_tok_get_model(t) == IRT_TOK_BPE_SPM && irt_tok_get_pre(t) == IRT_TOK_PRE_NONE);
+    size_t n;
+    int32_t *ids = encode(t, "<start_of_turn>user\n", 20, true, true, &n);
+    CHECK(ids && n >= 3 && ids[0] == 2 && ids[1] == sot);
+    free(ids);
+  }
+  irt_tok_destroy(t);
+  char *js = read_file(TOKDIR "/spm-gemma/tokenizer.json", NULL);
+  char *exp_js = read_file(TOKDIR "/spm-gemma/expected.json", NULL);
+  cJSON *j = js ? cJSON_Parse(js) : NULL, *exp = exp_js ? cJSON_Parse(exp_js) : NULL;
+  CHECK(j && exp);
+  if (j && exp) {
+    cJSON_ReplaceItemInObject(j, "pre_tokenizer", cJSON_CreateNull());
+    merges_as_pairs(j);
+    char *out = cJSON_PrintUnformatted(j);
+    const char *path = write_tmp("tok_gemma_nopre.json", out);
+    irt_tokenizer *t2 = NULL;
+    ir_diag d = {0};
+    CHECKF(path && irt_tok_load_hf(path, NULL, &t2, &d) == IR_OK, "%s", d.msg);
+    if (t2) {
+      check_lines("spm-gemma (pre_tokenizer null)", t2, c, exp);
+      check_extra("spm-gemma (pre_tokenizer null)", t2, exp);
+    }
+    irt_tok_destroy(t2);
+    free(out);
+  }
+  cJSON_Delete(j);
+  cJSON_Delete(exp);
+  free(js);
+  free(exp_js);
 }
 
 /* add_eos_token in tokenizer_config.json overrides the post-processor. */
@@ -543,6 +651,15 @@ static void check_unsupported(void) {
                      "\"behavior\":\"Isolated\",\"invert\":false},{\"type\":\"ByteLevel\","
                      "\"use_regex\":false}]}}", "\\w+|[^\\w\\s]+");
   expect_unsupported("{" BPE_MODEL "}", "without ByteLevel");
+  /* Split(" ") is a no-op only after Replace(" ", U+2581), and only when not inverted */
+#define SPACE_SPLIT(inv)                                                                    \
+  "\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"String\":\" \"},"                 \
+  "\"behavior\":\"MergedWithPrevious\",\"invert\":" inv "}"
+#define SPM_REPLACE                                                                         \
+  "\"normalizer\":{\"type\":\"Replace\",\"pattern\":{\"String\":\" \"},"                  \
+  "\"content\":\"\xE2\x96\x81\"}"
+  expect_unsupported("{" BPE_MODEL "," SPACE_SPLIT("false") "}", "'Split'");
+  expect_unsupported("{" BPE_MODEL "," SPM_REPLACE "," SPACE_SPLIT("true") "}", "'Split'");
   ir_diag d = {0};
   irt_tokenizer *t = NULL;
   CHECK(irt_tok_load_hf(TEST_TMP_DIR "/no/such/tokenizer.json", NULL, &t, &d) == IR_IO);
@@ -552,9 +669,10 @@ int main(void) {
   corpus c;
   CHECK(load_corpus(&c));
   static const char *const names[] = {"gpt2", "gpt2-prefix", "llama3", "qwen2", "smollm",
-                                      "spm", "spm-first", "spm-split", "gpt2-real"};
+                                      "spm", "spm-first", "spm-split", "spm-gemma", "gpt2-real"};
   for (size_t i = 0; i < sizeof names / sizeof names[0] && c.text; i++) check_fixture(names[i], &c);
   check_config();
+  if (c.text) check_gemma(&c);
   check_add_eos();
   check_spm_bytes();
   check_invalid_utf8();
