@@ -28,8 +28,18 @@ struct infc_source {
   char recognised[INFC_ONNX_LLM_RECOGNISED]; /* what the ONNX LLM path matched */
 };
 
+/* A tensor by its HF name; a multimodal checkpoint's text model (Gemma 3's
+ * Gemma3ForConditionalGeneration) holds model.X as language_model.model.X (as saved) or
+ * model.language_model.X (transformers' in-memory names). */
 static bool st_find(void *ctx, const char *name, model_tensor *out) {
   const infc_st_tensor *t = infc_st_find(ctx, name);
+  char alt[512];
+  bool inner = !strncmp(name, "model.", 6);
+  if (!t && inner && snprintf(alt, sizeof alt, "language_model.%s", name) < (int)sizeof alt)
+    t = infc_st_find(ctx, alt);
+  if (!t && inner && snprintf(alt, sizeof alt, "model.language_model.%s", name + 6) < (int)sizeof alt)
+    t = infc_st_find(ctx, alt);
+  if (!t && !strcmp(name, "lm_head.weight")) t = infc_st_find(ctx, "language_model.lm_head.weight");
   if (!t) return false;
   *out = (model_tensor){.dtype = t->dtype, .rank = t->rank, .data = t->data, .nbytes = t->nbytes};
   for (int i = 0; i < t->rank; i++) out->shape[i] = t->shape[i];

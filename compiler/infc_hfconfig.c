@@ -335,6 +335,39 @@ static void read_sizes(cfg_reader *r, model_llama_params *p) {
   p->eos_token_id = get_int(r, "eos_token_id", false, -1);
 }
 
+/* Gemma3TextConfig's defaults (transformers), which a multimodal checkpoint's text_config
+ * leaves out (Gemma 3 4B's lists its sizes, rope_scaling and sliding_window only). */
+static const char k_gemma3_text_defaults[] =
+    "{\"model_type\": \"gemma3_text\", \"vocab_size\": 262208, \"hidden_size\": 2304, "
+    "\"intermediate_size\": 9216, \"num_hidden_layers\": 26, \"num_attention_heads\": 8, "
+    "\"num_key_value_heads\": 4, \"head_dim\": 256, \"hidden_activation\": "
+    "\"gelu_pytorch_tanh\", \"max_position_embeddings\": 131072, \"rms_norm_eps\": 1e-6, "
+    "\"rope_theta\": 1000000.0, \"rope_local_base_freq\": 10000.0, \"query_pre_attn_scalar\": "
+    "256, \"sliding_window\": 4096, \"sliding_window_pattern\": 6, \"bos_token_id\": 2, "
+    "\"eos_token_id\": 1, \"tie_word_embeddings\": true}";
+
+/* Gemma 3's multimodal checkpoints (model_type gemma3, Gemma3ForConditionalGeneration):
+ * the text model is text_config over Gemma3TextConfig's defaults; root is replaced by that
+ * (the vision tower's tensors are never asked for). Other roots stay. */
+static cJSON *unwrap_text_config(cJSON *root) {
+  const cJSON *mt = cJSON_GetObjectItemCaseSensitive(root, "model_type");
+  const cJSON *tc = cJSON_GetObjectItemCaseSensitive(root, "text_config"), *e;
+  if (!cJSON_IsString(mt) || strcmp(mt->valuestring, "gemma3") || !cJSON_IsObject(tc))
+    return root;
+  cJSON *text = cJSON_Parse(k_gemma3_text_defaults);
+  cJSON_ArrayForEach(e, tc) {
+    cJSON *v = text ? cJSON_Duplicate(e, true) : NULL;
+    if (!v || !e->string || !cJSON_ReplaceItemInObjectCaseSensitive(text, e->string, v))
+      if (!v || !e->string || !cJSON_AddItemToObject(text, e->string, v)) {
+        cJSON_Delete(v);
+        cJSON_Delete(text);
+        return root; /* out of memory: the wrapper's own model_type is then refused */
+      }
+  }
+  cJSON_Delete(root);
+  return text;
+}
+
 ir_status infc_hfconfig_parse(const char *json, model_llama_params *out, ir_diag *d) {
   memset(out, 0, sizeof *out);
   cJSON *root = cJSON_Parse(json);
@@ -342,6 +375,7 @@ ir_status infc_hfconfig_parse(const char *json, model_llama_params *out, ir_diag
     cJSON_Delete(root);
     return ir_diag_set(d, IR_BAD_FORMAT, "not a JSON object");
   }
+  root = unwrap_text_config(root);
   cfg_reader r = {.root = root, .d = d, .st = IR_OK};
   read_arch(&r, out);
   read_sizes(&r, out);

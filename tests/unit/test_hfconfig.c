@@ -341,6 +341,26 @@ static void test_gemma(void) {
         has(d.msg, "sliding_attention"));
   CHECK(parse_gemma3(", \"rope_parameters\": {\"full_attention\": {\"rope_type\": \"dynamic\", "
                      "\"factor\": 2.0}}", &p, &d) == IR_UNSUPPORTED && has(d.msg, "full_attention"));
+  /* Gemma 3 4B's config.json (Gemma3ForConditionalGeneration): the text model is text_config
+   * over Gemma3TextConfig's defaults */
+  const char *mm = "{\"architectures\": [\"Gemma3ForConditionalGeneration\"], \"boi_token_index\": "
+                   "255999, \"eos_token_id\": [1, 106], \"image_token_index\": 262144, "
+                   "\"model_type\": \"gemma3\", \"text_config\": {\"hidden_size\": 2560, "
+                   "\"intermediate_size\": 10240, \"model_type\": \"gemma3_text\", "
+                   "\"num_hidden_layers\": 34, \"rope_scaling\": {\"factor\": 8.0, \"rope_type\": "
+                   "\"linear\"}, \"sliding_window\": 1024}, \"vision_config\": {\"hidden_size\": "
+                   "1152, \"model_type\": \"siglip_vision_model\"}}";
+  d = (ir_diag){0};
+  CHECKF(infc_hfconfig_parse(mm, &p, &d) == IR_OK, "%s", d.msg);
+  CHECK(!strcmp(p.arch, "gemma3_text") && p.hidden_size == 2560 && p.n_layers == 34);
+  CHECK(p.n_heads == 8 && p.n_kv_heads == 4 && p.head_dim == 256 && p.vocab_size == 262208);
+  CHECK(p.sliding_window == 1024 && p.swa_period == 6 && p.rope_local_theta == 10000.0);
+  CHECK(p.rope_scaling == MODEL_ROPE_LINEAR && p.rope_factor == 8.0 && p.rope_theta == 1e6);
+  CHECK(p.attn_scale == 1.0 / 16.0 && p.tie_word_embeddings && p.qk_norm && p.eos_token_id == 1);
+  CHECK(p.max_position == 131072 && p.intermediate_size == 10240);
+  d = (ir_diag){0}; /* another wrapper is not unwrapped: its model_type is refused */
+  CHECK(infc_hfconfig_parse("{\"model_type\": \"llava\", \"text_config\": {\"model_type\": "
+                            "\"llama\"}}", &p, &d) == IR_UNSUPPORTED && has(d.msg, "llava"));
 }
 
 static void test_not_json(void) {
