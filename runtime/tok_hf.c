@@ -51,7 +51,8 @@ static const char *jtype(const cJSON *o) {
   return t ? t : "(no type)";
 }
 
-static ir_status read_json(const char *path, cJSON **out, ir_diag *d) {
+/* The whole file at path, NUL-terminated, into *out (malloc'd) and its length. */
+static ir_status read_text(const char *path, char **out, size_t *out_len, ir_diag *d) {
   FILE *f = fopen(path, "rb");
   if (!f) return ir_diag_set(d, IR_IO, "%s: %s", path, strerror(errno));
   char *buf = NULL;
@@ -67,6 +68,31 @@ static ir_status read_json(const char *path, cJSON **out, ir_diag *d) {
     free(buf);
     return ir_diag_set(d, IR_IO, "%s: cannot read the file", path);
   }
+  buf[len] = '\0';
+  *out = buf, *out_len = len;
+  return IR_OK;
+}
+
+/* chat_template.jinja beside tokenizer_json (where transformers >= 4.51 saves the template
+ * when tokenizer_config.json holds none), or NULL. */
+static char *template_beside(const char *tokenizer_json) {
+  const char *slash = strrchr(tokenizer_json, '/');
+  int dir = slash ? (int)(slash - tokenizer_json + 1) : 0;
+  char path[4200], *text = NULL;
+  size_t len;
+  ir_diag quiet = {0};
+  if (snprintf(path, sizeof path, "%.*schat_template.jinja", dir, tokenizer_json) >=
+          (int)sizeof path ||
+      read_text(path, &text, &len, &quiet) != IR_OK)
+    return NULL;
+  return text;
+}
+
+static ir_status read_json(const char *path, cJSON **out, ir_diag *d) {
+  char *buf = NULL;
+  size_t len = 0;
+  ir_status st = read_text(path, &buf, &len, d);
+  if (st != IR_OK) return st;
   *out = cJSON_ParseWithLength(buf, len);
   free(buf);
   if (!*out) return ir_diag_set(d, IR_BAD_FORMAT, "%s: not valid JSON", path);
@@ -466,11 +492,15 @@ ir_status irt_tok_load_hf(const char *tokenizer_json, const char *tokenizer_conf
   h.spec.bos_id = h.spec.eos_id = h.spec.pad_id = h.spec.unk_id = -1;
   ir_status st = read_json(tokenizer_json, &root, d);
   if (st == IR_OK && tokenizer_config) st = read_json(tokenizer_config, &cfg, d);
+  char *jinja = NULL;
   if (st == IR_OK) {
     st = load_tokenizer(&h, root, cfg, d);
+    if (st == IR_OK && !h.spec.chat_template)
+      h.spec.chat_template = jinja = template_beside(tokenizer_json);
     if (st == IR_OK) st = irt_tok_create(&h.spec, out, d);
     if (st != IR_OK) ir_diag_prefix(d, "%s", tokenizer_json);
   }
+  free(jinja);
   for (int32_t i = 0; i < h.n_merges; i++) free(h.merges[i]);
   free(h.merges);
   free(h.tokens);

@@ -106,7 +106,8 @@ typedef struct irt_tokenizer irt_tokenizer;
 ir_status irt_tok_create(const irt_tok_spec *spec, irt_tokenizer **out, ir_diag *d);
 /* Reads an HF tokenizer.json and, if non-NULL, its tokenizer_config.json (bos/eos/pad
  * token strings, add_bos_token/add_eos_token overriding the post_processor, chat_template
- * as a string or the "default" of a list). Unsupported models, normalizers or
+ * as a string or the "default" of a list; without one, chat_template.jinja beside
+ * tokenizer_json, as transformers >= 4.51 saves it). Unsupported models, normalizers or
  * pre-tokenizers are IR_UNSUPPORTED errors naming them. add_bos/add_eos come from the
  * post_processor (TemplateProcessing) so that add_special matches HF's
  * encode(add_special_tokens=True). Extra end-of-generation ids: the special tokens named

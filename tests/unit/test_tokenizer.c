@@ -2,6 +2,8 @@
  * corpus (fixtures from tools/gen_tokenizer_fixtures.py), decode and streaming decode,
  * serialization round trips and damage, invalid UTF-8, unsupported tokenizer.json. */
 #include <cjson/cJSON.h>
+#include <stdbool.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -665,6 +667,39 @@ static void check_unsupported(void) {
   CHECK(irt_tok_load_hf(TEST_TMP_DIR "/no/such/tokenizer.json", NULL, &t, &d) == IR_IO);
 }
 
+/* A tokenizer_config.json without chat_template: chat_template.jinja beside tokenizer.json
+ * is the template (transformers >= 4.51 saves it so); with one, the config's wins. In a
+ * directory of its own: other tests build from TEST_TMP_DIR and look for a tokenizer.json
+ * beside their sources. */
+static void check_template_beside(void) {
+  const char *dir = TEST_TMP_DIR "/tok_jinja";
+  const char *tpl = "{{ bos_token }}{% for m in messages %}<start_of_turn>{{ m['role'] }}\n"
+                    "{{ m['content'] | trim }}<end_of_turn>\n{% endfor %}";
+  char tj[600], jp[600], cp[600];
+  snprintf(tj, sizeof tj, "%s/tokenizer.json", dir);
+  snprintf(jp, sizeof jp, "%s/chat_template.jinja", dir);
+  snprintf(cp, sizeof cp, "%s/tokenizer_config.json", dir);
+  size_t n = 0;
+  char *json = read_file(TOKDIR "/spm-gemma/tokenizer.json", &n);
+  mkdir(dir, 0755);
+  FILE *f[3] = {fopen(tj, "w"), fopen(jp, "w"), fopen(cp, "w")};
+  bool ok = json && f[0] && f[1] && f[2] && fwrite(json, 1, n, f[0]) == n && fputs(tpl, f[1]) >= 0 &&
+            fputs("{\"chat_template\": \"own\"}", f[2]) >= 0;
+  for (int i = 0; i < 3; i++)
+    if (f[i]) fclose(f[i]);
+  free(json);
+  CHECK(ok);
+  irt_tokenizer *t = NULL;
+  ir_diag d = {0};
+  CHECKF(ok && irt_tok_load_hf(tj, NULL, &t, &d) == IR_OK, "%s", d.msg);
+  CHECK(t && irt_tok_chat_template(t) && !strcmp(irt_tok_chat_template(t), tpl));
+  irt_tok_destroy(t);
+  t = NULL;
+  CHECKF(ok && irt_tok_load_hf(tj, cp, &t, &d) == IR_OK, "%s", d.msg);
+  CHECK(t && irt_tok_chat_template(t) && !strcmp(irt_tok_chat_template(t), "own"));
+  irt_tok_destroy(t);
+}
+
 int main(void) {
   corpus c;
   CHECK(load_corpus(&c));
@@ -680,6 +715,7 @@ int main(void) {
   check_gguf_spm();
   check_damage();
   check_unsupported();
+  check_template_beside();
   free(c.text);
   return tcheck_done("tokenizer");
 }
