@@ -71,7 +71,7 @@ ir_status irt_chat_template_detect(const char *src, irt_chat_template *out, ir_d
     if (!strstr(src, "strftime_now")) snprintf(out->date, sizeof out->date, "%s", IRT_LLAMA31_DATE);
   } else if (strstr(src, "<|start_header_id|>")) {
     out->kind = IRT_CHAT_LLAMA3;
-  } else if (strstr(src, "<start_of_turn>")) {
+  } else if (strstr(src, "<start_of_turn>")) { /* Gemma 1, 2 and 3 (their turn marker) */
     out->kind = IRT_CHAT_GEMMA;
   } else if (strstr(src, "<|user|>") && strstr(src, "<|end|>")) {
     out->kind = IRT_CHAT_PHI3;
@@ -284,13 +284,26 @@ static void render_llama31(const irt_chat_template *t, const irt_chat_msg *m, si
   render_llama3(&plain, m + sys, n - sys, gen, s);
 }
 
+/* Gemma 3's template: turns of trimmed text, the assistant's role written "model"; a
+ * leading system message's text (untrimmed) and a blank line open the next message's turn,
+ * and with no next message it is dropped; a later system message is a "system" turn.
+ * Gemma 2's (and 1's) template raises on a system message instead; llama.cpp folds it into
+ * the first user turn for all of them (llama_chat_apply_template's gemma case, which trims
+ * it), so one renderer serves both. Roles that do not alternate user/model, where both
+ * templates raise, are rendered as given: no other renderer here refuses what its template
+ * raises on (Mistral's and Llama 2's raise too), nor does llama.cpp. */
 static void render_gemma(const irt_chat_template *t, const irt_chat_msg *m, size_t n, bool gen,
                          sbuf *s) {
+  bool sys = n && role_of(m[0].role) == 0;
   put(s, t->bos);
-  for (size_t i = 0; i < n; i++) {
+  for (size_t i = sys; i < n; i++) {
     put(s, "<start_of_turn>");
     put(s, role_of(m[i].role) == 2 ? "model" : m[i].role);
     put(s, "\n");
+    if (sys && i == 1) {
+      put(s, m[0].content);
+      put(s, "\n\n");
+    }
     put_trim(s, m[i].content);
     put(s, "<end_of_turn>\n");
   }

@@ -17,7 +17,8 @@ typedef enum irt_chat_kind {
   IRT_CHAT_LLAMA3 = 2,  /* <|start_header_id|>role<|end_header_id|>\n\n...<|eot_id|> */
   IRT_CHAT_MISTRAL = 3, /* [INST] ... [/INST] answer</s> (system joined to the first user turn) */
   IRT_CHAT_LLAMA2 = 4,  /* [INST] <<SYS>>\n...\n<</SYS>>\n\n ... [/INST] */
-  IRT_CHAT_GEMMA = 5,   /* <start_of_turn>user\n...<end_of_turn>\n, assistant is "model" */
+  IRT_CHAT_GEMMA = 5,   /* <start_of_turn>user\n...<end_of_turn>\n, assistant is "model";
+                           a leading system message opens the first turn (Gemma 3's form) */
   IRT_CHAT_PHI3 = 6,    /* <|user|>\n...<|end|>\n<|assistant|>\n */
   IRT_CHAT_LLAMA31 = 7, /* llama3 with Llama 3.1's system turn, always written: knowledge
                            cutoff, today's date, then the system message */

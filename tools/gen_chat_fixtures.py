@@ -11,6 +11,9 @@ models/templates, in the llama-cpp-python source distribution that tools/get-lla
 fetches), after vLLM's own preprocessing (a call's "arguments" string parsed to an object),
 with transformers' tojson filter: the oracle for the server's tools prompt.
 
+Gemma 3's template is not among llama.cpp's there: it is transformers' own, the one its
+Gemma 3 converter writes into the released tokenizers (google/gemma-3-*-it), copied below.
+
 Run: python3 tools/gen_chat_fixtures.py   (needs jinja2: pip install jinja2)
 """
 import glob
@@ -93,6 +96,59 @@ GEMMA = ("{{ bos_token }}{% for message in messages %}{% if (message['role'] == 
          "{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}"
          "{% endfor %}{% if add_generation_prompt %}{{'<start_of_turn>model\n'}}{% endif %}")
 
+# Gemma 2's real template (gemma-2-2b-it): raises on a system message and on roles that do
+# not alternate user/model.
+GEMMA2 = llama_cpp_template("google-gemma-2-2b-it.jinja")
+
+# Gemma 3's template, verbatim: _CHAT_TEMPLATE of huggingface/transformers
+# src/transformers/models/gemma3/convert_gemma3_weights_orbax_to_hf.py (commit 58827fc9),
+# which that converter saves as the tokenizer's chat_template: the one google/gemma-3-1b-it's
+# tokenizer_config.json carries (not fetched from the Hub here; Google's LiteRT-LM keeps the
+# same text as its Gemma 3 default). A non-raw string, as there: its '\n' are newlines. A
+# leading system message's text and a blank line open the first turn (the system text not
+# trimmed, the turn's own text trimmed); roles must then alternate user/model.
+GEMMA3 = """{{ bos_token }}
+{%- if messages[0]['role'] == 'system' -%}
+    {%- if messages[0]['content'] is string -%}
+        {%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}
+    {%- else -%}
+        {%- set first_user_prefix = messages[0]['content'][0]['text'] + '\n\n' -%}
+    {%- endif -%}
+    {%- set loop_messages = messages[1:] -%}
+{%- else -%}
+    {%- set first_user_prefix = "" -%}
+    {%- set loop_messages = messages -%}
+{%- endif -%}
+{%- for message in loop_messages -%}
+    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}
+        {{ raise_exception("Conversation roles must alternate user/assistant/user/assistant/...") }}
+    {%- endif -%}
+    {%- if (message['role'] == 'assistant') -%}
+        {%- set role = "model" -%}
+    {%- else -%}
+        {%- set role = message['role'] -%}
+    {%- endif -%}
+    {{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else "") }}
+    {%- if message['content'] is string -%}
+        {{ message['content'] | trim }}
+    {%- elif message['content'] is iterable -%}
+        {%- for item in message['content'] -%}
+            {%- if item['type'] == 'image' -%}
+                {{ '<start_of_image>' }}
+            {%- elif item['type'] == 'text' -%}
+                {{ item['text'] | trim }}
+            {%- endif -%}
+        {%- endfor -%}
+    {%- else -%}
+        {{ raise_exception("Invalid content type") }}
+    {%- endif -%}
+    {{ '<end_of_turn>\n' }}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{'<start_of_turn>model\n'}}
+{%- endif -%}
+"""
+
 PHI3 = ("{% for message in messages %}{% if message['role'] == 'system' %}{{'<|system|>\n' + "
         "message['content'] + '<|end|>\n'}}{% elif message['role'] == 'user' %}{{'<|user|>\n' + "
         "message['content'] + '<|end|>\n'}}{% elif message['role'] == 'assistant' %}"
@@ -110,6 +166,8 @@ TEMPLATES = [
     ("mistral", "mistral", MISTRAL, "<s>", "</s>", True),
     ("llama2", "llama2", LLAMA2, "<s>", "</s>", True),
     ("gemma", "gemma", GEMMA, "<bos>", "<eos>", False),
+    ("gemma2", "gemma", GEMMA2, "<bos>", "<eos>", False),
+    ("gemma3", "gemma", GEMMA3, "<bos>", "<eos>", True),
     ("phi3", "phi3", PHI3, "<s>", "<|endoftext|>", True),
     ("qwen3", "qwen3", QWEN3, "<|endoftext|>", "<|im_end|>", True),
     ("deepseek-r1", "deepseek-r1", R1, R1_BOS, R1_EOS, True),
@@ -147,6 +205,27 @@ CONVERSATIONS = [
      {"role": "user", "content": "<tool_response>\nwarm\n</tool_response>"}],
 ]
 
+# Rendered by the gemma family's templates alone: a system message's text untrimmed before a
+# trimmed turn, an empty one (a bare blank line), one with no turn to open (dropped), and a
+# later one (a "system" turn of its own, where the roles still alternate)
+GEMMA_CONVERSATIONS = [
+    [{"role": "system", "content": "  Be brief.\n"},
+     {"role": "user", "content": "\n Hi "},
+     {"role": "assistant", "content": " Hello. "},
+     {"role": "user", "content": "Bye"}],
+    [{"role": "system", "content": ""},
+     {"role": "user", "content": "Hi"}],
+    [{"role": "system", "content": "Only a system prompt."}],
+    [{"role": "user", "content": "Hi"},
+     {"role": "system", "content": " Mind the time. "},
+     {"role": "user", "content": "What time is it?"}],
+]
+
+
+def raise_exception(message):
+    """transformers' raise_exception global (a template's own error)."""
+    raise jinja2.TemplateError(message)
+
 
 def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
     """transformers' tojson filter (apply_chat_template), not Jinja's HTML-escaping one."""
@@ -157,6 +236,7 @@ def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False)
 def render(source, bos, eos, messages, gen, tools=None, enable_thinking=None):
     env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
     env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
     kw = {"tools": tools} if tools is not None else {}
     if enable_thinking is not None:  # a chat_template_kwargs entry, as vLLM passes it
         kw["enable_thinking"] = enable_thinking
@@ -279,9 +359,12 @@ def tool_cases():
 
 def main():
     cases = []
+    conversations = CONVERSATIONS + GEMMA_CONVERSATIONS
     for name, kind, source, bos, eos, system_ok in TEMPLATES:
-        for ci, conv in enumerate(CONVERSATIONS):
+        for ci, conv in enumerate(conversations):
             if not system_ok and conv[0]["role"] == "system":
+                continue
+            if ci >= len(CONVERSATIONS) and kind != "gemma":
                 continue
             think = True if kind == "deepseek-r1" else None
             for gen in (True, False):
@@ -298,7 +381,7 @@ def main():
             "strftime_now": FIXED_DAY,
             "templates": {t[0]: {"kind": t[1], "source": t[2], "bos": t[3], "eos": t[4]}
                           for t in TEMPLATES},
-            "conversations": CONVERSATIONS, "cases": cases}
+            "conversations": conversations, "cases": cases}
     with open(OUT, "w", encoding="utf-8") as f:
         json.dump(data, f, ensure_ascii=False, indent=1)
     print(f"wrote {len(cases)} cases to {os.path.relpath(OUT)}")

@@ -77,6 +77,17 @@ static void test_errors(void) {
   CHECK(irt_chat_render(&t, &ok, 1, true, big, sizeof big, &len, &d) == IR_OK);
   CHECKF(strstr(big, want) != NULL, "%s", big);
   CHECK(irt_chat_kind_from_name("nope") == IRT_CHAT_UNKNOWN);
+  /* Gemma: roles that do not alternate, where its templates raise, are rendered as given
+   * (as llama.cpp does); a system message first still opens the next turn */
+  t = (irt_chat_template){.kind = IRT_CHAT_GEMMA, .bos = "<bos>"};
+  irt_chat_msg twice[] = {{.role = "system", .content = "S"},
+                          {.role = "assistant", .content = " a "},
+                          {.role = "user", .content = "b"},
+                          {.role = "user", .content = "c"}};
+  CHECK(irt_chat_render(&t, twice, 4, false, big, sizeof big, &len, &d) == IR_OK);
+  CHECKF(!strcmp(big, "<bos><start_of_turn>model\nS\n\na<end_of_turn>\n<start_of_turn>user\n"
+                      "b<end_of_turn>\n<start_of_turn>user\nc<end_of_turn>\n"),
+         "%s", big);
   /* SmolLM3's template has ChatML, <think> and enable_thinking too, but is not Qwen3's */
   d = (ir_diag){0};
   CHECK(irt_chat_template_detect("{%- if enable_thinking -%}<|im_start|>system\n## Metadata\n"
@@ -97,7 +108,7 @@ int main(void) {
     run_case(root, c);
     n++;
   }
-  CHECKF(n >= 190, "only %d cases", n);
+  CHECKF(n >= 256, "only %d cases", n);
   test_errors();
   cJSON_Delete(root);
   free(text);
