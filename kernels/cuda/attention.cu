@@ -1,6 +1,9 @@
 // attention.cu: paged attention over the block-table KV layout of kernels/cpu/kn_cpu.h
 // (kn_kv_layer, kn_attn_batch): out = softmax(q k^T * scale) v per head over each token's
-// causal context, head h reading kv head h / GQA_GROUP. The new K/V of the step must be in
+// causal context, head h reading kv head h / GQA_GROUP. window > 0: a token at position p
+// sees positions p - window < j <= p only (sliding window; whole KV blocks before it are
+// skipped); softcap > 0: each scaled score s becomes softcap * tanh(s / softcap) before the
+// softmax (Gemma 2; kn_attn_io.window, .softcap). The new K/V of the step must be in
 // the cache first (kv_write.cu). The cache is f32, or f16 bits for the _f16 entries
 // (--kv-dtype f16); the arithmetic is f32 on CUDA cores but for kn_attn_prefill_tc*.
 //
@@ -45,13 +48,28 @@ __device__ __forceinline__ float kv_ld(const unsigned short *p) { return kn_f16_
 #define DIM_OK(i) (HEAD_DIM % 32 == 0 || lane + 32 * (i) < HEAD_DIM)
 #define NEG_INF (-__int_as_float(0x7f800000))
 
+// The first position a token at pos sees: pos - window + 1 under a sliding window.
+__device__ __forceinline__ int attn_lo(int pos, int window) {
+  return window > 0 ? max(0, pos + 1 - window) : 0;
+}
+
+// The window as the masks take it: a row at position lim sees lim - span < p <= lim
+// (positions stay below 2^30, so no window is 2^30).
+__device__ __forceinline__ int attn_span(int window) { return window > 0 ? window : 1 << 30; }
+
 // One warp: rows r < R of one (sequence, head) attend to the logical KV blocks
-// b0, b0 + step, ... < b1 of block table bt; row r sees positions <= lim[r] (lim < 0: none).
+// b0, b0 + step, ... < b1 of block table bt; row r sees positions lim[r] - span < p <=
+// lim[r] (lim < 0: none; span: attn_span), its scores soft-capped first when softcap > 0
+// (times 1 / softcap for the CPU's division: the same for a power-of-two cap). The masks
+// compare slot j with the row's bounds within the block: one unsigned compare of lim - p
+// per slot took 255 registers at HEAD_DIM 16 (ptxas 13.0), this 128 to 142.
 template <int R, class KV>
 __device__ __forceinline__ void attn_blocks(const float (&q)[R][DPL], float (&acc)[R][DPL],
                                             float (&m)[R], float (&l)[R], const int (&lim)[R],
-                                            const KV *k, const KV *v, const int *bt,
-                                            int kvh, int n_kv_heads, int b0, int b1, int step) {
+                                            int span, const KV *k, const KV *v,
+                                            const int *bt, int kvh, int n_kv_heads, int b0,
+                                            int b1, int step, float softcap) {
+  const float inv_cap = softcap > 0.0f ? 1.0f / softcap : 0.0f;
   const int lane = threadIdx.x & 31;
   for (int b = b0; b < b1; b += step) {
     long long base = ((long long)bt[b] * n_kv_heads + kvh) * (BLOCK_SIZE * HEAD_DIM) + lane;
@@ -79,12 +97,20 @@ __device__ __forceinline__ void attn_blocks(const float (&q)[R][DPL], float (&ac
         for (int o = 16; o > 0; o >>= 1) s[r][j] += __shfl_xor_sync(0xffffffffu, s[r][j], o);
       }
     }
+    if (softcap > 0.0f) {  // uniform: full-precision tanhf, as kn_softcap1
+#pragma unroll
+      for (int r = 0; r < R; r++) {
+#pragma unroll
+        for (int j = 0; j < BLOCK_SIZE; j++) s[r][j] = softcap * tanhf(s[r][j] * inv_cap);
+      }
+    }
 #pragma unroll
     for (int r = 0; r < R; r++) {
       float mx = m[r];
+      const int hi = lim[r] - p0, cut = hi - span;  // slots cut < j <= hi are seen
 #pragma unroll
       for (int j = 0; j < BLOCK_SIZE; j++) {
-        if (p0 + j > lim[r]) s[r][j] = NEG_INF;
+        if (j > hi || j <= cut) s[r][j] = NEG_INF;
         mx = fmaxf(mx, s[r][j]);
       }
       if (mx == NEG_INF) {  // nothing visible yet for this row
@@ -119,24 +145,25 @@ __device__ __forceinline__ void attn_blocks(const float (&q)[R][DPL], float (&ac
 }
 
 // Decode, split-K flash-decoding. Grid (n_tok, n_heads, n_splits), block ATTN_WARPS * 32.
-// Split z covers logical blocks [z * blocks_per_split, +blocks_per_split) of the token's
-// context, its warps taking every ATTN_WARPS-th block. With one split the result goes
-// straight to out; otherwise the unnormalised partial (n_tok, n_heads, n_splits, HEAD_DIM)
-// and its (max, sum) (n_tok, n_heads, n_splits, 2) go to part_acc / part_ml for
-// kn_attn_decode_reduce.
+// Split z covers logical blocks [b + z * blocks_per_split, +blocks_per_split) of the token's
+// context, b the block of its first visible position (0 but under a sliding window: the
+// splits then cover the window alone), its warps taking every ATTN_WARPS-th block. With one
+// split the result goes straight to out; otherwise the unnormalised partial (n_tok, n_heads,
+// n_splits, HEAD_DIM) and its (max, sum) (n_tok, n_heads, n_splits, 2) go to part_acc /
+// part_ml for kn_attn_decode_reduce.
 template <class KV>
 __device__ __forceinline__ void attn_decode(float *out, float *part_acc, float *part_ml,
                                             const float *q, const KV *k, const KV *v,
                                             const int *tok_seq, const int *tok_pos,
                                             const int *block_tables, int max_blocks,
                                             int n_heads, int n_kv_heads, float scale,
-                                            int blocks_per_split) {
+                                            int blocks_per_split, int window, float softcap) {
   __shared__ float sm_acc[ATTN_WARPS][HEAD_DIM];
   __shared__ float sm_ml[ATTN_WARPS][2];
   const int t = blockIdx.x, h = blockIdx.y, z = blockIdx.z;
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-  const int pos = tok_pos[t];
-  const int b0 = z * blocks_per_split;
+  const int pos = tok_pos[t], lo = attn_lo(pos, window);
+  const int b0 = lo / BLOCK_SIZE + z * blocks_per_split;
   const int b1 = min(b0 + blocks_per_split, pos / BLOCK_SIZE + 1);
   const float *qt = q + ((long long)t * n_heads + h) * HEAD_DIM + lane;
   float qr[1][DPL], acc[1][DPL], m[1] = {NEG_INF}, l[1] = {0.0f};
@@ -146,8 +173,9 @@ __device__ __forceinline__ void attn_decode(float *out, float *part_acc, float *
     qr[0][i] = DIM_OK(i) ? qt[32 * i] * scale : 0.0f;
     acc[0][i] = 0.0f;
   }
-  attn_blocks<1, KV>(qr, acc, m, l, lim, k, v, block_tables + (long long)tok_seq[t] * max_blocks,
-                 h / GQA_GROUP, n_kv_heads, b0 + w, b1, ATTN_WARPS);
+  attn_blocks<1, KV>(qr, acc, m, l, lim, attn_span(window), k, v,
+                     block_tables + (long long)tok_seq[t] * max_blocks, h / GQA_GROUP,
+                     n_kv_heads, b0 + w, b1, ATTN_WARPS, softcap);
 #pragma unroll
   for (int i = 0; i < DPL; i++)
     if (DIM_OK(i)) sm_acc[w][lane + 32 * i] = acc[0][i];
@@ -185,9 +213,10 @@ __device__ __forceinline__ void attn_decode(float *out, float *part_acc, float *
   extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32)                               \
       name(float *out, float *part_acc, float *part_ml, const float *q, const KV *k,          \
            const KV *v, const int *tok_seq, const int *tok_pos, const int *block_tables,      \
-           int max_blocks, int n_heads, int n_kv_heads, float scale, int blocks_per_split) {  \
+           int max_blocks, int n_heads, int n_kv_heads, float scale, int blocks_per_split,   \
+           int window, float softcap) {                                                        \
     attn_decode(out, part_acc, part_ml, q, k, v, tok_seq, tok_pos, block_tables, max_blocks, \
-                n_heads, n_kv_heads, scale, blocks_per_split);                                \
+                n_heads, n_kv_heads, scale, blocks_per_split, window, softcap);               \
   }
 ATTN_DECODE_ENTRY(kn_attn_decode, float)
 ATTN_DECODE_ENTRY(kn_attn_decode_f16, unsigned short)
@@ -214,14 +243,15 @@ extern "C" __global__ void __launch_bounds__(HEAD_DIM)
 // The host cuts the flat batch into tiles of at most ATTN_WARPS * PREFILL_ROWS consecutive
 // tokens of one sequence: tile x is tokens [tile_tok0[x], + tile_ntok[x]). Each warp keeps
 // PREFILL_ROWS query rows in registers, so every K/V element it loads serves them all;
-// the warps of a tile read the same blocks, which L1 shares.
+// the warps of a tile read the same blocks, which L1 shares. Under a sliding window a warp
+// starts at the block of its rows' first visible position.
 template <class KV>
 __device__ __forceinline__ void attn_prefill(float *out, const float *q, const KV *k,
                                              const KV *v, const int *tok_seq,
                                              const int *tok_pos, const int *block_tables,
                                              int max_blocks, int n_heads, int n_kv_heads,
                                              float scale, const int *tile_tok0,
-                                             const int *tile_ntok) {
+                                             const int *tile_ntok, int window, float softcap) {
   const int h = blockIdx.y, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
   const int tok0 = tile_tok0[blockIdx.x], ntok = tile_ntok[blockIdx.x];
   const int r0 = w * PREFILL_ROWS;
@@ -244,9 +274,12 @@ __device__ __forceinline__ void attn_prefill(float *out, const float *q, const K
       acc[r][i] = 0.0f;
     }
   }
-  attn_blocks<PREFILL_ROWS, KV>(qr, acc, m, l, lim, k, v,
-                            block_tables + (long long)tok_seq[tok0] * max_blocks,
-                            h / GQA_GROUP, n_kv_heads, 0, last / BLOCK_SIZE + 1, 1);
+  // the warp's first row has its smallest position: a tile is consecutive positions
+  const int first = attn_lo(lim[0], window);
+  attn_blocks<PREFILL_ROWS, KV>(qr, acc, m, l, lim, attn_span(window), k, v,
+                                block_tables + (long long)tok_seq[tok0] * max_blocks,
+                                h / GQA_GROUP, n_kv_heads, first / BLOCK_SIZE,
+                                last / BLOCK_SIZE + 1, 1, softcap);
 #pragma unroll
   for (int r = 0; r < PREFILL_ROWS; r++) {
     if (r0 + r >= ntok) break;
@@ -261,10 +294,11 @@ __device__ __forceinline__ void attn_prefill(float *out, const float *q, const K
 #define ATTN_PREFILL_PARAMS(KV)                                                                \
   float *out, const float *q, const KV *k, const KV *v, const int *tok_seq,                    \
       const int *tok_pos, const int *block_tables, int max_blocks, int n_heads,                \
-      int n_kv_heads, float scale, const int *tile_tok0, const int *tile_ntok
+      int n_kv_heads, float scale, const int *tile_tok0, const int *tile_ntok, int window,     \
+      float softcap
 #define ATTN_PREFILL_ARGS                                                                      \
   out, q, k, v, tok_seq, tok_pos, block_tables, max_blocks, n_heads, n_kv_heads, scale,        \
-      tile_tok0, tile_ntok
+      tile_tok0, tile_ntok, window, softcap
 
 extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32)
     kn_attn_prefill(ATTN_PREFILL_PARAMS(float)) {
@@ -288,6 +322,8 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32)
 // (PTX ISA, mma.m16n8k16 .f16): lane = 4 g + c; A regs a0..a3 hold rows g, g+8, g, g+8 at
 // columns 2c, 2c+1 (+8 for a2, a3); B regs b0, b1 hold rows (k) 2c, 2c+1 (+8 for b1) of
 // column g; C/D d0..d3 hold rows g, g, g+8, g+8 at columns 2c, 2c+1, 2c, 2c+1.
+// Under a sliding window the chunks start at the tile's first visible position, and a
+// warp skips those wholly before its rows' windows.
 #if HEAD_DIM % 16 == 0 && HEAD_DIM <= 128
 #define TC_WARPS 4
 #define TC_KC 32                /* positions per chunk */
@@ -344,10 +380,16 @@ __device__ __forceinline__ void attn_prefill_tc(ATTN_PREFILL_PARAMS(KV)) {
   const int ra = 16 * w + g, rb = ra + 8;
   const int lim_a = ra < ntok ? tok_pos[tok0 + ra] : -1;
   const int lim_b = rb < ntok ? tok_pos[tok0 + rb] : -1;
-  // The tile's tokens are consecutive positions of one sequence: its last is the largest.
-  const int last = tok_pos[tok0 + ntok - 1];
-  int wlast = -1;  // the largest position this warp's rows see
-  for (int r = 16 * w; r < min(16 * w + 16, ntok); r++) wlast = max(wlast, tok_pos[tok0 + r]);
+  // The tile's tokens are consecutive positions of one sequence: its first is the smallest,
+  // its last the largest.
+  const int first = attn_lo(tok_pos[tok0], window), last = tok_pos[tok0 + ntok - 1];
+  int wfirst = 0x7fffffff, wlast = -1;  // the positions this warp's rows see, at most
+  for (int r = 16 * w; r < min(16 * w + 16, ntok); r++) {
+    wfirst = min(wfirst, attn_lo(tok_pos[tok0 + r], window));
+    wlast = max(wlast, tok_pos[tok0 + r]);
+  }
+  const float inv_cap = softcap > 0.0f ? 1.0f / softcap : 0.0f;
+  const int span = attn_span(window);
 
   unsigned qa[HEAD_DIM / 16][4];  // q * scale as A fragments, one per 16 dims
 #pragma unroll
@@ -366,7 +408,7 @@ __device__ __forceinline__ void attn_prefill_tc(ATTN_PREFILL_PARAMS(KV)) {
   for (int dn = 0; dn < HEAD_DIM / 8; dn++) o[dn][0] = o[dn][1] = o[dn][2] = o[dn][3] = 0.0f;
   float m_a = NEG_INF, m_b = NEG_INF, l_a = 0.0f, l_b = 0.0f;
 
-  for (int p0 = 0; p0 <= last; p0 += TC_KC) {
+  for (int p0 = first; p0 <= last; p0 += TC_KC) {
     __syncthreads();  // the previous chunk's fragments are read
     // Stage K and V of positions p0 .. p0 + TC_KC - 1 (zeros past `last`), 4 dims a load.
     for (int i = threadIdx.x; i < TC_KC * HEAD_DIM / 4; i += TC_WARPS * 32) {
@@ -386,7 +428,8 @@ __device__ __forceinline__ void attn_prefill_tc(ATTN_PREFILL_PARAMS(KV)) {
       sVt[(d + 3) * TC_VP + j] = (unsigned short)(v23 >> 16);
     }
     __syncthreads();
-    if (p0 > wlast) continue;  // causal: no row of this warp sees the chunk (warp-uniform)
+    // causal, or before the window: no row of this warp sees the chunk (warp-uniform)
+    if (p0 > wlast || p0 + TC_KC <= wfirst) continue;
 
     float s[TC_KC / 8][4];  // scores: n-tile nt covers positions p0 + 8 nt ..
 #pragma unroll
@@ -398,6 +441,13 @@ __device__ __forceinline__ void attn_prefill_tc(ATTN_PREFILL_PARAMS(KV)) {
         tc_mma(s[nt], qa[kk], *(const unsigned *)kr, *(const unsigned *)(kr + 8));
       }
     }
+    if (softcap > 0.0f) {  // uniform
+#pragma unroll
+      for (int nt = 0; nt < TC_KC / 8; nt++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) s[nt][e] = softcap * tanhf(s[nt][e] * inv_cap);
+      }
+    }
     // Online softmax for rows a (g) and b (g + 8); each row's 32 scores are spread over
     // the 4 lanes of its quad, 8 each.
     float mx_a = m_a, mx_b = m_b;
@@ -406,8 +456,8 @@ __device__ __forceinline__ void attn_prefill_tc(ATTN_PREFILL_PARAMS(KV)) {
 #pragma unroll
       for (int e = 0; e < 2; e++) {
         const int p = p0 + 8 * nt + 2 * c + e;
-        if (p > lim_a) s[nt][e] = NEG_INF;
-        if (p > lim_b) s[nt][2 + e] = NEG_INF;
+        if (p > lim_a || p <= lim_a - span) s[nt][e] = NEG_INF;
+        if (p > lim_b || p <= lim_b - span) s[nt][2 + e] = NEG_INF;
         mx_a = fmaxf(mx_a, s[nt][e]);
         mx_b = fmaxf(mx_b, s[nt][2 + e]);
       }

@@ -217,26 +217,40 @@ static ir_status run_rope(cuda_ctx *c, const ir_graph *g, const ir_node *n, void
                 (unsigned)(threads > 1024 ? 1024 : threads < 32 ? 32 : threads), args, d);
 }
 
-/* Decode splits for n_tok tokens: enough CTAs (tokens x heads x splits) to fill the GPU
- * about twice, within c->n_splits. A function of n_tok alone, so a captured graph's bucket
- * always gets the same, whatever the contexts; a split past a short context exits at once,
- * and a big batch needs no split (and no reduce launch) at all. */
-static int decode_splits(const cuda_ctx *c, int n_tok, int heads) {
-  long long ctas = (long long)n_tok * heads;
+/* The KV blocks one decode token's attention reads, at most: all maxb, or under a sliding
+ * window of `window` positions the blocks those can span. */
+static int window_blocks(int maxb, int64_t window, int64_t bs) {
+  if (window <= 0 || bs <= 0) return maxb;
+  int64_t nb = (window + bs - 2) / bs + 1;
+  return nb < maxb ? (int)nb : maxb;
+}
+
+/* Decode splits for n_tok tokens reading up to nb blocks each: enough CTAs (tokens x heads
+ * x splits) to fill the GPU about twice, within c->n_splits and about 8 blocks (2 per warp)
+ * a split (alloc_scratch's rule, which a window's fewer blocks tighten). A function of
+ * n_tok and the node alone, so a captured graph's bucket always gets the same, whatever the
+ * contexts; a split past a short context exits at once, and a big batch needs no split (and
+ * no reduce launch) at all. */
+static int decode_splits(const cuda_ctx *c, int n_tok, int heads, int nb) {
+  long long ctas = (long long)n_tok * heads, most = (nb + 7) / 8;
   long long want = ctas > 0 ? (2LL * c->n_sm + ctas - 1) / ctas : 1;
-  return want < 1 ? 1 : want > c->n_splits ? c->n_splits : (int)want;
+  if (most > c->n_splits) most = c->n_splits;
+  if (most < 1) most = 1;
+  return want < 1 ? 1 : want > most ? (int)most : (int)want;
 }
 
 /* The KV write (kn_kv_write; or kn_rope_kv_write for the fused forms: rope and/or the
  * per-head q/k norm folded in, packed qkv), then split-K decode attention (+ reduce) or
- * tiled prefill attention. The fused forms' rotated q goes to the output buffer, which the
- * attention kernels then read as q: each (token, head) row is read before the same CTA
- * writes it. */
+ * tiled prefill attention, with the node's sliding window and score soft cap (0: none).
+ * The fused forms' rotated q goes to the output buffer, which the attention kernels then
+ * read as q: each (token, head) row is read before the same CTA writes it. */
 static ir_status run_attention(cuda_ctx *c, const ir_graph *g, const ir_node *n,
                                void *const *ptrs, const cuda_step *s, ir_diag *d) {
   int layer = (int)ir_node_attr_i(n, "layer", 0), heads = (int)ir_node_attr_i(n, "n_heads", 0);
   int kvh = (int)s->kv->n_kv_heads, maxb = (int)s->max_blocks;
   float scale = (float)ir_node_attr_f(n, "scale", 1.0);
+  int window = (int)ir_node_attr_i(n, "window", 0);
+  float softcap = (float)ir_node_attr_f(n, "softcap", 0.0);
   unsigned n_tok = (unsigned)s->syms[IR_SYM_TOKENS];
   CUdeviceptr out = O_(0), q = P_(0);
   const bool f16 = c->kv_f16;
@@ -269,14 +283,19 @@ static ir_status run_attention(cuda_ctx *c, const ir_graph *g, const ir_node *n,
   if (st != IR_OK) return st;
   if (!s->decode) {
     CUdeviceptr t0 = cuda_stage_ptr(c, c->off_tile0), tn = cuda_stage_ptr(c, c->off_tilen);
-    void *args[] = {&out, &q, &kc, &vc, &seq, &pos, &bt, &maxb, &heads, &kvh, &scale, &t0, &tn};
+    void *args[] = {&out, &q, &kc, &vc, &seq, &pos, &bt, &maxb, &heads, &kvh, &scale, &t0, &tn,
+                    &window, &softcap};
     cuda_fn fn = c->tc_prefill ? (f16 ? CF_ATTN_PREFILL_TC_F16 : CF_ATTN_PREFILL_TC)
                                : (f16 ? CF_ATTN_PREFILL_F16 : CF_ATTN_PREFILL);
     return launch(c, fn, (unsigned)s->n_tiles, (unsigned)heads, 1, CUDA_ATTN_WARPS * 32, args, d);
   }
-  int splits = decode_splits(c, (int)n_tok, heads), bps = (maxb + splits - 1) / splits;
+  /* under a window, the splits share out its blocks alone (attention.cu starts them at the
+   * token's first visible block) */
+  int nb = window_blocks(maxb, window, s->kv->block_size);
+  int splits = decode_splits(c, (int)n_tok, heads, nb), bps = (nb + splits - 1) / splits;
   CUdeviceptr pa = c->part_acc, pm = c->part_ml;
-  void *args[] = {&out, &pa, &pm, &q, &kc, &vc, &seq, &pos, &bt, &maxb, &heads, &kvh, &scale, &bps};
+  void *args[] = {&out, &pa, &pm, &q, &kc, &vc, &seq, &pos, &bt, &maxb, &heads, &kvh, &scale,
+                  &bps, &window, &softcap};
   st = launch(c, f16 ? CF_ATTN_DECODE_F16 : CF_ATTN_DECODE, n_tok, (unsigned)heads,
               (unsigned)splits, CUDA_ATTN_WARPS * 32, args, d);
   if (st != IR_OK || splits == 1) return st;

@@ -139,21 +139,25 @@ static const char *cu_open(void) {
   return NULL;
 }
 
-/* Compiles kernels/cuda/<name>.cu for this GPU with the test constants, returns entry fn. */
+/* Compiles kernels/cuda/<name>.cu for this GPU with the test constants (once a file: the
+ * module stays loaded), returns entry fn. */
 static void *kernel(const char *file, const char *fn) {
   static const char *const defs[] = {"-DHEAD_DIM=64", "-DBLOCK_SIZE=16", "-DGQA_GROUP=2"};
-  for (int i = 0; i < infc_cuda_n_sources; i++) {
+  static void *mods[64]; /* by source index */
+  for (int i = 0; i < infc_cuda_n_sources && i < 64; i++) {
     if (strcmp(infc_cuda_sources[i].name, file)) continue;
-    infc_nvrtc_image im;
-    ir_diag d = {0};
-    if (infc_nvrtc_compile(nv, infc_cuda_sources[i].text, file, arch, defs, 3, &im, &d)) {
-      fprintf(stderr, "%s\n", d.msg);
-      exit(1);
+    if (!mods[i]) {
+      infc_nvrtc_image im;
+      ir_diag d = {0};
+      if (infc_nvrtc_compile(nv, infc_cuda_sources[i].text, file, arch, defs, 3, &im, &d)) {
+        fprintf(stderr, "%s\n", d.msg);
+        exit(1);
+      }
+      CU(cu.load(&mods[i], im.cubin));
+      infc_nvrtc_image_free(&im);
     }
-    void *mod, *f;
-    CU(cu.load(&mod, im.cubin));
-    CU(cu.get_fn(&f, mod, fn));
-    infc_nvrtc_image_free(&im);
+    void *f;
+    CU(cu.get_fn(&f, mods[i], fn));
     return f;
   }
   fprintf(stderr, "no kernel source %s\n", file);
@@ -424,6 +428,12 @@ static void test_rope(void) {
   }
 }
 
+/* The last two arguments of every attention kernel for full attention: no sliding window,
+ * no score soft cap. */
+static const int k_no_window = 0;
+static const float k_no_cap = 0.0f;
+#define FULL_ATTN (void *)&k_no_window, (void *)&k_no_cap
+
 /* Paged attention: seq 0 decodes one token at position 37 over blocks {3, 0, 5}; seq 1
  * prefills positions 10..29 over blocks {1, 4}; earlier positions are already cached. */
 enum { HD = 64, BS = 16, NH = 4, NKV = 2, NBLK = 6, MAXB = 3, NT = 21 };
@@ -468,7 +478,7 @@ static void test_attention(void) {
   CUdeviceptr pacc = poisoned(qn * 2 * 4), pml = poisoned((size_t)NT * NH * 2 * 2 * 4);
   int bps = MAXB;
   void *da[] = {&dout, &pacc, &pml, &dq, &dk, &dv, &dseq, &dpos, &dbt, (void *)&maxb,
-                (void *)&nh, (void *)&nkv, (void *)&scale, &bps};
+                (void *)&nh, (void *)&nkv, (void *)&scale, &bps, FULL_ATTN};
   run(decode, NT, NH, 1, 128, da);
   down(out, dout, qn * 4);
   CLOSE("attn decode, 1 split", out, ref, qn, 1e-4);
@@ -485,7 +495,7 @@ static void test_attention(void) {
   int32_t tok0[3] = {0, 1, 17}, ntok[3] = {1, 16, 4}; /* tiles of <= 4 warps x 4 rows */
   CUdeviceptr dt0 = up(tok0, sizeof tok0), dnt = up(ntok, sizeof ntok), dout3 = poisoned(qn * 4);
   void *pa[] = {&dout3, &dq, &dk, &dv, &dseq, &dpos, &dbt, (void *)&maxb, (void *)&nh,
-                (void *)&nkv, (void *)&scale, &dt0, &dnt};
+                (void *)&nkv, (void *)&scale, &dt0, &dnt, FULL_ATTN};
   run(kernel("attention", "kn_attn_prefill"), 3, NH, 1, 128, pa);
   down(out, dout3, qn * 4);
   CLOSE("attn prefill tiles", out, ref, qn, 1e-4);
@@ -499,7 +509,7 @@ static void test_attention(void) {
     CUdeviceptr ct0 = up(tilings[c].t0, sizeof tilings[c].t0);
     CUdeviceptr cnt = up(tilings[c].nt, sizeof tilings[c].nt), cout = poisoned(qn * 4);
     void *ta[] = {&cout, &dq, &dk, &dv, &dseq, &dpos, &dbt, (void *)&maxb, (void *)&nh,
-                  (void *)&nkv, (void *)&scale, &ct0, &cnt};
+                  (void *)&nkv, (void *)&scale, &ct0, &cnt, FULL_ATTN};
     run(kernel("attention", "kn_attn_prefill_tc"), (unsigned)tilings[c].n, NH, 1, 128, ta);
     down(out, cout, qn * 4);
     CLOSE(c ? "attn prefill tc, 3 tiles" : "attn prefill tc, 2 tiles", out, ref, qn, 2e-3);
@@ -547,7 +557,8 @@ static void test_attention_f16(void) {
   for (int splits = 1; splits <= 2; splits++) {
     int bps = splits == 1 ? MAXB : 2;
     void *da[] = {&dout[splits - 1], &pacc, &pml, &dq, &dk, &dv, &dseq, &dpos, &dbt,
-                  (void *)&maxb, (void *)&nh, (void *)&nkv, (void *)&scale, &bps};
+                  (void *)&maxb, (void *)&nh, (void *)&nkv, (void *)&scale, &bps,
+                  FULL_ATTN};
     run(kernel("attention", "kn_attn_decode_f16"), NT, NH, (unsigned)splits, 128, da);
     if (splits == 2) {
       void *ra[] = {&dout[1], &pacc, &pml, (void *)&nh, &splits};
@@ -561,12 +572,12 @@ static void test_attention_f16(void) {
   CUdeviceptr dt0 = up(tok0, sizeof tok0), dnt = up(ntok, sizeof ntok);
   CUdeviceptr ct0 = up(tc0, sizeof tc0), cnt = up(tcn, sizeof tcn);
   void *pa[] = {&dout[2], &dq, &dk, &dv, &dseq, &dpos, &dbt, (void *)&maxb, (void *)&nh,
-                (void *)&nkv, (void *)&scale, &dt0, &dnt};
+                (void *)&nkv, (void *)&scale, &dt0, &dnt, FULL_ATTN};
   run(kernel("attention", "kn_attn_prefill_f16"), 3, NH, 1, 128, pa);
   down(out, dout[2], qn * 4);
   CLOSE("attn prefill f16", out, ref, qn, 1e-4);
   void *ta[] = {&dout[3], &dq, &dk, &dv, &dseq, &dpos, &dbt, (void *)&maxb, (void *)&nh,
-                (void *)&nkv, (void *)&scale, &ct0, &cnt};
+                (void *)&nkv, (void *)&scale, &ct0, &cnt, FULL_ATTN};
   run(kernel("attention", "kn_attn_prefill_tc_f16"), 2, NH, 1, 128, ta);
   down(out, dout[3], qn * 4);
   CLOSE("attn prefill tc f16", out, ref, qn, 2e-3);
@@ -575,6 +586,123 @@ static void test_attention_f16(void) {
                        dout[0], dout[1], dout[2], dout[3]};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) cu.free(all[i]);
   free(q), free(kn), free(vn), free(ref), free(out), free(k), free(v), free(got);
+}
+
+/* Sliding-window and soft-capped attention (Gemma 2 / 3) against kn_attention_paged_io, GQA
+ * 2: seq 0 decodes position 90 (its 6th block), seq 1 prefills positions 20..69 (one tile
+ * of 50 for the tensor cores: its later warps skip chunks wholly before their windows),
+ * seq 2 decodes position 3 (a context inside every window). Windows 5, 17 and 40 start
+ * mid-block and span 1 to 4 blocks; softcap 2 over scores of spread about 1.3 (scale 0.5)
+ * bites. Each case is checked to change the result, then run through decode (1, 2 and 3
+ * splits over the window's blocks, as cuda_ops.c shares them out), the prefill tiles and
+ * two tensor-core tilings; the f16 cache for one case of both. Bounds as test_attention. */
+enum { WNT = 52, WMAXB = 6, WNBLK = 16, WSPLITS = 3 };
+
+/* cuda_ops.c's blocks_per_split: the window's blocks (all WMAXB without one) over splits. */
+static int window_bps(int window, int splits) {
+  int nb = window > 0 ? (window + BS - 2) / BS + 1 : WMAXB;
+  if (nb > WMAXB) nb = WMAXB;
+  return (nb + splits - 1) / splits;
+}
+
+typedef struct win_bufs {
+  CUdeviceptr q, seq, pos, bt, pacc, pml, out;
+  float *got;
+} win_bufs;
+
+/* The window/softcap kernels of one cache type (f32 or f16 entries) against ref. */
+static void window_runs(const win_bufs *w, CUdeviceptr dk, CUdeviceptr dv, bool f16,
+                        int window, float cap, const float *ref, const char *what) {
+  const int maxb = WMAXB, nh = NH, nkv = NKV;
+  const float scale = 0.5f;
+  const size_t qn = (size_t)WNT * NH * HD;
+  CUdeviceptr out = w->out, q = w->q, seq = w->seq, pos = w->pos, bt = w->bt;
+  CUdeviceptr pacc = w->pacc, pml = w->pml;
+  char name[96], fn[40];
+  snprintf(fn, sizeof fn, "kn_attn_decode%s", f16 ? "_f16" : "");
+  for (int splits = 1; splits <= WSPLITS; splits++) {
+    int bps = window_bps(window, splits);
+    void *da[] = {&out, &pacc, &pml, &q, &dk, &dv, &seq, &pos, &bt, (void *)&maxb,
+                  (void *)&nh, (void *)&nkv, (void *)&scale, &bps, &window, &cap};
+    CU(cu.htod(out, w->got, qn * 4)); /* NaN: an unwritten element fails */
+    run(kernel("attention", fn), WNT, NH, (unsigned)splits, 128, da);
+    if (splits > 1) {
+      void *ra[] = {&out, &pacc, &pml, (void *)&nh, &splits};
+      run(kernel("attention", "kn_attn_decode_reduce"), WNT, NH, 1, HD, ra);
+    }
+    down(w->got + qn, out, qn * 4);
+    snprintf(name, sizeof name, "%s decode %d split%s", what, splits, splits > 1 ? "s" : "");
+    CLOSE(name, w->got + qn, ref, qn, 1e-4);
+  }
+  static const struct { int n; int32_t t0[6], nt[6]; } tilings[] = {
+      {6, {0, 1, 17, 33, 49, 51}, {1, 16, 16, 16, 2, 1}}, /* kn_attn_prefill: <= 16 */
+      {3, {0, 1, 51}, {1, 50, 1}},                        /* tensor cores: <= 64 */
+      {4, {0, 1, 21, 51}, {1, 20, 30, 1}}};
+  for (int c = 0; c < 3; c++) {
+    CUdeviceptr t0 = up(tilings[c].t0, sizeof tilings[c].t0);
+    CUdeviceptr tn = up(tilings[c].nt, sizeof tilings[c].nt);
+    void *pa[] = {&out, &q, &dk, &dv, &seq, &pos, &bt, (void *)&maxb, (void *)&nh,
+                  (void *)&nkv, (void *)&scale, &t0, &tn, &window, &cap};
+    snprintf(fn, sizeof fn, "kn_attn_prefill%s%s", c ? "_tc" : "", f16 ? "_f16" : "");
+    CU(cu.htod(out, w->got, qn * 4));
+    run(kernel("attention", fn), (unsigned)tilings[c].n, NH, 1, 128, pa);
+    down(w->got + qn, out, qn * 4);
+    snprintf(name, sizeof name, "%s prefill%s", what,
+             c == 0 ? " tiles" : c == 1 ? " tc, 1 tile of 50" : " tc, 20 + 30");
+    CLOSE(name, w->got + qn, ref, qn, c ? 2e-3 : 1e-4);
+    cu.free(t0), cu.free(tn);
+  }
+}
+
+static void test_attention_window(void) {
+  static const int32_t bt[3 * WMAXB] = {7, 2, 11, 0, 5, 14, 3, 9, 12, 1, 13, 15,
+                                        10, 6, 4, 8, 15, 15};
+  int32_t seq[WNT], pos[WNT];
+  seq[0] = 0, pos[0] = 90;
+  for (int t = 1; t < WNT - 1; t++) seq[t] = 1, pos[t] = 19 + t;
+  seq[WNT - 1] = 2, pos[WNT - 1] = 3;
+  const size_t cache = (size_t)WNBLK * NKV * BS * HD, qn = (size_t)WNT * NH * HD;
+  const size_t kvn = (size_t)WNT * NKV * HD;
+  float *k = frands(cache), *v = frands(cache), *q = frands(qn), *kn = frands(kvn);
+  float *vn = frands(kvn), *full = malloc(qn * 4), *ref = malloc(qn * 4);
+  uint16_t *k16 = malloc(cache * 2), *v16 = malloc(cache * 2);
+  kn_kv_layer kv = {.k = k, .v = v, .n_blocks = WNBLK, .block_size = BS, .n_kv_heads = NKV,
+                    .head_dim = HD};
+  kn_attn_batch b = {WNT, seq, pos, WMAXB, bt};
+  kn_attn_io io = {.q = q, .k = kn, .v = vn, .q_stride = NH * HD, .kv_stride = NKV * HD,
+                   .pos = pos};
+  kn_attention_paged_io(NULL, full, &io, &kv, &b, NH, 0.5f); /* writes the new K, V */
+  for (size_t i = 0; i < cache; i++) k16[i] = ir_f32_to_f16(k[i]), v16[i] = ir_f32_to_f16(v[i]);
+  win_bufs w = {.q = up(q, qn * 4), .seq = up(seq, sizeof seq), .pos = up(pos, sizeof pos),
+                .bt = up(bt, sizeof bt), .pacc = poisoned(qn * WSPLITS * 4),
+                .pml = poisoned((size_t)WNT * NH * WSPLITS * 2 * 4), .out = poisoned(qn * 4),
+                .got = malloc(qn * 2 * 4)};
+  memset(w.got, 0xff, qn * 4);
+  CUdeviceptr dk = up(k, cache * 4), dv = up(v, cache * 4);
+  CUdeviceptr dk16 = up(k16, cache * 2), dv16 = up(v16, cache * 2);
+  static const struct { int window; float cap; } cases[] = {
+      {0, 0.0f}, {5, 0.0f}, {17, 0.0f}, {0, 2.0f}, {17, 2.0f}, {40, 2.0f}};
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    io.window = cases[c].window, io.softcap = cases[c].cap;
+    kn_attention_paged_io(NULL, ref, &io, &kv, &b, NH, 0.5f);
+    char what[48];
+    snprintf(what, sizeof what, "attn window %d softcap %g", cases[c].window,
+             (double)cases[c].cap);
+    if (c > 0) { /* the case changes the result, so the checks below see it honoured */
+      double e = rel_err(ref, full, qn);
+      CHECKF(e > 0.05, "%s: only %.3e from full attention", what, e);
+    }
+    window_runs(&w, dk, dv, false, cases[c].window, cases[c].cap, ref, what);
+  }
+  kn_kv_layer kv16 = {.n_blocks = WNBLK, .block_size = BS, .n_kv_heads = NKV, .head_dim = HD,
+                      .k16 = k16, .v16 = v16};
+  io.window = 17, io.softcap = 2.0f;
+  kn_attention_paged_io(NULL, ref, &io, &kv16, &b, NH, 0.5f);
+  window_runs(&w, dk16, dv16, true, 17, 2.0f, ref, "attn f16 window 17 softcap 2");
+  CUdeviceptr all[] = {w.q, w.seq, w.pos, w.bt, w.pacc, w.pml, w.out, dk, dv, dk16, dv16};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) cu.free(all[i]);
+  free(k), free(v), free(q), free(kn), free(vn), free(full), free(ref), free(k16), free(v16);
+  free(w.got);
 }
 
 /* The fused gate_up GEMV (kn_gemv_<type>_swiglu) against kn_matmul_swiglu, m = 1..5, and
@@ -683,14 +811,14 @@ static void test_fused_attention(void) {
     CUdeviceptr pacc = poisoned(qn * 2 * 4), pml = poisoned((size_t)NT * NH * 2 * 2 * 4);
     int bps = MAXB;
     void *da[] = {&dout[0], &pacc, &pml, &dout[0], &dk, &dv, &dseq, &dpos, &dbt, (void *)&maxb,
-                  (void *)&nh, (void *)&nkv, (void *)&scale, &bps};
+                  (void *)&nh, (void *)&nkv, (void *)&scale, &bps, FULL_ATTN};
     run(kernel("attention", "kn_attn_decode"), NT, NH, 1, 128, da);
     down(out, dout[0], qn * 4);
     snprintf(what, sizeof what, "  then decode, q = out");
     CLOSE(what, out, ref, qn, 1e-4);
     bps = 2;
     void *da2[] = {&dout[1], &pacc, &pml, &dout[1], &dk, &dv, &dseq, &dpos, &dbt,
-                   (void *)&maxb, (void *)&nh, (void *)&nkv, (void *)&scale, &bps};
+                   (void *)&maxb, (void *)&nh, (void *)&nkv, (void *)&scale, &bps, FULL_ATTN};
     run(kernel("attention", "kn_attn_decode"), NT, NH, 2, 128, da2);
     int splits = 2;
     void *ra[] = {&dout[1], &pacc, &pml, (void *)&nh, &splits};
@@ -700,7 +828,7 @@ static void test_fused_attention(void) {
     int32_t tok0[3] = {0, 1, 17}, ntok[3] = {1, 16, 4};
     CUdeviceptr dt0 = up(tok0, sizeof tok0), dnt = up(ntok, sizeof ntok);
     void *pa[] = {&dout[2], &dout[2], &dk, &dv, &dseq, &dpos, &dbt, (void *)&maxb, (void *)&nh,
-                  (void *)&nkv, (void *)&scale, &dt0, &dnt};
+                  (void *)&nkv, (void *)&scale, &dt0, &dnt, FULL_ATTN};
     run(kernel("attention", "kn_attn_prefill"), 3, NH, 1, 128, pa);
     down(out, dout[2], qn * 4);
     CLOSE("  then prefill tiles, q = out", out, ref, qn, 1e-4);
@@ -951,6 +1079,7 @@ int main(void) {
   test_attention();
   test_attention_f16();
   test_fused_attention();
+  test_attention_window();
   test_gemv_swiglu();
   test_pick();
   test_cast();

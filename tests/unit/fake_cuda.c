@@ -63,38 +63,51 @@ static void kv_put(void *cache, size_t i, float x) {
   else ((float *)cache)[i] = x;
 }
 
-/* One query row against its sequence's cached positions 0..pos (double accumulation). */
+/* The first position a token at pos sees: 0, or pos - window + 1 under a sliding window. */
+static int first_pos(int pos, int window) {
+  return window > 0 && pos + 1 > window ? pos + 1 - window : 0;
+}
+
+/* One query row against its sequence's cached positions first_pos(pos, window)..pos (double
+ * accumulation), each scaled score soft-capped (softcap > 0) as kn_attn_io.softcap. */
 static void attend(float *out, const float *q, const void *kc, const void *vc, const int32_t *bt,
-                   int pos, int kvh, int n_kv, float scale) {
-  int hd = g_head_dim, bs = g_block_size;
+                   int pos, int kvh, int n_kv, float scale, int window, float softcap) {
+  int hd = g_head_dim, bs = g_block_size, lo = first_pos(pos, window);
   double *w = malloc(sizeof(double) * (size_t)(pos + 1)), mx = -INFINITY, sum = 0;
-  for (int p = 0; p <= pos; p++) {
+  for (int p = lo; p <= pos; p++) {
     size_t k = (((size_t)bt[p / bs] * n_kv + kvh) * bs + p % bs) * hd;
     double s = 0;
     for (int i = 0; i < hd; i++) s += (double)q[i] * kv_get(kc, k + (size_t)i);
     w[p] = s * scale;
+    if (softcap > 0) w[p] = softcap * tanh(w[p] / softcap);
     if (w[p] > mx) mx = w[p];
   }
-  for (int p = 0; p <= pos; p++) sum += w[p] = exp(w[p] - mx);
+  for (int p = lo; p <= pos; p++) sum += w[p] = exp(w[p] - mx);
   for (int i = 0; i < hd; i++) {
     double a = 0;
-    for (int p = 0; p <= pos; p++)
+    for (int p = lo; p <= pos; p++)
       a += w[p] * kv_get(vc, (((size_t)bt[p / bs] * n_kv + kvh) * bs + p % bs) * hd + i);
     out[i] = (float)(a / sum);
   }
   free(w);
 }
 
-/* attention params as kn_attn_decode: out, part_acc, part_ml, q, k, v, seq, pos, bt, ... */
+/* attention params as kn_attn_decode: out, part_acc, part_ml, q, k, v, seq, pos, bt,
+ * max_blocks, n_heads, n_kv_heads, scale, blocks_per_split, window, softcap. The splits
+ * must cover the token's visible blocks from the first (attention.cu's split origin). */
 static void emu_decode(const launch_t *l) {
-  int maxb = I32(9), nh = I32(10), nkv = I32(11), splits = (int)l->grid[2];
-  float scale = F32(l, 12);
+  int maxb = I32(9), nh = I32(10), nkv = I32(11), bps = I32(13), window = I32(14);
+  int splits = (int)l->grid[2];
+  float scale = F32(l, 12), softcap = F32(l, 15);
   for (unsigned t = 0; t < l->grid[0]; t++)
     for (int h = 0; h < nh && h < (int)l->grid[1]; h++) {
       const int32_t *bt = PI(8) + (size_t)PI(6)[t] * maxb;
+      int pos = PI(7)[t];
+      if (bps < 1 || first_pos(pos, window) / g_block_size + splits * bps <= pos / g_block_size)
+        abort(); /* a visible block no split reads */
       float o[256];
-      attend(o, PF(3) + ((size_t)t * nh + h) * g_head_dim, PV(4), PV(5), bt, PI(7)[t],
-             h / (nh / nkv), nkv, scale);
+      attend(o, PF(3) + ((size_t)t * nh + h) * g_head_dim, PV(4), PV(5), bt, pos,
+             h / (nh / nkv), nkv, scale, window, softcap);
       if (splits == 1) {
         memcpy(PF(0) + ((size_t)t * nh + h) * g_head_dim, o, sizeof(float) * g_head_dim);
         continue;
@@ -130,7 +143,7 @@ static void emu_reduce(const launch_t *l) { /* kn_attn_decode_reduce, as in atte
 }
 
 /* kn_attn_prefill(_tc): out, q, k, v, seq, pos, bt, max_blocks, n_heads, n_kv_heads, scale,
- * t0, tn; tiles of at most `tile` tokens. */
+ * t0, tn, window, softcap; tiles of at most `tile` tokens. */
 static void emu_prefill(const launch_t *l, int tile) {
   int maxb = I32(7), nh = I32(8), nkv = I32(9);
   for (unsigned x = 0; x < l->grid[0]; x++)
@@ -140,7 +153,7 @@ static void emu_prefill(const launch_t *l, int tile) {
       for (int h = 0; h < nh; h++)
         attend(PF(0) + ((size_t)t * nh + h) * g_head_dim, PF(1) + ((size_t)t * nh + h) * g_head_dim,
                PV(2), PV(3), PI(6) + (size_t)PI(4)[t] * maxb, PI(5)[t], h / (nh / nkv), nkv,
-               F32(l, 10));
+               F32(l, 10), I32(13), F32(l, 14));
     }
 }
 
@@ -245,11 +258,12 @@ static const struct {
     {"kn_rope_neox", 6, "888444"}, {"kn_rope_interleaved", 6, "888444"},
     {"kn_add_bias", 4, "8888"}, {"kn_cast_f16", 3, "888"}, {"kn_cast_bf16", 3, "888"},
     {"kn_dequant_q8_0", 3, "888"}, {"kn_dequant_q4_0", 3, "888"}, {"kn_dequant_q4_1", 3, "888"},
-    {"kn_attn_decode", 14, "88888888844444"}, {"kn_attn_decode_reduce", 5, "88844"},
-    {"kn_attn_prefill", 13, "8888888444488"}, {"kn_attn_prefill_tc", 13, "8888888444488"},
+    {"kn_attn_decode", 16, "8888888884444444"}, {"kn_attn_decode_reduce", 5, "88844"},
+    {"kn_attn_prefill", 15, "888888844448844"}, {"kn_attn_prefill_tc", 15, "888888844448844"},
     {"kn_kv_write", 9, "888888844"}, {"kn_pick", 8, "88884888"},
-    {"kn_attn_decode_f16", 14, "88888888844444"}, {"kn_attn_prefill_f16", 13, "8888888444488"},
-    {"kn_attn_prefill_tc_f16", 13, "8888888444488"}, {"kn_kv_write_f16", 9, "888888844"},
+    {"kn_attn_decode_f16", 16, "8888888884444444"},
+    {"kn_attn_prefill_f16", 15, "888888844448844"},
+    {"kn_attn_prefill_tc_f16", 15, "888888844448844"}, {"kn_kv_write_f16", 9, "888888844"},
     {"kn_rope_kv_write_f16", 20, "88888888888444844884"},
     {"kn_gemv_f32", 7, "8888444"}, {"kn_gemv_f16", 7, "8888444"}, {"kn_gemv_bf16", 7, "8888444"},
     {"kn_gemv_q8_0", 7, "8888444"}, {"kn_gemv_q4_0", 7, "8888444"}, {"kn_gemv_q4_1", 7, "8888444"},
