@@ -72,7 +72,7 @@ static ir_status cuda_supported(const ir_graph *g, ir_diag *d) {
         why = "the q/k norm kernel takes at most 256 q + kv heads (kv_write.cu)";
       break;
     case IR_OP_EMBED: case IR_OP_RMS_NORM: case IR_OP_ADD_RMS_NORM: case IR_OP_ROPE:
-    case IR_OP_SWIGLU: case IR_OP_ADD: case IR_OP_GATHER_ROWS: break;
+    case IR_OP_SWIGLU: case IR_OP_ADD: case IR_OP_GATHER_ROWS: case IR_OP_SOFTCAP: break;
     default: why = "the op has no GPU kernel"; break;
     }
     if (why)

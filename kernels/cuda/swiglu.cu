@@ -1,5 +1,7 @@
-// swiglu.cu: out = silu(gate) * up elementwise over n values (kn_swiglu); out may alias
-// gate or up. Launch: any 1-D grid (grid-stride loop).
+// swiglu.cu: the gated activations of the MLPs, out = silu(gate) * up (kn_swiglu) and
+// gelu_tanh(gate) * up (kn_geglu, Gemma), elementwise over n values, out may alias gate or
+// up; and the tanh soft cap of Gemma 2's logits (kn_softcap). Launch: any 1-D grid
+// (grid-stride loop).
 
 extern "C" __global__ void kn_swiglu(float *out, const float *gate, const float *up,
                                      long long n) {
@@ -21,4 +23,23 @@ extern "C" __global__ void kn_swiglu_packed(float *out, const float *z, long lon
     float g = zr[i % n];
     out[i] = g / (1.0f + __expf(-g)) * zr[n + i % n];
   }
+}
+
+// out = 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))) u in f32, in kn_gelu_tanh_mul's
+// order (the unfused swiglu op with act = IR_ACT_GEGLU).
+extern "C" __global__ void kn_geglu(float *out, const float *gate, const float *up,
+                                    long long n) {
+  const float beta = 0.7978845608028654f, kappa = 0.044715f;
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+       i += (long long)gridDim.x * blockDim.x) {
+    const float g = gate[i];
+    out[i] = 0.5f * g * (1.0f + tanhf(beta * (g + kappa * g * g * g))) * up[i];
+  }
+}
+
+// out = cap * tanh(x / cap) over n values (kn_softcap; cap > 0); out may alias x.
+extern "C" __global__ void kn_softcap(float *out, const float *x, long long n, float cap) {
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+       i += (long long)gridDim.x * blockDim.x)
+    out[i] = cap * tanhf(x[i] / cap);
 }

@@ -59,6 +59,8 @@ static const struct {
     {CF_PICK, "sampling", "kn_pick"},
     {CF_SWIGLU, "swiglu", "kn_swiglu"},
     {CF_SWIGLU_PACKED, "swiglu", "kn_swiglu_packed"},
+    {CF_GEGLU, "swiglu", "kn_geglu"},
+    {CF_SOFTCAP, "swiglu", "kn_softcap"},
 };
 
 ir_status cuda_fail(cuda_ctx *c, CUresult r, const char *what, ir_diag *d) {
@@ -151,12 +153,14 @@ static ir_status load_source(cuda_ctx *c, const irt_cuda_opts *o, const char *sr
 }
 
 /* The fused forms' kernels, missing from plans built before them (which have no fused
- * nodes): their fn stays NULL, and cuda_ops_check refuses a node that would need one.
- * Without kn_pick the engine reads logit rows and samples on the host; without the _f16
- * attention kernels the KV cache can only be f32. */
+ * nodes): their fn stays NULL, and cuda_ops_check refuses a node that would need one
+ * (likewise kn_geglu and kn_softcap, for Gemma's ops). Without kn_pick the engine reads
+ * logit rows and samples on the host; without the _f16 attention kernels the KV cache can
+ * only be f32. */
 static bool optional_fn(cuda_fn f) {
   return (f >= CF_GEMV_F32_SWIGLU && f <= CF_GEMV_Q4_1_SWIGLU) || f == CF_ROPE_KV_WRITE ||
-         f == CF_SWIGLU_PACKED || f == CF_ATTN_PREFILL_TC || f == CF_PICK ||
+         f == CF_SWIGLU_PACKED || f == CF_ATTN_PREFILL_TC || f == CF_PICK || f == CF_GEGLU ||
+         f == CF_SOFTCAP ||
          (f >= CF_DEQUANT_Q8_0 && f <= CF_DEQUANT_Q4_1) ||
          (f >= CF_KV_WRITE_F16 && f <= CF_ATTN_PREFILL_TC_F16);
 }

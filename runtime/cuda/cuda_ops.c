@@ -42,7 +42,8 @@ static ir_status run_embed(cuda_ctx *c, const ir_graph *g, const ir_node *n, voi
                                      [IR_Q4_0] = CF_EMBED_Q4_0, [IR_Q4_1] = CF_EMBED_Q4_1};
   CUdeviceptr out = O_(0), table = P_(1), ids = P_(0);
   long long dim = dimv(g, T_(1), 1, s);
-  void *args[] = {&out, &table, &ids, &dim};
+  float scale = (float)ir_node_attr_f(n, "scale", 1.0);
+  void *args[] = {&out, &table, &ids, &dim, &scale};
   return launch(c, by_dtype[T_(1)->dtype], (unsigned)dimv(g, T_(0), 0, s), 1, 1, 256, args, d);
 }
 
@@ -303,12 +304,26 @@ static ir_status run_attention(cuda_ctx *c, const ir_graph *g, const ir_node *n,
   return launch(c, CF_ATTN_REDUCE, n_tok, (unsigned)heads, 1, (unsigned)c->head_dim, rargs, d);
 }
 
+/* add, and swiglu with its gate activation (silu, or gelu_tanh: kn_geglu). */
 static ir_status run_elementwise(cuda_ctx *c, const ir_graph *g, const ir_node *n,
                                  void *const *ptrs, const cuda_step *s, ir_diag *d) {
   CUdeviceptr o = O_(0), a = P_(0), b = P_(1);
   long long cnt = (long long)ir_tensor_elems(g, T_(0), s->syms);
   void *args[] = {&o, &a, &b, &cnt};
-  return launch(c, n->op == IR_OP_ADD ? CF_ADD : CF_SWIGLU, grid_for(cnt), 1, 1, 256, args, d);
+  cuda_fn f = CF_ADD;
+  if (n->op == IR_OP_SWIGLU)
+    f = ir_node_attr_i(n, "act", IR_ACT_SWIGLU) == IR_ACT_GEGLU ? CF_GEGLU : CF_SWIGLU;
+  return launch(c, f, grid_for(cnt), 1, 1, 256, args, d);
+}
+
+/* y = cap * tanh(x / cap) (Gemma 2's final logits, before any pick reads them). */
+static ir_status run_softcap(cuda_ctx *c, const ir_graph *g, const ir_node *n,
+                             void *const *ptrs, const cuda_step *s, ir_diag *d) {
+  CUdeviceptr o = O_(0), x = P_(0);
+  long long cnt = (long long)ir_tensor_elems(g, T_(0), s->syms);
+  float cap = (float)ir_node_attr_f(n, "cap", 1.0);
+  void *args[] = {&o, &x, &cnt, &cap};
+  return launch(c, CF_SOFTCAP, grid_for(cnt), 1, 1, 256, args, d);
 }
 
 static ir_status run_gather(cuda_ctx *c, const ir_graph *g, const ir_node *n, void *const *ptrs,
@@ -331,6 +346,7 @@ ir_status cuda_ops_run(cuda_ctx *c, const ir_graph *g, int32_t ni, void *const *
   case IR_OP_ATTENTION: return run_attention(c, g, n, ptrs, s, d);
   case IR_OP_ADD:
   case IR_OP_SWIGLU: return run_elementwise(c, g, n, ptrs, s, d);
+  case IR_OP_SOFTCAP: return run_softcap(c, g, n, ptrs, s, d);
   case IR_OP_GATHER_ROWS: return run_gather(c, g, n, ptrs, s, d);
   default:
     return ir_diag_set(d, IR_UNSUPPORTED, "cuda backend: op '%s' (node '%s') is not supported",
@@ -470,10 +486,27 @@ static ir_status check_node(cuda_ctx *c, const ir_graph *g, const ir_node *n, sc
   case IR_OP_ADD:
     if (!same_shape(g, T_(0), T_(1)) || TO_(0)->dtype != IR_F32) break;
     return IR_OK;
+  case IR_OP_SWIGLU: { /* silu, or gelu_tanh (kn_geglu: plans built before it lack it) */
+    int64_t act = ir_node_attr_i(n, "act", IR_ACT_SWIGLU);
+    if (act == IR_ACT_GEGLU && !c->fn[CF_GEGLU])
+      return ir_diag_set(d, IR_UNSUPPORTED,
+                         "cuda backend: node '%s' (swiglu, act=geglu): the plan's kernels have "
+                         "no kn_geglu (an older infc built it); rebuild it",
+                         n->name);
+    if (act != IR_ACT_SWIGLU && act != IR_ACT_GEGLU) break;
+    return IR_OK;
+  }
+  case IR_OP_SOFTCAP:
+    if (!c->fn[CF_SOFTCAP])
+      return ir_diag_set(d, IR_UNSUPPORTED,
+                         "cuda backend: node '%s' (softcap): the plan's kernels have no "
+                         "kn_softcap (an older infc built it); rebuild it",
+                         n->name);
+    if (T_(0)->dtype != IR_F32 || TO_(0)->dtype != IR_F32) break;
+    return IR_OK;
   case IR_OP_RMS_NORM:
   case IR_OP_ADD_RMS_NORM:
   case IR_OP_ROPE:
-  case IR_OP_SWIGLU:
   case IR_OP_GATHER_ROWS: return IR_OK;
   default: break;
   }

@@ -247,6 +247,25 @@ static void test_elementwise(void) {
   down(out, dout, n * 4);
   kn_swiglu(NULL, ref, a, b, n);
   CLOSE("swiglu", out, ref, (size_t)n, 1e-5);
+  /* Gemma's gelu_tanh gate over [-6, 6] (tanh saturates), and the soft cap 15 over [-40, 40]
+   * (it bites from about 5), into another buffer and in place */
+  for (long long i = 0; i < n; i++) a[i] *= 6.0f, b[i] *= 40.0f;
+  CU(cu.htod(da, a, n * 4));
+  CU(cu.htod(db, b, n * 4));
+  run(kernel("swiglu", "kn_geglu"), 256, 1, 1, 256, args);
+  down(out, dout, n * 4);
+  kn_geglu(NULL, ref, a, b, n);
+  CLOSE("geglu", out, ref, (size_t)n, 1e-5);
+  const float cap = 15.0f;
+  void *cargs[] = {&dout, &db, (void *)&n, (void *)&cap};
+  run(kernel("swiglu", "kn_softcap"), 256, 1, 1, 256, cargs);
+  down(out, dout, n * 4);
+  kn_softcap(NULL, ref, b, n, cap);
+  CLOSE("softcap", out, ref, (size_t)n, 1e-6);
+  void *iargs[] = {&db, &db, (void *)&n, (void *)&cap};
+  run(kernel("swiglu", "kn_softcap"), 256, 1, 1, 256, iargs);
+  down(out, db, n * 4);
+  CLOSE("softcap in place", out, ref, (size_t)n, 1e-6);
   cu.free(da), cu.free(db), cu.free(dout);
   free(a), free(b), free(ref), free(out);
 }
@@ -288,10 +307,17 @@ static void test_rows(void) {
     char fn[32], what[32];
     snprintf(fn, sizeof fn, "kn_embed_%s", ir_dtype_name(dts[i]));
     snprintf(what, sizeof what, "embed %s", ir_dtype_name(dts[i]));
-    void *args[] = {&dout, &dt, &dids, (void *)&dim};
+    float scale = 1.0f;
+    void *args[] = {&dout, &dt, &dids, (void *)&dim, &scale};
     run(kernel("embed", fn), n_tok, 1, 1, 128, args);
     down(out, dout, n_tok * dim * 4);
     kn_embed(NULL, ref, t, dts[i], ids, n_tok, dim);
+    CLOSE(what, out, ref, (size_t)(n_tok * dim), 1e-6);
+    scale = 11.3137085f; /* Gemma's sqrt(hidden) */
+    run(kernel("embed", fn), n_tok, 1, 1, 128, args);
+    down(out, dout, n_tok * dim * 4);
+    kn_embed_scaled(NULL, ref, t, dts[i], ids, n_tok, dim, scale);
+    snprintf(what, sizeof what, "embed %s scale %.4g", ir_dtype_name(dts[i]), (double)scale);
     CLOSE(what, out, ref, (size_t)(n_tok * dim), 1e-6);
     cu.free(dt);
     free(t);

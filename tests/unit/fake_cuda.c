@@ -226,6 +226,8 @@ static void emu_gemv_wq(const launch_t *l, bool i4) {
 static void emu_simple(const launch_t *l, const char *name) {
   if (!strcmp(name, "kn_add")) kn_add(NULL, PF(0), PF(1), PF(2), I64(3));
   else if (!strcmp(name, "kn_swiglu")) kn_swiglu(NULL, PF(0), PF(1), PF(2), I64(3));
+  else if (!strcmp(name, "kn_geglu")) kn_geglu(NULL, PF(0), PF(1), PF(2), I64(3));
+  else if (!strcmp(name, "kn_softcap")) kn_softcap(NULL, PF(0), PF(1), I64(2), F32(l, 3));
   else if (!strcmp(name, "kn_swiglu_packed"))
     for (long long i = 0; i < I64(2) * I64(3); i++) {
       const float *z = PF(1) + i / I64(3) * 2 * I64(3);
@@ -253,6 +255,7 @@ static const struct {
   const char *sizes; /* '8' pointer / long long, '4' int / float */
 } k_fns[] = {
     {"kn_add", 4, "8888"}, {"kn_swiglu", 4, "8888"}, {"kn_swiglu_packed", 4, "8888"},
+    {"kn_geglu", 4, "8888"}, {"kn_softcap", 4, "8884"},
     {"kn_gather_rows", 4, "8888"}, {"kn_rope_kv_write", 20, "88888888888444844884"},
     {"kn_rms_norm", 5, "88844"}, {"kn_add_rms_norm", 7, "8888844"},
     {"kn_rope_neox", 6, "888444"}, {"kn_rope_interleaved", 6, "888444"},
@@ -271,8 +274,8 @@ static const struct {
     {"kn_gemv_bf16_swiglu", 7, "8888444"}, {"kn_gemv_q8_0_swiglu", 7, "8888444"},
     {"kn_gemv_q4_0_swiglu", 7, "8888444"}, {"kn_gemv_q4_1_swiglu", 7, "8888444"},
     {"kn_gemv_wq_i4", 12, "888888444444"}, {"kn_gemv_wq_i8", 12, "888888444444"},
-    {"kn_embed_f32", 4, "8888"}, {"kn_embed_f16", 4, "8888"}, {"kn_embed_bf16", 4, "8888"},
-    {"kn_embed_q8_0", 4, "8888"}, {"kn_embed_q4_0", 4, "8888"}, {"kn_embed_q4_1", 4, "8888"},
+    {"kn_embed_f32", 5, "88884"}, {"kn_embed_f16", 5, "88884"}, {"kn_embed_bf16", 5, "88884"},
+    {"kn_embed_q8_0", 5, "88884"}, {"kn_embed_q4_0", 5, "88884"}, {"kn_embed_q4_1", 5, "88884"},
 };
 #define N_FNS ((int)(sizeof k_fns / sizeof k_fns[0]))
 
@@ -358,7 +361,8 @@ static void run_launch(const launch_t *l) {
     emu_gemv(l, dtype_of(dt), sw != NULL);
   }
   else if (!strncmp(name, "kn_embed_", 9))
-    kn_embed(NULL, PF(0), PV(1), dtype_of(name + 9), PI(2), l->grid[0], I64(3));
+    kn_embed_scaled(NULL, PF(0), PV(1), dtype_of(name + 9), PI(2), l->grid[0], I64(3),
+                    F32(l, 4));
   else if (!strncmp(name, "kn_dequant_", 11)) emu_dequant(l, dtype_of(name + 11));
   else emu_simple(l, name);
 }
