@@ -51,6 +51,11 @@ static const fixture k_fixtures[] = {
     /* Phi-3's fused checkpoint matrices with a partial rope; SmolLM3's unroped layer */
     {"phi3-fused-f32", 1e-4, NULL, NULL, NULL, IRT_KV_DTYPE_F32},
     {"smollm3-nope-f32", 1e-4, NULL, NULL, NULL, IRT_KV_DTYPE_F32},
+    /* Gemma 2: sliding-window layers (window 8, over blocks of 16), attention and final
+     * logit soft caps, the gelu_tanh gate, scaled embeddings; Gemma 3: five local layers to
+     * one global, q/k norms, no caps */
+    {"gemma2-softcap-f32", 1e-4, NULL, NULL, NULL, IRT_KV_DTYPE_F32},
+    {"gemma3-local-f32", 1e-4, NULL, NULL, NULL, IRT_KV_DTYPE_F32},
     {"onnx-genai-int4", 1e-4, "onnx-genai-int4/model.onnx", NULL, NULL, IRT_KV_DTYPE_F32},
     {"llama-gqa-f32-unfused", 1e-4, "llama-gqa-f32", "fuse", "false", IRT_KV_DTYPE_F32},
     {"llama-gqa-int4", 1e-4, "llama-gqa-f32", "quant", "int4", IRT_KV_DTYPE_F32},
