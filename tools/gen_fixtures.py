@@ -15,11 +15,12 @@ How to run (Debian bookworm, as root):
 Use /usr/bin/python3 explicitly: Debian's torch is only importable from the
 system interpreter, not from a pyenv / venv python found earlier on PATH.
 The fixtures after llama-mha-f16 (Qwen3, rope_parameters with llama3 / yarn scaling,
-Phi-3 with partial rotary, SmolLM3, Gemma 2, Gemma 3) need transformers 5 (torch >= 2):
-made in a scratch venv (`python3 -m venv V && V/bin/pip install torch transformers
-safetensors`, torch 2.15, transformers 5.24; gemma2-softcap-f32 and gemma3-local-f32
-with transformers 5.25) with `V/bin/python tools/gen_fixtures.py --only NAME`; that
-transformers writes rope_parameters (per layer type for Gemma 3) and layer_types.
+Phi-3 with partial rotary, SmolLM3, Gemma 2, Gemma 3 and its multimodal checkpoint form)
+need transformers 5 (torch >= 2): made in a scratch venv (`python3 -m venv V &&
+V/bin/pip install torch transformers safetensors`, torch 2.15, transformers 5.24;
+gemma2-softcap-f32, gemma3-local-f32 and gemma3-mm-f32 with transformers 5.25) with
+`V/bin/python tools/gen_fixtures.py --only NAME`; that transformers writes
+rope_parameters (per layer type for Gemma 3) and layer_types.
 Do not pip-install torch (it pulls gigabytes of CUDA libraries).
 
 For every fixture the script:
@@ -28,14 +29,16 @@ For every fixture the script:
      for Gemma, whose RMSNorm scales by 1 + weight --, random q/k/v biases
      for Qwen2; a spec's embed_std and final_norm_scale override the
      embeddings' std and the final norm's mean scale) so logits are well
-     spread;
+     spread; a multimodal model's text weights are drawn first, as the causal
+     LM's, its vision tower after them (LayerNorm weights ~ 1 + 0.1*N(0,1));
   2. saves it with save_pretrained(safe_serialization=True) in the fixture's
      dtype (float32 / bfloat16 / float16);
   3. reloads the saved checkpoint with torch_dtype=float32 and eager attention
      and computes every oracle output from that reloaded model in float32
      (the engine upcasts bf16/f16 weights exactly and computes in f32);
-  4. records full-sequence logits for three seeded prompts and a 32-token
-     greedy continuation (KV-cache loop, EOS never stops it), then checks
+  4. records full-sequence logits for three seeded prompts (ids below a
+     spec's prompt_vocab, if it has one) and a 32-token greedy continuation
+     (KV-cache loop, EOS never stops it), then checks
      that a full forward over prompt+greedy reproduces the greedy tokens;
   5. retries with the next seed if the smallest top1-top2 logit gap over all
      greedy steps is below MIN_MARGIN.
@@ -72,6 +75,10 @@ try:  # Gemma 3 (text-only, model_type gemma3_text) needs transformers >= 4.50
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 except ImportError:
     Gemma3TextConfig = Gemma3ForCausalLM = None
+try:  # Gemma 3's multimodal form (model_type gemma3), as Gemma 3 4B/12B/27B ship
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration
+except ImportError:
+    Gemma3Config = Gemma3ForConditionalGeneration = None
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_OUT = os.path.join(REPO_ROOT, "tests", "fixtures")
@@ -93,11 +100,25 @@ ARCHES = {
     "SmolLM3ForCausalLM": (SmolLM3Config, SmolLM3ForCausalLM),
     "Gemma2ForCausalLM": (Gemma2Config, Gemma2ForCausalLM),
     "Gemma3ForCausalLM": (Gemma3TextConfig, Gemma3ForCausalLM),
+    "Gemma3ForConditionalGeneration": (Gemma3Config, Gemma3ForConditionalGeneration),
 }
 # Gemma's RMSNorm scales by (1 + weight), not weight: its norm weights are drawn as
 # NORM_STD * N(0, 1) so that the effective scale is ~1 (~final_norm_scale for the final
-# norm), as for the other archs
-GEMMA_NORM_ARCHES = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
+# norm), as for the other archs (the text model's norms and the multimodal projector's
+# mm_soft_emb_norm, not the SigLIP vision tower's LayerNorms)
+GEMMA_NORM_ARCHES = ("Gemma2ForCausalLM", "Gemma3ForCausalLM",
+                     "Gemma3ForConditionalGeneration")
+# Multimodal wrappers (a spec config with a nested text_config): where the text model's
+# parameters sit in the module (TEXT_PARAM_PREFIX; "model." for the causal LMs) and under
+# which prefix save_pretrained writes its tensors (TEXT_CKPT_PREFIX; "" for the causal
+# LMs: "model.layers.N...", "lm_head.weight"). transformers 5.25 saves
+# Gemma3ForConditionalGeneration's text model as the published Gemma 3 checkpoints name it,
+# language_model.model.* (its module is model.language_model.*), beside
+# multi_modal_projector.* and vision_tower.* (the published ones:
+# vision_tower.vision_model.*; the engine reads neither)
+TEXT_PARAM_PREFIX = {"Gemma3ForConditionalGeneration": "model.language_model."}
+TEXT_CKPT_PREFIX = {"Gemma3ForConditionalGeneration": "language_model."}
+VISION_PARAM_PREFIX = "model.vision_tower."
 
 DTYPE_NAMES = {
     torch.float32: "float32",
@@ -106,6 +127,29 @@ DTYPE_NAMES = {
 }
 SAFETENSORS_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16",
                       torch.float16: "F16"}
+
+# Gemma 3's text model (gemma3-local-f32's config, and gemma3-mm-f32's text_config)
+GEMMA3_TEXT_CONFIG = dict(
+    hidden_size=64,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    num_hidden_layers=6,
+    intermediate_size=96,
+    vocab_size=256,
+    hidden_activation="gelu_pytorch_tanh",
+    query_pre_attn_scalar=24,
+    sliding_window=8,
+    layer_types=["sliding_attention"] * 5 + ["full_attention"],
+    attn_logit_softcapping=None,
+    final_logit_softcapping=None,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=True,
+    max_position_embeddings=256,
+    rope_parameters=dict(
+        full_attention=dict(rope_type="linear", rope_theta=1000000.0, factor=8.0),
+        sliding_attention=dict(rope_type="default", rope_theta=10000.0)),
+)
 
 FIXTURES = [
     dict(
@@ -358,26 +402,48 @@ FIXTURES = [
         # as for gemma2-softcap-f32
         embed_std=0.05,
         final_norm_scale=8.0,
+        config=GEMMA3_TEXT_CONFIG,
+    ),
+    dict(
+        # Gemma 3 4B/12B/27B's checkpoint form: Gemma3ForConditionalGeneration (model_type
+        # gemma3), whose text_config is gemma3-local-f32's config, beside a tiny SigLIP
+        # vision tower (one layer, hidden 32, a 14x14 image in 2x2 patches of 7, no head,
+        # as Gemma 3's) and the projector (mm_tokens_per_image 4: the 2x2 patches pooled
+        # by 1). The oracle is the text-only forward of that class (input_ids, no
+        # pixel_values). Gemma3Config's image / begin-of-image / end-of-image token ids
+        # default to 262144 / 255999 / 256000, outside the 256-token vocab; they are set
+        # to 253 / 254 / 255, inside it as in the published checkpoints (image token
+        # 262144 of 262208), and the prompts are drawn from ids 0-252 so that they never
+        # hold one. Without pixel_values transformers embeds any id as a text token
+        # (nothing is scattered in, the mask stays causal); this seed's greedy
+        # continuations hold none of 253-255 either
+        name="gemma3-mm-f32",
+        arch="Gemma3ForConditionalGeneration",
+        dtype=torch.float32,
+        # 12003 is the first seed of 12000.. whose greedy margin is > 0.02, but one of its
+        # continuations settles into a two-token loop; 12007 is the next (margin 0.029)
+        base_seed=12007,
+        prompt_vocab=253,
+        # as for gemma3-local-f32 (the text model's embeddings and final norm)
+        embed_std=0.05,
+        final_norm_scale=8.0,
         config=dict(
-            hidden_size=64,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            head_dim=16,
-            num_hidden_layers=6,
-            intermediate_size=96,
-            vocab_size=256,
-            hidden_activation="gelu_pytorch_tanh",
-            query_pre_attn_scalar=24,
-            sliding_window=8,
-            layer_types=["sliding_attention"] * 5 + ["full_attention"],
-            attn_logit_softcapping=None,
-            final_logit_softcapping=None,
-            rms_norm_eps=1e-6,
+            text_config=GEMMA3_TEXT_CONFIG,
+            vision_config=dict(
+                model_type="siglip_vision_model",
+                hidden_size=32,
+                intermediate_size=64,
+                num_hidden_layers=1,
+                num_attention_heads=2,
+                image_size=14,
+                patch_size=7,
+                vision_use_head=False,
+            ),
+            mm_tokens_per_image=4,
+            image_token_index=253,
+            boi_token_index=254,
+            eoi_token_index=255,
             tie_word_embeddings=True,
-            max_position_embeddings=256,
-            rope_parameters=dict(
-                full_attention=dict(rope_type="linear", rope_theta=1000000.0, factor=8.0),
-                sliding_attention=dict(rope_type="default", rope_theta=10000.0)),
         ),
     ),
 ]
@@ -387,27 +453,47 @@ FIXTURES = [
 # Model construction and checkpoint round trip
 # --------------------------------------------------------------------------
 
+def text_config(spec):
+    """The text model's config: the spec's nested text_config, else its config."""
+    return spec["config"].get("text_config", spec["config"])
+
+
 def build_random_model(spec, seed):
     """Instantiate the model and overwrite every parameter with seeded noise."""
     config_cls, model_cls = ARCHES[spec["arch"]]
-    config = config_cls(initializer_range=INIT_STD, **spec["config"])
+    kwargs = dict(spec["config"])
+    if "text_config" in kwargs:  # the text model's config.json as a causal LM's
+        kwargs["text_config"] = dict(kwargs["text_config"], initializer_range=INIT_STD)
+    config = config_cls(initializer_range=INIT_STD, **kwargs)
     model = model_cls(config)
+    prefix = TEXT_PARAM_PREFIX.get(spec["arch"], "model.")
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         # Sorted names give a fixed draw order; tied lm_head is the same
-        # tensor as embed_tokens and is not listed separately.
+        # tensor as embed_tokens and is not listed separately. A multimodal
+        # wrapper's text model (model.language_model.*) sorts before its projector
+        # and vision tower: its draws are a causal LM's for the same seed.
         for name, param in sorted(model.named_parameters()):
             noise = torch.randn(param.shape, generator=gen)
-            if name.endswith("norm.weight"):
+            if name.startswith(VISION_PARAM_PREFIX):
+                # SigLIP (never run by the oracle): LayerNorm weights ~ 1, biases
+                # and the rest as for the text model
+                if name.endswith(".bias"):
+                    param.copy_(BIAS_STD * noise)
+                elif "norm" in name.split(".")[-2]:
+                    param.copy_(1.0 + NORM_STD * noise)
+                else:
+                    param.copy_(INIT_STD * noise)
+            elif name.endswith("norm.weight"):
                 # Gemma's RMSNorm scales by (1 + weight): draw the weight itself around
                 # 0 (or around final_norm_scale - 1 for the final norm), not around 1
-                scale = spec.get("final_norm_scale", 1.0) if name == "model.norm.weight" \
-                    else 1.0
+                scale = spec.get("final_norm_scale", 1.0) \
+                    if name == prefix + "norm.weight" else 1.0
                 offset = scale - 1.0 if spec["arch"] in GEMMA_NORM_ARCHES else scale
                 param.copy_(offset + NORM_STD * noise)
             elif name.endswith(".bias"):
                 param.copy_(BIAS_STD * noise)
-            elif name == "model.embed_tokens.weight":
+            elif name == prefix + "embed_tokens.weight":
                 param.copy_(spec.get("embed_std", INIT_STD) * noise)
             else:
                 param.copy_(INIT_STD * noise)
@@ -438,19 +524,27 @@ def check_checkpoint(spec, ckpt_dir):
         for key in keys:
             got = f.get_slice(key).get_dtype()
             assert got == want, f"{key}: dtype {got}, expected {want}"
-    tied = spec["config"]["tie_word_embeddings"]
-    assert ("lm_head.weight" in keys) == (not tied), \
-        f"lm_head.weight presence wrong for tie_word_embeddings={tied}"
+    pre = TEXT_CKPT_PREFIX.get(spec["arch"], "")
+    if pre:  # a multimodal wrapper: the text model, vision tower and projector
+        assert all(k.startswith((pre + "model.", "vision_tower.", "multi_modal_projector."))
+                   or k == pre + "lm_head.weight" for k in keys), \
+            f"unexpected tensor names: {keys}"
+        assert any(k.startswith("vision_tower.") for k in keys)
+        assert pre + "model.embed_tokens.weight" in keys
+    tied = text_config(spec)["tie_word_embeddings"]
+    assert (pre + "lm_head.weight" in keys) == (not tied), \
+        f"{pre}lm_head.weight presence wrong for tie_word_embeddings={tied}"
+    assert not tied or not any(k.endswith("lm_head.weight") for k in keys)
     if spec["arch"] == "Qwen2ForCausalLM":
         assert "model.layers.0.self_attn.q_proj.bias" in keys
     if spec["arch"] == "Qwen3ForCausalLM":
         assert "model.layers.0.self_attn.q_norm.weight" in keys
         assert "model.layers.0.self_attn.q_proj.bias" not in keys
     if spec["arch"] in GEMMA_NORM_ARCHES:
-        assert "model.layers.0.pre_feedforward_layernorm.weight" in keys
-        assert "model.layers.0.post_feedforward_layernorm.weight" in keys
-        assert ("model.layers.0.self_attn.q_norm.weight" in keys) == \
-            (spec["arch"] == "Gemma3ForCausalLM")
+        assert pre + "model.layers.0.pre_feedforward_layernorm.weight" in keys
+        assert pre + "model.layers.0.post_feedforward_layernorm.weight" in keys
+        assert (pre + "model.layers.0.self_attn.q_norm.weight" in keys) == \
+            (spec["arch"] != "Gemma2ForCausalLM")
     return len(keys)
 
 
@@ -459,6 +553,8 @@ def reload_f32(spec, ckpt_dir):
     model = model_cls.from_pretrained(ckpt_dir, torch_dtype=torch.float32,
                                       attn_implementation="eager")
     assert next(model.parameters()).dtype == torch.float32
+    if "text_config" in spec["config"]:  # eager reaches the wrapped text model
+        assert model.config.text_config._attn_implementation == "eager"
     return model.eval()
 
 
@@ -548,7 +644,8 @@ def write_oracle(path, fields):
 
 
 def generate_fixture(spec, out_root):
-    vocab = spec["config"]["vocab_size"]
+    # prompt_vocab: prompts draw ids below it (gemma3-mm-f32 keeps its image tokens out)
+    vocab = spec.get("prompt_vocab", text_config(spec)["vocab_size"])
     for seed in range(spec["base_seed"], spec["base_seed"] + MAX_SEED_TRIES):
         with tempfile.TemporaryDirectory() as tmp:
             torch.manual_seed(seed)
