@@ -158,10 +158,13 @@ void kn_rope_head(float *x, const float *cs, int64_t rot_dim, int neox);
 /* out = silu(gate) * up, elementwise over n values. out may alias gate or up. */
 void kn_swiglu(kn_pool *p, float *out, const float *gate, const float *up, int64_t n);
 
-/* out = gelu_tanh(gate) * up (Gemma's gelu_pytorch_tanh), elementwise over n values, each
- * as kn_gelu_tanh_mul: 0.5 g (1 + tanhf(0.7978845608 (g + 0.044715 g^3))) u in f32, in
- * that order. out may alias gate or up. */
+/* out = gelu_tanh(gate) * up (Gemma's gelu_pytorch_tanh: 0.5 g (1 + tanh(sqrt(2/pi) (g +
+ * 0.044715 g^3)))), elementwise over n values, computed as g * sigmoid(2z) times u with the
+ * sigmoid of kn_silu_mul_n (and z's polynomial by one fma): within a few ulp of the formula,
+ * the same bits on every path and in any position, as kn_silu_mul_n. kn_gelu_mul_n is the
+ * unthreaded form, kn_gelu_tanh_mul one value. out may alias gate or up. */
 void kn_geglu(kn_pool *p, float *out, const float *gate, const float *up, int64_t n);
+void kn_gelu_mul_n(float *y, const float *g, const float *u, int64_t n);
 float kn_gelu_tanh_mul(float g, float u);
 
 /* out = cap * tanhf(x / cap) over n values (kn_softcap1 each; cap > 0); out may alias x. */
