@@ -25,8 +25,9 @@ extern "C" __global__ void kn_swiglu_packed(float *out, const float *z, long lon
   }
 }
 
-// out = 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))) u in f32, in kn_gelu_tanh_mul's
-// order (the unfused swiglu op with act = IR_ACT_GEGLU).
+// out = 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))) u in f32, the formula as written
+// (the unfused swiglu op with act = IR_ACT_GEGLU; the CPU's kn_geglu takes it as
+// g sigmoid(2z) u, within a few ulp; memory-bound here, so tanhf costs nothing).
 extern "C" __global__ void kn_geglu(float *out, const float *gate, const float *up,
                                     long long n) {
   const float beta = 0.7978845608028654f, kappa = 0.044715f;
