@@ -119,29 +119,24 @@ typedef struct swiglu_args {
   float *out;
   const float *gate;
   const float *up;
+  bool gelu;
   float cap;
 } swiglu_args;
 
-static void swiglu_task(void *arg, int64_t begin, int64_t end, int tid) {
+static void gate_task(void *arg, int64_t begin, int64_t end, int tid) {
   (void)tid;
   const swiglu_args *a = arg;
-  kn_silu_mul_n(a->out + begin, a->gate + begin, a->up + begin, end - begin);
+  gate_mul_n(a->out + begin, a->gate + begin, a->up + begin, end - begin, a->gelu);
 }
 
 void kn_swiglu(kn_pool *p, float *out, const float *gate, const float *up, int64_t n) {
-  swiglu_args a = {.out = out, .gate = gate, .up = up};
-  kn_parallel_for(p, n, KN_SWIGLU_GRAIN, swiglu_task, &a);
-}
-
-static void geglu_task(void *arg, int64_t begin, int64_t end, int tid) {
-  (void)tid;
-  const swiglu_args *a = arg;
-  kn_gelu_mul_n(a->out + begin, a->gate + begin, a->up + begin, end - begin);
+  swiglu_args a = {.out = out, .gate = gate, .up = up, .gelu = false};
+  kn_parallel_for(p, n, KN_SWIGLU_GRAIN, gate_task, &a);
 }
 
 void kn_geglu(kn_pool *p, float *out, const float *gate, const float *up, int64_t n) {
-  swiglu_args a = {.out = out, .gate = gate, .up = up};
-  kn_parallel_for(p, n, KN_SWIGLU_GRAIN, geglu_task, &a);
+  swiglu_args a = {.out = out, .gate = gate, .up = up, .gelu = true};
+  kn_parallel_for(p, n, KN_SWIGLU_GRAIN, gate_task, &a);
 }
 
 static void softcap_task(void *arg, int64_t begin, int64_t end, int tid) {
