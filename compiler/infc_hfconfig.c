@@ -391,11 +391,14 @@ ir_status infc_hfconfig_parse(const char *json, model_llama_params *out, ir_diag
   out->fused_proj = strcmp(out->arch, "phi3") == 0;
   read_act(&r, out);
   check_layer_types(&r, out);
-  /* Mistral's and Qwen2's sliding window only changes results past its length: cap the
-   * context there (Gemma's sliding layers attend their window). */
+  /* Mistral 7B v0.1's sliding window is every layer's (Gemma's sliding layers have theirs
+   * from read_gemma). Qwen2's use_sliding_window (from layer max_window_layers on, in
+   * transformers) only changes results past the window's length: the context is capped
+   * there. */
   int64_t window = gemma ? 0 : get_int(&r, "sliding_window", false, 0);
-  bool use_window = strcmp(out->arch, "mistral") == 0 || get_bool(&r, "use_sliding_window", false);
-  if (use_window && window > 0 && window < out->max_position) out->max_position = window;
+  if (!strcmp(out->arch, "mistral") && window > 0) out->sliding_window = window;
+  else if (get_bool(&r, "use_sliding_window", false) && window > 0 && window < out->max_position)
+    out->max_position = window;
   cJSON_Delete(root);
   if (r.st == IR_OK) r.st = model_llama_check(out, d);
   return r.st;

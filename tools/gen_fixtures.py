@@ -66,6 +66,7 @@ try:  # Qwen3 (per-head q/k RMSNorm) needs transformers >= 4.51, hence torch >= 
 except ImportError:
     Qwen3Config = Qwen3ForCausalLM = None
 from transformers import Phi3Config, Phi3ForCausalLM, SmolLM3Config, SmolLM3ForCausalLM
+from transformers import MistralConfig, MistralForCausalLM
 
 try:  # Gemma 2 needs transformers >= 4.42
     from transformers import Gemma2Config, Gemma2ForCausalLM
@@ -94,6 +95,7 @@ MAX_FIXTURE_BYTES = 1 << 20
 
 ARCHES = {
     "LlamaForCausalLM": (LlamaConfig, LlamaForCausalLM),
+    "MistralForCausalLM": (MistralConfig, MistralForCausalLM),
     "Qwen2ForCausalLM": (Qwen2Config, Qwen2ForCausalLM),
     "Qwen3ForCausalLM": (Qwen3Config, Qwen3ForCausalLM),
     "Phi3ForCausalLM": (Phi3Config, Phi3ForCausalLM),
@@ -444,6 +446,29 @@ FIXTURES = [
             boi_token_index=254,
             eoi_token_index=255,
             tie_word_embeddings=True,
+        ),
+    ),
+    dict(
+        # Mistral 7B v0.1's sliding window in every layer (window 8: the 20-token prompt
+        # and the greedy decode exceed it), which a context capped at the window cannot
+        # express past its length
+        name="mistral-swa-f32",
+        arch="MistralForCausalLM",
+        dtype=torch.float32,
+        base_seed=13000,
+        config=dict(
+            hidden_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_hidden_layers=2,
+            intermediate_size=96,
+            vocab_size=256,
+            rms_norm_eps=1e-5,
+            tie_word_embeddings=False,
+            max_position_embeddings=256,
+            sliding_window=8,
+            rope_parameters=dict(rope_type="default", rope_theta=10000.0),
+            pad_token_id=0,
         ),
     ),
 ]

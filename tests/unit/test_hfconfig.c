@@ -386,8 +386,10 @@ static void test_token_ids(void) {
   expect_error("eos_token_id", "\"</s>\"", IR_BAD_FORMAT, "eos_token_id", NULL);
 }
 
-/* model_type / use_sliding_window switch the window on; a window caps max_position. */
-static void window_case(const char *type, const char *window, const char *use, int64_t want) {
+/* Mistral's window is every layer's sliding window (the context stays); Qwen2's
+ * use_sliding_window caps max_position at the window. */
+static void window_case(const char *type, const char *window, const char *use, int64_t want,
+                        int64_t want_window) {
   cJSON *root = cJSON_Parse(k_base);
   if (!root) abort();
   cJSON_ReplaceItemInObjectCaseSensitive(root, "model_type", cJSON_CreateString(type));
@@ -398,25 +400,29 @@ static void window_case(const char *type, const char *window, const char *use, i
   model_llama_params p;
   ir_diag d = {0};
   CHECKF(json && infc_hfconfig_parse(json, &p, &d) == IR_OK, "%s: %s", type, d.msg);
-  CHECKF(p.max_position == want, "%s window=%s use=%s: max_position %lld, want %lld", type,
-         window ? window : "-", use ? use : "-", (long long)p.max_position, (long long)want);
-  CHECK(strcmp(p.arch, type) == 0);
+  CHECKF(p.max_position == want && p.sliding_window == want_window,
+         "%s window=%s use=%s: max_position %lld, window %lld, want %lld, %lld", type,
+         window ? window : "-", use ? use : "-", (long long)p.max_position,
+         (long long)p.sliding_window, (long long)want, (long long)want_window);
+  CHECK(strcmp(p.arch, type) == 0 && p.swa_period == 0);
   cJSON_free(json);
 }
 
 static void test_sliding_window(void) {
-  window_case("mistral", "128", NULL, 128);   /* capped at the window */
-  window_case("mistral", "4096", NULL, 512);  /* a window past the context changes nothing */
-  window_case("mistral", "null", NULL, 512);  /* Mistral v0.2+: no window */
-  window_case("mistral", NULL, NULL, 512);
-  window_case("llama", "128", NULL, 512);     /* llama has no sliding window */
-  window_case("qwen2", "128", "false", 512);  /* qwen2 only when use_sliding_window */
-  window_case("qwen2", "128", "true", 128);
+  window_case("mistral", "128", NULL, 512, 128); /* every layer slides; the context stays */
+  window_case("mistral", "4096", NULL, 512, 4096);
+  window_case("mistral", "null", NULL, 512, 0); /* Mistral v0.2+: no window */
+  window_case("mistral", NULL, NULL, 512, 0);
+  window_case("llama", "128", NULL, 512, 0);     /* llama has no sliding window */
+  window_case("qwen2", "128", "false", 512, 0);  /* qwen2 only when use_sliding_window */
+  window_case("qwen2", "128", "true", 128, 0);
   model_llama_params p;
   ir_diag d = {0};
   char *json = variant("model_type", "\"qwen2\"");
   CHECK(infc_hfconfig_parse(json, &p, &d) == IR_OK && p.attention_bias);
   cJSON_free(json);
+  if (load_fixture("mistral-swa-f32", &p)) /* transformers 5's Mistral */
+    CHECK(p.sliding_window == 8 && p.max_position == 256 && model_llama_layer_slides(&p, 1));
 }
 
 int main(void) {
