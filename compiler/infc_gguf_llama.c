@@ -172,8 +172,8 @@ static void gl_arch(gl_reader *r, model_llama_params *p) {
  * but 1 / sqrt(embedding_length / head_count) for the 27B models: 46 layers (Gemma 2), 62
  * (Gemma 3), whose query_pre_attn_scalar is that). */
 static void gl_gemma(gl_reader *r, model_llama_params *p) {
+  if (r->st != IR_OK || !gl_is_gemma(r->arch)) return; /* (no arch when it was refused) */
   bool g3 = !strcmp(r->arch, "gemma3");
-  if (r->st != IR_OK || !gl_is_gemma(r->arch)) return;
   p->sandwich_norms = true;
   p->act = IR_ACT_GEGLU;
   p->embed_scale = sqrt((double)p->hidden_size);
