@@ -246,7 +246,7 @@ static void read_gemma(cfg_reader *r, model_llama_params *p) {
   p->attn_scale = 1.0 / sqrt(get_num(r, "query_pre_attn_scalar", false, (double)p->head_dim));
   p->attn_softcap = get_num(r, "attn_logit_softcapping", false, 0);
   p->final_softcap = get_num(r, "final_logit_softcapping", false, 0);
-  p->sliding_window = get_int(r, "sliding_window", false, g3 ? 512 : 4096);
+  p->sliding_window = get_int(r, "sliding_window", false, 4096); /* transformers' default */
   p->swa_period = g3 ? get_int(r, "sliding_window_pattern", false, 6) : 2;
   /* transformers 5 lists the layers' kinds instead: the period is the first full layer's
    * number (check_layer_types then checks the rest) */

@@ -319,6 +319,11 @@ static void test_gemma(void) {
   CHECK(model_llama_layer_slides(&p, 0) && !model_llama_layer_slides(&p, 2) &&
         !model_llama_layer_slides(&p, 5) && model_llama_layer_slides(&p, 6));
   CHECK(parse_gemma3("", &p, &d) == IR_OK && p.attn_scale == 0.25); /* head_dim's */
+  d = (ir_diag){0}; /* no sliding_window: transformers' Gemma3TextConfig default, 4096 */
+  CHECK(infc_hfconfig_parse("{\"model_type\": \"gemma3_text\", \"hidden_size\": 64, "
+                            "\"intermediate_size\": 96, \"num_hidden_layers\": 2, "
+                            "\"num_attention_heads\": 4, \"vocab_size\": 256, \"rms_norm_eps\": "
+                            "1e-6}", &p, &d) == IR_OK && p.sliding_window == 4096);
   /* layer_types against the pattern; the period from the first full layer */
   CHECKF(parse_gemma3(", \"layer_types\": [\"sliding_attention\", \"full_attention\", "
                       "\"sliding_attention\", \"full_attention\", \"sliding_attention\", "
