@@ -135,8 +135,7 @@ static double yarn_mscale(double scale, double m) {
 /* The rope's scaling: "rope_scaling" (transformers 4) or "rope_parameters" (transformers
  * 5, which also holds rope_theta), {"rope_type" (or "type"): default | linear | llama3 |
  * yarn | longrope, ...}. Other types (dynamic, ...) are refused by name. */
-static void read_rope(cfg_reader *r, const char *key, model_llama_params *p) {
-  const cJSON *rp = cJSON_GetObjectItemCaseSensitive(r->root, key);
+static void read_rope_at(cfg_reader *r, const char *key, const cJSON *rp, model_llama_params *p) {
   if (!rp || cJSON_IsNull(rp) || r->st != IR_OK) return;
   if (!cJSON_IsObject(rp)) {
     r->st = ir_diag_set(r->d, IR_BAD_FORMAT, "key '%s' must be an object", key);
@@ -192,6 +191,10 @@ static void read_rope(cfg_reader *r, const char *key, model_llama_params *p) {
     ir_diag_prefix(r->d, "%s", key);
     r->st = sub.st;
   }
+}
+
+static void read_rope(cfg_reader *r, const char *key, model_llama_params *p) {
+  read_rope_at(r, key, cJSON_GetObjectItemCaseSensitive(r->root, key), p);
 }
 
 /* The MLP's activation: hidden_act (or Gemma's hidden_activation), silu or GELU's tanh
@@ -277,27 +280,16 @@ static bool read_rope_by_layer_type(cfg_reader *r, model_llama_params *p) {
   const cJSON *full = rp ? cJSON_GetObjectItemCaseSensitive(rp, "full_attention") : NULL;
   const cJSON *slide = rp ? cJSON_GetObjectItemCaseSensitive(rp, "sliding_attention") : NULL;
   if (!cJSON_IsObject(full) && !cJSON_IsObject(slide)) return false;
-  cfg_reader sub = {.d = r->d, .st = r->st};
-  cJSON *wrap = cJSON_CreateObject(); /* {"rope_parameters": full} for read_rope */
-  if (!wrap) {
-    r->st = ir_diag_set(r->d, IR_OOM, "out of memory");
-    return true;
-  }
-  if (cJSON_IsObject(full))
-    cJSON_AddItemReferenceToObject(wrap, "rope_parameters.full_attention", (cJSON *)full);
-  sub.root = wrap;
-  read_rope(&sub, "rope_parameters.full_attention", p);
-  if (sub.st == IR_OK && cJSON_IsObject(slide)) {
+  read_rope_at(r, "rope_parameters.full_attention", full, p);
+  if (r->st == IR_OK && cJSON_IsObject(slide)) {
     cfg_reader s = {.root = slide, .d = r->d, .st = IR_OK};
     const char *t = get_str(&s, "rope_type");
     if (s.st == IR_OK && t && strcmp(t, "default"))
       s.st = ir_diag_set(r->d, IR_UNSUPPORTED, "rope_parameters.sliding_attention type '%s' is "
                          "not supported (default)", t);
     p->rope_local_theta = get_num(&s, "rope_theta", false, p->rope_local_theta);
-    sub.st = s.st;
+    r->st = s.st;
   }
-  cJSON_Delete(wrap);
-  r->st = sub.st;
   return true;
 }
 
@@ -355,14 +347,14 @@ static cJSON *unwrap_text_config(cJSON *root) {
   if (!cJSON_IsString(mt) || strcmp(mt->valuestring, "gemma3") || !cJSON_IsObject(tc))
     return root;
   cJSON *text = cJSON_Parse(k_gemma3_text_defaults);
-  cJSON_ArrayForEach(e, tc) {
-    cJSON *v = text ? cJSON_Duplicate(e, true) : NULL;
-    if (!v || !e->string || !cJSON_ReplaceItemInObjectCaseSensitive(text, e->string, v))
-      if (!v || !e->string || !cJSON_AddItemToObject(text, e->string, v)) {
-        cJSON_Delete(v);
-        cJSON_Delete(text);
-        return root; /* out of memory: the wrapper's own model_type is then refused */
-      }
+  cJSON_ArrayForEach(e, tc) { /* each text_config key replaces its default */
+    cJSON *v = text && e->string ? cJSON_Duplicate(e, true) : NULL;
+    if (v) cJSON_DeleteItemFromObjectCaseSensitive(text, e->string);
+    if (!v || !cJSON_AddItemToObject(text, e->string, v)) {
+      cJSON_Delete(v);
+      cJSON_Delete(text);
+      return root; /* out of memory: the wrapper's own model_type is then refused */
+    }
   }
   cJSON_Delete(root);
   return text;
