@@ -37,7 +37,8 @@ static bool st_find(void *ctx, const char *name, model_tensor *out) {
   bool inner = !strncmp(name, "model.", 6);
   if (!t && inner && snprintf(alt, sizeof alt, "language_model.%s", name) < (int)sizeof alt)
     t = infc_st_find(ctx, alt);
-  if (!t && inner && snprintf(alt, sizeof alt, "model.language_model.%s", name + 6) < (int)sizeof alt)
+  if (!t && inner &&
+      snprintf(alt, sizeof alt, "model.language_model.%s", name + 6) < (int)sizeof alt)
     t = infc_st_find(ctx, alt);
   if (!t && !strcmp(name, "lm_head.weight")) t = infc_st_find(ctx, "language_model.lm_head.weight");
   if (!t) return false;

@@ -148,7 +148,8 @@ static void gl_arch(gl_reader *r, model_llama_params *p) {
   else if (infc_gguf_str_eq(a, "gemma3")) r->arch = "gemma3";
   else {
     r->st = ir_diag_set(r->d, IR_UNSUPPORTED, "%s: unknown architecture '%.*s' (supported: "
-                        "llama, qwen2, qwen3, phi3, smollm3, gemma2, gemma3)", infc_gguf_path(r->g),
+                        "llama, qwen2, qwen3, phi3, smollm3, gemma2, gemma3)",
+                        infc_gguf_path(r->g),
                         a.len > 64 ? 64 : (int)a.len, a.ptr);
     return;
   }
@@ -310,25 +311,31 @@ static void gl_features(gl_reader *r, model_llama_params *p) {
   p->attention_bias = infc_gguf_tensor_find(r->g, "blk.0.attn_q.bias") != NULL;
 }
 
+/* Layer l's tensors named in tab (weights and biases), where present, have known types. */
+static ir_status gl_check_layer(const infc_gguf *g, int64_t l, const gl_name *tab, size_t n,
+                                ir_diag *d) {
+  char name[96];
+  for (size_t i = 0; i < 2 * n; i++) {
+    snprintf(name, sizeof name, "blk.%lld.%s.%s", (long long)l, tab[i / 2].gguf,
+             i % 2 ? "bias" : "weight");
+    const infc_gguf_tensor *t = infc_gguf_tensor_find(g, name);
+    if (t && infc_gguf_type_check(t, d) != IR_OK) return d->status;
+  }
+  return IR_OK;
+}
+
 /* Every tensor the template will ask for must have a type the kernels know. */
 static ir_status gl_check_types(const infc_gguf *g, const model_llama_params *p, ir_diag *d) {
   static const char *const k_global[] = {"token_embd.weight", "output_norm.weight",
                                          "output.weight"};
-  char name[96];
   for (size_t i = 0; i < GL_COUNT(k_global); i++) {
     const infc_gguf_tensor *t = infc_gguf_tensor_find(g, k_global[i]);
     if (t && infc_gguf_type_check(t, d) != IR_OK) return d->status;
   }
-  size_t n_names = GL_COUNT(k_layer_names) + GL_COUNT(k_gemma_names);
   for (int64_t l = 0; l < p->n_layers; l++)
-    for (size_t i = 0; i < 2 * n_names; i++) {
-      size_t j = i / 2;
-      const char *gn = j < GL_COUNT(k_layer_names) ? k_layer_names[j].gguf
-                                                   : k_gemma_names[j - GL_COUNT(k_layer_names)].gguf;
-      snprintf(name, sizeof name, "blk.%lld.%s.%s", (long long)l, gn, i % 2 ? "bias" : "weight");
-      const infc_gguf_tensor *t = infc_gguf_tensor_find(g, name);
-      if (t && infc_gguf_type_check(t, d) != IR_OK) return d->status;
-    }
+    if (gl_check_layer(g, l, k_layer_names, GL_COUNT(k_layer_names), d) != IR_OK ||
+        gl_check_layer(g, l, k_gemma_names, GL_COUNT(k_gemma_names), d) != IR_OK)
+      return d->status;
   return IR_OK;
 }
 
