@@ -276,17 +276,11 @@ static int32_t proj_rows(builder *b, int32_t x, const char *pre, const char *fus
 static void rope_tables(builder *b, int64_t max_pos) {
   b->rope_table = b->rope_local = rope_table(b, b->p, max_pos, "rope.cos_sin");
   if (b->st != IR_OK || !(b->p->rope_local_theta > 0)) return;
-  model_llama_params *local = malloc(sizeof *local);
-  if (!local) {
-    b->st = ir_diag_set(b->d, IR_OOM, "out of memory");
-    return;
-  }
-  *local = *b->p;
-  local->rope_theta = b->p->rope_local_theta;
-  local->rope_scaling = MODEL_ROPE_DEFAULT;
-  local->rope_freq_factors = NULL;
-  b->rope_local = rope_table(b, local, max_pos, "rope.cos_sin.local");
-  free(local);
+  model_llama_params local = *b->p;
+  local.rope_theta = b->p->rope_local_theta;
+  local.rope_scaling = MODEL_ROPE_DEFAULT;
+  local.rope_freq_factors = NULL;
+  b->rope_local = rope_table(b, &local, max_pos, "rope.cos_sin.local");
 }
 
 static int32_t rms_norm(builder *b, int32_t x, int32_t w, const char *node_name) {
@@ -372,8 +366,8 @@ static int32_t mlp_block(builder *b, int32_t h, int64_t l, const char *pre) {
     gu[0] = proj(b, h, mp, "gate_proj", F, H, false, ng);
     gu[1] = proj(b, h, mp, "up_proj", F, H, false, nu);
   }
-  ir_attr act = IR_AI(ir_attr_intern("act"), b->p->act ? b->p->act : IR_ACT_SWIGLU);
-  int32_t m = node(b, IR_OP_SWIGLU, ns, gu, 2, &act, b->p->act == IR_ACT_GEGLU ? 1 : 0);
+  ir_attr geglu = IR_AI(ir_attr_intern("act"), IR_ACT_GEGLU); /* silu: the op's default */
+  int32_t m = node(b, IR_OP_SWIGLU, ns, gu, 2, &geglu, b->p->act == IR_ACT_GEGLU ? 1 : 0);
   return proj(b, m, mp, "down_proj", H, F, false, nd);
 }
 
