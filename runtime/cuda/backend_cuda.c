@@ -386,9 +386,11 @@ static ir_status prof_harvest(cuda_ctx *c, const ir_graph *g, bool decode, ir_di
   return IR_OK;
 }
 
-/* The warm-up at open is not profiled: its first launches load the kernels. */
+/* The warm-up at open is not profiled: its first launches load the kernels (cuBLAS's lazily,
+ * tens of ms for the first GEMM of a shape), so its rows go too, not only the step totals. */
 static void cuda_ready(void *vctx) {
   cuda_prof *p = &((cuda_ctx *)vctx)->prof;
+  memset(p->rows, 0, sizeof p->rows);
   p->n_rows = 0;
   p->step_ms[0] = p->step_ms[1] = 0.0;
   p->steps[0] = p->steps[1] = 0;

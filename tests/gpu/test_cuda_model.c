@@ -62,8 +62,12 @@ static const fixture k_fixtures[] = {
     /* ggml blocks: GEMV below CUDA_DEQUANT_GEMM_M rows, f16 copies on cuBLAS from it */
     {"llama-gqa-q4_1", 5e-3, "llama-gqa-f32", "quant", "q4_1", IRT_KV_DTYPE_F32},
     {"llama-gqa-q8_0", 5e-3, "llama-gqa-f32", "quant", "q8_0", IRT_KV_DTYPE_F32},
-    /* --kv-dtype f16 on both backends: K and V rounded alike, so the f32 bounds hold */
-    {"llama-gqa-f32-kvf16", 1e-4, "llama-gqa-f32", NULL, NULL, IRT_KV_DTYPE_F16},
+    /* --kv-dtype f16 on both backends. K and V are rounded to f16 alike, but from f32 values
+     * that already differ by delta (<= 1e-4 relative, the f32 bound): about delta / u of the
+     * elements (u = 2^-11, f16's rounding step) round to neighbouring f16s, each off by u, so
+     * the error grows to sqrt(delta * u) ~ 2.2e-4, not delta. Seen on an H200: 1.2e-4 after
+     * three decode steps of 7 sequences (f32 KV: 8e-7). Greedy must still agree (< 5e-3). */
+    {"llama-gqa-f32-kvf16", 1e-3, "llama-gqa-f32", NULL, NULL, IRT_KV_DTYPE_F16},
     {"llama-mha-f16-kvf16", 5e-3, "llama-mha-f16", NULL, NULL, IRT_KV_DTYPE_F16}};
 
 static double rel_err(const float *out, const float *ref, size_t n) {
@@ -272,7 +276,7 @@ static void test_fixture(const fixture *f) {
   while (same < 24 && ga[same] == gb[same]) same++;
   printf("  greedy: %d/24 tokens as on the CPU; graphs == no graphs: %s\n", same,
          memcmp(gb, gc, sizeof gb) ? "no" : "yes");
-  CHECKF(same == 24 || f->bound > 1e-4, "%s greedy differs at %d", f->name, same);
+  CHECKF(same == 24 || f->bound >= 5e-3, "%s greedy differs at %d", f->name, same);
   CHECK(!memcmp(gb, gc, sizeof gb));
   CHECKF(rel_err(lb, lc, (size_t)V) <= 1e-6, "%s graphs vs eager logits", f->name);
   free(la), free(lb), free(lc);
@@ -475,6 +479,17 @@ static void test_profile(void) {
   CHECKF(strstr(text, "cuda profile: 1 prefill steps") && strstr(text, "4 decode steps") &&
              strstr(text, "prefill  attention") && strstr(text, "decode   matmul f32"),
          "profile table: %s", text);
+  /* The nodes' times are parts of their steps' (the warm-up at open counted in neither): each
+   * kind's shares add up to at most 100%, plus rounding. */
+  double share[2] = {0, 0};
+  for (char *l = strtok(text, "\n"); l; l = strtok(NULL, "\n")) { /* rows: "kind ... 12.3% ..." */
+    char kind[16], *pct = strchr(l, '%');
+    if (!pct || sscanf(l, "%15s", kind) != 1) continue;
+    while (pct > l && pct[-1] != ' ') pct--;
+    share[!strcmp(kind, "decode")] += strtod(pct, NULL);
+  }
+  CHECKF(share[0] > 50 && share[0] <= 100.5 && share[1] > 50 && share[1] <= 100.5,
+         "profile shares: prefill %.1f%%, decode %.1f%% of their steps", share[0], share[1]);
 done:
   if (f) fclose(f);
   if (saved >= 0) close(saved);

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "inferrt.h"
 #include "ir_dtype.h"
@@ -559,11 +560,26 @@ static void graph_free(graph_t *g) {
 }
 API(CUresult, cuGraphExecDestroy, void *e) { graph_free(e); return 0; }
 API(CUresult, cuGraphDestroy, void *g) { graph_free(g); return 0; }
-API(CUresult, cuEventCreate, void **e, unsigned f) { *e = &g_obj; return 0; }
-API(CUresult, cuEventRecord, void *e, void *s) { return 0; }
+/* Events: the host clock at record (the fake's launches run at once, on the host). */
+API(CUresult, cuEventCreate, void **e, unsigned f) {
+  (void)f;
+  return (*e = calloc(1, sizeof(struct timespec))) ? 0 : 2;
+}
+API(CUresult, cuEventRecord, void *e, void *s) {
+  (void)s;
+  clock_gettime(CLOCK_MONOTONIC, e);
+  return 0;
+}
 API(CUresult, cuEventSynchronize, void *e) { return 0; }
-API(CUresult, cuEventDestroy_v2, void *e) { return 0; }
-API(CUresult, cuEventElapsedTime, float *ms, void *a, void *b) { *ms = 0.001f; return 0; }
+API(CUresult, cuEventDestroy_v2, void *e) {
+  free(e);
+  return 0;
+}
+API(CUresult, cuEventElapsedTime, float *ms, void *a, void *b) {
+  const struct timespec *x = a, *y = b;
+  *ms = (float)((y->tv_sec - x->tv_sec) * 1e3 + (y->tv_nsec - x->tv_nsec) * 1e-6);
+  return 0;
+}
 API(CUresult, cuGetErrorString, CUresult r, const char **s) {
   *s = r == 2 ? "out of memory (fake)" : "fake CUDA error";
   return 0;
