@@ -16,10 +16,7 @@ extern "C" __global__ void kn_cast_f16(unsigned short *out, const float *x, long
 extern "C" __global__ void kn_cast_bf16(unsigned short *out, const float *x, long long n) {
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
        i += (long long)gridDim.x * blockDim.x) {
-    unsigned int u = __float_as_uint(x[i]);
-    // NaN stays a quiet NaN; everything else rounds to nearest even, as ir_f32_to_bf16.
-    unsigned int r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    out[i] = (unsigned short)((u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : r);
+    out[i] = kn_f32_to_bf16(x[i]);
   }
 }
 

@@ -34,6 +34,19 @@ __device__ __forceinline__ unsigned short kn_f32_to_f16(float x) {
 #endif
 }
 
+// f32 -> bf16 bits, rounded to nearest even as ir_f32_to_bf16; a NaN stays a quiet NaN.
+__device__ __forceinline__ unsigned short kn_f32_to_bf16(float x) {
+  unsigned int u = __float_as_uint(x);
+  unsigned int r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  return (unsigned short)((u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : r);
+}
+
+// The GEMM operand copy that a producer writes beside its f32 output (rms_norm.cu,
+// swiglu.cu's _h kernels): f16 or, with bf16 set, bf16 bits of v.
+__device__ __forceinline__ unsigned short kn_f32_to_half(float v, int bf16) {
+  return bf16 ? kn_f32_to_bf16(v) : kn_f32_to_f16(v);
+}
+
 // bf16 bits (in the low 16 of h) -> f32 (exact).
 __device__ __forceinline__ float kn_bf16_to_f32(unsigned int h) { return __uint_as_float(h << 16); }
 

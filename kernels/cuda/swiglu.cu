@@ -3,6 +3,8 @@
 // up; and the tanh soft cap of Gemma 2's logits (kn_softcap). Launch: any 1-D grid
 // (grid-stride loop).
 
+#include "kn_cuda.cuh"
+
 extern "C" __global__ void kn_swiglu(float *out, const float *gate, const float *up,
                                      long long n) {
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
@@ -14,15 +16,29 @@ extern "C" __global__ void kn_swiglu(float *out, const float *gate, const float 
 
 // The epilogue of a fused gate_up matmul that went through cuBLAS: z (m, 2n) holds the
 // gate sums in columns [0, n) and the up sums in [n, 2n) (bias added); out (m, n) =
-// silu(gate) * up, as kn_matmul_swiglu. Launch: any 1-D grid (grid-stride loop).
-extern "C" __global__ void kn_swiglu_packed(float *out, const float *z, long long m,
-                                            long long n) {
+// silu(gate) * up, as kn_matmul_swiglu; kn_swiglu_packed_h also writes outh, out's f16
+// (bf16 when bf16 != 0) copy for the down projection's cuBLAS GEMM (no cast launch).
+// Launch: any 1-D grid (grid-stride loop).
+__device__ __forceinline__ void swiglu_packed(float *out, unsigned short *outh, int bf16,
+                                              const float *z, long long m, long long n) {
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < m * n;
        i += (long long)gridDim.x * blockDim.x) {
     const float *zr = z + i / n * 2 * n;
     float g = zr[i % n];
-    out[i] = g / (1.0f + __expf(-g)) * zr[n + i % n];
+    const float v = g / (1.0f + __expf(-g)) * zr[n + i % n];
+    out[i] = v;
+    if (outh) outh[i] = kn_f32_to_half(v, bf16);
   }
+}
+
+extern "C" __global__ void kn_swiglu_packed(float *out, const float *z, long long m,
+                                            long long n) {
+  swiglu_packed(out, nullptr, 0, z, m, n);
+}
+
+extern "C" __global__ void kn_swiglu_packed_h(float *out, unsigned short *outh, const float *z,
+                                              long long m, long long n, int bf16) {
+  swiglu_packed(out, outh, bf16, z, m, n);
 }
 
 // out = 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))) u in f32, the formula as written

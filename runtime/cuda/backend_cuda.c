@@ -54,11 +54,14 @@ static const struct {
     {CF_ROPE_KV_WRITE_F16, "kv_write", "kn_rope_kv_write_f16"},
     {CF_RMS_NORM, "rms_norm", "kn_rms_norm"},
     {CF_ADD_RMS_NORM, "rms_norm", "kn_add_rms_norm"},
+    {CF_RMS_NORM_H, "rms_norm", "kn_rms_norm_h"},
+    {CF_ADD_RMS_NORM_H, "rms_norm", "kn_add_rms_norm_h"},
     {CF_ROPE_NEOX, "rope", "kn_rope_neox"},
     {CF_ROPE_INTERLEAVED, "rope", "kn_rope_interleaved"},
     {CF_PICK, "sampling", "kn_pick"},
     {CF_SWIGLU, "swiglu", "kn_swiglu"},
     {CF_SWIGLU_PACKED, "swiglu", "kn_swiglu_packed"},
+    {CF_SWIGLU_PACKED_H, "swiglu", "kn_swiglu_packed_h"},
     {CF_GEGLU, "swiglu", "kn_geglu"},
     {CF_SOFTCAP, "swiglu", "kn_softcap"},
 };
@@ -160,7 +163,8 @@ static ir_status load_source(cuda_ctx *c, const irt_cuda_opts *o, const char *sr
 static bool optional_fn(cuda_fn f) {
   return (f >= CF_GEMV_F32_SWIGLU && f <= CF_GEMV_Q4_1_SWIGLU) || f == CF_ROPE_KV_WRITE ||
          f == CF_SWIGLU_PACKED || f == CF_ATTN_PREFILL_TC || f == CF_PICK || f == CF_GEGLU ||
-         f == CF_SOFTCAP ||
+         f == CF_SOFTCAP || f == CF_RMS_NORM_H || f == CF_ADD_RMS_NORM_H ||
+         f == CF_SWIGLU_PACKED_H ||
          (f >= CF_DEQUANT_Q8_0 && f <= CF_DEQUANT_Q4_1) ||
          (f >= CF_KV_WRITE_F16 && f <= CF_ATTN_PREFILL_TC_F16);
 }
@@ -421,6 +425,7 @@ static ir_status run_nodes(cuda_ctx *c, const ir_graph *g, void *const *ptrs, co
                            ir_diag *d) {
   cuda_prof *p = &c->prof;
   ir_status st = p->on ? prof_events(c, g, d) : IR_OK;
+  c->xh_tensor = -1; /* the tensors of the last step are gone */
   if (st == IR_OK && p->on) c->cu.event_record(p->ev[0], c->stream);
   for (int32_t i = 0; st == IR_OK && i < g->n_nodes; i++) {
     st = cuda_ops_run(c, g, i, ptrs, s, d);
@@ -663,6 +668,7 @@ static void cuda_destroy(void *vctx) {
   }
   free(c->prof.ev);
   free(c->prof.row_of);
+  free(c->xh_wt);
   free(c);
 }
 

@@ -20,7 +20,8 @@ typedef enum cuda_fn {
   CF_KV_WRITE, CF_ROPE_KV_WRITE, CF_KV_WRITE_F16, CF_ROPE_KV_WRITE_F16, CF_ATTN_DECODE_F16,
   CF_ATTN_PREFILL_F16, CF_ATTN_PREFILL_TC_F16, CF_RMS_NORM, CF_ADD_RMS_NORM, CF_ROPE_NEOX,
   CF_ROPE_INTERLEAVED, CF_PICK, CF_SWIGLU, CF_SWIGLU_PACKED, CF_DEQUANT_Q8_0, CF_DEQUANT_Q4_0,
-  CF_DEQUANT_Q4_1, CF_GEGLU, CF_SOFTCAP, CF_COUNT
+  CF_DEQUANT_Q4_1, CF_GEGLU, CF_SOFTCAP, CF_RMS_NORM_H, CF_ADD_RMS_NORM_H, CF_SWIGLU_PACKED_H,
+  CF_COUNT
 } cuda_fn;
 
 /* Fixed launch geometry of kernels/cuda (their compile-time defaults). */
@@ -102,6 +103,13 @@ typedef struct cuda_ctx {
   /* GEMM scratch: activations as f16/bf16 (max_tokens x max k), cuBLAS workspace */
   CUdeviceptr xh;
   size_t xh_bytes;
+  /* What xh holds: the f16 (or bf16) copy of tensor xh_tensor (-1: nothing; each step
+   * starts so), written by a GEMM's cast, or by the tensor's producer (a norm or
+   * kn_swiglu_packed, their _h kernels) when xh_wt[t] says a GEMM on weights of that type
+   * (IR_F16 / IR_BF16 / block) reads t (0: none): every later GEMM on t skips its cast. */
+  int32_t xh_tensor;
+  bool xh_bf16;
+  uint8_t *xh_wt; /* (n_tensors) */
   /* swiglu scratch: the (max_tokens x 2n) sums of a fused gate_up matmul run on cuBLAS */
   CUdeviceptr zh;
   size_t zh_bytes;

@@ -1,6 +1,7 @@
 /* cuda_ops: one IR node as kernel launches on the backend's stream: NVRTC kernels from
  * the plan (kernels/cuda) for everything, cuBLAS for dense matmuls of more than
  * CUDA_GEMV_MAX_M rows. Nothing here synchronises, so a step can be captured as a graph. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "cuda_internal.h"
@@ -47,6 +48,8 @@ static ir_status run_embed(cuda_ctx *c, const ir_graph *g, const ir_node *n, voi
   return launch(c, by_dtype[T_(1)->dtype], (unsigned)dimv(g, T_(0), 0, s), 1, 1, 256, args, d);
 }
 
+static bool half_copy(cuda_ctx *c, int32_t t, int64_t m, int64_t k, cuda_fn fn, int *bf16);
+
 static ir_status run_norm(cuda_ctx *c, const ir_graph *g, const ir_node *n, void *const *ptrs,
                           const cuda_step *s, ir_diag *d) {
   /* a plain norm's rows are its weight's length: the whole row or a slice of it */
@@ -54,8 +57,19 @@ static ir_status run_norm(cuda_ctx *c, const ir_graph *g, const ir_node *n, void
                                           : dimv(g, T_(0), T_(0)->rank - 1, s));
   unsigned rows = (unsigned)(ir_tensor_elems(g, T_(0), s->syms) / (uint64_t)dim);
   float eps = (float)ir_node_attr_f(n, "eps", 1e-6);
-  CUdeviceptr o0 = O_(0), a = P_(0), b = P_(1);
-  if (n->op == IR_OP_RMS_NORM) {
+  CUdeviceptr o0 = O_(0), a = P_(0), b = P_(1), xh = c->xh;
+  int bf16 = 0;
+  const bool plain = n->op == IR_OP_RMS_NORM;
+  if (half_copy(c, n->out[0], rows, dim, plain ? CF_RMS_NORM_H : CF_ADD_RMS_NORM_H, &bf16)) {
+    if (plain) {
+      void *args[] = {&o0, &xh, &a, &b, &dim, &eps, &bf16};
+      return launch(c, CF_RMS_NORM_H, rows, 1, 1, CUDA_RMS_THREADS, args, d);
+    }
+    CUdeviceptr o1 = O_(1), w = P_(2);
+    void *args[] = {&o0, &xh, &o1, &a, &b, &w, &dim, &eps, &bf16};
+    return launch(c, CF_ADD_RMS_NORM_H, rows, 1, 1, CUDA_RMS_THREADS, args, d);
+  }
+  if (plain) {
     void *args[] = {&o0, &a, &b, &dim, &eps};
     return launch(c, CF_RMS_NORM, rows, 1, 1, CUDA_RMS_THREADS, args, d);
   }
@@ -92,8 +106,8 @@ static cuda_fn dequant_fn(ir_dtype t) {
 /* Row-major y(m, n) = x(m, k) . W(n, k)^T is column-major y^T = W^T(k, n)^T . x^T: cuBLAS
  * computes C(n x m) = op(A) B with A = W (k x n, ld k) transposed, B = x^T (k x m, ld k).
  * Block weights go through their f16 copy (c->wh), f16/bf16 weights take x in their type. */
-static ir_status run_gemm(cuda_ctx *c, ir_dtype wt, CUdeviceptr y, CUdeviceptr x, CUdeviceptr w,
-                          CUdeviceptr bias, int m, int nn, int k, ir_diag *d) {
+static ir_status run_gemm(cuda_ctx *c, ir_dtype wt, CUdeviceptr y, int32_t xt, CUdeviceptr x,
+                          CUdeviceptr w, CUdeviceptr bias, int m, int nn, int k, ir_diag *d) {
   int type = CUB_R_32F;
   CUdeviceptr xb = x;
   if (block(wt)) { /* the f16 copy of W in the weight scratch */
@@ -103,14 +117,18 @@ static ir_status run_gemm(cuda_ctx *c, ir_dtype wt, CUdeviceptr y, CUdeviceptr x
     if (st != IR_OK) return st;
     w = c->wh, wt = IR_F16;
   }
-  if (wt != IR_F32) { /* both operands in the weights' type */
-    long long cnt = (long long)m * k;
+  if (wt != IR_F32) { /* both operands in the weights' type: x's copy in xh, or made now */
+    const bool bf16 = wt == IR_BF16;
     xb = c->xh;
-    void *args[] = {&xb, &x, &cnt};
-    ir_status st = launch(c, wt == IR_F16 ? CF_CAST_F16 : CF_CAST_BF16, grid_for(cnt), 1, 1, 256,
-                          args, d);
-    if (st != IR_OK) return st;
-    type = wt == IR_F16 ? CUB_R_16F : CUB_R_16BF;
+    if (c->xh_tensor != xt || c->xh_bf16 != bf16) {
+      long long cnt = (long long)m * k;
+      void *args[] = {&xb, &x, &cnt};
+      ir_status st = launch(c, bf16 ? CF_CAST_BF16 : CF_CAST_F16, grid_for(cnt), 1, 1, 256,
+                            args, d);
+      if (st != IR_OK) return st;
+      c->xh_tensor = xt, c->xh_bf16 = bf16;
+    }
+    type = bf16 ? CUB_R_16BF : CUB_R_16F;
   }
   const float one = 1.0f, zero = 0.0f;
   cublas_status bs = c->blas.gemm_ex(c->blas_h, CUB_OP_T, CUB_OP_N, nn, m, k, &one,
@@ -147,6 +165,17 @@ static bool dequant_ok(const cuda_ctx *c, ir_dtype wt) {
 static bool gemm_of(const cuda_ctx *c, ir_dtype wt, int64_t m, int64_t k) {
   if (block(wt)) return dequant_ok(c, wt) && m >= c->dequant_gemm_m;
   return blas_ok(c, wt) && (m > CUDA_GEMV_MAX_M || !gemv_ok(wt, k));
+}
+
+/* Whether the producer of tensor t (m rows of k; fn its _h kernel) writes t's f16/bf16 copy
+ * into xh itself: a GEMM on half weights reads t (xh_wt) and runs on cuBLAS at these m, k
+ * (gemm_of, as run_matmul decides). Then xh holds t from the producer's launch on. */
+static bool half_copy(cuda_ctx *c, int32_t t, int64_t m, int64_t k, cuda_fn fn, int *bf16) {
+  ir_dtype wt = c->xh_wt ? (ir_dtype)c->xh_wt[t] : (ir_dtype)0;
+  if (!wt || !c->fn[fn] || !gemm_of(c, wt, m, k)) return false;
+  *bf16 = wt == IR_BF16;
+  c->xh_tensor = t, c->xh_bf16 = wt == IR_BF16;
+  return true;
 }
 
 /* gemv_wq.cu's zero-point code (0 none, 1 u8, 2 i8, 3 f16, 4 f32), or -1: not readable. */
@@ -194,10 +223,16 @@ static ir_status run_matmul(cuda_ctx *c, const ir_graph *g, const ir_node *n, vo
   if (swiglu && !wq && !blas) return run_gemv(c, wt, true, y, P_(0), P_(1), bias, m, nn / 2, k, d);
   CUdeviceptr z = swiglu ? c->zh : y;
   ir_status st = wq     ? run_gemv_wq(c, g, n, ptrs, s, z, d)
-                 : blas ? run_gemm(c, wt, z, P_(0), P_(1), bias, m, nn, k, d)
+                 : blas ? run_gemm(c, wt, z, n->in[0], P_(0), P_(1), bias, m, nn, k, d)
                         : run_gemv(c, wt, false, z, P_(0), P_(1), bias, m, nn, k, d);
   if (st != IR_OK || !swiglu) return st;
   long long mm = m, half = nn / 2;
+  CUdeviceptr xh = c->xh;
+  int bf16 = 0;
+  if (half_copy(c, n->out[0], m, half, CF_SWIGLU_PACKED_H, &bf16)) {
+    void *args[] = {&y, &xh, &z, &mm, &half, &bf16};
+    return launch(c, CF_SWIGLU_PACKED_H, grid_for(mm * half), 1, 1, 256, args, d);
+  }
   void *args[] = {&y, &z, &mm, &half};
   return launch(c, CF_SWIGLU_PACKED, grid_for(mm * half), 1, 1, 256, args, d);
 }
@@ -531,6 +566,15 @@ ir_status cuda_ops_check(cuda_ctx *c, const ir_graph *g, ir_diag *d) {
     }
   }
   c->xh_bytes = sc.xh, c->zh_bytes = sc.zh, c->wh_bytes = sc.wh;
+  free(c->xh_wt);
+  if (!(c->xh_wt = calloc((size_t)g->n_tensors, 1))) return ir_diag_set(d, IR_OOM, "out of memory");
+  for (int32_t i = 0; i < g->n_nodes; i++) { /* the first half-weight GEMM reading a tensor */
+    const ir_node *n = &g->nodes[i];
+    ir_dtype wt = n->op == IR_OP_MATMUL ? T_(1)->dtype : IR_F32;
+    if ((wt == IR_F16 || wt == IR_BF16 || dequant_plan(c, g, wt)) && !c->xh_wt[n->in[0]])
+      c->xh_wt[n->in[0]] = (uint8_t)wt;
+  }
+  c->xh_tensor = -1;
   /* Tensor-core prefill attention rounds q, k, v and the probabilities to f16: taken where
    * the prefill GEMMs already round activations so (f32 plans keep f32 attention). */
   c->tc_prefill = half && c->fn[c->kv_f16 ? CF_ATTN_PREFILL_TC_F16 : CF_ATTN_PREFILL_TC] &&

@@ -27,6 +27,7 @@
 static int (*g_replays)(void); /* set under tests/unit/fake_cuda.c: graph launches so far */
 static void (*g_fail_instantiate)(int); /* fake_cuda.c: the next n graph instantiations fail */
 static void (*g_config)(int, int, int); /* fake_cuda.c: head_dim, block size, arch */
+static long long (*g_launches)(const char *); /* fake_cuda.c: launches of kernels named so */
 
 typedef struct fixture {
   const char *name;
@@ -254,7 +255,29 @@ static void test_fixture(const fixture *f) {
   int32_t ids[48];
   for (int i = 0; i < n; i++) ids[i] = (int32_t)((i * 37 + 11) % V);
   printf("%s (bound %.0e)\n", f->name, f->bound);
+  long long casts = g_launches ? g_launches("kn_cast_") : 0;
+  long long copies = g_launches ? g_launches("kn_rms_norm_h") + g_launches("kn_add_rms_norm_h") +
+                                      g_launches("kn_swiglu_packed_h")
+                                : 0;
   float *a = prompt_logits(cpu, ids, n, n), *b = prompt_logits(gpu, ids, n, n);
+  if (g_launches) {
+    /* 48 rows: every f16/bf16/block GEMM (q8_0, q4_1 from 32 rows) on cuBLAS. Its operand
+     * comes from its producer (the norms, kn_swiglu_packed) or, past attention and
+     * gather_rows, a cast: at most one a layer and the logits' (two unfused: the swiglu op
+     * is not a producer; q, k, v share their norm's copy, gate and up too). */
+    casts = g_launches("kn_cast_") - casts;
+    copies = g_launches("kn_rms_norm_h") + g_launches("kn_add_rms_norm_h") +
+             g_launches("kn_swiglu_packed_h") - copies;
+    int64_t layers = irt_model_get_info(cpu)->n_layers;
+    bool half = strstr(f->name, "f16") || strstr(f->name, "bf16") || strstr(f->name, "q4_1") ||
+                strstr(f->name, "q8_0");
+    if (half && !strstr(f->name, "-f32-"))
+      CHECKF(casts <= (strstr(f->name, "unfused") ? 2 : 1) * layers + 1 && copies >= 2 * layers,
+             "%s: %lld casts, %lld operand copies from producers (%lld layers)", f->name, casts,
+             copies, (long long)layers);
+    else
+      CHECKF(casts == 0 && copies == 0, "%s: %lld casts, %lld copies", f->name, casts, copies);
+  }
   double e = rel_err(b, a, (size_t)(n * V));
   printf("  prompt logits, one step     rel err %.2e\n", e);
   CHECKF(e <= f->bound, "%s prompt: %.3e", f->name, e);
@@ -556,6 +579,8 @@ int main(void) {
     memcpy(&g_replays, &rep, sizeof g_replays);
     void *fi = dlsym(cu, "fake_cuda_fail_instantiate");
     if (fi) memcpy(&g_fail_instantiate, &fi, sizeof g_fail_instantiate);
+    void *fl = dlsym(cu, "fake_cuda_launches");
+    if (fl) memcpy(&g_launches, &fl, sizeof g_launches);
     g_config(16, 16, 90);
     printf("fake libcuda (CPU emulation): checks the backend's host side, not the kernels\n");
   }

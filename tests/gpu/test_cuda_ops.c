@@ -1021,6 +1021,59 @@ static void test_pick(void) {
   free(x), free(y);
 }
 
+/* The producers' _h forms (rms_norm.cu, swiglu.cu): the same f32 output as the plain kernel,
+ * and beside it the f16 / bf16 copy a cuBLAS GEMM reads, bit for bit kn_cast_*'s rounding
+ * of that output (ir_f32_to_f16 / ir_f32_to_bf16). */
+static int half_diffs(const uint16_t *h, const float *x, size_t n, int bf16) {
+  int bad = 0;
+  for (size_t i = 0; i < n; i++) bad += h[i] != (bf16 ? ir_f32_to_bf16(x[i]) : ir_f32_to_f16(x[i]));
+  return bad;
+}
+
+static void test_half_copies(void) {
+  const int rows = 7, dim = 576;
+  const long long m = rows, hn = 300;
+  const float eps = 1e-5f;
+  const size_t n = (size_t)rows * dim, nz = (size_t)(m * 2 * hn);
+  float *a = frands(n), *b = frands(n), *w = frands(dim), *z = frands(nz);
+  float *ref = malloc(n * 4), *ref_sum = malloc(n * 4), *out = malloc(n * 4);
+  float *sum = malloc(n * 4);
+  uint16_t *h = malloc(n * 2);
+  CUdeviceptr da = up(a, n * 4), db = up(b, n * 4), dw = up(w, dim * 4), dz = up(z, nz * 4);
+  for (int bf16 = 0; bf16 <= 1; bf16++) {
+    CUdeviceptr dout = poisoned(n * 4), dsum = poisoned(n * 4), dh = poisoned(n * 2);
+    void *a1[] = {&dout, &dh, &da, &dw, (void *)&dim, (void *)&eps, &bf16};
+    run(kernel("rms_norm", "kn_rms_norm_h"), rows, 1, 1, 256, a1);
+    down(out, dout, n * 4), down(h, dh, n * 2);
+    kn_rms_norm(NULL, ref, a, w, rows, dim, eps);
+    CLOSE(bf16 ? "rms_norm_h (bf16 copy)" : "rms_norm_h (f16 copy)", out, ref, n, 1e-5);
+    int bad = half_diffs(h, out, n, bf16);
+    void *a2[] = {&dout, &dh, &dsum, &da, &db, &dw, (void *)&dim, (void *)&eps, &bf16};
+    run(kernel("rms_norm", "kn_add_rms_norm_h"), rows, 1, 1, 256, a2);
+    down(out, dout, n * 4), down(sum, dsum, n * 4), down(h, dh, n * 2);
+    kn_add_rms_norm(NULL, ref, ref_sum, a, b, w, rows, dim, eps);
+    CLOSE("add_rms_norm_h (sum)", sum, ref_sum, n, 1e-6);
+    CLOSE("add_rms_norm_h", out, ref, n, 1e-5);
+    bad += half_diffs(h, out, n, bf16);
+    CUdeviceptr dy = poisoned((size_t)(m * hn) * 4);
+    void *a3[] = {&dy, &dh, &dz, (void *)&m, (void *)&hn, &bf16};
+    run(kernel("swiglu", "kn_swiglu_packed_h"), 3, 1, 1, 128, a3);
+    down(out, dy, (size_t)(m * hn) * 4), down(h, dh, (size_t)(m * hn) * 2);
+    for (long long i = 0; i < m * hn; i++) {
+      const float g = z[i / hn * 2 * hn + i % hn], u = z[i / hn * 2 * hn + hn + i % hn];
+      ref[i] = g / (1.0f + expf(-g)) * u;
+    }
+    CLOSE("swiglu_packed_h", out, ref, (size_t)(m * hn), 1e-6);
+    bad += half_diffs(h, out, (size_t)(m * hn), bf16);
+    printf("  _h copies, %s                %d of %zu differ from the cast\n",
+           bf16 ? "bf16" : "f16 ", bad, 2 * n + (size_t)(m * hn));
+    CHECK(bad == 0);
+    cu.free(dout), cu.free(dsum), cu.free(dh), cu.free(dy);
+  }
+  cu.free(da), cu.free(db), cu.free(dw), cu.free(dz);
+  free(a), free(b), free(w), free(z), free(ref), free(ref_sum), free(out), free(sum), free(h);
+}
+
 /* cast.cu: activations to f16 / bf16 for cuBLAS (bit-exact against ir_f32_to_f16 /
  * ir_f32_to_bf16, both round to nearest even) and the bias add after the GEMM. */
 static void test_cast(void) {
@@ -1109,6 +1162,7 @@ int main(void) {
   test_gemv_swiglu();
   test_pick();
   test_cast();
+  test_half_copies();
 #ifndef CUDA_OPS_EMU
   infc_nvrtc_close(nv);
 #endif

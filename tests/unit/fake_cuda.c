@@ -224,6 +224,12 @@ static void emu_gemv_wq(const launch_t *l, bool i4) {
   kn_matmul_wq(NULL, PF(0), PF(1), &q, PF(3), m, n, k, KN_WQ_ACT_NONE);
 }
 
+/* The _h kernels' f16 / bf16 copy of out (as kn_cast_f16 / kn_cast_bf16 round). */
+static void half_copy(void *h, const float *x, long long n, int bf16) {
+  for (long long i = 0; i < n; i++)
+    ((uint16_t *)h)[i] = bf16 ? ir_f32_to_bf16(x[i]) : ir_f32_to_f16(x[i]);
+}
+
 static void emu_simple(const launch_t *l, const char *name) {
   if (!strcmp(name, "kn_add")) kn_add(NULL, PF(0), PF(1), PF(2), I64(3));
   else if (!strcmp(name, "kn_swiglu")) kn_swiglu(NULL, PF(0), PF(1), PF(2), I64(3));
@@ -234,12 +240,26 @@ static void emu_simple(const launch_t *l, const char *name) {
       const float *z = PF(1) + i / I64(3) * 2 * I64(3);
       PF(0)[i] = kn_silu_mul(z[i % I64(3)], z[I64(3) + i % I64(3)]);
     }
+  else if (!strcmp(name, "kn_swiglu_packed_h")) {
+    for (long long i = 0; i < I64(3) * I64(4); i++) {
+      const float *z = PF(2) + i / I64(4) * 2 * I64(4);
+      PF(0)[i] = kn_silu_mul(z[i % I64(4)], z[I64(4) + i % I64(4)]);
+    }
+    half_copy(PV(1), PF(0), I64(3) * I64(4), I32(5));
+  }
   else if (!strcmp(name, "kn_gather_rows"))
     kn_gather_rows(NULL, PF(0), PF(1), PI(2), l->grid[0], I64(3));
   else if (!strcmp(name, "kn_rms_norm"))
     kn_rms_norm(NULL, PF(0), PF(1), PF(2), l->grid[0], I32(3), F32(l, 4));
   else if (!strcmp(name, "kn_add_rms_norm"))
     kn_add_rms_norm(NULL, PF(0), PF(1), PF(2), PF(3), PF(4), l->grid[0], I32(5), F32(l, 6));
+  else if (!strcmp(name, "kn_rms_norm_h")) {
+    kn_rms_norm(NULL, PF(0), PF(2), PF(3), l->grid[0], I32(4), F32(l, 5));
+    half_copy(PV(1), PF(0), (long long)l->grid[0] * I32(4), I32(6));
+  } else if (!strcmp(name, "kn_add_rms_norm_h")) {
+    kn_add_rms_norm(NULL, PF(0), PF(2), PF(3), PF(4), PF(5), l->grid[0], I32(6), F32(l, 7));
+    half_copy(PV(1), PF(0), (long long)l->grid[0] * I32(6), I32(8));
+  }
   else if (!strncmp(name, "kn_rope_", 8))
     kn_rope(NULL, PF(0), PI(1), PF(2), l->grid[0], I32(3), I32(4), I32(5), name[8] == 'n');
   else if (!strcmp(name, "kn_add_bias"))
@@ -259,6 +279,8 @@ static const struct {
     {"kn_geglu", 4, "8888"}, {"kn_softcap", 4, "8884"},
     {"kn_gather_rows", 4, "8888"}, {"kn_rope_kv_write", 20, "88888888888444844884"},
     {"kn_rms_norm", 5, "88844"}, {"kn_add_rms_norm", 7, "8888844"},
+    {"kn_rms_norm_h", 7, "8888444"}, {"kn_add_rms_norm_h", 9, "888888444"},
+    {"kn_swiglu_packed_h", 6, "888884"},
     {"kn_rope_neox", 6, "888444"}, {"kn_rope_interleaved", 6, "888444"},
     {"kn_add_bias", 4, "8888"}, {"kn_cast_f16", 3, "888"}, {"kn_cast_bf16", 3, "888"},
     {"kn_dequant_q8_0", 3, "888"}, {"kn_dequant_q4_0", 3, "888"}, {"kn_dequant_q4_1", 3, "888"},
@@ -341,8 +363,20 @@ static void emu_dequant(const launch_t *l, ir_dtype t) {
   }
 }
 
+/* Kernel launches run so far, by k_fns entry (fake_cuda_launches). */
+static long long g_launches[sizeof k_fns / sizeof k_fns[0]];
+
+EXPORT long long fake_cuda_launches(const char *prefix);
+long long fake_cuda_launches(const char *prefix) {
+  long long n = 0;
+  for (size_t i = 0; i < sizeof k_fns / sizeof k_fns[0]; i++)
+    if (!strncmp(k_fns[i].name, prefix, strlen(prefix))) n += g_launches[i];
+  return n;
+}
+
 static void run_launch(const launch_t *l) {
   char name[64];
+  g_launches[l->fn]++;
   size_t len = strlen(k_fns[l->fn].name);
   g_kv_f16 = len > 4 && !strcmp(k_fns[l->fn].name + len - 4, "_f16") &&
              (strstr(k_fns[l->fn].name, "attn") || strstr(k_fns[l->fn].name, "kv_write"));
