@@ -59,23 +59,18 @@ static ir_status run_norm(cuda_ctx *c, const ir_graph *g, const ir_node *n, void
   float eps = (float)ir_node_attr_f(n, "eps", 1e-6);
   CUdeviceptr o0 = O_(0), a = P_(0), b = P_(1), xh = c->xh;
   int bf16 = 0;
-  const bool plain = n->op == IR_OP_RMS_NORM;
-  if (half_copy(c, n->out[0], rows, dim, plain ? CF_RMS_NORM_H : CF_ADD_RMS_NORM_H, &bf16)) {
-    if (plain) {
-      void *args[] = {&o0, &xh, &a, &b, &dim, &eps, &bf16};
-      return launch(c, CF_RMS_NORM_H, rows, 1, 1, CUDA_RMS_THREADS, args, d);
-    }
-    CUdeviceptr o1 = O_(1), w = P_(2);
-    void *args[] = {&o0, &xh, &o1, &a, &b, &w, &dim, &eps, &bf16};
-    return launch(c, CF_ADD_RMS_NORM_H, rows, 1, 1, CUDA_RMS_THREADS, args, d);
+  if (n->op == IR_OP_RMS_NORM) {
+    const bool h = half_copy(c, n->out[0], rows, dim, CF_RMS_NORM_H, &bf16);
+    void *args[] = {&o0, &a, &b, &dim, &eps}, *hargs[] = {&o0, &xh, &a, &b, &dim, &eps, &bf16};
+    return launch(c, h ? CF_RMS_NORM_H : CF_RMS_NORM, rows, 1, 1, CUDA_RMS_THREADS,
+                  h ? hargs : args, d);
   }
-  if (plain) {
-    void *args[] = {&o0, &a, &b, &dim, &eps};
-    return launch(c, CF_RMS_NORM, rows, 1, 1, CUDA_RMS_THREADS, args, d);
-  }
+  const bool h = half_copy(c, n->out[0], rows, dim, CF_ADD_RMS_NORM_H, &bf16);
   CUdeviceptr o1 = O_(1), w = P_(2);
   void *args[] = {&o0, &o1, &a, &b, &w, &dim, &eps};
-  return launch(c, CF_ADD_RMS_NORM, rows, 1, 1, CUDA_RMS_THREADS, args, d);
+  void *hargs[] = {&o0, &xh, &o1, &a, &b, &w, &dim, &eps, &bf16};
+  return launch(c, h ? CF_ADD_RMS_NORM_H : CF_ADD_RMS_NORM, rows, 1, 1, CUDA_RMS_THREADS,
+                h ? hargs : args, d);
 }
 
 /* The GEMV kernel by weight dtype: [dtype][0] plain, [dtype][1] with the swiglu epilogue. */
@@ -229,12 +224,10 @@ static ir_status run_matmul(cuda_ctx *c, const ir_graph *g, const ir_node *n, vo
   long long mm = m, half = nn / 2;
   CUdeviceptr xh = c->xh;
   int bf16 = 0;
-  if (half_copy(c, n->out[0], m, half, CF_SWIGLU_PACKED_H, &bf16)) {
-    void *args[] = {&y, &xh, &z, &mm, &half, &bf16};
-    return launch(c, CF_SWIGLU_PACKED_H, grid_for(mm * half), 1, 1, 256, args, d);
-  }
-  void *args[] = {&y, &z, &mm, &half};
-  return launch(c, CF_SWIGLU_PACKED, grid_for(mm * half), 1, 1, 256, args, d);
+  const bool h = half_copy(c, n->out[0], m, half, CF_SWIGLU_PACKED_H, &bf16);
+  void *args[] = {&y, &z, &mm, &half}, *hargs[] = {&y, &xh, &z, &mm, &half, &bf16};
+  return launch(c, h ? CF_SWIGLU_PACKED_H : CF_SWIGLU_PACKED, grid_for(mm * half), 1, 1, 256,
+                h ? hargs : args, d);
 }
 
 static ir_status run_rope(cuda_ctx *c, const ir_graph *g, const ir_node *n, void *const *ptrs,
