@@ -210,8 +210,9 @@ static void read_act(cfg_reader *r, model_llama_params *p) {
 }
 
 /* Per-layer attention kinds (transformers 5's layer_types): each entry must be what the
- * template's pattern says (model_llama_layer_slides): all full attention, or Gemma's
- * sliding layers with a full one every swa_period. */
+ * template's pattern says (model_llama_layer_slides): all full attention, all sliding
+ * (Mistral), sliding from a layer on (Qwen2), or Gemma's sliding layers with a full one
+ * every swa_period. */
 static void check_layer_types(cfg_reader *r, const model_llama_params *p) {
   const cJSON *lt = cJSON_GetObjectItemCaseSensitive(r->root, "layer_types"), *e;
   if (!lt || cJSON_IsNull(lt) || r->st != IR_OK) return;
@@ -227,9 +228,7 @@ static void check_layer_types(cfg_reader *r, const model_llama_params *p) {
       r->st = ir_diag_set(r->d, IR_UNSUPPORTED, "layer_types entry %lld is '%s' where the "
                           "model's pattern has '%s' (%s); other patterns are not supported",
                           (long long)l, cJSON_IsString(e) ? e->valuestring : "?", want,
-                          p->sliding_window > 0 ? "sliding layers with a full one every "
-                                                  "sliding_window_pattern"
-                                                : "all full_attention");
+                          p->sliding_window > 0 ? "its sliding-window layers" : "all full_attention");
       return;
     }
     l++;
@@ -382,15 +381,18 @@ ir_status infc_hfconfig_parse(const char *json, model_llama_params *out, ir_diag
   out->qk_norm = out->qk_norm || strcmp(out->arch, "qwen3") == 0;
   out->fused_proj = strcmp(out->arch, "phi3") == 0;
   read_act(&r, out);
-  check_layer_types(&r, out);
-  /* Mistral 7B v0.1's sliding window is every layer's (Gemma's sliding layers have theirs
-   * from read_gemma). Qwen2's use_sliding_window (from layer max_window_layers on, in
-   * transformers) only changes results past the window's length: the context is capped
-   * there. */
+  /* Mistral 7B v0.1's and Phi-3's sliding window is every layer's; Qwen2's and Qwen3's
+   * use_sliding_window, the layers' from max_window_layers on (transformers' layer_types);
+   * Gemma's sliding layers have theirs from read_gemma. */
   int64_t window = gemma ? 0 : get_int(&r, "sliding_window", false, 0);
-  if (!strcmp(out->arch, "mistral") && window > 0) out->sliding_window = window;
-  else if (get_bool(&r, "use_sliding_window", false) && window > 0 && window < out->max_position)
-    out->max_position = window;
+  if ((!strcmp(out->arch, "mistral") || out->fused_proj) && window > 0)
+    out->sliding_window = window;
+  else if ((qwen2 || !strcmp(out->arch, "qwen3")) && get_bool(&r, "use_sliding_window", false) &&
+           window > 0) {
+    out->sliding_window = window;
+    out->swa_first = get_int(&r, "max_window_layers", false, 28); /* transformers' default */
+  }
+  check_layer_types(&r, out);
   cJSON_Delete(root);
   if (r.st == IR_OK) r.st = model_llama_check(out, d);
   return r.st;

@@ -52,7 +52,7 @@ ir_status model_llama_check(const model_llama_params *p, ir_diag *d) {
     return ir_diag_set(d, IR_UNSUPPORTED, "unknown MLP activation %d", p->act);
   if (!(p->embed_scale >= 0 && p->attn_scale >= 0 && p->attn_softcap >= 0 &&
         p->final_softcap >= 0 && p->rope_local_theta >= 0) ||
-      p->sliding_window < 0 || p->swa_period < 0)
+      p->sliding_window < 0 || p->swa_period < 0 || p->swa_first < 0)
     return ir_diag_set(d, IR_BAD_FORMAT, "scales, soft caps, the sliding window and the local "
                        "rope base must not be negative");
   if (p->rope_scaling == MODEL_ROPE_LLAMA3 &&
@@ -214,7 +214,8 @@ static double rope_freq(const model_llama_params *p, int64_t i, int64_t max_pos)
 }
 
 bool model_llama_layer_slides(const model_llama_params *p, int64_t l) {
-  return p->sliding_window > 0 && (p->swa_period <= 0 || (l + 1) % p->swa_period != 0);
+  return p->sliding_window > 0 && l >= p->swa_first &&
+         (p->swa_period <= 0 || (l + 1) % p->swa_period != 0);
 }
 
 /* cos/sin of pos * inv_freq for every position, computed as HF does in f32 (rope_freq),

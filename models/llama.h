@@ -72,13 +72,15 @@ typedef struct model_llama_params {
   int64_t sliding_window; /* > 0: the sliding layers attend this many positions */
   int64_t swa_period;   /* with a window: layer l attends all when (l + 1) % swa_period == 0
                            (Gemma 2: 2, Gemma 3: 6), the others slide; 0: all slide */
+  int64_t swa_first;    /* with a window: the layers before this one attend all (Qwen2's
+                           max_window_layers); 0: from the first */
   double rope_local_theta; /* > 0: the sliding layers' rope has this base and no scaling
                               (Gemma 3's rope_local_base_freq); 0: one rope for all */
   int64_t bos_token_id;
   int64_t eos_token_id;
 } model_llama_params;
 
-/* Whether layer l attends a sliding window (sliding_window and swa_period). */
+/* Whether layer l attends a sliding window (sliding_window, swa_first and swa_period). */
 bool model_llama_layer_slides(const model_llama_params *p, int64_t l);
 
 /* The dims of each head the rope rotates: rot_dim, or all head_dim when it is 0. */

@@ -471,6 +471,30 @@ FIXTURES = [
             pad_token_id=0,
         ),
     ),
+    dict(
+        # Qwen2's use_sliding_window: layers from max_window_layers on attend a window
+        # (8 here, over layers 1 and 2), the ones before it all positions
+        name="qwen2-swa-f32",
+        arch="Qwen2ForCausalLM",
+        dtype=torch.float32,
+        base_seed=14000,
+        config=dict(
+            hidden_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_hidden_layers=3,
+            intermediate_size=96,
+            vocab_size=256,
+            rms_norm_eps=1e-6,
+            tie_word_embeddings=False,
+            max_position_embeddings=256,
+            use_sliding_window=True,
+            sliding_window=8,
+            max_window_layers=1,
+            rope_parameters=dict(rope_type="default", rope_theta=10000.0),
+            pad_token_id=0,
+        ),
+    ),
 ]
 
 

@@ -391,8 +391,9 @@ static void test_token_ids(void) {
   expect_error("eos_token_id", "\"</s>\"", IR_BAD_FORMAT, "eos_token_id", NULL);
 }
 
-/* Mistral's window is every layer's sliding window (the context stays); Qwen2's
- * use_sliding_window caps max_position at the window. */
+/* Mistral's and Phi-3's window is every layer's sliding window, Qwen2's and Qwen3's (with
+ * use_sliding_window) the layers' from max_window_layers (default 28) on; the context
+ * stays. */
 static void window_case(const char *type, const char *window, const char *use, int64_t want,
                         int64_t want_window) {
   cJSON *root = cJSON_Parse(k_base);
@@ -410,6 +411,7 @@ static void window_case(const char *type, const char *window, const char *use, i
          window ? window : "-", use ? use : "-", (long long)p.max_position,
          (long long)p.sliding_window, (long long)want, (long long)want_window);
   CHECK(strcmp(p.arch, type) == 0 && p.swa_period == 0);
+  CHECK(p.swa_first == (want_window && strncmp(type, "qwen", 4) == 0 ? 28 : 0));
   cJSON_free(json);
 }
 
@@ -420,7 +422,11 @@ static void test_sliding_window(void) {
   window_case("mistral", NULL, NULL, 512, 0);
   window_case("llama", "128", NULL, 512, 0);     /* llama has no sliding window */
   window_case("qwen2", "128", "false", 512, 0);  /* qwen2 only when use_sliding_window */
-  window_case("qwen2", "128", "true", 128, 0);
+  window_case("qwen2", "128", "true", 512, 128);
+  window_case("qwen3", "128", "true", 512, 128);
+  window_case("qwen3", "128", NULL, 512, 0);
+  window_case("phi3", "2047", NULL, 512, 2047); /* Phi-3 mini 4k */
+  window_case("phi3", "null", NULL, 512, 0);
   model_llama_params p;
   ir_diag d = {0};
   char *json = variant("model_type", "\"qwen2\"");
@@ -428,6 +434,24 @@ static void test_sliding_window(void) {
   cJSON_free(json);
   if (load_fixture("mistral-swa-f32", &p)) /* transformers 5's Mistral */
     CHECK(p.sliding_window == 8 && p.max_position == 256 && model_llama_layer_slides(&p, 1));
+  if (load_fixture("qwen2-swa-f32", &p)) /* layer_types: full, sliding, sliding */
+    CHECK(p.sliding_window == 8 && p.swa_first == 1 && p.max_position == 256 &&
+          !model_llama_layer_slides(&p, 0) && model_llama_layer_slides(&p, 1) &&
+          model_llama_layer_slides(&p, 2));
+  /* a layer_types list against max_window_layers: refused, not run with other layers */
+  json = variant("model_type", "\"qwen2\"");
+  cJSON *root = cJSON_Parse(json);
+  cJSON_free(json);
+  if (!root) abort();
+  cJSON_AddItemToObject(root, "use_sliding_window", cJSON_CreateTrue());
+  cJSON_AddItemToObject(root, "sliding_window", cJSON_CreateNumber(64));
+  cJSON_AddItemToObject(root, "max_window_layers", cJSON_CreateNumber(1));
+  const char *types[] = {"sliding_attention", "sliding_attention"};
+  cJSON_AddItemToObject(root, "layer_types", cJSON_CreateStringArray(types, 2));
+  json = cJSON_PrintUnformatted(root);
+  cJSON_Delete(root);
+  CHECK(infc_hfconfig_parse(json, &p, &d) == IR_UNSUPPORTED && strstr(d.msg, "layer_types"));
+  cJSON_free(json);
 }
 
 int main(void) {

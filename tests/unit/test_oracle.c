@@ -170,7 +170,8 @@ int main(void) {
   const char *fixtures[] = {"llama-gqa-f32", "qwen2-bias-bf16", "llama-mha-f16",
                             "qwen3-qknorm-bf16", "llama3-rope-f32", "qwen3-yarn-f32",
                             "phi3-fused-f32", "smollm3-nope-f32", "gemma2-softcap-f32",
-                            "gemma3-local-f32", "gemma3-mm-f32", "mistral-swa-f32"};
+                            "gemma3-local-f32", "gemma3-mm-f32", "mistral-swa-f32",
+                            "qwen2-swa-f32"};
   for (size_t i = 0; i < sizeof fixtures / sizeof *fixtures; i++) run_fixture(fixtures[i]);
   run_longrope("phi3-longrope-f32", 16);
   return tcheck_done("oracle");
