@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cuda_internal.h"
 
@@ -365,7 +366,8 @@ static ir_status prof_events(cuda_ctx *c, const ir_graph *g, ir_diag *d) {
   if (p->ev) return IR_OK;
   p->ev = calloc((size_t)g->n_nodes + 1, sizeof *p->ev);
   p->row_of = calloc((size_t)g->n_nodes, sizeof *p->row_of);
-  if (!p->ev || !p->row_of) return ir_diag_set(d, IR_OOM, "out of memory");
+  p->host_of = calloc((size_t)g->n_nodes, sizeof *p->host_of);
+  if (!p->ev || !p->row_of || !p->host_of) return ir_diag_set(d, IR_OOM, "out of memory");
   for (; p->n_ev <= g->n_nodes; p->n_ev++) {
     CUresult r = c->cu.event_create(&p->ev[p->n_ev], 0);
     if (r) return cuda_fail(c, r, "profile events", d);
@@ -381,6 +383,7 @@ static ir_status prof_harvest(cuda_ctx *c, const ir_graph *g, bool decode, ir_di
   for (int32_t i = 0; !r && i < g->n_nodes; i++)
     if (!(r = c->cu.event_elapsed(&ms, p->ev[i], p->ev[i + 1]))) {
       p->rows[p->row_of[i]].ms += ms;
+      p->rows[p->row_of[i]].host_ms += p->host_of[i];
       p->rows[p->row_of[i]].launches++;
     }
   if (!r) r = c->cu.event_elapsed(&ms, p->ev[0], p->ev[g->n_nodes]);
@@ -404,9 +407,9 @@ static void prof_print(const cuda_prof *p) {
   if (!p->steps[0] && !p->steps[1]) return;
   fprintf(stderr,
           "inferrt: cuda profile: %lld prefill steps %.1f ms, %lld decode steps %.1f ms "
-          "(eager, an event around each node)\n  %-8s %-34s %9s %10s %6s %9s\n",
+          "(eager, an event around each node)\n  %-8s %-34s %9s %10s %6s %9s %9s\n",
           p->steps[0], p->step_ms[0], p->steps[1], p->step_ms[1], "step", "node", "runs",
-          "total ms", "share", "mean us");
+          "total ms", "share", "mean us", "host us");
   bool done[CUDA_PROF_ROWS] = {false};
   for (int k = 0; k < p->n_rows; k++) { /* largest first */
     int b = -1;
@@ -414,10 +417,11 @@ static void prof_print(const cuda_prof *p) {
       if (!done[r] && (b < 0 || p->rows[r].ms > p->rows[b].ms)) b = r;
     done[b] = true;
     double all = p->step_ms[p->rows[b].decode];
-    fprintf(stderr, "  %-8s %-34s %9lld %10.2f %5.1f%% %9.1f\n",
+    const double runs = p->rows[b].launches ? (double)p->rows[b].launches : 1.0;
+    fprintf(stderr, "  %-8s %-34s %9lld %10.2f %5.1f%% %9.1f %9.1f\n",
             p->rows[b].decode ? "decode" : "prefill", p->rows[b].what, p->rows[b].launches,
             p->rows[b].ms, all > 0 ? 100.0 * p->rows[b].ms / all : 0.0,
-            p->rows[b].launches ? 1e3 * p->rows[b].ms / (double)p->rows[b].launches : 0.0);
+            1e3 * p->rows[b].ms / runs, 1e3 * p->rows[b].host_ms / runs);
   }
 }
 
@@ -428,8 +432,13 @@ static ir_status run_nodes(cuda_ctx *c, const ir_graph *g, void *const *ptrs, co
   c->xh_tensor = -1; /* the tensors of the last step are gone */
   if (st == IR_OK && p->on) c->cu.event_record(p->ev[0], c->stream);
   for (int32_t i = 0; st == IR_OK && i < g->n_nodes; i++) {
+    struct timespec t0, t1;
+    if (p->on) clock_gettime(CLOCK_MONOTONIC, &t0);
     st = cuda_ops_run(c, g, i, ptrs, s, d);
     if (st == IR_OK && p->on) {
+      clock_gettime(CLOCK_MONOTONIC, &t1);
+      p->host_of[i] = (double)(t1.tv_sec - t0.tv_sec) * 1e3 +
+                      (double)(t1.tv_nsec - t0.tv_nsec) * 1e-6;
       p->row_of[i] = prof_row(p, g, &g->nodes[i], s->decode);
       c->cu.event_record(p->ev[i + 1], c->stream);
     }
@@ -668,6 +677,7 @@ static void cuda_destroy(void *vctx) {
   }
   free(c->prof.ev);
   free(c->prof.row_of);
+  free(c->prof.host_of);
   free(c->xh_wt);
   free(c);
 }

@@ -44,17 +44,20 @@ typedef enum cuda_fn {
 #define CUDA_MAX_BUCKETS IR_MAX_DECODE_BUCKETS
 
 /* $INFERRT_CUDA_PROFILE=1: the time of every node of every step (CUDA events around each;
- * graphs off), summed by (step kind, what the node is) and printed when the backend closes. */
+ * graphs off), summed by (step kind, what the node is) and printed when the backend closes;
+ * beside it the host's time to enqueue the node (launches, cuBLAS calls): a row whose host
+ * time is near its device time is launch-bound, the device waiting on the host. */
 #define CUDA_PROF_ROWS 64
 typedef struct cuda_prof {
   bool on;
   CUevent *ev;     /* (n_ev): before node 0, after each node */
   int n_ev;
   int *row_of;     /* (n_nodes) the row node i adds to in this step */
+  double *host_of; /* (n_nodes) node i's enqueue time in this step, ms */
   struct {
     char what[48];
     bool decode;
-    double ms;
+    double ms, host_ms;
     long long launches;
   } rows[CUDA_PROF_ROWS];
   int n_rows;
