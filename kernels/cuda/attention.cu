@@ -314,21 +314,27 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32)
 // n_heads), block TC_WARPS * 32; tile x is tokens [tile_tok0[x], + tile_ntok[x]) of one
 // sequence, at most TC_WARPS * 16 (the host tiles by CUDA_TC_TILE_TOKENS); warp w owns
 // query rows 16 w .. 16 w + 15 of the tile.
-// Per chunk of TC_KC cached positions the CTA stages K (row-major) and V (transposed) as
-// f16 in shared memory; each warp computes its 16 x TC_KC scores with mma.m16n8k16 (q
-// pre-scaled, in registers as A fragments), runs the online softmax on the accumulators
-// in registers, and feeds the probabilities straight back as the A fragments of P V
-// (the accumulator layout of two n-tiles is the A layout of one k-step). Fragment layouts
-// (PTX ISA, mma.m16n8k16 .f16): lane = 4 g + c; A regs a0..a3 hold rows g, g+8, g, g+8 at
-// columns 2c, 2c+1 (+8 for a2, a3); B regs b0, b1 hold rows (k) 2c, 2c+1 (+8 for b1) of
-// column g; C/D d0..d3 hold rows g, g, g+8, g+8 at columns 2c, 2c+1, 2c, 2c+1.
+// Per chunk of TC_KC cached positions the CTA stages K and V as f16 rows in shared memory;
+// each warp computes its 16 x TC_KC scores with mma.m16n8k16 (q pre-scaled, in registers
+// as A fragments), runs the online softmax on the accumulators in registers, and feeds the
+// probabilities straight back as the A fragments of P V (the accumulator layout of two
+// n-tiles is the A layout of one k-step). Software-pipelined: the global loads of the next
+// chunk (block table, then K and V) are in flight in registers while the warps compute on
+// this one, so their latency hides behind the mma work; one shared buffer, two barriers a
+// chunk. Fragment layouts (PTX ISA, mma.m16n8k16 .f16): lane = 4 g + c; A regs a0..a3 hold
+// rows g, g+8, g, g+8 at columns 2c, 2c+1 (+8 for a2, a3); B regs b0, b1 hold rows (k) 2c,
+// 2c+1 (+8 for b1) of column g; C/D d0..d3 hold rows g, g, g+8, g+8 at columns 2c, 2c+1, 2c,
+// 2c+1. K rows give B (k = dim) as one 32-bit load; V's B (k = position) pairs two rows,
+// two 16-bit loads: with the TC_KP pitch both are free of bank conflicts, and so are the
+// staging stores (a warp writes 8-byte pieces of whole rows), which a transposed V was not.
 // Under a sliding window the chunks start at the tile's first visible position, and a
 // warp skips those wholly before its rows' windows.
 #if HEAD_DIM % 16 == 0 && HEAD_DIM <= 128
 #define TC_WARPS 4
-#define TC_KC 32                /* positions per chunk */
-#define TC_KP (HEAD_DIM + 8)    /* sK row pitch (halves): conflict-free fragment loads */
-#define TC_VP (TC_KC + 8)       /* sVt row pitch (halves) */
+#define TC_KC (HEAD_DIM > 64 ? 16 : 32) /* positions per chunk: fewer registers at 128 */
+#define TC_KP (HEAD_DIM + 8)             /* sK, sV row pitch (halves) */
+#define TC_GROUPS (TC_KC * HEAD_DIM / 4) /* 4-element pieces of K (and of V) a chunk */
+#define TC_NL ((TC_GROUPS + TC_WARPS * 32 - 1) / (TC_WARPS * 32)) /* pieces a thread */
 
 #ifdef CUEMU  // tests/cuemu: the kernel built for the CPU (a warp-collective mma there)
 __device__ __forceinline__ unsigned tc_pack(float lo, float hi) {
@@ -356,21 +362,25 @@ __device__ __forceinline__ void tc_mma(float (&d)[4], const unsigned (&a)[4], un
 }
 #endif
 
-// Cache elements p[0..3] as f16 pairs {p0, p1} (lo) and {p2, p3} (hi): rounded from an f32
-// cache, as they are from an f16 one.
-__device__ __forceinline__ void tc_load4(const float *p, unsigned &lo, unsigned &hi) {
-  const float4 x = __ldg((const float4 *)p);
-  lo = tc_pack(x.x, x.y), hi = tc_pack(x.z, x.w);
+// Four cache elements as loaded (tc_ld), and as two f16 pairs {p0, p1} (x), {p2, p3} (y):
+// rounded from an f32 cache, as they are in an f16 one.
+__device__ __forceinline__ float4 tc_ld(const float *p) { return __ldg((const float4 *)p); }
+__device__ __forceinline__ uint2 tc_ld(const unsigned short *p) {
+  return __ldg((const uint2 *)p);
 }
-__device__ __forceinline__ void tc_load4(const unsigned short *p, unsigned &lo, unsigned &hi) {
-  const uint2 x = __ldg((const uint2 *)p);
-  lo = x.x, hi = x.y;
+__device__ __forceinline__ uint2 tc_f16x4(float4 x) {
+  uint2 r;
+  r.x = tc_pack(x.x, x.y), r.y = tc_pack(x.z, x.w);
+  return r;
 }
+__device__ __forceinline__ uint2 tc_f16x4(uint2 x) { return x; }
+template <class KV> struct tc_raw { typedef float4 t; };  // a piece as loaded
+template <> struct tc_raw<unsigned short> { typedef uint2 t; };
 
 template <class KV>
 __device__ __forceinline__ void attn_prefill_tc(ATTN_PREFILL_PARAMS(KV)) {
   __shared__ __align__(16) unsigned short sK[TC_KC * TC_KP];
-  __shared__ __align__(16) unsigned short sVt[HEAD_DIM * TC_VP];
+  __shared__ __align__(16) unsigned short sV[TC_KC * TC_KP];
   const int h = blockIdx.y, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
   const int g = lane >> 2, c = lane & 3;
   const int tok0 = tile_tok0[blockIdx.x], ntok = tile_ntok[blockIdx.x];
@@ -408,26 +418,37 @@ __device__ __forceinline__ void attn_prefill_tc(ATTN_PREFILL_PARAMS(KV)) {
   for (int dn = 0; dn < HEAD_DIM / 8; dn++) o[dn][0] = o[dn][1] = o[dn][2] = o[dn][3] = 0.0f;
   float m_a = NEG_INF, m_b = NEG_INF, l_a = 0.0f, l_b = 0.0f;
 
+  // Piece u of a chunk: position j, dims d .. d + 3 of it (thread-strided, so a warp loads
+  // and stores whole rows); its pieces past `last` or past the chunk are zeros.
+  typedef typename tc_raw<KV>::t raw;
+  raw kr[TC_NL], vr[TC_NL];
+  const auto load = [&](int p0) {
+#pragma unroll
+    for (int u = 0; u < TC_NL; u++) {
+      const int i = threadIdx.x + u * TC_WARPS * 32;
+      const int j = i / (HEAD_DIM / 4), d = 4 * (i % (HEAD_DIM / 4)), p = p0 + j;
+      kr[u] = vr[u] = raw{};
+      if (i < TC_GROUPS && p <= last) {
+        const long long row = (((long long)bt[p / BLOCK_SIZE] * n_kv_heads + kvh) * BLOCK_SIZE +
+                               p % BLOCK_SIZE) * HEAD_DIM + d;
+        kr[u] = tc_ld(k + row);
+        vr[u] = tc_ld(v + row);
+      }
+    }
+  };
+  load(first);
   for (int p0 = first; p0 <= last; p0 += TC_KC) {
     __syncthreads();  // the previous chunk's fragments are read
-    // Stage K and V of positions p0 .. p0 + TC_KC - 1 (zeros past `last`), 4 dims a load.
-    for (int i = threadIdx.x; i < TC_KC * HEAD_DIM / 4; i += TC_WARPS * 32) {
-      const int j = i / (HEAD_DIM / 4), d = 4 * (i % (HEAD_DIM / 4)), p = p0 + j;
-      unsigned k01 = 0, k23 = 0, v01 = 0, v23 = 0; // f16 zeros past `last`
-      if (p <= last) {
-        long long row = (((long long)bt[p / BLOCK_SIZE] * n_kv_heads + kvh) * BLOCK_SIZE +
-                         p % BLOCK_SIZE) * HEAD_DIM + d;
-        tc_load4(k + row, k01, k23);
-        tc_load4(v + row, v01, v23);
-      }
-      *(unsigned *)&sK[j * TC_KP + d] = k01;
-      *(unsigned *)&sK[j * TC_KP + d + 2] = k23;
-      sVt[(d + 0) * TC_VP + j] = (unsigned short)(v01 & 0xffffu);
-      sVt[(d + 1) * TC_VP + j] = (unsigned short)(v01 >> 16);
-      sVt[(d + 2) * TC_VP + j] = (unsigned short)(v23 & 0xffffu);
-      sVt[(d + 3) * TC_VP + j] = (unsigned short)(v23 >> 16);
+#pragma unroll
+    for (int u = 0; u < TC_NL; u++) {
+      const int i = threadIdx.x + u * TC_WARPS * 32;
+      if (TC_GROUPS % (TC_WARPS * 32) != 0 && i >= TC_GROUPS) break;
+      const int at = i / (HEAD_DIM / 4) * TC_KP + 4 * (i % (HEAD_DIM / 4));
+      *(uint2 *)&sK[at] = tc_f16x4(kr[u]);
+      *(uint2 *)&sV[at] = tc_f16x4(vr[u]);
     }
     __syncthreads();
+    if (p0 + TC_KC <= last) load(p0 + TC_KC);  // in flight while this chunk computes
     // causal, or before the window: no row of this warp sees the chunk (warp-uniform)
     if (p0 > wlast || p0 + TC_KC <= wfirst) continue;
 
@@ -437,8 +458,8 @@ __device__ __forceinline__ void attn_prefill_tc(ATTN_PREFILL_PARAMS(KV)) {
       s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
 #pragma unroll
       for (int kk = 0; kk < HEAD_DIM / 16; kk++) {
-        const unsigned short *kr = &sK[(8 * nt + g) * TC_KP + 16 * kk + 2 * c];
-        tc_mma(s[nt], qa[kk], *(const unsigned *)kr, *(const unsigned *)(kr + 8));
+        const unsigned short *kp = &sK[(8 * nt + g) * TC_KP + 16 * kk + 2 * c];
+        tc_mma(s[nt], qa[kk], *(const unsigned *)kp, *(const unsigned *)(kp + 8));
       }
     }
     if (softcap > 0.0f) {  // uniform
@@ -503,8 +524,9 @@ __device__ __forceinline__ void attn_prefill_tc(ATTN_PREFILL_PARAMS(KV)) {
                               tc_pack(s[2 * ks + 1][2], s[2 * ks + 1][3])};
 #pragma unroll
       for (int dn = 0; dn < HEAD_DIM / 8; dn++) {
-        const unsigned short *vr = &sVt[(8 * dn + g) * TC_VP + 16 * ks + 2 * c];
-        tc_mma(o[dn], pa, *(const unsigned *)vr, *(const unsigned *)(vr + 8));
+        const unsigned short *vp = &sV[(16 * ks + 2 * c) * TC_KP + 8 * dn + g];
+        tc_mma(o[dn], pa, vp[0] | (unsigned)vp[TC_KP] << 16,
+               vp[8 * TC_KP] | (unsigned)vp[9 * TC_KP] << 16);
       }
     }
   }
