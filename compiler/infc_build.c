@@ -202,6 +202,7 @@ ir_status infc_build(const char *src, const infc_options *opts, const char *out_
                      FILE *dump_ir, infc_build_report *report, ir_diag *d) {
   infc_options o = *opts;
   model_build_opts *m = &o.model;
+  if (!o.max_tokens_set && !strcmp(o.target, "cuda")) m->max_tokens = INFC_CUDA_MAX_TOKENS;
   if (m->max_seqs > m->max_tokens) m->max_seqs = m->max_tokens;
   if (m->max_logits > m->max_tokens) m->max_logits = m->max_tokens;
   infc_source *s = NULL;

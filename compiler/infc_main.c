@@ -25,7 +25,7 @@ static int usage_build(FILE *f) {
         "  -o, --output PATH      plan file to write (required)\n"
         "  -c, --config PATH      build options file (YAML; see README)\n"
         "      --dtype T          weight dtype: auto (as stored), f32, f16, bf16\n"
-        "      --max-tokens N     tokens per step (default 512)\n"
+        "      --max-tokens N     tokens per step (default 512; 2048 with --target cuda)\n"
         "      --max-seqs N       sequences per step (default 64)\n"
         "      --max-logits N     logit rows per step (default 64)\n"
         "      --kv-block-size N  tokens per KV cache block (default 16)\n"

@@ -100,7 +100,10 @@ static ir_status set_no_fuse(infc_options *o, const char *v, ir_diag *d) {
 ir_status infc_options_set(infc_options *o, const char *key, const char *v, ir_diag *d) {
   model_build_opts *m = &o->model;
   if (!strcmp(key, "dtype")) return set_dtype(o, v, d);
-  if (!strcmp(key, "max_tokens")) return parse_int(key, v, 1, 1 << 20, &m->max_tokens, d);
+  if (!strcmp(key, "max_tokens")) {
+    o->max_tokens_set = true;
+    return parse_int(key, v, 1, 1 << 20, &m->max_tokens, d);
+  }
   if (!strcmp(key, "max_seqs")) return parse_int(key, v, 1, 1 << 16, &m->max_seqs, d);
   if (!strcmp(key, "max_logits")) return parse_int(key, v, 1, 1 << 16, &m->max_logits, d);
   if (!strcmp(key, "kv_block_size")) return parse_int(key, v, 1, 4096, &m->kv_block_size, d);

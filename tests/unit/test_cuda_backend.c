@@ -67,14 +67,17 @@ static irt_status open_with(const char *plan, const char *device, irt_model **m,
   return irt_model_open(plan, &o, m, err);
 }
 
-static bool build(const char *target, const char *path) {
+/* max_tokens NULL: the target's default step size. */
+static bool build_t(const char *target, const char *max_tokens, const char *path) {
   infc_options o = infc_options_default();
   ir_diag d = {0};
   bool ok = infc_options_set(&o, "target", target, &d) == IR_OK &&
+            (!max_tokens || infc_options_set(&o, "max_tokens", max_tokens, &d) == IR_OK) &&
             infc_build(FIXTURE, &o, path, NULL, NULL, &d) == IR_OK;
   CHECKF(ok, "build %s: %s", target, d.msg);
   return ok;
 }
+static bool build(const char *target, const char *path) { return build_t(target, NULL, path); }
 
 static void test_select(void) {
   const char *cpu_plan = TEST_TMP_DIR "/cuda_backend_cpu.plan";
@@ -121,9 +124,18 @@ static void test_select(void) {
     float *la = tmodel_prompt_logits(a, ids, n), *lb = tmodel_prompt_logits(b, ids, n);
     CHECK(!memcmp(la, lb, (size_t)(n * V) * sizeof(float)));
     free(la), free(lb);
+    /* the step: 512 tokens on the CPU, INFC_CUDA_MAX_TOKENS in a CUDA plan unless set */
+    CHECK(irt_model_get_info(b)->max_step_tokens == 512);
+    CHECK(irt_model_get_info(a)->max_step_tokens == INFC_CUDA_MAX_TOKENS);
   }
   irt_model_close(a);
   irt_model_close(b);
+  const char *set_plan = TEST_TMP_DIR "/cuda_backend_t300.plan";
+  if (build_t("cuda", "300", set_plan)) {
+    CHECKF(open_with(set_plan, "cpu", &a, &err) == IRT_OK, "%s", err.msg);
+    CHECK(a && irt_model_get_info(a)->max_step_tokens == 300);
+    irt_model_close(a);
+  }
 }
 
 int main(void) {
