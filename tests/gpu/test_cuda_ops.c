@@ -6,7 +6,10 @@
  * (norms, GEMV, attention with __expf), 2e-3 for the tensor-core prefill (f16 operands).
  * Exits 0 printing "skipped: ..." without a GPU.
  * Built with CUDA_OPS_EMU (test_cuda_ops_emu, label unit) the same checks run each kernel
- * compiled as host C++ under the CPU emulator of tests/cuemu, with no GPU nor NVRTC. */
+ * compiled as host C++ under the CPU emulator of tests/cuemu, with no GPU nor NVRTC.
+ * Kernels take HEAD_DIM TEST_HEAD_DIM (64 unless built otherwise); ATTENTION_ONLY 1 runs the
+ * attention and KV-write checks alone (the _hd128 builds: Llama-8B's head size, where the
+ * tensor-core prefill takes 16 positions a chunk, not 32). */
 #include <dlfcn.h>
 #include <math.h>
 #include <stdint.h>
@@ -27,6 +30,15 @@
 #include "kn_matmul_wq.h"
 #include "kn_quant.h"
 #include "tcheck.h"
+
+#ifndef TEST_HEAD_DIM
+#define TEST_HEAD_DIM 64
+#endif
+#ifndef ATTENTION_ONLY
+#define ATTENTION_ONLY 0
+#endif
+#define STR_(x) #x
+#define STR(x) STR_(x)
 
 typedef int CUresult;
 typedef unsigned long long CUdeviceptr;
@@ -142,7 +154,8 @@ static const char *cu_open(void) {
 /* Compiles kernels/cuda/<name>.cu for this GPU with the test constants (once a file: the
  * module stays loaded), returns entry fn. */
 static void *kernel(const char *file, const char *fn) {
-  static const char *const defs[] = {"-DHEAD_DIM=64", "-DBLOCK_SIZE=16", "-DGQA_GROUP=2"};
+  static const char *const defs[] = {"-DHEAD_DIM=" STR(TEST_HEAD_DIM), "-DBLOCK_SIZE=16",
+                                     "-DGQA_GROUP=2"};
   static void *mods[64]; /* by source index */
   for (int i = 0; i < infc_cuda_n_sources && i < 64; i++) {
     if (strcmp(infc_cuda_sources[i].name, file)) continue;
@@ -462,7 +475,7 @@ static const float k_no_cap = 0.0f;
 
 /* Paged attention: seq 0 decodes one token at position 37 over blocks {3, 0, 5}; seq 1
  * prefills positions 10..29 over blocks {1, 4}; earlier positions are already cached. */
-enum { HD = 64, BS = 16, NH = 4, NKV = 2, NBLK = 6, MAXB = 3, NT = 21 };
+enum { HD = TEST_HEAD_DIM, BS = 16, NH = 4, NKV = 2, NBLK = 6, MAXB = 3, NT = 21 };
 
 /* Block tables of the two sequences, and the sizes of the cache, of q and of the new K. */
 static const int32_t attn_bt[2 * MAXB] = {3, 0, 5, 1, 4, 2};
@@ -1147,22 +1160,27 @@ int main(void) {
   }
   printf("device sm_%d\n", arch);
 #endif
+  printf("head_dim %d%s\n", HD, ATTENTION_ONLY ? ", attention alone" : "");
   srand(1234);
-  test_elementwise();
-  test_norms();
-  test_rows();
-  test_gemv();
-  test_gemv_wq();
-  test_dequant();
-  test_rope();
+  if (!ATTENTION_ONLY) {
+    test_elementwise();
+    test_norms();
+    test_rows();
+    test_gemv();
+    test_gemv_wq();
+    test_dequant();
+    test_rope();
+  }
   test_attention();
   test_attention_f16();
   test_fused_attention();
   test_attention_window();
-  test_gemv_swiglu();
-  test_pick();
-  test_cast();
-  test_half_copies();
+  if (!ATTENTION_ONLY) {
+    test_gemv_swiglu();
+    test_pick();
+    test_cast();
+    test_half_copies();
+  }
 #ifndef CUDA_OPS_EMU
   infc_nvrtc_close(nv);
 #endif
