@@ -3,9 +3,13 @@
 #include "infc_nvrtc.h"
 
 #include <dlfcn.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
 
 #include "infc_cuda_sources.h"
 
@@ -124,6 +128,10 @@ static ir_status nvrtc_fetch(nvrtc_result (*size_fn)(nvrtc_program, size_t *),
   return IR_OK;
 }
 
+/* The options every compile gets after the arch (they are part of the cache key). */
+static const char *const FIXED_OPTS[] = {"-std=c++17", "--ptxas-options=-v"};
+#define N_FIXED_OPTS (int)(sizeof FIXED_OPTS / sizeof FIXED_OPTS[0])
+
 /* One NVRTC compile of src for target ("sm_80" gives CUBIN, "compute_80" PTX). */
 static ir_status nvrtc_run(infc_nvrtc *n, const char *src, const char *name, const char *target,
                            const char *const *opts, int n_opts, nvrtc_program *out_prog,
@@ -133,8 +141,7 @@ static ir_status nvrtc_run(infc_nvrtc *n, const char *src, const char *name, con
   const char *argv[64];
   int argc = 0;
   argv[argc++] = arch_opt;
-  argv[argc++] = "-std=c++17";
-  argv[argc++] = "--ptxas-options=-v";
+  for (int i = 0; i < N_FIXED_OPTS; i++) argv[argc++] = FIXED_OPTS[i];
   if (n_opts > (int)(sizeof argv / sizeof argv[0]) - argc)
     return ir_diag_set(d, IR_INVALID_ARG, "%s: too many NVRTC options", name);
   for (int i = 0; i < n_opts; i++) argv[argc++] = opts[i];
@@ -164,11 +171,161 @@ static ir_status nvrtc_run(infc_nvrtc *n, const char *src, const char *name, con
   return IR_OK;
 }
 
+/* --- the compile cache -------------------------------------------------------------------
+ * A compile's outputs (log, CUBIN, PTX) kept on disk under a key that hashes all that decides
+ * them: NVRTC's version, the arch, the fixed and the caller's options, the source, its name
+ * and every kernel header. Where: $INFC_CACHE_DIR ("" or "off": no cache), else
+ * $XDG_CACHE_HOME/infc, else $HOME/.cache/infc; an entry is nvrtc/<key>.bin there. Entries
+ * are written under a temporary name and renamed, so builds running side by side never read
+ * half of one; a short, corrupt or unreadable entry is a miss and is written again. The
+ * cache never fails a build: where it cannot be read or written, infc compiles. */
+#define CACHE_MAGIC "INFCNVC1"
+
+/* The cache's folder (nvrtc/ made if missing) into out; false: no cache. */
+static bool cache_dir(char *out, size_t len) {
+  const char *env = getenv("INFC_CACHE_DIR"), *xdg = getenv("XDG_CACHE_HOME");
+  const char *home = getenv("HOME");
+  int w;
+  if (env) {
+    if (!*env || !strcmp(env, "off")) return false;
+    w = snprintf(out, len, "%s/nvrtc", env);
+  } else if (xdg && *xdg) {
+    w = snprintf(out, len, "%s/infc/nvrtc", xdg);
+  } else if (home && *home) {
+    w = snprintf(out, len, "%s/.cache/infc/nvrtc", home);
+  } else {
+    return false;
+  }
+  if (w < 0 || (size_t)w >= len) return false;
+  for (char *p = out + 1;; p++) { /* mkdir -p */
+    const bool end = *p == '\0';
+    if (*p != '/' && !end) continue;
+    *p = '\0';
+    const bool ok = mkdir(out, 0755) == 0 || errno == EEXIST;
+    if (!end) *p = '/';
+    if (!ok) return false;
+    if (end) return true;
+  }
+}
+
+static void hash_text(XXH3_state_t *h, const char *text) {
+  const uint64_t len = text ? strlen(text) : 0;
+  XXH3_128bits_update(h, &len, sizeof len); /* length first: no two lists hash alike */
+  if (len) XXH3_128bits_update(h, text, len);
+}
+
+/* The entry's path for this compile into out; false where the key cannot be made. */
+static bool cache_path(const infc_nvrtc *n, const char *dir, const char *src, const char *name,
+                       int arch, const char *const *opts, int n_opts, char *out, size_t len) {
+  XXH3_state_t *h = XXH3_createState();
+  if (!h) return false;
+  XXH3_128bits_reset(h);
+  const int32_t head[4] = {n->major, n->minor, arch, n_opts};
+  hash_text(h, CACHE_MAGIC);
+  XXH3_128bits_update(h, head, sizeof head);
+  for (int i = 0; i < N_FIXED_OPTS; i++) hash_text(h, FIXED_OPTS[i]);
+  for (int i = 0; i < n_opts; i++) hash_text(h, opts[i]);
+  hash_text(h, name);
+  hash_text(h, src);
+  for (int i = 0; i < infc_cuda_n_headers; i++) {
+    hash_text(h, infc_cuda_headers[i].name);
+    hash_text(h, infc_cuda_headers[i].text);
+  }
+  XXH128_hash_t k = XXH3_128bits_digest(h);
+  XXH3_freeState(h);
+  int w = snprintf(out, len, "%s/%016llx%016llx.bin", dir, (unsigned long long)k.high64,
+                   (unsigned long long)k.low64);
+  return w > 0 && (size_t)w < len;
+}
+
+/* An entry: CACHE_MAGIC, the sizes of log, CUBIN and PTX (u64 each), their bytes, then the
+ * XXH3-64 of sizes and bytes. */
+static bool cache_load(const char *path, infc_nvrtc_image *im) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return false;
+  char magic[8];
+  uint64_t size[3], sum = 0;
+  bool ok = fread(magic, 1, 8, f) == 8 && !memcmp(magic, CACHE_MAGIC, 8) &&
+            fread(size, sizeof size[0], 3, f) == 3 && size[0] < (1u << 30) &&
+            size[1] < (1u << 30) && size[2] >= 1 && size[2] < (1u << 30);
+  char *buf[3] = {NULL, NULL, NULL};
+  for (int i = 0; ok && i < 3; i++) {
+    buf[i] = malloc(size[i] + 1);
+    ok = buf[i] && fread(buf[i], 1, size[i], f) == size[i];
+    if (ok) buf[i][size[i]] = '\0';
+  }
+  ok = ok && fread(&sum, sizeof sum, 1, f) == 1 && fgetc(f) == EOF;
+  fclose(f);
+  if (ok) {
+    XXH3_state_t *h = XXH3_createState();
+    ok = h != NULL;
+    if (ok) {
+      XXH3_64bits_reset(h);
+      XXH3_64bits_update(h, size, sizeof size);
+      for (int i = 0; i < 3; i++) XXH3_64bits_update(h, buf[i], size[i]);
+      ok = XXH3_64bits_digest(h) == sum && buf[2][size[2] - 1] == '\0';
+      XXH3_freeState(h);
+    }
+  }
+  if (!ok) {
+    for (int i = 0; i < 3; i++) free(buf[i]);
+    return false;
+  }
+  im->log = buf[0];
+  im->cubin = (uint8_t *)buf[1], im->cubin_size = size[1];
+  im->ptx = buf[2], im->ptx_size = size[2];
+  return true;
+}
+
+static void cache_store(const char *path, const infc_nvrtc_image *im) {
+  char tmp[4200];
+  int w = snprintf(tmp, sizeof tmp, "%s.%ld.tmp", path, (long)getpid());
+  if (w < 0 || (size_t)w >= sizeof tmp) return;
+  FILE *f = fopen(tmp, "wb");
+  if (!f) return;
+  const uint64_t size[3] = {strlen(im->log), im->cubin_size, im->ptx_size};
+  const void *buf[3] = {im->log, im->cubin, im->ptx};
+  XXH3_state_t *h = XXH3_createState();
+  bool ok = h != NULL && fwrite(CACHE_MAGIC, 1, 8, f) == 8 &&
+            fwrite(size, sizeof size[0], 3, f) == 3;
+  if (ok) {
+    XXH3_64bits_reset(h);
+    XXH3_64bits_update(h, size, sizeof size);
+  }
+  for (int i = 0; ok && i < 3; i++) {
+    XXH3_64bits_update(h, buf[i], size[i]);
+    ok = fwrite(buf[i], 1, size[i], f) == size[i];
+  }
+  const uint64_t sum = ok ? XXH3_64bits_digest(h) : 0;
+  ok = ok && fwrite(&sum, sizeof sum, 1, f) == 1;
+  XXH3_freeState(h);
+  ok = fclose(f) == 0 && ok && rename(tmp, path) == 0;
+  if (!ok) remove(tmp);
+}
+
+/* The per-kernel resources from the image's log. */
+static ir_status image_stats(infc_nvrtc_image *im, ir_diag *d) {
+  int cap = infc_nvrtc_parse_ptxas(im->log, NULL, 0);
+  im->stats = calloc(cap > 0 ? (size_t)cap : 1, sizeof *im->stats);
+  if (!im->stats) return ir_diag_set(d, IR_OOM, "out of memory");
+  im->n_stats = infc_nvrtc_parse_ptxas(im->log, im->stats, cap);
+  return IR_OK;
+}
+
 ir_status infc_nvrtc_compile(infc_nvrtc *n, const char *src, const char *name, int arch,
                              const char *const *opts, int n_opts, infc_nvrtc_image *out,
                              ir_diag *d) {
   memset(out, 0, sizeof *out);
   out->arch = arch;
+  char dir[4096], path[4160];
+  const bool cache = cache_dir(dir, sizeof dir) &&
+                     cache_path(n, dir, src, name, arch, opts, n_opts, path, sizeof path);
+  if (cache && cache_load(path, out)) {
+    out->from_cache = true;
+    ir_status st = image_stats(out, d);
+    if (st != IR_OK) infc_nvrtc_image_free(out);
+    return st;
+  }
   char target[32];
   nvrtc_program prog;
   snprintf(target, sizeof target, "sm_%d", arch);
@@ -186,12 +343,8 @@ ir_status infc_nvrtc_compile(infc_nvrtc *n, const char *src, const char *name, i
       n->destroy(&prog);
     }
   }
-  if (st == IR_OK) {
-    int cap = infc_nvrtc_parse_ptxas(out->log, NULL, 0);
-    out->stats = calloc(cap > 0 ? (size_t)cap : 1, sizeof *out->stats);
-    if (!out->stats) st = ir_diag_set(d, IR_OOM, "out of memory");
-    else out->n_stats = infc_nvrtc_parse_ptxas(out->log, out->stats, cap);
-  }
+  if (st == IR_OK) st = image_stats(out, d);
+  if (st == IR_OK && cache) cache_store(path, out);
   if (st != IR_OK) infc_nvrtc_image_free(out);
   return st;
 }

@@ -6,6 +6,7 @@
 #ifndef INFC_NVRTC_H
 #define INFC_NVRTC_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -48,12 +49,14 @@ typedef struct infc_nvrtc_image {
   char *log;          /* NVRTC's log: warnings and ptxas's report ("" if none) */
   infc_kernel_stats *stats;
   int n_stats;
+  bool from_cache;    /* read from the compile cache (infc_nvrtc_compile), not compiled */
 } infc_nvrtc_image;
 
 /* Compiles src (named `name` in messages) for sm_<arch>, adding the caller's options
  * (e.g. "-DHEAD_DIM=128") to the fixed ones (arch, -std=c++17, ptxas -v). Fills *out on
  * success (free with infc_nvrtc_image_free); a compile error is IR_BAD_FORMAT with the
- * first lines of the log. */
+ * first lines of the log. Outputs come from, and go to, the compile cache: $INFC_CACHE_DIR
+ * ("" or "off": none), else $XDG_CACHE_HOME/infc, else ~/.cache/infc (infc_nvrtc.c). */
 ir_status infc_nvrtc_compile(infc_nvrtc *n, const char *src, const char *name, int arch,
                              const char *const *opts, int n_opts, infc_nvrtc_image *out,
                              ir_diag *d);

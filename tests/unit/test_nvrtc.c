@@ -1,10 +1,15 @@
 /* test_nvrtc: every kernels/cuda/<op>.cu compiles through NVRTC (compiler/infc_nvrtc) for
- * every supported arch with the constants real plans use, and the hot kernels (attention,
- * GEMV, RMSNorm) spill no registers. Prints registers/spills per kernel and arch.
- * Skips (exit 0) where NVRTC is absent; the ptxas-report parser is checked either way. */
+ * every supported arch with the constants real plans use (the compile cache off, so each
+ * is compiled), and the hot kernels (attention, GEMV, RMSNorm) spill no registers. Prints
+ * registers/spills per kernel and arch. Then the compile cache: hits, keys, corrupt
+ * entries. Skips (exit 0) where NVRTC is absent; the ptxas-report parser is checked either
+ * way. */
 #include <dirent.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "infc_nvrtc.h"
 #include "infc_util.h"
@@ -117,6 +122,105 @@ static void test_kernels(infc_nvrtc *nv) {
   }
 }
 
+/* The cache's entries under dir/nvrtc: how many; with corrupt set, each damaged first (a
+ * byte flipped mid-file, or, with truncate, cut to 12 bytes). */
+static int cache_entries(const char *dir, int corrupt) {
+  char sub[1024], path[2048];
+  snprintf(sub, sizeof sub, "%s/nvrtc", dir);
+  DIR *dh = opendir(sub);
+  if (!dh) return 0;
+  int n = 0;
+  for (struct dirent *e; (e = readdir(dh));) {
+    size_t len = strlen(e->d_name);
+    if (len < 5 || strcmp(e->d_name + len - 4, ".bin")) continue;
+    n++;
+    snprintf(path, sizeof path, "%s/%s", sub, e->d_name);
+    struct stat st;
+    if (!corrupt || stat(path, &st) != 0) continue;
+    if (corrupt == 2) {
+      CHECK(truncate(path, 12) == 0);
+      continue;
+    }
+    FILE *f = fopen(path, "r+b");
+    CHECK(f != NULL);
+    if (!f) continue;
+    fseek(f, st.st_size / 2, SEEK_SET);
+    int c = fgetc(f);
+    fseek(f, st.st_size / 2, SEEK_SET);
+    fputc(c ^ 0x5a, f);
+    fclose(f);
+  }
+  closedir(dh);
+  return n;
+}
+
+static void cache_clear(const char *dir) {
+  char sub[1024], path[2048];
+  snprintf(sub, sizeof sub, "%s/nvrtc", dir);
+  DIR *dh = opendir(sub);
+  for (struct dirent *e; dh && (e = readdir(dh));) {
+    if (e->d_name[0] == '.') continue;
+    snprintf(path, sizeof path, "%s/%s", sub, e->d_name);
+    remove(path);
+  }
+  if (dh) closedir(dh);
+  rmdir(sub);
+  rmdir(dir);
+}
+
+/* Compiles the test source with -DX=<x>; returns whether it came from the cache (-1: failed).
+ * The image goes to *im (freed by the caller). */
+static int compile_x(infc_nvrtc *nv, const char *x, infc_nvrtc_image *im) {
+  static const char *src = "extern \"C\" __global__ void kn_t(float *p) { p[threadIdx.x] *= X; }";
+  char def[32];
+  snprintf(def, sizeof def, "-DX=%s", x);
+  const char *opts[] = {def};
+  ir_diag d = {0};
+  ir_status st = infc_nvrtc_compile(nv, src, "cache_test.cu", 90, opts, 1, im, &d);
+  CHECKF(st == IR_OK, "%s", d.msg);
+  return st == IR_OK ? im->from_cache : -1;
+}
+
+/* The same PTX, CUBIN and kernel resources (the logs differ in ptxas's compile time). */
+static bool same_image(const infc_nvrtc_image *a, const infc_nvrtc_image *b) {
+  return a->ptx_size == b->ptx_size && !memcmp(a->ptx, b->ptx, a->ptx_size) &&
+         a->cubin_size == b->cubin_size && !memcmp(a->cubin, b->cubin, a->cubin_size) &&
+         a->n_stats == b->n_stats && a->n_stats == 1 &&
+         a->stats[0].registers == b->stats[0].registers &&
+         !strcmp(a->stats[0].name, b->stats[0].name);
+}
+
+static void test_cache(infc_nvrtc *nv) {
+  char dir[512];
+  snprintf(dir, sizeof dir, "%s/nvrtc-cache-%ld", TEST_TMP_DIR, (long)getpid());
+  cache_clear(dir);
+  setenv("INFC_CACHE_DIR", dir, 1);
+  infc_nvrtc_image a, b, c, e;
+  CHECK(compile_x(nv, "2.0f", &a) == 0); /* a miss, written */
+  CHECK(cache_entries(dir, 0) == 1);
+  CHECK(compile_x(nv, "2.0f", &b) == 1); /* a hit: the same outputs, the log too */
+  CHECK(same_image(&a, &b) && !strcmp(a.log, b.log));
+  infc_nvrtc_image_free(&b);
+  CHECK(compile_x(nv, "3.0f", &c) == 0); /* another define, another key */
+  CHECK(cache_entries(dir, 0) == 2);
+  CHECK(c.ptx && a.ptx && strcmp(c.ptx, a.ptx) != 0);
+  infc_nvrtc_image_free(&c);
+  for (int how = 1; how <= 2; how++) { /* a flipped byte, then a cut entry: misses */
+    CHECK(cache_entries(dir, how) == 2);
+    CHECK(compile_x(nv, "2.0f", &e) == 0);
+    CHECK(e.ptx && !strcmp(e.ptx, a.ptx) && e.n_stats == 1);
+    infc_nvrtc_image_free(&e);
+    CHECK(compile_x(nv, "2.0f", &e) == 1); /* written again */
+    CHECK(same_image(&a, &e));
+    infc_nvrtc_image_free(&e);
+  }
+  setenv("INFC_CACHE_DIR", "off", 1);
+  CHECK(compile_x(nv, "2.0f", &e) == 0);
+  infc_nvrtc_image_free(&e);
+  infc_nvrtc_image_free(&a);
+  cache_clear(dir);
+}
+
 int main(void) {
   test_parsers();
   infc_nvrtc *nv = NULL;
@@ -129,7 +233,9 @@ int main(void) {
   int major, minor;
   infc_nvrtc_version(nv, &major, &minor);
   printf("NVRTC %d.%d\n", major, minor);
+  setenv("INFC_CACHE_DIR", "off", 1); /* every kernel compiled here, none from a cache */
   test_kernels(nv);
+  test_cache(nv);
   infc_nvrtc_close(nv);
   return tcheck_done("nvrtc");
 }
