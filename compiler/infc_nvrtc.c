@@ -239,7 +239,18 @@ static bool cache_path(const infc_nvrtc *n, const char *dir, const char *src, co
 }
 
 /* An entry: CACHE_MAGIC, the sizes of log, CUBIN and PTX (u64 each), their bytes, then the
- * XXH3-64 of sizes and bytes. */
+ * XXH3-64 of sizes and bytes (entry_sum). */
+static bool entry_sum(const uint64_t size[3], const void *const buf[3], uint64_t *out) {
+  XXH3_state_t *h = XXH3_createState();
+  if (!h) return false;
+  XXH3_64bits_reset(h);
+  XXH3_64bits_update(h, size, 3 * sizeof size[0]);
+  for (int i = 0; i < 3; i++) XXH3_64bits_update(h, buf[i], size[i]);
+  *out = XXH3_64bits_digest(h);
+  XXH3_freeState(h);
+  return true;
+}
+
 static bool cache_load(const char *path, infc_nvrtc_image *im) {
   FILE *f = fopen(path, "rb");
   if (!f) return false;
@@ -256,17 +267,9 @@ static bool cache_load(const char *path, infc_nvrtc_image *im) {
   }
   ok = ok && fread(&sum, sizeof sum, 1, f) == 1 && fgetc(f) == EOF;
   fclose(f);
-  if (ok) {
-    XXH3_state_t *h = XXH3_createState();
-    ok = h != NULL;
-    if (ok) {
-      XXH3_64bits_reset(h);
-      XXH3_64bits_update(h, size, sizeof size);
-      for (int i = 0; i < 3; i++) XXH3_64bits_update(h, buf[i], size[i]);
-      ok = XXH3_64bits_digest(h) == sum && buf[2][size[2] - 1] == '\0';
-      XXH3_freeState(h);
-    }
-  }
+  uint64_t want = 0;
+  const void *const bytes[3] = {buf[0], buf[1], buf[2]};
+  ok = ok && entry_sum(size, bytes, &want) && want == sum && buf[2][size[2] - 1] == '\0';
   if (!ok) {
     for (int i = 0; i < 3; i++) free(buf[i]);
     return false;
@@ -284,21 +287,12 @@ static void cache_store(const char *path, const infc_nvrtc_image *im) {
   FILE *f = fopen(tmp, "wb");
   if (!f) return;
   const uint64_t size[3] = {strlen(im->log), im->cubin_size, im->ptx_size};
-  const void *buf[3] = {im->log, im->cubin, im->ptx};
-  XXH3_state_t *h = XXH3_createState();
-  bool ok = h != NULL && fwrite(CACHE_MAGIC, 1, 8, f) == 8 &&
+  const void *const buf[3] = {im->log, im->cubin, im->ptx};
+  uint64_t sum = 0;
+  bool ok = entry_sum(size, buf, &sum) && fwrite(CACHE_MAGIC, 1, 8, f) == 8 &&
             fwrite(size, sizeof size[0], 3, f) == 3;
-  if (ok) {
-    XXH3_64bits_reset(h);
-    XXH3_64bits_update(h, size, sizeof size);
-  }
-  for (int i = 0; ok && i < 3; i++) {
-    XXH3_64bits_update(h, buf[i], size[i]);
-    ok = fwrite(buf[i], 1, size[i], f) == size[i];
-  }
-  const uint64_t sum = ok ? XXH3_64bits_digest(h) : 0;
+  for (int i = 0; ok && i < 3; i++) ok = fwrite(buf[i], 1, size[i], f) == size[i];
   ok = ok && fwrite(&sum, sizeof sum, 1, f) == 1;
-  XXH3_freeState(h);
   ok = fclose(f) == 0 && ok && rename(tmp, path) == 0;
   if (!ok) remove(tmp);
 }
