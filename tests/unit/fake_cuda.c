@@ -224,10 +224,18 @@ static void emu_gemv_wq(const launch_t *l, bool i4) {
   kn_matmul_wq(NULL, PF(0), PF(1), &q, PF(3), m, n, k, KN_WQ_ACT_NONE);
 }
 
-/* The _h kernels' f16 / bf16 copy of out (as kn_cast_f16 / kn_cast_bf16 round). */
+/* kn_cast_f16 / kn_cast_bf16, and the _h kernels' copy of their output. */
 static void half_copy(void *h, const float *x, long long n, int bf16) {
   for (long long i = 0; i < n; i++)
     ((uint16_t *)h)[i] = bf16 ? ir_f32_to_bf16(x[i]) : ir_f32_to_f16(x[i]);
+}
+
+/* kn_swiglu_packed: z (m, 2n) holds gate in columns [0, n), up in [n, 2n). */
+static void swiglu_packed(float *out, const float *z, long long m, long long n) {
+  for (long long i = 0; i < m * n; i++) {
+    const float *zr = z + i / n * 2 * n;
+    out[i] = kn_silu_mul(zr[i % n], zr[n + i % n]);
+  }
 }
 
 static void emu_simple(const launch_t *l, const char *name) {
@@ -235,16 +243,9 @@ static void emu_simple(const launch_t *l, const char *name) {
   else if (!strcmp(name, "kn_swiglu")) kn_swiglu(NULL, PF(0), PF(1), PF(2), I64(3));
   else if (!strcmp(name, "kn_geglu")) kn_geglu(NULL, PF(0), PF(1), PF(2), I64(3));
   else if (!strcmp(name, "kn_softcap")) kn_softcap(NULL, PF(0), PF(1), I64(2), F32(l, 3));
-  else if (!strcmp(name, "kn_swiglu_packed"))
-    for (long long i = 0; i < I64(2) * I64(3); i++) {
-      const float *z = PF(1) + i / I64(3) * 2 * I64(3);
-      PF(0)[i] = kn_silu_mul(z[i % I64(3)], z[I64(3) + i % I64(3)]);
-    }
+  else if (!strcmp(name, "kn_swiglu_packed")) swiglu_packed(PF(0), PF(1), I64(2), I64(3));
   else if (!strcmp(name, "kn_swiglu_packed_h")) {
-    for (long long i = 0; i < I64(3) * I64(4); i++) {
-      const float *z = PF(2) + i / I64(4) * 2 * I64(4);
-      PF(0)[i] = kn_silu_mul(z[i % I64(4)], z[I64(4) + i % I64(4)]);
-    }
+    swiglu_packed(PF(0), PF(2), I64(3), I64(4));
     half_copy(PV(1), PF(0), I64(3) * I64(4), I32(5));
   }
   else if (!strcmp(name, "kn_gather_rows"))
@@ -265,8 +266,7 @@ static void emu_simple(const launch_t *l, const char *name) {
   else if (!strcmp(name, "kn_add_bias"))
     for (long long i = 0; i < I64(2) * I64(3); i++) PF(0)[i] += PF(1)[i % I64(3)];
   else if (!strcmp(name, "kn_cast_f16") || !strcmp(name, "kn_cast_bf16"))
-    for (long long i = 0; i < I64(2); i++)
-      ((uint16_t *)PV(0))[i] = name[8] == 'f' ? ir_f32_to_f16(PF(1)[i]) : ir_f32_to_bf16(PF(1)[i]);
+    half_copy(PV(0), PF(1), I64(2), name[8] == 'b');
   else abort();
 }
 
