@@ -231,7 +231,13 @@ static void gl_vocab(gl_reader *r, model_llama_params *p) {
 
 /* Longrope's factors: tensor t, n positive f32 values, into out. */
 static bool gl_factors(gl_reader *r, const infc_gguf_tensor *t, const char *name, int64_t n,
-                       float *out) {
+                       float *out, int64_t cap) {
+  if (n < 1 || n > cap) {
+    r->st = ir_diag_set(r->d, IR_UNSUPPORTED, "%s: longrope takes 1 to %lld rotated pairs "
+                        "(rotary dims up to %lld), '%s' needs %lld", infc_gguf_path(r->g),
+                        (long long)cap, (long long)(2 * cap), name, (long long)n);
+    return false;
+  }
   if (!t || t->dtype != IR_F32 || t->rank != 1 || t->shape[0] != n) {
     r->st = ir_diag_set(r->d, IR_BAD_FORMAT, "%s: tensor '%s' must be %lld f32 values (one per "
                         "rotated pair), with its long/short twin", infc_gguf_path(r->g), name,
@@ -281,8 +287,10 @@ static void gl_rope_scaling(gl_reader *r, model_llama_params *p) {
   const infc_gguf_tensor *fl = infc_gguf_tensor_find(r->g, "rope_factors_long.weight");
   const infc_gguf_tensor *fs = infc_gguf_tensor_find(r->g, "rope_factors_short.weight");
   if (r->st == IR_OK && (fl || fs)) { /* longrope, as llama.cpp's phi3 converter writes it */
-    if (!gl_factors(r, fl, "rope_factors_long.weight", rot / 2, p->rope_long) ||
-        !gl_factors(r, fs, "rope_factors_short.weight", rot / 2, p->rope_short))
+    if (!gl_factors(r, fl, "rope_factors_long.weight", rot / 2, p->rope_long,
+                    MODEL_ROPE_MAX_FACTORS) ||
+        !gl_factors(r, fs, "rope_factors_short.weight", rot / 2, p->rope_short,
+                    MODEL_ROPE_MAX_FACTORS))
       return;
     p->rope_scaling = MODEL_ROPE_LONGROPE;
     p->rope_orig_context = gl_int(r, gl_key(r, "rope.scaling.original_context_length"), true, 0);

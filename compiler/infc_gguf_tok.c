@@ -19,24 +19,41 @@ static void free_arrays(gguf_tok_arrays *a) {
   free(a->tokens), free(a->merges), free(a->types), free(a->chat);
 }
 
-/* NUL-terminated copies of a string array. */
-static char **copy_strs(const infc_gguf_str *s, uint64_t n) {
-  char **out = calloc(n + 1, sizeof *out);
-  for (uint64_t i = 0; out && i < n; i++)
-    if (!(out[i] = strndup(s[i].ptr ? s[i].ptr : "", s[i].len))) return out;
-  return out;
+/* NUL-terminated copies of a string array; a string holding a NUL byte is refused (a token
+ * is text: a NUL would cut it short in every C string that later holds it). */
+static ir_status copy_strs(const infc_gguf *g, const char *key, const infc_gguf_str *s,
+                           uint64_t n, char ***out, ir_diag *d) {
+  if (!(*out = calloc(n + 1, sizeof **out))) return ir_diag_set(d, IR_OOM, "out of memory");
+  for (uint64_t i = 0; i < n; i++) {
+    if (s[i].len && memchr(s[i].ptr, 0, s[i].len))
+      return ir_diag_set(d, IR_BAD_FORMAT, "%s: %s[%llu] holds a NUL byte", infc_gguf_path(g),
+                         key, (unsigned long long)i);
+    if (!((*out)[i] = strndup(s[i].ptr ? s[i].ptr : "", s[i].len)))
+      return ir_diag_set(d, IR_OOM, "out of memory");
+  }
+  return IR_OK;
 }
 
 static bool has(const infc_gguf *g, const char *key) { return infc_gguf_kv_find(g, key) != NULL; }
 
-static int32_t opt_id(const infc_gguf *g, const char *key) {
+/* An optional token id: absent is -1; present, it must be an unsigned integer naming one of
+ * the n_tokens tokens (a wrong type or an id past the vocabulary is refused, not ignored). */
+static ir_status opt_id(const infc_gguf *g, const char *key, int32_t n_tokens, int32_t *out,
+                        ir_diag *d) {
   uint32_t v;
-  return has(g, key) && infc_gguf_get_u32(g, key, &v, NULL) == IR_OK ? (int32_t)v : -1;
+  *out = -1;
+  if (!has(g, key)) return IR_OK;
+  ir_status st = infc_gguf_get_u32(g, key, &v, d);
+  if (st != IR_OK) return st;
+  if (v >= (uint32_t)n_tokens)
+    return ir_diag_set(d, IR_BAD_FORMAT, "%s: %s is %u, past the %d tokens", infc_gguf_path(g),
+                       key, v, n_tokens);
+  *out = (int32_t)v;
+  return IR_OK;
 }
 
-static bool opt_bool(const infc_gguf *g, const char *key, bool def) {
-  bool v;
-  return has(g, key) && infc_gguf_get_bool(g, key, &v, NULL) == IR_OK ? v : def;
+static ir_status opt_bool(const infc_gguf *g, const char *key, bool *v, ir_diag *d) {
+  return has(g, key) ? infc_gguf_get_bool(g, key, v, d) : IR_OK;
 }
 
 /* The byte-level pre-tokenizer (and its flags) that tokenizer.ggml.pre names. */
@@ -72,11 +89,16 @@ static ir_status read_vocab(const infc_gguf *g, irt_tok_spec *s, gguf_tok_arrays
   if (a->n_tokens == 0 || a->n_tokens > INT32_MAX)
     return ir_diag_set(d, IR_BAD_FORMAT, "%s: tokenizer.ggml.tokens has %llu entries",
                        infc_gguf_path(g), (unsigned long long)a->n_tokens);
-  if (!(a->tokens = copy_strs(toks, a->n_tokens))) return ir_diag_set(d, IR_OOM, "out of memory");
+  if ((st = copy_strs(g, "tokenizer.ggml.tokens", toks, a->n_tokens, &a->tokens, d)) != IR_OK)
+    return st;
   if (has(g, "tokenizer.ggml.merges")) {
     if ((st = infc_gguf_get_strs(g, "tokenizer.ggml.merges", &merges, &a->n_merges, d)) != IR_OK)
       return st;
-    if (!(a->merges = copy_strs(merges, a->n_merges))) return ir_diag_set(d, IR_OOM, "out of memory");
+    if (a->n_merges > INT32_MAX)
+      return ir_diag_set(d, IR_BAD_FORMAT, "%s: tokenizer.ggml.merges has %llu entries",
+                         infc_gguf_path(g), (unsigned long long)a->n_merges);
+    st = copy_strs(g, "tokenizer.ggml.merges", merges, a->n_merges, &a->merges, d);
+    if (st != IR_OK) return st;
   }
   if (has(g, "tokenizer.ggml.token_type") &&
       (st = infc_gguf_get_ints(g, "tokenizer.ggml.token_type", &types, &n_types, d)) != IR_OK)
@@ -86,8 +108,13 @@ static ir_status read_vocab(const infc_gguf *g, irt_tok_spec *s, gguf_tok_arrays
                        (unsigned long long)n_types, (unsigned long long)a->n_tokens);
   if (types && !(a->types = malloc(a->n_tokens * sizeof *a->types)))
     return ir_diag_set(d, IR_OOM, "out of memory");
-  for (uint64_t i = 0; types && i < a->n_tokens; i++)
-    a->types[i] = types[i] >= 1 && types[i] <= 6 ? (int32_t)types[i] : IRT_TOK_NORMAL;
+  for (uint64_t i = 0; types && i < a->n_tokens; i++) { /* llama.cpp's enum: 0 undefined .. 6 byte */
+    if (types[i] < 0 || types[i] > 6)
+      return ir_diag_set(d, IR_BAD_FORMAT, "%s: tokenizer.ggml.token_type[%llu] is %lld, not a "
+                         "token type (0-6)", infc_gguf_path(g), (unsigned long long)i,
+                         (long long)types[i]);
+    a->types[i] = types[i] >= 1 ? (int32_t)types[i] : IRT_TOK_NORMAL;
+  }
   s->n_tokens = (int32_t)a->n_tokens;
   s->tokens = (const char *const *)a->tokens;
   s->token_types = a->types;
@@ -102,7 +129,8 @@ static ir_status read_model(const infc_gguf *g, irt_tok_spec *s, ir_diag *d) {
   if (st != IR_OK) return st;
   if (infc_gguf_str_eq(model, "gpt2")) {
     s->model = IRT_TOK_BPE_BYTE_LEVEL;
-    s->add_bos = opt_bool(g, "tokenizer.ggml.add_bos_token", false);
+    s->add_bos = false;
+    if ((st = opt_bool(g, "tokenizer.ggml.add_bos_token", &s->add_bos, d)) != IR_OK) return st;
     return pick_pre(g, s, d);
   }
   if (infc_gguf_str_eq(model, "llama")) {
@@ -111,35 +139,49 @@ static ir_status read_model(const infc_gguf *g, irt_tok_spec *s, ir_diag *d) {
     s->model = IRT_TOK_BPE_SPM;
     s->pre = IRT_TOK_PRE_NONE;
     s->byte_fallback = s->fuse_unk = true;
-    s->add_prefix_space = opt_bool(g, "tokenizer.ggml.add_space_prefix", true);
-    s->add_bos = opt_bool(g, "tokenizer.ggml.add_bos_token", true);
+    s->add_prefix_space = s->add_bos = true;
+    if ((st = opt_bool(g, "tokenizer.ggml.add_space_prefix", &s->add_prefix_space, d)) != IR_OK ||
+        (st = opt_bool(g, "tokenizer.ggml.add_bos_token", &s->add_bos, d)) != IR_OK)
+      return st;
     if (has(g, "tokenizer.ggml.scores") &&
         (st = infc_gguf_get_floats(g, "tokenizer.ggml.scores", &scores, &n, d)) != IR_OK)
       return st;
-    s->scores = n == (uint64_t)s->n_tokens ? scores : NULL;
+    if (scores && n != (uint64_t)s->n_tokens)
+      return ir_diag_set(d, IR_BAD_FORMAT, "%s: tokenizer.ggml.scores has %llu entries for %d "
+                         "tokens", infc_gguf_path(g), (unsigned long long)n, s->n_tokens);
+    s->scores = scores;
     return IR_OK;
   }
   return ir_diag_set(d, IR_UNSUPPORTED, "%s: tokenizer.ggml.model '%.*s' is not supported (gpt2, "
                      "llama)", infc_gguf_path(g), (int)(model.len > 64 ? 64 : model.len), model.ptr);
 }
 
-static void read_specials(const infc_gguf *g, irt_tok_spec *s, gguf_tok_arrays *a) {
-  infc_gguf_str tpl;
-  s->bos_id = opt_id(g, "tokenizer.ggml.bos_token_id");
-  s->eos_id = opt_id(g, "tokenizer.ggml.eos_token_id");
-  s->unk_id = opt_id(g, "tokenizer.ggml.unknown_token_id");
-  s->pad_id = opt_id(g, "tokenizer.ggml.padding_token_id");
-  s->add_eos = opt_bool(g, "tokenizer.ggml.add_eos_token", false);
+static ir_status read_specials(const infc_gguf *g, irt_tok_spec *s, gguf_tok_arrays *a,
+                               ir_diag *d) {
+  static const char *const id_keys[4] = {
+      "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
+      "tokenizer.ggml.unknown_token_id", "tokenizer.ggml.padding_token_id"};
+  int32_t *ids[4] = {&s->bos_id, &s->eos_id, &s->unk_id, &s->pad_id};
+  ir_status st = IR_OK;
+  for (int i = 0; i < 4 && st == IR_OK; i++) st = opt_id(g, id_keys[i], s->n_tokens, ids[i], d);
+  s->add_eos = false;
+  if (st == IR_OK) st = opt_bool(g, "tokenizer.ggml.add_eos_token", &s->add_eos, d);
   int n = 0;
   const char *keys[2] = {"tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"};
-  for (int i = 0; i < 2; i++)
-    if ((a->eog[n] = opt_id(g, keys[i])) >= 0) n++;
+  for (int i = 0; i < 2 && st == IR_OK; i++)
+    if ((st = opt_id(g, keys[i], s->n_tokens, &a->eog[n], d)) == IR_OK && a->eog[n] >= 0) n++;
   s->eos_ids = n ? a->eog : NULL;
   s->n_eos_ids = n;
-  if (has(g, "tokenizer.chat_template") &&
-      infc_gguf_get_str(g, "tokenizer.chat_template", &tpl, NULL) == IR_OK)
-    a->chat = strndup(tpl.ptr, tpl.len);
+  infc_gguf_str tpl;
+  if (st == IR_OK && has(g, "tokenizer.chat_template") &&
+      (st = infc_gguf_get_str(g, "tokenizer.chat_template", &tpl, d)) == IR_OK) {
+    if (tpl.len && memchr(tpl.ptr, 0, tpl.len))
+      return ir_diag_set(d, IR_BAD_FORMAT, "%s: tokenizer.chat_template holds a NUL byte",
+                         infc_gguf_path(g));
+    if (!(a->chat = strndup(tpl.ptr, tpl.len))) return ir_diag_set(d, IR_OOM, "out of memory");
+  }
   s->chat_template = a->chat;
+  return st;
 }
 
 ir_status infc_gguf_tokenizer(const infc_gguf *g, irt_tokenizer **out, ir_diag *d) {
@@ -149,10 +191,8 @@ ir_status infc_gguf_tokenizer(const infc_gguf *g, irt_tokenizer **out, ir_diag *
   gguf_tok_arrays a = {0};
   ir_status st = read_vocab(g, &s, &a, d);
   if (st == IR_OK) st = read_model(g, &s, d);
-  if (st == IR_OK) {
-    read_specials(g, &s, &a);
-    st = irt_tok_create(&s, out, d);
-  }
+  if (st == IR_OK) st = read_specials(g, &s, &a, d);
+  if (st == IR_OK) st = irt_tok_create(&s, out, d);
   free_arrays(&a);
   if (st != IR_OK) ir_diag_prefix(d, "tokenizer");
   return st;

@@ -68,10 +68,16 @@ static const char *get_str(cfg_reader *r, const char *key) {
   return v->valuestring;
 }
 
-/* A list of exactly n positive numbers (longrope's factors) into out. */
-static void get_factors(cfg_reader *r, const char *key, int64_t n, float *out) {
+/* A list of exactly n positive numbers (longrope's factors) into out, which holds cap. */
+static void get_factors(cfg_reader *r, const char *key, int64_t n, float *out, int64_t cap) {
   const cJSON *v = cJSON_GetObjectItemCaseSensitive(r->root, key), *e;
   if (r->st != IR_OK) return;
+  if (n < 1 || n > cap) {
+    r->st = ir_diag_set(r->d, IR_UNSUPPORTED, "key '%s': longrope takes 1 to %lld rotated pairs "
+                        "(rotary dims up to %lld), this config has %lld", key, (long long)cap,
+                        (long long)(2 * cap), (long long)n);
+    return;
+  }
   if (!cJSON_IsArray(v) || cJSON_GetArraySize(v) != n) {
     r->st = ir_diag_set(r->d, IR_BAD_FORMAT, "key '%s' must be a list of %lld numbers (one per "
                         "rotated pair)", key, (long long)n);
@@ -180,8 +186,8 @@ static void read_rope_at(cfg_reader *r, const char *key, const cJSON *rp, model_
     int64_t orig = get_int(r, "original_max_position_embeddings", false, 0);
     p->rope_orig_context = get_int(&sub, "original_max_position_embeddings", !orig, orig);
     int64_t pairs = model_llama_rot_dims(p) / 2;
-    get_factors(&sub, "long_factor", pairs, p->rope_long);
-    get_factors(&sub, "short_factor", pairs, p->rope_short);
+    get_factors(&sub, "long_factor", pairs, p->rope_long, MODEL_ROPE_MAX_FACTORS);
+    get_factors(&sub, "short_factor", pairs, p->rope_short, MODEL_ROPE_MAX_FACTORS);
     double ctx = (double)p->rope_orig_context;
     double f = get_num(&sub, "factor", false, ctx > 0 ? (double)p->max_position / ctx : 1.0);
     p->rope_attn_factor = get_num(&sub, "attention_factor", false,
