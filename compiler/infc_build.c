@@ -1,7 +1,9 @@
 /* infc_build: the build driver: picks the frontend (safetensors + config.json, or GGUF),
  * lowers through the Llama template, runs the passes and writes the plan. */
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <xxhash.h>
 
 #include "infc_build.h"
@@ -87,8 +89,10 @@ static ir_status find_config(const char *src, char *cfg, size_t len, ir_diag *d)
   char dir[4096];
   if (infc_is_dir(src)) snprintf(dir, sizeof dir, "%s", src);
   else infc_path_dir(dir, sizeof dir, src);
-  if (!infc_path_join(cfg, len, dir, "config.json") || !infc_file_exists(cfg))
+  struct stat sb;
+  if (!infc_path_join(cfg, len, dir, "config.json") || stat(cfg, &sb) != 0)
     return ir_diag_set(d, IR_IO, "%s: no config.json beside the checkpoint", src);
+  if (!S_ISREG(sb.st_mode)) return ir_diag_set(d, IR_IO, "%s: not a regular file", cfg);
   return IR_OK;
 }
 
@@ -98,8 +102,11 @@ static bool has_ext(const char *src, const char *ext) {
 }
 
 static ir_status check_format(const char *src, ir_diag *d) {
-  if (!infc_is_dir(src) && !infc_file_exists(src))
-    return ir_diag_set(d, IR_IO, "%s: no such file or directory", src);
+  struct stat sb;
+  if (stat(src, &sb) != 0) return ir_diag_set(d, IR_IO, "%s: %s", src, strerror(errno));
+  if (!S_ISDIR(sb.st_mode) && !S_ISREG(sb.st_mode))
+    return ir_diag_set(d, IR_IO, "%s: not a regular file or directory (a FIFO, socket or "
+                       "device)", src);
   return IR_OK;
 }
 

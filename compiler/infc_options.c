@@ -6,6 +6,7 @@
 
 #include "infc_nvrtc.h"
 #include "infc_options.h"
+#include "ir_file.h"
 #include "pass.h"
 
 infc_options infc_options_default(void) {
@@ -186,14 +187,53 @@ static ir_status apply_mapping(infc_options *o, yaml_document_t *doc, yaml_node_
   return IR_OK;
 }
 
+enum { YAML_MAX_BYTES = 1 << 20, YAML_MAX_DEPTH = 16 };
+
+/* Refuses a document nested deeper than YAML_MAX_DEPTH before it is loaded: an options file
+ * is a mapping of scalars one level deep, and libyaml's scanner is quadratic in the depth of
+ * flow collections (200k '[' take it minutes). Events are pulled lazily, so the refusal
+ * comes after YAML_MAX_DEPTH openers are scanned. */
+static ir_status yaml_check_depth(const char *buf, size_t len, ir_diag *d) {
+  yaml_parser_t parser;
+  yaml_event_t ev;
+  ir_status st = IR_OK;
+  int depth = 0;
+  yaml_parser_initialize(&parser);
+  yaml_parser_set_input_string(&parser, (const unsigned char *)buf, len);
+  for (bool done = false; !done && st == IR_OK;) {
+    if (!yaml_parser_parse(&parser, &ev)) {
+      st = ir_diag_set(d, IR_BAD_FORMAT, "line %zu: %s", parser.problem_mark.line + 1,
+                       parser.problem ? parser.problem : "YAML syntax error");
+      break;
+    }
+    if (ev.type == YAML_SEQUENCE_START_EVENT || ev.type == YAML_MAPPING_START_EVENT) {
+      if (++depth > YAML_MAX_DEPTH)
+        st = ir_diag_set(d, IR_BAD_FORMAT, "line %zu: nested deeper than %d levels",
+                         ev.start_mark.line + 1, YAML_MAX_DEPTH);
+    } else if (ev.type == YAML_SEQUENCE_END_EVENT || ev.type == YAML_MAPPING_END_EVENT) {
+      depth--;
+    }
+    done = ev.type == YAML_STREAM_END_EVENT;
+    yaml_event_delete(&ev);
+  }
+  yaml_parser_delete(&parser);
+  return st;
+}
+
 ir_status infc_options_load_yaml(infc_options *o, const char *path, ir_diag *d) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return ir_diag_set(d, IR_IO, "%s: cannot open", path);
+  char *buf = NULL;
+  size_t len = 0;
+  ir_status st = ir_file_read(path, YAML_MAX_BYTES, &buf, &len, d);
+  if (st == IR_OK) st = yaml_check_depth(buf, len, d);
+  if (st != IR_OK) {
+    free(buf);
+    ir_diag_prefix(d, "%s", path);
+    return st;
+  }
   yaml_parser_t parser;
   yaml_document_t doc;
-  ir_status st = IR_OK;
   yaml_parser_initialize(&parser);
-  yaml_parser_set_input_file(&parser, f);
+  yaml_parser_set_input_string(&parser, (const unsigned char *)buf, len);
   if (!yaml_parser_load(&parser, &doc)) {
     st = ir_diag_set(d, IR_BAD_FORMAT, "line %zu: %s", parser.problem_mark.line + 1,
                      parser.problem ? parser.problem : "YAML syntax error");
@@ -204,7 +244,7 @@ ir_status infc_options_load_yaml(infc_options *o, const char *path, ir_diag *d) 
     yaml_document_delete(&doc);
   }
   yaml_parser_delete(&parser);
-  fclose(f);
+  free(buf);
   if (st != IR_OK) ir_diag_prefix(d, "%s", path);
   return st;
 }

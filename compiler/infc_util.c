@@ -6,29 +6,11 @@
 #include <sys/stat.h>
 
 #include "infc_util.h"
+#include "ir_file.h"
 
 ir_status infc_read_file(const char *path, size_t max_bytes, char **out, size_t *out_len,
                          ir_diag *d) {
-  *out = NULL;
-  FILE *f = fopen(path, "rb");
-  if (!f) return ir_diag_set(d, IR_IO, "cannot open: %s", strerror(errno));
-  char *buf = malloc(max_bytes + 1);
-  if (!buf) {
-    fclose(f);
-    return ir_diag_set(d, IR_OOM, "out of memory");
-  }
-  size_t n = fread(buf, 1, max_bytes + 1, f);
-  bool err = ferror(f);
-  fclose(f);
-  if (err || n > max_bytes) {
-    free(buf);
-    return err ? ir_diag_set(d, IR_IO, "read failed")
-               : ir_diag_set(d, IR_BAD_FORMAT, "file is larger than %zu bytes", max_bytes);
-  }
-  buf[n] = '\0';
-  *out = buf;
-  if (out_len) *out_len = n;
-  return IR_OK;
+  return ir_file_read(path, max_bytes, out, out_len, d);
 }
 
 bool infc_is_dir(const char *path) {

@@ -11,6 +11,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include "ir_file.h"
 #include "ir_plan.h"
 #include "ir_plan_kernels.h"
 #include "plan.pb-c.h"
@@ -26,23 +27,20 @@ struct ir_plan {
 };
 
 static ir_status map_file(const char *path, ir_plan *p, ir_diag *d) {
-  int fd = open(path, O_RDONLY);
-  if (fd < 0) return ir_diag_set(d, IR_IO, "cannot open: %s", strerror(errno));
-  struct stat st;
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+  int fd;
+  uint64_t size;
+  ir_status st = ir_file_open(path, &fd, &size, d);
+  if (st != IR_OK) return st;
+  if (size < sizeof(ir_plan_header)) {
     close(fd);
-    return ir_diag_set(d, IR_IO, "not a regular file");
+    return ir_diag_set(d, IR_BAD_FORMAT, "not a plan file: %llu bytes is shorter than a plan header",
+                       (unsigned long long)size);
   }
-  if ((uint64_t)st.st_size < sizeof(ir_plan_header)) {
-    close(fd);
-    return ir_diag_set(d, IR_BAD_FORMAT, "not a plan file: %lld bytes is shorter than a plan header",
-                       (long long)st.st_size);
-  }
-  void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+  void *m = mmap(NULL, (size_t)size, PROT_READ, MAP_PRIVATE, fd, 0);
   close(fd);
   if (m == MAP_FAILED) return ir_diag_set(d, IR_IO, "mmap failed: %s", strerror(errno));
   p->map = m;
-  p->map_size = (size_t)st.st_size;
+  p->map_size = (size_t)size;
   return IR_OK;
 }
 

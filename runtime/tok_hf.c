@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ir_file.h"
 #include "tok_internal.h"
 
 #define RE_GPT2 \
@@ -51,26 +52,12 @@ static const char *jtype(const cJSON *o) {
   return t ? t : "(no type)";
 }
 
-/* The whole file at path, NUL-terminated, into *out (malloc'd) and its length. */
+/* The whole file at path, NUL-terminated, into *out (malloc'd) and its length. A
+ * tokenizer.json is a few MB (Llama 3's 9 MB, Gemma's 33 MB); past 256 MB it is refused. */
 static ir_status read_text(const char *path, char **out, size_t *out_len, ir_diag *d) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return ir_diag_set(d, IR_IO, "%s: %s", path, strerror(errno));
-  char *buf = NULL;
-  size_t len = 0;
-  if (fseek(f, 0, SEEK_END) == 0) {
-    long sz = ftell(f);
-    if (sz >= 0 && fseek(f, 0, SEEK_SET) == 0 && (buf = malloc((size_t)sz + 1)) != NULL)
-      len = fread(buf, 1, (size_t)sz, f);
-    if (buf && len != (size_t)sz) len = (size_t)-1;
-  }
-  fclose(f);
-  if (!buf || len == (size_t)-1) {
-    free(buf);
-    return ir_diag_set(d, IR_IO, "%s: cannot read the file", path);
-  }
-  buf[len] = '\0';
-  *out = buf, *out_len = len;
-  return IR_OK;
+  ir_status st = ir_file_read(path, (size_t)256 << 20, out, out_len, d);
+  if (st != IR_OK) ir_diag_prefix(d, "%s", path);
+  return st;
 }
 
 /* chat_template.jinja beside tokenizer_json (where transformers >= 4.51 saves the template

@@ -14,21 +14,22 @@
 #include <unistd.h>
 
 #include "infc_util.h"
+#include "ir_file.h"
 #include "onnx_internal.h"
 
 /* Maps a whole regular file read-only. An empty file maps to NULL with size 0. */
 static ir_status map_file(const char *path, const uint8_t **out, size_t *out_size, ir_diag *d) {
-  int fd = open(path, O_RDONLY);
-  if (fd < 0) return ir_diag_set(d, IR_IO, "cannot open %s: %s", path, strerror(errno));
-  struct stat st;
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    close(fd);
-    return ir_diag_set(d, IR_IO, "%s: not a regular file", path);
+  int fd;
+  uint64_t size;
+  ir_status st = ir_file_open(path, &fd, &size, d);
+  if (st != IR_OK) {
+    ir_diag_prefix(d, "%s", path);
+    return st;
   }
   *out = NULL;
-  *out_size = (size_t)st.st_size;
-  if (st.st_size > 0) {
-    void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+  *out_size = (size_t)size;
+  if (size > 0) {
+    void *p = mmap(NULL, (size_t)size, PROT_READ, MAP_PRIVATE, fd, 0);
     if (p == MAP_FAILED) {
       close(fd);
       return ir_diag_set(d, IR_IO, "%s: mmap failed: %s", path, strerror(errno));

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "ir_file.h"
 #include "infc_gguf_tok.h"
 
 int cli_fail(const char *fmt, ...) {
@@ -111,7 +112,7 @@ static char *read_all(FILE *f, size_t *out_len) {
 char *cli_read_stdin(size_t *out_len) { return read_all(stdin, out_len); }
 
 char *cli_read_file(const char *path, size_t *out_len) {
-  FILE *f = fopen(path, "rb");
+  FILE *f = ir_file_fopen(path, NULL); /* regular files only: a FIFO would block */
   if (!f) return NULL;
   char *buf = read_all(f, out_len);
   fclose(f);

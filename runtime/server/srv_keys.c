@@ -1,9 +1,12 @@
 /* srv_keys: API keys, each mapped to a tenant (its own prefix-cache domain) and a priority
  * class. Keys come from --api-key flags or a file of "key [tenant [priority]]" lines. */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "srv.h"
 
@@ -60,9 +63,16 @@ static bool parse_line(srv_keys *ks, char *line, int lineno, const char *path, c
 }
 
 bool srv_keys_load(srv_keys *ks, const char *path, char *msg, size_t cap) {
-  FILE *f = fopen(path, "r");
+  /* regular files only, opened without blocking: a FIFO would hang the start */
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+  struct stat st;
+  const char *why = fd < 0 ? strerror(errno)
+                    : fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ? "not a regular file"
+                                                                  : NULL;
+  FILE *f = why ? NULL : fdopen(fd, "r");
   if (!f) {
-    snprintf(msg, cap, "%s: %s", path, strerror(errno));
+    snprintf(msg, cap, "%s: %s", path, why ? why : strerror(errno));
+    if (fd >= 0) close(fd);
     return false;
   }
   char *line = NULL;
