@@ -103,7 +103,9 @@ static bool has_ext(const char *src, const char *ext) {
 
 static ir_status check_format(const char *src, ir_diag *d) {
   struct stat sb;
-  if (stat(src, &sb) != 0) return ir_diag_set(d, IR_IO, "%s: %s", src, strerror(errno));
+  if (stat(src, &sb) != 0)
+    return ir_diag_set(d, IR_IO, "%s: %s", src,
+                       errno == ENOENT ? "no such file or directory" : strerror(errno));
   if (!S_ISDIR(sb.st_mode) && !S_ISREG(sb.st_mode))
     return ir_diag_set(d, IR_IO, "%s: not a regular file or directory (a FIFO, socket or "
                        "device)", src);

@@ -298,6 +298,9 @@ const char *ir_sym_name(ir_sym s);
 /* Extent of dim with symbols bound to `syms` (indexed by ir_sym; may be NULL, then the
  * model's step limits are used: the worst case). */
 int64_t ir_dim_value(const ir_graph *g, ir_dim d, const int64_t *syms);
+/* Element and byte counts saturate at UINT64_MAX where the product overflows (ir_graph_verify
+ * refuses any tensor past IR_MAX_TENSOR_BYTES, so a verified graph's sizes are exact). */
+#define IR_MAX_TENSOR_BYTES (1ull << 48)
 uint64_t ir_tensor_elems(const ir_graph *g, const ir_tensor *t, const int64_t *syms);
 uint64_t ir_tensor_bytes(const ir_graph *g, const ir_tensor *t, const int64_t *syms);
 /* Index of the tensor with that name, or -1. Linear scan: for tools and tests. */
@@ -309,6 +312,14 @@ int32_t ir_graph_find_tensor(const ir_graph *g, const char *name);
  * each activation has exactly one producer that precedes its users, and that weights
  * carry data of the right size. The first problem found is reported in d. */
 ir_status ir_graph_verify(const ir_graph *g, ir_diag *d);
+/* For an LLM step program (a graph with attention nodes; others pass): the config against
+ * the graph, as a plan from elsewhere may lie about either with valid checksums. The config's
+ * sizes are bounded (the KV cache and host buffers are sized by them), each attention node's
+ * layer indexes one of n_layers and its head geometry is the config's (the KV cache is laid
+ * out by the config), rope tables cover max_position, the embedding covers vocab_size, and
+ * tokens/positions/logit_rows are the i32 inputs the runtime writes. Run by ir_plan_open. */
+#define IR_MAX_LAYERS 1024
+ir_status ir_graph_verify_step(const ir_graph *g, ir_diag *d);
 /* The most tokens one decode step can hold: min(max_tokens, max_seqs, max_logits). */
 int64_t ir_max_decode_batch(const ir_model_config *c);
 /* The default capture plan: 1, 2, 4, ... below that limit, then the limit itself (at most

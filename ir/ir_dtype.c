@@ -36,6 +36,7 @@ ir_dtype ir_dtype_from_name(const char *name) {
 }
 
 uint64_t ir_dtype_bytes(ir_dtype t, uint64_t n) {
+  if (n > UINT64_MAX / 8) return UINT64_MAX; /* saturates, as ir_tensor_elems does */
   switch (t) {
   case IR_F32: case IR_I32: return n * 4;
   case IR_F16: case IR_BF16: return n * 2;

@@ -172,7 +172,10 @@ static const ir_attr *find_attr(const ir_node *n, const char *name) {
 
 int64_t ir_node_attr_i(const ir_node *n, const char *name, int64_t def) {
   const ir_attr *a = find_attr(n, name);
-  return a ? (a->type == IR_ATTR_INT ? a->i : (int64_t)a->f) : def;
+  if (!a) return def;
+  if (a->type == IR_ATTR_INT) return a->i;
+  /* a float where an integer belongs: in range, or a value no check accepts (not UB) */
+  return a->f >= -9.0e18 && a->f <= 9.0e18 ? (int64_t)a->f : INT64_MIN;
 }
 
 double ir_node_attr_f(const ir_node *n, const char *name, double def) {
@@ -237,7 +240,10 @@ int64_t ir_dim_value(const ir_graph *g, ir_dim d, const int64_t *syms) {
 
 uint64_t ir_tensor_elems(const ir_graph *g, const ir_tensor *t, const int64_t *syms) {
   uint64_t n = 1;
-  for (int i = 0; i < t->rank; i++) n *= (uint64_t)ir_dim_value(g, t->dims[i], syms);
+  for (int i = 0; i < t->rank; i++) {
+    int64_t v = ir_dim_value(g, t->dims[i], syms);
+    if (v < 0 || __builtin_mul_overflow(n, (uint64_t)v, &n)) return UINT64_MAX; /* saturates */
+  }
   return n;
 }
 

@@ -192,7 +192,8 @@ static ir_status read_graph(ir_plan *p, ir_diag *d) {
   for (size_t i = 0; st == IR_OK && i < m->n_outputs; i++)
     if (!ir_graph_add_output(p->graph, m->outputs[i])) st = ir_diag_set(d, IR_OOM, "out of memory");
   p->graph->arena_size = m->arena_size;
-  return st == IR_OK ? ir_graph_verify(p->graph, d) : st;
+  if (st == IR_OK) st = ir_graph_verify(p->graph, d);
+  return st == IR_OK ? ir_graph_verify_step(p->graph, d) : st;
 }
 
 ir_status ir_plan_open(const char *path, ir_plan_verify verify, ir_plan **out, ir_diag *d) {

@@ -1,6 +1,8 @@
 /* ir_verify: checks a graph before anything runs it (after every pass in debug builds,
  * always after loading a plan). Reports the first problem found. */
+#include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "ir.h"
 
@@ -60,6 +62,9 @@ static ir_status check_tensor(const ir_graph *g, int32_t i, ir_diag *d) {
     if (t->kind == IR_TENSOR_WEIGHT && dm.sym != IR_SYM_NONE)
       return ir_diag_set(d, IR_BAD_FORMAT, "weight '%s' has a symbolic dim", t->name);
   }
+  if (ir_tensor_bytes(g, t, NULL) > IR_MAX_TENSOR_BYTES) /* also a product that overflowed */
+    return ir_diag_set(d, IR_BAD_FORMAT, "tensor '%s': its shape holds more than 2^48 bytes",
+                       t->name);
   if (ir_dtype_is_x8(t->dtype) &&
       (t->rank != 2 || t->dims[0].sym != IR_SYM_NONE || t->dims[0].n % 8 != 0))
     return ir_diag_set(d, IR_BAD_FORMAT, "tensor '%s': %s needs rank 2 and a multiple of 8 rows",
@@ -155,5 +160,128 @@ ir_status ir_graph_verify(const ir_graph *g, ir_diag *d) {
       st = ir_diag_set(d, IR_BAD_FORMAT, "graph output %d refers to no tensor", i);
   if (st == IR_OK && g->n_outputs == 0)
     st = ir_diag_set(d, IR_BAD_FORMAT, "graph has no outputs");
+  return st;
+}
+
+/* ---- LLM step programs: the config against the graph ---------------------------------- */
+
+/* The model config's own bounds: what the runtime sizes buffers and the KV cache by. */
+static ir_status check_llm_config(const ir_model_config *c, ir_diag *d) {
+  if (c->vocab_size <= 0 || c->vocab_size > INT32_MAX)
+    return ir_diag_set(d, IR_BAD_FORMAT, "model config: vocab_size %lld is outside 1..2^31-1",
+                       (long long)c->vocab_size);
+  if (c->n_layers <= 0 || c->n_layers > IR_MAX_LAYERS)
+    return ir_diag_set(d, IR_BAD_FORMAT, "model config: n_layers %lld is outside 1..%d",
+                       (long long)c->n_layers, IR_MAX_LAYERS);
+  if (c->n_heads <= 0 || c->n_kv_heads <= 0 || c->n_heads % c->n_kv_heads || c->n_heads > 4096)
+    return ir_diag_set(d, IR_BAD_FORMAT, "model config: n_heads %lld must be a positive multiple "
+                       "of n_kv_heads %lld (at most 4096)", (long long)c->n_heads,
+                       (long long)c->n_kv_heads);
+  if (c->head_dim <= 0 || c->head_dim > 256 || c->head_dim % 2)
+    return ir_diag_set(d, IR_BAD_FORMAT, "model config: head_dim %lld is not an even number in "
+                       "2..256", (long long)c->head_dim);
+  if (c->max_position <= 0 || c->max_position > INT32_MAX)
+    return ir_diag_set(d, IR_BAD_FORMAT, "model config: max_position %lld is outside 1..2^31-1",
+                       (long long)c->max_position);
+  if (c->max_tokens > (1 << 24) || c->kv_block_size > 4096)
+    return ir_diag_set(d, IR_BAD_FORMAT, "model config: max_tokens %lld or kv_block_size %lld "
+                       "is out of range", (long long)c->max_tokens, (long long)c->kv_block_size);
+  return IR_OK;
+}
+
+/* tokens[T], positions[T] and logit_rows[L]: the i32 inputs the runtime writes. */
+static ir_status check_step_input(const ir_graph *g, const char *name, ir_sym sym, ir_diag *d) {
+  for (int32_t i = 0; i < g->n_inputs; i++) {
+    const ir_tensor *t = &g->tensors[g->inputs[i]];
+    if (strcmp(t->name, name) != 0) continue;
+    if (t->dtype != IR_I32 || t->rank != 1 || t->dims[0].sym != sym)
+      return ir_diag_set(d, IR_BAD_FORMAT, "input '%s' must be i32[%s]", name, ir_sym_name(sym));
+    return IR_OK;
+  }
+  return ir_diag_set(d, IR_BAD_FORMAT, "the step program has no input '%s'", name);
+}
+
+static bool is_input(const ir_graph *g, int32_t t, const char *name) {
+  return t >= 0 && t < g->n_tensors && g->tensors[t].kind == IR_TENSOR_INPUT &&
+         strcmp(g->tensors[t].name, name) == 0;
+}
+
+/* A rope table cs[P, rot/2, 2] must cover every position the config admits. */
+static ir_status check_rope_table(const ir_graph *g, const ir_node *n, int k, ir_diag *d) {
+  if (n->n_in <= k || n->in[k] < 0) return IR_OK;
+  const ir_tensor *cs = &g->tensors[n->in[k]];
+  if (cs->rank < 1 || cs->dims[0].sym != IR_SYM_NONE || cs->dims[0].n < g->config.max_position)
+    return ir_diag_set(d, IR_BAD_FORMAT, "node '%s': the rope table '%s' has %lld rows for "
+                       "max_position %lld", n->name, cs->name, (long long)cs->dims[0].n,
+                       (long long)g->config.max_position);
+  return IR_OK;
+}
+
+static ir_status check_attention(const ir_graph *g, const ir_node *n, ir_diag *d) {
+  const ir_model_config *c = &g->config;
+  const char *names[4] = {"layer", "n_heads", "n_kv_heads", "head_dim"};
+  for (int i = 0; i < 4; i++) {
+    const ir_attr *a = NULL;
+    for (int k = 0; k < n->n_attrs && !a; k++)
+      if (!strcmp(n->attrs[k].name, names[i])) a = &n->attrs[k];
+    if (!a || a->type != IR_ATTR_INT)
+      return ir_diag_set(d, IR_BAD_FORMAT, "node '%s': attribute '%s' must be an integer",
+                         n->name, names[i]);
+  }
+  int64_t layer = ir_node_attr_i(n, "layer", -1);
+  if (layer < 0 || layer >= c->n_layers)
+    return ir_diag_set(d, IR_BAD_FORMAT, "node '%s': layer %lld is outside the config's %lld "
+                       "layers", n->name, (long long)layer, (long long)c->n_layers);
+  int64_t nh = ir_node_attr_i(n, "n_heads", 0), nkv = ir_node_attr_i(n, "n_kv_heads", 0);
+  int64_t hd = ir_node_attr_i(n, "head_dim", 0);
+  if (nh != c->n_heads || nkv != c->n_kv_heads || hd != c->head_dim)
+    return ir_diag_set(d, IR_BAD_FORMAT, "node '%s': %lld heads, %lld kv heads of %lld dims, "
+                       "where the config says %lld, %lld, %lld (the KV cache is laid out by the "
+                       "config)", n->name, (long long)nh, (long long)nkv, (long long)hd,
+                       (long long)c->n_heads, (long long)c->n_kv_heads, (long long)c->head_dim);
+  if (g->tensors[n->in[0]].dims[0].sym != IR_SYM_TOKENS)
+    return ir_diag_set(d, IR_BAD_FORMAT, "node '%s': q must have T rows", n->name);
+  if (n->n_in > 3 && n->in[3] >= 0 && !is_input(g, n->in[3], "positions"))
+    return ir_diag_set(d, IR_BAD_FORMAT, "node '%s': the rope's positions must be the input "
+                       "'positions'", n->name);
+  return check_rope_table(g, n, 4, d);
+}
+
+ir_status ir_graph_verify_step(const ir_graph *g, ir_diag *d) {
+  bool step = false;
+  for (int32_t i = 0; i < g->n_nodes && !step; i++) step = g->nodes[i].op == IR_OP_ATTENTION;
+  if (!step) return IR_OK; /* a generic program: ir_graph_verify covers it */
+  ir_status st = check_llm_config(&g->config, d);
+  if (st == IR_OK) st = check_step_input(g, "tokens", IR_SYM_TOKENS, d);
+  if (st == IR_OK) st = check_step_input(g, "positions", IR_SYM_TOKENS, d);
+  if (st == IR_OK) st = check_step_input(g, "logit_rows", IR_SYM_LOGITS, d);
+  for (int32_t i = 0; st == IR_OK && i < g->n_nodes; i++) {
+    const ir_node *n = &g->nodes[i];
+    switch (n->op) {
+    case IR_OP_ATTENTION: st = check_attention(g, n, d); break;
+    case IR_OP_ROPE:
+      if (!is_input(g, n->in[1], "positions"))
+        st = ir_diag_set(d, IR_BAD_FORMAT, "node '%s': the rope's positions must be the input "
+                         "'positions'", n->name);
+      else st = check_rope_table(g, n, 2, d);
+      break;
+    case IR_OP_EMBED: {
+      const ir_tensor *tab = &g->tensors[n->in[1]];
+      if (!is_input(g, n->in[0], "tokens") || tab->dims[0].sym != IR_SYM_NONE ||
+          tab->dims[0].n < g->config.vocab_size)
+        st = ir_diag_set(d, IR_BAD_FORMAT, "node '%s': an embedding of the input 'tokens' "
+                         "needs a table of at least vocab_size (%lld) rows", n->name,
+                         (long long)g->config.vocab_size);
+      break;
+    }
+    case IR_OP_GATHER_ROWS:
+      if (!is_input(g, n->in[1], "logit_rows") ||
+          g->tensors[n->in[0]].dims[0].sym != IR_SYM_TOKENS)
+        st = ir_diag_set(d, IR_BAD_FORMAT, "node '%s': gathers rows of a T-row tensor by the "
+                         "input 'logit_rows'", n->name);
+      break;
+    default: break;
+    }
+  }
   return st;
 }

@@ -78,7 +78,8 @@ static ir_status bind_tensors(irt_model *m, ir_diag *d) {
       continue;
     }
     uint64_t need = ir_tensor_bytes(g, t, NULL);
-    if (t->arena_offset < 0 || (uint64_t)t->arena_offset + need > g->arena_size)
+    if (t->arena_offset < 0 || need > g->arena_size ||
+        (uint64_t)t->arena_offset > g->arena_size - need)
       return ir_diag_set(d, IR_BAD_FORMAT, "tensor '%s' lies outside the arena", t->name);
     m->ptrs[i] = (char *)m->arena + t->arena_offset;
   }

@@ -51,7 +51,8 @@ static ir_status bind(irt_program *p, ir_diag *d) {
     uint64_t need = ir_tensor_bytes(g, t, NULL);
     if (t->kind == IR_TENSOR_WEIGHT) {
       p->ptrs[i] = (void *)t->data;
-    } else if (t->arena_offset < 0 || (uint64_t)t->arena_offset + need > g->arena_size) {
+    } else if (t->arena_offset < 0 || need > g->arena_size ||
+               (uint64_t)t->arena_offset > g->arena_size - need) {
       return ir_diag_set(d, IR_BAD_FORMAT, "tensor '%s' lies outside the arena", t->name);
     } else {
       p->ptrs[i] = (char *)p->arena + t->arena_offset;

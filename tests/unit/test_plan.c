@@ -195,6 +195,81 @@ static void test_damage(void) {
   free(bad);
 }
 
+/* A plan whose config or graph lies, written with valid checksums (the writer does not
+ * verify): opening it must refuse with a message, not index past the KV cache's layers or
+ * run with a head geometry the kernels do not lay out. Each case edits a fresh graph. */
+typedef void (*lie_fn)(ir_graph *g);
+static void lie_layers(ir_graph *g) { g->config.n_layers = 1; } /* nodes of layer 1 remain */
+static void lie_head_dim(ir_graph *g) { g->config.head_dim *= 2; }
+static void lie_kv_heads(ir_graph *g) { g->config.n_kv_heads = g->config.n_heads; }
+static void lie_vocab(ir_graph *g) { g->config.vocab_size = 0; }
+static void lie_vocab_big(ir_graph *g) { g->config.vocab_size *= 2; }
+static void lie_position(ir_graph *g) { g->config.max_position *= 64; }
+static void lie_huge_layers(ir_graph *g) { g->config.n_layers = (int64_t)1 << 40; }
+static ir_node *first_op(ir_graph *g, ir_op op) {
+  for (int32_t i = 0; i < g->n_nodes; i++)
+    if (g->nodes[i].op == op) return &g->nodes[i];
+  abort();
+}
+static ir_attr *attr(ir_node *n, const char *name) {
+  for (int k = 0; k < n->n_attrs; k++)
+    if (!strcmp(n->attrs[k].name, name)) return &n->attrs[k];
+  abort();
+}
+static void lie_layer_attr(ir_graph *g) { attr(first_op(g, IR_OP_ATTENTION), "layer")->i = 7; }
+static void lie_layer_neg(ir_graph *g) { attr(first_op(g, IR_OP_ATTENTION), "layer")->i = -1; }
+static void lie_layer_float(ir_graph *g) {
+  ir_attr *a = attr(first_op(g, IR_OP_ATTENTION), "layer");
+  a->type = IR_ATTR_FLOAT, a->f = 0.0 / 0.0;
+}
+static void lie_dims_overflow(ir_graph *g) { /* a weight whose shape product wraps to 0 */
+  for (int32_t i = 0; i < g->n_tensors; i++)
+    if (g->tensors[i].kind == IR_TENSOR_WEIGHT && g->tensors[i].rank == 2) {
+      g->tensors[i].dims[0].n = (int64_t)1 << 33, g->tensors[i].dims[1].n = (int64_t)1 << 31;
+      return;
+    }
+}
+
+static void test_lies(void) {
+  static const struct {
+    const char *what;
+    lie_fn fn;
+    const char *needle;
+  } k_cases[] = {
+      {"n_layers 1", lie_layers, "outside the config's 1 layers"},
+      {"head_dim doubled", lie_head_dim, "where the config says"},
+      {"kv heads = heads", lie_kv_heads, "where the config says"},
+      {"vocab_size 0", lie_vocab, "vocab_size 0"},
+      {"vocab_size doubled", lie_vocab_big, "vocab_size"},
+      {"max_position x64", lie_position, "rope table"},
+      {"n_layers 2^40", lie_huge_layers, "n_layers"},
+      {"layer 7", lie_layer_attr, "layer 7 is outside"},
+      {"layer -1", lie_layer_neg, "layer -1 is outside"},
+      {"layer NaN", lie_layer_float, "must be an integer"},
+      {"dims overflow", lie_dims_overflow, "2^48 bytes"},
+  };
+  const char *path = TEST_TMP_DIR "/lie.plan";
+  infc_options o = infc_options_default();
+  for (size_t c = 0; c < sizeof k_cases / sizeof *k_cases; c++) {
+    infc_source *src = NULL;
+    ir_graph *g = NULL;
+    ir_diag d = {0};
+    CHECKF(infc_source_open(FIXTURE, &o, &src, &g, &d) == IR_OK, "%s", d.msg);
+    if (!g) continue;
+    k_cases[c].fn(g);
+    CHECKF(ir_plan_write(g, NULL, path, &d) == IR_OK, "%s: %s", k_cases[c].what, d.msg);
+    ir_plan *p = NULL;
+    d = (ir_diag){0};
+    ir_status st = ir_plan_open(path, IR_PLAN_VERIFY_ALL, &p, &d);
+    CHECKF(st == IR_BAD_FORMAT && !p && strstr(d.msg, k_cases[c].needle),
+           "%s: got %s '%s', want '%s'", k_cases[c].what, ir_status_name(st), d.msg,
+           k_cases[c].needle);
+    ir_plan_close(p);
+    ir_graph_destroy(g);
+    infc_source_close(src);
+  }
+}
+
 static void test_missing(void) {
   ir_plan *p = NULL;
   ir_diag d = {0};
@@ -206,6 +281,7 @@ int main(void) {
   test_round_trip();
   test_deterministic();
   test_damage();
+  test_lies();
   test_missing();
   return tcheck_done("plan");
 }
