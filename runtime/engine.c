@@ -176,14 +176,13 @@ static irt_status tokenize_prompt(irt_engine *e, const irt_request *r, ereq *q, 
   }
   if (!r->prompt_text) return fail(err, IRT_INVALID_ARG, "the request has no prompt");
   if (!e->tok) return fail(err, IRT_INVALID_ARG, "the plan has no tokenizer: send token ids");
-  size_t len = strlen(r->prompt_text), n = 0;
-  q->prompt = malloc((len + 16) * sizeof *q->prompt);
-  if (!q->prompt) return fail(err, IRT_OOM, "out of memory");
+  size_t n = 0;
   ir_diag d = {0};
-  if (irt_tok_encode(e->tok, r->prompt_text, len, r->add_special, true, q->prompt, len + 16, &n,
-                     &d) != IR_OK) {
+  ir_status st = irt_tok_encode_alloc(e->tok, r->prompt_text, strlen(r->prompt_text),
+                                      r->add_special, true, &q->prompt, &n, &d);
+  if (st != IR_OK) {
     irt_error_from_diag(err, &d);
-    return IRT_INVALID_ARG;
+    return st == IR_OOM ? IRT_OOM : IRT_INVALID_ARG;
   }
   q->n_prompt = (int64_t)n;
   return IRT_OK;

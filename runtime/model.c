@@ -322,6 +322,16 @@ ir_status irt_plan_tokenizer_load(const ir_plan *p, irt_tokenizer **out, ir_diag
   *out = NULL;
   if (!buf) return IR_OK;
   ir_status st = irt_tok_deserialize(buf, n, out, d);
+  /* grammar masks and logit rows are sized by the model's vocabulary: a tokenizer with more
+   * tokens than the logits have rows would index past them (the compiler refuses one; a plan
+   * from elsewhere is checked again) */
+  int64_t vocab = ir_plan_graph(p)->config.vocab_size;
+  if (st == IR_OK && vocab > 0 && irt_tok_vocab_size(*out) > vocab) {
+    st = ir_diag_set(d, IR_BAD_FORMAT, "it has %d tokens but the model's vocabulary has %lld "
+                     "rows", irt_tok_vocab_size(*out), (long long)vocab);
+    irt_tok_destroy(*out);
+    *out = NULL;
+  }
   if (st != IR_OK) ir_diag_prefix(d, "plan tokenizer");
   return st;
 }

@@ -444,6 +444,7 @@ static size_t stop_overlap(const ereq *q, const char *t, size_t len) {
 static size_t take_text(eseq *s, int32_t tok, bool flush, bool *hit) {
   char piece[512];
   size_t n = tok >= 0 ? irt_tok_stream_push(&s->stream, tok, piece, sizeof piece) : 0;
+  if (n > sizeof piece) n = sizeof piece; /* push returns the full length; it wrote the cap */
   if (flush) n += irt_tok_stream_finish(&s->stream, piece + n, sizeof piece - n);
   if (n > sizeof piece) n = sizeof piece;
   if (s->held_len + n > s->held_cap) n = s->held_cap - s->held_len; /* bounded by design */

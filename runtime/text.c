@@ -45,6 +45,14 @@ irt_status irt_tokenize(const irt_tokenizer *t, const char *text, size_t len, bo
               &d);
 }
 
+irt_status irt_tokenize_alloc(const irt_tokenizer *t, const char *text, size_t len,
+                              bool add_special, bool parse_special, int32_t **ids, size_t *out_n,
+                              irt_error *err) {
+  ir_diag d = {0};
+  return done(err,
+              irt_tok_encode_alloc(t, text, len, add_special, parse_special, ids, out_n, &d), &d);
+}
+
 irt_status irt_detokenize(const irt_tokenizer *t, const int32_t *ids, size_t n,
                           bool skip_special, char *buf, size_t cap, size_t *out_len,
                           irt_error *err) {

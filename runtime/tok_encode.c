@@ -75,7 +75,8 @@ static bool matcher_wants(const irt_tokenizer *t, int32_t id, bool want_normaliz
 static ir_status matcher_fill(irt_tokenizer *t, tok_matcher *m, bool want_normalized,
                               size_t total, size_t maxlen) {
   bool nfc = want_normalized && t->nfc;
-  size_t cap = want_normalized ? tok_norm_cap(t, total, total) : total;
+  /* tok_norm_cap allows one prefix; each of the m->n patterns may get its own */
+  size_t cap = want_normalized ? tok_norm_cap(t, total, total) + 3 * (size_t)m->n : total;
   uint8_t *tmp = nfc ? malloc(3 * maxlen + 1) : NULL;
   uint32_t *work = nfc ? malloc((4 * maxlen + 4) * sizeof *work) : NULL;
   m->pat = malloc(cap + 1);
@@ -297,4 +298,23 @@ ir_status irt_tok_encode(const irt_tokenizer *t, const char *text, size_t len, b
   free(e.block);
   *out_n = e.out.n;
   return IR_OK;
+}
+
+ir_status irt_tok_encode_alloc(const irt_tokenizer *t, const char *text, size_t len,
+                               bool add_special, bool parse_special, int32_t **out,
+                               size_t *out_n, ir_diag *d) {
+  size_t cap = len + 16, n = 0;
+  int32_t *ids = malloc(cap * sizeof *ids);
+  ir_status st = ids ? irt_tok_encode(t, text, len, add_special, parse_special, ids, cap, &n, d)
+                     : ir_diag_set(d, IR_OOM, "out of memory");
+  if (st == IR_OK && n > cap) { /* the first guess was short: size it exactly */
+    int32_t *more = realloc(ids, n * sizeof *ids);
+    st = more ? irt_tok_encode(t, text, len, add_special, parse_special, more, n, &n, d)
+              : ir_diag_set(d, IR_OOM, "out of memory");
+    if (more) ids = more;
+  }
+  if (st != IR_OK) free(ids), ids = NULL, n = 0;
+  *out = ids;
+  *out_n = n;
+  return st;
 }

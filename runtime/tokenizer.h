@@ -131,6 +131,12 @@ void irt_tok_destroy(irt_tokenizer *t);
  * cached and nothing is locked, so calls may run concurrently. */
 ir_status irt_tok_encode(const irt_tokenizer *t, const char *text, size_t len, bool add_special,
                          bool parse_special, int32_t *ids, size_t cap, size_t *out_n, ir_diag *d);
+/* irt_tok_encode into *out, allocated to the full count (free it). A tokenizer can give more
+ * ids than the text has bytes (byte fallback of every space, a prefix on each piece), so a
+ * buffer sized by the text is only a first guess: this sizes it exactly. */
+ir_status irt_tok_encode_alloc(const irt_tokenizer *t, const char *text, size_t len,
+                               bool add_special, bool parse_special, int32_t **out,
+                               size_t *out_n, ir_diag *d);
 
 /* Ids to text. skip_special drops special (CONTROL, UNKNOWN) tokens; added tokens come out
  * verbatim; SPM: U+2581 becomes ' ', <0xXX> pieces become bytes and the leading space of

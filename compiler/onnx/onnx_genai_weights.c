@@ -293,7 +293,8 @@ static bool gbq_check(gx *G, gx_node *n, nbits *q) {
     return gx_fail_node(G, n, IR_BAD_FORMAT, "attribute 'block_size' = %lld is not a power "
                         "of two >= 16", (long long)q->bs), false;
   if (!reshaped_const(G, gx_in(n, 0), &q->b) || q->b.dt != IR_U8 || q->b.is_bool ||
-      q->b.rank != 2 || q->b.shape[0] <= 0 || q->b.shape[1] <= 0 || q->b.shape[1] > (1 << 23) ||
+      q->b.rank != 2 || q->b.shape[0] <= 0 || q->b.shape[1] <= 0 || q->b.shape[0] > (1 << 24) ||
+      q->b.shape[1] > (1 << 23) ||
       q->b.nbytes != (uint64_t)(q->b.shape[0] * q->b.shape[1]))
     return gx_fail_node(G, n, IR_UNSUPPORTED, "input data is not a constant packed uint8 "
                         "[rows, row length / 2] table"), false;

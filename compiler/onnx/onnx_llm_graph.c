@@ -36,7 +36,7 @@ node_t *lm_producer(const lm *L, const char *v) {
   return e && e->idx >= 0 ? L->gp->node[e->idx] : NULL;
 }
 
-bool lm_is_op(node_t *n, const char *op) { return n && !strcmp(n->op_type, op); }
+bool lm_is_op(node_t *n, const char *op) { return n && n->op_type && !strcmp(n->op_type, op); }
 
 const char *lm_in(node_t *n, size_t i) { return i < n->n_input ? n->input[i] : ""; }
 
@@ -77,7 +77,8 @@ bool lm_const_tensor(lm *L, const char *v, onnx_dense *out) {
   else if (e && lm_is_op(L->gp->node[e->idx], "Constant")) {
     node_t *n = L->gp->node[e->idx];
     for (size_t i = 0; i < n->n_attribute; i++)
-      if (!strcmp(n->attribute[i]->name, "value")) tp = n->attribute[i]->t;
+      if (n->attribute[i]->name && !strcmp(n->attribute[i]->name, "value"))
+        tp = n->attribute[i]->t;
   }
   ir_diag ignore = {0};
   return tp && onnx_tensor_decode(tp, L->m, out, &ignore) == IR_OK;
@@ -161,7 +162,7 @@ bool lm_is_graph_input(const lm *L, const char *v) {
 
 int64_t lm_attr_int(node_t *n, const char *name, int64_t def) {
   for (size_t i = 0; i < n->n_attribute; i++)
-    if (!strcmp(n->attribute[i]->name, name) &&
+    if (n->attribute[i]->name && !strcmp(n->attribute[i]->name, name) &&
         n->attribute[i]->type == ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__INT)
       return n->attribute[i]->i;
   return def;

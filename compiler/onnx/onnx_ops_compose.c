@@ -124,8 +124,8 @@ static ir_status lower_depth_space(onnx_imp *im, int arg) {
   int64_t s[IR_MAX_RANK], b = imp_attr_i(im, "blocksize", 0);
   char mode[8];
   if (x < 0) return im->d->status;
-  if (imp_shape(im, x, s) != 4 || b <= 0)
-    return imp_fail(im, IR_BAD_FORMAT, "needs a 4-d input and a positive blocksize");
+  if (imp_shape(im, x, s) != 4 || b <= 0 || b > 4096)
+    return imp_fail(im, IR_BAD_FORMAT, "needs a 4-d input and a blocksize in 1..4096");
   imp_attr_s(im, "mode", mode, sizeof mode);
   int64_t n = s[0], c = s[1], h = s[2], w = s[3];
   int64_t mid[6], perm[6], out[4];

@@ -410,8 +410,11 @@ static ir_status lower_eye_like(onnx_imp *im, int arg) {
   if (imp_attr(im, "dtype") && !infc_onnx_dtype_to_ir(want, &dt, &is_bool))
     return imp_fail(im, IR_UNSUPPORTED, "EyeLike: dtype %s is not supported",
                     infc_onnx_dtype_name(want));
-  int64_t k = imp_attr_i(im, "k", 0), n = s[0] * s[1];
+  int64_t k = imp_attr_i(im, "k", 0), n = 0;
   uint64_t es = ir_dtype_bytes(dt, 1);
+  if (s[0] < 0 || s[1] < 0 || __builtin_mul_overflow(s[0], s[1], &n) || n > (1 << 28) / 8)
+    return imp_fail(im, IR_UNSUPPORTED, "EyeLike: a %lld x %lld constant is too large (at most "
+                    "2^25 values)", (long long)s[0], (long long)s[1]);
   uint8_t *buf = calloc((size_t)(n ? n : 1), es);
   if (!buf) return imp_fail(im, IR_OOM, "out of memory");
   float onef = 1.0f;

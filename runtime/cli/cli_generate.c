@@ -236,9 +236,7 @@ static irt_status prompt_ids(gen_args *a, const irt_tokenizer *t, irt_error *err
     text = chat;
   }
   size_t len = text ? strlen(text) : 0, n = 0;
-  a->ids = st == IRT_OK ? malloc((len + 16) * sizeof *a->ids) : NULL;
-  if (st == IRT_OK)
-    st = a->ids ? irt_tokenize(t, text, len, !a->chat, true, a->ids, len + 16, &n, err) : IRT_OOM;
+  if (st == IRT_OK) st = irt_tokenize_alloc(t, text, len, !a->chat, true, &a->ids, &n, err);
   a->n_ids = (int64_t)n;
   free(chat);
   return st;

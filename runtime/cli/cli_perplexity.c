@@ -204,10 +204,9 @@ static irt_status tokenize_file(irt_model *m, const char *path, int32_t **out, i
     snprintf(err->msg, sizeof err->msg, "%s: cannot read", path);
     return IRT_IO;
   }
-  int32_t *ids = malloc((len + 16) * sizeof *ids);
-  irt_status st = ids ? irt_tokenize(t, text, len, false, false, ids, len + 16, &n, err) : IRT_OOM;
+  int32_t *ids = NULL;
+  irt_status st = irt_tokenize_alloc(t, text, len, false, false, &ids, &n, err);
   free(text);
-  if (st != IRT_OK) free(ids);
   *out = st == IRT_OK ? ids : NULL;
   *out_n = (int64_t)n;
   return st;

@@ -79,11 +79,11 @@ int cmd_tokenize(int argc, char **argv) {
   char *owned = a.text ? NULL : cli_read_stdin(&len);
   const char *text = a.text ? a.text : owned;
   if (a.text) len = strlen(a.text);
-  size_t n = 0, cap = len + 16;
-  int32_t *ids = malloc(cap * sizeof *ids);
-  irt_status st = text && ids ? irt_tokenize(t, text, len, !a.no_special, !a.no_special, ids,
-                                             cap, &n, &err)
-                              : IRT_OOM;
+  size_t n = 0;
+  int32_t *ids = NULL;
+  irt_status st = text ? irt_tokenize_alloc(t, text, len, !a.no_special, !a.no_special, &ids, &n,
+                                            &err)
+                       : IRT_OOM;
   rc = st == IRT_OK ? print_ids(ids, n, a.json) : cli_fail("%s", err.msg[0] ? err.msg : "out of memory");
   free(ids);
   free(owned);

@@ -221,6 +221,10 @@ void irt_tokenizer_destroy(irt_tokenizer *t);
 irt_status irt_tokenize(const irt_tokenizer *t, const char *text, size_t len, bool add_special,
                         bool parse_special, int32_t *ids, size_t cap, size_t *out_n,
                         irt_error *err);
+/* irt_tokenize into *ids, allocated to the full count (free it). */
+irt_status irt_tokenize_alloc(const irt_tokenizer *t, const char *text, size_t len,
+                              bool add_special, bool parse_special, int32_t **ids, size_t *out_n,
+                              irt_error *err);
 /* Ids to text; writes at most cap bytes (no NUL); *out_len is the full length. */
 irt_status irt_detokenize(const irt_tokenizer *t, const int32_t *ids, size_t n,
                           bool skip_special, char *buf, size_t cap, size_t *out_len,

@@ -111,19 +111,12 @@ static bool tokenize(srv_ctx *c, const char *text, bool add_special, const char 
                      srv_params *p, srv_error *e) {
   if (!c->tok)
     return srv_bad(e, param, "The served plan has no tokenizer: send the prompt as token ids.");
-  size_t len = strlen(text), n = 0, cap = len + 16;
-  p->prompt = malloc(cap * sizeof *p->prompt);
-  if (!p->prompt) return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+  size_t n = 0;
   irt_error err = {0};
-  if (irt_tokenize(c->tok, text, len, add_special, true, p->prompt, cap, &n, &err) != IRT_OK)
-    return srv_bad(e, param, "Cannot tokenize '%s': %s", param, err.msg);
-  if (n > cap) { /* more ids than bytes: only with many added tokens; size it exactly */
-    int32_t *q = realloc(p->prompt, n * sizeof *q);
-    if (!q) return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
-    p->prompt = q;
-    if (irt_tokenize(c->tok, text, len, add_special, true, p->prompt, n, &n, &err) != IRT_OK)
-      return srv_bad(e, param, "Cannot tokenize '%s': %s", param, err.msg);
-  }
+  irt_status st = irt_tokenize_alloc(c->tok, text, strlen(text), add_special, true, &p->prompt,
+                                     &n, &err);
+  if (st == IRT_OOM) return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+  if (st != IRT_OK) return srv_bad(e, param, "Cannot tokenize '%s': %s", param, err.msg);
   p->n_prompt = (int64_t)n;
   return true;
 }

@@ -523,8 +523,59 @@ static int collect(const char *dir, const char *filter, tcase *cs, int n) {
   return n;
 }
 
+static const char *set_of(const tcase *c) {
+  const char *slash = strrchr(c->dir, '/');
+  return slash ? slash + 1 : c->dir;
+}
+
+/* Passes of op in set (the basename of a case directory). */
+static int passes(const tcase *cs, int n, const char *set, const char *op) {
+  int k = 0;
+  for (int i = 0; i < n; i++)
+    k += cs[i].v == V_PASS && !strcmp(set_of(&cs[i]), set) && !strcmp(cs[i].op, op);
+  return k;
+}
+
+/* The committed table of passes per (set, op): any op of a present set that passes fewer
+ * cases than the table says is a regression (pass -> fail or pass -> unsupported). Sets whose
+ * directory is absent are not compared. Returns the number of regressions. */
+static int compare_table(const char *path, const tcase *cs, int n) {
+  FILE *f = fopen(path, "r");
+  if (!f) return printf("conformance: cannot read the table %s\n", path), 1;
+  char set[128], op[96];
+  int want, bad = 0, rows = 0;
+  while (fscanf(f, "%127s %95s %d", set, op, &want) == 3) {
+    bool present = false;
+    for (int i = 0; i < n && !present; i++) present = !strcmp(set_of(&cs[i]), set);
+    if (!present) continue;
+    rows++;
+    int got = passes(cs, n, set, op);
+    if (got < want) printf("REGRESSION %s %s: %d cases pass, the table says %d\n", set, op,
+                           got, want), bad++;
+    else if (got > want) printf("note: %s %s passes %d, the table says %d (raise it)\n", set, op,
+                                got, want);
+  }
+  fclose(f);
+  printf("table %s: %d rows compared, %d regressions\n", path, rows, bad);
+  return bad + (rows == 0);
+}
+
+static void write_table(const char *path, const tcase *cs, int n) {
+  FILE *f = fopen(path, "w");
+  if (!f) return;
+  for (int i = 0; i < n; i++) { /* one row per (set, op), in the order first met */
+    bool seen = false;
+    for (int j = 0; j < i && !seen; j++)
+      seen = !strcmp(set_of(&cs[j]), set_of(&cs[i])) && !strcmp(cs[j].op, cs[i].op);
+    int k = passes(cs, n, set_of(&cs[i]), cs[i].op);
+    if (!seen && k) fprintf(f, "%s %s %d\n", set_of(&cs[i]), cs[i].op, k);
+  }
+  fclose(f);
+}
+
 int main(int argc, char **argv) {
   static tcase cs[MAX_CASES];
+  const char *expect = NULL, *write_expect = NULL;
   const char *filter = NULL;
   int n = 0, a = 1;
   if (argc == 4 && !strcmp(argv[1], "--compare")) return compare_files(argv[2], argv[3]);
@@ -533,6 +584,8 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[a], "--threads") && a + 1 < argc) g_threads = atoi(argv[++a]);
     else if (!strcmp(argv[a], "--filter") && a + 1 < argc) filter = argv[++a];
     else if (!strcmp(argv[a], "--tmp") && a + 1 < argc) g_tmp = argv[++a];
+    else if (!strcmp(argv[a], "--expect") && a + 1 < argc) expect = argv[++a];
+    else if (!strcmp(argv[a], "--write-expect") && a + 1 < argc) write_expect = argv[++a];
     else return fprintf(stderr, "conformance: unknown option %s\n", argv[a]), 2;
   }
   for (; a < argc; a++) {
@@ -543,7 +596,7 @@ int main(int argc, char **argv) {
     }
     n = collect(argv[a], filter, cs, n);
   }
-  if (n == 0) return printf("note: no test cases found\n"), 0;
+  if (n == 0) return printf("FAIL: no test cases found\n"), 1;
   for (int i = 0; i < n; i++) name_op(&cs[i], cs, n);
   double total = 0;
   for (int i = 0; i < n; i++) {
@@ -559,6 +612,8 @@ int main(int argc, char **argv) {
   }
   int rc = report(cs, n);
   printf("time: %.1f s over %d cases\n", total / 1e3, n);
+  if (write_expect) write_table(write_expect, cs, n);
+  if (expect && compare_table(expect, cs, n)) rc = 1;
   for (int i = 0; i < n; i++) free_list(cs[i].ops, cs[i].n_ops);
   return rc;
 }

@@ -5,7 +5,7 @@
 # usage: test_cli_run.sh INFC RUN CONFORMANCE NODE_DIR TMP   (RUN takes `run PLAN ...`)
 set -u
 INFC=$1 RUN=$2 CONF=$3 NODE=$4 TMP=$5/cli_run
-if [ ! -d "$NODE" ]; then echo "note: $NODE is absent; skipped"; exit 0; fi
+if [ ! -d "$NODE" ]; then echo "skipped: $NODE is absent"; exit 77; fi
 rm -rf "$TMP" && mkdir -p "$TMP"
 fails=0
 fail() { echo "FAIL: $*"; fails=$((fails + 1)); }

@@ -5,7 +5,7 @@
 # with f32 activations (--act-dtype f32) must give exactly. The default CPU plan (int8
 # activations per 32 values, as llama.cpp's own quantized kernels) must answer the same,
 # and stay batch-invariant: drafts change none of its tokens. Needs the model in the cache
-# (tools/get-smollm2) or at $INFC_SMOLLM2; without it the test says so and passes: it
+# (tools/get-smollm2) or at $INFC_SMOLLM2; without it the test says so and exits 77 (skipped): it
 # never downloads.
 # usage: test_gguf_smollm2.sh INFC INFERRT FIXTURES_DIR TMP_DIR
 set -u
@@ -13,7 +13,7 @@ INFC=$1 INFERRT=$2 TMP=$4/gguf-smollm2
 MODEL=${INFC_SMOLLM2:-${XDG_CACHE_HOME:-$HOME/.cache}/infc/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf}
 if [ ! -s "$MODEL" ]; then
   echo "skipped: no $MODEL (run tools/get-smollm2 to fetch it)"
-  exit 0
+  exit 77
 fi
 rm -rf "$TMP" && mkdir -p "$TMP"
 pass=0 fail=0

@@ -11,7 +11,7 @@
  * takes the activations of prefill GEMMs in the weights' type), also ggml q4_1 / q8_0
  * blocks (5e-3: a 48-token prompt step takes their f16 copies and f16 activations). Also the clear errors: a
  * plan for another arch, a KV pool larger than the GPU; and (fake driver) failed graph
- * captures falling back to eager steps. Exits 0 printing "skipped: ..."
+ * captures falling back to eager steps. Exits 77 (ctest: skipped) printing "skipped: ..."
  * without a GPU. */
 #include <dlfcn.h>
 #include <unistd.h>
@@ -569,10 +569,7 @@ int main(void) {
     CHECKF(false, "the fake libcuda does not load: %s", dlerror());
     return tcheck_done("cuda_model");
   }
-  if (!cu) {
-    printf("skipped: no libcuda (no NVIDIA driver)\n");
-    return 0;
-  }
+  if (!cu) return tcheck_skip("cuda_model", "no libcuda (no NVIDIA driver)");
   void *cfg = dlsym(cu, "fake_cuda_config"), *rep = dlsym(cu, "fake_cuda_replays");
   if (cfg && rep) { /* tests/unit/fake_cuda.c: the fixtures' head_dim and block size, sm_90 */
     memcpy(&g_config, &cfg, sizeof g_config);
@@ -591,8 +588,7 @@ int main(void) {
   irt_model_opts o = irt_model_opts_default();
   o.device = "cuda";
   if (irt_model_open(plan, &o, &probe, &err) == IRT_DEVICE && strstr(err.msg, "no CUDA device")) {
-    printf("skipped: %s\n", err.msg);
-    return 0;
+    return tcheck_skip("cuda_model", err.msg);
   }
   irt_model_close(probe);
   for (size_t i = 0; i < sizeof k_fixtures / sizeof k_fixtures[0]; i++)

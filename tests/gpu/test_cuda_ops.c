@@ -4,7 +4,7 @@
  * first, so an unwritten element fails. Bounds: ||gpu - cpu|| / ||cpu|| <= 1e-5 for
  * exact-order f32 ops (copies, elementwise), 1e-4 for reductions in another order
  * (norms, GEMV, attention with __expf), 2e-3 for the tensor-core prefill (f16 operands).
- * Exits 0 printing "skipped: ..." without a GPU.
+ * Exits 77 (ctest: skipped) printing "skipped: ..." without a GPU.
  * Built with CUDA_OPS_EMU (test_cuda_ops_emu, label unit) the same checks run each kernel
  * compiled as host C++ under the CPU emulator of tests/cuemu, with no GPU nor NVRTC.
  * Kernels take HEAD_DIM TEST_HEAD_DIM (64 unless built otherwise); ATTENTION_ONLY 1 runs the
@@ -1154,10 +1154,7 @@ int main(void) {
   const char *why = cu_open();
   ir_diag d = {0};
   if (!why && infc_nvrtc_open(&nv, &d) != IR_OK) why = d.msg;
-  if (why) {
-    printf("skipped: %s\n", why);
-    return 0;
-  }
+  if (why) return tcheck_skip("cuda_ops", why);
   printf("device sm_%d\n", arch);
 #endif
   printf("head_dim %d%s\n", HD, ATTENTION_ONLY ? ", attention alone" : "");

@@ -30,7 +30,15 @@ extern int tcheck_passed;
     }                                                                                          \
   } while (0)
 
-/* Prints the summary and returns the process exit code. */
+/* ctest's skip code (SKIP_RETURN_CODE in tests/CMakeLists.txt): the summary shows a skip. */
+#define TCHECK_SKIP 77
+
+/* Prints the summary and returns the process exit code: 1 when a check failed, or when no
+ * check ran at all (a test that checked nothing has not passed). */
 int tcheck_done(const char *suite);
+
+/* For a test that cannot run here (no GPU, an unset environment variable): prints why and
+ * returns TCHECK_SKIP when no check ran, else tcheck_done's code (the part that ran counts). */
+int tcheck_skip(const char *suite, const char *why);
 
 #endif

@@ -125,8 +125,8 @@ int main(void) {
   test_smollm2_corpus();
   const char *dir = getenv("INFC_LLAMA_VOCABS");
   if (!dir || !*dir) {
-    printf("skipped: set INFC_LLAMA_VOCABS (tools/get-llama-vocabs) to run llama.cpp's vectors\n");
-    return tcheck_done("gguf_vocab");
+    return tcheck_skip("gguf_vocab", "set INFC_LLAMA_VOCABS (tools/get-llama-vocabs) to run "
+                       "llama.cpp's vectors");
   }
   DIR *dp = opendir(dir);
   CHECKF(dp != NULL, "cannot open %s", dir);
