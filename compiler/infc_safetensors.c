@@ -206,10 +206,36 @@ static ir_status st_map_file(st_file *f, ir_diag *d) {
   return s;
 }
 
-/* Parses a JSON object held in buf[0..n); buf need not be NUL-terminated. */
+/* The JSON values in buf[0..n) (commas and openers outside strings, + 1): what a cJSON tree
+ * of it costs, about 64 bytes a value plus strings. */
+static size_t st_json_values(const uint8_t *buf, size_t n) {
+  size_t v = 1;
+  bool in_str = false;
+  for (size_t i = 0; i < n; i++) {
+    uint8_t c = buf[i];
+    if (in_str) {
+      if (c == '\\') i++;
+      else if (c == '"') in_str = false;
+    } else if (c == '"') {
+      in_str = true;
+    } else {
+      v += c == ',' || c == '[' || c == '{';
+    }
+  }
+  return v;
+}
+
+/* Parses a JSON object held in buf[0..n); buf need not be NUL-terminated. A header or index
+ * whose values are denser than one per 6 bytes is refused before cJSON builds its tree: real
+ * ones hold one per 10-12 (tensor names, dtypes, shapes), and a dense array of small numbers
+ * would cost 30-40x its bytes (an 8 MB header: 340 MB); the bound keeps it under ~12x. */
 static ir_status st_parse_json(const uint8_t *buf, size_t n, const char *what, cJSON **out,
                                ir_diag *d) {
   if (n && memchr(buf, 0, n)) return ir_diag_set(d, IR_BAD_FORMAT, "%s contains a NUL byte", what);
+  size_t values = st_json_values(buf, n);
+  if (values > n / 6 + 4096)
+    return ir_diag_set(d, IR_BAD_FORMAT, "%s holds %zu JSON values in %zu bytes: denser than "
+                       "any tensor table (refused before parsing)", what, values, n);
   char *copy = malloc(n + 1); /* cJSON gets a terminated copy, never the mapping itself */
   if (!copy) return ir_diag_set(d, IR_OOM, "out of memory reading %s", what);
   if (n) memcpy(copy, buf, n);

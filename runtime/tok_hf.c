@@ -120,18 +120,26 @@ static bool valid_id(const cJSON *v) {
 /* The vocabulary size: one past the largest id of the vocab and the added tokens. */
 static ir_status count_tokens(const cJSON *vocab, const cJSON *added, int32_t *n, ir_diag *d) {
   const cJSON *e;
+  int64_t listed = 0;
   *n = 0;
   cJSON_ArrayForEach(e, vocab) {
     if (!valid_id(e)) return ir_diag_set(d, IR_BAD_FORMAT, "vocab: bad id for '%.100s'", e->string);
     if (e->valueint + 1 > *n) *n = e->valueint + 1;
+    listed++;
   }
   cJSON_ArrayForEach(e, added) {
     const cJSON *id = cJSON_GetObjectItemCaseSensitive(e, "id");
     if (!valid_id(id) || !jstr(e, "content"))
       return ir_diag_set(d, IR_BAD_FORMAT, "added_tokens: an entry without id or content");
     if (id->valueint + 1 > *n) *n = id->valueint + 1;
+    listed++;
   }
   if (*n == 0) return ir_diag_set(d, IR_BAD_FORMAT, "empty vocabulary");
+  /* the tables are sized by the largest id: ids mostly holes would cost memory the file does
+   * not hold (one id of 2^24-1 in a 300-byte file: half a GB) */
+  if (*n > 2 * listed + 1024)
+    return ir_diag_set(d, IR_BAD_FORMAT, "ids reach %d but only %lld tokens are listed (more "
+                       "than half of the ids would be unused)", *n - 1, (long long)listed);
   return IR_OK;
 }
 
