@@ -14,6 +14,7 @@
 typedef struct serve_args {
   const char *plan, *host, *model_name, *chat_template, *device;
   int64_t port, max_connections, max_waiting, max_body, threads, kv_tokens, max_batched;
+  int64_t max_per_client;
   bool no_prefix_cache, no_cuda_graphs, no_reasoning;
   irt_kv_dtype kv_dtype;
   srv_keys keys;
@@ -28,7 +29,11 @@ static int usage(FILE *f) {
         "  --api-key KEY           require this key (repeatable); shared tenant, priority 0\n"
         "  --api-keys FILE         keys file, lines 'key [tenant [priority]]': a tenant has its\n"
         "                          own prefix cache; higher priorities are scheduled first\n"
-        "  --max-connections N     open connections before requests get 429 (default 256)\n"
+        "  --max-connections N     generations in flight (streamed or awaited) before requests\n"
+        "                          get 429 with Retry-After (default 256)\n"
+        "  --max-connections-per-client N\n"
+        "                          sockets one client address may hold (default: half of the\n"
+        "                          server's, which is 4 per --max-connections, at least 1024)\n"
         "  --max-waiting N         requests in the engine before 429 (default 256)\n"
         "  --max-body BYTES        request body limit, else 413 (default 1048576)\n"
         "  --chat-template NAME    chatml, qwen3, deepseek-r1, llama3, llama3.1, mistral, llama2,\n"
@@ -84,6 +89,10 @@ static int parse_value(serve_args *a, int c, const char *v) {
   case 17: return cli_parse_spec("spec-tokens", v, &a->spec);
   case 18: return cli_parse_spec("spec-ngram", v, &a->spec);
   case 19: return cli_parse_spec("spec-always", v, &a->spec);
+  case 21:
+    return cli_parse_i64(v, 1, 65536, &a->max_per_client)
+               ? 0
+               : cli_fail("--max-connections-per-client: expected 1..65536");
   case 20:
     if (strcmp(v, "auto") && strcmp(v, "none"))
       return cli_fail("--reasoning-format: expected auto or none");
@@ -118,6 +127,7 @@ static int parse(int argc, char **argv, serve_args *a) {
                                         {"spec-ngram", 1, 0, 18},
                                         {"spec-always", 0, 0, 19},
                                         {"reasoning-format", 1, 0, 20},
+                                        {"max-connections-per-client", 1, 0, 21},
                                         {"help", 0, 0, 'h'},
                                         {0, 0, 0, 0}};
   int c, rc;
@@ -147,6 +157,7 @@ static int serve(serve_args *a, srv_ctx *c, sigset_t *sigs) {
   srv_http_opts ho = {.host = a->host,
                       .port = (int)a->port,
                       .max_connections = (int)a->max_connections,
+                      .max_per_client = (int)a->max_per_client,
                       .max_body = (size_t)a->max_body,
                       .keys = &a->keys};
   srv_http *h = NULL;

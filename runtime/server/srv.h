@@ -265,6 +265,8 @@ typedef struct srv_job {
   bool failed;                      /* ended CANCELLED without our asking: the engine failed */
   double t_submit, t_first, t_done; /* ms, monotonic */
   uint64_t events, seen;            /* events received; seen by the consumer's last wait */
+  void (*wake)(void *cls);          /* set by srv_job_park: called once, under mu, at news */
+  void *wake_cls;
 } srv_job;
 
 /* Submits p (moved into the job; p is zeroed). NULL with err filled when the engine refuses
@@ -274,6 +276,12 @@ typedef struct srv_job {
 srv_job *srv_job_submit(srv_ctx *c, srv_params *p, srv_error *err);
 /* Waits up to timeout_ms for news (any new event); returns j->done. Lock-free to call. */
 bool srv_job_wait(srv_job *j, int timeout_ms);
+/* The non-blocking form of srv_job_wait, for an event-driven consumer: with no news since
+ * the last wait or park, calls park(cls) (e.g. suspends the connection) and arranges for
+ * wake(cls) to be called once, under the job's lock, at the next event; returns true. With
+ * news, marks it seen and returns false (*done then says whether the job is done). park and
+ * wake both run under the job's lock, so a wake can never come before its park. */
+bool srv_job_park(srv_job *j, void (*park)(void *), void (*wake)(void *), void *cls, bool *done);
 /* Asks the engine to stop the request (idempotent); its sequences are freed at the next step. */
 void srv_job_cancel(srv_job *j);
 void srv_job_release(srv_job *j);
@@ -317,7 +325,7 @@ void srv_metrics_generation(srv_metrics *m, double ttft_s, double tpot_s, double
 /* A request ended early because its client went away. */
 void srv_metrics_cancelled(srv_metrics *m);
 void srv_metrics_connections(srv_metrics *m, int delta);
-int64_t srv_metrics_open_connections(srv_metrics *m);
+void srv_metrics_in_flight(srv_metrics *m, int delta);
 /* Prometheus text exposition (version 0.0.4), engine gauges included. Caller frees. */
 char *srv_metrics_render(srv_metrics *m, irt_engine *e);
 
@@ -345,7 +353,8 @@ void srv_keys_free(srv_keys *ks);
 typedef struct srv_http_opts {
   const char *host;     /* IPv4 or IPv6 address, or a name (first address used) */
   int port;             /* 0: any free port (srv_http_port tells which) */
-  int max_connections;  /* open connections before requests get 429 */
+  int max_connections;  /* generations in flight (streamed or awaited) before requests get 429 */
+  int max_per_client;   /* sockets one client address may hold; 0: half of the socket limit */
   size_t max_body;      /* request bytes before 413 */
   const srv_keys *keys; /* NULL or empty: no authentication */
 } srv_http_opts;

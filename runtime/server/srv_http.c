@@ -1,22 +1,36 @@
-/* srv_http: the HTTP face of the server on libmicrohttpd, a thread per connection (bounded).
+/* srv_http: the HTTP face of the server on libmicrohttpd, event-driven: a small pool of
+ * threads polls every connection (epoll), so a connection costs a socket, not a thread, and
+ * one client that opens hundreds of slow connections cannot lock the others out (each client
+ * address holds at most a share of the sockets, and a connection idle for HTTP_IDLE_S is
+ * closed). A generation in flight never blocks a pool thread: while its job has no news the
+ * connection is suspended, and the engine's next event resumes it (srv_job_park).
  * Routes: POST /v1/completions, POST /v1/chat/completions (JSON or an SSE stream),
  * GET /v1/models[/{id}], /health, /metrics, / (the embedded chat page). Every refusal is an
  * OpenAI error object with its status: 400 bad request, 401 key, 404 route or model,
- * 405 method, 413 body, 429 overload (with Retry-After). A connection thread that waits on a
- * generation polls its socket, so a client that goes away cancels its request at once. */
+ * 405 method, 413 body, 429 overload (with Retry-After), 503 shutting down. Admission counts
+ * generations in flight, not sockets: up to max_connections are served, only the excess is
+ * refused. A watcher thread polls the sockets of the generations in flight, so a client that
+ * goes away (even while its connection is suspended) cancels its request at once. */
 #include <microhttpd.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include "srv.h"
 
-#define WAIT_SLICE_MS 50 /* how often a waiting thread looks at its socket */
+#define WATCH_SLICE_MS 100 /* how often the watcher looks at the sockets of generations */
+#define HTTP_IDLE_S 30u    /* a connection that moves no byte for this long is closed */
+#define HTTP_POOL 4u       /* threads polling the connections */
+
+typedef struct gen gen;
 
 struct srv_http {
   struct MHD_Daemon *d;
@@ -24,6 +38,28 @@ struct srv_http {
   srv_http_opts o;
   atomic_bool stopping;
   int port;
+  atomic_int inflight;    /* generations admitted and not yet answered */
+  atomic_int suspended;   /* connections suspended on a job */
+  pthread_mutex_t mu;     /* guards gens */
+  gen *gens;              /* the generations in flight (the watcher's list) */
+  uint64_t next_gen;
+  pthread_t watcher;
+  bool watching;
+  atomic_bool watch_stop;
+};
+
+/* One generation in flight on a connection, from admission to the end of its response:
+ * in the watcher's list while it holds its job. A plain (non-streamed) response's belongs to
+ * the request state; a stream's to its response (freed by stream_free). */
+struct gen {
+  srv_http *h;
+  struct MHD_Connection *conn;
+  srv_job *job;
+  int fd;
+  uint64_t id;
+  srv_buf out;   /* a stream's chunks not yet sent */
+  bool complete; /* the stream's last chunk is in out */
+  gen *prev, *next;
 };
 
 /* Per-request state (MHD's con_cls). */
@@ -31,16 +67,8 @@ typedef struct conn_req {
   srv_route route;
   srv_buf body;
   bool too_large;
+  gen *plain; /* a non-streamed generation the handler waits on (suspended) */
 } conn_req;
-
-/* The content reader of one SSE response. */
-typedef struct stream {
-  srv_http *h;
-  srv_job *job;
-  srv_buf out;
-  int fd;
-  bool complete; /* the last chunk is in out */
-} stream;
 
 static srv_route route_of(const char *url) {
   if (!strcmp(url, "/v1/completions")) return SRV_ROUTE_COMPLETIONS;
@@ -58,12 +86,6 @@ static srv_route route_of(const char *url) {
 static bool posted(srv_route r) {
   return r == SRV_ROUTE_COMPLETIONS || r == SRV_ROUTE_CHAT || r == SRV_ROUTE_TOKENIZE ||
          r == SRV_ROUTE_DETOKENIZE;
-}
-
-/* True when the peer has closed or reset the connection. */
-static bool client_gone(int fd) {
-  struct pollfd p = {.fd = fd, .events = POLLRDHUP};
-  return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
 }
 
 static int conn_fd(struct MHD_Connection *conn) {
@@ -155,69 +177,164 @@ static enum MHD_Result metrics(srv_http *h, struct MHD_Connection *conn, conn_re
   return ok;
 }
 
+/* --- generations in flight ------------------------------------------------------------------ */
+
+/* Admits one generation: false (refuse with 429) past max_connections in flight. */
+static bool admit(srv_http *h) {
+  if (atomic_fetch_add(&h->inflight, 1) < h->o.max_connections) {
+    srv_metrics_in_flight(h->c->metrics, 1);
+    return true;
+  }
+  atomic_fetch_sub(&h->inflight, 1);
+  return false;
+}
+
+static void unadmit(srv_http *h) {
+  srv_metrics_in_flight(h->c->metrics, -1);
+  atomic_fetch_sub(&h->inflight, 1);
+}
+
+static gen *gen_create(srv_http *h, struct MHD_Connection *conn, srv_job *j) {
+  gen *g = calloc(1, sizeof *g);
+  if (!g) return NULL;
+  *g = (gen){.h = h, .conn = conn, .job = j, .fd = conn_fd(conn)};
+  pthread_mutex_lock(&h->mu);
+  g->id = ++h->next_gen;
+  g->next = h->gens;
+  if (h->gens) h->gens->prev = g;
+  h->gens = g;
+  pthread_mutex_unlock(&h->mu);
+  return g;
+}
+
+/* Ends a generation: cancels its job unless it finished, lets go of it, frees the slot. */
+static void gen_free(gen *g, bool finished) {
+  srv_http *h = g->h;
+  pthread_mutex_lock(&h->mu);
+  if (g->prev) g->prev->next = g->next;
+  else h->gens = g->next;
+  if (g->next) g->next->prev = g->prev;
+  pthread_mutex_unlock(&h->mu);
+  if (!finished) srv_job_cancel(g->job);
+  srv_job_release(g->job);
+  srv_buf_free(&g->out);
+  free(g);
+  unadmit(h);
+}
+
+/* srv_job_park's park and wake, both under the job's lock: a wake never precedes its park. */
+static void gen_park(void *cls) {
+  gen *g = cls;
+  atomic_fetch_add(&g->h->suspended, 1);
+  MHD_suspend_connection(g->conn);
+}
+
+static void gen_wake(void *cls) {
+  gen *g = cls;
+  MHD_resume_connection(g->conn);
+  atomic_fetch_sub(&g->h->suspended, 1);
+}
+
+static bool job_cancelled(srv_job *j) {
+  pthread_mutex_lock(&j->mu);
+  bool c = j->cancelled;
+  pthread_mutex_unlock(&j->mu);
+  return c;
+}
+
+/* Polls the sockets of the generations in flight: a client that closed its end cancels its
+ * request (its connection may be suspended, where MHD itself sees nothing). */
+static void *watch(void *arg) {
+  srv_http *h = arg;
+  struct pollfd *fds = NULL;
+  uint64_t *ids = NULL;
+  size_t cap = 0;
+  while (!atomic_load(&h->watch_stop)) {
+    size_t n = 0;
+    pthread_mutex_lock(&h->mu);
+    for (gen *g = h->gens; g; g = g->next) {
+      if (n == cap) {
+        size_t c2 = cap ? 2 * cap : 64;
+        struct pollfd *f2 = realloc(fds, c2 * sizeof *f2);
+        if (f2) fds = f2;
+        uint64_t *i2 = f2 ? realloc(ids, c2 * sizeof *i2) : NULL;
+        if (i2) ids = i2;
+        if (!f2 || !i2) break; /* out of memory: watch the ones listed so far */
+        cap = c2;
+      }
+      if (g->fd >= 0) fds[n] = (struct pollfd){.fd = g->fd, .events = POLLRDHUP}, ids[n++] = g->id;
+    }
+    pthread_mutex_unlock(&h->mu);
+    if (n == 0 || poll(fds, n, WATCH_SLICE_MS) <= 0) {
+      if (n == 0) poll(NULL, 0, WATCH_SLICE_MS);
+      continue;
+    }
+    pthread_mutex_lock(&h->mu); /* a generation still listed holds its job */
+    for (size_t i = 0; i < n; i++) {
+      if (!(fds[i].revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL))) continue;
+      for (gen *g = h->gens; g; g = g->next)
+        if (g->id == ids[i]) srv_job_cancel(g->job);
+    }
+    pthread_mutex_unlock(&h->mu);
+    poll(NULL, 0, WATCH_SLICE_MS / 4); /* a cancelled one stays listed until its last event */
+  }
+  free(fds);
+  free(ids);
+  return NULL;
+}
+
 /* --- generation ------------------------------------------------------------------------------ */
 
 static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
-  stream *s = cls;
+  gen *g = cls;
   for (;;) {
-    if (s->out.off < s->out.len) {
-      size_t n = s->out.len - s->out.off < max ? s->out.len - s->out.off : max;
-      memcpy(buf, s->out.p + s->out.off, n);
-      s->out.off += n;
-      if (s->out.off == s->out.len) s->out.off = s->out.len = 0;
+    if (g->out.off < g->out.len) {
+      size_t n = g->out.len - g->out.off < max ? g->out.len - g->out.off : max;
+      memcpy(buf, g->out.p + g->out.off, n);
+      g->out.off += n;
+      if (g->out.off == g->out.len) g->out.off = g->out.len = 0;
       return (ssize_t)n;
     }
-    if (s->complete) return MHD_CONTENT_READER_END_OF_STREAM;
-    if (atomic_load(&s->h->stopping) || client_gone(s->fd)) {
-      srv_job_cancel(s->job);
-      return MHD_CONTENT_READER_END_WITH_ERROR;
-    }
-    srv_job_wait(s->job, WAIT_SLICE_MS);
-    s->complete = srv_render_stream(s->job, &s->out);
+    if (g->complete) return MHD_CONTENT_READER_END_OF_STREAM;
+    if (atomic_load(&g->h->stopping) || job_cancelled(g->job))
+      return MHD_CONTENT_READER_END_WITH_ERROR; /* stream_free cancels the job */
+    bool done;
+    if (srv_job_park(g->job, gen_park, gen_wake, g, &done)) return 0; /* resumed at news */
+    g->complete = srv_render_stream(g->job, &g->out);
   }
 }
 
 static void stream_free(void *cls) {
-  stream *s = cls;
-  if (!s->complete) srv_job_cancel(s->job); /* the client went away mid-stream */
-  srv_job_release(s->job);
-  srv_buf_free(&s->out);
-  free(s);
+  gen *g = cls;
+  gen_free(g, g->complete); /* not complete: the client went away mid-stream */
 }
 
 static enum MHD_Result start_stream(srv_http *h, struct MHD_Connection *conn, conn_req *r,
-                                    srv_job *j) {
-  stream *s = calloc(1, sizeof *s);
-  struct MHD_Response *resp = s ? MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024,
-                                                                    stream_read, s, stream_free)
-                                : NULL;
+                                    gen *g) {
+  struct MHD_Response *resp =
+      MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, stream_read, g, stream_free);
   if (!resp) {
-    srv_job_cancel(j);
-    srv_job_release(j);
-    free(s);
+    gen_free(g, false);
     return MHD_NO;
   }
-  *s = (stream){.h = h, .job = j, .fd = conn_fd(conn)};
   MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream; charset=utf-8");
   MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
   MHD_add_response_header(resp, "X-Accel-Buffering", "no");
   enum MHD_Result ok = MHD_queue_response(conn, 200, resp);
-  MHD_destroy_response(resp); /* the stream is freed through stream_free */
+  MHD_destroy_response(resp); /* the generation is freed through stream_free */
   srv_metrics_request(h->c->metrics, r->route, 200);
   return ok;
 }
 
-/* Waits for a non-streamed job, watching the client; MHD_NO closes a vanished connection. */
-static enum MHD_Result finish_plain(srv_http *h, struct MHD_Connection *conn, conn_req *r,
-                                    srv_job *j) {
-  int fd = conn_fd(conn);
-  while (!srv_job_wait(j, WAIT_SLICE_MS)) {
-    if (atomic_load(&h->stopping) || client_gone(fd)) {
-      srv_job_cancel(j);
-      srv_job_release(j);
-      return MHD_NO;
-    }
-  }
+/* A non-streamed job: suspends the connection until the job is done (the handler is called
+ * again at each resume), then answers; MHD_NO closes a connection whose client went away. */
+static enum MHD_Result finish_plain(srv_http *h, struct MHD_Connection *conn, conn_req *r) {
+  gen *g = r->plain;
+  bool done = false;
+  while (!done)
+    if (srv_job_park(g->job, gen_park, gen_wake, g, &done)) return MHD_YES;
+  srv_job *j = g->job;
+  if (atomic_load(&h->stopping) || job_cancelled(j)) return MHD_NO; /* on_completed frees g */
   enum MHD_Result ok;
   if (j->failed) {
     srv_error e;
@@ -227,28 +344,40 @@ static enum MHD_Result finish_plain(srv_http *h, struct MHD_Connection *conn, co
   } else {
     ok = send_json(h, conn, r, 200, srv_render_response(j));
   }
-  srv_job_release(j);
+  r->plain = NULL;
+  gen_free(g, true);
   return ok;
 }
 
 static enum MHD_Result generate(srv_http *h, struct MHD_Connection *conn, conn_req *r,
                                 const srv_key *key) {
-  if (srv_metrics_open_connections(h->c->metrics) > h->o.max_connections)
+  if (atomic_load(&h->stopping))
+    return fail(h, conn, r, 503, "server_error", "shutting_down", "The server is shutting down.");
+  if (!admit(h))
     return fail(h, conn, r, 429, "rate_limit_error", "rate_limit_exceeded",
-                "The server has too many open connections; retry after a short wait.");
+                "The server is at capacity (requests in flight); retry after a short wait.");
   srv_params p;
   srv_error e;
   srv_endpoint ep = r->route == SRV_ROUTE_CHAT ? SRV_CHAT : SRV_COMPLETIONS;
-  if (!srv_params_parse(h->c, ep, r->body.p ? r->body.p : "", r->body.len, &p, &e))
-    return send_error(h, conn, r, &e);
-  if (key) p.tenant = key->tenant, p.priority = key->priority;
-  bool stream_it = p.stream;
-  srv_job *j = srv_job_submit(h->c, &p, &e);
-  if (!j) {
-    srv_params_free(&p);
-    return send_error(h, conn, r, &e);
+  srv_job *j = NULL;
+  if (srv_params_parse(h->c, ep, r->body.p ? r->body.p : "", r->body.len, &p, &e)) {
+    if (key) p.tenant = key->tenant, p.priority = key->priority;
+    bool stream_it = p.stream;
+    if ((j = srv_job_submit(h->c, &p, &e)) == NULL) srv_params_free(&p);
+    gen *g = j ? gen_create(h, conn, j) : NULL;
+    if (g) {
+      if (stream_it) return start_stream(h, conn, r, g);
+      r->plain = g;
+      return finish_plain(h, conn, r);
+    }
+    if (j) { /* no memory for its bookkeeping */
+      srv_job_cancel(j);
+      srv_job_release(j);
+      srv_fail(&e, 500, "server_error", NULL, NULL, "out of memory");
+    }
   }
-  return stream_it ? start_stream(h, conn, r, j) : finish_plain(h, conn, r, j);
+  unadmit(h);
+  return send_error(h, conn, r, &e);
 }
 
 /* /tokenize, /detokenize (srv_params.c). */
@@ -316,6 +445,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
                                   size_t *upload_size, void **con_cls) {
   srv_http *h = cls;
   conn_req *r = *con_cls;
+  if (r && r->plain) return finish_plain(h, conn, r); /* resumed: the job has news */
   if (!r) { /* headers only so far */
     if (!(r = calloc(1, sizeof *r))) return MHD_NO;
     *con_cls = r;
@@ -340,6 +470,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
                          enum MHD_RequestTerminationCode toe) {
   conn_req *r = *con_cls;
   if (!r) return;
+  if (r->plain) gen_free(r->plain, false); /* closed before its answer: the job is cancelled */
   srv_buf_free(&r->body);
   free(r);
   *con_cls = NULL;
@@ -383,6 +514,28 @@ static bool resolve(const char *host, int port, struct sockaddr_storage *out, ch
   return true;
 }
 
+/* Sockets the daemon may hold: four per generation admitted (clients that retry, /health,
+ * /metrics), at least 1024, within the process's file limit (raised to its hard limit). */
+static unsigned socket_limit(const srv_http_opts *o) {
+  struct rlimit rl;
+  rlim_t have = 1024;
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0) {
+    if (rl.rlim_cur < rl.rlim_max) {
+      rlim_t want = rl.rlim_max == RLIM_INFINITY || rl.rlim_max > 65536 ? 65536 : rl.rlim_max;
+      if (want > rl.rlim_cur) {
+        rl.rlim_cur = want;
+        (void)setrlimit(RLIMIT_NOFILE, &rl);
+        (void)getrlimit(RLIMIT_NOFILE, &rl);
+      }
+    }
+    have = rl.rlim_cur == RLIM_INFINITY ? 65536 : rl.rlim_cur;
+  }
+  uint64_t want = 4 * (uint64_t)o->max_connections;
+  if (want < 1024) want = 1024;
+  uint64_t room = have > 128 ? (uint64_t)have - 64 : 64; /* the model, logs, the engine */
+  return (unsigned)(want < room ? want : room);
+}
+
 bool srv_http_start(srv_ctx *c, const srv_http_opts *o, srv_http **out, char *msg, size_t cap) {
   struct sockaddr_storage addr;
   if (!resolve(o->host, o->port, &addr, msg, cap)) return false;
@@ -391,20 +544,26 @@ bool srv_http_start(srv_ctx *c, const srv_http_opts *o, srv_http **out, char *ms
   if (!h) return snprintf(msg, cap, "out of memory"), false;
   h->c = c;
   h->o = *o;
-  unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO |
+  pthread_mutex_init(&h->mu, NULL);
+  unsigned sockets = socket_limit(o);
+  unsigned per_client = o->max_per_client > 0 ? (unsigned)o->max_per_client : sockets / 2;
+  if (per_client > sockets) per_client = sockets;
+  unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_ALLOW_SUSPEND_RESUME |
                    MHD_USE_ERROR_LOG | (v6 ? MHD_USE_IPv6 : 0);
-  h->d = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, on_request, h,
-                          MHD_OPTION_EXTERNAL_LOGGER, on_log, h, MHD_OPTION_SOCK_ADDR,
-                          (struct sockaddr *)&addr, MHD_OPTION_CONNECTION_LIMIT,
-                          (unsigned)(o->max_connections + 16), MHD_OPTION_CONNECTION_TIMEOUT, 120u,
-                          MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
-                          MHD_OPTION_NOTIFY_CONNECTION, on_connection, h, MHD_OPTION_END);
+  h->d = MHD_start_daemon(
+      flags, (uint16_t)o->port, NULL, NULL, on_request, h, MHD_OPTION_EXTERNAL_LOGGER, on_log, h,
+      MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr, MHD_OPTION_THREAD_POOL_SIZE, HTTP_POOL,
+      MHD_OPTION_CONNECTION_LIMIT, sockets, MHD_OPTION_PER_IP_CONNECTION_LIMIT, per_client,
+      MHD_OPTION_CONNECTION_TIMEOUT, HTTP_IDLE_S, MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
+      MHD_OPTION_NOTIFY_CONNECTION, on_connection, h, MHD_OPTION_END);
   if (!h->d) {
     snprintf(msg, cap, "cannot listen on %s:%d (in use, or not an address of this machine)",
              o->host, o->port);
+    pthread_mutex_destroy(&h->mu);
     free(h);
     return false;
   }
+  h->watching = pthread_create(&h->watcher, NULL, watch, h) == 0;
   const union MHD_DaemonInfo *di = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_BIND_PORT);
   h->port = di ? di->port : o->port;
   *out = h;
@@ -416,6 +575,16 @@ int srv_http_port(const srv_http *h) { return h->port; }
 void srv_http_stop(srv_http *h) {
   if (!h) return;
   atomic_store(&h->stopping, true);
+  pthread_mutex_lock(&h->mu); /* every generation in flight ends; its last event resumes it */
+  for (gen *g = h->gens; g; g = g->next) srv_job_cancel(g->job);
+  pthread_mutex_unlock(&h->mu);
+  /* MHD must not be stopped with a connection suspended: wait for the engine's last events */
+  for (int i = 0; i < 500 && atomic_load(&h->suspended) > 0; i++) poll(NULL, 0, 10);
   MHD_stop_daemon(h->d);
+  if (h->watching) {
+    atomic_store(&h->watch_stop, true);
+    pthread_join(h->watcher, NULL);
+  }
+  pthread_mutex_destroy(&h->mu);
   free(h);
 }

@@ -112,6 +112,11 @@ static void on_event(void *user, const irt_event *ev) {
   bool done = ev->request_done;
   if (done) j->done = true, j->t_done = now;
   pthread_cond_broadcast(&j->cv);
+  if (j->wake) { /* an event-driven consumer parked on this job */
+    void (*wake)(void *) = j->wake;
+    j->wake = NULL;
+    wake(j->wake_cls);
+  }
   pthread_mutex_unlock(&j->mu);
   if (done) {
     record(j);
@@ -214,6 +219,20 @@ bool srv_job_wait(srv_job *j, int timeout_ms) {
   bool done = j->done;
   pthread_mutex_unlock(&j->mu);
   return done;
+}
+
+bool srv_job_park(srv_job *j, void (*park)(void *), void (*wake)(void *), void *cls, bool *done) {
+  pthread_mutex_lock(&j->mu);
+  bool parked = !j->done && j->events == j->seen;
+  if (parked) {
+    j->wake = wake, j->wake_cls = cls;
+    park(cls);
+  } else {
+    j->seen = j->events;
+  }
+  *done = j->done;
+  pthread_mutex_unlock(&j->mu);
+  return parked;
 }
 
 void srv_job_cancel(srv_job *j) {

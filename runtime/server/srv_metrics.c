@@ -28,7 +28,7 @@ struct srv_metrics {
   pthread_mutex_t mu;
   int64_t requests[SRV_N_ROUTES][N_STATUS];
   hist ttft, tpot, e2e;
-  int64_t cancelled, open_connections;
+  int64_t cancelled, open_connections, in_flight;
 };
 
 static const char *const k_route_names[SRV_N_ROUTES] = {
@@ -85,11 +85,10 @@ void srv_metrics_connections(srv_metrics *m, int delta) {
   pthread_mutex_unlock(&m->mu);
 }
 
-int64_t srv_metrics_open_connections(srv_metrics *m) {
+void srv_metrics_in_flight(srv_metrics *m, int delta) {
   pthread_mutex_lock(&m->mu);
-  int64_t n = m->open_connections;
+  m->in_flight += delta;
   pthread_mutex_unlock(&m->mu);
-  return n;
 }
 
 static void head(srv_buf *b, const char *name, const char *type, const char *help) {
@@ -196,6 +195,9 @@ char *srv_metrics_render(srv_metrics *m, irt_engine *e) {
   value(&b, "inferrt_requests_cancelled_total", "", (double)m->cancelled);
   head(&b, "inferrt_http_connections_open", "gauge", "Open HTTP connections.");
   value(&b, "inferrt_http_connections_open", "", (double)m->open_connections);
+  head(&b, "inferrt_http_requests_in_flight", "gauge",
+       "Generations admitted and not yet answered (--max-connections bounds them).");
+  value(&b, "inferrt_http_requests_in_flight", "", (double)m->in_flight);
   pthread_mutex_unlock(&m->mu);
   put_engine(&b, e);
   if (!b.p) srv_buf_put(&b, "", 0);
