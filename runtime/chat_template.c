@@ -1,6 +1,7 @@
 /* chat_template: family detection and rendering. Each renderer mirrors the reference
  * Jinja template of its family (tests compare against Jinja's output). */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -100,9 +101,32 @@ ir_status irt_chat_template_detect(const char *src, irt_chat_template *out, ir_d
 typedef struct sbuf {
   char *buf;
   size_t cap, len;
+  /* provenance (irt_chat_render_spans): the messages' text ranges, and the spans of the
+   * output copied from them */
+  const char *const *lo, *const *hi; /* (n_src) */
+  size_t n_src;
+  irt_chat_span *spans;
+  size_t n_spans, cap_spans;
+  bool spans_short;
 } sbuf;
 
+/* Records [s->len, s->len + n) as message text when t lies in a message's text. Adjacent
+ * spans merge. */
+static void note_span(sbuf *s, const char *t, size_t n) {
+  bool text = false;
+  for (size_t i = 0; i < s->n_src && !text; i++) text = t >= s->lo[i] && t + n <= s->hi[i];
+  if (!text || !n) return;
+  if (s->n_spans && s->spans[s->n_spans - 1].end == s->len) {
+    s->spans[s->n_spans - 1].end += n;
+  } else if (s->n_spans < s->cap_spans) {
+    s->spans[s->n_spans++] = (irt_chat_span){s->len, s->len + n};
+  } else {
+    s->spans_short = true;
+  }
+}
+
 static void put_n(sbuf *s, const char *t, size_t n) {
+  if (s->spans) note_span(s, t, n);
   if (s->len < s->cap) {
     size_t room = s->cap - s->len;
     memcpy(s->buf + s->len, t, n < room ? n : room);
@@ -349,11 +373,30 @@ static void render_inst(const irt_chat_template *t, const irt_chat_msg *m, size_
 
 ir_status irt_chat_render(const irt_chat_template *t, const irt_chat_msg *msgs, size_t n,
                           bool gen, char *buf, size_t cap, size_t *out_len, ir_diag *d) {
+  return irt_chat_render_spans(t, msgs, n, gen, buf, cap, out_len, NULL, 0, NULL, d);
+}
+
+ir_status irt_chat_render_spans(const irt_chat_template *t, const irt_chat_msg *msgs, size_t n,
+                                bool gen, char *buf, size_t cap, size_t *out_len,
+                                irt_chat_span *spans, size_t cap_spans, size_t *n_spans,
+                                ir_diag *d) {
   for (size_t i = 0; i < n; i++)
     if (!msgs[i].role || !msgs[i].content || role_of(msgs[i].role) < 0)
       return ir_diag_set(d, IR_INVALID_ARG, "message %zu: role must be system, user, assistant "
                          "or ipython", i);
   sbuf s = {.buf = buf, .cap = cap ? cap - 1 : 0};
+  const char **ranges = NULL;
+  if (spans) { /* each message's content and thoughts: [lo, hi) pairs */
+    if (!(ranges = malloc((4 * n + 1) * sizeof *ranges)))
+      return ir_diag_set(d, IR_OOM, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+      const char *r = msgs[i].reasoning ? msgs[i].reasoning : "";
+      ranges[i] = msgs[i].content, ranges[2 * n + i] = msgs[i].content + strlen(msgs[i].content);
+      ranges[n + i] = r, ranges[3 * n + i] = r + strlen(r);
+    }
+    s.lo = ranges, s.hi = ranges + 2 * n, s.n_src = 2 * n;
+    s.spans = spans, s.cap_spans = cap_spans;
+  }
   switch (t->kind) {
   case IRT_CHAT_CHATML: render_chatml(t, msgs, n, gen, &s); break;
   case IRT_CHAT_QWEN3: render_qwen3(t, msgs, n, gen, &s); break;
@@ -364,9 +407,13 @@ ir_status irt_chat_render(const irt_chat_template *t, const irt_chat_msg *msgs, 
   case IRT_CHAT_PHI3: render_phi3(msgs, n, gen, &s); break;
   case IRT_CHAT_MISTRAL:
   case IRT_CHAT_LLAMA2: render_inst(t, msgs, n, &s); break;
-  default: return ir_diag_set(d, IR_INVALID_ARG, "no chat template selected");
+  default: free(ranges); return ir_diag_set(d, IR_INVALID_ARG, "no chat template selected");
   }
+  free(ranges);
   if (cap) buf[s.len < cap ? s.len : cap - 1] = '\0';
   *out_len = s.len;
+  if (n_spans) *n_spans = s.n_spans;
+  if (s.spans_short)
+    return ir_diag_set(d, IR_OOM, "chat: more than %zu spans of message text", cap_spans);
   return IR_OK;
 }

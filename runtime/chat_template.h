@@ -61,11 +61,24 @@ irt_chat_kind irt_chat_kind_from_name(const char *name);
  * IR_UNSUPPORTED (message lists the families and --chat-template) if unrecognised. */
 ir_status irt_chat_template_detect(const char *source, irt_chat_template *out, ir_diag *d);
 
+/* A byte range [start, end) of a rendering that was copied from a message's text. */
+typedef struct irt_chat_span {
+  size_t start, end;
+} irt_chat_span;
+
 /* Renders msgs; with add_generation_prompt the assistant's turn is opened at the end.
  * Writes at most cap bytes plus a NUL; *out_len is the full length (excluding NUL).
  * Unknown roles and a kind of UNKNOWN are IR_INVALID_ARG. */
 ir_status irt_chat_render(const irt_chat_template *t, const irt_chat_msg *msgs, size_t n,
                           bool add_generation_prompt, char *buf, size_t cap, size_t *out_len,
                           ir_diag *d);
+/* irt_chat_render that also lists where the messages' own text went (content and thoughts,
+ * by the provenance of each copied byte run; adjacent runs merged): up to cap_spans spans in
+ * order, *n_spans of them (IR_OOM past cap_spans; 2 per message + 1 always suffice, as no
+ * template writes a message's text twice). The tokenizer keeps special tokens out of them. */
+ir_status irt_chat_render_spans(const irt_chat_template *t, const irt_chat_msg *msgs, size_t n,
+                                bool add_generation_prompt, char *buf, size_t cap,
+                                size_t *out_len, irt_chat_span *spans, size_t cap_spans,
+                                size_t *n_spans, ir_diag *d);
 
 #endif

@@ -156,6 +156,45 @@ irt_status irt_chat_format_opts(const irt_tokenizer *t, const char *name,
   return done(err, st, &d);
 }
 
+irt_status irt_chat_tokenize(const irt_tokenizer *t, const char *name,
+                             const irt_chat_message *msgs, size_t n, bool gen,
+                             const irt_chat_opts *opts, bool allow_special, int32_t **ids,
+                             size_t *n_ids, char **text_out, irt_error *err) {
+  ir_diag d = {0};
+  irt_chat_template ct;
+  *ids = NULL, *n_ids = 0;
+  if (text_out) *text_out = NULL;
+  ir_status st = pick_template(t, name, &ct, &d);
+  ct.tools = opts && opts->tools;
+  ct.no_thinking = opts && opts->no_thinking;
+  size_t cap = 4096, len = 0, n_spans = 0;
+  for (size_t i = 0; i < n; i++)
+    cap += (msgs[i].content ? strlen(msgs[i].content) : 0) +
+           (msgs[i].reasoning ? strlen(msgs[i].reasoning) : 0) + 64;
+  char *buf = NULL;
+  irt_chat_span *spans = calloc(2 * n + 2, sizeof *spans);
+  if (st == IR_OK && !spans) st = ir_diag_set(&d, IR_OOM, "out of memory");
+  for (int pass = 0; st == IR_OK && pass < 2; pass++) { /* again when the estimate was short */
+    free(buf);
+    if (!(buf = malloc(cap + 1))) {
+      st = ir_diag_set(&d, IR_OOM, "out of memory");
+      break;
+    }
+    st = irt_chat_render_spans(&ct, (const irt_chat_msg *)msgs, n, gen, buf, cap + 1, &len, spans,
+                               2 * n + 2, &n_spans, &d);
+    if (st != IR_OK || len <= cap) break;
+    cap = len;
+  }
+  _Static_assert(sizeof(irt_chat_span) == sizeof(irt_tok_span), "same layout");
+  if (st == IR_OK)
+    st = irt_tok_encode_spans_alloc(t, buf, len, false, true, allow_special ? NULL : (const irt_tok_span *)spans,
+                                    allow_special ? 0 : n_spans, ids, n_ids, &d);
+  free(spans);
+  if (st == IR_OK && text_out) *text_out = buf, buf = NULL;
+  free(buf);
+  return done(err, st, &d);
+}
+
 irt_status irt_chat_format_tools(const irt_tokenizer *t, const char *name,
                                  const irt_chat_message *msgs, size_t n, bool gen, char *buf,
                                  size_t cap, size_t *out_len, irt_error *err) {

@@ -162,8 +162,16 @@ static size_t ws_after(const uint8_t *s, size_t n, size_t p) {
 /* The next accepted added token at or after pos (leftmost, then longest). A match that is
  * refused (a special token without parse_special, a single_word token inside a word) is
  * still consumed, as in HF's find_matches. */
+/* True when [a, b) overlaps one of the n sorted spans. */
+static bool in_spans(const irt_tok_span *sp, size_t n, size_t a, size_t b) {
+  for (size_t i = 0; i < n && sp[i].start < b; i++)
+    if (sp[i].end > a) return true;
+  return false;
+}
+
 static bool match_next(const irt_tokenizer *t, const tok_matcher *m, const uint8_t *s, size_t n,
-                       size_t pos, bool parse_special, tok_hit *hit) {
+                       size_t pos, bool parse_special, const irt_tok_span *text, size_t n_text,
+                       tok_hit *hit) {
   if (m->n == 0) return false;
   for (size_t i = pos; i < n; i++) {
     int32_t k = m->first[s[i]], kend = m->first[s[i] + 1];
@@ -173,7 +181,8 @@ static bool match_next(const irt_tokenizer *t, const tok_matcher *m, const uint8
     int32_t id = m->e[k].id;
     size_t end = i + m->e[k].len;
     uint8_t attr = t->attrs[id];
-    if ((!parse_special && tok_is_special_type(t->types[id])) ||
+    bool special = tok_is_special_type(t->types[id]);
+    if ((special && (!parse_special || in_spans(text, n_text, i, end))) ||
         ((attr & IRT_TOK_ATTR_SINGLE_WORD) && !single_word_ok(s, n, i, end))) {
       i = end - 1;
       continue;
@@ -191,6 +200,8 @@ static bool match_next(const irt_tokenizer *t, const tok_matcher *m, const uint8
 typedef struct enc {
   const irt_tokenizer *t;
   bool parse_special;
+  const irt_tok_span *text; /* (n_text) where special tokens are text */
+  size_t n_text;
   tok_out out;
   uint8_t *norm;  /* normalized text run */
   uint8_t *tmp;   /* NFC output */
@@ -255,17 +266,19 @@ static void encode_piece(enc *e, const uint8_t *s, size_t n, bool at_origin) {
   while (tok_pre_next(&it, &a, &b)) tok_bpe_word(t, &e->bpe, s + a, b - a, &e->out);
 }
 
-/* A text run between pass-1 added tokens. */
-static void encode_run(enc *e, const uint8_t *s, size_t n, bool at_origin) {
+/* A text run between pass-1 added tokens, at byte off of the input. */
+static void encode_run(enc *e, const uint8_t *s, size_t n, size_t off, bool at_origin) {
   const irt_tokenizer *t = e->t;
   if (n == 0) return;
+  /* normalized positions are not the input's: a run touching text spans parses none */
+  bool special = e->parse_special && !in_spans(e->text, e->n_text, off, off + n);
   if (!norm_is_identity(t)) {
     n = tok_normalize(t, s, n, e->norm, e->tmp, e->work);
     s = e->norm;
   }
   size_t pos = 0;
   tok_hit h;
-  while (match_next(t, &t->match_norm, s, n, pos, e->parse_special, &h)) {
+  while (match_next(t, &t->match_norm, s, n, pos, special, NULL, 0, &h)) {
     encode_piece(e, s + pos, h.start - pos, at_origin && pos == 0);
     tok_out_put(&e->out, h.id);
     pos = h.end;
@@ -275,7 +288,15 @@ static void encode_run(enc *e, const uint8_t *s, size_t n, bool at_origin) {
 
 ir_status irt_tok_encode(const irt_tokenizer *t, const char *text, size_t len, bool add_special,
                          bool parse_special, int32_t *ids, size_t cap, size_t *out_n, ir_diag *d) {
-  if (!t || !out_n || (!text && len) || (!ids && cap))
+  return irt_tok_encode_spans(t, text, len, add_special, parse_special, NULL, 0, ids, cap, out_n,
+                              d);
+}
+
+ir_status irt_tok_encode_spans(const irt_tokenizer *t, const char *text, size_t len,
+                               bool add_special, bool parse_special, const irt_tok_span *spans,
+                               size_t n_spans, int32_t *ids, size_t cap, size_t *out_n,
+                               ir_diag *d) {
+  if (!t || !out_n || (!text && len) || (!ids && cap) || (!spans && n_spans))
     return ir_diag_set(d, IR_INVALID_ARG, "tokenizer: encode: NULL argument");
   *out_n = 0;
   const uint8_t *s = (const uint8_t *)(text ? text : "");
@@ -283,17 +304,23 @@ ir_status irt_tok_encode(const irt_tokenizer *t, const char *text, size_t len, b
   if (bad < len)
     return ir_diag_set(d, IR_INVALID_ARG, "tokenizer: invalid UTF-8 at byte offset %zu (0x%02X)",
                        bad, s[bad]);
-  enc e = {.t = t, .parse_special = parse_special, .out = {ids, cap, 0}};
+  for (size_t i = 0; i < n_spans; i++)
+    if (spans[i].start > spans[i].end || spans[i].end > len ||
+        (i && spans[i].start < spans[i - 1].end))
+      return ir_diag_set(d, IR_INVALID_ARG, "tokenizer: encode: text spans must be sorted, "
+                         "disjoint and inside the text");
+  enc e = {.t = t, .parse_special = parse_special, .text = spans, .n_text = n_spans,
+           .out = {ids, cap, 0}};
   if (!enc_alloc(&e, s, len)) return ir_diag_set(d, IR_OOM, "tokenizer: out of memory");
   if (add_special && t->add_bos && t->bos_id >= 0) tok_out_put(&e.out, t->bos_id);
   size_t pos = 0;
   tok_hit h;
-  while (match_next(t, &t->match_raw, s, len, pos, parse_special, &h)) {
-    encode_run(&e, s + pos, h.start - pos, pos == 0);
+  while (match_next(t, &t->match_raw, s, len, pos, parse_special, spans, n_spans, &h)) {
+    encode_run(&e, s + pos, h.start - pos, pos, pos == 0);
     tok_out_put(&e.out, h.id);
     pos = h.end;
   }
-  encode_run(&e, s + pos, len - pos, pos == 0);
+  encode_run(&e, s + pos, len - pos, pos, pos == 0);
   if (add_special && t->add_eos && t->eos_id >= 0) tok_out_put(&e.out, t->eos_id);
   free(e.block);
   *out_n = e.out.n;
@@ -303,13 +330,23 @@ ir_status irt_tok_encode(const irt_tokenizer *t, const char *text, size_t len, b
 ir_status irt_tok_encode_alloc(const irt_tokenizer *t, const char *text, size_t len,
                                bool add_special, bool parse_special, int32_t **out,
                                size_t *out_n, ir_diag *d) {
+  return irt_tok_encode_spans_alloc(t, text, len, add_special, parse_special, NULL, 0, out, out_n,
+                                    d);
+}
+
+ir_status irt_tok_encode_spans_alloc(const irt_tokenizer *t, const char *text, size_t len,
+                                     bool add_special, bool parse_special,
+                                     const irt_tok_span *spans, size_t n_spans, int32_t **out,
+                                     size_t *out_n, ir_diag *d) {
   size_t cap = len + 16, n = 0;
   int32_t *ids = malloc(cap * sizeof *ids);
-  ir_status st = ids ? irt_tok_encode(t, text, len, add_special, parse_special, ids, cap, &n, d)
+  ir_status st = ids ? irt_tok_encode_spans(t, text, len, add_special, parse_special, spans,
+                                            n_spans, ids, cap, &n, d)
                      : ir_diag_set(d, IR_OOM, "out of memory");
   if (st == IR_OK && n > cap) { /* the first guess was short: size it exactly */
     int32_t *more = realloc(ids, n * sizeof *ids);
-    st = more ? irt_tok_encode(t, text, len, add_special, parse_special, more, n, &n, d)
+    st = more ? irt_tok_encode_spans(t, text, len, add_special, parse_special, spans, n_spans,
+                                     more, n, &n, d)
               : ir_diag_set(d, IR_OOM, "out of memory");
     if (more) ids = more;
   }

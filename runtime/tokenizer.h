@@ -131,6 +131,23 @@ void irt_tok_destroy(irt_tokenizer *t);
  * cached and nothing is locked, so calls may run concurrently. */
 ir_status irt_tok_encode(const irt_tokenizer *t, const char *text, size_t len, bool add_special,
                          bool parse_special, int32_t *ids, size_t cap, size_t *out_n, ir_diag *d);
+/* A byte range [start, end) of an encoder's input. */
+typedef struct irt_tok_span {
+  size_t start, end;
+} irt_tok_span;
+
+/* irt_tok_encode with special tokens parsed (parse_special) everywhere but in the sorted,
+ * disjoint text spans, where they are text: a chat's message content between the template's
+ * own special tokens (a special token that overlaps a span at all is text). Non-special
+ * added tokens match everywhere, as always. */
+ir_status irt_tok_encode_spans(const irt_tokenizer *t, const char *text, size_t len,
+                               bool add_special, bool parse_special, const irt_tok_span *spans,
+                               size_t n_spans, int32_t *ids, size_t cap, size_t *out_n,
+                               ir_diag *d);
+ir_status irt_tok_encode_spans_alloc(const irt_tokenizer *t, const char *text, size_t len,
+                                     bool add_special, bool parse_special,
+                                     const irt_tok_span *spans, size_t n_spans, int32_t **out,
+                                     size_t *out_n, ir_diag *d);
 /* irt_tok_encode into *out, allocated to the full count (free it). A tokenizer can give more
  * ids than the text has bytes (byte fallback of every space, a prefix on each piece), so a
  * buffer sized by the text is only a first guess: this sizes it exactly. */

@@ -22,7 +22,7 @@ typedef struct gen_args {
   irt_kv_dtype kv_dtype;
   const char *stops[MAX_STOPS];
   int n_stops;
-  bool json, ignore_eos, no_thinking;
+  bool json, ignore_eos, no_thinking, allow_special;
   irt_engine_opts spec; /* its speculative decoding fields */
   char *grammar;        /* GBNF from --grammar*, --json-schema* or --json-object (owned) */
   const char *grammar_flag;
@@ -43,6 +43,9 @@ static int usage(FILE *f) {
         "  --chat-template NAME chatml, qwen3, deepseek-r1, llama3, llama3.1, mistral,\n"
         "                       llama2, gemma or phi3 (default: the model's)\n"
         "  --no-thinking        --chat with a thinking template (qwen3): enable_thinking false\n"
+        "  --allow-special-in-content\n"
+        "                       parse special tokens spelled in --chat/--system (by default\n"
+        "                       message text is text; --prompt always parses them)\n"
         "  -n, --max-tokens N   tokens to generate (default 32; --chat: 256)\n"
         "  --temperature T      0 = greedy (default 0)\n"
         "  --top-k K            sample among the K most likely (default: all)\n"
@@ -177,7 +180,8 @@ static int parse(int argc, char **argv, gen_args *a) {
       {"frequency-penalty", required_argument, 0, 27},
       {"repetition-penalty", required_argument, 0, 28}, {"min-tokens", required_argument, 0, 29},
       {"stop-token-ids", required_argument, 0, 30}, {"logit-bias", required_argument, 0, 31},
-      {"no-thinking", no_argument, 0, 32},    {"help", no_argument, 0, 'h'},
+      {"no-thinking", no_argument, 0, 32},    {"allow-special-in-content", no_argument, 0, 33},
+      {"help", no_argument, 0, 'h'},
       {0, 0, 0, 0}};
   int c, rc;
   a->max_new = -1;
@@ -187,6 +191,7 @@ static int parse(int argc, char **argv, gen_args *a) {
     else if (c == 8) a->ignore_eos = true;
     else if (c == 15) a->no_cuda_graphs = true;
     else if (c == 32) a->no_thinking = true;
+    else if (c == 33) a->allow_special = true;
     else if (c == 24 && (rc = set_grammar(a, c, NULL))) return rc;
     else if (c == 24) continue;
     else if ((rc = parse_value(a, c, optarg))) return rc;
@@ -221,24 +226,18 @@ static irt_status prompt_ids(gen_args *a, const irt_tokenizer *t, irt_error *err
              "it with a tokenizer.json beside the checkpoint");
     return err->status = IRT_INVALID_ARG;
   }
-  const char *text = a->prompt;
-  char *chat = NULL;
-  irt_status st = IRT_OK;
+  size_t n = 0;
+  irt_status st;
   if (a->chat) {
     irt_chat_message msgs[2] = {{.role = "system", .content = a->system},
                                 {.role = "user", .content = a->chat}};
-    size_t n = a->system ? 2 : 1, len = 0, cap = strlen(a->chat) + (a->system ? strlen(a->system) : 0) + 4096;
-    chat = malloc(cap);
     irt_chat_opts co = {.no_thinking = a->no_thinking};
-    st = chat ? irt_chat_format_opts(t, a->chat_template, a->system ? msgs : msgs + 1, n, true,
-                                     &co, chat, cap, &len, err)
-              : IRT_OOM;
-    text = chat;
+    st = irt_chat_tokenize(t, a->chat_template, a->system ? msgs : msgs + 1, a->system ? 2 : 1,
+                           true, &co, a->allow_special, &a->ids, &n, NULL, err);
+  } else {
+    st = irt_tokenize_alloc(t, a->prompt, strlen(a->prompt), true, true, &a->ids, &n, err);
   }
-  size_t len = text ? strlen(text) : 0, n = 0;
-  if (st == IRT_OK) st = irt_tokenize_alloc(t, text, len, !a->chat, true, &a->ids, &n, err);
   a->n_ids = (int64_t)n;
-  free(chat);
   return st;
 }
 

@@ -15,7 +15,7 @@ typedef struct serve_args {
   const char *plan, *host, *model_name, *chat_template, *device;
   int64_t port, max_connections, max_waiting, max_body, threads, kv_tokens, max_batched;
   int64_t max_per_client;
-  bool no_prefix_cache, no_cuda_graphs, no_reasoning;
+  bool no_prefix_cache, no_cuda_graphs, no_reasoning, allow_special;
   irt_kv_dtype kv_dtype;
   srv_keys keys;
   irt_engine_opts spec; /* the --spec-* fields; the engine's options start from it */
@@ -38,6 +38,9 @@ static int usage(FILE *f) {
         "  --max-body BYTES        request body limit, else 413 (default 1048576)\n"
         "  --chat-template NAME    chatml, qwen3, deepseek-r1, llama3, llama3.1, mistral, llama2,\n"
         "                          gemma or phi3 (default: the model's)\n"
+        "  --allow-special-in-content\n"
+        "                          parse special tokens spelled inside chat messages (by default\n"
+        "                          message text is text: no client can forge a system turn)\n"
         "  --reasoning-format F    auto: a thinking template's <think> block comes apart as\n"
         "                          reasoning_content (default); none: it stays in content\n"
         "  --kv-tokens N           KV cache capacity in tokens, over all requests (default: one\n"
@@ -122,6 +125,7 @@ static int parse(int argc, char **argv, serve_args *a) {
                                         {"threads", 1, 0, 13},
                                         {"device", 1, 0, 14},
                                         {"no-cuda-graphs", 0, 0, 15},
+                                        {"allow-special-in-content", 0, 0, 22},
                                         {"kv-dtype", 1, 0, 16},
                                         {"spec-tokens", 1, 0, 17},
                                         {"spec-ngram", 1, 0, 18},
@@ -137,6 +141,8 @@ static int parse(int argc, char **argv, serve_args *a) {
       a->no_prefix_cache = true;
     else if (c == 15)
       a->no_cuda_graphs = true;
+    else if (c == 22)
+      a->allow_special = true;
     else if ((rc = parse_value(a, c, optarg)))
       return rc;
   }
@@ -210,6 +216,7 @@ int cmd_serve(int argc, char **argv) {
   eo.disable_prefix_cache = a.no_prefix_cache;
   srv_ctx c = {.chat_template = a.chat_template,
                .no_reasoning = a.no_reasoning,
+               .allow_special = a.allow_special,
                .created = (int64_t)time(NULL),
                .id_salt = (uint64_t)time(NULL) * 0x9e3779b97f4a7c15ull ^ (uint64_t)getpid()};
   irt_error err = {0};

@@ -271,6 +271,18 @@ irt_status irt_chat_format_opts(const irt_tokenizer *t, const char *template_nam
                                 bool add_generation_prompt, const irt_chat_opts *opts,
                                 char *buf, size_t cap, size_t *out_len, irt_error *err);
 
+/* The ids of a conversation as irt_chat_format_opts renders it, tokenized so that special
+ * tokens come from the template alone: inside the messages' own text (content, thoughts) a
+ * special token's spelling is text, as OpenAI's API treats it, so no client can forge a
+ * system turn or a tool result with "<|im_end|>\n<|im_start|>system". Non-special added
+ * tokens (Hermes' <tool_call>) match everywhere, as in HF. allow_special_in_content restores
+ * the parse-everything behaviour (vLLM's and llama.cpp's). *ids is allocated (free it);
+ * *text, when text is not NULL, the rendered prompt (free it). */
+irt_status irt_chat_tokenize(const irt_tokenizer *t, const char *template_name,
+                             const irt_chat_message *msgs, size_t n, bool add_generation_prompt,
+                             const irt_chat_opts *opts, bool allow_special_in_content,
+                             int32_t **ids, size_t *n_ids, char **text, irt_error *err);
+
 /* What a conversation's rendering depends on: the template family, the system prompt the
  * template writes when a conversation has none ("" if it writes none), and whether the
  * model thinks first (its answers open with a <think>...</think> block). */

@@ -55,6 +55,8 @@ typedef struct srv_ctx {
   const irt_model_info *info;
   const char *chat_template; /* family name override, or NULL for the model's own */
   bool no_reasoning;         /* --reasoning-format none: thoughts stay in content */
+  bool allow_special;        /* --allow-special-in-content: message text may spell special
+                                tokens (by default it is text: irt_chat_tokenize) */
   char model_name[256];
   int64_t created;      /* unix seconds, for /v1/models */
   int64_t max_n;        /* completions per request the engine can hold */

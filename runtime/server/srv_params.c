@@ -207,24 +207,16 @@ static bool parse_messages(srv_ctx *c, const cJSON *body, const srv_tools *tools
   p->think = info.thinks && !c->no_reasoning;
   srv_chat chat;
   if (!srv_chat_build(v, tools, &info, &chat, e)) return false;
-  size_t total = 4096, len = 0;
-  for (int j = 0; j < chat.n; j++) total += strlen(chat.texts[j]) + 64;
   char *text = NULL;
   bool ok = true;
+  size_t n = 0;
   irt_chat_opts opts = {.tools = tools->mode != SRV_TOOLS_NONE, .no_thinking = p->no_thinking};
-  for (int pass = 0; ok && pass < 2; pass++) { /* a second pass when the estimate was short */
-    free(text);
-    irt_status st = IRT_OOM;
-    if ((text = malloc(total + 1)))
-      st = irt_chat_format_opts(c->tok, c->chat_template, chat.msgs, (size_t)chat.n, true, &opts,
-                                text, total + 1, &len, &err);
-    if (!text) ok = srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
-    else if (st != IRT_OK) ok = srv_bad(e, "messages", "Cannot format the conversation: %s", err.msg);
-    else if (len <= total) break;
-    total = len;
-  }
-  if (ok) p->think_open = p->think && ends_in_thought(text, len);
-  if (ok) ok = tokenize(c, text, false, "messages", p, e);
+  irt_status st = irt_chat_tokenize(c->tok, c->chat_template, chat.msgs, (size_t)chat.n, true,
+                                    &opts, c->allow_special, &p->prompt, &n, &text, &err);
+  if (st == IRT_OOM) ok = srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+  else if (st != IRT_OK) ok = srv_bad(e, "messages", "Cannot format the conversation: %s", err.msg);
+  p->n_prompt = (int64_t)n;
+  if (ok) p->think_open = p->think && ends_in_thought(text, strlen(text));
   srv_chat_free(&chat);
   free(text);
   return ok;

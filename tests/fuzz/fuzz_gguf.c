@@ -1,0 +1,110 @@
+/* fuzz_gguf: libFuzzer target for the GGUF reader (compiler/infc_gguf.c) and what reads
+ * through it: the tokenizer it carries (infc_gguf_tok.c, then encode/decode/serialize with
+ * the runtime tokenizer built from it: fuzz_tok.h), the Llama-family parameters (infc_gguf_llama.c) and,
+ * when those are accepted, the Llama template over the file's tensors (model_llama_build).
+ * The input is the whole .gguf file. Build and run: tools/fuzz gguf. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fuzz_tok.h"
+#include "fuzz_util.h"
+#include "infc_gguf.h"
+#include "infc_gguf_llama.h"
+#include "infc_gguf_tok.h"
+#include "ir.h"
+#include "llama.h"
+#include "tokenizer.h"
+
+static volatile uint64_t sink; /* keeps the reads below from being optimised away */
+
+static void touch_str(infc_gguf_str s) {
+  if (s.len) sink += (uint8_t)s.ptr[0] + (uint8_t)s.ptr[s.len - 1];
+}
+
+static void touch_value(const infc_gguf_value *v, int depth) {
+  if (v->type == INFC_GGUF_STRING) touch_str(v->str);
+  if (v->type != INFC_GGUF_ARRAY || depth > INFC_GGUF_MAX_DEPTH) return;
+  for (uint64_t i = 0; i < v->count; i++) {
+    if (v->ints) sink += (uint64_t)v->ints[i];
+    if (v->floats) sink += (uint64_t)(v->floats[i] != 0);
+    if (v->strs) touch_str(v->strs[i]);
+    if (v->items) touch_value(&v->items[i], depth + 1);
+  }
+}
+
+/* Every key, value and tensor the reader hands out, through the public accessors. */
+static void walk(const infc_gguf *g) {
+  uint64_t size = 0;
+  const uint8_t *bytes = infc_gguf_bytes(g, &size);
+  if (size) sink += bytes[size - 1];
+  sink += infc_gguf_version(g) + infc_gguf_alignment(g) + infc_gguf_data_offset(g);
+  for (size_t i = 0; i < infc_gguf_kv_count(g); i++) {
+    const infc_gguf_kv *kv = infc_gguf_kv_get(g, i);
+    sink += strlen(kv->key) + (infc_gguf_kv_find(g, kv->key) != NULL);
+    sink += strlen(infc_gguf_type_name(kv->value.type));
+    touch_value(&kv->value, 0);
+    ir_diag d = {0};
+    uint32_t u32;
+    int32_t i32;
+    uint64_t u64;
+    float f;
+    bool b;
+    infc_gguf_str s;
+    const infc_gguf_str *strs;
+    const int64_t *ints;
+    const float *floats;
+    uint64_t n;
+    sink += infc_gguf_get_u32(g, kv->key, &u32, &d) + infc_gguf_get_i32(g, kv->key, &i32, &d) +
+            infc_gguf_get_u64(g, kv->key, &u64, &d) + infc_gguf_get_f32(g, kv->key, &f, &d) +
+            infc_gguf_get_bool(g, kv->key, &b, &d) + infc_gguf_get_str(g, kv->key, &s, &d) +
+            infc_gguf_get_strs(g, kv->key, &strs, &n, &d) +
+            infc_gguf_get_ints(g, kv->key, &ints, &n, &d) +
+            infc_gguf_get_floats(g, kv->key, &floats, &n, &d);
+  }
+  for (size_t i = 0; i < infc_gguf_tensor_count(g); i++) {
+    const infc_gguf_tensor *t = infc_gguf_tensor_get(g, i);
+    sink += (infc_gguf_tensor_find(g, t->name) != NULL) + strlen(infc_gguf_ggml_type_name(t->ggml_type));
+    ir_diag d = {0};
+    sink += infc_gguf_type_check(t, &d);
+    if (t->nbytes) /* the first and last byte of the data are inside the mapping */
+      sink += ((const uint8_t *)t->data)[0] + ((const uint8_t *)t->data)[t->nbytes - 1];
+  }
+}
+
+static void use_tokenizer(const infc_gguf *g) {
+  ir_diag d = {0};
+  irt_tokenizer *t = NULL;
+  if (infc_gguf_tokenizer(g, &t, &d) != IR_OK || !t) return;
+  fz_exercise_tokenizer(t);
+  int32_t nv = irt_tok_vocab_size(t);
+  irt_tok_destroy(t);
+  infc_tok_blob tb = {0};
+  d = (ir_diag){0};
+  (void)infc_gguf_tokenizer_blob(g, nv, &tb, &d);
+  infc_tok_blob_free(&tb);
+}
+
+static void use_llama(const infc_gguf *g) {
+  model_llama_params p;
+  ir_diag d = {0};
+  if (infc_gguf_llama_params(g, &p, &d) != IR_OK) return;
+  model_tensor_src src = infc_gguf_llama_src(g);
+  model_build_opts bo = model_build_opts_default();
+  bo.max_tokens = 16, bo.max_seqs = 4, bo.max_logits = 4, bo.max_context = 64;
+  ir_graph *graph = NULL;
+  d = (ir_diag){0};
+  if (model_llama_build(&p, &src, &bo, &graph, &d) == IR_OK) ir_graph_destroy(graph);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  const char *path = fz_write("model.gguf", data, size);
+  infc_gguf *g = NULL;
+  ir_diag d = {0};
+  if (infc_gguf_open(path, &g, &d) != IR_OK) return 0;
+  walk(g);
+  use_tokenizer(g);
+  use_llama(g);
+  infc_gguf_close(g);
+  return 0;
+}

@@ -1,0 +1,40 @@
+/* fuzz_onnx: libFuzzer target for the ONNX frontend (compiler/onnx): the ModelProto loader
+ * (onnx_load.c, protobuf-c over the mapping), then what `infc build` does with a .onnx file:
+ * infc_onnx_llm_import (a causal LM recognised and rebuilt by the Llama template, or the
+ * GenAI builder's graphs) and, for any other graph, infc_onnx_import (the generic lowering to
+ * n-d IR ops with shape folding). The same bytes are also read as a TensorProto file
+ * (infc_onnx_tensor_load, `inferrt run`'s inputs). The input is the whole model.onnx, in a
+ * private directory (no config.json beside it; the only possible external data files are it
+ * and its copy tensor.pb). Build and
+ * run: tools/fuzz onnx. */
+#include <stdint.h>
+
+#include "fuzz_util.h"
+#include "infc_onnx.h"
+#include "infc_onnx_llm.h"
+#include "model.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  /* both files first: a model may name either as its external data */
+  const char *path = fz_write("model.onnx", data, size);
+  const char *tpath = fz_write("tensor.pb", data, size);
+  model_build_opts bo = model_build_opts_default();
+  bo.max_tokens = 16, bo.max_seqs = 4, bo.max_logits = 4, bo.max_context = 64;
+  infc_onnx *m = NULL;
+  ir_graph *g = NULL;
+  char hash[17], recognised[INFC_ONNX_LLM_RECOGNISED];
+  bool is_lm = false;
+  ir_diag d = {0};
+  ir_status st = infc_onnx_llm_import(path, &bo, &is_lm, &m, &g, hash, recognised, &d);
+  if (st == IR_OK && !is_lm) {
+    ir_model_config lim = {.max_tokens = 16, .max_seqs = 4, .max_logits = 4, .kv_block_size = 16};
+    d = (ir_diag){0};
+    st = infc_onnx_import(path, &lim, &m, &g, hash, &d);
+  }
+  ir_graph_destroy(g);
+  infc_onnx_close(m);
+  infc_onnx_tensor t = {0};
+  d = (ir_diag){0};
+  if (infc_onnx_tensor_load(tpath, &t, &d) == IR_OK) infc_onnx_tensor_free(&t);
+  return 0;
+}

@@ -1,0 +1,96 @@
+/* fuzz_tok: what the tokenizer targets do with a tokenizer that loaded (runtime/tokenizer.h):
+ * encode a few texts (special tokens parsed and not, added BOS/EOS and not) and decode them
+ * back, decode ids across the vocabulary in one call and streamed, look tokens up, and
+ * serialize it as plans store it; the copy read back must encode the texts to the same ids
+ * (a mismatch traps: the plan's tokenizer would differ from the one the compiler loaded). */
+#ifndef FUZZ_TOK_H
+#define FUZZ_TOK_H
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tokenizer.h"
+
+static const char *const fz_texts[] = {
+    "Hello world",
+    " 123 4567 abc\n\n\tdef's  don't",
+    "<s>[INST] hi [/INST]</s><|im_start|>user\n\xe2\x96\x81x<|im_end|><|endoftext|>",
+    "\xc3\xa9t\xc3\xa9 \xe4\xb8\xad\xe6\x96\x87 \xf0\x9f\x98\x80 e\xcc\x81",
+};
+#define FZ_N_TEXTS (sizeof fz_texts / sizeof fz_texts[0])
+
+/* Encodes text k; *ids malloc'd (NULL on refusal). */
+static size_t fz_encode(const irt_tokenizer *t, size_t k, int32_t **ids) {
+  ir_diag d = {0};
+  size_t n = 0;
+  *ids = NULL;
+  if (irt_tok_encode_alloc(t, fz_texts[k], strlen(fz_texts[k]), k & 1, k != 2, ids, &n, &d) !=
+      IR_OK) {
+    free(*ids);
+    *ids = NULL;
+    return 0;
+  }
+  return n;
+}
+
+__attribute__((unused)) static void fz_exercise_tokenizer(const irt_tokenizer *t) {
+  static volatile uint64_t sink;
+  int32_t nv = irt_tok_vocab_size(t);
+  char buf[1024];
+  size_t len;
+  ir_diag d;
+  int32_t *ids[FZ_N_TEXTS];
+  size_t n[FZ_N_TEXTS];
+  for (size_t k = 0; k < FZ_N_TEXTS; k++) {
+    n[k] = fz_encode(t, k, &ids[k]);
+    d = (ir_diag){0};
+    if (ids[k]) (void)irt_tok_decode(t, ids[k], n[k], k & 1, buf, sizeof buf, &len, &d);
+  }
+  /* ids spread over the vocabulary, in one call and streamed */
+  int32_t spread[96];
+  for (int i = 0; i < 96; i++)
+    spread[i] = nv > 0 ? (int32_t)(((uint32_t)i * 2654435761u) % (uint32_t)nv) : 0;
+  d = (ir_diag){0};
+  if (nv > 0) (void)irt_tok_decode(t, spread, 96, false, buf, sizeof buf, &len, &d);
+  irt_tok_stream s;
+  irt_tok_stream_init(&s, t, true);
+  size_t cap = irt_tok_piece_max(t);
+  char *piece = malloc(cap + 4);
+  for (int i = 0; piece && nv > 0 && i < 96; i++) sink += irt_tok_stream_push(&s, spread[i], piece, cap);
+  if (piece) sink += irt_tok_stream_finish(&s, piece, cap + 4);
+  free(piece);
+  for (int i = 0; i < 96 && nv > 0; i++) {
+    const char *tok = irt_tok_token(t, spread[i]);
+    if (tok) sink += (uint64_t)irt_tok_find(t, tok);
+    size_t pl = 0;
+    const uint8_t *p = irt_tok_piece(t, spread[i], &pl);
+    if (p && pl) sink += p[pl - 1];
+    sink += irt_tok_is_eog(t, spread[i]) + irt_tok_is_special(t, spread[i]);
+  }
+  sink += (uint64_t)irt_tok_bos(t) + (uint64_t)irt_tok_eos(t) + irt_tok_get_model(t) +
+          irt_tok_get_pre(t);
+  const char *tmpl = irt_tok_chat_template(t);
+  if (tmpl) sink += strlen(tmpl);
+  /* the plan's copy */
+  uint8_t *blob = NULL;
+  size_t blen = 0;
+  d = (ir_diag){0};
+  if (irt_tok_serialize(t, &blob, &blen, &d) == IR_OK) {
+    irt_tokenizer *t2 = NULL;
+    d = (ir_diag){0};
+    if (irt_tok_deserialize(blob, blen, &t2, &d) != IR_OK) __builtin_trap(); /* own output refused */
+    for (size_t k = 0; k < FZ_N_TEXTS; k++) {
+      int32_t *ids2;
+      size_t n2 = fz_encode(t2, k, &ids2);
+      if (!ids[k] != !ids2 || n2 != n[k] || (n2 && memcmp(ids[k], ids2, n2 * sizeof *ids2)))
+        __builtin_trap(); /* the serialized tokenizer encodes differently */
+      free(ids2);
+    }
+    irt_tok_destroy(t2);
+  }
+  free(blob);
+  for (size_t k = 0; k < FZ_N_TEXTS; k++) free(ids[k]);
+}
+
+#endif
