@@ -1,12 +1,20 @@
 /* cli_batch: `inferrt batch` — offline OpenAI batch-style jobs. Each input line is
  * {"custom_id", "method", "url", "body"}; each output line is {"id", "custom_id",
  * "response": {"status_code", "request_id", "body"}, "error"}. Lines run through the engine
- * concurrently (a bounded number in flight). Every finished result is appended as one whole
- * line with one write(2), so a killed run loses nothing already written; a rerun skips the
- * custom_ids already in the output and first drops a torn last line. Bad lines give error
- * results, never a crash. */
+ * concurrently (a bounded number in flight). Nothing accepted is lost or done twice:
+ * - one run at a time writes an output: OUT.lock is held (flock) for the whole run;
+ * - every finished result is appended as one whole line with one write(2), and the output
+ *   is fsynced every --sync-every lines and at exit, so a killed run (or machine) loses at
+ *   most the lines since the last sync, which the rerun does again;
+ * - a rerun reads the output first and keeps only whole result lines, one per custom_id:
+ *   a torn or garbage line anywhere (not only the last), a duplicate, and with --retry-failed
+ *   a failed result, are dropped by rewriting the output (a temporary file, fsynced, renamed
+ *   over it), and their requests run again.
+ * Bad lines give error results, never a crash. */
 #include <errno.h>
 #include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <getopt.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -21,8 +29,8 @@
 
 typedef struct batch_args {
   const char *plan, *input, *output, *model_name, *chat_template, *device;
-  int64_t concurrency, threads, kv_tokens, max_batched;
-  bool no_progress, no_cuda_graphs;
+  int64_t concurrency, threads, kv_tokens, max_batched, sync_every;
+  bool no_progress, no_cuda_graphs, retry_failed, allow_special;
   irt_kv_dtype kv_dtype;
   irt_engine_opts spec; /* the --spec-* fields; the engine's options start from it */
 } batch_args;
@@ -43,6 +51,7 @@ typedef struct batch {
   pthread_mutex_t mu; /* guards done and the output fd */
   strset done;
   int out_fd;
+  int64_t unsynced, sync_every; /* lines written since the last fsync; its period */
   bool write_failed;
 } batch;
 
@@ -53,6 +62,12 @@ static int usage(FILE *f) {
         "\"/v1/chat/completions\"\n"
         "                          or \"/v1/completions\", \"body\": {...}}\n"
         "  --output FILE           results, appended; custom_ids already there are skipped\n"
+        "                          (one run at a time: FILE.lock is held while it runs)\n"
+        "  --retry-failed          run again the lines whose result in the output is an error\n"
+        "  --sync-every N          fsync the output every N result lines (default 64; always at\n"
+        "                          exit): a crash loses at most that many, which a rerun redoes\n"
+        "  --allow-special-in-content\n"
+        "                          parse special tokens spelled in chat messages (default: text)\n"
         "  --concurrency N         requests in flight (default: the plan's sequences per step)\n"
         "  --model-name NAME       the model id in responses (default: the plan's file name)\n"
         "  --chat-template NAME    chatml, qwen3, deepseek-r1, llama3, llama3.1, mistral, llama2,\n"
@@ -86,6 +101,9 @@ static int parse(int argc, char **argv, batch_args *a) {
                                         {"spec-tokens", 1, 0, 13},
                                         {"spec-ngram", 1, 0, 14},
                                         {"spec-always", 0, 0, 15},
+                                        {"retry-failed", 0, 0, 16},
+                                        {"sync-every", 1, 0, 17},
+                                        {"allow-special-in-content", 0, 0, 18},
                                         {"help", 0, 0, 'h'},
                                         {0, 0, 0, 0}};
   int c;
@@ -107,6 +125,9 @@ static int parse(int argc, char **argv, batch_args *a) {
     case 13:
     case 14:
     case 15: if (cli_parse_spec(longs[c - 1].name, optarg, &a->spec)) return 1; break;
+    case 16: a->retry_failed = true; break;
+    case 17: ok = cli_parse_i64(optarg, 0, (int64_t)1 << 40, &a->sync_every); break;
+    case 18: a->allow_special = true; break;
     case 'h': return usage(stdout) - 1;
     default: return usage(stderr);
     }
@@ -156,30 +177,112 @@ static void strset_free(strset *st) {
 
 /* --- files ---------------------------------------------------------------------------------- */
 
-/* Reads the results already written: records their custom_ids and cuts a torn last line
- * (one without its newline, or that does not parse) off the file. */
-static bool load_done(batch *b, const char *path) {
+/* A result line's custom_id when the line is a whole result ({"custom_id", "response" or
+ * "error"}), else NULL; *failed when it is an error (no 200 response). */
+static const char *result_id(const cJSON *o, bool *failed) {
+  const cJSON *id = cJSON_GetObjectItemCaseSensitive(o, "custom_id");
+  const cJSON *r = cJSON_GetObjectItemCaseSensitive(o, "response");
+  const cJSON *e = cJSON_GetObjectItemCaseSensitive(o, "error");
+  const cJSON *code = cJSON_GetObjectItemCaseSensitive(r, "status_code");
+  if (!cJSON_IsObject(o) || !cJSON_IsString(id) || !id->valuestring[0]) return NULL;
+  bool ok = cJSON_IsObject(r) && cJSON_IsNumber(code) && cJSON_IsObject(
+                cJSON_GetObjectItemCaseSensitive(r, "body"));
+  if (!ok && !cJSON_IsObject(e)) return NULL; /* neither a response nor an error */
+  *failed = !ok || code->valueint != 200;
+  return id->valuestring;
+}
+
+/* Writes buf[0..len) as path's new content: a temporary file beside it, fsynced, renamed over
+ * it, the directory fsynced, so a crash leaves the old or the new file, never a mix. */
+static bool replace_file(const char *path, const char *buf, size_t len) {
+  char tmp[4200];
+  if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) return errno = ENAMETOOLONG, false;
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return false;
+  bool ok = true;
+  for (size_t off = 0; ok && off < len;) {
+    ssize_t w = write(fd, buf + off, len - off);
+    if (w < 0 && errno == EINTR) continue;
+    ok = w > 0;
+    if (ok) off += (size_t)w;
+  }
+  ok = ok && fsync(fd) == 0;
+  ok = close(fd) == 0 && ok;
+  ok = ok && rename(tmp, path) == 0;
+  if (!ok) {
+    unlink(tmp);
+    return false;
+  }
+  char dir[4200];
+  const char *slash = strrchr(path, '/');
+  snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - path) + 1 : 1, slash ? path : ".");
+  int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) fsync(dfd), close(dfd);
+  return true;
+}
+
+/* Reads the results already written and records their custom_ids as done. Lines that are not
+ * whole results (torn by a kill, garbage), repeated custom_ids and, with retry_failed, failed
+ * results are dropped by rewriting the output; their requests run again. */
+static bool load_done(batch *b, const char *path, bool retry_failed) {
   size_t len = 0;
   char *buf = cli_read_file(path, &len);
   if (!buf) return errno == ENOENT;
-  size_t good = 0, start = 0;
-  for (size_t i = 0; i < len; i++) {
-    if (buf[i] != '\n') continue;
-    buf[i] = '\0';
-    cJSON *o = cJSON_Parse(buf + start);
-    const cJSON *id = cJSON_GetObjectItemCaseSensitive(o, "custom_id");
-    if (o) good = i + 1;
-    if (cJSON_IsString(id)) strset_add(&b->done, id->valuestring);
+  char *keep = malloc(len + 1);
+  if (!keep) return free(buf), errno = ENOMEM, false;
+  size_t kept = 0, start = 0;
+  int64_t torn = 0, dup = 0, retried = 0;
+  for (size_t i = 0; i <= len; i++) {
+    if (i < len && buf[i] != '\n') continue;
+    if (i == start) { /* an empty line */
+      start = i + 1;
+      continue;
+    }
+    bool whole = i < len; /* the last line without its newline was cut short */
+    if (whole) buf[i] = '\0';
+    cJSON *o = whole ? cJSON_ParseWithLength(buf + start, i - start) : NULL;
+    bool failed = false;
+    const char *id = result_id(o, &failed);
+    if (!id) torn++;
+    else if (retry_failed && failed) retried++;
+    else if (!strset_add(&b->done, id)) dup++;
+    else {
+      memcpy(keep + kept, buf + start, i - start);
+      kept += i - start;
+      keep[kept++] = '\n';
+    }
     cJSON_Delete(o);
     start = i + 1;
   }
-  free(buf);
-  if (good < len) {
-    fprintf(stderr, "inferrt: batch: %s: dropping a torn last line (%zu bytes)\n", path,
-            len - good);
-    if (truncate(path, (off_t)good) != 0) return false;
+  bool ok = true;
+  if (kept < len) {
+    fprintf(stderr, "inferrt: batch: %s: dropping %lld torn or garbage, %lld duplicate and %lld "
+            "failed lines (their requests run again)\n", path, (long long)torn, (long long)dup,
+            (long long)retried);
+    ok = replace_file(path, keep, kept);
   }
-  return true;
+  free(keep);
+  free(buf);
+  return ok;
+}
+
+/* Takes PATH.lock (created if absent) for the whole run: a second run on the same output
+ * would append the same requests' results again. */
+static int lock_output(const char *path) {
+  char lock[4200];
+  if (snprintf(lock, sizeof lock, "%s.lock", path) >= (int)sizeof lock) {
+    errno = ENAMETOOLONG;
+    return -1;
+  }
+  int fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return -1;
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    int e = errno;
+    close(fd);
+    errno = e == EWOULDBLOCK ? EBUSY : e;
+    return -1;
+  }
+  return fd;
 }
 
 /* Splits the input into lines (blank ones dropped); the buffer is kept by the caller. */
@@ -226,6 +329,10 @@ static void write_line(batch *b, cJSON *o) {
       b->write_failed = true;
     else
       off += (size_t)w;
+  }
+  if (b->sync_every > 0 && ++b->unsynced >= b->sync_every) { /* durable every N lines */
+    if (fdatasync(b->out_fd) != 0) b->write_failed = true;
+    b->unsynced = 0;
   }
   pthread_mutex_unlock(&b->mu);
   free(line);
@@ -397,13 +504,23 @@ static int run_batch(batch *b, const batch_args *a) {
   size_t len = 0;
   char *buf = cli_read_file(a->input, &len);
   if (!buf) return cli_fail("%s: %s", a->input, strerror(errno));
-  if (!split_lines(b, buf, len) || !load_done(b, a->output)) {
+  int lock = lock_output(a->output);
+  if (lock < 0) {
     free(buf);
+    return errno == EBUSY ? cli_fail("%s: another batch run is writing it (%s.lock is held)",
+                                     a->output, a->output)
+                          : cli_fail("%s.lock: %s", a->output, strerror(errno));
+  }
+  if (!split_lines(b, buf, len) || !load_done(b, a->output, a->retry_failed)) {
+    free(buf);
+    close(lock);
     return cli_fail("%s: %s", a->output, strerror(errno));
   }
-  b->out_fd = open(a->output, O_WRONLY | O_APPEND | O_CREAT, 0644);
+  b->sync_every = a->sync_every;
+  b->out_fd = open(a->output, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
   if (b->out_fd < 0) {
     free(buf);
+    close(lock);
     return cli_fail("%s: %s", a->output, strerror(errno));
   }
   int n_workers = (int)(a->concurrency > 0 ? a->concurrency : b->c.max_n);
@@ -414,7 +531,9 @@ static int run_batch(batch *b, const batch_args *a) {
   watch(b, t0, !a->no_progress && started > 0);
   for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
   double secs = (cli_now_ms() - t0) / 1e3;
+  if (fsync(b->out_fd) != 0) b->write_failed = true; /* everything written is durable */
   close(b->out_fd);
+  close(lock);
   free(th);
   free(buf);
   if (!started) return cli_fail("cannot start worker threads");
@@ -430,7 +549,7 @@ static int run_batch(batch *b, const batch_args *a) {
 }
 
 int cmd_batch(int argc, char **argv) {
-  batch_args a = {0};
+  batch_args a = {.sync_every = 64};
   int rc = parse(argc, argv, &a);
   if (rc) return rc < 0 ? 0 : rc;
   batch *b = calloc(1, sizeof *b);
@@ -444,6 +563,7 @@ int cmd_batch(int argc, char **argv) {
   mo.kv_dtype = a.kv_dtype;
   srv_ctx *c = &b->c;
   c->chat_template = a.chat_template;
+  c->allow_special = a.allow_special;
   c->created = (int64_t)time(NULL);
   c->id_salt = (uint64_t)time(NULL) * 0x9e3779b97f4a7c15ull ^ (uint64_t)getpid();
   irt_error err = {0};

@@ -1379,6 +1379,65 @@ def test_batch_resume():
     check("batch resume: greedy choices agree", all(len(set(t)) == 1 for t in texts.values()))
 
 
+def test_batch_durable():
+    """kill -9 at random points (a bounded loop) with garbage spliced into the middle of the
+    output and a failed line retried: every input line ends up exactly once, as a whole
+    result; a second run on the same output is refused while one runs."""
+    import random
+
+    rng = random.Random(31)
+    inp, out = os.path.join(TMP, "in3.jsonl"), os.path.join(TMP, "out3.jsonl")
+    for f in (out, out + ".lock"):
+        if os.path.exists(f):
+            os.remove(f)
+    n = 30
+    lines = [batch_line(f"k{i}", prompt=[i + 1, i + 2], max_tokens=200, n=4, ignore_eos=True, temperature=0)
+             for i in range(n)]
+    lines[7] = batch_line("k7", prompt=[1, 2], max_tokens=-5)  # fails (400) until fixed below
+    with open(inp, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    base = [INFERRT, "batch", PLAN, "--input", inp, "--output", out, "--threads", "1", "--no-progress"]
+    cmd = base + ["--concurrency", "2", "--kv-tokens", "256", "--sync-every", "1"]
+    kills = 0
+    for round_ in range(8):
+        p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=die_with_parent)
+        if round_ == 0:  # while it runs, a second run on the same output is refused
+            wait_for(lambda: os.path.exists(out + ".lock"), timeout=30)
+            r = run(*cmd)
+            check("batch: a second run is refused", r.returncode == 1 and "another batch run" in r.stderr, r.stderr)
+        time.sleep(rng.uniform(0.05, 0.4))
+        if p.poll() is not None:
+            break
+        p.kill()
+        p.wait()
+        kills += 1
+        if round_ == 2 and os.path.exists(out):  # garbage in the middle: a torn line, then whole ones
+            body = open(out).read().splitlines(True)
+            body.insert(len(body) // 2, '{"id": "x", "custom_id": "k2')
+            body.insert(len(body) // 2, "\n\x00garbage\n")
+            open(out, "w").write("".join(body))
+    print(f"batch: killed {kills} times at random points")
+    r = run(*base, "--kv-tokens", "8192")
+    check("batch: completes after kills", r.returncode == 0, r.stderr)
+    res = read_results(out)
+    ids = [o["custom_id"] for o in res]
+    check("batch: every line exactly once after %d kills" % kills, sorted(ids) == sorted(f"k{i}" for i in range(n)),
+          f"{len(ids)} lines, {len(set(ids))} distinct")
+    failed = [o["custom_id"] for o in res if o["error"] or o["response"]["status_code"] != 200]
+    check("batch: only the bad line failed", failed == ["k7"], str(failed))
+    lines[7] = batch_line("k7", prompt=[1, 2], max_tokens=4)
+    with open(inp, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    r = run(*base, "--kv-tokens", "8192")
+    check("batch: without --retry-failed a failed line stays done", r.returncode == 0 and "30 skipped" in r.stdout
+          and len(read_results(out)) == n, r.stdout)
+    r = run(*base, "--kv-tokens", "8192", "--retry-failed")
+    res = read_results(out)
+    ids = [o["custom_id"] for o in res]
+    check("batch --retry-failed: reruns it, each id once", r.returncode == 0 and sorted(ids) == sorted(f"k{i}" for i in range(n))
+          and all(o["response"] and o["response"]["status_code"] == 200 for o in res), r.stderr + r.stdout)
+
+
 def test_loadtest(s):
     r = run(sys.executable, os.path.join(ROOT, "tools", "loadtest.py"), "--url", f"http://127.0.0.1:{s.port}",
             "--api-key", "alice-key", "--requests", "40", "--concurrency", "8", "--max-tokens", "16",
@@ -1450,6 +1509,7 @@ def main():
     test_trickle()
     test_batch()
     test_batch_resume()
+    test_batch_durable()
     print(f"serve: {PASSED} checks passed, {FAILED} failed ({time.time() - t0:.1f} s)")
     return 1 if FAILED else 0
 

@@ -1,7 +1,8 @@
 /* fuzz_util: helpers the libFuzzer targets share. Most parsers under test take a path, so
  * an input's bytes go to a file in a private directory (mkdtemp once per process, removed at
  * exit); the file is kept open and rewritten in place (pwrite + ftruncate) on every run.
- * FUZZ_FIXTURES (set by tools/fuzz) is the absolute path of tests/fixtures. */
+ * FUZZ_FIXTURES (set by tools/fuzz) is the absolute path of tests/fixtures; FUZZ_VERBOSE=1 in
+ * the environment makes the targets say where an input was refused (fz_note). */
 #ifndef FUZZ_UTIL_H
 #define FUZZ_UTIL_H
 
@@ -87,6 +88,13 @@ __attribute__((unused)) static const char *fz_write(const char *name, const uint
   fz_pwrite(fd, data, size, 0);
   if (ftruncate(fd, (off_t)size) != 0) abort();
   return fz_path(name);
+}
+
+/* With FUZZ_VERBOSE set, says why an input was refused (for reading a reproducer's run). */
+__attribute__((unused)) static void fz_note(const char *stage, const char *msg) {
+  static int verbose = -1;
+  if (verbose < 0) verbose = getenv("FUZZ_VERBOSE") != NULL;
+  if (verbose) fprintf(stderr, "fuzz: %s: %s\n", stage, msg);
 }
 
 /* A NUL-terminated copy of data (malloc'd). */
