@@ -98,7 +98,8 @@ static void get_factors(cfg_reader *r, const char *key, int64_t n, float *out, i
 static void read_partial_rotary(cfg_reader *r, model_llama_params *p) {
   double f = get_num(r, "partial_rotary_factor", false, 0.0);
   if (r->st != IR_OK || f == 0.0) return;
-  int64_t rot = (int64_t)((double)p->head_dim * f);
+  /* the factor's range first: a huge one would overflow the conversion (undefined) */
+  int64_t rot = f > 0.0 && f <= 1.0 ? (int64_t)((double)p->head_dim * f) : 0;
   if (!(f > 0.0 && f <= 1.0) || rot < 2 || rot % 2)
     r->st = ir_diag_set(r->d, IR_UNSUPPORTED, "partial_rotary_factor %g gives %lld rotary dims "
                         "of %lld: a positive even count is needed", f, (long long)rot,

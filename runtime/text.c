@@ -113,8 +113,8 @@ static ir_status pick_template(const irt_tokenizer *t, const char *name, irt_cha
     memset(ct, 0, sizeof *ct);
     ct->kind = irt_chat_kind_from_name(name);
     if (ct->kind == IRT_CHAT_UNKNOWN)
-      return ir_diag_set(d, IR_INVALID_ARG, "unknown chat template '%s' (chatml, llama3, "
-                         "llama3.1, mistral, llama2, gemma, phi3)", name);
+      return ir_diag_set(d, IR_INVALID_ARG, "unknown chat template '%s' (chatml, qwen3, "
+                         "deepseek-r1, llama3, llama3.1, mistral, llama2, gemma, phi3)", name);
     if (ct->kind == IRT_CHAT_LLAMA31) snprintf(ct->date, sizeof ct->date, "%s", IRT_LLAMA31_DATE);
     if (ct->kind != IRT_CHAT_CHATML && ct->kind != IRT_CHAT_PHI3 && irt_tok_bos(t) >= 0) {
       size_t n = 0;

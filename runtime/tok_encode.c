@@ -106,6 +106,9 @@ ir_status tok_matcher_build(irt_tokenizer *t, tok_matcher *m, bool want_normaliz
   for (int32_t id = 0; id < t->n_tokens; id++) {
     if (!matcher_wants(t, id, want_normalized)) continue;
     size_t len = t->off[id + 1] - t->off[id] - 1;
+    /* a pattern is normalized as text is (NFC among others), which takes valid UTF-8 */
+    if (want_normalized && tok_utf8_check((const uint8_t *)t->text + t->off[id], len) < len)
+      return ir_diag_set(d, IR_BAD_FORMAT, "tokenizer: added token %d is not valid UTF-8", id);
     total += len;
     if (len > maxlen) maxlen = len;
     n++;

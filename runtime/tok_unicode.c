@@ -135,7 +135,8 @@ bool tok_nfc_needed(const uint8_t *s, size_t n) {
   size_t i = 0;
   while (i < n) {
     if (s[i] < 0xCC) { /* everything below U+0300 is stable */
-      i += s[i] < 0x80 ? 1 : (size_t)tok_utf8_seq_len(s[i]);
+      size_t k = s[i] < 0x80 ? 1 : (size_t)tok_utf8_seq_len(s[i]);
+      i += k ? k : 1; /* an invalid lead byte (callers check UTF-8 first) still advances */
       continue;
     }
     size_t len;

@@ -37,7 +37,7 @@ gx_node *gx_producer(const gx *G, const char *v) {
   return e && e->idx >= 0 ? G->gp->node[e->idx] : NULL;
 }
 
-bool gx_is_op(gx_node *n, const char *op) { return n && !strcmp(n->op_type, op); }
+bool gx_is_op(gx_node *n, const char *op) { return n && n->op_type && !strcmp(n->op_type, op); }
 
 const char *gx_in(gx_node *n, size_t i) { return i < n->n_input ? n->input[i] : ""; }
 
@@ -111,7 +111,8 @@ ir_status gx_fail(gx *G, ir_status st, const char *fmt, ...) {
 
 ir_status gx_fail_node(gx *G, gx_node *n, ir_status st, const char *fmt, ...) {
   char part[300];
-  snprintf(part, sizeof part, "node '%s': op '%s' ", n->name ? n->name : "", n->op_type);
+  snprintf(part, sizeof part, "node '%s': op '%s' ", n->name ? n->name : "",
+           n->op_type ? n->op_type : "");
   va_list ap;
   va_start(ap, fmt);
   vfail(G, st, part, fmt, ap);

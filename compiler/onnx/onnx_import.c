@@ -189,7 +189,7 @@ ir_status imp_const_scalar(onnx_imp *im, int32_t t, const char *what, double *ou
 static void base_name(const onnx_imp *im, char *buf, size_t len) {
   const Onnx__NodeProto *n = im->node;
   if (n && n->name && n->name[0]) snprintf(buf, len, "%s", n->name);
-  else if (n) snprintf(buf, len, "%s_%d", n->op_type, im->node_index);
+  else if (n) snprintf(buf, len, "%s_%d", n->op_type ? n->op_type : "node", im->node_index);
   else snprintf(buf, len, "output");
 }
 
@@ -420,7 +420,7 @@ static ir_status add_inputs(onnx_imp *im, const Onnx__GraphProto *gp) {
 static void node_where(onnx_imp *im, const Onnx__NodeProto *n) {
   if (n->name && n->name[0]) snprintf(im->where, sizeof im->where, "node '%s'", n->name);
   else snprintf(im->where, sizeof im->where, "node #%d (%s, output '%s')", im->node_index,
-                n->op_type, n->n_output ? n->output[0] : "");
+                n->op_type ? n->op_type : "no op_type", n->n_output ? n->output[0] : "");
 }
 
 static ir_status lower_node(onnx_imp *im, const Onnx__NodeProto *n) {

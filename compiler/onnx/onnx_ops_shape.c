@@ -56,8 +56,8 @@ static ir_status lower_reshape(onnx_imp *im, int arg) {
       neg = i;
     } else if (shape[i] < 0) {
       return imp_fail(im, IR_BAD_FORMAT, "shape has a negative entry");
-    } else {
-      known *= shape[i];
+    } else if (__builtin_mul_overflow(known, shape[i], &known)) {
+      return imp_fail(im, IR_BAD_FORMAT, "the shape's size overflows");
     }
   }
   if (neg >= 0) shape[neg] = known ? ir_nd_numel(r, in) / known : 0;

@@ -51,6 +51,43 @@ def run(cmd, secs):
     return p.returncode, lines, dt, rss
 
 
+# The fuzzers' finds (tests/fuzz/regressions/TARGET/FILE), each through the command a user
+# would run on such a file: refused with one error line, no sanitizer report, no hang. A
+# target whose finds cannot go through a command is replayed by a unit test instead.
+REPLAY = {
+    "hfconfig": lambda f, d: ("{infc} build %s -o %s/x.plan" % (as_config(f, d), d)),
+    "onnx": lambda f, d: "{infc} build %s -o %s/x.plan" % (f, d),
+    "tokenizer_json": lambda f, d: "{inferrt} tokenize --tokenizer %s --text ab" % f,
+    "tok_blob": None,  # test_tokenizer's check_fuzz_regressions
+}
+
+
+def as_config(f, d):
+    sub = os.path.join(d, "reg-" + os.path.basename(f))
+    os.makedirs(sub, exist_ok=True)
+    with open(f, "rb") as a, open(os.path.join(sub, "config.json"), "wb") as b:
+        b.write(a.read())
+    return sub
+
+
+def regressions():
+    base = os.path.join(ROOT, "tests", "fuzz", "regressions")
+    seen = 0
+    for target in sorted(os.listdir(base)):
+        check("regressions: %s is replayed" % target, target in REPLAY, "add it to REPLAY")
+        if REPLAY.get(target) is None:
+            continue
+        for name in sorted(os.listdir(os.path.join(base, target))):
+            cmd = REPLAY[target](os.path.join(base, target, name), TMP)
+            st, msg, dt, rss = run(cmd.format(infc=INFC, inferrt=INFERRT), 5)
+            seen += 1
+            label = "%s/%s" % (target, name)
+            check(label + ": refused", st == 1 and len(msg) == 1 and "error:" in msg[0],
+                  "status %d: %s" % (st, "\n".join(msg)[-2000:]))
+            print("%-28s %5.2f s %7.1f MB  %s" % (label[:28], dt, rss, msg[0][:110] if msg else ""))
+    check("regressions replayed", seen >= 4, str(seen))
+
+
 def main():
     subprocess.run([sys.executable, os.path.join(ROOT, "tools", "gen-hostile"), TMP], check=True,
                    stdout=subprocess.DEVNULL)
@@ -68,6 +105,7 @@ def main():
             check(name + ": time", dt < c["secs"], "%.2f s > %d s" % (dt, c["secs"]))
             check(name + ": peak RSS", 0 < rss < c["rss_mb"], "%.1f MB >= %d MB" % (rss, c["rss_mb"]))
         print("%-28s %5.2f s %7.1f MB  %s" % (name, dt, rss, msg[0][:110] if msg else ""))
+    regressions()
     print("hostile: %d checks passed, %d failed" % (passed, failed))
     sys.exit(1 if failed or not passed else 0)
 

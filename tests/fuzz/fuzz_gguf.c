@@ -1,8 +1,9 @@
 /* fuzz_gguf: libFuzzer target for the GGUF reader (compiler/infc_gguf.c) and what reads
- * through it: the tokenizer it carries (infc_gguf_tok.c, then encode/decode/serialize with
- * the runtime tokenizer built from it: fuzz_tok.h), the Llama-family parameters (infc_gguf_llama.c) and,
- * when those are accepted, the Llama template over the file's tensors (model_llama_build).
- * The input is the whole .gguf file. Build and run: tools/fuzz gguf. */
+ * through it: every key, value and tensor through the accessors; the tokenizer the file
+ * carries (infc_gguf_tok.c; the runtime tokenizer built from it is exercised as fuzz_tok.h
+ * says); the Llama-family parameters (infc_gguf_llama.c) and, when those are accepted, the
+ * Llama template over the file's tensors (model_llama_build, small step limits). The input is
+ * the whole .gguf file. Build and run: tools/fuzz gguf. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,7 +65,8 @@ static void walk(const infc_gguf *g) {
   }
   for (size_t i = 0; i < infc_gguf_tensor_count(g); i++) {
     const infc_gguf_tensor *t = infc_gguf_tensor_get(g, i);
-    sink += (infc_gguf_tensor_find(g, t->name) != NULL) + strlen(infc_gguf_ggml_type_name(t->ggml_type));
+    sink += (infc_gguf_tensor_find(g, t->name) != NULL) +
+            strlen(infc_gguf_ggml_type_name(t->ggml_type));
     ir_diag d = {0};
     sink += infc_gguf_type_check(t, &d);
     if (t->nbytes) /* the first and last byte of the data are inside the mapping */
@@ -75,7 +77,10 @@ static void walk(const infc_gguf *g) {
 static void use_tokenizer(const infc_gguf *g) {
   ir_diag d = {0};
   irt_tokenizer *t = NULL;
-  if (infc_gguf_tokenizer(g, &t, &d) != IR_OK || !t) return;
+  if (infc_gguf_tokenizer(g, &t, &d) != IR_OK || !t) {
+    fz_note("tokenizer", d.msg[0] ? d.msg : "none");
+    return;
+  }
   fz_exercise_tokenizer(t);
   int32_t nv = irt_tok_vocab_size(t);
   irt_tok_destroy(t);
@@ -88,20 +93,29 @@ static void use_tokenizer(const infc_gguf *g) {
 static void use_llama(const infc_gguf *g) {
   model_llama_params p;
   ir_diag d = {0};
-  if (infc_gguf_llama_params(g, &p, &d) != IR_OK) return;
+  if (infc_gguf_llama_params(g, &p, &d) != IR_OK) {
+    fz_note("llama params", d.msg);
+    return;
+  }
   model_tensor_src src = infc_gguf_llama_src(g);
   model_build_opts bo = model_build_opts_default();
   bo.max_tokens = 16, bo.max_seqs = 4, bo.max_logits = 4, bo.max_context = 64;
   ir_graph *graph = NULL;
   d = (ir_diag){0};
-  if (model_llama_build(&p, &src, &bo, &graph, &d) == IR_OK) ir_graph_destroy(graph);
+  if (model_llama_build(&p, &src, &bo, &graph, &d) == IR_OK)
+    ir_graph_destroy(graph);
+  else
+    fz_note("model_llama_build", d.msg);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   const char *path = fz_write("model.gguf", data, size);
   infc_gguf *g = NULL;
   ir_diag d = {0};
-  if (infc_gguf_open(path, &g, &d) != IR_OK) return 0;
+  if (infc_gguf_open(path, &g, &d) != IR_OK) {
+    fz_note("open", d.msg);
+    return 0;
+  }
   walk(g);
   use_tokenizer(g);
   use_llama(g);

@@ -1,6 +1,7 @@
 /* fuzz_hfconfig: libFuzzer target for the HF config.json reader (compiler/infc_hfconfig.c),
  * which turns the JSON text into the Llama-family template's parameters; accepted ones go
- * through the template's consistency check (model_llama_check). The input is the file's text. Build and run: tools/fuzz hfconfig. */
+ * through the template's consistency check (model_llama_check). The input is the file's
+ * text. Build and run: tools/fuzz hfconfig. */
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -16,6 +17,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     d = (ir_diag){0};
     if (model_llama_check(&p, &d) == IR_OK)
       for (int64_t l = 0; l < p.n_layers && l < 64; l++) (void)model_llama_layer_slides(&p, l);
+    else
+      fz_note("check", d.msg);
+  } else {
+    fz_note("parse", d.msg);
   }
   free(json);
   return 0;

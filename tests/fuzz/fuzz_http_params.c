@@ -24,11 +24,15 @@
 #include "srv.h"
 
 static irt_tokenizer *tok;
-static irt_model_info info = {.arch = "llama", .context_length = 4096, .max_step_seqs = 4,
-                              .max_step_logits = 4, .bos_token_id = -1, .eos_token_id = -1};
-static const char *const families[] = {NULL,      "chatml", "qwen3", "deepseek-r1", "llama3",
-                                       "llama3.1", "mistral", "llama2", "gemma", "phi3",
-                                       "no-such-family"};
+static irt_model_info info = {.arch = "llama",
+                              .context_length = 4096,
+                              .max_step_seqs = 4,
+                              .max_step_logits = 4,
+                              .bos_token_id = -1,
+                              .eos_token_id = -1};
+static const char *const families[] = {NULL,     "chatml",   "qwen3",         "deepseek-r1",
+                                       "llama3", "llama3.1", "mistral",       "llama2",
+                                       "gemma",  "phi3",     "no-such-family"};
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
   (void)argc, (void)argv;
@@ -63,13 +67,14 @@ static void read_back(const srv_params *p, const char *text, size_t len) {
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (size < 1) return 0;
-  srv_ctx c = {.tok = data[0] & 0x40 ? NULL : tok,
-               .info = &info,
-               .chat_template = families[((data[0] >> 2) & 15) % (sizeof families / sizeof *families)],
-               .no_reasoning = data[0] & 0x80,
-               .model_name = "fuzz",
-               .max_n = 4,
-               .id_salt = 42};
+  srv_ctx c = {
+      .tok = data[0] & 0x40 ? NULL : tok,
+      .info = &info,
+      .chat_template = families[((data[0] >> 2) & 15) % (sizeof families / sizeof *families)],
+      .no_reasoning = data[0] & 0x80,
+      .model_name = "fuzz",
+      .max_n = 4,
+      .id_salt = 42};
   const char *body = (const char *)data + 1;
   size_t len = size - 1;
   srv_error err = {0};
@@ -96,6 +101,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     cJSON_Delete(out);
   }
   if (!ok) {
+    fz_note("refused", err.msg);
     char *s = srv_render_error(&err);
     if (s) sink += strlen(s);
     free(s);

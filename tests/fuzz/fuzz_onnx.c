@@ -4,15 +4,32 @@
  * GenAI builder's graphs) and, for any other graph, infc_onnx_import (the generic lowering to
  * n-d IR ops with shape folding). The same bytes are also read as a TensorProto file
  * (infc_onnx_tensor_load, `inferrt run`'s inputs). The input is the whole model.onnx, in a
- * private directory (no config.json beside it; the only possible external data files are it
- * and its copy tensor.pb). Build and
- * run: tools/fuzz onnx. */
+ * private directory: no config.json beside it, and the external data files it can name are
+ * itself, its copy tensor.pb and model.onnx.data, a copy of tests/fixtures/onnx-genai-int4's
+ * (so that seed, and mutations of it, reach the GenAI decoder's weights). Build and run:
+ * tools/fuzz onnx. */
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 
 #include "fuzz_util.h"
 #include "infc_onnx.h"
 #include "infc_onnx_llm.h"
 #include "model.h"
+
+int LLVMFuzzerInitialize(int *argc, char ***argv) {
+  (void)argc, (void)argv;
+  FILE *f = fopen(FUZZ_FIXTURES "/onnx-genai-int4/model.onnx.data", "rb");
+  static uint8_t buf[1 << 20];
+  size_t n = f ? fread(buf, 1, sizeof buf, f) : 0;
+  if (!f || n == sizeof buf) {
+    fprintf(stderr, "fuzz_onnx: cannot read onnx-genai-int4/model.onnx.data\n");
+    abort();
+  }
+  fclose(f);
+  fz_write("model.onnx.data", buf, n);
+  return 0;
+}
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   /* both files first: a model may name either as its external data */
@@ -31,6 +48,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     d = (ir_diag){0};
     st = infc_onnx_import(path, &lim, &m, &g, hash, &d);
   }
+  if (st != IR_OK) fz_note("import", d.msg);
   ir_graph_destroy(g);
   infc_onnx_close(m);
   infc_onnx_tensor t = {0};

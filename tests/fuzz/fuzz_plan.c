@@ -8,8 +8,9 @@
  * input the file is the base plan's bytes, then the input appended as the metadata section,
  * with the header's meta_offset / meta_size / file_size, meta_hash and header_hash set to
  * match (weights and kernels sections are the base's, in place, hashes unchanged). Seeds
- * (tests/fuzz/corpus/plan) are the base plan's own metadata: FUZZ_PLAN_DUMP_META=FILE writes
- * it at start-up. Build and run: tools/fuzz plan. */
+ * (tests/fuzz/corpus/plan) are the base plan's own metadata, with and without its tokenizer:
+ * FUZZ_PLAN_DUMP_META=FILE writes them at start-up (tests/fuzz/gen_seeds.py). Build and run:
+ * tools/fuzz plan. */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -23,8 +24,9 @@
 #include "inferrt.h"
 #include "ir.h"
 #include "ir_plan.h"
+#include "plan.pb-c.h"
 
-static uint8_t *base;    /* the base plan file */
+static uint8_t *base; /* the base plan file */
 static uint64_t base_size;
 static ir_plan_header base_h;
 static int plan_fd;
@@ -34,11 +36,34 @@ static uint8_t *slurp(const char *path, uint64_t *size) {
   if (!f || fseek(f, 0, SEEK_END) != 0) abort();
   long n = ftell(f);
   uint8_t *b = malloc((size_t)n);
-  if (n <= 0 || !b || fseek(f, 0, SEEK_SET) != 0 || fread(b, 1, (size_t)n, f) != (size_t)n)
-    abort();
+  if (n <= 0 || !b || fseek(f, 0, SEEK_SET) != 0 || fread(b, 1, (size_t)n, f) != (size_t)n) abort();
   fclose(f);
   *size = (uint64_t)n;
   return b;
+}
+
+static void write_file(const char *path, const void *data, size_t size) {
+  FILE *f = fopen(path, "wb");
+  if (!f || fwrite(data, 1, size, f) != size || fclose(f) != 0) abort();
+}
+
+/* The seeds: the base plan's metadata (to PATH), and the same without its tokenizer (to
+ * PATH.notok; the tokenizer is most of the bytes, and tok_blob fuzzes it on its own). */
+static void dump_meta(const char *path) {
+  const uint8_t *meta = base + base_h.meta_offset;
+  write_file(path, meta, base_h.meta_size);
+  Infc__Plan__Plan *m = infc__plan__plan__unpack(NULL, base_h.meta_size, meta);
+  if (!m) abort();
+  m->tokenizer.len = 0;
+  size_t n = infc__plan__plan__get_packed_size(m);
+  uint8_t *buf = malloc(n);
+  if (!buf) abort();
+  infc__plan__plan__pack(m, buf);
+  char notok[4096];
+  snprintf(notok, sizeof notok, "%s.notok", path);
+  write_file(notok, buf, n);
+  free(buf);
+  infc__plan__plan__free_unpacked(m, NULL);
 }
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
@@ -46,7 +71,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
   infc_options o = infc_options_default();
   o.model.max_tokens = 16, o.model.max_seqs = 4, o.model.max_logits = 4;
   o.model.max_context = 64, o.max_tokens_set = true;
-  char path[256];
+  char path[4200];
   snprintf(path, sizeof path, "%s/base.plan", fz_tmpdir());
   ir_diag d = {0};
   if (infc_build(FUZZ_FIXTURES "/llama-text", &o, path, NULL, NULL, &d) != IR_OK) {
@@ -57,12 +82,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
   remove(path);
   memcpy(&base_h, base, sizeof base_h);
   const char *dump = getenv("FUZZ_PLAN_DUMP_META");
-  if (dump) {
-    FILE *f = fopen(dump, "wb");
-    if (!f || fwrite(base + base_h.meta_offset, 1, base_h.meta_size, f) != base_h.meta_size)
-      abort();
-    fclose(f);
-  }
+  if (dump) dump_meta(dump);
   plan_fd = fz_open("fuzz.plan");
   fz_pwrite(plan_fd, base, base_size, 0);
   return 0;

@@ -15,7 +15,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   const char *path = fz_write("model.safetensors", data, size);
   infc_st *st = NULL;
   ir_diag d = {0};
-  if (infc_st_open(path, &st, &d) != IR_OK) return 0;
+  if (infc_st_open(path, &st, &d) != IR_OK) {
+    fz_note("open", d.msg);
+    return 0;
+  }
   for (size_t i = 0; i < infc_st_count(st); i++) {
     const infc_st_tensor *t = infc_st_get(st, i);
     sink += strlen(t->name) + (infc_st_find(st, t->name) == t) + (uint64_t)t->rank;

@@ -2,15 +2,21 @@
  * encode a few texts (special tokens parsed and not, added BOS/EOS and not) and decode them
  * back, decode ids across the vocabulary in one call and streamed, look tokens up, and
  * serialize it as plans store it; the copy read back must encode the texts to the same ids
- * (a mismatch traps: the plan's tokenizer would differ from the one the compiler loaded). */
+ * (a mismatch traps: the plan's tokenizer would differ from the one the compiler loaded).
+ * With FUZZ_DUMP_BLOB=DIR the serialized form is also written to DIR (tok_blob's seeds:
+ * tests/fuzz/gen_seeds.py). */
 #ifndef FUZZ_TOK_H
 #define FUZZ_TOK_H
 
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "fuzz_util.h"
 #include "tokenizer.h"
+
+static volatile uint64_t fz_tok_sink; /* keeps the reads below from being optimised away */
 
 static const char *const fz_texts[] = {
     "Hello world",
@@ -34,8 +40,18 @@ static size_t fz_encode(const irt_tokenizer *t, size_t k, int32_t **ids) {
   return n;
 }
 
+static void fz_dump_blob(const uint8_t *blob, size_t len) {
+  const char *dir = getenv("FUZZ_DUMP_BLOB");
+  if (!dir) return;
+  uint64_t h = 1469598103934665603ull; /* FNV-1a: the file's name */
+  for (size_t i = 0; i < len; i++) h = (h ^ blob[i]) * 1099511628211ull;
+  char path[4096];
+  snprintf(path, sizeof path, "%s/tok-%016llx", dir, (unsigned long long)h);
+  FILE *f = fopen(path, "wb");
+  if (f) fwrite(blob, 1, len, f), fclose(f);
+}
+
 __attribute__((unused)) static void fz_exercise_tokenizer(const irt_tokenizer *t) {
-  static volatile uint64_t sink;
   int32_t nv = irt_tok_vocab_size(t);
   char buf[1024];
   size_t len;
@@ -57,29 +73,32 @@ __attribute__((unused)) static void fz_exercise_tokenizer(const irt_tokenizer *t
   irt_tok_stream_init(&s, t, true);
   size_t cap = irt_tok_piece_max(t);
   char *piece = malloc(cap + 4);
-  for (int i = 0; piece && nv > 0 && i < 96; i++) sink += irt_tok_stream_push(&s, spread[i], piece, cap);
-  if (piece) sink += irt_tok_stream_finish(&s, piece, cap + 4);
+  for (int i = 0; piece && nv > 0 && i < 96; i++)
+    fz_tok_sink += irt_tok_stream_push(&s, spread[i], piece, cap);
+  if (piece) fz_tok_sink += irt_tok_stream_finish(&s, piece, cap + 4);
   free(piece);
   for (int i = 0; i < 96 && nv > 0; i++) {
     const char *tok = irt_tok_token(t, spread[i]);
-    if (tok) sink += (uint64_t)irt_tok_find(t, tok);
+    if (tok) fz_tok_sink += (uint64_t)irt_tok_find(t, tok);
     size_t pl = 0;
     const uint8_t *p = irt_tok_piece(t, spread[i], &pl);
-    if (p && pl) sink += p[pl - 1];
-    sink += irt_tok_is_eog(t, spread[i]) + irt_tok_is_special(t, spread[i]);
+    if (p && pl) fz_tok_sink += p[pl - 1];
+    fz_tok_sink += irt_tok_is_eog(t, spread[i]) + irt_tok_is_special(t, spread[i]);
   }
-  sink += (uint64_t)irt_tok_bos(t) + (uint64_t)irt_tok_eos(t) + irt_tok_get_model(t) +
-          irt_tok_get_pre(t);
+  fz_tok_sink += (uint64_t)irt_tok_bos(t) + (uint64_t)irt_tok_eos(t) + irt_tok_get_model(t) +
+                 irt_tok_get_pre(t);
   const char *tmpl = irt_tok_chat_template(t);
-  if (tmpl) sink += strlen(tmpl);
+  if (tmpl) fz_tok_sink += strlen(tmpl);
   /* the plan's copy */
   uint8_t *blob = NULL;
   size_t blen = 0;
   d = (ir_diag){0};
   if (irt_tok_serialize(t, &blob, &blen, &d) == IR_OK) {
+    fz_dump_blob(blob, blen);
     irt_tokenizer *t2 = NULL;
     d = (ir_diag){0};
-    if (irt_tok_deserialize(blob, blen, &t2, &d) != IR_OK) __builtin_trap(); /* own output refused */
+    if (irt_tok_deserialize(blob, blen, &t2, &d) != IR_OK)
+      __builtin_trap(); /* own output refused */
     for (size_t k = 0; k < FZ_N_TEXTS; k++) {
       int32_t *ids2;
       size_t n2 = fz_encode(t2, k, &ids2);

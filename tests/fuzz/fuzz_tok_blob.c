@@ -5,12 +5,16 @@
 #include <stdint.h>
 
 #include "fuzz_tok.h"
+#include "fuzz_util.h"
 #include "tokenizer.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   irt_tokenizer *t = NULL;
   ir_diag d = {0};
-  if (irt_tok_deserialize(data, size, &t, &d) != IR_OK) return 0;
+  if (irt_tok_deserialize(data, size, &t, &d) != IR_OK) {
+    fz_note("deserialize", d.msg);
+    return 0;
+  }
   fz_exercise_tokenizer(t);
   irt_tok_destroy(t);
   return 0;

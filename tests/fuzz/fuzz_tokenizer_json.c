@@ -19,7 +19,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   const char *cfg = nul ? fz_write("tokenizer_config.json", nul + 1, size - jlen - 1) : NULL;
   irt_tokenizer *t = NULL;
   ir_diag d = {0};
-  if (irt_tok_load_hf(json, cfg, &t, &d) != IR_OK) return 0;
+  if (irt_tok_load_hf(json, cfg, &t, &d) != IR_OK) {
+    fz_note("load", d.msg);
+    return 0;
+  }
   fz_exercise_tokenizer(t);
   irt_tok_destroy(t);
   return 0;

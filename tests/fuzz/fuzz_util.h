@@ -1,8 +1,10 @@
 /* fuzz_util: helpers the libFuzzer targets share. Most parsers under test take a path, so
- * an input's bytes go to a file in a private directory (mkdtemp once per process, removed at
- * exit); the file is kept open and rewritten in place (pwrite + ftruncate) on every run.
- * FUZZ_FIXTURES (set by tools/fuzz) is the absolute path of tests/fixtures; FUZZ_VERBOSE=1 in
- * the environment makes the targets say where an input was refused (fz_note). */
+ * an input's bytes go to a file in a private directory ($TMPDIR/infc-fuzz-XXXXXX, made once
+ * per process and removed at a normal exit; tools/fuzz points TMPDIR at a directory of its
+ * own, so what a crashed run leaves goes too); the file is kept open and rewritten in place (pwrite
+ * + ftruncate) on every run. FUZZ_FIXTURES (set by tools/fuzz) is the absolute path of
+ * tests/fixtures; FUZZ_VERBOSE=1 in the environment makes the targets say where an input was
+ * refused (fz_note). */
 #ifndef FUZZ_UTIL_H
 #define FUZZ_UTIL_H
 
@@ -17,11 +19,15 @@
 #define FUZZ_FIXTURES "tests/fixtures"
 #endif
 
+/* The libFuzzer entry points (the targets define the first, some the second). */
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+int LLVMFuzzerInitialize(int *argc, char ***argv);
+
 #define FZ_MAX_FILES 4
 
-static char fz_dir[64];
+static char fz_dir[4096];
 static struct {
-  char path[128];
+  char path[4200];
   int fd;
 } fz_files[FZ_MAX_FILES];
 static int fz_n_files;
@@ -37,7 +43,8 @@ __attribute__((unused)) static void fz_cleanup(void) {
 /* The private directory (created on first use). */
 __attribute__((unused)) static const char *fz_tmpdir(void) {
   if (!fz_dir[0]) {
-    snprintf(fz_dir, sizeof fz_dir, "/tmp/infc-fuzz-XXXXXX");
+    const char *tmp = getenv("TMPDIR");
+    snprintf(fz_dir, sizeof fz_dir, "%s/infc-fuzz-XXXXXX", tmp && *tmp ? tmp : "/tmp");
     if (!mkdtemp(fz_dir)) {
       perror("fuzz: mkdtemp");
       abort();

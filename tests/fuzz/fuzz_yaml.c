@@ -15,6 +15,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     char buf[8192];
     (void)infc_options_describe(&o, keys, values, 64, buf, sizeof buf);
     (void)infc_options_act_int8(&o);
+  } else {
+    fz_note("load", d.msg);
   }
   return 0;
 }

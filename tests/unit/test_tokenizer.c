@@ -2,12 +2,14 @@
  * corpus (fixtures from tools/gen_tokenizer_fixtures.py), decode and streaming decode,
  * serialization round trips and damage, invalid UTF-8, unsupported tokenizer.json. */
 #include <cjson/cJSON.h>
+#include <dirent.h>
 #include <stdbool.h>
 #include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "ir_file.h"
 #include "tcheck.h"
 #include "tokenizer.h"
 
@@ -700,6 +702,38 @@ static void check_template_beside(void) {
   irt_tok_destroy(t);
 }
 
+/* The tok_blob fuzzer's finds (tests/fuzz/regressions/tok_blob): a plan's tokenizer that
+ * must be refused, or load and encode, and never hang. */
+static void check_fuzz_regressions(void) {
+  const char *dir = FIXTURES_DIR "/../fuzz/regressions/tok_blob";
+  DIR *dp = opendir(dir);
+  CHECKF(dp != NULL, "cannot open %s", dir);
+  if (!dp) return;
+  int n = 0;
+  for (struct dirent *e; (e = readdir(dp));) {
+    if (e->d_name[0] == '.') continue;
+    char path[1200];
+    snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+    size_t len = 0;
+    char *buf = NULL;
+    ir_diag d = {0};
+    CHECKF(ir_file_read(path, 1 << 20, &buf, &len, &d) == IR_OK, "%s", d.msg);
+    irt_tokenizer *t = NULL;
+    ir_status st = buf ? irt_tok_deserialize((const uint8_t *)buf, len, &t, &d) : IR_IO;
+    if (st == IR_OK) { /* loaded: it must encode */
+      int32_t ids[64];
+      size_t k = 0;
+      CHECK(irt_tok_encode(t, "Hello world", 11, true, true, ids, 64, &k, &d) == IR_OK);
+    }
+    CHECKF(st == IR_OK || d.msg[0], "%s: refused without a message", e->d_name);
+    irt_tok_destroy(t);
+    free(buf);
+    n++;
+  }
+  closedir(dp);
+  CHECK(n >= 1);
+}
+
 int main(void) {
   corpus c;
   CHECK(load_corpus(&c));
@@ -716,6 +750,7 @@ int main(void) {
   check_damage();
   check_unsupported();
   check_template_beside();
+  check_fuzz_regressions();
   free(c.text);
   return tcheck_done("tokenizer");
 }
