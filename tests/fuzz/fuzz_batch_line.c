@@ -14,30 +14,17 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fuzz_srv.h"
 #include "fuzz_util.h"
 #include "inferrt.h"
 #include "srv.h"
 
 #define MAX_LINES 8
 
-static irt_tokenizer *tok;
-static irt_model_info info = {.arch = "llama",
-                              .context_length = 4096,
-                              .max_step_seqs = 4,
-                              .max_step_logits = 4,
-                              .bos_token_id = -1,
-                              .eos_token_id = -1};
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
   (void)argc, (void)argv;
-  irt_error err = {0};
-  if (irt_tokenizer_open_json(FUZZ_FIXTURES "/tokenizers/gpt2/tokenizer.json",
-                              FUZZ_FIXTURES "/tokenizers/gpt2/tokenizer_config.json", &tok,
-                              &err) != IRT_OK) {
-    fprintf(stderr, "fuzz_batch_line: cannot load the tokenizer: %s\n", err.msg);
-    abort();
-  }
-  info.vocab_size = irt_tokenizer_vocab_size(tok);
+  fz_srv_init("fuzz_batch_line");
   return 0;
 }
 

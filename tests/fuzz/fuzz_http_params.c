@@ -8,7 +8,7 @@
  *   bits 0-1  endpoint: /v1/completions, /v1/chat/completions, /tokenize, /detokenize
  *   bits 2-5  --chat-template override: none, or one family by name (an unknown one last)
  *   bit 6     the plan has no tokenizer (token-id prompts only)
- *   bit 7     --reasoning-format none
+ *   bit 7     --reasoning-format none and --allow-special-in-content
  * A refusal's error is rendered as the server sends it (srv_render_error). An accepted chat
  * request with tools also has its body read back as if the model had written it
  * (srv_tools_split, srv_think_split): the parsers of the model's output. Build and run:
@@ -19,31 +19,18 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fuzz_srv.h"
 #include "fuzz_util.h"
 #include "inferrt.h"
 #include "srv.h"
 
-static irt_tokenizer *tok;
-static irt_model_info info = {.arch = "llama",
-                              .context_length = 4096,
-                              .max_step_seqs = 4,
-                              .max_step_logits = 4,
-                              .bos_token_id = -1,
-                              .eos_token_id = -1};
 static const char *const families[] = {NULL,     "chatml",   "qwen3",         "deepseek-r1",
                                        "llama3", "llama3.1", "mistral",       "llama2",
                                        "gemma",  "phi3",     "no-such-family"};
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
   (void)argc, (void)argv;
-  irt_error err = {0};
-  if (irt_tokenizer_open_json(FUZZ_FIXTURES "/tokenizers/gpt2/tokenizer.json",
-                              FUZZ_FIXTURES "/tokenizers/gpt2/tokenizer_config.json", &tok,
-                              &err) != IRT_OK) {
-    fprintf(stderr, "fuzz_http_params: cannot load the tokenizer: %s\n", err.msg);
-    abort();
-  }
-  info.vocab_size = irt_tokenizer_vocab_size(tok);
+  fz_srv_init("fuzz_http_params");
   return 0;
 }
 
@@ -72,6 +59,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       .info = &info,
       .chat_template = families[((data[0] >> 2) & 15) % (sizeof families / sizeof *families)],
       .no_reasoning = data[0] & 0x80,
+      .allow_special = data[0] & 0x80,
       .model_name = "fuzz",
       .max_n = 4,
       .id_salt = 42};
