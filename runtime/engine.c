@@ -385,7 +385,7 @@ void irt_engine_drain_inbox(irt_engine *e) {
 /* Removes finished requests from the list and frees them. */
 void irt_engine_reap(irt_engine *e) {
   ereq **p = &e->reqs;
-  int64_t reaped = 0;
+  int64_t reaped = 0, unqueue = 0;
   while (*p) {
     ereq *q = *p;
     if (q->n_done < q->n) {
@@ -393,13 +393,14 @@ void irt_engine_reap(irt_engine *e) {
       continue;
     }
     *p = q->next;
+    unqueue += !q->unqueued;
     for (int i = 0; i < q->n_live; i++) irt_eseq_release(e, &q->seqs[i]);
     free_req(q);
     reaped++;
   }
   if (!reaped) return;
   pthread_mutex_lock(&e->mu);
-  e->n_queued -= reaped;
+  e->n_queued -= unqueue;
   e->work.requests_finished += reaped;
   pthread_mutex_unlock(&e->mu);
 }

@@ -94,6 +94,7 @@ struct ereq {
   int n_live;             /* seqs created so far */
   bool forked;            /* n > 1: the completions share the prompt's blocks */
   int n_done;
+  bool unqueued; /* its last event went out: no longer counted against max_waiting */
   bool cancelled;
   bool counted;           /* prompt tokens entered the stats */
   uint64_t arrival;

@@ -416,6 +416,13 @@ static void emit(irt_engine *e, eseq *s, int32_t tok, float lp, const char *text
     ev.top_tokens = s->top_ids;
     ev.top_logprobs = s->top_lps;
   }
+  if (ev.request_done && !q->unqueued) { /* free its queue slot before its caller hears: a
+                                           client that answers at once must find room */
+    pthread_mutex_lock(&e->mu);
+    e->n_queued--;
+    pthread_mutex_unlock(&e->mu);
+    q->unqueued = true;
+  }
   if (q->r.on_event) q->r.on_event(q->r.user, &ev);
 }
 

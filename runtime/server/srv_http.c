@@ -487,7 +487,8 @@ static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_
 static void on_log(void *cls, const char *fmt, va_list ap) {
   char msg[512];
   vsnprintf(msg, sizeof msg, fmt, ap);
-  if (strstr(msg, "application error") || strstr(msg, "Application reported internal error"))
+  if (strstr(msg, "application error") || strstr(msg, "Application reported internal error") ||
+      strstr(msg, "closed by remote side with incomplete request")) /* one per slow client */
     return;
   fprintf(stderr, "inferrt: http: %s%s", msg, msg[0] && msg[strlen(msg) - 1] == '\n' ? "" : "\n");
 }

@@ -1209,15 +1209,15 @@ def test_overload():
         # idle sockets are not requests: they cost a socket each, never an answer
         idle = [socket.create_connection(("127.0.0.1", s.port)) for _ in range(5)]
         check("connections counted", wait_for(lambda: s.metrics()["inferrt_http_connections_open"] >= 5))
-        st, _, _ = s.raw("POST", "/v1/completions", {"prompt": [1], "max_tokens": 1}, key=None)
-        check("idle sockets do not refuse requests", st == 200, str(st))
+        st, _, body = s.raw("POST", "/v1/completions", {"prompt": [1], "max_tokens": 1}, key=None)
+        check("idle sockets do not refuse requests", st == 200, f"{st} {body[:300]!r} {s.metrics()}")
         st, _, _ = s.raw("GET", "/health", key=None)
         check("health under overload", st == 200)
         for k in idle:
             k.close()
         wait_for(lambda: s.metrics()["inferrt_http_connections_open"] <= 1)
-        st, _, _ = s.raw("POST", "/v1/completions", {"prompt": [1], "max_tokens": 1}, key=None)
-        check("recovers after overload", st == 200, str(st))
+        st, _, body = s.raw("POST", "/v1/completions", {"prompt": [1], "max_tokens": 1}, key=None)
+        check("recovers after overload", st == 200, f"{st} {body[:300]!r}")
     finally:
         check("server exits cleanly", s.stop() == 0)
 
