@@ -390,7 +390,7 @@ static const char *find(const char *s, const char *end, const char *what) {
 /* Llama 3.1: calls when the text is JSON objects joined by ";", read once it is whole. */
 static bool split_llama3(const char *text, size_t len, bool final, srv_tool_split *out) {
   size_t i = 0;
-  while (i < len && strchr(" \t\n\r", text[i])) i++;
+  while (i < len && text[i] && strchr(" \t\n\r", text[i])) i++; /* strchr finds a NUL too */
   if (i < len && text[i] != '{') { /* prose: all content */
     out->content_len = len;
     return true;
