@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "cli_batch.h"
 #include "srv.h"
 
 typedef struct batch_args {
@@ -177,9 +178,7 @@ static void strset_free(strset *st) {
 
 /* --- files ---------------------------------------------------------------------------------- */
 
-/* A result line's custom_id when the line is a whole result ({"custom_id", "response" or
- * "error"}), else NULL; *failed when it is an error (no 200 response). */
-static const char *result_id(const cJSON *o, bool *failed) {
+const char *batch_result_id(const cJSON *o, bool *failed) {
   const cJSON *id = cJSON_GetObjectItemCaseSensitive(o, "custom_id");
   const cJSON *r = cJSON_GetObjectItemCaseSensitive(o, "response");
   const cJSON *e = cJSON_GetObjectItemCaseSensitive(o, "error");
@@ -242,7 +241,7 @@ static bool load_done(batch *b, const char *path, bool retry_failed) {
     if (whole) buf[i] = '\0';
     cJSON *o = whole ? cJSON_ParseWithLength(buf + start, i - start) : NULL;
     bool failed = false;
-    const char *id = result_id(o, &failed);
+    const char *id = batch_result_id(o, &failed);
     if (!id) torn++;
     else if (retry_failed && failed) retried++;
     else if (!strset_add(&b->done, id)) dup++;
@@ -377,8 +376,6 @@ static cJSON *error_body(const srv_error *e) {
 static void run_request(batch *b, const char *custom_id, srv_endpoint ep, cJSON *body) {
   srv_params p;
   srv_error e;
-  cJSON_DeleteItemFromObjectCaseSensitive(body, "stream"); /* batch results are whole */
-  cJSON_DeleteItemFromObjectCaseSensitive(body, "stream_options");
   if (!srv_params_from_json(&b->c, ep, body, &p, &e)) {
     emit(b, custom_id, e.status, error_body(&e), NULL, NULL, NULL);
     return;
@@ -403,48 +400,64 @@ static void run_request(batch *b, const char *custom_id, srv_endpoint ep, cJSON 
   srv_job_release(j);
 }
 
+batch_verdict batch_line_read(const char *line, int64_t line_no, batch_line *l) {
+  memset(l, 0, sizeof *l);
+  snprintf(l->fallback, sizeof l->fallback, "line-%lld", (long long)line_no);
+  l->o = cJSON_Parse(line);
+  const cJSON *cid = cJSON_GetObjectItemCaseSensitive(l->o, "custom_id");
+  bool has_id = cJSON_IsString(cid) && cid->valuestring[0];
+  l->id = has_id ? cid->valuestring : l->fallback;
+  const cJSON *method = cJSON_GetObjectItemCaseSensitive(l->o, "method");
+  const cJSON *url = cJSON_GetObjectItemCaseSensitive(l->o, "url");
+  cJSON *body = cJSON_GetObjectItemCaseSensitive(l->o, "body");
+  if (!l->o) {
+    l->code = "invalid_json_line", l->msg = "the line is not valid JSON";
+    return BATCH_LINE_ERROR;
+  }
+  if (!cJSON_IsObject(l->o) || !has_id) {
+    l->code = "missing_custom_id", l->msg = "the line needs a non-empty string 'custom_id'";
+    return BATCH_LINE_ERROR;
+  }
+  if (!cJSON_IsString(url) || (strcmp(url->valuestring, "/v1/completions") &&
+                               strcmp(url->valuestring, "/v1/chat/completions"))) {
+    srv_fail(&l->e, 404, "invalid_request_error", "unknown_url", "url",
+             "Unknown request URL: %.200s.", cJSON_IsString(url) ? url->valuestring : "(none)");
+    return BATCH_REFUSED;
+  }
+  if (!cJSON_IsString(method) || strcmp(method->valuestring, "POST")) {
+    srv_fail(&l->e, 405, "invalid_request_error", "method_not_allowed", "method",
+             "The method must be POST.");
+    return BATCH_REFUSED;
+  }
+  if (!cJSON_IsObject(body)) {
+    srv_bad(&l->e, "body", "The line needs a JSON object 'body'.");
+    return BATCH_REFUSED;
+  }
+  cJSON_DeleteItemFromObjectCaseSensitive(body, "stream"); /* batch results are whole */
+  cJSON_DeleteItemFromObjectCaseSensitive(body, "stream_options");
+  l->ep = strcmp(url->valuestring, "/v1/completions") ? SRV_CHAT : SRV_COMPLETIONS;
+  l->body = body;
+  return BATCH_RUN;
+}
+
 static void run_line(batch *b, int64_t k) {
-  char fallback[32], msg[256];
-  snprintf(fallback, sizeof fallback, "line-%lld", (long long)b->line_no[k]);
-  cJSON *o = cJSON_Parse(b->lines[k]);
-  const cJSON *cid = cJSON_GetObjectItemCaseSensitive(o, "custom_id");
-  const char *id = cJSON_IsString(cid) && cid->valuestring[0] ? cid->valuestring : fallback;
+  batch_line l;
+  batch_verdict v = batch_line_read(b->lines[k], b->line_no[k], &l);
   pthread_mutex_lock(&b->mu);
-  bool fresh = strset_add(&b->done, id);
+  bool fresh = strset_add(&b->done, l.id);
   pthread_mutex_unlock(&b->mu);
   if (!fresh) {
     atomic_fetch_add(&b->skipped, 1);
-    cJSON_Delete(o);
+    cJSON_Delete(l.o);
     return;
   }
-  const cJSON *method = cJSON_GetObjectItemCaseSensitive(o, "method");
-  const cJSON *url = cJSON_GetObjectItemCaseSensitive(o, "url");
-  cJSON *body = cJSON_GetObjectItemCaseSensitive(o, "body");
-  srv_error e;
-  if (!o) {
-    emit(b, id, 0, NULL, NULL, "invalid_json_line", "the line is not valid JSON");
-  } else if (!cJSON_IsObject(o) || id == fallback) {
-    emit(b, id, 0, NULL, NULL, "missing_custom_id",
-         "the line needs a non-empty string 'custom_id'");
-  } else if (!cJSON_IsString(url) || (strcmp(url->valuestring, "/v1/completions") &&
-                                      strcmp(url->valuestring, "/v1/chat/completions"))) {
-    snprintf(msg, sizeof msg, "Unknown request URL: %.200s.",
-             cJSON_IsString(url) ? url->valuestring : "(none)");
-    srv_fail(&e, 404, "invalid_request_error", "unknown_url", "url", "%s", msg);
-    emit(b, id, 404, error_body(&e), NULL, NULL, NULL);
-  } else if (!cJSON_IsString(method) || strcmp(method->valuestring, "POST")) {
-    srv_fail(&e, 405, "invalid_request_error", "method_not_allowed", "method",
-             "The method must be POST.");
-    emit(b, id, 405, error_body(&e), NULL, NULL, NULL);
-  } else if (!cJSON_IsObject(body)) {
-    srv_bad(&e, "body", "The line needs a JSON object 'body'.");
-    emit(b, id, 400, error_body(&e), NULL, NULL, NULL);
-  } else {
-    run_request(b, id, strcmp(url->valuestring, "/v1/completions") ? SRV_CHAT : SRV_COMPLETIONS,
-                body);
+  switch (v) {
+  case BATCH_LINE_ERROR: emit(b, l.id, 0, NULL, NULL, l.code, l.msg); break;
+  case BATCH_REFUSED: emit(b, l.id, l.e.status, error_body(&l.e), NULL, NULL, NULL); break;
+  case BATCH_RUN: run_request(b, l.id, l.ep, l.body); break;
   }
   atomic_fetch_add(&b->finished, 1);
-  cJSON_Delete(o);
+  cJSON_Delete(l.o);
 }
 
 static void *worker(void *arg) {

@@ -1,19 +1,19 @@
-/* fuzz_batch_line: libFuzzer target for `inferrt batch`'s input lines
- * ({"custom_id", "method", "url", "body"} per line) down to the request parser. The line
- * dispatch of runtime/cli/cli_batch.c (run_line) is static and tied to the engine, so this
- * harness repeats its steps: split the input into lines as split_lines does (blank ones
- * dropped), parse each, check custom_id / url / method / body in run_line's order, drop
- * "stream" and "stream_options" as run_request does, then srv_params_from_json
- * (runtime/server/srv_params.c and what it calls) for the endpoint the url names; a refusal
- * is rendered as the batch writes it (srv_render_error). The context is fuzz_http_params':
- * the gpt2 fixture's tokenizer, a 4096-token context, n up to 4, no engine. The input is the
- * JSONL file (its first 8 lines). Build and run: tools/fuzz batch_line. */
+/* fuzz_batch_line: libFuzzer target for `inferrt batch`'s untrusted lines: each input line
+ * through the command's own line reader (runtime/cli/cli_batch.c batch_line_read: JSON,
+ * custom_id, url, method, body) and, for a request, the request parser the batch then calls
+ * (srv_params_from_json and what it calls); a refusal is rendered as the batch writes it
+ * (srv_render_error). Each line is also read as a result line of a resumed run
+ * (batch_result_id). The split into lines is the command's (blank ones dropped). The
+ * context is fuzz_http_params': the gpt2 fixture's tokenizer, a 4096-token context, n up to
+ * 4, no engine. The input is the JSONL file (its first 8 lines). Build and run:
+ * tools/fuzz batch_line. */
 #include <cjson/cJSON.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli_batch.h"
 #include "fuzz_srv.h"
 #include "fuzz_util.h"
 #include "inferrt.h"
@@ -39,40 +39,26 @@ static void error_line(const srv_error *e) {
   free(s);
 }
 
-static void run_line(srv_ctx *c, const char *line) {
-  cJSON *o = cJSON_Parse(line);
-  const cJSON *cid = cJSON_GetObjectItemCaseSensitive(o, "custom_id");
-  const cJSON *method = cJSON_GetObjectItemCaseSensitive(o, "method");
-  const cJSON *url = cJSON_GetObjectItemCaseSensitive(o, "url");
-  cJSON *body = cJSON_GetObjectItemCaseSensitive(o, "body");
+static void run_line(srv_ctx *c, const char *line, int64_t no) {
+  batch_line l;
   srv_error e = {0};
-  if (!o || !cJSON_IsObject(o) || !cJSON_IsString(cid) || !cid->valuestring[0]) {
-    /* invalid_json_line / missing_custom_id */
-  } else if (!cJSON_IsString(url) || (strcmp(url->valuestring, "/v1/completions") &&
-                                      strcmp(url->valuestring, "/v1/chat/completions"))) {
-    srv_fail(&e, 404, "invalid_request_error", "unknown_url", "url", "Unknown request URL: %.200s.",
-             cJSON_IsString(url) ? url->valuestring : "(none)");
-    error_line(&e);
-  } else if (!cJSON_IsString(method) || strcmp(method->valuestring, "POST")) {
-    srv_fail(&e, 405, "invalid_request_error", "method_not_allowed", "method",
-             "The method must be POST.");
-    error_line(&e);
-  } else if (!cJSON_IsObject(body)) {
-    srv_bad(&e, "body", "The line needs a JSON object 'body'.");
-    error_line(&e);
-  } else {
-    srv_endpoint ep = strcmp(url->valuestring, "/v1/completions") ? SRV_CHAT : SRV_COMPLETIONS;
-    cJSON_DeleteItemFromObjectCaseSensitive(body, "stream");
-    cJSON_DeleteItemFromObjectCaseSensitive(body, "stream_options");
-    srv_params p;
-    if (srv_params_from_json(c, ep, body, &p, &e)) {
+  srv_params p;
+  switch (batch_line_read(line, no, &l)) {
+  case BATCH_LINE_ERROR: fz_note("line error", l.msg); break;
+  case BATCH_REFUSED: error_line(&l.e); break;
+  case BATCH_RUN:
+    if (srv_params_from_json(c, l.ep, l.body, &p, &e)) {
       sink += (uint64_t)p.n_prompt + (uint64_t)p.max_tokens;
       srv_params_free(&p);
     } else {
       error_line(&e);
     }
+    break;
   }
-  cJSON_Delete(o);
+  bool failed = false; /* the same bytes as a result line read back on resume */
+  const char *id = batch_result_id(l.o, &failed);
+  sink += id ? strlen(id) + failed : 0;
+  cJSON_Delete(l.o);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -86,8 +72,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     start = i + 1;
     while (*s == ' ' || *s == '\t' || *s == '\r') s++;
     if (!*s) continue;
-    run_line(&c, s);
-    lines++;
+    run_line(&c, s, ++lines);
   }
   free(buf);
   return 0;
