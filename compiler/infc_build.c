@@ -8,13 +8,13 @@
 
 #include "infc_build.h"
 #include "infc_codegen_cuda.h"
-#include "infc_gguf.h"
+#include "fmt_gguf.h"
 #include "infc_gguf_llama.h"
-#include "infc_gguf_tok.h"
+#include "fmt_gguf_tok.h"
 #include "infc_hfconfig.h"
-#include "onnx/infc_onnx.h"
-#include "onnx/infc_onnx_llm.h"
-#include "infc_safetensors.h"
+#include "infc_onnx.h"
+#include "infc_onnx_llm.h"
+#include "fmt_safetensors.h"
 #include "infc_tokenizer.h"
 #include "infc_util.h"
 #include "ir_plan.h"
@@ -22,8 +22,8 @@
 #include "pass.h"
 
 struct infc_source {
-  infc_st *st;     /* a safetensors checkpoint, or */
-  infc_gguf *gguf; /* a GGUF file, or */
+  fmt_st *st;     /* a safetensors checkpoint, or */
+  fmt_gguf *gguf; /* a GGUF file, or */
   infc_onnx *onnx; /* an ONNX model (lowered to n-d ops; weights borrowed from it) */
   char kind[16];
   char hash[17];
@@ -34,15 +34,15 @@ struct infc_source {
  * Gemma3ForConditionalGeneration) holds model.X as language_model.model.X (as saved) or
  * model.language_model.X (transformers' in-memory names). */
 static bool st_find(void *ctx, const char *name, model_tensor *out) {
-  const infc_st_tensor *t = infc_st_find(ctx, name);
+  const fmt_st_tensor *t = fmt_st_find(ctx, name);
   char alt[512];
   bool inner = !strncmp(name, "model.", 6);
   if (!t && inner && snprintf(alt, sizeof alt, "language_model.%s", name) < (int)sizeof alt)
-    t = infc_st_find(ctx, alt);
+    t = fmt_st_find(ctx, alt);
   if (!t && inner &&
       snprintf(alt, sizeof alt, "model.language_model.%s", name + 6) < (int)sizeof alt)
-    t = infc_st_find(ctx, alt);
-  if (!t && !strcmp(name, "lm_head.weight")) t = infc_st_find(ctx, "language_model.lm_head.weight");
+    t = fmt_st_find(ctx, alt);
+  if (!t && !strcmp(name, "lm_head.weight")) t = fmt_st_find(ctx, "language_model.lm_head.weight");
   if (!t) return false;
   *out = (model_tensor){.dtype = t->dtype, .rank = t->rank, .data = t->data, .nbytes = t->nbytes};
   for (int i = 0; i < t->rank; i++) out->shape[i] = t->shape[i];
@@ -60,8 +60,8 @@ static void hash_safetensors(infc_source *s, const char *config_text) {
   if (!h) return;
   XXH3_64bits_reset(h);
   XXH3_64bits_update(h, config_text, strlen(config_text));
-  for (size_t i = 0; i < infc_st_count(s->st); i++) {
-    const infc_st_tensor *t = infc_st_get(s->st, i);
+  for (size_t i = 0; i < fmt_st_count(s->st); i++) {
+    const fmt_st_tensor *t = fmt_st_get(s->st, i);
     XXH3_64bits_update(h, t->name, strlen(t->name) + 1);
     XXH3_64bits_update(h, &t->dtype, sizeof t->dtype);
     XXH3_64bits_update(h, t->shape, sizeof t->shape[0] * (size_t)t->rank);
@@ -75,11 +75,11 @@ static void hash_gguf(infc_source *s) {
   XXH3_state_t *h = XXH3_createState();
   if (!h) return;
   uint64_t size;
-  const void *bytes = infc_gguf_bytes(s->gguf, &size);
+  const void *bytes = fmt_gguf_bytes(s->gguf, &size);
   XXH3_64bits_reset(h);
-  XXH3_64bits_update(h, bytes, infc_gguf_data_offset(s->gguf));
-  for (size_t i = 0; i < infc_gguf_tensor_count(s->gguf); i++) {
-    const infc_gguf_tensor *t = infc_gguf_tensor_get(s->gguf, i);
+  XXH3_64bits_update(h, bytes, fmt_gguf_data_offset(s->gguf));
+  for (size_t i = 0; i < fmt_gguf_tensor_count(s->gguf); i++) {
+    const fmt_gguf_tensor *t = fmt_gguf_tensor_get(s->gguf, i);
     XXH3_64bits_update(h, t->data, t->nbytes);
   }
   hash_finish(s, h);
@@ -121,7 +121,7 @@ static ir_status open_safetensors(const char *src, const infc_options *o, infc_s
   if (st == IR_OK) st = infc_hfconfig_load(cfg, &p, d);
   if (st == IR_OK && (st = infc_read_file(cfg, 16u << 20, &text, NULL, d)) != IR_OK)
     ir_diag_prefix(d, "%s", cfg);
-  if (st == IR_OK) st = infc_st_open(src, &s->st, d);
+  if (st == IR_OK) st = fmt_st_open(src, &s->st, d);
   if (st == IR_OK) {
     snprintf(s->kind, sizeof s->kind, "safetensors");
     hash_safetensors(s, text);
@@ -137,7 +137,7 @@ static ir_status open_safetensors(const char *src, const infc_options *o, infc_s
 static ir_status open_gguf(const char *src, const infc_options *o, infc_source *s,
                            ir_graph **out_graph, ir_diag *d) {
   model_llama_params p;
-  ir_status st = infc_gguf_open(src, &s->gguf, d);
+  ir_status st = fmt_gguf_open(src, &s->gguf, d);
   if (st == IR_OK) st = infc_gguf_llama_params(s->gguf, &p, d);
   if (st == IR_OK) {
     snprintf(s->kind, sizeof s->kind, "gguf");
@@ -186,8 +186,8 @@ ir_status infc_source_open(const char *src, const infc_options *o, infc_source *
 
 void infc_source_close(infc_source *s) {
   if (!s) return;
-  infc_st_close(s->st);
-  infc_gguf_close(s->gguf);
+  fmt_st_close(s->st);
+  fmt_gguf_close(s->gguf);
   infc_onnx_close(s->onnx);
   free(s);
 }

@@ -26,7 +26,7 @@
 #include <stdbool.h>
 
 #include "ir_status.h"
-#include "model.h"
+#include "model_template.h"
 #include "pass_quantize.h"
 
 /* act_dtype: auto (int8 for target cpu, f32 for cuda), f32, int8. */

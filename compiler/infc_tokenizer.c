@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "infc_tokenizer.h"
+#include "fmt_gguf_tok.h"
 #include "infc_util.h"
 #include "tokenizer.h"
 
@@ -40,4 +41,20 @@ ir_status infc_tokenizer_beside(const char *src, int64_t model_vocab, infc_tok_b
 void infc_tok_blob_free(infc_tok_blob *b) {
   free(b->data);
   memset(b, 0, sizeof *b);
+}
+
+ir_status infc_gguf_tokenizer_blob(const fmt_gguf *g, int64_t model_vocab, infc_tok_blob *out,
+                                   ir_diag *d) {
+  irt_tokenizer *t = NULL;
+  memset(out, 0, sizeof *out);
+  ir_status st = fmt_gguf_tokenizer(g, &t, d);
+  if (st != IR_OK || !t) return st;
+  if (model_vocab > 0 && irt_tok_vocab_size(t) > model_vocab)
+    st = ir_diag_set(d, IR_BAD_FORMAT, "%s: the tokenizer has %d tokens but the model's "
+                     "vocabulary has %lld rows", fmt_gguf_path(g), irt_tok_vocab_size(t),
+                     (long long)model_vocab);
+  if (st == IR_OK) st = irt_tok_serialize(t, &out->data, &out->size, d);
+  if (st == IR_OK) snprintf(out->origin, sizeof out->origin, "%s (GGUF metadata)", fmt_gguf_path(g));
+  irt_tok_destroy(t);
+  return st;
 }

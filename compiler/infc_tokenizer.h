@@ -27,6 +27,12 @@ ir_status infc_tokenizer_load_json(const char *json_path, int64_t model_vocab, i
 ir_status infc_tokenizer_beside(const char *src, int64_t model_vocab, infc_tok_blob *out,
                                 ir_diag *d);
 
+typedef struct fmt_gguf fmt_gguf;
+/* The tokenizer a GGUF file carries, encoded for a plan and checked against the model's
+ * vocabulary size; an empty blob if the file has none. */
+ir_status infc_gguf_tokenizer_blob(const fmt_gguf *g, int64_t model_vocab, infc_tok_blob *out,
+                                   ir_diag *d);
+
 void infc_tok_blob_free(infc_tok_blob *b);
 
 #endif

@@ -40,6 +40,7 @@ const char *ir_status_name(ir_status s) {
   case IR_UNSUPPORTED: return "unsupported";
   case IR_DEVICE: return "device error";
   case IR_BUSY: return "busy";
+  case IR_STATUS_COUNT: break;
   }
   return "unknown";
 }

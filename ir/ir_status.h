@@ -15,6 +15,7 @@ typedef enum ir_status {
   IR_UNSUPPORTED,
   IR_DEVICE,
   IR_BUSY,
+  IR_STATUS_COUNT /* not a status: the number of them */
 } ir_status;
 
 /* A caller-owned message buffer. The first error set wins; later calls do not

@@ -7,7 +7,7 @@
 #define MODEL_LLAMA_H
 
 #include "ir.h"
-#include "model.h"
+#include "model_template.h"
 
 /* How the rope's frequencies are scaled for a longer context (HF rope_type). */
 typedef enum model_rope_scaling {

@@ -2,7 +2,7 @@
 """Renders reference chat templates with Jinja2 (as HF transformers' apply_chat_template
 does: trim_blocks, lstrip_blocks, bos/eos tokens, add_generation_prompt) over a few
 conversations, and writes tests/fixtures/chat/chat_templates.json: the oracle for the
-engine's C renderer (runtime/chat_template.c), which must detect each family from the
+engine's C renderer (text/chat_template.c), which must detect each family from the
 template source and produce the same text.
 
 Also writes tests/fixtures/chat/tool_calls.json: conversations with tools, tool calls and

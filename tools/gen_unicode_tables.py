@@ -1,9 +1,9 @@
 #!/usr/bin/python3
-"""Generate runtime/unicode_data.c: the Unicode tables the tokenizer needs.
+"""Generate text/unicode_data.c: the Unicode tables the tokenizer needs.
 
     python3 tools/gen_unicode_tables.py            # from the repo root
 
-Tables (all sorted, searched by binary search in runtime/tok_unicode.c):
+Tables (all sorted, searched by binary search in text/tok_unicode.c):
   tok_uc_cat       ranges with flags: letter (\\p{L} = Lu Ll Lt Lm Lo), number
                    (\\p{N} = Nd Nl No), white space (\\s as Oniguruma and Rust regex
                    define it: the White_Space property = Zs Zl Zp + U+0009..U+000D, U+0085)
@@ -24,7 +24,7 @@ import unicodedata as ud
 
 MAX_CP = 0x110000
 HANGUL_S0, HANGUL_SN = 0xAC00, 11172
-OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "runtime", "unicode_data.c")
+OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "text", "unicode_data.c")
 
 
 def is_ws(cp):

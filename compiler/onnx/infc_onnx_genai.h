@@ -13,7 +13,7 @@
 #include <stdbool.h>
 
 #include "infc_onnx.h"
-#include "model.h"
+#include "model_template.h"
 
 /* True when the model's graph holds a com.microsoft GroupQueryAttention node. */
 bool infc_onnx_genai_detect(const infc_onnx *m);

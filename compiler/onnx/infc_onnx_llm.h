@@ -13,7 +13,7 @@
 #include <stddef.h>
 
 #include "infc_onnx.h"
-#include "model.h"
+#include "model_template.h"
 
 #define INFC_ONNX_LLM_RECOGNISED 256
 

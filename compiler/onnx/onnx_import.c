@@ -347,9 +347,9 @@ static ir_status input_shape(onnx_imp *im, const Onnx__ValueInfoProto *vi, ir_dt
   if (!tp || tp->value_case != ONNX__TYPE_PROTO__VALUE_TENSOR_TYPE || !tp->tensor_type)
     return ir_diag_set(im->d, IR_UNSUPPORTED, "graph input '%s' is not a tensor", vi->name);
   const Onnx__TypeProto__Tensor *tt = tp->tensor_type;
-  if (!infc_onnx_dtype_to_ir(tt->elem_type, dt, &is_bool))
+  if (!fmt_onnx_dtype_to_ir(tt->elem_type, dt, &is_bool))
     return ir_diag_set(im->d, IR_UNSUPPORTED, "graph input '%s': dtype %s is not supported",
-                       vi->name, infc_onnx_dtype_name(tt->elem_type));
+                       vi->name, fmt_onnx_dtype_name(tt->elem_type));
   if (!tt->shape)
     return ir_diag_set(im->d, IR_UNSUPPORTED, "graph input '%s' has no shape: the generic path "
                        "needs static shapes", vi->name);
@@ -370,7 +370,7 @@ static ir_status input_shape(onnx_imp *im, const Onnx__ValueInfoProto *vi, ir_dt
 }
 
 /* A bound input becomes a weight holding the binding's value. */
-static ir_status bind_input(onnx_imp *im, const char *name, const infc_onnx_tensor *v,
+static ir_status bind_input(onnx_imp *im, const char *name, const fmt_onnx_tensor *v,
                             ir_dtype dt, int rank, const ir_dim *dims) {
   bool same = v->dtype == dt && v->rank == rank;
   for (int k = 0; same && k < rank; k++) same = v->shape[k] == dims[k].n;
@@ -403,7 +403,7 @@ static ir_status add_inputs(onnx_imp *im, const Onnx__GraphProto *gp) {
     ir_dim dims[IR_MAX_RANK];
     ir_status st = input_shape(im, vi, &dt, &rank, dims);
     if (st != IR_OK) return st;
-    const infc_onnx_tensor *bound = NULL;
+    const fmt_onnx_tensor *bound = NULL;
     for (int b = 0; b < im->n_binds && !bound; b++)
       if (!strcmp(im->binds[b].name, vi->name)) bound = im->binds[b].value;
     if (bound) {

@@ -28,19 +28,10 @@ struct infc_onnx {
   int n_ext;
 };
 
-/* A decoded tensor: data borrowed from the message or a mapping, or `owned` (malloc'd,
- * to be freed or adopted by the caller) when it had to be converted or realigned. */
-typedef struct onnx_dense {
-  ir_dtype dt;
-  bool is_bool;
-  int rank;
-  int64_t shape[IR_MAX_RANK];
-  const void *data;
-  uint64_t nbytes;
-  void *owned;
-} onnx_dense;
+typedef fmt_onnx_dense onnx_dense;
 
-/* Decodes tp. External data is resolved through m (NULL: refused). */
+/* Decodes tp (formats/fmt_onnx_tensor). External data is resolved through m (NULL:
+ * refused). */
 ir_status onnx_tensor_decode(const Onnx__TensorProto *tp, infc_onnx *m, onnx_dense *out,
                              ir_diag *d);
 

@@ -134,3 +134,13 @@ ir_status onnx_ext_resolve(infc_onnx *m, const char *location, uint64_t offset, 
   *out = f->map + offset;
   return IR_OK;
 }
+
+static ir_status resolve(void *ctx, const char *location, uint64_t offset, uint64_t length,
+                         const uint8_t **out, ir_diag *d) {
+  return onnx_ext_resolve(ctx, location, offset, length, out, d);
+}
+
+ir_status onnx_tensor_decode(const Onnx__TensorProto *tp, infc_onnx *m, onnx_dense *out,
+                             ir_diag *d) {
+  return fmt_onnx_tensor_decode(tp, m ? resolve : NULL, m, out, d);
+}

@@ -117,9 +117,9 @@ static ir_status lower_cast(onnx_imp *im, int arg) {
   bool to_bool;
   if (!imp_attr_req(im, "to")) return im->d->status;
   int64_t ot = imp_attr_i(im, "to", 0);
-  if (!infc_onnx_dtype_to_ir((int32_t)ot, &to, &to_bool))
+  if (!fmt_onnx_dtype_to_ir((int32_t)ot, &to, &to_bool))
     return imp_fail(im, IR_UNSUPPORTED, "cast to %s is not supported",
-                    infc_onnx_dtype_name((int32_t)ot));
+                    fmt_onnx_dtype_name((int32_t)ot));
   return cast_to(im, imp_in_req(im, 0), to, to_bool);
 }
 

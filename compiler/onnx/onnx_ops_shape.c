@@ -407,9 +407,9 @@ static ir_status lower_eye_like(onnx_imp *im, int arg) {
   if (imp_shape(im, x, s) != 2) return imp_fail(im, IR_BAD_FORMAT, "EyeLike takes a 2-d input");
   dt = imp_t(im, x)->dtype;
   int32_t want = (int32_t)imp_attr_i(im, "dtype", 1);
-  if (imp_attr(im, "dtype") && !infc_onnx_dtype_to_ir(want, &dt, &is_bool))
+  if (imp_attr(im, "dtype") && !fmt_onnx_dtype_to_ir(want, &dt, &is_bool))
     return imp_fail(im, IR_UNSUPPORTED, "EyeLike: dtype %s is not supported",
-                    infc_onnx_dtype_name(want));
+                    fmt_onnx_dtype_name(want));
   int64_t k = imp_attr_i(im, "k", 0), n = 0;
   uint64_t es = ir_dtype_bytes(dt, 1);
   if (s[0] < 0 || s[1] < 0 || __builtin_mul_overflow(s[0], s[1], &n) || n > (1 << 28) / 8)

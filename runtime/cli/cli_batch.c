@@ -26,7 +26,7 @@
 
 #include "cli.h"
 #include "cli_batch.h"
-#include "srv.h"
+#include "openai.h"
 
 typedef struct batch_args {
   const char *plan, *input, *output, *model_name, *chat_template, *device;

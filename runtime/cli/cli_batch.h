@@ -8,7 +8,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "srv.h"
+#include "openai.h"
 
 typedef enum batch_verdict {
   BATCH_RUN,        /* a request: ep and body */

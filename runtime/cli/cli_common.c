@@ -8,8 +8,6 @@
 #include <unistd.h>
 
 #include "cli.h"
-#include "ir_file.h"
-#include "infc_gguf_tok.h"
 
 int cli_fail(const char *fmt, ...) {
   va_list ap;
@@ -112,7 +110,7 @@ static char *read_all(FILE *f, size_t *out_len) {
 char *cli_read_stdin(size_t *out_len) { return read_all(stdin, out_len); }
 
 char *cli_read_file(const char *path, size_t *out_len) {
-  FILE *f = ir_file_fopen(path, NULL); /* regular files only: a FIFO would block */
+  FILE *f = irt_file_open(path, NULL); /* regular files only: a FIFO would block */
   if (!f) return NULL;
   char *buf = read_all(f, out_len);
   fclose(f);
@@ -125,7 +123,7 @@ static bool ends_with(const char *s, const char *suffix) {
 }
 
 irt_status cli_open_tokenizer(const char *path, irt_tokenizer **out, irt_error *err) {
-  if (ends_with(path, ".gguf")) return infc_gguf_open_tokenizer(path, out, err);
+  if (ends_with(path, ".gguf")) return irt_tokenizer_open_gguf(path, out, err);
   if (!ends_with(path, ".json")) return irt_tokenizer_open_plan(path, out, err);
   char cfg[4096];
   const char *slash = strrchr(path, '/');

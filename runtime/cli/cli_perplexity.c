@@ -9,7 +9,6 @@
 #include <string.h>
 
 #include "cli.h"
-#include "ir_file.h"
 
 typedef struct ppl_args {
   const char *plan, *ref, *file;
@@ -63,7 +62,7 @@ static int parse(int argc, char **argv, ppl_args *a) {
 }
 
 static char *read_text(const char *path, size_t *out_len) {
-  FILE *f = ir_file_fopen(path, NULL); /* regular files only: a FIFO would block */
+  FILE *f = irt_file_open(path, NULL); /* regular files only: a FIFO would block */
   if (!f) return NULL;
   size_t cap = 1 << 16, len = 0;
   char *buf = malloc(cap);

@@ -10,7 +10,6 @@
 
 #include "cli.h"
 #include "inferrt.h"
-#include "onnx/infc_onnx.h"
 
 #define MAX_INPUTS 256
 
@@ -73,7 +72,7 @@ static void format_shape(const irt_tensor_info *t, char *buf, size_t len) {
 
 /* Which program input a file feeds: NAME=, the tensor's name, or the next unset one. */
 static int pick_input(irt_program *p, const char *arg, const char **path,
-                      const infc_onnx_tensor *t, const bool *set) {
+                      const irt_tensor_file *t, const bool *set) {
   const char *eq = strchr(arg, '=');
   if (eq) {
     char name[512];
@@ -86,14 +85,14 @@ static int pick_input(irt_program *p, const char *arg, const char **path,
   }
   *path = arg;
   if (!t) return -1;
-  int i = t->name[0] ? irt_program_find_input(p, t->name) : -1;
+  int i = t->info.name[0] ? irt_program_find_input(p, t->info.name) : -1;
   for (int k = 0; i < 0 && k < irt_program_n_inputs(p); k++)
     if (!set[k]) i = k;
   return i;
 }
 
-static bool same_layout(const irt_tensor_info *in, const infc_onnx_tensor *t) {
-  if ((int)in->dtype != (int)t->dtype || in->rank != t->rank) return false;
+static bool same_layout(const irt_tensor_info *in, const irt_tensor_info *t) {
+  if (in->dtype != t->dtype || in->rank != t->rank) return false;
   for (int i = 0; i < t->rank; i++)
     if (in->shape[i] != t->shape[i]) return false;
   return true;
@@ -102,29 +101,28 @@ static bool same_layout(const irt_tensor_info *in, const infc_onnx_tensor *t) {
 static int load_input(irt_program *p, const char *arg, bool *set) {
   const char *path;
   char msg[1024];
-  ir_diag d = {0};
-  infc_onnx_tensor t;
+  irt_error err = {0};
+  irt_tensor_file t;
   pick_input(p, arg, &path, NULL, set);
-  if (infc_onnx_tensor_load(path, &t, &d) != IR_OK) return fail(d.msg);
+  if (irt_tensor_file_load(path, &t, &err) != IRT_OK) return fail(err.msg);
   int i = pick_input(p, arg, &path, &t, set);
   irt_tensor_info in;
-  irt_error err = {0};
   int rc = 0;
   if (i < 0 || irt_program_input_info(p, i, &in) != IRT_OK) {
     snprintf(msg, sizeof msg, "%s: no input of the plan is left for it", path);
     rc = fail(msg);
-  } else if (!same_layout(&in, &t)) {
+  } else if (!same_layout(&in, &t.info)) {
     char want[160];
     format_shape(&in, want, sizeof want);
     snprintf(msg, sizeof msg, "%s: input '%s' takes %s; the file holds a %s tensor of rank %d",
-             path, in.name, want, ir_dtype_name(t.dtype), t.rank);
+             path, in.name, want, irt_dtype_name(t.info.dtype), t.info.rank);
     rc = fail(msg);
-  } else if (irt_program_set_input(p, i, t.data, t.nbytes, &err) != IRT_OK) {
+  } else if (irt_program_set_input(p, i, t.data, t.info.nbytes, &err) != IRT_OK) {
     rc = fail(err.msg);
   } else {
     set[i] = true;
   }
-  infc_onnx_tensor_free(&t);
+  irt_tensor_file_free(&t);
   return rc;
 }
 
@@ -136,11 +134,9 @@ static int write_outputs(irt_program *p, const run_args *a) {
     format_shape(&o, shape, sizeof shape);
     const void *data = irt_program_output(p, k, NULL);
     if (a->out_dir) {
-      ir_diag d = {0};
+      irt_error err = {0};
       snprintf(path, sizeof path, "%s/output_%d.pb", a->out_dir, k);
-      if (infc_onnx_tensor_save(path, o.name, (ir_dtype)o.dtype, false, o.rank, o.shape, data,
-                                &d) != IR_OK)
-        return fail(d.msg);
+      if (irt_tensor_file_save(path, &o, data, &err) != IRT_OK) return fail(err.msg);
     }
     if (!a->quiet)
       printf("output %d '%s': %s%s%s\n", k, o.name, shape, a->out_dir ? " -> " : "",

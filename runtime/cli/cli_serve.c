@@ -159,13 +159,14 @@ static void default_name(const char *plan, char *out, size_t cap) {
   snprintf(out, cap, "%.*s", (int)n, base);
 }
 
-static int serve(serve_args *a, srv_ctx *c, sigset_t *sigs) {
+static int serve(serve_args *a, srv_ctx *c, srv_metrics *metrics, sigset_t *sigs) {
   srv_http_opts ho = {.host = a->host,
                       .port = (int)a->port,
                       .max_connections = (int)a->max_connections,
                       .max_per_client = (int)a->max_per_client,
                       .max_body = (size_t)a->max_body,
-                      .keys = &a->keys};
+                      .keys = &a->keys,
+                      .metrics = metrics};
   srv_http *h = NULL;
   char msg[512];
   if (!srv_http_start(c, &ho, &h, msg, sizeof msg)) return cli_fail("%s", msg);
@@ -223,7 +224,10 @@ int cmd_serve(int argc, char **argv) {
   irt_status st = irt_model_open(a.plan, &mo, &c.m, &err);
   if (st == IRT_OK) st = irt_engine_create(c.m, &eo, &c.e, &err);
   if (st == IRT_OK) st = irt_engine_start(c.e, &err);
-  if (st == IRT_OK && !(c.metrics = srv_metrics_create())) st = IRT_OOM;
+  srv_metrics *metrics = NULL;
+  if (st == IRT_OK && !(metrics = srv_metrics_create())) st = IRT_OOM;
+  c.on_done = srv_metrics_done;
+  c.on_done_cls = metrics;
   if (st == IRT_OK) {
     c.info = irt_model_get_info(c.m);
     c.tok = irt_model_get_tokenizer(c.m);
@@ -233,12 +237,12 @@ int cmd_serve(int argc, char **argv) {
       snprintf(c.model_name, sizeof c.model_name, "%s", a.model_name);
     else
       default_name(a.plan, c.model_name, sizeof c.model_name);
-    rc = serve(&a, &c, &sigs);
+    rc = serve(&a, &c, metrics, &sigs);
   } else {
     rc = cli_fail("%s", err.msg[0] ? err.msg : irt_status_name(st));
   }
   irt_engine_destroy(c.e);
-  srv_metrics_destroy(c.metrics);
+  srv_metrics_destroy(metrics);
   irt_model_close(c.m);
   srv_keys_free(&a.keys);
   return rc;

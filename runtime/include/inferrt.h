@@ -17,6 +17,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -34,6 +35,7 @@ typedef enum irt_status {
   IRT_UNSUPPORTED,
   IRT_DEVICE,
   IRT_BUSY, /* the engine's queue is full: retry later */
+  IRT_STATUS_COUNT /* not a status: the number of them */
 } irt_status;
 
 /* Filled on failure with a one-line message naming the problem. */
@@ -214,6 +216,8 @@ const irt_tokenizer *irt_model_get_tokenizer(const irt_model *m);
 irt_status irt_tokenizer_open_json(const char *tokenizer_json, const char *tokenizer_config,
                                    irt_tokenizer **out, irt_error *err);
 irt_status irt_tokenizer_open_plan(const char *plan_path, irt_tokenizer **out, irt_error *err);
+/* The tokenizer a .gguf file carries (tokenizer.ggml.* metadata). */
+irt_status irt_tokenizer_open_gguf(const char *gguf_path, irt_tokenizer **out, irt_error *err);
 void irt_tokenizer_destroy(irt_tokenizer *t);
 
 /* Text to ids (see runtime/tokenizer.h for add_special / parse_special). Writes at most
@@ -561,7 +565,23 @@ irt_status irt_program_run(irt_program *p, irt_error *err);
 const void *irt_program_output(const irt_program *p, int i, uint64_t *out_nbytes);
 const char *irt_dtype_name(irt_dtype t);
 
+/* A tensor in a serialized onnx.TensorProto file (the ONNX test-data format, inline data
+ * only): what `inferrt run` reads its inputs from and writes its outputs to. bool reads as
+ * IRT_DTYPE_U8. */
+typedef struct irt_tensor_file {
+  irt_tensor_info info; /* info.name owned ("" when the file has none) */
+  void *data;           /* owned, info.nbytes */
+} irt_tensor_file;
+irt_status irt_tensor_file_load(const char *path, irt_tensor_file *out, irt_error *err);
+void irt_tensor_file_free(irt_tensor_file *t);
+irt_status irt_tensor_file_save(const char *path, const irt_tensor_info *info, const void *data,
+                                irt_error *err);
+
 const char *irt_status_name(irt_status s);
+/* Opens path for reading ("rb") if it is a regular file: a FIFO, a device or a directory is
+ * refused at once instead of blocking. NULL with err filled ("PATH: cannot open: ...",
+ * "PATH: not a regular file") otherwise. What the CLIs and the server read user files with. */
+FILE *irt_file_open(const char *path, irt_error *err);
 
 #ifdef __cplusplus
 }

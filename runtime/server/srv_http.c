@@ -111,7 +111,7 @@ static enum MHD_Result send_body(srv_http *h, struct MHD_Connection *conn, conn_
   if (status == 401) MHD_add_response_header(resp, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
   enum MHD_Result ok = MHD_queue_response(conn, (unsigned)status, resp);
   MHD_destroy_response(resp);
-  srv_metrics_request(h->c->metrics, r->route, status);
+  srv_metrics_request(h->o.metrics, r->route, status);
   return ok;
 }
 
@@ -169,7 +169,7 @@ static enum MHD_Result models(srv_http *h, struct MHD_Connection *conn, conn_req
 }
 
 static enum MHD_Result metrics(srv_http *h, struct MHD_Connection *conn, conn_req *r) {
-  char *s = srv_metrics_render(h->c->metrics, h->c->e);
+  char *s = srv_metrics_render(h->o.metrics, h->c->e);
   if (!s) return MHD_NO;
   enum MHD_Result ok =
       send_body(h, conn, r, 200, "text/plain; version=0.0.4; charset=utf-8", s, strlen(s), true);
@@ -182,7 +182,7 @@ static enum MHD_Result metrics(srv_http *h, struct MHD_Connection *conn, conn_re
 /* Admits one generation: false (refuse with 429) past max_connections in flight. */
 static bool admit(srv_http *h) {
   if (atomic_fetch_add(&h->inflight, 1) < h->o.max_connections) {
-    srv_metrics_in_flight(h->c->metrics, 1);
+    srv_metrics_in_flight(h->o.metrics, 1);
     return true;
   }
   atomic_fetch_sub(&h->inflight, 1);
@@ -190,7 +190,7 @@ static bool admit(srv_http *h) {
 }
 
 static void unadmit(srv_http *h) {
-  srv_metrics_in_flight(h->c->metrics, -1);
+  srv_metrics_in_flight(h->o.metrics, -1);
   atomic_fetch_sub(&h->inflight, 1);
 }
 
@@ -322,7 +322,7 @@ static enum MHD_Result start_stream(srv_http *h, struct MHD_Connection *conn, co
   MHD_add_response_header(resp, "X-Accel-Buffering", "no");
   enum MHD_Result ok = MHD_queue_response(conn, 200, resp);
   MHD_destroy_response(resp); /* the generation is freed through stream_free */
-  srv_metrics_request(h->c->metrics, r->route, 200);
+  srv_metrics_request(h->o.metrics, r->route, 200);
   return ok;
 }
 
@@ -479,7 +479,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
 static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_ctx,
                           enum MHD_ConnectionNotificationCode code) {
   srv_http *h = cls;
-  srv_metrics_connections(h->c->metrics, code == MHD_CONNECTION_NOTIFY_STARTED ? 1 : -1);
+  srv_metrics_connections(h->o.metrics, code == MHD_CONNECTION_NOTIFY_STARTED ? 1 : -1);
 }
 
 /* MHD's own messages, less the ones every client disconnect produces (we end such

@@ -63,16 +63,10 @@ static bool parse_line(srv_keys *ks, char *line, int lineno, const char *path, c
 }
 
 bool srv_keys_load(srv_keys *ks, const char *path, char *msg, size_t cap) {
-  /* regular files only, opened without blocking: a FIFO would hang the start */
-  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
-  struct stat st;
-  const char *why = fd < 0 ? strerror(errno)
-                    : fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ? "not a regular file"
-                                                                  : NULL;
-  FILE *f = why ? NULL : fdopen(fd, "r");
+  irt_error err = {0};
+  FILE *f = irt_file_open(path, &err); /* regular files only: a FIFO would hang the start */
   if (!f) {
-    snprintf(msg, cap, "%s: %s", path, why ? why : strerror(errno));
-    if (fd >= 0) close(fd);
+    snprintf(msg, cap, "%s", err.msg);
     return false;
   }
   char *line = NULL;

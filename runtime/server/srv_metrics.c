@@ -203,3 +203,8 @@ char *srv_metrics_render(srv_metrics *m, irt_engine *e) {
   if (!b.p) srv_buf_put(&b, "", 0);
   return b.p;
 }
+
+void srv_metrics_done(void *cls, double ttft_s, double tpot_s, double e2e_s, bool cancelled) {
+  srv_metrics_generation(cls, ttft_s, tpot_s, e2e_s);
+  if (cancelled) srv_metrics_cancelled(cls);
+}

@@ -24,7 +24,7 @@
 #include "inferrt.h"
 #include "ir_plan.h"
 #include "onnx.pb-c.h"
-#include "onnx/infc_onnx.h"
+#include "infc_onnx.h"
 #include "pass.h"
 
 #define MAX_CASES 4096
@@ -45,7 +45,7 @@ typedef struct tcase {
 
 /* Integer inputs of one data set, fixed into the model when it is specialised. */
 typedef struct bindings {
-  infc_onnx_tensor t[MAX_BIND];
+  fmt_onnx_tensor t[MAX_BIND];
   infc_onnx_binding b[MAX_BIND];
   int n;
 } bindings;
@@ -83,7 +83,7 @@ static bool close_enough(double a, double e, double atol, double rtol) {
 }
 
 /* Compares an actual tensor with the expected one; false with the first mismatch in why. */
-static bool compare(const infc_onnx_tensor *e, ir_dtype dt, int rank, const int64_t *shape,
+static bool compare(const fmt_onnx_tensor *e, ir_dtype dt, int rank, const int64_t *shape,
                     const void *data, char *why, size_t len) {
   if (dt != e->dtype || rank != e->rank) {
     snprintf(why, len, "got %s rank %d, expected %s rank %d", ir_dtype_name(dt), rank,
@@ -147,11 +147,11 @@ static verdict run_set(irt_program *p, const char *set, const bindings *bd, char
   for (int k = 0, pos = 0;; k++) {
     snprintf(path, sizeof path, "%s/input_%d.pb", set, k);
     if (!file_exists(path)) break;
-    infc_onnx_tensor t;
-    if (infc_onnx_tensor_load(path, &t, &d) != IR_OK)
+    fmt_onnx_tensor t;
+    if (fmt_onnx_tensor_load(path, &t, &d) != IR_OK)
       return snprintf(why, len, "%s", d.msg), V_FAIL;
     if (t.name[0] && is_bound(bd, t.name)) {
-      infc_onnx_tensor_free(&t);
+      fmt_onnx_tensor_free(&t);
       continue;
     }
     int i = t.name[0] ? irt_program_find_input(p, t.name) : -1;
@@ -160,7 +160,7 @@ static verdict run_set(irt_program *p, const char *set, const bindings *bd, char
     irt_tensor_info in;
     bool declared = irt_program_input_info(p, i, &in) == IRT_OK && in.nbytes != t.nbytes;
     irt_status st = irt_program_set_input(p, i, t.data, t.nbytes, &err);
-    infc_onnx_tensor_free(&t);
+    fmt_onnx_tensor_free(&t);
     if (st != IRT_OK && declared) /* static shapes are the model's declared ones */
       return snprintf(why, len, "input %d: the data differs from the model's declared input "
                       "shape: %s", k, err.msg), V_UNSUP;
@@ -170,9 +170,9 @@ static verdict run_set(irt_program *p, const char *set, const bindings *bd, char
   for (int k = 0;; k++) {
     snprintf(path, sizeof path, "%s/output_%d.pb", set, k);
     if (!file_exists(path)) break;
-    infc_onnx_tensor e;
+    fmt_onnx_tensor e;
     irt_tensor_info o;
-    if (infc_onnx_tensor_load(path, &e, &d) != IR_OK)
+    if (fmt_onnx_tensor_load(path, &e, &d) != IR_OK)
       return snprintf(why, len, "%s", d.msg), V_FAIL;
     int i = e.name[0] ? irt_program_find_output(p, e.name) : -1;
     if (i < 0) i = k;
@@ -181,7 +181,7 @@ static verdict run_set(irt_program *p, const char *set, const bindings *bd, char
               compare(&e, (ir_dtype)o.dtype, o.rank, o.shape, irt_program_output(p, i, NULL), w,
                       sizeof w);
     if (!ok) snprintf(why, len, "output %d ('%s'): %s", k, e.name, w[0] ? w : "missing");
-    infc_onnx_tensor_free(&e);
+    fmt_onnx_tensor_free(&e);
     if (!ok) return V_FAIL;
   }
   return V_PASS;
@@ -218,7 +218,7 @@ static void free_list(char **v, int n) {
 }
 
 static void free_bindings(bindings *bd) {
-  for (int i = 0; i < bd->n; i++) infc_onnx_tensor_free(&bd->t[i]);
+  for (int i = 0; i < bd->n; i++) fmt_onnx_tensor_free(&bd->t[i]);
   bd->n = 0;
 }
 
@@ -229,14 +229,14 @@ static bool add_binding(const char *set, const char *name, bindings *bd) {
   for (int k = 0; bd->n < MAX_BIND; k++) {
     snprintf(path, sizeof path, "%s/input_%d.pb", set, k);
     if (!file_exists(path)) return false;
-    infc_onnx_tensor *t = &bd->t[bd->n];
-    if (infc_onnx_tensor_load(path, t, &d) != IR_OK) continue;
+    fmt_onnx_tensor *t = &bd->t[bd->n];
+    if (fmt_onnx_tensor_load(path, t, &d) != IR_OK) continue;
     if (!strcmp(t->name, name)) {
       bd->b[bd->n] = (infc_onnx_binding){.name = t->name, .value = t};
       bd->n++;
       return true;
     }
-    infc_onnx_tensor_free(t);
+    fmt_onnx_tensor_free(t);
   }
   return false;
 }
@@ -249,14 +249,14 @@ static bool add_int_bindings(const char *set, bindings *bd) {
   for (int k = 0; bd->n < MAX_BIND; k++) {
     snprintf(path, sizeof path, "%s/input_%d.pb", set, k);
     if (!file_exists(path)) break;
-    infc_onnx_tensor *t = &bd->t[bd->n];
-    if (infc_onnx_tensor_load(path, t, &d) != IR_OK) continue;
+    fmt_onnx_tensor *t = &bd->t[bd->n];
+    if (fmt_onnx_tensor_load(path, t, &d) != IR_OK) continue;
     if (t->name[0] && !t->is_bool && (t->dtype == IR_I64 || t->dtype == IR_I32) &&
         !is_bound(bd, t->name)) {
       bd->b[bd->n] = (infc_onnx_binding){.name = t->name, .value = t};
       bd->n++;
     } else {
-      infc_onnx_tensor_free(t);
+      fmt_onnx_tensor_free(t);
     }
   }
   return bd->n > before;
@@ -493,18 +493,18 @@ static int report(tcase *cs, int n) {
 }
 
 static int compare_files(const char *expected, const char *actual) {
-  infc_onnx_tensor e, a;
+  fmt_onnx_tensor e, a;
   ir_diag d = {0};
   char why[300];
-  if (infc_onnx_tensor_load(expected, &e, &d) != IR_OK ||
-      infc_onnx_tensor_load(actual, &a, &d) != IR_OK) {
+  if (fmt_onnx_tensor_load(expected, &e, &d) != IR_OK ||
+      fmt_onnx_tensor_load(actual, &a, &d) != IR_OK) {
     fprintf(stderr, "conformance: %s\n", d.msg);
     return 2;
   }
   bool ok = compare(&e, a.dtype, a.rank, a.shape, a.data, why, sizeof why);
   if (!ok) fprintf(stderr, "conformance: %s differs from %s: %s\n", actual, expected, why);
-  infc_onnx_tensor_free(&e);
-  infc_onnx_tensor_free(&a);
+  fmt_onnx_tensor_free(&e);
+  fmt_onnx_tensor_free(&a);
   return ok ? 0 : 1;
 }
 

@@ -17,7 +17,7 @@
 #include "fuzz_srv.h"
 #include "fuzz_util.h"
 #include "inferrt.h"
-#include "srv.h"
+#include "openai.h"
 
 #define MAX_LINES 8
 

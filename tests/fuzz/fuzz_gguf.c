@@ -1,6 +1,6 @@
-/* fuzz_gguf: libFuzzer target for the GGUF reader (compiler/infc_gguf.c) and what reads
+/* fuzz_gguf: libFuzzer target for the GGUF reader (compiler/fmt_gguf.c) and what reads
  * through it: every key, value and tensor through the accessors; the tokenizer the file
- * carries (infc_gguf_tok.c; the runtime tokenizer built from it is exercised as fuzz_tok.h
+ * carries (fmt_gguf_tok.c; the runtime tokenizer built from it is exercised as fuzz_tok.h
  * says); the Llama-family parameters (infc_gguf_llama.c) and, when those are accepted, the
  * Llama template over the file's tensors (model_llama_build, small step limits). The input is
  * the whole .gguf file. Build and run: tools/fuzz gguf. */
@@ -10,22 +10,23 @@
 
 #include "fuzz_tok.h"
 #include "fuzz_util.h"
-#include "infc_gguf.h"
+#include "fmt_gguf.h"
 #include "infc_gguf_llama.h"
-#include "infc_gguf_tok.h"
+#include "fmt_gguf_tok.h"
+#include "infc_tokenizer.h"
 #include "ir.h"
 #include "llama.h"
 #include "tokenizer.h"
 
 static volatile uint64_t sink; /* keeps the reads below from being optimised away */
 
-static void touch_str(infc_gguf_str s) {
+static void touch_str(fmt_gguf_str s) {
   if (s.len) sink += (uint8_t)s.ptr[0] + (uint8_t)s.ptr[s.len - 1];
 }
 
-static void touch_value(const infc_gguf_value *v, int depth) {
-  if (v->type == INFC_GGUF_STRING) touch_str(v->str);
-  if (v->type != INFC_GGUF_ARRAY || depth > INFC_GGUF_MAX_DEPTH) return;
+static void touch_value(const fmt_gguf_value *v, int depth) {
+  if (v->type == FMT_GGUF_STRING) touch_str(v->str);
+  if (v->type != FMT_GGUF_ARRAY || depth > FMT_GGUF_MAX_DEPTH) return;
   for (uint64_t i = 0; i < v->count; i++) {
     if (v->ints) sink += (uint64_t)v->ints[i];
     if (v->floats) sink += (uint64_t)(v->floats[i] != 0);
@@ -35,15 +36,15 @@ static void touch_value(const infc_gguf_value *v, int depth) {
 }
 
 /* Every key, value and tensor the reader hands out, through the public accessors. */
-static void walk(const infc_gguf *g) {
+static void walk(const fmt_gguf *g) {
   uint64_t size = 0;
-  const uint8_t *bytes = infc_gguf_bytes(g, &size);
+  const uint8_t *bytes = fmt_gguf_bytes(g, &size);
   if (size) sink += bytes[size - 1];
-  sink += infc_gguf_version(g) + infc_gguf_alignment(g) + infc_gguf_data_offset(g);
-  for (size_t i = 0; i < infc_gguf_kv_count(g); i++) {
-    const infc_gguf_kv *kv = infc_gguf_kv_get(g, i);
-    sink += strlen(kv->key) + (infc_gguf_kv_find(g, kv->key) != NULL);
-    sink += strlen(infc_gguf_type_name(kv->value.type));
+  sink += fmt_gguf_version(g) + fmt_gguf_alignment(g) + fmt_gguf_data_offset(g);
+  for (size_t i = 0; i < fmt_gguf_kv_count(g); i++) {
+    const fmt_gguf_kv *kv = fmt_gguf_kv_get(g, i);
+    sink += strlen(kv->key) + (fmt_gguf_kv_find(g, kv->key) != NULL);
+    sink += strlen(fmt_gguf_type_name(kv->value.type));
     touch_value(&kv->value, 0);
     ir_diag d = {0};
     uint32_t u32;
@@ -51,33 +52,33 @@ static void walk(const infc_gguf *g) {
     uint64_t u64;
     float f;
     bool b;
-    infc_gguf_str s;
-    const infc_gguf_str *strs;
+    fmt_gguf_str s;
+    const fmt_gguf_str *strs;
     const int64_t *ints;
     const float *floats;
     uint64_t n;
-    sink += infc_gguf_get_u32(g, kv->key, &u32, &d) + infc_gguf_get_i32(g, kv->key, &i32, &d) +
-            infc_gguf_get_u64(g, kv->key, &u64, &d) + infc_gguf_get_f32(g, kv->key, &f, &d) +
-            infc_gguf_get_bool(g, kv->key, &b, &d) + infc_gguf_get_str(g, kv->key, &s, &d) +
-            infc_gguf_get_strs(g, kv->key, &strs, &n, &d) +
-            infc_gguf_get_ints(g, kv->key, &ints, &n, &d) +
-            infc_gguf_get_floats(g, kv->key, &floats, &n, &d);
+    sink += fmt_gguf_get_u32(g, kv->key, &u32, &d) + fmt_gguf_get_i32(g, kv->key, &i32, &d) +
+            fmt_gguf_get_u64(g, kv->key, &u64, &d) + fmt_gguf_get_f32(g, kv->key, &f, &d) +
+            fmt_gguf_get_bool(g, kv->key, &b, &d) + fmt_gguf_get_str(g, kv->key, &s, &d) +
+            fmt_gguf_get_strs(g, kv->key, &strs, &n, &d) +
+            fmt_gguf_get_ints(g, kv->key, &ints, &n, &d) +
+            fmt_gguf_get_floats(g, kv->key, &floats, &n, &d);
   }
-  for (size_t i = 0; i < infc_gguf_tensor_count(g); i++) {
-    const infc_gguf_tensor *t = infc_gguf_tensor_get(g, i);
-    sink += (infc_gguf_tensor_find(g, t->name) != NULL) +
-            strlen(infc_gguf_ggml_type_name(t->ggml_type));
+  for (size_t i = 0; i < fmt_gguf_tensor_count(g); i++) {
+    const fmt_gguf_tensor *t = fmt_gguf_tensor_get(g, i);
+    sink += (fmt_gguf_tensor_find(g, t->name) != NULL) +
+            strlen(fmt_gguf_ggml_type_name(t->ggml_type));
     ir_diag d = {0};
-    sink += infc_gguf_type_check(t, &d);
+    sink += fmt_gguf_type_check(t, &d);
     if (t->nbytes) /* the first and last byte of the data are inside the mapping */
       sink += ((const uint8_t *)t->data)[0] + ((const uint8_t *)t->data)[t->nbytes - 1];
   }
 }
 
-static void use_tokenizer(const infc_gguf *g) {
+static void use_tokenizer(const fmt_gguf *g) {
   ir_diag d = {0};
   irt_tokenizer *t = NULL;
-  if (infc_gguf_tokenizer(g, &t, &d) != IR_OK || !t) {
+  if (fmt_gguf_tokenizer(g, &t, &d) != IR_OK || !t) {
     fz_note("tokenizer", d.msg[0] ? d.msg : "none");
     return;
   }
@@ -90,7 +91,7 @@ static void use_tokenizer(const infc_gguf *g) {
   infc_tok_blob_free(&tb);
 }
 
-static void use_llama(const infc_gguf *g) {
+static void use_llama(const fmt_gguf *g) {
   model_llama_params p;
   ir_diag d = {0};
   if (infc_gguf_llama_params(g, &p, &d) != IR_OK) {
@@ -110,15 +111,15 @@ static void use_llama(const infc_gguf *g) {
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   const char *path = fz_write("model.gguf", data, size);
-  infc_gguf *g = NULL;
+  fmt_gguf *g = NULL;
   ir_diag d = {0};
-  if (infc_gguf_open(path, &g, &d) != IR_OK) {
+  if (fmt_gguf_open(path, &g, &d) != IR_OK) {
     fz_note("open", d.msg);
     return 0;
   }
   walk(g);
   use_tokenizer(g);
   use_llama(g);
-  infc_gguf_close(g);
+  fmt_gguf_close(g);
   return 0;
 }

@@ -22,7 +22,7 @@
 #include "fuzz_srv.h"
 #include "fuzz_util.h"
 #include "inferrt.h"
-#include "srv.h"
+#include "openai.h"
 
 static const char *const families[] = {NULL,     "chatml",   "qwen3",         "deepseek-r1",
                                        "llama3", "llama3.1", "mistral",       "llama2",

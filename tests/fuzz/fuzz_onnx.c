@@ -3,7 +3,7 @@
  * infc_onnx_llm_import (a causal LM recognised and rebuilt by the Llama template, or the
  * GenAI builder's graphs) and, for any other graph, infc_onnx_import (the generic lowering to
  * n-d IR ops with shape folding). The same bytes are also read as a TensorProto file
- * (infc_onnx_tensor_load, `inferrt run`'s inputs). The input is the whole model.onnx, in a
+ * (fmt_onnx_tensor_load, `inferrt run`'s inputs). The input is the whole model.onnx, in a
  * private directory: no config.json beside it, and the external data files it can name are
  * itself, its copy tensor.pb and model.onnx.data, a copy of tests/fixtures/onnx-genai-int4's
  * (so that seed, and mutations of it, reach the GenAI decoder's weights). Build and run:
@@ -15,7 +15,7 @@
 #include "fuzz_util.h"
 #include "infc_onnx.h"
 #include "infc_onnx_llm.h"
-#include "model.h"
+#include "model_template.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
   (void)argc, (void)argv;
@@ -51,8 +51,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (st != IR_OK) fz_note("import", d.msg);
   ir_graph_destroy(g);
   infc_onnx_close(m);
-  infc_onnx_tensor t = {0};
+  fmt_onnx_tensor t = {0};
   d = (ir_diag){0};
-  if (infc_onnx_tensor_load(tpath, &t, &d) == IR_OK) infc_onnx_tensor_free(&t);
+  if (fmt_onnx_tensor_load(tpath, &t, &d) == IR_OK) fmt_onnx_tensor_free(&t);
   return 0;
 }

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "infc_gguf.h"
+#include "fmt_gguf.h"
 
 typedef struct gw {
   uint8_t *b;
@@ -58,17 +58,17 @@ static inline void gw_key(gw *w, const char *k, uint32_t type) {
 }
 
 static inline void kv_u32(gw *w, const char *k, uint32_t v) {
-  gw_key(w, k, INFC_GGUF_U32);
+  gw_key(w, k, FMT_GGUF_U32);
   gw_u32(w, v);
 }
 
 static inline void kv_f32(gw *w, const char *k, float v) {
-  gw_key(w, k, INFC_GGUF_F32);
+  gw_key(w, k, FMT_GGUF_F32);
   gw_f32(w, v);
 }
 
 static inline void kv_str(gw *w, const char *k, const char *v) {
-  gw_key(w, k, INFC_GGUF_STRING);
+  gw_key(w, k, FMT_GGUF_STRING);
   gw_str(w, v);
 }
 

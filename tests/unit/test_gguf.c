@@ -4,7 +4,7 @@
  * types, huge counts and lengths, misaligned, overlapping and out-of-file tensors; and
  * what the frontend refuses through infc_build (unknown architecture, K-quants, ...).
  * Never a crash: also run under ASan + UBSan. (test_gguf_oracle runs converted models.) */
-#include "infc_gguf.h"
+#include "fmt_gguf.h"
 
 #include <fcntl.h>
 #include <stdio.h>
@@ -33,11 +33,11 @@ static void write_file(const char *path, const void *p, size_t n) {
 }
 
 /* Writes w to `name` and opens it; returns the status, the message in d. */
-static ir_status open_bytes(const char *name, const gw *w, infc_gguf **out, ir_diag *d) {
+static ir_status open_bytes(const char *name, const gw *w, fmt_gguf **out, ir_diag *d) {
   const char *path = tmp_path(name);
   write_file(path, w->b, w->n);
   *d = (ir_diag){0};
-  ir_status st = infc_gguf_open(path, out, d);
+  ir_status st = fmt_gguf_open(path, out, d);
   CHECKF(st == IR_OK || strstr(d->msg, path) == d->msg, "message does not start with the "
          "path: %s", d->msg);
   return st;
@@ -45,12 +45,12 @@ static ir_status open_bytes(const char *name, const gw *w, infc_gguf **out, ir_d
 
 /* Opening must fail with `st` and a message holding `want`. */
 static void expect_fail(const char *name, const gw *w, ir_status st, const char *want) {
-  infc_gguf *g = NULL;
+  fmt_gguf *g = NULL;
   ir_diag d;
   ir_status got = open_bytes(name, w, &g, &d);
   CHECKF(got == st && g == NULL, "%s: status %d, want %d (%s)", name, got, st, d.msg);
   CHECKF(strstr(d.msg, want) != NULL, "%s: message lacks '%s': %s", name, want, d.msg);
-  infc_gguf_close(g);
+  fmt_gguf_close(g);
 }
 
 /* ---- a valid file holding every metadata type ----------------------------------------- */
@@ -79,18 +79,18 @@ static const gw_tensor k_valid_tensors[] = {
 enum { N_VALID_TENSORS = 7, N_VALID_KV = 18 };
 
 static void write_scalar_kvs(gw *w) {
-  gw_key(w, "v.u8", INFC_GGUF_U8), gw_le(w, 200, 1);
-  gw_key(w, "v.i8", INFC_GGUF_I8), gw_le(w, (uint8_t)-5, 1);
-  gw_key(w, "v.u16", INFC_GGUF_U16), gw_le(w, 60000, 2);
-  gw_key(w, "v.i16", INFC_GGUF_I16), gw_le(w, (uint16_t)-300, 2);
+  gw_key(w, "v.u8", FMT_GGUF_U8), gw_le(w, 200, 1);
+  gw_key(w, "v.i8", FMT_GGUF_I8), gw_le(w, (uint8_t)-5, 1);
+  gw_key(w, "v.u16", FMT_GGUF_U16), gw_le(w, 60000, 2);
+  gw_key(w, "v.i16", FMT_GGUF_I16), gw_le(w, (uint16_t)-300, 2);
   kv_u32(w, "v.u32", 4000000000u);
-  gw_key(w, "v.i32", INFC_GGUF_I32), gw_u32(w, (uint32_t)-70000);
+  gw_key(w, "v.i32", FMT_GGUF_I32), gw_u32(w, (uint32_t)-70000);
   kv_f32(w, "v.f32", 0.25f);
-  gw_key(w, "v.bool", INFC_GGUF_BOOL), gw_le(w, 1, 1);
+  gw_key(w, "v.bool", FMT_GGUF_BOOL), gw_le(w, 1, 1);
   kv_str(w, "v.str", "hello");
-  gw_key(w, "v.u64", INFC_GGUF_U64), gw_u64(w, 1ull << 40);
-  gw_key(w, "v.i64", INFC_GGUF_I64), gw_u64(w, (uint64_t)-5000000000ll);
-  gw_key(w, "v.f64", INFC_GGUF_F64);
+  gw_key(w, "v.u64", FMT_GGUF_U64), gw_u64(w, 1ull << 40);
+  gw_key(w, "v.i64", FMT_GGUF_I64), gw_u64(w, (uint64_t)-5000000000ll);
+  gw_key(w, "v.f64", FMT_GGUF_F64);
   double f = 1.5;
   uint64_t u;
   memcpy(&u, &f, 8);
@@ -98,17 +98,17 @@ static void write_scalar_kvs(gw *w) {
 }
 
 static void write_array_kvs(gw *w) {
-  gw_key(w, "a.i32", INFC_GGUF_ARRAY), gw_u32(w, INFC_GGUF_I32), gw_u64(w, 3);
+  gw_key(w, "a.i32", FMT_GGUF_ARRAY), gw_u32(w, FMT_GGUF_I32), gw_u64(w, 3);
   gw_u32(w, 7), gw_u32(w, (uint32_t)-8), gw_u32(w, 9);
-  gw_key(w, "a.f32", INFC_GGUF_ARRAY), gw_u32(w, INFC_GGUF_F32), gw_u64(w, 2);
+  gw_key(w, "a.f32", FMT_GGUF_ARRAY), gw_u32(w, FMT_GGUF_F32), gw_u64(w, 2);
   gw_f32(w, 0.5f), gw_f32(w, -2.0f);
-  gw_key(w, "a.str", INFC_GGUF_ARRAY), gw_u32(w, INFC_GGUF_STRING), gw_u64(w, 3);
+  gw_key(w, "a.str", FMT_GGUF_ARRAY), gw_u32(w, FMT_GGUF_STRING), gw_u64(w, 3);
   gw_str(w, "a"), gw_str(w, ""), gw_str(w, "ccc");
-  gw_key(w, "a.empty", INFC_GGUF_ARRAY), gw_u32(w, INFC_GGUF_U8), gw_u64(w, 0);
+  gw_key(w, "a.empty", FMT_GGUF_ARRAY), gw_u32(w, FMT_GGUF_U8), gw_u64(w, 0);
   /* [[1, 2], ["x"]]: an array of two arrays of different element types */
-  gw_key(w, "a.nested", INFC_GGUF_ARRAY), gw_u32(w, INFC_GGUF_ARRAY), gw_u64(w, 2);
-  gw_u32(w, INFC_GGUF_U16), gw_u64(w, 2), gw_le(w, 1, 2), gw_le(w, 2, 2);
-  gw_u32(w, INFC_GGUF_STRING), gw_u64(w, 1), gw_str(w, "x");
+  gw_key(w, "a.nested", FMT_GGUF_ARRAY), gw_u32(w, FMT_GGUF_ARRAY), gw_u64(w, 2);
+  gw_u32(w, FMT_GGUF_U16), gw_u64(w, 2), gw_le(w, 1, 2), gw_le(w, 2, 2);
+  gw_u32(w, FMT_GGUF_STRING), gw_u64(w, 1), gw_str(w, "x");
 }
 
 static void build_valid(gw *w, uint32_t version, bool align64) {
@@ -119,91 +119,91 @@ static void build_valid(gw *w, uint32_t version, bool align64) {
   gw_tensors(w, k_valid_tensors, N_VALID_TENSORS, align64 ? 64 : 32);
 }
 
-static void check_scalars(const infc_gguf *g) {
+static void check_scalars(const fmt_gguf *g) {
   uint32_t u32 = 0;
   int32_t i32 = 0;
   uint64_t u64 = 0;
   float f = 0;
   bool b = false;
-  infc_gguf_str s = {0};
+  fmt_gguf_str s = {0};
   ir_diag d = {0};
-  CHECK(infc_gguf_get_u32(g, "v.u8", &u32, &d) == IR_OK && u32 == 200);
-  CHECK(infc_gguf_get_i32(g, "v.i8", &i32, &d) == IR_OK && i32 == -5);
-  CHECK(infc_gguf_get_u32(g, "v.u16", &u32, &d) == IR_OK && u32 == 60000);
-  CHECK(infc_gguf_get_i32(g, "v.i16", &i32, &d) == IR_OK && i32 == -300);
-  CHECK(infc_gguf_get_u32(g, "v.u32", &u32, &d) == IR_OK && u32 == 4000000000u);
-  CHECK(infc_gguf_get_i32(g, "v.i32", &i32, &d) == IR_OK && i32 == -70000);
-  CHECK(infc_gguf_get_f32(g, "v.f32", &f, &d) == IR_OK && f == 0.25f);
-  CHECK(infc_gguf_get_bool(g, "v.bool", &b, &d) == IR_OK && b);
-  CHECK(infc_gguf_get_str(g, "v.str", &s, &d) == IR_OK && infc_gguf_str_eq(s, "hello"));
-  CHECK(infc_gguf_get_u64(g, "v.u64", &u64, &d) == IR_OK && u64 == 1ull << 40);
-  CHECK(infc_gguf_get_f32(g, "v.f64", &f, &d) == IR_OK && f == 1.5f);
-  const infc_gguf_kv *kv = infc_gguf_kv_find(g, "v.i64");
-  CHECK(kv && kv->value.type == INFC_GGUF_I64 && kv->value.num.i == -5000000000ll);
+  CHECK(fmt_gguf_get_u32(g, "v.u8", &u32, &d) == IR_OK && u32 == 200);
+  CHECK(fmt_gguf_get_i32(g, "v.i8", &i32, &d) == IR_OK && i32 == -5);
+  CHECK(fmt_gguf_get_u32(g, "v.u16", &u32, &d) == IR_OK && u32 == 60000);
+  CHECK(fmt_gguf_get_i32(g, "v.i16", &i32, &d) == IR_OK && i32 == -300);
+  CHECK(fmt_gguf_get_u32(g, "v.u32", &u32, &d) == IR_OK && u32 == 4000000000u);
+  CHECK(fmt_gguf_get_i32(g, "v.i32", &i32, &d) == IR_OK && i32 == -70000);
+  CHECK(fmt_gguf_get_f32(g, "v.f32", &f, &d) == IR_OK && f == 0.25f);
+  CHECK(fmt_gguf_get_bool(g, "v.bool", &b, &d) == IR_OK && b);
+  CHECK(fmt_gguf_get_str(g, "v.str", &s, &d) == IR_OK && fmt_gguf_str_eq(s, "hello"));
+  CHECK(fmt_gguf_get_u64(g, "v.u64", &u64, &d) == IR_OK && u64 == 1ull << 40);
+  CHECK(fmt_gguf_get_f32(g, "v.f64", &f, &d) == IR_OK && f == 1.5f);
+  const fmt_gguf_kv *kv = fmt_gguf_kv_find(g, "v.i64");
+  CHECK(kv && kv->value.type == FMT_GGUF_I64 && kv->value.num.i == -5000000000ll);
   CHECK(d.status == IR_OK);
   /* refusals name the file and key */
   d = (ir_diag){0};
-  CHECK(infc_gguf_get_u32(g, "v.i8", &u32, &d) == IR_BAD_FORMAT && strstr(d.msg, "'v.i8'"));
+  CHECK(fmt_gguf_get_u32(g, "v.i8", &u32, &d) == IR_BAD_FORMAT && strstr(d.msg, "'v.i8'"));
   d = (ir_diag){0};
-  CHECK(infc_gguf_get_i32(g, "v.u32", &i32, &d) == IR_BAD_FORMAT);
+  CHECK(fmt_gguf_get_i32(g, "v.u32", &i32, &d) == IR_BAD_FORMAT);
   d = (ir_diag){0};
-  CHECK(infc_gguf_get_u32(g, "v.u64", &u32, &d) == IR_BAD_FORMAT);
+  CHECK(fmt_gguf_get_u32(g, "v.u64", &u32, &d) == IR_BAD_FORMAT);
   d = (ir_diag){0};
-  CHECK(infc_gguf_get_u32(g, "v.str", &u32, &d) == IR_BAD_FORMAT &&
+  CHECK(fmt_gguf_get_u32(g, "v.str", &u32, &d) == IR_BAD_FORMAT &&
         strstr(d.msg, "has type STRING"));
   d = (ir_diag){0};
-  CHECK(infc_gguf_get_str(g, "v.nope", &s, &d) == IR_BAD_FORMAT &&
-        strstr(d.msg, "'v.nope' is missing") && strstr(d.msg, infc_gguf_path(g)) == d.msg);
+  CHECK(fmt_gguf_get_str(g, "v.nope", &s, &d) == IR_BAD_FORMAT &&
+        strstr(d.msg, "'v.nope' is missing") && strstr(d.msg, fmt_gguf_path(g)) == d.msg);
 }
 
-static void check_arrays(const infc_gguf *g) {
+static void check_arrays(const fmt_gguf *g) {
   const int64_t *ints = NULL;
   const float *fl = NULL;
-  const infc_gguf_str *strs = NULL;
+  const fmt_gguf_str *strs = NULL;
   uint64_t n = 0;
   ir_diag d = {0};
-  CHECK(infc_gguf_get_ints(g, "a.i32", &ints, &n, &d) == IR_OK && n == 3 && ints[0] == 7 &&
+  CHECK(fmt_gguf_get_ints(g, "a.i32", &ints, &n, &d) == IR_OK && n == 3 && ints[0] == 7 &&
         ints[1] == -8 && ints[2] == 9);
-  CHECK(infc_gguf_get_floats(g, "a.f32", &fl, &n, &d) == IR_OK && n == 2 && fl[0] == 0.5f &&
+  CHECK(fmt_gguf_get_floats(g, "a.f32", &fl, &n, &d) == IR_OK && n == 2 && fl[0] == 0.5f &&
         fl[1] == -2.0f);
-  CHECK(infc_gguf_get_strs(g, "a.str", &strs, &n, &d) == IR_OK && n == 3 &&
-        infc_gguf_str_eq(strs[0], "a") && strs[1].len == 0 && infc_gguf_str_eq(strs[2], "ccc"));
-  CHECK(infc_gguf_get_ints(g, "a.empty", &ints, &n, &d) == IR_OK && n == 0);
-  const infc_gguf_kv *kv = infc_gguf_kv_find(g, "a.nested");
-  CHECK(kv && kv->value.elem_type == INFC_GGUF_ARRAY && kv->value.count == 2 && kv->value.items);
+  CHECK(fmt_gguf_get_strs(g, "a.str", &strs, &n, &d) == IR_OK && n == 3 &&
+        fmt_gguf_str_eq(strs[0], "a") && strs[1].len == 0 && fmt_gguf_str_eq(strs[2], "ccc"));
+  CHECK(fmt_gguf_get_ints(g, "a.empty", &ints, &n, &d) == IR_OK && n == 0);
+  const fmt_gguf_kv *kv = fmt_gguf_kv_find(g, "a.nested");
+  CHECK(kv && kv->value.elem_type == FMT_GGUF_ARRAY && kv->value.count == 2 && kv->value.items);
   if (kv && kv->value.items) {
-    const infc_gguf_value *a = &kv->value.items[0], *b = &kv->value.items[1];
-    CHECK(a->elem_type == INFC_GGUF_U16 && a->count == 2 && a->ints[0] == 1 && a->ints[1] == 2);
-    CHECK(b->elem_type == INFC_GGUF_STRING && b->count == 1 && infc_gguf_str_eq(b->strs[0], "x"));
+    const fmt_gguf_value *a = &kv->value.items[0], *b = &kv->value.items[1];
+    CHECK(a->elem_type == FMT_GGUF_U16 && a->count == 2 && a->ints[0] == 1 && a->ints[1] == 2);
+    CHECK(b->elem_type == FMT_GGUF_STRING && b->count == 1 && fmt_gguf_str_eq(b->strs[0], "x"));
   }
   CHECK(d.status == IR_OK);
   d = (ir_diag){0};
-  CHECK(infc_gguf_get_strs(g, "a.i32", &strs, &n, &d) == IR_BAD_FORMAT &&
+  CHECK(fmt_gguf_get_strs(g, "a.i32", &strs, &n, &d) == IR_BAD_FORMAT &&
         strstr(d.msg, "ARRAY of I32"));
   d = (ir_diag){0};
-  CHECK(infc_gguf_get_ints(g, "v.u8", &ints, &n, &d) == IR_BAD_FORMAT);
+  CHECK(fmt_gguf_get_ints(g, "v.u8", &ints, &n, &d) == IR_BAD_FORMAT);
 }
 
-static void check_tensors(const infc_gguf *g, uint32_t align) {
-  CHECK(infc_gguf_tensor_count(g) == N_VALID_TENSORS);
+static void check_tensors(const fmt_gguf *g, uint32_t align) {
+  CHECK(fmt_gguf_tensor_count(g) == N_VALID_TENSORS);
   static const ir_dtype want[N_VALID_TENSORS] = {IR_F32,  IR_F16,  IR_BF16,         IR_Q8_0,
                                                  IR_Q4_0, IR_Q4_1, IR_DTYPE_INVALID};
   for (int i = 0; i < N_VALID_TENSORS; i++) {
     const gw_tensor *w = &k_valid_tensors[i];
-    const infc_gguf_tensor *t = infc_gguf_tensor_find(g, w->name);
-    CHECKF(t && t == infc_gguf_tensor_get(g, (size_t)i), "tensor %s", w->name);
+    const fmt_gguf_tensor *t = fmt_gguf_tensor_find(g, w->name);
+    CHECKF(t && t == fmt_gguf_tensor_get(g, (size_t)i), "tensor %s", w->name);
     if (!t) continue;
     CHECK(t->dtype == want[i] && t->ggml_type == w->type && t->rank == w->rank);
     for (int k = 0; k < t->rank; k++) CHECK(t->shape[t->rank - 1 - k] == (int64_t)w->ne[k]);
     CHECK(t->nbytes == w->nbytes && memcmp(t->data, w->data, w->nbytes) == 0);
     CHECK(t->offset % align == 0 && (uintptr_t)t->data % align == 0);
   }
-  const infc_gguf_tensor *f = infc_gguf_tensor_find(g, "t.f32");
+  const fmt_gguf_tensor *f = fmt_gguf_tensor_find(g, "t.f32");
   CHECK(f && f->shape[0] == 2 && f->shape[1] == 3); /* row-major [ne1, ne0] */
-  CHECK(infc_gguf_tensor_find(g, "t.none") == NULL);
+  CHECK(fmt_gguf_tensor_find(g, "t.none") == NULL);
   ir_diag d = {0};
-  const infc_gguf_tensor *k = infc_gguf_tensor_find(g, "t.q4_k");
-  CHECK(k && infc_gguf_type_check(k, &d) == IR_UNSUPPORTED);
+  const fmt_gguf_tensor *k = fmt_gguf_tensor_find(g, "t.q4_k");
+  CHECK(k && fmt_gguf_type_check(k, &d) == IR_UNSUPPORTED);
   CHECKF(strstr(d.msg, "tensor 't.q4_k': type 12 (Q4_K) is not supported (supported: F32, F16, "
                        "BF16, Q8_0, Q4_0, Q4_1)"), "%s", d.msg);
 }
@@ -213,20 +213,20 @@ static void test_valid(void) {
     for (int a64 = 0; a64 < 2; a64++) {
       gw w = {0};
       build_valid(&w, version, a64);
-      infc_gguf *g = NULL;
+      fmt_gguf *g = NULL;
       ir_diag d;
       ir_status st = open_bytes("valid.gguf", &w, &g, &d);
       CHECKF(st == IR_OK, "v%u align64=%d: %s", version, a64, d.msg);
       if (g) {
-        CHECK(infc_gguf_version(g) == version);
-        CHECK(infc_gguf_alignment(g) == (a64 ? 64u : 32u));
-        CHECK(infc_gguf_kv_count(g) == (size_t)(N_VALID_KV - (a64 ? 0 : 1)));
-        CHECK(!strcmp(infc_gguf_kv_get(g, 0)->key, "v.u8"));
+        CHECK(fmt_gguf_version(g) == version);
+        CHECK(fmt_gguf_alignment(g) == (a64 ? 64u : 32u));
+        CHECK(fmt_gguf_kv_count(g) == (size_t)(N_VALID_KV - (a64 ? 0 : 1)));
+        CHECK(!strcmp(fmt_gguf_kv_get(g, 0)->key, "v.u8"));
         check_scalars(g);
         check_arrays(g);
         check_tensors(g, a64 ? 64 : 32);
       }
-      infc_gguf_close(g);
+      fmt_gguf_close(g);
       free(w.b);
     }
 }
@@ -243,12 +243,12 @@ static void test_truncated(void) {
   int opened = 0;
   for (size_t len = w.n; fd >= 0 && len-- > 0;) {
     CHECK(ftruncate(fd, (off_t)len) == 0);
-    infc_gguf *g = NULL;
+    fmt_gguf *g = NULL;
     ir_diag d = {0};
-    if (infc_gguf_open(path, &g, &d) == IR_OK || g || d.status == IR_OK || !d.msg[0]) {
+    if (fmt_gguf_open(path, &g, &d) == IR_OK || g || d.status == IR_OK || !d.msg[0]) {
       if (!opened++) fprintf(stderr, "prefix of %zu bytes opened\n", len);
     }
-    infc_gguf_close(g);
+    fmt_gguf_close(g);
   }
   if (fd >= 0) close(fd);
   CHECKF(opened == 0, "%d truncated files opened", opened);
@@ -256,17 +256,17 @@ static void test_truncated(void) {
 }
 
 /* Reads everything an opened file offers, so that ASan sees any bad pointer. */
-static uint64_t touch_all(const infc_gguf *g) {
+static uint64_t touch_all(const fmt_gguf *g) {
   uint64_t sum = 0;
-  for (size_t i = 0; i < infc_gguf_kv_count(g); i++) {
-    const infc_gguf_value *v = &infc_gguf_kv_get(g, i)->value;
-    sum += strlen(infc_gguf_kv_get(g, i)->key) + v->count;
+  for (size_t i = 0; i < fmt_gguf_kv_count(g); i++) {
+    const fmt_gguf_value *v = &fmt_gguf_kv_get(g, i)->value;
+    sum += strlen(fmt_gguf_kv_get(g, i)->key) + v->count;
     for (uint64_t k = 0; v->strs && k < v->count; k++)
       sum += v->strs[k].len ? (uint8_t)v->strs[k].ptr[v->strs[k].len - 1] : 0;
     for (uint64_t k = 0; v->ints && k < v->count; k++) sum += (uint64_t)v->ints[k];
   }
-  for (size_t i = 0; i < infc_gguf_tensor_count(g); i++) {
-    const infc_gguf_tensor *t = infc_gguf_tensor_get(g, i);
+  for (size_t i = 0; i < fmt_gguf_tensor_count(g); i++) {
+    const fmt_gguf_tensor *t = fmt_gguf_tensor_get(g, i);
     for (uint64_t k = 0; k < t->nbytes; k++) sum += ((const uint8_t *)t->data)[k];
   }
   return sum;
@@ -290,16 +290,16 @@ static void test_mutations(void) {
     for (int v = 0; v < 4; v++) {
       CHECK(pwrite(fd, &vals[v], 1, (off_t)i) == 1);
       if (v == 3) break; /* restored */
-      infc_gguf *g = NULL;
+      fmt_gguf *g = NULL;
       ir_diag d = {0};
-      if (infc_gguf_open(path, &g, &d) == IR_OK) {
+      if (fmt_gguf_open(path, &g, &d) == IR_OK) {
         opened++;
         sink += touch_all(g);
       } else {
         refused++;
         CHECKF(d.msg[0] && g == NULL, "byte %zu = %#x: refused without a message", i, vals[v]);
       }
-      infc_gguf_close(g);
+      fmt_gguf_close(g);
     }
   }
   if (fd >= 0) close(fd);
@@ -333,11 +333,11 @@ static void test_bad_header(void) {
   expect_fail("kvcount.gguf", &e, IR_BAD_FORMAT, "metadata count");
   e.n = 0;
   gw_header(&e, 3, 0, 0); /* no tensors, no metadata: valid */
-  infc_gguf *g = NULL;
+  fmt_gguf *g = NULL;
   ir_diag d;
   CHECKF(open_bytes("minimal.gguf", &e, &g, &d) == IR_OK, "%s", d.msg);
-  CHECK(g && infc_gguf_tensor_count(g) == 0 && infc_gguf_kv_count(g) == 0);
-  infc_gguf_close(g);
+  CHECK(g && fmt_gguf_tensor_count(g) == 0 && fmt_gguf_kv_count(g) == 0);
+  fmt_gguf_close(g);
   free(e.b);
 }
 
@@ -354,21 +354,21 @@ static void expect_bad_kv(const char *name, void (*fn)(gw *), ir_status st, cons
 static void kv_huge_key(gw *w) { gw_u64(w, 1ull << 63); }
 static void kv_nul_key(gw *w) { gw_u64(w, 3), gw_put(w, "a\0b", 3), gw_u32(w, 4), gw_u32(w, 1); }
 static void kv_bad_type(gw *w) { gw_key(w, "k", 13), gw_u32(w, 0); }
-static void kv_bad_bool(gw *w) { gw_key(w, "k", INFC_GGUF_BOOL), gw_le(w, 2, 1); }
-static void kv_huge_str(gw *w) { gw_key(w, "k", INFC_GGUF_STRING), gw_u64(w, UINT64_MAX); }
+static void kv_bad_bool(gw *w) { gw_key(w, "k", FMT_GGUF_BOOL), gw_le(w, 2, 1); }
+static void kv_huge_str(gw *w) { gw_key(w, "k", FMT_GGUF_STRING), gw_u64(w, UINT64_MAX); }
 static void kv_huge_arr(gw *w) {
-  gw_key(w, "k", INFC_GGUF_ARRAY), gw_u32(w, INFC_GGUF_U64), gw_u64(w, 1ull << 61);
+  gw_key(w, "k", FMT_GGUF_ARRAY), gw_u32(w, FMT_GGUF_U64), gw_u64(w, 1ull << 61);
 }
 static void kv_huge_strs(gw *w) {
-  gw_key(w, "k", INFC_GGUF_ARRAY), gw_u32(w, INFC_GGUF_STRING), gw_u64(w, 1ull << 60);
+  gw_key(w, "k", FMT_GGUF_ARRAY), gw_u32(w, FMT_GGUF_STRING), gw_u64(w, 1ull << 60);
 }
-static void kv_bad_elem(gw *w) { gw_key(w, "k", INFC_GGUF_ARRAY), gw_u32(w, 99), gw_u64(w, 1); }
+static void kv_bad_elem(gw *w) { gw_key(w, "k", FMT_GGUF_ARRAY), gw_u32(w, 99), gw_u64(w, 1); }
 static void kv_deep(gw *w) {
-  gw_key(w, "k", INFC_GGUF_ARRAY);
-  for (int i = 0; i < 10; i++) gw_u32(w, INFC_GGUF_ARRAY), gw_u64(w, 1);
+  gw_key(w, "k", FMT_GGUF_ARRAY);
+  for (int i = 0; i < 10; i++) gw_u32(w, FMT_GGUF_ARRAY), gw_u64(w, 1);
 }
 static void kv_big_u64(gw *w) {
-  gw_key(w, "k", INFC_GGUF_ARRAY), gw_u32(w, INFC_GGUF_U64), gw_u64(w, 1), gw_u64(w, UINT64_MAX);
+  gw_key(w, "k", FMT_GGUF_ARRAY), gw_u32(w, FMT_GGUF_U64), gw_u64(w, 1), gw_u64(w, UINT64_MAX);
 }
 
 static void test_bad_metadata(void) {
@@ -392,7 +392,7 @@ static void test_bad_metadata(void) {
   expect_fail("align48.gguf", &w, IR_BAD_FORMAT, "not a power of two");
   w.n = 0;
   gw_header(&w, 3, 0, 1);
-  gw_key(&w, "general.alignment", INFC_GGUF_U64), gw_u64(&w, 64);
+  gw_key(&w, "general.alignment", FMT_GGUF_U64), gw_u64(&w, 64);
   expect_fail("align-u64.gguf", &w, IR_BAD_FORMAT, "expected U32");
   free(w.b);
 }

@@ -19,7 +19,7 @@
 #include "infc_build.h"
 #include "infc_gguf_llama.h"
 #include "infc_hfconfig.h"
-#include "infc_safetensors.h"
+#include "fmt_safetensors.h"
 #include "infc_util.h"
 #include "inferrt.h"
 #include "tcheck.h"
@@ -33,7 +33,7 @@
 typedef struct conv {
   model_llama_params p;
   const char *arch; /* general.architecture: the HF model_type but gemma3_text's gemma3 */
-  infc_st *st;
+  fmt_st *st;
   bool q8; /* store matrices as Q8_0 */
   uint8_t **bufs; /* converted tensor data, one per safetensors tensor */
 } conv;
@@ -77,7 +77,7 @@ static void quantize_q8_0(const void *src, ir_dtype dt, size_t n, uint8_t *out) 
 
 /* One tensor as the converter would store it: type, dims, bytes. */
 static gw_tensor convert_tensor(conv *c, size_t i, char *gname, size_t glen) {
-  const infc_st_tensor *t = infc_st_get(c->st, i);
+  const fmt_st_tensor *t = fmt_st_get(c->st, i);
   gw_tensor g = {.name = gname, .rank = t->rank};
   CHECKF(infc_gguf_llama_name_arch(c->arch, t->name, gname, glen), "no GGUF name for %s",
          t->name);
@@ -183,8 +183,8 @@ static uint64_t write_kvs(gw *w, const char *a, const model_llama_params *p) {
     n++;
   }
   /* the vocabulary size from the token list, as files without <arch>.vocab_size have */
-  gw_key(w, "tokenizer.ggml.tokens", INFC_GGUF_ARRAY);
-  gw_u32(w, INFC_GGUF_STRING), gw_u64(w, (uint64_t)p->vocab_size);
+  gw_key(w, "tokenizer.ggml.tokens", FMT_GGUF_ARRAY);
+  gw_u32(w, FMT_GGUF_STRING), gw_u64(w, (uint64_t)p->vocab_size);
   for (int64_t i = 0; i < p->vocab_size; i++) {
     char tok[24];
     snprintf(tok, sizeof tok, "<t%lld>", (long long)i);
@@ -219,11 +219,11 @@ static bool convert_fixture(const char *name, const char *out, bool q8) {
   snprintf(cfg, sizeof cfg, "%s/config.json", dir);
   conv c = {.q8 = q8};
   ir_diag d = {0};
-  bool ok = infc_hfconfig_load(cfg, &c.p, &d) == IR_OK && infc_st_open(dir, &c.st, &d) == IR_OK;
+  bool ok = infc_hfconfig_load(cfg, &c.p, &d) == IR_OK && fmt_st_open(dir, &c.st, &d) == IR_OK;
   CHECKF(ok, "%s: %s", name, d.msg);
   if (!ok) return false;
   c.arch = strcmp(c.p.arch, "gemma3_text") ? c.p.arch : "gemma3";
-  size_t n = infc_st_count(c.st), nt = n;
+  size_t n = fmt_st_count(c.st), nt = n;
   c.bufs = calloc(n, sizeof *c.bufs);
   gw_tensor *ts = calloc(n + 2, sizeof *ts);
   char(*names)[128] = calloc(n, sizeof *names);
@@ -253,7 +253,7 @@ static bool convert_fixture(const char *name, const char *out, bool q8) {
   CHECKF(ok, "cannot write %s", out);
   for (size_t i = 0; i < n; i++) free(c.bufs[i]);
   free(c.bufs), free(ts), free(names), free(w.b);
-  infc_st_close(c.st);
+  fmt_st_close(c.st);
   return ok;
 }
 

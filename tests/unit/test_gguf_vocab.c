@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "infc_gguf_tok.h"
+#include "fmt_gguf_tok.h"
 #include "infc_util.h"
 #include "tcheck.h"
 
@@ -41,11 +41,11 @@ static int run_vocab(const char *dir, const char *name, int *out_total) {
   snprintf(inp_path, sizeof inp_path, "%s.inp", path);
   snprintf(out_path, sizeof out_path, "%s.out", path);
   ir_diag d = {0};
-  infc_gguf *g = NULL;
+  fmt_gguf *g = NULL;
   irt_tokenizer *t = NULL;
-  if (infc_gguf_open(path, &g, &d) != IR_OK || infc_gguf_tokenizer(g, &t, &d) != IR_OK || !t) {
+  if (fmt_gguf_open(path, &g, &d) != IR_OK || fmt_gguf_tokenizer(g, &t, &d) != IR_OK || !t) {
     printf("  %-34s unsupported: %s\n", name, d.msg);
-    infc_gguf_close(g);
+    fmt_gguf_close(g);
     return -1;
   }
   infc_read_file(inp_path, 1 << 20, &inp, NULL, &d);
@@ -63,7 +63,7 @@ static int run_vocab(const char *dir, const char *name, int *out_total) {
   *out_total = total;
   free(inp), free(out);
   irt_tok_destroy(t);
-  infc_gguf_close(g);
+  fmt_gguf_close(g);
   return bad;
 }
 
@@ -92,9 +92,9 @@ static void test_smollm2_corpus(void) {
   }
   char *text = NULL, *json = NULL;
   ir_diag d = {0};
-  infc_gguf *g = NULL;
+  fmt_gguf *g = NULL;
   irt_tokenizer *t = NULL;
-  CHECKF(infc_gguf_open(gguf, &g, &d) == IR_OK && infc_gguf_tokenizer(g, &t, &d) == IR_OK && t,
+  CHECKF(fmt_gguf_open(gguf, &g, &d) == IR_OK && fmt_gguf_tokenizer(g, &t, &d) == IR_OK && t,
          "%s", d.msg);
   infc_read_file(FIXTURES_DIR "/tokenizers/corpus.txt", 1 << 20, &text, NULL, &d);
   infc_read_file(FIXTURES_DIR "/tokenizers/smollm2-gguf/expected.json", 1 << 22, &json, NULL, &d);
@@ -118,7 +118,7 @@ static void test_smollm2_corpus(void) {
   cJSON_Delete(root);
   free(text), free(json);
   irt_tok_destroy(t);
-  infc_gguf_close(g);
+  fmt_gguf_close(g);
 }
 
 int main(void) {

@@ -3,7 +3,7 @@
  * location or range can be bad), the error messages for unsupported ops and missing
  * attributes, malformed models, int-list attributes through a plan, the program API,
  * runtime index checks, and thread-count invariance of the n-d kernels. */
-#include "onnx/infc_onnx.h"
+#include "infc_onnx.h"
 
 #include <errno.h>
 #include <math.h>

@@ -1,6 +1,6 @@
 /* test_safetensors: valid files, sharded directories and every kind of corrupt header,
  * all generated at run time under TEST_TMP_DIR. */
-#include "infc_safetensors.h"
+#include "fmt_safetensors.h"
 
 #include <errno.h>
 #include <stdbool.h>
@@ -64,15 +64,15 @@ static void write_st_zero(const char *path, const char *header, size_t ndata) {
 
 static void expect_fail_at(const char *path, ir_status want, const char *substr, int line) {
   ir_diag d = {0};
-  infc_st *st = (infc_st *)1;
-  ir_status s = infc_st_open(path, &st, &d);
+  fmt_st *st = (fmt_st *)1;
+  ir_status s = fmt_st_open(path, &st, &d);
   if (getenv("ST_VERBOSE")) fprintf(stderr, "[%s] %s\n", ir_status_name(s), d.msg);
   CHECKF(s == want, "line %d: %s: status %s, want %s (%s)", line, path, ir_status_name(s),
          ir_status_name(want), d.msg);
   CHECKF(st == NULL, "line %d: out not NULL on error", line);
   CHECKF(d.status == want, "line %d: diag status %s", line, ir_status_name(d.status));
   CHECKF(strstr(d.msg, substr) != NULL, "line %d: message '%s' lacks '%s'", line, d.msg, substr);
-  if (s == IR_OK) infc_st_close(st);
+  if (s == IR_OK) fmt_st_close(st);
 }
 #define EXPECT_FAIL(path, want, substr) expect_fail_at(path, want, substr, __LINE__)
 
@@ -85,7 +85,7 @@ static void bad_header_at(const char *header, size_t ndata, ir_status want, cons
 }
 #define BAD_HEADER(h, n, want, sub) bad_header_at(h, n, want, sub, __LINE__)
 
-static void check_shape(const infc_st_tensor *t, int rank, const int64_t *shape) {
+static void check_shape(const fmt_st_tensor *t, int rank, const int64_t *shape) {
   CHECK(t->rank == rank);
   for (int i = 0; i < rank && i < t->rank; i++) CHECK(t->shape[i] == shape[i]);
 }
@@ -105,19 +105,19 @@ static void good_data(uint8_t data[40]) {
   for (int i = 0; i < 40; i++) data[i] = (uint8_t)(i * 7 + 1);
 }
 
-static void check_good(const infc_st *st, const uint8_t *data) {
-  CHECK(infc_st_count(st) == 4);
+static void check_good(const fmt_st *st, const uint8_t *data) {
+  CHECK(fmt_st_count(st) == 4);
   const char *names[4] = {"a", "b", "c", "e"};
   for (size_t i = 0; i < 4; i++) {
-    const infc_st_tensor *t = infc_st_get(st, i);
+    const fmt_st_tensor *t = fmt_st_get(st, i);
     CHECKF(t && strcmp(t->name, names[i]) == 0, "tensor %zu", i);
-    CHECK(t && infc_st_find(st, names[i]) == t);
+    CHECK(t && fmt_st_find(st, names[i]) == t);
   }
-  CHECK(infc_st_get(st, 4) == NULL);
-  CHECK(infc_st_find(st, "zz") == NULL && infc_st_find(st, "") == NULL);
-  CHECK(infc_st_find(st, "__metadata__") == NULL);
-  const infc_st_tensor *a = infc_st_find(st, "a"), *b = infc_st_find(st, "b");
-  const infc_st_tensor *c = infc_st_find(st, "c"), *e = infc_st_find(st, "e");
+  CHECK(fmt_st_get(st, 4) == NULL);
+  CHECK(fmt_st_find(st, "zz") == NULL && fmt_st_find(st, "") == NULL);
+  CHECK(fmt_st_find(st, "__metadata__") == NULL);
+  const fmt_st_tensor *a = fmt_st_find(st, "a"), *b = fmt_st_find(st, "b");
+  const fmt_st_tensor *c = fmt_st_find(st, "c"), *e = fmt_st_find(st, "e");
   if (!a || !b || !c || !e) return;
   CHECK(a->dtype == IR_F32 && a->nbytes == 24 && memcmp(a->data, data, 24) == 0);
   check_shape(a, 2, (const int64_t[]){2, 3});
@@ -126,9 +126,9 @@ static void check_good(const infc_st *st, const uint8_t *data) {
   CHECK(c->dtype == IR_I64 && c->nbytes == 8 && c->rank == 0);
   CHECK(memcmp(c->data, data + 32, 8) == 0);
   CHECK(e->dtype == IR_U8 && e->nbytes == 0 && e->rank == 1 && e->shape[0] == 0);
-  CHECK(infc_st_metadata(st, "format") && strcmp(infc_st_metadata(st, "format"), "pt") == 0);
-  CHECK(infc_st_metadata(st, "note") && strcmp(infc_st_metadata(st, "note"), "hi") == 0);
-  CHECK(infc_st_metadata(st, "missing") == NULL);
+  CHECK(fmt_st_metadata(st, "format") && strcmp(fmt_st_metadata(st, "format"), "pt") == 0);
+  CHECK(fmt_st_metadata(st, "note") && strcmp(fmt_st_metadata(st, "note"), "hi") == 0);
+  CHECK(fmt_st_metadata(st, "missing") == NULL);
 }
 
 static void test_valid_file(void) {
@@ -137,21 +137,21 @@ static void test_valid_file(void) {
   const char *p = tmp_path("good.safetensors");
   write_st(p, k_good_header, data, sizeof data);
   ir_diag d = {0};
-  infc_st *st = NULL;
-  CHECKF(infc_st_open(p, &st, &d) == IR_OK, "%s", d.msg);
+  fmt_st *st = NULL;
+  CHECKF(fmt_st_open(p, &st, &d) == IR_OK, "%s", d.msg);
   CHECK(st != NULL && d.status == IR_OK);
   if (st) check_good(st, data);
-  infc_st_close(st);
-  infc_st_close(NULL);
-  CHECK(infc_st_count(NULL) == 0 && infc_st_get(NULL, 0) == NULL);
-  CHECK(infc_st_find(NULL, "a") == NULL && infc_st_metadata(NULL, "format") == NULL);
+  fmt_st_close(st);
+  fmt_st_close(NULL);
+  CHECK(fmt_st_count(NULL) == 0 && fmt_st_get(NULL, 0) == NULL);
+  CHECK(fmt_st_find(NULL, "a") == NULL && fmt_st_metadata(NULL, "format") == NULL);
 
   /* An empty header object is a valid (empty) checkpoint; so is space padding. */
   write_st(tmp_path("empty.safetensors"), "{}      ", NULL, 0);
   st = NULL;
-  CHECKF(infc_st_open(tmp_path("empty.safetensors"), &st, &d) == IR_OK, "%s", d.msg);
-  CHECK(st && infc_st_count(st) == 0);
-  infc_st_close(st);
+  CHECKF(fmt_st_open(tmp_path("empty.safetensors"), &st, &d) == IR_OK, "%s", d.msg);
+  CHECK(st && fmt_st_count(st) == 0);
+  fmt_st_close(st);
 }
 
 static void test_single_dir(void) {
@@ -166,10 +166,10 @@ static void test_single_dir(void) {
   good_data(data);
   write_st(p, k_good_header, data, sizeof data);
   ir_diag d = {0};
-  infc_st *st = NULL;
-  CHECKF(infc_st_open(dir, &st, &d) == IR_OK, "%s", d.msg);
+  fmt_st *st = NULL;
+  CHECKF(fmt_st_open(dir, &st, &d) == IR_OK, "%s", d.msg);
   if (st) check_good(st, data);
-  infc_st_close(st);
+  fmt_st_close(st);
 
   snprintf(dir, sizeof dir, "%s", tmp_path("emptydir"));
   make_dir(dir);
@@ -209,18 +209,18 @@ static void test_sharded(void) {
                                          "\"w1\":\"" SHARD1 "\",\"w2\":\"" SHARD2 "\","
                                          "\"w3\":\"" SHARD1 "\"}}");
   ir_diag d = {0};
-  infc_st *st = NULL;
-  CHECKF(infc_st_open(dir, &st, &d) == IR_OK, "%s", d.msg);
+  fmt_st *st = NULL;
+  CHECKF(fmt_st_open(dir, &st, &d) == IR_OK, "%s", d.msg);
   if (!st) return;
-  CHECK(infc_st_count(st) == 3);
-  const infc_st_tensor *w1 = infc_st_find(st, "w1"), *w2 = infc_st_find(st, "w2");
-  const infc_st_tensor *w3 = infc_st_find(st, "w3");
+  CHECK(fmt_st_count(st) == 3);
+  const fmt_st_tensor *w1 = fmt_st_find(st, "w1"), *w2 = fmt_st_find(st, "w2");
+  const fmt_st_tensor *w3 = fmt_st_find(st, "w3");
   CHECK(w1 && w1->dtype == IR_F16 && w1->nbytes == 8 && ((const uint8_t *)w1->data)[0] == 1);
   CHECK(w2 && w2->dtype == IR_I32 && ((const uint8_t *)w2->data)[3] == 0xdd);
   CHECK(w3 && w3->dtype == IR_I8 && ((const uint8_t *)w3->data)[0] == 9);
-  const char *fmt = infc_st_metadata(st, "format");
+  const char *fmt = fmt_st_metadata(st, "format");
   CHECKF(fmt && strcmp(fmt, "pt") == 0, "metadata of the first shard: %s", fmt ? fmt : "NULL");
-  infc_st_close(st);
+  fmt_st_close(st);
 }
 
 static void test_sharded_bad(void) {
@@ -375,14 +375,14 @@ static void test_edge_valid(void) {
                 "\"d\":{\"dtype\":\"F16\",\"shape\":[1,1,1,1,1,1,1,1],\"data_offsets\":[4,6]}}",
                 7);
   ir_diag d = {0};
-  infc_st *st = NULL;
-  CHECKF(infc_st_open(p, &st, &d) == IR_OK, "%s", d.msg);
-  CHECK(st && infc_st_count(st) == 4);
-  const infc_st_tensor *t = infc_st_find(st, "d");
+  fmt_st *st = NULL;
+  CHECKF(fmt_st_open(p, &st, &d) == IR_OK, "%s", d.msg);
+  CHECK(st && fmt_st_count(st) == 4);
+  const fmt_st_tensor *t = fmt_st_find(st, "d");
   CHECK(t && t->rank == 8 && t->nbytes == 2);
-  t = infc_st_find(st, "a");
+  t = fmt_st_find(st, "a");
   CHECK(t && t->nbytes == 0 && t->rank == 2 && t->shape[1] == 5);
-  infc_st_close(st);
+  fmt_st_close(st);
 }
 
 /* A realistic tensor count: every name must be found by lookup, in sorted order. */
@@ -403,20 +403,20 @@ static void test_many_tensors(void) {
   for (int i = 0; i < 4 * N; i++) data[i] = (uint8_t)(i / 4);
   write_st(tmp_path("many.safetensors"), h, data, 4 * N);
   ir_diag d = {0};
-  infc_st *st = NULL;
-  CHECKF(infc_st_open(tmp_path("many.safetensors"), &st, &d) == IR_OK, "%s", d.msg);
-  CHECK(infc_st_count(st) == N);
+  fmt_st *st = NULL;
+  CHECKF(fmt_st_open(tmp_path("many.safetensors"), &st, &d) == IR_OK, "%s", d.msg);
+  CHECK(fmt_st_count(st) == N);
   int found = 0, sorted = 1;
   for (int i = 0; i < N; i++) {
     char name[64];
     snprintf(name, sizeof name, "model.layers.%d.w", i);
-    const infc_st_tensor *t = infc_st_find(st, name);
+    const fmt_st_tensor *t = fmt_st_find(st, name);
     if (t && strcmp(t->name, name) == 0 && ((const uint8_t *)t->data)[3] == (uint8_t)i) found++;
   }
-  for (size_t i = 1; i < infc_st_count(st); i++)
-    if (strcmp(infc_st_get(st, i - 1)->name, infc_st_get(st, i)->name) >= 0) sorted = 0;
+  for (size_t i = 1; i < fmt_st_count(st); i++)
+    if (strcmp(fmt_st_get(st, i - 1)->name, fmt_st_get(st, i)->name) >= 0) sorted = 0;
   CHECK(found == N && sorted);
-  infc_st_close(st);
+  fmt_st_close(st);
   free(data);
   free(h);
 }
@@ -433,13 +433,13 @@ static void test_every_truncation(void) {
   for (size_t len = 0; len <= n; len++) {
     write_bytes(p, buf, len);
     ir_diag d = {0};
-    infc_st *st = NULL;
-    ir_status s = infc_st_open(p, &st, &d);
+    fmt_st *st = NULL;
+    ir_status s = fmt_st_open(p, &st, &d);
     bool ok = len == n ? (s == IR_OK && st) : (s == IR_BAD_FORMAT && !st && d.msg[0]);
     if (!ok && wrong++ < 5) fprintf(stderr, "truncated to %zu: %s\n", len, d.msg);
     if (len < n && len >= n - sizeof data) CHECK(strstr(d.msg, "truncated: tensor") != NULL);
     if (st) check_good(st, data);
-    infc_st_close(st);
+    fmt_st_close(st);
   }
   CHECKF(wrong == 0, "%d of %zu truncations misjudged", wrong, n + 1);
   free(buf);
@@ -462,18 +462,18 @@ static void test_byte_mutations(void) {
       write_bytes(p, buf, n);
       buf[i] = keep;
       ir_diag d = {0};
-      infc_st *st = NULL;
-      ir_status s = infc_st_open(p, &st, &d);
+      fmt_st *st = NULL;
+      ir_status s = fmt_st_open(p, &st, &d);
       if (s != IR_OK && (st || !d.msg[0])) bad++;
       if (s != IR_OK) continue;
       accepted++;
       uint64_t sum = 0;
-      for (size_t k = 0; k < infc_st_count(st); k++) {
-        const infc_st_tensor *t = infc_st_get(st, k);
+      for (size_t k = 0; k < fmt_st_count(st); k++) {
+        const fmt_st_tensor *t = fmt_st_get(st, k);
         for (uint64_t j = 0; j < t->nbytes; j++) sum += ((const uint8_t *)t->data)[j];
       }
       (void)sum;
-      infc_st_close(st);
+      fmt_st_close(st);
     }
   }
   CHECK(bad == 0);

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "srv.h"
+#include "openai.h"
 #include "tcheck.h"
 
 typedef struct part {

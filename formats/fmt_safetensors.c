@@ -1,6 +1,6 @@
 /* infc_safetensors: mmap-backed reader for HF safetensors files and sharded directories.
  * Nothing in a header is trusted: every field is checked before a pointer is formed. */
-#include "infc_safetensors.h"
+#include "fmt_safetensors.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -27,12 +27,12 @@ typedef struct st_file {
 } st_file;
 
 typedef struct st_entry {
-  infc_st_tensor t; /* first member: infc_st_get hands out &entry->t */
-  size_t file;      /* index into infc_st.files */
+  fmt_st_tensor t; /* first member: fmt_st_get hands out &entry->t */
+  size_t file;      /* index into fmt_st.files */
   uint64_t begin, end; /* data_offsets, relative to the file's data section */
 } st_entry;
 
-struct infc_st {
+struct fmt_st {
   st_file *files;
   size_t nfiles;
   st_entry *entries; /* sorted by name once all files are read */
@@ -85,14 +85,14 @@ static int st_cmp_name(const void *a, const void *b) {
 
 /* ---- one tensor entry ------------------------------------------------------------- */
 
-static ir_status st_parse_shape(const cJSON *shape, const char *name, infc_st_tensor *t,
+static ir_status st_parse_shape(const cJSON *shape, const char *name, fmt_st_tensor *t,
                                 uint64_t *out_elems, ir_diag *d) {
   if (!cJSON_IsArray(shape))
     return ir_diag_set(d, IR_BAD_FORMAT, "tensor '%.200s': shape is not an array", name);
   int rank = cJSON_GetArraySize(shape);
-  if (rank > INFC_ST_MAX_RANK)
+  if (rank > FMT_ST_MAX_RANK)
     return ir_diag_set(d, IR_BAD_FORMAT, "tensor '%.200s': rank %d exceeds the limit of %d",
-                       name, rank, INFC_ST_MAX_RANK);
+                       name, rank, FMT_ST_MAX_RANK);
   int i = 0;
   for (const cJSON *e = shape->child; e; e = e->next, i++) {
     uint64_t dim;
@@ -130,7 +130,7 @@ static ir_status st_parse_offsets(const cJSON *offs, const char *name, st_entry 
   return IR_OK;
 }
 
-static void st_format_shape(const infc_st_tensor *t, char *buf, size_t cap) {
+static void st_format_shape(const fmt_st_tensor *t, char *buf, size_t cap) {
   size_t n = (size_t)snprintf(buf, cap, "[");
   for (int i = 0; i < t->rank && n < cap; i++)
     n += (size_t)snprintf(buf + n, cap - n, "%s%lld", i ? ", " : "", (long long)t->shape[i]);
@@ -274,7 +274,7 @@ static ir_status st_read_header(const st_file *f, cJSON **out, uint64_t *out_dat
   return st_parse_json(f->map + 8, (size_t)n, "header", out, d);
 }
 
-static ir_status st_parse_metadata(infc_st *st, const cJSON *m, bool keep, ir_diag *d) {
+static ir_status st_parse_metadata(fmt_st *st, const cJSON *m, bool keep, ir_diag *d) {
   if (!cJSON_IsObject(m))
     return ir_diag_set(d, IR_BAD_FORMAT, "__metadata__ is not an object");
   size_t n = 0;
@@ -294,7 +294,7 @@ static ir_status st_parse_metadata(infc_st *st, const cJSON *m, bool keep, ir_di
   return IR_OK;
 }
 
-static ir_status st_push_entry(infc_st *st, st_entry *e, const char *name, ir_diag *d) {
+static ir_status st_push_entry(fmt_st *st, st_entry *e, const char *name, ir_diag *d) {
   if (st->count == st->cap) {
     size_t cap = st->cap ? 2 * st->cap : 64;
     st_entry *p = realloc(st->entries, cap * sizeof *p);
@@ -314,7 +314,7 @@ static int st_cmp_begin(const void *a, const void *b) {
 }
 
 /* Entries [first, st->count) all come from one file; empty tensors overlap nothing. */
-static ir_status st_check_overlap(const infc_st *st, size_t first, ir_diag *d) {
+static ir_status st_check_overlap(const fmt_st *st, size_t first, ir_diag *d) {
   size_t n = st->count - first;
   if (n < 2) return IR_OK;
   const st_entry **v = malloc(n * sizeof *v);
@@ -337,7 +337,7 @@ static ir_status st_check_overlap(const infc_st *st, size_t first, ir_diag *d) {
   return s;
 }
 
-static ir_status st_add_entries(infc_st *st, const cJSON *root, size_t file,
+static ir_status st_add_entries(fmt_st *st, const cJSON *root, size_t file,
                                 uint64_t data_size, ir_diag *d) {
   const st_file *f = &st->files[file];
   const uint8_t *data = f->map + (f->size - data_size);
@@ -366,7 +366,7 @@ static ir_status st_add_entries(infc_st *st, const cJSON *root, size_t file,
 }
 
 /* Maps st->files[file], validates its header and appends its tensors. */
-static ir_status st_load_file(infc_st *st, size_t file, ir_diag *d) {
+static ir_status st_load_file(fmt_st *st, size_t file, ir_diag *d) {
   st_file *f = &st->files[file];
   cJSON *root = NULL;
   uint64_t data_size = 0;
@@ -382,7 +382,7 @@ static ir_status st_load_file(infc_st *st, size_t file, ir_diag *d) {
 
 /* ---- the whole checkpoint --------------------------------------------------------- */
 
-static ir_status st_add_file(infc_st *st, char *path, char *shard, ir_diag *d) {
+static ir_status st_add_file(fmt_st *st, char *path, char *shard, ir_diag *d) {
   st_file *p = realloc(st->files, (st->nfiles + 1) * sizeof *p);
   if (!p) {
     free(path), free(shard);
@@ -394,7 +394,7 @@ static ir_status st_add_file(infc_st *st, char *path, char *shard, ir_diag *d) {
   return st_load_file(st, st->nfiles - 1, d);
 }
 
-static ir_status st_sort_unique(infc_st *st, ir_diag *d) {
+static ir_status st_sort_unique(fmt_st *st, ir_diag *d) {
   if (st->count > 1) qsort(st->entries, st->count, sizeof *st->entries, st_cmp_name);
   for (size_t i = 1; i < st->count; i++) {
     const st_entry *a = &st->entries[i - 1], *b = &st->entries[i];
@@ -451,7 +451,7 @@ static int st_cmp_str(const void *a, const void *b) {
 }
 
 /* Checks the weight_map values and opens each distinct shard once, in name order. */
-static ir_status st_open_shards(infc_st *st, const char *dir, const cJSON *wm, ir_diag *d) {
+static ir_status st_open_shards(fmt_st *st, const char *dir, const cJSON *wm, ir_diag *d) {
   size_t n = (size_t)cJSON_GetArraySize(wm), k = 0;
   const char **names = malloc((n ? n : 1) * sizeof *names);
   if (!names) return ir_diag_set(d, IR_OOM, "out of memory");
@@ -476,10 +476,10 @@ static ir_status st_open_shards(infc_st *st, const char *dir, const cJSON *wm, i
 }
 
 /* Every tensor the index names must be in the shard the index names. */
-static ir_status st_check_index(const infc_st *st, const char *dir, const cJSON *wm,
+static ir_status st_check_index(const fmt_st *st, const char *dir, const cJSON *wm,
                                 ir_diag *d) {
   for (const cJSON *c = wm->child; c; c = c->next) {
-    const st_entry *e = (const st_entry *)infc_st_find(st, c->string);
+    const st_entry *e = (const st_entry *)fmt_st_find(st, c->string);
     const char *shard = e ? st->files[e->file].shard : NULL;
     if (!shard || strcmp(shard, c->valuestring) != 0)
       return ir_diag_set(d, IR_BAD_FORMAT,
@@ -490,7 +490,7 @@ static ir_status st_check_index(const infc_st *st, const char *dir, const cJSON 
   return IR_OK;
 }
 
-static ir_status st_open_index(infc_st *st, const char *dir, const char *index_path,
+static ir_status st_open_index(fmt_st *st, const char *dir, const char *index_path,
                                ir_diag *d) {
   cJSON *root = NULL;
   ir_status s = st_read_small_file(index_path, &root, d);
@@ -506,7 +506,7 @@ static ir_status st_open_index(infc_st *st, const char *dir, const char *index_p
   return s;
 }
 
-static ir_status st_open_dir(infc_st *st, const char *dir, ir_diag *d) {
+static ir_status st_open_dir(fmt_st *st, const char *dir, ir_diag *d) {
   char *index = st_join(dir, ST_INDEX_NAME);
   char *single = st_join(dir, ST_SINGLE_NAME);
   ir_status s = IR_OK;
@@ -526,11 +526,11 @@ static ir_status st_open_dir(infc_st *st, const char *dir, ir_diag *d) {
   return s;
 }
 
-ir_status infc_st_open(const char *path, infc_st **out, ir_diag *d) {
-  if (!out) return ir_diag_set(d, IR_INVALID_ARG, "infc_st_open: out is NULL");
+ir_status fmt_st_open(const char *path, fmt_st **out, ir_diag *d) {
+  if (!out) return ir_diag_set(d, IR_INVALID_ARG, "fmt_st_open: out is NULL");
   *out = NULL;
-  if (!path) return ir_diag_set(d, IR_INVALID_ARG, "infc_st_open: path is NULL");
-  infc_st *st = calloc(1, sizeof *st);
+  if (!path) return ir_diag_set(d, IR_INVALID_ARG, "fmt_st_open: path is NULL");
+  fmt_st *st = calloc(1, sizeof *st);
   if (!st) return ir_diag_set(d, IR_OOM, "out of memory");
   struct stat sb;
   ir_status s;
@@ -543,14 +543,14 @@ ir_status infc_st_open(const char *path, infc_st **out, ir_diag *d) {
     if (s == IR_OK) s = st_sort_unique(st, d);
   }
   if (s != IR_OK) {
-    infc_st_close(st);
+    fmt_st_close(st);
     return s;
   }
   *out = st;
   return IR_OK;
 }
 
-void infc_st_close(infc_st *st) {
+void fmt_st_close(fmt_st *st) {
   if (!st) return;
   for (size_t i = 0; i < st->count; i++) free((char *)st->entries[i].t.name);
   free(st->entries);
@@ -565,13 +565,13 @@ void infc_st_close(infc_st *st) {
   free(st);
 }
 
-size_t infc_st_count(const infc_st *st) { return st ? st->count : 0; }
+size_t fmt_st_count(const fmt_st *st) { return st ? st->count : 0; }
 
-const infc_st_tensor *infc_st_get(const infc_st *st, size_t i) {
+const fmt_st_tensor *fmt_st_get(const fmt_st *st, size_t i) {
   return st && i < st->count ? &st->entries[i].t : NULL;
 }
 
-const infc_st_tensor *infc_st_find(const infc_st *st, const char *name) {
+const fmt_st_tensor *fmt_st_find(const fmt_st *st, const char *name) {
   if (!st || !name || st->count == 0) return NULL;
   st_entry key;
   key.t.name = name;
@@ -579,7 +579,7 @@ const infc_st_tensor *infc_st_find(const infc_st *st, const char *name) {
   return e ? &e->t : NULL;
 }
 
-const char *infc_st_metadata(const infc_st *st, const char *key) {
+const char *fmt_st_metadata(const fmt_st *st, const char *key) {
   if (!st || !key) return NULL;
   for (size_t i = 0; i < st->nmeta; i++)
     if (st->meta[2 * i] && strcmp(st->meta[2 * i], key) == 0) return st->meta[2 * i + 1];

@@ -6,13 +6,6 @@
 
 #include "model.h"
 
-const char *irt_status_name(irt_status s) { return ir_status_name((ir_status)s); }
-
-void irt_error_from_diag(irt_error *err, const ir_diag *d) {
-  if (!err) return;
-  err->status = (irt_status)d->status;
-  snprintf(err->msg, sizeof err->msg, "%s", d->msg);
-}
 
 irt_model_opts irt_model_opts_default(void) {
   return (irt_model_opts){.n_threads = 0, .kv_tokens = 0, .skip_weight_checksum = true};
@@ -24,7 +17,7 @@ irt_status irt_plan_verify(const char *plan_path, irt_error *err) {
   ir_status st = ir_plan_open(plan_path, IR_PLAN_VERIFY_ALL, &p, &d);
   ir_plan_close(p);
   if (st != IR_OK) irt_error_from_diag(err, &d);
-  return (irt_status)st;
+  return irt_status_from_ir(st);
 }
 
 static int32_t find_io(const ir_graph *g, const char *name, ir_diag *d) {
@@ -272,7 +265,7 @@ irt_status irt_model_open(const char *path, const irt_model_opts *opts, irt_mode
   if (st != IR_OK) {
     irt_error_from_diag(err, &d);
     irt_model_close(m);
-    return (irt_status)st;
+    return irt_status_from_ir(st);
   }
   fill_info(m);
   irt_status ws = m->be.ops->run_step ? warm_up(m, err) : IRT_OK;

@@ -45,7 +45,10 @@ struct irt_seq {
   int64_t n_blocks;
 };
 
-void irt_error_from_diag(irt_error *err, const ir_diag *d);
+/* The internal status as the public one (status.c: the only conversion). */
+irt_status irt_status_from_ir(ir_status s);
+/* Fills err (if non-NULL) from d; returns d's status as the public one. */
+irt_status irt_error_from_diag(irt_error *err, const ir_diag *d);
 /* A pick on the host (step.c): the sampler's own function on the row less the penalties,
  * the logprob and alternatives of the row itself. The engine's rows go through it too. */
 void irt_pick_row(irt_model *m, irt_pick *p, const float *row);

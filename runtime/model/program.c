@@ -9,6 +9,7 @@
 #include "inferrt.h"
 #include "ir_plan.h"
 #include "model.h"
+#include "fmt_onnx_tensor.h"
 
 _Static_assert(IRT_DTYPE_F32 == (int)IR_F32 && IRT_DTYPE_F16 == (int)IR_F16 &&
                    IRT_DTYPE_BF16 == (int)IR_BF16 && IRT_DTYPE_I64 == (int)IR_I64 &&
@@ -88,7 +89,7 @@ irt_status irt_program_open(const char *plan_path, const irt_model_opts *opts,
   if (st != IR_OK) {
     irt_error_from_diag(err, &d);
     irt_program_close(p);
-    return (irt_status)st;
+    return irt_status_from_ir(st);
   }
   *out = p;
   return IRT_OK;
@@ -158,7 +159,7 @@ irt_status irt_program_set_input(irt_program *p, int i, const void *data, uint64
                 (unsigned long long)in.nbytes, (unsigned long long)nbytes);
   if (d.status != IR_OK) {
     irt_error_from_diag(err, &d);
-    return (irt_status)d.status;
+    return irt_status_from_ir(d.status);
   }
   if (nbytes) memcpy(p->inbuf[i], data, nbytes);
   return IRT_OK;
@@ -171,7 +172,7 @@ irt_status irt_program_run(irt_program *p, irt_error *err) {
     if (p->be.ops->run_node(p->be.ctx, p->g, i, p->ptrs, &step, &d) != IR_OK) {
       irt_error_from_diag(err, &d);
       p->ran = false;
-      return (irt_status)d.status;
+      return irt_status_from_ir(d.status);
     }
   p->ran = true;
   return IRT_OK;
@@ -185,3 +186,35 @@ const void *irt_program_output(const irt_program *p, int i, uint64_t *out_nbytes
 }
 
 const char *irt_dtype_name(irt_dtype t) { return ir_dtype_name((ir_dtype)t); }
+
+/* --- TensorProto files (formats/fmt_onnx_tensor) ------------------------------------- */
+
+irt_status irt_tensor_file_load(const char *path, irt_tensor_file *out, irt_error *err) {
+  ir_diag d = {0};
+  fmt_onnx_tensor t;
+  memset(out, 0, sizeof *out);
+  if (fmt_onnx_tensor_load(path, &t, &d) != IR_OK) return irt_error_from_diag(err, &d);
+  out->info.name = t.name;
+  out->info.dtype = (irt_dtype)t.dtype;
+  out->info.rank = t.rank;
+  memcpy(out->info.shape, t.shape, sizeof out->info.shape);
+  out->info.nbytes = t.nbytes;
+  out->data = t.data;
+  return IRT_OK;
+}
+
+void irt_tensor_file_free(irt_tensor_file *t) {
+  if (!t) return;
+  free((char *)t->info.name);
+  free(t->data);
+  memset(t, 0, sizeof *t);
+}
+
+irt_status irt_tensor_file_save(const char *path, const irt_tensor_info *info, const void *data,
+                                irt_error *err) {
+  ir_diag d = {0};
+  if (fmt_onnx_tensor_save(path, info->name ? info->name : "", (ir_dtype)info->dtype, false,
+                           info->rank, info->shape, data, &d) != IR_OK)
+    return irt_error_from_diag(err, &d);
+  return IRT_OK;
+}

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "srv.h"
+#include "openai.h"
 
 #define MAX_STOPS 16
 #define MAX_STOP_LEN 256

@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "srv.h"
+#include "openai.h"
 
 #define TOOL_OPEN "<tool_call>"
 #define TOOL_CLOSE "</tool_call>"

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "srv.h"
+#include "openai.h"
 
 /* A message's content: a string or an array of {"type": "text", "text": ...} parts, joined. */
 static char *message_text(const cJSON *m, int i, bool may_be_null, srv_error *e) {

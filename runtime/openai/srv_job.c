@@ -10,7 +10,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "srv.h"
+#include "openai.h"
 
 static double now_ms(void) {
   struct timespec ts;
@@ -75,15 +75,15 @@ static void add_tok(srv_job *j, srv_choice *ch, const irt_event *ev) {
   set_tok(&ch->toks[ch->n_toks++], ev);
 }
 
-/* Metrics of a finished request: TTFT, time per output token after the first, latency. */
+/* A finished request's times to the server's hook: TTFT, time per output token after the
+ * first, latency. */
 static void record(srv_job *j) {
-  if (!j->c->metrics) return;
+  if (!j->c->on_done) return;
   int64_t most = 0;
   for (int i = 0; i < j->p.n; i++) most = j->ch[i].n_gen > most ? j->ch[i].n_gen : most;
   double ttft = most ? (j->t_first - j->t_submit) / 1e3 : -1;
   double tpot = most > 1 ? (j->t_done - j->t_first) / 1e3 / (double)(most - 1) : -1;
-  srv_metrics_generation(j->c->metrics, ttft, tpot, (j->t_done - j->t_submit) / 1e3);
-  if (j->cancelled) srv_metrics_cancelled(j->c->metrics);
+  j->c->on_done(j->c->on_done_cls, ttft, tpot, (j->t_done - j->t_submit) / 1e3, j->cancelled);
 }
 
 static void on_event(void *user, const irt_event *ev) {

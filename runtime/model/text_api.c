@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "chat_template.h"
+#include "fmt_gguf_tok.h"
 #include "model.h"
 
 struct irt_text_stream {
@@ -13,13 +14,24 @@ struct irt_text_stream {
 
 static irt_status done(irt_error *err, ir_status st, const ir_diag *d) {
   if (st != IR_OK) irt_error_from_diag(err, d);
-  return (irt_status)st;
+  return irt_status_from_ir(st);
 }
 
 irt_status irt_tokenizer_open_json(const char *json, const char *config, irt_tokenizer **out,
                                    irt_error *err) {
   ir_diag d = {0};
   return done(err, irt_tok_load_hf(json, config, out, &d), &d);
+}
+
+irt_status irt_tokenizer_open_gguf(const char *path, irt_tokenizer **out, irt_error *err) {
+  fmt_gguf *g = NULL;
+  ir_diag d = {0};
+  *out = NULL;
+  ir_status st = fmt_gguf_open(path, &g, &d);
+  if (st == IR_OK) st = fmt_gguf_tokenizer(g, out, &d);
+  if (st == IR_OK && !*out) st = ir_diag_set(&d, IR_INVALID_ARG, "%s has no tokenizer", path);
+  fmt_gguf_close(g);
+  return done(err, st, &d);
 }
 
 irt_status irt_tokenizer_open_plan(const char *path, irt_tokenizer **out, irt_error *err) {

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "srv.h"
+#include "openai.h"
 
 bool srv_buf_put(srv_buf *b, const char *s, size_t n) {
   if (b->len + n + 1 > b->cap) {

@@ -1,7 +1,7 @@
-/* infc_gguf: mmap-backed GGUF v2/v3 reader. A bounded cursor walks the header; nothing
+/* fmt_gguf: mmap-backed GGUF v2/v3 reader. A bounded cursor walks the header; nothing
  * read from the file becomes a pointer, a size or an allocation before it is checked
  * against the bytes that are actually there. */
-#include "infc_gguf.h"
+#include "fmt_gguf.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -17,18 +17,18 @@
 #define GG_MIN_TENSOR 24u  /* name length (8) + rank (4) + type (4) + offset (8) */
 #define GG_MIN_ARRAY 12u   /* element type (4) + count (8) */
 
-struct infc_gguf {
+struct fmt_gguf {
   char *path;
   const uint8_t *map;
   uint64_t size;
   uint32_t version, alignment;
   uint64_t data_offset;
-  infc_gguf_kv *kvs;
+  fmt_gguf_kv *kvs;
   size_t n_kv;
-  infc_gguf_tensor *tensors;
+  fmt_gguf_tensor *tensors;
   size_t n_tensors;
-  const infc_gguf_kv **kv_sorted;         /* by key, for bsearch */
-  const infc_gguf_tensor **tensor_sorted; /* by name, for bsearch */
+  const fmt_gguf_kv **kv_sorted;         /* by key, for bsearch */
+  const fmt_gguf_tensor **tensor_sorted; /* by name, for bsearch */
   void **owned; /* decoded arrays */
   size_t n_owned, cap_owned;
 };
@@ -66,26 +66,26 @@ static const gg_ttype *gg_ttype_of(uint32_t t) {
   return t < GG_N_TTYPES && k_ttypes[t].size ? &k_ttypes[t] : NULL;
 }
 
-const char *infc_gguf_ggml_type_name(uint32_t t) {
+const char *fmt_gguf_ggml_type_name(uint32_t t) {
   const gg_ttype *tt = gg_ttype_of(t);
   return tt ? tt->name : "unknown";
 }
 
-ir_status infc_gguf_type_check(const infc_gguf_tensor *t, ir_diag *d) {
+ir_status fmt_gguf_type_check(const fmt_gguf_tensor *t, ir_diag *d) {
   if (t->dtype != IR_DTYPE_INVALID) return IR_OK;
   return ir_diag_set(d, IR_UNSUPPORTED,
                      "tensor '%.200s': type %u (%s) is not supported (supported: F32, F16, "
                      "BF16, Q8_0, Q4_0, Q4_1)",
-                     t->name, t->ggml_type, infc_gguf_ggml_type_name(t->ggml_type));
+                     t->name, t->ggml_type, fmt_gguf_ggml_type_name(t->ggml_type));
 }
 
-static const char *const k_vnames[INFC_GGUF_TYPE_COUNT] = {
+static const char *const k_vnames[FMT_GGUF_TYPE_COUNT] = {
     "U8", "I8", "U16", "I16", "U32", "I32", "F32", "BOOL", "STRING", "ARRAY", "U64", "I64", "F64",
 };
-static const uint8_t k_vsize[INFC_GGUF_TYPE_COUNT] = {1, 1, 2, 2, 4, 4, 4, 1, 0, 0, 8, 8, 8};
+static const uint8_t k_vsize[FMT_GGUF_TYPE_COUNT] = {1, 1, 2, 2, 4, 4, 4, 1, 0, 0, 8, 8, 8};
 
-const char *infc_gguf_type_name(infc_gguf_type t) {
-  return (unsigned)t < INFC_GGUF_TYPE_COUNT ? k_vnames[t] : "unknown";
+const char *fmt_gguf_type_name(fmt_gguf_type t) {
+  return (unsigned)t < FMT_GGUF_TYPE_COUNT ? k_vnames[t] : "unknown";
 }
 
 /* ---- the bounded cursor ------------------------------------------------------------- */
@@ -124,7 +124,7 @@ static ir_status gg_trunc(const gg_cur *c, const char *what, const char *name, i
 }
 
 /* A u64 length then that many bytes. */
-static ir_status cur_str(gg_cur *c, infc_gguf_str *out, const char *what, const char *name,
+static ir_status cur_str(gg_cur *c, fmt_gguf_str *out, const char *what, const char *name,
                          ir_diag *d) {
   uint64_t len;
   if (!cur_uint(c, 8, &len)) return gg_trunc(c, what, name, d);
@@ -142,7 +142,7 @@ static ir_status cur_str(gg_cur *c, infc_gguf_str *out, const char *what, const 
 
 /* A key or tensor name: bounded, NUL-free, copied into a C string. */
 static ir_status cur_name(gg_cur *c, char **out, const char *what, ir_diag *d) {
-  infc_gguf_str s = {0};
+  fmt_gguf_str s = {0};
   uint64_t at = c->pos;
   ir_status st = cur_str(c, &s, what, NULL, d);
   if (st != IR_OK) return st;
@@ -159,7 +159,7 @@ static ir_status cur_name(gg_cur *c, char **out, const char *what, ir_diag *d) {
 
 /* ---- metadata values ---------------------------------------------------------------- */
 
-static void *gg_alloc(infc_gguf *g, uint64_t n, size_t elem) {
+static void *gg_alloc(fmt_gguf *g, uint64_t n, size_t elem) {
   if (n == 0) return NULL;
   if (g->n_owned == g->cap_owned) {
     size_t cap = g->cap_owned ? 2 * g->cap_owned : 16;
@@ -173,31 +173,31 @@ static void *gg_alloc(infc_gguf *g, uint64_t n, size_t elem) {
 }
 
 typedef struct gg_val_ctx {
-  infc_gguf *g;
+  fmt_gguf *g;
   gg_cur *c;
   const char *key;
   ir_diag *d;
 } gg_val_ctx;
 
 /* Decodes one fixed-size scalar at p into v. */
-static ir_status gg_scalar(gg_val_ctx *x, infc_gguf_type t, const uint8_t *p,
-                           infc_gguf_value *v) {
+static ir_status gg_scalar(gg_val_ctx *x, fmt_gguf_type t, const uint8_t *p,
+                           fmt_gguf_value *v) {
   uint64_t raw = gg_le(p, k_vsize[t]);
   v->type = t;
   switch (t) {
-  case INFC_GGUF_I8: v->num.i = (int8_t)raw; break;
-  case INFC_GGUF_I16: v->num.i = (int16_t)raw; break;
-  case INFC_GGUF_I32: v->num.i = (int32_t)raw; break;
-  case INFC_GGUF_I64: v->num.i = (int64_t)raw; break;
-  case INFC_GGUF_F32: {
+  case FMT_GGUF_I8: v->num.i = (int8_t)raw; break;
+  case FMT_GGUF_I16: v->num.i = (int16_t)raw; break;
+  case FMT_GGUF_I32: v->num.i = (int32_t)raw; break;
+  case FMT_GGUF_I64: v->num.i = (int64_t)raw; break;
+  case FMT_GGUF_F32: {
     uint32_t u = (uint32_t)raw;
     float f;
     memcpy(&f, &u, 4);
     v->num.f = f;
     break;
   }
-  case INFC_GGUF_F64: memcpy(&v->num.f, &raw, 8); break;
-  case INFC_GGUF_BOOL:
+  case FMT_GGUF_F64: memcpy(&v->num.f, &raw, 8); break;
+  case FMT_GGUF_BOOL:
     if (raw > 1)
       return ir_diag_set(x->d, IR_BAD_FORMAT, "metadata key '%.200s': bool value %llu is not "
                          "0 or 1", x->key, (unsigned long long)raw);
@@ -208,10 +208,10 @@ static ir_status gg_scalar(gg_val_ctx *x, infc_gguf_type t, const uint8_t *p,
   return IR_OK;
 }
 
-static ir_status gg_value(gg_val_ctx *x, infc_gguf_type t, int depth, infc_gguf_value *v);
+static ir_status gg_value(gg_val_ctx *x, fmt_gguf_type t, int depth, fmt_gguf_value *v);
 
 /* Elements of fixed size: one bounds check for the whole run, then decode. */
-static ir_status gg_fixed_array(gg_val_ctx *x, infc_gguf_value *v) {
+static ir_status gg_fixed_array(gg_val_ctx *x, fmt_gguf_value *v) {
   uint64_t es = k_vsize[v->elem_type];
   if (v->count > cur_left(x->c) / es)
     return ir_diag_set(x->d, IR_BAD_FORMAT, "metadata key '%.200s': array of %llu %s needs "
@@ -219,23 +219,23 @@ static ir_status gg_fixed_array(gg_val_ctx *x, infc_gguf_value *v) {
                        k_vnames[v->elem_type], (unsigned long long)cur_left(x->c));
   const uint8_t *p = x->c->p + x->c->pos;
   x->c->pos += v->count * es;
-  bool fl = v->elem_type == INFC_GGUF_F32 || v->elem_type == INFC_GGUF_F64;
+  bool fl = v->elem_type == FMT_GGUF_F32 || v->elem_type == FMT_GGUF_F64;
   int64_t *ints = fl ? NULL : gg_alloc(x->g, v->count, sizeof *ints);
   float *floats = fl ? gg_alloc(x->g, v->count, sizeof *floats) : NULL;
   if (v->count && !ints && !floats) return ir_diag_set(x->d, IR_OOM, "out of memory");
   for (uint64_t i = 0; i < v->count; i++) {
-    infc_gguf_value e;
+    fmt_gguf_value e;
     ir_status st = gg_scalar(x, v->elem_type, p + i * es, &e);
     if (st != IR_OK) return st;
     if (fl) {
       floats[i] = (float)e.num.f;
-    } else if (v->elem_type == INFC_GGUF_U64 && e.num.u > INT64_MAX) {
+    } else if (v->elem_type == FMT_GGUF_U64 && e.num.u > INT64_MAX) {
       return ir_diag_set(x->d, IR_UNSUPPORTED, "metadata key '%.200s': element %llu is %llu, "
                          "above INT64_MAX", x->key, (unsigned long long)i,
                          (unsigned long long)e.num.u);
     } else {
-      ints[i] = (v->elem_type == INFC_GGUF_I8 || v->elem_type == INFC_GGUF_I16 ||
-                 v->elem_type == INFC_GGUF_I32 || v->elem_type == INFC_GGUF_I64)
+      ints[i] = (v->elem_type == FMT_GGUF_I8 || v->elem_type == FMT_GGUF_I16 ||
+                 v->elem_type == FMT_GGUF_I32 || v->elem_type == FMT_GGUF_I64)
                     ? e.num.i
                     : (int64_t)e.num.u;
     }
@@ -245,69 +245,69 @@ static ir_status gg_fixed_array(gg_val_ctx *x, infc_gguf_value *v) {
   return IR_OK;
 }
 
-static ir_status gg_array(gg_val_ctx *x, int depth, infc_gguf_value *v) {
+static ir_status gg_array(gg_val_ctx *x, int depth, fmt_gguf_value *v) {
   uint32_t et;
   if (!cur_u32(x->c, &et) || !cur_uint(x->c, 8, &v->count))
     return gg_trunc(x->c, "array header of metadata key", x->key, x->d);
-  if (et >= INFC_GGUF_TYPE_COUNT)
+  if (et >= FMT_GGUF_TYPE_COUNT)
     return ir_diag_set(x->d, IR_BAD_FORMAT, "metadata key '%.200s': unknown array element "
                        "type %u", x->key, et);
-  v->elem_type = (infc_gguf_type)et;
+  v->elem_type = (fmt_gguf_type)et;
   if (k_vsize[et]) return gg_fixed_array(x, v);
-  bool nested = et == INFC_GGUF_ARRAY;
-  if (nested && depth + 1 >= INFC_GGUF_MAX_DEPTH)
+  bool nested = et == FMT_GGUF_ARRAY;
+  if (nested && depth + 1 >= FMT_GGUF_MAX_DEPTH)
     return ir_diag_set(x->d, IR_BAD_FORMAT, "metadata key '%.200s': arrays nested deeper "
-                       "than %d", x->key, INFC_GGUF_MAX_DEPTH);
+                       "than %d", x->key, FMT_GGUF_MAX_DEPTH);
   uint64_t min = nested ? GG_MIN_ARRAY : 8;
   if (v->count > cur_left(x->c) / min)
     return ir_diag_set(x->d, IR_BAD_FORMAT, "metadata key '%.200s': array of %llu %s needs "
                        "more than the %llu bytes left", x->key, (unsigned long long)v->count,
                        k_vnames[et], (unsigned long long)cur_left(x->c));
-  infc_gguf_str *strs = nested ? NULL : gg_alloc(x->g, v->count, sizeof *strs);
-  infc_gguf_value *items = nested ? gg_alloc(x->g, v->count, sizeof *items) : NULL;
+  fmt_gguf_str *strs = nested ? NULL : gg_alloc(x->g, v->count, sizeof *strs);
+  fmt_gguf_value *items = nested ? gg_alloc(x->g, v->count, sizeof *items) : NULL;
   if (v->count && !strs && !items) return ir_diag_set(x->d, IR_OOM, "out of memory");
   ir_status st = IR_OK;
   for (uint64_t i = 0; i < v->count && st == IR_OK; i++)
-    st = nested ? gg_value(x, INFC_GGUF_ARRAY, depth + 1, &items[i])
+    st = nested ? gg_value(x, FMT_GGUF_ARRAY, depth + 1, &items[i])
                 : cur_str(x->c, &strs[i], "string in metadata key", x->key, x->d);
   v->strs = strs;
   v->items = items;
   return st;
 }
 
-static ir_status gg_value(gg_val_ctx *x, infc_gguf_type t, int depth, infc_gguf_value *v) {
+static ir_status gg_value(gg_val_ctx *x, fmt_gguf_type t, int depth, fmt_gguf_value *v) {
   memset(v, 0, sizeof *v);
   v->type = t;
-  if (t == INFC_GGUF_STRING) return cur_str(x->c, &v->str, "metadata key", x->key, x->d);
-  if (t == INFC_GGUF_ARRAY) return gg_array(x, depth, v);
+  if (t == FMT_GGUF_STRING) return cur_str(x->c, &v->str, "metadata key", x->key, x->d);
+  if (t == FMT_GGUF_ARRAY) return gg_array(x, depth, v);
   if (cur_left(x->c) < k_vsize[t]) return gg_trunc(x->c, "value of metadata key", x->key, x->d);
   ir_status st = gg_scalar(x, t, x->c->p + x->c->pos, v);
   x->c->pos += k_vsize[t];
   return st;
 }
 
-static ir_status gg_read_kv(infc_gguf *g, gg_cur *c, infc_gguf_kv *kv, ir_diag *d) {
+static ir_status gg_read_kv(fmt_gguf *g, gg_cur *c, fmt_gguf_kv *kv, ir_diag *d) {
   char *key = NULL;
   ir_status st = cur_name(c, &key, "metadata key", d);
   if (st != IR_OK) return st;
   kv->key = key;
   uint32_t t;
   if (!cur_u32(c, &t)) return gg_trunc(c, "type of metadata key", key, d);
-  if (t >= INFC_GGUF_TYPE_COUNT)
+  if (t >= FMT_GGUF_TYPE_COUNT)
     return ir_diag_set(d, IR_BAD_FORMAT, "metadata key '%.200s': unknown value type %u", key, t);
   gg_val_ctx x = {g, c, key, d};
-  return gg_value(&x, (infc_gguf_type)t, 0, &kv->value);
+  return gg_value(&x, (fmt_gguf_type)t, 0, &kv->value);
 }
 
 /* ---- tensor infos ------------------------------------------------------------------- */
 
-static ir_status gg_tensor_shape(gg_cur *c, infc_gguf_tensor *t, uint64_t *out_elems,
+static ir_status gg_tensor_shape(gg_cur *c, fmt_gguf_tensor *t, uint64_t *out_elems,
                                  ir_diag *d) {
   uint32_t rank;
   if (!cur_u32(c, &rank)) return gg_trunc(c, "rank of tensor", t->name, d);
-  if (rank < 1 || rank > INFC_GGUF_MAX_RANK)
+  if (rank < 1 || rank > FMT_GGUF_MAX_RANK)
     return ir_diag_set(d, IR_BAD_FORMAT, "tensor '%.200s': rank %u is not in 1..%d", t->name,
-                       rank, INFC_GGUF_MAX_RANK);
+                       rank, FMT_GGUF_MAX_RANK);
   t->rank = (int)rank;
   uint64_t elems = 1;
   bool zero = false;
@@ -324,7 +324,7 @@ static ir_status gg_tensor_shape(gg_cur *c, infc_gguf_tensor *t, uint64_t *out_e
   return IR_OK;
 }
 
-static ir_status gg_read_tensor(gg_cur *c, infc_gguf_tensor *t, ir_diag *d) {
+static ir_status gg_read_tensor(gg_cur *c, fmt_gguf_tensor *t, ir_diag *d) {
   char *name = NULL;
   ir_status st = cur_name(c, &name, "tensor name", d);
   if (st != IR_OK) return st;
@@ -350,13 +350,13 @@ static ir_status gg_read_tensor(gg_cur *c, infc_gguf_tensor *t, ir_diag *d) {
 
 /* ---- layout checks ------------------------------------------------------------------ */
 
-static ir_status gg_alignment(infc_gguf *g, ir_diag *d) {
-  g->alignment = INFC_GGUF_DEFAULT_ALIGN;
-  const infc_gguf_kv *kv = infc_gguf_kv_find(g, "general.alignment");
+static ir_status gg_alignment(fmt_gguf *g, ir_diag *d) {
+  g->alignment = FMT_GGUF_DEFAULT_ALIGN;
+  const fmt_gguf_kv *kv = fmt_gguf_kv_find(g, "general.alignment");
   if (!kv) return IR_OK;
-  if (kv->value.type != INFC_GGUF_U32)
+  if (kv->value.type != FMT_GGUF_U32)
     return ir_diag_set(d, IR_BAD_FORMAT, "metadata key 'general.alignment' has type %s, "
-                       "expected U32", infc_gguf_type_name(kv->value.type));
+                       "expected U32", fmt_gguf_type_name(kv->value.type));
   uint64_t a = kv->value.num.u;
   if (a == 0 || (a & (a - 1)))
     return ir_diag_set(d, IR_BAD_FORMAT, "general.alignment %llu is not a power of two",
@@ -366,19 +366,19 @@ static ir_status gg_alignment(infc_gguf *g, ir_diag *d) {
 }
 
 static int gg_cmp_offset(const void *a, const void *b) {
-  const infc_gguf_tensor *x = *(const infc_gguf_tensor *const *)a;
-  const infc_gguf_tensor *y = *(const infc_gguf_tensor *const *)b;
+  const fmt_gguf_tensor *x = *(const fmt_gguf_tensor *const *)a;
+  const fmt_gguf_tensor *y = *(const fmt_gguf_tensor *const *)b;
   if (x->offset != y->offset) return x->offset < y->offset ? -1 : 1;
   return (x->nbytes > y->nbytes) - (x->nbytes < y->nbytes);
 }
 
-static ir_status gg_no_overlap(infc_gguf *g, ir_diag *d) {
-  const infc_gguf_tensor **v = malloc((g->n_tensors + 1) * sizeof *v);
+static ir_status gg_no_overlap(fmt_gguf *g, ir_diag *d) {
+  const fmt_gguf_tensor **v = malloc((g->n_tensors + 1) * sizeof *v);
   if (!v) return ir_diag_set(d, IR_OOM, "out of memory");
   for (size_t i = 0; i < g->n_tensors; i++) v[i] = &g->tensors[i];
   qsort(v, g->n_tensors, sizeof *v, gg_cmp_offset);
   ir_status st = IR_OK;
-  const infc_gguf_tensor *prev = NULL;
+  const fmt_gguf_tensor *prev = NULL;
   for (size_t i = 0; i < g->n_tensors && st == IR_OK; i++) {
     if (v[i]->nbytes == 0) continue;
     if (prev && v[i]->offset < prev->offset + prev->nbytes)
@@ -394,7 +394,7 @@ static ir_status gg_no_overlap(infc_gguf *g, ir_diag *d) {
 }
 
 /* Places the data section after the infos and every tensor inside it. */
-static ir_status gg_layout(infc_gguf *g, uint64_t infos_end, ir_diag *d) {
+static ir_status gg_layout(fmt_gguf *g, uint64_t infos_end, ir_diag *d) {
   uint64_t a = g->alignment;
   uint64_t start = infos_end + (a - infos_end % a) % a;
   if (start < infos_end || (start > g->size && g->n_tensors > 0))
@@ -404,7 +404,7 @@ static ir_status gg_layout(infc_gguf *g, uint64_t infos_end, ir_diag *d) {
   g->data_offset = start > g->size ? g->size : start;
   uint64_t avail = g->size - g->data_offset;
   for (size_t i = 0; i < g->n_tensors; i++) {
-    infc_gguf_tensor *t = &g->tensors[i];
+    fmt_gguf_tensor *t = &g->tensors[i];
     if (t->offset % a)
       return ir_diag_set(d, IR_BAD_FORMAT, "tensor '%.200s': offset %llu is not a multiple of "
                          "the alignment %llu", t->name, (unsigned long long)t->offset,
@@ -420,16 +420,16 @@ static ir_status gg_layout(infc_gguf *g, uint64_t infos_end, ir_diag *d) {
 }
 
 static int gg_cmp_kv(const void *a, const void *b) {
-  return strcmp((*(const infc_gguf_kv *const *)a)->key, (*(const infc_gguf_kv *const *)b)->key);
+  return strcmp((*(const fmt_gguf_kv *const *)a)->key, (*(const fmt_gguf_kv *const *)b)->key);
 }
 
 static int gg_cmp_tensor(const void *a, const void *b) {
-  return strcmp((*(const infc_gguf_tensor *const *)a)->name,
-                (*(const infc_gguf_tensor *const *)b)->name);
+  return strcmp((*(const fmt_gguf_tensor *const *)a)->name,
+                (*(const fmt_gguf_tensor *const *)b)->name);
 }
 
 /* Sorted indexes for lookup; a repeated key or tensor name is an error. */
-static ir_status gg_index(infc_gguf *g, ir_diag *d) {
+static ir_status gg_index(fmt_gguf *g, ir_diag *d) {
   g->kv_sorted = malloc((g->n_kv + 1) * sizeof *g->kv_sorted);
   g->tensor_sorted = malloc((g->n_tensors + 1) * sizeof *g->tensor_sorted);
   if (!g->kv_sorted || !g->tensor_sorted) return ir_diag_set(d, IR_OOM, "out of memory");
@@ -450,7 +450,7 @@ static ir_status gg_index(infc_gguf *g, ir_diag *d) {
 
 /* ---- header and file ---------------------------------------------------------------- */
 
-static ir_status gg_header(infc_gguf *g, gg_cur *c, uint64_t *n_tensors, uint64_t *n_kv,
+static ir_status gg_header(fmt_gguf *g, gg_cur *c, uint64_t *n_tensors, uint64_t *n_kv,
                            ir_diag *d) {
   if (g->size < 4 || memcmp(g->map, "GGUF", 4) != 0)
     return ir_diag_set(d, IR_BAD_FORMAT, "not a GGUF file (bad magic)");
@@ -475,7 +475,7 @@ static ir_status gg_header(infc_gguf *g, gg_cur *c, uint64_t *n_tensors, uint64_
   return IR_OK;
 }
 
-static ir_status gg_parse(infc_gguf *g, ir_diag *d) {
+static ir_status gg_parse(fmt_gguf *g, ir_diag *d) {
   gg_cur c = {.p = g->map, .size = g->size, .pos = 0};
   uint64_t nt = 0, nkv = 0;
   ir_status st = gg_header(g, &c, &nt, &nkv, d);
@@ -498,7 +498,7 @@ static ir_status gg_parse(infc_gguf *g, ir_diag *d) {
   return st;
 }
 
-static ir_status gg_map(infc_gguf *g, ir_diag *d) {
+static ir_status gg_map(fmt_gguf *g, ir_diag *d) {
   int fd = open(g->path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return ir_diag_set(d, IR_IO, "cannot open: %s", strerror(errno));
   struct stat sb;
@@ -516,10 +516,10 @@ static ir_status gg_map(infc_gguf *g, ir_diag *d) {
   return st;
 }
 
-ir_status infc_gguf_open(const char *path, infc_gguf **out, ir_diag *d) {
-  if (!out || !path) return ir_diag_set(d, IR_INVALID_ARG, "infc_gguf_open: NULL argument");
+ir_status fmt_gguf_open(const char *path, fmt_gguf **out, ir_diag *d) {
+  if (!out || !path) return ir_diag_set(d, IR_INVALID_ARG, "fmt_gguf_open: NULL argument");
   *out = NULL;
-  infc_gguf *g = calloc(1, sizeof *g);
+  fmt_gguf *g = calloc(1, sizeof *g);
   if (!g || !(g->path = strdup(path))) {
     free(g);
     return ir_diag_set(d, IR_OOM, "out of memory");
@@ -528,14 +528,14 @@ ir_status infc_gguf_open(const char *path, infc_gguf **out, ir_diag *d) {
   if (st == IR_OK) st = gg_parse(g, d);
   if (st != IR_OK) {
     ir_diag_prefix(d, "%s", path);
-    infc_gguf_close(g);
+    fmt_gguf_close(g);
     return st;
   }
   *out = g;
   return IR_OK;
 }
 
-void infc_gguf_close(infc_gguf *g) {
+void fmt_gguf_close(fmt_gguf *g) {
   if (!g) return;
   for (size_t i = 0; i < g->n_kv; i++) free((char *)g->kvs[i].key);
   for (size_t i = 0; i < g->n_tensors; i++) free((char *)g->tensors[i].name);
@@ -552,82 +552,82 @@ void infc_gguf_close(infc_gguf *g) {
 
 /* ---- queries ------------------------------------------------------------------------ */
 
-const char *infc_gguf_path(const infc_gguf *g) { return g->path; }
-uint32_t infc_gguf_version(const infc_gguf *g) { return g->version; }
-uint32_t infc_gguf_alignment(const infc_gguf *g) { return g->alignment; }
-uint64_t infc_gguf_data_offset(const infc_gguf *g) { return g->data_offset; }
+const char *fmt_gguf_path(const fmt_gguf *g) { return g->path; }
+uint32_t fmt_gguf_version(const fmt_gguf *g) { return g->version; }
+uint32_t fmt_gguf_alignment(const fmt_gguf *g) { return g->alignment; }
+uint64_t fmt_gguf_data_offset(const fmt_gguf *g) { return g->data_offset; }
 
-const void *infc_gguf_bytes(const infc_gguf *g, uint64_t *out_size) {
+const void *fmt_gguf_bytes(const fmt_gguf *g, uint64_t *out_size) {
   *out_size = g->size;
   return g->map;
 }
 
-size_t infc_gguf_kv_count(const infc_gguf *g) { return g ? g->n_kv : 0; }
+size_t fmt_gguf_kv_count(const fmt_gguf *g) { return g ? g->n_kv : 0; }
 
-const infc_gguf_kv *infc_gguf_kv_get(const infc_gguf *g, size_t i) {
+const fmt_gguf_kv *fmt_gguf_kv_get(const fmt_gguf *g, size_t i) {
   return g && i < g->n_kv ? &g->kvs[i] : NULL;
 }
 
-const infc_gguf_kv *infc_gguf_kv_find(const infc_gguf *g, const char *key) {
+const fmt_gguf_kv *fmt_gguf_kv_find(const fmt_gguf *g, const char *key) {
   if (!g || !key || !g->kv_sorted || g->n_kv == 0) return NULL;
-  infc_gguf_kv probe = {.key = key};
-  const infc_gguf_kv *pp = &probe;
-  const infc_gguf_kv **r = bsearch(&pp, g->kv_sorted, g->n_kv, sizeof *g->kv_sorted, gg_cmp_kv);
+  fmt_gguf_kv probe = {.key = key};
+  const fmt_gguf_kv *pp = &probe;
+  const fmt_gguf_kv **r = bsearch(&pp, g->kv_sorted, g->n_kv, sizeof *g->kv_sorted, gg_cmp_kv);
   return r ? *r : NULL;
 }
 
-size_t infc_gguf_tensor_count(const infc_gguf *g) { return g ? g->n_tensors : 0; }
+size_t fmt_gguf_tensor_count(const fmt_gguf *g) { return g ? g->n_tensors : 0; }
 
-const infc_gguf_tensor *infc_gguf_tensor_get(const infc_gguf *g, size_t i) {
+const fmt_gguf_tensor *fmt_gguf_tensor_get(const fmt_gguf *g, size_t i) {
   return g && i < g->n_tensors ? &g->tensors[i] : NULL;
 }
 
-const infc_gguf_tensor *infc_gguf_tensor_find(const infc_gguf *g, const char *name) {
+const fmt_gguf_tensor *fmt_gguf_tensor_find(const fmt_gguf *g, const char *name) {
   if (!g || !name || !g->tensor_sorted || g->n_tensors == 0) return NULL;
-  infc_gguf_tensor probe = {.name = name};
-  const infc_gguf_tensor *pp = &probe;
-  const infc_gguf_tensor **r =
+  fmt_gguf_tensor probe = {.name = name};
+  const fmt_gguf_tensor *pp = &probe;
+  const fmt_gguf_tensor **r =
       bsearch(&pp, g->tensor_sorted, g->n_tensors, sizeof *g->tensor_sorted, gg_cmp_tensor);
   return r ? *r : NULL;
 }
 
-bool infc_gguf_str_eq(infc_gguf_str s, const char *lit) {
+bool fmt_gguf_str_eq(fmt_gguf_str s, const char *lit) {
   size_t n = strlen(lit);
   return s.len == n && memcmp(s.ptr, lit, n) == 0;
 }
 
 /* ---- typed getters ------------------------------------------------------------------ */
 
-static const infc_gguf_value *gg_want(const infc_gguf *g, const char *key, ir_diag *d) {
-  const infc_gguf_kv *kv = infc_gguf_kv_find(g, key);
+static const fmt_gguf_value *gg_want(const fmt_gguf *g, const char *key, ir_diag *d) {
+  const fmt_gguf_kv *kv = fmt_gguf_kv_find(g, key);
   if (!kv) ir_diag_set(d, IR_BAD_FORMAT, "%s: metadata key '%s' is missing", g->path, key);
   return kv ? &kv->value : NULL;
 }
 
-static ir_status gg_wrong(const infc_gguf *g, const char *key, const infc_gguf_value *v,
+static ir_status gg_wrong(const fmt_gguf *g, const char *key, const fmt_gguf_value *v,
                           const char *want, ir_diag *d) {
   char have[32];
-  if (v->type == INFC_GGUF_ARRAY)
-    snprintf(have, sizeof have, "ARRAY of %s", infc_gguf_type_name(v->elem_type));
+  if (v->type == FMT_GGUF_ARRAY)
+    snprintf(have, sizeof have, "ARRAY of %s", fmt_gguf_type_name(v->elem_type));
   else
-    snprintf(have, sizeof have, "%s", infc_gguf_type_name(v->type));
+    snprintf(have, sizeof have, "%s", fmt_gguf_type_name(v->type));
   return ir_diag_set(d, IR_BAD_FORMAT, "%s: metadata key '%s' has type %s, expected %s",
                      g->path, key, have, want);
 }
 
-static bool gg_is_signed(infc_gguf_type t) {
-  return t == INFC_GGUF_I8 || t == INFC_GGUF_I16 || t == INFC_GGUF_I32 || t == INFC_GGUF_I64;
+static bool gg_is_signed(fmt_gguf_type t) {
+  return t == FMT_GGUF_I8 || t == FMT_GGUF_I16 || t == FMT_GGUF_I32 || t == FMT_GGUF_I64;
 }
 
-static bool gg_is_int(infc_gguf_type t) {
-  return gg_is_signed(t) || t == INFC_GGUF_U8 || t == INFC_GGUF_U16 || t == INFC_GGUF_U32 ||
-         t == INFC_GGUF_U64;
+static bool gg_is_int(fmt_gguf_type t) {
+  return gg_is_signed(t) || t == FMT_GGUF_U8 || t == FMT_GGUF_U16 || t == FMT_GGUF_U32 ||
+         t == FMT_GGUF_U64;
 }
 
 /* Any integer value, checked against [lo, hi]. */
-static ir_status gg_int(const infc_gguf *g, const char *key, int64_t lo, uint64_t hi,
+static ir_status gg_int(const fmt_gguf *g, const char *key, int64_t lo, uint64_t hi,
                         const char *want, uint64_t *out_bits, ir_diag *d) {
-  const infc_gguf_value *v = gg_want(g, key, d);
+  const fmt_gguf_value *v = gg_want(g, key, d);
   if (!v) return IR_BAD_FORMAT;
   if (!gg_is_int(v->type)) return gg_wrong(g, key, v, want, d);
   bool neg = gg_is_signed(v->type) && v->num.i < 0;
@@ -642,87 +642,87 @@ static ir_status gg_int(const infc_gguf *g, const char *key, int64_t lo, uint64_
   return IR_OK;
 }
 
-ir_status infc_gguf_get_u32(const infc_gguf *g, const char *key, uint32_t *out, ir_diag *d) {
+ir_status fmt_gguf_get_u32(const fmt_gguf *g, const char *key, uint32_t *out, ir_diag *d) {
   uint64_t v;
   ir_status st = gg_int(g, key, 0, UINT32_MAX, "the range of u32", &v, d);
   if (st == IR_OK) *out = (uint32_t)v;
   return st;
 }
 
-ir_status infc_gguf_get_i32(const infc_gguf *g, const char *key, int32_t *out, ir_diag *d) {
+ir_status fmt_gguf_get_i32(const fmt_gguf *g, const char *key, int32_t *out, ir_diag *d) {
   uint64_t v;
   ir_status st = gg_int(g, key, INT32_MIN, INT32_MAX, "the range of i32", &v, d);
   if (st == IR_OK) *out = (int32_t)(int64_t)v;
   return st;
 }
 
-ir_status infc_gguf_get_u64(const infc_gguf *g, const char *key, uint64_t *out, ir_diag *d) {
+ir_status fmt_gguf_get_u64(const fmt_gguf *g, const char *key, uint64_t *out, ir_diag *d) {
   return gg_int(g, key, 0, UINT64_MAX, "the range of u64", out, d);
 }
 
-ir_status infc_gguf_get_f32(const infc_gguf *g, const char *key, float *out, ir_diag *d) {
-  const infc_gguf_value *v = gg_want(g, key, d);
+ir_status fmt_gguf_get_f32(const fmt_gguf *g, const char *key, float *out, ir_diag *d) {
+  const fmt_gguf_value *v = gg_want(g, key, d);
   if (!v) return IR_BAD_FORMAT;
-  if (v->type != INFC_GGUF_F32 && v->type != INFC_GGUF_F64)
+  if (v->type != FMT_GGUF_F32 && v->type != FMT_GGUF_F64)
     return gg_wrong(g, key, v, "F32", d);
   *out = (float)v->num.f;
   return IR_OK;
 }
 
-ir_status infc_gguf_get_bool(const infc_gguf *g, const char *key, bool *out, ir_diag *d) {
-  const infc_gguf_value *v = gg_want(g, key, d);
+ir_status fmt_gguf_get_bool(const fmt_gguf *g, const char *key, bool *out, ir_diag *d) {
+  const fmt_gguf_value *v = gg_want(g, key, d);
   if (!v) return IR_BAD_FORMAT;
-  if (v->type != INFC_GGUF_BOOL) return gg_wrong(g, key, v, "BOOL", d);
+  if (v->type != FMT_GGUF_BOOL) return gg_wrong(g, key, v, "BOOL", d);
   *out = v->num.u != 0;
   return IR_OK;
 }
 
-ir_status infc_gguf_get_str(const infc_gguf *g, const char *key, infc_gguf_str *out,
+ir_status fmt_gguf_get_str(const fmt_gguf *g, const char *key, fmt_gguf_str *out,
                             ir_diag *d) {
-  const infc_gguf_value *v = gg_want(g, key, d);
+  const fmt_gguf_value *v = gg_want(g, key, d);
   if (!v) return IR_BAD_FORMAT;
-  if (v->type != INFC_GGUF_STRING) return gg_wrong(g, key, v, "STRING", d);
+  if (v->type != FMT_GGUF_STRING) return gg_wrong(g, key, v, "STRING", d);
   *out = v->str;
   return IR_OK;
 }
 
 /* An array whose elements pass `ok`. */
-static const infc_gguf_value *gg_array_of(const infc_gguf *g, const char *key,
-                                          bool (*ok)(infc_gguf_type), const char *want,
+static const fmt_gguf_value *gg_array_of(const fmt_gguf *g, const char *key,
+                                          bool (*ok)(fmt_gguf_type), const char *want,
                                           ir_diag *d) {
-  const infc_gguf_value *v = gg_want(g, key, d);
-  if (v && (v->type != INFC_GGUF_ARRAY || !ok(v->elem_type))) {
+  const fmt_gguf_value *v = gg_want(g, key, d);
+  if (v && (v->type != FMT_GGUF_ARRAY || !ok(v->elem_type))) {
     gg_wrong(g, key, v, want, d);
     return NULL;
   }
   return v;
 }
 
-static bool gg_is_str(infc_gguf_type t) { return t == INFC_GGUF_STRING; }
-static bool gg_is_intish(infc_gguf_type t) { return gg_is_int(t) || t == INFC_GGUF_BOOL; }
-static bool gg_is_float(infc_gguf_type t) { return t == INFC_GGUF_F32 || t == INFC_GGUF_F64; }
+static bool gg_is_str(fmt_gguf_type t) { return t == FMT_GGUF_STRING; }
+static bool gg_is_intish(fmt_gguf_type t) { return gg_is_int(t) || t == FMT_GGUF_BOOL; }
+static bool gg_is_float(fmt_gguf_type t) { return t == FMT_GGUF_F32 || t == FMT_GGUF_F64; }
 
-ir_status infc_gguf_get_strs(const infc_gguf *g, const char *key, const infc_gguf_str **out,
+ir_status fmt_gguf_get_strs(const fmt_gguf *g, const char *key, const fmt_gguf_str **out,
                              uint64_t *out_n, ir_diag *d) {
-  const infc_gguf_value *v = gg_array_of(g, key, gg_is_str, "ARRAY of STRING", d);
+  const fmt_gguf_value *v = gg_array_of(g, key, gg_is_str, "ARRAY of STRING", d);
   if (!v) return IR_BAD_FORMAT;
   *out = v->strs;
   *out_n = v->count;
   return IR_OK;
 }
 
-ir_status infc_gguf_get_ints(const infc_gguf *g, const char *key, const int64_t **out,
+ir_status fmt_gguf_get_ints(const fmt_gguf *g, const char *key, const int64_t **out,
                              uint64_t *out_n, ir_diag *d) {
-  const infc_gguf_value *v = gg_array_of(g, key, gg_is_intish, "ARRAY of integers", d);
+  const fmt_gguf_value *v = gg_array_of(g, key, gg_is_intish, "ARRAY of integers", d);
   if (!v) return IR_BAD_FORMAT;
   *out = v->ints;
   *out_n = v->count;
   return IR_OK;
 }
 
-ir_status infc_gguf_get_floats(const infc_gguf *g, const char *key, const float **out,
+ir_status fmt_gguf_get_floats(const fmt_gguf *g, const char *key, const float **out,
                                uint64_t *out_n, ir_diag *d) {
-  const infc_gguf_value *v = gg_array_of(g, key, gg_is_float, "ARRAY of F32", d);
+  const fmt_gguf_value *v = gg_array_of(g, key, gg_is_float, "ARRAY of F32", d);
   if (!v) return IR_BAD_FORMAT;
   *out = v->floats;
   *out_n = v->count;

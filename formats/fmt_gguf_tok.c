@@ -1,9 +1,9 @@
-/* infc_gguf_tok: GGUF tokenizer metadata -> irt_tok_spec -> irt_tokenizer. */
+/* fmt_gguf_tok: GGUF tokenizer metadata -> irt_tok_spec -> irt_tokenizer. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "infc_gguf_tok.h"
+#include "fmt_gguf_tok.h"
 
 typedef struct gguf_tok_arrays {
   char **tokens, **merges;
@@ -21,12 +21,12 @@ static void free_arrays(gguf_tok_arrays *a) {
 
 /* NUL-terminated copies of a string array; a string holding a NUL byte is refused (a token
  * is text: a NUL would cut it short in every C string that later holds it). */
-static ir_status copy_strs(const infc_gguf *g, const char *key, const infc_gguf_str *s,
+static ir_status copy_strs(const fmt_gguf *g, const char *key, const fmt_gguf_str *s,
                            uint64_t n, char ***out, ir_diag *d) {
   if (!(*out = calloc(n + 1, sizeof **out))) return ir_diag_set(d, IR_OOM, "out of memory");
   for (uint64_t i = 0; i < n; i++) {
     if (s[i].len && memchr(s[i].ptr, 0, s[i].len))
-      return ir_diag_set(d, IR_BAD_FORMAT, "%s: %s[%llu] holds a NUL byte", infc_gguf_path(g),
+      return ir_diag_set(d, IR_BAD_FORMAT, "%s: %s[%llu] holds a NUL byte", fmt_gguf_path(g),
                          key, (unsigned long long)i);
     if (!((*out)[i] = strndup(s[i].ptr ? s[i].ptr : "", s[i].len)))
       return ir_diag_set(d, IR_OOM, "out of memory");
@@ -34,84 +34,84 @@ static ir_status copy_strs(const infc_gguf *g, const char *key, const infc_gguf_
   return IR_OK;
 }
 
-static bool has(const infc_gguf *g, const char *key) { return infc_gguf_kv_find(g, key) != NULL; }
+static bool has(const fmt_gguf *g, const char *key) { return fmt_gguf_kv_find(g, key) != NULL; }
 
 /* An optional token id: absent is -1; present, it must be an unsigned integer naming one of
  * the n_tokens tokens (a wrong type or an id past the vocabulary is refused, not ignored). */
-static ir_status opt_id(const infc_gguf *g, const char *key, int32_t n_tokens, int32_t *out,
+static ir_status opt_id(const fmt_gguf *g, const char *key, int32_t n_tokens, int32_t *out,
                         ir_diag *d) {
   uint32_t v;
   *out = -1;
   if (!has(g, key)) return IR_OK;
-  ir_status st = infc_gguf_get_u32(g, key, &v, d);
+  ir_status st = fmt_gguf_get_u32(g, key, &v, d);
   if (st != IR_OK) return st;
   if (v >= (uint32_t)n_tokens)
-    return ir_diag_set(d, IR_BAD_FORMAT, "%s: %s is %u, past the %d tokens", infc_gguf_path(g),
+    return ir_diag_set(d, IR_BAD_FORMAT, "%s: %s is %u, past the %d tokens", fmt_gguf_path(g),
                        key, v, n_tokens);
   *out = (int32_t)v;
   return IR_OK;
 }
 
-static ir_status opt_bool(const infc_gguf *g, const char *key, bool *v, ir_diag *d) {
-  return has(g, key) ? infc_gguf_get_bool(g, key, v, d) : IR_OK;
+static ir_status opt_bool(const fmt_gguf *g, const char *key, bool *v, ir_diag *d) {
+  return has(g, key) ? fmt_gguf_get_bool(g, key, v, d) : IR_OK;
 }
 
 /* The byte-level pre-tokenizer (and its flags) that tokenizer.ggml.pre names. */
-static ir_status pick_pre(const infc_gguf *g, irt_tok_spec *s, ir_diag *d) {
-  infc_gguf_str pre = {0};
+static ir_status pick_pre(const fmt_gguf *g, irt_tok_spec *s, ir_diag *d) {
+  fmt_gguf_str pre = {0};
   s->pre = IRT_TOK_PRE_GPT2;
   if (!has(g, "tokenizer.ggml.pre")) return IR_OK;
-  ir_status st = infc_gguf_get_str(g, "tokenizer.ggml.pre", &pre, d);
+  ir_status st = fmt_gguf_get_str(g, "tokenizer.ggml.pre", &pre, d);
   if (st != IR_OK) return st;
-  if (infc_gguf_str_eq(pre, "default") || infc_gguf_str_eq(pre, "gpt-2")) return IR_OK;
-  if (infc_gguf_str_eq(pre, "llama-bpe") || infc_gguf_str_eq(pre, "llama3")) {
+  if (fmt_gguf_str_eq(pre, "default") || fmt_gguf_str_eq(pre, "gpt-2")) return IR_OK;
+  if (fmt_gguf_str_eq(pre, "llama-bpe") || fmt_gguf_str_eq(pre, "llama3")) {
     s->pre = IRT_TOK_PRE_LLAMA3;
     s->ignore_merges = true;
-  } else if (infc_gguf_str_eq(pre, "qwen2")) {
+  } else if (fmt_gguf_str_eq(pre, "qwen2")) {
     s->pre = IRT_TOK_PRE_QWEN2;
     s->nfc = true;
-  } else if (infc_gguf_str_eq(pre, "smollm")) {
+  } else if (fmt_gguf_str_eq(pre, "smollm")) {
     s->pre = IRT_TOK_PRE_SMOLLM;
   } else {
     return ir_diag_set(d, IR_UNSUPPORTED, "%s: tokenizer.ggml.pre '%.*s' is not supported "
-                       "(default, gpt-2, llama-bpe, llama3, qwen2, smollm)", infc_gguf_path(g),
+                       "(default, gpt-2, llama-bpe, llama3, qwen2, smollm)", fmt_gguf_path(g),
                        (int)(pre.len > 64 ? 64 : pre.len), pre.ptr);
   }
   return IR_OK;
 }
 
-static ir_status read_vocab(const infc_gguf *g, irt_tok_spec *s, gguf_tok_arrays *a, ir_diag *d) {
-  const infc_gguf_str *toks, *merges;
+static ir_status read_vocab(const fmt_gguf *g, irt_tok_spec *s, gguf_tok_arrays *a, ir_diag *d) {
+  const fmt_gguf_str *toks, *merges;
   const int64_t *types = NULL;
   uint64_t n_types = 0;
-  ir_status st = infc_gguf_get_strs(g, "tokenizer.ggml.tokens", &toks, &a->n_tokens, d);
+  ir_status st = fmt_gguf_get_strs(g, "tokenizer.ggml.tokens", &toks, &a->n_tokens, d);
   if (st != IR_OK) return st;
   if (a->n_tokens == 0 || a->n_tokens > INT32_MAX)
     return ir_diag_set(d, IR_BAD_FORMAT, "%s: tokenizer.ggml.tokens has %llu entries",
-                       infc_gguf_path(g), (unsigned long long)a->n_tokens);
+                       fmt_gguf_path(g), (unsigned long long)a->n_tokens);
   if ((st = copy_strs(g, "tokenizer.ggml.tokens", toks, a->n_tokens, &a->tokens, d)) != IR_OK)
     return st;
   if (has(g, "tokenizer.ggml.merges")) {
-    if ((st = infc_gguf_get_strs(g, "tokenizer.ggml.merges", &merges, &a->n_merges, d)) != IR_OK)
+    if ((st = fmt_gguf_get_strs(g, "tokenizer.ggml.merges", &merges, &a->n_merges, d)) != IR_OK)
       return st;
     if (a->n_merges > INT32_MAX)
       return ir_diag_set(d, IR_BAD_FORMAT, "%s: tokenizer.ggml.merges has %llu entries",
-                         infc_gguf_path(g), (unsigned long long)a->n_merges);
+                         fmt_gguf_path(g), (unsigned long long)a->n_merges);
     st = copy_strs(g, "tokenizer.ggml.merges", merges, a->n_merges, &a->merges, d);
     if (st != IR_OK) return st;
   }
   if (has(g, "tokenizer.ggml.token_type") &&
-      (st = infc_gguf_get_ints(g, "tokenizer.ggml.token_type", &types, &n_types, d)) != IR_OK)
+      (st = fmt_gguf_get_ints(g, "tokenizer.ggml.token_type", &types, &n_types, d)) != IR_OK)
     return st;
   if (types && n_types != a->n_tokens)
-    return ir_diag_set(d, IR_BAD_FORMAT, "%s: %llu token types for %llu tokens", infc_gguf_path(g),
+    return ir_diag_set(d, IR_BAD_FORMAT, "%s: %llu token types for %llu tokens", fmt_gguf_path(g),
                        (unsigned long long)n_types, (unsigned long long)a->n_tokens);
   if (types && !(a->types = malloc(a->n_tokens * sizeof *a->types)))
     return ir_diag_set(d, IR_OOM, "out of memory");
   for (uint64_t i = 0; types && i < a->n_tokens; i++) { /* llama.cpp's enum: 0 undefined .. 6 byte */
     if (types[i] < 0 || types[i] > 6)
       return ir_diag_set(d, IR_BAD_FORMAT, "%s: tokenizer.ggml.token_type[%llu] is %lld, not a "
-                         "token type (0-6)", infc_gguf_path(g), (unsigned long long)i,
+                         "token type (0-6)", fmt_gguf_path(g), (unsigned long long)i,
                          (long long)types[i]);
     a->types[i] = types[i] >= 1 ? (int32_t)types[i] : IRT_TOK_NORMAL;
   }
@@ -123,17 +123,17 @@ static ir_status read_vocab(const infc_gguf *g, irt_tok_spec *s, gguf_tok_arrays
   return IR_OK;
 }
 
-static ir_status read_model(const infc_gguf *g, irt_tok_spec *s, ir_diag *d) {
-  infc_gguf_str model;
-  ir_status st = infc_gguf_get_str(g, "tokenizer.ggml.model", &model, d);
+static ir_status read_model(const fmt_gguf *g, irt_tok_spec *s, ir_diag *d) {
+  fmt_gguf_str model;
+  ir_status st = fmt_gguf_get_str(g, "tokenizer.ggml.model", &model, d);
   if (st != IR_OK) return st;
-  if (infc_gguf_str_eq(model, "gpt2")) {
+  if (fmt_gguf_str_eq(model, "gpt2")) {
     s->model = IRT_TOK_BPE_BYTE_LEVEL;
     s->add_bos = false;
     if ((st = opt_bool(g, "tokenizer.ggml.add_bos_token", &s->add_bos, d)) != IR_OK) return st;
     return pick_pre(g, s, d);
   }
-  if (infc_gguf_str_eq(model, "llama")) {
+  if (fmt_gguf_str_eq(model, "llama")) {
     const float *scores = NULL;
     uint64_t n = 0;
     s->model = IRT_TOK_BPE_SPM;
@@ -144,19 +144,19 @@ static ir_status read_model(const infc_gguf *g, irt_tok_spec *s, ir_diag *d) {
         (st = opt_bool(g, "tokenizer.ggml.add_bos_token", &s->add_bos, d)) != IR_OK)
       return st;
     if (has(g, "tokenizer.ggml.scores") &&
-        (st = infc_gguf_get_floats(g, "tokenizer.ggml.scores", &scores, &n, d)) != IR_OK)
+        (st = fmt_gguf_get_floats(g, "tokenizer.ggml.scores", &scores, &n, d)) != IR_OK)
       return st;
     if (scores && n != (uint64_t)s->n_tokens)
       return ir_diag_set(d, IR_BAD_FORMAT, "%s: tokenizer.ggml.scores has %llu entries for %d "
-                         "tokens", infc_gguf_path(g), (unsigned long long)n, s->n_tokens);
+                         "tokens", fmt_gguf_path(g), (unsigned long long)n, s->n_tokens);
     s->scores = scores;
     return IR_OK;
   }
   return ir_diag_set(d, IR_UNSUPPORTED, "%s: tokenizer.ggml.model '%.*s' is not supported (gpt2, "
-                     "llama)", infc_gguf_path(g), (int)(model.len > 64 ? 64 : model.len), model.ptr);
+                     "llama)", fmt_gguf_path(g), (int)(model.len > 64 ? 64 : model.len), model.ptr);
 }
 
-static ir_status read_specials(const infc_gguf *g, irt_tok_spec *s, gguf_tok_arrays *a,
+static ir_status read_specials(const fmt_gguf *g, irt_tok_spec *s, gguf_tok_arrays *a,
                                ir_diag *d) {
   static const char *const id_keys[4] = {
       "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
@@ -172,19 +172,19 @@ static ir_status read_specials(const infc_gguf *g, irt_tok_spec *s, gguf_tok_arr
     if ((st = opt_id(g, keys[i], s->n_tokens, &a->eog[n], d)) == IR_OK && a->eog[n] >= 0) n++;
   s->eos_ids = n ? a->eog : NULL;
   s->n_eos_ids = n;
-  infc_gguf_str tpl;
+  fmt_gguf_str tpl;
   if (st == IR_OK && has(g, "tokenizer.chat_template") &&
-      (st = infc_gguf_get_str(g, "tokenizer.chat_template", &tpl, d)) == IR_OK) {
+      (st = fmt_gguf_get_str(g, "tokenizer.chat_template", &tpl, d)) == IR_OK) {
     if (tpl.len && memchr(tpl.ptr, 0, tpl.len))
       return ir_diag_set(d, IR_BAD_FORMAT, "%s: tokenizer.chat_template holds a NUL byte",
-                         infc_gguf_path(g));
+                         fmt_gguf_path(g));
     if (!(a->chat = strndup(tpl.ptr, tpl.len))) return ir_diag_set(d, IR_OOM, "out of memory");
   }
   s->chat_template = a->chat;
   return st;
 }
 
-ir_status infc_gguf_tokenizer(const infc_gguf *g, irt_tokenizer **out, ir_diag *d) {
+ir_status fmt_gguf_tokenizer(const fmt_gguf *g, irt_tokenizer **out, ir_diag *d) {
   *out = NULL;
   if (!has(g, "tokenizer.ggml.model")) return IR_OK;
   irt_tok_spec s = {0};
@@ -196,35 +196,4 @@ ir_status infc_gguf_tokenizer(const infc_gguf *g, irt_tokenizer **out, ir_diag *
   free_arrays(&a);
   if (st != IR_OK) ir_diag_prefix(d, "tokenizer");
   return st;
-}
-
-ir_status infc_gguf_tokenizer_blob(const infc_gguf *g, int64_t model_vocab, infc_tok_blob *out,
-                                   ir_diag *d) {
-  irt_tokenizer *t = NULL;
-  memset(out, 0, sizeof *out);
-  ir_status st = infc_gguf_tokenizer(g, &t, d);
-  if (st != IR_OK || !t) return st;
-  if (model_vocab > 0 && irt_tok_vocab_size(t) > model_vocab)
-    st = ir_diag_set(d, IR_BAD_FORMAT, "%s: the tokenizer has %d tokens but the model's "
-                     "vocabulary has %lld rows", infc_gguf_path(g), irt_tok_vocab_size(t),
-                     (long long)model_vocab);
-  if (st == IR_OK) st = irt_tok_serialize(t, &out->data, &out->size, d);
-  if (st == IR_OK) snprintf(out->origin, sizeof out->origin, "%s (GGUF metadata)", infc_gguf_path(g));
-  irt_tok_destroy(t);
-  return st;
-}
-
-irt_status infc_gguf_open_tokenizer(const char *path, irt_tokenizer **out, irt_error *err) {
-  infc_gguf *g = NULL;
-  ir_diag d = {0};
-  *out = NULL;
-  ir_status st = infc_gguf_open(path, &g, &d);
-  if (st == IR_OK) st = infc_gguf_tokenizer(g, out, &d);
-  if (st == IR_OK && !*out) st = ir_diag_set(&d, IR_INVALID_ARG, "%s has no tokenizer", path);
-  infc_gguf_close(g);
-  if (st != IR_OK && err) {
-    err->status = (irt_status)st;
-    snprintf(err->msg, sizeof err->msg, "%s", d.msg);
-  }
-  return (irt_status)st;
 }

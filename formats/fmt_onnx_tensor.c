@@ -1,5 +1,5 @@
-/* onnx_tensor: TensorProto decoding (inline raw or typed data, or external data through
- * the model), dtype mapping, and reading / writing standalone TensorProto files. */
+/* fmt_onnx_tensor: TensorProto decoding (inline raw or typed data, or external data through
+ * the caller's resolver), dtype mapping, and reading / writing standalone TensorProto files. */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -7,8 +7,10 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "infc_util.h"
-#include "onnx_internal.h"
+#include "fmt_onnx_tensor.h"
+#include "ir_file.h"
+#include "ir_op_nd.h"
+#include "onnx.pb-c.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "raw ONNX tensor data is little-endian; this frontend reads it in place"
@@ -27,12 +29,12 @@ static const char *const k_onnx_types[] = {
     "float4e2m1", "float8e8m0", "uint2", "int2",
 };
 
-const char *infc_onnx_dtype_name(int32_t t) {
+const char *fmt_onnx_dtype_name(int32_t t) {
   return t >= 0 && t < (int32_t)(sizeof k_onnx_types / sizeof *k_onnx_types) ? k_onnx_types[t]
                                                                              : "unknown";
 }
 
-bool infc_onnx_dtype_to_ir(int32_t t, ir_dtype *out, bool *out_bool) {
+bool fmt_onnx_dtype_to_ir(int32_t t, ir_dtype *out, bool *out_bool) {
   *out_bool = t == OT_BOOL;
   switch (t) {
   case OT_FLOAT: *out = IR_F32; return true;
@@ -47,7 +49,7 @@ bool infc_onnx_dtype_to_ir(int32_t t, ir_dtype *out, bool *out_bool) {
   }
 }
 
-int32_t infc_onnx_dtype_from_ir(ir_dtype dt, bool is_bool) {
+int32_t fmt_onnx_dtype_from_ir(ir_dtype dt, bool is_bool) {
   switch (dt) {
   case IR_F32: return OT_FLOAT;
   case IR_U8: return is_bool ? OT_BOOL : OT_UINT8;
@@ -75,11 +77,11 @@ static bool parse_u64(const char *s, uint64_t *out) {
   return true;
 }
 
-static ir_status decode_external(const Onnx__TensorProto *tp, infc_onnx *m, onnx_dense *out,
-                                 ir_diag *d) {
+static ir_status decode_external(const Onnx__TensorProto *tp, fmt_onnx_ext_fn ext, void *ctx,
+                                 fmt_onnx_dense *out, ir_diag *d) {
   const char *loc = NULL;
   uint64_t offset = 0, length = out->nbytes;
-  if (!m)
+  if (!ext)
     return ir_diag_set(d, IR_UNSUPPORTED, "tensor '%s': external data outside a model", tname(tp));
   for (size_t i = 0; i < tp->n_external_data; i++) {
     const char *k = tp->external_data[i]->key, *v = tp->external_data[i]->value;
@@ -98,7 +100,7 @@ static ir_status decode_external(const Onnx__TensorProto *tp, infc_onnx *m, onnx
     return ir_diag_set(d, IR_BAD_FORMAT, "tensor '%s': external length %" PRIu64 " but the shape "
                        "needs %" PRIu64 " bytes", tname(tp), length, out->nbytes);
   const uint8_t *p;
-  ir_status st = onnx_ext_resolve(m, loc, offset, length, &p, d);
+  ir_status st = ext(ctx, loc, offset, length, &p, d);
   if (st != IR_OK) {
     ir_diag_prefix(d, "tensor '%s'", tname(tp));
     return st;
@@ -113,7 +115,7 @@ static ir_status decode_external(const Onnx__TensorProto *tp, infc_onnx *m, onnx
 }
 
 /* Values stored in int32_data (every type narrower than 32 bits, and int32). */
-static ir_status decode_int32(const Onnx__TensorProto *tp, onnx_dense *out, uint64_t n,
+static ir_status decode_int32(const Onnx__TensorProto *tp, fmt_onnx_dense *out, uint64_t n,
                               ir_diag *d) {
   if (tp->n_int32_data != n)
     return ir_diag_set(d, IR_BAD_FORMAT, "tensor '%s': %zu int32_data values for %" PRIu64
@@ -133,7 +135,7 @@ static ir_status decode_int32(const Onnx__TensorProto *tp, onnx_dense *out, uint
   return IR_OK;
 }
 
-static ir_status decode_inline(const Onnx__TensorProto *tp, onnx_dense *out, uint64_t n,
+static ir_status decode_inline(const Onnx__TensorProto *tp, fmt_onnx_dense *out, uint64_t n,
                                ir_diag *d) {
   if (tp->has_raw_data) {
     if (tp->raw_data.len != out->nbytes)
@@ -157,13 +159,13 @@ static ir_status decode_inline(const Onnx__TensorProto *tp, onnx_dense *out, uin
                      " elements", tname(tp), n);
 }
 
-ir_status onnx_tensor_decode(const Onnx__TensorProto *tp, infc_onnx *m, onnx_dense *out,
-                             ir_diag *d) {
+ir_status fmt_onnx_tensor_decode(const Onnx__TensorProto *tp, fmt_onnx_ext_fn ext, void *ext_ctx,
+                                 fmt_onnx_dense *out, ir_diag *d) {
   static const uint64_t empty[1];
   memset(out, 0, sizeof *out);
-  if (!infc_onnx_dtype_to_ir(tp->data_type, &out->dt, &out->is_bool))
+  if (!fmt_onnx_dtype_to_ir(tp->data_type, &out->dt, &out->is_bool))
     return ir_diag_set(d, IR_UNSUPPORTED, "tensor '%s': dtype %s is not supported", tname(tp),
-                       infc_onnx_dtype_name(tp->data_type));
+                       fmt_onnx_dtype_name(tp->data_type));
   if (tp->n_dims > IR_MAX_RANK)
     return ir_diag_set(d, IR_UNSUPPORTED, "tensor '%s': rank %zu exceeds %d", tname(tp),
                        tp->n_dims, IR_MAX_RANK);
@@ -177,22 +179,22 @@ ir_status onnx_tensor_decode(const Onnx__TensorProto *tp, infc_onnx *m, onnx_den
   out->data = empty;
   if (n == 0) return IR_OK;
   if (tp->has_data_location && tp->data_location == ONNX__TENSOR_PROTO__DATA_LOCATION__EXTERNAL)
-    return decode_external(tp, m, out, d);
+    return decode_external(tp, ext, ext_ctx, out, d);
   return decode_inline(tp, out, (uint64_t)n, d);
 }
 
 /* --- TensorProto files ------------------------------------------------------------------- */
 
-ir_status infc_onnx_tensor_load(const char *path, infc_onnx_tensor *out, ir_diag *d) {
+ir_status fmt_onnx_tensor_load(const char *path, fmt_onnx_tensor *out, ir_diag *d) {
   char *buf = NULL;
   size_t len = 0;
-  onnx_dense dn = {0};
+  fmt_onnx_dense dn = {0};
   memset(out, 0, sizeof *out);
   struct stat sb; /* read exactly the file: infc_read_file allocates its bound up front */
   ir_status st = stat(path, &sb) != 0 ? ir_diag_set(d, IR_IO, "cannot open: %s", strerror(errno))
                  : sb.st_size > (1ll << 31) ? ir_diag_set(d, IR_UNSUPPORTED, "larger than 2 GiB")
                                             : IR_OK;
-  if (st == IR_OK) st = infc_read_file(path, (size_t)sb.st_size, &buf, &len, d);
+  if (st == IR_OK) st = ir_file_read(path, (size_t)sb.st_size, &buf, &len, d);
   Onnx__TensorProto *tp = NULL;
   if (st == IR_OK && !(tp = onnx__tensor_proto__unpack(NULL, len, (const uint8_t *)buf)))
     st = ir_diag_set(d, IR_BAD_FORMAT, "not a serialized TensorProto");
@@ -200,7 +202,7 @@ ir_status infc_onnx_tensor_load(const char *path, infc_onnx_tensor *out, ir_diag
     tp->data_type = OT_BFLOAT16;
     out->raw16 = true;
   }
-  if (st == IR_OK) st = onnx_tensor_decode(tp, NULL, &dn, d);
+  if (st == IR_OK) st = fmt_onnx_tensor_decode(tp, NULL, NULL, &dn, d);
   if (st == IR_OK) {
     out->name = strdup(tp->name ? tp->name : "");
     out->data = malloc(dn.nbytes ? dn.nbytes : 1);
@@ -218,26 +220,26 @@ ir_status infc_onnx_tensor_load(const char *path, infc_onnx_tensor *out, ir_diag
   if (tp) onnx__tensor_proto__free_unpacked(tp, NULL);
   free(buf);
   if (st != IR_OK) {
-    infc_onnx_tensor_free(out);
+    fmt_onnx_tensor_free(out);
     ir_diag_prefix(d, "%s", path);
   }
   return st;
 }
 
-void infc_onnx_tensor_free(infc_onnx_tensor *t) {
+void fmt_onnx_tensor_free(fmt_onnx_tensor *t) {
   if (!t) return;
   free(t->name);
   free(t->data);
   memset(t, 0, sizeof *t);
 }
 
-ir_status infc_onnx_tensor_save(const char *path, const char *name, ir_dtype dt, bool is_bool,
+ir_status fmt_onnx_tensor_save(const char *path, const char *name, ir_dtype dt, bool is_bool,
                                 int rank, const int64_t *shape, const void *data, ir_diag *d) {
   Onnx__TensorProto tp;
   onnx__tensor_proto__init(&tp);
   int64_t dims[IR_MAX_RANK];
   int64_t n = ir_nd_numel(rank, shape);
-  tp.data_type = infc_onnx_dtype_from_ir(dt, is_bool);
+  tp.data_type = fmt_onnx_dtype_from_ir(dt, is_bool);
   if (!tp.data_type || rank < 0 || rank > IR_MAX_RANK || n < 0)
     return ir_diag_set(d, IR_INVALID_ARG, "%s: cannot write a %s tensor", path, ir_dtype_name(dt));
   for (int i = 0; i < rank; i++) dims[i] = shape[i];

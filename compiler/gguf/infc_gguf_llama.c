@@ -78,26 +78,26 @@ bool infc_gguf_llama_name_arch(const char *arch, const char *hf, char *buf, size
 
 static bool gl_find(void *ctx, const char *name, model_tensor *out) {
   char gname[256], arch[32] = "";
-  infc_gguf_str a;
+  fmt_gguf_str a;
   ir_diag d = {0};
-  if (infc_gguf_get_str(ctx, "general.architecture", &a, &d) == IR_OK && a.len < sizeof arch)
+  if (fmt_gguf_get_str(ctx, "general.architecture", &a, &d) == IR_OK && a.len < sizeof arch)
     memcpy(arch, a.ptr, a.len), arch[a.len] = 0;
   if (!infc_gguf_llama_name_arch(arch, name, gname, sizeof gname)) return false;
-  const infc_gguf_tensor *t = infc_gguf_tensor_find(ctx, gname);
+  const fmt_gguf_tensor *t = fmt_gguf_tensor_find(ctx, gname);
   if (!t) return false;
   *out = (model_tensor){.dtype = t->dtype, .rank = t->rank, .data = t->data, .nbytes = t->nbytes};
   for (int i = 0; i < t->rank; i++) out->shape[i] = t->shape[i];
   return true;
 }
 
-model_tensor_src infc_gguf_llama_src(const infc_gguf *g) {
+model_tensor_src infc_gguf_llama_src(const fmt_gguf *g) {
   return (model_tensor_src){.ctx = (void *)g, .find = gl_find};
 }
 
 /* ---- metadata ----------------------------------------------------------------------- */
 
 typedef struct gl_reader {
-  const infc_gguf *g;
+  const fmt_gguf *g;
   const char *arch;
   ir_diag *d;
   ir_status st;
@@ -111,45 +111,45 @@ static const char *gl_key(gl_reader *r, const char *suffix) {
 
 static int64_t gl_int(gl_reader *r, const char *key, bool required, int64_t def) {
   if (r->st != IR_OK) return def;
-  if (!infc_gguf_kv_find(r->g, key)) {
+  if (!fmt_gguf_kv_find(r->g, key)) {
     if (required)
       r->st = ir_diag_set(r->d, IR_BAD_FORMAT, "%s: metadata key '%s' is missing",
-                          infc_gguf_path(r->g), key);
+                          fmt_gguf_path(r->g), key);
     return def;
   }
   uint32_t v = 0;
-  r->st = infc_gguf_get_u32(r->g, key, &v, r->d);
+  r->st = fmt_gguf_get_u32(r->g, key, &v, r->d);
   return v;
 }
 
 static double gl_float(gl_reader *r, const char *key, bool required, double def) {
-  if (r->st != IR_OK || (!required && !infc_gguf_kv_find(r->g, key))) return def;
+  if (r->st != IR_OK || (!required && !fmt_gguf_kv_find(r->g, key))) return def;
   float v = 0;
-  r->st = infc_gguf_get_f32(r->g, key, &v, r->d);
+  r->st = fmt_gguf_get_f32(r->g, key, &v, r->d);
   return v;
 }
 
 static void gl_refuse(gl_reader *r, const char *what) {
   if (r->st == IR_OK)
-    r->st = ir_diag_set(r->d, IR_UNSUPPORTED, "%s: %s is not supported", infc_gguf_path(r->g),
+    r->st = ir_diag_set(r->d, IR_UNSUPPORTED, "%s: %s is not supported", fmt_gguf_path(r->g),
                         what);
 }
 
 static void gl_arch(gl_reader *r, model_llama_params *p) {
-  infc_gguf_str a;
-  r->st = infc_gguf_get_str(r->g, "general.architecture", &a, r->d);
+  fmt_gguf_str a;
+  r->st = fmt_gguf_get_str(r->g, "general.architecture", &a, r->d);
   if (r->st != IR_OK) return;
-  if (infc_gguf_str_eq(a, "llama")) r->arch = "llama";
-  else if (infc_gguf_str_eq(a, "qwen2")) r->arch = "qwen2";
-  else if (infc_gguf_str_eq(a, "qwen3")) r->arch = "qwen3";
-  else if (infc_gguf_str_eq(a, "phi3")) r->arch = "phi3";
-  else if (infc_gguf_str_eq(a, "smollm3")) r->arch = "smollm3";
-  else if (infc_gguf_str_eq(a, "gemma2")) r->arch = "gemma2";
-  else if (infc_gguf_str_eq(a, "gemma3")) r->arch = "gemma3";
+  if (fmt_gguf_str_eq(a, "llama")) r->arch = "llama";
+  else if (fmt_gguf_str_eq(a, "qwen2")) r->arch = "qwen2";
+  else if (fmt_gguf_str_eq(a, "qwen3")) r->arch = "qwen3";
+  else if (fmt_gguf_str_eq(a, "phi3")) r->arch = "phi3";
+  else if (fmt_gguf_str_eq(a, "smollm3")) r->arch = "smollm3";
+  else if (fmt_gguf_str_eq(a, "gemma2")) r->arch = "gemma2";
+  else if (fmt_gguf_str_eq(a, "gemma3")) r->arch = "gemma3";
   else {
     r->st = ir_diag_set(r->d, IR_UNSUPPORTED, "%s: unknown architecture '%.*s' (supported: "
                         "llama, qwen2, qwen3, phi3, smollm3, gemma2, gemma3)",
-                        infc_gguf_path(r->g),
+                        fmt_gguf_path(r->g),
                         a.len > 64 ? 64 : (int)a.len, a.ptr);
     return;
   }
@@ -203,10 +203,10 @@ static void gl_sizes(gl_reader *r, model_llama_params *p) {
   p->rope_theta = gl_float(r, gl_key(r, "rope.freq_base"), false, 10000.0);
   int64_t rot = gl_int(r, gl_key(r, "rope.dimension_count"), false, p->head_dim);
   /* each layer holds tensors: a count the file cannot back is refused before any loop */
-  if (r->st == IR_OK && (uint64_t)p->n_layers > infc_gguf_tensor_count(r->g))
+  if (r->st == IR_OK && (uint64_t)p->n_layers > fmt_gguf_tensor_count(r->g))
     r->st = ir_diag_set(r->d, IR_BAD_FORMAT, "%s: block_count %lld exceeds the %zu tensors "
-                        "of the file", infc_gguf_path(r->g), (long long)p->n_layers,
-                        infc_gguf_tensor_count(r->g));
+                        "of the file", fmt_gguf_path(r->g), (long long)p->n_layers,
+                        fmt_gguf_tensor_count(r->g));
   if (r->st == IR_OK && vd != p->head_dim) gl_refuse(r, "a value_length unlike key_length");
   if (r->st == IR_OK && rot != p->head_dim) p->rot_dim = rot; /* partial rotary */
 }
@@ -214,15 +214,15 @@ static void gl_sizes(gl_reader *r, model_llama_params *p) {
 static void gl_vocab(gl_reader *r, model_llama_params *p) {
   if (r->st != IR_OK) return;
   const char *key = gl_key(r, "vocab_size");
-  if (infc_gguf_kv_find(r->g, key)) {
+  if (fmt_gguf_kv_find(r->g, key)) {
     p->vocab_size = gl_int(r, key, true, 0);
-  } else if (infc_gguf_kv_find(r->g, "tokenizer.ggml.tokens")) {
-    const infc_gguf_str *toks;
+  } else if (fmt_gguf_kv_find(r->g, "tokenizer.ggml.tokens")) {
+    const fmt_gguf_str *toks;
     uint64_t n = 0;
-    r->st = infc_gguf_get_strs(r->g, "tokenizer.ggml.tokens", &toks, &n, r->d);
+    r->st = fmt_gguf_get_strs(r->g, "tokenizer.ggml.tokens", &toks, &n, r->d);
     p->vocab_size = (int64_t)n;
   } else {
-    const infc_gguf_tensor *t = infc_gguf_tensor_find(r->g, "token_embd.weight");
+    const fmt_gguf_tensor *t = fmt_gguf_tensor_find(r->g, "token_embd.weight");
     p->vocab_size = t && t->rank == 2 ? t->shape[0] : 0;
   }
   p->bos_token_id = gl_int(r, "tokenizer.ggml.bos_token_id", false, -1);
@@ -230,17 +230,17 @@ static void gl_vocab(gl_reader *r, model_llama_params *p) {
 }
 
 /* Longrope's factors: tensor t, n positive f32 values, into out. */
-static bool gl_factors(gl_reader *r, const infc_gguf_tensor *t, const char *name, int64_t n,
+static bool gl_factors(gl_reader *r, const fmt_gguf_tensor *t, const char *name, int64_t n,
                        float *out, int64_t cap) {
   if (n < 1 || n > cap) {
     r->st = ir_diag_set(r->d, IR_UNSUPPORTED, "%s: longrope takes 1 to %lld rotated pairs "
-                        "(rotary dims up to %lld), '%s' needs %lld", infc_gguf_path(r->g),
+                        "(rotary dims up to %lld), '%s' needs %lld", fmt_gguf_path(r->g),
                         (long long)cap, (long long)(2 * cap), name, (long long)n);
     return false;
   }
   if (!t || t->dtype != IR_F32 || t->rank != 1 || t->shape[0] != n) {
     r->st = ir_diag_set(r->d, IR_BAD_FORMAT, "%s: tensor '%s' must be %lld f32 values (one per "
-                        "rotated pair), with its long/short twin", infc_gguf_path(r->g), name,
+                        "rotated pair), with its long/short twin", fmt_gguf_path(r->g), name,
                         (long long)n);
     return false;
   }
@@ -248,7 +248,7 @@ static bool gl_factors(gl_reader *r, const infc_gguf_tensor *t, const char *name
   for (int64_t i = 0; i < n; i++)
     if (!(out[i] > 0)) {
       r->st = ir_diag_set(r->d, IR_BAD_FORMAT, "%s: tensor '%s' holds a factor that is not "
-                          "positive", infc_gguf_path(r->g), name);
+                          "positive", fmt_gguf_path(r->g), name);
       return false;
     }
   return true;
@@ -261,31 +261,31 @@ static bool gl_factors(gl_reader *r, const infc_gguf_tensor *t, const char *name
  * rope_factors_short tensors with rope.scaling.original_context_length and attn_factor; or
  * (Llama 3.1's scaling) a rope_freqs.weight tensor of f32 divisors of the frequencies. */
 static void gl_rope_scaling(gl_reader *r, model_llama_params *p) {
-  const infc_gguf_kv *kv = infc_gguf_kv_find(r->g, gl_key(r, "rope.scaling.type"));
-  if (kv && kv->value.type != INFC_GGUF_STRING) {
-    r->st = ir_diag_set(r->d, IR_BAD_FORMAT, "%s: '%s' must be a string", infc_gguf_path(r->g),
+  const fmt_gguf_kv *kv = fmt_gguf_kv_find(r->g, gl_key(r, "rope.scaling.type"));
+  if (kv && kv->value.type != FMT_GGUF_STRING) {
+    r->st = ir_diag_set(r->d, IR_BAD_FORMAT, "%s: '%s' must be a string", fmt_gguf_path(r->g),
                         r->key);
     return;
   }
-  if (kv && infc_gguf_str_eq(kv->value.str, "linear")) {
+  if (kv && fmt_gguf_str_eq(kv->value.str, "linear")) {
     p->rope_scaling = MODEL_ROPE_LINEAR;
     p->rope_factor = gl_float(r, gl_key(r, "rope.scaling.factor"), true, 0);
-  } else if (kv && infc_gguf_str_eq(kv->value.str, "yarn")) {
+  } else if (kv && fmt_gguf_str_eq(kv->value.str, "yarn")) {
     p->rope_scaling = MODEL_ROPE_YARN;
     p->rope_factor = gl_float(r, gl_key(r, "rope.scaling.factor"), true, 0);
     p->rope_orig_context = gl_int(r, gl_key(r, "rope.scaling.original_context_length"), true, 0);
     double attn = gl_float(r, gl_key(r, "rope.scaling.attn_factor"), false, 1.0);
     p->rope_beta_fast = 32.0, p->rope_beta_slow = 1.0, p->rope_yarn_truncate = true;
     p->rope_attn_factor = attn * (p->rope_factor > 1.0 ? 1.0 + 0.1 * log(p->rope_factor) : 1.0);
-  } else if (kv && !infc_gguf_str_eq(kv->value.str, "none")) {
+  } else if (kv && !fmt_gguf_str_eq(kv->value.str, "none")) {
     char what[96];
     snprintf(what, sizeof what, "rope scaling '%.*s' (rope.scaling.type)",
              (int)(kv->value.str.len > 32 ? 32 : kv->value.str.len), kv->value.str.ptr);
     gl_refuse(r, what);
   }
   int64_t rot = model_llama_rot_dims(p);
-  const infc_gguf_tensor *fl = infc_gguf_tensor_find(r->g, "rope_factors_long.weight");
-  const infc_gguf_tensor *fs = infc_gguf_tensor_find(r->g, "rope_factors_short.weight");
+  const fmt_gguf_tensor *fl = fmt_gguf_tensor_find(r->g, "rope_factors_long.weight");
+  const fmt_gguf_tensor *fs = fmt_gguf_tensor_find(r->g, "rope_factors_short.weight");
   if (r->st == IR_OK && (fl || fs)) { /* longrope, as llama.cpp's phi3 converter writes it */
     if (!gl_factors(r, fl, "rope_factors_long.weight", rot / 2, p->rope_long,
                     MODEL_ROPE_MAX_FACTORS) ||
@@ -300,11 +300,11 @@ static void gl_rope_scaling(gl_reader *r, model_llama_params *p) {
         gl_float(r, gl_key(r, "rope.scaling.attn_factor"), false,
                  f > 1.0 ? sqrt(1.0 + log(f) / log((double)p->rope_orig_context)) : 1.0);
   }
-  const infc_gguf_tensor *t = infc_gguf_tensor_find(r->g, "rope_freqs.weight");
+  const fmt_gguf_tensor *t = fmt_gguf_tensor_find(r->g, "rope_freqs.weight");
   if (r->st != IR_OK || !t) return;
   if (t->dtype != IR_F32 || t->rank != 1 || t->shape[0] * 2 != rot)
     r->st = ir_diag_set(r->d, IR_BAD_FORMAT, "%s: tensor 'rope_freqs.weight' must be %lld f32 "
-                        "values (one per rotated pair)", infc_gguf_path(r->g), (long long)(rot / 2));
+                        "values (one per rotated pair)", fmt_gguf_path(r->g), (long long)(rot / 2));
   else
     p->rope_freq_factors = t->data;
 }
@@ -315,30 +315,30 @@ static void gl_features(gl_reader *r, model_llama_params *p) {
   if (gl_int(r, gl_key(r, "expert_count"), false, 0) > 0)
     gl_refuse(r, "a mixture of experts (expert_count > 0)");
   if (r->st == IR_OK) gl_rope_scaling(r, p);
-  p->tie_word_embeddings = !infc_gguf_tensor_find(r->g, "output.weight");
-  p->attention_bias = infc_gguf_tensor_find(r->g, "blk.0.attn_q.bias") != NULL;
+  p->tie_word_embeddings = !fmt_gguf_tensor_find(r->g, "output.weight");
+  p->attention_bias = fmt_gguf_tensor_find(r->g, "blk.0.attn_q.bias") != NULL;
 }
 
 /* Layer l's tensors named in tab (weights and biases), where present, have known types. */
-static ir_status gl_check_layer(const infc_gguf *g, int64_t l, const gl_name *tab, size_t n,
+static ir_status gl_check_layer(const fmt_gguf *g, int64_t l, const gl_name *tab, size_t n,
                                 ir_diag *d) {
   char name[96];
   for (size_t i = 0; i < 2 * n; i++) {
     snprintf(name, sizeof name, "blk.%lld.%s.%s", (long long)l, tab[i / 2].gguf,
              i % 2 ? "bias" : "weight");
-    const infc_gguf_tensor *t = infc_gguf_tensor_find(g, name);
-    if (t && infc_gguf_type_check(t, d) != IR_OK) return d->status;
+    const fmt_gguf_tensor *t = fmt_gguf_tensor_find(g, name);
+    if (t && fmt_gguf_type_check(t, d) != IR_OK) return d->status;
   }
   return IR_OK;
 }
 
 /* Every tensor the template will ask for must have a type the kernels know. */
-static ir_status gl_check_types(const infc_gguf *g, const model_llama_params *p, ir_diag *d) {
+static ir_status gl_check_types(const fmt_gguf *g, const model_llama_params *p, ir_diag *d) {
   static const char *const k_global[] = {"token_embd.weight", "output_norm.weight",
                                          "output.weight"};
   for (size_t i = 0; i < GL_COUNT(k_global); i++) {
-    const infc_gguf_tensor *t = infc_gguf_tensor_find(g, k_global[i]);
-    if (t && infc_gguf_type_check(t, d) != IR_OK) return d->status;
+    const fmt_gguf_tensor *t = fmt_gguf_tensor_find(g, k_global[i]);
+    if (t && fmt_gguf_type_check(t, d) != IR_OK) return d->status;
   }
   for (int64_t l = 0; l < p->n_layers; l++)
     if (gl_check_layer(g, l, k_layer_names, GL_COUNT(k_layer_names), d) != IR_OK ||
@@ -347,7 +347,7 @@ static ir_status gl_check_types(const infc_gguf *g, const model_llama_params *p,
   return IR_OK;
 }
 
-ir_status infc_gguf_llama_params(const infc_gguf *g, model_llama_params *out, ir_diag *d) {
+ir_status infc_gguf_llama_params(const fmt_gguf *g, model_llama_params *out, ir_diag *d) {
   memset(out, 0, sizeof *out);
   gl_reader r = {.g = g, .d = d, .st = IR_OK};
   gl_arch(&r, out);
@@ -356,8 +356,8 @@ ir_status infc_gguf_llama_params(const infc_gguf *g, model_llama_params *out, ir
   gl_vocab(&r, out);
   gl_features(&r, out);
   if (r.st == IR_OK && (r.st = gl_check_types(g, out, d)) != IR_OK)
-    ir_diag_prefix(d, "%s", infc_gguf_path(g));
+    ir_diag_prefix(d, "%s", fmt_gguf_path(g));
   if (r.st == IR_OK && (r.st = model_llama_check(out, d)) != IR_OK)
-    ir_diag_prefix(d, "%s", infc_gguf_path(g));
+    ir_diag_prefix(d, "%s", fmt_gguf_path(g));
   return r.st;
 }

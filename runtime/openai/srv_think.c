@@ -6,7 +6,7 @@
  * client that sends them back as reasoning_content and content gets the same prompt. */
 #include <string.h>
 
-#include "srv.h"
+#include "openai.h"
 
 static const char k_open[] = "<think>", k_close[] = "</think>";
 

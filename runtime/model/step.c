@@ -265,13 +265,13 @@ irt_status irt_decode_batch(irt_model *m, const irt_batch_item *items, int n_ite
         pick_device(m, items, n_items, &waited, &d) != IR_OK ||
         read_logits(m, items, n_items, waited, &d) != IR_OK) {
       irt_error_from_diag(err, &d);
-      return (irt_status)d.status;
+      return irt_status_from_ir(d.status);
     }
   } else {
     for (int32_t i = 0; i < m->g->n_nodes; i++)
       if (m->be.ops->run_node(m->be.ctx, m->g, i, m->ptrs, &step, &d) != IR_OK) {
         irt_error_from_diag(err, &d);
-        return (irt_status)d.status;
+        return irt_status_from_ir(d.status);
       }
     copy_logits(m, items, n_items);
   }

@@ -8,7 +8,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "infc_gguf.h"
+#include "fmt_gguf.h"
 #include "llama.h"
 
 /* Reads <arch>.block_count, .context_length, .embedding_length, .feed_forward_length,
@@ -19,12 +19,12 @@
  * the q/k projection rows for it. Refuses (IR_UNSUPPORTED, naming the key or tensor)
  * what the template cannot express: another architecture, experts, rope scaling,
  * partial rotary, and tensor types the kernels lack. Messages start with the path. */
-ir_status infc_gguf_llama_params(const infc_gguf *g, model_llama_params *out, ir_diag *d);
+ir_status infc_gguf_llama_params(const fmt_gguf *g, model_llama_params *out, ir_diag *d);
 
 /* A tensor source over g (which must stay open while it is used) that answers HF names
  * ("model.layers.3.self_attn.q_proj.weight") with the GGUF tensor ("blk.3.attn_q.weight"),
  * its shape row-major as the template expects. */
-model_tensor_src infc_gguf_llama_src(const infc_gguf *g);
+model_tensor_src infc_gguf_llama_src(const fmt_gguf *g);
 
 /* The GGUF name of an HF tensor name into buf; false if it has none or buf is short.
  * _arch: as the converter names them for general.architecture arch (gemma2 and gemma3
