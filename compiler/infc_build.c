@@ -22,8 +22,8 @@
 #include "pass.h"
 
 struct infc_source {
-  fmt_st *st;     /* a safetensors checkpoint, or */
-  fmt_gguf *gguf; /* a GGUF file, or */
+  fmt_st *st;      /* a safetensors checkpoint, or */
+  fmt_gguf *gguf;  /* a GGUF file, or */
   infc_onnx *onnx; /* an ONNX model (lowered to n-d ops; weights borrowed from it) */
   char kind[16];
   char hash[17];
@@ -107,8 +107,10 @@ static ir_status check_format(const char *src, ir_diag *d) {
     return ir_diag_set(d, IR_IO, "%s: %s", src,
                        errno == ENOENT ? "no such file or directory" : strerror(errno));
   if (!S_ISDIR(sb.st_mode) && !S_ISREG(sb.st_mode))
-    return ir_diag_set(d, IR_IO, "%s: not a regular file or directory (a FIFO, socket or "
-                       "device)", src);
+    return ir_diag_set(d, IR_IO,
+                       "%s: not a regular file or directory (a FIFO, socket or "
+                       "device)",
+                       src);
   return IR_OK;
 }
 
@@ -155,10 +157,11 @@ static ir_status open_onnx(const char *src, const infc_options *o, infc_source *
                            ir_graph **out_graph, ir_diag *d) {
   bool is_lm = false;
   snprintf(s->kind, sizeof s->kind, "onnx");
-  ir_status st = infc_onnx_llm_import(src, &o->model, &is_lm, &s->onnx, out_graph, s->hash,
-                                      s->recognised, d);
+  ir_status st =
+      infc_onnx_llm_import(src, &o->model, &is_lm, &s->onnx, out_graph, s->hash, s->recognised, d);
   if (st != IR_OK || is_lm) return st;
-  ir_model_config lim = {.max_tokens = o->model.max_tokens, .max_seqs = o->model.max_seqs,
+  ir_model_config lim = {.max_tokens = o->model.max_tokens,
+                         .max_seqs = o->model.max_seqs,
                          .max_logits = o->model.max_logits,
                          .kv_block_size = o->model.kv_block_size};
   return infc_onnx_import(src, &lim, &s->onnx, out_graph, s->hash, d);
@@ -194,8 +197,7 @@ void infc_source_close(infc_source *s) {
 
 const char *infc_source_hash(const infc_source *s) { return s->hash; }
 
-static void fill_report(const ir_graph *g, const infc_source *s, int before,
-                        infc_build_report *r) {
+static void fill_report(const ir_graph *g, const infc_source *s, int before, infc_build_report *r) {
   if (!r) return;
   r->nodes_before = before;
   r->nodes_after = g->n_nodes;
@@ -207,8 +209,8 @@ static void fill_report(const ir_graph *g, const infc_source *s, int before,
   snprintf(r->recognised, sizeof r->recognised, "%s", s->recognised);
 }
 
-ir_status infc_build(const char *src, const infc_options *opts, const char *out_path,
-                     FILE *dump_ir, infc_build_report *report, ir_diag *d) {
+ir_status infc_build(const char *src, const infc_options *opts, const char *out_path, FILE *dump_ir,
+                     infc_build_report *report, ir_diag *d) {
   infc_options o = *opts;
   model_build_opts *m = &o.model;
   if (!o.max_tokens_set && !strcmp(o.target, "cuda")) m->max_tokens = INFC_CUDA_MAX_TOKENS;
@@ -223,14 +225,18 @@ ir_status infc_build(const char *src, const infc_options *opts, const char *out_
   if (o.tokenizer[0]) st = infc_tokenizer_load_json(o.tokenizer, g->config.vocab_size, &tok, d);
   else if (!strcmp(s->kind, "gguf"))
     st = infc_gguf_tokenizer_blob(s->gguf, g->config.vocab_size, &tok, d);
-  else
-    st = infc_tokenizer_beside(src, g->config.vocab_size, &tok, d);
-  pass_opts po = {.fold = o.fold, .fuse = o.fuse, .no_fuse = o.no_fuse, .dump_ir = dump_ir,
+  else st = infc_tokenizer_beside(src, g->config.vocab_size, &tok, d);
+  pass_opts po = {.fold = o.fold,
+                  .fuse = o.fuse,
+                  .no_fuse = o.no_fuse,
+                  .dump_ir = dump_ir,
                   .quant = &o.quant,
                   .quant_calib = o.quant_calib[0] ? o.quant_calib : NULL,
-                  .act_int8 = infc_options_act_int8(&o), .repack = o.repack};
+                  .act_int8 = infc_options_act_int8(&o),
+                  .repack = o.repack};
   if (st == IR_OK && o.act_dtype == INFC_ACT_INT8 && !strcmp(o.target, "cuda"))
-    st = ir_diag_set(d, IR_UNSUPPORTED, "option 'act_dtype': int8 activations of q8_0/q4_0/q4_1 "
+    st = ir_diag_set(d, IR_UNSUPPORTED,
+                     "option 'act_dtype': int8 activations of q8_0/q4_0/q4_1 "
                      "matmuls are a CPU path (the GPU kernels read f32); use auto or f32 with "
                      "--target cuda");
   if (!strcmp(o.target, "cuda")) {
@@ -249,11 +255,17 @@ ir_status infc_build(const char *src, const infc_options *opts, const char *out_
     const char *keys[16], *vals[16];
     char buf[1024];
     int n = infc_options_describe(&o, keys, vals, 16, buf, sizeof buf);
-    ir_plan_info info = {.target = o.target, .source_hash = infc_source_hash(s),
-                         .option_keys = keys, .option_values = vals, .n_options = n,
-                         .pass_log = (const char *const *)log.lines, .n_pass_log = log.n,
-                         .tokenizer = tok.data, .tokenizer_size = tok.size,
-                         .kernels = ck.table, .n_kernels = ck.n};
+    ir_plan_info info = {.target = o.target,
+                         .source_hash = infc_source_hash(s),
+                         .option_keys = keys,
+                         .option_values = vals,
+                         .n_options = n,
+                         .pass_log = (const char *const *)log.lines,
+                         .n_pass_log = log.n,
+                         .tokenizer = tok.data,
+                         .tokenizer_size = tok.size,
+                         .kernels = ck.table,
+                         .n_kernels = ck.n};
     st = ir_plan_write(g, &info, out_path, d);
   }
   if (st == IR_OK) fill_report(g, s, before, report);
@@ -266,7 +278,8 @@ ir_status infc_build(const char *src, const infc_options *opts, const char *out_
       snprintf(report->act, sizeof report->act, "%s", log.lines[i]);
     else if (!strncmp(log.lines[i], "repack: ", 8))
       snprintf(report->repack, sizeof report->repack, "%s", log.lines[i]);
-  if (st == IR_OK && report) snprintf(report->tokenizer, sizeof report->tokenizer, "%s", tok.origin);
+  if (st == IR_OK && report)
+    snprintf(report->tokenizer, sizeof report->tokenizer, "%s", tok.origin);
   infc_tok_blob_free(&tok);
   infc_cuda_kernels_free(&ck);
   pass_log_free(&log);

@@ -16,41 +16,44 @@ static int usage_main(FILE *f) {
         "  build SRC -o model.plan   compile a model (HF checkpoint dir with config.json +\n"
         "                            safetensors) into a plan file\n"
         "  inspect model.plan        show a plan's config, tensors, ops, options and format\n\n"
-        "options: --help, --version. `infc <command> --help` for a command's options.\n", f);
+        "options: --help, --version. `infc <command> --help` for a command's options.\n",
+        f);
   return f == stderr ? 2 : 0;
 }
 
 static int usage_build(FILE *f) {
-  fputs("usage: infc build SRC -o OUT [options]\n\n"
-        "  -o, --output PATH      plan file to write (required)\n"
-        "  -c, --config PATH      build options file (YAML; see README)\n"
-        "      --dtype T          weight dtype: auto (as stored), f32, f16, bf16\n"
-        "      --max-tokens N     tokens per step (default 512; 2048 with --target cuda)\n"
-        "      --max-seqs N       sequences per step (default 64)\n"
-        "      --max-logits N     logit rows per step (default 64)\n"
-        "      --kv-block-size N  tokens per KV cache block (default 16)\n"
-        "      --max-context N    cap the context length (default: the model's)\n"
-        "      --no-fold          disable constant folding\n"
-        "      --no-fuse[=LIST]   disable fusion passes (all, or those listed of\n"
-        "                         rope_attention,qkv,gate_up,add_rms_norm)\n"
-        "      --tokenizer PATH   tokenizer.json to embed (default: the one beside the model)\n"
-        "      --target T         cpu (default) or cuda (kernels compiled by NVRTC; no GPU needed)\n"
-        "      --arch LIST        target cuda: GPU archs (default sm_80,sm_90); NVRTC's\n"
-        "                         outputs are cached in $INFC_CACHE_DIR (off: none), else\n"
-        "                         $XDG_CACHE_HOME/infc or ~/.cache/infc\n"
-        "      --decode-buckets L target cuda: decode batch sizes captured as CUDA Graphs\n"
-        "                         (default 1,2,4,... up to the step limit)\n"
-        "      --quant SCHEME     quantize matmul weights: none (default), int8[:asym],\n"
-        "                         int4[:g32|g64|g128][:sym|asym], w8a8 (int8 activations\n"
-        "                         too, VNNI), q8_0|q4_0|q4_1 (ggml blocks, as GGUF); add\n"
-        "                         :lm_head to include the logits projection\n"
-        "      --quant-calib FILE w8a8: smooth with activation maxima from tools/w8a8-calib\n"
-        "      --act-dtype T      activations of q8_0/q4_0/q4_1 matmuls: auto (int8 for\n"
-        "                         --target cpu, f32 for cuda), f32, int8 (per 32 values)\n"
-        "      --no-repack        keep those weights in their GGUF block layout (default:\n"
-        "                         8 rows interleaved, the CPU kernels' faster layout)\n"
-        "      --dump-ir          print the IR after each pass to stdout\n"
-        "  -q, --quiet            print nothing on success\n", f);
+  fputs(
+      "usage: infc build SRC -o OUT [options]\n\n"
+      "  -o, --output PATH      plan file to write (required)\n"
+      "  -c, --config PATH      build options file (YAML; see README)\n"
+      "      --dtype T          weight dtype: auto (as stored), f32, f16, bf16\n"
+      "      --max-tokens N     tokens per step (default 512; 2048 with --target cuda)\n"
+      "      --max-seqs N       sequences per step (default 64)\n"
+      "      --max-logits N     logit rows per step (default 64)\n"
+      "      --kv-block-size N  tokens per KV cache block (default 16)\n"
+      "      --max-context N    cap the context length (default: the model's)\n"
+      "      --no-fold          disable constant folding\n"
+      "      --no-fuse[=LIST]   disable fusion passes (all, or those listed of\n"
+      "                         rope_attention,qkv,gate_up,add_rms_norm)\n"
+      "      --tokenizer PATH   tokenizer.json to embed (default: the one beside the model)\n"
+      "      --target T         cpu (default) or cuda (kernels compiled by NVRTC; no GPU needed)\n"
+      "      --arch LIST        target cuda: GPU archs (default sm_80,sm_90); NVRTC's\n"
+      "                         outputs are cached in $INFC_CACHE_DIR (off: none), else\n"
+      "                         $XDG_CACHE_HOME/infc or ~/.cache/infc\n"
+      "      --decode-buckets L target cuda: decode batch sizes captured as CUDA Graphs\n"
+      "                         (default 1,2,4,... up to the step limit)\n"
+      "      --quant SCHEME     quantize matmul weights: none (default), int8[:asym],\n"
+      "                         int4[:g32|g64|g128][:sym|asym], w8a8 (int8 activations\n"
+      "                         too, VNNI), q8_0|q4_0|q4_1 (ggml blocks, as GGUF); add\n"
+      "                         :lm_head to include the logits projection\n"
+      "      --quant-calib FILE w8a8: smooth with activation maxima from tools/w8a8-calib\n"
+      "      --act-dtype T      activations of q8_0/q4_0/q4_1 matmuls: auto (int8 for\n"
+      "                         --target cpu, f32 for cuda), f32, int8 (per 32 values)\n"
+      "      --no-repack        keep those weights in their GGUF block layout (default:\n"
+      "                         8 rows interleaved, the CPU kernels' faster layout)\n"
+      "      --dump-ir          print the IR after each pass to stdout\n"
+      "  -q, --quiet            print nothing on success\n",
+      f);
   return f == stderr ? 2 : 0;
 }
 
@@ -71,21 +74,31 @@ typedef struct build_args {
 } build_args;
 
 static int parse_build(int argc, char **argv, infc_options *o, build_args *a) {
-  static const struct option longs[] = {
-      {"output", required_argument, 0, 'o'},  {"config", required_argument, 0, 'c'},
-      {"dtype", required_argument, 0, 1},     {"max-tokens", required_argument, 0, 2},
-      {"max-seqs", required_argument, 0, 3},  {"max-logits", required_argument, 0, 4},
-      {"kv-block-size", required_argument, 0, 5}, {"max-context", required_argument, 0, 6},
-      {"no-fold", no_argument, 0, 7},         {"no-fuse", optional_argument, 0, 8},
-      {"dump-ir", no_argument, 0, 9},         {"quiet", no_argument, 0, 'q'},
-      {"tokenizer", required_argument, 0, 10},
-      {"target", required_argument, 0, 11},   {"arch", required_argument, 0, 12},
-      {"quant", required_argument, 0, 13},    {"quant-calib", required_argument, 0, 14},
-      {"decode-buckets", required_argument, 0, 15}, {"act-dtype", required_argument, 0, 16},
-      {"no-repack", no_argument, 0, 17},
-      {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
-  static const char *keys[] = {"", "dtype", "max_tokens", "max_seqs", "max_logits",
-                               "kv_block_size", "max_context", "fold", "fuse"};
+  static const struct option longs[] = {{"output", required_argument, 0, 'o'},
+                                        {"config", required_argument, 0, 'c'},
+                                        {"dtype", required_argument, 0, 1},
+                                        {"max-tokens", required_argument, 0, 2},
+                                        {"max-seqs", required_argument, 0, 3},
+                                        {"max-logits", required_argument, 0, 4},
+                                        {"kv-block-size", required_argument, 0, 5},
+                                        {"max-context", required_argument, 0, 6},
+                                        {"no-fold", no_argument, 0, 7},
+                                        {"no-fuse", optional_argument, 0, 8},
+                                        {"dump-ir", no_argument, 0, 9},
+                                        {"quiet", no_argument, 0, 'q'},
+                                        {"tokenizer", required_argument, 0, 10},
+                                        {"target", required_argument, 0, 11},
+                                        {"arch", required_argument, 0, 12},
+                                        {"quant", required_argument, 0, 13},
+                                        {"quant-calib", required_argument, 0, 14},
+                                        {"decode-buckets", required_argument, 0, 15},
+                                        {"act-dtype", required_argument, 0, 16},
+                                        {"no-repack", no_argument, 0, 17},
+                                        {"help", no_argument, 0, 'h'},
+                                        {0, 0, 0, 0}};
+  static const char *keys[] = {"",           "dtype",         "max_tokens",  "max_seqs",
+                               "max_logits", "kv_block_size", "max_context", "fold",
+                               "fuse"};
   ir_diag d = {0};
   int c;
   while ((c = getopt_long(argc, argv, "o:c:qh", longs, NULL)) != -1) {
@@ -124,7 +137,8 @@ static int cmd_build(int argc, char **argv) {
   if (infc_build(a.src, &o, a.out, a.dump ? stdout : NULL, &r, &d) != IR_OK) return fail(d.msg);
   if (!a.quiet)
     printf("infc: built %s from %s (%s): %d -> %d ops, %.1f MiB weights, %.1f MiB arena, "
-           "%.2f s\n", a.out, a.src, r.source_kind, r.nodes_before, r.nodes_after,
+           "%.2f s\n",
+           a.out, a.src, r.source_kind, r.nodes_before, r.nodes_after,
            (double)r.weight_bytes / 1048576.0, (double)r.arena_bytes / 1048576.0, now_s() - t0);
   if (!a.quiet && r.ops[0]) printf("infc: %s\n", r.ops);
   if (!a.quiet && r.quant[0]) printf("infc: %s\n", r.quant);
@@ -132,7 +146,8 @@ static int cmd_build(int argc, char **argv) {
   if (!a.quiet && r.repack[0]) printf("infc: %s\n", r.repack);
   if (!a.quiet && r.recognised[0]) printf("infc: recognised: %s\n", r.recognised);
   if (!a.quiet)
-    printf("infc: tokenizer: %s\n", r.tokenizer[0] ? r.tokenizer : "none (the plan takes token ids)");
+    printf("infc: tokenizer: %s\n",
+           r.tokenizer[0] ? r.tokenizer : "none (the plan takes token ids)");
   return 0;
 }
 
@@ -161,7 +176,8 @@ static void print_tensors(const ir_graph *g, bool all) {
   }
   printf("weights:     %d tensors;", n);
   for (int t = 1; t < IR_DTYPE_COUNT; t++)
-    if (by_type[t]) printf(" %s %.2f MiB", ir_dtype_name((ir_dtype)t), (double)by_type[t] / 1048576.0);
+    if (by_type[t])
+      printf(" %s %.2f MiB", ir_dtype_name((ir_dtype)t), (double)by_type[t] / 1048576.0);
   printf("\n");
 }
 
@@ -187,7 +203,10 @@ static void print_tokenizer(const ir_plan *p) {
   printf("tokenizer:   %s BPE, %s pre-tokenizer, %d tokens, bos %d, eos %d, chat template %s\n",
          irt_tok_get_model(t) == IRT_TOK_BPE_SPM ? "SentencePiece-style" : "byte-level",
          (unsigned)k < sizeof pre / sizeof *pre ? pre[k] : "?", irt_tok_vocab_size(t),
-         irt_tok_bos(t), irt_tok_eos(t), !tpl ? "none" : known ? irt_chat_kind_name(ct.kind) : "not recognised");
+         irt_tok_bos(t), irt_tok_eos(t),
+         !tpl    ? "none"
+         : known ? irt_chat_kind_name(ct.kind)
+                 : "not recognised");
   irt_tok_destroy(t);
 }
 
@@ -199,12 +218,14 @@ static void print_plan(const ir_plan *p, bool tensors) {
          ir_plan_producer(p), (unsigned long long)h->file_size);
   printf("target:      %s\nsource hash: %s\n", ir_plan_target(p), ir_plan_source_hash(p));
   printf("model:       %s, vocab %lld, hidden %lld, layers %lld, heads %lld (kv %lld), "
-         "head_dim %lld, ffn %lld\n", c->arch, (long long)c->vocab_size, (long long)c->hidden_size,
-         (long long)c->n_layers, (long long)c->n_heads, (long long)c->n_kv_heads,
-         (long long)c->head_dim, (long long)c->intermediate_size);
+         "head_dim %lld, ffn %lld\n",
+         c->arch, (long long)c->vocab_size, (long long)c->hidden_size, (long long)c->n_layers,
+         (long long)c->n_heads, (long long)c->n_kv_heads, (long long)c->head_dim,
+         (long long)c->intermediate_size);
   printf("             context %lld, rope_theta %g, rms_norm_eps %g, tied embeddings %s, "
-         "qkv bias %s, bos %lld, eos %lld\n", (long long)c->max_position, c->rope_theta,
-         c->rms_norm_eps, c->tie_word_embeddings ? "yes" : "no", c->attention_bias ? "yes" : "no",
+         "qkv bias %s, bos %lld, eos %lld\n",
+         (long long)c->max_position, c->rope_theta, c->rms_norm_eps,
+         c->tie_word_embeddings ? "yes" : "no", c->attention_bias ? "yes" : "no",
          (long long)c->bos_token_id, (long long)c->eos_token_id);
   printf("step limits: %lld tokens, %lld sequences, %lld logit rows; KV block %lld\n",
          (long long)c->max_tokens, (long long)c->max_seqs, (long long)c->max_logits,
@@ -232,7 +253,8 @@ static void print_plan(const ir_plan *p, bool tensors) {
     printf(" %s=%s", k, v);
   }
   printf("\n");
-  for (int i = 0; i < ir_plan_n_pass_log(p); i++) printf("pass:        %s\n", ir_plan_pass_log(p, i));
+  for (int i = 0; i < ir_plan_n_pass_log(p); i++)
+    printf("pass:        %s\n", ir_plan_pass_log(p, i));
 }
 
 static int cmd_inspect(int argc, char **argv) {
@@ -248,7 +270,8 @@ static int cmd_inspect(int argc, char **argv) {
     else {
       fputs("usage: infc inspect model.plan [--tensors] [--ir]\n"
             "  --tensors  list every weight tensor\n"
-            "  --ir       print the program\n", c == 'h' ? stdout : stderr);
+            "  --ir       print the program\n",
+            c == 'h' ? stdout : stderr);
       return c == 'h' ? 0 : 2;
     }
   }
@@ -270,7 +293,8 @@ int main(int argc, char **argv) {
            IR_PLAN_VERSION_MINOR);
     return 0;
   }
-  if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) return usage_main(stdout);
+  if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help"))
+    return usage_main(stdout);
   if (!strcmp(cmd, "build")) return cmd_build(argc - 1, argv + 1);
   if (!strcmp(cmd, "inspect")) return cmd_inspect(argc - 1, argv + 1);
   fprintf(stderr, "infc: error: unknown command '%s'\n", cmd);

@@ -10,8 +10,8 @@
 #include "pass.h"
 
 infc_options infc_options_default(void) {
-  infc_options o = {.model = model_build_opts_default(), .fold = true, .fuse = true,
-                    .repack = true};
+  infc_options o = {
+      .model = model_build_opts_default(), .fold = true, .fuse = true, .repack = true};
   snprintf(o.target, sizeof o.target, "cpu");
   return o;
 }
@@ -66,7 +66,8 @@ static ir_status set_dtype(infc_options *o, const char *v, ir_diag *d) {
   }
   ir_dtype t = ir_dtype_from_name(v);
   if (t != IR_F32 && t != IR_F16 && t != IR_BF16)
-    return ir_diag_set(d, IR_INVALID_ARG, "option 'dtype': '%s' is not one of auto, f32, f16, bf16", v);
+    return ir_diag_set(d, IR_INVALID_ARG, "option 'dtype': '%s' is not one of auto, f32, f16, bf16",
+                       v);
   o->model.weight_dtype = t;
   return IR_OK;
 }
@@ -89,8 +90,10 @@ static ir_status set_no_fuse(infc_options *o, const char *v, ir_diag *d) {
     snprintf(name, sizeof name, "%.*s", (int)(n < sizeof name ? n : sizeof name - 1), p);
     unsigned bit = pass_fusion_from_name(name);
     if (!bit)
-      return ir_diag_set(d, IR_INVALID_ARG, "option 'no_fuse': '%s' is not one of "
-                         "rope_attention, qkv, gate_up, add_rms_norm", name);
+      return ir_diag_set(d, IR_INVALID_ARG,
+                         "option 'no_fuse': '%s' is not one of "
+                         "rope_attention, qkv, gate_up, add_rms_norm",
+                         name);
     bits |= bit;
     p += n + (p[n] == ',');
   }
@@ -258,8 +261,8 @@ int infc_options_describe(const infc_options *o, const char **keys, const char *
                           char *buf, size_t len) {
   const model_build_opts *m = &o->model;
   char tmp[9][64];
-  const char *k[9] = {"dtype", "max_tokens", "max_seqs", "max_logits", "kv_block_size",
-                      "max_context", "passes", "target", "arch"};
+  const char *k[9] = {"dtype",       "max_tokens", "max_seqs", "max_logits", "kv_block_size",
+                      "max_context", "passes",     "target",   "arch"};
   snprintf(tmp[0], 32, "%s", m->weight_dtype ? ir_dtype_name(m->weight_dtype) : "auto");
   snprintf(tmp[1], 32, "%lld", (long long)m->max_tokens);
   snprintf(tmp[2], 32, "%lld", (long long)m->max_seqs);

@@ -40,14 +40,14 @@ typedef struct infc_options {
   model_build_opts model;
   bool fold;
   bool fuse;
-  bool repack; /* passes.repack: interleave block-quantized CPU matmul weights by 8 rows */
-  unsigned no_fuse; /* pass_fusion bits (passes/pass.h) of fusions to skip */
+  bool repack;         /* passes.repack: interleave block-quantized CPU matmul weights by 8 rows */
+  unsigned no_fuse;    /* pass_fusion bits (passes/pass.h) of fusions to skip */
   bool max_tokens_set; /* max_tokens given: target cuda keeps it (else INFC_CUDA_MAX_TOKENS) */
   char target[16];
-  char arch[64]; /* target cuda: GPU archs, "sm_80,sm_90" ("" = that default) */
-  char tokenizer[4096]; /* --tokenizer PATH: a tokenizer.json to embed ("" = find one) */
-  pass_quant_opts quant; /* --quant SCHEME: weight quantization (passes/pass_quantize.h) */
-  char quant_calib[4096]; /* --quant-calib FILE: w8a8 activation maxima ("" = none) */
+  char arch[64];            /* target cuda: GPU archs, "sm_80,sm_90" ("" = that default) */
+  char tokenizer[4096];     /* --tokenizer PATH: a tokenizer.json to embed ("" = find one) */
+  pass_quant_opts quant;    /* --quant SCHEME: weight quantization (passes/pass_quantize.h) */
+  char quant_calib[4096];   /* --quant-calib FILE: w8a8 activation maxima ("" = none) */
   infc_act_dtype act_dtype; /* --act-dtype: activations of block-quantized matmuls */
   /* target cuda: --decode-buckets LIST, the CUDA Graph decode batch sizes (0: the default
    * 1, 2, 4, ... up to the step limit; checked against the limits by pass_capture_plan) */

@@ -29,7 +29,7 @@ struct fmt_gguf {
   size_t n_tensors;
   const fmt_gguf_kv **kv_sorted;         /* by key, for bsearch */
   const fmt_gguf_tensor **tensor_sorted; /* by name, for bsearch */
-  void **owned; /* decoded arrays */
+  void **owned;                          /* decoded arrays */
   size_t n_owned, cap_owned;
 };
 
@@ -42,23 +42,23 @@ typedef struct gg_ttype {
 } gg_ttype;
 
 static const gg_ttype k_ttypes[] = {
-    [0] = {"F32", 1, 4, IR_F32},        [1] = {"F16", 1, 2, IR_F16},
-    [2] = {"Q4_0", 32, 18, IR_Q4_0},    [3] = {"Q4_1", 32, 20, IR_Q4_1},
-    [6] = {"Q5_0", 32, 22, 0},          [7] = {"Q5_1", 32, 24, 0},
-    [8] = {"Q8_0", 32, 34, IR_Q8_0},    [9] = {"Q8_1", 32, 36, 0},
-    [10] = {"Q2_K", 256, 84, 0},        [11] = {"Q3_K", 256, 110, 0},
-    [12] = {"Q4_K", 256, 144, 0},       [13] = {"Q5_K", 256, 176, 0},
-    [14] = {"Q6_K", 256, 210, 0},       [15] = {"Q8_K", 256, 292, 0},
-    [16] = {"IQ2_XXS", 256, 66, 0},     [17] = {"IQ2_XS", 256, 74, 0},
-    [18] = {"IQ3_XXS", 256, 98, 0},     [19] = {"IQ1_S", 256, 50, 0},
-    [20] = {"IQ4_NL", 32, 18, 0},       [21] = {"IQ3_S", 256, 110, 0},
-    [22] = {"IQ2_S", 256, 82, 0},       [23] = {"IQ4_XS", 256, 136, 0},
-    [24] = {"I8", 1, 1, 0},             [25] = {"I16", 1, 2, 0},
-    [26] = {"I32", 1, 4, 0},            [27] = {"I64", 1, 8, 0},
-    [28] = {"F64", 1, 8, 0},            [29] = {"IQ1_M", 256, 56, 0},
-    [30] = {"BF16", 1, 2, IR_BF16},     [34] = {"TQ1_0", 256, 54, 0},
-    [35] = {"TQ2_0", 256, 66, 0},       [39] = {"MXFP4", 32, 17, 0},
-    [40] = {"NVFP4", 64, 36, 0},        [41] = {"Q1_0", 128, 18, 0},
+    [0] = {"F32", 1, 4, IR_F32},     [1] = {"F16", 1, 2, IR_F16},
+    [2] = {"Q4_0", 32, 18, IR_Q4_0}, [3] = {"Q4_1", 32, 20, IR_Q4_1},
+    [6] = {"Q5_0", 32, 22, 0},       [7] = {"Q5_1", 32, 24, 0},
+    [8] = {"Q8_0", 32, 34, IR_Q8_0}, [9] = {"Q8_1", 32, 36, 0},
+    [10] = {"Q2_K", 256, 84, 0},     [11] = {"Q3_K", 256, 110, 0},
+    [12] = {"Q4_K", 256, 144, 0},    [13] = {"Q5_K", 256, 176, 0},
+    [14] = {"Q6_K", 256, 210, 0},    [15] = {"Q8_K", 256, 292, 0},
+    [16] = {"IQ2_XXS", 256, 66, 0},  [17] = {"IQ2_XS", 256, 74, 0},
+    [18] = {"IQ3_XXS", 256, 98, 0},  [19] = {"IQ1_S", 256, 50, 0},
+    [20] = {"IQ4_NL", 32, 18, 0},    [21] = {"IQ3_S", 256, 110, 0},
+    [22] = {"IQ2_S", 256, 82, 0},    [23] = {"IQ4_XS", 256, 136, 0},
+    [24] = {"I8", 1, 1, 0},          [25] = {"I16", 1, 2, 0},
+    [26] = {"I32", 1, 4, 0},         [27] = {"I64", 1, 8, 0},
+    [28] = {"F64", 1, 8, 0},         [29] = {"IQ1_M", 256, 56, 0},
+    [30] = {"BF16", 1, 2, IR_BF16},  [34] = {"TQ1_0", 256, 54, 0},
+    [35] = {"TQ2_0", 256, 66, 0},    [39] = {"MXFP4", 32, 17, 0},
+    [40] = {"NVFP4", 64, 36, 0},     [41] = {"Q1_0", 128, 18, 0},
 };
 #define GG_N_TTYPES (sizeof k_ttypes / sizeof k_ttypes[0])
 
@@ -147,8 +147,10 @@ static ir_status cur_name(gg_cur *c, char **out, const char *what, ir_diag *d) {
   ir_status st = cur_str(c, &s, what, NULL, d);
   if (st != IR_OK) return st;
   if (s.len == 0 || s.len > GG_MAX_NAME || memchr(s.ptr, 0, s.len))
-    return ir_diag_set(d, IR_BAD_FORMAT, "%s at byte %llu is empty, longer than %u bytes or "
-                       "holds a NUL byte", what, (unsigned long long)at, GG_MAX_NAME);
+    return ir_diag_set(d, IR_BAD_FORMAT,
+                       "%s at byte %llu is empty, longer than %u bytes or "
+                       "holds a NUL byte",
+                       what, (unsigned long long)at, GG_MAX_NAME);
   char *p = malloc(s.len + 1);
   if (!p) return ir_diag_set(d, IR_OOM, "out of memory");
   memcpy(p, s.ptr, s.len);
@@ -180,8 +182,7 @@ typedef struct gg_val_ctx {
 } gg_val_ctx;
 
 /* Decodes one fixed-size scalar at p into v. */
-static ir_status gg_scalar(gg_val_ctx *x, fmt_gguf_type t, const uint8_t *p,
-                           fmt_gguf_value *v) {
+static ir_status gg_scalar(gg_val_ctx *x, fmt_gguf_type t, const uint8_t *p, fmt_gguf_value *v) {
   uint64_t raw = gg_le(p, k_vsize[t]);
   v->type = t;
   switch (t) {
@@ -199,8 +200,10 @@ static ir_status gg_scalar(gg_val_ctx *x, fmt_gguf_type t, const uint8_t *p,
   case FMT_GGUF_F64: memcpy(&v->num.f, &raw, 8); break;
   case FMT_GGUF_BOOL:
     if (raw > 1)
-      return ir_diag_set(x->d, IR_BAD_FORMAT, "metadata key '%.200s': bool value %llu is not "
-                         "0 or 1", x->key, (unsigned long long)raw);
+      return ir_diag_set(x->d, IR_BAD_FORMAT,
+                         "metadata key '%.200s': bool value %llu is not "
+                         "0 or 1",
+                         x->key, (unsigned long long)raw);
     v->num.u = raw;
     break;
   default: v->num.u = raw; break;
@@ -214,9 +217,11 @@ static ir_status gg_value(gg_val_ctx *x, fmt_gguf_type t, int depth, fmt_gguf_va
 static ir_status gg_fixed_array(gg_val_ctx *x, fmt_gguf_value *v) {
   uint64_t es = k_vsize[v->elem_type];
   if (v->count > cur_left(x->c) / es)
-    return ir_diag_set(x->d, IR_BAD_FORMAT, "metadata key '%.200s': array of %llu %s needs "
-                       "more than the %llu bytes left", x->key, (unsigned long long)v->count,
-                       k_vnames[v->elem_type], (unsigned long long)cur_left(x->c));
+    return ir_diag_set(x->d, IR_BAD_FORMAT,
+                       "metadata key '%.200s': array of %llu %s needs "
+                       "more than the %llu bytes left",
+                       x->key, (unsigned long long)v->count, k_vnames[v->elem_type],
+                       (unsigned long long)cur_left(x->c));
   const uint8_t *p = x->c->p + x->c->pos;
   x->c->pos += v->count * es;
   bool fl = v->elem_type == FMT_GGUF_F32 || v->elem_type == FMT_GGUF_F64;
@@ -230,9 +235,10 @@ static ir_status gg_fixed_array(gg_val_ctx *x, fmt_gguf_value *v) {
     if (fl) {
       floats[i] = (float)e.num.f;
     } else if (v->elem_type == FMT_GGUF_U64 && e.num.u > INT64_MAX) {
-      return ir_diag_set(x->d, IR_UNSUPPORTED, "metadata key '%.200s': element %llu is %llu, "
-                         "above INT64_MAX", x->key, (unsigned long long)i,
-                         (unsigned long long)e.num.u);
+      return ir_diag_set(x->d, IR_UNSUPPORTED,
+                         "metadata key '%.200s': element %llu is %llu, "
+                         "above INT64_MAX",
+                         x->key, (unsigned long long)i, (unsigned long long)e.num.u);
     } else {
       ints[i] = (v->elem_type == FMT_GGUF_I8 || v->elem_type == FMT_GGUF_I16 ||
                  v->elem_type == FMT_GGUF_I32 || v->elem_type == FMT_GGUF_I64)
@@ -250,19 +256,25 @@ static ir_status gg_array(gg_val_ctx *x, int depth, fmt_gguf_value *v) {
   if (!cur_u32(x->c, &et) || !cur_uint(x->c, 8, &v->count))
     return gg_trunc(x->c, "array header of metadata key", x->key, x->d);
   if (et >= FMT_GGUF_TYPE_COUNT)
-    return ir_diag_set(x->d, IR_BAD_FORMAT, "metadata key '%.200s': unknown array element "
-                       "type %u", x->key, et);
+    return ir_diag_set(x->d, IR_BAD_FORMAT,
+                       "metadata key '%.200s': unknown array element "
+                       "type %u",
+                       x->key, et);
   v->elem_type = (fmt_gguf_type)et;
   if (k_vsize[et]) return gg_fixed_array(x, v);
   bool nested = et == FMT_GGUF_ARRAY;
   if (nested && depth + 1 >= FMT_GGUF_MAX_DEPTH)
-    return ir_diag_set(x->d, IR_BAD_FORMAT, "metadata key '%.200s': arrays nested deeper "
-                       "than %d", x->key, FMT_GGUF_MAX_DEPTH);
+    return ir_diag_set(x->d, IR_BAD_FORMAT,
+                       "metadata key '%.200s': arrays nested deeper "
+                       "than %d",
+                       x->key, FMT_GGUF_MAX_DEPTH);
   uint64_t min = nested ? GG_MIN_ARRAY : 8;
   if (v->count > cur_left(x->c) / min)
-    return ir_diag_set(x->d, IR_BAD_FORMAT, "metadata key '%.200s': array of %llu %s needs "
-                       "more than the %llu bytes left", x->key, (unsigned long long)v->count,
-                       k_vnames[et], (unsigned long long)cur_left(x->c));
+    return ir_diag_set(x->d, IR_BAD_FORMAT,
+                       "metadata key '%.200s': array of %llu %s needs "
+                       "more than the %llu bytes left",
+                       x->key, (unsigned long long)v->count, k_vnames[et],
+                       (unsigned long long)cur_left(x->c));
   fmt_gguf_str *strs = nested ? NULL : gg_alloc(x->g, v->count, sizeof *strs);
   fmt_gguf_value *items = nested ? gg_alloc(x->g, v->count, sizeof *items) : NULL;
   if (v->count && !strs && !items) return ir_diag_set(x->d, IR_OOM, "out of memory");
@@ -301,13 +313,12 @@ static ir_status gg_read_kv(fmt_gguf *g, gg_cur *c, fmt_gguf_kv *kv, ir_diag *d)
 
 /* ---- tensor infos ------------------------------------------------------------------- */
 
-static ir_status gg_tensor_shape(gg_cur *c, fmt_gguf_tensor *t, uint64_t *out_elems,
-                                 ir_diag *d) {
+static ir_status gg_tensor_shape(gg_cur *c, fmt_gguf_tensor *t, uint64_t *out_elems, ir_diag *d) {
   uint32_t rank;
   if (!cur_u32(c, &rank)) return gg_trunc(c, "rank of tensor", t->name, d);
   if (rank < 1 || rank > FMT_GGUF_MAX_RANK)
-    return ir_diag_set(d, IR_BAD_FORMAT, "tensor '%.200s': rank %u is not in 1..%d", t->name,
-                       rank, FMT_GGUF_MAX_RANK);
+    return ir_diag_set(d, IR_BAD_FORMAT, "tensor '%.200s': rank %u is not in 1..%d", t->name, rank,
+                       FMT_GGUF_MAX_RANK);
   t->rank = (int)rank;
   uint64_t elems = 1;
   bool zero = false;
@@ -338,8 +349,10 @@ static ir_status gg_read_tensor(gg_cur *c, fmt_gguf_tensor *t, ir_diag *d) {
     return ir_diag_set(d, IR_BAD_FORMAT, "tensor '%.200s': unknown type %u", name, t->ggml_type);
   uint64_t ne0 = (uint64_t)t->shape[t->rank - 1];
   if (ne0 % tt->block)
-    return ir_diag_set(d, IR_BAD_FORMAT, "tensor '%.200s': row length %llu is not a multiple "
-                       "of the %s block of %u", name, (unsigned long long)ne0, tt->name, tt->block);
+    return ir_diag_set(d, IR_BAD_FORMAT,
+                       "tensor '%.200s': row length %llu is not a multiple "
+                       "of the %s block of %u",
+                       name, (unsigned long long)ne0, tt->name, tt->block);
   uint64_t blocks = elems / tt->block;
   if (blocks > UINT64_MAX / tt->size)
     return ir_diag_set(d, IR_BAD_FORMAT, "tensor '%.200s': byte size overflows", name);
@@ -355,8 +368,10 @@ static ir_status gg_alignment(fmt_gguf *g, ir_diag *d) {
   const fmt_gguf_kv *kv = fmt_gguf_kv_find(g, "general.alignment");
   if (!kv) return IR_OK;
   if (kv->value.type != FMT_GGUF_U32)
-    return ir_diag_set(d, IR_BAD_FORMAT, "metadata key 'general.alignment' has type %s, "
-                       "expected U32", fmt_gguf_type_name(kv->value.type));
+    return ir_diag_set(d, IR_BAD_FORMAT,
+                       "metadata key 'general.alignment' has type %s, "
+                       "expected U32",
+                       fmt_gguf_type_name(kv->value.type));
   uint64_t a = kv->value.num.u;
   if (a == 0 || (a & (a - 1)))
     return ir_diag_set(d, IR_BAD_FORMAT, "general.alignment %llu is not a power of two",
@@ -382,8 +397,10 @@ static ir_status gg_no_overlap(fmt_gguf *g, ir_diag *d) {
   for (size_t i = 0; i < g->n_tensors && st == IR_OK; i++) {
     if (v[i]->nbytes == 0) continue;
     if (prev && v[i]->offset < prev->offset + prev->nbytes)
-      st = ir_diag_set(d, IR_BAD_FORMAT, "tensor '%.200s' [%llu, %llu) overlaps tensor '%.200s' "
-                       "[%llu, %llu)", v[i]->name, (unsigned long long)v[i]->offset,
+      st = ir_diag_set(d, IR_BAD_FORMAT,
+                       "tensor '%.200s' [%llu, %llu) overlaps tensor '%.200s' "
+                       "[%llu, %llu)",
+                       v[i]->name, (unsigned long long)v[i]->offset,
                        (unsigned long long)(v[i]->offset + v[i]->nbytes), prev->name,
                        (unsigned long long)prev->offset,
                        (unsigned long long)(prev->offset + prev->nbytes));
@@ -398,21 +415,24 @@ static ir_status gg_layout(fmt_gguf *g, uint64_t infos_end, ir_diag *d) {
   uint64_t a = g->alignment;
   uint64_t start = infos_end + (a - infos_end % a) % a;
   if (start < infos_end || (start > g->size && g->n_tensors > 0))
-    return ir_diag_set(d, IR_BAD_FORMAT, "truncated: the data section starts at byte %llu, "
-                       "past the end of the file (%llu bytes)", (unsigned long long)start,
-                       (unsigned long long)g->size);
+    return ir_diag_set(d, IR_BAD_FORMAT,
+                       "truncated: the data section starts at byte %llu, "
+                       "past the end of the file (%llu bytes)",
+                       (unsigned long long)start, (unsigned long long)g->size);
   g->data_offset = start > g->size ? g->size : start;
   uint64_t avail = g->size - g->data_offset;
   for (size_t i = 0; i < g->n_tensors; i++) {
     fmt_gguf_tensor *t = &g->tensors[i];
     if (t->offset % a)
-      return ir_diag_set(d, IR_BAD_FORMAT, "tensor '%.200s': offset %llu is not a multiple of "
-                         "the alignment %llu", t->name, (unsigned long long)t->offset,
-                         (unsigned long long)a);
+      return ir_diag_set(d, IR_BAD_FORMAT,
+                         "tensor '%.200s': offset %llu is not a multiple of "
+                         "the alignment %llu",
+                         t->name, (unsigned long long)t->offset, (unsigned long long)a);
     if (t->offset > avail || t->nbytes > avail - t->offset)
-      return ir_diag_set(d, IR_BAD_FORMAT, "truncated: tensor '%.200s' [%llu, +%llu bytes) "
-                         "ends past the data section of %llu bytes", t->name,
-                         (unsigned long long)t->offset, (unsigned long long)t->nbytes,
+      return ir_diag_set(d, IR_BAD_FORMAT,
+                         "truncated: tensor '%.200s' [%llu, +%llu bytes) "
+                         "ends past the data section of %llu bytes",
+                         t->name, (unsigned long long)t->offset, (unsigned long long)t->nbytes,
                          (unsigned long long)avail);
     t->data = g->map + g->data_offset + t->offset;
   }
@@ -505,8 +525,8 @@ static ir_status gg_map(fmt_gguf *g, ir_diag *d) {
   ir_status st = IR_OK;
   if (fstat(fd, &sb) != 0) st = ir_diag_set(d, IR_IO, "cannot stat: %s", strerror(errno));
   else if (!S_ISREG(sb.st_mode)) st = ir_diag_set(d, IR_IO, "not a regular file");
-  else if (sb.st_size < 4) st = ir_diag_set(d, IR_BAD_FORMAT, "not a GGUF file (%lld bytes)",
-                                            (long long)sb.st_size);
+  else if (sb.st_size < 4)
+    st = ir_diag_set(d, IR_BAD_FORMAT, "not a GGUF file (%lld bytes)", (long long)sb.st_size);
   if (st == IR_OK) {
     void *p = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
     if (p == MAP_FAILED) st = ir_diag_set(d, IR_IO, "cannot mmap: %s", strerror(errno));
@@ -609,10 +629,9 @@ static ir_status gg_wrong(const fmt_gguf *g, const char *key, const fmt_gguf_val
   char have[32];
   if (v->type == FMT_GGUF_ARRAY)
     snprintf(have, sizeof have, "ARRAY of %s", fmt_gguf_type_name(v->elem_type));
-  else
-    snprintf(have, sizeof have, "%s", fmt_gguf_type_name(v->type));
-  return ir_diag_set(d, IR_BAD_FORMAT, "%s: metadata key '%s' has type %s, expected %s",
-                     g->path, key, have, want);
+  else snprintf(have, sizeof have, "%s", fmt_gguf_type_name(v->type));
+  return ir_diag_set(d, IR_BAD_FORMAT, "%s: metadata key '%s' has type %s, expected %s", g->path,
+                     key, have, want);
 }
 
 static bool gg_is_signed(fmt_gguf_type t) {
@@ -635,8 +654,8 @@ static ir_status gg_int(const fmt_gguf *g, const char *key, int64_t lo, uint64_t
     if (neg)
       return ir_diag_set(d, IR_BAD_FORMAT, "%s: metadata key '%s' is %lld, outside %s", g->path,
                          key, (long long)v->num.i, want);
-    return ir_diag_set(d, IR_BAD_FORMAT, "%s: metadata key '%s' is %llu, outside %s", g->path,
-                       key, (unsigned long long)v->num.u, want);
+    return ir_diag_set(d, IR_BAD_FORMAT, "%s: metadata key '%s' is %llu, outside %s", g->path, key,
+                       (unsigned long long)v->num.u, want);
   }
   *out_bits = v->num.u;
   return IR_OK;
@@ -663,8 +682,7 @@ ir_status fmt_gguf_get_u64(const fmt_gguf *g, const char *key, uint64_t *out, ir
 ir_status fmt_gguf_get_f32(const fmt_gguf *g, const char *key, float *out, ir_diag *d) {
   const fmt_gguf_value *v = gg_want(g, key, d);
   if (!v) return IR_BAD_FORMAT;
-  if (v->type != FMT_GGUF_F32 && v->type != FMT_GGUF_F64)
-    return gg_wrong(g, key, v, "F32", d);
+  if (v->type != FMT_GGUF_F32 && v->type != FMT_GGUF_F64) return gg_wrong(g, key, v, "F32", d);
   *out = (float)v->num.f;
   return IR_OK;
 }
@@ -677,8 +695,7 @@ ir_status fmt_gguf_get_bool(const fmt_gguf *g, const char *key, bool *out, ir_di
   return IR_OK;
 }
 
-ir_status fmt_gguf_get_str(const fmt_gguf *g, const char *key, fmt_gguf_str *out,
-                            ir_diag *d) {
+ir_status fmt_gguf_get_str(const fmt_gguf *g, const char *key, fmt_gguf_str *out, ir_diag *d) {
   const fmt_gguf_value *v = gg_want(g, key, d);
   if (!v) return IR_BAD_FORMAT;
   if (v->type != FMT_GGUF_STRING) return gg_wrong(g, key, v, "STRING", d);
@@ -688,8 +705,7 @@ ir_status fmt_gguf_get_str(const fmt_gguf *g, const char *key, fmt_gguf_str *out
 
 /* An array whose elements pass `ok`. */
 static const fmt_gguf_value *gg_array_of(const fmt_gguf *g, const char *key,
-                                          bool (*ok)(fmt_gguf_type), const char *want,
-                                          ir_diag *d) {
+                                         bool (*ok)(fmt_gguf_type), const char *want, ir_diag *d) {
   const fmt_gguf_value *v = gg_want(g, key, d);
   if (v && (v->type != FMT_GGUF_ARRAY || !ok(v->elem_type))) {
     gg_wrong(g, key, v, want, d);
@@ -703,7 +719,7 @@ static bool gg_is_intish(fmt_gguf_type t) { return gg_is_int(t) || t == FMT_GGUF
 static bool gg_is_float(fmt_gguf_type t) { return t == FMT_GGUF_F32 || t == FMT_GGUF_F64; }
 
 ir_status fmt_gguf_get_strs(const fmt_gguf *g, const char *key, const fmt_gguf_str **out,
-                             uint64_t *out_n, ir_diag *d) {
+                            uint64_t *out_n, ir_diag *d) {
   const fmt_gguf_value *v = gg_array_of(g, key, gg_is_str, "ARRAY of STRING", d);
   if (!v) return IR_BAD_FORMAT;
   *out = v->strs;
@@ -712,7 +728,7 @@ ir_status fmt_gguf_get_strs(const fmt_gguf *g, const char *key, const fmt_gguf_s
 }
 
 ir_status fmt_gguf_get_ints(const fmt_gguf *g, const char *key, const int64_t **out,
-                             uint64_t *out_n, ir_diag *d) {
+                            uint64_t *out_n, ir_diag *d) {
   const fmt_gguf_value *v = gg_array_of(g, key, gg_is_intish, "ARRAY of integers", d);
   if (!v) return IR_BAD_FORMAT;
   *out = v->ints;
@@ -721,7 +737,7 @@ ir_status fmt_gguf_get_ints(const fmt_gguf *g, const char *key, const int64_t **
 }
 
 ir_status fmt_gguf_get_floats(const fmt_gguf *g, const char *key, const float **out,
-                               uint64_t *out_n, ir_diag *d) {
+                              uint64_t *out_n, ir_diag *d) {
   const fmt_gguf_value *v = gg_array_of(g, key, gg_is_float, "ARRAY of F32", d);
   if (!v) return IR_BAD_FORMAT;
   *out = v->floats;

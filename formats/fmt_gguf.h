@@ -15,8 +15,8 @@
 #include "ir_dtype.h"
 #include "ir_status.h"
 
-#define FMT_GGUF_MAX_RANK 4     /* GGML_MAX_DIMS */
-#define FMT_GGUF_MAX_DEPTH 8    /* nesting of arrays of arrays */
+#define FMT_GGUF_MAX_RANK 4  /* GGML_MAX_DIMS */
+#define FMT_GGUF_MAX_DEPTH 8 /* nesting of arrays of arrays */
 #define FMT_GGUF_DEFAULT_ALIGN 32
 
 /* Metadata value types, as stored. */
@@ -59,7 +59,7 @@ typedef struct fmt_gguf_value {
   } num;
   fmt_gguf_str str;        /* STRING */
   fmt_gguf_type elem_type; /* ARRAY: type of every element */
-  uint64_t count;           /* ARRAY: number of elements */
+  uint64_t count;          /* ARRAY: number of elements */
   const int64_t *ints;
   const float *floats;
   const fmt_gguf_str *strs;
@@ -72,14 +72,14 @@ typedef struct fmt_gguf_kv {
 } fmt_gguf_kv;
 
 typedef struct fmt_gguf_tensor {
-  const char *name;  /* NUL-terminated copy */
+  const char *name;   /* NUL-terminated copy */
   uint32_t ggml_type; /* as stored */
-  ir_dtype dtype;    /* F32, F16, BF16, Q8_0, Q4_0, Q4_1; IR_DTYPE_INVALID for a known ggml
+  ir_dtype dtype;     /* F32, F16, BF16, Q8_0, Q4_0, Q4_1; IR_DTYPE_INVALID for a known ggml
                         type the compiler cannot use (Q4_K, ...): see fmt_gguf_type_check */
-  int rank;          /* 1..4 */
+  int rank;           /* 1..4 */
   int64_t shape[FMT_GGUF_MAX_RANK]; /* row-major: shape[rank - 1] is GGUF's ne0 */
-  uint64_t offset;   /* from the start of the data section */
-  const void *data;  /* points into the mapping; valid until fmt_gguf_close */
+  uint64_t offset;                  /* from the start of the data section */
+  const void *data;                 /* points into the mapping; valid until fmt_gguf_close */
   uint64_t nbytes;
 } fmt_gguf_tensor;
 
@@ -103,7 +103,7 @@ uint64_t fmt_gguf_data_offset(const fmt_gguf *g);
 /* ---- metadata --------------------------------------------------------------------- */
 
 size_t fmt_gguf_kv_count(const fmt_gguf *g);
-const fmt_gguf_kv *fmt_gguf_kv_get(const fmt_gguf *g, size_t i); /* file order; borrowed */
+const fmt_gguf_kv *fmt_gguf_kv_get(const fmt_gguf *g, size_t i);         /* file order; borrowed */
 const fmt_gguf_kv *fmt_gguf_kv_find(const fmt_gguf *g, const char *key); /* or NULL */
 const char *fmt_gguf_type_name(fmt_gguf_type t);
 
@@ -115,15 +115,14 @@ ir_status fmt_gguf_get_i32(const fmt_gguf *g, const char *key, int32_t *out, ir_
 ir_status fmt_gguf_get_u64(const fmt_gguf *g, const char *key, uint64_t *out, ir_diag *d);
 ir_status fmt_gguf_get_f32(const fmt_gguf *g, const char *key, float *out, ir_diag *d);
 ir_status fmt_gguf_get_bool(const fmt_gguf *g, const char *key, bool *out, ir_diag *d);
-ir_status fmt_gguf_get_str(const fmt_gguf *g, const char *key, fmt_gguf_str *out,
-                            ir_diag *d);
+ir_status fmt_gguf_get_str(const fmt_gguf *g, const char *key, fmt_gguf_str *out, ir_diag *d);
 /* Arrays: *out points at `*out_n` decoded elements owned by the reader (borrowed). */
 ir_status fmt_gguf_get_strs(const fmt_gguf *g, const char *key, const fmt_gguf_str **out,
-                             uint64_t *out_n, ir_diag *d);
+                            uint64_t *out_n, ir_diag *d);
 ir_status fmt_gguf_get_ints(const fmt_gguf *g, const char *key, const int64_t **out,
-                             uint64_t *out_n, ir_diag *d);
+                            uint64_t *out_n, ir_diag *d);
 ir_status fmt_gguf_get_floats(const fmt_gguf *g, const char *key, const float **out,
-                               uint64_t *out_n, ir_diag *d);
+                              uint64_t *out_n, ir_diag *d);
 /* True if s holds exactly the text `lit`. */
 bool fmt_gguf_str_eq(fmt_gguf_str s, const char *lit);
 

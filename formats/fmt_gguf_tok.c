@@ -21,13 +21,13 @@ static void free_arrays(gguf_tok_arrays *a) {
 
 /* NUL-terminated copies of a string array; a string holding a NUL byte is refused (a token
  * is text: a NUL would cut it short in every C string that later holds it). */
-static ir_status copy_strs(const fmt_gguf *g, const char *key, const fmt_gguf_str *s,
-                           uint64_t n, char ***out, ir_diag *d) {
+static ir_status copy_strs(const fmt_gguf *g, const char *key, const fmt_gguf_str *s, uint64_t n,
+                           char ***out, ir_diag *d) {
   if (!(*out = calloc(n + 1, sizeof **out))) return ir_diag_set(d, IR_OOM, "out of memory");
   for (uint64_t i = 0; i < n; i++) {
     if (s[i].len && memchr(s[i].ptr, 0, s[i].len))
-      return ir_diag_set(d, IR_BAD_FORMAT, "%s: %s[%llu] holds a NUL byte", fmt_gguf_path(g),
-                         key, (unsigned long long)i);
+      return ir_diag_set(d, IR_BAD_FORMAT, "%s: %s[%llu] holds a NUL byte", fmt_gguf_path(g), key,
+                         (unsigned long long)i);
     if (!((*out)[i] = strndup(s[i].ptr ? s[i].ptr : "", s[i].len)))
       return ir_diag_set(d, IR_OOM, "out of memory");
   }
@@ -46,8 +46,8 @@ static ir_status opt_id(const fmt_gguf *g, const char *key, int32_t n_tokens, in
   ir_status st = fmt_gguf_get_u32(g, key, &v, d);
   if (st != IR_OK) return st;
   if (v >= (uint32_t)n_tokens)
-    return ir_diag_set(d, IR_BAD_FORMAT, "%s: %s is %u, past the %d tokens", fmt_gguf_path(g),
-                       key, v, n_tokens);
+    return ir_diag_set(d, IR_BAD_FORMAT, "%s: %s is %u, past the %d tokens", fmt_gguf_path(g), key,
+                       v, n_tokens);
   *out = (int32_t)v;
   return IR_OK;
 }
@@ -73,9 +73,10 @@ static ir_status pick_pre(const fmt_gguf *g, irt_tok_spec *s, ir_diag *d) {
   } else if (fmt_gguf_str_eq(pre, "smollm")) {
     s->pre = IRT_TOK_PRE_SMOLLM;
   } else {
-    return ir_diag_set(d, IR_UNSUPPORTED, "%s: tokenizer.ggml.pre '%.*s' is not supported "
-                       "(default, gpt-2, llama-bpe, llama3, qwen2, smollm)", fmt_gguf_path(g),
-                       (int)(pre.len > 64 ? 64 : pre.len), pre.ptr);
+    return ir_diag_set(d, IR_UNSUPPORTED,
+                       "%s: tokenizer.ggml.pre '%.*s' is not supported "
+                       "(default, gpt-2, llama-bpe, llama3, qwen2, smollm)",
+                       fmt_gguf_path(g), (int)(pre.len > 64 ? 64 : pre.len), pre.ptr);
   }
   return IR_OK;
 }
@@ -108,11 +109,13 @@ static ir_status read_vocab(const fmt_gguf *g, irt_tok_spec *s, gguf_tok_arrays 
                        (unsigned long long)n_types, (unsigned long long)a->n_tokens);
   if (types && !(a->types = malloc(a->n_tokens * sizeof *a->types)))
     return ir_diag_set(d, IR_OOM, "out of memory");
-  for (uint64_t i = 0; types && i < a->n_tokens; i++) { /* llama.cpp's enum: 0 undefined .. 6 byte */
+  for (uint64_t i = 0; types && i < a->n_tokens;
+       i++) { /* llama.cpp's enum: 0 undefined .. 6 byte */
     if (types[i] < 0 || types[i] > 6)
-      return ir_diag_set(d, IR_BAD_FORMAT, "%s: tokenizer.ggml.token_type[%llu] is %lld, not a "
-                         "token type (0-6)", fmt_gguf_path(g), (unsigned long long)i,
-                         (long long)types[i]);
+      return ir_diag_set(d, IR_BAD_FORMAT,
+                         "%s: tokenizer.ggml.token_type[%llu] is %lld, not a "
+                         "token type (0-6)",
+                         fmt_gguf_path(g), (unsigned long long)i, (long long)types[i]);
     a->types[i] = types[i] >= 1 ? (int32_t)types[i] : IRT_TOK_NORMAL;
   }
   s->n_tokens = (int32_t)a->n_tokens;
@@ -147,17 +150,20 @@ static ir_status read_model(const fmt_gguf *g, irt_tok_spec *s, ir_diag *d) {
         (st = fmt_gguf_get_floats(g, "tokenizer.ggml.scores", &scores, &n, d)) != IR_OK)
       return st;
     if (scores && n != (uint64_t)s->n_tokens)
-      return ir_diag_set(d, IR_BAD_FORMAT, "%s: tokenizer.ggml.scores has %llu entries for %d "
-                         "tokens", fmt_gguf_path(g), (unsigned long long)n, s->n_tokens);
+      return ir_diag_set(d, IR_BAD_FORMAT,
+                         "%s: tokenizer.ggml.scores has %llu entries for %d "
+                         "tokens",
+                         fmt_gguf_path(g), (unsigned long long)n, s->n_tokens);
     s->scores = scores;
     return IR_OK;
   }
-  return ir_diag_set(d, IR_UNSUPPORTED, "%s: tokenizer.ggml.model '%.*s' is not supported (gpt2, "
-                     "llama)", fmt_gguf_path(g), (int)(model.len > 64 ? 64 : model.len), model.ptr);
+  return ir_diag_set(d, IR_UNSUPPORTED,
+                     "%s: tokenizer.ggml.model '%.*s' is not supported (gpt2, "
+                     "llama)",
+                     fmt_gguf_path(g), (int)(model.len > 64 ? 64 : model.len), model.ptr);
 }
 
-static ir_status read_specials(const fmt_gguf *g, irt_tok_spec *s, gguf_tok_arrays *a,
-                               ir_diag *d) {
+static ir_status read_specials(const fmt_gguf *g, irt_tok_spec *s, gguf_tok_arrays *a, ir_diag *d) {
   static const char *const id_keys[4] = {
       "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
       "tokenizer.ggml.unknown_token_id", "tokenizer.ggml.padding_token_id"};

@@ -17,16 +17,28 @@
 #endif
 
 enum {
-  OT_FLOAT = 1, OT_UINT8 = 2, OT_INT8 = 3, OT_UINT16 = 4, OT_INT16 = 5, OT_INT32 = 6,
-  OT_INT64 = 7, OT_STRING = 8, OT_BOOL = 9, OT_FLOAT16 = 10, OT_DOUBLE = 11, OT_UINT32 = 12,
-  OT_UINT64 = 13, OT_BFLOAT16 = 16,
+  OT_FLOAT = 1,
+  OT_UINT8 = 2,
+  OT_INT8 = 3,
+  OT_UINT16 = 4,
+  OT_INT16 = 5,
+  OT_INT32 = 6,
+  OT_INT64 = 7,
+  OT_STRING = 8,
+  OT_BOOL = 9,
+  OT_FLOAT16 = 10,
+  OT_DOUBLE = 11,
+  OT_UINT32 = 12,
+  OT_UINT64 = 13,
+  OT_BFLOAT16 = 16,
 };
 
 static const char *const k_onnx_types[] = {
-    "undefined", "float", "uint8", "int8", "uint16", "int16", "int32", "int64", "string",
-    "bool", "float16", "double", "uint32", "uint64", "complex64", "complex128", "bfloat16",
-    "float8e4m3fn", "float8e4m3fnuz", "float8e5m2", "float8e5m2fnuz", "uint4", "int4",
-    "float4e2m1", "float8e8m0", "uint2", "int2",
+    "undefined",      "float",      "uint8",          "int8",       "uint16",   "int16",
+    "int32",          "int64",      "string",         "bool",       "float16",  "double",
+    "uint32",         "uint64",     "complex64",      "complex128", "bfloat16", "float8e4m3fn",
+    "float8e4m3fnuz", "float8e5m2", "float8e5m2fnuz", "uint4",      "int4",     "float4e2m1",
+    "float8e8m0",     "uint2",      "int2",
 };
 
 const char *fmt_onnx_dtype_name(int32_t t) {
@@ -97,8 +109,10 @@ static ir_status decode_external(const Onnx__TensorProto *tp, fmt_onnx_ext_fn ex
   if (!loc)
     return ir_diag_set(d, IR_BAD_FORMAT, "tensor '%s': external data has no location", tname(tp));
   if (length != out->nbytes)
-    return ir_diag_set(d, IR_BAD_FORMAT, "tensor '%s': external length %" PRIu64 " but the shape "
-                       "needs %" PRIu64 " bytes", tname(tp), length, out->nbytes);
+    return ir_diag_set(d, IR_BAD_FORMAT,
+                       "tensor '%s': external length %" PRIu64 " but the shape "
+                       "needs %" PRIu64 " bytes",
+                       tname(tp), length, out->nbytes);
   const uint8_t *p;
   ir_status st = ext(ctx, loc, offset, length, &p, d);
   if (st != IR_OK) {
@@ -118,8 +132,9 @@ static ir_status decode_external(const Onnx__TensorProto *tp, fmt_onnx_ext_fn ex
 static ir_status decode_int32(const Onnx__TensorProto *tp, fmt_onnx_dense *out, uint64_t n,
                               ir_diag *d) {
   if (tp->n_int32_data != n)
-    return ir_diag_set(d, IR_BAD_FORMAT, "tensor '%s': %zu int32_data values for %" PRIu64
-                       " elements", tname(tp), tp->n_int32_data, n);
+    return ir_diag_set(d, IR_BAD_FORMAT,
+                       "tensor '%s': %zu int32_data values for %" PRIu64 " elements", tname(tp),
+                       tp->n_int32_data, n);
   if (!(out->owned = malloc(out->nbytes ? out->nbytes : 1)))
     return ir_diag_set(d, IR_OOM, "out of memory");
   for (uint64_t i = 0; i < n; i++) {
@@ -139,8 +154,10 @@ static ir_status decode_inline(const Onnx__TensorProto *tp, fmt_onnx_dense *out,
                                ir_diag *d) {
   if (tp->has_raw_data) {
     if (tp->raw_data.len != out->nbytes)
-      return ir_diag_set(d, IR_BAD_FORMAT, "tensor '%s': %zu bytes of raw_data, the shape needs "
-                         "%" PRIu64, tname(tp), tp->raw_data.len, out->nbytes);
+      return ir_diag_set(d, IR_BAD_FORMAT,
+                         "tensor '%s': %zu bytes of raw_data, the shape needs "
+                         "%" PRIu64,
+                         tname(tp), tp->raw_data.len, out->nbytes);
     out->data = tp->raw_data.data;
     return IR_OK;
   }
@@ -155,8 +172,8 @@ static ir_status decode_inline(const Onnx__TensorProto *tp, fmt_onnx_dense *out,
     return IR_OK;
   default: return decode_int32(tp, out, n, d);
   }
-  return ir_diag_set(d, IR_BAD_FORMAT, "tensor '%s': its data does not match its %" PRIu64
-                     " elements", tname(tp), n);
+  return ir_diag_set(d, IR_BAD_FORMAT,
+                     "tensor '%s': its data does not match its %" PRIu64 " elements", tname(tp), n);
 }
 
 ir_status fmt_onnx_tensor_decode(const Onnx__TensorProto *tp, fmt_onnx_ext_fn ext, void *ext_ctx,
@@ -167,8 +184,8 @@ ir_status fmt_onnx_tensor_decode(const Onnx__TensorProto *tp, fmt_onnx_ext_fn ex
     return ir_diag_set(d, IR_UNSUPPORTED, "tensor '%s': dtype %s is not supported", tname(tp),
                        fmt_onnx_dtype_name(tp->data_type));
   if (tp->n_dims > IR_MAX_RANK)
-    return ir_diag_set(d, IR_UNSUPPORTED, "tensor '%s': rank %zu exceeds %d", tname(tp),
-                       tp->n_dims, IR_MAX_RANK);
+    return ir_diag_set(d, IR_UNSUPPORTED, "tensor '%s': rank %zu exceeds %d", tname(tp), tp->n_dims,
+                       IR_MAX_RANK);
   if (tp->segment) return ir_diag_set(d, IR_UNSUPPORTED, "tensor '%s': segmented", tname(tp));
   out->rank = (int)tp->n_dims;
   for (int i = 0; i < out->rank; i++) out->shape[i] = tp->dims[i];
@@ -234,7 +251,7 @@ void fmt_onnx_tensor_free(fmt_onnx_tensor *t) {
 }
 
 ir_status fmt_onnx_tensor_save(const char *path, const char *name, ir_dtype dt, bool is_bool,
-                                int rank, const int64_t *shape, const void *data, ir_diag *d) {
+                               int rank, const int64_t *shape, const void *data, ir_diag *d) {
   Onnx__TensorProto tp;
   onnx__tensor_proto__init(&tp);
   int64_t dims[IR_MAX_RANK];

@@ -32,7 +32,7 @@ ir_status fmt_onnx_tensor_load(const char *path, fmt_onnx_tensor *out, ir_diag *
 void fmt_onnx_tensor_free(fmt_onnx_tensor *t);
 /* Writes a TensorProto with raw_data. is_bool writes u8 data as BOOL. */
 ir_status fmt_onnx_tensor_save(const char *path, const char *name, ir_dtype dt, bool is_bool,
-                                int rank, const int64_t *shape, const void *data, ir_diag *d);
+                               int rank, const int64_t *shape, const void *data, ir_diag *d);
 
 /* ONNX TensorProto.DataType <-> IR dtype. Returns false for types the IR lacks; BOOL maps
  * to u8 with *out_bool set. */

@@ -20,15 +20,15 @@
 #define ST_SINGLE_NAME "model.safetensors"
 
 typedef struct st_file {
-  char *path;       /* as opened: the argument, or DIR/shard */
-  char *shard;      /* shard name from the index, NULL for a single file */
+  char *path;  /* as opened: the argument, or DIR/shard */
+  char *shard; /* shard name from the index, NULL for a single file */
   const uint8_t *map;
   size_t size;
 } st_file;
 
 typedef struct st_entry {
-  fmt_st_tensor t; /* first member: fmt_st_get hands out &entry->t */
-  size_t file;      /* index into fmt_st.files */
+  fmt_st_tensor t;     /* first member: fmt_st_get hands out &entry->t */
+  size_t file;         /* index into fmt_st.files */
   uint64_t begin, end; /* data_offsets, relative to the file's data section */
 } st_entry;
 
@@ -44,7 +44,10 @@ struct fmt_st {
 /* ---- small helpers ---------------------------------------------------------------- */
 
 static ir_dtype st_dtype_from_name(const char *s) {
-  static const struct { const char *name; ir_dtype t; } k_map[] = {
+  static const struct {
+    const char *name;
+    ir_dtype t;
+  } k_map[] = {
       {"F32", IR_F32}, {"F16", IR_F16}, {"BF16", IR_BF16}, {"I64", IR_I64},
       {"I32", IR_I32}, {"I8", IR_I8},   {"U8", IR_U8},
   };
@@ -91,8 +94,8 @@ static ir_status st_parse_shape(const cJSON *shape, const char *name, fmt_st_ten
     return ir_diag_set(d, IR_BAD_FORMAT, "tensor '%.200s': shape is not an array", name);
   int rank = cJSON_GetArraySize(shape);
   if (rank > FMT_ST_MAX_RANK)
-    return ir_diag_set(d, IR_BAD_FORMAT, "tensor '%.200s': rank %d exceeds the limit of %d",
-                       name, rank, FMT_ST_MAX_RANK);
+    return ir_diag_set(d, IR_BAD_FORMAT, "tensor '%.200s': rank %d exceeds the limit of %d", name,
+                       rank, FMT_ST_MAX_RANK);
   int i = 0;
   for (const cJSON *e = shape->child; e; e = e->next, i++) {
     uint64_t dim;
@@ -115,8 +118,7 @@ static ir_status st_parse_shape(const cJSON *shape, const char *name, fmt_st_ten
   return IR_OK;
 }
 
-static ir_status st_parse_offsets(const cJSON *offs, const char *name, st_entry *e,
-                                  ir_diag *d) {
+static ir_status st_parse_offsets(const cJSON *offs, const char *name, st_entry *e, ir_diag *d) {
   if (!cJSON_IsArray(offs) || cJSON_GetArraySize(offs) != 2)
     return ir_diag_set(d, IR_BAD_FORMAT,
                        "tensor '%.200s': data_offsets is not an array of two integers", name);
@@ -124,9 +126,8 @@ static ir_status st_parse_offsets(const cJSON *offs, const char *name, st_entry 
     return ir_diag_set(d, IR_BAD_FORMAT,
                        "tensor '%.200s': data_offsets are not non-negative integers", name);
   if (e->begin > e->end)
-    return ir_diag_set(d, IR_BAD_FORMAT,
-                       "tensor '%.200s': data_offsets begin %llu > end %llu", name,
-                       (unsigned long long)e->begin, (unsigned long long)e->end);
+    return ir_diag_set(d, IR_BAD_FORMAT, "tensor '%.200s': data_offsets begin %llu > end %llu",
+                       name, (unsigned long long)e->begin, (unsigned long long)e->end);
   return IR_OK;
 }
 
@@ -152,8 +153,8 @@ static ir_status st_entry_fields(const cJSON *item, const char *name, const cJSO
     f[k] = c;
   }
   for (int k = 0; k < 3; k++)
-    if (!f[k]) return ir_diag_set(d, IR_BAD_FORMAT, "tensor '%.200s': missing '%s'", name,
-                                  k_keys[k]);
+    if (!f[k])
+      return ir_diag_set(d, IR_BAD_FORMAT, "tensor '%.200s': missing '%s'", name, k_keys[k]);
   return IR_OK;
 }
 
@@ -166,8 +167,8 @@ static ir_status st_parse_entry(const cJSON *item, st_entry *e, ir_diag *d) {
     return ir_diag_set(d, IR_BAD_FORMAT, "tensor '%.200s': dtype is not a string", name);
   e->t.dtype = st_dtype_from_name(f[0]->valuestring);
   if (e->t.dtype == IR_DTYPE_INVALID)
-    return ir_diag_set(d, IR_UNSUPPORTED, "tensor '%.200s': dtype '%.40s' is not supported",
-                       name, f[0]->valuestring);
+    return ir_diag_set(d, IR_UNSUPPORTED, "tensor '%.200s': dtype '%.40s' is not supported", name,
+                       f[0]->valuestring);
   uint64_t elems = 0;
   if ((s = st_parse_shape(f[1], name, &e->t, &elems, d)) != IR_OK) return s;
   if ((s = st_parse_offsets(f[2], name, e, d)) != IR_OK) return s;
@@ -234,8 +235,10 @@ static ir_status st_parse_json(const uint8_t *buf, size_t n, const char *what, c
   if (n && memchr(buf, 0, n)) return ir_diag_set(d, IR_BAD_FORMAT, "%s contains a NUL byte", what);
   size_t values = st_json_values(buf, n);
   if (values > n / 6 + 4096)
-    return ir_diag_set(d, IR_BAD_FORMAT, "%s holds %zu JSON values in %zu bytes: denser than "
-                       "any tensor table (refused before parsing)", what, values, n);
+    return ir_diag_set(d, IR_BAD_FORMAT,
+                       "%s holds %zu JSON values in %zu bytes: denser than "
+                       "any tensor table (refused before parsing)",
+                       what, values, n);
   char *copy = malloc(n + 1); /* cJSON gets a terminated copy, never the mapping itself */
   if (!copy) return ir_diag_set(d, IR_OOM, "out of memory reading %s", what);
   if (n) memcpy(copy, buf, n);
@@ -275,8 +278,7 @@ static ir_status st_read_header(const st_file *f, cJSON **out, uint64_t *out_dat
 }
 
 static ir_status st_parse_metadata(fmt_st *st, const cJSON *m, bool keep, ir_diag *d) {
-  if (!cJSON_IsObject(m))
-    return ir_diag_set(d, IR_BAD_FORMAT, "__metadata__ is not an object");
+  if (!cJSON_IsObject(m)) return ir_diag_set(d, IR_BAD_FORMAT, "__metadata__ is not an object");
   size_t n = 0;
   for (const cJSON *c = m->child; c; c = c->next, n++)
     if (!cJSON_IsString(c))
@@ -328,17 +330,16 @@ static ir_status st_check_overlap(const fmt_st *st, size_t first, ir_diag *d) {
     if (prev && v[i]->begin < prev->end)
       s = ir_diag_set(d, IR_BAD_FORMAT,
                       "tensor '%.200s' [%llu, %llu) overlaps tensor '%.200s' [%llu, %llu)",
-                      v[i]->t.name, (unsigned long long)v[i]->begin,
-                      (unsigned long long)v[i]->end, prev->t.name,
-                      (unsigned long long)prev->begin, (unsigned long long)prev->end);
+                      v[i]->t.name, (unsigned long long)v[i]->begin, (unsigned long long)v[i]->end,
+                      prev->t.name, (unsigned long long)prev->begin, (unsigned long long)prev->end);
     if (!prev || v[i]->end > prev->end) prev = v[i];
   }
   free(v);
   return s;
 }
 
-static ir_status st_add_entries(fmt_st *st, const cJSON *root, size_t file,
-                                uint64_t data_size, ir_diag *d) {
+static ir_status st_add_entries(fmt_st *st, const cJSON *root, size_t file, uint64_t data_size,
+                                ir_diag *d) {
   const st_file *f = &st->files[file];
   const uint8_t *data = f->map + (f->size - data_size);
   ir_status s = IR_OK;
@@ -402,8 +403,8 @@ static ir_status st_sort_unique(fmt_st *st, ir_diag *d) {
     const char *fa = st->files[a->file].path, *fb = st->files[b->file].path;
     if (a->file == b->file)
       return ir_diag_set(d, IR_BAD_FORMAT, "%s: tensor '%.200s' appears twice", fa, a->t.name);
-    return ir_diag_set(d, IR_BAD_FORMAT, "tensor '%.200s' appears in both %s and %s",
-                       a->t.name, fa, fb);
+    return ir_diag_set(d, IR_BAD_FORMAT, "tensor '%.200s' appears in both %s and %s", a->t.name, fa,
+                       fb);
   }
   return IR_OK;
 }
@@ -476,8 +477,7 @@ static ir_status st_open_shards(fmt_st *st, const char *dir, const cJSON *wm, ir
 }
 
 /* Every tensor the index names must be in the shard the index names. */
-static ir_status st_check_index(const fmt_st *st, const char *dir, const cJSON *wm,
-                                ir_diag *d) {
+static ir_status st_check_index(const fmt_st *st, const char *dir, const cJSON *wm, ir_diag *d) {
   for (const cJSON *c = wm->child; c; c = c->next) {
     const st_entry *e = (const st_entry *)fmt_st_find(st, c->string);
     const char *shard = e ? st->files[e->file].shard : NULL;
@@ -490,15 +490,13 @@ static ir_status st_check_index(const fmt_st *st, const char *dir, const cJSON *
   return IR_OK;
 }
 
-static ir_status st_open_index(fmt_st *st, const char *dir, const char *index_path,
-                               ir_diag *d) {
+static ir_status st_open_index(fmt_st *st, const char *dir, const char *index_path, ir_diag *d) {
   cJSON *root = NULL;
   ir_status s = st_read_small_file(index_path, &root, d);
   if (s != IR_OK) return s;
   const cJSON *wm = cJSON_GetObjectItemCaseSensitive(root, "weight_map");
   if (!cJSON_IsObject(wm))
-    s = ir_diag_set(d, IR_BAD_FORMAT, "%s: weight_map is missing or not an object",
-                    index_path);
+    s = ir_diag_set(d, IR_BAD_FORMAT, "%s: weight_map is missing or not an object", index_path);
   if (s == IR_OK) s = st_open_shards(st, dir, wm, d);
   if (s == IR_OK) s = st_sort_unique(st, d);
   if (s == IR_OK) s = st_check_index(st, dir, wm, d);

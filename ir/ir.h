@@ -189,7 +189,7 @@ typedef enum ir_attr_type { IR_ATTR_INT = 0, IR_ATTR_FLOAT = 1, IR_ATTR_INTS = 2
 typedef struct ir_attr {
   const char *name; /* a static string from ir_attr_intern (plans keep the text) */
   ir_attr_type type;
-  int64_t i;           /* INT: the value; INTS: the number of values */
+  int64_t i; /* INT: the value; INTS: the number of values */
   double f;
   const int64_t *ints; /* INTS: i values, owned by the graph (or the plan mapping) */
 } ir_attr;
@@ -206,7 +206,7 @@ typedef struct ir_node {
 
 /* Model-level facts the runtime needs, and the step limits the plan was built for. */
 typedef struct ir_model_config {
-  char arch[32];        /* "llama", "qwen2", ... */
+  char arch[32]; /* "llama", "qwen2", ... */
   int64_t vocab_size;
   int64_t hidden_size;
   int64_t n_layers;
@@ -214,7 +214,7 @@ typedef struct ir_model_config {
   int64_t n_kv_heads;
   int64_t head_dim;
   int64_t intermediate_size;
-  int64_t max_position;  /* longest context the rope table covers */
+  int64_t max_position; /* longest context the rope table covers */
   double rms_norm_eps;
   double rope_theta;
   bool tie_word_embeddings;
@@ -222,9 +222,9 @@ typedef struct ir_model_config {
   int64_t bos_token_id; /* -1 if none */
   int64_t eos_token_id; /* -1 if none */
   /* step limits: the memory plan is sized for these */
-  int64_t max_tokens;   /* T max */
-  int64_t max_seqs;     /* S max */
-  int64_t max_logits;   /* L max */
+  int64_t max_tokens; /* T max */
+  int64_t max_seqs;   /* S max */
+  int64_t max_logits; /* L max */
   int64_t kv_block_size;
   /* CUDA Graph capture plan (pass_capture_plan): decode steps of up to decode_buckets[i]
    * tokens replay the graph of the smallest such bucket; ascending, each in

@@ -82,7 +82,10 @@ static inline float ir_f16_to_f32(uint16_t h) {
       u = sign;
     } else { /* subnormal: renormalise */
       exp = 127 - 15 + 1;
-      while (!(man & 0x400u)) { man <<= 1; exp--; }
+      while (!(man & 0x400u)) {
+        man <<= 1;
+        exp--;
+      }
       man &= 0x3ffu;
       u = sign | (exp << 23) | (man << 13);
     }
@@ -104,7 +107,7 @@ static inline uint16_t ir_f32_to_f16(float f) {
   uint32_t a = u & 0x7fffffffu;
   if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);
   if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* rounds to >= 65520 */
-  if (a < 0x38800000u) {                                     /* subnormal or zero in f16 */
+  if (a < 0x38800000u) {                                   /* subnormal or zero in f16 */
     if (a < 0x33000000u) return (uint16_t)sign;
     uint32_t man = (a & 0x7fffffu) | 0x800000u;
     int shift = 113 - (int)(a >> 23) + 13;

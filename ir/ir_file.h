@@ -20,7 +20,6 @@ FILE *ir_file_fopen(const char *path, ir_diag *d);
 
 /* The whole regular file, NUL-terminated (malloc'd), and its length; refused (IR_BAD_FORMAT)
  * past max_bytes before anything is allocated. */
-ir_status ir_file_read(const char *path, size_t max_bytes, char **out, size_t *out_len,
-                       ir_diag *d);
+ir_status ir_file_read(const char *path, size_t max_bytes, char **out, size_t *out_len, ir_diag *d);
 
 #endif

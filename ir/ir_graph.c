@@ -52,8 +52,7 @@ bool ir_graph_adopt(ir_graph *g, void *buf) {
 int32_t ir_graph_add_tensor(ir_graph *g, const char *name, ir_dtype dt, int rank,
                             const ir_dim *dims, ir_tensor_kind kind) {
   if (rank < 0 || rank > IR_MAX_RANK) return -1;
-  if (!grow((void **)&g->tensors, &g->cap_tensors, g->n_tensors + 1, sizeof(ir_tensor)))
-    return -1;
+  if (!grow((void **)&g->tensors, &g->cap_tensors, g->n_tensors + 1, sizeof(ir_tensor))) return -1;
   char *nm = strdup(name);
   if (!nm) return -1;
   ir_tensor *t = &g->tensors[g->n_tensors];
@@ -95,10 +94,8 @@ static char *output_name(const char *node_name, int i, int n_out) {
   size_t len = strlen(node_name) + 16;
   char *s = malloc(len);
   if (!s) return NULL;
-  if (n_out == 1)
-    snprintf(s, len, "%s", node_name);
-  else
-    snprintf(s, len, "%s.out%d", node_name, i);
+  if (n_out == 1) snprintf(s, len, "%s", node_name);
+  else snprintf(s, len, "%s.out%d", node_name, i);
   return s;
 }
 
@@ -195,13 +192,54 @@ const int64_t *ir_node_attr_ints(const ir_node *n, const char *name, int *out_n)
 
 /* Plans store attribute names as text: append only, never rename. */
 static const char *const k_attr_names[] = {
-    "eps", "scale", "layer", "n_heads", "n_kv_heads", "head_dim", "rot_dim", "neox", "to",
+    "eps",
+    "scale",
+    "layer",
+    "n_heads",
+    "n_kv_heads",
+    "head_dim",
+    "rot_dim",
+    "neox",
+    "to",
     /* n-d generic ops (ir_op_nd.c) */
-    "axis", "axes", "perm", "shape", "keepdims", "starts", "steps", "trans_a", "trans_b",
-    "alpha", "beta", "gamma", "upper", "k", "exclusive", "reverse", "is_causal",
-    "q_num_heads", "kv_num_heads", "softcap", "qk_mode", "interleaved", "num_heads",
-    "approximate", "pads", "value", "mode", "select_last", "bool", "fmod", "split",
-    "repeats", "flat", "n_out", "min", "max", "detect_neg", "detect_pos",
+    "axis",
+    "axes",
+    "perm",
+    "shape",
+    "keepdims",
+    "starts",
+    "steps",
+    "trans_a",
+    "trans_b",
+    "alpha",
+    "beta",
+    "gamma",
+    "upper",
+    "k",
+    "exclusive",
+    "reverse",
+    "is_causal",
+    "q_num_heads",
+    "kv_num_heads",
+    "softcap",
+    "qk_mode",
+    "interleaved",
+    "num_heads",
+    "approximate",
+    "pads",
+    "value",
+    "mode",
+    "select_last",
+    "bool",
+    "fmod",
+    "split",
+    "repeats",
+    "flat",
+    "n_out",
+    "min",
+    "max",
+    "detect_neg",
+    "detect_pos",
     /* matmul with an i8 weight: W8A8 (ir_op.c) */
     "act_int8",
     /* fusion: matmul epilogue (ir_act) */
@@ -209,7 +247,8 @@ static const char *const k_attr_names[] = {
     /* attention with the per-head q/k norm folded in */
     "qk_eps",
     /* sliding-window attention; the softcap op (Gemma) */
-    "window", "cap",
+    "window",
+    "cap",
 };
 
 const char *ir_attr_intern(const char *name) {

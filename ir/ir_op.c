@@ -48,12 +48,18 @@
 #include "ir_op_nd.h"
 
 static const char *const k_op_names[IR_OP_COUNT] = {
-    [IR_OP_INVALID] = "invalid",         [IR_OP_EMBED] = "embed",
-    [IR_OP_RMS_NORM] = "rms_norm",       [IR_OP_ADD_RMS_NORM] = "add_rms_norm",
-    [IR_OP_MATMUL] = "matmul",           [IR_OP_ROPE] = "rope",
-    [IR_OP_ATTENTION] = "attention",     [IR_OP_SWIGLU] = "swiglu",
-    [IR_OP_ADD] = "add",                 [IR_OP_MUL] = "mul",
-    [IR_OP_GATHER_ROWS] = "gather_rows", [IR_OP_CAST] = "cast",
+    [IR_OP_INVALID] = "invalid",
+    [IR_OP_EMBED] = "embed",
+    [IR_OP_RMS_NORM] = "rms_norm",
+    [IR_OP_ADD_RMS_NORM] = "add_rms_norm",
+    [IR_OP_MATMUL] = "matmul",
+    [IR_OP_ROPE] = "rope",
+    [IR_OP_ATTENTION] = "attention",
+    [IR_OP_SWIGLU] = "swiglu",
+    [IR_OP_ADD] = "add",
+    [IR_OP_MUL] = "mul",
+    [IR_OP_GATHER_ROWS] = "gather_rows",
+    [IR_OP_CAST] = "cast",
     [IR_OP_SOFTCAP] = "softcap",
 };
 
@@ -81,10 +87,8 @@ static bool dim_eq(ir_dim a, ir_dim b) {
 }
 
 static void fmt_dim(ir_dim d, char *buf, size_t len) {
-  if (d.sym != IR_SYM_NONE)
-    snprintf(buf, len, "%s", ir_sym_name(d.sym));
-  else
-    snprintf(buf, len, "%lld", (long long)d.n);
+  if (d.sym != IR_SYM_NONE) snprintf(buf, len, "%s", ir_sym_name(d.sym));
+  else snprintf(buf, len, "%lld", (long long)d.n);
 }
 
 void ir_tensor_format_shape(const ir_tensor *t, char *buf, size_t len) {
@@ -101,8 +105,8 @@ void ir_tensor_format_shape(const ir_tensor *t, char *buf, size_t len) {
 static ir_status fail(infer_ctx *c, const char *fmt, const char *a, const char *b) {
   char msg[256];
   snprintf(msg, sizeof msg, fmt, a, b);
-  return ir_diag_set(c->d, IR_BAD_FORMAT, "node '%s' (%s): %s", c->n->name,
-                     ir_op_name(c->n->op), msg);
+  return ir_diag_set(c->d, IR_BAD_FORMAT, "node '%s' (%s): %s", c->n->name, ir_op_name(c->n->op),
+                     msg);
 }
 
 /* Fetches input i; NULL (with an error) if absent and required or out of range. */
@@ -239,19 +243,21 @@ static bool want_wq_params(infer_ctx *c, const ir_tensor *w) {
   }
   if (!want_dtype(c, s, IR_F32, IR_F16, IR_F16) || !want_rank(c, s, 2) ||
       !want_dim(c, s, 0, w->dims[0]) ||
-      (z && (!(z->dtype == IR_F32 || want_dtype(c, z, IR_U8, IR_I8, IR_F16)) ||
-             !want_rank(c, z, 2) ||
-             !want_dim(c, z, 0, w->dims[0]) || !want_dim(c, z, 1, s->dims[1]))))
+      (z &&
+       (!(z->dtype == IR_F32 || want_dtype(c, z, IR_U8, IR_I8, IR_F16)) || !want_rank(c, z, 2) ||
+        !want_dim(c, z, 0, w->dims[0]) || !want_dim(c, z, 1, s->dims[1]))))
     return false;
   if (w->dims[1].sym != IR_SYM_NONE || s->dims[1].sym != IR_SYM_NONE || g <= 0 || k % g ||
       (w->dtype == IR_I4 && k % 2)) {
-    fail(c, "scales '%s' must split the K of weight '%s' into equal groups (i4: K even)",
-         s->name, w->name);
+    fail(c, "scales '%s' must split the K of weight '%s' into equal groups (i4: K even)", s->name,
+         w->name);
     return false;
   }
   if (ir_node_attr_i(c->n, "act_int8", 0) && (w->dtype != IR_I8 || z || g != 1 || k > 32768)) {
-    fail(c, "act_int8 (W8A8) needs an i8 weight with per-channel scales, no zero points and "
-         "K <= 32768 ('%s')%s", w->name, "");
+    fail(c,
+         "act_int8 (W8A8) needs an i8 weight with per-channel scales, no zero points and "
+         "K <= 32768 ('%s')%s",
+         w->name, "");
     return false;
   }
   return true;
@@ -261,16 +267,18 @@ static ir_status infer_matmul(infer_ctx *c, infer_out *o) {
   const ir_tensor *x = in_t(c, 0, true), *w = in_t(c, 1, true), *b = in_t(c, 2, false);
   bool wq = w && (w->dtype == IR_I8 || w->dtype == IR_I4);
   if (!x || !w || !want_dtype(c, x, IR_F32, IR_F32, IR_F32) || !want_rank(c, x, 2) ||
-      !(wq || want_weight_dtype(c, w)) || !want_rank(c, w, 2) ||
-      !want_dim(c, x, 1, w->dims[1]) || (wq && !want_wq_params(c, w)))
+      !(wq || want_weight_dtype(c, w)) || !want_rank(c, w, 2) || !want_dim(c, x, 1, w->dims[1]) ||
+      (wq && !want_wq_params(c, w)))
     return IR_BAD_FORMAT;
   if (!wq && (in_t(c, 3, false) || in_t(c, 4, false)))
     return fail(c, "scales and zero points go with an i8 or i4 weight, not %s%s",
                 ir_dtype_name(w->dtype), "");
   if (!wq && ir_node_attr_i(c->n, "act_int8", 0) &&
       (!ir_dtype_is_blocks(w->dtype) || w->dims[1].n > IR_Q8_ACT_MAX_K))
-    return fail(c, "act_int8 goes with an i8 weight (W8A8) or a q8_0/q4_0/q4_1 weight with "
-                "K <= 16384, not %s", ir_dtype_name(w->dtype), "");
+    return fail(c,
+                "act_int8 goes with an i8 weight (W8A8) or a q8_0/q4_0/q4_1 weight with "
+                "K <= 16384, not %s",
+                ir_dtype_name(w->dtype), "");
   if (ir_dtype_is_x8(w->dtype) && !ir_node_attr_i(c->n, "act_int8", 0))
     return fail(c, "a %s weight (8 rows interleaved) needs act_int8", ir_dtype_name(w->dtype), "");
   if (b && (!want_dtype(c, b, IR_F32, IR_F32, IR_F32) || !want_rank(c, b, 1) ||
@@ -285,8 +293,10 @@ static ir_status infer_matmul(infer_ctx *c, infer_out *o) {
   }
   if (act == IR_ACT_SWIGLU) {
     if (w->dims[0].sym != IR_SYM_NONE || w->dims[0].n % 2)
-      return fail(c, "act=swiglu needs weight '%s' with an even row count (gate rows, then up "
-                  "rows)%s", w->name, "");
+      return fail(c,
+                  "act=swiglu needs weight '%s' with an even row count (gate rows, then up "
+                  "rows)%s",
+                  w->name, "");
     dims[1] = D(w->dims[0].n / 2);
   }
   set_out(o, 0, IR_F32, 2, dims);
@@ -314,8 +324,10 @@ static bool want_attn_rope(infer_ctx *c, const ir_tensor *q, int64_t hd) {
   const ir_tensor *pos = in_t(c, 3, false), *cs = in_t(c, 4, false);
   if (!pos && !cs) return true;
   if (!pos || !cs) {
-    fail(c, "rope in attention needs both positions (input 3) and the cos/sin table (input "
-         "4)%s%s", "", "");
+    fail(c,
+         "rope in attention needs both positions (input 3) and the cos/sin table (input "
+         "4)%s%s",
+         "", "");
     return false;
   }
   int64_t rot = ir_node_attr_i(c->n, "rot_dim", 0);
@@ -356,13 +368,15 @@ static ir_status infer_attention(infer_ctx *c, infer_out *o) {
   int64_t nh = ir_node_attr_i(c->n, "n_heads", 0), nkv = ir_node_attr_i(c->n, "n_kv_heads", 0);
   int64_t hd = ir_node_attr_i(c->n, "head_dim", 0);
   if (nh <= 0 || nkv <= 0 || hd <= 0 || nh % nkv || hd > 256)
-    return fail(c, "bad head geometry (n_heads must be a multiple of n_kv_heads, head_dim <= 256)%s%s", "", "");
+    return fail(c,
+                "bad head geometry (n_heads must be a multiple of n_kv_heads, head_dim <= 256)%s%s",
+                "", "");
   if (!want_dtype(c, q, IR_F32, IR_F32, IR_F32) || !want_rank(c, q, 2) ||
       !want_dim(c, q, 1, D((packed ? nh + 2 * nkv : nh) * hd)))
     return IR_BAD_FORMAT;
-  if (!packed && (!want_rank(c, k, 2) || !want_rank(c, v, 2) ||
-                  !want_dim(c, k, 1, D(nkv * hd)) || !want_dim(c, v, 1, D(nkv * hd)) ||
-                  !want_dim(c, k, 0, q->dims[0]) || !want_dim(c, v, 0, q->dims[0])))
+  if (!packed && (!want_rank(c, k, 2) || !want_rank(c, v, 2) || !want_dim(c, k, 1, D(nkv * hd)) ||
+                  !want_dim(c, v, 1, D(nkv * hd)) || !want_dim(c, k, 0, q->dims[0]) ||
+                  !want_dim(c, v, 0, q->dims[0])))
     return IR_BAD_FORMAT;
   if (!want_attn_rope(c, q, hd) || !want_attn_norm(c, hd)) return IR_BAD_FORMAT;
   if (ir_node_attr_i(c->n, "window", 0) < 0 || !(ir_node_attr_f(c->n, "softcap", 0) >= 0))
@@ -380,7 +394,8 @@ static ir_status infer_binary(infer_ctx *c, infer_out *o, bool same_only) {
   bool same = a->rank == b->rank;
   for (int i = 0; same && i < a->rank; i++) same = dim_eq(a->dims[i], b->dims[i]);
   bool row = b->rank == 1 && a->rank >= 1 && dim_eq(b->dims[0], a->dims[a->rank - 1]);
-  bool scalar = b->rank == 0 || (b->rank == 1 && b->dims[0].sym == IR_SYM_NONE && b->dims[0].n == 1);
+  bool scalar =
+      b->rank == 0 || (b->rank == 1 && b->dims[0].sym == IR_SYM_NONE && b->dims[0].n == 1);
   if (!same && (same_only || !(row || scalar)))
     return fail(c, "shapes of '%s' and '%s' do not match", a->name, b->name);
   set_out(o, 0, a->dtype, a->rank, a->dims);
@@ -399,8 +414,7 @@ static ir_status infer_swiglu(infer_ctx *c, infer_out *o) {
 
 static ir_status infer_softcap(infer_ctx *c, infer_out *o) {
   const ir_tensor *x = in_t(c, 0, true);
-  if (!x || !want_attr(c, "cap") || !want_dtype(c, x, IR_F32, IR_F32, IR_F32))
-    return IR_BAD_FORMAT;
+  if (!x || !want_attr(c, "cap") || !want_dtype(c, x, IR_F32, IR_F32, IR_F32)) return IR_BAD_FORMAT;
   if (!(ir_node_attr_f(c->n, "cap", 0) > 0)) return fail(c, "cap must be positive%s%s", "", "");
   set_out(o, 0, IR_F32, x->rank, x->dims);
   return IR_OK;
@@ -424,8 +438,10 @@ static ir_status infer_cast(infer_ctx *c, infer_out *o) {
                                         x->dims[x->rank - 1].sym == IR_SYM_NONE &&
                                         x->dims[x->rank - 1].n % ir_dtype_block(x->dtype) == 0);
   if (!is_float(to) || !from_ok)
-    return fail(c, "cast goes from a float or whole-block quantized dtype to a float dtype "
-                "(%s -> %s)", ir_dtype_name(x->dtype), ir_dtype_name(to));
+    return fail(c,
+                "cast goes from a float or whole-block quantized dtype to a float dtype "
+                "(%s -> %s)",
+                ir_dtype_name(x->dtype), ir_dtype_name(to));
   set_out(o, 0, to, x->rank, x->dims);
   return IR_OK;
 }

@@ -45,9 +45,32 @@
 #include "ir_op_nd_infer.h"
 
 typedef enum nd_kind {
-  K_RESHAPE, K_CAST, K_UNARY_N, K_UNARY_F, K_NOT, K_TEST, K_BIN_N, K_BIN_B, K_CMP, K_PRELU,
-  K_WHERE, K_REDUCE, K_ARG, K_SOFTMAX, K_CUMSUM, K_NN, K_TRANSPOSE, K_CONCAT, K_SPLIT,
-  K_SLICE, K_EXPAND, K_TILE, K_PAD, K_GATHER, K_GATHER_EL, K_TRILU,
+  K_RESHAPE,
+  K_CAST,
+  K_UNARY_N,
+  K_UNARY_F,
+  K_NOT,
+  K_TEST,
+  K_BIN_N,
+  K_BIN_B,
+  K_CMP,
+  K_PRELU,
+  K_WHERE,
+  K_REDUCE,
+  K_ARG,
+  K_SOFTMAX,
+  K_CUMSUM,
+  K_NN,
+  K_TRANSPOSE,
+  K_CONCAT,
+  K_SPLIT,
+  K_SLICE,
+  K_EXPAND,
+  K_TILE,
+  K_PAD,
+  K_GATHER,
+  K_GATHER_EL,
+  K_TRILU,
 } nd_kind;
 
 typedef struct nd_info {
@@ -441,8 +464,9 @@ static ir_status infer_concat(nd_ctx *c) {
     if ((st = nd_input(c, i, true, IR_DT_BIT(x0.t->dtype), &xi)) != IR_OK) return st;
     bool ok = xi.rank == x0.rank;
     for (int k = 0; ok && k < x0.rank; k++) ok = k == axis || xi.s[k] == x0.s[k];
-    if (!ok) return nd_fail(c, IR_BAD_FORMAT, "input '%s' does not match the first input's shape",
-                            xi.t->name);
+    if (!ok)
+      return nd_fail(c, IR_BAD_FORMAT, "input '%s' does not match the first input's shape",
+                     xi.t->name);
     shape[axis] += xi.s[axis];
   }
   nd_output(c, 0, x0.t->dtype, x0.rank, shape);

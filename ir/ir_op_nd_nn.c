@@ -159,17 +159,28 @@ static ir_status attn_heads(nd_ctx *c, const nd_in *q, const nd_in *k, const nd_
     if (!g->hkv) g->hkv = k->s[1];
     if (q->s[1] != g->hq || k->s[1] != g->hkv || v->s[1] != g->hkv)
       return nd_fail(c, IR_BAD_FORMAT, "head counts disagree with the attributes");
-    *g = (attn_geom){.b = q->s[0], .hq = g->hq, .hkv = g->hkv, .s = q->s[2], .l = k->s[2],
-                     .d = q->s[3], .dv = v->s[3]};
+    *g = (attn_geom){.b = q->s[0],
+                     .hq = g->hq,
+                     .hkv = g->hkv,
+                     .s = q->s[2],
+                     .l = k->s[2],
+                     .d = q->s[3],
+                     .dv = v->s[3]};
     if (k->s[3] != g->d || v->s[2] != g->l || k->s[0] != g->b || v->s[0] != g->b)
       return nd_fail(c, IR_BAD_FORMAT, "q, k, v shapes disagree");
     return IR_OK;
   }
   if (g->hq <= 0 || g->hkv <= 0 || q->s[2] % g->hq || k->s[2] % g->hkv || v->s[2] % g->hkv)
-    return nd_fail(c, IR_BAD_FORMAT, "3-d q, k, v need q_num_heads and kv_num_heads dividing "
+    return nd_fail(c, IR_BAD_FORMAT,
+                   "3-d q, k, v need q_num_heads and kv_num_heads dividing "
                    "their hidden sizes");
-  *g = (attn_geom){.b = q->s[0], .hq = g->hq, .hkv = g->hkv, .s = q->s[1], .l = k->s[1],
-                   .d = q->s[2] / g->hq, .dv = v->s[2] / g->hkv};
+  *g = (attn_geom){.b = q->s[0],
+                   .hq = g->hq,
+                   .hkv = g->hkv,
+                   .s = q->s[1],
+                   .l = k->s[1],
+                   .d = q->s[2] / g->hq,
+                   .dv = v->s[2] / g->hkv};
   if (k->s[2] / g->hkv != g->d || v->s[1] != g->l || k->s[0] != g->b || v->s[0] != g->b)
     return nd_fail(c, IR_BAD_FORMAT, "q, k, v shapes disagree");
   return IR_OK;
@@ -253,7 +264,8 @@ static ir_status infer_rotary(nd_ctx *c) {
   int64_t want_pos[2] = {b, s}, want_cache[3] = {b, s, rot / 2};
   if (pos.t ? (cs.rank != 2 || !same_shape(pos.rank, pos.s, 2, want_pos))
             : !same_shape(cs.rank, cs.s, 3, want_cache))
-    return nd_fail(c, IR_BAD_FORMAT, "caches must be [P, k/2] with position ids [B, S], or "
+    return nd_fail(c, IR_BAD_FORMAT,
+                   "caches must be [P, k/2] with position ids [B, S], or "
                    "[B, S, k/2] without");
   nd_output(c, 0, IR_F32, x.rank, x.s);
   return IR_OK;

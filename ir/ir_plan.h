@@ -73,15 +73,14 @@ typedef struct ir_plan_info {
 
 /* Writes g (verified, memory-planned) to path. Writes to "path.tmp" and renames, so a
  * failed build never leaves a half plan under the final name. */
-ir_status ir_plan_write(const ir_graph *g, const ir_plan_info *info, const char *path,
-                        ir_diag *d);
+ir_status ir_plan_write(const ir_graph *g, const ir_plan_info *info, const char *path, ir_diag *d);
 
 /* An opened plan: the mapping plus the graph whose weights point into it. */
 typedef struct ir_plan ir_plan;
 
 typedef enum ir_plan_verify {
-  IR_PLAN_VERIFY_ALL = 0,     /* header, metadata and weight checksums */
-  IR_PLAN_VERIFY_META = 1,    /* header and metadata only (fast load) */
+  IR_PLAN_VERIFY_ALL = 0,  /* header, metadata and weight checksums */
+  IR_PLAN_VERIFY_META = 1, /* header and metadata only (fast load) */
 } ir_plan_verify;
 
 /* Opens and checks a plan. *out is owned by the caller (ir_plan_close). */

@@ -45,8 +45,7 @@ void ir_plan_kernels_meta_free(ir_plan_kernels_meta *k) {
 
 uint64_t ir_plan_kernels_size(const ir_plan_info *info) {
   uint64_t off = 0;
-  for (int i = 0; info && i < info->n_kernels; i++)
-    off = kern_align(off) + info->kernels[i].size;
+  for (int i = 0; info && i < info->n_kernels; i++) off = kern_align(off) + info->kernels[i].size;
   return off;
 }
 
@@ -79,8 +78,8 @@ static ir_status kern_check(const Infc__Plan__Kernel *m, const uint8_t *sec, uin
     return ir_diag_set(d, IR_BAD_FORMAT, "kernel '%s' sm_%u: image outside the kernels section",
                        m->name, m->arch);
   if (m->kind == IR_PLAN_KERNEL_PTX && sec[m->offset + m->size - 1] != '\0')
-    return ir_diag_set(d, IR_BAD_FORMAT, "kernel '%s' sm_%u: PTX is not NUL-terminated",
-                       m->name, m->arch);
+    return ir_diag_set(d, IR_BAD_FORMAT, "kernel '%s' sm_%u: PTX is not NUL-terminated", m->name,
+                       m->arch);
   return IR_OK;
 }
 
@@ -98,8 +97,11 @@ ir_status ir_plan_kernels_read(const Infc__Plan__Plan *meta, const uint8_t *sec,
       free(ks);
       return st;
     }
-    ks[i] = (ir_plan_kernel){.name = m->name, .arch = m->arch, .kind = m->kind,
-                             .data = sec + m->offset, .size = m->size};
+    ks[i] = (ir_plan_kernel){.name = m->name,
+                             .arch = m->arch,
+                             .kind = m->kind,
+                             .data = sec + m->offset,
+                             .size = m->size};
   }
   *out = ks;
   *out_n = (int)meta->n_kernels;

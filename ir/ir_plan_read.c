@@ -33,7 +33,8 @@ static ir_status map_file(const char *path, ir_plan *p, ir_diag *d) {
   if (st != IR_OK) return st;
   if (size < sizeof(ir_plan_header)) {
     close(fd);
-    return ir_diag_set(d, IR_BAD_FORMAT, "not a plan file: %llu bytes is shorter than a plan header",
+    return ir_diag_set(d, IR_BAD_FORMAT,
+                       "not a plan file: %llu bytes is shorter than a plan header",
                        (unsigned long long)size);
   }
   void *m = mmap(NULL, (size_t)size, PROT_READ, MAP_PRIVATE, fd, 0);
@@ -83,8 +84,7 @@ static ir_status check_sections(ir_plan *p, ir_diag *d) {
   return IR_OK;
 }
 
-static ir_status read_config(ir_model_config *c, const Infc__Plan__ModelConfig *o,
-                             ir_diag *d) {
+static ir_status read_config(ir_model_config *c, const Infc__Plan__ModelConfig *o, ir_diag *d) {
   snprintf(c->arch, sizeof c->arch, "%s", o->arch ? o->arch : "");
   c->vocab_size = o->vocab_size;
   c->hidden_size = o->hidden_size;
@@ -141,7 +141,9 @@ static ir_status read_node(ir_plan *p, const Infc__Plan__Node *o, ir_diag *d) {
   if (o->n_inputs > IR_MAX_IO || o->n_outputs > IR_MAX_IO || o->n_attrs > IR_MAX_ATTRS)
     return ir_diag_set(d, IR_BAD_FORMAT, "node '%s': too many inputs, outputs or attributes",
                        o->name);
-  ir_node n = {.op = (ir_op)o->op, .n_in = (int)o->n_inputs, .n_out = (int)o->n_outputs,
+  ir_node n = {.op = (ir_op)o->op,
+               .n_in = (int)o->n_inputs,
+               .n_out = (int)o->n_outputs,
                .n_attrs = (int)o->n_attrs};
   if (o->n_inputs) memcpy(n.in, o->inputs, o->n_inputs * sizeof(int32_t));
   if (o->n_outputs) memcpy(n.out, o->outputs, o->n_outputs * sizeof(int32_t));
@@ -150,16 +152,18 @@ static ir_status read_node(ir_plan *p, const Infc__Plan__Node *o, ir_diag *d) {
     if (!nm)
       return ir_diag_set(d, IR_BAD_FORMAT, "node '%s': unknown attribute '%s'", o->name,
                          o->attrs[k]->name);
-    n.attrs[k] = (ir_attr){.name = nm, .type = (ir_attr_type)o->attrs[k]->type,
-                           .i = o->attrs[k]->i, .f = o->attrs[k]->f};
+    n.attrs[k] = (ir_attr){.name = nm,
+                           .type = (ir_attr_type)o->attrs[k]->type,
+                           .i = o->attrs[k]->i,
+                           .f = o->attrs[k]->f};
     if (n.attrs[k].type == IR_ATTR_INTS) { /* the values stay in the decoded metadata */
       size_t cnt = o->attrs[k]->n_ints;
       if (cnt > IR_MAX_ATTR_INTS || (int64_t)cnt != o->attrs[k]->i)
         return ir_diag_set(d, IR_BAD_FORMAT, "node '%s': bad int list '%s'", o->name, nm);
       n.attrs[k].ints = o->attrs[k]->ints;
     } else if (n.attrs[k].type != IR_ATTR_INT && n.attrs[k].type != IR_ATTR_FLOAT) {
-      return ir_diag_set(d, IR_BAD_FORMAT, "node '%s': attribute '%s' has unknown type %u",
-                         o->name, nm, o->attrs[k]->type);
+      return ir_diag_set(d, IR_BAD_FORMAT, "node '%s': attribute '%s' has unknown type %u", o->name,
+                         nm, o->attrs[k]->type);
     }
   }
   ir_node *slot = realloc(g->nodes, (size_t)(g->n_nodes + 1) * sizeof(ir_node));
@@ -209,8 +213,8 @@ ir_status ir_plan_open(const char *path, ir_plan_verify verify, ir_plan **out, i
   }
   if (st == IR_OK) st = read_graph(p, d);
   if (st == IR_OK)
-    st = ir_plan_kernels_read(p->meta, p->map + p->header.kernels_offset,
-                              p->header.kernels_size, &p->kernels, &p->n_kernels, d);
+    st = ir_plan_kernels_read(p->meta, p->map + p->header.kernels_offset, p->header.kernels_size,
+                              &p->kernels, &p->n_kernels, d);
   if (st != IR_OK) {
     ir_diag_prefix(d, "%s", path);
     ir_plan_close(p);

@@ -242,8 +242,7 @@ static ir_status write_file(FILE *f, const ir_graph *g, const ir_plan_info *info
   return IR_OK;
 }
 
-ir_status ir_plan_write(const ir_graph *g, const ir_plan_info *info, const char *path,
-                        ir_diag *d) {
+ir_status ir_plan_write(const ir_graph *g, const ir_plan_info *info, const char *path, ir_diag *d) {
   meta_build m = {0};
   ir_status st = IR_OK;
   uint8_t *meta = NULL;

@@ -26,15 +26,15 @@ static void print_attrs(const ir_node *n, FILE *f) {
       fprintf(f, "%s%s=[", i ? ", " : "", a->name);
       for (int64_t k = 0; k < a->i; k++) fprintf(f, "%s%" PRId64, k ? "," : "", a->ints[k]);
       fputc(']', f);
-    } else
-      fprintf(f, "%s%s=%g", i ? ", " : "", a->name, a->f);
+    } else fprintf(f, "%s%s=%g", i ? ", " : "", a->name, a->f);
   }
   fputs("}", f);
 }
 
 static void print_config(const ir_model_config *c, FILE *f) {
-  fprintf(f, "model %s: vocab %" PRId64 ", hidden %" PRId64 ", layers %" PRId64
-             ", heads %" PRId64 "/%" PRId64 " kv, head_dim %" PRId64 ", ffn %" PRId64 "\n",
+  fprintf(f,
+          "model %s: vocab %" PRId64 ", hidden %" PRId64 ", layers %" PRId64 ", heads %" PRId64
+          "/%" PRId64 " kv, head_dim %" PRId64 ", ffn %" PRId64 "\n",
           c->arch, c->vocab_size, c->hidden_size, c->n_layers, c->n_heads, c->n_kv_heads,
           c->head_dim, c->intermediate_size);
   fprintf(f, "step limits: T<=%" PRId64 " S<=%" PRId64 " L<=%" PRId64 ", kv block %" PRId64 "\n",
@@ -83,6 +83,5 @@ void ir_graph_print(const ir_graph *g, FILE *f) {
     print_tensor_ref(g, g->outputs[i], f);
     fputc('\n', f);
   }
-  if (g->arena_size)
-    fprintf(f, "arena: %.2f MiB\n", (double)g->arena_size / (1024.0 * 1024.0));
+  if (g->arena_size) fprintf(f, "arena: %.2f MiB\n", (double)g->arena_size / (1024.0 * 1024.0));
 }

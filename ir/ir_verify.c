@@ -69,9 +69,8 @@ static ir_status check_tensor(const ir_graph *g, int32_t i, ir_diag *d) {
       (t->rank != 2 || t->dims[0].sym != IR_SYM_NONE || t->dims[0].n % 8 != 0))
     return ir_diag_set(d, IR_BAD_FORMAT, "tensor '%s': %s needs rank 2 and a multiple of 8 rows",
                        t->name, ir_dtype_name(t->dtype));
-  if (ir_dtype_is_blocks(t->dtype) &&
-      (t->rank < 1 || t->dims[t->rank - 1].sym != IR_SYM_NONE ||
-       t->dims[t->rank - 1].n % ir_dtype_block(t->dtype) != 0))
+  if (ir_dtype_is_blocks(t->dtype) && (t->rank < 1 || t->dims[t->rank - 1].sym != IR_SYM_NONE ||
+                                       t->dims[t->rank - 1].n % ir_dtype_block(t->dtype) != 0))
     return ir_diag_set(d, IR_BAD_FORMAT, "tensor '%s': %s rows must hold whole %d-value blocks",
                        t->name, ir_dtype_name(t->dtype), ir_dtype_block(t->dtype));
   if (t->kind == IR_TENSOR_WEIGHT) {
@@ -86,8 +85,10 @@ static ir_status check_tensor(const ir_graph *g, int32_t i, ir_diag *d) {
     bool listed = false;
     for (int k = 0; k < p->n_out && !listed; k++) listed = p->out[k] == i;
     if (!listed)
-      return ir_diag_set(d, IR_BAD_FORMAT, "tensor '%s' names node '%s' as producer, which does "
-                         "not write it", t->name, p->name);
+      return ir_diag_set(d, IR_BAD_FORMAT,
+                         "tensor '%s' names node '%s' as producer, which does "
+                         "not write it",
+                         t->name, p->name);
   } else if (t->kind != IR_TENSOR_INPUT) {
     return ir_diag_set(d, IR_BAD_FORMAT, "tensor '%s': unknown kind", t->name);
   }
@@ -100,8 +101,8 @@ static ir_status check_inputs(const ir_graph *g, int32_t ni, ir_diag *d) {
     int32_t ti = n->in[i];
     if (ti == -1) continue;
     if (ti < 0 || ti >= g->n_tensors)
-      return ir_diag_set(d, IR_BAD_FORMAT, "node '%s': input %d refers to tensor %d of %d",
-                         n->name, i, ti, g->n_tensors);
+      return ir_diag_set(d, IR_BAD_FORMAT, "node '%s': input %d refers to tensor %d of %d", n->name,
+                         i, ti, g->n_tensors);
     const ir_tensor *t = &g->tensors[ti];
     if (t->kind == IR_TENSOR_ACT && t->producer >= ni)
       return ir_diag_set(d, IR_BAD_FORMAT, "node '%s': input '%s' is used before it is produced",
@@ -118,13 +119,13 @@ static ir_status check_outputs(const ir_graph *g, int32_t ni, ir_diag *d) {
   ir_status st = ir_op_infer(g, n, dt, rank, dims, &n_out, d);
   if (st != IR_OK) return st;
   if (n_out != n->n_out)
-    return ir_diag_set(d, IR_BAD_FORMAT, "node '%s': %d outputs, op %s has %d", n->name,
-                       n->n_out, ir_op_name(n->op), n_out);
+    return ir_diag_set(d, IR_BAD_FORMAT, "node '%s': %d outputs, op %s has %d", n->name, n->n_out,
+                       ir_op_name(n->op), n_out);
   for (int i = 0; i < n_out; i++) {
     int32_t ti = n->out[i];
     if (ti < 0 || ti >= g->n_tensors || g->tensors[ti].producer != ni)
-      return ir_diag_set(d, IR_BAD_FORMAT, "node '%s': output %d is not owned by the node",
-                         n->name, i);
+      return ir_diag_set(d, IR_BAD_FORMAT, "node '%s': output %d is not owned by the node", n->name,
+                         i);
     const ir_tensor *t = &g->tensors[ti];
     bool ok = t->dtype == dt[i] && t->rank == rank[i];
     for (int k = 0; ok && k < t->rank; k++)
@@ -158,8 +159,7 @@ ir_status ir_graph_verify(const ir_graph *g, ir_diag *d) {
   for (int32_t i = 0; st == IR_OK && i < g->n_outputs; i++)
     if (g->outputs[i] < 0 || g->outputs[i] >= g->n_tensors)
       st = ir_diag_set(d, IR_BAD_FORMAT, "graph output %d refers to no tensor", i);
-  if (st == IR_OK && g->n_outputs == 0)
-    st = ir_diag_set(d, IR_BAD_FORMAT, "graph has no outputs");
+  if (st == IR_OK && g->n_outputs == 0) st = ir_diag_set(d, IR_BAD_FORMAT, "graph has no outputs");
   return st;
 }
 
@@ -174,18 +174,23 @@ static ir_status check_llm_config(const ir_model_config *c, ir_diag *d) {
     return ir_diag_set(d, IR_BAD_FORMAT, "model config: n_layers %lld is outside 1..%d",
                        (long long)c->n_layers, IR_MAX_LAYERS);
   if (c->n_heads <= 0 || c->n_kv_heads <= 0 || c->n_heads % c->n_kv_heads || c->n_heads > 4096)
-    return ir_diag_set(d, IR_BAD_FORMAT, "model config: n_heads %lld must be a positive multiple "
-                       "of n_kv_heads %lld (at most 4096)", (long long)c->n_heads,
-                       (long long)c->n_kv_heads);
+    return ir_diag_set(d, IR_BAD_FORMAT,
+                       "model config: n_heads %lld must be a positive multiple "
+                       "of n_kv_heads %lld (at most 4096)",
+                       (long long)c->n_heads, (long long)c->n_kv_heads);
   if (c->head_dim <= 0 || c->head_dim > 256 || c->head_dim % 2)
-    return ir_diag_set(d, IR_BAD_FORMAT, "model config: head_dim %lld is not an even number in "
-                       "2..256", (long long)c->head_dim);
+    return ir_diag_set(d, IR_BAD_FORMAT,
+                       "model config: head_dim %lld is not an even number in "
+                       "2..256",
+                       (long long)c->head_dim);
   if (c->max_position <= 0 || c->max_position > INT32_MAX)
     return ir_diag_set(d, IR_BAD_FORMAT, "model config: max_position %lld is outside 1..2^31-1",
                        (long long)c->max_position);
   if (c->max_tokens > (1 << 24) || c->kv_block_size > 4096)
-    return ir_diag_set(d, IR_BAD_FORMAT, "model config: max_tokens %lld or kv_block_size %lld "
-                       "is out of range", (long long)c->max_tokens, (long long)c->kv_block_size);
+    return ir_diag_set(d, IR_BAD_FORMAT,
+                       "model config: max_tokens %lld or kv_block_size %lld "
+                       "is out of range",
+                       (long long)c->max_tokens, (long long)c->kv_block_size);
   return IR_OK;
 }
 
@@ -211,8 +216,10 @@ static ir_status check_rope_table(const ir_graph *g, const ir_node *n, int k, ir
   if (n->n_in <= k || n->in[k] < 0) return IR_OK;
   const ir_tensor *cs = &g->tensors[n->in[k]];
   if (cs->rank < 1 || cs->dims[0].sym != IR_SYM_NONE || cs->dims[0].n < g->config.max_position)
-    return ir_diag_set(d, IR_BAD_FORMAT, "node '%s': the rope table '%s' has %lld rows for "
-                       "max_position %lld", n->name, cs->name, (long long)cs->dims[0].n,
+    return ir_diag_set(d, IR_BAD_FORMAT,
+                       "node '%s': the rope table '%s' has %lld rows for "
+                       "max_position %lld",
+                       n->name, cs->name, (long long)cs->dims[0].n,
                        (long long)g->config.max_position);
   return IR_OK;
 }
@@ -225,25 +232,31 @@ static ir_status check_attention(const ir_graph *g, const ir_node *n, ir_diag *d
     for (int k = 0; k < n->n_attrs && !a; k++)
       if (!strcmp(n->attrs[k].name, names[i])) a = &n->attrs[k];
     if (!a || a->type != IR_ATTR_INT)
-      return ir_diag_set(d, IR_BAD_FORMAT, "node '%s': attribute '%s' must be an integer",
-                         n->name, names[i]);
+      return ir_diag_set(d, IR_BAD_FORMAT, "node '%s': attribute '%s' must be an integer", n->name,
+                         names[i]);
   }
   int64_t layer = ir_node_attr_i(n, "layer", -1);
   if (layer < 0 || layer >= c->n_layers)
-    return ir_diag_set(d, IR_BAD_FORMAT, "node '%s': layer %lld is outside the config's %lld "
-                       "layers", n->name, (long long)layer, (long long)c->n_layers);
+    return ir_diag_set(d, IR_BAD_FORMAT,
+                       "node '%s': layer %lld is outside the config's %lld "
+                       "layers",
+                       n->name, (long long)layer, (long long)c->n_layers);
   int64_t nh = ir_node_attr_i(n, "n_heads", 0), nkv = ir_node_attr_i(n, "n_kv_heads", 0);
   int64_t hd = ir_node_attr_i(n, "head_dim", 0);
   if (nh != c->n_heads || nkv != c->n_kv_heads || hd != c->head_dim)
-    return ir_diag_set(d, IR_BAD_FORMAT, "node '%s': %lld heads, %lld kv heads of %lld dims, "
+    return ir_diag_set(d, IR_BAD_FORMAT,
+                       "node '%s': %lld heads, %lld kv heads of %lld dims, "
                        "where the config says %lld, %lld, %lld (the KV cache is laid out by the "
-                       "config)", n->name, (long long)nh, (long long)nkv, (long long)hd,
-                       (long long)c->n_heads, (long long)c->n_kv_heads, (long long)c->head_dim);
+                       "config)",
+                       n->name, (long long)nh, (long long)nkv, (long long)hd, (long long)c->n_heads,
+                       (long long)c->n_kv_heads, (long long)c->head_dim);
   if (g->tensors[n->in[0]].dims[0].sym != IR_SYM_TOKENS)
     return ir_diag_set(d, IR_BAD_FORMAT, "node '%s': q must have T rows", n->name);
   if (n->n_in > 3 && n->in[3] >= 0 && !is_input(g, n->in[3], "positions"))
-    return ir_diag_set(d, IR_BAD_FORMAT, "node '%s': the rope's positions must be the input "
-                       "'positions'", n->name);
+    return ir_diag_set(d, IR_BAD_FORMAT,
+                       "node '%s': the rope's positions must be the input "
+                       "'positions'",
+                       n->name);
   return check_rope_table(g, n, 4, d);
 }
 
@@ -261,24 +274,28 @@ ir_status ir_graph_verify_step(const ir_graph *g, ir_diag *d) {
     case IR_OP_ATTENTION: st = check_attention(g, n, d); break;
     case IR_OP_ROPE:
       if (!is_input(g, n->in[1], "positions"))
-        st = ir_diag_set(d, IR_BAD_FORMAT, "node '%s': the rope's positions must be the input "
-                         "'positions'", n->name);
+        st = ir_diag_set(d, IR_BAD_FORMAT,
+                         "node '%s': the rope's positions must be the input "
+                         "'positions'",
+                         n->name);
       else st = check_rope_table(g, n, 2, d);
       break;
     case IR_OP_EMBED: {
       const ir_tensor *tab = &g->tensors[n->in[1]];
       if (!is_input(g, n->in[0], "tokens") || tab->dims[0].sym != IR_SYM_NONE ||
           tab->dims[0].n < g->config.vocab_size)
-        st = ir_diag_set(d, IR_BAD_FORMAT, "node '%s': an embedding of the input 'tokens' "
-                         "needs a table of at least vocab_size (%lld) rows", n->name,
-                         (long long)g->config.vocab_size);
+        st = ir_diag_set(d, IR_BAD_FORMAT,
+                         "node '%s': an embedding of the input 'tokens' "
+                         "needs a table of at least vocab_size (%lld) rows",
+                         n->name, (long long)g->config.vocab_size);
       break;
     }
     case IR_OP_GATHER_ROWS:
-      if (!is_input(g, n->in[1], "logit_rows") ||
-          g->tensors[n->in[0]].dims[0].sym != IR_SYM_TOKENS)
-        st = ir_diag_set(d, IR_BAD_FORMAT, "node '%s': gathers rows of a T-row tensor by the "
-                         "input 'logit_rows'", n->name);
+      if (!is_input(g, n->in[1], "logit_rows") || g->tensors[n->in[0]].dims[0].sym != IR_SYM_TOKENS)
+        st = ir_diag_set(d, IR_BAD_FORMAT,
+                         "node '%s': gathers rows of a T-row tensor by the "
+                         "input 'logit_rows'",
+                         n->name);
       break;
     default: break;
     }

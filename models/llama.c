@@ -9,20 +9,23 @@
 #include "llama.h"
 
 model_build_opts model_build_opts_default(void) {
-  return (model_build_opts){.weight_dtype = IR_DTYPE_INVALID, .max_tokens = 512,
-                            .max_seqs = 64, .max_logits = 64, .kv_block_size = 16,
+  return (model_build_opts){.weight_dtype = IR_DTYPE_INVALID,
+                            .max_tokens = 512,
+                            .max_seqs = 64,
+                            .max_logits = 64,
+                            .kv_block_size = 16,
                             .max_context = 0};
 }
 
 ir_status model_llama_check(const model_llama_params *p, ir_diag *d) {
   if (p->vocab_size <= 0 || p->hidden_size <= 0 || p->n_layers <= 0 || p->n_heads <= 0 ||
-      p->n_kv_heads <= 0 || p->head_dim <= 0 || p->intermediate_size <= 0 ||
-      p->max_position <= 0)
+      p->n_kv_heads <= 0 || p->head_dim <= 0 || p->intermediate_size <= 0 || p->max_position <= 0)
     return ir_diag_set(d, IR_BAD_FORMAT, "model sizes must be positive");
   if (p->n_heads % p->n_kv_heads)
-    return ir_diag_set(d, IR_BAD_FORMAT, "num_attention_heads (%lld) is not a multiple of "
-                       "num_key_value_heads (%lld)", (long long)p->n_heads,
-                       (long long)p->n_kv_heads);
+    return ir_diag_set(d, IR_BAD_FORMAT,
+                       "num_attention_heads (%lld) is not a multiple of "
+                       "num_key_value_heads (%lld)",
+                       (long long)p->n_heads, (long long)p->n_kv_heads);
   if (p->head_dim % 2 || p->head_dim > 256)
     return ir_diag_set(d, IR_UNSUPPORTED, "head_dim %lld must be even and at most 256",
                        (long long)p->head_dim);
@@ -31,33 +34,38 @@ ir_status model_llama_check(const model_llama_params *p, ir_diag *d) {
   if (p->fused_proj && p->attention_bias)
     return ir_diag_set(d, IR_UNSUPPORTED, "a fused qkv_proj with biases is not supported");
   if (p->rot_dim < 0 || p->rot_dim % 2 || p->rot_dim > p->head_dim)
-    return ir_diag_set(d, IR_UNSUPPORTED, "rotary dims %lld must be even and at most head_dim "
-                       "%lld", (long long)p->rot_dim, (long long)p->head_dim);
+    return ir_diag_set(d, IR_UNSUPPORTED,
+                       "rotary dims %lld must be even and at most head_dim "
+                       "%lld",
+                       (long long)p->rot_dim, (long long)p->head_dim);
   if (!(p->rms_norm_eps > 0) || !(p->rope_theta > 0))
     return ir_diag_set(d, IR_BAD_FORMAT, "rms_norm_eps and rope_theta must be positive");
   if (p->rope_scaling != MODEL_ROPE_DEFAULT && p->rope_scaling != MODEL_ROPE_LONGROPE &&
       !(p->rope_factor >= 1.0 && p->rope_factor < 1e6))
     return ir_diag_set(d, IR_BAD_FORMAT, "rope scaling factor %g must be at least 1",
                        p->rope_factor);
-  if (p->rope_scaling == MODEL_ROPE_LONGROPE && !(p->rope_orig_context > 0 &&
-                                                   p->rope_attn_factor > 0))
-    return ir_diag_set(d, IR_BAD_FORMAT, "longrope scaling needs original_max_position_"
+  if (p->rope_scaling == MODEL_ROPE_LONGROPE &&
+      !(p->rope_orig_context > 0 && p->rope_attn_factor > 0))
+    return ir_diag_set(d, IR_BAD_FORMAT,
+                       "longrope scaling needs original_max_position_"
                        "embeddings and an attention factor > 0");
-  if (p->rope_scaling == MODEL_ROPE_YARN &&
-      !(p->rope_orig_context > 0 && p->rope_beta_fast > 0 && p->rope_beta_slow > 0 &&
-        p->rope_attn_factor > 0))
-    return ir_diag_set(d, IR_BAD_FORMAT, "yarn rope scaling needs original_max_position_"
+  if (p->rope_scaling == MODEL_ROPE_YARN && !(p->rope_orig_context > 0 && p->rope_beta_fast > 0 &&
+                                              p->rope_beta_slow > 0 && p->rope_attn_factor > 0))
+    return ir_diag_set(d, IR_BAD_FORMAT,
+                       "yarn rope scaling needs original_max_position_"
                        "embeddings, beta_fast, beta_slow and an attention factor > 0");
   if (p->act != 0 && p->act != IR_ACT_SWIGLU && p->act != IR_ACT_GEGLU)
     return ir_diag_set(d, IR_UNSUPPORTED, "unknown MLP activation %d", p->act);
   if (!(p->embed_scale >= 0 && p->attn_scale >= 0 && p->attn_softcap >= 0 &&
         p->final_softcap >= 0 && p->rope_local_theta >= 0) ||
       p->sliding_window < 0 || p->swa_period < 0 || p->swa_first < 0)
-    return ir_diag_set(d, IR_BAD_FORMAT, "scales, soft caps, the sliding window and the local "
+    return ir_diag_set(d, IR_BAD_FORMAT,
+                       "scales, soft caps, the sliding window and the local "
                        "rope base must not be negative");
   if (p->rope_scaling == MODEL_ROPE_LLAMA3 &&
       !(p->rope_orig_context > 0 && p->rope_low_freq > 0 && p->rope_high_freq > p->rope_low_freq))
-    return ir_diag_set(d, IR_BAD_FORMAT, "llama3 rope scaling needs original_max_position_"
+    return ir_diag_set(d, IR_BAD_FORMAT,
+                       "llama3 rope scaling needs original_max_position_"
                        "embeddings > 0 and high_freq_factor > low_freq_factor > 0");
   return IR_OK;
 }
@@ -87,16 +95,20 @@ static bool checkpoint_tensor(builder *b, const char *name, int64_t d0, int64_t 
   }
   int rank = d1 ? 2 : 1;
   if (t->rank != rank || t->shape[0] != d0 || (d1 && t->shape[1] != d1)) {
-    b->st = ir_diag_set(b->d, IR_BAD_FORMAT, "tensor '%s' has shape [%lld%s%lld], expected "
-                        "[%lld%s%lld]", name, (long long)t->shape[0], t->rank > 1 ? "," : "",
-                        t->rank > 1 ? (long long)t->shape[1] : 0LL, (long long)d0,
-                        d1 ? "," : "", (long long)d1);
+    b->st = ir_diag_set(b->d, IR_BAD_FORMAT,
+                        "tensor '%s' has shape [%lld%s%lld], expected "
+                        "[%lld%s%lld]",
+                        name, (long long)t->shape[0], t->rank > 1 ? "," : "",
+                        t->rank > 1 ? (long long)t->shape[1] : 0LL, (long long)d0, d1 ? "," : "",
+                        (long long)d1);
     return false;
   }
   bool known = t->dtype == IR_F32 || t->dtype == IR_F16 || t->dtype == IR_BF16;
   if (!known && !ir_dtype_is_quant(t->dtype)) {
-    b->st = ir_diag_set(b->d, IR_UNSUPPORTED, "tensor '%s' has dtype %s; expected f32, f16, "
-                        "bf16, q8_0, q4_0 or q4_1", name, ir_dtype_name(t->dtype));
+    b->st = ir_diag_set(b->d, IR_UNSUPPORTED,
+                        "tensor '%s' has dtype %s; expected f32, f16, "
+                        "bf16, q8_0, q4_0 or q4_1",
+                        name, ir_dtype_name(t->dtype));
     return false;
   }
   return true;
@@ -114,8 +126,8 @@ static int32_t weight(builder *b, const char *name, int64_t d0, int64_t d1) {
 
 /* Rows [row0, row0 + rows) of checkpoint matrix `name` ([total, k]) as a weight of its own:
  * a view of the stored bytes (rows are whole in every dtype the template takes). */
-static int32_t weight_rows(builder *b, const char *name, int64_t total, int64_t row0,
-                           int64_t rows, int64_t k, const char *view_name) {
+static int32_t weight_rows(builder *b, const char *name, int64_t total, int64_t row0, int64_t rows,
+                           int64_t k, const char *view_name) {
   model_tensor t;
   if (!checkpoint_tensor(b, name, total, k, &t)) return -1;
   uint64_t row_bytes = t.nbytes / (uint64_t)total;
@@ -230,8 +242,8 @@ static int32_t rope_table(builder *b, const model_llama_params *p, int64_t max_p
   }
   /* YaRN and longrope scale cos and sin (HF's attention_scaling, in f32); 1 keeps them */
   model_rope_scaling sc = p->rope_scaling;
-  float scale = sc == MODEL_ROPE_YARN || sc == MODEL_ROPE_LONGROPE ? (float)p->rope_attn_factor
-                                                                   : 1.0f;
+  float scale =
+      sc == MODEL_ROPE_YARN || sc == MODEL_ROPE_LONGROPE ? (float)p->rope_attn_factor : 1.0f;
   for (int64_t i = 0; i < half; i++) {
     float inv = (float)rope_freq(p, i, max_pos);
     for (int64_t pos = 0; pos < max_pos; pos++) {
@@ -261,14 +273,13 @@ static int32_t proj(builder *b, int32_t x, const char *pre, const char *w, int64
 
 /* A projection whose weight is rows [row0, row0 + n) of the checkpoint's fused matrix
  * pre+fused ([total, k]), named pre+w as its unfused form would be. */
-static int32_t proj_rows(builder *b, int32_t x, const char *pre, const char *fused,
-                         int64_t total, const char *w, int64_t row0, int64_t n, int64_t k,
-                         const char *node_name) {
+static int32_t proj_rows(builder *b, int32_t x, const char *pre, const char *fused, int64_t total,
+                         const char *w, int64_t row0, int64_t n, int64_t k, const char *node_name) {
   char name[160], view[160];
   snprintf(name, sizeof name, "%s%s.weight", pre, fused);
   snprintf(view, sizeof view, "%s%s.weight", pre, w);
-  int32_t in[2] = {x, as_dtype(b, weight_rows(b, name, total, row0, n, k, view),
-                               b->bo->weight_dtype)};
+  int32_t in[2] = {x,
+                   as_dtype(b, weight_rows(b, name, total, row0, n, k, view), b->bo->weight_dtype)};
   return node(b, IR_OP_MATMUL, node_name, in, 2, NULL, 0);
 }
 
@@ -339,8 +350,7 @@ static int32_t attention_block(builder *b, int32_t h, int64_t l, const char *pre
   int32_t in[3] = {nope ? q : rope(b, q, p->n_heads, table, rq),
                    nope ? k : rope(b, k, p->n_kv_heads, table, rk), v};
   double scale = p->attn_scale > 0 ? p->attn_scale : 1.0 / sqrt((double)p->head_dim);
-  ir_attr a[7] = {IR_AI(ir_attr_intern("layer"), l),
-                  IR_AI(ir_attr_intern("n_heads"), p->n_heads),
+  ir_attr a[7] = {IR_AI(ir_attr_intern("layer"), l), IR_AI(ir_attr_intern("n_heads"), p->n_heads),
                   IR_AI(ir_attr_intern("n_kv_heads"), p->n_kv_heads),
                   IR_AI(ir_attr_intern("head_dim"), p->head_dim),
                   IR_AF(ir_attr_intern("scale"), scale)};
@@ -401,8 +411,8 @@ static int32_t layer(builder *b, int32_t x, int64_t l) {
    * add + norm fusion always finds its weight available. Gemma's post_attention_layernorm
    * normalizes the attention's output; Llama's is the MLP's input norm. */
   int32_t w_attn = layer_norm_weight(b, pre, "input_layernorm");
-  int32_t w_mlp = layer_norm_weight(b, pre, sw ? "pre_feedforward_layernorm"
-                                               : "post_attention_layernorm");
+  int32_t w_mlp =
+      layer_norm_weight(b, pre, sw ? "pre_feedforward_layernorm" : "post_attention_layernorm");
   int32_t w_attn_post = layer_norm_weight(b, pre, sw ? "post_attention_layernorm" : NULL);
   int32_t w_mlp_post = layer_norm_weight(b, pre, sw ? "post_feedforward_layernorm" : NULL);
   snprintf(nm, sizeof nm, "l%lld.attn_norm", (long long)l);
@@ -458,9 +468,8 @@ static void build_body(builder *b) {
   x = node(b, IR_OP_GATHER_ROWS, "logit_rows", in, 2, NULL, 0);
   x = rms_norm(b, x, norm_weight(b, "model.norm.weight", p->hidden_size), "final_norm");
   in[0] = x;
-  in[1] = p->tie_word_embeddings
-              ? emb
-              : mat_weight(b, "lm_head.weight", p->vocab_size, p->hidden_size);
+  in[1] =
+      p->tie_word_embeddings ? emb : mat_weight(b, "lm_head.weight", p->vocab_size, p->hidden_size);
   int32_t logits = node(b, IR_OP_MATMUL, "logits", in, 2, NULL, 0);
   if (p->final_softcap > 0) { /* Gemma 2 */
     ir_attr cap = IR_AF(ir_attr_intern("cap"), p->final_softcap);
@@ -475,8 +484,8 @@ ir_status model_llama_build(const model_llama_params *p, const model_tensor_src 
   *out = NULL;
   ir_status st = model_llama_check(p, d);
   if (st != IR_OK) return st;
-  builder b = {.g = ir_graph_create(), .p = p, .src = src, .bo = bo, .d = d, .st = IR_OK,
-               .one = -1};
+  builder b = {
+      .g = ir_graph_create(), .p = p, .src = src, .bo = bo, .d = d, .st = IR_OK, .one = -1};
   if (!b.g) return ir_diag_set(d, IR_OOM, "out of memory");
   int64_t max_pos = p->max_position;
   if (bo->max_context > 0 && bo->max_context < max_pos) max_pos = bo->max_context;

@@ -27,12 +27,12 @@ typedef struct model_tensor_src {
 } model_tensor_src;
 
 typedef struct model_build_opts {
-  ir_dtype weight_dtype;  /* IR_DTYPE_INVALID: keep the checkpoint's dtype */
-  int64_t max_tokens;     /* step limits; see ir_model_config */
+  ir_dtype weight_dtype; /* IR_DTYPE_INVALID: keep the checkpoint's dtype */
+  int64_t max_tokens;    /* step limits; see ir_model_config */
   int64_t max_seqs;
   int64_t max_logits;
   int64_t kv_block_size;
-  int64_t max_context;    /* 0: the model's max_position_embeddings */
+  int64_t max_context; /* 0: the model's max_position_embeddings */
 } model_build_opts;
 
 /* Defaults: keep dtype, T 512, S 64, L 64, block 16, full context. */

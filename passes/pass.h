@@ -29,9 +29,9 @@ typedef struct pass_opts {
   FILE *dump_ir;    /* when set, the IR is printed here after each pass */
   const struct pass_quant_opts *quant; /* weight quantization (pass_quantize.h); NULL: none */
   const char *quant_calib; /* w8a8: activation maxima for smoothing (pass_quantize.h); NULL */
-  bool act_int8; /* matmuls of q8_0/q4_0/q4_1 weights take int8 activations (pass_act_int8) */
-  bool repack;   /* their weights interleaved by 8 rows for the CPU kernels (pass_repack) */
-  bool capture_plan;       /* target cuda: plan the CUDA Graph decode buckets */
+  bool act_int8;     /* matmuls of q8_0/q4_0/q4_1 weights take int8 activations (pass_act_int8) */
+  bool repack;       /* their weights interleaved by 8 rows for the CPU kernels (pass_repack) */
+  bool capture_plan; /* target cuda: plan the CUDA Graph decode buckets */
   const int64_t *decode_buckets; /* the buckets asked for; NULL: 1, 2, 4, ... up to the limit */
   int32_t n_decode_buckets;
 } pass_opts;

@@ -90,7 +90,9 @@ ir_status pass_fuse_add_rms_norm(ir_graph *g, const pass_opts *o, pass_log *log,
   bool ok = pass_compact(g, dead, NULL, NULL);
   free(dead);
   if (!ok) return ir_diag_set(d, IR_OOM, "fuse: out of memory");
-  pass_log_add(log, "fuse_add_rms_norm: fused %d residual adds into their norms (%d norms moved "
-               "before their gather_rows)", fused, swapped);
+  pass_log_add(log,
+               "fuse_add_rms_norm: fused %d residual adds into their norms (%d norms moved "
+               "before their gather_rows)",
+               fused, swapped);
   return IR_OK;
 }

@@ -46,10 +46,8 @@ static bool mergeable(const ir_graph *g, const int32_t *m, int n) {
 /* `base` with its first `from` replaced by `to`, else base + "." + to. */
 static void fused_name(char *buf, size_t len, const char *base, const char *from, const char *to) {
   const char *at = strstr(base, from);
-  if (at)
-    snprintf(buf, len, "%.*s%s%s", (int)(at - base), base, to, at + strlen(from));
-  else
-    snprintf(buf, len, "%s.%s", base, to);
+  if (at) snprintf(buf, len, "%.*s%s%s", (int)(at - base), base, to, at + strlen(from));
+  else snprintf(buf, len, "%s.%s", base, to);
 }
 
 /* A new weight: the tensors in[k] of nodes m[0..n) stacked along axis 0 (their bytes
@@ -185,7 +183,9 @@ ir_status pass_fuse_gate_up(ir_graph *g, const pass_opts *o, pass_log *log, ir_d
   int n = 0;
   ir_status st = run_fusion(g, fuse_gate_up_at, &n, d);
   if (st == IR_OK)
-    pass_log_add(log, "fuse_gate_up: merged gate/up projections + swiglu into one matmul with "
-                 "a swiglu epilogue in %d layers", n);
+    pass_log_add(log,
+                 "fuse_gate_up: merged gate/up projections + swiglu into one matmul with "
+                 "a swiglu epilogue in %d layers",
+                 n);
   return st;
 }

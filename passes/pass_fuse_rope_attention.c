@@ -62,8 +62,8 @@ static int32_t foldable_norm(const ir_graph *g, const ir_node *a, int k) {
 /* The q and k norms into attention a (rope folded or absent: the norms come first). */
 static bool try_fuse_norm(ir_graph *g, int32_t ai, bool *dead) {
   ir_node *a = &g->nodes[ai];
-  if (a->op != IR_OP_ATTENTION || (a->n_in != 3 && a->n_in != 5) || a->in[1] < 0 ||
-      a->in[2] < 0 || a->n_attrs + 1 > IR_MAX_ATTRS)
+  if (a->op != IR_OP_ATTENTION || (a->n_in != 3 && a->n_in != 5) || a->in[1] < 0 || a->in[2] < 0 ||
+      a->n_attrs + 1 > IR_MAX_ATTRS)
     return false;
   int32_t nq = foldable_norm(g, a, 0), nk = foldable_norm(g, a, 1);
   if (nq < 0 || nk < 0 || nq == nk || dead[nq] || dead[nk]) return false;

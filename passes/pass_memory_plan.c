@@ -33,8 +33,8 @@ static int32_t collect(const ir_graph *g, live *out) {
     slot[i] = -1;
     if (t->kind == IR_TENSOR_WEIGHT) continue;
     int32_t first = t->kind == IR_TENSOR_INPUT ? 0 : t->producer;
-    out[n] = (live){.tensor = i, .first = first, .last = first,
-                    .size = align_up(ir_tensor_bytes(g, t, NULL))};
+    out[n] = (live){
+        .tensor = i, .first = first, .last = first, .size = align_up(ir_tensor_bytes(g, t, NULL))};
     slot[i] = n++;
   }
   for (int32_t j = 0; j < g->n_nodes; j++)

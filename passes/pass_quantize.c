@@ -86,8 +86,8 @@ void pass_quant_format(const pass_quant_opts *q, char *buf, size_t len) {
   if (q->group) snprintf(g, sizeof g, ":g%lld", (long long)q->group);
   snprintf(buf, len, "%s%s%s%s", name, g,
            q->scheme == PASS_QUANT_W8A8 || pass_quant_block_dtype(q) ? ""
-           : q->asym                                                ? ":asym"
-                                                                    : ":sym",
+           : q->asym                                                 ? ":asym"
+                                                                     : ":sym",
            q->lm_head ? ":lm_head" : "");
 }
 
@@ -220,8 +220,8 @@ static void put_code(void *q, ir_dtype qt, int64_t idx, int c) {
   *b = idx & 1 ? (uint8_t)((*b & 0x0f) | c << 4) : (uint8_t)((*b & 0xf0) | c);
 }
 
-void pass_quant_matrix(const float *w, int64_t n, int64_t k, ir_dtype qt, int64_t group,
-                       bool asym, ir_dtype st, void *q, void *scales, void *zp) {
+void pass_quant_matrix(const float *w, int64_t n, int64_t k, ir_dtype qt, int64_t group, bool asym,
+                       ir_dtype st, void *q, void *scales, void *zp) {
   qrange r = qt == IR_I4 ? (qrange){0, 15, 8, st, asym}
              : asym      ? (qrange){-128, 127, 0, st, false}
                          : (qrange){-127, 127, 0, st, false};
@@ -263,8 +263,8 @@ static int smooth_users(const ir_graph *g, const pass_quant_opts *q, int32_t t,
     for (int a = 0; a < n->n_in; a++) reads |= n->in[a] == t;
     if (!reads) continue;
     int64_t group;
-    if (n_users == SMOOTH_MAX_USERS || !float_matmul(g, n) || n->in[0] != t ||
-        n->in[1] == t || unsuited(g, n, q, &group) || pass_count_uses(g, n->in[1], NULL) != 1)
+    if (n_users == SMOOTH_MAX_USERS || !float_matmul(g, n) || n->in[0] != t || n->in[1] == t ||
+        unsuited(g, n, q, &group) || pass_count_uses(g, n->in[1], NULL) != 1)
       return 0;
     out_users[n_users++] = i;
   }
@@ -360,8 +360,7 @@ static ir_status smooth_norm(ir_graph *g, const pass_quant_smoothing *sm, int32_
   return st;
 }
 
-ir_status pass_quant_smooth(ir_graph *g, const pass_quant_smoothing *sm, int *out_n,
-                            ir_diag *d) {
+ir_status pass_quant_smooth(ir_graph *g, const pass_quant_smoothing *sm, int *out_n, ir_diag *d) {
   *out_n = 0;
   for (int32_t i = 0; i < g->n_nodes; i++) {
     ir_op op = g->nodes[i].op;
@@ -400,8 +399,8 @@ static const float *calib_amax(void *ctx, const char *norm_weight, int64_t k) {
   size_t base = l > 4 && !strcmp(norm_weight + l - 4, ".f32") ? l - 4 : l;
   for (int i = 0; i < c->n; i++) {
     const char *nm = c->e[i].name;
-    if (c->e[i].k == k && (!strcmp(nm, norm_weight) ||
-                           (strlen(nm) == base && !strncmp(nm, norm_weight, base))))
+    if (c->e[i].k == k &&
+        (!strcmp(nm, norm_weight) || (strlen(nm) == base && !strncmp(nm, norm_weight, base))))
       return c->e[i].amax;
   }
   return NULL;
@@ -437,8 +436,8 @@ static ir_status calib_line(calib_set *c, char *line, const char *path, int ln, 
                          name, k);
   }
   if (strtok_r(NULL, sep, &save))
-    return ir_diag_set(d, IR_BAD_FORMAT, "%s:%d: '%s' has more than %lld values", path, ln,
-                       name, k);
+    return ir_diag_set(d, IR_BAD_FORMAT, "%s:%d: '%s' has more than %lld values", path, ln, name,
+                       k);
   return IR_OK;
 }
 
@@ -468,13 +467,12 @@ static ir_status smooth_from_file(ir_graph *g, const pass_opts *o, int *out_n, i
                        o->quant_calib);
   calib_set c = {0};
   ir_status st = calib_load(o->quant_calib, &c, d);
-  pass_quant_smoothing sm = {.q = o->quant, .alpha = PASS_QUANT_SMOOTH_ALPHA, .amax = calib_amax,
-                             .ctx = &c};
+  pass_quant_smoothing sm = {
+      .q = o->quant, .alpha = PASS_QUANT_SMOOTH_ALPHA, .amax = calib_amax, .ctx = &c};
   if (st == IR_OK) st = pass_quant_smooth(g, &sm, out_n, d);
   calib_free(&c);
   if (st == IR_OK && !*out_n)
-    st = ir_diag_set(d, IR_INVALID_ARG, "%s: names no norm this model can smooth",
-                     o->quant_calib);
+    st = ir_diag_set(d, IR_INVALID_ARG, "%s: names no norm this model can smooth", o->quant_calib);
   return st;
 }
 
@@ -505,7 +503,7 @@ typedef struct quant_run {
   int n_done, n_kept;
   int64_t values;
   uint64_t bytes_before, bytes_after;
-  char kept[160]; /* names of matmul weights left as they were, and why */
+  char kept[160];  /* names of matmul weights left as they were, and why */
   int n_regrouped; /* weights whose K the group does not divide: a smaller group */
   int64_t regroup_k, regroup_g;
   int n_smoothed; /* norms smoothed from a calibration file (W8A8) */
@@ -539,8 +537,8 @@ static ir_status quantize_blocks(ir_graph *g, quant_run *r, int32_t wi, ir_diag 
   uint64_t out_row = ir_dtype_bytes(bt, (uint64_t)k);
   float *wf = malloc((size_t)k * sizeof *wf);
   void *qb = NULL;
-  int32_t ti = wf ? add_owned(g, w.name, ir_dtype_name(bt), bt, n, k, out_row * (uint64_t)n, &qb)
-                  : -1;
+  int32_t ti =
+      wf ? add_owned(g, w.name, ir_dtype_name(bt), bt, n, k, out_row * (uint64_t)n, &qb) : -1;
   if (ti < 0) {
     free(wf);
     return ir_diag_set(d, IR_OOM, "out of memory quantizing '%s'", w.name);
@@ -559,8 +557,7 @@ static ir_status quantize_blocks(ir_graph *g, quant_run *r, int32_t wi, ir_diag 
 }
 
 /* Quantizes weight tensor wi (n, k) once: three new tensors from r->made[wi]. */
-static ir_status quantize_weight(ir_graph *g, quant_run *r, int32_t wi, int64_t group,
-                                 ir_diag *d) {
+static ir_status quantize_weight(ir_graph *g, quant_run *r, int32_t wi, int64_t group, ir_diag *d) {
   const pass_quant_opts *q = r->q;
   if (pass_quant_block_dtype(q)) return quantize_blocks(g, r, wi, d);
   ir_tensor w = g->tensors[wi]; /* a copy: adding tensors moves the array */
@@ -573,13 +570,14 @@ static ir_status quantize_weight(ir_graph *g, quant_run *r, int32_t wi, int64_t 
   for (int64_t j = 0; j < n; j++)
     kn_dequant_row((const uint8_t *)w.data + j * row_bytes, w.dtype, wf + j * k, k);
   void *qb = NULL, *sb = NULL, *zb = NULL;
-  uint64_t qbytes = ir_dtype_bytes(qt, (uint64_t)(n * k)), sbytes = ir_dtype_bytes(st, (uint64_t)(n * ng));
+  uint64_t qbytes = ir_dtype_bytes(qt, (uint64_t)(n * k)),
+           sbytes = ir_dtype_bytes(st, (uint64_t)(n * ng));
   int32_t ti = add_owned(g, w.name, "qweight", qt, n, k, qbytes, &qb);
   int32_t si = ti >= 0 ? add_owned(g, w.name, "scales", st, n, ng, sbytes, &sb) : -1;
   ir_dtype zt = qt == IR_I4 ? IR_F16 : IR_I8;
   uint64_t zbytes = q->asym ? ir_dtype_bytes(zt, (uint64_t)(n * ng)) : 0;
-  int32_t zi = si >= 0 && q->asym ? add_owned(g, w.name, "zero_points", zt, n, ng, zbytes, &zb)
-                                  : -2;
+  int32_t zi =
+      si >= 0 && q->asym ? add_owned(g, w.name, "zero_points", zt, n, ng, zbytes, &zb) : -2;
   if (ti < 0 || si < 0 || zi == -1) {
     free(wf);
     return ir_diag_set(d, IR_OOM, "out of memory quantizing '%s'", w.name);
@@ -647,8 +645,7 @@ static ir_status quantize_node(ir_graph *g, quant_run *r, int32_t ni, ir_diag *d
   n = &g->nodes[ni];
   if (pass_quant_block_dtype(r->q)) { /* the lookup of a tied table reads the blocks too */
     for (int32_t i = 0; i < g->n_nodes; i++)
-      if (g->nodes[i].op == IR_OP_EMBED && g->nodes[i].in[1] == wi)
-        g->nodes[i].in[1] = r->made[wi];
+      if (g->nodes[i].op == IR_OP_EMBED && g->nodes[i].in[1] == wi) g->nodes[i].in[1] = r->made[wi];
     n->in[1] = r->made[wi];
     return IR_OK;
   }
@@ -723,8 +720,7 @@ ir_status pass_act_int8(ir_graph *g, const pass_opts *o, pass_log *log, ir_diag 
     ir_node *n = &g->nodes[i];
     if (n->op != IR_OP_MATMUL || n->n_in < 2 || n->in[1] < 0) continue;
     const ir_tensor *w = &g->tensors[n->in[1]];
-    if (!ir_dtype_is_quant(w->dtype) || w->rank != 2 || ir_node_attr_i(n, "act_int8", 0))
-      continue;
+    if (!ir_dtype_is_quant(w->dtype) || w->rank != 2 || ir_node_attr_i(n, "act_int8", 0)) continue;
     if (w->dims[1].n > IR_Q8_ACT_MAX_K) {
       n_long++;
       continue;
@@ -736,7 +732,6 @@ ir_status pass_act_int8(ir_graph *g, const pass_opts *o, pass_log *log, ir_diag 
   }
   char extra[64] = "";
   if (n_long) snprintf(extra, sizeof extra, "; %d with K > %d keep f32", n_long, IR_Q8_ACT_MAX_K);
-  pass_log_add(log, "act_int8: %d q8_0/q4_0/q4_1 matmuls take int8 activations%s", n_done,
-               extra);
+  pass_log_add(log, "act_int8: %d q8_0/q4_0/q4_1 matmuls take int8 activations%s", n_done, extra);
   return IR_OK;
 }

@@ -88,8 +88,7 @@ typedef struct pass_quant_smoothing {
  * smoothed. pass_quantize runs it for w8a8 given a calibration file (o->quant_calib);
  * without one nothing is smoothed (the weight-only proxy amax_j = |gamma_j| made SmolLM2's
  * W8A8 worse: +2.2% -> +4.6% perplexity). */
-ir_status pass_quant_smooth(ir_graph *g, const pass_quant_smoothing *sm, int *out_n,
-                            ir_diag *d);
+ir_status pass_quant_smooth(ir_graph *g, const pass_quant_smoothing *sm, int *out_n, ir_diag *d);
 
 /* Quantizes w (n, k) f32 in groups of `group` columns (group divides k; i4 needs k even).
  * Writes q: (n, k) i8, or i4 packed two a byte (element 2t in the low nibble); scales:
@@ -100,7 +99,7 @@ ir_status pass_quant_smooth(ir_graph *g, const pass_quant_smoothing *sm, int *ou
  * Dequantized, w ~ (q - zp) * scale with zp 8 (i4) or 0 (i8) when symmetric. The scale
  * of each group is searched (round-to-nearest at a few candidate scales or clipping
  * ranges, least squares) to minimise the group's squared error. */
-void pass_quant_matrix(const float *w, int64_t n, int64_t k, ir_dtype qt, int64_t group,
-                       bool asym, ir_dtype st, void *q, void *scales, void *zp);
+void pass_quant_matrix(const float *w, int64_t n, int64_t k, ir_dtype qt, int64_t group, bool asym,
+                       ir_dtype st, void *q, void *scales, void *zp);
 
 #endif

@@ -47,8 +47,10 @@ unsigned pass_fusion_from_name(const char *name) {
   static const struct {
     const char *name;
     unsigned bit;
-  } k[] = {{"rope_attention", PASS_FUSE_ROPE_ATTENTION}, {"qkv", PASS_FUSE_QKV},
-           {"gate_up", PASS_FUSE_GATE_UP}, {"add_rms_norm", PASS_FUSE_ADD_RMS_NORM}};
+  } k[] = {{"rope_attention", PASS_FUSE_ROPE_ATTENTION},
+           {"qkv", PASS_FUSE_QKV},
+           {"gate_up", PASS_FUSE_GATE_UP},
+           {"add_rms_norm", PASS_FUSE_ADD_RMS_NORM}};
   if (!strncmp(name, "fuse_", 5)) name += 5;
   for (size_t i = 0; i < sizeof k / sizeof *k; i++)
     if (!strcmp(name, k[i].name)) return k[i].bit;

@@ -11,9 +11,8 @@
 #define FW_BAR "\xef\xbd\x9c"
 #define SP "\xe2\x96\x81"
 
-static const char *const k_names[] = {"unknown", "chatml",   "llama3", "mistral",
-                                      "llama2",  "gemma",    "phi3",   "llama3.1",
-                                      "qwen3",   "deepseek-r1"};
+static const char *const k_names[] = {"unknown", "chatml", "llama3",   "mistral", "llama2",
+                                      "gemma",   "phi3",   "llama3.1", "qwen3",   "deepseek-r1"};
 
 const char *irt_chat_kind_name(irt_chat_kind k) {
   return (unsigned)k < sizeof k_names / sizeof *k_names ? k_names[k] : "unknown";
@@ -51,15 +50,16 @@ static void chatml_default_system(const char *src, char *out, size_t cap) {
 ir_status irt_chat_template_detect(const char *src, irt_chat_template *out, ir_diag *d) {
   memset(out, 0, sizeof *out);
   if (!src || !*src)
-    return ir_diag_set(d, IR_UNSUPPORTED, "the model has no chat template; pass --chat-template "
+    return ir_diag_set(d, IR_UNSUPPORTED,
+                       "the model has no chat template; pass --chat-template "
                        "NAME (chatml, qwen3, deepseek-r1, llama3, llama3.1, mistral, llama2, "
                        "gemma, phi3)");
   if (strstr(src, "<|im_start|>") && strstr(src, "Reasoning Mode")) /* not Qwen3's */
-    return ir_diag_set(d, IR_UNSUPPORTED, "SmolLM3's chat template (its metadata system turn "
+    return ir_diag_set(d, IR_UNSUPPORTED,
+                       "SmolLM3's chat template (its metadata system turn "
                        "and /think flags) is not one the engine renders yet; pass "
                        "--chat-template chatml for plain ChatML turns");
-  if (strstr(src, "<" FW_BAR "User" FW_BAR ">") &&
-      strstr(src, "<" FW_BAR "Assistant" FW_BAR ">")) {
+  if (strstr(src, "<" FW_BAR "User" FW_BAR ">") && strstr(src, "<" FW_BAR "Assistant" FW_BAR ">")) {
     out->kind = IRT_CHAT_DEEPSEEK_R1;
   } else if (strstr(src, "<|im_start|>") && strstr(src, "<think>") &&
              strstr(src, "enable_thinking")) {
@@ -81,17 +81,17 @@ ir_status irt_chat_template_detect(const char *src, irt_chat_template *out, ir_d
   } else if (strstr(src, "[INST]")) {
     out->kind = IRT_CHAT_MISTRAL;
   } else {
-    return ir_diag_set(d, IR_UNSUPPORTED, "the model's chat template is not one the engine can "
+    return ir_diag_set(d, IR_UNSUPPORTED,
+                       "the model's chat template is not one the engine can "
                        "render; pass --chat-template NAME (chatml, qwen3, deepseek-r1, "
                        "llama3, llama3.1, mistral, llama2, gemma, phi3)");
   }
-  const char *bos = out->kind == IRT_CHAT_LLAMA3 || out->kind == IRT_CHAT_LLAMA31
-                        ? "<|begin_of_text|>"
-                    : out->kind == IRT_CHAT_GEMMA ? "<bos>"
-                    : out->kind == IRT_CHAT_DEEPSEEK_R1
-                        ? "<" FW_BAR "begin" SP "of" SP "sentence" FW_BAR ">"
-                    : out->kind == IRT_CHAT_MISTRAL || out->kind == IRT_CHAT_LLAMA2 ? "<s>"
-                                                                                    : "";
+  const char *bos =
+      out->kind == IRT_CHAT_LLAMA3 || out->kind == IRT_CHAT_LLAMA31 ? "<|begin_of_text|>"
+      : out->kind == IRT_CHAT_GEMMA                                 ? "<bos>"
+      : out->kind == IRT_CHAT_DEEPSEEK_R1 ? "<" FW_BAR "begin" SP "of" SP "sentence" FW_BAR ">"
+      : out->kind == IRT_CHAT_MISTRAL || out->kind == IRT_CHAT_LLAMA2 ? "<s>"
+                                                                      : "";
   if (strstr(src, "bos_token")) snprintf(out->bos, sizeof out->bos, "%s", bos);
   return IR_OK;
 }
@@ -234,8 +234,9 @@ static void render_qwen3(const irt_chat_template *t, const irt_chat_msg *m, size
     }
     chatml_turn(s, m[i].role, m[i].content);
   }
-  if (gen) put(s, t->no_thinking ? "<|im_start|>assistant\n<think>\n\n</think>\n\n"
-                                 : "<|im_start|>assistant\n");
+  if (gen)
+    put(s, t->no_thinking ? "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+                          : "<|im_start|>assistant\n");
 }
 
 /* DeepSeek-R1's template: BOS and the (last) system message's text, user turns after
@@ -355,7 +356,8 @@ static void render_inst(const irt_chat_template *t, const irt_chat_msg *m, size_
     bool first = i == (sys ? 1u : 0u);
     if (role_of(m[i].role) == 2) {
       put(s, llama2 ? " " : "");
-      if (llama2) put_trim(s, m[i].content); else put(s, m[i].content);
+      if (llama2) put_trim(s, m[i].content);
+      else put(s, m[i].content);
       put(s, llama2 ? " </s>" : "</s>");
       continue;
     }
@@ -366,13 +368,14 @@ static void render_inst(const irt_chat_template *t, const irt_chat_msg *m, size_
       put(s, sys);
       put(s, llama2 ? "\n<</SYS>>\n\n" : "\n\n");
     }
-    if (llama2) put_trim(s, m[i].content); else put(s, m[i].content);
+    if (llama2) put_trim(s, m[i].content);
+    else put(s, m[i].content);
     put(s, " [/INST]");
   }
 }
 
-ir_status irt_chat_render(const irt_chat_template *t, const irt_chat_msg *msgs, size_t n,
-                          bool gen, char *buf, size_t cap, size_t *out_len, ir_diag *d) {
+ir_status irt_chat_render(const irt_chat_template *t, const irt_chat_msg *msgs, size_t n, bool gen,
+                          char *buf, size_t cap, size_t *out_len, ir_diag *d) {
   return irt_chat_render_spans(t, msgs, n, gen, buf, cap, out_len, NULL, 0, NULL, d);
 }
 
@@ -382,8 +385,10 @@ ir_status irt_chat_render_spans(const irt_chat_template *t, const irt_chat_msg *
                                 ir_diag *d) {
   for (size_t i = 0; i < n; i++)
     if (!msgs[i].role || !msgs[i].content || role_of(msgs[i].role) < 0)
-      return ir_diag_set(d, IR_INVALID_ARG, "message %zu: role must be system, user, assistant "
-                         "or ipython", i);
+      return ir_diag_set(d, IR_INVALID_ARG,
+                         "message %zu: role must be system, user, assistant "
+                         "or ipython",
+                         i);
   sbuf s = {.buf = buf, .cap = cap ? cap - 1 : 0};
   const char **ranges = NULL;
   if (spans) { /* each message's content and thoughts: [lo, hi) pairs */

@@ -77,8 +77,8 @@ ir_status irt_chat_render(const irt_chat_template *t, const irt_chat_msg *msgs, 
  * order, *n_spans of them (IR_OOM past cap_spans; 2 per message + 1 always suffice, as no
  * template writes a message's text twice). The tokenizer keeps special tokens out of them. */
 ir_status irt_chat_render_spans(const irt_chat_template *t, const irt_chat_msg *msgs, size_t n,
-                                bool add_generation_prompt, char *buf, size_t cap,
-                                size_t *out_len, irt_chat_span *spans, size_t cap_spans,
-                                size_t *n_spans, ir_diag *d);
+                                bool add_generation_prompt, char *buf, size_t cap, size_t *out_len,
+                                irt_chat_span *spans, size_t cap_spans, size_t *n_spans,
+                                ir_diag *d);
 
 #endif

@@ -79,8 +79,7 @@ static size_t init_symbols(const irt_tokenizer *t, tok_sym *sym, const uint8_t *
       len = sl > 0 && (size_t)sl <= n - i ? (size_t)sl : 1;
       id = tok_vocab_find(t, (const char *)w + i, len);
     }
-    if (id >= 0)
-      sym_known(&b, t->unk_id, id);
+    if (id >= 0) sym_known(&b, t->unk_id, id);
     else if (!(t->byte_fallback && t->model == IRT_TOK_BPE_SPM && sym_bytes(t, &b, w + i, len)))
       sym_unknown(t, &b);
     i += len;
@@ -142,8 +141,7 @@ static void merge_scan(const irt_tokenizer *t, tok_sym *s, size_t m) {
 }
 
 /* ignore_merges: the id of the whole word if it is a token, else -1. */
-static int32_t whole_word(const irt_tokenizer *t, tok_bpe_scratch *sc, const uint8_t *w,
-                          size_t n) {
+static int32_t whole_word(const irt_tokenizer *t, tok_bpe_scratch *sc, const uint8_t *w, size_t n) {
   if (t->model == IRT_TOK_BPE_SPM) return tok_vocab_find(t, (const char *)w, n);
   size_t o = 0;
   for (size_t i = 0; i < n; i++) o += tok_utf8_put(t->byte_cp[w[i]], sc->wbuf + o);
@@ -162,9 +160,7 @@ void tok_bpe_word(const irt_tokenizer *t, tok_bpe_scratch *sc, const uint8_t *w,
   }
   size_t m = init_symbols(t, sc->sym, w, n);
   if (m == 0) return;
-  if (m > SCAN_MAX)
-    merge_heap(t, sc, m);
-  else if (m > 1)
-    merge_scan(t, sc->sym, m);
+  if (m > SCAN_MAX) merge_heap(t, sc, m);
+  else if (m > 1) merge_scan(t, sc->sym, m);
   for (int32_t i = 0; i >= 0; i = sc->sym[i].next) tok_out_put(out, sc->sym[i].id);
 }

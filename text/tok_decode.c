@@ -36,10 +36,8 @@ static void feed(irt_tok_stream *s, const uint8_t *p, size_t n, sink *k) {
         i = j;
         continue;
       }
-      if (tok_utf8_seq_len(b) == 0)
-        sink_put(k, REPLACEMENT, 3);
-      else
-        s->pending[s->n_pending++] = b;
+      if (tok_utf8_seq_len(b) == 0) sink_put(k, REPLACEMENT, 3);
+      else s->pending[s->n_pending++] = b;
       i++;
       continue;
     }

@@ -17,8 +17,8 @@ size_t tok_norm_cap(const irt_tokenizer *t, size_t n, size_t spaces) {
   return (t->nfc ? 3 * n : n) + (t->model == IRT_TOK_BPE_SPM ? 2 * spaces : 0) + 3;
 }
 
-size_t tok_normalize(const irt_tokenizer *t, const uint8_t *s, size_t n, uint8_t *out,
-                     uint8_t *tmp, uint32_t *work) {
+size_t tok_normalize(const irt_tokenizer *t, const uint8_t *s, size_t n, uint8_t *out, uint8_t *tmp,
+                     uint32_t *work) {
   bool spm = t->model == IRT_TOK_BPE_SPM;
   size_t o = 0;
   if (t->nfc && tok_nfc_needed(s, n)) {
@@ -26,10 +26,8 @@ size_t tok_normalize(const irt_tokenizer *t, const uint8_t *s, size_t n, uint8_t
     s = tmp;
   }
   if (t->prefix == IRT_TOK_PREFIX_NORMALIZER && n > 0) {
-    if (spm)
-      memcpy(out, SPM_SPACE, 3), o = 3;
-    else
-      out[o++] = ' ';
+    if (spm) memcpy(out, SPM_SPACE, 3), o = 3;
+    else out[o++] = ' ';
   }
   if (!spm) {
     memcpy(out + o, s, n);
@@ -72,8 +70,8 @@ static bool matcher_wants(const irt_tokenizer *t, int32_t id, bool want_normaliz
 }
 
 /* Fills the entries in id order; patterns are normalized for pass 2. */
-static ir_status matcher_fill(irt_tokenizer *t, tok_matcher *m, bool want_normalized,
-                              size_t total, size_t maxlen) {
+static ir_status matcher_fill(irt_tokenizer *t, tok_matcher *m, bool want_normalized, size_t total,
+                              size_t maxlen) {
   bool nfc = want_normalized && t->nfc;
   /* tok_norm_cap allows one prefix; each of the m->n patterns may get its own */
   size_t cap = want_normalized ? tok_norm_cap(t, total, total) + 3 * (size_t)m->n : total;
@@ -87,10 +85,8 @@ static ir_status matcher_fill(irt_tokenizer *t, tok_matcher *m, bool want_normal
     if (!matcher_wants(t, id, want_normalized)) continue;
     const uint8_t *s = (const uint8_t *)t->text + t->off[id];
     size_t len = t->off[id + 1] - t->off[id] - 1;
-    if (want_normalized)
-      len = tok_normalize(t, s, len, (uint8_t *)m->pat + o, tmp, work);
-    else
-      memcpy(m->pat + o, s, len);
+    if (want_normalized) len = tok_normalize(t, s, len, (uint8_t *)m->pat + o, tmp, work);
+    else memcpy(m->pat + o, s, len);
     m->e[k++] = (tok_match_entry){o, (uint32_t)len, id, (uint8_t)m->pat[o]};
     o += (uint32_t)len;
   }
@@ -225,8 +221,8 @@ static bool enc_alloc(enc *e, const uint8_t *s, size_t len) {
     for (const uint8_t *q = s; (q = memchr(q, ' ', len - (size_t)(q - s))) != NULL; q++) spaces++;
   size_t ncap = tok_norm_cap(t, len, spaces), p = ncap + 3;
   size_t nfc_tmp = t->nfc ? 3 * len + 1 : 0, nfc_work = t->nfc ? 4 * len + 4 : 0;
-  size_t bytes = 2 * p * sizeof(uint64_t) + nfc_work * sizeof(uint32_t) +
-                 p * sizeof(tok_sym) + ncap + nfc_tmp + p + 2 * p + 16;
+  size_t bytes = 2 * p * sizeof(uint64_t) + nfc_work * sizeof(uint32_t) + p * sizeof(tok_sym) +
+                 ncap + nfc_tmp + p + 2 * p + 16;
   uint8_t *b = malloc(bytes);
   if (!b) return false;
   e->block = b;
@@ -310,9 +306,13 @@ ir_status irt_tok_encode_spans(const irt_tokenizer *t, const char *text, size_t 
   for (size_t i = 0; i < n_spans; i++)
     if (spans[i].start > spans[i].end || spans[i].end > len ||
         (i && spans[i].start < spans[i - 1].end))
-      return ir_diag_set(d, IR_INVALID_ARG, "tokenizer: encode: text spans must be sorted, "
+      return ir_diag_set(d, IR_INVALID_ARG,
+                         "tokenizer: encode: text spans must be sorted, "
                          "disjoint and inside the text");
-  enc e = {.t = t, .parse_special = parse_special, .text = spans, .n_text = n_spans,
+  enc e = {.t = t,
+           .parse_special = parse_special,
+           .text = spans,
+           .n_text = n_spans,
            .out = {ids, cap, 0}};
   if (!enc_alloc(&e, s, len)) return ir_diag_set(d, IR_OOM, "tokenizer: out of memory");
   if (add_special && t->add_bos && t->bos_id >= 0) tok_out_put(&e.out, t->bos_id);
@@ -331,8 +331,8 @@ ir_status irt_tok_encode_spans(const irt_tokenizer *t, const char *text, size_t 
 }
 
 ir_status irt_tok_encode_alloc(const irt_tokenizer *t, const char *text, size_t len,
-                               bool add_special, bool parse_special, int32_t **out,
-                               size_t *out_n, ir_diag *d) {
+                               bool add_special, bool parse_special, int32_t **out, size_t *out_n,
+                               ir_diag *d) {
   return irt_tok_encode_spans_alloc(t, text, len, add_special, parse_special, NULL, 0, out, out_n,
                                     d);
 }
@@ -348,8 +348,8 @@ ir_status irt_tok_encode_spans_alloc(const irt_tokenizer *t, const char *text, s
                      : ir_diag_set(d, IR_OOM, "out of memory");
   if (st == IR_OK && n > cap) { /* the first guess was short: size it exactly */
     int32_t *more = realloc(ids, n * sizeof *ids);
-    st = more ? irt_tok_encode_spans(t, text, len, add_special, parse_special, spans, n_spans,
-                                     more, n, &n, d)
+    st = more ? irt_tok_encode_spans(t, text, len, add_special, parse_special, spans, n_spans, more,
+                                     n, &n, d)
               : ir_diag_set(d, IR_OOM, "out of memory");
     if (more) ids = more;
   }

@@ -11,8 +11,7 @@
 #include "ir_file.h"
 #include "tok_internal.h"
 
-#define RE_GPT2 \
-  "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"
+#define RE_GPT2 "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"
 #define RE_LLAMA3_HEAD "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|"
 #define RE_LLAMA3_TAIL "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 #define RE_LLAMA3 RE_LLAMA3_HEAD "\\p{N}{1,3}" RE_LLAMA3_TAIL
@@ -23,10 +22,10 @@
 typedef struct hf_load {
   const char *path;
   irt_tok_spec spec;
-  const char **tokens;  /* (n) */
-  int32_t *types;       /* (n) */
-  uint8_t *attrs;       /* (n) */
-  char **merges;        /* (n_merges) "left right", owned */
+  const char **tokens; /* (n) */
+  int32_t *types;      /* (n) */
+  uint8_t *attrs;      /* (n) */
+  char **merges;       /* (n_merges) "left right", owned */
   int32_t n_merges;
   bool byte_level, spm, spm_replace, digits;
   const char *unk_token;
@@ -138,8 +137,10 @@ static ir_status count_tokens(const cJSON *vocab, const cJSON *added, int32_t *n
   /* the tables are sized by the largest id: ids mostly holes would cost memory the file does
    * not hold (one id of 2^24-1 in a 300-byte file: half a GB) */
   if (*n > 2 * listed + 1024)
-    return ir_diag_set(d, IR_BAD_FORMAT, "ids reach %d but only %lld tokens are listed (more "
-                       "than half of the ids would be unused)", *n - 1, (long long)listed);
+    return ir_diag_set(d, IR_BAD_FORMAT,
+                       "ids reach %d but only %lld tokens are listed (more "
+                       "than half of the ids would be unused)",
+                       *n - 1, (long long)listed);
   return IR_OK;
 }
 
@@ -261,14 +262,10 @@ static ir_status split_regex(hf_load *h, const cJSON *p, ir_diag *d) {
   if (!re) return unsupported(d, "Split pre-tokenizer with", "a non-regex pattern");
   if (jbool(p, "invert", false) || !behavior || strcmp(behavior, "Isolated") != 0)
     return unsupported(d, "Split pre-tokenizer behavior", behavior ? behavior : "(none)");
-  if (strcmp(re, RE_GPT2) == 0)
-    h->spec.pre = IRT_TOK_PRE_GPT2;
-  else if (strcmp(re, RE_LLAMA3) == 0)
-    h->spec.pre = IRT_TOK_PRE_LLAMA3;
-  else if (strcmp(re, RE_QWEN2) == 0)
-    h->spec.pre = IRT_TOK_PRE_QWEN2;
-  else
-    return unsupported(d, "pre-tokenizer regex", re);
+  if (strcmp(re, RE_GPT2) == 0) h->spec.pre = IRT_TOK_PRE_GPT2;
+  else if (strcmp(re, RE_LLAMA3) == 0) h->spec.pre = IRT_TOK_PRE_LLAMA3;
+  else if (strcmp(re, RE_QWEN2) == 0) h->spec.pre = IRT_TOK_PRE_QWEN2;
+  else return unsupported(d, "pre-tokenizer regex", re);
   return IR_OK;
 }
 
@@ -277,14 +274,10 @@ static ir_status metaspace(hf_load *h, const cJSON *p, ir_diag *d) {
   if (rep && strcmp(rep, SPM_SPACE) != 0) return unsupported(d, "Metaspace replacement", rep);
   h->spm = true;
   if (!scheme) scheme = jbool(p, "add_prefix_space", true) ? "always" : "never";
-  if (strcmp(scheme, "always") == 0)
-    h->spec.prefix = IRT_TOK_PREFIX_ALWAYS;
-  else if (strcmp(scheme, "first") == 0)
-    h->spec.prefix = IRT_TOK_PREFIX_FIRST;
-  else if (strcmp(scheme, "never") == 0)
-    h->spec.prefix = IRT_TOK_PREFIX_NONE;
-  else
-    return unsupported(d, "Metaspace prepend_scheme", scheme);
+  if (strcmp(scheme, "always") == 0) h->spec.prefix = IRT_TOK_PREFIX_ALWAYS;
+  else if (strcmp(scheme, "first") == 0) h->spec.prefix = IRT_TOK_PREFIX_FIRST;
+  else if (strcmp(scheme, "never") == 0) h->spec.prefix = IRT_TOK_PREFIX_NONE;
+  else return unsupported(d, "Metaspace prepend_scheme", scheme);
   h->spec.pre = jbool(p, "split", true) ? IRT_TOK_PRE_METASPACE : IRT_TOK_PRE_NONE;
   return IR_OK;
 }
@@ -366,12 +359,9 @@ static ir_status template_single(hf_load *h, const cJSON *p, ir_diag *d) {
     if (cJSON_GetArraySize(ids) != 1 || !valid_id(id) || id->valueint >= h->spec.n_tokens)
       return ir_diag_set(d, IR_BAD_FORMAT, "post_processor: special token '%.100s' has no id",
                          name ? name : "");
-    if (!seen_a && !h->spec.add_bos)
-      h->spec.add_bos = true, h->spec.bos_id = id->valueint;
-    else if (seen_a && !h->spec.add_eos)
-      h->spec.add_eos = true, h->spec.eos_id = id->valueint;
-    else
-      return unsupported(d, "post_processor template", "with several special tokens on a side");
+    if (!seen_a && !h->spec.add_bos) h->spec.add_bos = true, h->spec.bos_id = id->valueint;
+    else if (seen_a && !h->spec.add_eos) h->spec.add_eos = true, h->spec.eos_id = id->valueint;
+    else return unsupported(d, "post_processor template", "with several special tokens on a side");
   }
   return IR_OK;
 }
@@ -437,9 +427,9 @@ static void load_config(hf_load *h, const cJSON *cfg) {
 
 /* End-of-generation tokens as llama.cpp guesses them. */
 static void guess_eog(hf_load *h) {
-  static const char *const names[] = {"<|eot_id|>", "<|im_end|>", "<|endoftext|>",
-                                      "<|end_of_text|>", "<|end|>", "<|eom_id|>",
-                                      "<end_of_turn>", "</s>"};
+  static const char *const names[] = {"<|eot_id|>",      "<|im_end|>", "<|endoftext|>",
+                                      "<|end_of_text|>", "<|end|>",    "<|eom_id|>",
+                                      "<end_of_turn>",   "</s>"};
   for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
     int32_t id = find_token(h, names[i]);
     if (id < 0 || h->types[id] != IRT_TOK_CONTROL) continue;
@@ -453,19 +443,19 @@ static ir_status load_tokenizer(hf_load *h, const cJSON *root, const cJSON *cfg,
   const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
   const cJSON *added = cJSON_GetObjectItemCaseSensitive(root, "added_tokens");
   ir_status st = check_model(h, model, d);
-  if (st == IR_OK)
-    st = load_vocab(h, cJSON_GetObjectItemCaseSensitive(model, "vocab"), added, d);
+  if (st == IR_OK) st = load_vocab(h, cJSON_GetObjectItemCaseSensitive(model, "vocab"), added, d);
   if (st == IR_OK) st = load_merges(h, cJSON_GetObjectItemCaseSensitive(model, "merges"), d);
   if (st == IR_OK) st = load_normalizer(h, cJSON_GetObjectItemCaseSensitive(root, "normalizer"), d);
   if (st == IR_OK) st = load_pre(h, cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer"), d);
   if (st != IR_OK) return st;
   if (h->byte_level == h->spm)
-    return unsupported(d, "tokenizer", h->spm ? "mixing ByteLevel and U+2581 spaces"
-                                              : "without ByteLevel or a U+2581 normalizer "
-                                                "/ Metaspace");
+    return unsupported(d, "tokenizer",
+                       h->spm ? "mixing ByteLevel and U+2581 spaces"
+                              : "without ByteLevel or a U+2581 normalizer "
+                                "/ Metaspace");
   h->spec.model = h->byte_level ? IRT_TOK_BPE_BYTE_LEVEL : IRT_TOK_BPE_SPM;
-  h->spec.add_prefix_space = h->spec.prefix != IRT_TOK_PREFIX_NONE &&
-                             h->spec.prefix != IRT_TOK_PREFIX_DEFAULT;
+  h->spec.add_prefix_space =
+      h->spec.prefix != IRT_TOK_PREFIX_NONE && h->spec.prefix != IRT_TOK_PREFIX_DEFAULT;
   if (h->spec.prefix == IRT_TOK_PREFIX_DEFAULT) h->spec.prefix = IRT_TOK_PREFIX_NONE;
   h->spec.unk_id = find_token(h, h->unk_token);
   if (h->spec.model == IRT_TOK_BPE_SPM && h->spec.byte_fallback)

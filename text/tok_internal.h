@@ -81,7 +81,7 @@ bool tok_pre_next(tok_pre_iter *it, size_t *start, size_t *end);
 typedef struct tok_match_entry {
   uint32_t off, len; /* the pattern in tok_matcher.pat (len > 0) */
   int32_t id;
-  uint32_t lead;     /* its first byte */
+  uint32_t lead; /* its first byte */
 } tok_match_entry;
 
 typedef struct tok_matcher {
@@ -103,22 +103,22 @@ struct irt_tokenizer {
   bool byte_fallback, fuse_unk, ignore_merges, nfc, add_bos, add_eos;
   int32_t bos_id, eos_id, pad_id, unk_id;
   int32_t n_tokens;
-  char *text;           /* every token string, each NUL-terminated */
-  uint32_t *off;        /* (n_tokens + 1) offsets in text; length = off[i+1] - off[i] - 1 */
-  uint8_t *types;       /* (n_tokens) irt_tok_type */
-  uint8_t *attrs;       /* (n_tokens) IRT_TOK_ATTR_* */
-  float *scores;        /* (n_tokens) or NULL */
-  char *dec;            /* decoded bytes of every token (byte-level unmapped, SPM with ' ') */
-  uint32_t *dec_off;    /* (n_tokens + 1) offsets in dec */
-  size_t dec_max;       /* the longest decoded piece */
-  int32_t *vocab;       /* open-addressed hash of token ids by string, -1 empty */
+  char *text;        /* every token string, each NUL-terminated */
+  uint32_t *off;     /* (n_tokens + 1) offsets in text; length = off[i+1] - off[i] - 1 */
+  uint8_t *types;    /* (n_tokens) irt_tok_type */
+  uint8_t *attrs;    /* (n_tokens) IRT_TOK_ATTR_* */
+  float *scores;     /* (n_tokens) or NULL */
+  char *dec;         /* decoded bytes of every token (byte-level unmapped, SPM with ' ') */
+  uint32_t *dec_off; /* (n_tokens + 1) offsets in dec */
+  size_t dec_max;    /* the longest decoded piece */
+  int32_t *vocab;    /* open-addressed hash of token ids by string, -1 empty */
   uint32_t vocab_mask;
   int32_t n_merges;
   int32_t *merges;      /* (2 * n_merges) left, right ids by rank */
   tok_merge_slot *mtab; /* (mtab_mask + 1) */
   uint64_t mtab_mask;
-  int32_t byte_id[256]; /* byte-level: id of the char of byte b; SPM: id of <0xXX>; or -1 */
-  uint32_t byte_cp[256]; /* GPT-2 byte-to-unicode alphabet */
+  int32_t byte_id[256];   /* byte-level: id of the char of byte b; SPM: id of <0xXX>; or -1 */
+  uint32_t byte_cp[256];  /* GPT-2 byte-to-unicode alphabet */
   tok_matcher match_raw;  /* added tokens without NORMALIZED (pass 1) */
   tok_matcher match_norm; /* added tokens with NORMALIZED (pass 2) */
   int32_t *eos_ids;
@@ -176,7 +176,7 @@ static inline void tok_out_put(tok_out *o, int32_t id) {
 typedef struct tok_sym {
   int32_t id; /* -1 once merged into its left neighbour */
   int32_t prev, next;
-  int32_t rank;  /* rank of the merge of this symbol with the next, INT32_MAX if none */
+  int32_t rank;   /* rank of the merge of this symbol with the next, INT32_MAX if none */
   int32_t merged; /* the id that merge gives */
 } tok_sym;
 
@@ -199,8 +199,8 @@ void tok_bpe_word(const irt_tokenizer *t, tok_bpe_scratch *sc, const uint8_t *w,
  * the NORMALIZER prefix) into out, which has room for tok_norm_cap(t, n, spaces) bytes
  * (spaces: how many U+0020 s holds, or n); tmp (3n bytes) and work (4n + 4) are used only
  * with t->nfc. Returns the length. */
-size_t tok_normalize(const irt_tokenizer *t, const uint8_t *s, size_t n, uint8_t *out,
-                     uint8_t *tmp, uint32_t *work);
+size_t tok_normalize(const irt_tokenizer *t, const uint8_t *s, size_t n, uint8_t *out, uint8_t *tmp,
+                     uint32_t *work);
 size_t tok_norm_cap(const irt_tokenizer *t, size_t n, size_t spaces);
 
 /* Builds an added-token matcher over the tokens selected by want_normalized (tok_vocab.c). */

@@ -79,8 +79,10 @@ static ir_status check_message(const Infc__Tok__Tokenizer *m, ir_diag *d) {
   uint64_t sum = 0;
   for (size_t i = 0; i < n; i++) sum += m->token_len[i];
   if (sum != m->token_text.len)
-    return ir_diag_set(d, IR_BAD_FORMAT, "tokenizer message: token lengths add up to %llu, text "
-                       "holds %zu bytes", (unsigned long long)sum, m->token_text.len);
+    return ir_diag_set(d, IR_BAD_FORMAT,
+                       "tokenizer message: token lengths add up to %llu, text "
+                       "holds %zu bytes",
+                       (unsigned long long)sum, m->token_text.len);
   if (m->token_text.len && memchr(m->token_text.data, 0, m->token_text.len))
     return ir_diag_set(d, IR_BAD_FORMAT, "tokenizer message: NUL byte in a token");
   if (m->token_type.len != n)
@@ -91,19 +93,23 @@ static ir_status check_message(const Infc__Tok__Tokenizer *m, ir_diag *d) {
                        m->token_attr.len, n);
   for (size_t i = 0; i < m->token_attr.len; i++)
     if (m->token_attr.data[i] & ~0x0F)
-      return ir_diag_set(d, IR_BAD_FORMAT, "tokenizer message: token %zu has unknown "
-                         "attributes", i);
+      return ir_diag_set(d, IR_BAD_FORMAT,
+                         "tokenizer message: token %zu has unknown "
+                         "attributes",
+                         i);
   if (m->n_score != 0 && m->n_score != n)
-    return ir_diag_set(d, IR_BAD_FORMAT, "tokenizer message: %zu scores for %zu tokens",
-                       m->n_score, n);
+    return ir_diag_set(d, IR_BAD_FORMAT, "tokenizer message: %zu scores for %zu tokens", m->n_score,
+                       n);
   if (m->n_merge % 2 || m->n_merge / 2 > (1u << 24))
     return ir_diag_set(d, IR_BAD_FORMAT, "tokenizer message: bad merge count %zu", m->n_merge);
   if (m->n_eos_ids > n)
     return ir_diag_set(d, IR_BAD_FORMAT, "tokenizer message: bad eos_ids count %zu", m->n_eos_ids);
   if (m->model < 1 || m->model > 2 || m->pre > IRT_TOK_PRE_METASPACE ||
       m->prefix > IRT_TOK_PREFIX_NONE)
-    return ir_diag_set(d, IR_BAD_FORMAT, "tokenizer message: unknown model %u, pre-tokenizer %u "
-                       "or prefix mode %u", m->model, m->pre, m->prefix);
+    return ir_diag_set(d, IR_BAD_FORMAT,
+                       "tokenizer message: unknown model %u, pre-tokenizer %u "
+                       "or prefix mode %u",
+                       m->model, m->pre, m->prefix);
   return IR_OK;
 }
 

@@ -6,20 +6,22 @@
 
 static const uint8_t ascii_flags[128] = {
     ['\t'] = TOK_UC_WS, ['\n'] = TOK_UC_WS, [0x0B] = TOK_UC_WS, [0x0C] = TOK_UC_WS,
-    ['\r'] = TOK_UC_WS, [' '] = TOK_UC_WS,
-    ['0'] = TOK_UC_N, ['1'] = TOK_UC_N, ['2'] = TOK_UC_N, ['3'] = TOK_UC_N, ['4'] = TOK_UC_N,
-    ['5'] = TOK_UC_N, ['6'] = TOK_UC_N, ['7'] = TOK_UC_N, ['8'] = TOK_UC_N, ['9'] = TOK_UC_N,
-    ['A'] = TOK_UC_L, ['B'] = TOK_UC_L, ['C'] = TOK_UC_L, ['D'] = TOK_UC_L, ['E'] = TOK_UC_L,
-    ['F'] = TOK_UC_L, ['G'] = TOK_UC_L, ['H'] = TOK_UC_L, ['I'] = TOK_UC_L, ['J'] = TOK_UC_L,
-    ['K'] = TOK_UC_L, ['L'] = TOK_UC_L, ['M'] = TOK_UC_L, ['N'] = TOK_UC_L, ['O'] = TOK_UC_L,
-    ['P'] = TOK_UC_L, ['Q'] = TOK_UC_L, ['R'] = TOK_UC_L, ['S'] = TOK_UC_L, ['T'] = TOK_UC_L,
-    ['U'] = TOK_UC_L, ['V'] = TOK_UC_L, ['W'] = TOK_UC_L, ['X'] = TOK_UC_L, ['Y'] = TOK_UC_L,
-    ['Z'] = TOK_UC_L, ['a'] = TOK_UC_L, ['b'] = TOK_UC_L, ['c'] = TOK_UC_L, ['d'] = TOK_UC_L,
-    ['e'] = TOK_UC_L, ['f'] = TOK_UC_L, ['g'] = TOK_UC_L, ['h'] = TOK_UC_L, ['i'] = TOK_UC_L,
-    ['j'] = TOK_UC_L, ['k'] = TOK_UC_L, ['l'] = TOK_UC_L, ['m'] = TOK_UC_L, ['n'] = TOK_UC_L,
-    ['o'] = TOK_UC_L, ['p'] = TOK_UC_L, ['q'] = TOK_UC_L, ['r'] = TOK_UC_L, ['s'] = TOK_UC_L,
-    ['t'] = TOK_UC_L, ['u'] = TOK_UC_L, ['v'] = TOK_UC_L, ['w'] = TOK_UC_L, ['x'] = TOK_UC_L,
-    ['y'] = TOK_UC_L, ['z'] = TOK_UC_L,
+    ['\r'] = TOK_UC_WS, [' '] = TOK_UC_WS,  ['0'] = TOK_UC_N,   ['1'] = TOK_UC_N,
+    ['2'] = TOK_UC_N,   ['3'] = TOK_UC_N,   ['4'] = TOK_UC_N,   ['5'] = TOK_UC_N,
+    ['6'] = TOK_UC_N,   ['7'] = TOK_UC_N,   ['8'] = TOK_UC_N,   ['9'] = TOK_UC_N,
+    ['A'] = TOK_UC_L,   ['B'] = TOK_UC_L,   ['C'] = TOK_UC_L,   ['D'] = TOK_UC_L,
+    ['E'] = TOK_UC_L,   ['F'] = TOK_UC_L,   ['G'] = TOK_UC_L,   ['H'] = TOK_UC_L,
+    ['I'] = TOK_UC_L,   ['J'] = TOK_UC_L,   ['K'] = TOK_UC_L,   ['L'] = TOK_UC_L,
+    ['M'] = TOK_UC_L,   ['N'] = TOK_UC_L,   ['O'] = TOK_UC_L,   ['P'] = TOK_UC_L,
+    ['Q'] = TOK_UC_L,   ['R'] = TOK_UC_L,   ['S'] = TOK_UC_L,   ['T'] = TOK_UC_L,
+    ['U'] = TOK_UC_L,   ['V'] = TOK_UC_L,   ['W'] = TOK_UC_L,   ['X'] = TOK_UC_L,
+    ['Y'] = TOK_UC_L,   ['Z'] = TOK_UC_L,   ['a'] = TOK_UC_L,   ['b'] = TOK_UC_L,
+    ['c'] = TOK_UC_L,   ['d'] = TOK_UC_L,   ['e'] = TOK_UC_L,   ['f'] = TOK_UC_L,
+    ['g'] = TOK_UC_L,   ['h'] = TOK_UC_L,   ['i'] = TOK_UC_L,   ['j'] = TOK_UC_L,
+    ['k'] = TOK_UC_L,   ['l'] = TOK_UC_L,   ['m'] = TOK_UC_L,   ['n'] = TOK_UC_L,
+    ['o'] = TOK_UC_L,   ['p'] = TOK_UC_L,   ['q'] = TOK_UC_L,   ['r'] = TOK_UC_L,
+    ['s'] = TOK_UC_L,   ['t'] = TOK_UC_L,   ['u'] = TOK_UC_L,   ['v'] = TOK_UC_L,
+    ['w'] = TOK_UC_L,   ['x'] = TOK_UC_L,   ['y'] = TOK_UC_L,   ['z'] = TOK_UC_L,
 };
 
 /* The range holding cp, or NULL. */
@@ -27,12 +29,9 @@ static const tok_uc_range *range_find(const tok_uc_range *r, size_t n, uint32_t 
   size_t lo = 0, hi = n;
   while (lo < hi) {
     size_t mid = lo + (hi - lo) / 2;
-    if (cp < r[mid].lo)
-      hi = mid;
-    else if (cp > r[mid].hi)
-      lo = mid + 1;
-    else
-      return &r[mid];
+    if (cp < r[mid].lo) hi = mid;
+    else if (cp > r[mid].hi) lo = mid + 1;
+    else return &r[mid];
   }
   return NULL;
 }
@@ -96,8 +95,8 @@ uint32_t tok_utf8_get(const uint8_t *s, size_t n, size_t *len) {
     return (uint32_t)(b & 0x0F) << 12 | (uint32_t)(s[1] & 0x3F) << 6 | (s[2] & 0x3F);
   }
   *len = 4;
-  return (uint32_t)(b & 0x07) << 18 | (uint32_t)(s[1] & 0x3F) << 12 |
-         (uint32_t)(s[2] & 0x3F) << 6 | (s[3] & 0x3F);
+  return (uint32_t)(b & 0x07) << 18 | (uint32_t)(s[1] & 0x3F) << 12 | (uint32_t)(s[2] & 0x3F) << 6 |
+         (s[3] & 0x3F);
 }
 
 size_t tok_utf8_put(uint32_t cp, uint8_t *o) {
@@ -126,8 +125,14 @@ size_t tok_utf8_put(uint32_t cp, uint8_t *o) {
 /* ---- NFC ----------------------------------------------------------------------------- */
 
 enum {
-  HANGUL_S0 = 0xAC00, HANGUL_L0 = 0x1100, HANGUL_V0 = 0x1161, HANGUL_T0 = 0x11A7,
-  HANGUL_LN = 19, HANGUL_VN = 21, HANGUL_TN = 28, HANGUL_NN = HANGUL_VN * HANGUL_TN,
+  HANGUL_S0 = 0xAC00,
+  HANGUL_L0 = 0x1100,
+  HANGUL_V0 = 0x1161,
+  HANGUL_T0 = 0x11A7,
+  HANGUL_LN = 19,
+  HANGUL_VN = 21,
+  HANGUL_TN = 28,
+  HANGUL_NN = HANGUL_VN * HANGUL_TN,
   HANGUL_SN = HANGUL_LN * HANGUL_NN,
 };
 
@@ -167,10 +172,8 @@ static size_t decompose(uint32_t cp, uint32_t *w) {
     size_t lo = 0, hi = tok_uc_decomps_n;
     while (lo < hi) {
       size_t mid = lo + (hi - lo) / 2;
-      if (tok_uc_decomps[mid].cp < cp)
-        lo = mid + 1;
-      else
-        hi = mid;
+      if (tok_uc_decomps[mid].cp < cp) lo = mid + 1;
+      else hi = mid;
     }
     if (lo < tok_uc_decomps_n && tok_uc_decomps[lo].cp == cp) {
       const tok_uc_decomp *e = &tok_uc_decomps[lo];
@@ -193,10 +196,8 @@ static uint32_t compose(uint32_t a, uint32_t b) {
   while (lo < hi) {
     size_t mid = lo + (hi - lo) / 2;
     const tok_uc_comp *c = &tok_uc_comps[mid];
-    if (c->first < a || (c->first == a && c->second < b))
-      lo = mid + 1;
-    else
-      hi = mid;
+    if (c->first < a || (c->first == a && c->second < b)) lo = mid + 1;
+    else hi = mid;
   }
   if (lo < tok_uc_comps_n && tok_uc_comps[lo].first == a && tok_uc_comps[lo].second == b)
     return tok_uc_comps[lo].comp;

@@ -188,14 +188,18 @@ static ir_status build_merges(irt_tokenizer *t, int32_t n, const char *const *st
         break;
       }
     } else if (!strs[r] || !merge_split(t, strs[r], &a, &b)) {
-      st = ir_diag_set(d, IR_INVALID_ARG, "tokenizer: merge %d '%.200s': not two tokens of the "
-                       "vocabulary", (int)r, strs[r] ? strs[r] : "(null)");
+      st = ir_diag_set(d, IR_INVALID_ARG,
+                       "tokenizer: merge %d '%.200s': not two tokens of the "
+                       "vocabulary",
+                       (int)r, strs[r] ? strs[r] : "(null)");
       break;
     }
     int32_t id = merge_result(t, a, b, tmp);
     if (id < 0)
-      st = ir_diag_set(d, IR_INVALID_ARG, "tokenizer: merge %d '%.100s' '%.100s': the result is "
-                       "not in the vocabulary", (int)r, t->text + t->off[a], t->text + t->off[b]);
+      st = ir_diag_set(d, IR_INVALID_ARG,
+                       "tokenizer: merge %d '%.100s' '%.100s': the result is "
+                       "not in the vocabulary",
+                       (int)r, t->text + t->off[a], t->text + t->off[b]);
     t->merges[2 * r] = a;
     t->merges[2 * r + 1] = b;
     mtab_insert(t, a, b, r, id);
@@ -277,10 +281,8 @@ static void build_byte_ids(irt_tokenizer *t) {
   for (int b = 0; b < 256; b++) {
     char buf[8];
     size_t n;
-    if (t->model == IRT_TOK_BPE_BYTE_LEVEL)
-      n = tok_utf8_put(t->byte_cp[b], (uint8_t *)buf);
-    else
-      n = (size_t)snprintf(buf, sizeof buf, "<0x%02X>", b);
+    if (t->model == IRT_TOK_BPE_BYTE_LEVEL) n = tok_utf8_put(t->byte_cp[b], (uint8_t *)buf);
+    else n = (size_t)snprintf(buf, sizeof buf, "<0x%02X>", b);
     t->byte_id[b] = tok_vocab_find(t, buf, n);
   }
 }
@@ -291,8 +293,10 @@ static int spm_byte_value(const char *s, size_t n) {
   int v = 0;
   for (int i = 3; i < 5; i++) {
     char c = s[i];
-    int x = c >= '0' && c <= '9' ? c - '0' : c >= 'A' && c <= 'F' ? c - 'A' + 10
-          : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+    int x = c >= '0' && c <= '9'   ? c - '0'
+            : c >= 'A' && c <= 'F' ? c - 'A' + 10
+            : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                                   : -1;
     if (x < 0) return -1;
     v = v * 16 + x;
   }

@@ -24,11 +24,13 @@ typedef enum irt_tok_model {
 /* Pre-tokenizer split rules (values stored in plans: append only). Each is a hand-written
  * matcher equal to HF tokenizers' regex split (Isolated) with these patterns. */
 typedef enum irt_tok_pre {
-  IRT_TOK_PRE_NONE = 0,   /* SentencePiece-style: no split */
-  IRT_TOK_PRE_GPT2 = 1,   /* 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+ */
-  IRT_TOK_PRE_LLAMA3 = 2, /* (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+ */
-  IRT_TOK_PRE_QWEN2 = 3,  /* as LLAMA3 but \p{N} one digit at a time */
-  IRT_TOK_PRE_SMOLLM = 4, /* each \p{N} alone (HF Digits individual_digits), then GPT2 */
+  IRT_TOK_PRE_NONE = 0, /* SentencePiece-style: no split */
+  IRT_TOK_PRE_GPT2 =
+      1, /* 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+ */
+  IRT_TOK_PRE_LLAMA3 =
+      2, /* (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+ */
+  IRT_TOK_PRE_QWEN2 = 3,     /* as LLAMA3 but \p{N} one digit at a time */
+  IRT_TOK_PRE_SMOLLM = 4,    /* each \p{N} alone (HF Digits individual_digits), then GPT2 */
   IRT_TOK_PRE_METASPACE = 5, /* SentencePiece-style, split before every U+2581 (HF Metaspace
                               * split=true: the U+2581 starts the next word) */
 } irt_tok_pre;
@@ -49,12 +51,13 @@ typedef enum irt_tok_prefix {
 } irt_tok_prefix;
 
 typedef enum irt_tok_type { /* per token, as GGUF token_type */
-  IRT_TOK_NORMAL = 1,
-  IRT_TOK_UNKNOWN = 2,
-  IRT_TOK_CONTROL = 3,      /* special: <s>, <|im_end|>, ... matched in text only if asked */
-  IRT_TOK_USER_DEFINED = 4, /* added tokens matched verbatim in text */
-  IRT_TOK_UNUSED = 5,
-  IRT_TOK_BYTE = 6,         /* <0xAB> byte-fallback pieces */
+                            IRT_TOK_NORMAL = 1,
+                            IRT_TOK_UNKNOWN = 2,
+                            IRT_TOK_CONTROL =
+                                3, /* special: <s>, <|im_end|>, ... matched in text only if asked */
+                            IRT_TOK_USER_DEFINED = 4, /* added tokens matched verbatim in text */
+                            IRT_TOK_UNUSED = 5,
+                            IRT_TOK_BYTE = 6, /* <0xAB> byte-fallback pieces */
 } irt_tok_type;
 
 /* Per-token flags for added tokens (HF AddedToken), all zero for GGUF vocabularies. */
@@ -75,28 +78,28 @@ typedef struct irt_tok_spec {
   irt_tok_model model;
   irt_tok_pre pre;
   int32_t n_tokens;
-  const char *const *tokens;     /* (n_tokens) vocabulary strings as stored (UTF-8); byte-level
+  const char *const *tokens;  /* (n_tokens) vocabulary strings as stored (UTF-8); byte-level
                                   * tokens use the GPT-2 byte-to-unicode alphabet */
-  const int32_t *token_types;    /* (n_tokens) irt_tok_type, or NULL: all NORMAL */
-  const uint8_t *token_attrs;    /* (n_tokens) IRT_TOK_ATTR_* bits, or NULL: none */
-  const float *scores;           /* (n_tokens) or NULL; SPM with scores and no merges (GGUF
+  const int32_t *token_types; /* (n_tokens) irt_tok_type, or NULL: all NORMAL */
+  const uint8_t *token_attrs; /* (n_tokens) IRT_TOK_ATTR_* bits, or NULL: none */
+  const float *scores;        /* (n_tokens) or NULL; SPM with scores and no merges (GGUF
                                   * "llama"): every split of a token into two tokens is a
                                   * merge, ranked by the token's score, highest first */
   int32_t n_merges;
-  const char *const *merges;     /* (n_merges) "left right" in rank order, or NULL when
+  const char *const *merges; /* (n_merges) "left right" in rank order, or NULL when
                                   * merge_ids is given. A later duplicate overrides (as HF) */
-  const int32_t *merge_ids;      /* (2 * n_merges) left, right token ids in rank order, or NULL */
-  bool byte_fallback;            /* SPM: unknown bytes become <0xXX> tokens */
-  bool fuse_unk;                 /* consecutive unknown characters give one unk_id */
-  bool ignore_merges;            /* a word that is itself a token is not merged (Llama 3) */
-  bool nfc;                      /* NFC-normalize text runs first (HF normalizer NFC, Qwen2) */
-  bool add_prefix_space;         /* SPM: prepend U+2581; byte-level: prepend ' ' */
-  irt_tok_prefix prefix;         /* where the prefix goes; DEFAULT is right for GGUF */
+  const int32_t *merge_ids;  /* (2 * n_merges) left, right token ids in rank order, or NULL */
+  bool byte_fallback;        /* SPM: unknown bytes become <0xXX> tokens */
+  bool fuse_unk;             /* consecutive unknown characters give one unk_id */
+  bool ignore_merges;        /* a word that is itself a token is not merged (Llama 3) */
+  bool nfc;                  /* NFC-normalize text runs first (HF normalizer NFC, Qwen2) */
+  bool add_prefix_space;     /* SPM: prepend U+2581; byte-level: prepend ' ' */
+  irt_tok_prefix prefix;     /* where the prefix goes; DEFAULT is right for GGUF */
   bool add_bos, add_eos;
   int32_t bos_id, eos_id, pad_id, unk_id; /* -1 if none */
-  const int32_t *eos_ids;        /* extra end-of-generation ids (e.g. <|im_end|>), or NULL */
+  const int32_t *eos_ids; /* extra end-of-generation ids (e.g. <|im_end|>), or NULL */
   int32_t n_eos_ids;
-  const char *chat_template;     /* the Jinja source, or NULL */
+  const char *chat_template; /* the Jinja source, or NULL */
 } irt_tok_spec;
 
 typedef struct irt_tokenizer irt_tokenizer;
@@ -142,8 +145,7 @@ typedef struct irt_tok_span {
  * added tokens match everywhere, as always. */
 ir_status irt_tok_encode_spans(const irt_tokenizer *t, const char *text, size_t len,
                                bool add_special, bool parse_special, const irt_tok_span *spans,
-                               size_t n_spans, int32_t *ids, size_t cap, size_t *out_n,
-                               ir_diag *d);
+                               size_t n_spans, int32_t *ids, size_t cap, size_t *out_n, ir_diag *d);
 ir_status irt_tok_encode_spans_alloc(const irt_tokenizer *t, const char *text, size_t len,
                                      bool add_special, bool parse_special,
                                      const irt_tok_span *spans, size_t n_spans, int32_t **out,
@@ -152,8 +154,8 @@ ir_status irt_tok_encode_spans_alloc(const irt_tokenizer *t, const char *text, s
  * ids than the text has bytes (byte fallback of every space, a prefix on each piece), so a
  * buffer sized by the text is only a first guess: this sizes it exactly. */
 ir_status irt_tok_encode_alloc(const irt_tokenizer *t, const char *text, size_t len,
-                               bool add_special, bool parse_special, int32_t **out,
-                               size_t *out_n, ir_diag *d);
+                               bool add_special, bool parse_special, int32_t **out, size_t *out_n,
+                               ir_diag *d);
 
 /* Ids to text. skip_special drops special (CONTROL, UNKNOWN) tokens; added tokens come out
  * verbatim; SPM: U+2581 becomes ' ', <0xXX> pieces become bytes and the leading space of

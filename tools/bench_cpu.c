@@ -87,8 +87,11 @@ static int run_membw(int threads, int64_t mib, int repeats) {
   pthread_barrier_init(&bar, NULL, (unsigned)threads);
   double best = 1e30;
   for (int t = 0; t < threads; t++)
-    job[t] = (bw_job){.p = buf + per / 8 * (size_t)t, .n = per / 8, .bar = &bar,
-                      .passes = repeats + 1, .best_ms = t == 0 ? &best : NULL};
+    job[t] = (bw_job){.p = buf + per / 8 * (size_t)t,
+                      .n = per / 8,
+                      .bar = &bar,
+                      .passes = repeats + 1,
+                      .best_ms = t == 0 ? &best : NULL};
   for (int t = 1; t < threads; t++) pthread_create(&tid[t], NULL, bw_thread, &job[t]);
   bw_thread(&job[0]);
   uint64_t sum = job[0].sum;
@@ -145,10 +148,12 @@ __attribute__((target("amx-tile,amx-int8"))) static float pk_i8_amx(long n) {
   static const int8_t ab[16 * 64] = {3};
   int32_t c[16 * 16];
   __asm__ volatile("ldtilecfg %0" ::"m"(cfg));
-  __asm__ volatile("tileloadd (%0,%1,1), %%tmm4\n\ttileloadd (%0,%1,1), %%tmm5\n\t"
-                   "tileloadd (%0,%1,1), %%tmm6\n\ttileloadd (%0,%1,1), %%tmm7\n\t"
-                   "tilezero %%tmm0\n\ttilezero %%tmm1\n\ttilezero %%tmm2\n\ttilezero %%tmm3"
-                   ::"r"(ab), "r"((int64_t)64) : "memory");
+  __asm__ volatile(
+      "tileloadd (%0,%1,1), %%tmm4\n\ttileloadd (%0,%1,1), %%tmm5\n\t"
+      "tileloadd (%0,%1,1), %%tmm6\n\ttileloadd (%0,%1,1), %%tmm7\n\t"
+      "tilezero %%tmm0\n\ttilezero %%tmm1\n\ttilezero %%tmm2\n\ttilezero %%tmm3" ::"r"(ab),
+      "r"((int64_t)64)
+      : "memory");
   for (long k = 0; k < n; k++)
     __asm__ volatile("tdpbssd %tmm6, %tmm4, %tmm0\n\ttdpbssd %tmm7, %tmm4, %tmm1\n\t"
                      "tdpbssd %tmm6, %tmm5, %tmm2\n\ttdpbssd %tmm7, %tmm5, %tmm3");
@@ -246,7 +251,10 @@ static int run_peak(int threads, int repeats) {
   printf("{\"threads\": %d, \"f32\": \"%s\", \"int8\": \"%s\", \"f32_gflops\": %.1f, "
          "\"int8_gops\": %.1f, \"int8_vector_gops\": %.1f}\n",
          threads, wide ? "avx512 fma" : "avx2 fma",
-         amx ? "amx-int8" : vnni ? "avx512 vnni" : "avx2 maddubs", f / 1e9, t / 1e9, q / 1e9);
+         amx    ? "amx-int8"
+         : vnni ? "avx512 vnni"
+                : "avx2 maddubs",
+         f / 1e9, t / 1e9, q / 1e9);
   return 0;
 #else
   (void)threads, (void)repeats;
@@ -347,8 +355,7 @@ static irt_status bench_batch(irt_model *m, const bench_opts *o, float *lg, int3
   return st;
 }
 
-static irt_status bench_open(const bench_opts *o, irt_model **m, bench_result *r,
-                             irt_error *err) {
+static irt_status bench_open(const bench_opts *o, irt_model **m, bench_result *r, irt_error *err) {
   irt_model_opts mo = irt_model_opts_default();
   mo.n_threads = o->threads;
   mo.kv_tokens = o->kv_tokens;
@@ -434,7 +441,8 @@ static int run_attn(int threads, int64_t ctx, int64_t batch, int64_t n_heads, in
   float *kn = malloc((size_t)(batch * n_kv * hd) * sizeof(float));
   float *vn = malloc((size_t)(batch * n_kv * hd) * sizeof(float));
   float *out = malloc((size_t)(batch * n_heads * hd) * sizeof(float));
-  int32_t *seq = malloc((size_t)batch * sizeof(int32_t)), *pos = malloc((size_t)batch * sizeof(int32_t));
+  int32_t *seq = malloc((size_t)batch * sizeof(int32_t)),
+          *pos = malloc((size_t)batch * sizeof(int32_t));
   int32_t *tables = malloc((size_t)nb * sizeof(int32_t));
   kn_pool *pool = kn_pool_create(threads);
   if (!kbuf || !vbuf || !ks || !vs || !q || !kn || !vn || !out || !seq || !pos || !tables || !pool)
@@ -458,8 +466,11 @@ static int run_attn(int threads, int64_t ctx, int64_t batch, int64_t n_heads, in
   if (dtype == IRT_KV_DTYPE_INT8) kv.k8 = kbuf, kv.v8 = vbuf, kv.k_scale = ks, kv.v_scale = vs;
   else if (dtype == IRT_KV_DTYPE_F16) kv.k16 = kbuf, kv.v16 = vbuf;
   else kv.k = kbuf, kv.v = vbuf;
-  kn_attn_batch b = {.n_tok = batch, .tok_seq = seq, .tok_pos = pos,
-                     .max_blocks_per_seq = per_seq, .block_tables = tables};
+  kn_attn_batch b = {.n_tok = batch,
+                     .tok_seq = seq,
+                     .tok_pos = pos,
+                     .max_blocks_per_seq = per_seq,
+                     .block_tables = tables};
   double best = 1e30;
   enum { COLD_BYTES = 64 << 20, COLD_CALLS = 16 };
   unsigned char *evict = cold ? calloc(COLD_BYTES, 1) : NULL;
@@ -487,14 +498,14 @@ static int run_attn(int threads, int64_t ctx, int64_t batch, int64_t n_heads, in
     double ms = (now_ms() - t0) / calls;
     if (ms < best) best = ms;
   }
-  double bytes = (double)batch * (double)ctx * (double)(n_kv * hd) * 2.0 *
-                 (double)es + (dtype == IRT_KV_DTYPE_INT8 ? (double)(batch * ctx * n_kv) * 8.0 : 0.0);
+  double bytes = (double)batch * (double)ctx * (double)(n_kv * hd) * 2.0 * (double)es +
+                 (dtype == IRT_KV_DTYPE_INT8 ? (double)(batch * ctx * n_kv) * 8.0 : 0.0);
   printf("{\"threads\": %d, \"ctx\": %lld, \"batch\": %lld, \"heads\": %lld, \"kv_heads\": %lld, "
          "\"head_dim\": %lld, \"kv_dtype\": \"%s\", \"cold\": %s, \"us\": %.1f, \"kv_gbps\": %.2f, "
          "\"checksum\": %.6g}\n",
          threads, (long long)ctx, (long long)batch, (long long)n_heads, (long long)n_kv,
-         (long long)hd, irt_kv_dtype_name(dtype), cold ? "true" : "false", best * 1e3, bytes / (best * 1e-3) / 1e9,
-         (double)out[0] + (double)out[batch * n_heads * hd - 1]);
+         (long long)hd, irt_kv_dtype_name(dtype), cold ? "true" : "false", best * 1e3,
+         bytes / (best * 1e-3) / 1e9, (double)out[0] + (double)out[batch * n_heads * hd - 1]);
   kn_pool_destroy(pool);
   free(kbuf), free(vbuf), free(ks), free(vs), free(q), free(kn), free(vn), free(out);
   free(seq), free(pos), free(tables);
@@ -502,19 +513,20 @@ static int run_attn(int threads, int64_t ctx, int64_t batch, int64_t n_heads, in
 }
 
 static int usage(void) {
-  return fail("usage: bench_cpu membw [--threads N] [--mib M] [--repeats R]\n"
-              "       bench_cpu peak [--threads N] [--repeats R]\n"
-              "       bench_cpu attn [--threads N] [--ctx 4096] [--batch 1] [--heads 9]\n"
-              "                 [--kv-heads 3] [--head-dim 64] [--kv-dtype f16] [--repeats R] [--cold]\n"
-              "       bench_cpu model model.plan [--threads N] [--prompt 512] [--decode 128]\n"
-              "                 [--batch 16] [--batch-steps 32] [--repeats R] [--kv-tokens K]\n"
-              "                 [--kv-dtype f32|f16|int8] [--max-isa 0|1|2|3]");
+  return fail(
+      "usage: bench_cpu membw [--threads N] [--mib M] [--repeats R]\n"
+      "       bench_cpu peak [--threads N] [--repeats R]\n"
+      "       bench_cpu attn [--threads N] [--ctx 4096] [--batch 1] [--heads 9]\n"
+      "                 [--kv-heads 3] [--head-dim 64] [--kv-dtype f16] [--repeats R] [--cold]\n"
+      "       bench_cpu model model.plan [--threads N] [--prompt 512] [--decode 128]\n"
+      "                 [--batch 16] [--batch-steps 32] [--repeats R] [--kv-tokens K]\n"
+      "                 [--kv-dtype f32|f16|int8] [--max-isa 0|1|2|3]");
 }
 
 int main(int argc, char **argv) {
   if (argc < 2) return usage();
-  bench_opts o = {.threads = 0, .repeats = 3, .prompt = 512, .decode = 128, .batch = 16,
-                  .batch_steps = 32};
+  bench_opts o = {
+      .threads = 0, .repeats = 3, .prompt = 512, .decode = 128, .batch = 16, .batch_steps = 32};
   int64_t mib = 1024, ctx = 4096, heads = 9, kv_heads = 3, head_dim = 64;
   bool membw = !strcmp(argv[1], "membw"), attn = !strcmp(argv[1], "attn"), cold = false;
   bool peak = !strcmp(argv[1], "peak");
@@ -540,13 +552,12 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--kv-dtype") && v && irt_kv_dtype_parse(v, &o.kv_dtype)) i++;
     else if (!strcmp(a, "--max-isa") && v) { /* 0 portable, 1 AVX2, 2 AVX-512, 3 + AMX */
       kn_matmul_set_max_isa(atoi(v)), kn_matmul_wq_set_max_isa(atoi(v)), i++;
-    }
-    else if (a[0] != '-' && !o.plan && !membw && !attn && !peak) o.plan = a;
+    } else if (a[0] != '-' && !o.plan && !membw && !attn && !peak) o.plan = a;
     else return usage();
   }
   if (o.threads <= 0) o.threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
-  if (o.repeats < 1 || o.prompt < 1 || o.decode < 0 || o.batch < 0 || o.batch > 256 ||
-      mib < 1 || o.threads > 256)
+  if (o.repeats < 1 || o.prompt < 1 || o.decode < 0 || o.batch < 0 || o.batch > 256 || mib < 1 ||
+      o.threads > 256)
     return usage();
   if (membw) return run_membw(o.threads, mib, o.repeats);
   if (peak) return run_peak(o.threads, o.repeats);

@@ -70,7 +70,8 @@ int main(int argc, char **argv) {
     iters++;
   }
   printf("{\"bytes\": %zu, \"tokens\": %zu, \"iters\": %d, \"best_s\": %.6f, \"mb_per_s\": %.2f, "
-         "\"load_ms\": %.1f}\n", len, n, iters, best, (double)len / best / 1e6, load_s * 1e3);
+         "\"load_ms\": %.1f}\n",
+         len, n, iters, best, (double)len / best / 1e6, load_s * 1e3);
   free(ids);
   free(text);
   irt_tok_destroy(t);

@@ -56,10 +56,8 @@ static ir_status cuda_supported(const ir_graph *g, ir_diag *d) {
     case IR_OP_MATMUL: {
       ir_dtype wt = g->tensors[n->in[1]].dtype;
       int64_t act = ir_node_attr_i(n, "act", IR_ACT_NONE);
-      if (act != IR_ACT_NONE && act != IR_ACT_SWIGLU)
-        why = "the fused epilogue has no GPU kernel";
-      else if (wt == IR_I8 || wt == IR_I4)
-        why = wq_refusal(g, n);
+      if (act != IR_ACT_NONE && act != IR_ACT_SWIGLU) why = "the fused epilogue has no GPU kernel";
+      else if (wt == IR_I8 || wt == IR_I4) why = wq_refusal(g, n);
       else if (n->n_in > 3)
         why = "separate quantization parameters on float weights have no GPU kernel";
       break;
@@ -71,8 +69,14 @@ static ir_status cuda_supported(const ir_graph *g, ir_diag *d) {
                ir_node_attr_i(n, "n_heads", 0) + ir_node_attr_i(n, "n_kv_heads", 0) > 256)
         why = "the q/k norm kernel takes at most 256 q + kv heads (kv_write.cu)";
       break;
-    case IR_OP_EMBED: case IR_OP_RMS_NORM: case IR_OP_ADD_RMS_NORM: case IR_OP_ROPE:
-    case IR_OP_SWIGLU: case IR_OP_ADD: case IR_OP_GATHER_ROWS: case IR_OP_SOFTCAP: break;
+    case IR_OP_EMBED:
+    case IR_OP_RMS_NORM:
+    case IR_OP_ADD_RMS_NORM:
+    case IR_OP_ROPE:
+    case IR_OP_SWIGLU:
+    case IR_OP_ADD:
+    case IR_OP_GATHER_ROWS:
+    case IR_OP_SOFTCAP: break;
     default: why = "the op has no GPU kernel"; break;
     }
     if (why)
@@ -95,10 +99,13 @@ static ir_status cuda_compile_all(infc_nvrtc *nv, const int *archs, int n_archs,
       ir_status st = infc_nvrtc_compile(nv, src->text, src->name, archs[a], opts, 3, im, d);
       if (st != IR_OK) return st;
       out->n_images++;
-      out->table[out->n++] = (ir_plan_kernel){.name = src->name, .arch = (uint32_t)archs[a],
-                                              .kind = IR_PLAN_KERNEL_CUBIN, .data = im->cubin,
+      out->table[out->n++] = (ir_plan_kernel){.name = src->name,
+                                              .arch = (uint32_t)archs[a],
+                                              .kind = IR_PLAN_KERNEL_CUBIN,
+                                              .data = im->cubin,
                                               .size = im->cubin_size};
-      out->table[out->n++] = (ir_plan_kernel){.name = src->name, .arch = (uint32_t)archs[a],
+      out->table[out->n++] = (ir_plan_kernel){.name = src->name,
+                                              .arch = (uint32_t)archs[a],
                                               .kind = IR_PLAN_KERNEL_PTX,
                                               .data = (const uint8_t *)im->ptx,
                                               .size = im->ptx_size};
@@ -107,8 +114,8 @@ static ir_status cuda_compile_all(infc_nvrtc *nv, const int *archs, int n_archs,
   return IR_OK;
 }
 
-ir_status infc_cuda_kernels_build(const ir_graph *g, const char *arch_list,
-                                  infc_cuda_kernels *out, ir_diag *d) {
+ir_status infc_cuda_kernels_build(const ir_graph *g, const char *arch_list, infc_cuda_kernels *out,
+                                  ir_diag *d) {
   memset(out, 0, sizeof *out);
   int archs[INFC_NVRTC_MAX_ARCHS], n_archs = 0;
   char defs[3][48];

@@ -96,8 +96,7 @@ ir_status infc_nvrtc_parse_archs(const char *list, int *out, int cap, int *out_n
     char *end;
     long v = strtol(p, &end, 10);
     if (end == p || v < 50 || v > 199 || (*end && *end != ','))
-      return ir_diag_set(d, IR_INVALID_ARG, "arch: '%s': expected a list like sm_80,sm_90",
-                         list);
+      return ir_diag_set(d, IR_INVALID_ARG, "arch: '%s': expected a list like sm_80,sm_90", list);
     for (int i = 0; i < *out_n; i++)
       if (out[i] == v) return ir_diag_set(d, IR_INVALID_ARG, "arch: sm_%ld given twice", v);
     if (*out_n == cap)
@@ -158,8 +157,8 @@ static ir_status nvrtc_run(infc_nvrtc *n, const char *src, const char *name, con
   r = n->compile(prog, argc, argv);
   ir_status st = nvrtc_fetch(n->log_size, n->log, prog, out_log, NULL, d);
   if (st == IR_OK && r != 0) {
-    st = ir_diag_set(d, IR_BAD_FORMAT, "%s: %s for %s:\n%.400s", name, n->error_string(r),
-                     target, *out_log);
+    st = ir_diag_set(d, IR_BAD_FORMAT, "%s: %s for %s:\n%.400s", name, n->error_string(r), target,
+                     *out_log);
     free(*out_log);
     *out_log = NULL;
   }
@@ -386,8 +385,8 @@ int infc_nvrtc_parse_ptxas(const char *log, infc_kernel_stats *out, int cap) {
       n++;
       if (cur && e) {
         memset(cur, 0, sizeof *cur);
-        size_t len = (size_t)(e - q) < sizeof cur->name - 1 ? (size_t)(e - q)
-                                                            : sizeof cur->name - 1;
+        size_t len =
+            (size_t)(e - q) < sizeof cur->name - 1 ? (size_t)(e - q) : sizeof cur->name - 1;
         memcpy(cur->name, q, len);
       }
     } else if ((q = strstr(line, "Function properties for ")) && q < eol) {

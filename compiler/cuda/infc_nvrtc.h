@@ -41,15 +41,15 @@ typedef struct infc_kernel_stats {
 
 /* One compiled source for one arch. Every pointer is owned by the image. */
 typedef struct infc_nvrtc_image {
-  int arch;           /* 80 for sm_80 */
-  char *ptx;          /* NUL-terminated; ptx_size counts the NUL */
+  int arch;  /* 80 for sm_80 */
+  char *ptx; /* NUL-terminated; ptx_size counts the NUL */
   size_t ptx_size;
   uint8_t *cubin;
   size_t cubin_size;
-  char *log;          /* NVRTC's log: warnings and ptxas's report ("" if none) */
+  char *log; /* NVRTC's log: warnings and ptxas's report ("" if none) */
   infc_kernel_stats *stats;
   int n_stats;
-  bool from_cache;    /* read from the compile cache (infc_nvrtc_compile), not compiled */
+  bool from_cache; /* read from the compile cache (infc_nvrtc_compile), not compiled */
 } infc_nvrtc_image;
 
 /* Compiles src (named `name` in messages) for sm_<arch>, adding the caller's options

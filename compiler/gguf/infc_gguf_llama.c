@@ -19,12 +19,12 @@ static const gl_name k_global_names[] = {
 };
 
 static const gl_name k_layer_names[] = {
-    {"input_layernorm", "attn_norm"},      {"post_attention_layernorm", "ffn_norm"},
-    {"self_attn.q_proj", "attn_q"},        {"self_attn.k_proj", "attn_k"},
-    {"self_attn.v_proj", "attn_v"},        {"self_attn.o_proj", "attn_output"},
-    {"mlp.gate_proj", "ffn_gate"},         {"mlp.up_proj", "ffn_up"},
-    {"mlp.down_proj", "ffn_down"},         {"self_attn.q_norm", "attn_q_norm"},
-    {"self_attn.k_norm", "attn_k_norm"},   {"self_attn.qkv_proj", "attn_qkv"},
+    {"input_layernorm", "attn_norm"},    {"post_attention_layernorm", "ffn_norm"},
+    {"self_attn.q_proj", "attn_q"},      {"self_attn.k_proj", "attn_k"},
+    {"self_attn.v_proj", "attn_v"},      {"self_attn.o_proj", "attn_output"},
+    {"mlp.gate_proj", "ffn_gate"},       {"mlp.up_proj", "ffn_up"},
+    {"mlp.down_proj", "ffn_down"},       {"self_attn.q_norm", "attn_q_norm"},
+    {"self_attn.k_norm", "attn_k_norm"}, {"self_attn.qkv_proj", "attn_qkv"},
     {"mlp.gate_up_proj", "ffn_up"}, /* phi3: one ffn_up of gate rows then up rows */
 };
 
@@ -50,8 +50,8 @@ static bool gl_is_gemma(const char *arch) {
 
 /* A layer tensor's GGUF name (after "blk.N."): the arch's own first, then llama's. */
 static const char *gl_layer_name(const char *arch, const char *hf, size_t len) {
-  const char *g = gl_is_gemma(arch) ? gl_lookup(k_gemma_names, GL_COUNT(k_gemma_names), hf, len)
-                                    : NULL;
+  const char *g =
+      gl_is_gemma(arch) ? gl_lookup(k_gemma_names, GL_COUNT(k_gemma_names), hf, len) : NULL;
   return g ? g : gl_lookup(k_layer_names, GL_COUNT(k_layer_names), hf, len);
 }
 
@@ -131,8 +131,7 @@ static double gl_float(gl_reader *r, const char *key, bool required, double def)
 
 static void gl_refuse(gl_reader *r, const char *what) {
   if (r->st == IR_OK)
-    r->st = ir_diag_set(r->d, IR_UNSUPPORTED, "%s: %s is not supported", fmt_gguf_path(r->g),
-                        what);
+    r->st = ir_diag_set(r->d, IR_UNSUPPORTED, "%s: %s is not supported", fmt_gguf_path(r->g), what);
 }
 
 static void gl_arch(gl_reader *r, model_llama_params *p) {
@@ -147,10 +146,10 @@ static void gl_arch(gl_reader *r, model_llama_params *p) {
   else if (fmt_gguf_str_eq(a, "gemma2")) r->arch = "gemma2";
   else if (fmt_gguf_str_eq(a, "gemma3")) r->arch = "gemma3";
   else {
-    r->st = ir_diag_set(r->d, IR_UNSUPPORTED, "%s: unknown architecture '%.*s' (supported: "
+    r->st = ir_diag_set(r->d, IR_UNSUPPORTED,
+                        "%s: unknown architecture '%.*s' (supported: "
                         "llama, qwen2, qwen3, phi3, smollm3, gemma2, gemma3)",
-                        fmt_gguf_path(r->g),
-                        a.len > 64 ? 64 : (int)a.len, a.ptr);
+                        fmt_gguf_path(r->g), a.len > 64 ? 64 : (int)a.len, a.ptr);
     return;
   }
   snprintf(p->arch, sizeof p->arch, "%s", r->arch);
@@ -179,8 +178,8 @@ static void gl_gemma(gl_reader *r, model_llama_params *p) {
   p->act = IR_ACT_GEGLU;
   p->embed_scale = sqrt((double)p->hidden_size);
   bool big = p->n_layers == (g3 ? 62 : 46);
-  double qs = big && p->n_heads > 0 ? (double)p->hidden_size / (double)p->n_heads
-                                    : (double)p->head_dim;
+  double qs =
+      big && p->n_heads > 0 ? (double)p->hidden_size / (double)p->n_heads : (double)p->head_dim;
   p->attn_scale = gl_float(r, gl_key(r, "attention.scale"), false, 1.0 / sqrt(qs));
   p->attn_softcap = gl_float(r, gl_key(r, "attn_logit_softcapping"), false, 0);
   p->final_softcap = gl_float(r, gl_key(r, "final_logit_softcapping"), false, 0);
@@ -204,9 +203,10 @@ static void gl_sizes(gl_reader *r, model_llama_params *p) {
   int64_t rot = gl_int(r, gl_key(r, "rope.dimension_count"), false, p->head_dim);
   /* each layer holds tensors: a count the file cannot back is refused before any loop */
   if (r->st == IR_OK && (uint64_t)p->n_layers > fmt_gguf_tensor_count(r->g))
-    r->st = ir_diag_set(r->d, IR_BAD_FORMAT, "%s: block_count %lld exceeds the %zu tensors "
-                        "of the file", fmt_gguf_path(r->g), (long long)p->n_layers,
-                        fmt_gguf_tensor_count(r->g));
+    r->st = ir_diag_set(r->d, IR_BAD_FORMAT,
+                        "%s: block_count %lld exceeds the %zu tensors "
+                        "of the file",
+                        fmt_gguf_path(r->g), (long long)p->n_layers, fmt_gguf_tensor_count(r->g));
   if (r->st == IR_OK && vd != p->head_dim) gl_refuse(r, "a value_length unlike key_length");
   if (r->st == IR_OK && rot != p->head_dim) p->rot_dim = rot; /* partial rotary */
 }
@@ -233,22 +233,27 @@ static void gl_vocab(gl_reader *r, model_llama_params *p) {
 static bool gl_factors(gl_reader *r, const fmt_gguf_tensor *t, const char *name, int64_t n,
                        float *out, int64_t cap) {
   if (n < 1 || n > cap) {
-    r->st = ir_diag_set(r->d, IR_UNSUPPORTED, "%s: longrope takes 1 to %lld rotated pairs "
-                        "(rotary dims up to %lld), '%s' needs %lld", fmt_gguf_path(r->g),
-                        (long long)cap, (long long)(2 * cap), name, (long long)n);
+    r->st =
+        ir_diag_set(r->d, IR_UNSUPPORTED,
+                    "%s: longrope takes 1 to %lld rotated pairs "
+                    "(rotary dims up to %lld), '%s' needs %lld",
+                    fmt_gguf_path(r->g), (long long)cap, (long long)(2 * cap), name, (long long)n);
     return false;
   }
   if (!t || t->dtype != IR_F32 || t->rank != 1 || t->shape[0] != n) {
-    r->st = ir_diag_set(r->d, IR_BAD_FORMAT, "%s: tensor '%s' must be %lld f32 values (one per "
-                        "rotated pair), with its long/short twin", fmt_gguf_path(r->g), name,
-                        (long long)n);
+    r->st = ir_diag_set(r->d, IR_BAD_FORMAT,
+                        "%s: tensor '%s' must be %lld f32 values (one per "
+                        "rotated pair), with its long/short twin",
+                        fmt_gguf_path(r->g), name, (long long)n);
     return false;
   }
   memcpy(out, t->data, (size_t)n * sizeof *out);
   for (int64_t i = 0; i < n; i++)
     if (!(out[i] > 0)) {
-      r->st = ir_diag_set(r->d, IR_BAD_FORMAT, "%s: tensor '%s' holds a factor that is not "
-                          "positive", fmt_gguf_path(r->g), name);
+      r->st = ir_diag_set(r->d, IR_BAD_FORMAT,
+                          "%s: tensor '%s' holds a factor that is not "
+                          "positive",
+                          fmt_gguf_path(r->g), name);
       return false;
     }
   return true;
@@ -263,8 +268,8 @@ static bool gl_factors(gl_reader *r, const fmt_gguf_tensor *t, const char *name,
 static void gl_rope_scaling(gl_reader *r, model_llama_params *p) {
   const fmt_gguf_kv *kv = fmt_gguf_kv_find(r->g, gl_key(r, "rope.scaling.type"));
   if (kv && kv->value.type != FMT_GGUF_STRING) {
-    r->st = ir_diag_set(r->d, IR_BAD_FORMAT, "%s: '%s' must be a string", fmt_gguf_path(r->g),
-                        r->key);
+    r->st =
+        ir_diag_set(r->d, IR_BAD_FORMAT, "%s: '%s' must be a string", fmt_gguf_path(r->g), r->key);
     return;
   }
   if (kv && fmt_gguf_str_eq(kv->value.str, "linear")) {
@@ -294,8 +299,8 @@ static void gl_rope_scaling(gl_reader *r, model_llama_params *p) {
       return;
     p->rope_scaling = MODEL_ROPE_LONGROPE;
     p->rope_orig_context = gl_int(r, gl_key(r, "rope.scaling.original_context_length"), true, 0);
-    double f = p->rope_orig_context > 1 ? (double)p->max_position / (double)p->rope_orig_context
-                                        : 1.0;
+    double f =
+        p->rope_orig_context > 1 ? (double)p->max_position / (double)p->rope_orig_context : 1.0;
     p->rope_attn_factor =
         gl_float(r, gl_key(r, "rope.scaling.attn_factor"), false,
                  f > 1.0 ? sqrt(1.0 + log(f) / log((double)p->rope_orig_context)) : 1.0);
@@ -303,10 +308,11 @@ static void gl_rope_scaling(gl_reader *r, model_llama_params *p) {
   const fmt_gguf_tensor *t = fmt_gguf_tensor_find(r->g, "rope_freqs.weight");
   if (r->st != IR_OK || !t) return;
   if (t->dtype != IR_F32 || t->rank != 1 || t->shape[0] * 2 != rot)
-    r->st = ir_diag_set(r->d, IR_BAD_FORMAT, "%s: tensor 'rope_freqs.weight' must be %lld f32 "
-                        "values (one per rotated pair)", fmt_gguf_path(r->g), (long long)(rot / 2));
-  else
-    p->rope_freq_factors = t->data;
+    r->st = ir_diag_set(r->d, IR_BAD_FORMAT,
+                        "%s: tensor 'rope_freqs.weight' must be %lld f32 "
+                        "values (one per rotated pair)",
+                        fmt_gguf_path(r->g), (long long)(rot / 2));
+  else p->rope_freq_factors = t->data;
 }
 
 /* Features llama.cpp can run on these archs but the template cannot express. */

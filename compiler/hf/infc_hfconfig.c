@@ -52,7 +52,8 @@ static bool get_bool(cfg_reader *r, const char *key, bool def) {
   const cJSON *v = cJSON_GetObjectItemCaseSensitive(r->root, key);
   if (!v || cJSON_IsNull(v)) return def;
   if (!cJSON_IsBool(v)) {
-    if (r->st == IR_OK) r->st = ir_diag_set(r->d, IR_BAD_FORMAT, "key '%s' must be true or false", key);
+    if (r->st == IR_OK)
+      r->st = ir_diag_set(r->d, IR_BAD_FORMAT, "key '%s' must be true or false", key);
     return def;
   }
   return cJSON_IsTrue(v);
@@ -73,14 +74,17 @@ static void get_factors(cfg_reader *r, const char *key, int64_t n, float *out, i
   const cJSON *v = cJSON_GetObjectItemCaseSensitive(r->root, key), *e;
   if (r->st != IR_OK) return;
   if (n < 1 || n > cap) {
-    r->st = ir_diag_set(r->d, IR_UNSUPPORTED, "key '%s': longrope takes 1 to %lld rotated pairs "
-                        "(rotary dims up to %lld), this config has %lld", key, (long long)cap,
-                        (long long)(2 * cap), (long long)n);
+    r->st = ir_diag_set(r->d, IR_UNSUPPORTED,
+                        "key '%s': longrope takes 1 to %lld rotated pairs "
+                        "(rotary dims up to %lld), this config has %lld",
+                        key, (long long)cap, (long long)(2 * cap), (long long)n);
     return;
   }
   if (!cJSON_IsArray(v) || cJSON_GetArraySize(v) != n) {
-    r->st = ir_diag_set(r->d, IR_BAD_FORMAT, "key '%s' must be a list of %lld numbers (one per "
-                        "rotated pair)", key, (long long)n);
+    r->st = ir_diag_set(r->d, IR_BAD_FORMAT,
+                        "key '%s' must be a list of %lld numbers (one per "
+                        "rotated pair)",
+                        key, (long long)n);
     return;
   }
   int64_t i = 0;
@@ -101,11 +105,11 @@ static void read_partial_rotary(cfg_reader *r, model_llama_params *p) {
   /* the factor's range first: a huge one would overflow the conversion (undefined) */
   int64_t rot = f > 0.0 && f <= 1.0 ? (int64_t)((double)p->head_dim * f) : 0;
   if (!(f > 0.0 && f <= 1.0) || rot < 2 || rot % 2)
-    r->st = ir_diag_set(r->d, IR_UNSUPPORTED, "partial_rotary_factor %g gives %lld rotary dims "
-                        "of %lld: a positive even count is needed", f, (long long)rot,
-                        (long long)p->head_dim);
-  else
-    p->rot_dim = rot == p->head_dim ? 0 : rot;
+    r->st = ir_diag_set(r->d, IR_UNSUPPORTED,
+                        "partial_rotary_factor %g gives %lld rotary dims "
+                        "of %lld: a positive even count is needed",
+                        f, (long long)rot, (long long)p->head_dim);
+  else p->rot_dim = rot == p->head_dim ? 0 : rot;
 }
 
 /* SmolLM3's NoPE layers: no_rope_layers (1: the layer has a rope) or, without it, one every
@@ -125,9 +129,11 @@ static void read_no_rope(cfg_reader *r, model_llama_params *p) {
       l++;
     }
     if (!ok) {
-      r->st = ir_diag_set(r->d, IR_UNSUPPORTED, "no_rope_layers must be %lld entries of 0/1 with "
+      r->st = ir_diag_set(r->d, IR_UNSUPPORTED,
+                          "no_rope_layers must be %lld entries of 0/1 with "
                           "a 0 every no_rope_layer_interval (%lld) layers; other patterns are "
-                          "not supported", (long long)p->n_layers, (long long)every);
+                          "not supported",
+                          (long long)p->n_layers, (long long)every);
       return;
     }
   }
@@ -154,8 +160,10 @@ static void read_rope_at(cfg_reader *r, const char *key, const cJSON *rp, model_
   bool linear = t && !strcmp(t, "linear"), llama3 = t && !strcmp(t, "llama3");
   bool yarn = t && !strcmp(t, "yarn"), longrope = t && !strcmp(t, "longrope");
   if (sub.st == IR_OK && t && strcmp(t, "default") && !linear && !llama3 && !yarn && !longrope) {
-    r->st = ir_diag_set(r->d, IR_UNSUPPORTED, "%s type '%s' is not supported yet (supported: "
-                        "default, linear, llama3, yarn, longrope)", key, t);
+    r->st = ir_diag_set(r->d, IR_UNSUPPORTED,
+                        "%s type '%s' is not supported yet (supported: "
+                        "default, linear, llama3, yarn, longrope)",
+                        key, t);
     return;
   }
   p->rope_theta = get_num(&sub, "rope_theta", false, p->rope_theta);
@@ -172,9 +180,9 @@ static void read_rope_at(cfg_reader *r, const char *key, const cJSON *rp, model_
     p->rope_yarn_truncate = get_bool(&sub, "truncate", true);
     double f = p->rope_factor, ms = get_num(&sub, "mscale", false, 0);
     double ms_all = get_num(&sub, "mscale_all_dim", false, 0);
-    p->rope_attn_factor = get_num(&sub, "attention_factor", false,
-                                  ms && ms_all ? yarn_mscale(f, ms) / yarn_mscale(f, ms_all)
-                                               : yarn_mscale(f, 1.0));
+    p->rope_attn_factor =
+        get_num(&sub, "attention_factor", false,
+                ms && ms_all ? yarn_mscale(f, ms) / yarn_mscale(f, ms_all) : yarn_mscale(f, 1.0));
   }
   if (llama3) {
     p->rope_low_freq = get_num(&sub, "low_freq_factor", true, 0);
@@ -212,8 +220,10 @@ static void read_act(cfg_reader *r, model_llama_params *p) {
   if (!act || !strcmp(act, "silu")) p->act = IR_ACT_SWIGLU;
   else if (!strcmp(act, "gelu_pytorch_tanh") || !strcmp(act, "gelu_tanh")) p->act = IR_ACT_GEGLU;
   else if (r->st == IR_OK)
-    r->st = ir_diag_set(r->d, IR_UNSUPPORTED, "hidden_act '%s' is not supported (silu, "
-                        "gelu_pytorch_tanh)", act);
+    r->st = ir_diag_set(r->d, IR_UNSUPPORTED,
+                        "hidden_act '%s' is not supported (silu, "
+                        "gelu_pytorch_tanh)",
+                        act);
 }
 
 /* Per-layer attention kinds (transformers 5's layer_types): each entry must be what the
@@ -232,10 +242,12 @@ static void check_layer_types(cfg_reader *r, const model_llama_params *p) {
   cJSON_ArrayForEach(e, lt) {
     const char *want = model_llama_layer_slides(p, l) ? "sliding_attention" : "full_attention";
     if (!cJSON_IsString(e) || strcmp(e->valuestring, want)) {
-      r->st = ir_diag_set(r->d, IR_UNSUPPORTED, "layer_types entry %lld is '%s' where the "
-                          "model's pattern has '%s' (%s); other patterns are not supported",
-                          (long long)l, cJSON_IsString(e) ? e->valuestring : "?", want,
-                          p->sliding_window > 0 ? "its sliding-window layers" : "all full_attention");
+      r->st =
+          ir_diag_set(r->d, IR_UNSUPPORTED,
+                      "layer_types entry %lld is '%s' where the "
+                      "model's pattern has '%s' (%s); other patterns are not supported",
+                      (long long)l, cJSON_IsString(e) ? e->valuestring : "?", want,
+                      p->sliding_window > 0 ? "its sliding-window layers" : "all full_attention");
       return;
     }
     l++;
@@ -272,10 +284,12 @@ static void read_gemma(cfg_reader *r, model_llama_params *p) {
   p->qk_norm = g3;
   if (g3) p->rope_local_theta = get_num(r, "rope_local_base_freq", false, 10000.0);
   if (get_bool(r, "use_bidirectional_attention", false) && r->st == IR_OK) /* EmbeddingGemma */
-    r->st = ir_diag_set(r->d, IR_UNSUPPORTED, "use_bidirectional_attention (an encoder) is not "
+    r->st = ir_diag_set(r->d, IR_UNSUPPORTED,
+                        "use_bidirectional_attention (an encoder) is not "
                         "supported");
   if (r->st == IR_OK && !(p->attn_scale > 0 && p->swa_period > 0))
-    r->st = ir_diag_set(r->d, IR_BAD_FORMAT, "query_pre_attn_scalar and sliding_window_pattern "
+    r->st = ir_diag_set(r->d, IR_BAD_FORMAT,
+                        "query_pre_attn_scalar and sliding_window_pattern "
                         "must be positive");
 }
 
@@ -291,8 +305,10 @@ static bool read_rope_by_layer_type(cfg_reader *r, model_llama_params *p) {
     cfg_reader s = {.root = slide, .d = r->d, .st = IR_OK};
     const char *t = get_str(&s, "rope_type");
     if (s.st == IR_OK && t && strcmp(t, "default"))
-      s.st = ir_diag_set(r->d, IR_UNSUPPORTED, "rope_parameters.sliding_attention type '%s' is "
-                         "not supported (default)", t);
+      s.st = ir_diag_set(r->d, IR_UNSUPPORTED,
+                         "rope_parameters.sliding_attention type '%s' is "
+                         "not supported (default)",
+                         t);
     p->rope_local_theta = get_num(&s, "rope_theta", false, p->rope_local_theta);
     r->st = s.st;
   }
@@ -305,13 +321,15 @@ static void read_arch(cfg_reader *r, model_llama_params *p) {
     if (r->st == IR_OK) r->st = ir_diag_set(r->d, IR_BAD_FORMAT, "missing key 'model_type'");
     return;
   }
-  if (strcmp(mt, "llama") && strcmp(mt, "mistral") && strcmp(mt, "qwen2") &&
-      strcmp(mt, "qwen3") && strcmp(mt, "phi3") && strcmp(mt, "smollm3") &&
-      strcmp(mt, "gemma2") && strcmp(mt, "gemma3_text")) {
+  if (strcmp(mt, "llama") && strcmp(mt, "mistral") && strcmp(mt, "qwen2") && strcmp(mt, "qwen3") &&
+      strcmp(mt, "phi3") && strcmp(mt, "smollm3") && strcmp(mt, "gemma2") &&
+      strcmp(mt, "gemma3_text")) {
     if (r->st == IR_OK)
-      r->st = ir_diag_set(r->d, IR_UNSUPPORTED, "model_type '%s' is not supported "
+      r->st = ir_diag_set(r->d, IR_UNSUPPORTED,
+                          "model_type '%s' is not supported "
                           "(supported: llama, mistral, qwen2, qwen3, phi3, smollm3, gemma2, "
-                          "gemma3_text)", mt);
+                          "gemma3_text)",
+                          mt);
     return;
   }
   snprintf(p->arch, sizeof p->arch, "%s", mt);
@@ -350,8 +368,7 @@ static const char k_gemma3_text_defaults[] =
 static cJSON *unwrap_text_config(cJSON *root) {
   const cJSON *mt = cJSON_GetObjectItemCaseSensitive(root, "model_type");
   const cJSON *tc = cJSON_GetObjectItemCaseSensitive(root, "text_config"), *e;
-  if (!cJSON_IsString(mt) || strcmp(mt->valuestring, "gemma3") || !cJSON_IsObject(tc))
-    return root;
+  if (!cJSON_IsString(mt) || strcmp(mt->valuestring, "gemma3") || !cJSON_IsObject(tc)) return root;
   cJSON *text = cJSON_Parse(k_gemma3_text_defaults);
   cJSON_ArrayForEach(e, tc) { /* each text_config key replaces its default */
     cJSON *v = text && e->string ? cJSON_Duplicate(e, true) : NULL;

@@ -41,8 +41,7 @@ typedef struct infc_onnx_binding {
 
 /* infc_onnx_import with bindings (every binding must name a graph input). */
 ir_status infc_onnx_import_bound(const char *path, const ir_model_config *limits,
-                                 const infc_onnx_binding *binds, int n_binds,
-                                 infc_onnx **out_model, ir_graph **out_graph, char *out_hash,
-                                 ir_diag *d);
+                                 const infc_onnx_binding *binds, int n_binds, infc_onnx **out_model,
+                                 ir_graph **out_graph, char *out_hash, ir_diag *d);
 
 #endif

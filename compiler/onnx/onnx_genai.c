@@ -43,8 +43,11 @@ static bool norm_eps(gx *G, gx_node *n) {
     return gx_fail_node(G, n, IR_BAD_FORMAT, "attribute 'epsilon' = %g is not positive", eps),
            false;
   if (G->p.rms_norm_eps > 0 && G->p.rms_norm_eps != eps)
-    return gx_fail_node(G, n, IR_UNSUPPORTED, "attribute 'epsilon' = %g differs from the "
-                        "first norm's %g", eps, G->p.rms_norm_eps), false;
+    return gx_fail_node(G, n, IR_UNSUPPORTED,
+                        "attribute 'epsilon' = %g differs from the "
+                        "first norm's %g",
+                        eps, G->p.rms_norm_eps),
+           false;
   G->p.rms_norm_eps = eps;
   return true;
 }
@@ -63,8 +66,10 @@ static const char *match_norm(gx *G, const char *x, const char *hf) {
   int64_t axis = gx_attr_i(n, "axis", -1), H = G->p.hidden_size;
   if (!gx_attrs_known(G, n, known) || !norm_eps(G, n)) return NULL;
   if (axis != -1 && axis != 2) {
-    gx_fail_node(G, n, IR_UNSUPPORTED, "attribute 'axis' = %lld is not supported (the "
-                 "hidden dimension only)", (long long)axis);
+    gx_fail_node(G, n, IR_UNSUPPORTED,
+                 "attribute 'axis' = %lld is not supported (the "
+                 "hidden dimension only)",
+                 (long long)axis);
     return NULL;
   }
   gx_add_const(G, hf, gx_in(n, 1), 1, &H);
@@ -102,8 +107,10 @@ static const char *match_add_norm(gx *G, const char *x, const char *b, const cha
       return match_norm(G, gx_out(n, 0), hf);
     }
   }
-  gx_fail(G, IR_UNSUPPORTED, "no SkipSimplifiedLayerNormalization (or Add + "
-          "SimplifiedLayerNormalization) of the residual stream and '%s'", b ? b : "?");
+  gx_fail(G, IR_UNSUPPORTED,
+          "no SkipSimplifiedLayerNormalization (or Add + "
+          "SimplifiedLayerNormalization) of the residual stream and '%s'",
+          b ? b : "?");
   return NULL;
 }
 
@@ -133,8 +140,7 @@ static gx_node *proj_of(gx *G, const char *v, const char **bias) {
         *bias = gx_in(n, k);
         n = gx_producer(G, gx_skip(G, gx_in(n, 1 - k)));
       }
-  return n && (gx_is_op(n, "MatMul") || gx_is_op(n, "MatMulNBits")) && gx_is_proj(G, n) ? n
-                                                                                        : NULL;
+  return n && (gx_is_op(n, "MatMul") || gx_is_op(n, "MatMulNBits")) && gx_is_proj(G, n) ? n : NULL;
 }
 
 /* Records rows [r0, r0 + rows) of a bias vector of `total` values under hf. */
@@ -173,8 +179,11 @@ static bool gqa_kv_quant(gx *G, gx_node *n) {
   for (int i = 0; i < 2; i++) {
     const Onnx__AttributeProto *a = gx_attr(n, names[i]);
     if (a && a->has_s && !(a->s.len == 4 && !memcmp(a->s.data, "NONE", 4)))
-      return gx_fail_node(G, n, IR_UNSUPPORTED, "attribute '%s' = '%.*s' is not supported "
-                          "(a quantized KV cache)", names[i], (int)a->s.len, a->s.data), false;
+      return gx_fail_node(G, n, IR_UNSUPPORTED,
+                          "attribute '%s' = '%.*s' is not supported "
+                          "(a quantized KV cache)",
+                          names[i], (int)a->s.len, a->s.data),
+             false;
   }
   return true;
 }
@@ -182,33 +191,49 @@ static bool gqa_kv_quant(gx *G, gx_node *n) {
 static bool gqa_inputs(gx *G, gx_node *n) {
   static const char *const extra[] = {"attention_bias", "head_sink"};
   if (n->n_input < 7 || !gx_in(n, 3)[0] || !gx_in(n, 4)[0] || !gx_in(n, 5)[0] || !gx_in(n, 6)[0])
-    return gx_fail_node(G, n, IR_UNSUPPORTED, "needs inputs past_key, past_value, seqlens_k "
-                        "and total_sequence_length"), false;
+    return gx_fail_node(G, n, IR_UNSUPPORTED,
+                        "needs inputs past_key, past_value, seqlens_k "
+                        "and total_sequence_length"),
+           false;
   if (!gx_graph_input(G, gx_in(n, 3)) || !gx_graph_input(G, gx_in(n, 4)))
-    return gx_fail_node(G, n, IR_UNSUPPORTED, "past_key '%s' / past_value '%s' are not graph "
-                        "inputs (the KV cache must be the model's state)", gx_in(n, 3),
-                        gx_in(n, 4)), false;
+    return gx_fail_node(G, n, IR_UNSUPPORTED,
+                        "past_key '%s' / past_value '%s' are not graph "
+                        "inputs (the KV cache must be the model's state)",
+                        gx_in(n, 3), gx_in(n, 4)),
+           false;
   for (size_t i = 10; i < n->n_input; i++)
     if (n->input[i][0])
       return gx_fail_node(G, n, IR_UNSUPPORTED, "input %zu ('%s', %s) is not supported", i,
-                          n->input[i], i < 12 ? extra[i - 10] : "unknown"), false;
+                          n->input[i], i < 12 ? extra[i - 10] : "unknown"),
+             false;
   if (gx_out(n, 3)[0])
     return gx_fail_node(G, n, IR_UNSUPPORTED, "output 3 (output_qk) is not supported"), false;
   return true;
 }
 
 static bool gqa_check(gx *G, gx_node *n, gqa *a) {
-  static const char *const known[] = {"num_heads", "kv_num_heads", "scale", "local_window_size",
-                                      "softcap", "do_rotary", "rotary_interleaved",
-                                      "smooth_softmax", "qk_output", "k_quant_type",
-                                      "v_quant_type", "kv_cache_bit_width", NULL};
+  static const char *const known[] = {"num_heads",
+                                      "kv_num_heads",
+                                      "scale",
+                                      "local_window_size",
+                                      "softcap",
+                                      "do_rotary",
+                                      "rotary_interleaved",
+                                      "smooth_softmax",
+                                      "qk_output",
+                                      "k_quant_type",
+                                      "v_quant_type",
+                                      "kv_cache_bit_width",
+                                      NULL};
   if (!gx_attrs_known(G, n, known)) return false;
   a->n = n;
   a->nh = gx_attr_i(n, "num_heads", 0);
   a->nkv = gx_attr_i(n, "kv_num_heads", 0);
   if (a->nh <= 0 || a->nkv <= 0 || a->nh % a->nkv || a->nh > 4096)
-    return gx_fail_node(G, n, IR_BAD_FORMAT, "needs attributes 'num_heads' and 'kv_num_heads' "
-                        "(positive, num_heads a multiple of kv_num_heads)"), false;
+    return gx_fail_node(G, n, IR_BAD_FORMAT,
+                        "needs attributes 'num_heads' and 'kv_num_heads' "
+                        "(positive, num_heads a multiple of kv_num_heads)"),
+           false;
   if (!gx_attr_i_is(G, n, "local_window_size", -1, -1, "sliding-window attention") ||
       !gx_attr_f_is(G, n, "softcap", 0, 0, "attention logit softcapping") ||
       !gx_attr_i_is(G, n, "smooth_softmax", 0, 0, "smooth softmax") ||
@@ -222,19 +247,24 @@ static bool gqa_check(gx *G, gx_node *n, gqa *a) {
 
 /* A com.microsoft (or ai.onnx opset 23) RotaryEmbedding over `heads` heads. */
 static bool rope_node(gx *G, gx_node *r, int64_t heads, bool *inter) {
-  static const char *const known_ms[] = {"interleaved", "num_heads", "rotary_embedding_dim",
-                                         "scale", "is_packed_batching", NULL};
-  static const char *const known_std[] = {"interleaved", "num_heads", "rotary_embedding_dim",
-                                          NULL};
+  static const char *const known_ms[] = {
+      "interleaved", "num_heads", "rotary_embedding_dim", "scale", "is_packed_batching", NULL};
+  static const char *const known_std[] = {"interleaved", "num_heads", "rotary_embedding_dim", NULL};
   bool ms = is_ms(r, "RotaryEmbedding");
   if (!gx_attrs_known(G, r, ms ? known_ms : known_std)) return false;
   int64_t rd = gx_attr_i(r, "rotary_embedding_dim", 0), nh = gx_attr_i(r, "num_heads", 0);
   if (rd != 0 && rd != G->p.head_dim)
-    return gx_fail_node(G, r, IR_UNSUPPORTED, "attribute 'rotary_embedding_dim' = %lld is not "
-                        "supported (partial rotary)", (long long)rd), false;
+    return gx_fail_node(G, r, IR_UNSUPPORTED,
+                        "attribute 'rotary_embedding_dim' = %lld is not "
+                        "supported (partial rotary)",
+                        (long long)rd),
+           false;
   if (nh != 0 && nh != heads)
-    return gx_fail_node(G, r, IR_UNSUPPORTED, "attribute 'num_heads' = %lld differs from the "
-                        "attention's %lld", (long long)nh, (long long)heads), false;
+    return gx_fail_node(G, r, IR_UNSUPPORTED,
+                        "attribute 'num_heads' = %lld differs from the "
+                        "attention's %lld",
+                        (long long)nh, (long long)heads),
+           false;
   if (ms && (!gx_attr_f_is(G, r, "scale", 1, 1, "scaled positions") ||
              !gx_attr_i_is(G, r, "is_packed_batching", 0, 0, "packed batching")))
     return false;
@@ -248,15 +278,21 @@ static bool rope_node(gx *G, gx_node *r, int64_t heads, bool *inter) {
 
 static bool set_heads(gx *G, const gqa *a, int64_t hd) {
   if (G->layer > 0 && (hd != G->p.head_dim || a->nh != G->p.n_heads || a->nkv != G->p.n_kv_heads))
-    return gx_fail_node(G, a->n, IR_UNSUPPORTED, "head layout %lld/%lld x %lld differs from "
-                        "layer 0", (long long)a->nh, (long long)a->nkv, (long long)hd), false;
+    return gx_fail_node(G, a->n, IR_UNSUPPORTED,
+                        "head layout %lld/%lld x %lld differs from "
+                        "layer 0",
+                        (long long)a->nh, (long long)a->nkv, (long long)hd),
+           false;
   G->p.head_dim = hd;
   G->p.n_heads = a->nh;
   G->p.n_kv_heads = a->nkv;
   float s = gx_attr_f(a->n, "scale", 0);
   if (s != 0 && fabs((double)s * sqrt((double)hd) - 1) > 1e-6)
-    return gx_fail_node(G, a->n, IR_UNSUPPORTED, "attribute 'scale' = %g is not supported "
-                        "(1/sqrt(head_dim %lld) only)", (double)s, (long long)hd), false;
+    return gx_fail_node(G, a->n, IR_UNSUPPORTED,
+                        "attribute 'scale' = %g is not supported "
+                        "(1/sqrt(head_dim %lld) only)",
+                        (double)s, (long long)hd),
+           false;
   return true;
 }
 
@@ -272,18 +308,22 @@ static bool attn_packed(gx *G, const gqa *a, const char *h) {
   gx_node *p = proj_of(G, gx_in(a->n, 0), &bias);
   gx_mat w;
   if (!p || !gx_same(G, gx_in(p, 0), h))
-    return gx_fail_node(G, a->n, IR_UNSUPPORTED, "query is not a projection of the input "
-                        "norm"), false;
+    return gx_fail_node(G, a->n, IR_UNSUPPORTED,
+                        "query is not a projection of the input "
+                        "norm"),
+           false;
   if (!gx_mat_read(G, p, &w)) return false;
   int64_t per = a->nh + 2 * a->nkv, hd = w.n / per;
   if (w.n % per || w.k != G->p.hidden_size)
-    return gx_fail_node(G, p, IR_UNSUPPORTED, "packed QKV width %lld does not split into "
-                        "%lld + 2 x %lld heads", (long long)w.n, (long long)a->nh,
-                        (long long)a->nkv), false;
+    return gx_fail_node(G, p, IR_UNSUPPORTED,
+                        "packed QKV width %lld does not split into "
+                        "%lld + 2 x %lld heads",
+                        (long long)w.n, (long long)a->nh, (long long)a->nkv),
+           false;
   if (!set_heads(G, a, hd)) return false;
   static const char *const nm[3] = {"q_proj", "k_proj", "v_proj"};
-  int64_t r0[3] = {0, a->nh * hd, (a->nh + a->nkv) * hd}, rows[3] = {a->nh * hd, a->nkv * hd,
-                                                                    a->nkv * hd};
+  int64_t r0[3] = {0, a->nh * hd, (a->nh + a->nkv) * hd},
+          rows[3] = {a->nh * hd, a->nkv * hd, a->nkv * hd};
   char hf[96], part[48];
   for (int j = 0; j < 3; j++) {
     snprintf(part, sizeof part, "self_attn.%s.weight", nm[j]);
@@ -310,19 +350,27 @@ static bool attn_separate(gx *G, gqa *a, const char *h) {
     if (j < 2 && gx_is_op(r, "RotaryEmbedding")) v = gx_in(rope[j] = r, 0);
     p[j] = proj_of(G, v, &bias[j]);
     if (!p[j] || !gx_same(G, gx_in(p[j], 0), h))
-      return gx_fail_node(G, a->n, IR_UNSUPPORTED, "input %d is not a projection of the input "
-                          "norm", j), false;
+      return gx_fail_node(G, a->n, IR_UNSUPPORTED,
+                          "input %d is not a projection of the input "
+                          "norm",
+                          j),
+             false;
     if (!gx_mat_read(G, p[j], &w[j])) return false;
   }
   int64_t hd = w[0].n / a->nh;
   if (w[0].n % a->nh || w[1].n != a->nkv * hd || w[2].n != a->nkv * hd)
-    return gx_fail_node(G, a->n, IR_UNSUPPORTED, "q/k/v widths %lld/%lld/%lld do not split "
-                        "into %lld/%lld heads", (long long)w[0].n, (long long)w[1].n,
-                        (long long)w[2].n, (long long)a->nh, (long long)a->nkv), false;
+    return gx_fail_node(G, a->n, IR_UNSUPPORTED,
+                        "q/k/v widths %lld/%lld/%lld do not split "
+                        "into %lld/%lld heads",
+                        (long long)w[0].n, (long long)w[1].n, (long long)w[2].n, (long long)a->nh,
+                        (long long)a->nkv),
+           false;
   if (!set_heads(G, a, hd)) return false;
   if ((rope[0] != NULL) != (rope[1] != NULL) || (rope[0] && a->rot))
-    return gx_fail_node(G, a->n, IR_UNSUPPORTED, "q and k must both be rotated once, by "
-                        "RotaryEmbedding nodes or by do_rotary"), false;
+    return gx_fail_node(G, a->n, IR_UNSUPPORTED,
+                        "q and k must both be rotated once, by "
+                        "RotaryEmbedding nodes or by do_rotary"),
+           false;
   bool iq = false, ik = false;
   if (rope[0] && (!rope_node(G, rope[0], a->nh, &iq) || !rope_node(G, rope[1], a->nkv, &ik)))
     return false;
@@ -361,7 +409,8 @@ static const char *match_attention(gx *G, const char *h) {
     if (is_ms(G->gp->node[i], "GroupQueryAttention") && gqa_reads(G, G->gp->node[i], h))
       a.n = G->gp->node[i];
   if (!a.n) {
-    gx_fail(G, IR_UNSUPPORTED, "no GroupQueryAttention whose query is a projection of the "
+    gx_fail(G, IR_UNSUPPORTED,
+            "no GroupQueryAttention whose query is a projection of the "
             "input norm");
     return NULL;
   }
@@ -370,7 +419,8 @@ static const char *match_attention(gx *G, const char *h) {
   if (!(packed ? attn_packed(G, &a, h) : attn_separate(G, &a, h))) return NULL;
   if (a.rot && !gx_rope_caches(G, a.n, gx_in(a.n, 7), gx_in(a.n, 8))) return NULL;
   if (!a.rot && !a.by_node) {
-    gx_fail_node(G, a.n, IR_UNSUPPORTED, "q and k are not rotated (no do_rotary, no "
+    gx_fail_node(G, a.n, IR_UNSUPPORTED,
+                 "q and k are not rotated (no do_rotary, no "
                  "RotaryEmbedding): attention without RoPE is not supported");
     return NULL;
   }
@@ -413,9 +463,10 @@ static const char *match_mlp(gx *G, const char *h) {
   gx_node *p[3], *down[2];
   int np = find_projs(G, h, p, 3);
   if (np != 2) {
-    gx_fail(G, IR_UNSUPPORTED, "expected separate gate and up projections of the "
-            "post-attention norm, found %d projection(s)%s", np,
-            np == 1 ? " (a fused gate/up projection is not supported)" : "");
+    gx_fail(G, IR_UNSUPPORTED,
+            "expected separate gate and up projections of the "
+            "post-attention norm, found %d projection(s)%s",
+            np, np == 1 ? " (a fused gate/up projection is not supported)" : "");
     return NULL;
   }
   const char *act = NULL, *up = NULL;
@@ -438,10 +489,11 @@ static const char *match_mlp(gx *G, const char *h) {
   int64_t H = G->p.hidden_size, F = w[0].n;
   if (w[0].k != H || w[1].n != F || w[1].k != H || w[2].n != H || w[2].k != F ||
       (G->layer > 0 && F != G->p.intermediate_size)) {
-    gx_fail(G, IR_UNSUPPORTED, "MLP shapes gate [%lld, %lld], up [%lld, %lld], down [%lld, "
-            "%lld] are not [F, H], [F, H], [H, F] with one F for all layers", (long long)w[0].n,
-            (long long)w[0].k, (long long)w[1].n, (long long)w[1].k, (long long)w[2].n,
-            (long long)w[2].k);
+    gx_fail(G, IR_UNSUPPORTED,
+            "MLP shapes gate [%lld, %lld], up [%lld, %lld], down [%lld, "
+            "%lld] are not [F, H], [F, H], [H, F] with one F for all layers",
+            (long long)w[0].n, (long long)w[0].k, (long long)w[1].n, (long long)w[1].k,
+            (long long)w[2].n, (long long)w[2].k);
     return NULL;
   }
   G->p.intermediate_size = F;
@@ -518,7 +570,8 @@ static void match_head(gx *G, const char *h) {
   for (int j = 0; j < np; j++)
     if (gx_same(G, "logits", gx_out(p[j], 0))) head = j;
   if (head < 0) {
-    gx_fail(G, IR_UNSUPPORTED, "the logits output is not an lm_head projection of the final "
+    gx_fail(G, IR_UNSUPPORTED,
+            "the logits output is not an lm_head projection of the final "
             "norm");
     return;
   }
@@ -530,8 +583,10 @@ static void match_head(gx *G, const char *h) {
   }
   if (!gx_mat_read(G, p[head], &w)) return;
   if (w.n != G->p.vocab_size || w.k != G->p.hidden_size) {
-    gx_fail_node(G, p[head], IR_UNSUPPORTED, "lm_head is [%lld, %lld], expected [vocab %lld, "
-                 "hidden %lld]", (long long)w.n, (long long)w.k, (long long)G->p.vocab_size,
+    gx_fail_node(G, p[head], IR_UNSUPPORTED,
+                 "lm_head is [%lld, %lld], expected [vocab %lld, "
+                 "hidden %lld]",
+                 (long long)w.n, (long long)w.k, (long long)G->p.vocab_size,
                  (long long)G->p.hidden_size);
     return;
   }
@@ -549,8 +604,10 @@ static void match_model(gx *G) {
     char hf[96];
     lname(hf, sizeof hf, l, "post_attention_layernorm.weight");
     const char *h2 = o ? match_add_norm(G, x, o, hf, &x2) : NULL;
-    if (h2 && !x2) gx_fail(G, IR_UNSUPPORTED, "the residual sum of the post-attention norm is "
-                           "not used");
+    if (h2 && !x2)
+      gx_fail(G, IR_UNSUPPORTED,
+              "the residual sum of the post-attention norm is "
+              "not used");
     if (h2 && x2) down = match_mlp(G, h2);
     if (l + 1 < G->n_gqa) lname(hf, sizeof hf, l + 1, "input_layernorm.weight");
     else snprintf(hf, sizeof hf, "model.norm.weight");
@@ -570,28 +627,24 @@ static void describe(const gx *G, char *out) {
   const char *kind = p->n_kv_heads == p->n_heads ? "MHA" : p->n_kv_heads == 1 ? "MQA" : "GQA";
   char wq[160], to[64];
   int packed = G->n_nbits_packable; /* 0 unless keep_int4 */
-  if (packed == G->n_nbits)
-    snprintf(to, sizeof to, "int4 matmul");
+  if (packed == G->n_nbits) snprintf(to, sizeof to, "int4 matmul");
   else if (packed == 0) /* dequantized: f32, or the --dtype asked for */
     snprintf(to, sizeof to, "%s", ir_dtype_name(G->keep_int4 ? IR_F32 : G->wdt));
-  else
-    snprintf(to, sizeof to, "int4 matmul (%d f32: K%%bs)", G->n_nbits - packed);
+  else snprintf(to, sizeof to, "int4 matmul (%d f32: K%%bs)", G->n_nbits - packed);
   if (G->n_nbits)
     snprintf(wq, sizeof wq, "%d MatMulNBits int4 bs%lld%s%s -> %s", G->n_nbits,
              (long long)G->nbits_block, G->nbits_mixed ? " (mixed)" : "",
              G->nbits_zp ? " with zero points" : " zp 8", to);
-  else
-    snprintf(wq, sizeof wq, "%d MatMul weights", G->n_matmul);
+  else snprintf(wq, sizeof wq, "%d MatMul weights", G->n_matmul);
   char line[640];
   snprintf(line, sizeof line,
            "%d GroupQueryAttention blocks -> paged attention, %s %lld/%lld, head_dim %lld%s%s; "
            "RoPE (%s%s) theta=%g; RMSNorm eps=%g%s; SwiGLU %lld; %s; vocab %lld%s",
-           G->n_gqa, kind, (long long)p->n_heads, (long long)p->n_kv_heads,
-           (long long)p->head_dim, G->packed_qkv ? ", packed QKV" : "",
-           p->attention_bias ? ", q/k/v bias" : "", G->rope_node ? "RotaryEmbedding" : "in GQA",
-           p->rope_interleaved ? ", interleaved" : "", p->rope_theta, p->rms_norm_eps,
-           G->skip_norm ? " (SkipSimplified)" : "", (long long)p->intermediate_size, wq,
-           (long long)p->vocab_size,
+           G->n_gqa, kind, (long long)p->n_heads, (long long)p->n_kv_heads, (long long)p->head_dim,
+           G->packed_qkv ? ", packed QKV" : "", p->attention_bias ? ", q/k/v bias" : "",
+           G->rope_node ? "RotaryEmbedding" : "in GQA", p->rope_interleaved ? ", interleaved" : "",
+           p->rope_theta, p->rms_norm_eps, G->skip_norm ? " (SkipSimplified)" : "",
+           (long long)p->intermediate_size, wq, (long long)p->vocab_size,
            p->tie_word_embeddings ? " (tied lm_head)"
            : G->quant_embed       ? " (int4 embedding)"
                                   : "");
@@ -625,15 +678,21 @@ ir_status infc_onnx_genai_import(infc_onnx *m, const char *path, const model_bui
                                  char *recognised, ir_diag *d) {
   *out_model = NULL;
   *out_graph = NULL;
-  gx G = {.m = m, .gp = m->model->graph, .d = d, .layer = -1, .st = IR_OK,
+  gx G = {.m = m,
+          .gp = m->model->graph,
+          .d = d,
+          .layer = -1,
+          .st = IR_OK,
           .keep_int4 = bo->weight_dtype == IR_DTYPE_INVALID, /* --dtype: dequantize */
           .wdt = bo->weight_dtype};
   if (!gx_map_build(&G)) G.st = ir_diag_set(d, IR_OOM, "out of memory");
   if (G.st == IR_OK) match_model(&G);
   ir_status st = G.st == IR_OK ? build(&G, path, bo, out_graph) : G.st;
   if (st != IR_OK && st != IR_OOM)
-    ir_diag_prefix(d, "%s: an ONNX Runtime GenAI decoder graph that infc cannot serve as an "
-                   "LLM plan", path);
+    ir_diag_prefix(d,
+                   "%s: an ONNX Runtime GenAI decoder graph that infc cannot serve as an "
+                   "LLM plan",
+                   path);
   if (st == IR_OK) {
     describe(&G, recognised);
     onnx_model_hash(m, out_hash);

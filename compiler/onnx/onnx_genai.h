@@ -81,8 +81,7 @@ float gx_attr_f(gx_node *n, const char *name, float def);
 bool gx_attrs_known(gx *G, gx_node *n, const char *const *known);
 /* Refuses an int attribute whose value is not `want` (absent: def). why: what the value
  * would mean ("sliding-window attention"). */
-bool gx_attr_i_is(gx *G, gx_node *n, const char *name, int64_t def, int64_t want,
-                  const char *why);
+bool gx_attr_i_is(gx *G, gx_node *n, const char *name, int64_t def, int64_t want, const char *why);
 bool gx_attr_f_is(gx *G, gx_node *n, const char *name, float def, float want, const char *why);
 
 /* --- weights (onnx_genai_weights.c) ------------------------------------------------- */
@@ -90,8 +89,7 @@ bool gx_attr_f_is(gx *G, gx_node *n, const char *name, float def, float want, co
 /* Keeps buf until the graph adopts it (or frees it on failure). */
 bool gx_keep(gx *G, void *buf);
 /* Records a tensor under an HF name (data borrowed from the model or kept). */
-void gx_add(gx *G, const char *hf, ir_dtype dt, int rank, const int64_t *shape,
-            const void *data);
+void gx_add(gx *G, const char *hf, ir_dtype dt, int rank, const int64_t *shape, const void *data);
 /* Records the constant behind v (a [n] norm weight or bias, or a [V, H] embedding). */
 void gx_add_const(gx *G, const char *hf, const char *v, int rank, const int64_t *shape);
 bool gx_find(void *ctx, const char *name, model_tensor *out);

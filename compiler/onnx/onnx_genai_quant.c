@@ -41,8 +41,8 @@ void gx_qw_note(gx *G, const char *hf, const gx_mat *mat, int64_t r0, int64_t ro
   w->group = mat->group;
 }
 
-static int32_t add_param(ir_graph *g, const gx_qw *w, const char *suffix, ir_dtype dt,
-                         int64_t cols, const void *data) {
+static int32_t add_param(ir_graph *g, const gx_qw *w, const char *suffix, ir_dtype dt, int64_t cols,
+                         const void *data) {
   char name[128];
   snprintf(name, sizeof name, "%s.%s", w->name, suffix);
   int64_t shape[2] = {w->n, cols};
@@ -83,8 +83,10 @@ int gx_qw_rewire(gx *G, ir_graph *g) {
       return -1;
     }
     if (c == 0) { /* its f32 stand-in holds no values: never let it reach a plan */
-      ir_diag_set(G->d, IR_UNSUPPORTED, "MatMulNBits weight '%s' is not read by a matmul "
-                  "of the built program", G->qw[i].name);
+      ir_diag_set(G->d, IR_UNSUPPORTED,
+                  "MatMulNBits weight '%s' is not read by a matmul "
+                  "of the built program",
+                  G->qw[i].name);
       return -1;
     }
     total += c;

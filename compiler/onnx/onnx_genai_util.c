@@ -94,10 +94,8 @@ static ir_status vfail(gx *G, ir_status st, const char *node_part, const char *f
   if (G->st != IR_OK) return G->st;
   char msg[400];
   vsnprintf(msg, sizeof msg, fmt, ap);
-  if (G->layer >= 0)
-    G->st = ir_diag_set(G->d, st, "layer %d: %s%s", G->layer, node_part, msg);
-  else
-    G->st = ir_diag_set(G->d, st, "%s%s", node_part, msg);
+  if (G->layer >= 0) G->st = ir_diag_set(G->d, st, "layer %d: %s%s", G->layer, node_part, msg);
+  else G->st = ir_diag_set(G->d, st, "%s%s", node_part, msg);
   return G->st;
 }
 
@@ -151,8 +149,7 @@ bool gx_attrs_known(gx *G, gx_node *n, const char *const *known) {
   return true;
 }
 
-bool gx_attr_i_is(gx *G, gx_node *n, const char *name, int64_t def, int64_t want,
-                  const char *why) {
+bool gx_attr_i_is(gx *G, gx_node *n, const char *name, int64_t def, int64_t want, const char *why) {
   const Onnx__AttributeProto *a = gx_attr(n, name);
   if (a && a->type != ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__INT) {
     gx_fail_node(G, n, IR_BAD_FORMAT, "attribute '%s' is not an int", name);
@@ -173,7 +170,7 @@ bool gx_attr_f_is(gx *G, gx_node *n, const char *name, float def, float want, co
   }
   float v = a ? a->f : def;
   if (v == want) return true;
-  gx_fail_node(G, n, IR_UNSUPPORTED, "attribute '%s' = %g is not supported (%s)", name,
-               (double)v, why);
+  gx_fail_node(G, n, IR_UNSUPPORTED, "attribute '%s' = %g is not supported (%s)", name, (double)v,
+               why);
   return false;
 }

@@ -29,8 +29,7 @@ static void oom(gx *G) {
   if (G->st == IR_OK) G->st = ir_diag_set(G->d, IR_OOM, "out of memory");
 }
 
-void gx_add(gx *G, const char *hf, ir_dtype dt, int rank, const int64_t *shape,
-            const void *data) {
+void gx_add(gx *G, const char *hf, ir_dtype dt, int rank, const int64_t *shape, const void *data) {
   if (G->st != IR_OK) return;
   if (G->n_w == G->cap_w) {
     int cap = G->cap_w ? 2 * G->cap_w : 64;
@@ -59,8 +58,10 @@ void gx_add_const(gx *G, const char *hf, const char *v, int rank, const int64_t 
     ok = false;
   }
   if (!ok) {
-    gx_fail(G, IR_UNSUPPORTED, "'%s' (%s) is not a constant f32/f16/bf16 tensor of shape "
-            "[%lld%s]", v, hf, (long long)shape[0], rank > 1 ? ", ..." : "");
+    gx_fail(G, IR_UNSUPPORTED,
+            "'%s' (%s) is not a constant f32/f16/bf16 tensor of shape "
+            "[%lld%s]",
+            v, hf, (long long)shape[0], rank > 1 ? ", ..." : "");
     return;
   }
   if (t.owned && !gx_keep(G, t.owned)) return oom(G);
@@ -150,20 +151,25 @@ static bool nbits_check(gx *G, gx_node *n, nbits *q) {
   q->bs = gx_attr_i(n, "block_size", 0);
   if (q->K <= 0 || q->N <= 0 || q->K > (1 << 24) || q->N > (1 << 24) || q->bs < 16 ||
       q->bs > 4096 || (q->bs & (q->bs - 1)))
-    return gx_fail_node(G, n, IR_BAD_FORMAT, "needs attributes 'K', 'N' (1..2^24) and "
-                        "'block_size' (a power of two >= 16)"), false;
+    return gx_fail_node(G, n, IR_BAD_FORMAT,
+                        "needs attributes 'K', 'N' (1..2^24) and "
+                        "'block_size' (a power of two >= 16)"),
+           false;
   if (!gx_attr_i_is(G, n, "bits", 4, 4, "only 4-bit weights are supported")) return false;
   for (size_t i = 4; i < n->n_input; i++)
     if (n->input[i][0])
       return gx_fail_node(G, n, IR_UNSUPPORTED, "input %zu ('%s', %s) is not supported", i,
-                          n->input[i], i == 4 ? "g_idx" : "bias"), false;
+                          n->input[i], i == 4 ? "g_idx" : "bias"),
+             false;
   q->nblk = (q->K + q->bs - 1) / q->bs;
   q->blob = q->bs / 2;
   if (!gx_const(G, gx_in(n, 1), &q->b) || q->b.dt != IR_U8 || q->b.is_bool || q->b.rank < 1 ||
       q->b.nbytes != (uint64_t)(q->N * q->nblk * q->blob) || q->b.shape[0] != q->N)
-    return gx_fail_node(G, n, IR_BAD_FORMAT, "input B is not a constant uint8 tensor [N=%lld, "
-                        "%lld blocks, %lld bytes]", (long long)q->N, (long long)q->nblk,
-                        (long long)q->blob), false;
+    return gx_fail_node(G, n, IR_BAD_FORMAT,
+                        "input B is not a constant uint8 tensor [N=%lld, "
+                        "%lld blocks, %lld bytes]",
+                        (long long)q->N, (long long)q->nblk, (long long)q->blob),
+           false;
   return nbits_scales_zp(G, n, q, 2, 3);
 }
 
@@ -171,19 +177,27 @@ static bool nbits_check(gx *G, gx_node *n, nbits *q) {
 static bool nbits_scales_zp(gx *G, gx_node *n, nbits *q, size_t si, size_t zi) {
   if (!gx_const(G, gx_in(n, si), &q->s) || (q->s.dt != IR_F32 && q->s.dt != IR_F16) ||
       ir_nd_numel(q->s.rank, q->s.shape) != q->N * q->nblk)
-    return gx_fail_node(G, n, IR_BAD_FORMAT, "input scales is not a constant f32/f16 tensor "
-                        "of N x blocks = %lld values", (long long)(q->N * q->nblk)), false;
+    return gx_fail_node(G, n, IR_BAD_FORMAT,
+                        "input scales is not a constant f32/f16 tensor "
+                        "of N x blocks = %lld values",
+                        (long long)(q->N * q->nblk)),
+           false;
   q->has_z = gx_in(n, zi)[0];
   if (!q->has_z) return true;
   if (!gx_const(G, gx_in(n, zi), &q->z))
     return gx_fail_node(G, n, IR_BAD_FORMAT, "input zero_points is not a constant"), false;
   if (q->z.dt != IR_U8 || q->z.is_bool)
-    return gx_fail_node(G, n, IR_UNSUPPORTED, "zero_points of dtype %s are not supported "
-                        "(packed uint8 only)", ir_dtype_name(q->z.dt)), false;
+    return gx_fail_node(G, n, IR_UNSUPPORTED,
+                        "zero_points of dtype %s are not supported "
+                        "(packed uint8 only)",
+                        ir_dtype_name(q->z.dt)),
+           false;
   if (q->z.nbytes != (uint64_t)(q->N * ((q->nblk + 1) / 2)))
-    return gx_fail_node(G, n, IR_BAD_FORMAT, "input zero_points has %llu bytes, expected "
-                        "N x ceil(blocks / 2) = %lld", (unsigned long long)q->z.nbytes,
-                        (long long)(q->N * ((q->nblk + 1) / 2))), false;
+    return gx_fail_node(G, n, IR_BAD_FORMAT,
+                        "input zero_points has %llu bytes, expected "
+                        "N x ceil(blocks / 2) = %lld",
+                        (unsigned long long)q->z.nbytes, (long long)(q->N * ((q->nblk + 1) / 2))),
+           false;
   return true;
 }
 
@@ -265,8 +279,8 @@ static bool reshaped_const(gx *G, const char *v, onnx_dense *out) {
   onnx_dense shp;
   if (!gx_is_op(r, "Reshape")) return gx_const(G, v, out);
   if (!gx_const(G, gx_in(r, 1), &shp)) return false;
-  bool ok = shp.dt == IR_I64 && shp.rank == 1 && shp.shape[0] >= 1 &&
-            shp.shape[0] <= IR_MAX_RANK && gx_const(G, gx_in(r, 0), out);
+  bool ok = shp.dt == IR_I64 && shp.rank == 1 && shp.shape[0] >= 1 && shp.shape[0] <= IR_MAX_RANK &&
+            gx_const(G, gx_in(r, 0), out);
   if (ok) {
     out->rank = (int)shp.shape[0];
     for (int i = 0; i < out->rank; i++) out->shape[i] = ((const int64_t *)shp.data)[i];
@@ -278,8 +292,7 @@ static bool reshaped_const(gx *G, const char *v, onnx_dense *out) {
 /* GatherBlockQuantized (gather rows of a 4-bit table quantized along the row): the same
  * block layout as MatMulNBits with N = rows, K = the row length. */
 static bool gbq_check(gx *G, gx_node *n, nbits *q) {
-  static const char *const known[] = {"bits", "block_size", "gather_axis", "quantize_axis",
-                                      NULL};
+  static const char *const known[] = {"bits", "block_size", "gather_axis", "quantize_axis", NULL};
   if (!gx_attrs_known(G, n, known) ||
       !gx_attr_i_is(G, n, "bits", 4, 4, "only 4-bit tables are supported") ||
       !gx_attr_i_is(G, n, "gather_axis", 0, 0, "row lookups only"))
@@ -287,24 +300,34 @@ static bool gbq_check(gx *G, gx_node *n, nbits *q) {
   int64_t qa = gx_attr_i(n, "quantize_axis", 1);
   q->bs = gx_attr_i(n, "block_size", 128);
   if (qa != 1 && qa != -1)
-    return gx_fail_node(G, n, IR_UNSUPPORTED, "attribute 'quantize_axis' = %lld is not "
-                        "supported (blocks along the row only)", (long long)qa), false;
+    return gx_fail_node(G, n, IR_UNSUPPORTED,
+                        "attribute 'quantize_axis' = %lld is not "
+                        "supported (blocks along the row only)",
+                        (long long)qa),
+           false;
   if (q->bs < 16 || q->bs > 4096 || (q->bs & (q->bs - 1)))
-    return gx_fail_node(G, n, IR_BAD_FORMAT, "attribute 'block_size' = %lld is not a power "
-                        "of two >= 16", (long long)q->bs), false;
+    return gx_fail_node(G, n, IR_BAD_FORMAT,
+                        "attribute 'block_size' = %lld is not a power "
+                        "of two >= 16",
+                        (long long)q->bs),
+           false;
   if (!reshaped_const(G, gx_in(n, 0), &q->b) || q->b.dt != IR_U8 || q->b.is_bool ||
       q->b.rank != 2 || q->b.shape[0] <= 0 || q->b.shape[1] <= 0 || q->b.shape[0] > (1 << 24) ||
-      q->b.shape[1] > (1 << 23) ||
-      q->b.nbytes != (uint64_t)(q->b.shape[0] * q->b.shape[1]))
-    return gx_fail_node(G, n, IR_UNSUPPORTED, "input data is not a constant packed uint8 "
-                        "[rows, row length / 2] table"), false;
+      q->b.shape[1] > (1 << 23) || q->b.nbytes != (uint64_t)(q->b.shape[0] * q->b.shape[1]))
+    return gx_fail_node(G, n, IR_UNSUPPORTED,
+                        "input data is not a constant packed uint8 "
+                        "[rows, row length / 2] table"),
+           false;
   q->N = q->b.shape[0];
   q->K = 2 * q->b.shape[1];
   q->nblk = (q->K + q->bs - 1) / q->bs;
   q->blob = q->bs / 2;
   if (q->K % q->bs)
-    return gx_fail_node(G, n, IR_UNSUPPORTED, "row length %lld is not a multiple of the "
-                        "block size %lld", (long long)q->K, (long long)q->bs), false;
+    return gx_fail_node(G, n, IR_UNSUPPORTED,
+                        "row length %lld is not a multiple of the "
+                        "block size %lld",
+                        (long long)q->K, (long long)q->bs),
+           false;
   return nbits_scales_zp(G, n, q, 2, 3);
 }
 
@@ -325,8 +348,7 @@ bool gx_mat_read(gx *G, gx_node *n, gx_mat *out) {
   if (G->st != IR_OK) return false;
   bool ok = is_nbits(n) ? nbits_read(G, n, out) : matmul_read(G, n, out);
   if (!ok && G->st == IR_OK)
-    gx_fail_node(G, n, IR_UNSUPPORTED, "right operand '%s' is not a constant matrix",
-                 gx_in(n, 1));
+    gx_fail_node(G, n, IR_UNSUPPORTED, "right operand '%s' is not a constant matrix", gx_in(n, 1));
   return ok;
 }
 
@@ -388,20 +410,29 @@ static bool rope_check(gx *G, gx_node *node, const onnx_dense *c, const onnx_den
   bool fp = (c->dt == IR_F32 || c->dt == IR_F16) && c->dt == s->dt;
   if (!fp || c->rank != 2 || s->rank != 2 || c->shape[0] != s->shape[0] ||
       c->shape[1] != s->shape[1] || c->shape[0] < 2)
-    return gx_fail_node(G, node, IR_UNSUPPORTED, "cos/sin caches are not two f32/f16 "
-                        "[positions, rotary_dim / 2] tensors"), false;
+    return gx_fail_node(G, node, IR_UNSUPPORTED,
+                        "cos/sin caches are not two f32/f16 "
+                        "[positions, rotary_dim / 2] tensors"),
+           false;
   int64_t rows = c->shape[0], half = c->shape[1];
   if (2 * half != G->p.head_dim || half < 2)
-    return gx_fail_node(G, node, IR_UNSUPPORTED, "rotary dim %lld (cos cache width x 2) is "
+    return gx_fail_node(G, node, IR_UNSUPPORTED,
+                        "rotary dim %lld (cos cache width x 2) is "
                         "not head_dim %lld: partial rotary is not supported",
-                        (long long)(2 * half), (long long)G->p.head_dim), false;
+                        (long long)(2 * half), (long long)G->p.head_dim),
+           false;
   double theta = rope_theta(c, s, rows, half);
   if (!(theta > 1) || !rope_matches(c, s, rows, half, theta))
-    return gx_fail_node(G, node, IR_UNSUPPORTED, "cos/sin caches are not cos/sin(pos * "
-                        "theta^(-2i/d)) for one theta (scaled RoPE is not supported)"), false;
+    return gx_fail_node(G, node, IR_UNSUPPORTED,
+                        "cos/sin caches are not cos/sin(pos * "
+                        "theta^(-2i/d)) for one theta (scaled RoPE is not supported)"),
+           false;
   if (G->p.rope_theta > 0 && G->p.rope_theta != theta)
-    return gx_fail_node(G, node, IR_UNSUPPORTED, "rope theta %g differs from an earlier "
-                        "layer's %g", theta, G->p.rope_theta), false;
+    return gx_fail_node(G, node, IR_UNSUPPORTED,
+                        "rope theta %g differs from an earlier "
+                        "layer's %g",
+                        theta, G->p.rope_theta),
+           false;
   G->p.rope_theta = theta;
   G->rope_rows = G->rope_rows ? (rows < G->rope_rows ? rows : G->rope_rows) : rows;
   return true;
@@ -413,10 +444,11 @@ bool gx_rope_caches(gx *G, gx_node *node, const char *cos, const char *sin) {
   bool ok = gx_const(G, cos, &c);
   ok = gx_const(G, sin, &s) && ok;
   if (!ok)
-    gx_fail_node(G, node, IR_UNSUPPORTED, "cos/sin caches '%s', '%s' are not constants (a "
-                 "rotary cache chosen at run time is not supported)", cos, sin);
-  else
-    ok = rope_check(G, node, &c, &s);
+    gx_fail_node(G, node, IR_UNSUPPORTED,
+                 "cos/sin caches '%s', '%s' are not constants (a "
+                 "rotary cache chosen at run time is not supported)",
+                 cos, sin);
+  else ok = rope_check(G, node, &c, &s);
   free(c.owned);
   free(s.owned);
   if (ok) {

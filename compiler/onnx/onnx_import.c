@@ -19,9 +19,7 @@ struct onnx_names {
   size_t cap, n;
 };
 
-static uint64_t hash_str(const char *s) {
-  return XXH3_64bits(s, strlen(s));
-}
+static uint64_t hash_str(const char *s) { return XXH3_64bits(s, strlen(s)); }
 
 static int32_t names_get(const onnx_names *nm, const char *key) {
   if (!nm->cap) return -1;
@@ -147,8 +145,10 @@ ir_status imp_const_ints(onnx_imp *im, int32_t t, const char *what, int64_t *val
                          int *n) {
   const ir_tensor *x = imp_t(im, t);
   if (!imp_is_const(im, t))
-    return imp_fail(im, IR_UNSUPPORTED, "%s ('%s') must be a constant: the generic path needs "
-                    "static shapes", what, x->name);
+    return imp_fail(im, IR_UNSUPPORTED,
+                    "%s ('%s') must be a constant: the generic path needs "
+                    "static shapes",
+                    what, x->name);
   int64_t cnt = tensor_numel(x);
   if (cnt < 0 || cnt > max)
     return imp_fail(im, IR_UNSUPPORTED, "%s ('%s') has %lld values (at most %d)", what, x->name,
@@ -200,8 +200,8 @@ static void helper_name(onnx_imp *im, const char *suffix, char *buf, size_t len)
   else snprintf(buf, len, "%s", base);
 }
 
-int32_t imp_weight(onnx_imp *im, const char *suffix, ir_dtype dt, int rank,
-                   const int64_t *shape, const void *data) {
+int32_t imp_weight(onnx_imp *im, const char *suffix, ir_dtype dt, int rank, const int64_t *shape,
+                   const void *data) {
   char name[320];
   uint64_t bytes = ir_dtype_bytes(dt, (uint64_t)ir_nd_numel(rank, shape));
   void *buf = malloc(bytes ? bytes : 1);
@@ -316,8 +316,10 @@ static ir_status read_opsets(onnx_imp *im, const Onnx__ModelProto *mp) {
     if (is_default_domain(o->domain)) im->opset = o->version;
   }
   if (im->opset > INFC_ONNX_MAX_OPSET)
-    return ir_diag_set(im->d, IR_UNSUPPORTED, "ai.onnx opset %lld is newer than this build "
-                       "supports (%d)", (long long)im->opset, INFC_ONNX_MAX_OPSET);
+    return ir_diag_set(im->d, IR_UNSUPPORTED,
+                       "ai.onnx opset %lld is newer than this build "
+                       "supports (%d)",
+                       (long long)im->opset, INFC_ONNX_MAX_OPSET);
   return IR_OK;
 }
 
@@ -340,8 +342,8 @@ static ir_status add_initializers(onnx_imp *im, const Onnx__GraphProto *gp) {
   return IR_OK;
 }
 
-static ir_status input_shape(onnx_imp *im, const Onnx__ValueInfoProto *vi, ir_dtype *dt,
-                             int *rank, ir_dim *dims) {
+static ir_status input_shape(onnx_imp *im, const Onnx__ValueInfoProto *vi, ir_dtype *dt, int *rank,
+                             ir_dim *dims) {
   const Onnx__TypeProto *tp = vi->type;
   bool is_bool;
   if (!tp || tp->value_case != ONNX__TYPE_PROTO__VALUE_TENSOR_TYPE || !tp->tensor_type)
@@ -351,8 +353,10 @@ static ir_status input_shape(onnx_imp *im, const Onnx__ValueInfoProto *vi, ir_dt
     return ir_diag_set(im->d, IR_UNSUPPORTED, "graph input '%s': dtype %s is not supported",
                        vi->name, fmt_onnx_dtype_name(tt->elem_type));
   if (!tt->shape)
-    return ir_diag_set(im->d, IR_UNSUPPORTED, "graph input '%s' has no shape: the generic path "
-                       "needs static shapes", vi->name);
+    return ir_diag_set(im->d, IR_UNSUPPORTED,
+                       "graph input '%s' has no shape: the generic path "
+                       "needs static shapes",
+                       vi->name);
   if (tt->shape->n_dim > IR_MAX_RANK)
     return ir_diag_set(im->d, IR_UNSUPPORTED, "graph input '%s': rank %zu exceeds %d", vi->name,
                        tt->shape->n_dim, IR_MAX_RANK);
@@ -360,23 +364,28 @@ static ir_status input_shape(onnx_imp *im, const Onnx__ValueInfoProto *vi, ir_dt
   for (int k = 0; k < *rank; k++) {
     const Onnx__TensorShapeProto__Dimension *dm = tt->shape->dim[k];
     if (dm->value_case != ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_VALUE || dm->dim_value < 0)
-      return ir_diag_set(im->d, IR_UNSUPPORTED, "graph input '%s': dim %d is symbolic ('%s'): "
-                         "the generic path needs static shapes", vi->name, k,
+      return ir_diag_set(im->d, IR_UNSUPPORTED,
+                         "graph input '%s': dim %d is symbolic ('%s'): "
+                         "the generic path needs static shapes",
+                         vi->name, k,
                          dm->value_case == ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_PARAM
-                             ? dm->dim_param : "?");
+                             ? dm->dim_param
+                             : "?");
     dims[k] = (ir_dim){.n = dm->dim_value, .sym = IR_SYM_NONE};
   }
   return IR_OK;
 }
 
 /* A bound input becomes a weight holding the binding's value. */
-static ir_status bind_input(onnx_imp *im, const char *name, const fmt_onnx_tensor *v,
-                            ir_dtype dt, int rank, const ir_dim *dims) {
+static ir_status bind_input(onnx_imp *im, const char *name, const fmt_onnx_tensor *v, ir_dtype dt,
+                            int rank, const ir_dim *dims) {
   bool same = v->dtype == dt && v->rank == rank;
   for (int k = 0; same && k < rank; k++) same = v->shape[k] == dims[k].n;
   if (!same)
-    return ir_diag_set(im->d, IR_INVALID_ARG, "binding for input '%s' does not match its dtype "
-                       "and shape", name);
+    return ir_diag_set(im->d, IR_INVALID_ARG,
+                       "binding for input '%s' does not match its dtype "
+                       "and shape",
+                       name);
   void *buf = malloc(v->nbytes ? v->nbytes : 1);
   if (!buf || !ir_graph_adopt(im->g, buf)) return ir_diag_set(im->d, IR_OOM, "out of memory");
   if (v->nbytes) memcpy(buf, v->data, v->nbytes);
@@ -419,8 +428,9 @@ static ir_status add_inputs(onnx_imp *im, const Onnx__GraphProto *gp) {
 
 static void node_where(onnx_imp *im, const Onnx__NodeProto *n) {
   if (n->name && n->name[0]) snprintf(im->where, sizeof im->where, "node '%s'", n->name);
-  else snprintf(im->where, sizeof im->where, "node #%d (%s, output '%s')", im->node_index,
-                n->op_type ? n->op_type : "no op_type", n->n_output ? n->output[0] : "");
+  else
+    snprintf(im->where, sizeof im->where, "node #%d (%s, output '%s')", im->node_index,
+             n->op_type ? n->op_type : "no op_type", n->n_output ? n->output[0] : "");
 }
 
 static ir_status lower_node(onnx_imp *im, const Onnx__NodeProto *n) {
@@ -448,8 +458,8 @@ static ir_status lower_node(onnx_imp *im, const Onnx__NodeProto *n) {
   ir_status st = op->fn(im, op->arg);
   for (size_t k = 0; st == IR_OK && k < n->n_output; k++)
     if (n->output[k][0] && names_get(im->names, n->output[k]) < 0)
-      st = imp_fail(im, IR_UNSUPPORTED, "op '%s': output %zu ('%s') is not supported",
-                    n->op_type, k, n->output[k]);
+      st = imp_fail(im, IR_UNSUPPORTED, "op '%s': output %zu ('%s') is not supported", n->op_type,
+                    k, n->output[k]);
   return st;
 }
 
@@ -535,9 +545,8 @@ ir_status infc_onnx_import(const char *path, const ir_model_config *limits, infc
 }
 
 ir_status infc_onnx_import_bound(const char *path, const ir_model_config *limits,
-                                 const infc_onnx_binding *binds, int n_binds,
-                                 infc_onnx **out_model, ir_graph **out_graph, char *out_hash,
-                                 ir_diag *d) {
+                                 const infc_onnx_binding *binds, int n_binds, infc_onnx **out_model,
+                                 ir_graph **out_graph, char *out_hash, ir_diag *d) {
   ir_diag local = {0};
   *out_model = NULL;
   *out_graph = NULL;

@@ -53,9 +53,9 @@ typedef struct onnx_imp {
   int64_t opset; /* ai.onnx */
   const Onnx__NodeProto *node;
   int node_index;
-  char where[320]; /* "node 'name'" for messages */
-  int n_tmp;       /* intermediate tensors made for this node */
-  int32_t first_tensor; /* tensors from this index on were made for this node */
+  char where[320];                /* "node 'name'" for messages */
+  int n_tmp;                      /* intermediate tensors made for this node */
+  int32_t first_tensor;           /* tensors from this index on were made for this node */
   const infc_onnx_binding *binds; /* graph inputs fixed to values */
   int n_binds;
   ir_diag *d;
@@ -66,9 +66,9 @@ typedef ir_status (*onnx_lower_fn)(onnx_imp *im, int arg);
 typedef struct onnx_op {
   const char *domain; /* "" (ai.onnx) or "com.microsoft" */
   const char *name;
-  int since;          /* first opset of the domain that has it */
+  int since; /* first opset of the domain that has it */
   onnx_lower_fn fn;
-  int arg;            /* passed to fn: usually the ir_op */
+  int arg; /* passed to fn: usually the ir_op */
 } onnx_op;
 
 /* Op tables of the lowering files, each ending with a {NULL} entry. */
@@ -103,15 +103,14 @@ bool imp_attr_req(onnx_imp *im, const char *name);
 
 /* Values of a constant integer tensor (a weight of any int dtype), at most max of them.
  * Fails naming `what` when the tensor is not constant. */
-ir_status imp_const_ints(onnx_imp *im, int32_t t, const char *what, int64_t *vals, int max,
-                         int *n);
+ir_status imp_const_ints(onnx_imp *im, int32_t t, const char *what, int64_t *vals, int max, int *n);
 /* The single value of a constant scalar-like tensor as double. */
 ir_status imp_const_scalar(onnx_imp *im, int32_t t, const char *what, double *out);
 bool imp_is_const(const onnx_imp *im, int32_t t);
 
 /* A new weight (data copied into memory the graph owns). */
-int32_t imp_weight(onnx_imp *im, const char *suffix, ir_dtype dt, int rank,
-                   const int64_t *shape, const void *data);
+int32_t imp_weight(onnx_imp *im, const char *suffix, ir_dtype dt, int rank, const int64_t *shape,
+                   const void *data);
 /* Adds an IR node for the current ONNX node (name: the node's, plus /suffix for helper
  * nodes), folding it at once when its inputs are constant. Returns its first output
  * (all outputs in outs, if non-NULL), or -1 with d set. */

@@ -281,9 +281,8 @@ static bool classify_qkv(lm *L, const int *idx, int qk, int pv, int *qkv) {
   for (int j = 0; vs && j < 3; j++)
     if (!strcmp(vs, proj_value(L, idx[j]))) v = idx[j];
   if (v < 0)
-    return lm_fail(L,
-                   "the P·V MatMul does not read the v projection (or a past-KV "
-                   "Concat of it)"),
+    return lm_fail(L, "the P·V MatMul does not read the v projection (or a past-KV "
+                      "Concat of it)"),
            false;
   int64_t half = 0, h2 = 0;
   qkv[2] = v;
@@ -295,10 +294,9 @@ static bool classify_qkv(lm *L, const int *idx, int qk, int pv, int *qkv) {
       qkv[1] = idx[j];
   }
   if (qkv[0] < 0 || qkv[1] < 0 || half != h2)
-    return lm_fail(L,
-                   "q and k are not rotated by RoPE (rotate-half or adjacent pairs, by "
-                   "cos/sin of position * theta^(-2i/d) laid out to match; scaled RoPE "
-                   "is not recognised)"),
+    return lm_fail(L, "q and k are not rotated by RoPE (rotate-half or adjacent pairs, by "
+                      "cos/sin of position * theta^(-2i/d) laid out to match; scaled RoPE "
+                      "is not recognised)"),
            false;
   int64_t hd = 2 * half, qw = proj_width(L, qkv[0]), kw = proj_width(L, qkv[1]);
   if (hd <= 0 || qw % hd || kw % hd || proj_width(L, v) != kw)

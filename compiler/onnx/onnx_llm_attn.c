@@ -46,8 +46,7 @@ static lm_rope_kind cached_layout(const float *T, int64_t P, int64_t d) {
 
 /* Whether c(p, i) (cos of position p, frequency i) is cos(p * theta^(-2i/d)) as torch
  * computes it in f32 (its angle rounded to f32: the tolerance grows with it). */
-static bool cached_matches(const float *T, int64_t P, int64_t d, lm_rope_kind kind,
-                           double theta) {
+static bool cached_matches(const float *T, int64_t P, int64_t d, lm_rope_kind kind, double theta) {
   int64_t half = d / 2;
   for (int64_t i = 0; i < half; i++) {
     float inv = (float)(1.0 / pow(theta, (double)(2 * i) / (double)d));
@@ -94,9 +93,8 @@ static bool match_cached_table(lm *L, node_t *g) {
   onnx_dense T;
   if (!lm_const_tensor(L, t, &T)) return false;
   int64_t P = T.shape[0], d = T.shape[1];
-  lm_rope_kind kind = T.rank == 2 && T.dt == IR_F32 && d % 2 == 0
-                          ? cached_layout(T.data, P, d)
-                          : LM_ROPE_UNKNOWN;
+  lm_rope_kind kind =
+      T.rank == 2 && T.dt == IR_F32 && d % 2 == 0 ? cached_layout(T.data, P, d) : LM_ROPE_UNKNOWN;
   double theta = 0;
   bool ok = kind != LM_ROPE_UNKNOWN && cached_theta(T.data, P, d, kind, &theta);
   free(T.owned);

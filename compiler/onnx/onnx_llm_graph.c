@@ -77,8 +77,7 @@ bool lm_const_tensor(lm *L, const char *v, onnx_dense *out) {
   else if (e && lm_is_op(L->gp->node[e->idx], "Constant")) {
     node_t *n = L->gp->node[e->idx];
     for (size_t i = 0; i < n->n_attribute; i++)
-      if (n->attribute[i]->name && !strcmp(n->attribute[i]->name, "value"))
-        tp = n->attribute[i]->t;
+      if (n->attribute[i]->name && !strcmp(n->attribute[i]->name, "value")) tp = n->attribute[i]->t;
   }
   ir_diag ignore = {0};
   return tp && onnx_tensor_decode(tp, L->m, out, &ignore) == IR_OK;

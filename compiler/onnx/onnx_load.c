@@ -55,8 +55,7 @@ ir_status onnx_model_load(const char *path, infc_onnx **out, ir_diag *d) {
   if (st == IR_OK && m->map_size == 0) st = ir_diag_set(d, IR_BAD_FORMAT, "empty file");
   if (st == IR_OK && !(m->model = onnx__model_proto__unpack(NULL, m->map_size, m->map)))
     st = ir_diag_set(d, IR_BAD_FORMAT, "not an ONNX model (the ModelProto does not decode)");
-  if (st == IR_OK && !m->model->graph)
-    st = ir_diag_set(d, IR_BAD_FORMAT, "the model has no graph");
+  if (st == IR_OK && !m->model->graph) st = ir_diag_set(d, IR_BAD_FORMAT, "the model has no graph");
   if (st != IR_OK) {
     infc_onnx_close(m);
     return st;
@@ -95,15 +94,19 @@ static ir_status open_ext(infc_onnx *m, const char *loc, onnx_ext_file *f, ir_di
   char joined[4096], real[PATH_MAX];
   size_t dl = strlen(m->dir);
   if (!safe_location(loc))
-    return ir_diag_set(d, IR_BAD_FORMAT, "external data location '%s' leaves the model's "
-                       "directory", loc);
+    return ir_diag_set(d, IR_BAD_FORMAT,
+                       "external data location '%s' leaves the model's "
+                       "directory",
+                       loc);
   if (!infc_path_join(joined, sizeof joined, m->dir, loc))
     return ir_diag_set(d, IR_BAD_FORMAT, "external data location '%s' is too long", loc);
   if (!realpath(joined, real))
     return ir_diag_set(d, IR_IO, "external data '%s': %s", loc, strerror(errno));
   if (strncmp(real, m->dir, dl) != 0 || (real[dl] != '/' && strcmp(m->dir, "/") != 0))
-    return ir_diag_set(d, IR_BAD_FORMAT, "external data location '%s' resolves outside the "
-                       "model's directory", loc);
+    return ir_diag_set(d, IR_BAD_FORMAT,
+                       "external data location '%s' resolves outside the "
+                       "model's directory",
+                       loc);
   if (!(f->location = strdup(loc))) return ir_diag_set(d, IR_OOM, "out of memory");
   return map_file(real, &f->map, &f->size, d);
 }
@@ -129,8 +132,10 @@ ir_status onnx_ext_resolve(infc_onnx *m, const char *location, uint64_t offset, 
     m->n_ext++;
   }
   if (offset > f->size || length > f->size - offset)
-    return ir_diag_set(d, IR_BAD_FORMAT, "external data '%s': bytes [%" PRIu64 ", +%" PRIu64
-                       ") lie outside its %zu bytes", location, offset, length, f->size);
+    return ir_diag_set(d, IR_BAD_FORMAT,
+                       "external data '%s': bytes [%" PRIu64 ", +%" PRIu64
+                       ") lie outside its %zu bytes",
+                       location, offset, length, f->size);
   *out = f->map + offset;
   return IR_OK;
 }

@@ -60,9 +60,7 @@ static ir_status lower_unary(onnx_imp *im, int arg) {
   return imp_bind(im, 0, widen && !test ? imp_cast(im, y, dt) : y);
 }
 
-static bool is_compare(ir_op op) {
-  return op >= IR_OP_ND_EQUAL && op <= IR_OP_ND_GREATER_EQUAL;
-}
+static bool is_compare(ir_op op) { return op >= IR_OP_ND_EQUAL && op <= IR_OP_ND_GREATER_EQUAL; }
 
 /* One binary node, with f16/bf16 (and mixed-dtype Pow) computed in f32. */
 static int32_t binary(onnx_imp *im, ir_op op, int32_t a, int32_t b) {
@@ -170,8 +168,7 @@ static ir_status lower_clip(onnx_imp *im, int arg) {
       double v;
       if (imp_is_const(im, b[i]) && imp_const_scalar(im, b[i], "bound", &v) == IR_OK)
         *(i ? &hi : &lo) = v;
-      else
-        *(i ? &bmax : &bmin) = b[i];
+      else *(i ? &bmax : &bmin) = b[i];
     }
   }
   ir_dtype dt = imp_t(im, x)->dtype;
@@ -183,27 +180,67 @@ static ir_status lower_clip(onnx_imp *im, int arg) {
   return imp_bind(im, 0, is_half(dt) ? imp_cast(im, y, dt) : y);
 }
 
-#define UN(name, since, op) {"", name, since, lower_unary, IR_OP_ND_##op}
-#define BIN(name, since, op) {"", name, since, lower_binary, IR_OP_ND_##op}
+#define UN(name, since, op)                                                                        \
+  { "", name, since, lower_unary, IR_OP_ND_##op }
+#define BIN(name, since, op)                                                                       \
+  { "", name, since, lower_binary, IR_OP_ND_##op }
 
 const onnx_op onnx_ops_elementwise[] = {
-    UN("Neg", 1, NEG), UN("Abs", 1, ABS), UN("Sqrt", 1, SQRT), UN("Reciprocal", 1, RECIPROCAL),
-    UN("Exp", 1, EXP), UN("Log", 1, LOG), UN("Tanh", 1, TANH), UN("Sigmoid", 1, SIGMOID),
-    UN("Erf", 9, ERF), UN("Relu", 1, RELU), UN("Sin", 7, SIN), UN("Cos", 7, COS),
-    UN("Tan", 7, TAN), UN("Asin", 7, ASIN), UN("Acos", 7, ACOS), UN("Atan", 7, ATAN),
-    UN("Sinh", 9, SINH), UN("Cosh", 9, COSH), UN("Asinh", 9, ASINH), UN("Acosh", 9, ACOSH),
-    UN("Atanh", 9, ATANH), UN("Floor", 1, FLOOR), UN("Ceil", 1, CEIL), UN("Round", 11, ROUND),
-    UN("Sign", 9, SIGN), UN("Softplus", 1, SOFTPLUS), UN("Softsign", 1, SOFTSIGN),
-    UN("Gelu", 20, GELU), UN("Elu", 1, ELU), UN("Selu", 1, SELU), UN("LeakyRelu", 1, LEAKY_RELU),
-    UN("HardSigmoid", 1, HARD_SIGMOID), UN("HardSwish", 14, HARD_SWISH),
-    UN("ThresholdedRelu", 10, THRESHOLDED_RELU), UN("Celu", 12, CELU), UN("Mish", 18, MISH),
-    UN("Not", 1, NOT), UN("IsNaN", 9, ISNAN), UN("IsInf", 10, ISINF),
+    UN("Neg", 1, NEG),
+    UN("Abs", 1, ABS),
+    UN("Sqrt", 1, SQRT),
+    UN("Reciprocal", 1, RECIPROCAL),
+    UN("Exp", 1, EXP),
+    UN("Log", 1, LOG),
+    UN("Tanh", 1, TANH),
+    UN("Sigmoid", 1, SIGMOID),
+    UN("Erf", 9, ERF),
+    UN("Relu", 1, RELU),
+    UN("Sin", 7, SIN),
+    UN("Cos", 7, COS),
+    UN("Tan", 7, TAN),
+    UN("Asin", 7, ASIN),
+    UN("Acos", 7, ACOS),
+    UN("Atan", 7, ATAN),
+    UN("Sinh", 9, SINH),
+    UN("Cosh", 9, COSH),
+    UN("Asinh", 9, ASINH),
+    UN("Acosh", 9, ACOSH),
+    UN("Atanh", 9, ATANH),
+    UN("Floor", 1, FLOOR),
+    UN("Ceil", 1, CEIL),
+    UN("Round", 11, ROUND),
+    UN("Sign", 9, SIGN),
+    UN("Softplus", 1, SOFTPLUS),
+    UN("Softsign", 1, SOFTSIGN),
+    UN("Gelu", 20, GELU),
+    UN("Elu", 1, ELU),
+    UN("Selu", 1, SELU),
+    UN("LeakyRelu", 1, LEAKY_RELU),
+    UN("HardSigmoid", 1, HARD_SIGMOID),
+    UN("HardSwish", 14, HARD_SWISH),
+    UN("ThresholdedRelu", 10, THRESHOLDED_RELU),
+    UN("Celu", 12, CELU),
+    UN("Mish", 18, MISH),
+    UN("Not", 1, NOT),
+    UN("IsNaN", 9, ISNAN),
+    UN("IsInf", 10, ISINF),
     {"com.microsoft", "Gelu", 1, lower_unary, IR_OP_ND_GELU},
-    BIN("Add", 1, ADD), BIN("Sub", 1, SUB), BIN("Mul", 1, MUL), BIN("Div", 1, DIV),
-    BIN("Pow", 1, POW), BIN("Mod", 10, MOD), BIN("And", 1, AND), BIN("Or", 1, OR),
-    BIN("Xor", 1, XOR), BIN("Equal", 1, EQUAL), BIN("Less", 1, LESS),
-    BIN("LessOrEqual", 12, LESS_EQUAL), BIN("Greater", 1, GREATER),
-    BIN("GreaterOrEqual", 12, GREATER_EQUAL), BIN("PRelu", 1, PRELU),
+    BIN("Add", 1, ADD),
+    BIN("Sub", 1, SUB),
+    BIN("Mul", 1, MUL),
+    BIN("Div", 1, DIV),
+    BIN("Pow", 1, POW),
+    BIN("Mod", 10, MOD),
+    BIN("And", 1, AND),
+    BIN("Or", 1, OR),
+    BIN("Xor", 1, XOR),
+    BIN("Equal", 1, EQUAL),
+    BIN("Less", 1, LESS),
+    BIN("LessOrEqual", 12, LESS_EQUAL),
+    BIN("Greater", 1, GREATER),
+    BIN("GreaterOrEqual", 12, GREATER_EQUAL),
+    BIN("PRelu", 1, PRELU),
     {"", "Sum", 1, lower_variadic, IR_OP_ND_ADD},
     {"", "Mean", 1, lower_variadic, IR_OP_ND_DIV},
     {"", "Max", 1, lower_variadic, IR_OP_ND_MAX},

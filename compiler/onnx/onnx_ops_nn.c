@@ -147,8 +147,8 @@ static ir_status lower_norm(onnx_imp *im, int arg) {
       !imp_axis(im, imp_attr_i(im, "axis", -1), imp_shape(im, in[0], s), &axis))
     return im->d->status;
   ir_dtype dt = imp_t(im, imp_in(im, 0))->dtype;
-  ir_attr a[3] = {IR_AI(A("axis"), axis),
-                  IR_AF(A("eps"), imp_attr_f(im, "epsilon", 1e-5f)), IR_AI(A("n_out"), n_out)};
+  ir_attr a[3] = {IR_AI(A("axis"), axis), IR_AF(A("eps"), imp_attr_f(im, "epsilon", 1e-5f)),
+                  IR_AI(A("n_out"), n_out)};
   ir_op op = rms ? IR_OP_ND_RMS_NORM : IR_OP_ND_LAYER_NORM;
   if (imp_emit(im, op, NULL, in, in[2] >= 0 ? 3 : 2, a, 3, outs) < 0) return im->d->status;
   const ir_dtype dts[3] = {dt, IR_F32, IR_F32}; /* mean and inv_std stay f32 (stash type) */
@@ -187,7 +187,8 @@ static ir_status lower_attention(onnx_imp *im, int arg) {
   int n_out = wanted_outputs(im);
   ir_attr a[7] = {IR_AI(A("q_num_heads"), hq),
                   IR_AI(A("kv_num_heads"), imp_attr_i(im, "kv_num_heads", 0)),
-                  IR_AF(A("scale"), scale), IR_AF(A("softcap"), imp_attr_f(im, "softcap", 0.0f)),
+                  IR_AF(A("scale"), scale),
+                  IR_AF(A("softcap"), imp_attr_f(im, "softcap", 0.0f)),
                   IR_AI(A("is_causal"), imp_attr_i(im, "is_causal", 0)),
                   IR_AI(A("qk_mode"), imp_attr_i(im, "qk_matmul_output_mode", 0)),
                   IR_AI(A("n_out"), n_out)};
@@ -209,16 +210,22 @@ static ir_status lower_rotary(onnx_imp *im, int arg) {
   return bind_as(im, 0, y, dt);
 }
 
-#define RED(name, since, op) {"", name, since, lower_reduce, IR_OP_ND_##op}
+#define RED(name, since, op)                                                                       \
+  { "", name, since, lower_reduce, IR_OP_ND_##op }
 
 const onnx_op onnx_ops_nn[] = {
     {"", "MatMul", 1, lower_matmul, 0},
     {"", "Gemm", 1, lower_gemm, 0},
-    RED("ReduceSum", 1, REDUCE_SUM), RED("ReduceMean", 1, REDUCE_MEAN),
-    RED("ReduceMax", 1, REDUCE_MAX), RED("ReduceMin", 1, REDUCE_MIN),
-    RED("ReduceProd", 1, REDUCE_PROD), RED("ReduceL1", 1, REDUCE_L1),
-    RED("ReduceL2", 1, REDUCE_L2), RED("ReduceLogSum", 1, REDUCE_LOG_SUM),
-    RED("ReduceLogSumExp", 1, REDUCE_LOG_SUM_EXP), RED("ReduceSumSquare", 1, REDUCE_SUM_SQUARE),
+    RED("ReduceSum", 1, REDUCE_SUM),
+    RED("ReduceMean", 1, REDUCE_MEAN),
+    RED("ReduceMax", 1, REDUCE_MAX),
+    RED("ReduceMin", 1, REDUCE_MIN),
+    RED("ReduceProd", 1, REDUCE_PROD),
+    RED("ReduceL1", 1, REDUCE_L1),
+    RED("ReduceL2", 1, REDUCE_L2),
+    RED("ReduceLogSum", 1, REDUCE_LOG_SUM),
+    RED("ReduceLogSumExp", 1, REDUCE_LOG_SUM_EXP),
+    RED("ReduceSumSquare", 1, REDUCE_SUM_SQUARE),
     {"", "ArgMax", 1, lower_arg, IR_OP_ND_ARGMAX},
     {"", "ArgMin", 1, lower_arg, IR_OP_ND_ARGMIN},
     {"", "Softmax", 1, lower_softmax, IR_OP_ND_SOFTMAX},

@@ -262,8 +262,11 @@ static ir_status lower_pad(onnx_imp *im, int arg) {
     pads[axis + r] = raw[i + k];
   }
   imp_attr_s(im, "mode", mode, sizeof mode);
-  int m = !mode[0] || !strcmp(mode, "constant") ? 0 : !strcmp(mode, "reflect") ? 1
-          : !strcmp(mode, "edge") ? 2 : !strcmp(mode, "wrap") ? 3 : -1;
+  int m = !mode[0] || !strcmp(mode, "constant") ? 0
+          : !strcmp(mode, "reflect")            ? 1
+          : !strcmp(mode, "edge")               ? 2
+          : !strcmp(mode, "wrap")               ? 3
+                                                : -1;
   if (m < 0) return imp_fail(im, IR_UNSUPPORTED, "pad mode '%s'", mode);
   ir_attr a[3] = {IR_AIS(A("pads"), pads, 2 * r), IR_AI(A("mode"), m), IR_AF(A("value"), value)};
   return imp_bind(im, 0, imp_emit(im, IR_OP_ND_PAD, NULL, &x, 1, a, 3, NULL));
@@ -413,8 +416,10 @@ static ir_status lower_eye_like(onnx_imp *im, int arg) {
   int64_t k = imp_attr_i(im, "k", 0), n = 0;
   uint64_t es = ir_dtype_bytes(dt, 1);
   if (s[0] < 0 || s[1] < 0 || __builtin_mul_overflow(s[0], s[1], &n) || n > (1 << 28) / 8)
-    return imp_fail(im, IR_UNSUPPORTED, "EyeLike: a %lld x %lld constant is too large (at most "
-                    "2^25 values)", (long long)s[0], (long long)s[1]);
+    return imp_fail(im, IR_UNSUPPORTED,
+                    "EyeLike: a %lld x %lld constant is too large (at most "
+                    "2^25 values)",
+                    (long long)s[0], (long long)s[1]);
   uint8_t *buf = calloc((size_t)(n ? n : 1), es);
   if (!buf) return imp_fail(im, IR_OOM, "out of memory");
   float onef = 1.0f;

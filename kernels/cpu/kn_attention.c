@@ -139,7 +139,7 @@ typedef struct attn_rows {
   const float *k, *v;        /* f32 cache rows, or NULL */
   const uint16_t *k16, *v16; /* f16 cache rows, or NULL */
   const int8_t *k8, *v8;     /* int8 cache rows */
-  const float *ks;        /* int8: the k scale of each row */
+  const float *ks;           /* int8: the k scale of each row */
   int64_t hd;
   int n;
 } attn_rows;
@@ -174,8 +174,8 @@ static float attn_kval(const attn_rows *r, int64_t j, int64_t d) {
 }
 
 /* Row j of K (or V) as f32: the f32 cache in place, others widened into buf. */
-static const float *attn_row_f32(const float *f, const uint16_t *h, const int8_t *q,
-                                 int64_t off, int64_t n, float *buf) {
+static const float *attn_row_f32(const float *f, const uint16_t *h, const int8_t *q, int64_t off,
+                                 int64_t n, float *buf) {
   if (f) return f + off;
   for (int64_t i = 0; i < n; i++) buf[i] = h ? ir_f16_to_f32(h[off + i]) : (float)q[off + i];
   return buf;
@@ -202,8 +202,7 @@ static void attn_exp_c(float *x, int n) {
   for (int j = 0; j < n; j++) x[j] = attn_exp(x[j]);
 }
 
-static void attn_accum_c(float *acc, const float *p, const attn_rows *r, int64_t d0,
-                         int64_t dn) {
+static void attn_accum_c(float *acc, const float *p, const attn_rows *r, int64_t d0, int64_t dn) {
   float buf[KN_ATTN_DSLICE];
   for (int j = 0; j < r->n; j++) {
     const float *v = attn_row_f32(r->v, r->v16, r->v8, j * r->hd + d0, dn, buf);
@@ -221,8 +220,7 @@ static void attn_widen_from(const attn_rows *r, int64_t i0, float *k, float *v) 
 
 static void attn_widen_c(const attn_rows *r, float *k, float *v) { attn_widen_from(r, 0, k, v); }
 
-static const attn_kernels k_attn_c = {attn_scores_c, attn_exp_c, attn_accum_c, attn_widen_c,
-                                      NULL};
+static const attn_kernels k_attn_c = {attn_scores_c, attn_exp_c, attn_accum_c, attn_widen_c, NULL};
 
 #if KN_ATTN_X86
 #define ATTN_AVX2 __attribute__((target("avx2,fma,f16c")))
@@ -238,14 +236,14 @@ ATTN_AVX2_INLINE float attn_fold8(__m256 h) {
 }
 
 #define ATTN_AVX512 __attribute__((target("avx512f,avx2,fma,f16c")))
-#define ATTN_AVX512_INLINE                                                                  \
+#define ATTN_AVX512_INLINE                                                                         \
   static inline __attribute__((target("avx512f,avx2,fma,f16c"), always_inline))
 
 /* 16 values of a cache row from off on as f32, the cache type known at compile time. */
 enum { ATTN_KIND_F32, ATTN_KIND_F16, ATTN_KIND_I8 };
 
 ATTN_AVX512_INLINE __m512 attn_ld16(int kind, const float *f, const uint16_t *h, const int8_t *b,
-                                   int64_t off) {
+                                    int64_t off) {
   if (kind == ATTN_KIND_F32) return _mm512_loadu_ps(f + off);
   if (kind == ATTN_KIND_F16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + off)));
   return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + off))));
@@ -303,8 +301,8 @@ ATTN_AVX512_INLINE __m512 attn_fold_rows(const __m512 *t) {
                          _mm512_shuffle_ps(t[2 * j], t[2 * j + 1], _MM_SHUFFLE(3, 2, 3, 2)));
   __m512 w = _mm512_add_ps(_mm512_shuffle_ps(u[0], u[1], _MM_SHUFFLE(2, 0, 2, 0)),
                            _mm512_shuffle_ps(u[0], u[1], _MM_SHUFFLE(3, 1, 3, 1)));
-  return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15),
-                               w);
+  return _mm512_permutexvar_ps(
+      _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), w);
 }
 
 static ATTN_AVX512 void attn_scores_avx512(const float *q, const attn_rows *r, float scale,
@@ -380,7 +378,8 @@ static ATTN_AVX512 void attn_accum_avx512(float *acc, const float *p, const attn
       __m512 pj = _mm512_set1_ps(p[j]);
       int64_t off = j * r->hd + d0 + d;
       for (int u = 0; u < nu; u++)
-        a[u] = _mm512_fmadd_ps(pj, attn_v16(r, off + u * KN_ATTN_LANES, left - u * KN_ATTN_LANES), a[u]);
+        a[u] = _mm512_fmadd_ps(pj, attn_v16(r, off + u * KN_ATTN_LANES, left - u * KN_ATTN_LANES),
+                               a[u]);
     }
     for (int u = 0; u < nu; u++) {
       int64_t nv = left - u * KN_ATTN_LANES;
@@ -402,8 +401,7 @@ ATTN_AVX2_INLINE __m256 attn_ld8(int kind, const float *f, const uint16_t *h, co
 }
 
 /* The same, the cache type that of the row pointer that is set (all 8 values are real). */
-ATTN_AVX2_INLINE __m256 attn_row8(const float *f, const uint16_t *h, const int8_t *q,
-                                   int64_t off) {
+ATTN_AVX2_INLINE __m256 attn_row8(const float *f, const uint16_t *h, const int8_t *q, int64_t off) {
   return attn_ld8(f ? ATTN_KIND_F32 : h ? ATTN_KIND_F16 : ATTN_KIND_I8, f, h, q, off);
 }
 
@@ -419,10 +417,10 @@ ATTN_AVX2_INLINE float attn_score_tail(const float *q, const attn_rows *r, int j
  * two 128-bit halves, then (l, l+2), then (0, 1); f[c] is row c's. */
 ATTN_AVX2_INLINE void attn_fold4_avx2(__m256 v0, __m256 v1, __m256 v2, __m256 v3, float *f) {
   /* (l, l+4): [v0 | v1] and [v2 | v3], four lanes each */
-  __m256 t01 = _mm256_add_ps(_mm256_permute2f128_ps(v0, v1, 0x20),
-                             _mm256_permute2f128_ps(v0, v1, 0x31));
-  __m256 t23 = _mm256_add_ps(_mm256_permute2f128_ps(v2, v3, 0x20),
-                             _mm256_permute2f128_ps(v2, v3, 0x31));
+  __m256 t01 =
+      _mm256_add_ps(_mm256_permute2f128_ps(v0, v1, 0x20), _mm256_permute2f128_ps(v0, v1, 0x31));
+  __m256 t23 =
+      _mm256_add_ps(_mm256_permute2f128_ps(v2, v3, 0x20), _mm256_permute2f128_ps(v2, v3, 0x31));
   /* (l, l+2): [v0 v0 v2 v2 | v1 v1 v3 v3] */
   __m256 u = _mm256_add_ps(_mm256_shuffle_ps(t01, t23, _MM_SHUFFLE(1, 0, 1, 0)),
                            _mm256_shuffle_ps(t01, t23, _MM_SHUFFLE(3, 2, 3, 2)));
@@ -436,13 +434,11 @@ ATTN_AVX2_INLINE void attn_fold4_avx2(__m256 v0, __m256 v1, __m256 v2, __m256 v3
 
 /* Four rows at a time (eight independent fma chains, q loaded once), folded together by
  * attn_fold4_avx2. */
-static ATTN_AVX2 void attn_scores_avx2(const float *q, const attn_rows *r, float scale,
-                                       float *s) {
+static ATTN_AVX2 void attn_scores_avx2(const float *q, const attn_rows *r, float scale, float *s) {
   int64_t hd = r->hd, full = hd / KN_ATTN_LANES * KN_ATTN_LANES;
   int j = 0;
   for (; j + 4 <= r->n; j += 4) {
-    __m256 l0 = _mm256_setzero_ps(), h0 = l0, l1 = l0, h1 = l0, l2 = l0, h2 = l0, l3 = l0,
-           h3 = l0;
+    __m256 l0 = _mm256_setzero_ps(), h0 = l0, l1 = l0, h1 = l0, l2 = l0, h2 = l0, l3 = l0, h3 = l0;
     const int64_t r0 = j * hd, r1 = r0 + hd, r2 = r1 + hd, r3 = r2 + hd;
     for (int64_t i = 0; i < full; i += KN_ATTN_LANES) {
       __m256 ql = _mm256_loadu_ps(q + i), qh = _mm256_loadu_ps(q + i + 8);
@@ -465,8 +461,8 @@ static ATTN_AVX2 void attn_scores_avx2(const float *q, const attn_rows *r, float
     int64_t row = j * hd;
     for (int64_t i = 0; i < full; i += KN_ATTN_LANES) {
       lo = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), attn_row8(r->k, r->k16, r->k8, row + i), lo);
-      hi = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8),
-                           attn_row8(r->k, r->k16, r->k8, row + i + 8), hi);
+      hi = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8), attn_row8(r->k, r->k16, r->k8, row + i + 8),
+                           hi);
     }
     s[j] = attn_score_tail(q, r, j, attn_fold8(_mm256_add_ps(lo, hi)), scale);
   }
@@ -488,9 +484,10 @@ static ATTN_AVX2 void attn_exp_avx2(float *x, int n) {
 
 /* acc[d] += p_j v_j[d], rows in order for each dim: 64 dims in eight registers (eight
  * independent fma chains), then 32 in four, then the last dims one by one. */
-#define ATTN_ACC8(a, u, off) a = _mm256_fmadd_ps(pj, attn_row8(r->v, r->v16, r->v8, (off) + 8 * (u)), a)
-static ATTN_AVX2 void attn_accum_avx2(float *acc, const float *p, const attn_rows *r,
-                                      int64_t d0, int64_t dn) {
+#define ATTN_ACC8(a, u, off)                                                                       \
+  a = _mm256_fmadd_ps(pj, attn_row8(r->v, r->v16, r->v8, (off) + 8 * (u)), a)
+static ATTN_AVX2 void attn_accum_avx2(float *acc, const float *p, const attn_rows *r, int64_t d0,
+                                      int64_t dn) {
   int64_t d = 0;
   for (; d + 64 <= dn; d += 64) {
     float *o = acc + d;
@@ -571,7 +568,8 @@ ATTN_AVX512_INLINE void attn_chunk16_body(attn_state *const *st, const float *co
       for (int c = 0; c < 4; c++) a[i][c] = _mm512_setzero_ps();
     for (int64_t d = 0; d < hd; d += KN_ATTN_LANES) {
       __m512 kr[4];
-      for (int c = 0; c < 4; c++) kr[c] = attn_ld16(kind, r->k, r->k16, r->k8, (4 * g + c) * hd + d);
+      for (int c = 0; c < 4; c++)
+        kr[c] = attn_ld16(kind, r->k, r->k16, r->k8, (4 * g + c) * hd + d);
       for (int i = 0; i < nq; i++) {
         __m512 qv = _mm512_loadu_ps(q[i] + d);
         for (int c = 0; c < 4; c++) a[i][c] = _mm512_fmadd_ps(qv, kr[c], a[i][c]);
@@ -606,7 +604,8 @@ ATTN_AVX512_INLINE void attn_chunk16_body(attn_state *const *st, const float *co
       for (int c = 0; c < 4; c++) acc[i][c] = _mm512_loadu_ps(st[i]->acc + d + 16 * c);
     for (int j = 0; j < KN_ATTN_CHUNK; j++) {
       __m512 vr[4];
-      for (int c = 0; c < 4; c++) vr[c] = attn_ld16(kind, r->v, r->v16, r->v8, j * hd + d0 + d + 16 * c);
+      for (int c = 0; c < 4; c++)
+        vr[c] = attn_ld16(kind, r->v, r->v16, r->v8, j * hd + d0 + d + 16 * c);
       for (int i = 0; i < nq; i++) {
         __m512 pj = _mm512_set1_ps(p[i][j]);
         for (int c = 0; c < 4; c++) acc[i][c] = _mm512_fmadd_ps(pj, vr[c], acc[i][c]);
@@ -619,24 +618,24 @@ ATTN_AVX512_INLINE void attn_chunk16_body(attn_state *const *st, const float *co
     for (int i = 0; i < nq; i++) attn_accum_avx512(st[i]->acc + d, p[i], r, d0 + d, dn - d);
 }
 
-#define ATTN_CHUNK16_INST(name, kind)                                                      \
-  static ATTN_AVX512 void name(attn_state *const *st, const float *const *q, int nq,        \
-                               const attn_rows *r, const float *v_scale, float scale,       \
-                               int64_t d0, int64_t dn) {                                    \
-    switch (nq) {                                                                           \
-    case 4: attn_chunk16_body(st, q, 4, r, v_scale, scale, d0, dn, kind); break;            \
-    case 3: attn_chunk16_body(st, q, 3, r, v_scale, scale, d0, dn, kind); break;            \
-    case 2: attn_chunk16_body(st, q, 2, r, v_scale, scale, d0, dn, kind); break;            \
-    default: attn_chunk16_body(st, q, 1, r, v_scale, scale, d0, dn, kind); break;           \
-    }                                                                                       \
+#define ATTN_CHUNK16_INST(name, kind)                                                              \
+  static ATTN_AVX512 void name(attn_state *const *st, const float *const *q, int nq,               \
+                               const attn_rows *r, const float *v_scale, float scale, int64_t d0,  \
+                               int64_t dn) {                                                       \
+    switch (nq) {                                                                                  \
+    case 4: attn_chunk16_body(st, q, 4, r, v_scale, scale, d0, dn, kind); break;                   \
+    case 3: attn_chunk16_body(st, q, 3, r, v_scale, scale, d0, dn, kind); break;                   \
+    case 2: attn_chunk16_body(st, q, 2, r, v_scale, scale, d0, dn, kind); break;                   \
+    default: attn_chunk16_body(st, q, 1, r, v_scale, scale, d0, dn, kind); break;                  \
+    }                                                                                              \
   }
 ATTN_CHUNK16_INST(attn_chunk16_f32, ATTN_KIND_F32)
 ATTN_CHUNK16_INST(attn_chunk16_f16, ATTN_KIND_F16)
 ATTN_CHUNK16_INST(attn_chunk16_i8, ATTN_KIND_I8)
 
 static ATTN_AVX512 void attn_chunk16_avx512(attn_state *const *st, const float *const *q, int nq,
-                                            const attn_rows *r, const float *v_scale,
-                                            float scale, int64_t d0, int64_t dn) {
+                                            const attn_rows *r, const float *v_scale, float scale,
+                                            int64_t d0, int64_t dn) {
   if (r->k) attn_chunk16_f32(st, q, nq, r, v_scale, scale, d0, dn);
   else if (r->k16) attn_chunk16_f16(st, q, nq, r, v_scale, scale, d0, dn);
   else attn_chunk16_i8(st, q, nq, r, v_scale, scale, d0, dn);
@@ -693,8 +692,7 @@ ATTN_AVX2_INLINE void attn_chunk2_body(attn_state *const *st, const float *const
     for (int i = 0; i < nq; i++) {
       float f[4];
       attn_fold4_avx2(v[i][0], v[i][1], v[i][2], v[i][3], f);
-      for (int c = 0; c < 4; c++)
-        p[i][j + c] = (r->ks ? f[c] * r->ks[j + c] : f[c]) * scale;
+      for (int c = 0; c < 4; c++) p[i][j + c] = (r->ks ? f[c] * r->ks[j + c] : f[c]) * scale;
     }
   }
   for (int i = 0; i < nq; i++) { /* max, rescale, weights, sum: attn_chunk_group's phases */
@@ -738,17 +736,17 @@ ATTN_AVX2_INLINE void attn_chunk2_body(attn_state *const *st, const float *const
 }
 
 /* Three queries (a kv head's group in GQA 3:1) in one pass; otherwise two at a time. */
-#define ATTN_CHUNK2_INST(name, kind)                                                       \
-  static ATTN_AVX2 void name(attn_state *const *st, const float *const *q, int nq,          \
-                             const attn_rows *r, const float *v_scale, float scale,         \
-                             int64_t d0, int64_t dn) {                                      \
-    for (int i = 0; i < nq;) {                                                              \
-      int n = nq - i == 3 ? 3 : nq - i >= 2 ? 2 : 1;                                        \
-      if (n == 3) attn_chunk2_body(st + i, q + i, 3, r, v_scale, scale, d0, dn, kind);      \
-      else if (n == 2) attn_chunk2_body(st + i, q + i, 2, r, v_scale, scale, d0, dn, kind); \
-      else attn_chunk2_body(st + i, q + i, 1, r, v_scale, scale, d0, dn, kind);            \
-      i += n;                                                                               \
-    }                                                                                       \
+#define ATTN_CHUNK2_INST(name, kind)                                                               \
+  static ATTN_AVX2 void name(attn_state *const *st, const float *const *q, int nq,                 \
+                             const attn_rows *r, const float *v_scale, float scale, int64_t d0,    \
+                             int64_t dn) {                                                         \
+    for (int i = 0; i < nq;) {                                                                     \
+      int n = nq - i == 3 ? 3 : nq - i >= 2 ? 2 : 1;                                               \
+      if (n == 3) attn_chunk2_body(st + i, q + i, 3, r, v_scale, scale, d0, dn, kind);             \
+      else if (n == 2) attn_chunk2_body(st + i, q + i, 2, r, v_scale, scale, d0, dn, kind);        \
+      else attn_chunk2_body(st + i, q + i, 1, r, v_scale, scale, d0, dn, kind);                    \
+      i += n;                                                                                      \
+    }                                                                                              \
   }
 ATTN_CHUNK2_INST(attn_chunk2_f32, ATTN_KIND_F32)
 ATTN_CHUNK2_INST(attn_chunk2_f16, ATTN_KIND_F16)
@@ -762,18 +760,15 @@ static ATTN_AVX2 void attn_chunk16_avx2(attn_state *const *st, const float *cons
   else attn_chunk2_i8(st, q, nq, r, v_scale, scale, d0, dn);
 }
 
-static const attn_kernels k_attn_avx512 = {attn_scores_avx512, attn_exp_avx2,
-                                           attn_accum_avx512, attn_widen_avx512,
-                                           attn_chunk16_avx512};
+static const attn_kernels k_attn_avx512 = {attn_scores_avx512, attn_exp_avx2, attn_accum_avx512,
+                                           attn_widen_avx512, attn_chunk16_avx512};
 static const attn_kernels k_attn_avx2 = {attn_scores_avx2, attn_exp_avx2, attn_accum_avx2,
                                          attn_widen_avx2, attn_chunk16_avx2};
 #endif
 
 static _Atomic bool g_attn_chunk_kernels = true;
 
-bool kn_attention_set_chunk_kernels(bool on) {
-  return atomic_exchange(&g_attn_chunk_kernels, on);
-}
+bool kn_attention_set_chunk_kernels(bool on) { return atomic_exchange(&g_attn_chunk_kernels, on); }
 
 static const attn_kernels *attn_pick(void) {
 #if KN_ATTN_X86
@@ -782,7 +777,6 @@ static const attn_kernels *attn_pick(void) {
 #endif
   return &k_attn_c;
 }
-
 
 typedef struct attn_query {
   const float *q;
@@ -809,9 +803,9 @@ static attn_rows attn_rows_at(const attn_rows *c, int off, int n) {
  * chains that overlap; each query reads exactly the rows it would alone, and exp is
  * elementwise, so one call over every query's weights gives each the same bits. */
 static void attn_chunk_group(const attn_kernels *kk, attn_state *st, const attn_query *qs,
-                             int64_t nq, const attn_rows *chunk, int64_t j0, int64_t bs,
-                             int64_t s0, const float *v_scale, float scale, float softcap,
-                             int64_t d0, int64_t dn) {
+                             int64_t nq, const attn_rows *chunk, int64_t j0, int64_t bs, int64_t s0,
+                             const float *v_scale, float scale, float softcap, int64_t d0,
+                             int64_t dn) {
   float s[KN_ATTN_GROUP][KN_ATTN_CHUNK], corr[KN_ATTN_GROUP];
   int n[KN_ATTN_GROUP], off[KN_ATTN_GROUP], rescale[KN_ATTN_GROUP], nr = 0, n_max = 0;
   int active = 0, rest = 0;
@@ -819,8 +813,7 @@ static void attn_chunk_group(const attn_kernels *kk, attn_state *st, const attn_
     /* this query's slots of the block, then of the chunk: as when it is alone; a sliding
      * window skips the rows before its first position (off of them) */
     int64_t q_slot = qs[i].n_pos - j0 < bs ? qs[i].n_pos - j0 : bs;
-    n[i] = q_slot <= s0 ? 0
-                        : (int)(q_slot - s0 < KN_ATTN_CHUNK ? q_slot - s0 : KN_ATTN_CHUNK);
+    n[i] = q_slot <= s0 ? 0 : (int)(q_slot - s0 < KN_ATTN_CHUNK ? q_slot - s0 : KN_ATTN_CHUNK);
     int64_t skip = qs[i].lo - (j0 + s0);
     off[i] = skip <= 0 ? 0 : skip >= n[i] ? n[i] : (int)skip;
     if (off[i] == n[i]) n[i] = off[i] = 0;
@@ -903,12 +896,11 @@ static void attn_group_slice(const attn_args *a, const attn_kernels *kk, int64_t
   float qr[KN_ATTN_GROUP][KN_ATTN_DSLICE]; /* head_dim <= 256 (the IR checks it) */
   for (int64_t i = 0; i < nq; i++) {
     int64_t t = t0 + i / nh, h = h0 + i % nh;
-    const float *q = attn_head_in(qr[i], io->q + t * io->q_stride + h * hd, io->q_norm, io,
-                                  t, hd);
+    const float *q = attn_head_in(qr[i], io->q + t * io->q_stride + h * hd, io->q_norm, io, t, hd);
     int64_t n_pos = (int64_t)a->b->tok_pos[t] + 1;
     int64_t lo = io->window > 0 && n_pos > io->window ? n_pos - io->window : 0;
-    qs[i] = (attn_query){.q = q, .lo = lo, .n_pos = n_pos,
-                         .out = a->out + (t * a->n_heads + h) * hd + d0};
+    qs[i] = (attn_query){
+        .q = q, .lo = lo, .n_pos = n_pos, .out = a->out + (t * a->n_heads + h) * hd + d0};
     if (n_pos > max_pos) max_pos = n_pos;
     if (lo < min_lo) min_lo = lo;
     st[i].max = -INFINITY, st[i].sum = 0.0f;
@@ -951,8 +943,8 @@ static void attn_group_task(void *arg, int64_t begin, int64_t end, int tid) {
     int64_t grp = u / (n_kv * n_sub), kvh = u / n_sub % n_kv, sub = u % n_sub;
     int64_t t0 = a->groups ? a->groups[grp] : grp;
     int64_t nt = a->groups ? a->groups[grp + 1] - t0 : 1;
-    int64_t h1 = kvh * g + (sub + 1) * per < (kvh + 1) * g ? kvh * g + (sub + 1) * per
-                                                             : (kvh + 1) * g;
+    int64_t h1 =
+        kvh * g + (sub + 1) * per < (kvh + 1) * g ? kvh * g + (sub + 1) * per : (kvh + 1) * g;
     int64_t hstep = per < KN_ATTN_GROUP ? per : KN_ATTN_GROUP;
     for (int64_t h = kvh * g + sub * per; h < h1; h += hstep) {
       int64_t nh = h1 - h < hstep ? h1 - h : hstep;
@@ -998,7 +990,10 @@ static int64_t attn_grain(const kn_attn_batch *b, int64_t units, int64_t n_heads
 void kn_attention_paged(kn_pool *p, float *out, const float *q, const float *k_new,
                         const float *v_new, const kn_kv_layer *kv, const kn_attn_batch *b,
                         int64_t n_heads, float scale) {
-  kn_attn_io io = {.q = q, .k = k_new, .v = v_new, .q_stride = n_heads * kv->head_dim,
+  kn_attn_io io = {.q = q,
+                   .k = k_new,
+                   .v = v_new,
+                   .q_stride = n_heads * kv->head_dim,
                    .kv_stride = kv->n_kv_heads * kv->head_dim};
   kn_attention_paged_io(p, out, &io, kv, b, n_heads, scale);
 }

@@ -44,8 +44,8 @@ void kn_add_rms_norm(kn_pool *p, float *out, float *out_sum, const float *a, con
  * q8_0 / q4_0 / q4_1 with k a multiple of 32: rows of k/32 blocks, no alignment needed);
  * bias: (n) f32 or NULL; y: (m, n) f32.  Cache-blocked, threaded over output tiles;
  * the k-reduction of one y element never depends on m or the thread count. */
-void kn_matmul(kn_pool *p, float *y, const float *x, const void *w, ir_dtype wt,
-               const float *bias, int64_t m, int64_t n, int64_t k);
+void kn_matmul(kn_pool *p, float *y, const float *x, const void *w, ir_dtype wt, const float *bias,
+               int64_t m, int64_t n, int64_t k);
 
 /* The swiglu epilogue: y[i, j] = kn_silu_mul(z[i, j], z[i, n + j]) for z = x . W^T (+ bias)
  * with W (2n, k): gate rows, then up rows; bias (2n) or NULL; y (m, n).  Each z is the
@@ -65,8 +65,8 @@ typedef struct kn_mm_tiles {
  * multiple of 8: every kernel's width). */
 kn_mm_tiles kn_mm_tiles_plan(int64_t m, int64_t n, int64_t col_bytes, int n_threads, int align);
 /* The rows [*i0, *i1) and columns [*j0, *j1) of task t. */
-void kn_mm_tile_bounds(const kn_mm_tiles *t, int64_t task, int64_t *i0, int64_t *i1,
-                       int64_t *j0, int64_t *j1);
+void kn_mm_tile_bounds(const kn_mm_tiles *t, int64_t task, int64_t *i0, int64_t *i1, int64_t *j0,
+                       int64_t *j1);
 
 /* Longest K kn_matmul_q8 quantizes x rows for (on the stack of each task). */
 enum { KN_Q8_MAX_K = 16384 };
@@ -136,8 +136,7 @@ static inline void kn_mm_store(float *y, int64_t ldy, const float *z, int mr, in
       for (int64_t c = 0; c < nv; c++) y[c] = zr[c] + bg[c];
     else if (!swiglu)
       for (int64_t c = 0; c < nv; c++) y[c] = zr[c];
-    else if (!bg)
-      kn_silu_mul_n(y, zr, zr + cols, nv);
+    else if (!bg) kn_silu_mul_n(y, zr, zr + cols, nv);
     else
       for (int64_t c0 = 0; c0 < nv; c0 += 64) { /* gate and up with their bias */
         float g[64], u[64];
@@ -190,8 +189,8 @@ typedef struct kn_kv_layer {
   int64_t block_size;
   int64_t n_kv_heads;
   int64_t head_dim;
-  int8_t *k8, *v8;          /* NULL: the f32 (or f16) cache */
-  uint16_t *k16, *v16;      /* f16 cache (k, v, k8 unused): values rounded to nearest */
+  int8_t *k8, *v8;     /* NULL: the f32 (or f16) cache */
+  uint16_t *k16, *v16; /* f16 cache (k, v, k8 unused): values rounded to nearest */
   float *k_scale, *v_scale;
 } kn_kv_layer;
 
@@ -248,6 +247,5 @@ void kn_attention_paged_io(kn_pool *p, float *out, const kn_attn_io *io, const k
  * per-query phases, which must give the same bits. For tests; call it only while no
  * kernel runs. */
 bool kn_attention_set_chunk_kernels(bool on);
-
 
 #endif

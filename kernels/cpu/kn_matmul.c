@@ -24,17 +24,17 @@
  * its dequantized W on the same path (and a plan built with --dtype f32 agrees). */
 enum {
   KN_MM_LANES = 16,
-  KN_MM_MAX_R = 4,               /* largest kernel shape: rows of x ... */
-  KN_MM_MAX_C = 8,               /* ... and rows of W computed together */
-  KN_MM_TILE_ALIGN = 8,          /* n tiles are multiples of every kernel's width */
+  KN_MM_MAX_R = 4,                /* largest kernel shape: rows of x ... */
+  KN_MM_MAX_C = 8,                /* ... and rows of W computed together */
+  KN_MM_TILE_ALIGN = 8,           /* n tiles are multiples of every kernel's width */
   KN_MM_W_TILE_BYTES = 256 << 10, /* a W tile stays in L2 while x rows sweep over it */
   KN_MM_M_TILE = 64,
   KN_MM_TASKS_PER_THREAD = 4,
-  KN_MM_SERIAL_FLOPS = 1 << 18,  /* below this, waking the pool costs more than it saves */
-  KN_MM_KC = 256,                /* portable path: W values converted per stack chunk */
-  KN_MM_QRUN = 16,               /* AVX-512 quantized path: blocks whose scales convert ahead */
-  KN_MM_PANEL_BYTES = 32 << 10,  /* a converted panel aims to stay in L1 ... */
-  KN_MM_PANEL_FLOATS = 32768,    /* ... and never exceeds this stack buffer (128 KiB) */
+  KN_MM_SERIAL_FLOPS = 1 << 18, /* below this, waking the pool costs more than it saves */
+  KN_MM_KC = 256,               /* portable path: W values converted per stack chunk */
+  KN_MM_QRUN = 16,              /* AVX-512 quantized path: blocks whose scales convert ahead */
+  KN_MM_PANEL_BYTES = 32 << 10, /* a converted panel aims to stay in L1 ... */
+  KN_MM_PANEL_FLOATS = 32768,   /* ... and never exceeds this stack buffer (128 KiB) */
   KN_MM_PANEL_MAX_COLS = 16,
   /* W rows are streamed once per call: ask for the bytes this far ahead into L2, so the
    * lines are on their way while the current ones are being multiplied (the hardware
@@ -62,13 +62,12 @@ enum {
 
 /* Computes the mr x nr dot products of rows xr[r] with rows wr[c] into out[r * nr + c].
  * Row pointers may repeat (edge tiles); each output is still summed independently. */
-typedef void (*mm_kern_fn)(const float *const *xr, const void *const *wr, int64_t k,
-                           float *out);
+typedef void (*mm_kern_fn)(const float *const *xr, const void *const *wr, int64_t k, float *out);
 
 typedef struct mm_kernels {
-  int mr, nr;      /* the blocked kernel: mr rows of x against nr rows of W */
+  int mr, nr; /* the blocked kernel: mr rows of x against nr rows of W */
   mm_kern_fn block;
-  int nr1;         /* the single-row kernel (decode, and m % mr leftovers) */
+  int nr1; /* the single-row kernel (decode, and m % mr leftovers) */
   mm_kern_fn row;
 } mm_kernels;
 
@@ -80,7 +79,7 @@ typedef void (*mm_deq_fn)(const void *w, int64_t k, float *out);
  * the same ISA. Those sum in the order the W type's own kernels use over the same
  * values, so the path changes speed only, never bits. */
 typedef struct mm_panel_kernels {
-  int mr, nr;                   /* f32 kernel: mr rows of x against nr panel rows */
+  int mr, nr; /* f32 kernel: mr rows of x against nr panel rows */
   mm_kern_fn block;
   mm_kern_fn left[KN_MM_MAX_R]; /* left[r]: r rows (0 < r < mr) against nr panel rows */
   mm_deq_fn deq[6];             /* by mm_dtype_index; [0] (f32) unused */
@@ -131,9 +130,10 @@ static inline const float *mm_w_chunk(const void *w, ir_dtype dt, int64_t i0, in
   return buf;
 }
 
-static inline __attribute__((always_inline)) void
-mm_body_c(const float *const *xr, const void *const *wr, int64_t k, float *out, ir_dtype dt,
-          int mr, int nr) {
+static inline __attribute__((always_inline)) void mm_body_c(const float *const *xr,
+                                                            const void *const *wr, int64_t k,
+                                                            float *out, ir_dtype dt, int mr,
+                                                            int nr) {
   float acc[KN_MM_MAX_R][KN_MM_MAX_C][KN_MM_LANES] = {{{0}}};
   float buf[KN_MM_MAX_C][KN_MM_KC];
   int64_t kf = k - k % KN_MM_LANES;
@@ -152,9 +152,9 @@ mm_body_c(const float *const *xr, const void *const *wr, int64_t k, float *out, 
       out[r * nr + c] = mm_tail_c(xr[r], wr[c], dt, kf, k, mm_fold16(acc[r][c]));
 }
 
-#define MM_INST_C(name, dt, mr, nr)                                                        \
-  static void name(const float *const *xr, const void *const *wr, int64_t k, float *out) { \
-    mm_body_c(xr, wr, k, out, dt, mr, nr);                                                 \
+#define MM_INST_C(name, dt, mr, nr)                                                                \
+  static void name(const float *const *xr, const void *const *wr, int64_t k, float *out) {         \
+    mm_body_c(xr, wr, k, out, dt, mr, nr);                                                         \
   }
 MM_INST_C(mm_c_f32_2x2, IR_F32, 2, 2)
 MM_INST_C(mm_c_f32_1x4, IR_F32, 1, 4)
@@ -171,7 +171,7 @@ MM_INST_C(mm_c_q4_1_2x2, IR_Q4_1, 2, 2)
 MM_INST_C(mm_c_q4_1_1x4, IR_Q4_1, 1, 4)
 MM_INST_C(mm_c_f32_1x2, IR_F32, 1, 2)
 
-#define MM_DEQ_C(name, dt)                                                                 \
+#define MM_DEQ_C(name, dt)                                                                         \
   static void name(const void *w, int64_t k, float *out) { kn_dequant_row(w, dt, out, k); }
 MM_DEQ_C(mm_deq_c_f16, IR_F16)
 MM_DEQ_C(mm_deq_c_bf16, IR_BF16)
@@ -180,8 +180,13 @@ MM_DEQ_C(mm_deq_c_q4_0, IR_Q4_0)
 MM_DEQ_C(mm_deq_c_q4_1, IR_Q4_1)
 
 static const mm_panel_kernels k_panel_c = {
-    2, 2, mm_c_f32_2x2, {NULL, mm_c_f32_1x2},
-    {NULL, mm_deq_c_f16, mm_deq_c_bf16, mm_deq_c_q8_0, mm_deq_c_q4_0, mm_deq_c_q4_1}, 8, 8};
+    2,
+    2,
+    mm_c_f32_2x2,
+    {NULL, mm_c_f32_1x2},
+    {NULL, mm_deq_c_f16, mm_deq_c_bf16, mm_deq_c_q8_0, mm_deq_c_q4_0, mm_deq_c_q4_1},
+    8,
+    8};
 
 /* Indexed by mm_dtype_index. */
 static const mm_kernels k_mm_c[6] = {
@@ -215,8 +220,8 @@ static inline void mm_prefetch_w(const void *p) {
   _mm_prefetch((const char *)p + KN_MM_PREFETCH_BYTES, _MM_HINT_T1);
 }
 
-MM_AVX2_INLINE float mm_tail_fma(const float *x, const void *w, ir_dtype dt, int64_t i,
-                                 int64_t k, float s) {
+MM_AVX2_INLINE float mm_tail_fma(const float *x, const void *w, ir_dtype dt, int64_t i, int64_t k,
+                                 float s) {
   for (; i < k; i++) s = fmaf(x[i], mm_w_scalar(w, dt, i), s);
   return s;
 }
@@ -259,14 +264,13 @@ MM_AVX2_INLINE void mm_body_avx2(const float *const *xr, const void *const *wr, 
   }
   for (int r = 0; r < mr; r++)
     for (int c = 0; c < nr; c++)
-      out[r * nr + c] = mm_tail_fma(xr[r], wr[c], dt, i, k,
-                                    mm_fold8_avx(_mm256_add_ps(lo[r][c], hi[r][c])));
+      out[r * nr + c] =
+          mm_tail_fma(xr[r], wr[c], dt, i, k, mm_fold8_avx(_mm256_add_ps(lo[r][c], hi[r][c])));
 }
 
-#define MM_INST_AVX2(name, dt, mr, nr)                                                     \
-  static MM_AVX2 void name(const float *const *xr, const void *const *wr, int64_t k,      \
-                           float *out) {                                                   \
-    mm_body_avx2(xr, wr, k, out, dt, mr, nr);                                              \
+#define MM_INST_AVX2(name, dt, mr, nr)                                                             \
+  static MM_AVX2 void name(const float *const *xr, const void *const *wr, int64_t k, float *out) { \
+    mm_body_avx2(xr, wr, k, out, dt, mr, nr);                                                      \
   }
 MM_INST_AVX2(mm_avx2_f32_2x2, IR_F32, 2, 2)
 MM_INST_AVX2(mm_avx2_f32_1x4, IR_F32, 1, 4)
@@ -337,10 +341,9 @@ MM_AVX2_INLINE void mm_qbody_avx2(const float *const *xr, const void *const *wr,
     for (int c = 0; c < nr; c++) out[r * nr + c] = mm_fold8_avx(_mm256_add_ps(lo[r][c], hi[r][c]));
 }
 
-#define MM_INST_QAVX2(name, dt, mr, nr)                                                    \
-  static MM_AVX2 void name(const float *const *xr, const void *const *wr, int64_t k,      \
-                           float *out) {                                                   \
-    mm_qbody_avx2(xr, wr, k, out, dt, mr, nr);                                             \
+#define MM_INST_QAVX2(name, dt, mr, nr)                                                            \
+  static MM_AVX2 void name(const float *const *xr, const void *const *wr, int64_t k, float *out) { \
+    mm_qbody_avx2(xr, wr, k, out, dt, mr, nr);                                                     \
   }
 MM_INST_QAVX2(mm_avx2_q8_0_2x2, IR_Q8_0, 2, 2)
 MM_INST_QAVX2(mm_avx2_q8_0_1x4, IR_Q8_0, 1, 4)
@@ -350,12 +353,9 @@ MM_INST_QAVX2(mm_avx2_q4_1_2x2, IR_Q4_1, 2, 2)
 MM_INST_QAVX2(mm_avx2_q4_1_1x4, IR_Q4_1, 1, 4)
 
 static const mm_kernels k_mm_avx2[6] = {
-    {2, 2, mm_avx2_f32_2x2, 4, mm_avx2_f32_1x4},
-    {2, 2, mm_avx2_f16_2x2, 4, mm_avx2_f16_1x4},
-    {2, 2, mm_avx2_bf16_2x2, 4, mm_avx2_bf16_1x4},
-    {2, 2, mm_avx2_q8_0_2x2, 4, mm_avx2_q8_0_1x4},
-    {2, 2, mm_avx2_q4_0_2x2, 4, mm_avx2_q4_0_1x4},
-    {2, 2, mm_avx2_q4_1_2x2, 4, mm_avx2_q4_1_1x4},
+    {2, 2, mm_avx2_f32_2x2, 4, mm_avx2_f32_1x4},   {2, 2, mm_avx2_f16_2x2, 4, mm_avx2_f16_1x4},
+    {2, 2, mm_avx2_bf16_2x2, 4, mm_avx2_bf16_1x4}, {2, 2, mm_avx2_q8_0_2x2, 4, mm_avx2_q8_0_1x4},
+    {2, 2, mm_avx2_q4_0_2x2, 4, mm_avx2_q4_0_1x4}, {2, 2, mm_avx2_q4_1_2x2, 4, mm_avx2_q4_1_1x4},
 };
 
 MM_INST_AVX2(mm_avx2_f32_1x2, IR_F32, 1, 2)
@@ -375,7 +375,7 @@ MM_AVX2_INLINE void mm_deq_avx2(const void *w, int64_t k, float *out, ir_dtype d
   for (; i < k; i++) out[i] = mm_w_scalar(w, dt, i);
 }
 
-#define MM_DEQ_AVX2(name, dt)                                                              \
+#define MM_DEQ_AVX2(name, dt)                                                                      \
   static MM_AVX2 void name(const void *w, int64_t k, float *out) { mm_deq_avx2(w, k, out, dt); }
 MM_DEQ_AVX2(mm_deq_avx2_f16, IR_F16)
 MM_DEQ_AVX2(mm_deq_avx2_bf16, IR_BF16)
@@ -384,18 +384,21 @@ MM_DEQ_AVX2(mm_deq_avx2_q4_0, IR_Q4_0)
 MM_DEQ_AVX2(mm_deq_avx2_q4_1, IR_Q4_1)
 
 static const mm_panel_kernels k_panel_avx2 = {
-    2, 2, mm_avx2_f32_2x2, {NULL, mm_avx2_f32_1x2},
-    {NULL, mm_deq_avx2_f16, mm_deq_avx2_bf16, mm_deq_avx2_q8_0, mm_deq_avx2_q4_0,
-     mm_deq_avx2_q4_1},
+    2,
+    2,
+    mm_avx2_f32_2x2,
+    {NULL, mm_avx2_f32_1x2},
+    {NULL, mm_deq_avx2_f16, mm_deq_avx2_bf16, mm_deq_avx2_q8_0, mm_deq_avx2_q4_0, mm_deq_avx2_q4_1},
     /* SmolLM2 steps of m tokens on 2 cores: f16 W, the direct 2x2 kernel is 10-12% faster
      * at every m up to 64; Q4_1 W, the panel is 20-28% faster from m = 3 */
-    INT64_MAX, 3};
+    INT64_MAX,
+    3};
 #endif
 
 /* ---- x86: AVX-512F ---------------------------------------------------------------- */
 #if KN_MM_X86 && KN_MATMUL_MAX_ISA >= 2
 #define MM_AVX512 __attribute__((target("avx512f,avx2,fma,f16c")))
-#define MM_AVX512_INLINE                                                                   \
+#define MM_AVX512_INLINE                                                                           \
   static inline __attribute__((target("avx512f,avx2,fma,f16c"), always_inline))
 
 MM_AVX512_INLINE __m512 mm_w16_avx512(const void *w, int64_t i, ir_dtype dt) {
@@ -429,10 +432,10 @@ MM_AVX512_INLINE void mm_body_avx512(const float *const *xr, const void *const *
       out[r * nr + c] = mm_tail_fma(xr[r], wr[c], dt, i, k, mm_fold16_avx512(acc[r][c]));
 }
 
-#define MM_INST_AVX512(name, dt, mr, nr)                                                   \
-  static MM_AVX512 void name(const float *const *xr, const void *const *wr, int64_t k,    \
-                             float *out) {                                                 \
-    mm_body_avx512(xr, wr, k, out, dt, mr, nr);                                            \
+#define MM_INST_AVX512(name, dt, mr, nr)                                                           \
+  static MM_AVX512 void name(const float *const *xr, const void *const *wr, int64_t k,             \
+                             float *out) {                                                         \
+    mm_body_avx512(xr, wr, k, out, dt, mr, nr);                                                    \
   }
 MM_INST_AVX512(mm_avx512_f32_4x4, IR_F32, 4, 4)
 MM_INST_AVX512(mm_avx512_f32_1x8, IR_F32, 1, 8)
@@ -473,9 +476,9 @@ MM_AVX512_INLINE void mm_qbody_avx512(const float *const *xr, const void *const 
   __m512 acc[KN_MM_MAX_R][KN_MM_MAX_C];
   _Alignas(64) float dm[KN_MM_MAX_C][2 * KN_MM_QRUN]; /* d, m (garbage unless Q4_1) */
   const int64_t bb = kn_quant_block_bytes(dt), nb = k / KN_QBLOCK;
-  const __m512i offs = _mm512_mullo_epi32(
-      _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-      _mm512_set1_epi32((int)bb));
+  const __m512i offs =
+      _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                         _mm512_set1_epi32((int)bb));
   for (int r = 0; r < mr; r++)
     for (int c = 0; c < nr; c++) acc[r][c] = _mm512_setzero_ps();
   for (int64_t b0 = 0; b0 < nb; b0 += KN_MM_QRUN) {
@@ -504,10 +507,10 @@ MM_AVX512_INLINE void mm_qbody_avx512(const float *const *xr, const void *const 
     for (int c = 0; c < nr; c++) out[r * nr + c] = mm_fold16_avx512(acc[r][c]);
 }
 
-#define MM_INST_QAVX512(name, dt, mr, nr)                                                  \
-  static MM_AVX512 void name(const float *const *xr, const void *const *wr, int64_t k,    \
-                             float *out) {                                                 \
-    mm_qbody_avx512(xr, wr, k, out, dt, mr, nr);                                           \
+#define MM_INST_QAVX512(name, dt, mr, nr)                                                          \
+  static MM_AVX512 void name(const float *const *xr, const void *const *wr, int64_t k,             \
+                             float *out) {                                                         \
+    mm_qbody_avx512(xr, wr, k, out, dt, mr, nr);                                                   \
   }
 MM_INST_QAVX512(mm_avx512_q8_0_4x4, IR_Q8_0, 4, 4)
 MM_INST_QAVX512(mm_avx512_q8_0_1x8, IR_Q8_0, 1, 8)
@@ -548,10 +551,8 @@ MM_AVX512_INLINE void mm_deq_avx512(const void *w, int64_t k, float *out, ir_dty
   for (; i < k; i++) out[i] = mm_w_scalar(w, dt, i);
 }
 
-#define MM_DEQ_AVX512(name, dt)                                                            \
-  static MM_AVX512 void name(const void *w, int64_t k, float *out) {                      \
-    mm_deq_avx512(w, k, out, dt);                                                          \
-  }
+#define MM_DEQ_AVX512(name, dt)                                                                    \
+  static MM_AVX512 void name(const void *w, int64_t k, float *out) { mm_deq_avx512(w, k, out, dt); }
 MM_DEQ_AVX512(mm_deq_avx512_f16, IR_F16)
 MM_DEQ_AVX512(mm_deq_avx512_bf16, IR_BF16)
 MM_DEQ_AVX512(mm_deq_avx512_q8_0, IR_Q8_0)
@@ -559,10 +560,14 @@ MM_DEQ_AVX512(mm_deq_avx512_q4_0, IR_Q4_0)
 MM_DEQ_AVX512(mm_deq_avx512_q4_1, IR_Q4_1)
 
 static const mm_panel_kernels k_panel_avx512 = {
-    4, 4, mm_avx512_f32_4x4, {NULL, mm_avx512_f32_1x4, mm_avx512_f32_2x4, mm_avx512_f32_3x4},
+    4,
+    4,
+    mm_avx512_f32_4x4,
+    {NULL, mm_avx512_f32_1x4, mm_avx512_f32_2x4, mm_avx512_f32_3x4},
     {NULL, mm_deq_avx512_f16, mm_deq_avx512_bf16, mm_deq_avx512_q8_0, mm_deq_avx512_q4_0,
      mm_deq_avx512_q4_1},
-    8, 8};
+    8,
+    8};
 #endif
 
 /* ---- dispatch and tiling ---------------------------------------------------------- */
@@ -672,9 +677,9 @@ typedef struct mm_args {
   const float *x;
   const char *w;
   const float *bias;
-  int64_t m, n, k;  /* n: columns of y */
+  int64_t m, n, k; /* n: columns of y */
   int64_t w_row_bytes;
-  bool swiglu;     /* y[:, j] = silu(z[:, j]) * z[:, n + j]: W has 2n rows */
+  bool swiglu; /* y[:, j] = silu(z[:, j]) * z[:, n + j]: W has 2n rows */
   kn_mm_tiles tiles;
   const mm_kernels *kern;
   const mm_panel_kernels *panel; /* the panel path, or NULL */
@@ -699,8 +704,8 @@ static int mm_cols(const mm_args *a, int nr) { return a->swiglu ? nr / 2 : nr; }
 
 /* Runs one kernel call for rows [i0, i0 + mr) of x and columns [j0, j0 + cols) of y,
  * clipped at j1: missing W rows repeat row j0 and their outputs are dropped. */
-static void mm_block(const mm_args *a, const mm_wsrc *ws, mm_kern_fn fn, int mr, int nr,
-                     int64_t i0, int64_t j0, int64_t j1) {
+static void mm_block(const mm_args *a, const mm_wsrc *ws, mm_kern_fn fn, int mr, int nr, int64_t i0,
+                     int64_t j0, int64_t j1) {
   const float *xr[KN_MM_MAX_R] = {0};
   const void *wr[KN_MM_MAX_C] = {0};
   float acc[KN_MM_MAX_R * KN_MM_MAX_C];
@@ -786,8 +791,8 @@ kn_mm_tiles kn_mm_tiles_plan(int64_t m, int64_t n, int64_t col_bytes, int n_thre
   return t;
 }
 
-void kn_mm_tile_bounds(const kn_mm_tiles *t, int64_t task, int64_t *i0, int64_t *i1,
-                       int64_t *j0, int64_t *j1) {
+void kn_mm_tile_bounds(const kn_mm_tiles *t, int64_t task, int64_t *i0, int64_t *i1, int64_t *j0,
+                       int64_t *j1) {
   *i0 = task / t->n_tiles * t->mb;
   *j0 = task % t->n_tiles * t->nb;
   *i1 = *i0 + t->mb < t->m ? *i0 + t->mb : t->m;
@@ -798,8 +803,7 @@ void kn_mm_tile_bounds(const kn_mm_tiles *t, int64_t task, int64_t *i0, int64_t 
  * a panel of one kernel width fits the stack buffer; panels aim at KN_MM_PANEL_BYTES. */
 static void mm_choose_panel(mm_args *a, ir_dtype wt) {
   const mm_panel_kernels *pk = mm_pick_panel();
-  if (wt == IR_F32 || a->m < (ir_dtype_is_quant(wt) ? pk->min_m_q : pk->min_m) || a->k <= 0)
-    return;
+  if (wt == IR_F32 || a->m < (ir_dtype_is_quant(wt) ? pk->min_m_q : pk->min_m) || a->k <= 0) return;
   int64_t cb = mm_cols(a, pk->nr), rows_per_col = a->swiglu ? 2 : 1;
   int64_t col_floats = rows_per_col * a->k;
   if (cb * col_floats > KN_MM_PANEL_FLOATS) return;
@@ -814,25 +818,40 @@ static void mm_choose_panel(mm_args *a, ir_dtype wt) {
 
 static void mm_run(kn_pool *p, mm_args *a) {
   if (a->m <= 0 || a->n <= 0) return;
-  a->tiles = kn_mm_tiles_plan(a->m, a->n, a->w_row_bytes * (a->swiglu ? 2 : 1),
-                             kn_pool_threads(p), KN_MM_TILE_ALIGN);
+  a->tiles = kn_mm_tiles_plan(a->m, a->n, a->w_row_bytes * (a->swiglu ? 2 : 1), kn_pool_threads(p),
+                              KN_MM_TILE_ALIGN);
   int64_t tasks = a->tiles.n_tasks;
   int64_t flops = 2 * a->m * a->n * a->k * (a->swiglu ? 2 : 1);
   kn_parallel_for(p, tasks, flops < KN_MM_SERIAL_FLOPS ? tasks : 1, mm_task, a);
 }
 
-void kn_matmul(kn_pool *p, float *y, const float *x, const void *w, ir_dtype wt,
-               const float *bias, int64_t m, int64_t n, int64_t k) {
-  mm_args a = {.y = y, .x = x, .w = w, .bias = bias, .m = m, .n = n, .k = k,
-               .w_row_bytes = (int64_t)ir_dtype_bytes(wt, (uint64_t)k), .kern = mm_pick(wt)};
+void kn_matmul(kn_pool *p, float *y, const float *x, const void *w, ir_dtype wt, const float *bias,
+               int64_t m, int64_t n, int64_t k) {
+  mm_args a = {.y = y,
+               .x = x,
+               .w = w,
+               .bias = bias,
+               .m = m,
+               .n = n,
+               .k = k,
+               .w_row_bytes = (int64_t)ir_dtype_bytes(wt, (uint64_t)k),
+               .kern = mm_pick(wt)};
   mm_choose_panel(&a, wt);
   mm_run(p, &a);
 }
 
 void kn_matmul_swiglu(kn_pool *p, float *y, const float *x, const void *w, ir_dtype wt,
                       const float *bias, int64_t m, int64_t n, int64_t k) {
-  mm_args a = {.y = y, .x = x, .w = w, .bias = bias, .m = m, .n = n, .k = k, .swiglu = true,
-               .w_row_bytes = (int64_t)ir_dtype_bytes(wt, (uint64_t)k), .kern = mm_pick(wt)};
+  mm_args a = {.y = y,
+               .x = x,
+               .w = w,
+               .bias = bias,
+               .m = m,
+               .n = n,
+               .k = k,
+               .swiglu = true,
+               .w_row_bytes = (int64_t)ir_dtype_bytes(wt, (uint64_t)k),
+               .kern = mm_pick(wt)};
   mm_choose_panel(&a, wt);
   mm_run(p, &a);
 }

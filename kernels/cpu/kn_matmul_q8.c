@@ -30,10 +30,10 @@ enum {
   Q8_MAX_R = 4,
   Q8X8_MAX_R = 8, /* x rows one x8 kernel call takes (AVX-512: 8, the others 4) */
   Q8_MAX_C = 4,
-  Q8_PREFETCH_BYTES = 8192, /* W bytes asked for ahead into L2 (as kn_matmul) */
+  Q8_PREFETCH_BYTES = 8192,  /* W bytes asked for ahead into L2 (as kn_matmul) */
   Q8_SERIAL_FLOPS = 1 << 18, /* below this, waking the pool costs more than it saves */
   Q8_QUANT_GRAIN = 1 << 14,  /* x values a quantizing chunk takes at least */
-  Q8_AMX_ROWS = 16, /* an AMX kernel call: 16 x rows against 16 W rows (two x8 groups) */
+  Q8_AMX_ROWS = 16,          /* an AMX kernel call: 16 x rows against 16 W rows (two x8 groups) */
   Q8_AMX_COLS = 16,
   Q8_AMX_AHEAD = 4, /* blocks a B is decoded before its product (and ring slots) */
   Q8_AMX_LAG = 3,   /* blocks a product waits before it is scaled (< Q8_AMX_AHEAD) */
@@ -110,9 +110,10 @@ static inline float q8_fold(float *v, float mterm) {
   return v[0] + mterm;
 }
 
-static inline __attribute__((always_inline)) void
-q8_body_c(const q8_rows *x, const uint8_t *const *wr, int64_t nb, float *out, ir_dtype dt,
-          int mr, int nr) {
+static inline __attribute__((always_inline)) void q8_body_c(const q8_rows *x,
+                                                            const uint8_t *const *wr, int64_t nb,
+                                                            float *out, ir_dtype dt, int mr,
+                                                            int nr) {
   float acc[Q8_MAX_R][Q8_MAX_C][Q8_LANES] = {{{0}}}, mterm[Q8_MAX_R][Q8_MAX_C] = {{0}};
   const int bb = kn_quant_block_bytes(dt);
   for (int64_t b = 0; b < nb; b++)
@@ -135,9 +136,9 @@ q8_body_c(const q8_rows *x, const uint8_t *const *wr, int64_t nb, float *out, ir
     for (int c = 0; c < nr; c++) out[r * nr + c] = q8_fold(acc[r][c], mterm[r][c]);
 }
 
-#define Q8_INST_C(name, dt, mr, nr)                                                        \
-  static void name(const q8_rows *x, const uint8_t *const *wr, int64_t nb, float *out) {  \
-    q8_body_c(x, wr, nb, out, dt, mr, nr);                                                 \
+#define Q8_INST_C(name, dt, mr, nr)                                                                \
+  static void name(const q8_rows *x, const uint8_t *const *wr, int64_t nb, float *out) {           \
+    q8_body_c(x, wr, nb, out, dt, mr, nr);                                                         \
   }
 Q8_INST_C(q8_c_q8_0_2x4, IR_Q8_0, 2, 4)
 Q8_INST_C(q8_c_q8_0_1x4, IR_Q8_0, 1, 4)
@@ -160,11 +161,11 @@ typedef void (*q8x8_fn)(const q8_rows *x, int mr, const uint8_t *grp, int ng, in
 /* The AMX kernel: 16 rows quantized ahead (x0, x0 + nb, ..) against np <= Q8_AMX_PAIRS
  * group pairs grp[q] (nb blocks each) into out[q] + r * ldo + c, c < 16; the tile
  * configuration loaded. */
-typedef void (*q8amx_fn)(const q8_xblock *x0, const uint8_t *const *grp, float *const *out,
-                         int np, int64_t nb, int64_t ldo);
+typedef void (*q8amx_fn)(const q8_xblock *x0, const uint8_t *const *grp, float *const *out, int np,
+                         int64_t nb, int64_t ldo);
 
-static void q8x8_c(const q8_rows *x, int mr, const uint8_t *grp, int ng, int64_t nb,
-                   float *out, int64_t ldo, ir_dtype dt) {
+static void q8x8_c(const q8_rows *x, int mr, const uint8_t *grp, int ng, int64_t nb, float *out,
+                   int64_t ldo, ir_dtype dt) {
   const int bb = kn_quant_block_bytes(dt);
   for (int r = 0; r < mr; r++)
     for (int c = 0; c < 8 * ng; c++) {
@@ -187,16 +188,16 @@ static void q8x8_c(const q8_rows *x, int mr, const uint8_t *grp, int ng, int64_t
     }
 }
 
-static void q8x8_c_q8_0(const q8_rows *x, int mr, const uint8_t *g, int ng, int64_t nb,
-                        float *o, int64_t ldo) {
+static void q8x8_c_q8_0(const q8_rows *x, int mr, const uint8_t *g, int ng, int64_t nb, float *o,
+                        int64_t ldo) {
   q8x8_c(x, mr, g, ng, nb, o, ldo, IR_Q8_0);
 }
-static void q8x8_c_q4_0(const q8_rows *x, int mr, const uint8_t *g, int ng, int64_t nb,
-                        float *o, int64_t ldo) {
+static void q8x8_c_q4_0(const q8_rows *x, int mr, const uint8_t *g, int ng, int64_t nb, float *o,
+                        int64_t ldo) {
   q8x8_c(x, mr, g, ng, nb, o, ldo, IR_Q4_0);
 }
-static void q8x8_c_q4_1(const q8_rows *x, int mr, const uint8_t *g, int ng, int64_t nb,
-                        float *o, int64_t ldo) {
+static void q8x8_c_q4_1(const q8_rows *x, int mr, const uint8_t *g, int ng, int64_t nb, float *o,
+                        int64_t ldo) {
   q8x8_c(x, mr, g, ng, nb, o, ldo, IR_Q4_1);
 }
 static const q8x8_fn k_q8x8_c[3] = {q8x8_c_q8_0, q8x8_c_q4_0, q8x8_c_q4_1};
@@ -247,8 +248,8 @@ Q8_AVX2_INLINE __m128 q8_mcols_avx2(const __m128 *dm, int nr) {
   return _mm_movehl_ps(_mm_unpacklo_ps(dm[2], dm[3]), t01);
 }
 
-Q8_AVX2_INLINE void q8_body_avx2(const q8_rows *x, const uint8_t *const *wr, int64_t nb,
-                                 float *out, ir_dtype dt, int mr, int nr) {
+Q8_AVX2_INLINE void q8_body_avx2(const q8_rows *x, const uint8_t *const *wr, int64_t nb, float *out,
+                                 ir_dtype dt, int mr, int nr) {
   __m256 acc[Q8_MAX_R][Q8_MAX_C];
   __m128 mv[Q8_MAX_R][(Q8_MAX_C + 3) / 4];
   const int bb = kn_quant_block_bytes(dt);
@@ -258,8 +259,7 @@ Q8_AVX2_INLINE void q8_body_avx2(const q8_rows *x, const uint8_t *const *wr, int
   }
   for (int64_t b = 0; b < nb; b++) {
     __m256i xq[Q8_MAX_R];
-    for (int r = 0; r < mr; r++)
-      xq[r] = _mm256_loadu_si256((const __m256i *)x->r[r][b].q);
+    for (int r = 0; r < mr; r++) xq[r] = _mm256_loadu_si256((const __m256i *)x->r[r][b].q);
     __m128 dm[Q8_MAX_C];
     for (int c = 0; c < nr; c++) {
       const uint8_t *blk = wr[c] + b * bb;
@@ -281,16 +281,17 @@ Q8_AVX2_INLINE void q8_body_avx2(const q8_rows *x, const uint8_t *const *wr, int
   for (int r = 0; r < mr; r++)
     for (int c = 0; c < nr; c++) {
       __m128 m = mv[r][c / 4];
-      m = c % 4 == 0 ? m : c % 4 == 1 ? _mm_movehdup_ps(m) : c % 4 == 2 ? _mm_movehl_ps(m, m)
-                                                                        : _mm_shuffle_ps(m, m, 3);
+      m = c % 4 == 0   ? m
+          : c % 4 == 1 ? _mm_movehdup_ps(m)
+          : c % 4 == 2 ? _mm_movehl_ps(m, m)
+                       : _mm_shuffle_ps(m, m, 3);
       out[r * nr + c] = q8_fold_avx(acc[r][c], dt == IR_Q4_1 ? _mm_cvtss_f32(m) : 0.0f);
     }
 }
 
-#define Q8_INST_AVX2(name, dt, mr, nr)                                                     \
-  static Q8_AVX2 void name(const q8_rows *x, const uint8_t *const *wr, int64_t nb,        \
-                           float *out) {                                                   \
-    q8_body_avx2(x, wr, nb, out, dt, mr, nr);                                              \
+#define Q8_INST_AVX2(name, dt, mr, nr)                                                             \
+  static Q8_AVX2 void name(const q8_rows *x, const uint8_t *const *wr, int64_t nb, float *out) {   \
+    q8_body_avx2(x, wr, nb, out, dt, mr, nr);                                                      \
   }
 /* 4 x 2 blocks (the kernels are bound by vpmaddubsw/vpmaddwd issue, so every shape from
  * 2 x 2 to 4 x 2 ran within 10% on a SmolLM2 prefill); 1 x 4 for a row (1 x 8: no faster) */
@@ -320,8 +321,8 @@ static Q8_AVX2 void q8_quantize_avx2(const float *x, int64_t k, q8_xblock *out) 
     __m256 vid = _mm256_set1_ps(id);
     __m256i c[4], sum = _mm256_setzero_si256();
     for (int g = 0; g < 4; g++) {
-      __m256 r = _mm256_round_ps(_mm256_mul_ps(v[g], vid), _MM_FROUND_TO_NEAREST_INT |
-                                                               _MM_FROUND_NO_EXC);
+      __m256 r =
+          _mm256_round_ps(_mm256_mul_ps(v[g], vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
       c[g] = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(r, lo), hi));
       sum = _mm256_add_epi32(sum, c[g]);
     }
@@ -418,20 +419,20 @@ Q8_AVX2_INLINE void q8x8_body_avx2(const q8_rows *x, const uint8_t *grp, int64_t
 }
 
 /* body(x, grp, nb, out, ldo, dt, mr) with mr a constant in each case. */
-#define Q8X8_BY_MR(body, x, g, nb, o, ldo, dt, mr)                                          \
-  switch (mr) {                                                                             \
-  case 4: body(x, g, nb, o, ldo, dt, 4); break;                                             \
-  case 3: body(x, g, nb, o, ldo, dt, 3); break;                                             \
-  case 2: body(x, g, nb, o, ldo, dt, 2); break;                                             \
-  default: body(x, g, nb, o, ldo, dt, 1); break;                                            \
+#define Q8X8_BY_MR(body, x, g, nb, o, ldo, dt, mr)                                                 \
+  switch (mr) {                                                                                    \
+  case 4: body(x, g, nb, o, ldo, dt, 4); break;                                                    \
+  case 3: body(x, g, nb, o, ldo, dt, 3); break;                                                    \
+  case 2: body(x, g, nb, o, ldo, dt, 2); break;                                                    \
+  default: body(x, g, nb, o, ldo, dt, 1); break;                                                   \
   }
 
-#define Q8X8_INST_AVX2(name, dt)                                                           \
-  static Q8_AVX2 void name(const q8_rows *x, int mr, const uint8_t *g, int ng, int64_t nb, \
-                           float *o, int64_t ldo) {                                        \
-    for (int h = 0; h < ng; h++) /* mr <= Q8_MAX_R: q8x8_pick's rows */                    \
-      Q8X8_BY_MR(q8x8_body_avx2, x, g + h * nb * 8 * kn_quant_block_bytes(dt), nb, o + 8 * h, \
-                 ldo, dt, mr)                                                              \
+#define Q8X8_INST_AVX2(name, dt)                                                                   \
+  static Q8_AVX2 void name(const q8_rows *x, int mr, const uint8_t *g, int ng, int64_t nb,         \
+                           float *o, int64_t ldo) {                                                \
+    for (int h = 0; h < ng; h++) /* mr <= Q8_MAX_R: q8x8_pick's rows */                            \
+      Q8X8_BY_MR(q8x8_body_avx2, x, g + h * nb * 8 * kn_quant_block_bytes(dt), nb, o + 8 * h, ldo, \
+                 dt, mr)                                                                           \
   }
 Q8X8_INST_AVX2(q8x8_avx2_q8_0, IR_Q8_0)
 Q8X8_INST_AVX2(q8x8_avx2_q4_0, IR_Q4_0)
@@ -449,9 +450,8 @@ static const q8x8_fn k_q8x8_avx2[3] = {q8x8_avx2_q8_0, q8x8_avx2_q4_0, q8x8_avx2
  *   q8_0: a register holds two columns' 32 codes against x's 32 codes in both halves.
  * Each lane keeps the reference's own fma chain over blocks; the fold adds the same pairs. */
 #define Q8_VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vnni")))
-#define Q8_VNNI_INLINE                                                                     \
-  static inline __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vnni"),        \
-                               always_inline))
+#define Q8_VNNI_INLINE                                                                             \
+  static inline __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vnni"), always_inline))
 
 Q8_VNNI_INLINE uint16_t q8_ld16(const uint8_t *p) {
   uint16_t v;
@@ -581,15 +581,13 @@ Q8_VNNI_INLINE void q8_body_vnni_q8_0(const q8_rows *x, const uint8_t *const *wr
     }
 }
 
-#define Q8_INST_VNNI_Q4(name, dt, mr)                                                      \
-  static Q8_VNNI void name(const q8_rows *x, const uint8_t *const *wr, int64_t nb,        \
-                           float *out) {                                                   \
-    q8_body_vnni_q4(x, wr, nb, out, dt, mr);                                               \
+#define Q8_INST_VNNI_Q4(name, dt, mr)                                                              \
+  static Q8_VNNI void name(const q8_rows *x, const uint8_t *const *wr, int64_t nb, float *out) {   \
+    q8_body_vnni_q4(x, wr, nb, out, dt, mr);                                                       \
   }
-#define Q8_INST_VNNI_Q8(name, mr)                                                          \
-  static Q8_VNNI void name(const q8_rows *x, const uint8_t *const *wr, int64_t nb,        \
-                           float *out) {                                                   \
-    q8_body_vnni_q8_0(x, wr, nb, out, mr);                                                 \
+#define Q8_INST_VNNI_Q8(name, mr)                                                                  \
+  static Q8_VNNI void name(const q8_rows *x, const uint8_t *const *wr, int64_t nb, float *out) {   \
+    q8_body_vnni_q8_0(x, wr, nb, out, mr);                                                         \
   }
 Q8_INST_VNNI_Q8(q8_vnni_q8_0_4x4, 4)
 Q8_INST_VNNI_Q8(q8_vnni_q8_0_1x4, 1)
@@ -615,9 +613,9 @@ Q8_VNNI_INLINE __m512i q8_ld2x256(const uint8_t *a, const uint8_t *b) {
 }
 
 Q8_VNNI_INLINE __m512 q8_ld2xf16(const uint8_t *a, const uint8_t *b) {
-  return _mm512_cvtph_ps(_mm256_inserti128_si256(
-      _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)a)),
-      _mm_loadu_si128((const __m128i *)b), 1));
+  return _mm512_cvtph_ps(
+      _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)a)),
+                              _mm_loadu_si128((const __m128i *)b), 1));
 }
 
 Q8_VNNI_INLINE void q8x8_pair_vnni(const q8_rows *x, const uint8_t *grp, int64_t nb, float *out,
@@ -659,33 +657,33 @@ Q8_VNNI_INLINE void q8x8_pair_vnni(const q8_rows *x, const uint8_t *grp, int64_t
       __m512i p = _mm512_add_epi32(s0, s1);
       if (dt != IR_Q4_1) /* the offset: 128 (q8_0's flip) or 8 (q4_0's nibble) times sum(q) */
         p = _mm512_sub_epi32(p, _mm512_set1_epi32((dt == IR_Q8_0 ? 128 : 8) * xb->isum));
-      acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_set1_ps(xb->d)), _mm512_cvtepi32_ps(p),
-                               acc[r]);
+      acc[r] =
+          _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_set1_ps(xb->d)), _mm512_cvtepi32_ps(p), acc[r]);
       if (dt == IR_Q4_1) mt[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(xb->s), mt[r]);
     }
   }
   for (int r = 0; r < mr; r++) _mm512_storeu_ps(out + ldo * r, _mm512_add_ps(acc[r], mt[r]));
 }
 
-#define Q8X8_INST_VNNI(name, dt)                                                           \
-  static Q8_VNNI void name(const q8_rows *x, int mr, const uint8_t *g, int ng, int64_t nb, \
-                           float *o, int64_t ldo) {                                        \
-    if (ng == 2) {                                                                         \
-      switch (mr) {                                                                        \
-      case 8: q8x8_pair_vnni(x, g, nb, o, ldo, dt, 8); break;                              \
-      case 7: q8x8_pair_vnni(x, g, nb, o, ldo, dt, 7); break;                              \
-      case 6: q8x8_pair_vnni(x, g, nb, o, ldo, dt, 6); break;                              \
-      case 5: q8x8_pair_vnni(x, g, nb, o, ldo, dt, 5); break;                              \
-      default: Q8X8_BY_MR(q8x8_pair_vnni, x, g, nb, o, ldo, dt, mr)                        \
-      }                                                                                    \
-    } else { /* a lone group: the AVX2 body, four rows a call */                           \
-      int m4 = mr < Q8_MAX_R ? mr : Q8_MAX_R;                                              \
-      Q8X8_BY_MR(q8x8_body_avx2, x, g, nb, o, ldo, dt, m4)                                 \
-      if (mr > Q8_MAX_R) { /* the row pointers copied only here */                         \
-        q8_rows xr = q8_rows_from(x, Q8_MAX_R);                                            \
-        Q8X8_BY_MR(q8x8_body_avx2, &xr, g, nb, o + Q8_MAX_R * ldo, ldo, dt, mr - Q8_MAX_R) \
-      }                                                                                    \
-    }                                                                                      \
+#define Q8X8_INST_VNNI(name, dt)                                                                   \
+  static Q8_VNNI void name(const q8_rows *x, int mr, const uint8_t *g, int ng, int64_t nb,         \
+                           float *o, int64_t ldo) {                                                \
+    if (ng == 2) {                                                                                 \
+      switch (mr) {                                                                                \
+      case 8: q8x8_pair_vnni(x, g, nb, o, ldo, dt, 8); break;                                      \
+      case 7: q8x8_pair_vnni(x, g, nb, o, ldo, dt, 7); break;                                      \
+      case 6: q8x8_pair_vnni(x, g, nb, o, ldo, dt, 6); break;                                      \
+      case 5: q8x8_pair_vnni(x, g, nb, o, ldo, dt, 5); break;                                      \
+      default: Q8X8_BY_MR(q8x8_pair_vnni, x, g, nb, o, ldo, dt, mr)                                \
+      }                                                                                            \
+    } else { /* a lone group: the AVX2 body, four rows a call */                                   \
+      int m4 = mr < Q8_MAX_R ? mr : Q8_MAX_R;                                                      \
+      Q8X8_BY_MR(q8x8_body_avx2, x, g, nb, o, ldo, dt, m4)                                         \
+      if (mr > Q8_MAX_R) { /* the row pointers copied only here */                                 \
+        q8_rows xr = q8_rows_from(x, Q8_MAX_R);                                                    \
+        Q8X8_BY_MR(q8x8_body_avx2, &xr, g, nb, o + Q8_MAX_R * ldo, ldo, dt, mr - Q8_MAX_R)         \
+      }                                                                                            \
+    }                                                                                              \
   }
 Q8X8_INST_VNNI(q8x8_vnni_q8_0, IR_Q8_0)
 Q8X8_INST_VNNI(q8x8_vnni_q4_0, IR_Q4_0)
@@ -707,9 +705,9 @@ static const q8x8_fn k_q8x8_vnni[3] = {q8x8_vnni_q8_0, q8x8_vnni_q4_0, q8x8_vnni
 #define Q8_AMX_INLINE static inline __attribute__((target(Q8_AMX_TARGET), always_inline))
 /* The tile instructions as asm that says which memory it reads and writes (the compiler's
  * own intrinsics do not): tile t, base p, row stride s. */
-#define Q8_TILE_LOAD(t, p, s)                                                              \
+#define Q8_TILE_LOAD(t, p, s)                                                                      \
   __asm__ volatile("tileloadd (%0,%1,1), %%tmm" #t ::"r"(p), "r"((int64_t)(s)) : "memory")
-#define Q8_TILE_STORE(t, p, s)                                                             \
+#define Q8_TILE_STORE(t, p, s)                                                                     \
   __asm__ volatile("tilestored %%tmm" #t ", (%0,%1,1)" ::"r"(p), "r"((int64_t)(s)) : "memory")
 #define Q8_TILE_ZERO(t) __asm__ volatile("tilezero %%tmm" #t ::)
 #define Q8_TDPBSUD(c, a, b) __asm__ volatile("tdpbsud %%tmm" #b ", %%tmm" #a ", %%tmm" #c ::)
@@ -727,8 +725,7 @@ Q8_AMX_INLINE void q8_amx_config(void) {
 }
 
 /* Block b's B: the two groups' codes at g, g2 as the tile takes them, into wb. */
-Q8_AMX_INLINE void q8_amx_decode(const uint8_t *g, const uint8_t *g2, ir_dtype dt,
-                                 uint8_t *wb) {
+Q8_AMX_INLINE void q8_amx_decode(const uint8_t *g, const uint8_t *g2, ir_dtype dt, uint8_t *wb) {
   const uint8_t *c = g + kn_x8_head(dt), *c2 = g2 + kn_x8_head(dt);
   __m512i *o = (__m512i *)wb;
   if (dt == IR_Q8_0) {
@@ -773,9 +770,8 @@ Q8_AMX_INLINE void q8_amx_store(int32_t *c, int s) {
  * goes through memory, where a load takes it only once the store has retired: so B is
  * decoded Q8_AMX_AHEAD products before it is used and a product scaled Q8_AMX_LAG after,
  * from rings of Q8_AMX_AHEAD slots; the stream runs on over pair boundaries. */
-Q8_AMX_INLINE void q8_amx_stream(const q8_xblock *x0, const uint8_t *const *grp,
-                                 float *const *out, int np, int64_t nb, int64_t ldo,
-                                 ir_dtype dt) {
+Q8_AMX_INLINE void q8_amx_stream(const q8_xblock *x0, const uint8_t *const *grp, float *const *out,
+                                 int np, int64_t nb, int64_t ldo, ir_dtype dt) {
   const int sb = 8 * kn_quant_block_bytes(dt);
   const int64_t gs = nb * sb, xs = nb * (int64_t)sizeof(q8_xblock), nt = np * nb;
   _Alignas(64) uint8_t wb[Q8_AMX_AHEAD][8 * 64];
@@ -836,8 +832,8 @@ Q8_AMX_INLINE void q8_amx_stream(const q8_xblock *x0, const uint8_t *const *grp,
       const q8_xblock *xb = x0 + r * nb + pb;
       __m512i p = _mm512_load_si512((const __m512i *)(cb + Q8_AMX_COLS * r));
       if (dt == IR_Q4_0) p = _mm512_sub_epi32(p, _mm512_set1_epi32(8 * xb->isum));
-      acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_set1_ps(xb->d)), _mm512_cvtepi32_ps(p),
-                               acc[r]);
+      acc[r] =
+          _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_set1_ps(xb->d)), _mm512_cvtepi32_ps(p), acc[r]);
     }
     if (pb + 1 < nb) continue;
     float *o = out[pq];
@@ -850,10 +846,10 @@ Q8_AMX_INLINE void q8_amx_stream(const q8_xblock *x0, const uint8_t *const *grp,
   }
 }
 
-#define Q8_INST_AMX(name, dt)                                                              \
-  static Q8_AMX void name(const q8_xblock *x0, const uint8_t *const *grp, float *const *out, \
-                          int np, int64_t nb, int64_t ldo) {                               \
-    q8_amx_stream(x0, grp, out, np, nb, ldo, dt);                                          \
+#define Q8_INST_AMX(name, dt)                                                                      \
+  static Q8_AMX void name(const q8_xblock *x0, const uint8_t *const *grp, float *const *out,       \
+                          int np, int64_t nb, int64_t ldo) {                                       \
+    q8_amx_stream(x0, grp, out, np, nb, ldo, dt);                                                  \
   }
 Q8_INST_AMX(q8_amx_q8_0, IR_Q8_0)
 Q8_INST_AMX(q8_amx_q4_0, IR_Q4_0)
@@ -915,9 +911,9 @@ typedef struct q8_args {
   bool swiglu; /* y[:, j] = silu(z[:, j]) * z[:, n + j]: W has 2n rows */
   kn_mm_tiles tiles;
   const q8_kernels *kern;
-  q8x8_fn x8; /* W interleaved by 8 rows (n a multiple of 8): its kernel, else NULL */
+  q8x8_fn x8;   /* W interleaved by 8 rows (n a multiple of 8): its kernel, else NULL */
   q8amx_fn amx; /* x8 on AMX for the 16-row blocks of a tile (rows quantized ahead), or NULL */
-  int x8_rows; /* x rows the x8 kernel takes at once at most */
+  int x8_rows;  /* x rows the x8 kernel takes at once at most */
   const q8_xblock *xq; /* every row quantized once by the caller, or NULL: per tile */
 } q8_args;
 
@@ -947,8 +943,7 @@ static void q8x8_block(const q8_args *a, const q8_rows *xs, int mr, int64_t i0, 
  * (j1 - j0 a multiple of 16, at most 16 * Q8_AMX_PAIRS; swiglu: half that), as
  * q8x8_block: straight into y (then the bias), or the gate and up pairs side by side into
  * the epilogue. */
-static void q8amx_block(const q8_args *a, const q8_xblock *x0, int64_t i0, int64_t j0,
-                        int64_t j1) {
+static void q8amx_block(const q8_args *a, const q8_xblock *x0, int64_t i0, int64_t j0, int64_t j1) {
   const int64_t nb = a->k / KN_QBLOCK, nc = j1 - j0;
   const float *b = a->bias;
   float *y = a->y + i0 * a->n + j0;
@@ -975,8 +970,7 @@ static void q8amx_block(const q8_args *a, const q8_xblock *x0, int64_t i0, int64
 /* Rows [i0, i1) of a tile in blocks of 16 on AMX against columns [j0, j1) (whole groups; a
  * lone one at the end takes the x8 kernel, 8 rows a call); returns the first row left.
  * The tile configuration is loaded per call, so any thread can run this, and released. */
-static Q8_AMX int64_t q8amx_rows(const q8_args *a, int64_t i0, int64_t i1, int64_t j0,
-                                 int64_t j1) {
+static Q8_AMX int64_t q8amx_rows(const q8_args *a, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
   const int64_t nb = a->k / KN_QBLOCK;
   const int64_t step = Q8_AMX_COLS * Q8_AMX_PAIRS / (a->swiglu ? 2 : 1); /* columns a call */
   q8_amx_config();
@@ -1096,9 +1090,18 @@ void kn_matmul_q8(kn_pool *p, float *y, const float *x, const void *w, ir_dtype 
     return;
   }
   if (m <= 0 || n <= 0) return;
-  q8_args a = {.y = y, .x = x, .w = w, .bias = bias, .m = m, .n = n, .k = k,
-               .w_row_bytes = (int64_t)ir_dtype_bytes(wt, (uint64_t)k), .swiglu = swiglu,
-               .kern = q8_pick(wt), .x8 = x8, .x8_rows = x8_rows};
+  q8_args a = {.y = y,
+               .x = x,
+               .w = w,
+               .bias = bias,
+               .m = m,
+               .n = n,
+               .k = k,
+               .w_row_bytes = (int64_t)ir_dtype_bytes(wt, (uint64_t)k),
+               .swiglu = swiglu,
+               .kern = q8_pick(wt),
+               .x8 = x8,
+               .x8_rows = x8_rows};
   /* Every row is quantized once here, not once per tile it meets: a decode matmul has 8
    * or more column tiles and the lm_head over a hundred (a batch of 16 sequences spent 8%
    * of its step quantizing the same rows again). A few rows (batch-1 decode) on the

@@ -29,7 +29,7 @@ enum {
   WQ_MAX_R = 4,
   WQ_MAX_C = 8,
   WQ_SERIAL_FLOPS = 1 << 18,
-  WQ_RUN = 16, /* SIMD paths: groups whose scales and zeros are read ahead into f32 */
+  WQ_RUN = 16,              /* SIMD paths: groups whose scales and zeros are read ahead into f32 */
   WQ_PREFETCH_BYTES = 8192, /* W bytes asked for ahead into L2, as kn_matmul does */
 };
 
@@ -43,8 +43,7 @@ enum {
 
 typedef struct wq_args wq_args;
 /* Weight-only: the mr x nr dot products of rows xr[r] with W rows rows[c]. */
-typedef void (*wq_fn)(const wq_args *a, const float *const *xr, const int64_t *rows,
-                      float *out);
+typedef void (*wq_fn)(const wq_args *a, const float *const *xr, const int64_t *rows, float *out);
 /* W8A8: exact sum_l xq[r][l] * wr[c][l] into out[r * nr + c]; xs[r] = sum_l xq[r][l]. */
 typedef void (*w8_fn)(const int8_t *const *xq, const int32_t *xs, const int8_t *const *wr,
                       int64_t k, int32_t *out);
@@ -117,9 +116,10 @@ static inline float wq_fold16(float *v) {
   return v[0];
 }
 
-static inline __attribute__((always_inline)) void
-wq_body_c(const wq_args *a, const float *const *xr, const int64_t *rows, float *out, int mr,
-          int nr) {
+static inline __attribute__((always_inline)) void wq_body_c(const wq_args *a,
+                                                            const float *const *xr,
+                                                            const int64_t *rows, float *out, int mr,
+                                                            int nr) {
   float acc[WQ_MAX_R][WQ_MAX_C][WQ_LANES] = {{{0}}};
   float wv[WQ_MAX_C][WQ_LANES];
   const int64_t k = a->k, kf = k - k % WQ_LANES;
@@ -146,9 +146,9 @@ static void wq_c_1x4(const wq_args *a, const float *const *xr, const int64_t *ro
   wq_body_c(a, xr, rows, out, 1, 4);
 }
 
-static inline __attribute__((always_inline)) void
-w8_body_c(const int8_t *const *xq, const int8_t *const *wr, int64_t k, int32_t *out, int mr,
-          int nr) {
+static inline __attribute__((always_inline)) void w8_body_c(const int8_t *const *xq,
+                                                            const int8_t *const *wr, int64_t k,
+                                                            int32_t *out, int mr, int nr) {
   for (int r = 0; r < mr; r++)
     for (int c = 0; c < nr; c++) {
       int32_t s = 0; /* |xq|, |q| <= 127 and k <= 32768: no overflow */
@@ -157,13 +157,13 @@ w8_body_c(const int8_t *const *xq, const int8_t *const *wr, int64_t k, int32_t *
     }
 }
 
-static void w8_c_2x2(const int8_t *const *xq, const int32_t *xs, const int8_t *const *wr,
-                     int64_t k, int32_t *out) {
+static void w8_c_2x2(const int8_t *const *xq, const int32_t *xs, const int8_t *const *wr, int64_t k,
+                     int32_t *out) {
   (void)xs;
   w8_body_c(xq, wr, k, out, 2, 2);
 }
-static void w8_c_1x4(const int8_t *const *xq, const int32_t *xs, const int8_t *const *wr,
-                     int64_t k, int32_t *out) {
+static void w8_c_1x4(const int8_t *const *xq, const int32_t *xs, const int8_t *const *wr, int64_t k,
+                     int32_t *out) {
   (void)xs;
   w8_body_c(xq, wr, k, out, 1, 4);
 }
@@ -230,14 +230,14 @@ WQ_AVX2_INLINE void wq_q16_avx2(const uint8_t *row, int64_t i, ir_dtype qt, __m2
 
 /* Scales and zeros of groups [g0, g0 + cnt) of W row j as f32, ahead of their use:
  * F16C converts a half in one instruction where ir_f16_to_f32 branches. */
-WQ_AVX2_INLINE void wq_params(const kn_wq *w, int64_t ng, int64_t j, int64_t g0, int cnt,
-                              float *s, float *z) {
+WQ_AVX2_INLINE void wq_params(const kn_wq *w, int64_t ng, int64_t j, int64_t g0, int cnt, float *s,
+                              float *z) {
   int64_t b = j * ng + g0;
   for (int t = 0; t < cnt; t++)
     s[t] = w->st == IR_F16 ? _cvtsh_ss(((const uint16_t *)w->scales)[b + t])
                            : ((const float *)w->scales)[b + t];
   for (int t = 0; t < cnt; t++)
-    z[t] = !w->zp ? (w->qt == IR_I4 ? 8.0f : 0.0f)
+    z[t] = !w->zp            ? (w->qt == IR_I4 ? 8.0f : 0.0f)
            : w->zt == IR_F16 ? _cvtsh_ss(((const uint16_t *)w->zp)[b + t])
                              : wq_zero(w, ng, j, g0 + t);
 }
@@ -259,27 +259,27 @@ WQ_AVX2_INLINE void wq_body_avx2(const wq_args *a, const float *const *xr, const
     int run = a->ng - g0 < WQ_RUN ? (int)(a->ng - g0) : WQ_RUN;
     for (int c = 0; c < nr; c++) wq_params(w, a->ng, rows[c], g0, run, s[c], z[c]);
     for (int t = 0; t < run; t++)
-    for (int64_t i = (g0 + t) * group; i < (g0 + t + 1) * group; i += WQ_LANES)
-      for (int c = 0; c < nr; c++) {
-        __m256 ql, qh, sv = _mm256_set1_ps(s[c][t]), zv = _mm256_set1_ps(z[c][t]);
-        wq_prefetch(qr[c] + (qt == IR_I4 ? i / 2 : i));
-        wq_q16_avx2(qr[c], i, qt, &ql, &qh);
-        __m256 wl = _mm256_mul_ps(sub ? _mm256_sub_ps(ql, zv) : ql, sv);
-        __m256 wh = _mm256_mul_ps(sub ? _mm256_sub_ps(qh, zv) : qh, sv);
-        for (int r = 0; r < mr; r++) {
-          lo[r][c] = _mm256_fmadd_ps(_mm256_loadu_ps(xr[r] + i), wl, lo[r][c]);
-          hi[r][c] = _mm256_fmadd_ps(_mm256_loadu_ps(xr[r] + i + 8), wh, hi[r][c]);
+      for (int64_t i = (g0 + t) * group; i < (g0 + t + 1) * group; i += WQ_LANES)
+        for (int c = 0; c < nr; c++) {
+          __m256 ql, qh, sv = _mm256_set1_ps(s[c][t]), zv = _mm256_set1_ps(z[c][t]);
+          wq_prefetch(qr[c] + (qt == IR_I4 ? i / 2 : i));
+          wq_q16_avx2(qr[c], i, qt, &ql, &qh);
+          __m256 wl = _mm256_mul_ps(sub ? _mm256_sub_ps(ql, zv) : ql, sv);
+          __m256 wh = _mm256_mul_ps(sub ? _mm256_sub_ps(qh, zv) : qh, sv);
+          for (int r = 0; r < mr; r++) {
+            lo[r][c] = _mm256_fmadd_ps(_mm256_loadu_ps(xr[r] + i), wl, lo[r][c]);
+            hi[r][c] = _mm256_fmadd_ps(_mm256_loadu_ps(xr[r] + i + 8), wh, hi[r][c]);
+          }
         }
-      }
   }
   for (int r = 0; r < mr; r++)
     for (int c = 0; c < nr; c++) out[r * nr + c] = wq_fold8_avx(_mm256_add_ps(lo[r][c], hi[r][c]));
 }
 
-#define WQ_INST_AVX2(name, qt, mr, nr)                                                      \
-  static WQ_AVX2 void name(const wq_args *a, const float *const *xr, const int64_t *rows, \
-                           float *out) {                                                    \
-    wq_body_avx2(a, xr, rows, out, qt, mr, nr);                                             \
+#define WQ_INST_AVX2(name, qt, mr, nr)                                                             \
+  static WQ_AVX2 void name(const wq_args *a, const float *const *xr, const int64_t *rows,          \
+                           float *out) {                                                           \
+    wq_body_avx2(a, xr, rows, out, qt, mr, nr);                                                    \
   }
 WQ_INST_AVX2(wq_avx2_i8_2x2, IR_I8, 2, 2)
 WQ_INST_AVX2(wq_avx2_i8_1x4, IR_I8, 1, 4)
@@ -355,25 +355,26 @@ WQ_AVX2_INLINE void w8_body_avx2(const int8_t *const *xq, const int8_t *const *w
     }
 }
 
-static WQ_AVX2 void w8_avx2_2x4(const int8_t *const *xq, const int32_t *xs,
-                                const int8_t *const *wr, int64_t k, int32_t *out) {
+static WQ_AVX2 void w8_avx2_2x4(const int8_t *const *xq, const int32_t *xs, const int8_t *const *wr,
+                                int64_t k, int32_t *out) {
   (void)xs;
   w8_body_avx2(xq, wr, k, out, 2, 4);
 }
-static WQ_AVX2 void w8_avx2_1x4(const int8_t *const *xq, const int32_t *xs,
-                                const int8_t *const *wr, int64_t k, int32_t *out) {
+static WQ_AVX2 void w8_avx2_1x4(const int8_t *const *xq, const int32_t *xs, const int8_t *const *wr,
+                                int64_t k, int32_t *out) {
   (void)xs;
   w8_body_avx2(xq, wr, k, out, 1, 4);
 }
 
 #define WQ_VNNI256 __attribute__((target("avx2,fma,f16c,avxvnni")))
-#define WQ_VNNI256_INLINE static inline __attribute__((target("avx2,fma,f16c,avxvnni"), always_inline))
+#define WQ_VNNI256_INLINE                                                                          \
+  static inline __attribute__((target("avx2,fma,f16c,avxvnni"), always_inline))
 
 /* 32 bytes a step with vpdpbusd; the k % 32 tail in scalar, its xq sum taken out of the
  * correction. */
 WQ_VNNI256_INLINE void w8_body_vnni256(const int8_t *const *xq, const int32_t *xs,
-                                       const int8_t *const *wr, int64_t k, int32_t *out,
-                                       int mr, int nr) {
+                                       const int8_t *const *wr, int64_t k, int32_t *out, int mr,
+                                       int nr) {
   __m256i acc[WQ_MAX_R][WQ_MAX_C];
   const __m256i flip = _mm256_set1_epi8((char)0x80);
   const int64_t kf = k - k % 32;
@@ -395,8 +396,8 @@ WQ_VNNI256_INLINE void w8_body_vnni256(const int8_t *const *xq, const int32_t *x
       int32_t tail = 0;
       for (int64_t i = kf; i < k; i++) tail += (int32_t)xq[r][i] * wr[c][i];
       /* wrapping arithmetic: the true value fits in int32 even where the biased sum may not */
-      uint32_t v = (uint32_t)wq_hsum8_epi32(acc[r][c]) - 128u * (uint32_t)(xs[r] - tail_x) +
-                   (uint32_t)tail;
+      uint32_t v =
+          (uint32_t)wq_hsum8_epi32(acc[r][c]) - 128u * (uint32_t)(xs[r] - tail_x) + (uint32_t)tail;
       out[r * nr + c] = (int32_t)v;
     }
   }
@@ -413,7 +414,7 @@ static WQ_VNNI256 void w8_vnni256_1x4(const int8_t *const *xq, const int32_t *xs
 
 /* ---- x86: AVX-512F (+ AVX512-VNNI for W8A8) -------------------------------------------- */
 #define WQ_AVX512 __attribute__((target("avx512f,avx512bw,avx2,fma,f16c")))
-#define WQ_AVX512_INLINE \
+#define WQ_AVX512_INLINE                                                                           \
   static inline __attribute__((target("avx512f,avx512bw,avx2,fma,f16c"), always_inline))
 
 WQ_AVX512_INLINE float wq_fold16_avx512(__m512 v) {
@@ -424,9 +425,8 @@ WQ_AVX512_INLINE float wq_fold16_avx512(__m512 v) {
 /* One zmm accumulator per output. An int4 chunk is a lookup of its 16 nibbles in the
  * group's table (v - z) * s, v = 0..15 (vpermps reads the low 4 bits of each index): the
  * same products as dequantizing value by value. */
-WQ_AVX512_INLINE void wq_body_avx512(const wq_args *a, const float *const *xr,
-                                     const int64_t *rows, float *out, ir_dtype qt, int mr,
-                                     int nr) {
+WQ_AVX512_INLINE void wq_body_avx512(const wq_args *a, const float *const *xr, const int64_t *rows,
+                                     float *out, ir_dtype qt, int mr, int nr) {
   const kn_wq *w = a->w;
   const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   __m512 acc[WQ_MAX_R][WQ_MAX_C];
@@ -444,15 +444,14 @@ WQ_AVX512_INLINE void wq_body_avx512(const wq_args *a, const float *const *xr,
       __m512 tab[WQ_MAX_C]; /* int4: the group's 16 values; int8: unused */
       if (qt == IR_I4)
         for (int c = 0; c < nr; c++)
-          tab[c] = _mm512_mul_ps(_mm512_sub_ps(iota, _mm512_set1_ps(z[c][t])),
-                                 _mm512_set1_ps(s[c][t]));
+          tab[c] =
+              _mm512_mul_ps(_mm512_sub_ps(iota, _mm512_set1_ps(z[c][t])), _mm512_set1_ps(s[c][t]));
       for (int64_t i = (g0 + t) * group; i < (g0 + t + 1) * group; i += WQ_LANES)
         for (int c = 0; c < nr; c++) {
           __m512 wv;
           wq_prefetch(qr[c] + (qt == IR_I4 ? i / 2 : i));
           if (qt == IR_I4) {
-            wv = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(wq_nibbles16(qr[c] + i / 2)),
-                                       tab[c]);
+            wv = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(wq_nibbles16(qr[c] + i / 2)), tab[c]);
           } else {
             __m512 q = _mm512_cvtepi32_ps(
                 _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(qr[c] + i))));
@@ -468,10 +467,10 @@ WQ_AVX512_INLINE void wq_body_avx512(const wq_args *a, const float *const *xr,
     for (int c = 0; c < nr; c++) out[r * nr + c] = wq_fold16_avx512(acc[r][c]);
 }
 
-#define WQ_INST_AVX512(name, qt, mr, nr)                                                    \
-  static WQ_AVX512 void name(const wq_args *a, const float *const *xr, const int64_t *rows, \
-                             float *out) {                                                  \
-    wq_body_avx512(a, xr, rows, out, qt, mr, nr);                                           \
+#define WQ_INST_AVX512(name, qt, mr, nr)                                                           \
+  static WQ_AVX512 void name(const wq_args *a, const float *const *xr, const int64_t *rows,        \
+                             float *out) {                                                         \
+    wq_body_avx512(a, xr, rows, out, qt, mr, nr);                                                  \
   }
 WQ_INST_AVX512(wq_avx512_i8_4x4, IR_I8, 4, 4)
 WQ_INST_AVX512(wq_avx512_i8_1x8, IR_I8, 1, 8)
@@ -501,13 +500,13 @@ static WQ_AVX512 void w8_quant_avx512(const float *x, int64_t k, int8_t *q, floa
 }
 
 #define WQ_VNNI512 __attribute__((target("avx512f,avx512bw,avx512vnni")))
-#define WQ_VNNI512_INLINE \
+#define WQ_VNNI512_INLINE                                                                          \
   static inline __attribute__((target("avx512f,avx512bw,avx512vnni"), always_inline))
 
 /* 64 bytes a step; the last step is a masked load (zero bytes add nothing). */
 WQ_VNNI512_INLINE void w8_body_vnni512(const int8_t *const *xq, const int32_t *xs,
-                                       const int8_t *const *wr, int64_t k, int32_t *out,
-                                       int mr, int nr) {
+                                       const int8_t *const *wr, int64_t k, int32_t *out, int mr,
+                                       int nr) {
   __m512i acc[WQ_MAX_R][WQ_MAX_C];
   const __m512i flip = _mm512_set1_epi8((char)0x80);
   for (int r = 0; r < mr; r++)
@@ -541,7 +540,7 @@ static WQ_VNNI512 void w8_vnni512_1x8(const int8_t *const *xq, const int32_t *xs
 /* ---- dispatch --------------------------------------------------------------------------- */
 
 /* Weight-only [isa][i8, i4]; W8A8 [isa]. Only the fields each table is read for are set. */
-static const wq_kernels k_wq_c = {2, 2, 4, wq_c_2x2, wq_c_1x4,
+static const wq_kernels k_wq_c = {2,        2,        4,          wq_c_2x2, wq_c_1x4,
                                   w8_c_2x2, w8_c_1x4, w8_quant_c, false};
 #if WQ_X86
 static const wq_kernels k_wq_simd[2][2] = {
@@ -551,8 +550,8 @@ static const wq_kernels k_wq_simd[2][2] = {
      {4, 4, 8, wq_avx512_i4_4x4, wq_avx512_i4_1x8, NULL, NULL, NULL, false}},
 };
 /* Level 1 without AVX-VNNI */
-static const wq_kernels k_w8_avx2 = {2, 4, 4, NULL, NULL, w8_avx2_2x4, w8_avx2_1x4,
-                                     w8_quant_avx2, false};
+static const wq_kernels k_w8_avx2 = {
+    2, 4, 4, NULL, NULL, w8_avx2_2x4, w8_avx2_1x4, w8_quant_avx2, false};
 static const wq_kernels k_w8_simd[3] = {
     {2, 4, 4, NULL, NULL, w8_vnni256_2x4, w8_vnni256_1x4, w8_quant_avx2, false},
     {4, 4, 8, NULL, NULL, w8_vnni512_4x4, w8_vnni512_1x8, w8_quant_avx512, false},
@@ -661,8 +660,8 @@ static void wq_block(const wq_args *a, wq_fn fn, int mr, int nr, int64_t i0, int
 static inline float w8_deq(int32_t dot, float sx, float sw) { return (float)dot * (sx * sw); }
 
 /* The same for W8A8, with rows of x already quantized (xq, per-row scale sx and sum xs). */
-static void w8_block(const wq_args *a, w8_fn fn, int mr, int nr, int64_t i0, int64_t j0,
-                     int64_t j1, const int8_t *const *xq, const float *sx, const int32_t *xs) {
+static void w8_block(const wq_args *a, w8_fn fn, int mr, int nr, int64_t i0, int64_t j0, int64_t j1,
+                     const int8_t *const *xq, const float *sx, const int32_t *xs) {
   const int8_t *wr[WQ_MAX_C];
   int64_t rows[WQ_MAX_C];
   int32_t acc[WQ_MAX_R * WQ_MAX_C];
@@ -721,15 +720,15 @@ enum {
 };
 
 #define WQ_AMX __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw")))
-#define WQ_AMX_INLINE \
+#define WQ_AMX_INLINE                                                                              \
   static inline __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw"), always_inline))
 /* GCC's tile loads and ldtilecfg do not tell the compiler which memory they read: make
  * the buffers' stores happen before them. */
 #define WQ_AMX_BARRIER() __asm__ volatile("" ::: "memory")
 
 /* C += W blocks w0 (w1) at stride ws x x blocks x0 (x0 + xstep) over nkb 64-byte steps. */
-WQ_AMX_INLINE void w8_amx_steps(const int8_t *w0, const int8_t *w1, int64_t ws,
-                                const int8_t *x0, int64_t xstep, int64_t nkb, int nw, int nx) {
+WQ_AMX_INLINE void w8_amx_steps(const int8_t *w0, const int8_t *w1, int64_t ws, const int8_t *x0,
+                                int64_t xstep, int64_t nkb, int nw, int nx) {
   for (int64_t kb = 0; kb < nkb; kb++) {
     _tile_loadd(4, w0 + kb * 64, ws);
     if (nw > 1) _tile_loadd(5, w1 + kb * 64, ws);
@@ -755,8 +754,7 @@ WQ_AMX_INLINE void w8_amx_kernel(const int8_t *const *wb, const int8_t *tail, in
   _tile_zero(2);
   _tile_zero(3);
   w8_amx_steps(wb[0], wb[1], k, xb, xstep, kf, nw, nx);
-  if (kf < nkb)
-    w8_amx_steps(tail, tail + WQ_AMX_STEP, 64, xb + kf * WQ_AMX_STEP, xstep, 1, nw, nx);
+  if (kf < nkb) w8_amx_steps(tail, tail + WQ_AMX_STEP, 64, xb + kf * WQ_AMX_STEP, xstep, 1, nw, nx);
   _tile_stored(0, c, 64);
   if (nw > 1) _tile_stored(1, c + 256, 64);
   if (nx > 1) _tile_stored(2, c + 512, 64);
@@ -765,10 +763,9 @@ WQ_AMX_INLINE void w8_amx_kernel(const int8_t *const *wb, const int8_t *tail, in
 
 /* z[t] = w8_deq(c[16 t], sx, sw[t]) for t < v: a column of a C tile (one x row against
  * the W rows) into a row of z, the same two roundings as w8_deq. */
-WQ_AMX_INLINE void w8_amx_deq16(float *z, const int32_t *c, int64_t v, float sx,
-                                const float *sw) {
-  const __m512i idx = _mm512_setr_epi32(0, 16, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176,
-                                        192, 208, 224, 240);
+WQ_AMX_INLINE void w8_amx_deq16(float *z, const int32_t *c, int64_t v, float sx, const float *sw) {
+  const __m512i idx =
+      _mm512_setr_epi32(0, 16, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 240);
   __mmask16 mk = v >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << v) - 1);
   __m512i dot = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), mk, idx, c, 4);
   __m512 d = _mm512_cvtepi32_ps(dot);
@@ -826,13 +823,13 @@ static WQ_AMX void w8_amx_panel(const wq_args *a, const int8_t *xv, int64_t nkb,
 
 /* The 16 bytes of rows (a, b, c, d) at dword t of v's 128-bit lane t / 4 (v[t % 4]) go to
  * dst + t * 64: 4 rows of a 64-byte step into the packed layout. */
-#define WQ_AMX_PUT4(dst, v, j)                                                          \
-  do {                                                                                  \
-    __m512i v_ = (v);                                                                   \
-    _mm_storeu_si128((__m128i *)((dst) + (j) * 64), _mm512_castsi512_si128(v_));        \
-    _mm_storeu_si128((__m128i *)((dst) + ((j) + 4) * 64), _mm512_extracti32x4_epi32(v_, 1)); \
-    _mm_storeu_si128((__m128i *)((dst) + ((j) + 8) * 64), _mm512_extracti32x4_epi32(v_, 2)); \
-    _mm_storeu_si128((__m128i *)((dst) + ((j) + 12) * 64), _mm512_extracti32x4_epi32(v_, 3)); \
+#define WQ_AMX_PUT4(dst, v, j)                                                                     \
+  do {                                                                                             \
+    __m512i v_ = (v);                                                                              \
+    _mm_storeu_si128((__m128i *)((dst) + (j)*64), _mm512_castsi512_si128(v_));                     \
+    _mm_storeu_si128((__m128i *)((dst) + ((j) + 4) * 64), _mm512_extracti32x4_epi32(v_, 1));       \
+    _mm_storeu_si128((__m128i *)((dst) + ((j) + 8) * 64), _mm512_extracti32x4_epi32(v_, 2));       \
+    _mm_storeu_si128((__m128i *)((dst) + ((j) + 12) * 64), _mm512_extracti32x4_epi32(v_, 3));      \
   } while (0)
 
 /* Rows r..r+3 of a pass (quantized and zero-padded, kp = nkb * 64 bytes apart) into their
@@ -855,8 +852,8 @@ static WQ_AMX void w8_amx_pack4(int8_t *xv, int64_t nkb, int64_t r, const int8_t
 
 /* w8_tile_amx's work, where AMX applies: rows [i0, i1) in passes of up to `per` rows. The
  * tile configuration is loaded per call, so any thread can run this, and released after. */
-static WQ_AMX int64_t w8_amx_rows(const wq_args *a, int64_t i0, int64_t i1, int64_t j0,
-                                  int64_t j1, int64_t per, int64_t nkb) {
+static WQ_AMX int64_t w8_amx_rows(const wq_args *a, int64_t i0, int64_t i1, int64_t j0, int64_t j1,
+                                  int64_t per, int64_t nkb) {
   const int64_t k = a->k;
   _Alignas(64) int8_t xv[WQ_AMX_X_BYTES];
   _Alignas(64) int8_t rows[4 * (WQ_AMX_X_BYTES / 16)]; /* 4 rows of kp <= 8192 bytes */
@@ -877,8 +874,7 @@ static WQ_AMX int64_t w8_amx_rows(const wq_args *a, int64_t i0, int64_t i1, int6
       }
       w8_amx_pack4(xv, nkb, r, rows);
     }
-    for (int64_t j = j0; j < j1; j += wq_cols(a, 32))
-      w8_amx_panel(a, xv, nkb, mr, sx, i, j, j1);
+    for (int64_t j = j0; j < j1; j += wq_cols(a, 32)) w8_amx_panel(a, xv, nkb, mr, sx, i, j, j1);
     i += mr;
   }
   _tile_release();
@@ -926,12 +922,18 @@ static void wq_run(kn_pool *p, float *y, const float *x, const kn_wq *w, const f
                    int64_t m, int64_t n, int64_t k, int act, bool w8a8) {
   bool swiglu = act == KN_WQ_ACT_SWIGLU;
   if (m <= 0 || n <= 0) return;
-  wq_args a = {.y = y, .x = x, .w = w, .bias = bias, .m = m, .n = swiglu ? n / 2 : n, .k = k,
-               .swiglu = swiglu, .ng = k / w->group,
+  wq_args a = {.y = y,
+               .x = x,
+               .w = w,
+               .bias = bias,
+               .m = m,
+               .n = swiglu ? n / 2 : n,
+               .k = k,
+               .swiglu = swiglu,
+               .ng = k / w->group,
                .w_row_bytes = (int64_t)ir_dtype_bytes(w->qt, (uint64_t)k),
                .kern = wq_pick(w, k, w8a8)};
-  a.tiles = kn_mm_tiles_plan(a.m, a.n, a.w_row_bytes * (swiglu ? 2 : 1), kn_pool_threads(p),
-                             8);
+  a.tiles = kn_mm_tiles_plan(a.m, a.n, a.w_row_bytes * (swiglu ? 2 : 1), kn_pool_threads(p), 8);
   int64_t tasks = a.tiles.n_tasks, flops = 2 * m * n * k;
   kn_parallel_for(p, tasks, flops < WQ_SERIAL_FLOPS ? tasks : 1, w8a8 ? w8_task : wq_task, &a);
 }

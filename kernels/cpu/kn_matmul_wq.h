@@ -22,14 +22,14 @@ enum { KN_W8A8_MAX_K = 32768 };
  * s = scales[j, i / group] and z = zero_points[j, i / group] (or 8 for i4, 0 for i8 when
  * zero_points is NULL). */
 typedef struct kn_wq {
-  const void *q;      /* (n, k): IR_I8 (signed bytes) or IR_I4 (k even, two a byte: element
+  const void *q; /* (n, k): IR_I8 (signed bytes) or IR_I4 (k even, two a byte: element
                        * 2t in the low nibble of byte t, 2t+1 in the high; unsigned 0..15) */
   ir_dtype qt;
   const void *scales; /* (n, k / group) of st: IR_F32 or IR_F16 */
   ir_dtype st;
-  const void *zp;     /* (n, k / group) of zt (IR_U8, IR_I8, IR_F16, IR_F32), or NULL */
+  const void *zp; /* (n, k / group) of zt (IR_U8, IR_I8, IR_F16, IR_F32), or NULL */
   ir_dtype zt;
-  int64_t group;      /* columns per scale; divides k (group == k: per output channel) */
+  int64_t group; /* columns per scale; divides k (group == k: per output channel) */
 } kn_wq;
 
 /* w[row, col] as the kernels use it. */

@@ -45,11 +45,14 @@ static int axis_of(const nd_call *c, int rank, int64_t def) {
 static const kn_view *opt(const kn_view *v) { return v->data ? v : NULL; }
 
 static void run_unary(nd_call *c) {
-  kn_unary_params prm = {
-      .alpha = af(c, "alpha", 0), .beta = af(c, "beta", 0), .gamma = af(c, "gamma", 0),
-      .lo = ir_node_attr_f(c->n, "min", -INFINITY), .hi = ir_node_attr_f(c->n, "max", INFINITY),
-      .approximate = ai(c, "approximate", 0) != 0, .detect_neg = ai(c, "detect_neg", 1) != 0,
-      .detect_pos = ai(c, "detect_pos", 1) != 0};
+  kn_unary_params prm = {.alpha = af(c, "alpha", 0),
+                         .beta = af(c, "beta", 0),
+                         .gamma = af(c, "gamma", 0),
+                         .lo = ir_node_attr_f(c->n, "min", -INFINITY),
+                         .hi = ir_node_attr_f(c->n, "max", INFINITY),
+                         .approximate = ai(c, "approximate", 0) != 0,
+                         .detect_neg = ai(c, "detect_neg", 1) != 0,
+                         .detect_pos = ai(c, "detect_pos", 1) != 0};
   kn_nd_unary(c->p, c->n->op, &prm, &c->out[0], &c->in[0]);
 }
 
@@ -62,16 +65,19 @@ static uint32_t axes_mask(const nd_call *c) {
 }
 
 static ir_status run_attention(nd_call *c) {
-  kn_attn_params prm = {.q_heads = ai(c, "q_num_heads", 0), .kv_heads = ai(c, "kv_num_heads", 0),
-                        .scale = af(c, "scale", 1.0f), .softcap = af(c, "softcap", 0.0f),
-                        .causal = ai(c, "is_causal", 0) != 0, .qk_mode = (int)ai(c, "qk_mode", 0)};
+  kn_attn_params prm = {.q_heads = ai(c, "q_num_heads", 0),
+                        .kv_heads = ai(c, "kv_num_heads", 0),
+                        .scale = af(c, "scale", 1.0f),
+                        .softcap = af(c, "softcap", 0.0f),
+                        .causal = ai(c, "is_causal", 0) != 0,
+                        .qk_mode = (int)ai(c, "qk_mode", 0)};
   if (c->in[0].rank == 4) {
     prm.q_heads = c->in[0].shape[1];
     prm.kv_heads = c->in[1].shape[1];
   }
   kn_view *o = c->out, *i = c->in;
-  return kn_nd_attention(c->p, &prm, &o[0], &o[1], &o[2], &o[3], &i[0], &i[1], &i[2], &i[3],
-                         &i[4], &i[5], &i[6], c->d)
+  return kn_nd_attention(c->p, &prm, &o[0], &o[1], &o[2], &o[3], &i[0], &i[1], &i[2], &i[3], &i[4],
+                         &i[5], &i[6], c->d)
              ? IR_OK
              : c->d->status;
 }
@@ -97,8 +103,7 @@ static ir_status run_shape(nd_call *c) {
     return kn_nd_gather_elements(y, x, &c->in[1], axis_of(c, x->rank, 0), c->d) ? IR_OK
                                                                                 : c->d->status;
   case IR_OP_ND_TRILU: kn_nd_trilu(y, x, ai(c, "upper", 1) != 0, ai(c, "k", 0)); return IR_OK;
-  default:
-    return ir_diag_set(c->d, IR_UNSUPPORTED, "cpu: no kernel for %s", ir_op_name(c->n->op));
+  default: return ir_diag_set(c->d, IR_UNSUPPORTED, "cpu: no kernel for %s", ir_op_name(c->n->op));
   }
 }
 
@@ -143,13 +148,13 @@ static ir_status dispatch(nd_call *c) {
   } else if (op >= IR_OP_ND_REDUCE_SUM && op <= IR_OP_ND_REDUCE_SUM_SQUARE) {
     kn_nd_reduce(c->p, op, axes_mask(c), y, x);
   } else if (op == IR_OP_ND_ARGMAX || op == IR_OP_ND_ARGMIN) {
-    kn_nd_arg(c->p, op == IR_OP_ND_ARGMAX, axis_of(c, x->rank, 0), ai(c, "select_last", 0) != 0,
-              y, x);
+    kn_nd_arg(c->p, op == IR_OP_ND_ARGMAX, axis_of(c, x->rank, 0), ai(c, "select_last", 0) != 0, y,
+              x);
   } else if (op >= IR_OP_ND_SOFTMAX && op <= IR_OP_ND_HARDMAX) {
     kn_nd_softmax(c->p, op, axis_of(c, x->rank, -1), ai(c, "flat", 0) != 0, y, x);
   } else if (op == IR_OP_ND_CUMSUM) {
-    kn_nd_cumsum(c->p, axis_of(c, x->rank, 0), ai(c, "exclusive", 0) != 0,
-                 ai(c, "reverse", 0) != 0, y, x);
+    kn_nd_cumsum(c->p, axis_of(c, x->rank, 0), ai(c, "exclusive", 0) != 0, ai(c, "reverse", 0) != 0,
+                 y, x);
   } else {
     return run_nn(c);
   }

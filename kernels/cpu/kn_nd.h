@@ -37,8 +37,8 @@ typedef struct kn_view {
 /* Scalar parameters of the unary ops (unused fields ignored). */
 typedef struct kn_unary_params {
   float alpha, beta, gamma;
-  double lo, hi;         /* clip bounds */
-  bool approximate;      /* gelu: tanh form */
+  double lo, hi;               /* clip bounds */
+  bool approximate;            /* gelu: tanh form */
   bool detect_neg, detect_pos; /* isinf */
 } kn_unary_params;
 
@@ -57,15 +57,14 @@ void kn_nd_reduce(kn_pool *p, ir_op op, uint32_t axes, const kn_view *y, const k
 void kn_nd_arg(kn_pool *p, bool is_max, int axis, bool select_last, const kn_view *y,
                const kn_view *x);
 /* softmax, log_softmax, hardmax over `axis` (flat: over all dims from axis on). */
-void kn_nd_softmax(kn_pool *p, ir_op op, int axis, bool flat, const kn_view *y,
-                   const kn_view *x);
+void kn_nd_softmax(kn_pool *p, ir_op op, int axis, bool flat, const kn_view *y, const kn_view *x);
 void kn_nd_cumsum(kn_pool *p, int axis, bool exclusive, bool reverse, const kn_view *y,
                   const kn_view *x);
 
 /* kn_nd_matmul.c */
 void kn_nd_matmul(kn_pool *p, const kn_view *y, const kn_view *a, const kn_view *b);
-void kn_nd_gemm(kn_pool *p, const kn_view *y, const kn_view *a, const kn_view *b,
-                const kn_view *c, float alpha, float beta, bool trans_a, bool trans_b);
+void kn_nd_gemm(kn_pool *p, const kn_view *y, const kn_view *a, const kn_view *b, const kn_view *c,
+                float alpha, float beta, bool trans_a, bool trans_b);
 
 /* kn_nd_shape.c: data movement, any dtype. */
 void kn_nd_copy(const kn_view *y, const kn_view *x);
@@ -98,7 +97,7 @@ typedef struct kn_attn_params {
   int64_t q_heads, kv_heads;
   float scale, softcap; /* softcap 0: none */
   bool causal;
-  int qk_mode;          /* what `qk` receives: 0, 1 scores; 2 scores + mask; 3 softmax */
+  int qk_mode; /* what `qk` receives: 0, 1 scores; 2 scores + mask; 3 softmax */
 } kn_attn_params;
 /* mask, past_k, past_v, nonpad and every output but y may be NULL (data == NULL). */
 bool kn_nd_attention(kn_pool *p, const kn_attn_params *prm, const kn_view *y,

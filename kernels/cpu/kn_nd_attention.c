@@ -75,7 +75,7 @@ static void attn_row(const attn_args *a, int64_t b, int64_t h, int64_t i) {
     if (qk && a->prm.qk_mode <= 1) qk[t] = s;
     if (qk && a->prm.qk_mode == 2) qk[t] = z;
     if (!(z > -INFINITY)) continue; /* masked out (or NaN): no weight */
-    if (z > m) { /* new running max: rescale what has been accumulated */
+    if (z > m) {                    /* new running max: rescale what has been accumulated */
       float c = expf(m - z);
       l *= c;
       for (int64_t j = 0; j < dv; j++) y[j] *= c;
@@ -113,7 +113,10 @@ static void present(const attn_args *a, const kn_view *out, const rows *cur, con
 static rows rows_of(const kn_view *v, int64_t heads) {
   if (!v || !v->data) return (rows){0};
   bool is3 = v->rank == 3;
-  return (rows){.p = v->data, .is3 = is3, .heads = heads, .len = v->shape[is3 ? 1 : 2],
+  return (rows){.p = v->data,
+                .is3 = is3,
+                .heads = heads,
+                .len = v->shape[is3 ? 1 : 2],
                 .d = is3 ? v->shape[2] / heads : v->shape[3]};
 }
 
@@ -193,9 +196,15 @@ bool kn_nd_rotary(kn_pool *p, const kn_view *y, const kn_view *x, const kn_view 
                   const kn_view *sin_c, const kn_view *pos, int64_t num_heads, int64_t rot_dim,
                   bool interleaved, ir_diag *d) {
   bool is3 = x->rank == 3;
-  rot_args a = {.x = x->data, .cs = cos_c->data, .sn = sin_c->data, .y = y->data,
-                .pos = pos && pos->data ? pos : NULL, .is3 = is3, .inter = interleaved,
-                .b = x->shape[0], .h = is3 ? num_heads : x->shape[1],
+  rot_args a = {.x = x->data,
+                .cs = cos_c->data,
+                .sn = sin_c->data,
+                .y = y->data,
+                .pos = pos && pos->data ? pos : NULL,
+                .is3 = is3,
+                .inter = interleaved,
+                .b = x->shape[0],
+                .h = is3 ? num_heads : x->shape[1],
                 .s = x->shape[is3 ? 1 : 2]};
   a.d = is3 ? x->shape[2] / a.h : x->shape[3];
   a.half = (rot_dim ? rot_dim : a.d) / 2;
@@ -203,8 +212,8 @@ bool kn_nd_rotary(kn_pool *p, const kn_view *y, const kn_view *x, const kn_view 
   for (int64_t i = 0; a.pos && i < a.b * a.s; i++) {
     int64_t v = kn_get_i64(a.pos->data, a.pos->dt, i);
     if (v < 0 || v >= a.n_pos) {
-      ir_diag_set(d, IR_INVALID_ARG, "position id %lld is outside the cache of %lld",
-                  (long long)v, (long long)a.n_pos);
+      ir_diag_set(d, IR_INVALID_ARG, "position id %lld is outside the cache of %lld", (long long)v,
+                  (long long)a.n_pos);
       return false;
     }
   }

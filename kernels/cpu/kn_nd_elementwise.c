@@ -14,15 +14,15 @@ static float sigmoidf(float v) {
 }
 static float softplusf(float v) { return v > 20.0f ? v : log1pf(expf(v)); }
 
-#define UN_LOOP(expr)                                                                          \
-  for (int64_t i = 0; i < n; i++) {                                                            \
-    float v = x[i];                                                                            \
-    y[i] = (expr);                                                                             \
-  }                                                                                            \
+#define UN_LOOP(expr)                                                                              \
+  for (int64_t i = 0; i < n; i++) {                                                                \
+    float v = x[i];                                                                                \
+    y[i] = (expr);                                                                                 \
+  }                                                                                                \
   break
 
-static void un_f32(ir_op op, const kn_unary_params *p, float *restrict y,
-                   const float *restrict x, int64_t n) {
+static void un_f32(ir_op op, const kn_unary_params *p, float *restrict y, const float *restrict x,
+                   int64_t n) {
   const float al = p->alpha, be = p->beta, ga = p->gamma;
   const float lo = (float)p->lo, hi = (float)p->hi;
   const float k0 = 0.7978845608028654f; /* sqrt(2/pi) */
@@ -127,20 +127,29 @@ void kn_nd_unary(kn_pool *p, ir_op op, const kn_unary_params *prm, const kn_view
 /* --- binary ---------------------------------------------------------------------------- */
 
 /* Runs `expr` over one row with a, b each contiguous (stride 1) or one repeated value. */
-#define BIN_LOOP(expr)                                                                         \
-  do {                                                                                         \
-    if (sa && sb) {                                                                            \
-      for (int64_t i = 0; i < n; i++) { float u = a[i], w = b[i]; y[i] = (expr); }             \
-    } else if (sa) {                                                                           \
-      const float w = b[0];                                                                    \
-      for (int64_t i = 0; i < n; i++) { float u = a[i]; y[i] = (expr); }                       \
-    } else if (sb) {                                                                           \
-      const float u = a[0];                                                                    \
-      for (int64_t i = 0; i < n; i++) { float w = b[i]; y[i] = (expr); }                       \
-    } else {                                                                                   \
-      const float u = a[0], w = b[0];                                                          \
-      for (int64_t i = 0; i < n; i++) y[i] = (expr);                                           \
-    }                                                                                          \
+#define BIN_LOOP(expr)                                                                             \
+  do {                                                                                             \
+    if (sa && sb) {                                                                                \
+      for (int64_t i = 0; i < n; i++) {                                                            \
+        float u = a[i], w = b[i];                                                                  \
+        y[i] = (expr);                                                                             \
+      }                                                                                            \
+    } else if (sa) {                                                                               \
+      const float w = b[0];                                                                        \
+      for (int64_t i = 0; i < n; i++) {                                                            \
+        float u = a[i];                                                                            \
+        y[i] = (expr);                                                                             \
+      }                                                                                            \
+    } else if (sb) {                                                                               \
+      const float u = a[0];                                                                        \
+      for (int64_t i = 0; i < n; i++) {                                                            \
+        float w = b[i];                                                                            \
+        y[i] = (expr);                                                                             \
+      }                                                                                            \
+    } else {                                                                                       \
+      const float u = a[0], w = b[0];                                                              \
+      for (int64_t i = 0; i < n; i++) y[i] = (expr);                                               \
+    }                                                                                              \
   } while (0)
 
 static float pymodf(float u, float w) {
@@ -156,7 +165,10 @@ static void bin_f32(ir_op op, bool fm, float *restrict y, const float *restrict 
   case IR_OP_ND_MUL: BIN_LOOP(u * w); break;
   case IR_OP_ND_DIV: BIN_LOOP(u / w); break;
   case IR_OP_ND_POW: BIN_LOOP(powf(u, w)); break;
-  case IR_OP_ND_MOD: if (fm) BIN_LOOP(fmodf(u, w)); else BIN_LOOP(pymodf(u, w)); break;
+  case IR_OP_ND_MOD:
+    if (fm) BIN_LOOP(fmodf(u, w));
+    else BIN_LOOP(pymodf(u, w));
+    break;
   case IR_OP_ND_MIN: BIN_LOOP(u != u || u < w ? u : w); break;
   case IR_OP_ND_MAX: BIN_LOOP(u != u || u > w ? u : w); break;
   case IR_OP_ND_PRELU: BIN_LOOP(u < 0 ? u * w : u); break;
@@ -286,7 +298,7 @@ static void where_task(void *arg, int64_t b, int64_t e, int tid) {
     char *dst = py + (size_t)(r * x->bc.inner) * es;
     for (int64_t i = 0; i < x->bc.inner; i++) {
       const char *src = cond[offs[0] + i * sc] ? pa + (size_t)(offs[1] + i * sa) * es
-                                                : pb + (size_t)(offs[2] + i * sb) * es;
+                                               : pb + (size_t)(offs[2] + i * sb) * es;
       kn_copy_elem(dst + (size_t)i * es, src, es);
     }
   }

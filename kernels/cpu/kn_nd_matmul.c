@@ -21,8 +21,8 @@ typedef struct mm_args {
 } mm_args;
 
 /* y_row[0..n) = sum_k a_row[k * sa] * b[k * sbk + j * sbn]; sbn is 1 for the fast path. */
-static void mm_row(float *restrict y, const float *restrict a, int64_t sa,
-                   const float *restrict b, int64_t sbk, int64_t sbn, int64_t k, int64_t n) {
+static void mm_row(float *restrict y, const float *restrict a, int64_t sa, const float *restrict b,
+                   int64_t sbk, int64_t sbn, int64_t k, int64_t n) {
   for (int64_t j = 0; j < n; j++) y[j] = 0.0f;
   if (sbn == 1) {
     for (int64_t kk = 0; kk < k; kk++) {
@@ -96,10 +96,16 @@ static void gemm_task(void *arg, int64_t b, int64_t e, int tid) {
   }
 }
 
-void kn_nd_gemm(kn_pool *p, const kn_view *y, const kn_view *a, const kn_view *b,
-                const kn_view *c, float alpha, float beta, bool trans_a, bool trans_b) {
-  mm_args x = {.a = a->data, .b = b->data, .y = y->data, .alpha = alpha, .beta = beta,
-               .ta = trans_a, .tb = trans_b, .c = c && c->data ? c->data : NULL};
+void kn_nd_gemm(kn_pool *p, const kn_view *y, const kn_view *a, const kn_view *b, const kn_view *c,
+                float alpha, float beta, bool trans_a, bool trans_b) {
+  mm_args x = {.a = a->data,
+               .b = b->data,
+               .y = y->data,
+               .alpha = alpha,
+               .beta = beta,
+               .ta = trans_a,
+               .tb = trans_b,
+               .c = c && c->data ? c->data : NULL};
   x.m = y->shape[0];
   x.n = y->shape[1];
   x.k = trans_a ? a->shape[0] : a->shape[1];

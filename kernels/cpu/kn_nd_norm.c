@@ -84,8 +84,13 @@ static float *opt(const kn_view *v) { return v && v->data ? v->data : NULL; }
 void kn_nd_layer_norm(kn_pool *p, const kn_view *y, const kn_view *mean, const kn_view *inv_std,
                       const kn_view *x, const kn_view *scale, const kn_view *bias, int axis,
                       float eps, bool rms) {
-  ln_args a = {.x = x->data, .y = y->data, .mean = opt(mean), .inv = opt(inv_std), .eps = eps,
-               .rms = rms, .cols = 1};
+  ln_args a = {.x = x->data,
+               .y = y->data,
+               .mean = opt(mean),
+               .inv = opt(inv_std),
+               .eps = eps,
+               .rms = rms,
+               .cols = 1};
   for (int i = axis; i < x->rank; i++) a.cols *= x->shape[i];
   bvec_init(&a.scale, scale, x, axis);
   bvec_init(&a.shift, bias, x, axis);
@@ -98,8 +103,14 @@ void kn_nd_skip_layer_norm(kn_pool *p, const kn_view *y, const kn_view *mean,
                            const kn_view *skip, const kn_view *gamma, const kn_view *beta,
                            const kn_view *bias, float eps) {
   int axis = x->rank - 1;
-  ln_args a = {.x = x->data, .skip = skip->data, .bias = opt(bias), .y = y->data,
-               .mean = opt(mean), .inv = opt(inv_std), .sum = opt(sum), .eps = eps,
+  ln_args a = {.x = x->data,
+               .skip = skip->data,
+               .bias = opt(bias),
+               .y = y->data,
+               .mean = opt(mean),
+               .inv = opt(inv_std),
+               .sum = opt(sum),
+               .eps = eps,
                .cols = x->shape[axis]};
   bvec_init(&a.scale, gamma, x, axis);
   bvec_init(&a.shift, beta, x, axis);

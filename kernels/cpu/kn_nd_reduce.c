@@ -27,7 +27,7 @@ typedef struct red_args {
   int nk, nr;
   int64_t kshape[IR_MAX_RANK], kstride[IR_MAX_RANK]; /* kept dims of x */
   int64_t rshape[IR_MAX_RANK], rstride[IR_MAX_RANK]; /* reduced dims of x */
-  int64_t rows, last, last_stride;                  /* reduced runs: count, length, step */
+  int64_t rows, last, last_stride;                   /* reduced runs: count, length, step */
 } red_args;
 
 static int64_t odometer(const int64_t *shape, const int64_t *stride, int n, int64_t idx) {
@@ -42,9 +42,10 @@ static int64_t odometer(const int64_t *shape, const int64_t *stride, int n, int6
 /* Folds every reduced value at base into the accumulator of `op` (m: the max, for
  * log_sum_exp's second pass). */
 static double red_fold(const red_args *a, int64_t base, ir_op op, double m) {
-  double acc = op == IR_OP_ND_REDUCE_PROD ? 1.0
+  double acc = op == IR_OP_ND_REDUCE_PROD  ? 1.0
                : op == IR_OP_ND_REDUCE_MAX ? -INFINITY
-               : op == IR_OP_ND_REDUCE_MIN ? INFINITY : 0.0;
+               : op == IR_OP_ND_REDUCE_MIN ? INFINITY
+                                           : 0.0;
   for (int64_t r = 0; r < a->rows; r++) {
     const float *x = a->x + base + odometer(a->rshape, a->rstride, a->nr - 1, r);
     for (int64_t i = 0; i < a->last; i++) {
@@ -180,8 +181,7 @@ static void sm_task(void *arg, int64_t b, int64_t e, int tid) {
   }
 }
 
-void kn_nd_softmax(kn_pool *p, ir_op op, int axis, bool flat, const kn_view *y,
-                   const kn_view *x) {
+void kn_nd_softmax(kn_pool *p, ir_op op, int axis, bool flat, const kn_view *y, const kn_view *x) {
   int64_t outer, n, inner;
   split3(x, axis, flat, &outer, &n, &inner);
   sm_args a = {op, x->data, y->data, n, inner};

@@ -79,8 +79,7 @@ void kn_nd_expand(kn_pool *p, const kn_view *y, const kn_view *x) {
   kn_strides(x, st);
   map_args a = {.y = y, .x = x};
   int off = y->rank - x->rank;
-  for (int i = 0; i < y->rank; i++)
-    a.ist[i] = i < off || x->shape[i - off] == 1 ? 0 : st[i - off];
+  for (int i = 0; i < y->rank; i++) a.ist[i] = i < off || x->shape[i - off] == 1 ? 0 : st[i - off];
   run_map(p, &a);
 }
 
@@ -194,8 +193,8 @@ void kn_nd_tile(kn_pool *p, const kn_view *y, const kn_view *x) {
 static bool get_index(const kn_view *idx, int64_t i, int64_t n, int64_t *out, ir_diag *d) {
   int64_t v = kn_get_i64(idx->data, idx->dt, i);
   if (v < -n || v >= n) {
-    ir_diag_set(d, IR_INVALID_ARG, "index %lld is out of range for an axis of %lld",
-                (long long)v, (long long)n);
+    ir_diag_set(d, IR_INVALID_ARG, "index %lld is out of range for an axis of %lld", (long long)v,
+                (long long)n);
     return false;
   }
   *out = v < 0 ? v + n : v;

@@ -18,8 +18,7 @@ void kn_bcast_init(kn_bcast *bc, const kn_view *y, const kn_view *const *ops, in
   for (int i = 0; i < r; i++) {
     if (shape[i] == 1) continue;
     bool merge = n > 0;
-    for (int k = 0; merge && k < n_ops; k++)
-      merge = bc->stride[k][n - 1] == st[k][i] * shape[i];
+    for (int k = 0; merge && k < n_ops; k++) merge = bc->stride[k][n - 1] == st[k][i] * shape[i];
     if (merge) {
       bc->shape[n - 1] *= shape[i];
       for (int k = 0; k < n_ops; k++) bc->stride[k][n - 1] = st[k][i];

@@ -85,8 +85,8 @@ static inline void kn_set_f64(void *p, ir_dtype t, int64_t i, double v) {
 
 /* n values from p (dtype t) starting at element off, `stride` apart (0: one value
  * repeated), into dst. */
-static inline void kn_load_i64(int64_t *dst, const void *p, ir_dtype t, int64_t off,
-                               int64_t stride, int64_t n) {
+static inline void kn_load_i64(int64_t *dst, const void *p, ir_dtype t, int64_t off, int64_t stride,
+                               int64_t n) {
   for (int64_t i = 0; i < n; i++) dst[i] = kn_get_i64(p, t, off + i * stride);
 }
 

@@ -64,8 +64,7 @@ void kn_dequant_row(const void *src, ir_dtype dt, float *out, int64_t n) {
     for (int64_t b = 0; b < n / KN_QBLOCK; b++, blk += bb) {
       float q[KN_QBLOCK], d, m;
       kn_quant_block(blk, dt, q, &d, &m);
-      for (int i = 0; i < KN_QBLOCK; i++)
-        out[b * KN_QBLOCK + i] = kn_quant_value(dt, q[i], d, m);
+      for (int i = 0; i < KN_QBLOCK; i++) out[b * KN_QBLOCK + i] = kn_quant_value(dt, q[i], d, m);
     }
   }
 }
@@ -85,15 +84,14 @@ void kn_x8_pack(const void *src, ir_dtype base, int64_t rows, int64_t k, void *d
       uint8_t *o = x8_group(dst, base, k, g, b);
       for (int r = 0; r < 8; r++) {
         const uint8_t *blk = (const uint8_t *)src + ((g * 8 + r) * nb + b) * bb;
-        memcpy(o + 2 * r, blk, 2);                           /* d */
+        memcpy(o + 2 * r, blk, 2);                               /* d */
         if (base == IR_Q4_1) memcpy(o + 16 + 2 * r, blk + 2, 2); /* m */
         for (int i = 0; i < nc; i++) o[head + kn_x8_code_at(r, i)] = blk[bb - nc + i];
       }
     }
 }
 
-void kn_x8_block(const void *src, ir_dtype base, int64_t k, int64_t row, int64_t b,
-                 uint8_t *blk) {
+void kn_x8_block(const void *src, ir_dtype base, int64_t k, int64_t row, int64_t b, uint8_t *blk) {
   const uint8_t *grp = x8_group(src, base, k, row / 8, b);
   int r = (int)(row % 8), bb = kn_quant_block_bytes(base), nc = kn_x8_codes(base);
   if (bb < nc + 2 || bb > 34) return; /* not a base block type */
@@ -104,8 +102,7 @@ void kn_x8_block(const void *src, ir_dtype base, int64_t k, int64_t row, int64_t
 
 void kn_dequant_row_at(const void *src, ir_dtype dt, int64_t row, int64_t k, float *out) {
   if (!ir_dtype_is_x8(dt)) {
-    kn_dequant_row((const char *)src + (uint64_t)row * ir_dtype_bytes(dt, (uint64_t)k), dt, out,
-                   k);
+    kn_dequant_row((const char *)src + (uint64_t)row * ir_dtype_bytes(dt, (uint64_t)k), dt, out, k);
     return;
   }
   ir_dtype base = ir_dtype_x8_base(dt);
@@ -127,8 +124,8 @@ float kn_dequant_one(const void *src, ir_dtype dt, uint64_t i) {
   case IR_Q4_0:
   case IR_Q4_1: {
     float q[KN_QBLOCK], d, m;
-    kn_quant_block((const uint8_t *)src + i / KN_QBLOCK * (uint64_t)kn_quant_block_bytes(dt), dt,
-                   q, &d, &m);
+    kn_quant_block((const uint8_t *)src + i / KN_QBLOCK * (uint64_t)kn_quant_block_bytes(dt), dt, q,
+                   &d, &m);
     return kn_quant_value(dt, q[i % KN_QBLOCK], d, m);
   }
   default: return 0.0f;

@@ -24,8 +24,7 @@ static inline float kn_quant_f16(const uint8_t *p) {
 }
 
 /* Decodes one block: q[32], the scale d and the offset m. */
-static inline void kn_quant_block(const uint8_t *blk, ir_dtype dt, float *q, float *d,
-                                  float *m) {
+static inline void kn_quant_block(const uint8_t *blk, ir_dtype dt, float *q, float *d, float *m) {
   *d = kn_quant_f16(blk);
   *m = 0.0f;
   if (dt == IR_Q8_0) {
@@ -68,8 +67,7 @@ static inline int kn_x8_code_at(int r, int i) { return 32 * (i / 4) + 4 * r + i 
 void kn_x8_pack(const void *src, ir_dtype base, int64_t rows, int64_t k, void *dst);
 
 /* Block b of row `row` of an interleaved tensor with k values a row, in the base layout. */
-void kn_x8_block(const void *src, ir_dtype base, int64_t k, int64_t row, int64_t b,
-                 uint8_t *blk);
+void kn_x8_block(const void *src, ir_dtype base, int64_t k, int64_t row, int64_t b, uint8_t *blk);
 
 /* out[0, k) = row `row` of a tensor of dtype dt (any kn_dequant_row type, or an
  * interleaved one) with k values a row, as f32. */

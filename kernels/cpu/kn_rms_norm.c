@@ -32,8 +32,7 @@ static float norm_sum_squares(const float *restrict x, int64_t dim) {
 }
 
 /* out may alias x: each element is read before it is written. */
-static void norm_row(float *out, const float *x, const float *restrict w, int64_t dim,
-                     float eps) {
+static void norm_row(float *out, const float *x, const float *restrict w, int64_t dim, float eps) {
   float var = norm_sum_squares(x, dim) / (float)dim;
   float inv = 1.0f / sqrtf(var + eps);
   for (int64_t i = 0; i < dim; i++) out[i] = w[i] * (x[i] * inv);
@@ -67,7 +66,6 @@ void kn_rms_norm(kn_pool *p, float *out, const float *x, const float *w, int64_t
 
 void kn_add_rms_norm(kn_pool *p, float *out, float *out_sum, const float *a, const float *b,
                      const float *w, int64_t n, int64_t dim, float eps) {
-  norm_args args = {.out = out, .out_sum = out_sum, .x = a, .b = b, .w = w, .dim = dim,
-                    .eps = eps};
+  norm_args args = {.out = out, .out_sum = out_sum, .x = a, .b = b, .w = w, .dim = dim, .eps = eps};
   kn_parallel_for(p, n, norm_grain(dim), norm_task, &args);
 }

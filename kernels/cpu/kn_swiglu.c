@@ -31,10 +31,9 @@ static inline float gelu_arg_c(float g) { return g * fmaf(g * g, GELU_C2, GELU_C
 #define SILU_AVX512 __attribute__((target("avx2,fma,avx512f")))
 
 static inline SILU_AVX2 __attribute__((always_inline)) __m256 gate_mul8(__m256 g, bool gelu,
-                                                                       __m256 u) {
+                                                                        __m256 u) {
   const __m256 one = _mm256_set1_ps(1.0f);
-  __m256 a = gelu ? _mm256_mul_ps(g, _mm256_fmadd_ps(_mm256_mul_ps(g, g),
-                                                     _mm256_set1_ps(GELU_C2),
+  __m256 a = gelu ? _mm256_mul_ps(g, _mm256_fmadd_ps(_mm256_mul_ps(g, g), _mm256_set1_ps(GELU_C2),
                                                      _mm256_set1_ps(GELU_C1)))
                   : g;
   __m256 e = kn_vexp8(_mm256_or_ps(a, _mm256_set1_ps(-0.0f))); /* -|a| */
@@ -43,10 +42,9 @@ static inline SILU_AVX2 __attribute__((always_inline)) __m256 gate_mul8(__m256 g
 }
 
 static inline SILU_AVX512 __attribute__((always_inline)) __m512 gate_mul16(__m512 g, bool gelu,
-                                                                          __m512 u) {
+                                                                           __m512 u) {
   const __m512 one = _mm512_set1_ps(1.0f);
-  __m512 a = gelu ? _mm512_mul_ps(g, _mm512_fmadd_ps(_mm512_mul_ps(g, g),
-                                                     _mm512_set1_ps(GELU_C2),
+  __m512 a = gelu ? _mm512_mul_ps(g, _mm512_fmadd_ps(_mm512_mul_ps(g, g), _mm512_set1_ps(GELU_C2),
                                                      _mm512_set1_ps(GELU_C1)))
                   : g;
   __m512 e = kn_vexp16(_mm512_castsi512_ps(

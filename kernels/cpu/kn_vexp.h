@@ -47,8 +47,8 @@ static inline __attribute__((target("avx2,fma"), always_inline)) __m256 kn_vexp8
   __m256 keep = _mm256_cmp_ps(v, _mm256_set1_ps(KN_VEXP_MIN), _CMP_GE_OQ);
   __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
   __m256 t = _mm256_mul_ps(v, _mm256_set1_ps(KN_VEXP_LOG2E));
-  __m256 nf = _mm256_sub_ps(_mm256_add_ps(t, _mm256_set1_ps(KN_VEXP_ROUND)),
-                            _mm256_set1_ps(KN_VEXP_ROUND));
+  __m256 nf =
+      _mm256_sub_ps(_mm256_add_ps(t, _mm256_set1_ps(KN_VEXP_ROUND)), _mm256_set1_ps(KN_VEXP_ROUND));
   __m256 r = _mm256_fmadd_ps(nf, _mm256_set1_ps(-KN_VEXP_LN2_HI), v);
   r = _mm256_fmadd_ps(nf, _mm256_set1_ps(-KN_VEXP_LN2_LO), r);
   __m256 p = _mm256_set1_ps(k_kn_vexp_poly[0]);
@@ -68,8 +68,8 @@ static inline __attribute__((target("avx512f"), always_inline)) __m512 kn_vexp16
   __mmask16 keep = _mm512_cmp_ps_mask(v, _mm512_set1_ps(KN_VEXP_MIN), _CMP_GE_OQ);
   __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
   __m512 t = _mm512_mul_ps(v, _mm512_set1_ps(KN_VEXP_LOG2E));
-  __m512 nf = _mm512_sub_ps(_mm512_add_ps(t, _mm512_set1_ps(KN_VEXP_ROUND)),
-                            _mm512_set1_ps(KN_VEXP_ROUND));
+  __m512 nf =
+      _mm512_sub_ps(_mm512_add_ps(t, _mm512_set1_ps(KN_VEXP_ROUND)), _mm512_set1_ps(KN_VEXP_ROUND));
   __m512 r = _mm512_fmadd_ps(nf, _mm512_set1_ps(-KN_VEXP_LN2_HI), v);
   r = _mm512_fmadd_ps(nf, _mm512_set1_ps(-KN_VEXP_LN2_LO), r);
   __m512 p = _mm512_set1_ps(k_kn_vexp_poly[0]);

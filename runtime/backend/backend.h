@@ -97,9 +97,9 @@ typedef struct irt_backend_ops {
    * n_top > 0 its alternatives in top[i * IRT_PICK_TOP ..] (as irt_top_logprobs); a pick
    * with n_pen > 0 samples its row less pen_sub at pen_ids (entries pen_off..). n = 0
    * asks whether this backend can (IR_OK) or not (IR_UNSUPPORTED: an older plan). */
-  ir_status (*pick)(void *ctx, const void *logits, int64_t vocab, int n,
-                    const irt_pick_req *req, const int32_t *pen_ids, const float *pen_sub,
-                    irt_pick_res *out, irt_pick_res *top, ir_diag *d);
+  ir_status (*pick)(void *ctx, const void *logits, int64_t vocab, int n, const irt_pick_req *req,
+                    const int32_t *pen_ids, const float *pen_sub, irt_pick_res *out,
+                    irt_pick_res *top, ir_diag *d);
   /* Optional: the model's warm-up steps are over (statistics count from here). */
   void (*ready)(void *ctx);
   /* Free and total bytes of backend memory (for out-of-memory messages). */
@@ -122,18 +122,18 @@ ir_status irt_backend_cpu_create(int n_threads, irt_backend *out, ir_diag *d);
 #define IRT_CUDA_ABI 4 /* bump when irt_backend_ops, irt_step or irt_cuda_opts change */
 /* The struct sizes both sides compile with: a library built from another tree (ir.h's
  * graph, node and tensor, the step, the KV cache) is refused rather than misread. */
-#define IRT_CUDA_LAYOUT                                                                     \
-  ((uint64_t)sizeof(ir_graph) ^ ((uint64_t)sizeof(ir_node) << 12) ^                       \
-   ((uint64_t)sizeof(ir_tensor) << 24) ^ ((uint64_t)sizeof(irt_step) << 36) ^              \
+#define IRT_CUDA_LAYOUT                                                                            \
+  ((uint64_t)sizeof(ir_graph) ^ ((uint64_t)sizeof(ir_node) << 12) ^                                \
+   ((uint64_t)sizeof(ir_tensor) << 24) ^ ((uint64_t)sizeof(irt_step) << 36) ^                      \
    ((uint64_t)sizeof(irt_kv_cache) << 48))
 
 typedef struct irt_cuda_opts {
-  int abi;                        /* IRT_CUDA_ABI of the caller */
-  uint64_t layout;                /* IRT_CUDA_LAYOUT of the caller */
-  int device;                     /* CUDA device ordinal */
-  bool graphs;                    /* capture and replay decode steps as CUDA Graphs */
-  int kv_dtype;                   /* irt_kv_dtype_id of the KV cache: f32 or f16 */
-  const ir_plan_kernel *kernels;  /* the plan's kernel table (borrowed, in the mapping) */
+  int abi;                       /* IRT_CUDA_ABI of the caller */
+  uint64_t layout;               /* IRT_CUDA_LAYOUT of the caller */
+  int device;                    /* CUDA device ordinal */
+  bool graphs;                   /* capture and replay decode steps as CUDA Graphs */
+  int kv_dtype;                  /* irt_kv_dtype_id of the KV cache: f32 or f16 */
+  const ir_plan_kernel *kernels; /* the plan's kernel table (borrowed, in the mapping) */
   int n_kernels;
 } irt_cuda_opts;
 
@@ -141,8 +141,8 @@ typedef struct irt_cuda_opts {
  * owned by the caller (irt_backend_destroy). Errors: IR_DEVICE "no CUDA device found;
  * run with --device cpu or build a CPU plan"; IR_UNSUPPORTED when the plan has no image
  * for the GPU's arch (both named). */
-typedef ir_status (*irt_cuda_create_fn)(const irt_cuda_opts *o, const ir_graph *g,
-                                        irt_backend *out, ir_diag *d);
+typedef ir_status (*irt_cuda_create_fn)(const irt_cuda_opts *o, const ir_graph *g, irt_backend *out,
+                                        ir_diag *d);
 
 /* Loads libinferrt_cuda.so ($INFERRT_CUDA_LIB, else beside the executable, else the
  * library search path) and creates the CUDA backend. */

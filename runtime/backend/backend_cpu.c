@@ -65,20 +65,21 @@ static void run_matmul(kn_pool *p, const ir_graph *g, const ir_node *n, void *co
   if (w->dtype != IR_I8 && w->dtype != IR_I4) {
     if (ir_node_attr_i(n, "act", IR_ACT_NONE) == IR_ACT_SWIGLU) /* W: gate rows, up rows */
       kn_matmul_swiglu(p, O_(0), P_(0), P_(1), w->dtype, bias, m, rows / 2, k);
-    else
-      kn_matmul(p, O_(0), P_(0), P_(1), w->dtype, bias, m, rows, k);
+    else kn_matmul(p, O_(0), P_(0), P_(1), w->dtype, bias, m, rows, k);
     return;
   }
   bool zp = n->n_in > 4 && n->in[4] >= 0;
-  kn_wq q = {.q = P_(1), .qt = w->dtype, .scales = P_(3), .st = T_(3)->dtype,
-             .zp = zp ? P_(4) : NULL, .zt = zp ? T_(4)->dtype : IR_U8,
+  kn_wq q = {.q = P_(1),
+             .qt = w->dtype,
+             .scales = P_(3),
+             .st = T_(3)->dtype,
+             .zp = zp ? P_(4) : NULL,
+             .zt = zp ? T_(4)->dtype : IR_U8,
              .group = k / T_(3)->dims[1].n};
-  int act = ir_node_attr_i(n, "act", IR_ACT_NONE) == IR_ACT_SWIGLU ? KN_WQ_ACT_SWIGLU
-                                                                    : KN_WQ_ACT_NONE;
-  if (ir_node_attr_i(n, "act_int8", 0))
-    kn_matmul_w8a8(p, O_(0), P_(0), &q, bias, m, rows, k, act);
-  else
-    kn_matmul_wq(p, O_(0), P_(0), &q, bias, m, rows, k, act);
+  int act =
+      ir_node_attr_i(n, "act", IR_ACT_NONE) == IR_ACT_SWIGLU ? KN_WQ_ACT_SWIGLU : KN_WQ_ACT_NONE;
+  if (ir_node_attr_i(n, "act_int8", 0)) kn_matmul_w8a8(p, O_(0), P_(0), &q, bias, m, rows, k, act);
+  else kn_matmul_wq(p, O_(0), P_(0), &q, bias, m, rows, k, act);
 }
 
 /* q, k, v as separate tensors or one packed qkv (k, v absent), with the rope folded in
@@ -110,13 +111,22 @@ static void run_attention(kn_pool *p, const ir_graph *g, const ir_node *n, void 
                           const irt_step *s) {
   int64_t layer = ir_node_attr_i(n, "layer", 0);
   const irt_kv_cache *kv = s->kv;
-  kn_kv_layer kl = {.k = kv->k[layer], .v = kv->v[layer], .n_blocks = kv->n_blocks,
-                    .block_size = kv->block_size, .n_kv_heads = kv->n_kv_heads,
-                    .head_dim = kv->head_dim, .k8 = kv->k8[layer], .v8 = kv->v8[layer],
-                    .k16 = kv->k16[layer], .v16 = kv->v16[layer],
-                    .k_scale = kv->k_scale[layer], .v_scale = kv->v_scale[layer]};
-  kn_attn_batch b = {.n_tok = s->syms[IR_SYM_TOKENS], .tok_seq = s->tok_seq,
-                     .tok_pos = s->tok_pos, .max_blocks_per_seq = s->max_blocks,
+  kn_kv_layer kl = {.k = kv->k[layer],
+                    .v = kv->v[layer],
+                    .n_blocks = kv->n_blocks,
+                    .block_size = kv->block_size,
+                    .n_kv_heads = kv->n_kv_heads,
+                    .head_dim = kv->head_dim,
+                    .k8 = kv->k8[layer],
+                    .v8 = kv->v8[layer],
+                    .k16 = kv->k16[layer],
+                    .v16 = kv->v16[layer],
+                    .k_scale = kv->k_scale[layer],
+                    .v_scale = kv->v_scale[layer]};
+  kn_attn_batch b = {.n_tok = s->syms[IR_SYM_TOKENS],
+                     .tok_seq = s->tok_seq,
+                     .tok_pos = s->tok_pos,
+                     .max_blocks_per_seq = s->max_blocks,
                      .block_tables = s->block_tables};
   int64_t nh = ir_node_attr_i(n, "n_heads", 0);
   kn_attn_io io = attention_io(n, ptrs, nh, kv->n_kv_heads, kv->head_dim);

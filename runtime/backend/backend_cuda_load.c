@@ -49,8 +49,7 @@ ir_status irt_backend_cuda_open(const irt_cuda_opts *o, const ir_graph *g, irt_b
   }
   void *sym = dlsym(lib, IRT_CUDA_ENTRY);
   irt_cuda_create_fn create;
-  if (!sym)
-    return ir_diag_set(d, IR_BAD_FORMAT, IRT_CUDA_LIB " has no " IRT_CUDA_ENTRY);
+  if (!sym) return ir_diag_set(d, IR_BAD_FORMAT, IRT_CUDA_LIB " has no " IRT_CUDA_ENTRY);
   memcpy(&create, &sym, sizeof create);
   return create(o, g, out, d);
 }

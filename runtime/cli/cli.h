@@ -25,7 +25,7 @@ bool cli_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out);
 /* Parses a --kv-dtype value (f32 | int8): 0, or 1 after printing the error. */
 int cli_parse_kv_dtype(const char *s, irt_kv_dtype *out);
 /* The --kv-dtype line of the usage texts. */
-#define CLI_KV_DTYPE_USAGE \
+#define CLI_KV_DTYPE_USAGE                                                                         \
   "KV cache: f32 (default), f16 (2x the tokens per MiB) or int8 (CPU only; ~3.8x)"
 
 /* Parses "MIN:MAX" (or "N" for N:N) within [1, hi]; false if malformed. */
@@ -33,12 +33,12 @@ bool cli_parse_range(const char *v, int64_t hi, int64_t *lo, int64_t *out_hi);
 /* Speculative decoding flags (--spec-tokens K, --spec-ngram MIN:MAX, --spec-always, whose
  * v is NULL) into eo: 0, or 1 after printing the error. */
 int cli_parse_spec(const char *flag, const char *v, irt_engine_opts *eo);
-#define CLI_SPEC_USAGE                                                                      \
-  "  --spec-tokens K         speculative decoding: up to K draft tokens a step, found by\n" \
-  "                          prompt lookup in the context (0: off, the default; output\n"  \
-  "                          is unchanged: drafts are checked against plain decoding)\n"  \
-  "  --spec-ngram MIN:MAX    n-gram sizes matched, longest first (default 2:4)\n"         \
-  "  --spec-always           draft by the kept-count rule alone; by default a draft must\n" \
+#define CLI_SPEC_USAGE                                                                             \
+  "  --spec-tokens K         speculative decoding: up to K draft tokens a step, found by\n"        \
+  "                          prompt lookup in the context (0: off, the default; output\n"          \
+  "                          is unchanged: drafts are checked against plain decoding)\n"           \
+  "  --spec-ngram MIN:MAX    n-gram sizes matched, longest first (default 2:4)\n"                  \
+  "  --spec-always           draft by the kept-count rule alone; by default a draft must\n"        \
   "                          also pay for its row (timed steps, each sequence's kept share)\n"
 
 int cmd_generate(int argc, char **argv);

@@ -79,8 +79,7 @@ static int usage(FILE *f) {
         "  --max-batched-tokens N  token budget per step (default: the plan's)\n"
         "  --threads N             CPU threads (default: all cores)\n"
         "  --device DEV            cpu or cuda (default: the plan's target)\n"
-        "  --no-cuda-graphs        CUDA: run decode steps kernel by kernel\n"
-        CLI_SPEC_USAGE
+        "  --no-cuda-graphs        CUDA: run decode steps kernel by kernel\n" CLI_SPEC_USAGE
         "  --no-progress           no progress output\n",
         f);
   return f == stderr ? 2 : 0;
@@ -122,10 +121,14 @@ static int parse(int argc, char **argv, batch_args *a) {
     case 9: a->no_progress = true; break;
     case 10: a->device = optarg; break;
     case 11: a->no_cuda_graphs = true; break;
-    case 12: if (cli_parse_kv_dtype(optarg, &a->kv_dtype)) return 1; break;
+    case 12:
+      if (cli_parse_kv_dtype(optarg, &a->kv_dtype)) return 1;
+      break;
     case 13:
     case 14:
-    case 15: if (cli_parse_spec(longs[c - 1].name, optarg, &a->spec)) return 1; break;
+    case 15:
+      if (cli_parse_spec(longs[c - 1].name, optarg, &a->spec)) return 1;
+      break;
     case 16: a->retry_failed = true; break;
     case 17: ok = cli_parse_i64(optarg, 0, (int64_t)1 << 40, &a->sync_every); break;
     case 18: a->allow_special = true; break;
@@ -184,8 +187,8 @@ const char *batch_result_id(const cJSON *o, bool *failed) {
   const cJSON *e = cJSON_GetObjectItemCaseSensitive(o, "error");
   const cJSON *code = cJSON_GetObjectItemCaseSensitive(r, "status_code");
   if (!cJSON_IsObject(o) || !cJSON_IsString(id) || !id->valuestring[0]) return NULL;
-  bool ok = cJSON_IsObject(r) && cJSON_IsNumber(code) && cJSON_IsObject(
-                cJSON_GetObjectItemCaseSensitive(r, "body"));
+  bool ok = cJSON_IsObject(r) && cJSON_IsNumber(code) &&
+            cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(r, "body"));
   if (!ok && !cJSON_IsObject(e)) return NULL; /* neither a response nor an error */
   *failed = !ok || code->valueint != 200;
   return id->valuestring;
@@ -195,7 +198,8 @@ const char *batch_result_id(const cJSON *o, bool *failed) {
  * it, the directory fsynced, so a crash leaves the old or the new file, never a mix. */
 static bool replace_file(const char *path, const char *buf, size_t len) {
   char tmp[4200];
-  if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) return errno = ENAMETOOLONG, false;
+  if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
+    return errno = ENAMETOOLONG, false;
   int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return false;
   bool ok = true;
@@ -255,9 +259,10 @@ static bool load_done(batch *b, const char *path, bool retry_failed) {
   }
   bool ok = true;
   if (kept < len) {
-    fprintf(stderr, "inferrt: batch: %s: dropping %lld torn or garbage, %lld duplicate and %lld "
-            "failed lines (their requests run again)\n", path, (long long)torn, (long long)dup,
-            (long long)retried);
+    fprintf(stderr,
+            "inferrt: batch: %s: dropping %lld torn or garbage, %lld duplicate and %lld "
+            "failed lines (their requests run again)\n",
+            path, (long long)torn, (long long)dup, (long long)retried);
     ok = replace_file(path, keep, kept);
   }
   free(keep);
@@ -324,10 +329,8 @@ static void write_line(batch *b, cJSON *o) {
   for (size_t off = 0; off < n && !b->write_failed;) {
     ssize_t w = write(b->out_fd, line + off, n - off);
     if (w < 0 && errno == EINTR) continue;
-    if (w <= 0)
-      b->write_failed = true;
-    else
-      off += (size_t)w;
+    if (w <= 0) b->write_failed = true;
+    else off += (size_t)w;
   }
   if (b->sync_every > 0 && ++b->unsynced >= b->sync_every) { /* durable every N lines */
     if (fdatasync(b->out_fd) != 0) b->write_failed = true;

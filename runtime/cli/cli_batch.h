@@ -21,11 +21,11 @@ typedef enum batch_verdict {
  * body object. The body of a request to run has "stream" and "stream_options" removed (batch
  * results are whole). */
 typedef struct batch_line {
-  cJSON *o;          /* the parsed line (NULL: not JSON); free it with cJSON_Delete */
-  const char *id;    /* its custom_id, or fallback */
-  char fallback[32]; /* "line-N" (N: the line's number in the input) */
-  srv_endpoint ep;   /* BATCH_RUN */
-  cJSON *body;       /* BATCH_RUN: borrowed from o */
+  cJSON *o;               /* the parsed line (NULL: not JSON); free it with cJSON_Delete */
+  const char *id;         /* its custom_id, or fallback */
+  char fallback[32];      /* "line-N" (N: the line's number in the input) */
+  srv_endpoint ep;        /* BATCH_RUN */
+  cJSON *body;            /* BATCH_RUN: borrowed from o */
   const char *code, *msg; /* BATCH_LINE_ERROR */
   srv_error e;            /* BATCH_REFUSED */
 } batch_line;

@@ -85,23 +85,39 @@ static int usage(FILE *f) {
         "  --kv-dtype T            " CLI_KV_DTYPE_USAGE "\n"
         "  --threads N             CPU threads (default: all cores)\n"
         "  --device DEV            cpu or cuda (default: the plan's target)\n"
-        "  --no-cuda-graphs        CUDA: run decode steps kernel by kernel\n"
-        CLI_SPEC_USAGE
-        "  --json                  print one JSON object\n", f);
+        "  --no-cuda-graphs        CUDA: run decode steps kernel by kernel\n" CLI_SPEC_USAGE
+        "  --json                  print one JSON object\n",
+        f);
   return f == stderr ? 2 : 0;
 }
 
 static int parse(int argc, char **argv, bench_args *a) {
-  static const struct option longs[] = {
-      {"requests", 1, 0, 1}, {"prompt-len", 1, 0, 2}, {"output-len", 1, 0, 3}, {"rate", 1, 0, 4},
-      {"concurrency", 1, 0, 5}, {"shared-prefix", 1, 0, 6}, {"seed", 1, 0, 7},
-      {"static-batching", 0, 0, 8}, {"no-prefix-cache", 0, 0, 9}, {"max-batched-tokens", 1, 0, 10},
-      {"kv-tokens", 1, 0, 11}, {"threads", 1, 0, 12}, {"json", 0, 0, 13},
-      {"max-running", 1, 0, 14}, {"device", 1, 0, 15}, {"no-cuda-graphs", 0, 0, 16},
-      {"kv-dtype", 1, 0, 17}, {"temperature", 1, 0, 18}, {"top-k", 1, 0, 19},
-      {"top-p", 1, 0, 20}, {"spec-tokens", 1, 0, 21}, {"spec-ngram", 1, 0, 22},
-      {"spec-always", 0, 0, 23}, {"min-p", 1, 0, 24}, {"help", 0, 0, 'h'},
-      {0, 0, 0, 0}};
+  static const struct option longs[] = {{"requests", 1, 0, 1},
+                                        {"prompt-len", 1, 0, 2},
+                                        {"output-len", 1, 0, 3},
+                                        {"rate", 1, 0, 4},
+                                        {"concurrency", 1, 0, 5},
+                                        {"shared-prefix", 1, 0, 6},
+                                        {"seed", 1, 0, 7},
+                                        {"static-batching", 0, 0, 8},
+                                        {"no-prefix-cache", 0, 0, 9},
+                                        {"max-batched-tokens", 1, 0, 10},
+                                        {"kv-tokens", 1, 0, 11},
+                                        {"threads", 1, 0, 12},
+                                        {"json", 0, 0, 13},
+                                        {"max-running", 1, 0, 14},
+                                        {"device", 1, 0, 15},
+                                        {"no-cuda-graphs", 0, 0, 16},
+                                        {"kv-dtype", 1, 0, 17},
+                                        {"temperature", 1, 0, 18},
+                                        {"top-k", 1, 0, 19},
+                                        {"top-p", 1, 0, 20},
+                                        {"spec-tokens", 1, 0, 21},
+                                        {"spec-ngram", 1, 0, 22},
+                                        {"spec-always", 0, 0, 23},
+                                        {"min-p", 1, 0, 24},
+                                        {"help", 0, 0, 'h'},
+                                        {0, 0, 0, 0}};
   int c;
   char *end;
   bool ok = true;
@@ -110,10 +126,19 @@ static int parse(int argc, char **argv, bench_args *a) {
     case 1: ok = cli_parse_i64(optarg, 1, 1 << 20, &a->requests); break;
     case 2: ok = cli_parse_range(optarg, 1 << 20, &a->prompt_min, &a->prompt_max); break;
     case 3: ok = cli_parse_range(optarg, 1 << 20, &a->out_min, &a->out_max); break;
-    case 4: a->rate = strtod(optarg, &end); ok = !*end && a->rate >= 0; break;
+    case 4:
+      a->rate = strtod(optarg, &end);
+      ok = !*end && a->rate >= 0;
+      break;
     case 5: ok = cli_parse_i64(optarg, 1, 1 << 16, &a->concurrency); break;
-    case 6: a->shared_prefix = strtod(optarg, &end); ok = !*end && a->shared_prefix >= 0 && a->shared_prefix <= 1; break;
-    case 7: a->seed = strtoull(optarg, &end, 10); ok = !*end; break;
+    case 6:
+      a->shared_prefix = strtod(optarg, &end);
+      ok = !*end && a->shared_prefix >= 0 && a->shared_prefix <= 1;
+      break;
+    case 7:
+      a->seed = strtoull(optarg, &end, 10);
+      ok = !*end;
+      break;
     case 8: a->static_batching = true; break;
     case 9: a->no_prefix_cache = true; break;
     case 10: ok = cli_parse_i64(optarg, 1, 1 << 20, &a->max_batched); break;
@@ -123,14 +148,30 @@ static int parse(int argc, char **argv, bench_args *a) {
     case 14: ok = cli_parse_i64(optarg, 1, 1 << 16, &a->max_running); break;
     case 15: a->device = optarg; break;
     case 16: a->no_cuda_graphs = true; break;
-    case 17: if (cli_parse_kv_dtype(optarg, &a->kv_dtype)) return 1; break;
-    case 18: a->sampling.temperature = strtof(optarg, &end); ok = !*end && a->sampling.temperature >= 0; break;
-    case 19: a->sampling.top_k = (int)strtol(optarg, &end, 10); ok = !*end && a->sampling.top_k >= 0; break;
-    case 20: a->sampling.top_p = strtof(optarg, &end); ok = !*end && a->sampling.top_p > 0 && a->sampling.top_p <= 1; break;
+    case 17:
+      if (cli_parse_kv_dtype(optarg, &a->kv_dtype)) return 1;
+      break;
+    case 18:
+      a->sampling.temperature = strtof(optarg, &end);
+      ok = !*end && a->sampling.temperature >= 0;
+      break;
+    case 19:
+      a->sampling.top_k = (int)strtol(optarg, &end, 10);
+      ok = !*end && a->sampling.top_k >= 0;
+      break;
+    case 20:
+      a->sampling.top_p = strtof(optarg, &end);
+      ok = !*end && a->sampling.top_p > 0 && a->sampling.top_p <= 1;
+      break;
     case 21:
     case 22:
-    case 23: if (cli_parse_spec(longs[c - 1].name, optarg, &a->spec)) return 1; break;
-    case 24: a->sampling.min_p = strtof(optarg, &end); ok = !*end && a->sampling.min_p >= 0 && a->sampling.min_p <= 1; break;
+    case 23:
+      if (cli_parse_spec(longs[c - 1].name, optarg, &a->spec)) return 1;
+      break;
+    case 24:
+      a->sampling.min_p = strtof(optarg, &end);
+      ok = !*end && a->sampling.min_p >= 0 && a->sampling.min_p <= 1;
+      break;
     case 'h': usage(stdout); return -1;
     default: return usage(stderr);
     }
@@ -179,11 +220,15 @@ typedef struct run_totals {
   irt_engine_stats stats;
 } run_totals;
 
-static irt_status submit(irt_engine *e, const bench_args *a, breq *r, int64_t i,
-                         irt_error *err) {
-  irt_request q = {.prompt_ids = r->prompt, .n_prompt = (size_t)r->n_prompt,
-                   .max_tokens = r->n_out, .ignore_eos = true, .n = 1,
-                   .sampling = a->sampling, .on_event = on_event, .user = r};
+static irt_status submit(irt_engine *e, const bench_args *a, breq *r, int64_t i, irt_error *err) {
+  irt_request q = {.prompt_ids = r->prompt,
+                   .n_prompt = (size_t)r->n_prompt,
+                   .max_tokens = r->n_out,
+                   .ignore_eos = true,
+                   .n = 1,
+                   .sampling = a->sampling,
+                   .on_event = on_event,
+                   .user = r};
   q.sampling.seed = a->sampling.seed + (uint64_t)i;
   r->submit_ms = cli_now_ms();
   irt_status st;
@@ -195,12 +240,14 @@ static void sample_kv(irt_engine *e, run_totals *t) {
   irt_engine_stats st;
   irt_engine_get_stats(e, &st);
   if (st.running + st.waiting == 0) return;
-  t->kv_util_sum += (double)st.kv_blocks_used / (double)(st.kv_blocks_total ? st.kv_blocks_total : 1);
+  t->kv_util_sum +=
+      (double)st.kv_blocks_used / (double)(st.kv_blocks_total ? st.kv_blocks_total : 1);
   t->kv_samples++;
 }
 
 /* Submits on schedule (Poisson, closed loop or all at once) while the engine thread runs. */
-static irt_status drive(irt_engine *e, const bench_args *a, breq *rs, run_totals *t, irt_error *err) {
+static irt_status drive(irt_engine *e, const bench_args *a, breq *rs, run_totals *t,
+                        irt_error *err) {
   uint64_t s = a->seed ^ 0x5bd1e995u;
   double t0 = cli_now_ms(), next = t0;
   atomic_store(&g_done, 0);
@@ -209,7 +256,8 @@ static irt_status drive(irt_engine *e, const bench_args *a, breq *rs, run_totals
       while (i - atomic_load(&g_done) >= a->concurrency) sleep_ms(0.2), sample_kv(e, t);
     } else if (a->rate > 0) {
       next += -log(1.0 - unit(&s)) / a->rate * 1e3;
-      while (cli_now_ms() < next) sleep_ms(next - cli_now_ms() < 1 ? next - cli_now_ms() : 1), sample_kv(e, t);
+      while (cli_now_ms() < next)
+        sleep_ms(next - cli_now_ms() < 1 ? next - cli_now_ms() : 1), sample_kv(e, t);
     }
     irt_status st = submit(e, a, &rs[i], i, err);
     if (st != IRT_OK) return st;
@@ -275,7 +323,8 @@ static cJSON *report(const bench_args *a, const breq *rs, const run_totals *t) {
     dist(o, "tpot_ms", tpot, n_tpot);
     dist(o, "e2e_ms", e2e, n);
   }
-  cJSON_AddNumberToObject(o, "kv_utilization", t->kv_samples ? t->kv_util_sum / (double)t->kv_samples : 0);
+  cJSON_AddNumberToObject(o, "kv_utilization",
+                          t->kv_samples ? t->kv_util_sum / (double)t->kv_samples : 0);
   cJSON_AddNumberToObject(o, "preemptions", (double)t->stats.preemptions);
   cJSON_AddNumberToObject(o, "steps", (double)t->stats.steps);
   cJSON_AddNumberToObject(o, "spec_draft_tokens", (double)t->stats.spec_draft_tokens);
@@ -301,8 +350,10 @@ static void add_kv_report(cJSON *o, const irt_model *m) {
 static void print_table(const cJSON *o) {
   const char *keys[] = {"ttft_ms", "tpot_ms", "e2e_ms"};
   printf("scheduler        %s\n", cJSON_GetObjectItem(o, "scheduler")->valuestring);
-  printf("requests         %.0f in %.2f s (%.2f req/s)\n", cJSON_GetObjectItem(o, "requests")->valuedouble,
-         cJSON_GetObjectItem(o, "duration_s")->valuedouble, cJSON_GetObjectItem(o, "requests_per_s")->valuedouble);
+  printf("requests         %.0f in %.2f s (%.2f req/s)\n",
+         cJSON_GetObjectItem(o, "requests")->valuedouble,
+         cJSON_GetObjectItem(o, "duration_s")->valuedouble,
+         cJSON_GetObjectItem(o, "requests_per_s")->valuedouble);
   printf("tokens           %.0f prompt (%.0f from the prefix cache), %.0f generated\n",
          cJSON_GetObjectItem(o, "prompt_tokens")->valuedouble,
          cJSON_GetObjectItem(o, "cached_prompt_tokens")->valuedouble,
@@ -325,9 +376,11 @@ static void print_table(const cJSON *o) {
          cJSON_GetObjectItem(o, "kv_tokens_per_mib_f32")->valuedouble,
          cJSON_GetObjectItem(o, "kv_tokens_per_mib_f16")->valuedouble,
          cJSON_GetObjectItem(o, "kv_tokens_per_mib_int8")->valuedouble);
-  printf("kv utilisation   %.1f%% (mean while busy)\npreemptions      %.0f\nsteps            %.0f\n",
-         100 * cJSON_GetObjectItem(o, "kv_utilization")->valuedouble,
-         cJSON_GetObjectItem(o, "preemptions")->valuedouble, cJSON_GetObjectItem(o, "steps")->valuedouble);
+  printf(
+      "kv utilisation   %.1f%% (mean while busy)\npreemptions      %.0f\nsteps            %.0f\n",
+      100 * cJSON_GetObjectItem(o, "kv_utilization")->valuedouble,
+      cJSON_GetObjectItem(o, "preemptions")->valuedouble,
+      cJSON_GetObjectItem(o, "steps")->valuedouble);
   double drafts = cJSON_GetObjectItem(o, "spec_draft_tokens")->valuedouble;
   double kept = cJSON_GetObjectItem(o, "spec_accepted_tokens")->valuedouble;
   if (drafts > 0)
@@ -336,8 +389,13 @@ static void print_table(const cJSON *o) {
 }
 
 int cmd_bench(int argc, char **argv) {
-  bench_args a = {.requests = 64, .prompt_min = 32, .prompt_max = 256, .out_min = 16,
-                  .out_max = 128, .seed = 1, .sampling = irt_sampling_default()};
+  bench_args a = {.requests = 64,
+                  .prompt_min = 32,
+                  .prompt_max = 256,
+                  .out_min = 16,
+                  .out_max = 128,
+                  .seed = 1,
+                  .sampling = irt_sampling_default()};
   int rc = parse(argc, argv, &a);
   if (rc) return rc < 0 ? 0 : rc;
   irt_model_opts mo = irt_model_opts_default();

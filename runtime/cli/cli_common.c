@@ -63,7 +63,9 @@ int cli_parse_spec(const char *flag, const char *v, irt_engine_opts *eo) {
 }
 
 int cli_parse_kv_dtype(const char *s, irt_kv_dtype *out) {
-  return irt_kv_dtype_parse(s, out) ? 0 : cli_fail("--kv-dtype: expected f32, f16 or int8, got '%s'", s);
+  return irt_kv_dtype_parse(s, out)
+             ? 0
+             : cli_fail("--kv-dtype: expected f32, f16 or int8, got '%s'", s);
 }
 
 bool cli_parse_ids(const char *s, int32_t **out, int64_t *out_n) {

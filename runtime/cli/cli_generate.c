@@ -35,7 +35,8 @@ typedef struct gen_args {
 } gen_args;
 
 static int usage(FILE *f) {
-  fputs("usage: inferrt generate model.plan (--prompt-ids IDS | --prompt TEXT | --chat MSG) [options]\n\n"
+  fputs("usage: inferrt generate model.plan (--prompt-ids IDS | --prompt TEXT | --chat MSG) "
+        "[options]\n\n"
         "  --prompt-ids IDS     comma-separated token ids\n"
         "  --prompt TEXT        text, tokenized with the plan's tokenizer\n"
         "  --chat MSG           a user message, formatted with the model's chat template\n"
@@ -72,15 +73,16 @@ static int usage(FILE *f) {
         "  --json-schema-file FILE   the same, read from FILE\n"
         "  --json-object        constrain the text to a JSON object\n"
         "  --regex RE           constrain the text to match a regular expression whole\n"
-        "  --json               print one JSON object with ids, text, finish reason and timings\n", f);
+        "  --json               print one JSON object with ids, text, finish reason and timings\n",
+        f);
   return f == stderr ? 2 : 0;
 }
 
 /* --grammar, --grammar-file, --json-schema, --json-schema-file, --json-object, --regex
  * (one of them). */
 static int set_grammar(gen_args *a, int c, const char *v) {
-  static const char *names[] = {"--grammar",   "--grammar-file", "--json-schema",
-                                "--json-schema-file", "--json-object", "--regex"};
+  static const char *names[] = {"--grammar",          "--grammar-file", "--json-schema",
+                                "--json-schema-file", "--json-object",  "--regex"};
   const char *flag = names[c - 20];
   if (a->grammar) return cli_fail("%s: only one of %s and %s", flag, a->grammar_flag, flag);
   a->grammar_flag = flag;
@@ -98,11 +100,13 @@ static int set_grammar(gen_args *a, int c, const char *v) {
 }
 
 static int set_penalty(gen_args *a, int c, const char *v) {
-  static const char *names[] = {"--presence-penalty", "--frequency-penalty", "--repetition-penalty"};
+  static const char *names[] = {"--presence-penalty", "--frequency-penalty",
+                                "--repetition-penalty"};
   char *end;
   float x = strtof(v, &end);
   bool rep = c == 28, ok = !*end && *v && (rep ? x > 0 && x <= 2 : x >= -2 && x <= 2);
-  if (!ok) return cli_fail("%s: expected a number in %s", names[c - 26], rep ? "(0, 2]" : "[-2, 2]");
+  if (!ok)
+    return cli_fail("%s: expected a number in %s", names[c - 26], rep ? "(0, 2]" : "[-2, 2]");
   *(c == 26 ? &a->presence : c == 27 ? &a->frequency : &a->repetition) = x;
   return 0;
 }
@@ -114,7 +118,8 @@ static int parse_bias(gen_args *a, const char *v) {
     long long id = strtoll(p, &end, 10);
     float b = end > p && *end == ':' ? strtof(end + 1, &end) : NAN;
     if (!(id >= 0 && id < INT32_MAX && b >= -100 && b <= 100) || (*end && *end != ','))
-      return cli_fail("--logit-bias: expected ID:BIAS pairs (BIAS in [-100, 100]), comma-separated");
+      return cli_fail(
+          "--logit-bias: expected ID:BIAS pairs (BIAS in [-100, 100]), comma-separated");
     int32_t *ids = realloc(a->bias_ids, (size_t)(a->n_bias + 1) * sizeof *ids);
     if (ids) a->bias_ids = ids;
     float *bs = ids ? realloc(a->bias, (size_t)(a->n_bias + 1) * sizeof *bs) : NULL;
@@ -130,16 +135,35 @@ static int parse_value(gen_args *a, int c, const char *v) {
   int64_t x;
   char *end;
   switch (c) {
-  case 1: return cli_parse_ids(v, &a->ids, &a->n_ids) ? 0 : cli_fail("--prompt-ids: expected comma-separated non-negative integers");
-  case 'n': return cli_parse_i64(v, 0, 1 << 24, &a->max_new) ? 0 : cli_fail("-n: expected a non-negative integer");
-  case 2: a->sampling.temperature = strtof(v, &end);
-          return *end || a->sampling.temperature < 0 ? cli_fail("--temperature: expected a number >= 0") : 0;
-  case 3: if (!cli_parse_i64(v, 0, 1 << 30, &x)) return cli_fail("--top-k: expected a non-negative integer");
-          a->sampling.top_k = (int)x; return 0;
-  case 4: a->sampling.top_p = strtof(v, &end);
-          return *end || !(a->sampling.top_p > 0 && a->sampling.top_p <= 1) ? cli_fail("--top-p: expected a number in (0, 1]") : 0;
-  case 5: a->sampling.seed = strtoull(v, &end, 10); return *end ? cli_fail("--seed: expected an integer") : 0;
-  case 6: return cli_parse_i64(v, 0, 4096, &a->threads) ? 0 : cli_fail("--threads: expected a non-negative integer");
+  case 1:
+    return cli_parse_ids(v, &a->ids, &a->n_ids)
+               ? 0
+               : cli_fail("--prompt-ids: expected comma-separated non-negative integers");
+  case 'n':
+    return cli_parse_i64(v, 0, 1 << 24, &a->max_new)
+               ? 0
+               : cli_fail("-n: expected a non-negative integer");
+  case 2:
+    a->sampling.temperature = strtof(v, &end);
+    return *end || a->sampling.temperature < 0 ? cli_fail("--temperature: expected a number >= 0")
+                                               : 0;
+  case 3:
+    if (!cli_parse_i64(v, 0, 1 << 30, &x))
+      return cli_fail("--top-k: expected a non-negative integer");
+    a->sampling.top_k = (int)x;
+    return 0;
+  case 4:
+    a->sampling.top_p = strtof(v, &end);
+    return *end || !(a->sampling.top_p > 0 && a->sampling.top_p <= 1)
+               ? cli_fail("--top-p: expected a number in (0, 1]")
+               : 0;
+  case 5:
+    a->sampling.seed = strtoull(v, &end, 10);
+    return *end ? cli_fail("--seed: expected an integer") : 0;
+  case 6:
+    return cli_parse_i64(v, 0, 4096, &a->threads)
+               ? 0
+               : cli_fail("--threads: expected a non-negative integer");
   case 9: a->prompt = v; return 0;
   case 10: a->chat = v; return 0;
   case 11: a->system = v; return 0;
@@ -148,41 +172,75 @@ static int parse_value(gen_args *a, int c, const char *v) {
   case 16: return cli_parse_kv_dtype(v, &a->kv_dtype);
   case 17: return cli_parse_spec("spec-tokens", v, &a->spec);
   case 18: return cli_parse_spec("spec-ngram", v, &a->spec);
-  case 19: a->sampling.min_p = strtof(v, &end);
-           return *end || !(a->sampling.min_p >= 0 && a->sampling.min_p <= 1) ? cli_fail("--min-p: expected a number in [0, 1]") : 0;
-  case 13: if (a->n_stops == MAX_STOPS || !*v) return cli_fail("--stop: at most %d non-empty strings", MAX_STOPS);
-           a->stops[a->n_stops++] = v; return 0;
-  case 20: case 21: case 22: case 23: case 24: case 25: return set_grammar(a, c, v);
-  case 26: case 27: case 28: return set_penalty(a, c, v);
-  case 29: return cli_parse_i64(v, 0, 1 << 24, &a->min_tokens) ? 0 : cli_fail("--min-tokens: expected a non-negative integer");
-  case 30: return cli_parse_ids(v, &a->stop_ids, &a->n_stop_ids) ? 0 : cli_fail("--stop-token-ids: expected comma-separated non-negative integers");
+  case 19:
+    a->sampling.min_p = strtof(v, &end);
+    return *end || !(a->sampling.min_p >= 0 && a->sampling.min_p <= 1)
+               ? cli_fail("--min-p: expected a number in [0, 1]")
+               : 0;
+  case 13:
+    if (a->n_stops == MAX_STOPS || !*v)
+      return cli_fail("--stop: at most %d non-empty strings", MAX_STOPS);
+    a->stops[a->n_stops++] = v;
+    return 0;
+  case 20:
+  case 21:
+  case 22:
+  case 23:
+  case 24:
+  case 25: return set_grammar(a, c, v);
+  case 26:
+  case 27:
+  case 28: return set_penalty(a, c, v);
+  case 29:
+    return cli_parse_i64(v, 0, 1 << 24, &a->min_tokens)
+               ? 0
+               : cli_fail("--min-tokens: expected a non-negative integer");
+  case 30:
+    return cli_parse_ids(v, &a->stop_ids, &a->n_stop_ids)
+               ? 0
+               : cli_fail("--stop-token-ids: expected comma-separated non-negative integers");
   case 31: return parse_bias(a, v);
   default: return usage(stderr);
   }
 }
 
 static int parse(int argc, char **argv, gen_args *a) {
-  static const struct option longs[] = {
-      {"prompt-ids", required_argument, 0, 1}, {"max-tokens", required_argument, 0, 'n'},
-      {"temperature", required_argument, 0, 2}, {"top-k", required_argument, 0, 3},
-      {"top-p", required_argument, 0, 4},     {"seed", required_argument, 0, 5},
-      {"threads", required_argument, 0, 6},   {"json", no_argument, 0, 7},
-      {"ignore-eos", no_argument, 0, 8},      {"prompt", required_argument, 0, 9},
-      {"chat", required_argument, 0, 10},     {"system", required_argument, 0, 11},
-      {"chat-template", required_argument, 0, 12}, {"stop", required_argument, 0, 13},
-      {"device", required_argument, 0, 14},   {"no-cuda-graphs", no_argument, 0, 15},
-      {"kv-dtype", required_argument, 0, 16}, {"spec-tokens", required_argument, 0, 17},
-      {"spec-ngram", required_argument, 0, 18}, {"min-p", required_argument, 0, 19},
-      {"grammar", required_argument, 0, 20},  {"grammar-file", required_argument, 0, 21},
-      {"json-schema", required_argument, 0, 22}, {"json-schema-file", required_argument, 0, 23},
-      {"json-object", no_argument, 0, 24},    {"regex", required_argument, 0, 25},
-      {"presence-penalty", required_argument, 0, 26},
-      {"frequency-penalty", required_argument, 0, 27},
-      {"repetition-penalty", required_argument, 0, 28}, {"min-tokens", required_argument, 0, 29},
-      {"stop-token-ids", required_argument, 0, 30}, {"logit-bias", required_argument, 0, 31},
-      {"no-thinking", no_argument, 0, 32},    {"allow-special-in-content", no_argument, 0, 33},
-      {"help", no_argument, 0, 'h'},
-      {0, 0, 0, 0}};
+  static const struct option longs[] = {{"prompt-ids", required_argument, 0, 1},
+                                        {"max-tokens", required_argument, 0, 'n'},
+                                        {"temperature", required_argument, 0, 2},
+                                        {"top-k", required_argument, 0, 3},
+                                        {"top-p", required_argument, 0, 4},
+                                        {"seed", required_argument, 0, 5},
+                                        {"threads", required_argument, 0, 6},
+                                        {"json", no_argument, 0, 7},
+                                        {"ignore-eos", no_argument, 0, 8},
+                                        {"prompt", required_argument, 0, 9},
+                                        {"chat", required_argument, 0, 10},
+                                        {"system", required_argument, 0, 11},
+                                        {"chat-template", required_argument, 0, 12},
+                                        {"stop", required_argument, 0, 13},
+                                        {"device", required_argument, 0, 14},
+                                        {"no-cuda-graphs", no_argument, 0, 15},
+                                        {"kv-dtype", required_argument, 0, 16},
+                                        {"spec-tokens", required_argument, 0, 17},
+                                        {"spec-ngram", required_argument, 0, 18},
+                                        {"min-p", required_argument, 0, 19},
+                                        {"grammar", required_argument, 0, 20},
+                                        {"grammar-file", required_argument, 0, 21},
+                                        {"json-schema", required_argument, 0, 22},
+                                        {"json-schema-file", required_argument, 0, 23},
+                                        {"json-object", no_argument, 0, 24},
+                                        {"regex", required_argument, 0, 25},
+                                        {"presence-penalty", required_argument, 0, 26},
+                                        {"frequency-penalty", required_argument, 0, 27},
+                                        {"repetition-penalty", required_argument, 0, 28},
+                                        {"min-tokens", required_argument, 0, 29},
+                                        {"stop-token-ids", required_argument, 0, 30},
+                                        {"logit-bias", required_argument, 0, 31},
+                                        {"no-thinking", no_argument, 0, 32},
+                                        {"allow-special-in-content", no_argument, 0, 33},
+                                        {"help", no_argument, 0, 'h'},
+                                        {0, 0, 0, 0}};
   int c, rc;
   a->max_new = -1;
   while ((c = getopt_long(argc, argv, "n:h", longs, NULL)) != -1) {
@@ -208,8 +266,8 @@ typedef struct gen_state {
   irt_model *m;
   const irt_tokenizer *tok;
   irt_text_stream *stream;
-  int32_t *ctx;  /* the prompt, the generated tokens, then room for drafts */
-  int32_t *out;  /* ctx + the prompt's length */
+  int32_t *ctx; /* the prompt, the generated tokens, then room for drafts */
+  int32_t *out; /* ctx + the prompt's length */
   int64_t n_out;
   int64_t drafted, kept; /* draft tokens proposed by prompt lookup; kept */
   char *text;
@@ -222,7 +280,8 @@ typedef struct gen_state {
 static irt_status prompt_ids(gen_args *a, const irt_tokenizer *t, irt_error *err) {
   if (a->ids) return IRT_OK;
   if (!t) {
-    snprintf(err->msg, sizeof err->msg, "the plan has no tokenizer: use --prompt-ids, or rebuild "
+    snprintf(err->msg, sizeof err->msg,
+             "the plan has no tokenizer: use --prompt-ids, or rebuild "
              "it with a tokenizer.json beside the checkpoint");
     return err->status = IRT_INVALID_ARG;
   }
@@ -381,8 +440,8 @@ static irt_status run(gen_state *g, const gen_args *a, irt_error *err) {
       done = take(g, a, pk[i].token);
     }
     if (done) break;
-    irt_sampler_skip(smp, i + 1); /* rows 0..i drew */
-    tok = pk[i].token;            /* the pick that rejected a draft, or the one after all */
+    irt_sampler_skip(smp, i + 1);     /* rows 0..i drew */
+    tok = pk[i].token;                /* the pick that rejected a draft, or the one after all */
     irt_seq_truncate(s, len + 1 + i); /* the token and the drafts kept */
   }
   g->decode_ms = cli_now_ms() - t0;
@@ -434,14 +493,25 @@ static irt_status run_engine(gen_state *g, const gen_args *a, irt_error *err) {
   if (!g->ctx) return IRT_OOM;
   g->out = g->ctx + a->n_ids;
   eng_run r = {g, a, cli_now_ms()};
-  irt_request q = {.prompt_ids = a->ids, .n_prompt = (size_t)a->n_ids, .sampling = a->sampling,
-                   .max_tokens = a->max_new, .stop = a->stops, .n_stop = a->n_stops,
-                   .ignore_eos = a->ignore_eos, .on_event = on_event, .user = &r,
-                   .grammar = a->grammar, .presence_penalty = a->presence,
-                   .frequency_penalty = a->frequency, .repetition_penalty = a->repetition,
-                   .min_tokens = a->min_tokens, .stop_token_ids = a->stop_ids,
-                   .n_stop_token_ids = (int)a->n_stop_ids, .logit_bias_ids = a->bias_ids,
-                   .logit_bias = a->bias, .n_logit_bias = (int)a->n_bias};
+  irt_request q = {.prompt_ids = a->ids,
+                   .n_prompt = (size_t)a->n_ids,
+                   .sampling = a->sampling,
+                   .max_tokens = a->max_new,
+                   .stop = a->stops,
+                   .n_stop = a->n_stops,
+                   .ignore_eos = a->ignore_eos,
+                   .on_event = on_event,
+                   .user = &r,
+                   .grammar = a->grammar,
+                   .presence_penalty = a->presence,
+                   .frequency_penalty = a->frequency,
+                   .repetition_penalty = a->repetition,
+                   .min_tokens = a->min_tokens,
+                   .stop_token_ids = a->stop_ids,
+                   .n_stop_token_ids = (int)a->n_stop_ids,
+                   .logit_bias_ids = a->bias_ids,
+                   .logit_bias = a->bias,
+                   .n_logit_bias = (int)a->n_bias};
   irt_status st = irt_engine_create(g->m, &eo, &e, err);
   if (st == IRT_OK && a->max_new > 0) st = irt_engine_submit(e, &q, NULL, err);
   if (st == IRT_OK && a->max_new > 0) st = irt_engine_run(e, err);
@@ -469,12 +539,13 @@ static void print_result(const gen_args *a, const gen_state *g) {
       putchar('\n');
     }
     fflush(stdout); /* the text first, then the stats line, even through a pipe */
-    fprintf(stderr, "inferrt: %lld prompt + %lld generated tokens (%s); load %.1f ms, prefill "
-            "%.1f tok/s, decode %.1f tok/s\n", (long long)a->n_ids, (long long)g->n_out,
-            g->finish, g->load_ms, pf, dc);
+    fprintf(stderr,
+            "inferrt: %lld prompt + %lld generated tokens (%s); load %.1f ms, prefill "
+            "%.1f tok/s, decode %.1f tok/s\n",
+            (long long)a->n_ids, (long long)g->n_out, g->finish, g->load_ms, pf, dc);
     if (g->drafted)
-      fprintf(stderr, "inferrt: speculation: %lld draft tokens, %lld kept\n",
-              (long long)g->drafted, (long long)g->kept);
+      fprintf(stderr, "inferrt: speculation: %lld draft tokens, %lld kept\n", (long long)g->drafted,
+              (long long)g->kept);
     return;
   }
   cJSON *o = cJSON_CreateObject(), *t;

@@ -28,17 +28,18 @@ static int usage(FILE *f) {
         "  --kv-dtype T       " CLI_KV_DTYPE_USAGE "\n"
         "  --ref-kv-dtype T   the same for the --ref plan (default f32)\n"
         "  --threads N        CPU threads (default: all cores)\n"
-        "  --json             print one JSON object\n", f);
+        "  --json             print one JSON object\n",
+        f);
   return f == stderr ? 2 : 0;
 }
 
 static int parse(int argc, char **argv, ppl_args *a) {
   static const struct option longs[] = {
-      {"file", required_argument, 0, 'f'},       {"ctx", required_argument, 0, 'c'},
-      {"ref", required_argument, 0, 'r'},        {"max-tokens", required_argument, 0, 'm'},
-      {"threads", required_argument, 0, 't'},    {"json", no_argument, 0, 'j'},
-      {"kv-dtype", required_argument, 0, 'k'},   {"ref-kv-dtype", required_argument, 0, 'K'},
-      {"help", no_argument, 0, 'h'},             {0, 0, 0, 0}};
+      {"file", required_argument, 0, 'f'},     {"ctx", required_argument, 0, 'c'},
+      {"ref", required_argument, 0, 'r'},      {"max-tokens", required_argument, 0, 'm'},
+      {"threads", required_argument, 0, 't'},  {"json", no_argument, 0, 'j'},
+      {"kv-dtype", required_argument, 0, 'k'}, {"ref-kv-dtype", required_argument, 0, 'K'},
+      {"help", no_argument, 0, 'h'},           {0, 0, 0, 0}};
   int c;
   while ((c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
     if (c == 'f') a->file = optarg;
@@ -118,8 +119,8 @@ static irt_status window_logits(irt_model *m, const int32_t *ids, int64_t n, flo
   return st;
 }
 
-static void score_window(const int32_t *ids, int64_t n, const float *lg, const float *rl,
-                         int64_t v, ppl_sums *sum) {
+static void score_window(const int32_t *ids, int64_t n, const float *lg, const float *rl, int64_t v,
+                         ppl_sums *sum) {
   for (int64_t t = 0; t + 1 < n; t++) {
     const float *z = lg + t * v;
     int64_t am, ram;
@@ -137,8 +138,8 @@ static void score_window(const int32_t *ids, int64_t n, const float *lg, const f
   sum->windows++;
 }
 
-static irt_status run_windows(const ppl_args *a, irt_model *m, irt_model *ref,
-                              const int32_t *ids, int64_t n, ppl_sums *sum, irt_error *err) {
+static irt_status run_windows(const ppl_args *a, irt_model *m, irt_model *ref, const int32_t *ids,
+                              int64_t n, ppl_sums *sum, irt_error *err) {
   int64_t v = irt_model_get_info(m)->vocab_size, ctx = a->ctx;
   float *lg = malloc((size_t)(ctx * v) * sizeof *lg);
   float *rl = ref ? malloc((size_t)(ctx * v) * sizeof *rl) : NULL;
@@ -180,8 +181,8 @@ static void print_result(const ppl_args *a, const ppl_sums *s, int64_t n_tok) {
     cJSON_Delete(o);
     return;
   }
-  printf("perplexity: %.4f over %lld scored tokens (%lld windows of <= %lld; %.0f tok/s)\n",
-         ppl, (long long)s->scored, (long long)s->windows, (long long)a->ctx, tps);
+  printf("perplexity: %.4f over %lld scored tokens (%lld windows of <= %lld; %.0f tok/s)\n", ppl,
+         (long long)s->scored, (long long)s->windows, (long long)a->ctx, tps);
   if (a->ref)
     printf("reference:  perplexity %.4f (model %+.2f%%), top-1 agreement %.2f%%, "
            "mean KL(ref || model) %.5f nats\n",

@@ -28,7 +28,8 @@ static int usage_run(FILE *f) {
         "  -i, --input [NAME=]FILE   an input tensor (repeatable)\n"
         "  -o, --output-dir DIR      write output K to DIR/output_K.pb\n"
         "      --threads N           CPU threads (default: all cores)\n"
-        "  -q, --quiet               print nothing on success\n", f);
+        "  -q, --quiet               print nothing on success\n",
+        f);
   return f == stderr ? 2 : 0;
 }
 
@@ -71,8 +72,8 @@ static void format_shape(const irt_tensor_info *t, char *buf, size_t len) {
 }
 
 /* Which program input a file feeds: NAME=, the tensor's name, or the next unset one. */
-static int pick_input(irt_program *p, const char *arg, const char **path,
-                      const irt_tensor_file *t, const bool *set) {
+static int pick_input(irt_program *p, const char *arg, const char **path, const irt_tensor_file *t,
+                      const bool *set) {
   const char *eq = strchr(arg, '=');
   if (eq) {
     char name[512];

@@ -50,8 +50,7 @@ static int usage(FILE *f) {
         "  --no-prefix-cache       disable prefix caching\n"
         "  --threads N             CPU threads (default: all cores)\n"
         "  --device DEV            cpu or cuda (default: the plan's target)\n"
-        "  --no-cuda-graphs        CUDA: run decode steps kernel by kernel\n"
-        CLI_SPEC_USAGE "\n"
+        "  --no-cuda-graphs        CUDA: run decode steps kernel by kernel\n" CLI_SPEC_USAGE "\n"
         "endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, /health,\n"
         "/metrics (Prometheus), / (chat page)\n",
         f);
@@ -137,14 +136,10 @@ static int parse(int argc, char **argv, serve_args *a) {
   int c, rc;
   while ((c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
     if (c == 'h') return usage(stdout) - 1;
-    if (c == 12)
-      a->no_prefix_cache = true;
-    else if (c == 15)
-      a->no_cuda_graphs = true;
-    else if (c == 22)
-      a->allow_special = true;
-    else if ((rc = parse_value(a, c, optarg)))
-      return rc;
+    if (c == 12) a->no_prefix_cache = true;
+    else if (c == 15) a->no_cuda_graphs = true;
+    else if (c == 22) a->allow_special = true;
+    else if ((rc = parse_value(a, c, optarg))) return rc;
   }
   if (optind != argc - 1) return usage(stderr);
   a->plan = argv[optind];
@@ -177,9 +172,8 @@ static int serve(serve_args *a, srv_ctx *c, srv_metrics *metrics, sigset_t *sigs
           "inferrt: serving '%s' on http://%s:%d (context %lld, KV cache %lld tokens %s in %.1f "
           "MiB, %s, %d API keys); Ctrl-C stops\n",
           c->model_name, host, srv_http_port(h), (long long)c->info->context_length,
-          (long long)c->info->kv_tokens, c->info->kv_dtype,
-          (double)c->info->kv_bytes / (1 << 20), c->tok ? "with tokenizer" : "token ids only",
-          a->keys.n);
+          (long long)c->info->kv_tokens, c->info->kv_dtype, (double)c->info->kv_bytes / (1 << 20),
+          c->tok ? "with tokenizer" : "token ids only", a->keys.n);
   fflush(stderr);
   int sig = 0;
   sigwait(sigs, &sig);
@@ -233,10 +227,8 @@ int cmd_serve(int argc, char **argv) {
     c.tok = irt_model_get_tokenizer(c.m);
     c.max_n = c.info->max_step_seqs < c.info->max_step_logits ? c.info->max_step_seqs
                                                               : c.info->max_step_logits;
-    if (a.model_name)
-      snprintf(c.model_name, sizeof c.model_name, "%s", a.model_name);
-    else
-      default_name(a.plan, c.model_name, sizeof c.model_name);
+    if (a.model_name) snprintf(c.model_name, sizeof c.model_name, "%s", a.model_name);
+    else default_name(a.plan, c.model_name, sizeof c.model_name);
     rc = serve(&a, &c, metrics, &sigs);
   } else {
     rc = cli_fail("%s", err.msg[0] ? err.msg : irt_status_name(st));

@@ -20,22 +20,27 @@ static int usage(FILE *f, bool detok) {
           "  --tokenizer PATH   a tokenizer.json, a .gguf file or a plan\n"
           "  --ids IDS          comma-separated token ids (required)\n"
           "  --skip-special     drop special tokens from the text\n"
-          "  --json             print {\"text\": ...}\n", f);
+          "  --json             print {\"text\": ...}\n",
+          f);
   else
     fputs("usage: inferrt tokenize (model.plan | --tokenizer PATH) [--text TEXT] [options]\n\n"
           "  --tokenizer PATH   a tokenizer.json, a .gguf file or a plan\n"
           "  --text TEXT        the text (default: read standard input)\n"
           "  --no-special       no BOS/EOS, and special-token text stays plain text\n"
-          "  --json             print {\"ids\": [...]}\n", f);
+          "  --json             print {\"ids\": [...]}\n",
+          f);
   return f == stderr ? 2 : 0;
 }
 
 static int parse(int argc, char **argv, tok_args *a, bool detok) {
-  static const struct option longs[] = {
-      {"tokenizer", required_argument, 0, 't'}, {"text", required_argument, 0, 'x'},
-      {"ids", required_argument, 0, 'i'},       {"json", no_argument, 0, 'j'},
-      {"no-special", no_argument, 0, 'n'},      {"skip-special", no_argument, 0, 's'},
-      {"help", no_argument, 0, 'h'},            {0, 0, 0, 0}};
+  static const struct option longs[] = {{"tokenizer", required_argument, 0, 't'},
+                                        {"text", required_argument, 0, 'x'},
+                                        {"ids", required_argument, 0, 'i'},
+                                        {"json", no_argument, 0, 'j'},
+                                        {"no-special", no_argument, 0, 'n'},
+                                        {"skip-special", no_argument, 0, 's'},
+                                        {"help", no_argument, 0, 'h'},
+                                        {0, 0, 0, 0}};
   int c;
   while ((c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
     if (c == 't') a->source = optarg;
@@ -81,10 +86,11 @@ int cmd_tokenize(int argc, char **argv) {
   if (a.text) len = strlen(a.text);
   size_t n = 0;
   int32_t *ids = NULL;
-  irt_status st = text ? irt_tokenize_alloc(t, text, len, !a.no_special, !a.no_special, &ids, &n,
-                                            &err)
-                       : IRT_OOM;
-  rc = st == IRT_OK ? print_ids(ids, n, a.json) : cli_fail("%s", err.msg[0] ? err.msg : "out of memory");
+  irt_status st =
+      text ? irt_tokenize_alloc(t, text, len, !a.no_special, !a.no_special, &ids, &n, &err)
+           : IRT_OOM;
+  rc = st == IRT_OK ? print_ids(ids, n, a.json)
+                    : cli_fail("%s", err.msg[0] ? err.msg : "out of memory");
   free(ids);
   free(owned);
   irt_tokenizer_destroy(t);
@@ -97,7 +103,8 @@ int cmd_detokenize(int argc, char **argv) {
   if (rc) return rc < 0 ? 0 : rc;
   int32_t *ids = NULL;
   int64_t n = 0;
-  if (!cli_parse_ids(a.ids, &ids, &n)) return cli_fail("--ids: expected comma-separated non-negative integers");
+  if (!cli_parse_ids(a.ids, &ids, &n))
+    return cli_fail("--ids: expected comma-separated non-negative integers");
   irt_tokenizer *t = NULL;
   irt_error err = {0};
   irt_status st = cli_open_tokenizer(a.source, &t, &err);

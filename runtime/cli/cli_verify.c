@@ -11,7 +11,8 @@ static int usage(void) {
         "Checks the header, metadata, weights and kernels checksums and every section\n"
         "offset. `inferrt generate|serve|...` check all but the weights checksum when they\n"
         "open a plan (so a plan loads in milliseconds); run this after copying a plan, or\n"
-        "before serving one from untrusted storage.\n", stdout);
+        "before serving one from untrusted storage.\n",
+        stdout);
   return 0;
 }
 

@@ -17,7 +17,8 @@ static int usage(FILE *f) {
         "  batch model.plan --input F --output F    offline OpenAI batch-style jobs\n"
         "  perplexity model.plan --file TEXT [--ref PLAN]  perplexity, top-1 agreement\n"
         "  verify model.plan                        check every checksum (weights included)\n\n"
-        "options: --help, --version. `inferrt <command> --help` for a command's options.\n", f);
+        "options: --help, --version. `inferrt <command> --help` for a command's options.\n",
+        f);
   return f == stderr ? 2 : 0;
 }
 

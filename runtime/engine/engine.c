@@ -34,9 +34,10 @@ irt_status irt_engine_create(irt_model *m, const irt_engine_opts *o, irt_engine 
   e->tok = irt_model_get_tokenizer(m);
   e->o = o ? *o : irt_engine_opts_default();
   e->budget = e->o.max_batched_tokens > 0 && e->o.max_batched_tokens < in->max_step_tokens
-                  ? e->o.max_batched_tokens : in->max_step_tokens;
-  e->max_running = e->o.max_running > 0 && e->o.max_running < in->max_step_seqs
-                       ? e->o.max_running : in->max_step_seqs;
+                  ? e->o.max_batched_tokens
+                  : in->max_step_tokens;
+  e->max_running = e->o.max_running > 0 && e->o.max_running < in->max_step_seqs ? e->o.max_running
+                                                                                : in->max_step_seqs;
   if (e->max_running > in->max_step_logits) e->max_running = in->max_step_logits;
   if (e->o.max_waiting <= 0) e->o.max_waiting = 4096;
   if (e->o.spec_tokens < 0 || e->o.spec_tokens > IRT_MAX_SPEC_TOKENS) {
@@ -74,9 +75,8 @@ irt_status irt_engine_create(irt_model *m, const irt_engine_opts *o, irt_engine 
   pthread_mutex_init(&e->mu, NULL);
   pthread_cond_init(&e->cv, NULL);
   if (!e->items || !e->item_seq || !e->item_plp || !e->logits || !e->picks || !e->row_picks ||
-      !e->row_top_ids || !e->row_top_lps || !e->xsub || !e->xmark || !e->xpen_ids ||
-      !e->xpen_sub || !e->eog_ids ||
-      (e->tok && (!e->gtrie || !e->gmask || !e->gpen_ids || !e->gpen_sub))) {
+      !e->row_top_ids || !e->row_top_lps || !e->xsub || !e->xmark || !e->xpen_ids || !e->xpen_sub ||
+      !e->eog_ids || (e->tok && (!e->gtrie || !e->gmask || !e->gpen_ids || !e->gpen_sub))) {
     irt_engine_destroy(e);
     return fail(err, IRT_OOM, "out of memory");
   }
@@ -327,8 +327,10 @@ irt_status irt_engine_submit(irt_engine *e, const irt_request *r, irt_request_id
     if (q->r.max_tokens <= 0 || q->r.max_tokens > room) q->r.max_tokens = room;
     if (room <= 0) {
       char msg[160];
-      snprintf(msg, sizeof msg, "prompt of %lld tokens leaves no room in the KV cache of %lld "
-               "tokens (raise --kv-tokens)", (long long)q->n_prompt, (long long)pool);
+      snprintf(msg, sizeof msg,
+               "prompt of %lld tokens leaves no room in the KV cache of %lld "
+               "tokens (raise --kv-tokens)",
+               (long long)q->n_prompt, (long long)pool);
       st = fail(err, IRT_INVALID_ARG, msg);
     }
     memcpy(q->seqs[0].tokens, q->prompt, (size_t)q->n_prompt * sizeof *q->prompt);

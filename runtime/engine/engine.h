@@ -43,31 +43,31 @@ typedef struct eseq {
   ereq *req;
   int index;
   eseq_state state;
-  irt_seq *kv;            /* blocks and the count of positions already computed */
-  int32_t *tokens;        /* (context) prompt then generated tokens */
-  int64_t n_tokens;       /* known tokens */
+  irt_seq *kv;      /* blocks and the count of positions already computed */
+  int32_t *tokens;  /* (context) prompt then generated tokens */
+  int64_t n_tokens; /* known tokens */
   int64_t n_generated;
-  int64_t n_registered;   /* leading full blocks registered in the prefix cache */
-  uint64_t last_hash;     /* chain hash of block n_registered - 1 (0 if none) */
+  int64_t n_registered; /* leading full blocks registered in the prefix cache */
+  uint64_t last_hash;   /* chain hash of block n_registered - 1 (0 if none) */
   irt_sampler *sampler;
-  irt_tok_stream stream;  /* when the plan has a tokenizer */
-  char *held;             /* text not yet emitted (a possible stop-string prefix) */
+  irt_tok_stream stream; /* when the plan has a tokenizer */
+  char *held;            /* text not yet emitted (a possible stop-string prefix) */
   size_t held_len, held_cap;
-  uint64_t admit_order;   /* when it last entered the running set */
+  uint64_t admit_order; /* when it last entered the running set */
   irt_finish finish;
   double first_token_ms;
-  int spec_len;           /* drafts to propose next: all kept doubles it (up to spec_tokens),
+  int spec_len;                /* drafts to propose next: all kept doubles it (up to spec_tokens),
                              a rejection sets it to the kept count + 1 */
   float spec_hits, spec_tries; /* its drafts kept and checked, older ones decayed */
-  int spec_idle;          /* steps in a row its drafts were weighed out */
+  int spec_idle;               /* steps in a row its drafts were weighed out */
   /* with presence/frequency penalties (allocated at init, so sampling stays allocation-free) */
-  int32_t *counts;        /* (vocab) occurrences of each token this completion generated */
-  int32_t *seen;          /* (vocab) the distinct generated tokens, first seen first */
-  float *pen_sub;         /* (vocab) a pick's penalty for each of them (and biased ones) */
-  int32_t *pen_ids;       /* (vocab) with logit_bias too: seen, then the biased unseen */
+  int32_t *counts;  /* (vocab) occurrences of each token this completion generated */
+  int32_t *seen;    /* (vocab) the distinct generated tokens, first seen first */
+  float *pen_sub;   /* (vocab) a pick's penalty for each of them (and biased ones) */
+  int32_t *pen_ids; /* (vocab) with logit_bias too: seen, then the biased unseen */
   int64_t n_seen;
-  irt_gstate *gram;       /* with a grammar: where its text is in it */
-  int64_t plp_next;       /* prompt_logprobs: the next prompt position to score */
+  irt_gstate *gram; /* with a grammar: where its text is in it */
+  int64_t plp_next; /* prompt_logprobs: the next prompt position to score */
   /* with top_logprobs: the alternatives of the current event */
   int32_t top_ids[IRT_MAX_TOP_LOGPROBS];
   float top_lps[IRT_MAX_TOP_LOGPROBS];
@@ -75,30 +75,30 @@ typedef struct eseq {
 
 struct ereq {
   irt_request_id id;
-  irt_request r;          /* stop strings and tenant point into owned copies */
+  irt_request r; /* stop strings and tenant point into owned copies */
   char **stops;
   char *tenant;
   uint64_t tenant_hash;
   int32_t *prompt;
   int64_t n_prompt;
-  int32_t *bias_ids;      /* logit_bias: (n_bias) ids, ascending */
-  float *bias_sub;        /* (n_bias) minus each bias: subtracted, as penalties are */
+  int32_t *bias_ids; /* logit_bias: (n_bias) ids, ascending */
+  float *bias_sub;   /* (n_bias) minus each bias: subtracted, as penalties are */
   int n_bias;
-  irt_grammar *grammar;   /* compiled irt_request.grammar, or NULL */
-  int32_t *stop_ids;      /* stop_token_ids: (n_stop_ids) */
+  irt_grammar *grammar; /* compiled irt_request.grammar, or NULL */
+  int32_t *stop_ids;    /* stop_token_ids: (n_stop_ids) */
   int n_stop_ids;
-  bool host_pick;         /* repetition_penalty or min_tokens: rows picked on the host */
+  bool host_pick; /* repetition_penalty or min_tokens: rows picked on the host */
   int64_t cached_tokens;
   int n;
-  eseq *seqs;             /* (n); only seqs[0] exists until the prompt is prefilled */
-  int n_live;             /* seqs created so far */
-  bool forked;            /* n > 1: the completions share the prompt's blocks */
+  eseq *seqs;  /* (n); only seqs[0] exists until the prompt is prefilled */
+  int n_live;  /* seqs created so far */
+  bool forked; /* n > 1: the completions share the prompt's blocks */
   int n_done;
   bool unqueued; /* its last event went out: no longer counted against max_waiting */
   bool cancelled;
-  bool counted;           /* prompt tokens entered the stats */
+  bool counted; /* prompt tokens entered the stats */
   uint64_t arrival;
-  ereq *next;             /* engine list links */
+  ereq *next; /* engine list links */
 };
 
 struct irt_engine {
@@ -106,56 +106,56 @@ struct irt_engine {
   const irt_tokenizer *tok;
   irt_engine_opts o;
   int64_t budget, max_running;
-  ereq *reqs;             /* every unfinished request, in arrival order */
+  ereq *reqs; /* every unfinished request, in arrival order */
   /* the inbox: submissions and cancellations from other threads */
   pthread_mutex_t mu;
   pthread_cond_t cv;
   ereq *inbox_head, *inbox_tail;
   irt_request_id *cancels;
   int n_cancels, cap_cancels;
-  int64_t n_queued;       /* requests in the inbox or waiting */
+  int64_t n_queued; /* requests in the inbox or waiting */
   irt_request_id next_id;
   uint64_t next_arrival, next_admit;
   bool thread_running, stop;
   pthread_t thread;
-  irt_engine_stats stats;  /* published under mu at the end of each iteration */
-  irt_engine_stats work;   /* updated by the stepping thread */
-  irt_error last_err;      /* the last failed step on the engine thread */
+  irt_engine_stats stats; /* published under mu at the end of each iteration */
+  irt_engine_stats work;  /* updated by the stepping thread */
+  irt_error last_err;     /* the last failed step on the engine thread */
   /* step scratch, sized at create */
   irt_batch_item *items;
   eseq **item_seq;
-  bool *item_plp;         /* (max_running) the item is a prompt chunk scored row by row */
-  float *logits;          /* (max_rows, vocab): the step's rows, as items ask for them */
-  int64_t max_rows;       /* the plan's logit rows per step */
-  int64_t rows_now;       /* rows taken so far in this iteration */
-  irt_pick *picks;        /* (max_running) */
+  bool *item_plp;   /* (max_running) the item is a prompt chunk scored row by row */
+  float *logits;    /* (max_rows, vocab): the step's rows, as items ask for them */
+  int64_t max_rows; /* the plan's logit rows per step */
+  int64_t rows_now; /* rows taken so far in this iteration */
+  irt_pick *picks;  /* (max_running) */
   /* drafted rows picked in the step (sequences without penalties): (max_rows) picks and
    * their alternatives, IRT_MAX_TOP_LOGPROBS each */
   irt_pick *row_picks;
   int32_t *row_top_ids;
   float *row_top_lps;
-  int64_t row_picks_now;  /* taken so far in this iteration */
+  int64_t row_picks_now; /* taken so far in this iteration */
   /* constrained decoding (the plan has a tokenizer): the vocabulary's bytes, and scratch
    * for one masked pick: the allowed tokens, the pick's penalty list with the rest */
   irt_gtrie *gtrie;
-  uint8_t *gmask;         /* (vocab) */
-  int32_t *gpen_ids;      /* (vocab) */
-  float *gpen_sub;        /* (vocab) */
+  uint8_t *gmask;    /* (vocab) */
+  int32_t *gpen_ids; /* (vocab) */
+  float *gpen_sub;   /* (vocab) */
   /* repetition_penalty and min_tokens on the host: one pick's subtractions by token (zero
    * between picks), which tokens it lists, the list; end-of-generation ids */
-  float *xsub;            /* (vocab) */
-  uint8_t *xmark;         /* (vocab) */
-  int32_t *xpen_ids;      /* (vocab) */
-  float *xpen_sub;        /* (vocab) */
+  float *xsub;       /* (vocab) */
+  uint8_t *xmark;    /* (vocab) */
+  int32_t *xpen_ids; /* (vocab) */
+  float *xpen_sub;   /* (vocab) */
   int32_t *eog_ids;
   int n_eog;
   /* speculative decoding: the step cost model over decode-only steps, its last fit */
   irt_step_cost cost;
   double cost_a, cost_b;
   bool cost_ok;
-  eseq **run, **wait;     /* sorted candidates of one iteration (grown as needed) */
+  eseq **run, **wait; /* sorted candidates of one iteration (grown as needed) */
   int cap_cand;
-  int n_items_now;        /* items chosen so far in this iteration */
+  int n_items_now; /* items chosen so far in this iteration */
 };
 
 irt_status irt_eseq_init(irt_engine *e, ereq *q, int i, irt_error *err);

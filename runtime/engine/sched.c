@@ -22,7 +22,8 @@ static int64_t bsz(const irt_engine *e) { return e->m->kv.block_size; }
 /* Scheduling order: higher priority first, then earlier admission (running) or arrival. */
 static int cmp_seq(const void *pa, const void *pb) {
   const eseq *a = *(eseq *const *)pa, *b = *(eseq *const *)pb;
-  if (a->req->r.priority != b->req->r.priority) return a->req->r.priority > b->req->r.priority ? -1 : 1;
+  if (a->req->r.priority != b->req->r.priority)
+    return a->req->r.priority > b->req->r.priority ? -1 : 1;
   uint64_t ka = a->state == ESEQ_RUNNING ? a->admit_order : a->req->arrival;
   uint64_t kb = b->state == ESEQ_RUNNING ? b->admit_order : b->req->arrival;
   if (ka != kb) return ka < kb ? -1 : 1;
@@ -67,7 +68,8 @@ static bool ensure_blocks(irt_engine *e, eseq *s, int64_t take, int64_t reserve)
     irt_kv_block_unref(kv, k->blocks[first]);
     k->blocks[first] = b;
   }
-  while (k->n_blocks < (k->len + take + bs - 1) / bs) k->blocks[k->n_blocks++] = irt_kv_block_alloc(kv);
+  while (k->n_blocks < (k->len + take + bs - 1) / bs)
+    k->blocks[k->n_blocks++] = irt_kv_block_alloc(kv);
   return true;
 }
 
@@ -136,7 +138,9 @@ static float bias_sub(const ereq *q, int32_t tok) {
 static irt_pick make_pick(eseq *s) {
   const ereq *q = s->req;
   const irt_request *r = &q->r;
-  irt_pick p = {.sampler = s->sampler, .n_top = r->top_logprobs, .top_ids = s->top_ids,
+  irt_pick p = {.sampler = s->sampler,
+                .n_top = r->top_logprobs,
+                .top_ids = s->top_ids,
                 .top_logprobs = s->top_lps};
   if (!s->counts) {
     p.pen_ids = q->bias_ids, p.pen_sub = q->bias_sub, p.n_pen = q->n_bias;
@@ -188,7 +192,9 @@ static void add_item(irt_engine *e, eseq *s, int64_t take) {
   bool pick = last && !fork_point(s) && !host;
   irt_pick *forks = last && fork_point(s) && !host ? fork_picks(e, s) : NULL;
   if (pick) e->picks[k] = make_pick(s);
-  e->items[k] = (irt_batch_item){.seq = s->kv, .tokens = s->tokens + s->kv->len, .n = take,
+  e->items[k] = (irt_batch_item){.seq = s->kv,
+                                 .tokens = s->tokens + s->kv->len,
+                                 .n = take,
                                  .logits = (last || plp) && !pick && !forks ? e->logits : NULL,
                                  .all_logits = plp,
                                  .pick = pick ? &e->picks[k] : forks,
@@ -241,7 +247,7 @@ static void schedule_running(irt_engine *e, int n_run, int64_t *budget) {
   bool prefilling = false;
   if (e->o.static_batching)
     for (int i = 0; i < n_run; i++) prefilling |= e->run[i]->kv->len < e->run[i]->req->n_prompt;
-  for (int i = 0; i < n_run && *budget > 0 && e->n_items_now < e->max_running; i++) {
+  for (int i = 0; *budget > 0 && i < n_run && e->n_items_now < e->max_running; i++) {
     eseq *s = e->run[i];
     if (s->state != ESEQ_RUNNING) continue; /* preempted in this iteration */
     int64_t need = row_cap(e, s, s->n_tokens - s->kv->len, *budget, n_run - i - 1);
@@ -259,16 +265,16 @@ static void schedule_running(irt_engine *e, int n_run, int64_t *budget) {
 
 static void schedule_waiting(irt_engine *e, int n_run, int n_wait, int64_t *budget) {
   int64_t watermark = e->m->kv.n_blocks / 100;
-  for (int i = 0; i < n_wait && *budget > 0 && e->n_items_now < e->max_running; i++) {
+  for (int i = 0; *budget > 0 && i < n_wait && e->n_items_now < e->max_running; i++) {
     eseq *s = e->wait[i];
     prefix_lookup(e, s);
     int64_t need = row_cap(e, s, s->n_tokens - s->kv->len, *budget, n_wait - i - 1);
     int64_t take = need == 0 ? 0
-                   : grant(e, s, need < *budget ? need : *budget, e->n_items_now ? watermark : 0,
-                           true, n_run);
+                             : grant(e, s, need < *budget ? need : *budget,
+                                     e->n_items_now ? watermark : 0, true, n_run);
     if (take == 0) {
       drop_blocks(s); /* let go of prefix hits: waiting sequences hold nothing */
-      break;             /* keep arrival order: nobody overtakes the head of the queue */
+      break;          /* keep arrival order: nobody overtakes the head of the queue */
     }
     s->state = ESEQ_RUNNING;
     s->admit_order = e->next_admit++;
@@ -327,8 +333,8 @@ static void add_drafts(irt_engine *e, int64_t budget) {
     irt_batch_item *it = &e->items[k];
     if (it->n != 1 || s->kv->len + 1 != s->n_tokens || fork_point(s) || e->item_plp[k]) continue;
     int64_t cap = s->spec_len;
-    int64_t lim[4] = {budget, e->max_rows - e->rows_now,
-                      s->req->r.max_tokens - s->n_generated - 1, in->context_length - s->n_tokens};
+    int64_t lim[4] = {budget, e->max_rows - e->rows_now, s->req->r.max_tokens - s->n_generated - 1,
+                      in->context_length - s->n_tokens};
     for (int j = 0; j < 4; j++) cap = lim[j] < cap ? lim[j] : cap;
     if (!e->o.spec_always && !e->cost_ok && cap > 1) cap = 1; /* one at a time until timed */
     if (weigh && cap > 0) {
@@ -351,7 +357,10 @@ static void add_drafts(irt_engine *e, int64_t budget) {
     }
     /* penalties, a grammar, repetition_penalty or min_tokens: picked on the host */
     bool host = s->counts || s->gram || s->req->host_pick;
-    *it = (irt_batch_item){.seq = s->kv, .tokens = it->tokens, .n = 1 + d, .all_logits = true,
+    *it = (irt_batch_item){.seq = s->kv,
+                           .tokens = it->tokens,
+                           .n = 1 + d,
+                           .all_logits = true,
                            .logits = host ? e->logits : NULL,
                            .pick = host ? NULL : row_picks(e, s, 1 + d)};
     budget -= d;
@@ -406,10 +415,16 @@ static void register_blocks(irt_engine *e, eseq *s) {
 
 static void emit(irt_engine *e, eseq *s, int32_t tok, float lp, const char *text, size_t len) {
   ereq *q = s->req;
-  irt_event ev = {.id = q->id, .index = s->index, .token = tok, .logprob = lp,
-                  .text = e->tok ? (text ? text : "") : NULL, .text_len = len,
-                  .finish = s->finish, .request_done = s->finish && q->n_done == q->n,
-                  .prompt_tokens = q->n_prompt, .cached_tokens = q->cached_tokens};
+  irt_event ev = {.id = q->id,
+                  .index = s->index,
+                  .token = tok,
+                  .logprob = lp,
+                  .text = e->tok ? (text ? text : "") : NULL,
+                  .text_len = len,
+                  .finish = s->finish,
+                  .request_done = s->finish && q->n_done == q->n,
+                  .prompt_tokens = q->n_prompt,
+                  .cached_tokens = q->cached_tokens};
   if (tok >= 0 && q->r.top_logprobs > 0) {
     int64_t V = irt_model_get_info(e->m)->vocab_size;
     ev.n_top = q->r.top_logprobs < V ? q->r.top_logprobs : (int)V;
@@ -479,8 +494,8 @@ static void take_token(irt_engine *e, eseq *s, int32_t tok, float lp) {
   s->tokens[s->n_tokens++] = tok;
   s->n_generated++;
   e->work.generated_tokens++;
-  bool eog = !s->req->r.ignore_eos &&
-             (e->tok ? irt_tok_is_eog(e->tok, tok) : tok == in->eos_token_id);
+  bool eog =
+      !s->req->r.ignore_eos && (e->tok ? irt_tok_is_eog(e->tok, tok) : tok == in->eos_token_id);
   bool stop_id = false; /* its text stays: eog ? -1 : tok below */
   for (int i = 0; i < s->req->n_stop_ids && !stop_id; i++) stop_id = s->req->stop_ids[i] == tok;
   bool length = s->n_generated >= s->req->r.max_tokens || s->n_tokens >= in->context_length;
@@ -491,8 +506,8 @@ static void take_token(irt_engine *e, eseq *s, int32_t tok, float lp) {
   size_t cut = 0;
   if (e->tok) cut = take_text(s, eog ? -1 : tok, eog || stop_id || length || whole, &hit);
   irt_finish why = eog || stop_id || hit || whole ? IRT_FINISH_STOP
-                   : length          ? IRT_FINISH_LENGTH
-                                     : IRT_FINISH_NONE;
+                   : length                       ? IRT_FINISH_LENGTH
+                                                  : IRT_FINISH_NONE;
   if (why) finish(e, s, why);
   emit(e, s, tok, lp, s->held, cut);
   if (e->tok) {
@@ -550,7 +565,8 @@ static void host_adjust(irt_engine *e, eseq *s, irt_pick *p, const float *lg) {
   const ereq *q = s->req;
   float *d = e->xsub, r = q->r.repetition_penalty;
   int n = 0;
-  for (int j = 0; j < p->n_pen; j++) n = list_add(e, n, p->pen_ids[j]), d[p->pen_ids[j]] = p->pen_sub[j];
+  for (int j = 0; j < p->n_pen; j++)
+    n = list_add(e, n, p->pen_ids[j]), d[p->pen_ids[j]] = p->pen_sub[j];
   if (r > 0 && r != 1)
     for (int64_t t = 0; t < s->n_tokens; t++) {
       int32_t id = s->tokens[t];
@@ -561,8 +577,10 @@ static void host_adjust(irt_engine *e, eseq *s, irt_pick *p, const float *lg) {
       d[id] = lg[id] - ((x > 0 ? x / r : x * r) - pf);
     }
   if (s->n_generated < q->r.min_tokens) {
-    for (int i = 0; i < e->n_eog; i++) n = list_add(e, n, e->eog_ids[i]), d[e->eog_ids[i]] = INFINITY;
-    for (int i = 0; i < q->n_stop_ids; i++) n = list_add(e, n, q->stop_ids[i]), d[q->stop_ids[i]] = INFINITY;
+    for (int i = 0; i < e->n_eog; i++)
+      n = list_add(e, n, e->eog_ids[i]), d[e->eog_ids[i]] = INFINITY;
+    for (int i = 0; i < q->n_stop_ids; i++)
+      n = list_add(e, n, q->stop_ids[i]), d[q->stop_ids[i]] = INFINITY;
   }
   for (int k = 0; k < n; k++) {
     int32_t id = e->xpen_ids[k];
@@ -623,7 +641,7 @@ static void verify(irt_engine *e, int k) {
   int nd = (int)it->n - 1;
   int32_t draft[IRT_MAX_SPEC_TOKENS];
   memcpy(draft, it->tokens + 1, (size_t)nd * sizeof *draft); /* take_token overwrites them */
-  int64_t base = s->kv->len - it->n; /* the last token's position */
+  int64_t base = s->kv->len - it->n;                         /* the last token's position */
   e->work.spec_draft_tokens += nd;
   int i = 0;
   for (; i <= nd; i++) {
@@ -660,8 +678,13 @@ static void emit_prompt(irt_engine *e, eseq *s, const float *row, int32_t tok) {
   ereq *q = s->req;
   int64_t V = irt_model_get_info(e->m)->vocab_size;
   double lse = kn_log_sum_exp(row, V);
-  irt_event ev = {.id = q->id, .index = 0, .token = tok, .logprob = (float)(row[tok] - lse),
-                  .prompt = true, .prompt_tokens = q->n_prompt, .cached_tokens = q->cached_tokens};
+  irt_event ev = {.id = q->id,
+                  .index = 0,
+                  .token = tok,
+                  .logprob = (float)(row[tok] - lse),
+                  .prompt = true,
+                  .prompt_tokens = q->n_prompt,
+                  .cached_tokens = q->cached_tokens};
   if (q->r.top_logprobs > 0) {
     ev.n_top = q->r.top_logprobs < V ? q->r.top_logprobs : (int)V;
     irt_top_logprobs(row, V, lse, ev.n_top, s->top_ids, s->top_lps);

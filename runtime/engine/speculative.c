@@ -43,7 +43,7 @@ void irt_step_cost_add(irt_step_cost *c, double tokens, double ms) {
 bool irt_step_cost_fit(const irt_step_cost *c, double *a, double *b) {
   if (c->w < 4) return false;
   double mt = c->t / c->w, var = c->tt / c->w - mt * mt; /* of T */
-  if (var < 0.1) return false;                            /* nearly one size of step */
+  if (var < 0.1) return false;                           /* nearly one size of step */
   *b = (c->ty / c->w - mt * c->y / c->w) / var;
   *a = c->y / c->w - *b * mt;
   if (*a < 0) *a = 0; /* cost in proportion to the tokens: a draft is worth its row only if sure */

@@ -15,10 +15,10 @@ typedef struct gseq {
 } gseq;
 
 typedef struct grule {
-  char *name;     /* NULL for the rules made for groups and repetitions */
+  char *name; /* NULL for the rules made for groups and repetitions */
   gseq *alts;
   int n_alts, cap_alts;
-  int line;       /* where it was first referenced or defined (for errors) */
+  int line; /* where it was first referenced or defined (for errors) */
   bool defined;
 } grule;
 
@@ -29,14 +29,15 @@ typedef struct gparser {
   int n_rules, cap_rules;
   gclass *cls;
   int n_cls, cap_cls;
-  int64_t n_elems;  /* elements so far: a bound on repetition blowing up */
-  int depth;        /* parentheses open now */
+  int64_t n_elems; /* elements so far: a bound on repetition blowing up */
+  int depth;       /* parentheses open now */
   irt_error *err;
   bool failed;
 } gparser;
 
 #define MAX_ELEMS (1 << 20)
-#define MAX_DEPTH 1000 /* nested parentheses, and rules nested at the left edge: the parser
+#define MAX_DEPTH                                                                                  \
+  1000 /* nested parentheses, and rules nested at the left edge: the parser
                           and the checks recurse that deep (a server thread's stack) */
 
 static void gfail(gparser *g, const char *fmt, ...) {
@@ -124,8 +125,8 @@ static void class_add(gparser *g, int c, uint32_t lo, uint32_t hi) {
 /* --- lexing -------------------------------------------------------------------------------- */
 
 static bool is_word(char c) {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-         c == '-' || c == '_';
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
+         c == '_';
 }
 
 /* Skips spaces and comments; newlines too when `lines`. */
@@ -162,8 +163,10 @@ static uint32_t hex_digits(gparser *g, int n) {
   uint32_t v = 0;
   for (int i = 0; i < n; i++) {
     char c = *g->p;
-    int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10
-          : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+    int d = c >= '0' && c <= '9'   ? c - '0'
+            : c >= 'a' && c <= 'f' ? c - 'a' + 10
+            : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                   : -1;
     if (d < 0) {
       gfail(g, "expected %d hex digits in an escape", n);
       return 0;

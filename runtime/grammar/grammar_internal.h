@@ -19,13 +19,13 @@ typedef struct gel {
 typedef struct gclass {
   uint32_t *r; /* (n) inclusive ranges as lo, hi pairs */
   int n, cap;
-  bool neg;    /* matches the characters outside them */
+  bool neg; /* matches the characters outside them */
 } gclass;
 
 struct irt_grammar {
-  gel *el;            /* every alternative's items, each ended by G_END */
-  uint32_t *alt;      /* alternative k starts at el[alt[k]] */
-  int *rule_alt;      /* (n_rules + 1) rule r's alternatives are alt[rule_alt[r] ..
+  gel *el;       /* every alternative's items, each ended by G_END */
+  uint32_t *alt; /* alternative k starts at el[alt[k]] */
+  int *rule_alt; /* (n_rules + 1) rule r's alternatives are alt[rule_alt[r] ..
                          rule_alt[r + 1]) */
   int n_rules, root;
   gclass *cls;

@@ -125,12 +125,41 @@ static int sfail(sconv *c, irt_status st, const char *fmt, ...) {
 
 static int gen(sconv *c, const cJSON *s, int depth);
 
-static const char *KNOWN[] = {
-    "type", "properties", "required", "additionalProperties", "items", "prefixItems",
-    "minItems", "maxItems", "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "$defs",
-    "definitions", "minLength", "maxLength", "pattern", "title", "description", "format", "default",
-    "examples", "$schema", "$id", "$comment", "deprecated", "readOnly", "writeOnly", "minimum",
-    "maximum", "exclusiveMinimum", "exclusiveMaximum", NULL};
+static const char *KNOWN[] = {"type",
+                              "properties",
+                              "required",
+                              "additionalProperties",
+                              "items",
+                              "prefixItems",
+                              "minItems",
+                              "maxItems",
+                              "enum",
+                              "const",
+                              "anyOf",
+                              "oneOf",
+                              "allOf",
+                              "$ref",
+                              "$defs",
+                              "definitions",
+                              "minLength",
+                              "maxLength",
+                              "pattern",
+                              "title",
+                              "description",
+                              "format",
+                              "default",
+                              "examples",
+                              "$schema",
+                              "$id",
+                              "$comment",
+                              "deprecated",
+                              "readOnly",
+                              "writeOnly",
+                              "minimum",
+                              "maximum",
+                              "exclusiveMinimum",
+                              "exclusiveMaximum",
+                              NULL};
 
 static bool check_keywords(sconv *c, const cJSON *s) {
   for (const cJSON *k = s->child; k; k = k->next) {
@@ -190,7 +219,8 @@ static int gen_string(sconv *c, const cJSON *s) {
   if (c->failed) return -1;
   const cJSON *pat = cJSON_GetObjectItemCaseSensitive(s, "pattern");
   if (pat && (!cJSON_IsString(pat) || lo || hi >= 0))
-    return sfail(c, IRT_UNSUPPORTED, "JSON Schema: 'pattern' must be a string, without "
+    return sfail(c, IRT_UNSUPPORTED,
+                 "JSON Schema: 'pattern' must be a string, without "
                  "minLength / maxLength");
   if (pat) {
     char *g = irt_grammar_regex_json(pat->valuestring, c->err);
@@ -265,8 +295,8 @@ static void put_range(gbuf *b, long long lo, long long hi) {
 /* The bound key of s rounded into the integers (exclusive ones moved by one); false when
  * absent. */
 static bool int_bound(sconv *c, const cJSON *s, bool upper, long long *out) {
-  const char *key = upper ? "maximum" : "minimum", *ex = upper ? "exclusiveMaximum"
-                                                               : "exclusiveMinimum";
+  const char *key = upper ? "maximum" : "minimum",
+             *ex = upper ? "exclusiveMaximum" : "exclusiveMinimum";
   const cJSON *v = cJSON_GetObjectItemCaseSensitive(s, key),
               *x = cJSON_GetObjectItemCaseSensitive(s, ex);
   bool have = false;
@@ -274,8 +304,11 @@ static bool int_bound(sconv *c, const cJSON *s, bool upper, long long *out) {
     const cJSON *b = k ? x : v;
     if (!b) continue;
     if (!cJSON_IsNumber(b) || !(fabs(b->valuedouble) <= INT_MAX_ABS))
-      return sfail(c, IRT_UNSUPPORTED, "JSON Schema: '%s' must be a number of at most %d "
-                   "digits", k ? ex : key, INT_DIGITS) , false;
+      return sfail(c, IRT_UNSUPPORTED,
+                   "JSON Schema: '%s' must be a number of at most %d "
+                   "digits",
+                   k ? ex : key, INT_DIGITS),
+             false;
     double d = upper ? floor(b->valuedouble) : ceil(b->valuedouble);
     if (k && d == b->valuedouble) d += upper ? -1 : 1;
     long long q = (long long)d;
@@ -377,7 +410,7 @@ static int gen_object(sconv *c, const cJSON *s, int depth) {
                    "JSON Schema: required '%.60s' is not among the 'properties'",
                    cJSON_IsString(v) ? v->valuestring : "?");
   bool extra = n == 0 ? !add || !cJSON_IsFalse(add) : add && !cJSON_IsFalse(add);
-  int ev = !extra                         ? -1
+  int ev = !extra                       ? -1
            : add && cJSON_IsObject(add) ? gen(c, add, depth + 1)
                                         : text_rule(c, "value");
   if (c->failed) return -1;
@@ -432,8 +465,10 @@ static int gen_ref(sconv *c, const char *ref, int depth) {
     target = cJSON_GetObjectItemCaseSensitive(
         cJSON_GetObjectItemCaseSensitive(c->root, "definitions"), ref + 14);
   else
-    return sfail(c, IRT_UNSUPPORTED, "JSON Schema: $ref '%.80s' (only #/$defs/.. and "
-                 "#/definitions/.. are supported)", ref);
+    return sfail(c, IRT_UNSUPPORTED,
+                 "JSON Schema: $ref '%.80s' (only #/$defs/.. and "
+                 "#/definitions/.. are supported)",
+                 ref);
   if (!target) return sfail(c, IRT_INVALID_ARG, "JSON Schema: $ref '%.80s' not found", ref);
   for (int i = 0; i < c->n_refs; i++)
     if (c->refs[i].schema == target) return c->refs[i].rule;
@@ -452,7 +487,8 @@ static int gen_type(sconv *c, const cJSON *s, const char *t, int depth) {
   if (!strcmp(t, "array")) return gen_array(c, s, depth);
   if (!strcmp(t, "integer")) return gen_integer(c, s);
   if (!strcmp(t, "number") && has_bounds(s))
-    return sfail(c, IRT_UNSUPPORTED, "JSON Schema: 'minimum' / 'maximum' on a 'number' is not "
+    return sfail(c, IRT_UNSUPPORTED,
+                 "JSON Schema: 'minimum' / 'maximum' on a 'number' is not "
                  "supported (on an 'integer' it is)");
   const char *simple[] = {"number", "boolean", "null"};
   for (int i = 0; i < 3; i++)
@@ -518,7 +554,8 @@ static int gen(sconv *c, const cJSON *s, int depth) {
       cJSON_GetObjectItemCaseSensitive(s, "pattern"))
     return gen_string(c, s);
   if (has_bounds(s))
-    return sfail(c, IRT_UNSUPPORTED, "JSON Schema: 'minimum' / 'maximum' need \"type\": "
+    return sfail(c, IRT_UNSUPPORTED,
+                 "JSON Schema: 'minimum' / 'maximum' need \"type\": "
                  "\"integer\"");
   return text_rule(c, "value");
 }

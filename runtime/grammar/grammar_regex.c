@@ -102,8 +102,10 @@ static uint32_t hex(rx *r, int n) {
   uint32_t v = 0;
   for (int i = 0; i < n; i++, r->p++) {
     char c = r->p < r->end ? *r->p : 0;
-    int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10
-          : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+    int d = c >= '0' && c <= '9'   ? c - '0'
+            : c >= 'a' && c <= 'f' ? c - 'a' + 10
+            : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                   : -1;
     if (d < 0) {
       rfail(r, "expected %d hex digits", n);
       return 0;
@@ -158,8 +160,8 @@ static void put_class_char(rx *r, uint32_t c) {
 
 /* The text JSON writes for character c inside a string, as a GBNF literal. */
 static void put_json_char(rx *r, uint32_t c) {
-  static const char short_esc[0x20] = {['\b'] = 'b', ['\f'] = 'f', ['\n'] = 'n', ['\r'] = 'r',
-                                   ['\t'] = 't'};
+  static const char short_esc[0x20] = {
+      ['\b'] = 'b', ['\f'] = 'f', ['\n'] = 'n', ['\r'] = 'r', ['\t'] = 't'};
   if (c == '"' || c == '\\') rput(r, "\"\\\\\\%c\"", (char)c);
   else if (c < 0x20 && short_esc[c]) rput(r, "\"\\\\%c\"", short_esc[c]);
   else if (c < 0x20) rput(r, "\"\\\\u00%02X\"", c);

@@ -32,23 +32,23 @@ typedef struct gmark {
 typedef struct gset {
   const gnode **v; /* (n) distinct stacks; NULL is the empty stack (the text may end) */
   int n;
-  uint32_t cp;     /* a character split between tokens: its bits so far, */
-  int need;        /* its continuation bytes still to come (0: none) */
-  int len;         /* and its length in bytes */
+  uint32_t cp; /* a character split between tokens: its bits so far, */
+  int need;    /* its continuation bytes still to come (0: none) */
+  int len;     /* and its length in bytes */
 } gset;
 
 struct irt_gstate {
   const irt_grammar *g;
   gset cur;
-  garena a[2];       /* cur lives in a[live]; a step builds the next one in the other */
+  garena a[2]; /* cur lives in a[live]; a step builds the next one in the other */
   int live;
   garena tmp;        /* steps in progress, masks */
   const gnode **buf; /* stacks collected by one expansion */
   int n_buf, cap_buf;
   const gnode **chain; /* a stack's nodes while it is copied */
   int cap_chain;
-  gset *dep;         /* masks: the state after each byte of the current token */
-  gmark *mark;       /* and the arena before the next byte */
+  gset *dep;   /* masks: the state after each byte of the current token */
+  gmark *mark; /* and the arena before the next byte */
   int cap_dep;
   int64_t work; /* expansions in the current character step */
   bool oom;
@@ -56,12 +56,12 @@ struct irt_gstate {
 };
 
 struct irt_gtrie {
-  int32_t n, vocab;    /* tokens in the trie; the vocabulary */
-  int32_t *ord;        /* (n) ids, their bytes in ascending order */
-  uint16_t *lcp;       /* (n) bytes in common with the one before */
+  int32_t n, vocab;      /* tokens in the trie; the vocabulary */
+  int32_t *ord;          /* (n) ids, their bytes in ascending order */
+  uint16_t *lcp;         /* (n) bytes in common with the one before */
   const uint8_t **bytes; /* (vocab) each id's bytes (NULL for special tokens) */
-  uint16_t *len;       /* (vocab) */
-  uint8_t *eog;        /* (vocab) 1 for end-of-generation tokens */
+  uint16_t *len;         /* (vocab) */
+  uint8_t *eog;          /* (vocab) 1 for end-of-generation tokens */
   int max_len;
 };
 
@@ -154,7 +154,8 @@ static void collect(irt_gstate *s, const gnode *n) {
  * character item (or it is empty) and collects what it becomes. A reference that ends
  * its alternative pushes no return (so right recursion runs in constant depth). */
 #define MAX_EXPAND 4096 /* references followed before a character: the recursion's depth */
-#define MAX_WORK 65536  /* expansions for one character: ambiguity (nullable alternatives
+#define MAX_WORK                                                                                   \
+  65536 /* expansions for one character: ambiguity (nullable alternatives
                            nested or repeated) can make the paths exponential */
 
 static void expand(irt_gstate *s, garena *a, const gnode *n, int depth) {
@@ -306,8 +307,7 @@ irt_status irt_gstate_create(const irt_grammar *g, irt_gstate **out, irt_error *
       *err = (irt_error){.status = IRT_INVALID_ARG,
                          .msg = "the grammar is too ambiguous: its start takes over 65536 "
                                 "expansions (nested or repeated empty alternatives)"};
-    else if (err)
-      *err = (irt_error){.status = IRT_OOM, .msg = "out of memory"};
+    else if (err) *err = (irt_error){.status = IRT_OOM, .msg = "out of memory"};
     return hard ? IRT_INVALID_ARG : IRT_OOM;
   }
   *out = s;

@@ -34,7 +34,7 @@ typedef enum irt_status {
   IRT_OOM,
   IRT_UNSUPPORTED,
   IRT_DEVICE,
-  IRT_BUSY, /* the engine's queue is full: retry later */
+  IRT_BUSY,        /* the engine's queue is full: retry later */
   IRT_STATUS_COUNT /* not a status: the number of them */
 } irt_status;
 
@@ -62,8 +62,8 @@ const char *irt_kv_dtype_name(irt_kv_dtype t);
 uint64_t irt_model_kv_token_bytes(const irt_model *m, irt_kv_dtype t);
 
 typedef struct irt_model_opts {
-  int n_threads;       /* <= 0: all online cores */
-  int64_t kv_tokens;   /* KV cache capacity in tokens over all sequences; <= 0: the
+  int n_threads;     /* <= 0: all online cores */
+  int64_t kv_tokens; /* KV cache capacity in tokens over all sequences; <= 0: the
                           model's context length */
   /* Default true: open checks the header, the metadata checksum and every offset and size,
    * but does not hash the weights section (that would read every weight page before the
@@ -74,8 +74,8 @@ typedef struct irt_model_opts {
    * "cpu" runs any plan on the CPU, "cuda" needs a CUDA plan and a GPU. The CUDA backend
    * (libinferrt_cuda.so) is loaded only then. */
   const char *device;
-  int cuda_device;      /* CUDA device ordinal (default 0) */
-  bool no_cuda_graphs;  /* CUDA: run decode steps kernel by kernel, not as captured graphs */
+  int cuda_device;     /* CUDA device ordinal (default 0) */
+  bool no_cuda_graphs; /* CUDA: run decode steps kernel by kernel, not as captured graphs */
   /* Element type of the KV cache. IRT_KV_DTYPE_F16 (CPU only) halves the bytes attention
    * reads per token (values rounded to f16 as written). IRT_KV_DTYPE_INT8 (CPU only) stores
    * int8 values with one f32 scale per (token, kv head): about 3.5-4x the tokens per byte
@@ -87,7 +87,7 @@ typedef struct irt_model_opts {
 typedef struct irt_model_info {
   const char *arch;
   int64_t vocab_size;
-  int64_t context_length;  /* positions the plan supports */
+  int64_t context_length; /* positions the plan supports */
   int64_t n_layers;
   int64_t hidden_size;
   int64_t bos_token_id;    /* -1 if none */
@@ -98,9 +98,9 @@ typedef struct irt_model_info {
   uint64_t weight_bytes;
   uint64_t arena_bytes;
   uint64_t kv_bytes;
-  int64_t kv_tokens;       /* KV pool capacity in tokens (whole blocks) */
-  const char *kv_dtype;    /* "f32" or "int8" */
-  const char *device;      /* the backend running the model: "cpu" or "cuda" */
+  int64_t kv_tokens;                     /* KV pool capacity in tokens (whole blocks) */
+  const char *kv_dtype;                  /* "f32" or "int8" */
+  const char *device;                    /* the backend running the model: "cpu" or "cuda" */
   int64_t n_heads, n_kv_heads, head_dim; /* attention geometry (0 for generic graphs) */
 } irt_model_info;
 
@@ -174,20 +174,19 @@ typedef struct irt_batch_item {
  * max_step_tokens, items <= max_step_seqs, logit rows <= max_step_logits) and every
  * sequence must stay within the context length; the KV pool must have room. On error
  * no sequence changes. */
-irt_status irt_decode_batch(irt_model *m, const irt_batch_item *items, int n_items,
-                            irt_error *err);
+irt_status irt_decode_batch(irt_model *m, const irt_batch_item *items, int n_items, irt_error *err);
 
 /* Convenience: appends any number of tokens to one sequence, splitting them into steps
  * as the limits require. logits as in irt_batch_item. */
-irt_status irt_seq_decode(irt_model *m, irt_seq *s, const int32_t *tokens, int64_t n,
-                          float *logits, bool all_logits, irt_error *err);
+irt_status irt_seq_decode(irt_model *m, irt_seq *s, const int32_t *tokens, int64_t n, float *logits,
+                          bool all_logits, irt_error *err);
 
 typedef struct irt_sampling {
   float temperature; /* <= 0: greedy (argmax, lowest id on ties) */
   int top_k;         /* <= 0: no limit */
   float top_p;       /* >= 1: no limit */
   uint64_t seed;
-  float min_p;       /* in [0, 1]; 0: off. Drops candidates whose probability (after the
+  float min_p; /* in [0, 1]; 0: off. Drops candidates whose probability (after the
                         temperature) is under min_p times the likeliest one's, after top_k
                         and before top_p */
 } irt_sampling;
@@ -230,20 +229,18 @@ irt_status irt_tokenize_alloc(const irt_tokenizer *t, const char *text, size_t l
                               bool add_special, bool parse_special, int32_t **ids, size_t *out_n,
                               irt_error *err);
 /* Ids to text; writes at most cap bytes (no NUL); *out_len is the full length. */
-irt_status irt_detokenize(const irt_tokenizer *t, const int32_t *ids, size_t n,
-                          bool skip_special, char *buf, size_t cap, size_t *out_len,
-                          irt_error *err);
+irt_status irt_detokenize(const irt_tokenizer *t, const int32_t *ids, size_t n, bool skip_special,
+                          char *buf, size_t cap, size_t *out_len, irt_error *err);
 /* irt_detokenize into *out, allocated (free it) and NUL-terminated; *out_len its length. */
 irt_status irt_detokenize_alloc(const irt_tokenizer *t, const int32_t *ids, size_t n,
-                                bool skip_special, char **out, size_t *out_len,
-                                irt_error *err);
+                                bool skip_special, char **out, size_t *out_len, irt_error *err);
 /* True for the end-of-generation tokens (EOS and e.g. <|im_end|>, <|eot_id|>). */
 bool irt_token_is_eog(const irt_tokenizer *t, int32_t id);
 int32_t irt_tokenizer_vocab_size(const irt_tokenizer *t);
 
 /* Streaming detokenizer: text comes out in whole UTF-8 characters only. */
-irt_status irt_text_stream_create(const irt_tokenizer *t, bool skip_special,
-                                  irt_text_stream **out, irt_error *err);
+irt_status irt_text_stream_create(const irt_tokenizer *t, bool skip_special, irt_text_stream **out,
+                                  irt_error *err);
 void irt_text_stream_destroy(irt_text_stream *s);
 /* Appends the text completed by `id` to buf (at most cap bytes); returns its length. */
 size_t irt_text_stream_push(irt_text_stream *s, int32_t id, char *buf, size_t cap);
@@ -271,9 +268,9 @@ typedef struct irt_chat_opts {
   bool no_thinking;
 } irt_chat_opts;
 irt_status irt_chat_format_opts(const irt_tokenizer *t, const char *template_name,
-                                const irt_chat_message *msgs, size_t n,
-                                bool add_generation_prompt, const irt_chat_opts *opts,
-                                char *buf, size_t cap, size_t *out_len, irt_error *err);
+                                const irt_chat_message *msgs, size_t n, bool add_generation_prompt,
+                                const irt_chat_opts *opts, char *buf, size_t cap, size_t *out_len,
+                                irt_error *err);
 
 /* The ids of a conversation as irt_chat_format_opts renders it, tokenized so that special
  * tokens come from the template alone: inside the messages' own text (content, thoughts) a
@@ -291,21 +288,20 @@ irt_status irt_chat_tokenize(const irt_tokenizer *t, const char *template_name,
  * template writes when a conversation has none ("" if it writes none), and whether the
  * model thinks first (its answers open with a <think>...</think> block). */
 typedef struct irt_chat_info {
-  char family[16];          /* chatml, qwen3, deepseek-r1, llama3, llama3.1, mistral, llama2,
+  char family[16]; /* chatml, qwen3, deepseek-r1, llama3, llama3.1, mistral, llama2,
                                gemma, phi3 */
   char default_system[512];
   bool thinks;
 } irt_chat_info;
-irt_status irt_chat_get_info(const irt_tokenizer *t, const char *template_name,
-                             irt_chat_info *out, irt_error *err);
+irt_status irt_chat_get_info(const irt_tokenizer *t, const char *template_name, irt_chat_info *out,
+                             irt_error *err);
 /* irt_chat_format of a conversation that offers tools, which llama3.1 says in its system
  * turn ("Environment: ipython"); the tools, calls and results themselves are the caller's
  * to write into the messages in the family's own form (the server's srv_tools.c). Roles
  * may then also be "ipython" (a tool's result, llama3.1). */
 irt_status irt_chat_format_tools(const irt_tokenizer *t, const char *template_name,
-                                 const irt_chat_message *msgs, size_t n,
-                                 bool add_generation_prompt, char *buf, size_t cap,
-                                 size_t *out_len, irt_error *err);
+                                 const irt_chat_message *msgs, size_t n, bool add_generation_prompt,
+                                 char *buf, size_t cap, size_t *out_len, irt_error *err);
 
 /* --- engine: continuous batching over many requests ----------------------------------------
  *
@@ -330,7 +326,7 @@ typedef struct irt_engine_opts {
   int64_t max_running;        /* sequences per step; <= 0: the plan's step limit */
   int64_t max_waiting;        /* queued requests before submit says IRT_BUSY; <= 0: 4096 */
   bool disable_prefix_cache;
-  bool static_batching;       /* baseline: admit a new batch only when the last one is done,
+  bool static_batching; /* baseline: admit a new batch only when the last one is done,
                                  and prefill it whole before decoding */
   /* Speculative decoding by prompt lookup: a decoding sequence whose last spec_ngram_max
    * .. spec_ngram_min tokens occurred earlier in its context proposes the spec_tokens that
@@ -356,8 +352,8 @@ typedef struct irt_engine_opts {
 
 typedef enum irt_finish {
   IRT_FINISH_NONE = 0,
-  IRT_FINISH_LENGTH = 1,    /* max_tokens, the context length or the KV pool reached */
-  IRT_FINISH_STOP = 2,      /* end-of-generation token or a stop string */
+  IRT_FINISH_LENGTH = 1, /* max_tokens, the context length or the KV pool reached */
+  IRT_FINISH_STOP = 2,   /* end-of-generation token or a stop string */
   IRT_FINISH_CANCELLED = 3,
 } irt_finish;
 
@@ -365,16 +361,16 @@ typedef enum irt_finish {
  * callback only. */
 typedef struct irt_event {
   irt_request_id id;
-  int index;              /* completion index in [0, n) */
-  int32_t token;          /* -1 on a final event that carries no token */
-  float logprob;          /* log-probability of token under the model's distribution (its
+  int index;        /* completion index in [0, n) */
+  int32_t token;    /* -1 on a final event that carries no token */
+  float logprob;    /* log-probability of token under the model's distribution (its
                              raw logits: before penalties, temperature, top-k and top-p) */
-  const char *text;       /* text this token completed (plan has a tokenizer), else NULL */
+  const char *text; /* text this token completed (plan has a tokenizer), else NULL */
   size_t text_len;
-  irt_finish finish;      /* != NONE on the last event of this completion */
-  bool request_done;      /* every completion of the request has finished */
-  int64_t prompt_tokens;  /* tokens in the prompt */
-  int64_t cached_tokens;  /* of which came from the prefix cache */
+  irt_finish finish;     /* != NONE on the last event of this completion */
+  bool request_done;     /* every completion of the request has finished */
+  int64_t prompt_tokens; /* tokens in the prompt */
+  int64_t cached_tokens; /* of which came from the prefix cache */
   /* With irt_request.top_logprobs > 0, on events that carry a token: the n_top most likely
    * tokens at this position (most likely first, lower id first on ties) and their
    * log-probabilities, under the same distribution as logprob. NULL / 0 otherwise. */
@@ -393,20 +389,20 @@ typedef void (*irt_event_fn)(void *user, const irt_event *ev);
 typedef struct irt_request {
   const int32_t *prompt_ids; /* the prompt as ids, or NULL to use prompt_text */
   size_t n_prompt;
-  const char *prompt_text;   /* tokenized with the plan's tokenizer (special tokens parsed) */
-  bool add_special;          /* with prompt_text: add BOS/EOS as the tokenizer says */
-  irt_sampling sampling;     /* completion i uses seed + i */
-  int64_t max_tokens;        /* <= 0: up to the context length; at most what the context
+  const char *prompt_text; /* tokenized with the plan's tokenizer (special tokens parsed) */
+  bool add_special;        /* with prompt_text: add BOS/EOS as the tokenizer says */
+  irt_sampling sampling;   /* completion i uses seed + i */
+  int64_t max_tokens;      /* <= 0: up to the context length; at most what the context
                                 and the whole KV pool leave after the prompt (a prompt
                                 the pool cannot hold with one more token is refused) */
-  const char *const *stop;   /* stop strings (need a tokenizer), copied at submit */
+  const char *const *stop; /* stop strings (need a tokenizer), copied at submit */
   int n_stop;
-  bool include_stop_str;     /* the text keeps the stop string that ended it (vLLM's
+  bool include_stop_str; /* the text keeps the stop string that ended it (vLLM's
                                 include_stop_str_in_output); else it is cut before it */
   bool ignore_eos;
-  int n;                     /* completions sharing the prompt; <= 0 means 1 */
-  int priority;              /* higher is scheduled first */
-  const char *tenant;        /* prefix-cache isolation domain; NULL is the shared one */
+  int n;              /* completions sharing the prompt; <= 0 means 1 */
+  int priority;       /* higher is scheduled first */
+  const char *tenant; /* prefix-cache isolation domain; NULL is the shared one */
   irt_event_fn on_event;
   void *user;
   /* OpenAI-style penalties in [-2, 2], applied by the engine to the logits before sampling
@@ -415,7 +411,7 @@ typedef struct irt_request {
    * is not counted. irt_event.logprob stays the model's own distribution. */
   float presence_penalty;
   float frequency_penalty;
-  int top_logprobs;          /* alternatives per event, 0..IRT_MAX_TOP_LOGPROBS */
+  int top_logprobs; /* alternatives per event, 0..IRT_MAX_TOP_LOGPROBS */
   /* OpenAI's logit_bias: logit_bias[j], in [-100, 100], is added to the logit of token
    * logit_bias_ids[j] (distinct ids, at most IRT_MAX_LOGIT_BIAS of them) before sampling,
    * at every position of every completion, with the penalties; -100 all but bans a token
@@ -541,12 +537,12 @@ typedef struct irt_tensor_info {
   irt_dtype dtype;
   int rank;
   int64_t shape[IRT_MAX_RANK];
-  uint64_t nbytes;  /* dense row-major size */
+  uint64_t nbytes; /* dense row-major size */
 } irt_tensor_info;
 
 /* opts: n_threads and skip_weight_checksum are honoured (NULL: defaults). */
-irt_status irt_program_open(const char *plan_path, const irt_model_opts *opts,
-                            irt_program **out, irt_error *err);
+irt_status irt_program_open(const char *plan_path, const irt_model_opts *opts, irt_program **out,
+                            irt_error *err);
 void irt_program_close(irt_program *p);
 int irt_program_n_inputs(const irt_program *p);
 int irt_program_n_outputs(const irt_program *p);

@@ -29,8 +29,8 @@ static bool alloc_arrays(irt_kv_cache *kv) {
   kv->tokens = calloc(nb * (size_t)kv->block_size, sizeof *kv->tokens);
   kv->free_list = malloc(nb * sizeof *kv->free_list);
   kv->buckets = malloc((size_t)kv->n_buckets * sizeof *kv->buckets);
-  return kv->k && kv->v && kv->k8 && kv->v8 && kv->k16 && kv->v16 && kv->k_scale && kv->v_scale && kv->meta &&
-         kv->tokens && kv->free_list && kv->buckets;
+  return kv->k && kv->v && kv->k8 && kv->v8 && kv->k16 && kv->v16 && kv->k_scale && kv->v_scale &&
+         kv->meta && kv->tokens && kv->free_list && kv->buckets;
 }
 
 uint64_t irt_kv_token_bytes(int64_t n_layers, int64_t n_kv_heads, int64_t head_dim,
@@ -69,16 +69,20 @@ static void carve_storage(irt_kv_cache *kv) {
 ir_status irt_kv_cache_init(irt_kv_cache *kv, int64_t n_layers, int64_t n_kv_heads,
                             int64_t head_dim, int64_t block_size, int64_t tokens,
                             irt_kv_alloc_fn alloc, void *actx, ir_diag *d) {
-  return irt_kv_cache_init_dtype(kv, n_layers, n_kv_heads, head_dim, block_size, tokens,
-                                 IRT_KV_F32, alloc, actx, d);
+  return irt_kv_cache_init_dtype(kv, n_layers, n_kv_heads, head_dim, block_size, tokens, IRT_KV_F32,
+                                 alloc, actx, d);
 }
 
 ir_status irt_kv_cache_init_dtype(irt_kv_cache *kv, int64_t n_layers, int64_t n_kv_heads,
                                   int64_t head_dim, int64_t block_size, int64_t tokens,
                                   irt_kv_dtype_id dtype, irt_kv_alloc_fn alloc, void *actx,
                                   ir_diag *d) {
-  *kv = (irt_kv_cache){.n_layers = n_layers, .n_kv_heads = n_kv_heads, .head_dim = head_dim,
-                       .block_size = block_size, .dtype = dtype, .lru_head = -1,
+  *kv = (irt_kv_cache){.n_layers = n_layers,
+                       .n_kv_heads = n_kv_heads,
+                       .head_dim = head_dim,
+                       .block_size = block_size,
+                       .dtype = dtype,
+                       .lru_head = -1,
                        .lru_tail = -1};
   kv->n_blocks = (tokens + block_size - 1) / block_size;
   if (kv->n_blocks <= 0 || kv->n_blocks > INT32_MAX / 2)
@@ -153,7 +157,8 @@ static void unregister(irt_kv_cache *kv, int32_t b) {
 
 uint64_t irt_kv_chain_hash(uint64_t parent, const int32_t *tokens, int64_t n, uint64_t tenant) {
   uint64_t pair[2] = {parent, tenant};
-  uint64_t h = XXH3_64bits_withSeed(tokens, (size_t)n * sizeof *tokens, XXH3_64bits(pair, sizeof pair));
+  uint64_t h =
+      XXH3_64bits_withSeed(tokens, (size_t)n * sizeof *tokens, XXH3_64bits(pair, sizeof pair));
   return h ? h : 1; /* 0 means "no parent" */
 }
 

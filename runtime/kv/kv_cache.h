@@ -42,13 +42,13 @@ typedef struct irt_kv_cache {
   irt_kv_dtype_id dtype;
   float **k; /* (n_layers) pointers into one allocation with IRT_KV_F32, else NULL entries */
   float **v;
-  int8_t **k8, **v8;           /* (n_layers) with IRT_KV_INT8, else NULL entries */
-  uint16_t **k16, **v16;       /* (n_layers) with IRT_KV_F16, else NULL entries */
-  float **k_scale, **v_scale;  /* (n_layers) with IRT_KV_INT8, else NULL entries */
+  int8_t **k8, **v8;          /* (n_layers) with IRT_KV_INT8, else NULL entries */
+  uint16_t **k16, **v16;      /* (n_layers) with IRT_KV_F16, else NULL entries */
+  float **k_scale, **v_scale; /* (n_layers) with IRT_KV_INT8, else NULL entries */
   void *storage;
-  irt_kv_meta *meta;   /* (n_blocks) */
-  int32_t *tokens;     /* (n_blocks, block_size) tokens of registered blocks */
-  int32_t *free_list;  /* stack of blocks with ref 0 that are not cached */
+  irt_kv_meta *meta;  /* (n_blocks) */
+  int32_t *tokens;    /* (n_blocks, block_size) tokens of registered blocks */
+  int32_t *free_list; /* stack of blocks with ref 0 that are not cached */
   int64_t n_free;
   int32_t lru_head, lru_tail;
   int64_t n_evictable;
@@ -97,8 +97,8 @@ void irt_kv_block_copy(irt_kv_cache *kv, int32_t src, int32_t dst);
 uint64_t irt_kv_chain_hash(uint64_t parent, const int32_t *tokens, int64_t n, uint64_t tenant);
 /* Registers a full, held block under its chain hash (no-op if an equal block is already
  * registered, or if this one is). */
-void irt_kv_block_register(irt_kv_cache *kv, int32_t block, uint64_t parent,
-                           const int32_t *tokens, uint64_t tenant);
+void irt_kv_block_register(irt_kv_cache *kv, int32_t block, uint64_t parent, const int32_t *tokens,
+                           uint64_t tenant);
 /* The registered block for (parent, tokens, tenant), with a reference taken; -1 if none. */
 int32_t irt_kv_prefix_lookup(irt_kv_cache *kv, uint64_t parent, const int32_t *tokens,
                              uint64_t tenant);

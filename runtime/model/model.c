@@ -6,7 +6,6 @@
 
 #include "model.h"
 
-
 irt_model_opts irt_model_opts_default(void) {
   return (irt_model_opts){.n_threads = 0, .kv_tokens = 0, .skip_weight_checksum = true};
 }
@@ -40,8 +39,11 @@ static ir_status open_backend(irt_model *m, const irt_model_opts *o, ir_diag *d)
                        "device cuda needs a CUDA plan, and this plan was built for target '%s' "
                        "(rebuild it with infc build --target cuda, or run with --device cpu)",
                        target);
-  irt_cuda_opts co = {.abi = IRT_CUDA_ABI, .layout = IRT_CUDA_LAYOUT, .device = o->cuda_device,
-                      .graphs = !o->no_cuda_graphs, .kv_dtype = (int)o->kv_dtype,
+  irt_cuda_opts co = {.abi = IRT_CUDA_ABI,
+                      .layout = IRT_CUDA_LAYOUT,
+                      .device = o->cuda_device,
+                      .graphs = !o->no_cuda_graphs,
+                      .kv_dtype = (int)o->kv_dtype,
                       .kernels = ir_plan_kernel_at(m->plan, 0),
                       .n_kernels = ir_plan_n_kernels(m->plan)};
   return irt_backend_cuda_open(&co, m->g, &m->be, d);
@@ -96,8 +98,7 @@ static ir_status setup_io(irt_model *m, ir_diag *d) {
 
 /* A device backend's KV pool gets one block more, held for good: decode steps padded to
  * a graph's batch bucket write their padding tokens there. */
-static ir_status setup_device_kv(irt_model *m, int64_t tokens, irt_kv_dtype_id dtype,
-                                 ir_diag *d) {
+static ir_status setup_device_kv(irt_model *m, int64_t tokens, irt_kv_dtype_id dtype, ir_diag *d) {
   const ir_model_config *c = &m->g->config;
   m->h_tokens = calloc((size_t)c->max_tokens, sizeof(int32_t));
   m->h_rows = calloc((size_t)c->max_logits, sizeof(int32_t));
@@ -110,9 +111,9 @@ static ir_status setup_device_kv(irt_model *m, int64_t tokens, irt_kv_dtype_id d
   ir_diag probe = {0};
   m->dev_pick = m->be.ops->pick && m->be.ops->pick(m->be.ctx, NULL, c->vocab_size, 0, NULL, NULL,
                                                    NULL, NULL, NULL, &probe) == IR_OK;
-  ir_status st = irt_kv_cache_init_dtype(&m->kv, c->n_layers, c->n_kv_heads, c->head_dim,
-                                         c->kv_block_size, tokens + c->kv_block_size, dtype,
-                                         m->be.ops->alloc, m->be.ctx, d);
+  ir_status st =
+      irt_kv_cache_init_dtype(&m->kv, c->n_layers, c->n_kv_heads, c->head_dim, c->kv_block_size,
+                              tokens + c->kv_block_size, dtype, m->be.ops->alloc, m->be.ctx, d);
   if (st == IR_OOM && m->be.ops->mem_info) {
     uint64_t fr = 0, tot = 0,
              want = (uint64_t)(tokens + c->kv_block_size) *
@@ -144,9 +145,9 @@ static ir_status setup_kv(irt_model *m, const irt_model_opts *o, ir_diag *d) {
     return ir_diag_set(d, IR_OOM, "out of memory");
   /* a device backend has refused a KV dtype it cannot keep when it was created */
   if (m->be.ops->run_step) return setup_device_kv(m, tokens, (irt_kv_dtype_id)o->kv_dtype, d);
-  return irt_kv_cache_init_dtype(&m->kv, c->n_layers, c->n_kv_heads, c->head_dim,
-                                 c->kv_block_size, tokens, (irt_kv_dtype_id)o->kv_dtype,
-                                 m->be.ops->alloc, m->be.ctx, d);
+  return irt_kv_cache_init_dtype(&m->kv, c->n_layers, c->n_kv_heads, c->head_dim, c->kv_block_size,
+                                 tokens, (irt_kv_dtype_id)o->kv_dtype, m->be.ops->alloc, m->be.ctx,
+                                 d);
 }
 
 _Static_assert((int)IRT_KV_DTYPE_F32 == (int)IRT_KV_F32 &&
@@ -180,16 +181,25 @@ static void fill_info(irt_model *m) {
   uint64_t wb = 0;
   for (int32_t i = 0; i < m->g->n_tensors; i++)
     if (m->g->tensors[i].kind == IR_TENSOR_WEIGHT) wb += m->g->tensors[i].nbytes;
-  m->info = (irt_model_info){
-      .arch = c->arch, .vocab_size = c->vocab_size, .context_length = c->max_position,
-      .n_layers = c->n_layers, .hidden_size = c->hidden_size, .bos_token_id = c->bos_token_id,
-      .eos_token_id = c->eos_token_id, .max_step_tokens = c->max_tokens,
-      .max_step_seqs = c->max_seqs, .max_step_logits = c->max_logits, .weight_bytes = wb,
-      .arena_bytes = m->g->arena_size, .kv_bytes = irt_kv_cache_bytes(&m->kv),
-      .kv_tokens = m->kv.n_blocks * m->kv.block_size,
-      .kv_dtype = irt_kv_dtype_name((irt_kv_dtype)m->kv.dtype),
-      .device = m->be.ops->name, .n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads,
-      .head_dim = c->head_dim};
+  m->info = (irt_model_info){.arch = c->arch,
+                             .vocab_size = c->vocab_size,
+                             .context_length = c->max_position,
+                             .n_layers = c->n_layers,
+                             .hidden_size = c->hidden_size,
+                             .bos_token_id = c->bos_token_id,
+                             .eos_token_id = c->eos_token_id,
+                             .max_step_tokens = c->max_tokens,
+                             .max_step_seqs = c->max_seqs,
+                             .max_step_logits = c->max_logits,
+                             .weight_bytes = wb,
+                             .arena_bytes = m->g->arena_size,
+                             .kv_bytes = irt_kv_cache_bytes(&m->kv),
+                             .kv_tokens = m->kv.n_blocks * m->kv.block_size,
+                             .kv_dtype = irt_kv_dtype_name((irt_kv_dtype)m->kv.dtype),
+                             .device = m->be.ops->name,
+                             .n_heads = c->n_heads,
+                             .n_kv_heads = c->n_kv_heads,
+                             .head_dim = c->head_dim};
 }
 
 /* A device backend's first steps pay one-time costs: cuBLAS loading its kernels and choosing
@@ -247,10 +257,10 @@ irt_status irt_model_open(const char *path, const irt_model_opts *opts, irt_mode
   *out = NULL;
   irt_model *m = calloc(1, sizeof *m);
   if (!m) ir_diag_set(&d, IR_OOM, "out of memory");
-  ir_status st = m ? ir_plan_open(path, o.skip_weight_checksum ? IR_PLAN_VERIFY_META
-                                                               : IR_PLAN_VERIFY_ALL,
-                                  &m->plan, &d)
-                   : IR_OOM;
+  ir_status st =
+      m ? ir_plan_open(path, o.skip_weight_checksum ? IR_PLAN_VERIFY_META : IR_PLAN_VERIFY_ALL,
+                       &m->plan, &d)
+        : IR_OOM;
   if (st == IR_OK) {
     m->g = ir_plan_graph(m->plan);
     st = open_backend(m, &o, &d);
@@ -320,8 +330,10 @@ ir_status irt_plan_tokenizer_load(const ir_plan *p, irt_tokenizer **out, ir_diag
    * from elsewhere is checked again) */
   int64_t vocab = ir_plan_graph(p)->config.vocab_size;
   if (st == IR_OK && vocab > 0 && irt_tok_vocab_size(*out) > vocab) {
-    st = ir_diag_set(d, IR_BAD_FORMAT, "it has %d tokens but the model's vocabulary has %lld "
-                     "rows", irt_tok_vocab_size(*out), (long long)vocab);
+    st = ir_diag_set(d, IR_BAD_FORMAT,
+                     "it has %d tokens but the model's vocabulary has %lld "
+                     "rows",
+                     irt_tok_vocab_size(*out), (long long)vocab);
     irt_tok_destroy(*out);
     *out = NULL;
   }

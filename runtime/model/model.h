@@ -40,8 +40,8 @@ struct irt_model {
 
 struct irt_seq {
   irt_model *m;
-  int64_t len;       /* tokens whose KV is cached */
-  int32_t *blocks;   /* (max_blocks) physical block ids; first ceil(len/bs) valid */
+  int64_t len;     /* tokens whose KV is cached */
+  int32_t *blocks; /* (max_blocks) physical block ids; first ceil(len/bs) valid */
   int64_t n_blocks;
 };
 

@@ -23,8 +23,8 @@ struct irt_program {
   const ir_graph *g;
   irt_backend be;
   void *arena;
-  void **ptrs;   /* (n_tensors) */
-  void **inbuf;  /* (n_inputs) */
+  void **ptrs;  /* (n_tensors) */
+  void **inbuf; /* (n_inputs) */
   bool ran;
 };
 
@@ -32,12 +32,16 @@ static ir_status check_program(const ir_graph *g, ir_diag *d) {
   for (int32_t i = 0; i < g->n_tensors; i++)
     for (int k = 0; k < g->tensors[i].rank; k++)
       if (g->tensors[i].dims[k].sym != IR_SYM_NONE)
-        return ir_diag_set(d, IR_UNSUPPORTED, "tensor '%s' has a symbolic dim: this plan is an "
-                           "LLM step program (open it as a model)", g->tensors[i].name);
+        return ir_diag_set(d, IR_UNSUPPORTED,
+                           "tensor '%s' has a symbolic dim: this plan is an "
+                           "LLM step program (open it as a model)",
+                           g->tensors[i].name);
   for (int32_t i = 0; i < g->n_nodes; i++)
     if (g->nodes[i].op == IR_OP_ATTENTION)
-      return ir_diag_set(d, IR_UNSUPPORTED, "node '%s' uses the paged KV cache: this plan is an "
-                         "LLM step program (open it as a model)", g->nodes[i].name);
+      return ir_diag_set(d, IR_UNSUPPORTED,
+                         "node '%s' uses the paged KV cache: this plan is an "
+                         "LLM step program (open it as a model)",
+                         g->nodes[i].name);
   return IR_OK;
 }
 
@@ -68,16 +72,16 @@ static ir_status bind(irt_program *p, ir_diag *d) {
   return IR_OK;
 }
 
-irt_status irt_program_open(const char *plan_path, const irt_model_opts *opts,
-                            irt_program **out, irt_error *err) {
+irt_status irt_program_open(const char *plan_path, const irt_model_opts *opts, irt_program **out,
+                            irt_error *err) {
   ir_diag d = {0};
   irt_model_opts o = opts ? *opts : irt_model_opts_default();
   *out = NULL;
   irt_program *p = calloc(1, sizeof *p);
-  ir_status st = p ? ir_plan_open(plan_path, o.skip_weight_checksum ? IR_PLAN_VERIFY_META
-                                                                    : IR_PLAN_VERIFY_ALL,
-                                  &p->plan, &d)
-                   : ir_diag_set(&d, IR_OOM, "out of memory");
+  ir_status st =
+      p ? ir_plan_open(plan_path, o.skip_weight_checksum ? IR_PLAN_VERIFY_META : IR_PLAN_VERIFY_ALL,
+                       &p->plan, &d)
+        : ir_diag_set(&d, IR_OOM, "out of memory");
   if (st == IR_OK) {
     p->g = ir_plan_graph(p->plan);
     st = check_program(p->g, &d);

@@ -30,9 +30,9 @@ typedef struct cand {
 struct irt_sampler {
   irt_sampling p;
   int64_t vocab;
-  uint64_t state;  /* splitmix64 */
-  cand *c, *tmp;   /* (vocab) each: the candidates, the radix sort's other buffer */
-  uint32_t *hist;  /* (65536): top_k's histogram of the keys' top 16 bits */
+  uint64_t state; /* splitmix64 */
+  cand *c, *tmp;  /* (vocab) each: the candidates, the radix sort's other buffer */
+  uint32_t *hist; /* (65536): top_k's histogram of the keys' top 16 bits */
 };
 
 irt_sampling irt_sampling_default(void) {
@@ -191,8 +191,7 @@ int32_t irt_sampler_sample_u(irt_sampler *s, const float *logits, double u) {
   return c[n - 1].id;
 }
 
-void irt_top_logprobs(const float *lg, int64_t vocab, double lse, int k, int32_t *ids,
-                      float *lps) {
+void irt_top_logprobs(const float *lg, int64_t vocab, double lse, int k, int32_t *ids, float *lps) {
   int n = 0;
   if (k > vocab) k = (int)vocab;
   for (int64_t v = 0; v < vocab && k > 0; v++) {

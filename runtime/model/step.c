@@ -40,7 +40,8 @@ static irt_status check_batch(irt_model *m, const irt_batch_item *items, int n_i
   for (int i = 0; i < n_items; i++) {
     const irt_batch_item *it = &items[i];
     if (!it->seq || it->seq->m != m || it->n <= 0 || !it->tokens)
-      return fail(err, IRT_INVALID_ARG, "batch item %lld is empty or belongs to another model", (long long)i, 0LL);
+      return fail(err, IRT_INVALID_ARG, "batch item %lld is empty or belongs to another model",
+                  (long long)i, 0LL);
     for (int64_t k = 0; k < picks_of(it); k++) {
       const irt_pick *p = &it->pick[k];
       if (it->logits || !p->sampler || p->draw < 0)
@@ -55,7 +56,8 @@ static irt_status check_batch(irt_model *m, const irt_batch_item *items, int n_i
     }
     for (int j = 0; j < i; j++)
       if (items[j].seq == it->seq)
-        return fail(err, IRT_INVALID_ARG, "sequence appears twice in one step (items %lld, %lld)", j, i);
+        return fail(err, IRT_INVALID_ARG, "sequence appears twice in one step (items %lld, %lld)",
+                    j, i);
     if (it->seq->len + it->n > in->context_length)
       return fail(err, IRT_INVALID_ARG, "sequence would reach %lld tokens; the context is %lld",
                   it->seq->len + it->n, in->context_length);
@@ -121,9 +123,14 @@ static void fill_step(irt_model *m, const irt_batch_item *items, int n_items, ir
     }
   }
   *st = (irt_step){.syms = {[IR_SYM_TOKENS] = t, [IR_SYM_SEQS] = n_items, [IR_SYM_LOGITS] = l},
-                   .tok_seq = m->tok_seq, .tok_pos = m->tok_pos,
-                   .block_tables = m->block_tables, .max_blocks = m->max_blocks, .kv = &m->kv,
-                   .tokens = tok, .logit_rows = rows, .pad_block = m->pad_block};
+                   .tok_seq = m->tok_seq,
+                   .tok_pos = m->tok_pos,
+                   .block_tables = m->block_tables,
+                   .max_blocks = m->max_blocks,
+                   .kv = &m->kv,
+                   .tokens = tok,
+                   .logit_rows = rows,
+                   .pad_block = m->pad_block};
 }
 
 _Static_assert(IRT_PICK_TOP == IRT_MAX_TOP_LOGPROBS, "a pick reports every alternative asked");
@@ -171,16 +178,21 @@ static ir_status grow_pen(irt_model *m, int need, ir_diag *d) {
 static irt_pick_req pick_req(irt_pick *p, int64_t row, int n_pen) {
   const irt_sampling *sp = irt_sampler_params(p->sampler);
   int n_top = p->n_top < 0 ? 0 : p->n_top > IRT_PICK_TOP ? IRT_PICK_TOP : p->n_top;
-  return (irt_pick_req){.temperature = sp->temperature, .top_p = sp->top_p, .top_k = sp->top_k,
+  return (irt_pick_req){.temperature = sp->temperature,
+                        .top_p = sp->top_p,
+                        .top_k = sp->top_k,
                         .min_p = sp->min_p,
-                        .row = (int32_t)row, .u = irt_pick_draw(p), .n_top = n_top,
-                        .n_pen = p->n_pen > 0 ? p->n_pen : 0, .pen_off = n_pen};
+                        .row = (int32_t)row,
+                        .u = irt_pick_draw(p),
+                        .n_top = n_top,
+                        .n_pen = p->n_pen > 0 ? p->n_pen : 0,
+                        .pen_off = n_pen};
 }
 
 /* Device backends: the picks, on the device when it can (one launch, and only tokens and
  * logprobs come down), else each row read and picked here. *waited: the step is done. */
-static ir_status pick_device(irt_model *m, const irt_batch_item *items, int n_items,
-                             bool *waited, ir_diag *d) {
+static ir_status pick_device(irt_model *m, const irt_batch_item *items, int n_items, bool *waited,
+                             ir_diag *d) {
   const char *lg = m->ptrs[m->out_logits];
   size_t row = (size_t)m->info.vocab_size * sizeof(float);
   int n = 0, n_pen = 0;
@@ -190,8 +202,8 @@ static ir_status pick_device(irt_model *m, const irt_batch_item *items, int n_it
     for (int64_t j = 0; j < picks_of(&items[i]) && st == IR_OK; j++) {
       irt_pick *p = &items[i].pick[j];
       if (!m->dev_pick) { /* a plan built before the device kernel */
-        st = m->be.ops->read(m->be.ctx, m->h_row,
-                             lg + (size_t)(at + pick_row(&items[i], j)) * row, row, d);
+        st = m->be.ops->read(m->be.ctx, m->h_row, lg + (size_t)(at + pick_row(&items[i], j)) * row,
+                             row, d);
         if (st == IR_OK) irt_pick_row(m, p, m->h_row);
         *waited = true;
         continue;
@@ -206,8 +218,8 @@ static ir_status pick_device(irt_model *m, const irt_batch_item *items, int n_it
       n_pen += np;
     }
   if (st != IR_OK || n == 0) return st;
-  st = m->be.ops->pick(m->be.ctx, lg, m->info.vocab_size, n, m->h_pick, m->h_pen_ids,
-                       m->h_pen_sub, m->h_pick_res, m->h_pick_top, d);
+  st = m->be.ops->pick(m->be.ctx, lg, m->info.vocab_size, n, m->h_pick, m->h_pen_ids, m->h_pen_sub,
+                       m->h_pick_res, m->h_pick_top, d);
   *waited = true;
   for (int i = 0, k = 0; i < n_items && st == IR_OK; i++)
     for (int64_t j = 0; j < picks_of(&items[i]); j++, k++) {
@@ -225,8 +237,8 @@ static ir_status pick_device(irt_model *m, const irt_batch_item *items, int n_it
 /* Device backends: only the wanted logit rows come down, one read per run of items whose
  * buffers follow each other (the engine's usually all do). The first read waits for the
  * step, so it also reports any error of its queued work (unless the picks `waited`). */
-static ir_status read_logits(irt_model *m, const irt_batch_item *items, int n_items,
-                             bool waited, ir_diag *d) {
+static ir_status read_logits(irt_model *m, const irt_batch_item *items, int n_items, bool waited,
+                             ir_diag *d) {
   const char *lg = m->ptrs[m->out_logits];
   size_t row = (size_t)m->info.vocab_size * sizeof(float), at = 0, from = 0;
   float *dst = NULL;
@@ -279,15 +291,19 @@ irt_status irt_decode_batch(irt_model *m, const irt_batch_item *items, int n_ite
   return IRT_OK;
 }
 
-irt_status irt_seq_decode(irt_model *m, irt_seq *s, const int32_t *tokens, int64_t n,
-                          float *logits, bool all_logits, irt_error *err) {
+irt_status irt_seq_decode(irt_model *m, irt_seq *s, const int32_t *tokens, int64_t n, float *logits,
+                          bool all_logits, irt_error *err) {
   int64_t chunk = m->info.max_step_tokens;
   if (all_logits && logits && m->info.max_step_logits < chunk) chunk = m->info.max_step_logits;
-  if (n <= 0) return fail(err, IRT_INVALID_ARG, "nothing to decode (%lld tokens)", (long long)n, 0LL);
+  if (n <= 0)
+    return fail(err, IRT_INVALID_ARG, "nothing to decode (%lld tokens)", (long long)n, 0LL);
   for (int64_t off = 0; off < n; off += chunk) {
     int64_t c = n - off < chunk ? n - off : chunk;
     bool last = off + c == n;
-    irt_batch_item it = {.seq = s, .tokens = tokens + off, .n = c, .all_logits = all_logits,
+    irt_batch_item it = {.seq = s,
+                         .tokens = tokens + off,
+                         .n = c,
+                         .all_logits = all_logits,
                          .logits = all_logits && logits
                                        ? logits + (size_t)off * (size_t)m->info.vocab_size
                                        : (last ? logits : NULL)};

@@ -41,8 +41,10 @@ irt_status irt_tokenizer_open_plan(const char *path, irt_tokenizer **out, irt_er
   ir_status st = ir_plan_open(path, IR_PLAN_VERIFY_META, &p, &d);
   if (st == IR_OK) st = irt_plan_tokenizer_load(p, out, &d);
   if (st == IR_OK && !*out)
-    st = ir_diag_set(&d, IR_INVALID_ARG, "%s: the plan has no tokenizer (build it with a "
-                     "tokenizer.json beside the checkpoint, or pass --tokenizer)", path);
+    st = ir_diag_set(&d, IR_INVALID_ARG,
+                     "%s: the plan has no tokenizer (build it with a "
+                     "tokenizer.json beside the checkpoint, or pass --tokenizer)",
+                     path);
   ir_plan_close(p);
   return done(err, st, &d);
 }
@@ -61,20 +63,18 @@ irt_status irt_tokenize_alloc(const irt_tokenizer *t, const char *text, size_t l
                               bool add_special, bool parse_special, int32_t **ids, size_t *out_n,
                               irt_error *err) {
   ir_diag d = {0};
-  return done(err,
-              irt_tok_encode_alloc(t, text, len, add_special, parse_special, ids, out_n, &d), &d);
+  return done(err, irt_tok_encode_alloc(t, text, len, add_special, parse_special, ids, out_n, &d),
+              &d);
 }
 
-irt_status irt_detokenize(const irt_tokenizer *t, const int32_t *ids, size_t n,
-                          bool skip_special, char *buf, size_t cap, size_t *out_len,
-                          irt_error *err) {
+irt_status irt_detokenize(const irt_tokenizer *t, const int32_t *ids, size_t n, bool skip_special,
+                          char *buf, size_t cap, size_t *out_len, irt_error *err) {
   ir_diag d = {0};
   return done(err, irt_tok_decode(t, ids, n, skip_special, buf, cap, out_len, &d), &d);
 }
 
 irt_status irt_detokenize_alloc(const irt_tokenizer *t, const int32_t *ids, size_t n,
-                                bool skip_special, char **out, size_t *out_len,
-                                irt_error *err) {
+                                bool skip_special, char **out, size_t *out_len, irt_error *err) {
   size_t cap = n * 64 + 64, len = 0; /* a guess; once more at the exact size past it */
   char *buf = malloc(cap);
   irt_status st = buf ? irt_detokenize(t, ids, n, skip_special, buf, cap, &len, err) : IRT_OOM;
@@ -96,8 +96,8 @@ bool irt_token_is_eog(const irt_tokenizer *t, int32_t id) { return irt_tok_is_eo
 
 int32_t irt_tokenizer_vocab_size(const irt_tokenizer *t) { return irt_tok_vocab_size(t); }
 
-irt_status irt_text_stream_create(const irt_tokenizer *t, bool skip_special,
-                                  irt_text_stream **out, irt_error *err) {
+irt_status irt_text_stream_create(const irt_tokenizer *t, bool skip_special, irt_text_stream **out,
+                                  irt_error *err) {
   irt_text_stream *s = calloc(1, sizeof *s);
   if (!s) {
     if (err) *err = (irt_error){.status = IRT_OOM, .msg = "out of memory"};
@@ -125,8 +125,10 @@ static ir_status pick_template(const irt_tokenizer *t, const char *name, irt_cha
     memset(ct, 0, sizeof *ct);
     ct->kind = irt_chat_kind_from_name(name);
     if (ct->kind == IRT_CHAT_UNKNOWN)
-      return ir_diag_set(d, IR_INVALID_ARG, "unknown chat template '%s' (chatml, qwen3, "
-                         "deepseek-r1, llama3, llama3.1, mistral, llama2, gemma, phi3)", name);
+      return ir_diag_set(d, IR_INVALID_ARG,
+                         "unknown chat template '%s' (chatml, qwen3, "
+                         "deepseek-r1, llama3, llama3.1, mistral, llama2, gemma, phi3)",
+                         name);
     if (ct->kind == IRT_CHAT_LLAMA31) snprintf(ct->date, sizeof ct->date, "%s", IRT_LLAMA31_DATE);
     if (ct->kind != IRT_CHAT_CHATML && ct->kind != IRT_CHAT_PHI3 && irt_tok_bos(t) >= 0) {
       size_t n = 0;
@@ -155,8 +157,8 @@ irt_status irt_chat_get_info(const irt_tokenizer *t, const char *name, irt_chat_
 
 irt_status irt_chat_format_opts(const irt_tokenizer *t, const char *name,
                                 const irt_chat_message *msgs, size_t n, bool gen,
-                                const irt_chat_opts *opts, char *buf, size_t cap,
-                                size_t *out_len, irt_error *err) {
+                                const irt_chat_opts *opts, char *buf, size_t cap, size_t *out_len,
+                                irt_error *err) {
   ir_diag d = {0};
   irt_chat_template ct;
   ir_status st = pick_template(t, name, &ct, &d);
@@ -168,10 +170,9 @@ irt_status irt_chat_format_opts(const irt_tokenizer *t, const char *name,
   return done(err, st, &d);
 }
 
-irt_status irt_chat_tokenize(const irt_tokenizer *t, const char *name,
-                             const irt_chat_message *msgs, size_t n, bool gen,
-                             const irt_chat_opts *opts, bool allow_special, int32_t **ids,
-                             size_t *n_ids, char **text_out, irt_error *err) {
+irt_status irt_chat_tokenize(const irt_tokenizer *t, const char *name, const irt_chat_message *msgs,
+                             size_t n, bool gen, const irt_chat_opts *opts, bool allow_special,
+                             int32_t **ids, size_t *n_ids, char **text_out, irt_error *err) {
   ir_diag d = {0};
   irt_chat_template ct;
   *ids = NULL, *n_ids = 0;
@@ -199,7 +200,8 @@ irt_status irt_chat_tokenize(const irt_tokenizer *t, const char *name,
   }
   _Static_assert(sizeof(irt_chat_span) == sizeof(irt_tok_span), "same layout");
   if (st == IR_OK)
-    st = irt_tok_encode_spans_alloc(t, buf, len, false, true, allow_special ? NULL : (const irt_tok_span *)spans,
+    st = irt_tok_encode_spans_alloc(t, buf, len, false, true,
+                                    allow_special ? NULL : (const irt_tok_span *)spans,
                                     allow_special ? 0 : n_spans, ids, n_ids, &d);
   free(spans);
   if (st == IR_OK && text_out) *text_out = buf, buf = NULL;

@@ -55,8 +55,8 @@ typedef struct srv_ctx {
   bool allow_special;        /* --allow-special-in-content: message text may spell special
                                 tokens (by default it is text: irt_chat_tokenize) */
   char model_name[256];
-  int64_t created;      /* unix seconds, for /v1/models */
-  int64_t max_n;        /* completions per request the engine can hold */
+  int64_t created; /* unix seconds, for /v1/models */
+  int64_t max_n;   /* completions per request the engine can hold */
   /* Called once per finished generation (on the engine thread; must not block), or NULL:
    * ttft_s and tpot_s < 0 when not measured; cancelled when its client went away. */
   void (*on_done)(void *cls, double ttft_s, double tpot_s, double e2e_s, bool cancelled);
@@ -138,7 +138,7 @@ typedef struct srv_tool_call {
 } srv_tool_call;
 
 typedef struct srv_tool_split {
-  size_t content_len;  /* text before the first call (or, mid-stream, what may be shown) */
+  size_t content_len;   /* text before the first call (or, mid-stream, what may be shown) */
   srv_tool_call *calls; /* (n_calls) the complete, well-formed calls, in order */
   int n_calls;
   size_t rest; /* where the text is content again: a block that is not a call, and what
@@ -194,17 +194,17 @@ typedef struct srv_params {
   int32_t *bias_ids; /* logit_bias: (n_bias) owned */
   float *bias;
   int n_bias;
-  char *grammar;      /* GBNF from response_format / guided_* / grammar (owned), or NULL */
-  bool echo;          /* completions: the prompt comes back before the completion, */
-  bool echo_only;     /* and with max_tokens 0, alone (the engine runs one token, dropped) */
-  char *echo_text;    /* the prompt's text (owned) */
-  srv_tools tools;    /* chat: function calling (mode NONE without tools) */
+  char *grammar;   /* GBNF from response_format / guided_* / grammar (owned), or NULL */
+  bool echo;       /* completions: the prompt comes back before the completion, */
+  bool echo_only;  /* and with max_tokens 0, alone (the engine runs one token, dropped) */
+  char *echo_text; /* the prompt's text (owned) */
+  srv_tools tools; /* chat: function calling (mode NONE without tools) */
   bool stream, include_usage, ignore_eos;
   bool include_stop_str; /* vLLM's include_stop_str_in_output */
   bool think;            /* chat with a thinking template: thoughts come as reasoning_content */
   bool think_open;       /* the prompt ends inside a thought block */
   bool no_thinking;      /* chat_template_kwargs.enable_thinking false */
-  const char *tenant; /* from the API key (borrowed); NULL: shared */
+  const char *tenant;    /* from the API key (borrowed); NULL: shared */
   int priority;
 } srv_params;
 
@@ -243,8 +243,8 @@ typedef struct srv_choice {
   size_t sent_len;
   int64_t sent_toks, sent_offset; /* text_offset of the next streamed token (completions) */
   bool sent_role, sent_finish, sent_echo;
-  int sent_calls; /* tool calls streamed */
-  bool sent_rest; /* the text after a malformed call, streamed as content at the end */
+  int sent_calls;    /* tool calls streamed */
+  bool sent_rest;    /* the text after a malformed call, streamed as content at the end */
   size_t sent_think; /* end of the thoughts streamed as reasoning_content */
 } srv_choice;
 
@@ -258,7 +258,7 @@ typedef struct srv_job {
   char id[48]; /* "cmpl-..." / "chatcmpl-..." */
   int64_t created;
   srv_choice *ch; /* (p.n) */
-  srv_tok *ptoks;  /* echo with logprobs: (p.n_prompt) the prompt's tokens; the first has no
+  srv_tok *ptoks; /* echo with logprobs: (p.n_prompt) the prompt's tokens; the first has no
                       logprob (NAN), the others come from the engine as they are scored */
   int64_t n_ptoks;
   int64_t prompt_tokens, cached_tokens;

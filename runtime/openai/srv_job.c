@@ -194,10 +194,8 @@ srv_job *srv_job_submit(srv_ctx *c, srv_params *p, srv_error *err) {
   if (st == IRT_BUSY)
     srv_fail(err, 429, "rate_limit_error", "rate_limit_exceeded", NULL,
              "The server is at capacity (%s). Please retry after a short wait.", e.msg);
-  else if (st == IRT_INVALID_ARG)
-    srv_bad(err, NULL, "%s", e.msg);
-  else
-    srv_fail(err, 500, "server_error", NULL, NULL, "The engine refused the request: %s", e.msg);
+  else if (st == IRT_INVALID_ARG) srv_bad(err, NULL, "%s", e.msg);
+  else srv_fail(err, 500, "server_error", NULL, NULL, "The engine refused the request: %s", e.msg);
 refused:
   *p = j->p; /* back to the caller, e.g. for a retry */
   memset(&j->p, 0, sizeof j->p);

@@ -31,10 +31,8 @@ const char *srv_finish_name(irt_finish f) {
 }
 
 static void add_nullable_string(cJSON *o, const char *k, const char *v) {
-  if (v && *v)
-    cJSON_AddStringToObject(o, k, v);
-  else
-    cJSON_AddNullToObject(o, k);
+  if (v && *v) cJSON_AddStringToObject(o, k, v);
+  else cJSON_AddNullToObject(o, k);
 }
 
 char *srv_render_error(const srv_error *e) {
@@ -85,10 +83,8 @@ static void token_text(const srv_ctx *c, int32_t id, tok_text *t) {
   t->chars = 0;
   for (size_t i = 0; i < t->n_raw && o + 4 < sizeof t->str;) {
     size_t k = t->raw[i] ? utf8_seq((const unsigned char *)t->raw + i, t->n_raw - i) : 0;
-    if (k)
-      memcpy(t->str + o, t->raw + i, k), o += k, i += k;
-    else
-      memcpy(t->str + o, "\xEF\xBF\xBD", 3), o += 3, i++;
+    if (k) memcpy(t->str + o, t->raw + i, k), o += k, i += k;
+    else memcpy(t->str + o, "\xEF\xBF\xBD", 3), o += 3, i++;
     t->chars++;
   }
   t->str[o] = '\0';
@@ -328,14 +324,10 @@ static void put_chunk(const srv_job *j, srv_buf *out, int i, const char *role, c
     cJSON_AddStringToObject(c, "text", t ? t : "");
   }
   free(t);
-  if (logprobs)
-    cJSON_AddItemToObject(c, "logprobs", logprobs);
-  else
-    cJSON_AddNullToObject(c, "logprobs");
-  if (finish)
-    cJSON_AddStringToObject(c, "finish_reason", finish);
-  else
-    cJSON_AddNullToObject(c, "finish_reason");
+  if (logprobs) cJSON_AddItemToObject(c, "logprobs", logprobs);
+  else cJSON_AddNullToObject(c, "logprobs");
+  if (finish) cJSON_AddStringToObject(c, "finish_reason", finish);
+  else cJSON_AddNullToObject(c, "finish_reason");
   cJSON_AddItemToArray(choices, c);
   if (j->p.include_usage) cJSON_AddNullToObject(o, "usage");
   put_event(out, o);
@@ -343,8 +335,7 @@ static void put_chunk(const srv_job *j, srv_buf *out, int i, const char *role, c
 
 /* Sends a chat chunk for choice i with the given delta (thoughts or a call), its logprobs
  * (NULL: none) and no finish. */
-static void put_delta_chunk(const srv_job *j, srv_buf *out, int i, cJSON *delta,
-                            cJSON *logprobs) {
+static void put_delta_chunk(const srv_job *j, srv_buf *out, int i, cJSON *delta, cJSON *logprobs) {
   cJSON *o = envelope(j, true), *choices = cJSON_AddArrayToObject(o, "choices"),
         *c = cJSON_CreateObject();
   cJSON_AddNumberToObject(c, "index", i);
@@ -368,9 +359,11 @@ static void put_think_chunk(const srv_job *j, srv_buf *out, int i, const char *t
 }
 
 /* A chunk with one whole tool call (OpenAI's delta.tool_calls, which clients accumulate). */
-static void put_call_chunk(const srv_job *j, srv_buf *out, int i, int k, const srv_tool_call *call) {
+static void put_call_chunk(const srv_job *j, srv_buf *out, int i, int k,
+                           const srv_tool_call *call) {
   cJSON *d = cJSON_CreateObject();
-  cJSON_AddItemToArray(cJSON_AddArrayToObject(d, "tool_calls"), tool_call_json(j, i, k, call, true));
+  cJSON_AddItemToArray(cJSON_AddArrayToObject(d, "tool_calls"),
+                       tool_call_json(j, i, k, call, true));
   put_delta_chunk(j, out, i, d, NULL);
 }
 
@@ -409,8 +402,7 @@ static void stream_text(srv_job *j, srv_buf *out, int i) {
   if (upto < ch->sent_len) upto = ch->sent_len;
   bool new_toks = j->p.logprobs >= 0 && ch->n_toks > ch->sent_toks;
   if (upto > ch->sent_len || new_toks) {
-    put_chunk(j, out, i, NULL, all + ch->sent_len, upto - ch->sent_len, new_logprobs(j, ch),
-              NULL);
+    put_chunk(j, out, i, NULL, all + ch->sent_len, upto - ch->sent_len, new_logprobs(j, ch), NULL);
     ch->sent_len = upto;
   }
   for (; ch->sent_calls < sp.n_calls; ch->sent_calls++)

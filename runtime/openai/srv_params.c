@@ -113,8 +113,8 @@ static bool tokenize(srv_ctx *c, const char *text, bool add_special, const char 
     return srv_bad(e, param, "The served plan has no tokenizer: send the prompt as token ids.");
   size_t n = 0;
   irt_error err = {0};
-  irt_status st = irt_tokenize_alloc(c->tok, text, strlen(text), add_special, true, &p->prompt,
-                                     &n, &err);
+  irt_status st =
+      irt_tokenize_alloc(c->tok, text, strlen(text), add_special, true, &p->prompt, &n, &err);
   if (st == IRT_OOM) return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
   if (st != IRT_OK) return srv_bad(e, param, "Cannot tokenize '%s': %s", param, err.msg);
   p->n_prompt = (int64_t)n;
@@ -123,8 +123,8 @@ static bool tokenize(srv_ctx *c, const char *text, bool add_special, const char 
 
 /* An array of token ids within the vocabulary, as *out (owned, n + 1 long) and *n_out;
  * refusals name param. */
-static bool take_ids(srv_ctx *c, const cJSON *arr, const char *param, int32_t **out,
-                     int64_t *n_out, srv_error *e) {
+static bool take_ids(srv_ctx *c, const cJSON *arr, const char *param, int32_t **out, int64_t *n_out,
+                     srv_error *e) {
   int n = cJSON_GetArraySize(arr);
   int32_t *ids = *out = malloc(((size_t)n + 1) * sizeof *ids);
   if (!ids) return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
@@ -137,7 +137,8 @@ static bool take_ids(srv_ctx *c, const cJSON *arr, const char *param, int32_t **
     if (v->valuedouble < 0 || v->valuedouble >= (double)c->info->vocab_size)
       return srv_bad(e, param,
                      "Invalid value for '%s[%d]': token id %.0f is outside the vocabulary of "
-                     "%lld.", param, k, v->valuedouble, (long long)c->info->vocab_size);
+                     "%lld.",
+                     param, k, v->valuedouble, (long long)c->info->vocab_size);
     ids[k] = (int32_t)v->valuedouble;
   }
   *n_out = n;
@@ -163,8 +164,8 @@ static bool parse_prompt(srv_ctx *c, const cJSON *body, srv_params *p, srv_error
   irt_error ie = {0};
   if (p->echo && !c->tok)
     return srv_bad(e, "echo", "'echo' of a token-id prompt needs a tokenizer; the plan has none.");
-  if (p->echo && irt_detokenize_alloc(c->tok, p->prompt, (size_t)p->n_prompt, false,
-                                      &p->echo_text, &n, &ie) != IRT_OK)
+  if (p->echo && irt_detokenize_alloc(c->tok, p->prompt, (size_t)p->n_prompt, false, &p->echo_text,
+                                      &n, &ie) != IRT_OK)
     return srv_fail(e, 500, "server_error", NULL, NULL, "cannot detokenize: %s", ie.msg);
   return true;
 }
@@ -228,7 +229,8 @@ static bool parse_stop(const cJSON *body, srv_params *p, srv_error *e) {
   const cJSON *v = srv_field(body, "stop");
   if (!v) return true;
   const cJSON *one = cJSON_IsString(v) ? v : NULL;
-  if (!one && !cJSON_IsArray(v)) return srv_bad_type(e, "stop", "a string or an array of strings", v);
+  if (!one && !cJSON_IsArray(v))
+    return srv_bad_type(e, "stop", "a string or an array of strings", v);
   int n = one ? 1 : cJSON_GetArraySize(v);
   if (n > MAX_STOPS)
     return srv_bad(e, "stop", "Invalid value for 'stop': at most %d strings.", MAX_STOPS);
@@ -352,7 +354,8 @@ static bool parse_stream(const cJSON *body, srv_params *p, srv_error *e) {
     return srv_bad(e, "stream_options",
                    "The 'stream_options' parameter is only allowed when 'stream' is enabled.");
   const cJSON *iu = srv_field(so, "include_usage");
-  if (iu && !cJSON_IsBool(iu)) return srv_bad_type(e, "stream_options.include_usage", "a boolean", iu);
+  if (iu && !cJSON_IsBool(iu))
+    return srv_bad_type(e, "stream_options.include_usage", "a boolean", iu);
   p->include_usage = iu && cJSON_IsTrue(iu);
   return true;
 }
@@ -360,14 +363,18 @@ static bool parse_stream(const cJSON *body, srv_params *p, srv_error *e) {
 /* Fields this server does not implement are refused rather than silently ignored. */
 static bool refuse_unsupported(const cJSON *body, srv_endpoint ep, srv_error *e) {
   const cJSON *v;
-  if ((v = srv_field(body, "user")) && !cJSON_IsString(v)) return srv_bad_type(e, "user", "a string", v);
+  if ((v = srv_field(body, "user")) && !cJSON_IsString(v))
+    return srv_bad_type(e, "user", "a string", v);
   if (ep == SRV_COMPLETIONS && (v = srv_field(body, "suffix")))
     return srv_bad(e, "suffix", "'suffix' is not supported.");
-  if (ep == SRV_COMPLETIONS && ((v = srv_field(body, "tools")) || (v = srv_field(body, "tool_choice"))))
+  if (ep == SRV_COMPLETIONS &&
+      ((v = srv_field(body, "tools")) || (v = srv_field(body, "tool_choice"))))
     return srv_bad(e, v->string, "'%s' belongs to /v1/chat/completions.", v->string);
   if ((v = srv_field(body, "functions")) || (v = srv_field(body, "function_call")))
-    return srv_bad(e, v->string, "'%s' (the legacy form of function calling) is not supported: "
-                   "use 'tools' and 'tool_choice'.", v->string);
+    return srv_bad(e, v->string,
+                   "'%s' (the legacy form of function calling) is not supported: "
+                   "use 'tools' and 'tool_choice'.",
+                   v->string);
   if ((v = srv_field(body, "use_beam_search")) && !cJSON_IsFalse(v))
     return srv_bad(e, "use_beam_search", "Beam search is not supported.");
   if ((v = srv_field(body, "skip_special_tokens")) && !cJSON_IsTrue(v))
@@ -400,8 +407,10 @@ static bool grammar_of(const char *k, const cJSON *v, char **gbnf, srv_error *e)
                        "'json_schema': {\"name\": ..., \"schema\": {...}}.");
       k = "response_format.json_schema.schema", v = sc;
     } else {
-      return srv_bad(e, k, "Invalid value for 'response_format.type': '%.40s' (expected 'text', "
-                     "'json_object' or 'json_schema').", t->valuestring);
+      return srv_bad(e, k,
+                     "Invalid value for 'response_format.type': '%.40s' (expected 'text', "
+                     "'json_object' or 'json_schema').",
+                     t->valuestring);
     }
   }
   if (!*gbnf && st == IRT_OK) {
@@ -449,14 +458,13 @@ static bool grammar_of(const char *k, const cJSON *v, char **gbnf, srv_error *e)
 /* Constrained decoding: OpenAI's response_format, vLLM's guided_json / guided_choice /
  * guided_regex / guided_grammar, llama.cpp's grammar / json_schema; at most one of them. */
 static bool parse_grammar(srv_ctx *c, const cJSON *body, srv_params *p, srv_error *e) {
-  static const char *keys[] = {"response_format", "guided_json", "guided_choice",
-                               "guided_regex",    "guided_grammar", "grammar", "json_schema"};
+  static const char *keys[] = {"response_format", "guided_json", "guided_choice", "guided_regex",
+                               "guided_grammar",  "grammar",     "json_schema"};
   const char *seen = NULL;
   for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) {
     const cJSON *v = srv_field(body, keys[i]);
     if (!v) continue;
-    if (seen)
-      return srv_bad(e, keys[i], "'%s' and '%s' cannot be given together.", seen, keys[i]);
+    if (seen) return srv_bad(e, keys[i], "'%s' and '%s' cannot be given together.", seen, keys[i]);
     seen = keys[i];
     if (!grammar_of(keys[i], v, &p->grammar, e)) return false;
     if (p->grammar && !c->tok)
@@ -474,7 +482,8 @@ static bool take_tools(srv_ctx *c, const cJSON *body, srv_tools *t, srv_error *e
   if (t->mode != SRV_TOOLS_NONE && c->tok &&
       irt_chat_get_info(c->tok, c->chat_template, &info, &err) == IRT_OK) {
     if (!strcmp(info.family, "deepseek-r1")) /* its own call tokens: not written yet */
-      return srv_bad(e, "tools", "Function calling is not supported with this model's chat "
+      return srv_bad(e, "tools",
+                     "Function calling is not supported with this model's chat "
                      "template (deepseek-r1).");
     t->format = srv_tool_format_of(info.family);
   }
@@ -486,7 +495,8 @@ static bool parse_tools(srv_ctx *c, const cJSON *body, srv_params *p, srv_error 
   if (!take_tools(c, body, &p->tools, e)) return false;
   if (p->tools.mode != SRV_TOOLS_REQUIRED && p->tools.mode != SRV_TOOLS_NAMED) return true;
   if (p->grammar)
-    return srv_bad(e, "tool_choice", "A 'tool_choice' of 'required' or a named tool decides the "
+    return srv_bad(e, "tool_choice",
+                   "A 'tool_choice' of 'required' or a named tool decides the "
                    "completion's form itself: drop 'response_format' / 'guided_*' / 'grammar'.");
   if (!c->tok)
     return srv_bad(e, "tool_choice", "Tool calls need a tokenizer; the served plan has none.");
@@ -519,8 +529,9 @@ static bool parse_lengths(srv_ctx *c, srv_endpoint ep, const cJSON *body, srv_pa
                     "tokens. Please reduce the length of the %s.",
                     (long long)ctx, ep == SRV_CHAT ? "messages" : "prompt", (long long)p->n_prompt,
                     what);
-  const char *key = ep == SRV_CHAT && srv_field(body, "max_completion_tokens") ? "max_completion_tokens"
-                                                                           : "max_tokens";
+  const char *key = ep == SRV_CHAT && srv_field(body, "max_completion_tokens")
+                        ? "max_completion_tokens"
+                        : "max_tokens";
   if (!get_int(body, key, p->echo ? 0 : 1, INT32_MAX, &max, e)) return false;
   if (max == 0) { /* echo alone: the prompt (and its logprobs), no completion */
     p->echo_only = true;
@@ -536,8 +547,10 @@ static bool parse_lengths(srv_ctx *c, srv_endpoint ep, const cJSON *body, srv_pa
                     (long long)max, what);
   p->max_tokens = max > 0 ? max : ep == SRV_COMPLETIONS && room > 16 ? 16 : room;
   if (p->min_tokens > p->max_tokens)
-    return srv_bad(e, "min_tokens", "Invalid value for 'min_tokens': %lld is more than the %lld "
-                   "tokens of the completion.", (long long)p->min_tokens, (long long)p->max_tokens);
+    return srv_bad(e, "min_tokens",
+                   "Invalid value for 'min_tokens': %lld is more than the %lld "
+                   "tokens of the completion.",
+                   (long long)p->min_tokens, (long long)p->max_tokens);
   if (p->min_tokens > 0 && p->grammar)
     return srv_bad(e, "min_tokens", "'min_tokens' cannot be combined with constrained decoding.");
   return true;
@@ -577,7 +590,8 @@ bool srv_params_from_json(srv_ctx *c, srv_endpoint ep, const cJSON *body, srv_pa
   if (ok && ep == SRV_COMPLETIONS) ok = get_bool(body, "echo", &p->echo, err);
   if (ok && ep == SRV_CHAT) ok = parse_tools(c, body, p, err);
   if (ok)
-    ok = ep == SRV_CHAT ? parse_messages(c, body, &p->tools, p, err) : parse_prompt(c, body, p, err);
+    ok =
+        ep == SRV_CHAT ? parse_messages(c, body, &p->tools, p, err) : parse_prompt(c, body, p, err);
   if (ok) ok = truncate_prompt(body, p, err) && parse_lengths(c, ep, body, p, err);
   if (!ok) srv_params_free(p);
   return ok;

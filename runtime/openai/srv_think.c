@@ -43,7 +43,8 @@ void srv_think_split(const char *text, size_t len, bool open, bool final, srv_th
   size_t e = close ? (size_t)(close - text) : len;
   if (!close && !final) e -= partial_tag(text + b, len - b, k_close);
   size_t t = e;
-  while (t > b && text[t - 1] == '\n') t--; /* trailing newlines: kept back until it is known
+  while (t > b && text[t - 1] == '\n')
+    t--; /* trailing newlines: kept back until it is known
                                               whether thoughts follow them */
   out->think_end = t;
   if (!close) { /* still thinking (or cut off while thinking: then there is no answer) */

@@ -112,16 +112,22 @@ static bool check_tool(const cJSON *t, int i, srv_error *e) {
   const cJSON *type = srv_field(t, "type"), *fn = srv_field(t, "function");
   if (!cJSON_IsObject(t) || !cJSON_IsString(type) || strcmp(type->valuestring, "function") ||
       !cJSON_IsObject(fn))
-    return srv_bad(e, k, "Invalid value for '%s': expected {\"type\": \"function\", \"function\": "
-                   "{\"name\": ..., \"parameters\": {...}}}.", k);
+    return srv_bad(e, k,
+                   "Invalid value for '%s': expected {\"type\": \"function\", \"function\": "
+                   "{\"name\": ..., \"parameters\": {...}}}.",
+                   k);
   const cJSON *name = srv_field(fn, "name"), *params = srv_field(fn, "parameters"),
               *desc = srv_field(fn, "description");
   if (!cJSON_IsString(name) || !valid_name(name->valuestring))
-    return srv_bad(e, k, "Invalid value for '%s.function.name': expected 1 to 64 letters, digits, "
-                   "'_' or '-'.", k);
+    return srv_bad(e, k,
+                   "Invalid value for '%s.function.name': expected 1 to 64 letters, digits, "
+                   "'_' or '-'.",
+                   k);
   if (params && !cJSON_IsObject(params))
-    return srv_bad(e, k, "Invalid type for '%s.function.parameters': expected a JSON Schema "
-                   "object.", k);
+    return srv_bad(e, k,
+                   "Invalid type for '%s.function.parameters': expected a JSON Schema "
+                   "object.",
+                   k);
   if (desc && !cJSON_IsString(desc))
     return srv_bad(e, k, "Invalid type for '%s.function.description': expected a string.", k);
   return true;
@@ -160,7 +166,8 @@ bool srv_tools_parse(const cJSON *body, srv_tools *t, srv_error *e) {
   const cJSON *fn = cJSON_IsObject(choice) ? srv_field(choice, "function") : NULL,
               *name = fn ? srv_field(fn, "name") : NULL;
   if (!cJSON_IsString(name))
-    return srv_bad(e, "tool_choice", "Invalid value for 'tool_choice': expected 'none', 'auto', "
+    return srv_bad(e, "tool_choice",
+                   "Invalid value for 'tool_choice': expected 'none', 'auto', "
                    "'required' or {\"type\": \"function\", \"function\": {\"name\": ...}}.");
   i = 0;
   for (const cJSON *x = tools->child; x; x = x->next, i++)
@@ -224,8 +231,7 @@ char *srv_tools_assistant(srv_tool_format f, const char *content, const cJSON *c
   if (!cJSON_IsArray(calls))
     return srv_bad(e, k, "Invalid type for '%s': expected an array.", k), NULL;
   if (f == SRV_TOOLFMT_LLAMA3 && cJSON_GetArraySize(calls) != 1)
-    return srv_bad(e, k, "This model's template takes one tool call per assistant message."),
-           NULL;
+    return srv_bad(e, k, "This model's template takes one tool call per assistant message."), NULL;
   srv_buf b = {0};
   bool ok = f == SRV_TOOLFMT_LLAMA3 || put_str(&b, content); /* Llama 3.1 drops the content */
   int i = 0;
@@ -236,8 +242,11 @@ char *srv_tools_assistant(srv_tool_format f, const char *content, const cJSON *c
     if (!cJSON_IsString(name) || !cJSON_IsObject(parsed)) {
       cJSON_Delete(parsed);
       srv_buf_free(&b);
-      return srv_bad(e, k, "Invalid value for '%s[%d]': expected {\"function\": {\"name\": ..., "
-                     "\"arguments\": a JSON object as a string}}.", k, i), NULL;
+      return srv_bad(e, k,
+                     "Invalid value for '%s[%d]': expected {\"function\": {\"name\": ..., "
+                     "\"arguments\": a JSON object as a string}}.",
+                     k, i),
+             NULL;
     }
     if (f == SRV_TOOLFMT_LLAMA3)
       ok = put_str(&b, "{\"name\": \"") && put_str(&b, name->valuestring) &&
@@ -272,8 +281,7 @@ char *srv_tools_result(srv_tool_format f, const char *prev, const char *content)
 
 /* {"type": "object", "properties": {"name": {"const": N}, args_key: P}, ...} for a tool;
  * the parameters' $defs move up to the root, where their "#/$defs/.." refs point. */
-static cJSON *call_schema(const cJSON *tool, const char *args_key, cJSON *root_defs,
-                          srv_error *e) {
+static cJSON *call_schema(const cJSON *tool, const char *args_key, cJSON *root_defs, srv_error *e) {
   const cJSON *fn = srv_field(tool, "function"), *params = srv_field(fn, "parameters");
   cJSON *s = cJSON_CreateObject(), *props = cJSON_AddObjectToObject(s, "properties");
   cJSON_AddStringToObject(s, "type", "object");
@@ -288,8 +296,10 @@ static cJSON *call_schema(const cJSON *tool, const char *args_key, cJSON *root_d
     while (defs && defs->child) {
       cJSON *d = cJSON_DetachItemViaPointer(defs, defs->child);
       if (cJSON_GetObjectItemCaseSensitive(into, d->string)) {
-        srv_bad(e, "tools", "Tools '%s' and another define '%s/%.60s': give the definitions "
-                "distinct names.", tool_name(tool), key, d->string);
+        srv_bad(e, "tools",
+                "Tools '%s' and another define '%s/%.60s': give the definitions "
+                "distinct names.",
+                tool_name(tool), key, d->string);
         cJSON_Delete(d), cJSON_Delete(defs), cJSON_Delete(args), cJSON_Delete(s);
         return NULL;
       }
@@ -322,8 +332,8 @@ bool srv_tools_grammar(const srv_tools *t, char **gbnf, srv_error *e) {
   cJSON_Delete(root);
   irt_error ie = {0};
   if (ok && irt_grammar_json(schema, &json, &ie) != IRT_OK)
-    ok = srv_bad(e, "tools", "Cannot constrain the completion to the tools' parameters: %s",
-                 ie.msg);
+    ok =
+        srv_bad(e, "tools", "Cannot constrain the completion to the tools' parameters: %s", ie.msg);
   free(schema);
   /* The JSON grammar ends with its start rule, "root ::= rN": that rule becomes one call. */
   char *last = ok ? strstr(json, "\nroot ::= ") : NULL;
@@ -391,7 +401,7 @@ static const char *find(const char *s, const char *end, const char *what) {
 static bool split_llama3(const char *text, size_t len, bool final, srv_tool_split *out) {
   size_t i = 0;
   while (i < len && text[i] && strchr(" \t\n\r", text[i])) i++; /* strchr finds a NUL too */
-  if (i < len && text[i] != '{') { /* prose: all content */
+  if (i < len && text[i] != '{') {                              /* prose: all content */
     out->content_len = len;
     return true;
   }

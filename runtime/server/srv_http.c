@@ -38,10 +38,10 @@ struct srv_http {
   srv_http_opts o;
   atomic_bool stopping;
   int port;
-  atomic_int inflight;    /* generations admitted and not yet answered */
-  atomic_int suspended;   /* connections suspended on a job */
-  pthread_mutex_t mu;     /* guards gens */
-  gen *gens;              /* the generations in flight (the watcher's list) */
+  atomic_int inflight;  /* generations admitted and not yet answered */
+  atomic_int suspended; /* connections suspended on a job */
+  pthread_mutex_t mu;   /* guards gens */
+  gen *gens;            /* the generations in flight (the watcher's list) */
   uint64_t next_gen;
   pthread_t watcher;
   bool watching;
@@ -105,9 +105,7 @@ static enum MHD_Result send_body(srv_http *h, struct MHD_Connection *conn, conn_
   if (status == 429 || status == 503)
     MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, "1");
   if (status == 405)
-    MHD_add_response_header(
-        resp, MHD_HTTP_HEADER_ALLOW,
-        posted(r->route) ? "POST" : "GET");
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, posted(r->route) ? "POST" : "GET");
   if (status == 401) MHD_add_response_header(resp, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
   enum MHD_Result ok = MHD_queue_response(conn, (unsigned)status, resp);
   MHD_destroy_response(resp);
@@ -309,8 +307,7 @@ static void stream_free(void *cls) {
   gen_free(g, g->complete); /* not complete: the client went away mid-stream */
 }
 
-static enum MHD_Result start_stream(srv_http *h, struct MHD_Connection *conn, conn_req *r,
-                                    gen *g) {
+static enum MHD_Result start_stream(srv_http *h, struct MHD_Connection *conn, conn_req *r, gen *g) {
   struct MHD_Response *resp =
       MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, stream_read, g, stream_free);
   if (!resp) {
@@ -391,7 +388,6 @@ static enum MHD_Result tokens(srv_http *h, struct MHD_Connection *conn, conn_req
 
 /* --- dispatch -------------------------------------------------------------------------------- */
 
-
 /* NULL key with *ok true: no keys configured. */
 static const srv_key *authenticate(srv_http *h, struct MHD_Connection *conn, bool *ok) {
   *ok = true;
@@ -446,7 +442,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
   srv_http *h = cls;
   conn_req *r = *con_cls;
   if (r && r->plain) return finish_plain(h, conn, r); /* resumed: the job has news */
-  if (!r) { /* headers only so far */
+  if (!r) {                                           /* headers only so far */
     if (!(r = calloc(1, sizeof *r))) return MHD_NO;
     *con_cls = r;
     r->route = route_of(url);
@@ -508,10 +504,8 @@ static bool resolve(const char *host, int port, struct sockaddr_storage *out, ch
   memset(out, 0, sizeof *out);
   memcpy(out, ai->ai_addr, ai->ai_addrlen);
   freeaddrinfo(ai);
-  if (out->ss_family == AF_INET6)
-    ((struct sockaddr_in6 *)out)->sin6_port = htons((uint16_t)port);
-  else
-    ((struct sockaddr_in *)out)->sin_port = htons((uint16_t)port);
+  if (out->ss_family == AF_INET6) ((struct sockaddr_in6 *)out)->sin6_port = htons((uint16_t)port);
+  else ((struct sockaddr_in *)out)->sin_port = htons((uint16_t)port);
   return true;
 }
 

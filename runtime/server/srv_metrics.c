@@ -33,7 +33,7 @@ struct srv_metrics {
 
 static const char *const k_route_names[SRV_N_ROUTES] = {
     "/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics", "/",
-    "/tokenize", "/detokenize", "other"};
+    "/tokenize",       "/detokenize",          "other"};
 
 srv_metrics *srv_metrics_create(void) {
   srv_metrics *m = calloc(1, sizeof *m);
@@ -110,10 +110,8 @@ static void put_hist(srv_buf *b, const char *name, const char *help, const hist 
   int64_t acc = 0;
   for (int i = 0; i <= h->n; i++) {
     acc += h->count[i];
-    if (i < h->n)
-      snprintf(le, sizeof le, "{le=\"%g\"}", h->le[i]);
-    else
-      snprintf(le, sizeof le, "{le=\"+Inf\"}");
+    if (i < h->n) snprintf(le, sizeof le, "{le=\"%g\"}", h->le[i]);
+    else snprintf(le, sizeof le, "{le=\"+Inf\"}");
     value(b, key, le, (double)acc);
   }
   snprintf(key, sizeof key, "%s_sum", name);

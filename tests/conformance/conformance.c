@@ -139,8 +139,7 @@ static bool is_bound(const bindings *bd, const char *name) {
 }
 
 /* Feeds data set `set` to p (skipping inputs bound at build), runs it and compares. */
-static verdict run_set(irt_program *p, const char *set, const bindings *bd, char *why,
-                       size_t len) {
+static verdict run_set(irt_program *p, const char *set, const bindings *bd, char *why, size_t len) {
   char path[1800];
   irt_error err = {0};
   ir_diag d = {0};
@@ -148,8 +147,7 @@ static verdict run_set(irt_program *p, const char *set, const bindings *bd, char
     snprintf(path, sizeof path, "%s/input_%d.pb", set, k);
     if (!file_exists(path)) break;
     fmt_onnx_tensor t;
-    if (fmt_onnx_tensor_load(path, &t, &d) != IR_OK)
-      return snprintf(why, len, "%s", d.msg), V_FAIL;
+    if (fmt_onnx_tensor_load(path, &t, &d) != IR_OK) return snprintf(why, len, "%s", d.msg), V_FAIL;
     if (t.name[0] && is_bound(bd, t.name)) {
       fmt_onnx_tensor_free(&t);
       continue;
@@ -162,8 +160,11 @@ static verdict run_set(irt_program *p, const char *set, const bindings *bd, char
     irt_status st = irt_program_set_input(p, i, t.data, t.nbytes, &err);
     fmt_onnx_tensor_free(&t);
     if (st != IRT_OK && declared) /* static shapes are the model's declared ones */
-      return snprintf(why, len, "input %d: the data differs from the model's declared input "
-                      "shape: %s", k, err.msg), V_UNSUP;
+      return snprintf(why, len,
+                      "input %d: the data differs from the model's declared input "
+                      "shape: %s",
+                      k, err.msg),
+             V_UNSUP;
     if (st != IRT_OK) return snprintf(why, len, "input %d: %s", k, err.msg), V_FAIL;
   }
   if (irt_program_run(p, &err) != IRT_OK) return snprintf(why, len, "run: %s", err.msg), V_FAIL;
@@ -172,8 +173,7 @@ static verdict run_set(irt_program *p, const char *set, const bindings *bd, char
     if (!file_exists(path)) break;
     fmt_onnx_tensor e;
     irt_tensor_info o;
-    if (fmt_onnx_tensor_load(path, &e, &d) != IR_OK)
-      return snprintf(why, len, "%s", d.msg), V_FAIL;
+    if (fmt_onnx_tensor_load(path, &e, &d) != IR_OK) return snprintf(why, len, "%s", d.msg), V_FAIL;
     int i = e.name[0] ? irt_program_find_output(p, e.name) : -1;
     if (i < 0) i = k;
     char w[300] = "";
@@ -275,8 +275,10 @@ static bool constant_wanted(const char *why, char *buf, size_t len) {
 /* infc_build for a model with bound inputs: the same frontend, passes and plan writer. */
 static ir_status build_bound(const char *model, const bindings *bd, const char *plan, ir_diag *d) {
   infc_options o = infc_options_default();
-  ir_model_config lim = {.max_tokens = o.model.max_tokens, .max_seqs = o.model.max_seqs,
-                         .max_logits = o.model.max_logits, .kv_block_size = o.model.kv_block_size};
+  ir_model_config lim = {.max_tokens = o.model.max_tokens,
+                         .max_seqs = o.model.max_seqs,
+                         .max_logits = o.model.max_logits,
+                         .kv_block_size = o.model.kv_block_size};
   infc_onnx *m = NULL;
   ir_graph *g = NULL;
   char hash[17] = "";
@@ -285,8 +287,10 @@ static ir_status build_bound(const char *model, const bindings *bd, const char *
   ir_status st = infc_onnx_import_bound(model, &lim, bd->b, bd->n, &m, &g, hash, d);
   if (st == IR_OK) st = pass_pipeline_run(g, &po, &log, d);
   if (st == IR_OK) {
-    ir_plan_info info = {.target = "cpu", .source_hash = hash,
-                         .pass_log = (const char *const *)log.lines, .n_pass_log = log.n};
+    ir_plan_info info = {.target = "cpu",
+                         .source_hash = hash,
+                         .pass_log = (const char *const *)log.lines,
+                         .n_pass_log = log.n};
     st = ir_plan_write(g, &info, plan, d);
   }
   pass_log_free(&log);
@@ -474,8 +478,8 @@ static int report(tcase *cs, int n) {
   for (int i = 0; i < nr; i++) {
     char sp[16] = "";
     if (rows[i].spec) snprintf(sp, sizeof sp, "(%d*) ", rows[i].spec);
-    printf("%-34s %6d %6d %6d  %s%.100s\n", rows[i].op, rows[i].pass, rows[i].fail,
-           rows[i].unsup, sp, rows[i].unsup_why);
+    printf("%-34s %6d %6d %6d  %s%.100s\n", rows[i].op, rows[i].pass, rows[i].fail, rows[i].unsup,
+           sp, rows[i].unsup_why);
   }
   int ops_ok = 0, ops_part = 0;
   for (int i = 0; i < nr; i++) {
@@ -483,7 +487,8 @@ static int report(tcase *cs, int n) {
     else if (rows[i].pass) ops_part++;
   }
   printf("\n%d cases: %d passed, %d failed, %d unsupported; %d ops fully supported, %d "
-         "partly, %d not at all\n", n, tp, tf, tu, ops_ok, ops_part, nr - ops_ok - ops_part);
+         "partly, %d not at all\n",
+         n, tp, tf, tu, ops_ok, ops_part, nr - ops_ok - ops_part);
   if (tf) {
     printf("\nfailures:\n");
     for (int i = 0; i < n; i++)
@@ -550,10 +555,10 @@ static int compare_table(const char *path, const tcase *cs, int n) {
     if (!present) continue;
     rows++;
     int got = passes(cs, n, set, op);
-    if (got < want) printf("REGRESSION %s %s: %d cases pass, the table says %d\n", set, op,
-                           got, want), bad++;
-    else if (got > want) printf("note: %s %s passes %d, the table says %d (raise it)\n", set, op,
-                                got, want);
+    if (got < want)
+      printf("REGRESSION %s %s: %d cases pass, the table says %d\n", set, op, got, want), bad++;
+    else if (got > want)
+      printf("note: %s %s passes %d, the table says %d (raise it)\n", set, op, got, want);
   }
   fclose(f);
   printf("table %s: %d rows compared, %d regressions\n", path, rows, bad);

@@ -73,8 +73,7 @@ extern "C" uint64_t cuemu_shfl_xor(unsigned int mask, uint64_t bits, int lane_ma
 extern "C" void cuemu_mma_m16n8k16_f16(float *d, const unsigned int *a, unsigned int b0,
                                        unsigned int b1);
 
-template <class T>
-inline T __shfl_xor_sync(unsigned int mask, T v, int lane_mask, int width = 32) {
+template <class T> inline T __shfl_xor_sync(unsigned int mask, T v, int lane_mask, int width = 32) {
   static_assert(sizeof(T) <= 8 && std::is_trivially_copyable<T>::value, "shuffle of T");
   uint64_t b = 0;
   memcpy(&b, &v, sizeof v);
@@ -83,10 +82,7 @@ inline T __shfl_xor_sync(unsigned int mask, T v, int lane_mask, int width = 32) 
   return v;
 }
 
-template <class T>
-inline T __ldg(const T *p) {
-  return *p;
-}
+template <class T> inline T __ldg(const T *p) { return *p; }
 
 template <class A, class B,
           class = typename std::enable_if<std::is_arithmetic<A>::value &&
@@ -104,8 +100,7 @@ inline typename std::common_type<A, B>::type max(A a, B b) {
 }
 
 // Threads switch only at barriers and warp collectives, so a plain add is atomic here.
-template <class T>
-inline T atomicAdd(T *p, T v) {
+template <class T> inline T atomicAdd(T *p, T v) {
   T old = *p;
   *p = old + v;
   return old;
@@ -163,8 +158,7 @@ struct cuemu_kernel {
   void (*call)(void (*fn)(void), void **args);
 };
 
-template <class T>
-inline T cuemu_arg(void *p) {
+template <class T> inline T cuemu_arg(void *p) {
   static_assert(std::is_trivially_copyable<T>::value, "kernel parameter type");
   T v;
   memcpy(&v, p, sizeof v);
@@ -174,8 +168,7 @@ template <class... A, size_t... I>
 inline void cuemu_unpack(void (*fn)(A...), void **args, std::index_sequence<I...>) {
   fn(cuemu_arg<A>(args[I])...);
 }
-template <class... A>
-void cuemu_invoke(void (*fn)(void), void **args) {
+template <class... A> void cuemu_invoke(void (*fn)(void), void **args) {
   cuemu_unpack(reinterpret_cast<void (*)(A...)>(fn), args, std::index_sequence_for<A...>{});
 }
 template <class... A>

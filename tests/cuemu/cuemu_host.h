@@ -17,8 +17,8 @@ const struct cuemu_kernel *cuemu_find(const char *file, const char *name);
  * returns when every block has finished. args as cuLaunchKernel's kernelParams: args[i]
  * points to the value of parameter i. Returns 0, or 1 for an invalid launch or a deadlock
  * (the launch is abandoned; cuemu_error() says why). */
-int cuemu_launch(const struct cuemu_kernel *k, unsigned gx, unsigned gy, unsigned gz,
-                 unsigned bx, unsigned by, unsigned bz, void **args);
+int cuemu_launch(const struct cuemu_kernel *k, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                 unsigned by, unsigned bz, void **args);
 
 /* The message of the last failed launch ("" if none). Borrowed. */
 const char *cuemu_error(void);

@@ -21,7 +21,6 @@
 
 #define MAX_LINES 8
 
-
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
   (void)argc, (void)argv;
   fz_srv_init("fuzz_batch_line");

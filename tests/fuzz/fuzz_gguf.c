@@ -66,8 +66,8 @@ static void walk(const fmt_gguf *g) {
   }
   for (size_t i = 0; i < fmt_gguf_tensor_count(g); i++) {
     const fmt_gguf_tensor *t = fmt_gguf_tensor_get(g, i);
-    sink += (fmt_gguf_tensor_find(g, t->name) != NULL) +
-            strlen(fmt_gguf_ggml_type_name(t->ggml_type));
+    sink +=
+        (fmt_gguf_tensor_find(g, t->name) != NULL) + strlen(fmt_gguf_ggml_type_name(t->ggml_type));
     ir_diag d = {0};
     sink += fmt_gguf_type_check(t, &d);
     if (t->nbytes) /* the first and last byte of the data are inside the mapping */
@@ -103,10 +103,8 @@ static void use_llama(const fmt_gguf *g) {
   bo.max_tokens = 16, bo.max_seqs = 4, bo.max_logits = 4, bo.max_context = 64;
   ir_graph *graph = NULL;
   d = (ir_diag){0};
-  if (model_llama_build(&p, &src, &bo, &graph, &d) == IR_OK)
-    ir_graph_destroy(graph);
-  else
-    fz_note("model_llama_build", d.msg);
+  if (model_llama_build(&p, &src, &bo, &graph, &d) == IR_OK) ir_graph_destroy(graph);
+  else fz_note("model_llama_build", d.msg);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

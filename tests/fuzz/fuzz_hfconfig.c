@@ -17,8 +17,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     d = (ir_diag){0};
     if (model_llama_check(&p, &d) == IR_OK)
       for (int64_t l = 0; l < p.n_layers && l < 64; l++) (void)model_llama_layer_slides(&p, l);
-    else
-      fz_note("check", d.msg);
+    else fz_note("check", d.msg);
   } else {
     fz_note("parse", d.msg);
   }

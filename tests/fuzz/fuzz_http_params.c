@@ -54,15 +54,15 @@ static void read_back(const srv_params *p, const char *text, size_t len) {
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (size < 1) return 0;
-  srv_ctx c = {
-      .tok = data[0] & 0x40 ? NULL : tok,
-      .info = &info,
-      .chat_template = families[((data[0] >> 2) & 15) % (sizeof families / sizeof *families)],
-      .no_reasoning = data[0] & 0x80,
-      .allow_special = data[0] & 0x80,
-      .model_name = "fuzz",
-      .max_n = 4,
-      .id_salt = 42};
+  srv_ctx c = {.tok = data[0] & 0x40 ? NULL : tok,
+               .info = &info,
+               .chat_template =
+                   families[((data[0] >> 2) & 15) % (sizeof families / sizeof *families)],
+               .no_reasoning = data[0] & 0x80,
+               .allow_special = data[0] & 0x80,
+               .model_name = "fuzz",
+               .max_n = 4,
+               .id_salt = 42};
   const char *body = (const char *)data + 1;
   size_t len = size - 1;
   srv_error err = {0};

@@ -32,7 +32,7 @@ static long long (*g_launches)(const char *); /* fake_cuda.c: launches of kernel
 typedef struct fixture {
   const char *name;
   double bound;
-  const char *src;      /* under tests/fixtures, NULL: name */
+  const char *src;       /* under tests/fixtures, NULL: name */
   const char *opt, *val; /* one more infc option, or NULL */
   irt_kv_dtype kv;       /* of every model opened (CPU and CUDA alike) */
 } fixture;
@@ -180,8 +180,8 @@ static float *batch_decode(irt_model *m, int n_seq, int steps) {
 static void test_picks(irt_model *m) {
   enum { N = 6 };
   static const irt_sampling set[N] = {{0.0f, 0, 1.0f, 1, 0},  {1.0f, 0, 1.0f, 2, 0.1f},
-                                      {0.7f, 40, 0.9f, 3, 0},  {1.3f, 0, 0.5f, 4, 0.02f},
-                                      {0.5f, 1, 1.0f, 5, 0},   {2.0f, 3, 1.0f, 6, 0}};
+                                      {0.7f, 40, 0.9f, 3, 0}, {1.3f, 0, 0.5f, 4, 0.02f},
+                                      {0.5f, 1, 1.0f, 5, 0},  {2.0f, 3, 1.0f, 6, 0}};
   int64_t V = irt_model_get_info(m)->vocab_size;
   float *lg = malloc((size_t)(N * V) * sizeof *lg);
   irt_seq *s[2 * N];
@@ -230,8 +230,8 @@ static void test_picks(irt_model *m) {
       }
       tok[i] = tok[N + i] = want; /* both halves go on with the same token */
     }
-    printf("  picks, step %d: %d/%d tokens as the host sampler, logprob err %.1e\n", step, same,
-           N, lp_err);
+    printf("  picks, step %d: %d/%d tokens as the host sampler, logprob err %.1e\n", step, same, N,
+           lp_err);
     CHECKF(same == N, "picks step %d: %d/%d", step, same, N);
     CHECKF(lp_err <= 1e-5, "picks step %d: logprob err %.3e", step, lp_err);
   }
@@ -275,8 +275,7 @@ static void test_fixture(const fixture *f) {
       CHECKF(casts <= (strstr(f->name, "unfused") ? 2 : 1) * layers + 1 && copies >= 2 * layers,
              "%s: %lld casts, %lld operand copies from producers (%lld layers)", f->name, casts,
              copies, (long long)layers);
-    else
-      CHECKF(casts == 0 && copies == 0, "%s: %lld casts, %lld copies", f->name, casts, copies);
+    else CHECKF(casts == 0 && copies == 0, "%s: %lld casts, %lld copies", f->name, casts, copies);
   }
   double e = rel_err(b, a, (size_t)(n * V));
   printf("  prompt logits, one step     rel err %.2e\n", e);
@@ -339,8 +338,14 @@ static void engine_run(irt_model *m, collect *c) {
   irt_error err = {0};
   int32_t p[21];
   for (int i = 0; i < 21; i++) p[i] = (int32_t)(i * 5 + 2);
-  irt_request r = {.prompt_ids = p, .n_prompt = 21, .sampling = irt_sampling_default(),
-                   .max_tokens = 12, .n = 3, .ignore_eos = true, .on_event = on_event, .user = c};
+  irt_request r = {.prompt_ids = p,
+                   .n_prompt = 21,
+                   .sampling = irt_sampling_default(),
+                   .max_tokens = 12,
+                   .n = 3,
+                   .ignore_eos = true,
+                   .on_event = on_event,
+                   .user = c};
   CHECKF(irt_engine_create(m, NULL, &e, &err) == IRT_OK, "%s", err.msg);
   if (!e) return;
   CHECKF(irt_engine_submit(e, &r, NULL, &err) == IRT_OK, "%s", err.msg);
@@ -392,15 +397,21 @@ static void engine_mixed(irt_model *m, mixed *x, int spec, irt_engine_stats *st)
   if (!e) return;
   for (int r = 0; r < 4; r++) {
     for (int i = 0; i < 9; i++) p[r][i] = (int32_t)(13 * r + 7 * i + 1);
-    irt_request q = {.prompt_ids = p[r], .n_prompt = 9, .sampling = irt_sampling_default(),
-                     .max_tokens = 16, .ignore_eos = true, .on_event = on_mixed, .user = x};
+    irt_request q = {.prompt_ids = p[r],
+                     .n_prompt = 9,
+                     .sampling = irt_sampling_default(),
+                     .max_tokens = 16,
+                     .ignore_eos = true,
+                     .on_event = on_mixed,
+                     .user = x};
     if (r > 0) q.sampling = (irt_sampling){.temperature = 0.9f, .top_p = 0.9f, .seed = 5u + r};
     static const int32_t bias_ids[2] = {7, 8};
     static const float bias[2] = {3.0f, -100.0f};
     if (r == 1) q.logit_bias_ids = bias_ids, q.logit_bias = bias, q.n_logit_bias = 2;
     if (r == 2) q.top_logprobs = 3;
-    if (r == 3) q.presence_penalty = 0.5f, q.logit_bias_ids = bias_ids, q.logit_bias = bias,
-                q.n_logit_bias = 2;
+    if (r == 3)
+      q.presence_penalty = 0.5f, q.logit_bias_ids = bias_ids, q.logit_bias = bias,
+      q.n_logit_bias = 2;
     CHECKF(irt_engine_submit(e, &q, NULL, &err) == IRT_OK, "%s", err.msg);
   }
   CHECKF(irt_engine_run(e, &err) == IRT_OK, "%s", err.msg);
@@ -420,8 +431,8 @@ static void test_engine_mixed(void) {
     printf("engine with prompt-lookup drafts on the device: %s, %lld drafts, %lld kept, "
            "%lld steps (%lld without)\n",
            memcmp(a.tok, c.tok, sizeof a.tok) ? "DIFFER" : "as on the CPU",
-           (long long)sc.spec_draft_tokens, (long long)sc.spec_accepted_tokens,
-           (long long)sc.steps, (long long)sb.steps);
+           (long long)sc.spec_draft_tokens, (long long)sc.spec_accepted_tokens, (long long)sc.steps,
+           (long long)sb.steps);
     CHECK(!memcmp(a.tok, c.tok, sizeof a.tok) && !memcmp(a.n, c.n, sizeof a.n));
     CHECK(!memcmp(a.alt, c.alt, sizeof a.alt) && sc.spec_draft_tokens > 0);
     /* (the model's pad block for graph replays stays held) */
@@ -432,8 +443,8 @@ static void test_engine_mixed(void) {
       for (int i = 0; i < b.n[r]; i++)
         lp = fabs(a.lp[r][i] - b.lp[r][i]) > lp ? fabs(a.lp[r][i] - b.lp[r][i]) : lp;
     printf("engine, greedy / top-p / top_logprobs / penalty requests on the device: %s, "
-           "logprob diff %.1e\n", memcmp(a.tok, b.tok, sizeof a.tok) ? "DIFFER" : "as on the CPU",
-           lp);
+           "logprob diff %.1e\n",
+           memcmp(a.tok, b.tok, sizeof a.tok) ? "DIFFER" : "as on the CPU", lp);
     CHECK(a.n[0] == 16 && a.n[3] == 16 && !memcmp(a.n, b.n, sizeof a.n));
     int banned = 0, pushed = 0; /* logit_bias on requests 1 and 3: token 8 -100, 7 +3 */
     for (int r = 1; r < 4; r += 2)

@@ -54,8 +54,8 @@ static struct {
   CUresult (*free)(CUdeviceptr);
   CUresult (*htod)(CUdeviceptr, const void *, size_t);
   CUresult (*dtoh)(void *, CUdeviceptr, size_t);
-  CUresult (*launch)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
-                     unsigned, void *, void **, void **);
+  CUresult (*launch)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                     void *, void **, void **);
   CUresult (*sync)(void);
   CUresult (*err)(CUresult, const char **);
 } cu;
@@ -64,15 +64,15 @@ static infc_nvrtc *nv;
 static int arch;
 #endif
 
-#define CU(call)                                                                              \
-  do {                                                                                        \
-    CUresult r_ = (call);                                                                     \
-    if (r_) {                                                                                 \
-      const char *s_ = "?";                                                                   \
-      cu.err(r_, &s_);                                                                        \
-      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, s_);                      \
-      exit(1);                                                                                \
-    }                                                                                         \
+#define CU(call)                                                                                   \
+  do {                                                                                             \
+    CUresult r_ = (call);                                                                          \
+    if (r_) {                                                                                      \
+      const char *s_ = "?";                                                                        \
+      cu.err(r_, &s_);                                                                             \
+      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, s_);                           \
+      exit(1);                                                                                     \
+    }                                                                                              \
   } while (0)
 
 #ifdef CUDA_OPS_EMU
@@ -94,9 +94,8 @@ static CUresult emu_dtoh(void *h, CUdeviceptr d, size_t n) {
   memcpy(h, dptr(d), n);
   return 0;
 }
-static CUresult emu_launch(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
-                           unsigned by, unsigned bz, unsigned shmem, void *stream, void **args,
-                           void **extra) {
+static CUresult emu_launch(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                           unsigned bz, unsigned shmem, void *stream, void **args, void **extra) {
   return cuemu_launch(f, gx, gy, gz, bx, by, bz, args) ? 1 : 0; /* CUDA_ERROR_INVALID_VALUE */
 }
 static CUresult emu_sync(void) { return 0; }
@@ -136,8 +135,8 @@ static const char *cu_open(void) {
         S(ctx_retain, "cuDevicePrimaryCtxRetain") && S(ctx_set, "cuCtxSetCurrent") &&
         S(load, "cuModuleLoadData") && S(get_fn, "cuModuleGetFunction") &&
         S(alloc, "cuMemAlloc_v2") && S(free, "cuMemFree_v2") && S(htod, "cuMemcpyHtoD_v2") &&
-        S(dtoh, "cuMemcpyDtoH_v2") && S(launch, "cuLaunchKernel") &&
-        S(sync, "cuCtxSynchronize") && S(err, "cuGetErrorString")))
+        S(dtoh, "cuMemcpyDtoH_v2") && S(launch, "cuLaunchKernel") && S(sync, "cuCtxSynchronize") &&
+        S(err, "cuGetErrorString")))
     return "libcuda lacks driver API entry points";
 #undef S
   int dev, major, minor;
@@ -214,11 +213,11 @@ static double rel_err(const float *out, const float *ref, size_t n) {
   return sqrt(num / (den > 0 ? den : 1));
 }
 
-#define CLOSE(what, out, ref, n, tol)                                                         \
-  do {                                                                                        \
-    double e_ = rel_err(out, ref, n);                                                         \
-    printf("  %-28s rel err %.2e\n", what, e_);                                               \
-    CHECKF(e_ <= (tol), "%s: rel err %.3e > %.0e", what, e_, (double)(tol));                  \
+#define CLOSE(what, out, ref, n, tol)                                                              \
+  do {                                                                                             \
+    double e_ = rel_err(out, ref, n);                                                              \
+    printf("  %-28s rel err %.2e\n", what, e_);                                                    \
+    CHECKF(e_ <= (tol), "%s: rel err %.3e > %.0e", what, e_, (double)(tol));                       \
   } while (0)
 
 /* Random weights of dtype dt, rows x k: floats converted, random int8/int4 bytes, or random
@@ -389,9 +388,9 @@ static void test_gemv_wq(void) {
   static const struct {
     ir_dtype qt, st, zt;
     int group, code; /* code: gemv_wq.cu's zt, 0 for no zero points */
-  } cases[] = {{IR_I4, IR_F32, IR_U8, 32, 0},      {IR_I4, IR_F32, IR_U8, 64, 1},
-               {IR_I4, IR_F16, IR_F16, 128, 3},    {IR_I4, IR_F16, IR_F32, 256, 4},
-               {IR_I8, IR_F32, IR_U8, 256, 0},     {IR_I8, IR_F16, IR_I8, 16, 2}};
+  } cases[] = {{IR_I4, IR_F32, IR_U8, 32, 0},   {IR_I4, IR_F32, IR_U8, 64, 1},
+               {IR_I4, IR_F16, IR_F16, 128, 3}, {IR_I4, IR_F16, IR_F32, 256, 4},
+               {IR_I8, IR_F32, IR_U8, 256, 0},  {IR_I8, IR_F16, IR_I8, 16, 2}};
   const int n = 67, k = 256, ms[] = {1, 3, 9};
   float *x = frands(9 * k), *bias = frands(n), *ref = malloc(9 * n * 4), *out = malloc(9 * n * 4);
   float *nan = malloc(9 * n * 4);
@@ -407,8 +406,13 @@ static void test_gemv_wq(void) {
     CUdeviceptr dq = up(q, ir_dtype_bytes(cases[c].qt, (uint64_t)n * k));
     CUdeviceptr ds = up(sc, (size_t)n * ng * ir_dtype_bytes(cases[c].st, 1));
     CUdeviceptr dz = zt ? up(zp, (size_t)n * ng * ir_dtype_bytes(cases[c].zt, 1)) : 0;
-    kn_wq w = {.q = q, .qt = cases[c].qt, .scales = sc, .st = cases[c].st, .zp = zp,
-               .zt = cases[c].zt, .group = group};
+    kn_wq w = {.q = q,
+               .qt = cases[c].qt,
+               .scales = sc,
+               .st = cases[c].st,
+               .zp = zp,
+               .zt = cases[c].zt,
+               .group = group};
     void *f = kernel("gemv_wq", i4 ? "kn_gemv_wq_i4" : "kn_gemv_wq_i8");
     for (int mi = 0; mi < 4; mi++) {
       int m = ms[mi < 3 ? mi : 2];
@@ -494,15 +498,15 @@ static void test_attention(void) {
   attn_setup(seq, pos);
   const size_t cache = ATTN_CACHE, qn = ATTN_QN, kvn = ATTN_KVN;
   float *k = frands(cache), *v = frands(cache), *q = frands(qn), *kn = frands(kvn),
-        *vn = frands(kvn), *ref = malloc(qn * 4), *out = malloc(qn * 4),
-        *kc = malloc(cache * 4);
+        *vn = frands(kvn), *ref = malloc(qn * 4), *out = malloc(qn * 4), *kc = malloc(cache * 4);
   CUdeviceptr dk = up(k, cache * 4), dv = up(v, cache * 4), dq = up(q, qn * 4);
   CUdeviceptr dkn = up(kn, kvn * 4), dvn = up(vn, kvn * 4), dseq = up(seq, sizeof seq);
-  CUdeviceptr dpos = up(pos, sizeof pos), dbt = up(attn_bt, sizeof attn_bt), dout = poisoned(qn * 4);
+  CUdeviceptr dpos = up(pos, sizeof pos), dbt = up(attn_bt, sizeof attn_bt),
+              dout = poisoned(qn * 4);
   const int maxb = MAXB, nh = NH, nkv = NKV;
   const float scale = 0.125f;
-  kn_kv_layer kv = {.k = k, .v = v, .n_blocks = NBLK, .block_size = BS, .n_kv_heads = NKV,
-                    .head_dim = HD};
+  kn_kv_layer kv = {
+      .k = k, .v = v, .n_blocks = NBLK, .block_size = BS, .n_kv_heads = NKV, .head_dim = HD};
   kn_attn_batch b = {NT, seq, pos, MAXB, bt};
   kn_attention_paged(NULL, ref, q, kn, vn, &kv, &b, NH, scale); /* also writes k, v */
 
@@ -516,7 +520,8 @@ static void test_attention(void) {
   void *decode = kernel("attention", "kn_attn_decode");
   CUdeviceptr pacc = poisoned(qn * 2 * 4), pml = poisoned((size_t)NT * NH * 2 * 2 * 4);
   int bps = MAXB;
-  void *da[] = {&dout, &pacc, &pml, &dq, &dk, &dv, &dseq, &dpos, &dbt, (void *)&maxb,
+  void *da[] = {&dout,       &pacc,        &pml,           &dq,  &dk,
+                &dv,         &dseq,        &dpos,          &dbt, (void *)&maxb,
                 (void *)&nh, (void *)&nkv, (void *)&scale, &bps, FULL_ATTN};
   run(decode, NT, NH, 1, 128, da);
   down(out, dout, qn * 4);
@@ -533,8 +538,9 @@ static void test_attention(void) {
 
   int32_t tok0[3] = {0, 1, 17}, ntok[3] = {1, 16, 4}; /* tiles of <= 4 warps x 4 rows */
   CUdeviceptr dt0 = up(tok0, sizeof tok0), dnt = up(ntok, sizeof ntok), dout3 = poisoned(qn * 4);
-  void *pa[] = {&dout3, &dq, &dk, &dv, &dseq, &dpos, &dbt, (void *)&maxb, (void *)&nh,
-                (void *)&nkv, (void *)&scale, &dt0, &dnt, FULL_ATTN};
+  void *pa[] = {&dout3,         &dq,  &dk,           &dv,         &dseq,
+                &dpos,          &dbt, (void *)&maxb, (void *)&nh, (void *)&nkv,
+                (void *)&scale, &dt0, &dnt,          FULL_ATTN};
   run(kernel("attention", "kn_attn_prefill"), 3, NH, 1, 128, pa);
   down(out, dout3, qn * 4);
   CLOSE("attn prefill tiles", out, ref, qn, 1e-4);
@@ -542,21 +548,24 @@ static void test_attention(void) {
   /* The tensor-core prefill (f16 operands, f32 accumulation): tiles of up to 64 tokens of
    * one sequence. Bound 2e-3: q, k, v and the probabilities are rounded to f16 (2^-11
    * relative each). */
-  static const struct { int n; int32_t t0[3], nt[3]; } tilings[] = {
-      {2, {0, 1}, {1, 20}}, {3, {0, 1, 9}, {1, 8, 12}}};
+  static const struct {
+    int n;
+    int32_t t0[3], nt[3];
+  } tilings[] = {{2, {0, 1}, {1, 20}}, {3, {0, 1, 9}, {1, 8, 12}}};
   for (int c = 0; c < 2; c++) {
     CUdeviceptr ct0 = up(tilings[c].t0, sizeof tilings[c].t0);
     CUdeviceptr cnt = up(tilings[c].nt, sizeof tilings[c].nt), cout = poisoned(qn * 4);
-    void *ta[] = {&cout, &dq, &dk, &dv, &dseq, &dpos, &dbt, (void *)&maxb, (void *)&nh,
-                  (void *)&nkv, (void *)&scale, &ct0, &cnt, FULL_ATTN};
+    void *ta[] = {&cout,          &dq,  &dk,           &dv,         &dseq,
+                  &dpos,          &dbt, (void *)&maxb, (void *)&nh, (void *)&nkv,
+                  (void *)&scale, &ct0, &cnt,          FULL_ATTN};
     run(kernel("attention", "kn_attn_prefill_tc"), (unsigned)tilings[c].n, NH, 1, 128, ta);
     down(out, cout, qn * 4);
     CLOSE(c ? "attn prefill tc, 3 tiles" : "attn prefill tc, 2 tiles", out, ref, qn, 2e-3);
     cu.free(ct0), cu.free(cnt), cu.free(cout);
   }
 
-  CUdeviceptr all[] = {dk, dv, dq, dkn, dvn, dseq, dpos, dbt, dout, pacc, pml, dout2, dt0, dnt,
-                       dout3};
+  CUdeviceptr all[] = {dk,   dv,   dq,  dkn,   dvn, dseq, dpos, dbt,
+                       dout, pacc, pml, dout2, dt0, dnt,  dout3};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) cu.free(all[i]);
   free(k), free(v), free(q), free(kn), free(vn), free(ref), free(out), free(kc);
 }
@@ -577,8 +586,8 @@ static void test_attention_f16(void) {
   CUdeviceptr dpos = up(pos, sizeof pos), dbt = up(attn_bt, sizeof attn_bt);
   const int maxb = MAXB, nh = NH, nkv = NKV;
   const float scale = 0.125f;
-  kn_kv_layer kv = {.n_blocks = NBLK, .block_size = BS, .n_kv_heads = NKV, .head_dim = HD,
-                    .k16 = k, .v16 = v};
+  kn_kv_layer kv = {
+      .n_blocks = NBLK, .block_size = BS, .n_kv_heads = NKV, .head_dim = HD, .k16 = k, .v16 = v};
   kn_attn_batch b = {NT, seq, pos, MAXB, bt};
   kn_attention_paged(NULL, ref, q, kn, vn, &kv, &b, NH, scale); /* also writes k, v */
 
@@ -595,8 +604,20 @@ static void test_attention_f16(void) {
   for (int i = 0; i < 4; i++) dout[i] = poisoned(qn * 4);
   for (int splits = 1; splits <= 2; splits++) {
     int bps = splits == 1 ? MAXB : 2;
-    void *da[] = {&dout[splits - 1], &pacc, &pml, &dq, &dk, &dv, &dseq, &dpos, &dbt,
-                  (void *)&maxb, (void *)&nh, (void *)&nkv, (void *)&scale, &bps,
+    void *da[] = {&dout[splits - 1],
+                  &pacc,
+                  &pml,
+                  &dq,
+                  &dk,
+                  &dv,
+                  &dseq,
+                  &dpos,
+                  &dbt,
+                  (void *)&maxb,
+                  (void *)&nh,
+                  (void *)&nkv,
+                  (void *)&scale,
+                  &bps,
                   FULL_ATTN};
     run(kernel("attention", "kn_attn_decode_f16"), NT, NH, (unsigned)splits, 128, da);
     if (splits == 2) {
@@ -610,19 +631,21 @@ static void test_attention_f16(void) {
   int32_t tok0[3] = {0, 1, 17}, ntok[3] = {1, 16, 4}, tc0[2] = {0, 1}, tcn[2] = {1, 20};
   CUdeviceptr dt0 = up(tok0, sizeof tok0), dnt = up(ntok, sizeof ntok);
   CUdeviceptr ct0 = up(tc0, sizeof tc0), cnt = up(tcn, sizeof tcn);
-  void *pa[] = {&dout[2], &dq, &dk, &dv, &dseq, &dpos, &dbt, (void *)&maxb, (void *)&nh,
-                (void *)&nkv, (void *)&scale, &dt0, &dnt, FULL_ATTN};
+  void *pa[] = {&dout[2],       &dq,  &dk,           &dv,         &dseq,
+                &dpos,          &dbt, (void *)&maxb, (void *)&nh, (void *)&nkv,
+                (void *)&scale, &dt0, &dnt,          FULL_ATTN};
   run(kernel("attention", "kn_attn_prefill_f16"), 3, NH, 1, 128, pa);
   down(out, dout[2], qn * 4);
   CLOSE("attn prefill f16", out, ref, qn, 1e-4);
-  void *ta[] = {&dout[3], &dq, &dk, &dv, &dseq, &dpos, &dbt, (void *)&maxb, (void *)&nh,
-                (void *)&nkv, (void *)&scale, &ct0, &cnt, FULL_ATTN};
+  void *ta[] = {&dout[3],       &dq,  &dk,           &dv,         &dseq,
+                &dpos,          &dbt, (void *)&maxb, (void *)&nh, (void *)&nkv,
+                (void *)&scale, &ct0, &cnt,          FULL_ATTN};
   run(kernel("attention", "kn_attn_prefill_tc_f16"), 2, NH, 1, 128, ta);
   down(out, dout[3], qn * 4);
   CLOSE("attn prefill tc f16", out, ref, qn, 2e-3);
 
-  CUdeviceptr all[] = {dk, dv, dq, dkn, dvn, dseq, dpos, dbt, pacc, pml, dt0, dnt, ct0, cnt,
-                       dout[0], dout[1], dout[2], dout[3]};
+  CUdeviceptr all[] = {dk,  dv,  dq,  dkn, dvn, dseq,    dpos,    dbt,     pacc,
+                       pml, dt0, dnt, ct0, cnt, dout[0], dout[1], dout[2], dout[3]};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) cu.free(all[i]);
   free(q), free(kn), free(vn), free(ref), free(out), free(k), free(v), free(got);
 }
@@ -650,8 +673,8 @@ typedef struct win_bufs {
 } win_bufs;
 
 /* The window/softcap kernels of one cache type (f32 or f16 entries) against ref. */
-static void window_runs(const win_bufs *w, CUdeviceptr dk, CUdeviceptr dv, bool f16,
-                        int window, float cap, const float *ref, const char *what) {
+static void window_runs(const win_bufs *w, CUdeviceptr dk, CUdeviceptr dv, bool f16, int window,
+                        float cap, const float *ref, const char *what) {
   const int maxb = WMAXB, nh = NH, nkv = NKV;
   const float scale = 0.5f;
   const size_t qn = (size_t)WNT * NH * HD;
@@ -661,8 +684,10 @@ static void window_runs(const win_bufs *w, CUdeviceptr dk, CUdeviceptr dv, bool 
   snprintf(fn, sizeof fn, "kn_attn_decode%s", f16 ? "_f16" : "");
   for (int splits = 1; splits <= WSPLITS; splits++) {
     int bps = window_bps(window, splits);
-    void *da[] = {&out, &pacc, &pml, &q, &dk, &dv, &seq, &pos, &bt, (void *)&maxb,
-                  (void *)&nh, (void *)&nkv, (void *)&scale, &bps, &window, &cap};
+    void *da[] = {&out,        &pacc,        &pml,           &q,   &dk,
+                  &dv,         &seq,         &pos,           &bt,  (void *)&maxb,
+                  (void *)&nh, (void *)&nkv, (void *)&scale, &bps, &window,
+                  &cap};
     CU(cu.htod(out, w->got, qn * 4)); /* NaN: an unwritten element fails */
     run(kernel("attention", fn), WNT, NH, (unsigned)splits, 128, da);
     if (splits > 1) {
@@ -673,29 +698,34 @@ static void window_runs(const win_bufs *w, CUdeviceptr dk, CUdeviceptr dv, bool 
     snprintf(name, sizeof name, "%s decode %d split%s", what, splits, splits > 1 ? "s" : "");
     CLOSE(name, w->got + qn, ref, qn, 1e-4);
   }
-  static const struct { int n; int32_t t0[6], nt[6]; } tilings[] = {
-      {6, {0, 1, 17, 33, 49, 51}, {1, 16, 16, 16, 2, 1}}, /* kn_attn_prefill: <= 16 */
-      {3, {0, 1, 51}, {1, 50, 1}},                        /* tensor cores: <= 64 */
-      {4, {0, 1, 21, 51}, {1, 20, 30, 1}}};
+  static const struct {
+    int n;
+    int32_t t0[6], nt[6];
+  } tilings[] = {{6, {0, 1, 17, 33, 49, 51}, {1, 16, 16, 16, 2, 1}}, /* kn_attn_prefill: <= 16 */
+                 {3, {0, 1, 51}, {1, 50, 1}},                        /* tensor cores: <= 64 */
+                 {4, {0, 1, 21, 51}, {1, 20, 30, 1}}};
   for (int c = 0; c < 3; c++) {
     CUdeviceptr t0 = up(tilings[c].t0, sizeof tilings[c].t0);
     CUdeviceptr tn = up(tilings[c].nt, sizeof tilings[c].nt);
-    void *pa[] = {&out, &q, &dk, &dv, &seq, &pos, &bt, (void *)&maxb, (void *)&nh,
-                  (void *)&nkv, (void *)&scale, &t0, &tn, &window, &cap};
+    void *pa[] = {&out,           &q,  &dk,           &dv,         &seq,
+                  &pos,           &bt, (void *)&maxb, (void *)&nh, (void *)&nkv,
+                  (void *)&scale, &t0, &tn,           &window,     &cap};
     snprintf(fn, sizeof fn, "kn_attn_prefill%s%s", c ? "_tc" : "", f16 ? "_f16" : "");
     CU(cu.htod(out, w->got, qn * 4));
     run(kernel("attention", fn), (unsigned)tilings[c].n, NH, 1, 128, pa);
     down(w->got + qn, out, qn * 4);
     snprintf(name, sizeof name, "%s prefill%s", what,
-             c == 0 ? " tiles" : c == 1 ? " tc, 1 tile of 50" : " tc, 20 + 30");
+             c == 0   ? " tiles"
+             : c == 1 ? " tc, 1 tile of 50"
+                      : " tc, 20 + 30");
     CLOSE(name, w->got + qn, ref, qn, c ? 2e-3 : 1e-4);
     cu.free(t0), cu.free(tn);
   }
 }
 
 static void test_attention_window(void) {
-  static const int32_t bt[3 * WMAXB] = {7, 2, 11, 0, 5, 14, 3, 9, 12, 1, 13, 15,
-                                        10, 6, 4, 8, 15, 15};
+  static const int32_t bt[3 * WMAXB] = {7, 2,  11, 0,  5, 14, 3, 9,  12,
+                                        1, 13, 15, 10, 6, 4,  8, 15, 15};
   int32_t seq[WNT], pos[WNT];
   seq[0] = 0, pos[0] = 90;
   for (int t = 1; t < WNT - 1; t++) seq[t] = 1, pos[t] = 19 + t;
@@ -705,36 +735,45 @@ static void test_attention_window(void) {
   float *k = frands(cache), *v = frands(cache), *q = frands(qn), *kn = frands(kvn);
   float *vn = frands(kvn), *full = malloc(qn * 4), *ref = malloc(qn * 4);
   uint16_t *k16 = malloc(cache * 2), *v16 = malloc(cache * 2);
-  kn_kv_layer kv = {.k = k, .v = v, .n_blocks = WNBLK, .block_size = BS, .n_kv_heads = NKV,
-                    .head_dim = HD};
+  kn_kv_layer kv = {
+      .k = k, .v = v, .n_blocks = WNBLK, .block_size = BS, .n_kv_heads = NKV, .head_dim = HD};
   kn_attn_batch b = {WNT, seq, pos, WMAXB, bt};
-  kn_attn_io io = {.q = q, .k = kn, .v = vn, .q_stride = NH * HD, .kv_stride = NKV * HD,
-                   .pos = pos};
+  kn_attn_io io = {
+      .q = q, .k = kn, .v = vn, .q_stride = NH * HD, .kv_stride = NKV * HD, .pos = pos};
   kn_attention_paged_io(NULL, full, &io, &kv, &b, NH, 0.5f); /* writes the new K, V */
   for (size_t i = 0; i < cache; i++) k16[i] = ir_f32_to_f16(k[i]), v16[i] = ir_f32_to_f16(v[i]);
-  win_bufs w = {.q = up(q, qn * 4), .seq = up(seq, sizeof seq), .pos = up(pos, sizeof pos),
-                .bt = up(bt, sizeof bt), .pacc = poisoned(qn * WSPLITS * 4),
-                .pml = poisoned((size_t)WNT * NH * WSPLITS * 2 * 4), .out = poisoned(qn * 4),
+  win_bufs w = {.q = up(q, qn * 4),
+                .seq = up(seq, sizeof seq),
+                .pos = up(pos, sizeof pos),
+                .bt = up(bt, sizeof bt),
+                .pacc = poisoned(qn * WSPLITS * 4),
+                .pml = poisoned((size_t)WNT * NH * WSPLITS * 2 * 4),
+                .out = poisoned(qn * 4),
                 .got = malloc(qn * 2 * 4)};
   memset(w.got, 0xff, qn * 4);
   CUdeviceptr dk = up(k, cache * 4), dv = up(v, cache * 4);
   CUdeviceptr dk16 = up(k16, cache * 2), dv16 = up(v16, cache * 2);
-  static const struct { int window; float cap; } cases[] = {
-      {0, 0.0f}, {5, 0.0f}, {17, 0.0f}, {0, 2.0f}, {17, 2.0f}, {40, 2.0f}};
+  static const struct {
+    int window;
+    float cap;
+  } cases[] = {{0, 0.0f}, {5, 0.0f}, {17, 0.0f}, {0, 2.0f}, {17, 2.0f}, {40, 2.0f}};
   for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
     io.window = cases[c].window, io.softcap = cases[c].cap;
     kn_attention_paged_io(NULL, ref, &io, &kv, &b, NH, 0.5f);
     char what[48];
-    snprintf(what, sizeof what, "attn window %d softcap %g", cases[c].window,
-             (double)cases[c].cap);
+    snprintf(what, sizeof what, "attn window %d softcap %g", cases[c].window, (double)cases[c].cap);
     if (c > 0) { /* the case changes the result, so the checks below see it honoured */
       double e = rel_err(ref, full, qn);
       CHECKF(e > 0.05, "%s: only %.3e from full attention", what, e);
     }
     window_runs(&w, dk, dv, false, cases[c].window, cases[c].cap, ref, what);
   }
-  kn_kv_layer kv16 = {.n_blocks = WNBLK, .block_size = BS, .n_kv_heads = NKV, .head_dim = HD,
-                      .k16 = k16, .v16 = v16};
+  kn_kv_layer kv16 = {.n_blocks = WNBLK,
+                      .block_size = BS,
+                      .n_kv_heads = NKV,
+                      .head_dim = HD,
+                      .k16 = k16,
+                      .v16 = v16};
   io.window = 17, io.softcap = 2.0f;
   kn_attention_paged_io(NULL, ref, &io, &kv16, &b, NH, 0.5f);
   window_runs(&w, dk16, dv16, true, 17, 2.0f, ref, "attn f16 window 17 softcap 2");
@@ -804,8 +843,10 @@ static void test_fused_attention(void) {
   CUdeviceptr dpos = up(pos, sizeof pos), dbt = up(attn_bt, sizeof attn_bt);
   const int maxb = MAXB, nh = NH, nkv = NKV;
   const float scale = 0.125f;
-  static const struct { int packed, rot, neox, norm; } cases[] = {
-      {1, HD, 1, 0}, {1, HD, 0, 0}, {1, HD / 2, 1, 0}, {0, 0, 1, 0}, {1, HD, 1, 1}, {0, 0, 1, 1}};
+  static const struct {
+    int packed, rot, neox, norm;
+  } cases[] = {{1, HD, 1, 0}, {1, HD, 0, 0}, {1, HD / 2, 1, 0},
+               {0, 0, 1, 0},  {1, HD, 1, 1}, {0, 0, 1, 1}};
   float *wqn = frands(HD), *wkn = frands(HD);
   CUdeviceptr dwq = up(wqn, HD * 4), dwk = up(wkn, HD * 4);
   const float qk_eps = 1e-6f;
@@ -819,12 +860,20 @@ static void test_fused_attention(void) {
     size_t ko = cases[c].packed ? (size_t)NH * HD : qn;
     size_t vo = cases[c].packed ? (size_t)(NH + NKV) * HD : qn + (size_t)NT * NKV * HD;
     memcpy(k, k0, cache * 4), memcpy(v, v0, cache * 4);
-    kn_kv_layer kv = {.k = k, .v = v, .n_blocks = NBLK, .block_size = BS, .n_kv_heads = NKV,
-                      .head_dim = HD};
+    kn_kv_layer kv = {
+        .k = k, .v = v, .n_blocks = NBLK, .block_size = BS, .n_kv_heads = NKV, .head_dim = HD};
     kn_attn_batch b = {NT, seq, pos, MAXB, bt};
-    kn_attn_io io = {.q = qkv, .k = qkv + ko, .v = qkv + vo, .q_stride = qs, .kv_stride = kvs,
-                     .pos = pos, .cos_sin = rot ? cs : NULL, .rot_dim = rot, .neox = neox,
-                     .q_norm = cases[c].norm ? wqn : NULL, .k_norm = cases[c].norm ? wkn : NULL,
+    kn_attn_io io = {.q = qkv,
+                     .k = qkv + ko,
+                     .v = qkv + vo,
+                     .q_stride = qs,
+                     .kv_stride = kvs,
+                     .pos = pos,
+                     .cos_sin = rot ? cs : NULL,
+                     .rot_dim = rot,
+                     .neox = neox,
+                     .q_norm = cases[c].norm ? wqn : NULL,
+                     .k_norm = cases[c].norm ? wkn : NULL,
                      .qk_eps = qk_eps};
     kn_attention_paged_io(NULL, ref, &io, &kv, &b, NH, scale);
 
@@ -832,15 +881,14 @@ static void test_fused_attention(void) {
     CUdeviceptr dkn = dqkv + ko * 4, dvn = dqkv + vo * 4;
     CUdeviceptr dout[3] = {poisoned(qn * 4), poisoned(qn * 4), poisoned(qn * 4)};
     for (int o = 0; o < 3; o++) { /* the rotated q into each output buffer */
-      void *wa[] = {&dout[o], &dk, &dv, &dqkv, &dkn, &dvn, &qs, &kvs, &dseq, &dpos, &dbt,
-                    (void *)&maxb, (void *)&nh, (void *)&nkv, &dcs, &rot, &neox, &dqn, &dkw,
-                    (void *)&qk_eps};
+      void *wa[] = {&dout[o], &dk,   &dv,   &dqkv, &dkn,          &dvn,           &qs,
+                    &kvs,     &dseq, &dpos, &dbt,  (void *)&maxb, (void *)&nh,    (void *)&nkv,
+                    &dcs,     &rot,  &neox, &dqn,  &dkw,          (void *)&qk_eps};
       run(kernel("kv_write", "kn_rope_kv_write"), NT, 1, 1, 256, wa);
     }
     char what[64];
-    snprintf(what, sizeof what, "rope_kv_write %s rot %d %s%s k",
-             cases[c].packed ? "qkv" : "q,k,v", rot, neox ? "neox" : "il",
-             cases[c].norm ? " qk-norm" : "");
+    snprintf(what, sizeof what, "rope_kv_write %s rot %d %s%s k", cases[c].packed ? "qkv" : "q,k,v",
+             rot, neox ? "neox" : "il", cases[c].norm ? " qk-norm" : "");
     down(got, dk, cache * 4);
     CLOSE(what, got, k, cache, cases[c].norm ? 1e-5 : 1e-6); /* rsqrtf against 1 / sqrtf */
     down(got, dv, cache * 4);
@@ -849,15 +897,17 @@ static void test_fused_attention(void) {
 
     CUdeviceptr pacc = poisoned(qn * 2 * 4), pml = poisoned((size_t)NT * NH * 2 * 2 * 4);
     int bps = MAXB;
-    void *da[] = {&dout[0], &pacc, &pml, &dout[0], &dk, &dv, &dseq, &dpos, &dbt, (void *)&maxb,
-                  (void *)&nh, (void *)&nkv, (void *)&scale, &bps, FULL_ATTN};
+    void *da[] = {&dout[0],    &pacc,        &pml,           &dout[0], &dk,
+                  &dv,         &dseq,        &dpos,          &dbt,     (void *)&maxb,
+                  (void *)&nh, (void *)&nkv, (void *)&scale, &bps,     FULL_ATTN};
     run(kernel("attention", "kn_attn_decode"), NT, NH, 1, 128, da);
     down(out, dout[0], qn * 4);
     snprintf(what, sizeof what, "  then decode, q = out");
     CLOSE(what, out, ref, qn, 1e-4);
     bps = 2;
-    void *da2[] = {&dout[1], &pacc, &pml, &dout[1], &dk, &dv, &dseq, &dpos, &dbt,
-                   (void *)&maxb, (void *)&nh, (void *)&nkv, (void *)&scale, &bps, FULL_ATTN};
+    void *da2[] = {&dout[1],    &pacc,        &pml,           &dout[1], &dk,
+                   &dv,         &dseq,        &dpos,          &dbt,     (void *)&maxb,
+                   (void *)&nh, (void *)&nkv, (void *)&scale, &bps,     FULL_ATTN};
     run(kernel("attention", "kn_attn_decode"), NT, NH, 2, 128, da2);
     int splits = 2;
     void *ra[] = {&dout[1], &pacc, &pml, (void *)&nh, &splits};
@@ -866,8 +916,9 @@ static void test_fused_attention(void) {
     CLOSE("  then decode 2 splits, q = out", out, ref, qn, 1e-4);
     int32_t tok0[3] = {0, 1, 17}, ntok[3] = {1, 16, 4};
     CUdeviceptr dt0 = up(tok0, sizeof tok0), dnt = up(ntok, sizeof ntok);
-    void *pa[] = {&dout[2], &dout[2], &dk, &dv, &dseq, &dpos, &dbt, (void *)&maxb, (void *)&nh,
-                  (void *)&nkv, (void *)&scale, &dt0, &dnt, FULL_ATTN};
+    void *pa[] = {&dout[2],       &dout[2], &dk,           &dv,         &dseq,
+                  &dpos,          &dbt,     (void *)&maxb, (void *)&nh, (void *)&nkv,
+                  (void *)&scale, &dt0,     &dnt,          FULL_ATTN};
     run(kernel("attention", "kn_attn_prefill"), 3, NH, 1, 128, pa);
     down(out, dout[2], qn * 4);
     CLOSE("  then prefill tiles, q = out", out, ref, qn, 1e-4);
@@ -924,15 +975,22 @@ static irt_pick_res *pick_rows(const char *what, const float *x, int vocab, int 
         CHECK(irt_sampler_create(&p, vocab, &cpu, &err) == IRT_OK);
         CHECK(irt_sampler_create(&p, vocab, &dev, &err) == IRT_OK);
         want[k] = irt_sampler_sample(cpu, x + (size_t)r * vocab);
-        req[k] = (irt_pick_req){p.temperature, p.top_p, p.top_k, r,
+        req[k] = (irt_pick_req){p.temperature,
+                                p.top_p,
+                                p.top_k,
+                                r,
                                 p.temperature > 0 ? irt_sampler_draw(dev) : 0.0,
-                                k % 3 == 0 ? IRT_PICK_TOP : k % 3 == 1 ? 0 : 5, 0, 0,
+                                k % 3 == 0   ? IRT_PICK_TOP
+                                : k % 3 == 1 ? 0
+                                             : 5,
+                                0,
+                                0,
                                 p.min_p};
         if (k % 4 == 1) { /* penalties on the row's PEN best ids, and a few others */
           req[k].n_pen = PEN, req[k].pen_off = n_pen;
           for (int j = 0; j < PEN; j++) {
-            int32_t id = j < PEN / 2 ? rank_id(x + (size_t)r * vocab, vocab, j)
-                                     : (j * 7919) % vocab;
+            int32_t id =
+                j < PEN / 2 ? rank_id(x + (size_t)r * vocab, vocab, j) : (j * 7919) % vocab;
             bool dup = false;
             for (int i = n_pen; i < n_pen + j; i++) dup |= pen_ids[i] == id;
             pen_ids[n_pen + j] = dup ? -1 : id; /* distinct ids only */
@@ -967,9 +1025,8 @@ static irt_pick_res *pick_rows(const char *what, const float *x, int vocab, int 
     int r = req[k].row, t = out[k].token;
     same += t == want[k];
     CHECKF(t == want[k],
-           "%s pick %d (T %.2f top_k %d top_p %.2f min_p %g row %d u %.17g): %d, want %d", what,
-           k, req[k].temperature, req[k].top_k, req[k].top_p, req[k].min_p, r, req[k].u, t,
-           want[k]);
+           "%s pick %d (T %.2f top_k %d top_p %.2f min_p %g row %d u %.17g): %d, want %d", what, k,
+           req[k].temperature, req[k].top_k, req[k].top_p, req[k].min_p, r, req[k].u, t, want[k]);
     if (t < 0 || t >= vocab) continue;
     const float *row = x + (size_t)r * vocab;
     double lse = kn_log_sum_exp(row, vocab), e = fabs(out[k].logprob - ((double)row[t] - lse));
@@ -984,8 +1041,8 @@ static irt_pick_res *pick_rows(const char *what, const float *x, int vocab, int 
       if (!(fabs(g->logprob - lps[j]) <= *lp_err)) *lp_err = fabs(g->logprob - lps[j]);
     }
   }
-  printf("  pick, %-22s %d/%d tokens as the CPU sampler, %d alternatives differ\n", what, same,
-         n, top_bad);
+  printf("  pick, %-22s %d/%d tokens as the CPU sampler, %d alternatives differ\n", what, same, n,
+         top_bad);
   CHECKF(top_bad == 0, "%s: %d alternatives differ", what, top_bad);
   cu.free(dx), cu.free(dreq), cu.free(dout), cu.free(dtop), cu.free(dwork), cu.free(dpid);
   cu.free(dpsub);
@@ -1001,16 +1058,13 @@ static irt_pick_res *pick_rows(const char *what, const float *x, int vocab, int 
  * than a warp) with masked (-inf) ids, large logits and extreme settings. */
 static void test_pick(void) {
   enum { VOCAB = 49152, SMALL = 1000, TINY = 7 };
-  static const pick_set set[] = {{0.0f, 1.0f, 0, 0},     {1.0f, 1.0f, 0, 0},
-                                 {0.7f, 0.95f, 0, 0},    {0.8f, 0.9f, 40, 0},
-                                 {1.5f, 1.0f, 1, 0},     {1.0f, 0.5f, 0, 0},
-                                 {0.3f, 1.0f, 5000, 0},  {2.0f, 0.99f, 100, 0},
-                                 {1.0f, 1.0f, 0, 0.05f}, {1.5f, 0.9f, 50, 0.02f},
-                                 {0.8f, 1.0f, 0, 0.5f}};
-  static const pick_set edge[] = {{0.05f, 1.0f, 0, 0}, {1.0f, 0.01f, 0, 0},
-                                  {3.0f, 1.0f, 2000, 0}, {1.0f, 0.999f, 3, 0},
-                                  {0.0f, 1.0f, 0, 0},  {1.0f, 1.0f, 0, 1.0f},
-                                  {2.0f, 1.0f, 0, 0.001f}};
+  static const pick_set set[] = {
+      {0.0f, 1.0f, 0, 0},     {1.0f, 1.0f, 0, 0},      {0.7f, 0.95f, 0, 0},   {0.8f, 0.9f, 40, 0},
+      {1.5f, 1.0f, 1, 0},     {1.0f, 0.5f, 0, 0},      {0.3f, 1.0f, 5000, 0}, {2.0f, 0.99f, 100, 0},
+      {1.0f, 1.0f, 0, 0.05f}, {1.5f, 0.9f, 50, 0.02f}, {0.8f, 1.0f, 0, 0.5f}};
+  static const pick_set edge[] = {
+      {0.05f, 1.0f, 0, 0}, {1.0f, 0.01f, 0, 0},   {3.0f, 1.0f, 2000, 0},  {1.0f, 0.999f, 3, 0},
+      {0.0f, 1.0f, 0, 0},  {1.0f, 1.0f, 0, 1.0f}, {2.0f, 1.0f, 0, 0.001f}};
   float *x = malloc(sizeof(float) * VOCAB * 3), *y = malloc(sizeof(float) * SMALL * 2);
   for (int i = 0; i < VOCAB; i++) {
     float g = frand() + frand() + frand(); /* about normal */
@@ -1021,7 +1075,7 @@ static void test_pick(void) {
   x[17] = x[4000] = 30.0f; /* a tie for the max: the lower id is the argmax */
   for (int i = 0; i < SMALL; i++) {
     y[i] = i % 3 ? 5.0f * frand() : -INFINITY; /* a third masked */
-    y[SMALL + i] = 3000.0f + 20.0f * frand();   /* far from zero */
+    y[SMALL + i] = 3000.0f + 20.0f * frand();  /* far from zero */
   }
   double lp_err = 0;
   irt_pick_res *out = pick_rows("49152 ids", x, VOCAB, 3, set, 11, 6, &lp_err);

@@ -107,8 +107,8 @@ static void emu_decode(const launch_t *l) {
       if (bps < 1 || first_pos(pos, window) / g_block_size + splits * bps <= pos / g_block_size)
         abort(); /* a visible block no split reads */
       float o[256];
-      attend(o, PF(3) + ((size_t)t * nh + h) * g_head_dim, PV(4), PV(5), bt, pos,
-             h / (nh / nkv), nkv, scale, window, softcap);
+      attend(o, PF(3) + ((size_t)t * nh + h) * g_head_dim, PV(4), PV(5), bt, pos, h / (nh / nkv),
+             nkv, scale, window, softcap);
       if (splits == 1) {
         memcpy(PF(0) + ((size_t)t * nh + h) * g_head_dim, o, sizeof(float) * g_head_dim);
         continue;
@@ -216,11 +216,16 @@ static void emu_gemv_wq(const launch_t *l, bool i4) {
   int m = I32(6), n = I32(7), k = I32(8), group = I32(9), st = I32(10), zt = I32(11);
   long long tiles = (m + 3) / 4;
   if ((long long)l->grid[0] * 4 < n || !l->grid[1] || l->grid[1] > 65535 || l->grid[1] > tiles ||
-      l->block != 128 || group <= 0 || k % group || group % (i4 ? 32 : 16) || st < 0 ||
-      st > 1 || zt < 0 || zt > 4 || (zt != 0) != (PV(5) != NULL))
+      l->block != 128 || group <= 0 || k % group || group % (i4 ? 32 : 16) || st < 0 || st > 1 ||
+      zt < 0 || zt > 4 || (zt != 0) != (PV(5) != NULL))
     abort();
-  kn_wq q = {.q = PV(2), .qt = i4 ? IR_I4 : IR_I8, .scales = PV(4), .st = st ? IR_F16 : IR_F32,
-             .zp = PV(5), .zt = zts[zt], .group = group};
+  kn_wq q = {.q = PV(2),
+             .qt = i4 ? IR_I4 : IR_I8,
+             .scales = PV(4),
+             .st = st ? IR_F16 : IR_F32,
+             .zp = PV(5),
+             .zt = zts[zt],
+             .group = group};
   kn_matmul_wq(NULL, PF(0), PF(1), &q, PF(3), m, n, k, KN_WQ_ACT_NONE);
 }
 
@@ -247,8 +252,7 @@ static void emu_simple(const launch_t *l, const char *name) {
   else if (!strcmp(name, "kn_swiglu_packed_h")) {
     swiglu_packed(PF(0), PF(2), I64(3), I64(4));
     half_copy(PV(1), PF(0), I64(3) * I64(4), I32(5));
-  }
-  else if (!strcmp(name, "kn_gather_rows"))
+  } else if (!strcmp(name, "kn_gather_rows"))
     kn_gather_rows(NULL, PF(0), PF(1), PI(2), l->grid[0], I64(3));
   else if (!strcmp(name, "kn_rms_norm"))
     kn_rms_norm(NULL, PF(0), PF(1), PF(2), l->grid[0], I32(3), F32(l, 4));
@@ -260,8 +264,7 @@ static void emu_simple(const launch_t *l, const char *name) {
   } else if (!strcmp(name, "kn_add_rms_norm_h")) {
     kn_add_rms_norm(NULL, PF(0), PF(2), PF(3), PF(4), PF(5), l->grid[0], I32(6), F32(l, 7));
     half_copy(PV(1), PF(0), (long long)l->grid[0] * I32(6), I32(8));
-  }
-  else if (!strncmp(name, "kn_rope_", 8))
+  } else if (!strncmp(name, "kn_rope_", 8))
     kn_rope(NULL, PF(0), PI(1), PF(2), l->grid[0], I32(3), I32(4), I32(5), name[8] == 'n');
   else if (!strcmp(name, "kn_add_bias"))
     for (long long i = 0; i < I64(2) * I64(3); i++) PF(0)[i] += PF(1)[i % I64(3)];
@@ -275,37 +278,67 @@ static const struct {
   int n;
   const char *sizes; /* '8' pointer / long long, '4' int / float */
 } k_fns[] = {
-    {"kn_add", 4, "8888"}, {"kn_swiglu", 4, "8888"}, {"kn_swiglu_packed", 4, "8888"},
-    {"kn_geglu", 4, "8888"}, {"kn_softcap", 4, "8884"},
-    {"kn_gather_rows", 4, "8888"}, {"kn_rope_kv_write", 20, "88888888888444844884"},
-    {"kn_rms_norm", 5, "88844"}, {"kn_add_rms_norm", 7, "8888844"},
-    {"kn_rms_norm_h", 7, "8888444"}, {"kn_add_rms_norm_h", 9, "888888444"},
+    {"kn_add", 4, "8888"},
+    {"kn_swiglu", 4, "8888"},
+    {"kn_swiglu_packed", 4, "8888"},
+    {"kn_geglu", 4, "8888"},
+    {"kn_softcap", 4, "8884"},
+    {"kn_gather_rows", 4, "8888"},
+    {"kn_rope_kv_write", 20, "88888888888444844884"},
+    {"kn_rms_norm", 5, "88844"},
+    {"kn_add_rms_norm", 7, "8888844"},
+    {"kn_rms_norm_h", 7, "8888444"},
+    {"kn_add_rms_norm_h", 9, "888888444"},
     {"kn_swiglu_packed_h", 6, "888884"},
-    {"kn_rope_neox", 6, "888444"}, {"kn_rope_interleaved", 6, "888444"},
-    {"kn_add_bias", 4, "8888"}, {"kn_cast_f16", 3, "888"}, {"kn_cast_bf16", 3, "888"},
-    {"kn_dequant_q8_0", 3, "888"}, {"kn_dequant_q4_0", 3, "888"}, {"kn_dequant_q4_1", 3, "888"},
-    {"kn_attn_decode", 16, "8888888884444444"}, {"kn_attn_decode_reduce", 5, "88844"},
-    {"kn_attn_prefill", 15, "888888844448844"}, {"kn_attn_prefill_tc", 15, "888888844448844"},
-    {"kn_kv_write", 9, "888888844"}, {"kn_pick", 8, "88884888"},
+    {"kn_rope_neox", 6, "888444"},
+    {"kn_rope_interleaved", 6, "888444"},
+    {"kn_add_bias", 4, "8888"},
+    {"kn_cast_f16", 3, "888"},
+    {"kn_cast_bf16", 3, "888"},
+    {"kn_dequant_q8_0", 3, "888"},
+    {"kn_dequant_q4_0", 3, "888"},
+    {"kn_dequant_q4_1", 3, "888"},
+    {"kn_attn_decode", 16, "8888888884444444"},
+    {"kn_attn_decode_reduce", 5, "88844"},
+    {"kn_attn_prefill", 15, "888888844448844"},
+    {"kn_attn_prefill_tc", 15, "888888844448844"},
+    {"kn_kv_write", 9, "888888844"},
+    {"kn_pick", 8, "88884888"},
     {"kn_attn_decode_f16", 16, "8888888884444444"},
     {"kn_attn_prefill_f16", 15, "888888844448844"},
-    {"kn_attn_prefill_tc_f16", 15, "888888844448844"}, {"kn_kv_write_f16", 9, "888888844"},
+    {"kn_attn_prefill_tc_f16", 15, "888888844448844"},
+    {"kn_kv_write_f16", 9, "888888844"},
     {"kn_rope_kv_write_f16", 20, "88888888888444844884"},
-    {"kn_gemv_f32", 7, "8888444"}, {"kn_gemv_f16", 7, "8888444"}, {"kn_gemv_bf16", 7, "8888444"},
-    {"kn_gemv_q8_0", 7, "8888444"}, {"kn_gemv_q4_0", 7, "8888444"}, {"kn_gemv_q4_1", 7, "8888444"},
-    {"kn_gemv_f32_swiglu", 7, "8888444"}, {"kn_gemv_f16_swiglu", 7, "8888444"},
-    {"kn_gemv_bf16_swiglu", 7, "8888444"}, {"kn_gemv_q8_0_swiglu", 7, "8888444"},
-    {"kn_gemv_q4_0_swiglu", 7, "8888444"}, {"kn_gemv_q4_1_swiglu", 7, "8888444"},
-    {"kn_gemv_wq_i4", 12, "888888444444"}, {"kn_gemv_wq_i8", 12, "888888444444"},
-    {"kn_embed_f32", 5, "88884"}, {"kn_embed_f16", 5, "88884"}, {"kn_embed_bf16", 5, "88884"},
-    {"kn_embed_q8_0", 5, "88884"}, {"kn_embed_q4_0", 5, "88884"}, {"kn_embed_q4_1", 5, "88884"},
+    {"kn_gemv_f32", 7, "8888444"},
+    {"kn_gemv_f16", 7, "8888444"},
+    {"kn_gemv_bf16", 7, "8888444"},
+    {"kn_gemv_q8_0", 7, "8888444"},
+    {"kn_gemv_q4_0", 7, "8888444"},
+    {"kn_gemv_q4_1", 7, "8888444"},
+    {"kn_gemv_f32_swiglu", 7, "8888444"},
+    {"kn_gemv_f16_swiglu", 7, "8888444"},
+    {"kn_gemv_bf16_swiglu", 7, "8888444"},
+    {"kn_gemv_q8_0_swiglu", 7, "8888444"},
+    {"kn_gemv_q4_0_swiglu", 7, "8888444"},
+    {"kn_gemv_q4_1_swiglu", 7, "8888444"},
+    {"kn_gemv_wq_i4", 12, "888888444444"},
+    {"kn_gemv_wq_i8", 12, "888888444444"},
+    {"kn_embed_f32", 5, "88884"},
+    {"kn_embed_f16", 5, "88884"},
+    {"kn_embed_bf16", 5, "88884"},
+    {"kn_embed_q8_0", 5, "88884"},
+    {"kn_embed_q4_0", 5, "88884"},
+    {"kn_embed_q4_1", 5, "88884"},
 };
 #define N_FNS ((int)(sizeof k_fns / sizeof k_fns[0]))
 
 static ir_dtype dtype_of(const char *suffix) {
-  return !strcmp(suffix, "f32") ? IR_F32 : !strcmp(suffix, "f16") ? IR_F16
-       : !strcmp(suffix, "bf16") ? IR_BF16 : !strcmp(suffix, "q8_0") ? IR_Q8_0
-       : !strcmp(suffix, "q4_0") ? IR_Q4_0 : IR_Q4_1;
+  return !strcmp(suffix, "f32")    ? IR_F32
+         : !strcmp(suffix, "f16")  ? IR_F16
+         : !strcmp(suffix, "bf16") ? IR_BF16
+         : !strcmp(suffix, "q8_0") ? IR_Q8_0
+         : !strcmp(suffix, "q4_0") ? IR_Q4_0
+                                   : IR_Q4_1;
 }
 
 /* kn_pick: out, top, logits, args, vocab (sampling.cu): runtime/sampler.c's own function
@@ -325,8 +358,8 @@ static void emu_pick(const launch_t *l) {
     } a;
     memcpy(&a, (const char *)PV(3) + sizeof a * b, sizeof a);
     const float *x = PF(2) + (size_t)a.row * (size_t)vocab;
-    irt_sampling p = {.temperature = a.temperature, .top_k = a.top_k, .top_p = a.top_p,
-                      .min_p = a.min_p};
+    irt_sampling p = {
+        .temperature = a.temperature, .top_k = a.top_k, .top_p = a.top_p, .min_p = a.min_p};
     irt_sampler *s;
     int32_t tok = -1;
     float *w = malloc(sizeof(float) * (size_t)vocab); /* the row with the penalties */
@@ -394,10 +427,8 @@ static void run_launch(const launch_t *l) {
     char dt[8];
     snprintf(dt, sizeof dt, "%.*s", sw ? (int)(sw - name - 8) : 7, name + 8);
     emu_gemv(l, dtype_of(dt), sw != NULL);
-  }
-  else if (!strncmp(name, "kn_embed_", 9))
-    kn_embed_scaled(NULL, PF(0), PV(1), dtype_of(name + 9), PI(2), l->grid[0], I64(3),
-                    F32(l, 4));
+  } else if (!strncmp(name, "kn_embed_", 9))
+    kn_embed_scaled(NULL, PF(0), PV(1), dtype_of(name + 9), PI(2), l->grid[0], I64(3), F32(l, 4));
   else if (!strncmp(name, "kn_dequant_", 11)) emu_dequant(l, dtype_of(name + 11));
   else emu_simple(l, name);
 }
@@ -409,8 +440,8 @@ typedef struct op_t {
   launch_t l;
   CUdeviceptr dst, src;
   size_t bytes;
-  int g[9];      /* gemm: transa, transb, m, n, k, atype, lda, btype, ldb */
-  int g2[3];     /* ctype, ldc, (unused) */
+  int g[9];  /* gemm: transa, transb, m, n, k, atype, lda, btype, ldb */
+  int g2[3]; /* ctype, ldc, (unused) */
   float alpha, beta;
 } op_t;
 
@@ -468,7 +499,9 @@ static void submit(const op_t *o) {
 }
 
 /* --- driver API ---------------------------------------------------------------------------- */
-#define API(ret, name, ...) EXPORT ret name(__VA_ARGS__); ret name(__VA_ARGS__)
+#define API(ret, name, ...)                                                                        \
+  EXPORT ret name(__VA_ARGS__);                                                                    \
+  ret name(__VA_ARGS__)
 
 API(CUresult, cuInit, unsigned f) { return 0; }
 /* NVRTC (in the same process, building plans) asks libcuda for its private tables. */
@@ -476,9 +509,18 @@ API(CUresult, cuGetExportTable, const void **table, const void *id) {
   *table = NULL;
   return 801; /* CUDA_ERROR_NOT_SUPPORTED */
 }
-API(CUresult, cuDriverGetVersion, int *v) { *v = 13000; return 0; }
-API(CUresult, cuDeviceGetCount, int *n) { *n = 1; return 0; }
-API(CUresult, cuDeviceGet, int *d, int i) { *d = 0; return i == 0 ? 0 : 101; }
+API(CUresult, cuDriverGetVersion, int *v) {
+  *v = 13000;
+  return 0;
+}
+API(CUresult, cuDeviceGetCount, int *n) {
+  *n = 1;
+  return 0;
+}
+API(CUresult, cuDeviceGet, int *d, int i) {
+  *d = 0;
+  return i == 0 ? 0 : 101;
+}
 API(CUresult, cuDeviceGetName, char *s, int len, int d) {
   snprintf(s, (size_t)len, "Fake GPU");
   return 0;
@@ -488,11 +530,17 @@ API(CUresult, cuDeviceGetAttribute, int *v, int attr, int d) {
   return 0;
 }
 static int g_ctx;
-API(CUresult, cuDevicePrimaryCtxRetain, void **c, int d) { *c = &g_ctx; return 0; }
+API(CUresult, cuDevicePrimaryCtxRetain, void **c, int d) {
+  *c = &g_ctx;
+  return 0;
+}
 API(CUresult, cuDevicePrimaryCtxRelease_v2, int d) { return 0; }
 API(CUresult, cuCtxSetCurrent, void *c) { return c == &g_ctx ? 0 : 201; }
 static int g_mod;
-API(CUresult, cuModuleLoadData, void **m, const void *image) { *m = &g_mod; return 0; }
+API(CUresult, cuModuleLoadData, void **m, const void *image) {
+  *m = &g_mod;
+  return 0;
+}
 API(CUresult, cuModuleUnload, void *m) { return 0; }
 API(CUresult, cuModuleGetFunction, void **f, void *m, const char *name) {
   for (int i = 0; i < N_FNS; i++)
@@ -509,9 +557,15 @@ API(CUresult, cuMemAlloc_v2, CUdeviceptr *p, size_t n) {
   *p = (CUdeviceptr)(uintptr_t)q;
   return 0;
 }
-API(CUresult, cuMemFree_v2, CUdeviceptr p) { free((void *)(uintptr_t)p); return 0; }
+API(CUresult, cuMemFree_v2, CUdeviceptr p) {
+  free((void *)(uintptr_t)p);
+  return 0;
+}
 API(CUresult, cuMemAllocHost_v2, void **p, size_t n) { return (*p = malloc(n ? n : 1)) ? 0 : 2; }
-API(CUresult, cuMemFreeHost, void *p) { free(p); return 0; }
+API(CUresult, cuMemFreeHost, void *p) {
+  free(p);
+  return 0;
+}
 API(CUresult, cuMemGetInfo_v2, size_t *fr, size_t *tot) {
   *fr = (size_t)6 << 30, *tot = (size_t)8 << 30;
   return 0;
@@ -548,7 +602,10 @@ API(CUresult, cuLaunchKernel, void *f, unsigned gx, unsigned gy, unsigned gz, un
   return 0;
 }
 static int g_obj;
-API(CUresult, cuStreamCreate, void **s, unsigned f) { *s = &g_obj; return 0; }
+API(CUresult, cuStreamCreate, void **s, unsigned f) {
+  *s = &g_obj;
+  return 0;
+}
 API(CUresult, cuStreamDestroy_v2, void *s) { return 0; }
 API(CUresult, cuStreamSynchronize, void *s) { return g_capture ? 900 : 0; }
 API(CUresult, cuStreamBeginCapture_v2, void *s, int mode) {
@@ -592,8 +649,14 @@ static void graph_free(graph_t *g) {
   if (g) free(g->ops);
   free(g);
 }
-API(CUresult, cuGraphExecDestroy, void *e) { graph_free(e); return 0; }
-API(CUresult, cuGraphDestroy, void *g) { graph_free(g); return 0; }
+API(CUresult, cuGraphExecDestroy, void *e) {
+  graph_free(e);
+  return 0;
+}
+API(CUresult, cuGraphDestroy, void *g) {
+  graph_free(g);
+  return 0;
+}
 /* Events: the host clock at record (the fake's launches run at once, on the host). */
 API(CUresult, cuEventCreate, void **e, unsigned f) {
   (void)f;
@@ -621,7 +684,10 @@ API(CUresult, cuGetErrorString, CUresult r, const char **s) {
 
 /* --- cuBLAS -------------------------------------------------------------------------------- */
 static int g_blas;
-API(int, cublasCreate_v2, void **h) { *h = &g_blas; return 0; }
+API(int, cublasCreate_v2, void **h) {
+  *h = &g_blas;
+  return 0;
+}
 API(int, cublasDestroy_v2, void *h) { return 0; }
 API(int, cublasSetStream_v2, void *h, void *s) { return 0; }
 API(int, cublasSetWorkspace_v2, void *h, void *w, size_t n) { return 0; }
@@ -629,9 +695,13 @@ API(int, cublasGemmEx, void *h, int ta, int tb, int m, int n, int k, const void 
     const void *a, int at, int lda, const void *b, int bt, int ldb, const void *beta, void *c,
     int ct, int ldc, int compute, int algo) {
   if (ct != 0 || compute != 68 || at != bt) return 7; /* CUBLAS_STATUS_INVALID_VALUE */
-  op_t o = {.kind = 2, .dst = (CUdeviceptr)(uintptr_t)c, .src = (CUdeviceptr)(uintptr_t)a,
-            .g = {ta, tb, m, n, k, at, lda, bt, ldb}, .g2 = {ct, ldc, 0},
-            .alpha = *(const float *)alpha, .beta = *(const float *)beta};
+  op_t o = {.kind = 2,
+            .dst = (CUdeviceptr)(uintptr_t)c,
+            .src = (CUdeviceptr)(uintptr_t)a,
+            .g = {ta, tb, m, n, k, at, lda, bt, ldb},
+            .g2 = {ct, ldc, 0},
+            .alpha = *(const float *)alpha,
+            .beta = *(const float *)beta};
   o.l.p[0] = (uint64_t)(uintptr_t)b;
   submit(&o);
   return 0;

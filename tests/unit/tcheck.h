@@ -8,26 +8,26 @@
 extern int tcheck_failed;
 extern int tcheck_passed;
 
-#define CHECK(cond)                                                                            \
-  do {                                                                                         \
-    if (cond) {                                                                                \
-      tcheck_passed++;                                                                         \
-    } else {                                                                                   \
-      tcheck_failed++;                                                                         \
-      fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);                 \
-    }                                                                                          \
+#define CHECK(cond)                                                                                \
+  do {                                                                                             \
+    if (cond) {                                                                                    \
+      tcheck_passed++;                                                                             \
+    } else {                                                                                       \
+      tcheck_failed++;                                                                             \
+      fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);                     \
+    }                                                                                              \
   } while (0)
 
-#define CHECKF(cond, ...)                                                                      \
-  do {                                                                                         \
-    if (cond) {                                                                                \
-      tcheck_passed++;                                                                         \
-    } else {                                                                                   \
-      tcheck_failed++;                                                                         \
-      fprintf(stderr, "%s:%d: CHECK failed: %s: ", __FILE__, __LINE__, #cond);                 \
-      fprintf(stderr, __VA_ARGS__);                                                            \
-      fputc('\n', stderr);                                                                     \
-    }                                                                                          \
+#define CHECKF(cond, ...)                                                                          \
+  do {                                                                                             \
+    if (cond) {                                                                                    \
+      tcheck_passed++;                                                                             \
+    } else {                                                                                       \
+      tcheck_failed++;                                                                             \
+      fprintf(stderr, "%s:%d: CHECK failed: %s: ", __FILE__, __LINE__, #cond);                     \
+      fprintf(stderr, __VA_ARGS__);                                                                \
+      fputc('\n', stderr);                                                                         \
+    }                                                                                              \
   } while (0)
 
 /* ctest's skip code (SKIP_RETURN_CODE in tests/CMakeLists.txt): the summary shows a skip. */

@@ -91,15 +91,16 @@ static void test_errors(void) {
   /* SmolLM3's template has ChatML, <think> and enable_thinking too, but is not Qwen3's */
   d = (ir_diag){0};
   CHECK(irt_chat_template_detect("{%- if enable_thinking -%}<|im_start|>system\n## Metadata\n"
-                                 "Reasoning Mode: /think<think></think>", &t, &d) ==
-            IR_UNSUPPORTED &&
+                                 "Reasoning Mode: /think<think></think>",
+                                 &t, &d) == IR_UNSUPPORTED &&
         strstr(d.msg, "SmolLM3") && strstr(d.msg, "--chat-template"));
 }
 
 int main(void) {
   char *text = NULL;
   ir_diag d = {0};
-  CHECKF(infc_read_file(FIXTURES_DIR "/chat/chat_templates.json", 1u << 20, &text, NULL, &d) == IR_OK,
+  CHECKF(infc_read_file(FIXTURES_DIR "/chat/chat_templates.json", 1u << 20, &text, NULL, &d) ==
+             IR_OK,
          "%s", d.msg);
   cJSON *root = text ? cJSON_Parse(text) : NULL;
   const cJSON *c;

@@ -58,8 +58,7 @@ static void test_library(void) {
 #endif
 }
 
-static irt_status open_with(const char *plan, const char *device, irt_model **m,
-                            irt_error *err) {
+static irt_status open_with(const char *plan, const char *device, irt_model **m, irt_error *err) {
   irt_model_opts o = irt_model_opts_default();
   o.n_threads = 2;
   o.device = device;

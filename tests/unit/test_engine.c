@@ -23,8 +23,8 @@ typedef struct result {
   irt_finish finish[4];
   int done_events;
   int64_t cached;
-  int order; /* when the request finished, across requests */
-  int n_prompt_ev;      /* prompt_logprobs events, and their tokens */
+  int order;       /* when the request finished, across requests */
+  int n_prompt_ev; /* prompt_logprobs events, and their tokens */
   int32_t prompt_tok[64];
 } result;
 
@@ -92,9 +92,15 @@ static int make_prompt(int i, int32_t *out) {
 }
 
 static irt_request make_request(int i, const int32_t *prompt, int len, result *r) {
-  irt_request q = {.prompt_ids = prompt, .n_prompt = (size_t)len, .max_tokens = 8 + i % 9,
-                   .ignore_eos = true, .n = 1, .on_event = on_event, .user = r};
-  q.sampling = (irt_sampling){.temperature = 0.8f, .top_k = 40, .top_p = 0.95f, .seed = 100 + (uint64_t)i};
+  irt_request q = {.prompt_ids = prompt,
+                   .n_prompt = (size_t)len,
+                   .max_tokens = 8 + i % 9,
+                   .ignore_eos = true,
+                   .n = 1,
+                   .on_event = on_event,
+                   .user = r};
+  q.sampling =
+      (irt_sampling){.temperature = 0.8f, .top_k = 40, .top_p = 0.95f, .seed = 100 + (uint64_t)i};
   if (i % 4 == 1) q.sampling = irt_sampling_default();
   if (i >= 8) { /* a negative frequency penalty makes the output repeat itself: drafts hit */
     q.max_tokens = 40;
@@ -123,7 +129,8 @@ static void run_solo(irt_model *m, int n_req, result *ref) {
 
 static bool same(const result *a, const result *b, int completions) {
   for (int c = 0; c < completions; c++)
-    if (a->n[c] != b->n[c] || memcmp(a->tokens[c], b->tokens[c], sizeof(int32_t) * (size_t)a->n[c]) ||
+    if (a->n[c] != b->n[c] ||
+        memcmp(a->tokens[c], b->tokens[c], sizeof(int32_t) * (size_t)a->n[c]) ||
         memcmp(a->logprobs[c], b->logprobs[c], sizeof(float) * (size_t)a->n[c]) ||
         a->finish[c] != b->finish[c])
       return false;
@@ -181,8 +188,8 @@ static void test_step_cost(void) {
   for (int i = 0; i < 50; i++) irt_step_cost_add(&c, 8, 20);
   CHECK(!irt_step_cost_fit(&c, &a, &b)); /* one size */
   for (int i = 0; i < 50; i++) irt_step_cost_add(&c, 8 + i % 5, 4 + 2 * (8 + i % 5));
-  CHECKF(irt_step_cost_fit(&c, &a, &b) && fabs(a - 4) < 1e-6 && fabs(b - 2) < 1e-6,
-         "a %g b %g", a, b);
+  CHECKF(irt_step_cost_fit(&c, &a, &b) && fabs(a - 4) < 1e-6 && fabs(b - 2) < 1e-6, "a %g b %g", a,
+         b);
   irt_step_cost d = {0};
   for (int i = 0; i < 20; i++) irt_step_cost_add(&d, 4 + i % 3, 3 * (4 + i % 3) - 2);
   CHECK(irt_step_cost_fit(&d, &a, &b) && a == 0 && fabs(b - 3) < 1e-6); /* a < 0: 0 */
@@ -194,7 +201,7 @@ static void test_step_cost(void) {
   t = 1, v = 1;
   CHECK(irt_spec_worth(0.3, 4, 2, &t, &v, 4) == 0 && t == 1 && v == 1); /* 1.8 < 2 */
   t = 8, v = 8;
-  CHECK(irt_spec_worth(0.6, 4, 2, &t, &v, 4) == 0); /* 0.6 x 20 < 16: a batch of 8 */
+  CHECK(irt_spec_worth(0.6, 4, 2, &t, &v, 4) == 0);  /* 0.6 x 20 < 16: a batch of 8 */
   CHECK(irt_spec_worth(0.85, 4, 2, &t, &v, 4) == 1); /* 17 >= 16, then 0.7225 x 22 < 17.7 */
   t = 1, v = 1;
   CHECK(irt_spec_worth(0.99, 0, 2, &t, &v, 4) == 0); /* cost in proportion: never */
@@ -230,13 +237,12 @@ static void test_speculative(irt_model *m, const result *ref, int n_req) {
       continue;
     }
     rejected += st.spec_draft_tokens - st.spec_accepted_tokens;
-    CHECKF(st.spec_accepted_tokens > 0 &&
-               (!each || st.spec_draft_tokens > st.spec_accepted_tokens),
+    CHECKF(st.spec_accepted_tokens > 0 && (!each || st.spec_draft_tokens > st.spec_accepted_tokens),
            "variant %d: %lld drafts, %lld kept", v, (long long)st.spec_draft_tokens,
            (long long)st.spec_accepted_tokens);
     printf("speculative variant %d: %lld drafts, %lld kept, %lld steps (%lld without)\n", v,
-           (long long)st.spec_draft_tokens, (long long)st.spec_accepted_tokens,
-           (long long)st.steps, (long long)plain.steps);
+           (long long)st.spec_draft_tokens, (long long)st.spec_accepted_tokens, (long long)st.steps,
+           (long long)plain.steps);
     CHECK(st.steps < plain.steps);
   }
   CHECKF(rejected > 0, "no draft was rejected in any variant");
@@ -259,8 +265,14 @@ static void test_speculative(irt_model *m, const result *ref, int n_req) {
 static void run_one(irt_engine *e, const int32_t *p, int len, const char *tenant, uint64_t seed,
                     int n, result *r) {
   irt_error err = {0};
-  irt_request q = {.prompt_ids = p, .n_prompt = (size_t)len, .max_tokens = 12, .ignore_eos = true,
-                   .n = n, .tenant = tenant, .on_event = on_event, .user = r};
+  irt_request q = {.prompt_ids = p,
+                   .n_prompt = (size_t)len,
+                   .max_tokens = 12,
+                   .ignore_eos = true,
+                   .n = n,
+                   .tenant = tenant,
+                   .on_event = on_event,
+                   .user = r};
   q.sampling = (irt_sampling){.temperature = 1.0f, .top_p = 1.0f, .seed = seed};
   CHECK(irt_engine_submit(e, &q, NULL, &err) == IRT_OK);
   CHECK(irt_engine_run(e, &err) == IRT_OK);
@@ -299,7 +311,8 @@ static void test_parallel_sampling(irt_model *m) {
     CHECK(irt_engine_create(m, NULL, &e, &err) == IRT_OK);
     run_one(e, p, 10, NULL, 50 + (uint64_t)i, 1, &one[i]);
     irt_engine_destroy(e);
-    CHECKF(all.n[i] == one[i].n[0] && !memcmp(all.tokens[i], one[i].tokens[0], sizeof(int32_t) * (size_t)all.n[i]),
+    CHECKF(all.n[i] == one[i].n[0] &&
+               !memcmp(all.tokens[i], one[i].tokens[0], sizeof(int32_t) * (size_t)all.n[i]),
            "completion %d differs from a solo run with seed + %d", i, i);
   }
   CHECK(memcmp(all.tokens[0], all.tokens[1], sizeof all.tokens[0]) != 0); /* they do differ */
@@ -336,7 +349,8 @@ static void test_preemption(const char *plan, const result *ref, int n_req, int 
   CHECK(spec ? st.spec_draft_tokens > 0 : st.spec_draft_tokens == 0);
   for (int i = 0; i < n_req; i++)
     CHECKF(got[i].done_events == 1 && same(&got[i], &ref[i], 1),
-           "request %d after %lld preemptions differs from its solo run", i, (long long)st.preemptions);
+           "request %d after %lld preemptions differs from its solo run", i,
+           (long long)st.preemptions);
   CHECK(st.kv_blocks_used == 0);
   irt_engine_destroy(e);
   irt_model_close(m);
@@ -353,8 +367,13 @@ static void test_pool_bound(const char *plan) {
   int32_t p[48];
   for (int k = 0; k < 48; k++) p[k] = (k * 7 + 3) % 300;
   result r = {0};
-  irt_request q = {.prompt_ids = p, .n_prompt = 30, .max_tokens = 40, .ignore_eos = true,
-                   .sampling = irt_sampling_default(), .on_event = on_event, .user = &r};
+  irt_request q = {.prompt_ids = p,
+                   .n_prompt = 30,
+                   .max_tokens = 40,
+                   .ignore_eos = true,
+                   .sampling = irt_sampling_default(),
+                   .on_event = on_event,
+                   .user = &r};
   CHECK(irt_engine_submit(e, &q, NULL, &err) == IRT_OK);
   CHECK(irt_engine_run(e, &err) == IRT_OK);
   CHECKF(r.n[0] == 18 && r.finish[0] == IRT_FINISH_LENGTH, "%d tokens, finish %d", r.n[0],
@@ -371,8 +390,14 @@ static void test_cancel(irt_model *m) {
   CHECK(irt_engine_create(m, NULL, &e, &err) == IRT_OK);
   int32_t p[5] = {1, 2, 3, 4, 5};
   result r = {0};
-  irt_request q = {.prompt_ids = p, .n_prompt = 5, .max_tokens = 40, .ignore_eos = true, .n = 2,
-                   .on_event = on_event, .user = &r, .sampling = irt_sampling_default()};
+  irt_request q = {.prompt_ids = p,
+                   .n_prompt = 5,
+                   .max_tokens = 40,
+                   .ignore_eos = true,
+                   .n = 2,
+                   .on_event = on_event,
+                   .user = &r,
+                   .sampling = irt_sampling_default()};
   irt_request_id id = 0;
   CHECK(irt_engine_submit(e, &q, &id, &err) == IRT_OK);
   bool busy;
@@ -400,8 +425,12 @@ static void test_priority_and_limits(irt_model *m) {
   CHECK(irt_engine_create(m, &eo, &e, &err) == IRT_OK);
   int32_t p[4] = {7, 8, 9, 10};
   result low1 = {0}, low2 = {0}, high = {0}, extra = {0};
-  irt_request q = {.prompt_ids = p, .n_prompt = 4, .max_tokens = 6, .ignore_eos = true,
-                   .sampling = irt_sampling_default(), .on_event = on_event};
+  irt_request q = {.prompt_ids = p,
+                   .n_prompt = 4,
+                   .max_tokens = 6,
+                   .ignore_eos = true,
+                   .sampling = irt_sampling_default(),
+                   .on_event = on_event};
   q.user = &low1;
   CHECK(irt_engine_submit(e, &q, NULL, &err) == IRT_OK);
   q.user = &low2;
@@ -500,9 +529,15 @@ static void test_penalties_and_top(irt_model *m) {
     CHECK(irt_engine_create(m, &eo, &e, &err) == IRT_OK);
     static top_result got;
     memset(&got, 0, sizeof got);
-    irt_request q = {.prompt_ids = p, .n_prompt = P, .max_tokens = N_OUT, .ignore_eos = true,
-                     .sampling = irt_sampling_default(), .presence_penalty = presence,
-                     .frequency_penalty = frequency, .top_logprobs = 5, .on_event = on_top_event,
+    irt_request q = {.prompt_ids = p,
+                     .n_prompt = P,
+                     .max_tokens = N_OUT,
+                     .ignore_eos = true,
+                     .sampling = irt_sampling_default(),
+                     .presence_penalty = presence,
+                     .frequency_penalty = frequency,
+                     .top_logprobs = 5,
+                     .on_event = on_top_event,
                      .user = &got};
     CHECK(irt_engine_submit(e, &q, NULL, &err) == IRT_OK);
     CHECK(irt_engine_run(e, &err) == IRT_OK);
@@ -618,16 +653,24 @@ static void test_vllm_sampling(irt_model *m) {
     float rep = v < 4 ? 1.3f : 0.8f, presence = more ? 0.4f : 0, frequency = more ? 0.3f : 0;
     int32_t bid[2] = {plain[1], plain[3]};
     float bias[2] = {1.5f, -0.5f};
-    rep_greedy(m, p, P, presence, frequency, rep, bid, bias, more ? 2 : 0, N_OUT, want, lp,
-               second, gap);
+    rep_greedy(m, p, P, presence, frequency, rep, bid, bias, more ? 2 : 0, N_OUT, want, lp, second,
+               gap);
     irt_engine *e = drafting_engine(m, spec);
     static top_result got;
     memset(&got, 0, sizeof got);
-    irt_request q = {.prompt_ids = p, .n_prompt = P, .max_tokens = N_OUT, .ignore_eos = true,
-                     .sampling = irt_sampling_default(), .presence_penalty = presence,
-                     .frequency_penalty = frequency, .repetition_penalty = rep,
-                     .on_event = on_top_event, .user = &got, .logit_bias_ids = bid,
-                     .logit_bias = bias, .n_logit_bias = more ? 2 : 0};
+    irt_request q = {.prompt_ids = p,
+                     .n_prompt = P,
+                     .max_tokens = N_OUT,
+                     .ignore_eos = true,
+                     .sampling = irt_sampling_default(),
+                     .presence_penalty = presence,
+                     .frequency_penalty = frequency,
+                     .repetition_penalty = rep,
+                     .on_event = on_top_event,
+                     .user = &got,
+                     .logit_bias_ids = bid,
+                     .logit_bias = bias,
+                     .n_logit_bias = more ? 2 : 0};
     CHECK(irt_engine_submit(e, &q, NULL, &err) == IRT_OK);
     CHECK(irt_engine_run(e, &err) == IRT_OK);
     int diff = 0, wrong = 0;
@@ -636,8 +679,8 @@ static void test_vllm_sampling(irt_model *m) {
       diff += want[t] != plain[t];
     }
     CHECKF(got.n == N_OUT && wrong == 0 && diff > 0,
-           "repetition_penalty %g variant %d: %d of %d tokens wrong, %d differ from plain", rep,
-           v, wrong, got.n, diff);
+           "repetition_penalty %g variant %d: %d of %d tokens wrong, %d differ from plain", rep, v,
+           wrong, got.n, diff);
     irt_engine_destroy(e);
   }
   /* min_tokens against an end-of-generation token forced by logit_bias */
@@ -649,17 +692,23 @@ static void test_vllm_sampling(irt_model *m) {
       irt_engine *e = drafting_engine(m, spec ? 4 : 0);
       static top_result got;
       memset(&got, 0, sizeof got);
-      irt_request q = {.prompt_ids = p, .n_prompt = P, .max_tokens = N_OUT, .min_tokens = min,
-                       .sampling = irt_sampling_default(), .on_event = on_top_event,
-                       .user = &got, .logit_bias_ids = &eos, .logit_bias = &plus,
+      irt_request q = {.prompt_ids = p,
+                       .n_prompt = P,
+                       .max_tokens = N_OUT,
+                       .min_tokens = min,
+                       .sampling = irt_sampling_default(),
+                       .on_event = on_top_event,
+                       .user = &got,
+                       .logit_bias_ids = &eos,
+                       .logit_bias = &plus,
                        .n_logit_bias = 1};
       CHECK(irt_engine_submit(e, &q, NULL, &err) == IRT_OK);
       CHECK(irt_engine_run(e, &err) == IRT_OK);
       int early = 0;
       for (int t = 0; t + 1 < got.n; t++) early += got.tokens[t] == eos;
       CHECKF(got.n == min + 1 && got.tokens[got.n - 1] == eos && !early &&
-             got.finish == IRT_FINISH_STOP, "min_tokens %lld: %d tokens, finish %d", (long long)min,
-             got.n, got.finish);
+                 got.finish == IRT_FINISH_STOP,
+             "min_tokens %lld: %d tokens, finish %d", (long long)min, got.n, got.finish);
       irt_engine_destroy(e);
     }
   /* a stop token id: plain greedy output up to its first occurrence */
@@ -670,13 +719,20 @@ static void test_vllm_sampling(irt_model *m) {
     irt_engine *e = drafting_engine(m, spec ? 4 : 0);
     static top_result got;
     memset(&got, 0, sizeof got);
-    irt_request q = {.prompt_ids = p, .n_prompt = P, .max_tokens = N_OUT, .ignore_eos = true,
-                     .sampling = irt_sampling_default(), .on_event = on_top_event, .user = &got,
-                     .stop_token_ids = &stop, .n_stop_token_ids = 1};
+    irt_request q = {.prompt_ids = p,
+                     .n_prompt = P,
+                     .max_tokens = N_OUT,
+                     .ignore_eos = true,
+                     .sampling = irt_sampling_default(),
+                     .on_event = on_top_event,
+                     .user = &got,
+                     .stop_token_ids = &stop,
+                     .n_stop_token_ids = 1};
     CHECK(irt_engine_submit(e, &q, NULL, &err) == IRT_OK);
     CHECK(irt_engine_run(e, &err) == IRT_OK);
     CHECKF(got.n == first + 1 && !memcmp(got.tokens, plain, (size_t)got.n * sizeof *plain) &&
-           got.finish == IRT_FINISH_STOP, "stop_token_ids: %d tokens, want %d", got.n, first + 1);
+               got.finish == IRT_FINISH_STOP,
+           "stop_token_ids: %d tokens, want %d", got.n, first + 1);
     /* with min_tokens past it, the stop id is banned until then */
     memset(&got, 0, sizeof got);
     q.min_tokens = first + 2;
@@ -693,7 +749,8 @@ static void test_vllm_sampling(irt_model *m) {
       b.stop_token_ids = &bad;
       CHECK(irt_engine_submit(e, &b, NULL, &err) == IRT_INVALID_ARG && strstr(err.msg, "vocab"));
       b = q, b.min_tokens = N_OUT + 1;
-      CHECK(irt_engine_submit(e, &b, NULL, &err) == IRT_INVALID_ARG && strstr(err.msg, "min_tokens"));
+      CHECK(irt_engine_submit(e, &b, NULL, &err) == IRT_INVALID_ARG &&
+            strstr(err.msg, "min_tokens"));
       b = q, b.min_tokens = 0, b.repetition_penalty = 2.5f;
       CHECK(irt_engine_submit(e, &b, NULL, &err) == IRT_INVALID_ARG);
       b.repetition_penalty = -1.0f;
@@ -731,10 +788,18 @@ static void test_logit_bias(irt_model *m) {
     irt_engine *e = drafting_engine(m, spec ? 3 : 0);
     static top_result got;
     memset(&got, 0, sizeof got);
-    irt_request q = {.prompt_ids = p, .n_prompt = P, .max_tokens = N_OUT, .ignore_eos = true,
-                     .sampling = irt_sampling_default(), .presence_penalty = presence,
-                     .frequency_penalty = frequency, .on_event = on_top_event, .user = &got,
-                     .logit_bias_ids = ids, .logit_bias = bias, .n_logit_bias = 3};
+    irt_request q = {.prompt_ids = p,
+                     .n_prompt = P,
+                     .max_tokens = N_OUT,
+                     .ignore_eos = true,
+                     .sampling = irt_sampling_default(),
+                     .presence_penalty = presence,
+                     .frequency_penalty = frequency,
+                     .on_event = on_top_event,
+                     .user = &got,
+                     .logit_bias_ids = ids,
+                     .logit_bias = bias,
+                     .n_logit_bias = 3};
     CHECK(irt_engine_submit(e, &q, NULL, &err) == IRT_OK);
     CHECK(irt_engine_run(e, &err) == IRT_OK);
     CHECK(got.n == N_OUT);
@@ -753,8 +818,8 @@ static void test_logit_bias(irt_model *m) {
     irt_engine_stats st;
     irt_engine_get_stats(e, &st);
     CHECK(!spec || st.spec_draft_tokens > 0);
-    printf("logit_bias variant %d: %d of %d tokens differ from plain, %d pushed, %lld drafts\n",
-           v, diff, N_OUT, pushed, (long long)st.spec_draft_tokens);
+    printf("logit_bias variant %d: %d of %d tokens differ from plain, %d pushed, %lld drafts\n", v,
+           diff, N_OUT, pushed, (long long)st.spec_draft_tokens);
     if (v == 0) { /* refusals */
       int32_t bad_ids[2] = {5, 5};
       float bad[2] = {1.0f, 1.0f};
@@ -781,9 +846,16 @@ static void test_logit_bias(irt_model *m) {
     memset(&got, 0, sizeof got);
     int32_t forced = ids[2];
     float plus = 100.0f;
-    irt_request q = {.prompt_ids = p, .n_prompt = P, .max_tokens = N_OUT, .ignore_eos = true,
-                     .sampling = irt_sampling_default(), .on_event = on_top_event, .user = &got,
-                     .logit_bias_ids = &forced, .logit_bias = &plus, .n_logit_bias = 1};
+    irt_request q = {.prompt_ids = p,
+                     .n_prompt = P,
+                     .max_tokens = N_OUT,
+                     .ignore_eos = true,
+                     .sampling = irt_sampling_default(),
+                     .on_event = on_top_event,
+                     .user = &got,
+                     .logit_bias_ids = &forced,
+                     .logit_bias = &plus,
+                     .n_logit_bias = 1};
     CHECK(irt_engine_submit(e, &q, NULL, &err) == IRT_OK);
     CHECK(irt_engine_run(e, &err) == IRT_OK);
     int n_forced = 0;
@@ -818,8 +890,13 @@ static void test_picks(irt_model *m) {
   float l2[2];
   irt_top_logprobs(lg, V, 0.0, 2, top2, l2);
   pen_ids[0] = top2[0], pen_ids[1] = top2[1];
-  irt_pick pk = {.sampler = dev, .n_top = 3, .top_ids = ids, .top_logprobs = lps,
-                 .pen_ids = pen_ids, .pen_sub = pen_sub, .n_pen = 2};
+  irt_pick pk = {.sampler = dev,
+                 .n_top = 3,
+                 .top_ids = ids,
+                 .top_logprobs = lps,
+                 .pen_ids = pen_ids,
+                 .pen_sub = pen_sub,
+                 .n_pen = 2};
   irt_batch_item it = {.seq = b, .tokens = &p[5], .n = 1, .pick = &pk};
   CHECKF(irt_decode_batch(m, &it, 1, &err) == IRT_OK, "%s", err.msg);
   memcpy(w, lg, (size_t)V * sizeof *w);
@@ -948,9 +1025,14 @@ static void test_prompt_logprobs(irt_model *m) {
     CHECK(irt_engine_create(m, NULL, &e, &err) == IRT_OK);
     for (int i = 0; i < NQ && e; i++) {
       lens[i] = make_prompt(i * 3, prompts[i]); /* i * 3: prompts sharing a prefix */
-      irt_request q = {.prompt_ids = prompts[i], .n_prompt = (size_t)lens[i], .max_tokens = 5,
-                       .ignore_eos = true, .n = 1 + i % 2, .top_logprobs = 2,
-                       .on_event = on_scored, .user = pass ? &got[i] : &plain[i],
+      irt_request q = {.prompt_ids = prompts[i],
+                       .n_prompt = (size_t)lens[i],
+                       .max_tokens = 5,
+                       .ignore_eos = true,
+                       .n = 1 + i % 2,
+                       .top_logprobs = 2,
+                       .on_event = on_scored,
+                       .user = pass ? &got[i] : &plain[i],
                        .prompt_logprobs = pass == 1};
       q.sampling = (irt_sampling){.temperature = 0.7f, .top_p = 1, .seed = 9};
       CHECK(irt_engine_submit(e, &q, NULL, &err) == IRT_OK);
@@ -969,17 +1051,19 @@ static void test_prompt_logprobs(irt_model *m) {
       const float *row = lg + (size_t)(p - 1) * V;
       double mx = row[0], sum = 0;
       int32_t arg = 0;
-      for (int64_t v = 0; v < V; v++) if (row[v] > mx) mx = row[v], arg = (int32_t)v;
+      for (int64_t v = 0; v < V; v++)
+        if (row[v] > mx) mx = row[v], arg = (int32_t)v;
       for (int64_t v = 0; v < V; v++) sum += exp((double)row[v] - mx);
       double want = row[prompts[i][p]] - mx - log(sum);
       bad += got[i].tok[p - 1] != prompts[i][p] || fabs(got[i].lp[p - 1] - want) > 1e-4 ||
              got[i].top[p - 1] != arg;
     }
     CHECKF(got[i].n_prompt_ev == lens[i] - 1 && bad == 0,
-           "request %d: %d prompt events for %d tokens, %d wrong", i, got[i].n_prompt_ev,
-           lens[i], bad);
+           "request %d: %d prompt events for %d tokens, %d wrong", i, got[i].n_prompt_ev, lens[i],
+           bad);
     CHECK(got[i].n_gen_before == 0 && got[i].gen.cached == 0);
-    CHECKF(same(&got[i].gen, &plain[i].gen, 1 + i % 2), "request %d: scoring changed its tokens", i);
+    CHECKF(same(&got[i].gen, &plain[i].gen, 1 + i % 2), "request %d: scoring changed its tokens",
+           i);
     CHECK(plain[i].n_prompt_ev == 0);
   }
   free(lg);

@@ -85,8 +85,7 @@ static int32_t lg_node(layer_graph *l, ir_op op, const char *name, const int32_t
                        const ir_attr *a, int n_a) {
   int32_t out = -1;
   ir_diag d = {0};
-  CHECKF(ir_graph_add_node(l->g, op, name, in, n_in, a, n_a, &out, &d) >= 0, "%s: %s", name,
-         d.msg);
+  CHECKF(ir_graph_add_node(l->g, op, name, in, n_in, a, n_a, &out, &d) >= 0, "%s: %s", name, d.msg);
   return out;
 }
 
@@ -126,8 +125,8 @@ static layer_graph make_layer(ir_dtype kdt, bool bias) {
   rin[0] = k, ra[0] = IR_AI(ir_attr_intern("n_heads"), NKV);
   int32_t rk = lg_node(&l, IR_OP_ROPE, "l0.rope_k", rin, 3, ra, 4);
   ir_attr aa[5] = {IR_AI(ir_attr_intern("layer"), 0), IR_AI(ir_attr_intern("n_heads"), NH),
-                   IR_AI(ir_attr_intern("n_kv_heads"), NKV),
-                   IR_AI(ir_attr_intern("head_dim"), HD), IR_AF(ir_attr_intern("scale"), 0.25)};
+                   IR_AI(ir_attr_intern("n_kv_heads"), NKV), IR_AI(ir_attr_intern("head_dim"), HD),
+                   IR_AF(ir_attr_intern("scale"), 0.25)};
   int32_t ain[3] = {rq, rk, v};
   int32_t att = lg_node(&l, IR_OP_ATTENTION, "l0.attn", ain, 3, aa, 5);
   int32_t gu[2] = {lg_proj(&l, att, "l0.gate_proj", IR_Q8_0, F, NH * HD, false),
@@ -161,8 +160,8 @@ static int32_t find_op(const ir_graph *g, ir_op op) {
   return -1;
 }
 
-static ir_status run_pass(ir_graph *g, ir_status (*fn)(ir_graph *, const pass_opts *, pass_log *,
-                                                       ir_diag *)) {
+static ir_status run_pass(ir_graph *g,
+                          ir_status (*fn)(ir_graph *, const pass_opts *, pass_log *, ir_diag *)) {
   pass_opts o = {.fold = true, .fuse = true};
   pass_log log = {0};
   ir_diag d = {0};
@@ -263,7 +262,7 @@ static void test_verifier(void) {
   ir_diag d = {0};
   ir_node *a = &g->nodes[find_op(g, IR_OP_ATTENTION)];
   int32_t cs = a->in[4], x = ir_graph_find_tensor(g, "x"); /* indices moved in the passes */
-  a->in[4] = -1; /* positions without the table */
+  a->in[4] = -1;                                           /* positions without the table */
   CHECK(ir_graph_verify(g, &d) != IR_OK && strstr(d.msg, "cos/sin table"));
   a->in[4] = cs;
   a->in[1] = x; /* k present, v absent */
@@ -310,10 +309,13 @@ static void test_pipeline_log(void) {
   ir_diag d = {0};
   CHECKF(pass_pipeline_run(l.g, &o, &log, &d) == IR_OK, "%s", d.msg);
   char want[160];
-  snprintf(want, sizeof want, "ops: %d -> %d (fuse_rope_attention -2, fuse_qkv -2, "
-           "fuse_add_rms_norm -1)", before, before - 5);
+  snprintf(want, sizeof want,
+           "ops: %d -> %d (fuse_rope_attention -2, fuse_qkv -2, "
+           "fuse_add_rms_norm -1)",
+           before, before - 5);
   CHECK(log.n > 0 && l.g->n_nodes == before - 5);
-  CHECKF(log.n > 0 && !strcmp(log.lines[log.n - 1], want), "'%s'", log.n ? log.lines[log.n - 1] : "");
+  CHECKF(log.n > 0 && !strcmp(log.lines[log.n - 1], want), "'%s'",
+         log.n ? log.lines[log.n - 1] : "");
   CHECK(count_op(l.g, IR_OP_SWIGLU) == 1);
   pass_log_free(&log);
   free_layer(&l);
@@ -377,8 +379,8 @@ static void attention_case(int64_t hd, int64_t rot, int neox) {
   const int64_t nh = 4, nkv = 2, W = (nh + 2 * nkv) * hd, cache = NB * nkv * BS * hd;
   int32_t seq[T] = {0, 0, 0, 0, 0, 1, 1, 1, 1}, pos[T] = {3, 4, 5, 6, 7, 0, 1, 2, 3};
   int32_t tables[2 * NB] = {2, 0, -1, -1, 1, 3, -1, -1};
-  kn_attn_batch b = {.n_tok = T, .tok_seq = seq, .tok_pos = pos, .max_blocks_per_seq = NB,
-                     .block_tables = tables};
+  kn_attn_batch b = {
+      .n_tok = T, .tok_seq = seq, .tok_pos = pos, .max_blocks_per_seq = NB, .block_tables = tables};
   float *qkv = rnd_vec(T * W, 1.0f), *cs = rnd_vec(MP * rot, 1.0f);
   float *q = malloc(T * nh * hd * sizeof *q), *k = malloc(T * nkv * hd * sizeof *k);
   float *v = malloc(T * nkv * hd * sizeof *v);
@@ -398,12 +400,19 @@ static void attention_case(int64_t hd, int64_t rot, int neox) {
   kn_pool *p = kn_pool_create(3);
   kn_rope(p, q, pos, cs, T, nh, hd, rot, neox);
   kn_rope(p, k, pos, cs, T, nkv, hd, rot, neox);
-  kn_kv_layer kv = {.k = kc[0], .v = vc[0], .n_blocks = NB, .block_size = BS,
-                    .n_kv_heads = nkv, .head_dim = hd};
+  kn_kv_layer kv = {
+      .k = kc[0], .v = vc[0], .n_blocks = NB, .block_size = BS, .n_kv_heads = nkv, .head_dim = hd};
   kn_attention_paged(p, out[0], q, k, v, &kv, &b, nh, 0.3f);
   kv.k = kc[1], kv.v = vc[1];
-  kn_attn_io io = {.q = qkv, .k = qkv + nh * hd, .v = qkv + (nh + nkv) * hd, .q_stride = W,
-                   .kv_stride = W, .pos = pos, .cos_sin = cs, .rot_dim = rot, .neox = neox};
+  kn_attn_io io = {.q = qkv,
+                   .k = qkv + nh * hd,
+                   .v = qkv + (nh + nkv) * hd,
+                   .q_stride = W,
+                   .kv_stride = W,
+                   .pos = pos,
+                   .cos_sin = cs,
+                   .rot_dim = rot,
+                   .neox = neox};
   kn_attention_paged_io(p, out[1], &io, &kv, &b, nh, 0.3f);
   CHECKF(!memcmp(out[0], out[1], T * nh * hd * sizeof(float)) &&
              !memcmp(kc[0], kc[1], cache * sizeof(float)) &&
@@ -494,7 +503,7 @@ static void compare_fusions(const char *src, const char *tag) {
  * (and still run). Interleaved rope (GGUF llama). */
 static bool write_quant_gguf(const char *path) {
   enum { HS = 64, FF = 96, L = 2, V = 64, NHh = 4, NKVh = 2, HDh = 16 };
-  static const char *const mats[7] = {"q_proj", "k_proj", "v_proj", "o_proj",
+  static const char *const mats[7] = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
                                       "gate_proj", "up_proj", "down_proj"};
   const int64_t rows[7] = {NHh * HDh, NKVh * HDh, NKVh * HDh, HS, FF, FF, HS};
   const int64_t cols[7] = {HS, HS, HS, NHh * HDh, HS, HS, FF};
@@ -502,19 +511,20 @@ static bool write_quant_gguf(const char *path) {
   char names[64][128];
   void *bufs[64];
   int n = 0;
-#define ADD(hf, dt, r, c)                                                                      \
-  do {                                                                                         \
-    CHECK(infc_gguf_llama_name(hf, names[n], sizeof names[n]));                              \
-    uint64_t nb;                                                                               \
-    bufs[n] = (c) ? rnd_weight(dt, r, c, &nb) : rnd_vec(r, 0.3f);                            \
-    if (!(c)) {                                                                                \
-      nb = (uint64_t)(r) * 4;                                                                  \
-      for (int64_t e = 0; e < (r); e++) ((float *)bufs[n])[e] += 1.0f;                         \
-    }                                                                                          \
-    uint32_t gt = dt == IR_F32 ? 0 : dt == IR_Q4_0 ? 2 : dt == IR_Q4_1 ? 3 : 8;              \
-    ts[n] = (gw_tensor){names[n], gt, (c) ? 2 : 1, {(c) ? (uint64_t)(c) : (uint64_t)(r),     \
-                                                    (uint64_t)(r)}, bufs[n], (size_t)nb};     \
-    n++;                                                                                       \
+#define ADD(hf, dt, r, c)                                                                          \
+  do {                                                                                             \
+    CHECK(infc_gguf_llama_name(hf, names[n], sizeof names[n]));                                    \
+    uint64_t nb;                                                                                   \
+    bufs[n] = (c) ? rnd_weight(dt, r, c, &nb) : rnd_vec(r, 0.3f);                                  \
+    if (!(c)) {                                                                                    \
+      nb = (uint64_t)(r)*4;                                                                        \
+      for (int64_t e = 0; e < (r); e++) ((float *)bufs[n])[e] += 1.0f;                             \
+    }                                                                                              \
+    uint32_t gt = dt == IR_F32 ? 0 : dt == IR_Q4_0 ? 2 : dt == IR_Q4_1 ? 3 : 8;                    \
+    ts[n] = (gw_tensor){names[n],    gt,                                                           \
+                        (c) ? 2 : 1, {(c) ? (uint64_t)(c) : (uint64_t)(r), (uint64_t)(r)},         \
+                        bufs[n],     (size_t)nb};                                                  \
+    n++;                                                                                           \
   } while (0)
   ADD("model.embed_tokens.weight", IR_Q8_0, V, HS);
   ADD("model.norm.weight", IR_F32, HS, 0);

@@ -38,8 +38,10 @@ static ir_status open_bytes(const char *name, const gw *w, fmt_gguf **out, ir_di
   write_file(path, w->b, w->n);
   *d = (ir_diag){0};
   ir_status st = fmt_gguf_open(path, out, d);
-  CHECKF(st == IR_OK || strstr(d->msg, path) == d->msg, "message does not start with the "
-         "path: %s", d->msg);
+  CHECKF(st == IR_OK || strstr(d->msg, path) == d->msg,
+         "message does not start with the "
+         "path: %s",
+         d->msg);
   return st;
 }
 
@@ -205,7 +207,8 @@ static void check_tensors(const fmt_gguf *g, uint32_t align) {
   const fmt_gguf_tensor *k = fmt_gguf_tensor_find(g, "t.q4_k");
   CHECK(k && fmt_gguf_type_check(k, &d) == IR_UNSUPPORTED);
   CHECKF(strstr(d.msg, "tensor 't.q4_k': type 12 (Q4_K) is not supported (supported: F32, F16, "
-                       "BF16, Q8_0, Q4_0, Q4_1)"), "%s", d.msg);
+                       "BF16, Q8_0, Q4_0, Q4_1)"),
+         "%s", d.msg);
 }
 
 static void test_valid(void) {
@@ -441,7 +444,8 @@ static void test_bad_tensors(void) {
   bad = t, bad.type = 8, bad.ne[0] = 33;
   expect_bad_tensors("block.gguf", &bad, 1, NULL, IR_BAD_FORMAT, "not a multiple of the Q8_0");
   uint64_t off8 = 8, off_far = 1ull << 40, off_max = UINT64_MAX - 31;
-  expect_bad_tensors("misaligned.gguf", &t, 1, &off8, IR_BAD_FORMAT, "not a multiple of the "
+  expect_bad_tensors("misaligned.gguf", &t, 1, &off8, IR_BAD_FORMAT,
+                     "not a multiple of the "
                      "alignment 32");
   expect_bad_tensors("far.gguf", &t, 1, &off_far, IR_BAD_FORMAT, "ends past the data section");
   expect_bad_tensors("wrap.gguf", &t, 1, &off_max, IR_BAD_FORMAT, "ends past the data section");
@@ -480,11 +484,15 @@ static void test_names(void) {
   };
   char buf[128];
   for (size_t i = 0; i < sizeof k_map / sizeof k_map[0]; i++)
-    CHECKF(infc_gguf_llama_name(k_map[i][0], buf, sizeof buf) && !strcmp(buf, k_map[i][1]),
-           "%s", k_map[i][0]);
-  static const char *const k_none[] = {"model.layers.01.mlp.up_proj.weight", "model.layers..x",
-                                       "model.layers.1.mlp.foo.weight", "lm_head.scale",
-                                       "model.layers.1.mlp.up_proj", "weight", ""};
+    CHECKF(infc_gguf_llama_name(k_map[i][0], buf, sizeof buf) && !strcmp(buf, k_map[i][1]), "%s",
+           k_map[i][0]);
+  static const char *const k_none[] = {"model.layers.01.mlp.up_proj.weight",
+                                       "model.layers..x",
+                                       "model.layers.1.mlp.foo.weight",
+                                       "lm_head.scale",
+                                       "model.layers.1.mlp.up_proj",
+                                       "weight",
+                                       ""};
   for (size_t i = 0; i < sizeof k_none / sizeof k_none[0]; i++)
     CHECKF(!infc_gguf_llama_name(k_none[i], buf, sizeof buf), "'%s' mapped", k_none[i]);
   CHECK(!infc_gguf_llama_name("model.layers.3.mlp.up_proj.weight", buf, 8)); /* too short */
@@ -501,7 +509,8 @@ static void test_names(void) {
   for (size_t i = 0; i < sizeof k_gemma / sizeof k_gemma[0]; i++)
     for (int a = 0; a < 2; a++)
       CHECKF(infc_gguf_llama_name_arch(a ? "gemma3" : "gemma2", k_gemma[i][0], buf, sizeof buf) &&
-                 !strcmp(buf, k_gemma[i][1]), "%s", k_gemma[i][0]);
+                 !strcmp(buf, k_gemma[i][1]),
+             "%s", k_gemma[i][0]);
   CHECK(!infc_gguf_llama_name("model.layers.3.post_feedforward_layernorm.weight", buf, sizeof buf));
 }
 
@@ -561,7 +570,8 @@ static void test_frontend_refusals(void) {
   gw_tensors(&w, &k4, 1, 32);
   CHECK(build_gguf("q4k.gguf", &w, &d) == IR_UNSUPPORTED);
   CHECKF(strstr(d.msg, "q4k.gguf: tensor 'blk.0.attn_q.weight': type 12 (Q4_K) is not "
-                       "supported (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1)"), "%s", d.msg);
+                       "supported (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1)"),
+         "%s", d.msg);
   /* experts (one stray tensor keeps block_count plausible) */
   gw_tensor stray = {"x", 0, 1, {16}, g_zero, 64};
   w.n = 0;

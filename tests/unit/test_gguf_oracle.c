@@ -34,7 +34,7 @@ typedef struct conv {
   model_llama_params p;
   const char *arch; /* general.architecture: the HF model_type but gemma3_text's gemma3 */
   fmt_st *st;
-  bool q8; /* store matrices as Q8_0 */
+  bool q8;        /* store matrices as Q8_0 */
   uint8_t **bufs; /* converted tensor data, one per safetensors tensor */
 } conv;
 
@@ -79,8 +79,7 @@ static void quantize_q8_0(const void *src, ir_dtype dt, size_t n, uint8_t *out) 
 static gw_tensor convert_tensor(conv *c, size_t i, char *gname, size_t glen) {
   const fmt_st_tensor *t = fmt_st_get(c->st, i);
   gw_tensor g = {.name = gname, .rank = t->rank};
-  CHECKF(infc_gguf_llama_name_arch(c->arch, t->name, gname, glen), "no GGUF name for %s",
-         t->name);
+  CHECKF(infc_gguf_llama_name_arch(c->arch, t->name, gname, glen), "no GGUF name for %s", t->name);
   for (int k = 0; k < t->rank; k++) g.ne[k] = (uint64_t)t->shape[t->rank - 1 - k];
   /* as llama.cpp's converter: rows that are not whole blocks stay unquantized; Gemma's
    * norms are stored as 1 + w in f32 */
@@ -230,15 +229,26 @@ static bool convert_fixture(const char *name, const char *out, bool q8) {
   for (size_t i = 0; i < n; i++) ts[i] = convert_tensor(&c, i, names[i], sizeof names[i]);
   float *factors = c.p.rope_scaling == MODEL_ROPE_LLAMA3 ? llama3_rope_factors(&c.p) : NULL;
   if (factors)
-    ts[nt++] = (gw_tensor){.name = "rope_freqs.weight", .type = 0, .rank = 1,
-                           .ne = {(uint64_t)c.p.head_dim / 2}, .data = factors,
+    ts[nt++] = (gw_tensor){.name = "rope_freqs.weight",
+                           .type = 0,
+                           .rank = 1,
+                           .ne = {(uint64_t)c.p.head_dim / 2},
+                           .data = factors,
                            .nbytes = (size_t)c.p.head_dim / 2 * sizeof *factors};
   uint64_t pairs = (uint64_t)model_llama_rot_dims(&c.p) / 2;
   if (c.p.rope_scaling == MODEL_ROPE_LONGROPE) {
-    ts[nt++] = (gw_tensor){.name = "rope_factors_long.weight", .type = 0, .rank = 1,
-                           .ne = {pairs}, .data = c.p.rope_long, .nbytes = pairs * 4};
-    ts[nt++] = (gw_tensor){.name = "rope_factors_short.weight", .type = 0, .rank = 1,
-                           .ne = {pairs}, .data = c.p.rope_short, .nbytes = pairs * 4};
+    ts[nt++] = (gw_tensor){.name = "rope_factors_long.weight",
+                           .type = 0,
+                           .rank = 1,
+                           .ne = {pairs},
+                           .data = c.p.rope_long,
+                           .nbytes = pairs * 4};
+    ts[nt++] = (gw_tensor){.name = "rope_factors_short.weight",
+                           .type = 0,
+                           .rank = 1,
+                           .ne = {pairs},
+                           .data = c.p.rope_short,
+                           .nbytes = pairs * 4};
   }
   gw w = {0}, kv = {0};
   uint64_t n_kv = write_kvs(&kv, c.arch, &c.p);
@@ -328,8 +338,7 @@ static void run_fixture(const char *name) {
     free(lg);
     np++;
   }
-  printf("%s (gguf): %d prompts, max relative logit error vs transformers %.3g\n", name, np,
-         worst);
+  printf("%s (gguf): %d prompts, max relative logit error vs transformers %.3g\n", name, np, worst);
   CHECKF(worst <= TOL, "%s (gguf): logits differ from transformers by %.3g, tolerance %g", name,
          worst, TOL);
   irt_model_close(m);
@@ -356,8 +365,8 @@ static void run_q8(const char *name) {
     }
     printf("%s (q8_0 gguf): quantized kernels vs dequantized plan: max relative %.3g\n", name,
            worst);
-    CHECKF(worst == 0, "%s q8_0: quantized kernels differ from the dequantized plan by %.3g",
-           name, worst);
+    CHECKF(worst == 0, "%s q8_0: quantized kernels differ from the dequantized plan by %.3g", name,
+           worst);
     free(a), free(b);
   }
   irt_model_close(mq);
@@ -375,11 +384,12 @@ static void run_longrope(const char *name, int64_t orig) {
   irt_model *ml = ok ? build_and_open(gguf, "auto", "auto", 0) : NULL;
   if (ms && ml) {
     int n_short = 0, n_long = 0;
-    double worst = tmodel_longrope_check(ms, ml, cJSON_GetObjectItem(o, "prompts"),
-                                         cJSON_GetObjectItem(o, "logits"), orig, TOL, name,
-                                         &n_short, &n_long);
+    double worst =
+        tmodel_longrope_check(ms, ml, cJSON_GetObjectItem(o, "prompts"),
+                              cJSON_GetObjectItem(o, "logits"), orig, TOL, name, &n_short, &n_long);
     printf("%s (gguf): %d prompts (%d on the short factors), max relative logit error vs "
-           "transformers %.3g\n", name, n_short + n_long, n_short, worst);
+           "transformers %.3g\n",
+           name, n_short + n_long, n_short, worst);
   }
   irt_model_close(ms);
   irt_model_close(ml);
@@ -387,9 +397,9 @@ static void run_longrope(const char *name, int64_t orig) {
 }
 
 int main(void) {
-  const char *fixtures[] = {"llama-gqa-f32", "qwen2-bias-bf16", "llama-mha-f16",
-                            "qwen3-qknorm-bf16", "llama3-rope-f32", "qwen3-yarn-f32",
-                            "phi3-fused-f32", "smollm3-nope-f32", "gemma2-softcap-f32",
+  const char *fixtures[] = {"llama-gqa-f32",     "qwen2-bias-bf16",  "llama-mha-f16",
+                            "qwen3-qknorm-bf16", "llama3-rope-f32",  "qwen3-yarn-f32",
+                            "phi3-fused-f32",    "smollm3-nope-f32", "gemma2-softcap-f32",
                             "gemma3-local-f32"};
   for (size_t i = 0; i < sizeof fixtures / sizeof *fixtures; i++) run_fixture(fixtures[i]);
   run_q8("llama-gqa-f32");

@@ -24,7 +24,8 @@ static bool check_vector(const irt_tokenizer *t, const char *text, size_t len, c
   int32_t ids[4096], want[4096];
   size_t n = 0, nw = 0;
   ir_diag d = {0};
-  for (char *tok = strtok(line, " "); tok && nw < 4096; tok = strtok(NULL, " ")) want[nw++] = atoi(tok);
+  for (char *tok = strtok(line, " "); tok && nw < 4096; tok = strtok(NULL, " "))
+    want[nw++] = atoi(tok);
   if (irt_tok_encode(t, text, len, false, false, ids, 4096, &n, &d) != IR_OK) {
     fprintf(stderr, "%s #%d: %s\n", vocab, idx, d.msg);
     return false;
@@ -94,8 +95,8 @@ static void test_smollm2_corpus(void) {
   ir_diag d = {0};
   fmt_gguf *g = NULL;
   irt_tokenizer *t = NULL;
-  CHECKF(fmt_gguf_open(gguf, &g, &d) == IR_OK && fmt_gguf_tokenizer(g, &t, &d) == IR_OK && t,
-         "%s", d.msg);
+  CHECKF(fmt_gguf_open(gguf, &g, &d) == IR_OK && fmt_gguf_tokenizer(g, &t, &d) == IR_OK && t, "%s",
+         d.msg);
   infc_read_file(FIXTURES_DIR "/tokenizers/corpus.txt", 1 << 20, &text, NULL, &d);
   infc_read_file(FIXTURES_DIR "/tokenizers/smollm2-gguf/expected.json", 1 << 22, &json, NULL, &d);
   cJSON *root = json ? cJSON_Parse(json) : NULL;
@@ -126,7 +127,7 @@ int main(void) {
   const char *dir = getenv("INFC_LLAMA_VOCABS");
   if (!dir || !*dir) {
     return tcheck_skip("gguf_vocab", "set INFC_LLAMA_VOCABS (tools/get-llama-vocabs) to run "
-                       "llama.cpp's vectors");
+                                     "llama.cpp's vectors");
   }
   DIR *dp = opendir(dir);
   CHECKF(dp != NULL, "cannot open %s", dir);
@@ -135,7 +136,8 @@ int main(void) {
   struct dirent *e;
   while ((e = readdir(dp))) {
     size_t l = strlen(e->d_name);
-    if (l < 6 || strcmp(e->d_name + l - 5, ".gguf") || strncmp(e->d_name, "ggml-vocab-", 11)) continue;
+    if (l < 6 || strcmp(e->d_name + l - 5, ".gguf") || strncmp(e->d_name, "ggml-vocab-", 11))
+      continue;
     char inp[1200];
     snprintf(inp, sizeof inp, "%s/%s.inp", dir, e->d_name);
     if (!infc_file_exists(inp)) continue;
@@ -143,7 +145,8 @@ int main(void) {
     if (bad < 0) continue;
     supported++;
     vectors += total;
-    CHECKF(bad == 0 && total > 0, "%s: %d of %d vectors differ from llama.cpp", e->d_name, bad, total);
+    CHECKF(bad == 0 && total > 0, "%s: %d of %d vectors differ from llama.cpp", e->d_name, bad,
+           total);
   }
   closedir(dp);
   CHECKF(supported >= 4, "only %d vocabularies were supported", supported);

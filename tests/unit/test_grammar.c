@@ -13,7 +13,6 @@
 #include "grammar.h"
 #include "tcheck.h"
 
-
 static char *read_all(const char *path) {
   FILE *f = fopen(path, "rb");
   if (!f) return NULL;
@@ -136,8 +135,8 @@ static void test_errors(void) {
   };
   const char *bad_rx[][2] = {{"(a)\\1", "backreferences"}, {"a(?=b)", "lookaround"},
                              {"\\bword", "word boundary"}, {"a**", "follows a quantifier"},
-                             {"(ab", "missing ')'"}, {"ab)", "unbalanced"},
-                             {"[b-a]", "out of order"}, {"a^b", "only at the ends"}};
+                             {"(ab", "missing ')'"},       {"ab)", "unbalanced"},
+                             {"[b-a]", "out of order"},    {"a^b", "only at the ends"}};
   for (size_t i = 0; i < sizeof bad_rx / sizeof bad_rx[0]; i++) {
     char *out = NULL;
     irt_error err = {0};
@@ -183,11 +182,11 @@ static bool takes(const char *src, const char *bytes) {
 /* Bytes that begin no valid UTF-8 spelling of an allowed character are refused as soon as
  * they come: overlong forms, surrogates, past U+10FFFF, stray continuation bytes. */
 static void test_utf8(void) {
-  CHECK(!takes("root ::= \"t\"", "\xE0"));     /* E0 needs A0..BF next: >= U+0800 */
+  CHECK(!takes("root ::= \"t\"", "\xE0")); /* E0 needs A0..BF next: >= U+0800 */
   CHECK(!takes("root ::= \"t\"", "\xF0"));
   CHECK(!takes("root ::= \"t\"", "\xC1\xB4")); /* overlong 't' */
-  CHECK(!takes("root ::= .", "\xE0\x81\xB4"));  /* overlong */
-  CHECK(!takes("root ::= .", "\xED\xA0\x80"));  /* a surrogate */
+  CHECK(!takes("root ::= .", "\xE0\x81\xB4")); /* overlong */
+  CHECK(!takes("root ::= .", "\xED\xA0\x80")); /* a surrogate */
   CHECK(!takes("root ::= .", "\xF4\x90\x80\x80"));
   CHECK(!takes("root ::= .", "\x80"));
   CHECK(takes("root ::= .", "\xF4\x8F\xBF\xBF")); /* U+10FFFF */
@@ -216,14 +215,18 @@ static void test_masks(void) {
   }
   irt_gtrie *trie = irt_gtrie_create(t);
   char *src = NULL;
-  CHECK(irt_grammar_json(
-            "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},"
-            "\"n\":{\"type\":\"number\"},\"k\":{\"enum\":[\"\\u4e2d\\u6587\",true]}},"
-            "\"required\":[\"name\",\"n\",\"k\"]}",
-            &src, &err) == IRT_OK);
+  CHECK(irt_grammar_json("{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},"
+                         "\"n\":{\"type\":\"number\"},\"k\":{\"enum\":[\"\\u4e2d\\u6587\",true]}},"
+                         "\"required\":[\"name\",\"n\",\"k\"]}",
+                         &src, &err) == IRT_OK);
   irt_grammar *g = compile(src);
-  const char *prefixes[] = {"", "{", "{\"na", "{\"name\": \"x y", "{\"name\":\"\",\"n\": 1",
-                            "{\"name\":\"\",\"n\":-0.5e", "{\"name\":\"\",\"n\":2,\"k\":\"\xe4",
+  const char *prefixes[] = {"",
+                            "{",
+                            "{\"na",
+                            "{\"name\": \"x y",
+                            "{\"name\":\"\",\"n\": 1",
+                            "{\"name\":\"\",\"n\":-0.5e",
+                            "{\"name\":\"\",\"n\":2,\"k\":\"\xe4",
                             "{\"name\":\"\",\"n\":2,\"k\":true"};
   int32_t V = irt_tokenizer_vocab_size(t);
   uint8_t *mask = malloc((size_t)V);
@@ -261,8 +264,8 @@ static void test_fuzz_finds(void) {
                          &err) == IRT_OK);
   free(out), out = NULL;
   CHECK(irt_grammar_regex("(|){87}", &out, &err) == IRT_OK);
-  CHECKF(irt_grammar_check(out, &err) == IRT_INVALID_ARG && strstr(err.msg, "too ambiguous"),
-         "%s", err.msg);
+  CHECKF(irt_grammar_check(out, &err) == IRT_INVALID_ARG && strstr(err.msg, "too ambiguous"), "%s",
+         err.msg);
   free(out);
 }
 

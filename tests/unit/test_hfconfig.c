@@ -30,7 +30,7 @@ static void test_fixtures(void) {
     CHECK(strcmp(p.arch, "llama") == 0);
     CHECK(p.vocab_size == 300 && p.hidden_size == 64 && p.intermediate_size == 172);
     CHECK(p.n_layers == 2 && p.n_heads == 4 && p.n_kv_heads == 2); /* GQA: 2 q heads per kv */
-    CHECK(p.head_dim == 16);                                        /* 64 / 4 */
+    CHECK(p.head_dim == 16);                                       /* 64 / 4 */
     CHECK(p.max_position == 256 && p.rope_theta == 10000.0 && p.rms_norm_eps == 1e-5);
     CHECK(!p.tie_word_embeddings && !p.attention_bias);
     CHECK(p.bos_token_id == 1 && p.eos_token_id == 2);
@@ -191,7 +191,8 @@ static void test_base(void) {
   p = expect_ok("layer_types", "[\"full_attention\", \"full_attention\"]");
   CHECK(p.n_layers == 2);
   /* Llama 3.1 / 3.2's rope_scaling (transformers 4 form) */
-  p = expect_ok("rope_scaling", "{\"rope_type\": \"llama3\", \"factor\": 32.0, \"low_freq_factor\": "
+  p = expect_ok("rope_scaling",
+                "{\"rope_type\": \"llama3\", \"factor\": 32.0, \"low_freq_factor\": "
                 "1.0, \"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 8192}");
   CHECK(p.rope_scaling == MODEL_ROPE_LLAMA3 && p.rope_factor == 32.0 && p.rope_low_freq == 1.0 &&
         p.rope_high_freq == 4.0 && p.rope_orig_context == 8192 && p.rope_theta == 500000.0);
@@ -199,17 +200,19 @@ static void test_base(void) {
   CHECK(p.rope_scaling == MODEL_ROPE_LINEAR && p.rope_factor == 2.0);
   /* Qwen3's model card: YaRN over a 32768-token original context; DeepSeek's mscale pair */
   p = expect_ok("rope_scaling", "{\"rope_type\": \"yarn\", \"factor\": 4.0, "
-                "\"original_max_position_embeddings\": 32768}");
+                                "\"original_max_position_embeddings\": 32768}");
   CHECK(p.rope_scaling == MODEL_ROPE_YARN && p.rope_orig_context == 32768 &&
         fabs(p.rope_attn_factor - 1.138629436111989) < 1e-12);
   p = expect_ok("rope_scaling", "{\"type\": \"yarn\", \"factor\": 40.0, \"mscale\": 1.0, "
-                "\"mscale_all_dim\": 1.0, \"beta_fast\": 16, \"truncate\": false}");
+                                "\"mscale_all_dim\": 1.0, \"beta_fast\": 16, \"truncate\": false}");
   CHECK(p.rope_attn_factor == 1.0 && p.rope_orig_context == 512 && p.rope_beta_fast == 16.0 &&
         !p.rope_yarn_truncate);
   /* Phi-3.5's rope_scaling: the attention factor from max_position / original (512 / 128) */
-  p = expect_ok("rope_scaling", "{\"type\": \"longrope\", \"long_factor\": [1, 2, 3, 4, 5, 6, 7, 8], "
-                "\"short_factor\": [1, 1, 1, 1, 1, 1, 1, 1.5], \"original_max_position_embeddings\": "
-                "128}");
+  p = expect_ok(
+      "rope_scaling",
+      "{\"type\": \"longrope\", \"long_factor\": [1, 2, 3, 4, 5, 6, 7, 8], "
+      "\"short_factor\": [1, 1, 1, 1, 1, 1, 1, 1.5], \"original_max_position_embeddings\": "
+      "128}");
   CHECK(p.rope_scaling == MODEL_ROPE_LONGROPE && p.rope_orig_context == 128 &&
         p.rope_long[7] == 8.0f && p.rope_short[7] == 1.5f &&
         fabs(p.rope_attn_factor - sqrt(1.0 + log(4.0) / log(128.0))) < 1e-12);
@@ -245,12 +248,15 @@ static void test_errors(void) {
                "rope_scaling", "low_freq_factor");
   expect_error("rope_scaling", "{\"rope_type\": \"longrope\", \"factor\": 4.0}", IR_BAD_FORMAT,
                "rope_scaling", "original_max_position_embeddings");
-  expect_error("rope_scaling", "{\"type\": \"longrope\", \"original_max_position_embeddings\": 64, "
-               "\"long_factor\": [1, 2], \"short_factor\": [1, 1]}", IR_BAD_FORMAT, "long_factor",
-               "8 numbers"); /* head_dim 16: 8 rotated pairs */
-  expect_error("rope_scaling", "{\"type\": \"longrope\", \"original_max_position_embeddings\": 64, "
+  expect_error("rope_scaling",
+               "{\"type\": \"longrope\", \"original_max_position_embeddings\": 64, "
+               "\"long_factor\": [1, 2], \"short_factor\": [1, 1]}",
+               IR_BAD_FORMAT, "long_factor", "8 numbers"); /* head_dim 16: 8 rotated pairs */
+  expect_error("rope_scaling",
+               "{\"type\": \"longrope\", \"original_max_position_embeddings\": 64, "
                "\"long_factor\": [1, 1, 1, 1, 1, 1, 1, 0], \"short_factor\": [1, 1, 1, 1, 1, 1, 1, "
-               "1]}", IR_BAD_FORMAT, "long_factor", "positive");
+               "1]}",
+               IR_BAD_FORMAT, "long_factor", "positive");
   expect_error("rope_scaling", "{\"rope_type\": \"yarn\", \"factor\": 4.0, \"beta_fast\": -1}",
                IR_BAD_FORMAT, "yarn", NULL);
   expect_error("rope_scaling", "{\"type\": \"dynamic\", \"factor\": 2.0}", IR_UNSUPPORTED,
@@ -269,9 +275,10 @@ static void test_errors(void) {
   }
   expect_error("rope_parameters", "{\"rope_theta\": 1e4, \"partial_rotary_factor\": 0.0625}",
                IR_UNSUPPORTED, "rope_parameters", "partial_rotary_factor");
-  expect_error("rope_scaling", "{\"type\": \"linear\", \"factor\": 0.5}", IR_BAD_FORMAT,
-               "factor", NULL);
-  expect_error("rope_scaling", "{\"rope_type\": \"llama3\", \"factor\": 8.0, \"low_freq_factor\": "
+  expect_error("rope_scaling", "{\"type\": \"linear\", \"factor\": 0.5}", IR_BAD_FORMAT, "factor",
+               NULL);
+  expect_error("rope_scaling",
+               "{\"rope_type\": \"llama3\", \"factor\": 8.0, \"low_freq_factor\": "
                "4.0, \"high_freq_factor\": 1.0, \"original_max_position_embeddings\": 8192}",
                IR_BAD_FORMAT, "high_freq_factor", NULL);
   expect_error("hidden_act", "\"gelu\"", IR_UNSUPPORTED, "gelu", NULL);
@@ -302,7 +309,8 @@ static ir_status parse_gemma3(const char *extra, model_llama_params *p, ir_diag 
            "\"vocab_size\": 256, \"rms_norm_eps\": 1e-6, \"rope_theta\": 1e6, "
            "\"rope_local_base_freq\": 20000.0, \"sliding_window\": 512, "
            "\"sliding_window_pattern\": 3, \"rope_scaling\": {\"rope_type\": \"linear\", "
-           "\"factor\": 8.0}%s}", extra);
+           "\"factor\": 8.0}%s}",
+           extra);
   *d = (ir_diag){0};
   return infc_hfconfig_parse(cfg, p, d);
 }
@@ -313,7 +321,9 @@ static void test_gemma(void) {
   model_llama_params p;
   ir_diag d;
   CHECKF(parse_gemma3(", \"query_pre_attn_scalar\": 256, \"hidden_activation\": "
-                      "\"gelu_pytorch_tanh\"", &p, &d) == IR_OK, "%s", d.msg);
+                      "\"gelu_pytorch_tanh\"",
+                      &p, &d) == IR_OK,
+         "%s", d.msg);
   CHECK(p.swa_period == 3 && p.rope_local_theta == 20000.0 && p.rope_scaling == MODEL_ROPE_LINEAR);
   CHECK(p.attn_scale == 1.0 / 16.0 && p.tie_word_embeddings && p.act == IR_ACT_GEGLU);
   CHECK(model_llama_layer_slides(&p, 0) && !model_llama_layer_slides(&p, 2) &&
@@ -323,15 +333,20 @@ static void test_gemma(void) {
   CHECK(infc_hfconfig_parse("{\"model_type\": \"gemma3_text\", \"hidden_size\": 64, "
                             "\"intermediate_size\": 96, \"num_hidden_layers\": 2, "
                             "\"num_attention_heads\": 4, \"vocab_size\": 256, \"rms_norm_eps\": "
-                            "1e-6}", &p, &d) == IR_OK && p.sliding_window == 4096);
+                            "1e-6}",
+                            &p, &d) == IR_OK &&
+        p.sliding_window == 4096);
   /* layer_types against the pattern; the period from the first full layer */
   CHECKF(parse_gemma3(", \"layer_types\": [\"sliding_attention\", \"full_attention\", "
                       "\"sliding_attention\", \"full_attention\", \"sliding_attention\", "
-                      "\"full_attention\", \"sliding_attention\"]", &p, &d) == IR_OK &&
-             p.swa_period == 2, "%s", d.msg);
+                      "\"full_attention\", \"sliding_attention\"]",
+                      &p, &d) == IR_OK &&
+             p.swa_period == 2,
+         "%s", d.msg);
   CHECK(parse_gemma3(", \"layer_types\": [\"sliding_attention\", \"full_attention\", "
                      "\"full_attention\", \"full_attention\", \"sliding_attention\", "
-                     "\"full_attention\", \"sliding_attention\"]", &p, &d) == IR_UNSUPPORTED &&
+                     "\"full_attention\", \"sliding_attention\"]",
+                     &p, &d) == IR_UNSUPPORTED &&
         has(d.msg, "entry 2"));
   CHECK(parse_gemma3(", \"layer_types\": [\"sliding_attention\"]", &p, &d) == IR_BAD_FORMAT &&
         has(d.msg, "7 layers"));
@@ -342,10 +357,13 @@ static void test_gemma(void) {
         has(d.msg, "use_bidirectional_attention"));
   CHECK(parse_gemma3(", \"rope_parameters\": {\"full_attention\": {\"rope_type\": \"default\", "
                      "\"rope_theta\": 5e5}, \"sliding_attention\": {\"rope_type\": \"yarn\", "
-                     "\"factor\": 2.0}}", &p, &d) == IR_UNSUPPORTED &&
+                     "\"factor\": 2.0}}",
+                     &p, &d) == IR_UNSUPPORTED &&
         has(d.msg, "sliding_attention"));
   CHECK(parse_gemma3(", \"rope_parameters\": {\"full_attention\": {\"rope_type\": \"dynamic\", "
-                     "\"factor\": 2.0}}", &p, &d) == IR_UNSUPPORTED && has(d.msg, "full_attention"));
+                     "\"factor\": 2.0}}",
+                     &p, &d) == IR_UNSUPPORTED &&
+        has(d.msg, "full_attention"));
   /* Gemma 3 4B's config.json (Gemma3ForConditionalGeneration): the text model is text_config
    * over Gemma3TextConfig's defaults */
   const char *mm = "{\"architectures\": [\"Gemma3ForConditionalGeneration\"], \"boi_token_index\": "
@@ -365,12 +383,14 @@ static void test_gemma(void) {
   CHECK(p.max_position == 131072 && p.intermediate_size == 10240);
   d = (ir_diag){0}; /* another wrapper is not unwrapped: its model_type is refused */
   CHECK(infc_hfconfig_parse("{\"model_type\": \"llava\", \"text_config\": {\"model_type\": "
-                            "\"llama\"}}", &p, &d) == IR_UNSUPPORTED && has(d.msg, "llava"));
+                            "\"llama\"}}",
+                            &p, &d) == IR_UNSUPPORTED &&
+        has(d.msg, "llava"));
 }
 
 static void test_not_json(void) {
-  const char *bad[] = {"", "{", "not json at all", "[1, 2, 3]", "42", "null", "\"llama\"",
-                       "{\"model_type\": \"llama\",}"};
+  const char *bad[] = {"",   "{",    "not json at all", "[1, 2, 3]",
+                       "42", "null", "\"llama\"",       "{\"model_type\": \"llama\",}"};
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
     model_llama_params p;
     ir_diag d = {0};
@@ -420,8 +440,8 @@ static void test_sliding_window(void) {
   window_case("mistral", "4096", NULL, 512, 4096);
   window_case("mistral", "null", NULL, 512, 0); /* Mistral v0.2+: no window */
   window_case("mistral", NULL, NULL, 512, 0);
-  window_case("llama", "128", NULL, 512, 0);     /* llama has no sliding window */
-  window_case("qwen2", "128", "false", 512, 0);  /* qwen2 only when use_sliding_window */
+  window_case("llama", "128", NULL, 512, 0);    /* llama has no sliding window */
+  window_case("qwen2", "128", "false", 512, 0); /* qwen2 only when use_sliding_window */
   window_case("qwen2", "128", "true", 512, 128);
   window_case("qwen3", "128", "true", 512, 128);
   window_case("qwen3", "128", NULL, 512, 0);

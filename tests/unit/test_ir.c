@@ -14,13 +14,13 @@
 
 enum { V = 16, H = 8, NH = 2, NKV = 1, HD = 4, P = 32 };
 
-static float g_emb[V * H], g_norm[H], g_wq[NH * HD * H], g_wk[NKV * HD * H],
-    g_wv[NKV * HD * H], g_wo[H * NH * HD], g_lm[V * H], g_cs[P * (HD / 2) * 2];
+static float g_emb[V * H], g_norm[H], g_wq[NH * HD * H], g_wk[NKV * HD * H], g_wv[NKV * HD * H],
+    g_wo[H * NH * HD], g_lm[V * H], g_cs[P * (HD / 2) * 2];
 
 typedef struct tiny {
   ir_graph *g;
-  int32_t tokens, positions, rows;           /* inputs */
-  int32_t emb, norm_w, wq, wk, wv, wo, lm;   /* weights */
+  int32_t tokens, positions, rows;                         /* inputs */
+  int32_t emb, norm_w, wq, wk, wv, wo, lm;                 /* weights */
   int32_t x, h, q, k, v, rq, rk, att, o, sum, gat, logits; /* activations */
   int32_t n_embed, n_norm, n_q, n_att, n_add, n_logits;    /* node indices */
 } tiny;
@@ -112,8 +112,8 @@ static void tiny_body(tiny *t) {
   rin[0] = t->k;
   t->rk = add(t, IR_OP_ROPE, "rope_k", rin, 3, rq, 4, NULL);
   ir_attr aa[5] = {IR_AI(ir_attr_intern("layer"), 0), IR_AI(ir_attr_intern("n_heads"), NH),
-                   IR_AI(ir_attr_intern("n_kv_heads"), NKV),
-                   IR_AI(ir_attr_intern("head_dim"), HD), IR_AF(ir_attr_intern("scale"), 0.5)};
+                   IR_AI(ir_attr_intern("n_kv_heads"), NKV), IR_AI(ir_attr_intern("head_dim"), HD),
+                   IR_AF(ir_attr_intern("scale"), 0.5)};
   int32_t ain[3] = {t->rq, t->rk, t->v};
   t->att = add(t, IR_OP_ATTENTION, "attn", ain, 3, aa, 5, &t->n_att);
   in[0] = t->att, in[1] = t->wo;
@@ -163,7 +163,7 @@ static void test_inference(void) {
   CHECK(dims_are(g, t.q, 2, qd)); /* matmul [T,K] x [N,K] -> [T,N], T stays symbolic */
   CHECK(dims_are(g, t.k, 2, kd));
   CHECK(dims_are(g, t.rq, 2, qd) && dims_are(g, t.rk, 2, kd)); /* rope: like x */
-  CHECK(dims_are(g, t.att, 2, qd));                          /* attention: like q */
+  CHECK(dims_are(g, t.att, 2, qd));                            /* attention: like q */
   ir_dim lh[2] = {DS(IR_SYM_LOGITS), DN(H)}, lv[2] = {DS(IR_SYM_LOGITS), DN(V)};
   CHECK(dims_are(g, t.gat, 2, lh)); /* gather_rows: [T,H] x [L] -> [L,H] */
   CHECK(dims_are(g, t.logits, 2, lv));
@@ -355,10 +355,10 @@ static void test_print(void) {
   ir_graph_print(t.g, f);
   fclose(f);
   CHECK(len > 0 && buf != NULL);
-  const char *want[] = {"embed(",  "rms_norm(", "matmul(",   "rope(",     "attention(",
-                        "add(",    "gather_rows(", "%tokens", "%logit_rows", "%q_proj",
-                        "%logits", "%wq:f32[8,8]", "eps=1e-05", "n_kv_heads=1",
-                        "[T,8]",   "[L,16]",    "output %logits"};
+  const char *want[] = {"embed(",  "rms_norm(",     "matmul(",   "rope(",        "attention(",
+                        "add(",    "gather_rows(",  "%tokens",   "%logit_rows",  "%q_proj",
+                        "%logits", "%wq:f32[8,8]",  "eps=1e-05", "n_kv_heads=1", "[T,8]",
+                        "[L,16]",  "output %logits"};
   for (size_t i = 0; i < sizeof want / sizeof *want; i++)
     CHECKF(has(buf, want[i]), "printout lacks '%s':\n%s", want[i], buf);
   free(buf);

@@ -50,19 +50,18 @@ static const ir_dtype k_dtypes[3] = {IR_F32, IR_F16, IR_BF16};
 /* ---- matmul ----------------------------------------------------------------------- */
 
 /* Against a double reference, error bound relative to sum |x_i w_i| (tests/unit/tref.h). */
-static int matmul_ok(const float *y, const float *x, const float *w, const float *bias,
-                     int64_t m, int64_t n, int64_t k) {
+static int matmul_ok(const float *y, const float *x, const float *w, const float *bias, int64_t m,
+                     int64_t n, int64_t k) {
   return tref_matmul_ok(y, x, w, bias, m, n, k, 1e-5);
 }
 
-static void matmul_case(kn_pool *p, ir_dtype dt, int use_bias, int64_t m, int64_t n,
-                        int64_t k) {
+static void matmul_case(kn_pool *p, ir_dtype dt, int use_bias, int64_t m, int64_t n, int64_t k) {
   float *x = rnd_vec(m * k, 1.0f), *w = rnd_vec(n * k, 1.0f);
   float *bias = use_bias ? rnd_vec(n, 1.0f) : NULL, *y = rnd_vec(m * n, 1.0f);
   void *wq = to_dtype(w, n * k, dt);
   kn_matmul(p, y, x, wq, dt, bias, m, n, k);
-  CHECKF(matmul_ok(y, x, w, bias, m, n, k), "dt=%s bias=%d m=%lld n=%lld k=%lld",
-         ir_dtype_name(dt), use_bias, (long long)m, (long long)n, (long long)k);
+  CHECKF(matmul_ok(y, x, w, bias, m, n, k), "dt=%s bias=%d m=%lld n=%lld k=%lld", ir_dtype_name(dt),
+         use_bias, (long long)m, (long long)n, (long long)k);
   free(x), free(w), free(bias), free(y), free(wq);
 }
 
@@ -122,14 +121,20 @@ static float g_softcap;
 /* kn_attention_paged with g_window and g_softcap. */
 static void attn_call(kn_pool *p, float *out, const float *q, const float *k, const float *v,
                       const kn_kv_layer *kv, const kn_attn_batch *b, int64_t nh, float scale) {
-  kn_attn_io io = {.q = q, .k = k, .v = v, .q_stride = nh * kv->head_dim,
-                   .kv_stride = kv->n_kv_heads * kv->head_dim, .window = g_window,
+  kn_attn_io io = {.q = q,
+                   .k = k,
+                   .v = v,
+                   .q_stride = nh * kv->head_dim,
+                   .kv_stride = kv->n_kv_heads * kv->head_dim,
+                   .window = g_window,
                    .softcap = g_softcap};
   kn_attention_paged_io(p, out, &io, kv, b, nh, scale);
 }
 
 /* The first position a query at pos attends, and a score as the reference takes it. */
-static int64_t ref_first(int64_t pos) { return g_window > 0 && pos >= g_window ? pos - g_window + 1 : 0; }
+static int64_t ref_first(int64_t pos) {
+  return g_window > 0 && pos >= g_window ? pos - g_window + 1 : 0;
+}
 static double ref_score(double s) { return g_softcap > 0 ? g_softcap * tanh(s / g_softcap) : s; }
 
 /* The logical K/V of both sequences, which the paged cache must reproduce. */
@@ -148,8 +153,11 @@ static void attn_fix_init(attn_fix *f, int64_t n_heads, int64_t n_kv, int64_t hd
   static const int32_t perm[A_SEQ * A_MAXB] = {7, 2, 10, 0, 5, 3, 11, 1, 8, 4};
   memcpy(f->tables, perm, sizeof perm);
   int64_t cache = A_NBLK * n_kv * A_BS * hd;
-  f->kv = (kn_kv_layer){.k = rnd_vec(cache, 100.0f), .v = rnd_vec(cache, 100.0f),
-                        .n_blocks = A_NBLK, .block_size = A_BS, .n_kv_heads = n_kv,
+  f->kv = (kn_kv_layer){.k = rnd_vec(cache, 100.0f),
+                        .v = rnd_vec(cache, 100.0f),
+                        .n_blocks = A_NBLK,
+                        .block_size = A_BS,
+                        .n_kv_heads = n_kv,
                         .head_dim = hd};
 }
 
@@ -163,8 +171,8 @@ static const float *attn_kv_row(const attn_fix *f, const float *all, int64_t s, 
 }
 
 /* Builds q, k_new, v_new for the tokens (seq[t], pos[t]) and runs the kernel. */
-static void attn_run(kn_pool *p, attn_fix *f, const int32_t *seq, const int32_t *pos,
-                     int64_t n_tok, const float *q, float *out, float scale) {
+static void attn_run(kn_pool *p, attn_fix *f, const int32_t *seq, const int32_t *pos, int64_t n_tok,
+                     const float *q, float *out, float scale) {
   int64_t row = f->n_kv * f->hd;
   float *kn = malloc((size_t)(n_tok * row) * sizeof *kn);
   float *vn = malloc((size_t)(n_tok * row) * sizeof *vn);
@@ -172,8 +180,11 @@ static void attn_run(kn_pool *p, attn_fix *f, const int32_t *seq, const int32_t 
     memcpy(kn + t * row, attn_kv_row(f, f->k_all, seq[t], pos[t], 0), row * sizeof(float));
     memcpy(vn + t * row, attn_kv_row(f, f->v_all, seq[t], pos[t], 0), row * sizeof(float));
   }
-  kn_attn_batch b = {.n_tok = n_tok, .tok_seq = seq, .tok_pos = pos,
-                     .max_blocks_per_seq = A_MAXB, .block_tables = f->tables};
+  kn_attn_batch b = {.n_tok = n_tok,
+                     .tok_seq = seq,
+                     .tok_pos = pos,
+                     .max_blocks_per_seq = A_MAXB,
+                     .block_tables = f->tables};
   attn_call(p, out, q, kn, vn, &f->kv, &b, f->n_heads, scale);
   free(kn), free(vn);
 }
@@ -201,8 +212,8 @@ static int attn_head_ok(const attn_fix *f, int64_t s, int64_t pos, int64_t h, co
   return ok;
 }
 
-static int attn_batch_ok(const attn_fix *f, const int32_t *seq, const int32_t *pos,
-                         int64_t n_tok, const float *q, const float *out, float scale) {
+static int attn_batch_ok(const attn_fix *f, const int32_t *seq, const int32_t *pos, int64_t n_tok,
+                         const float *q, const float *out, float scale) {
   int ok = 1;
   for (int64_t t = 0; t < n_tok; t++)
     for (int64_t h = 0; h < f->n_heads; h++) {
@@ -266,8 +277,10 @@ static void test_attention(kn_pool *p1, kn_pool *p4) {
   attn_case(p1, p4, 4, 2, 16, 60.0f); /* score spread > 88: exp overflows without the max */
   /* sliding windows (in blocks of 4: one that ends mid-block, one of a block, one of one
    * position) and soft-capped scores (the cap bites: scores reach 60 * |q.k|) */
-  static const struct { int64_t window; float softcap, scale; } w[] = {
-      {3, 0, 0.25f}, {4, 0, 0.25f}, {1, 0, 0.25f}, {0, 2.0f, 60.0f}, {5, 2.0f, 60.0f}};
+  static const struct {
+    int64_t window;
+    float softcap, scale;
+  } w[] = {{3, 0, 0.25f}, {4, 0, 0.25f}, {1, 0, 0.25f}, {0, 2.0f, 60.0f}, {5, 2.0f, 60.0f}};
   for (size_t i = 0; i < sizeof w / sizeof w[0]; i++) {
     g_window = w[i].window, g_softcap = w[i].softcap;
     attn_case(p1, p4, 4, 2, 16, w[i].scale);
@@ -302,12 +315,18 @@ static void attn_long_run(kn_pool *p, int isa, bool chunks, bool f16, int64_t hd
   float *all = malloc((size_t)(n_pos * NH * hd) * sizeof *all);
   int prev = kn_matmul_set_max_isa(isa);
   bool prev_chunks = kn_attention_set_chunk_kernels(chunks);
-  kn_attn_batch b = {.n_tok = n_pos - 1, .tok_seq = seq, .tok_pos = pos,
-                     .max_blocks_per_seq = n_blk, .block_tables = tables};
+  kn_attn_batch b = {.n_tok = n_pos - 1,
+                     .tok_seq = seq,
+                     .tok_pos = pos,
+                     .max_blocks_per_seq = n_blk,
+                     .block_tables = tables};
   float *qs = calloc((size_t)(n_pos * NH * hd), sizeof *qs);
   attn_call(p, all, qs, k, v, &kv, &b, NH, scale); /* writes positions 0..n-2 */
-  b = (kn_attn_batch){.n_tok = 1, .tok_seq = seq, .tok_pos = pos + n_pos - 1,
-                      .max_blocks_per_seq = n_blk, .block_tables = tables};
+  b = (kn_attn_batch){.n_tok = 1,
+                      .tok_seq = seq,
+                      .tok_pos = pos + n_pos - 1,
+                      .max_blocks_per_seq = n_blk,
+                      .block_tables = tables};
   attn_call(p, out, q, k + (n_pos - 1) * row, v + (n_pos - 1) * row, &kv, &b, NH, scale);
   kn_attention_set_chunk_kernels(prev_chunks);
   kn_matmul_set_max_isa(prev);
@@ -329,8 +348,8 @@ static void attn_long_run(kn_pool *p, int isa, bool chunks, bool f16, int64_t hd
     }
     free(sc);
   }
-  CHECKF(ok, "long attention isa %d %s hd %lld bs %lld n %lld scale %g window %lld softcap %g",
-         isa, f16 ? "f16" : "f32", (long long)hd, (long long)bs, (long long)n_pos, scale,
+  CHECKF(ok, "long attention isa %d %s hd %lld bs %lld n %lld scale %g window %lld softcap %g", isa,
+         f16 ? "f16" : "f32", (long long)hd, (long long)bs, (long long)n_pos, scale,
          (long long)g_window, g_softcap);
   free(k), free(v), free(q), free(tables), free(kv.k), free(kv.v), free(seq), free(pos);
   free(kv.k16), free(kv.v16);
@@ -341,18 +360,28 @@ static void attn_long_run(kn_pool *p, int isa, bool chunks, bool f16, int64_t hd
  * (they differ only where the portable build has no native fma); AVX2 and AVX-512 with
  * the chunk kernels on and off, bit for bit. */
 static void test_attention_long(kn_pool *p) {
-  static const struct { int64_t hd, bs, n; float scale; int64_t window; float softcap; } c[] = {
-      {64, 32, 83, 0.125f, 0, 0}, {64, 16, 40, 0.125f, 0, 0}, {20, 48, 70, 0.2f, 0, 0},
-      {64, 32, 50, 8.0f, 0, 0},   {48, 16, 45, 0.125f, 0, 0}, {80, 32, 70, 0.1f, 0, 0},
-      /* windows that start mid-chunk, on a chunk's edge, past whole blocks; soft caps */
-      {64, 32, 83, 0.125f, 37, 0}, {64, 16, 70, 0.125f, 32, 0}, {48, 16, 45, 8.0f, 20, 3.0f},
-      {64, 32, 50, 8.0f, 0, 3.0f}};
+  static const struct {
+    int64_t hd, bs, n;
+    float scale;
+    int64_t window;
+    float softcap;
+  } c[] = {{64, 32, 83, 0.125f, 0, 0},
+           {64, 16, 40, 0.125f, 0, 0},
+           {20, 48, 70, 0.2f, 0, 0},
+           {64, 32, 50, 8.0f, 0, 0},
+           {48, 16, 45, 0.125f, 0, 0},
+           {80, 32, 70, 0.1f, 0, 0},
+           /* windows that start mid-chunk, on a chunk's edge, past whole blocks; soft caps */
+           {64, 32, 83, 0.125f, 37, 0},
+           {64, 16, 70, 0.125f, 32, 0},
+           {48, 16, 45, 8.0f, 20, 3.0f},
+           {64, 32, 50, 8.0f, 0, 3.0f}};
   for (size_t i = 0; i < 2 * sizeof c / sizeof c[0]; i++) {
     g_window = c[i / 2].window, g_softcap = c[i / 2].softcap;
     bool f16 = i % 2;
     int64_t hd = c[i / 2].hd, bs = c[i / 2].bs, n = c[i / 2].n;
     size_t sz = (size_t)(9 * hd) * sizeof(float);
-    float *o[5]; /* portable; AVX2, AVX-512 with the chunk kernels; then without */
+    float *o[5];           /* portable; AVX2, AVX-512 with the chunk kernels; then without */
     uint64_t seed = g_rng; /* the same inputs for every run */
     for (int r = 0; r < 5; r++) {
       g_rng = seed;
@@ -386,8 +415,8 @@ static void test_attention_long(kn_pool *p) {
 enum { ATTN_F32, ATTN_F16, ATTN_I8 };
 
 /* Element e of row j (position j of the sequence) of kv head kvh of the K (or V) cache. */
-static double attn_cached(const kn_kv_layer *kv, const int32_t *tables, int64_t j,
-                          int64_t kvh, int64_t e, bool v) {
+static double attn_cached(const kn_kv_layer *kv, const int32_t *tables, int64_t j, int64_t kvh,
+                          int64_t e, bool v) {
   int64_t bs = kv->block_size, r = (tables[j / bs] * kv->n_kv_heads + kvh) * bs + j % bs;
   int64_t o = r * kv->head_dim + e;
   if (kv->k) return v ? kv->v[o] : kv->k[o];
@@ -414,12 +443,18 @@ static void attn_group_run(kn_pool *p, int isa, bool chunks, int kind, int64_t n
   for (int64_t t = 0; t < n; t++) pos[t] = (int32_t)t;
   int prev = kn_matmul_set_max_isa(isa);
   bool prev_chunks = kn_attention_set_chunk_kernels(chunks);
-  kn_attn_batch b = {.n_tok = n, .tok_seq = seq, .tok_pos = pos, .max_blocks_per_seq = n_blk,
+  kn_attn_batch b = {.n_tok = n,
+                     .tok_seq = seq,
+                     .tok_pos = pos,
+                     .max_blocks_per_seq = n_blk,
                      .block_tables = tables};
   kn_attention_paged(p, out, q, k, v, &kv, &b, nh, 0.125f);
   for (int64_t t = 0; t < n; t++) { /* every token again on its own, over that cache */
-    b = (kn_attn_batch){.n_tok = 1, .tok_seq = seq, .tok_pos = pos + t,
-                        .max_blocks_per_seq = n_blk, .block_tables = tables};
+    b = (kn_attn_batch){.n_tok = 1,
+                        .tok_seq = seq,
+                        .tok_pos = pos + t,
+                        .max_blocks_per_seq = n_blk,
+                        .block_tables = tables};
     /* on one thread, or on four (fewer kv heads than threads: the heads split again) */
     kn_attention_paged(t % 2 ? p : NULL, out + n * nh * hd + t * nh * hd, q + t * nh * hd,
                        k + t * row, v + t * row, &kv, &b, nh, 0.125f);
@@ -447,8 +482,8 @@ static void attn_group_run(kn_pool *p, int isa, bool chunks, int kind, int64_t n
       }
       free(sc);
     }
-  CHECKF(ok, "grouped attention vs reference isa %d chunks %d kind %d heads %lld/%lld", isa,
-         chunks, kind, (long long)nh, (long long)nkv);
+  CHECKF(ok, "grouped attention vs reference isa %d chunks %d kind %d heads %lld/%lld", isa, chunks,
+         kind, (long long)nh, (long long)nkv);
   free(k), free(v), free(q), free(tables), free(kv.k), free(kv.v), free(kv.k16), free(kv.v16);
   free(kv.k8), free(kv.v8), free(kv.k_scale), free(kv.v_scale);
   free(seq), free(pos);
@@ -461,13 +496,14 @@ static void test_attention_groups(kn_pool *p4) {
   for (int hi = 0; hi < 4; hi++)
     for (int kind = 0; kind < 3; kind++) {
       int64_t nh = heads[hi][0], nkv = heads[hi][1], sz = n * nh * 64;
-      float *o[4]; /* AVX2, AVX-512, each with the chunk kernels then without */
+      float *o[4];                  /* AVX2, AVX-512, each with the chunk kernels then without */
       for (int r = 0; r < 4; r++) { /* each run draws the same inputs */
         o[r] = malloc((size_t)(2 * sz) * sizeof *o[r]);
         attn_group_run(p4, 1 + r % 2, r < 2, kind, nh, nkv, n, o[r]);
         CHECKF(!memcmp(o[r], o[r] + sz, (size_t)sz * sizeof *o[r]),
                "grouped prefill vs each token alone differ (isa %d chunks %d heads %lld/%lld "
-               "%s)", 1 + r % 2, r < 2, (long long)nh, (long long)nkv, kinds[kind]);
+               "%s)",
+               1 + r % 2, r < 2, (long long)nh, (long long)nkv, kinds[kind]);
       }
       CHECKF(!memcmp(o[0], o[1], (size_t)(2 * sz) * sizeof *o[0]),
              "grouped attention AVX2 vs AVX-512 differ (heads %lld/%lld %s)", (long long)nh,
@@ -495,8 +531,8 @@ static float *rope_table(int64_t max_pos, int64_t rot_dim) {
 }
 
 /* Index pairs rotated together: (i, i + half) for neox, (2i, 2i + 1) otherwise. */
-static int rope_head_ok(const float *in, const float *got, const float *cs, int64_t hd,
-                        int64_t rot, int neox) {
+static int rope_head_ok(const float *in, const float *got, const float *cs, int64_t hd, int64_t rot,
+                        int neox) {
   int64_t half = rot / 2;
   int ok = 1;
   for (int64_t i = 0; i < half; i++) {
@@ -560,8 +596,7 @@ static void norm_case(kn_pool *p, int64_t n, int64_t dim) {
   float *x = rnd_vec(n * dim, 4.0f), *w = rnd_vec(dim, 2.0f), *out = rnd_vec(n * dim, 1.0f);
   float *b = rnd_vec(n * dim, 4.0f), *sum = rnd_vec(n * dim, 1.0f);
   kn_rms_norm(p, out, x, w, n, dim, eps);
-  CHECKF(norm_ok(out, x, w, n, dim, eps), "rms_norm n=%lld dim=%lld", (long long)n,
-         (long long)dim);
+  CHECKF(norm_ok(out, x, w, n, dim, eps), "rms_norm n=%lld dim=%lld", (long long)n, (long long)dim);
   kn_rms_norm(p, x, x, w, n, dim, eps); /* in place */
   CHECK(memcmp(x, out, (size_t)(n * dim) * sizeof(float)) == 0);
   kn_add_rms_norm(p, out, sum, x, b, w, n, dim, eps);
@@ -609,7 +644,7 @@ static void test_embed(kn_pool *p4) {
 static void test_swiglu(kn_pool *p4) {
   enum { N = 100003 };
   float *g = rnd_vec(N, 12.0f), *u = rnd_vec(N, 3.0f), *out = rnd_vec(N, 1.0f);
-  g[0] = -200.0f, g[1] = 200.0f, g[2] = 0.0f; /* exp overflow must not give NaN */
+  g[0] = -200.0f, g[1] = 200.0f, g[2] = 0.0f;             /* exp overflow must not give NaN */
   g[3] = -86.0f, g[4] = -90.0f, g[5] = NAN, g[6] = -0.0f; /* kn_vexp's cut, NaN, -0 */
   float *simd = rnd_vec(N, 1.0f);
   /* every path (portable C, AVX2, AVX-512) against the formula in double: within 1e-6 of
@@ -631,8 +666,7 @@ static void test_swiglu(kn_pool *p4) {
     CHECKF(ok, "swiglu against the formula, isa %d", isa);
     CHECKF(alone, "swiglu: a value alone gives its bits among many, isa %d", isa);
     if (isa == 1) memcpy(simd, out, N * sizeof(float));
-    if (isa == 2)
-      CHECKF(memcmp(simd, out, N * sizeof(float)) == 0, "swiglu AVX2 vs AVX-512 bits");
+    if (isa == 2) CHECKF(memcmp(simd, out, N * sizeof(float)) == 0, "swiglu AVX2 vs AVX-512 bits");
     kn_matmul_set_max_isa(prev);
   }
   kn_swiglu(p4, out, g, u, N);
@@ -651,7 +685,8 @@ static void test_geglu_softcap(kn_pool *p4) {
   kn_geglu(p4, out, g, u, N);
   int ok = 1, alone = 1;
   for (int64_t i = 0; i < N; i++) {
-    double x = g[i], ref = 0.5 * x * (1.0 + tanh(sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x))) * u[i];
+    double x = g[i],
+           ref = 0.5 * x * (1.0 + tanh(sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x))) * u[i];
     ok &= fabs(out[i] - ref) <= 2e-6 * fabs(x * u[i]) + 1e-30;
     if (i % 97 == 0) {
       float one = kn_gelu_tanh_mul(g[i], u[i]);

@@ -29,8 +29,12 @@ typedef struct pools {
 
 static void pools_init(pools *p) {
   size_t n = (size_t)NBLK * NKV * BS * HD, rows = (size_t)NBLK * NKV * BS;
-  p->f = (kn_kv_layer){.k = calloc(n, 4), .v = calloc(n, 4), .n_blocks = NBLK,
-                       .block_size = BS, .n_kv_heads = NKV, .head_dim = HD};
+  p->f = (kn_kv_layer){.k = calloc(n, 4),
+                       .v = calloc(n, 4),
+                       .n_blocks = NBLK,
+                       .block_size = BS,
+                       .n_kv_heads = NKV,
+                       .head_dim = HD};
   p->q = p->f;
   p->q.k = p->q.v = NULL;
   p->q.k8 = calloc(n, 1), p->q.v8 = calloc(n, 1);
@@ -64,11 +68,13 @@ static void step_add(step *s, int32_t seq, int32_t pos) {
 static float g_cos_sin[MAXPOS * HD]; /* (MAXPOS, HD / 2, 2) */
 
 static void run(kn_pool *p, const step *s, const kn_kv_layer *kv, bool rope, float *out) {
-  kn_attn_io io = {.q = s->q, .k = s->k, .v = s->v, .q_stride = NH * HD,
-                   .kv_stride = NKV * HD};
+  kn_attn_io io = {.q = s->q, .k = s->k, .v = s->v, .q_stride = NH * HD, .kv_stride = NKV * HD};
   if (rope) io.pos = s->pos, io.cos_sin = g_cos_sin, io.rot_dim = HD, io.neox = 1;
-  kn_attn_batch b = {.n_tok = s->n, .tok_seq = s->seq, .tok_pos = s->pos,
-                     .max_blocks_per_seq = MAXB, .block_tables = k_tables};
+  kn_attn_batch b = {.n_tok = s->n,
+                     .tok_seq = s->seq,
+                     .tok_pos = s->pos,
+                     .max_blocks_per_seq = MAXB,
+                     .block_tables = k_tables};
   kn_attention_paged_io(p, out, &io, kv, &b, NH, 0.125f);
 }
 
@@ -233,8 +239,7 @@ static void test_model(void) {
   o.model.max_tokens = 32, o.model.max_seqs = 4, o.model.max_logits = 4;
   o.model.kv_block_size = 4;
   ir_diag d = {0};
-  CHECKF(infc_build(FIXTURES_DIR "/llama-gqa-f32", &o, plan, NULL, NULL, &d) == IR_OK, "%s",
-         d.msg);
+  CHECKF(infc_build(FIXTURES_DIR "/llama-gqa-f32", &o, plan, NULL, NULL, &d) == IR_OK, "%s", d.msg);
   irt_model *mq = open_model(plan, IRT_KV_DTYPE_INT8), *mf = open_model(plan, IRT_KV_DTYPE_F32);
   if (!mq || !mf) goto done;
   const irt_model_info *iq = irt_model_get_info(mq), *inf = irt_model_get_info(mf);

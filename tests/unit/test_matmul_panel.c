@@ -91,8 +91,7 @@ int main(void) {
         for (int ni = 0; ni < 4; ni++)
           for (int ki = 0; ki < 2; ki++)
             for (int sw = 0; sw < 2; sw++)
-              panel_case((mi + ni) % 2 ? p3 : NULL, p1, dts[d], isa, sw, ms[mi], ns[ni],
-                         ks[ki]);
+              panel_case((mi + ni) % 2 ? p3 : NULL, p1, dts[d], isa, sw, ms[mi], ns[ni], ks[ki]);
       /* A W row too long for a panel of one kernel width: the in-register fallback. */
       panel_case(p3, p1, dts[d], isa, false, 9, 5, 16384 + 32);
     }

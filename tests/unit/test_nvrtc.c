@@ -72,16 +72,16 @@ static void compile_one(infc_nvrtc *nv, const char *file, const char *src, int a
   ir_status st = infc_nvrtc_compile(nv, src, file, arch, CONFIGS[cfg], 3, &im, &d);
   CHECKF(st == IR_OK, "%s sm_%d: %s", file, arch, d.msg);
   if (st != IR_OK) return;
-  CHECKF(im.cubin_size > 0 && im.ptx_size > 0 && im.n_stats > 0, "%s sm_%d: empty image",
-         file, arch);
+  CHECKF(im.cubin_size > 0 && im.ptx_size > 0 && im.n_stats > 0, "%s sm_%d: empty image", file,
+         arch);
   for (int i = 0; i < im.n_stats; i++) {
     const infc_kernel_stats *k = &im.stats[i];
-    printf("  %-14s %-22s sm_%d %-14s regs %3d  stack %4d  spill st %4d ld %4d  smem %5d\n",
-           file, k->name, arch, CONFIGS[cfg][0] + 2, k->registers, k->stack_bytes,
-           k->spill_stores, k->spill_loads, k->smem_bytes);
+    printf("  %-14s %-22s sm_%d %-14s regs %3d  stack %4d  spill st %4d ld %4d  smem %5d\n", file,
+           k->name, arch, CONFIGS[cfg][0] + 2, k->registers, k->stack_bytes, k->spill_stores,
+           k->spill_loads, k->smem_bytes);
     if (is_hot(k->name))
-      CHECKF(k->spill_stores == 0 && k->spill_loads == 0, "%s sm_%d %s: spills %d/%d bytes",
-             file, arch, k->name, k->spill_stores, k->spill_loads);
+      CHECKF(k->spill_stores == 0 && k->spill_loads == 0, "%s sm_%d %s: spills %d/%d bytes", file,
+             arch, k->name, k->spill_stores, k->spill_loads);
   }
   infc_nvrtc_image_free(&im);
 }

@@ -468,8 +468,8 @@ static void test_program_api(void) {
   irt_tensor_info in, out;
   CHECK(irt_program_n_inputs(p) == 2 && irt_program_n_outputs(p) == 2);
   CHECK(irt_program_find_input(p, "i") == 1 && irt_program_find_output(p, "x") == 1);
-  CHECK(irt_program_input_info(p, 1, &in) == IRT_OK && in.dtype == IRT_DTYPE_I64 &&
-        in.rank == 1 && in.shape[0] == 3 && in.nbytes == 24);
+  CHECK(irt_program_input_info(p, 1, &in) == IRT_OK && in.dtype == IRT_DTYPE_I64 && in.rank == 1 &&
+        in.shape[0] == 3 && in.nbytes == 24);
   CHECK(irt_program_output_info(p, 2, &out) == IRT_INVALID_ARG);
   CHECK(irt_program_output(p, 0, NULL) == NULL); /* before the first run */
   float x[5] = {10, 11, 12, 13, 14};
@@ -482,7 +482,7 @@ static void test_program_api(void) {
   const float *y = irt_program_output(p, 0, NULL), *xo = irt_program_output(p, 1, NULL);
   CHECK(y && y[0] == 14 && y[1] == 14 && y[2] == 10);
   CHECK(xo && xo[2] == 12); /* an input that is also an output is copied out */
-  idx[1] = 5; /* inputs persist across runs; an index out of range fails the run */
+  idx[1] = 5;               /* inputs persist across runs; an index out of range fails the run */
   CHECK(irt_program_set_input(p, 1, idx, sizeof idx, &err) == IRT_OK);
   CHECK(irt_program_run(p, &err) == IRT_INVALID_ARG && strstr(err.msg, "index 5 is out of range"));
   irt_program_close(p);

@@ -68,8 +68,8 @@ static cJSON *load_json(const char *path) {
 }
 
 /* wdt: IR_DTYPE_INVALID (as stored: MatMulNBits stays int4) or IR_F32 (dequantized). */
-static ir_status build_as(const char *model, const char *plan, ir_dtype wdt,
-                         infc_build_report *r, ir_diag *d) {
+static ir_status build_as(const char *model, const char *plan, ir_dtype wdt, infc_build_report *r,
+                          ir_diag *d) {
   infc_options o = infc_options_default();
   o.model.max_tokens = 64;
   o.model.weight_dtype = wdt;
@@ -118,8 +118,8 @@ static void check_prompt(irt_model *m, const cJSON *o, int k, score *s) {
   s->abs = fmax(s->abs, a);
   s->rel = fmax(s->rel, rel);
   free(lg);
-  int64_t nw = tmodel_json_ids(cJSON_GetArrayItem(cJSON_GetObjectItem(o, "greedy"), k), want,
-                               N_GREEDY);
+  int64_t nw =
+      tmodel_json_ids(cJSON_GetArrayItem(cJSON_GetObjectItem(o, "greedy"), k), want, N_GREEDY);
   tmodel_greedy(m, ids, n, got, N_GREEDY);
   bool eq = nw == N_GREEDY && !memcmp(got, want, sizeof got);
   s->same += eq;
@@ -135,8 +135,8 @@ static void check_prompt(irt_model *m, const cJSON *o, int k, score *s) {
   s->dec_abs = fmax(s->dec_abs, a);
   s->dec_rel = fmax(s->dec_rel, rel);
   free(lg);
-  int64_t ng = tmodel_json_ids(cJSON_GetArrayItem(cJSON_GetObjectItem(o, "genai_greedy"), k),
-                               gai, N_GREEDY);
+  int64_t ng =
+      tmodel_json_ids(cJSON_GetArrayItem(cJSON_GetObjectItem(o, "genai_greedy"), k), gai, N_GREEDY);
   eq = ng > 0 && !memcmp(got, gai, (size_t)ng * sizeof *gai);
   s->same_genai += eq;
   CHECKF(eq, "prompt %d: greedy tokens differ from onnxruntime-genai's", k);
@@ -185,8 +185,10 @@ static void check_fixture(const fixture *f, ir_dtype wdt) {
   int np = cJSON_GetArraySize(cJSON_GetObjectItem(o, "prompts"));
   for (int k = 0; m && o && k < np; k++) check_prompt(m, o, k, &s);
   CHECKF(np >= 2 && s.n == np, "%s: %d of %d prompts checked", f->dir, s.n, np);
-  CHECKF(s.rel <= TOL && s.dec_rel <= TOL, "%s: logits differ by %.3g / decode %.3g (relative), "
-         "tolerance %g", f->dir, s.rel, s.dec_rel, TOL);
+  CHECKF(s.rel <= TOL && s.dec_rel <= TOL,
+         "%s: logits differ by %.3g / decode %.3g (relative), "
+         "tolerance %g",
+         f->dir, s.rel, s.dec_rel, TOL);
   printf("%s%s vs onnxruntime: max |logit error| %.3g (relative %.3g), KV decode steps %.3g "
          "(relative %.3g); greedy identical %d/%d, onnxruntime-genai %d/%d; weights %.2f MiB\n",
          f->dir, how, s.abs, s.rel, s.dec_abs, s.dec_rel, s.same, s.n, s.same_genai, s.n,
@@ -287,8 +289,8 @@ static bool write_mutated(const char *fix, mutate_fn fn, char *path) {
   size_t len = 0;
   ir_diag d = {0};
   CHECK(infc_read_file(path, 64u << 20, &bytes, &len, &d) == IR_OK);
-  Onnx__ModelProto *mp = bytes ? onnx__model_proto__unpack(NULL, len, (const uint8_t *)bytes)
-                               : NULL;
+  Onnx__ModelProto *mp =
+      bytes ? onnx__model_proto__unpack(NULL, len, (const uint8_t *)bytes) : NULL;
   free(bytes);
   CHECK(mp != NULL);
   if (!mp) return false;
@@ -351,8 +353,8 @@ static void expect_same(const char *fix, mutate_fn fn, const char *want) {
   score s = {0};
   for (int k = 0; m && o && k < cJSON_GetArraySize(cJSON_GetObjectItem(o, "prompts")); k++)
     check_prompt(m, o, k, &s);
-  CHECKF(s.n >= 2 && s.rel <= TOL && s.dec_rel <= TOL, "%s mutated: relative error %.3g",
-         fix, s.rel);
+  CHECKF(s.n >= 2 && s.rel <= TOL && s.dec_rel <= TOL, "%s mutated: relative error %.3g", fix,
+         s.rel);
   printf("%s with Swish: max |logit error| %.3g vs onnxruntime on the original\n", fix, s.abs);
   cJSON_Delete(o);
   irt_model_close(m);

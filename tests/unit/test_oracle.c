@@ -38,12 +38,10 @@ static bool load_oracle(const char *dir, oracle *o) {
   return o->prompts && o->logits && o->greedy;
 }
 
-
 /* max_context: the plan's context (0: the model's). */
 static irt_model *build_and_open(const char *name, const char *fixture, int64_t max_context) {
   char plan[1024];
-  snprintf(plan, sizeof plan, "%s/oracle-%s-%lld.plan", TEST_TMP_DIR, name,
-           (long long)max_context);
+  snprintf(plan, sizeof plan, "%s/oracle-%s-%lld.plan", TEST_TMP_DIR, name, (long long)max_context);
   infc_options o = infc_options_default();
   o.model.max_tokens = 64; /* small steps so the chunked path is exercised too */
   o.model.max_context = max_context;
@@ -54,14 +52,13 @@ static irt_model *build_and_open(const char *name, const char *fixture, int64_t 
   return tmodel_open(plan);
 }
 
-
 static double compare_logits(const float *lg, const cJSON *want, int64_t V, const char *name) {
   int64_t rows;
   bool short_row;
   double worst = tmodel_max_rel_error(lg, want, V, &rows, &short_row);
   CHECKF(!short_row && rows > 0, "%s: an oracle row does not hold %lld logits", name, (long long)V);
-  CHECKF(worst <= TOL, "%s: logits differ from transformers by %.3g (relative), tolerance %g",
-         name, worst, TOL);
+  CHECKF(worst <= TOL, "%s: logits differ from transformers by %.3g (relative), tolerance %g", name,
+         worst, TOL);
   return worst;
 }
 
@@ -83,7 +80,9 @@ static void check_batch_invariance(irt_model *m, int32_t ids[][64], const int64_
   irt_error err = {0};
   for (int i = 0; i < np; i++) {
     irt_seq_create(m, &seqs[i], &err);
-    items[i] = (irt_batch_item){.seq = seqs[i], .tokens = ids[i], .n = n[i],
+    items[i] = (irt_batch_item){.seq = seqs[i],
+                                .tokens = ids[i],
+                                .n = n[i],
                                 .logits = malloc((size_t)(n[i] * V) * sizeof(float)),
                                 .all_logits = true};
   }
@@ -156,10 +155,11 @@ static void run_longrope(const char *name, int64_t orig) {
   irt_model *ml = o.root ? build_and_open(name, dir, 0) : NULL;
   int n_short = 0, n_long = 0;
   if (ms && ml) {
-    double worst = tmodel_longrope_check(ms, ml, o.prompts, o.logits, orig, TOL, name, &n_short,
-                                         &n_long);
+    double worst =
+        tmodel_longrope_check(ms, ml, o.prompts, o.logits, orig, TOL, name, &n_short, &n_long);
     printf("%s: %d prompts (%d on the short factors), max relative logit error vs "
-           "transformers %.3g\n", name, n_short + n_long, n_short, worst);
+           "transformers %.3g\n",
+           name, n_short + n_long, n_short, worst);
   }
   irt_model_close(ms);
   irt_model_close(ml);
@@ -167,10 +167,10 @@ static void run_longrope(const char *name, int64_t orig) {
 }
 
 int main(void) {
-  const char *fixtures[] = {"llama-gqa-f32", "qwen2-bias-bf16", "llama-mha-f16",
-                            "qwen3-qknorm-bf16", "llama3-rope-f32", "qwen3-yarn-f32",
-                            "phi3-fused-f32", "smollm3-nope-f32", "gemma2-softcap-f32",
-                            "gemma3-local-f32", "gemma3-mm-f32", "mistral-swa-f32",
+  const char *fixtures[] = {"llama-gqa-f32",     "qwen2-bias-bf16",  "llama-mha-f16",
+                            "qwen3-qknorm-bf16", "llama3-rope-f32",  "qwen3-yarn-f32",
+                            "phi3-fused-f32",    "smollm3-nope-f32", "gemma2-softcap-f32",
+                            "gemma3-local-f32",  "gemma3-mm-f32",    "mistral-swa-f32",
                             "qwen2-swa-f32"};
   for (size_t i = 0; i < sizeof fixtures / sizeof *fixtures; i++) run_fixture(fixtures[i]);
   run_longrope("phi3-longrope-f32", 16);

@@ -34,8 +34,8 @@ static int32_t input2(ir_graph *g, const char *name, int64_t cols) {
   return ir_graph_add_input(g, name, IR_F32, 2, d);
 }
 
-static int32_t weight(ir_graph *g, const char *name, ir_dtype dt, int rank, int64_t d0,
-                      int64_t d1, const void *data) {
+static int32_t weight(ir_graph *g, const char *name, ir_dtype dt, int rank, int64_t d0, int64_t d1,
+                      const void *data) {
   int64_t shape[2] = {d0, d1};
   uint64_t n = (uint64_t)d0 * (uint64_t)(rank == 2 ? d1 : 1);
   return ir_graph_add_weight(g, name, dt, rank, shape, data, ir_dtype_bytes(dt, n));
@@ -46,8 +46,8 @@ static int32_t node(ir_graph *g, ir_op op, const char *name, int32_t a, int32_t 
   int32_t in[3] = {a, b, c}, out = -1;
   int n_in = c >= 0 ? 3 : b >= 0 ? 2 : 1;
   ir_diag d = {0};
-  CHECKF(ir_graph_add_node(g, op, name, in, n_in, attrs, n_attrs, &out, &d) >= 0, "%s: %s",
-         name, d.msg);
+  CHECKF(ir_graph_add_node(g, op, name, in, n_in, attrs, n_attrs, &out, &d) >= 0, "%s: %s", name,
+         d.msg);
   return out;
 }
 
@@ -136,7 +136,8 @@ static const uint16_t k_bf16[12] = {0x3FC0, 0xC010, 0x3C00, 0x0000, 0x8000, 0x00
 /* f32 -> bf16 rounding cases, ties to even: 1+2^-8 -> 1.0, 1+3*2^-8 -> 1+2^-6 (0x3F82),
  * 1+2^-8+2^-20 -> 1+2^-7 (0x3F81), -(1+2^-8) -> -1.0 (0xBF80) ... */
 static const float k_round_in[12] = {1.00390625f, 1.01171875f, 1.00390720f, -1.00390625f,
-                                     0.0f, 2.0f, -3.0f, 65504.0f, 1e-3f, 0.1f, 100.0f, 1.0f};
+                                     0.0f,        2.0f,        -3.0f,       65504.0f,
+                                     1e-3f,       0.1f,        100.0f,      1.0f};
 static const uint16_t k_round_out[12] = {0x3F80, 0x3F82, 0x3F81, 0xBF80, 0x0000, 0x4000,
                                          0xC040, 0x4780, 0x3A83, 0x3DCD, 0x42C8, 0x3F80};
 
@@ -390,11 +391,9 @@ static int plan_violations(const ir_graph *g, bool say) {
     }
     for (int32_t j = i + 1; j < g->n_tensors; j++) {
       const ir_tensor *b = &g->tensors[j];
-      if (b->kind == IR_TENSOR_WEIGHT || r[i].last < r[j].first || r[j].last < r[i].first)
-        continue;
+      if (b->kind == IR_TENSOR_WEIGHT || r[i].last < r[j].first || r[j].last < r[i].first) continue;
       uint64_t ao = (uint64_t)a->arena_offset, bo = (uint64_t)b->arena_offset;
-      if (b->arena_offset < 0 || ao + ab <= bo || bo + ir_tensor_bytes(g, b, NULL) <= ao)
-        continue;
+      if (b->arena_offset < 0 || ao + ab <= bo || bo + ir_tensor_bytes(g, b, NULL) <= ao) continue;
       if (say && bad < 5)
         fprintf(stderr, "'%s' [%d,%d] and '%s' [%d,%d] share bytes\n", a->name, r[i].first,
                 r[i].last, b->name, r[j].first, r[j].last);
@@ -459,8 +458,8 @@ static void test_memory_plan(const char *fixture, bool fold, bool fuse, int64_t 
 
 /* ---- (e) same logits with and without an optimisation ------------------------------------ */
 
-static const int32_t k_prompt[20] = {150, 67, 199, 109, 92, 104, 65, 153, 18, 129,
-                                     211, 169, 79,  60,  210, 96, 144, 81, 209, 56};
+static const int32_t k_prompt[20] = {150, 67,  199, 109, 92,  104, 65,  153, 18,  129,
+                                     211, 169, 79,  60,  210, 96,  144, 81,  209, 56};
 
 /* Builds the fixture with the options into `plan` and decodes the prompt. Returns the
  * logits (n x vocab, malloc'd) or NULL. */

@@ -30,10 +30,16 @@ static void test_round_trip(void) {
   static const uint8_t cubin[300] = {0x7f, 'E', 'L', 'F'};
   static const char ptx[] = ".version 9.0\n.target sm_90\n";
   ir_plan_kernel ks[3] = {
-      {.name = "attention", .arch = 90, .kind = IR_PLAN_KERNEL_CUBIN, .data = cubin,
+      {.name = "attention",
+       .arch = 90,
+       .kind = IR_PLAN_KERNEL_CUBIN,
+       .data = cubin,
        .size = sizeof cubin},
-      {.name = "attention", .arch = 90, .kind = IR_PLAN_KERNEL_PTX,
-       .data = (const uint8_t *)ptx, .size = sizeof ptx},
+      {.name = "attention",
+       .arch = 90,
+       .kind = IR_PLAN_KERNEL_PTX,
+       .data = (const uint8_t *)ptx,
+       .size = sizeof ptx},
       {.name = "gemv", .arch = 80, .kind = IR_PLAN_KERNEL_CUBIN, .data = cubin, .size = 7},
   };
   ir_plan_info info = {.target = "cuda", .kernels = ks, .n_kernels = 3};
@@ -98,7 +104,11 @@ static void test_build_cuda(void) {
   CHECK(ir_plan_n_kernels(p) == infc_cuda_n_sources * 2 * 2);
   const ir_plan_kernel *c = ir_plan_find_kernel(p, "attention", 90, IR_PLAN_KERNEL_CUBIN);
   const ir_plan_kernel *x = ir_plan_find_kernel(p, "attention", 80, IR_PLAN_KERNEL_PTX);
-  CHECK(c && c->size > 4 && !memcmp(c->data, "\x7f" "ELF", 4));
+  CHECK(c && c->size > 4 &&
+        !memcmp(c->data,
+                "\x7f"
+                "ELF",
+                4));
   CHECK(x && strstr((const char *)x->data, ".entry kn_attn_decode") != NULL);
   ir_plan_close(p);
 }
@@ -115,8 +125,7 @@ static void test_capture_plan(void) {
   pass_opts po = {.capture_plan = true};
   CHECKF(pass_capture_plan(g, &po, &log, &d) == IR_OK, "%s", d.msg);
   static const int64_t want[] = {1, 2, 4, 8, 16, 32, 40}; /* up to min(S, L) = 40 */
-  CHECK(g->config.n_decode_buckets == 7 &&
-        !memcmp(g->config.decode_buckets, want, sizeof want));
+  CHECK(g->config.n_decode_buckets == 7 && !memcmp(g->config.decode_buckets, want, sizeof want));
   CHECK(log.n == 1 && strstr(log.lines[0], "7 decode graphs (batch 1,2,4,8,16,32,40)"));
   static const int64_t asked[] = {1, 3, 12};
   po.decode_buckets = asked, po.n_decode_buckets = 3;
@@ -139,7 +148,8 @@ static void test_capture_plan(void) {
   g->config.n_decode_buckets = 2, g->config.decode_buckets[0] = 8, g->config.decode_buckets[1] = 8;
   CHECKF(ir_plan_write(g, NULL, path, &d) == IR_OK, "%s", d.msg);
   p = NULL, d = (ir_diag){0};
-  CHECKF(ir_plan_open(path, IR_PLAN_VERIFY_ALL, &p, &d) != IR_OK && strstr(d.msg, "ascending"), "%s", d.msg);
+  CHECKF(ir_plan_open(path, IR_PLAN_VERIFY_ALL, &p, &d) != IR_OK && strstr(d.msg, "ascending"),
+         "%s", d.msg);
   ir_plan_close(p);
   infc_options o = infc_options_default();
   CHECK(infc_options_set(&o, "decode_buckets", "1,2,8", &d) == IR_OK && o.n_decode_buckets == 3);

@@ -52,8 +52,8 @@ static void test_combos(cover *c) {
     CHECK(kn_pool_threads(p) == threads[ti]);
     for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++)
       for (size_t gi = 0; gi < sizeof grains / sizeof *grains; gi++)
-        CHECKF(cover_run(p, c, ns[ni], grains[gi]), "threads=%d n=%lld grain=%lld",
-               threads[ti], (long long)ns[ni], (long long)grains[gi]);
+        CHECKF(cover_run(p, c, ns[ni], grains[gi]), "threads=%d n=%lld grain=%lld", threads[ti],
+               (long long)ns[ni], (long long)grains[gi]);
     kn_pool_destroy(p);
   }
 }

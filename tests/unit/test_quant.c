@@ -63,8 +63,7 @@ static uint8_t *rnd_qmatrix(ir_dtype dt, int64_t n_rows, int64_t k) {
 static float *dequant_matrix(const uint8_t *w, ir_dtype dt, int64_t n_rows, int64_t k) {
   float *out = malloc((size_t)(n_rows * k) * sizeof *out);
   uint64_t row = ir_dtype_bytes(dt, (uint64_t)k);
-  for (int64_t r = 0; r < n_rows; r++)
-    kn_dequant_row(w + (uint64_t)r * row, dt, out + r * k, k);
+  for (int64_t r = 0; r < n_rows; r++) kn_dequant_row(w + (uint64_t)r * row, dt, out + r * k, k);
   return out;
 }
 
@@ -109,8 +108,8 @@ static void test_blocks(void) {
 /* ---- matmul ----------------------------------------------------------------------- */
 
 /* Against a double reference, error bound relative to sum |x_i w_i| (tests/unit/tref.h). */
-static int matmul_ok(const float *y, const float *x, const float *w, const float *bias,
-                     int64_t m, int64_t n, int64_t k) {
+static int matmul_ok(const float *y, const float *x, const float *w, const float *bias, int64_t m,
+                     int64_t n, int64_t k) {
   return tref_matmul_ok(y, x, w, bias, m, n, k, 2e-5);
 }
 
@@ -138,8 +137,7 @@ static void test_matmul(kn_pool *p4, int isa) {
     for (int mi = 0; mi < 4; mi++)
       for (int ni = 0; ni < 4; ni++)
         for (int ki = 0; ki < 3; ki++)
-          matmul_case(mi == 2 ? NULL : p4, k_qtypes[d], isa, (mi + ni) % 2, ms[mi], ns[ni],
-                      ks[ki]);
+          matmul_case(mi == 2 ? NULL : p4, k_qtypes[d], isa, (mi + ni) % 2, ms[mi], ns[ni], ks[ki]);
   for (int d = 0; d < 3; d++) matmul_case(p4, k_qtypes[d], isa, true, 70, 1000, 160);
 }
 
@@ -161,8 +159,8 @@ static void matmul_invariance(kn_pool *p1, kn_pool *p4, ir_dtype dt, int isa, in
     kn_matmul(p4, y5, x + i0 * k, wq, dt, bias, 5, n, k);
     ok &= memcmp(y5, y17 + i0 * n, 5 * (size_t)n * sizeof(float)) == 0;
   }
-  CHECKF(ok, "batch invariance dt=%s isa=%d n=%lld k=%lld", ir_dtype_name(dt), isa,
-         (long long)n, (long long)k);
+  CHECKF(ok, "batch invariance dt=%s isa=%d n=%lld k=%lld", ir_dtype_name(dt), isa, (long long)n,
+         (long long)k);
   free(wq), free(x), free(bias), free(y17), free(y5), free(y1);
 }
 
@@ -238,8 +236,8 @@ static float q8_quant_block(const float *x, int8_t *q) {
 /* y against (a) the integer dot of the documented codes, summed in double: within f32
  * rounding of the terms; (b) the dequantized-W matmul of the unquantized x: within the
  * half step each x value may move, sum_i |w_i| dx_i / 2. */
-static int q8_row_ok(const float *y, const float *x, const uint8_t *wq, const float *w,
-                     ir_dtype dt, const float *bias, int64_t n, int64_t k, double *worst) {
+static int q8_row_ok(const float *y, const float *x, const uint8_t *wq, const float *w, ir_dtype dt,
+                     const float *bias, int64_t n, int64_t k, double *worst) {
   int64_t rb = (int64_t)ir_dtype_bytes(dt, (uint64_t)k);
   int ok = 1;
   for (int64_t j = 0; j < n; j++) {
@@ -277,14 +275,14 @@ static uint8_t *maybe_x8(const uint8_t *wq, ir_dtype dt, int64_t rows, int64_t k
   return w;
 }
 
-static void q8_case(kn_pool *p, ir_dtype dt, int isa, bool bias_on, int64_t m, int64_t n,
-                    int64_t k, bool x8, double *worst) {
+static void q8_case(kn_pool *p, ir_dtype dt, int isa, bool bias_on, int64_t m, int64_t n, int64_t k,
+                    bool x8, double *worst) {
   uint8_t *wq = rnd_qmatrix(dt, 2 * n, k);
   ir_dtype wt;
   uint8_t *wl = maybe_x8(wq, dt, 2 * n, k, x8, &wt);
   float *w = dequant_matrix(wq, dt, 2 * n, k), *x = rnd_vec(m * k), *y = rnd_vec(2 * m * n);
   float *ys = rnd_vec(m * n), *bias = bias_on ? rnd_vec(2 * n) : NULL;
-  if (m > 1) memset(x + k, 0, (size_t)k * sizeof *x); /* an all-zero row */
+  if (m > 1) memset(x + k, 0, (size_t)k * sizeof *x);              /* an all-zero row */
   for (int64_t i = 0; i < k && m > 2; i++) x[2 * k + i] *= 300.0f; /* and a large one */
   kn_matmul_q8(p, y, x, wl, wt, bias, m, 2 * n, k, false);
   kn_matmul_q8(p, ys, x, wl, wt, bias, m, n, k, true);
@@ -303,8 +301,7 @@ static void q8_case(kn_pool *p, ir_dtype dt, int isa, bool bias_on, int64_t m, i
 
 /* Row i alone (serial, one thread) and in batches on four threads: the same bits; and the
  * portable path against the SIMD one. */
-static void q8_invariance(kn_pool *p1, kn_pool *p4, ir_dtype base, int64_t n, int64_t k,
-                          bool x8) {
+static void q8_invariance(kn_pool *p1, kn_pool *p4, ir_dtype base, int64_t n, int64_t k, bool x8) {
   enum { M = 17 };
   uint8_t *w0 = rnd_qmatrix(base, n, k);
   ir_dtype dt;
@@ -328,8 +325,7 @@ static void q8_invariance(kn_pool *p1, kn_pool *p4, ir_dtype base, int64_t n, in
   CHECKF(ok, "q8 batch invariance dt=%s n=%lld k=%lld", ir_dtype_name(dt), (long long)n,
          (long long)k);
   CHECKF(memcmp(yc, y17, (size_t)(M * n) * sizeof(float)) == 0,
-         "q8 portable vs SIMD dt=%s n=%lld k=%lld", ir_dtype_name(dt), (long long)n,
-         (long long)k);
+         "q8 portable vs SIMD dt=%s n=%lld k=%lld", ir_dtype_name(dt), (long long)n, (long long)k);
   free(wq), free(x), free(bias), free(y17), free(y5), free(y1), free(yc);
 }
 
@@ -345,10 +341,10 @@ static void test_matmul_q8(kn_pool *p1, kn_pool *p4) {
       for (int mi = 0; mi < 4; mi++)
         for (int ni = 0; ni < 4; ni++)
           for (int ki = 0; ki < 3; ki++) {
-            q8_case(mi == 2 ? NULL : p4, k_qtypes[d], isa, (mi + ni) % 2, ms[mi], ns[ni],
-                    ks[ki], false, &worst);
-            q8_case(mi == 2 ? NULL : p4, k_qtypes[d], isa, (mi + ni) % 2, ms8[mi], ns8[ni],
-                    ks[ki], true, &worst);
+            q8_case(mi == 2 ? NULL : p4, k_qtypes[d], isa, (mi + ni) % 2, ms[mi], ns[ni], ks[ki],
+                    false, &worst);
+            q8_case(mi == 2 ? NULL : p4, k_qtypes[d], isa, (mi + ni) % 2, ms8[mi], ns8[ni], ks[ki],
+                    true, &worst);
           }
   }
   kn_matmul_set_max_isa(3);
@@ -372,7 +368,8 @@ static void test_matmul_q8(kn_pool *p1, kn_pool *p4) {
     kn_matmul_set_max_isa(2);
   }
   printf("kn_matmul_q8: worst error against the integer reference %.2e of the term sum; "
-         "AMX %s\n", worst, amx ? "tested" : "not on this CPU (its cases ran on AVX-512)");
+         "AMX %s\n",
+         worst, amx ? "tested" : "not on this CPU (its cases ran on AVX-512)");
 }
 
 /* ---- embedding -------------------------------------------------------------------- */
@@ -389,11 +386,11 @@ static void test_embed(kn_pool *p4) {
     for (int t = 0; t < T; t++) ids[t] = (int32_t)((t * 7 + 3) % V);
     kn_embed(p4, out, tl, wt, ids, T, H);
     int ok = 1;
-    for (int t = 0; t < T; t++)
-      ok &= memcmp(out + t * H, ref + ids[t] * H, H * sizeof(float)) == 0;
+    for (int t = 0; t < T; t++) ok &= memcmp(out + t * H, ref + ids[t] * H, H * sizeof(float)) == 0;
     CHECKF(ok, "embed dt=%s", ir_dtype_name(wt));
     if (d >= 3) { /* the interleaved bytes are a permutation: each block comes back whole */
-      int64_t rb = (int64_t)ir_dtype_bytes(k_qtypes[d % 3], H), bb = kn_quant_block_bytes(k_qtypes[d % 3]);
+      int64_t rb = (int64_t)ir_dtype_bytes(k_qtypes[d % 3], H),
+              bb = kn_quant_block_bytes(k_qtypes[d % 3]);
       int same = 1;
       for (int64_t r = 0; r < V; r++)
         for (int64_t b = 0; b < H / KN_QBLOCK; b++) {
@@ -419,8 +416,8 @@ static int32_t add_w(ir_graph *g, const char *name, ir_dtype dt, int64_t r, int6
 /* Which weights pass_repack interleaves: those whose every reader takes the layout. */
 static void test_repack_pass(void) {
   ir_graph *g = ir_graph_create();
-  g->config = (ir_model_config){.max_tokens = 8, .max_seqs = 1, .max_logits = 8,
-                                .kv_block_size = 16};
+  g->config =
+      (ir_model_config){.max_tokens = 8, .max_seqs = 1, .max_logits = 8, .kv_block_size = 16};
   ir_dim t = {.sym = IR_SYM_TOKENS}, dims[2] = {t, {.n = 64}};
   int32_t x = ir_graph_add_input(g, "x", IR_F32, 2, dims);
   int32_t ids = ir_graph_add_input(g, "ids", IR_I32, 1, &t);
@@ -440,8 +437,8 @@ static void test_repack_pass(void) {
   CHECK(ir_graph_add_node(g, IR_OP_EMBED, "emb", in, 2, NULL, 0, &out, &d) >= 0); /* tied */
   for (int i = 0; i < 5; i++) {
     in[0] = x, in[1] = w[i];
-    CHECK(ir_graph_add_node(g, IR_OP_MATMUL, "mm", in, 2, i >= 3 ? sw : &a8, i >= 3 ? 2 : 1,
-                            &out, &d) >= 0);
+    CHECK(ir_graph_add_node(g, IR_OP_MATMUL, "mm", in, 2, i >= 3 ? sw : &a8, i >= 3 ? 2 : 1, &out,
+                            &d) >= 0);
   }
   in[1] = w[2];
   CHECK(ir_graph_add_node(g, IR_OP_MATMUL, "mm_f32", in, 2, NULL, 0, &out, &d) >= 0);
@@ -468,11 +465,10 @@ static void test_repack_pass(void) {
 
 /* ---- IR rules and folding --------------------------------------------------------- */
 
-
 static void test_ir_rules(void) {
   ir_graph *g = ir_graph_create();
-  g->config = (ir_model_config){.max_tokens = 8, .max_seqs = 1, .max_logits = 8,
-                                .kv_block_size = 16};
+  g->config =
+      (ir_model_config){.max_tokens = 8, .max_seqs = 1, .max_logits = 8, .kv_block_size = 16};
   uint8_t *w64 = rnd_qmatrix(IR_Q4_1, 4, 64), *w48 = calloc(4 * 48, 1);
   ir_dim t = {.sym = IR_SYM_TOKENS};
   ir_dim dims[2] = {t, {.n = 64}}, dims48[2] = {t, {.n = 48}};

@@ -67,11 +67,18 @@ static qmat qmat_make(ir_dtype qt, int64_t n, int64_t k, int64_t group, ir_dtype
       zf = (float)lrintf(zf * 64.0f) / 64.0f;
       if (zt == IR_F16) ((uint16_t *)m.z)[i] = ir_f32_to_f16(zf);
       else if (zt == IR_F32) ((float *)m.z)[i] = zf;
-      else ((uint8_t *)m.z)[i] = qt == IR_I4 ? (uint8_t)(rnd_u32() % 16) : (uint8_t)(rnd_u32() % 41 - 20);
+      else
+        ((uint8_t *)m.z)[i] =
+            qt == IR_I4 ? (uint8_t)(rnd_u32() % 16) : (uint8_t)(rnd_u32() % 41 - 20);
     }
   }
-  m.w = (kn_wq){.q = m.q, .qt = qt, .scales = m.s, .st = st, .zp = m.z,
-                .zt = zt != IR_DTYPE_INVALID ? zt : IR_U8, .group = group};
+  m.w = (kn_wq){.q = m.q,
+                .qt = qt,
+                .scales = m.s,
+                .st = st,
+                .zp = m.z,
+                .zt = zt != IR_DTYPE_INVALID ? zt : IR_U8,
+                .group = group};
   return m;
 }
 
@@ -88,11 +95,11 @@ static double ref_value(const qmat *m, int64_t j, int64_t i) {
     uint8_t b = ((const uint8_t *)w->q)[(j * m->k + i) >> 1];
     q = (i & 1) ? b >> 4 : b & 0x0f;
   }
-  double z = !w->zp               ? (w->qt == IR_I4 ? 8 : 0)
-             : w->zt == IR_I8     ? ((const int8_t *)w->zp)[g]
-             : w->zt == IR_F16    ? ir_f16_to_f32(((const uint16_t *)w->zp)[g])
-             : w->zt == IR_F32    ? ((const float *)w->zp)[g]
-                                  : ((const uint8_t *)w->zp)[g];
+  double z = !w->zp            ? (w->qt == IR_I4 ? 8 : 0)
+             : w->zt == IR_I8  ? ((const int8_t *)w->zp)[g]
+             : w->zt == IR_F16 ? ir_f16_to_f32(((const uint16_t *)w->zp)[g])
+             : w->zt == IR_F32 ? ((const float *)w->zp)[g]
+                               : ((const uint8_t *)w->zp)[g];
   double s = w->st == IR_F16 ? ir_f16_to_f32(((const uint16_t *)w->scales)[g])
                              : ((const float *)w->scales)[g];
   return (double)(q - z) * s;
@@ -139,12 +146,12 @@ static const wq_case k_cases[] = {
     {IR_I4, 5, 37, 128, 32, IR_F16, IR_U8},
     {IR_I4, 9, 20, 256, 64, IR_F16, IR_DTYPE_INVALID},
     {IR_I4, 3, 24, 384, 128, IR_F32, IR_U8},
-    {IR_I4, 2, 8, 96, 96, IR_F32, IR_DTYPE_INVALID},  /* per channel */
-    {IR_I4, 3, 21, 128, 32, IR_F16, IR_F16},          /* fractional zero points */
+    {IR_I4, 2, 8, 96, 96, IR_F32, IR_DTYPE_INVALID}, /* per channel */
+    {IR_I4, 3, 21, 128, 32, IR_F16, IR_F16},         /* fractional zero points */
     {IR_I4, 1, 9, 64, 64, IR_F32, IR_F32},
     {IR_I8, 2, 10, 64, 32, IR_F16, IR_F16},
-    {IR_I4, 4, 11, 40, 8, IR_F32, IR_U8},             /* group % 16 != 0: portable */
-    {IR_I4, 3, 9, 42, 42, IR_F16, IR_DTYPE_INVALID},  /* k % 16 != 0: portable, tail */
+    {IR_I4, 4, 11, 40, 8, IR_F32, IR_U8},            /* group % 16 != 0: portable */
+    {IR_I4, 3, 9, 42, 42, IR_F16, IR_DTYPE_INVALID}, /* k % 16 != 0: portable, tail */
     {IR_I8, 1, 19, 576, 576, IR_F32, IR_DTYPE_INVALID},
     {IR_I8, 6, 17, 160, 32, IR_F16, IR_I8},
     {IR_I8, 7, 33, 64, 16, IR_F32, IR_U8},
@@ -179,8 +186,8 @@ static void test_wq_matmul(kn_pool *p, int isa) {
 }
 
 /* Each row alone (m = 1, one thread) equals that row inside a batch on four threads. */
-static void test_invariance(kn_pool *p1, kn_pool *p4, ir_dtype qt, bool w8a8, int act,
-                            int64_t m, int64_t n, int64_t k, int64_t group) {
+static void test_invariance(kn_pool *p1, kn_pool *p4, ir_dtype qt, bool w8a8, int act, int64_t m,
+                            int64_t n, int64_t k, int64_t group) {
   qmat q = qmat_make(qt, n, k, group, IR_F16, IR_DTYPE_INVALID);
   float *x = rnd_vec(m * k), *bias = rnd_vec(n);
   float *yb = calloc((size_t)(m * n), 4), *y1 = calloc((size_t)n, 4);
@@ -207,7 +214,8 @@ static void test_swiglu(kn_pool *p, bool w8a8, ir_dtype qt, int64_t m, int64_t n
   void (*mm)(kn_pool *, float *, const float *, const kn_wq *, const float *, int64_t, int64_t,
              int64_t, int) = w8a8 ? kn_matmul_w8a8 : kn_matmul_wq;
   mm(p, z, x, &q.w, bias, m, 2 * n, k, KN_WQ_ACT_NONE);
-  for (int64_t i = 0; i < m; i++) kn_swiglu(NULL, want + i * n, z + i * 2 * n, z + i * 2 * n + n, n);
+  for (int64_t i = 0; i < m; i++)
+    kn_swiglu(NULL, want + i * n, z + i * 2 * n, z + i * 2 * n + n, n);
   mm(p, y, x, &q.w, bias, m, 2 * n, k, KN_WQ_ACT_SWIGLU);
   CHECKF(!memcmp(y, want, (size_t)(m * n) * 4), "swiglu epilogue %s%s m=%lld n=%lld",
          ir_dtype_name(qt), w8a8 ? " w8a8" : "", (long long)m, (long long)n);
@@ -234,7 +242,7 @@ static void test_w8a8(kn_pool *p, int isa, int64_t m, int64_t n, int64_t k) {
   qmat q = qmat_make(IR_I8, n, k, k, IR_F32, IR_DTYPE_INVALID);
   float *x = rnd_vec(m * k), *bias = rnd_vec(n), *wf = ref_matrix(&q);
   for (int64_t i = 0; i < k; i++) x[i] = 0.0f; /* a zero row: scale 0, output = bias */
-  if (m > 2) x[2 * k + 1] = 40.0f;            /* an outlier row */
+  if (m > 2) x[2 * k + 1] = 40.0f;             /* an outlier row */
   float *y = calloc((size_t)(m * n), 4);
   int8_t *xq = malloc((size_t)k);
   kn_matmul_w8a8(p, y, x, &q.w, bias, m, n, k, KN_WQ_ACT_NONE);
@@ -258,8 +266,8 @@ static void test_w8a8(kn_pool *p, int isa, int64_t m, int64_t n, int64_t k) {
   }
   CHECKF(exact == m * n, "w8a8 isa %d (%s) m=%lld k=%lld: %d of %lld bit-exact", isa,
          kn_matmul_w8a8_path(), (long long)m, (long long)k, exact, (long long)(m * n));
-  CHECKF(near == m * n, "w8a8 isa %d: %d of %lld within the activation-rounding bound", isa,
-         near, (long long)(m * n));
+  CHECKF(near == m * n, "w8a8 isa %d: %d of %lld within the activation-rounding bound", isa, near,
+         (long long)(m * n));
   free(x), free(bias), free(wf), free(y), free(xq);
   qmat_free(&q);
 }
@@ -303,8 +311,8 @@ static void amx_case(kn_pool *pa, kn_pool *p1, int64_t m, int64_t n, int64_t k, 
   ref_w8a8(want, x, &q, bias, m, n, k, act);
   CHECKF(!memcmp(ya, yv, bytes) && !memcmp(ya, want, bytes),
          "amx m=%lld n=%lld k=%lld bias=%d act=%d: amx %s vnni, %s reference", (long long)m,
-         (long long)n, (long long)k, with_bias, act, memcmp(ya, yv, bytes) ? "!=" : "==",
-         memcmp(ya, want, bytes) ? "!=" : "==");
+         (long long)n, (long long)k, with_bias, act,
+         memcmp(ya, yv, bytes) ? "!=" : "==", memcmp(ya, want, bytes) ? "!=" : "==");
   free(x), free(bias), free(ya), free(yv), free(want);
   qmat_free(&q);
 }
@@ -328,11 +336,11 @@ static void test_w8a8_amx(kn_pool *p1, kn_pool *p4) {
         for (int v = 0; v < 4; v++)
           amx_case(v & 2 ? p4 : p1, p1, ms[a], ns[b], ks[c], v & 1,
                    v & 2 ? KN_WQ_ACT_SWIGLU : KN_WQ_ACT_NONE);
-  amx_case(p4, p1, 256, 512, 576, true, KN_WQ_ACT_NONE);   /* many tasks: worker threads */
+  amx_case(p4, p1, 256, 512, 576, true, KN_WQ_ACT_NONE); /* many tasks: worker threads */
   amx_case(p4, p1, 192, 384, 1536, true, KN_WQ_ACT_SWIGLU);
-  amx_case(p4, p1, 48, 40, 8192, false, KN_WQ_ACT_NONE);   /* the longest k AMX takes */
-  amx_case(p4, p1, 48, 40, 8193, false, KN_WQ_ACT_NONE);   /* past it: VNNI */
-  amx_case(p4, p1, 33, 15, 64, true, KN_WQ_ACT_NONE);      /* W under 16 rows: VNNI */
+  amx_case(p4, p1, 48, 40, 8192, false, KN_WQ_ACT_NONE); /* the longest k AMX takes */
+  amx_case(p4, p1, 48, 40, 8193, false, KN_WQ_ACT_NONE); /* past it: VNNI */
+  amx_case(p4, p1, 33, 15, 64, true, KN_WQ_ACT_NONE);    /* W under 16 rows: VNNI */
   kn_matmul_wq_set_max_isa(prev);
 }
 
@@ -347,8 +355,8 @@ static ir_fix ir_fix_make(void) {
   static uint8_t q[16 * 64], zb[16 * 4];
   static float sf[16 * 4], wfd[16 * 64];
   ir_fix f = {.g = ir_graph_create()};
-  f.g->config = (ir_model_config){.max_tokens = 8, .max_seqs = 1, .max_logits = 1,
-                                  .kv_block_size = 16};
+  f.g->config =
+      (ir_model_config){.max_tokens = 8, .max_seqs = 1, .max_logits = 1, .kv_block_size = 16};
   ir_dim xd[2] = {{.sym = IR_SYM_TOKENS}, {.n = 64}};
   f.x = ir_graph_add_input(f.g, "x", IR_F32, 2, xd);
   f.w4 = ir_graph_add_weight(f.g, "w4", IR_I4, 2, (int64_t[]){16, 64}, q, 16 * 32);
@@ -367,7 +375,10 @@ static bool add_mm(ir_fix *f, const char *name, int32_t w, int32_t s, int32_t z,
   ir_attr at = IR_AI(ir_attr_intern("act_int8"), 1);
   ir_diag d = {0};
   int32_t out;
-  bool ok = ir_graph_add_node(f->g, IR_OP_MATMUL, name, in, z >= 0 ? 5 : s >= 0 ? 4 : 2,
+  bool ok = ir_graph_add_node(f->g, IR_OP_MATMUL, name, in,
+                              z >= 0   ? 5
+                              : s >= 0 ? 4
+                                       : 2,
                               a8 ? &at : NULL, a8 ? 1 : 0, &out, &d) >= 0;
   if (want_msg) CHECKF(!ok && strstr(d.msg, want_msg), "%s: '%s'", name, d.msg);
   else CHECKF(ok, "%s: %s", name, d.msg);
@@ -397,8 +408,8 @@ static void test_plan_round_trip(void) {
   static uint8_t q[8 * 64], z[8 * 2];
   static uint16_t s[8 * 2], s1[8];
   ir_graph *g = ir_graph_create();
-  g->config = (ir_model_config){.max_tokens = 8, .max_seqs = 1, .max_logits = 1,
-                                .kv_block_size = 16};
+  g->config =
+      (ir_model_config){.max_tokens = 8, .max_seqs = 1, .max_logits = 1, .kv_block_size = 16};
   ir_dim xd[2] = {{.sym = IR_SYM_TOKENS}, {.n = 64}};
   int32_t x = ir_graph_add_input(g, "x", IR_F32, 2, xd);
   int32_t w4 = ir_graph_add_weight(g, "w4", IR_I4, 2, (int64_t[]){8, 64}, q, 8 * 32);
@@ -409,8 +420,8 @@ static void test_plan_round_trip(void) {
   ir_attr a8 = IR_AI(ir_attr_intern("act_int8"), 1);
   ir_diag d = {0};
   int32_t y4, y8;
-  CHECK(ir_graph_add_node(g, IR_OP_MATMUL, "mm4", (int32_t[]){x, w4, -1, sc, zp}, 5, NULL, 0,
-                          &y4, &d) >= 0);
+  CHECK(ir_graph_add_node(g, IR_OP_MATMUL, "mm4", (int32_t[]){x, w4, -1, sc, zp}, 5, NULL, 0, &y4,
+                          &d) >= 0);
   CHECK(ir_graph_add_node(g, IR_OP_MATMUL, "mm8", (int32_t[]){x, w8, -1, sc1}, 4, &a8, 1, &y8,
                           &d) >= 0);
   CHECK(ir_graph_add_output(g, y4) && ir_graph_add_output(g, y8));
@@ -447,11 +458,17 @@ static void test_plan_round_trip(void) {
 
 static void test_parse(void) {
   static const char *const good[][2] = {
-      {"none", "none"},           {"int8", "int8:sym"},          {"int8:asym", "int8:asym"},
-      {"int4", "int4:g32:sym"},   {"int4:g128:asym", "int4:g128:asym"},
-      {"int4:asym:g64", "int4:g64:asym"}, {"w8a8", "w8a8"},
+      {"none", "none"},
+      {"int8", "int8:sym"},
+      {"int8:asym", "int8:asym"},
+      {"int4", "int4:g32:sym"},
+      {"int4:g128:asym", "int4:g128:asym"},
+      {"int4:asym:g64", "int4:g64:asym"},
+      {"w8a8", "w8a8"},
       {"int4:g32:sym:lm_head", "int4:g32:sym:lm_head"},
-      {"q8_0", "q8_0"},           {"q4_0", "q4_0"},              {"q4_1:lm_head", "q4_1:lm_head"},
+      {"q8_0", "q8_0"},
+      {"q4_0", "q4_0"},
+      {"q4_1:lm_head", "q4_1:lm_head"},
   };
   for (size_t i = 0; i < sizeof good / sizeof *good; i++) {
     pass_quant_opts q;
@@ -462,9 +479,15 @@ static void test_parse(void) {
     CHECKF(!strcmp(buf, good[i][1]), "%s -> %s", good[i][0], buf);
   }
   static const char *const bad[][2] = {
-      {"int3", "expected none"}, {"int4:g33", "g33"}, {"int4:g8", "g8"},
-      {"int4:fast", "fast"},     {"w8a8:asym", "w8a8"}, {"none:asym", "none"}, {"", "expected"},
-      {"q4_1:g64", "fixed block format"}, {"q8_0:sym", "fixed block format"},
+      {"int3", "expected none"},
+      {"int4:g33", "g33"},
+      {"int4:g8", "g8"},
+      {"int4:fast", "fast"},
+      {"w8a8:asym", "w8a8"},
+      {"none:asym", "none"},
+      {"", "expected"},
+      {"q4_1:g64", "fixed block format"},
+      {"q8_0:sym", "fixed block format"},
       {"q4_0:asym", "fixed block format"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
@@ -518,7 +541,8 @@ static double rtn_err(const float *w, int64_t n, ir_dtype qt, bool asym, ir_dtyp
 static void test_quant_matrix(ir_dtype qt, int64_t group, bool asym, double max_rel) {
   const int64_t n = 12, k = 256, ng = k / group;
   float *w = rnd_vec(n * k);
-  for (int64_t i = 0; i < n * k; i++) w[i] = w[i] * w[i] * w[i] + 0.1f * rnd(); /* heavy-ish tails */
+  for (int64_t i = 0; i < n * k; i++)
+    w[i] = w[i] * w[i] * w[i] + 0.1f * rnd(); /* heavy-ish tails */
   ir_dtype st = qt == IR_I4 || group < k ? IR_F16 : IR_F32;
   ir_dtype zt = !asym ? IR_DTYPE_INVALID : qt == IR_I4 ? IR_F16 : IR_I8;
   qmat m = qmat_make(qt, n, k, group, st, zt);
@@ -562,8 +586,8 @@ static void test_pass(const char *spec, bool want_head, double max_rel) {
   const int64_t H = 64, V = 48;
   float *emb = rnd_vec(V * H), *wp = rnd_vec(H * H);
   ir_graph *g = ir_graph_create();
-  g->config = (ir_model_config){.max_tokens = 4, .max_seqs = 1, .max_logits = 4,
-                                .kv_block_size = 16};
+  g->config =
+      (ir_model_config){.max_tokens = 4, .max_seqs = 1, .max_logits = 4, .kv_block_size = 16};
   ir_dim td[1] = {{.sym = IR_SYM_TOKENS}};
   int32_t ids = ir_graph_add_input(g, "ids", IR_I32, 1, td);
   int32_t te = ir_graph_add_weight(g, "emb", IR_F32, 2, (int64_t[]){V, H}, emb, V * H * 4);
@@ -572,15 +596,15 @@ static void test_pass(const char *spec, bool want_head, double max_rel) {
   int32_t x, y, logits;
   CHECK(ir_graph_add_node(g, IR_OP_EMBED, "embed", (int32_t[]){ids, te}, 2, NULL, 0, &x, &d) >= 0);
   CHECK(ir_graph_add_node(g, IR_OP_MATMUL, "proj", (int32_t[]){x, tp}, 2, NULL, 0, &y, &d) >= 0);
-  CHECK(ir_graph_add_node(g, IR_OP_MATMUL, "logits", (int32_t[]){y, te}, 2, NULL, 0, &logits,
-                          &d) >= 0);
+  CHECK(ir_graph_add_node(g, IR_OP_MATMUL, "logits", (int32_t[]){y, te}, 2, NULL, 0, &logits, &d) >=
+        0);
   CHECK(ir_graph_add_output(g, logits));
   pass_quant_opts q;
   CHECK(pass_quant_parse(spec, &q, &d) == IR_OK);
   pass_opts o = {.quant = &q};
   pass_log log = {0};
-  CHECKF(pass_quantize(g, &o, &log, &d) == IR_OK && ir_graph_verify(g, &d) == IR_OK, "%s: %s",
-         spec, d.msg);
+  CHECKF(pass_quantize(g, &o, &log, &d) == IR_OK && ir_graph_verify(g, &d) == IR_OK, "%s: %s", spec,
+         d.msg);
   CHECKF(log.n == 1 && strstr(log.lines[0], want_head ? "2 matmul weights" : "1 matmul weights"),
          "%s: %s", spec, log.n ? log.lines[0] : "no log");
   for (int32_t i = 0; i < g->n_nodes; i++) {
@@ -593,7 +617,10 @@ static void test_pass(const char *spec, bool want_head, double max_rel) {
     /* the quantized projection against the float one on random rows */
     const ir_tensor *tw = &g->tensors[n->in[1]], *ts = &g->tensors[n->in[3]];
     int64_t N = tw->dims[0].n;
-    kn_wq kw = {.q = tw->data, .qt = tw->dtype, .scales = ts->data, .st = ts->dtype,
+    kn_wq kw = {.q = tw->data,
+                .qt = tw->dtype,
+                .scales = ts->data,
+                .st = ts->dtype,
                 .group = H / ts->dims[1].n};
     if (n->n_in > 4 && n->in[4] >= 0)
       kw.zp = g->tensors[n->in[4]].data, kw.zt = g->tensors[n->in[4]].dtype;
@@ -602,7 +629,8 @@ static void test_pass(const char *spec, bool want_head, double max_rel) {
         NULL, yq, xr, &kw, NULL, 3, N, H, KN_WQ_ACT_NONE);
     kn_matmul(NULL, yf, xr, head ? emb : wp, IR_F32, NULL, 3, N, H);
     double e = 0.0, t = 0.0;
-    for (int64_t i2 = 0; i2 < 3 * N; i2++) e += (yq[i2] - yf[i2]) * (yq[i2] - yf[i2]), t += yf[i2] * yf[i2];
+    for (int64_t i2 = 0; i2 < 3 * N; i2++)
+      e += (yq[i2] - yf[i2]) * (yq[i2] - yf[i2]), t += yf[i2] * yf[i2];
     CHECKF(sqrt(e / t) < max_rel, "%s %s: output relative error %.4f", spec, n->name, sqrt(e / t));
     free(xr), free(yq), free(yf);
   }
@@ -625,7 +653,7 @@ static const float *sm_amax(void *ctx, const char *norm_weight, int64_t k) {
   sm_fix *f = ctx;
   f->asked++;
   return k == SM_H && (!strcmp(norm_weight, "gamma") || !strcmp(norm_weight, "gamma2")) ? f->amax
-                                                                                         : NULL;
+                                                                                        : NULL;
 }
 
 /* y = matmul(rms_norm(x, gamma), w) in f32, or in W8A8 (w quantized per channel here). */
@@ -674,8 +702,8 @@ static int32_t sm_node(ir_graph *g, ir_op op, const char *name, int32_t a, int32
  * output (left alone) feeding c, and a projection o of a + b (no norm). */
 static ir_graph *sm_graph(sm_fix *f) {
   ir_graph *g = ir_graph_create();
-  g->config = (ir_model_config){.max_tokens = 8, .max_seqs = 1, .max_logits = 8,
-                                .kv_block_size = 16};
+  g->config =
+      (ir_model_config){.max_tokens = 8, .max_seqs = 1, .max_logits = 8, .kv_block_size = 16};
   ir_dim xd[2] = {{.sym = IR_SYM_TOKENS}, {.n = SM_H}};
   int32_t x = ir_graph_add_input(g, "x", IR_F32, 2, xd);
   int32_t tg = ir_graph_add_weight(g, "gamma", IR_F32, 1, (int64_t[]){SM_H}, f->gamma, SM_H * 4);
@@ -686,8 +714,8 @@ static ir_graph *sm_graph(sm_fix *f) {
       ir_graph_add_weight(g, "wb", IR_F32, 2, (int64_t[]){SM_NB, SM_H}, f->wb, sizeof f->wb);
   int32_t tc =
       ir_graph_add_weight(g, "wc", IR_F32, 2, (int64_t[]){SM_NB, SM_H}, f->wc, sizeof f->wc);
-  int32_t to = ir_graph_add_weight(g, "wo", IR_F32, 2, (int64_t[]){SM_NB, SM_NA}, f->wa,
-                                   SM_NB * SM_NA * 4);
+  int32_t to =
+      ir_graph_add_weight(g, "wo", IR_F32, 2, (int64_t[]){SM_NB, SM_NA}, f->wa, SM_NB * SM_NA * 4);
   int32_t n1 = sm_node(g, IR_OP_RMS_NORM, "norm", x, tg);
   int32_t n2 = sm_node(g, IR_OP_RMS_NORM, "norm2", x, tg2);
   /* (a graph output read straight from a matmul would make it the lm_head) */
@@ -710,8 +738,7 @@ static void test_smooth(void) {
   for (int i = 0; i < SM_NB * SM_H; i++) f.wb[i] = 0.1f * rnd(), f.wc[i] = f.wb[i];
   float xn[SM_T * SM_H];
   kn_rms_norm(NULL, xn, f.x, f.gamma, SM_T, SM_H, 1e-5f);
-  for (int i = 0; i < SM_T * SM_H; i++)
-    f.amax[i % SM_H] = fmaxf(f.amax[i % SM_H], fabsf(xn[i]));
+  for (int i = 0; i < SM_T * SM_H; i++) f.amax[i % SM_H] = fmaxf(f.amax[i % SM_H], fabsf(xn[i]));
 
   ir_graph *g = sm_graph(&f);
   int32_t tc = ir_graph_find_tensor(g, "wc"), tg2 = ir_graph_find_tensor(g, "gamma2");
@@ -721,8 +748,8 @@ static void test_smooth(void) {
   CHECK(pass_quant_parse("w8a8", &q, &d) == IR_OK);
   pass_quant_smoothing sm = {.q = &q, .alpha = 0.5f, .amax = sm_amax, .ctx = &f};
   int n_done = -1;
-  CHECKF(pass_quant_smooth(g, &sm, &n_done, &d) == IR_OK && ir_graph_verify(g, &d) == IR_OK,
-         "%s", d.msg);
+  CHECKF(pass_quant_smooth(g, &sm, &n_done, &d) == IR_OK && ir_graph_verify(g, &d) == IR_OK, "%s",
+         d.msg);
   CHECKF(n_done == 1 && f.asked == 1, "smoothed %d norms, asked %d", n_done, f.asked);
   const ir_node *na = &g->nodes[sm_find(g, "a")];
   const ir_node *nb = &g->nodes[sm_find(g, "b")];
@@ -736,8 +763,11 @@ static void test_smooth(void) {
          "the outlier channel's gamma: %g -> %g", f.gamma[SM_OUTLIER], sg[SM_OUTLIER]);
 
   static float y0[SM_T * SM_NA], y1[SM_T * SM_NA], yq0[SM_T * SM_NA], yq1[SM_T * SM_NA];
-  const struct { const float *w0; int32_t node_w; int64_t n; } mm[2] = {
-      {f.wa, na->in[1], SM_NA}, {f.wb, nb->in[1], SM_NB}};
+  const struct {
+    const float *w0;
+    int32_t node_w;
+    int64_t n;
+  } mm[2] = {{f.wa, na->in[1], SM_NA}, {f.wb, nb->in[1], SM_NB}};
   for (int m = 0; m < 2; m++) {
     const float *ws = g->tensors[mm[m].node_w].data;
     int64_t n = mm[m].n, cnt = SM_T * n;
@@ -767,13 +797,14 @@ static void test_smooth(void) {
   g = sm_graph(&f);
   pass_opts o = {.quant = &q, .quant_calib = path};
   pass_log log = {0};
-  CHECKF(pass_quantize(g, &o, &log, &d) == IR_OK && ir_graph_verify(g, &d) == IR_OK, "%s",
-         d.msg);
+  CHECKF(pass_quantize(g, &o, &log, &d) == IR_OK && ir_graph_verify(g, &d) == IR_OK, "%s", d.msg);
   CHECKF(log.n == 1 && strstr(log.lines[0], "4 matmul weights") &&
              strstr(log.lines[0], "smoothed 1 norms"),
          "%s", log.n ? log.lines[0] : "no log");
-  static const struct { const char *name; int a8; } want[] = {{"a", 1}, {"b", 1}, {"c", 1},
-                                                              {"o", 0}};
+  static const struct {
+    const char *name;
+    int a8;
+  } want[] = {{"a", 1}, {"b", 1}, {"c", 1}, {"o", 0}};
   for (int i = 0; i < 4; i++)
     CHECKF(ir_node_attr_i(&g->nodes[sm_find(g, want[i].name)], "act_int8", 0) == want[i].a8,
            "act_int8 of %s", want[i].name);

@@ -230,8 +230,7 @@ static void test_sharded_bad(void) {
   dir = shard_dir("absent_tensor", "{\"weight_map\":{\"w1\":\"" SHARD1 "\",\"w2\":\"" SHARD2
                                    "\",\"w3\":\"" SHARD1 "\",\"ghost\":\"" SHARD2 "\"}}");
   EXPECT_FAIL(dir, IR_BAD_FORMAT, "tensor 'ghost' is listed in shard '" SHARD2 "'");
-  dir = shard_dir("wrong_shard", "{\"weight_map\":{\"w1\":\"" SHARD2 "\",\"w2\":\"" SHARD1
-                                 "\"}}");
+  dir = shard_dir("wrong_shard", "{\"weight_map\":{\"w1\":\"" SHARD2 "\",\"w2\":\"" SHARD1 "\"}}");
   EXPECT_FAIL(dir, IR_BAD_FORMAT, "is listed in shard");
   dir = shard_dir("no_weight_map", "{\"metadata\":{}}");
   EXPECT_FAIL(dir, IR_BAD_FORMAT, "weight_map is missing");
@@ -307,24 +306,24 @@ static void test_bad_entries(void) {
              IR_BAD_FORMAT, "unexpected key 'y'");
   BAD_HEADER("{\"x\":{\"dtype\":\"F32\",\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}",
              4, IR_BAD_FORMAT, "repeated key 'dtype'");
-  BAD_HEADER("{\"x\":{\"dtype\":\"F64\",\"shape\":[1],\"data_offsets\":[0,8]}}", 8,
-             IR_UNSUPPORTED, "tensor 'x': dtype 'F64' is not supported");
-  BAD_HEADER("{\"x\":{\"dtype\":\"BOOL\",\"shape\":[1],\"data_offsets\":[0,1]}}", 1,
-             IR_UNSUPPORTED, "dtype 'BOOL' is not supported");
+  BAD_HEADER("{\"x\":{\"dtype\":\"F64\",\"shape\":[1],\"data_offsets\":[0,8]}}", 8, IR_UNSUPPORTED,
+             "tensor 'x': dtype 'F64' is not supported");
+  BAD_HEADER("{\"x\":{\"dtype\":\"BOOL\",\"shape\":[1],\"data_offsets\":[0,1]}}", 1, IR_UNSUPPORTED,
+             "dtype 'BOOL' is not supported");
   BAD_HEADER("{\"x\":{\"dtype\":\"F8_E4M3\",\"shape\":[1],\"data_offsets\":[0,1]}}", 1,
              IR_UNSUPPORTED, "dtype 'F8_E4M3' is not supported");
-  BAD_HEADER("{\"x\":{\"dtype\":\"f32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4,
-             IR_UNSUPPORTED, "dtype 'f32' is not supported");
-  BAD_HEADER("{\"x\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}", 4,
-             IR_BAD_FORMAT, "tensor 'x': shape[0] is not a non-negative integer");
-  BAD_HEADER("{\"x\":{\"dtype\":\"F32\",\"shape\":[1.5],\"data_offsets\":[0,4]}}", 4,
-             IR_BAD_FORMAT, "shape[0] is not a non-negative integer");
+  BAD_HEADER("{\"x\":{\"dtype\":\"f32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, IR_UNSUPPORTED,
+             "dtype 'f32' is not supported");
+  BAD_HEADER("{\"x\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}", 4, IR_BAD_FORMAT,
+             "tensor 'x': shape[0] is not a non-negative integer");
+  BAD_HEADER("{\"x\":{\"dtype\":\"F32\",\"shape\":[1.5],\"data_offsets\":[0,4]}}", 4, IR_BAD_FORMAT,
+             "shape[0] is not a non-negative integer");
   BAD_HEADER("{\"x\":{\"dtype\":\"F32\",\"shape\":[2,\"3\"],\"data_offsets\":[0,4]}}", 4,
              IR_BAD_FORMAT, "shape[1] is not a non-negative integer");
-  BAD_HEADER("{\"x\":{\"dtype\":\"F32\",\"shape\":4,\"data_offsets\":[0,16]}}", 16,
-             IR_BAD_FORMAT, "shape is not an array");
-  BAD_HEADER("{\"x\":{\"dtype\":\"U8\",\"shape\":[1,1,1,1,1,1,1,1,1],\"data_offsets\":[0,1]}}",
-             1, IR_BAD_FORMAT, "rank 9 exceeds");
+  BAD_HEADER("{\"x\":{\"dtype\":\"F32\",\"shape\":4,\"data_offsets\":[0,16]}}", 16, IR_BAD_FORMAT,
+             "shape is not an array");
+  BAD_HEADER("{\"x\":{\"dtype\":\"U8\",\"shape\":[1,1,1,1,1,1,1,1,1],\"data_offsets\":[0,1]}}", 1,
+             IR_BAD_FORMAT, "rank 9 exceeds");
   BAD_HEADER("{\"x\":{\"dtype\":\"U8\",\"shape\":[4294967296,4294967296],"
              "\"data_offsets\":[0,1]}}",
              1, IR_BAD_FORMAT, "element count overflows");
@@ -336,20 +335,20 @@ static void test_bad_offsets(void) {
   BAD_HEADER("{\"x\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[0,12]}}", 16,
              IR_BAD_FORMAT,
              "tensor 'x': data_offsets [0, 12) do not match shape [2, 2] of F32 (16 bytes)");
-  BAD_HEADER("{\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,4]}}", 8,
-             IR_BAD_FORMAT, "tensor 'x': data_offsets begin 8 > end 4");
+  BAD_HEADER("{\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,4]}}", 8, IR_BAD_FORMAT,
+             "tensor 'x': data_offsets begin 8 > end 4");
   BAD_HEADER("{\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0.5,4.5]}}", 8,
              IR_BAD_FORMAT, "data_offsets are not non-negative integers");
   BAD_HEADER("{\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[\"0\",\"4\"]}}", 8,
              IR_BAD_FORMAT, "data_offsets are not non-negative integers");
-  BAD_HEADER("{\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[-4,0]}}", 8,
-             IR_BAD_FORMAT, "data_offsets are not non-negative integers");
-  BAD_HEADER("{\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4,8]}}", 8,
-             IR_BAD_FORMAT, "data_offsets is not an array of two integers");
+  BAD_HEADER("{\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[-4,0]}}", 8, IR_BAD_FORMAT,
+             "data_offsets are not non-negative integers");
+  BAD_HEADER("{\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4,8]}}", 8, IR_BAD_FORMAT,
+             "data_offsets is not an array of two integers");
   BAD_HEADER("{\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":{}}}", 8, IR_BAD_FORMAT,
              "data_offsets is not an array of two integers");
-  BAD_HEADER("{\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 6,
-             IR_BAD_FORMAT, "truncated: tensor 'x' ends at byte 8");
+  BAD_HEADER("{\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 6, IR_BAD_FORMAT,
+             "truncated: tensor 'x' ends at byte 8");
   BAD_HEADER("{\"x\":{\"dtype\":\"U8\",\"shape\":[1],"
              "\"data_offsets\":[18446744073709551615,18446744073709551616]}}",
              8, IR_BAD_FORMAT, "data_offsets are not non-negative integers");

@@ -276,8 +276,8 @@ static void test_frequencies_and_temperature(void) {
     CHECKF(fabs(f2[i] - p2[i]) < 0.02, "T=2 token %d: %.4f vs %.4f", i, f2[i], p2[i]);
   }
   /* 0.5 sharpens: the favourite gains a lot, the least likely nearly vanishes. */
-  CHECKF(f05[1] > f1[1] + 0.1 && f1[1] > f2[1] + 0.05, "argmax share %.3f / %.3f / %.3f",
-         f05[1], f1[1], f2[1]);
+  CHECKF(f05[1] > f1[1] + 0.1 && f1[1] > f2[1] + 0.05, "argmax share %.3f / %.3f / %.3f", f05[1],
+         f1[1], f2[1]);
   CHECK(f05[3] < f1[3] && f1[3] < f2[3]);
 }
 
@@ -346,7 +346,7 @@ static void test_matches_plain_sort(void) {
   const float top_ps[] = {1.0f, 0.9f, 0.5f};
   int same = 0, total = 0;
   for (int dist = 0; dist < 2; dist++) {
-    for (int64_t i = 0; i < vocab; i++) { /* a peaked LLM-like spread, or coarse ties */
+    for (int64_t i = 0; i < vocab; i++) {      /* a peaked LLM-like spread, or coarse ties */
       double u = (rnd() + 0.5) / 2147483648.0; /* rnd: 31 bits */
       x[i] = dist ? (float)(rnd() % 64) * 0.25f : (float)(-4.0 * log(-log(u)) + 2.0);
     }
@@ -356,8 +356,8 @@ static void test_matches_plain_sort(void) {
           irt_sampler *s = make(temps[a], top_ks[b], top_ps[c], 77 + a, vocab);
           uint64_t state = 77 + a;
           for (int k = 0; k < 8; k++, total++)
-            same += irt_sampler_sample(s, x) == ref_sample(x, vocab, temps[a], top_ks[b],
-                                                            top_ps[c], &state);
+            same += irt_sampler_sample(s, x) ==
+                    ref_sample(x, vocab, temps[a], top_ks[b], top_ps[c], &state);
           irt_sampler_destroy(s);
         }
   }
@@ -400,8 +400,8 @@ static void test_min_p(void) {
   CHECK(irt_sampler_sample_u(s, x, 0.95) == 1 && irt_sampler_sample_u(s, x, 0.7) == 0);
   int seen[4] = {0};
   for (int k = 0; k < 2000; k++) seen[irt_sampler_sample(s, x)]++;
-  CHECKF(seen[2] == 0 && seen[3] == 0 && seen[1] > 400 && seen[1] < 700,
-         "min_p 0.3: %d %d %d %d", seen[0], seen[1], seen[2], seen[3]);
+  CHECKF(seen[2] == 0 && seen[3] == 0 && seen[1] > 400 && seen[1] < 700, "min_p 0.3: %d %d %d %d",
+         seen[0], seen[1], seen[2], seen[3]);
   irt_sampler_destroy(s);
   p.min_p = 0.0f;
   CHECK(irt_sampler_create(&p, 4, &s, NULL) == IRT_OK);

@@ -69,17 +69,17 @@ int main(void) {
     bool open, has;
     const char *think, *content;
   } k[] = {
-      {"<think>\nSeven has no divisors.\n\n</think>\n\nYes.", false, true,
-       "Seven has no divisors.", "Yes."},
+      {"<think>\nSeven has no divisors.\n\n</think>\n\nYes.", false, true, "Seven has no divisors.",
+       "Yes."},
       {"No block here.", false, false, "", "No block here."},
-      {"<thin", false, false, "", "<thin"},           /* ended before it became a tag */
+      {"<thin", false, false, "", "<thin"}, /* ended before it became a tag */
       {"<think>\nstill thinking\n", false, true, "still thinking", ""}, /* cut off */
       {"<think></think>", false, true, "", ""},
       {"<think>\n\n</think>\n\n", false, true, "", ""},
       {"<think>a</think>b</think>c", false, true, "a", "b</think>c"}, /* the first ends it */
       {"<think>x\n</thi", false, true, "x\n</thi", ""},
       {"<think>a\n\nb</think>\n\n\nc\n", false, true, "a\n\nb", "c\n"},
-      {" <think>a</think>b", false, false, "", " <think>a</think>b"}, /* not at the start */
+      {" <think>a</think>b", false, false, "", " <think>a</think>b"},     /* not at the start */
       {"Planning.\n</think>\n\nDone.", true, true, "Planning.", "Done."}, /* prompt opened it */
       {"\n\nhm", true, true, "hm", ""},
       {"", false, false, "", ""},

@@ -78,8 +78,8 @@ static bool same_ids(const char *what, int idx, const int32_t *ids, size_t n, co
     i++;
   }
   if (i == m && n == m) return true;
-  fprintf(stderr, "%s %d: %zu ids, expected %zu; first difference at %zu: got %d, want %d\n",
-          what, idx, n, m, i, i < n ? ids[i] : -1,
+  fprintf(stderr, "%s %d: %zu ids, expected %zu; first difference at %zu: got %d, want %d\n", what,
+          idx, n, m, i, i < n ? ids[i] : -1,
           i < m ? cJSON_GetArrayItem(exp, (int)i)->valueint : -1);
   return false;
 }
@@ -87,8 +87,12 @@ static bool same_ids(const char *what, int idx, const int32_t *ids, size_t n, co
 /* Whether s is valid UTF-8 made of whole characters. */
 static bool whole_utf8(const unsigned char *s, size_t n) {
   for (size_t i = 0; i < n;) {
-    int len = s[i] < 0x80 ? 1 : s[i] < 0xC2 ? 0 : s[i] < 0xE0 ? 2 : s[i] < 0xF0 ? 3
-            : s[i] < 0xF5 ? 4 : 0;
+    int len = s[i] < 0x80   ? 1
+              : s[i] < 0xC2 ? 0
+              : s[i] < 0xE0 ? 2
+              : s[i] < 0xF0 ? 3
+              : s[i] < 0xF5 ? 4
+                            : 0;
     if (!len || i + (size_t)len > n) return false;
     for (int k = 1; k < len; k++)
       if ((s[i + k] & 0xC0) != 0x80) return false;
@@ -395,7 +399,8 @@ static void check_add_eos(void) {
   FILE *f = fopen(cfg, "w");
   if (!f) return;
   fputs("{\"add_bos_token\": false, \"add_eos_token\": true, \"eos_token\": {\"content\": "
-        "\"</s>\"}, \"chat_template\": 7}", f);
+        "\"</s>\"}, \"chat_template\": 7}",
+        f);
   fclose(f);
   irt_tokenizer *t = NULL;
   ir_diag d = {0};
@@ -413,8 +418,8 @@ static void check_add_eos(void) {
 static void check_spm_bytes(void) {
   irt_tokenizer *t = load_fixture("spm");
   if (!t) return;
-  int32_t ids[4] = {irt_tok_find(t, "<0xE2>"), irt_tok_find(t, "<0x82>"),
-                    irt_tok_find(t, "<0xAC>"), irt_tok_find(t, "<0x41>")};
+  int32_t ids[4] = {irt_tok_find(t, "<0xE2>"), irt_tok_find(t, "<0x82>"), irt_tok_find(t, "<0xAC>"),
+                    irt_tok_find(t, "<0x41>")};
   char buf[64];
   irt_tok_stream s;
   irt_tok_stream_init(&s, t, false);
@@ -430,7 +435,10 @@ static void check_spm_bytes(void) {
   int32_t bad[3] = {ids[0], ids[3], ids[1]};
   ir_diag d = {0};
   CHECK(irt_tok_decode(t, bad, 3, false, buf, sizeof buf, &len, &d) == IR_OK && len == 7 &&
-        memcmp(buf, "\xEF\xBF\xBD" "A\xEF\xBF\xBD", 7) == 0);
+        memcmp(buf,
+               "\xEF\xBF\xBD"
+               "A\xEF\xBF\xBD",
+               7) == 0);
   int32_t oob = irt_tok_vocab_size(t);
   CHECK(irt_tok_decode(t, &oob, 1, false, buf, sizeof buf, &len, &d) == IR_INVALID_ARG);
   irt_tok_destroy(t);
@@ -439,12 +447,25 @@ static void check_spm_bytes(void) {
 static void check_invalid_utf8(void) {
   irt_tokenizer *t = load_fixture("gpt2");
   if (!t) return;
-  static const struct { const char *s; size_t len, off; } cases[] = {
-      {"\x80", 1, 0},           {"ab\xBF", 3, 2},          {"a\xC0\xAF", 3, 1},
-      {"\xC1\xBF", 2, 0},       {"\xE0\x80\xAF", 3, 0},    {"x\xED\xA0\x80", 4, 1},
-      {"\xED\xBF\xBF", 3, 0},   {"\xF4\x90\x80\x80", 4, 0}, {"\xF5\x80\x80\x80", 4, 0},
-      {"ok\xFF", 3, 2},         {"\xC3", 1, 0},            {"abc\xE2\x82", 5, 3},
-      {"\xF0\x9F\x98", 3, 0},   {"\xE2\x28\xA1", 3, 0},    {"\xF0\x80\x80\x80", 4, 0},
+  static const struct {
+    const char *s;
+    size_t len, off;
+  } cases[] = {
+      {"\x80", 1, 0},
+      {"ab\xBF", 3, 2},
+      {"a\xC0\xAF", 3, 1},
+      {"\xC1\xBF", 2, 0},
+      {"\xE0\x80\xAF", 3, 0},
+      {"x\xED\xA0\x80", 4, 1},
+      {"\xED\xBF\xBF", 3, 0},
+      {"\xF4\x90\x80\x80", 4, 0},
+      {"\xF5\x80\x80\x80", 4, 0},
+      {"ok\xFF", 3, 2},
+      {"\xC3", 1, 0},
+      {"abc\xE2\x82", 5, 3},
+      {"\xF0\x9F\x98", 3, 0},
+      {"\xE2\x28\xA1", 3, 0},
+      {"\xF0\x80\x80\x80", 4, 0},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     int32_t ids[16];
@@ -462,7 +483,7 @@ static void check_invalid_utf8(void) {
 
 /* A small byte-level tokenizer: the 256 byte characters, a few merges, two added tokens. */
 static irt_tokenizer *small_tokenizer(void) {
-  static const char *const merges[] = {"Ġ t", "h e", "Ġt he", "i n", "in g", "Ġ a", "e r",
+  static const char *const merges[] = {"Ġ t", "h e", "Ġt he", "i n", "in g",    "Ġ a", "e r",
                                        "Ġ w", "o r", "Ġw or", "l d", "Ġwor ld", "Ġ s"};
   enum { NM = sizeof merges / sizeof merges[0], NT = 256 + NM + 2 };
   char *store = malloc(NT * 16);
@@ -488,9 +509,17 @@ static irt_tokenizer *small_tokenizer(void) {
   }
   toks[n] = "<|end|>", types[n++] = IRT_TOK_CONTROL;
   toks[n] = "<sep>", types[n++] = IRT_TOK_USER_DEFINED;
-  irt_tok_spec spec = {.model = IRT_TOK_BPE_BYTE_LEVEL, .pre = IRT_TOK_PRE_GPT2, .n_tokens = n,
-                       .tokens = toks, .token_types = types, .n_merges = NM, .merges = merges,
-                       .bos_id = -1, .eos_id = n - 2, .pad_id = -1, .unk_id = -1,
+  irt_tok_spec spec = {.model = IRT_TOK_BPE_BYTE_LEVEL,
+                       .pre = IRT_TOK_PRE_GPT2,
+                       .n_tokens = n,
+                       .tokens = toks,
+                       .token_types = types,
+                       .n_merges = NM,
+                       .merges = merges,
+                       .bos_id = -1,
+                       .eos_id = n - 2,
+                       .pad_id = -1,
+                       .unk_id = -1,
                        .chat_template = "{{ x }}"};
   irt_tokenizer *t = NULL;
   ir_diag d = {0};
@@ -505,8 +534,8 @@ static void check_spec(void) {
   size_t n;
   const char *text = " the world<sep>thing<|end|>";
   int32_t *ids = encode(t, text, strlen(text), true, true, &n);
-  int32_t want[] = {irt_tok_find(t, "Ġthe"), irt_tok_find(t, "Ġworld"), irt_tok_find(t, "<sep>"),
-                    irt_tok_find(t, "t"), irt_tok_find(t, "h"), irt_tok_find(t, "ing"),
+  int32_t want[] = {irt_tok_find(t, "Ġthe"),   irt_tok_find(t, "Ġworld"), irt_tok_find(t, "<sep>"),
+                    irt_tok_find(t, "t"),      irt_tok_find(t, "h"),      irt_tok_find(t, "ing"),
                     irt_tok_find(t, "<|end|>")};
   CHECK(n == 7 && memcmp(ids, want, sizeof want) == 0);
   free(ids);
@@ -520,8 +549,14 @@ static void check_spec(void) {
   irt_tok_destroy(t);
   /* a merge whose result is missing is refused, naming it */
   const char *toks[] = {"a", "b"}, *merges[] = {"a b"};
-  irt_tok_spec bad = {.model = IRT_TOK_BPE_BYTE_LEVEL, .n_tokens = 2, .tokens = toks,
-                      .n_merges = 1, .merges = merges, .bos_id = -1, .eos_id = -1, .pad_id = -1,
+  irt_tok_spec bad = {.model = IRT_TOK_BPE_BYTE_LEVEL,
+                      .n_tokens = 2,
+                      .tokens = toks,
+                      .n_merges = 1,
+                      .merges = merges,
+                      .bos_id = -1,
+                      .eos_id = -1,
+                      .pad_id = -1,
                       .unk_id = 5};
   ir_diag d = {0};
   CHECK(irt_tok_create(&bad, &t, &d) == IR_INVALID_ARG && strstr(d.msg, "unk_id") && !t);
@@ -555,7 +590,7 @@ static void check_damage(void) {
   int silent = 0, accepted = 0, tries = 0;
   for (size_t cut = 0; cut < len; cut++) {
     int r = exercise(buf, cut);
-    silent += r < 0, accepted += r > 0, tries++;
+    silent += r<0, accepted += r> 0, tries++;
   }
   CHECKF(silent == 0, "%d truncations refused without a message", silent);
   CHECKF(accepted == 0, "%d truncations accepted", accepted);
@@ -596,10 +631,20 @@ static void check_gguf_spm(void) {
     scores[i] = (float)sc->valuedouble;
     types[i] = ty->valueint;
   }
-  irt_tok_spec spec = {.model = IRT_TOK_BPE_SPM, .pre = IRT_TOK_PRE_NONE, .n_tokens = n,
-                       .tokens = toks, .token_types = types, .scores = scores,
-                       .byte_fallback = true, .fuse_unk = true, .add_prefix_space = true,
-                       .add_bos = true, .bos_id = 1, .eos_id = 2, .pad_id = -1, .unk_id = 0};
+  irt_tok_spec spec = {.model = IRT_TOK_BPE_SPM,
+                       .pre = IRT_TOK_PRE_NONE,
+                       .n_tokens = n,
+                       .tokens = toks,
+                       .token_types = types,
+                       .scores = scores,
+                       .byte_fallback = true,
+                       .fuse_unk = true,
+                       .add_prefix_space = true,
+                       .add_bos = true,
+                       .bos_id = 1,
+                       .eos_id = 2,
+                       .pad_id = -1,
+                       .unk_id = 0};
   irt_tokenizer *t = NULL;
   ir_diag d = {0};
   CHECKF(irt_tok_create(&spec, &t, &d) == IR_OK, "%s", d.msg);
@@ -642,7 +687,7 @@ static void expect_unsupported(const char *json, const char *needle) {
 }
 
 static void check_unsupported(void) {
-#define BPE_MODEL                                                                           \
+#define BPE_MODEL                                                                                  \
   "\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1,\"ab\":2},\"merges\":[\"a b\"]}"
 #define BYTE_LEVEL "\"pre_tokenizer\":{\"type\":\"ByteLevel\",\"add_prefix_space\":false}"
   expect_unsupported("{\"model\":{\"type\":\"Unigram\",\"vocab\":[[\"a\",0.0]]}}", "Unigram");
@@ -653,14 +698,15 @@ static void check_unsupported(void) {
   expect_unsupported("{" BPE_MODEL ",\"pre_tokenizer\":{\"type\":\"Sequence\",\"pretokenizers\":["
                      "{\"type\":\"Split\",\"pattern\":{\"Regex\":\"\\\\w+|[^\\\\w\\\\s]+\"},"
                      "\"behavior\":\"Isolated\",\"invert\":false},{\"type\":\"ByteLevel\","
-                     "\"use_regex\":false}]}}", "\\w+|[^\\w\\s]+");
+                     "\"use_regex\":false}]}}",
+                     "\\w+|[^\\w\\s]+");
   expect_unsupported("{" BPE_MODEL "}", "without ByteLevel");
   /* Split(" ") is a no-op only after Replace(" ", U+2581), and only when not inverted */
-#define SPACE_SPLIT(inv)                                                                    \
-  "\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"String\":\" \"},"                 \
+#define SPACE_SPLIT(inv)                                                                           \
+  "\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"String\":\" \"},"                          \
   "\"behavior\":\"MergedWithPrevious\",\"invert\":" inv "}"
-#define SPM_REPLACE                                                                         \
-  "\"normalizer\":{\"type\":\"Replace\",\"pattern\":{\"String\":\" \"},"                  \
+#define SPM_REPLACE                                                                                \
+  "\"normalizer\":{\"type\":\"Replace\",\"pattern\":{\"String\":\" \"},"                           \
   "\"content\":\"\xE2\x96\x81\"}"
   expect_unsupported("{" BPE_MODEL "," SPACE_SPLIT("false") "}", "'Split'");
   expect_unsupported("{" BPE_MODEL "," SPM_REPLACE "," SPACE_SPLIT("true") "}", "'Split'");
@@ -685,8 +731,8 @@ static void check_template_beside(void) {
   char *json = read_file(TOKDIR "/spm-gemma/tokenizer.json", &n);
   mkdir(dir, 0755);
   FILE *f[3] = {fopen(tj, "w"), fopen(jp, "w"), fopen(cp, "w")};
-  bool ok = json && f[0] && f[1] && f[2] && fwrite(json, 1, n, f[0]) == n && fputs(tpl, f[1]) >= 0 &&
-            fputs("{\"chat_template\": \"own\"}", f[2]) >= 0;
+  bool ok = json && f[0] && f[1] && f[2] && fwrite(json, 1, n, f[0]) == n &&
+            fputs(tpl, f[1]) >= 0 && fputs("{\"chat_template\": \"own\"}", f[2]) >= 0;
   for (int i = 0; i < 3; i++)
     if (f[i]) fclose(f[i]);
   free(json);
@@ -737,8 +783,8 @@ static void check_fuzz_regressions(void) {
 int main(void) {
   corpus c;
   CHECK(load_corpus(&c));
-  static const char *const names[] = {"gpt2", "gpt2-prefix", "llama3", "qwen2", "smollm",
-                                      "spm", "spm-first", "spm-split", "spm-gemma", "gpt2-real"};
+  static const char *const names[] = {"gpt2", "gpt2-prefix", "llama3",    "qwen2",     "smollm",
+                                      "spm",  "spm-first",   "spm-split", "spm-gemma", "gpt2-real"};
   for (size_t i = 0; i < sizeof names / sizeof names[0] && c.text; i++) check_fixture(names[i], &c);
   check_config();
   if (c.text) check_gemma(&c);

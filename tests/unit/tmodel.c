@@ -105,8 +105,10 @@ double tmodel_longrope_check(irt_model *ms, irt_model *ml, const cJSON *prompts,
     bool lng = n > orig, short_row = false;
     float *lg = tmodel_prompt_logits(lng ? ml : ms, ids, n);
     double w = tmodel_max_rel_error(lg, cJSON_GetArrayItem(logits, np), V, &rows, &short_row);
-    CHECKF(!short_row && rows == n && w <= tol, "%s: prompt %d (%s factors): logits differ "
-           "from transformers by %.3g, tolerance %g", name, np, lng ? "long" : "short", w, tol);
+    CHECKF(!short_row && rows == n && w <= tol,
+           "%s: prompt %d (%s factors): logits differ "
+           "from transformers by %.3g, tolerance %g",
+           name, np, lng ? "long" : "short", w, tol);
     if (w > worst) worst = w;
     if (lng) {
       float *other = tmodel_prompt_logits(ms, ids, orig);
@@ -118,7 +120,6 @@ double tmodel_longrope_check(irt_model *ms, irt_model *ml, const cJSON *prompts,
     free(lg);
     np++;
   }
-  CHECKF(*n_short > 0 && *n_long > 0, "%s: %d short and %d long prompts", name, *n_short,
-         *n_long);
+  CHECKF(*n_short > 0 && *n_long > 0, "%s: %d short and %d long prompts", name, *n_short, *n_long);
   return worst;
 }

@@ -93,8 +93,7 @@ static ir_status open_device(cuda_ctx *c, int ordinal, ir_diag *d) {
       (r = c->cu.device_attr(&minor, CU_ATTR_CC_MINOR, c->dev)))
     return cuda_fail(c, r, "device query", d);
   c->arch = major * 10 + minor;
-  if (c->cu.device_attr(&c->n_sm, CU_ATTR_MULTIPROCESSOR_COUNT, c->dev) || c->n_sm < 1)
-    c->n_sm = 1;
+  if (c->cu.device_attr(&c->n_sm, CU_ATTR_MULTIPROCESSOR_COUNT, c->dev) || c->n_sm < 1) c->n_sm = 1;
   if ((r = c->cu.ctx_retain(&c->ctx, c->dev))) return cuda_fail(c, r, "primary context", d);
   make_current(c);
   if ((r = c->cu.stream_create(&c->stream, CU_STREAM_NON_BLOCKING)) ||
@@ -128,14 +127,13 @@ static void plan_archs(const irt_cuda_opts *o, char *buf, size_t cap) {
     bool seen = false;
     for (int j = 0; j < i; j++) seen |= o->kernels[j].arch == o->kernels[i].arch;
     if (!seen && len < cap)
-      len += (size_t)snprintf(buf + len, cap - len, "%ssm_%u", len ? "," : "",
-                              o->kernels[i].arch);
+      len += (size_t)snprintf(buf + len, cap - len, "%ssm_%u", len ? "," : "", o->kernels[i].arch);
   }
   if (!len) snprintf(buf, cap, "none");
 }
 
-static ir_status load_source(cuda_ctx *c, const irt_cuda_opts *o, const char *src,
-                             CUmodule *out, ir_diag *d) {
+static ir_status load_source(cuda_ctx *c, const irt_cuda_opts *o, const char *src, CUmodule *out,
+                             ir_diag *d) {
   const ir_plan_kernel *k = pick_image(o, src, c->arch);
   *out = NULL;
   if (!k) {
@@ -165,8 +163,7 @@ static bool optional_fn(cuda_fn f) {
   return (f >= CF_GEMV_F32_SWIGLU && f <= CF_GEMV_Q4_1_SWIGLU) || f == CF_ROPE_KV_WRITE ||
          f == CF_SWIGLU_PACKED || f == CF_ATTN_PREFILL_TC || f == CF_PICK || f == CF_GEGLU ||
          f == CF_SOFTCAP || f == CF_RMS_NORM_H || f == CF_ADD_RMS_NORM_H ||
-         f == CF_SWIGLU_PACKED_H ||
-         (f >= CF_DEQUANT_Q8_0 && f <= CF_DEQUANT_Q4_1) ||
+         f == CF_SWIGLU_PACKED_H || (f >= CF_DEQUANT_Q8_0 && f <= CF_DEQUANT_Q4_1) ||
          (f >= CF_KV_WRITE_F16 && f <= CF_ATTN_PREFILL_TC_F16);
 }
 
@@ -232,8 +229,8 @@ static ir_status alloc_scratch(cuda_ctx *c, const ir_graph *g, ir_diag *d) {
   if (st == IR_OK && c->zh_bytes) st = dev_alloc(c, c->zh_bytes, &c->zh, "swiglu scratch", d);
   if (st == IR_OK && c->wh_bytes)
     st = dev_alloc(c, c->wh_bytes, &c->wh, "dequantized weight scratch", d);
-  size_t pick = (size_t)c->max_logits *
-                (sizeof(irt_pick_req) + sizeof(irt_pick_res) * (1 + IRT_PICK_TOP));
+  size_t pick =
+      (size_t)c->max_logits * (sizeof(irt_pick_req) + sizeof(irt_pick_res) * (1 + IRT_PICK_TOP));
   if (st == IR_OK && c->fn[CF_PICK]) st = dev_alloc(c, pick, &c->d_pick, "pick buffer", d);
   if (st == IR_OK && c->fn[CF_PICK] && (r = c->cu.host_alloc(&c->pick_stage, pick)))
     st = cuda_fail(c, r, "pinned pick buffer", d);
@@ -310,8 +307,7 @@ static int make_tiles(cuda_ctx *c, const int32_t *tok_seq, int64_t n_tok) {
 
 /* Fills the pinned step buffer for n >= T tokens (tokens past T pad a decode bucket: each
  * its own sequence at position 0 of the pad block) and uploads it in one copy. */
-static ir_status upload_step(cuda_ctx *c, const irt_step *s, int64_t n, cuda_step *cs,
-                             ir_diag *d) {
+static ir_status upload_step(cuda_ctx *c, const irt_step *s, int64_t n, cuda_step *cs, ir_diag *d) {
   int64_t T = s->syms[IR_SYM_TOKENS], S = s->syms[IR_SYM_SEQS], L = s->syms[IR_SYM_LOGITS];
   CUresult r;
   if (c->stage_busy && (r = c->cu.event_sync(c->stage_ev)))
@@ -420,8 +416,8 @@ static void prof_print(const cuda_prof *p) {
     const double runs = p->rows[b].launches ? (double)p->rows[b].launches : 1.0;
     fprintf(stderr, "  %-8s %-34s %9lld %10.2f %5.1f%% %9.1f %9.1f\n",
             p->rows[b].decode ? "decode" : "prefill", p->rows[b].what, p->rows[b].launches,
-            p->rows[b].ms, all > 0 ? 100.0 * p->rows[b].ms / all : 0.0,
-            1e3 * p->rows[b].ms / runs, 1e3 * p->rows[b].host_ms / runs);
+            p->rows[b].ms, all > 0 ? 100.0 * p->rows[b].ms / all : 0.0, 1e3 * p->rows[b].ms / runs,
+            1e3 * p->rows[b].host_ms / runs);
   }
 }
 
@@ -437,8 +433,8 @@ static ir_status run_nodes(cuda_ctx *c, const ir_graph *g, void *const *ptrs, co
     st = cuda_ops_run(c, g, i, ptrs, s, d);
     if (st == IR_OK && p->on) {
       clock_gettime(CLOCK_MONOTONIC, &t1);
-      p->host_of[i] = (double)(t1.tv_sec - t0.tv_sec) * 1e3 +
-                      (double)(t1.tv_nsec - t0.tv_nsec) * 1e-6;
+      p->host_of[i] =
+          (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-6;
       p->row_of[i] = prof_row(p, g, &g->nodes[i], s->decode);
       c->cu.event_record(p->ev[i + 1], c->stream);
     }
@@ -464,14 +460,15 @@ static ir_status capture(cuda_ctx *c, int b, const ir_graph *g, void *const *ptr
   return st;
 }
 
-static ir_status cuda_run_step(void *vctx, const ir_graph *g, void *const *ptrs,
-                               const irt_step *s, ir_diag *d) {
+static ir_status cuda_run_step(void *vctx, const ir_graph *g, void *const *ptrs, const irt_step *s,
+                               ir_diag *d) {
   cuda_ctx *c = vctx;
   int64_t T = s->syms[IR_SYM_TOKENS], S = s->syms[IR_SYM_SEQS], L = s->syms[IR_SYM_LOGITS];
   cuda_step cs = {.decode = T == S, .kv = s->kv, .max_blocks = s->max_blocks};
   /* Decode steps where every sequence wants its logits replay a graph of their bucket. */
   int b = cs.decode && L == T && c->want_graphs && !c->prof.on && s->pad_block >= 0
-              ? bucket_of(c, T) : -1;
+              ? bucket_of(c, T)
+              : -1;
   int64_t n = b >= 0 ? c->bucket[b] : T;
   if (s->max_blocks != c->max_blocks || T > c->max_tokens || S > c->max_seqs)
     return ir_diag_set(d, IR_INVALID_ARG, "cuda backend: step exceeds the plan's limits");
@@ -530,8 +527,8 @@ static ir_status cuda_upload(void *vctx, const void *host, size_t bytes, void **
   make_current(c);
   ir_status st = dev_alloc(c, bytes, &p, "weights", d);
   CUresult r = 0;
-  if (st == IR_OK && bytes && ((r = c->cu.htod(p, host, bytes, c->stream)) ||
-                               (r = c->cu.stream_sync(c->stream)))) {
+  if (st == IR_OK && bytes &&
+      ((r = c->cu.htod(p, host, bytes, c->stream)) || (r = c->cu.stream_sync(c->stream)))) {
     c->cu.mem_free(p);
     st = cuda_fail(c, r, "weight upload", d);
   }
@@ -539,9 +536,11 @@ static ir_status cuda_upload(void *vctx, const void *host, size_t bytes, void **
     size_t fr = 0, tot = 0;
     c->cu.mem_info(&fr, &tot);
     d->status = IR_OK;
-    st = ir_diag_set(d, IR_OOM, "out of device memory for the weights: %.1f MiB more asked, "
-                     "%.1f MiB free of %.1f MiB on %s", (double)bytes / 1048576.0,
-                     (double)fr / 1048576.0, (double)tot / 1048576.0, c->name);
+    st = ir_diag_set(d, IR_OOM,
+                     "out of device memory for the weights: %.1f MiB more asked, "
+                     "%.1f MiB free of %.1f MiB on %s",
+                     (double)bytes / 1048576.0, (double)fr / 1048576.0, (double)tot / 1048576.0,
+                     c->name);
   }
   *out = st == IR_OK ? (void *)(uintptr_t)p : NULL;
   return st;
@@ -577,9 +576,8 @@ static ir_status pen_room(cuda_ctx *c, size_t n_pen, int64_t vocab, ir_diag *d) 
 }
 
 static ir_status cuda_pick(void *vctx, const void *logits, int64_t vocab, int n,
-                           const irt_pick_req *req, const int32_t *pen_ids,
-                           const float *pen_sub, irt_pick_res *out, irt_pick_res *top,
-                           ir_diag *d) {
+                           const irt_pick_req *req, const int32_t *pen_ids, const float *pen_sub,
+                           irt_pick_res *out, irt_pick_res *top, ir_diag *d) {
   cuda_ctx *c = vctx;
   if (!c->fn[CF_PICK] || !c->d_pick)
     return ir_diag_set(d, IR_UNSUPPORTED, "cuda backend: the plan has no kn_pick kernel");
@@ -614,8 +612,8 @@ static ir_status cuda_pick(void *vctx, const void *logits, int64_t vocab, int n,
     if (!r) r = c->cu.htod(psub, (char *)c->pen_stage + c->pen_cap * 4, n_pen * 4, c->stream);
   }
   if (!r)
-    r = c->cu.launch(c->fn[CF_PICK], (unsigned)n, 1, 1, CUDA_PICK_THREADS, 1, 1, 0, c->stream,
-                     args, NULL);
+    r = c->cu.launch(c->fn[CF_PICK], (unsigned)n, 1, 1, CUDA_PICK_THREADS, 1, 1, 0, c->stream, args,
+                     NULL);
   if (!r) r = c->cu.dtoh(stage + res_off, d_res, rs, c->stream);
   if (!r && tops) r = c->cu.dtoh(stage + top_off, d_top, rt, c->stream);
   if (!r) r = c->cu.stream_sync(c->stream);
@@ -662,8 +660,8 @@ static void cuda_destroy(void *vctx) {
     for (int i = 0; i < c->n_buckets; i++)
       if (c->exec[i]) c->cu.graph_exec_destroy(c->exec[i]);
     if (c->blas_h) c->blas.destroy(c->blas_h);
-    CUdeviceptr bufs[] = {c->d_stage, c->part_acc, c->part_ml,     c->xh,  c->zh, c->wh,
-                          c->blas_ws, c->d_pick,   c->d_pick_work, c->d_pen};
+    CUdeviceptr bufs[] = {c->d_stage, c->part_acc, c->part_ml, c->xh,          c->zh,
+                          c->wh,      c->blas_ws,  c->d_pick,  c->d_pick_work, c->d_pen};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
       if (bufs[i]) c->cu.mem_free(bufs[i]);
     for (int i = 0; i < c->n_mods; i++)

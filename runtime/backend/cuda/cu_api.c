@@ -14,13 +14,12 @@ static int sym(void *lib, const char *name, void *fn_out, size_t fn_size) {
   return 1;
 }
 
-#define SYM(lib, api, field, name) sym(lib, name, &(api)->field, sizeof (api)->field)
+#define SYM(lib, api, field, name) sym(lib, name, &(api)->field, sizeof(api)->field)
 
 static int cu_syms(void *lib, cu_api *cu) {
   return SYM(lib, cu, init, "cuInit") && SYM(lib, cu, driver_version, "cuDriverGetVersion") &&
          SYM(lib, cu, device_count, "cuDeviceGetCount") &&
-         SYM(lib, cu, device_get, "cuDeviceGet") &&
-         SYM(lib, cu, device_name, "cuDeviceGetName") &&
+         SYM(lib, cu, device_get, "cuDeviceGet") && SYM(lib, cu, device_name, "cuDeviceGetName") &&
          SYM(lib, cu, device_attr, "cuDeviceGetAttribute") &&
          SYM(lib, cu, ctx_retain, "cuDevicePrimaryCtxRetain") &&
          SYM(lib, cu, ctx_release, "cuDevicePrimaryCtxRelease_v2") &&
@@ -30,13 +29,10 @@ static int cu_syms(void *lib, cu_api *cu) {
          SYM(lib, cu, module_fn, "cuModuleGetFunction") &&
          SYM(lib, cu, mem_alloc, "cuMemAlloc_v2") && SYM(lib, cu, mem_free, "cuMemFree_v2") &&
          SYM(lib, cu, host_alloc, "cuMemAllocHost_v2") &&
-         SYM(lib, cu, host_free, "cuMemFreeHost") &&
-         SYM(lib, cu, mem_info, "cuMemGetInfo_v2") &&
-         SYM(lib, cu, htod, "cuMemcpyHtoDAsync_v2") &&
-         SYM(lib, cu, dtoh, "cuMemcpyDtoHAsync_v2") &&
-         SYM(lib, cu, dtod, "cuMemcpyDtoDAsync_v2") &&
-         SYM(lib, cu, memset8, "cuMemsetD8Async") && SYM(lib, cu, launch, "cuLaunchKernel") &&
-         SYM(lib, cu, stream_create, "cuStreamCreate") &&
+         SYM(lib, cu, host_free, "cuMemFreeHost") && SYM(lib, cu, mem_info, "cuMemGetInfo_v2") &&
+         SYM(lib, cu, htod, "cuMemcpyHtoDAsync_v2") && SYM(lib, cu, dtoh, "cuMemcpyDtoHAsync_v2") &&
+         SYM(lib, cu, dtod, "cuMemcpyDtoDAsync_v2") && SYM(lib, cu, memset8, "cuMemsetD8Async") &&
+         SYM(lib, cu, launch, "cuLaunchKernel") && SYM(lib, cu, stream_create, "cuStreamCreate") &&
          SYM(lib, cu, stream_destroy, "cuStreamDestroy_v2") &&
          SYM(lib, cu, stream_sync, "cuStreamSynchronize") &&
          SYM(lib, cu, capture_begin, "cuStreamBeginCapture_v2") &&
@@ -86,8 +82,9 @@ ir_status cublas_api_load(cublas_api *b, ir_diag *d) {
         SYM(lib, b, set_workspace, "cublasSetWorkspace_v2") &&
         SYM(lib, b, gemm_ex, "cublasGemmEx"))) {
     memset(b, 0, sizeof *b);
-    return ir_diag_set(d, IR_UNSUPPORTED, "cuBLAS lacks cublasGemmEx/cublasSetWorkspace "
-                                          "(CUDA 11.4 or newer is needed)");
+    return ir_diag_set(d, IR_UNSUPPORTED,
+                       "cuBLAS lacks cublasGemmEx/cublasSetWorkspace "
+                       "(CUDA 11.4 or newer is needed)");
   }
   return IR_OK;
 }

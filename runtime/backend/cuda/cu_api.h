@@ -55,9 +55,8 @@ typedef struct cu_api {
   CUresult (*dtoh)(void *, CUdeviceptr, size_t, CUstream);
   CUresult (*dtod)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
   CUresult (*memset8)(CUdeviceptr, unsigned char, size_t, CUstream);
-  CUresult (*launch)(CUfunction, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
-                     unsigned by, unsigned bz, unsigned smem, CUstream, void **params,
-                     void **extra);
+  CUresult (*launch)(CUfunction, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                     unsigned bz, unsigned smem, CUstream, void **params, void **extra);
   CUresult (*stream_create)(CUstream *, unsigned flags);
   CUresult (*stream_destroy)(CUstream);
   CUresult (*stream_sync)(CUstream);

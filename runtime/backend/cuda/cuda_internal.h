@@ -11,27 +11,68 @@
 
 /* Every kernel the backend launches: kernels/cuda/<src>.cu, entry <fn>. */
 typedef enum cuda_fn {
-  CF_ADD, CF_ATTN_DECODE, CF_ATTN_REDUCE, CF_ATTN_PREFILL, CF_ATTN_PREFILL_TC, CF_CAST_F16,
+  CF_ADD,
+  CF_ATTN_DECODE,
+  CF_ATTN_REDUCE,
+  CF_ATTN_PREFILL,
+  CF_ATTN_PREFILL_TC,
+  CF_CAST_F16,
   CF_CAST_BF16,
-  CF_ADD_BIAS, CF_EMBED_F32, CF_EMBED_F16, CF_EMBED_BF16, CF_EMBED_Q8_0, CF_EMBED_Q4_0,
-  CF_EMBED_Q4_1, CF_GATHER_ROWS, CF_GEMV_F32, CF_GEMV_F16, CF_GEMV_BF16, CF_GEMV_Q8_0,
-  CF_GEMV_Q4_0, CF_GEMV_Q4_1, CF_GEMV_F32_SWIGLU, CF_GEMV_F16_SWIGLU, CF_GEMV_BF16_SWIGLU,
-  CF_GEMV_Q8_0_SWIGLU, CF_GEMV_Q4_0_SWIGLU, CF_GEMV_Q4_1_SWIGLU, CF_GEMV_WQ_I4, CF_GEMV_WQ_I8,
-  CF_KV_WRITE, CF_ROPE_KV_WRITE, CF_KV_WRITE_F16, CF_ROPE_KV_WRITE_F16, CF_ATTN_DECODE_F16,
-  CF_ATTN_PREFILL_F16, CF_ATTN_PREFILL_TC_F16, CF_RMS_NORM, CF_ADD_RMS_NORM, CF_ROPE_NEOX,
-  CF_ROPE_INTERLEAVED, CF_PICK, CF_SWIGLU, CF_SWIGLU_PACKED, CF_DEQUANT_Q8_0, CF_DEQUANT_Q4_0,
-  CF_DEQUANT_Q4_1, CF_GEGLU, CF_SOFTCAP, CF_RMS_NORM_H, CF_ADD_RMS_NORM_H, CF_SWIGLU_PACKED_H,
+  CF_ADD_BIAS,
+  CF_EMBED_F32,
+  CF_EMBED_F16,
+  CF_EMBED_BF16,
+  CF_EMBED_Q8_0,
+  CF_EMBED_Q4_0,
+  CF_EMBED_Q4_1,
+  CF_GATHER_ROWS,
+  CF_GEMV_F32,
+  CF_GEMV_F16,
+  CF_GEMV_BF16,
+  CF_GEMV_Q8_0,
+  CF_GEMV_Q4_0,
+  CF_GEMV_Q4_1,
+  CF_GEMV_F32_SWIGLU,
+  CF_GEMV_F16_SWIGLU,
+  CF_GEMV_BF16_SWIGLU,
+  CF_GEMV_Q8_0_SWIGLU,
+  CF_GEMV_Q4_0_SWIGLU,
+  CF_GEMV_Q4_1_SWIGLU,
+  CF_GEMV_WQ_I4,
+  CF_GEMV_WQ_I8,
+  CF_KV_WRITE,
+  CF_ROPE_KV_WRITE,
+  CF_KV_WRITE_F16,
+  CF_ROPE_KV_WRITE_F16,
+  CF_ATTN_DECODE_F16,
+  CF_ATTN_PREFILL_F16,
+  CF_ATTN_PREFILL_TC_F16,
+  CF_RMS_NORM,
+  CF_ADD_RMS_NORM,
+  CF_ROPE_NEOX,
+  CF_ROPE_INTERLEAVED,
+  CF_PICK,
+  CF_SWIGLU,
+  CF_SWIGLU_PACKED,
+  CF_DEQUANT_Q8_0,
+  CF_DEQUANT_Q4_0,
+  CF_DEQUANT_Q4_1,
+  CF_GEGLU,
+  CF_SOFTCAP,
+  CF_RMS_NORM_H,
+  CF_ADD_RMS_NORM_H,
+  CF_SWIGLU_PACKED_H,
   CF_COUNT
 } cuda_fn;
 
 /* Fixed launch geometry of kernels/cuda (their compile-time defaults). */
-#define CUDA_GEMV_M 4      /* gemv.cu and gemv_wq.cu GEMV_M: rows of x per CTA */
-#define CUDA_GEMV_WARPS 4  /* gemv.cu and gemv_wq.cu GEMV_WARPS */
-#define CUDA_ATTN_WARPS 4  /* attention.cu ATTN_WARPS */
-#define CUDA_TILE_TOKENS 16 /* attention.cu ATTN_WARPS * PREFILL_ROWS */
+#define CUDA_GEMV_M 4          /* gemv.cu and gemv_wq.cu GEMV_M: rows of x per CTA */
+#define CUDA_GEMV_WARPS 4      /* gemv.cu and gemv_wq.cu GEMV_WARPS */
+#define CUDA_ATTN_WARPS 4      /* attention.cu ATTN_WARPS */
+#define CUDA_TILE_TOKENS 16    /* attention.cu ATTN_WARPS * PREFILL_ROWS */
 #define CUDA_TC_TILE_TOKENS 64 /* attention.cu TC_WARPS * 16: kn_attn_prefill_tc */
 #define CUDA_RMS_THREADS 256
-#define CUDA_NORM_HEADS 256 /* kv_write.cu KV_NORM_HEADS: q + k heads it normalizes */
+#define CUDA_NORM_HEADS 256    /* kv_write.cu KV_NORM_HEADS: q + k heads it normalizes */
 #define CUDA_PICK_THREADS 1024 /* sampling.cu PICK_THREADS */
 /* Dense f32/f16/bf16 matmuls with more rows than this go to cuBLAS; fewer to the GEMV,
  * which reads the weights once per CUDA_GEMV_M rows. */
@@ -50,7 +91,7 @@ typedef enum cuda_fn {
 #define CUDA_PROF_ROWS 64
 typedef struct cuda_prof {
   bool on;
-  CUevent *ev;     /* (n_ev): before node 0, after each node */
+  CUevent *ev; /* (n_ev): before node 0, after each node */
   int n_ev;
   int *row_of;     /* (n_nodes) the row node i adds to in this step */
   double *host_of; /* (n_nodes) node i's enqueue time in this step, ms */
@@ -68,12 +109,12 @@ typedef struct cuda_prof {
 typedef struct cuda_ctx {
   cu_api cu;
   cublas_api blas;
-  cublas_handle blas_h;  /* NULL until cuBLAS is loaded (first dense GEMM at check) */
+  cublas_handle blas_h; /* NULL until cuBLAS is loaded (first dense GEMM at check) */
   CUdevice dev;
   CUcontext ctx;
-  int arch;        /* 90 for sm_90 */
-  int n_sm;        /* multiprocessors */
-  char name[128];  /* "NVIDIA H200" */
+  int arch;       /* 90 for sm_90 */
+  int n_sm;       /* multiprocessors */
+  char name[128]; /* "NVIDIA H200" */
   CUstream stream;
   CUmodule mods[16];
   int n_mods;
@@ -92,11 +133,11 @@ typedef struct cuda_ctx {
 
   /* Step buffer: host (pinned) and device copies of one layout of int32 arrays, uploaded
    * with one copy per step. Fixed addresses, so captured graphs stay valid. */
-  int32_t *stage;      /* pinned host */
+  int32_t *stage; /* pinned host */
   CUdeviceptr d_stage;
   size_t off_tok, off_pos, off_seq, off_rows, off_tile0, off_tilen, off_bt; /* elements */
   size_t stage_elems;
-  CUevent stage_ev;    /* recorded after the last upload: the host copy may be reused */
+  CUevent stage_ev; /* recorded after the last upload: the host copy may be reused */
   bool stage_busy;
 
   /* attention split-K scratch, sized for max_seqs decode tokens and n_splits splits (the
@@ -135,7 +176,7 @@ typedef struct cuda_ctx {
   /* decode graphs, one per batch-size bucket */
   int64_t bucket[CUDA_MAX_BUCKETS];
   CUgraphExec exec[CUDA_MAX_BUCKETS];
-  bool warm[CUDA_MAX_BUCKETS]; /* ran once eagerly */
+  bool warm[CUDA_MAX_BUCKETS];     /* ran once eagerly */
   bool no_graph[CUDA_MAX_BUCKETS]; /* its capture failed: it runs eagerly from then on */
   int n_buckets;
   cuda_prof prof;
@@ -144,8 +185,8 @@ typedef struct cuda_ctx {
 /* What the kernels of one step see: symbol values, mode, device step arrays. */
 typedef struct cuda_step {
   int64_t syms[IR_SYM_COUNT];
-  bool decode;   /* one token per sequence: split-K decode attention */
-  int n_tiles;   /* prefill attention tiles */
+  bool decode; /* one token per sequence: split-K decode attention */
+  int n_tiles; /* prefill attention tiles */
   const irt_kv_cache *kv;
   int64_t max_blocks;
 } cuda_step;

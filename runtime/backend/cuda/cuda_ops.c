@@ -23,8 +23,8 @@ static int64_t dimv(const ir_graph *g, const ir_tensor *t, int axis, const cuda_
   return ir_dim_value(g, t->dims[axis], s->syms);
 }
 
-static ir_status launch(cuda_ctx *c, cuda_fn f, unsigned gx, unsigned gy, unsigned gz,
-                        unsigned bx, void **args, ir_diag *d) {
+static ir_status launch(cuda_ctx *c, cuda_fn f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                        void **args, ir_diag *d) {
   if (!gx || !gy || !gz) return IR_OK; /* nothing to do (an empty step dimension) */
   CUresult r = c->cu.launch(c->fn[f], gx, gy, gz, bx, 1, 1, 0, c->stream, args, NULL);
   return r ? cuda_fail(c, r, "cuLaunchKernel", d) : IR_OK;
@@ -38,9 +38,9 @@ static unsigned grid_for(long long n) {
 
 static ir_status run_embed(cuda_ctx *c, const ir_graph *g, const ir_node *n, void *const *ptrs,
                            const cuda_step *s, ir_diag *d) {
-  static const cuda_fn by_dtype[] = {[IR_F32] = CF_EMBED_F32, [IR_F16] = CF_EMBED_F16,
-                                     [IR_BF16] = CF_EMBED_BF16, [IR_Q8_0] = CF_EMBED_Q8_0,
-                                     [IR_Q4_0] = CF_EMBED_Q4_0, [IR_Q4_1] = CF_EMBED_Q4_1};
+  static const cuda_fn by_dtype[] = {
+      [IR_F32] = CF_EMBED_F32,   [IR_F16] = CF_EMBED_F16,   [IR_BF16] = CF_EMBED_BF16,
+      [IR_Q8_0] = CF_EMBED_Q8_0, [IR_Q4_0] = CF_EMBED_Q4_0, [IR_Q4_1] = CF_EMBED_Q4_1};
   CUdeviceptr out = O_(0), table = P_(1), ids = P_(0);
   long long dim = dimv(g, T_(1), 1, s);
   float scale = (float)ir_node_attr_f(n, "scale", 1.0);
@@ -53,8 +53,8 @@ static bool half_copy(cuda_ctx *c, int32_t t, int64_t m, int64_t k, cuda_fn fn, 
 static ir_status run_norm(cuda_ctx *c, const ir_graph *g, const ir_node *n, void *const *ptrs,
                           const cuda_step *s, ir_diag *d) {
   /* a plain norm's rows are its weight's length: the whole row or a slice of it */
-  int dim = (int)(n->op == IR_OP_RMS_NORM ? dimv(g, T_(1), 0, s)
-                                          : dimv(g, T_(0), T_(0)->rank - 1, s));
+  int dim =
+      (int)(n->op == IR_OP_RMS_NORM ? dimv(g, T_(1), 0, s) : dimv(g, T_(0), T_(0)->rank - 1, s));
   unsigned rows = (unsigned)(ir_tensor_elems(g, T_(0), s->syms) / (uint64_t)dim);
   float eps = (float)ir_node_attr_f(n, "eps", 1e-6);
   CUdeviceptr o0 = O_(0), a = P_(0), b = P_(1), xh = c->xh;
@@ -74,21 +74,19 @@ static ir_status run_norm(cuda_ctx *c, const ir_graph *g, const ir_node *n, void
 }
 
 /* The GEMV kernel by weight dtype: [dtype][0] plain, [dtype][1] with the swiglu epilogue. */
-static const cuda_fn k_gemv[][2] = {
-    [IR_F32] = {CF_GEMV_F32, CF_GEMV_F32_SWIGLU},
-    [IR_F16] = {CF_GEMV_F16, CF_GEMV_F16_SWIGLU},
-    [IR_BF16] = {CF_GEMV_BF16, CF_GEMV_BF16_SWIGLU},
-    [IR_Q8_0] = {CF_GEMV_Q8_0, CF_GEMV_Q8_0_SWIGLU},
-    [IR_Q4_0] = {CF_GEMV_Q4_0, CF_GEMV_Q4_0_SWIGLU},
-    [IR_Q4_1] = {CF_GEMV_Q4_1, CF_GEMV_Q4_1_SWIGLU}};
+static const cuda_fn k_gemv[][2] = {[IR_F32] = {CF_GEMV_F32, CF_GEMV_F32_SWIGLU},
+                                    [IR_F16] = {CF_GEMV_F16, CF_GEMV_F16_SWIGLU},
+                                    [IR_BF16] = {CF_GEMV_BF16, CF_GEMV_BF16_SWIGLU},
+                                    [IR_Q8_0] = {CF_GEMV_Q8_0, CF_GEMV_Q8_0_SWIGLU},
+                                    [IR_Q4_0] = {CF_GEMV_Q4_0, CF_GEMV_Q4_0_SWIGLU},
+                                    [IR_Q4_1] = {CF_GEMV_Q4_1, CF_GEMV_Q4_1_SWIGLU}};
 
 /* y(m, nn) = x . W^T (+ bias); with swiglu, W has 2 nn rows and y = silu(gate) * up. */
 static ir_status run_gemv(cuda_ctx *c, ir_dtype wt, bool swiglu, CUdeviceptr y, CUdeviceptr x,
                           CUdeviceptr w, CUdeviceptr bias, int m, int nn, int k, ir_diag *d) {
   void *args[] = {&y, &x, &w, &bias, &m, &nn, &k};
   return launch(c, k_gemv[wt][swiglu], (unsigned)((nn + CUDA_GEMV_WARPS - 1) / CUDA_GEMV_WARPS),
-                (unsigned)((m + CUDA_GEMV_M - 1) / CUDA_GEMV_M), 1, CUDA_GEMV_WARPS * 32, args,
-                d);
+                (unsigned)((m + CUDA_GEMV_M - 1) / CUDA_GEMV_M), 1, CUDA_GEMV_WARPS * 32, args, d);
 }
 
 static bool dense(ir_dtype t) { return t == IR_F32 || t == IR_F16 || t == IR_BF16; }
@@ -118,22 +116,21 @@ static ir_status run_gemm(cuda_ctx *c, ir_dtype wt, CUdeviceptr y, int32_t xt, C
     if (c->xh_tensor != xt || c->xh_bf16 != bf16) {
       long long cnt = (long long)m * k;
       void *args[] = {&xb, &x, &cnt};
-      ir_status st = launch(c, bf16 ? CF_CAST_BF16 : CF_CAST_F16, grid_for(cnt), 1, 1, 256,
-                            args, d);
+      ir_status st =
+          launch(c, bf16 ? CF_CAST_BF16 : CF_CAST_F16, grid_for(cnt), 1, 1, 256, args, d);
       if (st != IR_OK) return st;
       c->xh_tensor = xt, c->xh_bf16 = bf16;
     }
     type = bf16 ? CUB_R_16BF : CUB_R_16F;
   }
   const float one = 1.0f, zero = 0.0f;
-  cublas_status bs = c->blas.gemm_ex(c->blas_h, CUB_OP_T, CUB_OP_N, nn, m, k, &one,
-                                     (const void *)(uintptr_t)w, type, k,
-                                     (const void *)(uintptr_t)xb, type, k, &zero,
-                                     (void *)(uintptr_t)y, CUB_R_32F, nn, CUB_COMPUTE_32F,
-                                     CUB_GEMM_DEFAULT);
+  cublas_status bs =
+      c->blas.gemm_ex(c->blas_h, CUB_OP_T, CUB_OP_N, nn, m, k, &one, (const void *)(uintptr_t)w,
+                      type, k, (const void *)(uintptr_t)xb, type, k, &zero, (void *)(uintptr_t)y,
+                      CUB_R_32F, nn, CUB_COMPUTE_32F, CUB_GEMM_DEFAULT);
   if (bs != 0)
-    return ir_diag_set(d, IR_DEVICE, "cuBLAS GEMM (%d x %d x %d) failed with status %d", m, nn,
-                       k, bs);
+    return ir_diag_set(d, IR_DEVICE, "cuBLAS GEMM (%d x %d x %d) failed with status %d", m, nn, k,
+                       bs);
   if (!bias) return IR_OK;
   long long mm = m, n64 = nn;
   void *args[] = {&y, &bias, &mm, &n64};
@@ -187,8 +184,8 @@ static int wq_zt(const ir_graph *g, const ir_node *n) {
 
 /* Weight-only int8/int4 (inputs 3, 4: scales, zero points) for every m into y (m, all of
  * W's rows): the CTAs loop over the row tiles past the grid's 65535 in y. */
-static ir_status run_gemv_wq(cuda_ctx *c, const ir_graph *g, const ir_node *n,
-                             void *const *ptrs, const cuda_step *s, CUdeviceptr y, ir_diag *d) {
+static ir_status run_gemv_wq(cuda_ctx *c, const ir_graph *g, const ir_node *n, void *const *ptrs,
+                             const cuda_step *s, CUdeviceptr y, ir_diag *d) {
   int m = (int)dimv(g, T_(0), 0, s), nn = (int)dimv(g, T_(1), 0, s), k = (int)dimv(g, T_(1), 1, s);
   int group = k / (int)dimv(g, T_(3), 1, s), st = T_(3)->dtype == IR_F16, zt = wq_zt(g, n);
   CUdeviceptr x = P_(0), w = P_(1), sc = P_(3), zp = zt ? P_(4) : 0;
@@ -243,7 +240,10 @@ static ir_status run_rope(cuda_ctx *c, const ir_graph *g, const ir_node *n, void
   void *args[] = {&x, &pos, &cs, &heads, &hd, &rot};
   return launch(c, ir_node_attr_i(n, "neox", 1) ? CF_ROPE_NEOX : CF_ROPE_INTERLEAVED,
                 (unsigned)dimv(g, T_(0), 0, s), 1, 1,
-                (unsigned)(threads > 1024 ? 1024 : threads < 32 ? 32 : threads), args, d);
+                (unsigned)(threads > 1024 ? 1024
+                           : threads < 32 ? 32
+                                          : threads),
+                args, d);
 }
 
 /* The KV blocks one decode token's attention reads, at most: all maxb, or under a sliding
@@ -273,8 +273,8 @@ static int decode_splits(const cuda_ctx *c, int n_tok, int heads, int nb) {
  * tiled prefill attention, with the node's sliding window and score soft cap (0: none).
  * The fused forms' rotated q goes to the output buffer, which the attention kernels then
  * read as q: each (token, head) row is read before the same CTA writes it. */
-static ir_status run_attention(cuda_ctx *c, const ir_graph *g, const ir_node *n,
-                               void *const *ptrs, const cuda_step *s, ir_diag *d) {
+static ir_status run_attention(cuda_ctx *c, const ir_graph *g, const ir_node *n, void *const *ptrs,
+                               const cuda_step *s, ir_diag *d) {
   int layer = (int)ir_node_attr_i(n, "layer", 0), heads = (int)ir_node_attr_i(n, "n_heads", 0);
   int kvh = (int)s->kv->n_kv_heads, maxb = (int)s->max_blocks;
   float scale = (float)ir_node_attr_f(n, "scale", 1.0);
@@ -287,7 +287,7 @@ static ir_status run_attention(cuda_ctx *c, const ir_graph *g, const ir_node *n,
   CUdeviceptr vc = cuda_dptr(f16 ? (void *)s->kv->v16[layer] : (void *)s->kv->v[layer]);
   CUdeviceptr seq = cuda_stage_ptr(c, c->off_seq), pos = cuda_stage_ptr(c, c->off_pos);
   CUdeviceptr bt = cuda_stage_ptr(c, c->off_bt);
-  bool packed = n->in[1] < 0, roped = n->n_in > 3 && n->in[3] >= 0;
+  bool packed = n->in[1]<0, roped = n->n_in> 3 && n->in[3] >= 0;
   bool normed = n->n_in > 6 && n->in[5] >= 0;
   ir_status st;
   if (packed || roped || normed) {
@@ -300,8 +300,8 @@ static ir_status run_attention(cuda_ctx *c, const ir_graph *g, const ir_node *n,
     int neox = (int)ir_node_attr_i(n, "neox", 1);
     CUdeviceptr qn = normed ? P_(5) : 0, kn_w = normed ? P_(6) : 0;
     float qk_eps = (float)ir_node_attr_f(n, "qk_eps", 1e-6);
-    void *wargs[] = {&out, &kc, &vc, &q, &kn, &vn, &q_stride, &kv_stride, &seq, &pos, &bt,
-                     &maxb, &heads, &kvh, &cs, &rot, &neox, &qn, &kn_w, &qk_eps};
+    void *wargs[] = {&out, &kc,   &vc,    &q,   &kn, &vn,  &q_stride, &kv_stride, &seq,  &pos,
+                     &bt,  &maxb, &heads, &kvh, &cs, &rot, &neox,     &qn,        &kn_w, &qk_eps};
     st = launch(c, f16 ? CF_ROPE_KV_WRITE_F16 : CF_ROPE_KV_WRITE, n_tok, 1, 1, 256, wargs, d);
     q = out;
   } else {
@@ -312,8 +312,8 @@ static ir_status run_attention(cuda_ctx *c, const ir_graph *g, const ir_node *n,
   if (st != IR_OK) return st;
   if (!s->decode) {
     CUdeviceptr t0 = cuda_stage_ptr(c, c->off_tile0), tn = cuda_stage_ptr(c, c->off_tilen);
-    void *args[] = {&out, &q, &kc, &vc, &seq, &pos, &bt, &maxb, &heads, &kvh, &scale, &t0, &tn,
-                    &window, &softcap};
+    void *args[] = {&out,   &q,   &kc,    &vc, &seq, &pos,    &bt,     &maxb,
+                    &heads, &kvh, &scale, &t0, &tn,  &window, &softcap};
     cuda_fn fn = c->tc_prefill ? (f16 ? CF_ATTN_PREFILL_TC_F16 : CF_ATTN_PREFILL_TC)
                                : (f16 ? CF_ATTN_PREFILL_F16 : CF_ATTN_PREFILL);
     return launch(c, fn, (unsigned)s->n_tiles, (unsigned)heads, 1, CUDA_ATTN_WARPS * 32, args, d);
@@ -323,8 +323,8 @@ static ir_status run_attention(cuda_ctx *c, const ir_graph *g, const ir_node *n,
   int nb = window_blocks(maxb, window, s->kv->block_size);
   int splits = decode_splits(c, (int)n_tok, heads, nb), bps = (nb + splits - 1) / splits;
   CUdeviceptr pa = c->part_acc, pm = c->part_ml;
-  void *args[] = {&out, &pa, &pm, &q, &kc, &vc, &seq, &pos, &bt, &maxb, &heads, &kvh, &scale,
-                  &bps, &window, &softcap};
+  void *args[] = {&out, &pa,   &pm,    &q,   &kc,    &vc,  &seq,    &pos,
+                  &bt,  &maxb, &heads, &kvh, &scale, &bps, &window, &softcap};
   st = launch(c, f16 ? CF_ATTN_DECODE_F16 : CF_ATTN_DECODE, n_tok, (unsigned)heads,
               (unsigned)splits, CUDA_ATTN_WARPS * 32, args, d);
   if (st != IR_OK || splits == 1) return st;
@@ -345,8 +345,8 @@ static ir_status run_elementwise(cuda_ctx *c, const ir_graph *g, const ir_node *
 }
 
 /* y = cap * tanh(x / cap) (Gemma 2's final logits, before any pick reads them). */
-static ir_status run_softcap(cuda_ctx *c, const ir_graph *g, const ir_node *n,
-                             void *const *ptrs, const cuda_step *s, ir_diag *d) {
+static ir_status run_softcap(cuda_ctx *c, const ir_graph *g, const ir_node *n, void *const *ptrs,
+                             const cuda_step *s, ir_diag *d) {
   CUdeviceptr o = O_(0), x = P_(0);
   long long cnt = (long long)ir_tensor_elems(g, T_(0), s->syms);
   float cap = (float)ir_node_attr_f(n, "cap", 1.0);
@@ -479,7 +479,7 @@ static ir_status check_swiglu(cuda_ctx *c, const ir_graph *g, const ir_node *n, 
  * q/k norm folded in and/or a packed qkv, which kn_rope_kv_write serves. */
 static bool attention_ok(const cuda_ctx *c, const ir_graph *g, const ir_node *n) {
   if (g->config.head_dim != c->head_dim || n->n_in < 3) return false;
-  bool packed = n->in[1] < 0, roped = n->n_in > 3 && n->in[3] >= 0;
+  bool packed = n->in[1]<0, roped = n->n_in> 3 && n->in[3] >= 0;
   bool normed = n->n_in > 6 && n->in[5] >= 0 && n->in[6] >= 0;
   if (packed != (n->in[2] < 0) || (n->n_in > 5 && !normed)) return false;
   if (!packed && !roped && !normed) return n->n_in == 3 || n->in[3] < 0;
@@ -570,8 +570,8 @@ ir_status cuda_ops_check(cuda_ctx *c, const ir_graph *g, ir_diag *d) {
   c->xh_tensor = -1;
   /* Tensor-core prefill attention rounds q, k, v and the probabilities to f16: taken where
    * the prefill GEMMs already round activations so (f32 plans keep f32 attention). */
-  c->tc_prefill = half && c->fn[c->kv_f16 ? CF_ATTN_PREFILL_TC_F16 : CF_ATTN_PREFILL_TC] &&
-                  c->arch >= 80;
+  c->tc_prefill =
+      half && c->fn[c->kv_f16 ? CF_ATTN_PREFILL_TC_F16 : CF_ATTN_PREFILL_TC] && c->arch >= 80;
   c->tile_tokens = c->tc_prefill ? CUDA_TC_TILE_TOKENS : CUDA_TILE_TOKENS;
   return IR_OK;
 }
