@@ -190,24 +190,24 @@ static void print_tokenizer(const ir_plan *p) {
     printf("tokenizer:   none (the plan takes token ids)\n");
     return;
   }
-  if (irt_tok_deserialize(blob, n, &t, &d) != IR_OK) {
+  if (tok_deserialize(blob, n, &t, &d) != IR_OK) {
     printf("tokenizer:   unreadable: %s\n", d.msg);
     return;
   }
   static const char *const pre[] = {"none", "gpt2", "llama3", "qwen2", "smollm", "metaspace"};
-  irt_tok_pre k = irt_tok_get_pre(t);
-  irt_chat_template ct;
-  const char *tpl = irt_tok_chat_template(t);
+  tok_pre k = tok_get_pre(t);
+  chat_tmpl ct;
+  const char *tpl = tok_chat_template(t);
   d = (ir_diag){0};
-  bool known = tpl && irt_chat_template_detect(tpl, &ct, &d) == IR_OK;
+  bool known = tpl && chat_template_detect(tpl, &ct, &d) == IR_OK;
   printf("tokenizer:   %s BPE, %s pre-tokenizer, %d tokens, bos %d, eos %d, chat template %s\n",
-         irt_tok_get_model(t) == IRT_TOK_BPE_SPM ? "SentencePiece-style" : "byte-level",
-         (unsigned)k < sizeof pre / sizeof *pre ? pre[k] : "?", irt_tok_vocab_size(t),
-         irt_tok_bos(t), irt_tok_eos(t),
+         tok_get_model(t) == TOK_BPE_SPM ? "SentencePiece-style" : "byte-level",
+         (unsigned)k < sizeof pre / sizeof *pre ? pre[k] : "?", tok_vocab_size(t), tok_bos(t),
+         tok_eos(t),
          !tpl    ? "none"
-         : known ? irt_chat_kind_name(ct.kind)
+         : known ? chat_kind_name(ct.kind)
                  : "not recognised");
-  irt_tok_destroy(t);
+  tok_destroy(t);
 }
 
 static void print_plan(const ir_plan *p, bool tensors) {

@@ -16,15 +16,15 @@ ir_status infc_tokenizer_load_json(const char *json_path, int64_t model_vocab, i
   infc_path_dir(dir, sizeof dir, json_path);
   bool has_cfg =
       infc_path_join(cfg, sizeof cfg, dir, "tokenizer_config.json") && infc_file_exists(cfg);
-  ir_status st = irt_tok_load_hf(json_path, has_cfg ? cfg : NULL, &t, d);
-  if (st == IR_OK && model_vocab > 0 && irt_tok_vocab_size(t) > model_vocab)
+  ir_status st = tok_load_hf(json_path, has_cfg ? cfg : NULL, &t, d);
+  if (st == IR_OK && model_vocab > 0 && tok_vocab_size(t) > model_vocab)
     st = ir_diag_set(d, IR_BAD_FORMAT,
                      "%s: the tokenizer has %d tokens but the model's "
                      "vocabulary has %lld rows",
-                     json_path, irt_tok_vocab_size(t), (long long)model_vocab);
-  if (st == IR_OK) st = irt_tok_serialize(t, &out->data, &out->size, d);
+                     json_path, tok_vocab_size(t), (long long)model_vocab);
+  if (st == IR_OK) st = tok_serialize(t, &out->data, &out->size, d);
   if (st == IR_OK) snprintf(out->origin, sizeof out->origin, "%s", json_path);
-  irt_tok_destroy(t);
+  tok_destroy(t);
   return st;
 }
 
@@ -50,14 +50,14 @@ ir_status infc_gguf_tokenizer_blob(const fmt_gguf *g, int64_t model_vocab, infc_
   memset(out, 0, sizeof *out);
   ir_status st = fmt_gguf_tokenizer(g, &t, d);
   if (st != IR_OK || !t) return st;
-  if (model_vocab > 0 && irt_tok_vocab_size(t) > model_vocab)
+  if (model_vocab > 0 && tok_vocab_size(t) > model_vocab)
     st = ir_diag_set(d, IR_BAD_FORMAT,
                      "%s: the tokenizer has %d tokens but the model's "
                      "vocabulary has %lld rows",
-                     fmt_gguf_path(g), irt_tok_vocab_size(t), (long long)model_vocab);
-  if (st == IR_OK) st = irt_tok_serialize(t, &out->data, &out->size, d);
+                     fmt_gguf_path(g), tok_vocab_size(t), (long long)model_vocab);
+  if (st == IR_OK) st = tok_serialize(t, &out->data, &out->size, d);
   if (st == IR_OK)
     snprintf(out->origin, sizeof out->origin, "%s (GGUF metadata)", fmt_gguf_path(g));
-  irt_tok_destroy(t);
+  tok_destroy(t);
   return st;
 }

@@ -1,4 +1,4 @@
-/* fmt_gguf_tok: GGUF tokenizer metadata -> irt_tok_spec -> irt_tokenizer. */
+/* fmt_gguf_tok: GGUF tokenizer metadata -> tok_spec -> irt_tokenizer. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,21 +57,21 @@ static ir_status opt_bool(const fmt_gguf *g, const char *key, bool *v, ir_diag *
 }
 
 /* The byte-level pre-tokenizer (and its flags) that tokenizer.ggml.pre names. */
-static ir_status pick_pre(const fmt_gguf *g, irt_tok_spec *s, ir_diag *d) {
+static ir_status pick_pre(const fmt_gguf *g, tok_spec *s, ir_diag *d) {
   fmt_gguf_str pre = {0};
-  s->pre = IRT_TOK_PRE_GPT2;
+  s->pre = TOK_PRE_GPT2;
   if (!has(g, "tokenizer.ggml.pre")) return IR_OK;
   ir_status st = fmt_gguf_get_str(g, "tokenizer.ggml.pre", &pre, d);
   if (st != IR_OK) return st;
   if (fmt_gguf_str_eq(pre, "default") || fmt_gguf_str_eq(pre, "gpt-2")) return IR_OK;
   if (fmt_gguf_str_eq(pre, "llama-bpe") || fmt_gguf_str_eq(pre, "llama3")) {
-    s->pre = IRT_TOK_PRE_LLAMA3;
+    s->pre = TOK_PRE_LLAMA3;
     s->ignore_merges = true;
   } else if (fmt_gguf_str_eq(pre, "qwen2")) {
-    s->pre = IRT_TOK_PRE_QWEN2;
+    s->pre = TOK_PRE_QWEN2;
     s->nfc = true;
   } else if (fmt_gguf_str_eq(pre, "smollm")) {
-    s->pre = IRT_TOK_PRE_SMOLLM;
+    s->pre = TOK_PRE_SMOLLM;
   } else {
     return ir_diag_set(d, IR_UNSUPPORTED,
                        "%s: tokenizer.ggml.pre '%.*s' is not supported "
@@ -81,7 +81,7 @@ static ir_status pick_pre(const fmt_gguf *g, irt_tok_spec *s, ir_diag *d) {
   return IR_OK;
 }
 
-static ir_status read_vocab(const fmt_gguf *g, irt_tok_spec *s, gguf_tok_arrays *a, ir_diag *d) {
+static ir_status read_vocab(const fmt_gguf *g, tok_spec *s, gguf_tok_arrays *a, ir_diag *d) {
   const fmt_gguf_str *toks, *merges;
   const int64_t *types = NULL;
   uint64_t n_types = 0;
@@ -116,7 +116,7 @@ static ir_status read_vocab(const fmt_gguf *g, irt_tok_spec *s, gguf_tok_arrays 
                          "%s: tokenizer.ggml.token_type[%llu] is %lld, not a "
                          "token type (0-6)",
                          fmt_gguf_path(g), (unsigned long long)i, (long long)types[i]);
-    a->types[i] = types[i] >= 1 ? (int32_t)types[i] : IRT_TOK_NORMAL;
+    a->types[i] = types[i] >= 1 ? (int32_t)types[i] : TOK_NORMAL;
   }
   s->n_tokens = (int32_t)a->n_tokens;
   s->tokens = (const char *const *)a->tokens;
@@ -126,12 +126,12 @@ static ir_status read_vocab(const fmt_gguf *g, irt_tok_spec *s, gguf_tok_arrays 
   return IR_OK;
 }
 
-static ir_status read_model(const fmt_gguf *g, irt_tok_spec *s, ir_diag *d) {
+static ir_status read_model(const fmt_gguf *g, tok_spec *s, ir_diag *d) {
   fmt_gguf_str model;
   ir_status st = fmt_gguf_get_str(g, "tokenizer.ggml.model", &model, d);
   if (st != IR_OK) return st;
   if (fmt_gguf_str_eq(model, "gpt2")) {
-    s->model = IRT_TOK_BPE_BYTE_LEVEL;
+    s->model = TOK_BPE_BYTE_LEVEL;
     s->add_bos = false;
     if ((st = opt_bool(g, "tokenizer.ggml.add_bos_token", &s->add_bos, d)) != IR_OK) return st;
     return pick_pre(g, s, d);
@@ -139,8 +139,8 @@ static ir_status read_model(const fmt_gguf *g, irt_tok_spec *s, ir_diag *d) {
   if (fmt_gguf_str_eq(model, "llama")) {
     const float *scores = NULL;
     uint64_t n = 0;
-    s->model = IRT_TOK_BPE_SPM;
-    s->pre = IRT_TOK_PRE_NONE;
+    s->model = TOK_BPE_SPM;
+    s->pre = TOK_PRE_NONE;
     s->byte_fallback = s->fuse_unk = true;
     s->add_prefix_space = s->add_bos = true;
     if ((st = opt_bool(g, "tokenizer.ggml.add_space_prefix", &s->add_prefix_space, d)) != IR_OK ||
@@ -163,7 +163,7 @@ static ir_status read_model(const fmt_gguf *g, irt_tok_spec *s, ir_diag *d) {
                      fmt_gguf_path(g), (int)(model.len > 64 ? 64 : model.len), model.ptr);
 }
 
-static ir_status read_specials(const fmt_gguf *g, irt_tok_spec *s, gguf_tok_arrays *a, ir_diag *d) {
+static ir_status read_specials(const fmt_gguf *g, tok_spec *s, gguf_tok_arrays *a, ir_diag *d) {
   static const char *const id_keys[4] = {
       "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
       "tokenizer.ggml.unknown_token_id", "tokenizer.ggml.padding_token_id"};
@@ -193,12 +193,12 @@ static ir_status read_specials(const fmt_gguf *g, irt_tok_spec *s, gguf_tok_arra
 ir_status fmt_gguf_tokenizer(const fmt_gguf *g, irt_tokenizer **out, ir_diag *d) {
   *out = NULL;
   if (!has(g, "tokenizer.ggml.model")) return IR_OK;
-  irt_tok_spec s = {0};
+  tok_spec s = {0};
   gguf_tok_arrays a = {0};
   ir_status st = read_vocab(g, &s, &a, d);
   if (st == IR_OK) st = read_model(g, &s, d);
   if (st == IR_OK) st = read_specials(g, &s, &a, d);
-  if (st == IR_OK) st = irt_tok_create(&s, out, d);
+  if (st == IR_OK) st = tok_create(&s, out, d);
   free_arrays(&a);
   if (st != IR_OK) ir_diag_prefix(d, "tokenizer");
   return st;

@@ -14,14 +14,14 @@
 static const char *const k_names[] = {"unknown", "chatml", "llama3",   "mistral", "llama2",
                                       "gemma",   "phi3",   "llama3.1", "qwen3",   "deepseek-r1"};
 
-const char *irt_chat_kind_name(irt_chat_kind k) {
+const char *chat_kind_name(chat_kind k) {
   return (unsigned)k < sizeof k_names / sizeof *k_names ? k_names[k] : "unknown";
 }
 
-irt_chat_kind irt_chat_kind_from_name(const char *name) {
+chat_kind chat_kind_from_name(const char *name) {
   for (size_t i = 1; i < sizeof k_names / sizeof *k_names; i++)
-    if (!strcmp(name, k_names[i])) return (irt_chat_kind)i;
-  return IRT_CHAT_UNKNOWN;
+    if (!strcmp(name, k_names[i])) return (chat_kind)i;
+  return CHAT_UNKNOWN;
 }
 
 /* A literal default system prompt: "<|im_start|>system" + newline (real or escaped) + text
@@ -47,7 +47,7 @@ static void chatml_default_system(const char *src, char *out, size_t cap) {
   }
 }
 
-ir_status irt_chat_template_detect(const char *src, irt_chat_template *out, ir_diag *d) {
+ir_status chat_template_detect(const char *src, chat_tmpl *out, ir_diag *d) {
   memset(out, 0, sizeof *out);
   if (!src || !*src)
     return ir_diag_set(d, IR_UNSUPPORTED,
@@ -60,38 +60,39 @@ ir_status irt_chat_template_detect(const char *src, irt_chat_template *out, ir_d
                        "and /think flags) is not one the engine renders yet; pass "
                        "--chat-template chatml for plain ChatML turns");
   if (strstr(src, "<" FW_BAR "User" FW_BAR ">") && strstr(src, "<" FW_BAR "Assistant" FW_BAR ">")) {
-    out->kind = IRT_CHAT_DEEPSEEK_R1;
+    out->kind = CHAT_DEEPSEEK_R1;
   } else if (strstr(src, "<|im_start|>") && strstr(src, "<think>") &&
              strstr(src, "enable_thinking")) {
-    out->kind = IRT_CHAT_QWEN3;
+    out->kind = CHAT_QWEN3;
   } else if (strstr(src, "<|im_start|>")) {
-    out->kind = IRT_CHAT_CHATML;
+    out->kind = CHAT_CHATML;
     chatml_default_system(src, out->default_system, sizeof out->default_system);
   } else if (strstr(src, "<|start_header_id|>") && strstr(src, "Cutting Knowledge Date")) {
-    out->kind = IRT_CHAT_LLAMA31;
-    if (!strstr(src, "strftime_now")) snprintf(out->date, sizeof out->date, "%s", IRT_LLAMA31_DATE);
+    out->kind = CHAT_LLAMA31;
+    if (!strstr(src, "strftime_now"))
+      snprintf(out->date, sizeof out->date, "%s", CHAT_LLAMA31_DATE);
   } else if (strstr(src, "<|start_header_id|>")) {
-    out->kind = IRT_CHAT_LLAMA3;
+    out->kind = CHAT_LLAMA3;
   } else if (strstr(src, "<start_of_turn>")) { /* Gemma 1, 2 and 3 (their turn marker) */
-    out->kind = IRT_CHAT_GEMMA;
+    out->kind = CHAT_GEMMA;
   } else if (strstr(src, "<|user|>") && strstr(src, "<|end|>")) {
-    out->kind = IRT_CHAT_PHI3;
+    out->kind = CHAT_PHI3;
   } else if (strstr(src, "<<SYS>>")) {
-    out->kind = IRT_CHAT_LLAMA2;
+    out->kind = CHAT_LLAMA2;
   } else if (strstr(src, "[INST]")) {
-    out->kind = IRT_CHAT_MISTRAL;
+    out->kind = CHAT_MISTRAL;
   } else {
     return ir_diag_set(d, IR_UNSUPPORTED,
                        "the model's chat template is not one the engine can "
                        "render; pass --chat-template NAME (chatml, qwen3, deepseek-r1, "
                        "llama3, llama3.1, mistral, llama2, gemma, phi3)");
   }
-  const char *bos =
-      out->kind == IRT_CHAT_LLAMA3 || out->kind == IRT_CHAT_LLAMA31 ? "<|begin_of_text|>"
-      : out->kind == IRT_CHAT_GEMMA                                 ? "<bos>"
-      : out->kind == IRT_CHAT_DEEPSEEK_R1 ? "<" FW_BAR "begin" SP "of" SP "sentence" FW_BAR ">"
-      : out->kind == IRT_CHAT_MISTRAL || out->kind == IRT_CHAT_LLAMA2 ? "<s>"
-                                                                      : "";
+  const char *bos = out->kind == CHAT_LLAMA3 || out->kind == CHAT_LLAMA31 ? "<|begin_of_text|>"
+                    : out->kind == CHAT_GEMMA                             ? "<bos>"
+                    : out->kind == CHAT_DEEPSEEK_R1 ? "<" FW_BAR "begin" SP "of" SP
+                                                      "sentence" FW_BAR ">"
+                    : out->kind == CHAT_MISTRAL || out->kind == CHAT_LLAMA2 ? "<s>"
+                                                                            : "";
   if (strstr(src, "bos_token")) snprintf(out->bos, sizeof out->bos, "%s", bos);
   return IR_OK;
 }
@@ -101,11 +102,11 @@ ir_status irt_chat_template_detect(const char *src, irt_chat_template *out, ir_d
 typedef struct sbuf {
   char *buf;
   size_t cap, len;
-  /* provenance (irt_chat_render_spans): the messages' text ranges, and the spans of the
+  /* provenance (chat_render_spans): the messages' text ranges, and the spans of the
    * output copied from them */
   const char *const *lo, *const *hi; /* (n_src) */
   size_t n_src;
-  irt_chat_span *spans;
+  chat_span *spans;
   size_t n_spans, cap_spans;
   bool spans_short;
 } sbuf;
@@ -119,7 +120,7 @@ static void note_span(sbuf *s, const char *t, size_t n) {
   if (s->n_spans && s->spans[s->n_spans - 1].end == s->len) {
     s->spans[s->n_spans - 1].end += n;
   } else if (s->n_spans < s->cap_spans) {
-    s->spans[s->n_spans++] = (irt_chat_span){s->len, s->len + n};
+    s->spans[s->n_spans++] = (chat_span){s->len, s->len + n};
   } else {
     s->spans_short = true;
   }
@@ -161,8 +162,7 @@ static void chatml_turn(sbuf *s, const char *role, const char *content) {
   put(s, "<|im_end|>\n");
 }
 
-static void render_chatml(const irt_chat_template *t, const irt_chat_msg *m, size_t n, bool gen,
-                          sbuf *s) {
+static void render_chatml(const chat_tmpl *t, const chat_msg *m, size_t n, bool gen, sbuf *s) {
   for (size_t i = 0; i < n; i++) {
     if (i == 0 && role_of(m[0].role) != 0 && t->default_system[0])
       chatml_turn(s, "system", t->default_system);
@@ -194,7 +194,7 @@ static bool tool_response(const char *c) {
 /* Qwen3's assistant turn: its thoughts (the message's own, or those of content's think
  * block: before the first </think>, after the last <think>) and the answer (after the last
  * </think>), written out only after the last query, as Qwen3-0.6B's template does. */
-static void qwen3_assistant(const irt_chat_msg *m, bool after_query, bool last, sbuf *s) {
+static void qwen3_assistant(const chat_msg *m, bool after_query, bool last, sbuf *s) {
   const char *content = m->content, *think = m->reasoning ? m->reasoning : "";
   size_t cn = strlen(content), tn = strlen(think);
   const char *end = m->reasoning ? NULL : strstr(content, "</think>");
@@ -219,8 +219,7 @@ static void qwen3_assistant(const irt_chat_msg *m, bool after_query, bool last, 
   put(s, "<|im_end|>\n");
 }
 
-static void render_qwen3(const irt_chat_template *t, const irt_chat_msg *m, size_t n, bool gen,
-                         sbuf *s) {
+static void render_qwen3(const chat_tmpl *t, const chat_msg *m, size_t n, bool gen, sbuf *s) {
   size_t last_query = n ? n - 1 : 0;
   for (size_t i = n; i-- > 0;)
     if (role_of(m[i].role) == 1 && !tool_response(m[i].content)) {
@@ -242,8 +241,7 @@ static void render_qwen3(const irt_chat_template *t, const irt_chat_msg *m, size
 /* DeepSeek-R1's template: BOS and the (last) system message's text, user turns after
  * <｜User｜>, assistant turns after <｜Assistant｜> with their thoughts (up to the last
  * </think>) dropped, each closed by <｜end▁of▁sentence｜>; the new turn opens a thought. */
-static void render_deepseek_r1(const irt_chat_template *t, const irt_chat_msg *m, size_t n,
-                               bool gen, sbuf *s) {
+static void render_deepseek_r1(const chat_tmpl *t, const chat_msg *m, size_t n, bool gen, sbuf *s) {
   static const char user[] = "<" FW_BAR "User" FW_BAR ">";
   static const char assistant[] = "<" FW_BAR "Assistant" FW_BAR ">";
   static const char eos[] = "<" FW_BAR "end" SP "of" SP "sentence" FW_BAR ">";
@@ -269,8 +267,7 @@ static void render_deepseek_r1(const irt_chat_template *t, const irt_chat_msg *m
   }
 }
 
-static void render_llama3(const irt_chat_template *t, const irt_chat_msg *m, size_t n, bool gen,
-                          sbuf *s) {
+static void render_llama3(const chat_tmpl *t, const chat_msg *m, size_t n, bool gen, sbuf *s) {
   put(s, t->bos);
   for (size_t i = 0; i < n; i++) {
     put(s, "<|start_header_id|>");
@@ -284,15 +281,14 @@ static void render_llama3(const irt_chat_template *t, const irt_chat_msg *m, siz
 
 /* Llama 3.1 / 3.2 / 3.3: a system turn always, with the knowledge cutoff and the date
  * before the (trimmed) system message. */
-static void render_llama31(const irt_chat_template *t, const irt_chat_msg *m, size_t n, bool gen,
-                           sbuf *s) {
+static void render_llama31(const chat_tmpl *t, const chat_msg *m, size_t n, bool gen, sbuf *s) {
   char today[32];
   const char *date = t->date;
   if (!date[0]) {
     time_t now = time(NULL);
     struct tm tm;
     if (!localtime_r(&now, &tm) || !strftime(today, sizeof today, "%d %b %Y", &tm))
-      snprintf(today, sizeof today, "%s", IRT_LLAMA31_DATE);
+      snprintf(today, sizeof today, "%s", CHAT_LLAMA31_DATE);
     date = today;
   }
   bool sys = n && role_of(m[0].role) == 0;
@@ -304,7 +300,7 @@ static void render_llama31(const irt_chat_template *t, const irt_chat_msg *m, si
   put(s, "\n\n");
   if (sys) put_trim(s, m[0].content);
   put(s, "<|eot_id|>");
-  irt_chat_template plain = *t;
+  chat_tmpl plain = *t;
   plain.bos[0] = '\0';
   render_llama3(&plain, m + sys, n - sys, gen, s);
 }
@@ -317,8 +313,7 @@ static void render_llama31(const irt_chat_template *t, const irt_chat_msg *m, si
  * it), so one renderer serves both. Roles that do not alternate user/model, where both
  * templates raise, are rendered as given: no other renderer here refuses what its template
  * raises on (Mistral's and Llama 2's raise too), nor does llama.cpp. */
-static void render_gemma(const irt_chat_template *t, const irt_chat_msg *m, size_t n, bool gen,
-                         sbuf *s) {
+static void render_gemma(const chat_tmpl *t, const chat_msg *m, size_t n, bool gen, sbuf *s) {
   bool sys = n && role_of(m[0].role) == 0;
   put(s, t->bos);
   for (size_t i = sys; i < n; i++) {
@@ -335,7 +330,7 @@ static void render_gemma(const irt_chat_template *t, const irt_chat_msg *m, size
   if (gen) put(s, "<start_of_turn>model\n");
 }
 
-static void render_phi3(const irt_chat_msg *m, size_t n, bool gen, sbuf *s) {
+static void render_phi3(const chat_msg *m, size_t n, bool gen, sbuf *s) {
   for (size_t i = 0; i < n; i++) {
     put(s, "<|");
     put(s, m[i].role);
@@ -348,8 +343,8 @@ static void render_phi3(const irt_chat_msg *m, size_t n, bool gen, sbuf *s) {
 
 /* [INST] turns. Mistral joins a system prompt to the first user turn with a blank line;
  * Llama 2 wraps it in <<SYS>> and opens every user turn with BOS. */
-static void render_inst(const irt_chat_template *t, const irt_chat_msg *m, size_t n, sbuf *s) {
-  bool llama2 = t->kind == IRT_CHAT_LLAMA2;
+static void render_inst(const chat_tmpl *t, const chat_msg *m, size_t n, sbuf *s) {
+  bool llama2 = t->kind == CHAT_LLAMA2;
   const char *sys = n && role_of(m[0].role) == 0 ? m[0].content : NULL;
   if (!llama2) put(s, t->bos);
   for (size_t i = sys ? 1 : 0; i < n; i++) {
@@ -374,15 +369,14 @@ static void render_inst(const irt_chat_template *t, const irt_chat_msg *m, size_
   }
 }
 
-ir_status irt_chat_render(const irt_chat_template *t, const irt_chat_msg *msgs, size_t n, bool gen,
-                          char *buf, size_t cap, size_t *out_len, ir_diag *d) {
-  return irt_chat_render_spans(t, msgs, n, gen, buf, cap, out_len, NULL, 0, NULL, d);
+ir_status chat_render(const chat_tmpl *t, const chat_msg *msgs, size_t n, bool gen, char *buf,
+                      size_t cap, size_t *out_len, ir_diag *d) {
+  return chat_render_spans(t, msgs, n, gen, buf, cap, out_len, NULL, 0, NULL, d);
 }
 
-ir_status irt_chat_render_spans(const irt_chat_template *t, const irt_chat_msg *msgs, size_t n,
-                                bool gen, char *buf, size_t cap, size_t *out_len,
-                                irt_chat_span *spans, size_t cap_spans, size_t *n_spans,
-                                ir_diag *d) {
+ir_status chat_render_spans(const chat_tmpl *t, const chat_msg *msgs, size_t n, bool gen, char *buf,
+                            size_t cap, size_t *out_len, chat_span *spans, size_t cap_spans,
+                            size_t *n_spans, ir_diag *d) {
   for (size_t i = 0; i < n; i++)
     if (!msgs[i].role || !msgs[i].content || role_of(msgs[i].role) < 0)
       return ir_diag_set(d, IR_INVALID_ARG,
@@ -403,15 +397,15 @@ ir_status irt_chat_render_spans(const irt_chat_template *t, const irt_chat_msg *
     s.spans = spans, s.cap_spans = cap_spans;
   }
   switch (t->kind) {
-  case IRT_CHAT_CHATML: render_chatml(t, msgs, n, gen, &s); break;
-  case IRT_CHAT_QWEN3: render_qwen3(t, msgs, n, gen, &s); break;
-  case IRT_CHAT_DEEPSEEK_R1: render_deepseek_r1(t, msgs, n, gen, &s); break;
-  case IRT_CHAT_LLAMA3: render_llama3(t, msgs, n, gen, &s); break;
-  case IRT_CHAT_LLAMA31: render_llama31(t, msgs, n, gen, &s); break;
-  case IRT_CHAT_GEMMA: render_gemma(t, msgs, n, gen, &s); break;
-  case IRT_CHAT_PHI3: render_phi3(msgs, n, gen, &s); break;
-  case IRT_CHAT_MISTRAL:
-  case IRT_CHAT_LLAMA2: render_inst(t, msgs, n, &s); break;
+  case CHAT_CHATML: render_chatml(t, msgs, n, gen, &s); break;
+  case CHAT_QWEN3: render_qwen3(t, msgs, n, gen, &s); break;
+  case CHAT_DEEPSEEK_R1: render_deepseek_r1(t, msgs, n, gen, &s); break;
+  case CHAT_LLAMA3: render_llama3(t, msgs, n, gen, &s); break;
+  case CHAT_LLAMA31: render_llama31(t, msgs, n, gen, &s); break;
+  case CHAT_GEMMA: render_gemma(t, msgs, n, gen, &s); break;
+  case CHAT_PHI3: render_phi3(msgs, n, gen, &s); break;
+  case CHAT_MISTRAL:
+  case CHAT_LLAMA2: render_inst(t, msgs, n, &s); break;
   default: free(ranges); return ir_diag_set(d, IR_INVALID_ARG, "no chat template selected");
   }
   free(ranges);

@@ -72,7 +72,7 @@ static size_t init_symbols(const irt_tokenizer *t, tok_sym *sym, const uint8_t *
   for (size_t i = 0; i < n;) {
     size_t len = 1;
     int32_t id;
-    if (t->model == IRT_TOK_BPE_BYTE_LEVEL) {
+    if (t->model == TOK_BPE_BYTE_LEVEL) {
       id = t->byte_id[w[i]];
     } else {
       int sl = tok_utf8_seq_len(w[i]);
@@ -80,7 +80,7 @@ static size_t init_symbols(const irt_tokenizer *t, tok_sym *sym, const uint8_t *
       id = tok_vocab_find(t, (const char *)w + i, len);
     }
     if (id >= 0) sym_known(&b, t->unk_id, id);
-    else if (!(t->byte_fallback && t->model == IRT_TOK_BPE_SPM && sym_bytes(t, &b, w + i, len)))
+    else if (!(t->byte_fallback && t->model == TOK_BPE_SPM && sym_bytes(t, &b, w + i, len)))
       sym_unknown(t, &b);
     i += len;
   }
@@ -142,7 +142,7 @@ static void merge_scan(const irt_tokenizer *t, tok_sym *s, size_t m) {
 
 /* ignore_merges: the id of the whole word if it is a token, else -1. */
 static int32_t whole_word(const irt_tokenizer *t, tok_bpe_scratch *sc, const uint8_t *w, size_t n) {
-  if (t->model == IRT_TOK_BPE_SPM) return tok_vocab_find(t, (const char *)w, n);
+  if (t->model == TOK_BPE_SPM) return tok_vocab_find(t, (const char *)w, n);
   size_t o = 0;
   for (size_t i = 0; i < n; i++) o += tok_utf8_put(t->byte_cp[w[i]], sc->wbuf + o);
   return tok_vocab_find(t, (const char *)sc->wbuf, o);

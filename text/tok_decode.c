@@ -24,7 +24,7 @@ static void sink_put(sink *k, const uint8_t *p, size_t n) {
 /* Feeds bytes through the stream's pending partial character. A byte that cannot continue
  * the pending sequence ends it with one U+FFFD and is then looked at afresh (the "maximal
  * subpart" rule). */
-static void feed(irt_tok_stream *s, const uint8_t *p, size_t n, sink *k) {
+static void feed(tok_stream *s, const uint8_t *p, size_t n, sink *k) {
   size_t i = 0;
   while (i < n) {
     uint8_t b = p[i];
@@ -55,7 +55,7 @@ static void feed(irt_tok_stream *s, const uint8_t *p, size_t n, sink *k) {
   }
 }
 
-static void stream_piece(irt_tok_stream *s, int32_t id, sink *k) {
+static void stream_piece(tok_stream *s, int32_t id, sink *k) {
   const irt_tokenizer *t = s->t;
   if (!t || id < 0 || id >= t->n_tokens) return;
   if (s->skip_special && tok_is_special_type(t->types[id])) return;
@@ -65,7 +65,7 @@ static void stream_piece(irt_tok_stream *s, int32_t id, sink *k) {
   if (s->first) {
     s->first = false;
     /* HF's Strip decoder (or Metaspace's first-token rule): drop the prefix space */
-    if (t->model == IRT_TOK_BPE_SPM && t->prefix != IRT_TOK_PREFIX_NONE && p[0] == ' ') {
+    if (t->model == TOK_BPE_SPM && t->prefix != TOK_PREFIX_NONE && p[0] == ' ') {
       p++;
       n--;
     }
@@ -73,33 +73,33 @@ static void stream_piece(irt_tok_stream *s, int32_t id, sink *k) {
   feed(s, p, n, k);
 }
 
-static void stream_end(irt_tok_stream *s, sink *k) {
+static void stream_end(tok_stream *s, sink *k) {
   if (s->n_pending) sink_put(k, REPLACEMENT, 3);
   s->n_pending = 0;
   s->first = true;
 }
 
-void irt_tok_stream_init(irt_tok_stream *s, const irt_tokenizer *t, bool skip_special) {
+void tok_stream_init(tok_stream *s, const irt_tokenizer *t, bool skip_special) {
   memset(s, 0, sizeof *s);
   s->t = t;
   s->skip_special = skip_special;
   s->first = true;
 }
 
-size_t irt_tok_stream_push(irt_tok_stream *s, int32_t id, char *buf, size_t cap) {
+size_t tok_stream_push(tok_stream *s, int32_t id, char *buf, size_t cap) {
   sink k = {buf, buf ? cap : 0, 0};
   stream_piece(s, id, &k);
   return k.len;
 }
 
-size_t irt_tok_stream_finish(irt_tok_stream *s, char *buf, size_t cap) {
+size_t tok_stream_finish(tok_stream *s, char *buf, size_t cap) {
   sink k = {buf, buf ? cap : 0, 0};
   stream_end(s, &k);
   return k.len;
 }
 
-ir_status irt_tok_decode(const irt_tokenizer *t, const int32_t *ids, size_t n, bool skip_special,
-                         char *buf, size_t cap, size_t *out_len, ir_diag *d) {
+ir_status tok_decode(const irt_tokenizer *t, const int32_t *ids, size_t n, bool skip_special,
+                     char *buf, size_t cap, size_t *out_len, ir_diag *d) {
   if (!t || !out_len || (!ids && n) || (!buf && cap))
     return ir_diag_set(d, IR_INVALID_ARG, "tokenizer: decode: NULL argument");
   *out_len = 0;
@@ -107,16 +107,16 @@ ir_status irt_tok_decode(const irt_tokenizer *t, const int32_t *ids, size_t n, b
     if (ids[i] < 0 || ids[i] >= t->n_tokens)
       return ir_diag_set(d, IR_INVALID_ARG, "tokenizer: decode: id %d at %zu out of range [0, %d)",
                          (int)ids[i], i, (int)t->n_tokens);
-  irt_tok_stream s;
+  tok_stream s;
   sink k = {buf, cap, 0};
-  irt_tok_stream_init(&s, t, skip_special);
+  tok_stream_init(&s, t, skip_special);
   for (size_t i = 0; i < n; i++) stream_piece(&s, ids[i], &k);
   stream_end(&s, &k);
   *out_len = k.len;
   return IR_OK;
 }
 
-const uint8_t *irt_tok_piece(const irt_tokenizer *t, int32_t id, size_t *len) {
+const uint8_t *tok_piece(const irt_tokenizer *t, int32_t id, size_t *len) {
   *len = 0;
   if (!t || id < 0 || id >= t->n_tokens) return NULL;
   *len = t->dec_off[id + 1] - t->dec_off[id];

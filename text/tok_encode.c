@@ -14,18 +14,18 @@ static const uint8_t SPM_SPACE[3] = {0xE2, 0x96, 0x81}; /* U+2581 */
 size_t tok_norm_cap(const irt_tokenizer *t, size_t n, size_t spaces) {
   /* NFC grows UTF-8 at most 3x; it never adds or removes U+0020, each of which SPM turns
    * into 3 bytes; plus the prefix. */
-  return (t->nfc ? 3 * n : n) + (t->model == IRT_TOK_BPE_SPM ? 2 * spaces : 0) + 3;
+  return (t->nfc ? 3 * n : n) + (t->model == TOK_BPE_SPM ? 2 * spaces : 0) + 3;
 }
 
 size_t tok_normalize(const irt_tokenizer *t, const uint8_t *s, size_t n, uint8_t *out, uint8_t *tmp,
                      uint32_t *work) {
-  bool spm = t->model == IRT_TOK_BPE_SPM;
+  bool spm = t->model == TOK_BPE_SPM;
   size_t o = 0;
   if (t->nfc && tok_nfc_needed(s, n)) {
     n = tok_nfc(s, n, tmp, work);
     s = tmp;
   }
-  if (t->prefix == IRT_TOK_PREFIX_NORMALIZER && n > 0) {
+  if (t->prefix == TOK_PREFIX_NORMALIZER && n > 0) {
     if (spm) memcpy(out, SPM_SPACE, 3), o = 3;
     else out[o++] = ' ';
   }
@@ -45,7 +45,7 @@ size_t tok_normalize(const irt_tokenizer *t, const uint8_t *s, size_t n, uint8_t
 }
 
 static bool norm_is_identity(const irt_tokenizer *t) {
-  return !t->nfc && t->model == IRT_TOK_BPE_BYTE_LEVEL && t->prefix != IRT_TOK_PREFIX_NORMALIZER;
+  return !t->nfc && t->model == TOK_BPE_BYTE_LEVEL && t->prefix != TOK_PREFIX_NORMALIZER;
 }
 
 /* ---- added-token matchers ------------------------------------------------------------ */
@@ -65,7 +65,7 @@ void tok_matcher_free(tok_matcher *m) {
 
 static bool matcher_wants(const irt_tokenizer *t, int32_t id, bool want_normalized) {
   size_t len = t->off[id + 1] - t->off[id] - 1;
-  bool normalized = (t->attrs[id] & IRT_TOK_ATTR_NORMALIZED) != 0;
+  bool normalized = (t->attrs[id] & TOK_ATTR_NORMALIZED) != 0;
   return len > 0 && tok_is_added_type(t->types[id]) && normalized == want_normalized;
 }
 
@@ -162,14 +162,14 @@ static size_t ws_after(const uint8_t *s, size_t n, size_t p) {
  * refused (a special token without parse_special, a single_word token inside a word) is
  * still consumed, as in HF's find_matches. */
 /* True when [a, b) overlaps one of the n sorted spans. */
-static bool in_spans(const irt_tok_span *sp, size_t n, size_t a, size_t b) {
+static bool in_spans(const tok_span *sp, size_t n, size_t a, size_t b) {
   for (size_t i = 0; i < n && sp[i].start < b; i++)
     if (sp[i].end > a) return true;
   return false;
 }
 
 static bool match_next(const irt_tokenizer *t, const tok_matcher *m, const uint8_t *s, size_t n,
-                       size_t pos, bool parse_special, const irt_tok_span *text, size_t n_text,
+                       size_t pos, bool parse_special, const tok_span *text, size_t n_text,
                        tok_hit *hit) {
   if (m->n == 0) return false;
   for (size_t i = pos; i < n; i++) {
@@ -182,13 +182,13 @@ static bool match_next(const irt_tokenizer *t, const tok_matcher *m, const uint8
     uint8_t attr = t->attrs[id];
     bool special = tok_is_special_type(t->types[id]);
     if ((special && (!parse_special || in_spans(text, n_text, i, end))) ||
-        ((attr & IRT_TOK_ATTR_SINGLE_WORD) && !single_word_ok(s, n, i, end))) {
+        ((attr & TOK_ATTR_SINGLE_WORD) && !single_word_ok(s, n, i, end))) {
       i = end - 1;
       continue;
     }
     hit->id = id;
-    hit->start = attr & IRT_TOK_ATTR_LSTRIP ? ws_before(s, i, pos) : i;
-    hit->end = attr & IRT_TOK_ATTR_RSTRIP ? ws_after(s, n, end) : end;
+    hit->start = attr & TOK_ATTR_LSTRIP ? ws_before(s, i, pos) : i;
+    hit->end = attr & TOK_ATTR_RSTRIP ? ws_after(s, n, end) : end;
     return true;
   }
   return false;
@@ -199,7 +199,7 @@ static bool match_next(const irt_tokenizer *t, const tok_matcher *m, const uint8
 typedef struct enc {
   const irt_tokenizer *t;
   bool parse_special;
-  const irt_tok_span *text; /* (n_text) where special tokens are text */
+  const tok_span *text; /* (n_text) where special tokens are text */
   size_t n_text;
   tok_out out;
   uint8_t *norm;  /* normalized text run */
@@ -217,7 +217,7 @@ typedef struct enc {
 static bool enc_alloc(enc *e, const uint8_t *s, size_t len) {
   const irt_tokenizer *t = e->t;
   size_t spaces = 0;
-  if (t->model == IRT_TOK_BPE_SPM)
+  if (t->model == TOK_BPE_SPM)
     for (const uint8_t *q = s; (q = memchr(q, ' ', len - (size_t)(q - s))) != NULL; q++) spaces++;
   size_t ncap = tok_norm_cap(t, len, spaces), p = ncap + 3;
   size_t nfc_tmp = t->nfc ? 3 * len + 1 : 0, nfc_work = t->nfc ? 4 * len + 4 : 0;
@@ -243,7 +243,7 @@ static bool enc_alloc(enc *e, const uint8_t *s, size_t len) {
 }
 
 static bool starts_with_space(const irt_tokenizer *t, const uint8_t *s, size_t n) {
-  if (t->model == IRT_TOK_BPE_BYTE_LEVEL) return s[0] == ' ';
+  if (t->model == TOK_BPE_BYTE_LEVEL) return s[0] == ' ';
   return n >= 3 && memcmp(s, SPM_SPACE, 3) == 0;
 }
 
@@ -251,9 +251,9 @@ static bool starts_with_space(const irt_tokenizer *t, const uint8_t *s, size_t n
 static void encode_piece(enc *e, const uint8_t *s, size_t n, bool at_origin) {
   const irt_tokenizer *t = e->t;
   if (n == 0) return;
-  if ((t->prefix == IRT_TOK_PREFIX_ALWAYS || (t->prefix == IRT_TOK_PREFIX_FIRST && at_origin)) &&
+  if ((t->prefix == TOK_PREFIX_ALWAYS || (t->prefix == TOK_PREFIX_FIRST && at_origin)) &&
       !starts_with_space(t, s, n)) {
-    size_t k = t->model == IRT_TOK_BPE_SPM ? 3 : 1;
+    size_t k = t->model == TOK_BPE_SPM ? 3 : 1;
     memcpy(e->piece, k == 3 ? SPM_SPACE : (const uint8_t *)" ", k);
     memcpy(e->piece + k, s, n);
     s = e->piece;
@@ -285,16 +285,14 @@ static void encode_run(enc *e, const uint8_t *s, size_t n, size_t off, bool at_o
   encode_piece(e, s + pos, n - pos, at_origin && pos == 0);
 }
 
-ir_status irt_tok_encode(const irt_tokenizer *t, const char *text, size_t len, bool add_special,
-                         bool parse_special, int32_t *ids, size_t cap, size_t *out_n, ir_diag *d) {
-  return irt_tok_encode_spans(t, text, len, add_special, parse_special, NULL, 0, ids, cap, out_n,
-                              d);
+ir_status tok_encode(const irt_tokenizer *t, const char *text, size_t len, bool add_special,
+                     bool parse_special, int32_t *ids, size_t cap, size_t *out_n, ir_diag *d) {
+  return tok_encode_spans(t, text, len, add_special, parse_special, NULL, 0, ids, cap, out_n, d);
 }
 
-ir_status irt_tok_encode_spans(const irt_tokenizer *t, const char *text, size_t len,
-                               bool add_special, bool parse_special, const irt_tok_span *spans,
-                               size_t n_spans, int32_t *ids, size_t cap, size_t *out_n,
-                               ir_diag *d) {
+ir_status tok_encode_spans(const irt_tokenizer *t, const char *text, size_t len, bool add_special,
+                           bool parse_special, const tok_span *spans, size_t n_spans, int32_t *ids,
+                           size_t cap, size_t *out_n, ir_diag *d) {
   if (!t || !out_n || (!text && len) || (!ids && cap) || (!spans && n_spans))
     return ir_diag_set(d, IR_INVALID_ARG, "tokenizer: encode: NULL argument");
   *out_n = 0;
@@ -330,26 +328,23 @@ ir_status irt_tok_encode_spans(const irt_tokenizer *t, const char *text, size_t 
   return IR_OK;
 }
 
-ir_status irt_tok_encode_alloc(const irt_tokenizer *t, const char *text, size_t len,
-                               bool add_special, bool parse_special, int32_t **out, size_t *out_n,
-                               ir_diag *d) {
-  return irt_tok_encode_spans_alloc(t, text, len, add_special, parse_special, NULL, 0, out, out_n,
-                                    d);
+ir_status tok_encode_alloc(const irt_tokenizer *t, const char *text, size_t len, bool add_special,
+                           bool parse_special, int32_t **out, size_t *out_n, ir_diag *d) {
+  return tok_encode_spans_alloc(t, text, len, add_special, parse_special, NULL, 0, out, out_n, d);
 }
 
-ir_status irt_tok_encode_spans_alloc(const irt_tokenizer *t, const char *text, size_t len,
-                                     bool add_special, bool parse_special,
-                                     const irt_tok_span *spans, size_t n_spans, int32_t **out,
-                                     size_t *out_n, ir_diag *d) {
+ir_status tok_encode_spans_alloc(const irt_tokenizer *t, const char *text, size_t len,
+                                 bool add_special, bool parse_special, const tok_span *spans,
+                                 size_t n_spans, int32_t **out, size_t *out_n, ir_diag *d) {
   size_t cap = len + 16, n = 0;
   int32_t *ids = malloc(cap * sizeof *ids);
-  ir_status st = ids ? irt_tok_encode_spans(t, text, len, add_special, parse_special, spans,
-                                            n_spans, ids, cap, &n, d)
+  ir_status st = ids ? tok_encode_spans(t, text, len, add_special, parse_special, spans, n_spans,
+                                        ids, cap, &n, d)
                      : ir_diag_set(d, IR_OOM, "out of memory");
   if (st == IR_OK && n > cap) { /* the first guess was short: size it exactly */
     int32_t *more = realloc(ids, n * sizeof *ids);
-    st = more ? irt_tok_encode_spans(t, text, len, add_special, parse_special, spans, n_spans, more,
-                                     n, &n, d)
+    st = more ? tok_encode_spans(t, text, len, add_special, parse_special, spans, n_spans, more, n,
+                                 &n, d)
               : ir_diag_set(d, IR_OOM, "out of memory");
     if (more) ids = more;
   }

@@ -21,7 +21,7 @@
 /* Everything gathered from the JSON; pointers borrow from the parsed documents. */
 typedef struct hf_load {
   const char *path;
-  irt_tok_spec spec;
+  tok_spec spec;
   const char **tokens; /* (n) */
   int32_t *types;      /* (n) */
   uint8_t *attrs;      /* (n) */
@@ -164,17 +164,16 @@ static ir_status load_vocab(hf_load *h, const cJSON *vocab, const cJSON *added, 
     const char *content = jstr(e, "content");
     bool special = jbool(e, "special", false);
     h->tokens[id] = content;
-    h->types[id] = special ? IRT_TOK_CONTROL : IRT_TOK_USER_DEFINED;
-    if (special && h->unk_token && strcmp(content, h->unk_token) == 0)
-      h->types[id] = IRT_TOK_UNKNOWN;
-    h->attrs[id] = (uint8_t)((jbool(e, "lstrip", false) ? IRT_TOK_ATTR_LSTRIP : 0) |
-                             (jbool(e, "rstrip", false) ? IRT_TOK_ATTR_RSTRIP : 0) |
-                             (jbool(e, "single_word", false) ? IRT_TOK_ATTR_SINGLE_WORD : 0) |
-                             (jbool(e, "normalized", !special) ? IRT_TOK_ATTR_NORMALIZED : 0));
+    h->types[id] = special ? TOK_CONTROL : TOK_USER_DEFINED;
+    if (special && h->unk_token && strcmp(content, h->unk_token) == 0) h->types[id] = TOK_UNKNOWN;
+    h->attrs[id] = (uint8_t)((jbool(e, "lstrip", false) ? TOK_ATTR_LSTRIP : 0) |
+                             (jbool(e, "rstrip", false) ? TOK_ATTR_RSTRIP : 0) |
+                             (jbool(e, "single_word", false) ? TOK_ATTR_SINGLE_WORD : 0) |
+                             (jbool(e, "normalized", !special) ? TOK_ATTR_NORMALIZED : 0));
   }
   for (int32_t i = 0; i < n; i++) {
     if (h->types[i]) continue;
-    h->types[i] = h->tokens[i] ? IRT_TOK_NORMAL : IRT_TOK_UNUSED;
+    h->types[i] = h->tokens[i] ? TOK_NORMAL : TOK_UNUSED;
     if (!h->tokens[i]) h->tokens[i] = "";
   }
   h->spec.n_tokens = n;
@@ -225,7 +224,7 @@ static ir_status one_normalizer(hf_load *h, const cJSON *n, ir_diag *d) {
   if (strcmp(type, "Prepend") == 0) {
     const char *p = jstr(n, "prepend");
     if (!p || strcmp(p, SPM_SPACE) != 0) return unsupported(d, "Prepend normalizer of", p ? p : "");
-    h->spec.prefix = IRT_TOK_PREFIX_NORMALIZER;
+    h->spec.prefix = TOK_PREFIX_NORMALIZER;
     h->spm = true;
     return IR_OK;
   }
@@ -251,7 +250,7 @@ static ir_status load_normalizer(hf_load *h, const cJSON *n, ir_diag *d) {
   } else {
     st = one_normalizer(h, n, d);
   }
-  if (st == IR_OK && h->spec.prefix == IRT_TOK_PREFIX_NORMALIZER && !h->spm_replace)
+  if (st == IR_OK && h->spec.prefix == TOK_PREFIX_NORMALIZER && !h->spm_replace)
     return unsupported(d, "normalizer", "Prepend without Replace(' ', U+2581)");
   return st;
 }
@@ -262,9 +261,9 @@ static ir_status split_regex(hf_load *h, const cJSON *p, ir_diag *d) {
   if (!re) return unsupported(d, "Split pre-tokenizer with", "a non-regex pattern");
   if (jbool(p, "invert", false) || !behavior || strcmp(behavior, "Isolated") != 0)
     return unsupported(d, "Split pre-tokenizer behavior", behavior ? behavior : "(none)");
-  if (strcmp(re, RE_GPT2) == 0) h->spec.pre = IRT_TOK_PRE_GPT2;
-  else if (strcmp(re, RE_LLAMA3) == 0) h->spec.pre = IRT_TOK_PRE_LLAMA3;
-  else if (strcmp(re, RE_QWEN2) == 0) h->spec.pre = IRT_TOK_PRE_QWEN2;
+  if (strcmp(re, RE_GPT2) == 0) h->spec.pre = TOK_PRE_GPT2;
+  else if (strcmp(re, RE_LLAMA3) == 0) h->spec.pre = TOK_PRE_LLAMA3;
+  else if (strcmp(re, RE_QWEN2) == 0) h->spec.pre = TOK_PRE_QWEN2;
   else return unsupported(d, "pre-tokenizer regex", re);
   return IR_OK;
 }
@@ -274,11 +273,11 @@ static ir_status metaspace(hf_load *h, const cJSON *p, ir_diag *d) {
   if (rep && strcmp(rep, SPM_SPACE) != 0) return unsupported(d, "Metaspace replacement", rep);
   h->spm = true;
   if (!scheme) scheme = jbool(p, "add_prefix_space", true) ? "always" : "never";
-  if (strcmp(scheme, "always") == 0) h->spec.prefix = IRT_TOK_PREFIX_ALWAYS;
-  else if (strcmp(scheme, "first") == 0) h->spec.prefix = IRT_TOK_PREFIX_FIRST;
-  else if (strcmp(scheme, "never") == 0) h->spec.prefix = IRT_TOK_PREFIX_NONE;
+  if (strcmp(scheme, "always") == 0) h->spec.prefix = TOK_PREFIX_ALWAYS;
+  else if (strcmp(scheme, "first") == 0) h->spec.prefix = TOK_PREFIX_FIRST;
+  else if (strcmp(scheme, "never") == 0) h->spec.prefix = TOK_PREFIX_NONE;
   else return unsupported(d, "Metaspace prepend_scheme", scheme);
-  h->spec.pre = jbool(p, "split", true) ? IRT_TOK_PRE_METASPACE : IRT_TOK_PRE_NONE;
+  h->spec.pre = jbool(p, "split", true) ? TOK_PRE_METASPACE : TOK_PRE_NONE;
   return IR_OK;
 }
 
@@ -298,18 +297,18 @@ static ir_status one_pre(hf_load *h, const cJSON *p, bool first, bool last, ir_d
     h->digits = true;
     return IR_OK;
   }
-  if (strcmp(type, "Split") == 0 && !last && h->spec.pre == IRT_TOK_PRE_NONE)
+  if (strcmp(type, "Split") == 0 && !last && h->spec.pre == TOK_PRE_NONE)
     return split_regex(h, p, d);
   if (strcmp(type, "Metaspace") == 0 && first && last) return metaspace(h, p, d);
   if (strcmp(type, "ByteLevel") != 0 || !last) return unsupported(d, "pre-tokenizer", type);
   h->byte_level = true;
   bool regex = jbool(p, "use_regex", true), prefix = jbool(p, "add_prefix_space", false);
-  if (regex && h->spec.pre != IRT_TOK_PRE_NONE)
+  if (regex && h->spec.pre != TOK_PRE_NONE)
     return unsupported(d, "pre-tokenizer", "ByteLevel(use_regex=true) after a Split");
-  if (regex) h->spec.pre = IRT_TOK_PRE_GPT2;
+  if (regex) h->spec.pre = TOK_PRE_GPT2;
   if (prefix && (!first || !regex))
     return unsupported(d, "pre-tokenizer", "ByteLevel(add_prefix_space=true) in a Sequence");
-  h->spec.prefix = prefix ? IRT_TOK_PREFIX_ALWAYS : IRT_TOK_PREFIX_NONE;
+  h->spec.prefix = prefix ? TOK_PREFIX_ALWAYS : TOK_PREFIX_NONE;
   return IR_OK;
 }
 
@@ -326,9 +325,9 @@ static ir_status load_pre(hf_load *h, const cJSON *p, ir_diag *d) {
     st = one_pre(h, p, true, true, d);
   }
   if (h->digits) {
-    if (h->spec.pre != IRT_TOK_PRE_GPT2)
+    if (h->spec.pre != TOK_PRE_GPT2)
       return unsupported(d, "pre-tokenizer", "Digits before a split other than GPT-2's");
-    h->spec.pre = IRT_TOK_PRE_SMOLLM;
+    h->spec.pre = TOK_PRE_SMOLLM;
   }
   return st;
 }
@@ -432,7 +431,7 @@ static void guess_eog(hf_load *h) {
                                       "<end_of_turn>",   "</s>"};
   for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
     int32_t id = find_token(h, names[i]);
-    if (id < 0 || h->types[id] != IRT_TOK_CONTROL) continue;
+    if (id < 0 || h->types[id] != TOK_CONTROL) continue;
     if (h->spec.eos_id < 0) h->spec.eos_id = id;
     if (id != h->spec.eos_id) h->eog[h->spec.n_eos_ids++] = id;
   }
@@ -453,14 +452,14 @@ static ir_status load_tokenizer(hf_load *h, const cJSON *root, const cJSON *cfg,
                        h->spm ? "mixing ByteLevel and U+2581 spaces"
                               : "without ByteLevel or a U+2581 normalizer "
                                 "/ Metaspace");
-  h->spec.model = h->byte_level ? IRT_TOK_BPE_BYTE_LEVEL : IRT_TOK_BPE_SPM;
+  h->spec.model = h->byte_level ? TOK_BPE_BYTE_LEVEL : TOK_BPE_SPM;
   h->spec.add_prefix_space =
-      h->spec.prefix != IRT_TOK_PREFIX_NONE && h->spec.prefix != IRT_TOK_PREFIX_DEFAULT;
-  if (h->spec.prefix == IRT_TOK_PREFIX_DEFAULT) h->spec.prefix = IRT_TOK_PREFIX_NONE;
+      h->spec.prefix != TOK_PREFIX_NONE && h->spec.prefix != TOK_PREFIX_DEFAULT;
+  if (h->spec.prefix == TOK_PREFIX_DEFAULT) h->spec.prefix = TOK_PREFIX_NONE;
   h->spec.unk_id = find_token(h, h->unk_token);
-  if (h->spec.model == IRT_TOK_BPE_SPM && h->spec.byte_fallback)
+  if (h->spec.model == TOK_BPE_SPM && h->spec.byte_fallback)
     for (int32_t i = 0; i < h->spec.n_tokens; i++)
-      if (h->types[i] == IRT_TOK_NORMAL && is_byte_piece(h->tokens[i])) h->types[i] = IRT_TOK_BYTE;
+      if (h->types[i] == TOK_NORMAL && is_byte_piece(h->tokens[i])) h->types[i] = TOK_BYTE;
   st = load_post(h, cJSON_GetObjectItemCaseSensitive(root, "post_processor"), d);
   if (st != IR_OK) return st;
   if (cfg) load_config(h, cfg);
@@ -468,8 +467,8 @@ static ir_status load_tokenizer(hf_load *h, const cJSON *root, const cJSON *cfg,
   return IR_OK;
 }
 
-ir_status irt_tok_load_hf(const char *tokenizer_json, const char *tokenizer_config,
-                          irt_tokenizer **out, ir_diag *d) {
+ir_status tok_load_hf(const char *tokenizer_json, const char *tokenizer_config, irt_tokenizer **out,
+                      ir_diag *d) {
   if (!out || !tokenizer_json) return ir_diag_set(d, IR_INVALID_ARG, "tokenizer: NULL argument");
   *out = NULL;
   cJSON *root = NULL, *cfg = NULL;
@@ -482,7 +481,7 @@ ir_status irt_tok_load_hf(const char *tokenizer_json, const char *tokenizer_conf
     st = load_tokenizer(&h, root, cfg, d);
     if (st == IR_OK && !h.spec.chat_template)
       h.spec.chat_template = jinja = template_beside(tokenizer_json);
-    if (st == IR_OK) st = irt_tok_create(&h.spec, out, d);
+    if (st == IR_OK) st = tok_create(&h.spec, out, d);
     if (st != IR_OK) ir_diag_prefix(d, "%s", tokenizer_json);
   }
   free(jinja);

@@ -64,13 +64,13 @@ size_t tok_nfc(const uint8_t *s, size_t n, uint8_t *out, uint32_t *work);
 
 /* Iterates the words of s[0, n) (valid UTF-8) under one split rule. */
 typedef struct tok_pre_iter {
-  irt_tok_pre pre;
+  tok_pre pre;
   const uint8_t *s;
   size_t pos, n;
   size_t run_end; /* SMOLLM: end of the current digit-free run */
 } tok_pre_iter;
 
-void tok_pre_init(tok_pre_iter *it, irt_tok_pre pre, const uint8_t *s, size_t n);
+void tok_pre_init(tok_pre_iter *it, tok_pre pre, const uint8_t *s, size_t n);
 /* Gives the next word [*start, *end); false at the end. Words are never empty and cover
  * the text without gaps. */
 bool tok_pre_next(tok_pre_iter *it, size_t *start, size_t *end);
@@ -97,16 +97,16 @@ typedef struct tok_merge_slot {
 } tok_merge_slot;
 
 struct irt_tokenizer {
-  irt_tok_model model;
-  irt_tok_pre pre;
-  irt_tok_prefix prefix; /* resolved: never DEFAULT */
+  tok_model model;
+  tok_pre pre;
+  tok_prefix prefix; /* resolved: never DEFAULT */
   bool byte_fallback, fuse_unk, ignore_merges, nfc, add_bos, add_eos;
   int32_t bos_id, eos_id, pad_id, unk_id;
   int32_t n_tokens;
   char *text;        /* every token string, each NUL-terminated */
   uint32_t *off;     /* (n_tokens + 1) offsets in text; length = off[i+1] - off[i] - 1 */
-  uint8_t *types;    /* (n_tokens) irt_tok_type */
-  uint8_t *attrs;    /* (n_tokens) IRT_TOK_ATTR_* */
+  uint8_t *types;    /* (n_tokens) tok_type */
+  uint8_t *attrs;    /* (n_tokens) TOK_ATTR_* */
   float *scores;     /* (n_tokens) or NULL */
   char *dec;         /* decoded bytes of every token (byte-level unmapped, SPM with ' ') */
   uint32_t *dec_off; /* (n_tokens + 1) offsets in dec */
@@ -154,10 +154,10 @@ static inline bool tok_merge_find(const irt_tokenizer *t, int32_t a, int32_t b, 
 }
 
 static inline bool tok_is_special_type(int type) {
-  return type == IRT_TOK_CONTROL || type == IRT_TOK_UNKNOWN;
+  return type == TOK_CONTROL || type == TOK_UNKNOWN;
 }
 static inline bool tok_is_added_type(int type) {
-  return type == IRT_TOK_CONTROL || type == IRT_TOK_UNKNOWN || type == IRT_TOK_USER_DEFINED;
+  return type == TOK_CONTROL || type == TOK_UNKNOWN || type == TOK_USER_DEFINED;
 }
 
 /* ---- BPE (tok_bpe.c) ------------------------------------------------------------------ */

@@ -1,5 +1,5 @@
 /* tok_pre: the pre-tokenizer splits as hand-written matchers, one per regex listed at
- * irt_tok_pre in tokenizer.h. Each matcher returns the end of the leftmost-first match
+ * tok_pre in tokenizer.h. Each matcher returns the end of the leftmost-first match
  * starting at p, exactly as Oniguruma's backtracking would choose it for that pattern. */
 #include "tok_internal.h"
 
@@ -118,7 +118,7 @@ static size_t match_metaspace(const uint8_t *s, size_t p, size_t n) {
   return q;
 }
 
-void tok_pre_init(tok_pre_iter *it, irt_tok_pre pre, const uint8_t *s, size_t n) {
+void tok_pre_init(tok_pre_iter *it, tok_pre pre, const uint8_t *s, size_t n) {
   it->pre = pre;
   it->s = s;
   it->pos = 0;
@@ -142,11 +142,11 @@ bool tok_pre_next(tok_pre_iter *it, size_t *start, size_t *end) {
   if (it->pos >= it->n) return false;
   size_t p = it->pos, e;
   switch (it->pre) {
-  case IRT_TOK_PRE_GPT2: e = match_gpt2(it->s, p, it->n); break;
-  case IRT_TOK_PRE_LLAMA3: e = match_llama3(it->s, p, it->n, 3); break;
-  case IRT_TOK_PRE_QWEN2: e = match_llama3(it->s, p, it->n, 1); break;
-  case IRT_TOK_PRE_SMOLLM: e = next_smollm(it); break;
-  case IRT_TOK_PRE_METASPACE: e = match_metaspace(it->s, p, it->n); break;
+  case TOK_PRE_GPT2: e = match_gpt2(it->s, p, it->n); break;
+  case TOK_PRE_LLAMA3: e = match_llama3(it->s, p, it->n, 3); break;
+  case TOK_PRE_QWEN2: e = match_llama3(it->s, p, it->n, 1); break;
+  case TOK_PRE_SMOLLM: e = next_smollm(it); break;
+  case TOK_PRE_METASPACE: e = match_metaspace(it->s, p, it->n); break;
   default: e = it->n; break;
   }
   if (e <= p) e = it->n; /* cannot happen; never loop forever */

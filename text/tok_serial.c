@@ -1,6 +1,6 @@
 /* tok_serial: the tokenizer as an infc.tok.Tokenizer message (ir/tokenizer.proto).
  * Deserialization treats the bytes as untrusted: every count, length, enum and id is
- * checked (here, then again by irt_tok_create) before anything is built from it. */
+ * checked (here, then again by tok_create) before anything is built from it. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -10,7 +10,7 @@
 #define TOK_FORMAT_VERSION 1
 #define TOK_END_MARKER 0x4B4F5445u /* "ETOK" */
 
-ir_status irt_tok_serialize(const irt_tokenizer *t, uint8_t **out, size_t *out_len, ir_diag *d) {
+ir_status tok_serialize(const irt_tokenizer *t, uint8_t **out, size_t *out_len, ir_diag *d) {
   if (!t || !out || !out_len) return ir_diag_set(d, IR_INVALID_ARG, "tokenizer: NULL argument");
   *out = NULL;
   *out_len = 0;
@@ -104,8 +104,7 @@ static ir_status check_message(const Infc__Tok__Tokenizer *m, ir_diag *d) {
     return ir_diag_set(d, IR_BAD_FORMAT, "tokenizer message: bad merge count %zu", m->n_merge);
   if (m->n_eos_ids > n)
     return ir_diag_set(d, IR_BAD_FORMAT, "tokenizer message: bad eos_ids count %zu", m->n_eos_ids);
-  if (m->model < 1 || m->model > 2 || m->pre > IRT_TOK_PRE_METASPACE ||
-      m->prefix > IRT_TOK_PREFIX_NONE)
+  if (m->model < 1 || m->model > 2 || m->pre > TOK_PRE_METASPACE || m->prefix > TOK_PREFIX_NONE)
     return ir_diag_set(d, IR_BAD_FORMAT,
                        "tokenizer message: unknown model %u, pre-tokenizer %u "
                        "or prefix mode %u",
@@ -115,7 +114,7 @@ static ir_status check_message(const Infc__Tok__Tokenizer *m, ir_diag *d) {
 
 /* Builds the spec's token pointers and types from the message; *text gets the NUL-separated
  * copy of the token strings. */
-static ir_status spec_tokens(const Infc__Tok__Tokenizer *m, irt_tok_spec *s, char **text,
+static ir_status spec_tokens(const Infc__Tok__Tokenizer *m, tok_spec *s, char **text,
                              const char ***toks, int32_t **types, ir_diag *d) {
   size_t n = m->n_token_len, o = 0, p = 0;
   *text = malloc(m->token_text.len + n);
@@ -139,17 +138,17 @@ static ir_status spec_tokens(const Infc__Tok__Tokenizer *m, irt_tok_spec *s, cha
 }
 
 static ir_status build_from(const Infc__Tok__Tokenizer *m, irt_tokenizer **out, ir_diag *d) {
-  irt_tok_spec s = {
-      .model = (irt_tok_model)m->model,
-      .pre = (irt_tok_pre)m->pre,
-      .prefix = (irt_tok_prefix)m->prefix,
+  tok_spec s = {
+      .model = (tok_model)m->model,
+      .pre = (tok_pre)m->pre,
+      .prefix = (tok_prefix)m->prefix,
       .n_merges = (int32_t)(m->n_merge / 2),
       .merge_ids = m->merge,
       .byte_fallback = m->byte_fallback,
       .fuse_unk = m->fuse_unk,
       .ignore_merges = m->ignore_merges,
       .nfc = m->nfc,
-      .add_prefix_space = m->prefix != IRT_TOK_PREFIX_NONE,
+      .add_prefix_space = m->prefix != TOK_PREFIX_NONE,
       .add_bos = m->add_bos,
       .add_eos = m->add_eos,
       .bos_id = m->bos_id,
@@ -166,7 +165,7 @@ static ir_status build_from(const Infc__Tok__Tokenizer *m, irt_tokenizer **out, 
   ir_status st = spec_tokens(m, &s, &text, &toks, &types, d);
   if (st == IR_OK) {
     ir_diag inner = {0};
-    st = irt_tok_create(&s, out, &inner);
+    st = tok_create(&s, out, &inner);
     if (st == IR_INVALID_ARG) st = IR_BAD_FORMAT;
     if (st != IR_OK) ir_diag_set(d, st, "tokenizer message: %s", inner.msg);
   }
@@ -176,7 +175,7 @@ static ir_status build_from(const Infc__Tok__Tokenizer *m, irt_tokenizer **out, 
   return st;
 }
 
-ir_status irt_tok_deserialize(const uint8_t *buf, size_t len, irt_tokenizer **out, ir_diag *d) {
+ir_status tok_deserialize(const uint8_t *buf, size_t len, irt_tokenizer **out, ir_diag *d) {
   if (!out) return ir_diag_set(d, IR_INVALID_ARG, "tokenizer: NULL output");
   *out = NULL;
   if (!buf || len == 0) return ir_diag_set(d, IR_BAD_FORMAT, "tokenizer message: empty");

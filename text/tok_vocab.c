@@ -66,12 +66,12 @@ static uint32_t pow2_above(uint64_t n) {
 
 /* ---- building ------------------------------------------------------------------------ */
 
-static ir_status check_spec(const irt_tok_spec *s, ir_diag *d) {
-  if (s->model != IRT_TOK_BPE_BYTE_LEVEL && s->model != IRT_TOK_BPE_SPM)
+static ir_status check_spec(const tok_spec *s, ir_diag *d) {
+  if (s->model != TOK_BPE_BYTE_LEVEL && s->model != TOK_BPE_SPM)
     return ir_diag_set(d, IR_INVALID_ARG, "tokenizer: unknown model %d", (int)s->model);
-  if ((unsigned)s->pre > IRT_TOK_PRE_METASPACE)
+  if ((unsigned)s->pre > TOK_PRE_METASPACE)
     return ir_diag_set(d, IR_INVALID_ARG, "tokenizer: unknown pre-tokenizer %d", (int)s->pre);
-  if ((unsigned)s->prefix > IRT_TOK_PREFIX_NONE)
+  if ((unsigned)s->prefix > TOK_PREFIX_NONE)
     return ir_diag_set(d, IR_INVALID_ARG, "tokenizer: unknown prefix mode %d", (int)s->prefix);
   if (s->n_tokens <= 0 || s->n_tokens > TOK_MAX_TOKENS || !s->tokens)
     return ir_diag_set(d, IR_INVALID_ARG, "tokenizer: bad token count %d", (int)s->n_tokens);
@@ -91,14 +91,14 @@ static ir_status check_spec(const irt_tok_spec *s, ir_diag *d) {
       return ir_diag_set(d, IR_INVALID_ARG, "tokenizer: eos_ids[%d] out of range", (int)i);
   for (int32_t i = 0; i < s->n_tokens; i++) {
     if (!s->tokens[i]) return ir_diag_set(d, IR_INVALID_ARG, "tokenizer: token %d is NULL", (int)i);
-    if (s->token_types && (s->token_types[i] < 0 || s->token_types[i] > IRT_TOK_BYTE))
+    if (s->token_types && (s->token_types[i] < 0 || s->token_types[i] > TOK_BYTE))
       return ir_diag_set(d, IR_INVALID_ARG, "tokenizer: token %d has unknown type %d", (int)i,
                          (int)s->token_types[i]);
   }
   return IR_OK;
 }
 
-static ir_status copy_tokens(irt_tokenizer *t, const irt_tok_spec *s, ir_diag *d) {
+static ir_status copy_tokens(irt_tokenizer *t, const tok_spec *s, ir_diag *d) {
   int32_t n = s->n_tokens;
   uint64_t total = 0;
   for (int32_t i = 0; i < n; i++) total += strlen(s->tokens[i]) + 1;
@@ -118,8 +118,8 @@ static ir_status copy_tokens(irt_tokenizer *t, const irt_tok_spec *s, ir_diag *d
     t->off[i] = o;
     memcpy(t->text + o, s->tokens[i], len + 1);
     o += (uint32_t)len + 1;
-    int type = s->token_types ? s->token_types[i] : IRT_TOK_NORMAL;
-    t->types[i] = (uint8_t)(type == 0 ? IRT_TOK_NORMAL : type);
+    int type = s->token_types ? s->token_types[i] : TOK_NORMAL;
+    t->types[i] = (uint8_t)(type == 0 ? TOK_NORMAL : type);
     if (s->token_attrs) t->attrs[i] = s->token_attrs[i];
   }
   t->off[n] = o;
@@ -265,8 +265,8 @@ static ir_status derive_merges(const irt_tokenizer *t, const float *scores, int3
   return IR_OK;
 }
 
-static ir_status make_merges(irt_tokenizer *t, const irt_tok_spec *s, ir_diag *d) {
-  if (!(t->model == IRT_TOK_BPE_SPM && s->n_merges == 0 && s->scores))
+static ir_status make_merges(irt_tokenizer *t, const tok_spec *s, ir_diag *d) {
+  if (!(t->model == TOK_BPE_SPM && s->n_merges == 0 && s->scores))
     return build_merges(t, s->n_merges, s->merges, s->merge_ids, d);
   int32_t *ids = NULL, n = 0;
   ir_status st = derive_merges(t, s->scores, &ids, &n, d);
@@ -281,7 +281,7 @@ static void build_byte_ids(irt_tokenizer *t) {
   for (int b = 0; b < 256; b++) {
     char buf[8];
     size_t n;
-    if (t->model == IRT_TOK_BPE_BYTE_LEVEL) n = tok_utf8_put(t->byte_cp[b], (uint8_t *)buf);
+    if (t->model == TOK_BPE_BYTE_LEVEL) n = tok_utf8_put(t->byte_cp[b], (uint8_t *)buf);
     else n = (size_t)snprintf(buf, sizeof buf, "<0x%02X>", b);
     t->byte_id[b] = tok_vocab_find(t, buf, n);
   }
@@ -308,8 +308,8 @@ static size_t decode_piece(const irt_tokenizer *t, int32_t id, const int16_t *c2
   const uint8_t *s = (const uint8_t *)t->text + t->off[id];
   size_t n = tok_len(t, id), o = 0;
   int type = t->types[id];
-  if (t->model == IRT_TOK_BPE_SPM) {
-    int v = type == IRT_TOK_BYTE ? spm_byte_value((const char *)s, n) : -1;
+  if (t->model == TOK_BPE_SPM) {
+    int v = type == TOK_BYTE ? spm_byte_value((const char *)s, n) : -1;
     if (v >= 0) {
       out[0] = (char)v;
       return 1;
@@ -366,13 +366,13 @@ static ir_status build_decoded(irt_tokenizer *t, ir_diag *d) {
   return IR_OK;
 }
 
-static irt_tok_prefix resolve_prefix(const irt_tok_spec *s) {
-  if (s->prefix != IRT_TOK_PREFIX_DEFAULT) return s->prefix;
-  if (!s->add_prefix_space) return IRT_TOK_PREFIX_NONE;
-  return s->model == IRT_TOK_BPE_SPM ? IRT_TOK_PREFIX_NORMALIZER : IRT_TOK_PREFIX_ALWAYS;
+static tok_prefix resolve_prefix(const tok_spec *s) {
+  if (s->prefix != TOK_PREFIX_DEFAULT) return s->prefix;
+  if (!s->add_prefix_space) return TOK_PREFIX_NONE;
+  return s->model == TOK_BPE_SPM ? TOK_PREFIX_NORMALIZER : TOK_PREFIX_ALWAYS;
 }
 
-static ir_status copy_scalars(irt_tokenizer *t, const irt_tok_spec *s, ir_diag *d) {
+static ir_status copy_scalars(irt_tokenizer *t, const tok_spec *s, ir_diag *d) {
   t->model = s->model;
   t->pre = s->pre;
   t->prefix = resolve_prefix(s);
@@ -398,7 +398,7 @@ static ir_status copy_scalars(irt_tokenizer *t, const irt_tok_spec *s, ir_diag *
   return IR_OK;
 }
 
-ir_status irt_tok_create(const irt_tok_spec *spec, irt_tokenizer **out, ir_diag *d) {
+ir_status tok_create(const tok_spec *spec, irt_tokenizer **out, ir_diag *d) {
   if (!out) return ir_diag_set(d, IR_INVALID_ARG, "tokenizer: NULL output");
   *out = NULL;
   if (!spec) return ir_diag_set(d, IR_INVALID_ARG, "tokenizer: NULL spec");
@@ -416,14 +416,14 @@ ir_status irt_tok_create(const irt_tok_spec *spec, irt_tokenizer **out, ir_diag 
   if (st == IR_OK) st = tok_matcher_build(t, &t->match_raw, false, d);
   if (st == IR_OK) st = tok_matcher_build(t, &t->match_norm, true, d);
   if (st != IR_OK) {
-    irt_tok_destroy(t);
+    tok_destroy(t);
     return st;
   }
   *out = t;
   return IR_OK;
 }
 
-void irt_tok_destroy(irt_tokenizer *t) {
+void tok_destroy(irt_tokenizer *t) {
   if (!t) return;
   free(t->text);
   free(t->off);
@@ -444,15 +444,15 @@ void irt_tok_destroy(irt_tokenizer *t) {
 
 /* ---- accessors ----------------------------------------------------------------------- */
 
-int32_t irt_tok_vocab_size(const irt_tokenizer *t) { return t->n_tokens; }
-int32_t irt_tok_bos(const irt_tokenizer *t) { return t->bos_id; }
-int32_t irt_tok_eos(const irt_tokenizer *t) { return t->eos_id; }
-const char *irt_tok_chat_template(const irt_tokenizer *t) { return t->chat_template; }
-irt_tok_model irt_tok_get_model(const irt_tokenizer *t) { return t->model; }
-irt_tok_pre irt_tok_get_pre(const irt_tokenizer *t) { return t->pre; }
-size_t irt_tok_piece_max(const irt_tokenizer *t) { return 3 * t->dec_max + 6; }
+int32_t tok_vocab_size(const irt_tokenizer *t) { return t->n_tokens; }
+int32_t tok_bos(const irt_tokenizer *t) { return t->bos_id; }
+int32_t tok_eos(const irt_tokenizer *t) { return t->eos_id; }
+const char *tok_chat_template(const irt_tokenizer *t) { return t->chat_template; }
+tok_model tok_get_model(const irt_tokenizer *t) { return t->model; }
+tok_pre tok_get_pre(const irt_tokenizer *t) { return t->pre; }
+size_t tok_piece_max(const irt_tokenizer *t) { return 3 * t->dec_max + 6; }
 
-bool irt_tok_is_eog(const irt_tokenizer *t, int32_t id) {
+bool tok_is_eog(const irt_tokenizer *t, int32_t id) {
   if (id < 0) return false;
   if (id == t->eos_id) return true;
   for (int32_t i = 0; i < t->n_eos_ids; i++)
@@ -460,14 +460,14 @@ bool irt_tok_is_eog(const irt_tokenizer *t, int32_t id) {
   return false;
 }
 
-bool irt_tok_is_special(const irt_tokenizer *t, int32_t id) {
+bool tok_is_special(const irt_tokenizer *t, int32_t id) {
   return id >= 0 && id < t->n_tokens && tok_is_special_type(t->types[id]);
 }
 
-int32_t irt_tok_find(const irt_tokenizer *t, const char *token) {
+int32_t tok_find(const irt_tokenizer *t, const char *token) {
   return token ? tok_vocab_find(t, token, strlen(token)) : -1;
 }
 
-const char *irt_tok_token(const irt_tokenizer *t, int32_t id) {
+const char *tok_token(const irt_tokenizer *t, int32_t id) {
   return id >= 0 && id < t->n_tokens ? t->text + t->off[id] : NULL;
 }

@@ -4,11 +4,11 @@
  * infc.tok.Tokenizer message (ir/tokenizer.proto).
  *
  * Ownership: *_create / *_load / *_deserialize return objects owned by the caller
- * (irt_tok_destroy). A tokenizer is immutable after creation and safe to use from many
+ * (tok_destroy). A tokenizer is immutable after creation and safe to use from many
  * threads at once; encode allocates nothing beyond its caller-supplied output except a
- * small per-call scratch (documented at irt_tok_encode). */
-#ifndef IRT_TOKENIZER_H
-#define IRT_TOKENIZER_H
+ * small per-call scratch (documented at tok_encode). */
+#ifndef TEXT_TOKENIZER_H
+#define TEXT_TOKENIZER_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -16,72 +16,71 @@
 
 #include "ir_status.h"
 
-typedef enum irt_tok_model {
-  IRT_TOK_BPE_BYTE_LEVEL = 1, /* GPT-2 byte-to-unicode alphabet, regex pre-tokenizer */
-  IRT_TOK_BPE_SPM = 2,        /* SentencePiece-style: spaces as U+2581, byte fallback */
-} irt_tok_model;
+typedef enum tok_model {
+  TOK_BPE_BYTE_LEVEL = 1, /* GPT-2 byte-to-unicode alphabet, regex pre-tokenizer */
+  TOK_BPE_SPM = 2,        /* SentencePiece-style: spaces as U+2581, byte fallback */
+} tok_model;
 
 /* Pre-tokenizer split rules (values stored in plans: append only). Each is a hand-written
  * matcher equal to HF tokenizers' regex split (Isolated) with these patterns. */
-typedef enum irt_tok_pre {
-  IRT_TOK_PRE_NONE = 0, /* SentencePiece-style: no split */
-  IRT_TOK_PRE_GPT2 =
-      1, /* 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+ */
-  IRT_TOK_PRE_LLAMA3 =
+typedef enum tok_pre {
+  TOK_PRE_NONE = 0, /* SentencePiece-style: no split */
+  TOK_PRE_GPT2 = 1, /* 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+ */
+  TOK_PRE_LLAMA3 =
       2, /* (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+ */
-  IRT_TOK_PRE_QWEN2 = 3,     /* as LLAMA3 but \p{N} one digit at a time */
-  IRT_TOK_PRE_SMOLLM = 4,    /* each \p{N} alone (HF Digits individual_digits), then GPT2 */
-  IRT_TOK_PRE_METASPACE = 5, /* SentencePiece-style, split before every U+2581 (HF Metaspace
+  TOK_PRE_QWEN2 = 3,     /* as LLAMA3 but \p{N} one digit at a time */
+  TOK_PRE_SMOLLM = 4,    /* each \p{N} alone (HF Digits individual_digits), then GPT2 */
+  TOK_PRE_METASPACE = 5, /* SentencePiece-style, split before every U+2581 (HF Metaspace
                               * split=true: the U+2581 starts the next word) */
-} irt_tok_pre;
+} tok_pre;
 
 /* Where a prefix space goes (values stored in plans: append only). */
-typedef enum irt_tok_prefix {
-  IRT_TOK_PREFIX_DEFAULT = 0,    /* from add_prefix_space: SPM -> NORMALIZER, byte-level ->
+typedef enum tok_prefix {
+  TOK_PREFIX_DEFAULT = 0,    /* from add_prefix_space: SPM -> NORMALIZER, byte-level ->
                                   * ALWAYS; nothing when add_prefix_space is false */
-  IRT_TOK_PREFIX_NORMALIZER = 1, /* SPM, HF normalizer Sequence[Prepend("\u2581"), Replace(" ",
+  TOK_PREFIX_NORMALIZER = 1, /* SPM, HF normalizer Sequence[Prepend("\u2581"), Replace(" ",
                                   * "\u2581")] (Llama 2, Mistral, llama.cpp): every non-empty text
                                   * run between special tokens gets U+2581, unconditionally */
-  IRT_TOK_PREFIX_ALWAYS = 2,     /* HF Metaspace prepend_scheme "always", ByteLevel
+  TOK_PREFIX_ALWAYS = 2,     /* HF Metaspace prepend_scheme "always", ByteLevel
                                   * add_prefix_space: every text run not already starting with
                                   * a space gets one */
-  IRT_TOK_PREFIX_FIRST = 3,      /* HF Metaspace prepend_scheme "first": only the text run at
+  TOK_PREFIX_FIRST = 3,      /* HF Metaspace prepend_scheme "first": only the text run at
                                   * offset 0 of the input */
-  IRT_TOK_PREFIX_NONE = 4,       /* never (HF Metaspace prepend_scheme "never") */
-} irt_tok_prefix;
+  TOK_PREFIX_NONE = 4,       /* never (HF Metaspace prepend_scheme "never") */
+} tok_prefix;
 
-typedef enum irt_tok_type { /* per token, as GGUF token_type */
-                            IRT_TOK_NORMAL = 1,
-                            IRT_TOK_UNKNOWN = 2,
-                            IRT_TOK_CONTROL =
-                                3, /* special: <s>, <|im_end|>, ... matched in text only if asked */
-                            IRT_TOK_USER_DEFINED = 4, /* added tokens matched verbatim in text */
-                            IRT_TOK_UNUSED = 5,
-                            IRT_TOK_BYTE = 6, /* <0xAB> byte-fallback pieces */
-} irt_tok_type;
+typedef enum tok_type { /* per token, as GGUF token_type */
+                        TOK_NORMAL = 1,
+                        TOK_UNKNOWN = 2,
+                        TOK_CONTROL =
+                            3, /* special: <s>, <|im_end|>, ... matched in text only if asked */
+                        TOK_USER_DEFINED = 4, /* added tokens matched verbatim in text */
+                        TOK_UNUSED = 5,
+                        TOK_BYTE = 6, /* <0xAB> byte-fallback pieces */
+} tok_type;
 
 /* Per-token flags for added tokens (HF AddedToken), all zero for GGUF vocabularies. */
 enum {
-  IRT_TOK_ATTR_LSTRIP = 1,      /* a match absorbs the white space before it */
-  IRT_TOK_ATTR_RSTRIP = 2,      /* a match absorbs the white space after it */
-  IRT_TOK_ATTR_SINGLE_WORD = 4, /* matched only when not inside a word */
-  IRT_TOK_ATTR_NORMALIZED = 8,  /* matched in the normalized text (HF normalized=true), after
+  TOK_ATTR_LSTRIP = 1,      /* a match absorbs the white space before it */
+  TOK_ATTR_RSTRIP = 2,      /* a match absorbs the white space after it */
+  TOK_ATTR_SINGLE_WORD = 4, /* matched only when not inside a word */
+  TOK_ATTR_NORMALIZED = 8,  /* matched in the normalized text (HF normalized=true), after
                                  * the tokens without it have been split out */
 };
 
 /* Everything needed to build a tokenizer; arrays are borrowed for the call.
  * Added tokens (matched verbatim in the text before pre-tokenization, longest leftmost
  * first, as HF does) are the tokens of type CONTROL, UNKNOWN and USER_DEFINED; CONTROL and
- * UNKNOWN ones are "special" (see parse_special at irt_tok_encode). A zero-initialised spec
+ * UNKNOWN ones are "special" (see parse_special at tok_encode). A zero-initialised spec
  * plus model, tokens and merges is a valid byte-level tokenizer. */
-typedef struct irt_tok_spec {
-  irt_tok_model model;
-  irt_tok_pre pre;
+typedef struct tok_spec {
+  tok_model model;
+  tok_pre pre;
   int32_t n_tokens;
   const char *const *tokens;  /* (n_tokens) vocabulary strings as stored (UTF-8); byte-level
                                   * tokens use the GPT-2 byte-to-unicode alphabet */
-  const int32_t *token_types; /* (n_tokens) irt_tok_type, or NULL: all NORMAL */
-  const uint8_t *token_attrs; /* (n_tokens) IRT_TOK_ATTR_* bits, or NULL: none */
+  const int32_t *token_types; /* (n_tokens) tok_type, or NULL: all NORMAL */
+  const uint8_t *token_attrs; /* (n_tokens) TOK_ATTR_* bits, or NULL: none */
   const float *scores;        /* (n_tokens) or NULL; SPM with scores and no merges (GGUF
                                   * "llama"): every split of a token into two tokens is a
                                   * merge, ranked by the token's score, highest first */
@@ -94,19 +93,19 @@ typedef struct irt_tok_spec {
   bool ignore_merges;        /* a word that is itself a token is not merged (Llama 3) */
   bool nfc;                  /* NFC-normalize text runs first (HF normalizer NFC, Qwen2) */
   bool add_prefix_space;     /* SPM: prepend U+2581; byte-level: prepend ' ' */
-  irt_tok_prefix prefix;     /* where the prefix goes; DEFAULT is right for GGUF */
+  tok_prefix prefix;         /* where the prefix goes; DEFAULT is right for GGUF */
   bool add_bos, add_eos;
   int32_t bos_id, eos_id, pad_id, unk_id; /* -1 if none */
   const int32_t *eos_ids; /* extra end-of-generation ids (e.g. <|im_end|>), or NULL */
   int32_t n_eos_ids;
   const char *chat_template; /* the Jinja source, or NULL */
-} irt_tok_spec;
+} tok_spec;
 
 typedef struct irt_tokenizer irt_tokenizer;
 
 /* Validates the spec (ids in range, every merge's halves and result in the vocabulary:
  * IR_INVALID_ARG naming the first bad one) and builds the lookup tables. */
-ir_status irt_tok_create(const irt_tok_spec *spec, irt_tokenizer **out, ir_diag *d);
+ir_status tok_create(const tok_spec *spec, irt_tokenizer **out, ir_diag *d);
 /* Reads an HF tokenizer.json and, if non-NULL, its tokenizer_config.json (bos/eos/pad
  * token strings, add_bos_token/add_eos_token overriding the post_processor, chat_template
  * as a string or the "default" of a list; without one, chat_template.jinja beside
@@ -116,12 +115,12 @@ ir_status irt_tok_create(const irt_tok_spec *spec, irt_tokenizer **out, ir_diag 
  * encode(add_special_tokens=True). Extra end-of-generation ids: the special tokens named
  * <|eot_id|>, <|im_end|>, <|endoftext|>, <|end_of_text|>, <|end|>, <|eom_id|>,
  * <end_of_turn>, </s> (as llama.cpp guesses them). */
-ir_status irt_tok_load_hf(const char *tokenizer_json, const char *tokenizer_config,
-                          irt_tokenizer **out, ir_diag *d);
+ir_status tok_load_hf(const char *tokenizer_json, const char *tokenizer_config, irt_tokenizer **out,
+                      ir_diag *d);
 /* Encodes to an infc.tok.Tokenizer message (*out malloc'd, owned by the caller). */
-ir_status irt_tok_serialize(const irt_tokenizer *t, uint8_t **out, size_t *out_len, ir_diag *d);
-ir_status irt_tok_deserialize(const uint8_t *buf, size_t len, irt_tokenizer **out, ir_diag *d);
-void irt_tok_destroy(irt_tokenizer *t);
+ir_status tok_serialize(const irt_tokenizer *t, uint8_t **out, size_t *out_len, ir_diag *d);
+ir_status tok_deserialize(const uint8_t *buf, size_t len, irt_tokenizer **out, ir_diag *d);
+void tok_destroy(irt_tokenizer *t);
 
 /* Text to ids. add_special: add BOS/EOS as the tokenizer is configured to;
  * parse_special: special (CONTROL, UNKNOWN) tokens written in the text become their ids,
@@ -132,30 +131,28 @@ void irt_tok_destroy(irt_tokenizer *t);
  * Scratch: one malloc per call (IR_OOM if it fails) of about 45 bytes per input byte
  * (+ 90 per space for SPM, + 25 per byte with nfc), freed before returning; nothing is
  * cached and nothing is locked, so calls may run concurrently. */
-ir_status irt_tok_encode(const irt_tokenizer *t, const char *text, size_t len, bool add_special,
-                         bool parse_special, int32_t *ids, size_t cap, size_t *out_n, ir_diag *d);
+ir_status tok_encode(const irt_tokenizer *t, const char *text, size_t len, bool add_special,
+                     bool parse_special, int32_t *ids, size_t cap, size_t *out_n, ir_diag *d);
 /* A byte range [start, end) of an encoder's input. */
-typedef struct irt_tok_span {
+typedef struct tok_span {
   size_t start, end;
-} irt_tok_span;
+} tok_span;
 
-/* irt_tok_encode with special tokens parsed (parse_special) everywhere but in the sorted,
+/* tok_encode with special tokens parsed (parse_special) everywhere but in the sorted,
  * disjoint text spans, where they are text: a chat's message content between the template's
  * own special tokens (a special token that overlaps a span at all is text). Non-special
  * added tokens match everywhere, as always. */
-ir_status irt_tok_encode_spans(const irt_tokenizer *t, const char *text, size_t len,
-                               bool add_special, bool parse_special, const irt_tok_span *spans,
-                               size_t n_spans, int32_t *ids, size_t cap, size_t *out_n, ir_diag *d);
-ir_status irt_tok_encode_spans_alloc(const irt_tokenizer *t, const char *text, size_t len,
-                                     bool add_special, bool parse_special,
-                                     const irt_tok_span *spans, size_t n_spans, int32_t **out,
-                                     size_t *out_n, ir_diag *d);
-/* irt_tok_encode into *out, allocated to the full count (free it). A tokenizer can give more
+ir_status tok_encode_spans(const irt_tokenizer *t, const char *text, size_t len, bool add_special,
+                           bool parse_special, const tok_span *spans, size_t n_spans, int32_t *ids,
+                           size_t cap, size_t *out_n, ir_diag *d);
+ir_status tok_encode_spans_alloc(const irt_tokenizer *t, const char *text, size_t len,
+                                 bool add_special, bool parse_special, const tok_span *spans,
+                                 size_t n_spans, int32_t **out, size_t *out_n, ir_diag *d);
+/* tok_encode into *out, allocated to the full count (free it). A tokenizer can give more
  * ids than the text has bytes (byte fallback of every space, a prefix on each piece), so a
  * buffer sized by the text is only a first guess: this sizes it exactly. */
-ir_status irt_tok_encode_alloc(const irt_tokenizer *t, const char *text, size_t len,
-                               bool add_special, bool parse_special, int32_t **out, size_t *out_n,
-                               ir_diag *d);
+ir_status tok_encode_alloc(const irt_tokenizer *t, const char *text, size_t len, bool add_special,
+                           bool parse_special, int32_t **out, size_t *out_n, ir_diag *d);
 
 /* Ids to text. skip_special drops special (CONTROL, UNKNOWN) tokens; added tokens come out
  * verbatim; SPM: U+2581 becomes ' ', <0xXX> pieces become bytes and the leading space of
@@ -163,48 +160,48 @@ ir_status irt_tok_encode_alloc(const irt_tokenizer *t, const char *text, size_t 
  * Writes at most cap bytes (no NUL); *out_len is the full length. Byte sequences that are
  * not valid UTF-8 are replaced by U+FFFD (one per maximal invalid subpart, as HF's
  * from_utf8_lossy). An id out of range is IR_INVALID_ARG. */
-ir_status irt_tok_decode(const irt_tokenizer *t, const int32_t *ids, size_t n, bool skip_special,
-                         char *buf, size_t cap, size_t *out_len, ir_diag *d);
+ir_status tok_decode(const irt_tokenizer *t, const int32_t *ids, size_t n, bool skip_special,
+                     char *buf, size_t cap, size_t *out_len, ir_diag *d);
 
 /* Streaming decode: push ids one at a time; text comes out only as complete UTF-8
  * characters (a character split over tokens is held until it completes). The
- * concatenated output equals irt_tok_decode of the same ids. Plain struct, no cleanup. */
-typedef struct irt_tok_stream {
+ * concatenated output equals tok_decode of the same ids. Plain struct, no cleanup. */
+typedef struct tok_stream {
   const irt_tokenizer *t;
   bool skip_special;
   uint8_t pending[8];
   int n_pending;
   bool first; /* SPM: the leading space of the first piece is dropped */
-} irt_tok_stream;
+} tok_stream;
 
-void irt_tok_stream_init(irt_tok_stream *s, const irt_tokenizer *t, bool skip_special);
+void tok_stream_init(tok_stream *s, const irt_tokenizer *t, bool skip_special);
 /* Writes the text completed by `id` to buf (no NUL) and returns its length. At most cap
- * bytes are written; a cap of irt_tok_piece_max(t) never truncates. Invalid byte
+ * bytes are written; a cap of tok_piece_max(t) never truncates. Invalid byte
  * sequences come out as U+FFFD; out-of-range ids give nothing. */
-size_t irt_tok_stream_push(irt_tok_stream *s, int32_t id, char *buf, size_t cap);
+size_t tok_stream_push(tok_stream *s, int32_t id, char *buf, size_t cap);
 /* Flushes held bytes at the end (incomplete characters become U+FFFD, at most 3 bytes) and
  * resets the stream for a new text. */
-size_t irt_tok_stream_finish(irt_tok_stream *s, char *buf, size_t cap);
+size_t tok_stream_finish(tok_stream *s, char *buf, size_t cap);
 /* The bytes a token stands for in decoded text (not necessarily whole UTF-8 characters;
  * SPM's U+2581 already a space, <0xXX> pieces already their byte), borrowed; NULL and 0
  * for an id out of range. */
-const uint8_t *irt_tok_piece(const irt_tokenizer *t, int32_t id, size_t *len);
-/* The most bytes one irt_tok_stream_push can produce for this tokenizer. */
-size_t irt_tok_piece_max(const irt_tokenizer *t);
+const uint8_t *tok_piece(const irt_tokenizer *t, int32_t id, size_t *len);
+/* The most bytes one tok_stream_push can produce for this tokenizer. */
+size_t tok_piece_max(const irt_tokenizer *t);
 
-int32_t irt_tok_vocab_size(const irt_tokenizer *t);
-int32_t irt_tok_bos(const irt_tokenizer *t);
-int32_t irt_tok_eos(const irt_tokenizer *t);
+int32_t tok_vocab_size(const irt_tokenizer *t);
+int32_t tok_bos(const irt_tokenizer *t);
+int32_t tok_eos(const irt_tokenizer *t);
 /* True for eos_id and every extra end-of-generation id. */
-bool irt_tok_is_eog(const irt_tokenizer *t, int32_t id);
-bool irt_tok_is_special(const irt_tokenizer *t, int32_t id);
+bool tok_is_eog(const irt_tokenizer *t, int32_t id);
+bool tok_is_special(const irt_tokenizer *t, int32_t id);
 /* The id of a token string exactly as in the vocabulary, or -1. */
-int32_t irt_tok_find(const irt_tokenizer *t, const char *token);
+int32_t tok_find(const irt_tokenizer *t, const char *token);
 /* The vocabulary string of id (borrowed, NUL-terminated), or NULL if out of range. */
-const char *irt_tok_token(const irt_tokenizer *t, int32_t id);
+const char *tok_token(const irt_tokenizer *t, int32_t id);
 /* The stored chat template source, or NULL. Borrowed. */
-const char *irt_tok_chat_template(const irt_tokenizer *t);
-irt_tok_model irt_tok_get_model(const irt_tokenizer *t);
-irt_tok_pre irt_tok_get_pre(const irt_tokenizer *t);
+const char *tok_chat_template(const irt_tokenizer *t);
+tok_model tok_get_model(const irt_tokenizer *t);
+tok_pre tok_get_pre(const irt_tokenizer *t);
 
 #endif

@@ -46,7 +46,7 @@ int main(int argc, char **argv) {
   irt_tokenizer *t = NULL;
   ir_diag d = {0};
   double t0 = now();
-  if (irt_tok_load_hf(argv[1], NULL, &t, &d) != IR_OK) {
+  if (tok_load_hf(argv[1], NULL, &t, &d) != IR_OK) {
     fprintf(stderr, "bench_tokenizer: error: %s\n", d.msg);
     return 1;
   }
@@ -61,7 +61,7 @@ int main(int argc, char **argv) {
   double best = 1e30, start = now();
   while (iters < 3 || now() - start < min_s) {
     double a = now();
-    if (irt_tok_encode(t, text, len, false, true, ids, len + 16, &n, &d) != IR_OK) {
+    if (tok_encode(t, text, len, false, true, ids, len + 16, &n, &d) != IR_OK) {
       fprintf(stderr, "bench_tokenizer: error: %s\n", d.msg);
       return 1;
     }
@@ -74,6 +74,6 @@ int main(int argc, char **argv) {
          len, n, iters, best, (double)len / best / 1e6, load_s * 1e3);
   free(ids);
   free(text);
-  irt_tok_destroy(t);
+  tok_destroy(t);
   return 0;
 }

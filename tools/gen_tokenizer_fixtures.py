@@ -242,7 +242,7 @@ def gguf_gpt2(models_dir):
 
 def gguf_spm(models_dir):
     """The Llama 2 vocabulary of ggml-vocab-llama-spm.gguf as GGUF holds it (tokens, scores,
-    types; no merges) with llama.cpp's test vectors, for irt_tok_create's merges-from-scores
+    types; no merges) with llama.cpp's test vectors, for tok_create's merges-from-scores
     path. The .out ids come from HF's Llama tokenizer (add_special_tokens=False)."""
     sys.path.insert(0, os.path.join(models_dir, "..", "gguf-py"))
     import gguf  # noqa: E402

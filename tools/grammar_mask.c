@@ -37,27 +37,26 @@ static irt_status open_tokenizer(const char *path, irt_tokenizer **t, irt_error 
 }
 
 /* One prefix: its ids taken one by one, then the mask. */
-static void answer(const irt_grammar *g, const irt_gtrie *trie, char *line, uint8_t *mask,
-                   int32_t V) {
-  irt_gstate *s = NULL;
-  bool ok = irt_gstate_create(g, &s, NULL) == IRT_OK;
+static void answer(const gram *g, const gram_trie *trie, char *line, uint8_t *mask, int32_t V) {
+  gram_state *s = NULL;
+  bool ok = gram_state_create(g, &s, NULL) == IRT_OK;
   for (char *p = line; ok && *p && *p != '\n';) {
     char *end;
     long id = strtol(p, &end, 10);
-    ok = end != p && id >= 0 && id < V && irt_gstate_take(s, trie, (int32_t)id);
+    ok = end != p && id >= 0 && id < V && gram_state_take(s, trie, (int32_t)id);
     p = *end == ',' ? end + 1 : end;
   }
   if (!ok) {
     puts("reject");
   } else {
-    irt_grammar_mask(s, trie, mask);
+    gram_mask(s, trie, mask);
     bool first = true;
     for (int32_t id = 0; id < V; id++)
       if (mask[id]) printf(first ? "%d" : ",%d", id), first = false;
     putchar('\n');
   }
   fflush(stdout);
-  irt_gstate_destroy(s);
+  gram_state_destroy(s);
 }
 
 int main(int argc, char **argv) {
@@ -73,22 +72,22 @@ int main(int argc, char **argv) {
   free(text);
   if (!src) return fail(err.msg[0] ? err.msg : "cannot read the grammar");
   irt_tokenizer *t = NULL;
-  irt_grammar *g = NULL;
-  if (open_tokenizer(argv[1], &t, &err) != IRT_OK || irt_grammar_compile(src, &g, &err) != IRT_OK)
+  gram *g = NULL;
+  if (open_tokenizer(argv[1], &t, &err) != IRT_OK || gram_compile(src, &g, &err) != IRT_OK)
     return fail(err.msg);
   cJSON *js = cJSON_CreateString(src);
   char *line1 = cJSON_PrintUnformatted(js);
   puts(line1);
   free(line1);
   cJSON_Delete(js);
-  irt_gtrie *trie = irt_gtrie_create(t);
+  gram_trie *trie = gram_trie_create(t);
   int32_t V = irt_tokenizer_vocab_size(t);
   uint8_t *mask = malloc((size_t)V);
   static char line[1 << 20];
   while (trie && mask && fgets(line, sizeof line, stdin)) answer(g, trie, line, mask, V);
   free(mask);
-  irt_gtrie_destroy(trie);
-  irt_grammar_destroy(g);
+  gram_trie_destroy(trie);
+  gram_destroy(g);
   irt_tokenizer_destroy(t);
   free(src);
   return 0;

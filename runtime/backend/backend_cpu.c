@@ -13,7 +13,7 @@ typedef struct cpu_ctx {
   kn_pool *pool;
 } cpu_ctx;
 
-static int64_t dimv(const ir_graph *g, const ir_tensor *t, int axis, const irt_step *s) {
+static int64_t dimv(const ir_graph *g, const ir_tensor *t, int axis, const model_step *s) {
   return ir_dim_value(g, t->dims[axis], s->syms);
 }
 
@@ -22,7 +22,7 @@ static int64_t dimv(const ir_graph *g, const ir_tensor *t, int axis, const irt_s
 #define O_(i) (ptrs[n->out[i]])
 
 /* Unfolded casts (--no-fold): element by element, block-quantized sources included. */
-static void run_cast(const ir_graph *g, const ir_node *n, void *const *ptrs, const irt_step *s) {
+static void run_cast(const ir_graph *g, const ir_node *n, void *const *ptrs, const model_step *s) {
   const ir_tensor *x = T_(0), *y = &g->tensors[n->out[0]];
   uint64_t cnt = ir_tensor_elems(g, x, s->syms);
   for (uint64_t i = 0; i < cnt; i++) {
@@ -35,7 +35,7 @@ static void run_cast(const ir_graph *g, const ir_node *n, void *const *ptrs, con
 
 /* add/mul with the broadcasts the verifier allows (same shape, row, scalar). */
 static void run_binary(kn_pool *p, const ir_graph *g, const ir_node *n, void *const *ptrs,
-                       const irt_step *s) {
+                       const model_step *s) {
   uint64_t na = ir_tensor_elems(g, T_(0), s->syms), nb = ir_tensor_elems(g, T_(1), s->syms);
   const float *a = P_(0), *b = P_(1);
   float *o = O_(0);
@@ -53,7 +53,7 @@ static void run_binary(kn_pool *p, const ir_graph *g, const ir_node *n, void *co
  * i8/i4 W with scales and zero points (inputs 3, 4), optionally with int8 activations
  * (act_int8, W8A8). */
 static void run_matmul(kn_pool *p, const ir_graph *g, const ir_node *n, void *const *ptrs,
-                       const irt_step *s) {
+                       const model_step *s) {
   const ir_tensor *w = T_(1);
   const float *bias = n->n_in > 2 && n->in[2] >= 0 ? P_(2) : NULL;
   int64_t m = dimv(g, T_(0), 0, s), rows = dimv(g, w, 0, s), k = dimv(g, w, 1, s);
@@ -108,9 +108,9 @@ static kn_attn_io attention_io(const ir_node *n, void *const *ptrs, int64_t nh, 
 }
 
 static void run_attention(kn_pool *p, const ir_graph *g, const ir_node *n, void *const *ptrs,
-                          const irt_step *s) {
+                          const model_step *s) {
   int64_t layer = ir_node_attr_i(n, "layer", 0);
-  const irt_kv_cache *kv = s->kv;
+  const kv_cache *kv = s->kv;
   kn_kv_layer kl = {.k = kv->k[layer],
                     .v = kv->v[layer],
                     .n_blocks = kv->n_blocks,
@@ -134,7 +134,7 @@ static void run_attention(kn_pool *p, const ir_graph *g, const ir_node *n, void 
 }
 
 static ir_status cpu_run_node(void *vctx, const ir_graph *g, int32_t ni, void *const *ptrs,
-                              const irt_step *s, ir_diag *d) {
+                              const model_step *s, ir_diag *d) {
   kn_pool *p = ((cpu_ctx *)vctx)->pool;
   const ir_node *n = &g->nodes[ni];
   float eps = (float)ir_node_attr_f(n, "eps", 1e-6);
@@ -179,7 +179,7 @@ static ir_status cpu_run_node(void *vctx, const ir_graph *g, int32_t ni, void *c
     break;
   case IR_OP_CAST: run_cast(g, n, ptrs, s); break;
   default:
-    if (ir_op_is_nd(n->op)) return irt_cpu_nd_run(p, g, ni, ptrs, d);
+    if (ir_op_is_nd(n->op)) return cpu_nd_run(p, g, ni, ptrs, d);
     return ir_diag_set(d, IR_UNSUPPORTED, "cpu backend: op '%s' (node '%s') is not supported",
                        ir_op_name(n->op), n->name);
   }
@@ -191,7 +191,7 @@ static ir_status cpu_check(void *vctx, const ir_graph *g, ir_diag *d) {
     const ir_node *n = &g->nodes[i];
     if (n->op <= IR_OP_INVALID || n->op >= IR_OP_COUNT)
       return ir_diag_set(d, IR_UNSUPPORTED, "cpu backend: node '%s' has an unknown op", n->name);
-    ir_status st = ir_op_is_nd(n->op) ? irt_cpu_nd_check(g, n, d) : IR_OK;
+    ir_status st = ir_op_is_nd(n->op) ? cpu_nd_check(g, n, d) : IR_OK;
     if (st != IR_OK) return st;
     if ((n->op == IR_OP_ADD || n->op == IR_OP_MUL) && g->tensors[n->out[0]].dtype != IR_F32)
       return ir_diag_set(d, IR_UNSUPPORTED, "cpu backend: node '%s': %s on %s", n->name,
@@ -241,7 +241,7 @@ static void cpu_destroy(void *vctx) {
   free(c);
 }
 
-static const irt_backend_ops k_cpu_ops = {
+static const backend_ops k_cpu_ops = {
     .name = "cpu",
     .check = cpu_check,
     .run_node = cpu_run_node,
@@ -250,17 +250,17 @@ static const irt_backend_ops k_cpu_ops = {
     .destroy = cpu_destroy,
 };
 
-ir_status irt_backend_cpu_create(int n_threads, irt_backend *out, ir_diag *d) {
+ir_status backend_cpu_create(int n_threads, rt_backend *out, ir_diag *d) {
   cpu_ctx *c = calloc(1, sizeof *c);
   if (!c || !(c->pool = kn_pool_create(n_threads))) {
     free(c);
     return ir_diag_set(d, IR_OOM, "cannot start %d CPU threads", n_threads);
   }
-  *out = (irt_backend){.ops = &k_cpu_ops, .ctx = c};
+  *out = (rt_backend){.ops = &k_cpu_ops, .ctx = c};
   return IR_OK;
 }
 
-void irt_backend_destroy(irt_backend *b) {
+void backend_destroy(rt_backend *b) {
   if (b->ops) b->ops->destroy(b->ctx);
-  *b = (irt_backend){0};
+  *b = (rt_backend){0};
 }

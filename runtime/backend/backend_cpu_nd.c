@@ -13,7 +13,7 @@ static bool all_static(const ir_graph *g, const int32_t *ids, int n) {
   return true;
 }
 
-ir_status irt_cpu_nd_check(const ir_graph *g, const ir_node *n, ir_diag *d) {
+ir_status cpu_nd_check(const ir_graph *g, const ir_node *n, ir_diag *d) {
   if (!all_static(g, n->in, n->n_in) || !all_static(g, n->out, n->n_out))
     return ir_diag_set(d, IR_UNSUPPORTED,
                        "cpu backend: node '%s' (%s) has symbolic dims; n-d "
@@ -22,7 +22,7 @@ ir_status irt_cpu_nd_check(const ir_graph *g, const ir_node *n, ir_diag *d) {
   return IR_OK;
 }
 
-ir_status irt_cpu_nd_run(kn_pool *p, const ir_graph *g, int32_t ni, void *const *ptrs, ir_diag *d) {
+ir_status cpu_nd_run(kn_pool *p, const ir_graph *g, int32_t ni, void *const *ptrs, ir_diag *d) {
   const ir_node *n = &g->nodes[ni];
   const void *in[IR_MAX_IO] = {0};
   void *out[IR_MAX_IO] = {0};

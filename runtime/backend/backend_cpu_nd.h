@@ -7,8 +7,8 @@
 #include "kn_pool.h"
 
 /* At plan load: every tensor the node touches has static dims. */
-ir_status irt_cpu_nd_check(const ir_graph *g, const ir_node *n, ir_diag *d);
+ir_status cpu_nd_check(const ir_graph *g, const ir_node *n, ir_diag *d);
 /* Runs node ni; ptrs[t] is the address of tensor t. */
-ir_status irt_cpu_nd_run(kn_pool *p, const ir_graph *g, int32_t ni, void *const *ptrs, ir_diag *d);
+ir_status cpu_nd_run(kn_pool *p, const ir_graph *g, int32_t ni, void *const *ptrs, ir_diag *d);
 
 #endif

@@ -36,7 +36,7 @@ static void *load_lib(char *tried, size_t cap) {
   return lib;
 }
 
-ir_status irt_backend_cuda_open(const irt_cuda_opts *o, const ir_graph *g, irt_backend *out,
+ir_status irt_backend_cuda_open(const irt_cuda_opts *o, const ir_graph *g, rt_backend *out,
                                 ir_diag *d) {
   char tried[PATH_MAX + 64];
   void *lib = load_lib(tried, sizeof tried);

@@ -9,7 +9,7 @@
 
 #include "engine.h"
 
-double irt_engine_now_ms(void) {
+double eng_now_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
@@ -60,7 +60,7 @@ irt_status irt_engine_create(irt_model *m, const irt_engine_opts *o, irt_engine 
   e->row_top_ids = calloc((size_t)e->max_rows * IRT_MAX_TOP_LOGPROBS, sizeof *e->row_top_ids);
   e->row_top_lps = calloc((size_t)e->max_rows * IRT_MAX_TOP_LOGPROBS, sizeof *e->row_top_lps);
   if (e->tok) {
-    e->gtrie = irt_gtrie_create(e->tok);
+    e->gtrie = gram_trie_create(e->tok);
     e->gmask = malloc((size_t)in->vocab_size);
     e->gpen_ids = malloc((size_t)in->vocab_size * sizeof *e->gpen_ids);
     e->gpen_sub = malloc((size_t)in->vocab_size * sizeof *e->gpen_sub);
@@ -71,7 +71,7 @@ irt_status irt_engine_create(irt_model *m, const irt_engine_opts *o, irt_engine 
   e->xpen_sub = malloc((size_t)in->vocab_size * sizeof *e->xpen_sub);
   e->eog_ids = malloc((size_t)in->vocab_size * sizeof *e->eog_ids);
   for (int32_t id = 0; e->eog_ids && id < in->vocab_size; id++)
-    if (e->tok ? irt_tok_is_eog(e->tok, id) : id == in->eos_token_id) e->eog_ids[e->n_eog++] = id;
+    if (e->tok ? tok_is_eog(e->tok, id) : id == in->eos_token_id) e->eog_ids[e->n_eog++] = id;
   pthread_mutex_init(&e->mu, NULL);
   pthread_cond_init(&e->cv, NULL);
   if (!e->items || !e->item_seq || !e->item_plp || !e->logits || !e->picks || !e->row_picks ||
@@ -94,7 +94,7 @@ static void free_req(ereq *q) {
   free(q->bias_ids);
   free(q->bias_sub);
   free(q->stop_ids);
-  irt_grammar_destroy(q->grammar);
+  gram_destroy(q->grammar);
   free(q->seqs);
   free(q);
 }
@@ -160,7 +160,7 @@ static irt_status copy_request(irt_engine *e, const irt_request *r, ereq *q, irt
   q->r.grammar = NULL;
   if (r->grammar) {
     if (!e->tok) return fail(err, IRT_INVALID_ARG, "a grammar needs a plan with a tokenizer");
-    if ((st = irt_grammar_compile(r->grammar, &q->grammar, err)) != IRT_OK) return st;
+    if ((st = gram_compile(r->grammar, &q->grammar, err)) != IRT_OK) return st;
   }
   q->tenant_hash = XXH3_64bits(q->tenant, strlen(q->tenant));
   return IRT_OK;
@@ -178,10 +178,10 @@ static irt_status tokenize_prompt(irt_engine *e, const irt_request *r, ereq *q, 
   if (!e->tok) return fail(err, IRT_INVALID_ARG, "the plan has no tokenizer: send token ids");
   size_t n = 0;
   ir_diag d = {0};
-  ir_status st = irt_tok_encode_alloc(e->tok, r->prompt_text, strlen(r->prompt_text),
-                                      r->add_special, true, &q->prompt, &n, &d);
+  ir_status st = tok_encode_alloc(e->tok, r->prompt_text, strlen(r->prompt_text), r->add_special,
+                                  true, &q->prompt, &n, &d);
   if (st != IR_OK) {
-    irt_error_from_diag(err, &d);
+    rt_error_from_diag(err, &d);
     return st == IR_OOM ? IRT_OOM : IRT_INVALID_ARG;
   }
   q->n_prompt = (int64_t)n;
@@ -255,7 +255,7 @@ static irt_status check_request(irt_engine *e, const ereq *q, irt_error *err) {
 }
 
 /* Creates completion i's sequence state (tokens, KV handle, sampler, text buffers). */
-irt_status irt_eseq_init(irt_engine *e, ereq *q, int i, irt_error *err) {
+irt_status eseq_init(irt_engine *e, ereq *q, int i, irt_error *err) {
   eseq *s = &q->seqs[i];
   const irt_model_info *in = irt_model_get_info(e->m);
   size_t max_stop = 0;
@@ -278,16 +278,16 @@ irt_status irt_eseq_init(irt_engine *e, ereq *q, int i, irt_error *err) {
     if (!s->counts || !s->seen || !s->pen_sub || (q->n_bias && !s->pen_ids))
       return fail(err, IRT_OOM, "out of memory");
   }
-  irt_status gs = q->grammar ? irt_gstate_create(q->grammar, &s->gram, err) : IRT_OK;
+  irt_status gs = q->grammar ? gram_state_create(q->grammar, &s->gram, err) : IRT_OK;
   if (gs != IRT_OK) return gs;
   if (irt_seq_create(e->m, &s->kv, err) != IRT_OK) return IRT_OOM;
   if (irt_sampler_create(&sp, in->vocab_size, &s->sampler, err) != IRT_OK) return IRT_OOM;
-  if (e->tok) irt_tok_stream_init(&s->stream, e->tok, true);
+  if (e->tok) tok_stream_init(&s->stream, e->tok, true);
   q->n_live = i + 1 > q->n_live ? i + 1 : q->n_live;
   return IRT_OK;
 }
 
-void irt_eseq_release(irt_engine *e, eseq *s) {
+void eseq_release(irt_engine *e, eseq *s) {
   irt_seq_destroy(s->kv);
   irt_sampler_destroy(s->sampler);
   free(s->tokens);
@@ -296,7 +296,7 @@ void irt_eseq_release(irt_engine *e, eseq *s) {
   free(s->seen);
   free(s->pen_sub);
   free(s->pen_ids);
-  irt_gstate_destroy(s->gram);
+  gram_state_destroy(s->gram);
   s->gram = NULL;
   s->pen_ids = NULL;
   s->counts = NULL;
@@ -315,12 +315,12 @@ irt_status irt_engine_submit(irt_engine *e, const irt_request *r, irt_request_id
   irt_status st = copy_request(e, r, q, err);
   if (st == IRT_OK) st = tokenize_prompt(e, r, q, err);
   if (st == IRT_OK) st = check_request(e, q, err);
-  if (st == IRT_OK) st = irt_eseq_init(e, q, 0, err);
+  if (st == IRT_OK) st = eseq_init(e, q, 0, err);
   if (st == IRT_OK) {
     const irt_model_info *in = irt_model_get_info(e->m);
     /* The context and the KV pool bound the tokens: a sequence the whole pool cannot hold
      * would be preempted by itself forever. */
-    const irt_kv_cache *kv = &e->m->kv;
+    const kv_cache *kv = &e->m->kv;
     int64_t pool = (kv->n_blocks - (e->m->pad_block >= 0)) * kv->block_size;
     int64_t room = in->context_length - q->n_prompt;
     if (room > pool - q->n_prompt) room = pool - q->n_prompt;
@@ -351,7 +351,7 @@ irt_status irt_engine_submit(irt_engine *e, const irt_request *r, irt_request_id
   }
   pthread_mutex_unlock(&e->mu);
   if (st != IRT_OK) {
-    if (q->seqs) irt_eseq_release(e, &q->seqs[0]);
+    if (q->seqs) eseq_release(e, &q->seqs[0]);
     free_req(q);
   }
   return st;
@@ -370,7 +370,7 @@ void irt_engine_cancel(irt_engine *e, irt_request_id id) {
 }
 
 /* Moves submissions into the request list and marks cancelled requests. */
-void irt_engine_drain_inbox(irt_engine *e) {
+void eng_drain_inbox(irt_engine *e) {
   pthread_mutex_lock(&e->mu);
   ereq *head = e->inbox_head;
   e->inbox_head = e->inbox_tail = NULL;
@@ -385,7 +385,7 @@ void irt_engine_drain_inbox(irt_engine *e) {
 }
 
 /* Removes finished requests from the list and frees them. */
-void irt_engine_reap(irt_engine *e) {
+void eng_reap(irt_engine *e) {
   ereq **p = &e->reqs;
   int64_t reaped = 0, unqueue = 0;
   while (*p) {
@@ -396,7 +396,7 @@ void irt_engine_reap(irt_engine *e) {
     }
     *p = q->next;
     unqueue += !q->unqueued;
-    for (int i = 0; i < q->n_live; i++) irt_eseq_release(e, &q->seqs[i]);
+    for (int i = 0; i < q->n_live; i++) eseq_release(e, &q->seqs[i]);
     free_req(q);
     reaped++;
   }
@@ -408,13 +408,13 @@ void irt_engine_reap(irt_engine *e) {
 }
 
 irt_status irt_engine_step(irt_engine *e, bool *out_busy, irt_error *err) {
-  return irt_engine_iterate(e, out_busy, err);
+  return eng_iterate(e, out_busy, err);
 }
 
 irt_status irt_engine_run(irt_engine *e, irt_error *err) {
   bool busy = true;
   irt_status st = IRT_OK;
-  while (busy && st == IRT_OK) st = irt_engine_iterate(e, &busy, err);
+  while (busy && st == IRT_OK) st = eng_iterate(e, &busy, err);
   return st;
 }
 
@@ -429,7 +429,7 @@ static void *engine_thread(void *arg) {
     if (stop) break;
     bool busy;
     irt_error err = {0};
-    if (irt_engine_iterate(e, &busy, &err) != IRT_OK) { /* the step's requests were ended */
+    if (eng_iterate(e, &busy, &err) != IRT_OK) { /* the step's requests were ended */
       pthread_mutex_lock(&e->mu);
       e->last_err = err;
       pthread_mutex_unlock(&e->mu);
@@ -455,10 +455,10 @@ void irt_engine_destroy(irt_engine *e) {
     pthread_mutex_unlock(&e->mu);
     pthread_join(e->thread, NULL);
   }
-  irt_engine_drain_inbox(e);
+  eng_drain_inbox(e);
   for (ereq *q = e->reqs; q; q = q->next) q->cancelled = true;
-  irt_engine_cancel_all(e);
-  irt_engine_reap(e);
+  eng_cancel_all(e);
+  eng_reap(e);
   pthread_mutex_destroy(&e->mu);
   pthread_cond_destroy(&e->cv);
   free(e->cancels);
@@ -472,7 +472,7 @@ void irt_engine_destroy(irt_engine *e) {
   free(e->row_picks);
   free(e->row_top_ids);
   free(e->row_top_lps);
-  irt_gtrie_destroy(e->gtrie);
+  gram_trie_destroy(e->gtrie);
   free(e->gmask);
   free(e->xsub);
   free(e->xmark);

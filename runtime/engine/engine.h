@@ -10,22 +10,22 @@
 #include "model.h"
 
 /* Whether drafts pay (spec.c): a step of T tokens takes about a + b T ms, fitted by least
- * squares over the recent steps of decode size (each older step weighs IRT_STEP_COST_DECAY
+ * squares over the recent steps of decode size (each older step weighs STEP_COST_DECAY
  * times less), so a draft row costs b ms; it is worth it while the chance it is kept, over
  * b, is at least the tokens per ms of the step so far. */
-#define IRT_STEP_COST_DECAY 0.97
-typedef struct irt_step_cost {
+#define STEP_COST_DECAY 0.97
+typedef struct step_cost {
   double w, t, tt, y, ty; /* decayed sums of 1, T, T^2, ms, T ms */
-} irt_step_cost;
-void irt_step_cost_add(irt_step_cost *c, double tokens, double ms);
+} step_cost;
+void step_cost_add(step_cost *c, double tokens, double ms);
 /* The fit's a (at least 0) and b; false while it cannot tell them apart (too few steps,
  * nearly one size of step) or b <= 0. */
-bool irt_step_cost_fit(const irt_step_cost *c, double *a, double *b);
+bool step_cost_fit(const step_cost *c, double *a, double *b);
 /* Drafts worth adding to a step of *tokens tokens worth *value (tokens processed, plus the
  * chance each draft added so far is kept), up to cap, for a sequence whose drafts are each
  * kept (given the ones before are) with probability alpha: draft j while
  * alpha^j (a + b tokens) >= b value. Updates *tokens and *value by the drafts taken. */
-int irt_spec_worth(double alpha, double a, double b, double *tokens, double *value, int cap);
+int spec_worth(double alpha, double a, double b, double *tokens, double *value, int cap);
 
 /* FORKING: a completion of an n > 1 request created for its first token's pick, its
  * blocks shared once the prompt's last step has run (sched.c's fork_completions). */
@@ -50,8 +50,8 @@ typedef struct eseq {
   int64_t n_registered; /* leading full blocks registered in the prefix cache */
   uint64_t last_hash;   /* chain hash of block n_registered - 1 (0 if none) */
   irt_sampler *sampler;
-  irt_tok_stream stream; /* when the plan has a tokenizer */
-  char *held;            /* text not yet emitted (a possible stop-string prefix) */
+  tok_stream stream; /* when the plan has a tokenizer */
+  char *held;        /* text not yet emitted (a possible stop-string prefix) */
   size_t held_len, held_cap;
   uint64_t admit_order; /* when it last entered the running set */
   irt_finish finish;
@@ -66,7 +66,7 @@ typedef struct eseq {
   float *pen_sub;   /* (vocab) a pick's penalty for each of them (and biased ones) */
   int32_t *pen_ids; /* (vocab) with logit_bias too: seen, then the biased unseen */
   int64_t n_seen;
-  irt_gstate *gram; /* with a grammar: where its text is in it */
+  gram_state *gram; /* with a grammar: where its text is in it */
   int64_t plp_next; /* prompt_logprobs: the next prompt position to score */
   /* with top_logprobs: the alternatives of the current event */
   int32_t top_ids[IRT_MAX_TOP_LOGPROBS];
@@ -84,8 +84,8 @@ struct ereq {
   int32_t *bias_ids; /* logit_bias: (n_bias) ids, ascending */
   float *bias_sub;   /* (n_bias) minus each bias: subtracted, as penalties are */
   int n_bias;
-  irt_grammar *grammar; /* compiled irt_request.grammar, or NULL */
-  int32_t *stop_ids;    /* stop_token_ids: (n_stop_ids) */
+  gram *grammar;     /* compiled irt_request.grammar, or NULL */
+  int32_t *stop_ids; /* stop_token_ids: (n_stop_ids) */
   int n_stop_ids;
   bool host_pick; /* repetition_penalty or min_tokens: rows picked on the host */
   int64_t cached_tokens;
@@ -137,7 +137,7 @@ struct irt_engine {
   int64_t row_picks_now; /* taken so far in this iteration */
   /* constrained decoding (the plan has a tokenizer): the vocabulary's bytes, and scratch
    * for one masked pick: the allowed tokens, the pick's penalty list with the rest */
-  irt_gtrie *gtrie;
+  gram_trie *gtrie;
   uint8_t *gmask;    /* (vocab) */
   int32_t *gpen_ids; /* (vocab) */
   float *gpen_sub;   /* (vocab) */
@@ -150,7 +150,7 @@ struct irt_engine {
   int32_t *eog_ids;
   int n_eog;
   /* speculative decoding: the step cost model over decode-only steps, its last fit */
-  irt_step_cost cost;
+  step_cost cost;
   double cost_a, cost_b;
   bool cost_ok;
   eseq **run, **wait; /* sorted candidates of one iteration (grown as needed) */
@@ -158,17 +158,17 @@ struct irt_engine {
   int n_items_now; /* items chosen so far in this iteration */
 };
 
-irt_status irt_eseq_init(irt_engine *e, ereq *q, int i, irt_error *err);
-void irt_engine_drain_inbox(irt_engine *e);
-void irt_engine_reap(irt_engine *e);
+irt_status eseq_init(irt_engine *e, ereq *q, int i, irt_error *err);
+void eng_drain_inbox(irt_engine *e);
+void eng_reap(irt_engine *e);
 /* Ends every unfinished completion of cancelled requests (sched.c). */
-void irt_engine_cancel_all(irt_engine *e);
+void eng_cancel_all(irt_engine *e);
 /* One scheduling iteration (sched.c). */
-irt_status irt_engine_iterate(irt_engine *e, bool *out_busy, irt_error *err);
+irt_status eng_iterate(irt_engine *e, bool *out_busy, irt_error *err);
 /* Releases a sequence's KV blocks and sampler (engine.c). */
-void irt_eseq_release(irt_engine *e, eseq *s);
+void eseq_release(irt_engine *e, eseq *s);
 /* Emits the final event of a completion and retires the request when all are done. */
-void irt_eseq_finish(irt_engine *e, eseq *s, irt_finish why);
-double irt_engine_now_ms(void);
+void eseq_finish(irt_engine *e, eseq *s, irt_finish why);
+double eng_now_ms(void);
 
 #endif

@@ -56,20 +56,19 @@ static void preempt(irt_engine *e, eseq *s) {
 /* Blocks for positions [len, len + take): a private copy of a shared partial block, then
  * fresh ones. False (nothing changed) if the pool cannot supply them. */
 static bool ensure_blocks(irt_engine *e, eseq *s, int64_t take, int64_t reserve) {
-  irt_kv_cache *kv = &e->m->kv;
+  kv_cache *kv = &e->m->kv;
   irt_seq *k = s->kv;
   int64_t bs = bsz(e), first = k->len / bs;
   bool cow = k->len % bs && first < k->n_blocks && kv->meta[k->blocks[first]].ref > 1;
   int64_t need = (k->len + take + bs - 1) / bs - k->n_blocks + (cow ? 1 : 0);
-  if (need > irt_kv_available(kv) - reserve) return false;
+  if (need > kv_available(kv) - reserve) return false;
   if (cow) {
-    int32_t b = irt_kv_block_alloc(kv);
-    irt_kv_block_copy(kv, k->blocks[first], b);
-    irt_kv_block_unref(kv, k->blocks[first]);
+    int32_t b = kv_block_alloc(kv);
+    kv_block_copy(kv, k->blocks[first], b);
+    kv_block_unref(kv, k->blocks[first]);
     k->blocks[first] = b;
   }
-  while (k->n_blocks < (k->len + take + bs - 1) / bs)
-    k->blocks[k->n_blocks++] = irt_kv_block_alloc(kv);
+  while (k->n_blocks < (k->len + take + bs - 1) / bs) k->blocks[k->n_blocks++] = kv_block_alloc(kv);
   return true;
 }
 
@@ -103,11 +102,11 @@ static void prefix_lookup(irt_engine *e, eseq *s) {
   uint64_t parent = 0, tenant = s->req->tenant_hash;
   for (int64_t j = 0; j < limit; j++) {
     const int32_t *t = s->tokens + j * bs;
-    int32_t b = irt_kv_prefix_lookup(&e->m->kv, parent, t, tenant);
+    int32_t b = kv_prefix_lookup(&e->m->kv, parent, t, tenant);
     if (b < 0) break;
     k->blocks[k->n_blocks++] = b;
     k->len += bs;
-    parent = irt_kv_chain_hash(parent, t, bs, tenant);
+    parent = kv_chain_hash(parent, t, bs, tenant);
   }
   s->n_registered = k->n_blocks;
   s->last_hash = parent;
@@ -172,7 +171,7 @@ static irt_pick *fork_picks(irt_engine *e, eseq *s) {
   if (e->rows_now + q->n > e->max_rows || e->row_picks_now + q->n > e->max_rows) return NULL;
   for (int i = q->n_live; i < q->n; i++) {
     irt_error err;
-    if (irt_eseq_init(e, q, i, &err) != IRT_OK) return NULL; /* fork_completions retries */
+    if (eseq_init(e, q, i, &err) != IRT_OK) return NULL; /* fork_completions retries */
     q->seqs[i].state = ESEQ_FORKING;
   }
   irt_pick *p = e->row_picks + e->row_picks_now;
@@ -323,7 +322,7 @@ static double spec_alpha(const eseq *s) {
  * change from row to row with the drafts taken -- come back as logits; verify() takes them
  * in order, each row picked after the tokens before it (so under the grammar's state).
  * Unless spec_always, only the drafts that pay for their rows by the timed cost model
- * (irt_spec_worth), one a step until it has a fit. */
+ * (spec_worth), one a step until it has a fit. */
 static void add_drafts(irt_engine *e, int64_t budget) {
   const irt_model_info *in = irt_model_get_info(e->m);
   bool weigh = !e->o.spec_always && e->cost_ok;
@@ -339,7 +338,7 @@ static void add_drafts(irt_engine *e, int64_t budget) {
     if (!e->o.spec_always && !e->cost_ok && cap > 1) cap = 1; /* one at a time until timed */
     if (weigh && cap > 0) {
       double t = tokens, v = value;
-      int w = irt_spec_worth(spec_alpha(s), e->cost_a, e->cost_b, &t, &v, (int)cap);
+      int w = spec_worth(spec_alpha(s), e->cost_a, e->cost_b, &t, &v, (int)cap);
       /* weighed out: back toward the prior, and one draft now and then, which keeps the
        * fit and the sequence's record from going stale (a noisy fit cannot lock it out) */
       if (w == 0) s->spec_hits *= 0.95f, s->spec_tries *= 0.95f;
@@ -407,8 +406,8 @@ static void register_blocks(irt_engine *e, eseq *s) {
   uint64_t tenant = s->req->tenant_hash;
   while ((s->n_registered + 1) * bs <= s->kv->len) {
     const int32_t *t = s->tokens + s->n_registered * bs;
-    irt_kv_block_register(&e->m->kv, s->kv->blocks[s->n_registered], s->last_hash, t, tenant);
-    s->last_hash = irt_kv_chain_hash(s->last_hash, t, bs, tenant);
+    kv_block_register(&e->m->kv, s->kv->blocks[s->n_registered], s->last_hash, t, tenant);
+    s->last_hash = kv_chain_hash(s->last_hash, t, bs, tenant);
     s->n_registered++;
   }
 }
@@ -465,9 +464,9 @@ static size_t stop_overlap(const ereq *q, const char *t, size_t len) {
  * sets *hit when a stop string completed (the text is cut before it). */
 static size_t take_text(eseq *s, int32_t tok, bool flush, bool *hit) {
   char piece[512];
-  size_t n = tok >= 0 ? irt_tok_stream_push(&s->stream, tok, piece, sizeof piece) : 0;
+  size_t n = tok >= 0 ? tok_stream_push(&s->stream, tok, piece, sizeof piece) : 0;
   if (n > sizeof piece) n = sizeof piece; /* push returns the full length; it wrote the cap */
-  if (flush) n += irt_tok_stream_finish(&s->stream, piece + n, sizeof piece - n);
+  if (flush) n += tok_stream_finish(&s->stream, piece + n, sizeof piece - n);
   if (n > sizeof piece) n = sizeof piece;
   if (s->held_len + n > s->held_cap) n = s->held_cap - s->held_len; /* bounded by design */
   memcpy(s->held + s->held_len, piece, n);
@@ -494,14 +493,13 @@ static void take_token(irt_engine *e, eseq *s, int32_t tok, float lp) {
   s->tokens[s->n_tokens++] = tok;
   s->n_generated++;
   e->work.generated_tokens++;
-  bool eog =
-      !s->req->r.ignore_eos && (e->tok ? irt_tok_is_eog(e->tok, tok) : tok == in->eos_token_id);
+  bool eog = !s->req->r.ignore_eos && (e->tok ? tok_is_eog(e->tok, tok) : tok == in->eos_token_id);
   bool stop_id = false; /* its text stays: eog ? -1 : tok below */
   for (int i = 0; i < s->req->n_stop_ids && !stop_id; i++) stop_id = s->req->stop_ids[i] == tok;
   bool length = s->n_generated >= s->req->r.max_tokens || s->n_tokens >= in->context_length;
   /* a grammar whose text is whole and cannot go on ends the completion here */
-  bool whole = s->gram && irt_gstate_take(s->gram, e->gtrie, tok) &&
-               irt_gstate_accepting(s->gram) && !irt_gstate_can_continue(s->gram);
+  bool whole = s->gram && gram_state_take(s->gram, e->gtrie, tok) &&
+               gram_state_accepting(s->gram) && !gram_state_can_continue(s->gram);
   bool hit = false;
   size_t cut = 0;
   if (e->tok) cut = take_text(s, eog ? -1 : tok, eog || stop_id || length || whole, &hit);
@@ -532,11 +530,11 @@ static int32_t take_pick(irt_engine *e, eseq *s, const irt_pick *p) {
  * penalty list, so the logprobs stay the model's). When nothing is allowed (a grammar
  * that needs a character no token spells) the completion may only end. */
 static void grammar_pick(irt_engine *e, eseq *s, irt_pick *p, const float *lg) {
-  irt_pick_row(e->m, p, lg);
-  if (irt_grammar_allows(s->gram, e->gtrie, p->token)) return;
+  pick_row(e->m, p, lg);
+  if (gram_allows(s->gram, e->gtrie, p->token)) return;
   int64_t V = irt_model_get_info(e->m)->vocab_size;
-  if (irt_grammar_mask(s->gram, e->gtrie, e->gmask) == 0)
-    for (int32_t id = 0; id < V; id++) e->gmask[id] = irt_tok_is_eog(e->tok, id);
+  if (gram_mask(s->gram, e->gtrie, e->gmask) == 0)
+    for (int32_t id = 0; id < V; id++) e->gmask[id] = tok_is_eog(e->tok, id);
   int n = 0;
   for (int j = 0; j < p->n_pen; j++)
     if (e->gmask[p->pen_ids[j]]) e->gpen_ids[n] = p->pen_ids[j], e->gpen_sub[n++] = p->pen_sub[j];
@@ -545,7 +543,7 @@ static void grammar_pick(irt_engine *e, eseq *s, irt_pick *p, const float *lg) {
   if (n == V) return; /* no end-of-generation token either: keep the model's pick */
   irt_pick q = *p;
   q.pen_ids = e->gpen_ids, q.pen_sub = e->gpen_sub, q.n_pen = n;
-  irt_pick_row(e->m, &q, lg);
+  pick_row(e->m, &q, lg);
   p->token = q.token, p->logprob = q.logprob;
 }
 
@@ -596,7 +594,7 @@ static int32_t on_token(irt_engine *e, eseq *s, const float *lg) {
   irt_pick p = make_pick(s);
   if (s->req->host_pick) host_adjust(e, s, &p, lg);
   if (s->gram) grammar_pick(e, s, &p, lg);
-  else irt_pick_row(e->m, &p, lg);
+  else pick_row(e->m, &p, lg);
   take_token(e, s, p.token, p.logprob);
   return p.token;
 }
@@ -608,7 +606,7 @@ static void fork_completions(irt_engine *e, eseq *s) {
   q->forked = true;
   for (int i = 1; i < q->n; i++) {
     irt_error err;
-    if (q->seqs[i].state != ESEQ_FORKING && irt_eseq_init(e, q, i, &err) != IRT_OK) {
+    if (q->seqs[i].state != ESEQ_FORKING && eseq_init(e, q, i, &err) != IRT_OK) {
       q->seqs[i].req = q;
       q->seqs[i].index = i;
       finish(e, &q->seqs[i], IRT_FINISH_CANCELLED);
@@ -618,7 +616,7 @@ static void fork_completions(irt_engine *e, eseq *s) {
     memcpy(c->tokens, s->tokens, (size_t)s->n_tokens * sizeof *c->tokens);
     c->n_tokens = s->n_tokens;
     for (int64_t b = 0; b < s->kv->n_blocks; b++) {
-      irt_kv_block_ref(&e->m->kv, s->kv->blocks[b]);
+      kv_block_ref(&e->m->kv, s->kv->blocks[b]);
       c->kv->blocks[c->kv->n_blocks++] = s->kv->blocks[b];
     }
     c->kv->len = s->kv->len;
@@ -687,7 +685,7 @@ static void emit_prompt(irt_engine *e, eseq *s, const float *row, int32_t tok) {
                   .cached_tokens = q->cached_tokens};
   if (q->r.top_logprobs > 0) {
     ev.n_top = q->r.top_logprobs < V ? q->r.top_logprobs : (int)V;
-    irt_top_logprobs(row, V, lse, ev.n_top, s->top_ids, s->top_lps);
+    sampler_top_logprobs(row, V, lse, ev.n_top, s->top_ids, s->top_lps);
     ev.top_tokens = s->top_ids, ev.top_logprobs = s->top_lps;
   }
   if (q->r.on_event) q->r.on_event(q->r.user, &ev);
@@ -736,7 +734,7 @@ static void after_item(irt_engine *e, int k) {
   if (e->items[k].logits) take_row(e, s, e->items[k].logits);
 }
 
-void irt_engine_cancel_all(irt_engine *e) {
+void eng_cancel_all(irt_engine *e) {
   for (ereq *q = e->reqs; q; q = q->next) {
     if (!q->cancelled) continue;
     for (int i = 0; i < q->n; i++) {
@@ -756,11 +754,11 @@ static void publish_stats(irt_engine *e) {
       running += q->seqs[i].state == ESEQ_RUNNING;
       waiting += q->seqs[i].state == ESEQ_WAITING;
     }
-  const irt_kv_cache *kv = &e->m->kv;
+  const kv_cache *kv = &e->m->kv;
   pthread_mutex_lock(&e->mu);
   e->work.running = running;
   e->work.waiting = waiting;
-  e->work.kv_blocks_used = irt_kv_in_use(kv);
+  e->work.kv_blocks_used = kv_in_use(kv);
   e->work.kv_blocks_cached = kv->n_evictable;
   e->stats = e->work;
   pthread_mutex_unlock(&e->mu);
@@ -774,31 +772,31 @@ static void time_step(irt_engine *e, double ms) {
     if (e->items[k].n > 1 && (!e->items[k].all_logits || e->item_plp[k])) return; /* prefill */
     tokens += e->items[k].n;
   }
-  irt_step_cost_add(&e->cost, (double)tokens, ms);
+  step_cost_add(&e->cost, (double)tokens, ms);
   double a, b;
-  if (!irt_step_cost_fit(&e->cost, &a, &b)) return;
+  if (!step_cost_fit(&e->cost, &a, &b)) return;
   e->cost_a = a, e->cost_b = b, e->cost_ok = true;
   e->work.spec_step_ms = a, e->work.spec_token_ms = b;
 }
 
-irt_status irt_engine_iterate(irt_engine *e, bool *out_busy, irt_error *err) {
-  irt_engine_drain_inbox(e);
-  irt_engine_cancel_all(e);
+irt_status eng_iterate(irt_engine *e, bool *out_busy, irt_error *err) {
+  eng_drain_inbox(e);
+  eng_cancel_all(e);
   irt_status st = schedule(e) ? IRT_OK : IRT_OOM;
   if (st == IRT_OK && e->n_items_now > 0) {
-    double t0 = irt_engine_now_ms();
+    double t0 = eng_now_ms();
     st = irt_decode_batch(e->m, e->items, e->n_items_now, err);
     if (st == IRT_OK) {
-      if (e->o.spec_tokens) time_step(e, irt_engine_now_ms() - t0);
+      if (e->o.spec_tokens) time_step(e, eng_now_ms() - t0);
       e->work.steps++;
       for (int k = 0; k < e->n_items_now; k++) after_item(e, k);
     } else { /* a failed step ends its requests rather than retrying forever */
       for (int k = 0; k < e->n_items_now; k++) e->item_seq[k]->req->cancelled = true;
-      irt_engine_cancel_all(e);
+      eng_cancel_all(e);
     }
   }
   e->n_items_now = 0;
-  irt_engine_reap(e);
+  eng_reap(e);
   publish_stats(e);
   *out_busy = e->reqs != NULL;
   return st;

@@ -27,12 +27,12 @@ void irt_seq_truncate(irt_seq *s, int64_t len) {
   if (len > s->len) return;
   s->len = len;
   int64_t bs = s->m->kv.block_size, keep = (len + bs - 1) / bs;
-  for (int64_t i = keep; i < s->n_blocks; i++) irt_kv_block_unref(&s->m->kv, s->blocks[i]);
+  for (int64_t i = keep; i < s->n_blocks; i++) kv_block_unref(&s->m->kv, s->blocks[i]);
   if (s->n_blocks > keep) s->n_blocks = keep;
 }
 
-void irt_step_cost_add(irt_step_cost *c, double tokens, double ms) {
-  const double k = IRT_STEP_COST_DECAY;
+void step_cost_add(step_cost *c, double tokens, double ms) {
+  const double k = STEP_COST_DECAY;
   c->w = c->w * k + 1;
   c->t = c->t * k + tokens;
   c->tt = c->tt * k + tokens * tokens;
@@ -40,7 +40,7 @@ void irt_step_cost_add(irt_step_cost *c, double tokens, double ms) {
   c->ty = c->ty * k + tokens * ms;
 }
 
-bool irt_step_cost_fit(const irt_step_cost *c, double *a, double *b) {
+bool step_cost_fit(const step_cost *c, double *a, double *b) {
   if (c->w < 4) return false;
   double mt = c->t / c->w, var = c->tt / c->w - mt * mt; /* of T */
   if (var < 0.1) return false;                           /* nearly one size of step */
@@ -50,7 +50,7 @@ bool irt_step_cost_fit(const irt_step_cost *c, double *a, double *b) {
   return *b > 0;
 }
 
-int irt_spec_worth(double alpha, double a, double b, double *tokens, double *value, int cap) {
+int spec_worth(double alpha, double a, double b, double *tokens, double *value, int cap) {
   int d = 0;
   for (double p = alpha; d < cap && p * (a + b * *tokens) >= b * *value; p *= alpha, d++) {
     *tokens += 1;

@@ -434,8 +434,8 @@ static void check(gparser *g, int *root) {
   free(mark);
 }
 
-static irt_status flatten(gparser *g, int root, irt_grammar **out) {
-  irt_grammar *G = calloc(1, sizeof *G);
+static irt_status flatten(gparser *g, int root, gram **out) {
+  gram *G = calloc(1, sizeof *G);
   if (!G) return IRT_OOM;
   int n_el = 0, n_alt = 0;
   for (int r = 0; r < g->n_rules; r++) {
@@ -446,7 +446,7 @@ static irt_status flatten(gparser *g, int root, irt_grammar **out) {
   G->alt = malloc((size_t)n_alt * sizeof *G->alt);
   G->rule_alt = malloc((size_t)(g->n_rules + 1) * sizeof *G->rule_alt);
   if (!G->el || !G->alt || !G->rule_alt) {
-    irt_grammar_destroy(G);
+    gram_destroy(G);
     return IRT_OOM;
   }
   int e = 0, k = 0;
@@ -469,7 +469,7 @@ static irt_status flatten(gparser *g, int root, irt_grammar **out) {
   return IRT_OK;
 }
 
-irt_status irt_grammar_compile(const char *src, irt_grammar **out, irt_error *err) {
+irt_status gram_compile(const char *src, gram **out, irt_error *err) {
   *out = NULL;
   gparser g = {.p = src ? src : "", .src = src, .line = 1, .err = err};
   skip_space(&g, true);
@@ -489,7 +489,7 @@ irt_status irt_grammar_compile(const char *src, irt_grammar **out, irt_error *er
   return st;
 }
 
-void irt_grammar_destroy(irt_grammar *G) {
+void gram_destroy(gram *G) {
   if (!G) return;
   for (int c = 0; c < G->n_cls; c++) free(G->cls[c].r);
   free(G->cls);
@@ -500,11 +500,11 @@ void irt_grammar_destroy(irt_grammar *G) {
 }
 
 irt_status irt_grammar_check(const char *gbnf, irt_error *err) {
-  irt_grammar *g = NULL;
-  irt_gstate *s = NULL;
-  irt_status st = irt_grammar_compile(gbnf, &g, err);
-  if (st == IRT_OK) st = irt_gstate_create(g, &s, err); /* its start, as a request's would */
-  irt_gstate_destroy(s);
-  irt_grammar_destroy(g);
+  gram *g = NULL;
+  gram_state *s = NULL;
+  irt_status st = gram_compile(gbnf, &g, err);
+  if (st == IRT_OK) st = gram_state_create(g, &s, err); /* its start, as a request's would */
+  gram_state_destroy(s);
+  gram_destroy(g);
   return st;
 }

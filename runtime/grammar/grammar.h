@@ -1,6 +1,6 @@
 /* grammar: constrained decoding. A context-free grammar in llama.cpp's GBNF notation is
  * compiled once per request; each completion keeps a parse state that says which bytes
- * may come next, and from it which tokens (irt_grammar_mask, over a byte trie of the
+ * may come next, and from it which tokens (gram_mask, over a byte trie of the
  * vocabulary). irt_grammar_json turns a JSON Schema (or "any JSON object") into
  * such a grammar.
  *
@@ -20,38 +20,38 @@
 #include "inferrt.h"
 #include "tokenizer.h"
 
-typedef struct irt_grammar irt_grammar; /* compiled; immutable, shared by threads */
-typedef struct irt_gstate irt_gstate;   /* one parse position; one thread at a time */
-typedef struct irt_gtrie irt_gtrie;     /* the vocabulary's token bytes, sorted */
+typedef struct gram gram;             /* compiled; immutable, shared by threads */
+typedef struct gram_state gram_state; /* one parse position; one thread at a time */
+typedef struct gram_trie gram_trie;   /* the vocabulary's token bytes, sorted */
 
 /* Compiles GBNF text. Errors (IRT_INVALID_ARG) name the line and the problem: a syntax
  * error, an undefined rule, no root, a left-recursive rule. Owned by the caller. */
-irt_status irt_grammar_compile(const char *src, irt_grammar **out, irt_error *err);
-void irt_grammar_destroy(irt_grammar *g);
+irt_status gram_compile(const char *src, gram **out, irt_error *err);
+void gram_destroy(gram *g);
 
 /* A state at the start of g's root. Owned by the caller; g must outlive it. */
-irt_status irt_gstate_create(const irt_grammar *g, irt_gstate **out, irt_error *err);
-void irt_gstate_destroy(irt_gstate *s);
+irt_status gram_state_create(const gram *g, gram_state **out, irt_error *err);
+void gram_state_destroy(gram_state *s);
 /* Moves the state over n bytes and returns true if the grammar allows them (a character
  * may be split over calls); otherwise returns false and leaves the state as it was. */
-bool irt_gstate_advance(irt_gstate *s, const uint8_t *p, size_t n);
+bool gram_state_advance(gram_state *s, const uint8_t *p, size_t n);
 /* Whether the text so far is a whole sentence of the grammar / may go on. */
-bool irt_gstate_accepting(const irt_gstate *s);
-bool irt_gstate_can_continue(const irt_gstate *s);
+bool gram_state_accepting(const gram_state *s);
+bool gram_state_can_continue(const gram_state *s);
 
 /* The byte strings of every ordinary token (special tokens left out). NULL on OOM. */
-irt_gtrie *irt_gtrie_create(const irt_tokenizer *t);
-void irt_gtrie_destroy(irt_gtrie *t);
+gram_trie *gram_trie_create(const irt_tokenizer *t);
+void gram_trie_destroy(gram_trie *t);
 /* Sets allowed[id] (vocab bytes, from the trie's tokenizer) to 1 for each token whose
  * bytes the grammar allows next and 0 for the others; end-of-generation tokens are allowed
  * exactly when the state is accepting. Returns the count allowed. The state is unchanged
  * (it only uses scratch it owns). */
-int64_t irt_grammar_mask(irt_gstate *s, const irt_gtrie *t, uint8_t *allowed);
-/* Whether token id may come next, as irt_grammar_mask would say. */
-bool irt_grammar_allows(irt_gstate *s, const irt_gtrie *t, int32_t id);
+int64_t gram_mask(gram_state *s, const gram_trie *t, uint8_t *allowed);
+/* Whether token id may come next, as gram_mask would say. */
+bool gram_allows(gram_state *s, const gram_trie *t, int32_t id);
 /* Moves the state over token id (its bytes; an end-of-generation token moves nothing);
  * false if the grammar does not allow it. */
-bool irt_gstate_take(irt_gstate *s, const irt_gtrie *t, int32_t id);
+bool gram_state_take(gram_state *s, const gram_trie *t, int32_t id);
 
 /* JSON: irt_grammar_json (inferrt.h) writes GBNF for the JSON values a JSON Schema
  * describes, or for any JSON object. Supported: type (one or a list), properties /
@@ -68,6 +68,6 @@ bool irt_gstate_take(irt_gstate *s, const irt_gtrie *t, int32_t id);
  * matches the regex somewhere (^ and $ anchor it), each character written as JSON
  * writes it. NULL with *err set (IRT_UNSUPPORTED naming the construct) if the regex is
  * beyond irt_grammar_regex's subset. malloc'd. */
-char *irt_grammar_regex_json(const char *pattern, irt_error *err);
+char *gram_regex_json(const char *pattern, irt_error *err);
 
 #endif

@@ -22,7 +22,7 @@ typedef struct gclass {
   bool neg; /* matches the characters outside them */
 } gclass;
 
-struct irt_grammar {
+struct gram {
   gel *el;       /* every alternative's items, each ended by G_END */
   uint32_t *alt; /* alternative k starts at el[alt[k]] */
   int *rule_alt; /* (n_rules + 1) rule r's alternatives are alt[rule_alt[r] ..

@@ -1,5 +1,5 @@
 /* grammar_json: GBNF for JSON values described by a JSON Schema, and for a choice of
- * strings. The output is grammar text that irt_grammar_compile reads like any other. */
+ * strings. The output is grammar text that gram_compile reads like any other. */
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdarg.h>
@@ -223,7 +223,7 @@ static int gen_string(sconv *c, const cJSON *s) {
                  "JSON Schema: 'pattern' must be a string, without "
                  "minLength / maxLength");
   if (pat) {
-    char *g = irt_grammar_regex_json(pat->valuestring, c->err);
+    char *g = gram_regex_json(pat->valuestring, c->err);
     if (!g) return c->failed = true, -1;
     int r = text_rule(c, g);
     free(g);

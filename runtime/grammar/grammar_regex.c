@@ -371,7 +371,7 @@ irt_status irt_grammar_regex(const char *regex, char **out, irt_error *err) {
   return IRT_OK;
 }
 
-char *irt_grammar_regex_json(const char *pattern, irt_error *err) {
+char *gram_regex_json(const char *pattern, irt_error *err) {
   rx r = {.err = err, .json = true};
   size_t len = strlen(pattern);
   bool head = len && pattern[0] == '^';

@@ -37,8 +37,8 @@ typedef struct gset {
   int len;     /* and its length in bytes */
 } gset;
 
-struct irt_gstate {
-  const irt_grammar *g;
+struct gram_state {
+  const gram *g;
   gset cur;
   garena a[2]; /* cur lives in a[live]; a step builds the next one in the other */
   int live;
@@ -55,7 +55,7 @@ struct irt_gstate {
   bool too_hard; /* a step needed more than MAX_WORK expansions */
 };
 
-struct irt_gtrie {
+struct gram_trie {
   int32_t n, vocab;      /* tokens in the trie; the vocabulary */
   int32_t *ord;          /* (n) ids, their bytes in ascending order */
   uint16_t *lcp;         /* (n) bytes in common with the one before */
@@ -67,7 +67,7 @@ struct irt_gtrie {
 
 /* --- arenas ---------------------------------------------------------------------------- */
 
-static void *ga_alloc(irt_gstate *s, garena *a, size_t n) {
+static void *ga_alloc(gram_state *s, garena *a, size_t n) {
   n = (n + 15) & ~(size_t)15;
   for (;;) {
     gchunk *c = a->cur;
@@ -111,7 +111,7 @@ static void ga_free(garena *a) {
 
 /* --- stacks ------------------------------------------------------------------------------ */
 
-static const gnode *node(irt_gstate *s, garena *a, const gnode *up, uint32_t pos) {
+static const gnode *node(gram_state *s, garena *a, const gnode *up, uint32_t pos) {
   gnode *n = ga_alloc(s, a, sizeof *n);
   if (!n) return NULL;
   uint32_t h = (up ? up->hash : 0x9E3779B9u) ^ pos;
@@ -131,7 +131,7 @@ static bool same(const gnode *a, const gnode *b) {
 #define MAX_STACKS 512
 
 /* Adds a stack to the collection unless it is there already. */
-static void collect(irt_gstate *s, const gnode *n) {
+static void collect(gram_state *s, const gnode *n) {
   for (int i = 0; i < s->n_buf; i++)
     if (same(s->buf[i], n)) return;
   if (s->n_buf == MAX_STACKS) {
@@ -158,8 +158,8 @@ static void collect(irt_gstate *s, const gnode *n) {
   65536 /* expansions for one character: ambiguity (nullable alternatives
                            nested or repeated) can make the paths exponential */
 
-static void expand(irt_gstate *s, garena *a, const gnode *n, int depth) {
-  const irt_grammar *G = s->g;
+static void expand(gram_state *s, garena *a, const gnode *n, int depth) {
+  const gram *G = s->g;
   if (depth > MAX_EXPAND) s->oom = true;
   if (++s->work > MAX_WORK) s->oom = s->too_hard = true;
   for (;;) {
@@ -179,7 +179,7 @@ static void expand(irt_gstate *s, garena *a, const gnode *n, int depth) {
 }
 
 /* The collected stacks as a set in arena a. */
-static bool take_buf(irt_gstate *s, garena *a, gset *out) {
+static bool take_buf(gram_state *s, garena *a, gset *out) {
   *out = (gset){0};
   if (s->oom) return false;
   out->v = ga_alloc(s, a, (size_t)(s->n_buf ? s->n_buf : 1) * sizeof *out->v);
@@ -212,8 +212,8 @@ static bool class_meets(const gclass *k, uint32_t lo, uint32_t hi) {
 }
 
 /* The stacks of in that take character c, moved past it, as a set in arena a. */
-static bool step_char(irt_gstate *s, const gset *in, uint32_t c, garena *a, gset *out) {
-  const irt_grammar *G = s->g;
+static bool step_char(gram_state *s, const gset *in, uint32_t c, garena *a, gset *out) {
+  const gram *G = s->g;
   s->n_buf = 0;
   s->work = 0;
   for (int i = 0; i < in->n; i++) {
@@ -232,7 +232,7 @@ static bool valid_char(uint32_t c, int len) {
 }
 
 /* Whether some stack can take a character that starts with the split one's bytes. */
-static bool partial_ok(const irt_gstate *s, const gset *g) {
+static bool partial_ok(const gram_state *s, const gset *g) {
   uint32_t lo = g->cp << (6 * g->need), hi = lo | ((1u << (6 * g->need)) - 1);
   if (lo < UTF8_MIN[g->len]) lo = UTF8_MIN[g->len];
   if (hi > 0x10FFFF) hi = 0x10FFFF;
@@ -243,7 +243,7 @@ static bool partial_ok(const irt_gstate *s, const gset *g) {
 }
 
 /* One byte of UTF-8 text: in to *out (new stacks in arena a); false if none survive. */
-static bool step_byte(irt_gstate *s, const gset *in, uint8_t b, garena *a, gset *out) {
+static bool step_byte(gram_state *s, const gset *in, uint8_t b, garena *a, gset *out) {
   uint32_t cp;
   int need, len = in->len;
   if (in->need == 0) {
@@ -265,7 +265,7 @@ static bool step_byte(irt_gstate *s, const gset *in, uint8_t b, garena *a, gset 
 }
 
 /* Copies a set's stacks into arena a (whole, so that other arenas can be reset). */
-static bool copy_set(irt_gstate *s, const gset *in, garena *a, gset *out) {
+static bool copy_set(gram_state *s, const gset *in, garena *a, gset *out) {
   *out = *in;
   out->v = ga_alloc(s, a, (size_t)(in->n ? in->n : 1) * sizeof *out->v);
   if (!out->v) return false;
@@ -290,8 +290,8 @@ static bool copy_set(irt_gstate *s, const gset *in, garena *a, gset *out) {
 
 /* --- states ----------------------------------------------------------------------------- */
 
-irt_status irt_gstate_create(const irt_grammar *g, irt_gstate **out, irt_error *err) {
-  irt_gstate *s = calloc(1, sizeof *s);
+irt_status gram_state_create(const gram *g, gram_state **out, irt_error *err) {
+  gram_state *s = calloc(1, sizeof *s);
   *out = NULL;
   if (s) {
     s->g = g;
@@ -302,7 +302,7 @@ irt_status irt_gstate_create(const irt_grammar *g, irt_gstate **out, irt_error *
   }
   if (!s || s->oom) {
     bool hard = s && s->too_hard;
-    irt_gstate_destroy(s);
+    gram_state_destroy(s);
     if (err && hard)
       *err = (irt_error){.status = IRT_INVALID_ARG,
                          .msg = "the grammar is too ambiguous: its start takes over 65536 "
@@ -314,7 +314,7 @@ irt_status irt_gstate_create(const irt_grammar *g, irt_gstate **out, irt_error *
   return IRT_OK;
 }
 
-void irt_gstate_destroy(irt_gstate *s) {
+void gram_state_destroy(gram_state *s) {
   if (!s) return;
   ga_free(&s->a[0]);
   ga_free(&s->a[1]);
@@ -326,7 +326,7 @@ void irt_gstate_destroy(irt_gstate *s) {
   free(s);
 }
 
-bool irt_gstate_advance(irt_gstate *s, const uint8_t *p, size_t n) {
+bool gram_state_advance(gram_state *s, const uint8_t *p, size_t n) {
   ga_reset(&s->tmp, (gmark){0});
   gset g = s->cur, next;
   for (size_t i = 0; i < n; i++, g = next)
@@ -345,14 +345,14 @@ bool irt_gstate_advance(irt_gstate *s, const uint8_t *p, size_t n) {
   return true;
 }
 
-bool irt_gstate_accepting(const irt_gstate *s) {
+bool gram_state_accepting(const gram_state *s) {
   if (s->cur.need) return false;
   for (int i = 0; i < s->cur.n; i++)
     if (!s->cur.v[i]) return true;
   return false;
 }
 
-bool irt_gstate_can_continue(const irt_gstate *s) {
+bool gram_state_can_continue(const gram_state *s) {
   for (int i = 0; i < s->cur.n; i++)
     if (s->cur.v[i]) return true;
   return false;
@@ -372,9 +372,9 @@ static int key_cmp(const void *x, const void *y) {
   return c ? c : a->len != b->len ? (a->len < b->len ? -1 : 1) : (a->id > b->id) - (a->id < b->id);
 }
 
-irt_gtrie *irt_gtrie_create(const irt_tokenizer *t) {
-  int32_t V = irt_tok_vocab_size(t);
-  irt_gtrie *g = calloc(1, sizeof *g);
+gram_trie *gram_trie_create(const irt_tokenizer *t) {
+  int32_t V = tok_vocab_size(t);
+  gram_trie *g = calloc(1, sizeof *g);
   tok_key *k = malloc((size_t)V * sizeof *k);
   if (g) {
     g->vocab = V;
@@ -386,14 +386,14 @@ irt_gtrie *irt_gtrie_create(const irt_tokenizer *t) {
   }
   if (!g || !k || !g->ord || !g->lcp || !g->bytes || !g->len || !g->eog) {
     free(k);
-    irt_gtrie_destroy(g);
+    gram_trie_destroy(g);
     return NULL;
   }
   for (int32_t id = 0; id < V; id++) {
     size_t n;
-    const uint8_t *p = irt_tok_piece(t, id, &n);
-    g->eog[id] = irt_tok_is_eog(t, id);
-    if (irt_tok_is_special(t, id) || g->eog[id] || n == 0 || n > 1024) continue;
+    const uint8_t *p = tok_piece(t, id, &n);
+    g->eog[id] = tok_is_eog(t, id);
+    if (tok_is_special(t, id) || g->eog[id] || n == 0 || n > 1024) continue;
     g->bytes[id] = p, g->len[id] = (uint16_t)n;
     k[g->n++] = (tok_key){p, (uint16_t)n, id};
     if ((int)n > g->max_len) g->max_len = (int)n;
@@ -409,7 +409,7 @@ irt_gtrie *irt_gtrie_create(const irt_tokenizer *t) {
   return g;
 }
 
-void irt_gtrie_destroy(irt_gtrie *t) {
+void gram_trie_destroy(gram_trie *t) {
   if (!t) return;
   free(t->ord);
   free(t->lcp);
@@ -419,7 +419,7 @@ void irt_gtrie_destroy(irt_gtrie *t) {
   free(t);
 }
 
-static bool grow_dep(irt_gstate *s, int need) {
+static bool grow_dep(gram_state *s, int need) {
   if (need <= s->cap_dep) return true;
   gset *d = realloc(s->dep, (size_t)need * sizeof *d);
   if (d) s->dep = d;
@@ -433,7 +433,7 @@ static bool grow_dep(irt_gstate *s, int need) {
 /* Walks the tokens in byte order, keeping the state after each byte of the current one:
  * a token redoes only the bytes after those it shares with the one before, and once a
  * prefix fails, every token that starts with it is skipped. */
-int64_t irt_grammar_mask(irt_gstate *s, const irt_gtrie *t, uint8_t *allowed) {
+int64_t gram_mask(gram_state *s, const gram_trie *t, uint8_t *allowed) {
   memset(allowed, 0, (size_t)t->vocab);
   if (!grow_dep(s, t->max_len + 1)) return 0;
   ga_reset(&s->tmp, (gmark){0});
@@ -461,15 +461,15 @@ int64_t irt_grammar_mask(irt_gstate *s, const irt_gtrie *t, uint8_t *allowed) {
     have = d;
     while (i + 1 < t->n && t->lcp[i + 1] > d) i++; /* they share the prefix that failed */
   }
-  if (irt_gstate_accepting(s))
+  if (gram_state_accepting(s))
     for (int32_t id = 0; id < t->vocab; id++)
       if (t->eog[id]) allowed[id] = 1, count++;
   return count;
 }
 
-bool irt_grammar_allows(irt_gstate *s, const irt_gtrie *t, int32_t id) {
+bool gram_allows(gram_state *s, const gram_trie *t, int32_t id) {
   if (id < 0 || id >= t->vocab) return false;
-  if (t->eog[id]) return irt_gstate_accepting(s);
+  if (t->eog[id]) return gram_state_accepting(s);
   if (!t->bytes[id]) return false;
   ga_reset(&s->tmp, (gmark){0});
   gset g = s->cur, next;
@@ -481,8 +481,8 @@ bool irt_grammar_allows(irt_gstate *s, const irt_gtrie *t, int32_t id) {
   return true;
 }
 
-bool irt_gstate_take(irt_gstate *s, const irt_gtrie *t, int32_t id) {
+bool gram_state_take(gram_state *s, const gram_trie *t, int32_t id) {
   if (id < 0 || id >= t->vocab) return false;
-  if (t->eog[id]) return irt_gstate_accepting(s);
-  return t->bytes[id] && irt_gstate_advance(s, t->bytes[id], t->len[id]);
+  if (t->eog[id]) return gram_state_accepting(s);
+  return t->bytes[id] && gram_state_advance(s, t->bytes[id], t->len[id]);
 }

@@ -2,12 +2,12 @@
  *
  * A pool of fixed-size blocks, each holding block_size consecutive positions of one
  * sequence for every layer. Layout per layer: k, v as (n_blocks, n_kv_heads, block_size,
- * head_dim) f32, or with IRT_KV_INT8 the same shape in int8 plus one f32 scale per (block,
+ * head_dim) f32, or with KV_INT8 the same shape in int8 plus one f32 scale per (block,
  * kv head, slot) in k_scale / v_scale (n_blocks, n_kv_heads, block_size): symmetric,
  * scale = max|x| / 127, so a token's cached values depend on that token alone. Blocks are
  * reference counted: sequences that share a prompt prefix
  * (parallel sampling, prefix-cache hits) hold the same blocks; a writer copies a shared
- * block first (copy-on-write, done by the caller with irt_kv_block_copy).
+ * block first (copy-on-write, done by the caller with kv_block_copy).
  *
  * Prefix cache: a full block may be registered under a chain hash of (parent block's
  * hash, its tokens, tenant). A later prompt with the same prefix and tenant finds it and
@@ -26,27 +26,27 @@
 
 #include "ir_status.h"
 
-typedef struct irt_kv_meta {
+typedef struct kv_meta {
   int32_t ref;
   bool cached;
   uint64_t hash, parent, tenant;
   int32_t lru_prev, lru_next; /* evictable list: ref == 0 && cached */
   int32_t hnext;              /* hash bucket chain */
-} irt_kv_meta;
+} kv_meta;
 
 /* Element type of the cached K and V. */
-typedef enum irt_kv_dtype_id { IRT_KV_F32 = 0, IRT_KV_INT8 = 1, IRT_KV_F16 = 2 } irt_kv_dtype_id;
+typedef enum kv_dtype_id { KV_F32 = 0, KV_INT8 = 1, KV_F16 = 2 } kv_dtype_id;
 
-typedef struct irt_kv_cache {
+typedef struct kv_cache {
   int64_t n_layers, n_kv_heads, head_dim, block_size, n_blocks;
-  irt_kv_dtype_id dtype;
-  float **k; /* (n_layers) pointers into one allocation with IRT_KV_F32, else NULL entries */
+  kv_dtype_id dtype;
+  float **k; /* (n_layers) pointers into one allocation with KV_F32, else NULL entries */
   float **v;
-  int8_t **k8, **v8;          /* (n_layers) with IRT_KV_INT8, else NULL entries */
-  uint16_t **k16, **v16;      /* (n_layers) with IRT_KV_F16, else NULL entries */
-  float **k_scale, **v_scale; /* (n_layers) with IRT_KV_INT8, else NULL entries */
+  int8_t **k8, **v8;          /* (n_layers) with KV_INT8, else NULL entries */
+  uint16_t **k16, **v16;      /* (n_layers) with KV_F16, else NULL entries */
+  float **k_scale, **v_scale; /* (n_layers) with KV_INT8, else NULL entries */
   void *storage;
-  irt_kv_meta *meta;  /* (n_blocks) */
+  kv_meta *meta;      /* (n_blocks) */
   int32_t *tokens;    /* (n_blocks, block_size) tokens of registered blocks */
   int32_t *free_list; /* stack of blocks with ref 0 that are not cached */
   int64_t n_free;
@@ -59,50 +59,47 @@ typedef struct irt_kv_cache {
    * NULL: memcpy). */
   void (*copy)(void *ctx, void *dst, const void *src, size_t bytes);
   void *copy_ctx;
-} irt_kv_cache;
+} kv_cache;
 
-typedef void *(*irt_kv_alloc_fn)(void *ctx, size_t bytes);
-typedef void (*irt_kv_free_fn)(void *ctx, void *p);
+typedef void *(*kv_alloc_fn)(void *ctx, size_t bytes);
+typedef void (*kv_free_fn)(void *ctx, void *p);
 
 /* Creates a pool of ceil(tokens / block_size) f32 blocks in memory from `alloc`. */
-ir_status irt_kv_cache_init(irt_kv_cache *kv, int64_t n_layers, int64_t n_kv_heads,
-                            int64_t head_dim, int64_t block_size, int64_t tokens,
-                            irt_kv_alloc_fn alloc, void *actx, ir_diag *d);
+ir_status kv_cache_init(kv_cache *kv, int64_t n_layers, int64_t n_kv_heads, int64_t head_dim,
+                        int64_t block_size, int64_t tokens, kv_alloc_fn alloc, void *actx,
+                        ir_diag *d);
 /* The same with the element type chosen. */
-ir_status irt_kv_cache_init_dtype(irt_kv_cache *kv, int64_t n_layers, int64_t n_kv_heads,
-                                  int64_t head_dim, int64_t block_size, int64_t tokens,
-                                  irt_kv_dtype_id dtype, irt_kv_alloc_fn alloc, void *actx,
-                                  ir_diag *d);
-void irt_kv_cache_release(irt_kv_cache *kv, irt_kv_free_fn free_fn, void *actx);
-uint64_t irt_kv_cache_bytes(const irt_kv_cache *kv);
+ir_status kv_cache_init_dtype(kv_cache *kv, int64_t n_layers, int64_t n_kv_heads, int64_t head_dim,
+                              int64_t block_size, int64_t tokens, kv_dtype_id dtype,
+                              kv_alloc_fn alloc, void *actx, ir_diag *d);
+void kv_cache_release(kv_cache *kv, kv_free_fn free_fn, void *actx);
+uint64_t kv_cache_bytes(const kv_cache *kv);
 /* Bytes one token takes over all layers (K and V, scales included). */
-uint64_t irt_kv_token_bytes(int64_t n_layers, int64_t n_kv_heads, int64_t head_dim,
-                            irt_kv_dtype_id dtype);
+uint64_t kv_token_bytes(int64_t n_layers, int64_t n_kv_heads, int64_t head_dim, kv_dtype_id dtype);
 
 /* A block with ref 1: a free one, else the least recently used cached one (which leaves
  * the prefix cache). -1 if every block is held. */
-int32_t irt_kv_block_alloc(irt_kv_cache *kv);
-void irt_kv_block_ref(irt_kv_cache *kv, int32_t block);
+int32_t kv_block_alloc(kv_cache *kv);
+void kv_block_ref(kv_cache *kv, int32_t block);
 /* Drops one reference; at zero a cached block becomes evictable, any other is freed. */
-void irt_kv_block_unref(irt_kv_cache *kv, int32_t block);
+void kv_block_unref(kv_cache *kv, int32_t block);
 /* Blocks an allocation could get now (free + evictable). */
-int64_t irt_kv_available(const irt_kv_cache *kv);
+int64_t kv_available(const kv_cache *kv);
 /* Blocks held by at least one sequence. */
-int64_t irt_kv_in_use(const irt_kv_cache *kv);
+int64_t kv_in_use(const kv_cache *kv);
 /* Copies block src's K and V (all layers) into dst (through kv->copy when set). */
-void irt_kv_block_copy(irt_kv_cache *kv, int32_t src, int32_t dst);
+void kv_block_copy(kv_cache *kv, int32_t src, int32_t dst);
 
 /* The chain hash of a full block: parent hash (0 for the first block), its block_size
  * tokens, and the tenant hash. */
-uint64_t irt_kv_chain_hash(uint64_t parent, const int32_t *tokens, int64_t n, uint64_t tenant);
+uint64_t kv_chain_hash(uint64_t parent, const int32_t *tokens, int64_t n, uint64_t tenant);
 /* Registers a full, held block under its chain hash (no-op if an equal block is already
  * registered, or if this one is). */
-void irt_kv_block_register(irt_kv_cache *kv, int32_t block, uint64_t parent, const int32_t *tokens,
-                           uint64_t tenant);
+void kv_block_register(kv_cache *kv, int32_t block, uint64_t parent, const int32_t *tokens,
+                       uint64_t tenant);
 /* The registered block for (parent, tokens, tenant), with a reference taken; -1 if none. */
-int32_t irt_kv_prefix_lookup(irt_kv_cache *kv, uint64_t parent, const int32_t *tokens,
-                             uint64_t tenant);
+int32_t kv_prefix_lookup(kv_cache *kv, uint64_t parent, const int32_t *tokens, uint64_t tenant);
 /* The chain hash a registered block was stored under (0 if it is not registered). */
-uint64_t irt_kv_block_hash(const irt_kv_cache *kv, int32_t block);
+uint64_t kv_block_hash(const kv_cache *kv, int32_t block);
 
 #endif

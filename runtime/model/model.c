@@ -15,8 +15,8 @@ irt_status irt_plan_verify(const char *plan_path, irt_error *err) {
   ir_plan *p = NULL;
   ir_status st = ir_plan_open(plan_path, IR_PLAN_VERIFY_ALL, &p, &d);
   ir_plan_close(p);
-  if (st != IR_OK) irt_error_from_diag(err, &d);
-  return irt_status_from_ir(st);
+  if (st != IR_OK) rt_error_from_diag(err, &d);
+  return rt_status_from_ir(st);
 }
 
 static int32_t find_io(const ir_graph *g, const char *name, ir_diag *d) {
@@ -31,7 +31,7 @@ static ir_status open_backend(irt_model *m, const irt_model_opts *o, ir_diag *d)
   const char *target = ir_plan_target(m->plan) ? ir_plan_target(m->plan) : "cpu";
   bool cuda_plan = !strcmp(target, "cuda") && ir_plan_n_kernels(m->plan) > 0;
   if (!strcmp(dev, "auto")) dev = cuda_plan ? "cuda" : "cpu";
-  if (!strcmp(dev, "cpu")) return irt_backend_cpu_create(o->n_threads, &m->be, d);
+  if (!strcmp(dev, "cpu")) return backend_cpu_create(o->n_threads, &m->be, d);
   if (strcmp(dev, "cuda"))
     return ir_diag_set(d, IR_INVALID_ARG, "device '%s': expected cpu, cuda or auto", dev);
   if (!cuda_plan)
@@ -98,13 +98,13 @@ static ir_status setup_io(irt_model *m, ir_diag *d) {
 
 /* A device backend's KV pool gets one block more, held for good: decode steps padded to
  * a graph's batch bucket write their padding tokens there. */
-static ir_status setup_device_kv(irt_model *m, int64_t tokens, irt_kv_dtype_id dtype, ir_diag *d) {
+static ir_status setup_device_kv(irt_model *m, int64_t tokens, kv_dtype_id dtype, ir_diag *d) {
   const ir_model_config *c = &m->g->config;
   m->h_tokens = calloc((size_t)c->max_tokens, sizeof(int32_t));
   m->h_rows = calloc((size_t)c->max_logits, sizeof(int32_t));
   m->h_pick = calloc((size_t)c->max_logits, sizeof *m->h_pick);
   m->h_pick_res = calloc((size_t)c->max_logits, sizeof *m->h_pick_res);
-  m->h_pick_top = calloc((size_t)c->max_logits * IRT_PICK_TOP, sizeof *m->h_pick_top);
+  m->h_pick_top = calloc((size_t)c->max_logits * PICK_TOP, sizeof *m->h_pick_top);
   m->h_row = calloc((size_t)c->vocab_size, sizeof(float));
   if (!m->h_tokens || !m->h_rows || !m->h_pick || !m->h_pick_res || !m->h_pick_top || !m->h_row)
     return ir_diag_set(d, IR_OOM, "out of memory");
@@ -112,12 +112,12 @@ static ir_status setup_device_kv(irt_model *m, int64_t tokens, irt_kv_dtype_id d
   m->dev_pick = m->be.ops->pick && m->be.ops->pick(m->be.ctx, NULL, c->vocab_size, 0, NULL, NULL,
                                                    NULL, NULL, NULL, &probe) == IR_OK;
   ir_status st =
-      irt_kv_cache_init_dtype(&m->kv, c->n_layers, c->n_kv_heads, c->head_dim, c->kv_block_size,
-                              tokens + c->kv_block_size, dtype, m->be.ops->alloc, m->be.ctx, d);
+      kv_cache_init_dtype(&m->kv, c->n_layers, c->n_kv_heads, c->head_dim, c->kv_block_size,
+                          tokens + c->kv_block_size, dtype, m->be.ops->alloc, m->be.ctx, d);
   if (st == IR_OOM && m->be.ops->mem_info) {
     uint64_t fr = 0, tot = 0,
              want = (uint64_t)(tokens + c->kv_block_size) *
-                    irt_kv_token_bytes(c->n_layers, c->n_kv_heads, c->head_dim, dtype);
+                    kv_token_bytes(c->n_layers, c->n_kv_heads, c->head_dim, dtype);
     m->be.ops->mem_info(m->be.ctx, &fr, &tot);
     *d = (ir_diag){0};
     return ir_diag_set(d, IR_OOM,
@@ -127,7 +127,7 @@ static ir_status setup_device_kv(irt_model *m, int64_t tokens, irt_kv_dtype_id d
                        (double)tot / 1048576.0);
   }
   if (st != IR_OK) return st;
-  m->pad_block = irt_kv_block_alloc(&m->kv);
+  m->pad_block = kv_block_alloc(&m->kv);
   m->kv.copy = m->be.ops->copy;
   m->kv.copy_ctx = m->be.ctx;
   return IR_OK;
@@ -144,15 +144,13 @@ static ir_status setup_kv(irt_model *m, const irt_model_opts *o, ir_diag *d) {
   if (!m->tok_seq || !m->tok_pos || !m->block_tables)
     return ir_diag_set(d, IR_OOM, "out of memory");
   /* a device backend has refused a KV dtype it cannot keep when it was created */
-  if (m->be.ops->run_step) return setup_device_kv(m, tokens, (irt_kv_dtype_id)o->kv_dtype, d);
-  return irt_kv_cache_init_dtype(&m->kv, c->n_layers, c->n_kv_heads, c->head_dim, c->kv_block_size,
-                                 tokens, (irt_kv_dtype_id)o->kv_dtype, m->be.ops->alloc, m->be.ctx,
-                                 d);
+  if (m->be.ops->run_step) return setup_device_kv(m, tokens, (kv_dtype_id)o->kv_dtype, d);
+  return kv_cache_init_dtype(&m->kv, c->n_layers, c->n_kv_heads, c->head_dim, c->kv_block_size,
+                             tokens, (kv_dtype_id)o->kv_dtype, m->be.ops->alloc, m->be.ctx, d);
 }
 
-_Static_assert((int)IRT_KV_DTYPE_F32 == (int)IRT_KV_F32 &&
-                   (int)IRT_KV_DTYPE_INT8 == (int)IRT_KV_INT8 &&
-                   (int)IRT_KV_DTYPE_F16 == (int)IRT_KV_F16,
+_Static_assert((int)IRT_KV_DTYPE_F32 == (int)KV_F32 && (int)IRT_KV_DTYPE_INT8 == (int)KV_INT8 &&
+                   (int)IRT_KV_DTYPE_F16 == (int)KV_F16,
                "public and internal KV dtype values agree");
 
 bool irt_kv_dtype_parse(const char *s, irt_kv_dtype *out) {
@@ -173,7 +171,7 @@ const char *irt_kv_dtype_name(irt_kv_dtype t) {
 
 uint64_t irt_model_kv_token_bytes(const irt_model *m, irt_kv_dtype t) {
   const ir_model_config *c = &m->g->config;
-  return irt_kv_token_bytes(c->n_layers, c->n_kv_heads, c->head_dim, (irt_kv_dtype_id)t);
+  return kv_token_bytes(c->n_layers, c->n_kv_heads, c->head_dim, (kv_dtype_id)t);
 }
 
 static void fill_info(irt_model *m) {
@@ -193,7 +191,7 @@ static void fill_info(irt_model *m) {
                              .max_step_logits = c->max_logits,
                              .weight_bytes = wb,
                              .arena_bytes = m->g->arena_size,
-                             .kv_bytes = irt_kv_cache_bytes(&m->kv),
+                             .kv_bytes = kv_cache_bytes(&m->kv),
                              .kv_tokens = m->kv.n_blocks * m->kv.block_size,
                              .kv_dtype = irt_kv_dtype_name((irt_kv_dtype)m->kv.dtype),
                              .device = m->be.ops->name,
@@ -214,7 +212,7 @@ static irt_status warm_up(irt_model *m, irt_error *err) {
   if (n_b > 0) memcpy(bucket, c->decode_buckets, (size_t)n_b * sizeof *bucket);
   else n_b = ir_default_decode_buckets(c, bucket);
   int64_t most = m->info.max_step_tokens, nseq = n_b ? bucket[n_b - 1] : 1;
-  int64_t room = irt_kv_available(&m->kv) * m->kv.block_size;
+  int64_t room = kv_available(&m->kv) * m->kv.block_size;
   if (most > room) most = room;
   if (most > m->info.context_length - 1) most = m->info.context_length - 1;
   irt_sampling greedy = irt_sampling_default();
@@ -235,7 +233,7 @@ static irt_status warm_up(irt_model *m, irt_error *err) {
   }
   for (int64_t b = 0; st == IRT_OK && b < n_b; b++) {
     int64_t n = bucket[b];
-    if (n * ((2 + m->kv.block_size - 1) / m->kv.block_size) > irt_kv_available(&m->kv)) continue;
+    if (n * ((2 + m->kv.block_size - 1) / m->kv.block_size) > kv_available(&m->kv)) continue;
     for (int64_t i = 0; st == IRT_OK && i < n; i++) {
       st = irt_seq_create(m, &s[i], err);
       pk[i].sampler = smp;
@@ -269,13 +267,13 @@ irt_status irt_model_open(const char *path, const irt_model_opts *opts, irt_mode
   if (st == IR_OK) st = setup_io(m, &d);
   if (st == IR_OK) st = bind_tensors(m, &d);
   if (st == IR_OK) st = setup_kv(m, &o, &d);
-  if (st == IR_OK) st = irt_plan_tokenizer_load(m->plan, &m->tok, &d);
+  if (st == IR_OK) st = model_plan_tokenizer(m->plan, &m->tok, &d);
   if (st == IR_OK && !(m->h_pen = malloc((size_t)m->g->config.vocab_size * sizeof(float))))
     st = ir_diag_set(&d, IR_OOM, "out of memory");
   if (st != IR_OK) {
-    irt_error_from_diag(err, &d);
+    rt_error_from_diag(err, &d);
     irt_model_close(m);
-    return irt_status_from_ir(st);
+    return rt_status_from_ir(st);
   }
   fill_info(m);
   irt_status ws = m->be.ops->run_step ? warm_up(m, err) : IRT_OK;
@@ -290,13 +288,13 @@ irt_status irt_model_open(const char *path, const irt_model_opts *opts, irt_mode
 void irt_model_close(irt_model *m) {
   if (!m) return;
   if (m->be.ops) {
-    irt_kv_cache_release(&m->kv, m->be.ops->free, m->be.ctx);
+    kv_cache_release(&m->kv, m->be.ops->free, m->be.ctx);
     if (m->arena) m->be.ops->free(m->be.ctx, m->arena);
     for (int32_t i = 0; m->be.ops->upload && m->ptrs && i < m->g->n_tensors; i++)
       if (m->g->tensors[i].kind == IR_TENSOR_WEIGHT && m->ptrs[i])
         m->be.ops->free(m->be.ctx, m->ptrs[i]);
   }
-  irt_backend_destroy(&m->be);
+  backend_destroy(&m->be);
   free(m->ptrs);
   free(m->tok_seq);
   free(m->tok_pos);
@@ -310,7 +308,7 @@ void irt_model_close(irt_model *m) {
   free(m->h_pen);
   free(m->h_pen_ids);
   free(m->h_pen_sub);
-  irt_tok_destroy(m->tok);
+  tok_destroy(m->tok);
   ir_plan_close(m->plan);
   free(m);
 }
@@ -319,22 +317,22 @@ const irt_model_info *irt_model_get_info(const irt_model *m) { return &m->info; 
 
 const irt_tokenizer *irt_model_get_tokenizer(const irt_model *m) { return m->tok; }
 
-ir_status irt_plan_tokenizer_load(const ir_plan *p, irt_tokenizer **out, ir_diag *d) {
+ir_status model_plan_tokenizer(const ir_plan *p, irt_tokenizer **out, ir_diag *d) {
   size_t n = 0;
   const uint8_t *buf = ir_plan_tokenizer(p, &n);
   *out = NULL;
   if (!buf) return IR_OK;
-  ir_status st = irt_tok_deserialize(buf, n, out, d);
+  ir_status st = tok_deserialize(buf, n, out, d);
   /* grammar masks and logit rows are sized by the model's vocabulary: a tokenizer with more
    * tokens than the logits have rows would index past them (the compiler refuses one; a plan
    * from elsewhere is checked again) */
   int64_t vocab = ir_plan_graph(p)->config.vocab_size;
-  if (st == IR_OK && vocab > 0 && irt_tok_vocab_size(*out) > vocab) {
+  if (st == IR_OK && vocab > 0 && tok_vocab_size(*out) > vocab) {
     st = ir_diag_set(d, IR_BAD_FORMAT,
                      "it has %d tokens but the model's vocabulary has %lld "
                      "rows",
-                     irt_tok_vocab_size(*out), (long long)vocab);
-    irt_tok_destroy(*out);
+                     tok_vocab_size(*out), (long long)vocab);
+    tok_destroy(*out);
     *out = NULL;
   }
   if (st != IR_OK) ir_diag_prefix(d, "plan tokenizer");

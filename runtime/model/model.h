@@ -12,10 +12,10 @@
 struct irt_model {
   ir_plan *plan;
   const ir_graph *g;
-  irt_backend be;
+  rt_backend be;
   void *arena;
   void **ptrs; /* (n_tensors) address of every tensor */
-  irt_kv_cache kv;
+  kv_cache kv;
   irt_model_info info;
   int32_t in_tokens, in_positions, in_logit_rows, out_logits; /* tensor indices */
   int64_t max_blocks; /* blocks one sequence may hold: ceil(context / block_size) */
@@ -27,12 +27,12 @@ struct irt_model {
   int32_t pad_block;
   /* picks: on the device (dev_pick: the backend has the kernel), else through h_row */
   bool dev_pick;
-  irt_pick_req *h_pick;     /* (max_logits) */
-  irt_pick_res *h_pick_res; /* (max_logits) */
-  irt_pick_res *h_pick_top; /* (max_logits, IRT_PICK_TOP) */
-  float *h_row;             /* (vocab) */
-  float *h_pen;             /* (vocab) a host pick's row with its penalties */
-  int32_t *h_pen_ids;       /* (pen_cap) the step's penalties for the device */
+  pick_req *h_pick;     /* (max_logits) */
+  pick_res *h_pick_res; /* (max_logits) */
+  pick_res *h_pick_top; /* (max_logits, PICK_TOP) */
+  float *h_row;         /* (vocab) */
+  float *h_pen;         /* (vocab) a host pick's row with its penalties */
+  int32_t *h_pen_ids;   /* (pen_cap) the step's penalties for the device */
   float *h_pen_sub;
   int pen_cap;
   irt_tokenizer *tok; /* from the plan, or NULL */
@@ -46,13 +46,13 @@ struct irt_seq {
 };
 
 /* The internal status as the public one (status.c: the only conversion). */
-irt_status irt_status_from_ir(ir_status s);
+irt_status rt_status_from_ir(ir_status s);
 /* Fills err (if non-NULL) from d; returns d's status as the public one. */
-irt_status irt_error_from_diag(irt_error *err, const ir_diag *d);
+irt_status rt_error_from_diag(irt_error *err, const ir_diag *d);
 /* A pick on the host (step.c): the sampler's own function on the row less the penalties,
  * the logprob and alternatives of the row itself. The engine's rows go through it too. */
-void irt_pick_row(irt_model *m, irt_pick *p, const float *row);
+void pick_row(irt_model *m, irt_pick *p, const float *row);
 /* The tokenizer stored in a plan (*out NULL if none). */
-ir_status irt_plan_tokenizer_load(const ir_plan *p, irt_tokenizer **out, ir_diag *d);
+ir_status model_plan_tokenizer(const ir_plan *p, irt_tokenizer **out, ir_diag *d);
 
 #endif

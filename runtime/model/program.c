@@ -21,7 +21,7 @@ _Static_assert(IRT_MAX_RANK >= IR_MAX_RANK, "public rank limit covers the IR's")
 struct irt_program {
   ir_plan *plan;
   const ir_graph *g;
-  irt_backend be;
+  rt_backend be;
   void *arena;
   void **ptrs;  /* (n_tensors) */
   void **inbuf; /* (n_inputs) */
@@ -85,15 +85,15 @@ irt_status irt_program_open(const char *plan_path, const irt_model_opts *opts, i
   if (st == IR_OK) {
     p->g = ir_plan_graph(p->plan);
     st = check_program(p->g, &d);
-    if (st == IR_OK) st = irt_backend_cpu_create(o.n_threads, &p->be, &d);
+    if (st == IR_OK) st = backend_cpu_create(o.n_threads, &p->be, &d);
     if (st == IR_OK) st = p->be.ops->check(p->be.ctx, p->g, &d);
     if (st == IR_OK) st = bind(p, &d);
     if (st != IR_OK) ir_diag_prefix(&d, "%s", plan_path); /* ir_plan_open names it itself */
   }
   if (st != IR_OK) {
-    irt_error_from_diag(err, &d);
+    rt_error_from_diag(err, &d);
     irt_program_close(p);
-    return irt_status_from_ir(st);
+    return rt_status_from_ir(st);
   }
   *out = p;
   return IRT_OK;
@@ -106,7 +106,7 @@ void irt_program_close(irt_program *p) {
       if (p->inbuf[i]) p->be.ops->free(p->be.ctx, p->inbuf[i]);
     if (p->arena) p->be.ops->free(p->be.ctx, p->arena);
   }
-  irt_backend_destroy(&p->be);
+  backend_destroy(&p->be);
   free(p->inbuf);
   free(p->ptrs);
   ir_plan_close(p->plan);
@@ -162,8 +162,8 @@ irt_status irt_program_set_input(irt_program *p, int i, const void *data, uint64
     ir_diag_set(&d, IR_INVALID_ARG, "input '%s' takes %llu bytes, got %llu", in.name,
                 (unsigned long long)in.nbytes, (unsigned long long)nbytes);
   if (d.status != IR_OK) {
-    irt_error_from_diag(err, &d);
-    return irt_status_from_ir(d.status);
+    rt_error_from_diag(err, &d);
+    return rt_status_from_ir(d.status);
   }
   if (nbytes) memcpy(p->inbuf[i], data, nbytes);
   return IRT_OK;
@@ -171,12 +171,12 @@ irt_status irt_program_set_input(irt_program *p, int i, const void *data, uint64
 
 irt_status irt_program_run(irt_program *p, irt_error *err) {
   ir_diag d = {0};
-  irt_step step = {.syms = {0}};
+  model_step step = {.syms = {0}};
   for (int32_t i = 0; i < p->g->n_nodes; i++)
     if (p->be.ops->run_node(p->be.ctx, p->g, i, p->ptrs, &step, &d) != IR_OK) {
-      irt_error_from_diag(err, &d);
+      rt_error_from_diag(err, &d);
       p->ran = false;
-      return irt_status_from_ir(d.status);
+      return rt_status_from_ir(d.status);
     }
   p->ran = true;
   return IRT_OK;
@@ -197,7 +197,7 @@ irt_status irt_tensor_file_load(const char *path, irt_tensor_file *out, irt_erro
   ir_diag d = {0};
   fmt_onnx_tensor t;
   memset(out, 0, sizeof *out);
-  if (fmt_onnx_tensor_load(path, &t, &d) != IR_OK) return irt_error_from_diag(err, &d);
+  if (fmt_onnx_tensor_load(path, &t, &d) != IR_OK) return rt_error_from_diag(err, &d);
   out->info.name = t.name;
   out->info.dtype = (irt_dtype)t.dtype;
   out->info.rank = t.rank;
@@ -219,6 +219,6 @@ irt_status irt_tensor_file_save(const char *path, const irt_tensor_info *info, c
   ir_diag d = {0};
   if (fmt_onnx_tensor_save(path, info->name ? info->name : "", (ir_dtype)info->dtype, false,
                            info->rank, info->shape, data, &d) != IR_OK)
-    return irt_error_from_diag(err, &d);
+    return rt_error_from_diag(err, &d);
   return IRT_OK;
 }

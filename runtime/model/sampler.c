@@ -12,7 +12,7 @@
  * w is 1) such a w changes no bit of it, so it can never be chosen and is dropped before
  * the sort; the rest are ordered by a stable radix sort on the logit's bits. The CUDA
  * backend's kn_pick (kernels/cuda/sampling.cu) computes this function on the device with
- * the draw from irt_sampler_draw. */
+ * the draw from sampler_draw. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -132,12 +132,12 @@ static int64_t prefilter_top_k(irt_sampler *s, cand *c, int64_t n, int64_t k) {
   return m;
 }
 
-const irt_sampling *irt_sampler_params(const irt_sampler *s) { return &s->p; }
+const irt_sampling *sampler_params(const irt_sampler *s) { return &s->p; }
 
-double irt_sampler_draw(irt_sampler *s) { return next_unit(s); }
+double sampler_draw(irt_sampler *s) { return next_unit(s); }
 
 /* splitmix64 steps its state by a constant: draw `ahead` is that many steps further. */
-double irt_sampler_peek(const irt_sampler *s, int64_t ahead) {
+double sampler_peek(const irt_sampler *s, int64_t ahead) {
   irt_sampler t = {.state = s->state + (uint64_t)ahead * 0x9e3779b97f4a7c15ull};
   return next_unit(&t);
 }
@@ -146,17 +146,17 @@ void irt_sampler_skip(irt_sampler *s, int64_t n) {
   if (s->p.temperature > 0.0f && n > 0) s->state += (uint64_t)n * 0x9e3779b97f4a7c15ull;
 }
 
-double irt_pick_draw(irt_pick *p) {
+double pick_draw(irt_pick *p) {
   if (p->sampler->p.temperature <= 0.0f) return 0.0;
-  return p->draw > 0 ? irt_sampler_peek(p->sampler, p->draw - 1) : irt_sampler_draw(p->sampler);
+  return p->draw > 0 ? sampler_peek(p->sampler, p->draw - 1) : sampler_draw(p->sampler);
 }
 
 int32_t irt_sampler_sample(irt_sampler *s, const float *logits) {
   if (s->p.temperature <= 0.0f) return argmax(logits, s->vocab);
-  return irt_sampler_sample_u(s, logits, next_unit(s));
+  return sampler_sample_u(s, logits, next_unit(s));
 }
 
-int32_t irt_sampler_sample_u(irt_sampler *s, const float *logits, double u) {
+int32_t sampler_sample_u(irt_sampler *s, const float *logits, double u) {
   if (s->p.temperature <= 0.0f) return argmax(logits, s->vocab);
   double inv_t = 1.0 / s->p.temperature, max = logits[argmax(logits, s->vocab)];
   int64_t n = 0;
@@ -191,7 +191,8 @@ int32_t irt_sampler_sample_u(irt_sampler *s, const float *logits, double u) {
   return c[n - 1].id;
 }
 
-void irt_top_logprobs(const float *lg, int64_t vocab, double lse, int k, int32_t *ids, float *lps) {
+void sampler_top_logprobs(const float *lg, int64_t vocab, double lse, int k, int32_t *ids,
+                          float *lps) {
   int n = 0;
   if (k > vocab) k = (int)vocab;
   for (int64_t v = 0; v < vocab && k > 0; v++) {

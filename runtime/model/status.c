@@ -20,14 +20,14 @@ SAME(IR_BUSY, IRT_BUSY);
 SAME(IR_STATUS_COUNT, IRT_STATUS_COUNT);
 #undef SAME
 
-irt_status irt_status_from_ir(ir_status s) {
+irt_status rt_status_from_ir(ir_status s) {
   return s >= IR_OK && s < IR_STATUS_COUNT ? (irt_status)s : IRT_INVALID_ARG;
 }
 
 const char *irt_status_name(irt_status s) { return ir_status_name((ir_status)s); }
 
-irt_status irt_error_from_diag(irt_error *err, const ir_diag *d) {
-  irt_status st = irt_status_from_ir(d->status);
+irt_status rt_error_from_diag(irt_error *err, const ir_diag *d) {
+  irt_status st = rt_status_from_ir(d->status);
   if (err) {
     err->status = st;
     snprintf(err->msg, sizeof err->msg, "%s", d->msg);
@@ -40,7 +40,7 @@ FILE *irt_file_open(const char *path, irt_error *err) {
   FILE *f = ir_file_fopen(path, &d);
   if (!f) {
     ir_diag_prefix(&d, "%s", path);
-    irt_error_from_diag(err, &d);
+    rt_error_from_diag(err, &d);
   }
   return f;
 }

@@ -28,7 +28,7 @@ static int64_t picks_of(const irt_batch_item *it) {
 }
 
 /* The step's logits row (counted from the item's first) that pick k of an item reads. */
-static int64_t pick_row(const irt_batch_item *it, int64_t k) { return it->all_logits ? k : 0; }
+static int64_t item_row(const irt_batch_item *it, int64_t k) { return it->all_logits ? k : 0; }
 
 static irt_status check_batch(irt_model *m, const irt_batch_item *items, int n_items,
                               irt_error *err) {
@@ -90,20 +90,20 @@ static irt_status reserve_blocks(irt_model *m, const irt_batch_item *items, int 
     int64_t want = (items[i].seq->len + items[i].n + bs - 1) / bs;
     need += want - items[i].seq->n_blocks;
   }
-  if (need > irt_kv_available(&m->kv))
+  if (need > kv_available(&m->kv))
     return fail(err, IRT_OOM, "KV cache full: step needs %lld blocks, %lld are free", need,
-                irt_kv_available(&m->kv));
+                kv_available(&m->kv));
   for (int i = 0; i < n_items; i++) {
     irt_seq *s = items[i].seq;
     int64_t want = (s->len + items[i].n + bs - 1) / bs;
-    while (s->n_blocks < want) s->blocks[s->n_blocks++] = irt_kv_block_alloc(&m->kv);
+    while (s->n_blocks < want) s->blocks[s->n_blocks++] = kv_block_alloc(&m->kv);
   }
   return IRT_OK;
 }
 
 /* Fills the step descriptor and the tokens / positions / logit_rows inputs (in host
  * copies that the backend uploads, when its memory is a device's). */
-static void fill_step(irt_model *m, const irt_batch_item *items, int n_items, irt_step *st) {
+static void fill_step(irt_model *m, const irt_batch_item *items, int n_items, model_step *st) {
   bool dev = m->be.ops->run_step != NULL;
   int32_t *tok = dev ? m->h_tokens : m->ptrs[m->in_tokens];
   int32_t *pos = dev ? m->tok_pos : m->ptrs[m->in_positions];
@@ -122,20 +122,20 @@ static void fill_step(irt_model *m, const irt_batch_item *items, int n_items, ir
       if (k >= it->n - r) rows[l++] = (int32_t)t;
     }
   }
-  *st = (irt_step){.syms = {[IR_SYM_TOKENS] = t, [IR_SYM_SEQS] = n_items, [IR_SYM_LOGITS] = l},
-                   .tok_seq = m->tok_seq,
-                   .tok_pos = m->tok_pos,
-                   .block_tables = m->block_tables,
-                   .max_blocks = m->max_blocks,
-                   .kv = &m->kv,
-                   .tokens = tok,
-                   .logit_rows = rows,
-                   .pad_block = m->pad_block};
+  *st = (model_step){.syms = {[IR_SYM_TOKENS] = t, [IR_SYM_SEQS] = n_items, [IR_SYM_LOGITS] = l},
+                     .tok_seq = m->tok_seq,
+                     .tok_pos = m->tok_pos,
+                     .block_tables = m->block_tables,
+                     .max_blocks = m->max_blocks,
+                     .kv = &m->kv,
+                     .tokens = tok,
+                     .logit_rows = rows,
+                     .pad_block = m->pad_block};
 }
 
-_Static_assert(IRT_PICK_TOP == IRT_MAX_TOP_LOGPROBS, "a pick reports every alternative asked");
+_Static_assert(PICK_TOP == IRT_MAX_TOP_LOGPROBS, "a pick reports every alternative asked");
 
-void irt_pick_row(irt_model *m, irt_pick *p, const float *row) {
+void pick_row(irt_model *m, irt_pick *p, const float *row) {
   double lse = kn_log_sum_exp(row, m->info.vocab_size);
   const float *seen = row;
   if (p->n_pen > 0) { /* the sampler's row, with the penalties */
@@ -143,10 +143,10 @@ void irt_pick_row(irt_model *m, irt_pick *p, const float *row) {
     for (int j = 0; j < p->n_pen; j++) m->h_pen[p->pen_ids[j]] -= p->pen_sub[j];
     seen = m->h_pen;
   }
-  p->token = irt_sampler_sample_u(p->sampler, seen, irt_pick_draw(p));
+  p->token = sampler_sample_u(p->sampler, seen, pick_draw(p));
   p->logprob = (float)((double)row[p->token] - lse);
   if (p->n_top > 0)
-    irt_top_logprobs(row, m->info.vocab_size, lse, p->n_top, p->top_ids, p->top_logprobs);
+    sampler_top_logprobs(row, m->info.vocab_size, lse, p->n_top, p->top_ids, p->top_logprobs);
 }
 
 static void copy_logits(irt_model *m, const irt_batch_item *items, int n_items) {
@@ -155,7 +155,7 @@ static void copy_logits(irt_model *m, const irt_batch_item *items, int n_items) 
   for (int i = 0; i < n_items; i++) {
     int64_t r = logit_rows_of(&items[i]);
     for (int64_t k = 0; k < picks_of(&items[i]); k++)
-      irt_pick_row(m, &items[i].pick[k], lg + pick_row(&items[i], k) * V);
+      pick_row(m, &items[i].pick[k], lg + item_row(&items[i], k) * V);
     if (items[i].logits) memcpy(items[i].logits, lg, (size_t)r * V * sizeof(float));
     lg += (size_t)r * V;
   }
@@ -175,18 +175,18 @@ static ir_status grow_pen(irt_model *m, int need, ir_diag *d) {
 }
 
 /* One pick's request for the device kernel: row `row`, penalties from n_pen on. */
-static irt_pick_req pick_req(irt_pick *p, int64_t row, int n_pen) {
-  const irt_sampling *sp = irt_sampler_params(p->sampler);
-  int n_top = p->n_top < 0 ? 0 : p->n_top > IRT_PICK_TOP ? IRT_PICK_TOP : p->n_top;
-  return (irt_pick_req){.temperature = sp->temperature,
-                        .top_p = sp->top_p,
-                        .top_k = sp->top_k,
-                        .min_p = sp->min_p,
-                        .row = (int32_t)row,
-                        .u = irt_pick_draw(p),
-                        .n_top = n_top,
-                        .n_pen = p->n_pen > 0 ? p->n_pen : 0,
-                        .pen_off = n_pen};
+static pick_req make_pick_req(irt_pick *p, int64_t row, int n_pen) {
+  const irt_sampling *sp = sampler_params(p->sampler);
+  int n_top = p->n_top < 0 ? 0 : p->n_top > PICK_TOP ? PICK_TOP : p->n_top;
+  return (pick_req){.temperature = sp->temperature,
+                    .top_p = sp->top_p,
+                    .top_k = sp->top_k,
+                    .min_p = sp->min_p,
+                    .row = (int32_t)row,
+                    .u = pick_draw(p),
+                    .n_top = n_top,
+                    .n_pen = p->n_pen > 0 ? p->n_pen : 0,
+                    .pen_off = n_pen};
 }
 
 /* Device backends: the picks, on the device when it can (one launch, and only tokens and
@@ -202,9 +202,9 @@ static ir_status pick_device(irt_model *m, const irt_batch_item *items, int n_it
     for (int64_t j = 0; j < picks_of(&items[i]) && st == IR_OK; j++) {
       irt_pick *p = &items[i].pick[j];
       if (!m->dev_pick) { /* a plan built before the device kernel */
-        st = m->be.ops->read(m->be.ctx, m->h_row, lg + (size_t)(at + pick_row(&items[i], j)) * row,
+        st = m->be.ops->read(m->be.ctx, m->h_row, lg + (size_t)(at + item_row(&items[i], j)) * row,
                              row, d);
-        if (st == IR_OK) irt_pick_row(m, p, m->h_row);
+        if (st == IR_OK) pick_row(m, p, m->h_row);
         *waited = true;
         continue;
       }
@@ -214,7 +214,7 @@ static ir_status pick_device(irt_model *m, const irt_batch_item *items, int n_it
         memcpy(m->h_pen_ids + n_pen, p->pen_ids, (size_t)np * sizeof *p->pen_ids);
         memcpy(m->h_pen_sub + n_pen, p->pen_sub, (size_t)np * sizeof *p->pen_sub);
       }
-      m->h_pick[n++] = pick_req(p, at + pick_row(&items[i], j), n_pen);
+      m->h_pick[n++] = make_pick_req(p, at + item_row(&items[i], j), n_pen);
       n_pen += np;
     }
   if (st != IR_OK || n == 0) return st;
@@ -227,8 +227,8 @@ static ir_status pick_device(irt_model *m, const irt_batch_item *items, int n_it
       p->token = m->h_pick_res[k].token;
       p->logprob = m->h_pick_res[k].logprob;
       for (int t = 0; t < m->h_pick[k].n_top; t++) {
-        p->top_ids[t] = m->h_pick_top[k * IRT_PICK_TOP + t].token;
-        p->top_logprobs[t] = m->h_pick_top[k * IRT_PICK_TOP + t].logprob;
+        p->top_ids[t] = m->h_pick_top[k * PICK_TOP + t].token;
+        p->top_logprobs[t] = m->h_pick_top[k * PICK_TOP + t].logprob;
       }
     }
   return st;
@@ -268,7 +268,7 @@ irt_status irt_decode_batch(irt_model *m, const irt_batch_item *items, int n_ite
   irt_status st = check_batch(m, items, n_items, err);
   if (st == IRT_OK) st = reserve_blocks(m, items, n_items, err);
   if (st != IRT_OK) return st;
-  irt_step step;
+  model_step step;
   fill_step(m, items, n_items, &step);
   ir_diag d = {0};
   if (m->be.ops->run_step) {
@@ -276,14 +276,14 @@ irt_status irt_decode_batch(irt_model *m, const irt_batch_item *items, int n_ite
     if (m->be.ops->run_step(m->be.ctx, m->g, m->ptrs, &step, &d) != IR_OK ||
         pick_device(m, items, n_items, &waited, &d) != IR_OK ||
         read_logits(m, items, n_items, waited, &d) != IR_OK) {
-      irt_error_from_diag(err, &d);
-      return irt_status_from_ir(d.status);
+      rt_error_from_diag(err, &d);
+      return rt_status_from_ir(d.status);
     }
   } else {
     for (int32_t i = 0; i < m->g->n_nodes; i++)
       if (m->be.ops->run_node(m->be.ctx, m->g, i, m->ptrs, &step, &d) != IR_OK) {
-        irt_error_from_diag(err, &d);
-        return irt_status_from_ir(d.status);
+        rt_error_from_diag(err, &d);
+        return rt_status_from_ir(d.status);
       }
     copy_logits(m, items, n_items);
   }

@@ -9,18 +9,18 @@
 #include "model.h"
 
 struct irt_text_stream {
-  irt_tok_stream s;
+  tok_stream s;
 };
 
 static irt_status done(irt_error *err, ir_status st, const ir_diag *d) {
-  if (st != IR_OK) irt_error_from_diag(err, d);
-  return irt_status_from_ir(st);
+  if (st != IR_OK) rt_error_from_diag(err, d);
+  return rt_status_from_ir(st);
 }
 
 irt_status irt_tokenizer_open_json(const char *json, const char *config, irt_tokenizer **out,
                                    irt_error *err) {
   ir_diag d = {0};
-  return done(err, irt_tok_load_hf(json, config, out, &d), &d);
+  return done(err, tok_load_hf(json, config, out, &d), &d);
 }
 
 irt_status irt_tokenizer_open_gguf(const char *path, irt_tokenizer **out, irt_error *err) {
@@ -39,7 +39,7 @@ irt_status irt_tokenizer_open_plan(const char *path, irt_tokenizer **out, irt_er
   ir_plan *p = NULL;
   *out = NULL;
   ir_status st = ir_plan_open(path, IR_PLAN_VERIFY_META, &p, &d);
-  if (st == IR_OK) st = irt_plan_tokenizer_load(p, out, &d);
+  if (st == IR_OK) st = model_plan_tokenizer(p, out, &d);
   if (st == IR_OK && !*out)
     st = ir_diag_set(&d, IR_INVALID_ARG,
                      "%s: the plan has no tokenizer (build it with a "
@@ -49,28 +49,26 @@ irt_status irt_tokenizer_open_plan(const char *path, irt_tokenizer **out, irt_er
   return done(err, st, &d);
 }
 
-void irt_tokenizer_destroy(irt_tokenizer *t) { irt_tok_destroy(t); }
+void irt_tokenizer_destroy(irt_tokenizer *t) { tok_destroy(t); }
 
 irt_status irt_tokenize(const irt_tokenizer *t, const char *text, size_t len, bool add_special,
                         bool parse_special, int32_t *ids, size_t cap, size_t *out_n,
                         irt_error *err) {
   ir_diag d = {0};
-  return done(err, irt_tok_encode(t, text, len, add_special, parse_special, ids, cap, out_n, &d),
-              &d);
+  return done(err, tok_encode(t, text, len, add_special, parse_special, ids, cap, out_n, &d), &d);
 }
 
 irt_status irt_tokenize_alloc(const irt_tokenizer *t, const char *text, size_t len,
                               bool add_special, bool parse_special, int32_t **ids, size_t *out_n,
                               irt_error *err) {
   ir_diag d = {0};
-  return done(err, irt_tok_encode_alloc(t, text, len, add_special, parse_special, ids, out_n, &d),
-              &d);
+  return done(err, tok_encode_alloc(t, text, len, add_special, parse_special, ids, out_n, &d), &d);
 }
 
 irt_status irt_detokenize(const irt_tokenizer *t, const int32_t *ids, size_t n, bool skip_special,
                           char *buf, size_t cap, size_t *out_len, irt_error *err) {
   ir_diag d = {0};
-  return done(err, irt_tok_decode(t, ids, n, skip_special, buf, cap, out_len, &d), &d);
+  return done(err, tok_decode(t, ids, n, skip_special, buf, cap, out_len, &d), &d);
 }
 
 irt_status irt_detokenize_alloc(const irt_tokenizer *t, const int32_t *ids, size_t n,
@@ -92,9 +90,9 @@ irt_status irt_detokenize_alloc(const irt_tokenizer *t, const int32_t *ids, size
   return IRT_OK;
 }
 
-bool irt_token_is_eog(const irt_tokenizer *t, int32_t id) { return irt_tok_is_eog(t, id); }
+bool irt_token_is_eog(const irt_tokenizer *t, int32_t id) { return tok_is_eog(t, id); }
 
-int32_t irt_tokenizer_vocab_size(const irt_tokenizer *t) { return irt_tok_vocab_size(t); }
+int32_t irt_tokenizer_vocab_size(const irt_tokenizer *t) { return tok_vocab_size(t); }
 
 irt_status irt_text_stream_create(const irt_tokenizer *t, bool skip_special, irt_text_stream **out,
                                   irt_error *err) {
@@ -103,7 +101,7 @@ irt_status irt_text_stream_create(const irt_tokenizer *t, bool skip_special, irt
     if (err) *err = (irt_error){.status = IRT_OOM, .msg = "out of memory"};
     return IRT_OOM;
   }
-  irt_tok_stream_init(&s->s, t, skip_special);
+  tok_stream_init(&s->s, t, skip_special);
   *out = s;
   return IRT_OK;
 }
@@ -111,46 +109,46 @@ irt_status irt_text_stream_create(const irt_tokenizer *t, bool skip_special, irt
 void irt_text_stream_destroy(irt_text_stream *s) { free(s); }
 
 size_t irt_text_stream_push(irt_text_stream *s, int32_t id, char *buf, size_t cap) {
-  return irt_tok_stream_push(&s->s, id, buf, cap);
+  return tok_stream_push(&s->s, id, buf, cap);
 }
 
 size_t irt_text_stream_finish(irt_text_stream *s, char *buf, size_t cap) {
-  return irt_tok_stream_finish(&s->s, buf, cap);
+  return tok_stream_finish(&s->s, buf, cap);
 }
 
 /* The family from a name or from the tokenizer's template; BOS text from the vocabulary. */
-static ir_status pick_template(const irt_tokenizer *t, const char *name, irt_chat_template *ct,
+static ir_status pick_template(const irt_tokenizer *t, const char *name, chat_tmpl *ct,
                                ir_diag *d) {
   if (name) {
     memset(ct, 0, sizeof *ct);
-    ct->kind = irt_chat_kind_from_name(name);
-    if (ct->kind == IRT_CHAT_UNKNOWN)
+    ct->kind = chat_kind_from_name(name);
+    if (ct->kind == CHAT_UNKNOWN)
       return ir_diag_set(d, IR_INVALID_ARG,
                          "unknown chat template '%s' (chatml, qwen3, "
                          "deepseek-r1, llama3, llama3.1, mistral, llama2, gemma, phi3)",
                          name);
-    if (ct->kind == IRT_CHAT_LLAMA31) snprintf(ct->date, sizeof ct->date, "%s", IRT_LLAMA31_DATE);
-    if (ct->kind != IRT_CHAT_CHATML && ct->kind != IRT_CHAT_PHI3 && irt_tok_bos(t) >= 0) {
+    if (ct->kind == CHAT_LLAMA31) snprintf(ct->date, sizeof ct->date, "%s", CHAT_LLAMA31_DATE);
+    if (ct->kind != CHAT_CHATML && ct->kind != CHAT_PHI3 && tok_bos(t) >= 0) {
       size_t n = 0;
-      int32_t bos = irt_tok_bos(t);
-      irt_tok_decode(t, &bos, 1, false, ct->bos, sizeof ct->bos - 1, &n, d);
+      int32_t bos = tok_bos(t);
+      tok_decode(t, &bos, 1, false, ct->bos, sizeof ct->bos - 1, &n, d);
       ct->bos[n < sizeof ct->bos ? n : sizeof ct->bos - 1] = '\0';
     }
     return IR_OK;
   }
-  return irt_chat_template_detect(irt_tok_chat_template(t), ct, d);
+  return chat_template_detect(tok_chat_template(t), ct, d);
 }
 
 irt_status irt_chat_get_info(const irt_tokenizer *t, const char *name, irt_chat_info *out,
                              irt_error *err) {
   ir_diag d = {0};
-  irt_chat_template ct;
+  chat_tmpl ct;
   ir_status st = pick_template(t, name, &ct, &d);
   memset(out, 0, sizeof *out);
   if (st == IR_OK) {
-    snprintf(out->family, sizeof out->family, "%s", irt_chat_kind_name(ct.kind));
+    snprintf(out->family, sizeof out->family, "%s", chat_kind_name(ct.kind));
     snprintf(out->default_system, sizeof out->default_system, "%s", ct.default_system);
-    out->thinks = ct.kind == IRT_CHAT_QWEN3 || ct.kind == IRT_CHAT_DEEPSEEK_R1;
+    out->thinks = ct.kind == CHAT_QWEN3 || ct.kind == CHAT_DEEPSEEK_R1;
   }
   return done(err, st, &d);
 }
@@ -160,13 +158,12 @@ irt_status irt_chat_format_opts(const irt_tokenizer *t, const char *name,
                                 const irt_chat_opts *opts, char *buf, size_t cap, size_t *out_len,
                                 irt_error *err) {
   ir_diag d = {0};
-  irt_chat_template ct;
+  chat_tmpl ct;
   ir_status st = pick_template(t, name, &ct, &d);
-  _Static_assert(sizeof(irt_chat_message) == sizeof(irt_chat_msg), "same layout");
+  _Static_assert(sizeof(irt_chat_message) == sizeof(chat_msg), "same layout");
   ct.tools = opts && opts->tools;
   ct.no_thinking = opts && opts->no_thinking;
-  if (st == IR_OK)
-    st = irt_chat_render(&ct, (const irt_chat_msg *)msgs, n, gen, buf, cap, out_len, &d);
+  if (st == IR_OK) st = chat_render(&ct, (const chat_msg *)msgs, n, gen, buf, cap, out_len, &d);
   return done(err, st, &d);
 }
 
@@ -174,7 +171,7 @@ irt_status irt_chat_tokenize(const irt_tokenizer *t, const char *name, const irt
                              size_t n, bool gen, const irt_chat_opts *opts, bool allow_special,
                              int32_t **ids, size_t *n_ids, char **text_out, irt_error *err) {
   ir_diag d = {0};
-  irt_chat_template ct;
+  chat_tmpl ct;
   *ids = NULL, *n_ids = 0;
   if (text_out) *text_out = NULL;
   ir_status st = pick_template(t, name, &ct, &d);
@@ -185,7 +182,7 @@ irt_status irt_chat_tokenize(const irt_tokenizer *t, const char *name, const irt
     cap += (msgs[i].content ? strlen(msgs[i].content) : 0) +
            (msgs[i].reasoning ? strlen(msgs[i].reasoning) : 0) + 64;
   char *buf = NULL;
-  irt_chat_span *spans = calloc(2 * n + 2, sizeof *spans);
+  chat_span *spans = calloc(2 * n + 2, sizeof *spans);
   if (st == IR_OK && !spans) st = ir_diag_set(&d, IR_OOM, "out of memory");
   for (int pass = 0; st == IR_OK && pass < 2; pass++) { /* again when the estimate was short */
     free(buf);
@@ -193,16 +190,16 @@ irt_status irt_chat_tokenize(const irt_tokenizer *t, const char *name, const irt
       st = ir_diag_set(&d, IR_OOM, "out of memory");
       break;
     }
-    st = irt_chat_render_spans(&ct, (const irt_chat_msg *)msgs, n, gen, buf, cap + 1, &len, spans,
-                               2 * n + 2, &n_spans, &d);
+    st = chat_render_spans(&ct, (const chat_msg *)msgs, n, gen, buf, cap + 1, &len, spans,
+                           2 * n + 2, &n_spans, &d);
     if (st != IR_OK || len <= cap) break;
     cap = len;
   }
-  _Static_assert(sizeof(irt_chat_span) == sizeof(irt_tok_span), "same layout");
+  _Static_assert(sizeof(chat_span) == sizeof(tok_span), "same layout");
   if (st == IR_OK)
-    st = irt_tok_encode_spans_alloc(t, buf, len, false, true,
-                                    allow_special ? NULL : (const irt_tok_span *)spans,
-                                    allow_special ? 0 : n_spans, ids, n_ids, &d);
+    st = tok_encode_spans_alloc(t, buf, len, false, true,
+                                allow_special ? NULL : (const tok_span *)spans,
+                                allow_special ? 0 : n_spans, ids, n_ids, &d);
   free(spans);
   if (st == IR_OK && text_out) *text_out = buf, buf = NULL;
   free(buf);

@@ -35,22 +35,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (p >= end) break;
     p++;
   }
-  irt_chat_msg msgs[MAX_MSGS];
+  chat_msg msgs[MAX_MSGS];
   size_t n = 0;
   for (int i = 1; i + 1 < nf; i += 3, n++)
-    msgs[n] = (irt_chat_msg){.role = field[i],
-                             .content = field[i + 1],
-                             .reasoning = i + 2 < nf && *field[i + 2] ? field[i + 2] : NULL};
-  irt_chat_template t;
+    msgs[n] = (chat_msg){.role = field[i],
+                         .content = field[i + 1],
+                         .reasoning = i + 2 < nf && *field[i + 2] ? field[i + 2] : NULL};
+  chat_tmpl t;
   ir_diag d = {0};
   ir_status st;
   if (flags & 8) {
     memset(&t, 0, sizeof t);
-    t.kind = irt_chat_kind_from_name(field[0]);
-    st = t.kind == IRT_CHAT_UNKNOWN ? IR_UNSUPPORTED : IR_OK;
-    (void)irt_chat_kind_name(t.kind);
+    t.kind = chat_kind_from_name(field[0]);
+    st = t.kind == CHAT_UNKNOWN ? IR_UNSUPPORTED : IR_OK;
+    (void)chat_kind_name(t.kind);
   } else {
-    st = irt_chat_template_detect(field[0], &t, &d);
+    st = chat_template_detect(field[0], &t, &d);
   }
   if (st != IR_OK) {
     fz_note("detect", d.msg);
@@ -64,17 +64,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   char small[SHORT];
   size_t len = 0, len2 = 0, n_spans = 0;
   d = (ir_diag){0};
-  if (irt_chat_render(&t, msgs, n, gen, small, sizeof small, &len, &d) != IR_OK) {
+  if (chat_render(&t, msgs, n, gen, small, sizeof small, &len, &d) != IR_OK) {
     fz_note("render", d.msg);
     free(text);
     return 0;
   }
   if (strlen(small) != (len < SHORT ? len : SHORT - 1)) __builtin_trap(); /* NUL misplaced */
   char *full = malloc(len + 1);
-  irt_chat_span *spans = malloc((2 * n + 1) * sizeof *spans);
+  chat_span *spans = malloc((2 * n + 1) * sizeof *spans);
   d = (ir_diag){0};
-  st =
-      irt_chat_render_spans(&t, msgs, n, gen, full, len + 1, &len2, spans, 2 * n + 1, &n_spans, &d);
+  st = chat_render_spans(&t, msgs, n, gen, full, len + 1, &len2, spans, 2 * n + 1, &n_spans, &d);
   if (st != IR_OK) __builtin_trap(); /* 2 per message + 1 spans did not suffice */
   if (len2 != len || memcmp(small, full, strlen(small)) || full[len]) __builtin_trap();
   for (size_t i = 0; i < n_spans; i++) /* in order, inside the output */

@@ -83,8 +83,8 @@ static void use_tokenizer(const fmt_gguf *g) {
     return;
   }
   fz_exercise_tokenizer(t);
-  int32_t nv = irt_tok_vocab_size(t);
-  irt_tok_destroy(t);
+  int32_t nv = tok_vocab_size(t);
+  tok_destroy(t);
   infc_tok_blob tb = {0};
   d = (ir_diag){0};
   (void)infc_gguf_tokenizer_blob(g, nv, &tb, &d);

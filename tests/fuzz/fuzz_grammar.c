@@ -24,17 +24,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   case 2: st = irt_grammar_regex(src, &gbnf, &err); break;
   default: st = irt_grammar_json(NULL, &gbnf, &err); break;
   }
-  irt_grammar *g = NULL;
-  if (st == IRT_OK && gbnf && irt_grammar_compile(gbnf, &g, &err) == IRT_OK) {
-    irt_gstate *s = NULL;
-    if (irt_gstate_create(g, &s, &err) == IRT_OK) {
+  gram *g = NULL;
+  if (st == IRT_OK && gbnf && gram_compile(gbnf, &g, &err) == IRT_OK) {
+    gram_state *s = NULL;
+    if (gram_state_create(g, &s, &err) == IRT_OK) {
       for (const char *p = text; *p; p++)
-        if (!irt_gstate_advance(s, (const uint8_t *)p, 1)) break;
-      (void)irt_gstate_accepting(s);
-      (void)irt_gstate_can_continue(s);
-      irt_gstate_destroy(s);
+        if (!gram_state_advance(s, (const uint8_t *)p, 1)) break;
+      (void)gram_state_accepting(s);
+      (void)gram_state_can_continue(s);
+      gram_state_destroy(s);
     }
-    irt_grammar_destroy(g);
+    gram_destroy(g);
   }
   free(gbnf);
   free(src);

@@ -31,8 +31,7 @@ static size_t fz_encode(const irt_tokenizer *t, size_t k, int32_t **ids) {
   ir_diag d = {0};
   size_t n = 0;
   *ids = NULL;
-  if (irt_tok_encode_alloc(t, fz_texts[k], strlen(fz_texts[k]), k & 1, k != 2, ids, &n, &d) !=
-      IR_OK) {
+  if (tok_encode_alloc(t, fz_texts[k], strlen(fz_texts[k]), k & 1, k != 2, ids, &n, &d) != IR_OK) {
     free(*ids);
     *ids = NULL;
     return 0;
@@ -52,7 +51,7 @@ static void fz_dump_blob(const uint8_t *blob, size_t len) {
 }
 
 __attribute__((unused)) static void fz_exercise_tokenizer(const irt_tokenizer *t) {
-  int32_t nv = irt_tok_vocab_size(t);
+  int32_t nv = tok_vocab_size(t);
   char buf[1024];
   size_t len;
   ir_diag d;
@@ -61,44 +60,42 @@ __attribute__((unused)) static void fz_exercise_tokenizer(const irt_tokenizer *t
   for (size_t k = 0; k < FZ_N_TEXTS; k++) {
     n[k] = fz_encode(t, k, &ids[k]);
     d = (ir_diag){0};
-    if (ids[k]) (void)irt_tok_decode(t, ids[k], n[k], k & 1, buf, sizeof buf, &len, &d);
+    if (ids[k]) (void)tok_decode(t, ids[k], n[k], k & 1, buf, sizeof buf, &len, &d);
   }
   /* ids spread over the vocabulary, in one call and streamed */
   int32_t spread[96];
   for (int i = 0; i < 96; i++)
     spread[i] = nv > 0 ? (int32_t)(((uint32_t)i * 2654435761u) % (uint32_t)nv) : 0;
   d = (ir_diag){0};
-  if (nv > 0) (void)irt_tok_decode(t, spread, 96, false, buf, sizeof buf, &len, &d);
-  irt_tok_stream s;
-  irt_tok_stream_init(&s, t, true);
-  size_t cap = irt_tok_piece_max(t);
+  if (nv > 0) (void)tok_decode(t, spread, 96, false, buf, sizeof buf, &len, &d);
+  tok_stream s;
+  tok_stream_init(&s, t, true);
+  size_t cap = tok_piece_max(t);
   char *piece = malloc(cap + 4);
   for (int i = 0; piece && nv > 0 && i < 96; i++)
-    fz_tok_sink += irt_tok_stream_push(&s, spread[i], piece, cap);
-  if (piece) fz_tok_sink += irt_tok_stream_finish(&s, piece, cap + 4);
+    fz_tok_sink += tok_stream_push(&s, spread[i], piece, cap);
+  if (piece) fz_tok_sink += tok_stream_finish(&s, piece, cap + 4);
   free(piece);
   for (int i = 0; i < 96 && nv > 0; i++) {
-    const char *tok = irt_tok_token(t, spread[i]);
-    if (tok) fz_tok_sink += (uint64_t)irt_tok_find(t, tok);
+    const char *tok = tok_token(t, spread[i]);
+    if (tok) fz_tok_sink += (uint64_t)tok_find(t, tok);
     size_t pl = 0;
-    const uint8_t *p = irt_tok_piece(t, spread[i], &pl);
+    const uint8_t *p = tok_piece(t, spread[i], &pl);
     if (p && pl) fz_tok_sink += p[pl - 1];
-    fz_tok_sink += irt_tok_is_eog(t, spread[i]) + irt_tok_is_special(t, spread[i]);
+    fz_tok_sink += tok_is_eog(t, spread[i]) + tok_is_special(t, spread[i]);
   }
-  fz_tok_sink += (uint64_t)irt_tok_bos(t) + (uint64_t)irt_tok_eos(t) + irt_tok_get_model(t) +
-                 irt_tok_get_pre(t);
-  const char *tmpl = irt_tok_chat_template(t);
+  fz_tok_sink += (uint64_t)tok_bos(t) + (uint64_t)tok_eos(t) + tok_get_model(t) + tok_get_pre(t);
+  const char *tmpl = tok_chat_template(t);
   if (tmpl) fz_tok_sink += strlen(tmpl);
   /* the plan's copy */
   uint8_t *blob = NULL;
   size_t blen = 0;
   d = (ir_diag){0};
-  if (irt_tok_serialize(t, &blob, &blen, &d) == IR_OK) {
+  if (tok_serialize(t, &blob, &blen, &d) == IR_OK) {
     fz_dump_blob(blob, blen);
     irt_tokenizer *t2 = NULL;
     d = (ir_diag){0};
-    if (irt_tok_deserialize(blob, blen, &t2, &d) != IR_OK)
-      __builtin_trap(); /* own output refused */
+    if (tok_deserialize(blob, blen, &t2, &d) != IR_OK) __builtin_trap(); /* own output refused */
     for (size_t k = 0; k < FZ_N_TEXTS; k++) {
       int32_t *ids2;
       size_t n2 = fz_encode(t2, k, &ids2);
@@ -106,7 +103,7 @@ __attribute__((unused)) static void fz_exercise_tokenizer(const irt_tokenizer *t
         __builtin_trap(); /* the serialized tokenizer encodes differently */
       free(ids2);
     }
-    irt_tok_destroy(t2);
+    tok_destroy(t2);
   }
   free(blob);
   for (size_t k = 0; k < FZ_N_TEXTS; k++) free(ids[k]);

@@ -1,6 +1,6 @@
 /* fuzz_tokenizer_json: libFuzzer target for the HF tokenizer.json loader (runtime/tok_hf.c:
  * model, vocab, merges, added tokens, normalizer, pre-tokenizer, post-processor, and the
- * tokenizer_config.json beside it) and the tokenizer it builds (irt_tok_create), which is then
+ * tokenizer_config.json beside it) and the tokenizer it builds (tok_create), which is then
  * exercised as fuzz_tok.h says: encode, decode, stream, serialize and read back. The input is
  * tokenizer.json's text, optionally followed by a NUL byte and tokenizer_config.json's text
  * (JSON holds no raw NUL, so the split is unambiguous). Build and run: tools/fuzz
@@ -19,11 +19,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   const char *cfg = nul ? fz_write("tokenizer_config.json", nul + 1, size - jlen - 1) : NULL;
   irt_tokenizer *t = NULL;
   ir_diag d = {0};
-  if (irt_tok_load_hf(json, cfg, &t, &d) != IR_OK) {
+  if (tok_load_hf(json, cfg, &t, &d) != IR_OK) {
     fz_note("load", d.msg);
     return 0;
   }
   fz_exercise_tokenizer(t);
-  irt_tok_destroy(t);
+  tok_destroy(t);
   return 0;
 }

@@ -939,9 +939,9 @@ typedef struct pick_set {
 
 /* The id of the j-th largest logit of x (lower id first among equals). */
 static int32_t rank_id(const float *x, int vocab, int j) {
-  int32_t ids[IRT_PICK_TOP];
-  float lps[IRT_PICK_TOP];
-  irt_top_logprobs(x, vocab, 0.0, j + 1 < vocab ? j + 1 : vocab, ids, lps);
+  int32_t ids[PICK_TOP];
+  float lps[PICK_TOP];
+  sampler_top_logprobs(x, vocab, 0.0, j + 1 < vocab ? j + 1 : vocab, ids, lps);
   return ids[j + 1 < vocab ? j : vocab - 1];
 }
 
@@ -957,11 +957,11 @@ static int32_t free_id(const int32_t *ids, int n, int vocab) {
 
 /* kn_pick over rows x (rows, vocab) for every setting and seed against runtime/sampler.c;
  * returns the picks, and adds the matches and the largest logprob error. */
-static irt_pick_res *pick_rows(const char *what, const float *x, int vocab, int rows,
-                               const pick_set *set, int n_set, int seeds, double *lp_err) {
+static pick_res *pick_rows(const char *what, const float *x, int vocab, int rows,
+                           const pick_set *set, int n_set, int seeds, double *lp_err) {
   enum { PEN = 6 };
   const int n = n_set * rows * seeds;
-  irt_pick_req *req = malloc(sizeof *req * (size_t)n);
+  pick_req *req = malloc(sizeof *req * (size_t)n);
   int32_t *want = malloc(sizeof *want * (size_t)n), *pen_ids = malloc(sizeof(int32_t) * PEN * n);
   float *pen_sub = malloc(sizeof(float) * PEN * (size_t)n);
   int n_pen = 0;
@@ -975,17 +975,17 @@ static irt_pick_res *pick_rows(const char *what, const float *x, int vocab, int 
         CHECK(irt_sampler_create(&p, vocab, &cpu, &err) == IRT_OK);
         CHECK(irt_sampler_create(&p, vocab, &dev, &err) == IRT_OK);
         want[k] = irt_sampler_sample(cpu, x + (size_t)r * vocab);
-        req[k] = (irt_pick_req){p.temperature,
-                                p.top_p,
-                                p.top_k,
-                                r,
-                                p.temperature > 0 ? irt_sampler_draw(dev) : 0.0,
-                                k % 3 == 0   ? IRT_PICK_TOP
-                                : k % 3 == 1 ? 0
-                                             : 5,
-                                0,
-                                0,
-                                p.min_p};
+        req[k] = (pick_req){p.temperature,
+                            p.top_p,
+                            p.top_k,
+                            r,
+                            p.temperature > 0 ? sampler_draw(dev) : 0.0,
+                            k % 3 == 0   ? PICK_TOP
+                            : k % 3 == 1 ? 0
+                                         : 5,
+                            0,
+                            0,
+                            p.min_p};
         if (k % 4 == 1) { /* penalties on the row's PEN best ids, and a few others */
           req[k].n_pen = PEN, req[k].pen_off = n_pen;
           for (int j = 0; j < PEN; j++) {
@@ -1001,7 +1001,7 @@ static irt_pick_res *pick_rows(const char *what, const float *x, int vocab, int 
           float *w = malloc(sizeof(float) * (size_t)vocab);
           memcpy(w, x + (size_t)r * vocab, sizeof(float) * (size_t)vocab);
           for (int j = 0; j < PEN; j++) w[pen_ids[n_pen + j]] -= pen_sub[n_pen + j];
-          want[k] = irt_sampler_sample_u(cpu, w, req[k].u);
+          want[k] = sampler_sample_u(cpu, w, req[k].u);
           free(w);
           n_pen += PEN;
         }
@@ -1009,17 +1009,17 @@ static irt_pick_res *pick_rows(const char *what, const float *x, int vocab, int 
       }
   CUdeviceptr dx = up(x, sizeof(float) * (size_t)vocab * rows);
   CUdeviceptr dreq = up(req, sizeof *req * (size_t)n);
-  CUdeviceptr dout = poisoned(sizeof(irt_pick_res) * (size_t)n);
-  CUdeviceptr dtop = poisoned(sizeof(irt_pick_res) * (size_t)n * IRT_PICK_TOP);
+  CUdeviceptr dout = poisoned(sizeof(pick_res) * (size_t)n);
+  CUdeviceptr dtop = poisoned(sizeof(pick_res) * (size_t)n * PICK_TOP);
   CUdeviceptr dwork = poisoned(sizeof(float) * (size_t)n * vocab);
   CUdeviceptr dpid = up(pen_ids, sizeof(int32_t) * (size_t)(n_pen ? n_pen : 1));
   CUdeviceptr dpsub = up(pen_sub, sizeof(float) * (size_t)(n_pen ? n_pen : 1));
   void *args[] = {&dout, &dtop, &dx, &dreq, &vocab, &dwork, &dpid, &dpsub};
   run(kernel("sampling", "kn_pick"), (unsigned)n, 1, 1, 1024, args);
-  irt_pick_res *out = malloc(sizeof *out * (size_t)n);
-  irt_pick_res *top = malloc(sizeof *top * (size_t)n * IRT_PICK_TOP);
+  pick_res *out = malloc(sizeof *out * (size_t)n);
+  pick_res *top = malloc(sizeof *top * (size_t)n * PICK_TOP);
   down(out, dout, sizeof *out * (size_t)n);
-  down(top, dtop, sizeof *top * (size_t)n * IRT_PICK_TOP);
+  down(top, dtop, sizeof *top * (size_t)n * PICK_TOP);
   int same = 0, top_bad = 0;
   for (int k = 0; k < n; k++) {
     int r = req[k].row, t = out[k].token;
@@ -1031,12 +1031,12 @@ static irt_pick_res *pick_rows(const char *what, const float *x, int vocab, int 
     const float *row = x + (size_t)r * vocab;
     double lse = kn_log_sum_exp(row, vocab), e = fabs(out[k].logprob - ((double)row[t] - lse));
     if (!(e <= *lp_err)) *lp_err = e;
-    int32_t ids[IRT_PICK_TOP];
-    float lps[IRT_PICK_TOP];
+    int32_t ids[PICK_TOP];
+    float lps[PICK_TOP];
     int nt = req[k].n_top < vocab ? req[k].n_top : vocab;
-    irt_top_logprobs(row, vocab, lse, nt, ids, lps);
+    sampler_top_logprobs(row, vocab, lse, nt, ids, lps);
     for (int j = 0; j < nt; j++) {
-      const irt_pick_res *g = &top[(size_t)k * IRT_PICK_TOP + j];
+      const pick_res *g = &top[(size_t)k * PICK_TOP + j];
       top_bad += g->token != ids[j];
       if (!(fabs(g->logprob - lps[j]) <= *lp_err)) *lp_err = fabs(g->logprob - lps[j]);
     }
@@ -1078,7 +1078,7 @@ static void test_pick(void) {
     y[SMALL + i] = 3000.0f + 20.0f * frand();  /* far from zero */
   }
   double lp_err = 0;
-  irt_pick_res *out = pick_rows("49152 ids", x, VOCAB, 3, set, 11, 6, &lp_err);
+  pick_res *out = pick_rows("49152 ids", x, VOCAB, 3, set, 11, 6, &lp_err);
   CHECK(out[0].token == 17); /* greedy on row 0: the tie's lower id */
   free(out);
   free(pick_rows("1000 ids, edge cases", y, SMALL, 2, edge, 7, 4, &lp_err));

@@ -343,9 +343,9 @@ static ir_dtype dtype_of(const char *suffix) {
 
 /* kn_pick: out, top, logits, args, vocab (sampling.cu): runtime/sampler.c's own function
  * with each pick's draw, so the backend's plumbing (rows, settings, results) is tested. */
-int32_t irt_sampler_sample_u(irt_sampler *s, const float *logits, double u);
-void irt_top_logprobs(const float *logits, int64_t vocab, double lse, int k, int32_t *ids,
-                      float *lps);
+int32_t sampler_sample_u(irt_sampler *s, const float *logits, double u);
+void sampler_top_logprobs(const float *logits, int64_t vocab, double lse, int k, int32_t *ids,
+                          float *lps);
 static void emu_pick(const launch_t *l) {
   const int vocab = I32(4);
   for (unsigned b = 0; b < l->grid[0]; b++) {
@@ -366,7 +366,7 @@ static void emu_pick(const launch_t *l) {
     if (w) memcpy(w, x, sizeof(float) * (size_t)vocab);
     for (int j = 0; w && j < a.n_pen; j++) w[PI(6)[a.pen_off + j]] -= PF(7)[a.pen_off + j];
     if (w && irt_sampler_create(&p, vocab, &s, NULL) == IRT_OK) {
-      tok = irt_sampler_sample_u(s, w, a.u);
+      tok = sampler_sample_u(s, w, a.u);
       irt_sampler_destroy(s);
     }
     free(w);
@@ -377,7 +377,7 @@ static void emu_pick(const launch_t *l) {
     int32_t ids[20];
     float lps[20];
     int nt = a.n_top > 20 ? 20 : a.n_top;
-    irt_top_logprobs(x, vocab, lse, nt, ids, lps);
+    sampler_top_logprobs(x, vocab, lse, nt, ids, lps);
     for (int j = 0; j < nt; j++) {
       memcpy((char *)PV(1) + 8 * (20 * b + (unsigned)j), &ids[j], 4);
       memcpy((char *)PV(1) + 8 * (20 * b + (unsigned)j) + 4, &lps[j], 4);

@@ -19,7 +19,7 @@ static void run_case(const cJSON *root, const cJSON *c) {
   int ci = cJSON_GetObjectItem(c, "conversation")->valueint;
   bool gen = cJSON_IsTrue(cJSON_GetObjectItem(c, "add_generation_prompt"));
   const cJSON *conv = cJSON_GetArrayItem(cJSON_GetObjectItem(root, "conversations"), ci);
-  irt_chat_msg msgs[16];
+  chat_msg msgs[16];
   size_t n = 0;
   const cJSON *m;
   cJSON_ArrayForEach(m, conv) {
@@ -28,18 +28,18 @@ static void run_case(const cJSON *root, const cJSON *c) {
     msgs[n].reasoning = r ? r->valuestring : NULL;
     msgs[n++].content = cJSON_GetObjectItem(m, "content")->valuestring;
   }
-  irt_chat_template t;
+  chat_tmpl t;
   ir_diag d = {0};
-  CHECKF(irt_chat_template_detect(src, &t, &d) == IR_OK, "%s: %s", name, d.msg);
-  CHECKF(!strcmp(irt_chat_kind_name(t.kind), kind), "%s: detected %s, want %s", name,
-         irt_chat_kind_name(t.kind), kind);
+  CHECKF(chat_template_detect(src, &t, &d) == IR_OK, "%s: %s", name, d.msg);
+  CHECKF(!strcmp(chat_kind_name(t.kind), kind), "%s: detected %s, want %s", name,
+         chat_kind_name(t.kind), kind);
   const cJSON *think = cJSON_GetObjectItem(c, "enable_thinking");
   t.no_thinking = think && cJSON_IsFalse(think);
-  if (t.kind == IRT_CHAT_LLAMA31 && !t.date[0]) /* today's date: the fixture's fixed day */
+  if (t.kind == CHAT_LLAMA31 && !t.date[0]) /* today's date: the fixture's fixed day */
     snprintf(t.date, sizeof t.date, "%s", cJSON_GetObjectItem(root, "strftime_now")->valuestring);
   char buf[4096];
   size_t len = 0;
-  CHECK(irt_chat_render(&t, msgs, n, gen, buf, sizeof buf, &len, &d) == IR_OK);
+  CHECK(chat_render(&t, msgs, n, gen, buf, sizeof buf, &len, &d) == IR_OK);
   const char *want = cJSON_GetObjectItem(c, "expected")->valuestring;
   CHECKF(len == strlen(want) && !strcmp(buf, want),
          "%s conversation %d gen=%d%s:\n got: %s\nwant: %s", name, ci, gen,
@@ -47,26 +47,26 @@ static void run_case(const cJSON *root, const cJSON *c) {
 }
 
 static void test_errors(void) {
-  irt_chat_template t;
+  chat_tmpl t;
   ir_diag d = {0};
-  CHECK(irt_chat_template_detect("{{ messages | tojson }}", &t, &d) == IR_UNSUPPORTED);
+  CHECK(chat_template_detect("{{ messages | tojson }}", &t, &d) == IR_UNSUPPORTED);
   CHECK(strstr(d.msg, "--chat-template") != NULL);
   d = (ir_diag){0};
-  CHECK(irt_chat_template_detect(NULL, &t, &d) == IR_UNSUPPORTED);
-  t = (irt_chat_template){.kind = IRT_CHAT_CHATML};
-  irt_chat_msg bad = {.role = "robot", .content = "hi"};
+  CHECK(chat_template_detect(NULL, &t, &d) == IR_UNSUPPORTED);
+  t = (chat_tmpl){.kind = CHAT_CHATML};
+  chat_msg bad = {.role = "robot", .content = "hi"};
   char buf[64];
   size_t len;
   d = (ir_diag){0};
-  CHECK(irt_chat_render(&t, &bad, 1, true, buf, sizeof buf, &len, &d) == IR_INVALID_ARG);
+  CHECK(chat_render(&t, &bad, 1, true, buf, sizeof buf, &len, &d) == IR_INVALID_ARG);
   /* Truncation reports the full length and stays NUL-terminated. */
-  irt_chat_msg ok = {.role = "user", .content = "a long enough message to overflow a tiny buffer"};
-  CHECK(irt_chat_render(&t, &ok, 1, true, buf, 8, &len, &d) == IR_OK);
+  chat_msg ok = {.role = "user", .content = "a long enough message to overflow a tiny buffer"};
+  CHECK(chat_render(&t, &ok, 1, true, buf, 8, &len, &d) == IR_OK);
   CHECK(len > 8 && strlen(buf) == 7);
-  CHECK(irt_chat_kind_from_name("llama3") == IRT_CHAT_LLAMA3);
-  CHECK(irt_chat_kind_from_name("llama3.1") == IRT_CHAT_LLAMA31);
+  CHECK(chat_kind_from_name("llama3") == CHAT_LLAMA3);
+  CHECK(chat_kind_from_name("llama3.1") == CHAT_LLAMA31);
   /* A template that asks strftime_now gets the day of rendering. */
-  t = (irt_chat_template){.kind = IRT_CHAT_LLAMA31};
+  t = (chat_tmpl){.kind = CHAT_LLAMA31};
   char today[32], want[64];
   time_t now = time(NULL);
   struct tm tm;
@@ -74,25 +74,25 @@ static void test_errors(void) {
   strftime(today, sizeof today, "%d %b %Y", &tm);
   snprintf(want, sizeof want, "Today Date: %s\n\n<|eot_id|>", today);
   char big[512];
-  CHECK(irt_chat_render(&t, &ok, 1, true, big, sizeof big, &len, &d) == IR_OK);
+  CHECK(chat_render(&t, &ok, 1, true, big, sizeof big, &len, &d) == IR_OK);
   CHECKF(strstr(big, want) != NULL, "%s", big);
-  CHECK(irt_chat_kind_from_name("nope") == IRT_CHAT_UNKNOWN);
+  CHECK(chat_kind_from_name("nope") == CHAT_UNKNOWN);
   /* Gemma: roles that do not alternate, where its templates raise, are rendered as given
    * (as llama.cpp does); a system message first still opens the next turn */
-  t = (irt_chat_template){.kind = IRT_CHAT_GEMMA, .bos = "<bos>"};
-  irt_chat_msg twice[] = {{.role = "system", .content = "S"},
-                          {.role = "assistant", .content = " a "},
-                          {.role = "user", .content = "b"},
-                          {.role = "user", .content = "c"}};
-  CHECK(irt_chat_render(&t, twice, 4, false, big, sizeof big, &len, &d) == IR_OK);
+  t = (chat_tmpl){.kind = CHAT_GEMMA, .bos = "<bos>"};
+  chat_msg twice[] = {{.role = "system", .content = "S"},
+                      {.role = "assistant", .content = " a "},
+                      {.role = "user", .content = "b"},
+                      {.role = "user", .content = "c"}};
+  CHECK(chat_render(&t, twice, 4, false, big, sizeof big, &len, &d) == IR_OK);
   CHECKF(!strcmp(big, "<bos><start_of_turn>model\nS\n\na<end_of_turn>\n<start_of_turn>user\n"
                       "b<end_of_turn>\n<start_of_turn>user\nc<end_of_turn>\n"),
          "%s", big);
   /* SmolLM3's template has ChatML, <think> and enable_thinking too, but is not Qwen3's */
   d = (ir_diag){0};
-  CHECK(irt_chat_template_detect("{%- if enable_thinking -%}<|im_start|>system\n## Metadata\n"
-                                 "Reasoning Mode: /think<think></think>",
-                                 &t, &d) == IR_UNSUPPORTED &&
+  CHECK(chat_template_detect("{%- if enable_thinking -%}<|im_start|>system\n## Metadata\n"
+                             "Reasoning Mode: /think<think></think>",
+                             &t, &d) == IR_UNSUPPORTED &&
         strstr(d.msg, "SmolLM3") && strstr(d.msg, "--chat-template"));
 }
 

@@ -41,7 +41,7 @@ static void test_library(void) {
   CHECK(dlsym(lib, "ir_diag_set") == NULL);  /* its private copy of ir/ too */
   irt_cuda_create_fn create;
   memcpy(&create, &sym, sizeof create);
-  irt_backend be = {0};
+  rt_backend be = {0};
   ir_diag d = {0};
   irt_cuda_opts o = {.abi = IRT_CUDA_ABI + 1};
   CHECK(create(&o, NULL, &be, &d) == IR_VERSION && be.ops == NULL);

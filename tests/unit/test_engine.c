@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend.h" /* irt_top_logprobs */
+#include "backend.h" /* sampler_top_logprobs */
 #include "engine.h"  /* the speculative cost model */
 #include "infc_build.h"
 #include "inferrt.h"
@@ -181,30 +181,29 @@ static void test_continuous(irt_model *m, const result *ref, int n_req) {
  * timings and refuses too few steps or one size of step; a draft joins a step while
  * alpha^j (a + b tokens) >= b value. */
 static void test_step_cost(void) {
-  irt_step_cost c = {0};
+  step_cost c = {0};
   double a = -1, b = -1;
-  for (int i = 0; i < 3; i++) irt_step_cost_add(&c, 8, 20);
-  CHECK(!irt_step_cost_fit(&c, &a, &b)); /* three steps */
-  for (int i = 0; i < 50; i++) irt_step_cost_add(&c, 8, 20);
-  CHECK(!irt_step_cost_fit(&c, &a, &b)); /* one size */
-  for (int i = 0; i < 50; i++) irt_step_cost_add(&c, 8 + i % 5, 4 + 2 * (8 + i % 5));
-  CHECKF(irt_step_cost_fit(&c, &a, &b) && fabs(a - 4) < 1e-6 && fabs(b - 2) < 1e-6, "a %g b %g", a,
-         b);
-  irt_step_cost d = {0};
-  for (int i = 0; i < 20; i++) irt_step_cost_add(&d, 4 + i % 3, 3 * (4 + i % 3) - 2);
-  CHECK(irt_step_cost_fit(&d, &a, &b) && a == 0 && fabs(b - 3) < 1e-6); /* a < 0: 0 */
+  for (int i = 0; i < 3; i++) step_cost_add(&c, 8, 20);
+  CHECK(!step_cost_fit(&c, &a, &b)); /* three steps */
+  for (int i = 0; i < 50; i++) step_cost_add(&c, 8, 20);
+  CHECK(!step_cost_fit(&c, &a, &b)); /* one size */
+  for (int i = 0; i < 50; i++) step_cost_add(&c, 8 + i % 5, 4 + 2 * (8 + i % 5));
+  CHECKF(step_cost_fit(&c, &a, &b) && fabs(a - 4) < 1e-6 && fabs(b - 2) < 1e-6, "a %g b %g", a, b);
+  step_cost d = {0};
+  for (int i = 0; i < 20; i++) step_cost_add(&d, 4 + i % 3, 3 * (4 + i % 3) - 2);
+  CHECK(step_cost_fit(&d, &a, &b) && a == 0 && fabs(b - 3) < 1e-6); /* a < 0: 0 */
   double t = 1, v = 1;
   /* 0.9 (4 + 2) >= 2, 0.81 (4 + 4) >= 2 x 1.9, 0.729 x 10 >= 2 x 2.71, 0.6561 x 12 >= 6.878 */
-  CHECK(irt_spec_worth(0.9, 4, 2, &t, &v, 4) == 4 && t == 5 && fabs(v - 4.0951) < 1e-9);
+  CHECK(spec_worth(0.9, 4, 2, &t, &v, 4) == 4 && t == 5 && fabs(v - 4.0951) < 1e-9);
   t = 1, v = 1;
-  CHECK(irt_spec_worth(0.9, 4, 2, &t, &v, 2) == 2 && t == 3);
+  CHECK(spec_worth(0.9, 4, 2, &t, &v, 2) == 2 && t == 3);
   t = 1, v = 1;
-  CHECK(irt_spec_worth(0.3, 4, 2, &t, &v, 4) == 0 && t == 1 && v == 1); /* 1.8 < 2 */
+  CHECK(spec_worth(0.3, 4, 2, &t, &v, 4) == 0 && t == 1 && v == 1); /* 1.8 < 2 */
   t = 8, v = 8;
-  CHECK(irt_spec_worth(0.6, 4, 2, &t, &v, 4) == 0);  /* 0.6 x 20 < 16: a batch of 8 */
-  CHECK(irt_spec_worth(0.85, 4, 2, &t, &v, 4) == 1); /* 17 >= 16, then 0.7225 x 22 < 17.7 */
+  CHECK(spec_worth(0.6, 4, 2, &t, &v, 4) == 0);  /* 0.6 x 20 < 16: a batch of 8 */
+  CHECK(spec_worth(0.85, 4, 2, &t, &v, 4) == 1); /* 17 >= 16, then 0.7225 x 22 < 17.7 */
   t = 1, v = 1;
-  CHECK(irt_spec_worth(0.99, 0, 2, &t, &v, 4) == 0); /* cost in proportion: never */
+  CHECK(spec_worth(0.99, 0, 2, &t, &v, 4) == 0); /* cost in proportion: never */
 }
 
 /* Speculative decoding by prompt lookup changes no token and no logprob: greedy and
@@ -888,7 +887,7 @@ static void test_picks(irt_model *m) {
   /* penalties on the two best ids: greedy then takes the third */
   int32_t top2[2];
   float l2[2];
-  irt_top_logprobs(lg, V, 0.0, 2, top2, l2);
+  sampler_top_logprobs(lg, V, 0.0, 2, top2, l2);
   pen_ids[0] = top2[0], pen_ids[1] = top2[1];
   irt_pick pk = {.sampler = dev,
                  .n_top = 3,

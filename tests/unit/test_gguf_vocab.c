@@ -26,7 +26,7 @@ static bool check_vector(const irt_tokenizer *t, const char *text, size_t len, c
   ir_diag d = {0};
   for (char *tok = strtok(line, " "); tok && nw < 4096; tok = strtok(NULL, " "))
     want[nw++] = atoi(tok);
-  if (irt_tok_encode(t, text, len, false, false, ids, 4096, &n, &d) != IR_OK) {
+  if (tok_encode(t, text, len, false, false, ids, 4096, &n, &d) != IR_OK) {
     fprintf(stderr, "%s #%d: %s\n", vocab, idx, d.msg);
     return false;
   }
@@ -63,7 +63,7 @@ static int run_vocab(const char *dir, const char *name, int *out_total) {
   printf("  %-34s %d/%d vectors as llama.cpp\n", name, total - bad, total);
   *out_total = total;
   free(inp), free(out);
-  irt_tok_destroy(t);
+  tok_destroy(t);
   fmt_gguf_close(g);
   return bad;
 }
@@ -81,7 +81,7 @@ static bool same_ids(const irt_tokenizer *t, const char *text, size_t len, bool 
   size_t n = 0;
   ir_diag d = {0};
   int ne = json_ids(want, exp, 8192);
-  if (irt_tok_encode(t, text, len, false, special, ids, 8192, &n, &d) != IR_OK) return false;
+  if (tok_encode(t, text, len, false, special, ids, 8192, &n, &d) != IR_OK) return false;
   return (int)n == ne && !memcmp(ids, exp, n * sizeof *ids);
 }
 
@@ -118,7 +118,7 @@ static void test_smollm2_corpus(void) {
   CHECKF(lines >= 200 && bad == 0, "%d of %d lines differ from llama.cpp", bad, lines);
   cJSON_Delete(root);
   free(text), free(json);
-  irt_tok_destroy(t);
+  tok_destroy(t);
   fmt_gguf_close(g);
 }
 

@@ -26,27 +26,27 @@ static char *read_all(const char *path) {
   return s;
 }
 
-static irt_grammar *compile(const char *src) {
-  irt_grammar *g = NULL;
+static gram *compile(const char *src) {
+  gram *g = NULL;
   irt_error err = {0};
-  irt_status st = irt_grammar_compile(src, &g, &err);
+  irt_status st = gram_compile(src, &g, &err);
   CHECKF(st == IRT_OK, "%s\n%s", err.msg, src);
   return g;
 }
 
 /* Whole, then byte by byte: every prefix of an accepted string must be taken. */
-static bool accepts(const irt_grammar *g, const char *s, bool *prefix_ok) {
-  irt_gstate *st;
+static bool accepts(const gram *g, const char *s, bool *prefix_ok) {
+  gram_state *st;
   *prefix_ok = false;
-  if (irt_gstate_create(g, &st, NULL) != IRT_OK) return false;
-  bool whole = irt_gstate_advance(st, (const uint8_t *)s, strlen(s)) && irt_gstate_accepting(st);
-  irt_gstate_destroy(st);
-  irt_gstate_create(g, &st, NULL);
+  if (gram_state_create(g, &st, NULL) != IRT_OK) return false;
+  bool whole = gram_state_advance(st, (const uint8_t *)s, strlen(s)) && gram_state_accepting(st);
+  gram_state_destroy(st);
+  gram_state_create(g, &st, NULL);
   size_t n = strlen(s), i = 0;
-  while (i < n && irt_gstate_advance(st, (const uint8_t *)s + i, 1)) i++;
-  *prefix_ok = i == n && irt_gstate_accepting(st) == whole;
+  while (i < n && gram_state_advance(st, (const uint8_t *)s + i, 1)) i++;
+  *prefix_ok = i == n && gram_state_accepting(st) == whole;
   if (!whole) *prefix_ok = true; /* a rejected string may fail anywhere */
-  irt_gstate_destroy(st);
+  gram_state_destroy(st);
   return whole;
 }
 
@@ -67,7 +67,7 @@ static void check_group(const cJSON *grp) {
   } else {
     CHECK(irt_grammar_json(NULL, &src, &err) == IRT_OK);
   }
-  irt_grammar *g = src ? compile(src) : NULL;
+  gram *g = src ? compile(src) : NULL;
   const char *oracle = cJSON_GetObjectItem(grp, "oracle")->valuestring;
   int n = 0, wrong = 0;
   for (const cJSON *c = cJSON_GetObjectItem(grp, "cases")->child; c && g; c = c->next, n++) {
@@ -82,7 +82,7 @@ static void check_group(const cJSON *grp) {
   }
   CHECKF(wrong == 0, "%s: %d of %d strings disagree", oracle, wrong, n);
   CHECK(n > 100);
-  irt_grammar_destroy(g);
+  gram_destroy(g);
   free(src);
 }
 
@@ -100,9 +100,9 @@ static void test_oracle_cases(void) {
 }
 
 static void expect_error(const char *src, const char *needle) {
-  irt_grammar *g = NULL;
+  gram *g = NULL;
   irt_error err = {0};
-  irt_status st = irt_grammar_compile(src, &g, &err);
+  irt_status st = gram_compile(src, &g, &err);
   CHECKF(st == IRT_INVALID_ARG && strstr(err.msg, needle), "'%s': %s (want '%s')", src, err.msg,
          needle);
   CHECK(g == NULL);
@@ -156,26 +156,26 @@ static void test_choice(void) {
   const char *ch[] = {"yes", "no", "y\"\\es"};
   char *src = NULL;
   CHECK(irt_grammar_choice(ch, 3, &src, NULL) == IRT_OK);
-  irt_grammar *g = src ? compile(src) : NULL;
+  gram *g = src ? compile(src) : NULL;
   for (int i = 0; i < 3 && g; i++) {
-    irt_gstate *s;
-    irt_gstate_create(g, &s, NULL);
-    CHECK(irt_gstate_advance(s, (const uint8_t *)ch[i], strlen(ch[i])));
-    CHECK(irt_gstate_accepting(s) && !irt_gstate_can_continue(s));
-    CHECK(!irt_gstate_advance(s, (const uint8_t *)"s", 1));
-    irt_gstate_destroy(s);
+    gram_state *s;
+    gram_state_create(g, &s, NULL);
+    CHECK(gram_state_advance(s, (const uint8_t *)ch[i], strlen(ch[i])));
+    CHECK(gram_state_accepting(s) && !gram_state_can_continue(s));
+    CHECK(!gram_state_advance(s, (const uint8_t *)"s", 1));
+    gram_state_destroy(s);
   }
-  irt_grammar_destroy(g);
+  gram_destroy(g);
   free(src);
 }
 
 static bool takes(const char *src, const char *bytes) {
-  irt_grammar *g = compile(src);
-  irt_gstate *s = NULL;
-  bool ok = g && irt_gstate_create(g, &s, NULL) == IRT_OK &&
-            irt_gstate_advance(s, (const uint8_t *)bytes, strlen(bytes));
-  irt_gstate_destroy(s);
-  irt_grammar_destroy(g);
+  gram *g = compile(src);
+  gram_state *s = NULL;
+  bool ok = g && gram_state_create(g, &s, NULL) == IRT_OK &&
+            gram_state_advance(s, (const uint8_t *)bytes, strlen(bytes));
+  gram_state_destroy(s);
+  gram_destroy(g);
   return ok;
 }
 
@@ -194,13 +194,13 @@ static void test_utf8(void) {
   CHECK(takes("root ::= [\\u0800-\\uFFFF]", "\xE0\xA0"));
   CHECK(!takes("root ::= [\\u0800-\\u0900]", "\xE1"));
   CHECK(takes("root ::= [^a]", "\xF0\x9F"));
-  irt_grammar *g = compile("root ::= .*"); /* NUL never, as in llama.cpp */
-  irt_gstate *s = NULL;
-  CHECK(g && irt_gstate_create(g, &s, NULL) == IRT_OK);
-  CHECK(s && irt_gstate_advance(s, (const uint8_t *)"a", 1));
-  CHECK(s && !irt_gstate_advance(s, (const uint8_t *)"\0", 1));
-  irt_gstate_destroy(s);
-  irt_grammar_destroy(g);
+  gram *g = compile("root ::= .*"); /* NUL never, as in llama.cpp */
+  gram_state *s = NULL;
+  CHECK(g && gram_state_create(g, &s, NULL) == IRT_OK);
+  CHECK(s && gram_state_advance(s, (const uint8_t *)"a", 1));
+  CHECK(s && !gram_state_advance(s, (const uint8_t *)"\0", 1));
+  gram_state_destroy(s);
+  gram_destroy(g);
 }
 
 /* Masks from the byte-order walk agree with asking about each token alone, at states
@@ -213,13 +213,13 @@ static void test_masks(void) {
     CHECKF(0, "%s", err.msg);
     return;
   }
-  irt_gtrie *trie = irt_gtrie_create(t);
+  gram_trie *trie = gram_trie_create(t);
   char *src = NULL;
   CHECK(irt_grammar_json("{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},"
                          "\"n\":{\"type\":\"number\"},\"k\":{\"enum\":[\"\\u4e2d\\u6587\",true]}},"
                          "\"required\":[\"name\",\"n\",\"k\"]}",
                          &src, &err) == IRT_OK);
-  irt_grammar *g = compile(src);
+  gram *g = compile(src);
   const char *prefixes[] = {"",
                             "{",
                             "{\"na",
@@ -231,23 +231,23 @@ static void test_masks(void) {
   int32_t V = irt_tokenizer_vocab_size(t);
   uint8_t *mask = malloc((size_t)V);
   for (size_t i = 0; i < sizeof prefixes / sizeof *prefixes && g && trie; i++) {
-    irt_gstate *s;
-    irt_gstate_create(g, &s, NULL);
-    CHECKF(irt_gstate_advance(s, (const uint8_t *)prefixes[i], strlen(prefixes[i])), "%s",
+    gram_state *s;
+    gram_state_create(g, &s, NULL);
+    CHECKF(gram_state_advance(s, (const uint8_t *)prefixes[i], strlen(prefixes[i])), "%s",
            prefixes[i]);
-    int64_t n = irt_grammar_mask(s, trie, mask), agree = 0, count = 0;
+    int64_t n = gram_mask(s, trie, mask), agree = 0, count = 0;
     for (int32_t id = 0; id < V; id++) {
-      agree += mask[id] == irt_grammar_allows(s, trie, id);
+      agree += mask[id] == gram_allows(s, trie, id);
       count += mask[id];
     }
     CHECKF(agree == V && count == n && n > 0, "prefix '%s': %lld of %d agree, %lld allowed",
            prefixes[i], (long long)agree, V, (long long)n);
-    irt_gstate_destroy(s);
+    gram_state_destroy(s);
   }
   free(mask);
-  irt_grammar_destroy(g);
+  gram_destroy(g);
   free(src);
-  irt_gtrie_destroy(trie);
+  gram_trie_destroy(trie);
   irt_tokenizer_destroy(t);
 }
 
@@ -287,15 +287,15 @@ static void test_limits(void) {
   free(src);
   /* Every 'a' may or may not wait for a 'b': one parse stack more per character, until the
    * state's bound ends the text (rather than each step costing more and more). */
-  irt_grammar *g = compile("root ::= s\ns ::= \"a\" s \"b\" | \"a\" s | \"\"");
-  irt_gstate *st = NULL;
+  gram *g = compile("root ::= s\ns ::= \"a\" s \"b\" | \"a\" s | \"\"");
+  gram_state *st = NULL;
   irt_error err = {0};
-  CHECK(irt_gstate_create(g, &st, &err) == IRT_OK);
+  CHECK(gram_state_create(g, &st, &err) == IRT_OK);
   int taken = 0;
-  while (st && taken < 10000 && irt_gstate_advance(st, (const uint8_t *)"a", 1)) taken++;
+  while (st && taken < 10000 && gram_state_advance(st, (const uint8_t *)"a", 1)) taken++;
   CHECKF(taken >= 100 && taken < 10000, "%d characters taken", taken);
-  irt_gstate_destroy(st);
-  irt_grammar_destroy(g);
+  gram_state_destroy(st);
+  gram_destroy(g);
 }
 
 int main(void) {

@@ -173,27 +173,26 @@ static void heap_free(void *ctx, void *p) {
 }
 
 static void test_cache(void) {
-  irt_kv_cache kf, kq;
+  kv_cache kf, kq;
   ir_diag d = {0};
-  CHECK(irt_kv_cache_init(&kf, 3, NKV, HD, BS, 40, heap_alloc, NULL, &d) == IR_OK);
-  CHECK(irt_kv_cache_init_dtype(&kq, 3, NKV, HD, BS, 40, IRT_KV_INT8, heap_alloc, NULL, &d) ==
-        IR_OK);
-  CHECK(irt_kv_cache_bytes(&kf) == 40ull * 3 * 2 * NKV * HD * 4);
-  CHECK(irt_kv_cache_bytes(&kq) == 40ull * 3 * 2 * NKV * (HD + 4));
+  CHECK(kv_cache_init(&kf, 3, NKV, HD, BS, 40, heap_alloc, NULL, &d) == IR_OK);
+  CHECK(kv_cache_init_dtype(&kq, 3, NKV, HD, BS, 40, KV_INT8, heap_alloc, NULL, &d) == IR_OK);
+  CHECK(kv_cache_bytes(&kf) == 40ull * 3 * 2 * NKV * HD * 4);
+  CHECK(kv_cache_bytes(&kq) == 40ull * 3 * 2 * NKV * (HD + 4));
   CHECK(kq.k[1] == NULL && kq.k8[1] && kq.v_scale[2] && kf.k8[0] == NULL);
   /* A copy carries the values and the scales of every layer. */
   size_t blk = (size_t)NKV * BS * HD, rows = (size_t)NKV * BS;
   for (size_t i = 0; i < blk; i++) kq.v8[2][3 * blk + i] = (int8_t)(i % 251 - 125);
   for (size_t i = 0; i < rows; i++) kq.k_scale[2][3 * rows + i] = 0.5f + (float)i;
   int32_t b3 = 3, b7 = 7;
-  irt_kv_block_copy(&kq, b3, b7);
+  kv_block_copy(&kq, b3, b7);
   CHECK(!memcmp(kq.v8[2] + 7 * blk, kq.v8[2] + 3 * blk, blk));
   CHECK(!memcmp(kq.k_scale[2] + 7 * rows, kq.k_scale[2] + 3 * rows, rows * sizeof(float)));
   CHECK(kq.k_scale[2][7 * rows + 1] == 1.5f);
-  irt_kv_cache_release(&kf, heap_free, NULL);
-  irt_kv_cache_release(&kq, heap_free, NULL);
-  CHECK(irt_kv_cache_init_dtype(&kq, 3, NKV, HD, BS, 40, (irt_kv_dtype_id)7, heap_alloc, NULL,
-                                &d) == IR_INVALID_ARG);
+  kv_cache_release(&kf, heap_free, NULL);
+  kv_cache_release(&kq, heap_free, NULL);
+  CHECK(kv_cache_init_dtype(&kq, 3, NKV, HD, BS, 40, (kv_dtype_id)7, heap_alloc, NULL, &d) ==
+        IR_INVALID_ARG);
   irt_kv_dtype t = IRT_KV_DTYPE_F32;
   CHECK(irt_kv_dtype_parse("int8", &t) && t == IRT_KV_DTYPE_INT8);
   CHECK(irt_kv_dtype_parse("f32", &t) && t == IRT_KV_DTYPE_F32);

@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend.h" /* irt_sampler_sample_u */
+#include "backend.h" /* sampler_sample_u */
 #include "tcheck.h"
 
 enum { NV = 1000 };
@@ -397,7 +397,7 @@ static void test_min_p(void) {
   irt_sampling p = {.temperature = 1.0f, .top_p = 1.0f, .seed = 3, .min_p = 0.3f};
   irt_sampler *s = NULL;
   CHECK(irt_sampler_create(&p, 4, &s, NULL) == IRT_OK);
-  CHECK(irt_sampler_sample_u(s, x, 0.95) == 1 && irt_sampler_sample_u(s, x, 0.7) == 0);
+  CHECK(sampler_sample_u(s, x, 0.95) == 1 && sampler_sample_u(s, x, 0.7) == 0);
   int seen[4] = {0};
   for (int k = 0; k < 2000; k++) seen[irt_sampler_sample(s, x)]++;
   CHECKF(seen[2] == 0 && seen[3] == 0 && seen[1] > 400 && seen[1] < 700, "min_p 0.3: %d %d %d %d",
@@ -405,7 +405,7 @@ static void test_min_p(void) {
   irt_sampler_destroy(s);
   p.min_p = 0.0f;
   CHECK(irt_sampler_create(&p, 4, &s, NULL) == IRT_OK);
-  CHECK(irt_sampler_sample_u(s, x, 0.95) == 2);
+  CHECK(sampler_sample_u(s, x, 0.95) == 2);
   irt_sampler_destroy(s);
   p.min_p = 1.0f, p.temperature = 5.0f;
   CHECK(irt_sampler_create(&p, 4, &s, NULL) == IRT_OK);

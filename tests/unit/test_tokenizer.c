@@ -44,7 +44,7 @@ static int32_t *encode(const irt_tokenizer *t, const char *s, size_t n, bool add
   size_t cap = 4, got = 0;
   int32_t *ids = malloc(cap * sizeof *ids);
   ir_diag d = {0};
-  if (irt_tok_encode(t, s, n, add, parse, ids, cap, &got, &d) != IR_OK) {
+  if (tok_encode(t, s, n, add, parse, ids, cap, &got, &d) != IR_OK) {
     fprintf(stderr, "encode failed: %s\n", d.msg);
     free(ids);
     *out_n = 0;
@@ -53,7 +53,7 @@ static int32_t *encode(const irt_tokenizer *t, const char *s, size_t n, bool add
   if (got > cap) {
     free(ids);
     ids = malloc(got * sizeof *ids);
-    CHECK(irt_tok_encode(t, s, n, add, parse, ids, got, &got, &d) == IR_OK);
+    CHECK(tok_encode(t, s, n, add, parse, ids, got, &got, &d) == IR_OK);
   }
   *out_n = got;
   return ids;
@@ -61,10 +61,10 @@ static int32_t *encode(const irt_tokenizer *t, const char *s, size_t n, bool add
 
 static char *decode(const irt_tokenizer *t, const int32_t *ids, size_t n, bool skip, size_t *len) {
   ir_diag d = {0};
-  CHECK(irt_tok_decode(t, ids, n, skip, NULL, 0, len, &d) == IR_OK);
+  CHECK(tok_decode(t, ids, n, skip, NULL, 0, len, &d) == IR_OK);
   char *buf = malloc(*len + 1);
   size_t len2 = 0;
-  CHECK(irt_tok_decode(t, ids, n, skip, buf, *len, &len2, &d) == IR_OK && len2 == *len);
+  CHECK(tok_decode(t, ids, n, skip, buf, *len, &len2, &d) == IR_OK && len2 == *len);
   buf[*len] = '\0';
   return buf;
 }
@@ -104,18 +104,18 @@ static bool whole_utf8(const unsigned char *s, size_t n) {
 /* Streams ids one by one; checks every chunk is whole characters and the total equals want. */
 static bool stream_matches(const irt_tokenizer *t, const int32_t *ids, size_t n, const char *want,
                            size_t want_len) {
-  irt_tok_stream s;
-  size_t cap = irt_tok_piece_max(t), len = 0;
+  tok_stream s;
+  size_t cap = tok_piece_max(t), len = 0;
   char *chunk = malloc(cap), *all = malloc(want_len + 64 + n * cap);
   bool ok = true;
-  irt_tok_stream_init(&s, t, true);
+  tok_stream_init(&s, t, true);
   for (size_t i = 0; i < n; i++) {
-    size_t k = irt_tok_stream_push(&s, ids[i], chunk, cap);
+    size_t k = tok_stream_push(&s, ids[i], chunk, cap);
     ok &= k <= cap && whole_utf8((unsigned char *)chunk, k);
     memcpy(all + len, chunk, k);
     len += k;
   }
-  len += irt_tok_stream_finish(&s, all + len, 3);
+  len += tok_stream_finish(&s, all + len, 3);
   ok &= len == want_len && memcmp(all, want, len) == 0;
   free(chunk);
   free(all);
@@ -192,16 +192,16 @@ static int check_extra_decode(const char *name, const irt_tokenizer *t, const cJ
     if (!cJSON_IsString(want)) continue;
     size_t len, wlen = strlen(want->valuestring);
     char *text = decode(t, ids, n, k == 0, &len);
-    irt_tok_stream s;
-    size_t cap = irt_tok_piece_max(t), got = 0;
+    tok_stream s;
+    size_t cap = tok_piece_max(t), got = 0;
     char *chunk = malloc(cap), *all = malloc(wlen + 64 + n * cap);
-    irt_tok_stream_init(&s, t, k == 0);
+    tok_stream_init(&s, t, k == 0);
     for (size_t i = 0; i < n; i++) {
-      size_t m = irt_tok_stream_push(&s, ids[i], chunk, cap);
+      size_t m = tok_stream_push(&s, ids[i], chunk, cap);
       memcpy(all + got, chunk, m);
       got += m;
     }
-    got += irt_tok_stream_finish(&s, all + got, 3);
+    got += tok_stream_finish(&s, all + got, 3);
     if (len != wlen || memcmp(text, want->valuestring, len) != 0 || got != wlen ||
         memcmp(all, want->valuestring, got) != 0) {
       fprintf(stderr, "%s: extra text %d %s: '%s'\n", name, idx, keys[k], text);
@@ -243,27 +243,27 @@ static void check_roundtrip(const char *name, const irt_tokenizer *t, const corp
   size_t len = 0, n1, n2;
   ir_diag d = {0};
   irt_tokenizer *t2 = NULL;
-  CHECKF(irt_tok_serialize(t, &buf, &len, &d) == IR_OK, "%s: %s", name, d.msg);
-  CHECKF(irt_tok_deserialize(buf, len, &t2, &d) == IR_OK, "%s: %s", name, d.msg);
+  CHECKF(tok_serialize(t, &buf, &len, &d) == IR_OK, "%s: %s", name, d.msg);
+  CHECKF(tok_deserialize(buf, len, &t2, &d) == IR_OK, "%s: %s", name, d.msg);
   int32_t *a = encode(t, c->text, c->len, true, true, &n1);
   CHECKF(same_ids(name, -1, a, n1, cJSON_GetObjectItem(exp, "whole")), "%s: whole corpus", name);
   if (t2) {
     int32_t *b = encode(t2, c->text, c->len, true, true, &n2);
     CHECKF(n1 == n2 && memcmp(a, b, n1 * sizeof *a) == 0, "%s: round trip encodes differ", name);
-    CHECK(irt_tok_vocab_size(t2) == irt_tok_vocab_size(t) && irt_tok_bos(t2) == irt_tok_bos(t) &&
-          irt_tok_eos(t2) == irt_tok_eos(t) && irt_tok_get_pre(t2) == irt_tok_get_pre(t));
-    const char *ct = irt_tok_chat_template(t), *ct2 = irt_tok_chat_template(t2);
+    CHECK(tok_vocab_size(t2) == tok_vocab_size(t) && tok_bos(t2) == tok_bos(t) &&
+          tok_eos(t2) == tok_eos(t) && tok_get_pre(t2) == tok_get_pre(t));
+    const char *ct = tok_chat_template(t), *ct2 = tok_chat_template(t2);
     CHECK((!ct && !ct2) || (ct && ct2 && strcmp(ct, ct2) == 0));
     uint8_t *buf2 = NULL;
     size_t len2 = 0;
-    CHECK(irt_tok_serialize(t2, &buf2, &len2, &d) == IR_OK && len2 == len &&
+    CHECK(tok_serialize(t2, &buf2, &len2, &d) == IR_OK && len2 == len &&
           memcmp(buf, buf2, len) == 0);
     free(buf2);
     free(b);
   }
   free(a);
   free(buf);
-  irt_tok_destroy(t2);
+  tok_destroy(t2);
 }
 
 static irt_tokenizer *load_fixture(const char *name) {
@@ -272,7 +272,7 @@ static irt_tokenizer *load_fixture(const char *name) {
   snprintf(cfg, sizeof cfg, TOKDIR "/%s/tokenizer_config.json", name);
   irt_tokenizer *t = NULL;
   ir_diag d = {0};
-  ir_status st = irt_tok_load_hf(json, file_exists(cfg) ? cfg : NULL, &t, &d);
+  ir_status st = tok_load_hf(json, file_exists(cfg) ? cfg : NULL, &t, &d);
   CHECKF(st == IR_OK, "%s: %s", name, d.msg);
   return t;
 }
@@ -292,7 +292,7 @@ static void check_fixture(const char *name, const corpus *c) {
     check_extra(name, t, exp);
     check_roundtrip(name, t, c, exp);
   }
-  irt_tok_destroy(t);
+  tok_destroy(t);
   cJSON_Delete(exp);
   free(js);
 }
@@ -302,26 +302,25 @@ static void check_fixture(const char *name, const corpus *c) {
 static void check_config(void) {
   irt_tokenizer *t = load_fixture("llama3");
   if (t) {
-    int32_t eot = irt_tok_find(t, "<|eot_id|>"), end = irt_tok_find(t, "<|end_of_text|>");
-    CHECK(irt_tok_eos(t) == eot && eot >= 0);
-    CHECK(irt_tok_is_eog(t, end) && irt_tok_is_eog(t, eot) && !irt_tok_is_eog(t, 100));
-    CHECK(irt_tok_bos(t) == irt_tok_find(t, "<|begin_of_text|>"));
-    CHECK(irt_tok_is_special(t, eot) && !irt_tok_is_special(t, 300));
-    CHECK(irt_tok_get_model(t) == IRT_TOK_BPE_BYTE_LEVEL &&
-          irt_tok_get_pre(t) == IRT_TOK_PRE_LLAMA3);
-    CHECK(strcmp(irt_tok_token(t, eot), "<|eot_id|>") == 0 && irt_tok_token(t, -1) == NULL);
+    int32_t eot = tok_find(t, "<|eot_id|>"), end = tok_find(t, "<|end_of_text|>");
+    CHECK(tok_eos(t) == eot && eot >= 0);
+    CHECK(tok_is_eog(t, end) && tok_is_eog(t, eot) && !tok_is_eog(t, 100));
+    CHECK(tok_bos(t) == tok_find(t, "<|begin_of_text|>"));
+    CHECK(tok_is_special(t, eot) && !tok_is_special(t, 300));
+    CHECK(tok_get_model(t) == TOK_BPE_BYTE_LEVEL && tok_get_pre(t) == TOK_PRE_LLAMA3);
+    CHECK(strcmp(tok_token(t, eot), "<|eot_id|>") == 0 && tok_token(t, -1) == NULL);
   }
-  irt_tok_destroy(t);
+  tok_destroy(t);
   t = load_fixture("qwen2");
   if (t) {
-    const char *ct = irt_tok_chat_template(t);
+    const char *ct = tok_chat_template(t);
     CHECK(ct && strncmp(ct, "{% for m in messages %}", 23) == 0); /* "default" of the list */
-    CHECK(irt_tok_get_pre(t) == IRT_TOK_PRE_QWEN2 && irt_tok_bos(t) == -1);
+    CHECK(tok_get_pre(t) == TOK_PRE_QWEN2 && tok_bos(t) == -1);
   }
-  irt_tok_destroy(t);
+  tok_destroy(t);
   t = load_fixture("smollm");
-  CHECK(t && irt_tok_get_pre(t) == IRT_TOK_PRE_SMOLLM);
-  irt_tok_destroy(t);
+  CHECK(t && tok_get_pre(t) == TOK_PRE_SMOLLM);
+  tok_destroy(t);
 }
 
 /* Writes text to TEST_TMP_DIR/name and returns the path (static buffer), or NULL. */
@@ -355,19 +354,19 @@ static void merges_as_pairs(cJSON *j) {
 static void check_gemma(const corpus *c) {
   irt_tokenizer *t = load_fixture("spm-gemma");
   if (t) {
-    int32_t sot = irt_tok_find(t, "<start_of_turn>"), eot = irt_tok_find(t, "<end_of_turn>");
-    CHECK(irt_tok_bos(t) == 2 && irt_tok_eos(t) == 1 && irt_tok_find(t, "<pad>") == 0 &&
-          irt_tok_find(t, "<unk>") == 3);
-    CHECK(irt_tok_is_special(t, sot) && irt_tok_is_special(t, eot) && irt_tok_is_eog(t, eot));
-    CHECK(!irt_tok_is_special(t, irt_tok_find(t, "<unused0>")) &&
-          !irt_tok_is_special(t, irt_tok_find(t, "<mask>")));
-    CHECK(irt_tok_get_model(t) == IRT_TOK_BPE_SPM && irt_tok_get_pre(t) == IRT_TOK_PRE_NONE);
+    int32_t sot = tok_find(t, "<start_of_turn>"), eot = tok_find(t, "<end_of_turn>");
+    CHECK(tok_bos(t) == 2 && tok_eos(t) == 1 && tok_find(t, "<pad>") == 0 &&
+          tok_find(t, "<unk>") == 3);
+    CHECK(tok_is_special(t, sot) && tok_is_special(t, eot) && tok_is_eog(t, eot));
+    CHECK(!tok_is_special(t, tok_find(t, "<unused0>")) &&
+          !tok_is_special(t, tok_find(t, "<mask>")));
+    CHECK(tok_get_model(t) == TOK_BPE_SPM && tok_get_pre(t) == TOK_PRE_NONE);
     size_t n;
     int32_t *ids = encode(t, "<start_of_turn>user\n", 20, true, true, &n);
     CHECK(ids && n >= 3 && ids[0] == 2 && ids[1] == sot);
     free(ids);
   }
-  irt_tok_destroy(t);
+  tok_destroy(t);
   char *js = read_file(TOKDIR "/spm-gemma/tokenizer.json", NULL);
   char *exp_js = read_file(TOKDIR "/spm-gemma/expected.json", NULL);
   cJSON *j = js ? cJSON_Parse(js) : NULL, *exp = exp_js ? cJSON_Parse(exp_js) : NULL;
@@ -379,12 +378,12 @@ static void check_gemma(const corpus *c) {
     const char *path = write_tmp("tok_gemma_nopre.json", out);
     irt_tokenizer *t2 = NULL;
     ir_diag d = {0};
-    CHECKF(path && irt_tok_load_hf(path, NULL, &t2, &d) == IR_OK, "%s", d.msg);
+    CHECKF(path && tok_load_hf(path, NULL, &t2, &d) == IR_OK, "%s", d.msg);
     if (t2) {
       check_lines("spm-gemma (pre_tokenizer null)", t2, c, exp);
       check_extra("spm-gemma (pre_tokenizer null)", t2, exp);
     }
-    irt_tok_destroy(t2);
+    tok_destroy(t2);
     free(out);
   }
   cJSON_Delete(j);
@@ -404,44 +403,43 @@ static void check_add_eos(void) {
   fclose(f);
   irt_tokenizer *t = NULL;
   ir_diag d = {0};
-  CHECKF(irt_tok_load_hf(TOKDIR "/spm/tokenizer.json", cfg, &t, &d) == IR_OK, "%s", d.msg);
+  CHECKF(tok_load_hf(TOKDIR "/spm/tokenizer.json", cfg, &t, &d) == IR_OK, "%s", d.msg);
   if (!t) return;
   size_t n;
   int32_t *ids = encode(t, "hi", 2, true, true, &n);
-  CHECK(n >= 2 && ids[n - 1] == irt_tok_find(t, "</s>") && ids[0] != irt_tok_bos(t));
-  CHECK(irt_tok_chat_template(t) == NULL);
+  CHECK(n >= 2 && ids[n - 1] == tok_find(t, "</s>") && ids[0] != tok_bos(t));
+  CHECK(tok_chat_template(t) == NULL);
   free(ids);
-  irt_tok_destroy(t);
+  tok_destroy(t);
 }
 
 /* SPM byte pieces of one character come out as that character, once complete. */
 static void check_spm_bytes(void) {
   irt_tokenizer *t = load_fixture("spm");
   if (!t) return;
-  int32_t ids[4] = {irt_tok_find(t, "<0xE2>"), irt_tok_find(t, "<0x82>"), irt_tok_find(t, "<0xAC>"),
-                    irt_tok_find(t, "<0x41>")};
+  int32_t ids[4] = {tok_find(t, "<0xE2>"), tok_find(t, "<0x82>"), tok_find(t, "<0xAC>"),
+                    tok_find(t, "<0x41>")};
   char buf[64];
-  irt_tok_stream s;
-  irt_tok_stream_init(&s, t, false);
+  tok_stream s;
+  tok_stream_init(&s, t, false);
   CHECK(ids[0] >= 0 && ids[1] >= 0 && ids[2] >= 0);
-  CHECK(irt_tok_stream_push(&s, ids[0], buf, sizeof buf) == 0);
-  CHECK(irt_tok_stream_push(&s, ids[1], buf, sizeof buf) == 0);
-  CHECK(irt_tok_stream_push(&s, ids[2], buf, sizeof buf) == 3 &&
-        memcmp(buf, "\xE2\x82\xAC", 3) == 0);
+  CHECK(tok_stream_push(&s, ids[0], buf, sizeof buf) == 0);
+  CHECK(tok_stream_push(&s, ids[1], buf, sizeof buf) == 0);
+  CHECK(tok_stream_push(&s, ids[2], buf, sizeof buf) == 3 && memcmp(buf, "\xE2\x82\xAC", 3) == 0);
   /* an unfinished character is flushed as U+FFFD; a broken one too, then the next byte */
-  CHECK(irt_tok_stream_push(&s, ids[0], buf, sizeof buf) == 0);
-  CHECK(irt_tok_stream_finish(&s, buf, sizeof buf) == 3 && memcmp(buf, "\xEF\xBF\xBD", 3) == 0);
+  CHECK(tok_stream_push(&s, ids[0], buf, sizeof buf) == 0);
+  CHECK(tok_stream_finish(&s, buf, sizeof buf) == 3 && memcmp(buf, "\xEF\xBF\xBD", 3) == 0);
   size_t len;
   int32_t bad[3] = {ids[0], ids[3], ids[1]};
   ir_diag d = {0};
-  CHECK(irt_tok_decode(t, bad, 3, false, buf, sizeof buf, &len, &d) == IR_OK && len == 7 &&
+  CHECK(tok_decode(t, bad, 3, false, buf, sizeof buf, &len, &d) == IR_OK && len == 7 &&
         memcmp(buf,
                "\xEF\xBF\xBD"
                "A\xEF\xBF\xBD",
                7) == 0);
-  int32_t oob = irt_tok_vocab_size(t);
-  CHECK(irt_tok_decode(t, &oob, 1, false, buf, sizeof buf, &len, &d) == IR_INVALID_ARG);
-  irt_tok_destroy(t);
+  int32_t oob = tok_vocab_size(t);
+  CHECK(tok_decode(t, &oob, 1, false, buf, sizeof buf, &len, &d) == IR_INVALID_ARG);
+  tok_destroy(t);
 }
 
 static void check_invalid_utf8(void) {
@@ -471,12 +469,12 @@ static void check_invalid_utf8(void) {
     int32_t ids[16];
     size_t n = 99;
     ir_diag d = {0};
-    ir_status st = irt_tok_encode(t, cases[i].s, cases[i].len, true, true, ids, 16, &n, &d);
+    ir_status st = tok_encode(t, cases[i].s, cases[i].len, true, true, ids, 16, &n, &d);
     char want[48];
     snprintf(want, sizeof want, "offset %zu ", cases[i].off);
     CHECKF(st == IR_INVALID_ARG && strstr(d.msg, want), "case %zu: %s", i, d.msg);
   }
-  irt_tok_destroy(t);
+  tok_destroy(t);
 }
 
 /* ---- a tokenizer from a spec, and damaged serializations -------------------------- */
@@ -499,31 +497,31 @@ static irt_tokenizer *small_tokenizer(void) {
     char *o = store + 16 * n;
     if (cp < 0x80) o[0] = (char)cp, o[1] = 0;
     else o[0] = (char)(0xC0 | cp >> 6), o[1] = (char)(0x80 | (cp & 0x3F)), o[2] = 0;
-    toks[n] = o, types[n++] = IRT_TOK_NORMAL;
+    toks[n] = o, types[n++] = TOK_NORMAL;
   }
   for (int m = 0; m < NM; m++) {
     char *o = store + 16 * n;
     const char *sp = strchr(merges[m], ' ');
     snprintf(o, 16, "%.*s%s", (int)(sp - merges[m]), merges[m], sp + 1);
-    toks[n] = o, types[n++] = IRT_TOK_NORMAL;
+    toks[n] = o, types[n++] = TOK_NORMAL;
   }
-  toks[n] = "<|end|>", types[n++] = IRT_TOK_CONTROL;
-  toks[n] = "<sep>", types[n++] = IRT_TOK_USER_DEFINED;
-  irt_tok_spec spec = {.model = IRT_TOK_BPE_BYTE_LEVEL,
-                       .pre = IRT_TOK_PRE_GPT2,
-                       .n_tokens = n,
-                       .tokens = toks,
-                       .token_types = types,
-                       .n_merges = NM,
-                       .merges = merges,
-                       .bos_id = -1,
-                       .eos_id = n - 2,
-                       .pad_id = -1,
-                       .unk_id = -1,
-                       .chat_template = "{{ x }}"};
+  toks[n] = "<|end|>", types[n++] = TOK_CONTROL;
+  toks[n] = "<sep>", types[n++] = TOK_USER_DEFINED;
+  tok_spec spec = {.model = TOK_BPE_BYTE_LEVEL,
+                   .pre = TOK_PRE_GPT2,
+                   .n_tokens = n,
+                   .tokens = toks,
+                   .token_types = types,
+                   .n_merges = NM,
+                   .merges = merges,
+                   .bos_id = -1,
+                   .eos_id = n - 2,
+                   .pad_id = -1,
+                   .unk_id = -1,
+                   .chat_template = "{{ x }}"};
   irt_tokenizer *t = NULL;
   ir_diag d = {0};
-  CHECKF(irt_tok_create(&spec, &t, &d) == IR_OK, "%s", d.msg);
+  CHECKF(tok_create(&spec, &t, &d) == IR_OK, "%s", d.msg);
   free(store);
   return t;
 }
@@ -534,35 +532,35 @@ static void check_spec(void) {
   size_t n;
   const char *text = " the world<sep>thing<|end|>";
   int32_t *ids = encode(t, text, strlen(text), true, true, &n);
-  int32_t want[] = {irt_tok_find(t, "Ġthe"),   irt_tok_find(t, "Ġworld"), irt_tok_find(t, "<sep>"),
-                    irt_tok_find(t, "t"),      irt_tok_find(t, "h"),      irt_tok_find(t, "ing"),
-                    irt_tok_find(t, "<|end|>")};
+  int32_t want[] = {tok_find(t, "Ġthe"),   tok_find(t, "Ġworld"), tok_find(t, "<sep>"),
+                    tok_find(t, "t"),      tok_find(t, "h"),      tok_find(t, "ing"),
+                    tok_find(t, "<|end|>")};
   CHECK(n == 7 && memcmp(ids, want, sizeof want) == 0);
   free(ids);
   ids = encode(t, text, strlen(text), true, false, &n); /* <|end|> as text, <sep> still matched */
-  CHECK(n > 7 && ids[2] == want[2] && ids[n - 1] == irt_tok_find(t, ">"));
+  CHECK(n > 7 && ids[2] == want[2] && ids[n - 1] == tok_find(t, ">"));
   size_t len;
   char *back = decode(t, ids, n, false, &len);
   CHECK(len == strlen(text) && memcmp(back, text, len) == 0);
   free(back);
   free(ids);
-  irt_tok_destroy(t);
+  tok_destroy(t);
   /* a merge whose result is missing is refused, naming it */
   const char *toks[] = {"a", "b"}, *merges[] = {"a b"};
-  irt_tok_spec bad = {.model = IRT_TOK_BPE_BYTE_LEVEL,
-                      .n_tokens = 2,
-                      .tokens = toks,
-                      .n_merges = 1,
-                      .merges = merges,
-                      .bos_id = -1,
-                      .eos_id = -1,
-                      .pad_id = -1,
-                      .unk_id = 5};
+  tok_spec bad = {.model = TOK_BPE_BYTE_LEVEL,
+                  .n_tokens = 2,
+                  .tokens = toks,
+                  .n_merges = 1,
+                  .merges = merges,
+                  .bos_id = -1,
+                  .eos_id = -1,
+                  .pad_id = -1,
+                  .unk_id = 5};
   ir_diag d = {0};
-  CHECK(irt_tok_create(&bad, &t, &d) == IR_INVALID_ARG && strstr(d.msg, "unk_id") && !t);
+  CHECK(tok_create(&bad, &t, &d) == IR_INVALID_ARG && strstr(d.msg, "unk_id") && !t);
   bad.unk_id = -1;
   d = (ir_diag){0};
-  CHECK(irt_tok_create(&bad, &t, &d) == IR_INVALID_ARG && strstr(d.msg, "'a' 'b'") && !t);
+  CHECK(tok_create(&bad, &t, &d) == IR_INVALID_ARG && strstr(d.msg, "'a' 'b'") && !t);
 }
 
 /* Uses whatever a damaged message gives; it must never crash. Returns 1 if it was
@@ -570,13 +568,13 @@ static void check_spec(void) {
 static int exercise(const uint8_t *buf, size_t len) {
   irt_tokenizer *t = NULL;
   ir_diag d = {0};
-  if (irt_tok_deserialize(buf, len, &t, &d) != IR_OK) return d.msg[0] != '\0' && !t ? 0 : -1;
+  if (tok_deserialize(buf, len, &t, &d) != IR_OK) return d.msg[0] != '\0' && !t ? 0 : -1;
   int32_t ids[64];
   char out[256];
   size_t n = 0, m;
-  irt_tok_encode(t, " the world<sep>x<|end|> 12 \xC3\xA9", 30, true, true, ids, 64, &n, &d);
-  irt_tok_decode(t, ids, n < 64 ? n : 64, false, out, sizeof out, &m, &d);
-  irt_tok_destroy(t);
+  tok_encode(t, " the world<sep>x<|end|> 12 \xC3\xA9", 30, true, true, ids, 64, &n, &d);
+  tok_decode(t, ids, n < 64 ? n : 64, false, out, sizeof out, &m, &d);
+  tok_destroy(t);
   return 1;
 }
 
@@ -585,8 +583,8 @@ static void check_damage(void) {
   uint8_t *buf = NULL;
   size_t len = 0;
   ir_diag d = {0};
-  if (!t || irt_tok_serialize(t, &buf, &len, &d) != IR_OK) return;
-  irt_tok_destroy(t);
+  if (!t || tok_serialize(t, &buf, &len, &d) != IR_OK) return;
+  tok_destroy(t);
   int silent = 0, accepted = 0, tries = 0;
   for (size_t cut = 0; cut < len; cut++) {
     int r = exercise(buf, cut);
@@ -607,7 +605,7 @@ static void check_damage(void) {
   CHECKF(silent == 0, "%d of %d damaged messages refused without a message", silent, tries);
   CHECK(exercise(buf, len) == 1);
   ir_diag d2 = {0};
-  CHECK(irt_tok_deserialize(NULL, 0, &t, &d2) == IR_BAD_FORMAT);
+  CHECK(tok_deserialize(NULL, 0, &t, &d2) == IR_BAD_FORMAT);
   free(copy);
   free(buf);
 }
@@ -631,23 +629,23 @@ static void check_gguf_spm(void) {
     scores[i] = (float)sc->valuedouble;
     types[i] = ty->valueint;
   }
-  irt_tok_spec spec = {.model = IRT_TOK_BPE_SPM,
-                       .pre = IRT_TOK_PRE_NONE,
-                       .n_tokens = n,
-                       .tokens = toks,
-                       .token_types = types,
-                       .scores = scores,
-                       .byte_fallback = true,
-                       .fuse_unk = true,
-                       .add_prefix_space = true,
-                       .add_bos = true,
-                       .bos_id = 1,
-                       .eos_id = 2,
-                       .pad_id = -1,
-                       .unk_id = 0};
+  tok_spec spec = {.model = TOK_BPE_SPM,
+                   .pre = TOK_PRE_NONE,
+                   .n_tokens = n,
+                   .tokens = toks,
+                   .token_types = types,
+                   .scores = scores,
+                   .byte_fallback = true,
+                   .fuse_unk = true,
+                   .add_prefix_space = true,
+                   .add_bos = true,
+                   .bos_id = 1,
+                   .eos_id = 2,
+                   .pad_id = -1,
+                   .unk_id = 0};
   irt_tokenizer *t = NULL;
   ir_diag d = {0};
-  CHECKF(irt_tok_create(&spec, &t, &d) == IR_OK, "%s", d.msg);
+  CHECKF(tok_create(&spec, &t, &d) == IR_OK, "%s", d.msg);
   const cJSON *e;
   int i = 0, bad = 0, bad_dec = 0;
   cJSON_ArrayForEach(e, cJSON_GetObjectItem(v, "tests")) {
@@ -663,7 +661,7 @@ static void check_gguf_spm(void) {
   }
   CHECKF(i == 47 && bad == 0, "llama-spm-gguf: %d of %d vectors differ", bad, i);
   CHECKF(bad_dec == 0, "llama-spm-gguf: %d vectors do not decode back", bad_dec);
-  irt_tok_destroy(t);
+  tok_destroy(t);
   free(toks);
   free(scores);
   free(types);
@@ -681,7 +679,7 @@ static void expect_unsupported(const char *json, const char *needle) {
   fclose(f);
   irt_tokenizer *t = NULL;
   ir_diag d = {0};
-  ir_status st = irt_tok_load_hf(path, NULL, &t, &d);
+  ir_status st = tok_load_hf(path, NULL, &t, &d);
   CHECKF(st == IR_UNSUPPORTED && strstr(d.msg, needle) && !t, "want '%s', got %s: %s", needle,
          ir_status_name(st), d.msg);
 }
@@ -712,7 +710,7 @@ static void check_unsupported(void) {
   expect_unsupported("{" BPE_MODEL "," SPM_REPLACE "," SPACE_SPLIT("true") "}", "'Split'");
   ir_diag d = {0};
   irt_tokenizer *t = NULL;
-  CHECK(irt_tok_load_hf(TEST_TMP_DIR "/no/such/tokenizer.json", NULL, &t, &d) == IR_IO);
+  CHECK(tok_load_hf(TEST_TMP_DIR "/no/such/tokenizer.json", NULL, &t, &d) == IR_IO);
 }
 
 /* A tokenizer_config.json without chat_template: chat_template.jinja beside tokenizer.json
@@ -739,13 +737,13 @@ static void check_template_beside(void) {
   CHECK(ok);
   irt_tokenizer *t = NULL;
   ir_diag d = {0};
-  CHECKF(ok && irt_tok_load_hf(tj, NULL, &t, &d) == IR_OK, "%s", d.msg);
-  CHECK(t && irt_tok_chat_template(t) && !strcmp(irt_tok_chat_template(t), tpl));
-  irt_tok_destroy(t);
+  CHECKF(ok && tok_load_hf(tj, NULL, &t, &d) == IR_OK, "%s", d.msg);
+  CHECK(t && tok_chat_template(t) && !strcmp(tok_chat_template(t), tpl));
+  tok_destroy(t);
   t = NULL;
-  CHECKF(ok && irt_tok_load_hf(tj, cp, &t, &d) == IR_OK, "%s", d.msg);
-  CHECK(t && irt_tok_chat_template(t) && !strcmp(irt_tok_chat_template(t), "own"));
-  irt_tok_destroy(t);
+  CHECKF(ok && tok_load_hf(tj, cp, &t, &d) == IR_OK, "%s", d.msg);
+  CHECK(t && tok_chat_template(t) && !strcmp(tok_chat_template(t), "own"));
+  tok_destroy(t);
 }
 
 /* The tok_blob fuzzer's finds (tests/fuzz/regressions/tok_blob): a plan's tokenizer that
@@ -765,14 +763,14 @@ static void check_fuzz_regressions(void) {
     ir_diag d = {0};
     CHECKF(ir_file_read(path, 1 << 20, &buf, &len, &d) == IR_OK, "%s", d.msg);
     irt_tokenizer *t = NULL;
-    ir_status st = buf ? irt_tok_deserialize((const uint8_t *)buf, len, &t, &d) : IR_IO;
+    ir_status st = buf ? tok_deserialize((const uint8_t *)buf, len, &t, &d) : IR_IO;
     if (st == IR_OK) { /* loaded: it must encode */
       int32_t ids[64];
       size_t k = 0;
-      CHECK(irt_tok_encode(t, "Hello world", 11, true, true, ids, 64, &k, &d) == IR_OK);
+      CHECK(tok_encode(t, "Hello world", 11, true, true, ids, 64, &k, &d) == IR_OK);
     }
     CHECKF(st == IR_OK || d.msg[0], "%s: refused without a message", e->d_name);
-    irt_tok_destroy(t);
+    tok_destroy(t);
     free(buf);
     n++;
   }

@@ -229,8 +229,7 @@ static ir_status alloc_scratch(cuda_ctx *c, const ir_graph *g, ir_diag *d) {
   if (st == IR_OK && c->zh_bytes) st = dev_alloc(c, c->zh_bytes, &c->zh, "swiglu scratch", d);
   if (st == IR_OK && c->wh_bytes)
     st = dev_alloc(c, c->wh_bytes, &c->wh, "dequantized weight scratch", d);
-  size_t pick =
-      (size_t)c->max_logits * (sizeof(irt_pick_req) + sizeof(irt_pick_res) * (1 + IRT_PICK_TOP));
+  size_t pick = (size_t)c->max_logits * (sizeof(pick_req) + sizeof(pick_res) * (1 + PICK_TOP));
   if (st == IR_OK && c->fn[CF_PICK]) st = dev_alloc(c, pick, &c->d_pick, "pick buffer", d);
   if (st == IR_OK && c->fn[CF_PICK] && (r = c->cu.host_alloc(&c->pick_stage, pick)))
     st = cuda_fail(c, r, "pinned pick buffer", d);
@@ -239,8 +238,8 @@ static ir_status alloc_scratch(cuda_ctx *c, const ir_graph *g, ir_diag *d) {
 
 /* An f32 cache, or f16 with its kernels (plans built before them: f32 only). */
 static ir_status check_kv_dtype(cuda_ctx *c, int kv_dtype, ir_diag *d) {
-  c->kv_f16 = kv_dtype == IRT_KV_F16;
-  if (kv_dtype != IRT_KV_F32 && kv_dtype != IRT_KV_F16)
+  c->kv_f16 = kv_dtype == KV_F16;
+  if (kv_dtype != KV_F32 && kv_dtype != KV_F16)
     return ir_diag_set(d, IR_UNSUPPORTED,
                        "KV cache dtype int8 is CPU-only; the cuda backend keeps f32 or f16 "
                        "(use --kv-dtype f16, or --device cpu)");
@@ -307,7 +306,8 @@ static int make_tiles(cuda_ctx *c, const int32_t *tok_seq, int64_t n_tok) {
 
 /* Fills the pinned step buffer for n >= T tokens (tokens past T pad a decode bucket: each
  * its own sequence at position 0 of the pad block) and uploads it in one copy. */
-static ir_status upload_step(cuda_ctx *c, const irt_step *s, int64_t n, cuda_step *cs, ir_diag *d) {
+static ir_status upload_step(cuda_ctx *c, const model_step *s, int64_t n, cuda_step *cs,
+                             ir_diag *d) {
   int64_t T = s->syms[IR_SYM_TOKENS], S = s->syms[IR_SYM_SEQS], L = s->syms[IR_SYM_LOGITS];
   CUresult r;
   if (c->stage_busy && (r = c->cu.event_sync(c->stage_ev)))
@@ -460,8 +460,8 @@ static ir_status capture(cuda_ctx *c, int b, const ir_graph *g, void *const *ptr
   return st;
 }
 
-static ir_status cuda_run_step(void *vctx, const ir_graph *g, void *const *ptrs, const irt_step *s,
-                               ir_diag *d) {
+static ir_status cuda_run_step(void *vctx, const ir_graph *g, void *const *ptrs,
+                               const model_step *s, ir_diag *d) {
   cuda_ctx *c = vctx;
   int64_t T = s->syms[IR_SYM_TOKENS], S = s->syms[IR_SYM_SEQS], L = s->syms[IR_SYM_LOGITS];
   cuda_step cs = {.decode = T == S, .kv = s->kv, .max_blocks = s->max_blocks};
@@ -576,8 +576,8 @@ static ir_status pen_room(cuda_ctx *c, size_t n_pen, int64_t vocab, ir_diag *d) 
 }
 
 static ir_status cuda_pick(void *vctx, const void *logits, int64_t vocab, int n,
-                           const irt_pick_req *req, const int32_t *pen_ids, const float *pen_sub,
-                           irt_pick_res *out, irt_pick_res *top, ir_diag *d) {
+                           const pick_req *req, const int32_t *pen_ids, const float *pen_sub,
+                           pick_res *out, pick_res *top, ir_diag *d) {
   cuda_ctx *c = vctx;
   if (!c->fn[CF_PICK] || !c->d_pick)
     return ir_diag_set(d, IR_UNSUPPORTED, "cuda backend: the plan has no kn_pick kernel");
@@ -586,7 +586,7 @@ static ir_status cuda_pick(void *vctx, const void *logits, int64_t vocab, int n,
     return ir_diag_set(d, IR_INVALID_ARG, "cuda backend: %d picks exceed the plan's limits", n);
   size_t rq = (size_t)n * sizeof *req, rs = (size_t)n * sizeof *out;
   size_t res_off = (size_t)c->max_logits * sizeof *req;
-  size_t top_off = res_off + (size_t)c->max_logits * sizeof *out, rt = rs * IRT_PICK_TOP;
+  size_t top_off = res_off + (size_t)c->max_logits * sizeof *out, rt = rs * PICK_TOP;
   bool tops = false;
   size_t n_pen = 0;
   for (int i = 0; i < n; i++) {
@@ -645,7 +645,7 @@ static ir_status cuda_check(void *vctx, const ir_graph *g, ir_diag *d) {
 }
 
 static ir_status cuda_run_node(void *vctx, const ir_graph *g, int32_t ni, void *const *ptrs,
-                               const irt_step *step, ir_diag *d) {
+                               const model_step *step, ir_diag *d) {
   return ir_diag_set(d, IR_UNSUPPORTED, "cuda backend: nodes run only within run_step");
 }
 
@@ -680,7 +680,7 @@ static void cuda_destroy(void *vctx) {
   free(c);
 }
 
-static const irt_backend_ops k_cuda_ops = {
+static const backend_ops k_cuda_ops = {
     .name = "cuda",
     .check = cuda_check,
     .run_node = cuda_run_node,
@@ -725,9 +725,9 @@ static ir_status set_dequant_gemm_m(cuda_ctx *c, ir_diag *d) {
 }
 
 __attribute__((visibility("default"))) ir_status
-irt_backend_cuda_create(const irt_cuda_opts *o, const ir_graph *g, irt_backend *out, ir_diag *d);
+irt_backend_cuda_create(const irt_cuda_opts *o, const ir_graph *g, rt_backend *out, ir_diag *d);
 
-ir_status irt_backend_cuda_create(const irt_cuda_opts *o, const ir_graph *g, irt_backend *out,
+ir_status irt_backend_cuda_create(const irt_cuda_opts *o, const ir_graph *g, rt_backend *out,
                                   ir_diag *d) {
   if (!o || o->abi != IRT_CUDA_ABI || o->layout != IRT_CUDA_LAYOUT)
     return ir_diag_set(d, IR_VERSION,
@@ -756,6 +756,6 @@ ir_status irt_backend_cuda_create(const irt_cuda_opts *o, const ir_graph *g, irt
     return st;
   }
   make_buckets(c, &g->config);
-  *out = (irt_backend){.ops = &k_cuda_ops, .ctx = c};
+  *out = (rt_backend){.ops = &k_cuda_ops, .ctx = c};
   return IR_OK;
 }

@@ -162,7 +162,7 @@ typedef struct cuda_ctx {
   size_t wh_bytes;
   int64_t dequant_gemm_m; /* CUDA_DEQUANT_GEMM_M or its override; 0: never */
   CUdeviceptr blas_ws;
-  /* token picks (kn_pick): max_logits requests, results, then IRT_PICK_TOP alternatives a
+  /* token picks (kn_pick): max_logits requests, results, then PICK_TOP alternatives a
    * pick, pinned and on the device */
   void *pick_stage;
   CUdeviceptr d_pick;
@@ -187,7 +187,7 @@ typedef struct cuda_step {
   int64_t syms[IR_SYM_COUNT];
   bool decode; /* one token per sequence: split-K decode attention */
   int n_tiles; /* prefill attention tiles */
-  const irt_kv_cache *kv;
+  const kv_cache *kv;
   int64_t max_blocks;
 } cuda_step;
 
