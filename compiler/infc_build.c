@@ -20,6 +20,7 @@
 #include "ir_plan.h"
 #include "llama.h"
 #include "pass.h"
+#include "ir_alloc.h"
 
 struct infc_source {
   fmt_st *st;      /* a safetensors checkpoint, or */
@@ -131,7 +132,7 @@ static ir_status open_safetensors(const char *src, const infc_options *o, infc_s
     st = model_llama_build(&p, &ts, &o->model, out_graph, d);
     if (st != IR_OK) ir_diag_prefix(d, "%s", src);
   }
-  free(text);
+  ir_free(text);
   return st;
 }
 
@@ -172,7 +173,7 @@ ir_status infc_source_open(const char *src, const infc_options *o, infc_source *
   *out = NULL;
   *out_graph = NULL;
   ir_status st = check_format(src, d);
-  infc_source *s = st == IR_OK ? calloc(1, sizeof *s) : NULL;
+  infc_source *s = st == IR_OK ? ir_calloc(1, sizeof *s) : NULL;
   if (st == IR_OK && !s) st = ir_diag_set(d, IR_OOM, "out of memory");
   if (st == IR_OK && !infc_is_dir(src) && infc_onnx_is_source(src))
     st = open_onnx(src, o, s, out_graph, d);
@@ -192,7 +193,7 @@ void infc_source_close(infc_source *s) {
   fmt_st_close(s->st);
   fmt_gguf_close(s->gguf);
   infc_onnx_close(s->onnx);
-  free(s);
+  ir_free(s);
 }
 
 const char *infc_source_hash(const infc_source *s) { return s->hash; }

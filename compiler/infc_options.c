@@ -8,6 +8,7 @@
 #include "infc_options.h"
 #include "ir_file.h"
 #include "pass.h"
+#include "ir_alloc.h"
 
 infc_options infc_options_default(void) {
   infc_options o = {
@@ -229,7 +230,7 @@ ir_status infc_options_load_yaml(infc_options *o, const char *path, ir_diag *d) 
   ir_status st = ir_file_read(path, YAML_MAX_BYTES, &buf, &len, d);
   if (st == IR_OK) st = yaml_check_depth(buf, len, d);
   if (st != IR_OK) {
-    free(buf);
+    ir_free(buf);
     ir_diag_prefix(d, "%s", path);
     return st;
   }
@@ -247,7 +248,7 @@ ir_status infc_options_load_yaml(infc_options *o, const char *path, ir_diag *d) 
     yaml_document_delete(&doc);
   }
   yaml_parser_delete(&parser);
-  free(buf);
+  ir_free(buf);
   if (st != IR_OK) ir_diag_prefix(d, "%s", path);
   return st;
 }

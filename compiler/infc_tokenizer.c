@@ -7,6 +7,7 @@
 #include "fmt_gguf_tok.h"
 #include "infc_util.h"
 #include "tokenizer.h"
+#include "ir_alloc.h"
 
 ir_status infc_tokenizer_load_json(const char *json_path, int64_t model_vocab, infc_tok_blob *out,
                                    ir_diag *d) {
@@ -40,7 +41,7 @@ ir_status infc_tokenizer_beside(const char *src, int64_t model_vocab, infc_tok_b
 }
 
 void infc_tok_blob_free(infc_tok_blob *b) {
-  free(b->data);
+  ir_free(b->data);
   memset(b, 0, sizeof *b);
 }
 

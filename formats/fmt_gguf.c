@@ -2,6 +2,7 @@
  * read from the file becomes a pointer, a size or an allocation before it is checked
  * against the bytes that are actually there. */
 #include "fmt_gguf.h"
+#include "ir_alloc.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -151,7 +152,7 @@ static ir_status cur_name(gg_cur *c, char **out, const char *what, ir_diag *d) {
                        "%s at byte %llu is empty, longer than %u bytes or "
                        "holds a NUL byte",
                        what, (unsigned long long)at, GG_MAX_NAME);
-  char *p = malloc(s.len + 1);
+  char *p = ir_malloc(s.len + 1);
   if (!p) return ir_diag_set(d, IR_OOM, "out of memory");
   memcpy(p, s.ptr, s.len);
   p[s.len] = '\0';
@@ -165,11 +166,11 @@ static void *gg_alloc(fmt_gguf *g, uint64_t n, size_t elem) {
   if (n == 0) return NULL;
   if (g->n_owned == g->cap_owned) {
     size_t cap = g->cap_owned ? 2 * g->cap_owned : 16;
-    void **p = realloc(g->owned, cap * sizeof *p);
+    void **p = ir_realloc(g->owned, cap * sizeof *p);
     if (!p) return NULL;
     g->owned = p, g->cap_owned = cap;
   }
-  void *p = calloc((size_t)n, elem);
+  void *p = ir_calloc((size_t)n, elem);
   if (p) g->owned[g->n_owned++] = p;
   return p;
 }
@@ -388,7 +389,7 @@ static int gg_cmp_offset(const void *a, const void *b) {
 }
 
 static ir_status gg_no_overlap(fmt_gguf *g, ir_diag *d) {
-  const fmt_gguf_tensor **v = malloc((g->n_tensors + 1) * sizeof *v);
+  const fmt_gguf_tensor **v = ir_malloc((g->n_tensors + 1) * sizeof *v);
   if (!v) return ir_diag_set(d, IR_OOM, "out of memory");
   for (size_t i = 0; i < g->n_tensors; i++) v[i] = &g->tensors[i];
   qsort(v, g->n_tensors, sizeof *v, gg_cmp_offset);
@@ -406,7 +407,7 @@ static ir_status gg_no_overlap(fmt_gguf *g, ir_diag *d) {
                        (unsigned long long)(prev->offset + prev->nbytes));
     if (!prev || v[i]->offset + v[i]->nbytes > prev->offset + prev->nbytes) prev = v[i];
   }
-  free(v);
+  ir_free(v);
   return st;
 }
 
@@ -450,8 +451,8 @@ static int gg_cmp_tensor(const void *a, const void *b) {
 
 /* Sorted indexes for lookup; a repeated key or tensor name is an error. */
 static ir_status gg_index(fmt_gguf *g, ir_diag *d) {
-  g->kv_sorted = malloc((g->n_kv + 1) * sizeof *g->kv_sorted);
-  g->tensor_sorted = malloc((g->n_tensors + 1) * sizeof *g->tensor_sorted);
+  g->kv_sorted = ir_malloc((g->n_kv + 1) * sizeof *g->kv_sorted);
+  g->tensor_sorted = ir_malloc((g->n_tensors + 1) * sizeof *g->tensor_sorted);
   if (!g->kv_sorted || !g->tensor_sorted) return ir_diag_set(d, IR_OOM, "out of memory");
   for (size_t i = 0; i < g->n_kv; i++) g->kv_sorted[i] = &g->kvs[i];
   for (size_t i = 0; i < g->n_tensors; i++) g->tensor_sorted[i] = &g->tensors[i];
@@ -500,8 +501,8 @@ static ir_status gg_parse(fmt_gguf *g, ir_diag *d) {
   uint64_t nt = 0, nkv = 0;
   ir_status st = gg_header(g, &c, &nt, &nkv, d);
   if (st != IR_OK) return st;
-  g->kvs = calloc((size_t)nkv + 1, sizeof *g->kvs);
-  g->tensors = calloc((size_t)nt + 1, sizeof *g->tensors);
+  g->kvs = ir_calloc((size_t)nkv + 1, sizeof *g->kvs);
+  g->tensors = ir_calloc((size_t)nt + 1, sizeof *g->tensors);
   if (!g->kvs || !g->tensors) return ir_diag_set(d, IR_OOM, "out of memory");
   /* Counted before reading, so that close frees the name of an entry that failed. */
   for (uint64_t i = 0; i < nkv && st == IR_OK; i++) {
@@ -539,9 +540,9 @@ static ir_status gg_map(fmt_gguf *g, ir_diag *d) {
 ir_status fmt_gguf_open(const char *path, fmt_gguf **out, ir_diag *d) {
   if (!out || !path) return ir_diag_set(d, IR_INVALID_ARG, "fmt_gguf_open: NULL argument");
   *out = NULL;
-  fmt_gguf *g = calloc(1, sizeof *g);
-  if (!g || !(g->path = strdup(path))) {
-    free(g);
+  fmt_gguf *g = ir_calloc(1, sizeof *g);
+  if (!g || !(g->path = ir_strdup(path))) {
+    ir_free(g);
     return ir_diag_set(d, IR_OOM, "out of memory");
   }
   ir_status st = gg_map(g, d);
@@ -557,17 +558,17 @@ ir_status fmt_gguf_open(const char *path, fmt_gguf **out, ir_diag *d) {
 
 void fmt_gguf_close(fmt_gguf *g) {
   if (!g) return;
-  for (size_t i = 0; i < g->n_kv; i++) free((char *)g->kvs[i].key);
-  for (size_t i = 0; i < g->n_tensors; i++) free((char *)g->tensors[i].name);
-  for (size_t i = 0; i < g->n_owned; i++) free(g->owned[i]);
-  free(g->owned);
-  free(g->kvs);
-  free(g->tensors);
-  free(g->kv_sorted);
-  free(g->tensor_sorted);
+  for (size_t i = 0; i < g->n_kv; i++) ir_free((char *)g->kvs[i].key);
+  for (size_t i = 0; i < g->n_tensors; i++) ir_free((char *)g->tensors[i].name);
+  for (size_t i = 0; i < g->n_owned; i++) ir_free(g->owned[i]);
+  ir_free(g->owned);
+  ir_free(g->kvs);
+  ir_free(g->tensors);
+  ir_free(g->kv_sorted);
+  ir_free(g->tensor_sorted);
   if (g->map) munmap((void *)g->map, (size_t)g->size);
-  free(g->path);
-  free(g);
+  ir_free(g->path);
+  ir_free(g);
 }
 
 /* ---- queries ------------------------------------------------------------------------ */

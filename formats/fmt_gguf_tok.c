@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "fmt_gguf_tok.h"
+#include "ir_alloc.h"
 
 typedef struct gguf_tok_arrays {
   char **tokens, **merges;
@@ -14,21 +15,21 @@ typedef struct gguf_tok_arrays {
 } gguf_tok_arrays;
 
 static void free_arrays(gguf_tok_arrays *a) {
-  for (uint64_t i = 0; a->tokens && i < a->n_tokens; i++) free(a->tokens[i]);
-  for (uint64_t i = 0; a->merges && i < a->n_merges; i++) free(a->merges[i]);
-  free(a->tokens), free(a->merges), free(a->types), free(a->chat);
+  for (uint64_t i = 0; a->tokens && i < a->n_tokens; i++) ir_free(a->tokens[i]);
+  for (uint64_t i = 0; a->merges && i < a->n_merges; i++) ir_free(a->merges[i]);
+  ir_free(a->tokens), ir_free(a->merges), ir_free(a->types), ir_free(a->chat);
 }
 
 /* NUL-terminated copies of a string array; a string holding a NUL byte is refused (a token
  * is text: a NUL would cut it short in every C string that later holds it). */
 static ir_status copy_strs(const fmt_gguf *g, const char *key, const fmt_gguf_str *s, uint64_t n,
                            char ***out, ir_diag *d) {
-  if (!(*out = calloc(n + 1, sizeof **out))) return ir_diag_set(d, IR_OOM, "out of memory");
+  if (!(*out = ir_calloc(n + 1, sizeof **out))) return ir_diag_set(d, IR_OOM, "out of memory");
   for (uint64_t i = 0; i < n; i++) {
     if (s[i].len && memchr(s[i].ptr, 0, s[i].len))
       return ir_diag_set(d, IR_BAD_FORMAT, "%s: %s[%llu] holds a NUL byte", fmt_gguf_path(g), key,
                          (unsigned long long)i);
-    if (!((*out)[i] = strndup(s[i].ptr ? s[i].ptr : "", s[i].len)))
+    if (!((*out)[i] = ir_strndup(s[i].ptr ? s[i].ptr : "", s[i].len)))
       return ir_diag_set(d, IR_OOM, "out of memory");
   }
   return IR_OK;
@@ -107,7 +108,7 @@ static ir_status read_vocab(const fmt_gguf *g, tok_spec *s, gguf_tok_arrays *a, 
   if (types && n_types != a->n_tokens)
     return ir_diag_set(d, IR_BAD_FORMAT, "%s: %llu token types for %llu tokens", fmt_gguf_path(g),
                        (unsigned long long)n_types, (unsigned long long)a->n_tokens);
-  if (types && !(a->types = malloc(a->n_tokens * sizeof *a->types)))
+  if (types && !(a->types = ir_malloc(a->n_tokens * sizeof *a->types)))
     return ir_diag_set(d, IR_OOM, "out of memory");
   for (uint64_t i = 0; types && i < a->n_tokens;
        i++) { /* llama.cpp's enum: 0 undefined .. 6 byte */
@@ -184,7 +185,7 @@ static ir_status read_specials(const fmt_gguf *g, tok_spec *s, gguf_tok_arrays *
     if (tpl.len && memchr(tpl.ptr, 0, tpl.len))
       return ir_diag_set(d, IR_BAD_FORMAT, "%s: tokenizer.chat_template holds a NUL byte",
                          fmt_gguf_path(g));
-    if (!(a->chat = strndup(tpl.ptr, tpl.len))) return ir_diag_set(d, IR_OOM, "out of memory");
+    if (!(a->chat = ir_strndup(tpl.ptr, tpl.len))) return ir_diag_set(d, IR_OOM, "out of memory");
   }
   s->chat_template = a->chat;
   return st;

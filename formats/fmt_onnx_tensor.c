@@ -11,6 +11,7 @@
 #include "ir_file.h"
 #include "ir_op_nd.h"
 #include "onnx.pb-c.h"
+#include "ir_alloc.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "raw ONNX tensor data is little-endian; this frontend reads it in place"
@@ -121,7 +122,7 @@ static ir_status decode_external(const Onnx__TensorProto *tp, fmt_onnx_ext_fn ex
   }
   out->data = p;
   if ((uintptr_t)p % 16 && out->nbytes) { /* kernels read typed values: realign */
-    if (!(out->owned = malloc(out->nbytes))) return ir_diag_set(d, IR_OOM, "out of memory");
+    if (!(out->owned = ir_malloc(out->nbytes))) return ir_diag_set(d, IR_OOM, "out of memory");
     memcpy(out->owned, p, out->nbytes);
     out->data = out->owned;
   }
@@ -135,7 +136,7 @@ static ir_status decode_int32(const Onnx__TensorProto *tp, fmt_onnx_dense *out, 
     return ir_diag_set(d, IR_BAD_FORMAT,
                        "tensor '%s': %zu int32_data values for %" PRIu64 " elements", tname(tp),
                        tp->n_int32_data, n);
-  if (!(out->owned = malloc(out->nbytes ? out->nbytes : 1)))
+  if (!(out->owned = ir_malloc(out->nbytes ? out->nbytes : 1)))
     return ir_diag_set(d, IR_OOM, "out of memory");
   for (uint64_t i = 0; i < n; i++) {
     int32_t v = tp->int32_data[i];
@@ -213,16 +214,19 @@ ir_status fmt_onnx_tensor_load(const char *path, fmt_onnx_tensor *out, ir_diag *
                                             : IR_OK;
   if (st == IR_OK) st = ir_file_read(path, (size_t)sb.st_size, &buf, &len, d);
   Onnx__TensorProto *tp = NULL;
-  if (st == IR_OK && !(tp = onnx__tensor_proto__unpack(NULL, len, (const uint8_t *)buf)))
-    st = ir_diag_set(d, IR_BAD_FORMAT, "not a serialized TensorProto");
+  unsigned long fails = ir_alloc_failures();
+  if (st == IR_OK && !(tp = onnx__tensor_proto__unpack(&ir_pb_alloc, len, (const uint8_t *)buf)))
+    st = ir_alloc_failed_since(fails)
+             ? ir_diag_set(d, IR_OOM, "out of memory")
+             : ir_diag_set(d, IR_BAD_FORMAT, "not a serialized TensorProto");
   if (st == IR_OK && tp->data_type == OT_UINT16) { /* bfloat16 bits, in older test data */
     tp->data_type = OT_BFLOAT16;
     out->raw16 = true;
   }
   if (st == IR_OK) st = fmt_onnx_tensor_decode(tp, NULL, NULL, &dn, d);
   if (st == IR_OK) {
-    out->name = strdup(tp->name ? tp->name : "");
-    out->data = malloc(dn.nbytes ? dn.nbytes : 1);
+    out->name = ir_strdup(tp->name ? tp->name : "");
+    out->data = ir_malloc(dn.nbytes ? dn.nbytes : 1);
     if (!out->name || !out->data) st = ir_diag_set(d, IR_OOM, "out of memory");
   }
   if (st == IR_OK) {
@@ -233,9 +237,9 @@ ir_status fmt_onnx_tensor_load(const char *path, fmt_onnx_tensor *out, ir_diag *
     memcpy(out->shape, dn.shape, sizeof out->shape);
     out->nbytes = dn.nbytes;
   }
-  free(dn.owned);
-  if (tp) onnx__tensor_proto__free_unpacked(tp, NULL);
-  free(buf);
+  ir_free(dn.owned);
+  if (tp) onnx__tensor_proto__free_unpacked(tp, &ir_pb_alloc);
+  ir_free(buf);
   if (st != IR_OK) {
     fmt_onnx_tensor_free(out);
     ir_diag_prefix(d, "%s", path);
@@ -245,8 +249,8 @@ ir_status fmt_onnx_tensor_load(const char *path, fmt_onnx_tensor *out, ir_diag *
 
 void fmt_onnx_tensor_free(fmt_onnx_tensor *t) {
   if (!t) return;
-  free(t->name);
-  free(t->data);
+  ir_free(t->name);
+  ir_free(t->data);
   memset(t, 0, sizeof *t);
 }
 
@@ -268,13 +272,13 @@ ir_status fmt_onnx_tensor_save(const char *path, const char *name, ir_dtype dt, 
   tp.raw_data.len = (size_t)ir_dtype_bytes(dt, (uint64_t)n);
   tp.raw_data.data = (uint8_t *)data;
   size_t size = onnx__tensor_proto__get_packed_size(&tp);
-  uint8_t *buf = malloc(size ? size : 1);
+  uint8_t *buf = ir_malloc(size ? size : 1);
   if (!buf) return ir_diag_set(d, IR_OOM, "out of memory");
   onnx__tensor_proto__pack(&tp, buf);
   FILE *f = fopen(path, "wb");
   bool ok = f && fwrite(buf, 1, size, f) == size;
   if (f && fclose(f) != 0) ok = false;
-  free(buf);
+  ir_free(buf);
   if (!ok) return ir_diag_set(d, IR_IO, "%s: cannot write: %s", path, strerror(errno));
   return IR_OK;
 }

@@ -1,6 +1,7 @@
 /* infc_safetensors: mmap-backed reader for HF safetensors files and sharded directories.
  * Nothing in a header is trusted: every field is checked before a pointer is formed. */
 #include "fmt_safetensors.h"
+#include "ir_alloc.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -67,14 +68,14 @@ static bool st_json_u64(const cJSON *j, uint64_t *out) {
 
 static char *st_strdup(const char *s) {
   size_t n = strlen(s) + 1;
-  char *p = malloc(n);
+  char *p = ir_malloc(n);
   if (p) memcpy(p, s, n);
   return p;
 }
 
 static char *st_join(const char *dir, const char *name) {
   size_t a = strlen(dir), b = strlen(name);
-  char *p = malloc(a + b + 2);
+  char *p = ir_malloc(a + b + 2);
   if (!p) return NULL;
   memcpy(p, dir, a);
   p[a] = '/';
@@ -239,14 +240,17 @@ static ir_status st_parse_json(const uint8_t *buf, size_t n, const char *what, c
                        "%s holds %zu JSON values in %zu bytes: denser than "
                        "any tensor table (refused before parsing)",
                        what, values, n);
-  char *copy = malloc(n + 1); /* cJSON gets a terminated copy, never the mapping itself */
+  char *copy = ir_malloc(n + 1); /* cJSON gets a terminated copy, never the mapping itself */
   if (!copy) return ir_diag_set(d, IR_OOM, "out of memory reading %s", what);
   if (n) memcpy(copy, buf, n);
   copy[n] = '\0';
   const char *end = NULL;
+  unsigned long fails = ir_alloc_failures();
   cJSON *root = cJSON_ParseWithLengthOpts(copy, n, &end, 0);
   ir_status s = IR_OK;
-  if (!root) {
+  if (!root && ir_alloc_failed_since(fails)) {
+    s = ir_diag_set(d, IR_OOM, "out of memory reading %s", what);
+  } else if (!root) {
     s = ir_diag_set(d, IR_BAD_FORMAT, "%s is not valid JSON (near byte %lld)", what,
                     end ? (long long)(end - copy) : -1LL);
   } else {
@@ -255,7 +259,7 @@ static ir_status st_parse_json(const uint8_t *buf, size_t n, const char *what, c
     else if (!cJSON_IsObject(root))
       s = ir_diag_set(d, IR_BAD_FORMAT, "%s is not a JSON object", what);
   }
-  free(copy);
+  ir_free(copy);
   if (s != IR_OK) cJSON_Delete(root), root = NULL;
   *out = root;
   return s;
@@ -284,7 +288,7 @@ static ir_status st_parse_metadata(fmt_st *st, const cJSON *m, bool keep, ir_dia
     if (!cJSON_IsString(c))
       return ir_diag_set(d, IR_BAD_FORMAT, "__metadata__ '%.200s' is not a string", c->string);
   if (!keep || n == 0) return IR_OK;
-  st->meta = calloc(2 * n, sizeof *st->meta);
+  st->meta = ir_calloc(2 * n, sizeof *st->meta);
   if (!st->meta) return ir_diag_set(d, IR_OOM, "out of memory");
   st->nmeta = n;
   size_t i = 0;
@@ -299,7 +303,7 @@ static ir_status st_parse_metadata(fmt_st *st, const cJSON *m, bool keep, ir_dia
 static ir_status st_push_entry(fmt_st *st, st_entry *e, const char *name, ir_diag *d) {
   if (st->count == st->cap) {
     size_t cap = st->cap ? 2 * st->cap : 64;
-    st_entry *p = realloc(st->entries, cap * sizeof *p);
+    st_entry *p = ir_realloc(st->entries, cap * sizeof *p);
     if (!p) return ir_diag_set(d, IR_OOM, "out of memory");
     st->entries = p, st->cap = cap;
   }
@@ -319,7 +323,7 @@ static int st_cmp_begin(const void *a, const void *b) {
 static ir_status st_check_overlap(const fmt_st *st, size_t first, ir_diag *d) {
   size_t n = st->count - first;
   if (n < 2) return IR_OK;
-  const st_entry **v = malloc(n * sizeof *v);
+  const st_entry **v = ir_malloc(n * sizeof *v);
   if (!v) return ir_diag_set(d, IR_OOM, "out of memory");
   for (size_t i = 0; i < n; i++) v[i] = &st->entries[first + i];
   qsort(v, n, sizeof *v, st_cmp_begin);
@@ -334,7 +338,7 @@ static ir_status st_check_overlap(const fmt_st *st, size_t first, ir_diag *d) {
                       prev->t.name, (unsigned long long)prev->begin, (unsigned long long)prev->end);
     if (!prev || v[i]->end > prev->end) prev = v[i];
   }
-  free(v);
+  ir_free(v);
   return s;
 }
 
@@ -384,9 +388,9 @@ static ir_status st_load_file(fmt_st *st, size_t file, ir_diag *d) {
 /* ---- the whole checkpoint --------------------------------------------------------- */
 
 static ir_status st_add_file(fmt_st *st, char *path, char *shard, ir_diag *d) {
-  st_file *p = realloc(st->files, (st->nfiles + 1) * sizeof *p);
+  st_file *p = ir_realloc(st->files, (st->nfiles + 1) * sizeof *p);
   if (!p) {
-    free(path), free(shard);
+    ir_free(path), ir_free(shard);
     return ir_diag_set(d, IR_OOM, "out of memory");
   }
   st->files = p;
@@ -419,7 +423,7 @@ static ir_status st_slurp(const char *path, uint8_t **out_buf, size_t *out_n, ir
   else if ((uint64_t)sb.st_size > ST_MAX_HEADER)
     s = ir_diag_set(d, IR_BAD_FORMAT, "file exceeds the limit of %u bytes", ST_MAX_HEADER);
   uint8_t *buf = NULL;
-  if (s == IR_OK && !(buf = malloc((size_t)sb.st_size + 1)))
+  if (s == IR_OK && !(buf = ir_malloc((size_t)sb.st_size + 1)))
     s = ir_diag_set(d, IR_OOM, "out of memory");
   size_t got = 0;
   while (s == IR_OK && got < (size_t)sb.st_size) {
@@ -430,7 +434,7 @@ static ir_status st_slurp(const char *path, uint8_t **out_buf, size_t *out_n, ir
   }
   close(fd);
   if (s != IR_OK) {
-    free(buf);
+    ir_free(buf);
     return s;
   }
   *out_buf = buf, *out_n = got;
@@ -442,7 +446,7 @@ static ir_status st_read_small_file(const char *path, cJSON **out, ir_diag *d) {
   size_t n = 0;
   ir_status s = st_slurp(path, &buf, &n, d);
   if (s == IR_OK) s = st_parse_json(buf, n, "index", out, d);
-  free(buf);
+  ir_free(buf);
   if (s != IR_OK) ir_diag_prefix(d, "%s", path);
   return s;
 }
@@ -454,7 +458,7 @@ static int st_cmp_str(const void *a, const void *b) {
 /* Checks the weight_map values and opens each distinct shard once, in name order. */
 static ir_status st_open_shards(fmt_st *st, const char *dir, const cJSON *wm, ir_diag *d) {
   size_t n = (size_t)cJSON_GetArraySize(wm), k = 0;
-  const char **names = malloc((n ? n : 1) * sizeof *names);
+  const char **names = ir_malloc((n ? n : 1) * sizeof *names);
   if (!names) return ir_diag_set(d, IR_OOM, "out of memory");
   ir_status s = IR_OK;
   for (const cJSON *c = wm->child; c && s == IR_OK; c = c->next, k++) {
@@ -472,7 +476,7 @@ static ir_status st_open_shards(fmt_st *st, const char *dir, const cJSON *wm, ir
     if (!shard) s = ir_diag_set(d, IR_OOM, "out of memory");
     else s = st_add_file(st, st_join(dir, names[i]), shard, d);
   }
-  free(names);
+  ir_free(names);
   return s;
 }
 
@@ -519,8 +523,8 @@ static ir_status st_open_dir(fmt_st *st, const char *dir, ir_diag *d) {
   } else {
     s = ir_diag_set(d, IR_IO, "no " ST_SINGLE_NAME " or " ST_INDEX_NAME " in %s", dir);
   }
-  free(index);
-  free(single);
+  ir_free(index);
+  ir_free(single);
   return s;
 }
 
@@ -528,7 +532,7 @@ ir_status fmt_st_open(const char *path, fmt_st **out, ir_diag *d) {
   if (!out) return ir_diag_set(d, IR_INVALID_ARG, "fmt_st_open: out is NULL");
   *out = NULL;
   if (!path) return ir_diag_set(d, IR_INVALID_ARG, "fmt_st_open: path is NULL");
-  fmt_st *st = calloc(1, sizeof *st);
+  fmt_st *st = ir_calloc(1, sizeof *st);
   if (!st) return ir_diag_set(d, IR_OOM, "out of memory");
   struct stat sb;
   ir_status s;
@@ -550,17 +554,17 @@ ir_status fmt_st_open(const char *path, fmt_st **out, ir_diag *d) {
 
 void fmt_st_close(fmt_st *st) {
   if (!st) return;
-  for (size_t i = 0; i < st->count; i++) free((char *)st->entries[i].t.name);
-  free(st->entries);
+  for (size_t i = 0; i < st->count; i++) ir_free((char *)st->entries[i].t.name);
+  ir_free(st->entries);
   for (size_t i = 0; i < st->nfiles; i++) {
     if (st->files[i].map) munmap((void *)st->files[i].map, st->files[i].size);
-    free(st->files[i].path);
-    free(st->files[i].shard);
+    ir_free(st->files[i].path);
+    ir_free(st->files[i].shard);
   }
-  free(st->files);
-  for (size_t i = 0; i < 2 * st->nmeta; i++) free(st->meta[i]);
-  free(st->meta);
-  free(st);
+  ir_free(st->files);
+  for (size_t i = 0; i < 2 * st->nmeta; i++) ir_free(st->meta[i]);
+  ir_free(st->meta);
+  ir_free(st);
 }
 
 size_t fmt_st_count(const fmt_st *st) { return st ? st->count : 0; }

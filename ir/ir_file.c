@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "ir_file.h"
+#include "ir_alloc.h"
 
 ir_status ir_file_open(const char *path, int *out_fd, uint64_t *out_size, ir_diag *d) {
   *out_fd = -1;
@@ -54,7 +55,7 @@ ir_status ir_file_read(const char *path, size_t max_bytes, char **out, size_t *o
     return ir_diag_set(d, IR_BAD_FORMAT, "file is larger than %zu bytes (%llu)", max_bytes,
                        (unsigned long long)size);
   }
-  char *buf = malloc((size_t)size + 1);
+  char *buf = ir_malloc((size_t)size + 1);
   if (!buf) {
     close(fd);
     return ir_diag_set(d, IR_OOM, "out of memory");
@@ -65,7 +66,7 @@ ir_status ir_file_read(const char *path, size_t max_bytes, char **out, size_t *o
     if (r < 0 && errno == EINTR) continue;
     if (r < 0) {
       int e = errno;
-      free(buf);
+      ir_free(buf);
       close(fd);
       return ir_diag_set(d, IR_IO, "read failed: %s", strerror(e));
     }

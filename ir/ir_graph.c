@@ -4,12 +4,13 @@
 #include <string.h>
 
 #include "ir.h"
+#include "ir_alloc.h"
 
 static bool grow(void **arr, int32_t *cap, int32_t need, size_t elem) {
   if (need <= *cap) return true;
   int32_t ncap = *cap ? *cap * 2 : 16;
   while (ncap < need) ncap *= 2;
-  void *p = realloc(*arr, (size_t)ncap * elem);
+  void *p = ir_realloc(*arr, (size_t)ncap * elem);
   if (!p) return false;
   *arr = p;
   *cap = ncap;
@@ -18,31 +19,31 @@ static bool grow(void **arr, int32_t *cap, int32_t need, size_t elem) {
 
 /* Input and output lists are short: one realloc per append is fine. */
 static bool append_i32(int32_t **arr, int32_t *n, int32_t v) {
-  int32_t *p = realloc(*arr, (size_t)(*n + 1) * sizeof(int32_t));
+  int32_t *p = ir_realloc(*arr, (size_t)(*n + 1) * sizeof(int32_t));
   if (!p) return false;
   p[(*n)++] = v;
   *arr = p;
   return true;
 }
 
-ir_graph *ir_graph_create(void) { return calloc(1, sizeof(ir_graph)); }
+ir_graph *ir_graph_create(void) { return ir_calloc(1, sizeof(ir_graph)); }
 
 void ir_graph_destroy(ir_graph *g) {
   if (!g) return;
-  for (int32_t i = 0; i < g->n_tensors; i++) free(g->tensors[i].name);
-  for (int32_t i = 0; i < g->n_nodes; i++) free(g->nodes[i].name);
-  for (int32_t i = 0; i < g->n_owned; i++) free(g->owned[i]);
-  free(g->tensors);
-  free(g->nodes);
-  free(g->inputs);
-  free(g->outputs);
-  free(g->owned);
-  free(g);
+  for (int32_t i = 0; i < g->n_tensors; i++) ir_free(g->tensors[i].name);
+  for (int32_t i = 0; i < g->n_nodes; i++) ir_free(g->nodes[i].name);
+  for (int32_t i = 0; i < g->n_owned; i++) ir_free(g->owned[i]);
+  ir_free(g->tensors);
+  ir_free(g->nodes);
+  ir_free(g->inputs);
+  ir_free(g->outputs);
+  ir_free(g->owned);
+  ir_free(g);
 }
 
 bool ir_graph_adopt(ir_graph *g, void *buf) {
   if (!grow((void **)&g->owned, &g->cap_owned, g->n_owned + 1, sizeof(void *))) {
-    free(buf);
+    ir_free(buf);
     return false;
   }
   g->owned[g->n_owned++] = buf;
@@ -53,7 +54,7 @@ int32_t ir_graph_add_tensor(ir_graph *g, const char *name, ir_dtype dt, int rank
                             const ir_dim *dims, ir_tensor_kind kind) {
   if (rank < 0 || rank > IR_MAX_RANK) return -1;
   if (!grow((void **)&g->tensors, &g->cap_tensors, g->n_tensors + 1, sizeof(ir_tensor))) return -1;
-  char *nm = strdup(name);
+  char *nm = ir_strdup(name);
   if (!nm) return -1;
   ir_tensor *t = &g->tensors[g->n_tensors];
   memset(t, 0, sizeof *t);
@@ -92,7 +93,7 @@ bool ir_graph_add_output(ir_graph *g, int32_t tensor) {
 
 static char *output_name(const char *node_name, int i, int n_out) {
   size_t len = strlen(node_name) + 16;
-  char *s = malloc(len);
+  char *s = ir_malloc(len);
   if (!s) return NULL;
   if (n_out == 1) snprintf(s, len, "%s", node_name);
   else snprintf(s, len, "%s.out%d", node_name, i);
@@ -105,7 +106,7 @@ static int32_t add_outputs(ir_graph *g, ir_node *n, const ir_dtype *dt, const in
     char *nm = output_name(n->name, i, n_out);
     if (!nm) return -1;
     int32_t t = ir_graph_add_tensor(g, nm, dt[i], rank[i], dims[i], IR_TENSOR_ACT);
-    free(nm);
+    ir_free(nm);
     if (t < 0) return -1;
     g->tensors[t].producer = g->n_nodes;
     n->out[i] = t;
@@ -119,7 +120,7 @@ static bool copy_int_lists(ir_graph *g, ir_node *n) {
   for (int k = 0; k < n->n_attrs; k++) {
     ir_attr *a = &n->attrs[k];
     if (a->type != IR_ATTR_INTS) continue;
-    int64_t *v = malloc(((size_t)a->i + 1) * sizeof *v);
+    int64_t *v = ir_malloc(((size_t)a->i + 1) * sizeof *v);
     if (!v) return false;
     if (a->i > 0) memcpy(v, a->ints, (size_t)a->i * sizeof *v);
     if (!ir_graph_adopt(g, v)) return false;
@@ -147,12 +148,12 @@ int32_t ir_graph_add_node(ir_graph *g, ir_op op, const char *name, const int32_t
     return -1;
   }
   if (!grow((void **)&g->nodes, &g->cap_nodes, g->n_nodes + 1, sizeof(ir_node)) ||
-      !(n.name = strdup(name))) {
+      !(n.name = ir_strdup(name))) {
     ir_diag_set(d, IR_OOM, "out of memory adding node '%s'", name);
     return -1;
   }
   if (add_outputs(g, &n, dt, rank, dims, n_out) < 0) {
-    free(n.name);
+    ir_free(n.name);
     ir_diag_set(d, IR_OOM, "out of memory adding node '%s'", name);
     return -1;
   }

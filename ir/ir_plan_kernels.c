@@ -1,6 +1,7 @@
 /* ir_plan_kernels: kernel table and kernels section of a plan (see ir_plan_kernels.h).
  * Images sit in table order, each on an IR_PLAN_KERNEL_ALIGN boundary of the section. */
 #include "ir_plan_kernels.h"
+#include "ir_alloc.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -15,8 +16,8 @@ bool ir_plan_kernels_meta_fill(ir_plan_kernels_meta *k, Infc__Plan__Plan *plan,
   int n = info ? info->n_kernels : 0;
   memset(k, 0, sizeof *k);
   if (n <= 0) return true;
-  k->msgs = calloc((size_t)n, sizeof *k->msgs);
-  k->ptrs = calloc((size_t)n, sizeof *k->ptrs);
+  k->msgs = ir_calloc((size_t)n, sizeof *k->msgs);
+  k->ptrs = ir_calloc((size_t)n, sizeof *k->ptrs);
   if (!k->msgs || !k->ptrs) return false;
   uint64_t off = 0;
   for (int i = 0; i < n; i++) {
@@ -38,8 +39,8 @@ bool ir_plan_kernels_meta_fill(ir_plan_kernels_meta *k, Infc__Plan__Plan *plan,
 }
 
 void ir_plan_kernels_meta_free(ir_plan_kernels_meta *k) {
-  free(k->msgs);
-  free(k->ptrs);
+  ir_free(k->msgs);
+  ir_free(k->ptrs);
   memset(k, 0, sizeof *k);
 }
 
@@ -88,13 +89,13 @@ ir_status ir_plan_kernels_read(const Infc__Plan__Plan *meta, const uint8_t *sec,
   *out = NULL;
   *out_n = 0;
   if (meta->n_kernels == 0) return IR_OK;
-  ir_plan_kernel *ks = calloc(meta->n_kernels, sizeof *ks);
+  ir_plan_kernel *ks = ir_calloc(meta->n_kernels, sizeof *ks);
   if (!ks) return ir_diag_set(d, IR_OOM, "out of memory");
   for (size_t i = 0; i < meta->n_kernels; i++) {
     const Infc__Plan__Kernel *m = meta->kernels[i];
     ir_status st = kern_check(m, sec, size, d);
     if (st != IR_OK) {
-      free(ks);
+      ir_free(ks);
       return st;
     }
     ks[i] = (ir_plan_kernel){.name = m->name,

@@ -8,6 +8,7 @@
 
 #include "ir_plan.h"
 #include "plan.pb-c.h"
+#include "ir_alloc.h"
 
 /* Scratch for the table's messages; owned by the writer, freed by _meta_free. */
 typedef struct ir_plan_kernels_meta {
@@ -25,7 +26,7 @@ uint64_t ir_plan_kernels_size(const ir_plan_info *info);
 /* Writes the section at the current position of f; *out_hash is its XXH3-64. */
 bool ir_plan_kernels_write(FILE *f, const ir_plan_info *info, uint64_t *out_hash);
 /* Checks meta's table against the section [sec, +size) and builds *out (owned by the
- * caller, free()); names point into meta, data into sec. */
+ * caller, ir_free()); names point into meta, data into sec. */
 ir_status ir_plan_kernels_read(const Infc__Plan__Plan *meta, const uint8_t *sec, uint64_t size,
                                ir_plan_kernel **out, int *out_n, ir_diag *d);
 

@@ -15,6 +15,7 @@
 #include "ir_plan.h"
 #include "ir_plan_kernels.h"
 #include "plan.pb-c.h"
+#include "ir_alloc.h"
 
 struct ir_plan {
   const uint8_t *map;
@@ -166,8 +167,8 @@ static ir_status read_node(ir_plan *p, const Infc__Plan__Node *o, ir_diag *d) {
                          nm, o->attrs[k]->type);
     }
   }
-  ir_node *slot = realloc(g->nodes, (size_t)(g->n_nodes + 1) * sizeof(ir_node));
-  if (!slot || !(n.name = strdup(o->name))) {
+  ir_node *slot = ir_realloc(g->nodes, (size_t)(g->n_nodes + 1) * sizeof(ir_node));
+  if (!slot || !(n.name = ir_strdup(o->name))) {
     if (slot) g->nodes = slot;
     return ir_diag_set(d, IR_OOM, "out of memory");
   }
@@ -188,7 +189,7 @@ static ir_status read_graph(ir_plan *p, ir_diag *d) {
     int32_t ti = m->inputs[i];
     if (ti < 0 || ti >= p->graph->n_tensors)
       return ir_diag_set(d, IR_BAD_FORMAT, "graph input %zu out of range", i);
-    int32_t *in = realloc(p->graph->inputs, (i + 1) * sizeof *in);
+    int32_t *in = ir_realloc(p->graph->inputs, (i + 1) * sizeof *in);
     if (!in) return ir_diag_set(d, IR_OOM, "out of memory");
     p->graph->inputs = in;
     in[p->graph->n_inputs++] = ti;
@@ -202,14 +203,18 @@ static ir_status read_graph(ir_plan *p, ir_diag *d) {
 
 ir_status ir_plan_open(const char *path, ir_plan_verify verify, ir_plan **out, ir_diag *d) {
   *out = NULL;
-  ir_plan *p = calloc(1, sizeof *p);
+  ir_plan *p = ir_calloc(1, sizeof *p);
   if (!p) return ir_diag_set(d, IR_OOM, "out of memory");
   ir_status st = map_file(path, p, d);
   if (st == IR_OK) st = check_header(p, d);
   if (st == IR_OK && verify == IR_PLAN_VERIFY_ALL) st = check_sections(p, d);
   if (st == IR_OK) {
-    p->meta = infc__plan__plan__unpack(NULL, p->header.meta_size, p->map + p->header.meta_offset);
-    if (!p->meta) st = ir_diag_set(d, IR_BAD_FORMAT, "metadata does not decode");
+    unsigned long fails = ir_alloc_failures();
+    p->meta =
+        infc__plan__plan__unpack(&ir_pb_alloc, p->header.meta_size, p->map + p->header.meta_offset);
+    if (!p->meta)
+      st = ir_alloc_failed_since(fails) ? ir_diag_set(d, IR_OOM, "out of memory")
+                                        : ir_diag_set(d, IR_BAD_FORMAT, "metadata does not decode");
   }
   if (st == IR_OK) st = read_graph(p, d);
   if (st == IR_OK)
@@ -227,10 +232,10 @@ ir_status ir_plan_open(const char *path, ir_plan_verify verify, ir_plan **out, i
 void ir_plan_close(ir_plan *p) {
   if (!p) return;
   ir_graph_destroy(p->graph);
-  free(p->kernels);
-  if (p->meta) infc__plan__plan__free_unpacked(p->meta, NULL);
+  ir_free(p->kernels);
+  if (p->meta) infc__plan__plan__free_unpacked(p->meta, &ir_pb_alloc);
   if (p->map) munmap((void *)p->map, p->map_size);
-  free(p);
+  ir_free(p);
 }
 
 const ir_graph *ir_plan_graph(const ir_plan *p) { return p->graph; }

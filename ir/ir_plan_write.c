@@ -10,6 +10,7 @@
 #include "ir_plan.h"
 #include "ir_plan_kernels.h"
 #include "plan.pb-c.h"
+#include "ir_alloc.h"
 
 static uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 
@@ -30,16 +31,16 @@ typedef struct meta_build {
 } meta_build;
 
 static void meta_free(meta_build *m) {
-  free(m->tensors);
-  free(m->tensor_ptrs);
-  free(m->dims);
-  free(m->dim_ptrs);
-  free(m->nodes);
-  free(m->node_ptrs);
-  free(m->attrs);
-  free(m->attr_ptrs);
-  free(m->opts);
-  free(m->opt_ptrs);
+  ir_free(m->tensors);
+  ir_free(m->tensor_ptrs);
+  ir_free(m->dims);
+  ir_free(m->dim_ptrs);
+  ir_free(m->nodes);
+  ir_free(m->node_ptrs);
+  ir_free(m->attrs);
+  ir_free(m->attr_ptrs);
+  ir_free(m->opts);
+  ir_free(m->opt_ptrs);
 }
 
 static void fill_config(Infc__Plan__ModelConfig *o, const ir_model_config *c) {
@@ -135,16 +136,16 @@ static bool meta_alloc(meta_build *m, const ir_graph *g, int n_opts) {
   for (int32_t i = 0; i < g->n_tensors; i++) nd += (size_t)g->tensors[i].rank;
   for (int32_t i = 0; i < g->n_nodes; i++) na += (size_t)g->nodes[i].n_attrs;
   size_t nt = (size_t)g->n_tensors, nn = (size_t)g->n_nodes, no = (size_t)n_opts;
-  m->tensors = calloc(nt + 1, sizeof *m->tensors);
-  m->tensor_ptrs = calloc(nt + 1, sizeof *m->tensor_ptrs);
-  m->dims = calloc(nd + 1, sizeof *m->dims);
-  m->dim_ptrs = calloc(nd + 1, sizeof *m->dim_ptrs);
-  m->nodes = calloc(nn + 1, sizeof *m->nodes);
-  m->node_ptrs = calloc(nn + 1, sizeof *m->node_ptrs);
-  m->attrs = calloc(na + 1, sizeof *m->attrs);
-  m->attr_ptrs = calloc(na + 1, sizeof *m->attr_ptrs);
-  m->opts = calloc(no + 1, sizeof *m->opts);
-  m->opt_ptrs = calloc(no + 1, sizeof *m->opt_ptrs);
+  m->tensors = ir_calloc(nt + 1, sizeof *m->tensors);
+  m->tensor_ptrs = ir_calloc(nt + 1, sizeof *m->tensor_ptrs);
+  m->dims = ir_calloc(nd + 1, sizeof *m->dims);
+  m->dim_ptrs = ir_calloc(nd + 1, sizeof *m->dim_ptrs);
+  m->nodes = ir_calloc(nn + 1, sizeof *m->nodes);
+  m->node_ptrs = ir_calloc(nn + 1, sizeof *m->node_ptrs);
+  m->attrs = ir_calloc(na + 1, sizeof *m->attrs);
+  m->attr_ptrs = ir_calloc(na + 1, sizeof *m->attr_ptrs);
+  m->opts = ir_calloc(no + 1, sizeof *m->opts);
+  m->opt_ptrs = ir_calloc(no + 1, sizeof *m->opt_ptrs);
   return m->tensors && m->tensor_ptrs && m->dims && m->dim_ptrs && m->nodes && m->node_ptrs &&
          m->attrs && m->attr_ptrs && m->opts && m->opt_ptrs;
 }
@@ -255,7 +256,7 @@ ir_status ir_plan_write(const ir_graph *g, const ir_plan_info *info, const char 
   if (!ir_plan_kernels_meta_fill(&km, &m.plan, info))
     st = ir_diag_set(d, IR_INVALID_ARG, "kernel table: out of memory or an empty image");
   size_t meta_size = infc__plan__plan__get_packed_size(&m.plan);
-  meta = malloc(meta_size ? meta_size : 1);
+  meta = ir_malloc(meta_size ? meta_size : 1);
   if (!meta) st = ir_diag_set(d, IR_OOM, "out of memory");
   if (st == IR_OK) infc__plan__plan__pack(&m.plan, meta);
   meta_free(&m);
@@ -271,7 +272,7 @@ ir_status ir_plan_write(const ir_graph *g, const ir_plan_info *info, const char 
       st = ir_diag_set(d, IR_IO, "cannot rename into place: %s", strerror(errno));
     if (st != IR_OK) remove(tmp);
   }
-  free(meta);
+  ir_free(meta);
   if (st != IR_OK) ir_diag_prefix(d, "%s", path);
   return st;
 }

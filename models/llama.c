@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "llama.h"
+#include "ir_alloc.h"
 
 model_build_opts model_build_opts_default(void) {
   return (model_build_opts){.weight_dtype = IR_DTYPE_INVALID,
@@ -164,7 +165,7 @@ static int32_t vec_weight(builder *b, const char *name, int64_t n) {
 /* The f32 scalar 1 the (1 + w) norms add, made once. */
 static int32_t one(builder *b) {
   if (b->one >= 0 || b->st != IR_OK) return b->one;
-  float *v = malloc(sizeof *v);
+  float *v = ir_malloc(sizeof *v);
   int64_t shape[1] = {1};
   if (v) *v = 1.0f;
   if (!v || !ir_graph_adopt(b->g, v) ||
@@ -235,7 +236,7 @@ bool model_llama_layer_slides(const model_llama_params *p, int64_t l) {
 static int32_t rope_table(builder *b, const model_llama_params *p, int64_t max_pos,
                           const char *name) {
   int64_t half = model_llama_rot_dims(p) / 2;
-  float *cs = malloc((size_t)(max_pos * half * 2) * sizeof *cs);
+  float *cs = ir_malloc((size_t)(max_pos * half * 2) * sizeof *cs);
   if (!cs || !ir_graph_adopt(b->g, cs)) {
     b->st = ir_diag_set(b->d, IR_OOM, "out of memory");
     return -1;

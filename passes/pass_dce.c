@@ -4,14 +4,15 @@
 #include <stdlib.h>
 
 #include "pass.h"
+#include "ir_alloc.h"
 
 static bool has_side_effect(ir_op op) { return op == IR_OP_ATTENTION; }
 
 ir_status pass_dce(ir_graph *g, const pass_opts *o, pass_log *log, ir_diag *d) {
-  bool *live_t = calloc((size_t)g->n_tensors + 1, sizeof *live_t);
-  bool *dead = calloc((size_t)g->n_nodes + 1, sizeof *dead);
+  bool *live_t = ir_calloc((size_t)g->n_tensors + 1, sizeof *live_t);
+  bool *dead = ir_calloc((size_t)g->n_nodes + 1, sizeof *dead);
   if (!live_t || !dead) {
-    free(live_t), free(dead);
+    ir_free(live_t), ir_free(dead);
     return ir_diag_set(d, IR_OOM, "dce: out of memory");
   }
   for (int32_t i = 0; i < g->n_outputs; i++) live_t[g->outputs[i]] = true;
@@ -27,7 +28,7 @@ ir_status pass_dce(ir_graph *g, const pass_opts *o, pass_log *log, ir_diag *d) {
   }
   int32_t rn = 0, rt = 0;
   bool ok = pass_compact(g, dead, &rn, &rt);
-  free(live_t), free(dead);
+  ir_free(live_t), ir_free(dead);
   if (!ok) return ir_diag_set(d, IR_OOM, "dce: out of memory");
   pass_log_add(log, "dce: removed %d nodes and %d tensors", rn, rt);
   return IR_OK;

@@ -7,6 +7,7 @@
 
 #include "kn_quant.h"
 #include "pass.h"
+#include "ir_alloc.h"
 
 /* Any weight dtype, block-quantized ones included (so casting a quantized weight to a
  * float dtype dequantizes it at build time). */
@@ -35,7 +36,7 @@ static void *evaluate(const ir_graph *g, const ir_node *n, uint64_t *out_bytes) 
   const ir_tensor *a = &g->tensors[n->in[0]];
   uint64_t cnt = ir_tensor_elems(g, out, NULL);
   *out_bytes = ir_dtype_bytes(out->dtype, cnt);
-  void *buf = malloc(*out_bytes ? *out_bytes : 1);
+  void *buf = ir_malloc(*out_bytes ? *out_bytes : 1);
   if (!buf) return NULL;
   const ir_tensor *b = n->n_in > 1 ? &g->tensors[n->in[1]] : NULL;
   uint64_t bn = b ? ir_tensor_elems(g, b, NULL) : 1;
@@ -45,8 +46,8 @@ static void *evaluate(const ir_graph *g, const ir_node *n, uint64_t *out_bytes) 
   ir_dtype at = a->dtype;
   float *deq = NULL;
   if (ir_dtype_is_quant(at)) {
-    if (!(deq = malloc(cnt * sizeof *deq))) {
-      free(buf);
+    if (!(deq = ir_malloc(cnt * sizeof *deq))) {
+      ir_free(buf);
       return NULL;
     }
     kn_dequant_row(ad, at, deq, (int64_t)cnt);
@@ -60,13 +61,13 @@ static void *evaluate(const ir_graph *g, const ir_node *n, uint64_t *out_bytes) 
     }
     store(buf, out->dtype, i, r);
   }
-  free(deq);
+  ir_free(deq);
   return buf;
 }
 
 ir_status pass_fold(ir_graph *g, const pass_opts *o, pass_log *log, ir_diag *d) {
   int folded = 0;
-  bool *dead = calloc((size_t)g->n_nodes + 1, sizeof *dead);
+  bool *dead = ir_calloc((size_t)g->n_nodes + 1, sizeof *dead);
   if (!dead) return ir_diag_set(d, IR_OOM, "fold: out of memory");
   for (int32_t i = 0; i < g->n_nodes; i++) {
     ir_node *n = &g->nodes[i];
@@ -74,7 +75,7 @@ ir_status pass_fold(ir_graph *g, const pass_opts *o, pass_log *log, ir_diag *d) 
     uint64_t nbytes;
     void *buf = evaluate(g, n, &nbytes);
     if (!buf || !ir_graph_adopt(g, buf)) {
-      free(dead);
+      ir_free(dead);
       return ir_diag_set(d, IR_OOM, "fold: out of memory");
     }
     ir_tensor *out = &g->tensors[n->out[0]];
@@ -88,7 +89,7 @@ ir_status pass_fold(ir_graph *g, const pass_opts *o, pass_log *log, ir_diag *d) 
     folded++;
   }
   bool ok = pass_compact(g, dead, NULL, NULL);
-  free(dead);
+  ir_free(dead);
   if (!ok) return ir_diag_set(d, IR_OOM, "fold: out of memory");
   pass_log_add(log, "fold: folded %d nodes into constants", folded);
   return IR_OK;

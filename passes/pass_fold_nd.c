@@ -3,6 +3,7 @@
 
 #include "kn_nd.h"
 #include "pass_fold_nd.h"
+#include "ir_alloc.h"
 
 static bool foldable(const ir_graph *g, const ir_node *n, uint64_t *out_bytes) {
   if (!ir_op_is_nd(n->op) || n->n_out < 1) return false;
@@ -28,7 +29,7 @@ ir_status pass_fold_nd_node(ir_graph *g, int32_t ni, bool *out_folded, ir_diag *
   for (int k = 0; k < n->n_in; k++) in[k] = n->in[k] >= 0 ? g->tensors[n->in[k]].data : NULL;
   for (int k = 0; k < n->n_out; k++) {
     uint64_t bytes = ir_tensor_bytes(g, &g->tensors[n->out[k]], NULL);
-    if (!(out[k] = calloc(1, bytes ? bytes : 1)) || !ir_graph_adopt(g, out[k]))
+    if (!(out[k] = ir_calloc(1, bytes ? bytes : 1)) || !ir_graph_adopt(g, out[k]))
       return ir_diag_set(d, IR_OOM, "fold: out of memory");
   }
   ir_status st = kn_nd_exec(NULL, g, n, in, out, d);
@@ -46,7 +47,7 @@ ir_status pass_fold_nd_node(ir_graph *g, int32_t ni, bool *out_folded, ir_diag *
 }
 
 ir_status pass_fold_nd(ir_graph *g, const pass_opts *o, pass_log *log, ir_diag *d) {
-  bool *dead = calloc((size_t)g->n_nodes + 1, sizeof *dead);
+  bool *dead = ir_calloc((size_t)g->n_nodes + 1, sizeof *dead);
   if (!dead) return ir_diag_set(d, IR_OOM, "fold_nd: out of memory");
   int folded = 0;
   ir_status st = IR_OK;
@@ -55,7 +56,7 @@ ir_status pass_fold_nd(ir_graph *g, const pass_opts *o, pass_log *log, ir_diag *
     folded += dead[i];
   }
   bool ok = st == IR_OK && pass_compact(g, dead, NULL, NULL);
-  free(dead);
+  ir_free(dead);
   if (st != IR_OK) return st;
   if (!ok) return ir_diag_set(d, IR_OOM, "fold_nd: out of memory");
   pass_log_add(log, "fold_nd: folded %d n-d nodes into constants", folded);

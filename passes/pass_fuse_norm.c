@@ -7,6 +7,7 @@
 #include <stdlib.h>
 
 #include "pass.h"
+#include "ir_alloc.h"
 
 /* The first rms_norm after node `add_i` reading the add's output, or -1. */
 static int32_t find_norm_user(const ir_graph *g, int32_t add_i) {
@@ -82,13 +83,13 @@ ir_status pass_fuse_add_rms_norm(ir_graph *g, const pass_opts *o, pass_log *log,
     if (r < 0) return ir_diag_set(d, IR_OOM, "fuse: out of memory");
     swapped += r;
   }
-  bool *dead = calloc((size_t)g->n_nodes + 1, sizeof *dead);
+  bool *dead = ir_calloc((size_t)g->n_nodes + 1, sizeof *dead);
   if (!dead) return ir_diag_set(d, IR_OOM, "fuse: out of memory");
   int fused = 0;
   for (int32_t i = 0; i < g->n_nodes; i++)
     if (!dead[i] && try_fuse(g, i, dead)) fused++;
   bool ok = pass_compact(g, dead, NULL, NULL);
-  free(dead);
+  ir_free(dead);
   if (!ok) return ir_diag_set(d, IR_OOM, "fuse: out of memory");
   pass_log_add(log,
                "fuse_add_rms_norm: fused %d residual adds into their norms (%d norms moved "

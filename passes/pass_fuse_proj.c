@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "pass.h"
+#include "ir_alloc.h"
 
 /* A matmul the fusions may merge: one constant weight of a dtype whose rows concatenate
  * (float, or GGUF blocks along K), an optional constant f32 bias, nothing else (a weight
@@ -60,7 +61,7 @@ static int32_t concat_weights(ir_graph *g, const int32_t *m, int n, int k, const
     bytes += t->nbytes;
     rows += t->dims[0].n;
   }
-  char *buf = malloc(bytes ? bytes : 1);
+  char *buf = ir_malloc(bytes ? bytes : 1);
   if (!buf || !ir_graph_adopt(g, buf)) return -1;
   uint64_t off = 0;
   for (int i = 0; i < n; i++) {
@@ -86,13 +87,13 @@ static bool merge(ir_graph *g, const int32_t *m, int n, const char *from, const 
     if (b < 0) return false;
   }
   fused_name(name, sizeof name, g->nodes[m[0]].name, from, to);
-  char *nn = strdup(name);
+  char *nn = ir_strdup(name);
   if (w < 0 || !nn) {
-    free(nn);
+    ir_free(nn);
     return false;
   }
   ir_node *f = &g->nodes[m[0]];
-  free(f->name);
+  ir_free(f->name);
   f->name = nn;
   f->in[1] = w;
   f->in[2] = b;
@@ -158,13 +159,13 @@ static int fuse_gate_up_at(ir_graph *g, int32_t si, bool *dead, ir_diag *d) {
 typedef int (*fuse_at_fn)(ir_graph *, int32_t, bool *, ir_diag *);
 
 static ir_status run_fusion(ir_graph *g, fuse_at_fn fn, int *out_fused, ir_diag *d) {
-  bool *dead = calloc((size_t)g->n_nodes + 1, sizeof *dead);
+  bool *dead = ir_calloc((size_t)g->n_nodes + 1, sizeof *dead);
   if (!dead) return ir_diag_set(d, IR_OOM, "fuse: out of memory");
   int fused = 0, r = 0;
   for (int32_t i = 0; r >= 0 && i < g->n_nodes; i++)
     if (!dead[i] && (r = fn(g, i, dead, d)) > 0) fused++;
   bool ok = r >= 0 && pass_compact(g, dead, NULL, NULL);
-  free(dead);
+  ir_free(dead);
   if (r < 0) return d->status;
   if (!ok) return ir_diag_set(d, IR_OOM, "fuse: out of memory");
   *out_fused = fused;

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 #include "pass.h"
+#include "ir_alloc.h"
 
 /* The rope node producing input k of attention a, if it can fold into a: a rope over
  * `heads` heads of a's head_dim, read by nothing else. -1 otherwise. */
@@ -86,12 +87,12 @@ static bool try_fuse_norm(ir_graph *g, int32_t ai, bool *dead) {
 /* One sweep of `fuse` over the attention nodes, the folded nodes then removed: how many
  * fused, or -1 on OOM. */
 static int sweep(ir_graph *g, bool (*fuse)(ir_graph *, int32_t, bool *)) {
-  bool *dead = calloc((size_t)g->n_nodes + 1, sizeof *dead);
+  bool *dead = ir_calloc((size_t)g->n_nodes + 1, sizeof *dead);
   if (!dead) return -1;
   int n = 0;
   for (int32_t i = 0; i < g->n_nodes; i++) n += fuse(g, i, dead);
   bool ok = pass_compact(g, dead, NULL, NULL);
-  free(dead);
+  ir_free(dead);
   return ok ? n : -1;
 }
 

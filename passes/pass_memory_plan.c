@@ -6,6 +6,7 @@
 #include <stdlib.h>
 
 #include "pass.h"
+#include "ir_alloc.h"
 
 #define ARENA_ALIGN 64
 
@@ -25,7 +26,7 @@ static int by_size_desc(const void *pa, const void *pb) {
 }
 
 static int32_t collect(const ir_graph *g, live *out) {
-  int32_t *slot = malloc(((size_t)g->n_tensors + 1) * sizeof *slot);
+  int32_t *slot = ir_malloc(((size_t)g->n_tensors + 1) * sizeof *slot);
   if (!slot) return -1;
   int32_t n = 0;
   for (int32_t i = 0; i < g->n_tensors; i++) {
@@ -44,7 +45,7 @@ static int32_t collect(const ir_graph *g, live *out) {
     }
   for (int32_t i = 0; i < g->n_outputs; i++)
     if (slot[g->outputs[i]] >= 0) out[slot[g->outputs[i]]].last = g->n_nodes;
-  free(slot);
+  ir_free(slot);
   return n;
 }
 
@@ -67,10 +68,10 @@ static uint64_t place(const live *l, int32_t i) {
 }
 
 ir_status pass_memory_plan(ir_graph *g, const pass_opts *o, pass_log *log, ir_diag *d) {
-  live *l = malloc(((size_t)g->n_tensors + 1) * sizeof *l);
+  live *l = ir_malloc(((size_t)g->n_tensors + 1) * sizeof *l);
   int32_t n = l ? collect(g, l) : -1;
   if (n < 0) {
-    free(l);
+    ir_free(l);
     return ir_diag_set(d, IR_OOM, "memory plan: out of memory");
   }
   qsort(l, (size_t)n, sizeof *l, by_size_desc);
@@ -82,7 +83,7 @@ ir_status pass_memory_plan(ir_graph *g, const pass_opts *o, pass_log *log, ir_di
     naive += l[i].size;
   }
   g->arena_size = arena;
-  free(l);
+  ir_free(l);
   pass_log_add(log, "memory_plan: %d buffers in a %.2f MiB arena (%.2f MiB without reuse)", n,
                (double)arena / 1048576.0, (double)naive / 1048576.0);
   return IR_OK;

@@ -9,6 +9,7 @@
 
 #include "kn_matmul_wq.h"
 #include "kn_quant.h"
+#include "ir_alloc.h"
 
 /* ---- the scheme ------------------------------------------------------------------------- */
 
@@ -225,7 +226,7 @@ void pass_quant_matrix(const float *w, int64_t n, int64_t k, ir_dtype qt, int64_
   qrange r = qt == IR_I4 ? (qrange){0, 15, 8, st, asym}
              : asym      ? (qrange){-128, 127, 0, st, false}
                          : (qrange){-127, 127, 0, st, false};
-  int *tmp = malloc((size_t)group * sizeof *tmp);
+  int *tmp = ir_malloc((size_t)group * sizeof *tmp);
   if (!tmp) return; /* the caller checked the sizes; only an allocation failure gets here */
   int64_t ng = k / group;
   for (int64_t j = 0; j < n; j++)
@@ -239,7 +240,7 @@ void pass_quant_matrix(const float *w, int64_t n, int64_t k, ir_dtype qt, int64_
       if (asym && qt == IR_I8) ((int8_t *)zp)[j * ng + g] = (int8_t)b.z;
       else if (asym) ((uint16_t *)zp)[j * ng + g] = ir_f32_to_f16(b.z);
     }
-  free(tmp);
+  ir_free(tmp);
 }
 
 /* ---- smoothing (W8A8) ------------------------------------------------------------------------ */
@@ -279,9 +280,9 @@ static int32_t add_f32_like(ir_graph *g, int32_t like, float **out_buf) {
   snprintf(name, sizeof name, "%s.smoothed", t.name);
   int64_t dims[IR_MAX_RANK], count = 1;
   for (int i = 0; i < t.rank; i++) dims[i] = t.dims[i].n, count *= t.dims[i].n;
-  float *buf = malloc((size_t)(count > 0 ? count : 1) * sizeof *buf);
+  float *buf = ir_malloc((size_t)(count > 0 ? count : 1) * sizeof *buf);
   if (!buf || !ir_graph_adopt(g, buf)) {
-    free(buf);
+    ir_free(buf);
     return -1;
   }
   *out_buf = buf;
@@ -311,14 +312,14 @@ static ir_status column_max(const ir_graph *g, const int32_t *users, int n_users
   for (int u = 0; u < n_users; u++) {
     const ir_tensor *w = &g->tensors[g->nodes[users[u]].in[1]];
     int64_t n = w->dims[0].n, k = w->dims[1].n;
-    float *row = malloc((size_t)k * sizeof *row);
+    float *row = ir_malloc((size_t)k * sizeof *row);
     if (!row) return ir_diag_set(d, IR_OOM, "out of memory smoothing '%s'", w->name);
     uint64_t row_bytes = ir_dtype_bytes(w->dtype, (uint64_t)k);
     for (int64_t r = 0; r < n; r++) {
       kn_dequant_row((const uint8_t *)w->data + r * row_bytes, w->dtype, row, k);
       for (int64_t j = 0; j < k; j++) wmax[j] = fmaxf(wmax[j], fabsf(row[j]));
     }
-    free(row);
+    ir_free(row);
   }
   return IR_OK;
 }
@@ -336,7 +337,7 @@ static ir_status smooth_norm(ir_graph *g, const pass_quant_smoothing *sm, int32_
   int64_t k = g->tensors[gi].dims[0].n;
   const float *amax = sm->amax(sm->ctx, g->tensors[gi].name, k);
   if (!amax) return IR_OK;
-  float *s = calloc((size_t)k, sizeof *s), *gamma = NULL;
+  float *s = ir_calloc((size_t)k, sizeof *s), *gamma = NULL;
   if (!s) return ir_diag_set(d, IR_OOM, "out of memory");
   ir_status st = column_max(g, users, n_users, s, d);
   double alpha = sm->alpha;
@@ -355,7 +356,7 @@ static ir_status smooth_norm(ir_graph *g, const pass_quant_smoothing *sm, int32_
     else n->in[2] = ng;
   }
   for (int u = 0; u < n_users && st == IR_OK; u++) st = smooth_weight(g, users[u], s, d);
-  free(s);
+  ir_free(s);
   *out_done = st == IR_OK;
   return st;
 }
@@ -387,8 +388,8 @@ typedef struct calib_set {
 } calib_set;
 
 static void calib_free(calib_set *c) {
-  for (int i = 0; i < c->n; i++) free(c->e[i].name), free(c->e[i].amax);
-  free(c->e);
+  for (int i = 0; i < c->n; i++) ir_free(c->e[i].name), ir_free(c->e[i].amax);
+  ir_free(c->e);
 }
 
 /* NAME matches the norm's weight as the source names it, or with the ".f32" the fold pass
@@ -417,14 +418,14 @@ static ir_status calib_line(calib_set *c, char *line, const char *path, int ln, 
     return ir_diag_set(d, IR_BAD_FORMAT, "%s:%d: expected 'NAME K v0 ... v(K-1)'", path, ln);
   if (c->n == c->cap) {
     int cap = c->cap ? 2 * c->cap : 64;
-    calib_entry *e = realloc(c->e, (size_t)cap * sizeof *e);
+    calib_entry *e = ir_realloc(c->e, (size_t)cap * sizeof *e);
     if (!e) return ir_diag_set(d, IR_OOM, "out of memory");
     c->e = e, c->cap = cap;
   }
   calib_entry *e = &c->e[c->n];
-  e->k = k, e->name = strdup(name), e->amax = malloc((size_t)k * sizeof *e->amax);
+  e->k = k, e->name = ir_strdup(name), e->amax = ir_malloc((size_t)k * sizeof *e->amax);
   if (!e->name || !e->amax) {
-    free(e->name), free(e->amax);
+    ir_free(e->name), ir_free(e->amax);
     return ir_diag_set(d, IR_OOM, "out of memory");
   }
   c->n++;
@@ -445,14 +446,14 @@ static ir_status calib_load(const char *path, calib_set *c, ir_diag *d) {
   FILE *f = fopen(path, "r");
   if (!f) return ir_diag_set(d, IR_IO, "%s: cannot open the calibration file", path);
   size_t cap = 1 << 20;
-  char *line = malloc(cap);
+  char *line = ir_malloc(cap);
   ir_status st = line ? IR_OK : ir_diag_set(d, IR_OOM, "out of memory");
   for (int ln = 1; st == IR_OK && fgets(line, (int)cap, f); ln++) {
     if (!strchr(line, '\n') && !feof(f))
       st = ir_diag_set(d, IR_BAD_FORMAT, "%s:%d: line too long", path, ln);
     else st = calib_line(c, line, path, ln, d);
   }
-  free(line);
+  ir_free(line);
   fclose(f);
   if (st == IR_OK && !c->n) st = ir_diag_set(d, IR_BAD_FORMAT, "%s: no activation maxima", path);
   return st;
@@ -522,7 +523,7 @@ static int32_t add_owned(ir_graph *g, const char *base, const char *suffix, ir_d
                          int64_t rows, int64_t cols, uint64_t bytes, void **out_buf) {
   char name[512];
   snprintf(name, sizeof name, "%s.%s", base, suffix);
-  void *buf = calloc(1, bytes ? bytes : 1);
+  void *buf = ir_calloc(1, bytes ? bytes : 1);
   if (!buf || !ir_graph_adopt(g, buf)) return -1;
   *out_buf = buf;
   return ir_graph_add_weight(g, name, dt, 2, (int64_t[]){rows, cols}, buf, bytes);
@@ -535,19 +536,19 @@ static ir_status quantize_blocks(ir_graph *g, quant_run *r, int32_t wi, ir_diag 
   int64_t n = w.dims[0].n, k = w.dims[1].n;
   uint64_t row_bytes = ir_dtype_bytes(w.dtype, (uint64_t)k);
   uint64_t out_row = ir_dtype_bytes(bt, (uint64_t)k);
-  float *wf = malloc((size_t)k * sizeof *wf);
+  float *wf = ir_malloc((size_t)k * sizeof *wf);
   void *qb = NULL;
   int32_t ti =
       wf ? add_owned(g, w.name, ir_dtype_name(bt), bt, n, k, out_row * (uint64_t)n, &qb) : -1;
   if (ti < 0) {
-    free(wf);
+    ir_free(wf);
     return ir_diag_set(d, IR_OOM, "out of memory quantizing '%s'", w.name);
   }
   for (int64_t j = 0; j < n; j++) {
     kn_dequant_row((const uint8_t *)w.data + j * row_bytes, w.dtype, wf, k);
     kn_quant_row(wf, bt, (uint8_t *)qb + j * out_row, k);
   }
-  free(wf);
+  ir_free(wf);
   r->made[wi] = ti;
   r->n_done++;
   r->values += n * k;
@@ -564,7 +565,7 @@ static ir_status quantize_weight(ir_graph *g, quant_run *r, int32_t wi, int64_t 
   int64_t n = w.dims[0].n, k = w.dims[1].n, ng = k / group;
   ir_dtype qt = q->scheme == PASS_QUANT_INT4 ? IR_I4 : IR_I8;
   ir_dtype st = qt == IR_I4 || group < k ? IR_F16 : IR_F32;
-  float *wf = malloc((size_t)(n * k) * sizeof *wf);
+  float *wf = ir_malloc((size_t)(n * k) * sizeof *wf);
   if (!wf) return ir_diag_set(d, IR_OOM, "out of memory quantizing '%s'", w.name);
   uint64_t row_bytes = ir_dtype_bytes(w.dtype, (uint64_t)k);
   for (int64_t j = 0; j < n; j++)
@@ -579,11 +580,11 @@ static ir_status quantize_weight(ir_graph *g, quant_run *r, int32_t wi, int64_t 
   int32_t zi =
       si >= 0 && q->asym ? add_owned(g, w.name, "zero_points", zt, n, ng, zbytes, &zb) : -2;
   if (ti < 0 || si < 0 || zi == -1) {
-    free(wf);
+    ir_free(wf);
     return ir_diag_set(d, IR_OOM, "out of memory quantizing '%s'", w.name);
   }
   pass_quant_matrix(wf, n, k, qt, group, q->asym, st, qb, sb, zb);
-  free(wf);
+  ir_free(wf);
   r->made[wi] = ti;
   r->n_done++;
   r->values += n * k;
@@ -679,13 +680,13 @@ ir_status pass_quantize(ir_graph *g, const pass_opts *o, pass_log *log, ir_diag 
   ir_status st = smooth_from_file(g, o, &r.n_smoothed, d);
   if (st != IR_OK) return st;
   r.n_orig = g->n_tensors;
-  r.made = malloc((size_t)(g->n_tensors > 0 ? g->n_tensors : 1) * sizeof *r.made);
+  r.made = ir_malloc((size_t)(g->n_tensors > 0 ? g->n_tensors : 1) * sizeof *r.made);
   if (!r.made) return ir_diag_set(d, IR_OOM, "out of memory");
   for (int32_t i = 0; i < g->n_tensors; i++) r.made[i] = -1;
   for (int32_t i = 0; i < g->n_nodes && st == IR_OK; i++)
     if (float_matmul(g, &g->nodes[i]) && g->nodes[i].in[1] < r.n_orig)
       st = quantize_node(g, &r, i, d);
-  free(r.made);
+  ir_free(r.made);
   if (st != IR_OK) return st;
   int32_t nodes_removed = 0, tensors_removed = 0;
   if (!pass_compact(g, NULL, &nodes_removed, &tensors_removed))

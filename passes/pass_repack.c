@@ -7,6 +7,7 @@
 
 #include "kn_quant.h"
 #include "pass.h"
+#include "ir_alloc.h"
 
 /* Whether node n reads tensor ti only in a way that takes the interleaved layout: as the
  * weight of an act_int8 matmul whose row groups stay whole (8 rows; a fused gate/up needs
@@ -47,7 +48,7 @@ ir_status pass_repack(ir_graph *g, const pass_opts *o, pass_log *log, ir_diag *d
       n_kept++;
       continue;
     }
-    void *buf = malloc(t->nbytes ? t->nbytes : 1);
+    void *buf = ir_malloc(t->nbytes ? t->nbytes : 1);
     if (!buf || !ir_graph_adopt(g, buf)) /* (adopt frees it when it fails) */
       return ir_diag_set(d, IR_OOM, "out of memory repacking '%s'", t->name);
     kn_x8_pack(t->data, t->dtype, t->dims[0].n, t->dims[1].n, buf);

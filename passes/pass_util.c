@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "pass.h"
+#include "ir_alloc.h"
 
 void pass_log_add(pass_log *log, const char *fmt, ...) {
   char buf[256];
@@ -11,15 +12,15 @@ void pass_log_add(pass_log *log, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(buf, sizeof buf, fmt, ap);
   va_end(ap);
-  char **l = realloc(log->lines, (size_t)(log->n + 1) * sizeof *l);
+  char **l = ir_realloc(log->lines, (size_t)(log->n + 1) * sizeof *l);
   if (!l) return;
   log->lines = l;
-  if ((l[log->n] = strdup(buf))) log->n++;
+  if ((l[log->n] = ir_strdup(buf))) log->n++;
 }
 
 void pass_log_free(pass_log *log) {
-  for (int i = 0; i < log->n; i++) free(log->lines[i]);
-  free(log->lines);
+  for (int i = 0; i < log->n; i++) ir_free(log->lines[i]);
+  ir_free(log->lines);
   log->lines = NULL;
   log->n = 0;
 }
@@ -76,18 +77,18 @@ static void remap_ids(int32_t *ids, int n, const int32_t *map) {
 
 bool pass_compact(ir_graph *g, const bool *dead, int32_t *out_nodes_removed,
                   int32_t *out_tensors_removed) {
-  bool *used = calloc((size_t)g->n_tensors + 1, sizeof *used);
-  int32_t *tmap = malloc(((size_t)g->n_tensors + 1) * sizeof *tmap);
-  int32_t *nmap = malloc(((size_t)g->n_nodes + 1) * sizeof *nmap);
+  bool *used = ir_calloc((size_t)g->n_tensors + 1, sizeof *used);
+  int32_t *tmap = ir_malloc(((size_t)g->n_tensors + 1) * sizeof *tmap);
+  int32_t *nmap = ir_malloc(((size_t)g->n_nodes + 1) * sizeof *nmap);
   if (!used || !tmap || !nmap) {
-    free(used), free(tmap), free(nmap);
+    ir_free(used), ir_free(tmap), ir_free(nmap);
     return false;
   }
   mark_used(g, dead, used);
   int32_t nt = 0, nn = 0;
   for (int32_t i = 0; i < g->n_tensors; i++) {
     if (!used[i]) {
-      free(g->tensors[i].name);
+      ir_free(g->tensors[i].name);
       tmap[i] = -1;
       continue;
     }
@@ -96,7 +97,7 @@ bool pass_compact(ir_graph *g, const bool *dead, int32_t *out_nodes_removed,
   }
   for (int32_t i = 0; i < g->n_nodes; i++) {
     if (dead && dead[i]) {
-      free(g->nodes[i].name);
+      ir_free(g->nodes[i].name);
       nmap[i] = -1;
       continue;
     }
@@ -115,6 +116,6 @@ bool pass_compact(ir_graph *g, const bool *dead, int32_t *out_nodes_removed,
   if (out_tensors_removed) *out_tensors_removed = g->n_tensors - nt;
   g->n_tensors = nt;
   g->n_nodes = nn;
-  free(used), free(tmap), free(nmap);
+  ir_free(used), ir_free(tmap), ir_free(nmap);
   return true;
 }

@@ -6,6 +6,7 @@
 #include <time.h>
 
 #include "chat_template.h"
+#include "ir_alloc.h"
 
 /* DeepSeek's special tokens spell their bars and spaces as U+FF5C and U+2581. */
 #define FW_BAR "\xef\xbd\x9c"
@@ -386,7 +387,7 @@ ir_status chat_render_spans(const chat_tmpl *t, const chat_msg *msgs, size_t n, 
   sbuf s = {.buf = buf, .cap = cap ? cap - 1 : 0};
   const char **ranges = NULL;
   if (spans) { /* each message's content and thoughts: [lo, hi) pairs */
-    if (!(ranges = malloc((4 * n + 1) * sizeof *ranges)))
+    if (!(ranges = ir_malloc((4 * n + 1) * sizeof *ranges)))
       return ir_diag_set(d, IR_OOM, "out of memory");
     for (size_t i = 0; i < n; i++) {
       const char *r = msgs[i].reasoning ? msgs[i].reasoning : "";
@@ -406,9 +407,9 @@ ir_status chat_render_spans(const chat_tmpl *t, const chat_msg *msgs, size_t n, 
   case CHAT_PHI3: render_phi3(msgs, n, gen, &s); break;
   case CHAT_MISTRAL:
   case CHAT_LLAMA2: render_inst(t, msgs, n, &s); break;
-  default: free(ranges); return ir_diag_set(d, IR_INVALID_ARG, "no chat template selected");
+  default: ir_free(ranges); return ir_diag_set(d, IR_INVALID_ARG, "no chat template selected");
   }
-  free(ranges);
+  ir_free(ranges);
   if (cap) buf[s.len < cap ? s.len : cap - 1] = '\0';
   *out_len = s.len;
   if (n_spans) *n_spans = s.n_spans;

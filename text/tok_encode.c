@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "tok_internal.h"
+#include "ir_alloc.h"
 
 static const uint8_t SPM_SPACE[3] = {0xE2, 0x96, 0x81}; /* U+2581 */
 
@@ -58,8 +59,8 @@ static int cmp_entry(const void *pa, const void *pb) {
 }
 
 void tok_matcher_free(tok_matcher *m) {
-  free(m->e);
-  free(m->pat);
+  ir_free(m->e);
+  ir_free(m->pat);
   memset(m, 0, sizeof *m);
 }
 
@@ -75,9 +76,9 @@ static ir_status matcher_fill(irt_tokenizer *t, tok_matcher *m, bool want_normal
   bool nfc = want_normalized && t->nfc;
   /* tok_norm_cap allows one prefix; each of the m->n patterns may get its own */
   size_t cap = want_normalized ? tok_norm_cap(t, total, total) + 3 * (size_t)m->n : total;
-  uint8_t *tmp = nfc ? malloc(3 * maxlen + 1) : NULL;
-  uint32_t *work = nfc ? malloc((4 * maxlen + 4) * sizeof *work) : NULL;
-  m->pat = malloc(cap + 1);
+  uint8_t *tmp = nfc ? ir_malloc(3 * maxlen + 1) : NULL;
+  uint32_t *work = nfc ? ir_malloc((4 * maxlen + 4) * sizeof *work) : NULL;
+  m->pat = ir_malloc(cap + 1);
   ir_status st = !m->pat || (nfc && (!tmp || !work)) ? IR_OOM : IR_OK;
   uint32_t o = 0;
   int32_t k = 0;
@@ -90,8 +91,8 @@ static ir_status matcher_fill(irt_tokenizer *t, tok_matcher *m, bool want_normal
     m->e[k++] = (tok_match_entry){o, (uint32_t)len, id, (uint8_t)m->pat[o]};
     o += (uint32_t)len;
   }
-  free(tmp);
-  free(work);
+  ir_free(tmp);
+  ir_free(work);
   return st;
 }
 
@@ -111,7 +112,7 @@ ir_status tok_matcher_build(irt_tokenizer *t, tok_matcher *m, bool want_normaliz
   }
   if (n == 0) return IR_OK;
   m->n = n;
-  m->e = malloc((size_t)n * sizeof *m->e);
+  m->e = ir_malloc((size_t)n * sizeof *m->e);
   if (!m->e || matcher_fill(t, m, want_normalized, total, maxlen) != IR_OK)
     return ir_diag_set(d, IR_OOM, "tokenizer: out of memory");
   qsort(m->e, (size_t)n, sizeof *m->e, cmp_entry);
@@ -223,7 +224,7 @@ static bool enc_alloc(enc *e, const uint8_t *s, size_t len) {
   size_t nfc_tmp = t->nfc ? 3 * len + 1 : 0, nfc_work = t->nfc ? 4 * len + 4 : 0;
   size_t bytes = 2 * p * sizeof(uint64_t) + nfc_work * sizeof(uint32_t) + p * sizeof(tok_sym) +
                  ncap + nfc_tmp + p + 2 * p + 16;
-  uint8_t *b = malloc(bytes);
+  uint8_t *b = ir_malloc(bytes);
   if (!b) return false;
   e->block = b;
   e->bpe.heap = (uint64_t *)b;
@@ -323,7 +324,7 @@ ir_status tok_encode_spans(const irt_tokenizer *t, const char *text, size_t len,
   }
   encode_run(&e, s + pos, len - pos, pos, pos == 0);
   if (add_special && t->add_eos && t->eos_id >= 0) tok_out_put(&e.out, t->eos_id);
-  free(e.block);
+  ir_free(e.block);
   *out_n = e.out.n;
   return IR_OK;
 }
@@ -337,18 +338,18 @@ ir_status tok_encode_spans_alloc(const irt_tokenizer *t, const char *text, size_
                                  bool add_special, bool parse_special, const tok_span *spans,
                                  size_t n_spans, int32_t **out, size_t *out_n, ir_diag *d) {
   size_t cap = len + 16, n = 0;
-  int32_t *ids = malloc(cap * sizeof *ids);
+  int32_t *ids = ir_malloc(cap * sizeof *ids);
   ir_status st = ids ? tok_encode_spans(t, text, len, add_special, parse_special, spans, n_spans,
                                         ids, cap, &n, d)
                      : ir_diag_set(d, IR_OOM, "out of memory");
   if (st == IR_OK && n > cap) { /* the first guess was short: size it exactly */
-    int32_t *more = realloc(ids, n * sizeof *ids);
+    int32_t *more = ir_realloc(ids, n * sizeof *ids);
     st = more ? tok_encode_spans(t, text, len, add_special, parse_special, spans, n_spans, more, n,
                                  &n, d)
               : ir_diag_set(d, IR_OOM, "out of memory");
     if (more) ids = more;
   }
-  if (st != IR_OK) free(ids), ids = NULL, n = 0;
+  if (st != IR_OK) ir_free(ids), ids = NULL, n = 0;
   *out = ids;
   *out_n = n;
   return st;

@@ -10,6 +10,7 @@
 
 #include "ir_file.h"
 #include "tok_internal.h"
+#include "ir_alloc.h"
 
 #define RE_GPT2 "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"
 #define RE_LLAMA3_HEAD "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|"
@@ -79,8 +80,10 @@ static ir_status read_json(const char *path, cJSON **out, ir_diag *d) {
   size_t len = 0;
   ir_status st = read_text(path, &buf, &len, d);
   if (st != IR_OK) return st;
+  unsigned long fails = ir_alloc_failures();
   *out = cJSON_ParseWithLength(buf, len);
-  free(buf);
+  ir_free(buf);
+  if (!*out && ir_alloc_failed_since(fails)) return ir_diag_set(d, IR_OOM, "out of memory");
   if (!*out) return ir_diag_set(d, IR_BAD_FORMAT, "%s: not valid JSON", path);
   return IR_OK;
 }
@@ -153,9 +156,9 @@ static ir_status load_vocab(hf_load *h, const cJSON *vocab, const cJSON *added, 
   int32_t n;
   ir_status st = count_tokens(vocab, added, &n, d);
   if (st != IR_OK) return st;
-  h->tokens = calloc((size_t)n, sizeof *h->tokens);
-  h->types = calloc((size_t)n, sizeof *h->types); /* 0: not an added token */
-  h->attrs = calloc((size_t)n, 1);
+  h->tokens = ir_calloc((size_t)n, sizeof *h->tokens);
+  h->types = ir_calloc((size_t)n, sizeof *h->types); /* 0: not an added token */
+  h->attrs = ir_calloc((size_t)n, 1);
   if (!h->tokens || !h->types || !h->attrs) return ir_diag_set(d, IR_OOM, "out of memory");
   const cJSON *e;
   cJSON_ArrayForEach(e, vocab) if (!h->tokens[e->valueint]) h->tokens[e->valueint] = e->string;
@@ -185,18 +188,18 @@ static ir_status load_vocab(hf_load *h, const cJSON *vocab, const cJSON *added, 
 
 static ir_status load_merges(hf_load *h, const cJSON *merges, ir_diag *d) {
   int n = cJSON_GetArraySize(merges);
-  h->merges = calloc((size_t)n + 1, sizeof *h->merges);
+  h->merges = ir_calloc((size_t)n + 1, sizeof *h->merges);
   if (!h->merges) return ir_diag_set(d, IR_OOM, "out of memory");
   const cJSON *e;
   cJSON_ArrayForEach(e, merges) {
     const cJSON *a = cJSON_GetArrayItem(e, 0), *b = cJSON_GetArrayItem(e, 1);
     char *m;
     if (cJSON_IsString(e)) {
-      m = strdup(e->valuestring);
+      m = ir_strdup(e->valuestring);
     } else if (cJSON_IsArray(e) && cJSON_GetArraySize(e) == 2 && cJSON_IsString(a) &&
                cJSON_IsString(b)) {
       size_t la = strlen(a->valuestring), lb = strlen(b->valuestring);
-      if ((m = malloc(la + lb + 2)) != NULL) {
+      if ((m = ir_malloc(la + lb + 2)) != NULL) {
         memcpy(m, a->valuestring, la);
         m[la] = ' ';
         memcpy(m + la + 1, b->valuestring, lb + 1);
@@ -484,12 +487,12 @@ ir_status tok_load_hf(const char *tokenizer_json, const char *tokenizer_config, 
     if (st == IR_OK) st = tok_create(&h.spec, out, d);
     if (st != IR_OK) ir_diag_prefix(d, "%s", tokenizer_json);
   }
-  free(jinja);
-  for (int32_t i = 0; i < h.n_merges; i++) free(h.merges[i]);
-  free(h.merges);
-  free(h.tokens);
-  free(h.types);
-  free(h.attrs);
+  ir_free(jinja);
+  for (int32_t i = 0; i < h.n_merges; i++) ir_free(h.merges[i]);
+  ir_free(h.merges);
+  ir_free(h.tokens);
+  ir_free(h.types);
+  ir_free(h.attrs);
   cJSON_Delete(root);
   cJSON_Delete(cfg);
   return st;

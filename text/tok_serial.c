@@ -6,6 +6,7 @@
 
 #include "tok_internal.h"
 #include "tokenizer.pb-c.h"
+#include "ir_alloc.h"
 
 #define TOK_FORMAT_VERSION 1
 #define TOK_END_MARKER 0x4B4F5445u /* "ETOK" */
@@ -16,11 +17,11 @@ ir_status tok_serialize(const irt_tokenizer *t, uint8_t **out, size_t *out_len, 
   *out_len = 0;
   Infc__Tok__Tokenizer m = INFC__TOK__TOKENIZER__INIT;
   size_t n = (size_t)t->n_tokens, text = 0;
-  uint32_t *lens = malloc(n * sizeof *lens);
-  uint8_t *blob = malloc(t->off[n] + 1);
+  uint32_t *lens = ir_malloc(n * sizeof *lens);
+  uint8_t *blob = ir_malloc(t->off[n] + 1);
   if (!lens || !blob) {
-    free(lens);
-    free(blob);
+    ir_free(lens);
+    ir_free(blob);
     return ir_diag_set(d, IR_OOM, "tokenizer: out of memory");
   }
   for (size_t i = 0; i < n; i++) {
@@ -56,10 +57,10 @@ ir_status tok_serialize(const irt_tokenizer *t, uint8_t **out, size_t *out_len, 
   m.chat_template = t->chat_template ? t->chat_template : (char *)"";
   m.end_marker = TOK_END_MARKER;
   size_t size = infc__tok__tokenizer__get_packed_size(&m);
-  uint8_t *buf = malloc(size ? size : 1);
+  uint8_t *buf = ir_malloc(size ? size : 1);
   if (buf) infc__tok__tokenizer__pack(&m, buf);
-  free(lens);
-  free(blob);
+  ir_free(lens);
+  ir_free(blob);
   if (!buf) return ir_diag_set(d, IR_OOM, "tokenizer: out of memory");
   *out = buf;
   *out_len = size;
@@ -117,9 +118,9 @@ static ir_status check_message(const Infc__Tok__Tokenizer *m, ir_diag *d) {
 static ir_status spec_tokens(const Infc__Tok__Tokenizer *m, tok_spec *s, char **text,
                              const char ***toks, int32_t **types, ir_diag *d) {
   size_t n = m->n_token_len, o = 0, p = 0;
-  *text = malloc(m->token_text.len + n);
-  *toks = malloc(n * sizeof **toks);
-  *types = malloc(n * sizeof **types);
+  *text = ir_malloc(m->token_text.len + n);
+  *toks = ir_malloc(n * sizeof **toks);
+  *types = ir_malloc(n * sizeof **types);
   if (!*text || !*toks || !*types) return ir_diag_set(d, IR_OOM, "tokenizer: out of memory");
   for (size_t i = 0; i < n; i++) {
     (*toks)[i] = *text + o;
@@ -169,9 +170,9 @@ static ir_status build_from(const Infc__Tok__Tokenizer *m, irt_tokenizer **out, 
     if (st == IR_INVALID_ARG) st = IR_BAD_FORMAT;
     if (st != IR_OK) ir_diag_set(d, st, "tokenizer message: %s", inner.msg);
   }
-  free(text);
-  free(toks);
-  free(types);
+  ir_free(text);
+  ir_free(toks);
+  ir_free(types);
   return st;
 }
 
@@ -179,10 +180,12 @@ ir_status tok_deserialize(const uint8_t *buf, size_t len, irt_tokenizer **out, i
   if (!out) return ir_diag_set(d, IR_INVALID_ARG, "tokenizer: NULL output");
   *out = NULL;
   if (!buf || len == 0) return ir_diag_set(d, IR_BAD_FORMAT, "tokenizer message: empty");
-  Infc__Tok__Tokenizer *m = infc__tok__tokenizer__unpack(NULL, len, buf);
+  unsigned long fails = ir_alloc_failures();
+  Infc__Tok__Tokenizer *m = infc__tok__tokenizer__unpack(&ir_pb_alloc, len, buf);
+  if (!m && ir_alloc_failed_since(fails)) return ir_diag_set(d, IR_OOM, "out of memory");
   if (!m) return ir_diag_set(d, IR_BAD_FORMAT, "tokenizer message: not a valid encoding");
   ir_status st = check_message(m, d);
   if (st == IR_OK) st = build_from(m, out, d);
-  infc__tok__tokenizer__free_unpacked(m, NULL);
+  infc__tok__tokenizer__free_unpacked(m, &ir_pb_alloc);
   return st;
 }

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "tok_internal.h"
+#include "ir_alloc.h"
 
 #define TOK_MAX_TOKENS (1 << 24)
 #define TOK_MAX_MERGES (1 << 24)
@@ -103,12 +104,12 @@ static ir_status copy_tokens(irt_tokenizer *t, const tok_spec *s, ir_diag *d) {
   uint64_t total = 0;
   for (int32_t i = 0; i < n; i++) total += strlen(s->tokens[i]) + 1;
   if (total > UINT32_MAX) return ir_diag_set(d, IR_INVALID_ARG, "tokenizer: vocabulary too large");
-  t->text = malloc(total);
-  t->off = malloc(((size_t)n + 1) * sizeof *t->off);
-  t->types = malloc((size_t)n);
-  t->attrs = calloc((size_t)n, 1);
+  t->text = ir_malloc(total);
+  t->off = ir_malloc(((size_t)n + 1) * sizeof *t->off);
+  t->types = ir_malloc((size_t)n);
+  t->attrs = ir_calloc((size_t)n, 1);
   t->vocab_mask = pow2_above((uint64_t)n) - 1;
-  t->vocab = malloc(((size_t)t->vocab_mask + 1) * sizeof *t->vocab);
+  t->vocab = ir_malloc(((size_t)t->vocab_mask + 1) * sizeof *t->vocab);
   if (!t->text || !t->off || !t->types || !t->attrs || !t->vocab)
     return ir_diag_set(d, IR_OOM, "tokenizer: out of memory");
   memset(t->vocab, 0xFF, ((size_t)t->vocab_mask + 1) * sizeof *t->vocab);
@@ -125,7 +126,7 @@ static ir_status copy_tokens(irt_tokenizer *t, const tok_spec *s, ir_diag *d) {
   t->off[n] = o;
   for (int32_t i = 0; i < n; i++) vocab_insert(t, i);
   if (s->scores) {
-    t->scores = malloc((size_t)n * sizeof *t->scores);
+    t->scores = ir_malloc((size_t)n * sizeof *t->scores);
     if (!t->scores) return ir_diag_set(d, IR_OOM, "tokenizer: out of memory");
     memcpy(t->scores, s->scores, (size_t)n * sizeof *t->scores);
   }
@@ -168,12 +169,12 @@ static ir_status build_merges(irt_tokenizer *t, int32_t n, const char *const *st
   for (int32_t i = 0; i < t->n_tokens; i++)
     if (tok_len(t, i) > maxlen) maxlen = tok_len(t, i);
   t->n_merges = n;
-  t->merges = malloc(((size_t)n * 2 + 1) * sizeof *t->merges);
+  t->merges = ir_malloc(((size_t)n * 2 + 1) * sizeof *t->merges);
   t->mtab_mask = pow2_above((uint64_t)n) - 1;
-  t->mtab = malloc((t->mtab_mask + 1) * sizeof *t->mtab);
-  char *tmp = malloc(2 * maxlen + 1);
+  t->mtab = ir_malloc((t->mtab_mask + 1) * sizeof *t->mtab);
+  char *tmp = ir_malloc(2 * maxlen + 1);
   if (!t->merges || !t->mtab || !tmp) {
-    free(tmp);
+    ir_free(tmp);
     return ir_diag_set(d, IR_OOM, "tokenizer: out of memory");
   }
   memset(t->mtab, 0xFF, (t->mtab_mask + 1) * sizeof *t->mtab);
@@ -204,7 +205,7 @@ static ir_status build_merges(irt_tokenizer *t, int32_t n, const char *const *st
     t->merges[2 * r + 1] = b;
     mtab_insert(t, a, b, r, id);
   }
-  free(tmp);
+  ir_free(tmp);
   return st;
 }
 
@@ -247,10 +248,10 @@ static ir_status derive_merges(const irt_tokenizer *t, const float *scores, int3
   size_t n = 0;
   for (int32_t p = 0; p < t->n_tokens; p++) n += token_splits(t, p, 0, NULL);
   if (n > (1u << 24)) return ir_diag_set(d, IR_INVALID_ARG, "tokenizer: too many merges");
-  derived_merge *m = malloc((n + 1) * sizeof *m);
-  *out = malloc((2 * n + 1) * sizeof **out);
+  derived_merge *m = ir_malloc((n + 1) * sizeof *m);
+  *out = ir_malloc((2 * n + 1) * sizeof **out);
   if (!m || !*out) {
-    free(m);
+    ir_free(m);
     return ir_diag_set(d, IR_OOM, "tokenizer: out of memory");
   }
   size_t k = 0;
@@ -260,7 +261,7 @@ static ir_status derive_merges(const irt_tokenizer *t, const float *scores, int3
     (*out)[2 * i] = m[i].a;
     (*out)[2 * i + 1] = m[i].b;
   }
-  free(m);
+  ir_free(m);
   *n_out = (int32_t)n;
   return IR_OK;
 }
@@ -271,7 +272,7 @@ static ir_status make_merges(irt_tokenizer *t, const tok_spec *s, ir_diag *d) {
   int32_t *ids = NULL, n = 0;
   ir_status st = derive_merges(t, s->scores, &ids, &n, d);
   if (st == IR_OK) st = build_merges(t, n, NULL, ids, d);
-  free(ids);
+  ir_free(ids);
   return st;
 }
 
@@ -349,8 +350,8 @@ static size_t decode_piece(const irt_tokenizer *t, int32_t id, const int16_t *c2
 static ir_status build_decoded(irt_tokenizer *t, ir_diag *d) {
   size_t total = 0;
   for (int32_t i = 0; i < t->n_tokens; i++) total += tok_len(t, i);
-  t->dec = malloc(total + 1);
-  t->dec_off = malloc(((size_t)t->n_tokens + 1) * sizeof *t->dec_off);
+  t->dec = ir_malloc(total + 1);
+  t->dec_off = ir_malloc(((size_t)t->n_tokens + 1) * sizeof *t->dec_off);
   if (!t->dec || !t->dec_off) return ir_diag_set(d, IR_OOM, "tokenizer: out of memory");
   uint32_t b2c[256];
   int16_t c2b[0x144];
@@ -388,12 +389,12 @@ static ir_status copy_scalars(irt_tokenizer *t, const tok_spec *s, ir_diag *d) {
   t->unk_id = s->unk_id;
   t->n_tokens = s->n_tokens;
   if (s->n_eos_ids > 0) {
-    t->eos_ids = malloc((size_t)s->n_eos_ids * sizeof *t->eos_ids);
+    t->eos_ids = ir_malloc((size_t)s->n_eos_ids * sizeof *t->eos_ids);
     if (!t->eos_ids) return ir_diag_set(d, IR_OOM, "tokenizer: out of memory");
     memcpy(t->eos_ids, s->eos_ids, (size_t)s->n_eos_ids * sizeof *t->eos_ids);
     t->n_eos_ids = s->n_eos_ids;
   }
-  if (s->chat_template && !(t->chat_template = strdup(s->chat_template)))
+  if (s->chat_template && !(t->chat_template = ir_strdup(s->chat_template)))
     return ir_diag_set(d, IR_OOM, "tokenizer: out of memory");
   return IR_OK;
 }
@@ -404,7 +405,7 @@ ir_status tok_create(const tok_spec *spec, irt_tokenizer **out, ir_diag *d) {
   if (!spec) return ir_diag_set(d, IR_INVALID_ARG, "tokenizer: NULL spec");
   ir_status st = check_spec(spec, d);
   if (st != IR_OK) return st;
-  irt_tokenizer *t = calloc(1, sizeof *t);
+  irt_tokenizer *t = ir_calloc(1, sizeof *t);
   if (!t) return ir_diag_set(d, IR_OOM, "tokenizer: out of memory");
   st = copy_scalars(t, spec, d);
   if (st == IR_OK) st = copy_tokens(t, spec, d);
@@ -425,21 +426,21 @@ ir_status tok_create(const tok_spec *spec, irt_tokenizer **out, ir_diag *d) {
 
 void tok_destroy(irt_tokenizer *t) {
   if (!t) return;
-  free(t->text);
-  free(t->off);
-  free(t->types);
-  free(t->attrs);
-  free(t->scores);
-  free(t->dec);
-  free(t->dec_off);
-  free(t->vocab);
-  free(t->merges);
-  free(t->mtab);
+  ir_free(t->text);
+  ir_free(t->off);
+  ir_free(t->types);
+  ir_free(t->attrs);
+  ir_free(t->scores);
+  ir_free(t->dec);
+  ir_free(t->dec_off);
+  ir_free(t->vocab);
+  ir_free(t->merges);
+  ir_free(t->mtab);
   tok_matcher_free(&t->match_raw);
   tok_matcher_free(&t->match_norm);
-  free(t->eos_ids);
-  free(t->chat_template);
-  free(t);
+  ir_free(t->eos_ids);
+  ir_free(t->chat_template);
+  ir_free(t);
 }
 
 /* ---- accessors ----------------------------------------------------------------------- */

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "infc_cuda_sources.h"
+#include "ir_alloc.h"
 
 /* The -D constants every source is compiled with; checked against attention.cu's limits. */
 static ir_status cuda_defines(const ir_graph *g, char (*defs)[48], ir_diag *d) {
@@ -89,8 +90,8 @@ static ir_status cuda_supported(const ir_graph *g, ir_diag *d) {
 static ir_status cuda_compile_all(infc_nvrtc *nv, const int *archs, int n_archs,
                                   const char *const *opts, infc_cuda_kernels *out, ir_diag *d) {
   int n_img = infc_cuda_n_sources * n_archs;
-  out->images = calloc((size_t)n_img + 1, sizeof *out->images);
-  out->table = calloc(2 * (size_t)n_img + 1, sizeof *out->table);
+  out->images = ir_calloc((size_t)n_img + 1, sizeof *out->images);
+  out->table = ir_calloc(2 * (size_t)n_img + 1, sizeof *out->table);
   if (!out->images || !out->table) return ir_diag_set(d, IR_OOM, "out of memory");
   for (int s = 0; s < infc_cuda_n_sources; s++) {
     const infc_cuda_source *src = &infc_cuda_sources[s];
@@ -134,7 +135,7 @@ ir_status infc_cuda_kernels_build(const ir_graph *g, const char *arch_list, infc
 void infc_cuda_kernels_free(infc_cuda_kernels *k) {
   if (!k) return;
   for (int i = 0; i < k->n_images; i++) infc_nvrtc_image_free(&k->images[i]);
-  free(k->images);
-  free(k->table);
+  ir_free(k->images);
+  ir_free(k->table);
   memset(k, 0, sizeof *k);
 }

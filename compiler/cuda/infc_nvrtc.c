@@ -12,6 +12,7 @@
 #include <xxhash.h>
 
 #include "infc_cuda_sources.h"
+#include "ir_alloc.h"
 
 typedef int nvrtc_result; /* nvrtcResult: 0 is NVRTC_SUCCESS */
 typedef void *nvrtc_program;
@@ -57,7 +58,7 @@ ir_status infc_nvrtc_open(infc_nvrtc **out, ir_diag *d) {
   if (!lib)
     return ir_diag_set(d, IR_UNSUPPORTED,
                        "NVRTC not found: install the CUDA toolkit or build a CPU plan");
-  infc_nvrtc *n = calloc(1, sizeof *n);
+  infc_nvrtc *n = ir_calloc(1, sizeof *n);
   if (!n) return ir_diag_set(d, IR_OOM, "out of memory");
   n->lib = lib;
 #define SYM(field, name) nvrtc_sym(lib, name, &n->field, sizeof n->field)
@@ -81,7 +82,7 @@ ir_status infc_nvrtc_open(infc_nvrtc **out, ir_diag *d) {
 /* libnvrtc stays mapped once loaded: its static C++ runtime keeps heap blocks that only
  * its own data segment points to, so unmapping it would leak them (LeakSanitizer sees
  * exactly that). A second open finds it already loaded. */
-void infc_nvrtc_close(infc_nvrtc *n) { free(n); }
+void infc_nvrtc_close(infc_nvrtc *n) { ir_free(n); }
 
 void infc_nvrtc_version(const infc_nvrtc *n, int *out_major, int *out_minor) {
   *out_major = n->major;
@@ -115,10 +116,10 @@ static ir_status nvrtc_fetch(nvrtc_result (*size_fn)(nvrtc_program, size_t *),
   size_t size = 0;
   *out = NULL;
   if (size_fn(prog, &size) != 0) return ir_diag_set(d, IR_UNSUPPORTED, "NVRTC gave no output");
-  char *buf = malloc(size + 1);
+  char *buf = ir_malloc(size + 1);
   if (!buf) return ir_diag_set(d, IR_OOM, "out of memory");
   if (size && get_fn(prog, buf) != 0) {
-    free(buf);
+    ir_free(buf);
     return ir_diag_set(d, IR_UNSUPPORTED, "NVRTC gave no output");
   }
   buf[size] = '\0';
@@ -159,7 +160,7 @@ static ir_status nvrtc_run(infc_nvrtc *n, const char *src, const char *name, con
   if (st == IR_OK && r != 0) {
     st = ir_diag_set(d, IR_BAD_FORMAT, "%s: %s for %s:\n%.400s", name, n->error_string(r), target,
                      *out_log);
-    free(*out_log);
+    ir_free(*out_log);
     *out_log = NULL;
   }
   if (st != IR_OK) {
@@ -260,7 +261,7 @@ static bool cache_load(const char *path, infc_nvrtc_image *im) {
             size[1] < (1u << 30) && size[2] >= 1 && size[2] < (1u << 30);
   char *buf[3] = {NULL, NULL, NULL};
   for (int i = 0; ok && i < 3; i++) {
-    buf[i] = malloc(size[i] + 1);
+    buf[i] = ir_malloc(size[i] + 1);
     ok = buf[i] && fread(buf[i], 1, size[i], f) == size[i];
     if (ok) buf[i][size[i]] = '\0';
   }
@@ -270,7 +271,7 @@ static bool cache_load(const char *path, infc_nvrtc_image *im) {
   const void *const bytes[3] = {buf[0], buf[1], buf[2]};
   ok = ok && entry_sum(size, bytes, &want) && want == sum && buf[2][size[2] - 1] == '\0';
   if (!ok) {
-    for (int i = 0; i < 3; i++) free(buf[i]);
+    for (int i = 0; i < 3; i++) ir_free(buf[i]);
     return false;
   }
   im->log = buf[0];
@@ -299,7 +300,7 @@ static void cache_store(const char *path, const infc_nvrtc_image *im) {
 /* The per-kernel resources from the image's log. */
 static ir_status image_stats(infc_nvrtc_image *im, ir_diag *d) {
   int cap = infc_nvrtc_parse_ptxas(im->log, NULL, 0);
-  im->stats = calloc(cap > 0 ? (size_t)cap : 1, sizeof *im->stats);
+  im->stats = ir_calloc(cap > 0 ? (size_t)cap : 1, sizeof *im->stats);
   if (!im->stats) return ir_diag_set(d, IR_OOM, "out of memory");
   im->n_stats = infc_nvrtc_parse_ptxas(im->log, im->stats, cap);
   return IR_OK;
@@ -330,7 +331,7 @@ ir_status infc_nvrtc_compile(infc_nvrtc *n, const char *src, const char *name, i
     char *log2 = NULL;
     snprintf(target, sizeof target, "compute_%d", arch);
     st = nvrtc_run(n, src, name, target, opts, n_opts, &prog, &log2, d);
-    free(log2);
+    ir_free(log2);
     if (st == IR_OK) {
       st = nvrtc_fetch(n->ptx_size, n->ptx, prog, &out->ptx, &out->ptx_size, d);
       n->destroy(&prog);
@@ -344,10 +345,10 @@ ir_status infc_nvrtc_compile(infc_nvrtc *n, const char *src, const char *name, i
 
 void infc_nvrtc_image_free(infc_nvrtc_image *im) {
   if (!im) return;
-  free(im->ptx);
-  free(im->cubin);
-  free(im->log);
-  free(im->stats);
+  ir_free(im->ptx);
+  ir_free(im->cubin);
+  ir_free(im->log);
+  ir_free(im->stats);
   memset(im, 0, sizeof *im);
 }
 

@@ -7,6 +7,7 @@
 
 #include "infc_hfconfig.h"
 #include "infc_util.h"
+#include "ir_alloc.h"
 
 typedef struct cfg_reader {
   const cJSON *root;
@@ -365,7 +366,7 @@ static const char k_gemma3_text_defaults[] =
 /* Gemma 3's multimodal checkpoints (model_type gemma3, Gemma3ForConditionalGeneration):
  * the text model is text_config over Gemma3TextConfig's defaults; root is replaced by that
  * (the vision tower's tensors are never asked for). Other roots stay. */
-static cJSON *unwrap_text_config(cJSON *root) {
+static cJSON *unwrap_text_config(cJSON *root, bool *oom) {
   const cJSON *mt = cJSON_GetObjectItemCaseSensitive(root, "model_type");
   const cJSON *tc = cJSON_GetObjectItemCaseSensitive(root, "text_config"), *e;
   if (!cJSON_IsString(mt) || strcmp(mt->valuestring, "gemma3") || !cJSON_IsObject(tc)) return root;
@@ -376,7 +377,8 @@ static cJSON *unwrap_text_config(cJSON *root) {
     if (!v || !cJSON_AddItemToObject(text, e->string, v)) {
       cJSON_Delete(v);
       cJSON_Delete(text);
-      return root; /* out of memory: the wrapper's own model_type is then refused */
+      *oom = true;
+      return root;
     }
   }
   cJSON_Delete(root);
@@ -385,12 +387,19 @@ static cJSON *unwrap_text_config(cJSON *root) {
 
 ir_status infc_hfconfig_parse(const char *json, model_llama_params *out, ir_diag *d) {
   memset(out, 0, sizeof *out);
+  unsigned long fails = ir_alloc_failures();
   cJSON *root = cJSON_Parse(json);
+  if (!root && ir_alloc_failed_since(fails)) return ir_diag_set(d, IR_OOM, "out of memory");
   if (!root || !cJSON_IsObject(root)) {
     cJSON_Delete(root);
     return ir_diag_set(d, IR_BAD_FORMAT, "not a JSON object");
   }
-  root = unwrap_text_config(root);
+  bool oom = false;
+  root = unwrap_text_config(root, &oom);
+  if (oom) {
+    cJSON_Delete(root);
+    return ir_diag_set(d, IR_OOM, "out of memory");
+  }
   cfg_reader r = {.root = root, .d = d, .st = IR_OK};
   read_arch(&r, out);
   read_sizes(&r, out);
@@ -426,7 +435,7 @@ ir_status infc_hfconfig_load(const char *path, model_llama_params *out, ir_diag 
   char *text = NULL;
   ir_status st = infc_read_file(path, 16u << 20, &text, NULL, d);
   if (st == IR_OK) st = infc_hfconfig_parse(text, out, d);
-  free(text);
+  ir_free(text);
   if (st != IR_OK) ir_diag_prefix(d, "%s", path);
   return st;
 }

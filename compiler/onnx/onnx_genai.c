@@ -9,6 +9,7 @@
 #include "infc_onnx_genai.h"
 #include "infc_onnx_llm.h"
 #include "onnx_genai.h"
+#include "ir_alloc.h"
 
 static bool is_ms(gx_node *n, const char *op) {
   return gx_is_op(n, op) && n->domain && !strcmp(n->domain, "com.microsoft");
@@ -136,7 +137,7 @@ static gx_node *proj_of(gx *G, const char *v, const char **bias) {
   if (gx_is_op(n, "Add"))
     for (size_t k = 0; k < 2 && !*bias; k++)
       if (gx_const(G, gx_in(n, k), &t)) {
-        free(t.owned);
+        ir_free(t.owned);
         *bias = gx_in(n, k);
         n = gx_producer(G, gx_skip(G, gx_in(n, 1 - k)));
       }
@@ -150,7 +151,7 @@ static void add_bias(gx *G, const char *hf, const char *v, int64_t total, int64_
   if (G->st != IR_OK) return;
   bool ok = gx_const(G, v, &t);
   if (ok && (t.dt != IR_F32 || ir_nd_numel(t.rank, t.shape) != total)) {
-    free(t.owned);
+    ir_free(t.owned);
     ok = false;
   }
   if (!ok) {
@@ -553,7 +554,7 @@ static const char *match_embed(gx *G) {
     gx_fail_node(G, g, IR_UNSUPPORTED, "is not a row lookup in a constant embedding table");
     return NULL;
   }
-  free(t.owned);
+  ir_free(t.owned);
   if (t.rank != 2) {
     gx_fail_node(G, g, IR_UNSUPPORTED, "embedding table is not [vocab, hidden]");
     return NULL;
@@ -662,7 +663,7 @@ static ir_status build(gx *G, const char *path, const model_build_opts *bo, ir_g
     void *buf = G->owned[i];
     G->owned[i] = NULL;
     if (!ir_graph_adopt(*out, buf)) {
-      free(buf);
+      ir_free(buf);
       st = ir_diag_set(G->d, IR_OOM, "out of memory");
     }
   }
@@ -698,11 +699,11 @@ ir_status infc_onnx_genai_import(infc_onnx *m, const char *path, const model_bui
     onnx_model_hash(m, out_hash);
     *out_model = m;
   }
-  for (int i = 0; i < G.n_owned; i++) free(G.owned[i]);
-  free(G.owned);
-  free(G.w);
-  free(G.qw);
-  free(G.map);
+  for (int i = 0; i < G.n_owned; i++) ir_free(G.owned[i]);
+  ir_free(G.owned);
+  ir_free(G.w);
+  ir_free(G.qw);
+  ir_free(G.map);
   if (st != IR_OK) infc_onnx_close(m);
   return st;
 }

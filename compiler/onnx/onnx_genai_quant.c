@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "onnx_genai.h"
+#include "ir_alloc.h"
 
 typedef struct gx_qw {
   char name[96]; /* the HF name the template gave the weight */
@@ -21,7 +22,7 @@ void gx_qw_note(gx *G, const char *hf, const gx_mat *mat, int64_t r0, int64_t ro
   if (G->st != IR_OK) return;
   if (G->n_qw == G->cap_qw) {
     int cap = G->cap_qw ? 2 * G->cap_qw : 32;
-    gx_qw *q = realloc(G->qw, (size_t)cap * sizeof *q);
+    gx_qw *q = ir_realloc(G->qw, (size_t)cap * sizeof *q);
     if (!q) {
       G->st = ir_diag_set(G->d, IR_OOM, "out of memory");
       return;

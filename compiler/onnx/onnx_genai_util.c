@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "onnx_genai.h"
+#include "ir_alloc.h"
 
 static int vmap_cmp(const void *a, const void *b) {
   return strcmp(((const gx_vmap *)a)->name, ((const gx_vmap *)b)->name);
@@ -14,7 +15,7 @@ static int vmap_cmp(const void *a, const void *b) {
 bool gx_map_build(gx *G) {
   size_t n = G->gp->n_initializer;
   for (size_t i = 0; i < G->gp->n_node; i++) n += G->gp->node[i]->n_output;
-  G->map = calloc(n ? n : 1, sizeof *G->map);
+  G->map = ir_calloc(n ? n : 1, sizeof *G->map);
   if (!G->map) return false;
   for (size_t i = 0; i < G->gp->n_initializer; i++)
     if (G->gp->initializer[i]->name)

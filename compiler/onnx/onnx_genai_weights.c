@@ -9,13 +9,14 @@
 #include "infc_hfconfig.h"
 #include "infc_util.h"
 #include "onnx_genai.h"
+#include "ir_alloc.h"
 
 bool gx_keep(gx *G, void *buf) {
   if (G->n_owned == G->cap_owned) {
     int cap = G->cap_owned ? 2 * G->cap_owned : 32;
-    void **o = realloc(G->owned, (size_t)cap * sizeof *o);
+    void **o = ir_realloc(G->owned, (size_t)cap * sizeof *o);
     if (!o) {
-      free(buf);
+      ir_free(buf);
       return false;
     }
     G->owned = o;
@@ -33,7 +34,7 @@ void gx_add(gx *G, const char *hf, ir_dtype dt, int rank, const int64_t *shape, 
   if (G->st != IR_OK) return;
   if (G->n_w == G->cap_w) {
     int cap = G->cap_w ? 2 * G->cap_w : 64;
-    gx_weight *w = realloc(G->w, (size_t)cap * sizeof *w);
+    gx_weight *w = ir_realloc(G->w, (size_t)cap * sizeof *w);
     if (!w) return oom(G);
     G->w = w;
     G->cap_w = cap;
@@ -54,7 +55,7 @@ void gx_add_const(gx *G, const char *hf, const char *v, int rank, const int64_t 
   bool ok = gx_const(G, v, &t);
   if (ok && (!float_dtype(t.dt) || t.rank != rank ||
              memcmp(t.shape, shape, (size_t)rank * sizeof *shape))) {
-    free(t.owned);
+    ir_free(t.owned);
     ok = false;
   }
   if (!ok) {
@@ -88,7 +89,7 @@ bool gx_is_proj(gx *G, gx_node *n) {
   if (is_nbits(n)) return true;
   onnx_dense t;
   if (!gx_is_op(n, "MatMul") || !gx_const(G, gx_in(n, 1), &t)) return false;
-  free(t.owned);
+  ir_free(t.owned);
   return t.rank == 2;
 }
 
@@ -96,21 +97,21 @@ bool gx_const_transposed(gx *G, const char *v, gx_mat *out) {
   onnx_dense t;
   if (!gx_const(G, v, &t)) return false;
   if (!float_dtype(t.dt) || t.rank != 2) {
-    free(t.owned);
+    ir_free(t.owned);
     gx_fail(G, IR_UNSUPPORTED, "weight '%s' is not an f32/f16/bf16 matrix", v);
     return false;
   }
   size_t es = (size_t)ir_dtype_bytes(t.dt, 1), r = (size_t)t.shape[0], c = (size_t)t.shape[1];
-  uint8_t *dst = malloc(t.nbytes ? t.nbytes : 1);
+  uint8_t *dst = ir_malloc(t.nbytes ? t.nbytes : 1);
   if (!dst || !gx_keep(G, dst)) {
-    free(t.owned);
+    ir_free(t.owned);
     oom(G);
     return false;
   }
   const uint8_t *src = t.data;
   for (size_t i = 0; i < r; i++)
     for (size_t j = 0; j < c; j++) memcpy(dst + (j * r + i) * es, src + (i * c + j) * es, es);
-  free(t.owned);
+  ir_free(t.owned);
   *out = (gx_mat){.dt = t.dt, .n = (int64_t)c, .k = (int64_t)r, .data = dst};
   return true;
 }
@@ -130,9 +131,9 @@ typedef struct nbits {
 } nbits;
 
 static void nbits_free(nbits *q) {
-  free(q->b.owned);
-  free(q->s.owned);
-  free(q->z.owned);
+  ir_free(q->b.owned);
+  ir_free(q->s.owned);
+  ir_free(q->z.owned);
 }
 
 static float nb_scale(const nbits *q, int64_t i) {
@@ -203,7 +204,7 @@ static bool nbits_scales_zp(gx *G, gx_node *n, nbits *q, size_t si, size_t zi) {
 
 /* w[n][k] = (q - zp) * scale for k's block: MatMulNBits' definition, in f32. */
 static float *nbits_dequant(const nbits *q) {
-  float *w = malloc((size_t)(q->N * q->K) * sizeof *w);
+  float *w = ir_malloc((size_t)(q->N * q->K) * sizeof *w);
   if (!w) return NULL;
   const uint8_t *B = q->b.data, *Z = q->has_z ? q->z.data : NULL;
   int64_t zrow = (q->nblk + 1) / 2;
@@ -227,7 +228,7 @@ static float *nbits_dequant(const nbits *q) {
 static bool nbits_keep_packed(gx *G, nbits *q, gx_mat *out) {
   uint8_t *zp = NULL;
   if (q->has_z) {
-    zp = malloc((size_t)(q->N * q->nblk));
+    zp = ir_malloc((size_t)(q->N * q->nblk));
     if (!zp || !gx_keep(G, zp)) return oom(G), false;
     const uint8_t *Z = q->z.data;
     for (int64_t n = 0; n < q->N; n++)
@@ -254,7 +255,7 @@ static bool nbits_read(gx *G, gx_node *n, gx_mat *out) {
    * codes, and gx_qw_rewire fails if one is not): untouched zero pages, no dequantized
    * model in memory at build time. */
   bool packed = ok && G->keep_int4 && q.K % q.bs == 0;
-  float *w = !ok ? NULL : packed ? calloc((size_t)(q.N * q.K), sizeof *w) : nbits_dequant(&q);
+  float *w = !ok ? NULL : packed ? ir_calloc((size_t)(q.N * q.K), sizeof *w) : nbits_dequant(&q);
   if (ok && (!w || !gx_keep(G, w))) {
     oom(G);
     ok = false;
@@ -285,7 +286,7 @@ static bool reshaped_const(gx *G, const char *v, onnx_dense *out) {
     out->rank = (int)shp.shape[0];
     for (int i = 0; i < out->rank; i++) out->shape[i] = ((const int64_t *)shp.data)[i];
   }
-  free(shp.owned);
+  ir_free(shp.owned);
   return ok;
 }
 
@@ -449,8 +450,8 @@ bool gx_rope_caches(gx *G, gx_node *node, const char *cos, const char *sin) {
                  "rotary cache chosen at run time is not supported)",
                  cos, sin);
   else ok = rope_check(G, node, &c, &s);
-  free(c.owned);
-  free(s.owned);
+  ir_free(c.owned);
+  ir_free(s.owned);
   if (ok) {
     G->cos = cos;
     G->sin = sin;
@@ -472,7 +473,7 @@ static bool read_genai_config(gx *G, const char *dir) {
       infc_read_file(path, 1u << 20, &text, NULL, &ignore) != IR_OK)
     return false;
   cJSON *root = cJSON_Parse(text);
-  free(text);
+  ir_free(text);
   const cJSON *model = cJSON_GetObjectItem(root, "model");
   if (!cJSON_IsObject(model)) {
     cJSON_Delete(root);

@@ -10,6 +10,7 @@
 
 #include "onnx_internal.h"
 #include "pass_fold_nd.h"
+#include "ir_alloc.h"
 
 /* --- value names ------------------------------------------------------------------------ */
 
@@ -31,9 +32,9 @@ static int32_t names_get(const onnx_names *nm, const char *key) {
 
 static bool names_grow(onnx_names *nm) {
   size_t cap = nm->cap ? nm->cap * 2 : 256;
-  onnx_names nn = {calloc(cap, sizeof(char *)), calloc(cap, sizeof(int32_t)), cap, 0};
+  onnx_names nn = {ir_calloc(cap, sizeof(char *)), ir_calloc(cap, sizeof(int32_t)), cap, 0};
   if (!nn.keys || !nn.vals) {
-    free(nn.keys), free(nn.vals);
+    ir_free(nn.keys), ir_free(nn.vals);
     return false;
   }
   for (size_t i = 0; i < nm->cap; i++) {
@@ -44,7 +45,7 @@ static bool names_grow(onnx_names *nm) {
     nn.vals[j] = nm->vals[i];
     nn.n++;
   }
-  free(nm->keys), free(nm->vals);
+  ir_free(nm->keys), ir_free(nm->vals);
   *nm = nn;
   return true;
 }
@@ -204,7 +205,7 @@ int32_t imp_weight(onnx_imp *im, const char *suffix, ir_dtype dt, int rank, cons
                    const void *data) {
   char name[320];
   uint64_t bytes = ir_dtype_bytes(dt, (uint64_t)ir_nd_numel(rank, shape));
-  void *buf = malloc(bytes ? bytes : 1);
+  void *buf = ir_malloc(bytes ? bytes : 1);
   if (!buf || !ir_graph_adopt(im->g, buf)) {
     imp_fail(im, IR_OOM, "out of memory");
     return -1;
@@ -228,7 +229,7 @@ int32_t imp_emit(onnx_imp *im, ir_op op, const char *suffix, const int32_t *in, 
   bool folded;
   if (pass_fold_nd_node(im->g, ni, &folded, im->d) != IR_OK) return -1;
   if (folded) { /* the node was the last one added: drop it, its outputs are weights now */
-    free(im->g->nodes[ni].name);
+    ir_free(im->g->nodes[ni].name);
     im->g->n_nodes--;
   }
   return first;
@@ -239,9 +240,9 @@ ir_status imp_bind(onnx_imp *im, int k, int32_t t) {
   const char *name = im->node->output[k];
   if (t < 0) return im->d->status ? im->d->status : imp_fail(im, IR_BAD_FORMAT, "no value");
   if (t >= im->first_tensor) { /* made for this node: give it the ONNX name */
-    char *nm = strdup(name);
+    char *nm = ir_strdup(name);
     if (!nm) return imp_fail(im, IR_OOM, "out of memory");
-    free(im->g->tensors[t].name);
+    ir_free(im->g->tensors[t].name);
     im->g->tensors[t].name = nm;
   }
   if (!names_put(im->names, name, t)) return imp_fail(im, IR_OOM, "out of memory");
@@ -386,7 +387,7 @@ static ir_status bind_input(onnx_imp *im, const char *name, const fmt_onnx_tenso
                        "binding for input '%s' does not match its dtype "
                        "and shape",
                        name);
-  void *buf = malloc(v->nbytes ? v->nbytes : 1);
+  void *buf = ir_malloc(v->nbytes ? v->nbytes : 1);
   if (!buf || !ir_graph_adopt(im->g, buf)) return ir_diag_set(im->d, IR_OOM, "out of memory");
   if (v->nbytes) memcpy(buf, v->data, v->nbytes);
   int32_t t = ir_graph_add_weight(im->g, name, dt, rank, v->shape, buf, v->nbytes);
@@ -485,7 +486,7 @@ static ir_status add_outputs(onnx_imp *im, const Onnx__GraphProto *gp) {
       bool folded;
       if (ni < 0 || pass_fold_nd_node(im->g, ni, &folded, im->d) != IR_OK) return im->d->status;
       if (folded) {
-        free(im->g->nodes[ni].name);
+        ir_free(im->g->nodes[ni].name);
         im->g->n_nodes--;
       }
     }
@@ -559,8 +560,8 @@ ir_status infc_onnx_import_bound(const char *path, const ir_model_config *limits
     set_config(im.g, limits);
     st = import_graph(&im);
   }
-  free(names.keys);
-  free(names.vals);
+  ir_free(names.keys);
+  ir_free(names.vals);
   if (st != IR_OK) {
     ir_diag_prefix(d, "%s", path);
     ir_graph_destroy(im.g);

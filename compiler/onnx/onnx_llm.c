@@ -10,13 +10,14 @@
 #include "infc_onnx_llm.h"
 #include "infc_util.h"
 #include "onnx_llm_internal.h"
+#include "ir_alloc.h"
 
 /* --- weights ------------------------------------------------------------------------- */
 
 static bool keep(lm *L, void *buf) {
   if (L->n_owned == L->cap_owned) {
     int cap = L->cap_owned ? 2 * L->cap_owned : 32;
-    void **o = realloc(L->owned, (size_t)cap * sizeof *o);
+    void **o = ir_realloc(L->owned, (size_t)cap * sizeof *o);
     if (!o) return false;
     L->owned = o;
     L->cap_owned = cap;
@@ -28,7 +29,7 @@ static bool keep(lm *L, void *buf) {
 static lm_weight *new_weight(lm *L, const char *name) {
   if (L->n_w == L->cap_w) {
     int cap = L->cap_w ? 2 * L->cap_w : 32;
-    lm_weight *w = realloc(L->w, (size_t)cap * sizeof *w);
+    lm_weight *w = ir_realloc(L->w, (size_t)cap * sizeof *w);
     if (!w) return NULL;
     L->w = w;
     L->cap_w = cap;
@@ -49,7 +50,7 @@ static void add_weight(lm *L, const char *hf, const char *v, bool transpose) {
     lm_fail(L, "'%s' (%s) is not a constant f32/f16/bf16 tensor", v, hf);
     return;
   }
-  if (t.owned && !keep(L, t.owned)) free(t.owned), t.data = NULL;
+  if (t.owned && !keep(L, t.owned)) ir_free(t.owned), t.data = NULL;
   lm_weight *w = new_weight(L, hf);
   if (!w || !t.data) {
     L->st = ir_diag_set(L->d, IR_OOM, "out of memory");
@@ -59,9 +60,9 @@ static void add_weight(lm *L, const char *hf, const char *v, bool transpose) {
   for (int i = 0; i < t.rank; i++) w->t.shape[i] = t.shape[i];
   if (!transpose || t.rank != 2) return;
   size_t es = (size_t)ir_dtype_bytes(t.dt, 1), r = (size_t)t.shape[0], c = (size_t)t.shape[1];
-  uint8_t *dst = malloc(t.nbytes ? t.nbytes : 1);
+  uint8_t *dst = ir_malloc(t.nbytes ? t.nbytes : 1);
   if (!dst || !keep(L, dst)) {
-    free(dst);
+    ir_free(dst);
     L->st = ir_diag_set(L->d, IR_OOM, "out of memory");
     return;
   }
@@ -602,11 +603,11 @@ static ir_status not_servable(const Onnx__GraphProto *gp, const char *path, char
 }
 
 static void lm_free(lm *L) {
-  for (int i = 0; i < L->n_owned; i++) free(L->owned[i]);
-  free(L->owned);
-  free(L->w);
-  free(L->map);
-  free((void *)L->past);
+  for (int i = 0; i < L->n_owned; i++) ir_free(L->owned[i]);
+  ir_free(L->owned);
+  ir_free(L->w);
+  ir_free(L->map);
+  ir_free((void *)L->past);
 }
 
 ir_status infc_onnx_llm_import(const char *path, const model_build_opts *bo, bool *out_is_lm,
@@ -635,7 +636,7 @@ ir_status infc_onnx_llm_import(const char *path, const model_build_opts *bo, boo
     return infc_onnx_genai_import(m, path, bo, out_model, out_graph, out_hash, recognised, d);
   }
   lm L = {.m = m, .gp = gp, .d = d, .layer = -1, .st = IR_OK};
-  L.past = calloc(2 * gp->n_input + 2, sizeof *L.past);
+  L.past = ir_calloc(2 * gp->n_input + 2, sizeof *L.past);
   if (!L.past || !lm_build_map(&L)) L.st = ir_diag_set(d, IR_OOM, "out of memory");
   if (L.st == IR_OK) match_model(&L, logits);
   if (L.st == IR_OK) check_io(&L, logits);

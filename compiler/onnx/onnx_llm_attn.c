@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "onnx_llm_internal.h"
+#include "ir_alloc.h"
 
 /* The frequencies behind a cos/sin table's Concat: the two inputs the same f
  * (rotate-half: [f, f]) or the same f each unsqueezed on a new last axis (pairs, stacked
@@ -97,7 +98,7 @@ static bool match_cached_table(lm *L, node_t *g) {
       T.rank == 2 && T.dt == IR_F32 && d % 2 == 0 ? cached_layout(T.data, P, d) : LM_ROPE_UNKNOWN;
   double theta = 0;
   bool ok = kind != LM_ROPE_UNKNOWN && cached_theta(T.data, P, d, kind, &theta);
-  free(T.owned);
+  ir_free(T.owned);
   if (!ok) return false;
   L->p.rope_theta = theta;
   L->rope_cached = true;

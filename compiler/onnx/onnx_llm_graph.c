@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "onnx_llm_internal.h"
+#include "ir_alloc.h"
 
 static int vmap_cmp(const void *a, const void *b) {
   return strcmp(((const vmap *)a)->name, ((const vmap *)b)->name);
@@ -13,7 +14,7 @@ static int vmap_cmp(const void *a, const void *b) {
 bool lm_build_map(lm *L) {
   size_t n = L->gp->n_initializer;
   for (size_t i = 0; i < L->gp->n_node; i++) n += L->gp->node[i]->n_output;
-  L->map = calloc(n ? n : 1, sizeof *L->map);
+  L->map = ir_calloc(n ? n : 1, sizeof *L->map);
   if (!L->map) return false;
   for (size_t i = 0; i < L->gp->n_initializer; i++)
     if (L->gp->initializer[i]->name)
@@ -95,7 +96,7 @@ bool lm_const_values(lm *L, const char *v, double *vals, int max, int *n) {
     else ok = false;
   }
   *n = (int)cnt;
-  free(t.owned);
+  ir_free(t.owned);
   return ok;
 }
 
@@ -133,7 +134,7 @@ int lm_const_shape(lm *L, const char *v, int64_t *shape) {
   onnx_dense t;
   if (!lm_const_tensor(L, v, &t)) return -1;
   memcpy(shape, t.shape, sizeof t.shape);
-  free(t.owned);
+  ir_free(t.owned);
   return t.rank;
 }
 

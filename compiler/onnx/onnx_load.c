@@ -16,6 +16,7 @@
 #include "infc_util.h"
 #include "ir_file.h"
 #include "onnx_internal.h"
+#include "ir_alloc.h"
 
 /* Maps a whole regular file read-only. An empty file maps to NULL with size 0. */
 static ir_status map_file(const char *path, const uint8_t **out, size_t *out_size, ir_diag *d) {
@@ -42,10 +43,10 @@ static ir_status map_file(const char *path, const uint8_t **out, size_t *out_siz
 
 ir_status onnx_model_load(const char *path, infc_onnx **out, ir_diag *d) {
   *out = NULL;
-  infc_onnx *m = calloc(1, sizeof *m);
+  infc_onnx *m = ir_calloc(1, sizeof *m);
   char dir[4096];
-  if (!m || !(m->path = strdup(path))) {
-    free(m);
+  if (!m || !(m->path = ir_strdup(path))) {
+    ir_free(m);
     return ir_diag_set(d, IR_OOM, "out of memory");
   }
   ir_status st = map_file(path, &m->map, &m->map_size, d);
@@ -53,8 +54,11 @@ ir_status onnx_model_load(const char *path, infc_onnx **out, ir_diag *d) {
   if (st == IR_OK && !realpath(dir, m->dir))
     st = ir_diag_set(d, IR_IO, "cannot resolve the directory of %s: %s", path, strerror(errno));
   if (st == IR_OK && m->map_size == 0) st = ir_diag_set(d, IR_BAD_FORMAT, "empty file");
-  if (st == IR_OK && !(m->model = onnx__model_proto__unpack(NULL, m->map_size, m->map)))
-    st = ir_diag_set(d, IR_BAD_FORMAT, "not an ONNX model (the ModelProto does not decode)");
+  unsigned long fails = ir_alloc_failures();
+  if (st == IR_OK && !(m->model = onnx__model_proto__unpack(&ir_pb_alloc, m->map_size, m->map)))
+    st = ir_alloc_failed_since(fails)
+             ? ir_diag_set(d, IR_OOM, "out of memory")
+             : ir_diag_set(d, IR_BAD_FORMAT, "not an ONNX model (the ModelProto does not decode)");
   if (st == IR_OK && !m->model->graph) st = ir_diag_set(d, IR_BAD_FORMAT, "the model has no graph");
   if (st != IR_OK) {
     infc_onnx_close(m);
@@ -68,13 +72,13 @@ void infc_onnx_close(infc_onnx *m) {
   if (!m) return;
   for (int i = 0; i < m->n_ext; i++) {
     if (m->ext[i].map) munmap((void *)m->ext[i].map, m->ext[i].size);
-    free(m->ext[i].location);
+    ir_free(m->ext[i].location);
   }
-  free(m->ext);
-  if (m->model) onnx__model_proto__free_unpacked(m->model, NULL);
+  ir_free(m->ext);
+  if (m->model) onnx__model_proto__free_unpacked(m->model, &ir_pb_alloc);
   if (m->map) munmap((void *)m->map, m->map_size);
-  free(m->path);
-  free(m);
+  ir_free(m->path);
+  ir_free(m);
 }
 
 /* A relative path of plain components: no absolute path, no "..", no empty name. */
@@ -107,7 +111,7 @@ static ir_status open_ext(infc_onnx *m, const char *loc, onnx_ext_file *f, ir_di
                        "external data location '%s' resolves outside the "
                        "model's directory",
                        loc);
-  if (!(f->location = strdup(loc))) return ir_diag_set(d, IR_OOM, "out of memory");
+  if (!(f->location = ir_strdup(loc))) return ir_diag_set(d, IR_OOM, "out of memory");
   return map_file(real, &f->map, &f->size, d);
 }
 
@@ -119,14 +123,14 @@ ir_status onnx_ext_resolve(infc_onnx *m, const char *location, uint64_t offset, 
   if (!f) {
     if (m->n_ext >= ONNX_MAX_EXT_FILES)
       return ir_diag_set(d, IR_UNSUPPORTED, "more than %d external data files", ONNX_MAX_EXT_FILES);
-    onnx_ext_file *grown = realloc(m->ext, (size_t)(m->n_ext + 1) * sizeof *grown);
+    onnx_ext_file *grown = ir_realloc(m->ext, (size_t)(m->n_ext + 1) * sizeof *grown);
     if (!grown) return ir_diag_set(d, IR_OOM, "out of memory");
     m->ext = grown;
     f = &m->ext[m->n_ext];
     memset(f, 0, sizeof *f);
     ir_status st = open_ext(m, location, f, d);
     if (st != IR_OK) {
-      free(f->location);
+      ir_free(f->location);
       return st;
     }
     m->n_ext++;

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "onnx_internal.h"
+#include "ir_alloc.h"
 
 #define A(name) ir_attr_intern(name)
 #define MAXV IR_MAX_ATTR_INTS
@@ -384,7 +385,7 @@ static ir_status lower_range(onnx_imp *im, int arg) {
   int64_t n = cnt > 0 ? (int64_t)cnt : 0;
   if (n > (1 << 26)) return imp_fail(im, IR_UNSUPPORTED, "range of %lld values", (long long)n);
   uint64_t bytes = ir_dtype_bytes(dt, (uint64_t)n);
-  void *buf = malloc(bytes ? bytes : 1);
+  void *buf = ir_malloc(bytes ? bytes : 1);
   if (!buf) return imp_fail(im, IR_OOM, "out of memory");
   bool is_int = dt == IR_I64 || dt == IR_I32 || dt == IR_I8 || dt == IR_U8;
   for (int64_t i = 0; i < n; i++) {
@@ -393,11 +394,11 @@ static ir_status lower_range(onnx_imp *im, int arg) {
     case IR_F32: ((float *)buf)[i] = (float)x; break;
     case IR_I64: ((int64_t *)buf)[i] = (int64_t)x; break;
     case IR_I32: ((int32_t *)buf)[i] = (int32_t)x; break;
-    default: free(buf); return imp_fail(im, IR_UNSUPPORTED, "Range over %s", ir_dtype_name(dt));
+    default: ir_free(buf); return imp_fail(im, IR_UNSUPPORTED, "Range over %s", ir_dtype_name(dt));
     }
   }
   int32_t r = imp_weight(im, "range", dt, 1, &n, buf);
-  free(buf);
+  ir_free(buf);
   return imp_bind(im, 0, r);
 }
 
@@ -420,7 +421,7 @@ static ir_status lower_eye_like(onnx_imp *im, int arg) {
                     "EyeLike: a %lld x %lld constant is too large (at most "
                     "2^25 values)",
                     (long long)s[0], (long long)s[1]);
-  uint8_t *buf = calloc((size_t)(n ? n : 1), es);
+  uint8_t *buf = ir_calloc((size_t)(n ? n : 1), es);
   if (!buf) return imp_fail(im, IR_OOM, "out of memory");
   float onef = 1.0f;
   uint16_t one16 = dt == IR_F16 ? ir_f32_to_f16(1.0f) : ir_f32_to_bf16(1.0f);
@@ -434,7 +435,7 @@ static ir_status lower_eye_like(onnx_imp *im, int arg) {
     else memcpy(p, &one64, es); /* little-endian: the low bytes of 1 */
   }
   int32_t t = imp_weight(im, "eye", dt, 2, s, buf);
-  free(buf);
+  ir_free(buf);
   return imp_bind(im, 0, t);
 }
 

@@ -10,6 +10,7 @@
 
 #include "kn_cpu.h"
 #include "kn_vexp.h"
+#include "ir_alloc.h"
 
 /* The accumulator lives on the stack in slices of this many dims; wider heads take one
  * pass per slice (recomputing the scores) rather than allocating. */
@@ -966,7 +967,7 @@ static int64_t attn_plan_groups(attn_args *a, int32_t **owned) {
   *owned = NULL;
   a->groups = NULL;
   if (tq <= 1 || b->n_tok <= 1) return b->n_tok;
-  int32_t *gs = malloc((size_t)(b->n_tok + 1) * sizeof *gs);
+  int32_t *gs = ir_malloc((size_t)(b->n_tok + 1) * sizeof *gs);
   if (!gs) return b->n_tok;
   int64_t n = 0;
   for (int64_t t = 0; t < b->n_tok; t++)
@@ -1018,5 +1019,5 @@ void kn_attention_paged_io(kn_pool *p, float *out, const kn_attn_io *io, const k
   while (units * a.head_splits < want && a.head_splits < g) a.head_splits++;
   units *= a.head_splits;
   kn_parallel_for(p, units, attn_grain(b, units, n_heads, kv->head_dim), attn_group_task, &a);
-  free(owned);
+  ir_free(owned);
 }

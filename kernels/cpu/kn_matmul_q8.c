@@ -8,6 +8,7 @@
 
 #include "kn_cpu.h"
 #include "kn_quant.h"
+#include "ir_alloc.h"
 
 /* The order, which every path follows (so they agree bit for bit, and a row's result
  * never depends on m, the tile or the thread count): per x row and block b,
@@ -1111,7 +1112,7 @@ void kn_matmul_q8(kn_pool *p, float *y, const float *x, const void *w, ir_dtype 
   if (m <= Q8_MAX_R) {
     for (int64_t i = 0; i < m; i++) a.kern->quant(x + i * k, k, rows + i * nbk);
     a.xq = rows;
-  } else if ((heap = malloc((size_t)(m * nbk) * sizeof *heap))) {
+  } else if ((heap = ir_malloc((size_t)(m * nbk) * sizeof *heap))) {
     a.xq = heap;
     kn_parallel_for(p, m, 1 + Q8_QUANT_GRAIN / k, q8_quant_task, &a);
   }
@@ -1122,5 +1123,5 @@ void kn_matmul_q8(kn_pool *p, float *y, const float *x, const void *w, ir_dtype 
   a.tiles = kn_mm_tiles_plan(m, n, a.w_row_bytes * (swiglu ? 2 : 1), kn_pool_threads(p), align);
   int64_t tasks = a.tiles.n_tasks, flops = 2 * m * n * k * (swiglu ? 2 : 1);
   kn_parallel_for(p, tasks, flops < Q8_SERIAL_FLOPS ? tasks : 1, q8_task, &a);
-  free(heap);
+  ir_free(heap);
 }

@@ -1,6 +1,7 @@
 /* kn_pool: a fixed pthread pool with a blocking parallel-for.
  * Workers park on a job epoch: they spin briefly, then sleep on a condvar. */
 #include "kn_pool.h"
+#include "ir_alloc.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -157,9 +158,9 @@ static void pool_free(kn_pool *p) {
   pthread_cond_destroy(&p->done);
   pthread_cond_destroy(&p->wake);
   pthread_mutex_destroy(&p->mu);
-  free(p->workers);
-  free(p->threads);
-  free(p);
+  ir_free(p->workers);
+  ir_free(p->threads);
+  ir_free(p);
 }
 
 /* Stops and joins the first n_started workers: an empty job wakes spinners and sleepers,
@@ -171,11 +172,11 @@ static void pool_stop(kn_pool *p, int n_started) {
 }
 
 static kn_pool *pool_alloc(int n_threads) {
-  kn_pool *p = calloc(1, sizeof *p);
+  kn_pool *p = ir_calloc(1, sizeof *p);
   if (!p) return NULL;
   p->n_threads = n_threads;
-  p->threads = calloc((size_t)n_threads, sizeof *p->threads);
-  p->workers = calloc((size_t)n_threads, sizeof *p->workers);
+  p->threads = ir_calloc((size_t)n_threads, sizeof *p->threads);
+  p->workers = ir_calloc((size_t)n_threads, sizeof *p->workers);
   pthread_mutex_init(&p->mu, NULL);
   pthread_cond_init(&p->wake, NULL);
   pthread_cond_init(&p->done, NULL);

@@ -11,6 +11,7 @@
 #include "ir.h"
 #include "ir_plan.h"
 #include "kv_cache.h"
+#include "ir_alloc.h"
 
 /* One step of the flat batch. Token t belongs to step-sequence tok_seq[t] at absolute
  * position tok_pos[t]; step-sequence s owns the physical KV blocks
@@ -81,7 +82,7 @@ typedef struct backend_ops {
    * leaves them NULL and the executor then reads and writes tensors in place and calls
    * run_node for every node. */
   /* Copies `bytes` of host data (a weight) into backend memory once, at load; *out is
-   * freed with free(). */
+   * freed with ir_free(). */
   ir_status (*upload)(void *ctx, const void *host, size_t bytes, void **out, ir_diag *d);
   /* Runs the whole program for one step: uploads the step descriptor and inputs from
    * step's host arrays, then queues every node (a backend may replay a captured graph).

@@ -8,6 +8,7 @@
 #include "kn_cpu.h"
 #include "kn_matmul_wq.h"
 #include "kn_quant.h"
+#include "ir_alloc.h"
 
 typedef struct cpu_ctx {
   kn_pool *pool;
@@ -238,7 +239,7 @@ static void cpu_free(void *vctx, void *p) {
 static void cpu_destroy(void *vctx) {
   cpu_ctx *c = vctx;
   kn_pool_destroy(c->pool);
-  free(c);
+  ir_free(c);
 }
 
 static const backend_ops k_cpu_ops = {
@@ -251,9 +252,9 @@ static const backend_ops k_cpu_ops = {
 };
 
 ir_status backend_cpu_create(int n_threads, rt_backend *out, ir_diag *d) {
-  cpu_ctx *c = calloc(1, sizeof *c);
+  cpu_ctx *c = ir_calloc(1, sizeof *c);
   if (!c || !(c->pool = kn_pool_create(n_threads))) {
-    free(c);
+    ir_free(c);
     return ir_diag_set(d, IR_OOM, "cannot start %d CPU threads", n_threads);
   }
   *out = (rt_backend){.ops = &k_cpu_ops, .ctx = c};

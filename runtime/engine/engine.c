@@ -8,6 +8,7 @@
 #include <xxhash.h>
 
 #include "engine.h"
+#include "ir_alloc.h"
 
 double eng_now_ms(void) {
   struct timespec ts;
@@ -28,7 +29,7 @@ irt_engine_opts irt_engine_opts_default(void) { return (irt_engine_opts){0}; }
 irt_status irt_engine_create(irt_model *m, const irt_engine_opts *o, irt_engine **out,
                              irt_error *err) {
   const irt_model_info *in = irt_model_get_info(m);
-  irt_engine *e = calloc(1, sizeof *e);
+  irt_engine *e = ir_calloc(1, sizeof *e);
   if (!e) return fail(err, IRT_OOM, "out of memory");
   e->m = m;
   e->tok = irt_model_get_tokenizer(m);
@@ -41,35 +42,35 @@ irt_status irt_engine_create(irt_model *m, const irt_engine_opts *o, irt_engine 
   if (e->max_running > in->max_step_logits) e->max_running = in->max_step_logits;
   if (e->o.max_waiting <= 0) e->o.max_waiting = 4096;
   if (e->o.spec_tokens < 0 || e->o.spec_tokens > IRT_MAX_SPEC_TOKENS) {
-    free(e);
+    ir_free(e);
     return fail(err, IRT_INVALID_ARG, "speculative tokens must be 0..16");
   }
   int nmin = e->o.spec_ngram_min, nmax = e->o.spec_ngram_max; /* 0: irt_prompt_lookup's */
   if (nmin < 0 || nmax < 0 || nmax > 64 || (nmax && nmax < (nmin ? nmin : IRT_SPEC_NGRAM_MIN))) {
-    free(e);
+    ir_free(e);
     return fail(err, IRT_INVALID_ARG, "speculative n-gram sizes must be 1 <= min <= max <= 64");
   }
   e->max_rows = in->max_step_logits;
   e->next_id = 1;
-  e->items = calloc((size_t)e->max_running, sizeof *e->items);
-  e->item_seq = calloc((size_t)e->max_running, sizeof *e->item_seq);
-  e->item_plp = calloc((size_t)e->max_running, sizeof *e->item_plp);
-  e->logits = malloc((size_t)(e->max_rows * in->vocab_size) * sizeof(float));
-  e->picks = calloc((size_t)e->max_running, sizeof *e->picks);
-  e->row_picks = calloc((size_t)e->max_rows, sizeof *e->row_picks);
-  e->row_top_ids = calloc((size_t)e->max_rows * IRT_MAX_TOP_LOGPROBS, sizeof *e->row_top_ids);
-  e->row_top_lps = calloc((size_t)e->max_rows * IRT_MAX_TOP_LOGPROBS, sizeof *e->row_top_lps);
+  e->items = ir_calloc((size_t)e->max_running, sizeof *e->items);
+  e->item_seq = ir_calloc((size_t)e->max_running, sizeof *e->item_seq);
+  e->item_plp = ir_calloc((size_t)e->max_running, sizeof *e->item_plp);
+  e->logits = ir_malloc((size_t)(e->max_rows * in->vocab_size) * sizeof(float));
+  e->picks = ir_calloc((size_t)e->max_running, sizeof *e->picks);
+  e->row_picks = ir_calloc((size_t)e->max_rows, sizeof *e->row_picks);
+  e->row_top_ids = ir_calloc((size_t)e->max_rows * IRT_MAX_TOP_LOGPROBS, sizeof *e->row_top_ids);
+  e->row_top_lps = ir_calloc((size_t)e->max_rows * IRT_MAX_TOP_LOGPROBS, sizeof *e->row_top_lps);
   if (e->tok) {
     e->gtrie = gram_trie_create(e->tok);
-    e->gmask = malloc((size_t)in->vocab_size);
-    e->gpen_ids = malloc((size_t)in->vocab_size * sizeof *e->gpen_ids);
-    e->gpen_sub = malloc((size_t)in->vocab_size * sizeof *e->gpen_sub);
+    e->gmask = ir_malloc((size_t)in->vocab_size);
+    e->gpen_ids = ir_malloc((size_t)in->vocab_size * sizeof *e->gpen_ids);
+    e->gpen_sub = ir_malloc((size_t)in->vocab_size * sizeof *e->gpen_sub);
   }
-  e->xsub = calloc((size_t)in->vocab_size, sizeof *e->xsub);
-  e->xmark = calloc((size_t)in->vocab_size, 1);
-  e->xpen_ids = malloc((size_t)in->vocab_size * sizeof *e->xpen_ids);
-  e->xpen_sub = malloc((size_t)in->vocab_size * sizeof *e->xpen_sub);
-  e->eog_ids = malloc((size_t)in->vocab_size * sizeof *e->eog_ids);
+  e->xsub = ir_calloc((size_t)in->vocab_size, sizeof *e->xsub);
+  e->xmark = ir_calloc((size_t)in->vocab_size, 1);
+  e->xpen_ids = ir_malloc((size_t)in->vocab_size * sizeof *e->xpen_ids);
+  e->xpen_sub = ir_malloc((size_t)in->vocab_size * sizeof *e->xpen_sub);
+  e->eog_ids = ir_malloc((size_t)in->vocab_size * sizeof *e->eog_ids);
   for (int32_t id = 0; e->eog_ids && id < in->vocab_size; id++)
     if (e->tok ? tok_is_eog(e->tok, id) : id == in->eos_token_id) e->eog_ids[e->n_eog++] = id;
   pthread_mutex_init(&e->mu, NULL);
@@ -87,16 +88,16 @@ irt_status irt_engine_create(irt_model *m, const irt_engine_opts *o, irt_engine 
 }
 
 static void free_req(ereq *q) {
-  for (int i = 0; i < q->r.n_stop; i++) free(q->stops[i]);
-  free(q->stops);
-  free(q->tenant);
-  free(q->prompt);
-  free(q->bias_ids);
-  free(q->bias_sub);
-  free(q->stop_ids);
+  for (int i = 0; i < q->r.n_stop; i++) ir_free(q->stops[i]);
+  ir_free(q->stops);
+  ir_free(q->tenant);
+  ir_free(q->prompt);
+  ir_free(q->bias_ids);
+  ir_free(q->bias_sub);
+  ir_free(q->stop_ids);
   gram_destroy(q->grammar);
-  free(q->seqs);
-  free(q);
+  ir_free(q->seqs);
+  ir_free(q);
 }
 
 typedef struct bias_pair {
@@ -116,17 +117,17 @@ static irt_status copy_bias(const irt_request *r, ereq *q, irt_error *err) {
   if (r->n_logit_bias > IRT_MAX_LOGIT_BIAS || !r->logit_bias_ids || !r->logit_bias)
     return fail(err, IRT_INVALID_ARG, "logit_bias: at most 1024 tokens, with ids and biases");
   int n = r->n_logit_bias;
-  bias_pair *pairs = malloc((size_t)n * sizeof *pairs);
-  q->bias_ids = malloc((size_t)n * sizeof *q->bias_ids);
-  q->bias_sub = malloc((size_t)n * sizeof *q->bias_sub);
+  bias_pair *pairs = ir_malloc((size_t)n * sizeof *pairs);
+  q->bias_ids = ir_malloc((size_t)n * sizeof *q->bias_ids);
+  q->bias_sub = ir_malloc((size_t)n * sizeof *q->bias_sub);
   if (!pairs || !q->bias_ids || !q->bias_sub) {
-    free(pairs);
+    ir_free(pairs);
     return fail(err, IRT_OOM, "out of memory");
   }
   for (int i = 0; i < n; i++) pairs[i] = (bias_pair){r->logit_bias_ids[i], -r->logit_bias[i]};
   qsort(pairs, (size_t)n, sizeof *pairs, by_id);
   for (int i = 0; i < n; i++) q->bias_ids[i] = pairs[i].id, q->bias_sub[i] = pairs[i].sub;
-  free(pairs);
+  ir_free(pairs);
   q->n_bias = n;
   return IRT_OK;
 }
@@ -136,12 +137,12 @@ static irt_status copy_request(irt_engine *e, const irt_request *r, ereq *q, irt
   q->r = *r;
   q->n = r->n > 0 ? r->n : 1;
   q->r.n_stop = 0;
-  q->stops = calloc((size_t)r->n_stop + 1, sizeof *q->stops);
-  q->tenant = strdup(r->tenant ? r->tenant : "");
-  q->seqs = calloc((size_t)q->n, sizeof *q->seqs);
+  q->stops = ir_calloc((size_t)r->n_stop + 1, sizeof *q->stops);
+  q->tenant = ir_strdup(r->tenant ? r->tenant : "");
+  q->seqs = ir_calloc((size_t)q->n, sizeof *q->seqs);
   if (!q->stops || !q->tenant || !q->seqs) return fail(err, IRT_OOM, "out of memory");
   for (int i = 0; i < r->n_stop; i++, q->r.n_stop++)
-    if (!(q->stops[i] = strdup(r->stop[i]))) return fail(err, IRT_OOM, "out of memory");
+    if (!(q->stops[i] = ir_strdup(r->stop[i]))) return fail(err, IRT_OOM, "out of memory");
   q->r.stop = (const char *const *)q->stops;
   q->r.tenant = q->tenant;
   irt_status st = copy_bias(r, q, err);
@@ -150,7 +151,7 @@ static irt_status copy_request(irt_engine *e, const irt_request *r, ereq *q, irt
   if (r->n_stop_token_ids > 0) {
     if (r->n_stop_token_ids > IRT_MAX_STOP_TOKEN_IDS || !r->stop_token_ids)
       return fail(err, IRT_INVALID_ARG, "stop_token_ids: at most 256 ids");
-    if (!(q->stop_ids = malloc((size_t)r->n_stop_token_ids * sizeof *q->stop_ids)))
+    if (!(q->stop_ids = ir_malloc((size_t)r->n_stop_token_ids * sizeof *q->stop_ids)))
       return fail(err, IRT_OOM, "out of memory");
     memcpy(q->stop_ids, r->stop_token_ids, (size_t)r->n_stop_token_ids * sizeof *q->stop_ids);
     q->n_stop_ids = r->n_stop_token_ids;
@@ -168,7 +169,7 @@ static irt_status copy_request(irt_engine *e, const irt_request *r, ereq *q, irt
 
 static irt_status tokenize_prompt(irt_engine *e, const irt_request *r, ereq *q, irt_error *err) {
   if (r->prompt_ids) {
-    q->prompt = malloc((r->n_prompt + 1) * sizeof *q->prompt);
+    q->prompt = ir_malloc((r->n_prompt + 1) * sizeof *q->prompt);
     if (!q->prompt) return fail(err, IRT_OOM, "out of memory");
     if (r->n_prompt) memcpy(q->prompt, r->prompt_ids, r->n_prompt * sizeof *q->prompt);
     q->n_prompt = (int64_t)r->n_prompt;
@@ -254,8 +255,7 @@ static irt_status check_request(irt_engine *e, const ereq *q, irt_error *err) {
   return IRT_OK;
 }
 
-/* Creates completion i's sequence state (tokens, KV handle, sampler, text buffers). */
-irt_status eseq_init(irt_engine *e, ereq *q, int i, irt_error *err) {
+static irt_status eseq_make(irt_engine *e, ereq *q, int i, irt_error *err) {
   eseq *s = &q->seqs[i];
   const irt_model_info *in = irt_model_get_info(e->m);
   size_t max_stop = 0;
@@ -267,14 +267,14 @@ irt_status eseq_init(irt_engine *e, ereq *q, int i, irt_error *err) {
   s->index = i;
   s->held_cap = max_stop + 1024;
   s->spec_len = e->o.spec_tokens;
-  s->tokens = malloc((size_t)in->context_length * sizeof *s->tokens);
-  s->held = malloc(s->held_cap);
+  s->tokens = ir_malloc((size_t)in->context_length * sizeof *s->tokens);
+  s->held = ir_malloc(s->held_cap);
   if (!s->tokens || !s->held) return fail(err, IRT_OOM, "out of memory");
   if (q->r.presence_penalty != 0 || q->r.frequency_penalty != 0) {
-    s->counts = calloc((size_t)in->vocab_size, sizeof *s->counts);
-    s->seen = malloc((size_t)in->vocab_size * sizeof *s->seen);
-    s->pen_sub = malloc((size_t)in->vocab_size * sizeof *s->pen_sub);
-    if (q->n_bias) s->pen_ids = malloc((size_t)in->vocab_size * sizeof *s->pen_ids);
+    s->counts = ir_calloc((size_t)in->vocab_size, sizeof *s->counts);
+    s->seen = ir_malloc((size_t)in->vocab_size * sizeof *s->seen);
+    s->pen_sub = ir_malloc((size_t)in->vocab_size * sizeof *s->pen_sub);
+    if (q->n_bias) s->pen_ids = ir_malloc((size_t)in->vocab_size * sizeof *s->pen_ids);
     if (!s->counts || !s->seen || !s->pen_sub || (q->n_bias && !s->pen_ids))
       return fail(err, IRT_OOM, "out of memory");
   }
@@ -283,6 +283,17 @@ irt_status eseq_init(irt_engine *e, ereq *q, int i, irt_error *err) {
   if (irt_seq_create(e->m, &s->kv, err) != IRT_OK) return IRT_OOM;
   if (irt_sampler_create(&sp, in->vocab_size, &s->sampler, err) != IRT_OK) return IRT_OOM;
   if (e->tok) tok_stream_init(&s->stream, e->tok, true);
+  return IRT_OK;
+}
+
+/* Creates completion i's sequence state (tokens, KV handle, sampler, text buffers); on
+ * failure frees what it made. */
+irt_status eseq_init(irt_engine *e, ereq *q, int i, irt_error *err) {
+  irt_status st = eseq_make(e, q, i, err);
+  if (st != IRT_OK) {
+    eseq_release(e, &q->seqs[i]);
+    return st;
+  }
   q->n_live = i + 1 > q->n_live ? i + 1 : q->n_live;
   return IRT_OK;
 }
@@ -290,12 +301,12 @@ irt_status eseq_init(irt_engine *e, ereq *q, int i, irt_error *err) {
 void eseq_release(irt_engine *e, eseq *s) {
   irt_seq_destroy(s->kv);
   irt_sampler_destroy(s->sampler);
-  free(s->tokens);
-  free(s->held);
-  free(s->counts);
-  free(s->seen);
-  free(s->pen_sub);
-  free(s->pen_ids);
+  ir_free(s->tokens);
+  ir_free(s->held);
+  ir_free(s->counts);
+  ir_free(s->seen);
+  ir_free(s->pen_sub);
+  ir_free(s->pen_ids);
   gram_state_destroy(s->gram);
   s->gram = NULL;
   s->pen_ids = NULL;
@@ -310,7 +321,7 @@ void eseq_release(irt_engine *e, eseq *s) {
 
 irt_status irt_engine_submit(irt_engine *e, const irt_request *r, irt_request_id *out_id,
                              irt_error *err) {
-  ereq *q = calloc(1, sizeof *q);
+  ereq *q = ir_calloc(1, sizeof *q);
   if (!q) return fail(err, IRT_OOM, "out of memory");
   irt_status st = copy_request(e, r, q, err);
   if (st == IRT_OK) st = tokenize_prompt(e, r, q, err);
@@ -361,7 +372,7 @@ void irt_engine_cancel(irt_engine *e, irt_request_id id) {
   pthread_mutex_lock(&e->mu);
   if (e->n_cancels == e->cap_cancels) {
     int cap = e->cap_cancels ? e->cap_cancels * 2 : 16;
-    irt_request_id *p = realloc(e->cancels, (size_t)cap * sizeof *p);
+    irt_request_id *p = ir_realloc(e->cancels, (size_t)cap * sizeof *p);
     if (p) e->cancels = p, e->cap_cancels = cap;
   }
   if (e->n_cancels < e->cap_cancels) e->cancels[e->n_cancels++] = id;
@@ -461,27 +472,27 @@ void irt_engine_destroy(irt_engine *e) {
   eng_reap(e);
   pthread_mutex_destroy(&e->mu);
   pthread_cond_destroy(&e->cv);
-  free(e->cancels);
-  free(e->run);
-  free(e->wait);
-  free(e->items);
-  free(e->item_seq);
-  free(e->item_plp);
-  free(e->logits);
-  free(e->picks);
-  free(e->row_picks);
-  free(e->row_top_ids);
-  free(e->row_top_lps);
+  ir_free(e->cancels);
+  ir_free(e->run);
+  ir_free(e->wait);
+  ir_free(e->items);
+  ir_free(e->item_seq);
+  ir_free(e->item_plp);
+  ir_free(e->logits);
+  ir_free(e->picks);
+  ir_free(e->row_picks);
+  ir_free(e->row_top_ids);
+  ir_free(e->row_top_lps);
   gram_trie_destroy(e->gtrie);
-  free(e->gmask);
-  free(e->xsub);
-  free(e->xmark);
-  free(e->xpen_ids);
-  free(e->xpen_sub);
-  free(e->eog_ids);
-  free(e->gpen_ids);
-  free(e->gpen_sub);
-  free(e);
+  ir_free(e->gmask);
+  ir_free(e->xsub);
+  ir_free(e->xmark);
+  ir_free(e->xpen_ids);
+  ir_free(e->xpen_sub);
+  ir_free(e->eog_ids);
+  ir_free(e->gpen_ids);
+  ir_free(e->gpen_sub);
+  ir_free(e);
 }
 
 void irt_engine_get_stats(irt_engine *e, irt_engine_stats *out) {

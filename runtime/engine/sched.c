@@ -16,6 +16,7 @@
 
 #include "engine.h"
 #include "kn_cpu.h"
+#include "ir_alloc.h"
 
 static int64_t bsz(const irt_engine *e) { return e->m->kv.block_size; }
 
@@ -233,9 +234,9 @@ static bool grow_cand(irt_engine *e) {
   int need = 0;
   for (ereq *q = e->reqs; q; q = q->next) need += q->n_live;
   if (need <= e->cap_cand) return true;
-  eseq **r = realloc(e->run, (size_t)need * sizeof *r);
+  eseq **r = ir_realloc(e->run, (size_t)need * sizeof *r);
   if (r) e->run = r;
-  eseq **w = realloc(e->wait, (size_t)need * sizeof *w);
+  eseq **w = ir_realloc(e->wait, (size_t)need * sizeof *w);
   if (w) e->wait = w;
   if (!r || !w) return false;
   e->cap_cand = need;
@@ -782,7 +783,11 @@ static void time_step(irt_engine *e, double ms) {
 irt_status eng_iterate(irt_engine *e, bool *out_busy, irt_error *err) {
   eng_drain_inbox(e);
   eng_cancel_all(e);
-  irt_status st = schedule(e) ? IRT_OK : IRT_OOM;
+  irt_status st = IRT_OK;
+  if (!schedule(e)) {
+    st = IRT_OOM;
+    if (err) *err = (irt_error){.status = IRT_OOM, .msg = "out of memory scheduling a step"};
+  }
   if (st == IRT_OK && e->n_items_now > 0) {
     double t0 = eng_now_ms();
     st = irt_decode_batch(e->m, e->items, e->n_items_now, err);

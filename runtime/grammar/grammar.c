@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "grammar_internal.h"
+#include "ir_alloc.h"
 
 /* --- the grammar under construction ------------------------------------------------------ */
 
@@ -32,7 +33,7 @@ typedef struct gparser {
   int64_t n_elems; /* elements so far: a bound on repetition blowing up */
   int depth;       /* parentheses open now */
   irt_error *err;
-  bool failed;
+  bool failed, oom; /* oom: the failure was an allocation */
 } gparser;
 
 #define MAX_ELEMS (1 << 20)
@@ -52,11 +53,18 @@ static void gfail(gparser *g, const char *fmt, ...) {
   va_end(ap);
 }
 
+/* The parse stops for want of memory: IRT_OOM, not a fault of the grammar. */
+static void goom(gparser *g) {
+  if (g->failed) return;
+  g->failed = g->oom = true;
+  if (g->err) *g->err = (irt_error){.status = IRT_OOM, .msg = "out of memory"};
+}
+
 static bool grow(void **v, int *cap, int need, size_t elem) {
   if (need <= *cap) return true;
   int c = *cap ? *cap * 2 : 8;
   while (c < need) c *= 2;
-  void *n = realloc(*v, (size_t)c * elem);
+  void *n = ir_realloc(*v, (size_t)c * elem);
   if (!n) return false;
   *v = n;
   *cap = c;
@@ -65,15 +73,15 @@ static bool grow(void **v, int *cap, int need, size_t elem) {
 
 static int new_rule(gparser *g, const char *name, size_t len) {
   if (!grow((void **)&g->rules, &g->cap_rules, g->n_rules + 1, sizeof *g->rules)) {
-    gfail(g, "out of memory");
+    goom(g);
     return 0;
   }
   grule *r = &g->rules[g->n_rules];
   *r = (grule){.line = g->line};
   if (name) {
-    r->name = malloc(len + 1);
+    r->name = ir_malloc(len + 1);
     if (!r->name) {
-      gfail(g, "out of memory");
+      goom(g);
       return 0;
     }
     memcpy(r->name, name, len);
@@ -92,7 +100,7 @@ static int find_rule(gparser *g, const char *name, size_t len) {
 static gseq *new_alt(gparser *g, int rule) {
   grule *r = &g->rules[rule];
   if (!grow((void **)&r->alts, &r->cap_alts, r->n_alts + 1, sizeof *r->alts)) {
-    gfail(g, "out of memory");
+    goom(g);
     return NULL;
   }
   r->alts[r->n_alts] = (gseq){0};
@@ -102,13 +110,13 @@ static gseq *new_alt(gparser *g, int rule) {
 static void push(gparser *g, gseq *s, gel e) {
   if (g->failed) return;
   if (++g->n_elems > MAX_ELEMS) return gfail(g, "the grammar expands to over %d items", MAX_ELEMS);
-  if (!grow((void **)&s->v, &s->cap, s->n + 1, sizeof *s->v)) return gfail(g, "out of memory");
+  if (!grow((void **)&s->v, &s->cap, s->n + 1, sizeof *s->v)) return goom(g);
   s->v[s->n++] = e;
 }
 
 static int new_class(gparser *g, bool neg) {
   if (!grow((void **)&g->cls, &g->cap_cls, g->n_cls + 1, sizeof *g->cls)) {
-    gfail(g, "out of memory");
+    goom(g);
     return 0;
   }
   g->cls[g->n_cls] = (gclass){.neg = neg};
@@ -117,7 +125,7 @@ static int new_class(gparser *g, bool neg) {
 
 static void class_add(gparser *g, int c, uint32_t lo, uint32_t hi) {
   gclass *k = &g->cls[c];
-  if (!grow((void **)&k->r, &k->cap, k->n + 2, sizeof *k->r)) return gfail(g, "out of memory");
+  if (!grow((void **)&k->r, &k->cap, k->n + 2, sizeof *k->r)) return goom(g);
   k->r[k->n++] = lo;
   k->r[k->n++] = hi;
 }
@@ -241,8 +249,8 @@ static void parse_class(gparser *g, gseq *s) {
  * times (max < 0: unbounded), as right-recursive rules. */
 static void repeat(gparser *g, gseq *s, int start, int min, int max) {
   int n = s->n - start;
-  gel *item = malloc((size_t)n * sizeof *item);
-  if (!item) return gfail(g, "out of memory");
+  gel *item = ir_malloc((size_t)n * sizeof *item);
+  if (!item) return goom(g);
   if (n) memcpy(item, s->v + start, (size_t)n * sizeof *item);
   s->n = start;
   for (int i = 0; i < min; i++)
@@ -260,7 +268,7 @@ static void repeat(gparser *g, gseq *s, int start, int min, int max) {
     prev = r;
   }
   if (prev >= 0) push(g, s, (gel){G_REF, (uint32_t)prev});
-  free(item);
+  ir_free(item);
 }
 
 static int read_int(gparser *g) {
@@ -371,7 +379,7 @@ static void parse_rule(gparser *g) {
 
 /* Which rules derive the empty string (a fixpoint). */
 static bool *nullable_rules(gparser *g) {
-  bool *nul = calloc((size_t)g->n_rules, sizeof *nul), changed = true;
+  bool *nul = ir_calloc((size_t)g->n_rules, sizeof *nul), changed = true;
   while (nul && changed) {
     changed = false;
     for (int r = 0; r < g->n_rules; r++)
@@ -416,8 +424,8 @@ static void check(gparser *g, int *root) {
   if (g->failed) return;
   if (*root < 0) return gfail(g, "no 'root' rule");
   bool *nul = nullable_rules(g);
-  uint8_t *mark = calloc((size_t)g->n_rules, 1);
-  if (!nul || !mark) gfail(g, "out of memory");
+  uint8_t *mark = ir_calloc((size_t)g->n_rules, 1);
+  if (!nul || !mark) goom(g);
   for (int r = 0; r < g->n_rules && !g->failed; r++) {
     int c = left_cycle(g, nul, r, mark, 0);
     if (c == -2) {
@@ -430,21 +438,21 @@ static void check(gparser *g, int *root) {
     g->line = g->rules[named].line;
     gfail(g, "rule '%s' is left-recursive", g->rules[named].name ? g->rules[named].name : "?");
   }
-  free(nul);
-  free(mark);
+  ir_free(nul);
+  ir_free(mark);
 }
 
 static irt_status flatten(gparser *g, int root, gram **out) {
-  gram *G = calloc(1, sizeof *G);
+  gram *G = ir_calloc(1, sizeof *G);
   if (!G) return IRT_OOM;
   int n_el = 0, n_alt = 0;
   for (int r = 0; r < g->n_rules; r++) {
     n_alt += g->rules[r].n_alts;
     for (int a = 0; a < g->rules[r].n_alts; a++) n_el += g->rules[r].alts[a].n + 1;
   }
-  G->el = malloc((size_t)n_el * sizeof *G->el);
-  G->alt = malloc((size_t)n_alt * sizeof *G->alt);
-  G->rule_alt = malloc((size_t)(g->n_rules + 1) * sizeof *G->rule_alt);
+  G->el = ir_malloc((size_t)n_el * sizeof *G->el);
+  G->alt = ir_malloc((size_t)n_alt * sizeof *G->alt);
+  G->rule_alt = ir_malloc((size_t)(g->n_rules + 1) * sizeof *G->rule_alt);
   if (!G->el || !G->alt || !G->rule_alt) {
     gram_destroy(G);
     return IRT_OOM;
@@ -476,27 +484,27 @@ irt_status gram_compile(const char *src, gram **out, irt_error *err) {
   while (*g.p && !g.failed) parse_rule(&g);
   int root = -1;
   if (!g.failed) check(&g, &root);
-  irt_status st = g.failed ? (err ? err->status : IRT_INVALID_ARG) : flatten(&g, root, out);
+  irt_status st = g.oom ? IRT_OOM : g.failed ? IRT_INVALID_ARG : flatten(&g, root, out);
   if (st == IRT_OOM && err) *err = (irt_error){.status = IRT_OOM, .msg = "out of memory"};
   for (int r = 0; r < g.n_rules; r++) {
-    for (int a = 0; a < g.rules[r].n_alts; a++) free(g.rules[r].alts[a].v);
-    free(g.rules[r].alts);
-    free(g.rules[r].name);
+    for (int a = 0; a < g.rules[r].n_alts; a++) ir_free(g.rules[r].alts[a].v);
+    ir_free(g.rules[r].alts);
+    ir_free(g.rules[r].name);
   }
-  free(g.rules);
-  for (int c = 0; c < g.n_cls; c++) free(g.cls[c].r);
-  free(g.cls);
+  ir_free(g.rules);
+  for (int c = 0; c < g.n_cls; c++) ir_free(g.cls[c].r);
+  ir_free(g.cls);
   return st;
 }
 
 void gram_destroy(gram *G) {
   if (!G) return;
-  for (int c = 0; c < G->n_cls; c++) free(G->cls[c].r);
-  free(G->cls);
-  free(G->el);
-  free(G->alt);
-  free(G->rule_alt);
-  free(G);
+  for (int c = 0; c < G->n_cls; c++) ir_free(G->cls[c].r);
+  ir_free(G->cls);
+  ir_free(G->el);
+  ir_free(G->alt);
+  ir_free(G->rule_alt);
+  ir_free(G);
 }
 
 irt_status irt_grammar_check(const char *gbnf, irt_error *err) {

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "grammar.h"
+#include "ir_alloc.h"
 
 /* Whitespace between JSON tokens: none, a space, or a newline and an indent (bounded, so
  * a model cannot fill its budget with blanks). */
@@ -39,7 +40,7 @@ static void put(gbuf *b, const char *fmt, ...) {
   if (b->n + (size_t)n + 1 > b->cap) {
     size_t cap = b->cap ? b->cap : 4096;
     while (cap < b->n + (size_t)n + 1) cap *= 2;
-    char *s = realloc(b->s, cap);
+    char *s = ir_realloc(b->s, cap);
     if (!s) {
       b->oom = true;
       return;
@@ -71,7 +72,7 @@ static bool put_json_literal(gbuf *b, const cJSON *v) {
   char *t = cJSON_PrintUnformatted(v);
   if (!t) return false;
   put_literal(b, t);
-  free(t);
+  cJSON_free(t);
   return true;
 }
 
@@ -226,7 +227,7 @@ static int gen_string(sconv *c, const cJSON *s) {
     char *g = gram_regex_json(pat->valuestring, c->err);
     if (!g) return c->failed = true, -1;
     int r = text_rule(c, g);
-    free(g);
+    ir_free(g);
     return r;
   }
   if (lo == 0 && hi < 0) return text_rule(c, "string");
@@ -365,7 +366,7 @@ static int gen_array(sconv *c, const cJSON *s, int depth) {
     if (!cJSON_IsArray(prefix) || cJSON_GetArraySize(prefix) == 0 || lo || hi >= 0)
       return sfail(c, IRT_UNSUPPORTED,
                    "JSON Schema: 'prefixItems' must be a non-empty list, without min/maxItems");
-    int n = cJSON_GetArraySize(prefix), *p = malloc((size_t)n * sizeof *p);
+    int n = cJSON_GetArraySize(prefix), *p = ir_malloc((size_t)n * sizeof *p);
     if (!p) return sfail(c, IRT_OOM, "out of memory");
     for (int i = 0; i < n && !c->failed; i++)
       p[i] = gen(c, cJSON_GetArrayItem(prefix, i), depth + 1);
@@ -373,7 +374,7 @@ static int gen_array(sconv *c, const cJSON *s, int depth) {
     put(&c->out, "r%d ::= \"[\" ws", r);
     for (int i = 0; i < n; i++) put(&c->out, "%s r%d ws", i ? " \",\" ws" : "", p[i]);
     put(&c->out, no_more ? " \"]\"\n" : " (\",\" ws r%d ws)* \"]\"\n", it);
-    free(p);
+    ir_free(p);
     return c->failed ? -1 : r;
   }
   int r = new_rule(c);
@@ -414,7 +415,7 @@ static int gen_object(sconv *c, const cJSON *s, int depth) {
            : add && cJSON_IsObject(add) ? gen(c, add, depth + 1)
                                         : text_rule(c, "value");
   if (c->failed) return -1;
-  int *member = malloc((size_t)(n ? n : 1) * sizeof *member);
+  int *member = ir_malloc((size_t)(n ? n : 1) * sizeof *member);
   if (!member) return sfail(c, IRT_OOM, "out of memory");
   int k = 0;
   for (const cJSON *p = props ? props->child : NULL; p && !c->failed; p = p->next, k++) {
@@ -448,7 +449,7 @@ static int gen_object(sconv *c, const cJSON *s, int depth) {
     T = t, F = f;
     if (k == 0) break;
   }
-  free(member);
+  ir_free(member);
   int r = new_rule(c);
   put(&c->out, "r%d ::= \"{\" ws r%d \"}\"\n", r, F);
   return c->failed ? -1 : r;
@@ -499,11 +500,11 @@ static int gen_type(sconv *c, const cJSON *s, const char *t, int depth) {
 static int gen_list(sconv *c, const cJSON *list, const char *key, int depth) {
   int n = cJSON_IsArray(list) ? cJSON_GetArraySize(list) : 0;
   if (n == 0) return sfail(c, IRT_INVALID_ARG, "JSON Schema: '%s' must be a non-empty list", key);
-  int *alts = malloc((size_t)n * sizeof *alts), k = 0;
+  int *alts = ir_malloc((size_t)n * sizeof *alts), k = 0;
   if (!alts) return sfail(c, IRT_OOM, "out of memory");
   for (const cJSON *v = list->child; v && !c->failed; v = v->next) alts[k++] = gen(c, v, depth + 1);
   int r = c->failed ? -1 : alternatives(c, alts, k);
-  free(alts);
+  ir_free(alts);
   return r;
 }
 
@@ -564,7 +565,7 @@ static irt_status finish(sconv *c, int r, char **out) {
   if (!c->failed) put(&c->out, "root ::= r%d\n", r);
   if (!c->failed && c->out.oom) sfail(c, IRT_OOM, "out of memory");
   if (c->failed) {
-    free(c->out.s);
+    ir_free(c->out.s);
     return c->err ? c->err->status : IRT_INVALID_ARG;
   }
   *out = c->out.s;
@@ -576,7 +577,12 @@ irt_status irt_grammar_json(const char *schema, char **out, irt_error *err) {
   sconv c = {.err = err};
   put(&c.out, "%s", JSON_BASE);
   if (!schema) return finish(&c, text_rule(&c, "object"), out);
+  unsigned long fails = ir_alloc_failures();
   cJSON *root = cJSON_Parse(schema);
+  if (!root && ir_alloc_failed_since(fails)) {
+    sfail(&c, IRT_OOM, "out of memory");
+    return finish(&c, -1, out);
+  }
   if (!root) {
     sfail(&c, IRT_INVALID_ARG, "JSON Schema: not valid JSON");
     return finish(&c, -1, out);

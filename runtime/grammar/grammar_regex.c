@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "grammar.h"
+#include "ir_alloc.h"
 
 typedef struct rbuf {
   char *s;
@@ -34,7 +35,7 @@ static void rput(rx *r, const char *fmt, ...) {
   if (r->out.n + (size_t)n + 1 > r->out.cap) {
     size_t cap = r->out.cap ? r->out.cap * 2 : 256;
     while (cap < r->out.n + (size_t)n + 1) cap *= 2;
-    char *s = realloc(r->out.s, cap);
+    char *s = ir_realloc(r->out.s, cap);
     if (!s) {
       r->failed = true;
       if (r->err) *r->err = (irt_error){.status = IRT_OOM, .msg = "out of memory"};
@@ -364,7 +365,7 @@ irt_status irt_grammar_regex(const char *regex, char **out, irt_error *err) {
   translate(&r, regex, len);
   rput(&r, "\n");
   if (r.failed) {
-    free(r.out.s);
+    ir_free(r.out.s);
     return err ? err->status : IRT_UNSUPPORTED;
   }
   *out = r.out.s;
@@ -382,6 +383,6 @@ char *gram_regex_json(const char *pattern, irt_error *err) {
   translate(&r, pattern, len);
   rput(&r, "%s \"\\\"\"", tail ? "" : " char*");
   if (!r.failed) return r.out.s;
-  free(r.out.s);
+  ir_free(r.out.s);
   return NULL;
 }

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "grammar_internal.h"
+#include "ir_alloc.h"
 
 typedef struct gnode {
   const struct gnode *up; /* the caller's continuation; NULL: the bottom */
@@ -82,7 +83,7 @@ static void *ga_alloc(gram_state *s, garena *a, size_t n) {
       continue;
     }
     size_t cap = n > 65536 ? n : 65536;
-    gchunk *nc = malloc(sizeof *nc + cap);
+    gchunk *nc = ir_malloc(sizeof *nc + cap);
     if (!nc) {
       s->oom = true;
       return NULL;
@@ -104,7 +105,7 @@ static void ga_reset(garena *a, gmark m) {
 static void ga_free(garena *a) {
   for (gchunk *c = a->first, *n; c; c = n) {
     n = c->next;
-    free(c);
+    ir_free(c);
   }
   a->first = a->cur = NULL;
 }
@@ -140,7 +141,7 @@ static void collect(gram_state *s, const gnode *n) {
   }
   if (s->n_buf == s->cap_buf) {
     int cap = s->cap_buf ? 2 * s->cap_buf : 64;
-    const gnode **b = realloc(s->buf, (size_t)cap * sizeof *b);
+    const gnode **b = ir_realloc(s->buf, (size_t)cap * sizeof *b);
     if (!b) {
       s->oom = true;
       return;
@@ -274,7 +275,7 @@ static bool copy_set(gram_state *s, const gset *in, garena *a, gset *out) {
     for (const gnode *n = in->v[i]; n; n = n->up) {
       if (d == s->cap_chain) {
         int cap = s->cap_chain ? 2 * s->cap_chain : 64;
-        const gnode **c = realloc(s->chain, (size_t)cap * sizeof *c);
+        const gnode **c = ir_realloc(s->chain, (size_t)cap * sizeof *c);
         if (!c) return s->oom = true, false;
         s->chain = c, s->cap_chain = cap;
       }
@@ -291,7 +292,7 @@ static bool copy_set(gram_state *s, const gset *in, garena *a, gset *out) {
 /* --- states ----------------------------------------------------------------------------- */
 
 irt_status gram_state_create(const gram *g, gram_state **out, irt_error *err) {
-  gram_state *s = calloc(1, sizeof *s);
+  gram_state *s = ir_calloc(1, sizeof *s);
   *out = NULL;
   if (s) {
     s->g = g;
@@ -319,11 +320,11 @@ void gram_state_destroy(gram_state *s) {
   ga_free(&s->a[0]);
   ga_free(&s->a[1]);
   ga_free(&s->tmp);
-  free(s->buf);
-  free(s->chain);
-  free(s->dep);
-  free(s->mark);
-  free(s);
+  ir_free(s->buf);
+  ir_free(s->chain);
+  ir_free(s->dep);
+  ir_free(s->mark);
+  ir_free(s);
 }
 
 bool gram_state_advance(gram_state *s, const uint8_t *p, size_t n) {
@@ -374,18 +375,18 @@ static int key_cmp(const void *x, const void *y) {
 
 gram_trie *gram_trie_create(const irt_tokenizer *t) {
   int32_t V = tok_vocab_size(t);
-  gram_trie *g = calloc(1, sizeof *g);
-  tok_key *k = malloc((size_t)V * sizeof *k);
+  gram_trie *g = ir_calloc(1, sizeof *g);
+  tok_key *k = ir_malloc((size_t)V * sizeof *k);
   if (g) {
     g->vocab = V;
-    g->ord = malloc((size_t)V * sizeof *g->ord);
-    g->lcp = malloc((size_t)V * sizeof *g->lcp);
-    g->bytes = calloc((size_t)V, sizeof *g->bytes);
-    g->len = calloc((size_t)V, sizeof *g->len);
-    g->eog = calloc((size_t)V, 1);
+    g->ord = ir_malloc((size_t)V * sizeof *g->ord);
+    g->lcp = ir_malloc((size_t)V * sizeof *g->lcp);
+    g->bytes = ir_calloc((size_t)V, sizeof *g->bytes);
+    g->len = ir_calloc((size_t)V, sizeof *g->len);
+    g->eog = ir_calloc((size_t)V, 1);
   }
   if (!g || !k || !g->ord || !g->lcp || !g->bytes || !g->len || !g->eog) {
-    free(k);
+    ir_free(k);
     gram_trie_destroy(g);
     return NULL;
   }
@@ -405,25 +406,25 @@ gram_trie *gram_trie_create(const irt_tokenizer *t) {
       while (c < k[i].len && c < k[i - 1].len && k[i].p[c] == k[i - 1].p[c]) c++;
     g->ord[i] = k[i].id, g->lcp[i] = (uint16_t)c;
   }
-  free(k);
+  ir_free(k);
   return g;
 }
 
 void gram_trie_destroy(gram_trie *t) {
   if (!t) return;
-  free(t->ord);
-  free(t->lcp);
-  free(t->bytes);
-  free(t->len);
-  free(t->eog);
-  free(t);
+  ir_free(t->ord);
+  ir_free(t->lcp);
+  ir_free(t->bytes);
+  ir_free(t->len);
+  ir_free(t->eog);
+  ir_free(t);
 }
 
 static bool grow_dep(gram_state *s, int need) {
   if (need <= s->cap_dep) return true;
-  gset *d = realloc(s->dep, (size_t)need * sizeof *d);
+  gset *d = ir_realloc(s->dep, (size_t)need * sizeof *d);
   if (d) s->dep = d;
-  gmark *m = realloc(s->mark, (size_t)need * sizeof *m);
+  gmark *m = ir_realloc(s->mark, (size_t)need * sizeof *m);
   if (m) s->mark = m;
   if (!d || !m) return false;
   s->cap_dep = need;

@@ -574,6 +574,18 @@ irt_status irt_tensor_file_save(const char *path, const irt_tensor_info *info, c
                                 irt_error *err);
 
 const char *irt_status_name(irt_status s);
+
+/* The allocator of every heap allocation the library makes (Lua's lua_Alloc): ptr NULL
+ * allocates size bytes; size 0 frees ptr (returns NULL); else resizes ptr, keeping its
+ * contents as realloc does. NULL when it cannot: the call that needed the memory then fails
+ * with IRT_OOM and leaks nothing. */
+typedef void *(*irt_alloc_fn)(void *ud, void *ptr, size_t size);
+/* Installs fn (NULL: the C library's) for the whole process, cJSON's hooks included. Call it
+ * before any other irt_ call, or after everything the library allocated has been freed. */
+void irt_set_allocator(irt_alloc_fn fn, void *ud);
+/* Frees memory the API returned to the caller (irt_tokenize_alloc's ids, a detokenized
+ * string, ...). free() does the same while no allocator was installed. */
+void irt_free(void *p);
 /* Opens path for reading ("rb") if it is a regular file: a FIFO, a device or a directory is
  * refused at once instead of blocking. NULL with err filled ("PATH: cannot open: ...",
  * "PATH: not a regular file") otherwise. What the CLIs and the server read user files with. */

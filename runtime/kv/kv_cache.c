@@ -5,30 +5,31 @@
 #include <xxhash.h>
 
 #include "kv_cache.h"
+#include "ir_alloc.h"
 
 static void free_arrays(kv_cache *kv) {
-  free(kv->k), free(kv->v), free(kv->meta), free(kv->tokens), free(kv->free_list);
-  free(kv->k8), free(kv->v8), free(kv->k_scale), free(kv->v_scale);
-  free(kv->k16), free(kv->v16);
-  free(kv->buckets);
+  ir_free(kv->k), ir_free(kv->v), ir_free(kv->meta), ir_free(kv->tokens), ir_free(kv->free_list);
+  ir_free(kv->k8), ir_free(kv->v8), ir_free(kv->k_scale), ir_free(kv->v_scale);
+  ir_free(kv->k16), ir_free(kv->v16);
+  ir_free(kv->buckets);
 }
 
 static bool alloc_arrays(kv_cache *kv) {
   size_t nb = (size_t)kv->n_blocks, nl = (size_t)kv->n_layers;
   kv->n_buckets = 1;
   while (kv->n_buckets < kv->n_blocks * 2) kv->n_buckets *= 2;
-  kv->k = calloc(nl, sizeof *kv->k);
-  kv->v = calloc(nl, sizeof *kv->v);
-  kv->k8 = calloc(nl, sizeof *kv->k8);
-  kv->v8 = calloc(nl, sizeof *kv->v8);
-  kv->k16 = calloc(nl, sizeof *kv->k16);
-  kv->v16 = calloc(nl, sizeof *kv->v16);
-  kv->k_scale = calloc(nl, sizeof *kv->k_scale);
-  kv->v_scale = calloc(nl, sizeof *kv->v_scale);
-  kv->meta = calloc(nb, sizeof *kv->meta);
-  kv->tokens = calloc(nb * (size_t)kv->block_size, sizeof *kv->tokens);
-  kv->free_list = malloc(nb * sizeof *kv->free_list);
-  kv->buckets = malloc((size_t)kv->n_buckets * sizeof *kv->buckets);
+  kv->k = ir_calloc(nl, sizeof *kv->k);
+  kv->v = ir_calloc(nl, sizeof *kv->v);
+  kv->k8 = ir_calloc(nl, sizeof *kv->k8);
+  kv->v8 = ir_calloc(nl, sizeof *kv->v8);
+  kv->k16 = ir_calloc(nl, sizeof *kv->k16);
+  kv->v16 = ir_calloc(nl, sizeof *kv->v16);
+  kv->k_scale = ir_calloc(nl, sizeof *kv->k_scale);
+  kv->v_scale = ir_calloc(nl, sizeof *kv->v_scale);
+  kv->meta = ir_calloc(nb, sizeof *kv->meta);
+  kv->tokens = ir_calloc(nb * (size_t)kv->block_size, sizeof *kv->tokens);
+  kv->free_list = ir_malloc(nb * sizeof *kv->free_list);
+  kv->buckets = ir_malloc((size_t)kv->n_buckets * sizeof *kv->buckets);
   return kv->k && kv->v && kv->k8 && kv->v8 && kv->k16 && kv->v16 && kv->k_scale && kv->v_scale &&
          kv->meta && kv->tokens && kv->free_list && kv->buckets;
 }

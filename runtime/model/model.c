@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "model.h"
+#include "ir_alloc.h"
 
 irt_model_opts irt_model_opts_default(void) {
   return (irt_model_opts){.n_threads = 0, .kv_tokens = 0, .skip_weight_checksum = true};
@@ -63,7 +64,7 @@ static ir_status bind_weight(irt_model *m, const ir_tensor *t, void **out, ir_di
 static ir_status bind_tensors(irt_model *m, ir_diag *d) {
   const ir_graph *g = m->g;
   m->arena = m->be.ops->alloc(m->be.ctx, g->arena_size);
-  m->ptrs = calloc((size_t)g->n_tensors + 1, sizeof *m->ptrs);
+  m->ptrs = ir_calloc((size_t)g->n_tensors + 1, sizeof *m->ptrs);
   if (!m->arena || !m->ptrs) return ir_diag_set(d, IR_OOM, "cannot allocate the activation arena");
   for (int32_t i = 0; i < g->n_tensors; i++) {
     const ir_tensor *t = &g->tensors[i];
@@ -100,12 +101,12 @@ static ir_status setup_io(irt_model *m, ir_diag *d) {
  * a graph's batch bucket write their padding tokens there. */
 static ir_status setup_device_kv(irt_model *m, int64_t tokens, kv_dtype_id dtype, ir_diag *d) {
   const ir_model_config *c = &m->g->config;
-  m->h_tokens = calloc((size_t)c->max_tokens, sizeof(int32_t));
-  m->h_rows = calloc((size_t)c->max_logits, sizeof(int32_t));
-  m->h_pick = calloc((size_t)c->max_logits, sizeof *m->h_pick);
-  m->h_pick_res = calloc((size_t)c->max_logits, sizeof *m->h_pick_res);
-  m->h_pick_top = calloc((size_t)c->max_logits * PICK_TOP, sizeof *m->h_pick_top);
-  m->h_row = calloc((size_t)c->vocab_size, sizeof(float));
+  m->h_tokens = ir_calloc((size_t)c->max_tokens, sizeof(int32_t));
+  m->h_rows = ir_calloc((size_t)c->max_logits, sizeof(int32_t));
+  m->h_pick = ir_calloc((size_t)c->max_logits, sizeof *m->h_pick);
+  m->h_pick_res = ir_calloc((size_t)c->max_logits, sizeof *m->h_pick_res);
+  m->h_pick_top = ir_calloc((size_t)c->max_logits * PICK_TOP, sizeof *m->h_pick_top);
+  m->h_row = ir_calloc((size_t)c->vocab_size, sizeof(float));
   if (!m->h_tokens || !m->h_rows || !m->h_pick || !m->h_pick_res || !m->h_pick_top || !m->h_row)
     return ir_diag_set(d, IR_OOM, "out of memory");
   ir_diag probe = {0};
@@ -137,9 +138,9 @@ static ir_status setup_kv(irt_model *m, const irt_model_opts *o, ir_diag *d) {
   const ir_model_config *c = &m->g->config;
   int64_t tokens = o->kv_tokens > 0 ? o->kv_tokens : c->max_position;
   m->max_blocks = (c->max_position + c->kv_block_size - 1) / c->kv_block_size;
-  m->tok_seq = calloc((size_t)c->max_tokens, sizeof(int32_t));
-  m->tok_pos = calloc((size_t)c->max_tokens, sizeof(int32_t));
-  m->block_tables = calloc((size_t)(c->max_seqs * m->max_blocks), sizeof(int32_t));
+  m->tok_seq = ir_calloc((size_t)c->max_tokens, sizeof(int32_t));
+  m->tok_pos = ir_calloc((size_t)c->max_tokens, sizeof(int32_t));
+  m->block_tables = ir_calloc((size_t)(c->max_seqs * m->max_blocks), sizeof(int32_t));
   m->pad_block = -1;
   if (!m->tok_seq || !m->tok_pos || !m->block_tables)
     return ir_diag_set(d, IR_OOM, "out of memory");
@@ -217,10 +218,10 @@ static irt_status warm_up(irt_model *m, irt_error *err) {
   if (most > m->info.context_length - 1) most = m->info.context_length - 1;
   irt_sampling greedy = irt_sampling_default();
   irt_sampler *smp = NULL;
-  int32_t *ids = calloc((size_t)(most > nseq ? most : nseq), sizeof *ids);
-  irt_seq **s = calloc((size_t)nseq, sizeof *s);
-  irt_batch_item *it = calloc((size_t)nseq, sizeof *it);
-  irt_pick *pk = calloc((size_t)nseq, sizeof *pk);
+  int32_t *ids = ir_calloc((size_t)(most > nseq ? most : nseq), sizeof *ids);
+  irt_seq **s = ir_calloc((size_t)nseq, sizeof *s);
+  irt_batch_item *it = ir_calloc((size_t)nseq, sizeof *it);
+  irt_pick *pk = ir_calloc((size_t)nseq, sizeof *pk);
   irt_status st = ids && s && it && pk ? IRT_OK : IRT_OOM;
   if (st == IRT_OOM) snprintf(err->msg, sizeof err->msg, "out of memory");
   if (st == IRT_OK) st = irt_sampler_create(&greedy, m->info.vocab_size, &smp, err);
@@ -243,7 +244,7 @@ static irt_status warm_up(irt_model *m, irt_error *err) {
     for (int64_t i = 0; i < n; i++) irt_seq_destroy(s[i]), s[i] = NULL;
   }
   irt_sampler_destroy(smp);
-  free(ids), free(s), free(it), free(pk);
+  ir_free(ids), ir_free(s), ir_free(it), ir_free(pk);
   if (st == IRT_OK && m->be.ops->ready) m->be.ops->ready(m->be.ctx);
   return st;
 }
@@ -253,7 +254,7 @@ irt_status irt_model_open(const char *path, const irt_model_opts *opts, irt_mode
   ir_diag d = {0};
   irt_model_opts o = opts ? *opts : irt_model_opts_default();
   *out = NULL;
-  irt_model *m = calloc(1, sizeof *m);
+  irt_model *m = ir_calloc(1, sizeof *m);
   if (!m) ir_diag_set(&d, IR_OOM, "out of memory");
   ir_status st =
       m ? ir_plan_open(path, o.skip_weight_checksum ? IR_PLAN_VERIFY_META : IR_PLAN_VERIFY_ALL,
@@ -268,7 +269,7 @@ irt_status irt_model_open(const char *path, const irt_model_opts *opts, irt_mode
   if (st == IR_OK) st = bind_tensors(m, &d);
   if (st == IR_OK) st = setup_kv(m, &o, &d);
   if (st == IR_OK) st = model_plan_tokenizer(m->plan, &m->tok, &d);
-  if (st == IR_OK && !(m->h_pen = malloc((size_t)m->g->config.vocab_size * sizeof(float))))
+  if (st == IR_OK && !(m->h_pen = ir_malloc((size_t)m->g->config.vocab_size * sizeof(float))))
     st = ir_diag_set(&d, IR_OOM, "out of memory");
   if (st != IR_OK) {
     rt_error_from_diag(err, &d);
@@ -295,22 +296,22 @@ void irt_model_close(irt_model *m) {
         m->be.ops->free(m->be.ctx, m->ptrs[i]);
   }
   backend_destroy(&m->be);
-  free(m->ptrs);
-  free(m->tok_seq);
-  free(m->tok_pos);
-  free(m->block_tables);
-  free(m->h_tokens);
-  free(m->h_rows);
-  free(m->h_pick);
-  free(m->h_pick_res);
-  free(m->h_pick_top);
-  free(m->h_row);
-  free(m->h_pen);
-  free(m->h_pen_ids);
-  free(m->h_pen_sub);
+  ir_free(m->ptrs);
+  ir_free(m->tok_seq);
+  ir_free(m->tok_pos);
+  ir_free(m->block_tables);
+  ir_free(m->h_tokens);
+  ir_free(m->h_rows);
+  ir_free(m->h_pick);
+  ir_free(m->h_pick_res);
+  ir_free(m->h_pick_top);
+  ir_free(m->h_row);
+  ir_free(m->h_pen);
+  ir_free(m->h_pen_ids);
+  ir_free(m->h_pen_sub);
   tok_destroy(m->tok);
   ir_plan_close(m->plan);
-  free(m);
+  ir_free(m);
 }
 
 const irt_model_info *irt_model_get_info(const irt_model *m) { return &m->info; }
@@ -340,10 +341,10 @@ ir_status model_plan_tokenizer(const ir_plan *p, irt_tokenizer **out, ir_diag *d
 }
 
 irt_status irt_seq_create(irt_model *m, irt_seq **out, irt_error *err) {
-  irt_seq *s = calloc(1, sizeof *s);
-  int32_t *blocks = calloc((size_t)m->max_blocks, sizeof *blocks);
+  irt_seq *s = ir_calloc(1, sizeof *s);
+  int32_t *blocks = ir_calloc((size_t)m->max_blocks, sizeof *blocks);
   if (!s || !blocks) {
-    free(s), free(blocks);
+    ir_free(s), ir_free(blocks);
     if (err) *err = (irt_error){.status = IRT_OOM, .msg = "out of memory"};
     return IRT_OOM;
   }
@@ -356,8 +357,8 @@ irt_status irt_seq_create(irt_model *m, irt_seq **out, irt_error *err) {
 void irt_seq_destroy(irt_seq *s) {
   if (!s) return;
   irt_seq_truncate(s, 0);
-  free(s->blocks);
-  free(s);
+  ir_free(s->blocks);
+  ir_free(s);
 }
 
 int64_t irt_seq_length(const irt_seq *s) { return s->len; }

@@ -10,6 +10,7 @@
 #include "ir_plan.h"
 #include "model.h"
 #include "fmt_onnx_tensor.h"
+#include "ir_alloc.h"
 
 _Static_assert(IRT_DTYPE_F32 == (int)IR_F32 && IRT_DTYPE_F16 == (int)IR_F16 &&
                    IRT_DTYPE_BF16 == (int)IR_BF16 && IRT_DTYPE_I64 == (int)IR_I64 &&
@@ -48,8 +49,8 @@ static ir_status check_program(const ir_graph *g, ir_diag *d) {
 static ir_status bind(irt_program *p, ir_diag *d) {
   const ir_graph *g = p->g;
   p->arena = p->be.ops->alloc(p->be.ctx, g->arena_size);
-  p->ptrs = calloc((size_t)g->n_tensors + 1, sizeof *p->ptrs);
-  p->inbuf = calloc((size_t)g->n_inputs + 1, sizeof *p->inbuf);
+  p->ptrs = ir_calloc((size_t)g->n_tensors + 1, sizeof *p->ptrs);
+  p->inbuf = ir_calloc((size_t)g->n_inputs + 1, sizeof *p->inbuf);
   if (!p->arena || !p->ptrs || !p->inbuf) return ir_diag_set(d, IR_OOM, "out of memory");
   for (int32_t i = 0; i < g->n_tensors; i++) {
     const ir_tensor *t = &g->tensors[i];
@@ -77,7 +78,7 @@ irt_status irt_program_open(const char *plan_path, const irt_model_opts *opts, i
   ir_diag d = {0};
   irt_model_opts o = opts ? *opts : irt_model_opts_default();
   *out = NULL;
-  irt_program *p = calloc(1, sizeof *p);
+  irt_program *p = ir_calloc(1, sizeof *p);
   ir_status st =
       p ? ir_plan_open(plan_path, o.skip_weight_checksum ? IR_PLAN_VERIFY_META : IR_PLAN_VERIFY_ALL,
                        &p->plan, &d)
@@ -107,10 +108,10 @@ void irt_program_close(irt_program *p) {
     if (p->arena) p->be.ops->free(p->be.ctx, p->arena);
   }
   backend_destroy(&p->be);
-  free(p->inbuf);
-  free(p->ptrs);
+  ir_free(p->inbuf);
+  ir_free(p->ptrs);
   ir_plan_close(p->plan);
-  free(p);
+  ir_free(p);
 }
 
 int irt_program_n_inputs(const irt_program *p) { return p->g->n_inputs; }
@@ -209,8 +210,8 @@ irt_status irt_tensor_file_load(const char *path, irt_tensor_file *out, irt_erro
 
 void irt_tensor_file_free(irt_tensor_file *t) {
   if (!t) return;
-  free((char *)t->info.name);
-  free(t->data);
+  ir_free((char *)t->info.name);
+  ir_free(t->data);
   memset(t, 0, sizeof *t);
 }
 

@@ -21,6 +21,7 @@
 
 #include "inferrt.h"
 #include "model.h"
+#include "ir_alloc.h"
 
 typedef struct cand {
   float logit;
@@ -45,14 +46,14 @@ irt_status irt_sampler_create(const irt_sampling *p, int64_t vocab_size, irt_sam
     if (err) *err = (irt_error){.status = IRT_INVALID_ARG, .msg = "sampler needs a vocabulary"};
     return IRT_INVALID_ARG;
   }
-  irt_sampler *s = calloc(1, sizeof *s);
+  irt_sampler *s = ir_calloc(1, sizeof *s);
   if (s) {
-    s->c = malloc((size_t)vocab_size * sizeof *s->c);
-    s->tmp = malloc((size_t)vocab_size * sizeof *s->tmp);
-    s->hist = malloc(65536 * sizeof *s->hist);
+    s->c = ir_malloc((size_t)vocab_size * sizeof *s->c);
+    s->tmp = ir_malloc((size_t)vocab_size * sizeof *s->tmp);
+    s->hist = ir_malloc(65536 * sizeof *s->hist);
   }
   if (!s || !s->c || !s->tmp || !s->hist) {
-    if (s) free(s->c), free(s->tmp), free(s->hist), free(s);
+    if (s) ir_free(s->c), ir_free(s->tmp), ir_free(s->hist), ir_free(s);
     if (err) *err = (irt_error){.status = IRT_OOM, .msg = "out of memory"};
     return IRT_OOM;
   }
@@ -65,10 +66,10 @@ irt_status irt_sampler_create(const irt_sampling *p, int64_t vocab_size, irt_sam
 
 void irt_sampler_destroy(irt_sampler *s) {
   if (!s) return;
-  free(s->c);
-  free(s->tmp);
-  free(s->hist);
-  free(s);
+  ir_free(s->c);
+  ir_free(s->tmp);
+  ir_free(s->hist);
+  ir_free(s);
 }
 
 static uint64_t next_u64(irt_sampler *s) {

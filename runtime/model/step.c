@@ -7,6 +7,7 @@
 
 #include "kn_cpu.h"
 #include "model.h"
+#include "ir_alloc.h"
 
 static irt_status fail(irt_error *err, irt_status st, const char *fmt, long long a, long long b) {
   if (err) {
@@ -165,9 +166,9 @@ static void copy_logits(irt_model *m, const irt_batch_item *items, int n_items) 
 static ir_status grow_pen(irt_model *m, int need, ir_diag *d) {
   int cap = m->pen_cap ? m->pen_cap : 1024;
   while (cap < need) cap *= 2;
-  int32_t *ids = realloc(m->h_pen_ids, (size_t)cap * sizeof *ids);
+  int32_t *ids = ir_realloc(m->h_pen_ids, (size_t)cap * sizeof *ids);
   if (ids) m->h_pen_ids = ids;
-  float *sub = realloc(m->h_pen_sub, (size_t)cap * sizeof *sub);
+  float *sub = ir_realloc(m->h_pen_sub, (size_t)cap * sizeof *sub);
   if (sub) m->h_pen_sub = sub;
   if (!ids || !sub) return ir_diag_set(d, IR_OOM, "out of memory");
   m->pen_cap = cap;

@@ -7,6 +7,7 @@
 #include "chat_template.h"
 #include "fmt_gguf_tok.h"
 #include "model.h"
+#include "ir_alloc.h"
 
 struct irt_text_stream {
   tok_stream s;
@@ -74,15 +75,15 @@ irt_status irt_detokenize(const irt_tokenizer *t, const int32_t *ids, size_t n, 
 irt_status irt_detokenize_alloc(const irt_tokenizer *t, const int32_t *ids, size_t n,
                                 bool skip_special, char **out, size_t *out_len, irt_error *err) {
   size_t cap = n * 64 + 64, len = 0; /* a guess; once more at the exact size past it */
-  char *buf = malloc(cap);
+  char *buf = ir_malloc(cap);
   irt_status st = buf ? irt_detokenize(t, ids, n, skip_special, buf, cap, &len, err) : IRT_OOM;
   if (st == IRT_OK && len >= cap) {
-    char *p = realloc(buf, cap = len + 1);
+    char *p = ir_realloc(buf, cap = len + 1);
     st = p ? irt_detokenize(t, ids, n, skip_special, buf = p, cap, &len, err) : IRT_OOM;
   }
   if (st == IRT_OOM && err) *err = (irt_error){.status = IRT_OOM, .msg = "out of memory"};
   if (st != IRT_OK) {
-    free(buf);
+    ir_free(buf);
     return st;
   }
   buf[len] = 0;
@@ -96,7 +97,7 @@ int32_t irt_tokenizer_vocab_size(const irt_tokenizer *t) { return tok_vocab_size
 
 irt_status irt_text_stream_create(const irt_tokenizer *t, bool skip_special, irt_text_stream **out,
                                   irt_error *err) {
-  irt_text_stream *s = calloc(1, sizeof *s);
+  irt_text_stream *s = ir_calloc(1, sizeof *s);
   if (!s) {
     if (err) *err = (irt_error){.status = IRT_OOM, .msg = "out of memory"};
     return IRT_OOM;
@@ -106,7 +107,7 @@ irt_status irt_text_stream_create(const irt_tokenizer *t, bool skip_special, irt
   return IRT_OK;
 }
 
-void irt_text_stream_destroy(irt_text_stream *s) { free(s); }
+void irt_text_stream_destroy(irt_text_stream *s) { ir_free(s); }
 
 size_t irt_text_stream_push(irt_text_stream *s, int32_t id, char *buf, size_t cap) {
   return tok_stream_push(&s->s, id, buf, cap);
@@ -182,11 +183,11 @@ irt_status irt_chat_tokenize(const irt_tokenizer *t, const char *name, const irt
     cap += (msgs[i].content ? strlen(msgs[i].content) : 0) +
            (msgs[i].reasoning ? strlen(msgs[i].reasoning) : 0) + 64;
   char *buf = NULL;
-  chat_span *spans = calloc(2 * n + 2, sizeof *spans);
+  chat_span *spans = ir_calloc(2 * n + 2, sizeof *spans);
   if (st == IR_OK && !spans) st = ir_diag_set(&d, IR_OOM, "out of memory");
   for (int pass = 0; st == IR_OK && pass < 2; pass++) { /* again when the estimate was short */
-    free(buf);
-    if (!(buf = malloc(cap + 1))) {
+    ir_free(buf);
+    if (!(buf = ir_malloc(cap + 1))) {
       st = ir_diag_set(&d, IR_OOM, "out of memory");
       break;
     }
@@ -200,9 +201,9 @@ irt_status irt_chat_tokenize(const irt_tokenizer *t, const char *name, const irt
     st = tok_encode_spans_alloc(t, buf, len, false, true,
                                 allow_special ? NULL : (const tok_span *)spans,
                                 allow_special ? 0 : n_spans, ids, n_ids, &d);
-  free(spans);
+  ir_free(spans);
   if (st == IR_OK && text_out) *text_out = buf, buf = NULL;
-  free(buf);
+  ir_free(buf);
   return done(err, st, &d);
 }
 
