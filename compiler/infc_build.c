@@ -251,7 +251,8 @@ ir_status infc_build(const char *src, const infc_options *opts, const char *out_
   pass_log log = {0};
   if (st == IR_OK) st = pass_pipeline_run(g, &po, &log, d);
   infc_cuda_kernels ck = {0}; /* target cuda: NVRTC images for the kernels section */
-  if (st == IR_OK && !strcmp(o.target, "cuda")) st = infc_cuda_kernels_build(g, o.arch, &ck, d);
+  if (st == IR_OK && !strcmp(o.target, "cuda"))
+    st = infc_cuda_kernels_build(g, o.arch, o.cache_dir, &ck, d);
   if (st == IR_OK) {
     const char *keys[16], *vals[16];
     char buf[1024];

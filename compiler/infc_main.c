@@ -37,9 +37,10 @@ static int usage_build(FILE *f) {
       "                         rope_attention,qkv,gate_up,add_rms_norm)\n"
       "      --tokenizer PATH   tokenizer.json to embed (default: the one beside the model)\n"
       "      --target T         cpu (default) or cuda (kernels compiled by NVRTC; no GPU needed)\n"
-      "      --arch LIST        target cuda: GPU archs (default sm_80,sm_90); NVRTC's\n"
-      "                         outputs are cached in $INFC_CACHE_DIR (off: none), else\n"
-      "                         $XDG_CACHE_HOME/infc or ~/.cache/infc\n"
+      "      --arch LIST        target cuda: GPU archs (default sm_80,sm_90)\n"
+      "      --cache-dir DIR    target cuda: keep NVRTC's outputs in DIR (off: none; default\n"
+      "                         $INFC_CACHE_DIR, else $XDG_CACHE_HOME/infc, else\n"
+      "                         ~/.cache/infc)\n"
       "      --decode-buckets L target cuda: decode batch sizes captured as CUDA Graphs\n"
       "                         (default 1,2,4,... up to the step limit)\n"
       "      --quant SCHEME     quantize matmul weights: none (default), int8[:asym],\n"
@@ -73,7 +74,28 @@ typedef struct build_args {
   bool dump, quiet;
 } build_args;
 
+static ir_status set_cache_dir(infc_options *o, const char *dir, ir_diag *d) {
+  if (strlen(dir) >= sizeof o->cache_dir)
+    return ir_diag_set(d, IR_INVALID_ARG, "--cache-dir: the path is too long");
+  snprintf(o->cache_dir, sizeof o->cache_dir, "%s", strcmp(dir, "off") ? dir : "");
+  return IR_OK;
+}
+
+/* The compile cache's default, from the environment (the library reads none):
+ * $INFC_CACHE_DIR ("" or off: none), else $XDG_CACHE_HOME/infc, else ~/.cache/infc. */
+static void default_cache_dir(infc_options *o) {
+  const char *env = getenv("INFC_CACHE_DIR"), *xdg = getenv("XDG_CACHE_HOME");
+  const char *home = getenv("HOME");
+  char dir[4096] = "";
+  if (env) snprintf(dir, sizeof dir, "%s", strcmp(env, "off") ? env : "");
+  else if (xdg && *xdg) snprintf(dir, sizeof dir, "%s/infc", xdg);
+  else if (home && *home) snprintf(dir, sizeof dir, "%s/.cache/infc", home);
+  ir_diag ignore = {0};
+  set_cache_dir(o, dir, &ignore);
+}
+
 static int parse_build(int argc, char **argv, infc_options *o, build_args *a) {
+  default_cache_dir(o);
   static const struct option longs[] = {{"output", required_argument, 0, 'o'},
                                         {"config", required_argument, 0, 'c'},
                                         {"dtype", required_argument, 0, 1},
@@ -94,6 +116,7 @@ static int parse_build(int argc, char **argv, infc_options *o, build_args *a) {
                                         {"decode-buckets", required_argument, 0, 15},
                                         {"act-dtype", required_argument, 0, 16},
                                         {"no-repack", no_argument, 0, 17},
+                                        {"cache-dir", required_argument, 0, 18},
                                         {"help", no_argument, 0, 'h'},
                                         {0, 0, 0, 0}};
   static const char *keys[] = {"",           "dtype",         "max_tokens",  "max_seqs",
@@ -116,6 +139,7 @@ static int parse_build(int argc, char **argv, infc_options *o, build_args *a) {
     else if (c == 15) st = infc_options_set(o, "decode_buckets", optarg, &d);
     else if (c == 16) st = infc_options_set(o, "act_dtype", optarg, &d);
     else if (c == 17) st = infc_options_set(o, "repack", "false", &d);
+    else if (c == 18) st = set_cache_dir(o, optarg, &d);
     else if (c == 'q') a->quiet = true;
     else if (c == 'h') return usage_build(stdout) - 1;
     else return usage_build(stderr);

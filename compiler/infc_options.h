@@ -45,6 +45,9 @@ typedef struct infc_options {
   bool max_tokens_set; /* max_tokens given: target cuda keeps it (else INFC_CUDA_MAX_TOKENS) */
   char target[16];
   char arch[64];            /* target cuda: GPU archs, "sm_80,sm_90" ("" = that default) */
+  char cache_dir[4096];     /* target cuda: NVRTC's compile cache ("" = none; the infc CLI's
+                               --cache-dir, default ~/.cache/infc). Not recorded in the plan:
+                               it decides where outputs are kept, not what they are */
   char tokenizer[4096];     /* --tokenizer PATH: a tokenizer.json to embed ("" = find one) */
   pass_quant_opts quant;    /* --quant SCHEME: weight quantization (passes/pass_quantize.h) */
   char quant_calib[4096];   /* --quant-calib FILE: w8a8 activation maxima ("" = none) */

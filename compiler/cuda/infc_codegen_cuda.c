@@ -115,8 +115,8 @@ static ir_status cuda_compile_all(infc_nvrtc *nv, const int *archs, int n_archs,
   return IR_OK;
 }
 
-ir_status infc_cuda_kernels_build(const ir_graph *g, const char *arch_list, infc_cuda_kernels *out,
-                                  ir_diag *d) {
+ir_status infc_cuda_kernels_build(const ir_graph *g, const char *arch_list, const char *cache_dir,
+                                  infc_cuda_kernels *out, ir_diag *d) {
   memset(out, 0, sizeof *out);
   int archs[INFC_NVRTC_MAX_ARCHS], n_archs = 0;
   char defs[3][48];
@@ -127,6 +127,7 @@ ir_status infc_cuda_kernels_build(const ir_graph *g, const char *arch_list, infc
   if (st == IR_OK) st = cuda_supported(g, d);
   infc_nvrtc *nv = NULL;
   if (st == IR_OK) st = infc_nvrtc_open(&nv, d);
+  if (st == IR_OK) infc_nvrtc_set_cache(nv, cache_dir);
   if (st == IR_OK) st = cuda_compile_all(nv, archs, n_archs, opts, out, d);
   infc_nvrtc_close(nv);
   return st;

@@ -20,8 +20,9 @@ typedef struct infc_cuda_kernels {
  * list such as "sm_80,sm_90" ("" or NULL: INFC_NVRTC_DEFAULT_ARCHS). Errors: NVRTC absent
  * (IR_UNSUPPORTED, "NVRTC not found: ..."), a model constant the kernels cannot take
  * (IR_UNSUPPORTED naming it), a compile error (IR_BAD_FORMAT with the log). */
-ir_status infc_cuda_kernels_build(const ir_graph *g, const char *archs, infc_cuda_kernels *out,
-                                  ir_diag *d);
+/* cache_dir: NVRTC's compile cache (infc_nvrtc_set_cache; NULL or "": none). */
+ir_status infc_cuda_kernels_build(const ir_graph *g, const char *archs, const char *cache_dir,
+                                  infc_cuda_kernels *out, ir_diag *d);
 void infc_cuda_kernels_free(infc_cuda_kernels *k);
 
 #endif

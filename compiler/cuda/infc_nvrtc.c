@@ -19,6 +19,7 @@ typedef void *nvrtc_program;
 
 struct infc_nvrtc {
   void *lib;
+  char cache[4096]; /* the compile cache's root ("": none) */
   int major, minor;
   const char *(*error_string)(nvrtc_result);
   nvrtc_result (*version)(int *, int *);
@@ -50,6 +51,11 @@ static int nvrtc_sym(void *lib, const char *name, void *fn_out, size_t fn_size) 
   if (!p) return 0;
   memcpy(fn_out, &p, fn_size);
   return 1;
+}
+
+void infc_nvrtc_set_cache(infc_nvrtc *n, const char *dir) {
+  if (!dir || !strcmp(dir, "off") || strlen(dir) >= sizeof n->cache) dir = "";
+  snprintf(n->cache, sizeof n->cache, "%s", dir);
 }
 
 ir_status infc_nvrtc_open(infc_nvrtc **out, ir_diag *d) {
@@ -174,28 +180,17 @@ static ir_status nvrtc_run(infc_nvrtc *n, const char *src, const char *name, con
 /* --- the compile cache -------------------------------------------------------------------
  * A compile's outputs (log, CUBIN, PTX) kept on disk under a key that hashes all that decides
  * them: NVRTC's version, the arch, the fixed and the caller's options, the source, its name
- * and every kernel header. Where: $INFC_CACHE_DIR ("" or "off": no cache), else
- * $XDG_CACHE_HOME/infc, else $HOME/.cache/infc; an entry is nvrtc/<key>.bin there. Entries
+ * and every kernel header. Where: the folder infc_nvrtc_set_cache gave (none by default;
+ * the infc CLI gives ~/.cache/infc); an entry is nvrtc/<key>.bin there. Entries
  * are written under a temporary name and renamed, so builds running side by side never read
  * half of one; a short, corrupt or unreadable entry is a miss and is written again. The
  * cache never fails a build: where it cannot be read or written, infc compiles. */
 #define CACHE_MAGIC "INFCNVC1"
 
 /* The cache's folder (nvrtc/ made if missing) into out; false: no cache. */
-static bool cache_dir(char *out, size_t len) {
-  const char *env = getenv("INFC_CACHE_DIR"), *xdg = getenv("XDG_CACHE_HOME");
-  const char *home = getenv("HOME");
-  int w;
-  if (env) {
-    if (!*env || !strcmp(env, "off")) return false;
-    w = snprintf(out, len, "%s/nvrtc", env);
-  } else if (xdg && *xdg) {
-    w = snprintf(out, len, "%s/infc/nvrtc", xdg);
-  } else if (home && *home) {
-    w = snprintf(out, len, "%s/.cache/infc/nvrtc", home);
-  } else {
-    return false;
-  }
+static bool cache_dir(const infc_nvrtc *n, char *out, size_t len) {
+  if (!n->cache[0]) return false;
+  int w = snprintf(out, len, "%s/nvrtc", n->cache);
   if (w < 0 || (size_t)w >= len) return false;
   for (char *p = out + 1;; p++) { /* mkdir -p */
     const bool end = *p == '\0';
@@ -312,7 +307,7 @@ ir_status infc_nvrtc_compile(infc_nvrtc *n, const char *src, const char *name, i
   memset(out, 0, sizeof *out);
   out->arch = arch;
   char dir[4096], path[4160];
-  const bool cache = cache_dir(dir, sizeof dir) &&
+  const bool cache = cache_dir(n, dir, sizeof dir) &&
                      cache_path(n, dir, src, name, arch, opts, n_opts, path, sizeof path);
   if (cache && cache_load(path, out)) {
     out->from_cache = true;

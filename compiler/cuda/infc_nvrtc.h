@@ -21,6 +21,9 @@ ir_status infc_nvrtc_open(infc_nvrtc **out, ir_diag *d);
 /* Frees n; the library itself stays loaded for the life of the process. */
 void infc_nvrtc_close(infc_nvrtc *n);
 void infc_nvrtc_version(const infc_nvrtc *n, int *out_major, int *out_minor);
+/* Keeps compile outputs under dir/nvrtc (made if missing); NULL, "" or "off": no cache (the
+ * default). A cache never fails a compile: where it cannot be read or written, it compiles. */
+void infc_nvrtc_set_cache(infc_nvrtc *n, const char *dir);
 
 #define INFC_NVRTC_MAX_ARCHS 8
 #define INFC_NVRTC_DEFAULT_ARCHS "sm_80,sm_90"
@@ -55,8 +58,8 @@ typedef struct infc_nvrtc_image {
 /* Compiles src (named `name` in messages) for sm_<arch>, adding the caller's options
  * (e.g. "-DHEAD_DIM=128") to the fixed ones (arch, -std=c++17, ptxas -v). Fills *out on
  * success (free with infc_nvrtc_image_free); a compile error is IR_BAD_FORMAT with the
- * first lines of the log. Outputs come from, and go to, the compile cache: $INFC_CACHE_DIR
- * ("" or "off": none), else $XDG_CACHE_HOME/infc, else ~/.cache/infc (infc_nvrtc.c). */
+ * first lines of the log. Outputs come from, and go to, the compile cache (if one was set:
+ * infc_nvrtc_set_cache). */
 ir_status infc_nvrtc_compile(infc_nvrtc *n, const char *src, const char *name, int arch,
                              const char *const *opts, int n_opts, infc_nvrtc_image *out,
                              ir_diag *d);

@@ -119,8 +119,10 @@ ir_status backend_cpu_create(int n_threads, rt_backend *out, ir_diag *d);
  * The library exports one function, IRT_CUDA_ENTRY, of type irt_cuda_create_fn. It loads
  * libcuda.so.1 and cuBLAS itself, so neither is needed until a CUDA plan is opened. */
 #define IRT_CUDA_LIB "libinferrt_cuda.so"
+/* The default of irt_model_opts.cuda_dequant_gemm_m (cuda_internal.h says why). */
+#define BACKEND_CUDA_DEQUANT_GEMM_M 32
 #define IRT_CUDA_ENTRY "irt_backend_cuda_create"
-#define IRT_CUDA_ABI 4 /* bump when backend_ops, model_step or irt_cuda_opts change */
+#define IRT_CUDA_ABI 5 /* bump when backend_ops, model_step or irt_cuda_opts change */
 /* The struct sizes both sides compile with: a library built from another tree (ir.h's
  * graph, node and tensor, the step, the KV cache) is refused rather than misread. */
 #define IRT_CUDA_LAYOUT                                                                            \
@@ -136,6 +138,11 @@ typedef struct irt_cuda_opts {
   int kv_dtype;                  /* kv_dtype_id of the KV cache: f32 or f16 */
   const ir_plan_kernel *kernels; /* the plan's kernel table (borrowed, in the mapping) */
   int n_kernels;
+  bool profile;                                        /* irt_model_opts.cuda_profile */
+  int64_t dequant_gemm_m;                              /* resolved: rows, 0 never */
+  void (*log)(void *user, int level, const char *msg); /* irt_log_fn's shape; may be NULL */
+  void *log_user;
+  const char *lib; /* the library's path (irt_model_opts.cuda_lib), or NULL */
 } irt_cuda_opts;
 
 /* Creates the backend for graph g (sized by its config: step limits, heads). *out is

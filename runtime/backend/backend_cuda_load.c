@@ -9,16 +9,15 @@
 
 #include "backend.h"
 
-/* $INFERRT_CUDA_LIB, then beside the executable (and ../, ../lib), then the search path.
- * The library stays loaded: the backend's vtable lives in it. */
-static void *load_lib(char *tried, size_t cap) {
+/* The path given (irt_model_opts.cuda_lib), else beside the executable (and ../, ../lib),
+ * then the search path. The library stays loaded: the backend's vtable lives in it. */
+static void *load_lib(const char *given, char *tried, size_t cap) {
   static void *lib;
   if (lib) return lib;
   char dir[PATH_MAX] = "", path[PATH_MAX + 64];
-  const char *env = getenv("INFERRT_CUDA_LIB");
-  if (env && *env) {
-    snprintf(tried, cap, "%s ($INFERRT_CUDA_LIB)", env);
-    return lib = dlopen(env, RTLD_NOW | RTLD_LOCAL);
+  if (given && *given) {
+    snprintf(tried, cap, "at %s", given);
+    return lib = dlopen(given, RTLD_NOW | RTLD_LOCAL);
   }
   ssize_t n = readlink("/proc/self/exe", dir, sizeof dir - 1);
   if (n > 0) {
@@ -39,7 +38,7 @@ static void *load_lib(char *tried, size_t cap) {
 ir_status irt_backend_cuda_open(const irt_cuda_opts *o, const ir_graph *g, rt_backend *out,
                                 ir_diag *d) {
   char tried[PATH_MAX + 64];
-  void *lib = load_lib(tried, sizeof tried);
+  void *lib = load_lib(o->lib, tried, sizeof tried);
   if (!lib) {
     const char *why = dlerror();
     return ir_diag_set(d, IR_UNSUPPORTED,

@@ -41,6 +41,36 @@ int cli_parse_spec(const char *flag, const char *v, irt_engine_opts *eo);
   "  --spec-always           draft by the kept-count rule alone; by default a draft must\n"        \
   "                          also pay for its row (timed steps, each sequence's kept share)\n"
 
+/* The model options every subcommand that opens a model shares: the log (stderr,
+ * "inferrt: ..."), and the CUDA tuning flags, whose defaults come from the environment
+ * (INFERRT_CUDA_PROFILE=1, INFERRT_CUDA_DEQUANT_GEMM_M=N, INFERRT_CUDA_LIB=PATH): the
+ * library reads no environment variable. */
+typedef struct cli_cuda {
+  bool profile, profile_set;
+  int64_t dequant_gemm_m; /* 0: the default; < 0: never */
+  bool dequant_set;
+  const char *lib;
+} cli_cuda;
+enum { CLI_OPT_CUDA_PROFILE = 240, CLI_OPT_CUDA_DEQUANT = 241, CLI_OPT_CUDA_LIB = 242 };
+#define CLI_CUDA_LONGOPTS                                                                          \
+  {"cuda-profile", no_argument, 0, CLI_OPT_CUDA_PROFILE},                                          \
+      {"cuda-dequant-gemm-m", required_argument, 0, CLI_OPT_CUDA_DEQUANT}, {                       \
+    "cuda-lib", required_argument, 0, CLI_OPT_CUDA_LIB                                             \
+  }
+#define CLI_CUDA_USAGE                                                                             \
+  "  --cuda-profile          CUDA: time every node (eagerly) and print the table at exit\n"        \
+  "                          (default: $INFERRT_CUDA_PROFILE)\n"                                   \
+  "  --cuda-dequant-gemm-m N CUDA: dequantize GGUF block weights for cuBLAS from N rows\n"         \
+  "                          (default 32, or $INFERRT_CUDA_DEQUANT_GEMM_M; 0: never)\n"            \
+  "  --cuda-lib PATH         CUDA: the backend library (default: $INFERRT_CUDA_LIB, else\n"        \
+  "                          libinferrt_cuda.so beside inferrt)\n"
+/* c is one of CLI_OPT_CUDA_*: 0 after applying it, 1 after printing the error; -1: c is
+ * another option. */
+int cli_cuda_flag(int c, const char *v, cli_cuda *f);
+/* Sets mo's log and CUDA tuning from the flags, else the environment: 0, or 1 after
+ * printing the error (a malformed environment variable names itself). */
+int cli_model_opts(irt_model_opts *mo, const cli_cuda *f);
+
 int cmd_generate(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);

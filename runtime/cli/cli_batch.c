@@ -34,6 +34,7 @@ typedef struct batch_args {
   bool no_progress, no_cuda_graphs, retry_failed, allow_special;
   irt_kv_dtype kv_dtype;
   irt_engine_opts spec; /* the --spec-* fields; the engine's options start from it */
+  cli_cuda cuda;
 } batch_args;
 
 /* A set of strings (open addressing; grows at half load). */
@@ -79,8 +80,8 @@ static int usage(FILE *f) {
         "  --max-batched-tokens N  token budget per step (default: the plan's)\n"
         "  --threads N             CPU threads (default: all cores)\n"
         "  --device DEV            cpu or cuda (default: the plan's target)\n"
-        "  --no-cuda-graphs        CUDA: run decode steps kernel by kernel\n" CLI_SPEC_USAGE
-        "  --no-progress           no progress output\n",
+        "  --no-cuda-graphs        CUDA: run decode steps kernel by kernel\n" CLI_CUDA_USAGE
+            CLI_SPEC_USAGE "  --no-progress           no progress output\n",
         f);
   return f == stderr ? 2 : 0;
 }
@@ -104,11 +105,15 @@ static int parse(int argc, char **argv, batch_args *a) {
                                         {"retry-failed", 0, 0, 16},
                                         {"sync-every", 1, 0, 17},
                                         {"allow-special-in-content", 0, 0, 18},
+                                        CLI_CUDA_LONGOPTS,
                                         {"help", 0, 0, 'h'},
                                         {0, 0, 0, 0}};
   int c;
   bool ok = true;
   while (ok && (c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
+    int rc = cli_cuda_flag(c, optarg, &a->cuda);
+    if (rc > 0) return rc;
+    if (rc == 0) continue;
     switch (c) {
     case 1: a->input = optarg; break;
     case 2: a->output = optarg; break;
@@ -576,6 +581,7 @@ int cmd_batch(int argc, char **argv) {
   mo.kv_tokens = a.kv_tokens;
   mo.device = a.device;
   mo.no_cuda_graphs = a.no_cuda_graphs;
+  if (cli_model_opts(&mo, &a.cuda)) return 1;
   mo.kv_dtype = a.kv_dtype;
   srv_ctx *c = &b->c;
   c->chat_template = a.chat_template;

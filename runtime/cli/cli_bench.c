@@ -25,6 +25,7 @@ typedef struct bench_args {
   irt_kv_dtype kv_dtype;
   irt_sampling sampling; /* every request's; its seed + the request's index */
   irt_engine_opts spec;  /* the --spec-* fields; the engine's options start from it */
+  cli_cuda cuda;
 } bench_args;
 
 typedef struct breq {
@@ -85,8 +86,8 @@ static int usage(FILE *f) {
         "  --kv-dtype T            " CLI_KV_DTYPE_USAGE "\n"
         "  --threads N             CPU threads (default: all cores)\n"
         "  --device DEV            cpu or cuda (default: the plan's target)\n"
-        "  --no-cuda-graphs        CUDA: run decode steps kernel by kernel\n" CLI_SPEC_USAGE
-        "  --json                  print one JSON object\n",
+        "  --no-cuda-graphs        CUDA: run decode steps kernel by kernel\n" CLI_CUDA_USAGE
+            CLI_SPEC_USAGE "  --json                  print one JSON object\n",
         f);
   return f == stderr ? 2 : 0;
 }
@@ -116,12 +117,16 @@ static int parse(int argc, char **argv, bench_args *a) {
                                         {"spec-ngram", 1, 0, 22},
                                         {"spec-always", 0, 0, 23},
                                         {"min-p", 1, 0, 24},
+                                        CLI_CUDA_LONGOPTS,
                                         {"help", 0, 0, 'h'},
                                         {0, 0, 0, 0}};
   int c;
   char *end;
   bool ok = true;
   while (ok && (c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
+    int rc = cli_cuda_flag(c, optarg, &a->cuda);
+    if (rc > 0) return rc;
+    if (rc == 0) continue;
     switch (c) {
     case 1: ok = cli_parse_i64(optarg, 1, 1 << 20, &a->requests); break;
     case 2: ok = cli_parse_range(optarg, 1 << 20, &a->prompt_min, &a->prompt_max); break;
@@ -403,6 +408,7 @@ int cmd_bench(int argc, char **argv) {
   mo.kv_tokens = a.kv_tokens;
   mo.device = a.device;
   mo.no_cuda_graphs = a.no_cuda_graphs;
+  if (cli_model_opts(&mo, &a.cuda)) return 1;
   mo.kv_dtype = a.kv_dtype;
   irt_model *m = NULL;
   irt_engine *e = NULL;

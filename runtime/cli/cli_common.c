@@ -132,3 +132,40 @@ irt_status cli_open_tokenizer(const char *path, irt_tokenizer **out, irt_error *
   snprintf(cfg, sizeof cfg, "%.*stokenizer_config.json", slash ? (int)(slash - path + 1) : 0, path);
   return irt_tokenizer_open_json(path, access(cfg, R_OK) == 0 ? cfg : NULL, out, err);
 }
+
+int cli_cuda_flag(int c, const char *v, cli_cuda *f) {
+  switch (c) {
+  case CLI_OPT_CUDA_PROFILE: f->profile = f->profile_set = true; return 0;
+  case CLI_OPT_CUDA_LIB: f->lib = v; return 0;
+  case CLI_OPT_CUDA_DEQUANT:
+    if (!cli_parse_i64(v, 0, (int64_t)1 << 30, &f->dequant_gemm_m))
+      return cli_fail("--cuda-dequant-gemm-m: want a row count >= 0 (0: never), not '%s'", v);
+    if (f->dequant_gemm_m == 0) f->dequant_gemm_m = -1;
+    f->dequant_set = true;
+    return 0;
+  default: return -1;
+  }
+}
+
+static void log_stderr(void *user, irt_log_level level, const char *msg) {
+  (void)user;
+  fprintf(stderr, "inferrt: %s%s\n", level == IRT_LOG_WARN ? "warning: " : "", msg);
+}
+
+int cli_model_opts(irt_model_opts *mo, const cli_cuda *f) {
+  mo->log = log_stderr;
+  const char *prof = getenv("INFERRT_CUDA_PROFILE");
+  mo->cuda_profile = f->profile_set ? f->profile : prof && *prof && strcmp(prof, "0") != 0;
+  const char *lib = getenv("INFERRT_CUDA_LIB");
+  mo->cuda_lib = f->lib ? f->lib : lib && *lib ? lib : NULL;
+  const char *m = getenv("INFERRT_CUDA_DEQUANT_GEMM_M");
+  int64_t rows = 0;
+  if (f->dequant_set) {
+    mo->cuda_dequant_gemm_m = f->dequant_gemm_m;
+  } else if (m && *m) {
+    if (!cli_parse_i64(m, 0, (int64_t)1 << 30, &rows))
+      return cli_fail("INFERRT_CUDA_DEQUANT_GEMM_M='%s': want a row count >= 0 (0: never)", m);
+    mo->cuda_dequant_gemm_m = rows ? rows : -1;
+  }
+  return 0;
+}

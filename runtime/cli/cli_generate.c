@@ -32,6 +32,7 @@ typedef struct gen_args {
   int32_t *stop_ids, *bias_ids;
   float *bias;
   int64_t n_stop_ids, n_bias;
+  cli_cuda cuda;
 } gen_args;
 
 static int usage(FILE *f) {
@@ -62,7 +63,7 @@ static int usage(FILE *f) {
         "  --stop-token-ids IDS stop at any of these comma-separated token ids\n"
         "  --threads N          CPU threads (default: all cores)\n"
         "  --device DEV         cpu or cuda (default: the plan's target)\n"
-        "  --no-cuda-graphs     CUDA: run decode steps kernel by kernel\n"
+        "  --no-cuda-graphs     CUDA: run decode steps kernel by kernel\n" CLI_CUDA_USAGE
         "  --kv-dtype T         " CLI_KV_DTYPE_USAGE "\n"
         "  --spec-tokens K      speculative decoding by prompt lookup: up to K draft tokens\n"
         "                       a step, checked against plain decoding (same output)\n"
@@ -239,11 +240,16 @@ static int parse(int argc, char **argv, gen_args *a) {
                                         {"logit-bias", required_argument, 0, 31},
                                         {"no-thinking", no_argument, 0, 32},
                                         {"allow-special-in-content", no_argument, 0, 33},
+                                        CLI_CUDA_LONGOPTS,
                                         {"help", no_argument, 0, 'h'},
                                         {0, 0, 0, 0}};
   int c, rc;
   a->max_new = -1;
   while ((c = getopt_long(argc, argv, "n:h", longs, NULL)) != -1) {
+    if ((rc = cli_cuda_flag(c, optarg, &a->cuda)) >= 0) {
+      if (rc) return rc;
+      continue;
+    }
     if (c == 'h') return usage(stdout) - 1;
     if (c == 7) a->json = true;
     else if (c == 8) a->ignore_eos = true;
@@ -579,6 +585,7 @@ int cmd_generate(int argc, char **argv) {
   o.n_threads = (int)a.threads;
   o.device = a.device;
   o.no_cuda_graphs = a.no_cuda_graphs;
+  if (cli_model_opts(&o, &a.cuda)) return 1;
   o.kv_dtype = a.kv_dtype;
   irt_error err = {0};
   gen_state g = {.finish = "length"};

@@ -215,6 +215,8 @@ static irt_status tokenize_file(irt_model *m, const char *path, int32_t **out, i
 static irt_status open_model(const ppl_args *a, const char *path, irt_kv_dtype kv_dtype,
                              irt_model **out, irt_error *err) {
   irt_model_opts o = irt_model_opts_default();
+  cli_cuda env_only = {0};
+  if (cli_model_opts(&o, &env_only)) return 1;
   o.n_threads = (int)a->threads;
   o.kv_dtype = kv_dtype;
   o.kv_tokens = a->ctx;

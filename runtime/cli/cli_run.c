@@ -151,6 +151,8 @@ int cmd_run(int argc, char **argv) {
   int rc = parse_run(argc, argv, &a);
   if (rc) return rc < 0 ? 0 : rc;
   irt_model_opts o = irt_model_opts_default();
+  cli_cuda env_only = {0};
+  if (cli_model_opts(&o, &env_only)) return 1;
   o.n_threads = a.threads;
   irt_program *p = NULL;
   irt_error err = {0};

@@ -19,6 +19,7 @@ typedef struct serve_args {
   irt_kv_dtype kv_dtype;
   srv_keys keys;
   irt_engine_opts spec; /* the --spec-* fields; the engine's options start from it */
+  cli_cuda cuda;
 } serve_args;
 
 static int usage(FILE *f) {
@@ -50,7 +51,8 @@ static int usage(FILE *f) {
         "  --no-prefix-cache       disable prefix caching\n"
         "  --threads N             CPU threads (default: all cores)\n"
         "  --device DEV            cpu or cuda (default: the plan's target)\n"
-        "  --no-cuda-graphs        CUDA: run decode steps kernel by kernel\n" CLI_SPEC_USAGE "\n"
+        "  --no-cuda-graphs        CUDA: run decode steps kernel by kernel\n" CLI_CUDA_USAGE
+            CLI_SPEC_USAGE "\n"
         "endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, /health,\n"
         "/metrics (Prometheus), / (chat page)\n",
         f);
@@ -131,10 +133,15 @@ static int parse(int argc, char **argv, serve_args *a) {
                                         {"spec-always", 0, 0, 19},
                                         {"reasoning-format", 1, 0, 20},
                                         {"max-connections-per-client", 1, 0, 21},
+                                        CLI_CUDA_LONGOPTS,
                                         {"help", 0, 0, 'h'},
                                         {0, 0, 0, 0}};
   int c, rc;
   while ((c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
+    if ((rc = cli_cuda_flag(c, optarg, &a->cuda)) >= 0) {
+      if (rc) return rc;
+      continue;
+    }
     if (c == 'h') return usage(stdout) - 1;
     if (c == 12) a->no_prefix_cache = true;
     else if (c == 15) a->no_cuda_graphs = true;
@@ -154,6 +161,11 @@ static void default_name(const char *plan, char *out, size_t cap) {
   snprintf(out, cap, "%.*s", (int)n, base);
 }
 
+static void http_log(void *cls, const char *msg) {
+  (void)cls;
+  fprintf(stderr, "inferrt: http: %s\n", msg);
+}
+
 static int serve(serve_args *a, srv_ctx *c, srv_metrics *metrics, sigset_t *sigs) {
   srv_http_opts ho = {.host = a->host,
                       .port = (int)a->port,
@@ -161,7 +173,8 @@ static int serve(serve_args *a, srv_ctx *c, srv_metrics *metrics, sigset_t *sigs
                       .max_per_client = (int)a->max_per_client,
                       .max_body = (size_t)a->max_body,
                       .keys = &a->keys,
-                      .metrics = metrics};
+                      .metrics = metrics,
+                      .log = http_log};
   srv_http *h = NULL;
   char msg[512];
   if (!srv_http_start(c, &ho, &h, msg, sizeof msg)) return cli_fail("%s", msg);
@@ -205,6 +218,7 @@ int cmd_serve(int argc, char **argv) {
   mo.kv_tokens = a.kv_tokens;
   mo.device = a.device;
   mo.no_cuda_graphs = a.no_cuda_graphs;
+  if (cli_model_opts(&mo, &a.cuda)) return 1;
   mo.kv_dtype = a.kv_dtype;
   irt_engine_opts eo = a.spec; /* the --spec-* fields, then the rest */
   eo.max_batched_tokens = a.max_batched, eo.max_waiting = a.max_waiting;

@@ -44,6 +44,14 @@ typedef struct irt_error {
   char msg[512];
 } irt_error;
 
+/* What the library has to say outside a call's result: warnings (a decode batch that runs
+ * without its CUDA Graph) and reports asked for (the CUDA profile). The library never
+ * prints; a caller that wants these gives a log function in irt_model_opts. */
+typedef enum irt_log_level { IRT_LOG_ERROR = 0, IRT_LOG_WARN = 1, IRT_LOG_INFO = 2 } irt_log_level;
+/* msg is one line without its newline, valid during the call. Called on the thread that
+ * met it (an engine's step, irt_model_close). */
+typedef void (*irt_log_fn)(void *user, irt_log_level level, const char *msg);
+
 typedef struct irt_model irt_model;
 typedef struct irt_seq irt_seq;
 typedef struct irt_sampler irt_sampler;
@@ -82,6 +90,16 @@ typedef struct irt_model_opts {
    * of f32. Either way each token's cached values depend on that token alone (batch
    * invariance holds). */
   irt_kv_dtype kv_dtype;
+  irt_log_fn log; /* NULL: messages are dropped */
+  void *log_user;
+  /* CUDA tuning (the inferrt CLIs' --cuda-* flags; their environment variables are the
+   * flags' defaults there, never read by the library). */
+  bool cuda_profile;           /* time every node of every step (eagerly: no graphs) and
+                                   log the table (IRT_LOG_INFO) at irt_model_close */
+  int64_t cuda_dequant_gemm_m; /* rows from which block-quantized weights are dequantized
+                                   for cuBLAS: 0 the default (32), < 0 never */
+  const char *cuda_lib;        /* libinferrt_cuda.so to load; NULL: beside the executable
+                                   (or ../lib), then the library search path */
 } irt_model_opts;
 
 typedef struct irt_model_info {

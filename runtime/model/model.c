@@ -26,6 +26,12 @@ static int32_t find_io(const ir_graph *g, const char *name, ir_diag *d) {
   return t;
 }
 
+/* The backends' log calls (irt_cuda_opts.log) to the caller's irt_log_fn. */
+static void model_log(void *user, int level, const char *msg) {
+  irt_model *m = user;
+  if (m->log) m->log(m->log_user, (irt_log_level)level, msg);
+}
+
 /* The backend for the plan's target and opts->device (NULL / "auto": the target). */
 static ir_status open_backend(irt_model *m, const irt_model_opts *o, ir_diag *d) {
   const char *dev = o->device && *o->device ? o->device : "auto";
@@ -46,7 +52,14 @@ static ir_status open_backend(irt_model *m, const irt_model_opts *o, ir_diag *d)
                       .graphs = !o->no_cuda_graphs,
                       .kv_dtype = (int)o->kv_dtype,
                       .kernels = ir_plan_kernel_at(m->plan, 0),
-                      .n_kernels = ir_plan_n_kernels(m->plan)};
+                      .n_kernels = ir_plan_n_kernels(m->plan),
+                      .profile = o->cuda_profile,
+                      .dequant_gemm_m = o->cuda_dequant_gemm_m < 0    ? 0
+                                        : o->cuda_dequant_gemm_m == 0 ? BACKEND_CUDA_DEQUANT_GEMM_M
+                                                                      : o->cuda_dequant_gemm_m,
+                      .log = model_log,
+                      .log_user = m,
+                      .lib = o->cuda_lib};
   return irt_backend_cuda_open(&co, m->g, &m->be, d);
 }
 
@@ -256,6 +269,7 @@ irt_status irt_model_open(const char *path, const irt_model_opts *opts, irt_mode
   *out = NULL;
   irt_model *m = ir_calloc(1, sizeof *m);
   if (!m) ir_diag_set(&d, IR_OOM, "out of memory");
+  else m->log = o.log, m->log_user = o.log_user;
   ir_status st =
       m ? ir_plan_open(path, o.skip_weight_checksum ? IR_PLAN_VERIFY_META : IR_PLAN_VERIFY_ALL,
                        &m->plan, &d)

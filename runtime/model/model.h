@@ -10,6 +10,8 @@
 #include "tokenizer.h"
 
 struct irt_model {
+  irt_log_fn log; /* irt_model_opts.log / log_user */
+  void *log_user;
   ir_plan *plan;
   const ir_graph *g;
   rt_backend be;

@@ -69,6 +69,9 @@ typedef struct srv_http_opts {
   size_t max_body;      /* request bytes before 413 */
   const srv_keys *keys; /* NULL or empty: no authentication */
   srv_metrics *metrics; /* what /metrics renders (and every request records) */
+  void (*log)(void *cls, const char *msg); /* libmicrohttpd's messages, one line each; may be
+                                              NULL */
+  void *log_cls;
 } srv_http_opts;
 
 typedef struct srv_http srv_http;

@@ -486,7 +486,10 @@ static void on_log(void *cls, const char *fmt, va_list ap) {
   if (strstr(msg, "application error") || strstr(msg, "Application reported internal error") ||
       strstr(msg, "closed by remote side with incomplete request")) /* one per slow client */
     return;
-  fprintf(stderr, "inferrt: http: %s%s", msg, msg[0] && msg[strlen(msg) - 1] == '\n' ? "" : "\n");
+  size_t n = strlen(msg);
+  if (n && msg[n - 1] == '\n') msg[n - 1] = '\0';
+  srv_http *h = cls;
+  if (h->o.log) h->o.log(h->o.log_cls, msg);
 }
 
 /* The first address of host (a number, or a name such as localhost). */

@@ -89,6 +89,8 @@ static bool build(const char *fix, const char *arch, const char *out, const char
   if (!arch && env && *env) arch = env;
   snprintf(src, sizeof src, FIXTURES_DIR "/%s", fix);
   infc_options o = infc_options_default();
+  if (getenv("INFC_CACHE_DIR")) /* the tests' shared compile cache (tests/CMakeLists.txt) */
+    snprintf(o.cache_dir, sizeof o.cache_dir, "%s", getenv("INFC_CACHE_DIR"));
   ir_diag d = {0};
   bool ok = infc_options_set(&o, "target", "cuda", &d) == IR_OK &&
             (!arch || infc_options_set(&o, "arch", arch, &d) == IR_OK) &&
@@ -479,21 +481,38 @@ static void test_graph_fallback(void) {
   irt_model_close(cpu);
 }
 
-/* $INFERRT_CUDA_PROFILE=1: the same logits, and at close a table on stderr with a row per
- * kind of node and step (prefill and decode). */
+/* irt_model_opts.cuda_profile: the same logits, and at close a table through the log
+ * callback (info lines) with a row per kind of node and step (prefill and decode). */
+typedef struct log_text {
+  char text[8192];
+  size_t n;
+  int info, other;
+} log_text;
+
+static void collect_log(void *user, irt_log_level level, const char *msg) {
+  log_text *t = user;
+  if (level == IRT_LOG_INFO) t->info++;
+  else t->other++;
+  int w = snprintf(t->text + t->n, sizeof t->text - t->n, "%s\n", msg);
+  if (w > 0) t->n = t->n + (size_t)w < sizeof t->text ? t->n + (size_t)w : sizeof t->text - 1;
+}
+
 static void test_profile(void) {
-  const char *plan = TEST_TMP_DIR "/gpu_llama-gqa-f32.plan", *log = TEST_TMP_DIR "/gpu_prof.txt";
+  const char *plan = TEST_TMP_DIR "/gpu_llama-gqa-f32.plan";
   int32_t ids[12] = {3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8}, ga[4], gb[4];
   irt_model *cpu = open_on(plan, "cpu", false, 0);
-  fflush(stderr);
-  int saved = dup(2);
-  FILE *f = fopen(log, "w");
-  if (!cpu || saved < 0 || !f) goto done;
-  dup2(fileno(f), 2);
-  setenv("INFERRT_CUDA_PROFILE", "1", 1);
-  irt_model *gpu = open_on(plan, "cuda", true, 0);
-  unsetenv("INFERRT_CUDA_PROFILE");
-  if (gpu) {
+  static log_text lt;
+  irt_model_opts o = irt_model_opts_default();
+  o.n_threads = 4;
+  o.device = "cuda";
+  o.kv_dtype = g_kv;
+  o.cuda_profile = true;
+  o.log = collect_log;
+  o.log_user = &lt;
+  irt_model *gpu = NULL;
+  irt_error err = {0};
+  CHECKF(irt_model_open(plan, &o, &gpu, &err) == IRT_OK, "open %s profiled: %s", plan, err.msg);
+  if (cpu && gpu) {
     int64_t V = irt_model_get_info(gpu)->vocab_size;
     float *la = malloc((size_t)V * 4), *lb = malloc((size_t)V * 4);
     greedy(cpu, ids, 12, ga, 4, la);
@@ -502,14 +521,9 @@ static void test_profile(void) {
     free(la), free(lb);
   }
   irt_model_close(gpu);
-  fflush(stderr);
-  dup2(saved, 2);
-  fclose(f);
-  f = fopen(log, "r");
-  char text[8192] = "";
-  size_t n = f ? fread(text, 1, sizeof text - 1, f) : 0;
-  text[n] = '\0';
+  char *text = lt.text;
   printf("profile table:\n%s", text);
+  CHECKF(lt.info > 3 && lt.other == 0, "%d info lines, %d others", lt.info, lt.other);
   CHECKF(strstr(text, "cuda profile: 1 prefill steps") && strstr(text, "4 decode steps") &&
              strstr(text, "prefill  attention") && strstr(text, "decode   matmul f32"),
          "profile table: %s", text);
@@ -524,9 +538,6 @@ static void test_profile(void) {
   }
   CHECKF(share[0] > 50 && share[0] <= 100.5 && share[1] > 50 && share[1] <= 100.5,
          "profile shares: prefill %.1f%%, decode %.1f%% of their steps", share[0], share[1]);
-done:
-  if (f) fclose(f);
-  if (saved >= 0) close(saved);
   irt_model_close(cpu);
 }
 

@@ -1208,6 +1208,7 @@ int main(void) {
   const char *why = cu_open();
   ir_diag d = {0};
   if (!why && infc_nvrtc_open(&nv, &d) != IR_OK) why = d.msg;
+  if (nv) infc_nvrtc_set_cache(nv, getenv("INFC_CACHE_DIR")); /* the tests' shared cache */
   if (why) return tcheck_skip("cuda_ops", why);
   printf("device sm_%d\n", arch);
 #endif

@@ -194,7 +194,7 @@ static void test_cache(infc_nvrtc *nv) {
   char dir[512];
   snprintf(dir, sizeof dir, "%s/nvrtc-cache-%ld", TEST_TMP_DIR, (long)getpid());
   cache_clear(dir);
-  setenv("INFC_CACHE_DIR", dir, 1);
+  infc_nvrtc_set_cache(nv, dir);
   infc_nvrtc_image a, b, c, e;
   CHECK(compile_x(nv, "2.0f", &a) == 0); /* a miss, written */
   CHECK(cache_entries(dir, 0) == 1);
@@ -214,7 +214,7 @@ static void test_cache(infc_nvrtc *nv) {
     CHECK(same_image(&a, &e));
     infc_nvrtc_image_free(&e);
   }
-  setenv("INFC_CACHE_DIR", "off", 1);
+  infc_nvrtc_set_cache(nv, NULL);
   CHECK(compile_x(nv, "2.0f", &e) == 0);
   infc_nvrtc_image_free(&e);
   infc_nvrtc_image_free(&a);
@@ -233,7 +233,7 @@ int main(void) {
   int major, minor;
   infc_nvrtc_version(nv, &major, &minor);
   printf("NVRTC %d.%d\n", major, minor);
-  setenv("INFC_CACHE_DIR", "off", 1); /* every kernel compiled here, none from a cache */
+  infc_nvrtc_set_cache(nv, NULL); /* every kernel compiled here, none from a cache */
   test_kernels(nv);
   test_cache(nv);
   infc_nvrtc_close(nv);

@@ -93,6 +93,8 @@ static void test_build_cuda(void) {
   infc_options o = infc_options_default();
   CHECK(infc_options_set(&o, "target", "cuda", &d) == IR_OK);
   CHECK(infc_options_set(&o, "arch", "sm_80,sm_90", &d) == IR_OK);
+  if (getenv("INFC_CACHE_DIR")) /* the tests' shared compile cache (tests/CMakeLists.txt) */
+    snprintf(o.cache_dir, sizeof o.cache_dir, "%s", getenv("INFC_CACHE_DIR"));
   CHECK(infc_options_set(&o, "arch", "sm_80,rdna3", &d) == IR_INVALID_ARG);
   const char *path = TEST_TMP_DIR "/cuda.plan";
   d = (ir_diag){0};

@@ -2,6 +2,7 @@
  * paged KV pool live in device memory; a step uploads its descriptor in one copy, queues
  * the plan's NVRTC kernels (and cuBLAS) on one stream, and decode steps are captured once
  * per batch-size bucket as CUDA Graphs and replayed. See runtime/backend.h. */
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -333,7 +334,7 @@ static ir_status upload_step(cuda_ctx *c, const model_step *s, int64_t n, cuda_s
   return IR_OK;
 }
 
-/* --- profile ($INFERRT_CUDA_PROFILE) ------------------------------------------------------ */
+/* --- profile (irt_model_opts.cuda_profile) ------------------------------------------------------ */
 
 /* The profile row of node n in a prefill or decode step: its op, and a matmul's weight type
  * and shape (k -> n); the last row takes what does not fit. */
@@ -399,13 +400,29 @@ static void cuda_ready(void *vctx) {
   p->steps[0] = p->steps[1] = 0;
 }
 
-static void prof_print(const cuda_prof *p) {
+/* One line to the caller's log (levels as irt_log_level: 1 warning, 2 info). */
+static void cuda_log(const cuda_ctx *c, int level, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void cuda_log(const cuda_ctx *c, int level, const char *fmt, ...) {
+  if (!c->log) return;
+  char line[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(line, sizeof line, fmt, ap);
+  va_end(ap);
+  c->log(c->log_user, level, line);
+}
+
+/* The profile table, a line at a time to the log (info). */
+static void prof_report(const cuda_ctx *c) {
+  const cuda_prof *p = &c->prof;
   if (!p->steps[0] && !p->steps[1]) return;
-  fprintf(stderr,
-          "inferrt: cuda profile: %lld prefill steps %.1f ms, %lld decode steps %.1f ms "
-          "(eager, an event around each node)\n  %-8s %-34s %9s %10s %6s %9s %9s\n",
-          p->steps[0], p->step_ms[0], p->steps[1], p->step_ms[1], "step", "node", "runs",
-          "total ms", "share", "mean us", "host us");
+  cuda_log(c, 2,
+           "cuda profile: %lld prefill steps %.1f ms, %lld decode steps %.1f ms (eager, an "
+           "event around each node)",
+           p->steps[0], p->step_ms[0], p->steps[1], p->step_ms[1]);
+  cuda_log(c, 2, "  %-8s %-34s %9s %10s %6s %9s %9s", "step", "node", "runs", "total ms", "share",
+           "mean us", "host us");
   bool done[CUDA_PROF_ROWS] = {false};
   for (int k = 0; k < p->n_rows; k++) { /* largest first */
     int b = -1;
@@ -414,10 +431,10 @@ static void prof_print(const cuda_prof *p) {
     done[b] = true;
     double all = p->step_ms[p->rows[b].decode];
     const double runs = p->rows[b].launches ? (double)p->rows[b].launches : 1.0;
-    fprintf(stderr, "  %-8s %-34s %9lld %10.2f %5.1f%% %9.1f %9.1f\n",
-            p->rows[b].decode ? "decode" : "prefill", p->rows[b].what, p->rows[b].launches,
-            p->rows[b].ms, all > 0 ? 100.0 * p->rows[b].ms / all : 0.0, 1e3 * p->rows[b].ms / runs,
-            1e3 * p->rows[b].host_ms / runs);
+    cuda_log(c, 2, "  %-8s %-34s %9lld %10.2f %5.1f%% %9.1f %9.1f",
+             p->rows[b].decode ? "decode" : "prefill", p->rows[b].what, p->rows[b].launches,
+             p->rows[b].ms, all > 0 ? 100.0 * p->rows[b].ms / all : 0.0, 1e3 * p->rows[b].ms / runs,
+             1e3 * p->rows[b].host_ms / runs);
   }
 }
 
@@ -491,8 +508,7 @@ static ir_status cuda_run_step(void *vctx, const ir_graph *g, void *const *ptrs,
     ir_diag cd = {0};
     if (capture(c, b, g, ptrs, &cs, &cd) != IR_OK) {
       c->no_graph[b] = true;
-      fprintf(stderr, "inferrt: cuda: decode batch %lld runs without a CUDA Graph: %s\n",
-              (long long)n, cd.msg);
+      cuda_log(c, 1, "cuda: decode batch %lld runs without a CUDA Graph: %s", (long long)n, cd.msg);
     }
   }
   if (!c->exec[b]) return run_nodes(c, g, ptrs, &cs, d);
@@ -655,7 +671,7 @@ static void cuda_destroy(void *vctx) {
   if (c->ctx) {
     make_current(c);
     if (c->stream) c->cu.stream_sync(c->stream);
-    prof_print(&c->prof);
+    prof_report(c);
     for (int i = 0; i < c->prof.n_ev; i++) c->cu.event_destroy(c->prof.ev[i]);
     for (int i = 0; i < c->n_buckets; i++)
       if (c->exec[i]) c->cu.graph_exec_destroy(c->exec[i]);
@@ -699,8 +715,8 @@ static const backend_ops k_cuda_ops = {
 static void set_limits(cuda_ctx *c, const ir_graph *g, const irt_cuda_opts *o) {
   const ir_model_config *k = &g->config;
   c->want_graphs = o->graphs;
-  const char *prof = getenv("INFERRT_CUDA_PROFILE");
-  c->prof.on = prof && *prof && strcmp(prof, "0");
+  c->prof.on = o->profile;
+  c->log = o->log, c->log_user = o->log_user;
   c->max_tokens = k->max_tokens, c->max_seqs = k->max_seqs, c->max_logits = k->max_logits;
   int64_t bs = k->kv_block_size;
   c->max_blocks = bs > 0 ? (k->max_position + bs - 1) / bs : 0;
@@ -708,20 +724,6 @@ static void set_limits(cuda_ctx *c, const ir_graph *g, const irt_cuda_opts *o) {
   c->t_tokens = ir_graph_find_tensor(g, "tokens");
   c->t_positions = ir_graph_find_tensor(g, "positions");
   c->t_rows = ir_graph_find_tensor(g, "logit_rows");
-}
-
-/* CUDA_DEQUANT_GEMM_M, or $INFERRT_CUDA_DEQUANT_GEMM_M (rows; 0 never). */
-static ir_status set_dequant_gemm_m(cuda_ctx *c, ir_diag *d) {
-  const char *v = getenv("INFERRT_CUDA_DEQUANT_GEMM_M");
-  c->dequant_gemm_m = CUDA_DEQUANT_GEMM_M;
-  if (!v || !*v) return IR_OK;
-  char *end = NULL;
-  long long m = strtoll(v, &end, 10);
-  if (*end || m < 0 || m > (1LL << 30))
-    return ir_diag_set(d, IR_INVALID_ARG,
-                       "INFERRT_CUDA_DEQUANT_GEMM_M='%s': want a row count >= 0 (0: never)", v);
-  c->dequant_gemm_m = m;
-  return IR_OK;
 }
 
 __attribute__((visibility("default"))) ir_status
@@ -737,7 +739,8 @@ ir_status irt_backend_cuda_create(const irt_cuda_opts *o, const ir_graph *g, rt_
   cuda_ctx *c = calloc(1, sizeof *c);
   if (!c) return ir_diag_set(d, IR_OOM, "out of memory");
   set_limits(c, g, o);
-  ir_status st = set_dequant_gemm_m(c, d);
+  c->dequant_gemm_m = o->dequant_gemm_m;
+  ir_status st = IR_OK;
   if (st == IR_OK) st = cu_api_load(&c->cu, d);
   if (st == IR_OK) st = open_device(c, o->device, d);
   if (st == IR_OK && (c->max_blocks <= 0 || c->max_tokens <= 0 || c->max_seqs <= 0 ||

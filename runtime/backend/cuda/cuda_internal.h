@@ -79,9 +79,9 @@ typedef enum cuda_fn {
 #define CUDA_GEMV_MAX_M 4
 /* GGUF block weights (q8_0, q4_0, q4_1) in a matmul of at least this many rows (prefill
  * chunks, the largest decode buckets) are dequantized to f16 (kn_dequant_*) for cuBLAS:
- * the GEMV would read them once per CUDA_GEMV_M rows. $INFERRT_CUDA_DEQUANT_GEMM_M
+ * the GEMV would read them once per CUDA_GEMV_M rows. irt_model_opts.cuda_dequant_gemm_m (--cuda-dequant-gemm-m)
  * overrides it (0: never), to compare. */
-#define CUDA_DEQUANT_GEMM_M 32
+#define CUDA_DEQUANT_GEMM_M BACKEND_CUDA_DEQUANT_GEMM_M
 #define CUDA_MAX_BUCKETS IR_MAX_DECODE_BUCKETS
 
 /* $INFERRT_CUDA_PROFILE=1: the time of every node of every step (CUDA events around each;
@@ -160,7 +160,9 @@ typedef struct cuda_ctx {
   /* dequantized weights: the f16 copy of the largest block-weight matrix taking cuBLAS */
   CUdeviceptr wh;
   size_t wh_bytes;
-  int64_t dequant_gemm_m; /* CUDA_DEQUANT_GEMM_M or its override; 0: never */
+  int64_t dequant_gemm_m; /* rows (irt_cuda_opts.dequant_gemm_m); 0: never */
+  void (*log)(void *user, int level, const char *msg); /* irt_cuda_opts.log, or NULL */
+  void *log_user;
   CUdeviceptr blas_ws;
   /* token picks (kn_pick): max_logits requests, results, then PICK_TOP alternatives a
    * pick, pinned and on the device */
