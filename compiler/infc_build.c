@@ -271,15 +271,7 @@ ir_status infc_build(const char *src, const infc_options *opts, const char *out_
     st = ir_plan_write(g, &info, out_path, d);
   }
   if (st == IR_OK) fill_report(g, s, before, report);
-  for (int i = 0; st == IR_OK && report && i < log.n; i++)
-    if (!strncmp(log.lines[i], "ops: ", 5))
-      snprintf(report->ops, sizeof report->ops, "%s", log.lines[i]);
-    else if (!strncmp(log.lines[i], "quantize ", 9))
-      snprintf(report->quant, sizeof report->quant, "%s", log.lines[i]);
-    else if (!strncmp(log.lines[i], "act_int8: ", 10))
-      snprintf(report->act, sizeof report->act, "%s", log.lines[i]);
-    else if (!strncmp(log.lines[i], "repack: ", 8))
-      snprintf(report->repack, sizeof report->repack, "%s", log.lines[i]);
+  if (st == IR_OK && report) report->passes = log.res;
   if (st == IR_OK && report)
     snprintf(report->tokenizer, sizeof report->tokenizer, "%s", tok.origin);
   infc_tok_blob_free(&tok);

@@ -6,6 +6,7 @@
 #include <stdio.h>
 
 #include "infc_options.h"
+#include "pass.h"
 #include "ir.h"
 
 typedef struct infc_build_report {
@@ -16,10 +17,9 @@ typedef struct infc_build_report {
   char source_kind[16]; /* "safetensors" or "gguf" */
   char tokenizer[256];  /* where the plan's tokenizer came from ("" if it has none) */
   char recognised[256]; /* an ONNX LLM: what was recognised ("2 attention blocks -> ...") */
-  char ops[256];        /* "ops: 454 -> 214 (fuse_qkv -60, ...)": what each pass took */
-  char quant[512];      /* --quant: what was quantized, weight bytes before and after */
-  char act[128];        /* act_dtype int8: how many matmuls take int8 activations */
-  char repack[128];     /* passes.repack: how many weights were interleaved by 8 rows */
+  pass_results passes;  /* what the passes did: the node counts each took, what was
+                           quantized, int8 activations, repacked weights (pass.h; its
+                           pass_results_line gives each as the pass log's line) */
 } infc_build_report;
 
 /* Lowers `src` (an HF checkpoint directory with config.json, a .safetensors file with

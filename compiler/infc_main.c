@@ -164,10 +164,12 @@ static int cmd_build(int argc, char **argv) {
            "%.2f s\n",
            a.out, a.src, r.source_kind, r.nodes_before, r.nodes_after,
            (double)r.weight_bytes / 1048576.0, (double)r.arena_bytes / 1048576.0, now_s() - t0);
-  if (!a.quiet && r.ops[0]) printf("infc: %s\n", r.ops);
-  if (!a.quiet && r.quant[0]) printf("infc: %s\n", r.quant);
-  if (!a.quiet && r.act[0]) printf("infc: %s\n", r.act);
-  if (!a.quiet && r.repack[0]) printf("infc: %s\n", r.repack);
+  static const pass_line lines[] = {PASS_LINE_OPS, PASS_LINE_QUANT, PASS_LINE_ACT_INT8,
+                                    PASS_LINE_REPACK};
+  for (size_t i = 0; !a.quiet && i < sizeof lines / sizeof *lines; i++) {
+    char line[256]; /* the pass log's width */
+    if (pass_results_line(&r.passes, lines[i], line, sizeof line)) printf("infc: %s\n", line);
+  }
   if (!a.quiet && r.recognised[0]) printf("infc: recognised: %s\n", r.recognised);
   if (!a.quiet)
     printf("infc: tokenizer: %s\n",

@@ -36,10 +36,50 @@ typedef struct pass_opts {
   int32_t n_decode_buckets;
 } pass_opts;
 
-/* A growing list of one-line summaries ("dce: removed 3 nodes, 1 tensor"). */
+/* What the passes did, in numbers. The build report reads these; the passes' log lines
+ * that summarise them are written from the same fields (pass_results_line). */
+#define PASS_MAX_PASSES 16
+typedef struct pass_results {
+  int nodes_before, nodes_after; /* the pipeline's input and output */
+  int n_deltas;                  /* the passes that changed the node count, in order */
+  struct {
+    const char *pass; /* static */
+    int delta;
+  } deltas[PASS_MAX_PASSES];
+  bool quantized; /* pass_quantize ran */
+  struct {
+    char scheme[64]; /* pass_quant_format's text */
+    int n_done, n_kept, n_regrouped, n_smoothed;
+    int64_t values, regroup_g, regroup_k;
+    uint64_t bytes_before, bytes_after; /* the matmul weights quantized */
+    uint64_t all_before, all_after;     /* every weight */
+    char kept[160];                     /* weights left as built, and why */
+  } quant;
+  bool act_int8_ran;
+  int act_int8_done, act_int8_long; /* matmuls given int8 activations; left f32 (K too long) */
+  bool repack_ran;
+  int repack_done;
+  uint64_t repack_bytes;
+  bool repack_some_kept;
+} pass_results;
+
+typedef enum pass_line {
+  PASS_LINE_OPS,      /* "ops: 454 -> 275 (fold -59, fuse_qkv -60, ...)" */
+  PASS_LINE_QUANT,    /* "quantize int4:g32:asym: 84 matmul weights ..." */
+  PASS_LINE_ACT_INT8, /* "act_int8: 84 q8_0/q4_0/q4_1 matmuls take int8 activations" */
+  PASS_LINE_REPACK,   /* "repack: 84 weights (61.2 MiB) interleaved by 8 rows" */
+} pass_line;
+
+/* The summary line of one result into buf (as the pass log has it); false, with buf empty,
+ * when that pass did not run. */
+bool pass_results_line(const pass_results *r, pass_line which, char *buf, size_t len);
+
+/* A growing list of one-line summaries ("dce: removed 3 nodes, 1 tensor"), and the numbers
+ * behind the report's lines. */
 typedef struct pass_log {
   char **lines;
   int n;
+  pass_results res;
 } pass_log;
 
 void pass_log_add(pass_log *log, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -12,21 +12,6 @@ typedef struct pass_entry {
   bool enabled;
 } pass_entry;
 
-/* "ops: 454 -> 275 (fold -59, fuse_qkv -60, ...)": passes that changed the node count. */
-static void log_op_counts(pass_log *log, const pass_entry *passes, const int *delta, int n,
-                          int before, int after) {
-  char buf[200];
-  int o = snprintf(buf, sizeof buf, "ops: %d -> %d", before, after);
-  const char *sep = " (";
-  for (int i = 0; i < n && o < (int)sizeof buf; i++) {
-    if (!delta[i]) continue;
-    o += snprintf(buf + o, sizeof buf - (size_t)o, "%s%s %+d", sep, passes[i].name, delta[i]);
-    sep = ", ";
-  }
-  if (o < (int)sizeof buf && *sep == ',') snprintf(buf + o, sizeof buf - (size_t)o, ")");
-  pass_log_add(log, "%s", buf);
-}
-
 ir_status pass_pipeline_run(ir_graph *g, const pass_opts *o, pass_log *log, ir_diag *d) {
   bool fuse = o->fuse;
   unsigned skip = o->no_fuse;
@@ -67,6 +52,13 @@ ir_status pass_pipeline_run(ir_graph *g, const pass_opts *o, pass_log *log, ir_d
       ir_graph_print(g, o->dump_ir);
     }
   }
-  log_op_counts(log, passes, delta, N_PASSES, before, g->n_nodes);
+  pass_results *r = &log->res;
+  r->nodes_before = before, r->nodes_after = g->n_nodes, r->n_deltas = 0;
+  for (int i = 0; i < N_PASSES; i++)
+    if (delta[i] && r->n_deltas < PASS_MAX_PASSES)
+      r->deltas[r->n_deltas].pass = passes[i].name, r->deltas[r->n_deltas++].delta = delta[i];
+  char line[256];
+  pass_results_line(r, PASS_LINE_OPS, line, sizeof line);
+  pass_log_add(log, "%s", line);
   return IR_OK;
 }

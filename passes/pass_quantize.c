@@ -691,23 +691,19 @@ ir_status pass_quantize(ir_graph *g, const pass_opts *o, pass_log *log, ir_diag 
   int32_t nodes_removed = 0, tensors_removed = 0;
   if (!pass_compact(g, NULL, &nodes_removed, &tensors_removed))
     return ir_diag_set(d, IR_OOM, "out of memory");
-  char scheme[64];
-  pass_quant_format(q, scheme, sizeof scheme);
-  char regroup[96] = "";
-  if (r.n_regrouped)
-    snprintf(regroup, sizeof regroup, " (%d with g%lld: K = %lld%s)", r.n_regrouped,
-             (long long)r.regroup_g, (long long)r.regroup_k, r.n_regrouped > 1 ? ", ..." : "");
-  char smooth[96] = "";
-  if (r.n_smoothed)
-    snprintf(smooth, sizeof smooth, "; smoothed %d norms (alpha %.2f), f32 activations elsewhere",
-             r.n_smoothed, (double)PASS_QUANT_SMOOTH_ALPHA);
-  pass_log_add(log,
-               "quantize %s: %d matmul weights%s (%.1fM values) %.1f MiB -> %.1f MiB%s%s%s; "
-               "all weights %.1f MiB -> %.1f MiB",
-               scheme, r.n_done, regroup, (double)r.values / 1e6,
-               (double)r.bytes_before / 1048576.0, (double)r.bytes_after / 1048576.0, smooth,
-               r.n_kept ? "; kept as built: " : "", r.kept, (double)total_before / 1048576.0,
-               (double)weight_total(g) / 1048576.0);
+  pass_results *res = &log->res;
+  res->quantized = true;
+  pass_quant_format(q, res->quant.scheme, sizeof res->quant.scheme);
+  res->quant.n_done = r.n_done, res->quant.n_kept = r.n_kept;
+  res->quant.n_regrouped = r.n_regrouped, res->quant.n_smoothed = r.n_smoothed;
+  res->quant.values = r.values, res->quant.regroup_g = r.regroup_g;
+  res->quant.regroup_k = r.regroup_k;
+  res->quant.bytes_before = r.bytes_before, res->quant.bytes_after = r.bytes_after;
+  res->quant.all_before = total_before, res->quant.all_after = weight_total(g);
+  snprintf(res->quant.kept, sizeof res->quant.kept, "%s", r.kept);
+  char line[512];
+  pass_results_line(res, PASS_LINE_QUANT, line, sizeof line);
+  pass_log_add(log, "%s", line);
   return IR_OK;
 }
 
@@ -731,8 +727,10 @@ ir_status pass_act_int8(ir_graph *g, const pass_opts *o, pass_log *log, ir_diag 
     n->attrs[n->n_attrs++] = IR_AI(key, 1);
     n_done++;
   }
-  char extra[64] = "";
-  if (n_long) snprintf(extra, sizeof extra, "; %d with K > %d keep f32", n_long, IR_Q8_ACT_MAX_K);
-  pass_log_add(log, "act_int8: %d q8_0/q4_0/q4_1 matmuls take int8 activations%s", n_done, extra);
+  log->res.act_int8_ran = true;
+  log->res.act_int8_done = n_done, log->res.act_int8_long = n_long;
+  char line[256];
+  pass_results_line(&log->res, PASS_LINE_ACT_INT8, line, sizeof line);
+  pass_log_add(log, "%s", line);
   return IR_OK;
 }

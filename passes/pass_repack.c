@@ -57,7 +57,11 @@ ir_status pass_repack(ir_graph *g, const pass_opts *o, pass_log *log, ir_diag *d
     n_done++;
     bytes += t->nbytes;
   }
-  pass_log_add(log, "repack: %d weights (%.1f MiB) interleaved by 8 rows%s", n_done,
-               (double)bytes / 1048576.0, n_kept ? "; some kept (other readers or shapes)" : "");
+  log->res.repack_ran = true;
+  log->res.repack_done = n_done, log->res.repack_bytes = bytes;
+  log->res.repack_some_kept = n_kept > 0;
+  char line[256];
+  pass_results_line(&log->res, PASS_LINE_REPACK, line, sizeof line);
+  pass_log_add(log, "%s", line);
   return IR_OK;
 }

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "pass.h"
+#include "pass_quantize.h"
 #include "ir_alloc.h"
 
 void pass_log_add(pass_log *log, const char *fmt, ...) {
@@ -16,6 +17,60 @@ void pass_log_add(pass_log *log, const char *fmt, ...) {
   if (!l) return;
   log->lines = l;
   if ((l[log->n] = ir_strdup(buf))) log->n++;
+}
+
+bool pass_results_line(const pass_results *r, pass_line which, char *buf, size_t len) {
+  if (len) buf[0] = '\0';
+  switch (which) {
+  case PASS_LINE_OPS: {
+    char b[200]; /* the length the log has always had */
+    int o = snprintf(b, sizeof b, "ops: %d -> %d", r->nodes_before, r->nodes_after);
+    const char *sep = " (";
+    for (int i = 0; i < r->n_deltas && o < (int)sizeof b; i++) {
+      o += snprintf(b + o, sizeof b - (size_t)o, "%s%s %+d", sep, r->deltas[i].pass,
+                    r->deltas[i].delta);
+      sep = ", ";
+    }
+    if (o < (int)sizeof b && *sep == ',') snprintf(b + o, sizeof b - (size_t)o, ")");
+    snprintf(buf, len, "%s", b);
+    return true;
+  }
+  case PASS_LINE_QUANT: {
+    if (!r->quantized) return false;
+    char regroup[96] = "", smooth[96] = "";
+    if (r->quant.n_regrouped)
+      snprintf(regroup, sizeof regroup, " (%d with g%lld: K = %lld%s)", r->quant.n_regrouped,
+               (long long)r->quant.regroup_g, (long long)r->quant.regroup_k,
+               r->quant.n_regrouped > 1 ? ", ..." : "");
+    if (r->quant.n_smoothed)
+      snprintf(smooth, sizeof smooth, "; smoothed %d norms (alpha %.2f), f32 activations elsewhere",
+               r->quant.n_smoothed, (double)PASS_QUANT_SMOOTH_ALPHA);
+    snprintf(buf, len,
+             "quantize %s: %d matmul weights%s (%.1fM values) %.1f MiB -> %.1f MiB%s%s%s; "
+             "all weights %.1f MiB -> %.1f MiB",
+             r->quant.scheme, r->quant.n_done, regroup, (double)r->quant.values / 1e6,
+             (double)r->quant.bytes_before / 1048576.0, (double)r->quant.bytes_after / 1048576.0,
+             smooth, r->quant.n_kept ? "; kept as built: " : "", r->quant.kept,
+             (double)r->quant.all_before / 1048576.0, (double)r->quant.all_after / 1048576.0);
+    return true;
+  }
+  case PASS_LINE_ACT_INT8: {
+    if (!r->act_int8_ran) return false;
+    char extra[64] = "";
+    if (r->act_int8_long)
+      snprintf(extra, sizeof extra, "; %d with K > %d keep f32", r->act_int8_long, IR_Q8_ACT_MAX_K);
+    snprintf(buf, len, "act_int8: %d q8_0/q4_0/q4_1 matmuls take int8 activations%s",
+             r->act_int8_done, extra);
+    return true;
+  }
+  case PASS_LINE_REPACK:
+    if (!r->repack_ran) return false;
+    snprintf(buf, len, "repack: %d weights (%.1f MiB) interleaved by 8 rows%s", r->repack_done,
+             (double)r->repack_bytes / 1048576.0,
+             r->repack_some_kept ? "; some kept (other readers or shapes)" : "");
+    return true;
+  }
+  return false;
 }
 
 void pass_log_free(pass_log *log) {
