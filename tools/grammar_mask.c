@@ -39,7 +39,7 @@ static irt_status open_tokenizer(const char *path, irt_tokenizer **t, irt_error 
 /* One prefix: its ids taken one by one, then the mask. */
 static void answer(const gram *g, const gram_trie *trie, char *line, uint8_t *mask, int32_t V) {
   gram_state *s = NULL;
-  bool ok = gram_state_create(g, &s, NULL) == IRT_OK;
+  bool ok = gram_state_create(g, &s, NULL) == IR_OK;
   for (char *p = line; ok && *p && *p != '\n';) {
     char *end;
     long id = strtol(p, &end, 10);
@@ -73,8 +73,9 @@ int main(int argc, char **argv) {
   if (!src) return fail(err.msg[0] ? err.msg : "cannot read the grammar");
   irt_tokenizer *t = NULL;
   gram *g = NULL;
-  if (open_tokenizer(argv[1], &t, &err) != IRT_OK || gram_compile(src, &g, &err) != IRT_OK)
-    return fail(err.msg);
+  ir_diag gd = {0};
+  if (open_tokenizer(argv[1], &t, &err) != IRT_OK) return fail(err.msg);
+  if (gram_compile(src, &g, &gd) != IR_OK) return fail(gd.msg);
   cJSON *js = cJSON_CreateString(src);
   char *line1 = cJSON_PrintUnformatted(js);
   puts(line1);

@@ -161,7 +161,8 @@ static irt_status copy_request(irt_engine *e, const irt_request *r, ereq *q, irt
   q->r.grammar = NULL;
   if (r->grammar) {
     if (!e->tok) return fail(err, IRT_INVALID_ARG, "a grammar needs a plan with a tokenizer");
-    if ((st = gram_compile(r->grammar, &q->grammar, err)) != IRT_OK) return st;
+    ir_diag d = {0};
+    if (gram_compile(r->grammar, &q->grammar, &d) != IR_OK) return rt_error_from_diag(err, &d);
   }
   q->tenant_hash = XXH3_64bits(q->tenant, strlen(q->tenant));
   return IRT_OK;
@@ -278,8 +279,9 @@ static irt_status eseq_make(irt_engine *e, ereq *q, int i, irt_error *err) {
     if (!s->counts || !s->seen || !s->pen_sub || (q->n_bias && !s->pen_ids))
       return fail(err, IRT_OOM, "out of memory");
   }
-  irt_status gs = q->grammar ? gram_state_create(q->grammar, &s->gram, err) : IRT_OK;
-  if (gs != IRT_OK) return gs;
+  ir_diag gd = {0};
+  if (q->grammar && gram_state_create(q->grammar, &s->gram, &gd) != IR_OK)
+    return rt_error_from_diag(err, &gd);
   if (irt_seq_create(e->m, &s->kv, err) != IRT_OK) return IRT_OOM;
   if (irt_sampler_create(&sp, in->vocab_size, &s->sampler, err) != IRT_OK) return IRT_OOM;
   if (e->tok) tok_stream_init(&s->stream, e->tok, true);

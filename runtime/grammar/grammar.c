@@ -32,7 +32,7 @@ typedef struct gparser {
   int n_cls, cap_cls;
   int64_t n_elems; /* elements so far: a bound on repetition blowing up */
   int depth;       /* parentheses open now */
-  irt_error *err;
+  ir_diag *err;
   bool failed, oom; /* oom: the failure was an allocation */
 } gparser;
 
@@ -45,7 +45,7 @@ static void gfail(gparser *g, const char *fmt, ...) {
   if (g->failed) return;
   g->failed = true;
   if (!g->err) return;
-  g->err->status = IRT_INVALID_ARG;
+  g->err->status = IR_INVALID_ARG;
   int n = snprintf(g->err->msg, sizeof g->err->msg, "grammar: line %d: ", g->line);
   va_list ap;
   va_start(ap, fmt);
@@ -53,11 +53,11 @@ static void gfail(gparser *g, const char *fmt, ...) {
   va_end(ap);
 }
 
-/* The parse stops for want of memory: IRT_OOM, not a fault of the grammar. */
+/* The parse stops for want of memory: IR_OOM, not a fault of the grammar. */
 static void goom(gparser *g) {
   if (g->failed) return;
   g->failed = g->oom = true;
-  if (g->err) *g->err = (irt_error){.status = IRT_OOM, .msg = "out of memory"};
+  if (g->err) *g->err = (ir_diag){.status = IR_OOM, .msg = "out of memory"};
 }
 
 static bool grow(void **v, int *cap, int need, size_t elem) {
@@ -442,9 +442,9 @@ static void check(gparser *g, int *root) {
   ir_free(mark);
 }
 
-static irt_status flatten(gparser *g, int root, gram **out) {
+static ir_status flatten(gparser *g, int root, gram **out) {
   gram *G = ir_calloc(1, sizeof *G);
-  if (!G) return IRT_OOM;
+  if (!G) return IR_OOM;
   int n_el = 0, n_alt = 0;
   for (int r = 0; r < g->n_rules; r++) {
     n_alt += g->rules[r].n_alts;
@@ -455,7 +455,7 @@ static irt_status flatten(gparser *g, int root, gram **out) {
   G->rule_alt = ir_malloc((size_t)(g->n_rules + 1) * sizeof *G->rule_alt);
   if (!G->el || !G->alt || !G->rule_alt) {
     gram_destroy(G);
-    return IRT_OOM;
+    return IR_OOM;
   }
   int e = 0, k = 0;
   for (int r = 0; r < g->n_rules; r++) {
@@ -474,18 +474,18 @@ static irt_status flatten(gparser *g, int root, gram **out) {
   G->cls = g->cls, G->n_cls = g->n_cls;
   g->cls = NULL, g->n_cls = 0;
   *out = G;
-  return IRT_OK;
+  return IR_OK;
 }
 
-irt_status gram_compile(const char *src, gram **out, irt_error *err) {
+ir_status gram_compile(const char *src, gram **out, ir_diag *err) {
   *out = NULL;
   gparser g = {.p = src ? src : "", .src = src, .line = 1, .err = err};
   skip_space(&g, true);
   while (*g.p && !g.failed) parse_rule(&g);
   int root = -1;
   if (!g.failed) check(&g, &root);
-  irt_status st = g.oom ? IRT_OOM : g.failed ? IRT_INVALID_ARG : flatten(&g, root, out);
-  if (st == IRT_OOM && err) *err = (irt_error){.status = IRT_OOM, .msg = "out of memory"};
+  ir_status st = g.oom ? IR_OOM : g.failed ? IR_INVALID_ARG : flatten(&g, root, out);
+  if (st == IR_OOM && err) *err = (ir_diag){.status = IR_OOM, .msg = "out of memory"};
   for (int r = 0; r < g.n_rules; r++) {
     for (int a = 0; a < g.rules[r].n_alts; a++) ir_free(g.rules[r].alts[a].v);
     ir_free(g.rules[r].alts);
@@ -507,11 +507,11 @@ void gram_destroy(gram *G) {
   ir_free(G);
 }
 
-irt_status irt_grammar_check(const char *gbnf, irt_error *err) {
+ir_status gram_check(const char *gbnf, ir_diag *err) {
   gram *g = NULL;
   gram_state *s = NULL;
-  irt_status st = gram_compile(gbnf, &g, err);
-  if (st == IRT_OK) st = gram_state_create(g, &s, err); /* its start, as a request's would */
+  ir_status st = gram_compile(gbnf, &g, err);
+  if (st == IR_OK) st = gram_state_create(g, &s, err); /* its start, as a request's would */
   gram_state_destroy(s);
   gram_destroy(g);
   return st;

@@ -18,19 +18,20 @@
 #include <stdint.h>
 
 #include "inferrt.h"
+#include "ir_status.h"
 #include "tokenizer.h"
 
 typedef struct gram gram;             /* compiled; immutable, shared by threads */
 typedef struct gram_state gram_state; /* one parse position; one thread at a time */
 typedef struct gram_trie gram_trie;   /* the vocabulary's token bytes, sorted */
 
-/* Compiles GBNF text. Errors (IRT_INVALID_ARG) name the line and the problem: a syntax
+/* Compiles GBNF text. Errors (IR_INVALID_ARG) name the line and the problem: a syntax
  * error, an undefined rule, no root, a left-recursive rule. Owned by the caller. */
-irt_status gram_compile(const char *src, gram **out, irt_error *err);
+ir_status gram_compile(const char *src, gram **out, ir_diag *err);
 void gram_destroy(gram *g);
 
 /* A state at the start of g's root. Owned by the caller; g must outlive it. */
-irt_status gram_state_create(const gram *g, gram_state **out, irt_error *err);
+ir_status gram_state_create(const gram *g, gram_state **out, ir_diag *err);
 void gram_state_destroy(gram_state *s);
 /* Moves the state over n bytes and returns true if the grammar allows them (a character
  * may be split over calls); otherwise returns false and leaves the state as it was. */
@@ -60,14 +61,21 @@ bool gram_state_take(gram_state *s, const gram_trie *t, int32_t id);
  * minLength / maxLength, pattern (irt_grammar_regex's subset), minimum / maximum /
  * exclusiveMinimum / exclusiveMaximum on integers (within 16 digits), and annotations (title,
  * description, format, ...). Other assertions (bounds on a number, uniqueItems, ...) are
- * refused with IRT_UNSUPPORTED naming them rather than ignored. Properties come in the schema's order; an object with properties takes no
+ * refused with IR_UNSUPPORTED naming them rather than ignored. Properties come in the schema's order; an object with properties takes no
  * others unless additionalProperties says so. Whitespace between JSON tokens is none, a
- * space, or a newline and up to 24 blanks. irt_grammar_choice: one of n strings. */
+ * space, or a newline and up to 24 blanks. irt_grammar_choice: one of n strings.
+ *
+ * The public irt_grammar_* calls (inferrt.h) are these, with the public status
+ * (runtime/model/api_grammar.c). */
+ir_status gram_check(const char *gbnf, ir_diag *err);
+ir_status gram_json(const char *schema, char **out, ir_diag *err);
+ir_status gram_choice(const char *const *choices, int n, char **out, ir_diag *err);
+ir_status gram_regex(const char *regex, char **out, ir_diag *err);
 
 /* JSON Schema's pattern: GBNF (an alternative's items) for a JSON string whose value
  * matches the regex somewhere (^ and $ anchor it), each character written as JSON
- * writes it. NULL with *err set (IRT_UNSUPPORTED naming the construct) if the regex is
+ * writes it. NULL with *err set (IR_UNSUPPORTED naming the construct) if the regex is
  * beyond irt_grammar_regex's subset. malloc'd. */
-char *gram_regex_json(const char *pattern, irt_error *err);
+char *gram_regex_json(const char *pattern, ir_diag *err);
 
 #endif

@@ -108,11 +108,11 @@ typedef struct sconv {
     int rule;
   } refs[256];
   int n_refs;
-  irt_error *err;
+  ir_diag *err;
   bool failed;
 } sconv;
 
-static int sfail(sconv *c, irt_status st, const char *fmt, ...) {
+static int sfail(sconv *c, ir_status st, const char *fmt, ...) {
   if (!c->failed && c->err) {
     c->err->status = st;
     va_list ap;
@@ -167,7 +167,7 @@ static bool check_keywords(sconv *c, const cJSON *s) {
     int i = 0;
     while (KNOWN[i] && strcmp(KNOWN[i], k->string)) i++;
     if (!KNOWN[i]) {
-      sfail(c, IRT_UNSUPPORTED, "JSON Schema keyword '%.60s' is not supported", k->string);
+      sfail(c, IR_UNSUPPORTED, "JSON Schema keyword '%.60s' is not supported", k->string);
       return false;
     }
   }
@@ -198,9 +198,9 @@ static int gen_enum(sconv *c, const cJSON *list, bool is_const) {
   int n = 0;
   for (const cJSON *v = is_const ? list : list->child; v; v = is_const ? NULL : v->next) {
     put(&c->out, "%s ", n++ ? " |" : "");
-    if (!put_json_value(&c->out, v)) return sfail(c, IRT_OOM, "out of memory");
+    if (!put_json_value(&c->out, v)) return sfail(c, IR_OOM, "out of memory");
   }
-  if (!n) return sfail(c, IRT_INVALID_ARG, "JSON Schema: 'enum' is empty");
+  if (!n) return sfail(c, IR_INVALID_ARG, "JSON Schema: 'enum' is empty");
   put(&c->out, "\n");
   return r;
 }
@@ -210,8 +210,7 @@ static int int_of(sconv *c, const cJSON *s, const char *key, int dflt) {
   if (!v) return dflt;
   if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble > 100000 ||
       v->valuedouble != (double)(int)v->valuedouble)
-    return sfail(c, IRT_INVALID_ARG, "JSON Schema: '%s' must be a whole number in [0, 100000]",
-                 key);
+    return sfail(c, IR_INVALID_ARG, "JSON Schema: '%s' must be a whole number in [0, 100000]", key);
   return (int)v->valuedouble;
 }
 
@@ -220,7 +219,7 @@ static int gen_string(sconv *c, const cJSON *s) {
   if (c->failed) return -1;
   const cJSON *pat = cJSON_GetObjectItemCaseSensitive(s, "pattern");
   if (pat && (!cJSON_IsString(pat) || lo || hi >= 0))
-    return sfail(c, IRT_UNSUPPORTED,
+    return sfail(c, IR_UNSUPPORTED,
                  "JSON Schema: 'pattern' must be a string, without "
                  "minLength / maxLength");
   if (pat) {
@@ -231,7 +230,7 @@ static int gen_string(sconv *c, const cJSON *s) {
     return r;
   }
   if (lo == 0 && hi < 0) return text_rule(c, "string");
-  if (hi >= 0 && hi < lo) return sfail(c, IRT_INVALID_ARG, "JSON Schema: maxLength < minLength");
+  if (hi >= 0 && hi < lo) return sfail(c, IR_INVALID_ARG, "JSON Schema: maxLength < minLength");
   int r = new_rule(c);
   if (hi < 0) put(&c->out, "r%d ::= \"\\\"\" char{%d,} \"\\\"\"\n", r, lo);
   else put(&c->out, "r%d ::= \"\\\"\" char{%d,%d} \"\\\"\"\n", r, lo, hi);
@@ -305,7 +304,7 @@ static bool int_bound(sconv *c, const cJSON *s, bool upper, long long *out) {
     const cJSON *b = k ? x : v;
     if (!b) continue;
     if (!cJSON_IsNumber(b) || !(fabs(b->valuedouble) <= INT_MAX_ABS))
-      return sfail(c, IRT_UNSUPPORTED,
+      return sfail(c, IR_UNSUPPORTED,
                    "JSON Schema: '%s' must be a number of at most %d "
                    "digits",
                    k ? ex : key, INT_DIGITS),
@@ -334,7 +333,7 @@ static int gen_integer(sconv *c, const cJSON *s) {
   if (c->failed) return -1;
   if (!has_lo) lo = -big;
   if (!has_hi) hi = big;
-  if (lo > hi) return sfail(c, IRT_INVALID_ARG, "JSON Schema: no integer lies within the bounds");
+  if (lo > hi) return sfail(c, IR_INVALID_ARG, "JSON Schema: no integer lies within the bounds");
   int r = new_rule(c);
   put(&c->out, "r%d ::=", r);
   if (lo < 0) { /* "-" and the magnitudes [max(1, -hi), -lo] */
@@ -358,16 +357,16 @@ static int gen_array(sconv *c, const cJSON *s, int depth) {
   const cJSON *prefix = cJSON_GetObjectItemCaseSensitive(s, "prefixItems");
   int lo = int_of(c, s, "minItems", 0), hi = int_of(c, s, "maxItems", -1);
   if (c->failed) return -1;
-  if (hi >= 0 && hi < lo) return sfail(c, IRT_INVALID_ARG, "JSON Schema: maxItems < minItems");
+  if (hi >= 0 && hi < lo) return sfail(c, IR_INVALID_ARG, "JSON Schema: maxItems < minItems");
   bool no_more = items && cJSON_IsFalse(items);
   int it = items && !no_more ? gen(c, items, depth + 1) : text_rule(c, "value");
   if (it < 0) return -1;
   if (prefix) {
     if (!cJSON_IsArray(prefix) || cJSON_GetArraySize(prefix) == 0 || lo || hi >= 0)
-      return sfail(c, IRT_UNSUPPORTED,
+      return sfail(c, IR_UNSUPPORTED,
                    "JSON Schema: 'prefixItems' must be a non-empty list, without min/maxItems");
     int n = cJSON_GetArraySize(prefix), *p = ir_malloc((size_t)n * sizeof *p);
-    if (!p) return sfail(c, IRT_OOM, "out of memory");
+    if (!p) return sfail(c, IR_OOM, "out of memory");
     for (int i = 0; i < n && !c->failed; i++)
       p[i] = gen(c, cJSON_GetArrayItem(prefix, i), depth + 1);
     int r = new_rule(c);
@@ -404,11 +403,10 @@ static int gen_object(sconv *c, const cJSON *s, int depth) {
   const cJSON *add = cJSON_GetObjectItemCaseSensitive(s, "additionalProperties");
   int n = props ? cJSON_GetArraySize(props) : 0;
   if (props && !cJSON_IsObject(props))
-    return sfail(c, IRT_INVALID_ARG, "JSON Schema: 'properties' must be an object");
+    return sfail(c, IR_INVALID_ARG, "JSON Schema: 'properties' must be an object");
   for (const cJSON *v = req ? req->child : NULL; v; v = v->next)
     if (!cJSON_IsString(v) || !cJSON_GetObjectItemCaseSensitive(props, v->valuestring))
-      return sfail(c, IRT_UNSUPPORTED,
-                   "JSON Schema: required '%.60s' is not among the 'properties'",
+      return sfail(c, IR_UNSUPPORTED, "JSON Schema: required '%.60s' is not among the 'properties'",
                    cJSON_IsString(v) ? v->valuestring : "?");
   bool extra = n == 0 ? !add || !cJSON_IsFalse(add) : add && !cJSON_IsFalse(add);
   int ev = !extra                       ? -1
@@ -416,13 +414,13 @@ static int gen_object(sconv *c, const cJSON *s, int depth) {
                                         : text_rule(c, "value");
   if (c->failed) return -1;
   int *member = ir_malloc((size_t)(n ? n : 1) * sizeof *member);
-  if (!member) return sfail(c, IRT_OOM, "out of memory");
+  if (!member) return sfail(c, IR_OOM, "out of memory");
   int k = 0;
   for (const cJSON *p = props ? props->child : NULL; p && !c->failed; p = p->next, k++) {
     int v = gen(c, p, depth + 1), r = new_rule(c);
     cJSON *key = cJSON_CreateString(p->string);
     put(&c->out, "r%d ::= ", r);
-    if (!key || !put_json_literal(&c->out, key)) sfail(c, IRT_OOM, "out of memory");
+    if (!key || !put_json_literal(&c->out, key)) sfail(c, IR_OOM, "out of memory");
     cJSON_Delete(key);
     put(&c->out, " ws \":\" ws r%d ws\n", v);
     member[k] = r;
@@ -466,15 +464,15 @@ static int gen_ref(sconv *c, const char *ref, int depth) {
     target = cJSON_GetObjectItemCaseSensitive(
         cJSON_GetObjectItemCaseSensitive(c->root, "definitions"), ref + 14);
   else
-    return sfail(c, IRT_UNSUPPORTED,
+    return sfail(c, IR_UNSUPPORTED,
                  "JSON Schema: $ref '%.80s' (only #/$defs/.. and "
                  "#/definitions/.. are supported)",
                  ref);
-  if (!target) return sfail(c, IRT_INVALID_ARG, "JSON Schema: $ref '%.80s' not found", ref);
+  if (!target) return sfail(c, IR_INVALID_ARG, "JSON Schema: $ref '%.80s' not found", ref);
   for (int i = 0; i < c->n_refs; i++)
     if (c->refs[i].schema == target) return c->refs[i].rule;
   if (c->n_refs == (int)(sizeof c->refs / sizeof c->refs[0]))
-    return sfail(c, IRT_UNSUPPORTED, "JSON Schema: too many $ref targets");
+    return sfail(c, IR_UNSUPPORTED, "JSON Schema: too many $ref targets");
   int r = new_rule(c);
   c->refs[c->n_refs].schema = target, c->refs[c->n_refs++].rule = r;
   int body = gen(c, target, depth + 1);
@@ -488,20 +486,20 @@ static int gen_type(sconv *c, const cJSON *s, const char *t, int depth) {
   if (!strcmp(t, "array")) return gen_array(c, s, depth);
   if (!strcmp(t, "integer")) return gen_integer(c, s);
   if (!strcmp(t, "number") && has_bounds(s))
-    return sfail(c, IRT_UNSUPPORTED,
+    return sfail(c, IR_UNSUPPORTED,
                  "JSON Schema: 'minimum' / 'maximum' on a 'number' is not "
                  "supported (on an 'integer' it is)");
   const char *simple[] = {"number", "boolean", "null"};
   for (int i = 0; i < 3; i++)
     if (!strcmp(t, simple[i])) return text_rule(c, simple[i]);
-  return sfail(c, IRT_INVALID_ARG, "JSON Schema: unknown type '%.40s'", t);
+  return sfail(c, IR_INVALID_ARG, "JSON Schema: unknown type '%.40s'", t);
 }
 
 static int gen_list(sconv *c, const cJSON *list, const char *key, int depth) {
   int n = cJSON_IsArray(list) ? cJSON_GetArraySize(list) : 0;
-  if (n == 0) return sfail(c, IRT_INVALID_ARG, "JSON Schema: '%s' must be a non-empty list", key);
+  if (n == 0) return sfail(c, IR_INVALID_ARG, "JSON Schema: '%s' must be a non-empty list", key);
   int *alts = ir_malloc((size_t)n * sizeof *alts), k = 0;
-  if (!alts) return sfail(c, IRT_OOM, "out of memory");
+  if (!alts) return sfail(c, IR_OOM, "out of memory");
   for (const cJSON *v = list->child; v && !c->failed; v = v->next) alts[k++] = gen(c, v, depth + 1);
   int r = c->failed ? -1 : alternatives(c, alts, k);
   ir_free(alts);
@@ -510,40 +508,39 @@ static int gen_list(sconv *c, const cJSON *list, const char *key, int depth) {
 
 static int gen(sconv *c, const cJSON *s, int depth) {
   if (c->failed) return -1;
-  if (depth > 64) return sfail(c, IRT_UNSUPPORTED, "JSON Schema: nested over 64 levels");
+  if (depth > 64) return sfail(c, IR_UNSUPPORTED, "JSON Schema: nested over 64 levels");
   if (cJSON_IsTrue(s)) return text_rule(c, "value");
   if (!cJSON_IsObject(s))
-    return sfail(c, IRT_INVALID_ARG, "JSON Schema: a schema must be an object or true");
+    return sfail(c, IR_INVALID_ARG, "JSON Schema: a schema must be an object or true");
   if (!check_keywords(c, s)) return -1;
   const cJSON *v;
   if ((v = cJSON_GetObjectItemCaseSensitive(s, "$ref"))) {
-    if (!cJSON_IsString(v))
-      return sfail(c, IRT_INVALID_ARG, "JSON Schema: '$ref' must be a string");
+    if (!cJSON_IsString(v)) return sfail(c, IR_INVALID_ARG, "JSON Schema: '$ref' must be a string");
     return gen_ref(c, v->valuestring, depth);
   }
   if ((v = cJSON_GetObjectItemCaseSensitive(s, "const"))) return gen_enum(c, v, true);
   if ((v = cJSON_GetObjectItemCaseSensitive(s, "enum"))) {
-    if (!cJSON_IsArray(v)) return sfail(c, IRT_INVALID_ARG, "JSON Schema: 'enum' must be a list");
+    if (!cJSON_IsArray(v)) return sfail(c, IR_INVALID_ARG, "JSON Schema: 'enum' must be a list");
     return gen_enum(c, v, false);
   }
   if ((v = cJSON_GetObjectItemCaseSensitive(s, "anyOf"))) return gen_list(c, v, "anyOf", depth);
   if ((v = cJSON_GetObjectItemCaseSensitive(s, "oneOf"))) return gen_list(c, v, "oneOf", depth);
   if ((v = cJSON_GetObjectItemCaseSensitive(s, "allOf"))) {
     if (!cJSON_IsArray(v) || cJSON_GetArraySize(v) != 1)
-      return sfail(c, IRT_UNSUPPORTED, "JSON Schema: 'allOf' of more than one schema");
+      return sfail(c, IR_UNSUPPORTED, "JSON Schema: 'allOf' of more than one schema");
     return gen(c, v->child, depth + 1);
   }
   const cJSON *t = cJSON_GetObjectItemCaseSensitive(s, "type");
   if (cJSON_IsString(t)) return gen_type(c, s, t->valuestring, depth);
   if (cJSON_IsArray(t)) {
     int n = cJSON_GetArraySize(t), alts[8], k = 0;
-    if (n < 1 || n > 8) return sfail(c, IRT_INVALID_ARG, "JSON Schema: 'type' lists 1 to 8 types");
+    if (n < 1 || n > 8) return sfail(c, IR_INVALID_ARG, "JSON Schema: 'type' lists 1 to 8 types");
     for (const cJSON *x = t->child; x && !c->failed; x = x->next)
       alts[k++] = cJSON_IsString(x) ? gen_type(c, s, x->valuestring, depth)
-                                    : sfail(c, IRT_INVALID_ARG, "JSON Schema: bad 'type'");
+                                    : sfail(c, IR_INVALID_ARG, "JSON Schema: bad 'type'");
     return c->failed ? -1 : alternatives(c, alts, k);
   }
-  if (t) return sfail(c, IRT_INVALID_ARG, "JSON Schema: 'type' must be a string or a list");
+  if (t) return sfail(c, IR_INVALID_ARG, "JSON Schema: 'type' must be a string or a list");
   if (cJSON_GetObjectItemCaseSensitive(s, "properties") ||
       cJSON_GetObjectItemCaseSensitive(s, "additionalProperties"))
     return gen_object(c, s, depth);
@@ -555,24 +552,24 @@ static int gen(sconv *c, const cJSON *s, int depth) {
       cJSON_GetObjectItemCaseSensitive(s, "pattern"))
     return gen_string(c, s);
   if (has_bounds(s))
-    return sfail(c, IRT_UNSUPPORTED,
+    return sfail(c, IR_UNSUPPORTED,
                  "JSON Schema: 'minimum' / 'maximum' need \"type\": "
                  "\"integer\"");
   return text_rule(c, "value");
 }
 
-static irt_status finish(sconv *c, int r, char **out) {
+static ir_status finish(sconv *c, int r, char **out) {
   if (!c->failed) put(&c->out, "root ::= r%d\n", r);
-  if (!c->failed && c->out.oom) sfail(c, IRT_OOM, "out of memory");
+  if (!c->failed && c->out.oom) sfail(c, IR_OOM, "out of memory");
   if (c->failed) {
     ir_free(c->out.s);
-    return c->err ? c->err->status : IRT_INVALID_ARG;
+    return c->err ? c->err->status : IR_INVALID_ARG;
   }
   *out = c->out.s;
-  return IRT_OK;
+  return IR_OK;
 }
 
-irt_status irt_grammar_json(const char *schema, char **out, irt_error *err) {
+ir_status gram_json(const char *schema, char **out, ir_diag *err) {
   *out = NULL;
   sconv c = {.err = err};
   put(&c.out, "%s", JSON_BASE);
@@ -580,11 +577,11 @@ irt_status irt_grammar_json(const char *schema, char **out, irt_error *err) {
   unsigned long fails = ir_alloc_failures();
   cJSON *root = cJSON_Parse(schema);
   if (!root && ir_alloc_failed_since(fails)) {
-    sfail(&c, IRT_OOM, "out of memory");
+    sfail(&c, IR_OOM, "out of memory");
     return finish(&c, -1, out);
   }
   if (!root) {
-    sfail(&c, IRT_INVALID_ARG, "JSON Schema: not valid JSON");
+    sfail(&c, IR_INVALID_ARG, "JSON Schema: not valid JSON");
     return finish(&c, -1, out);
   }
   c.root = root;
@@ -593,14 +590,14 @@ irt_status irt_grammar_json(const char *schema, char **out, irt_error *err) {
   return finish(&c, r, out);
 }
 
-irt_status irt_grammar_choice(const char *const *choices, int n, char **out, irt_error *err) {
+ir_status gram_choice(const char *const *choices, int n, char **out, ir_diag *err) {
   *out = NULL;
   sconv c = {.err = err};
-  if (n <= 0) sfail(&c, IRT_INVALID_ARG, "a choice needs at least one string");
+  if (n <= 0) sfail(&c, IR_INVALID_ARG, "a choice needs at least one string");
   int r = new_rule(&c);
   put(&c.out, "r%d ::=", r);
   for (int i = 0; i < n && !c.failed; i++) {
-    if (!choices[i] || !choices[i][0]) sfail(&c, IRT_INVALID_ARG, "choice %d is empty", i);
+    if (!choices[i] || !choices[i][0]) sfail(&c, IR_INVALID_ARG, "choice %d is empty", i);
     put(&c.out, "%s ", i ? " |" : "");
     put_literal(&c.out, choices[i] ? choices[i] : "");
   }

@@ -22,7 +22,7 @@ typedef struct rx {
   const char *p, *end, *start;
   rbuf out;
   bool json;
-  irt_error *err;
+  ir_diag *err;
   bool failed;
 } rx;
 
@@ -38,7 +38,7 @@ static void rput(rx *r, const char *fmt, ...) {
     char *s = ir_realloc(r->out.s, cap);
     if (!s) {
       r->failed = true;
-      if (r->err) *r->err = (irt_error){.status = IRT_OOM, .msg = "out of memory"};
+      if (r->err) *r->err = (ir_diag){.status = IR_OOM, .msg = "out of memory"};
       return;
     }
     r->out.s = s, r->out.cap = cap;
@@ -53,7 +53,7 @@ static void rfail(rx *r, const char *fmt, ...) {
   if (r->failed) return;
   r->failed = true;
   if (!r->err) return;
-  r->err->status = IRT_UNSUPPORTED;
+  r->err->status = IR_UNSUPPORTED;
   va_list ap;
   va_start(ap, fmt);
   int n = vsnprintf(r->err->msg, sizeof r->err->msg, fmt, ap);
@@ -355,7 +355,7 @@ static bool translate(rx *r, const char *regex, size_t len) {
   return !r->failed;
 }
 
-irt_status irt_grammar_regex(const char *regex, char **out, irt_error *err) {
+ir_status gram_regex(const char *regex, char **out, ir_diag *err) {
   *out = NULL;
   rx r = {.err = err};
   size_t len = strlen(regex);
@@ -366,13 +366,13 @@ irt_status irt_grammar_regex(const char *regex, char **out, irt_error *err) {
   rput(&r, "\n");
   if (r.failed) {
     ir_free(r.out.s);
-    return err ? err->status : IRT_UNSUPPORTED;
+    return err ? err->status : IR_UNSUPPORTED;
   }
   *out = r.out.s;
-  return IRT_OK;
+  return IR_OK;
 }
 
-char *gram_regex_json(const char *pattern, irt_error *err) {
+char *gram_regex_json(const char *pattern, ir_diag *err) {
   rx r = {.err = err, .json = true};
   size_t len = strlen(pattern);
   bool head = len && pattern[0] == '^';

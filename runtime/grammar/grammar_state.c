@@ -291,7 +291,7 @@ static bool copy_set(gram_state *s, const gset *in, garena *a, gset *out) {
 
 /* --- states ----------------------------------------------------------------------------- */
 
-irt_status gram_state_create(const gram *g, gram_state **out, irt_error *err) {
+ir_status gram_state_create(const gram *g, gram_state **out, ir_diag *err) {
   gram_state *s = ir_calloc(1, sizeof *s);
   *out = NULL;
   if (s) {
@@ -305,14 +305,14 @@ irt_status gram_state_create(const gram *g, gram_state **out, irt_error *err) {
     bool hard = s && s->too_hard;
     gram_state_destroy(s);
     if (err && hard)
-      *err = (irt_error){.status = IRT_INVALID_ARG,
-                         .msg = "the grammar is too ambiguous: its start takes over 65536 "
-                                "expansions (nested or repeated empty alternatives)"};
-    else if (err) *err = (irt_error){.status = IRT_OOM, .msg = "out of memory"};
-    return hard ? IRT_INVALID_ARG : IRT_OOM;
+      *err = (ir_diag){.status = IR_INVALID_ARG,
+                       .msg = "the grammar is too ambiguous: its start takes over 65536 "
+                              "expansions (nested or repeated empty alternatives)"};
+    else if (err) *err = (ir_diag){.status = IR_OOM, .msg = "out of memory"};
+    return hard ? IR_INVALID_ARG : IR_OOM;
   }
   *out = s;
-  return IRT_OK;
+  return IR_OK;
 }
 
 void gram_state_destroy(gram_state *s) {

@@ -15,19 +15,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   src[size - 1] = 0;
   char *nl = memchr(src, '\n', size - 1), *text = nl ? nl + 1 : src + size - 1;
   if (nl) *nl = 0;
-  irt_error err = {0};
+  ir_diag err = {0};
   char *gbnf = NULL;
-  irt_status st = IRT_OK;
+  ir_status st = IR_OK;
   switch (data[0] % 4) {
   case 0: gbnf = strdup(src); break;
-  case 1: st = irt_grammar_json(src, &gbnf, &err); break;
-  case 2: st = irt_grammar_regex(src, &gbnf, &err); break;
-  default: st = irt_grammar_json(NULL, &gbnf, &err); break;
+  case 1: st = gram_json(src, &gbnf, &err); break;
+  case 2: st = gram_regex(src, &gbnf, &err); break;
+  default: st = gram_json(NULL, &gbnf, &err); break;
   }
   gram *g = NULL;
-  if (st == IRT_OK && gbnf && gram_compile(gbnf, &g, &err) == IRT_OK) {
+  if (st == IR_OK && gbnf && gram_compile(gbnf, &g, &err) == IR_OK) {
     gram_state *s = NULL;
-    if (gram_state_create(g, &s, &err) == IRT_OK) {
+    if (gram_state_create(g, &s, &err) == IR_OK) {
       for (const char *p = text; *p; p++)
         if (!gram_state_advance(s, (const uint8_t *)p, 1)) break;
       (void)gram_state_accepting(s);

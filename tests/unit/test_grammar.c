@@ -28,9 +28,9 @@ static char *read_all(const char *path) {
 
 static gram *compile(const char *src) {
   gram *g = NULL;
-  irt_error err = {0};
-  irt_status st = gram_compile(src, &g, &err);
-  CHECKF(st == IRT_OK, "%s\n%s", err.msg, src);
+  ir_diag err = {0};
+  ir_status st = gram_compile(src, &g, &err);
+  CHECKF(st == IR_OK, "%s\n%s", err.msg, src);
   return g;
 }
 
@@ -38,7 +38,7 @@ static gram *compile(const char *src) {
 static bool accepts(const gram *g, const char *s, bool *prefix_ok) {
   gram_state *st;
   *prefix_ok = false;
-  if (gram_state_create(g, &st, NULL) != IRT_OK) return false;
+  if (gram_state_create(g, &st, NULL) != IR_OK) return false;
   bool whole = gram_state_advance(st, (const uint8_t *)s, strlen(s)) && gram_state_accepting(st);
   gram_state_destroy(st);
   gram_state_create(g, &st, NULL);
@@ -101,9 +101,9 @@ static void test_oracle_cases(void) {
 
 static void expect_error(const char *src, const char *needle) {
   gram *g = NULL;
-  irt_error err = {0};
-  irt_status st = gram_compile(src, &g, &err);
-  CHECKF(st == IRT_INVALID_ARG && strstr(err.msg, needle), "'%s': %s (want '%s')", src, err.msg,
+  ir_diag err = {0};
+  ir_status st = gram_compile(src, &g, &err);
+  CHECKF(st == IR_INVALID_ARG && strstr(err.msg, needle), "'%s': %s (want '%s')", src, err.msg,
          needle);
   CHECK(g == NULL);
 }
@@ -172,7 +172,7 @@ static void test_choice(void) {
 static bool takes(const char *src, const char *bytes) {
   gram *g = compile(src);
   gram_state *s = NULL;
-  bool ok = g && gram_state_create(g, &s, NULL) == IRT_OK &&
+  bool ok = g && gram_state_create(g, &s, NULL) == IR_OK &&
             gram_state_advance(s, (const uint8_t *)bytes, strlen(bytes));
   gram_state_destroy(s);
   gram_destroy(g);
@@ -196,7 +196,7 @@ static void test_utf8(void) {
   CHECK(takes("root ::= [^a]", "\xF0\x9F"));
   gram *g = compile("root ::= .*"); /* NUL never, as in llama.cpp */
   gram_state *s = NULL;
-  CHECK(g && gram_state_create(g, &s, NULL) == IRT_OK);
+  CHECK(g && gram_state_create(g, &s, NULL) == IR_OK);
   CHECK(s && gram_state_advance(s, (const uint8_t *)"a", 1));
   CHECK(s && !gram_state_advance(s, (const uint8_t *)"\0", 1));
   gram_state_destroy(s);
@@ -289,8 +289,8 @@ static void test_limits(void) {
    * state's bound ends the text (rather than each step costing more and more). */
   gram *g = compile("root ::= s\ns ::= \"a\" s \"b\" | \"a\" s | \"\"");
   gram_state *st = NULL;
-  irt_error err = {0};
-  CHECK(gram_state_create(g, &st, &err) == IRT_OK);
+  ir_diag err = {0};
+  CHECK(gram_state_create(g, &st, &err) == IR_OK);
   int taken = 0;
   while (st && taken < 10000 && gram_state_advance(st, (const uint8_t *)"a", 1)) taken++;
   CHECKF(taken >= 100 && taken < 10000, "%d characters taken", taken);
