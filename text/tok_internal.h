@@ -9,7 +9,7 @@
 
 #include "tokenizer.h"
 
-/* ---- Unicode tables (runtime/unicode_data.c, generated) ------------------------------ */
+/* ---- Unicode tables (text/unicode_data.c, generated) ------------------------------ */
 
 typedef struct tok_uc_range {
   uint32_t lo, hi; /* inclusive */

@@ -31,7 +31,7 @@ typedef struct model_step {
 } model_step;
 
 /* One token choice on a device (backend_ops.pick): from row `row` of the step's logits,
- * with the sampler's settings and its uniform draw u (runtime/sampler.c's function). The
+ * with the sampler's settings and its uniform draw u (runtime/model/sampler.c's function). The
  * layouts are kernels/cuda/sampling.cu's kn_pick_args and kn_pick_out. */
 #define PICK_TOP 20 /* most alternatives a pick reports (IRT_MAX_TOP_LOGPROBS) */
 typedef struct pick_req {

@@ -60,13 +60,14 @@ static int usage(FILE *f) {
 }
 
 static int parse_value(serve_args *a, int c, const char *v) {
-  char msg[512];
+  irt_error err = {0};
   switch (c) {
   case 1: a->host = v; return 0;
   case 2: return cli_parse_i64(v, 0, 65535, &a->port) ? 0 : cli_fail("--port: expected 0..65535");
   case 3: a->model_name = v; return 0;
-  case 4: return srv_keys_add(&a->keys, v, NULL, 0) ? 0 : cli_fail("out of memory");
-  case 5: return srv_keys_load(&a->keys, v, msg, sizeof msg) ? 0 : cli_fail("--api-keys: %s", msg);
+  case 4: return srv_keys_add(&a->keys, v, NULL, 0) == IRT_OK ? 0 : cli_fail("out of memory");
+  case 5:
+    return srv_keys_load(&a->keys, v, &err) == IRT_OK ? 0 : cli_fail("--api-keys: %s", err.msg);
   case 6:
     return cli_parse_i64(v, 1, 100000, &a->max_connections)
                ? 0
@@ -176,8 +177,8 @@ static int serve(serve_args *a, srv_ctx *c, srv_metrics *metrics, sigset_t *sigs
                       .metrics = metrics,
                       .log = http_log};
   srv_http *h = NULL;
-  char msg[512];
-  if (!srv_http_start(c, &ho, &h, msg, sizeof msg)) return cli_fail("%s", msg);
+  irt_error err = {0};
+  if (srv_http_start(c, &ho, &h, &err) != IRT_OK) return cli_fail("%s", err.msg);
   const char *fmt = strchr(a->host, ':') ? "[%s]" : "%s";
   char host[300];
   snprintf(host, sizeof host, fmt, a->host);

@@ -1,4 +1,4 @@
-/* spec: what speculative decoding needs beyond a step: drafts by prompt lookup, cutting a
+/* speculative: what speculative decoding needs beyond a step: drafts by prompt lookup, cutting a
  * sequence back to the positions whose drafts were kept, and whether a draft is worth its
  * row (the step cost model; engine.h). */
 #include <string.h>

@@ -237,7 +237,7 @@ irt_status irt_tokenizer_open_plan(const char *plan_path, irt_tokenizer **out, i
 irt_status irt_tokenizer_open_gguf(const char *gguf_path, irt_tokenizer **out, irt_error *err);
 void irt_tokenizer_destroy(irt_tokenizer *t);
 
-/* Text to ids (see runtime/tokenizer.h for add_special / parse_special). Writes at most
+/* Text to ids (see text/tokenizer.h for add_special / parse_special). Writes at most
  * cap ids; *out_n is the full count. Invalid UTF-8 is IRT_INVALID_ARG. */
 irt_status irt_tokenize(const irt_tokenizer *t, const char *text, size_t len, bool add_special,
                         bool parse_special, int32_t *ids, size_t cap, size_t *out_n,
@@ -439,7 +439,7 @@ typedef struct irt_request {
   const float *logit_bias;
   int n_logit_bias;
   /* Constrained decoding: a grammar in llama.cpp's GBNF notation (start rule `root`; see
-   * runtime/grammar.h, and irt_grammar_json for JSON and JSON Schemas) that every
+   * runtime/grammar/grammar.h, and irt_grammar_json for JSON and JSON Schemas) that every
    * completion's text must follow. Each token is sampled as without it and kept if the
    * grammar allows it; otherwise the tokens it does not allow are masked out (-inf) and
    * the row is sampled again -- for greedy and plain temperature sampling exactly the
@@ -475,7 +475,7 @@ typedef struct irt_request {
 #define IRT_MAX_STOP_TOKEN_IDS 256
 
 /* GBNF for JSON: the JSON values a JSON Schema (text) describes, or any JSON object when
- * schema_json is NULL (OpenAI's response_format json_object). See runtime/grammar.h for
+ * schema_json is NULL (OpenAI's response_format json_object). See runtime/grammar/grammar.h for
  * what of JSON Schema is supported; the rest is refused (IRT_UNSUPPORTED) naming the
  * keyword. *out is malloc'd (free it). */
 irt_status irt_grammar_json(const char *schema_json, char **out, irt_error *err);

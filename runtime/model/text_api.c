@@ -1,4 +1,4 @@
-/* text: the public text API (tokenize, detokenize, streaming, chat formatting) over the
+/* text_api: the public text API (tokenize, detokenize, streaming, chat formatting) over the
  * internal tokenizer and chat-template modules. */
 #include <stdio.h>
 #include <stdlib.h>

@@ -52,9 +52,9 @@ typedef struct srv_keys {
   int n, cap;
 } srv_keys;
 
-bool srv_keys_add(srv_keys *ks, const char *key, const char *tenant, int priority);
-/* Reads lines "key [tenant [priority]]" ('#' comments, blank lines). False with msg set. */
-bool srv_keys_load(srv_keys *ks, const char *path, char *msg, size_t cap);
+irt_status srv_keys_add(srv_keys *ks, const char *key, const char *tenant, int priority);
+/* Reads lines "key [tenant [priority]]" ('#' comments, blank lines); err names the line. */
+irt_status srv_keys_load(srv_keys *ks, const char *path, irt_error *err);
 /* The entry for key (compared in constant time per entry), or NULL. */
 const srv_key *srv_keys_find(const srv_keys *ks, const char *key);
 void srv_keys_free(srv_keys *ks);
@@ -76,8 +76,8 @@ typedef struct srv_http_opts {
 
 typedef struct srv_http srv_http;
 
-/* Starts listening; false with msg set on failure. */
-bool srv_http_start(srv_ctx *c, const srv_http_opts *o, srv_http **out, char *msg, size_t cap);
+/* Starts listening; err says why not (IRT_IO: the address; IRT_OOM). */
+irt_status srv_http_start(srv_ctx *c, const srv_http_opts *o, srv_http **out, irt_error *err);
 int srv_http_port(const srv_http *h);
 /* Ends open streams (their requests are cancelled), closes the socket, joins the threads. */
 void srv_http_stop(srv_http *h);

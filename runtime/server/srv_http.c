@@ -493,23 +493,33 @@ static void on_log(void *cls, const char *fmt, va_list ap) {
 }
 
 /* The first address of host (a number, or a name such as localhost). */
-static bool resolve(const char *host, int port, struct sockaddr_storage *out, char *msg,
-                    size_t cap) {
+static irt_status hfail(irt_error *err, irt_status st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static irt_status hfail(irt_error *err, irt_status st, const char *fmt, ...) {
+  if (!err) return st;
+  err->status = st;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+  va_end(ap);
+  return st;
+}
+
+static irt_status resolve(const char *host, int port, struct sockaddr_storage *out,
+                          irt_error *err) {
   struct addrinfo hints = {.ai_family = AF_UNSPEC,
                            .ai_socktype = SOCK_STREAM,
                            .ai_flags = AI_PASSIVE},
                   *ai = NULL;
   int rc = getaddrinfo(host, NULL, &hints, &ai);
-  if (rc != 0 || !ai) {
-    snprintf(msg, cap, "--host '%s': %s", host, rc ? gai_strerror(rc) : "no address");
-    return false;
-  }
+  if (rc != 0 || !ai)
+    return hfail(err, IRT_IO, "--host '%s': %s", host, rc ? gai_strerror(rc) : "no address");
   memset(out, 0, sizeof *out);
   memcpy(out, ai->ai_addr, ai->ai_addrlen);
   freeaddrinfo(ai);
   if (out->ss_family == AF_INET6) ((struct sockaddr_in6 *)out)->sin6_port = htons((uint16_t)port);
   else ((struct sockaddr_in *)out)->sin_port = htons((uint16_t)port);
-  return true;
+  return IRT_OK;
 }
 
 /* Sockets the daemon may hold: four per generation admitted (clients that retry, /health,
@@ -534,12 +544,13 @@ static unsigned socket_limit(const srv_http_opts *o) {
   return (unsigned)(want < room ? want : room);
 }
 
-bool srv_http_start(srv_ctx *c, const srv_http_opts *o, srv_http **out, char *msg, size_t cap) {
+irt_status srv_http_start(srv_ctx *c, const srv_http_opts *o, srv_http **out, irt_error *err) {
   struct sockaddr_storage addr;
-  if (!resolve(o->host, o->port, &addr, msg, cap)) return false;
+  irt_status st = resolve(o->host, o->port, &addr, err);
+  if (st != IRT_OK) return st;
   bool v6 = addr.ss_family == AF_INET6;
   srv_http *h = calloc(1, sizeof *h);
-  if (!h) return snprintf(msg, cap, "out of memory"), false;
+  if (!h) return hfail(err, IRT_OOM, "out of memory");
   h->c = c;
   h->o = *o;
   pthread_mutex_init(&h->mu, NULL);
@@ -555,17 +566,16 @@ bool srv_http_start(srv_ctx *c, const srv_http_opts *o, srv_http **out, char *ms
       MHD_OPTION_CONNECTION_TIMEOUT, HTTP_IDLE_S, MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
       MHD_OPTION_NOTIFY_CONNECTION, on_connection, h, MHD_OPTION_END);
   if (!h->d) {
-    snprintf(msg, cap, "cannot listen on %s:%d (in use, or not an address of this machine)",
-             o->host, o->port);
     pthread_mutex_destroy(&h->mu);
     free(h);
-    return false;
+    return hfail(err, IRT_IO, "cannot listen on %s:%d (in use, or not an address of this machine)",
+                 o->host, o->port);
   }
   h->watching = pthread_create(&h->watcher, NULL, watch, h) == 0;
   const union MHD_DaemonInfo *di = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_BIND_PORT);
   h->port = di ? di->port : o->port;
   *out = h;
-  return true;
+  return IRT_OK;
 }
 
 int srv_http_port(const srv_http *h) { return h->port; }

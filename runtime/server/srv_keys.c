@@ -1,6 +1,7 @@
 /* srv_keys: API keys, each mapped to a tenant (its own prefix-cache domain) and a priority
  * class. Keys come from --api-key flags or a file of "key [tenant [priority]]" lines. */
 #include <errno.h>
+#include <stdarg.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,11 +11,24 @@
 
 #include "srv.h"
 
-bool srv_keys_add(srv_keys *ks, const char *key, const char *tenant, int priority) {
+/* Fills err and returns st (so a parser can `return kfail(...)`). */
+static irt_status kfail(irt_error *err, irt_status st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static irt_status kfail(irt_error *err, irt_status st, const char *fmt, ...) {
+  if (!err) return st;
+  err->status = st;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+  va_end(ap);
+  return st;
+}
+
+irt_status srv_keys_add(srv_keys *ks, const char *key, const char *tenant, int priority) {
   if (ks->n == ks->cap) {
     int cap = ks->cap ? ks->cap * 2 : 8;
     srv_key *k = realloc(ks->k, (size_t)cap * sizeof *k);
-    if (!k) return false;
+    if (!k) return IRT_OOM;
     ks->k = k, ks->cap = cap;
   }
   srv_key *k = &ks->k[ks->n];
@@ -24,59 +38,47 @@ bool srv_keys_add(srv_keys *ks, const char *key, const char *tenant, int priorit
   if (!k->key || (tenant && !k->tenant)) {
     free(k->key);
     free(k->tenant);
-    return false;
+    return IRT_OOM;
   }
   ks->n++;
-  return true;
+  return IRT_OK;
 }
 
-static bool parse_line(srv_keys *ks, char *line, int lineno, const char *path, char *msg,
-                       size_t cap) {
+static irt_status parse_line(srv_keys *ks, char *line, int lineno, const char *path,
+                             irt_error *err) {
   char *hash = strchr(line, '#');
   if (hash) *hash = '\0';
   char *save = NULL, *key = strtok_r(line, " \t\r\n", &save);
-  if (!key) return true;
+  if (!key) return IRT_OK;
   char *tenant = strtok_r(NULL, " \t\r\n", &save), *prio = strtok_r(NULL, " \t\r\n", &save);
   char *extra = strtok_r(NULL, " \t\r\n", &save), *end = NULL;
   long p = 0;
   if (prio) {
     errno = 0;
     p = strtol(prio, &end, 10);
-    if (*end || errno || p < -1000000 || p > 1000000) {
-      snprintf(msg, cap, "%s:%d: priority '%s' is not an integer", path, lineno, prio);
-      return false;
-    }
+    if (*end || errno || p < -1000000 || p > 1000000)
+      return kfail(err, IRT_INVALID_ARG, "%s:%d: priority '%s' is not an integer", path, lineno,
+                   prio);
   }
-  if (extra) {
-    snprintf(msg, cap, "%s:%d: expected 'key [tenant [priority]]'", path, lineno);
-    return false;
-  }
-  if (srv_keys_find(ks, key)) {
-    snprintf(msg, cap, "%s:%d: duplicate key", path, lineno);
-    return false;
-  }
-  if (!srv_keys_add(ks, key, tenant, (int)p)) {
-    snprintf(msg, cap, "out of memory");
-    return false;
-  }
-  return true;
+  if (extra)
+    return kfail(err, IRT_INVALID_ARG, "%s:%d: expected 'key [tenant [priority]]'", path, lineno);
+  if (srv_keys_find(ks, key))
+    return kfail(err, IRT_INVALID_ARG, "%s:%d: duplicate key", path, lineno);
+  if (srv_keys_add(ks, key, tenant, (int)p) != IRT_OK) return kfail(err, IRT_OOM, "out of memory");
+  return IRT_OK;
 }
 
-bool srv_keys_load(srv_keys *ks, const char *path, char *msg, size_t cap) {
-  irt_error err = {0};
-  FILE *f = irt_file_open(path, &err); /* regular files only: a FIFO would hang the start */
-  if (!f) {
-    snprintf(msg, cap, "%s", err.msg);
-    return false;
-  }
+irt_status srv_keys_load(srv_keys *ks, const char *path, irt_error *err) {
+  FILE *f = irt_file_open(path, err); /* regular files only: a FIFO would hang the start */
+  if (!f) return err ? err->status : IRT_IO;
   char *line = NULL;
   size_t n = 0;
   int lineno = 0;
-  bool ok = true;
-  while (ok && getline(&line, &n, f) >= 0) ok = parse_line(ks, line, ++lineno, path, msg, cap);
+  irt_status st = IRT_OK;
+  while (st == IRT_OK && getline(&line, &n, f) >= 0) st = parse_line(ks, line, ++lineno, path, err);
   free(line);
   fclose(f);
-  return ok;
+  return st;
 }
 
 /* Equal in time that depends only on the lengths, not on where they differ. */

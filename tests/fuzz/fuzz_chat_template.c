@@ -1,4 +1,4 @@
-/* fuzz_chat_template: libFuzzer target for the chat templates (runtime/chat_template.c):
+/* fuzz_chat_template: libFuzzer target for the chat templates (text/chat_template.c):
  * family detection from a Jinja source (tokenizer_config.json's or GGUF's chat_template,
  * untrusted like the rest of the model) and the renderers over a conversation (the request's
  * messages). Input layout:

@@ -1,4 +1,4 @@
-/* fuzz_gguf: libFuzzer target for the GGUF reader (compiler/fmt_gguf.c) and what reads
+/* fuzz_gguf: libFuzzer target for the GGUF reader (formats/fmt_gguf.c) and what reads
  * through it: every key, value and tensor through the accessors; the tokenizer the file
  * carries (fmt_gguf_tok.c; the runtime tokenizer built from it is exercised as fuzz_tok.h
  * says); the Llama-family parameters (infc_gguf_llama.c) and, when those are accepted, the

@@ -1,4 +1,4 @@
-/* fuzz_hfconfig: libFuzzer target for the HF config.json reader (compiler/infc_hfconfig.c),
+/* fuzz_hfconfig: libFuzzer target for the HF config.json reader (compiler/hf/infc_hfconfig.c),
  * which turns the JSON text into the Llama-family template's parameters; accepted ones go
  * through the template's consistency check (model_llama_check). The input is the file's
  * text. Build and run: tools/fuzz hfconfig. */

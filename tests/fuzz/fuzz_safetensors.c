@@ -1,4 +1,4 @@
-/* fuzz_safetensors: libFuzzer target for the safetensors reader (compiler/infc_safetensors.c):
+/* fuzz_safetensors: libFuzzer target for the safetensors reader (formats/fmt_safetensors.c):
  * the 8-byte header length, the header JSON (dtypes, shapes, data_offsets, __metadata__) and
  * the tensor table built from it. The input is one whole .safetensors file; every tensor's
  * data is then touched at both ends and looked up by name. Build and run: tools/fuzz

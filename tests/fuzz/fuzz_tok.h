@@ -1,4 +1,4 @@
-/* fuzz_tok: what the tokenizer targets do with a tokenizer that loaded (runtime/tokenizer.h):
+/* fuzz_tok: what the tokenizer targets do with a tokenizer that loaded (text/tokenizer.h):
  * encode a few texts (special tokens parsed and not, added BOS/EOS and not) and decode them
  * back, decode ids across the vocabulary in one call and streamed, look tokens up, and
  * serialize it as plans store it; the copy read back must encode the texts to the same ids

@@ -1,5 +1,5 @@
 /* fuzz_tok_blob: libFuzzer target for the tokenizer as a plan stores it: tok_deserialize
- * (runtime/tok_serial.c) of an encoded infc.tok.Tokenizer message (ir/tokenizer.proto), which
+ * (text/tok_serial.c) of an encoded infc.tok.Tokenizer message (ir/tokenizer.proto), which
  * `inferrt` reads from every plan it opens; a tokenizer that loads is exercised as fuzz_tok.h
  * says. The input is the message's bytes. Build and run: tools/fuzz tok_blob. */
 #include <stdint.h>

@@ -1,4 +1,4 @@
-/* fuzz_tokenizer_json: libFuzzer target for the HF tokenizer.json loader (runtime/tok_hf.c:
+/* fuzz_tokenizer_json: libFuzzer target for the HF tokenizer.json loader (text/tok_hf.c:
  * model, vocab, merges, added tokens, normalizer, pre-tokenizer, post-processor, and the
  * tokenizer_config.json beside it) and the tokenizer it builds (tok_create), which is then
  * exercised as fuzz_tok.h says: encode, decode, stream, serialize and read back. The input is

@@ -177,7 +177,7 @@ static float *batch_decode(irt_model *m, int n_seq, int steps) {
 
 /* Picks (the step chooses tokens, on the device): 2 x n sequences with equal prompts; in one
  * decode step the first n bring their logits to the host and the other n pick, with the
- * settings below and equal seeds. The picked tokens must be runtime/sampler.c's on the
+ * settings below and equal seeds. The picked tokens must be runtime/model/sampler.c's on the
  * returned rows, the logprobs their log-softmax. */
 static void test_picks(irt_model *m) {
   enum { N = 6 };

@@ -955,7 +955,7 @@ static int32_t free_id(const int32_t *ids, int n, int vocab) {
   return 0;
 }
 
-/* kn_pick over rows x (rows, vocab) for every setting and seed against runtime/sampler.c;
+/* kn_pick over rows x (rows, vocab) for every setting and seed against runtime/model/sampler.c;
  * returns the picks, and adds the matches and the largest logprob error. */
 static pick_res *pick_rows(const char *what, const float *x, int vocab, int rows,
                            const pick_set *set, int n_set, int seeds, double *lp_err) {
@@ -1050,7 +1050,7 @@ static pick_res *pick_rows(const char *what, const float *x, int vocab, int rows
   return out;
 }
 
-/* sampling.cu kn_pick against runtime/sampler.c, the function it must equal: for each
+/* sampling.cu kn_pick against runtime/model/sampler.c, the function it must equal: for each
  * setting and seed, the CPU sampler samples the row while a sampler of the same seed hands
  * its draw to the kernel; the tokens must be the same and the logprob the token's
  * log-softmax (kn_log_sum_exp). Rows: spread logits with a few peaks, bf16-rounded ones

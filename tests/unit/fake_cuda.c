@@ -341,7 +341,7 @@ static ir_dtype dtype_of(const char *suffix) {
                                    : IR_Q4_1;
 }
 
-/* kn_pick: out, top, logits, args, vocab (sampling.cu): runtime/sampler.c's own function
+/* kn_pick: out, top, logits, args, vocab (sampling.cu): runtime/model/sampler.c's own function
  * with each pick's draw, so the backend's plumbing (rows, settings, results) is tested. */
 int32_t sampler_sample_u(irt_sampler *s, const float *logits, double u);
 void sampler_top_logprobs(const float *logits, int64_t vocab, double lse, int k, int32_t *ids,

@@ -1,7 +1,7 @@
 /* backend_cuda: the CUDA backend (libinferrt_cuda.so). Weights, activation arena and the
  * paged KV pool live in device memory; a step uploads its descriptor in one copy, queues
  * the plan's NVRTC kernels (and cuBLAS) on one stream, and decode steps are captured once
- * per batch-size bucket as CUDA Graphs and replayed. See runtime/backend.h. */
+ * per batch-size bucket as CUDA Graphs and replayed. See runtime/backend/backend.h. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
