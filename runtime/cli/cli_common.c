@@ -133,14 +133,21 @@ irt_status cli_open_tokenizer(const char *path, irt_tokenizer **out, irt_error *
   return irt_tokenizer_open_json(path, access(cfg, R_OK) == 0 ? cfg : NULL, out, err);
 }
 
+/* A --cuda-dequant-gemm-m value (or its variable's): rows >= 0, 0 meaning never, which
+ * irt_model_opts spells < 0. */
+static bool dequant_rows(const char *v, int64_t *out) {
+  if (!cli_parse_i64(v, 0, (int64_t)1 << 30, out)) return false;
+  if (*out == 0) *out = -1;
+  return true;
+}
+
 int cli_cuda_flag(int c, const char *v, cli_cuda *f) {
   switch (c) {
   case CLI_OPT_CUDA_PROFILE: f->profile = f->profile_set = true; return 0;
   case CLI_OPT_CUDA_LIB: f->lib = v; return 0;
   case CLI_OPT_CUDA_DEQUANT:
-    if (!cli_parse_i64(v, 0, (int64_t)1 << 30, &f->dequant_gemm_m))
+    if (!dequant_rows(v, &f->dequant_gemm_m))
       return cli_fail("--cuda-dequant-gemm-m: want a row count >= 0 (0: never), not '%s'", v);
-    if (f->dequant_gemm_m == 0) f->dequant_gemm_m = -1;
     f->dequant_set = true;
     return 0;
   default: return -1;
@@ -159,13 +166,8 @@ int cli_model_opts(irt_model_opts *mo, const cli_cuda *f) {
   const char *lib = getenv("INFERRT_CUDA_LIB");
   mo->cuda_lib = f->lib ? f->lib : lib && *lib ? lib : NULL;
   const char *m = getenv("INFERRT_CUDA_DEQUANT_GEMM_M");
-  int64_t rows = 0;
-  if (f->dequant_set) {
-    mo->cuda_dequant_gemm_m = f->dequant_gemm_m;
-  } else if (m && *m) {
-    if (!cli_parse_i64(m, 0, (int64_t)1 << 30, &rows))
-      return cli_fail("INFERRT_CUDA_DEQUANT_GEMM_M='%s': want a row count >= 0 (0: never)", m);
-    mo->cuda_dequant_gemm_m = rows ? rows : -1;
-  }
+  if (f->dequant_set) mo->cuda_dequant_gemm_m = f->dequant_gemm_m;
+  else if (m && *m && !dequant_rows(m, &mo->cuda_dequant_gemm_m))
+    return cli_fail("INFERRT_CUDA_DEQUANT_GEMM_M='%s': want a row count >= 0 (0: never)", m);
   return 0;
 }

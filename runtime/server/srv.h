@@ -11,6 +11,11 @@
 
 typedef struct srv_metrics srv_metrics;
 
+/* The server's own calls fail with the public type: fills err (if non-NULL) with st and the
+ * message, and returns st (so a caller can `return srv_errorf(...)`). */
+irt_status srv_errorf(irt_error *err, irt_status st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
 /* --- srv_metrics.c ------------------------------------------------------------------------ */
 
 typedef enum srv_route {

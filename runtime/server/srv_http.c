@@ -493,18 +493,6 @@ static void on_log(void *cls, const char *fmt, va_list ap) {
 }
 
 /* The first address of host (a number, or a name such as localhost). */
-static irt_status hfail(irt_error *err, irt_status st, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static irt_status hfail(irt_error *err, irt_status st, const char *fmt, ...) {
-  if (!err) return st;
-  err->status = st;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err->msg, sizeof err->msg, fmt, ap);
-  va_end(ap);
-  return st;
-}
-
 static irt_status resolve(const char *host, int port, struct sockaddr_storage *out,
                           irt_error *err) {
   struct addrinfo hints = {.ai_family = AF_UNSPEC,
@@ -513,7 +501,7 @@ static irt_status resolve(const char *host, int port, struct sockaddr_storage *o
                   *ai = NULL;
   int rc = getaddrinfo(host, NULL, &hints, &ai);
   if (rc != 0 || !ai)
-    return hfail(err, IRT_IO, "--host '%s': %s", host, rc ? gai_strerror(rc) : "no address");
+    return srv_errorf(err, IRT_IO, "--host '%s': %s", host, rc ? gai_strerror(rc) : "no address");
   memset(out, 0, sizeof *out);
   memcpy(out, ai->ai_addr, ai->ai_addrlen);
   freeaddrinfo(ai);
@@ -550,7 +538,7 @@ irt_status srv_http_start(srv_ctx *c, const srv_http_opts *o, srv_http **out, ir
   if (st != IRT_OK) return st;
   bool v6 = addr.ss_family == AF_INET6;
   srv_http *h = calloc(1, sizeof *h);
-  if (!h) return hfail(err, IRT_OOM, "out of memory");
+  if (!h) return srv_errorf(err, IRT_OOM, "out of memory");
   h->c = c;
   h->o = *o;
   pthread_mutex_init(&h->mu, NULL);
@@ -568,8 +556,9 @@ irt_status srv_http_start(srv_ctx *c, const srv_http_opts *o, srv_http **out, ir
   if (!h->d) {
     pthread_mutex_destroy(&h->mu);
     free(h);
-    return hfail(err, IRT_IO, "cannot listen on %s:%d (in use, or not an address of this machine)",
-                 o->host, o->port);
+    return srv_errorf(err, IRT_IO,
+                      "cannot listen on %s:%d (in use, or not an address of this machine)", o->host,
+                      o->port);
   }
   h->watching = pthread_create(&h->watcher, NULL, watch, h) == 0;
   const union MHD_DaemonInfo *di = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_BIND_PORT);
@@ -595,4 +584,14 @@ void srv_http_stop(srv_http *h) {
   }
   pthread_mutex_destroy(&h->mu);
   free(h);
+}
+
+irt_status srv_errorf(irt_error *err, irt_status st, const char *fmt, ...) {
+  if (!err) return st;
+  err->status = st;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+  va_end(ap);
+  return st;
 }

@@ -1,7 +1,6 @@
 /* srv_keys: API keys, each mapped to a tenant (its own prefix-cache domain) and a priority
  * class. Keys come from --api-key flags or a file of "key [tenant [priority]]" lines. */
 #include <errno.h>
-#include <stdarg.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,19 +9,6 @@
 #include <unistd.h>
 
 #include "srv.h"
-
-/* Fills err and returns st (so a parser can `return kfail(...)`). */
-static irt_status kfail(irt_error *err, irt_status st, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static irt_status kfail(irt_error *err, irt_status st, const char *fmt, ...) {
-  if (!err) return st;
-  err->status = st;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err->msg, sizeof err->msg, fmt, ap);
-  va_end(ap);
-  return st;
-}
 
 irt_status srv_keys_add(srv_keys *ks, const char *key, const char *tenant, int priority) {
   if (ks->n == ks->cap) {
@@ -57,14 +43,16 @@ static irt_status parse_line(srv_keys *ks, char *line, int lineno, const char *p
     errno = 0;
     p = strtol(prio, &end, 10);
     if (*end || errno || p < -1000000 || p > 1000000)
-      return kfail(err, IRT_INVALID_ARG, "%s:%d: priority '%s' is not an integer", path, lineno,
-                   prio);
+      return srv_errorf(err, IRT_INVALID_ARG, "%s:%d: priority '%s' is not an integer", path,
+                        lineno, prio);
   }
   if (extra)
-    return kfail(err, IRT_INVALID_ARG, "%s:%d: expected 'key [tenant [priority]]'", path, lineno);
+    return srv_errorf(err, IRT_INVALID_ARG, "%s:%d: expected 'key [tenant [priority]]'", path,
+                      lineno);
   if (srv_keys_find(ks, key))
-    return kfail(err, IRT_INVALID_ARG, "%s:%d: duplicate key", path, lineno);
-  if (srv_keys_add(ks, key, tenant, (int)p) != IRT_OK) return kfail(err, IRT_OOM, "out of memory");
+    return srv_errorf(err, IRT_INVALID_ARG, "%s:%d: duplicate key", path, lineno);
+  if (srv_keys_add(ks, key, tenant, (int)p) != IRT_OK)
+    return srv_errorf(err, IRT_OOM, "out of memory");
   return IRT_OK;
 }
 

@@ -49,6 +49,18 @@ static void arm(long fail_at) {
 
 static char g_plan[512], g_tok_json[512], g_tok_cfg[512];
 
+/* The llama-text fixture (a tokenizer.json beside it) as a small-step plan at out. */
+static ir_status build_llama_text(const char *out, ir_diag *d) {
+  char dir[512];
+  snprintf(dir, sizeof dir, "%s/llama-text", FIXTURES_DIR);
+  infc_options o = infc_options_default();
+  o.model.max_tokens = 16;
+  o.model.max_seqs = 4;
+  o.model.max_logits = 4;
+  o.model.kv_block_size = 4;
+  return infc_build(dir, &o, out, NULL, NULL, d);
+}
+
 static irt_model_opts model_opts(void) {
   irt_model_opts mo = irt_model_opts_default();
   mo.n_threads = 1;
@@ -169,19 +181,13 @@ static irt_status sc_request(irt_error *err) {
 /* The compiler on the same checkpoint: safetensors, config.json, tokenizer.json, the
  * template, every pass, the plan writer. */
 static irt_status sc_build(irt_error *err) {
-  char out[600], dir[512];
+  char out[600];
   snprintf(out, sizeof out, "%s/oom-build.plan", TEST_TMP_DIR);
-  snprintf(dir, sizeof dir, "%s/llama-text", FIXTURES_DIR);
-  infc_options o = infc_options_default();
-  o.model.max_tokens = 16;
-  o.model.max_seqs = 4;
-  o.model.max_logits = 4;
-  o.model.kv_block_size = 4;
   ir_diag d = {0};
-  ir_status st = infc_build(dir, &o, out, NULL, NULL, &d);
-  err->status = (irt_status)d.status;
+  ir_status st = build_llama_text(out, &d);
+  err->status = st == IR_OK ? IRT_OK : st == IR_OOM ? IRT_OOM : IRT_INVALID_ARG;
   snprintf(err->msg, sizeof err->msg, "%s", d.msg);
-  return st == IR_OK ? IRT_OK : d.status == IR_OOM ? IRT_OOM : IRT_INVALID_ARG;
+  return err->status;
 }
 
 typedef struct scenario {
@@ -232,15 +238,8 @@ static void build_plan(void) {
   snprintf(g_plan, sizeof g_plan, "%s/oom.plan", TEST_TMP_DIR);
   snprintf(g_tok_json, sizeof g_tok_json, "%s/llama-text/tokenizer.json", FIXTURES_DIR);
   snprintf(g_tok_cfg, sizeof g_tok_cfg, "%s/llama-text/tokenizer_config.json", FIXTURES_DIR);
-  char dir[512];
-  snprintf(dir, sizeof dir, "%s/llama-text", FIXTURES_DIR);
-  infc_options o = infc_options_default();
-  o.model.max_tokens = 16;
-  o.model.max_seqs = 4;
-  o.model.max_logits = 4;
-  o.model.kv_block_size = 4;
   ir_diag d = {0};
-  CHECKF(infc_build(dir, &o, g_plan, NULL, NULL, &d) == IR_OK, "%s", d.msg);
+  CHECKF(build_llama_text(g_plan, &d) == IR_OK, "%s", d.msg);
 }
 
 int main(int argc, char **argv) {
