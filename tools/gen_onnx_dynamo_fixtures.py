@@ -1,0 +1,214 @@
+#!/usr/bin/env python3
+"""Export the safetensors fixtures to ONNX with torch's default (dynamo) exporter, as a
+new user would today, and record onnxruntime's outputs on each file as its oracle.
+
+Runs in a scratch venv, never in CI (the fixtures it writes are committed):
+
+    python3 -m venv /tmp/tv && /tmp/tv/bin/pip install torch transformers onnx \
+        onnxruntime onnxscript safetensors numpy
+    /tmp/tv/bin/python tools/gen_onnx_dynamo_fixtures.py [NAME ...]   # from the repo root
+
+Checked with torch 2.15, transformers 5.25, onnx 1.23, onnxscript 0.7, onnxruntime 1.32.
+Each fixture under tests/fixtures/ is `torch.onnx.export(..., dynamo=True)` (opset 20, the
+exporter's optimizer on, dynamic batch and sequence dims) of one HF model class with one
+attention implementation, in one of two interfaces:
+  - full sequence: input_ids [batch, seq] -> logits [batch, seq, vocab] (no KV cache; the
+    model builds positions and the causal mask itself);
+  - with past: optimum's decoder-with-past interface: input_ids, attention_mask
+    [batch, past + seq], position_ids, past_key_values.{i}.key/.value
+    [batch, kv_heads, past, head_dim] -> logits, present.{i}.key/.value.
+oracle.json holds onnxruntime's logits at every position of the source fixture's prompts and
+a 32-token greedy continuation (format of tools/gen_onnx_fixtures.py): with past, the prompt
+runs in two chunks and decoding feeds the presents back, and the logits of the first decode
+steps are recorded too.
+"""
+import json
+import os
+import sys
+
+import numpy as np
+import onnxruntime as ort
+import torch
+import transformers
+from transformers import AutoModelForCausalLM
+from transformers.cache_utils import DynamicCache
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FIX = os.path.join(ROOT, "tests", "fixtures")
+NUM_GENERATE = 32
+DECODE_LOGITS = 4
+
+
+def load(src, attn):
+    return AutoModelForCausalLM.from_pretrained(os.path.join(FIX, src), dtype=torch.float32,
+                                                attn_implementation=attn).eval()
+
+
+def head_dim(cfg):
+    return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+
+
+def kv_shape(cfg, batch, past):
+    return (batch, cfg.num_key_value_heads, past, head_dim(cfg))
+
+
+def past_names(cfg, prefix):
+    return [f"{prefix}.{i}.{k}" for i in range(cfg.num_hidden_layers) for k in ("key", "value")]
+
+
+class Full(torch.nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids):
+        return self.model(input_ids=input_ids, use_cache=False).logits
+
+
+class WithPast(torch.nn.Module):
+    """optimum's decoder-with-past interface over transformers' DynamicCache."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+        self.n = model.config.num_hidden_layers
+
+    def forward(self, input_ids, attention_mask, position_ids, *past):
+        cache = DynamicCache(config=self.model.config)
+        for i in range(self.n):
+            cache.update(past[2 * i], past[2 * i + 1], i)
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask,
+                         position_ids=position_ids, past_key_values=cache, use_cache=True)
+        pkv = out.past_key_values
+        return (out.logits, *[t for i in range(self.n)
+                              for t in (pkv.layers[i].keys, pkv.layers[i].values)])
+
+
+def export(model, path, with_past):
+    cfg = model.config
+    batch = torch.export.Dim("batch", max=64)
+    seq = torch.export.Dim("seq", max=cfg.max_position_embeddings)
+    if not with_past:
+        ids = torch.tensor([[1, 5, 7, 9, 11], [2, 4, 6, 8, 10]], dtype=torch.int64)
+        torch.onnx.export(Full(model), (ids,), path, dynamo=True, external_data=False,
+                          input_names=["input_ids"], output_names=["logits"],
+                          dynamic_shapes={"input_ids": {0: batch, 1: seq}})
+        return
+    past_len, n = 3, 4
+    total = torch.export.Dim("total", max=cfg.max_position_embeddings)
+    pastd = torch.export.Dim("past", max=cfg.max_position_embeddings)
+    ids = torch.tensor([[1, 5, 7, 9], [2, 4, 6, 8]], dtype=torch.int64)
+    mask = torch.ones(2, past_len + n, dtype=torch.int64)
+    pos = torch.arange(past_len, past_len + n, dtype=torch.int64)[None].expand(2, -1)
+    past = [torch.randn(*kv_shape(cfg, 2, past_len)) for _ in range(2 * cfg.num_hidden_layers)]
+    ins = ["input_ids", "attention_mask", "position_ids"] + past_names(cfg, "past_key_values")
+    outs = ["logits"] + past_names(cfg, "present")
+    shapes = ({0: batch, 1: seq}, {0: batch, 1: total}, {0: batch, 1: seq},
+              tuple([{0: batch, 2: pastd}] * len(past)))
+    torch.onnx.export(WithPast(model), (ids, mask, pos, *past), path, dynamo=True,
+                      external_data=False, input_names=ins, output_names=outs,
+                      dynamic_shapes=shapes)
+
+
+# --- onnxruntime oracle -------------------------------------------------------------------
+
+class Runner:
+    def __init__(self, path, cfg):
+        self.sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+        self.cfg = cfg
+        self.past = any(i.name.startswith("past_key_values.") for i in self.sess.get_inputs())
+
+    def start(self):
+        self.ids = []
+        self.kv = [np.zeros(kv_shape(self.cfg, 1, 0), np.float32)
+                   for _ in range(2 * self.cfg.num_hidden_layers)]
+
+    def feed(self, new):
+        """Logits [len(new), vocab] of the new tokens after everything fed so far."""
+        if not self.past:
+            self.ids += list(new)
+            lg = self.sess.run(["logits"], {"input_ids": np.array([self.ids], np.int64)})[0][0]
+            return lg[-len(new):]
+        p = len(self.ids)
+        self.ids += list(new)
+        feed = {"input_ids": np.array([new], dtype=np.int64),
+                "attention_mask": np.ones((1, len(self.ids)), dtype=np.int64),
+                "position_ids": np.arange(p, len(self.ids), dtype=np.int64)[None]}
+        feed.update(zip(past_names(self.cfg, "past_key_values"), self.kv))
+        out = self.sess.run(None, feed)
+        self.kv = out[1:]
+        assert self.kv[0].shape[2] == len(self.ids)
+        return out[0][0]
+
+
+def record(runner, prompts):
+    logits, greedy, decode = [], [], []
+    for p in prompts:
+        runner.start()
+        cut = len(p) // 2 if runner.past and len(p) > 1 else len(p)
+        lg = runner.feed(p[:cut])
+        if cut < len(p):
+            lg = np.concatenate([lg, runner.feed(p[cut:])])
+        logits.append(lg)
+        gen, steps, last = [], [], lg[-1]
+        for i in range(NUM_GENERATE):
+            gen.append(int(np.argmax(last)))
+            last = runner.feed([gen[-1]])[-1]
+            if i < DECODE_LOGITS:
+                steps.append(last)
+        greedy.append(gen)
+        decode.append(steps)
+    return logits, greedy, decode
+
+
+def rows(a):
+    return [[round(float(v), 6) for v in row] for row in a]
+
+
+def oracle(name, model, path, src, attn):
+    runner = Runner(path, model.config)
+    hf = json.load(open(os.path.join(FIX, src, "oracle.json")))
+    logits, greedy, decode = record(runner, hf["prompts"])
+    worst = max(float(np.max(np.abs(lg - np.array(w)))) for lg, w in zip(logits, hf["logits"]))
+    print(f"{name}: onnxruntime vs transformers ({src}): max |logit diff| {worst:.3g}, "
+          f"greedy equal: {greedy == hf['greedy']}")
+    out = {"model": name, "source": src,
+           "exporter": f"torch.onnx.export(dynamo=True) (torch {torch.__version__}, "
+                       f"transformers {transformers.__version__}, attention {attn})",
+           "onnxruntime_version": ort.__version__, "past_kv": runner.past,
+           "prompts": hf["prompts"], "logits": [rows(lg) for lg in logits], "greedy": greedy}
+    if runner.past:
+        out["decode_logits"] = [rows(s) for s in decode]
+    with open(os.path.join(FIX, name, "oracle.json"), "w") as f:
+        json.dump(out, f, separators=(",", ":"))
+
+
+# --- fixtures: name -> (source fixture, attention, with past) -----------------------------
+
+FIXTURES = {
+    "onnx-dynamo-llama-eager": ("llama-gqa-f32", "eager", False),
+    "onnx-dynamo-llama-sdpa": ("llama-gqa-f32", "sdpa", False),
+    "onnx-dynamo-llama-eager-past": ("llama-gqa-f32", "eager", True),
+    "onnx-dynamo-llama-sdpa-past": ("llama-gqa-f32", "sdpa", True),
+    "onnx-dynamo-qwen2-eager": ("qwen2-bias-bf16", "eager", False),
+    "onnx-dynamo-qwen2-sdpa-past": ("qwen2-bias-bf16", "sdpa", True),
+}
+
+
+def main():
+    names = sys.argv[1:] or list(FIXTURES)
+    for n in names:
+        if n not in FIXTURES:
+            sys.exit(f"unknown fixture {n!r}; known: {', '.join(FIXTURES)}")
+    for n in names:
+        src, attn, with_past = FIXTURES[n]
+        model = load(src, attn)
+        os.makedirs(os.path.join(FIX, n), exist_ok=True)
+        path = os.path.join(FIX, n, "model.onnx")
+        export(model, path, with_past)
+        with torch.no_grad():
+            oracle(n, model, path, src, attn)
+
+
+if __name__ == "__main__":
+    main()
