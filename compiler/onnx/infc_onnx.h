@@ -33,10 +33,15 @@ void infc_onnx_close(infc_onnx *m);
 
 /* A graph input fixed to a value at build time: the input becomes a constant, so shape
  * operands fed as inputs (a Reshape target, Slice bounds, ...) can be resolved. The
- * value must have the input's dtype and shape. */
+ * value must have the input's dtype and its declared fixed dims (its symbolic dims take
+ * the value's extents). With value NULL the input stays an input and only its shape is
+ * fixed: `shape` (rank values) gives every dim, symbolic ones included (a specialization,
+ * as the LLM recognition imports a graph at a few sizes). */
 typedef struct infc_onnx_binding {
   const char *name;
   const fmt_onnx_tensor *value;
+  int rank;
+  const int64_t *shape;
 } infc_onnx_binding;
 
 /* infc_onnx_import with bindings (every binding must name a graph input). */

@@ -1,12 +1,12 @@
-/* infc_onnx_llm: serves exported causal-LM graphs as LLM plans. Recognises the
- * Llama decoder in an ONNX graph (torch.onnx.export of HF Llama-family models, with or
- * without optimum-style past_key_values inputs: embedding Gather, RMSNorm
- * pow/mean/add/sqrt/div/mul, q/k/v (+ bias) and o MatMuls, rotate-half or interleaved
- * RoPE, the past-KV Concat, scaled masked softmax attention with GQA repeat_kv, SwiGLU,
- * final norm, lm_head), extracts its weights under their HF names and builds the program
- * with model_llama_build, so the plan runs on the flat step batch and the paged KV cache
- * like a safetensors checkpoint (present.* outputs are dropped; attention_mask is taken
- * as all ones: sequences never share a row of the step batch). */
+/* infc_onnx_llm: serves exported causal-LM graphs as LLM plans. The graph is imported as
+ * it is into the generic n-d IR at two small sizes (S new tokens after P = 0 or 1 past
+ * ones; attention_mask bound to ones, position_ids to P..P+S-1, so the mask, the rope
+ * tables and the shape arithmetic fold to constants), and the canonicalize pass
+ * (passes/pass_canon.h) recognises the decoder by what it computes and rebuilds it with
+ * the Llama template, so the plan runs on the flat step batch and the paged KV cache like a
+ * safetensors checkpoint (present.* outputs are dropped; attention_mask is taken as all
+ * ones: sequences never share a row of the step batch). ONNX Runtime GenAI builder
+ * graphs go to onnx_genai.c. */
 #ifndef INFC_ONNX_LLM_H
 #define INFC_ONNX_LLM_H
 
@@ -16,6 +16,7 @@
 #include "model_template.h"
 
 #define INFC_ONNX_LLM_RECOGNISED 256
+#define INFC_ONNX_LLM_MAX_INPUTS 512 /* graph inputs: ids, mask, positions, past KV */
 
 /* Loads `path`. If its graph is a causal LM (an input "input_ids" and an output
  * "logits"), recognises the decoder and builds the LLM program: *out_is_lm true,

@@ -343,8 +343,9 @@ static ir_status add_initializers(onnx_imp *im, const Onnx__GraphProto *gp) {
   return IR_OK;
 }
 
-static ir_status input_shape(onnx_imp *im, const Onnx__ValueInfoProto *vi, ir_dtype *dt, int *rank,
-                             ir_dim *dims) {
+/* The input's declared dims, symbolic ones taken from `fixed` (rank values, or NULL). */
+static ir_status input_shape(onnx_imp *im, const Onnx__ValueInfoProto *vi, const int64_t *fixed,
+                             int fixed_rank, ir_dtype *dt, int *rank, ir_dim *dims) {
   const Onnx__TypeProto *tp = vi->type;
   bool is_bool;
   if (!tp || tp->value_case != ONNX__TYPE_PROTO__VALUE_TENSOR_TYPE || !tp->tensor_type)
@@ -362,9 +363,21 @@ static ir_status input_shape(onnx_imp *im, const Onnx__ValueInfoProto *vi, ir_dt
     return ir_diag_set(im->d, IR_UNSUPPORTED, "graph input '%s': rank %zu exceeds %d", vi->name,
                        tt->shape->n_dim, IR_MAX_RANK);
   *rank = (int)tt->shape->n_dim;
+  if (fixed && fixed_rank != *rank)
+    return ir_diag_set(im->d, IR_INVALID_ARG, "graph input '%s' has rank %d, not %d", vi->name,
+                       *rank, fixed_rank);
   for (int k = 0; k < *rank; k++) {
     const Onnx__TensorShapeProto__Dimension *dm = tt->shape->dim[k];
-    if (dm->value_case != ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_VALUE || dm->dim_value < 0)
+    bool known = dm->value_case == ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_VALUE &&
+                 dm->dim_value >= 0;
+    if (fixed && (fixed[k] < 0 || (known && fixed[k] != dm->dim_value)))
+      return ir_diag_set(im->d, IR_INVALID_ARG, "graph input '%s': dim %d is %lld, not %lld",
+                         vi->name, k, known ? (long long)dm->dim_value : -1LL, (long long)fixed[k]);
+    if (fixed) {
+      dims[k] = (ir_dim){.n = fixed[k], .sym = IR_SYM_NONE};
+      continue;
+    }
+    if (!known)
       return ir_diag_set(im->d, IR_UNSUPPORTED,
                          "graph input '%s': dim %d is symbolic ('%s'): "
                          "the generic path needs static shapes",
@@ -411,11 +424,19 @@ static ir_status add_inputs(onnx_imp *im, const Onnx__GraphProto *gp) {
     ir_dtype dt = IR_DTYPE_INVALID;
     int rank = 0;
     ir_dim dims[IR_MAX_RANK];
-    ir_status st = input_shape(im, vi, &dt, &rank, dims);
+    const infc_onnx_binding *b = NULL;
+    for (int k = 0; k < im->n_binds && !b; k++)
+      if (!strcmp(im->binds[k].name, vi->name)) b = &im->binds[k];
+    const fmt_onnx_tensor *bound = b ? b->value : NULL;
+    ir_status st = input_shape(im, vi,
+                               bound ? bound->shape
+                               : b   ? b->shape
+                                     : NULL,
+                               bound ? bound->rank
+                               : b   ? b->rank
+                                     : 0,
+                               &dt, &rank, dims);
     if (st != IR_OK) return st;
-    const fmt_onnx_tensor *bound = NULL;
-    for (int b = 0; b < im->n_binds && !bound; b++)
-      if (!strcmp(im->binds[b].name, vi->name)) bound = im->binds[b].value;
     if (bound) {
       if ((st = bind_input(im, vi->name, bound, dt, rank, dims)) != IR_OK) return st;
       continue;

@@ -284,6 +284,110 @@ static ir_status lower_gather(onnx_imp *im, int arg) {
   return imp_bind(im, 0, imp_emit(im, (ir_op)arg, NULL, in, 2, a, 1, NULL));
 }
 
+/* GatherND (batch_dims 0) with constant indices [..., k]: the data's first k dims
+ * flattened into one, and a Gather of the flat row numbers computed here. Indices that
+ * are runtime values are refused. */
+static ir_status lower_gather_nd(onnx_imp *im, int arg) {
+  (void)arg;
+  int32_t x = imp_in_req(im, 0), it = imp_in_req(im, 1);
+  if (x < 0 || it < 0) return im->d->status;
+  if (imp_attr_i(im, "batch_dims", 0) != 0)
+    return imp_fail(im, IR_UNSUPPORTED, "batch_dims %lld is not supported (only 0)",
+                    (long long)imp_attr_i(im, "batch_dims", 0));
+  const ir_tensor *idx = imp_t(im, it);
+  if (!imp_is_const(im, it) || (idx->dtype != IR_I64 && idx->dtype != IR_I32))
+    return imp_fail(im, IR_UNSUPPORTED, "indices ('%s') must be a constant int64/int32 tensor",
+                    idx->name);
+  int64_t ds[IR_MAX_RANK], is[IR_MAX_RANK];
+  int r = imp_shape(im, x, ds), q = imp_shape(im, it, is);
+  int64_t k = q > 0 ? is[q - 1] : -1;
+  if (q < 1 || k < 1 || k > r || q - 1 + (r - k) + 1 > IR_MAX_RANK)
+    return imp_fail(im, IR_BAD_FORMAT, "indices' last dim %lld does not fit data of rank %d",
+                    (long long)k, r);
+  int64_t rows = ir_nd_numel(q - 1, is), flat_n = ir_nd_numel((int)k, ds);
+  if (rows < 0 || flat_n < 0 || rows > ((int64_t)1 << 26))
+    return imp_fail(im, IR_UNSUPPORTED, "too many indices");
+  int64_t *flat = ir_malloc((size_t)(rows ? rows : 1) * sizeof *flat);
+  if (!flat) return imp_fail(im, IR_OOM, "out of memory");
+  for (int64_t i = 0; i < rows; i++) {
+    int64_t f = 0;
+    for (int64_t j = 0; j < k; j++) {
+      int64_t v = idx->dtype == IR_I64 ? ((const int64_t *)idx->data)[i * k + j]
+                                       : ((const int32_t *)idx->data)[i * k + j];
+      if (v < -ds[j] || v >= ds[j]) {
+        ir_free(flat);
+        return imp_fail(im, IR_INVALID_ARG, "index %lld is outside dim %lld of extent %lld",
+                        (long long)v, (long long)j, (long long)ds[j]);
+      }
+      f = f * ds[j] + (v < 0 ? v + ds[j] : v);
+    }
+    flat[i] = f;
+  }
+  int32_t ft = imp_weight(im, "flat_indices", IR_I64, q - 1, is, flat);
+  ir_free(flat);
+  int64_t shape[IR_MAX_RANK];
+  shape[0] = flat_n;
+  for (int j = (int)k; j < r; j++) shape[1 + j - k] = ds[j];
+  int32_t in[2] = {imp_reshape(im, x, 1 + r - (int)k, shape), ft};
+  if (ft < 0 || in[0] < 0) return im->d->status;
+  ir_attr a[1] = {IR_AI(A("axis"), 0)};
+  return imp_bind(im, 0, imp_emit(im, IR_OP_ND_GATHER, NULL, in, 2, a, 1, NULL));
+}
+
+/* ScatterND (reduction none) of constants, evaluated here: the IR has no scatter op, and
+ * exporters emit it on build-time values (a mask's construction). Runtime operands are
+ * refused. */
+static ir_status lower_scatter_nd(onnx_imp *im, int arg) {
+  (void)arg;
+  int32_t x = imp_in_req(im, 0), it = imp_in_req(im, 1), u = imp_in_req(im, 2);
+  if (x < 0 || it < 0 || u < 0) return im->d->status;
+  char red[16];
+  imp_attr_s(im, "reduction", red, sizeof red);
+  if (red[0] && strcmp(red, "none"))
+    return imp_fail(im, IR_UNSUPPORTED, "reduction '%s' is not supported", red);
+  const ir_tensor *X = imp_t(im, x), *I = imp_t(im, it), *U = imp_t(im, u);
+  if (!imp_is_const(im, x) || !imp_is_const(im, it) || !imp_is_const(im, u))
+    return imp_fail(im, IR_UNSUPPORTED,
+                    "only a ScatterND of constants is supported (it is evaluated at build time)");
+  if ((I->dtype != IR_I64 && I->dtype != IR_I32) || U->dtype != X->dtype)
+    return imp_fail(im, IR_BAD_FORMAT,
+                    "indices must be int64/int32 and updates of the data's dtype");
+  int64_t ds[IR_MAX_RANK], is[IR_MAX_RANK], us[IR_MAX_RANK];
+  int r = imp_shape(im, x, ds), q = imp_shape(im, it, is), ur = imp_shape(im, u, us);
+  int64_t k = q > 0 ? is[q - 1] : -1;
+  if (q < 1 || k < 1 || k > r || ur != q - 1 + r - (int)k)
+    return imp_fail(im, IR_BAD_FORMAT, "indices [.., %lld] do not fit data of rank %d",
+                    (long long)k, r);
+  for (int j = 0; j < q - 1; j++)
+    if (us[j] != is[j]) return imp_fail(im, IR_BAD_FORMAT, "updates' shape does not match indices");
+  for (int j = (int)k; j < r; j++)
+    if (us[q - 1 + j - k] != ds[j])
+      return imp_fail(im, IR_BAD_FORMAT, "updates' shape does not match the data");
+  int64_t rows = ir_nd_numel(q - 1, is), slice = ir_nd_numel(r - (int)k, ds + k);
+  size_t es = ir_dtype_bytes(X->dtype, 1);
+  uint8_t *buf = ir_malloc(X->nbytes ? X->nbytes : 1);
+  if (!buf) return imp_fail(im, IR_OOM, "out of memory");
+  memcpy(buf, X->data, X->nbytes);
+  for (int64_t i = 0; i < rows; i++) {
+    int64_t f = 0;
+    for (int64_t j = 0; j < k; j++) {
+      int64_t v = I->dtype == IR_I64 ? ((const int64_t *)I->data)[i * k + j]
+                                     : ((const int32_t *)I->data)[i * k + j];
+      if (v < -ds[j] || v >= ds[j]) {
+        ir_free(buf);
+        return imp_fail(im, IR_INVALID_ARG, "index %lld is outside dim %lld of extent %lld",
+                        (long long)v, (long long)j, (long long)ds[j]);
+      }
+      f = f * ds[j] + (v < 0 ? v + ds[j] : v);
+    }
+    memcpy(buf + (size_t)(f * slice) * es, (const uint8_t *)U->data + (size_t)(i * slice) * es,
+           (size_t)slice * es);
+  }
+  int32_t t = imp_weight(im, "scatter", X->dtype, r, ds, buf);
+  ir_free(buf);
+  return imp_bind(im, 0, t);
+}
+
 static ir_status lower_trilu(onnx_imp *im, int arg) {
   int32_t x = imp_in_req(im, 0), kt = imp_in(im, 1);
   double k = 0;
@@ -453,6 +557,8 @@ const onnx_op onnx_ops_shape[] = {
     {"", "Pad", 2, lower_pad, 0},
     {"", "Gather", 1, lower_gather, IR_OP_ND_GATHER},
     {"", "GatherElements", 11, lower_gather, IR_OP_ND_GATHER_ELEMENTS},
+    {"", "GatherND", 11, lower_gather_nd, 0},
+    {"", "ScatterND", 11, lower_scatter_nd, 0},
     {"", "Trilu", 14, lower_trilu, 0},
     {"", "Shape", 1, lower_shape, 0},
     {"", "Size", 1, lower_size, 0},

@@ -206,6 +206,22 @@ int main(void) {
   check_llm("onnx-llama-past", past);
   check_llm("onnx-qwen2-past", qwen2);
   check_llm("onnx-llama-rope-interleaved", inter);
+  /* torch's default (dynamo) exporter, transformers 5 (tools/gen_onnx_dynamo_fixtures.py) */
+  static const char *const dyn[] = {"2 attention blocks -> paged attention, GQA 4/2, head_dim 16",
+                                    "RoPE rotate-half theta=10000", "eps=1e-05", "SwiGLU 172",
+                                    NULL};
+  static const char *const dyn_qwen2[] = {"MQA 4/1, head_dim 16, q/k/v bias",
+                                          "lm_head tied",
+                                          "theta=1e+06",
+                                          "eps=1e-06",
+                                          "SwiGLU 128",
+                                          NULL};
+  check_llm("onnx-dynamo-llama-eager", dyn);
+  check_llm("onnx-dynamo-llama-sdpa", dyn);
+  check_llm("onnx-dynamo-llama-eager-past", past);
+  check_llm("onnx-dynamo-llama-sdpa-past", past);
+  check_llm("onnx-dynamo-qwen2-eager", dyn_qwen2);
+  check_llm("onnx-dynamo-qwen2-sdpa-past", dyn_qwen2);
   check_not_servable();
   return tcheck_done("onnx_llm");
 }
