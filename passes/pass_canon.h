@@ -41,8 +41,6 @@ typedef struct pass_llm_weight {
   model_tensor t;
 } pass_llm_weight;
 
-#define PASS_LLM_SUMMARY 256
-
 /* What was recognised: the template's parameters and its weights by HF name. */
 typedef struct pass_llm {
   model_llama_params p;
@@ -61,8 +59,7 @@ ir_status pass_canon_llm(const ir_graph *g, const pass_llm_io *io, pass_llm *out
 
 /* Builds the fused program from what was recognised (model_llama_build); the graph adopts
  * out->owned. p's limits (max_position, bos, eos) are the caller's to set first. */
-ir_status pass_canon_llm_build(pass_llm *r, const model_build_opts *bo, ir_graph **out,
-                               ir_diag *d);
+ir_status pass_canon_llm_build(pass_llm *r, const model_build_opts *bo, ir_graph **out, ir_diag *d);
 
 /* One line: "2 attention blocks -> paged attention, GQA 4/2, head_dim 16; ...". */
 void pass_llm_describe(const pass_llm *r, char *out, size_t len);

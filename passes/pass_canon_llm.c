@@ -45,7 +45,10 @@ typedef struct canon {
   bool have_eps;
   bool have_rope;
   int64_t rope_half;
-  double *freqs; /* [rope_half] */
+  double *cur;           /* [rope_half]: this layer's frequencies (read off the query's tables) */
+  double *freqs[2];      /* the distinct frequency sets seen (global, and a local one) */
+  int8_t *layer_rope;    /* per layer: 0 no rope, 1 or 2 the set */
+  int64_t *layer_window; /* per layer: the mask's window, 0 when it attends all */
   int32_t *past_seen;
   int n_past_seen;
 } canon;
@@ -82,9 +85,7 @@ static const char *nname(const ir_node *n) { return n && n->name ? n->name : "?"
 
 static const ir_tensor *tt(const canon *c, int32_t t) { return &c->g->tensors[t]; }
 
-static bool is_w(const canon *c, int32_t t) {
-  return t >= 0 && tt(c, t)->kind == IR_TENSOR_WEIGHT;
-}
+static bool is_w(const canon *c, int32_t t) { return t >= 0 && tt(c, t)->kind == IR_TENSOR_WEIGHT; }
 
 static bool is_float(ir_dtype dt) { return dt == IR_F32 || dt == IR_F16 || dt == IR_BF16; }
 
@@ -133,7 +134,9 @@ static int32_t skip_cast(const canon *c, int32_t t) {
   return t;
 }
 
-static bool same(const canon *c, int32_t a, int32_t b) { return skip_cast(c, a) == skip_cast(c, b); }
+static bool same(const canon *c, int32_t a, int32_t b) {
+  return skip_cast(c, a) == skip_cast(c, b);
+}
 
 /* A node's distinct inputs: input k unless an earlier input is the same tensor. */
 static bool first_use(const ir_node *n, int k) {
@@ -300,7 +303,8 @@ static bool match_ms(const canon *c, int32_t m, int32_t x) {
   if (o->rank != xi->rank || o->dims[o->rank - 1].n != 1) return false;
   const ir_node *sq = prod(c, skip_cast(c, n->in[0]));
   double two;
-  if (is_op(sq, IR_OP_ND_POW)) return same(c, sq->in[0], x) && scalar(c, sq->in[1], &two) && two == 2;
+  if (is_op(sq, IR_OP_ND_POW))
+    return same(c, sq->in[0], x) && scalar(c, sq->in[1], &two) && two == 2;
   return is_op(sq, IR_OP_ND_MUL) && same(c, sq->in[0], x) && same(c, sq->in[1], x);
 }
 
@@ -433,7 +437,9 @@ static void add_vector(canon *c, const char *name, int32_t t, int64_t off, int64
   pass_llm_weight *w = new_weight(c, name);
   if (!w) return;
   size_t es = ir_dtype_bytes(x->dtype, 1);
-  w->t = (model_tensor){.dtype = x->dtype, .rank = 1, .shape = {n},
+  w->t = (model_tensor){.dtype = x->dtype,
+                        .rank = 1,
+                        .shape = {n},
                         .data = (const uint8_t *)x->data + (size_t)off * es,
                         .nbytes = (uint64_t)n * es};
 }
@@ -451,7 +457,8 @@ static void add_proj(canon *c, const char *name, const proj *pj, int64_t col, in
   int64_t K = pj->k, N = pj->n;
   pass_llm_weight *w = new_weight(c, name);
   if (!w) return;
-  w->t = (model_tensor){.dtype = x->dtype, .rank = 2, .shape = {n, K}, .nbytes = (uint64_t)(n * K) * es};
+  w->t = (model_tensor){
+      .dtype = x->dtype, .rank = 2, .shape = {n, K}, .nbytes = (uint64_t)(n * K) * es};
   if (pj->wt) { /* already [N, K]: rows col.. */
     w->t.data = (const uint8_t *)x->data + (size_t)(col * K) * es;
   } else {
@@ -489,7 +496,8 @@ static int find_projs(canon *c, int32_t x, proj *out, int max) {
   for (int i = 0; i < n_uses(c, x) && n < max; i++) {
     const ir_node *u = use(c, x, i);
     proj p = {.b = -1, .node = (int32_t)(u - c->g->nodes)};
-    if (u->op == IR_OP_ND_MATMUL && u->in[0] == x && is_w(c, u->in[1]) && tt(c, u->in[1])->rank == 2) {
+    if (u->op == IR_OP_ND_MATMUL && u->in[0] == x && is_w(c, u->in[1]) &&
+        tt(c, u->in[1])->rank == 2) {
       p.w = u->in[1];
     } else if (u->op == IR_OP_ND_GEMM && u->in[0] == x && is_w(c, u->in[1]) &&
                !ir_node_attr_i(u, "trans_a", 0) && ir_node_attr_f(u, "alpha", 1) == 1) {
@@ -541,8 +549,7 @@ static bool negated(const canon *c, int32_t t, int depth) {
 /* Follows an attention operand back to one of the projections pj, through data movement,
  * constant scales, the rope, a per-head norm and a past-KV Concat (recorded in *tr; the
  * non-movement steps pass their value through in evaluation). */
-static bool trace_back(canon *c, int32_t t, const proj *pj, int npj, const char *what,
-                       trace *tr) {
+static bool trace_back(canon *c, int32_t t, const proj *pj, int npj, const char *what, trace *tr) {
   *tr = (trace){.src = -1, .scale = 1, .rope = -1, .qn_w = -1, .past_in = -1, .past_cat = -1};
   for (int steps = 0; steps < 256; steps++) {
     for (int i = 0; i < npj; i++)
@@ -562,7 +569,11 @@ static bool trace_back(canon *c, int32_t t, const proj *pj, int npj, const char 
       tr->past_in = n->in[0];
       tr->past_cat = n->out[0];
       t = n->in[1];
-    } else if ((n->op == IR_OP_ND_MUL || n->op == IR_OP_ND_DIV) && scalar(c, n->in[1], &k) && k != 0) {
+    } else if (n->op == IR_OP_ND_CONCAT && n->n_in == 2 && tr->rope < 0 && !is_w(c, n->in[0]) &&
+               !is_w(c, n->in[1]) && is_op(prod(c, n->in[0]), IR_OP_ND_ADD)) {
+      t = n->in[0]; /* partial rotary: Concat(rope(x[.., :r]), x[.., r:]), evaluated as is */
+    } else if ((n->op == IR_OP_ND_MUL || n->op == IR_OP_ND_DIV) && scalar(c, n->in[1], &k) &&
+               k != 0) {
       tr->scale *= n->op == IR_OP_ND_MUL ? k : 1 / k;
       c->through[t] = n->in[0];
       t = n->in[0];
@@ -595,8 +606,9 @@ static bool trace_back(canon *c, int32_t t, const proj *pj, int npj, const char 
     }
   }
   const ir_node *n = prod(c, t);
-  cfail(c, "the attention's %s does not come from a projection of the normalized hidden state "
-           "(stopped at node '%s' (%s))",
+  cfail(c,
+        "the attention's %s does not come from a projection of the normalized hidden state "
+        "(stopped at node '%s' (%s))",
         what, nname(n), n ? ir_op_name(n->op) : "an input or a constant");
   return false;
 }
@@ -605,7 +617,7 @@ static bool trace_back(canon *c, int32_t t, const proj *pj, int npj, const char 
 
 /* The rotation of the rope at tr: rotate-half or adjacent pairs, judged on numbered
  * values; its cos/sin tables read at every (position, dim) into the frequencies. */
-static void check_rope(canon *c, const trace *tr, const char *what) {
+static void check_rope(canon *c, const trace *tr, const char *what, bool first) {
   if (c->st != IR_OK) return;
   int32_t x = tr->rope_x;
   int rank = tt(c, x)->rank;
@@ -626,7 +638,7 @@ static void check_rope(canon *c, const trace *tr, const char *what) {
   ev_free(&e);
   if (c->st != IR_OK) return;
   bool interleaved = !half_ok;
-  if (c->have_rope && interleaved != c->r->p.rope_interleaved) {
+  if ((c->have_rope || !first) && interleaved != c->r->p.rope_interleaved) {
     cfail(c, "the %s rope rotates differently from the first", what);
     return;
   }
@@ -654,10 +666,10 @@ static void check_rope(canon *c, const trace *tr, const char *what) {
   }
   /* table value at (s, d): broadcast of a [x's rank] index into the table */
   int64_t S = c->io->seq, P = c->io->past;
-  if (!c->have_rope) {
+  if (!c->cur) {
     c->rope_half = half;
-    c->freqs = ir_calloc((size_t)half + 1, sizeof *c->freqs);
-    if (!c->freqs) {
+    c->cur = ir_calloc((size_t)half + 1, sizeof *c->cur);
+    if (!c->cur) {
       coom(c);
       return;
     }
@@ -695,17 +707,17 @@ static void check_rope(canon *c, const trace *tr, const char *what) {
         int64_t i = interleaved ? dd / 2 : dd % half;
         if (pass == 0) {
           double f = atan2(v[1], v[0]);
-          if (c->have_rope) {
-            if (fabs(f - c->freqs[i]) > 1e-5 * (1 + fabs(f))) {
-              cfail(c, "the %s rope's frequencies differ from the first's", what);
+          if (!first) {
+            if (fabs(f - c->cur[i]) > 1e-5 * (1 + fabs(f))) {
+              cfail(c, "the %s rope's frequencies differ from the query's", what);
               return;
             }
           } else {
-            c->freqs[i] = f;
+            c->cur[i] = f;
           }
           continue;
         }
-        double f = c->freqs[i], amp = hypot(v[0], v[1]);
+        double f = c->cur[i], amp = hypot(v[0], v[1]);
         if (fabs(amp - 1) > 1e-4 || fabs(v[0] - cos((double)pos * f)) > 2e-5 ||
             fabs(v[1] - sin((double)pos * f)) > 2e-5) {
           cfail(c,
@@ -716,7 +728,41 @@ static void check_rope(canon *c, const trace *tr, const char *what) {
         }
       }
     }
+  c->r->p.rope_interleaved = interleaved;
   c->have_rope = true;
+}
+
+/* This layer's frequencies (c->cur) as one of the two sets: 1 or 2, 0 when a third. */
+static int rope_set(canon *c) {
+  for (int k = 0; k < 2; k++) {
+    if (!c->freqs[k]) {
+      c->freqs[k] = ir_malloc((size_t)c->rope_half * sizeof *c->freqs[k]);
+      if (!c->freqs[k]) {
+        coom(c);
+        return 0;
+      }
+      memcpy(c->freqs[k], c->cur, (size_t)c->rope_half * sizeof *c->cur);
+      return k + 1;
+    }
+    bool eq = true;
+    for (int64_t i = 0; i < c->rope_half && eq; i++)
+      eq = fabs(c->freqs[k][i] - c->cur[i]) <= 1e-5 * (1 + fabs(c->cur[i]));
+    if (eq) return k + 1;
+  }
+  return 0;
+}
+
+/* theta from a frequency set when it is theta^(-2i/d); 0 when not. */
+static double fit_theta(const double *f, int64_t half) {
+  if (half < 2 || !(f[half - 1] > 0) || fabs(f[0] - 1) > 1e-6) return 0;
+  double theta = exp(-log(f[half - 1]) * (double)(2 * half) / (double)(2 * (half - 1)));
+  double rt = round(theta);
+  if (fabs(rt - theta) < 1e-4 * theta) theta = rt;
+  for (int64_t i = 0; i < half; i++) {
+    double want = pow(theta, -(double)(2 * i) / (double)(2 * half));
+    if (fabs(f[i] - want) > 2e-6 * want + 1e-9) return 0;
+  }
+  return theta;
 }
 
 /* theta from the frequencies, or the frequencies carried as they are. */
@@ -724,19 +770,32 @@ static void rope_params(canon *c) {
   model_llama_params *p = &c->r->p;
   int64_t half = c->rope_half;
   if (!c->have_rope || half < 1) return;
-  double theta = half > 1 ? exp(-log(c->freqs[half - 1]) * (double)(2 * half) /
-                                (double)(2 * (half - 1)))
-                          : 10000;
-  double rt = round(theta);
-  if (fabs(rt - theta) < 1e-4 * theta) theta = rt;
-  bool fits = c->freqs[0] > 0 && fabs(c->freqs[0] - 1) < 1e-6;
-  for (int64_t i = 0; fits && i < half; i++) {
-    double want = pow(theta, -(double)(2 * i) / (double)(2 * half));
-    fits = fabs(c->freqs[i] - want) <= 2e-6 * want + 1e-9;
-  }
-  p->rope_theta = theta;
   p->rot_dim = 2 * half == p->head_dim ? 0 : 2 * half;
-  if (fits) return;
+  if (c->freqs[1]) { /* a second rope: the sliding layers' (a local theta, no scaling) */
+    int local_set = 0;
+    for (int64_t l = 0; l < p->n_layers && !local_set; l++)
+      if (c->layer_rope[l] && model_llama_layer_slides(p, l)) local_set = c->layer_rope[l];
+    for (int64_t l = 0; l < p->n_layers; l++)
+      if (c->layer_rope[l] && (c->layer_rope[l] == local_set) != model_llama_layer_slides(p, l)) {
+        cfail(c, "layer %lld's rope is not the one of its kind (sliding or full attention)",
+              (long long)l);
+        return;
+      }
+    if (local_set == 1) { /* the global set first */
+      double *t = c->freqs[0];
+      c->freqs[0] = c->freqs[1];
+      c->freqs[1] = t;
+    }
+    double local = fit_theta(c->freqs[1], half);
+    if (!local) {
+      cfail(c, "the sliding layers' rope is not theta^(-2i/d)");
+      return;
+    }
+    p->rope_local_theta = local;
+  }
+  double theta = fit_theta(c->freqs[0], half);
+  p->rope_theta = theta;
+  if (theta > 0) return;
   c->r->rope_tabled = true;
   p->rope_theta = 10000;
   c->r->rope_freqs = ir_malloc((size_t)half * sizeof *c->r->rope_freqs);
@@ -746,13 +805,54 @@ static void rope_params(canon *c) {
   }
   for (int64_t i = 0; i < half; i++) {
     double base = pow(10000.0, -(double)(2 * i) / (double)(2 * half));
-    if (!(c->freqs[i] > 0)) {
-      cfail(c, "rope frequency %lld is %g", (long long)i, c->freqs[i]);
+    if (!(c->freqs[0][i] > 0)) {
+      cfail(c, "rope frequency %lld is %g", (long long)i, c->freqs[0][i]);
       return;
     }
-    c->r->rope_freqs[i] = (float)(base / c->freqs[i]);
+    c->r->rope_freqs[i] = (float)(base / c->freqs[0][i]);
   }
   p->rope_freq_factors = c->r->rope_freqs;
+}
+
+/* NoPE layers ((l + 1) % n == 0 have no rope) and the sliding-window pattern (layer l
+ * slides from swa_first on unless (l + 1) % swa_period == 0) from what each layer did. */
+static void layer_patterns(canon *c) {
+  model_llama_params *p = &c->r->p;
+  int64_t L = p->n_layers, nope = 0;
+  for (int64_t l = 0; l < L && !nope; l++)
+    if (!c->layer_rope[l]) nope = l + 1;
+  if (nope == 1) {
+    cfail(c, "the first layer has no rope");
+    return;
+  }
+  for (int64_t l = 0; l < L && nope; l++)
+    if ((c->layer_rope[l] == 0) != ((l + 1) % nope == 0)) {
+      cfail(c, "layers without rope are not every %lld-th", (long long)nope);
+      return;
+    }
+  p->no_rope_every = nope;
+  int64_t w = 0;
+  for (int64_t l = 0; l < L; l++)
+    if (c->layer_window[l]) {
+      if (w && c->layer_window[l] != w) {
+        cfail(c, "the sliding layers have different windows (%lld, %lld)", (long long)w,
+              (long long)c->layer_window[l]);
+        return;
+      }
+      w = c->layer_window[l];
+    }
+  if (!w) return;
+  p->sliding_window = w;
+  for (int64_t first = 0; first < L; first++)
+    for (int64_t period = 0; period <= L; period = period ? period + 1 : 2) {
+      p->swa_first = first;
+      p->swa_period = period;
+      bool ok = true;
+      for (int64_t l = 0; l < L && ok; l++)
+        ok = model_llama_layer_slides(p, l) == (c->layer_window[l] != 0);
+      if (ok) return;
+    }
+  cfail(c, "the sliding-window layers follow no pattern the template knows");
 }
 
 /* --- attention ------------------------------------------------------------------------- */
@@ -760,7 +860,7 @@ static void rope_params(canon *c) {
 /* The mask: allowed exactly where t <= P + s. mask: a constant added to the scores (0 where
  * allowed, a large negative elsewhere) or, with where_cond >= 0, a Where's condition. */
 static void check_mask(canon *c, int32_t mask, bool where_true_keeps, int32_t where_else,
-                       int32_t scores) {
+                       int32_t scores, int64_t *window) {
   int64_t S = c->io->seq, P = c->io->past, T = P + S;
   const ir_tensor *m = tt(c, mask);
   int r = tt(c, scores)->rank;
@@ -781,6 +881,15 @@ static void check_mask(canon *c, int32_t mask, bool where_true_keeps, int32_t wh
           (long long)T);
     return;
   }
+  int64_t w = 0; /* the window: the keys a query sees, where that is fewer than all before it */
+  for (int64_t s = 0; s < S; s++) {
+    int64_t cnt = 0;
+    for (int64_t t = 0; t <= P + s && t < T; t++) {
+      double v = wval(c, mask, (dS > 1 ? s : 0) * dT + (dT > 1 ? t : 0));
+      cnt += where_else >= 0 ? (v != 0) == where_true_keeps : v > -1;
+    }
+    if (cnt > 0 && cnt < P + s + 1 && cnt > w) w = cnt;
+  }
   for (int64_t l = 0; l < lead; l++)
     for (int64_t s = 0; s < S; s++)
       for (int64_t t = 0; t < T; t++) {
@@ -788,13 +897,17 @@ static void check_mask(canon *c, int32_t mask, bool where_true_keeps, int32_t wh
         double v = wval(c, mask, off);
         bool allowed = where_else >= 0 ? (v != 0) == where_true_keeps : v > -1;
         bool masked = where_else >= 0 ? !allowed : v <= -1e3;
-        if ((!allowed && !masked) || allowed != (t <= P + s)) {
+        if ((!allowed && !masked) || allowed != (t <= P + s && (!w || t > P + s - w))) {
           cfail(c, "the attention mask is not causal: at query %lld, key %lld it %s (value %g)",
-                (long long)(P + s), (long long)t, allowed ? "allows" : masked ? "masks" : "adds",
+                (long long)(P + s), (long long)t,
+                allowed  ? "allows"
+                : masked ? "masks"
+                         : "adds",
                 v);
           return;
         }
       }
+  *window = w;
 }
 
 /* Checks the operand `v` ([.., H, S|T, hd] or, for K^T, [.., H, hd, T]) against the
@@ -818,8 +931,8 @@ static void check_heads(canon *c, const proj *src, int32_t operand, bool transpo
       return;
     }
   if (nt != T || (hd_want > 0 && hd != hd_want)) {
-    cfail(c, "the attention's %s is [.., %lld, %lld, %lld], not %lld tokens of head_dim %lld",
-          what, (long long)H, (long long)a, (long long)b, (long long)T, (long long)hd_want);
+    cfail(c, "the attention's %s is [.., %lld, %lld, %lld], not %lld tokens of head_dim %lld", what,
+          (long long)H, (long long)a, (long long)b, (long long)T, (long long)hd_want);
     return;
   }
   ev e;
@@ -835,21 +948,23 @@ static void check_heads(canon *c, const proj *src, int32_t operand, bool transpo
           int64_t i = transposed ? (h * hd + d) * T + t : (h * T + t) * hd + d;
           double got = v[i];
           if (t < pre) {
-            if (got != 0) cfail(c, "the attention's %s does not put the past before the new tokens", what);
+            if (got != 0)
+              cfail(c, "the attention's %s does not put the past before the new tokens", what);
             continue;
           }
           int64_t col = ((int64_t)got - 1) % N - *off, row = ((int64_t)got - 1) / N;
           int64_t sh = col / hd;
           if (got < 1 || row != t - pre || col < 0 || col % hd != d) {
-            cfail(c, "the attention's %s is not the projection's columns split into heads "
-                     "(head %lld, token %lld, dim %lld reads value %g)",
+            cfail(c,
+                  "the attention's %s is not the projection's columns split into heads "
+                  "(head %lld, token %lld, dim %lld reads value %g)",
                   what, (long long)h, (long long)t, (long long)d, got);
             break;
           }
           if (sh > maxh) maxh = sh;
           if (is_q && sh != h) {
-            cfail(c, "the attention's %s head %lld reads projection head %lld", what,
-                  (long long)h, (long long)sh);
+            cfail(c, "the attention's %s head %lld reads projection head %lld", what, (long long)h,
+                  (long long)sh);
             break;
           }
         }
@@ -864,8 +979,9 @@ static void check_heads(canon *c, const proj *src, int32_t operand, bool transpo
           int64_t i = transposed ? (h * hd) * T + pre : (h * T + pre) * hd;
           int64_t sh = (((int64_t)v[i] - 1) % N - *off) / hd;
           if (sh != h / (H / kvh)) {
-            cfail(c, "the attention's %s head %lld reads kv head %lld, not %lld (heads are "
-                     "expanded in an order the paged attention does not compute)",
+            cfail(c,
+                  "the attention's %s head %lld reads kv head %lld, not %lld (heads are "
+                  "expanded in an order the paged attention does not compute)",
                   what, (long long)h, (long long)sh, (long long)(h / (H / kvh)));
             break;
           }
@@ -877,8 +993,8 @@ static void check_heads(canon *c, const proj *src, int32_t operand, bool transpo
 }
 
 /* The softmax's input back to Q.K^T: constant scales, a constant mask, softcap. */
-static const ir_node *scores_back(canon *c, int32_t t, double *scale, double *softcap,
-                                  bool *masked) {
+static const ir_node *scores_back(canon *c, int32_t t, double *scale, double *softcap, bool *masked,
+                                  int64_t *window) {
   for (int steps = 0; steps < 64; steps++) {
     const ir_node *n = prod(c, t);
     double k;
@@ -889,21 +1005,23 @@ static const ir_node *scores_back(canon *c, int32_t t, double *scale, double *so
     } else if (n->op == IR_OP_ND_ADD && (is_w(c, n->in[0]) || is_w(c, n->in[1]))) {
       int32_t m = is_w(c, n->in[1]) ? n->in[1] : n->in[0];
       t = other(n, m);
-      check_mask(c, m, false, -1, t);
+      check_mask(c, m, false, -1, t, window);
       *masked = true;
     } else if (n->op == IR_OP_ND_WHERE && is_w(c, n->in[0]) &&
                (is_w(c, n->in[1]) != is_w(c, n->in[2]))) {
       bool keeps = !is_w(c, n->in[1]);
       t = keeps ? n->in[1] : n->in[2];
-      check_mask(c, n->in[0], keeps, keeps ? n->in[2] : n->in[1], t);
+      check_mask(c, n->in[0], keeps, keeps ? n->in[2] : n->in[1], t, window);
       *masked = true;
-    } else if ((n->op == IR_OP_ND_MUL || n->op == IR_OP_ND_DIV) && scalar(c, n->in[1], &k) && k != 0) {
+    } else if ((n->op == IR_OP_ND_MUL || n->op == IR_OP_ND_DIV) && scalar(c, n->in[1], &k) &&
+               k != 0) {
       /* softcap: cap * tanh(x / cap) */
       const ir_node *th = prod(c, n->in[0]);
       const ir_node *dv = is_op(th, IR_OP_ND_TANH) ? prod(c, th->in[0]) : NULL;
       double k2;
       if (n->op == IR_OP_ND_MUL && dv && (dv->op == IR_OP_ND_DIV || dv->op == IR_OP_ND_MUL) &&
-          scalar(c, dv->in[1], &k2) && fabs((dv->op == IR_OP_ND_DIV ? k2 : 1 / k2) - k) < 1e-6 * k) {
+          scalar(c, dv->in[1], &k2) &&
+          fabs((dv->op == IR_OP_ND_DIV ? k2 : 1 / k2) - k) < 1e-6 * k) {
         *softcap = k;
         t = dv->in[0];
         continue;
@@ -914,8 +1032,9 @@ static const ir_node *scores_back(canon *c, int32_t t, double *scale, double *so
       *scale *= k;
       t = n->in[1];
     } else {
-      cfail(c, "the attention scores pass through node '%s' (%s), which is not a constant "
-               "scale, mask or softcap",
+      cfail(c,
+            "the attention scores pass through node '%s' (%s), which is not a constant "
+            "scale, mask or softcap",
             nname(n), ir_op_name(n->op));
       return NULL;
     }
@@ -972,7 +1091,8 @@ static const ir_node *forward_proj(canon *c, int32_t t, int32_t *reads, int dept
   if (depth > 16) return NULL;
   for (int i = 0; i < n_uses(c, t); i++) {
     const ir_node *u = use(c, t, i);
-    if ((u->op == IR_OP_ND_MATMUL || u->op == IR_OP_ND_GEMM) && u->in[0] == t && is_w(c, u->in[1])) {
+    if ((u->op == IR_OP_ND_MATMUL || u->op == IR_OP_ND_GEMM) && u->in[0] == t &&
+        is_w(c, u->in[1])) {
       *reads = t;
       return u;
     }
@@ -993,7 +1113,9 @@ static int32_t residual(canon *c, int32_t x, int32_t y) {
   return -1;
 }
 
-static void name_l(char *buf, size_t len, int l, const char *part) { layer_name(buf, len, l, part); }
+static void name_l(char *buf, size_t len, int l, const char *part) {
+  layer_name(buf, len, l, part);
+}
 
 /* One attention block from h = norm(x): returns the residual stream after it, or -1. */
 static int32_t match_attention(canon *c, int32_t x, int32_t h) {
@@ -1015,13 +1137,15 @@ static int32_t match_attention(canon *c, int32_t x, int32_t h) {
     cfail(c, "no attention: no Softmax after the projections of the normalized hidden state");
     return -1;
   }
-  if (ir_node_attr_i(sm, "axis", -1) != -1 && ir_node_attr_i(sm, "axis", -1) != tt(c, sm->in[0])->rank - 1) {
+  if (ir_node_attr_i(sm, "axis", -1) != -1 &&
+      ir_node_attr_i(sm, "axis", -1) != tt(c, sm->in[0])->rank - 1) {
     cfail(c, "Softmax '%s' is not over the last axis", nname(sm));
     return -1;
   }
   double scale = 1, softcap = 0;
   bool masked = false;
-  const ir_node *qk = scores_back(c, sm->in[0], &scale, &softcap, &masked);
+  int64_t window = 0;
+  const ir_node *qk = scores_back(c, sm->in[0], &scale, &softcap, &masked, &window);
   const ir_node *pv = c->st == IR_OK ? pv_forward(c, sm->out[0]) : NULL;
   if (c->st != IR_OK) return -1;
   if (!qk) {
@@ -1063,9 +1187,15 @@ static int32_t match_attention(canon *c, int32_t x, int32_t h) {
     return -1;
   }
   if (tq.rope >= 0) {
-    check_rope(c, &tq, "query");
-    check_rope(c, &tk, "key");
+    check_rope(c, &tq, "query", true);
+    check_rope(c, &tk, "key", false);
+    c->layer_rope[c->layer] = (int8_t)(c->st == IR_OK ? rope_set(c) : 1);
+    if (c->st == IR_OK && !c->layer_rope[c->layer]) {
+      cfail(c, "a third distinct rope");
+      return -1;
+    }
   }
+  c->layer_window[c->layer] = window;
   if (tq.qn_w >= 0) {
     check_eps(c, tq.qn_eps);
     check_eps(c, tk.qn_eps);
@@ -1086,8 +1216,9 @@ static int32_t match_attention(canon *c, int32_t x, int32_t h) {
     }
   } else if (p->n_heads != H || p->n_kv_heads != kvh_k || p->head_dim != hd ||
              p->attention_bias != (pj[tq.src].b >= 0) || p->qk_norm != (tq.qn_w >= 0) ||
-             fabs((p->attn_scale > 0 ? p->attn_scale : 1 / sqrt((double)hd)) - total) > 1e-6 * total ||
-             p->attn_softcap != softcap || tq.rope < 0) {
+             fabs((p->attn_scale > 0 ? p->attn_scale : 1 / sqrt((double)hd)) - total) >
+                 1e-6 * total ||
+             p->attn_softcap != softcap) {
     cfail(c, "the attention differs from the first layer's (heads, bias, norm, scale or rope)");
     return -1;
   }
@@ -1139,8 +1270,9 @@ static int32_t match_attention(canon *c, int32_t x, int32_t h) {
       for (int64_t hh = 0; hh < H * hd; hh++) {
         int64_t want = ((hh / hd) * S + s) * hd + hh % hd + 1;
         if (v[s * H * hd + hh] != (float)want) {
-          cfail(c, "the output projection ('%s') does not read the attention's heads "
-                   "side by side",
+          cfail(c,
+                "the output projection ('%s') does not read the attention's heads "
+                "side by side",
                 nname(o));
           break;
         }
@@ -1149,7 +1281,21 @@ static int32_t match_attention(canon *c, int32_t x, int32_t h) {
   }
   name_l(nm, sizeof nm, l, "self_attn.o_proj.weight");
   add_proj(c, nm, &po[oi], 0, po[oi].n, false);
-  int32_t x1 = c->st == IR_OK ? residual(c, x, po[oi].out) : -1;
+  int32_t x1 = c->st == IR_OK ? residual(c, x, po[oi].out) : -1, w;
+  double eps;
+  bool sandwich = false;
+  if (c->st == IR_OK && x1 < 0) { /* Gemma: normalized before the residual add */
+    int32_t y = find_norm(c, po[oi].out, &w, &eps);
+    if (y >= 0 && (x1 = residual(c, x, y)) >= 0) {
+      sandwich = true;
+      check_eps(c, eps);
+      name_l(nm, sizeof nm, l, "post_attention_layernorm.weight");
+      add_vector(c, nm, w, 0, p->hidden_size);
+    }
+  }
+  if (c->st == IR_OK && l == 0) p->sandwich_norms = sandwich;
+  else if (c->st == IR_OK && x1 >= 0 && sandwich != p->sandwich_norms)
+    cfail(c, "the attention's output norm differs from the first layer's");
   if (c->st == IR_OK && x1 < 0)
     cfail(c, "the attention's output ('%s') is not added to the residual stream", nname(o));
   return x1;
@@ -1173,33 +1319,78 @@ static int act_of(canon *c, int32_t a, int32_t *g) {
   return -1;
 }
 
-/* The MLP from h = norm(x): returns the residual stream after it, or -1. */
+/* t back through data movement to one of the projections pj: its index, or -1. */
+static int moved_from(const canon *c, int32_t t, const proj *pj, int npj) {
+  for (int steps = 0; steps < 64; steps++) {
+    for (int i = 0; i < npj; i++)
+      if (pj[i].out == t) return i;
+    const ir_node *n = prod(c, t);
+    if (!n || !is_movement(n->op) || is_w(c, n->in[0])) return -1;
+    t = n->in[0];
+  }
+  return -1;
+}
+
+/* Whether t is columns [*off, *off + width) of projection pj's rows (width: t's last dim),
+ * judged on numbered values. */
+static bool proj_cols(canon *c, const proj *pj, int32_t t, int64_t *off) {
+  int64_t S = c->io->seq, W = dim(c, t, -1), N = pj->n;
+  if (numel(c, t) != S * W) return false;
+  ev e;
+  if (!ev_init(&e, c, pj->out)) return false;
+  const float *v = ev_f32(&e, t, "the MLP's gate or up");
+  bool ok = v != NULL;
+  if (ok) *off = ((int64_t)v[0] - 1) % N;
+  for (int64_t s = 0; ok && s < S; s++)
+    for (int64_t j = 0; ok && j < W; j++) ok = v[s * W + j] == (float)(s * N + *off + j + 1);
+  ev_free(&e);
+  return ok;
+}
+
+/* The MLP from h = norm(x): down(act(gate) * up), gate and up two projections or two
+ * column ranges of one; returns the residual stream after it, or -1. */
 static int32_t match_mlp(canon *c, int32_t x, int32_t h) {
   proj pj[MAX_PROJ];
   int npj = find_projs(c, h, pj, MAX_PROJ);
   model_llama_params *p = &c->r->p;
-  if (npj != 2 || pj[0].n != pj[1].n || pj[0].b >= 0 || pj[1].b >= 0) {
-    cfail(c, "the MLP is not SwiGLU: %d projection(s) read its normalized input, not a gate "
-             "and an up projection of one width",
+  if (npj < 1 || npj > 2 || pj[0].b >= 0 || (npj == 2 && pj[1].b >= 0)) {
+    cfail(c,
+          "the MLP is not SwiGLU: %d projection(s) read its normalized input, not a gate "
+          "and an up projection",
           npj);
     return -1;
   }
-  /* the product act(gate) * up */
+  /* the product act(gate) * up: the first Mul after the projections that is one */
   const ir_node *prodn = NULL;
-  int gi = -1, act = -1;
-  for (int i = 0; i < 2 && !prodn; i++)
-    for (int u = 0; u < n_uses(c, pj[1 - i].out) && !prodn; u++) {
-      const ir_node *m = use(c, pj[1 - i].out, u);
-      if (m->op != IR_OP_ND_MUL) continue;
+  int gi = -1, ui = -1, act = -1;
+  int32_t gate = -1, up = -1, first = pj[0].node;
+  if (npj == 2 && pj[1].node < first) first = pj[1].node;
+  for (int32_t i = first + 1; i < c->g->n_nodes && !prodn; i++) {
+    const ir_node *m = &c->g->nodes[i];
+    if (m->op != IR_OP_ND_MUL) continue;
+    for (int k = 0; k < 2 && !prodn; k++) {
       int32_t g = -1;
-      int a = act_of(c, other(m, pj[1 - i].out), &g);
-      if (a >= 0 && g == pj[i].out) prodn = m, gi = i, act = a;
+      int a = act_of(c, m->in[k], &g);
+      int gsrc = a >= 0 ? moved_from(c, g, pj, npj) : -1;
+      int usrc = gsrc >= 0 ? moved_from(c, skip_cast(c, m->in[1 - k]), pj, npj) : -1;
+      if (usrc >= 0)
+        prodn = m, gi = gsrc, ui = usrc, act = a, gate = g, up = skip_cast(c, m->in[1 - k]);
     }
+  }
   if (!prodn) {
     const ir_node *u = n_uses(c, pj[0].out) ? use(c, pj[0].out, 0) : NULL;
-    cfail(c, "the MLP is not SwiGLU (or tanh-GELU gated): its projections meet at node '%s' "
-             "(%s), not act(gate) * up with act silu or tanh-GELU",
+    cfail(c,
+          "the MLP is not SwiGLU (or tanh-GELU gated): no act(gate) * up with act silu or "
+          "tanh-GELU after its projections (the first reads into node '%s' (%s))",
           nname(u), u ? ir_op_name(u->op) : "-");
+    return -1;
+  }
+  int64_t I = dim(c, gate, -1), goff = 0, uoff = 0;
+  if (dim(c, up, -1) != I || !proj_cols(c, &pj[gi], gate, &goff) ||
+      !proj_cols(c, &pj[ui], up, &uoff)) {
+    if (c->st == IR_OK)
+      cfail(c, "the MLP's gate and up ('%s') are not column ranges of its projections",
+            nname(prodn));
     return -1;
   }
   int32_t reads = -1;
@@ -1208,24 +1399,33 @@ static int32_t match_mlp(canon *c, int32_t x, int32_t h) {
   int npd = dn ? find_projs(c, reads, pd, MAX_PROJ) : 0, di = -1;
   for (int i = 0; i < npd; i++)
     if (&c->g->nodes[pd[i].node] == dn) di = i;
-  if (di < 0 || reads != prodn->out[0] || pd[di].k != pj[0].n || pd[di].b >= 0) {
+  if (di < 0 || reads != prodn->out[0] || pd[di].k != I || pd[di].b >= 0) {
     cfail(c, "the MLP's down projection does not read act(gate) * up ('%s') directly",
           nname(prodn));
     return -1;
   }
-  if (c->layer == 0) p->intermediate_size = pj[0].n, p->act = act;
-  else if (p->intermediate_size != pj[0].n || p->act != act) {
+  if (c->layer == 0) p->intermediate_size = I, p->act = act;
+  else if (p->intermediate_size != I || p->act != act) {
     cfail(c, "the MLP differs from the first layer's");
     return -1;
   }
   char nm[96];
   name_l(nm, sizeof nm, c->layer, "mlp.gate_proj.weight");
-  add_proj(c, nm, &pj[gi], 0, pj[gi].n, false);
+  add_proj(c, nm, &pj[gi], goff, I, false);
   name_l(nm, sizeof nm, c->layer, "mlp.up_proj.weight");
-  add_proj(c, nm, &pj[1 - gi], 0, pj[1 - gi].n, false);
+  add_proj(c, nm, &pj[ui], uoff, I, false);
   name_l(nm, sizeof nm, c->layer, "mlp.down_proj.weight");
   add_proj(c, nm, &pd[di], 0, pd[di].n, false);
-  int32_t x2 = c->st == IR_OK ? residual(c, x, pd[di].out) : -1;
+  int32_t x2 = c->st == IR_OK ? residual(c, x, pd[di].out) : -1, w;
+  double eps;
+  if (c->st == IR_OK && x2 < 0 && p->sandwich_norms) { /* normalized before the add */
+    int32_t y = find_norm(c, pd[di].out, &w, &eps);
+    if (y >= 0 && (x2 = residual(c, x, y)) >= 0) {
+      check_eps(c, eps);
+      name_l(nm, sizeof nm, c->layer, "post_feedforward_layernorm.weight");
+      add_vector(c, nm, w, 0, p->hidden_size);
+    }
+  }
   if (c->st == IR_OK && x2 < 0)
     cfail(c, "the MLP's output ('%s') is not added to the residual stream", nname(dn));
   return x2;
@@ -1261,8 +1461,9 @@ static bool match_head(canon *c, int32_t *x_final, int32_t *norm_w, double *eps,
     } else if (n->op == IR_OP_ND_MUL && scalar(c, n->in[1], &k)) { /* final softcap */
       const ir_node *th = prod(c, n->in[0]);
       const ir_node *dv = is_op(th, IR_OP_ND_TANH) ? prod(c, th->in[0]) : NULL;
-      if (!dv || !((dv->op == IR_OP_ND_DIV && scalar(c, dv->in[1], &k2) && fabs(k2 - k) < 1e-6 * k) ||
-                   (dv->op == IR_OP_ND_MUL && scalar(c, dv->in[1], &k2) && fabs(k2 * k - 1) < 1e-6)))
+      if (!dv ||
+          !((dv->op == IR_OP_ND_DIV && scalar(c, dv->in[1], &k2) && fabs(k2 - k) < 1e-6 * k) ||
+            (dv->op == IR_OP_ND_MUL && scalar(c, dv->in[1], &k2) && fabs(k2 * k - 1) < 1e-6)))
         break;
       p->final_softcap = k;
       t = dv->in[0];
@@ -1297,11 +1498,15 @@ static void match_model(canon *c) {
   const ir_tensor *et = tt(c, emb->in[0]);
   pass_llm_weight *ew = new_weight(c, "model.embed_tokens.weight");
   if (!ew) return;
-  ew->t = (model_tensor){.dtype = et->dtype, .rank = 2, .shape = {p->vocab_size, p->hidden_size},
-                         .data = et->data, .nbytes = et->nbytes};
+  ew->t = (model_tensor){.dtype = et->dtype,
+                         .rank = 2,
+                         .shape = {p->vocab_size, p->hidden_size},
+                         .data = et->data,
+                         .nbytes = et->nbytes};
   int32_t x = emb->out[0];
   double k;
-  if (n_uses(c, x) == 1 && use(c, x, 0)->op == IR_OP_ND_MUL && scalar(c, other(use(c, x, 0), x), &k)) {
+  if (n_uses(c, x) == 1 && use(c, x, 0)->op == IR_OP_ND_MUL &&
+      scalar(c, other(use(c, x, 0), x), &k)) {
     p->embed_scale = k;
     x = use(c, x, 0)->out[0];
   }
@@ -1336,7 +1541,9 @@ static void match_model(canon *c) {
       return;
     }
     check_eps(c, eps);
-    name_l(nm, sizeof nm, c->layer, "post_attention_layernorm.weight");
+    name_l(nm, sizeof nm, c->layer,
+           p->sandwich_norms ? "pre_feedforward_layernorm.weight"
+                             : "post_attention_layernorm.weight");
     add_vector(c, nm, w, 0, p->hidden_size);
     x = match_mlp(c, x1, h);
     if (x < 0) return;
@@ -1366,7 +1573,8 @@ static void match_model(canon *c) {
     c->r->n_w--;
   }
   p->rms_norm_eps = c->eps;
-  rope_params(c);
+  layer_patterns(c);
+  if (c->st == IR_OK) rope_params(c);
 }
 
 /* Every graph input is the ids or a past KV the attention concatenates; every output the
@@ -1384,8 +1592,9 @@ static void check_io(canon *c) {
     bool ok = t == c->io->input_ids;
     for (int k = 0; k < c->n_past_seen; k++) ok |= c->past_seen[k] == t;
     if (!ok) {
-      cfail(c, "graph input '%s' is none of input_ids, attention_mask, position_ids or a past-KV "
-               "input the attention concatenates",
+      cfail(c,
+            "graph input '%s' is none of input_ids, attention_mask, position_ids or a past-KV "
+            "input the attention concatenates",
             tt(c, t)->name);
       return;
     }
@@ -1412,14 +1621,20 @@ ir_status pass_canon_llm(const ir_graph *g, const pass_llm_io *io, pass_llm *out
   if (io->past < 0 || io->past > 1 || io->seq < 2 || io->input_ids < 0 || io->logits < 0)
     return ir_diag_set(d, IR_INVALID_ARG, "pass_canon_llm: bad specialization");
   c.past_seen = ir_calloc((size_t)g->n_inputs * 2 + 2, sizeof *c.past_seen);
-  if (!c.past_seen || !build_uses(&c)) coom(&c);
+  c.layer_rope = ir_calloc(IR_MAX_LAYERS + 1, sizeof *c.layer_rope);
+  c.layer_window = ir_calloc(IR_MAX_LAYERS + 1, sizeof *c.layer_window);
+  if (!c.past_seen || !c.layer_rope || !c.layer_window || !build_uses(&c)) coom(&c);
   if (c.st == IR_OK) match_model(&c);
   if (c.st == IR_OK) check_io(&c);
   if (c.st == IR_OK) snprintf(out->p.arch, sizeof out->p.arch, "llama");
   ir_free(c.use_off);
   ir_free(c.use_node);
   ir_free(c.through);
-  ir_free(c.freqs);
+  ir_free(c.cur);
+  ir_free(c.freqs[0]);
+  ir_free(c.freqs[1]);
+  ir_free(c.layer_rope);
+  ir_free(c.layer_window);
   ir_free(c.past_seen);
   if (c.st != IR_OK) pass_llm_free(out);
   return c.st;
@@ -1453,22 +1668,46 @@ ir_status pass_canon_llm_build(pass_llm *r, const model_build_opts *bo, ir_graph
 void pass_llm_describe(const pass_llm *r, char *out, size_t len) {
   const model_llama_params *p = &r->p;
   const char *kind = p->n_kv_heads == p->n_heads ? "MHA" : p->n_kv_heads == 1 ? "MQA" : "GQA";
-  char rope[96];
+  char rope[160], extra[200] = "";
+  size_t n = 0;
   if (r->rope_tabled)
-    snprintf(rope, sizeof rope, "RoPE %s, frequencies from the exporter's table",
-             p->rope_interleaved ? "interleaved" : "rotate-half");
+    n = (size_t)snprintf(rope, sizeof rope, "RoPE %s, frequencies from the exporter's table",
+                         p->rope_interleaved ? "interleaved" : "rotate-half");
   else
-    snprintf(rope, sizeof rope, "RoPE %s theta=%g", p->rope_interleaved ? "interleaved" : "rotate-half",
-             p->rope_theta);
+    n = (size_t)snprintf(rope, sizeof rope, "RoPE %s theta=%g",
+                         p->rope_interleaved ? "interleaved" : "rotate-half", p->rope_theta);
+  if (p->rot_dim && n < sizeof rope)
+    n += (size_t)snprintf(rope + n, sizeof rope - n, " on %lld dims", (long long)p->rot_dim);
+  if (p->rope_local_theta > 0 && n < sizeof rope)
+    n += (size_t)snprintf(rope + n, sizeof rope - n, " (sliding layers %g)", p->rope_local_theta);
+  if (p->no_rope_every && n < sizeof rope)
+    snprintf(rope + n, sizeof rope - n, ", none every %lld-th layer", (long long)p->no_rope_every);
+  n = 0;
+  if (p->sliding_window)
+    n += (size_t)snprintf(extra + n, sizeof extra - n, ", sliding window %lld",
+                          (long long)p->sliding_window);
+  if (p->sliding_window && p->swa_period && n < sizeof extra)
+    n += (size_t)snprintf(extra + n, sizeof extra - n, " (every %lld-th layer full)",
+                          (long long)p->swa_period);
+  if (p->attn_softcap > 0 && n < sizeof extra)
+    n += (size_t)snprintf(extra + n, sizeof extra - n, ", scores softcap %g", p->attn_softcap);
+  if (p->attn_scale > 0 && n < sizeof extra)
+    n += (size_t)snprintf(extra + n, sizeof extra - n, ", scale %g", p->attn_scale);
+  if (p->sandwich_norms && n < sizeof extra)
+    n += (size_t)snprintf(extra + n, sizeof extra - n, ", sandwich norms");
+  if (p->embed_scale > 0 && n < sizeof extra)
+    n += (size_t)snprintf(extra + n, sizeof extra - n, ", embeddings x %g", p->embed_scale);
+  if (p->final_softcap > 0 && n < sizeof extra)
+    snprintf(extra + n, sizeof extra - n, ", logits softcap %g", p->final_softcap);
   snprintf(out, len,
            "%lld attention blocks -> paged attention, %s %lld/%lld, head_dim %lld%s%s; %s"
-           "%s; RMSNorm eps=%g; %s %lld; causal mask; vocab %lld%s",
+           "%s; RMSNorm eps=%g; %s %lld; causal mask%s; vocab %lld%s",
            (long long)p->n_layers, kind, (long long)p->n_heads, (long long)p->n_kv_heads,
            (long long)p->head_dim, p->attention_bias ? ", q/k/v bias" : "",
            p->qk_norm ? ", q/k norm" : "",
            r->n_past ? "past-KV concat -> paged KV (present.* dropped); " : "", rope,
            p->rms_norm_eps, p->act == IR_ACT_GEGLU ? "GeGLU" : "SwiGLU",
-           (long long)p->intermediate_size, (long long)p->vocab_size,
+           (long long)p->intermediate_size, extra, (long long)p->vocab_size,
            p->tie_word_embeddings ? ", lm_head tied" : "");
 }
 

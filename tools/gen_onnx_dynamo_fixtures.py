@@ -192,6 +192,14 @@ FIXTURES = {
     "onnx-dynamo-llama-sdpa-past": ("llama-gqa-f32", "sdpa", True),
     "onnx-dynamo-qwen2-eager": ("qwen2-bias-bf16", "eager", False),
     "onnx-dynamo-qwen2-sdpa-past": ("qwen2-bias-bf16", "sdpa", True),
+    "onnx-dynamo-qwen3-eager": ("qwen3-qknorm-bf16", "eager", False),
+    "onnx-dynamo-qwen3-sdpa-past": ("qwen3-qknorm-bf16", "sdpa", True),
+    "onnx-dynamo-phi3-sdpa": ("phi3-fused-f32", "sdpa", False),
+    "onnx-dynamo-smollm3-sdpa-past": ("smollm3-nope-f32", "sdpa", True),
+    "onnx-dynamo-llama3-rope-sdpa": ("llama3-rope-f32", "sdpa", False),
+    "onnx-dynamo-mistral-swa-eager": ("mistral-swa-f32", "eager", False),
+    "onnx-dynamo-gemma2-eager": ("gemma2-softcap-f32", "eager", False),
+    "onnx-dynamo-gemma3-sdpa": ("gemma3-local-f32", "sdpa", False),
 }
 
 

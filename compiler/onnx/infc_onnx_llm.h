@@ -15,7 +15,7 @@
 #include "infc_onnx.h"
 #include "model_template.h"
 
-#define INFC_ONNX_LLM_RECOGNISED 256
+#define INFC_ONNX_LLM_RECOGNISED 512
 #define INFC_ONNX_LLM_MAX_INPUTS 512 /* graph inputs: ids, mask, positions, past KV */
 
 /* Loads `path`. If its graph is a causal LM (an input "input_ids" and an output

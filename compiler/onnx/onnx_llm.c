@@ -265,9 +265,10 @@ ir_status infc_onnx_llm_import(const char *path, const model_build_opts *bo, boo
     infc_onnx_close(m);
     return st;
   }
-  /* two sizes: the positions include 1, where the rope's frequencies are read (a graph
+  /* two sizes: the positions include 1, where the rope's frequencies are read, and both
+   * are long enough to show a sliding window of up to 11 tokens in the mask (a graph
    * exported with fixed sizes is recognised at those) */
-  int64_t P = has_past ? 1 : 0, S1 = has_past ? 4 : 5, S2 = has_past ? 2 : 3;
+  int64_t P = has_past ? 1 : 0, S1 = 16, S2 = 12;
   for (int i = 0; i < n; i++) {
     if (in[i].role == ROLE_IDS && in[i].fixed[1] > 0) S1 = S2 = in[i].fixed[1];
     if (in[i].role == ROLE_PAST && in[i].fixed[2] >= 0) P = in[i].fixed[2];

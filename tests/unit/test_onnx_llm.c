@@ -222,6 +222,30 @@ int main(void) {
   check_llm("onnx-dynamo-llama-sdpa-past", past);
   check_llm("onnx-dynamo-qwen2-eager", dyn_qwen2);
   check_llm("onnx-dynamo-qwen2-sdpa-past", dyn_qwen2);
+  static const char *const dyn_qwen3[] = {"GQA 4/2, head_dim 32, q/k norm", "theta=1e+06", NULL};
+  check_llm("onnx-dynamo-qwen3-eager", dyn_qwen3);
+  check_llm("onnx-dynamo-qwen3-sdpa-past", dyn_qwen3);
+  static const char *const dyn_phi3[] = {"GQA 4/2, head_dim 16", "theta=10000 on 12 dims",
+                                         "SwiGLU 96", NULL};
+  check_llm("onnx-dynamo-phi3-sdpa", dyn_phi3);
+  static const char *const dyn_smollm3[] = {"4 attention blocks", "none every 4-th layer",
+                                            "past-KV concat", NULL};
+  check_llm("onnx-dynamo-smollm3-sdpa-past", dyn_smollm3);
+  static const char *const dyn_llama3[] = {"frequencies from the exporter's table", NULL};
+  check_llm("onnx-dynamo-llama3-rope-sdpa", dyn_llama3);
+  static const char *const dyn_mistral[] = {"sliding window 8;", NULL};
+  check_llm("onnx-dynamo-mistral-swa-eager", dyn_mistral);
+  static const char *const dyn_gemma2[] = {"GeGLU 96",
+                                           "sliding window 8 (every 2-th layer full)",
+                                           "scores softcap 5",
+                                           "sandwich norms",
+                                           "embeddings x 8",
+                                           "logits softcap",
+                                           NULL};
+  check_llm("onnx-dynamo-gemma2-eager", dyn_gemma2);
+  static const char *const dyn_gemma3[] = {"q/k norm", "(sliding layers 10000)", "sandwich norms",
+                                           NULL};
+  check_llm("onnx-dynamo-gemma3-sdpa", dyn_gemma3);
   check_not_servable();
   return tcheck_done("onnx_llm");
 }
