@@ -110,6 +110,89 @@ def export(model, path, with_past):
                       dynamic_shapes=shapes)
 
 
+# --- an independent Llama in plain torch ------------------------------------------------
+
+class PlainLlama(torch.nn.Module):
+    """Llama written without transformers, the way other code bases do: one fused qkv
+    Linear, GQA by repeat_interleave, positions from arange inside the graph (offset by the
+    past length), a triu mask, rsqrt norms; with past, the KV cache is (input_ids, *past)."""
+
+    def __init__(self, hf):
+        super().__init__()
+        cfg = hf.config
+        self.cfg, self.n = cfg, cfg.num_hidden_layers
+        self.h, self.kv, self.hd = cfg.num_attention_heads, cfg.num_key_value_heads, head_dim(cfg)
+        self.eps = cfg.rms_norm_eps
+        m = hf.model
+        self.emb = m.embed_tokens.weight
+        self.qkv = torch.nn.ParameterList()
+        self.rest = torch.nn.ParameterList()
+        for l in m.layers:
+            a = l.self_attn
+            self.qkv.append(torch.nn.Parameter(torch.cat(
+                [a.q_proj.weight, a.k_proj.weight, a.v_proj.weight], 0)))
+            self.rest.extend([l.input_layernorm.weight, a.o_proj.weight,
+                              l.post_attention_layernorm.weight, l.mlp.gate_proj.weight,
+                              l.mlp.up_proj.weight, l.mlp.down_proj.weight])
+        self.norm, self.head = m.norm.weight, hf.lm_head.weight
+        inv = 1.0 / (cfg.rope_parameters["rope_theta"]
+                     ** (torch.arange(0, self.hd, 2, dtype=torch.float32) / self.hd))
+        self.register_buffer("inv_freq", inv)
+
+    def rms(self, x, w):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * w
+
+    def rope(self, x, cos, sin):
+        x1, x2 = x[..., : self.hd // 2], x[..., self.hd // 2:]
+        return x * cos + torch.cat((-x2, x1), -1) * sin
+
+    def forward(self, input_ids, *past):
+        b, s = input_ids.shape
+        p = past[0].shape[2] if past else 0
+        pos = torch.arange(p, p + s, dtype=torch.float32)
+        f = torch.outer(pos, self.inv_freq)
+        cos, sin = torch.cat((f, f), -1).cos(), torch.cat((f, f), -1).sin()
+        mask = torch.triu(torch.full((s, p + s), float("-inf")), diagonal=p + 1)
+        x, presents = torch.nn.functional.embedding(input_ids, self.emb), []
+        g = self.h // self.kv
+        for i in range(self.n):
+            w_in, w_o, w_post, w_g, w_u, w_d = self.rest[6 * i: 6 * i + 6]
+            q, k, v = (self.rms(x, w_in) @ self.qkv[i].T).split(
+                [self.h * self.hd, self.kv * self.hd, self.kv * self.hd], -1)
+            q = self.rope(q.view(b, s, self.h, self.hd).transpose(1, 2), cos, sin)
+            k = self.rope(k.view(b, s, self.kv, self.hd).transpose(1, 2), cos, sin)
+            v = v.view(b, s, self.kv, self.hd).transpose(1, 2)
+            if past:
+                k, v = torch.cat((past[2 * i], k), 2), torch.cat((past[2 * i + 1], v), 2)
+                presents += [k, v]
+            att = (q @ k.repeat_interleave(g, 1).transpose(2, 3)) / self.hd ** 0.5 + mask
+            o = att.softmax(-1) @ v.repeat_interleave(g, 1)
+            x = x + o.transpose(1, 2).reshape(b, s, -1) @ w_o.T
+            hh = self.rms(x, w_post)
+            x = x + (torch.nn.functional.silu(hh @ w_g.T) * (hh @ w_u.T)) @ w_d.T
+        logits = self.rms(x, self.norm) @ self.head.T
+        return (logits, *presents) if past else logits
+
+
+def export_plain(model, path, with_past):
+    cfg = model.config
+    plain = PlainLlama(model).eval()
+    batch = torch.export.Dim("batch", max=64)
+    seq = torch.export.Dim("seq", max=cfg.max_position_embeddings)
+    ids = torch.tensor([[1, 5, 7, 9], [2, 4, 6, 8]], dtype=torch.int64)
+    if not with_past:
+        torch.onnx.export(plain, (ids,), path, dynamo=True, external_data=False,
+                          input_names=["input_ids"], output_names=["logits"],
+                          dynamic_shapes=({0: batch, 1: seq},))
+        return
+    pastd = torch.export.Dim("past", max=cfg.max_position_embeddings)
+    past = [torch.randn(*kv_shape(cfg, 2, 3)) for _ in range(2 * cfg.num_hidden_layers)]
+    torch.onnx.export(plain, (ids, *past), path, dynamo=True, external_data=False,
+                      input_names=["input_ids"] + past_names(cfg, "past_key_values"),
+                      output_names=["logits"] + past_names(cfg, "present"),
+                      dynamic_shapes=({0: batch, 1: seq}, tuple([{0: batch, 2: pastd}] * len(past))))
+
+
 # --- onnxruntime oracle -------------------------------------------------------------------
 
 class Runner:
@@ -135,7 +218,8 @@ class Runner:
                 "attention_mask": np.ones((1, len(self.ids)), dtype=np.int64),
                 "position_ids": np.arange(p, len(self.ids), dtype=np.int64)[None]}
         feed.update(zip(past_names(self.cfg, "past_key_values"), self.kv))
-        out = self.sess.run(None, feed)
+        names = {i.name for i in self.sess.get_inputs()}
+        out = self.sess.run(None, {k: v for k, v in feed.items() if k in names})
         self.kv = out[1:]
         assert self.kv[0].shape[2] == len(self.ids)
         return out[0][0]
@@ -174,7 +258,9 @@ def oracle(name, model, path, src, attn):
           f"greedy equal: {greedy == hf['greedy']}")
     out = {"model": name, "source": src,
            "exporter": f"torch.onnx.export(dynamo=True) (torch {torch.__version__}, "
-                       f"transformers {transformers.__version__}, attention {attn})",
+                       + (f"transformers {transformers.__version__}, attention {attn})"
+                          if attn != "plain" else "plain-torch Llama, tools/"
+                          "gen_onnx_dynamo_fixtures.py's PlainLlama)"),
            "onnxruntime_version": ort.__version__, "past_kv": runner.past,
            "prompts": hf["prompts"], "logits": [rows(lg) for lg in logits], "greedy": greedy}
     if runner.past:
@@ -200,6 +286,8 @@ FIXTURES = {
     "onnx-dynamo-mistral-swa-eager": ("mistral-swa-f32", "eager", False),
     "onnx-dynamo-gemma2-eager": ("gemma2-softcap-f32", "eager", False),
     "onnx-dynamo-gemma3-sdpa": ("gemma3-local-f32", "sdpa", False),
+    "onnx-plain-llama": ("llama-gqa-f32", "plain", False),
+    "onnx-plain-llama-past": ("llama-gqa-f32", "plain", True),
 }
 
 
@@ -210,10 +298,10 @@ def main():
             sys.exit(f"unknown fixture {n!r}; known: {', '.join(FIXTURES)}")
     for n in names:
         src, attn, with_past = FIXTURES[n]
-        model = load(src, attn)
+        model = load(src, "eager" if attn == "plain" else attn)
         os.makedirs(os.path.join(FIX, n), exist_ok=True)
         path = os.path.join(FIX, n, "model.onnx")
-        export(model, path, with_past)
+        (export_plain if attn == "plain" else export)(model, path, with_past)
         with torch.no_grad():
             oracle(n, model, path, src, attn)
 

@@ -246,6 +246,9 @@ int main(void) {
   static const char *const dyn_gemma3[] = {"q/k norm", "(sliding layers 10000)", "sandwich norms",
                                            NULL};
   check_llm("onnx-dynamo-gemma3-sdpa", dyn_gemma3);
+  /* a Llama in plain torch: fused qkv, repeat_interleave, arange positions, triu mask */
+  check_llm("onnx-plain-llama", dyn);
+  check_llm("onnx-plain-llama-past", past);
   check_not_servable();
   return tcheck_done("onnx_llm");
 }
