@@ -17,6 +17,7 @@ attention implementation, in one of two interfaces:
   - with past: optimum's decoder-with-past interface: input_ids, attention_mask
     [batch, past + seq], position_ids, past_key_values.{i}.key/.value
     [batch, kv_heads, past, head_dim] -> logits, present.{i}.key/.value.
+A name ending in -extdata keeps its weights in external data (model.onnx.data beside it).
 oracle.json holds onnxruntime's logits at every position of the source fixture's prompts and
 a 32-token greedy continuation (format of tools/gen_onnx_fixtures.py): with past, the prompt
 runs in two chunks and decoding feeds the presents back, and the logits of the first decode
@@ -84,13 +85,13 @@ class WithPast(torch.nn.Module):
                               for t in (pkv.layers[i].keys, pkv.layers[i].values)])
 
 
-def export(model, path, with_past):
+def export(model, path, with_past, external=False):
     cfg = model.config
     batch = torch.export.Dim("batch", max=64)
     seq = torch.export.Dim("seq", max=cfg.max_position_embeddings)
     if not with_past:
         ids = torch.tensor([[1, 5, 7, 9, 11], [2, 4, 6, 8, 10]], dtype=torch.int64)
-        torch.onnx.export(Full(model), (ids,), path, dynamo=True, external_data=False,
+        torch.onnx.export(Full(model), (ids,), path, dynamo=True, external_data=external,
                           input_names=["input_ids"], output_names=["logits"],
                           dynamic_shapes={"input_ids": {0: batch, 1: seq}})
         return
@@ -106,7 +107,7 @@ def export(model, path, with_past):
     shapes = ({0: batch, 1: seq}, {0: batch, 1: total}, {0: batch, 1: seq},
               tuple([{0: batch, 2: pastd}] * len(past)))
     torch.onnx.export(WithPast(model), (ids, mask, pos, *past), path, dynamo=True,
-                      external_data=False, input_names=ins, output_names=outs,
+                      external_data=external, input_names=ins, output_names=outs,
                       dynamic_shapes=shapes)
 
 
@@ -286,6 +287,7 @@ FIXTURES = {
     "onnx-dynamo-mistral-swa-eager": ("mistral-swa-f32", "eager", False),
     "onnx-dynamo-gemma2-eager": ("gemma2-softcap-f32", "eager", False),
     "onnx-dynamo-gemma3-sdpa": ("gemma3-local-f32", "sdpa", False),
+    "onnx-dynamo-llama-sdpa-past-extdata": ("llama-gqa-f32", "sdpa", True),
     "onnx-plain-llama": ("llama-gqa-f32", "plain", False),
     "onnx-plain-llama-past": ("llama-gqa-f32", "plain", True),
 }
@@ -301,7 +303,10 @@ def main():
         model = load(src, "eager" if attn == "plain" else attn)
         os.makedirs(os.path.join(FIX, n), exist_ok=True)
         path = os.path.join(FIX, n, "model.onnx")
-        (export_plain if attn == "plain" else export)(model, path, with_past)
+        if attn == "plain":
+            export_plain(model, path, with_past)
+        else:
+            export(model, path, with_past, external=n.endswith("-extdata"))
         with torch.no_grad():
             oracle(n, model, path, src, attn)
 

@@ -220,6 +220,7 @@ int main(void) {
   check_llm("onnx-dynamo-llama-sdpa", dyn);
   check_llm("onnx-dynamo-llama-eager-past", past);
   check_llm("onnx-dynamo-llama-sdpa-past", past);
+  check_llm("onnx-dynamo-llama-sdpa-past-extdata", past); /* weights in model.onnx.data */
   check_llm("onnx-dynamo-qwen2-eager", dyn_qwen2);
   check_llm("onnx-dynamo-qwen2-sdpa-past", dyn_qwen2);
   static const char *const dyn_qwen3[] = {"GQA 4/2, head_dim 32, q/k norm", "theta=1e+06", NULL};
