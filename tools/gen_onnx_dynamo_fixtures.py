@@ -23,38 +23,23 @@ a 32-token greedy continuation (format of tools/gen_onnx_fixtures.py): with past
 runs in two chunks and decoding feeds the presents back, and the logits of the first decode
 steps are recorded too.
 """
-import json
 import os
 import sys
 
-import numpy as np
-import onnxruntime as ort
 import torch
 import transformers
 from transformers import AutoModelForCausalLM
 from transformers.cache_utils import DynamicCache
 
+from onnx_oracle import head_dim, kv_shape, past_names, write_oracle
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIX = os.path.join(ROOT, "tests", "fixtures")
-NUM_GENERATE = 32
-DECODE_LOGITS = 4
 
 
 def load(src, attn):
     return AutoModelForCausalLM.from_pretrained(os.path.join(FIX, src), dtype=torch.float32,
                                                 attn_implementation=attn).eval()
-
-
-def head_dim(cfg):
-    return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-
-
-def kv_shape(cfg, batch, past):
-    return (batch, cfg.num_key_value_heads, past, head_dim(cfg))
-
-
-def past_names(cfg, prefix):
-    return [f"{prefix}.{i}.{k}" for i in range(cfg.num_hidden_layers) for k in ("key", "value")]
 
 
 class Full(torch.nn.Module):
@@ -194,82 +179,6 @@ def export_plain(model, path, with_past):
                       dynamic_shapes=({0: batch, 1: seq}, tuple([{0: batch, 2: pastd}] * len(past))))
 
 
-# --- onnxruntime oracle -------------------------------------------------------------------
-
-class Runner:
-    def __init__(self, path, cfg):
-        self.sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
-        self.cfg = cfg
-        self.past = any(i.name.startswith("past_key_values.") for i in self.sess.get_inputs())
-
-    def start(self):
-        self.ids = []
-        self.kv = [np.zeros(kv_shape(self.cfg, 1, 0), np.float32)
-                   for _ in range(2 * self.cfg.num_hidden_layers)]
-
-    def feed(self, new):
-        """Logits [len(new), vocab] of the new tokens after everything fed so far."""
-        if not self.past:
-            self.ids += list(new)
-            lg = self.sess.run(["logits"], {"input_ids": np.array([self.ids], np.int64)})[0][0]
-            return lg[-len(new):]
-        p = len(self.ids)
-        self.ids += list(new)
-        feed = {"input_ids": np.array([new], dtype=np.int64),
-                "attention_mask": np.ones((1, len(self.ids)), dtype=np.int64),
-                "position_ids": np.arange(p, len(self.ids), dtype=np.int64)[None]}
-        feed.update(zip(past_names(self.cfg, "past_key_values"), self.kv))
-        names = {i.name for i in self.sess.get_inputs()}
-        out = self.sess.run(None, {k: v for k, v in feed.items() if k in names})
-        self.kv = out[1:]
-        assert self.kv[0].shape[2] == len(self.ids)
-        return out[0][0]
-
-
-def record(runner, prompts):
-    logits, greedy, decode = [], [], []
-    for p in prompts:
-        runner.start()
-        cut = len(p) // 2 if runner.past and len(p) > 1 else len(p)
-        lg = runner.feed(p[:cut])
-        if cut < len(p):
-            lg = np.concatenate([lg, runner.feed(p[cut:])])
-        logits.append(lg)
-        gen, steps, last = [], [], lg[-1]
-        for i in range(NUM_GENERATE):
-            gen.append(int(np.argmax(last)))
-            last = runner.feed([gen[-1]])[-1]
-            if i < DECODE_LOGITS:
-                steps.append(last)
-        greedy.append(gen)
-        decode.append(steps)
-    return logits, greedy, decode
-
-
-def rows(a):
-    return [[round(float(v), 6) for v in row] for row in a]
-
-
-def oracle(name, model, path, src, attn):
-    runner = Runner(path, model.config)
-    hf = json.load(open(os.path.join(FIX, src, "oracle.json")))
-    logits, greedy, decode = record(runner, hf["prompts"])
-    worst = max(float(np.max(np.abs(lg - np.array(w)))) for lg, w in zip(logits, hf["logits"]))
-    print(f"{name}: onnxruntime vs transformers ({src}): max |logit diff| {worst:.3g}, "
-          f"greedy equal: {greedy == hf['greedy']}")
-    out = {"model": name, "source": src,
-           "exporter": f"torch.onnx.export(dynamo=True) (torch {torch.__version__}, "
-                       + (f"transformers {transformers.__version__}, attention {attn})"
-                          if attn != "plain" else "plain-torch Llama, tools/"
-                          "gen_onnx_dynamo_fixtures.py's PlainLlama)"),
-           "onnxruntime_version": ort.__version__, "past_kv": runner.past,
-           "prompts": hf["prompts"], "logits": [rows(lg) for lg in logits], "greedy": greedy}
-    if runner.past:
-        out["decode_logits"] = [rows(s) for s in decode]
-    with open(os.path.join(FIX, name, "oracle.json"), "w") as f:
-        json.dump(out, f, separators=(",", ":"))
-
-
 # --- fixtures: name -> (source fixture, attention, with past) -----------------------------
 
 FIXTURES = {
@@ -307,8 +216,11 @@ def main():
             export_plain(model, path, with_past)
         else:
             export(model, path, with_past, external=n.endswith("-extdata"))
-        with torch.no_grad():
-            oracle(n, model, path, src, attn)
+        exporter = (f"torch.onnx.export(dynamo=True) (torch {torch.__version__}, "
+                    + (f"transformers {transformers.__version__}, attention {attn})"
+                       if attn != "plain" else
+                       "plain-torch Llama, tools/gen_onnx_dynamo_fixtures.py's PlainLlama)"))
+        write_oracle(n, model.config, path, src, exporter)
 
 
 if __name__ == "__main__":

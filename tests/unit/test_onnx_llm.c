@@ -247,6 +247,10 @@ int main(void) {
   static const char *const dyn_gemma3[] = {"q/k norm", "(sliding layers 10000)", "sandwich norms",
                                            NULL};
   check_llm("onnx-dynamo-gemma3-sdpa", dyn_gemma3);
+  /* optimum-cli export onnx (tools/gen_onnx_optimum_fixtures.py) */
+  check_llm("onnx-optimum-llama", dyn);
+  check_llm("onnx-optimum-llama-past", past);
+  check_llm("onnx-optimum-qwen2-past", qwen2);
   /* a Llama in plain torch: fused qkv, repeat_interleave, arange positions, triu mask */
   check_llm("onnx-plain-llama", dyn);
   check_llm("onnx-plain-llama-past", past);
