@@ -581,11 +581,20 @@ static bool trace_back(canon *c, int32_t t, const proj *pj, int npj, const char 
       tr->scale *= k;
       c->through[t] = n->in[1];
       t = n->in[1];
-    } else if (n->op == IR_OP_ND_MUL && tr->qn_w < 0 && tr->rope >= 0 &&
-               match_rms(c, t, &x, &w, &tr->qn_eps)) {
+    } else if ((n->op == IR_OP_ND_MUL || n->op == IR_OP_ND_RMS_NORM) && tr->qn_w < 0 &&
+               tr->rope >= 0 && match_rms(c, t, &x, &w, &tr->qn_eps)) {
       tr->qn_w = w;
       c->through[t] = x;
       t = x;
+    } else if (n->op == IR_OP_ND_ROTARY_EMBEDDING && tr->rope < 0 && is_w(c, n->in[1]) &&
+               is_w(c, n->in[2]) && (n->n_in < 4 || n->in[3] < 0 || is_w(c, n->in[3]))) {
+      tr->rope = tt(c, t)->producer; /* the op: its caches and positions are constants */
+      tr->rope_x = n->in[0];
+      tr->rope_rot = -1;
+      tr->rope_cos = n->in[1];
+      tr->rope_sin = n->in[2];
+      c->through[t] = n->in[0];
+      t = n->in[0];
     } else if (n->op == IR_OP_ND_ADD && tr->rope < 0) {
       const ir_node *m0 = prod(c, n->in[0]), *m1 = prod(c, n->in[1]);
       if (!is_op(m0, IR_OP_ND_MUL) || !is_op(m1, IR_OP_ND_MUL)) break;
@@ -617,8 +626,80 @@ static bool trace_back(canon *c, int32_t t, const proj *pj, int npj, const char 
 
 /* The rotation of the rope at tr: rotate-half or adjacent pairs, judged on numbered
  * values; its cos/sin tables read at every (position, dim) into the frequencies. */
+/* The frequencies of this layer (first: read into c->cur) or a check against them. */
+static bool rope_freq_at(canon *c, int64_t i, double cs, double sn, double pos, bool first,
+                         const char *what, int64_t dd) {
+  if (pos == 1 && first) c->cur[i] = atan2(sn, cs);
+  if (pos == 1 && !first && fabs(atan2(sn, cs) - c->cur[i]) > 1e-5 * (1 + fabs(c->cur[i]))) {
+    cfail(c, "the %s rope's frequencies differ from the query's", what);
+    return false;
+  }
+  if (pos == 1) return true;
+  double f = c->cur[i];
+  if (fabs(hypot(cs, sn) - 1) > 1e-4 || fabs(cs - cos(pos * f)) > 2e-5 ||
+      fabs(sn - sin(pos * f)) > 2e-5) {
+    cfail(c,
+          "the %s rope's tables are not cos/sin(position * frequency) at position %g, dim %lld "
+          "(cos %g, sin %g)",
+          what, pos, (long long)dd, cs, sn);
+    return false;
+  }
+  return true;
+}
+
+/* ONNX RotaryEmbedding: caches [B, S, r/2] (or [max_pos, r/2] with position ids). */
+static void check_rope_op(canon *c, const trace *tr, const char *what, bool first) {
+  const ir_node *n = &c->g->nodes[tr->rope];
+  int64_t S = c->io->seq, P = c->io->past, hd = dim(c, tr->rope_x, -1);
+  int xr = tt(c, tr->rope_x)->rank;
+  if (xr == 3) hd = dim(c, tr->rope_x, -1) / ir_node_attr_i(n, "num_heads", 1);
+  int64_t rot = ir_node_attr_i(n, "rot_dim", 0), half;
+  if (rot <= 0) rot = hd;
+  half = rot / 2;
+  bool interleaved = ir_node_attr_i(n, "interleaved", 0) != 0;
+  if ((c->have_rope || !first) && interleaved != c->r->p.rope_interleaved) {
+    cfail(c, "the %s rope rotates differently from the first", what);
+    return;
+  }
+  c->r->p.rope_interleaved = interleaved;
+  if (!c->cur) {
+    c->rope_half = half;
+    if (!(c->cur = ir_calloc((size_t)half + 1, sizeof *c->cur))) {
+      coom(c);
+      return;
+    }
+  } else if (half != c->rope_half) {
+    cfail(c, "the %s rope rotates %lld dims, the first %lld", what, (long long)rot,
+          (long long)(2 * c->rope_half));
+    return;
+  }
+  int32_t pos = n->n_in > 3 ? n->in[3] : -1;
+  for (int pass = 0; pass < 2; pass++)
+    for (int64_t s = 0; s < S; s++) {
+      if ((pass == 0) != (P + s == 1)) continue;
+      int64_t row = pos >= 0 ? (int64_t)wval(c, pos, s) : s;
+      if (pos >= 0 && row != P + s) {
+        cfail(c, "the %s rope's position ids are not the token positions", what);
+        return;
+      }
+      if (row < 0 || (row + 1) * half > numel(c, tr->rope_cos)) {
+        cfail(c, "the %s rope's caches are shorter than the positions", what);
+        return;
+      }
+      for (int64_t i = 0; i < half; i++)
+        if (!rope_freq_at(c, i, wval(c, tr->rope_cos, row * half + i),
+                          wval(c, tr->rope_sin, row * half + i), (double)(P + s), first, what, i))
+          return;
+    }
+  c->have_rope = true;
+}
+
 static void check_rope(canon *c, const trace *tr, const char *what, bool first) {
   if (c->st != IR_OK) return;
+  if (tr->rope_rot < 0) {
+    check_rope_op(c, tr, what, first);
+    return;
+  }
   int32_t x = tr->rope_x;
   int rank = tt(c, x)->rank;
   int64_t hd = dim(c, x, -1), half = hd / 2, n = numel(c, x);
@@ -863,13 +944,14 @@ static void check_mask(canon *c, int32_t mask, bool where_true_keeps, int32_t wh
                        int32_t scores, int64_t *window) {
   int64_t S = c->io->seq, P = c->io->past, T = P + S;
   const ir_tensor *m = tt(c, mask);
-  int r = tt(c, scores)->rank;
-  if (dim(c, scores, -1) != T || dim(c, scores, -2) != S || m->rank > r) {
+  int r = scores >= 0 ? tt(c, scores)->rank : 4;
+  if (scores >= 0 && (dim(c, scores, -1) != T || dim(c, scores, -2) != S || m->rank > r)) {
     cfail(c, "the attention scores are not [.., %lld, %lld]", (long long)S, (long long)T);
     return;
   }
   double other_v = 0;
-  if (where_else >= 0 && (!scalar(c, where_else, &other_v) || other_v > -1e3)) {
+  if (where_else == -2) where_else = -3; /* a boolean mask: true takes part */
+  else if (where_else >= 0 && (!scalar(c, where_else, &other_v) || other_v > -1e3)) {
     cfail(c, "the masked scores are not set to a large negative value");
     return;
   }
@@ -886,7 +968,7 @@ static void check_mask(canon *c, int32_t mask, bool where_true_keeps, int32_t wh
     int64_t cnt = 0;
     for (int64_t t = 0; t <= P + s && t < T; t++) {
       double v = wval(c, mask, (dS > 1 ? s : 0) * dT + (dT > 1 ? t : 0));
-      cnt += where_else >= 0 ? (v != 0) == where_true_keeps : v > -1;
+      cnt += where_else != -1 ? (v != 0) == where_true_keeps : v > -1;
     }
     if (cnt > 0 && cnt < P + s + 1 && cnt > w) w = cnt;
   }
@@ -895,8 +977,8 @@ static void check_mask(canon *c, int32_t mask, bool where_true_keeps, int32_t wh
       for (int64_t t = 0; t < T; t++) {
         int64_t off = (l * dS + (dS > 1 ? s : 0)) * dT + (dT > 1 ? t : 0);
         double v = wval(c, mask, off);
-        bool allowed = where_else >= 0 ? (v != 0) == where_true_keeps : v > -1;
-        bool masked = where_else >= 0 ? !allowed : v <= -1e3;
+        bool allowed = where_else != -1 ? (v != 0) == where_true_keeps : v > -1;
+        bool masked = where_else != -1 ? !allowed : v <= -1e3;
         if ((!allowed && !masked) || allowed != (t <= P + s && (!w || t > P + s - w))) {
           cfail(c, "the attention mask is not causal: at query %lld, key %lld it %s (value %g)",
                 (long long)(P + s), (long long)t,
@@ -1126,44 +1208,76 @@ static int32_t match_attention(canon *c, int32_t x, int32_t h) {
     cfail(c, "no projection (MatMul by a constant weight) reads the normalized hidden state");
     return -1;
   }
-  /* the first Softmax after the projections */
+  /* the first Softmax (or Attention op) after the projections */
   int32_t first = pj[0].node;
   for (int i = 1; i < npj; i++)
     if (pj[i].node < first) first = pj[i].node;
   const ir_node *sm = NULL;
   for (int32_t i = first + 1; i < c->g->n_nodes && !sm; i++)
-    if (c->g->nodes[i].op == IR_OP_ND_SOFTMAX) sm = &c->g->nodes[i];
+    if (c->g->nodes[i].op == IR_OP_ND_SOFTMAX || c->g->nodes[i].op == IR_OP_ND_ATTENTION)
+      sm = &c->g->nodes[i];
   if (!sm) {
     cfail(c, "no attention: no Softmax after the projections of the normalized hidden state");
     return -1;
   }
-  if (ir_node_attr_i(sm, "axis", -1) != -1 &&
-      ir_node_attr_i(sm, "axis", -1) != tt(c, sm->in[0])->rank - 1) {
-    cfail(c, "Softmax '%s' is not over the last axis", nname(sm));
-    return -1;
-  }
   double scale = 1, softcap = 0;
-  bool masked = false;
+  bool masked = false, op_form = sm->op == IR_OP_ND_ATTENTION;
   int64_t window = 0;
-  const ir_node *qk = scores_back(c, sm->in[0], &scale, &softcap, &masked, &window);
-  const ir_node *pv = c->st == IR_OK ? pv_forward(c, sm->out[0]) : NULL;
-  if (c->st != IR_OK) return -1;
-  if (!qk) {
-    cfail(c, "Softmax '%s' does not read Q.K^T", nname(sm));
-    return -1;
-  }
-  if (!pv) {
-    cfail(c, "Softmax '%s''s output does not multiply V", nname(sm));
-    return -1;
+  int32_t q_op, k_op, v_op, att_out; /* Q, K (K^T unless op_form), V, the heads' output */
+  if (op_form) { /* ONNX Attention (opset 23): Q, K, V [B, H, S, hd], mask, scale */
+    if (tt(c, sm->in[0])->rank != 4 || (sm->n_in > 4 && sm->in[4] >= 0) ||
+        ir_node_attr_i(sm, "qk_mode", 0) != 0 || ir_node_attr_i(sm, "n_out", 1) != 1) {
+      cfail(c,
+            "Attention '%s' is not 4-d, or takes past_key/past_value inputs, or returns "
+            "more than its output",
+            nname(sm));
+      return -1;
+    }
+    q_op = sm->in[0], k_op = sm->in[1], v_op = sm->in[2], att_out = sm->out[0];
+    scale = ir_node_attr_f(sm, "scale", 1 / sqrt((double)dim(c, q_op, -1)));
+    softcap = ir_node_attr_f(sm, "softcap", 0);
+    if (sm->n_in > 3 && sm->in[3] >= 0) {
+      if (!is_w(c, sm->in[3])) {
+        cfail(c, "Attention '%s''s mask is not a constant", nname(sm));
+        return -1;
+      }
+      bool b = tt(c, sm->in[3])->dtype == IR_U8;
+      check_mask(c, sm->in[3], true, b ? -2 : -1, -1, &window);
+      masked = true;
+    }
+    if (ir_node_attr_i(sm, "is_causal", 0)) {
+      if (masked) {
+        cfail(c, "Attention '%s' has both a mask and is_causal", nname(sm));
+        return -1;
+      }
+      masked = true;
+    }
+  } else {
+    if (ir_node_attr_i(sm, "axis", -1) != -1 &&
+        ir_node_attr_i(sm, "axis", -1) != tt(c, sm->in[0])->rank - 1) {
+      cfail(c, "Softmax '%s' is not over the last axis", nname(sm));
+      return -1;
+    }
+    const ir_node *qk = scores_back(c, sm->in[0], &scale, &softcap, &masked, &window);
+    const ir_node *pv = c->st == IR_OK ? pv_forward(c, sm->out[0]) : NULL;
+    if (c->st != IR_OK) return -1;
+    if (!qk) {
+      cfail(c, "Softmax '%s' does not read Q.K^T", nname(sm));
+      return -1;
+    }
+    if (!pv) {
+      cfail(c, "Softmax '%s''s output does not multiply V", nname(sm));
+      return -1;
+    }
+    q_op = qk->in[0], k_op = qk->in[1], v_op = pv->in[1], att_out = pv->out[0];
   }
   if (!masked && c->io->seq > 1) {
     cfail(c, "the attention ('%s') has no causal mask", nname(sm));
     return -1;
   }
   trace tq, tk, tv;
-  if (!trace_back(c, qk->in[0], pj, npj, "query", &tq) ||
-      !trace_back(c, qk->in[1], pj, npj, "key", &tk) ||
-      !trace_back(c, pv->in[1], pj, npj, "value", &tv))
+  if (!trace_back(c, q_op, pj, npj, "query", &tq) || !trace_back(c, k_op, pj, npj, "key", &tk) ||
+      !trace_back(c, v_op, pj, npj, "value", &tv))
     return -1;
   if (tq.past_in >= 0 || (tk.past_in < 0) != (tv.past_in < 0) ||
       (c->io->past > 0 && tk.past_in < 0)) {
@@ -1176,11 +1290,13 @@ static int32_t match_attention(canon *c, int32_t x, int32_t h) {
     return -1;
   }
   int64_t H, Hs, kvh_k, kvh_v, H2, H3, offq, offk, offv;
-  check_heads(c, &pj[tq.src], qk->in[0], false, true, "query", &H, &Hs, &offq, -1);
-  int64_t hd = dim(c, qk->in[0], -1);
-  check_heads(c, &pj[tk.src], qk->in[1], true, false, "key", &H2, &kvh_k, &offk, hd);
-  check_heads(c, &pj[tv.src], pv->in[1], false, false, "value", &H3, &kvh_v, &offv, hd);
+  check_heads(c, &pj[tq.src], q_op, false, true, "query", &H, &Hs, &offq, -1);
+  int64_t hd = dim(c, q_op, -1);
+  check_heads(c, &pj[tk.src], k_op, !op_form, false, "key", &H2, &kvh_k, &offk, hd);
+  check_heads(c, &pj[tv.src], v_op, false, false, "value", &H3, &kvh_v, &offv, hd);
   if (c->st != IR_OK) return -1;
+  if (op_form && H2 == kvh_k && H3 == kvh_v && H % kvh_k == 0) /* the op expands the heads */
+    H2 = H3 = H;
   if (H2 != H || H3 != H || kvh_k != kvh_v) {
     cfail(c, "the query, key and value head counts disagree (%lld, %lld/%lld, %lld/%lld)",
           (long long)H, (long long)H2, (long long)kvh_k, (long long)H3, (long long)kvh_v);
@@ -1247,9 +1363,9 @@ static int32_t match_attention(canon *c, int32_t x, int32_t h) {
   }
   /* o_proj reads P.V's heads back as [S, H * hd] */
   int32_t reads = -1;
-  const ir_node *o = forward_proj(c, pv->out[0], &reads, 0);
+  const ir_node *o = forward_proj(c, att_out, &reads, 0);
   if (!o) {
-    cfail(c, "no projection reads the attention's output ('%s')", nname(pv));
+    cfail(c, "no projection reads the attention's output ('%s')", nname(sm));
     return -1;
   }
   proj po[MAX_PROJ];
@@ -1263,7 +1379,7 @@ static int32_t match_attention(canon *c, int32_t x, int32_t h) {
   }
   {
     ev e;
-    if (!ev_init(&e, c, pv->out[0])) return -1;
+    if (!ev_init(&e, c, att_out)) return -1;
     const float *v = ev_f32(&e, reads, "the output projection's input");
     int64_t S = c->io->seq;
     for (int64_t s = 0; v && s < S && c->st == IR_OK; s++)

@@ -17,7 +17,9 @@ attention implementation, in one of two interfaces:
   - with past: optimum's decoder-with-past interface: input_ids, attention_mask
     [batch, past + seq], position_ids, past_key_values.{i}.key/.value
     [batch, kv_heads, past, head_dim] -> logits, present.{i}.key/.value.
-A name ending in -extdata keeps its weights in external data (model.onnx.data beside it).
+A name ending in -extdata keeps its weights in external data (model.onnx.data beside it);
+one ending in -opset23 is exported at opset 23, where the exporter emits the Attention,
+RotaryEmbedding and RMSNormalization ops.
 oracle.json holds onnxruntime's logits at every position of the source fixture's prompts and
 a 32-token greedy continuation (format of tools/gen_onnx_fixtures.py): with past, the prompt
 runs in two chunks and decoding feeds the presents back, and the logits of the first decode
@@ -70,15 +72,16 @@ class WithPast(torch.nn.Module):
                               for t in (pkv.layers[i].keys, pkv.layers[i].values)])
 
 
-def export(model, path, with_past, external=False):
+def export(model, path, with_past, external=False, opset=None):
     cfg = model.config
+    kw = {"opset_version": opset} if opset else {}
     batch = torch.export.Dim("batch", max=64)
     seq = torch.export.Dim("seq", max=cfg.max_position_embeddings)
     if not with_past:
         ids = torch.tensor([[1, 5, 7, 9, 11], [2, 4, 6, 8, 10]], dtype=torch.int64)
         torch.onnx.export(Full(model), (ids,), path, dynamo=True, external_data=external,
                           input_names=["input_ids"], output_names=["logits"],
-                          dynamic_shapes={"input_ids": {0: batch, 1: seq}})
+                          dynamic_shapes={"input_ids": {0: batch, 1: seq}}, **kw)
         return
     past_len, n = 3, 4
     total = torch.export.Dim("total", max=cfg.max_position_embeddings)
@@ -93,7 +96,7 @@ def export(model, path, with_past, external=False):
               tuple([{0: batch, 2: pastd}] * len(past)))
     torch.onnx.export(WithPast(model), (ids, mask, pos, *past), path, dynamo=True,
                       external_data=external, input_names=ins, output_names=outs,
-                      dynamic_shapes=shapes)
+                      dynamic_shapes=shapes, **kw)
 
 
 # --- an independent Llama in plain torch ------------------------------------------------
@@ -197,6 +200,8 @@ FIXTURES = {
     "onnx-dynamo-gemma2-eager": ("gemma2-softcap-f32", "eager", False),
     "onnx-dynamo-gemma3-sdpa": ("gemma3-local-f32", "sdpa", False),
     "onnx-dynamo-llama-sdpa-past-extdata": ("llama-gqa-f32", "sdpa", True),
+    "onnx-dynamo-llama-sdpa-opset23": ("llama-gqa-f32", "sdpa", False),
+    "onnx-dynamo-qwen3-sdpa-past-opset23": ("qwen3-qknorm-bf16", "sdpa", True),
     "onnx-plain-llama": ("llama-gqa-f32", "plain", False),
     "onnx-plain-llama-past": ("llama-gqa-f32", "plain", True),
 }
@@ -215,7 +220,8 @@ def main():
         if attn == "plain":
             export_plain(model, path, with_past)
         else:
-            export(model, path, with_past, external=n.endswith("-extdata"))
+            export(model, path, with_past, external=n.endswith("-extdata"),
+                   opset=23 if n.endswith("-opset23") else None)
         exporter = (f"torch.onnx.export(dynamo=True) (torch {torch.__version__}, "
                     + (f"transformers {transformers.__version__}, attention {attn})"
                        if attn != "plain" else

@@ -247,6 +247,9 @@ int main(void) {
   static const char *const dyn_gemma3[] = {"q/k norm", "(sliding layers 10000)", "sandwich norms",
                                            NULL};
   check_llm("onnx-dynamo-gemma3-sdpa", dyn_gemma3);
+  /* opset 23: the exporter's Attention, RotaryEmbedding and RMSNormalization ops */
+  check_llm("onnx-dynamo-llama-sdpa-opset23", dyn);
+  check_llm("onnx-dynamo-qwen3-sdpa-past-opset23", dyn_qwen3);
   /* optimum-cli export onnx (tools/gen_onnx_optimum_fixtures.py) */
   check_llm("onnx-optimum-llama", dyn);
   check_llm("onnx-optimum-llama-past", past);
