@@ -14,6 +14,7 @@
 #include "infc_hfconfig.h"
 #include "infc_onnx.h"
 #include "infc_onnx_llm.h"
+#include "infc_onnx_profile.h"
 #include "fmt_safetensors.h"
 #include "infc_tokenizer.h"
 #include "infc_util.h"
@@ -29,6 +30,8 @@ struct infc_source {
   char kind[16];
   char hash[17];
   char recognised[INFC_ONNX_LLM_RECOGNISED]; /* what the ONNX LLM path matched */
+  infc_onnx_dims *dims; /* a generic ONNX graph with symbolic input dims: their ranges */
+  ir_model_config limits;
 };
 
 /* A tensor by its HF name; a multimodal checkpoint's text model (Gemma 3's
@@ -165,7 +168,17 @@ static ir_status open_onnx(const char *src, const infc_options *o, infc_source *
                          .max_seqs = o->model.max_seqs,
                          .max_logits = o->model.max_logits,
                          .kv_block_size = o->model.kv_block_size};
-  return infc_onnx_import(src, &lim, &s->onnx, out_graph, s->hash, d);
+  s->limits = lim;
+  if (!(s->dims = ir_calloc(1, sizeof *s->dims))) return ir_diag_set(d, IR_OOM, "out of memory");
+  st = infc_onnx_dims_read(src, o, s->dims, d);
+  if (st != IR_OK) {
+    ir_diag_prefix(d, "%s", src);
+    return st;
+  }
+  if (!s->dims->n_syms) return infc_onnx_import(src, &lim, &s->onnx, out_graph, s->hash, d);
+  int64_t max[IR_MAX_PROFILE_SYMS]; /* imported at the maxima: the memory plan's sizes */
+  for (int k = 0; k < s->dims->n_syms; k++) max[k] = s->dims->syms[k].max;
+  return infc_onnx_import_at(src, &lim, s->dims, max, &s->onnx, out_graph, s->hash, d);
 }
 
 ir_status infc_source_open(const char *src, const infc_options *o, infc_source **out,
@@ -193,6 +206,7 @@ void infc_source_close(infc_source *s) {
   fmt_st_close(s->st);
   fmt_gguf_close(s->gguf);
   infc_onnx_close(s->onnx);
+  ir_free(s->dims);
   ir_free(s);
 }
 
@@ -208,6 +222,7 @@ static void fill_report(const ir_graph *g, const infc_source *s, int before, inf
   r->arena_bytes = g->arena_size;
   snprintf(r->source_kind, sizeof r->source_kind, "%s", s->kind);
   snprintf(r->recognised, sizeof r->recognised, "%s", s->recognised);
+  infc_onnx_profile_describe(g->profile, r->shapes, sizeof r->shapes);
 }
 
 ir_status infc_build(const char *src, const infc_options *opts, const char *out_path, FILE *dump_ir,
@@ -250,6 +265,10 @@ ir_status infc_build(const char *src, const infc_options *opts, const char *out_
   }
   pass_log log = {0};
   if (st == IR_OK) st = pass_pipeline_run(g, &po, &log, d);
+  if (st == IR_OK && s->dims && s->dims->n_syms) {
+    st = infc_onnx_profile_build(src, &s->limits, s->dims, &po, g, d);
+    if (st != IR_OK) ir_diag_prefix(d, "%s", src);
+  }
   infc_cuda_kernels ck = {0}; /* target cuda: NVRTC images for the kernels section */
   if (st == IR_OK && !strcmp(o.target, "cuda"))
     st = infc_cuda_kernels_build(g, o.arch, o.cache_dir, &ck, d);

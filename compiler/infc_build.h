@@ -16,6 +16,7 @@ typedef struct infc_build_report {
   uint64_t arena_bytes;
   char source_kind[16]; /* "safetensors" or "gguf" */
   char tokenizer[256];  /* where the plan's tokenizer came from ("" if it has none) */
+  char shapes[512];     /* a generic graph's dynamic dims: "batch=1..64" ("" when static) */
   char recognised[512]; /* an ONNX LLM: what was recognised ("2 attention blocks -> ...") */
   pass_results passes;  /* what the passes did: the node counts each took, what was
                            quantized, int8 activations, repacked weights (pass.h; its

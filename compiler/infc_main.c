@@ -52,6 +52,8 @@ static int usage_build(FILE *f) {
       "                         --target cpu, f32 for cuda), f32, int8 (per 32 values)\n"
       "      --no-repack        keep those weights in their GGUF block layout (default:\n"
       "                         8 rows interleaved, the CPU kernels' faster layout)\n"
+      "      --shape NAME=DIMS  a generic ONNX graph's input range, dims like 1..64x3x224x224\n"
+      "                         (repeatable; symbolic dims not given range over 1..64)\n"
       "      --dump-ir          print the IR after each pass to stdout\n"
       "  -q, --quiet            print nothing on success\n",
       f);
@@ -117,6 +119,7 @@ static int parse_build(int argc, char **argv, infc_options *o, build_args *a) {
                                         {"act-dtype", required_argument, 0, 16},
                                         {"no-repack", no_argument, 0, 17},
                                         {"cache-dir", required_argument, 0, 18},
+                                        {"shape", required_argument, 0, 19},
                                         {"help", no_argument, 0, 'h'},
                                         {0, 0, 0, 0}};
   static const char *keys[] = {"",           "dtype",         "max_tokens",  "max_seqs",
@@ -140,6 +143,7 @@ static int parse_build(int argc, char **argv, infc_options *o, build_args *a) {
     else if (c == 16) st = infc_options_set(o, "act_dtype", optarg, &d);
     else if (c == 17) st = infc_options_set(o, "repack", "false", &d);
     else if (c == 18) st = set_cache_dir(o, optarg, &d);
+    else if (c == 19) st = infc_options_set(o, "shape", optarg, &d);
     else if (c == 'q') a->quiet = true;
     else if (c == 'h') return usage_build(stdout) - 1;
     else return usage_build(stderr);
@@ -171,6 +175,7 @@ static int cmd_build(int argc, char **argv) {
     if (pass_results_line(&r.passes, lines[i], line, sizeof line)) printf("infc: %s\n", line);
   }
   if (!a.quiet && r.recognised[0]) printf("infc: recognised: %s\n", r.recognised);
+  if (!a.quiet && r.shapes[0]) printf("infc: dynamic shapes: %s\n", r.shapes);
   if (!a.quiet)
     printf("infc: tokenizer: %s\n",
            r.tokenizer[0] ? r.tokenizer : "none (the plan takes token ids)");

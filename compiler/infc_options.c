@@ -42,6 +42,41 @@ static ir_status set_decode_buckets(infc_options *o, const char *v, ir_diag *d) 
   return IR_OK;
 }
 
+/* shapes.NAME = "1..64x3x224x224": dims separated by 'x', each N or LO..HI. */
+static ir_status set_shape(infc_options *o, const char *name, const char *v, ir_diag *d) {
+  infc_shape sh = {0};
+  if (!*name || strlen(name) >= sizeof sh.input)
+    return ir_diag_set(d, IR_INVALID_ARG, "option 'shape': bad input name '%s'", name);
+  snprintf(sh.input, sizeof sh.input, "%s", name);
+  for (const char *p = v; *p;) {
+    char *end = NULL;
+    long long lo = strtoll(p, &end, 10), hi = lo;
+    if (end != p && end[0] == '.' && end[1] == '.') {
+      const char *q = end + 2;
+      hi = strtoll(q, &end, 10);
+      if (end == q) end = (char *)p;
+    }
+    if (end == p || (*end && *end != 'x') || lo < 1 || hi < lo || hi > ((long long)1 << 31) ||
+        sh.rank == IR_MAX_RANK)
+      return ir_diag_set(d, IR_INVALID_ARG,
+                         "option 'shape': '%s=%s' is not dims like 1..64x3x224x224 (each a "
+                         "number >= 1 or a range lo..hi, at most %d)",
+                         name, v, IR_MAX_RANK);
+    sh.min[sh.rank] = lo;
+    sh.max[sh.rank++] = hi;
+    p = *end ? end + 1 : end;
+    if (!*p && *end) return ir_diag_set(d, IR_INVALID_ARG, "option 'shape': '%s' ends in 'x'", v);
+  }
+  if (!sh.rank) return ir_diag_set(d, IR_INVALID_ARG, "option 'shape': '%s' is empty", name);
+  int i = 0;
+  while (i < o->n_shapes && strcmp(o->shapes[i].input, name)) i++;
+  if (i == INFC_MAX_SHAPES)
+    return ir_diag_set(d, IR_INVALID_ARG, "option 'shape': more than %d inputs", INFC_MAX_SHAPES);
+  o->shapes[i] = sh;
+  if (i == o->n_shapes) o->n_shapes++;
+  return IR_OK;
+}
+
 static ir_status parse_int(const char *key, const char *v, int64_t lo, int64_t hi, int64_t *out,
                            ir_diag *d) {
   char *end = NULL;
@@ -153,6 +188,15 @@ ir_status infc_options_set(infc_options *o, const char *key, const char *v, ir_d
     return IR_OK;
   }
   if (!strcmp(key, "decode_buckets")) return set_decode_buckets(o, v, d);
+  if (!strncmp(key, "shapes.", 7)) return set_shape(o, key + 7, v, d);
+  if (!strcmp(key, "shape")) { /* NAME=DIMS, as --shape gives it */
+    const char *eq = strchr(v, '=');
+    char name[128];
+    if (!eq || eq == v || (size_t)(eq - v) >= sizeof name)
+      return ir_diag_set(d, IR_INVALID_ARG, "option 'shape': '%s' is not NAME=DIMS", v);
+    snprintf(name, sizeof name, "%.*s", (int)(eq - v), v);
+    return set_shape(o, name, eq + 1, d);
+  }
   if (!strcmp(key, "target")) {
     if (strcmp(v, "cpu") != 0 && strcmp(v, "cuda") != 0)
       return ir_diag_set(d, IR_UNSUPPORTED, "option 'target': '%s' is not one of cpu, cuda", v);

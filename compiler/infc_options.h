@@ -36,6 +36,19 @@ typedef enum infc_act_dtype {
   INFC_ACT_INT8 = 2,
 } infc_act_dtype;
 
+/* A generic graph input's shape range (--shape NAME=1..64x3x224x224, or build.yaml's
+ * `shapes: {NAME: ...}`): each dim a number or a range lo..hi. */
+#define INFC_MAX_SHAPES 16
+typedef struct infc_shape {
+  char input[128];
+  int rank;
+  int64_t min[IR_MAX_RANK], max[IR_MAX_RANK];
+} infc_shape;
+
+/* The range a symbolic dim gets when no --shape names it. */
+#define INFC_DEFAULT_DIM_MIN 1
+#define INFC_DEFAULT_DIM_MAX 64
+
 typedef struct infc_options {
   model_build_opts model;
   bool fold;
@@ -56,6 +69,9 @@ typedef struct infc_options {
    * 1, 2, 4, ... up to the step limit; checked against the limits by pass_capture_plan) */
   int32_t n_decode_buckets;
   int64_t decode_buckets[IR_MAX_DECODE_BUCKETS];
+  /* generic ONNX graphs: ranges of their inputs' symbolic dims (others: the defaults) */
+  int n_shapes;
+  infc_shape shapes[INFC_MAX_SHAPES];
 } infc_options;
 
 /* A CUDA plan's default step: 2048 tokens, not the CPU's 512. On an H200 (kernels/cuda/NOTES.md)

@@ -233,7 +233,35 @@ typedef struct ir_model_config {
   int64_t decode_buckets[IR_MAX_DECODE_BUCKETS];
 } ir_model_config;
 
+/* Dynamic shapes of a generic program, as TensorRT's optimization profiles: named symbols
+ * (the ONNX graph's symbolic dims) with ranges, and every tensor dim and int attribute value
+ * that depends on them as an affine expression, value = off + sum_k coef[k] * sym[k]. The
+ * graph itself holds every value at the symbols' maxima, so its memory plan covers the
+ * largest run; ir_profile.h specializes a copy of it to any point of the ranges. */
+#define IR_MAX_PROFILE_SYMS 8
+
+typedef struct ir_shape_sym {
+  char name[64];
+  int64_t min, max;
+} ir_shape_sym;
+
+typedef struct ir_affine {
+  int32_t at;       /* the tensor (dims) or node (attrs) */
+  int32_t index;    /* the dim, or the value's index in the attribute (0 for an INT) */
+  const char *attr; /* attrs: the attribute's name (ir_attr_intern) */
+  int64_t coef[IR_MAX_PROFILE_SYMS];
+  int64_t off;
+} ir_affine;
+
+typedef struct ir_profile {
+  int n_syms;
+  ir_shape_sym syms[IR_MAX_PROFILE_SYMS];
+  int32_t n_dims, n_attrs;
+  ir_affine *dims, *attrs;
+} ir_profile;
+
 typedef struct ir_graph {
+  ir_profile *profile; /* NULL: every shape is static */
   ir_tensor *tensors;
   int32_t n_tensors, cap_tensors;
   ir_node *nodes;

@@ -38,6 +38,11 @@ void ir_graph_destroy(ir_graph *g) {
   ir_free(g->inputs);
   ir_free(g->outputs);
   ir_free(g->owned);
+  if (g->profile) {
+    ir_free(g->profile->dims);
+    ir_free(g->profile->attrs);
+    ir_free(g->profile);
+  }
   ir_free(g);
 }
 

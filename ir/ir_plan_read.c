@@ -16,6 +16,7 @@
 #include "ir_plan_kernels.h"
 #include "plan.pb-c.h"
 #include "ir_alloc.h"
+#include "ir_profile.h"
 
 struct ir_plan {
   const uint8_t *map;
@@ -178,6 +179,45 @@ static ir_status read_node(ir_plan *p, const Infc__Plan__Node *o, ir_diag *d) {
   return IR_OK;
 }
 
+static ir_status read_affine(const Infc__Plan__Affine *o, int n_syms, bool attr, ir_affine *a,
+                             ir_diag *d) {
+  memset(a, 0, sizeof *a);
+  if (o->n_coef != (size_t)n_syms)
+    return ir_diag_set(d, IR_BAD_FORMAT, "shape profile: %zu coefficients for %d symbols",
+                       o->n_coef, n_syms);
+  a->at = o->at;
+  a->index = o->index;
+  a->off = o->off;
+  for (int k = 0; k < n_syms; k++) a->coef[k] = o->coef[k];
+  if (attr && !(a->attr = ir_attr_intern(o->attr)))
+    return ir_diag_set(d, IR_BAD_FORMAT, "shape profile: unknown attribute '%s'", o->attr);
+  return IR_OK;
+}
+
+static ir_status read_profile(ir_graph *g, const Infc__Plan__Profile *o, ir_diag *d) {
+  if (o->n_syms < 1 || o->n_syms > IR_MAX_PROFILE_SYMS || o->n_dims > (size_t)1 << 24 ||
+      o->n_attrs > (size_t)1 << 24)
+    return ir_diag_set(d, IR_BAD_FORMAT, "shape profile: %zu symbols", o->n_syms);
+  ir_profile *p = ir_calloc(1, sizeof *p);
+  if (!p) return ir_diag_set(d, IR_OOM, "out of memory");
+  g->profile = p;
+  p->n_syms = (int)o->n_syms;
+  for (int k = 0; k < p->n_syms; k++) {
+    snprintf(p->syms[k].name, sizeof p->syms[k].name, "%s", o->syms[k]->name);
+    p->syms[k].min = o->syms[k]->min;
+    p->syms[k].max = o->syms[k]->max;
+  }
+  p->dims = ir_calloc(o->n_dims + 1, sizeof *p->dims);
+  p->attrs = ir_calloc(o->n_attrs + 1, sizeof *p->attrs);
+  if (!p->dims || !p->attrs) return ir_diag_set(d, IR_OOM, "out of memory");
+  ir_status st = IR_OK;
+  for (size_t i = 0; st == IR_OK && i < o->n_dims; i++, p->n_dims++)
+    st = read_affine(o->dims[i], p->n_syms, false, &p->dims[i], d);
+  for (size_t i = 0; st == IR_OK && i < o->n_attrs; i++, p->n_attrs++)
+    st = read_affine(o->attrs[i], p->n_syms, true, &p->attrs[i], d);
+  return st;
+}
+
 static ir_status read_graph(ir_plan *p, ir_diag *d) {
   const Infc__Plan__Plan *m = p->meta;
   if (!m->config) return ir_diag_set(d, IR_BAD_FORMAT, "plan has no model config");
@@ -197,7 +237,9 @@ static ir_status read_graph(ir_plan *p, ir_diag *d) {
   for (size_t i = 0; st == IR_OK && i < m->n_outputs; i++)
     if (!ir_graph_add_output(p->graph, m->outputs[i])) st = ir_diag_set(d, IR_OOM, "out of memory");
   p->graph->arena_size = m->arena_size;
+  if (st == IR_OK && m->profile) st = read_profile(p->graph, m->profile, d);
   if (st == IR_OK) st = ir_graph_verify(p->graph, d);
+  if (st == IR_OK) st = ir_profile_verify(p->graph, d);
   return st == IR_OK ? ir_graph_verify_step(p->graph, d) : st;
 }
 

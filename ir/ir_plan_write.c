@@ -28,6 +28,11 @@ typedef struct meta_build {
   Infc__Plan__Attr **attr_ptrs;
   Infc__Plan__BuildOption *opts;
   Infc__Plan__BuildOption **opt_ptrs;
+  Infc__Plan__Profile profile;
+  Infc__Plan__ShapeSym syms[IR_MAX_PROFILE_SYMS];
+  Infc__Plan__ShapeSym *sym_ptrs[IR_MAX_PROFILE_SYMS];
+  Infc__Plan__Affine *affs;
+  Infc__Plan__Affine **aff_ptrs;
 } meta_build;
 
 static void meta_free(meta_build *m) {
@@ -41,6 +46,41 @@ static void meta_free(meta_build *m) {
   ir_free(m->attr_ptrs);
   ir_free(m->opts);
   ir_free(m->opt_ptrs);
+  ir_free(m->affs);
+  ir_free(m->aff_ptrs);
+}
+
+/* The dynamic-shape profile, when the graph has one. */
+static void fill_profile(meta_build *m, const ir_graph *g) {
+  const ir_profile *p = g->profile;
+  if (!p) return;
+  infc__plan__profile__init(&m->profile);
+  for (int k = 0; k < p->n_syms; k++) {
+    infc__plan__shape_sym__init(&m->syms[k]);
+    m->syms[k].name = (char *)p->syms[k].name;
+    m->syms[k].min = p->syms[k].min;
+    m->syms[k].max = p->syms[k].max;
+    m->sym_ptrs[k] = &m->syms[k];
+  }
+  m->profile.n_syms = (size_t)p->n_syms;
+  m->profile.syms = m->sym_ptrs;
+  for (int32_t i = 0; i < p->n_dims + p->n_attrs; i++) {
+    const ir_affine *a = i < p->n_dims ? &p->dims[i] : &p->attrs[i - p->n_dims];
+    Infc__Plan__Affine *o = &m->affs[i];
+    infc__plan__affine__init(o);
+    o->at = a->at;
+    o->index = a->index;
+    o->attr = (char *)(i < p->n_dims ? "" : a->attr);
+    o->n_coef = (size_t)p->n_syms;
+    o->coef = (int64_t *)a->coef;
+    o->off = a->off;
+    m->aff_ptrs[i] = o;
+  }
+  m->profile.n_dims = (size_t)p->n_dims;
+  m->profile.dims = m->aff_ptrs;
+  m->profile.n_attrs = (size_t)p->n_attrs;
+  m->profile.attrs = m->aff_ptrs + p->n_dims;
+  m->plan.profile = &m->profile;
 }
 
 static void fill_config(Infc__Plan__ModelConfig *o, const ir_model_config *c) {
@@ -146,8 +186,11 @@ static bool meta_alloc(meta_build *m, const ir_graph *g, int n_opts) {
   m->attr_ptrs = ir_calloc(na + 1, sizeof *m->attr_ptrs);
   m->opts = ir_calloc(no + 1, sizeof *m->opts);
   m->opt_ptrs = ir_calloc(no + 1, sizeof *m->opt_ptrs);
-  return m->tensors && m->tensor_ptrs && m->dims && m->dim_ptrs && m->nodes && m->node_ptrs &&
-         m->attrs && m->attr_ptrs && m->opts && m->opt_ptrs;
+  size_t np = g->profile ? (size_t)(g->profile->n_dims + g->profile->n_attrs) : 0;
+  m->affs = ir_calloc(np + 1, sizeof *m->affs);
+  m->aff_ptrs = ir_calloc(np + 1, sizeof *m->aff_ptrs);
+  return m->affs && m->aff_ptrs && m->tensors && m->tensor_ptrs && m->dims && m->dim_ptrs &&
+         m->nodes && m->node_ptrs && m->attrs && m->attr_ptrs && m->opts && m->opt_ptrs;
 }
 
 static uint64_t meta_fill(meta_build *m, const ir_graph *g, const ir_plan_info *info) {
@@ -175,6 +218,7 @@ static uint64_t meta_fill(meta_build *m, const ir_graph *g, const ir_plan_info *
     m->opts[i].value = (char *)info->option_values[i];
     m->opt_ptrs[i] = &m->opts[i];
   }
+  fill_profile(m, g);
   m->plan.n_options = (size_t)no;
   m->plan.options = m->opt_ptrs;
   m->plan.n_pass_log = info ? (size_t)info->n_pass_log : 0;

@@ -28,15 +28,16 @@ steps are recorded too.
 import os
 import sys
 
+import numpy as np
 import torch
 import transformers
 from transformers import AutoModelForCausalLM
 from transformers.cache_utils import DynamicCache
 
-from onnx_oracle import head_dim, kv_shape, past_names, write_oracle
+from onnx_oracle import FIX, head_dim, kv_shape, past_names, write_oracle
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FIX = os.path.join(ROOT, "tests", "fixtures")
+
+
 
 
 def load(src, attn):
@@ -207,12 +208,67 @@ FIXTURES = {
 }
 
 
+# --- generic graphs with a dynamic batch ----------------------------------------------
+
+GENERIC_BATCHES = (1, 5, 64)
+
+
+def mlp():
+    torch.manual_seed(11)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32),
+                               torch.nn.Linear(32, 8), torch.nn.Softmax(-1)), (16,)
+
+
+def cnn():
+    torch.manual_seed(12)
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+        torch.nn.MaxPool2d(2), torch.nn.Conv2d(8, 16, 3, stride=2, padding=1), torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(16, 10)), (3, 16, 16)
+
+
+GENERIC = {"onnx-dynamo-mlp": mlp, "onnx-dynamo-cnn": cnn}
+
+
+def gen_generic(name):
+    """model.onnx with input x [batch, ...] -> y; batch_N/input_0.pb and output_0.pb (the
+    ONNX test-data layout): seeded inputs and onnxruntime's outputs at each batch size."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import numpy_helper
+    net, shape = GENERIC[name]()
+    net = net.eval()
+    for m in net.modules():  # BatchNorm with statistics that are not the identity
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.running_mean.uniform_(-0.5, 0.5)
+            m.running_var.uniform_(0.5, 2.0)
+    out = os.path.join(FIX, name)
+    os.makedirs(out, exist_ok=True)
+    path = os.path.join(out, "model.onnx")
+    batch = torch.export.Dim("batch", max=64)
+    torch.onnx.export(net, (torch.randn(2, *shape),), path, dynamo=True, external_data=False,
+                      input_names=["x"], output_names=["y"], dynamic_shapes=({0: batch},))
+    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(7)
+    for b in GENERIC_BATCHES:
+        x = rng.standard_normal((b, *shape)).astype(np.float32)
+        y = sess.run(None, {"x": x})[0]
+        d = os.path.join(out, f"batch_{b}")
+        os.makedirs(d, exist_ok=True)
+        onnx.save_tensor(numpy_helper.from_array(x, "x"), os.path.join(d, "input_0.pb"))
+        onnx.save_tensor(numpy_helper.from_array(y, "y"), os.path.join(d, "output_0.pb"))
+    print(f"{name}: onnxruntime outputs at batch {', '.join(map(str, GENERIC_BATCHES))}")
+
+
 def main():
-    names = sys.argv[1:] or list(FIXTURES)
+    names = sys.argv[1:] or list(FIXTURES) + list(GENERIC)
     for n in names:
-        if n not in FIXTURES:
-            sys.exit(f"unknown fixture {n!r}; known: {', '.join(FIXTURES)}")
+        if n not in FIXTURES and n not in GENERIC:
+            sys.exit(f"unknown fixture {n!r}; known: {', '.join(list(FIXTURES) + list(GENERIC))}")
     for n in names:
+        if n in GENERIC:
+            gen_generic(n)
+            continue
         src, attn, with_past = FIXTURES[n]
         model = load(src, "eager" if attn == "plain" else attn)
         os.makedirs(os.path.join(FIX, n), exist_ok=True)

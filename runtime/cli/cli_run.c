@@ -64,10 +64,17 @@ static int parse_run(int argc, char **argv, run_args *a) {
   return 0;
 }
 
-static void format_shape(const irt_tensor_info *t, char *buf, size_t len) {
+/* "f32[1..64,16]": an input's dtype and dims (ranges where the plan has dynamic shapes). */
+static void format_shape(irt_program *p, int in, const irt_tensor_info *t, char *buf, size_t len) {
+  int64_t lo[IRT_MAX_RANK], hi[IRT_MAX_RANK];
+  bool ranged = in >= 0 && irt_program_input_range(p, in, lo, hi) == IRT_OK;
   size_t o = (size_t)snprintf(buf, len, "%s[", irt_dtype_name(t->dtype));
-  for (int i = 0; i < t->rank && o < len; i++)
-    o += (size_t)snprintf(buf + o, len - o, "%s%lld", i ? "," : "", (long long)t->shape[i]);
+  for (int i = 0; i < t->rank && o < len; i++) {
+    if (ranged && lo[i] != hi[i])
+      o += (size_t)snprintf(buf + o, len - o, "%s%lld..%lld", i ? "," : "", (long long)lo[i],
+                            (long long)hi[i]);
+    else o += (size_t)snprintf(buf + o, len - o, "%s%lld", i ? "," : "", (long long)t->shape[i]);
+  }
   if (o < len) snprintf(buf + o, len - o, "]");
 }
 
@@ -112,9 +119,13 @@ static int load_input(irt_program *p, const char *arg, bool *set) {
   if (i < 0 || irt_program_input_info(p, i, &in) != IRT_OK) {
     snprintf(msg, sizeof msg, "%s: no input of the plan is left for it", path);
     rc = fail(msg);
-  } else if (!same_layout(&in, &t.info)) {
+  } else if (in.dtype == t.info.dtype && in.rank == t.info.rank &&
+             irt_program_set_input_shape(p, i, t.info.rank, t.info.shape, &err) != IRT_OK) {
+    snprintf(msg, sizeof msg, "%s: %s", path, err.msg); /* outside a dynamic plan's range */
+    rc = fail(msg);
+  } else if (irt_program_input_info(p, i, &in) != IRT_OK || !same_layout(&in, &t.info)) {
     char want[160];
-    format_shape(&in, want, sizeof want);
+    format_shape(p, i, &in, want, sizeof want);
     snprintf(msg, sizeof msg, "%s: input '%s' takes %s; the file holds a %s tensor of rank %d",
              path, in.name, want, irt_dtype_name(t.info.dtype), t.info.rank);
     rc = fail(msg);
@@ -132,7 +143,7 @@ static int write_outputs(irt_program *p, const run_args *a) {
     irt_tensor_info o;
     char shape[160], path[4096];
     irt_program_output_info(p, k, &o);
-    format_shape(&o, shape, sizeof shape);
+    format_shape(p, -1, &o, shape, sizeof shape);
     const void *data = irt_program_output(p, k, NULL);
     if (a->out_dir) {
       irt_error err = {0};

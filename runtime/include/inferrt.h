@@ -529,10 +529,16 @@ void irt_engine_get_stats(irt_engine *e, irt_engine_stats *out);
 /* --- generic programs ------------------------------------------------------------------
  *
  * A plan built from a graph that is not an LLM step program (`infc build model.onnx`)
- * runs as a program: named inputs with static shapes in, named outputs out. Inputs keep
- * their values across runs until set again (they start zeroed). Outputs are borrowed and
- * valid until the next run or close. Plans with symbolic dims or the paged-KV attention
- * op are refused here: open those with irt_model_open.
+ * runs as a program: named inputs in, named outputs out. Inputs keep their values across
+ * runs until set again (they start zeroed). Outputs are borrowed and valid until the next
+ * run or close. Plans with the step's symbolic dims or the paged-KV attention op are
+ * refused here: open those with irt_model_open.
+ *
+ * Dynamic shapes: a plan built with ranges for its inputs' symbolic dims (`infc build
+ * --shape x=1..64x3x224x224`) runs at any shape within them. The program starts at the
+ * ranges' maxima; irt_program_set_input_shape moves it to an input's shape (the symbols
+ * that input carries), after which input and output infos report the shapes of the next
+ * run. A shape outside the plan's range is refused naming the dim and the range.
  * Ownership and threading as for models: one thread at a time per program. */
 
 typedef struct irt_program irt_program;
@@ -570,7 +576,12 @@ irt_status irt_program_output_info(const irt_program *p, int i, irt_tensor_info 
 /* Index of the input / output with that name, or -1. */
 int irt_program_find_input(const irt_program *p, const char *name);
 int irt_program_find_output(const irt_program *p, const char *name);
-/* Copies input i from data, which holds exactly the input's nbytes. */
+/* Input i's dims' ranges (rank values each; equal for a fixed dim). */
+irt_status irt_program_input_range(const irt_program *p, int i, int64_t *min, int64_t *max);
+/* Sets the shape of input i's next values (and so the symbols its dims carry). */
+irt_status irt_program_set_input_shape(irt_program *p, int i, int rank, const int64_t *shape,
+                                       irt_error *err);
+/* Copies input i from data, which holds exactly the input's nbytes (at its current shape). */
 irt_status irt_program_set_input(irt_program *p, int i, const void *data, uint64_t nbytes,
                                  irt_error *err);
 irt_status irt_program_run(irt_program *p, irt_error *err);

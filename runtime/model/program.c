@@ -11,6 +11,7 @@
 #include "model.h"
 #include "fmt_onnx_tensor.h"
 #include "ir_alloc.h"
+#include "ir_profile.h"
 
 _Static_assert(IRT_DTYPE_F32 == (int)IR_F32 && IRT_DTYPE_F16 == (int)IR_F16 &&
                    IRT_DTYPE_BF16 == (int)IR_BF16 && IRT_DTYPE_I64 == (int)IR_I64 &&
@@ -27,7 +28,12 @@ struct irt_program {
   void **ptrs;  /* (n_tensors) */
   void **inbuf; /* (n_inputs) */
   bool ran;
+  ir_graph *work; /* dynamic shapes: the graph at the current symbols (else NULL) */
+  int64_t syms[IR_MAX_PROFILE_SYMS];
 };
+
+/* The graph at the shapes of the next run. */
+static const ir_graph *cur(const irt_program *p) { return p->work ? p->work : p->g; }
 
 static ir_status check_program(const ir_graph *g, ir_diag *d) {
   for (int32_t i = 0; i < g->n_tensors; i++)
@@ -89,6 +95,11 @@ irt_status irt_program_open(const char *plan_path, const irt_model_opts *opts, i
     if (st == IR_OK) st = backend_cpu_create(o.n_threads, &p->be, &d);
     if (st == IR_OK) st = p->be.ops->check(p->be.ctx, p->g, &d);
     if (st == IR_OK) st = bind(p, &d);
+    if (st == IR_OK && p->g->profile) {
+      for (int k = 0; k < p->g->profile->n_syms; k++) p->syms[k] = p->g->profile->syms[k].max;
+      if (!(p->work = ir_profile_instance(p->g))) st = ir_diag_set(&d, IR_OOM, "out of memory");
+      else st = ir_profile_instance_set(p->g, p->work, p->syms, &d);
+    }
     if (st != IR_OK) ir_diag_prefix(&d, "%s", plan_path); /* ir_plan_open names it itself */
   }
   if (st != IR_OK) {
@@ -108,6 +119,7 @@ void irt_program_close(irt_program *p) {
     if (p->arena) p->be.ops->free(p->be.ctx, p->arena);
   }
   backend_destroy(&p->be);
+  ir_profile_instance_free(p->work);
   ir_free(p->inbuf);
   ir_free(p->ptrs);
   ir_plan_close(p->plan);
@@ -129,13 +141,55 @@ static void info_of(const ir_graph *g, int32_t t, irt_tensor_info *out) {
 
 irt_status irt_program_input_info(const irt_program *p, int i, irt_tensor_info *out) {
   if (i < 0 || i >= p->g->n_inputs) return IRT_INVALID_ARG;
-  info_of(p->g, p->g->inputs[i], out);
+  info_of(cur(p), p->g->inputs[i], out);
   return IRT_OK;
 }
 
 irt_status irt_program_output_info(const irt_program *p, int i, irt_tensor_info *out) {
   if (i < 0 || i >= p->g->n_outputs) return IRT_INVALID_ARG;
-  info_of(p->g, p->g->outputs[i], out);
+  info_of(cur(p), p->g->outputs[i], out);
+  return IRT_OK;
+}
+
+irt_status irt_program_input_range(const irt_program *p, int i, int64_t *min, int64_t *max) {
+  if (i < 0 || i >= p->g->n_inputs) return IRT_INVALID_ARG;
+  int32_t t = p->g->inputs[i];
+  const ir_tensor *x = &p->g->tensors[t];
+  const ir_profile *pr = p->g->profile;
+  for (int k = 0; k < x->rank; k++) {
+    min[k] = max[k] = x->dims[k].n;
+    for (int32_t e = 0; pr && e < pr->n_dims; e++)
+      if (pr->dims[e].at == t && pr->dims[e].index == k) {
+        int64_t lo[IR_MAX_PROFILE_SYMS];
+        for (int j = 0; j < pr->n_syms; j++) lo[j] = pr->syms[j].min;
+        min[k] = ir_affine_eval(&pr->dims[e], pr->n_syms, lo);
+      }
+  }
+  return IRT_OK;
+}
+
+irt_status irt_program_set_input_shape(irt_program *p, int i, int rank, const int64_t *shape,
+                                       irt_error *err) {
+  ir_diag d = {0};
+  int64_t syms[IR_MAX_PROFILE_SYMS];
+  bool known[IR_MAX_PROFILE_SYMS] = {0};
+  memcpy(syms, p->syms, sizeof syms);
+  ir_status st = IR_OK;
+  if (i < 0 || i >= p->g->n_inputs)
+    st = ir_diag_set(&d, IR_INVALID_ARG, "input %d of %d does not exist", i, p->g->n_inputs);
+  else if (rank < 0 || rank > IR_MAX_RANK || (rank && !shape))
+    st = ir_diag_set(&d, IR_INVALID_ARG, "bad rank %d", rank);
+  else st = ir_profile_solve(p->g, p->g->inputs[i], rank, shape, syms, known, &d);
+  if (st == IR_OK && p->work) {
+    st = ir_profile_instance_set(p->g, p->work, syms, &d);
+    ir_diag ignore = {0};
+    if (st == IR_OK) memcpy(p->syms, syms, sizeof syms);
+    else ir_profile_instance_set(p->g, p->work, p->syms, &ignore); /* back as it was */
+  }
+  if (st != IR_OK) {
+    rt_error_from_diag(err, &d);
+    return rt_status_from_ir(st);
+  }
   return IRT_OK;
 }
 
@@ -174,7 +228,7 @@ irt_status irt_program_run(irt_program *p, irt_error *err) {
   ir_diag d = {0};
   model_step step = {.syms = {0}};
   for (int32_t i = 0; i < p->g->n_nodes; i++)
-    if (p->be.ops->run_node(p->be.ctx, p->g, i, p->ptrs, &step, &d) != IR_OK) {
+    if (p->be.ops->run_node(p->be.ctx, cur(p), i, p->ptrs, &step, &d) != IR_OK) {
       rt_error_from_diag(err, &d);
       p->ran = false;
       return rt_status_from_ir(d.status);
@@ -186,7 +240,7 @@ irt_status irt_program_run(irt_program *p, irt_error *err) {
 const void *irt_program_output(const irt_program *p, int i, uint64_t *out_nbytes) {
   if (!p->ran || i < 0 || i >= p->g->n_outputs) return NULL;
   int32_t t = p->g->outputs[i];
-  if (out_nbytes) *out_nbytes = ir_tensor_bytes(p->g, &p->g->tensors[t], NULL);
+  if (out_nbytes) *out_nbytes = ir_tensor_bytes(cur(p), &cur(p)->tensors[t], NULL);
   return p->ptrs[t];
 }
 
