@@ -161,13 +161,21 @@ typedef enum ir_op {
   IR_OP_ND_ATTENTION = 103,
   IR_OP_ND_ROTARY_EMBEDDING = 104,
   IR_OP_SOFTCAP = 105, /* y = cap * tanh(x / cap) (Gemma 2's final logits) */
+  /* n-d generic ops, second range */
+  IR_OP_ND_CONV = 106, /* Conv: 1-3 spatial dims, groups, strides, pads, dilations */
+  IR_OP_ND_POOL = 107, /* MaxPool / AveragePool */
   IR_OP_COUNT
 } ir_op;
 
 /* The n-d generic ops occupy one contiguous range of the enum. */
 #define IR_OP_ND_FIRST IR_OP_ND_RESHAPE
 #define IR_OP_ND_LAST IR_OP_ND_ROTARY_EMBEDDING
-static inline bool ir_op_is_nd(ir_op op) { return op >= IR_OP_ND_FIRST && op <= IR_OP_ND_LAST; }
+#define IR_OP_ND2_FIRST IR_OP_ND_CONV /* the n-d ops appended after the fused ones */
+#define IR_OP_ND2_LAST IR_OP_ND_POOL
+static inline bool ir_op_is_nd(ir_op op) {
+  return (op >= IR_OP_ND_FIRST && op <= IR_OP_ND_LAST) ||
+         (op >= IR_OP_ND2_FIRST && op <= IR_OP_ND2_LAST);
+}
 
 /* A matmul's epilogue (attribute "act"), and the gate activation of the swiglu op (its
  * "act": SWIGLU when absent). Values are stored in plans: append only.

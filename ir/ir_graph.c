@@ -254,6 +254,13 @@ static const char *const k_attr_names[] = {
     "qk_eps",
     /* sliding-window attention; the softcap op (Gemma) */
     "window",
+    /* conv and pool (ir_op_nd_nn.c) */
+    "strides",
+    "dilations",
+    "group",
+    "kernel",
+    "ceil_mode",
+    "count_include_pad",
     "cap",
 };
 

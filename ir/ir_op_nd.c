@@ -78,8 +78,12 @@ typedef struct nd_info {
   nd_kind kind;
 } nd_info;
 
-#define ND(op) [IR_OP_ND_##op - IR_OP_ND_FIRST]
-static const nd_info k_nd[IR_OP_ND_LAST - IR_OP_ND_FIRST + 1] = {
+/* An n-d op's slot in k_nd: the first range, then the second. */
+#define ND_SLOT(op)                                                                                \
+  ((op) <= IR_OP_ND_LAST ? (op)-IR_OP_ND_FIRST                                                     \
+                         : (op)-IR_OP_ND2_FIRST + (IR_OP_ND_LAST - IR_OP_ND_FIRST + 1))
+#define ND(op) [ND_SLOT(IR_OP_ND_##op)]
+static const nd_info k_nd[ND_SLOT(IR_OP_ND2_LAST) + 1] = {
     ND(RESHAPE) = {"nd.reshape", K_RESHAPE},
     ND(CAST) = {"nd.cast", K_CAST},
     ND(NEG) = {"nd.neg", K_UNARY_N},
@@ -173,11 +177,13 @@ static const nd_info k_nd[IR_OP_ND_LAST - IR_OP_ND_FIRST + 1] = {
     ND(RMS_NORM) = {"nd.rms_norm", K_NN},
     ND(ATTENTION) = {"nd.attention", K_NN},
     ND(ROTARY_EMBEDDING) = {"nd.rotary_embedding", K_NN},
+    ND(CONV) = {"nd.conv", K_NN},
+    ND(POOL) = {"nd.pool", K_NN},
 };
 #undef ND
 
 const char *ir_op_nd_name(ir_op op) {
-  const char *nm = ir_op_is_nd(op) ? k_nd[op - IR_OP_ND_FIRST].name : NULL;
+  const char *nm = ir_op_is_nd(op) ? k_nd[ND_SLOT(op)].name : NULL;
   return nm ? nm : "invalid";
 }
 
@@ -633,7 +639,7 @@ ir_status ir_op_nd_infer(const ir_graph *g, const ir_node *n, ir_dtype *out_dt, 
   nd_ctx c = {g, n, d ? d : &local, out_dt, out_rank, out_dims, out_n};
   *out_n = 0;
   if (!ir_op_is_nd(n->op)) return nd_fail(&c, IR_UNSUPPORTED, "not an n-d op");
-  nd_kind k = k_nd[n->op - IR_OP_ND_FIRST].kind;
+  nd_kind k = k_nd[ND_SLOT(n->op)].kind;
   switch (k) {
   case K_RESHAPE: return infer_reshape(&c);
   case K_CAST: return infer_cast(&c);

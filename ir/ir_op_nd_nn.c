@@ -271,6 +271,96 @@ static ir_status infer_rotary(nd_ctx *c) {
   return IR_OK;
 }
 
+/* strides, pads (begins then ends), dilations of k spatial dims, defaults 1, 0, 1. */
+static bool window_attrs(nd_ctx *c, int k, int64_t *st, int64_t *pads, int64_t *dil) {
+  int ns = 0, np = 0, nd = 0;
+  const int64_t *s = ir_node_attr_ints(c->n, "strides", &ns);
+  const int64_t *p = ir_node_attr_ints(c->n, "pads", &np);
+  const int64_t *dl = ir_node_attr_ints(c->n, "dilations", &nd);
+  if ((s && ns != k) || (p && np != 2 * k) || (dl && nd != k)) {
+    nd_fail(c, IR_BAD_FORMAT, "strides, pads or dilations do not match %d spatial dims", k);
+    return false;
+  }
+  for (int i = 0; i < k; i++) {
+    st[i] = s ? s[i] : 1;
+    dil[i] = dl ? dl[i] : 1;
+    pads[i] = p ? p[i] : 0;
+    pads[k + i] = p ? p[k + i] : 0;
+    if (st[i] < 1 || dil[i] < 1 || pads[i] < 0 || pads[k + i] < 0 || st[i] > (1 << 20) ||
+        dil[i] > (1 << 20) || pads[i] > (1 << 20) || pads[k + i] > (1 << 20)) {
+      nd_fail(c, IR_BAD_FORMAT, "bad stride, pad or dilation");
+      return false;
+    }
+  }
+  return true;
+}
+
+/* Output extent of a window of `ks` taps over `in` (ceil: a last partial window counts when
+ * it starts inside the input or its begin pad). */
+static int64_t window_out(int64_t in, int64_t ks, int64_t st, int64_t pb, int64_t pe, int64_t dil,
+                          bool ceil_mode) {
+  int64_t span = (ks - 1) * dil + 1, room = in + pb + pe - span;
+  if (room < 0) return 0;
+  int64_t o = (ceil_mode ? (room + st - 1) / st : room / st) + 1;
+  if (ceil_mode && (o - 1) * st >= in + pb) o--;
+  return o;
+}
+
+/* conv(x[N,C,s..], w[M,C/group,k..], b[M]?; strides, pads, dilations, group) -> [N,M,o..] */
+static ir_status infer_conv(nd_ctx *c) {
+  nd_in x, w, b;
+  ir_status st = nd_input(c, 0, true, F32, &x);
+  if (st == IR_OK) st = nd_input(c, 1, true, F32, &w);
+  if (st == IR_OK) st = nd_input(c, 2, false, F32, &b);
+  if (st != IR_OK) return st;
+  int k = x.rank - 2;
+  int64_t g = nd_attr_i(c, "group", 1), str[3], pads[6], dil[3], y[IR_MAX_RANK];
+  if (k < 1 || k > 3 || w.rank != x.rank)
+    return nd_fail(c, IR_UNSUPPORTED, "conv needs 1 to 3 spatial dims, x and w of one rank");
+  if (g < 1 || x.s[1] % g || w.s[0] % g || w.s[1] * g != x.s[1])
+    return nd_fail(c, IR_BAD_FORMAT,
+                   "channels %lld, weight [%lld, %lld, ..] and group %lld disagree",
+                   (long long)x.s[1], (long long)w.s[0], (long long)w.s[1], (long long)g);
+  if (b.t && (b.rank != 1 || b.s[0] != w.s[0]))
+    return nd_fail(c, IR_BAD_FORMAT, "bias must be [%lld]", (long long)w.s[0]);
+  if (!window_attrs(c, k, str, pads, dil)) return c->d->status;
+  y[0] = x.s[0];
+  y[1] = w.s[0];
+  for (int i = 0; i < k; i++) {
+    y[2 + i] = window_out(x.s[2 + i], w.s[2 + i], str[i], pads[i], pads[k + i], dil[i], false);
+    if (y[2 + i] < 1 || w.s[2 + i] < 1)
+      return nd_fail(c, IR_BAD_FORMAT, "the kernel does not fit spatial dim %d", i);
+  }
+  nd_output(c, 0, IR_F32, x.rank, y);
+  return IR_OK;
+}
+
+/* pool(x[N,C,s..]; kernel, strides, pads, dilations, ceil_mode, mode 0 max | 1 average,
+ * count_include_pad) -> [N,C,o..] */
+static ir_status infer_pool(nd_ctx *c) {
+  nd_in x;
+  ir_status st = nd_input(c, 0, true, F32, &x);
+  if (st != IR_OK) return st;
+  int k = x.rank - 2, nk = 0;
+  const int64_t *ks = ir_node_attr_ints(c->n, "kernel", &nk);
+  int64_t str[3], pads[6], dil[3], y[IR_MAX_RANK], mode = nd_attr_i(c, "mode", 0);
+  if (k < 1 || k > 3 || !ks || nk != k || mode < 0 || mode > 1)
+    return nd_fail(c, IR_UNSUPPORTED, "pool needs 1 to 3 spatial dims and a kernel for each");
+  if (!window_attrs(c, k, str, pads, dil)) return c->d->status;
+  y[0] = x.s[0];
+  y[1] = x.s[1];
+  for (int i = 0; i < k; i++) {
+    if (ks[i] < 1 || pads[i] >= ks[i] || pads[k + i] >= ks[i])
+      return nd_fail(c, IR_BAD_FORMAT, "kernel %lld with pads %lld, %lld", (long long)ks[i],
+                     (long long)pads[i], (long long)pads[k + i]);
+    y[2 + i] = window_out(x.s[2 + i], ks[i], str[i], pads[i], pads[k + i], dil[i],
+                          nd_attr_i(c, "ceil_mode", 0) != 0);
+    if (y[2 + i] < 1) return nd_fail(c, IR_BAD_FORMAT, "the kernel does not fit spatial dim %d", i);
+  }
+  nd_output(c, 0, IR_F32, x.rank, y);
+  return IR_OK;
+}
+
 ir_status nd_infer_nn(nd_ctx *c) {
   switch (c->n->op) {
   case IR_OP_ND_MATMUL: return infer_matmul(c);
@@ -280,6 +370,8 @@ ir_status nd_infer_nn(nd_ctx *c) {
   case IR_OP_ND_SKIP_LAYER_NORM: return infer_skip_layer_norm(c);
   case IR_OP_ND_ATTENTION: return infer_attention(c);
   case IR_OP_ND_ROTARY_EMBEDDING: return infer_rotary(c);
+  case IR_OP_ND_CONV: return infer_conv(c);
+  case IR_OP_ND_POOL: return infer_pool(c);
   default: return nd_fail(c, IR_UNSUPPORTED, "not a network op");
   }
 }

@@ -37,21 +37,22 @@ ir_status ir_profile_verify(const ir_graph *g, ir_diag *d) {
   int64_t max[IR_MAX_PROFILE_SYMS];
   for (int k = 0; k < p->n_syms; k++) {
     const ir_shape_sym *s = &p->syms[k];
-    if (s->min < 1 || s->min > s->max || s->max > MAX_SYM_VALUE || !memchr(s->name, 0, sizeof s->name))
+    if (s->min < 1 || s->min > s->max || s->max > MAX_SYM_VALUE ||
+        !memchr(s->name, 0, sizeof s->name))
       return ir_diag_set(d, IR_BAD_FORMAT, "shape profile: symbol %d has range %lld..%lld", k,
                          (long long)s->min, (long long)s->max);
     max[k] = s->max;
   }
   for (int32_t i = 0; i < p->n_dims; i++) {
     const ir_affine *a = &p->dims[i];
-    if (a->at < 0 || a->at >= g->n_tensors || a->index < 0 ||
-        a->index >= g->tensors[a->at].rank || g->tensors[a->at].kind == IR_TENSOR_WEIGHT)
+    if (a->at < 0 || a->at >= g->n_tensors || a->index < 0 || a->index >= g->tensors[a->at].rank ||
+        g->tensors[a->at].kind == IR_TENSOR_WEIGHT)
       return ir_diag_set(d, IR_BAD_FORMAT, "shape profile: dim entry %d names no activation dim",
                          i);
     for (int k = 0; k < p->n_syms; k++)
       if (a->coef[k] < 0 || a->coef[k] > MAX_SYM_VALUE)
-        return ir_diag_set(d, IR_BAD_FORMAT, "shape profile: dim entry %d has coefficient %lld",
-                           i, (long long)a->coef[k]);
+        return ir_diag_set(d, IR_BAD_FORMAT, "shape profile: dim entry %d has coefficient %lld", i,
+                           (long long)a->coef[k]);
     if (a->off < -MAX_SYM_VALUE || a->off > MAX_SYM_VALUE ||
         ir_affine_eval(a, p->n_syms, max) != g->tensors[a->at].dims[a->index].n)
       return ir_diag_set(d, IR_BAD_FORMAT,
@@ -75,8 +76,7 @@ ir_status ir_profile_solve(const ir_graph *g, int32_t t, int rank, const int64_t
   const ir_profile *p = g->profile;
   const ir_tensor *x = &g->tensors[t];
   if (rank != x->rank)
-    return ir_diag_set(d, IR_INVALID_ARG, "input '%s' has rank %d, not %d", x->name, rank,
-                       x->rank);
+    return ir_diag_set(d, IR_INVALID_ARG, "input '%s' has rank %d, not %d", x->name, rank, x->rank);
   for (int k = 0; k < rank; k++) {
     const ir_affine *a = NULL;
     for (int32_t i = 0; p && i < p->n_dims && !a; i++)
@@ -152,8 +152,7 @@ void ir_profile_instance_free(ir_graph *w) {
   ir_free(w);
 }
 
-ir_status ir_profile_instance_set(const ir_graph *g, ir_graph *w, const int64_t *syms,
-                                  ir_diag *d) {
+ir_status ir_profile_instance_set(const ir_graph *g, ir_graph *w, const int64_t *syms, ir_diag *d) {
   const ir_profile *p = g->profile;
   if (!p) return IR_OK;
   for (int k = 0; k < p->n_syms; k++)
@@ -162,7 +161,8 @@ ir_status ir_profile_instance_set(const ir_graph *g, ir_graph *w, const int64_t 
                          p->syms[k].name, (long long)syms[k], (long long)p->syms[k].min,
                          (long long)p->syms[k].max);
   for (int32_t i = 0; i < p->n_dims; i++)
-    w->tensors[p->dims[i].at].dims[p->dims[i].index].n = ir_affine_eval(&p->dims[i], p->n_syms, syms);
+    w->tensors[p->dims[i].at].dims[p->dims[i].index].n =
+        ir_affine_eval(&p->dims[i], p->n_syms, syms);
   for (int32_t i = 0; i < p->n_attrs; i++) {
     ir_attr *x = attr_of(&w->nodes[p->attrs[i].at], &p->attrs[i]);
     int64_t v = ir_affine_eval(&p->attrs[i], p->n_syms, syms);
@@ -182,8 +182,8 @@ ir_status ir_profile_instance_set(const ir_graph *g, ir_graph *w, const int64_t 
       for (int j = 0; ok && j < rank[k]; j++) ok = dims[k][j].n == t->dims[j].n;
     }
     if (!ok)
-      return ir_diag_set(d, IR_INVALID_ARG, "node '%s' does not hold at this shape%s%s",
-                         n->name, local.msg[0] ? ": " : "", local.msg);
+      return ir_diag_set(d, IR_INVALID_ARG, "node '%s' does not hold at this shape%s%s", n->name,
+                         local.msg[0] ? ": " : "", local.msg);
   }
   return IR_OK;
 }

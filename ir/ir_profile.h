@@ -27,7 +27,6 @@ void ir_profile_instance_free(ir_graph *w);
 
 /* Sets w's dims and attributes to their values at syms and checks every node's shapes
  * there (ir_op_infer); fails naming the node that does not hold. */
-ir_status ir_profile_instance_set(const ir_graph *g, ir_graph *w, const int64_t *syms,
-                                  ir_diag *d);
+ir_status ir_profile_instance_set(const ir_graph *g, ir_graph *w, const int64_t *syms, ir_diag *d);
 
 #endif

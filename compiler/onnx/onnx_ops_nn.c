@@ -210,11 +210,97 @@ static ir_status lower_rotary(onnx_imp *im, int arg) {
   return bind_as(im, 0, y, dt);
 }
 
+/* A window op's strides, dilations and pads for k spatial dims of x with kernel ks,
+ * auto_pad resolved here (shapes are static at import). */
+static ir_status window_pads(onnx_imp *im, int32_t x, int k, const int64_t *ks, int64_t *st,
+                             int64_t *dil, int64_t *pads) {
+  int n = 0;
+  const int64_t *v;
+  int64_t xs[IR_MAX_RANK];
+  imp_shape(im, x, xs);
+  for (int i = 0; i < k; i++) st[i] = dil[i] = 1, pads[i] = pads[k + i] = 0;
+  if ((v = imp_attr_ints(im, "strides", &n)) && n != k)
+    return imp_fail(im, IR_BAD_FORMAT, "strides has %d values for %d spatial dims", n, k);
+  for (int i = 0; v && i < k; i++) st[i] = v[i];
+  if ((v = imp_attr_ints(im, "dilations", &n)) && n != k)
+    return imp_fail(im, IR_BAD_FORMAT, "dilations has %d values for %d spatial dims", n, k);
+  for (int i = 0; v && i < k; i++) dil[i] = v[i];
+  char ap[32];
+  imp_attr_s(im, "auto_pad", ap, sizeof ap);
+  if (!ap[0] || !strcmp(ap, "NOTSET")) {
+    if ((v = imp_attr_ints(im, "pads", &n)) && n != 2 * k)
+      return imp_fail(im, IR_BAD_FORMAT, "pads has %d values for %d spatial dims", n, k);
+    for (int i = 0; v && i < 2 * k; i++) pads[i] = v[i];
+  } else if (!strcmp(ap, "SAME_UPPER") || !strcmp(ap, "SAME_LOWER")) {
+    for (int i = 0; i < k; i++) {
+      if (st[i] < 1) return imp_fail(im, IR_BAD_FORMAT, "stride %lld", (long long)st[i]);
+      int64_t out = (xs[2 + i] + st[i] - 1) / st[i];
+      int64_t total = (out - 1) * st[i] + (ks[i] - 1) * dil[i] + 1 - xs[2 + i];
+      if (total < 0) total = 0;
+      bool upper = !strcmp(ap, "SAME_UPPER");
+      pads[i] = upper ? total / 2 : total - total / 2;
+      pads[k + i] = total - pads[i];
+    }
+  } else if (strcmp(ap, "VALID")) {
+    return imp_fail(im, IR_UNSUPPORTED, "auto_pad '%s'", ap);
+  }
+  return IR_OK;
+}
+
+static ir_status lower_conv(onnx_imp *im, int arg) {
+  (void)arg;
+  int32_t in[3] = {fin(im, 0, true), fin(im, 1, true), fin(im, 2, false)};
+  if (in[0] < 0 || in[1] < 0) return im->d->status;
+  ir_dtype dt = imp_t(im, imp_in(im, 0))->dtype;
+  int64_t ws[IR_MAX_RANK], st[3], dil[3], pads[6];
+  int r = imp_shape(im, in[1], ws), k = r - 2, n = 0;
+  if (k < 1 || k > 3) return imp_fail(im, IR_UNSUPPORTED, "%d spatial dims (1 to 3 are)", k);
+  const int64_t *kshape = imp_attr_ints(im, "kernel_shape", &n);
+  for (int i = 0; kshape && i < k && i < n; i++)
+    if (kshape[i] != ws[2 + i])
+      return imp_fail(im, IR_BAD_FORMAT, "kernel_shape differs from the weight's");
+  ir_status s = window_pads(im, in[0], k, ws + 2, st, dil, pads);
+  if (s != IR_OK) return s;
+  ir_attr a[4] = {IR_AIS(A("strides"), st, k), IR_AIS(A("pads"), pads, 2 * k),
+                  IR_AIS(A("dilations"), dil, k), IR_AI(A("group"), imp_attr_i(im, "group", 1))};
+  return bind_as(im, 0, imp_emit(im, IR_OP_ND_CONV, NULL, in, in[2] >= 0 ? 3 : 2, a, 4, NULL), dt);
+}
+
+/* MaxPool (arg 0) and AveragePool (arg 1). */
+static ir_status lower_pool(onnx_imp *im, int arg) {
+  int32_t x = fin(im, 0, true);
+  if (x < 0) return im->d->status;
+  ir_dtype dt = imp_t(im, imp_in(im, 0))->dtype;
+  int n = 0;
+  const int64_t *ks = imp_attr_ints(im, "kernel_shape", &n);
+  int64_t xs[IR_MAX_RANK], st[3], dil[3], pads[6];
+  int k = imp_shape(im, x, xs) - 2;
+  if (!ks || n != k || k < 1 || k > 3)
+    return imp_fail(im, IR_UNSUPPORTED, "needs kernel_shape over 1 to 3 spatial dims");
+  if (imp_n_out(im) > 1 && imp_out_wanted(im, 1))
+    return imp_fail(im, IR_UNSUPPORTED, "the Indices output is not supported");
+  if (imp_attr_i(im, "storage_order", 0))
+    return imp_fail(im, IR_UNSUPPORTED, "storage_order 1 is not supported");
+  ir_status s = window_pads(im, x, k, ks, st, dil, pads);
+  if (s != IR_OK) return s;
+  ir_attr a[7] = {IR_AIS(A("kernel"), ks, k),
+                  IR_AIS(A("strides"), st, k),
+                  IR_AIS(A("pads"), pads, 2 * k),
+                  IR_AIS(A("dilations"), dil, k),
+                  IR_AI(A("mode"), arg),
+                  IR_AI(A("ceil_mode"), imp_attr_i(im, "ceil_mode", 0)),
+                  IR_AI(A("count_include_pad"), imp_attr_i(im, "count_include_pad", 0))};
+  return bind_as(im, 0, imp_emit(im, IR_OP_ND_POOL, NULL, &x, 1, a, 7, NULL), dt);
+}
+
 #define RED(name, since, op)                                                                       \
   { "", name, since, lower_reduce, IR_OP_ND_##op }
 
 const onnx_op onnx_ops_nn[] = {
     {"", "MatMul", 1, lower_matmul, 0},
+    {"", "Conv", 1, lower_conv, 0},
+    {"", "MaxPool", 1, lower_pool, 0},
+    {"", "AveragePool", 1, lower_pool, 1},
     {"", "Gemm", 1, lower_gemm, 0},
     RED("ReduceSum", 1, REDUCE_SUM),
     RED("ReduceMean", 1, REDUCE_MEAN),

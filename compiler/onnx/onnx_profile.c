@@ -90,7 +90,8 @@ ir_status infc_onnx_dims_read(const char *path, const infc_options *o, infc_onnx
   }
   for (int k = 0; st == IR_OK && k < o->n_shapes; k++) {
     bool found = false;
-    for (int i = 0; i < out->n_inputs && !found; i++) found = !strcmp(out->in[i].name, o->shapes[k].input);
+    for (int i = 0; i < out->n_inputs && !found; i++)
+      found = !strcmp(out->in[i].name, o->shapes[k].input);
     if (!found)
       st = ir_diag_set(d, IR_INVALID_ARG, "--shape %s: the graph has no such input",
                        o->shapes[k].input);
@@ -113,7 +114,8 @@ ir_status infc_onnx_import_at(const char *path, const ir_model_config *limits,
       shapes[n][k] = dims->in[i].sym[k] >= 0 ? vals[dims->in[i].sym[k]] : dims->in[i].fixed[k];
     }
     if (!sym) continue;
-    b[n] = (infc_onnx_binding){.name = dims->in[i].name, .rank = dims->in[i].rank, .shape = shapes[n]};
+    b[n] =
+        (infc_onnx_binding){.name = dims->in[i].name, .rank = dims->in[i].rank, .shape = shapes[n]};
     n++;
   }
   return infc_onnx_import_bound(path, limits, b, n, out_model, out_graph, out_hash, d);
@@ -123,8 +125,7 @@ ir_status infc_onnx_import_at(const char *path, const ir_model_config *limits,
 
 /* Whether a and b have the same structure (ops, edges, attribute kinds, tensor kinds and
  * dtypes, constants); names the first difference in d. */
-static ir_status same_structure(const ir_graph *a, const ir_graph *b, const char *sym,
-                                ir_diag *d) {
+static ir_status same_structure(const ir_graph *a, const ir_graph *b, const char *sym, ir_diag *d) {
   if (a->n_tensors != b->n_tensors || a->n_nodes != b->n_nodes || a->n_inputs != b->n_inputs ||
       a->n_outputs != b->n_outputs)
     return ir_diag_set(d, IR_UNSUPPORTED,

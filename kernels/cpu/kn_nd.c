@@ -37,6 +37,12 @@ static const int64_t *aints(const nd_call *c, const char *name) {
   return v ? v : none;
 }
 
+/* An int list attribute, or NULL when absent. */
+static const int64_t *aints_or_null(const nd_call *c, const char *name) {
+  int n;
+  return ir_node_attr_ints(c->n, name, &n);
+}
+
 static int axis_of(const nd_call *c, int rank, int64_t def) {
   int64_t a = ai(c, "axis", def);
   return (int)(a < 0 ? a + rank : a);
@@ -125,6 +131,15 @@ static ir_status run_nn(nd_call *c) {
                           af(c, "eps", 1e-12f));
     return IR_OK;
   case IR_OP_ND_ATTENTION: return run_attention(c);
+  case IR_OP_ND_CONV:
+    kn_nd_conv(c->p, &o[0], &i[0], &i[1], opt(&i[2]), aints_or_null(c, "strides"),
+               aints_or_null(c, "pads"), aints_or_null(c, "dilations"), ai(c, "group", 1));
+    return IR_OK;
+  case IR_OP_ND_POOL:
+    kn_nd_pool(c->p, &o[0], &i[0], aints(c, "kernel"), aints_or_null(c, "strides"),
+               aints_or_null(c, "pads"), aints_or_null(c, "dilations"), ai(c, "mode", 0) == 1,
+               ai(c, "count_include_pad", 0) != 0);
+    return IR_OK;
   case IR_OP_ND_ROTARY_EMBEDDING:
     return kn_nd_rotary(c->p, &o[0], &i[0], &i[1], &i[2], &i[3], ai(c, "num_heads", 0),
                         ai(c, "rot_dim", 0), ai(c, "interleaved", 0) != 0, c->d)

@@ -66,6 +66,15 @@ void kn_nd_matmul(kn_pool *p, const kn_view *y, const kn_view *a, const kn_view 
 void kn_nd_gemm(kn_pool *p, const kn_view *y, const kn_view *a, const kn_view *b, const kn_view *c,
                 float alpha, float beta, bool trans_a, bool trans_b);
 
+/* kn_nd_conv.c. strides, dilations: k values (NULL: ones); pads: k begins then k ends
+ * (NULL: zeros); kernel: k extents. */
+void kn_nd_conv(kn_pool *p, const kn_view *y, const kn_view *x, const kn_view *w, const kn_view *b,
+                const int64_t *strides, const int64_t *pads, const int64_t *dilations,
+                int64_t group);
+void kn_nd_pool(kn_pool *p, const kn_view *y, const kn_view *x, const int64_t *kernel,
+                const int64_t *strides, const int64_t *pads, const int64_t *dilations, bool avg,
+                bool count_include_pad);
+
 /* kn_nd_shape.c: data movement, any dtype. */
 void kn_nd_copy(const kn_view *y, const kn_view *x);
 void kn_nd_transpose(kn_pool *p, const kn_view *y, const kn_view *x, const int64_t *perm);

@@ -39,10 +39,10 @@ if [ -d "$dir" ]; then
 fi
 
 # An unsupported op fails the build naming the op, node and opset.
-dir=$NODE/test_conv_with_strides_padding
+dir=$NODE/test_convtranspose
 if [ -d "$dir" ]; then
-  out=$("$INFC" build "$dir/model.onnx" -o "$TMP/conv.plan" 2>&1) && fail "conv accepted"
-  echo "$out" | grep -q "^infc: error: .*model.onnx: node .*: op 'Conv' (domain ai.onnx, opset [0-9]*) is not supported" ||
+  out=$("$INFC" build "$dir/model.onnx" -o "$TMP/conv.plan" 2>&1) && fail "convtranspose accepted"
+  echo "$out" | grep -q "^infc: error: .*model.onnx: node .*: op 'ConvTranspose' (domain ai.onnx, opset [0-9]*) is not supported" ||
     fail "unsupported message: $out"
 fi
 

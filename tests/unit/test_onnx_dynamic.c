@@ -144,6 +144,7 @@ static void check_ranges(void) {
 
 int main(void) {
   check_fixture("onnx-dynamo-mlp");
+  check_fixture("onnx-dynamo-cnn"); /* Conv, MaxPool, a BatchNorm folded by the exporter */
   check_ranges();
   return tcheck_done("onnx_dynamic");
 }
