@@ -6,6 +6,8 @@
 #include <time.h>
 
 #include "infc_build.h"
+#include "infc_onnx_profile.h"
+#include "ir_profile.h"
 #include "chat_template.h"
 #include "ir_plan.h"
 #include "tokenizer.h"
@@ -241,6 +243,31 @@ static void print_tokenizer(const ir_plan *p) {
   tok_destroy(t);
 }
 
+/* A generic program's dynamic shapes: the symbols' ranges and each input's dims. */
+static void print_profile(const ir_graph *g) {
+  const ir_profile *pr = g->profile;
+  char buf[512];
+  if (!pr) return;
+  infc_onnx_profile_describe(pr, buf, sizeof buf);
+  printf("shapes:      %s (memory planned for the maxima)\n", buf);
+  for (int32_t i = 0; i < g->n_inputs; i++) {
+    const ir_tensor *t = &g->tensors[g->inputs[i]];
+    printf("  input %-24s %s[", t->name, ir_dtype_name(t->dtype));
+    for (int k = 0; k < t->rank; k++) {
+      const ir_affine *a = NULL;
+      for (int32_t e = 0; e < pr->n_dims && !a; e++)
+        if (pr->dims[e].at == g->inputs[i] && pr->dims[e].index == k) a = &pr->dims[e];
+      int64_t lo[IR_MAX_PROFILE_SYMS];
+      for (int j = 0; j < pr->n_syms; j++) lo[j] = pr->syms[j].min;
+      if (a)
+        printf("%s%lld..%lld", k ? "," : "", (long long)ir_affine_eval(a, pr->n_syms, lo),
+               (long long)t->dims[k].n);
+      else printf("%s%lld", k ? "," : "", (long long)t->dims[k].n);
+    }
+    printf("]\n");
+  }
+}
+
 static void print_plan(const ir_plan *p, bool tensors) {
   const ir_plan_header *h = ir_plan_get_header(p);
   const ir_graph *g = ir_plan_graph(p);
@@ -269,6 +296,7 @@ static void print_plan(const ir_plan *p, bool tensors) {
   }
   print_tensors(g, tensors);
   print_op_counts(g);
+  print_profile(g);
   printf("arena:       %.2f MiB\n", (double)g->arena_size / 1048576.0);
   if (ir_plan_n_kernels(p) > 0) {
     uint64_t kb = 0;

@@ -58,9 +58,9 @@ static void conv_rows(void *arg, int64_t begin, int64_t end, int tid) {
   }
 }
 
-void kn_nd_conv(kn_pool *p, const kn_view *y, const kn_view *x, const kn_view *w,
-                const kn_view *b, const int64_t *strides, const int64_t *pads,
-                const int64_t *dilations, int64_t group) {
+void kn_nd_conv(kn_pool *p, const kn_view *y, const kn_view *x, const kn_view *w, const kn_view *b,
+                const int64_t *strides, const int64_t *pads, const int64_t *dilations,
+                int64_t group) {
   int k = x->rank - 2;
   conv_job j = {.y = y, .x = x, .w = w, .b = b, .group = group};
   int64_t one[3] = {1, 1, 1}, zero[6] = {0};
@@ -100,7 +100,8 @@ static void pool_rows(void *arg, int64_t begin, int64_t end, int tid) {
                 int64_t iw = ow * j->st[2] - j->pb[2] + kw * j->dl[2];
                 /* taps in the pads count for count_include_pad; past them (ceil) never */
                 bool in_pad = id >= -j->pb[0] && id < j->xs[0] + j->pe[0] && ih >= -j->pb[1] &&
-                              ih < j->xs[1] + j->pe[1] && iw >= -j->pb[2] && iw < j->xs[2] + j->pe[2];
+                              ih < j->xs[1] + j->pe[1] && iw >= -j->pb[2] &&
+                              iw < j->xs[2] + j->pe[2];
                 if (id < 0 || id >= j->xs[0] || ih < 0 || ih >= j->xs[1] || iw < 0 ||
                     iw >= j->xs[2]) {
                   padded += in_pad;
@@ -113,9 +114,10 @@ static void pool_rows(void *arg, int64_t begin, int64_t end, int tid) {
               }
             }
           }
-          if (j->avg) acc = cnt + (j->include_pad ? padded : 0)
-                                ? acc / (float)(cnt + (j->include_pad ? padded : 0))
-                                : 0.0f;
+          if (j->avg)
+            acc = cnt + (j->include_pad ? padded : 0)
+                      ? acc / (float)(cnt + (j->include_pad ? padded : 0))
+                      : 0.0f;
           y[nc * yplane + (od * j->ys[1] + oh) * j->ys[2] + ow] = acc;
         }
   }
