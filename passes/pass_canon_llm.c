@@ -188,6 +188,7 @@ typedef struct ev {
   void **val;
   bool *mine;
   const char *why; /* set when the value depends on something else */
+  int depth;       /* of ev_val's recursion: a value far up the graph is not movement */
 } ev;
 
 static void *ev_val(ev *e, int32_t t);
@@ -237,10 +238,19 @@ static void *ev_val(ev *e, int32_t t) {
     e->why = "a value no generic op computes";
     return NULL;
   }
+  if (e->depth >= 512) {
+    e->why = "a value more than 512 nodes away";
+    return NULL;
+  }
   const void *in[IR_MAX_IO] = {0};
   void *out[IR_MAX_IO] = {0};
+  e->depth++;
   for (int k = 0; k < n->n_in; k++)
-    if (n->in[k] >= 0 && !(in[k] = ev_val(e, n->in[k]))) return NULL;
+    if (n->in[k] >= 0 && !(in[k] = ev_val(e, n->in[k]))) {
+      e->depth--;
+      return NULL;
+    }
+  e->depth--;
   for (int k = 0; k < n->n_out; k++)
     if (!(out[k] = ev_alloc(e, n->out[k]))) return NULL;
   ir_diag d = {0};

@@ -1,11 +1,13 @@
 /* infc_onnx: the ONNX frontend. Loads a ModelProto (protobuf-c over an mmap of the file;
- * external data files beside it mapped too), checks it, and lowers its graph to the n-d
- * generic IR ops with static shapes (shape arithmetic folded at import), ready for the
- * pass pipeline.
+ * external data files beside it mapped too), checks it, and lowers its graph as it is to
+ * the n-d generic IR ops, ready for the pass pipeline. Shapes are static in the IR: symbolic
+ * input dims take sizes from bindings (the LLM recognition's specializations, the points of
+ * a dynamic-shape profile: infc_onnx_profile.h), and shape arithmetic folds at import.
  *
  * Errors name the file and the node: "model.onnx: node 'Attn_3': op 'GroupQueryAttention'
  * (domain com.microsoft, opset 1) is not supported". Operators the frontend lacks, dtypes
- * the IR lacks and symbolic input dims are IR_UNSUPPORTED; malformed models IR_BAD_FORMAT. */
+ * the IR lacks and unbound symbolic input dims are IR_UNSUPPORTED; malformed models
+ * IR_BAD_FORMAT. */
 #ifndef INFC_ONNX_H
 #define INFC_ONNX_H
 

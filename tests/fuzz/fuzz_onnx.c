@@ -2,7 +2,8 @@
  * (onnx_load.c, protobuf-c over the mapping), then what `infc build` does with a .onnx file:
  * infc_onnx_llm_import (a causal LM recognised and rebuilt by the Llama template, or the
  * GenAI builder's graphs) and, for any other graph, infc_onnx_import (the generic lowering to
- * n-d IR ops with shape folding). The same bytes are also read as a TensorProto file
+ * n-d IR ops with shape folding; with symbolic input dims, the dynamic-shape profile built
+ * over ranges 1..3: infc_onnx_profile.h). The same bytes are also read as a TensorProto file
  * (fmt_onnx_tensor_load, `inferrt run`'s inputs). The input is the whole model.onnx, in a
  * private directory: no config.json beside it, and the external data files it can name are
  * itself, its copy tensor.pb and model.onnx.data, a copy of tests/fixtures/onnx-genai-int4's
@@ -15,6 +16,7 @@
 #include "fuzz_util.h"
 #include "infc_onnx.h"
 #include "infc_onnx_llm.h"
+#include "infc_onnx_profile.h"
 #include "model_template.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
@@ -45,8 +47,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   ir_status st = infc_onnx_llm_import(path, &bo, &is_lm, &m, &g, hash, recognised, &d);
   if (st == IR_OK && !is_lm) {
     ir_model_config lim = {.max_tokens = 16, .max_seqs = 4, .max_logits = 4, .kv_block_size = 16};
+    static infc_onnx_dims dims;
+    infc_options o = infc_options_default();
     d = (ir_diag){0};
-    st = infc_onnx_import(path, &lim, &m, &g, hash, &d);
+    st = infc_onnx_dims_read(path, &o, &dims, &d);
+    int64_t max[IR_MAX_PROFILE_SYMS];
+    for (int k = 0; k < dims.n_syms; k++) dims.syms[k].max = 3, max[k] = 3;
+    if (st == IR_OK && !dims.n_syms) st = infc_onnx_import(path, &lim, &m, &g, hash, &d);
+    else if (st == IR_OK) st = infc_onnx_import_at(path, &lim, &dims, max, &m, &g, hash, &d);
+    pass_opts po = {.fold = true};
+    pass_log log = {0};
+    if (st == IR_OK && dims.n_syms) {
+      st = pass_pipeline_run(g, &po, &log, &d);
+      if (st == IR_OK) st = infc_onnx_profile_build(path, &lim, &dims, &po, g, &d);
+    }
+    pass_log_free(&log);
   }
   if (st != IR_OK) fz_note("import", d.msg);
   ir_graph_destroy(g);
