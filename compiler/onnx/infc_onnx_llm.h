@@ -17,6 +17,9 @@
 
 #define INFC_ONNX_LLM_RECOGNISED 512
 #define INFC_ONNX_LLM_MAX_INPUTS 512 /* graph inputs: ids, mask, positions, past KV */
+/* The recognition runs at 16 tokens (windows up to 11 show in the mask), or past the
+ * sliding_window of a config.json beside the model when that is below this. */
+#define INFC_ONNX_LLM_MAX_WINDOW_SEEN 16384
 
 /* Loads `path`. If its graph is a causal LM (an input "input_ids" and an output
  * "logits"), recognises the decoder and builds the LLM program: *out_is_lm true,

@@ -195,6 +195,7 @@ static void read_config_beside(model_llama_params *p, const char *path) {
   p->max_position = c.max_position;
   p->bos_token_id = c.bos_token_id;
   p->eos_token_id = c.eos_token_id;
+  p->sliding_window = c.sliding_window; /* only to size the recognition; the mask decides */
 }
 
 /* Whether two recognitions describe the same model (the second at another size). */
@@ -269,6 +270,10 @@ ir_status infc_onnx_llm_import(const char *path, const model_build_opts *bo, boo
    * are long enough to show a sliding window of up to 11 tokens in the mask (a graph
    * exported with fixed sizes is recognised at those) */
   int64_t P = has_past ? 1 : 0, S1 = 16, S2 = 12;
+  model_llama_params cfg = {0}; /* a config.json beside it: a longer window shows past it */
+  read_config_beside(&cfg, path);
+  if (cfg.sliding_window > 11 && cfg.sliding_window < INFC_ONNX_LLM_MAX_WINDOW_SEEN)
+    S1 = cfg.sliding_window + 4;
   for (int i = 0; i < n; i++) {
     if (in[i].role == ROLE_IDS && in[i].fixed[1] > 0) S1 = S2 = in[i].fixed[1];
     if (in[i].role == ROLE_PAST && in[i].fixed[2] >= 0) P = in[i].fixed[2];
@@ -291,7 +296,9 @@ ir_status infc_onnx_llm_import(const char *path, const model_build_opts *bo, boo
     st = not_servable(gp, path, recognised, d);
   } else if (st == IR_OK) {
     *out_is_lm = true;
+    int64_t window = r1.p.sliding_window; /* what the mask showed */
     read_config_beside(&r1.p, path);
+    r1.p.sliding_window = window;
     st = pass_canon_llm_build(&r1, bo, out_graph, d);
     /* the built graph points into g1's folded constants too: it adopts them */
     for (int32_t i = 0; st == IR_OK && i < g1->n_owned; i++) {

@@ -46,5 +46,19 @@ if [ -d "$dir" ]; then
     fail "unsupported message: $out"
 fi
 
+# A dynamic batch: one plan runs every batch size in its range, and refuses the others.
+FIX=$(cd "$(dirname "$0")/../fixtures" && pwd)
+dir=$FIX/onnx-dynamo-cnn
+"$INFC" build "$dir/model.onnx" -o "$TMP/cnn.plan" -q || fail "cnn: build"
+for b in 1 5 64; do
+  mkdir -p "$TMP/cnn.$b"
+  "$RUN" run "$TMP/cnn.plan" --input "$dir/batch_$b/input_0.pb" -o "$TMP/cnn.$b" -q &&
+    "$CONF" --compare "$dir/batch_$b/output_0.pb" "$TMP/cnn.$b/output_0.pb" || fail "cnn: batch $b"
+done
+"$INFC" build "$dir/model.onnx" -o "$TMP/cnn-2-4.plan" --shape x=2..4x3x16x16 -q || fail "cnn: --shape"
+out=$("$RUN" run "$TMP/cnn-2-4.plan" --input "$dir/batch_5/input_0.pb" 2>&1) && fail "batch 5 accepted by 2..4"
+echo "$out" | grep -q "^inferrt: error: .*dim 0 ('batch') is 5, outside the plan's range 2..4" ||
+  fail "range message: $out"
+
 [ $fails -eq 0 ] && echo "cli run: all checks passed"
 exit $((fails > 0))
