@@ -51,6 +51,9 @@ typedef struct canon {
   int64_t *layer_window; /* per layer: the mask's window, 0 when it attends all */
   int32_t *past_seen;
   int n_past_seen;
+  double table_tol; /* the rope tables' precision: f32 2e-5, f16 2e-3, bf16 1.6e-2 */
+  ir_graph shadow;           /* g with f16/bf16 activations typed f32: numbered values stay */
+  ir_tensor *shadow_tensors; /* exact in evaluation whatever the graph computes in */
 } canon;
 
 /* --- errors and small queries ---------------------------------------------------------- */
@@ -194,7 +197,7 @@ typedef struct ev {
 static void *ev_val(ev *e, int32_t t);
 
 static void *ev_alloc(ev *e, int32_t t) {
-  uint64_t bytes = ir_tensor_bytes(e->c->g, tt(e->c, t), NULL);
+  uint64_t bytes = ir_tensor_bytes(&e->c->shadow, &e->c->shadow.tensors[t], NULL);
   if (bytes > (256u << 20)) {
     e->why = "a value too large to evaluate";
     return NULL;
@@ -254,7 +257,7 @@ static void *ev_val(ev *e, int32_t t) {
   for (int k = 0; k < n->n_out; k++)
     if (!(out[k] = ev_alloc(e, n->out[k]))) return NULL;
   ir_diag d = {0};
-  if (kn_nd_exec(NULL, c->g, n, in, out, &d) != IR_OK) {
+  if (kn_nd_exec(NULL, &c->shadow, n, in, out, &d) != IR_OK) {
     e->why = "a node that fails on numbered values";
     return NULL;
   }
@@ -287,7 +290,7 @@ static const float *ev_f32(ev *e, int32_t to, const char *what) {
   const float *v = ev_val(e, to);
   if (!v && e->c->st == IR_OK)
     cfail(e->c, "%s depends on %s", what, e->why ? e->why : "something unexpected");
-  if (v && tt(e->c, to)->dtype != IR_F32) {
+  if (v && e->c->shadow.tensors[to].dtype != IR_F32) {
     cfail(e->c, "%s is %s, not f32 (only f32 graphs are recognised)", what,
           ir_dtype_name(tt(e->c, to)->dtype));
     return NULL;
@@ -646,8 +649,9 @@ static bool rope_freq_at(canon *c, int64_t i, double cs, double sn, double pos, 
   }
   if (pos == 1) return true;
   double f = c->cur[i];
-  if (fabs(hypot(cs, sn) - 1) > 1e-4 || fabs(cs - cos(pos * f)) > 2e-5 ||
-      fabs(sn - sin(pos * f)) > 2e-5) {
+  double tol = c->table_tol;
+  if (fabs(hypot(cs, sn) - 1) > 5 * tol || fabs(cs - cos(pos * f)) > tol ||
+      fabs(sn - sin(pos * f)) > tol) {
     cfail(c,
           "the %s rope's tables are not cos/sin(position * frequency) at position %g, dim %lld "
           "(cos %g, sin %g)",
@@ -704,8 +708,17 @@ static void check_rope_op(canon *c, const trace *tr, const char *what, bool firs
   c->have_rope = true;
 }
 
+/* The tolerance the rope tables' dtype allows. */
+static void note_table(canon *c, int32_t t) {
+  ir_dtype dt = tt(c, t)->dtype;
+  double tol = dt == IR_F32 ? 2e-5 : dt == IR_F16 ? 2e-3 : 1.6e-2;
+  if (tol > c->table_tol) c->table_tol = tol;
+}
+
 static void check_rope(canon *c, const trace *tr, const char *what, bool first) {
   if (c->st != IR_OK) return;
+  note_table(c, tr->rope_cos);
+  note_table(c, tr->rope_sin);
   if (tr->rope_rot < 0) {
     check_rope_op(c, tr, what, first);
     return;
@@ -809,8 +822,9 @@ static void check_rope(canon *c, const trace *tr, const char *what, bool first) 
           continue;
         }
         double f = c->cur[i], amp = hypot(v[0], v[1]);
-        if (fabs(amp - 1) > 1e-4 || fabs(v[0] - cos((double)pos * f)) > 2e-5 ||
-            fabs(v[1] - sin((double)pos * f)) > 2e-5) {
+        double tol = c->table_tol;
+        if (fabs(amp - 1) > 5 * tol || fabs(v[0] - cos((double)pos * f)) > tol ||
+            fabs(v[1] - sin((double)pos * f)) > tol) {
           cfail(c,
                 "the %s rope's tables are not cos/sin(position * frequency) at position %lld, "
                 "dim %lld (cos %g, sin %g)",
@@ -844,14 +858,29 @@ static int rope_set(canon *c) {
 }
 
 /* theta from a frequency set when it is theta^(-2i/d); 0 when not. */
-static double fit_theta(const double *f, int64_t half) {
-  if (half < 2 || !(f[half - 1] > 0) || fabs(f[0] - 1) > 1e-6) return 0;
-  double theta = exp(-log(f[half - 1]) * (double)(2 * half) / (double)(2 * (half - 1)));
-  double rt = round(theta);
+static double fit_theta(const double *f, int64_t half, double tol) {
+  if (half < 2 || !(f[half - 1] > 0) || fabs(f[0] - 1) > tol) return 0;
+  /* least squares of log f_i = -(i / half) log theta */
+  bool half_prec = tol > 1e-5; /* from f16/bf16 tables: only the larger angles are exact */
+  double num = 0, den = 0;
+  for (int64_t i = 1; i < half; i++) {
+    if (!(f[i] > 0)) return 0;
+    if (half_prec && f[i] < 0.05) continue;
+    double x = (double)i / (double)half;
+    num += -x * log(f[i]);
+    den += x * x;
+  }
+  if (den == 0) return 0;
+  double theta = exp(num / den), rt = round(theta);
   if (fabs(rt - theta) < 1e-4 * theta) theta = rt;
+  if (half_prec) { /* the round base they were made from */
+    double mag = pow(10.0, floor(log10(theta)) - 1), snap = round(theta / mag) * mag;
+    if (fabs(snap - theta) < 1e-2 * theta) theta = snap;
+  }
   for (int64_t i = 0; i < half; i++) {
     double want = pow(theta, -(double)(2 * i) / (double)(2 * half));
-    if (fabs(f[i] - want) > 2e-6 * want + 1e-9) return 0;
+    if (half_prec ? fabs(f[i] - want) > 20 * tol : fabs(f[i] - want) > tol * want + 1e-9)
+      return 0;
   }
   return theta;
 }
@@ -877,14 +906,14 @@ static void rope_params(canon *c) {
       c->freqs[0] = c->freqs[1];
       c->freqs[1] = t;
     }
-    double local = fit_theta(c->freqs[1], half);
+    double local = fit_theta(c->freqs[1], half, c->table_tol / 10);
     if (!local) {
       cfail(c, "the sliding layers' rope is not theta^(-2i/d)");
       return;
     }
     p->rope_local_theta = local;
   }
-  double theta = fit_theta(c->freqs[0], half);
+  double theta = fit_theta(c->freqs[0], half, c->table_tol / 10);
   p->rope_theta = theta;
   if (theta > 0) return;
   c->r->rope_tabled = true;
@@ -1749,7 +1778,18 @@ ir_status pass_canon_llm(const ir_graph *g, const pass_llm_io *io, pass_llm *out
   c.past_seen = ir_calloc((size_t)g->n_inputs * 2 + 2, sizeof *c.past_seen);
   c.layer_rope = ir_calloc(IR_MAX_LAYERS + 1, sizeof *c.layer_rope);
   c.layer_window = ir_calloc(IR_MAX_LAYERS + 1, sizeof *c.layer_window);
-  if (!c.past_seen || !c.layer_rope || !c.layer_window || !build_uses(&c)) coom(&c);
+  c.shadow = *g;
+  c.shadow_tensors = ir_malloc(((size_t)g->n_tensors + 1) * sizeof *c.shadow_tensors);
+  if (c.shadow_tensors) {
+    memcpy(c.shadow_tensors, g->tensors, (size_t)g->n_tensors * sizeof *c.shadow_tensors);
+    for (int32_t t = 0; t < g->n_tensors; t++)
+      if (c.shadow_tensors[t].kind != IR_TENSOR_WEIGHT &&
+          (c.shadow_tensors[t].dtype == IR_F16 || c.shadow_tensors[t].dtype == IR_BF16))
+        c.shadow_tensors[t].dtype = IR_F32;
+    c.shadow.tensors = c.shadow_tensors;
+  }
+  if (!c.past_seen || !c.layer_rope || !c.layer_window || !c.shadow_tensors || !build_uses(&c))
+    coom(&c);
   if (c.st == IR_OK) match_model(&c);
   if (c.st == IR_OK) check_io(&c);
   if (c.st == IR_OK) snprintf(out->p.arch, sizeof out->p.arch, "llama");
@@ -1761,6 +1801,7 @@ ir_status pass_canon_llm(const ir_graph *g, const pass_llm_io *io, pass_llm *out
   ir_free(c.freqs[1]);
   ir_free(c.layer_rope);
   ir_free(c.layer_window);
+  ir_free(c.shadow_tensors);
   ir_free(c.past_seen);
   if (c.st != IR_OK) pass_llm_free(out);
   return c.st;

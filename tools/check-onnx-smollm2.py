@@ -17,6 +17,9 @@ the N greedy tokens agree before the first divergence.
 usage: /usr/bin/python3 tools/check-onnx-smollm2.py [--build build] [--work DIR] [-n 32]
 Needs Debian's python3-torch + transformers (tools/requirements-fixtures.txt), onnxruntime
 and numpy<2 in that interpreter; tools/gguf-to-hf.py runs with `python3` (gguf, numpy).
+With --exporter=dynamo the model is exported by torch's default exporter (SDPA attention,
+optimum-style past KV; tools/gen_onnx_dynamo_fixtures.py's export) instead: run it with the
+scratch venv's python that script names.
 """
 import argparse
 import json
@@ -33,7 +36,15 @@ from transformers import AutoTokenizer, LlamaForCausalLM
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
-from gen_onnx_fixtures import export_past, kv_shape, past_names  # noqa: E402
+EXPORTER = "dynamo" if "--exporter=dynamo" in sys.argv else "torchscript"
+if EXPORTER == "dynamo":  # torch >= 2.9 and transformers 5 (a scratch venv)
+    from gen_onnx_dynamo_fixtures import export as export_dynamo  # noqa: E402
+    from onnx_oracle import kv_shape as _kv_shape, past_names  # noqa: E402
+
+    def kv_shape(cfg, past):
+        return _kv_shape(cfg, 1, past)
+else:
+    from gen_onnx_fixtures import export_past, kv_shape, past_names  # noqa: E402
 
 PROMPTS = [
     "The capital of France is",
@@ -59,10 +70,15 @@ def prepare(args):
     if not os.path.exists(model):
         os.makedirs(onnx_dir, exist_ok=True)
         t = time.time()
-        lm = LlamaForCausalLM.from_pretrained(hf, torch_dtype=torch.float32,
-                                              attn_implementation="eager").eval()
-        with torch.no_grad():
-            export_past(lm, model)
+        if EXPORTER == "dynamo":
+            lm = LlamaForCausalLM.from_pretrained(hf, dtype=torch.float32,
+                                                  attn_implementation="sdpa").eval()
+            export_dynamo(lm, model, True)
+        else:
+            lm = LlamaForCausalLM.from_pretrained(hf, torch_dtype=torch.float32,
+                                                  attn_implementation="eager").eval()
+            with torch.no_grad():
+                export_past(lm, model)
         for f in ("config.json", "tokenizer.json", "tokenizer_config.json"):
             if os.path.exists(os.path.join(hf, f)):
                 shutil.copy(os.path.join(hf, f), onnx_dir)
@@ -115,7 +131,15 @@ def main():
                                                    "smollm2-onnx"))
     ap.add_argument("-n", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--exporter", choices=("torchscript", "dynamo"), default="torchscript",
+                    help="torch.onnx.export's TorchScript exporter (Debian's torch 1.13) or "
+                         "the dynamo exporter (torch 2.15 + transformers 5.25 + onnxscript, "
+                         "from a scratch venv: run the script with that venv's python)")
     args = ap.parse_args()
+    if args.exporter != EXPORTER:
+        sys.exit("check-onnx-smollm2: spell it --exporter=dynamo")
+    if args.exporter == "dynamo":
+        args.work += "-dynamo"
     hf, model = prepare(args)
     plan = os.path.join(args.work, "model.plan")
     t = time.time()
