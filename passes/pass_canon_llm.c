@@ -51,7 +51,7 @@ typedef struct canon {
   int64_t *layer_window; /* per layer: the mask's window, 0 when it attends all */
   int32_t *past_seen;
   int n_past_seen;
-  double table_tol; /* the rope tables' precision: f32 2e-5, f16 2e-3, bf16 1.6e-2 */
+  double table_tol;          /* the rope tables' precision: f32 2e-5, f16 2e-3, bf16 1.6e-2 */
   ir_graph shadow;           /* g with f16/bf16 activations typed f32: numbered values stay */
   ir_tensor *shadow_tensors; /* exact in evaluation whatever the graph computes in */
 } canon;
@@ -504,7 +504,24 @@ static const pass_llm_weight *find_weight(const pass_llm *r, const char *name) {
 /* --- projections ----------------------------------------------------------------------- */
 
 /* MatMul(x, W [K, N]) or Gemm(x, W) of constant W, plus a constant bias [N]. */
+static int find_projs_of(canon *c, int32_t x, proj *out, int max);
+
+/* ... of x, or of float casts of it (half graphs compute in f32 between casts). */
+static int find_projs_cast(canon *c, int32_t x, proj *out, int max, int depth) {
+  int n = find_projs_of(c, x, out, max);
+  for (int i = 0; depth < 4 && i < n_uses(c, x) && n < max; i++) {
+    const ir_node *u = use(c, x, i);
+    if (u->op == IR_OP_ND_CAST && is_float(tt(c, u->out[0])->dtype))
+      n += find_projs_cast(c, u->out[0], out + n, max - n, depth + 1);
+  }
+  return n;
+}
+
 static int find_projs(canon *c, int32_t x, proj *out, int max) {
+  return find_projs_cast(c, x, out, max, 0);
+}
+
+static int find_projs_of(canon *c, int32_t x, proj *out, int max) {
   int n = 0;
   for (int i = 0; i < n_uses(c, x) && n < max; i++) {
     const ir_node *u = use(c, x, i);
@@ -609,7 +626,7 @@ static bool trace_back(canon *c, int32_t t, const proj *pj, int npj, const char 
       c->through[t] = n->in[0];
       t = n->in[0];
     } else if (n->op == IR_OP_ND_ADD && tr->rope < 0) {
-      const ir_node *m0 = prod(c, n->in[0]), *m1 = prod(c, n->in[1]);
+      const ir_node *m0 = prod(c, skip_cast(c, n->in[0])), *m1 = prod(c, skip_cast(c, n->in[1]));
       if (!is_op(m0, IR_OP_ND_MUL) || !is_op(m1, IR_OP_ND_MUL)) break;
       const ir_node *mx = negated(c, m0->in[0], 8) || negated(c, m0->in[1], 8) ? m1 : m0;
       const ir_node *mr = mx == m0 ? m1 : m0;
@@ -649,8 +666,8 @@ static bool rope_freq_at(canon *c, int64_t i, double cs, double sn, double pos, 
   }
   if (pos == 1) return true;
   double f = c->cur[i];
-  double tol = c->table_tol;
-  if (fabs(hypot(cs, sn) - 1) > 5 * tol || fabs(cs - cos(pos * f)) > tol ||
+  double tol = c->table_tol > 1e-5 ? c->table_tol * (1 + pos) : c->table_tol; /* f read at 1 */
+  if (fabs(hypot(cs, sn) - 1) > 5 * c->table_tol || fabs(cs - cos(pos * f)) > tol ||
       fabs(sn - sin(pos * f)) > tol) {
     cfail(c,
           "the %s rope's tables are not cos/sin(position * frequency) at position %g, dim %lld "
@@ -711,6 +728,16 @@ static void check_rope_op(canon *c, const trace *tr, const char *what, bool firs
 /* The tolerance the rope tables' dtype allows. */
 static void note_table(canon *c, int32_t t) {
   ir_dtype dt = tt(c, t)->dtype;
+  if (dt == IR_F32) { /* a half table widened (folded casts): its values say so */
+    const float *v = tt(c, t)->data;
+    int64_t n = numel(c, t);
+    bool f16 = n > 0, bf16 = n > 0;
+    for (int64_t i = 0; i < n && (f16 || bf16); i++) {
+      f16 &= ir_f16_to_f32(ir_f32_to_f16(v[i])) == v[i];
+      bf16 &= ir_bf16_to_f32(ir_f32_to_bf16(v[i])) == v[i];
+    }
+    dt = bf16 ? IR_BF16 : f16 ? IR_F16 : IR_F32;
+  }
   double tol = dt == IR_F32 ? 2e-5 : dt == IR_F16 ? 2e-3 : 1.6e-2;
   if (tol > c->table_tol) c->table_tol = tol;
 }
@@ -727,7 +754,7 @@ static void check_rope(canon *c, const trace *tr, const char *what, bool first) 
   int rank = tt(c, x)->rank;
   int64_t hd = dim(c, x, -1), half = hd / 2, n = numel(c, x);
   ev e;
-  if (!ev_init(&e, c, x)) return;
+  if (!ev_init(&e, c, skip_cast(c, x))) return; /* the rotation may read x before a cast */
   const float *rot = ev_f32(&e, tr->rope_rot, "the rope's rotated operand");
   bool half_ok = rot && hd % 2 == 0, pairs_ok = half_ok;
   for (int64_t i = 0; rot && i < n; i++) {
@@ -812,7 +839,8 @@ static void check_rope(canon *c, const trace *tr, const char *what, bool first) 
         if (pass == 0) {
           double f = atan2(v[1], v[0]);
           if (!first) {
-            if (fabs(f - c->cur[i]) > 1e-5 * (1 + fabs(f))) {
+            double ftol = c->table_tol > 1e-5 ? 5 * c->table_tol : 1e-5 * (1 + fabs(f));
+            if (fabs(f - c->cur[i]) > ftol) {
               cfail(c, "the %s rope's frequencies differ from the query's", what);
               return;
             }
@@ -822,8 +850,13 @@ static void check_rope(canon *c, const trace *tr, const char *what, bool first) 
           continue;
         }
         double f = c->cur[i], amp = hypot(v[0], v[1]);
-        double tol = c->table_tol;
-        if (fabs(amp - 1) > 5 * tol || fabs(v[0] - cos((double)pos * f)) > tol ||
+        double tol = c->table_tol > 1e-5 ? c->table_tol * (double)(1 + pos) : c->table_tol;
+        if (first && c->table_tol > 1e-5 && s == S - 1 && pos > 1) {
+          /* half tables: the angle at the last position pins the frequency pos times finer */
+          double a = atan2(v[1], v[0]), k = round(((double)pos * f - a) / (2 * M_PI));
+          c->cur[i] = f = (a + 2 * M_PI * k) / (double)pos;
+        }
+        if (fabs(amp - 1) > 5 * c->table_tol || fabs(v[0] - cos((double)pos * f)) > tol ||
             fabs(v[1] - sin((double)pos * f)) > tol) {
           cfail(c,
                 "the %s rope's tables are not cos/sin(position * frequency) at position %lld, "
@@ -858,14 +891,14 @@ static int rope_set(canon *c) {
 }
 
 /* theta from a frequency set when it is theta^(-2i/d); 0 when not. */
-static double fit_theta(const double *f, int64_t half, double tol) {
-  if (half < 2 || !(f[half - 1] > 0) || fabs(f[0] - 1) > tol) return 0;
+static double fit_theta(const double *f, int64_t half, double tol, double abs_tol) {
+  if (half < 2 || !(f[half - 1] > 0) || fabs(f[0] - 1) > (abs_tol > 0 ? abs_tol : tol)) return 0;
   /* least squares of log f_i = -(i / half) log theta */
-  bool half_prec = tol > 1e-5; /* from f16/bf16 tables: only the larger angles are exact */
+  bool half_prec = abs_tol > 0; /* from f16/bf16 tables: frequencies known to abs_tol */
   double num = 0, den = 0;
   for (int64_t i = 1; i < half; i++) {
     if (!(f[i] > 0)) return 0;
-    if (half_prec && f[i] < 0.05) continue;
+    if (half_prec && f[i] < 20 * abs_tol) continue;
     double x = (double)i / (double)half;
     num += -x * log(f[i]);
     den += x * x;
@@ -879,8 +912,7 @@ static double fit_theta(const double *f, int64_t half, double tol) {
   }
   for (int64_t i = 0; i < half; i++) {
     double want = pow(theta, -(double)(2 * i) / (double)(2 * half));
-    if (half_prec ? fabs(f[i] - want) > 20 * tol : fabs(f[i] - want) > tol * want + 1e-9)
-      return 0;
+    if (half_prec ? fabs(f[i] - want) > abs_tol : fabs(f[i] - want) > tol * want + 1e-9) return 0;
   }
   return theta;
 }
@@ -888,7 +920,9 @@ static double fit_theta(const double *f, int64_t half, double tol) {
 /* theta from the frequencies, or the frequencies carried as they are. */
 static void rope_params(canon *c) {
   model_llama_params *p = &c->r->p;
-  int64_t half = c->rope_half;
+  int64_t half = c->rope_half, last = c->io->past + c->io->seq - 1;
+  /* half tables: each frequency known to about the table's precision over the last position */
+  double abs_tol = c->table_tol > 1e-5 ? 3 * c->table_tol / (double)(last > 1 ? last : 1) : 0;
   if (!c->have_rope || half < 1) return;
   p->rot_dim = 2 * half == p->head_dim ? 0 : 2 * half;
   if (c->freqs[1]) { /* a second rope: the sliding layers' (a local theta, no scaling) */
@@ -906,14 +940,14 @@ static void rope_params(canon *c) {
       c->freqs[0] = c->freqs[1];
       c->freqs[1] = t;
     }
-    double local = fit_theta(c->freqs[1], half, c->table_tol / 10);
+    double local = fit_theta(c->freqs[1], half, c->table_tol / 10, abs_tol);
     if (!local) {
       cfail(c, "the sliding layers' rope is not theta^(-2i/d)");
       return;
     }
     p->rope_local_theta = local;
   }
-  double theta = fit_theta(c->freqs[0], half, c->table_tol / 10);
+  double theta = fit_theta(c->freqs[0], half, c->table_tol / 10, abs_tol);
   p->rope_theta = theta;
   if (theta > 0) return;
   c->r->rope_tabled = true;
@@ -1164,47 +1198,32 @@ static const ir_node *scores_back(canon *c, int32_t t, double *scale, double *so
   return NULL;
 }
 
-/* The softmax output forward to the P.V MatMul (through casts and the Where(IsNaN) the
- * SDPA decomposition puts there). */
-static const ir_node *pv_forward(canon *c, int32_t t) {
-  for (int steps = 0; steps < 8; steps++) {
-    if (n_uses(c, t) < 1) return NULL;
-    for (int i = 0; i < n_uses(c, t); i++) {
-      const ir_node *u = use(c, t, i);
-      if (u->op == IR_OP_ND_MATMUL && u->in[0] == t) return u;
-    }
-    const ir_node *u = use(c, t, 0), *nan = NULL;
+/* The softmax output forward to the P.V MatMul, through float casts and the
+ * Where(IsNaN(p), 0, p) the SDPA decomposition puts there (searching every branch). */
+static const ir_node *pv_search(canon *c, int32_t t, int32_t sm, int depth) {
+  if (depth > 8) return NULL;
+  for (int i = 0; i < n_uses(c, t); i++) {
+    const ir_node *u = use(c, t, i);
+    if (u->op == IR_OP_ND_MATMUL && u->in[0] == t) return u;
+  }
+  for (int i = 0; i < n_uses(c, t); i++) {
+    const ir_node *u = use(c, t, i), *r = NULL;
     double z;
-    if (u->op == IR_OP_ND_CAST) {
-      t = u->out[0];
-      continue;
-    }
-    if (u->op == IR_OP_ND_ISNAN && n_uses(c, u->out[0]) == 1 && n_uses(c, t) == 2) {
-      nan = use(c, u->out[0], 0);
-      if (is_op(nan, IR_OP_ND_WHERE) && nan->in[0] == u->out[0] && scalar(c, nan->in[1], &z) &&
-          z == 0 && nan->in[2] == t) {
-        c->through[nan->out[0]] = t;
-        t = nan->out[0];
-        continue;
+    if (u->op == IR_OP_ND_CAST && is_float(tt(c, u->out[0])->dtype)) {
+      r = pv_search(c, u->out[0], sm, depth + 1);
+    } else if (u->op == IR_OP_ND_WHERE && u->in[2] == t && scalar(c, u->in[1], &z) && z == 0) {
+      const ir_node *isn = prod(c, skip_cast(c, u->in[0]));
+      if (is_op(isn, IR_OP_ND_ISNAN) && same(c, isn->in[0], sm)) {
+        c->through[u->out[0]] = t;
+        r = pv_search(c, u->out[0], sm, depth + 1);
       }
     }
-    if (u->op == IR_OP_ND_WHERE && n_uses(c, t) == 2) {
-      for (int i = 0; i < 2; i++) {
-        const ir_node *q = use(c, t, i);
-        if (q->op == IR_OP_ND_WHERE) nan = q;
-      }
-      const ir_node *isn = nan ? prod(c, nan->in[0]) : NULL;
-      if (is_op(isn, IR_OP_ND_ISNAN) && isn->in[0] == t && scalar(c, nan->in[1], &z) && z == 0 &&
-          nan->in[2] == t) {
-        c->through[nan->out[0]] = t;
-        t = nan->out[0];
-        continue;
-      }
-    }
-    return NULL;
+    if (r) return r;
   }
   return NULL;
 }
+
+static const ir_node *pv_forward(canon *c, int32_t t) { return pv_search(c, t, t, 0); }
 
 /* First node at or after `from` consuming (a movement of) t that is a MatMul/Gemm by a
  * constant: the projection reading the attention's output (or the MLP's). */
@@ -1226,13 +1245,22 @@ static const ir_node *forward_proj(canon *c, int32_t t, int32_t *reads, int dept
 }
 
 /* The residual add of x and y (y possibly through a bias Add): its output, or -1. */
-static int32_t residual(canon *c, int32_t x, int32_t y) {
+static int32_t residual_d(canon *c, int32_t x, int32_t y, int depth) {
   for (int i = 0; i < n_uses(c, y); i++) {
     const ir_node *u = use(c, y, i);
     if (u->op == IR_OP_ND_ADD && same(c, other(u, y), x)) return u->out[0];
   }
+  for (int i = 0; depth < 4 && i < n_uses(c, y); i++) { /* through float casts */
+    const ir_node *u = use(c, y, i);
+    int32_t r = u->op == IR_OP_ND_CAST && is_float(tt(c, u->out[0])->dtype)
+                    ? residual_d(c, x, u->out[0], depth + 1)
+                    : -1;
+    if (r >= 0) return r;
+  }
   return -1;
 }
+
+static int32_t residual(canon *c, int32_t x, int32_t y) { return residual_d(c, x, y, 0); }
 
 static void name_l(char *buf, size_t len, int l, const char *part) {
   layer_name(buf, len, l, part);
@@ -1461,7 +1489,7 @@ static int act_of(canon *c, int32_t a, int32_t *g) {
   const ir_node *n = prod(c, skip_cast(c, a));
   if (is_op(n, IR_OP_ND_MUL))
     for (int k = 0; k < 2; k++) {
-      const ir_node *sg = prod(c, n->in[1 - k]);
+      const ir_node *sg = prod(c, skip_cast(c, n->in[1 - k]));
       if (is_op(sg, IR_OP_ND_SIGMOID) && same(c, sg->in[0], n->in[k])) {
         *g = skip_cast(c, n->in[k]);
         return IR_ACT_SWIGLU;
@@ -1554,7 +1582,7 @@ static int32_t match_mlp(canon *c, int32_t x, int32_t h) {
   int npd = dn ? find_projs(c, reads, pd, MAX_PROJ) : 0, di = -1;
   for (int i = 0; i < npd; i++)
     if (&c->g->nodes[pd[i].node] == dn) di = i;
-  if (di < 0 || reads != prodn->out[0] || pd[di].k != I || pd[di].b >= 0) {
+  if (di < 0 || skip_cast(c, reads) != prodn->out[0] || pd[di].k != I || pd[di].b >= 0) {
     cfail(c, "the MLP's down projection does not read act(gate) * up ('%s') directly",
           nname(prodn));
     return -1;

@@ -18,6 +18,7 @@ attention implementation, in one of two interfaces:
     [batch, past + seq], position_ids, past_key_values.{i}.key/.value
     [batch, kv_heads, past, head_dim] -> logits, present.{i}.key/.value.
 A name ending in -extdata keeps its weights in external data (model.onnx.data beside it);
+one ending in -f16 is the model in float16 (weights and activations, as model.half());
 one ending in -opset23 is exported at opset 23, where the exporter emits the Attention,
 RotaryEmbedding and RMSNormalization ops.
 oracle.json holds onnxruntime's logits at every position of the source fixture's prompts and
@@ -203,6 +204,7 @@ FIXTURES = {
     "onnx-dynamo-llama-sdpa-past-extdata": ("llama-gqa-f32", "sdpa", True),
     "onnx-dynamo-llama-sdpa-opset23": ("llama-gqa-f32", "sdpa", False),
     "onnx-dynamo-qwen3-sdpa-past-opset23": ("qwen3-qknorm-bf16", "sdpa", True),
+    "onnx-dynamo-llama-sdpa-f16": ("llama-gqa-f32", "sdpa", False),
     "onnx-plain-llama": ("llama-gqa-f32", "plain", False),
     "onnx-plain-llama-past": ("llama-gqa-f32", "plain", True),
 }
@@ -271,6 +273,8 @@ def main():
             continue
         src, attn, with_past = FIXTURES[n]
         model = load(src, "eager" if attn == "plain" else attn)
+        if n.endswith("-f16"):
+            model = model.half()
         os.makedirs(os.path.join(FIX, n), exist_ok=True)
         path = os.path.join(FIX, n, "model.onnx")
         if attn == "plain":
