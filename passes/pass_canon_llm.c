@@ -576,6 +576,17 @@ static bool negated(const canon *c, int32_t t, int depth) {
   return false;
 }
 
+/* The graph input (not the ids) behind t through data movement, or -1. */
+static int32_t past_input(const canon *c, int32_t t) {
+  for (int steps = 0; steps < 16; steps++) {
+    if (tt(c, t)->kind == IR_TENSOR_INPUT) return t != c->io->input_ids ? t : -1;
+    const ir_node *n = prod(c, t);
+    if (!n || !is_movement(n->op) || is_w(c, n->in[0])) return -1;
+    t = n->in[0];
+  }
+  return -1;
+}
+
 /* Follows an attention operand back to one of the projections pj, through data movement,
  * constant scales, the rope, a per-head norm and a past-KV Concat (recorded in *tr; the
  * non-movement steps pass their value through in evaluation). */
@@ -595,8 +606,8 @@ static bool trace_back(canon *c, int32_t t, const proj *pj, int npj, const char 
       if (n->op == IR_OP_ND_CAST && !is_float(tt(c, n->in[0])->dtype)) break;
       t = n->in[0];
     } else if (n->op == IR_OP_ND_CONCAT && n->n_in == 2 && tr->past_in < 0 &&
-               tt(c, n->in[0])->kind == IR_TENSOR_INPUT && n->in[0] != c->io->input_ids) {
-      tr->past_in = n->in[0];
+               past_input(c, n->in[0]) >= 0) {
+      tr->past_in = past_input(c, n->in[0]); /* (a sliding cache may crop it first) */
       tr->past_cat = n->out[0];
       t = n->in[1];
     } else if (n->op == IR_OP_ND_CONCAT && n->n_in == 2 && tr->rope < 0 && !is_w(c, n->in[0]) &&
@@ -1789,7 +1800,8 @@ static void check_io(canon *c) {
     const ir_node *n = prod(c, t);
     bool present = false;
     if (is_op(n, IR_OP_ND_CONCAT))
-      for (int k = 0; k < c->n_past_seen; k++) present |= n->in[0] == c->past_seen[k];
+      for (int k = 0; k < c->n_past_seen; k++)
+        present |= past_input(c, n->in[0]) == c->past_seen[k];
     if (!present) {
       cfail(c, "graph output '%s' is neither the logits nor a present KV",
             tt(c, g->outputs[i])->name);

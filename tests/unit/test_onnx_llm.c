@@ -232,9 +232,13 @@ int main(void) {
   static const char *const dyn_phi3[] = {"GQA 4/2, head_dim 16", "theta=10000 on 12 dims",
                                          "SwiGLU 96", NULL};
   check_llm("onnx-dynamo-phi3-sdpa", dyn_phi3);
+  check_llm("onnx-dynamo-phi3-eager-past", dyn_phi3);
   static const char *const dyn_smollm3[] = {"4 attention blocks", "none every 4-th layer",
                                             "past-KV concat", NULL};
   check_llm("onnx-dynamo-smollm3-sdpa-past", dyn_smollm3);
+  static const char *const dyn_smollm3_full[] = {"4 attention blocks", "none every 4-th layer",
+                                                 NULL};
+  check_llm("onnx-dynamo-smollm3-eager", dyn_smollm3_full);
   static const char *const dyn_llama3[] = {"frequencies from the exporter's table", NULL};
   check_llm("onnx-dynamo-llama3-rope-sdpa", dyn_llama3);
   static const char *const dyn_mistral[] = {"sliding window 8;", NULL};
