@@ -6,7 +6,14 @@
  *   onnx-qwen2-past              Qwen2ForCausalLM (q/k/v bias, MQA, tied embeddings, RoPE
  *                                from precomputed cos/sin tables), past KV;
  *   onnx-llama-rope-interleaved  RoPE on adjacent pairs, q/k rows permuted as llama.cpp's
- *                                converter does (the same function as llama-gqa-f32).
+ *                                converter does (the same function as llama-gqa-f32);
+ *   onnx-dynamo-*                torch's default (dynamo) exporter on HF Llama, Qwen2, Qwen3,
+ *                                Phi-3, SmolLM3, Llama 3.1 rope, Mistral, Gemma 2 and 3: eager
+ *                                and SDPA, full-sequence and past KV, opset 23's Attention,
+ *                                f16, external data (tools/gen_onnx_dynamo_fixtures.py);
+ *   onnx-optimum-*               optimum-cli export onnx (tools/gen_onnx_optimum_fixtures.py);
+ *   onnx-plain-*                 a Llama written in plain torch, exported by dynamo.
+ * The decoder is recognised by the canonicalize pass (passes/pass_canon_llm.c).
  * Against two external oracles:
  *   - onnxruntime on the same file (oracle.json): logits at every prompt position and 32
  *     greedy tokens. With past KV, onnxruntime ran the prompt in two chunks (past_len 0,
