@@ -52,6 +52,7 @@ typedef struct canon {
   int32_t *past_seen;
   int n_past_seen;
   double table_tol;          /* the rope tables' precision: f32 2e-5, f16 2e-3, bf16 1.6e-2 */
+  ir_dtype half_dt;          /* the graph computes in f16 or bf16 (IR_DTYPE_INVALID: no) */
   ir_graph shadow;           /* g with f16/bf16 activations typed f32: numbered values stay */
   ir_tensor *shadow_tensors; /* exact in evaluation whatever the graph computes in */
 } canon;
@@ -457,6 +458,28 @@ static void add_vector(canon *c, const char *name, int32_t t, int64_t off, int64
                         .nbytes = (uint64_t)n * es};
 }
 
+/* A half graph's matmul weights reach the IR widened to f32 (the importer computes half
+ * matmuls in f32): stored back in the graph's half type when that is exact, as exported. */
+static void narrow(canon *c, pass_llm_weight *w) {
+  if (c->half_dt == IR_DTYPE_INVALID || w->t.dtype != IR_F32) return;
+  const float *v = w->t.data;
+  uint64_t n = w->t.nbytes / sizeof(float);
+  bool f16 = c->half_dt == IR_F16;
+  for (uint64_t i = 0; i < n; i++)
+    if ((f16 ? ir_f16_to_f32(ir_f32_to_f16(v[i])) : ir_bf16_to_f32(ir_f32_to_bf16(v[i]))) != v[i])
+      return;
+  uint16_t *h = ir_malloc(n * sizeof *h + 1);
+  if (!h || !keep(c, h)) {
+    ir_free(h);
+    coom(c);
+    return;
+  }
+  for (uint64_t i = 0; i < n; i++) h[i] = f16 ? ir_f32_to_f16(v[i]) : ir_f32_to_bf16(v[i]);
+  w->t.dtype = c->half_dt;
+  w->t.data = h;
+  w->t.nbytes = n * sizeof *h;
+}
+
 /* Columns [col, col + n) of projection pj as an [n, K] weight (and its bias). */
 static void add_proj(canon *c, const char *name, const proj *pj, int64_t col, int64_t n,
                      bool bias) {
@@ -487,6 +510,7 @@ static void add_proj(canon *c, const char *name, const proj *pj, int64_t col, in
         memcpy(dst + (size_t)(j * K + i) * es, src + (size_t)(i * N + col + j) * es, es);
     w->t.data = dst;
   }
+  narrow(c, w);
   if (bias && pj->b >= 0) {
     char bn[96];
     size_t l = strlen(name);
@@ -1824,8 +1848,10 @@ ir_status pass_canon_llm(const ir_graph *g, const pass_llm_io *io, pass_llm *out
     memcpy(c.shadow_tensors, g->tensors, (size_t)g->n_tensors * sizeof *c.shadow_tensors);
     for (int32_t t = 0; t < g->n_tensors; t++)
       if (c.shadow_tensors[t].kind != IR_TENSOR_WEIGHT &&
-          (c.shadow_tensors[t].dtype == IR_F16 || c.shadow_tensors[t].dtype == IR_BF16))
+          (c.shadow_tensors[t].dtype == IR_F16 || c.shadow_tensors[t].dtype == IR_BF16)) {
+        c.half_dt = c.shadow_tensors[t].dtype;
         c.shadow_tensors[t].dtype = IR_F32;
+      }
     c.shadow.tensors = c.shadow_tensors;
   }
   if (!c.past_seen || !c.layer_rope || !c.layer_window || !c.shadow_tensors || !build_uses(&c))
