@@ -10,6 +10,8 @@
 
 #include "infc_build.h"
 #include "inferrt.h"
+#include "ir_alloc.h"
+#include "ir_profile.h"
 #include "tcheck.h"
 
 #define TOL 1e-4
@@ -142,7 +144,60 @@ static void check_ranges(void) {
          "--shape on no input: %s", d.msg);
 }
 
+/* A plan's profile that lies is refused: ir_profile_verify on a graph x[B,4] -> relu. */
+static void check_verify(void) {
+  ir_graph *g = ir_graph_create();
+  ir_dim dims[2] = {{.n = 8}, {.n = 4}};
+  int32_t x = ir_graph_add_input(g, "x", IR_F32, 2, dims), y = -1;
+  ir_diag d = {0};
+  CHECK(ir_graph_add_node(g, IR_OP_ND_RELU, "relu", &x, 1, NULL, 0, &y, &d) >= 0);
+  ir_profile *p = ir_calloc(1, sizeof *p);
+  p->n_syms = 1;
+  snprintf(p->syms[0].name, sizeof p->syms[0].name, "batch");
+  p->syms[0].min = 1, p->syms[0].max = 8;
+  p->dims = ir_calloc(2, sizeof *p->dims);
+  p->n_dims = 2;
+  p->dims[0] = (ir_affine){.at = x, .index = 0, .coef = {1}};
+  p->dims[1] = (ir_affine){.at = y, .index = 0, .coef = {1}};
+  g->profile = p;
+  CHECKF(ir_profile_verify(g, &d) == IR_OK, "%s", d.msg);
+  struct {
+    const char *what;
+    ir_affine bad;
+  } cases[] = {
+      {"negative coefficient", {.at = y, .index = 0, .coef = {-1}, .off = 16}},
+      {"wrong value at the max", {.at = y, .index = 0, .coef = {1}, .off = 1}},
+      {"no such dim", {.at = y, .index = 5, .coef = {1}}},
+      {"no such tensor", {.at = 99, .index = 0, .coef = {1}}},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    ir_affine keep = p->dims[1];
+    p->dims[1] = cases[i].bad;
+    d = (ir_diag){0};
+    CHECKF(ir_profile_verify(g, &d) == IR_BAD_FORMAT, "%s accepted", cases[i].what);
+    p->dims[1] = keep;
+  }
+  p->syms[0].min = 9; /* min above max */
+  d = (ir_diag){0};
+  CHECK(ir_profile_verify(g, &d) == IR_BAD_FORMAT);
+  p->syms[0].min = 1;
+  /* a working copy at batch 3: every dim follows, and the node still holds */
+  ir_graph *w = ir_profile_instance(g);
+  int64_t three = 3;
+  d = (ir_diag){0};
+  CHECKF(w && ir_profile_instance_set(g, w, &three, &d) == IR_OK, "%s", d.msg);
+  CHECK(w && w->tensors[x].dims[0].n == 3 && w->tensors[y].dims[0].n == 3 &&
+        g->tensors[y].dims[0].n == 8);
+  int64_t nine = 9;
+  d = (ir_diag){0};
+  CHECK(w && ir_profile_instance_set(g, w, &nine, &d) == IR_INVALID_ARG &&
+        strstr(d.msg, "outside the plan's range 1..8"));
+  ir_profile_instance_free(w);
+  ir_graph_destroy(g);
+}
+
 int main(void) {
+  check_verify();
   check_fixture("onnx-dynamo-mlp");
   check_fixture("onnx-dynamo-cnn"); /* Conv, MaxPool, a BatchNorm folded by the exporter */
   check_ranges();
