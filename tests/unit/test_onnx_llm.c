@@ -233,9 +233,13 @@ int main(void) {
   check_llm("onnx-dynamo-llama-sdpa-past-extdata", past); /* weights in model.onnx.data */
   check_llm("onnx-dynamo-qwen2-eager", dyn_qwen2);
   check_llm("onnx-dynamo-qwen2-sdpa-past", dyn_qwen2);
+  check_llm("onnx-dynamo-qwen2-sdpa", dyn_qwen2);
+  check_llm("onnx-dynamo-qwen2-eager-past", dyn_qwen2);
   static const char *const dyn_qwen3[] = {"GQA 4/2, head_dim 32, q/k norm", "theta=1e+06", NULL};
   check_llm("onnx-dynamo-qwen3-eager", dyn_qwen3);
   check_llm("onnx-dynamo-qwen3-sdpa-past", dyn_qwen3);
+  check_llm("onnx-dynamo-qwen3-sdpa", dyn_qwen3);
+  check_llm("onnx-dynamo-qwen3-eager-past", dyn_qwen3);
   static const char *const dyn_phi3[] = {"GQA 4/2, head_dim 16", "theta=10000 on 12 dims",
                                          "SwiGLU 96", NULL};
   check_llm("onnx-dynamo-phi3-sdpa", dyn_phi3);
