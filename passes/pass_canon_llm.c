@@ -713,6 +713,22 @@ static bool rope_freq_at(canon *c, int64_t i, double cs, double sn, double pos, 
   return true;
 }
 
+/* The first rope sets how many dims rotate (and c->cur's size); later ones must agree. */
+static bool rope_dims(canon *c, int64_t half, const char *what) {
+  if (!c->cur) {
+    c->rope_half = half;
+    if (!(c->cur = ir_calloc((size_t)half + 1, sizeof *c->cur))) {
+      coom(c);
+      return false;
+    }
+  } else if (half != c->rope_half) {
+    cfail(c, "the %s rope rotates %lld dims, the first %lld", what, (long long)(2 * half),
+          (long long)(2 * c->rope_half));
+    return false;
+  }
+  return true;
+}
+
 /* ONNX RotaryEmbedding: caches [B, S, r/2] (or [max_pos, r/2] with position ids). */
 static void check_rope_op(canon *c, const trace *tr, const char *what, bool first) {
   const ir_node *n = &c->g->nodes[tr->rope];
@@ -728,17 +744,7 @@ static void check_rope_op(canon *c, const trace *tr, const char *what, bool firs
     return;
   }
   c->r->p.rope_interleaved = interleaved;
-  if (!c->cur) {
-    c->rope_half = half;
-    if (!(c->cur = ir_calloc((size_t)half + 1, sizeof *c->cur))) {
-      coom(c);
-      return;
-    }
-  } else if (half != c->rope_half) {
-    cfail(c, "the %s rope rotates %lld dims, the first %lld", what, (long long)rot,
-          (long long)(2 * c->rope_half));
-    return;
-  }
+  if (!rope_dims(c, half, what)) return;
   int32_t pos = n->n_in > 3 ? n->in[3] : -1;
   for (int pass = 0; pass < 2; pass++)
     for (int64_t s = 0; s < S; s++) {
@@ -832,18 +838,7 @@ static void check_rope(canon *c, const trace *tr, const char *what, bool first) 
   }
   /* table value at (s, d): broadcast of a [x's rank] index into the table */
   int64_t S = c->io->seq, P = c->io->past;
-  if (!c->cur) {
-    c->rope_half = half;
-    c->cur = ir_calloc((size_t)half + 1, sizeof *c->cur);
-    if (!c->cur) {
-      coom(c);
-      return;
-    }
-  } else if (half != c->rope_half) {
-    cfail(c, "the %s rope rotates %lld dims, the first %lld", what, (long long)hd,
-          (long long)(2 * c->rope_half));
-    return;
-  }
+  if (!rope_dims(c, half, what)) return;
   int32_t tab[2] = {tr->rope_cos, tr->rope_sin};
   for (int w = 0; w < 2; w++) {
     const ir_tensor *T = tt(c, tab[w]);

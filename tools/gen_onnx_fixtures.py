@@ -34,23 +34,20 @@ Each LLM fixture has oracle.json: onnxruntime's logits at every position of the 
 fixture's prompts and a 32-token greedy continuation. With past KV, onnxruntime runs the
 prompt in two chunks (the first with past_len 0, the second fed the first's presents) and
 then decodes one token per call feeding the presents back; the logits of the first
-DECODE_LOGITS decode steps are recorded too ("decode_logits"). Without past KV it recomputes
+4 decode steps are recorded too ("decode_logits"). Without past KV it recomputes
 the whole sequence per step.
 """
-import json
 import os
 import sys
 
-import numpy as np
-import onnxruntime as ort
 import torch
 import transformers.models.llama.modeling_llama as modeling_llama
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2ForCausalLM
 
+from onnx_oracle import write_oracle
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIX = os.path.join(ROOT, "tests", "fixtures")
-NUM_GENERATE = 32
-DECODE_LOGITS = 4
 OPSET = 17
 
 
@@ -173,78 +170,11 @@ def export_past(model, path):
                       do_constant_folding=True)
 
 
-# --- onnxruntime oracle -------------------------------------------------------------------
-
-class Runner:
-    def __init__(self, path, cfg):
-        self.sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
-        self.cfg = cfg
-        self.past = any(i.name.startswith("past_key_values.") for i in self.sess.get_inputs())
-
-    def start(self):
-        self.ids = []
-        self.kv = [np.zeros(kv_shape(self.cfg, 0), np.float32)
-                   for _ in range(2 * self.cfg.num_hidden_layers)]
-
-    def feed(self, new):
-        """Logits [len(new), vocab] of the new tokens after everything fed so far."""
-        if not self.past:
-            self.ids += list(new)
-            ids = np.array([self.ids], dtype=np.int64)
-            pos = np.arange(len(self.ids), dtype=np.int64)[None]
-            lg = self.sess.run(["logits"], {"input_ids": ids, "position_ids": pos})[0][0]
-            return lg[-len(new):]
-        p = len(self.ids)
-        self.ids += list(new)
-        feed = {"input_ids": np.array([new], dtype=np.int64),
-                "attention_mask": np.ones((1, len(self.ids)), dtype=np.int64),
-                "position_ids": np.arange(p, len(self.ids), dtype=np.int64)[None]}
-        feed.update(zip(past_names(self.cfg, "past_key_values"), self.kv))
-        out = self.sess.run(None, feed)
-        self.kv = out[1:]
-        assert self.kv[0].shape[2] == len(self.ids)
-        return out[0][0]
-
-
-def record(runner, prompts):
-    logits, greedy, decode = [], [], []
-    for p in prompts:
-        runner.start()
-        cut = len(p) // 2 if runner.past and len(p) > 1 else len(p)
-        lg = runner.feed(p[:cut])
-        if cut < len(p):
-            lg = np.concatenate([lg, runner.feed(p[cut:])])
-        logits.append(lg)
-        gen, steps, last = [], [], lg[-1]
-        for i in range(NUM_GENERATE):
-            gen.append(int(np.argmax(last)))
-            last = runner.feed([gen[-1]])[-1]
-            if i < DECODE_LOGITS:
-                steps.append(last)
-        greedy.append(gen)
-        decode.append(steps)
-    return logits, greedy, decode
-
-
-def rows(a):
-    return [[round(float(v), 6) for v in row] for row in a]
-
+# --- onnxruntime oracle (tools/onnx_oracle.py) ---------------------------------------------
 
 def oracle(name, model, path, src):
-    runner = Runner(path, model.config)
-    hf = json.load(open(os.path.join(FIX, src, "oracle.json")))
-    logits, greedy, decode = record(runner, hf["prompts"])
-    worst = max(float(np.max(np.abs(lg - np.array(w)))) for lg, w in zip(logits, hf["logits"]))
-    print(f"{name}: onnxruntime vs transformers ({src}): max |logit diff| {worst:.3g}, "
-          f"greedy equal: {greedy == hf['greedy']}")
-    out = {"model": name, "source": src,
-           "exporter": f"torch.onnx.export (torch {torch.__version__}, opset {OPSET})",
-           "onnxruntime_version": ort.__version__, "past_kv": runner.past,
-           "prompts": hf["prompts"], "logits": [rows(lg) for lg in logits], "greedy": greedy}
-    if runner.past:
-        out["decode_logits"] = [rows(s) for s in decode]
-    with open(os.path.join(FIX, name, "oracle.json"), "w") as f:
-        json.dump(out, f, separators=(",", ":"))
+    write_oracle(name, model.config, path, src,
+                 f"torch.onnx.export (torch {torch.__version__}, opset {OPSET})")
 
 
 # --- fixtures -----------------------------------------------------------------------------

@@ -284,6 +284,25 @@ static ir_status lower_gather(onnx_imp *im, int arg) {
   return imp_bind(im, 0, imp_emit(im, (ir_op)arg, NULL, in, 2, a, 1, NULL));
 }
 
+/* Row i of constant indices idx [.., k] as a flat offset into dims ds[0..k) (negative
+ * indices count from the end); false, with the node's error set, when one is outside. */
+static bool flat_index(onnx_imp *im, const ir_tensor *idx, int64_t i, int64_t k, const int64_t *ds,
+                       int64_t *out) {
+  int64_t f = 0;
+  for (int64_t j = 0; j < k; j++) {
+    int64_t v = idx->dtype == IR_I64 ? ((const int64_t *)idx->data)[i * k + j]
+                                     : ((const int32_t *)idx->data)[i * k + j];
+    if (v < -ds[j] || v >= ds[j]) {
+      imp_fail(im, IR_INVALID_ARG, "index %lld is outside dim %lld of extent %lld", (long long)v,
+               (long long)j, (long long)ds[j]);
+      return false;
+    }
+    f = f * ds[j] + (v < 0 ? v + ds[j] : v);
+  }
+  *out = f;
+  return true;
+}
+
 /* GatherND (batch_dims 0) with constant indices [..., k]: the data's first k dims
  * flattened into one, and a Gather of the flat row numbers computed here. Indices that
  * are runtime values are refused. */
@@ -309,20 +328,11 @@ static ir_status lower_gather_nd(onnx_imp *im, int arg) {
     return imp_fail(im, IR_UNSUPPORTED, "too many indices");
   int64_t *flat = ir_malloc((size_t)(rows ? rows : 1) * sizeof *flat);
   if (!flat) return imp_fail(im, IR_OOM, "out of memory");
-  for (int64_t i = 0; i < rows; i++) {
-    int64_t f = 0;
-    for (int64_t j = 0; j < k; j++) {
-      int64_t v = idx->dtype == IR_I64 ? ((const int64_t *)idx->data)[i * k + j]
-                                       : ((const int32_t *)idx->data)[i * k + j];
-      if (v < -ds[j] || v >= ds[j]) {
-        ir_free(flat);
-        return imp_fail(im, IR_INVALID_ARG, "index %lld is outside dim %lld of extent %lld",
-                        (long long)v, (long long)j, (long long)ds[j]);
-      }
-      f = f * ds[j] + (v < 0 ? v + ds[j] : v);
+  for (int64_t i = 0; i < rows; i++)
+    if (!flat_index(im, idx, i, k, ds, &flat[i])) {
+      ir_free(flat);
+      return im->d->status;
     }
-    flat[i] = f;
-  }
   int32_t ft = imp_weight(im, "flat_indices", IR_I64, q - 1, is, flat);
   ir_free(flat);
   int64_t shape[IR_MAX_RANK];
@@ -369,16 +379,10 @@ static ir_status lower_scatter_nd(onnx_imp *im, int arg) {
   if (!buf) return imp_fail(im, IR_OOM, "out of memory");
   memcpy(buf, X->data, X->nbytes);
   for (int64_t i = 0; i < rows; i++) {
-    int64_t f = 0;
-    for (int64_t j = 0; j < k; j++) {
-      int64_t v = I->dtype == IR_I64 ? ((const int64_t *)I->data)[i * k + j]
-                                     : ((const int32_t *)I->data)[i * k + j];
-      if (v < -ds[j] || v >= ds[j]) {
-        ir_free(buf);
-        return imp_fail(im, IR_INVALID_ARG, "index %lld is outside dim %lld of extent %lld",
-                        (long long)v, (long long)j, (long long)ds[j]);
-      }
-      f = f * ds[j] + (v < 0 ? v + ds[j] : v);
+    int64_t f;
+    if (!flat_index(im, I, i, k, ds, &f)) {
+      ir_free(buf);
+      return im->d->status;
     }
     memcpy(buf + (size_t)(f * slice) * es, (const uint8_t *)U->data + (size_t)(i * slice) * es,
            (size_t)slice * es);
