@@ -39,8 +39,8 @@ ir_status infc_onnx_dims_read(const char *path, const infc_options *o, infc_onnx
     for (int k = 0; k < o->n_shapes && !opt; k++)
       if (!strcmp(o->shapes[k].input, vi->name)) opt = &o->shapes[k];
     if (opt && opt->rank != in->rank) {
-      st = ir_diag_set(d, IR_INVALID_ARG, "--shape %s: %d dims given, the input has %d", vi->name,
-                       opt->rank, in->rank);
+      st = ir_diag_set(d, IR_INVALID_ARG, "shape for input '%s': %d dims given, the input has %d",
+                       vi->name, opt->rank, in->rank);
       break;
     }
     for (int k = 0; st == IR_OK && k < in->rank; k++) {
@@ -50,8 +50,8 @@ ir_status infc_onnx_dims_read(const char *path, const infc_options *o, infc_onnx
           dm->dim_value >= 0) {
         in->fixed[k] = dm->dim_value;
         if (opt && (opt->min[k] != dm->dim_value || opt->max[k] != dm->dim_value))
-          st = ir_diag_set(d, IR_INVALID_ARG, "--shape %s: dim %d is fixed at %lld", vi->name, k,
-                           (long long)dm->dim_value);
+          st = ir_diag_set(d, IR_INVALID_ARG, "shape for input '%s': dim %d is fixed at %lld",
+                           vi->name, k, (long long)dm->dim_value);
         continue;
       }
       char key[64];
@@ -78,7 +78,7 @@ ir_status infc_onnx_dims_read(const char *path, const infc_options *o, infc_onnx
             out->syms[s].min == INFC_DEFAULT_DIM_MIN && out->syms[s].max == INFC_DEFAULT_DIM_MAX;
         if (!was_default)
           st = ir_diag_set(d, IR_INVALID_ARG,
-                           "--shape %s: dim %d ('%s') is %lld..%lld, another input gives "
+                           "shape for input '%s': dim %d ('%s') is %lld..%lld, another input gives "
                            "%lld..%lld",
                            vi->name, k, key, (long long)lo, (long long)hi,
                            (long long)out->syms[s].min, (long long)out->syms[s].max);
@@ -93,7 +93,7 @@ ir_status infc_onnx_dims_read(const char *path, const infc_options *o, infc_onnx
     for (int i = 0; i < out->n_inputs && !found; i++)
       found = !strcmp(out->in[i].name, o->shapes[k].input);
     if (!found)
-      st = ir_diag_set(d, IR_INVALID_ARG, "--shape %s: the graph has no such input",
+      st = ir_diag_set(d, IR_INVALID_ARG, "shape for input '%s': the graph has no such input",
                        o->shapes[k].input);
   }
   infc_onnx_close(m);

@@ -333,6 +333,7 @@ passes:
 no_fuse: qkv,gate_up
 """)
     c.add("cuda", "target: cuda\narch: sm_90\nmax_tokens: 2048\ndtype: bf16\nquant: q8_0\n")
+    c.add("shapes", "shapes:\n  x: 1..64x3x224x224\n  mask: '2..8x16'\n  ids: 1x1..128\n")
     c.add("flow", "{dtype: auto, passes: {fold: false, fuse: true}, quant: 'w8a8', "
                   "quant_calib: \"/nonexistent/calib.json\", no_fuse: 'qkv,add_rms_norm'}\n")
     c.add("anchors", "passes: {fold: &t true, fuse: *t}\nmax_seqs: !!int 4\n---\ndtype: f32\n")

@@ -137,6 +137,16 @@ static void check_ranges(void) {
   CHECK(infc_options_set(&o, "shape", "x=1..4x32", &d) == IR_OK);
   CHECKF(infc_build(model, &o, plan, NULL, NULL, &d) != IR_OK && strstr(d.msg, "fixed at 16"),
          "--shape on a fixed dim: %s", d.msg);
+  /* build.yaml's form */
+  char yaml[1024];
+  snprintf(yaml, sizeof yaml, "%s/shapes.yaml", TEST_TMP_DIR);
+  FILE *f = fopen(yaml, "w");
+  if (f) fputs("shapes:\n  x: 3..6x16\n", f), fclose(f);
+  o = infc_options_default();
+  d = (ir_diag){0};
+  CHECKF(f && infc_options_load_yaml(&o, yaml, &d) == IR_OK && o.n_shapes == 1 &&
+             o.shapes[0].min[0] == 3 && o.shapes[0].max[0] == 6 && o.shapes[0].max[1] == 16,
+         "shapes from build.yaml: %s", d.msg);
   o = infc_options_default();
   d = (ir_diag){0};
   CHECK(infc_options_set(&o, "shape", "y=1..4", &d) == IR_OK);
