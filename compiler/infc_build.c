@@ -170,15 +170,17 @@ static ir_status open_onnx(const char *src, const infc_options *o, infc_source *
                          .kv_block_size = o->model.kv_block_size};
   s->limits = lim;
   if (!(s->dims = ir_calloc(1, sizeof *s->dims))) return ir_diag_set(d, IR_OOM, "out of memory");
-  st = infc_onnx_dims_read(src, o, s->dims, d);
+  if ((st = infc_onnx_load(src, &s->onnx, d)) != IR_OK) return st;
+  infc_onnx_hash(s->onnx, s->hash);
+  st = infc_onnx_dims_read(s->onnx, o, s->dims, d);
   if (st != IR_OK) {
     ir_diag_prefix(d, "%s", src);
     return st;
   }
-  if (!s->dims->n_syms) return infc_onnx_import(src, &lim, &s->onnx, out_graph, s->hash, d);
+  if (!s->dims->n_syms) return infc_onnx_import_loaded(s->onnx, &lim, NULL, 0, out_graph, d);
   int64_t max[IR_MAX_PROFILE_SYMS]; /* imported at the maxima: the memory plan's sizes */
   for (int k = 0; k < s->dims->n_syms; k++) max[k] = s->dims->syms[k].max;
-  return infc_onnx_import_at(src, &lim, s->dims, max, &s->onnx, out_graph, s->hash, d);
+  return infc_onnx_import_at(s->onnx, &lim, s->dims, max, out_graph, d);
 }
 
 ir_status infc_source_open(const char *src, const infc_options *o, infc_source **out,
@@ -266,7 +268,7 @@ ir_status infc_build(const char *src, const infc_options *opts, const char *out_
   pass_log log = {0};
   if (st == IR_OK) st = pass_pipeline_run(g, &po, &log, d);
   if (st == IR_OK && s->dims && s->dims->n_syms) {
-    st = infc_onnx_profile_build(src, &s->limits, s->dims, &po, g, d);
+    st = infc_onnx_profile_build(s->onnx, &s->limits, s->dims, &po, g, d);
     if (st != IR_OK) ir_diag_prefix(d, "%s", src);
   }
   infc_cuda_kernels ck = {0}; /* target cuda: NVRTC images for the kernels section */

@@ -254,13 +254,9 @@ static void print_profile(const ir_graph *g) {
     const ir_tensor *t = &g->tensors[g->inputs[i]];
     printf("  input %-24s %s[", t->name, ir_dtype_name(t->dtype));
     for (int k = 0; k < t->rank; k++) {
-      const ir_affine *a = NULL;
-      for (int32_t e = 0; e < pr->n_dims && !a; e++)
-        if (pr->dims[e].at == g->inputs[i] && pr->dims[e].index == k) a = &pr->dims[e];
-      int64_t lo[IR_MAX_PROFILE_SYMS];
-      for (int j = 0; j < pr->n_syms; j++) lo[j] = pr->syms[j].min;
+      const ir_affine *a = ir_profile_dim(pr, g->inputs[i], k);
       if (a)
-        printf("%s%lld..%lld", k ? "," : "", (long long)ir_affine_eval(a, pr->n_syms, lo),
+        printf("%s%lld..%lld", k ? "," : "", (long long)ir_profile_at_min(pr, a),
                (long long)t->dims[k].n);
       else printf("%s%lld", k ? "," : "", (long long)t->dims[k].n);
     }

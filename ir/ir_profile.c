@@ -13,6 +13,18 @@ int64_t ir_affine_eval(const ir_affine *a, int n_syms, const int64_t *syms) {
   return v;
 }
 
+const ir_affine *ir_profile_dim(const ir_profile *p, int32_t t, int k) {
+  for (int32_t i = 0; p && i < p->n_dims; i++)
+    if (p->dims[i].at == t && p->dims[i].index == k) return &p->dims[i];
+  return NULL;
+}
+
+int64_t ir_profile_at_min(const ir_profile *p, const ir_affine *a) {
+  int64_t lo[IR_MAX_PROFILE_SYMS];
+  for (int j = 0; j < p->n_syms; j++) lo[j] = p->syms[j].min;
+  return ir_affine_eval(a, p->n_syms, lo);
+}
+
 /* The attribute entry a names: its attr, or NULL. */
 static ir_attr *attr_of(ir_node *n, const ir_affine *a) {
   for (int k = 0; k < n->n_attrs; k++)
@@ -78,9 +90,7 @@ ir_status ir_profile_solve(const ir_graph *g, int32_t t, int rank, const int64_t
   if (rank != x->rank)
     return ir_diag_set(d, IR_INVALID_ARG, "input '%s' has rank %d, not %d", x->name, rank, x->rank);
   for (int k = 0; k < rank; k++) {
-    const ir_affine *a = NULL;
-    for (int32_t i = 0; p && i < p->n_dims && !a; i++)
-      if (p->dims[i].at == t && p->dims[i].index == k) a = &p->dims[i];
+    const ir_affine *a = ir_profile_dim(p, t, k);
     if (!a) {
       if (shape[k] != x->dims[k].n)
         return ir_diag_set(d, IR_INVALID_ARG, "input '%s': dim %d is %lld, not %lld", x->name, k,

@@ -9,6 +9,11 @@
 /* off + sum coef[k] * syms[k]. */
 int64_t ir_affine_eval(const ir_affine *a, int n_syms, const int64_t *syms);
 
+/* The entry of dim k of tensor t, or NULL when that dim does not depend on the symbols. */
+const ir_affine *ir_profile_dim(const ir_profile *p, int32_t t, int k);
+/* An entry's value with every symbol at its minimum (the smallest the dim gets). */
+int64_t ir_profile_at_min(const ir_profile *p, const ir_affine *a);
+
 /* The profile against its graph: symbols with 1 <= min <= max, entries naming activation or
  * input dims (coefficients >= 0, so no tensor outgrows its planned size) and int attribute
  * values, each giving the graph's stored value at the maxima. OK when g has no profile. */

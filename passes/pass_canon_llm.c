@@ -691,23 +691,35 @@ static bool trace_back(canon *c, int32_t t, const proj *pj, int npj, const char 
 
 /* The rotation of the rope at tr: rotate-half or adjacent pairs, judged on numbered
  * values; its cos/sin tables read at every (position, dim) into the frequencies. */
-/* The frequencies of this layer (first: read into c->cur) or a check against them. */
-static bool rope_freq_at(canon *c, int64_t i, double cs, double sn, double pos, bool first,
-                         const char *what, int64_t dd) {
-  if (pos == 1 && first) c->cur[i] = atan2(sn, cs);
-  if (pos == 1 && !first && fabs(atan2(sn, cs) - c->cur[i]) > 1e-5 * (1 + fabs(c->cur[i]))) {
-    cfail(c, "the %s rope's frequencies differ from the query's", what);
-    return false;
+/* One (position, dim) of a rope's cos/sin tables against frequency i of this layer.
+ * read (position 1): the query's table sets c->cur[i], the key's must match it. Otherwise
+ * the values must be cos/sin(pos * f) to the tables' precision; at the last position of a
+ * half-precision table the query's first refines f (the angle there pins it pos times
+ * finer than at position 1). */
+static bool rope_value(canon *c, int64_t i, double cs, double sn, int64_t pos, bool read,
+                       bool first, bool last, const char *what, int64_t dd) {
+  if (read) {
+    double f = atan2(sn, cs);
+    double ftol = c->table_tol > 1e-5 ? 5 * c->table_tol : 1e-5 * (1 + fabs(f));
+    if (first) c->cur[i] = f;
+    else if (fabs(f - c->cur[i]) > ftol) {
+      cfail(c, "the %s rope's frequencies differ from the query's", what);
+      return false;
+    }
+    return true;
   }
-  if (pos == 1) return true;
-  double f = c->cur[i];
-  double tol = c->table_tol > 1e-5 ? c->table_tol * (1 + pos) : c->table_tol; /* f read at 1 */
-  if (fabs(hypot(cs, sn) - 1) > 5 * c->table_tol || fabs(cs - cos(pos * f)) > tol ||
-      fabs(sn - sin(pos * f)) > tol) {
+  double f = c->cur[i], amp = hypot(cs, sn);
+  double tol = c->table_tol > 1e-5 ? c->table_tol * (double)(1 + pos) : c->table_tol;
+  if (first && c->table_tol > 1e-5 && last && pos > 1) {
+    double a = atan2(sn, cs), k = round(((double)pos * f - a) / (2 * M_PI));
+    c->cur[i] = f = (a + 2 * M_PI * k) / (double)pos;
+  }
+  if (fabs(amp - 1) > 5 * c->table_tol || fabs(cs - cos((double)pos * f)) > tol ||
+      fabs(sn - sin((double)pos * f)) > tol) {
     cfail(c,
-          "the %s rope's tables are not cos/sin(position * frequency) at position %g, dim %lld "
-          "(cos %g, sin %g)",
-          what, pos, (long long)dd, cs, sn);
+          "the %s rope's tables are not cos/sin(position * frequency) at position %lld, dim "
+          "%lld (cos %g, sin %g)",
+          what, (long long)pos, (long long)dd, cs, sn);
     return false;
   }
   return true;
@@ -746,9 +758,9 @@ static void check_rope_op(canon *c, const trace *tr, const char *what, bool firs
   c->r->p.rope_interleaved = interleaved;
   if (!rope_dims(c, half, what)) return;
   int32_t pos = n->n_in > 3 ? n->in[3] : -1;
-  for (int pass = 0; pass < 2; pass++)
+  for (int pass = 0; pass < 2; pass++) /* 0: read the frequencies at position 1, 1: check all */
     for (int64_t s = 0; s < S; s++) {
-      if ((pass == 0) != (P + s == 1)) continue;
+      if (pass == 0 && P + s != 1) continue;
       int64_t row = pos >= 0 ? (int64_t)wval(c, pos, s) : s;
       if (pos >= 0 && row != P + s) {
         cfail(c, "the %s rope's position ids are not the token positions", what);
@@ -759,8 +771,9 @@ static void check_rope_op(canon *c, const trace *tr, const char *what, bool firs
         return;
       }
       for (int64_t i = 0; i < half; i++)
-        if (!rope_freq_at(c, i, wval(c, tr->rope_cos, row * half + i),
-                          wval(c, tr->rope_sin, row * half + i), (double)(P + s), first, what, i))
+        if (!rope_value(c, i, wval(c, tr->rope_cos, row * half + i),
+                        wval(c, tr->rope_sin, row * half + i), P + s, pass == 0, first, s == S - 1,
+                        what, i))
           return;
     }
   c->have_rope = true;
@@ -866,34 +879,7 @@ static void check_rope(canon *c, const trace *tr, const char *what, bool first) 
           v[w] = wval(c, tab[w], off);
         }
         int64_t i = interleaved ? dd / 2 : dd % half;
-        if (pass == 0) {
-          double f = atan2(v[1], v[0]);
-          if (!first) {
-            double ftol = c->table_tol > 1e-5 ? 5 * c->table_tol : 1e-5 * (1 + fabs(f));
-            if (fabs(f - c->cur[i]) > ftol) {
-              cfail(c, "the %s rope's frequencies differ from the query's", what);
-              return;
-            }
-          } else {
-            c->cur[i] = f;
-          }
-          continue;
-        }
-        double f = c->cur[i], amp = hypot(v[0], v[1]);
-        double tol = c->table_tol > 1e-5 ? c->table_tol * (double)(1 + pos) : c->table_tol;
-        if (first && c->table_tol > 1e-5 && s == S - 1 && pos > 1) {
-          /* half tables: the angle at the last position pins the frequency pos times finer */
-          double a = atan2(v[1], v[0]), k = round(((double)pos * f - a) / (2 * M_PI));
-          c->cur[i] = f = (a + 2 * M_PI * k) / (double)pos;
-        }
-        if (fabs(amp - 1) > 5 * c->table_tol || fabs(v[0] - cos((double)pos * f)) > tol ||
-            fabs(v[1] - sin((double)pos * f)) > tol) {
-          cfail(c,
-                "the %s rope's tables are not cos/sin(position * frequency) at position %lld, "
-                "dim %lld (cos %g, sin %g)",
-                what, (long long)pos, (long long)dd, v[0], v[1]);
-          return;
-        }
+        if (!rope_value(c, i, v[0], v[1], pos, pass == 0, first, s == S - 1, what, dd)) return;
       }
     }
   c->r->p.rope_interleaved = interleaved;
@@ -1292,10 +1278,6 @@ static int32_t residual_d(canon *c, int32_t x, int32_t y, int depth) {
 
 static int32_t residual(canon *c, int32_t x, int32_t y) { return residual_d(c, x, y, 0); }
 
-static void name_l(char *buf, size_t len, int l, const char *part) {
-  layer_name(buf, len, l, part);
-}
-
 /* One attention block from h = norm(x): returns the residual stream after it, or -1. */
 static int32_t match_attention(canon *c, int32_t x, int32_t h) {
   proj pj[MAX_PROJ];
@@ -1442,20 +1424,20 @@ static int32_t match_attention(canon *c, int32_t x, int32_t h) {
   }
   char nm[96];
   int l = c->layer;
-  name_l(nm, sizeof nm, l, "self_attn.q_proj.weight");
+  layer_name(nm, sizeof nm, l, "self_attn.q_proj.weight");
   add_proj(c, nm, &pj[tq.src], offq, H * hd, true);
-  name_l(nm, sizeof nm, l, "self_attn.k_proj.weight");
+  layer_name(nm, sizeof nm, l, "self_attn.k_proj.weight");
   add_proj(c, nm, &pj[tk.src], offk, kvh_k * hd, true);
-  name_l(nm, sizeof nm, l, "self_attn.v_proj.weight");
+  layer_name(nm, sizeof nm, l, "self_attn.v_proj.weight");
   add_proj(c, nm, &pj[tv.src], offv, kvh_k * hd, true);
   if ((pj[tk.src].b >= 0) != p->attention_bias || (pj[tv.src].b >= 0) != p->attention_bias) {
     cfail(c, "q, k and v do not all carry a bias, or all none");
     return -1;
   }
   if (tq.qn_w >= 0) {
-    name_l(nm, sizeof nm, l, "self_attn.q_norm.weight");
+    layer_name(nm, sizeof nm, l, "self_attn.q_norm.weight");
     add_vector(c, nm, tq.qn_w, 0, hd);
-    name_l(nm, sizeof nm, l, "self_attn.k_norm.weight");
+    layer_name(nm, sizeof nm, l, "self_attn.k_norm.weight");
     add_vector(c, nm, tk.qn_w, 0, hd);
   }
   /* o_proj reads P.V's heads back as [S, H * hd] */
@@ -1492,7 +1474,7 @@ static int32_t match_attention(canon *c, int32_t x, int32_t h) {
       }
     ev_free(&e);
   }
-  name_l(nm, sizeof nm, l, "self_attn.o_proj.weight");
+  layer_name(nm, sizeof nm, l, "self_attn.o_proj.weight");
   add_proj(c, nm, &po[oi], 0, po[oi].n, false);
   int32_t x1 = c->st == IR_OK ? residual(c, x, po[oi].out) : -1, w;
   double eps;
@@ -1502,7 +1484,7 @@ static int32_t match_attention(canon *c, int32_t x, int32_t h) {
     if (y >= 0 && (x1 = residual(c, x, y)) >= 0) {
       sandwich = true;
       check_eps(c, eps);
-      name_l(nm, sizeof nm, l, "post_attention_layernorm.weight");
+      layer_name(nm, sizeof nm, l, "post_attention_layernorm.weight");
       add_vector(c, nm, w, 0, p->hidden_size);
     }
   }
@@ -1623,11 +1605,11 @@ static int32_t match_mlp(canon *c, int32_t x, int32_t h) {
     return -1;
   }
   char nm[96];
-  name_l(nm, sizeof nm, c->layer, "mlp.gate_proj.weight");
+  layer_name(nm, sizeof nm, c->layer, "mlp.gate_proj.weight");
   add_proj(c, nm, &pj[gi], goff, I, false);
-  name_l(nm, sizeof nm, c->layer, "mlp.up_proj.weight");
+  layer_name(nm, sizeof nm, c->layer, "mlp.up_proj.weight");
   add_proj(c, nm, &pj[ui], uoff, I, false);
-  name_l(nm, sizeof nm, c->layer, "mlp.down_proj.weight");
+  layer_name(nm, sizeof nm, c->layer, "mlp.down_proj.weight");
   add_proj(c, nm, &pd[di], 0, pd[di].n, false);
   int32_t x2 = c->st == IR_OK ? residual(c, x, pd[di].out) : -1, w;
   double eps;
@@ -1635,7 +1617,7 @@ static int32_t match_mlp(canon *c, int32_t x, int32_t h) {
     int32_t y = find_norm(c, pd[di].out, &w, &eps);
     if (y >= 0 && (x2 = residual(c, x, y)) >= 0) {
       check_eps(c, eps);
-      name_l(nm, sizeof nm, c->layer, "post_feedforward_layernorm.weight");
+      layer_name(nm, sizeof nm, c->layer, "post_feedforward_layernorm.weight");
       add_vector(c, nm, w, 0, p->hidden_size);
     }
   }
@@ -1744,7 +1726,7 @@ static void match_model(canon *c) {
       return;
     }
     check_eps(c, eps);
-    name_l(nm, sizeof nm, c->layer, "input_layernorm.weight");
+    layer_name(nm, sizeof nm, c->layer, "input_layernorm.weight");
     add_vector(c, nm, w, 0, p->hidden_size);
     int32_t x1 = match_attention(c, x, h);
     if (x1 < 0) return;
@@ -1754,9 +1736,9 @@ static void match_model(canon *c) {
       return;
     }
     check_eps(c, eps);
-    name_l(nm, sizeof nm, c->layer,
-           p->sandwich_norms ? "pre_feedforward_layernorm.weight"
-                             : "post_attention_layernorm.weight");
+    layer_name(nm, sizeof nm, c->layer,
+               p->sandwich_norms ? "pre_feedforward_layernorm.weight"
+                                 : "post_attention_layernorm.weight");
     add_vector(c, nm, w, 0, p->hidden_size);
     x = match_mlp(c, x1, h);
     if (x < 0) return;

@@ -33,6 +33,11 @@ ir_status infc_onnx_import(const char *path, const ir_model_config *limits, infc
                            ir_graph **out_graph, char *out_hash, ir_diag *d);
 void infc_onnx_close(infc_onnx *m);
 
+/* Loads (maps and unpacks) `path` without lowering it; errors name the file. */
+ir_status infc_onnx_load(const char *path, infc_onnx **out, ir_diag *d);
+/* XXH3 of the model file and its external data: 16 hex digits + NUL into out. */
+void infc_onnx_hash(const infc_onnx *m, char *out);
+
 /* A graph input fixed to a value at build time: the input becomes a constant, so shape
  * operands fed as inputs (a Reshape target, Slice bounds, ...) can be resolved. The
  * value must have the input's dtype and its declared fixed dims (its symbolic dims take
@@ -50,5 +55,12 @@ typedef struct infc_onnx_binding {
 ir_status infc_onnx_import_bound(const char *path, const ir_model_config *limits,
                                  const infc_onnx_binding *binds, int n_binds, infc_onnx **out_model,
                                  ir_graph **out_graph, char *out_hash, ir_diag *d);
+
+/* The graph of an already loaded model, lowered with bindings as infc_onnx_import_bound
+ * does; m stays the caller's and must outlive the graph. Importing one model at several
+ * bindings (the LLM recognition's sizes, a shape profile's points) unpacks it once. */
+ir_status infc_onnx_import_loaded(infc_onnx *m, const ir_model_config *limits,
+                                  const infc_onnx_binding *binds, int n_binds, ir_graph **out_graph,
+                                  ir_diag *d);
 
 #endif

@@ -28,19 +28,18 @@ typedef struct infc_onnx_dims {
   infc_onnx_input_dims in[64];
 } infc_onnx_dims;
 
-/* The symbols of the graph's inputs with their ranges (o's shapes, else the defaults). */
-ir_status infc_onnx_dims_read(const char *path, const infc_options *o, infc_onnx_dims *out,
+/* The symbols of m's inputs with their ranges (o's shapes, else the defaults). */
+ir_status infc_onnx_dims_read(const infc_onnx *m, const infc_options *o, infc_onnx_dims *out,
                               ir_diag *d);
 
-/* The graph imported with every symbol at its value vals[k]. */
-ir_status infc_onnx_import_at(const char *path, const ir_model_config *limits,
-                              const infc_onnx_dims *dims, const int64_t *vals,
-                              infc_onnx **out_model, ir_graph **out_graph, char *out_hash,
+/* m's graph imported with every symbol at its value vals[k] (m stays the caller's). */
+ir_status infc_onnx_import_at(infc_onnx *m, const ir_model_config *limits,
+                              const infc_onnx_dims *dims, const int64_t *vals, ir_graph **out_graph,
                               ir_diag *d);
 
-/* g: the graph imported at the maxima and run through the pipeline po. Imports the other
- * points, runs the same pipeline on them and attaches the profile to g. */
-ir_status infc_onnx_profile_build(const char *path, const ir_model_config *limits,
+/* g: m's graph imported at the maxima and run through the pipeline po. Imports the other
+ * points from m, runs the same pipeline on them and attaches the profile to g. */
+ir_status infc_onnx_profile_build(infc_onnx *m, const ir_model_config *limits,
                                   const infc_onnx_dims *dims, const pass_opts *po, ir_graph *g,
                                   ir_diag *d);
 

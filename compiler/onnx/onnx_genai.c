@@ -696,7 +696,7 @@ ir_status infc_onnx_genai_import(infc_onnx *m, const char *path, const model_bui
                    path);
   if (st == IR_OK) {
     describe(&G, recognised);
-    onnx_model_hash(m, out_hash);
+    infc_onnx_hash(m, out_hash);
     *out_model = m;
   }
   for (int i = 0; i < G.n_owned; i++) ir_free(G.owned[i]);

@@ -528,7 +528,7 @@ static void set_config(ir_graph *g, const ir_model_config *limits) {
   g->config.bos_token_id = g->config.eos_token_id = -1;
 }
 
-void onnx_model_hash(const infc_onnx *m, char *out) {
+void infc_onnx_hash(const infc_onnx *m, char *out) {
   XXH3_state_t *h = XXH3_createState();
   if (!h) return;
   XXH3_64bits_reset(h);
@@ -566,17 +566,16 @@ ir_status infc_onnx_import(const char *path, const ir_model_config *limits, infc
   return infc_onnx_import_bound(path, limits, NULL, 0, out_model, out_graph, out_hash, d);
 }
 
-ir_status infc_onnx_import_bound(const char *path, const ir_model_config *limits,
-                                 const infc_onnx_binding *binds, int n_binds, infc_onnx **out_model,
-                                 ir_graph **out_graph, char *out_hash, ir_diag *d) {
+ir_status infc_onnx_import_loaded(infc_onnx *m, const ir_model_config *limits,
+                                  const infc_onnx_binding *binds, int n_binds, ir_graph **out_graph,
+                                  ir_diag *d) {
   ir_diag local = {0};
-  *out_model = NULL;
   *out_graph = NULL;
   onnx_names names = {0};
-  onnx_imp im = {.names = &names, .d = d ? d : &local, .binds = binds, .n_binds = n_binds};
+  onnx_imp im = {.m = m, .names = &names, .d = d ? d : &local, .binds = binds, .n_binds = n_binds};
   d = im.d;
-  ir_status st = onnx_model_load(path, &im.m, d);
-  if (st == IR_OK && !(im.g = ir_graph_create())) st = ir_diag_set(d, IR_OOM, "out of memory");
+  ir_status st = IR_OK;
+  if (!(im.g = ir_graph_create())) st = ir_diag_set(d, IR_OOM, "out of memory");
   if (st == IR_OK) {
     set_config(im.g, limits);
     st = import_graph(&im);
@@ -584,13 +583,35 @@ ir_status infc_onnx_import_bound(const char *path, const ir_model_config *limits
   ir_free(names.keys);
   ir_free(names.vals);
   if (st != IR_OK) {
-    ir_diag_prefix(d, "%s", path);
+    ir_diag_prefix(d, "%s", m->path);
     ir_graph_destroy(im.g);
-    infc_onnx_close(im.m);
     return st;
   }
-  if (out_hash) onnx_model_hash(im.m, out_hash);
-  *out_model = im.m;
   *out_graph = im.g;
+  return IR_OK;
+}
+
+ir_status infc_onnx_load(const char *path, infc_onnx **out, ir_diag *d) {
+  ir_status st = onnx_model_load(path, out, d);
+  if (st != IR_OK) ir_diag_prefix(d, "%s", path);
+  return st;
+}
+
+ir_status infc_onnx_import_bound(const char *path, const ir_model_config *limits,
+                                 const infc_onnx_binding *binds, int n_binds, infc_onnx **out_model,
+                                 ir_graph **out_graph, char *out_hash, ir_diag *d) {
+  ir_diag local = {0};
+  *out_model = NULL;
+  *out_graph = NULL;
+  if (!d) d = &local;
+  infc_onnx *m = NULL;
+  ir_status st = infc_onnx_load(path, &m, d);
+  if (st == IR_OK) st = infc_onnx_import_loaded(m, limits, binds, n_binds, out_graph, d);
+  if (st != IR_OK) {
+    infc_onnx_close(m);
+    return st;
+  }
+  if (out_hash) infc_onnx_hash(m, out_hash);
+  *out_model = m;
   return IR_OK;
 }

@@ -35,10 +35,9 @@ typedef fmt_onnx_dense onnx_dense;
 ir_status onnx_tensor_decode(const Onnx__TensorProto *tp, infc_onnx *m, onnx_dense *out,
                              ir_diag *d);
 
-/* onnx_load.c: maps and unpacks the model; resolves an external data location. */
+/* onnx_load.c: maps and unpacks the model; resolves an external data location.
+ * (infc_onnx_hash, infc_onnx.h: the model's hash.) */
 ir_status onnx_model_load(const char *path, infc_onnx **out, ir_diag *d);
-/* XXH3 of the model file and its external data: 16 hex digits + NUL into out. */
-void onnx_model_hash(const infc_onnx *m, char *out);
 ir_status onnx_ext_resolve(infc_onnx *m, const char *location, uint64_t offset, uint64_t length,
                            const uint8_t **out, ir_diag *d);
 

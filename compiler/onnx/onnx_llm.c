@@ -123,8 +123,8 @@ static void *values(ir_dtype dt, int64_t n, int64_t start, bool arange) {
 
 /* The graph imported with S tokens after P past ones: the mask bound to ones, the
  * positions to P..P+S-1, the ids and past KV inputs given those sizes. */
-static ir_status import_spec(const char *path, const spec_input *in, int n, int64_t P, int64_t S,
-                             infc_onnx **om, ir_graph **og, ir_diag *d) {
+static ir_status import_spec(infc_onnx *m, const spec_input *in, int n, int64_t P, int64_t S,
+                             ir_graph **og, ir_diag *d) {
   infc_onnx_binding b[INFC_ONNX_LLM_MAX_INPUTS];
   fmt_onnx_tensor val[INFC_ONNX_LLM_MAX_INPUTS];
   int64_t shapes[INFC_ONNX_LLM_MAX_INPUTS][IR_MAX_RANK];
@@ -161,16 +161,16 @@ static ir_status import_spec(const char *path, const spec_input *in, int n, int6
                                .nbytes = ir_dtype_bytes(s->dt, (uint64_t)sh[1])};
     b[i].value = &val[i];
   }
-  if (st == IR_OK) st = infc_onnx_import_bound(path, NULL, b, n, om, og, NULL, d);
+  if (st == IR_OK) st = infc_onnx_import_loaded(m, NULL, b, n, og, d);
   for (int i = 0; i < n; i++) ir_free(bufs[i]);
   return st;
 }
 
-/* Recognises the decoder at one specialization; the imported graph and model kept in
- * *g / *m (the weights point into them). */
-static ir_status recognise(const char *path, const spec_input *in, int n, int64_t P, int64_t S,
-                           infc_onnx **m, ir_graph **g, pass_llm *r, ir_diag *d) {
-  ir_status st = import_spec(path, in, n, P, S, m, g, d);
+/* Recognises the decoder of m at one specialization; the imported graph kept in *g (the
+ * weights point into it and into m). */
+static ir_status recognise(infc_onnx *m, const char *path, const spec_input *in, int n, int64_t P,
+                           int64_t S, ir_graph **g, pass_llm *r, ir_diag *d) {
+  ir_status st = import_spec(m, in, n, P, S, g, d);
   if (st != IR_OK) return st;
   pass_llm_io io = {.input_ids = ir_graph_find_tensor(*g, "input_ids"),
                     .logits = ir_graph_find_tensor(*g, "logits"),
@@ -181,7 +181,8 @@ static ir_status recognise(const char *path, const spec_input *in, int n, int64_
   return st;
 }
 
-/* max_position_embeddings, bos and eos from a config.json beside the model. */
+/* max_position_embeddings, bos, eos and sliding_window from a config.json beside the model
+ * (else 2048, -1, -1, 0). */
 static void read_config_beside(model_llama_params *p, const char *path) {
   char dir[4096], cfg[4200];
   model_llama_params c;
@@ -258,7 +259,7 @@ ir_status infc_onnx_llm_import(const char *path, const model_build_opts *bo, boo
   int n = 0;
   bool has_past = false;
   char hash[17] = {0};
-  onnx_model_hash(m, hash);
+  infc_onnx_hash(m, hash);
   st = read_inputs(m, in, &n, &has_past, d);
   if (st != IR_OK) {
     ir_diag_prefix(d, "%s", path);
@@ -278,27 +279,25 @@ ir_status infc_onnx_llm_import(const char *path, const model_build_opts *bo, boo
     if (in[i].role == ROLE_IDS && in[i].fixed[1] > 0) S1 = S2 = in[i].fixed[1];
     if (in[i].role == ROLE_PAST && in[i].fixed[2] >= 0) P = in[i].fixed[2];
   }
-  infc_onnx *m1 = NULL, *m2 = NULL;
   ir_graph *g1 = NULL, *g2 = NULL;
   pass_llm r1 = {0}, r2 = {0};
-  st = recognise(path, in, n, P, S1, &m1, &g1, &r1, d);
+  st = recognise(m, path, in, n, P, S1, &g1, &r1, d);
   if (st == IR_OK && S2 != S1) {
-    st = recognise(path, in, n, P, S2, &m2, &g2, &r2, d);
+    st = recognise(m, path, in, n, P, S2, &g2, &r2, d);
     if (st == IR_OK && !same_model(&r1.p, &r2.p))
       st = ir_diag_set(d, IR_UNSUPPORTED,
                        "%s: the graph computes a different model at %lld tokens than at %lld", path,
                        (long long)S2, (long long)S1);
     pass_llm_free(&r2);
     ir_graph_destroy(g2);
-    infc_onnx_close(m2);
   }
   if (st == IR_UNSUPPORTED) {
     st = not_servable(gp, path, recognised, d);
   } else if (st == IR_OK) {
     *out_is_lm = true;
-    int64_t window = r1.p.sliding_window; /* what the mask showed */
-    read_config_beside(&r1.p, path);
-    r1.p.sliding_window = window;
+    r1.p.max_position = cfg.max_position; /* the window is what the mask showed */
+    r1.p.bos_token_id = cfg.bos_token_id;
+    r1.p.eos_token_id = cfg.eos_token_id;
     st = pass_canon_llm_build(&r1, bo, out_graph, d);
     /* the built graph points into g1's folded constants too: it adopts them */
     for (int32_t i = 0; st == IR_OK && i < g1->n_owned; i++) {
@@ -309,8 +308,8 @@ ir_status infc_onnx_llm_import(const char *path, const model_build_opts *bo, boo
     if (st == IR_OK) {
       pass_llm_describe(&r1, recognised, INFC_ONNX_LLM_RECOGNISED);
       memcpy(out_hash, hash, sizeof hash);
-      *out_model = m1;
-      m1 = NULL;
+      *out_model = m;
+      m = NULL;
     } else {
       ir_graph_destroy(*out_graph);
       *out_graph = NULL;
@@ -318,7 +317,6 @@ ir_status infc_onnx_llm_import(const char *path, const model_build_opts *bo, boo
   }
   pass_llm_free(&r1);
   ir_graph_destroy(g1);
-  infc_onnx_close(m1);
   infc_onnx_close(m);
   return st;
 }

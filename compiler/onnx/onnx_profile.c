@@ -8,12 +8,10 @@
 #include "ir_profile.h"
 #include "onnx_internal.h"
 
-ir_status infc_onnx_dims_read(const char *path, const infc_options *o, infc_onnx_dims *out,
+ir_status infc_onnx_dims_read(const infc_onnx *m, const infc_options *o, infc_onnx_dims *out,
                               ir_diag *d) {
   memset(out, 0, sizeof *out);
-  infc_onnx *m = NULL;
-  ir_status st = onnx_model_load(path, &m, d);
-  if (st != IR_OK) return st;
+  ir_status st = IR_OK;
   const Onnx__GraphProto *gp = m->model->graph;
   for (size_t i = 0; st == IR_OK && i < gp->n_input; i++) {
     const Onnx__ValueInfoProto *vi = gp->input[i];
@@ -96,13 +94,11 @@ ir_status infc_onnx_dims_read(const char *path, const infc_options *o, infc_onnx
       st = ir_diag_set(d, IR_INVALID_ARG, "shape for input '%s': the graph has no such input",
                        o->shapes[k].input);
   }
-  infc_onnx_close(m);
   return st;
 }
 
-ir_status infc_onnx_import_at(const char *path, const ir_model_config *limits,
-                              const infc_onnx_dims *dims, const int64_t *vals,
-                              infc_onnx **out_model, ir_graph **out_graph, char *out_hash,
+ir_status infc_onnx_import_at(infc_onnx *m, const ir_model_config *limits,
+                              const infc_onnx_dims *dims, const int64_t *vals, ir_graph **out_graph,
                               ir_diag *d) {
   infc_onnx_binding b[64];
   int64_t shapes[64][IR_MAX_RANK];
@@ -118,7 +114,7 @@ ir_status infc_onnx_import_at(const char *path, const ir_model_config *limits,
         (infc_onnx_binding){.name = dims->in[i].name, .rank = dims->in[i].rank, .shape = shapes[n]};
     n++;
   }
-  return infc_onnx_import_bound(path, limits, b, n, out_model, out_graph, out_hash, d);
+  return infc_onnx_import_loaded(m, limits, b, n, out_graph, d);
 }
 
 /* --- the profile ------------------------------------------------------------------------ */
@@ -159,11 +155,10 @@ static ir_status same_structure(const ir_graph *a, const ir_graph *b, const char
   return IR_OK;
 }
 
-/* Imports the graph at vals and runs the pipeline on it. */
-static ir_status point(const char *path, const ir_model_config *limits, const infc_onnx_dims *dims,
-                       const int64_t *vals, const pass_opts *po, infc_onnx **m, ir_graph **g,
-                       ir_diag *d) {
-  ir_status st = infc_onnx_import_at(path, limits, dims, vals, m, g, NULL, d);
+/* Imports m's graph at vals and runs the pipeline on it. */
+static ir_status point(infc_onnx *m, const ir_model_config *limits, const infc_onnx_dims *dims,
+                       const int64_t *vals, const pass_opts *po, ir_graph **g, ir_diag *d) {
+  ir_status st = infc_onnx_import_at(m, limits, dims, vals, g, d);
   pass_log log = {0};
   pass_opts q = *po;
   q.dump_ir = NULL;
@@ -172,45 +167,39 @@ static ir_status point(const char *path, const ir_model_config *limits, const in
   return st;
 }
 
+/* One int value of the graph that could vary: dim `index` of tensor `at`, or value `index`
+ * of attribute `k` of node `at`; base is its value at the maxima. */
 typedef struct slot {
   bool attr;
-  int32_t at, index;
+  int32_t at, index, k;
   const char *name;
   int64_t base;
 } slot;
 
-/* Every int value of g that could vary: activation/input dims and int attribute values. */
-static int64_t *values_of(const ir_graph *g, int64_t n) {
-  int64_t *v = ir_malloc(((size_t)n + 1) * sizeof *v), k = 0;
-  if (!v) return NULL;
-  for (int32_t i = 0; i < g->n_tensors; i++)
-    if (g->tensors[i].kind != IR_TENSOR_WEIGHT)
-      for (int j = 0; j < g->tensors[i].rank; j++) v[k++] = g->tensors[i].dims[j].n;
-  for (int32_t i = 0; i < g->n_nodes; i++)
-    for (int j = 0; j < g->nodes[i].n_attrs; j++) {
-      const ir_attr *a = &g->nodes[i].attrs[j];
-      if (a->type == IR_ATTR_INT) v[k++] = a->i;
-      else if (a->type == IR_ATTR_INTS)
-        for (int64_t e = 0; e < a->i; e++) v[k++] = a->ints[e];
-    }
-  return v;
+/* The slot's value in gv (a graph of the same structure). */
+static int64_t slot_value(const ir_graph *gv, const slot *s) {
+  if (!s->attr) return gv->tensors[s->at].dims[s->index].n;
+  const ir_attr *a = &gv->nodes[s->at].attrs[s->k];
+  return a->type == IR_ATTR_INT ? a->i : a->ints[s->index];
 }
 
+/* Every int value of g that could vary (activation and input dims, int attribute values)
+ * into slots (when non-NULL); returns their count. */
 static int64_t count_values(const ir_graph *g, slot *slots) {
   int64_t k = 0;
   for (int32_t i = 0; i < g->n_tensors; i++)
     if (g->tensors[i].kind != IR_TENSOR_WEIGHT)
       for (int j = 0; j < g->tensors[i].rank; j++, k++)
-        if (slots) slots[k] = (slot){false, i, j, NULL, g->tensors[i].dims[j].n};
+        if (slots) slots[k] = (slot){false, i, j, 0, NULL, g->tensors[i].dims[j].n};
   for (int32_t i = 0; i < g->n_nodes; i++)
     for (int j = 0; j < g->nodes[i].n_attrs; j++) {
       const ir_attr *a = &g->nodes[i].attrs[j];
       if (a->type == IR_ATTR_INT) {
-        if (slots) slots[k] = (slot){true, i, 0, a->name, a->i};
+        if (slots) slots[k] = (slot){true, i, 0, j, a->name, a->i};
         k++;
       } else if (a->type == IR_ATTR_INTS) {
         for (int64_t e = 0; e < a->i; e++, k++)
-          if (slots) slots[k] = (slot){true, i, (int32_t)e, a->name, a->ints[e]};
+          if (slots) slots[k] = (slot){true, i, (int32_t)e, j, a->name, a->ints[e]};
       }
     }
   return k;
@@ -223,7 +212,7 @@ static const char *slot_what(const ir_graph *g, const slot *s, char *buf, size_t
   return buf;
 }
 
-ir_status infc_onnx_profile_build(const char *path, const ir_model_config *limits,
+ir_status infc_onnx_profile_build(infc_onnx *m, const ir_model_config *limits,
                                   const infc_onnx_dims *dims, const pass_opts *po, ir_graph *g,
                                   ir_diag *d) {
   int ns = dims->n_syms;
@@ -252,15 +241,13 @@ ir_status infc_onnx_profile_build(const char *path, const ir_model_config *limit
       mins[k] = dims->syms[k].min;
     }
     if (last && ns == 1 && mins[0] >= dims->syms[0].max - 1) break; /* already seen */
-    infc_onnx *m = NULL;
     ir_graph *gv = NULL;
-    st = point(path, limits, dims, vals, po, &m, &gv, d);
+    st = point(m, limits, dims, vals, po, &gv, d);
     if (st == IR_OK) st = same_structure(g, gv, last ? "the minima" : dims->syms[j].name, d);
-    int64_t *v = st == IR_OK ? values_of(gv, n) : NULL;
-    if (st == IR_OK && !v) st = ir_diag_set(d, IR_OOM, "out of memory");
     for (int64_t i = 0; st == IR_OK && i < n; i++) {
+      int64_t v = slot_value(gv, &slots[i]);
       if (!last) {
-        coef[i][j] = slots[i].base - v[i];
+        coef[i][j] = slots[i].base - v;
         if (!slots[i].attr && coef[i][j] < 0) {
           char w[400];
           st = ir_diag_set(d, IR_UNSUPPORTED, "%s shrinks as '%s' grows",
@@ -270,17 +257,15 @@ ir_status infc_onnx_profile_build(const char *path, const ir_model_config *limit
       }
       int64_t want = slots[i].base;
       for (int k = 0; k < ns; k++) want -= coef[i][k] * (dims->syms[k].max - mins[k]);
-      if (want != v[i]) {
+      if (want != v) {
         char w[400];
         st = ir_diag_set(d, IR_UNSUPPORTED,
                          "%s is not an affine function of the symbolic dims (at their minima "
                          "it is %lld, not %lld): build with fixed dims (--shape)",
-                         slot_what(g, &slots[i], w, sizeof w), (long long)v[i], (long long)want);
+                         slot_what(g, &slots[i], w, sizeof w), (long long)v, (long long)want);
       }
     }
-    ir_free(v);
     ir_graph_destroy(gv);
-    infc_onnx_close(m);
   }
   /* the entries */
   int64_t nd = 0, na = 0;

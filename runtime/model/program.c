@@ -157,13 +157,9 @@ irt_status irt_program_input_range(const irt_program *p, int i, int64_t *min, in
   const ir_tensor *x = &p->g->tensors[t];
   const ir_profile *pr = p->g->profile;
   for (int k = 0; k < x->rank; k++) {
-    min[k] = max[k] = x->dims[k].n;
-    for (int32_t e = 0; pr && e < pr->n_dims; e++)
-      if (pr->dims[e].at == t && pr->dims[e].index == k) {
-        int64_t lo[IR_MAX_PROFILE_SYMS];
-        for (int j = 0; j < pr->n_syms; j++) lo[j] = pr->syms[j].min;
-        min[k] = ir_affine_eval(&pr->dims[e], pr->n_syms, lo);
-      }
+    const ir_affine *a = ir_profile_dim(pr, t, k);
+    max[k] = x->dims[k].n;
+    min[k] = a ? ir_profile_at_min(pr, a) : max[k];
   }
   return IRT_OK;
 }

@@ -50,16 +50,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     static infc_onnx_dims dims;
     infc_options o = infc_options_default();
     d = (ir_diag){0};
-    st = infc_onnx_dims_read(path, &o, &dims, &d);
+    st = infc_onnx_load(path, &m, &d);
+    if (st == IR_OK) st = infc_onnx_dims_read(m, &o, &dims, &d);
     int64_t max[IR_MAX_PROFILE_SYMS];
-    for (int k = 0; k < dims.n_syms; k++) dims.syms[k].max = 3, max[k] = 3;
-    if (st == IR_OK && !dims.n_syms) st = infc_onnx_import(path, &lim, &m, &g, hash, &d);
-    else if (st == IR_OK) st = infc_onnx_import_at(path, &lim, &dims, max, &m, &g, hash, &d);
+    for (int k = 0; st == IR_OK && k < dims.n_syms; k++) dims.syms[k].max = 3, max[k] = 3;
+    if (st == IR_OK && !dims.n_syms) st = infc_onnx_import_loaded(m, &lim, NULL, 0, &g, &d);
+    else if (st == IR_OK) st = infc_onnx_import_at(m, &lim, &dims, max, &g, &d);
     pass_opts po = {.fold = true};
     pass_log log = {0};
     if (st == IR_OK && dims.n_syms) {
       st = pass_pipeline_run(g, &po, &log, &d);
-      if (st == IR_OK) st = infc_onnx_profile_build(path, &lim, &dims, &po, g, &d);
+      if (st == IR_OK) st = infc_onnx_profile_build(m, &lim, &dims, &po, g, &d);
     }
     pass_log_free(&log);
   }
