@@ -9,7 +9,8 @@
 
 #include "backend.h"
 
-/* The path given (irt_model_opts.cuda_lib), else beside the executable (and ../, ../lib),
+/* The path given (irt_model_opts.cuda_lib), else beside the file this code was loaded from
+ * (the inferrt executable, or libinferrt.so inside a Python package) and in ../, ../lib,
  * then the search path. The library stays loaded: the backend's vtable lives in it. */
 static void *load_lib(const char *given, char *tried, size_t cap) {
   static void *lib;
@@ -19,7 +20,13 @@ static void *load_lib(const char *given, char *tried, size_t cap) {
     snprintf(tried, cap, "at %s", given);
     return lib = dlopen(given, RTLD_NOW | RTLD_LOCAL);
   }
-  ssize_t n = readlink("/proc/self/exe", dir, sizeof dir - 1);
+  Dl_info self;
+  ssize_t n = 0;
+  if (dladdr((void *)irt_backend_cuda_open, &self) && self.dli_fname && strchr(self.dli_fname, '/') &&
+      realpath(self.dli_fname, dir))
+    n = (ssize_t)strlen(dir);
+  else
+    n = readlink("/proc/self/exe", dir, sizeof dir - 1);
   if (n > 0) {
     dir[n] = '\0';
     char *slash = strrchr(dir, '/');

@@ -526,6 +526,46 @@ irt_status irt_engine_run(irt_engine *e, irt_error *err);
 irt_status irt_engine_start(irt_engine *e, irt_error *err);
 void irt_engine_get_stats(irt_engine *e, irt_engine_stats *out);
 
+/* --- event queue: events for a thread that is not the engine's -----------------------------
+ *
+ * For callers that cannot run code on the engine's thread (a language binding whose
+ * callbacks would take its interpreter's lock while the step waits): a request submitted
+ * with on_event = irt_event_queue_push and user = the queue has each event copied into the
+ * queue, and the caller's own thread takes them out in batches, in the order they happened.
+ * One queue may serve many requests (irt_event.id tells them apart) and many engines. */
+
+typedef struct irt_event_queue irt_event_queue;
+irt_status irt_event_queue_create(irt_event_queue **out, irt_error *err);
+/* Frees the queue and every event in it. No request may still push into it: destroy its
+ * engine first, or wait for every request_done. */
+void irt_event_queue_destroy(irt_event_queue *q);
+/* The irt_event_fn to submit with (user = the queue). Never blocks on the consumer; a copy
+ * that cannot be allocated marks the queue failed (irt_event_queue_pop then says IRT_OOM). */
+void irt_event_queue_push(void *queue, const irt_event *ev);
+/* Waits up to timeout_ms (< 0: without limit, 0: not at all) until the queue holds an event
+ * or irt_event_queue_wake is called, then moves up to cap events into evs, oldest first, and
+ * returns how many (0 on timeout or wake). The pointers in those events (text, top_tokens,
+ * top_logprobs) stay valid until the next pop or destroy of this queue. -1 with err filled
+ * (IRT_OOM) once an event was lost, IRT_INVALID_ARG for a bad argument. One consumer at a
+ * time. */
+int irt_event_queue_pop(irt_event_queue *q, irt_event *evs, int cap, int timeout_ms,
+                        irt_error *err);
+/* Makes a waiting (or the next) irt_event_queue_pop return at once: a consumer's shutdown. */
+void irt_event_queue_wake(irt_event_queue *q);
+/* Events waiting in the queue. */
+int64_t irt_event_queue_size(irt_event_queue *q);
+
+/* --- bindings ------------------------------------------------------------------------------ */
+
+/* The library's version (IRT_VERSION of the build). */
+const char *irt_version(void);
+/* sizeof of a public struct by its name ("irt_request", "irt_event", "irt_sampling",
+ * "irt_engine_opts", "irt_model_opts", "irt_model_info", "irt_error", "irt_chat_message",
+ * "irt_chat_opts", "irt_chat_info", "irt_engine_stats", "irt_tensor_info"), or 0 for any
+ * other name: a binding that declares these structs itself checks its layout against the
+ * library it loaded before the first call. */
+size_t irt_struct_size(const char *name);
+
 /* --- generic programs ------------------------------------------------------------------
  *
  * A plan built from a graph that is not an LLM step program (`infc build model.onnx`)

@@ -1,6 +1,7 @@
 /* status: the one bridge from the internal status (ir_status + ir_diag, used by every module
  * below the public API) to the public one (irt_status + irt_error). */
 #include <stdio.h>
+#include <string.h>
 
 #include "model.h"
 #include "ir_file.h"
@@ -43,4 +44,26 @@ FILE *irt_file_open(const char *path, irt_error *err) {
     rt_error_from_diag(err, &d);
   }
   return f;
+}
+
+const char *irt_version(void) { return IRT_VERSION; }
+
+size_t irt_struct_size(const char *name) {
+  if (!name) return 0;
+#define SIZE(T)                                                                                   \
+  if (strcmp(name, #T) == 0) return sizeof(T);
+  SIZE(irt_request)
+  SIZE(irt_event)
+  SIZE(irt_sampling)
+  SIZE(irt_engine_opts)
+  SIZE(irt_model_opts)
+  SIZE(irt_model_info)
+  SIZE(irt_error)
+  SIZE(irt_chat_message)
+  SIZE(irt_chat_opts)
+  SIZE(irt_chat_info)
+  SIZE(irt_engine_stats)
+  SIZE(irt_tensor_info)
+#undef SIZE
+  return 0;
 }
