@@ -22,11 +22,10 @@ static void *load_lib(const char *given, char *tried, size_t cap) {
   }
   Dl_info self;
   ssize_t n = 0;
-  if (dladdr((void *)irt_backend_cuda_open, &self) && self.dli_fname && strchr(self.dli_fname, '/') &&
-      realpath(self.dli_fname, dir))
+  if (dladdr((void *)irt_backend_cuda_open, &self) && self.dli_fname &&
+      strchr(self.dli_fname, '/') && realpath(self.dli_fname, dir))
     n = (ssize_t)strlen(dir);
-  else
-    n = readlink("/proc/self/exe", dir, sizeof dir - 1);
+  else n = readlink("/proc/self/exe", dir, sizeof dir - 1);
   if (n > 0) {
     dir[n] = '\0';
     char *slash = strrchr(dir, '/');

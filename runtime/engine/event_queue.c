@@ -95,10 +95,8 @@ void irt_event_queue_push(void *queue, const irt_event *ev) {
   if (!node) {
     q->lost = true;
   } else {
-    if (q->tail)
-      q->tail->next = node;
-    else
-      q->head = node;
+    if (q->tail) q->tail->next = node;
+    else q->head = node;
     q->tail = node;
     q->n++;
   }
@@ -110,9 +108,10 @@ int irt_event_queue_pop(irt_event_queue *q, irt_event *evs, int cap, int timeout
                         irt_error *err) {
   if (!q || !evs || cap <= 0) {
     if (err)
-      err->status = IRT_INVALID_ARG,
-      snprintf(err->msg, sizeof err->msg, "event queue pop: %s",
-               !q ? "no queue" : !evs ? "no buffer" : "capacity must be positive");
+      err->status = IRT_INVALID_ARG, snprintf(err->msg, sizeof err->msg, "event queue pop: %s",
+                                              !q     ? "no queue"
+                                              : !evs ? "no buffer"
+                                                     : "capacity must be positive");
     return -1;
   }
   pthread_mutex_lock(&q->mu);
@@ -127,10 +126,8 @@ int irt_event_queue_pop(irt_event_queue *q, irt_event *evs, int cap, int timeout
       if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
     }
     while (!q->head && !q->lost && !q->woken) {
-      if (timeout_ms < 0)
-        pthread_cond_wait(&q->cv, &q->mu);
-      else if (pthread_cond_timedwait(&q->cv, &q->mu, &until) == ETIMEDOUT)
-        break;
+      if (timeout_ms < 0) pthread_cond_wait(&q->cv, &q->mu);
+      else if (pthread_cond_timedwait(&q->cv, &q->mu, &until) == ETIMEDOUT) break;
     }
   }
   q->woken = false;

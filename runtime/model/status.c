@@ -50,7 +50,7 @@ const char *irt_version(void) { return IRT_VERSION; }
 
 size_t irt_struct_size(const char *name) {
   if (!name) return 0;
-#define SIZE(T)                                                                                   \
+#define SIZE(T)                                                                                    \
   if (strcmp(name, #T) == 0) return sizeof(T);
   SIZE(irt_request)
   SIZE(irt_event)
