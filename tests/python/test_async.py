@@ -37,7 +37,10 @@ def test_delta_stream_equals_generate(engine, text_llm, oracle):
 
     text, ids, outs, last = run(go())
     assert ids == case["generated_ids"] and text == case["text"]
-    assert outs > 1 and last.finished and last.outputs[0].finish_reason == "length"
+    # deltas that arrive while the consumer is busy come merged into one output (as vLLM's
+    # do), so how many outputs there are depends on timing; the abort test below needs
+    # outputs before the end
+    assert 1 <= outs <= n and last.finished and last.outputs[0].finish_reason == "length"
 
 
 def test_cumulative_and_final_only(engine):

@@ -208,3 +208,27 @@ def test_smollm2_chat(smollm2_plan):
                                                        add_generation_prompt=True)
         assert text.startswith("<|im_start|>system\nBe brief.<|im_end|>")
         assert text.endswith("<|im_start|>assistant\n")
+
+
+
+def test_gil_released(text_llm):
+    """The wait on the engine's events releases the GIL: while the main thread waits (up to
+    a minute) on an idle engine, another Python thread runs and ends the wait with wake()."""
+    import threading
+    import time
+    eng = text_llm._engine
+    ran = threading.Event()
+
+    def waker():
+        time.sleep(0.2)  # let the main thread enter the wait
+        ran.set()
+        eng.wake()
+
+    th = threading.Thread(target=waker)
+    th.start()
+    t = time.monotonic()
+    events = eng.take(60000)
+    waited = time.monotonic() - t
+    th.join()
+    # holding the GIL, the wait would last its whole minute before the waker could run
+    assert events == [] and ran.is_set() and waited < 30, waited
