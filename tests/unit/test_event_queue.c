@@ -21,9 +21,16 @@ static void push_n(irt_event_queue *q, uint64_t id, int i) {
   int n = snprintf(text, sizeof text, "tok%d", i);
   int32_t tops[3] = {i, i + 1, i + 2};
   float lps[3] = {-0.5f, -1.5f, -2.5f};
-  irt_event ev = {.id = id, .index = i % 3, .token = i, .logprob = -0.25f * (float)i,
-                  .text = text, .text_len = (size_t)n, .finish = IRT_FINISH_NONE,
-                  .n_top = i % 4, .top_tokens = tops, .top_logprobs = lps};
+  irt_event ev = {.id = id,
+                  .index = i % 3,
+                  .token = i,
+                  .logprob = -0.25f * (float)i,
+                  .text = text,
+                  .text_len = (size_t)n,
+                  .finish = IRT_FINISH_NONE,
+                  .n_top = i % 4,
+                  .top_tokens = tops,
+                  .top_logprobs = lps};
   irt_event_queue_push(q, &ev);
   memset(text, 'X', sizeof text); /* the queue holds its own copy */
   tops[0] = -7;
