@@ -32,6 +32,9 @@ struct infc_source {
   char recognised[INFC_ONNX_LLM_RECOGNISED]; /* what the ONNX LLM path matched */
   infc_onnx_dims *dims; /* a generic ONNX graph with symbolic input dims: their ranges */
   ir_model_config limits;
+  model_llama_params params; /* the template's, kept to build other tensor-parallel ranks */
+  model_tensor_src tensors;
+  bool templated;
 };
 
 /* A tensor by its HF name; a multimodal checkpoint's text model (Gemma 3's
@@ -132,6 +135,7 @@ static ir_status open_safetensors(const char *src, const infc_options *o, infc_s
     snprintf(s->kind, sizeof s->kind, "safetensors");
     hash_safetensors(s, text);
     model_tensor_src ts = {.ctx = s->st, .find = st_find};
+    s->params = p, s->tensors = ts, s->templated = true;
     st = model_llama_build(&p, &ts, &o->model, out_graph, d);
     if (st != IR_OK) ir_diag_prefix(d, "%s", src);
   }
@@ -149,6 +153,7 @@ static ir_status open_gguf(const char *src, const infc_options *o, infc_source *
     snprintf(s->kind, sizeof s->kind, "gguf");
     hash_gguf(s);
     model_tensor_src ts = infc_gguf_llama_src(s->gguf);
+    s->params = p, s->tensors = ts, s->templated = true;
     st = model_llama_build(&p, &ts, &o->model, out_graph, d);
     if (st != IR_OK) ir_diag_prefix(d, "%s", src);
   }
@@ -227,6 +232,41 @@ static void fill_report(const ir_graph *g, const infc_source *s, int before, inf
   infc_onnx_profile_describe(g->profile, r->shapes, sizeof r->shapes);
 }
 
+/* Tensor parallelism: what --tp does not take yet, refused by name. */
+static ir_status tp_supported(const infc_options *o, const infc_source *s, ir_diag *d) {
+  if (o->model.tp_size <= 1) return IR_OK;
+  if (!strcmp(o->target, "cuda"))
+    return ir_diag_set(d, IR_UNSUPPORTED,
+                       "--tp %d with --target cuda: the NCCL path is not built yet; tensor "
+                       "parallelism runs CPU plans (MPI)",
+                       o->model.tp_size);
+  if (!s->templated)
+    return ir_diag_set(d, IR_UNSUPPORTED,
+                       "--tp %d: an ONNX source is not sharded; build from safetensors or GGUF",
+                       o->model.tp_size);
+  if (o->quant_calib[0])
+    return ir_diag_set(d, IR_UNSUPPORTED, "--tp %d with --quant-calib is not supported",
+                       o->model.tp_size);
+  return IR_OK;
+}
+
+/* Ranks 1.. of a tensor-parallel build: each rank's graph from the template, through the
+ * same passes as rank 0's. */
+static ir_status build_ranks(infc_source *s, const infc_options *o, const pass_opts *po,
+                             ir_graph **ranks, ir_diag *d) {
+  ir_status st = IR_OK;
+  for (int r = 1; r < o->model.tp_size && st == IR_OK; r++) {
+    model_build_opts mo = o->model;
+    mo.tp_rank = r;
+    pass_log log = {0};
+    st = model_llama_build(&s->params, &s->tensors, &mo, &ranks[r], d);
+    if (st == IR_OK) st = pass_pipeline_run(ranks[r], po, &log, d);
+    pass_log_free(&log);
+    if (st != IR_OK) ir_diag_prefix(d, "tensor-parallel rank %d", r);
+  }
+  return st;
+}
+
 ir_status infc_build(const char *src, const infc_options *opts, const char *out_path, FILE *dump_ir,
                      infc_build_report *report, ir_diag *d) {
   infc_options o = *opts;
@@ -236,9 +276,12 @@ ir_status infc_build(const char *src, const infc_options *opts, const char *out_
   if (m->max_logits > m->max_tokens) m->max_logits = m->max_tokens;
   infc_source *s = NULL;
   ir_graph *g = NULL;
+  m->tp_rank = 0;
   ir_status st = infc_source_open(src, &o, &s, &g, d);
   if (st != IR_OK) return st;
   int before = g->n_nodes;
+  ir_graph *ranks[IR_MAX_TP] = {0};
+  st = tp_supported(&o, s, d);
   infc_tok_blob tok = {0};
   if (o.tokenizer[0]) st = infc_tokenizer_load_json(o.tokenizer, g->config.vocab_size, &tok, d);
   else if (!strcmp(s->kind, "gguf"))
@@ -267,6 +310,8 @@ ir_status infc_build(const char *src, const infc_options *opts, const char *out_
   }
   pass_log log = {0};
   if (st == IR_OK) st = pass_pipeline_run(g, &po, &log, d);
+  ranks[0] = g;
+  if (st == IR_OK && m->tp_size > 1) st = build_ranks(s, &o, &po, ranks, d);
   if (st == IR_OK && s->dims && s->dims->n_syms) {
     st = infc_onnx_profile_build(s->onnx, &s->limits, s->dims, &po, g, d);
     if (st != IR_OK) ir_diag_prefix(d, "%s", src);
@@ -288,7 +333,9 @@ ir_status infc_build(const char *src, const infc_options *opts, const char *out_
                          .tokenizer = tok.data,
                          .tokenizer_size = tok.size,
                          .kernels = ck.table,
-                         .n_kernels = ck.n};
+                         .n_kernels = ck.n,
+                         .ranks = (const ir_graph *const *)ranks,
+                         .n_ranks = m->tp_size > 1 ? m->tp_size : 0};
     st = ir_plan_write(g, &info, out_path, d);
   }
   if (st == IR_OK) fill_report(g, s, before, report);
@@ -298,6 +345,7 @@ ir_status infc_build(const char *src, const infc_options *opts, const char *out_
   infc_tok_blob_free(&tok);
   infc_cuda_kernels_free(&ck);
   pass_log_free(&log);
+  for (int r = 1; r < IR_MAX_TP; r++) ir_graph_destroy(ranks[r]);
   ir_graph_destroy(g);
   infc_source_close(s);
   return st;

@@ -34,6 +34,8 @@ static int usage_build(FILE *f) {
       "      --max-logits N     logit rows per step (default 64)\n"
       "      --kv-block-size N  tokens per KV cache block (default 16)\n"
       "      --max-context N    cap the context length (default: the model's)\n"
+      "      --tp N             tensor parallelism: shard heads, ffn and vocabulary over N\n"
+      "                         ranks, every rank's weights in the one plan (mpirun -n N)\n"
       "      --no-fold          disable constant folding\n"
       "      --no-fuse[=LIST]   disable fusion passes (all, or those listed of\n"
       "                         rope_attention,qkv,gate_up,add_rms_norm)\n"
@@ -122,6 +124,7 @@ static int parse_build(int argc, char **argv, infc_options *o, build_args *a) {
                                         {"no-repack", no_argument, 0, 17},
                                         {"cache-dir", required_argument, 0, 18},
                                         {"shape", required_argument, 0, 19},
+                                        {"tp", required_argument, 0, 20},
                                         {"help", no_argument, 0, 'h'},
                                         {0, 0, 0, 0}};
   static const char *keys[] = {"",           "dtype",         "max_tokens",  "max_seqs",
@@ -146,6 +149,7 @@ static int parse_build(int argc, char **argv, infc_options *o, build_args *a) {
     else if (c == 17) st = infc_options_set(o, "repack", "false", &d);
     else if (c == 18) st = set_cache_dir(o, optarg, &d);
     else if (c == 19) st = infc_options_set(o, "shape", optarg, &d);
+    else if (c == 20) st = infc_options_set(o, "tp", optarg, &d);
     else if (c == 'q') a->quiet = true;
     else if (c == 'h') return usage_build(stdout) - 1;
     else return usage_build(stderr);

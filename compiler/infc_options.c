@@ -148,6 +148,12 @@ ir_status infc_options_set(infc_options *o, const char *key, const char *v, ir_d
   if (!strcmp(key, "max_logits")) return parse_int(key, v, 1, 1 << 16, &m->max_logits, d);
   if (!strcmp(key, "kv_block_size")) return parse_int(key, v, 1, 4096, &m->kv_block_size, d);
   if (!strcmp(key, "max_context")) return parse_int(key, v, 0, 1 << 24, &m->max_context, d);
+  if (!strcmp(key, "tp")) {
+    int64_t tp = 1;
+    ir_status st = parse_int(key, v, 1, IR_MAX_TP, &tp, d);
+    if (st == IR_OK) m->tp_size = (int)tp;
+    return st;
+  }
   if (!strcmp(key, "passes.fold") || !strcmp(key, "fold")) return parse_bool(key, v, &o->fold, d);
   if (!strcmp(key, "passes.repack") || !strcmp(key, "repack"))
     return parse_bool(key, v, &o->repack, d);
@@ -352,6 +358,14 @@ int infc_options_describe(const infc_options *o, const char **keys, const char *
   if (o->quant.scheme != PASS_QUANT_NONE && n < cap && off + strlen(qs) + 1 <= len) {
     memcpy(buf + off, qs, strlen(qs) + 1);
     keys[n] = "quant";
+    values[n++] = buf + off;
+    off += strlen(qs) + 1;
+  }
+  char tps[16]; /* only when set: one-rank plans keep their bytes */
+  snprintf(tps, sizeof tps, "%d", o->model.tp_size);
+  if (o->model.tp_size > 1 && n < cap && off + strlen(tps) + 1 <= len) {
+    memcpy(buf + off, tps, strlen(tps) + 1);
+    keys[n] = "tp";
     values[n++] = buf + off;
   }
   return n;

@@ -7,6 +7,8 @@
  *   max_logits: 64                    # logit rows per step (L)
  *   kv_block_size: 16                 # tokens per KV cache block
  *   max_context: 0                    # cap on context length (0: the model's)
+ *   tp: 1                             # tensor-parallel ranks: every rank's shard in the
+ *                                     # plan (run with mpirun -n tp)
  *   quant: none                       # int8[:asym][:gN] | int4[:g32|g64|g128][:sym|asym]
  *                                     # | w8a8 | q8_0 | q4_0 | q4_1 (each may add
  *                                     # :lm_head); pass_quantize.h

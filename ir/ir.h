@@ -13,6 +13,7 @@
 #include "ir_status.h"
 
 #define IR_MAX_RANK 6
+#define IR_MAX_TP 64 /* tensor-parallel ranks of a plan */
 #define IR_MAX_DECODE_BUCKETS 16
 #define IR_MAX_IO 16
 #define IR_MAX_ATTRS 12
@@ -164,6 +165,9 @@ typedef enum ir_op {
   /* n-d generic ops, second range */
   IR_OP_ND_CONV = 106, /* Conv: 1-3 spatial dims, groups, strides, pads, dilations */
   IR_OP_ND_POOL = 107, /* MaxPool / AveragePool */
+  /* tensor parallelism: collectives over the plan's tp_size ranks */
+  IR_OP_ALL_REDUCE = 108, /* the ranks' x summed, on every rank */
+  IR_OP_ALL_GATHER = 109, /* the ranks' column blocks side by side, on every rank */
   IR_OP_COUNT
 } ir_op;
 
@@ -239,6 +243,10 @@ typedef struct ir_model_config {
    * [1, min(max_tokens, max_seqs, max_logits)]. 0 buckets: none planned. */
   int32_t n_decode_buckets;
   int64_t decode_buckets[IR_MAX_DECODE_BUCKETS];
+  /* tensor parallelism: 0 or 1, one rank; N > 1, the graph is one rank's shard of N (its
+   * n_heads, n_kv_heads and intermediate_size are the rank's; vocab_size and hidden_size
+   * the model's), with all_reduce / all_gather nodes where the ranks meet */
+  int32_t tp_size;
 } ir_model_config;
 
 /* Dynamic shapes of a generic program, as TensorRT's optimization profiles: named symbols

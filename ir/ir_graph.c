@@ -207,6 +207,7 @@ static const char *const k_attr_names[] = {
     "rot_dim",
     "neox",
     "to",
+    "ranks", /* all_reduce, all_gather */
     /* n-d generic ops (ir_op_nd.c) */
     "axis",
     "axes",

@@ -40,6 +40,10 @@
  *   add, mul(a, b same shape | b[last dim of a] | b scalar) -> like a (any float dtype)
  *   gather_rows(x[T,H], rows[L] i32)                        -> [L,H]
  *   cast(x f32|f16|bf16|q*; to f32|f16|bf16)               -> like x, dtype `to`
+ *   all_reduce(x f32; ranks)                                -> like x: the sum over the
+ *       tensor-parallel ranks of each one's x (after a row-split matmul)
+ *   all_gather(x[R,C] f32; ranks)                           -> [R,C*ranks]: row r is rank
+ *       0's row r, then rank 1's, ... (the vocabulary-split logits)
  */
 #include <stdio.h>
 #include <string.h>
@@ -61,6 +65,8 @@ static const char *const k_op_names[IR_OP_COUNT] = {
     [IR_OP_GATHER_ROWS] = "gather_rows",
     [IR_OP_CAST] = "cast",
     [IR_OP_SOFTCAP] = "softcap",
+    [IR_OP_ALL_REDUCE] = "all_reduce",
+    [IR_OP_ALL_GATHER] = "all_gather",
 };
 
 const char *ir_op_name(ir_op op) {
@@ -420,6 +426,25 @@ static ir_status infer_softcap(infer_ctx *c, infer_out *o) {
   return IR_OK;
 }
 
+/* all_reduce, all_gather: f32 on every rank; ranks in 2..IR_MAX_TP. */
+static ir_status infer_collective(infer_ctx *c, infer_out *o, bool gather) {
+  const ir_tensor *x = in_t(c, 0, true);
+  if (!x || !want_attr(c, "ranks") || !want_dtype(c, x, IR_F32, IR_F32, IR_F32))
+    return IR_BAD_FORMAT;
+  int64_t ranks = ir_node_attr_i(c->n, "ranks", 0);
+  if (ranks < 2 || ranks > IR_MAX_TP)
+    return fail(c, "ranks must be 2 to 64 (IR_MAX_TP)%s%s", "", "");
+  if (!gather) {
+    set_out(o, 0, IR_F32, x->rank, x->dims);
+    return IR_OK;
+  }
+  if (!want_rank(c, x, 2)) return IR_BAD_FORMAT;
+  if (x->dims[1].sym != IR_SYM_NONE) return fail(c, "gathers static columns%s%s", "", "");
+  ir_dim dims[2] = {x->dims[0], {.n = x->dims[1].n * ranks, .sym = IR_SYM_NONE}};
+  set_out(o, 0, IR_F32, 2, dims);
+  return IR_OK;
+}
+
 static ir_status infer_gather(infer_ctx *c, infer_out *o) {
   const ir_tensor *x = in_t(c, 0, true), *r = in_t(c, 1, true);
   if (!x || !r || !want_rank(c, x, 2) || !want_rank(c, r, 1) ||
@@ -466,6 +491,8 @@ ir_status ir_op_infer(const ir_graph *g, const ir_node *n, ir_dtype *out_dt, int
   case IR_OP_MUL: return infer_binary(&c, &o, false);
   case IR_OP_GATHER_ROWS: return infer_gather(&c, &o);
   case IR_OP_CAST: return infer_cast(&c, &o);
+  case IR_OP_ALL_REDUCE: return infer_collective(&c, &o, false);
+  case IR_OP_ALL_GATHER: return infer_collective(&c, &o, true);
   default:
     if (ir_op_is_nd(n->op)) return ir_op_nd_infer(g, n, out_dt, out_rank, out_dims, out_n, c.d);
     return ir_diag_set(c.d, IR_UNSUPPORTED, "node '%s': unknown op %d", n->name, (int)n->op);

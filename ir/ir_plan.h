@@ -69,6 +69,10 @@ typedef struct ir_plan_info {
   size_t tokenizer_size;
   const ir_plan_kernel *kernels; /* images for the kernels section, in table order */
   int n_kernels;
+  /* tensor parallelism: the graph of each rank (ranks[0] is the graph written), whose
+   * weights lie alike; n_ranks is the graph's config.tp_size. NULL / 0: one rank. */
+  const ir_graph *const *ranks;
+  int n_ranks;
 } ir_plan_info;
 
 /* Writes g (verified, memory-planned) to path. Writes to "path.tmp" and renames, so a
@@ -83,8 +87,15 @@ typedef enum ir_plan_verify {
   IR_PLAN_VERIFY_META = 1, /* header and metadata only (fast load) */
 } ir_plan_verify;
 
-/* Opens and checks a plan. *out is owned by the caller (ir_plan_close). */
+/* Opens and checks a plan. *out is owned by the caller (ir_plan_close). The graph's weights
+ * are rank 0's (of a tensor-parallel plan); IR_PLAN_VERIFY_ALL checks every byte. */
 ir_status ir_plan_open(const char *path, ir_plan_verify verify, ir_plan **out, ir_diag *d);
+/* As ir_plan_open, with the weights of tensor-parallel rank `rank` (0 for a one-rank plan);
+ * IR_PLAN_VERIFY_ALL checks that rank's block alone (and the kernels). */
+ir_status ir_plan_open_rank(const char *path, ir_plan_verify verify, int rank, ir_plan **out,
+                            ir_diag *d);
+/* The number of tensor-parallel ranks the plan holds (1 for a plain plan). */
+int ir_plan_tp_size(const ir_plan *p);
 void ir_plan_close(ir_plan *p);
 
 /* Borrowed; valid until ir_plan_close. */

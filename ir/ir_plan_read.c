@@ -26,6 +26,9 @@ struct ir_plan {
   ir_graph *graph;
   ir_plan_kernel *kernels; /* (n_kernels), data in the mapping */
   int n_kernels;
+  int tp_size;         /* ranks the plan holds (1: a plain plan) */
+  uint64_t rank_base;  /* the opened rank's block, from the weights section's start */
+  uint64_t rank_bytes; /* its size: the whole section for a plain plan */
 };
 
 static ir_status map_file(const char *path, ir_plan *p, ir_diag *d) {
@@ -77,10 +80,18 @@ static ir_status check_header(ir_plan *p, ir_diag *d) {
   return IR_OK;
 }
 
-static ir_status check_sections(ir_plan *p, ir_diag *d) {
+/* The weights (all of them, or one rank's block: rank >= 0 of a tensor-parallel plan) and
+ * the kernels against their checksums. */
+static ir_status check_sections(ir_plan *p, int rank, ir_diag *d) {
   const ir_plan_header *h = &p->header;
-  if (XXH3_64bits(p->map + h->weights_offset, h->weights_size) != h->weights_hash)
+  if (rank >= 0 && p->tp_size > 1) {
+    if (XXH3_64bits(p->map + h->weights_offset + p->rank_base, p->rank_bytes) !=
+        p->meta->rank_weights_hash[rank])
+      return ir_diag_set(d, IR_BAD_FORMAT, "rank %d's weights checksum mismatch (corrupt plan)",
+                         rank);
+  } else if (XXH3_64bits(p->map + h->weights_offset, h->weights_size) != h->weights_hash) {
     return ir_diag_set(d, IR_BAD_FORMAT, "weights checksum mismatch (corrupt plan)");
+  }
   if (XXH3_64bits(p->map + h->kernels_offset, h->kernels_size) != h->kernels_hash)
     return ir_diag_set(d, IR_BAD_FORMAT, "kernels checksum mismatch (corrupt plan)");
   return IR_OK;
@@ -111,6 +122,10 @@ static ir_status read_config(ir_model_config *c, const Infc__Plan__ModelConfig *
                        o->n_decode_buckets, IR_MAX_DECODE_BUCKETS);
   c->n_decode_buckets = (int32_t)o->n_decode_buckets;
   for (size_t i = 0; i < o->n_decode_buckets; i++) c->decode_buckets[i] = o->decode_buckets[i];
+  if (o->tp_size < 0 || o->tp_size > IR_MAX_TP)
+    return ir_diag_set(d, IR_BAD_FORMAT, "model config: tp_size %d is outside 0..%d",
+                       (int)o->tp_size, IR_MAX_TP);
+  c->tp_size = o->tp_size;
   return IR_OK;
 }
 
@@ -128,11 +143,11 @@ static ir_status read_tensor(ir_plan *p, const Infc__Plan__Tensor *o, ir_diag *d
   t->arena_offset = o->arena_offset;
   t->producer = o->producer;
   if (t->kind == IR_TENSOR_WEIGHT) {
-    if (!in_file(o->data_offset, o->data_size, p->header.weights_size) ||
+    if (!in_file(o->data_offset, o->data_size, p->rank_bytes) ||
         o->data_offset % IR_PLAN_WEIGHT_ALIGN)
       return ir_diag_set(d, IR_BAD_FORMAT, "tensor '%s': data outside the weights section",
                          o->name);
-    t->data = p->map + p->header.weights_offset + o->data_offset;
+    t->data = p->map + p->header.weights_offset + p->rank_base + o->data_offset;
     t->nbytes = o->data_size;
   }
   return IR_OK;
@@ -243,13 +258,39 @@ static ir_status read_graph(ir_plan *p, ir_diag *d) {
   return st == IR_OK ? ir_graph_verify_step(p->graph, d) : st;
 }
 
-ir_status ir_plan_open(const char *path, ir_plan_verify verify, ir_plan **out, ir_diag *d) {
+/* The ranks of the plan and the block of rank `rank` (-1: rank 0's, for a whole-file
+ * reader), checked against the section before any tensor points into it. */
+static ir_status read_ranks(ir_plan *p, int rank, ir_diag *d) {
+  const Infc__Plan__Plan *m = p->meta;
+  int tp = m->config && m->config->tp_size > 1 ? m->config->tp_size : 1;
+  p->tp_size = tp;
+  p->rank_base = 0;
+  p->rank_bytes = p->header.weights_size;
+  if (rank >= tp)
+    return ir_diag_set(d, IR_INVALID_ARG,
+                       "rank %d: the plan is built for %d tensor-parallel rank%s", rank, tp,
+                       tp == 1 ? "" : "s");
+  if (tp == 1) return IR_OK;
+  if (tp > IR_MAX_TP || m->n_rank_weights_hash != (size_t)tp || !m->rank_stride ||
+      m->rank_stride % IR_PLAN_SECTION_ALIGN ||
+      m->rank_stride > p->header.weights_size / (uint64_t)tp ||
+      m->rank_stride * (uint64_t)tp != p->header.weights_size)
+    return ir_diag_set(d, IR_BAD_FORMAT,
+                       "tensor-parallel plan of %d ranks: rank blocks do not tile the weights "
+                       "section",
+                       tp);
+  p->rank_bytes = m->rank_stride;
+  p->rank_base = (uint64_t)(rank < 0 ? 0 : rank) * m->rank_stride;
+  return IR_OK;
+}
+
+ir_status ir_plan_open_rank(const char *path, ir_plan_verify verify, int rank, ir_plan **out,
+                            ir_diag *d) {
   *out = NULL;
   ir_plan *p = ir_calloc(1, sizeof *p);
   if (!p) return ir_diag_set(d, IR_OOM, "out of memory");
   ir_status st = map_file(path, p, d);
   if (st == IR_OK) st = check_header(p, d);
-  if (st == IR_OK && verify == IR_PLAN_VERIFY_ALL) st = check_sections(p, d);
   if (st == IR_OK) {
     unsigned long fails = ir_alloc_failures();
     p->meta =
@@ -258,6 +299,8 @@ ir_status ir_plan_open(const char *path, ir_plan_verify verify, ir_plan **out, i
       st = ir_alloc_failed_since(fails) ? ir_diag_set(d, IR_OOM, "out of memory")
                                         : ir_diag_set(d, IR_BAD_FORMAT, "metadata does not decode");
   }
+  if (st == IR_OK) st = read_ranks(p, rank, d);
+  if (st == IR_OK && verify == IR_PLAN_VERIFY_ALL) st = check_sections(p, rank, d);
   if (st == IR_OK) st = read_graph(p, d);
   if (st == IR_OK)
     st = ir_plan_kernels_read(p->meta, p->map + p->header.kernels_offset, p->header.kernels_size,
@@ -270,6 +313,12 @@ ir_status ir_plan_open(const char *path, ir_plan_verify verify, ir_plan **out, i
   *out = p;
   return IR_OK;
 }
+
+ir_status ir_plan_open(const char *path, ir_plan_verify verify, ir_plan **out, ir_diag *d) {
+  return ir_plan_open_rank(path, verify, -1, out, d);
+}
+
+int ir_plan_tp_size(const ir_plan *p) { return p->tp_size; }
 
 void ir_plan_close(ir_plan *p) {
   if (!p) return;

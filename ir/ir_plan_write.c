@@ -106,6 +106,7 @@ static void fill_config(Infc__Plan__ModelConfig *o, const ir_model_config *c) {
   o->kv_block_size = c->kv_block_size;
   o->n_decode_buckets = (size_t)c->n_decode_buckets;
   o->decode_buckets = (int64_t *)c->decode_buckets; /* read only by the packer */
+  o->tp_size = c->tp_size;
 }
 
 /* Tensors and dims; weight offsets assigned in tensor order, 64-byte aligned. */
@@ -230,35 +231,71 @@ static uint64_t meta_fill(meta_build *m, const ir_graph *g, const ir_plan_info *
   return wsize;
 }
 
-static bool write_zeros(FILE *f, uint64_t n, XXH3_state_t *h) {
+static bool write_zeros(FILE *f, uint64_t n, XXH3_state_t *h, XXH3_state_t *h2) {
   static const uint8_t zeros[4096];
   while (n) {
     size_t c = n < sizeof zeros ? (size_t)n : sizeof zeros;
-    if (fwrite(zeros, 1, c, f) != c) return false;
+    if (f && fwrite(zeros, 1, c, f) != c) return false;
     if (h) XXH3_64bits_update(h, zeros, c);
+    if (h2) XXH3_64bits_update(h2, zeros, c);
     n -= c;
   }
   return true;
 }
 
-/* Streams the weights in tensor order with the same alignment fill_tensors assigned. */
-static bool write_weights(FILE *f, const ir_graph *g, uint64_t *out_hash) {
-  XXH3_state_t *h = XXH3_createState();
-  if (!h) return false;
-  XXH3_64bits_reset(h);
+/* The graph whose weights rank r's block holds. */
+static const ir_graph *rank_graph(const ir_graph *g, const ir_plan_info *info, int r) {
+  return r == 0 || !info || !info->ranks ? g : info->ranks[r];
+}
+
+static int n_ranks(const ir_plan_info *info) {
+  return info && info->ranks && info->n_ranks > 1 ? info->n_ranks : 1;
+}
+
+/* Streams one graph's weights in tensor order with the alignment fill_tensors assigned,
+ * then zeros up to `block` bytes, into f (when not NULL) and the hashes given. */
+static bool write_weights(FILE *f, const ir_graph *g, uint64_t block, XXH3_state_t *h,
+                          XXH3_state_t *h2) {
   uint64_t off = 0;
   bool ok = true;
   for (int32_t i = 0; ok && i < g->n_tensors; i++) {
     const ir_tensor *t = &g->tensors[i];
     if (t->kind != IR_TENSOR_WEIGHT) continue;
     uint64_t pad = align_up(off, IR_PLAN_WEIGHT_ALIGN) - off;
-    ok = write_zeros(f, pad, h) && fwrite(t->data, 1, t->nbytes, f) == t->nbytes;
+    ok = write_zeros(f, pad, h, h2) && (!f || fwrite(t->data, 1, t->nbytes, f) == t->nbytes);
     XXH3_64bits_update(h, t->data, t->nbytes);
+    if (h2) XXH3_64bits_update(h2, t->data, t->nbytes);
     off += pad + t->nbytes;
   }
+  return ok && write_zeros(f, block - off, h, h2);
+}
+
+/* Every rank's block after the other (one block, unpadded, for a one-rank plan). */
+static bool write_all_weights(FILE *f, const ir_graph *g, const ir_plan_info *info, uint64_t wsize,
+                              uint64_t *out_hash) {
+  XXH3_state_t *h = XXH3_createState();
+  if (!h) return false;
+  XXH3_64bits_reset(h);
+  int n = n_ranks(info);
+  uint64_t block = n > 1 ? wsize / (uint64_t)n : wsize;
+  bool ok = true;
+  for (int r = 0; ok && r < n; r++) ok = write_weights(f, rank_graph(g, info, r), block, h, NULL);
   *out_hash = XXH3_64bits_digest(h);
   XXH3_freeState(h);
   return ok;
+}
+
+/* The ranks' graphs must lay their weights out alike: same tensors, same sizes. */
+static bool ranks_alike(const ir_graph *g, const ir_plan_info *info) {
+  for (int r = 1; r < n_ranks(info); r++) {
+    const ir_graph *o = info->ranks[r];
+    if (!o || o->n_tensors != g->n_tensors) return false;
+    for (int32_t i = 0; i < g->n_tensors; i++)
+      if (o->tensors[i].kind != g->tensors[i].kind ||
+          (g->tensors[i].kind == IR_TENSOR_WEIGHT && o->tensors[i].nbytes != g->tensors[i].nbytes))
+        return false;
+  }
+  return true;
 }
 
 static ir_status write_file(FILE *f, const ir_graph *g, const ir_plan_info *info,
@@ -277,9 +314,9 @@ static ir_status write_file(FILE *f, const ir_graph *g, const ir_plan_info *info
   hd.file_size = hd.kernels_offset + hd.kernels_size;
   hd.meta_hash = XXH3_64bits(meta, meta_size);
   bool ok = fwrite(&hd, sizeof hd, 1, f) == 1 && fwrite(meta, 1, meta_size, f) == meta_size &&
-            write_zeros(f, hd.weights_offset - hd.meta_offset - meta_size, NULL) &&
-            write_weights(f, g, &hd.weights_hash) &&
-            write_zeros(f, hd.kernels_offset - hd.weights_offset - wsize, NULL) &&
+            write_zeros(f, hd.weights_offset - hd.meta_offset - meta_size, NULL, NULL) &&
+            write_all_weights(f, g, info, wsize, &hd.weights_hash) &&
+            write_zeros(f, hd.kernels_offset - hd.weights_offset - wsize, NULL, NULL) &&
             ir_plan_kernels_write(f, info, &hd.kernels_hash);
   hd.header_hash = XXH3_64bits(&hd, offsetof(ir_plan_header, header_hash));
   ok = ok && fseek(f, 0, SEEK_SET) == 0 && fwrite(&hd, sizeof hd, 1, f) == 1;
@@ -296,6 +333,30 @@ ir_status ir_plan_write(const ir_graph *g, const ir_plan_info *info, const char 
     return ir_diag_set(d, IR_OOM, "out of memory");
   }
   uint64_t wsize = meta_fill(&m, g, info);
+  int nr = n_ranks(info);
+  uint64_t rank_hash[IR_MAX_TP];
+  if (nr > 1 && (nr > IR_MAX_TP || nr != g->config.tp_size || !ranks_alike(g, info)))
+    st = ir_diag_set(d, IR_INVALID_ARG,
+                     "%d rank graphs for a plan of tp_size %d, or ranks whose weights differ "
+                     "in layout",
+                     nr, g->config.tp_size);
+  if (st == IR_OK && nr > 1) { /* each rank's block, padded to a page, hashed on its own */
+    uint64_t stride = align_up(wsize, IR_PLAN_SECTION_ALIGN);
+    for (int r = 0; r < nr && st == IR_OK; r++) {
+      XXH3_state_t *h = XXH3_createState();
+      if (!h) st = ir_diag_set(d, IR_OOM, "out of memory");
+      else {
+        XXH3_64bits_reset(h);
+        write_weights(NULL, rank_graph(g, info, r), stride, h, NULL);
+        rank_hash[r] = XXH3_64bits_digest(h);
+        XXH3_freeState(h);
+      }
+    }
+    m.plan.rank_stride = stride;
+    m.plan.n_rank_weights_hash = (size_t)nr;
+    m.plan.rank_weights_hash = rank_hash;
+    wsize = stride * (uint64_t)nr;
+  }
   ir_plan_kernels_meta km;
   if (!ir_plan_kernels_meta_fill(&km, &m.plan, info))
     st = ir_diag_set(d, IR_INVALID_ARG, "kernel table: out of memory or an empty image");

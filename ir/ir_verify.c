@@ -290,6 +290,13 @@ ir_status ir_graph_verify_step(const ir_graph *g, ir_diag *d) {
                          n->name, (long long)g->config.vocab_size);
       break;
     }
+    case IR_OP_ALL_REDUCE:
+    case IR_OP_ALL_GATHER:
+      if (ir_node_attr_i(n, "ranks", 0) != g->config.tp_size)
+        st = ir_diag_set(d, IR_BAD_FORMAT,
+                         "node '%s': a collective over %lld ranks in a plan of tp_size %d", n->name,
+                         (long long)ir_node_attr_i(n, "ranks", 0), g->config.tp_size);
+      break;
     case IR_OP_GATHER_ROWS:
       if (!is_input(g, n->in[1], "logit_rows") || g->tensors[n->in[0]].dims[0].sym != IR_SYM_TOKENS)
         st = ir_diag_set(d, IR_BAD_FORMAT,

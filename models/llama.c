@@ -81,6 +81,10 @@ typedef struct builder {
   int32_t tokens, positions, logit_rows, rope_table;
   int32_t rope_local; /* the sliding layers' table (rope_local_theta), or rope_table */
   int32_t one;        /* the f32 scalar 1 (norm_plus_one), or -1 until asked for */
+  /* tensor parallelism (Megatron's split): this rank's heads, kv heads (from kv0 of the
+   * model's), ffn columns and vocabulary rows; tp 1 keeps the whole model */
+  int tp, rank;
+  int64_t nh, nkv, kv0, ffn, vocab;
 } builder;
 
 static ir_dim DS(ir_sym s) { return (ir_dim){.n = 0, .sym = s}; }
@@ -136,6 +140,53 @@ static int32_t weight_rows(builder *b, const char *name, int64_t total, int64_t 
   int32_t id = ir_graph_add_weight(b->g, view_name, t.dtype, 2, shape,
                                    (const uint8_t *)t.data + row_bytes * (uint64_t)row0,
                                    row_bytes * (uint64_t)rows);
+  if (id < 0) b->st = ir_diag_set(b->d, IR_OOM, "out of memory");
+  return id;
+}
+
+/* Columns [col0, col0 + cols) of every row of checkpoint matrix `name` ([n, k]) as a weight
+ * of its own (a copy; a block-quantized row splits at whole blocks). */
+static int32_t weight_cols(builder *b, const char *name, int64_t n, int64_t k, int64_t col0,
+                           int64_t cols) {
+  model_tensor t;
+  if (!checkpoint_tensor(b, name, n, k, &t)) return -1;
+  int blk = ir_dtype_block(t.dtype);
+  if (col0 % blk || cols % blk) {
+    b->st = ir_diag_set(b->d, IR_UNSUPPORTED,
+                        "tensor '%s' (%s): its %lld-column shard is not whole %d-value blocks",
+                        name, ir_dtype_name(t.dtype), (long long)cols, blk);
+    return -1;
+  }
+  uint64_t row = ir_dtype_bytes(t.dtype, (uint64_t)k),
+           off = ir_dtype_bytes(t.dtype, (uint64_t)col0),
+           len = ir_dtype_bytes(t.dtype, (uint64_t)cols);
+  uint64_t size = len * (uint64_t)n;
+  uint8_t *buf = ir_malloc(size ? size : 1);
+  if (!buf || !ir_graph_adopt(b->g, buf)) {
+    ir_free(buf);
+    b->st = ir_diag_set(b->d, IR_OOM, "out of memory");
+    return -1;
+  }
+  for (int64_t r = 0; r < n; r++)
+    memcpy(buf + len * (uint64_t)r, (const uint8_t *)t.data + row * (uint64_t)r + off, len);
+  int64_t shape[2] = {n, cols};
+  int32_t id = ir_graph_add_weight(b->g, name, t.dtype, 2, shape, buf, len * (uint64_t)n);
+  if (id < 0) b->st = ir_diag_set(b->d, IR_OOM, "out of memory");
+  return id;
+}
+
+/* Values [at, at + n) of checkpoint vector `name` ([total]) as a weight (a view). */
+static int32_t weight_span(builder *b, const char *name, int64_t total, int64_t at, int64_t n) {
+  model_tensor t;
+  if (!checkpoint_tensor(b, name, total, 0, &t)) return -1;
+  if (ir_dtype_is_quant(t.dtype)) {
+    b->st = ir_diag_set(b->d, IR_UNSUPPORTED, "tensor '%s': a quantized vector", name);
+    return -1;
+  }
+  int64_t shape[1] = {n};
+  int32_t id = ir_graph_add_weight(b->g, name, t.dtype, 1, shape,
+                                   (const uint8_t *)t.data + ir_dtype_bytes(t.dtype, (uint64_t)at),
+                                   ir_dtype_bytes(t.dtype, (uint64_t)n));
   if (id < 0) b->st = ir_diag_set(b->d, IR_OOM, "out of memory");
   return id;
 }
@@ -260,16 +311,40 @@ static int32_t rope_table(builder *b, const model_llama_params *p, int64_t max_p
   return id;
 }
 
-static int32_t proj(builder *b, int32_t x, const char *pre, const char *w, int64_t n, int64_t k,
-                    bool bias, const char *node_name) {
+/* A projection by rows [row0, row0 + n) of weight pre+w ([total, k]; all of it when n is
+ * total), and the same rows of its bias. */
+static int32_t proj_part(builder *b, int32_t x, const char *pre, const char *w, int64_t total,
+                         int64_t row0, int64_t n, int64_t k, bool bias, const char *node_name) {
   char name[160];
   snprintf(name, sizeof name, "%s%s.weight", pre, w);
-  int32_t in[3] = {x, mat_weight(b, name, n, k), -1};
+  int32_t wt = n == total ? weight(b, name, n, k) : weight_rows(b, name, total, row0, n, k, name);
+  int32_t in[3] = {x, as_dtype(b, wt, b->bo->weight_dtype), -1};
   if (bias) {
     snprintf(name, sizeof name, "%s%s.bias", pre, w);
-    in[2] = vec_weight(b, name, n);
+    int32_t bw = n == total ? weight(b, name, n, 0) : weight_span(b, name, total, row0, n);
+    in[2] = as_dtype(b, bw, IR_F32);
   }
   return node(b, IR_OP_MATMUL, node_name, in, bias ? 3 : 2, NULL, 0);
+}
+
+static int32_t proj(builder *b, int32_t x, const char *pre, const char *w, int64_t n, int64_t k,
+                    bool bias, const char *node_name) {
+  return proj_part(b, x, pre, w, n, 0, n, k, bias, node_name);
+}
+
+/* A projection whose input x is this rank's share kk of the k columns: the weight's same
+ * columns, then the ranks' partial sums all-reduced (one rank: the plain projection). */
+static int32_t proj_reduce(builder *b, int32_t x, const char *pre, const char *w, int64_t n,
+                           int64_t k, int64_t kk, const char *node_name) {
+  if (b->tp <= 1) return proj(b, x, pre, w, n, k, false, node_name);
+  char name[160], nm[80];
+  snprintf(name, sizeof name, "%s%s.weight", pre, w);
+  int32_t in[2] = {x,
+                   as_dtype(b, weight_cols(b, name, n, k, b->rank * kk, kk), b->bo->weight_dtype)};
+  int32_t part = node(b, IR_OP_MATMUL, node_name, in, 2, NULL, 0);
+  snprintf(nm, sizeof nm, "%s.all_reduce", node_name);
+  ir_attr a = IR_AI(ir_attr_intern("ranks"), b->tp);
+  return node(b, IR_OP_ALL_REDUCE, nm, &part, 1, &a, 1);
 }
 
 /* A projection whose weight is rows [row0, row0 + n) of the checkpoint's fused matrix
@@ -321,7 +396,8 @@ static int32_t head_norm(builder *b, int32_t x, const char *pre, const char *w, 
 
 static int32_t attention_block(builder *b, int32_t h, int64_t l, const char *pre) {
   const model_llama_params *p = b->p;
-  int64_t H = p->hidden_size, qd = p->n_heads * p->head_dim, kvd = p->n_kv_heads * p->head_dim;
+  int64_t H = p->hidden_size, hd = p->head_dim, qd = p->n_heads * hd, kvd = p->n_kv_heads * hd;
+  int64_t qd_l = b->nh * hd, kvd_l = b->nkv * hd, q0 = b->rank * qd_l, k0 = b->kv0 * hd;
   char nm[5][64];
   const char *parts[5] = {"q_proj", "k_proj", "v_proj", "attn", "o_proj"};
   for (int i = 0; i < 5; i++) snprintf(nm[i], sizeof nm[i], "l%lld.%s", (long long)l, parts[i]);
@@ -330,13 +406,13 @@ static int32_t attention_block(builder *b, int32_t h, int64_t l, const char *pre
   int32_t q, k, v;
   if (p->fused_proj) { /* Phi-3's qkv_proj: q rows, k rows, v rows */
     int64_t all = qd + 2 * kvd;
-    q = proj_rows(b, h, sa, "qkv_proj", all, "q_proj", 0, qd, H, nm[0]);
-    k = proj_rows(b, h, sa, "qkv_proj", all, "k_proj", qd, kvd, H, nm[1]);
-    v = proj_rows(b, h, sa, "qkv_proj", all, "v_proj", qd + kvd, kvd, H, nm[2]);
+    q = proj_rows(b, h, sa, "qkv_proj", all, "q_proj", q0, qd_l, H, nm[0]);
+    k = proj_rows(b, h, sa, "qkv_proj", all, "k_proj", qd + k0, kvd_l, H, nm[1]);
+    v = proj_rows(b, h, sa, "qkv_proj", all, "v_proj", qd + kvd + k0, kvd_l, H, nm[2]);
   } else {
-    q = proj(b, h, sa, "q_proj", qd, H, p->attention_bias, nm[0]);
-    k = proj(b, h, sa, "k_proj", kvd, H, p->attention_bias, nm[1]);
-    v = proj(b, h, sa, "v_proj", kvd, H, p->attention_bias, nm[2]);
+    q = proj_part(b, h, sa, "q_proj", qd, q0, qd_l, H, p->attention_bias, nm[0]);
+    k = proj_part(b, h, sa, "k_proj", kvd, k0, kvd_l, H, p->attention_bias, nm[1]);
+    v = proj_part(b, h, sa, "v_proj", kvd, k0, kvd_l, H, p->attention_bias, nm[2]);
   }
   if (p->qk_norm) { /* one weight [head_dim] shared by the heads: rms_norm in slices */
     q = head_norm(b, q, sa, "q_norm", l);
@@ -348,22 +424,22 @@ static int32_t attention_block(builder *b, int32_t h, int64_t l, const char *pre
   bool nope = p->no_rope_every > 0 && (l + 1) % p->no_rope_every == 0; /* SmolLM3's NoPE */
   bool slides = model_llama_layer_slides(p, l);
   int32_t table = slides ? b->rope_local : b->rope_table;
-  int32_t in[3] = {nope ? q : rope(b, q, p->n_heads, table, rq),
-                   nope ? k : rope(b, k, p->n_kv_heads, table, rk), v};
+  int32_t in[3] = {nope ? q : rope(b, q, b->nh, table, rq),
+                   nope ? k : rope(b, k, b->nkv, table, rk), v};
   double scale = p->attn_scale > 0 ? p->attn_scale : 1.0 / sqrt((double)p->head_dim);
-  ir_attr a[7] = {IR_AI(ir_attr_intern("layer"), l), IR_AI(ir_attr_intern("n_heads"), p->n_heads),
-                  IR_AI(ir_attr_intern("n_kv_heads"), p->n_kv_heads),
+  ir_attr a[7] = {IR_AI(ir_attr_intern("layer"), l), IR_AI(ir_attr_intern("n_heads"), b->nh),
+                  IR_AI(ir_attr_intern("n_kv_heads"), b->nkv),
                   IR_AI(ir_attr_intern("head_dim"), p->head_dim),
                   IR_AF(ir_attr_intern("scale"), scale)};
   int na = 5;
   if (slides) a[na++] = IR_AI(ir_attr_intern("window"), p->sliding_window);
   if (p->attn_softcap > 0) a[na++] = IR_AF(ir_attr_intern("softcap"), p->attn_softcap);
   int32_t att = node(b, IR_OP_ATTENTION, nm[3], in, 3, a, na);
-  return proj(b, att, sa, "o_proj", H, qd, false, nm[4]);
+  return proj_reduce(b, att, sa, "o_proj", H, qd, qd_l, nm[4]);
 }
 
 static int32_t mlp_block(builder *b, int32_t h, int64_t l, const char *pre) {
-  int64_t H = b->p->hidden_size, F = b->p->intermediate_size;
+  int64_t H = b->p->hidden_size, F = b->p->intermediate_size, Fl = b->ffn, f0 = b->rank * Fl;
   char mp[160], ng[64], nu[64], ns[64], nd[64];
   snprintf(mp, sizeof mp, "%smlp.", pre);
   snprintf(ng, sizeof ng, "l%lld.gate_proj", (long long)l);
@@ -372,15 +448,15 @@ static int32_t mlp_block(builder *b, int32_t h, int64_t l, const char *pre) {
   snprintf(nd, sizeof nd, "l%lld.down_proj", (long long)l);
   int32_t gu[2];
   if (b->p->fused_proj) { /* Phi-3's gate_up_proj: gate rows, then up rows */
-    gu[0] = proj_rows(b, h, mp, "gate_up_proj", 2 * F, "gate_proj", 0, F, H, ng);
-    gu[1] = proj_rows(b, h, mp, "gate_up_proj", 2 * F, "up_proj", F, F, H, nu);
+    gu[0] = proj_rows(b, h, mp, "gate_up_proj", 2 * F, "gate_proj", f0, Fl, H, ng);
+    gu[1] = proj_rows(b, h, mp, "gate_up_proj", 2 * F, "up_proj", F + f0, Fl, H, nu);
   } else {
-    gu[0] = proj(b, h, mp, "gate_proj", F, H, false, ng);
-    gu[1] = proj(b, h, mp, "up_proj", F, H, false, nu);
+    gu[0] = proj_part(b, h, mp, "gate_proj", F, f0, Fl, H, false, ng);
+    gu[1] = proj_part(b, h, mp, "up_proj", F, f0, Fl, H, false, nu);
   }
   ir_attr geglu = IR_AI(ir_attr_intern("act"), IR_ACT_GEGLU); /* silu: the op's default */
   int32_t m = node(b, IR_OP_SWIGLU, ns, gu, 2, &geglu, b->p->act == IR_ACT_GEGLU ? 1 : 0);
-  return proj(b, m, mp, "down_proj", H, F, false, nd);
+  return proj_reduce(b, m, mp, "down_proj", H, F, Fl, nd);
 }
 
 /* Layer l's norm weight pre+name, or -1 when name is NULL. */
@@ -440,10 +516,11 @@ static void set_config(builder *b, int64_t max_pos) {
   c->vocab_size = p->vocab_size;
   c->hidden_size = p->hidden_size;
   c->n_layers = p->n_layers;
-  c->n_heads = p->n_heads;
-  c->n_kv_heads = p->n_kv_heads;
+  c->n_heads = b->nh; /* the rank's, under tensor parallelism */
+  c->n_kv_heads = b->nkv;
   c->head_dim = p->head_dim;
-  c->intermediate_size = p->intermediate_size;
+  c->intermediate_size = b->ffn;
+  c->tp_size = b->tp > 1 ? b->tp : 0;
   c->max_position = max_pos;
   c->rms_norm_eps = p->rms_norm_eps;
   c->rope_theta = p->rope_theta;
@@ -469,9 +546,18 @@ static void build_body(builder *b) {
   x = node(b, IR_OP_GATHER_ROWS, "logit_rows", in, 2, NULL, 0);
   x = rms_norm(b, x, norm_weight(b, "model.norm.weight", p->hidden_size), "final_norm");
   in[0] = x;
-  in[1] =
-      p->tie_word_embeddings ? emb : mat_weight(b, "lm_head.weight", p->vocab_size, p->hidden_size);
+  const char *head = p->tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
+  if (b->tp > 1) /* this rank's rows of the vocabulary, gathered after */
+    in[1] = as_dtype(b,
+                     weight_rows(b, head, p->vocab_size, b->rank * b->vocab, b->vocab,
+                                 p->hidden_size, "lm_head.weight"),
+                     b->bo->weight_dtype);
+  else in[1] = p->tie_word_embeddings ? emb : mat_weight(b, head, p->vocab_size, p->hidden_size);
   int32_t logits = node(b, IR_OP_MATMUL, "logits", in, 2, NULL, 0);
+  if (b->tp > 1) {
+    ir_attr a = IR_AI(ir_attr_intern("ranks"), b->tp);
+    logits = node(b, IR_OP_ALL_GATHER, "logits_all_gather", &logits, 1, &a, 1);
+  }
   if (p->final_softcap > 0) { /* Gemma 2 */
     ir_attr cap = IR_AF(ir_attr_intern("cap"), p->final_softcap);
     logits = node(b, IR_OP_SOFTCAP, "logits_softcap", &logits, 1, &cap, 1);
@@ -480,14 +566,51 @@ static void build_body(builder *b) {
     b->st = ir_diag_set(b->d, IR_OOM, "out of memory");
 }
 
+/* Tensor parallelism over bo->tp_size ranks: the heads, the kv heads (or ranks a multiple
+ * of them: each kv head replicated on tp / n_kv_heads ranks), the ffn and the vocabulary
+ * must divide. */
+static ir_status tp_check(const model_llama_params *p, const model_build_opts *bo, ir_diag *d) {
+  int tp = bo->tp_size > 1 ? bo->tp_size : 1;
+  if (tp == 1) return IR_OK;
+  if (tp > IR_MAX_TP || bo->tp_rank < 0 || bo->tp_rank >= tp)
+    return ir_diag_set(d, IR_INVALID_ARG, "tensor parallelism: rank %d of %d (at most %d ranks)",
+                       bo->tp_rank, tp, IR_MAX_TP);
+  const char *what = NULL;
+  long long v = 0;
+  if (p->n_heads % tp) what = "num_attention_heads", v = p->n_heads;
+  else if (p->n_kv_heads % tp && tp % p->n_kv_heads)
+    what = "num_key_value_heads (nor a divisor of the ranks)", v = p->n_kv_heads;
+  else if (p->intermediate_size % tp) what = "intermediate_size", v = p->intermediate_size;
+  else if (p->vocab_size % tp) what = "vocab_size", v = p->vocab_size;
+  if (what)
+    return ir_diag_set(d, IR_UNSUPPORTED,
+                       "--tp %d: %s %lld does not divide into %d tensor-parallel ranks", tp, what,
+                       v, tp);
+  return IR_OK;
+}
+
+/* This rank's share of the heads, kv heads, ffn and vocabulary. */
+static void tp_shard(builder *b) {
+  const model_llama_params *p = b->p;
+  b->tp = b->bo->tp_size > 1 ? b->bo->tp_size : 1;
+  b->rank = b->tp > 1 ? b->bo->tp_rank : 0;
+  b->nh = p->n_heads / b->tp;
+  b->nkv = p->n_kv_heads >= b->tp ? p->n_kv_heads / b->tp : 1;
+  b->kv0 = p->n_kv_heads >= b->tp ? b->rank * b->nkv : b->rank / (b->tp / p->n_kv_heads);
+  b->ffn = p->intermediate_size / b->tp;
+  b->vocab = p->vocab_size / b->tp;
+}
+
 ir_status model_llama_build(const model_llama_params *p, const model_tensor_src *src,
                             const model_build_opts *bo, ir_graph **out, ir_diag *d) {
   *out = NULL;
   ir_status st = model_llama_check(p, d);
   if (st != IR_OK) return st;
+  if ((st = tp_check(p, bo, d)) != IR_OK) return st;
   builder b = {
       .g = ir_graph_create(), .p = p, .src = src, .bo = bo, .d = d, .st = IR_OK, .one = -1};
   if (!b.g) return ir_diag_set(d, IR_OOM, "out of memory");
+  tp_shard(&b);
   int64_t max_pos = p->max_position;
   if (bo->max_context > 0 && bo->max_context < max_pos) max_pos = bo->max_context;
   set_config(&b, max_pos);

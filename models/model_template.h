@@ -33,6 +33,9 @@ typedef struct model_build_opts {
   int64_t max_logits;
   int64_t kv_block_size;
   int64_t max_context; /* 0: the model's max_position_embeddings */
+  /* tensor parallelism: build rank tp_rank's shard of tp_size (0 or 1: the whole model) */
+  int tp_size;
+  int tp_rank;
 } model_build_opts;
 
 /* Defaults: keep dtype, T 512, S 64, L 64, block 16, full context. */

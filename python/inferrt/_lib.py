@@ -55,7 +55,8 @@ class irt_model_opts(Structure):
                 ("skip_weight_checksum", c_bool), ("device", c_char_p),
                 ("cuda_device", c_int), ("no_cuda_graphs", c_bool), ("kv_dtype", c_int),
                 ("log", c_void_p), ("log_user", c_void_p), ("cuda_profile", c_bool),
-                ("cuda_dequant_gemm_m", c_int64), ("cuda_lib", c_char_p)]
+                ("cuda_dequant_gemm_m", c_int64), ("cuda_lib", c_char_p),
+                ("comm", c_void_p)]
 
 
 class irt_model_info(Structure):
@@ -65,7 +66,8 @@ class irt_model_info(Structure):
                 ("max_step_seqs", c_int64), ("max_step_logits", c_int64),
                 ("weight_bytes", c_uint64), ("arena_bytes", c_uint64), ("kv_bytes", c_uint64),
                 ("kv_tokens", c_int64), ("kv_dtype", c_char_p), ("device", c_char_p),
-                ("n_heads", c_int64), ("n_kv_heads", c_int64), ("head_dim", c_int64)]
+                ("n_heads", c_int64), ("n_kv_heads", c_int64), ("head_dim", c_int64),
+                ("tp_size", c_int)]
 
 
 class irt_sampling(Structure):

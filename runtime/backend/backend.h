@@ -16,6 +16,15 @@
 /* One step of the flat batch. Token t belongs to step-sequence tok_seq[t] at absolute
  * position tok_pos[t]; step-sequence s owns the physical KV blocks
  * block_tables[s * max_blocks .. + n_blocks). Every pointer here is host memory. */
+/* A tensor-parallel model's collectives (inferrt.h's irt_comm, as the backends see it):
+ * each returns 0 or nonzero on a transport failure. */
+typedef struct backend_comm {
+  int rank, size;
+  void *ctx;
+  int (*all_reduce_sum_f32)(void *ctx, float *buf, size_t n);
+  int (*all_gather)(void *ctx, const void *send, size_t bytes, void *recv);
+} backend_comm;
+
 typedef struct model_step {
   int64_t syms[IR_SYM_COUNT]; /* T, S, L values for this step */
   const int32_t *tok_seq;
@@ -28,6 +37,7 @@ typedef struct model_step {
   const int32_t *tokens;     /* (T) */
   const int32_t *logit_rows; /* (L) */
   int32_t pad_block;         /* -1 if none */
+  const backend_comm *comm;  /* tensor parallelism's collectives, or NULL (one rank) */
 } model_step;
 
 /* One token choice on a device (backend_ops.pick): from row `row` of the step's logits,

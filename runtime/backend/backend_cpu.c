@@ -12,6 +12,8 @@
 
 typedef struct cpu_ctx {
   kn_pool *pool;
+  float *gather; /* all_gather's receive buffer (gather_cap floats), grown on demand */
+  size_t gather_cap;
 } cpu_ctx;
 
 static int64_t dimv(const ir_graph *g, const ir_tensor *t, int axis, const model_step *s) {
@@ -134,6 +136,42 @@ static void run_attention(kn_pool *p, const ir_graph *g, const ir_node *n, void 
   kn_attention_paged_io(p, O_(0), &io, &kl, &b, nh, (float)ir_node_attr_f(n, "scale", 1.0));
 }
 
+/* all_reduce: the ranks' x summed into y on each; all_gather: x[R,C] of every rank side by
+ * side into y[R,C*ranks] (received rank after rank, then interleaved by row). */
+static ir_status run_collective(cpu_ctx *c, const ir_graph *g, const ir_node *n, void *const *ptrs,
+                                const model_step *s, ir_diag *d) {
+  const backend_comm *cm = s->comm;
+  int64_t ranks = ir_node_attr_i(n, "ranks", 0);
+  if (!cm || cm->size != ranks)
+    return ir_diag_set(d, IR_UNSUPPORTED,
+                       "node '%s' (%s): a collective over %lld ranks, and this model runs on %d",
+                       n->name, ir_op_name(n->op), (long long)ranks, cm ? cm->size : 1);
+  uint64_t cnt = ir_tensor_elems(g, T_(0), s->syms);
+  if (n->op == IR_OP_ALL_REDUCE) {
+    if (O_(0) != P_(0)) memcpy(O_(0), P_(0), cnt * sizeof(float));
+    if (cm->all_reduce_sum_f32(cm->ctx, O_(0), (size_t)cnt))
+      return ir_diag_set(d, IR_IO, "node '%s': the all-reduce over %d ranks failed", n->name,
+                         cm->size);
+    return IR_OK;
+  }
+  size_t total = (size_t)cnt * (size_t)ranks;
+  if (total > c->gather_cap) {
+    float *b = ir_realloc(c->gather, total * sizeof *b);
+    if (!b) return ir_diag_set(d, IR_OOM, "out of memory");
+    c->gather = b, c->gather_cap = total;
+  }
+  if (cm->all_gather(cm->ctx, P_(0), (size_t)cnt * sizeof(float), c->gather))
+    return ir_diag_set(d, IR_IO, "node '%s': the all-gather over %d ranks failed", n->name,
+                       cm->size);
+  int64_t rows = dimv(g, T_(0), 0, s), cols = dimv(g, T_(0), 1, s);
+  float *y = O_(0);
+  for (int64_t k = 0; k < ranks; k++)
+    for (int64_t r = 0; r < rows; r++)
+      memcpy(y + (r * ranks + k) * cols, c->gather + (k * rows + r) * cols,
+             (size_t)cols * sizeof *y);
+  return IR_OK;
+}
+
 static ir_status cpu_run_node(void *vctx, const ir_graph *g, int32_t ni, void *const *ptrs,
                               const model_step *s, ir_diag *d) {
   kn_pool *p = ((cpu_ctx *)vctx)->pool;
@@ -179,6 +217,8 @@ static ir_status cpu_run_node(void *vctx, const ir_graph *g, int32_t ni, void *c
     kn_gather_rows(p, O_(0), P_(0), P_(1), dimv(g, T_(1), 0, s), dimv(g, T_(0), 1, s));
     break;
   case IR_OP_CAST: run_cast(g, n, ptrs, s); break;
+  case IR_OP_ALL_REDUCE:
+  case IR_OP_ALL_GATHER: return run_collective(vctx, g, n, ptrs, s, d);
   default:
     if (ir_op_is_nd(n->op)) return cpu_nd_run(p, g, ni, ptrs, d);
     return ir_diag_set(d, IR_UNSUPPORTED, "cpu backend: op '%s' (node '%s') is not supported",
@@ -239,6 +279,7 @@ static void cpu_free(void *vctx, void *p) {
 static void cpu_destroy(void *vctx) {
   cpu_ctx *c = vctx;
   kn_pool_destroy(c->pool);
+  ir_free(c->gather);
   ir_free(c);
 }
 

@@ -9,6 +9,14 @@
 #include "inferrt.h"
 
 /* Prints "inferrt: error: msg" and returns 1. */
+/* mpirun (cli_dist.c): cli_dist_init joins the job when inferrt runs under mpirun (only
+ * generate, batch, bench and serve do); cli_model_open opens a plan with the job's
+ * collectives, and on ranks 1.. never returns (they follow rank 0's steps, then exit);
+ * cli_model_close closes what cli_model_open opened. */
+int cli_dist_init(const char *cmd);
+int cli_dist_rank(void);
+irt_status cli_model_open(const char *path, irt_model_opts *o, irt_model **out, irt_error *err);
+void cli_model_close(irt_model *m);
 int cli_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 double cli_now_ms(void);
 /* Parses "1,2,3" into a malloc'd array; false on any malformed entry. */

@@ -589,7 +589,7 @@ int cmd_batch(int argc, char **argv) {
   c->created = (int64_t)time(NULL);
   c->id_salt = (uint64_t)time(NULL) * 0x9e3779b97f4a7c15ull ^ (uint64_t)getpid();
   irt_error err = {0};
-  irt_status st = irt_model_open(a.plan, &mo, &c->m, &err);
+  irt_status st = cli_model_open(a.plan, &mo, &c->m, &err);
   if (st == IRT_OK) {
     c->info = irt_model_get_info(c->m);
     c->tok = irt_model_get_tokenizer(c->m);
@@ -612,7 +612,7 @@ int cmd_batch(int argc, char **argv) {
     rc = cli_fail("%s", err.msg[0] ? err.msg : irt_status_name(st));
   }
   irt_engine_destroy(c->e);
-  irt_model_close(c->m);
+  cli_model_close(c->m);
   strset_free(&b->done);
   free(b->lines);
   free(b->line_no);

@@ -413,7 +413,7 @@ int cmd_bench(int argc, char **argv) {
   irt_model *m = NULL;
   irt_engine *e = NULL;
   irt_error err = {0};
-  irt_status st = irt_model_open(a.plan, &mo, &m, &err);
+  irt_status st = cli_model_open(a.plan, &mo, &m, &err);
   irt_engine_opts eo = a.spec; /* the --spec-* fields, then the rest */
   eo.max_batched_tokens = a.max_batched, eo.max_running = a.max_running;
   eo.static_batching = a.static_batching, eo.disable_prefix_cache = a.no_prefix_cache;
@@ -437,7 +437,7 @@ int cmd_bench(int argc, char **argv) {
     cJSON_Delete(o);
   }
   irt_engine_destroy(e);
-  irt_model_close(m);
+  cli_model_close(m);
   for (int64_t i = 0; rs && i < a.requests; i++) free(rs[i].prompt);
   free(rs);
   return st == IRT_OK ? 0 : cli_fail("%s", err.msg[0] ? err.msg : irt_status_name(st));

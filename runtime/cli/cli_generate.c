@@ -590,7 +590,7 @@ int cmd_generate(int argc, char **argv) {
   irt_error err = {0};
   gen_state g = {.finish = "length"};
   double t0 = cli_now_ms();
-  irt_status st = irt_model_open(a.plan, &o, &g.m, &err);
+  irt_status st = cli_model_open(a.plan, &o, &g.m, &err);
   g.load_ms = cli_now_ms() - t0;
   if (st == IRT_OK) {
     g.tok = irt_model_get_tokenizer(g.m);
@@ -620,6 +620,6 @@ int cmd_generate(int argc, char **argv) {
   irt_text_stream_destroy(g.stream);
   free(g.ctx), free(g.text), free(a.ids), free(a.grammar);
   free(a.stop_ids), free(a.bias_ids), free(a.bias);
-  irt_model_close(g.m);
+  cli_model_close(g.m);
   return st == IRT_OK ? 0 : 1;
 }

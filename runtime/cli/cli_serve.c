@@ -230,7 +230,7 @@ int cmd_serve(int argc, char **argv) {
                .created = (int64_t)time(NULL),
                .id_salt = (uint64_t)time(NULL) * 0x9e3779b97f4a7c15ull ^ (uint64_t)getpid()};
   irt_error err = {0};
-  irt_status st = irt_model_open(a.plan, &mo, &c.m, &err);
+  irt_status st = cli_model_open(a.plan, &mo, &c.m, &err);
   if (st == IRT_OK) st = irt_engine_create(c.m, &eo, &c.e, &err);
   if (st == IRT_OK) st = irt_engine_start(c.e, &err);
   srv_metrics *metrics = NULL;
@@ -250,7 +250,7 @@ int cmd_serve(int argc, char **argv) {
   }
   irt_engine_destroy(c.e);
   srv_metrics_destroy(metrics);
-  irt_model_close(c.m);
+  cli_model_close(c.m);
   srv_keys_free(&a.keys);
   return rc;
 }

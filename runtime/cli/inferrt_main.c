@@ -30,6 +30,7 @@ int main(int argc, char **argv) {
     return 0;
   }
   if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) return usage(stdout);
+  if (cli_dist_init(cmd)) return 1;
   if (!strcmp(cmd, "generate")) return cmd_generate(argc - 1, argv + 1);
   if (!strcmp(cmd, "tokenize")) return cmd_tokenize(argc - 1, argv + 1);
   if (!strcmp(cmd, "detokenize")) return cmd_detokenize(argc - 1, argv + 1);

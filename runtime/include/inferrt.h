@@ -69,6 +69,24 @@ const char *irt_kv_dtype_name(irt_kv_dtype t);
  * scales included). */
 uint64_t irt_model_kv_token_bytes(const irt_model *m, irt_kv_dtype t);
 
+/* Tensor parallelism: a plan built with `infc build --tp N` runs as N processes, one per
+ * rank, each opening the plan with the collectives below (the application's transport: the
+ * inferrt CLI uses MPI). Rank 0 is the model the application uses (sequences, steps, the
+ * engine); ranks 1.. call irt_model_follow, which runs every step rank 0 runs until rank 0
+ * closes its model. Each function returns 0, or nonzero when the transport failed (the
+ * step then fails with IRT_IO); they are called on the thread that steps the model, one at
+ * a time, in the same order on every rank. */
+typedef struct irt_comm {
+  int rank, size;
+  void *ctx;
+  /* buf (n floats) becomes the sum over the ranks of each one's buf */
+  int (*all_reduce_sum_f32)(void *ctx, float *buf, size_t n);
+  /* recv (size * bytes) becomes every rank's send (bytes), in rank order */
+  int (*all_gather)(void *ctx, const void *send, size_t bytes, void *recv);
+  /* buf (bytes) becomes rank root's buf on every rank */
+  int (*broadcast)(void *ctx, void *buf, size_t bytes, int root);
+} irt_comm;
+
 typedef struct irt_model_opts {
   int n_threads;     /* <= 0: all online cores */
   int64_t kv_tokens; /* KV cache capacity in tokens over all sequences; <= 0: the
@@ -100,6 +118,9 @@ typedef struct irt_model_opts {
                                    for cuBLAS: 0 the default (32), < 0 never */
   const char *cuda_lib;        /* libinferrt_cuda.so to load; NULL: beside the executable
                                    (or ../lib), then the library search path */
+  /* A tensor-parallel plan's collectives (NULL: one process; such a plan is refused); the
+   * struct is borrowed until irt_model_close. */
+  const irt_comm *comm;
 } irt_model_opts;
 
 typedef struct irt_model_info {
@@ -119,13 +140,20 @@ typedef struct irt_model_info {
   int64_t kv_tokens;                     /* KV pool capacity in tokens (whole blocks) */
   const char *kv_dtype;                  /* "f32" or "int8" */
   const char *device;                    /* the backend running the model: "cpu" or "cuda" */
-  int64_t n_heads, n_kv_heads, head_dim; /* attention geometry (0 for generic graphs) */
+  int64_t n_heads, n_kv_heads, head_dim; /* attention geometry (0 for generic graphs); a
+                                            tensor-parallel plan's are one rank's */
+  int tp_size;                           /* tensor-parallel ranks (1: one process) */
 } irt_model_info;
 
 irt_model_opts irt_model_opts_default(void);
 irt_status irt_model_open(const char *plan_path, const irt_model_opts *opts, irt_model **out,
                           irt_error *err);
+/* Closes the model; rank 0 of a tensor-parallel plan first ends the other ranks'
+ * irt_model_follow. */
 void irt_model_close(irt_model *m);
+/* Ranks 1.. of a tensor-parallel plan: runs each step rank 0 runs, on this rank's shard,
+ * until rank 0 closes its model (IRT_OK) or a step or the transport fails. */
+irt_status irt_model_follow(irt_model *m, irt_error *err);
 /* Checks every checksum of a plan (header, metadata, weights, kernels) and its offsets,
  * without building a model: IRT_OK, or IRT_BAD_FORMAT / IRT_VERSION_MISMATCH / IRT_IO
  * with a message naming the problem. */

@@ -238,6 +238,7 @@ static void copy_bytes(kv_cache *kv, void *base, int32_t src, int32_t dst, size_
 }
 
 void kv_block_copy(kv_cache *kv, int32_t src, int32_t dst) {
+  if (kv->on_copy) kv->on_copy(kv->on_copy_ctx, src, dst);
   size_t rows = (size_t)(kv->n_kv_heads * kv->block_size);
   size_t per_block = rows * (size_t)kv->head_dim;
   for (int64_t l = 0; l < kv->n_layers; l++) {

@@ -59,6 +59,9 @@ typedef struct kv_cache {
    * NULL: memcpy). */
   void (*copy)(void *ctx, void *dst, const void *src, size_t bytes);
   void *copy_ctx;
+  /* told of every kv_block_copy (tensor parallelism: rank 0 sends them to the other ranks) */
+  void (*on_copy)(void *ctx, int32_t src, int32_t dst);
+  void *on_copy_ctx;
 } kv_cache;
 
 typedef void *(*kv_alloc_fn)(void *ctx, size_t bytes);

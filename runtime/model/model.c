@@ -211,7 +211,8 @@ static void fill_info(irt_model *m) {
                              .device = m->be.ops->name,
                              .n_heads = c->n_heads,
                              .n_kv_heads = c->n_kv_heads,
-                             .head_dim = c->head_dim};
+                             .head_dim = c->head_dim,
+                             .tp_size = c->tp_size > 1 ? c->tp_size : 1};
 }
 
 /* A device backend's first steps pay one-time costs: cuBLAS loading its kernels and choosing
@@ -270,9 +271,10 @@ irt_status irt_model_open(const char *path, const irt_model_opts *opts, irt_mode
   irt_model *m = ir_calloc(1, sizeof *m);
   if (!m) ir_diag_set(&d, IR_OOM, "out of memory");
   else m->log = o.log, m->log_user = o.log_user;
+  int rank = o.comm && o.comm->rank > 0 ? o.comm->rank : 0; /* its shard of a --tp plan */
   ir_status st =
-      m ? ir_plan_open(path, o.skip_weight_checksum ? IR_PLAN_VERIFY_META : IR_PLAN_VERIFY_ALL,
-                       &m->plan, &d)
+      m ? ir_plan_open_rank(path, o.skip_weight_checksum ? IR_PLAN_VERIFY_META : IR_PLAN_VERIFY_ALL,
+                            rank, &m->plan, &d)
         : IR_OOM;
   if (st == IR_OK) {
     m->g = ir_plan_graph(m->plan);
@@ -282,6 +284,7 @@ irt_status irt_model_open(const char *path, const irt_model_opts *opts, irt_mode
   if (st == IR_OK) st = setup_io(m, &d);
   if (st == IR_OK) st = bind_tensors(m, &d);
   if (st == IR_OK) st = setup_kv(m, &o, &d);
+  if (st == IR_OK) st = tp_open(m, &o, &d);
   if (st == IR_OK) st = model_plan_tokenizer(m->plan, &m->tok, &d);
   if (st == IR_OK && !(m->h_pen = ir_malloc((size_t)m->g->config.vocab_size * sizeof(float))))
     st = ir_diag_set(&d, IR_OOM, "out of memory");
@@ -302,6 +305,7 @@ irt_status irt_model_open(const char *path, const irt_model_opts *opts, irt_mode
 
 void irt_model_close(irt_model *m) {
   if (!m) return;
+  tp_close(m);
   if (m->be.ops) {
     kv_cache_release(&m->kv, m->be.ops->free, m->be.ctx);
     if (m->arena) m->be.ops->free(m->be.ctx, m->arena);

@@ -38,6 +38,17 @@ struct irt_model {
   float *h_pen_sub;
   int pen_cap;
   irt_tokenizer *tok; /* from the plan, or NULL */
+  /* tensor parallelism (tp > 1): this rank's collectives; rank 0 sends each step (and the
+   * KV block copies made since the last one) to the others before running it */
+  int tp;
+  irt_comm comm;
+  backend_comm bcomm;
+  bool tp_live;    /* the ranks are in step: rank 0's close tells them to stop */
+  int32_t *tp_msg; /* a step message (tp_msg_cap int32) */
+  int64_t tp_msg_cap;
+  int32_t *tp_copies; /* (src, dst) pairs of KV block copies not yet sent */
+  int64_t n_tp_copies, tp_copies_cap;
+  bool tp_copies_lost; /* a copy could not be recorded: the ranks' caches differ */
 };
 
 struct irt_seq {
@@ -54,6 +65,12 @@ irt_status rt_error_from_diag(irt_error *err, const ir_diag *d);
 /* A pick on the host (step.c): the sampler's own function on the row less the penalties,
  * the logprob and alternatives of the row itself. The engine's rows go through it too. */
 void pick_row(irt_model *m, irt_pick *p, const float *row);
+/* Tensor parallelism (tp.c): checks the plan's ranks against opts->comm and, for a
+ * tensor-parallel plan, joins the ranks (their KV caches must agree); rank 0 sends a step
+ * before running it; rank 0's close stops the others. */
+ir_status tp_open(irt_model *m, const irt_model_opts *o, ir_diag *d);
+ir_status tp_send_step(irt_model *m, const model_step *st, ir_diag *d);
+void tp_close(irt_model *m);
 /* The tokenizer stored in a plan (*out NULL if none). */
 ir_status model_plan_tokenizer(const ir_plan *p, irt_tokenizer **out, ir_diag *d);
 

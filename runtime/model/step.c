@@ -131,7 +131,8 @@ static void fill_step(irt_model *m, const irt_batch_item *items, int n_items, mo
                      .kv = &m->kv,
                      .tokens = tok,
                      .logit_rows = rows,
-                     .pad_block = m->pad_block};
+                     .pad_block = m->pad_block,
+                     .comm = m->tp > 1 ? &m->bcomm : NULL};
 }
 
 _Static_assert(PICK_TOP == IRT_MAX_TOP_LOGPROBS, "a pick reports every alternative asked");
@@ -281,6 +282,10 @@ irt_status irt_decode_batch(irt_model *m, const irt_batch_item *items, int n_ite
       return rt_status_from_ir(d.status);
     }
   } else {
+    if (m->tp > 1 && tp_send_step(m, &step, &d) != IR_OK) { /* the other ranks run it too */
+      rt_error_from_diag(err, &d);
+      return rt_status_from_ir(d.status);
+    }
     for (int32_t i = 0; i < m->g->n_nodes; i++)
       if (m->be.ops->run_node(m->be.ctx, m->g, i, m->ptrs, &step, &d) != IR_OK) {
         rt_error_from_diag(err, &d);

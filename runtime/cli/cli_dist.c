@@ -1,0 +1,145 @@
+/* cli_dist: inferrt under mpirun. A plan built with `infc build --tp N` runs as
+ * `mpirun -n N inferrt generate|batch|bench|serve plan ...`: every rank opens the plan with
+ * MPI's collectives (irt_comm over MPI_COMM_WORLD); rank 0 goes on with the command (the
+ * scheduler, HTTP, batch I/O) while ranks 1.. run the steps rank 0 sends
+ * (irt_model_follow) and exit when rank 0 closes its model. Without mpirun nothing here
+ * runs. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+#ifdef INFERRT_HAVE_MPI
+#include <limits.h>
+#include <mpi.h>
+
+static struct {
+  bool on;        /* MPI is initialized and the job has more than one rank */
+  bool inited;
+  irt_comm comm;
+  irt_model *open; /* rank 0: the model its ranks follow, until cli_model_close */
+} g_dist;
+
+/* Counts above INT_MAX go in pieces (MPI counts are int). */
+static int all_reduce(void *ctx, float *buf, size_t n) {
+  (void)ctx;
+  for (size_t off = 0; off < n;) {
+    int c = n - off > INT_MAX ? INT_MAX : (int)(n - off);
+    if (MPI_Allreduce(MPI_IN_PLACE, buf + off, c, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD) !=
+        MPI_SUCCESS)
+      return 1;
+    off += (size_t)c;
+  }
+  return 0;
+}
+
+static int all_gather(void *ctx, const void *send, size_t bytes, void *recv) {
+  (void)ctx;
+  if (bytes > INT_MAX) return 1;
+  return MPI_Allgather(send, (int)bytes, MPI_BYTE, recv, (int)bytes, MPI_BYTE, MPI_COMM_WORLD) !=
+         MPI_SUCCESS;
+}
+
+static int broadcast(void *ctx, void *buf, size_t bytes, int root) {
+  (void)ctx;
+  if (bytes > INT_MAX) return 1;
+  return MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, MPI_COMM_WORLD) != MPI_SUCCESS;
+}
+
+static void dist_exit(void) {
+  if (g_dist.open) { /* rank 0 left without closing: let the other ranks go first */
+    irt_model_close(g_dist.open);
+    g_dist.open = NULL;
+  }
+  if (g_dist.inited) MPI_Finalize();
+  g_dist.inited = false;
+}
+
+static bool launched_by_mpi(void) {
+  return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_RANK");
+}
+
+int cli_dist_init(const char *cmd) {
+  if (!launched_by_mpi()) return 0;
+  int provided = 0;
+  if (MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS)
+    return cli_fail("MPI_Init_thread failed");
+  g_dist.inited = true;
+  atexit(dist_exit);
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (size <= 1) return 0;
+  if (provided < MPI_THREAD_SERIALIZED)
+    return cli_fail("rank %d: this MPI gives no MPI_THREAD_SERIALIZED (the engine's thread "
+                    "calls the collectives)",
+                    rank);
+  static const char *const ok[] = {"generate", "batch", "bench", "serve"};
+  bool known = false;
+  for (size_t i = 0; i < sizeof ok / sizeof *ok; i++) known |= !strcmp(cmd, ok[i]);
+  if (!known)
+    return cli_fail("'%s' does not run under mpirun; generate, batch, bench and serve do (with "
+                    "a plan built by infc build --tp N)",
+                    cmd);
+  g_dist.on = true;
+  g_dist.comm = (irt_comm){.rank = rank,
+                           .size = size,
+                           .all_reduce_sum_f32 = all_reduce,
+                           .all_gather = all_gather,
+                           .broadcast = broadcast};
+  return 0;
+}
+
+int cli_dist_rank(void) { return g_dist.on ? g_dist.comm.rank : 0; }
+
+irt_status cli_model_open(const char *path, irt_model_opts *o, irt_model **out, irt_error *err) {
+  if (!g_dist.on) return irt_model_open(path, o, out, err);
+  o->comm = &g_dist.comm;
+  irt_status st = irt_model_open(path, o, out, err);
+  if (g_dist.comm.rank == 0 && st == IRT_OK) {
+    g_dist.open = *out;
+    return st;
+  }
+  if (g_dist.comm.rank == 0) { /* the other ranks may wait on it: end the job */
+    fprintf(stderr, "inferrt: error: %s\n", err->msg);
+    fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  /* ranks 1..: the steps of rank 0, then out (a failure ends the job: mpirun stops it) */
+  if (st == IRT_OK) {
+    st = irt_model_follow(*out, err);
+    irt_model_close(*out);
+  }
+  if (st != IRT_OK) {
+    fprintf(stderr, "inferrt: rank %d: error: %s\n", g_dist.comm.rank, err->msg);
+    fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  exit(0);
+}
+
+void cli_model_close(irt_model *m) {
+  if (m && m == g_dist.open) g_dist.open = NULL;
+  irt_model_close(m);
+}
+
+#else /* built without MPI */
+
+int cli_dist_init(const char *cmd) {
+  (void)cmd;
+  if (getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_RANK"))
+    return cli_fail("this inferrt is built without MPI (install libopenmpi-dev and rebuild) "
+                    "and cannot run under mpirun");
+  return 0;
+}
+
+int cli_dist_rank(void) { return 0; }
+
+irt_status cli_model_open(const char *path, irt_model_opts *o, irt_model **out, irt_error *err) {
+  return irt_model_open(path, o, out, err);
+}
+
+void cli_model_close(irt_model *m) { irt_model_close(m); }
+
+#endif
