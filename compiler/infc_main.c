@@ -288,6 +288,14 @@ static void print_plan(const ir_plan *p, bool tensors) {
   printf("step limits: %lld tokens, %lld sequences, %lld logit rows; KV block %lld\n",
          (long long)c->max_tokens, (long long)c->max_seqs, (long long)c->max_logits,
          (long long)c->kv_block_size);
+  if (c->tp_size > 1) {
+    uint64_t wb = 0;
+    for (int32_t i = 0; i < g->n_tensors; i++)
+      if (g->tensors[i].kind == IR_TENSOR_WEIGHT) wb += g->tensors[i].nbytes;
+    printf("tensor par.: %d ranks (mpirun -n %d); heads, kv heads and ffn above are one rank's; "
+           "%.2f MiB of weights a rank\n",
+           c->tp_size, c->tp_size, (double)wb / 1048576.0);
+  }
   if (c->n_decode_buckets > 0) {
     printf("cuda graphs: decode batch");
     for (int32_t i = 0; i < c->n_decode_buckets; i++)

@@ -163,7 +163,9 @@ class LLM:
                                                     refresh=False)
                                 bar.update(1)
             except BaseException:
-                self._abort(by_cid)
+                # every request the engine took, even one whose submit an interrupt cut
+                # short before it reached by_cid
+                self._abort({r.cid: r for r in reqs if r.cid is not None and not r.done})
                 raise
             finally:
                 if bar is not None:
@@ -178,13 +180,22 @@ class LLM:
             return
         for r in by_cid.values():
             eng.cancel(r)
-        for _ in range(100):
-            if not by_cid:
-                break
+        import time
+        deadline = time.monotonic() + 30.0  # a step takes far less; never wait forever
+        while by_cid and time.monotonic() < deadline:
             try:
                 for r in eng.apply(eng.take(100), by_cid):
                     if r.done:
                         del by_cid[r.cid]
+            except KeyboardInterrupt:
+                continue
+        # the engine publishes its counts at the end of the step whose events ended them
+        while time.monotonic() < deadline:
+            try:
+                st = eng.stats()
+                if st["running"] == 0 and st["waiting"] == 0:
+                    break
+                time.sleep(0.001)
             except KeyboardInterrupt:
                 continue
 

@@ -15,7 +15,7 @@
 #include <mpi.h>
 
 static struct {
-  bool on;        /* MPI is initialized and the job has more than one rank */
+  bool on; /* MPI is initialized and the job has more than one rank */
   bool inited;
   irt_comm comm;
   irt_model *open; /* rank 0: the model its ranks follow, until cli_model_close */

@@ -145,8 +145,7 @@ void tp_close(irt_model *m) {
 static ir_status check_step(const irt_model *m, const tp_header *h, ir_diag *d) {
   const ir_model_config *c = &m->g->config;
   if (h->tokens < 1 || h->tokens > c->max_tokens || h->seqs < 1 || h->seqs > c->max_seqs ||
-      h->logits < 0 || h->logits > c->max_logits || h->copies < 0 ||
-      h->copies > m->kv.n_blocks * 4)
+      h->logits < 0 || h->logits > c->max_logits || h->copies < 0 || h->copies > m->kv.n_blocks * 4)
     return ir_diag_set(d, IR_BAD_FORMAT,
                        "tensor parallelism: rank 0 sent a step outside the plan's limits");
   return IR_OK;
@@ -173,17 +172,17 @@ static ir_status follow_step(irt_model *m, const tp_header *h, ir_diag *d) {
       return ir_diag_set(d, IR_BAD_FORMAT, "tensor parallelism: rank 0 sent a bad block copy");
     kv_block_copy(&m->kv, p[0], p[1]);
   }
-  model_step st = {.syms = {[IR_SYM_TOKENS] = T, [IR_SYM_SEQS] = h->seqs,
-                            [IR_SYM_LOGITS] = h->logits},
-                   .tok_seq = m->tok_seq,
-                   .tok_pos = m->tok_pos,
-                   .block_tables = m->block_tables,
-                   .max_blocks = m->max_blocks,
-                   .kv = &m->kv,
-                   .tokens = m->ptrs[m->in_tokens],
-                   .logit_rows = m->ptrs[m->in_logit_rows],
-                   .pad_block = m->pad_block,
-                   .comm = &m->bcomm};
+  model_step st = {
+      .syms = {[IR_SYM_TOKENS] = T, [IR_SYM_SEQS] = h->seqs, [IR_SYM_LOGITS] = h->logits},
+      .tok_seq = m->tok_seq,
+      .tok_pos = m->tok_pos,
+      .block_tables = m->block_tables,
+      .max_blocks = m->max_blocks,
+      .kv = &m->kv,
+      .tokens = m->ptrs[m->in_tokens],
+      .logit_rows = m->ptrs[m->in_logit_rows],
+      .pad_block = m->pad_block,
+      .comm = &m->bcomm};
   for (int32_t i = 0; i < m->g->n_nodes; i++) {
     ir_status s = m->be.ops->run_node(m->be.ctx, m->g, i, m->ptrs, &st, d);
     if (s != IR_OK) return s;
