@@ -19,11 +19,44 @@ static struct {
   bool inited;
   irt_comm comm;
   irt_model *open; /* rank 0: the model its ranks follow, until cli_model_close */
+  /* this rank's time inside each kind of collective (waits for the other ranks included),
+   * printed at exit: the share of a step the ranks spend meeting */
+  double ms[3];
+  long calls[3];
 } g_dist;
+
+enum { C_REDUCE, C_GATHER, C_BCAST };
+
+static void account(int kind, double t0) {
+  g_dist.ms[kind] += cli_now_ms() - t0;
+  g_dist.calls[kind]++;
+}
+
+/* Peak resident memory of this process (VmHWM), in MiB, or -1. */
+static double peak_rss_mib(void) {
+  FILE *f = fopen("/proc/self/status", "r");
+  char line[256];
+  double kib = -1;
+  while (f && fgets(line, sizeof line, f))
+    if (!strncmp(line, "VmHWM:", 6)) kib = strtod(line + 6, NULL);
+  if (f) fclose(f);
+  return kib < 0 ? -1 : kib / 1024.0;
+}
+
+static void print_stats(void) {
+  if (!g_dist.on || !(g_dist.calls[0] + g_dist.calls[1] + g_dist.calls[2])) return;
+  fprintf(stderr,
+          "inferrt: rank %d of %d: collectives %.1f ms (all_reduce %ld in %.1f ms, all_gather %ld "
+          "in %.1f ms, broadcast %ld in %.1f ms); peak RSS %.1f MiB\n",
+          g_dist.comm.rank, g_dist.comm.size, g_dist.ms[0] + g_dist.ms[1] + g_dist.ms[2],
+          g_dist.calls[C_REDUCE], g_dist.ms[C_REDUCE], g_dist.calls[C_GATHER], g_dist.ms[C_GATHER],
+          g_dist.calls[C_BCAST], g_dist.ms[C_BCAST], peak_rss_mib());
+}
 
 /* Counts above INT_MAX go in pieces (MPI counts are int). */
 static int all_reduce(void *ctx, float *buf, size_t n) {
   (void)ctx;
+  double t0 = cli_now_ms();
   for (size_t off = 0; off < n;) {
     int c = n - off > INT_MAX ? INT_MAX : (int)(n - off);
     if (MPI_Allreduce(MPI_IN_PLACE, buf + off, c, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD) !=
@@ -31,20 +64,27 @@ static int all_reduce(void *ctx, float *buf, size_t n) {
       return 1;
     off += (size_t)c;
   }
+  account(C_REDUCE, t0);
   return 0;
 }
 
 static int all_gather(void *ctx, const void *send, size_t bytes, void *recv) {
   (void)ctx;
   if (bytes > INT_MAX) return 1;
-  return MPI_Allgather(send, (int)bytes, MPI_BYTE, recv, (int)bytes, MPI_BYTE, MPI_COMM_WORLD) !=
-         MPI_SUCCESS;
+  double t0 = cli_now_ms();
+  int rc = MPI_Allgather(send, (int)bytes, MPI_BYTE, recv, (int)bytes, MPI_BYTE, MPI_COMM_WORLD) !=
+           MPI_SUCCESS;
+  account(C_GATHER, t0);
+  return rc;
 }
 
 static int broadcast(void *ctx, void *buf, size_t bytes, int root) {
   (void)ctx;
   if (bytes > INT_MAX) return 1;
-  return MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, MPI_COMM_WORLD) != MPI_SUCCESS;
+  double t0 = cli_now_ms();
+  int rc = MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, MPI_COMM_WORLD) != MPI_SUCCESS;
+  account(C_BCAST, t0);
+  return rc;
 }
 
 static void dist_exit(void) {
@@ -52,6 +92,7 @@ static void dist_exit(void) {
     irt_model_close(g_dist.open);
     g_dist.open = NULL;
   }
+  print_stats();
   if (g_dist.inited) MPI_Finalize();
   g_dist.inited = false;
 }
@@ -111,6 +152,7 @@ irt_status cli_model_open(const char *path, irt_model_opts *o, irt_model **out, 
     st = irt_model_follow(*out, err);
     irt_model_close(*out);
   }
+  if (st == IRT_OK) print_stats(), g_dist.on = false; /* once, before exit's handler */
   if (st != IRT_OK) {
     fprintf(stderr, "inferrt: rank %d: error: %s\n", g_dist.comm.rank, err->msg);
     fflush(stderr);

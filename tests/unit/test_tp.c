@@ -180,8 +180,7 @@ static const char *build(int tp) {
   o.model.kv_block_size = 4;
   o.model.tp_size = tp;
   ir_diag d = {0};
-  CHECKF(infc_build(FIXTURES_DIR "/llama-gqa-f32", &o, path, NULL, NULL, &d) == IR_OK, "%s",
-         d.msg);
+  CHECKF(infc_build(FIXTURES_DIR "/llama-gqa-f32", &o, path, NULL, NULL, &d) == IR_OK, "%s", d.msg);
   return path;
 }
 
@@ -190,8 +189,8 @@ static void check_refusals(const char *tp2) {
   irt_model *m = NULL;
   irt_error err = {0};
   CHECK(irt_model_open(tp2, &mo, &m, &err) == IRT_INVALID_ARG && !m);
-  CHECKF(strstr(err.msg, "built for 2 tensor-parallel ranks: run it as 2 processes") != NULL,
-         "%s", err.msg);
+  CHECKF(strstr(err.msg, "built for 2 tensor-parallel ranks: run it as 2 processes") != NULL, "%s",
+         err.msg);
   irt_comm three = {.rank = 0,
                     .size = 3,
                     .all_reduce_sum_f32 = t_all_reduce,
@@ -210,8 +209,7 @@ static void check_refusals(const char *tp2) {
 int main(void) {
   char *text = NULL;
   ir_diag d = {0};
-  CHECKF(ir_file_read(FIXTURES_DIR "/llama-gqa-f32/oracle.json", 1 << 24, &text, NULL, &d) ==
-             IR_OK,
+  CHECKF(ir_file_read(FIXTURES_DIR "/llama-gqa-f32/oracle.json", 1 << 24, &text, NULL, &d) == IR_OK,
          "%s", d.msg);
   cJSON *oracle = text ? cJSON_Parse(text) : NULL;
   CHECK(oracle != NULL);
