@@ -207,7 +207,8 @@ static const char *const k_attr_names[] = {
     "rot_dim",
     "neox",
     "to",
-    "ranks", /* all_reduce, all_gather */
+    "ranks",      /* all_reduce, all_gather */
+    "vocab_part", /* embed: the table is the tensor-parallel rank's share of the rows */
     /* n-d generic ops (ir_op_nd.c) */
     "axis",
     "axes",

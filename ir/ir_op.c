@@ -3,6 +3,8 @@
  * Op contracts (T, L: symbolic; activations f32 unless stated):
  *   embed(ids[T] i32, table[V,H] f32|f16|bf16|q8_0|q4_0|q4_1; scale?)  -> [T,H]
  *       scale (default 1): each row times scale in f32 (Gemma's sqrt(H) normalizer)
+ *       vocab_part (tensor parallelism): table[V/ranks,H] is rows [rank V/ranks, ...) of the
+ *       vocabulary; other ids give zero rows (an all_reduce after sums the ranks')
  *   rms_norm(x[..,H], w[H] f32; eps)                        -> like x
  *       w[G] with G dividing a static H: each G-slice of a row normalized on its own
  *       (the per-head q/k norm of Qwen3: x[T,nh*hd], w[hd])

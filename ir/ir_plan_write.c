@@ -285,11 +285,30 @@ static bool write_all_weights(FILE *f, const ir_graph *g, const ir_plan_info *in
   return ok;
 }
 
-/* The ranks' graphs must lay their weights out alike: same tensors, same sizes. */
+/* Two nodes alike: the plan stores one graph's nodes for every rank. */
+static bool nodes_alike(const ir_node *a, const ir_node *b) {
+  if (a->op != b->op || a->n_in != b->n_in || a->n_out != b->n_out || a->n_attrs != b->n_attrs ||
+      memcmp(a->in, b->in, (size_t)a->n_in * sizeof *a->in) ||
+      memcmp(a->out, b->out, (size_t)a->n_out * sizeof *a->out))
+    return false;
+  for (int k = 0; k < a->n_attrs; k++) {
+    const ir_attr *x = &a->attrs[k], *y = &b->attrs[k];
+    if (strcmp(x->name, y->name) || x->type != y->type || x->i != y->i ||
+        memcmp(&x->f, &y->f, sizeof x->f) ||
+        (x->type == IR_ATTR_INTS && memcmp(x->ints, y->ints, (size_t)x->i * sizeof *x->ints)))
+      return false;
+  }
+  return true;
+}
+
+/* The ranks' graphs must be one graph but for their weights' bytes: the same nodes, the
+ * same tensors, the same weight sizes (the plan stores rank 0's graph for all). */
 static bool ranks_alike(const ir_graph *g, const ir_plan_info *info) {
   for (int r = 1; r < n_ranks(info); r++) {
     const ir_graph *o = info->ranks[r];
-    if (!o || o->n_tensors != g->n_tensors) return false;
+    if (!o || o->n_tensors != g->n_tensors || o->n_nodes != g->n_nodes) return false;
+    for (int32_t i = 0; i < g->n_nodes; i++)
+      if (!nodes_alike(&g->nodes[i], &o->nodes[i])) return false;
     for (int32_t i = 0; i < g->n_tensors; i++)
       if (o->tensors[i].kind != g->tensors[i].kind ||
           (g->tensors[i].kind == IR_TENSOR_WEIGHT && o->tensors[i].nbytes != g->tensors[i].nbytes))

@@ -282,8 +282,11 @@ ir_status ir_graph_verify_step(const ir_graph *g, ir_diag *d) {
       break;
     case IR_OP_EMBED: {
       const ir_tensor *tab = &g->tensors[n->in[1]];
+      int64_t tp = g->config.tp_size > 1 ? g->config.tp_size : 1;
+      bool vp = ir_node_attr_i(n, "vocab_part", 0) != 0; /* each rank holds its 1/tp of the rows */
+      bool part = vp && tp > 1 && tab->dims[0].n * tp == g->config.vocab_size;
       if (!is_input(g, n->in[0], "tokens") || tab->dims[0].sym != IR_SYM_NONE ||
-          tab->dims[0].n < g->config.vocab_size)
+          (!vp && tab->dims[0].n < g->config.vocab_size) || (vp && !part))
         st = ir_diag_set(d, IR_BAD_FORMAT,
                          "node '%s': an embedding of the input 'tokens' "
                          "needs a table of at least vocab_size (%lld) rows",

@@ -536,10 +536,23 @@ static void set_config(builder *b, int64_t max_pos) {
 
 static void build_body(builder *b) {
   const model_llama_params *p = b->p;
-  int32_t emb = mat_weight(b, "model.embed_tokens.weight", p->vocab_size, p->hidden_size);
+  int64_t row0 = b->rank * b->vocab; /* tensor parallelism: this rank's vocabulary rows */
+  int32_t emb = b->tp > 1
+                    ? as_dtype(b,
+                               weight_rows(b, "model.embed_tokens.weight", p->vocab_size, row0,
+                                           b->vocab, p->hidden_size, "model.embed_tokens.weight"),
+                               b->bo->weight_dtype)
+                    : mat_weight(b, "model.embed_tokens.weight", p->vocab_size, p->hidden_size);
   int32_t in[2] = {b->tokens, emb};
-  ir_attr es = IR_AF(ir_attr_intern("scale"), (double)(float)p->embed_scale);
-  int32_t x = node(b, IR_OP_EMBED, "embed", in, 2, &es, p->embed_scale > 0 ? 1 : 0);
+  ir_attr ea[2];
+  int na = 0;
+  if (p->embed_scale > 0) ea[na++] = IR_AF(ir_attr_intern("scale"), (double)(float)p->embed_scale);
+  if (b->tp > 1) ea[na++] = IR_AI(ir_attr_intern("vocab_part"), 1); /* rows from the rank */
+  int32_t x = node(b, IR_OP_EMBED, "embed", in, 2, ea, na);
+  if (b->tp > 1) { /* each rank has its rows' tokens, zeros elsewhere: the sum is every token */
+    ir_attr a = IR_AI(ir_attr_intern("ranks"), b->tp);
+    x = node(b, IR_OP_ALL_REDUCE, "embed.all_reduce", &x, 1, &a, 1);
+  }
   for (int64_t l = 0; l < p->n_layers && b->st == IR_OK; l++) x = layer(b, x, l);
   in[0] = x;
   in[1] = b->logit_rows;
@@ -547,11 +560,10 @@ static void build_body(builder *b) {
   x = rms_norm(b, x, norm_weight(b, "model.norm.weight", p->hidden_size), "final_norm");
   in[0] = x;
   const char *head = p->tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
-  if (b->tp > 1) /* this rank's rows of the vocabulary, gathered after */
-    in[1] = as_dtype(b,
-                     weight_rows(b, head, p->vocab_size, b->rank * b->vocab, b->vocab,
-                                 p->hidden_size, "lm_head.weight"),
-                     b->bo->weight_dtype);
+  if (b->tp > 1 && !p->tie_word_embeddings) /* this rank's rows of the vocabulary */
+    in[1] = as_dtype(
+        b, weight_rows(b, head, p->vocab_size, row0, b->vocab, p->hidden_size, "lm_head.weight"),
+        b->bo->weight_dtype);
   else in[1] = p->tie_word_embeddings ? emb : mat_weight(b, head, p->vocab_size, p->hidden_size);
   int32_t logits = node(b, IR_OP_MATMUL, "logits", in, 2, NULL, 0);
   if (b->tp > 1) {

@@ -25,6 +25,10 @@ void kn_embed(kn_pool *p, float *out, const void *table, ir_dtype dt, const int3
  * scale 1 is kn_embed. */
 void kn_embed_scaled(kn_pool *p, float *out, const void *table, ir_dtype dt, const int32_t *ids,
                      int64_t n_tok, int64_t dim, float scale);
+/* A table of the vocabulary's rows [row0, row0 + rows) (tensor parallelism's share): ids
+ * outside them give zero rows, which the ranks' all-reduce fills. */
+void kn_embed_part(kn_pool *p, float *out, const void *table, ir_dtype dt, const int32_t *ids,
+                   int64_t n_tok, int64_t dim, float scale, int64_t row0, int64_t rows);
 
 /* out[t] = x[t] * w / sqrt(mean(x[t]^2) + eps).  x, out: (n, dim); w: (dim) f32.
  * out may alias x. */

@@ -178,10 +178,13 @@ static ir_status cpu_run_node(void *vctx, const ir_graph *g, int32_t ni, void *c
   const ir_node *n = &g->nodes[ni];
   float eps = (float)ir_node_attr_f(n, "eps", 1e-6);
   switch (n->op) {
-  case IR_OP_EMBED:
-    kn_embed_scaled(p, O_(0), P_(1), T_(1)->dtype, P_(0), dimv(g, T_(0), 0, s),
-                    dimv(g, T_(1), 1, s), (float)ir_node_attr_f(n, "scale", 1.0));
+  case IR_OP_EMBED: { /* vocab_part: the table is rows [rank R, (rank + 1) R) of the vocab */
+    int64_t rows = dimv(g, T_(1), 0, s);
+    int64_t row0 = ir_node_attr_i(n, "vocab_part", 0) && s->comm ? s->comm->rank * rows : 0;
+    kn_embed_part(p, O_(0), P_(1), T_(1)->dtype, P_(0), dimv(g, T_(0), 0, s), dimv(g, T_(1), 1, s),
+                  (float)ir_node_attr_f(n, "scale", 1.0), row0, rows);
     break;
+  }
   case IR_OP_RMS_NORM: { /* rows of the weight's length: a slice of the row, or all of it */
     int64_t dim = dimv(g, T_(1), 0, s);
     kn_rms_norm(p, O_(0), P_(0), P_(1), (int64_t)ir_tensor_elems(g, T_(0), s->syms) / dim, dim,
