@@ -15,6 +15,14 @@
  * cli_model_close closes what cli_model_open opened. */
 int cli_dist_init(const char *cmd);
 int cli_dist_rank(void);
+/* batch under mpirun with a one-rank plan: data parallelism, each rank a model of its own
+ * running every N-th line; returns N (1 when not under mpirun or for a tensor-parallel
+ * plan) and this rank. */
+int cli_dist_data_parallel(const char *plan, int *rank);
+/* All ranks meet (0), or nonzero on a transport failure; 0 at once without mpirun. */
+int cli_dist_barrier(void);
+/* Ends every rank of the job (under mpirun; nothing otherwise). */
+void cli_dist_abort(int code);
 irt_status cli_model_open(const char *path, irt_model_opts *o, irt_model **out, irt_error *err);
 void cli_model_close(irt_model *m);
 int cli_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -35,6 +35,11 @@ typedef struct batch_args {
   irt_kv_dtype kv_dtype;
   irt_engine_opts spec; /* the --spec-* fields; the engine's options start from it */
   cli_cuda cuda;
+  /* mpirun with a one-rank plan: this rank runs lines shard_rank, + shard_n, ... into its
+   * own output (output is then OUT.rankR-of-N) and merged is OUT, whose results count as
+   * done; rank 0 merges the shards into it in input order at the end */
+  int shard_rank, shard_n;
+  const char *merged;
 } batch_args;
 
 /* A set of strings (open addressing; grows at half load). */
@@ -532,10 +537,20 @@ static int run_batch(batch *b, const batch_args *a) {
                                      a->output, a->output)
                           : cli_fail("%s.lock: %s", a->output, strerror(errno));
   }
-  if (!split_lines(b, buf, len) || !load_done(b, a->output, a->retry_failed)) {
+  bool pre = true; /* the merged output's results (rank 0 has cleaned it first) */
+  if (a->merged && a->shard_rank == 0) pre = load_done(b, a->merged, a->retry_failed);
+  if (a->merged && cli_dist_barrier()) pre = false;
+  if (a->merged && a->shard_rank > 0 && pre) pre = load_done(b, a->merged, false);
+  if (!pre || !split_lines(b, buf, len) || !load_done(b, a->output, a->retry_failed)) {
     free(buf);
     close(lock);
     return cli_fail("%s: %s", a->output, strerror(errno));
+  }
+  if (a->shard_n > 1) { /* this rank's lines: every shard_n-th from shard_rank */
+    int64_t k = 0;
+    for (int64_t i = a->shard_rank; i < b->n_lines; i += a->shard_n, k++)
+      b->lines[k] = b->lines[i], b->line_no[k] = b->line_no[i];
+    b->n_lines = k;
   }
   b->sync_every = a->sync_every;
   b->out_fd = open(a->output, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
@@ -569,10 +584,127 @@ static int run_batch(batch *b, const batch_args *a) {
   return b->write_failed ? cli_fail("%s: writing results failed", a->output) : 0;
 }
 
+/* A result line of a shard, by custom_id. */
+typedef struct result_ref {
+  char *id;
+  const char *line;
+  size_t len;
+} result_ref;
+
+static int cmp_ref(const void *x, const void *y) {
+  return strcmp(((const result_ref *)x)->id, ((const result_ref *)y)->id);
+}
+
+/* Reads the shard outputs' results (each line whole: a shard run kept only whole ones);
+ * *bufs keeps their text. */
+static bool read_shards(const batch_args *a, char **bufs, result_ref **out, size_t *n_out) {
+  size_t n = 0, cap = 0;
+  result_ref *refs = NULL;
+  for (int r = 0; r < a->shard_n; r++) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s.rank%d-of-%d", a->merged, r, a->shard_n);
+    size_t len = 0;
+    bufs[r] = cli_read_file(path, &len);
+    if (!bufs[r] && errno != ENOENT) return false;
+    for (size_t start = 0, i = 0; bufs[r] && i < len; i++) {
+      if (bufs[r][i] != '\n') continue;
+      cJSON *o = cJSON_ParseWithLength(bufs[r] + start, i - start);
+      bool failed;
+      const char *id = batch_result_id(o, &failed);
+      if (id && n == cap) {
+        cap = cap ? cap * 2 : 1024;
+        result_ref *p = realloc(refs, cap * sizeof *p);
+        if (!p) return cJSON_Delete(o), free(refs), false;
+        refs = p;
+      }
+      if (id && (refs[n].id = strdup(id)))
+        refs[n].line = bufs[r] + start, refs[n].len = i - start + 1, n++;
+      cJSON_Delete(o);
+      start = i + 1;
+    }
+  }
+  qsort(refs, n, sizeof *refs, cmp_ref);
+  *out = refs, *n_out = n;
+  return true;
+}
+
+/* Rank 0, after every rank's run: the shards' results appended to the merged output in
+ * input order (those it already holds skipped), made durable, then the shards removed. A
+ * line without a result leaves the shards in place and fails: a rerun redoes it. */
+static int merge_shards(const batch_args *a) {
+  batch *in = calloc(1, sizeof *in), *have = calloc(1, sizeof *have);
+  char **bufs = calloc((size_t)a->shard_n, sizeof *bufs);
+  size_t len = 0, n_refs = 0, n_out = 0, cap = 0;
+  result_ref *refs = NULL;
+  char *text = in && have && bufs ? cli_read_file(a->input, &len) : NULL, *out = NULL;
+  bool ok = text && split_lines(in, text, len) && load_done(have, a->merged, false) &&
+            read_shards(a, bufs, &refs, &n_refs);
+  int64_t merged = 0, missing = 0;
+  for (int64_t k = 0; ok && k < in->n_lines; k++) {
+    batch_line l;
+    batch_line_read(in->lines[k], in->line_no[k], &l);
+    if (strset_add(&have->done, l.id)) {
+      result_ref key = {.id = (char *)l.id};
+      result_ref *r = bsearch(&key, refs, n_refs, sizeof *refs, cmp_ref);
+      if (!r) missing++;
+      else if (n_out + r->len > cap) {
+        cap = (n_out + r->len) * 2;
+        char *p = realloc(out, cap);
+        ok = p != NULL;
+        out = p ? p : out;
+      }
+      if (r && ok) memcpy(out + n_out, r->line, r->len), n_out += r->len, merged++;
+    }
+    cJSON_Delete(l.o);
+  }
+  int fd = ok ? open(a->merged, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644) : -1;
+  for (size_t off = 0; fd >= 0 && off < n_out;) {
+    ssize_t w = write(fd, out + off, n_out - off);
+    if (w <= 0 && errno != EINTR) break;
+    if (w > 0) off += (size_t)w;
+    if (off == n_out) n_out = 0; /* all written */
+  }
+  ok = ok && fd >= 0 && n_out == 0 && fsync(fd) == 0;
+  if (fd >= 0) close(fd);
+  for (int r = 0; ok && !missing && r < a->shard_n; r++) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s.rank%d-of-%d", a->merged, r, a->shard_n);
+    unlink(path);
+    strncat(path, ".lock", sizeof path - strlen(path) - 1);
+    unlink(path);
+  }
+  if (ok)
+    fprintf(stderr, "inferrt: batch: merged %lld results of %d ranks into %s in input order\n",
+            (long long)merged, a->shard_n, a->merged);
+  for (size_t i = 0; i < n_refs; i++) free(refs[i].id);
+  for (int r = 0; bufs && r < a->shard_n; r++) free(bufs[r]);
+  free(refs), free(bufs), free(out), free(text);
+  if (in) free(in->lines), free(in->line_no), strset_free(&in->done);
+  if (have) free(have->lines), free(have->line_no), strset_free(&have->done);
+  free(in), free(have);
+  if (!ok) return cli_fail("%s: merging the ranks' results failed", a->merged);
+  if (missing)
+    return cli_fail("%s: %lld lines have no result in the ranks' outputs (kept: a rerun "
+                    "redoes them)",
+                    a->merged, (long long)missing);
+  return 0;
+}
+
 int cmd_batch(int argc, char **argv) {
   batch_args a = {.sync_every = 64};
   int rc = parse(argc, argv, &a);
   if (rc) return rc < 0 ? 0 : rc;
+  char shard[4200];
+  int merge_lock = -1;
+  a.shard_n = cli_dist_data_parallel(a.plan, &a.shard_rank);
+  if (a.shard_n > 1) { /* mpirun with a one-rank plan: a share of the lines each */
+    if (snprintf(shard, sizeof shard, "%s.rank%d-of-%d", a.output, a.shard_rank, a.shard_n) >=
+        (int)sizeof shard)
+      return cli_fail("%s: path too long", a.output);
+    a.merged = a.output, a.output = shard;
+    if (a.shard_rank == 0 && (merge_lock = lock_output(a.merged)) < 0)
+      return cli_fail("%s: another batch run is writing it (or %s)", a.merged, strerror(errno));
+  }
   batch *b = calloc(1, sizeof *b);
   if (!b) return cli_fail("out of memory");
   pthread_mutex_init(&b->mu, NULL);
@@ -613,6 +745,10 @@ int cmd_batch(int argc, char **argv) {
   }
   irt_engine_destroy(c->e);
   cli_model_close(c->m);
+  if (a.shard_n > 1 && rc) cli_dist_abort(rc); /* the other ranks would wait at the merge */
+  if (a.shard_n > 1 && cli_dist_barrier()) rc = cli_fail("the ranks could not meet to merge");
+  if (a.shard_n > 1 && a.shard_rank == 0 && !rc) rc = merge_shards(&a);
+  if (merge_lock >= 0) close(merge_lock);
   strset_free(&b->done);
   free(b->lines);
   free(b->line_no);

@@ -23,6 +23,7 @@ static struct {
    * printed at exit: the share of a step the ranks spend meeting */
   double ms[3];
   long calls[3];
+  bool data_parallel; /* batch with a one-rank plan: each rank runs its share of the lines */
 } g_dist;
 
 enum { C_REDUCE, C_GATHER, C_BCAST };
@@ -134,8 +135,29 @@ int cli_dist_init(const char *cmd) {
 
 int cli_dist_rank(void) { return g_dist.on ? g_dist.comm.rank : 0; }
 
+int cli_dist_data_parallel(const char *plan, int *rank) {
+  *rank = 0;
+  int tp = 0;
+  irt_error err = {0};
+  if (!g_dist.on || irt_plan_tp_size(plan, &tp, &err) != IRT_OK || tp != 1) return 1;
+  g_dist.data_parallel = true; /* every rank its own model: no collectives */
+  *rank = g_dist.comm.rank;
+  return g_dist.comm.size;
+}
+
+int cli_dist_barrier(void) {
+  if (!g_dist.on) return 0;
+  return MPI_Barrier(MPI_COMM_WORLD) != MPI_SUCCESS;
+}
+
+void cli_dist_abort(int code) {
+  if (!g_dist.on) return;
+  fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, code);
+}
+
 irt_status cli_model_open(const char *path, irt_model_opts *o, irt_model **out, irt_error *err) {
-  if (!g_dist.on) return irt_model_open(path, o, out, err);
+  if (!g_dist.on || g_dist.data_parallel) return irt_model_open(path, o, out, err);
   o->comm = &g_dist.comm;
   irt_status st = irt_model_open(path, o, out, err);
   if (g_dist.comm.rank == 0 && st == IRT_OK) {
@@ -177,6 +199,16 @@ int cli_dist_init(const char *cmd) {
 }
 
 int cli_dist_rank(void) { return 0; }
+
+int cli_dist_data_parallel(const char *plan, int *rank) {
+  (void)plan;
+  *rank = 0;
+  return 1;
+}
+
+int cli_dist_barrier(void) { return 0; }
+
+void cli_dist_abort(int code) { (void)code; }
 
 irt_status cli_model_open(const char *path, irt_model_opts *o, irt_model **out, irt_error *err) {
   return irt_model_open(path, o, out, err);

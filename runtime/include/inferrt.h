@@ -158,6 +158,8 @@ irt_status irt_model_follow(irt_model *m, irt_error *err);
  * without building a model: IRT_OK, or IRT_BAD_FORMAT / IRT_VERSION_MISMATCH / IRT_IO
  * with a message naming the problem. */
 irt_status irt_plan_verify(const char *plan_path, irt_error *err);
+/* The tensor-parallel ranks a plan is built for (1: one process), from its metadata. */
+irt_status irt_plan_tp_size(const char *plan_path, int *out, irt_error *err);
 /* Borrowed; valid while the model is open. */
 const irt_model_info *irt_model_get_info(const irt_model *m);
 

@@ -20,6 +20,16 @@ irt_status irt_plan_verify(const char *plan_path, irt_error *err) {
   return rt_status_from_ir(st);
 }
 
+irt_status irt_plan_tp_size(const char *plan_path, int *out, irt_error *err) {
+  ir_diag d = {0};
+  ir_plan *p = NULL;
+  ir_status st = ir_plan_open(plan_path, IR_PLAN_VERIFY_META, &p, &d);
+  *out = st == IR_OK ? ir_plan_tp_size(p) : 0;
+  ir_plan_close(p);
+  if (st != IR_OK) rt_error_from_diag(err, &d);
+  return rt_status_from_ir(st);
+}
+
 static int32_t find_io(const ir_graph *g, const char *name, ir_diag *d) {
   int32_t t = ir_graph_find_tensor(g, name);
   if (t < 0) ir_diag_set(d, IR_BAD_FORMAT, "plan has no '%s' tensor", name);

@@ -143,6 +143,61 @@ check("batch: logprobs within 2e-5 of one rank's", worst <= 2e-5, "worst %.3g" %
 print("tp: worst |logprob(tp2) - logprob(tp1)| = %.3g" % worst)
 
 
+# 2b. data parallelism: mpirun -n 2 inferrt batch with a one-rank plan, each rank every
+# other line, merged in input order; a rerun after a partial run does each line once
+dpin = os.path.join(TMP, "dp.jsonl")
+with open(dpin, "w") as f:
+    for i in range(40):
+        f.write(json.dumps({"custom_id": "c%d" % i, "method": "POST", "url": "/v1/completions",
+                            "body": {"model": "m", "prompt": "Story %d:" % i, "max_tokens": 8,
+                                     "temperature": 0}}) + "\n")
+
+
+def dp_run(out, n):
+    args = [INFERRT, "batch", text1, "--input", dpin, "--output", out, "--threads", 1,
+            "--model-name", "m"]
+    r = mpi(n, args) if n > 1 else run(args)
+    check("data-parallel batch on %d ranks" % n, r.returncode == 0, r.stderr[-500:])
+    return r
+
+
+def results(path):
+    return [json.loads(line) for line in open(path)] if os.path.exists(path) else []
+
+
+def text_of(o):
+    return o["response"]["body"]["choices"][0]["text"]
+
+
+for f in os.listdir(TMP):
+    if f.startswith("dp-"):
+        os.remove(os.path.join(TMP, f))
+ref_out, dp_out = os.path.join(TMP, "dp-one.jsonl"), os.path.join(TMP, "dp-two.jsonl")
+dp_run(ref_out, 1)
+ref = {o["custom_id"]: text_of(o) for o in results(ref_out)}
+dp_run(dp_out, 2)
+got = results(dp_out)
+check("data-parallel batch: every line once, in input order",
+      [o["custom_id"] for o in got] == ["c%d" % i for i in range(40)], str(got)[:300])
+check("data-parallel batch = one process", all(text_of(o) == ref[o["custom_id"]] for o in got))
+check("data-parallel batch: the shards are gone",
+      not [f for f in os.listdir(TMP) if f.startswith("dp-two.jsonl.rank")])
+# a run cut short: the merged output holds c0..c4, rank 1's shard c7, c9 and a torn line
+with open(dp_out, "w") as f:
+    f.write("".join(json.dumps(o) + "\n" for o in got[:5]))
+with open(dp_out + ".rank1-of-2", "w") as f:
+    f.write(json.dumps(got[7]) + "\n" + json.dumps(got[9]) + "\n" + '{"custom_id": "c11", "resp')
+r = dp_run(dp_out, 2)
+again = results(dp_out)
+check("data-parallel batch resumed: every line once",
+      sorted(o["custom_id"] for o in again) == sorted("c%d" % i for i in range(40)),
+      str([o["custom_id"] for o in again]))
+check("data-parallel batch resumed: the rest in input order",
+      [o["custom_id"] for o in again[5:]] == ["c%d" % i for i in range(5, 40)])
+check("data-parallel batch resumed = one process",
+      all(text_of(o) == ref[o["custom_id"]] for o in again))
+check("data-parallel batch resumed: done lines skipped", "skipped" in r.stderr + r.stdout)
+
 # 3. serve under mpirun; a killed rank ends the job
 def free_port():
     s = socket.socket()
