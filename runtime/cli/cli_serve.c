@@ -13,6 +13,7 @@
 
 typedef struct serve_args {
   const char *plan, *host, *model_name, *chat_template, *device;
+  const char *kv_events, *kv_events_topic; /* --kv-events ENDPOINT, --kv-events-topic */
   int64_t port, max_connections, max_waiting, max_body, threads, kv_tokens, max_batched;
   int64_t max_per_client;
   bool no_prefix_cache, no_cuda_graphs, no_reasoning, allow_special;
@@ -49,6 +50,10 @@ static int usage(FILE *f) {
         "  --kv-dtype T            " CLI_KV_DTYPE_USAGE "\n"
         "  --max-batched-tokens N  token budget per step (default: the plan's)\n"
         "  --no-prefix-cache       disable prefix caching\n"
+        "  --kv-events ENDPOINT    publish the prefix cache's stored / removed blocks on a\n"
+        "                          ZeroMQ PUB socket bound there (tcp://0.0.0.0:5557), in vLLM's\n"
+        "                          KV-events format, for KV-aware routers\n"
+        "  --kv-events-topic T     their topic (default kv-events)\n"
         "  --threads N             CPU threads (default: all cores)\n"
         "  --device DEV            cpu or cuda (default: the plan's target)\n"
         "  --no-cuda-graphs        CUDA: run decode steps kernel by kernel\n" CLI_CUDA_USAGE
@@ -98,6 +103,8 @@ static int parse_value(serve_args *a, int c, const char *v) {
     return cli_parse_i64(v, 1, 65536, &a->max_per_client)
                ? 0
                : cli_fail("--max-connections-per-client: expected 1..65536");
+  case 23: a->kv_events = v; return 0;
+  case 24: a->kv_events_topic = v; return 0;
   case 20:
     if (strcmp(v, "auto") && strcmp(v, "none"))
       return cli_fail("--reasoning-format: expected auto or none");
@@ -134,6 +141,8 @@ static int parse(int argc, char **argv, serve_args *a) {
                                         {"spec-always", 0, 0, 19},
                                         {"reasoning-format", 1, 0, 20},
                                         {"max-connections-per-client", 1, 0, 21},
+                                        {"kv-events", 1, 0, 23},
+                                        {"kv-events-topic", 1, 0, 24},
                                         CLI_CUDA_LONGOPTS,
                                         {"help", 0, 0, 'h'},
                                         {0, 0, 0, 0}};
@@ -231,6 +240,9 @@ int cmd_serve(int argc, char **argv) {
                .id_salt = (uint64_t)time(NULL) * 0x9e3779b97f4a7c15ull ^ (uint64_t)getpid()};
   irt_error err = {0};
   irt_status st = cli_model_open(a.plan, &mo, &c.m, &err);
+  srv_kv_events *kve = NULL;
+  if (st == IRT_OK && a.kv_events)
+    st = srv_kv_events_start(c.m, a.kv_events, a.kv_events_topic, &kve, &err);
   if (st == IRT_OK) st = irt_engine_create(c.m, &eo, &c.e, &err);
   if (st == IRT_OK) st = irt_engine_start(c.e, &err);
   srv_metrics *metrics = NULL;
@@ -249,6 +261,7 @@ int cmd_serve(int argc, char **argv) {
     rc = cli_fail("%s", err.msg[0] ? err.msg : irt_status_name(st));
   }
   irt_engine_destroy(c.e);
+  srv_kv_events_stop(kve);
   srv_metrics_destroy(metrics);
   cli_model_close(c.m);
   srv_keys_free(&a.keys);

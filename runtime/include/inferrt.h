@@ -154,6 +154,28 @@ void irt_model_close(irt_model *m);
 /* Ranks 1.. of a tensor-parallel plan: runs each step rank 0 runs, on this rank's shard,
  * until rank 0 closes its model (IRT_OK) or a step or the transport fails. */
 irt_status irt_model_follow(irt_model *m, irt_error *err);
+/* Prefix-cache events, for KV-aware routers (`inferrt serve --kv-events` publishes them in
+ * vLLM's KV-events format): a full block entering the cache under its chain hash (its
+ * parent's hash, 0 for a sequence's first block, and its tokens), or leaving it (evicted to
+ * make room). */
+typedef enum irt_kv_event_kind {
+  IRT_KV_BLOCK_STORED = 1,
+  IRT_KV_BLOCK_REMOVED = 2,
+} irt_kv_event_kind;
+
+typedef struct irt_kv_event {
+  irt_kv_event_kind kind;
+  uint64_t block_hash;
+  uint64_t parent_hash;  /* stored: the previous block's hash, 0 for a first block */
+  const int32_t *tokens; /* stored: the block's block_size tokens (borrowed for the call) */
+  int64_t block_size;
+} irt_kv_event;
+
+typedef void (*irt_kv_event_fn)(void *user, const irt_kv_event *ev);
+/* fn is called, on the thread that steps the model (it must not block), for every block the
+ * prefix cache stores or evicts; NULL stops it. Set it before steps run. */
+void irt_model_set_kv_events(irt_model *m, irt_kv_event_fn fn, void *user);
+
 /* Checks every checksum of a plan (header, metadata, weights, kernels) and its offsets,
  * without building a model: IRT_OK, or IRT_BAD_FORMAT / IRT_VERSION_MISMATCH / IRT_IO
  * with a message naming the problem. */

@@ -187,6 +187,7 @@ void kv_block_register(kv_cache *kv, int32_t b, uint64_t parent, const int32_t *
   int32_t *head = bucket_of(kv, m->hash);
   m->hnext = *head;
   *head = b;
+  if (kv->on_cache) kv->on_cache(kv->on_cache_ctx, kv, b, true);
 }
 
 int32_t kv_prefix_lookup(kv_cache *kv, uint64_t parent, const int32_t *tokens, uint64_t tenant) {
@@ -208,6 +209,7 @@ int32_t kv_block_alloc(kv_cache *kv) {
   } else if (kv->lru_head >= 0) {
     b = kv->lru_head;
     lru_remove(kv, b);
+    if (kv->on_cache) kv->on_cache(kv->on_cache_ctx, kv, b, false);
     unregister(kv, b);
     kv->evictions++;
   } else {

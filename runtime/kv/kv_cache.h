@@ -59,6 +59,10 @@ typedef struct kv_cache {
    * NULL: memcpy). */
   void (*copy)(void *ctx, void *dst, const void *src, size_t bytes);
   void *copy_ctx;
+  /* told when a block enters the prefix cache (stored true: its hash, parent and tokens are
+   * set) and when it leaves it (evicted for reuse), for KV-aware routers */
+  void (*on_cache)(void *ctx, const struct kv_cache *kv, int32_t block, bool stored);
+  void *on_cache_ctx;
   /* told of every kv_block_copy (tensor parallelism: rank 0 sends them to the other ranks) */
   void (*on_copy)(void *ctx, int32_t src, int32_t dst);
   void *on_copy_ctx;

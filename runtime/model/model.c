@@ -342,6 +342,24 @@ void irt_model_close(irt_model *m) {
   ir_free(m);
 }
 
+/* The KV cache's prefix-cache hook, as the public event. */
+static void kv_cache_event(void *ctx, const kv_cache *kv, int32_t b, bool stored) {
+  irt_model *m = ctx;
+  const kv_meta *meta = &kv->meta[b];
+  irt_kv_event ev = {.kind = stored ? IRT_KV_BLOCK_STORED : IRT_KV_BLOCK_REMOVED,
+                     .block_hash = meta->hash,
+                     .parent_hash = stored ? meta->parent : 0,
+                     .tokens = stored ? &kv->tokens[(size_t)b * (size_t)kv->block_size] : NULL,
+                     .block_size = kv->block_size};
+  m->kv_event(m->kv_event_user, &ev);
+}
+
+void irt_model_set_kv_events(irt_model *m, irt_kv_event_fn fn, void *user) {
+  m->kv_event = fn, m->kv_event_user = user;
+  m->kv.on_cache = fn ? kv_cache_event : NULL;
+  m->kv.on_cache_ctx = m;
+}
+
 const irt_model_info *irt_model_get_info(const irt_model *m) { return &m->info; }
 
 const irt_tokenizer *irt_model_get_tokenizer(const irt_model *m) { return m->tok; }

@@ -48,7 +48,9 @@ struct irt_model {
   int64_t tp_msg_cap;
   int32_t *tp_copies; /* (src, dst) pairs of KV block copies not yet sent */
   int64_t n_tp_copies, tp_copies_cap;
-  bool tp_copies_lost; /* a copy could not be recorded: the ranks' caches differ */
+  bool tp_copies_lost;      /* a copy could not be recorded: the ranks' caches differ */
+  irt_kv_event_fn kv_event; /* irt_model_set_kv_events */
+  void *kv_event_user;
 };
 
 struct irt_seq {

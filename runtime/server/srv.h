@@ -87,6 +87,15 @@ int srv_http_port(const srv_http *h);
 /* Ends open streams (their requests are cancelled), closes the socket, joins the threads. */
 void srv_http_stop(srv_http *h);
 
+/* The prefix cache's stored / removed blocks published on a ZeroMQ PUB socket bound to
+ * endpoint ("tcp://0.0.0.0:5557"), in vLLM's KV-events format under topic (srv_kv_events.c).
+ * Start it before the engine steps; stop it after the engine is destroyed. */
+typedef struct srv_kv_events srv_kv_events;
+irt_status srv_kv_events_start(irt_model *m, const char *endpoint, const char *topic,
+                               srv_kv_events **out, irt_error *err);
+void srv_kv_events_stop(srv_kv_events *k);
+uint64_t srv_kv_events_dropped(const srv_kv_events *k);
+
 /* The chat page, embedded at build time from runtime/server/chat.html. */
 extern const unsigned char srv_chat_html[];
 extern const size_t srv_chat_html_len;
