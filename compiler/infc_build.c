@@ -283,7 +283,9 @@ ir_status infc_build(const char *src, const infc_options *opts, const char *out_
   ir_graph *ranks[IR_MAX_TP] = {0};
   st = tp_supported(&o, s, d);
   infc_tok_blob tok = {0};
-  if (o.tokenizer[0]) st = infc_tokenizer_load_json(o.tokenizer, g->config.vocab_size, &tok, d);
+  if (st != IR_OK) (void)0; /* a refused --tp: nothing more to read */
+  else if (o.tokenizer[0])
+    st = infc_tokenizer_load_json(o.tokenizer, g->config.vocab_size, &tok, d);
   else if (!strcmp(s->kind, "gguf"))
     st = infc_gguf_tokenizer_blob(s->gguf, g->config.vocab_size, &tok, d);
   else st = infc_tokenizer_beside(src, g->config.vocab_size, &tok, d);

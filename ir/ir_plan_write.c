@@ -301,6 +301,15 @@ static bool nodes_alike(const ir_node *a, const ir_node *b) {
   return true;
 }
 
+static bool tensors_alike(const ir_tensor *a, const ir_tensor *b) {
+  if (a->kind != b->kind || a->dtype != b->dtype || a->rank != b->rank ||
+      a->arena_offset != b->arena_offset || (a->kind == IR_TENSOR_WEIGHT && a->nbytes != b->nbytes))
+    return false;
+  for (int k = 0; k < a->rank; k++)
+    if (a->dims[k].n != b->dims[k].n || a->dims[k].sym != b->dims[k].sym) return false;
+  return true;
+}
+
 /* The ranks' graphs must be one graph but for their weights' bytes: the same nodes, the
  * same tensors, the same weight sizes (the plan stores rank 0's graph for all). */
 static bool ranks_alike(const ir_graph *g, const ir_plan_info *info) {
@@ -310,9 +319,7 @@ static bool ranks_alike(const ir_graph *g, const ir_plan_info *info) {
     for (int32_t i = 0; i < g->n_nodes; i++)
       if (!nodes_alike(&g->nodes[i], &o->nodes[i])) return false;
     for (int32_t i = 0; i < g->n_tensors; i++)
-      if (o->tensors[i].kind != g->tensors[i].kind ||
-          (g->tensors[i].kind == IR_TENSOR_WEIGHT && o->tensors[i].nbytes != g->tensors[i].nbytes))
-        return false;
+      if (!tensors_alike(&g->tensors[i], &o->tensors[i])) return false;
   }
   return true;
 }
@@ -354,7 +361,8 @@ ir_status ir_plan_write(const ir_graph *g, const ir_plan_info *info, const char 
   uint64_t wsize = meta_fill(&m, g, info);
   int nr = n_ranks(info);
   uint64_t rank_hash[IR_MAX_TP];
-  if (nr > 1 && (nr > IR_MAX_TP || nr != g->config.tp_size || !ranks_alike(g, info)))
+  if ((nr > 1 || g->config.tp_size > 1) &&
+      (nr > IR_MAX_TP || nr != g->config.tp_size || !ranks_alike(g, info)))
     st = ir_diag_set(d, IR_INVALID_ARG,
                      "%d rank graphs for a plan of tp_size %d, or ranks whose weights differ "
                      "in layout",

@@ -231,8 +231,21 @@ static ir_status cpu_run_node(void *vctx, const ir_graph *g, int32_t ni, void *c
 }
 
 static ir_status cpu_check(void *vctx, const ir_graph *g, ir_diag *d) {
+  cpu_ctx *c = vctx;
+  const ir_model_config *cf = &g->config;
+  int64_t most[IR_SYM_COUNT] = {[IR_SYM_TOKENS] = cf->max_tokens,
+                                [IR_SYM_SEQS] = cf->max_seqs,
+                                [IR_SYM_LOGITS] = cf->max_logits};
   for (int32_t i = 0; i < g->n_nodes; i++) {
     const ir_node *n = &g->nodes[i];
+    if (n->op == IR_OP_ALL_GATHER) { /* its receive buffer now, not in a step the ranks began */
+      size_t total = (size_t)ir_tensor_elems(g, &g->tensors[n->out[0]], most);
+      if (total > c->gather_cap) {
+        float *b = ir_realloc(c->gather, total * sizeof *b);
+        if (!b) return ir_diag_set(d, IR_OOM, "out of memory");
+        c->gather = b, c->gather_cap = total;
+      }
+    }
     if (n->op <= IR_OP_INVALID || n->op >= IR_OP_COUNT)
       return ir_diag_set(d, IR_UNSUPPORTED, "cpu backend: node '%s' has an unknown op", n->name);
     ir_status st = ir_op_is_nd(n->op) ? cpu_nd_check(g, n, d) : IR_OK;

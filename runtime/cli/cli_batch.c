@@ -605,7 +605,11 @@ static bool read_shards(const batch_args *a, char **bufs, result_ref **out, size
     snprintf(path, sizeof path, "%s.rank%d-of-%d", a->merged, r, a->shard_n);
     size_t len = 0;
     bufs[r] = cli_read_file(path, &len);
-    if (!bufs[r] && errno != ENOENT) return false;
+    if (!bufs[r] && errno != ENOENT) {
+      for (size_t i = 0; i < n; i++) free(refs[i].id);
+      free(refs);
+      return false;
+    }
     for (size_t start = 0, i = 0; bufs[r] && i < len; i++) {
       if (bufs[r][i] != '\n') continue;
       cJSON *o = cJSON_ParseWithLength(bufs[r] + start, i - start);
@@ -614,7 +618,12 @@ static bool read_shards(const batch_args *a, char **bufs, result_ref **out, size
       if (id && n == cap) {
         cap = cap ? cap * 2 : 1024;
         result_ref *p = realloc(refs, cap * sizeof *p);
-        if (!p) return cJSON_Delete(o), free(refs), false;
+        if (!p) {
+          cJSON_Delete(o);
+          for (size_t k = 0; k < n; k++) free(refs[k].id);
+          free(refs);
+          return false;
+        }
         refs = p;
       }
       if (id && (refs[n].id = strdup(id)))

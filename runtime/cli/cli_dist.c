@@ -88,6 +88,13 @@ static int broadcast(void *ctx, void *buf, size_t bytes, int root) {
   return rc;
 }
 
+static void abort_job(void *ctx, int code) {
+  (void)ctx;
+  fprintf(stderr, "inferrt: rank %d: a step failed midway; ending the job\n", g_dist.comm.rank);
+  fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, code);
+}
+
 static void dist_exit(void) {
   if (g_dist.open) { /* rank 0 left without closing: let the other ranks go first */
     irt_model_close(g_dist.open);
@@ -129,7 +136,8 @@ int cli_dist_init(const char *cmd) {
                            .size = size,
                            .all_reduce_sum_f32 = all_reduce,
                            .all_gather = all_gather,
-                           .broadcast = broadcast};
+                           .broadcast = broadcast,
+                           .abort = abort_job};
   return 0;
 }
 

@@ -22,15 +22,7 @@ static int usage(FILE *f) {
   return f == stderr ? 2 : 0;
 }
 
-int main(int argc, char **argv) {
-  if (argc < 2) return usage(stderr);
-  const char *cmd = argv[1];
-  if (!strcmp(cmd, "--version") || !strcmp(cmd, "version")) {
-    printf("inferrt %s\n", INFC_VERSION);
-    return 0;
-  }
-  if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) return usage(stdout);
-  if (cli_dist_init(cmd)) return 1;
+static int run(const char *cmd, int argc, char **argv) {
   if (!strcmp(cmd, "generate")) return cmd_generate(argc - 1, argv + 1);
   if (!strcmp(cmd, "tokenize")) return cmd_tokenize(argc - 1, argv + 1);
   if (!strcmp(cmd, "detokenize")) return cmd_detokenize(argc - 1, argv + 1);
@@ -42,4 +34,18 @@ int main(int argc, char **argv) {
   if (!strcmp(cmd, "verify")) return cmd_verify(argc - 1, argv + 1);
   fprintf(stderr, "inferrt: error: unknown command '%s'\n", cmd);
   return usage(stderr);
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) return usage(stderr);
+  const char *cmd = argv[1];
+  if (!strcmp(cmd, "--version") || !strcmp(cmd, "version")) {
+    printf("inferrt %s\n", INFC_VERSION);
+    return 0;
+  }
+  if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) return usage(stdout);
+  if (cli_dist_init(cmd)) return 1;
+  int rc = run(cmd, argc, argv);
+  if (rc) cli_dist_abort(rc); /* under mpirun the other ranks may wait on this one */
+  return rc;
 }

@@ -85,6 +85,9 @@ typedef struct irt_comm {
   int (*all_gather)(void *ctx, const void *send, size_t bytes, void *recv);
   /* buf (bytes) becomes rank root's buf on every rank */
   int (*broadcast)(void *ctx, void *buf, size_t bytes, int root);
+  /* Optional: ends every rank (MPI_Abort). Called when a step failed after the ranks began
+   * it, so that they can no longer meet; without it the model refuses every later step. */
+  void (*abort)(void *ctx, int code);
 } irt_comm;
 
 typedef struct irt_model_opts {

@@ -49,6 +49,7 @@ struct irt_model {
   int32_t *tp_copies; /* (src, dst) pairs of KV block copies not yet sent */
   int64_t n_tp_copies, tp_copies_cap;
   bool tp_copies_lost;      /* a copy could not be recorded: the ranks' caches differ */
+  bool tp_broken;           /* a step failed midway: the ranks are out of step for good */
   irt_kv_event_fn kv_event; /* irt_model_set_kv_events */
   void *kv_event_user;
 };
@@ -72,6 +73,8 @@ void pick_row(irt_model *m, irt_pick *p, const float *row);
  * before running it; rank 0's close stops the others. */
 ir_status tp_open(irt_model *m, const irt_model_opts *o, ir_diag *d);
 ir_status tp_send_step(irt_model *m, const model_step *st, ir_diag *d);
+/* Rank 0: a step failed after it was sent (the comm's abort, or no later step). */
+void tp_step_failed(irt_model *m);
 void tp_close(irt_model *m);
 /* The tokenizer stored in a plan (*out NULL if none). */
 ir_status model_plan_tokenizer(const ir_plan *p, irt_tokenizer **out, ir_diag *d);

@@ -288,6 +288,7 @@ irt_status irt_decode_batch(irt_model *m, const irt_batch_item *items, int n_ite
     }
     for (int32_t i = 0; i < m->g->n_nodes; i++)
       if (m->be.ops->run_node(m->be.ctx, m->g, i, m->ptrs, &step, &d) != IR_OK) {
+        if (m->tp > 1) tp_step_failed(m); /* the others wait in a collective for good */
         rt_error_from_diag(err, &d);
         return rt_status_from_ir(d.status);
       }

@@ -103,7 +103,16 @@ ir_status tp_open(irt_model *m, const irt_model_opts *o, ir_diag *d) {
   return IR_OK;
 }
 
+void tp_step_failed(irt_model *m) {
+  m->tp_broken = true;
+  if (m->comm.abort) m->comm.abort(m->comm.ctx, 1);
+}
+
 ir_status tp_send_step(irt_model *m, const model_step *s, ir_diag *d) {
+  if (m->tp_broken)
+    return ir_diag_set(d, IR_IO,
+                       "tensor parallelism: an earlier step failed midway and the ranks are "
+                       "out of step; restart the job");
   if (m->tp_copies_lost)
     return ir_diag_set(d, IR_OOM, "tensor parallelism: a KV block copy was lost (out of memory)");
   tp_header h = {.op = TP_STEP,
@@ -161,12 +170,21 @@ static ir_status follow_step(irt_model *m, const tp_header *h, ir_diag *d) {
   memcpy(m->ptrs[m->in_logit_rows], p, (size_t)h->logits * sizeof *p), p += h->logits;
   memcpy(m->block_tables, p, (size_t)(h->seqs * m->max_blocks) * sizeof *p);
   p += h->seqs * m->max_blocks;
-  for (int64_t i = 0; i < T; i++)
-    if (m->tok_seq[i] < 0 || m->tok_seq[i] >= h->seqs || m->tok_pos[i] < 0 ||
-        m->tok_pos[i] >= m->info.context_length)
-      return ir_diag_set(d, IR_BAD_FORMAT, "tensor parallelism: rank 0 sent a bad token slot");
   for (int64_t i = 0; i < h->seqs * m->max_blocks; i++)
-    if (m->block_tables[i] < -1 || m->block_tables[i] >= nb) m->block_tables[i] = 0;
+    if (m->block_tables[i] < -1 || m->block_tables[i] >= nb) m->block_tables[i] = -1;
+  int64_t bs = m->kv.block_size;
+  for (int64_t i = 0; i < T; i++) { /* every token's slot, and the blocks it reads, exist */
+    bool ok = m->tok_seq[i] >= 0 && m->tok_seq[i] < h->seqs && m->tok_pos[i] >= 0 &&
+              m->tok_pos[i] < m->info.context_length;
+    for (int64_t b = 0; ok && b <= m->tok_pos[i] / bs; b++)
+      ok = m->block_tables[(int64_t)m->tok_seq[i] * m->max_blocks + b] >= 0;
+    if (!ok)
+      return ir_diag_set(d, IR_BAD_FORMAT, "tensor parallelism: rank 0 sent a bad token slot");
+  }
+  const int32_t *rows = m->ptrs[m->in_logit_rows];
+  for (int64_t i = 0; i < h->logits; i++)
+    if (rows[i] < 0 || rows[i] >= T)
+      return ir_diag_set(d, IR_BAD_FORMAT, "tensor parallelism: rank 0 sent a bad logit row");
   for (int64_t i = 0; i < h->copies; i++, p += 2) {
     if (p[0] < 0 || p[0] >= nb || p[1] < 0 || p[1] >= nb)
       return ir_diag_set(d, IR_BAD_FORMAT, "tensor parallelism: rank 0 sent a bad block copy");

@@ -94,7 +94,7 @@ typedef struct srv_kv_events srv_kv_events;
 irt_status srv_kv_events_start(irt_model *m, const char *endpoint, const char *topic,
                                srv_kv_events **out, irt_error *err);
 void srv_kv_events_stop(srv_kv_events *k);
-uint64_t srv_kv_events_dropped(const srv_kv_events *k);
+uint64_t srv_kv_events_dropped(srv_kv_events *k);
 
 /* The chat page, embedded at build time from runtime/server/chat.html. */
 extern const unsigned char srv_chat_html[];

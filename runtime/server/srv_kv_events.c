@@ -190,4 +190,10 @@ void srv_kv_events_stop(srv_kv_events *k) {
   free(k);
 }
 
-uint64_t srv_kv_events_dropped(const srv_kv_events *k) { return k ? k->dropped : 0; }
+uint64_t srv_kv_events_dropped(srv_kv_events *k) {
+  if (!k) return 0;
+  pthread_mutex_lock(&k->mu);
+  uint64_t n = k->dropped;
+  pthread_mutex_unlock(&k->mu);
+  return n;
+}

@@ -286,6 +286,10 @@ check("a tp 2 plan on 3 ranks is refused",
 r = mpi(2, [INFERRT, "generate", text1, "--prompt", "hi", "-n", 2, "--threads", 1])
 check("a one-rank plan under 2 ranks is refused",
       r.returncode != 0 and "built for one process" in r.stderr, r.stderr[-500:])
+r = mpi(2, [INFERRT, "generate", text2, "--prompt-file", os.path.join(TMP, "none"), "-n", 2],
+        timeout=120)
+check("an error on the ranks before the model ends the job (no hang)", r.returncode != 0,
+      r.stderr[-300:])
 r = mpi(2, [INFERRT, "tokenize", text2, "hi"])
 check("commands that do not shard are refused under mpirun",
       r.returncode != 0 and "does not run under mpirun" in r.stderr, r.stderr[-500:])
