@@ -136,6 +136,15 @@ static void run_attention(kn_pool *p, const ir_graph *g, const ir_node *n, void 
   kn_attention_paged_io(p, O_(0), &io, &kl, &b, nh, (float)ir_node_attr_f(n, "scale", 1.0));
 }
 
+/* all_gather's receive buffer grown to hold total floats. */
+static ir_status gather_room(cpu_ctx *c, size_t total, ir_diag *d) {
+  if (total <= c->gather_cap) return IR_OK;
+  float *b = ir_realloc(c->gather, total * sizeof *b);
+  if (!b) return ir_diag_set(d, IR_OOM, "out of memory");
+  c->gather = b, c->gather_cap = total;
+  return IR_OK;
+}
+
 /* all_reduce: the ranks' x summed into y on each; all_gather: x[R,C] of every rank side by
  * side into y[R,C*ranks] (received rank after rank, then interleaved by row). */
 static ir_status run_collective(cpu_ctx *c, const ir_graph *g, const ir_node *n, void *const *ptrs,
@@ -154,12 +163,8 @@ static ir_status run_collective(cpu_ctx *c, const ir_graph *g, const ir_node *n,
                          cm->size);
     return IR_OK;
   }
-  size_t total = (size_t)cnt * (size_t)ranks;
-  if (total > c->gather_cap) {
-    float *b = ir_realloc(c->gather, total * sizeof *b);
-    if (!b) return ir_diag_set(d, IR_OOM, "out of memory");
-    c->gather = b, c->gather_cap = total;
-  }
+  ir_status st = gather_room(c, (size_t)cnt * (size_t)ranks, d); /* sized at check */
+  if (st != IR_OK) return st;
   if (cm->all_gather(cm->ctx, P_(0), (size_t)cnt * sizeof(float), c->gather))
     return ir_diag_set(d, IR_IO, "node '%s': the all-gather over %d ranks failed", n->name,
                        cm->size);
@@ -238,17 +243,11 @@ static ir_status cpu_check(void *vctx, const ir_graph *g, ir_diag *d) {
                                 [IR_SYM_LOGITS] = cf->max_logits};
   for (int32_t i = 0; i < g->n_nodes; i++) {
     const ir_node *n = &g->nodes[i];
-    if (n->op == IR_OP_ALL_GATHER) { /* its receive buffer now, not in a step the ranks began */
-      size_t total = (size_t)ir_tensor_elems(g, &g->tensors[n->out[0]], most);
-      if (total > c->gather_cap) {
-        float *b = ir_realloc(c->gather, total * sizeof *b);
-        if (!b) return ir_diag_set(d, IR_OOM, "out of memory");
-        c->gather = b, c->gather_cap = total;
-      }
-    }
     if (n->op <= IR_OP_INVALID || n->op >= IR_OP_COUNT)
       return ir_diag_set(d, IR_UNSUPPORTED, "cpu backend: node '%s' has an unknown op", n->name);
     ir_status st = ir_op_is_nd(n->op) ? cpu_nd_check(g, n, d) : IR_OK;
+    if (st == IR_OK && n->op == IR_OP_ALL_GATHER) /* its buffer now, not mid-step */
+      st = gather_room(c, (size_t)ir_tensor_elems(g, &g->tensors[n->out[0]], most), d);
     if (st != IR_OK) return st;
     if ((n->op == IR_OP_ADD || n->op == IR_OP_MUL) && g->tensors[n->out[0]].dtype != IR_F32)
       return ir_diag_set(d, IR_UNSUPPORTED, "cpu backend: node '%s': %s on %s", n->name,

@@ -204,6 +204,17 @@ const char *batch_result_id(const cJSON *o, bool *failed) {
   return id->valuestring;
 }
 
+/* Writes all of buf[0..len) to fd, retrying short and interrupted writes. */
+static bool write_all(int fd, const char *buf, size_t len) {
+  for (size_t off = 0; off < len;) {
+    ssize_t w = write(fd, buf + off, len - off);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    off += (size_t)w;
+  }
+  return true;
+}
+
 /* Writes buf[0..len) as path's new content: a temporary file beside it, fsynced, renamed over
  * it, the directory fsynced, so a crash leaves the old or the new file, never a mix. */
 static bool replace_file(const char *path, const char *buf, size_t len) {
@@ -212,14 +223,7 @@ static bool replace_file(const char *path, const char *buf, size_t len) {
     return errno = ENAMETOOLONG, false;
   int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return false;
-  bool ok = true;
-  for (size_t off = 0; ok && off < len;) {
-    ssize_t w = write(fd, buf + off, len - off);
-    if (w < 0 && errno == EINTR) continue;
-    ok = w > 0;
-    if (ok) off += (size_t)w;
-  }
-  ok = ok && fsync(fd) == 0;
+  bool ok = write_all(fd, buf, len) && fsync(fd) == 0;
   ok = close(fd) == 0 && ok;
   ok = ok && rename(tmp, path) == 0;
   if (!ok) {
@@ -336,12 +340,7 @@ static void write_line(batch *b, cJSON *o) {
   }
   line[n++] = '\n';
   pthread_mutex_lock(&b->mu);
-  for (size_t off = 0; off < n && !b->write_failed;) {
-    ssize_t w = write(b->out_fd, line + off, n - off);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) b->write_failed = true;
-    else off += (size_t)w;
-  }
+  if (!b->write_failed && !write_all(b->out_fd, line, n)) b->write_failed = true;
   if (b->sync_every > 0 && ++b->unsynced >= b->sync_every) { /* durable every N lines */
     if (fdatasync(b->out_fd) != 0) b->write_failed = true;
     b->unsynced = 0;
@@ -667,13 +666,7 @@ static int merge_shards(const batch_args *a) {
     cJSON_Delete(l.o);
   }
   int fd = ok ? open(a->merged, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644) : -1;
-  for (size_t off = 0; fd >= 0 && off < n_out;) {
-    ssize_t w = write(fd, out + off, n_out - off);
-    if (w <= 0 && errno != EINTR) break;
-    if (w > 0) off += (size_t)w;
-    if (off == n_out) n_out = 0; /* all written */
-  }
-  ok = ok && fd >= 0 && n_out == 0 && fsync(fd) == 0;
+  ok = ok && fd >= 0 && write_all(fd, out, n_out) && fsync(fd) == 0;
   if (fd >= 0) close(fd);
   for (int r = 0; ok && !missing && r < a->shard_n; r++) {
     char path[4200];

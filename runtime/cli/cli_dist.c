@@ -10,6 +10,11 @@
 
 #include "cli.h"
 
+/* mpirun (Open MPI, MPICH's hydra, PMIx launchers) says so in the environment. */
+static bool launched_by_mpi(void) {
+  return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_RANK");
+}
+
 #ifdef INFERRT_HAVE_MPI
 #include <limits.h>
 #include <mpi.h>
@@ -105,10 +110,6 @@ static void dist_exit(void) {
   g_dist.inited = false;
 }
 
-static bool launched_by_mpi(void) {
-  return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_RANK");
-}
-
 int cli_dist_init(const char *cmd) {
   if (!launched_by_mpi()) return 0;
   int provided = 0;
@@ -200,7 +201,7 @@ void cli_model_close(irt_model *m) {
 
 int cli_dist_init(const char *cmd) {
   (void)cmd;
-  if (getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_RANK"))
+  if (launched_by_mpi())
     return cli_fail("this inferrt is built without MPI (install libopenmpi-dev and rebuild) "
                     "and cannot run under mpirun");
   return 0;
