@@ -11,20 +11,11 @@ import subprocess
 import sys
 import time
 
+from elib import check, done
+
 INFC, INFERRT, TMP = sys.argv[1], sys.argv[2], os.path.join(sys.argv[4], "hostile")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SANITIZED = bool(os.environ.get("ASAN_OPTIONS"))
-passed = failed = 0
-
-
-def check(name, cond, detail=""):
-    global passed, failed
-    if cond:
-        passed += 1
-    else:
-        failed += 1
-        print("FAIL: %s %s" % (name, detail))
-
 
 # Runs a shell command in a fresh interpreter that prints its children's peak RSS (KB) as
 # the last stderr line: RUSAGE_CHILDREN is a running maximum, so each case gets its own.
@@ -104,8 +95,7 @@ def main():
             check(name + ": peak RSS", 0 < rss < c["rss_mb"], "%.1f MB >= %d MB" % (rss, c["rss_mb"]))
         print("%-28s %5.2f s %7.1f MB  %s" % (name, dt, rss, msg[0][:110] if msg else ""))
     regressions()
-    print("hostile: %d checks passed, %d failed" % (passed, failed))
-    sys.exit(1 if failed or not passed else 0)
+    done("hostile")
 
 
 main()

@@ -16,7 +16,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,30 +23,11 @@ import urllib.request
 
 import msgpack
 import zmq
+from elib import check, done, free_port, wait_health
 
 INFC, INFERRT, FIX, TMP = sys.argv[1:5]
 TMP = os.path.join(TMP, "kv_events")
 os.makedirs(TMP, exist_ok=True)
-passed = failed = 0
-
-
-def check(name, cond, detail=""):
-    global passed, failed
-    if cond:
-        passed += 1
-    else:
-        failed += 1
-        print("FAIL: %s %s" % (name, detail), file=sys.stderr)
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
-
 plan = os.path.join(TMP, "text.plan")
 r = subprocess.run([INFC, "build", os.path.join(FIX, "llama-text"), "-o", plan, "-q"],
                    capture_output=True, text=True)
@@ -94,15 +74,7 @@ def drain(secs=1.0):
             events.extend(batch[1])
 
 
-ready = False
-for _ in range(300):
-    try:
-        get("/health")
-        ready = True
-        break
-    except OSError:
-        time.sleep(0.1)
-check("serve is up", ready, srv.stderr.read().decode() if srv.poll() is not None else "")
+check("serve is up", wait_health(http, srv), srv.stderr.read().decode() if srv.poll() is not None else "")
 time.sleep(0.3)  # the subscription reaches the publisher
 
 prompt = [(i * 7 + 3) % 2000 + 2 for i in range(70)]  # 4 full blocks and 6 tokens
@@ -159,5 +131,4 @@ r = subprocess.run([INFERRT, "serve", plan, "--port", "0", "--kv-events", "nonse
                    capture_output=True, text=True, timeout=60)
 check("a bad endpoint is refused by name",
       r.returncode == 1 and "--kv-events nonsense://x" in r.stderr, r.stderr)
-print("kv_events: %d passed, %d failed" % (passed, failed))
-sys.exit(1 if failed or not passed else 0)
+done("kv_events")

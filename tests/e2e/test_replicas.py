@@ -9,48 +9,20 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import time
 import urllib.request
 
 from openai import OpenAI
+from elib import check, done, free_port, wait_health
 
 INFC, INFERRT, FIX, TMP = sys.argv[1:5]
 TMP = os.path.join(TMP, "replicas")
 os.makedirs(TMP, exist_ok=True)
-passed = failed = 0
-
-
-def check(name, cond, detail=""):
-    global passed, failed
-    if cond:
-        passed += 1
-    else:
-        failed += 1
-        print("FAIL: %s %s" % (name, detail), file=sys.stderr)
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
-
 def wait_up(port, proc, what):
-    for _ in range(300):
-        if proc.poll() is not None:
-            break
-        try:
-            with urllib.request.urlopen("http://127.0.0.1:%d/health" % port, timeout=2):
-                return True
-        except OSError:
-            time.sleep(0.1)
-    check("%s is up" % what, False, proc.stderr.read().decode()[-500:] if proc.poll() else "")
-    return False
+    up = wait_health(port, proc)
+    check("%s is up" % what, up, proc.stderr.read().decode()[-500:] if proc.poll() else "")
+    return up
 
 
 def requests_served(port):
@@ -131,5 +103,4 @@ for proc in reps + [ng]:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
-print("replicas: %d passed, %d failed" % (passed, failed))
-sys.exit(1 if failed or not passed else 0)
+done("replicas")

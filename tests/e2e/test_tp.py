@@ -20,33 +20,16 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import time
 import urllib.request
+from elib import check, done, mpi_env, wait_health, free_port
 
 INFC, INFERRT, FIX, TMP = sys.argv[1:5]
 TMP = os.path.join(TMP, "tp")
 os.makedirs(TMP, exist_ok=True)
-ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-           OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_btl_vader_single_copy_mechanism="none")
-# The sanitizer build: Open MPI's components leave allocations at exit from modules it has
-# unloaded, which no suppression can name; leaks of the tensor-parallel code are checked
-# without MPI by tests/unit/test_tp.c (ranks as threads), memory errors here still are.
-if "ASAN_OPTIONS" in ENV:
-    ENV["ASAN_OPTIONS"] += ":detect_leaks=0"
+ENV = mpi_env()
 MPIRUN = shutil.which("mpirun")
-passed = failed = 0
-
-
-def check(name, cond, detail=""):
-    global passed, failed
-    if cond:
-        passed += 1
-    else:
-        failed += 1
-        print("FAIL: %s %s" % (name, detail), file=sys.stderr)
 
 
 def run(args, timeout=300):
@@ -199,31 +182,12 @@ check("data-parallel batch resumed = one process",
 check("data-parallel batch resumed: done lines skipped", "skipped" in r.stderr + r.stdout)
 
 # 3. serve under mpirun; a killed rank ends the job
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
 def post(port, body):
     req = urllib.request.Request("http://127.0.0.1:%d/v1/completions" % port,
                                  data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=60) as r:
         return json.loads(r.read())
-
-
-def wait_ready(port, proc, secs=60):
-    t = time.time()
-    while time.time() - t < secs and proc.poll() is None:
-        try:
-            with urllib.request.urlopen("http://127.0.0.1:%d/health" % port, timeout=2):
-                return True
-        except Exception:
-            time.sleep(0.1)
-    return False
 
 
 def rank_pids(proc):
@@ -249,7 +213,7 @@ srv1 = subprocess.Popen([INFERRT, "serve", text1, "--port", str(port), "--thread
                          "--model-name", "m"],
                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=ENV)
 want = None
-if wait_ready(port, srv1):
+if wait_health(port, srv1, 60):
     want = post(port, body)["choices"][0]["text"]
 srv1.send_signal(signal.SIGTERM)
 srv1.wait(timeout=30)
@@ -257,7 +221,7 @@ port = free_port()
 srv = subprocess.Popen([MPIRUN, "-n", "2", INFERRT, "serve", text2, "--port", str(port),
                         "--threads", "1", "--model-name", "m"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                        env=ENV)
-ready = wait_ready(port, srv)
+ready = wait_health(port, srv, 60)
 check("serve under mpirun: ready", ready)
 if ready:
     got = [post(port, body)["choices"][0]["text"] for _ in range(2)]
@@ -323,5 +287,4 @@ if gguf and os.path.isfile(gguf):
 else:
     print("tp: SmolLM2 part skipped: INFC_SMOLLM2 is not set")
 
-print("tp: %d passed, %d failed" % (passed, failed))
-sys.exit(1 if failed or not passed else 0)
+done("tp")

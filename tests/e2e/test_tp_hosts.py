@@ -13,23 +13,12 @@ import os
 import shutil
 import subprocess
 import sys
+from elib import check, done, mpi_env
 
 INFC, INFERRT, FIX, TMP = sys.argv[1:5]
 TMP = os.path.join(TMP, "tp_hosts")
 os.makedirs(TMP, exist_ok=True)
-ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-if "ASAN_OPTIONS" in ENV:  # Open MPI's leftovers at exit: see test_tp.py
-    ENV["ASAN_OPTIONS"] += ":detect_leaks=0"
-passed = failed = 0
-
-
-def check(name, cond, detail=""):
-    global passed, failed
-    if cond:
-        passed += 1
-    else:
-        failed += 1
-        print("FAIL: %s %s" % (name, detail), file=sys.stderr)
+ENV = mpi_env()
 
 
 def sh(*cmd, ok=True):
@@ -92,5 +81,4 @@ try:
 finally:
     sh("ip", "netns", "del", nsa, ok=False)
     sh("ip", "netns", "del", nsb, ok=False)
-print("tp_hosts: %d passed, %d failed" % (passed, failed))
-sys.exit(1 if failed or not passed else 0)
+done("tp_hosts")
