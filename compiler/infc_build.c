@@ -61,6 +61,24 @@ static void hash_finish(infc_source *s, XXH3_state_t *h) {
   XXH3_freeState(h);
 }
 
+/* The source's pages read so far go back (after each chunk hashed or written). */
+static void source_release(void *ctx) {
+  const infc_source *s = ctx;
+  fmt_st_release(s->st);
+  fmt_gguf_release(s->gguf);
+}
+
+/* Bytes hashed between two releases of the source's pages. */
+#define HASH_CHUNK (64u << 20)
+
+static void hash_bytes(infc_source *s, XXH3_state_t *h, const void *p, uint64_t n) {
+  for (uint64_t at = 0; at < n; at += HASH_CHUNK) {
+    uint64_t c = n - at < HASH_CHUNK ? n - at : HASH_CHUNK;
+    XXH3_64bits_update(h, (const uint8_t *)p + at, c);
+    source_release(s);
+  }
+}
+
 /* XXH3 over config.json and every tensor's name, dtype, shape and bytes. */
 static void hash_safetensors(infc_source *s, const char *config_text) {
   XXH3_state_t *h = XXH3_createState();
@@ -72,7 +90,7 @@ static void hash_safetensors(infc_source *s, const char *config_text) {
     XXH3_64bits_update(h, t->name, strlen(t->name) + 1);
     XXH3_64bits_update(h, &t->dtype, sizeof t->dtype);
     XXH3_64bits_update(h, t->shape, sizeof t->shape[0] * (size_t)t->rank);
-    XXH3_64bits_update(h, t->data, t->nbytes);
+    hash_bytes(s, h, t->data, t->nbytes);
   }
   hash_finish(s, h);
 }
@@ -87,7 +105,7 @@ static void hash_gguf(infc_source *s) {
   XXH3_64bits_update(h, bytes, fmt_gguf_data_offset(s->gguf));
   for (size_t i = 0; i < fmt_gguf_tensor_count(s->gguf); i++) {
     const fmt_gguf_tensor *t = fmt_gguf_tensor_get(s->gguf, i);
-    XXH3_64bits_update(h, t->data, t->nbytes);
+    hash_bytes(s, h, t->data, t->nbytes);
   }
   hash_finish(s, h);
 }
@@ -337,7 +355,9 @@ ir_status infc_build(const char *src, const infc_options *opts, const char *out_
                          .kernels = ck.table,
                          .n_kernels = ck.n,
                          .ranks = (const ir_graph *const *)ranks,
-                         .n_ranks = m->tp_size > 1 ? m->tp_size : 0};
+                         .n_ranks = m->tp_size > 1 ? m->tp_size : 0,
+                         .release = source_release,
+                         .release_ctx = s};
     st = ir_plan_write(g, &info, out_path, d);
   }
   if (st == IR_OK) fill_report(g, s, before, report);

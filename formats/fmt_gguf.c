@@ -556,6 +556,10 @@ ir_status fmt_gguf_open(const char *path, fmt_gguf **out, ir_diag *d) {
   return IR_OK;
 }
 
+void fmt_gguf_release(const fmt_gguf *g) {
+  if (g && g->map) (void)madvise((void *)g->map, (size_t)g->size, MADV_DONTNEED);
+}
+
 void fmt_gguf_close(fmt_gguf *g) {
   if (!g) return;
   for (size_t i = 0; i < g->n_kv; i++) ir_free((char *)g->kvs[i].key);

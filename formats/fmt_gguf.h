@@ -91,6 +91,8 @@ typedef struct fmt_gguf fmt_gguf;
  * fmt_gguf_close (NULL is a no-op). Messages start with the path. */
 ir_status fmt_gguf_open(const char *path, fmt_gguf **out, ir_diag *d);
 void fmt_gguf_close(fmt_gguf *g);
+/* Gives back the pages of the file's mapping read so far (read again when touched). */
+void fmt_gguf_release(const fmt_gguf *g);
 
 const char *fmt_gguf_path(const fmt_gguf *g);
 uint32_t fmt_gguf_version(const fmt_gguf *g);

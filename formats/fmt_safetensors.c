@@ -552,6 +552,11 @@ ir_status fmt_st_open(const char *path, fmt_st **out, ir_diag *d) {
   return IR_OK;
 }
 
+void fmt_st_release(const fmt_st *st) {
+  for (size_t i = 0; st && i < st->nfiles; i++)
+    if (st->files[i].map) (void)madvise((void *)st->files[i].map, st->files[i].size, MADV_DONTNEED);
+}
+
 void fmt_st_close(fmt_st *st) {
   if (!st) return;
   for (size_t i = 0; i < st->count; i++) ir_free((char *)st->entries[i].t.name);

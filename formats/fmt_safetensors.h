@@ -31,6 +31,9 @@ typedef struct fmt_st fmt_st;
  * *out is owned by the caller: release it with fmt_st_close. */
 ir_status fmt_st_open(const char *path, fmt_st **out, ir_diag *d);
 void fmt_st_close(fmt_st *st);
+/* Gives back the pages of the files' mappings read so far (they are read again from the
+ * files when touched): a build that streams a checkpoint keeps its resident set small. */
+void fmt_st_release(const fmt_st *st);
 
 size_t fmt_st_count(const fmt_st *st);
 const fmt_st_tensor *fmt_st_get(const fmt_st *st, size_t i); /* borrowed */

@@ -1,6 +1,7 @@
 /* ir: the graph every frontend lowers to and every pass rewrites. Tensors are typed,
  * with static or symbolic dims; weights are referenced in place (a source mmap or a
- * plan mapping), never copied unless a pass creates new constant data. */
+ * plan mapping), never copied unless a pass creates new constant data, and new data of any
+ * size is a recipe (ir_lazy.h) made a chunk at a time when the plan is written. */
 #ifndef IR_H
 #define IR_H
 
@@ -44,7 +45,8 @@ typedef struct ir_tensor {
   int rank;
   ir_dim dims[IR_MAX_RANK];
   ir_tensor_kind kind;
-  const void *data;     /* WEIGHT: nbytes of data (borrowed, or owned by the graph) */
+  const void *data;     /* WEIGHT: nbytes of data (borrowed, or owned by the graph), or */
+  struct ir_lazy *lazy; /* WEIGHT: the recipe that makes them (ir_lazy.h) */
   uint64_t nbytes;      /* WEIGHT: bytes of data */
   int64_t arena_offset; /* ACT/INPUT: byte offset in the arena, -1 until planned */
   int32_t producer;     /* node index, -1 for weights and inputs */
@@ -290,6 +292,8 @@ typedef struct ir_graph {
   uint64_t arena_size; /* bytes, set by the memory planner */
   void **owned;        /* data buffers the graph frees (folded constants, tables) */
   int32_t n_owned, cap_owned;
+  struct ir_lazy **lazies; /* recipes of lazy weights the graph drops (ir_lazy.h) */
+  int32_t n_lazies, cap_lazies;
 } ir_graph;
 
 /* --- graph construction ------------------------------------------------------------ */

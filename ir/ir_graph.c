@@ -5,6 +5,7 @@
 
 #include "ir.h"
 #include "ir_alloc.h"
+#include "ir_lazy.h"
 
 static bool grow(void **arr, int32_t *cap, int32_t need, size_t elem) {
   if (need <= *cap) return true;
@@ -33,6 +34,8 @@ void ir_graph_destroy(ir_graph *g) {
   for (int32_t i = 0; i < g->n_tensors; i++) ir_free(g->tensors[i].name);
   for (int32_t i = 0; i < g->n_nodes; i++) ir_free(g->nodes[i].name);
   for (int32_t i = 0; i < g->n_owned; i++) ir_free(g->owned[i]);
+  for (int32_t i = 0; i < g->n_lazies; i++) g->lazies[i]->drop(g->lazies[i]);
+  ir_free(g->lazies);
   ir_free(g->tensors);
   ir_free(g->nodes);
   ir_free(g->inputs);

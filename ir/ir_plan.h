@@ -73,7 +73,14 @@ typedef struct ir_plan_info {
    * weights lie alike; n_ranks is the graph's config.tp_size. NULL / 0: one rank. */
   const ir_graph *const *ranks;
   int n_ranks;
+  /* Called after each chunk of weights is written (when set): the source's pages read so
+   * far may go back (the frontends' mappings, madvise DONTNEED). */
+  void (*release)(void *ctx);
+  void *release_ctx;
 } ir_plan_info;
+
+/* Bytes of weights the writer makes and writes at a time (lazy weights, ir_lazy.h). */
+#define IR_PLAN_WRITE_CHUNK (16u << 20)
 
 /* Writes g (verified, memory-planned) to path. Writes to "path.tmp" and renames, so a
  * failed build never leaves a half plan under the final name. */

@@ -8,6 +8,7 @@
 #include <xxhash.h>
 
 #include "ir_plan.h"
+#include "ir_lazy.h"
 #include "ir_plan_kernels.h"
 #include "plan.pb-c.h"
 #include "ir_alloc.h"
@@ -252,37 +253,103 @@ static int n_ranks(const ir_plan_info *info) {
   return info && info->ranks && info->n_ranks > 1 ? info->n_ranks : 1;
 }
 
+/* Where weight bytes go: the file (when f is set) and the hashes given. */
+typedef struct wsink {
+  FILE *f;
+  XXH3_state_t *h, *h2;
+  const ir_plan_info *info;
+} wsink;
+
+static bool sink_put(const wsink *s, const void *p, uint64_t n) {
+  if (s->f && fwrite(p, 1, n, s->f) != n) return false;
+  XXH3_64bits_update(s->h, p, n);
+  if (s->h2) XXH3_64bits_update(s->h2, p, n);
+  return true;
+}
+
+/* After each chunk: the source pages it read go back (info->release), so a build's
+ * resident set stays one chunk whatever the model's size. */
+static void sink_release(const wsink *s) {
+  if (s->info && s->info->release) s->info->release(s->info->release_ctx);
+}
+
+/* A lazy weight's chunk buffer, grown to the longest chunk seen. */
+typedef struct wbuf {
+  uint8_t *p;
+  uint64_t cap;
+} wbuf;
+
+/* One weight, a chunk of rows at a time: borrowed bytes straight from where they lie, a
+ * lazy weight's rows made into the buffer first. */
+static ir_status write_tensor(const wsink *s, const ir_tensor *t, wbuf *buf, ir_diag *d) {
+  ir_wref w = ir_wref_of(t);
+  int64_t rows = ir_wref_rows(&w), step = ir_wref_chunk_rows(&w, IR_PLAN_WRITE_CHUNK);
+  uint64_t rb = ir_wref_row_bytes(&w);
+  if (rb * (uint64_t)rows != t->nbytes) rows = 1, step = 1, rb = t->nbytes; /* whole */
+  if (step > rows) step = rows;
+  uint64_t need = rb * (uint64_t)step;
+  if (t->lazy && need > buf->cap) {
+    ir_free(buf->p);
+    if (!(buf->p = ir_malloc(need ? need : 1))) {
+      buf->cap = 0;
+      return ir_diag_set(d, IR_OOM, "out of memory writing '%s'", t->name);
+    }
+    buf->cap = need;
+  }
+  for (int64_t r = 0; r < rows; r += step) {
+    int64_t hi = r + step < rows ? r + step : rows;
+    const uint8_t *p = (const uint8_t *)t->data + rb * (uint64_t)r;
+    if (t->lazy) {
+      ir_status st = t->lazy->fill(t->lazy, r, hi, buf->p, d);
+      if (st != IR_OK) {
+        ir_diag_prefix(d, "weight '%s'", t->name);
+        return st;
+      }
+      p = buf->p;
+    }
+    if (!sink_put(s, p, rb * (uint64_t)(hi - r)))
+      return ir_diag_set(d, IR_IO, "write failed: %s", strerror(errno));
+    sink_release(s);
+  }
+  return IR_OK;
+}
+
 /* Streams one graph's weights in tensor order with the alignment fill_tensors assigned,
- * then zeros up to `block` bytes, into f (when not NULL) and the hashes given. */
-static bool write_weights(FILE *f, const ir_graph *g, uint64_t block, XXH3_state_t *h,
-                          XXH3_state_t *h2) {
+ * then zeros up to `block` bytes. */
+static ir_status write_weights(const wsink *s, const ir_graph *g, uint64_t block, ir_diag *d) {
   uint64_t off = 0;
-  bool ok = true;
-  for (int32_t i = 0; ok && i < g->n_tensors; i++) {
+  wbuf buf = {0};
+  ir_status st = IR_OK;
+  for (int32_t i = 0; st == IR_OK && i < g->n_tensors; i++) {
     const ir_tensor *t = &g->tensors[i];
     if (t->kind != IR_TENSOR_WEIGHT) continue;
     uint64_t pad = align_up(off, IR_PLAN_WEIGHT_ALIGN) - off;
-    ok = write_zeros(f, pad, h, h2) && (!f || fwrite(t->data, 1, t->nbytes, f) == t->nbytes);
-    XXH3_64bits_update(h, t->data, t->nbytes);
-    if (h2) XXH3_64bits_update(h2, t->data, t->nbytes);
+    st = write_zeros(s->f, pad, s->h, s->h2)
+             ? write_tensor(s, t, &buf, d)
+             : ir_diag_set(d, IR_IO, "write failed: %s", strerror(errno));
     off += pad + t->nbytes;
   }
-  return ok && write_zeros(f, block - off, h, h2);
+  ir_free(buf.p);
+  if (st == IR_OK && !write_zeros(s->f, block - off, s->h, s->h2))
+    st = ir_diag_set(d, IR_IO, "write failed: %s", strerror(errno));
+  return st;
 }
 
 /* Every rank's block after the other (one block, unpadded, for a one-rank plan). */
-static bool write_all_weights(FILE *f, const ir_graph *g, const ir_plan_info *info, uint64_t wsize,
-                              uint64_t *out_hash) {
+static ir_status write_all_weights(FILE *f, const ir_graph *g, const ir_plan_info *info,
+                                   uint64_t wsize, uint64_t *out_hash, ir_diag *d) {
   XXH3_state_t *h = XXH3_createState();
-  if (!h) return false;
+  if (!h) return ir_diag_set(d, IR_OOM, "out of memory");
   XXH3_64bits_reset(h);
   int n = n_ranks(info);
   uint64_t block = n > 1 ? wsize / (uint64_t)n : wsize;
-  bool ok = true;
-  for (int r = 0; ok && r < n; r++) ok = write_weights(f, rank_graph(g, info, r), block, h, NULL);
+  wsink s = {.f = f, .h = h, .info = info};
+  ir_status st = IR_OK;
+  for (int r = 0; st == IR_OK && r < n; r++)
+    st = write_weights(&s, rank_graph(g, info, r), block, d);
   *out_hash = XXH3_64bits_digest(h);
   XXH3_freeState(h);
-  return ok;
+  return st;
 }
 
 /* Two nodes alike: the plan stores one graph's nodes for every rank. */
@@ -340,10 +407,12 @@ static ir_status write_file(FILE *f, const ir_graph *g, const ir_plan_info *info
   hd.file_size = hd.kernels_offset + hd.kernels_size;
   hd.meta_hash = XXH3_64bits(meta, meta_size);
   bool ok = fwrite(&hd, sizeof hd, 1, f) == 1 && fwrite(meta, 1, meta_size, f) == meta_size &&
-            write_zeros(f, hd.weights_offset - hd.meta_offset - meta_size, NULL, NULL) &&
-            write_all_weights(f, g, info, wsize, &hd.weights_hash) &&
-            write_zeros(f, hd.kernels_offset - hd.weights_offset - wsize, NULL, NULL) &&
-            ir_plan_kernels_write(f, info, &hd.kernels_hash);
+            write_zeros(f, hd.weights_offset - hd.meta_offset - meta_size, NULL, NULL);
+  if (!ok) return ir_diag_set(d, IR_IO, "write failed: %s", strerror(errno));
+  ir_status st = write_all_weights(f, g, info, wsize, &hd.weights_hash, d);
+  if (st != IR_OK) return st;
+  ok = write_zeros(f, hd.kernels_offset - hd.weights_offset - wsize, NULL, NULL) &&
+       ir_plan_kernels_write(f, info, &hd.kernels_hash);
   hd.header_hash = XXH3_64bits(&hd, offsetof(ir_plan_header, header_hash));
   ok = ok && fseek(f, 0, SEEK_SET) == 0 && fwrite(&hd, sizeof hd, 1, f) == 1;
   if (!ok) return ir_diag_set(d, IR_IO, "write failed: %s", strerror(errno));
@@ -367,14 +436,17 @@ ir_status ir_plan_write(const ir_graph *g, const ir_plan_info *info, const char 
                      "%d rank graphs for a plan of tp_size %d, or ranks whose weights differ "
                      "in layout",
                      nr, g->config.tp_size);
-  if (st == IR_OK && nr > 1) { /* each rank's block, padded to a page, hashed on its own */
+  if (st == IR_OK && nr > 1) { /* each rank's block, padded to a page, hashed on its own
+                                 * (a pass of its own: the metadata holding the hashes comes
+                                 * first in the file) */
     uint64_t stride = align_up(wsize, IR_PLAN_SECTION_ALIGN);
     for (int r = 0; r < nr && st == IR_OK; r++) {
       XXH3_state_t *h = XXH3_createState();
       if (!h) st = ir_diag_set(d, IR_OOM, "out of memory");
       else {
         XXH3_64bits_reset(h);
-        write_weights(NULL, rank_graph(g, info, r), stride, h, NULL);
+        wsink s = {.h = h, .info = info};
+        st = write_weights(&s, rank_graph(g, info, r), stride, d);
         rank_hash[r] = XXH3_64bits_digest(h);
         XXH3_freeState(h);
       }

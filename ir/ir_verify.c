@@ -75,7 +75,7 @@ static ir_status check_tensor(const ir_graph *g, int32_t i, ir_diag *d) {
                        t->name, ir_dtype_name(t->dtype), ir_dtype_block(t->dtype));
   if (t->kind == IR_TENSOR_WEIGHT) {
     uint64_t want = ir_tensor_bytes(g, t, NULL);
-    if (!t->data || t->nbytes != want)
+    if ((!t->data && !t->lazy) || t->nbytes != want)
       return ir_diag_set(d, IR_BAD_FORMAT, "weight '%s': %llu bytes of data, shape needs %llu",
                          t->name, (unsigned long long)t->nbytes, (unsigned long long)want);
   } else if (t->kind == IR_TENSOR_ACT) {

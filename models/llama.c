@@ -8,6 +8,7 @@
 
 #include "llama.h"
 #include "ir_alloc.h"
+#include "ir_lazy.h"
 
 model_build_opts model_build_opts_default(void) {
   return (model_build_opts){.weight_dtype = IR_DTYPE_INVALID,
@@ -145,7 +146,8 @@ static int32_t weight_rows(builder *b, const char *name, int64_t total, int64_t 
 }
 
 /* Columns [col0, col0 + cols) of every row of checkpoint matrix `name` ([n, k]) as a weight
- * of its own (a copy; a block-quantized row splits at whole blocks). */
+ * of its own (a recipe the plan writer copies out; a block-quantized row splits at whole
+ * blocks). */
 static int32_t weight_cols(builder *b, const char *name, int64_t n, int64_t k, int64_t col0,
                            int64_t cols) {
   model_tensor t;
@@ -160,17 +162,11 @@ static int32_t weight_cols(builder *b, const char *name, int64_t n, int64_t k, i
   uint64_t row = ir_dtype_bytes(t.dtype, (uint64_t)k),
            off = ir_dtype_bytes(t.dtype, (uint64_t)col0),
            len = ir_dtype_bytes(t.dtype, (uint64_t)cols);
-  uint64_t size = len * (uint64_t)n;
-  uint8_t *buf = ir_malloc(size ? size : 1);
-  if (!buf || !ir_graph_adopt(b->g, buf)) {
-    ir_free(buf);
-    b->st = ir_diag_set(b->d, IR_OOM, "out of memory");
-    return -1;
-  }
-  for (int64_t r = 0; r < n; r++)
-    memcpy(buf + len * (uint64_t)r, (const uint8_t *)t.data + row * (uint64_t)r + off, len);
+  ir_wref src = {
+      .dtype = t.dtype, .rank = 2, .dims = {n, k}, .nbytes = row * (uint64_t)n, .data = t.data};
   int64_t shape[2] = {n, cols};
-  int32_t id = ir_graph_add_weight(b->g, name, t.dtype, 2, shape, buf, len * (uint64_t)n);
+  int32_t id =
+      ir_graph_add_lazy_weight(b->g, name, t.dtype, 2, shape, ir_lazy_cols(&src, off, len));
   if (id < 0) b->st = ir_diag_set(b->d, IR_OOM, "out of memory");
   return id;
 }

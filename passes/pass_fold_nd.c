@@ -4,6 +4,7 @@
 #include "kn_nd.h"
 #include "pass_fold_nd.h"
 #include "ir_alloc.h"
+#include "ir_lazy.h"
 
 static bool foldable(const ir_graph *g, const ir_node *n, uint64_t *out_bytes) {
   if (!ir_op_is_nd(n->op) || n->n_out < 1) return false;
@@ -26,7 +27,11 @@ ir_status pass_fold_nd_node(ir_graph *g, int32_t ni, bool *out_folded, ir_diag *
   if (!foldable(g, n, &total)) return IR_OK;
   const void *in[IR_MAX_IO] = {0};
   void *out[IR_MAX_IO] = {0};
-  for (int k = 0; k < n->n_in; k++) in[k] = n->in[k] >= 0 ? g->tensors[n->in[k]].data : NULL;
+  for (int k = 0; k < n->n_in; k++) { /* a lazy input (a large folded cast) made now */
+    ir_status st = n->in[k] >= 0 ? ir_graph_materialize_tensor(g, n->in[k], d) : IR_OK;
+    if (st != IR_OK) return st;
+    in[k] = n->in[k] >= 0 ? g->tensors[n->in[k]].data : NULL;
+  }
   for (int k = 0; k < n->n_out; k++) {
     uint64_t bytes = ir_tensor_bytes(g, &g->tensors[n->out[k]], NULL);
     if (!(out[k] = ir_calloc(1, bytes ? bytes : 1)) || !ir_graph_adopt(g, out[k]))

@@ -4,8 +4,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "pass.h"
 #include "ir_alloc.h"
+#include "ir_lazy.h"
+#include "pass.h"
 
 /* A matmul the fusions may merge: one constant weight of a dtype whose rows concatenate
  * (float, or GGUF blocks along K), an optional constant f32 bias, nothing else (a weight
@@ -17,12 +18,12 @@ static bool plain_matmul(const ir_graph *g, int32_t ni) {
   const ir_tensor *w = &g->tensors[n->in[1]];
   bool dt_ok = w->dtype == IR_F32 || w->dtype == IR_F16 || w->dtype == IR_BF16 ||
                w->dtype == IR_Q8_0 || w->dtype == IR_Q4_0 || w->dtype == IR_Q4_1;
-  if (!dt_ok || w->kind != IR_TENSOR_WEIGHT || !w->data || w->rank != 2 ||
+  if (!dt_ok || w->kind != IR_TENSOR_WEIGHT || (!w->data && !w->lazy) || w->rank != 2 ||
       w->dims[0].sym != IR_SYM_NONE || w->dims[1].sym != IR_SYM_NONE)
     return false;
   if (n->n_in < 3 || n->in[2] < 0) return true;
   const ir_tensor *b = &g->tensors[n->in[2]];
-  return b->kind == IR_TENSOR_WEIGHT && b->data && b->dtype == IR_F32 && b->rank == 1;
+  return b->kind == IR_TENSOR_WEIGHT && (b->data || b->lazy) && b->dtype == IR_F32 && b->rank == 1;
 }
 
 static bool has_bias(const ir_node *n) { return n->n_in > 2 && n->in[2] >= 0; }
@@ -51,27 +52,19 @@ static void fused_name(char *buf, size_t len, const char *base, const char *from
   else snprintf(buf, len, "%s.%s", base, to);
 }
 
-/* A new weight: the tensors in[k] of nodes m[0..n) stacked along axis 0 (their bytes
- * concatenated: rows are independent in every dtype plain_matmul admits). -1 on OOM. */
+/* A new weight: the tensors in[k] of nodes m[0..n) stacked along axis 0 (rows are
+ * independent in every dtype plain_matmul admits), as a recipe the plan writer makes a
+ * chunk at a time. -1 on OOM. */
 static int32_t concat_weights(ir_graph *g, const int32_t *m, int n, int k, const char *name) {
-  uint64_t bytes = 0;
+  ir_wref in[8];
   int64_t rows = 0;
   for (int i = 0; i < n; i++) {
-    const ir_tensor *t = &g->tensors[g->nodes[m[i]].in[k]];
-    bytes += t->nbytes;
-    rows += t->dims[0].n;
-  }
-  char *buf = ir_malloc(bytes ? bytes : 1);
-  if (!buf || !ir_graph_adopt(g, buf)) return -1;
-  uint64_t off = 0;
-  for (int i = 0; i < n; i++) {
-    const ir_tensor *t = &g->tensors[g->nodes[m[i]].in[k]];
-    memcpy(buf + off, t->data, t->nbytes);
-    off += t->nbytes;
+    in[i] = ir_wref_of(&g->tensors[g->nodes[m[i]].in[k]]);
+    rows += in[i].dims[0];
   }
   const ir_tensor *t0 = &g->tensors[g->nodes[m[0]].in[k]];
   int64_t shape[2] = {rows, t0->rank == 2 ? t0->dims[1].n : 0};
-  return ir_graph_add_weight(g, name, t0->dtype, t0->rank, shape, buf, bytes);
+  return ir_graph_add_lazy_weight(g, name, t0->dtype, t0->rank, shape, ir_lazy_concat(in, n));
 }
 
 /* Turns m[0] into the merged matmul (weights and bias concatenated, renamed with `from`

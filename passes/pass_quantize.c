@@ -7,9 +7,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ir_alloc.h"
+#include "ir_lazy.h"
 #include "kn_matmul_wq.h"
 #include "kn_quant.h"
-#include "ir_alloc.h"
 
 /* ---- the scheme ------------------------------------------------------------------------- */
 
@@ -289,19 +290,50 @@ static int32_t add_f32_like(ir_graph *g, int32_t like, float **out_buf) {
   return ir_graph_add_weight(g, name, IR_F32, t.rank, dims, buf, (uint64_t)count * 4);
 }
 
-/* Copies weight wi (n, k) as f32 with column j multiplied by s[j]; repoints node ni. */
+/* A smoothed weight: the rows of `in` as f32 with column j multiplied by s[j]. */
+typedef struct lz_smooth {
+  ir_lazy z;
+  ir_wref in;
+  int64_t k;
+  float s[];
+} lz_smooth;
+
+static ir_status smooth_fill(ir_lazy *z, int64_t r0, int64_t r1, void *dst, ir_diag *d) {
+  lz_smooth *m = (lz_smooth *)z;
+  uint8_t *row = ir_malloc(ir_wref_row_bytes(&m->in) + 1);
+  if (!row) return ir_diag_set(d, IR_OOM, "out of memory smoothing a weight");
+  ir_status st = IR_OK;
+  for (int64_t r = r0; r < r1 && st == IR_OK; r++) {
+    float *o = (float *)dst + (r - r0) * m->k;
+    if ((st = ir_wref_read(&m->in, r, r + 1, row, d)) != IR_OK) break;
+    kn_dequant_row(row, m->in.dtype, o, m->k);
+    for (int64_t j = 0; j < m->k; j++) o[j] *= m->s[j];
+  }
+  ir_free(row);
+  return st;
+}
+
+static void free_lazy(ir_lazy *z) { ir_free(z); }
+
+/* Weight wi (n, k) as f32 with column j multiplied by s[j] (a recipe); repoints node ni. */
 static ir_status smooth_weight(ir_graph *g, int32_t ni, const float *s, ir_diag *d) {
   int32_t wi = g->nodes[ni].in[1];
-  float *wf = NULL;
-  int32_t nw = add_f32_like(g, wi, &wf);
-  if (nw < 0) return ir_diag_set(d, IR_OOM, "out of memory smoothing '%s'", g->tensors[wi].name);
   const ir_tensor *w = &g->tensors[wi];
   int64_t n = w->dims[0].n, k = w->dims[1].n;
-  uint64_t row_bytes = ir_dtype_bytes(w->dtype, (uint64_t)k);
-  for (int64_t r = 0; r < n; r++) {
-    kn_dequant_row((const uint8_t *)w->data + r * row_bytes, w->dtype, wf + r * k, k);
-    for (int64_t j = 0; j < k; j++) wf[r * k + j] *= s[j];
+  lz_smooth *m = ir_calloc(1, sizeof *m + (size_t)k * sizeof *s);
+  char name[512];
+  snprintf(name, sizeof name, "%s.smoothed", w->name);
+  if (m) {
+    m->in = ir_wref_of(w), m->k = k;
+    memcpy(m->s, s, (size_t)k * sizeof *s);
+    m->z = (ir_lazy){.fill = smooth_fill,
+                     .drop = free_lazy,
+                     .rows = n,
+                     .row_bytes = (uint64_t)k * 4,
+                     .row_align = 1};
   }
+  int32_t nw = m ? ir_graph_add_lazy_weight(g, name, IR_F32, 2, (int64_t[]){n, k}, &m->z) : -1;
+  if (nw < 0) return ir_diag_set(d, IR_OOM, "out of memory smoothing '%s'", g->tensors[wi].name);
   g->nodes[ni].in[1] = nw;
   return IR_OK;
 }
@@ -309,19 +341,23 @@ static ir_status smooth_weight(ir_graph *g, int32_t ni, const float *s, ir_diag 
 /* max_r |W[r, j]| over the users' weights, into wmax (k), which starts at zero. */
 static ir_status column_max(const ir_graph *g, const int32_t *users, int n_users, float *wmax,
                             ir_diag *d) {
-  for (int u = 0; u < n_users; u++) {
+  ir_status st = IR_OK;
+  for (int u = 0; u < n_users && st == IR_OK; u++) {
     const ir_tensor *w = &g->tensors[g->nodes[users[u]].in[1]];
     int64_t n = w->dims[0].n, k = w->dims[1].n;
-    float *row = ir_malloc((size_t)k * sizeof *row);
-    if (!row) return ir_diag_set(d, IR_OOM, "out of memory smoothing '%s'", w->name);
     uint64_t row_bytes = ir_dtype_bytes(w->dtype, (uint64_t)k);
-    for (int64_t r = 0; r < n; r++) {
-      kn_dequant_row((const uint8_t *)w->data + r * row_bytes, w->dtype, row, k);
+    float *row = ir_malloc((size_t)k * sizeof *row);
+    uint8_t *raw = ir_malloc(row_bytes + 1);
+    if (!row || !raw) st = ir_diag_set(d, IR_OOM, "out of memory smoothing '%s'", w->name);
+    for (int64_t r = 0; r < n && st == IR_OK; r++) {
+      if ((st = ir_weight_read(w, r, r + 1, raw, d)) != IR_OK) break;
+      kn_dequant_row(raw, w->dtype, row, k);
       for (int64_t j = 0; j < k; j++) wmax[j] = fmaxf(wmax[j], fabsf(row[j]));
     }
     ir_free(row);
+    ir_free(raw);
   }
-  return IR_OK;
+  return st;
 }
 
 /* Smooths one norm and its users; *out_done when it did. */
@@ -346,6 +382,7 @@ static ir_status smooth_norm(ir_graph *g, const pass_quant_smoothing *sm, int32_
     double f = a > 0.0 && w > 0.0 ? pow(a, alpha) / pow(w, 1.0 - alpha) : 1.0;
     s[j] = (float)(f < 1e-4 ? 1e-4 : f > 1e4 ? 1e4 : f);
   }
+  if (st == IR_OK) st = ir_graph_materialize_tensor(g, gi, d);
   int32_t ng = st == IR_OK ? add_f32_like(g, gi, &gamma) : 0;
   if (st == IR_OK && ng < 0) st = ir_diag_set(d, IR_OOM, "out of memory");
   for (int64_t j = 0; j < k && st == IR_OK; j++)
@@ -518,37 +555,169 @@ static void note_kept(quant_run *r, const char *name, const char *why) {
     snprintf(r->kept + l, sizeof r->kept - l, ", ...");
 }
 
-/* Adds a weight whose data is a new malloc'd buffer the graph adopts. */
-static int32_t add_owned(ir_graph *g, const char *base, const char *suffix, ir_dtype dt,
-                         int64_t rows, int64_t cols, uint64_t bytes, void **out_buf) {
-  char name[512];
-  snprintf(name, sizeof name, "%s.%s", base, suffix);
-  void *buf = ir_calloc(1, bytes ? bytes : 1);
-  if (!buf || !ir_graph_adopt(g, buf)) return -1;
-  *out_buf = buf;
-  return ir_graph_add_weight(g, name, dt, 2, (int64_t[]){rows, cols}, buf, bytes);
+/* ---- the quantized weights, made when the plan is written ------------------------------- */
+
+/* Rows [r0, r1) of w dequantized to f32 (k values a row) into out. */
+static ir_status rows_f32(const ir_wref *w, int64_t r0, int64_t r1, int64_t k, float *out,
+                          uint8_t *raw, ir_diag *d) {
+  ir_status st = ir_wref_read(w, r0, r1, raw, d);
+  uint64_t rb = ir_wref_row_bytes(w);
+  for (int64_t j = r0; j < r1 && st == IR_OK; j++)
+    kn_dequant_row(raw + rb * (uint64_t)(j - r0), w->dtype, out + (j - r0) * k, k);
+  return st;
 }
 
-/* Block formats: one new tensor of ggml blocks, r->made[wi], rows quantized one by one. */
+enum { QUANT_ROWS = 64 }; /* rows dequantized at a time */
+
+/* Block formats: ggml blocks, rows quantized one by one. */
+typedef struct lz_qblock {
+  ir_lazy z;
+  ir_wref in;
+  ir_dtype bt;
+  int64_t k;
+} lz_qblock;
+
+static ir_status qblock_fill(ir_lazy *z, int64_t r0, int64_t r1, void *dst, ir_diag *d) {
+  lz_qblock *q = (lz_qblock *)z;
+  float *wf = ir_malloc((size_t)(QUANT_ROWS * q->k) * sizeof *wf);
+  uint8_t *raw = ir_malloc(ir_wref_row_bytes(&q->in) * QUANT_ROWS + 1);
+  ir_status st = wf && raw ? IR_OK : ir_diag_set(d, IR_OOM, "out of memory quantizing");
+  for (int64_t r = r0; r < r1 && st == IR_OK; r += QUANT_ROWS) {
+    int64_t hi = r + QUANT_ROWS < r1 ? r + QUANT_ROWS : r1;
+    st = rows_f32(&q->in, r, hi, q->k, wf, raw, d);
+    for (int64_t j = r; j < hi && st == IR_OK; j++)
+      kn_quant_row(wf + (j - r) * q->k, q->bt, (uint8_t *)dst + z->row_bytes * (uint64_t)(j - r0),
+                   q->k);
+  }
+  ir_free(wf);
+  ir_free(raw);
+  return st;
+}
+
+/* Group-wise int8 / int4: one job makes codes, scales and zero points together; the codes'
+ * rows are what the writer asks for first, and the scales and zero points of the rows made
+ * wait in side buffers (a few bytes a group) until their tensors are written. */
+typedef struct qgroup_job {
+  ir_wref in;
+  int64_t n, k, group, ng;
+  ir_dtype qt, st, zt;
+  bool asym;
+  uint8_t *scales, *zp; /* n * ng each, or NULL until first needed */
+  bool *have;           /* rows whose scales and zero points are in them */
+  bool served[3];       /* parts whose last row went out: the side buffers may go */
+  int refs;
+} qgroup_job;
+
+typedef struct lz_qpart {
+  ir_lazy z;
+  qgroup_job *job;
+  int part; /* 0 codes, 1 scales, 2 zero points */
+} lz_qpart;
+
+static void job_free_side(qgroup_job *j) {
+  ir_free(j->scales), ir_free(j->zp), ir_free(j->have);
+  j->scales = j->zp = NULL, j->have = NULL;
+}
+
+/* Codes of rows [r0, r1) into codes (NULL: made and dropped), their scales and zero points
+ * into the side buffers. */
+static ir_status job_make(qgroup_job *j, int64_t r0, int64_t r1, void *codes, ir_diag *d) {
+  uint64_t ss = ir_dtype_bytes(j->st, 1), zs = ir_dtype_bytes(j->zt, 1);
+  if (!j->scales) {
+    j->scales = ir_calloc((size_t)(j->n * j->ng), ss);
+    j->zp = ir_calloc((size_t)(j->n * j->ng), zs);
+    j->have = ir_calloc((size_t)j->n + 1, sizeof *j->have);
+    if (!j->scales || !j->zp || !j->have) {
+      job_free_side(j);
+      return ir_diag_set(d, IR_OOM, "out of memory quantizing");
+    }
+  }
+  uint64_t crow = ir_dtype_bytes(j->qt, (uint64_t)j->k);
+  float *wf = ir_malloc((size_t)(QUANT_ROWS * j->k) * sizeof *wf);
+  uint8_t *raw = ir_malloc(ir_wref_row_bytes(&j->in) * QUANT_ROWS + 1);
+  uint8_t *tmp = codes ? NULL : ir_malloc(crow * QUANT_ROWS + 1);
+  ir_status st = wf && raw && (codes || tmp) ? IR_OK : ir_diag_set(d, IR_OOM, "out of memory");
+  for (int64_t r = r0; r < r1 && st == IR_OK; r += QUANT_ROWS) {
+    int64_t hi = r + QUANT_ROWS < r1 ? r + QUANT_ROWS : r1;
+    st = rows_f32(&j->in, r, hi, j->k, wf, raw, d);
+    uint8_t *c = codes ? (uint8_t *)codes + crow * (uint64_t)(r - r0) : tmp;
+    if (st != IR_OK) break;
+    memset(c, 0, crow * (uint64_t)(hi - r));
+    pass_quant_matrix(wf, hi - r, j->k, j->qt, j->group, j->asym, j->st, c,
+                      j->scales + ss * (uint64_t)(r * j->ng),
+                      j->asym ? j->zp + zs * (uint64_t)(r * j->ng) : NULL);
+    for (int64_t x = r; x < hi; x++) j->have[x] = true;
+  }
+  ir_free(wf), ir_free(raw), ir_free(tmp);
+  return st;
+}
+
+static ir_status qpart_fill(ir_lazy *z, int64_t r0, int64_t r1, void *dst, ir_diag *d) {
+  lz_qpart *p = (lz_qpart *)z;
+  qgroup_job *j = p->job;
+  if (p->part == 0) return job_make(j, r0, r1, dst, d);
+  for (int64_t r = r0; r < r1;) { /* rows not made yet: made now, codes dropped */
+    int64_t e = r;
+    while (e < r1 && !(j->have && j->have[e])) e++;
+    if (e > r) {
+      ir_status st = job_make(j, r, e, NULL, d);
+      if (st != IR_OK) return st;
+    }
+    while (e < r1 && j->have[e]) e++;
+    r = e;
+  }
+  const uint8_t *side = p->part == 1 ? j->scales : j->zp;
+  memcpy(dst, side + z->row_bytes * (uint64_t)r0, z->row_bytes * (uint64_t)(r1 - r0));
+  if (r1 == j->n) j->served[p->part] = true;
+  if (j->served[1] && (!j->asym || j->served[2])) {
+    job_free_side(j);
+    j->served[1] = j->served[2] = false;
+  }
+  return IR_OK;
+}
+
+static void qpart_drop(ir_lazy *z) {
+  lz_qpart *p = (lz_qpart *)z;
+  if (--p->job->refs == 0) {
+    job_free_side(p->job);
+    ir_free(p->job);
+  }
+  ir_free(p);
+}
+
+/* Adds part `part` of job j as weight "<base>.<suffix>" [rows, cols] of dtype dt. */
+static int32_t add_part(ir_graph *g, qgroup_job *j, int part, const char *base, const char *suffix,
+                        ir_dtype dt, int64_t cols) {
+  char name[512];
+  snprintf(name, sizeof name, "%s.%s", base, suffix);
+  lz_qpart *p = ir_calloc(1, sizeof *p);
+  if (!p) return -1;
+  p->job = j, p->part = part;
+  j->refs++;
+  p->z = (ir_lazy){.fill = qpart_fill,
+                   .drop = qpart_drop,
+                   .rows = j->n,
+                   .row_bytes = ir_dtype_bytes(dt, (uint64_t)cols),
+                   .row_align = 1};
+  return ir_graph_add_lazy_weight(g, name, dt, 2, (int64_t[]){j->n, cols}, &p->z);
+}
+
+/* Block formats: one new tensor of ggml blocks, r->made[wi]. */
 static ir_status quantize_blocks(ir_graph *g, quant_run *r, int32_t wi, ir_diag *d) {
   ir_tensor w = g->tensors[wi]; /* a copy: adding tensors moves the array */
   ir_dtype bt = pass_quant_block_dtype(r->q);
   int64_t n = w.dims[0].n, k = w.dims[1].n;
-  uint64_t row_bytes = ir_dtype_bytes(w.dtype, (uint64_t)k);
   uint64_t out_row = ir_dtype_bytes(bt, (uint64_t)k);
-  float *wf = ir_malloc((size_t)k * sizeof *wf);
-  void *qb = NULL;
-  int32_t ti =
-      wf ? add_owned(g, w.name, ir_dtype_name(bt), bt, n, k, out_row * (uint64_t)n, &qb) : -1;
-  if (ti < 0) {
-    ir_free(wf);
-    return ir_diag_set(d, IR_OOM, "out of memory quantizing '%s'", w.name);
+  lz_qblock *q = ir_calloc(1, sizeof *q);
+  char name[512];
+  snprintf(name, sizeof name, "%s.%s", w.name, ir_dtype_name(bt));
+  if (q) {
+    q->in = ir_wref_of(&w), q->bt = bt, q->k = k;
+    q->z = (ir_lazy){
+        .fill = qblock_fill, .drop = free_lazy, .rows = n, .row_bytes = out_row, .row_align = 1};
   }
-  for (int64_t j = 0; j < n; j++) {
-    kn_dequant_row((const uint8_t *)w.data + j * row_bytes, w.dtype, wf, k);
-    kn_quant_row(wf, bt, (uint8_t *)qb + j * out_row, k);
-  }
-  ir_free(wf);
+  int32_t ti = q ? ir_graph_add_lazy_weight(g, name, bt, 2, (int64_t[]){n, k}, &q->z) : -1;
+  if (ti < 0) return ir_diag_set(d, IR_OOM, "out of memory quantizing '%s'", w.name);
   r->made[wi] = ti;
   r->n_done++;
   r->values += n * k;
@@ -557,34 +726,30 @@ static ir_status quantize_blocks(ir_graph *g, quant_run *r, int32_t wi, ir_diag 
   return IR_OK;
 }
 
-/* Quantizes weight tensor wi (n, k) once: three new tensors from r->made[wi]. */
+/* Quantizes weight tensor wi (n, k) once: three new tensors from r->made[wi] (codes,
+ * scales, and zero points when asymmetric), made together when written. */
 static ir_status quantize_weight(ir_graph *g, quant_run *r, int32_t wi, int64_t group, ir_diag *d) {
   const pass_quant_opts *q = r->q;
   if (pass_quant_block_dtype(q)) return quantize_blocks(g, r, wi, d);
   ir_tensor w = g->tensors[wi]; /* a copy: adding tensors moves the array */
   int64_t n = w.dims[0].n, k = w.dims[1].n, ng = k / group;
-  ir_dtype qt = q->scheme == PASS_QUANT_INT4 ? IR_I4 : IR_I8;
-  ir_dtype st = qt == IR_I4 || group < k ? IR_F16 : IR_F32;
-  float *wf = ir_malloc((size_t)(n * k) * sizeof *wf);
-  if (!wf) return ir_diag_set(d, IR_OOM, "out of memory quantizing '%s'", w.name);
-  uint64_t row_bytes = ir_dtype_bytes(w.dtype, (uint64_t)k);
-  for (int64_t j = 0; j < n; j++)
-    kn_dequant_row((const uint8_t *)w.data + j * row_bytes, w.dtype, wf + j * k, k);
-  void *qb = NULL, *sb = NULL, *zb = NULL;
-  uint64_t qbytes = ir_dtype_bytes(qt, (uint64_t)(n * k)),
-           sbytes = ir_dtype_bytes(st, (uint64_t)(n * ng));
-  int32_t ti = add_owned(g, w.name, "qweight", qt, n, k, qbytes, &qb);
-  int32_t si = ti >= 0 ? add_owned(g, w.name, "scales", st, n, ng, sbytes, &sb) : -1;
-  ir_dtype zt = qt == IR_I4 ? IR_F16 : IR_I8;
-  uint64_t zbytes = q->asym ? ir_dtype_bytes(zt, (uint64_t)(n * ng)) : 0;
-  int32_t zi =
-      si >= 0 && q->asym ? add_owned(g, w.name, "zero_points", zt, n, ng, zbytes, &zb) : -2;
-  if (ti < 0 || si < 0 || zi == -1) {
-    ir_free(wf);
+  qgroup_job *j = ir_calloc(1, sizeof *j);
+  if (!j) return ir_diag_set(d, IR_OOM, "out of memory quantizing '%s'", w.name);
+  j->in = ir_wref_of(&w), j->n = n, j->k = k, j->group = group, j->ng = ng;
+  j->qt = q->scheme == PASS_QUANT_INT4 ? IR_I4 : IR_I8;
+  j->st = j->qt == IR_I4 || group < k ? IR_F16 : IR_F32;
+  j->zt = j->qt == IR_I4 ? IR_F16 : IR_I8;
+  j->asym = q->asym;
+  j->refs = 1; /* this function's, until the parts hold it */
+  int32_t ti = add_part(g, j, 0, w.name, "qweight", j->qt, k);
+  int32_t si = ti >= 0 ? add_part(g, j, 1, w.name, "scales", j->st, ng) : -1;
+  int32_t zi = si >= 0 && q->asym ? add_part(g, j, 2, w.name, "zero_points", j->zt, ng) : -2;
+  uint64_t qbytes = ir_dtype_bytes(j->qt, (uint64_t)(n * k)),
+           sbytes = ir_dtype_bytes(j->st, (uint64_t)(n * ng)),
+           zbytes = q->asym ? ir_dtype_bytes(j->zt, (uint64_t)(n * ng)) : 0;
+  if (--j->refs == 0) ir_free(j); /* no part was made */
+  if (ti < 0 || si < 0 || zi == -1)
     return ir_diag_set(d, IR_OOM, "out of memory quantizing '%s'", w.name);
-  }
-  pass_quant_matrix(wf, n, k, qt, group, q->asym, st, qb, sb, zb);
-  ir_free(wf);
   r->made[wi] = ti;
   r->n_done++;
   r->values += n * k;

@@ -5,9 +5,29 @@
  * GGUF layout takes (decode is bound by them on AVX2). */
 #include <stdlib.h>
 
+#include "ir_alloc.h"
+#include "ir_lazy.h"
 #include "kn_quant.h"
 #include "pass.h"
-#include "ir_alloc.h"
+
+/* The interleaved rows, made 8 rows at a time from the GGUF-layout ones. */
+typedef struct lz_x8 {
+  ir_lazy z;
+  ir_wref in;
+  int64_t k;
+} lz_x8;
+
+static ir_status x8_fill(ir_lazy *z, int64_t r0, int64_t r1, void *dst, ir_diag *d) {
+  lz_x8 *x = (lz_x8 *)z;
+  uint8_t *src = ir_malloc(z->row_bytes * (uint64_t)(r1 - r0) + 1);
+  if (!src) return ir_diag_set(d, IR_OOM, "out of memory repacking");
+  ir_status st = ir_wref_read(&x->in, r0, r1, src, d);
+  if (st == IR_OK) kn_x8_pack(src, x->in.dtype, r1 - r0, x->k, dst);
+  ir_free(src);
+  return st;
+}
+
+static void x8_drop(ir_lazy *z) { ir_free(z); }
 
 /* Whether node n reads tensor ti only in a way that takes the interleaved layout: as the
  * weight of an act_int8 matmul whose row groups stay whole (8 rows; a fused gate/up needs
@@ -48,11 +68,19 @@ ir_status pass_repack(ir_graph *g, const pass_opts *o, pass_log *log, ir_diag *d
       n_kept++;
       continue;
     }
-    void *buf = ir_malloc(t->nbytes ? t->nbytes : 1);
-    if (!buf || !ir_graph_adopt(g, buf)) /* (adopt frees it when it fails) */
+    lz_x8 *x = ir_calloc(1, sizeof *x);
+    if (x) {
+      x->in = ir_wref_of(t), x->k = t->dims[1].n;
+      x->z = (ir_lazy){.fill = x8_fill,
+                       .drop = x8_drop,
+                       .rows = t->dims[0].n,
+                       .row_bytes = t->nbytes / (uint64_t)t->dims[0].n,
+                       .row_align = 8};
+    }
+    if (!x || !ir_graph_adopt_lazy(g, &x->z)) /* (adopt drops it when it fails) */
       return ir_diag_set(d, IR_OOM, "out of memory repacking '%s'", t->name);
-    kn_x8_pack(t->data, t->dtype, t->dims[0].n, t->dims[1].n, buf);
-    t->data = buf;
+    t->data = NULL;
+    t->lazy = &x->z;
     t->dtype = ir_dtype_x8_of(t->dtype);
     n_done++;
     bytes += t->nbytes;

@@ -19,6 +19,7 @@
 #include "infc_gguf_llama.h"
 #include "inferrt.h"
 #include "kn_cpu.h"
+#include "ir_lazy.h"
 #include "kn_quant.h"
 #include "pass.h"
 #include "tcheck.h"
@@ -193,6 +194,7 @@ static void test_graph_fusions(void) {
   CHECK(count_op(g, IR_OP_MATMUL) == 4);
   a = &g->nodes[find_op(g, IR_OP_ATTENTION)];
   CHECK(a->in[1] == -1 && a->in[2] == -1);
+  CHECK(ir_graph_materialize(g, &(ir_diag){0}) == IR_OK); /* the fused weights: recipes until now */
   const ir_tensor *qkv = &g->tensors[a->in[0]];
   CHECK(qkv->dims[1].n == (NH + 2 * NKV) * HD && qkv->producer >= 0);
   const ir_node *mm = &g->nodes[qkv->producer];

@@ -17,6 +17,7 @@
 #include "kn_cpu.h"
 #include "kn_matmul_wq.h"
 #include "pass.h"
+#include "ir_lazy.h"
 #include "pass_quantize.h"
 #include "tcheck.h"
 #include "tref.h"
@@ -603,8 +604,9 @@ static void test_pass(const char *spec, bool want_head, double max_rel) {
   CHECK(pass_quant_parse(spec, &q, &d) == IR_OK);
   pass_opts o = {.quant = &q};
   pass_log log = {0};
-  CHECKF(pass_quantize(g, &o, &log, &d) == IR_OK && ir_graph_verify(g, &d) == IR_OK, "%s: %s", spec,
-         d.msg);
+  CHECKF(pass_quantize(g, &o, &log, &d) == IR_OK && ir_graph_verify(g, &d) == IR_OK &&
+             ir_graph_materialize(g, &d) == IR_OK,
+         "%s: %s", spec, d.msg);
   CHECKF(log.n == 1 && strstr(log.lines[0], want_head ? "2 matmul weights" : "1 matmul weights"),
          "%s: %s", spec, log.n ? log.lines[0] : "no log");
   for (int32_t i = 0; i < g->n_nodes; i++) {
@@ -748,8 +750,9 @@ static void test_smooth(void) {
   CHECK(pass_quant_parse("w8a8", &q, &d) == IR_OK);
   pass_quant_smoothing sm = {.q = &q, .alpha = 0.5f, .amax = sm_amax, .ctx = &f};
   int n_done = -1;
-  CHECKF(pass_quant_smooth(g, &sm, &n_done, &d) == IR_OK && ir_graph_verify(g, &d) == IR_OK, "%s",
-         d.msg);
+  CHECKF(pass_quant_smooth(g, &sm, &n_done, &d) == IR_OK && ir_graph_verify(g, &d) == IR_OK &&
+             ir_graph_materialize(g, &d) == IR_OK,
+         "%s", d.msg);
   CHECKF(n_done == 1 && f.asked == 1, "smoothed %d norms, asked %d", n_done, f.asked);
   const ir_node *na = &g->nodes[sm_find(g, "a")];
   const ir_node *nb = &g->nodes[sm_find(g, "b")];
@@ -797,7 +800,9 @@ static void test_smooth(void) {
   g = sm_graph(&f);
   pass_opts o = {.quant = &q, .quant_calib = path};
   pass_log log = {0};
-  CHECKF(pass_quantize(g, &o, &log, &d) == IR_OK && ir_graph_verify(g, &d) == IR_OK, "%s", d.msg);
+  CHECKF(pass_quantize(g, &o, &log, &d) == IR_OK && ir_graph_verify(g, &d) == IR_OK &&
+             ir_graph_materialize(g, &d) == IR_OK,
+         "%s", d.msg);
   CHECKF(log.n == 1 && strstr(log.lines[0], "4 matmul weights") &&
              strstr(log.lines[0], "smoothed 1 norms"),
          "%s", log.n ? log.lines[0] : "no log");
