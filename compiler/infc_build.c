@@ -19,6 +19,7 @@
 #include "infc_tokenizer.h"
 #include "infc_util.h"
 #include "ir_plan.h"
+#include "kn_pool.h"
 #include "llama.h"
 #include "pass.h"
 #include "ir_alloc.h"
@@ -314,7 +315,8 @@ ir_status infc_build(const char *src, const infc_options *opts, const char *out_
                   .quant = &o.quant,
                   .quant_calib = o.quant_calib[0] ? o.quant_calib : NULL,
                   .act_int8 = infc_options_act_int8(&o),
-                  .repack = o.repack};
+                  .repack = o.repack,
+                  .pool = kn_pool_create(0)}; /* NULL (no threads): serial */
   if (st == IR_OK && o.act_dtype == INFC_ACT_INT8 && !strcmp(o.target, "cuda"))
     st = ir_diag_set(d, IR_UNSUPPORTED,
                      "option 'act_dtype': int8 activations of q8_0/q4_0/q4_1 "
@@ -366,6 +368,7 @@ ir_status infc_build(const char *src, const infc_options *opts, const char *out_
     snprintf(report->tokenizer, sizeof report->tokenizer, "%s", tok.origin);
   infc_tok_blob_free(&tok);
   infc_cuda_kernels_free(&ck);
+  kn_pool_destroy(po.pool);
   pass_log_free(&log);
   for (int r = 1; r < IR_MAX_TP; r++) ir_graph_destroy(ranks[r]);
   ir_graph_destroy(g);

@@ -17,6 +17,7 @@ static const char *const k_names[IR_DTYPE_COUNT] = {
     [IR_Q8_0_X8] = "q8_0x8",
     [IR_Q4_0_X8] = "q4_0x8",
     [IR_Q4_1_X8] = "q4_1x8",
+    [IR_F8_E4M3] = "f8_e4m3",
 };
 
 int ir_dtype_block(ir_dtype t) { return ir_dtype_is_blocks(t) ? 32 : 1; }
@@ -57,7 +58,8 @@ uint64_t ir_dtype_bytes(ir_dtype t, uint64_t n) {
   case IR_BF16: return n * 2;
   case IR_I64: return n * 8;
   case IR_I8:
-  case IR_U8: return n;
+  case IR_U8:
+  case IR_F8_E4M3: return n;
   case IR_I4: return (n + 1) / 2;
   case IR_Q8_0:
   case IR_Q8_0_X8: return n % 32 ? 0 : n / 32 * 34;

@@ -36,6 +36,9 @@ typedef enum ir_dtype {
   IR_Q8_0_X8 = 12,
   IR_Q4_0_X8 = 13,
   IR_Q4_1_X8 = 14,
+  /* FP8 E4M3 (OCP "fn": bias 7, no infinities, 0x7f / 0xff NaN, largest 448): the codes of
+   * --quant fp8 weights, scaled per output channel by a separate f32 tensor. */
+  IR_F8_E4M3 = 15,
   IR_DTYPE_COUNT
 } ir_dtype;
 
@@ -55,6 +58,45 @@ bool ir_dtype_is_blocks(ir_dtype t);
 ir_dtype ir_dtype_x8_base(ir_dtype t);
 /* The interleaved type of a base block type (INVALID for others). */
 ir_dtype ir_dtype_x8_of(ir_dtype t);
+
+/* E4M3 -> f32, exact. */
+static inline float ir_f8e4m3_to_f32(uint8_t b) {
+  uint32_t sign = (uint32_t)(b & 0x80u) << 24, exp = (b >> 3) & 15u, man = b & 7u, u;
+  if (exp == 15 && man == 7) {
+    u = sign | 0x7fc00000u; /* NaN */
+  } else if (exp == 0) {
+    float f = (float)man * (1.0f / 512.0f); /* subnormal: man * 2^-9 */
+    return sign ? -f : f;
+  } else {
+    u = sign | ((exp + 127 - 7) << 23) | (man << 20);
+  }
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+/* f32 -> E4M3, round to nearest even, saturating at +-448 (NaN stays NaN). */
+static inline uint8_t ir_f32_to_f8e4m3(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  uint8_t sign = (uint8_t)((u >> 24) & 0x80u);
+  uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return (uint8_t)(sign | 0x7f);
+  if (a >= 0x43e00000u) return (uint8_t)(sign | 0x7e); /* >= 448 (and inf): the largest */
+  if (a < 0x3c800000u) { /* below 2^-6: a subnormal code, man * 2^-9 */
+    float x;
+    memcpy(&x, &a, 4);
+    float q = x * 512.0f; /* exact: a power-of-two scale */
+    uint32_t r = (uint32_t)q;
+    float rem = q - (float)r;
+    if (rem > 0.5f || (rem == 0.5f && (r & 1))) r++;
+    return (uint8_t)(sign | r); /* r == 8 is the smallest normal, 0x08: still right */
+  }
+  uint32_t r = a - ((uint32_t)(127 - 7) << 23); /* rebias exponent 127 -> 7 */
+  r = (r + 0x7ffffu + ((r >> 20) & 1u)) >> 20;
+  if (r > 0x7e) r = 0x7e;
+  return (uint8_t)(sign | r);
+}
 
 static inline float ir_bf16_to_f32(uint16_t h) {
   uint32_t u = (uint32_t)h << 16;

@@ -241,7 +241,8 @@ static ir_status infer_norm(infer_ctx *c, infer_out *o, bool fused) {
   return IR_OK;
 }
 
-/* The i8/i4 weight of a matmul and its scales [N,G] and zero points [N,G]? (inputs 3, 4). */
+/* The i8/i4/f8_e4m3 weight of a matmul and its scales [N,G] and zero points [N,G]? (inputs
+ * 3, 4; f8_e4m3: f32 scales per channel, G 1, no zero points). */
 static bool want_wq_params(infer_ctx *c, const ir_tensor *w) {
   const ir_tensor *s = in_t(c, 3, false), *z = in_t(c, 4, false);
   int64_t k = w->dims[1].n, g = s && s->rank == 2 ? s->dims[1].n : 0;
@@ -261,6 +262,11 @@ static bool want_wq_params(infer_ctx *c, const ir_tensor *w) {
          w->name);
     return false;
   }
+  if (w->dtype == IR_F8_E4M3 && (z || g != 1 || s->dtype != IR_F32)) {
+    fail(c, "an f8_e4m3 weight ('%s') takes f32 scales per channel and no zero points%s", w->name,
+         "");
+    return false;
+  }
   if (ir_node_attr_i(c->n, "act_int8", 0) && (w->dtype != IR_I8 || z || g != 1 || k > 32768)) {
     fail(c,
          "act_int8 (W8A8) needs an i8 weight with per-channel scales, no zero points and "
@@ -273,13 +279,13 @@ static bool want_wq_params(infer_ctx *c, const ir_tensor *w) {
 
 static ir_status infer_matmul(infer_ctx *c, infer_out *o) {
   const ir_tensor *x = in_t(c, 0, true), *w = in_t(c, 1, true), *b = in_t(c, 2, false);
-  bool wq = w && (w->dtype == IR_I8 || w->dtype == IR_I4);
+  bool wq = w && (w->dtype == IR_I8 || w->dtype == IR_I4 || w->dtype == IR_F8_E4M3);
   if (!x || !w || !want_dtype(c, x, IR_F32, IR_F32, IR_F32) || !want_rank(c, x, 2) ||
       !(wq || want_weight_dtype(c, w)) || !want_rank(c, w, 2) || !want_dim(c, x, 1, w->dims[1]) ||
       (wq && !want_wq_params(c, w)))
     return IR_BAD_FORMAT;
   if (!wq && (in_t(c, 3, false) || in_t(c, 4, false)))
-    return fail(c, "scales and zero points go with an i8 or i4 weight, not %s%s",
+    return fail(c, "scales and zero points go with an i8, i4 or f8_e4m3 weight, not %s%s",
                 ir_dtype_name(w->dtype), "");
   if (!wq && ir_node_attr_i(c->n, "act_int8", 0) &&
       (!ir_dtype_is_blocks(w->dtype) || w->dims[1].n > IR_Q8_ACT_MAX_K))

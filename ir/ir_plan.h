@@ -108,6 +108,8 @@ void ir_plan_close(ir_plan *p);
 /* Borrowed; valid until ir_plan_close. */
 const ir_graph *ir_plan_graph(const ir_plan *p);
 const ir_plan_header *ir_plan_get_header(const ir_plan *p);
+/* The opened rank's weight bytes as mapped (*out_bytes of them). */
+const void *ir_plan_weights(const ir_plan *p, uint64_t *out_bytes);
 /* Recorded strings (borrowed). */
 const char *ir_plan_producer(const ir_plan *p);
 const char *ir_plan_target(const ir_plan *p);

@@ -330,6 +330,11 @@ void ir_plan_close(ir_plan *p) {
 }
 
 const ir_graph *ir_plan_graph(const ir_plan *p) { return p->graph; }
+const void *ir_plan_weights(const ir_plan *p, uint64_t *out_bytes) {
+  *out_bytes = p->rank_bytes;
+  return p->map + p->header.weights_offset + p->rank_base;
+}
+
 const ir_plan_header *ir_plan_get_header(const ir_plan *p) { return &p->header; }
 const char *ir_plan_producer(const ir_plan *p) { return p->meta->producer; }
 const char *ir_plan_target(const ir_plan *p) { return p->meta->target; }

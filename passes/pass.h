@@ -34,6 +34,9 @@ typedef struct pass_opts {
   bool capture_plan; /* target cuda: plan the CUDA Graph decode buckets */
   const int64_t *decode_buckets; /* the buckets asked for; NULL: 1, 2, 4, ... up to the limit */
   int32_t n_decode_buckets;
+  /* Threads for the weights the passes make (quantization, run when the plan is written:
+   * the recipes keep this pointer, so the pool must outlive the write); NULL: serial. */
+  struct kn_pool *pool;
 } pass_opts;
 
 /* What the passes did, in numbers. The build report reads these; the passes' log lines

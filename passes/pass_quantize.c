@@ -10,6 +10,7 @@
 #include "ir_alloc.h"
 #include "ir_lazy.h"
 #include "kn_matmul_wq.h"
+#include "kn_pool.h"
 #include "kn_quant.h"
 
 /* ---- the scheme ------------------------------------------------------------------------- */
@@ -48,16 +49,20 @@ ir_status pass_quant_parse(const char *spec, pass_quant_opts *out, ir_diag *d) {
   else if (!strcmp(name, "q8_0")) q.scheme = PASS_QUANT_Q8_0;
   else if (!strcmp(name, "q4_0")) q.scheme = PASS_QUANT_Q4_0;
   else if (!strcmp(name, "q4_1")) q.scheme = PASS_QUANT_Q4_1;
+  else if (!strcmp(name, "fp8")) q.scheme = PASS_QUANT_FP8;
   else
     return ir_diag_set(d, IR_INVALID_ARG,
                        "quant '%s': expected none, int8[:sym|asym][:gN], "
-                       "int4[:g32|g64|g128][:sym|asym], w8a8, q8_0, q4_0 or q4_1 (each may "
+                       "int4[:g32|g64|g128][:sym|asym], w8a8, q8_0, q4_0, q4_1 or fp8 (each may "
                        "add :lm_head)",
                        spec);
   for (tok = strtok_r(NULL, ":", &save); tok; tok = strtok_r(NULL, ":", &save)) {
     ir_status st = parse_token(spec, tok, &q, d);
     if (st != IR_OK) return st;
   }
+  if (q.scheme == PASS_QUANT_FP8 && (q.asym || q.group || strstr(spec, "sym")))
+    return ir_diag_set(d, IR_INVALID_ARG,
+                       "quant '%s': fp8 is symmetric and per channel (no gN, sym or asym)", spec);
   if (q.scheme == PASS_QUANT_W8A8 && (q.asym || q.group))
     return ir_diag_set(d, IR_INVALID_ARG,
                        "quant '%s': w8a8 is symmetric and per channel (no gN, no asym)", spec);
@@ -78,8 +83,9 @@ ir_dtype pass_quant_block_dtype(const pass_quant_opts *q) {
 }
 
 void pass_quant_format(const pass_quant_opts *q, char *buf, size_t len) {
-  static const char *const names[] = {"none", "int8", "int4", "w8a8", "q8_0", "q4_0", "q4_1"};
-  const char *name = q->scheme <= PASS_QUANT_Q4_1 ? names[q->scheme] : "?";
+  static const char *const names[] = {"none", "int8", "int4", "w8a8",
+                                      "q8_0", "q4_0", "q4_1", "fp8"};
+  const char *name = q->scheme <= PASS_QUANT_FP8 ? names[q->scheme] : "?";
   if (q->scheme == PASS_QUANT_NONE) {
     snprintf(buf, len, "none");
     return;
@@ -87,9 +93,10 @@ void pass_quant_format(const pass_quant_opts *q, char *buf, size_t len) {
   char g[24] = "";
   if (q->group) snprintf(g, sizeof g, ":g%lld", (long long)q->group);
   snprintf(buf, len, "%s%s%s%s", name, g,
-           q->scheme == PASS_QUANT_W8A8 || pass_quant_block_dtype(q) ? ""
-           : q->asym                                                 ? ":asym"
-                                                                     : ":sym",
+           q->scheme == PASS_QUANT_W8A8 || q->scheme == PASS_QUANT_FP8 || pass_quant_block_dtype(q)
+               ? ""
+           : q->asym ? ":asym"
+                     : ":sym",
            q->lm_head ? ":lm_head" : "");
 }
 
@@ -536,6 +543,7 @@ static bool is_lm_head(const ir_graph *g, const ir_node *n) {
 
 typedef struct quant_run {
   const pass_quant_opts *q;
+  struct kn_pool *pool; /* the recipes' threads (pass_opts.pool) */
   int32_t *made; /* per original tensor: the first of its (codes, scales, zero points), or -1 */
   int32_t n_orig;
   int n_done, n_kept;
@@ -567,7 +575,7 @@ static ir_status rows_f32(const ir_wref *w, int64_t r0, int64_t r1, int64_t k, f
   return st;
 }
 
-enum { QUANT_ROWS = 64 }; /* rows dequantized at a time */
+enum { QUANT_ROWS = 256 }; /* rows dequantized at a time, then quantized on the pool */
 
 /* Block formats: ggml blocks, rows quantized one by one. */
 typedef struct lz_qblock {
@@ -575,7 +583,21 @@ typedef struct lz_qblock {
   ir_wref in;
   ir_dtype bt;
   int64_t k;
+  struct kn_pool *pool;
 } lz_qblock;
+
+typedef struct qblock_task {
+  const lz_qblock *q;
+  const float *wf;
+  uint8_t *out;
+} qblock_task;
+
+static void qblock_rows(void *arg, int64_t b, int64_t e, int tid) {
+  (void)tid;
+  const qblock_task *t = arg;
+  for (int64_t j = b; j < e; j++)
+    kn_quant_row(t->wf + j * t->q->k, t->q->bt, t->out + t->q->z.row_bytes * (uint64_t)j, t->q->k);
+}
 
 static ir_status qblock_fill(ir_lazy *z, int64_t r0, int64_t r1, void *dst, ir_diag *d) {
   lz_qblock *q = (lz_qblock *)z;
@@ -585,9 +607,8 @@ static ir_status qblock_fill(ir_lazy *z, int64_t r0, int64_t r1, void *dst, ir_d
   for (int64_t r = r0; r < r1 && st == IR_OK; r += QUANT_ROWS) {
     int64_t hi = r + QUANT_ROWS < r1 ? r + QUANT_ROWS : r1;
     st = rows_f32(&q->in, r, hi, q->k, wf, raw, d);
-    for (int64_t j = r; j < hi && st == IR_OK; j++)
-      kn_quant_row(wf + (j - r) * q->k, q->bt, (uint8_t *)dst + z->row_bytes * (uint64_t)(j - r0),
-                   q->k);
+    qblock_task t = {q, wf, (uint8_t *)dst + z->row_bytes * (uint64_t)(r - r0)};
+    if (st == IR_OK) kn_parallel_for(q->pool, hi - r, 1, qblock_rows, &t);
   }
   ir_free(wf);
   ir_free(raw);
@@ -606,7 +627,42 @@ typedef struct qgroup_job {
   bool *have;           /* rows whose scales and zero points are in them */
   bool served[3];       /* parts whose last row went out: the side buffers may go */
   int refs;
+  struct kn_pool *pool;
 } qgroup_job;
+
+typedef struct qgroup_task {
+  const qgroup_job *j;
+  const float *wf;
+  uint8_t *codes, *scales, *zp; /* at the chunk's first row */
+} qgroup_task;
+
+/* FP8 rows: scale max |w| / 448 (f32; 0 for a zero row), codes E4M3 of w / scale. */
+static void fp8_rows(const float *w, int64_t rows, int64_t k, uint8_t *codes, float *scales) {
+  for (int64_t r = 0; r < rows; r++) {
+    const float *x = w + r * k;
+    float m = 0.0f;
+    for (int64_t i = 0; i < k; i++) m = fmaxf(m, fabsf(x[i]));
+    float s = m / 448.0f, inv = s > 0.0f ? 1.0f / s : 0.0f;
+    scales[r] = s;
+    for (int64_t i = 0; i < k; i++) codes[r * k + i] = ir_f32_to_f8e4m3(x[i] * inv);
+  }
+}
+
+static void qgroup_rows(void *arg, int64_t b, int64_t e, int tid) {
+  (void)tid;
+  const qgroup_task *t = arg;
+  const qgroup_job *j = t->j;
+  if (j->qt == IR_F8_E4M3) {
+    fp8_rows(t->wf + b * j->k, e - b, j->k, t->codes + (uint64_t)(b * j->k),
+             (float *)t->scales + b);
+    return;
+  }
+  uint64_t crow = ir_dtype_bytes(j->qt, (uint64_t)j->k);
+  uint64_t ss = ir_dtype_bytes(j->st, 1), zs = ir_dtype_bytes(j->zt, 1);
+  pass_quant_matrix(t->wf + b * j->k, e - b, j->k, j->qt, j->group, j->asym, j->st,
+                    t->codes + crow * (uint64_t)b, t->scales + ss * (uint64_t)(b * j->ng),
+                    j->asym ? t->zp + zs * (uint64_t)(b * j->ng) : NULL);
+}
 
 typedef struct lz_qpart {
   ir_lazy z;
@@ -643,9 +699,9 @@ static ir_status job_make(qgroup_job *j, int64_t r0, int64_t r1, void *codes, ir
     uint8_t *c = codes ? (uint8_t *)codes + crow * (uint64_t)(r - r0) : tmp;
     if (st != IR_OK) break;
     memset(c, 0, crow * (uint64_t)(hi - r));
-    pass_quant_matrix(wf, hi - r, j->k, j->qt, j->group, j->asym, j->st, c,
-                      j->scales + ss * (uint64_t)(r * j->ng),
-                      j->asym ? j->zp + zs * (uint64_t)(r * j->ng) : NULL);
+    qgroup_task t = {j, wf, c, j->scales + ss * (uint64_t)(r * j->ng),
+                     j->zp + zs * (uint64_t)(r * j->ng)};
+    kn_parallel_for(j->pool, hi - r, 1, qgroup_rows, &t);
     for (int64_t x = r; x < hi; x++) j->have[x] = true;
   }
   ir_free(wf), ir_free(raw), ir_free(tmp);
@@ -712,7 +768,7 @@ static ir_status quantize_blocks(ir_graph *g, quant_run *r, int32_t wi, ir_diag 
   char name[512];
   snprintf(name, sizeof name, "%s.%s", w.name, ir_dtype_name(bt));
   if (q) {
-    q->in = ir_wref_of(&w), q->bt = bt, q->k = k;
+    q->in = ir_wref_of(&w), q->bt = bt, q->k = k, q->pool = r->pool;
     q->z = (ir_lazy){
         .fill = qblock_fill, .drop = free_lazy, .rows = n, .row_bytes = out_row, .row_align = 1};
   }
@@ -736,10 +792,11 @@ static ir_status quantize_weight(ir_graph *g, quant_run *r, int32_t wi, int64_t 
   qgroup_job *j = ir_calloc(1, sizeof *j);
   if (!j) return ir_diag_set(d, IR_OOM, "out of memory quantizing '%s'", w.name);
   j->in = ir_wref_of(&w), j->n = n, j->k = k, j->group = group, j->ng = ng;
-  j->qt = q->scheme == PASS_QUANT_INT4 ? IR_I4 : IR_I8;
+  j->qt = q->scheme == PASS_QUANT_INT4 ? IR_I4 : q->scheme == PASS_QUANT_FP8 ? IR_F8_E4M3 : IR_I8;
   j->st = j->qt == IR_I4 || group < k ? IR_F16 : IR_F32;
   j->zt = j->qt == IR_I4 ? IR_F16 : IR_I8;
   j->asym = q->asym;
+  j->pool = r->pool;
   j->refs = 1; /* this function's, until the parts hold it */
   int32_t ti = add_part(g, j, 0, w.name, "qweight", j->qt, k);
   int32_t si = ti >= 0 ? add_part(g, j, 1, w.name, "scales", j->st, ng) : -1;
@@ -841,7 +898,7 @@ ir_status pass_quantize(ir_graph *g, const pass_opts *o, pass_log *log, ir_diag 
   const pass_quant_opts *q = o->quant;
   if (!q || q->scheme == PASS_QUANT_NONE) return IR_OK;
   uint64_t total_before = weight_total(g);
-  quant_run r = {.q = q};
+  quant_run r = {.q = q, .pool = o->pool};
   ir_status st = smooth_from_file(g, o, &r.n_smoothed, d);
   if (st != IR_OK) return st;
   r.n_orig = g->n_tensors;

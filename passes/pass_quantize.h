@@ -10,6 +10,9 @@
  *                                of 32), made by ggml's reference quantizers
  *                                (kn_quant_row): the GGUF kernels, int8 activations on
  *                                the CPU, and a tied embedding table shared with the lookup
+ *   fp8                          FP8 E4M3 codes (f8_e4m3) with an f32 scale per output
+ *                                channel (max |w| / 448): half bf16's bytes for the GPU's
+ *                                GEMV; the CPU runs it on its portable path
  * A ":lm_head" suffix also quantizes the logits projection (by default it stays as built:
  * it is the most sensitive matmul, and with tied embeddings the embedding lookup keeps
  * the float table, so a quantized copy would add bytes rather than save them -- except
@@ -32,6 +35,7 @@ typedef enum pass_quant_scheme {
   PASS_QUANT_Q8_0 = 4,
   PASS_QUANT_Q4_0 = 5,
   PASS_QUANT_Q4_1 = 6,
+  PASS_QUANT_FP8 = 7,
 } pass_quant_scheme;
 
 typedef struct pass_quant_opts {

@@ -101,7 +101,12 @@ def cmd_model(a):
 def load(a, dtype):
     import torch
     from transformers import AutoModelForCausalLM
-    m = AutoModelForCausalLM.from_pretrained(a.dir)
+    import transformers
+    # loaded in the dtype it runs in (an 8B checkpoint in f32 would be 32 GB first);
+    # transformers before 4.56 names the argument torch_dtype
+    major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
+    key = "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
+    m = AutoModelForCausalLM.from_pretrained(a.dir, **{key: dtype})
     return m.to(device=a.device, dtype=dtype).eval()
 
 

@@ -58,7 +58,7 @@ static ir_status cuda_supported(const ir_graph *g, ir_diag *d) {
       ir_dtype wt = g->tensors[n->in[1]].dtype;
       int64_t act = ir_node_attr_i(n, "act", IR_ACT_NONE);
       if (act != IR_ACT_NONE && act != IR_ACT_SWIGLU) why = "the fused epilogue has no GPU kernel";
-      else if (wt == IR_I8 || wt == IR_I4) why = wq_refusal(g, n);
+      else if (wt == IR_I8 || wt == IR_I4 || wt == IR_F8_E4M3) why = wq_refusal(g, n);
       else if (n->n_in > 3)
         why = "separate quantization parameters on float weights have no GPU kernel";
       break;

@@ -5,6 +5,7 @@
 #include "kn_matmul_wq.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <string.h>
@@ -97,8 +98,20 @@ static inline int wq_q(const kn_wq *w, int64_t k, int64_t j, int64_t i) {
   return i & 1 ? b >> 4 : b & 15;
 }
 
+/* E4M3 codes' values, filled once (f8_lut_init) before a matmul reads them. */
+static float g_f8_lut[256];
+static pthread_once_t g_f8_once = PTHREAD_ONCE_INIT;
+
+static void f8_lut_fill(void) {
+  for (int i = 0; i < 256; i++) g_f8_lut[i] = ir_f8e4m3_to_f32((uint8_t)i);
+}
+
+static void f8_lut_init(void) { pthread_once(&g_f8_once, f8_lut_fill); }
+
 float kn_wq_value(const kn_wq *w, int64_t k, int64_t row, int64_t col) {
   int64_t ng = k / w->group, g = col / w->group;
+  if (w->qt == IR_F8_E4M3) /* zero point 0: the code's value times the scale */
+    return ir_f8e4m3_to_f32(((const uint8_t *)w->q)[row * k + col]) * wq_scale(w, ng, row, g);
   return ((float)wq_q(w, k, row, col) - wq_zero(w, ng, row, g)) * wq_scale(w, ng, row, g);
 }
 
@@ -123,9 +136,14 @@ static inline __attribute__((always_inline)) void wq_body_c(const wq_args *a,
   float acc[WQ_MAX_R][WQ_MAX_C][WQ_LANES] = {{{0}}};
   float wv[WQ_MAX_C][WQ_LANES];
   const int64_t k = a->k, kf = k - k % WQ_LANES;
+  const bool f8 = a->w->qt == IR_F8_E4M3 && a->w->group == k; /* one scale a row: a table */
+  float f8s[WQ_MAX_C];
+  for (int c = 0; f8 && c < nr; c++) f8s[c] = wq_scale(a->w, 1, rows[c], 0);
   for (int64_t i = 0; i < kf; i += WQ_LANES) {
     for (int c = 0; c < nr; c++)
-      for (int l = 0; l < WQ_LANES; l++) wv[c][l] = kn_wq_value(a->w, k, rows[c], i + l);
+      for (int l = 0; l < WQ_LANES; l++)
+        wv[c][l] = f8 ? g_f8_lut[((const uint8_t *)a->w->q)[rows[c] * k + i + l]] * f8s[c]
+                      : kn_wq_value(a->w, k, rows[c], i + l);
     for (int r = 0; r < mr; r++)
       for (int c = 0; c < nr; c++)
         for (int l = 0; l < WQ_LANES; l++)
@@ -610,7 +628,7 @@ static const wq_kernels *wq_pick(const kn_wq *w, int64_t k, bool w8a8) {
 #if WQ_X86
   if (w8a8 && lv == 1 && !(wq_cpu_levels() >> 4 & 1)) return &k_w8_avx2;
   if (w8a8 && lv > 0) return &k_w8_simd[lv - 1];
-  if (!w8a8 && lv > 0 && k % WQ_LANES == 0 && w->group % WQ_LANES == 0)
+  if (!w8a8 && lv > 0 && k % WQ_LANES == 0 && w->group % WQ_LANES == 0 && w->qt != IR_F8_E4M3)
     return &k_wq_simd[lv - 1][w->qt == IR_I4];
 #else
   (void)w, (void)k, (void)lv;
@@ -940,6 +958,7 @@ static void wq_run(kn_pool *p, float *y, const float *x, const kn_wq *w, const f
 
 void kn_matmul_wq(kn_pool *p, float *y, const float *x, const kn_wq *w, const float *bias,
                   int64_t m, int64_t n, int64_t k, int act) {
+  if (w->qt == IR_F8_E4M3) f8_lut_init();
   wq_run(p, y, x, w, bias, m, n, k, act, false);
 }
 

@@ -23,7 +23,9 @@ enum { KN_W8A8_MAX_K = 32768 };
  * zero_points is NULL). */
 typedef struct kn_wq {
   const void *q; /* (n, k): IR_I8 (signed bytes) or IR_I4 (k even, two a byte: element
-                       * 2t in the low nibble of byte t, 2t+1 in the high; unsigned 0..15) */
+                       * 2t in the low nibble of byte t, 2t+1 in the high; unsigned 0..15),
+                       * or IR_F8_E4M3 (value = code's value * s: zero points none; the
+                       * portable path only, the GPU being its target) */
   ir_dtype qt;
   const void *scales; /* (n, k / group) of st: IR_F32 or IR_F16 */
   ir_dtype st;

@@ -1,7 +1,8 @@
-// gemv_wq.cu: weight-only int8 / int4 GEMV with separate scales and zero points (ONNX
-// MatMulNBits, infc --quant int8|int4), y = x . W^T (+ bias), for every m (no cuBLAS path).
-// x: (m, k) f32; q: (n, k) i8, or i4 two a byte (element 2t the low nibble of byte t,
-// unsigned); scales (n, k / group) f32 (st 0) or f16 (st 1); zero points (n, k / group) by
+// gemv_wq.cu: weight-only int8 / int4 / FP8 GEMV with separate scales and zero points (ONNX
+// MatMulNBits, infc --quant int8|int4|fp8), y = x . W^T (+ bias), for every m (no cuBLAS
+// path). x: (m, k) f32; q: (n, k) i8, or i4 two a byte (element 2t the low nibble of byte t,
+// unsigned), or FP8 E4M3 codes (zero points none: w = value(code) * scale);
+// scales (n, k / group) f32 (st 0) or f16 (st 1); zero points (n, k / group) by
 // zt: 0 none (8 for i4, 0 for i8), 1 u8, 2 i8, 3 f16, 4 f32; bias (n) f32 or NULL; y (m, n).
 // w = ((float)q - zp) * scale in f32, as kn_matmul_wq (kernels/cpu) computes it.
 //
@@ -27,10 +28,22 @@ __device__ __forceinline__ float wq_zero(const void *z, int zt, long long i, flo
   }
 }
 
-// The CHUNK values of one 16-byte load, as integers in f32.
-template <bool I4>
+// E4M3 -> f32, exact (ir_f8e4m3_to_f32's twin): bias 7, 0x7f / 0xff NaN, subnormals
+// man * 2^-9.
+__device__ __forceinline__ float wq_f8(unsigned int b) {
+  unsigned int e = (b >> 3) & 15u, m = b & 7u;
+  float v = e ? __uint_as_float(((e + 120u) << 23) | (m << 20)) : (float)m * (1.0f / 512.0f);
+  if (e == 15u && m == 7u) v = __uint_as_float(0x7fc00000u);
+  return (b & 0x80u) ? -v : v;
+}
+
+// The weight codes: 0 i8, 1 i4, 2 FP8 E4M3.
+enum { WQ_I8 = 0, WQ_I4 = 1, WQ_F8 = 2 };
+
+// The CHUNK values of one 16-byte load, as integers (or FP8 values) in f32.
+template <int QT>
 struct wq_q {
-  enum { CHUNK = I4 ? 32 : 16 };
+  enum { CHUNK = QT == WQ_I4 ? 32 : 16 };
   static __device__ __forceinline__ void unpack(float (&q)[CHUNK], uint4 u) {
     unsigned int v[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
@@ -38,9 +51,11 @@ struct wq_q {
 #pragma unroll
       for (int e = 0; e < 4; e++) {
         unsigned int b = (v[t] >> (8 * e)) & 0xffu;
-        if (I4) {
+        if (QT == WQ_I4) {
           q[8 * t + 2 * e] = (float)(b & 15u);
           q[8 * t + 2 * e + 1] = (float)(b >> 4);
+        } else if (QT == WQ_F8) {
+          q[4 * t + e] = wq_f8(b);
         } else {
           q[4 * t + e] = (float)(signed char)b;
         }
@@ -48,18 +63,18 @@ struct wq_q {
   }
 };
 
-template <bool I4>
+template <int QT>
 __device__ __forceinline__ void gemv_wq(float *y, const float *x, const unsigned char *w,
                                         const float *bias, const void *scales, const void *zp,
                                         int m, int n, int k, int group, int st, int zt) {
-  typedef wq_q<I4> Q;
+  typedef wq_q<QT> Q;
   const int lane = threadIdx.x & 31;
   const int col = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
   if (col >= n) return;
   const int n_chunks = k / Q::CHUNK, ng = k / group;
   const unsigned char *wr = w + (long long)col * n_chunks * 16;
   const long long prow = (long long)col * ng;
-  const float b = bias ? bias[col] : 0.0f, dflt = I4 ? 8.0f : 0.0f;
+  const float b = bias ? bias[col] : 0.0f, dflt = QT == WQ_I4 ? 8.0f : 0.0f;
   for (int r0 = blockIdx.y * GEMV_M; r0 < m; r0 += gridDim.y * GEMV_M) {
     const int rows = min(GEMV_M, m - r0);
     const float *xr = x + (long long)r0 * k;
@@ -97,13 +112,14 @@ __device__ __forceinline__ void gemv_wq(float *y, const float *x, const unsigned
   }
 }
 
-#define GEMV_WQ_ENTRY(name, I4)                                                                \
+#define GEMV_WQ_ENTRY(name, QT)                                                                \
   extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                \
       name(float *y, const float *x, const unsigned char *w, const float *bias,                \
            const void *scales, const void *zp, int m, int n, int k, int group, int st,         \
            int zt) {                                                                           \
-    gemv_wq<I4>(y, x, w, bias, scales, zp, m, n, k, group, st, zt);                           \
+    gemv_wq<QT>(y, x, w, bias, scales, zp, m, n, k, group, st, zt);                           \
   }
 
-GEMV_WQ_ENTRY(kn_gemv_wq_i4, true)
-GEMV_WQ_ENTRY(kn_gemv_wq_i8, false)
+GEMV_WQ_ENTRY(kn_gemv_wq_i4, WQ_I4)
+GEMV_WQ_ENTRY(kn_gemv_wq_i8, WQ_I8)
+GEMV_WQ_ENTRY(kn_gemv_wq_f8, WQ_F8)

@@ -54,7 +54,7 @@ class Engine:
                  chat_template=None, seed=None, enforce_eager=False, speculative_config=None,
                  max_model_len=None, tensor_parallel_size=1, pipeline_parallel_size=1,
                  dtype="auto", tokenizer=None, skip_tokenizer_init=False,
-                 verify_weights=False, **kwargs):
+                 verify_weights=False, preload=None, **kwargs):
         unknown = set(kwargs) - IGNORED_ARGS
         if unknown:
             raise TypeError("LLM: unexpected argument(s): %s" % ", ".join(sorted(unknown)))
@@ -77,6 +77,10 @@ class Engine:
             opts.kv_dtype = _lib.KV_DTYPES[kv_dtype]
         opts.kv_tokens = int(kv_tokens or 0)
         opts.no_cuda_graphs = bool(enforce_eager)
+        preloads = {None: 0, False: 0, "background": 1, True: 1, "wait": 2}
+        if preload not in preloads:
+            raise ValueError("LLM: preload must be None, 'background' or 'wait' (got %r)" % (preload,))
+        opts.preload = preloads[preload]
         h, err = c_void_p(), _lib.irt_error()
         _lib.check(lib.irt_model_open(str(model).encode(), byref(opts), byref(h), byref(err)), err)
         self._model = h.value

@@ -65,7 +65,7 @@ static void run_matmul(kn_pool *p, const ir_graph *g, const ir_node *n, void *co
     kn_matmul_q8(p, O_(0), P_(0), P_(1), w->dtype, bias, m, swiglu ? rows / 2 : rows, k, swiglu);
     return;
   }
-  if (w->dtype != IR_I8 && w->dtype != IR_I4) {
+  if (w->dtype != IR_I8 && w->dtype != IR_I4 && w->dtype != IR_F8_E4M3) {
     if (ir_node_attr_i(n, "act", IR_ACT_NONE) == IR_ACT_SWIGLU) /* W: gate rows, up rows */
       kn_matmul_swiglu(p, O_(0), P_(0), P_(1), w->dtype, bias, m, rows / 2, k);
     else kn_matmul(p, O_(0), P_(0), P_(1), w->dtype, bias, m, rows, k);

@@ -62,18 +62,27 @@ int cli_parse_spec(const char *flag, const char *v, irt_engine_opts *eo);
  * (INFERRT_CUDA_PROFILE=1, INFERRT_CUDA_DEQUANT_GEMM_M=N, INFERRT_CUDA_LIB=PATH): the
  * library reads no environment variable. */
 typedef struct cli_cuda {
+  irt_preload preload; /* --preload (not a CUDA flag: the model flags all share this set) */
   bool profile, profile_set;
   int64_t dequant_gemm_m; /* 0: the default; < 0: never */
   bool dequant_set;
   const char *lib;
 } cli_cuda;
-enum { CLI_OPT_CUDA_PROFILE = 240, CLI_OPT_CUDA_DEQUANT = 241, CLI_OPT_CUDA_LIB = 242 };
+enum {
+  CLI_OPT_CUDA_PROFILE = 240,
+  CLI_OPT_CUDA_DEQUANT = 241,
+  CLI_OPT_CUDA_LIB = 242,
+  CLI_OPT_PRELOAD = 243
+};
 #define CLI_CUDA_LONGOPTS                                                                          \
-  {"cuda-profile", no_argument, 0, CLI_OPT_CUDA_PROFILE},                                          \
+  {"preload", optional_argument, 0, CLI_OPT_PRELOAD},                                              \
+      {"cuda-profile", no_argument, 0, CLI_OPT_CUDA_PROFILE},                                      \
       {"cuda-dequant-gemm-m", required_argument, 0, CLI_OPT_CUDA_DEQUANT}, {                       \
     "cuda-lib", required_argument, 0, CLI_OPT_CUDA_LIB                                             \
   }
 #define CLI_CUDA_USAGE                                                                             \
+  "  --preload[=wait]        CPU: read the weights into memory at start, in the background\n"      \
+  "                          (=wait: before the first request, several threads at once)\n"         \
   "  --cuda-profile          CUDA: time every node (eagerly) and print the table at exit\n"        \
   "                          (default: $INFERRT_CUDA_PROFILE)\n"                                   \
   "  --cuda-dequant-gemm-m N CUDA: dequantize GGUF block weights for cuBLAS from N rows\n"         \

@@ -143,6 +143,13 @@ static bool dequant_rows(const char *v, int64_t *out) {
 
 int cli_cuda_flag(int c, const char *v, cli_cuda *f) {
   switch (c) {
+  case CLI_OPT_PRELOAD:
+    if (!v || !strcmp(v, "background")) f->preload = IRT_PRELOAD_BACKGROUND;
+    else if (!strcmp(v, "wait")) f->preload = IRT_PRELOAD_WAIT;
+    else
+      return cli_fail("--preload: want --preload, --preload=background or --preload=wait, not '%s'",
+                      v);
+    return 0;
   case CLI_OPT_CUDA_PROFILE: f->profile = f->profile_set = true; return 0;
   case CLI_OPT_CUDA_LIB: f->lib = v; return 0;
   case CLI_OPT_CUDA_DEQUANT:
@@ -161,6 +168,7 @@ static void log_stderr(void *user, irt_log_level level, const char *msg) {
 
 int cli_model_opts(irt_model_opts *mo, const cli_cuda *f) {
   mo->log = log_stderr;
+  mo->preload = f->preload;
   const char *prof = getenv("INFERRT_CUDA_PROFILE");
   mo->cuda_profile = f->profile_set ? f->profile : prof && *prof && strcmp(prof, "0") != 0;
   const char *lib = getenv("INFERRT_CUDA_LIB");

@@ -90,6 +90,12 @@ typedef struct irt_comm {
   void (*abort)(void *ctx, int code);
 } irt_comm;
 
+typedef enum irt_preload {
+  IRT_PRELOAD_OFF = 0,
+  IRT_PRELOAD_BACKGROUND = 1,
+  IRT_PRELOAD_WAIT = 2,
+} irt_preload;
+
 typedef struct irt_model_opts {
   int n_threads;     /* <= 0: all online cores */
   int64_t kv_tokens; /* KV cache capacity in tokens over all sequences; <= 0: the
@@ -124,6 +130,12 @@ typedef struct irt_model_opts {
   /* A tensor-parallel plan's collectives (NULL: one process; such a plan is refused); the
    * struct is borrowed until irt_model_close. */
   const irt_comm *comm;
+  /* CPU: read the plan's weights into memory at open instead of at the first steps that
+   * touch them (a cold 8B bf16 plan is seconds of page faults on the first request).
+   * IRT_PRELOAD_BACKGROUND starts a thread and returns at once; IRT_PRELOAD_WAIT returns
+   * once every weight page is resident (read by several threads). The CUDA backend copies
+   * the weights to the device at open anyway. */
+  irt_preload preload;
 } irt_model_opts;
 
 typedef struct irt_model_info {

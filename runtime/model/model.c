@@ -282,14 +282,19 @@ irt_status irt_model_open(const char *path, const irt_model_opts *opts, irt_mode
   if (!m) ir_diag_set(&d, IR_OOM, "out of memory");
   else m->log = o.log, m->log_user = o.log_user;
   int rank = o.comm && o.comm->rank > 0 ? o.comm->rank : 0; /* its shard of a --tp plan */
-  ir_status st =
-      m ? ir_plan_open_rank(path, o.skip_weight_checksum ? IR_PLAN_VERIFY_META : IR_PLAN_VERIFY_ALL,
-                            rank, &m->plan, &d)
-        : IR_OOM;
+  if (m && (o.preload < IRT_PRELOAD_OFF || o.preload > IRT_PRELOAD_WAIT))
+    ir_diag_set(&d, IR_INVALID_ARG, "preload: unknown mode %d (0 off, 1 background, 2 wait)",
+                (int)o.preload);
+  ir_status st = d.status ? d.status
+                 : m      ? ir_plan_open_rank(
+                                path, o.skip_weight_checksum ? IR_PLAN_VERIFY_META : IR_PLAN_VERIFY_ALL,
+                                rank, &m->plan, &d)
+                     : IR_OOM;
   if (st == IR_OK) {
     m->g = ir_plan_graph(m->plan);
     st = open_backend(m, &o, &d);
   }
+  if (st == IR_OK) m->preload = model_preload_start(m, o.preload);
   if (st == IR_OK) st = m->be.ops->check(m->be.ctx, m->g, &d);
   if (st == IR_OK) st = setup_io(m, &d);
   if (st == IR_OK) st = bind_tensors(m, &d);
@@ -315,6 +320,7 @@ irt_status irt_model_open(const char *path, const irt_model_opts *opts, irt_mode
 
 void irt_model_close(irt_model *m) {
   if (!m) return;
+  model_preload_stop(m->preload);
   tp_close(m);
   if (m->be.ops) {
     kv_cache_release(&m->kv, m->be.ops->free, m->be.ctx);

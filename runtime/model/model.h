@@ -9,6 +9,8 @@
 #include "kv_cache.h"
 #include "tokenizer.h"
 
+typedef struct model_preload model_preload;
+
 struct irt_model {
   irt_log_fn log; /* irt_model_opts.log / log_user */
   void *log_user;
@@ -52,6 +54,7 @@ struct irt_model {
   bool tp_broken;           /* a step failed midway: the ranks are out of step for good */
   irt_kv_event_fn kv_event; /* irt_model_set_kv_events */
   void *kv_event_user;
+  model_preload *preload; /* a background preload still running, or NULL */
 };
 
 struct irt_seq {
@@ -76,6 +79,11 @@ ir_status tp_send_step(irt_model *m, const model_step *st, ir_diag *d);
 /* Rank 0: a step failed after it was sent (the comm's abort, or no later step). */
 void tp_step_failed(irt_model *m);
 void tp_close(irt_model *m);
+/* preload.c: the weights read in (irt_model_opts.preload; nothing for a device backend).
+ * WAIT reads them before returning NULL; BACKGROUND returns the running reader, which
+ * model_preload_stop ends (at close). */
+model_preload *model_preload_start(irt_model *m, irt_preload mode);
+void model_preload_stop(model_preload *pl);
 /* The tokenizer stored in a plan (*out NULL if none). */
 ir_status model_plan_tokenizer(const ir_plan *p, irt_tokenizer **out, ir_diag *d);
 

@@ -227,6 +227,11 @@ static uint8_t *weights(ir_dtype dt, int64_t rows, int64_t k) {
   uint8_t *w = malloc(n);
   for (size_t i = 0; i < n; i++) w[i] = (uint8_t)rand();
   if (dt == IR_I8 || dt == IR_I4) return w; /* any byte is a value (scales are separate) */
+  if (dt == IR_F8_E4M3) { /* any byte but the two NaNs, 0x7f and 0xff: normals, subnormals */
+    for (size_t i = 0; i < n; i++)
+      if ((w[i] & 0x7f) == 0x7f) w[i] ^= 0x01;
+    return w;
+  }
   if (dt == IR_F32 || dt == IR_F16 || dt == IR_BF16) {
     for (size_t i = 0; i < (size_t)(rows * k); i++) {
       float f = frand();
@@ -382,15 +387,16 @@ static void *qparams(ir_dtype t, int n, int ng, float lo, float span) {
   return p;
 }
 
-/* gemv_wq.cu against kn_matmul_wq: i4 / i8 weights, f32 / f16 scales, zero points of every
- * type or none, m = 1, 3, 9 (9 also with one CTA row looping over its row tiles). */
+/* gemv_wq.cu against kn_matmul_wq: i4 / i8 / FP8 E4M3 weights, f32 / f16 scales, zero points
+ * of every type or none, m = 1, 3, 9 (9 also with one CTA row looping over its row tiles). */
 static void test_gemv_wq(void) {
   static const struct {
     ir_dtype qt, st, zt;
     int group, code; /* code: gemv_wq.cu's zt, 0 for no zero points */
-  } cases[] = {{IR_I4, IR_F32, IR_U8, 32, 0},   {IR_I4, IR_F32, IR_U8, 64, 1},
-               {IR_I4, IR_F16, IR_F16, 128, 3}, {IR_I4, IR_F16, IR_F32, 256, 4},
-               {IR_I8, IR_F32, IR_U8, 256, 0},  {IR_I8, IR_F16, IR_I8, 16, 2}};
+  } cases[] = {{IR_I4, IR_F32, IR_U8, 32, 0},      {IR_I4, IR_F32, IR_U8, 64, 1},
+               {IR_I4, IR_F16, IR_F16, 128, 3},    {IR_I4, IR_F16, IR_F32, 256, 4},
+               {IR_I8, IR_F32, IR_U8, 256, 0},     {IR_I8, IR_F16, IR_I8, 16, 2},
+               {IR_F8_E4M3, IR_F32, IR_U8, 256, 0}};
   const int n = 67, k = 256, ms[] = {1, 3, 9};
   float *x = frands(9 * k), *bias = frands(n), *ref = malloc(9 * n * 4), *out = malloc(9 * n * 4);
   float *nan = malloc(9 * n * 4);
@@ -413,7 +419,9 @@ static void test_gemv_wq(void) {
                .zp = zp,
                .zt = cases[c].zt,
                .group = group};
-    void *f = kernel("gemv_wq", i4 ? "kn_gemv_wq_i4" : "kn_gemv_wq_i8");
+    void *f = kernel("gemv_wq", i4                          ? "kn_gemv_wq_i4"
+                                : cases[c].qt == IR_F8_E4M3 ? "kn_gemv_wq_f8"
+                                                            : "kn_gemv_wq_i8");
     for (int mi = 0; mi < 4; mi++) {
       int m = ms[mi < 3 ? mi : 2];
       void *args[] = {&dy, &dx, &dq, &db, &ds, &dz, &m, (void *)&n, (void *)&k, &group, &st, &zt};

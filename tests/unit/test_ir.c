@@ -2,6 +2,7 @@
  * its inputs, the verifier on graphs corrupted by hand, and the printer. */
 #include "ir.h"
 
+#include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -365,6 +366,42 @@ static void test_print(void) {
   ir_graph_destroy(t.g);
 }
 
+/* FP8 E4M3 against the OCP 8-bit floating point spec (E4M3FN): bias 7, no infinities,
+ * S.1111.111 NaN, largest 448, smallest normal 2^-6, smallest subnormal 2^-9; every code
+ * but the NaNs round-trips, codes order as their values, and f32 -> e4m3 rounds to the
+ * nearest code, ties to even, saturating. */
+static void test_f8_e4m3(void) {
+  static const struct {
+    uint8_t code;
+    float v;
+  } spec[] = {{0x00, 0.0f},      {0x38, 1.0f},         {0x40, 2.0f},         {0x7e, 448.0f},
+              {0x08, 0.015625f}, {0x01, 0.001953125f}, {0x07, 0.013671875f}, {0xb8, -1.0f},
+              {0xfe, -448.0f},   {0x3c, 1.5f},         {0x3f, 1.875f}};
+  for (size_t i = 0; i < sizeof spec / sizeof spec[0]; i++) {
+    CHECKF(ir_f8e4m3_to_f32(spec[i].code) == spec[i].v, "code 0x%02x: %g", spec[i].code,
+           ir_f8e4m3_to_f32(spec[i].code));
+    CHECKF(ir_f32_to_f8e4m3(spec[i].v) == spec[i].code, "%g: 0x%02x", spec[i].v,
+           ir_f32_to_f8e4m3(spec[i].v));
+  }
+  CHECK(ir_f8e4m3_to_f32(0x7f) != ir_f8e4m3_to_f32(0x7f) && ir_f32_to_f8e4m3(NAN) == 0x7f);
+  int bad = 0;
+  for (int c = 0; c < 0x7f; c++) { /* positive codes ascend; every one round-trips */
+    bad += ir_f32_to_f8e4m3(ir_f8e4m3_to_f32((uint8_t)c)) != c;
+    bad += ir_f32_to_f8e4m3(ir_f8e4m3_to_f32((uint8_t)(c | 0x80))) != (c | 0x80) && c;
+    if (c) bad += !(ir_f8e4m3_to_f32((uint8_t)c) > ir_f8e4m3_to_f32((uint8_t)(c - 1)));
+    if (c && c < 0x7e) { /* the midpoint to the next code goes to the even one */
+      float lo = ir_f8e4m3_to_f32((uint8_t)c), hi = ir_f8e4m3_to_f32((uint8_t)(c + 1));
+      bad += ir_f32_to_f8e4m3(0.5f * (lo + hi)) != ((c & 1) ? c + 1 : c);
+      bad += ir_f32_to_f8e4m3(lo + 0.26f * (hi - lo)) != c;
+      bad += ir_f32_to_f8e4m3(lo + 0.74f * (hi - lo)) != c + 1;
+    }
+  }
+  CHECKF(!bad, "%d round-trip, order or rounding failures", bad);
+  CHECK(ir_f32_to_f8e4m3(1e9f) == 0x7e && ir_f32_to_f8e4m3(-INFINITY) == 0xfe &&
+        ir_f32_to_f8e4m3(460.0f) == 0x7e && ir_f32_to_f8e4m3(1e-30f) == 0x00);
+  CHECK(ir_dtype_bytes(IR_F8_E4M3, 10) == 10 && !strcmp(ir_dtype_name(IR_F8_E4M3), "f8_e4m3"));
+}
+
 static void test_names_and_destroy(void) {
   CHECK(strcmp(ir_op_name(IR_OP_ADD_RMS_NORM), "add_rms_norm") == 0);
   CHECK(ir_op_from_name("gather_rows") == IR_OP_GATHER_ROWS);
@@ -393,5 +430,6 @@ int main(void) {
   test_verify_orphan_activation();
   test_print();
   test_names_and_destroy();
+  test_f8_e4m3();
   return tcheck_done("test_ir");
 }

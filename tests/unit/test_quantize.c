@@ -396,7 +396,7 @@ static void test_ir_rules(void) {
   add_mm(&f, "i4_zp_shape", f.w4, f.s, f.z_bad, false, "z4");
   add_mm(&f, "i4_a8", f.w4, f.s, -1, true, "act_int8");
   add_mm(&f, "i8_a8_grouped", f.w8, f.s, -1, true, "act_int8");
-  add_mm(&f, "f32_scales", f.wf, f.s, -1, false, "go with an i8 or i4");
+  add_mm(&f, "f32_scales", f.wf, f.s, -1, false, "go with an i8, i4 or f8_e4m3");
   add_mm(&f, "f32_a8", f.wf, -1, -1, true, "act_int8 goes with an i8 weight");
   ir_diag d = {0};
   CHECK(ir_graph_add_output(f.g, ir_graph_find_tensor(f.g, "i4_g32_zp")));
@@ -845,6 +845,14 @@ int main(void) {
   test_pass("int4:g32:asym", false, 0.12);
   test_pass("int4:g64:sym:lm_head", true, 0.15);
   test_pass("w8a8", false, 0.02);
+  test_pass("fp8", false, 0.05); /* E4M3: 3 mantissa bits, a relative step of 1/16 at most */
+  test_pass("fp8:lm_head", true, 0.05);
+  {
+    pass_quant_opts q;
+    ir_diag d = {0};
+    CHECK(pass_quant_parse("fp8:g128", &q, &d) == IR_INVALID_ARG && strstr(d.msg, "per channel"));
+    CHECK(pass_quant_parse("fp8:asym", &q, &d) == IR_INVALID_ARG);
+  }
   test_smooth();
   test_plan_round_trip();
   /* Every path this CPU can run (a capped path the CPU lacks falls back to what it has). */

@@ -40,6 +40,7 @@ typedef enum cuda_fn {
   CF_GEMV_Q4_1_SWIGLU,
   CF_GEMV_WQ_I4,
   CF_GEMV_WQ_I8,
+  CF_GEMV_WQ_F8,
   CF_KV_WRITE,
   CF_ROPE_KV_WRITE,
   CF_KV_WRITE_F16,

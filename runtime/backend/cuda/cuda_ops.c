@@ -192,7 +192,11 @@ static ir_status run_gemv_wq(cuda_ctx *c, const ir_graph *g, const ir_node *n, v
   CUdeviceptr bias = n->in[2] >= 0 ? P_(2) : 0;
   long long tiles = ((long long)m + CUDA_GEMV_M - 1) / CUDA_GEMV_M;
   void *args[] = {&y, &x, &w, &bias, &sc, &zp, &m, &nn, &k, &group, &st, &zt};
-  return launch(c, T_(1)->dtype == IR_I4 ? CF_GEMV_WQ_I4 : CF_GEMV_WQ_I8,
+  ir_dtype qt = T_(1)->dtype;
+  return launch(c,
+                qt == IR_I4        ? CF_GEMV_WQ_I4
+                : qt == IR_F8_E4M3 ? CF_GEMV_WQ_F8
+                                   : CF_GEMV_WQ_I8,
                 (unsigned)((nn + CUDA_GEMV_WARPS - 1) / CUDA_GEMV_WARPS),
                 (unsigned)(tiles > 65535 ? 65535 : tiles), 1, CUDA_GEMV_WARPS * 32, args, d);
 }
@@ -209,7 +213,7 @@ static ir_status run_matmul(cuda_ctx *c, const ir_graph *g, const ir_node *n, vo
   int m = (int)dimv(g, T_(0), 0, s), nn = (int)dimv(g, T_(1), 0, s), k = (int)dimv(g, T_(1), 1, s);
   ir_dtype wt = T_(1)->dtype;
   CUdeviceptr bias = n->n_in > 2 && n->in[2] >= 0 ? P_(2) : 0, y = O_(0);
-  bool swiglu = swiglu_of(n), wq = wt == IR_I8 || wt == IR_I4;
+  bool swiglu = swiglu_of(n), wq = wt == IR_I8 || wt == IR_I4 || wt == IR_F8_E4M3;
   bool blas = !wq && gemm_of(c, wt, m, k);
   if (m == 0) return IR_OK;
   if (swiglu && !wq && !blas) return run_gemv(c, wt, true, y, P_(0), P_(1), bias, m, nn / 2, k, d);
@@ -399,8 +403,9 @@ static ir_status check_wq(cuda_ctx *c, const ir_graph *g, const ir_node *n, ir_d
   const char *why = NULL;
   if (ir_node_attr_i(n, "act_int8", 0))
     why = "int8 activations (W8A8) have no GPU kernel; build with --quant int8";
-  else if (!c->fn[CF_GEMV_WQ_I4] || !c->fn[CF_GEMV_WQ_I8])
-    why = "the plan has no gemv_wq kernels (an older infc built it); rebuild it";
+  else if (!c->fn[CF_GEMV_WQ_I4] || !c->fn[CF_GEMV_WQ_I8] ||
+           (w->dtype == IR_F8_E4M3 && !c->fn[CF_GEMV_WQ_F8]))
+    why = "the plan has no gemv_wq kernels for it (an older infc built it); rebuild it";
   else if (n->n_in < 4 || n->in[3] < 0 || w->rank != 2 || T_(3)->rank != 2 ||
            T_(0)->dtype != IR_F32 || (T_(3)->dtype != IR_F32 && T_(3)->dtype != IR_F16) ||
            wq_zt(g, n) < 0)
@@ -435,7 +440,7 @@ static bool dequant_plan(const cuda_ctx *c, const ir_graph *g, ir_dtype wt) {
 static ir_status check_matmul(cuda_ctx *c, const ir_graph *g, const ir_node *n, scratch *sc,
                               ir_diag *d) {
   ir_dtype wt = T_(1)->dtype;
-  if (wt == IR_I8 || wt == IR_I4) return check_wq(c, g, n, d);
+  if (wt == IR_I8 || wt == IR_I4 || wt == IR_F8_E4M3) return check_wq(c, g, n, d);
   if (n->n_in > 3)
     return ir_diag_set(d, IR_UNSUPPORTED,
                        "cuda backend: matmul '%s': separate quantization parameters on %s "
@@ -464,7 +469,7 @@ static ir_status check_matmul(cuda_ctx *c, const ir_graph *g, const ir_node *n, 
 static ir_status check_swiglu(cuda_ctx *c, const ir_graph *g, const ir_node *n, scratch *sc,
                               ir_diag *d) {
   ir_dtype wt = T_(1)->dtype;
-  bool wq = wt == IR_I8 || wt == IR_I4;
+  bool wq = wt == IR_I8 || wt == IR_I4 || wt == IR_F8_E4M3;
   if (!c->fn[CF_SWIGLU_PACKED] || (!wq && !c->fn[k_gemv[wt][1]]))
     return ir_diag_set(d, IR_UNSUPPORTED,
                        "cuda backend: matmul '%s': the plan's kernels have no swiglu epilogue "
