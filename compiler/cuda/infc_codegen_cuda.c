@@ -43,7 +43,7 @@ static const char *wq_refusal(const ir_graph *g, const ir_node *n) {
     return "the GPU reads f32/f16 scales and u8/i8/f16/f32 zero points only";
   int64_t k = w->dims[1].n, ng = sc->rank == 2 ? sc->dims[1].n : 0;
   if (ng <= 0 || k % ng || (k / ng) % (w->dtype == IR_I4 ? 32 : 16))
-    return "the GPU needs quantization groups of a multiple of 32 (int4) or 16 (int8) columns";
+    return "the GPU needs quantization groups of a multiple of 32 (int4) or 16 (int8, fp8) columns";
   return NULL;
 }
 

@@ -123,3 +123,56 @@ __device__ __forceinline__ void gemv_wq(float *y, const float *x, const unsigned
 GEMV_WQ_ENTRY(kn_gemv_wq_i4, WQ_I4)
 GEMV_WQ_ENTRY(kn_gemv_wq_i8, WQ_I8)
 GEMV_WQ_ENTRY(kn_gemv_wq_f8, WQ_F8)
+
+// kn_dequant_wq_i4 / _i8 / _f8: out (n, k) f16 = ((float)q - zp) * scale, the f32 value
+// kn_matmul_wq computes (kn_wq_value), rounded to nearest-even f16: the weights a prefill
+// GEMM on cuBLAS reads (from the backend's dequantize-from-m rows). Thread i writes values
+// [8i, 8i + 8) of the matrix (k % 16 == 0: a row holds whole 8-value runs, and a group, a
+// multiple of 16 columns, whole runs too), one 16-byte store.
+template <int QT>
+__device__ __forceinline__ void dequant_wq(unsigned short *out, const unsigned char *w,
+                                           const void *scales, const void *zp, long long n,
+                                           int k, int group, int st, int zt) {
+  const long long runs = n * (long long)k / 8;
+  const int ng = k / group;
+  const float dflt = QT == WQ_I4 ? 8.0f : 0.0f;
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < runs;
+       i += (long long)gridDim.x * blockDim.x) {
+    const long long e = i * 8, row = e / k;
+    const int col = (int)(e - row * k);
+    const long long gi = row * ng + col / group;
+    const float s = wq_scale(scales, st, gi), z = wq_zero(zp, zt, gi, dflt);
+    unsigned int u[4];
+#pragma unroll
+    for (int j = 0; j < 8; j += 2) {
+      float v[2];
+#pragma unroll
+      for (int h = 0; h < 2; h++) {
+        const long long at = e + j + h;
+        float q;
+        if (QT == WQ_I4) {
+          const unsigned int b = __ldg(w + at / 2);
+          q = (float)((at & 1) ? b >> 4 : b & 15u);
+        } else if (QT == WQ_F8) {
+          q = wq_f8(__ldg(w + at));
+        } else {
+          q = (float)(signed char)__ldg(w + at);
+        }
+        v[h] = (q - z) * s;
+      }
+      u[j / 2] = (unsigned int)kn_f32_to_f16(v[0]) | ((unsigned int)kn_f32_to_f16(v[1]) << 16);
+    }
+    *(uint4 *)(out + e) = make_uint4(u[0], u[1], u[2], u[3]);
+  }
+}
+
+#define DEQUANT_WQ_ENTRY(name, QT)                                                             \
+  extern "C" __global__ void name(unsigned short *out, const unsigned char *w,                 \
+                                  const void *scales, const void *zp, long long n, int k,      \
+                                  int group, int st, int zt) {                                 \
+    dequant_wq<QT>(out, w, scales, zp, n, k, group, st, zt);                                   \
+  }
+
+DEQUANT_WQ_ENTRY(kn_dequant_wq_i4, WQ_I4)
+DEQUANT_WQ_ENTRY(kn_dequant_wq_i8, WQ_I8)
+DEQUANT_WQ_ENTRY(kn_dequant_wq_f8, WQ_F8)

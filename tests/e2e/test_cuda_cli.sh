@@ -48,6 +48,6 @@ fi
 # Nodes the GPU has no kernel for are refused when the plan is built, not when it is opened:
 # W8A8, and int8 groups that are not whole 16-byte loads (this fixture's k).
 expect_error "cuda build, --quant w8a8" "W8A8" "$INFC" build "$M" -o "$TMP/q.plan" --target cuda --quant w8a8 -q
-expect_error "cuda build, --quant int8, k" "multiple of 32 (int4) or 16 (int8)" "$INFC" build "$M" -o "$TMP/q.plan" --target cuda --quant int8 -q
+expect_error "cuda build, --quant int8, k" "multiple of 32 (int4) or 16 (int8, fp8)" "$INFC" build "$M" -o "$TMP/q.plan" --target cuda --quant int8 -q
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

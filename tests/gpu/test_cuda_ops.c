@@ -443,6 +443,55 @@ static void test_gemv_wq(void) {
   free(x), free(bias), free(ref), free(out), free(nan);
 }
 
+/* kn_dequant_wq_* (the f16 weights of the cuBLAS prefill path) against kn_wq_value rounded
+ * to f16 on the CPU: every value's bits. */
+static void test_dequant_wq(void) {
+  static const struct {
+    ir_dtype qt, st, zt;
+    int group, code;
+  } cases[] = {{IR_I4, IR_F16, IR_F16, 128, 3}, {IR_I4, IR_F32, IR_U8, 32, 1},
+               {IR_I4, IR_F32, IR_U8, 64, 0},   {IR_I8, IR_F16, IR_I8, 16, 2},
+               {IR_I8, IR_F32, IR_U8, 256, 0},  {IR_F8_E4M3, IR_F32, IR_U8, 256, 0}};
+  const int n = 67, k = 256;
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    int group = cases[c].group, ng = k / group, st = cases[c].st == IR_F16, zt = cases[c].code;
+    bool i4 = cases[c].qt == IR_I4;
+    uint8_t *q = weights(cases[c].qt, n, k);
+    void *sc = qparams(cases[c].st, n, ng, 0.002f, 0.02f);
+    void *zp = zt ? qparams(cases[c].zt, n, ng, i4 ? 4.0f : -8.0f, i4 ? 8.0f : 16.0f) : NULL;
+    CUdeviceptr dq = up(q, ir_dtype_bytes(cases[c].qt, (uint64_t)n * k));
+    CUdeviceptr ds = up(sc, (size_t)n * ng * ir_dtype_bytes(cases[c].st, 1));
+    CUdeviceptr dz = zt ? up(zp, (size_t)n * ng * ir_dtype_bytes(cases[c].zt, 1)) : 0;
+    uint16_t *out = malloc((size_t)n * k * 2);
+    memset(out, 0xff, (size_t)n * k * 2);
+    CUdeviceptr dout = up(out, (size_t)n * k * 2);
+    kn_wq w = {.q = q,
+               .qt = cases[c].qt,
+               .scales = sc,
+               .st = cases[c].st,
+               .zp = zp,
+               .zt = cases[c].zt,
+               .group = group};
+    long long rows = n;
+    void *args[] = {&dout, &dq, &ds, &dz, &rows, (void *)&k, &group, &st, &zt};
+    run(kernel("gemv_wq", i4                          ? "kn_dequant_wq_i4"
+                          : cases[c].qt == IR_F8_E4M3 ? "kn_dequant_wq_f8"
+                                                      : "kn_dequant_wq_i8"),
+        5, 1, 1, 256, args);
+    down(out, dout, (size_t)n * k * 2);
+    int bad = 0;
+    for (int j = 0; j < n; j++)
+      for (int i = 0; i < k; i++) bad += out[j * k + i] != ir_f32_to_f16(kn_wq_value(&w, k, j, i));
+    char what[64];
+    snprintf(what, sizeof what, "dequant_wq %s %s zp %s g%d", ir_dtype_name(cases[c].qt),
+             ir_dtype_name(cases[c].st), zt ? ir_dtype_name(cases[c].zt) : "-", group);
+    CHECKF(bad == 0, "%s: %d of %d f16 values differ", what, bad, n * k);
+    cu.free(dq), cu.free(ds), cu.free(dout);
+    if (zt) cu.free(dz);
+    free(q), free(sc), free(zp), free(out);
+  }
+}
+
 /* The rope table (max_pos, rot / 2, 2) of (cos, sin) of pos * 10000^(-2i / rot); rot 0
  * gives one zeroed row pair per position (a table nothing reads). */
 static float *cos_sin_table(int max_pos, int rot) {
@@ -1228,6 +1277,7 @@ int main(void) {
     test_rows();
     test_gemv();
     test_gemv_wq();
+    test_dequant_wq();
     test_dequant();
     test_rope();
   }

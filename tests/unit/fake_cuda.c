@@ -209,9 +209,10 @@ static void emu_gemv(const launch_t *l, ir_dtype dt, bool swiglu) {
   else kn_matmul(NULL, PF(0), PF(1), PV(2), dt, PF(3), m, n, k);
 }
 
-/* kn_gemv_wq_i4/_i8: y, x, w, bias, scales, zp, m, n, k, group, st, zt (gemv_wq.cu); its
+/* kn_gemv_wq_i4/_i8/_f8: y, x, w, bias, scales, zp, m, n, k, group, st, zt (gemv_wq.cu); its
  * CTAs loop over row tiles, so any grid y up to the tile count computes every row. */
-static void emu_gemv_wq(const launch_t *l, bool i4) {
+static void emu_gemv_wq(const launch_t *l, ir_dtype qt) {
+  bool i4 = qt == IR_I4;
   static const ir_dtype zts[] = {IR_U8, IR_U8, IR_I8, IR_F16, IR_F32};
   int m = I32(6), n = I32(7), k = I32(8), group = I32(9), st = I32(10), zt = I32(11);
   long long tiles = (m + 3) / 4;
@@ -220,13 +221,34 @@ static void emu_gemv_wq(const launch_t *l, bool i4) {
       zt < 0 || zt > 4 || (zt != 0) != (PV(5) != NULL))
     abort();
   kn_wq q = {.q = PV(2),
-             .qt = i4 ? IR_I4 : IR_I8,
+             .qt = qt,
              .scales = PV(4),
              .st = st ? IR_F16 : IR_F32,
              .zp = PV(5),
              .zt = zts[zt],
              .group = group};
   kn_matmul_wq(NULL, PF(0), PF(1), &q, PF(3), m, n, k, KN_WQ_ACT_NONE);
+}
+
+/* kn_dequant_wq_i4/_i8/_f8: out (n, k) f16, w, scales, zp, n, k, group, st, zt: kn_wq_value
+ * rounded to f16; its grid-stride loop takes any grid. */
+static void emu_dequant_wq(const launch_t *l, ir_dtype qt) {
+  static const ir_dtype zts[] = {IR_U8, IR_U8, IR_I8, IR_F16, IR_F32};
+  long long n = I64(4);
+  int k = I32(5), group = I32(6), st = I32(7), zt = I32(8);
+  if (!l->grid[0] || l->block != 256 || group <= 0 || k % group || k % 16 || st < 0 || st > 1 ||
+      zt < 0 || zt > 4 || (zt != 0) != (PV(3) != NULL))
+    abort();
+  kn_wq q = {.q = PV(1),
+             .qt = qt,
+             .scales = PV(2),
+             .st = st ? IR_F16 : IR_F32,
+             .zp = PV(3),
+             .zt = zts[zt],
+             .group = group};
+  for (long long j = 0; j < n; j++)
+    for (int i = 0; i < k; i++)
+      ((uint16_t *)PV(0))[j * k + i] = ir_f32_to_f16(kn_wq_value(&q, k, j, i));
 }
 
 /* kn_cast_f16 / kn_cast_bf16, and the _h kernels' copy of their output. */
@@ -323,6 +345,10 @@ static const struct {
     {"kn_gemv_q4_1_swiglu", 7, "8888444"},
     {"kn_gemv_wq_i4", 12, "888888444444"},
     {"kn_gemv_wq_i8", 12, "888888444444"},
+    {"kn_gemv_wq_f8", 12, "888888444444"},
+    {"kn_dequant_wq_i4", 9, "888884444"},
+    {"kn_dequant_wq_i8", 9, "888884444"},
+    {"kn_dequant_wq_f8", 9, "888884444"},
     {"kn_embed_f32", 5, "88884"},
     {"kn_embed_f16", 5, "88884"},
     {"kn_embed_bf16", 5, "88884"},
@@ -421,7 +447,10 @@ static void run_launch(const launch_t *l) {
   else if (!strcmp(name, "kn_kv_write")) emu_kv_write(l);
   else if (!strcmp(name, "kn_rope_kv_write")) emu_rope_kv_write(l);
   else if (!strcmp(name, "kn_pick")) emu_pick(l);
-  else if (!strncmp(name, "kn_gemv_wq_", 11)) emu_gemv_wq(l, name[12] == '4');
+  else if (!strncmp(name, "kn_gemv_wq_", 11))
+    emu_gemv_wq(l, name[11] == 'f' ? IR_F8_E4M3 : name[12] == '4' ? IR_I4 : IR_I8);
+  else if (!strncmp(name, "kn_dequant_wq_", 14))
+    emu_dequant_wq(l, name[14] == 'f' ? IR_F8_E4M3 : name[15] == '4' ? IR_I4 : IR_I8);
   else if (!strncmp(name, "kn_gemv_", 8)) {
     const char *sw = strstr(name, "_swiglu");
     char dt[8];

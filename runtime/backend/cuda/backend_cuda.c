@@ -51,6 +51,9 @@ static const struct {
     {CF_GEMV_WQ_I4, "gemv_wq", "kn_gemv_wq_i4"},
     {CF_GEMV_WQ_I8, "gemv_wq", "kn_gemv_wq_i8"},
     {CF_GEMV_WQ_F8, "gemv_wq", "kn_gemv_wq_f8"},
+    {CF_DEQUANT_WQ_I4, "gemv_wq", "kn_dequant_wq_i4"},
+    {CF_DEQUANT_WQ_I8, "gemv_wq", "kn_dequant_wq_i8"},
+    {CF_DEQUANT_WQ_F8, "gemv_wq", "kn_dequant_wq_f8"},
     {CF_KV_WRITE, "kv_write", "kn_kv_write"},
     {CF_ROPE_KV_WRITE, "kv_write", "kn_rope_kv_write"},
     {CF_KV_WRITE_F16, "kv_write", "kn_kv_write_f16"},
@@ -164,8 +167,9 @@ static ir_status load_source(cuda_ctx *c, const irt_cuda_opts *o, const char *sr
 static bool optional_fn(cuda_fn f) {
   return (f >= CF_GEMV_F32_SWIGLU && f <= CF_GEMV_Q4_1_SWIGLU) || f == CF_ROPE_KV_WRITE ||
          f == CF_SWIGLU_PACKED || f == CF_ATTN_PREFILL_TC || f == CF_PICK || f == CF_GEGLU ||
-         f == CF_SOFTCAP || f == CF_RMS_NORM_H || f == CF_ADD_RMS_NORM_H || f == CF_GEMV_WQ_F8 ||
-         f == CF_SWIGLU_PACKED_H || (f >= CF_DEQUANT_Q8_0 && f <= CF_DEQUANT_Q4_1) ||
+         f == CF_SOFTCAP || f == CF_RMS_NORM_H || f == CF_ADD_RMS_NORM_H ||
+         (f >= CF_GEMV_WQ_F8 && f <= CF_DEQUANT_WQ_F8) || f == CF_SWIGLU_PACKED_H ||
+         (f >= CF_DEQUANT_Q8_0 && f <= CF_DEQUANT_Q4_1) ||
          (f >= CF_KV_WRITE_F16 && f <= CF_ATTN_PREFILL_TC_F16);
 }
 

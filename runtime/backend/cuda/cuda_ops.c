@@ -92,6 +92,19 @@ static ir_status run_gemv(cuda_ctx *c, ir_dtype wt, bool swiglu, CUdeviceptr y, 
 static bool dense(ir_dtype t) { return t == IR_F32 || t == IR_F16 || t == IR_BF16; }
 static bool block(ir_dtype t) { return t == IR_Q8_0 || t == IR_Q4_0 || t == IR_Q4_1; }
 
+static bool wq_type(ir_dtype t) { return t == IR_I8 || t == IR_I4 || t == IR_F8_E4M3; }
+
+static cuda_fn dequant_wq_fn(ir_dtype t) {
+  return t == IR_I4 ? CF_DEQUANT_WQ_I4 : t == IR_F8_E4M3 ? CF_DEQUANT_WQ_F8 : CF_DEQUANT_WQ_I8;
+}
+
+/* Weight-only int8/int4/FP8 weights can take cuBLAS: their f16 copy (kn_dequant_wq_*) from
+ * c->dequant_gemm_m rows, as block weights (plans built before it: GEMV only). */
+static bool wq_dequant_ok(const cuda_ctx *c, ir_dtype wt, int64_t k) {
+  return wq_type(wt) && c->dequant_gemm_m > 0 && c->blas_h && c->fn[CF_CAST_F16] &&
+         c->fn[dequant_wq_fn(wt)] && k % 16 == 0;
+}
+
 static cuda_fn dequant_fn(ir_dtype t) {
   return t == IR_Q8_0 ? CF_DEQUANT_Q8_0 : t == IR_Q4_0 ? CF_DEQUANT_Q4_0 : CF_DEQUANT_Q4_1;
 }
@@ -156,6 +169,7 @@ static bool dequant_ok(const cuda_ctx *c, ir_dtype wt) {
  * cannot take), block weights from c->dequant_gemm_m rows. */
 static bool gemm_of(const cuda_ctx *c, ir_dtype wt, int64_t m, int64_t k) {
   if (block(wt)) return dequant_ok(c, wt) && m >= c->dequant_gemm_m;
+  if (wq_type(wt)) return wq_dequant_ok(c, wt, k) && m >= c->dequant_gemm_m;
   return blas_ok(c, wt) && (m > CUDA_GEMV_MAX_M || !gemv_ok(wt, k));
 }
 
@@ -201,6 +215,20 @@ static ir_status run_gemv_wq(cuda_ctx *c, const ir_graph *g, const ir_node *n, v
                 (unsigned)(tiles > 65535 ? 65535 : tiles), 1, CUDA_GEMV_WARPS * 32, args, d);
 }
 
+/* Weight-only int8/int4/FP8 weights for many rows: their f16 copy into the weight scratch
+ * (c->wh), then cuBLAS on it as on f16 weights. */
+static ir_status run_wq_gemm(cuda_ctx *c, const ir_graph *g, const ir_node *n, void *const *ptrs,
+                             const cuda_step *s, CUdeviceptr y, ir_diag *d) {
+  int m = (int)dimv(g, T_(0), 0, s), nn = (int)dimv(g, T_(1), 0, s), k = (int)dimv(g, T_(1), 1, s);
+  int group = k / (int)dimv(g, T_(3), 1, s), st = T_(3)->dtype == IR_F16, zt = wq_zt(g, n);
+  CUdeviceptr w = P_(1), sc = P_(3), zp = zt ? P_(4) : 0;
+  CUdeviceptr bias = n->in[2] >= 0 ? P_(2) : 0;
+  long long rows = nn;
+  void *args[] = {&c->wh, &w, &sc, &zp, &rows, &k, &group, &st, &zt};
+  ir_status r = launch(c, dequant_wq_fn(T_(1)->dtype), grid_for(rows * k / 8), 1, 1, 256, args, d);
+  return r == IR_OK ? run_gemm(c, IR_F16, y, n->in[0], P_(0), c->wh, bias, m, nn, k, d) : r;
+}
+
 static bool swiglu_of(const ir_node *n) {
   return ir_node_attr_i(n, "act", IR_ACT_NONE) == IR_ACT_SWIGLU;
 }
@@ -213,14 +241,15 @@ static ir_status run_matmul(cuda_ctx *c, const ir_graph *g, const ir_node *n, vo
   int m = (int)dimv(g, T_(0), 0, s), nn = (int)dimv(g, T_(1), 0, s), k = (int)dimv(g, T_(1), 1, s);
   ir_dtype wt = T_(1)->dtype;
   CUdeviceptr bias = n->n_in > 2 && n->in[2] >= 0 ? P_(2) : 0, y = O_(0);
-  bool swiglu = swiglu_of(n), wq = wt == IR_I8 || wt == IR_I4 || wt == IR_F8_E4M3;
-  bool blas = !wq && gemm_of(c, wt, m, k);
+  bool swiglu = swiglu_of(n), wq = wq_type(wt);
+  bool blas = gemm_of(c, wt, m, k);
   if (m == 0) return IR_OK;
   if (swiglu && !wq && !blas) return run_gemv(c, wt, true, y, P_(0), P_(1), bias, m, nn / 2, k, d);
   CUdeviceptr z = swiglu ? c->zh : y;
-  ir_status st = wq     ? run_gemv_wq(c, g, n, ptrs, s, z, d)
-                 : blas ? run_gemm(c, wt, z, n->in[0], P_(0), P_(1), bias, m, nn, k, d)
-                        : run_gemv(c, wt, false, z, P_(0), P_(1), bias, m, nn, k, d);
+  ir_status st = wq && blas ? run_wq_gemm(c, g, n, ptrs, s, z, d)
+                 : wq       ? run_gemv_wq(c, g, n, ptrs, s, z, d)
+                 : blas     ? run_gemm(c, wt, z, n->in[0], P_(0), P_(1), bias, m, nn, k, d)
+                            : run_gemv(c, wt, false, z, P_(0), P_(1), bias, m, nn, k, d);
   if (st != IR_OK || !swiglu) return st;
   long long mm = m, half = nn / 2;
   CUdeviceptr xh = c->xh;
@@ -396,9 +425,19 @@ static bool same_shape(const ir_graph *g, const ir_tensor *a, const ir_tensor *b
   return true;
 }
 
+/* The scratch the matmuls need (bytes): f16/bf16 activations, swiglu sums, f16 weights. */
+typedef struct scratch {
+  size_t xh, zh, wh;
+} scratch;
+
+static void need(size_t *have, size_t bytes) {
+  if (bytes > *have) *have = bytes;
+}
+
 /* What gemv_wq.cu runs (infc's cuda_supported refuses the rest at build time): no W8A8,
  * f32/f16 scales (n, G), groups of whole 16-byte weight loads. */
-static ir_status check_wq(cuda_ctx *c, const ir_graph *g, const ir_node *n, ir_diag *d) {
+static ir_status check_wq(cuda_ctx *c, const ir_graph *g, const ir_node *n, scratch *sc,
+                          ir_diag *d) {
   const ir_tensor *w = T_(1);
   const char *why = NULL;
   if (ir_node_attr_i(n, "act_int8", 0))
@@ -420,16 +459,11 @@ static ir_status check_wq(cuda_ctx *c, const ir_graph *g, const ir_node *n, ir_d
                        "cuda backend: matmul '%s': groups of %lld columns (k = %lld) are not a "
                        "multiple of %d",
                        n->name, (long long)(ng > 0 ? k / ng : 0), (long long)k, chunk);
+  if (wq_dequant_ok(c, w->dtype, k) && g->config.max_tokens >= c->dequant_gemm_m) {
+    need(&sc->xh, (size_t)g->config.max_tokens * (size_t)k * 2); /* the f16 copies cuBLAS reads */
+    need(&sc->wh, (size_t)ir_dim_value(g, w->dims[0], NULL) * (size_t)k * 2);
+  }
   return IR_OK;
-}
-
-/* The scratch the matmuls need (bytes): f16/bf16 activations, swiglu sums, f16 weights. */
-typedef struct scratch {
-  size_t xh, zh, wh;
-} scratch;
-
-static void need(size_t *have, size_t bytes) {
-  if (bytes > *have) *have = bytes;
 }
 
 /* Block weights of this plan's matmuls can take cuBLAS (a step can have enough rows). */
@@ -437,10 +471,20 @@ static bool dequant_plan(const cuda_ctx *c, const ir_graph *g, ir_dtype wt) {
   return dequant_ok(c, wt) && g->config.max_tokens >= c->dequant_gemm_m;
 }
 
+/* Matmul n reads its x in f16 on cuBLAS at some step: f16/bf16 weights (x in their type),
+ * block or weight-only quantized weights that a step can have enough rows to dequantize. */
+static bool half_gemm(const cuda_ctx *c, const ir_graph *g, const ir_node *n) {
+  ir_dtype wt = T_(1)->dtype;
+  if (wq_type(wt))
+    return T_(1)->rank == 2 && wq_dequant_ok(c, wt, ir_dim_value(g, T_(1)->dims[1], NULL)) &&
+           g->config.max_tokens >= c->dequant_gemm_m;
+  return wt == IR_F16 || wt == IR_BF16 || dequant_plan(c, g, wt);
+}
+
 static ir_status check_matmul(cuda_ctx *c, const ir_graph *g, const ir_node *n, scratch *sc,
                               ir_diag *d) {
   ir_dtype wt = T_(1)->dtype;
-  if (wt == IR_I8 || wt == IR_I4 || wt == IR_F8_E4M3) return check_wq(c, g, n, d);
+  if (wq_type(wt)) return check_wq(c, g, n, sc, d);
   if (n->n_in > 3)
     return ir_diag_set(d, IR_UNSUPPORTED,
                        "cuda backend: matmul '%s': separate quantization parameters on %s "
@@ -469,7 +513,7 @@ static ir_status check_matmul(cuda_ctx *c, const ir_graph *g, const ir_node *n, 
 static ir_status check_swiglu(cuda_ctx *c, const ir_graph *g, const ir_node *n, scratch *sc,
                               ir_diag *d) {
   ir_dtype wt = T_(1)->dtype;
-  bool wq = wt == IR_I8 || wt == IR_I4 || wt == IR_F8_E4M3;
+  bool wq = wq_type(wt);
   if (!c->fn[CF_SWIGLU_PACKED] || (!wq && !c->fn[k_gemv[wt][1]]))
     return ir_diag_set(d, IR_UNSUPPORTED,
                        "cuda backend: matmul '%s': the plan's kernels have no swiglu epilogue "
@@ -558,19 +602,15 @@ ir_status cuda_ops_check(cuda_ctx *c, const ir_graph *g, ir_diag *d) {
       return ir_diag_set(d, IR_UNSUPPORTED, "cuda backend: node '%s' has an unknown op", n->name);
     ir_status st = check_node(c, g, n, &sc, d);
     if (st != IR_OK) return st;
-    if (n->op == IR_OP_MATMUL) {
-      ir_dtype wt = T_(1)->dtype;
-      half |= wt == IR_F16 || wt == IR_BF16 || dequant_plan(c, g, wt);
-    }
+    if (n->op == IR_OP_MATMUL) half |= half_gemm(c, g, n);
   }
   c->xh_bytes = sc.xh, c->zh_bytes = sc.zh, c->wh_bytes = sc.wh;
   free(c->xh_wt);
   if (!(c->xh_wt = calloc((size_t)g->n_tensors, 1))) return ir_diag_set(d, IR_OOM, "out of memory");
   for (int32_t i = 0; i < g->n_nodes; i++) { /* the first half-weight GEMM reading a tensor */
     const ir_node *n = &g->nodes[i];
-    ir_dtype wt = n->op == IR_OP_MATMUL ? T_(1)->dtype : IR_F32;
-    if ((wt == IR_F16 || wt == IR_BF16 || dequant_plan(c, g, wt)) && !c->xh_wt[n->in[0]])
-      c->xh_wt[n->in[0]] = (uint8_t)wt;
+    if (n->op == IR_OP_MATMUL && half_gemm(c, g, n) && !c->xh_wt[n->in[0]])
+      c->xh_wt[n->in[0]] = (uint8_t)T_(1)->dtype;
   }
   c->xh_tensor = -1;
   /* Tensor-core prefill attention rounds q, k, v and the probabilities to f16: taken where
