@@ -490,6 +490,27 @@ static float *build_and_run(const char *fixture, bool fold, bool fuse, const cha
   CHECK(seq && irt_seq_length(seq) == 20);
   irt_seq_destroy(seq);
   irt_model_close(m);
+  /* the weights read in at open (irt_model_opts.preload): the same logits, bit for bit; an
+   * unknown mode refused by name */
+  for (int mode = IRT_PRELOAD_BACKGROUND; lg && mode <= IRT_PRELOAD_WAIT + 1; mode++) {
+    irt_model_opts po = mo;
+    po.preload = (irt_preload)mode;
+    irt_model *pm = NULL;
+    irt_status ps = irt_model_open(plan, &po, &pm, &err);
+    if (mode > IRT_PRELOAD_WAIT) {
+      CHECKF(ps == IRT_INVALID_ARG && strstr(err.msg, "preload"), "%d: %s", (int)ps, err.msg);
+      continue;
+    }
+    float *pl = calloc((size_t)(20 * V), sizeof *pl);
+    irt_seq *ps2 = NULL;
+    CHECKF(ps == IRT_OK && irt_seq_create(pm, &ps2, &err) == IRT_OK &&
+               irt_seq_decode(pm, ps2, k_prompt, 20, pl, true, &err) == IRT_OK,
+           "preload %d: %s", mode, err.msg);
+    CHECKF(!memcmp(pl, lg, (size_t)(20 * V) * sizeof *pl), "preload %d: other logits", mode);
+    irt_seq_destroy(ps2);
+    irt_model_close(pm);
+    free(pl);
+  }
   *out_vocab = V;
   return lg;
 }
