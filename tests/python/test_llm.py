@@ -232,3 +232,21 @@ def test_gil_released(text_llm):
     th.join()
     # holding the GIL, the wait would last its whole minute before the waker could run
     assert events == [] and ran.is_set() and waited < 30, waited
+
+
+@pytest.mark.parametrize("preload", ["wait", "background"])
+def test_preload_same_tokens_as_transformers(text_plan, oracle, preload):
+    """LLM(preload=...) reads the weights at open; the greedy tokens stay transformers'."""
+    c = next(c for c in oracle if "prompt" in c)
+    llm = inferrt.LLM(text_plan, kv_tokens=4096, preload=preload)
+    try:
+        out = llm.generate([c["prompt"]], greedy(len(c["generated_ids"]), ignore_eos=True),
+                           use_tqdm=False)
+        assert out[0].outputs[0].token_ids == c["generated_ids"]
+    finally:
+        llm.close()
+
+
+def test_preload_refuses_unknown_mode(text_plan):
+    with pytest.raises(ValueError, match="preload"):
+        inferrt.LLM(text_plan, preload="eager")
