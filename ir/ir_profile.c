@@ -125,6 +125,8 @@ ir_graph *ir_profile_instance(const ir_graph *g) {
   *w = *g;
   w->owned = NULL;
   w->n_owned = w->cap_owned = 0;
+  w->lazies = NULL; /* its tensors' recipes stay g's */
+  w->n_lazies = w->cap_lazies = 0;
   w->tensors = ir_malloc(((size_t)g->n_tensors + 1) * sizeof *w->tensors);
   w->nodes = ir_malloc(((size_t)g->n_nodes + 1) * sizeof *w->nodes);
   size_t pool = 0;
