@@ -53,6 +53,8 @@ int64_t ir_wref_chunk_rows(const ir_wref *w, uint64_t bytes) {
   return n < a ? a : n;
 }
 
+void ir_lazy_free(ir_lazy *z) { ir_free(z); }
+
 bool ir_graph_adopt_lazy(ir_graph *g, ir_lazy *z) {
   if (!z) return false;
   if (g->n_lazies == g->cap_lazies) {
@@ -83,7 +85,8 @@ ir_status ir_graph_materialize_tensor(ir_graph *g, int32_t ti, ir_diag *d) {
   void *buf = ir_malloc(t->nbytes ? t->nbytes : 1);
   if (!buf || !ir_graph_adopt(g, buf))
     return ir_diag_set(d, IR_OOM, "out of memory making weight '%s'", t->name);
-  ir_status st = ir_weight_read(t, 0, t->rank ? t->dims[0].n : 1, buf, d);
+  ir_wref w = ir_wref_of(t);
+  ir_status st = ir_wref_read(&w, 0, ir_wref_rows(&w), buf, d);
   if (st != IR_OK) return st;
   t->data = buf;
   t->lazy = NULL;
@@ -124,8 +127,6 @@ static ir_status concat_fill(ir_lazy *z, int64_t r0, int64_t r1, void *dst, ir_d
   return IR_OK;
 }
 
-static void plain_drop(ir_lazy *z) { ir_free(z); }
-
 ir_lazy *ir_lazy_concat(const ir_wref *in, int n) {
   lz_concat *c = ir_calloc(1, sizeof *c + (size_t)n * sizeof *in);
   if (!c) return NULL;
@@ -134,7 +135,7 @@ ir_lazy *ir_lazy_concat(const ir_wref *in, int n) {
   int64_t rows = 0;
   for (int i = 0; i < n; i++) rows += ir_wref_rows(&in[i]);
   c->z = (ir_lazy){.fill = concat_fill,
-                   .drop = plain_drop,
+                   .drop = ir_lazy_free,
                    .rows = rows,
                    .row_bytes = n ? ir_wref_row_bytes(&in[0]) : 0,
                    .row_align = 1};
@@ -174,7 +175,7 @@ ir_lazy *ir_lazy_cols(const ir_wref *w, uint64_t off, uint64_t len) {
   if (!c) return NULL;
   c->in = *w, c->off = off, c->len = len;
   c->z = (ir_lazy){.fill = cols_fill,
-                   .drop = plain_drop,
+                   .drop = ir_lazy_free,
                    .rows = ir_wref_rows(w),
                    .row_bytes = len,
                    .row_align = 1};

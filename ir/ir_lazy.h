@@ -52,6 +52,9 @@ static inline ir_status ir_weight_read(const ir_tensor *t, int64_t r0, int64_t r
 /* Rows a chunk of w may take so that it holds at most `bytes` (at least one aligned group). */
 int64_t ir_wref_chunk_rows(const ir_wref *w, uint64_t bytes);
 
+/* The drop of a recipe that owns nothing but itself (its struct, allocated whole). */
+void ir_lazy_free(ir_lazy *z);
+
 /* The graph takes z (dropped by ir_graph_destroy; on failure dropped at once: false). */
 bool ir_graph_adopt_lazy(ir_graph *g, ir_lazy *z);
 /* A weight made by z (adopted first; -1 on failure, z dropped). */

@@ -232,13 +232,13 @@ static uint64_t meta_fill(meta_build *m, const ir_graph *g, const ir_plan_info *
   return wsize;
 }
 
-static bool write_zeros(FILE *f, uint64_t n, XXH3_state_t *h, XXH3_state_t *h2) {
+/* n zero bytes into f (when set) and the hash h (when set). */
+static bool write_zeros(FILE *f, uint64_t n, XXH3_state_t *h) {
   static const uint8_t zeros[4096];
   while (n) {
     size_t c = n < sizeof zeros ? (size_t)n : sizeof zeros;
     if (f && fwrite(zeros, 1, c, f) != c) return false;
     if (h) XXH3_64bits_update(h, zeros, c);
-    if (h2) XXH3_64bits_update(h2, zeros, c);
     n -= c;
   }
   return true;
@@ -253,17 +253,16 @@ static int n_ranks(const ir_plan_info *info) {
   return info && info->ranks && info->n_ranks > 1 ? info->n_ranks : 1;
 }
 
-/* Where weight bytes go: the file (when f is set) and the hashes given. */
+/* Where weight bytes go: the file (when f is set) and the hash. */
 typedef struct wsink {
   FILE *f;
-  XXH3_state_t *h, *h2;
+  XXH3_state_t *h;
   const ir_plan_info *info;
 } wsink;
 
 static bool sink_put(const wsink *s, const void *p, uint64_t n) {
   if (s->f && fwrite(p, 1, n, s->f) != n) return false;
   XXH3_64bits_update(s->h, p, n);
-  if (s->h2) XXH3_64bits_update(s->h2, p, n);
   return true;
 }
 
@@ -324,13 +323,12 @@ static ir_status write_weights(const wsink *s, const ir_graph *g, uint64_t block
     const ir_tensor *t = &g->tensors[i];
     if (t->kind != IR_TENSOR_WEIGHT) continue;
     uint64_t pad = align_up(off, IR_PLAN_WEIGHT_ALIGN) - off;
-    st = write_zeros(s->f, pad, s->h, s->h2)
-             ? write_tensor(s, t, &buf, d)
-             : ir_diag_set(d, IR_IO, "write failed: %s", strerror(errno));
+    st = write_zeros(s->f, pad, s->h) ? write_tensor(s, t, &buf, d)
+                                      : ir_diag_set(d, IR_IO, "write failed: %s", strerror(errno));
     off += pad + t->nbytes;
   }
   ir_free(buf.p);
-  if (st == IR_OK && !write_zeros(s->f, block - off, s->h, s->h2))
+  if (st == IR_OK && !write_zeros(s->f, block - off, s->h))
     st = ir_diag_set(d, IR_IO, "write failed: %s", strerror(errno));
   return st;
 }
@@ -407,11 +405,11 @@ static ir_status write_file(FILE *f, const ir_graph *g, const ir_plan_info *info
   hd.file_size = hd.kernels_offset + hd.kernels_size;
   hd.meta_hash = XXH3_64bits(meta, meta_size);
   bool ok = fwrite(&hd, sizeof hd, 1, f) == 1 && fwrite(meta, 1, meta_size, f) == meta_size &&
-            write_zeros(f, hd.weights_offset - hd.meta_offset - meta_size, NULL, NULL);
+            write_zeros(f, hd.weights_offset - hd.meta_offset - meta_size, NULL);
   if (!ok) return ir_diag_set(d, IR_IO, "write failed: %s", strerror(errno));
   ir_status st = write_all_weights(f, g, info, wsize, &hd.weights_hash, d);
   if (st != IR_OK) return st;
-  ok = write_zeros(f, hd.kernels_offset - hd.weights_offset - wsize, NULL, NULL) &&
+  ok = write_zeros(f, hd.kernels_offset - hd.weights_offset - wsize, NULL) &&
        ir_plan_kernels_write(f, info, &hd.kernels_hash);
   hd.header_hash = XXH3_64bits(&hd, offsetof(ir_plan_header, header_hash));
   ok = ok && fseek(f, 0, SEEK_SET) == 0 && fwrite(&hd, sizeof hd, 1, f) == 1;

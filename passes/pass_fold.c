@@ -60,8 +60,6 @@ static ir_status cast_fill(ir_lazy *z, int64_t r0, int64_t r1, void *dst, ir_dia
   return st;
 }
 
-static void cast_drop(ir_lazy *z) { ir_free(z); }
-
 /* The output of cast node n as a recipe over its input. False on OOM. */
 static bool lazy_cast(ir_graph *g, const ir_node *n) {
   ir_tensor *out = &g->tensors[n->out[0]];
@@ -72,7 +70,7 @@ static bool lazy_cast(ir_graph *g, const ir_node *n) {
   int64_t rows = ir_wref_rows(&c->in);
   c->k = rows ? (int64_t)(ir_tensor_elems(g, out, NULL) / (uint64_t)rows) : 0;
   c->z = (ir_lazy){.fill = cast_fill,
-                   .drop = cast_drop,
+                   .drop = ir_lazy_free,
                    .rows = rows,
                    .row_bytes = ir_dtype_bytes(c->to, (uint64_t)c->k),
                    .row_align = 1};

@@ -320,8 +320,6 @@ static ir_status smooth_fill(ir_lazy *z, int64_t r0, int64_t r1, void *dst, ir_d
   return st;
 }
 
-static void free_lazy(ir_lazy *z) { ir_free(z); }
-
 /* Weight wi (n, k) as f32 with column j multiplied by s[j] (a recipe); repoints node ni. */
 static ir_status smooth_weight(ir_graph *g, int32_t ni, const float *s, ir_diag *d) {
   int32_t wi = g->nodes[ni].in[1];
@@ -334,7 +332,7 @@ static ir_status smooth_weight(ir_graph *g, int32_t ni, const float *s, ir_diag 
     m->in = ir_wref_of(w), m->k = k;
     memcpy(m->s, s, (size_t)k * sizeof *s);
     m->z = (ir_lazy){.fill = smooth_fill,
-                     .drop = free_lazy,
+                     .drop = ir_lazy_free,
                      .rows = n,
                      .row_bytes = (uint64_t)k * 4,
                      .row_align = 1};
@@ -623,7 +621,7 @@ typedef struct qgroup_job {
   int64_t n, k, group, ng;
   ir_dtype qt, st, zt;
   bool asym;
-  uint8_t *scales, *zp; /* n * ng each, or NULL until first needed */
+  uint8_t *scales, *zp; /* n * ng each (zp: asym only), or NULL until first needed */
   bool *have;           /* rows whose scales and zero points are in them */
   bool served[3];       /* parts whose last row went out: the side buffers may go */
   int refs;
@@ -681,9 +679,9 @@ static ir_status job_make(qgroup_job *j, int64_t r0, int64_t r1, void *codes, ir
   uint64_t ss = ir_dtype_bytes(j->st, 1), zs = ir_dtype_bytes(j->zt, 1);
   if (!j->scales) {
     j->scales = ir_calloc((size_t)(j->n * j->ng), ss);
-    j->zp = ir_calloc((size_t)(j->n * j->ng), zs);
+    j->zp = j->asym ? ir_calloc((size_t)(j->n * j->ng), zs) : NULL;
     j->have = ir_calloc((size_t)j->n + 1, sizeof *j->have);
-    if (!j->scales || !j->zp || !j->have) {
+    if (!j->scales || (j->asym && !j->zp) || !j->have) {
       job_free_side(j);
       return ir_diag_set(d, IR_OOM, "out of memory quantizing");
     }
@@ -700,7 +698,7 @@ static ir_status job_make(qgroup_job *j, int64_t r0, int64_t r1, void *codes, ir
     if (st != IR_OK) break;
     memset(c, 0, crow * (uint64_t)(hi - r));
     qgroup_task t = {j, wf, c, j->scales + ss * (uint64_t)(r * j->ng),
-                     j->zp + zs * (uint64_t)(r * j->ng)};
+                     j->zp ? j->zp + zs * (uint64_t)(r * j->ng) : NULL};
     kn_parallel_for(j->pool, hi - r, 1, qgroup_rows, &t);
     for (int64_t x = r; x < hi; x++) j->have[x] = true;
   }
@@ -770,7 +768,7 @@ static ir_status quantize_blocks(ir_graph *g, quant_run *r, int32_t wi, ir_diag 
   if (q) {
     q->in = ir_wref_of(&w), q->bt = bt, q->k = k, q->pool = r->pool;
     q->z = (ir_lazy){
-        .fill = qblock_fill, .drop = free_lazy, .rows = n, .row_bytes = out_row, .row_align = 1};
+        .fill = qblock_fill, .drop = ir_lazy_free, .rows = n, .row_bytes = out_row, .row_align = 1};
   }
   int32_t ti = q ? ir_graph_add_lazy_weight(g, name, bt, 2, (int64_t[]){n, k}, &q->z) : -1;
   if (ti < 0) return ir_diag_set(d, IR_OOM, "out of memory quantizing '%s'", w.name);

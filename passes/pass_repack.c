@@ -27,8 +27,6 @@ static ir_status x8_fill(ir_lazy *z, int64_t r0, int64_t r1, void *dst, ir_diag 
   return st;
 }
 
-static void x8_drop(ir_lazy *z) { ir_free(z); }
-
 /* Whether node n reads tensor ti only in a way that takes the interleaved layout: as the
  * weight of an act_int8 matmul whose row groups stay whole (8 rows; a fused gate/up needs
  * each half whole), or as an embedding table. -1: it does not read ti at all. */
@@ -72,7 +70,7 @@ ir_status pass_repack(ir_graph *g, const pass_opts *o, pass_log *log, ir_diag *d
     if (x) {
       x->in = ir_wref_of(t), x->k = t->dims[1].n;
       x->z = (ir_lazy){.fill = x8_fill,
-                       .drop = x8_drop,
+                       .drop = ir_lazy_free,
                        .rows = t->dims[0].n,
                        .row_bytes = t->nbytes / (uint64_t)t->dims[0].n,
                        .row_align = 8};

@@ -18,8 +18,7 @@ struct model_preload {
   const uint8_t *p;
   uint64_t n;
   atomic_bool stop;
-  pthread_t th[PRELOAD_MAX_THREADS];
-  int n_th;
+  pthread_t th; /* the background reader (model_preload_start's result has one) */
   irt_log_fn log;
   void *log_user;
   double t0;
@@ -93,9 +92,8 @@ model_preload *model_preload_start(irt_model *m, irt_preload mode) {
   pl->log = m->log, pl->log_user = m->log_user;
   pl->t0 = now_s();
   atomic_init(&pl->stop, false);
-  (void)madvise((void *)((uintptr_t)pl->p & ~(uintptr_t)(sysconf(_SC_PAGESIZE) - 1)),
-                (size_t)pl->n + ((uintptr_t)pl->p & (uintptr_t)(sysconf(_SC_PAGESIZE) - 1)),
-                MADV_WILLNEED);
+  uintptr_t skew = (uintptr_t)pl->p & (uintptr_t)(sysconf(_SC_PAGESIZE) - 1); /* to a page */
+  (void)madvise((void *)((uintptr_t)pl->p - skew), (size_t)pl->n + skew, MADV_WILLNEED);
   if (mode == IRT_PRELOAD_WAIT) {
     preload_wait(pl);
     if (pl->log) {
@@ -107,17 +105,16 @@ model_preload *model_preload_start(irt_model *m, irt_preload mode) {
     ir_free(pl);
     return NULL;
   }
-  if (pthread_create(&pl->th[0], NULL, background, pl) != 0) {
+  if (pthread_create(&pl->th, NULL, background, pl) != 0) {
     ir_free(pl);
     return NULL;
   }
-  pl->n_th = 1;
   return pl;
 }
 
 void model_preload_stop(model_preload *pl) {
   if (!pl) return;
   atomic_store(&pl->stop, true);
-  for (int i = 0; i < pl->n_th; i++) pthread_join(pl->th[i], NULL);
+  pthread_join(pl->th, NULL);
   ir_free(pl);
 }

@@ -20,6 +20,10 @@ import sys
 import threading
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import elib  # noqa: E402
+from elib import check  # noqa: E402
+
 try:
     import openai
 except ImportError:
@@ -29,17 +33,7 @@ except ImportError:
 INFC, INFERRT, FIX, TMP = sys.argv[1], sys.argv[2], sys.argv[3], os.path.join(sys.argv[4], "serve")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.makedirs(TMP, exist_ok=True)
-PASSED, FAILED = 0, 0
 SERVERS = []
-
-
-def check(name, cond, detail=""):
-    global PASSED, FAILED
-    if cond:
-        PASSED += 1
-    else:
-        FAILED += 1
-        print(f"FAIL: {name} {detail}", file=sys.stderr, flush=True)
 
 
 def die_with_parent():
@@ -1510,8 +1504,8 @@ def main():
     test_batch()
     test_batch_resume()
     test_batch_durable()
-    print(f"serve: {PASSED} checks passed, {FAILED} failed ({time.time() - t0:.1f} s)")
-    return 1 if FAILED else 0
+    print(f"serve: {elib.passed} checks passed, {elib.failed} failed ({time.time() - t0:.1f} s)")
+    return 1 if elib.failed else 0
 
 
 if __name__ == "__main__":

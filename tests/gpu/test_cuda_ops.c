@@ -387,57 +387,87 @@ static void *qparams(ir_dtype t, int n, int ng, float lo, float span) {
   return p;
 }
 
-/* gemv_wq.cu against kn_matmul_wq: i4 / i8 / FP8 E4M3 weights, f32 / f16 scales, zero points
- * of every type or none, m = 1, 3, 9 (9 also with one CTA row looping over its row tiles). */
+/* The weight-only cases of gemv_wq.cu: i4 / i8 / FP8 E4M3 weights, f32 / f16 scales, zero
+ * points of every type or none (code: gemv_wq.cu's zt, 0 for none). */
+static const struct wq_case {
+  ir_dtype qt, st, zt;
+  int group, code;
+} k_wq_cases[] = {{IR_I4, IR_F32, IR_U8, 32, 0},      {IR_I4, IR_F32, IR_U8, 64, 1},
+                  {IR_I4, IR_F16, IR_F16, 128, 3},    {IR_I4, IR_F16, IR_F32, 256, 4},
+                  {IR_I8, IR_F32, IR_U8, 256, 0},     {IR_I8, IR_F16, IR_I8, 16, 2},
+                  {IR_F8_E4M3, IR_F32, IR_U8, 256, 0}};
+
+/* One case's random weight (n, k) on both sides: host arrays behind w, device copies. */
+typedef struct wq_set {
+  kn_wq w;
+  int st, zt; /* gemv_wq.cu's codes */
+  CUdeviceptr dq, ds, dz;
+} wq_set;
+
+static wq_set wq_make(const struct wq_case *c, int n, int k) {
+  int ng = k / c->group;
+  bool i4 = c->qt == IR_I4;
+  wq_set s = {.st = c->st == IR_F16, .zt = c->code};
+  s.w = (kn_wq){.q = weights(c->qt, n, k),
+                .qt = c->qt,
+                .scales = qparams(c->st, n, ng, 0.002f, 0.02f),
+                .st = c->st,
+                .zp = c->code ? qparams(c->zt, n, ng, i4 ? 4.0f : -8.0f, i4 ? 8.0f : 16.0f) : NULL,
+                .zt = c->zt,
+                .group = c->group};
+  s.dq = up(s.w.q, ir_dtype_bytes(c->qt, (uint64_t)n * k));
+  s.ds = up(s.w.scales, (size_t)n * ng * ir_dtype_bytes(c->st, 1));
+  s.dz = c->code ? up(s.w.zp, (size_t)n * ng * ir_dtype_bytes(c->zt, 1)) : 0;
+  return s;
+}
+
+static void wq_free(wq_set *s) {
+  cu.free(s->dq), cu.free(s->ds);
+  if (s->dz) cu.free(s->dz);
+  free((void *)s->w.q), free((void *)s->w.scales), free((void *)s->w.zp);
+}
+
+/* gemv_wq.cu's entry `base`_i4 / _i8 / _f8 for weights of type qt. */
+static void *wq_kernel(const char *base, ir_dtype qt) {
+  char name[64];
+  snprintf(name, sizeof name, "kn_%s_%s", base,
+           qt == IR_I4        ? "i4"
+           : qt == IR_F8_E4M3 ? "f8"
+                              : "i8");
+  return kernel("gemv_wq", name);
+}
+
+static void wq_what(char *buf, size_t len, const char *kind, const struct wq_case *c) {
+  snprintf(buf, len, "%s %s %s zp %s g%d", kind, ir_dtype_name(c->qt), ir_dtype_name(c->st),
+           c->code ? ir_dtype_name(c->zt) : "-", c->group);
+}
+
+/* gemv_wq.cu against kn_matmul_wq, m = 1, 3, 9 (9 also with one CTA row looping over its row
+ * tiles). */
 static void test_gemv_wq(void) {
-  static const struct {
-    ir_dtype qt, st, zt;
-    int group, code; /* code: gemv_wq.cu's zt, 0 for no zero points */
-  } cases[] = {{IR_I4, IR_F32, IR_U8, 32, 0},      {IR_I4, IR_F32, IR_U8, 64, 1},
-               {IR_I4, IR_F16, IR_F16, 128, 3},    {IR_I4, IR_F16, IR_F32, 256, 4},
-               {IR_I8, IR_F32, IR_U8, 256, 0},     {IR_I8, IR_F16, IR_I8, 16, 2},
-               {IR_F8_E4M3, IR_F32, IR_U8, 256, 0}};
   const int n = 67, k = 256, ms[] = {1, 3, 9};
   float *x = frands(9 * k), *bias = frands(n), *ref = malloc(9 * n * 4), *out = malloc(9 * n * 4);
   float *nan = malloc(9 * n * 4);
   memset(nan, 0xff, 9 * n * 4);
   CUdeviceptr dx = up(x, 9 * k * 4), db = up(bias, n * 4), dy = up(nan, 9 * n * 4);
-  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-    int group = cases[c].group, ng = k / cases[c].group, st = cases[c].st == IR_F16;
-    int zt = cases[c].code;
-    bool i4 = cases[c].qt == IR_I4;
-    uint8_t *q = weights(cases[c].qt, n, k);
-    void *sc = qparams(cases[c].st, n, ng, 0.002f, 0.02f);
-    void *zp = zt ? qparams(cases[c].zt, n, ng, i4 ? 4.0f : -8.0f, i4 ? 8.0f : 16.0f) : NULL;
-    CUdeviceptr dq = up(q, ir_dtype_bytes(cases[c].qt, (uint64_t)n * k));
-    CUdeviceptr ds = up(sc, (size_t)n * ng * ir_dtype_bytes(cases[c].st, 1));
-    CUdeviceptr dz = zt ? up(zp, (size_t)n * ng * ir_dtype_bytes(cases[c].zt, 1)) : 0;
-    kn_wq w = {.q = q,
-               .qt = cases[c].qt,
-               .scales = sc,
-               .st = cases[c].st,
-               .zp = zp,
-               .zt = cases[c].zt,
-               .group = group};
-    void *f = kernel("gemv_wq", i4                          ? "kn_gemv_wq_i4"
-                                : cases[c].qt == IR_F8_E4M3 ? "kn_gemv_wq_f8"
-                                                            : "kn_gemv_wq_i8");
+  for (size_t c = 0; c < sizeof k_wq_cases / sizeof k_wq_cases[0]; c++) {
+    wq_set ws = wq_make(&k_wq_cases[c], n, k);
+    int group = ws.w.group;
+    void *f = wq_kernel("gemv_wq", ws.w.qt);
     for (int mi = 0; mi < 4; mi++) {
       int m = ms[mi < 3 ? mi : 2];
-      void *args[] = {&dy, &dx, &dq, &db, &ds, &dz, &m, (void *)&n, (void *)&k, &group, &st, &zt};
+      void *args[] = {&dy, &dx,        &ws.dq,     &db,    &ws.ds, &ws.dz,
+                      &m,  (void *)&n, (void *)&k, &group, &ws.st, &ws.zt};
       CU(cu.htod(dy, nan, (size_t)m * n * 4)); /* an unwritten element fails */
       run(f, (n + 3) / 4, mi < 3 ? (unsigned)(m + 3) / 4 : 1, 1, 128, args);
       down(out, dy, (size_t)m * n * 4);
-      kn_matmul_wq(NULL, ref, x, &w, bias, m, n, k, KN_WQ_ACT_NONE);
-      char what[64];
-      snprintf(what, sizeof what, "gemv_wq %s %s zp %s g%d m%d%s", ir_dtype_name(cases[c].qt),
-               ir_dtype_name(cases[c].st), zt ? ir_dtype_name(cases[c].zt) : "-", group, m,
-               mi == 3 ? " 1cta" : "");
-      CLOSE(what, out, ref, (size_t)(m * n), 1e-5);
+      kn_matmul_wq(NULL, ref, x, &ws.w, bias, m, n, k, KN_WQ_ACT_NONE);
+      char what[64], full[80];
+      wq_what(what, sizeof what, "gemv_wq", &k_wq_cases[c]);
+      snprintf(full, sizeof full, "%s m%d%s", what, m, mi == 3 ? " 1cta" : "");
+      CLOSE(full, out, ref, (size_t)(m * n), 1e-5);
     }
-    cu.free(dq), cu.free(ds);
-    if (zt) cu.free(dz);
-    free(q), free(sc), free(zp);
+    wq_free(&ws);
   }
   cu.free(dx), cu.free(db), cu.free(dy);
   free(x), free(bias), free(ref), free(out), free(nan);
@@ -446,50 +476,28 @@ static void test_gemv_wq(void) {
 /* kn_dequant_wq_* (the f16 weights of the cuBLAS prefill path) against kn_wq_value rounded
  * to f16 on the CPU: every value's bits. */
 static void test_dequant_wq(void) {
-  static const struct {
-    ir_dtype qt, st, zt;
-    int group, code;
-  } cases[] = {{IR_I4, IR_F16, IR_F16, 128, 3}, {IR_I4, IR_F32, IR_U8, 32, 1},
-               {IR_I4, IR_F32, IR_U8, 64, 0},   {IR_I8, IR_F16, IR_I8, 16, 2},
-               {IR_I8, IR_F32, IR_U8, 256, 0},  {IR_F8_E4M3, IR_F32, IR_U8, 256, 0}};
   const int n = 67, k = 256;
-  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-    int group = cases[c].group, ng = k / group, st = cases[c].st == IR_F16, zt = cases[c].code;
-    bool i4 = cases[c].qt == IR_I4;
-    uint8_t *q = weights(cases[c].qt, n, k);
-    void *sc = qparams(cases[c].st, n, ng, 0.002f, 0.02f);
-    void *zp = zt ? qparams(cases[c].zt, n, ng, i4 ? 4.0f : -8.0f, i4 ? 8.0f : 16.0f) : NULL;
-    CUdeviceptr dq = up(q, ir_dtype_bytes(cases[c].qt, (uint64_t)n * k));
-    CUdeviceptr ds = up(sc, (size_t)n * ng * ir_dtype_bytes(cases[c].st, 1));
-    CUdeviceptr dz = zt ? up(zp, (size_t)n * ng * ir_dtype_bytes(cases[c].zt, 1)) : 0;
-    uint16_t *out = malloc((size_t)n * k * 2);
+  uint16_t *out = malloc((size_t)n * k * 2);
+  for (size_t c = 0; c < sizeof k_wq_cases / sizeof k_wq_cases[0]; c++) {
+    wq_set ws = wq_make(&k_wq_cases[c], n, k);
+    int group = ws.w.group;
     memset(out, 0xff, (size_t)n * k * 2);
     CUdeviceptr dout = up(out, (size_t)n * k * 2);
-    kn_wq w = {.q = q,
-               .qt = cases[c].qt,
-               .scales = sc,
-               .st = cases[c].st,
-               .zp = zp,
-               .zt = cases[c].zt,
-               .group = group};
     long long rows = n;
-    void *args[] = {&dout, &dq, &ds, &dz, &rows, (void *)&k, &group, &st, &zt};
-    run(kernel("gemv_wq", i4                          ? "kn_dequant_wq_i4"
-                          : cases[c].qt == IR_F8_E4M3 ? "kn_dequant_wq_f8"
-                                                      : "kn_dequant_wq_i8"),
-        5, 1, 1, 256, args);
+    void *args[] = {&dout, &ws.dq, &ws.ds, &ws.dz, &rows, (void *)&k, &group, &ws.st, &ws.zt};
+    run(wq_kernel("dequant_wq", ws.w.qt), 5, 1, 1, 256, args);
     down(out, dout, (size_t)n * k * 2);
     int bad = 0;
     for (int j = 0; j < n; j++)
-      for (int i = 0; i < k; i++) bad += out[j * k + i] != ir_f32_to_f16(kn_wq_value(&w, k, j, i));
+      for (int i = 0; i < k; i++)
+        bad += out[j * k + i] != ir_f32_to_f16(kn_wq_value(&ws.w, k, j, i));
     char what[64];
-    snprintf(what, sizeof what, "dequant_wq %s %s zp %s g%d", ir_dtype_name(cases[c].qt),
-             ir_dtype_name(cases[c].st), zt ? ir_dtype_name(cases[c].zt) : "-", group);
+    wq_what(what, sizeof what, "dequant_wq", &k_wq_cases[c]);
     CHECKF(bad == 0, "%s: %d of %d f16 values differ", what, bad, n * k);
-    cu.free(dq), cu.free(ds), cu.free(dout);
-    if (zt) cu.free(dz);
-    free(q), free(sc), free(zp), free(out);
+    cu.free(dout);
+    wq_free(&ws);
   }
+  free(out);
 }
 
 /* The rope table (max_pos, rot / 2, 2) of (cos, sin) of pos * 10000^(-2i / rot); rot 0

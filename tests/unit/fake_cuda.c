@@ -209,43 +209,43 @@ static void emu_gemv(const launch_t *l, ir_dtype dt, bool swiglu) {
   else kn_matmul(NULL, PF(0), PF(1), PV(2), dt, PF(3), m, n, k);
 }
 
+/* The weight-only W of a gemv_wq.cu launch: codes at argument w, scales and zero points at
+ * sc and sc + 1, group, st and zt at g, g + 1, g + 2; checked (abort) as the kernels need
+ * them for k. */
+static kn_wq wq_arg(const launch_t *l, ir_dtype qt, int w, int sc, int g, int k) {
+  static const ir_dtype zts[] = {IR_U8, IR_U8, IR_I8, IR_F16, IR_F32};
+  int group = I32(g), st = I32(g + 1), zt = I32(g + 2);
+  if (group <= 0 || k % group || group % (qt == IR_I4 ? 32 : 16) || st < 0 || st > 1 || zt < 0 ||
+      zt > 4 || (zt != 0) != (PV(sc + 1) != NULL))
+    abort();
+  return (kn_wq){.q = PV(w),
+                 .qt = qt,
+                 .scales = PV(sc),
+                 .st = st ? IR_F16 : IR_F32,
+                 .zp = PV(sc + 1),
+                 .zt = zts[zt],
+                 .group = group};
+}
+
 /* kn_gemv_wq_i4/_i8/_f8: y, x, w, bias, scales, zp, m, n, k, group, st, zt (gemv_wq.cu); its
  * CTAs loop over row tiles, so any grid y up to the tile count computes every row. */
 static void emu_gemv_wq(const launch_t *l, ir_dtype qt) {
-  bool i4 = qt == IR_I4;
-  static const ir_dtype zts[] = {IR_U8, IR_U8, IR_I8, IR_F16, IR_F32};
-  int m = I32(6), n = I32(7), k = I32(8), group = I32(9), st = I32(10), zt = I32(11);
+  int m = I32(6), n = I32(7), k = I32(8);
   long long tiles = (m + 3) / 4;
   if ((long long)l->grid[0] * 4 < n || !l->grid[1] || l->grid[1] > 65535 || l->grid[1] > tiles ||
-      l->block != 128 || group <= 0 || k % group || group % (i4 ? 32 : 16) || st < 0 || st > 1 ||
-      zt < 0 || zt > 4 || (zt != 0) != (PV(5) != NULL))
+      l->block != 128)
     abort();
-  kn_wq q = {.q = PV(2),
-             .qt = qt,
-             .scales = PV(4),
-             .st = st ? IR_F16 : IR_F32,
-             .zp = PV(5),
-             .zt = zts[zt],
-             .group = group};
+  kn_wq q = wq_arg(l, qt, 2, 4, 9, k);
   kn_matmul_wq(NULL, PF(0), PF(1), &q, PF(3), m, n, k, KN_WQ_ACT_NONE);
 }
 
 /* kn_dequant_wq_i4/_i8/_f8: out (n, k) f16, w, scales, zp, n, k, group, st, zt: kn_wq_value
  * rounded to f16; its grid-stride loop takes any grid. */
 static void emu_dequant_wq(const launch_t *l, ir_dtype qt) {
-  static const ir_dtype zts[] = {IR_U8, IR_U8, IR_I8, IR_F16, IR_F32};
   long long n = I64(4);
-  int k = I32(5), group = I32(6), st = I32(7), zt = I32(8);
-  if (!l->grid[0] || l->block != 256 || group <= 0 || k % group || k % 16 || st < 0 || st > 1 ||
-      zt < 0 || zt > 4 || (zt != 0) != (PV(3) != NULL))
-    abort();
-  kn_wq q = {.q = PV(1),
-             .qt = qt,
-             .scales = PV(2),
-             .st = st ? IR_F16 : IR_F32,
-             .zp = PV(3),
-             .zt = zts[zt],
-             .group = group};
+  int k = I32(5);
+  if (!l->grid[0] || l->block != 256 || k % 16) abort();
+  kn_wq q = wq_arg(l, qt, 1, 2, 6, k);
   for (long long j = 0; j < n; j++)
     for (int i = 0; i < k; i++)
       ((uint16_t *)PV(0))[j * k + i] = ir_f32_to_f16(kn_wq_value(&q, k, j, i));

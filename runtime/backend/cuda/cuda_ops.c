@@ -196,37 +196,31 @@ static int wq_zt(const ir_graph *g, const ir_node *n) {
   }
 }
 
-/* Weight-only int8/int4 (inputs 3, 4: scales, zero points) for every m into y (m, all of
- * W's rows): the CTAs loop over the row tiles past the grid's 65535 in y. */
-static ir_status run_gemv_wq(cuda_ctx *c, const ir_graph *g, const ir_node *n, void *const *ptrs,
-                             const cuda_step *s, CUdeviceptr y, ir_diag *d) {
+/* Weight-only int8/int4/FP8 (inputs 3, 4: scales, zero points) for every m into y (m, all
+ * of W's rows): gemv_wq.cu, whose CTAs loop over the row tiles past the grid's 65535 in y;
+ * or, for many rows (blas), W's f16 copy into the weight scratch (c->wh), then cuBLAS on it
+ * as on f16 weights. */
+static ir_status run_wq(cuda_ctx *c, const ir_graph *g, const ir_node *n, void *const *ptrs,
+                        const cuda_step *s, CUdeviceptr y, bool blas, ir_diag *d) {
   int m = (int)dimv(g, T_(0), 0, s), nn = (int)dimv(g, T_(1), 0, s), k = (int)dimv(g, T_(1), 1, s);
   int group = k / (int)dimv(g, T_(3), 1, s), st = T_(3)->dtype == IR_F16, zt = wq_zt(g, n);
   CUdeviceptr x = P_(0), w = P_(1), sc = P_(3), zp = zt ? P_(4) : 0;
   CUdeviceptr bias = n->in[2] >= 0 ? P_(2) : 0;
+  ir_dtype qt = T_(1)->dtype;
+  if (blas) {
+    long long rows = nn;
+    void *args[] = {&c->wh, &w, &sc, &zp, &rows, &k, &group, &st, &zt};
+    ir_status r = launch(c, dequant_wq_fn(qt), grid_for(rows * k / 8), 1, 1, 256, args, d);
+    return r == IR_OK ? run_gemm(c, IR_F16, y, n->in[0], x, c->wh, bias, m, nn, k, d) : r;
+  }
   long long tiles = ((long long)m + CUDA_GEMV_M - 1) / CUDA_GEMV_M;
   void *args[] = {&y, &x, &w, &bias, &sc, &zp, &m, &nn, &k, &group, &st, &zt};
-  ir_dtype qt = T_(1)->dtype;
   return launch(c,
                 qt == IR_I4        ? CF_GEMV_WQ_I4
                 : qt == IR_F8_E4M3 ? CF_GEMV_WQ_F8
                                    : CF_GEMV_WQ_I8,
                 (unsigned)((nn + CUDA_GEMV_WARPS - 1) / CUDA_GEMV_WARPS),
                 (unsigned)(tiles > 65535 ? 65535 : tiles), 1, CUDA_GEMV_WARPS * 32, args, d);
-}
-
-/* Weight-only int8/int4/FP8 weights for many rows: their f16 copy into the weight scratch
- * (c->wh), then cuBLAS on it as on f16 weights. */
-static ir_status run_wq_gemm(cuda_ctx *c, const ir_graph *g, const ir_node *n, void *const *ptrs,
-                             const cuda_step *s, CUdeviceptr y, ir_diag *d) {
-  int m = (int)dimv(g, T_(0), 0, s), nn = (int)dimv(g, T_(1), 0, s), k = (int)dimv(g, T_(1), 1, s);
-  int group = k / (int)dimv(g, T_(3), 1, s), st = T_(3)->dtype == IR_F16, zt = wq_zt(g, n);
-  CUdeviceptr w = P_(1), sc = P_(3), zp = zt ? P_(4) : 0;
-  CUdeviceptr bias = n->in[2] >= 0 ? P_(2) : 0;
-  long long rows = nn;
-  void *args[] = {&c->wh, &w, &sc, &zp, &rows, &k, &group, &st, &zt};
-  ir_status r = launch(c, dequant_wq_fn(T_(1)->dtype), grid_for(rows * k / 8), 1, 1, 256, args, d);
-  return r == IR_OK ? run_gemm(c, IR_F16, y, n->in[0], P_(0), c->wh, bias, m, nn, k, d) : r;
 }
 
 static bool swiglu_of(const ir_node *n) {
@@ -246,10 +240,9 @@ static ir_status run_matmul(cuda_ctx *c, const ir_graph *g, const ir_node *n, vo
   if (m == 0) return IR_OK;
   if (swiglu && !wq && !blas) return run_gemv(c, wt, true, y, P_(0), P_(1), bias, m, nn / 2, k, d);
   CUdeviceptr z = swiglu ? c->zh : y;
-  ir_status st = wq && blas ? run_wq_gemm(c, g, n, ptrs, s, z, d)
-                 : wq       ? run_gemv_wq(c, g, n, ptrs, s, z, d)
-                 : blas     ? run_gemm(c, wt, z, n->in[0], P_(0), P_(1), bias, m, nn, k, d)
-                            : run_gemv(c, wt, false, z, P_(0), P_(1), bias, m, nn, k, d);
+  ir_status st = wq     ? run_wq(c, g, n, ptrs, s, z, blas, d)
+                 : blas ? run_gemm(c, wt, z, n->in[0], P_(0), P_(1), bias, m, nn, k, d)
+                        : run_gemv(c, wt, false, z, P_(0), P_(1), bias, m, nn, k, d);
   if (st != IR_OK || !swiglu) return st;
   long long mm = m, half = nn / 2;
   CUdeviceptr xh = c->xh;
@@ -425,6 +418,13 @@ static bool same_shape(const ir_graph *g, const ir_tensor *a, const ir_tensor *b
   return true;
 }
 
+/* The weight-only matmul n of this plan can take cuBLAS (a step can have enough rows). */
+static bool wq_dequant_plan(const cuda_ctx *c, const ir_graph *g, const ir_node *n) {
+  return T_(1)->rank == 2 &&
+         wq_dequant_ok(c, T_(1)->dtype, ir_dim_value(g, T_(1)->dims[1], NULL)) &&
+         g->config.max_tokens >= c->dequant_gemm_m;
+}
+
 /* The scratch the matmuls need (bytes): f16/bf16 activations, swiglu sums, f16 weights. */
 typedef struct scratch {
   size_t xh, zh, wh;
@@ -459,7 +459,7 @@ static ir_status check_wq(cuda_ctx *c, const ir_graph *g, const ir_node *n, scra
                        "cuda backend: matmul '%s': groups of %lld columns (k = %lld) are not a "
                        "multiple of %d",
                        n->name, (long long)(ng > 0 ? k / ng : 0), (long long)k, chunk);
-  if (wq_dequant_ok(c, w->dtype, k) && g->config.max_tokens >= c->dequant_gemm_m) {
+  if (wq_dequant_plan(c, g, n)) {
     need(&sc->xh, (size_t)g->config.max_tokens * (size_t)k * 2); /* the f16 copies cuBLAS reads */
     need(&sc->wh, (size_t)ir_dim_value(g, w->dims[0], NULL) * (size_t)k * 2);
   }
@@ -475,9 +475,7 @@ static bool dequant_plan(const cuda_ctx *c, const ir_graph *g, ir_dtype wt) {
  * block or weight-only quantized weights that a step can have enough rows to dequantize. */
 static bool half_gemm(const cuda_ctx *c, const ir_graph *g, const ir_node *n) {
   ir_dtype wt = T_(1)->dtype;
-  if (wq_type(wt))
-    return T_(1)->rank == 2 && wq_dequant_ok(c, wt, ir_dim_value(g, T_(1)->dims[1], NULL)) &&
-           g->config.max_tokens >= c->dequant_gemm_m;
+  if (wq_type(wt)) return wq_dequant_plan(c, g, n);
   return wt == IR_F16 || wt == IR_BF16 || dequant_plan(c, g, wt);
 }
 
