@@ -384,6 +384,7 @@ __device__ __forceinline__ void attn_prefill_tc(ATTN_PREFILL_PARAMS(KV)) {
   const int h = blockIdx.y, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
   const int g = lane >> 2, c = lane & 3;
   const int tok0 = tile_tok0[blockIdx.x], ntok = tile_ntok[blockIdx.x];
+  if (ntok <= 0) return;  // an empty tile of a captured step's fixed grid: the whole CTA
   const int kvh = h / GQA_GROUP;
   const int *bt = block_tables + (long long)tok_seq[tok0] * max_blocks;
   // Rows g and g + 8 of this warp: their token's position, -1 past the tile.

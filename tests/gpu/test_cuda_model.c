@@ -24,7 +24,8 @@
 #include "inferrt.h"
 #include "tcheck.h"
 
-static int (*g_replays)(void); /* set under tests/unit/fake_cuda.c: graph launches so far */
+static int (*g_replays)(void);       /* set under tests/unit/fake_cuda.c: graph launches so far */
+static int (*g_tiled_replays)(void); /* fake_cuda.c: those of drafted steps' graphs */
 static void (*g_fail_instantiate)(int); /* fake_cuda.c: the next n graph instantiations fail */
 static void (*g_config)(int, int, int); /* fake_cuda.c: head_dim, block size, arch */
 static long long (*g_launches)(const char *); /* fake_cuda.c: launches of kernels named so */
@@ -431,12 +432,22 @@ static void test_engine_mixed(void) {
     irt_engine_stats sa, sb, sc;
     engine_mixed(cpu, &a, 0, &sa);
     engine_mixed(gpu, &b, 0, &sb);
+    int replays = g_replays ? g_replays() : 0, tiled = g_replays ? g_tiled_replays() : 0;
     engine_mixed(gpu, &c, 4, &sc); /* drafts: rows picked on the device (penalty: host) */
+    replays = g_replays ? g_replays() - replays : -1;
+    tiled = g_replays ? g_tiled_replays() - tiled : -1;
     printf("engine with prompt-lookup drafts on the device: %s, %lld drafts, %lld kept, "
-           "%lld steps (%lld without)\n",
+           "%lld steps (%lld without), %d graph launches (%d of drafted steps)\n",
            memcmp(a.tok, c.tok, sizeof a.tok) ? "DIFFER" : "as on the CPU",
            (long long)sc.spec_draft_tokens, (long long)sc.spec_accepted_tokens, (long long)sc.steps,
-           (long long)sb.steps);
+           (long long)sb.steps, replays, tiled);
+    /* Drafted steps (several rows of a sequence, all verified) replay graphs as decode steps
+     * do: every step but the prefill and each bucket's first (eager) one. The decode
+     * buckets were warmed by the run without drafts; drafted steps have their own graphs. */
+    if (g_replays)
+      CHECKF(replays >= sc.steps / 2 && tiled > 0,
+             "%d graph launches (%d drafted) in %lld drafted-run steps", replays, tiled,
+             (long long)sc.steps);
     CHECK(!memcmp(a.tok, c.tok, sizeof a.tok) && !memcmp(a.n, c.n, sizeof a.n));
     CHECK(!memcmp(a.alt, c.alt, sizeof a.alt) && sc.spec_draft_tokens > 0);
     /* (the model's pad block for graph replays stays held) */
@@ -595,9 +606,11 @@ int main(void) {
   }
   if (!cu) return tcheck_skip("cuda_model", "no libcuda (no NVIDIA driver)");
   void *cfg = dlsym(cu, "fake_cuda_config"), *rep = dlsym(cu, "fake_cuda_replays");
-  if (cfg && rep) { /* tests/unit/fake_cuda.c: the fixtures' head_dim and block size, sm_90 */
+  void *tiled = dlsym(cu, "fake_cuda_tiled_replays");
+  if (cfg && rep && tiled) { /* tests/unit/fake_cuda.c: the fixtures' head_dim, block size */
     memcpy(&g_config, &cfg, sizeof g_config);
     memcpy(&g_replays, &rep, sizeof g_replays);
+    memcpy(&g_tiled_replays, &tiled, sizeof g_tiled_replays);
     void *fi = dlsym(cu, "fake_cuda_fail_instantiate");
     if (fi) memcpy(&g_fail_instantiate, &fi, sizeof g_fail_instantiate);
     void *fl = dlsym(cu, "fake_cuda_launches");

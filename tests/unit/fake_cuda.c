@@ -664,14 +664,22 @@ API(CUresult, cuGraphInstantiateWithFlags, void **exec, void *graph, unsigned lo
   *exec = e;
   return 0;
 }
-static int g_replays;
-/* Graph launches so far (the test checks that decode steps replay graphs). */
+static int g_replays, g_tiled_replays;
+/* Graph launches so far (the test checks that decode steps replay graphs), and those of
+ * graphs with tiled attention (kn_attn_prefill*: drafted steps' graphs). */
 EXPORT int fake_cuda_replays(void);
 int fake_cuda_replays(void) { return g_replays; }
+EXPORT int fake_cuda_tiled_replays(void);
+int fake_cuda_tiled_replays(void) { return g_tiled_replays; }
 API(CUresult, cuGraphLaunch, void *exec, void *st) {
   graph_t *e = exec;
-  for (int i = 0; i < e->n; i++) run_op(&e->ops[i]);
+  bool tiled = false;
+  for (int i = 0; i < e->n; i++) {
+    run_op(&e->ops[i]);
+    tiled |= e->ops[i].kind == 0 && !strncmp(k_fns[e->ops[i].l.fn].name, "kn_attn_prefill", 15);
+  }
   g_replays++;
+  g_tiled_replays += tiled;
   return 0;
 }
 static void graph_free(graph_t *g) {

@@ -295,8 +295,9 @@ static int bucket_of(const cuda_ctx *c, int64_t t) {
 }
 
 /* Prefill attention tiles: runs of at most c->tile_tokens consecutive tokens of one
- * sequence. Returns the tile count. */
-static int make_tiles(cuda_ctx *c, const int32_t *tok_seq, int64_t n_tok) {
+ * sequence. Returns the tile count. With `grid` (> 0: a captured step's fixed grid, at least
+ * n_tok) the tiles past the last are empty and the count is grid: their CTAs exit at once. */
+static int make_tiles(cuda_ctx *c, const int32_t *tok_seq, int64_t n_tok, int64_t grid) {
   int32_t *t0 = c->stage + c->off_tile0, *tn = c->stage + c->off_tilen;
   int n = 0;
   for (int64_t t = 0; t < n_tok; t++) {
@@ -307,12 +308,14 @@ static int make_tiles(cuda_ctx *c, const int32_t *tok_seq, int64_t n_tok) {
     t0[n] = (int32_t)t;
     tn[n++] = 1;
   }
+  for (; n < grid; n++) t0[n] = 0, tn[n] = 0;
   return n;
 }
 
-/* Fills the pinned step buffer for n >= T tokens (tokens past T pad a decode bucket: each
- * its own sequence at position 0 of the pad block) and uploads it in one copy. */
-static ir_status upload_step(cuda_ctx *c, const model_step *s, int64_t n, cuda_step *cs,
+/* Fills the pinned step buffer for n >= T tokens (tokens past T pad a bucket: each its own
+ * sequence at position 0 of the pad block) and uploads it in one copy. A drafted step for a
+ * graph (graph, not decode) tiles its pads too, over a grid of n tiles. */
+static ir_status upload_step(cuda_ctx *c, const model_step *s, int64_t n, bool graph, cuda_step *cs,
                              ir_diag *d) {
   int64_t T = s->syms[IR_SYM_TOKENS], S = s->syms[IR_SYM_SEQS], L = s->syms[IR_SYM_LOGITS];
   CUresult r;
@@ -330,7 +333,9 @@ static ir_status upload_step(cuda_ctx *c, const model_step *s, int64_t n, cuda_s
     st[c->off_rows + t] = (int32_t)t;
     st[c->off_bt + rows * s->max_blocks] = s->pad_block;
   }
-  cs->n_tiles = cs->decode ? 0 : make_tiles(c, s->tok_seq, T);
+  cs->n_tiles = cs->decode ? 0
+                : graph    ? make_tiles(c, st + c->off_seq, n, n)
+                           : make_tiles(c, s->tok_seq, T, 0);
   size_t bytes = (c->off_bt + (size_t)(rows * s->max_blocks)) * sizeof(int32_t);
   if ((r = c->cu.htod(c->d_stage, st, bytes, c->stream)) ||
       (r = c->cu.event_record(c->stage_ev, c->stream)))
@@ -465,8 +470,8 @@ static ir_status run_nodes(cuda_ctx *c, const ir_graph *g, void *const *ptrs, co
   return st;
 }
 
-/* Records the step's kernels into a graph for bucket b (nothing runs until launched). */
-static ir_status capture(cuda_ctx *c, int b, const ir_graph *g, void *const *ptrs,
+/* Records the step's kernels into graph exec (nothing runs until launched). */
+static ir_status capture(cuda_ctx *c, CUgraphExec *exec, const ir_graph *g, void *const *ptrs,
                          const cuda_step *s, ir_diag *d) {
   CUresult r = c->cu.capture_begin(c->stream, CU_CAPTURE_MODE_THREAD_LOCAL);
   if (r) return cuda_fail(c, r, "cuStreamBeginCapture", d);
@@ -474,12 +479,22 @@ static ir_status capture(cuda_ctx *c, int b, const ir_graph *g, void *const *ptr
   CUgraph graph = NULL;
   r = c->cu.capture_end(c->stream, &graph);
   if (st == IR_OK && r) st = cuda_fail(c, r, "cuStreamEndCapture", d);
-  if (st == IR_OK && (r = c->cu.graph_instantiate(&c->exec[b], graph, 0))) {
-    c->exec[b] = NULL;
+  if (st == IR_OK && (r = c->cu.graph_instantiate(exec, graph, 0))) {
+    *exec = NULL;
     st = cuda_fail(c, r, "cuGraphInstantiate", d);
   }
   if (graph) c->cu.graph_destroy(graph);
   return st;
+}
+
+/* The bucket of a step that can replay a graph, or -1: every row wants its logits (a decode
+ * step, or a drafted one: all its rows are verified), at most the largest bucket's tokens,
+ * and the pads leave the sequence count within the plan's (a bucket is at most max_seqs). */
+static int graph_bucket(const cuda_ctx *c, const model_step *s) {
+  int64_t T = s->syms[IR_SYM_TOKENS], S = s->syms[IR_SYM_SEQS], L = s->syms[IR_SYM_LOGITS];
+  if (L != T || !c->want_graphs || c->prof.on || s->pad_block < 0) return -1;
+  int b = bucket_of(c, T);
+  return b >= 0 && S + (c->bucket[b] - T) <= c->max_seqs ? b : -1;
 }
 
 static ir_status cuda_run_step(void *vctx, const ir_graph *g, void *const *ptrs,
@@ -487,37 +502,37 @@ static ir_status cuda_run_step(void *vctx, const ir_graph *g, void *const *ptrs,
   cuda_ctx *c = vctx;
   int64_t T = s->syms[IR_SYM_TOKENS], S = s->syms[IR_SYM_SEQS], L = s->syms[IR_SYM_LOGITS];
   cuda_step cs = {.decode = T == S, .kv = s->kv, .max_blocks = s->max_blocks};
-  /* Decode steps where every sequence wants its logits replay a graph of their bucket. */
-  int b = cs.decode && L == T && c->want_graphs && !c->prof.on && s->pad_block >= 0
-              ? bucket_of(c, T)
-              : -1;
-  int64_t n = b >= 0 ? c->bucket[b] : T;
   if (s->max_blocks != c->max_blocks || T > c->max_tokens || S > c->max_seqs)
     return ir_diag_set(d, IR_INVALID_ARG, "cuda backend: step exceeds the plan's limits");
+  /* Decode and drafted steps replay a graph of their bucket and kind. */
+  const int b = graph_bucket(c, s), kind = cs.decode ? 0 : 1;
+  const int64_t n = b >= 0 ? c->bucket[b] : T;
   cs.syms[IR_SYM_TOKENS] = n;
-  cs.syms[IR_SYM_SEQS] = b >= 0 ? n : S;
+  cs.syms[IR_SYM_SEQS] = b >= 0 ? S + (n - T) : S;
   cs.syms[IR_SYM_LOGITS] = b >= 0 ? n : L;
   make_current(c);
-  ir_status st = upload_step(c, s, n, &cs, d);
+  ir_status st = upload_step(c, s, n, b >= 0, &cs, d);
   if (st != IR_OK || b < 0) return st != IR_OK ? st : run_nodes(c, g, ptrs, &cs, d);
   /* A bucket's first step runs eagerly, so lazy initialisation (cuBLAS, module loading)
    * happens outside a capture; the second is captured; later ones replay. */
-  if (!c->warm[b]) {
-    c->warm[b] = true;
+  if (!c->warm[kind][b]) {
+    c->warm[kind][b] = true;
     return run_nodes(c, g, ptrs, &cs, d);
   }
-  if (!c->exec[b] && !c->no_graph[b]) {
+  CUgraphExec *exec = &c->exec[kind][b];
+  if (!*exec && !c->no_graph[kind][b]) {
     /* A capture that fails (a driver without graph support for a kernel, a capture
      * invalidated by another thread) costs speed, not the step: the bucket runs eagerly,
      * where a real error in the step shows again and fails it. */
     ir_diag cd = {0};
-    if (capture(c, b, g, ptrs, &cs, &cd) != IR_OK) {
-      c->no_graph[b] = true;
-      cuda_log(c, 1, "cuda: decode batch %lld runs without a CUDA Graph: %s", (long long)n, cd.msg);
+    if (capture(c, exec, g, ptrs, &cs, &cd) != IR_OK) {
+      c->no_graph[kind][b] = true;
+      cuda_log(c, 1, "cuda: %s steps of %lld tokens run without a CUDA Graph: %s",
+               kind ? "drafted" : "decode", (long long)n, cd.msg);
     }
   }
-  if (!c->exec[b]) return run_nodes(c, g, ptrs, &cs, d);
-  CUresult r = c->cu.graph_launch(c->exec[b], c->stream);
+  if (!*exec) return run_nodes(c, g, ptrs, &cs, d);
+  CUresult r = c->cu.graph_launch(*exec, c->stream);
   return r ? cuda_fail(c, r, "cuGraphLaunch", d) : IR_OK;
 }
 
@@ -678,8 +693,9 @@ static void cuda_destroy(void *vctx) {
     if (c->stream) c->cu.stream_sync(c->stream);
     prof_report(c);
     for (int i = 0; i < c->prof.n_ev; i++) c->cu.event_destroy(c->prof.ev[i]);
-    for (int i = 0; i < c->n_buckets; i++)
-      if (c->exec[i]) c->cu.graph_exec_destroy(c->exec[i]);
+    for (int k = 0; k < 2; k++)
+      for (int i = 0; i < c->n_buckets; i++)
+        if (c->exec[k][i]) c->cu.graph_exec_destroy(c->exec[k][i]);
     if (c->blas_h) c->blas.destroy(c->blas_h);
     CUdeviceptr bufs[] = {c->d_stage, c->part_acc, c->part_ml, c->xh,          c->zh,
                           c->wh,      c->blas_ws,  c->d_pick,  c->d_pick_work, c->d_pen};

@@ -179,11 +179,13 @@ typedef struct cuda_ctx {
   CUdeviceptr d_pen;
   size_t pen_cap; /* entries */
 
-  /* decode graphs, one per batch-size bucket */
+  /* Graphs, one per token-count bucket and step kind: [0] decode steps (one token a
+   * sequence, split-K decode attention), [1] drafted steps (several tokens of some
+   * sequences, every row's logits: tiled attention over a fixed grid of one tile a token) */
   int64_t bucket[CUDA_MAX_BUCKETS];
-  CUgraphExec exec[CUDA_MAX_BUCKETS];
-  bool warm[CUDA_MAX_BUCKETS];     /* ran once eagerly */
-  bool no_graph[CUDA_MAX_BUCKETS]; /* its capture failed: it runs eagerly from then on */
+  CUgraphExec exec[2][CUDA_MAX_BUCKETS];
+  bool warm[2][CUDA_MAX_BUCKETS];     /* ran once eagerly */
+  bool no_graph[2][CUDA_MAX_BUCKETS]; /* its capture failed: it runs eagerly from then on */
   int n_buckets;
   cuda_prof prof;
 } cuda_ctx;
