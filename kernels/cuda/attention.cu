@@ -214,7 +214,7 @@ __device__ __forceinline__ void attn_decode(float *out, float *part_acc, float *
       name(float *out, float *part_acc, float *part_ml, const float *q, const KV *k,          \
            const KV *v, const int *tok_seq, const int *tok_pos, const int *block_tables,      \
            int max_blocks, int n_heads, int n_kv_heads, float scale, int blocks_per_split,   \
-           int window, float softcap) {                                                        \
+           int window, float softcap) { kn_pdl();                                                        \
     attn_decode(out, part_acc, part_ml, q, k, v, tok_seq, tok_pos, block_tables, max_blocks, \
                 n_heads, n_kv_heads, scale, blocks_per_split, window, softcap);               \
   }
@@ -225,6 +225,7 @@ ATTN_DECODE_ENTRY(kn_attn_decode_f16, unsigned short)
 extern "C" __global__ void __launch_bounds__(HEAD_DIM)
     kn_attn_decode_reduce(float *out, const float *part_acc, const float *part_ml, int n_heads,
                           int n_splits) {
+  kn_pdl();
   const long long row = (long long)blockIdx.x * n_heads + blockIdx.y;
   const float *ml = part_ml + row * n_splits * 2;
   float mx = NEG_INF;
@@ -302,10 +303,12 @@ __device__ __forceinline__ void attn_prefill(float *out, const float *q, const K
 
 extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32)
     kn_attn_prefill(ATTN_PREFILL_PARAMS(float)) {
+  kn_pdl();
   attn_prefill(ATTN_PREFILL_ARGS);
 }
 extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32)
     kn_attn_prefill_f16(ATTN_PREFILL_PARAMS(unsigned short)) {
+  kn_pdl();
   attn_prefill(ATTN_PREFILL_ARGS);
 }
 
@@ -549,10 +552,12 @@ __device__ __forceinline__ void attn_prefill_tc(ATTN_PREFILL_PARAMS(KV)) {
 // __maxnreg__ rather than __launch_bounds__: under the latter ptxas spills at HEAD_DIM 128
 // on sm_90 (168 registers); capped at 200 it uses about 175 and none spill.
 extern "C" __global__ void __maxnreg__(200) kn_attn_prefill_tc(ATTN_PREFILL_PARAMS(float)) {
+  kn_pdl();
   attn_prefill_tc(ATTN_PREFILL_ARGS);
 }
 extern "C" __global__ void __maxnreg__(200)
     kn_attn_prefill_tc_f16(ATTN_PREFILL_PARAMS(unsigned short)) {
+  kn_pdl();
   attn_prefill_tc(ATTN_PREFILL_ARGS);
 }
 #endif

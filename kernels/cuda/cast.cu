@@ -7,6 +7,7 @@
 #include "kn_cuda.cuh"
 
 extern "C" __global__ void kn_cast_f16(unsigned short *out, const float *x, long long n) {
+  kn_pdl();
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
        i += (long long)gridDim.x * blockDim.x) {
     out[i] = kn_f32_to_f16(x[i]);
@@ -14,6 +15,7 @@ extern "C" __global__ void kn_cast_f16(unsigned short *out, const float *x, long
 }
 
 extern "C" __global__ void kn_cast_bf16(unsigned short *out, const float *x, long long n) {
+  kn_pdl();
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
        i += (long long)gridDim.x * blockDim.x) {
     out[i] = kn_f32_to_bf16(x[i]);
@@ -21,6 +23,7 @@ extern "C" __global__ void kn_cast_bf16(unsigned short *out, const float *x, lon
 }
 
 extern "C" __global__ void kn_add_bias(float *y, const float *bias, long long m, long long n) {
+  kn_pdl();
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < m * n;
        i += (long long)gridDim.x * blockDim.x)
     y[i] += bias[i % n];
@@ -44,7 +47,7 @@ __device__ __forceinline__ void dq_store8(unsigned short *out, const float v[8])
 
 #define DEQUANT_ENTRY(name, BYTES, VALUE)                                                    \
   extern "C" __global__ void name(unsigned short *out, const unsigned char *w,                \
-                                  long long n_blocks) {                                      \
+                                  long long n_blocks) { kn_pdl();                                      \
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n_blocks * 4;   \
          i += (long long)gridDim.x * blockDim.x) {                                          \
       const unsigned char *b = w + (i >> 2) * BYTES;                                         \

@@ -6,6 +6,7 @@
 
 extern "C" __global__ void kn_embed_f32(float *out, const float *table, const int *ids,
                                         long long dim, float scale) {
+  kn_pdl();
   const float *row = table + (long long)ids[blockIdx.x] * dim;
   float *o = out + (long long)blockIdx.x * dim;
   for (long long i = threadIdx.x; i < dim; i += blockDim.x) o[i] = row[i] * scale;
@@ -13,6 +14,7 @@ extern "C" __global__ void kn_embed_f32(float *out, const float *table, const in
 
 extern "C" __global__ void kn_embed_f16(float *out, const unsigned short *table, const int *ids,
                                         long long dim, float scale) {
+  kn_pdl();
   const unsigned short *row = table + (long long)ids[blockIdx.x] * dim;
   float *o = out + (long long)blockIdx.x * dim;
   for (long long i = threadIdx.x; i < dim; i += blockDim.x) o[i] = kn_f16_to_f32(row[i]) * scale;
@@ -20,6 +22,7 @@ extern "C" __global__ void kn_embed_f16(float *out, const unsigned short *table,
 
 extern "C" __global__ void kn_embed_bf16(float *out, const unsigned short *table,
                                          const int *ids, long long dim, float scale) {
+  kn_pdl();
   const unsigned short *row = table + (long long)ids[blockIdx.x] * dim;
   float *o = out + (long long)blockIdx.x * dim;
   for (long long i = threadIdx.x; i < dim; i += blockDim.x) o[i] = kn_bf16_to_f32(row[i]) * scale;
@@ -34,6 +37,7 @@ __device__ __forceinline__ unsigned short emb_u16(const unsigned char *p) {
 
 extern "C" __global__ void kn_embed_q8_0(float *out, const unsigned char *table, const int *ids,
                                          long long dim, float scale) {
+  kn_pdl();
   const unsigned char *row = table + (long long)ids[blockIdx.x] * (dim / 32) * 34;
   float *o = out + (long long)blockIdx.x * dim;
   for (long long i = threadIdx.x; i < dim; i += blockDim.x) {
@@ -44,6 +48,7 @@ extern "C" __global__ void kn_embed_q8_0(float *out, const unsigned char *table,
 
 extern "C" __global__ void kn_embed_q4_0(float *out, const unsigned char *table, const int *ids,
                                          long long dim, float scale) {
+  kn_pdl();
   const unsigned char *row = table + (long long)ids[blockIdx.x] * (dim / 32) * 18;
   float *o = out + (long long)blockIdx.x * dim;
   for (long long i = threadIdx.x; i < dim; i += blockDim.x) {
@@ -56,6 +61,7 @@ extern "C" __global__ void kn_embed_q4_0(float *out, const unsigned char *table,
 
 extern "C" __global__ void kn_embed_q4_1(float *out, const unsigned char *table, const int *ids,
                                          long long dim, float scale) {
+  kn_pdl();
   const unsigned char *row = table + (long long)ids[blockIdx.x] * (dim / 32) * 20;
   float *o = out + (long long)blockIdx.x * dim;
   for (long long i = threadIdx.x; i < dim; i += blockDim.x) {

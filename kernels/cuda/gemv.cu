@@ -171,12 +171,12 @@ __device__ __forceinline__ void gemv(float *y, const float *x, const unsigned ch
 #define GEMV_ENTRY(name, T)                                                                 \
   extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                             \
       name(float *y, const float *x, const unsigned char *w, const float *bias, int m, int n, \
-           int k) {                                                                         \
+           int k) { kn_pdl();                                                                         \
     gemv<T, false>(y, x, w, bias, m, n, k);                                                 \
   }                                                                                         \
   extern "C" __global__ void __maxnreg__(128)                                               \
       name##_swiglu(float *y, const float *x, const unsigned char *w, const float *bias,      \
-                    int m, int n, int k) {                                                  \
+                    int m, int n, int k) { kn_pdl();                                                  \
     gemv<T, true>(y, x, w, bias, m, n, k);                                                  \
   }
 

@@ -116,7 +116,7 @@ __device__ __forceinline__ void gemv_wq(float *y, const float *x, const unsigned
   extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                \
       name(float *y, const float *x, const unsigned char *w, const float *bias,                \
            const void *scales, const void *zp, int m, int n, int k, int group, int st,         \
-           int zt) {                                                                           \
+           int zt) { kn_pdl();                                                                           \
     gemv_wq<QT>(y, x, w, bias, scales, zp, m, n, k, group, st, zt);                           \
   }
 
@@ -169,7 +169,7 @@ __device__ __forceinline__ void dequant_wq(unsigned short *out, const unsigned c
 #define DEQUANT_WQ_ENTRY(name, QT)                                                             \
   extern "C" __global__ void name(unsigned short *out, const unsigned char *w,                 \
                                   const void *scales, const void *zp, long long n, int k,      \
-                                  int group, int st, int zt) {                                 \
+                                  int group, int st, int zt) { kn_pdl();                                 \
     dequant_wq<QT>(out, w, scales, zp, n, k, group, st, zt);                                   \
   }
 

@@ -50,4 +50,19 @@ __device__ __forceinline__ unsigned short kn_f32_to_half(float v, int bf16) {
 // bf16 bits (in the low 16 of h) -> f32 (exact).
 __device__ __forceinline__ float kn_bf16_to_f32(unsigned int h) { return __uint_as_float(h << 16); }
 
+// Programmatic dependent launch (sm_90+). The backend launches a step's kernels with
+// programmatic stream serialization, so a kernel's CTAs may be scheduled while its
+// predecessor's last wave still runs (the launch latency, a few us a kernel inside a graph,
+// overlaps it). Every kernel calls this first, before any global memory access: it waits
+// for the predecessor grid to finish and its writes to be visible (so for every earlier
+// grid, as each of them waited too), then lets the successor be scheduled. Without the
+// launch attribute (older drivers, sm_80/sm_89, cuBLAS in between) it costs nothing.
+// add.cu's kn_pdl_ready marks plans whose kernels all do this.
+__device__ __forceinline__ void kn_pdl(void) {
+#if !defined(CUEMU) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 #endif

@@ -44,6 +44,7 @@ extern "C" __global__ void kn_kv_write(float *k_cache, float *v_cache, const flo
                                        const float *v_new, const int *tok_seq,
                                        const int *tok_pos, const int *block_tables,
                                        int max_blocks, int n_kv_heads) {
+  kn_pdl();
   kv_write(k_cache, v_cache, k_new, v_new, tok_seq, tok_pos, block_tables, max_blocks,
            n_kv_heads);
 }
@@ -53,6 +54,7 @@ extern "C" __global__ void kn_kv_write_f16(unsigned short *k_cache, unsigned sho
                                            const int *tok_seq, const int *tok_pos,
                                            const int *block_tables, int max_blocks,
                                            int n_kv_heads) {
+  kn_pdl();
   kv_write(k_cache, v_cache, k_new, v_new, tok_seq, tok_pos, block_tables, max_blocks,
            n_kv_heads);
 }
@@ -148,7 +150,7 @@ __device__ __forceinline__ void rope_kv_write(float *q_out, KV *k_cache, KV *v_c
                                   const int *block_tables, int max_blocks, int n_heads,       \
                                   int n_kv_heads, const float *cos_sin, int rot_dim,          \
                                   int neox, const float *q_norm, const float *k_norm,         \
-                                  float qk_eps) {                                             \
+                                  float qk_eps) { kn_pdl();                                             \
     rope_kv_write(q_out, k_cache, v_cache, q, k, v, q_stride, kv_stride, tok_seq, tok_pos,    \
                   block_tables, max_blocks, n_heads, n_kv_heads, cos_sin, rot_dim, neox,      \
                   q_norm, k_norm, qk_eps);                                                    \

@@ -63,23 +63,27 @@ __device__ __forceinline__ void add_rms_norm_row(float *out, unsigned short *out
 
 extern "C" __global__ void __launch_bounds__(RMS_THREADS)
     kn_rms_norm(float *out, const float *x, const float *w, int dim, float eps) {
+  kn_pdl();
   rms_norm_row(out, nullptr, 0, x, w, dim, eps);
 }
 
 extern "C" __global__ void __launch_bounds__(RMS_THREADS)
     kn_add_rms_norm(float *out, float *out_sum, const float *a, const float *b, const float *w,
                     int dim, float eps) {
+  kn_pdl();
   add_rms_norm_row(out, nullptr, 0, out_sum, a, b, w, dim, eps);
 }
 
 extern "C" __global__ void __launch_bounds__(RMS_THREADS)
     kn_rms_norm_h(float *out, unsigned short *outh, const float *x, const float *w, int dim,
                   float eps, int bf16) {
+  kn_pdl();
   rms_norm_row(out, outh, bf16, x, w, dim, eps);
 }
 
 extern "C" __global__ void __launch_bounds__(RMS_THREADS)
     kn_add_rms_norm_h(float *out, unsigned short *outh, float *out_sum, const float *a,
                       const float *b, const float *w, int dim, float eps, int bf16) {
+  kn_pdl();
   add_rms_norm_row(out, outh, bf16, out_sum, a, b, w, dim, eps);
 }

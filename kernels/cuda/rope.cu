@@ -4,6 +4,8 @@
 // kn_rope_neox: pairs (i, i + rot_dim/2) as HF Llama; kn_rope_interleaved: pairs (2i, 2i+1).
 // Launch: grid (n_tok), block (min(1024, n_heads * rot_dim / 2) rounded to a warp).
 
+#include "kn_cuda.cuh"
+
 template <bool NEOX>
 __device__ __forceinline__ void rope_row(float *x, const int *pos, const float *cos_sin,
                                          int n_heads, int head_dim, int rot_dim) {
@@ -23,10 +25,12 @@ __device__ __forceinline__ void rope_row(float *x, const int *pos, const float *
 
 extern "C" __global__ void kn_rope_neox(float *x, const int *pos, const float *cos_sin,
                                         int n_heads, int head_dim, int rot_dim) {
+  kn_pdl();
   rope_row<true>(x, pos, cos_sin, n_heads, head_dim, rot_dim);
 }
 
 extern "C" __global__ void kn_rope_interleaved(float *x, const int *pos, const float *cos_sin,
                                                int n_heads, int head_dim, int rot_dim) {
+  kn_pdl();
   rope_row<false>(x, pos, cos_sin, n_heads, head_dim, rot_dim);
 }

@@ -25,6 +25,8 @@
 // work + b * vocab; lse, logprob and alternatives stay those of the row itself.
 // Launch: grid (n_picks), block (PICK_THREADS).
 
+#include "kn_cuda.cuh"
+
 #ifndef PICK_THREADS
 #define PICK_THREADS 1024
 #endif
@@ -274,6 +276,7 @@ __device__ void pk_select(const pk_row &r, bool count, double R, bool ge, pk_sme
 extern "C" __global__ void __launch_bounds__(PICK_THREADS)
     kn_pick(kn_pick_out *out, kn_pick_out *top, const float *logits, const kn_pick_args *args,
             int vocab, float *work, const int *pen_ids, const float *pen_sub) {
+  kn_pdl();
   __shared__ pk_smem sm;
   const kn_pick_args a = args[blockIdx.x];
   pk_row r = {logits + (long long)a.row * vocab, vocab, 0.0, 1.0, 0xffffffffu, 0x7fffffff,

@@ -7,6 +7,7 @@
 
 extern "C" __global__ void kn_swiglu(float *out, const float *gate, const float *up,
                                      long long n) {
+  kn_pdl();
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
        i += (long long)gridDim.x * blockDim.x) {
     float g = gate[i];
@@ -33,11 +34,13 @@ __device__ __forceinline__ void swiglu_packed(float *out, unsigned short *outh, 
 
 extern "C" __global__ void kn_swiglu_packed(float *out, const float *z, long long m,
                                             long long n) {
+  kn_pdl();
   swiglu_packed(out, nullptr, 0, z, m, n);
 }
 
 extern "C" __global__ void kn_swiglu_packed_h(float *out, unsigned short *outh, const float *z,
                                               long long m, long long n, int bf16) {
+  kn_pdl();
   swiglu_packed(out, outh, bf16, z, m, n);
 }
 
@@ -46,6 +49,7 @@ extern "C" __global__ void kn_swiglu_packed_h(float *out, unsigned short *outh, 
 // g sigmoid(2z) u, within a few ulp; memory-bound here, so tanhf costs nothing).
 extern "C" __global__ void kn_geglu(float *out, const float *gate, const float *up,
                                     long long n) {
+  kn_pdl();
   const float beta = 0.7978845608028654f, kappa = 0.044715f;
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
        i += (long long)gridDim.x * blockDim.x) {
@@ -56,6 +60,7 @@ extern "C" __global__ void kn_geglu(float *out, const float *gate, const float *
 
 // out = cap * tanh(x / cap) over n values (kn_softcap; cap > 0); out may alias x.
 extern "C" __global__ void kn_softcap(float *out, const float *x, long long n, float cap) {
+  kn_pdl();
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
        i += (long long)gridDim.x * blockDim.x)
     out[i] = cap * tanhf(x[i] / cap);

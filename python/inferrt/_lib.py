@@ -56,7 +56,7 @@ class irt_model_opts(Structure):
                 ("cuda_device", c_int), ("no_cuda_graphs", c_bool), ("kv_dtype", c_int),
                 ("log", c_void_p), ("log_user", c_void_p), ("cuda_profile", c_bool),
                 ("cuda_dequant_gemm_m", c_int64), ("cuda_lib", c_char_p),
-                ("comm", c_void_p), ("preload", c_int)]
+                ("comm", c_void_p), ("preload", c_int), ("no_cuda_pdl", c_bool)]
 
 
 class irt_model_info(Structure):

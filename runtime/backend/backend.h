@@ -132,7 +132,7 @@ ir_status backend_cpu_create(int n_threads, rt_backend *out, ir_diag *d);
 /* The default of irt_model_opts.cuda_dequant_gemm_m (cuda_internal.h says why). */
 #define BACKEND_CUDA_DEQUANT_GEMM_M 32
 #define IRT_CUDA_ENTRY "irt_backend_cuda_create"
-#define IRT_CUDA_ABI 5 /* bump when backend_ops, model_step or irt_cuda_opts change */
+#define IRT_CUDA_ABI 6 /* bump when backend_ops, model_step or irt_cuda_opts change */
 /* The struct sizes both sides compile with: a library built from another tree (ir.h's
  * graph, node and tensor, the step, the KV cache) is refused rather than misread. */
 #define IRT_CUDA_LAYOUT                                                                            \
@@ -145,6 +145,7 @@ typedef struct irt_cuda_opts {
   uint64_t layout;               /* IRT_CUDA_LAYOUT of the caller */
   int device;                    /* CUDA device ordinal */
   bool graphs;                   /* capture and replay decode steps as CUDA Graphs */
+  bool pdl;                      /* programmatic dependent launch where the GPU has it */
   int kv_dtype;                  /* kv_dtype_id of the KV cache: f32 or f16 */
   const ir_plan_kernel *kernels; /* the plan's kernel table (borrowed, in the mapping) */
   int n_kernels;

@@ -173,6 +173,8 @@ int cli_model_opts(irt_model_opts *mo, const cli_cuda *f) {
   mo->cuda_profile = f->profile_set ? f->profile : prof && *prof && strcmp(prof, "0") != 0;
   const char *lib = getenv("INFERRT_CUDA_LIB");
   mo->cuda_lib = f->lib ? f->lib : lib && *lib ? lib : NULL;
+  const char *pdl = getenv("INFERRT_CUDA_PDL"); /* 0: off, to compare */
+  mo->no_cuda_pdl = pdl && !strcmp(pdl, "0");
   const char *m = getenv("INFERRT_CUDA_DEQUANT_GEMM_M");
   if (f->dequant_set) mo->cuda_dequant_gemm_m = f->dequant_gemm_m;
   else if (m && *m && !dequant_rows(m, &mo->cuda_dequant_gemm_m))

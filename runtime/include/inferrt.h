@@ -136,6 +136,9 @@ typedef struct irt_model_opts {
    * once every weight page is resident (read by several threads). The CUDA backend copies
    * the weights to the device at open anyway. */
   irt_preload preload;
+  /* CUDA, sm_90+: launch a step's kernels without programmatic dependent launch (each
+   * kernel then starts only once its predecessor has finished; to compare). */
+  bool no_cuda_pdl;
 } irt_model_opts;
 
 typedef struct irt_model_info {

@@ -60,6 +60,7 @@ static ir_status open_backend(irt_model *m, const irt_model_opts *o, ir_diag *d)
                       .layout = IRT_CUDA_LAYOUT,
                       .device = o->cuda_device,
                       .graphs = !o->no_cuda_graphs,
+                      .pdl = !o->no_cuda_pdl,
                       .kv_dtype = (int)o->kv_dtype,
                       .kernels = ir_plan_kernel_at(m->plan, 0),
                       .n_kernels = ir_plan_n_kernels(m->plan),

@@ -29,6 +29,8 @@ static int (*g_tiled_replays)(void); /* fake_cuda.c: those of drafted steps' gra
 static void (*g_fail_instantiate)(int); /* fake_cuda.c: the next n graph instantiations fail */
 static void (*g_config)(int, int, int); /* fake_cuda.c: head_dim, block size, arch */
 static long long (*g_launches)(const char *); /* fake_cuda.c: launches of kernels named so */
+static long long (*g_pdl_launches)(void);     /* fake_cuda.c: programmatic dependent ones */
+static bool g_no_pdl;                         /* open_on's irt_model_opts.no_cuda_pdl */
 
 typedef struct fixture {
   const char *name;
@@ -110,6 +112,7 @@ static irt_model *open_on(const char *plan, const char *dev, bool graphs, int64_
   o.no_cuda_graphs = !graphs;
   o.kv_tokens = kv_tokens;
   o.kv_dtype = g_kv;
+  o.no_cuda_pdl = g_no_pdl;
   irt_model *m = NULL;
   irt_error err = {0};
   CHECKF(irt_model_open(plan, &o, &m, &err) == IRT_OK, "open %s on %s: %s", plan, dev, err.msg);
@@ -494,6 +497,38 @@ static void test_graph_fallback(void) {
   irt_model_close(cpu);
 }
 
+/* Programmatic dependent launch (fake driver, sm_90): every kernel of a step goes through
+ * cuLaunchKernelEx with the attribute (graphs on: captured so too), none with
+ * irt_model_opts.no_cuda_pdl, and the logits are the same either way. */
+static void test_pdl(void) {
+  if (!g_pdl_launches) return;
+  const char *plan = TEST_TMP_DIR "/gpu_llama-gqa-f32.plan";
+  long long n0 = g_pdl_launches(), k0 = g_launches("kn_"), p0 = g_launches("kn_pick");
+  irt_model *a = open_on(plan, "cuda", true, 4096);
+  float *x = a ? batch_decode(a, 3, 4) : NULL;
+  long long pdl = g_pdl_launches() - n0, all = g_launches("kn_") - k0;
+  long long picks = g_launches("kn_pick") - p0; /* kn_pick: a launch of its own, not PDL */
+  irt_model_close(a);
+  g_no_pdl = true;
+  n0 = g_pdl_launches();
+  irt_model *b = open_on(plan, "cuda", true, 4096);
+  float *y = b ? batch_decode(b, 3, 4) : NULL;
+  long long off = g_pdl_launches() - n0;
+  g_no_pdl = false;
+  if (x && y) {
+    int64_t V = irt_model_get_info(b)->vocab_size;
+    double e = rel_err(y, x, (size_t)(3 * V));
+    printf("programmatic dependent launch: %lld of %lld launches (%lld kn_pick aside), %lld "
+           "with no_cuda_pdl; logits rel err %.1e\n",
+           pdl, all, picks, off, e);
+    CHECKF(pdl > 0 && pdl == all - picks && off == 0, "%lld of %lld (%lld picks), %lld", pdl, all,
+           picks, off);
+    CHECKF(e == 0.0, "pdl changes the logits: %.3e", e);
+  }
+  free(x), free(y);
+  irt_model_close(b);
+}
+
 /* irt_model_opts.cuda_profile: the same logits, and at close a table through the log
  * callback (info lines) with a row per kind of node and step (prefill and decode). */
 typedef struct log_text {
@@ -615,6 +650,8 @@ int main(void) {
     if (fi) memcpy(&g_fail_instantiate, &fi, sizeof g_fail_instantiate);
     void *fl = dlsym(cu, "fake_cuda_launches");
     if (fl) memcpy(&g_launches, &fl, sizeof g_launches);
+    void *fp = dlsym(cu, "fake_cuda_pdl_launches");
+    if (fp && fl) memcpy(&g_pdl_launches, &fp, sizeof g_pdl_launches);
     g_config(16, 16, 90);
     printf("fake libcuda (CPU emulation): checks the backend's host side, not the kernels\n");
   }
@@ -633,6 +670,7 @@ int main(void) {
   test_engine_cow();
   test_engine_mixed();
   test_graph_fallback();
+  test_pdl();
   test_profile();
   test_errors();
   return tcheck_done("cuda_model");

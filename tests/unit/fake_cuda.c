@@ -40,6 +40,7 @@ typedef struct launch_t {
   int fn;
   unsigned grid[3], block;
   uint64_t p[NPARAM]; /* parameter values, each widened to 8 bytes */
+  bool pdl;           /* launched with programmatic stream serialization */
 } launch_t;
 
 #define PF(i) ((float *)(uintptr_t)l->p[i])
@@ -355,6 +356,7 @@ static const struct {
     {"kn_embed_q8_0", 5, "88884"},
     {"kn_embed_q4_0", 5, "88884"},
     {"kn_embed_q4_1", 5, "88884"},
+    {"kn_pdl_ready", 0, ""}, /* a marker, never launched */
 };
 #define N_FNS ((int)(sizeof k_fns / sizeof k_fns[0]))
 
@@ -423,7 +425,8 @@ static void emu_dequant(const launch_t *l, ir_dtype t) {
 }
 
 /* Kernel launches run so far, by k_fns entry (fake_cuda_launches). */
-static long long g_launches[sizeof k_fns / sizeof k_fns[0]];
+static long long g_launches[sizeof k_fns / sizeof k_fns[0]], g_pdl_launches;
+static bool g_next_pdl; /* set by cuLaunchKernelEx for the cuLaunchKernel it calls */
 
 EXPORT long long fake_cuda_launches(const char *prefix);
 long long fake_cuda_launches(const char *prefix) {
@@ -436,6 +439,7 @@ long long fake_cuda_launches(const char *prefix) {
 static void run_launch(const launch_t *l) {
   char name[64];
   g_launches[l->fn]++;
+  g_pdl_launches += l->pdl;
   size_t len = strlen(k_fns[l->fn].name);
   g_kv_f16 = len > 4 && !strcmp(k_fns[l->fn].name + len - 4, "_f16") &&
              (strstr(k_fns[l->fn].name, "attn") || strstr(k_fns[l->fn].name, "kv_write"));
@@ -621,7 +625,7 @@ API(CUresult, cuMemsetD8Async, CUdeviceptr d, unsigned char v, size_t n, void *s
 API(CUresult, cuLaunchKernel, void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
     unsigned by, unsigned bz, unsigned smem, void *st, void **params, void **extra) {
   int fn = (int)((const char *)f - (const char *)k_fns) / (int)sizeof k_fns[0];
-  op_t o = {.kind = 0, .l = {.fn = fn, .grid = {gx, gy, gz}, .block = bx}};
+  op_t o = {.kind = 0, .l = {.fn = fn, .grid = {gx, gy, gz}, .block = bx, .pdl = g_next_pdl}};
   if (!gx || !gy || !gz || !bx || bx > 1024 || by != 1 || bz != 1 || extra) return 1;
   for (int i = 0; i < k_fns[fn].n; i++) {
     if (k_fns[fn].sizes[i] == '8') memcpy(&o.l.p[i], params[i], 8);
@@ -629,6 +633,38 @@ API(CUresult, cuLaunchKernel, void *f, unsigned gx, unsigned gy, unsigned gz, un
   }
   submit(&o);
   return 0;
+}
+/* cuLaunchKernelEx with cuda.h's CUlaunchConfig / CUlaunchAttribute layout: the one
+ * attribute the backend sets (programmatic stream serialization, value 1) is checked and
+ * counted; the fake runs launches in order anyway, which is what griddepcontrol.wait in
+ * every kernel (kn_pdl) makes of them on a GPU. */
+typedef struct fake_attr {
+  int id;
+  char pad[4];
+  union {
+    char bytes[64];
+    int value;
+    void *align;
+  } value;
+} fake_attr;
+typedef struct fake_launch_config {
+  unsigned gx, gy, gz, bx, by, bz, smem;
+  void *stream;
+  fake_attr *attrs;
+  unsigned n_attrs;
+} fake_launch_config;
+/* Launches run (replays included) that were launched as programmatic dependents. */
+EXPORT long long fake_cuda_pdl_launches(void);
+long long fake_cuda_pdl_launches(void) { return g_pdl_launches; }
+API(CUresult, cuLaunchKernelEx, const fake_launch_config *c, void *f, void **params, void **extra) {
+  if (g_arch < 90 || c->n_attrs != 1 || !c->attrs || c->attrs[0].id != 6 ||
+      c->attrs[0].value.value != 1)
+    return 1; /* CUDA_ERROR_INVALID_VALUE: only what the backend should ask, where it may */
+  g_next_pdl = true;
+  CUresult r = cuLaunchKernel(f, c->gx, c->gy, c->gz, c->bx, c->by, c->bz, c->smem, c->stream,
+                              params, extra);
+  g_next_pdl = false;
+  return r;
 }
 static int g_obj;
 API(CUresult, cuStreamCreate, void **s, unsigned f) {

@@ -74,6 +74,15 @@ static void compile_one(infc_nvrtc *nv, const char *file, const char *src, int a
   if (st != IR_OK) return;
   CHECKF(im.cubin_size > 0 && im.ptx_size > 0 && im.n_stats > 0, "%s sm_%d: empty image", file,
          arch);
+  /* kn_pdl (kn_cuda.cuh): on sm_90+ every entry but add.cu's marker waits on its
+   * predecessor grid first (the backend launches them as programmatic dependents); below,
+   * none has the instruction. */
+  int entries = 0, waits = 0;
+  for (const char *p = im.ptx; p && (p = strstr(p, ".entry ")); p++) entries++;
+  for (const char *p = im.ptx; p && (p = strstr(p, "griddepcontrol.wait")); p++) waits++;
+  int want = arch >= 90 ? entries - (strcmp(file, "add.cu") ? 0 : 1) : 0;
+  CHECKF(entries > 0 && waits == want, "%s sm_%d: %d of %d entries wait on their predecessor", file,
+         arch, waits, entries);
   for (int i = 0; i < im.n_stats; i++) {
     const infc_kernel_stats *k = &im.stats[i];
     printf("  %-14s %-22s sm_%d %-14s regs %3d  stack %4d  spill st %4d ld %4d  smem %5d\n", file,

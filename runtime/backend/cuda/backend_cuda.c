@@ -16,6 +16,7 @@ static const struct {
   const char *src, *entry;
 } k_fns[CF_COUNT] = {
     {CF_ADD, "add", "kn_add"},
+    {CF_PDL_READY, "add", "kn_pdl_ready"},
     {CF_ATTN_DECODE, "attention", "kn_attn_decode"},
     {CF_ATTN_REDUCE, "attention", "kn_attn_decode_reduce"},
     {CF_ATTN_PREFILL, "attention", "kn_attn_prefill"},
@@ -170,7 +171,7 @@ static bool optional_fn(cuda_fn f) {
          f == CF_SOFTCAP || f == CF_RMS_NORM_H || f == CF_ADD_RMS_NORM_H ||
          (f >= CF_GEMV_WQ_F8 && f <= CF_DEQUANT_WQ_F8) || f == CF_SWIGLU_PACKED_H ||
          (f >= CF_DEQUANT_Q8_0 && f <= CF_DEQUANT_Q4_1) ||
-         (f >= CF_KV_WRITE_F16 && f <= CF_ATTN_PREFILL_TC_F16);
+         (f >= CF_KV_WRITE_F16 && f <= CF_ATTN_PREFILL_TC_F16) || f == CF_PDL_READY;
 }
 
 static ir_status load_kernels(cuda_ctx *c, const irt_cuda_opts *o, ir_diag *d) {
@@ -525,7 +526,17 @@ static ir_status cuda_run_step(void *vctx, const ir_graph *g, void *const *ptrs,
      * invalidated by another thread) costs speed, not the step: the bucket runs eagerly,
      * where a real error in the step shows again and fails it. */
     ir_diag cd = {0};
-    if (capture(c, exec, g, ptrs, &cs, &cd) != IR_OK) {
+    ir_status cst = capture(c, exec, g, ptrs, &cs, &cd);
+    if (cst != IR_OK && c->pdl) { /* a driver that cannot capture programmatic launches */
+      cuda_log(c, 1,
+               "cuda: capturing with programmatic dependent launch failed (%s); "
+               "launching without it",
+               cd.msg);
+      c->pdl = false;
+      cd = (ir_diag){0};
+      cst = capture(c, exec, g, ptrs, &cs, &cd);
+    }
+    if (cst != IR_OK) {
       c->no_graph[kind][b] = true;
       cuda_log(c, 1, "cuda: %s steps of %lld tokens run without a CUDA Graph: %s",
                kind ? "drafted" : "decode", (long long)n, cd.msg);
@@ -769,6 +780,7 @@ ir_status irt_backend_cuda_create(const irt_cuda_opts *o, const ir_graph *g, rt_
     st = ir_diag_set(d, IR_BAD_FORMAT, "cuda backend: the plan is not an LLM step program");
   if (st == IR_OK) st = load_kernels(c, o, d);
   if (st == IR_OK) st = check_kv_dtype(c, o->kv_dtype, d);
+  c->pdl = o->pdl && c->arch >= 90 && c->cu.launch_ex && c->fn[CF_PDL_READY];
   if (st == IR_OK) open_blas(c);
   if (st == IR_OK) st = cuda_ops_check(c, g, d);
   if (st == IR_OK && !c->fn[CF_CAST_F16]) /* no cast kernels: GEMV only */

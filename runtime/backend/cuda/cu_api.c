@@ -62,6 +62,7 @@ ir_status cu_api_load(cu_api *cu, ir_diag *d) {
                        "the NVIDIA driver is too old (libcuda.so.1 lacks CUDA 12 entry "
                        "points); update it, or run with --device cpu");
   }
+  if (!SYM(lib, cu, launch_ex, "cuLaunchKernelEx")) cu->launch_ex = NULL;
   return IR_OK;
 }
 

@@ -31,7 +31,25 @@ enum {
   CU_STREAM_NON_BLOCKING = 1,
   CU_EVENT_DISABLE_TIMING = 2,
   CU_CAPTURE_MODE_THREAD_LOCAL = 1,
+  CU_LAUNCH_ATTR_PROGRAMMATIC_STREAM_SERIALIZATION = 6,
 };
+
+/* cuLaunchKernelEx's CUlaunchAttribute and CUlaunchConfig (cuda.h's layout). */
+typedef struct cu_launch_attr {
+  int id;
+  char pad[4];
+  union {
+    char bytes[64];
+    int value; /* programmaticStreamSerializationAllowed, ... */
+    void *align;
+  } value;
+} cu_launch_attr;
+typedef struct cu_launch_config {
+  unsigned gx, gy, gz, bx, by, bz, smem;
+  CUstream stream;
+  cu_launch_attr *attrs;
+  unsigned n_attrs;
+} cu_launch_config;
 
 typedef struct cu_api {
   CUresult (*init)(unsigned flags);
@@ -72,6 +90,8 @@ typedef struct cu_api {
   CUresult (*event_destroy)(CUevent);
   CUresult (*event_elapsed)(float *ms, CUevent start, CUevent end);
   CUresult (*error_string)(CUresult, const char **);
+  /* optional (CUDA 12.0+ drivers): NULL where absent */
+  CUresult (*launch_ex)(const cu_launch_config *, CUfunction, void **params, void **extra);
 } cu_api;
 
 /* cuBLAS (cublas_api.h): status 0 is CUBLAS_STATUS_SUCCESS. */

@@ -66,6 +66,7 @@ typedef enum cuda_fn {
   CF_RMS_NORM_H,
   CF_ADD_RMS_NORM_H,
   CF_SWIGLU_PACKED_H,
+  CF_PDL_READY, /* a marker: the plan's kernels call kn_pdl() first */
   CF_COUNT
 } cuda_fn;
 
@@ -124,6 +125,9 @@ typedef struct cuda_ctx {
   int n_mods;
   CUfunction fn[CF_COUNT];
   bool want_graphs;
+  /* Programmatic dependent launch: sm_90+, cuLaunchKernelEx, the plan's kernels marked
+   * (kn_pdl_ready), irt_cuda_opts.pdl; off after a capture that failed with it. */
+  bool pdl;
   /* prefill attention on tensor cores (f16 operands): sm_80+, for plans whose GEMMs take
    * f16/bf16 activations anyway; tiles of CUDA_TC_TILE_TOKENS, else CUDA_TILE_TOKENS */
   bool tc_prefill;

@@ -23,10 +23,19 @@ static int64_t dimv(const ir_graph *g, const ir_tensor *t, int axis, const cuda_
   return ir_dim_value(g, t->dims[axis], s->syms);
 }
 
+/* With c->pdl, as a programmatic dependent launch: the kernel may be scheduled while its
+ * predecessor ends, and waits for it in kn_pdl() (kn_cuda.cuh). */
 static ir_status launch(cuda_ctx *c, cuda_fn f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                         void **args, ir_diag *d) {
   if (!gx || !gy || !gz) return IR_OK; /* nothing to do (an empty step dimension) */
-  CUresult r = c->cu.launch(c->fn[f], gx, gy, gz, bx, 1, 1, 0, c->stream, args, NULL);
+  CUresult r;
+  if (c->pdl) {
+    cu_launch_attr at = {.id = CU_LAUNCH_ATTR_PROGRAMMATIC_STREAM_SERIALIZATION, .value.value = 1};
+    cu_launch_config cfg = {gx, gy, gz, bx, 1, 1, 0, c->stream, &at, 1};
+    r = c->cu.launch_ex(&cfg, c->fn[f], args, NULL);
+  } else {
+    r = c->cu.launch(c->fn[f], gx, gy, gz, bx, 1, 1, 0, c->stream, args, NULL);
+  }
   return r ? cuda_fail(c, r, "cuLaunchKernel", d) : IR_OK;
 }
 
