@@ -71,6 +71,10 @@ struct irt_pick;
 double pick_draw(struct irt_pick *p);
 /* irt_sampler_sample with the draw u given (the generator does not move). */
 int32_t sampler_sample_u(struct irt_sampler *s, const float *logits, double u);
+/* The distribution sampler_sample_u draws from for these logits: probs[id] is the chance
+ * that it returns id for u uniform in [0, 1) -- a kept candidate's weight over the kept
+ * sum, 0 for the rest; greedy: 1 at the argmax. (vocab) floats. */
+void sampler_probs(struct irt_sampler *s, const float *logits, float *probs);
 /* The k largest logits, largest first (lower id first among equal ones), as ids and
  * logprobs (logit - lse). */
 void sampler_top_logprobs(const float *logits, int64_t vocab, double lse, int k, int32_t *ids,

@@ -1,6 +1,7 @@
 /* engine: lifecycle, submission, cancellation, the engine thread and stats. The
  * scheduling iteration itself is in sched.c. */
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,7 +25,68 @@ static irt_status fail(irt_error *err, irt_status st, const char *msg) {
   return st;
 }
 
+static irt_status failf(irt_error *err, irt_status st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static irt_status failf(irt_error *err, irt_status st, const char *fmt, ...) {
+  if (err) {
+    va_list ap;
+    va_start(ap, fmt);
+    err->status = st;
+    vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+    va_end(ap);
+  }
+  return st;
+}
+
 irt_engine_opts irt_engine_opts_default(void) { return (irt_engine_opts){0}; }
+
+/* A draft model must speak the target's vocabulary: the same size, end-of-text id and,
+ * where both plans carry a tokenizer, the same token strings. */
+static irt_status check_draft(irt_model *m, irt_model *dm, irt_error *err) {
+  const irt_model_info *a = irt_model_get_info(m), *b = irt_model_get_info(dm);
+  if (a->vocab_size != b->vocab_size)
+    return failf(err, IRT_INVALID_ARG,
+                 "the draft model's vocabulary (%lld tokens) is not the target's (%lld tokens): "
+                 "a draft must share the target's tokenizer",
+                 (long long)b->vocab_size, (long long)a->vocab_size);
+  const irt_tokenizer *ta = irt_model_get_tokenizer(m), *tb = irt_model_get_tokenizer(dm);
+  if (a->eos_token_id != b->eos_token_id || (!ta) != (!tb))
+    return failf(err, IRT_INVALID_ARG,
+                 "the draft model's tokenizer is not the target's (end-of-text %lld vs %lld)",
+                 (long long)b->eos_token_id, (long long)a->eos_token_id);
+  for (int32_t id = 0; ta && id < (int32_t)a->vocab_size; id++) {
+    const char *x = tok_token(ta, id), *y = tok_token(tb, id);
+    if ((x == NULL) != (y == NULL) || (x && strcmp(x, y)))
+      return failf(err, IRT_INVALID_ARG,
+                   "the draft model's tokenizer is not the target's (token %lld is '%.40s' there, "
+                   "'%.40s' here)",
+                   (long long)id, y ? y : "", x ? x : "");
+  }
+  return IRT_OK;
+}
+
+/* Scratch of drafting with a model: slots of sequences, their last draft rows and q rows. */
+static bool alloc_draft(irt_engine *e) {
+  const irt_model_info *in = irt_model_get_info(e->m), *din = irt_model_get_info(e->o.draft);
+  int64_t slots = e->max_running < 32 ? e->max_running : 32;
+  if (din->max_step_seqs < slots) slots = din->max_step_seqs;
+  if (din->max_step_logits < slots) slots = din->max_step_logits;
+  size_t V = (size_t)in->vocab_size, S = (size_t)slots, K = (size_t)e->o.spec_tokens;
+  e->dslots = (int)slots;
+  e->item_dslot = ir_malloc((size_t)e->max_running * sizeof *e->item_dslot);
+  e->dseq = ir_calloc(S, sizeof *e->dseq);
+  e->ditems = ir_calloc(S, sizeof *e->ditems);
+  e->dcap = ir_calloc(S, sizeof *e->dcap);
+  e->dn = ir_calloc(S, sizeof *e->dn);
+  e->dmap = ir_calloc(S, sizeof *e->dmap);
+  e->dpend = ir_calloc(S, sizeof *e->dpend);
+  e->dlog = ir_malloc(S * V * sizeof *e->dlog);
+  e->dq = ir_malloc(S * K * V * sizeof *e->dq);
+  e->adj = ir_malloc(V * sizeof *e->adj);
+  e->prow = ir_malloc(V * sizeof *e->prow);
+  return e->item_dslot && e->dseq && e->ditems && e->dcap && e->dn && e->dmap && e->dpend &&
+         e->dlog && e->dq && e->adj && e->prow;
+}
 
 irt_status irt_engine_create(irt_model *m, const irt_engine_opts *o, irt_engine **out,
                              irt_error *err) {
@@ -49,6 +111,15 @@ irt_status irt_engine_create(irt_model *m, const irt_engine_opts *o, irt_engine 
   if (nmin < 0 || nmax < 0 || nmax > 64 || (nmax && nmax < (nmin ? nmin : IRT_SPEC_NGRAM_MIN))) {
     ir_free(e);
     return fail(err, IRT_INVALID_ARG, "speculative n-gram sizes must be 1 <= min <= max <= 64");
+  }
+  if (e->o.draft && e->o.spec_tokens > 0) {
+    irt_status st = check_draft(m, e->o.draft, err);
+    if (st != IRT_OK) {
+      ir_free(e);
+      return st;
+    }
+  } else {
+    e->o.draft = NULL; /* no drafts asked for: the draft model stays idle */
   }
   e->max_rows = in->max_step_logits;
   e->next_id = 1;
@@ -77,7 +148,8 @@ irt_status irt_engine_create(irt_model *m, const irt_engine_opts *o, irt_engine 
   pthread_cond_init(&e->cv, NULL);
   if (!e->items || !e->item_seq || !e->item_plp || !e->logits || !e->picks || !e->row_picks ||
       !e->row_top_ids || !e->row_top_lps || !e->xsub || !e->xmark || !e->xpen_ids || !e->xpen_sub ||
-      !e->eog_ids || (e->tok && (!e->gtrie || !e->gmask || !e->gpen_ids || !e->gpen_sub))) {
+      !e->eog_ids || (e->tok && (!e->gtrie || !e->gmask || !e->gpen_ids || !e->gpen_sub)) ||
+      (e->o.draft && !alloc_draft(e))) {
     irt_engine_destroy(e);
     return fail(err, IRT_OOM, "out of memory");
   }
@@ -284,6 +356,12 @@ static irt_status eseq_make(irt_engine *e, ereq *q, int i, irt_error *err) {
     return rt_error_from_diag(err, &gd);
   if (irt_seq_create(e->m, &s->kv, err) != IRT_OK) return IRT_OOM;
   if (irt_sampler_create(&sp, in->vocab_size, &s->sampler, err) != IRT_OK) return IRT_OOM;
+  if (e->o.draft) { /* the draft's KV, and a generator of its own for drafting */
+    irt_sampling dp = sp;
+    dp.seed ^= 0xd1b54a32d192ed03ull;
+    if (irt_seq_create(e->o.draft, &s->dkv, err) != IRT_OK) return IRT_OOM;
+    if (irt_sampler_create(&dp, in->vocab_size, &s->dsampler, err) != IRT_OK) return IRT_OOM;
+  }
   if (e->tok) tok_stream_init(&s->stream, e->tok, true);
   return IRT_OK;
 }
@@ -302,6 +380,10 @@ irt_status eseq_init(irt_engine *e, ereq *q, int i, irt_error *err) {
 
 void eseq_release(irt_engine *e, eseq *s) {
   irt_seq_destroy(s->kv);
+  irt_seq_destroy(s->dkv);
+  irt_sampler_destroy(s->dsampler);
+  s->dkv = NULL;
+  s->dsampler = NULL;
   irt_sampler_destroy(s->sampler);
   ir_free(s->tokens);
   ir_free(s->held);
@@ -478,6 +560,17 @@ void irt_engine_destroy(irt_engine *e) {
   ir_free(e->run);
   ir_free(e->wait);
   ir_free(e->items);
+  ir_free(e->item_dslot);
+  ir_free(e->dseq);
+  ir_free(e->ditems);
+  ir_free(e->dcap);
+  ir_free(e->dn);
+  ir_free(e->dmap);
+  ir_free(e->dpend);
+  ir_free(e->dlog);
+  ir_free(e->dq);
+  ir_free(e->adj);
+  ir_free(e->prow);
   ir_free(e->item_seq);
   ir_free(e->item_plp);
   ir_free(e->logits);

@@ -23,9 +23,19 @@ void step_cost_add(step_cost *c, double tokens, double ms);
 bool step_cost_fit(const step_cost *c, double *a, double *b);
 /* Drafts worth adding to a step of *tokens tokens worth *value (tokens processed, plus the
  * chance each draft added so far is kept), up to cap, for a sequence whose drafts are each
- * kept (given the ones before are) with probability alpha: draft j while
- * alpha^j (a + b tokens) >= b value. Updates *tokens and *value by the drafts taken. */
-int spec_worth(double alpha, double a, double b, double *tokens, double *value, int cap);
+ * kept (given the ones before are) with probability alpha, when a draft costs c ms more
+ * than its row (a draft model's own step; 0 for prompt lookup), *extra ms of which the
+ * step's drafts so far have added: draft j while alpha^j (a + b tokens + extra) >=
+ * (b + c) value. Updates *tokens, *extra and *value by the drafts taken. */
+int spec_worth(double alpha, double a, double b, double c, double *tokens, double *extra,
+               double *value, int cap);
+/* Speculative sampling (Leviathan et al. 2023, Chen et al. 2023): a token x drawn from the
+ * draft's distribution q is kept with probability min(1, p[x] / q[x]), p the target's
+ * (u uniform in [0, 1); greedy: u = 0, so x is kept iff p[x] > 0); after a rejection the
+ * token is drawn from norm(max(0, p - q)) with u, ids in ascending order. The tokens
+ * that come out are distributed as p, whatever q is. */
+bool spec_keep(double p_x, double q_x, double u);
+int32_t spec_residual(const float *p, const float *q, int64_t vocab, double u);
 
 /* FORKING: a completion of an n > 1 request created for its first token's pick, its
  * blocks shared once the prompt's last step has run (sched.c's fork_completions). */
@@ -60,6 +70,10 @@ typedef struct eseq {
                              a rejection sets it to the kept count + 1 */
   float spec_hits, spec_tries; /* its drafts kept and checked, older ones decayed */
   int spec_idle;               /* steps in a row its drafts were weighed out */
+  /* with a draft model (irt_engine_opts.draft): the draft's KV of this completion (the
+   * positions it has computed, a prefix of tokens) and its own generator for drafts */
+  irt_seq *dkv;
+  irt_sampler *dsampler;
   /* with presence/frequency penalties (allocated at init, so sampling stays allocation-free) */
   int32_t *counts;  /* (vocab) occurrences of each token this completion generated */
   int32_t *seen;    /* (vocab) the distinct generated tokens, first seen first */
@@ -153,6 +167,17 @@ struct irt_engine {
   step_cost cost;
   double cost_a, cost_b;
   bool cost_ok;
+  /* a draft model: the step's drafting sequences (slots), their items, each slot's last
+   * draft row and distributions (dslots x spec_tokens rows of q), a row's penalized copy
+   * and the target's distribution of it; the draft's cost per drafted token (ms, decayed) */
+  int dslots;
+  int *item_dslot; /* (max_running) the item's slot, -1 if none */
+  eseq **dseq;
+  irt_batch_item *ditems;
+  int *dcap, *dn, *dmap;
+  int64_t *dpend;
+  float *dlog, *dq, *adj, *prow;
+  double dcost_ms, dcost_tokens;
   eseq **run, **wait; /* sorted candidates of one iteration (grown as needed) */
   int cap_cand;
   int n_items_now; /* items chosen so far in this iteration */

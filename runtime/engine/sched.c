@@ -43,6 +43,7 @@ static int collect(irt_engine *e, eseq_state state, eseq **out, int cap) {
 
 static void drop_blocks(eseq *s) {
   irt_seq_truncate(s->kv, 0);
+  if (s->dkv) irt_seq_truncate(s->dkv, 0); /* the draft's KV goes with the target's */
   s->n_registered = 0;
   s->last_hash = 0;
 }
@@ -338,8 +339,8 @@ static void add_drafts(irt_engine *e, int64_t budget) {
     for (int j = 0; j < 4; j++) cap = lim[j] < cap ? lim[j] : cap;
     if (!e->o.spec_always && !e->cost_ok && cap > 1) cap = 1; /* one at a time until timed */
     if (weigh && cap > 0) {
-      double t = tokens, v = value;
-      int w = spec_worth(spec_alpha(s), e->cost_a, e->cost_b, &t, &v, (int)cap);
+      double t = tokens, v = value, x = 0.0;
+      int w = spec_worth(spec_alpha(s), e->cost_a, e->cost_b, 0.0, &t, &x, &v, (int)cap);
       /* weighed out: back toward the prior, and one draft now and then, which keeps the
        * fit and the sequence's record from going stale (a noisy fit cannot lock it out) */
       if (w == 0) s->spec_hits *= 0.95f, s->spec_tries *= 0.95f;
@@ -368,6 +369,153 @@ static void add_drafts(irt_engine *e, int64_t budget) {
   }
 }
 
+/* --- speculative decoding with a draft model ---------------------------------------------- */
+
+/* The row the sampler of s sees for lg: less its logit_bias and presence/frequency
+ * penalties (as make_pick lists them, subtracted as pick_row does), counting the tokens
+ * so far and extra[0, n_extra) after them (drafts not yet taken). */
+static void penalized_row(irt_engine *e, eseq *s, const float *lg, const int32_t *extra,
+                          int n_extra, float *out) {
+  size_t V = (size_t)irt_model_get_info(e->m)->vocab_size;
+  memcpy(out, lg, V * sizeof *out);
+  int64_t seen0 = s->n_seen;
+  for (int j = 0; s->counts && j < n_extra; j++)
+    if (s->counts[extra[j]]++ == 0) s->seen[s->n_seen++] = extra[j];
+  irt_pick p = make_pick(s);
+  for (int j = 0; j < p.n_pen; j++) out[p.pen_ids[j]] -= p.pen_sub[j];
+  for (int j = 0; s->counts && j < n_extra; j++) s->counts[extra[j]]--;
+  s->n_seen = seen0;
+}
+
+/* Runs the draft model for the slots 0..n of this step: catches each slot's draft KV up
+ * with its known tokens (in as many draft steps as its limits need, the last row's logits
+ * kept), then up to dcap[i] rounds of one token each, all slots batched: round j draws
+ * draft j from q_j (the draft's row under the request's settings, into e->dq) and writes
+ * it after the sequence's tokens. e->dn[i]: the drafts slot i got (a failed draft step
+ * ends its slots' drafting: they keep what they have). */
+static void run_draft(irt_engine *e, int n) {
+  irt_model *dm = e->o.draft;
+  const irt_model_info *din = irt_model_get_info(dm);
+  size_t V = (size_t)din->vocab_size, K = (size_t)e->o.spec_tokens;
+  irt_error err;
+  int most = 0;
+  for (int i = 0; i < n; i++) {
+    e->dn[i] = 0;
+    e->dpend[i] = e->dseq[i]->n_tokens - e->dseq[i]->dkv->len; /* >= 1: the last token */
+    most = e->dcap[i] > most ? e->dcap[i] : most;
+  }
+  for (;;) { /* catch up */
+    int m = 0;
+    int64_t left = din->max_step_tokens;
+    for (int i = 0; i < n && m < din->max_step_seqs && m < din->max_step_logits && left > 0; i++) {
+      eseq *s = e->dseq[i];
+      if (e->dpend[i] <= 0) continue;
+      int64_t take = e->dpend[i] < left ? e->dpend[i] : left;
+      e->ditems[m] = (irt_batch_item){.seq = s->dkv,
+                                      .tokens = s->tokens + s->dkv->len,
+                                      .n = take,
+                                      .logits = take == e->dpend[i] ? e->dlog + i * V : NULL};
+      e->dmap[m++] = i;
+      left -= take;
+    }
+    if (m == 0) break;
+    if (irt_decode_batch(dm, e->ditems, m, &err) != IRT_OK) {
+      for (int i = 0; i < n; i++) e->dcap[i] = 0; /* no drafts this step */
+      return;
+    }
+    for (int j = 0; j < m; j++) e->dpend[e->dmap[j]] -= e->ditems[j].n;
+  }
+  for (int j = 0; j < most; j++) {
+    int m = 0;
+    for (int i = 0; i < n; i++) {
+      eseq *s = e->dseq[i];
+      if (e->dn[i] != j || j >= e->dcap[i]) continue;
+      float *q = e->dq + ((size_t)i * K + (size_t)j) * V;
+      penalized_row(e, s, e->dlog + i * V, s->tokens + s->n_tokens, j, e->adj);
+      sampler_probs(s->dsampler, e->adj, q);
+      const bool greedy = sampler_params(s->dsampler)->temperature <= 0.0f;
+      s->tokens[s->n_tokens + j] =
+          sampler_sample_u(s->dsampler, e->adj, greedy ? 0.0 : sampler_draw(s->dsampler));
+      e->dn[i] = j + 1;
+      if (j + 1 < e->dcap[i]) { /* the draft's row after it, for the next round */
+        e->ditems[m] = (irt_batch_item){.seq = s->dkv,
+                                        .tokens = s->tokens + s->n_tokens + j,
+                                        .n = 1,
+                                        .logits = e->dlog + i * V};
+        e->dmap[m++] = i;
+      }
+    }
+    if (m == 0) break;
+    if (irt_decode_batch(dm, e->ditems, m, &err) != IRT_OK)
+      for (int k = 0; k < m; k++) e->dcap[e->dmap[k]] = e->dn[e->dmap[k]]; /* keep what it has */
+  }
+}
+
+/* After the step is chosen, as add_drafts: each decoding sequence gets up to spec_tokens
+ * drafts from the draft model (within the token budget, the logit rows, the target's free
+ * blocks, the draft's context; by the cost model unless spec_always, each draft costing
+ * its row plus the draft's measured time per drafted token). Its rows come back as logits:
+ * verify_drafted checks them. */
+static void add_model_drafts(irt_engine *e, int64_t budget) {
+  const irt_model_info *in = irt_model_get_info(e->m);
+  const irt_model_info *din = irt_model_get_info(e->o.draft);
+  bool weigh = !e->o.spec_always && e->cost_ok;
+  double tokens = (double)(e->budget - budget), value = tokens, extra = 0.0;
+  double c = e->dcost_tokens > 0 ? e->dcost_ms / e->dcost_tokens : 0.0;
+  int n = 0;
+  for (int k = 0; k < e->n_items_now; k++) e->item_dslot[k] = -1;
+  for (int k = 0; k < e->n_items_now && budget > 0 && e->rows_now < e->max_rows && n < e->dslots;
+       k++) {
+    eseq *s = e->item_seq[k];
+    if (e->items[k].n != 1 || s->kv->len + 1 != s->n_tokens || fork_point(s) || e->item_plp[k] ||
+        s->gram || s->req->host_pick || !s->dkv)
+      continue;
+    int64_t cap = s->spec_len;
+    int64_t lim[5] = {budget, e->max_rows - e->rows_now, s->req->r.max_tokens - s->n_generated - 1,
+                      in->context_length - s->n_tokens, din->context_length - s->n_tokens};
+    for (int j = 0; j < 5; j++) cap = lim[j] < cap ? lim[j] : cap;
+    if (weigh && cap > 0) {
+      double t = tokens, v = value, x = extra;
+      int w = spec_worth(spec_alpha(s), e->cost_a, e->cost_b, c, &t, &x, &v, (int)cap);
+      if (w == 0) s->spec_hits *= 0.95f, s->spec_tries *= 0.95f;
+      s->spec_idle = w ? 0 : s->spec_idle + 1;
+      cap = w ? w : s->spec_idle >= SPEC_EXPLORE ? 1 : 0;
+      if (s->spec_idle >= SPEC_EXPLORE) s->spec_idle = 0;
+    }
+    if (cap <= 0 || !ensure_blocks(e, s, 1 + cap, 0)) continue;
+    e->dseq[n] = s, e->dcap[n] = (int)cap, e->item_dslot[k] = n++;
+    budget -= cap;
+    e->rows_now += cap;
+    if (weigh) {
+      double a = spec_alpha(s), pj = a;
+      for (int j = 0; j < cap; j++, pj *= a) tokens += 1, extra += c, value += pj;
+    }
+  }
+  if (n == 0) return;
+  double t0 = eng_now_ms();
+  run_draft(e, n);
+  int drafted = 0;
+  for (int k = 0; k < e->n_items_now; k++) {
+    int i = e->item_dslot[k];
+    if (i < 0) continue;
+    e->rows_now -= e->dcap[i] - e->dn[i]; /* rows were counted at the cap */
+    if (e->dn[i] == 0) {
+      e->item_dslot[k] = -1;
+      continue;
+    }
+    drafted += e->dn[i];
+    irt_batch_item *it = &e->items[k];
+    *it = (irt_batch_item){.seq = e->dseq[i]->kv,
+                           .tokens = it->tokens,
+                           .n = 1 + e->dn[i],
+                           .all_logits = true,
+                           .logits = e->logits};
+  }
+  /* the draft's time per drafted token, older steps weighing less (as the step fit) */
+  e->dcost_ms = e->dcost_ms * STEP_COST_DECAY + (eng_now_ms() - t0);
+  e->dcost_tokens = e->dcost_tokens * STEP_COST_DECAY + drafted;
+}
+
 /* Gives every item that asks for logits its rows of e->logits, in item order. */
 static void place_rows(irt_engine *e) {
   size_t V = (size_t)irt_model_get_info(e->m)->vocab_size, row = 0;
@@ -394,7 +542,8 @@ static bool schedule(irt_engine *e) {
     int n_wait = collect(e, ESEQ_WAITING, e->wait, e->cap_cand);
     schedule_waiting(e, n_run, n_wait, &budget);
   }
-  if (e->o.spec_tokens && !e->o.static_batching) add_drafts(e, budget);
+  if (e->o.spec_tokens && !e->o.static_batching && e->o.draft) add_model_drafts(e, budget);
+  else if (e->o.spec_tokens && !e->o.static_batching) add_drafts(e, budget);
   place_rows(e);
   return true;
 }
@@ -662,6 +811,56 @@ static void verify(irt_engine *e, int k) {
   irt_seq_truncate(s->kv, s->kv->len); /* the blocks past it held rejected drafts */
 }
 
+/* A step ran s's last token and n - 1 drafts of the draft model (slot i): row j is the
+ * target's distribution after draft j - 1. Draft j is kept with probability
+ * min(1, p_j(x) / q_j(x)) under the request's settings; the first rejected one is
+ * replaced by a draw from norm(max(0, p_j - q_j)), and after all are kept one more token
+ * is drawn from the last row: the tokens are distributed as plain decoding's. */
+static void verify_drafted(irt_engine *e, int k, int slot) {
+  eseq *s = e->item_seq[k];
+  const irt_batch_item *it = &e->items[k];
+  size_t V = (size_t)irt_model_get_info(e->m)->vocab_size, K = (size_t)e->o.spec_tokens;
+  int nd = (int)it->n - 1;
+  int32_t draft[IRT_MAX_SPEC_TOKENS];
+  memcpy(draft, it->tokens + 1, (size_t)nd * sizeof *draft); /* take_token overwrites them */
+  int64_t base = s->kv->len - it->n, base_n = s->n_tokens;
+  const bool greedy = sampler_params(s->sampler)->temperature <= 0.0f;
+  e->work.spec_draft_tokens += nd;
+  int i = 0;
+  for (; i <= nd; i++) {
+    s->kv->len = base + 1 + i;
+    register_blocks(e, s);
+    const float *row = it->logits + (size_t)i * V;
+    irt_pick p = make_pick(s);
+    bool kept = false;
+    if (i < nd) {
+      const float *q = e->dq + ((size_t)slot * K + (size_t)i) * V;
+      penalized_row(e, s, row, NULL, 0, e->adj);
+      sampler_probs(s->sampler, e->adj, e->prow);
+      kept = spec_keep(e->prow[draft[i]], q[draft[i]], greedy ? 0.0 : sampler_draw(s->sampler));
+      p.token =
+          kept ? draft[i]
+               : spec_residual(e->prow, q, (int64_t)V, greedy ? 0.0 : sampler_draw(s->sampler));
+      double lse = kn_log_sum_exp(row, (int64_t)V);
+      p.logprob = (float)((double)row[p.token] - lse);
+      if (p.n_top > 0)
+        sampler_top_logprobs(row, (int64_t)V, lse, p.n_top, p.top_ids, p.top_logprobs);
+    } else {
+      pick_row(e->m, &p, row); /* all kept: one more from the target's own row */
+    }
+    take_token(e, s, p.token, p.logprob);
+    e->work.spec_accepted_tokens += kept;
+    if (s->state != ESEQ_RUNNING) return; /* finished: its blocks are gone */
+    if (!kept) break;
+  }
+  s->spec_hits = s->spec_hits * 0.8f + (float)i;
+  s->spec_tries = s->spec_tries * 0.8f + (float)(i < nd ? i + 1 : nd);
+  int grow = 2 * s->spec_len < e->o.spec_tokens ? 2 * s->spec_len : e->o.spec_tokens;
+  s->spec_len = i == nd ? grow : i + 1;
+  irt_seq_truncate(s->kv, s->kv->len);
+  irt_seq_truncate(s->dkv, base_n + i); /* the draft's positions of kept tokens stay */
+}
+
 /* The first generated token(s) from the prompt's last row (every completion's, at the
  * fork of an n > 1 request), or the next token, sampled on the host. */
 static void take_row(irt_engine *e, eseq *s, const float *lg) {
@@ -716,7 +915,8 @@ static void after_item(irt_engine *e, int k) {
     return;
   }
   if (e->items[k].all_logits) {
-    verify(e, k);
+    if (e->o.draft && e->item_dslot[k] >= 0) verify_drafted(e, k, e->item_dslot[k]);
+    else verify(e, k);
     return;
   }
   register_blocks(e, s);

@@ -50,11 +50,37 @@ bool step_cost_fit(const step_cost *c, double *a, double *b) {
   return *b > 0;
 }
 
-int spec_worth(double alpha, double a, double b, double *tokens, double *value, int cap) {
+int spec_worth(double alpha, double a, double b, double c, double *tokens, double *extra,
+               double *value, int cap) {
   int d = 0;
-  for (double p = alpha; d < cap && p * (a + b * *tokens) >= b * *value; p *= alpha, d++) {
+  for (double p = alpha; d < cap && p * (a + b * *tokens + *extra) >= (b + c) * *value;
+       p *= alpha, d++) {
     *tokens += 1;
+    *extra += c;
     *value += p;
   }
   return d;
+}
+
+bool spec_keep(double p_x, double q_x, double u) { return u * q_x < p_x; }
+
+int32_t spec_residual(const float *p, const float *q, int64_t vocab, double u) {
+  double sum = 0.0, best = -1.0;
+  int32_t arg = 0;
+  for (int64_t i = 0; i < vocab; i++) {
+    double r = (double)p[i] - (double)q[i];
+    if (r > 0) sum += r;
+    if (p[i] > best) best = p[i], arg = (int32_t)i;
+  }
+  if (!(sum > 0)) return arg; /* p <= q everywhere: p == q, which a rejection cannot meet */
+  double at = u * sum, acc = 0.0;
+  int32_t last = arg;
+  for (int64_t i = 0; i < vocab; i++) {
+    double r = (double)p[i] - (double)q[i];
+    if (!(r > 0)) continue;
+    acc += r;
+    last = (int32_t)i;
+    if (at < acc) return last;
+  }
+  return last;
 }

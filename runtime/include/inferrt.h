@@ -432,6 +432,16 @@ typedef struct irt_engine_opts {
    * token (large batches on a CPU) and stay where rows are almost free. true: draft by
    * the rule above alone, the same drafts on every machine. */
   bool spec_always;
+  /* A draft model instead of prompt lookup (borrowed; open until the engine is destroyed):
+   * a plan with the target's vocabulary (refused otherwise), its own KV cache. For each
+   * decoding sequence it proposes up to spec_tokens tokens, batched across sequences, from
+   * its distribution q after the request's own sampling settings (temperature, top-k/p,
+   * min-p, presence/frequency penalties, logit_bias); the target checks them in one step
+   * and keeps draft x with probability min(1, p(x) / q(x)), p its distribution under the
+   * same settings, drawing from norm(max(0, p - q)) after a rejection and from p after K
+   * kept: the output is distributed exactly as without drafts (greedy: the same tokens).
+   * Requests with a grammar, repetition_penalty or min_tokens decode without drafts. */
+  irt_model *draft;
 } irt_engine_opts;
 
 #define IRT_MAX_SPEC_TOKENS 16

@@ -157,8 +157,9 @@ int32_t irt_sampler_sample(irt_sampler *s, const float *logits) {
   return sampler_sample_u(s, logits, next_unit(s));
 }
 
-int32_t sampler_sample_u(irt_sampler *s, const float *logits, double u) {
-  if (s->p.temperature <= 0.0f) return argmax(logits, s->vocab);
+/* The candidates sampler_sample_u chooses among for a row (temperature > 0): *n of them,
+ * in the order it walks them, each logit replaced by its weight; *sum their total. */
+static cand *kept(irt_sampler *s, const float *logits, int64_t *out_n, double *out_sum) {
   double inv_t = 1.0 / s->p.temperature, max = logits[argmax(logits, s->vocab)];
   int64_t n = 0;
   for (int64_t i = 0; i < s->vocab; i++) /* NaN logits are kept (and poison the sum) */
@@ -184,12 +185,33 @@ int32_t sampler_sample_u(irt_sampler *s, const float *logits, double u) {
     n = keep;
     sum = acc;
   }
+  *out_n = n, *out_sum = sum;
+  return c;
+}
+
+int32_t sampler_sample_u(irt_sampler *s, const float *logits, double u) {
+  if (s->p.temperature <= 0.0f) return argmax(logits, s->vocab);
+  int64_t n;
+  double sum;
+  const cand *c = kept(s, logits, &n, &sum);
   double r = u * sum, acc = 0.0;
   for (int64_t i = 0; i < n; i++) {
     acc += c[i].logit;
     if (r < acc) return c[i].id;
   }
   return c[n - 1].id;
+}
+
+void sampler_probs(irt_sampler *s, const float *logits, float *probs) {
+  memset(probs, 0, (size_t)s->vocab * sizeof *probs);
+  if (s->p.temperature <= 0.0f) {
+    probs[argmax(logits, s->vocab)] = 1.0f;
+    return;
+  }
+  int64_t n;
+  double sum;
+  const cand *c = kept(s, logits, &n, &sum);
+  for (int64_t i = 0; i < n; i++) probs[c[i].id] = (float)((double)c[i].logit / sum);
 }
 
 void sampler_top_logprobs(const float *lg, int64_t vocab, double lse, int k, int32_t *ids,

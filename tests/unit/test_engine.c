@@ -192,18 +192,18 @@ static void test_step_cost(void) {
   step_cost d = {0};
   for (int i = 0; i < 20; i++) step_cost_add(&d, 4 + i % 3, 3 * (4 + i % 3) - 2);
   CHECK(step_cost_fit(&d, &a, &b) && a == 0 && fabs(b - 3) < 1e-6); /* a < 0: 0 */
-  double t = 1, v = 1;
+  double t = 1, v = 1, x = 0;
   /* 0.9 (4 + 2) >= 2, 0.81 (4 + 4) >= 2 x 1.9, 0.729 x 10 >= 2 x 2.71, 0.6561 x 12 >= 6.878 */
-  CHECK(spec_worth(0.9, 4, 2, &t, &v, 4) == 4 && t == 5 && fabs(v - 4.0951) < 1e-9);
+  CHECK(spec_worth(0.9, 4, 2, 0, &t, &x, &v, 4) == 4 && t == 5 && fabs(v - 4.0951) < 1e-9);
   t = 1, v = 1;
-  CHECK(spec_worth(0.9, 4, 2, &t, &v, 2) == 2 && t == 3);
+  CHECK(spec_worth(0.9, 4, 2, 0, &t, &x, &v, 2) == 2 && t == 3);
   t = 1, v = 1;
-  CHECK(spec_worth(0.3, 4, 2, &t, &v, 4) == 0 && t == 1 && v == 1); /* 1.8 < 2 */
+  CHECK(spec_worth(0.3, 4, 2, 0, &t, &x, &v, 4) == 0 && t == 1 && v == 1); /* 1.8 < 2 */
   t = 8, v = 8;
-  CHECK(spec_worth(0.6, 4, 2, &t, &v, 4) == 0);  /* 0.6 x 20 < 16: a batch of 8 */
-  CHECK(spec_worth(0.85, 4, 2, &t, &v, 4) == 1); /* 17 >= 16, then 0.7225 x 22 < 17.7 */
+  CHECK(spec_worth(0.6, 4, 2, 0, &t, &x, &v, 4) == 0);  /* 0.6 x 20 < 16: a batch of 8 */
+  CHECK(spec_worth(0.85, 4, 2, 0, &t, &x, &v, 4) == 1); /* 17 >= 16, then 0.7225 x 22 < 17.7 */
   t = 1, v = 1;
-  CHECK(spec_worth(0.99, 0, 2, &t, &v, 4) == 0); /* cost in proportion: never */
+  CHECK(spec_worth(0.99, 0, 2, 0, &t, &x, &v, 4) == 0); /* cost in proportion: never */
 }
 
 /* Speculative decoding by prompt lookup changes no token and no logprob: greedy and
