@@ -79,7 +79,8 @@ class irt_engine_opts(Structure):
     _fields_ = [("max_batched_tokens", c_int64), ("max_running", c_int64),
                 ("max_waiting", c_int64), ("disable_prefix_cache", c_bool),
                 ("static_batching", c_bool), ("spec_tokens", c_int),
-                ("spec_ngram_min", c_int), ("spec_ngram_max", c_int), ("spec_always", c_bool)]
+                ("spec_ngram_min", c_int), ("spec_ngram_max", c_int), ("spec_always", c_bool),
+                ("draft", c_void_p)]
 
 
 class irt_event(Structure):

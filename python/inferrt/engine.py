@@ -24,11 +24,16 @@ IGNORED_ARGS = {"trust_remote_code", "gpu_memory_utilization", "swap_space", "cp
                 "download_dir", "block_size", "enable_chunked_prefill", "disable_log_requests"}
 
 
+
+def sampled(params):
+    """The completions the engine samples for params: best_of (when over n), else n."""
+    return params.best_of if params.best_of and params.best_of > params.n else params.n
+
 class Request:
     """One submitted request: its prompt, its params and its completions so far."""
 
     __slots__ = ("rid", "cid", "prompt", "prompt_ids", "params", "comps", "prompt_lps",
-                 "done", "cached", "metrics", "sent", "top")
+                 "done", "cached", "metrics", "sent", "top", "scores")
 
     def __init__(self, rid, prompt, prompt_ids, params):
         self.rid = rid
@@ -39,12 +44,13 @@ class Request:
         self.comps = [CompletionOutput(index=i, text="", token_ids=[],
                                        cumulative_logprob=0.0 if params.logprobs is not None else None,
                                        logprobs=[] if params.logprobs is not None else None)
-                      for i in range(params.n)]
+                      for i in range(sampled(params))]
+        self.scores = [0.0] * sampled(params)  # cumulative logprobs: best_of picks by them
         self.prompt_lps = [None] if params.prompt_logprobs is not None else None
         self.done = False
         self.cached = 0
         self.metrics = RequestMetrics(arrival_time=time.time())
-        self.sent = [(0, 0, 0)] * params.n  # DELTA: (text chars, tokens, logprobs) already out
+        self.sent = [(0, 0, 0)] * sampled(params)  # DELTA: (text chars, tokens, logprobs) out
         self.top = max(params.logprobs or 0, params.prompt_logprobs or 0)
 
 
@@ -64,7 +70,7 @@ class Engine:
         if dtype not in (None, "auto"):
             raise ValueError("LLM: dtype is fixed by the plan (infc build --dtype); pass 'auto'")
         self.lib = lib = _lib.load()
-        self._model = self._engine = self._queue = None
+        self._model = self._engine = self._queue = self._draft = None
         self._closed = False
         opts = lib.irt_model_opts_default()
         opts.n_threads = int(threads or 0)
@@ -98,14 +104,30 @@ class Engine:
         eo.max_waiting = 1 << 20
         if speculative_config:
             sc = dict(speculative_config)
-            method = sc.pop("method", "ngram")
-            if method not in ("ngram", "prompt_lookup"):
+            draft = sc.pop("model", None)
+            method = sc.pop("method", "draft_model" if draft else "ngram")
+            if method not in ("ngram", "prompt_lookup", "draft_model") or \
+                    (method == "draft_model") != (draft is not None):
                 self.close()
-                raise ValueError("LLM: speculative_config method %r is not supported (ngram)"
-                                 % (method,))
+                raise ValueError("LLM: speculative_config method %r is not supported (ngram, or "
+                                 "draft_model with a 'model' plan)" % (method,))
             eo.spec_tokens = int(sc.pop("num_speculative_tokens", 4))
             eo.spec_ngram_min = int(sc.pop("prompt_lookup_min", 0))
             eo.spec_ngram_max = int(sc.pop("prompt_lookup_max", 0))
+            if draft is not None:  # its own KV cache, as large as the target's
+                dopts = lib.irt_model_opts_default()
+                dopts.n_threads = opts.n_threads
+                dopts.skip_weight_checksum = opts.skip_weight_checksum
+                dopts.kv_tokens = self.info.kv_tokens
+                dh = c_void_p()
+                try:
+                    _lib.check(lib.irt_model_open(str(draft).encode(), byref(dopts), byref(dh),
+                                                  byref(err)), err)
+                except Exception:
+                    self.close()
+                    raise
+                self._draft = dh.value
+                eo.draft = self._draft
             if sc:
                 self.close()
                 raise ValueError("LLM: speculative_config keys not supported: %s" % ", ".join(sc))
@@ -150,6 +172,9 @@ class Engine:
         if self._model:
             lib.irt_model_close(self._model)
             self._model = None
+        if self._draft:
+            lib.irt_model_close(self._draft)
+            self._draft = None
 
     def check_open(self):
         if self._closed:
@@ -217,7 +242,7 @@ class Engine:
             keep.append(stops)
         r.include_stop_str = p.include_stop_str_in_output
         r.ignore_eos = p.ignore_eos
-        r.n = p.n
+        r.n = sampled(p)
         r.priority = int(p.priority)
         r.on_event, r.user = self.lib.event_push, self._queue
         r.presence_penalty, r.frequency_penalty = p.presence_penalty, p.frequency_penalty
@@ -317,6 +342,7 @@ class Engine:
                 continue
             comp = req.comps[index]
             if tok >= 0:
+                req.scores[index] += lp
                 comp.token_ids.append(tok)
                 if text:
                     comp.text += text.decode("utf-8", "replace")
@@ -356,6 +382,12 @@ class Engine:
         """The RequestOutput of req now: everything (CUMULATIVE) or what is new (DELTA)."""
         from .sampling_params import RequestOutputKind
         comps = req.comps
+        p = req.params
+        if sampled(p) > p.n:  # best_of: the n of the highest cumulative logprob, best first
+            best = sorted(range(len(comps)), key=lambda i: (-req.scores[i], i))[:p.n]
+            comps = [CompletionOutput(k, comps[i].text, comps[i].token_ids, req.scores[i],
+                                      comps[i].logprobs, comps[i].finish_reason,
+                                      comps[i].stop_reason) for k, i in enumerate(best)]
         if kind is RequestOutputKind.DELTA:
             out = []
             for i, c in enumerate(comps):

@@ -35,7 +35,8 @@ class LLM:
     context length). max_num_seqs, max_num_batched_tokens: the step limits (default the
     plan's). enable_prefix_caching, enforce_eager (no CUDA graphs), chat_template (a family
     name: chatml, qwen3, llama3, ...), seed (the default seeds of requests without one),
-    speculative_config ({"method": "ngram", "num_speculative_tokens": k}) as in vLLM.
+    speculative_config ({"method": "ngram", "num_speculative_tokens": k}, or {"model": DRAFT_PLAN,
+    "num_speculative_tokens": k} for a draft model with the same tokenizer) as in vLLM.
     """
 
     def __init__(self, model, **kwargs):

@@ -128,8 +128,11 @@ class SamplingParams:
 
         if not isinstance(self.n, int) or self.n < 1:
             bad("n", "must be at least 1")
-        if self.best_of is not None and self.best_of != self.n:
-            bad("best_of", "other than n is not supported (every completion is returned)")
+        if self.best_of is not None and (not isinstance(self.best_of, int) or self.best_of < self.n):
+            bad("best_of", "must be an integer >= n")
+        if self.best_of is not None and self.best_of > self.n and \
+                self.output_kind is not RequestOutputKind.CUMULATIVE:
+            bad("best_of", "> n needs output_kind CUMULATIVE (the best are known at the end)")
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2.0 <= getattr(self, name) <= 2.0:
                 bad(name, "must be in [-2, 2]")

@@ -47,12 +47,22 @@ int cli_parse_kv_dtype(const char *s, irt_kv_dtype *out);
 /* Parses "MIN:MAX" (or "N" for N:N) within [1, hi]; false if malformed. */
 bool cli_parse_range(const char *v, int64_t hi, int64_t *lo, int64_t *out_hi);
 /* Speculative decoding flags (--spec-tokens K, --spec-ngram MIN:MAX, --spec-always, whose
- * v is NULL) into eo: 0, or 1 after printing the error. */
+ * v is NULL; --draft PLAN, kept for cli_open_draft) into eo: 0, or 1 after printing the
+ * error. */
 int cli_parse_spec(const char *flag, const char *v, irt_engine_opts *eo);
+/* With --draft: opens the draft plan (its own KV cache of the target's capacity, on the
+ * device its plan names, the other model options as mo) into *out and eo->draft, and
+ * spec_tokens 4 unless given. *out NULL without --draft. */
+irt_status cli_open_draft(irt_model *target, const irt_model_opts *mo, irt_engine_opts *eo,
+                          irt_model **out, irt_error *err);
+bool cli_has_draft(void);
 #define CLI_SPEC_USAGE                                                                             \
   "  --spec-tokens K         speculative decoding: up to K draft tokens a step, found by\n"        \
   "                          prompt lookup in the context (0: off, the default; output\n"          \
   "                          is unchanged: drafts are checked against plain decoding)\n"           \
+  "  --draft PLAN            drafts from a smaller model with the same tokenizer instead\n"        \
+  "                          (K 4 by default); sampled output keeps its distribution\n"            \
+  "                          exactly (speculative sampling), greedy output its tokens\n"           \
   "  --spec-ngram MIN:MAX    n-gram sizes matched, longest first (default 2:4)\n"                  \
   "  --spec-always           draft by the kept-count rule alone; by default a draft must\n"        \
   "                          also pay for its row (timed steps, each sequence's kept share)\n"
@@ -72,8 +82,11 @@ enum {
   CLI_OPT_CUDA_PROFILE = 240,
   CLI_OPT_CUDA_DEQUANT = 241,
   CLI_OPT_CUDA_LIB = 242,
-  CLI_OPT_PRELOAD = 243
+  CLI_OPT_PRELOAD = 243,
+  CLI_OPT_DRAFT = 244 /* --draft PLAN (cli_cuda_flag takes it: cli_parse_spec) */
 };
+#define CLI_DRAFT_LONGOPT                                                                          \
+  { "draft", required_argument, 0, CLI_OPT_DRAFT }
 #define CLI_CUDA_LONGOPTS                                                                          \
   {"preload", optional_argument, 0, CLI_OPT_PRELOAD},                                              \
       {"cuda-profile", no_argument, 0, CLI_OPT_CUDA_PROFILE},                                      \

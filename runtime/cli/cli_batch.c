@@ -110,6 +110,7 @@ static int parse(int argc, char **argv, batch_args *a) {
                                         {"retry-failed", 0, 0, 16},
                                         {"sync-every", 1, 0, 17},
                                         {"allow-special-in-content", 0, 0, 18},
+                                        CLI_DRAFT_LONGOPT,
                                         CLI_CUDA_LONGOPTS,
                                         {"help", 0, 0, 'h'},
                                         {0, 0, 0, 0}};
@@ -724,6 +725,7 @@ int cmd_batch(int argc, char **argv) {
   c->id_salt = (uint64_t)time(NULL) * 0x9e3779b97f4a7c15ull ^ (uint64_t)getpid();
   irt_error err = {0};
   irt_status st = cli_model_open(a.plan, &mo, &c->m, &err);
+  irt_model *draft = NULL;
   if (st == IRT_OK) {
     c->info = irt_model_get_info(c->m);
     c->tok = irt_model_get_tokenizer(c->m);
@@ -732,7 +734,8 @@ int cmd_batch(int argc, char **argv) {
     int64_t workers = a.concurrency > 0 ? a.concurrency : c->max_n;
     irt_engine_opts eo = a.spec; /* the --spec-* fields, then the rest */
     eo.max_batched_tokens = a.max_batched, eo.max_waiting = workers + 1;
-    st = irt_engine_create(c->m, &eo, &c->e, &err);
+    st = cli_open_draft(c->m, &mo, &eo, &draft, &err);
+    if (st == IRT_OK) st = irt_engine_create(c->m, &eo, &c->e, &err);
   }
   if (st == IRT_OK) st = irt_engine_start(c->e, &err);
   if (st == IRT_OK) {
@@ -746,6 +749,7 @@ int cmd_batch(int argc, char **argv) {
     rc = cli_fail("%s", err.msg[0] ? err.msg : irt_status_name(st));
   }
   irt_engine_destroy(c->e);
+  irt_model_close(draft);
   cli_model_close(c->m);
   if (a.shard_n > 1 && rc) cli_dist_abort(rc); /* the other ranks would wait at the merge */
   if (a.shard_n > 1 && cli_dist_barrier()) rc = cli_fail("the ranks could not meet to merge");

@@ -117,6 +117,7 @@ static int parse(int argc, char **argv, bench_args *a) {
                                         {"spec-ngram", 1, 0, 22},
                                         {"spec-always", 0, 0, 23},
                                         {"min-p", 1, 0, 24},
+                                        CLI_DRAFT_LONGOPT,
                                         CLI_CUDA_LONGOPTS,
                                         {"help", 0, 0, 'h'},
                                         {0, 0, 0, 0}};
@@ -417,6 +418,8 @@ int cmd_bench(int argc, char **argv) {
   irt_engine_opts eo = a.spec; /* the --spec-* fields, then the rest */
   eo.max_batched_tokens = a.max_batched, eo.max_running = a.max_running;
   eo.static_batching = a.static_batching, eo.disable_prefix_cache = a.no_prefix_cache;
+  irt_model *draft = NULL;
+  if (st == IRT_OK) st = cli_open_draft(m, &mo, &eo, &draft, &err);
   if (st == IRT_OK) st = irt_engine_create(m, &eo, &e, &err);
   const irt_model_info *in = m ? irt_model_get_info(m) : NULL;
   breq *rs = st == IRT_OK ? make_workload(&a, in->vocab_size, in->context_length) : NULL;
@@ -437,6 +440,7 @@ int cmd_bench(int argc, char **argv) {
     cJSON_Delete(o);
   }
   irt_engine_destroy(e);
+  irt_model_close(draft);
   cli_model_close(m);
   for (int64_t i = 0; rs && i < a.requests; i++) free(rs[i].prompt);
   free(rs);

@@ -44,8 +44,36 @@ bool cli_parse_range(const char *v, int64_t hi, int64_t *lo, int64_t *out_hi) {
   return cli_parse_i64(a, 1, hi, lo) && cli_parse_i64(b, *lo, hi, out_hi);
 }
 
+static const char *g_draft_path; /* --draft */
+
+bool cli_has_draft(void) { return g_draft_path != NULL; }
+
+irt_status cli_open_draft(irt_model *target, const irt_model_opts *mo, irt_engine_opts *eo,
+                          irt_model **out, irt_error *err) {
+  *out = NULL;
+  if (!g_draft_path) return IRT_OK;
+  irt_model_opts o = *mo;
+  o.device = NULL; /* its plan's target */
+  o.kv_tokens = irt_model_get_info(target)->kv_tokens;
+  o.comm = NULL;
+  irt_status st = irt_model_open(g_draft_path, &o, out, err);
+  if (st != IRT_OK) {
+    char why[sizeof err->msg];
+    snprintf(why, sizeof why, "%s", err->msg);
+    snprintf(err->msg, sizeof err->msg, "--draft %.200s: %.300s", g_draft_path, why);
+    return st;
+  }
+  eo->draft = *out;
+  if (eo->spec_tokens == 0) eo->spec_tokens = 4;
+  return IRT_OK;
+}
+
 int cli_parse_spec(const char *flag, const char *v, irt_engine_opts *eo) {
   int64_t a, b;
+  if (!strcmp(flag, "draft")) {
+    g_draft_path = v;
+    return 0;
+  }
   if (!strcmp(flag, "spec-always")) {
     eo->spec_always = true;
     return 0;
@@ -152,6 +180,7 @@ int cli_cuda_flag(int c, const char *v, cli_cuda *f) {
     return 0;
   case CLI_OPT_CUDA_PROFILE: f->profile = f->profile_set = true; return 0;
   case CLI_OPT_CUDA_LIB: f->lib = v; return 0;
+  case CLI_OPT_DRAFT: return cli_parse_spec("draft", v, NULL);
   case CLI_OPT_CUDA_DEQUANT:
     if (!dequant_rows(v, &f->dequant_gemm_m))
       return cli_fail("--cuda-dequant-gemm-m: want a row count >= 0 (0: never), not '%s'", v);

@@ -68,6 +68,9 @@ static int usage(FILE *f) {
         "  --spec-tokens K      speculative decoding by prompt lookup: up to K draft tokens\n"
         "                       a step, checked against plain decoding (same output)\n"
         "  --spec-ngram MIN:MAX n-gram sizes it matches, longest first (default 2:4)\n"
+        "  --draft PLAN         drafts from a smaller model with the same tokenizer (K 4 by\n"
+        "                       default): greedy output unchanged, sampled output exactly\n"
+        "                       distributed as without (speculative sampling)\n"
         "  --grammar GBNF       constrain the text to a grammar (llama.cpp's GBNF, rule root)\n"
         "  --grammar-file FILE  the same, read from FILE\n"
         "  --json-schema JSON   constrain the text to JSON values this JSON Schema describes\n"
@@ -240,6 +243,7 @@ static int parse(int argc, char **argv, gen_args *a) {
                                         {"logit-bias", required_argument, 0, 31},
                                         {"no-thinking", no_argument, 0, 32},
                                         {"allow-special-in-content", no_argument, 0, 33},
+                                        CLI_DRAFT_LONGOPT,
                                         CLI_CUDA_LONGOPTS,
                                         {"help", no_argument, 0, 'h'},
                                         {0, 0, 0, 0}};
@@ -612,12 +616,15 @@ int cmd_generate(int argc, char **argv) {
     snprintf(err.msg, sizeof err.msg, "%s needs a plan with a tokenizer", a.grammar_flag);
     st = IRT_INVALID_ARG;
   }
-  bool engine = needs_engine(&a);
+  irt_model *draft = NULL;
+  if (st == IRT_OK) st = cli_open_draft(g.m, &o, &a.spec, &draft, &err);
+  bool engine = needs_engine(&a) || draft; /* drafts of a model: the engine's */
   if (st == IRT_OK) st = engine ? run_engine(&g, &a, &err) : run(&g, &a, &err);
   if (st == IRT_OK && !engine && strcmp(g.finish, "stop")) flush_text(&g, &a); /* context full */
   if (st == IRT_OK) print_result(&a, &g);
   else cli_fail("%s", err.msg[0] ? err.msg : irt_status_name(st));
   irt_text_stream_destroy(g.stream);
+  irt_model_close(draft);
   free(g.ctx), free(g.text), free(a.ids), free(a.grammar);
   free(a.stop_ids), free(a.bias_ids), free(a.bias);
   cli_model_close(g.m);

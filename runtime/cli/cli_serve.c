@@ -143,6 +143,7 @@ static int parse(int argc, char **argv, serve_args *a) {
                                         {"max-connections-per-client", 1, 0, 21},
                                         {"kv-events", 1, 0, 23},
                                         {"kv-events-topic", 1, 0, 24},
+                                        CLI_DRAFT_LONGOPT,
                                         CLI_CUDA_LONGOPTS,
                                         {"help", 0, 0, 'h'},
                                         {0, 0, 0, 0}};
@@ -243,6 +244,8 @@ int cmd_serve(int argc, char **argv) {
   srv_kv_events *kve = NULL;
   if (st == IRT_OK && a.kv_events)
     st = srv_kv_events_start(c.m, a.kv_events, a.kv_events_topic, &kve, &err);
+  irt_model *draft = NULL;
+  if (st == IRT_OK) st = cli_open_draft(c.m, &mo, &eo, &draft, &err);
   if (st == IRT_OK) st = irt_engine_create(c.m, &eo, &c.e, &err);
   if (st == IRT_OK) st = irt_engine_start(c.e, &err);
   srv_metrics *metrics = NULL;
@@ -261,6 +264,7 @@ int cmd_serve(int argc, char **argv) {
     rc = cli_fail("%s", err.msg[0] ? err.msg : irt_status_name(st));
   }
   irt_engine_destroy(c.e);
+  irt_model_close(draft);
   srv_kv_events_stop(kve);
   srv_metrics_destroy(metrics);
   cli_model_close(c.m);

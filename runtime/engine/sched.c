@@ -476,11 +476,13 @@ static void add_model_drafts(irt_engine *e, int64_t budget) {
     for (int j = 0; j < 5; j++) cap = lim[j] < cap ? lim[j] : cap;
     if (weigh && cap > 0) {
       double t = tokens, v = value, x = extra;
+      /* weighed out: back toward the prior, without the exploring draft of prompt lookup
+       * (here it would cost the draft's catching up on every token since its last draft;
+       * the fit stays fresh from the plain steps, and the prior brings drafts back once the
+       * steps are small enough for them to pay) */
       int w = spec_worth(spec_alpha(s), e->cost_a, e->cost_b, c, &t, &x, &v, (int)cap);
       if (w == 0) s->spec_hits *= 0.95f, s->spec_tries *= 0.95f;
-      s->spec_idle = w ? 0 : s->spec_idle + 1;
-      cap = w ? w : s->spec_idle >= SPEC_EXPLORE ? 1 : 0;
-      if (s->spec_idle >= SPEC_EXPLORE) s->spec_idle = 0;
+      cap = w;
     }
     if (cap <= 0 || !ensure_blocks(e, s, 1 + cap, 0)) continue;
     e->dseq[n] = s, e->dcap[n] = (int)cap, e->item_dslot[k] = n++;

@@ -184,8 +184,10 @@ typedef struct srv_params {
   irt_sampling sampling;
   char **stop; /* (n_stop) owned */
   int n_stop;
-  int n;
-  int logprobs; /* -1: not asked; else alternatives per token (0..20) */
+  int n;                /* completions the engine samples: best_of when given, else n */
+  int n_return;         /* the ones returned, those of the highest score (0: all n) */
+  float length_penalty; /* best_of's score: cumulative logprob / tokens^length_penalty */
+  int logprobs;         /* -1: not asked; else alternatives per token (0..20) */
   float presence_penalty, frequency_penalty;
   float repetition_penalty; /* vLLM's; 1: off */
   int64_t min_tokens;       /* vLLM's */
@@ -238,6 +240,7 @@ typedef struct srv_choice {
   srv_tok *toks; /* (n_toks) with logprobs only */
   int64_t n_toks, cap_toks;
   int64_t n_gen; /* tokens generated */
+  double cum_lp; /* their log-probabilities summed (best_of's score) */
   irt_finish finish;
   /* the stream's cursor (consumer side) */
   size_t sent_len;

@@ -100,6 +100,7 @@ static void on_event(void *user, const irt_event *ev) {
   } else if (ev->token >= 0) {
     if (j->t_first == 0) j->t_first = now;
     ch->n_gen++;
+    ch->cum_lp += ev->logprob;
     /* the end-of-generation token itself is not part of the text, nor of its logprobs */
     bool eog = ev->finish == IRT_FINISH_STOP && !j->p.ignore_eos && j->c->tok &&
                irt_token_is_eog(j->c->tok, ev->token);

@@ -261,13 +261,41 @@ static cJSON *usage(const srv_job *j) {
   return u;
 }
 
+/* best_of's score of a completion: its cumulative logprob over tokens^length_penalty. */
+static double score(const srv_job *j, const srv_choice *ch) {
+  double len = ch->n_gen > 0 ? (double)ch->n_gen : 1.0;
+  return j->p.length_penalty != 0 ? ch->cum_lp / pow(len, j->p.length_penalty) : ch->cum_lp;
+}
+
+/* The completions returned, into order (p.n entries of room): all of them, or with best_of
+ * the n_return of the highest score, best first (the earlier among equal scores). Returns
+ * how many. */
+static int returned(const srv_job *j, int *order) {
+  const int n = j->p.n_return > 0 ? j->p.n_return : j->p.n;
+  for (int i = 0; i < j->p.n; i++) order[i] = i;
+  for (int k = 0; j->p.n_return > 0 && k < n; k++) { /* selection: n_return of at most max_n */
+    int best = k;
+    for (int i = k + 1; i < j->p.n; i++)
+      if (score(j, &j->ch[order[i]]) > score(j, &j->ch[order[best]]) ||
+          (score(j, &j->ch[order[i]]) == score(j, &j->ch[order[best]]) && order[i] < order[best]))
+        best = i;
+    int t = order[k];
+    order[k] = order[best], order[best] = t;
+  }
+  return n;
+}
+
 cJSON *srv_render_response(srv_job *j) {
   pthread_mutex_lock(&j->mu);
   cJSON *o = envelope(j, false), *choices = cJSON_AddArrayToObject(o, "choices");
-  for (int i = 0; i < j->p.n; i++) {
+  int *order = malloc((size_t)j->p.n * sizeof *order);
+  int n_out = order ? returned(j, order) : 0;
+  if (!order) cJSON_AddStringToObject(o, "error", "out of memory");
+  for (int k = 0; k < n_out; k++) {
+    const int i = order[k];
     const srv_choice *ch = &j->ch[i];
     cJSON *c = cJSON_CreateObject();
-    cJSON_AddNumberToObject(c, "index", i);
+    cJSON_AddNumberToObject(c, "index", k);
     int n_calls = 0;
     if (j->p.ep == SRV_CHAT) {
       n_calls = chat_message(j, i, cJSON_AddObjectToObject(c, "message"));
@@ -292,6 +320,7 @@ cJSON *srv_render_response(srv_job *j) {
     cJSON_AddStringToObject(c, "finish_reason", finish_of(j, ch, n_calls));
     cJSON_AddItemToArray(choices, c);
   }
+  free(order);
   cJSON_AddItemToObject(o, "usage", usage(j));
   pthread_mutex_unlock(&j->mu);
   return o;

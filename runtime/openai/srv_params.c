@@ -283,6 +283,13 @@ static bool parse_sampling(srv_ctx *c, const cJSON *body, srv_params *p, srv_err
                          : c->id_salt ^ (atomic_fetch_add(&c->next_id, 1) * 0x9e3779b97f4a7c15ull);
   if (!get_int(body, "n", 1, c->max_n, &n, e)) return false;
   p->n = (int)n;
+  int64_t best_of = n; /* completions: sample best_of, return the n that score highest */
+  if (!get_int(body, "best_of", 1, c->max_n, &best_of, e)) return false;
+  if (best_of < n)
+    return srv_bad(e, "best_of", "'best_of' must be greater than or equal to 'n' (%d < %d).",
+                   (int)best_of, (int)n);
+  if (best_of > n) p->n_return = (int)n, p->n = (int)best_of;
+  if (!get_num(body, "length_penalty", -10, 10, &p->length_penalty, e)) return false;
   if (!get_num(body, "presence_penalty", -2, 2, &p->presence_penalty, e)) return false;
   if (!get_num(body, "frequency_penalty", -2, 2, &p->frequency_penalty, e)) return false;
   p->repetition_penalty = 1;
@@ -381,8 +388,9 @@ static bool refuse_unsupported(const cJSON *body, srv_endpoint ep, srv_error *e)
     return srv_bad(e, "skip_special_tokens",
                    "Only 'skip_special_tokens': true is supported (special tokens have no text).");
   const cJSON *bo = srv_field(body, "best_of"), *n = srv_field(body, "n");
-  if (bo && (!is_int(bo) || bo->valuedouble != (n && is_int(n) ? n->valuedouble : 1)))
-    return srv_bad(e, "best_of", "'best_of' other than 'n' is not supported.");
+  if (ep == SRV_CHAT && bo &&
+      (!is_int(bo) || bo->valuedouble != (n && is_int(n) ? n->valuedouble : 1)))
+    return srv_bad(e, "best_of", "'best_of' belongs to /v1/completions.");
   return true;
 }
 
@@ -585,6 +593,10 @@ bool srv_params_from_json(srv_ctx *c, srv_endpoint ep, const cJSON *body, srv_pa
   if (ok) ok = parse_stop_ids(c, body, p, err);
   if (ok) ok = parse_logit_bias(c, body, p, err) && parse_grammar(c, body, p, err);
   if (ok) ok = parse_logprobs(ep, body, p, err) && parse_stream(body, p, err);
+  if (ok && p->n_return && p->stream)
+    ok = srv_bad(err, "best_of",
+                 "'best_of' cannot be used with 'stream': the best completions "
+                 "are known only when all have finished.");
   if (ok && p->n_stop && !c->tok)
     ok = srv_bad(err, "stop", "Stop strings need a tokenizer; the served plan has none.");
   if (ok && ep == SRV_COMPLETIONS) ok = get_bool(body, "echo", &p->echo, err);

@@ -242,6 +242,18 @@ def test_sampling(s):
                 fins[ch.index] = ch.finish_reason
     ref = c.completions.create(n=2, seed=7, **kw)
     check("n=2 stream", texts == {ch.index: ch.text for ch in ref.choices} and fins == {0: "length", 1: "length"})
+    # best_of: best_of candidates sampled (those of n=best_of with the same seed), the n of the
+    # highest cumulative logprob returned, best first; usage counts every candidate
+    cands = c.completions.create(n=4, seed=11, logprobs=0, **kw).choices
+    cum = sorted(((sum(ch.logprobs.token_logprobs), ch.text) for ch in cands), reverse=True)
+    best = c.completions.create(n=2, best_of=4, seed=11, **kw)
+    check("best_of 4, n 2", [ch.text for ch in best.choices] == [t for _, t in cum[:2]] and
+          [ch.index for ch in best.choices] == [0, 1] and best.usage.completion_tokens == 40,
+          f"{[ch.text for ch in best.choices]!r} / {cum!r}")
+    mean = c.completions.create(n=1, best_of=4, seed=11, extra_body={**kw["extra_body"],
+                                "length_penalty": 1.0}, **{k: v for k, v in kw.items()
+                                                           if k != "extra_body"})
+    check("best_of by mean logprob", mean.choices[0].text == cum[0][1])  # all of 10 tokens
     # penalties reach the engine (exactness is tests/unit/test_engine.c's): negative ones make
     # greedy decoding repeat itself, which the plain run does not
     base = dict(model="tiny", prompt="a a a a", max_tokens=24, temperature=0, logprobs=0,
@@ -1064,6 +1076,12 @@ def test_errors(s):
     expect_error(s, "max_tokens too large", 400, "POST", "/v1/completions", {**ok_body, "max_tokens": 1000},
                  param="max_tokens", code="context_length_exceeded")
     expect_error(s, "n too large", 400, "POST", "/v1/completions", {**ok_body, "n": 1000}, param="n")
+    expect_error(s, "best_of below n", 400, "POST", "/v1/completions", {**ok_body, "n": 3, "best_of": 2},
+                 param="best_of")
+    expect_error(s, "best_of streamed", 400, "POST", "/v1/completions",
+                 {**ok_body, "best_of": 2, "stream": True}, param="best_of")
+    expect_error(s, "best_of in chat", 400, "POST", "/v1/chat/completions",
+                 {"messages": [{"role": "user", "content": "hi"}], "best_of": 2}, param="best_of")
     expect_error(s, "top_logprobs without logprobs", 400, "POST", "/v1/chat/completions",
                  {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, param="top_logprobs")
     expect_error(s, "stream_options without stream", 400, "POST", "/v1/completions",

@@ -34,7 +34,7 @@ def test_truncated_plan(tmp_path, text_plan):
 def test_bad_params():
     for kw in [dict(temperature=-1), dict(top_p=0), dict(top_p=1.5), dict(n=0), dict(max_tokens=0),
                dict(logprobs=21), dict(min_p=2), dict(presence_penalty=3),
-               dict(repetition_penalty=0), dict(best_of=3), dict(bad_words=["x"]),
+               dict(repetition_penalty=0), dict(n=3, best_of=2), dict(bad_words=["x"]),
                dict(allowed_token_ids=[1]), dict(skip_special_tokens=False),
                dict(min_tokens=20, max_tokens=10), dict(stop=[""]), dict(seed=-1),
                dict(logit_bias={1: 500})]:

@@ -250,3 +250,49 @@ def test_preload_same_tokens_as_transformers(text_plan, oracle, preload):
 def test_preload_refuses_unknown_mode(text_plan):
     with pytest.raises(ValueError, match="preload"):
         inferrt.LLM(text_plan, preload="eager")
+
+
+def test_draft_model_greedy_matches_transformers(text_plan, oracle, tmp_path):
+    """speculative_config with a draft plan (the target's own q8_0 build): the greedy tokens
+    stay transformers', with drafts proposed and kept; sampled requests still complete."""
+    draft = inferrt.build(os.path.join(FIX, "llama-text"), tmp_path / "draft.plan", quant="q8_0",
+                          quiet=True)
+    cases = [c for c in oracle if "prompt" in c]
+    llm = inferrt.LLM(text_plan, kv_tokens=4096,
+                      speculative_config={"model": str(draft), "num_speculative_tokens": 3})
+    try:
+        outs = llm.generate([c["prompt"] for c in cases],
+                            [greedy(len(c["generated_ids"]), ignore_eos=True) for c in cases],
+                            use_tqdm=False)
+        for c, o in zip(cases, outs):
+            assert o.outputs[0].token_ids == c["generated_ids"]
+        sampled = llm.generate([cases[0]["prompt"]],
+                               SamplingParams(temperature=0.8, seed=3, max_tokens=12,
+                                              ignore_eos=True), use_tqdm=False)
+        assert len(sampled[0].outputs[0].token_ids) == 12
+        st = llm.stats()
+        assert st["spec_draft_tokens"] > 0 and st["spec_accepted_tokens"] > 0, st
+    finally:
+        llm.close()
+
+
+def test_draft_model_vocabulary_mismatch(text_plan, tmp_path):
+    other = inferrt.build(os.path.join(FIX, "llama-gqa-f32"), tmp_path / "other.plan", quiet=True)
+    with pytest.raises(Exception, match="vocabulary"):
+        inferrt.LLM(text_plan, speculative_config={"model": str(other)})
+
+
+def test_best_of(text_llm):
+    """best_of > n: the candidates are those of n = best_of with the same seed; the n with the
+    highest cumulative logprob come back, best first."""
+    prompt = "The sea"
+    kw = dict(temperature=1.0, seed=21, max_tokens=8, ignore_eos=True)
+    cands = text_llm.generate([prompt], SamplingParams(n=5, logprobs=0, **kw),
+                              use_tqdm=False)[0].outputs
+    ranked = sorted(cands, key=lambda c: (-c.cumulative_logprob, c.index))
+    best = text_llm.generate([prompt], SamplingParams(n=2, best_of=5, **kw),
+                             use_tqdm=False)[0].outputs
+    assert [c.token_ids for c in best] == [c.token_ids for c in ranked[:2]]
+    assert [c.index for c in best] == [0, 1]
+    assert best[0].cumulative_logprob >= best[1].cumulative_logprob
+    assert abs(best[0].cumulative_logprob - ranked[0].cumulative_logprob) < 1e-3
