@@ -74,6 +74,8 @@ typedef struct eseq {
    * positions it has computed, a prefix of tokens) and its own generator for drafts */
   irt_seq *dkv;
   irt_sampler *dsampler;
+  int64_t d_registered; /* leading full blocks of dkv registered in the draft's prefix cache */
+  uint64_t d_last_hash; /* chain hash of block d_registered - 1 (0 if none) */
   /* with presence/frequency penalties (allocated at init, so sampling stays allocation-free) */
   int32_t *counts;  /* (vocab) occurrences of each token this completion generated */
   int32_t *seen;    /* (vocab) the distinct generated tokens, first seen first */

@@ -44,6 +44,8 @@ static int collect(irt_engine *e, eseq_state state, eseq **out, int cap) {
 static void drop_blocks(eseq *s) {
   irt_seq_truncate(s->kv, 0);
   if (s->dkv) irt_seq_truncate(s->dkv, 0); /* the draft's KV goes with the target's */
+  s->d_registered = 0;
+  s->d_last_hash = 0;
   s->n_registered = 0;
   s->last_hash = 0;
 }
@@ -387,6 +389,41 @@ static void penalized_row(irt_engine *e, eseq *s, const float *lg, const int32_t
   s->n_seen = seen0;
 }
 
+/* The draft's KV in its own prefix cache, keyed as the target's (chain hashes of the same
+ * tokens, per tenant): before its first catching up a sequence takes the cached full
+ * blocks of its known tokens but the last; its full blocks of known tokens (caught up, or
+ * kept after a check) are registered. */
+static void draft_prefix_lookup(irt_engine *e, eseq *s) {
+  irt_seq *k = s->dkv;
+  if (e->o.disable_prefix_cache || k->n_blocks) return;
+  kv_cache *kv = &e->o.draft->kv;
+  int64_t bs = kv->block_size, limit = (s->n_tokens - 1) / bs;
+  uint64_t parent = 0, tenant = s->req->tenant_hash;
+  for (int64_t j = 0; j < limit; j++) {
+    const int32_t *t = s->tokens + j * bs;
+    int32_t b = kv_prefix_lookup(kv, parent, t, tenant);
+    if (b < 0) break;
+    k->blocks[k->n_blocks++] = b;
+    k->len += bs;
+    parent = kv_chain_hash(parent, t, bs, tenant);
+  }
+  s->d_registered = k->n_blocks;
+  s->d_last_hash = parent;
+}
+
+static void draft_register(irt_engine *e, eseq *s) {
+  if (e->o.disable_prefix_cache) return;
+  kv_cache *kv = &e->o.draft->kv;
+  int64_t bs = kv->block_size;
+  uint64_t tenant = s->req->tenant_hash;
+  while ((s->d_registered + 1) * bs <= s->dkv->len) {
+    const int32_t *t = s->tokens + s->d_registered * bs;
+    kv_block_register(kv, s->dkv->blocks[s->d_registered], s->d_last_hash, t, tenant);
+    s->d_last_hash = kv_chain_hash(s->d_last_hash, t, bs, tenant);
+    s->d_registered++;
+  }
+}
+
 /* Runs the draft model for the slots 0..n of this step: catches each slot's draft KV up
  * with its known tokens (in as many draft steps as its limits need, the last row's logits
  * kept), then up to dcap[i] rounds of one token each, all slots batched: round j draws
@@ -401,6 +438,7 @@ static void run_draft(irt_engine *e, int n) {
   int most = 0;
   for (int i = 0; i < n; i++) {
     e->dn[i] = 0;
+    draft_prefix_lookup(e, e->dseq[i]);
     e->dpend[i] = e->dseq[i]->n_tokens - e->dseq[i]->dkv->len; /* >= 1: the last token */
     most = e->dcap[i] > most ? e->dcap[i] : most;
   }
@@ -423,7 +461,10 @@ static void run_draft(irt_engine *e, int n) {
       for (int i = 0; i < n; i++) e->dcap[i] = 0; /* no drafts this step */
       return;
     }
-    for (int j = 0; j < m; j++) e->dpend[e->dmap[j]] -= e->ditems[j].n;
+    for (int j = 0; j < m; j++) {
+      e->dpend[e->dmap[j]] -= e->ditems[j].n;
+      draft_register(e, e->dseq[e->dmap[j]]); /* known tokens only, so far */
+    }
   }
   for (int j = 0; j < most; j++) {
     int m = 0;
@@ -861,6 +902,7 @@ static void verify_drafted(irt_engine *e, int k, int slot) {
   s->spec_len = i == nd ? grow : i + 1;
   irt_seq_truncate(s->kv, s->kv->len);
   irt_seq_truncate(s->dkv, base_n + i); /* the draft's positions of kept tokens stay */
+  draft_register(e, s);
 }
 
 /* The first generated token(s) from the prompt's last row (every completion's, at the

@@ -142,6 +142,8 @@ static void test_greedy(const char *target, const char *close_draft, const char 
     if (c == 2) CHECK(s1.preemptions > 0);
     CHECKF(kv_in_use(&m->kv) == 0 && kv_in_use(&d->kv) == 0, "%lld target, %lld draft blocks held",
            (long long)kv_in_use(&m->kv), (long long)kv_in_use(&d->kv));
+    /* the draft's full blocks of kept tokens went to its prefix cache, as the target's */
+    CHECKF(d->kv.n_evictable > 0, "no draft block cached (%lld)", (long long)d->kv.n_evictable);
     irt_model_close(m);
     irt_model_close(d);
   }
