@@ -521,8 +521,9 @@ static void test_pdl(void) {
     printf("programmatic dependent launch: %lld of %lld launches (%lld kn_pick aside), %lld "
            "with no_cuda_pdl; logits rel err %.1e\n",
            pdl, all, picks, off, e);
-    CHECKF(pdl > 0 && pdl == all - picks && off == 0, "%lld of %lld (%lld picks), %lld", pdl, all,
-           picks, off);
+    /* plain: kn_pick, each step's first kernel (after its upload), a kernel after a copy */
+    CHECKF(pdl > 0 && pdl >= (all - picks) * 3 / 4 && pdl < all - picks && off == 0,
+           "%lld of %lld (%lld picks), %lld", pdl, all, picks, off);
     CHECKF(e == 0.0, "pdl changes the logits: %.3e", e);
   }
   free(x), free(y);
@@ -622,10 +623,14 @@ static void test_errors(void) {
     if (a && c) {
       int32_t ids[] = {3, 1, 4, 1, 5, 9, 2, 6};
       int64_t V = irt_model_get_info(a)->vocab_size;
+      long long pdl = g_pdl_launches ? g_pdl_launches() : 0;
       float *x = prompt_logits(a, ids, 8, 8), *y = prompt_logits(c, ids, 8, 8);
       double e = rel_err(x, y, (size_t)(8 * V));
-      printf("plan for sm_80 only (PTX JIT or sm_80 CUBIN): rel err %.2e\n", e);
-      CHECK(e <= 1e-4);
+      pdl = g_pdl_launches ? g_pdl_launches() - pdl : 0;
+      printf("plan for sm_80 only (PTX JIT or sm_80 CUBIN): rel err %.2e, %lld programmatic "
+             "launches (its kernels do not wait for them)\n",
+             e, pdl);
+      CHECK(e <= 1e-4 && pdl == 0);
       free(x), free(y);
     }
     irt_model_close(a);

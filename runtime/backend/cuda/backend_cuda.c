@@ -154,6 +154,8 @@ static ir_status load_source(cuda_ctx *c, const irt_cuda_opts *o, const char *sr
                        archs, c->name, c->arch, c->arch);
   }
   CUresult r = c->cu.module_load(out, k->data);
+  if (r == 0 && (!c->min_image_arch || (int)k->arch < c->min_image_arch))
+    c->min_image_arch = (int)k->arch;
   if (r == 0) return IR_OK;
   return ir_diag_set(d, IR_DEVICE, "CUDA: loading kernels '%s' (%s for sm_%u) on %s (sm_%d): %s",
                      src, k->kind == IR_PLAN_KERNEL_PTX ? "PTX" : "CUBIN", k->arch, c->name,
@@ -453,7 +455,8 @@ static ir_status run_nodes(cuda_ctx *c, const ir_graph *g, void *const *ptrs, co
                            ir_diag *d) {
   cuda_prof *p = &c->prof;
   ir_status st = p->on ? prof_events(c, g, d) : IR_OK;
-  c->xh_tensor = -1; /* the tensors of the last step are gone */
+  c->xh_tensor = -1;    /* the tensors of the last step are gone */
+  c->after_copy = true; /* the step's first kernel follows its upload: a plain launch */
   if (st == IR_OK && p->on) c->cu.event_record(p->ev[0], c->stream);
   for (int32_t i = 0; st == IR_OK && i < g->n_nodes; i++) {
     struct timespec t0, t1;
@@ -527,14 +530,17 @@ static ir_status cuda_run_step(void *vctx, const ir_graph *g, void *const *ptrs,
      * where a real error in the step shows again and fails it. */
     ir_diag cd = {0};
     ir_status cst = capture(c, exec, g, ptrs, &cs, &cd);
-    if (cst != IR_OK && c->pdl) { /* a driver that cannot capture programmatic launches */
-      cuda_log(c, 1,
-               "cuda: capturing with programmatic dependent launch failed (%s); "
-               "launching without it",
-               cd.msg);
+    if (cst != IR_OK && c->pdl) { /* a driver that cannot capture programmatic launches? */
+      ir_diag first = cd;
       c->pdl = false;
       cd = (ir_diag){0};
       cst = capture(c, exec, g, ptrs, &cs, &cd);
+      if (cst == IR_OK)
+        cuda_log(c, 1,
+                 "cuda: capturing with programmatic dependent launch failed (%s); "
+                 "launching without it",
+                 first.msg);
+      else c->pdl = true; /* not what failed */
     }
     if (cst != IR_OK) {
       c->no_graph[kind][b] = true;
@@ -780,7 +786,8 @@ ir_status irt_backend_cuda_create(const irt_cuda_opts *o, const ir_graph *g, rt_
     st = ir_diag_set(d, IR_BAD_FORMAT, "cuda backend: the plan is not an LLM step program");
   if (st == IR_OK) st = load_kernels(c, o, d);
   if (st == IR_OK) st = check_kv_dtype(c, o->kv_dtype, d);
-  c->pdl = o->pdl && c->arch >= 90 && c->cu.launch_ex && c->fn[CF_PDL_READY];
+  c->pdl = o->pdl && c->arch >= 90 && c->min_image_arch >= 90 && c->cu.launch_ex &&
+           c->fn[CF_PDL_READY] && !c->prof.on;
   if (st == IR_OK) open_blas(c);
   if (st == IR_OK) st = cuda_ops_check(c, g, d);
   if (st == IR_OK && !c->fn[CF_CAST_F16]) /* no cast kernels: GEMV only */

@@ -50,6 +50,8 @@ typedef struct cu_launch_config {
   cu_launch_attr *attrs;
   unsigned n_attrs;
 } cu_launch_config;
+_Static_assert(sizeof(cu_launch_attr) == 72 && sizeof(cu_launch_config) == 56,
+               "cuda.h's CUlaunchAttribute and CUlaunchConfig (64-bit)");
 
 typedef struct cu_api {
   CUresult (*init)(unsigned flags);

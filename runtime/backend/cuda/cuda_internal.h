@@ -126,8 +126,13 @@ typedef struct cuda_ctx {
   CUfunction fn[CF_COUNT];
   bool want_graphs;
   /* Programmatic dependent launch: sm_90+, cuLaunchKernelEx, the plan's kernels marked
-   * (kn_pdl_ready), irt_cuda_opts.pdl; off after a capture that failed with it. */
+   * (kn_pdl_ready) and every image loaded built for sm_90+ (an sm_8x image run on a newer
+   * GPU has no griddepcontrol.wait), irt_cuda_opts.pdl, no profile; off after a capture
+   * that failed with it and succeeded without. */
   bool pdl;
+  int min_image_arch; /* the lowest arch of the kernel images loaded */
+  bool after_copy;    /* the last op queued was a copy: the next launch is a plain one (a
+                         programmatic edge joins two kernels only) */
   /* prefill attention on tensor cores (f16 operands): sm_80+, for plans whose GEMMs take
    * f16/bf16 activations anyway; tiles of CUDA_TC_TILE_TOKENS, else CUDA_TILE_TOKENS */
   bool tc_prefill;

@@ -29,7 +29,9 @@ static ir_status launch(cuda_ctx *c, cuda_fn f, unsigned gx, unsigned gy, unsign
                         void **args, ir_diag *d) {
   if (!gx || !gy || !gz) return IR_OK; /* nothing to do (an empty step dimension) */
   CUresult r;
-  if (c->pdl) {
+  const bool pdl = c->pdl && !c->after_copy;
+  c->after_copy = false;
+  if (pdl) {
     cu_launch_attr at = {.id = CU_LAUNCH_ATTR_PROGRAMMATIC_STREAM_SERIALIZATION, .value.value = 1};
     cu_launch_config cfg = {gx, gy, gz, bx, 1, 1, 0, c->stream, &at, 1};
     r = c->cu.launch_ex(&cfg, c->fn[f], args, NULL);
@@ -268,6 +270,7 @@ static ir_status run_rope(cuda_ctx *c, const ir_graph *g, const ir_node *n, void
   if (x != src) {
     CUresult r = c->cu.dtod(x, src, ir_tensor_bytes(g, T_(0), s->syms), c->stream);
     if (r) return cuda_fail(c, r, "cuMemcpyDtoDAsync", d);
+    c->after_copy = true;
   }
   int heads = (int)ir_node_attr_i(n, "n_heads", 0), hd = (int)ir_node_attr_i(n, "head_dim", 0);
   int rot = (int)ir_node_attr_i(n, "rot_dim", 0);
