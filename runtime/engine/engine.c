@@ -50,10 +50,15 @@ static irt_status check_draft(irt_model *m, irt_model *dm, irt_error *err) {
                  "a draft must share the target's tokenizer",
                  (long long)b->vocab_size, (long long)a->vocab_size);
   const irt_tokenizer *ta = irt_model_get_tokenizer(m), *tb = irt_model_get_tokenizer(dm);
-  if (a->eos_token_id != b->eos_token_id || (!ta) != (!tb))
+  if (a->eos_token_id != b->eos_token_id)
     return failf(err, IRT_INVALID_ARG,
                  "the draft model's tokenizer is not the target's (end-of-text %lld vs %lld)",
                  (long long)b->eos_token_id, (long long)a->eos_token_id);
+  if ((!ta) != (!tb))
+    return failf(err, IRT_INVALID_ARG,
+                 "the %s plan has a tokenizer and the %s has none: a draft must share the "
+                 "target's tokenizer",
+                 ta ? "target" : "draft", ta ? "draft" : "target");
   for (int32_t id = 0; ta && id < (int32_t)a->vocab_size; id++) {
     const char *x = tok_token(ta, id), *y = tok_token(tb, id);
     if ((x == NULL) != (y == NULL) || (x && strcmp(x, y)))
@@ -71,6 +76,7 @@ static bool alloc_draft(irt_engine *e) {
   int64_t slots = e->max_running < 32 ? e->max_running : 32;
   if (din->max_step_seqs < slots) slots = din->max_step_seqs;
   if (din->max_step_logits < slots) slots = din->max_step_logits;
+  if (din->max_step_tokens < slots) slots = din->max_step_tokens; /* a round: a token a slot */
   size_t V = (size_t)in->vocab_size, S = (size_t)slots, K = (size_t)e->o.spec_tokens;
   e->dslots = (int)slots;
   e->item_dslot = ir_malloc((size_t)e->max_running * sizeof *e->item_dslot);

@@ -424,30 +424,55 @@ static void draft_register(irt_engine *e, eseq *s) {
   }
 }
 
-/* Runs the draft model for the slots 0..n of this step: catches each slot's draft KV up
- * with its known tokens (in as many draft steps as its limits need, the last row's logits
- * kept), then up to dcap[i] rounds of one token each, all slots batched: round j draws
- * draft j from q_j (the draft's row under the request's settings, into e->dq) and writes
- * it after the sequence's tokens. e->dn[i]: the drafts slot i got (a failed draft step
- * ends its slots' drafting: they keep what they have). */
+/* The blocks of s past the one its next token needs, back to the pool (taken for drafts
+ * that did not come). */
+static void give_back(irt_engine *e, eseq *s) {
+  irt_seq *k = s->kv;
+  int64_t bs = bsz(e), keep = (k->len + 1 + bs - 1) / bs;
+  for (int64_t i = keep; i < k->n_blocks; i++) kv_block_unref(&e->m->kv, k->blocks[i]);
+  if (k->n_blocks > keep) k->n_blocks = keep;
+}
+
+/* Whether slot i waits this pass for a sibling (a completion of the same request, n > 1 or
+ * best_of) with an empty draft KV that comes before it: the first one's blocks, once
+ * registered, serve the rest from the draft's prefix cache. */
+static bool sibling_first(const irt_engine *e, int i) {
+  const eseq *s = e->dseq[i];
+  if (s->dkv->len > 0) return false;
+  for (int k = 0; k < i; k++)
+    if (e->dseq[k]->req == s->req && e->dpend[k] > 0 && e->dcap[k] > 0 && e->dseq[k]->dkv->len == 0)
+      return true;
+  return false;
+}
+
+/* Runs the draft model for the slots 0..n of this step. Catching up: each slot's draft KV
+ * takes what the draft's prefix cache has of its known tokens, then the rest of them goes
+ * through the draft in passes within its step limits, the last one keeping its logits; at
+ * most one draft step's worth of tokens (max_step_tokens) an iteration, so a long prompt
+ * cannot stall the batch: a slot not caught up by then keeps its progress and drafts
+ * nothing this step, as do the slots of a pass that fails. Then up to dcap[i] rounds of one
+ * token each, all slots batched: round j draws draft j from q_j (the draft's row under the
+ * request's settings, into e->dq) and writes it after the sequence's tokens; a row that is
+ * not a distribution (NaN or infinite logits) ends the slot's drafting. e->dn[i]: the
+ * drafts slot i got (a failed round ends its slots' drafting: they keep what they have). */
 static void run_draft(irt_engine *e, int n) {
   irt_model *dm = e->o.draft;
   const irt_model_info *din = irt_model_get_info(dm);
   size_t V = (size_t)din->vocab_size, K = (size_t)e->o.spec_tokens;
   irt_error err;
-  int most = 0;
-  for (int i = 0; i < n; i++) {
-    e->dn[i] = 0;
-    draft_prefix_lookup(e, e->dseq[i]);
-    e->dpend[i] = e->dseq[i]->n_tokens - e->dseq[i]->dkv->len; /* >= 1: the last token */
-    most = e->dcap[i] > most ? e->dcap[i] : most;
-  }
-  for (;;) { /* catch up */
+  for (int i = 0; i < n; i++) e->dn[i] = 0, e->dpend[i] = 1; /* set at the first pass */
+  int64_t allowed = din->max_step_tokens;                    /* catching up, this iteration */
+  for (bool first = true;; first = false) {
     int m = 0;
-    int64_t left = din->max_step_tokens;
+    int64_t left = din->max_step_tokens < allowed ? din->max_step_tokens : allowed;
     for (int i = 0; i < n && m < din->max_step_seqs && m < din->max_step_logits && left > 0; i++) {
       eseq *s = e->dseq[i];
-      if (e->dpend[i] <= 0) continue;
+      if (e->dpend[i] <= 0 || e->dcap[i] == 0) continue;
+      if (first || s->dkv->len == 0) { /* what the cache has (siblings: after the first) */
+        if (sibling_first(e, i)) continue;
+        draft_prefix_lookup(e, s);
+      }
+      e->dpend[i] = s->n_tokens - s->dkv->len; /* >= 1: the last token */
       int64_t take = e->dpend[i] < left ? e->dpend[i] : left;
       e->ditems[m] = (irt_batch_item){.seq = s->dkv,
                                       .tokens = s->tokens + s->dkv->len,
@@ -458,13 +483,19 @@ static void run_draft(irt_engine *e, int n) {
     }
     if (m == 0) break;
     if (irt_decode_batch(dm, e->ditems, m, &err) != IRT_OK) {
-      for (int i = 0; i < n; i++) e->dcap[i] = 0; /* no drafts this step */
-      return;
+      for (int j = 0; j < m; j++) e->dcap[e->dmap[j]] = 0; /* these draft nothing this step */
+      continue;
     }
     for (int j = 0; j < m; j++) {
       e->dpend[e->dmap[j]] -= e->ditems[j].n;
+      allowed -= e->ditems[j].n;
       draft_register(e, e->dseq[e->dmap[j]]); /* known tokens only, so far */
     }
+  }
+  int most = 0;
+  for (int i = 0; i < n; i++) {
+    if (e->dpend[i] > 0) e->dcap[i] = 0; /* not caught up this iteration */
+    most = e->dcap[i] > most ? e->dcap[i] : most;
   }
   for (int j = 0; j < most; j++) {
     int m = 0;
@@ -475,8 +506,12 @@ static void run_draft(irt_engine *e, int n) {
       penalized_row(e, s, e->dlog + i * V, s->tokens + s->n_tokens, j, e->adj);
       sampler_probs(s->dsampler, e->adj, q);
       const bool greedy = sampler_params(s->dsampler)->temperature <= 0.0f;
-      s->tokens[s->n_tokens + j] =
-          sampler_sample_u(s->dsampler, e->adj, greedy ? 0.0 : sampler_draw(s->dsampler));
+      int32_t x = sampler_sample_u(s->dsampler, e->adj, greedy ? 0.0 : sampler_draw(s->dsampler));
+      if (!(q[x] > 0.0f && q[x] <= 1.0f)) { /* NaN or inf: no distribution to draw from */
+        e->dcap[i] = j;
+        continue;
+      }
+      s->tokens[s->n_tokens + j] = x;
       e->dn[i] = j + 1;
       if (j + 1 < e->dcap[i]) { /* the draft's row after it, for the next round */
         e->ditems[m] = (irt_batch_item){.seq = s->dkv,
@@ -541,8 +576,8 @@ static void add_model_drafts(irt_engine *e, int64_t budget) {
   for (int k = 0; k < e->n_items_now; k++) {
     int i = e->item_dslot[k];
     if (i < 0) continue;
-    e->rows_now -= e->dcap[i] - e->dn[i]; /* rows were counted at the cap */
-    if (e->dn[i] == 0) {
+    if (e->dn[i] == 0) { /* a plain item after all: the blocks taken for the cap go back */
+      give_back(e, e->dseq[i]);
       e->item_dslot[k] = -1;
       continue;
     }

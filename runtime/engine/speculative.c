@@ -72,7 +72,13 @@ int32_t spec_residual(const float *p, const float *q, int64_t vocab, double u) {
     if (r > 0) sum += r;
     if (p[i] > best) best = p[i], arg = (int32_t)i;
   }
-  if (!(sum > 0)) return arg; /* p <= q everywhere: p == q, which a rejection cannot meet */
+  if (!(sum > 0)) { /* p <= q everywhere (p == q, which a rejection cannot meet): from p */
+    double tot = 0.0, acc = 0.0;
+    for (int64_t i = 0; i < vocab; i++) tot += p[i] > 0 ? (double)p[i] : 0.0;
+    for (int64_t i = 0; tot > 0 && i < vocab; i++)
+      if (p[i] > 0 && u * tot < (acc += (double)p[i])) return (int32_t)i;
+    return arg;
+  }
   double at = u * sum, acc = 0.0;
   int32_t last = arg;
   for (int64_t i = 0; i < vocab; i++) {

@@ -288,6 +288,52 @@ static void test_rule(void) {
   CHECK(spec_residual(one, other, V, 0.0) == 3 && spec_residual(one, one, V, 0.5) == 3);
 }
 
+typedef struct multi {
+  int n[4];
+} multi;
+
+static void on_multi(void *user, const irt_event *ev) {
+  multi *x = user;
+  if (ev->token >= 0 && ev->index >= 0 && ev->index < 4) x->n[ev->index]++;
+}
+
+/* A sampled request with n = 4 and drafts: the completions share the prompt's blocks in
+ * both models (the siblings' draft KV comes from the draft's prefix cache after the first
+ * catches up), each gets its tokens, and nothing stays held. */
+static void test_parallel(const char *target, const char *draft) {
+  irt_model *m = open_plan(target, 0), *d = open_plan(draft, 0);
+  if (m && d) {
+    irt_engine_opts eo = irt_engine_opts_default();
+    eo.draft = d, eo.spec_tokens = 3, eo.spec_always = true;
+    irt_engine *e = NULL;
+    irt_error err = {0};
+    CHECKF(irt_engine_create(m, &eo, &e, &err) == IRT_OK, "%s", err.msg);
+    int32_t p[20];
+    for (int k = 0; k < 20; k++) p[k] = (int32_t)(5 + 11 * k % 250);
+    multi x = {{0}};
+    irt_request q = {.prompt_ids = p,
+                     .n_prompt = 20,
+                     .max_tokens = 16,
+                     .n = 4,
+                     .ignore_eos = true,
+                     .sampling = {.temperature = 0.8f, .top_p = 1.0f, .seed = 9},
+                     .on_event = on_multi,
+                     .user = &x};
+    CHECK(e && irt_engine_submit(e, &q, NULL, &err) == IRT_OK);
+    CHECK(e && irt_engine_run(e, &err) == IRT_OK);
+    irt_engine_stats st = {0};
+    if (e) irt_engine_get_stats(e, &st);
+    irt_engine_destroy(e);
+    printf("n = 4 with drafts: %d %d %d %d tokens, %lld drafts, %lld kept\n", x.n[0], x.n[1],
+           x.n[2], x.n[3], (long long)st.spec_draft_tokens, (long long)st.spec_accepted_tokens);
+    CHECK(x.n[0] == 16 && x.n[1] == 16 && x.n[2] == 16 && x.n[3] == 16);
+    CHECK(st.spec_draft_tokens > 0);
+    CHECK(kv_in_use(&m->kv) == 0 && kv_in_use(&d->kv) == 0);
+  }
+  irt_model_close(m);
+  irt_model_close(d);
+}
+
 static void test_mismatch(const char *target, const char *other_vocab) {
   irt_model *m = open_plan(target, 0), *d = open_plan(other_vocab, 0);
   if (m && d) {
@@ -314,6 +360,7 @@ int main(void) {
   test_greedy(gqa, gqa_q8, rope, mha);
   test_distribution(mha, rope, "a foreign draft", false);
   test_distribution(gqa, gqa_q4, "the target's q4_0 build as draft", true);
+  test_parallel(gqa, gqa_q4);
   test_mismatch(gqa, mha);
   return tcheck_done("spec_draft");
 }
