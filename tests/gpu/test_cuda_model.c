@@ -394,13 +394,16 @@ static void on_mixed(void *user, const irt_event *ev) {
   x->lp[r][x->n[r]] = ev->logprob, x->tok[r][x->n[r]++] = ev->token;
 }
 
-/* spec > 0: with that many prompt-lookup drafts (1-grams up); *st gets the final stats. */
+/* spec > 0: with that many prompt-lookup drafts (1-grams up), or drafts of the model
+ * g_draft when set; *st gets the final stats. */
+static irt_model *g_draft;
 static void engine_mixed(irt_model *m, mixed *x, int spec, irt_engine_stats *st) {
   irt_engine *e = NULL;
   irt_error err = {0};
   int32_t p[4][9];
   irt_engine_opts eo = irt_engine_opts_default();
   eo.spec_tokens = spec, eo.spec_ngram_min = 1, eo.spec_always = true;
+  eo.draft = spec ? g_draft : NULL;
   CHECKF(irt_engine_create(m, &eo, &e, &err) == IRT_OK, "%s", err.msg);
   if (!e) return;
   for (int r = 0; r < 4; r++) {
@@ -452,6 +455,28 @@ static void test_engine_mixed(void) {
              "%d graph launches (%d drafted) in %lld drafted-run steps", replays, tiled,
              (long long)sc.steps);
     CHECK(!memcmp(a.tok, c.tok, sizeof a.tok) && !memcmp(a.n, c.n, sizeof a.n));
+    /* A draft model on the device (the same plan, its own KV): drafted rows come to the host
+     * to be checked; the greedy request keeps its tokens, the sampled ones their lengths. */
+    g_draft = open_on(plan, "cuda", true, 0);
+    if (g_draft) {
+      mixed dm = {0};
+      irt_engine_stats sd;
+      engine_mixed(gpu, &dm, 4, &sd);
+      double lp0 = 0;
+      for (int i = 0; i < dm.n[0] && i < b.n[0]; i++)
+        lp0 = fabs(dm.lp[0][i] - b.lp[0][i]) > lp0 ? fabs(dm.lp[0][i] - b.lp[0][i]) : lp0;
+      printf("engine with a draft model on the device: greedy %s, %lld drafts, %lld kept, %lld "
+             "steps (%lld without), logprob diff %.1e\n",
+             memcmp(dm.tok[0], b.tok[0], sizeof dm.tok[0]) ? "DIFFERS" : "as without drafts",
+             (long long)sd.spec_draft_tokens, (long long)sd.spec_accepted_tokens,
+             (long long)sd.steps, (long long)sb.steps, lp0);
+      CHECK(!memcmp(dm.tok[0], b.tok[0], sizeof dm.tok[0]) && !memcmp(dm.n, b.n, sizeof dm.n));
+      CHECK(sd.spec_accepted_tokens > 0 && sd.steps < sb.steps && lp0 <= 1e-5);
+      CHECKF(sd.kv_blocks_used == sb.kv_blocks_used, "%lld blocks held",
+             (long long)sd.kv_blocks_used);
+      irt_model_close(g_draft);
+      g_draft = NULL;
+    }
     CHECK(!memcmp(a.alt, c.alt, sizeof a.alt) && sc.spec_draft_tokens > 0);
     /* (the model's pad block for graph replays stays held) */
     CHECKF(sc.kv_blocks_used == sb.kv_blocks_used, "%lld blocks held, %lld without drafts",
