@@ -36,6 +36,8 @@ static int usage_build(FILE *f) {
       "      --max-context N    cap the context length (default: the model's)\n"
       "      --tp N             tensor parallelism: shard heads, ffn and vocabulary over N\n"
       "                         ranks, every rank's weights in the one plan (mpirun -n N)\n"
+      "      --layers N         the first N decoder layers only, then the norm and head: a\n"
+      "                         layer-skip draft of the same model (inferrt --draft)\n"
       "      --no-fold          disable constant folding\n"
       "      --no-fuse[=LIST]   disable fusion passes (all, or those listed of\n"
       "                         rope_attention,qkv,gate_up,add_rms_norm)\n"
@@ -125,6 +127,7 @@ static int parse_build(int argc, char **argv, infc_options *o, build_args *a) {
                                         {"cache-dir", required_argument, 0, 18},
                                         {"shape", required_argument, 0, 19},
                                         {"tp", required_argument, 0, 20},
+                                        {"layers", required_argument, 0, 21},
                                         {"help", no_argument, 0, 'h'},
                                         {0, 0, 0, 0}};
   static const char *keys[] = {"",           "dtype",         "max_tokens",  "max_seqs",
@@ -150,6 +153,7 @@ static int parse_build(int argc, char **argv, infc_options *o, build_args *a) {
     else if (c == 18) st = set_cache_dir(o, optarg, &d);
     else if (c == 19) st = infc_options_set(o, "shape", optarg, &d);
     else if (c == 20) st = infc_options_set(o, "tp", optarg, &d);
+    else if (c == 21) st = infc_options_set(o, "layers", optarg, &d);
     else if (c == 'q') a->quiet = true;
     else if (c == 'h') return usage_build(stdout) - 1;
     else return usage_build(stderr);

@@ -148,6 +148,7 @@ ir_status infc_options_set(infc_options *o, const char *key, const char *v, ir_d
   if (!strcmp(key, "max_logits")) return parse_int(key, v, 1, 1 << 16, &m->max_logits, d);
   if (!strcmp(key, "kv_block_size")) return parse_int(key, v, 1, 4096, &m->kv_block_size, d);
   if (!strcmp(key, "max_context")) return parse_int(key, v, 0, 1 << 24, &m->max_context, d);
+  if (!strcmp(key, "layers")) return parse_int(key, v, 0, 1 << 16, &m->layers, d);
   if (!strcmp(key, "tp")) {
     int64_t tp = 1;
     ir_status st = parse_int(key, v, 1, IR_MAX_TP, &tp, d);
@@ -366,6 +367,14 @@ int infc_options_describe(const infc_options *o, const char **keys, const char *
   if (o->model.tp_size > 1 && n < cap && off + strlen(tps) + 1 <= len) {
     memcpy(buf + off, tps, strlen(tps) + 1);
     keys[n] = "tp";
+    values[n++] = buf + off;
+    off += strlen(tps) + 1;
+  }
+  char ls[24]; /* only when set: plans of every layer keep their bytes */
+  snprintf(ls, sizeof ls, "%lld", (long long)o->model.layers);
+  if (o->model.layers > 0 && n < cap && off + strlen(ls) + 1 <= len) {
+    memcpy(buf + off, ls, strlen(ls) + 1);
+    keys[n] = "layers";
     values[n++] = buf + off;
   }
   return n;

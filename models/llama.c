@@ -508,7 +508,7 @@ static void add_inputs(builder *b) {
 static void set_config(builder *b, int64_t max_pos) {
   const model_llama_params *p = b->p;
   ir_model_config *c = &b->g->config;
-  snprintf(c->arch, sizeof c->arch, "%s", p->arch);
+  snprintf(c->arch, sizeof c->arch, "%.*s", (int)sizeof c->arch - 1, p->arch);
   c->vocab_size = p->vocab_size;
   c->hidden_size = p->hidden_size;
   c->n_layers = p->n_layers;
@@ -609,9 +609,15 @@ static void tp_shard(builder *b) {
   b->vocab = p->vocab_size / b->tp;
 }
 
-ir_status model_llama_build(const model_llama_params *p, const model_tensor_src *src,
+ir_status model_llama_build(const model_llama_params *params, const model_tensor_src *src,
                             const model_build_opts *bo, ir_graph **out, ir_diag *d) {
   *out = NULL;
+  model_llama_params kept = *params; /* bo->layers: the first layers only */
+  const model_llama_params *p = &kept;
+  if (bo->layers > params->n_layers)
+    return ir_diag_set(d, IR_INVALID_ARG, "--layers %lld: the model has %lld decoder layers",
+                       (long long)bo->layers, (long long)params->n_layers);
+  if (bo->layers > 0) kept.n_layers = bo->layers;
   ir_status st = model_llama_check(p, d);
   if (st != IR_OK) return st;
   if ((st = tp_check(p, bo, d)) != IR_OK) return st;

@@ -36,6 +36,9 @@ typedef struct model_build_opts {
   /* tensor parallelism: build rank tp_rank's shard of tp_size (0 or 1: the whole model) */
   int tp_size;
   int tp_rank;
+  /* 0: every decoder layer; n: the first n of them, then the final norm and the head (a
+   * layer-skip draft of the same checkpoint, for speculative decoding) */
+  int64_t layers;
 } model_build_opts;
 
 /* Defaults: keep dtype, T 512, S 64, L 64, block 16, full context. */

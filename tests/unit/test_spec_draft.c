@@ -24,7 +24,8 @@
 
 #define MAX_OUT 24
 
-static const char *build(const char *fixture, const char *quant, const char *name) {
+static const char *build_opt(const char *fixture, const char *key, const char *val,
+                             const char *name) {
   static char paths[8][512];
   static int next;
   char *path = paths[next++ % 8];
@@ -37,10 +38,14 @@ static const char *build(const char *fixture, const char *quant, const char *nam
   ir_diag d = {0};
   char dir[512];
   snprintf(dir, sizeof dir, "%s/%s", FIXTURES_DIR, fixture);
-  bool ok = (!quant || infc_options_set(&o, "quant", quant, &d) == IR_OK) &&
+  bool ok = (!key || infc_options_set(&o, key, val, &d) == IR_OK) &&
             infc_build(dir, &o, path, NULL, NULL, &d) == IR_OK;
   CHECKF(ok, "build %s: %s", name, d.msg);
   return ok ? path : NULL;
+}
+
+static const char *build(const char *fixture, const char *quant, const char *name) {
+  return build_opt(fixture, quant ? "quant" : NULL, quant, name);
 }
 
 static irt_model *open_plan(const char *plan, int64_t kv_tokens) {
@@ -110,12 +115,15 @@ static void test_greedy(const char *target, const char *close_draft, const char 
   enum { N = 9 };
   out ref[N], got[N];
   irt_engine_stats s0, s1;
+  /* a layer-skip draft: the target's first layer, then its norm and head (infc --layers) */
+  const char *skip = build_opt("llama-gqa-f32", "layers", "1", "gqa-1layer");
   struct {
     const char *target, *draft, *what;
     int64_t kv;
   } cases[] = {{target, close_draft, "its own q8_0 build", 0},
                {foreign_target, foreign, "another model", 0},
-               {target, close_draft, "its own q8_0 build, small KV pools (preemption)", 48}};
+               {target, close_draft, "its own q8_0 build, small KV pools (preemption)", 48},
+               {target, skip, "its first layer (--layers 1)", 0}};
   for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
     irt_model *m = open_plan(cases[c].target, cases[c].kv);
     irt_model *d = open_plan(cases[c].draft, cases[c].kv);
@@ -123,6 +131,9 @@ static void test_greedy(const char *target, const char *close_draft, const char 
       irt_model_close(m), irt_model_close(d);
       continue;
     }
+    if (c == 3)
+      CHECKF(irt_model_get_info(d)->n_layers == 1 && irt_model_get_info(m)->n_layers == 2,
+             "--layers 1: %lld layers", (long long)irt_model_get_info(d)->n_layers);
     run_greedy(m, NULL, N, ref, &s0);
     run_greedy(m, d, N, got, &s1);
     int same = 0;
@@ -335,6 +346,15 @@ static void test_parallel(const char *target, const char *draft) {
 }
 
 static void test_mismatch(const char *target, const char *other_vocab) {
+  infc_options o = infc_options_default();
+  ir_diag dg = {0};
+  char dir[512], path[512];
+  snprintf(dir, sizeof dir, "%s/llama-gqa-f32", FIXTURES_DIR);
+  snprintf(path, sizeof path, "%s/spec-draft-3layers.plan", TEST_TMP_DIR);
+  CHECK(infc_options_set(&o, "layers", "3", &dg) == IR_OK);
+  CHECK(infc_build(dir, &o, path, NULL, NULL, &dg) == IR_INVALID_ARG);
+  printf("--layers past the model: %s\n", dg.msg);
+  CHECK(strstr(dg.msg, "2 decoder layers") != NULL);
   irt_model *m = open_plan(target, 0), *d = open_plan(other_vocab, 0);
   if (m && d) {
     irt_engine_opts eo = irt_engine_opts_default();
