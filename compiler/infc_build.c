@@ -185,6 +185,10 @@ static ir_status open_onnx(const char *src, const infc_options *o, infc_source *
                            ir_graph **out_graph, ir_diag *d) {
   bool is_lm = false;
   snprintf(s->kind, sizeof s->kind, "onnx");
+  if (o->model.layers > 0)
+    return ir_diag_set(d, IR_UNSUPPORTED,
+                       "--layers: an ONNX graph is built as exported; keep the first layers of "
+                       "a safetensors or GGUF checkpoint instead");
   ir_status st =
       infc_onnx_llm_import(src, &o->model, &is_lm, &s->onnx, out_graph, s->hash, s->recognised, d);
   if (st != IR_OK || is_lm) return st;
