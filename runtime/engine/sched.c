@@ -99,21 +99,40 @@ static bool scoring(const eseq *s) {
   return s->req->r.prompt_logprobs && s->index == 0 && s->plp_next < s->req->n_prompt;
 }
 
-static void prefix_lookup(irt_engine *e, eseq *s) {
-  irt_seq *k = s->kv;
-  if (e->o.disable_prefix_cache || k->n_blocks || scoring(s)) return;
-  int64_t bs = bsz(e), limit = (s->n_tokens - 1) / bs;
+/* The prefix cache of one model's KV (the target's, or a draft's: the same keys) for s,
+ * whose sequence there is k, its registered-block count and chain hash *reg, *hash.
+ * cache_lookup: k (empty) takes every cached full block of s's known tokens but the last
+ * token's; cache_register: k's full blocks of known tokens past *reg are registered. */
+static void cache_lookup(kv_cache *kv, const eseq *s, irt_seq *k, int64_t *reg, uint64_t *hash) {
+  int64_t bs = kv->block_size, limit = (s->n_tokens - 1) / bs;
   uint64_t parent = 0, tenant = s->req->tenant_hash;
   for (int64_t j = 0; j < limit; j++) {
     const int32_t *t = s->tokens + j * bs;
-    int32_t b = kv_prefix_lookup(&e->m->kv, parent, t, tenant);
+    int32_t b = kv_prefix_lookup(kv, parent, t, tenant);
     if (b < 0) break;
     k->blocks[k->n_blocks++] = b;
     k->len += bs;
     parent = kv_chain_hash(parent, t, bs, tenant);
   }
-  s->n_registered = k->n_blocks;
-  s->last_hash = parent;
+  *reg = k->n_blocks;
+  *hash = parent;
+}
+
+static void cache_register(kv_cache *kv, const eseq *s, const irt_seq *k, int64_t *reg,
+                           uint64_t *hash) {
+  int64_t bs = kv->block_size;
+  uint64_t tenant = s->req->tenant_hash;
+  while ((*reg + 1) * bs <= k->len) {
+    const int32_t *t = s->tokens + *reg * bs;
+    kv_block_register(kv, k->blocks[*reg], *hash, t, tenant);
+    *hash = kv_chain_hash(*hash, t, bs, tenant);
+    (*reg)++;
+  }
+}
+
+static void prefix_lookup(irt_engine *e, eseq *s) {
+  if (e->o.disable_prefix_cache || s->kv->n_blocks || scoring(s)) return;
+  cache_lookup(&e->m->kv, s, s->kv, &s->n_registered, &s->last_hash);
 }
 
 /* Is this the first token of a request with n > 1, which every completion picks from
@@ -311,6 +330,23 @@ static irt_pick *row_picks(irt_engine *e, eseq *s, int64_t n) {
   return p;
 }
 
+/* Whether item k can take drafts (a decoding sequence's last token, no fork, no scored
+ * prompt), and how many at most: its next draft length within the step's token budget and
+ * logit rows, the request's max_tokens and the context (context: the smaller one where a
+ * draft model's counts too). */
+static bool spec_item(const irt_engine *e, int k) {
+  const eseq *s = e->item_seq[k];
+  return e->items[k].n == 1 && s->kv->len + 1 == s->n_tokens && !fork_point(s) && !e->item_plp[k];
+}
+
+static int64_t spec_cap(const irt_engine *e, const eseq *s, int64_t budget, int64_t context) {
+  int64_t cap = s->spec_len;
+  int64_t lim[4] = {budget, e->max_rows - e->rows_now, s->req->r.max_tokens - s->n_generated - 1,
+                    context - s->n_tokens};
+  for (int j = 0; j < 4; j++) cap = lim[j] < cap ? lim[j] : cap;
+  return cap;
+}
+
 /* The chance that a draft of s is kept, given the ones before it were: its own record,
  * started at (and decaying back to) an optimistic prior so that every sequence tries. */
 #define SPEC_PRIOR 0.9
@@ -334,11 +370,8 @@ static void add_drafts(irt_engine *e, int64_t budget) {
   for (int k = 0; k < e->n_items_now && budget > 0 && e->rows_now < e->max_rows; k++) {
     eseq *s = e->item_seq[k];
     irt_batch_item *it = &e->items[k];
-    if (it->n != 1 || s->kv->len + 1 != s->n_tokens || fork_point(s) || e->item_plp[k]) continue;
-    int64_t cap = s->spec_len;
-    int64_t lim[4] = {budget, e->max_rows - e->rows_now, s->req->r.max_tokens - s->n_generated - 1,
-                      in->context_length - s->n_tokens};
-    for (int j = 0; j < 4; j++) cap = lim[j] < cap ? lim[j] : cap;
+    if (!spec_item(e, k)) continue;
+    int64_t cap = spec_cap(e, s, budget, in->context_length);
     if (!e->o.spec_always && !e->cost_ok && cap > 1) cap = 1; /* one at a time until timed */
     if (weigh && cap > 0) {
       double t = tokens, v = value, x = 0.0;
@@ -394,34 +427,13 @@ static void penalized_row(irt_engine *e, eseq *s, const float *lg, const int32_t
  * blocks of its known tokens but the last; its full blocks of known tokens (caught up, or
  * kept after a check) are registered. */
 static void draft_prefix_lookup(irt_engine *e, eseq *s) {
-  irt_seq *k = s->dkv;
-  if (e->o.disable_prefix_cache || k->n_blocks) return;
-  kv_cache *kv = &e->o.draft->kv;
-  int64_t bs = kv->block_size, limit = (s->n_tokens - 1) / bs;
-  uint64_t parent = 0, tenant = s->req->tenant_hash;
-  for (int64_t j = 0; j < limit; j++) {
-    const int32_t *t = s->tokens + j * bs;
-    int32_t b = kv_prefix_lookup(kv, parent, t, tenant);
-    if (b < 0) break;
-    k->blocks[k->n_blocks++] = b;
-    k->len += bs;
-    parent = kv_chain_hash(parent, t, bs, tenant);
-  }
-  s->d_registered = k->n_blocks;
-  s->d_last_hash = parent;
+  if (e->o.disable_prefix_cache || s->dkv->n_blocks) return;
+  cache_lookup(&e->o.draft->kv, s, s->dkv, &s->d_registered, &s->d_last_hash);
 }
 
 static void draft_register(irt_engine *e, eseq *s) {
-  if (e->o.disable_prefix_cache) return;
-  kv_cache *kv = &e->o.draft->kv;
-  int64_t bs = kv->block_size;
-  uint64_t tenant = s->req->tenant_hash;
-  while ((s->d_registered + 1) * bs <= s->dkv->len) {
-    const int32_t *t = s->tokens + s->d_registered * bs;
-    kv_block_register(kv, s->dkv->blocks[s->d_registered], s->d_last_hash, t, tenant);
-    s->d_last_hash = kv_chain_hash(s->d_last_hash, t, bs, tenant);
-    s->d_registered++;
-  }
+  if (!e->o.disable_prefix_cache)
+    cache_register(&e->o.draft->kv, s, s->dkv, &s->d_registered, &s->d_last_hash);
 }
 
 /* The blocks of s past the one its next token needs, back to the pool (taken for drafts
@@ -543,13 +555,10 @@ static void add_model_drafts(irt_engine *e, int64_t budget) {
   for (int k = 0; k < e->n_items_now && budget > 0 && e->rows_now < e->max_rows && n < e->dslots;
        k++) {
     eseq *s = e->item_seq[k];
-    if (e->items[k].n != 1 || s->kv->len + 1 != s->n_tokens || fork_point(s) || e->item_plp[k] ||
-        s->gram || s->req->host_pick || !s->dkv)
-      continue;
-    int64_t cap = s->spec_len;
-    int64_t lim[5] = {budget, e->max_rows - e->rows_now, s->req->r.max_tokens - s->n_generated - 1,
-                      in->context_length - s->n_tokens, din->context_length - s->n_tokens};
-    for (int j = 0; j < 5; j++) cap = lim[j] < cap ? lim[j] : cap;
+    if (!spec_item(e, k) || s->gram || s->req->host_pick || !s->dkv) continue;
+    int64_t ctx =
+        din->context_length < in->context_length ? din->context_length : in->context_length;
+    int64_t cap = spec_cap(e, s, budget, ctx);
     if (weigh && cap > 0) {
       double t = tokens, v = value, x = extra;
       /* weighed out: back toward the prior, without the exploring draft of prompt lookup
@@ -629,15 +638,8 @@ static bool schedule(irt_engine *e) {
 /* --- after the step ----------------------------------------------------------------------- */
 
 static void register_blocks(irt_engine *e, eseq *s) {
-  if (e->o.disable_prefix_cache) return;
-  int64_t bs = bsz(e);
-  uint64_t tenant = s->req->tenant_hash;
-  while ((s->n_registered + 1) * bs <= s->kv->len) {
-    const int32_t *t = s->tokens + s->n_registered * bs;
-    kv_block_register(&e->m->kv, s->kv->blocks[s->n_registered], s->last_hash, t, tenant);
-    s->last_hash = kv_chain_hash(s->last_hash, t, bs, tenant);
-    s->n_registered++;
-  }
+  if (!e->o.disable_prefix_cache)
+    cache_register(&e->m->kv, s, s->kv, &s->n_registered, &s->last_hash);
 }
 
 static void emit(irt_engine *e, eseq *s, int32_t tok, float lp, const char *text, size_t len) {
@@ -855,6 +857,18 @@ static void fork_completions(irt_engine *e, eseq *s) {
   }
 }
 
+/* After a check of nd drafts of s, i of them kept: its record (drafts 0..i were checked,
+ * i + 1 of them unless all nd were kept), its next draft length (a sequence that stops
+ * copying its context soon drafts one at a time), and its cache cut back to the kept
+ * positions (the blocks past them held rejected drafts). */
+static void spec_record(irt_engine *e, eseq *s, int i, int nd) {
+  s->spec_hits = s->spec_hits * 0.8f + (float)i;
+  s->spec_tries = s->spec_tries * 0.8f + (float)(i < nd ? i + 1 : nd);
+  int grow = 2 * s->spec_len < e->o.spec_tokens ? 2 * s->spec_len : e->o.spec_tokens;
+  s->spec_len = i == nd ? grow : i + 1;
+  irt_seq_truncate(s->kv, s->kv->len);
+}
+
 /* A step ran s's last token and n - 1 drafts: row i is the distribution after draft i
  * (the last token for i = 0). Each row is picked exactly as a plain decode step would
  * pick it, so the tokens taken are those decoding without drafts would take: a draft
@@ -880,13 +894,7 @@ static void verify(irt_engine *e, int k) {
     if (!kept) break;
   }
   if (it->pick) irt_sampler_skip(s->sampler, i + 1); /* rows 0..i took their draws */
-  /* drafts 0..i were checked (i + 1 of them unless all nd were kept), i kept */
-  s->spec_hits = s->spec_hits * 0.8f + (float)i;
-  s->spec_tries = s->spec_tries * 0.8f + (float)(i < nd ? i + 1 : nd);
-  /* i drafts kept: a sequence that stops copying its context soon drafts one at a time */
-  int grow = 2 * s->spec_len < e->o.spec_tokens ? 2 * s->spec_len : e->o.spec_tokens;
-  s->spec_len = i == nd ? grow : i + 1;
-  irt_seq_truncate(s->kv, s->kv->len); /* the blocks past it held rejected drafts */
+  spec_record(e, s, i, nd);
 }
 
 /* A step ran s's last token and n - 1 drafts of the draft model (slot i): row j is the
@@ -931,11 +939,7 @@ static void verify_drafted(irt_engine *e, int k, int slot) {
     if (s->state != ESEQ_RUNNING) return; /* finished: its blocks are gone */
     if (!kept) break;
   }
-  s->spec_hits = s->spec_hits * 0.8f + (float)i;
-  s->spec_tries = s->spec_tries * 0.8f + (float)(i < nd ? i + 1 : nd);
-  int grow = 2 * s->spec_len < e->o.spec_tokens ? 2 * s->spec_len : e->o.spec_tokens;
-  s->spec_len = i == nd ? grow : i + 1;
-  irt_seq_truncate(s->kv, s->kv->len);
+  spec_record(e, s, i, nd);
   irt_seq_truncate(s->dkv, base_n + i); /* the draft's positions of kept tokens stay */
   draft_register(e, s);
 }
