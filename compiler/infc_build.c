@@ -319,6 +319,7 @@ ir_status infc_build(const char *src, const infc_options *opts, const char *out_
                   .quant = &o.quant,
                   .quant_calib = o.quant_calib[0] ? o.quant_calib : NULL,
                   .act_int8 = infc_options_act_int8(&o),
+                  .act_bf16 = infc_options_act_bf16(&o),
                   .repack = o.repack,
                   .pool = kn_pool_create(0)}; /* NULL (no threads): serial */
   if (st == IR_OK && o.act_dtype == INFC_ACT_INT8 && !strcmp(o.target, "cuda"))
@@ -326,6 +327,10 @@ ir_status infc_build(const char *src, const infc_options *opts, const char *out_
                      "option 'act_dtype': int8 activations of q8_0/q4_0/q4_1 "
                      "matmuls are a CPU path (the GPU kernels read f32); use auto or f32 with "
                      "--target cuda");
+  if (st == IR_OK && o.act_dtype == INFC_ACT_BF16 && !strcmp(o.target, "cuda"))
+    st = ir_diag_set(d, IR_UNSUPPORTED,
+                     "option 'act_dtype': bf16 activations of bf16 matmuls are a CPU path (the "
+                     "GPU kernels read f32); use auto or f32 with --target cuda");
   if (!strcmp(o.target, "cuda")) {
     po.capture_plan = true;
     if (o.n_decode_buckets > 0)

@@ -55,7 +55,9 @@ static int usage_build(FILE *f) {
       "                         :lm_head to include the logits projection\n"
       "      --quant-calib FILE w8a8: smooth with activation maxima from tools/w8a8-calib\n"
       "      --act-dtype T      activations of q8_0/q4_0/q4_1 matmuls: auto (int8 for\n"
-      "                         --target cpu, f32 for cuda), f32, int8 (per 32 values)\n"
+      "                         --target cpu, f32 for cuda), f32, int8 (per 32 values);\n"
+      "                         bf16: int8 there, and bf16 weights multiply x rounded\n"
+      "                         to bf16 (AVX512-BF16's bf16 products, f32 sums; CPU)\n"
       "      --no-repack        keep those weights in their GGUF block layout (default:\n"
       "                         8 rows interleaved, the CPU kernels' faster layout)\n"
       "      --shape NAME=DIMS  a generic ONNX graph's input range, dims like 1..64x3x224x224\n"
@@ -179,7 +181,7 @@ static int cmd_build(int argc, char **argv) {
            a.out, a.src, r.source_kind, r.nodes_before, r.nodes_after,
            (double)r.weight_bytes / 1048576.0, (double)r.arena_bytes / 1048576.0, now_s() - t0);
   static const pass_line lines[] = {PASS_LINE_OPS, PASS_LINE_QUANT, PASS_LINE_ACT_INT8,
-                                    PASS_LINE_REPACK};
+                                    PASS_LINE_ACT_BF16, PASS_LINE_REPACK};
   for (size_t i = 0; !a.quiet && i < sizeof lines / sizeof *lines; i++) {
     char line[256]; /* the pass log's width */
     if (pass_results_line(&r.passes, lines[i], line, sizeof line)) printf("infc: %s\n", line);

@@ -170,14 +170,14 @@ ir_status infc_options_set(infc_options *o, const char *key, const char *v, ir_d
     return IR_OK;
   }
   if (!strcmp(key, "act_dtype")) {
-    static const char *const names[] = {"auto", "f32", "int8"};
-    for (int i = 0; i < 3; i++)
+    static const char *const names[] = {"auto", "f32", "int8", "bf16"};
+    for (int i = 0; i < 4; i++)
       if (!strcmp(v, names[i])) {
         o->act_dtype = (infc_act_dtype)i;
         return IR_OK;
       }
-    return ir_diag_set(d, IR_INVALID_ARG, "option 'act_dtype': '%s' is not one of auto, f32, int8",
-                       v);
+    return ir_diag_set(d, IR_INVALID_ARG,
+                       "option 'act_dtype': '%s' is not one of auto, f32, int8, bf16", v);
   }
   if (!strcmp(key, "tokenizer")) {
     if (strlen(v) >= sizeof o->tokenizer)
@@ -304,8 +304,10 @@ ir_status infc_options_load_yaml(infc_options *o, const char *path, ir_diag *d) 
   return st;
 }
 
+bool infc_options_act_bf16(const infc_options *o) { return o->act_dtype == INFC_ACT_BF16; }
+
 bool infc_options_act_int8(const infc_options *o) {
-  return o->act_dtype == INFC_ACT_INT8 ||
+  return o->act_dtype == INFC_ACT_INT8 || o->act_dtype == INFC_ACT_BF16 ||
          (o->act_dtype == INFC_ACT_AUTO && strcmp(o->target, "cuda") != 0);
 }
 
@@ -347,7 +349,9 @@ int infc_options_describe(const infc_options *o, const char **keys, const char *
     values[n++] = buf + off;
     off += l;
   }
-  const char *act = infc_options_act_int8(o) ? "int8" : "f32";
+  const char *act = o->act_dtype == INFC_ACT_BF16 ? "bf16"
+                    : infc_options_act_int8(o)    ? "int8"
+                                                  : "f32";
   if (n < cap && off + strlen(act) + 1 <= len) {
     memcpy(buf + off, act, strlen(act) + 1);
     keys[n] = "act_dtype";

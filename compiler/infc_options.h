@@ -13,8 +13,9 @@
  *                                     # | w8a8 | q8_0 | q4_0 | q4_1 (each may add
  *                                     # :lm_head); pass_quantize.h
  *   quant_calib: ""                   # w8a8: activation maxima (tools/w8a8-calib)
- *   act_dtype: auto | f32 | int8      # activations of q8_0/q4_0/q4_1 matmuls: int8 per
- *                                     # 32-value block (auto: int8 for target cpu)
+ *   act_dtype: auto | f32 | int8 | bf16  # activations of q8_0/q4_0/q4_1 matmuls: int8
+ *                                     # per 32-value block (auto: on target cpu); bf16:
+ *                                     # that, and bf16 activations of bf16 matmuls
  *   target: cpu | cuda
  *   arch: sm_80,sm_90                 # target cuda: GPU archs to compile kernels for
  *   passes: { fold: true, fuse: true }  # and fuse_rope_attention, fuse_qkv, fuse_gate_up,
@@ -31,11 +32,13 @@
 #include "model_template.h"
 #include "pass_quantize.h"
 
-/* act_dtype: auto (int8 for target cpu, f32 for cuda), f32, int8. */
+/* act_dtype: auto (int8 for q8_0/q4_0/q4_1 weights on target cpu, else f32), f32, int8,
+ * bf16 (as int8, and bf16 activations for bf16 weights: a CPU path that rounds x). */
 typedef enum infc_act_dtype {
   INFC_ACT_AUTO = 0,
   INFC_ACT_F32 = 1,
   INFC_ACT_INT8 = 2,
+  INFC_ACT_BF16 = 3,
 } infc_act_dtype;
 
 /* A generic graph input's shape range (--shape NAME=1..64x3x224x224, or build.yaml's
@@ -96,6 +99,8 @@ ir_status infc_options_load_yaml(infc_options *o, const char *path, ir_diag *d);
  * entries of keys/values (values are written into `buf` of len bytes). Returns count. */
 /* Whether block-quantized matmuls take int8 activations under these options. */
 bool infc_options_act_int8(const infc_options *o);
+/* Whether bf16 matmuls take bf16 activations (act_dtype bf16). */
+bool infc_options_act_bf16(const infc_options *o);
 
 int infc_options_describe(const infc_options *o, const char **keys, const char **values, int cap,
                           char *buf, size_t len);

@@ -267,6 +267,8 @@ static const char *const k_attr_names[] = {
     "ceil_mode",
     "count_include_pad",
     "cap",
+    /* matmul with a bf16 weight: bf16 activations (ir_op.c) */
+    "act_bf16",
 };
 
 const char *ir_attr_intern(const char *name) {

@@ -13,6 +13,8 @@
  *       (block-quantized tables and weights: H and K multiples of the 32-value block)
  *       act_int8 = 1 with a q8_0|q4_0|q4_1 w: x is quantized to int8 per 32-value block
  *       at run time and summed in integers (kn_matmul_q8); K <= IR_Q8_ACT_MAX_K.
+ *       act_bf16 = 1 with a bf16 w: x is rounded to bf16 at run time, bf16 products summed
+ *       in f32 (kn_matmul_bf16x).
  *       act = IR_ACT_SWIGLU (ir.h): w holds gate rows then up rows, output [M,N/2]
  *   matmul(x[M,K], w[N,K] i8|i4, bias[N] f32?, scales[N,G] f32|f16, zero_points[N,G] u8|i8|f16|f32?;
  *          act_int8?)                                      -> [M,N]
@@ -293,6 +295,8 @@ static ir_status infer_matmul(infer_ctx *c, infer_out *o) {
                 "act_int8 goes with an i8 weight (W8A8) or a q8_0/q4_0/q4_1 weight with "
                 "K <= 16384, not %s",
                 ir_dtype_name(w->dtype), "");
+  if (ir_node_attr_i(c->n, "act_bf16", 0) && w->dtype != IR_BF16)
+    return fail(c, "act_bf16 goes with a bf16 weight, not %s%s", ir_dtype_name(w->dtype), "");
   if (ir_dtype_is_x8(w->dtype) && !ir_node_attr_i(c->n, "act_int8", 0))
     return fail(c, "a %s weight (8 rows interleaved) needs act_int8", ir_dtype_name(w->dtype), "");
   if (b && (!want_dtype(c, b, IR_F32, IR_F32, IR_F32) || !want_rank(c, b, 1) ||

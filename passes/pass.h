@@ -30,6 +30,7 @@ typedef struct pass_opts {
   const struct pass_quant_opts *quant; /* weight quantization (pass_quantize.h); NULL: none */
   const char *quant_calib; /* w8a8: activation maxima for smoothing (pass_quantize.h); NULL */
   bool act_int8;     /* matmuls of q8_0/q4_0/q4_1 weights take int8 activations (pass_act_int8) */
+  bool act_bf16;     /* matmuls of bf16 weights take bf16 activations (pass_act_bf16) */
   bool repack;       /* their weights interleaved by 8 rows for the CPU kernels (pass_repack) */
   bool capture_plan; /* target cuda: plan the CUDA Graph decode buckets */
   const int64_t *decode_buckets; /* the buckets asked for; NULL: 1, 2, 4, ... up to the limit */
@@ -60,6 +61,7 @@ typedef struct pass_results {
   } quant;
   bool act_int8_ran;
   int act_int8_done, act_int8_long; /* matmuls given int8 activations; left f32 (K too long) */
+  int act_bf16_done;                /* matmuls given bf16 activations */
   bool repack_ran;
   int repack_done;
   uint64_t repack_bytes;
@@ -71,6 +73,7 @@ typedef enum pass_line {
   PASS_LINE_QUANT,    /* "quantize int4:g32:asym: 84 matmul weights ..." */
   PASS_LINE_ACT_INT8, /* "act_int8: 84 q8_0/q4_0/q4_1 matmuls take int8 activations" */
   PASS_LINE_REPACK,   /* "repack: 84 weights (61.2 MiB) interleaved by 8 rows" */
+  PASS_LINE_ACT_BF16, /* "act_bf16: 151 bf16 matmuls take bf16 activations" */
 } pass_line;
 
 /* The summary line of one result into buf (as the pass log has it); false, with buf empty,
@@ -115,6 +118,12 @@ ir_status pass_fuse_gate_up(ir_graph *g, const pass_opts *o, pass_log *log, ir_d
  * (kn_matmul_q8), as llama.cpp does -- about 1.5x faster decode on AVX2, at the precision
  * of 8-bit activations. Runs when o->act_int8 (infc's act_dtype int8, or auto on CPU). */
 ir_status pass_act_int8(ir_graph *g, const pass_opts *o, pass_log *log, ir_diag *d);
+
+/* Every matmul with a bf16 weight (rank 2) gets act_bf16 = 1: the CPU rounds x to bf16 and
+ * sums bf16 products in f32 (AVX512-BF16's vdpbf16ps order, kn_matmul_bf16x): twice the
+ * multiply rate of f32 activations, with bf16's 8-bit mantissa on x. Runs when
+ * o->act_bf16 (infc's act_dtype bf16); logs a line only when a matmul took it. */
+ir_status pass_act_bf16(ir_graph *g, const pass_opts *o, pass_log *log, ir_diag *d);
 
 /* The weights of act_int8 matmuls (q8_0, q4_0, q4_1; rows a multiple of 8, of 16 for a
  * fused gate/up) rewritten in the 8-row interleaved layout (IR_*_X8, ir_dtype.h), which

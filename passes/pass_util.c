@@ -63,6 +63,10 @@ bool pass_results_line(const pass_results *r, pass_line which, char *buf, size_t
              r->act_int8_done, extra);
     return true;
   }
+  case PASS_LINE_ACT_BF16:
+    if (!r->act_bf16_done) return false;
+    snprintf(buf, len, "act_bf16: %d bf16 matmuls take bf16 activations", r->act_bf16_done);
+    return true;
   case PASS_LINE_REPACK:
     if (!r->repack_ran) return false;
     snprintf(buf, len, "repack: %d weights (%.1f MiB) interleaved by 8 rows%s", r->repack_done,

@@ -58,6 +58,14 @@ void kn_matmul(kn_pool *p, float *y, const float *x, const void *w, ir_dtype wt,
 void kn_matmul_swiglu(kn_pool *p, float *y, const float *x, const void *w, ir_dtype wt,
                       const float *bias, int64_t m, int64_t n, int64_t k);
 
+/* bf16 W with bf16 activations (a matmul with act_bf16): y = x . W^T (+ bias), x rounded
+ * to bf16, bf16 products summed in f32 in the order of AVX512-BF16's vdpbf16ps (on it
+ * where the CPU has it, bit for bit the same with f32 FMAs elsewhere; kn_matmul.c). W: (n,
+ * k) bf16, or (2n, k) with swiglu (y as kn_matmul_swiglu's). A row's result never depends
+ * on m or the thread count. */
+void kn_matmul_bf16x(kn_pool *p, float *y, const float *x, const uint16_t *w, const float *bias,
+                     int64_t m, int64_t n, int64_t k, bool swiglu);
+
 /* How the matmul kernels cut y (m, n) into pool tasks: tiles of mb rows x nb columns,
  * n_tiles of them along n; task t is row tile t / n_tiles, column tile t % n_tiles. Tiles
  * follow the cache (a W tile stays in L2 while x rows sweep it) and the thread count; they
@@ -91,6 +99,12 @@ void kn_matmul_q8(kn_pool *p, float *y, const float *x, const void *w, ir_dtype 
  * and returns the previous cap. For tests and benchmarks; call it only while no kernel
  * runs. */
 int kn_matmul_set_max_isa(int isa);
+/* Whether kn_matmul_bf16x may run on AVX512-BF16's vdpbf16ps (where the CPU has it,
+ * under a cap of 2 or more); off, the AVX-512F kernels compute the same bits with f32
+ * FMAs. Returns the previous setting. For tests and benchmarks, as above. */
+bool kn_matmul_use_bf16dp(bool on);
+/* Whether bf16 W runs on vdpbf16ps now (the CPU has it, the cap and the setting allow). */
+bool kn_matmul_bf16dp(void);
 /* The instruction set the CPU kernels dispatch to: the CPU's best under that cap. */
 int kn_cpu_isa(void);
 /* Whether this CPU and OS run AMX-INT8 (asks Linux for the tile state once). */

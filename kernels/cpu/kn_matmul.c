@@ -2,7 +2,8 @@
  * x86-64 picks AVX-512 or AVX2+FMA kernels at run time (build with KN_MATMUL_MAX_ISA=0
  * or 1 to cap that, or call kn_matmul_set_max_isa); a portable C path covers everything
  * else. W is f32, f16, bf16, or block-quantized (q8_0, q4_0, q4_1) and converted to f32
- * in registers: x stays f32. */
+ * in registers: x stays f32. kn_matmul_bf16x multiplies bf16 W by x rounded to bf16 (once
+ * a call), f32 sums, on AVX512-BF16's vdpbf16ps where the CPU has it. */
 #include <math.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -10,6 +11,7 @@
 
 #include "kn_cpu.h"
 #include "kn_quant.h"
+#include "ir_alloc.h"
 
 /* Batch invariance rests on one rule: every y element is a single dot product in a
  * fixed order -- 16 lanes strided over k (lane l takes k-indices = l mod 16), folded
@@ -21,7 +23,17 @@
  * Block-quantized W (k a multiple of 32, so no tail) is dequantized in registers to the
  * exact f32 values kn_dequant_row gives (w = d*q, or fma(d, q, m) for Q4_1) and then
  * summed in the f32 order above, so a quantized matmul is bit for bit the f32 matmul of
- * its dequantized W on the same path (and a plan built with --dtype f32 agrees). */
+ * its dequantized W on the same path (and a plan built with --dtype f32 agrees).
+ *
+ * kn_matmul_bf16x has an order of its own, that of AVX512-BF16's vdpbf16ps (bf16 products, f32
+ * sums, as oneDNN and llama.cpp compute bf16 weights): x is rounded to bf16 (nearest-even,
+ * NaN kept quiet, subnormal to signed zero: vcvtneps2bf16's rounding), k is padded with
+ * zeros to a multiple of 32, and lane l of 16 takes the pairs p = l mod 16 of k-indices
+ * (2p, 2p+1): acc = fma(x[2p+1], w[2p+1], acc), then acc = fma(x[2p], w[2p], acc), each
+ * with subnormal inputs and result flushed to zero; then the fold above, then the bias.
+ * The CPUs without the instruction compute the same steps with f32 FMAs (under MXCSR's
+ * DAZ and FTZ on x86), so every path agrees bit for bit there too (checked against the
+ * instruction on a CPU that has it: test_kernels). */
 enum {
   KN_MM_LANES = 16,
   KN_MM_MAX_R = 4,                /* largest kernel shape: rows of x ... */
@@ -40,6 +52,10 @@ enum {
    * lines are on their way while the current ones are being multiplied (the hardware
    * prefetchers ramp up too slowly over the short rows of a decode GEMV) */
   KN_MM_PREFETCH_BYTES = 8192,
+  KN_MM_SWIGLU_COLS = 64,         /* swiglu: gate and up values a row gathers before gating */
+  KN_MM_BF16_STEP = 16,           /* bf16 path: pair words (32 k-indices) a lane step */
+  KN_MM_BF16_STACK_WORDS = 16384, /* x rows of a few-row call converted on the stack */
+  KN_MM_BF16_GRAIN = 1 << 14,     /* x values a converting task takes at least */
 };
 
 #ifndef KN_MATMUL_MAX_ISA
@@ -187,6 +203,91 @@ static const mm_panel_kernels k_panel_c = {
     {NULL, mm_deq_c_f16, mm_deq_c_bf16, mm_deq_c_q8_0, mm_deq_c_q4_0, mm_deq_c_q4_1},
     8,
     8};
+
+/* ---- bf16 W: bf16 products, f32 sums (the order above) ------------------------------ */
+
+/* x rounded to bf16 as vcvtneps2bf16 does. */
+static inline uint16_t mm_bf16_round(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)(u >> 16 | 0x40u); /* quiet NaN */
+  if (!(u & 0x7f800000u)) return (uint16_t)(u >> 16 & 0x8000u); /* zero, subnormal: +-0 */
+  return (uint16_t)((u + 0x7fffu + (u >> 16 & 1u)) >> 16);
+}
+
+/* Words (pairs of bf16) an x row of k values takes: k padded to a multiple of 32. */
+static int64_t mm_bf16_words(int64_t k) {
+  return (k + 2 * KN_MM_BF16_STEP - 1) / (2 * KN_MM_BF16_STEP) * KN_MM_BF16_STEP;
+}
+
+/* One x row as bf16 pairs (word p: x[2p] low, x[2p+1] high), zero past k. */
+static void mm_bf16_row(const float *x, int64_t k, uint32_t *out) {
+  int64_t kw = mm_bf16_words(k);
+  for (int64_t p = 0; p < kw; p++) {
+    uint32_t lo = 2 * p < k ? mm_bf16_round(x[2 * p]) : 0;
+    uint32_t hi = 2 * p + 1 < k ? mm_bf16_round(x[2 * p + 1]) : 0;
+    out[p] = lo | hi << 16;
+  }
+}
+
+/* W pair p of a row of k bf16 values, zero past k. */
+static inline uint32_t mm_bf16_wpair(const uint16_t *w, int64_t k, int64_t p) {
+  uint32_t lo = 2 * p < k ? w[2 * p] : 0, hi = 2 * p + 1 < k ? w[2 * p + 1] : 0;
+  return lo | hi << 16;
+}
+
+/* W pairs [p, p + 16) of the nr rows (the k tail), with zeros past k. */
+static inline void mm_bf16_wtail(const void *const *wr, int64_t k, int64_t p, int nr,
+                                 uint32_t (*t)[KN_MM_BF16_STEP]) {
+  for (int c = 0; c < nr; c++)
+    for (int l = 0; l < KN_MM_BF16_STEP; l++) t[c][l] = mm_bf16_wpair(wr[c], k, p + l);
+}
+
+/* A subnormal f32 (given or computed) as its signed zero. */
+static inline float mm_ftz(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  if (!(u & 0x7f800000u)) u &= 0x80000000u;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+static inline float mm_bf16_f32(uint32_t h) {
+  uint32_t u = h << 16;
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return mm_ftz(f);
+}
+
+/* One lane step, vdpbf16ps's: the odd product first, each fused and flushed. */
+static inline float mm_bf16_step(uint32_t x, uint32_t w, float acc) {
+  acc = mm_ftz(fmaf(mm_bf16_f32(x >> 16), mm_bf16_f32(w >> 16), acc));
+  return mm_ftz(fmaf(mm_bf16_f32(x & 0xffffu), mm_bf16_f32(w & 0xffffu), acc));
+}
+
+/* xr: rows of bf16 pairs (mm_bf16_row, cast); wr: W rows of k bf16 values. */
+static inline __attribute__((always_inline)) void mm_bf16_body_c(const float *const *xr,
+                                                                 const void *const *wr, int64_t k,
+                                                                 float *out, int mr, int nr) {
+  float acc[KN_MM_MAX_R][KN_MM_MAX_C][KN_MM_LANES] = {{{0}}};
+  int64_t kw = mm_bf16_words(k);
+  for (int64_t p0 = 0; p0 < kw; p0 += KN_MM_BF16_STEP)
+    for (int r = 0; r < mr; r++)
+      for (int c = 0; c < nr; c++)
+        for (int l = 0; l < KN_MM_LANES; l++)
+          acc[r][c][l] = mm_bf16_step(((const uint32_t *)xr[r])[p0 + l],
+                                      mm_bf16_wpair(wr[c], k, p0 + l), acc[r][c][l]);
+  for (int r = 0; r < mr; r++)
+    for (int c = 0; c < nr; c++) out[r * nr + c] = mm_fold16(acc[r][c]);
+}
+
+#define MM_INST_BF16_C(name, mr, nr)                                                               \
+  static void name(const float *const *xr, const void *const *wr, int64_t k, float *out) {         \
+    mm_bf16_body_c(xr, wr, k, out, mr, nr);                                                        \
+  }
+MM_INST_BF16_C(mm_c_bf16x_2x2, 2, 2)
+MM_INST_BF16_C(mm_c_bf16x_1x4, 1, 4)
+static const mm_kernels k_bf16x_c = {2, 2, mm_c_bf16x_2x2, 4, mm_c_bf16x_1x4};
 
 /* Indexed by mm_dtype_index. */
 static const mm_kernels k_mm_c[6] = {
@@ -351,6 +452,83 @@ MM_INST_QAVX2(mm_avx2_q4_0_2x2, IR_Q4_0, 2, 2)
 MM_INST_QAVX2(mm_avx2_q4_0_1x4, IR_Q4_0, 1, 4)
 MM_INST_QAVX2(mm_avx2_q4_1_2x2, IR_Q4_1, 2, 2)
 MM_INST_QAVX2(mm_avx2_q4_1_1x4, IR_Q4_1, 1, 4)
+
+/* MXCSR's DAZ and FTZ, for the bf16 order's flushing on FMAs that do not flush: set
+ * around a kernel's steps, the accumulators passed through an empty asm after setting and
+ * before restoring so that no FMA of the steps moves out from between. */
+#define MM_CSR_FLUSH 0x8040u
+#define MM_PIN(v) __asm__ volatile("" : "+v"(v))
+
+/* The bf16 order on AVX2: lanes 0-7 (pair words p0..p0+7) in lo, 8-15 in hi; a word's
+ * high half is the odd value (w & 0xffff0000 its f32), the low half the even (w << 16). */
+MM_AVX2_INLINE void mm_bf16_split_avx2(__m256i v, __m256 *odd, __m256 *even) {
+  *odd = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32((int)0xffff0000u)));
+  *even = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+}
+
+MM_AVX2_INLINE void mm_bf16_step_avx2(const float *const *xr, const uint16_t *const *w, int64_t p,
+                                      int64_t wp, __m256 (*lo)[KN_MM_MAX_C],
+                                      __m256 (*hi)[KN_MM_MAX_C], int mr, int nr) {
+  __m256 xo[KN_MM_MAX_R][2], xe[KN_MM_MAX_R][2];
+  for (int r = 0; r < mr; r++)
+    for (int h = 0; h < 2; h++)
+      mm_bf16_split_avx2(_mm256_loadu_si256((const __m256i *)((const uint32_t *)xr[r] + p + 8 * h)),
+                         &xo[r][h], &xe[r][h]);
+  for (int c = 0; c < nr; c++) {
+    mm_prefetch_w(w[c] + 2 * wp);
+    __m256 wo[2], we[2];
+    for (int h = 0; h < 2; h++)
+      mm_bf16_split_avx2(_mm256_loadu_si256((const __m256i *)(w[c] + 2 * wp + 16 * h)), &wo[h],
+                         &we[h]);
+    for (int r = 0; r < mr; r++) {
+      lo[r][c] = _mm256_fmadd_ps(xo[r][0], wo[0], lo[r][c]);
+      hi[r][c] = _mm256_fmadd_ps(xo[r][1], wo[1], hi[r][c]);
+      lo[r][c] = _mm256_fmadd_ps(xe[r][0], we[0], lo[r][c]);
+      hi[r][c] = _mm256_fmadd_ps(xe[r][1], we[1], hi[r][c]);
+    }
+  }
+}
+
+MM_AVX2_INLINE void mm_bf16_body_avx2(const float *const *xr, const void *const *wr, int64_t k,
+                                      float *out, int mr, int nr) {
+  __m256 lo[KN_MM_MAX_R][KN_MM_MAX_C], hi[KN_MM_MAX_R][KN_MM_MAX_C];
+  const uint16_t *w[KN_MM_MAX_C];
+  const int64_t kw = mm_bf16_words(k), full = k / (2 * KN_MM_BF16_STEP) * KN_MM_BF16_STEP;
+  for (int c = 0; c < nr; c++) w[c] = wr[c];
+  unsigned csr = _mm_getcsr();
+  _mm_setcsr(csr | MM_CSR_FLUSH);
+  for (int r = 0; r < mr; r++)
+    for (int c = 0; c < nr; c++) {
+      lo[r][c] = hi[r][c] = _mm256_setzero_ps();
+      MM_PIN(lo[r][c]);
+      MM_PIN(hi[r][c]);
+    }
+  int64_t p = 0;
+  for (; p < full; p += KN_MM_BF16_STEP) mm_bf16_step_avx2(xr, w, p, p, lo, hi, mr, nr);
+  if (p < kw) {
+    _Alignas(32) uint32_t t[KN_MM_MAX_C][KN_MM_BF16_STEP];
+    const uint16_t *tw[KN_MM_MAX_C];
+    mm_bf16_wtail(wr, k, p, nr, t);
+    for (int c = 0; c < nr; c++) tw[c] = (const uint16_t *)t[c];
+    mm_bf16_step_avx2(xr, tw, p, 0, lo, hi, mr, nr);
+  }
+  for (int r = 0; r < mr; r++)
+    for (int c = 0; c < nr; c++) {
+      MM_PIN(lo[r][c]);
+      MM_PIN(hi[r][c]);
+    }
+  _mm_setcsr(csr);
+  for (int r = 0; r < mr; r++)
+    for (int c = 0; c < nr; c++) out[r * nr + c] = mm_fold8_avx(_mm256_add_ps(lo[r][c], hi[r][c]));
+}
+
+#define MM_INST_BF16_AVX2(name, mr, nr)                                                            \
+  static MM_AVX2 void name(const float *const *xr, const void *const *wr, int64_t k, float *out) { \
+    mm_bf16_body_avx2(xr, wr, k, out, mr, nr);                                                     \
+  }
+MM_INST_BF16_AVX2(mm_avx2_bf16x_2x2, 2, 2)
+MM_INST_BF16_AVX2(mm_avx2_bf16x_1x4, 1, 4)
+static const mm_kernels k_bf16x_avx2 = {2, 2, mm_avx2_bf16x_2x2, 4, mm_avx2_bf16x_1x4};
 
 static const mm_kernels k_mm_avx2[6] = {
     {2, 2, mm_avx2_f32_2x2, 4, mm_avx2_f32_1x4},   {2, 2, mm_avx2_f16_2x2, 4, mm_avx2_f16_1x4},
@@ -519,6 +697,118 @@ MM_INST_QAVX512(mm_avx512_q4_0_1x8, IR_Q4_0, 1, 8)
 MM_INST_QAVX512(mm_avx512_q4_1_4x4, IR_Q4_1, 4, 4)
 MM_INST_QAVX512(mm_avx512_q4_1_1x8, IR_Q4_1, 1, 8)
 
+/* The bf16 order on AVX-512F: one zmm a lane set, odd and even values split as on AVX2. */
+MM_AVX512_INLINE void mm_bf16_step_avx512(const float *const *xr, const uint16_t *const *w,
+                                          int64_t p, int64_t wp, __m512 (*acc)[KN_MM_MAX_C], int mr,
+                                          int nr) {
+  const __m512i hi_mask = _mm512_set1_epi32((int)0xffff0000u);
+  __m512 xo[KN_MM_MAX_R], xe[KN_MM_MAX_R];
+  for (int r = 0; r < mr; r++) {
+    __m512i v = _mm512_loadu_si512((const uint32_t *)xr[r] + p);
+    xo[r] = _mm512_castsi512_ps(_mm512_and_si512(v, hi_mask));
+    xe[r] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+  }
+  for (int c = 0; c < nr; c++) {
+    mm_prefetch_w(w[c] + 2 * wp);
+    __m512i v = _mm512_loadu_si512(w[c] + 2 * wp);
+    __m512 wo = _mm512_castsi512_ps(_mm512_and_si512(v, hi_mask));
+    __m512 we = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+    for (int r = 0; r < mr; r++) {
+      acc[r][c] = _mm512_fmadd_ps(xo[r], wo, acc[r][c]);
+      acc[r][c] = _mm512_fmadd_ps(xe[r], we, acc[r][c]);
+    }
+  }
+}
+
+MM_AVX512_INLINE void mm_bf16_body_avx512(const float *const *xr, const void *const *wr, int64_t k,
+                                          float *out, int mr, int nr) {
+  __m512 acc[KN_MM_MAX_R][KN_MM_MAX_C];
+  const uint16_t *w[KN_MM_MAX_C];
+  const int64_t kw = mm_bf16_words(k), full = k / (2 * KN_MM_BF16_STEP) * KN_MM_BF16_STEP;
+  for (int c = 0; c < nr; c++) w[c] = wr[c];
+  unsigned csr = _mm_getcsr();
+  _mm_setcsr(csr | MM_CSR_FLUSH);
+  for (int r = 0; r < mr; r++)
+    for (int c = 0; c < nr; c++) {
+      acc[r][c] = _mm512_setzero_ps();
+      MM_PIN(acc[r][c]);
+    }
+  int64_t p = 0;
+  for (; p < full; p += KN_MM_BF16_STEP) mm_bf16_step_avx512(xr, w, p, p, acc, mr, nr);
+  if (p < kw) {
+    _Alignas(64) uint32_t t[KN_MM_MAX_C][KN_MM_BF16_STEP];
+    const uint16_t *tw[KN_MM_MAX_C];
+    mm_bf16_wtail(wr, k, p, nr, t);
+    for (int c = 0; c < nr; c++) tw[c] = (const uint16_t *)t[c];
+    mm_bf16_step_avx512(xr, tw, p, 0, acc, mr, nr);
+  }
+  for (int r = 0; r < mr; r++)
+    for (int c = 0; c < nr; c++) MM_PIN(acc[r][c]);
+  _mm_setcsr(csr);
+  for (int r = 0; r < mr; r++)
+    for (int c = 0; c < nr; c++) out[r * nr + c] = mm_fold16_avx512(acc[r][c]);
+}
+
+#define MM_INST_BF16_AVX512(name, mr, nr)                                                          \
+  static MM_AVX512 void name(const float *const *xr, const void *const *wr, int64_t k,             \
+                             float *out) {                                                         \
+    mm_bf16_body_avx512(xr, wr, k, out, mr, nr);                                                   \
+  }
+MM_INST_BF16_AVX512(mm_avx512_bf16x_4x4, 4, 4)
+MM_INST_BF16_AVX512(mm_avx512_bf16x_1x8, 1, 8)
+static const mm_kernels k_bf16x_avx512 = {4, 4, mm_avx512_bf16x_4x4, 8, mm_avx512_bf16x_1x8};
+
+/* The bf16 order in vdpbf16ps itself (AVX512-BF16): one instruction a lane step. */
+#define MM_BF16DP __attribute__((target("avx512f,avx512bf16,avx2,fma,f16c")))
+#define MM_BF16DP_INLINE                                                                           \
+  static inline __attribute__((target("avx512f,avx512bf16,avx2,fma,f16c"), always_inline))
+
+MM_BF16DP_INLINE void mm_bf16_step_dp(const float *const *xr, const uint16_t *const *w, int64_t p,
+                                      int64_t wp, __m512 (*acc)[KN_MM_MAX_C], int mr, int nr) {
+  __m512i xv[KN_MM_MAX_R];
+  for (int r = 0; r < mr; r++) {
+    xv[r] = _mm512_loadu_si512((const uint32_t *)xr[r] + p);
+    if (nr > 1) MM_PIN(xv[r]);
+  }
+  for (int c = 0; c < nr; c++) {
+    mm_prefetch_w(w[c] + 2 * wp);
+    __m512i wv = _mm512_loadu_si512(w[c] + 2 * wp);
+    if (mr > 1) MM_PIN(wv);
+    for (int r = 0; r < mr; r++)
+      acc[r][c] = _mm512_dpbf16_ps(acc[r][c], (__m512bh)xv[r], (__m512bh)wv);
+  }
+}
+
+MM_BF16DP_INLINE void mm_bf16_body_dp(const float *const *xr, const void *const *wr, int64_t k,
+                                      float *out, int mr, int nr) {
+  __m512 acc[KN_MM_MAX_R][KN_MM_MAX_C];
+  const uint16_t *w[KN_MM_MAX_C];
+  const int64_t kw = mm_bf16_words(k), full = k / (2 * KN_MM_BF16_STEP) * KN_MM_BF16_STEP;
+  for (int c = 0; c < nr; c++) w[c] = wr[c];
+  for (int r = 0; r < mr; r++)
+    for (int c = 0; c < nr; c++) acc[r][c] = _mm512_setzero_ps();
+  int64_t p = 0;
+  for (; p < full; p += KN_MM_BF16_STEP) mm_bf16_step_dp(xr, w, p, p, acc, mr, nr);
+  if (p < kw) {
+    _Alignas(64) uint32_t t[KN_MM_MAX_C][KN_MM_BF16_STEP];
+    const uint16_t *tw[KN_MM_MAX_C];
+    mm_bf16_wtail(wr, k, p, nr, t);
+    for (int c = 0; c < nr; c++) tw[c] = (const uint16_t *)t[c];
+    mm_bf16_step_dp(xr, tw, p, 0, acc, mr, nr);
+  }
+  for (int r = 0; r < mr; r++)
+    for (int c = 0; c < nr; c++) out[r * nr + c] = mm_fold16_avx512(acc[r][c]);
+}
+
+#define MM_INST_BF16_DP(name, mr, nr)                                                              \
+  static MM_BF16DP void name(const float *const *xr, const void *const *wr, int64_t k,             \
+                             float *out) {                                                         \
+    mm_bf16_body_dp(xr, wr, k, out, mr, nr);                                                       \
+  }
+MM_INST_BF16_DP(mm_dp_bf16_4x4, 4, 4)
+MM_INST_BF16_DP(mm_dp_bf16_1x8, 1, 8)
+static const mm_kernels k_mm_bf16dp = {4, 4, mm_dp_bf16_4x4, 8, mm_dp_bf16_1x8};
+
 static const mm_kernels k_mm_avx512[6] = {
     {4, 4, mm_avx512_f32_4x4, 8, mm_avx512_f32_1x8},
     {4, 4, mm_avx512_f16_4x4, 8, mm_avx512_f16_1x8},
@@ -639,6 +929,20 @@ static int mm_dtype_index(ir_dtype wt) {
   }
 }
 
+/* AVX512-BF16 (cpuid 7.1 eax bit 5), asked once. */
+static bool mm_cpu_has_bf16dp(void) {
+  static _Atomic int cached = -1;
+  int v = atomic_load_explicit(&cached, memory_order_relaxed);
+  if (v >= 0) return v;
+  v = 0;
+#if KN_MM_X86 && KN_MATMUL_MAX_ISA >= 2
+  unsigned a, b, c, d;
+  v = __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & 1u << 5);
+#endif
+  atomic_store_explicit(&cached, v, memory_order_relaxed);
+  return v;
+}
+
 /* The choice depends only on the CPU (and the cap), so it is the same for every call
  * of a process unless a test changes the cap. */
 static int mm_isa(void) {
@@ -647,6 +951,15 @@ static int mm_isa(void) {
 }
 
 int kn_cpu_isa(void) { return mm_isa(); }
+
+static _Atomic bool g_mm_bf16dp = true;
+
+bool kn_matmul_use_bf16dp(bool on) { return atomic_exchange(&g_mm_bf16dp, on); }
+
+bool kn_matmul_bf16dp(void) {
+  return mm_isa() >= 2 && mm_cpu_has_bf16dp() &&
+         atomic_load_explicit(&g_mm_bf16dp, memory_order_relaxed);
+}
 
 static const mm_kernels *mm_pick(ir_dtype wt) {
   int d = mm_dtype_index(wt), isa = mm_isa();
@@ -658,6 +971,20 @@ static const mm_kernels *mm_pick(ir_dtype wt) {
 #endif
   (void)isa;
   return &k_mm_c[d];
+}
+
+/* The kernels of bf16 W with bf16 activations. */
+static const mm_kernels *mm_pick_bf16x(void) {
+  int isa = mm_isa();
+#if KN_MM_X86
+#if KN_MATMUL_MAX_ISA >= 2
+  if (kn_matmul_bf16dp()) return &k_mm_bf16dp;
+  if (isa >= 2) return &k_bf16x_avx512;
+#endif
+  if (isa >= 1) return &k_bf16x_avx2;
+#endif
+  (void)isa;
+  return &k_bf16x_c;
 }
 
 static const mm_panel_kernels *mm_pick_panel(void) {
@@ -675,6 +1002,7 @@ static const mm_panel_kernels *mm_pick_panel(void) {
 typedef struct mm_args {
   float *y;
   const float *x;
+  int64_t x_stride; /* floats from one x row to the next: k, or bf16 W's pair words */
   const char *w;
   const float *bias;
   int64_t m, n, k; /* n: columns of y */
@@ -703,23 +1031,58 @@ static const void *mm_wrow(const mm_wsrc *s, int64_t j, int h) {
 static int mm_cols(const mm_args *a, int nr) { return a->swiglu ? nr / 2 : nr; }
 
 /* Runs one kernel call for rows [i0, i0 + mr) of x and columns [j0, j0 + cols) of y,
- * clipped at j1: missing W rows repeat row j0 and their outputs are dropped. */
+ * clipped at j1: missing W rows repeat row j0 and their outputs are dropped. With z, the
+ * swiglu matmul's gate and up values (bias added) go to z: gate of row r, column j at
+ * z[r * 2 * KN_MM_SWIGLU_COLS + j - jz], its up KN_MM_SWIGLU_COLS after. */
 static void mm_block(const mm_args *a, const mm_wsrc *ws, mm_kern_fn fn, int mr, int nr, int64_t i0,
-                     int64_t j0, int64_t j1) {
+                     int64_t j0, int64_t j1, float *z, int64_t jz) {
   const float *xr[KN_MM_MAX_R] = {0};
   const void *wr[KN_MM_MAX_C] = {0};
   float acc[KN_MM_MAX_R * KN_MM_MAX_C];
   int nc = mm_cols(a, nr);
   int64_t nv = j1 - j0 < nc ? j1 - j0 : nc;
-  for (int r = 0; r < mr; r++) xr[r] = a->x + (i0 + r) * a->k;
+  for (int r = 0; r < mr; r++) xr[r] = a->x + (i0 + r) * a->x_stride;
   for (int c = 0; c < nc; c++) {
     wr[c] = mm_wrow(ws, j0 + (c < nv ? c : 0), 0);
     if (a->swiglu) wr[nc + c] = mm_wrow(ws, j0 + (c < nv ? c : 0), 1);
   }
   fn(xr, wr, a->k, acc);
   const float *b = a->bias;
+  if (z) {
+    for (int r = 0; r < mr; r++) {
+      float *g = z + r * 2 * KN_MM_SWIGLU_COLS + (j0 - jz), *u = g + KN_MM_SWIGLU_COLS;
+      for (int64_t c = 0; c < nv; c++) {
+        g[c] = acc[r * nr + c] + (b ? b[j0 + c] : 0.0f);
+        u[c] = acc[r * nr + nc + c] + (b ? b[a->n + j0 + c] : 0.0f);
+      }
+    }
+    return;
+  }
   kn_mm_store(a->y + i0 * a->n + j0, a->n, acc, mr, nr, nc, nv, b ? b + j0 : NULL,
               b ? b + a->n + j0 : NULL, a->swiglu);
+}
+
+/* Rows [i0, i0 + mr) against columns [j0, j1) in kernel calls of width nr. The swiglu
+ * matmul gathers up to KN_MM_SWIGLU_COLS gate and up values of each row first and applies
+ * the gate to them together (the same bits as a kernel call's few at a time: the gate's
+ * vector code is lane for lane its scalar tail), where a call's handful of columns spent
+ * a fifth of a bf16 prefill in the gate's set-up. */
+static void mm_rows(const mm_args *a, const mm_wsrc *ws, mm_kern_fn fn, int mr, int nr, int64_t i0,
+                    int64_t j0, int64_t j1) {
+  int cb = mm_cols(a, nr);
+  if (!a->swiglu) {
+    for (int64_t j = j0; j < j1; j += cb) mm_block(a, ws, fn, mr, nr, i0, j, j1, NULL, 0);
+    return;
+  }
+  _Alignas(64) float z[KN_MM_MAX_R * 2 * KN_MM_SWIGLU_COLS];
+  for (int64_t jz = j0; jz < j1; jz += KN_MM_SWIGLU_COLS) {
+    int64_t je = jz + KN_MM_SWIGLU_COLS < j1 ? jz + KN_MM_SWIGLU_COLS : j1;
+    for (int64_t j = jz; j < je; j += cb) mm_block(a, ws, fn, mr, nr, i0, j, je, z, jz);
+    for (int r = 0; r < mr; r++) {
+      const float *g = z + r * 2 * KN_MM_SWIGLU_COLS;
+      kn_silu_mul_n(a->y + (i0 + r) * a->n + jz, g, g + KN_MM_SWIGLU_COLS, je - jz);
+    }
+  }
 }
 
 /* Panels of W rows, converted to f32 once, swept by every x row of the tile. A panel's
@@ -727,7 +1090,7 @@ static void mm_block(const mm_args *a, const mm_wsrc *ws, mm_kern_fn fn, int mr,
 static void mm_tile_panel(const mm_args *a, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
   _Alignas(64) float panel[KN_MM_PANEL_FLOATS];
   const mm_panel_kernels *pk = a->panel;
-  int64_t pc = a->panel_cols, cb = mm_cols(a, pk->nr);
+  int64_t pc = a->panel_cols;
   for (int64_t pj = j0; pj < j1; pj += pc) {
     int64_t pe = pj + pc < j1 ? pj + pc : j1;
     for (int h = 0; h < (a->swiglu ? 2 : 1); h++)
@@ -735,11 +1098,8 @@ static void mm_tile_panel(const mm_args *a, int64_t i0, int64_t i1, int64_t j0, 
         a->deq(a->w + (j + h * a->n) * a->w_row_bytes, a->k, panel + (j - pj + h * pc) * a->k);
     mm_wsrc ws = {(const char *)panel, pj, a->k * (int64_t)sizeof(float), pc};
     int64_t i = i0;
-    for (; i + pk->mr <= i1; i += pk->mr)
-      for (int64_t j = pj; j < pe; j += cb) mm_block(a, &ws, pk->block, pk->mr, pk->nr, i, j, pe);
-    if (i < i1)
-      for (int64_t j = pj; j < pe; j += cb)
-        mm_block(a, &ws, pk->left[i1 - i], (int)(i1 - i), pk->nr, i, j, pe);
+    for (; i + pk->mr <= i1; i += pk->mr) mm_rows(a, &ws, pk->block, pk->mr, pk->nr, i, pj, pe);
+    if (i < i1) mm_rows(a, &ws, pk->left[i1 - i], (int)(i1 - i), pk->nr, i, pj, pe);
   }
 }
 
@@ -752,11 +1112,8 @@ static void mm_tile(const mm_args *a, int64_t i0, int64_t i1, int64_t j0, int64_
   const mm_kernels *kn = a->kern;
   const mm_wsrc ws = {a->w, 0, a->w_row_bytes, a->n};
   int64_t i = i0;
-  int cb = mm_cols(a, kn->nr), cr = mm_cols(a, kn->nr1);
-  for (; i + kn->mr <= i1; i += kn->mr)
-    for (int64_t j = j0; j < j1; j += cb) mm_block(a, &ws, kn->block, kn->mr, kn->nr, i, j, j1);
-  for (; i < i1; i++)
-    for (int64_t j = j0; j < j1; j += cr) mm_block(a, &ws, kn->row, 1, kn->nr1, i, j, j1);
+  for (; i + kn->mr <= i1; i += kn->mr) mm_rows(a, &ws, kn->block, kn->mr, kn->nr, i, j0, j1);
+  for (; i < i1; i++) mm_rows(a, &ws, kn->row, 1, kn->nr1, i, j0, j1);
 }
 
 static void mm_task(void *arg, int64_t begin, int64_t end, int tid) {
@@ -825,33 +1182,74 @@ static void mm_run(kn_pool *p, mm_args *a) {
   kn_parallel_for(p, tasks, flops < KN_MM_SERIAL_FLOPS ? tasks : 1, mm_task, a);
 }
 
+/* Rows [begin, end) of x as bf16 pairs. */
+static void mm_bf16_task(void *arg, int64_t begin, int64_t end, int tid) {
+  (void)tid;
+  const mm_args *a = arg;
+  for (int64_t i = begin; i < end; i++)
+    mm_bf16_row(a->x + i * a->k, a->k, (uint32_t *)a->y + i * mm_bf16_words(a->k));
+}
+
+/* bf16 W: x rounded to bf16 pairs once, not once per tile a row meets; a few rows on the
+ * stack, more on the heap in parallel, or (without memory) a few rows at a time. */
+static void mm_run_bf16(kn_pool *p, mm_args *a) {
+  const int64_t kw = mm_bf16_words(a->k), rows = KN_MM_BF16_STACK_WORDS / kw;
+  _Alignas(64) uint32_t stack[KN_MM_BF16_STACK_WORDS];
+  uint32_t *heap = rows >= a->m ? NULL : ir_malloc((size_t)(a->m * kw) * sizeof *heap);
+  mm_args c = *a;
+  c.x_stride = kw;
+  if (heap) {
+    mm_args conv = {.y = (float *)heap, .x = a->x, .k = a->k};
+    kn_parallel_for(p, a->m, 1 + KN_MM_BF16_GRAIN / a->k, mm_bf16_task, &conv);
+    c.x = (const float *)heap;
+    mm_run(p, &c);
+    ir_free(heap);
+    return;
+  }
+  if (rows < 1) { /* a row longer than the stack buffer and no memory: no result */
+    for (int64_t i = 0; i < a->m * a->n; i++) a->y[i] = NAN;
+    return;
+  }
+  for (int64_t i0 = 0; i0 < a->m; i0 += rows) {
+    c.m = a->m - i0 < rows ? a->m - i0 : rows;
+    for (int64_t i = 0; i < c.m; i++) mm_bf16_row(a->x + (i0 + i) * a->k, a->k, stack + i * kw);
+    c.x = (const float *)stack;
+    c.y = a->y + i0 * a->n;
+    mm_run(p, &c);
+  }
+}
+
+static void mm_start(kn_pool *p, mm_args *a, ir_dtype wt) {
+  a->x_stride = a->k;
+  a->w_row_bytes = (int64_t)ir_dtype_bytes(wt, (uint64_t)a->k);
+  a->kern = mm_pick(wt);
+  mm_choose_panel(a, wt);
+  mm_run(p, a);
+}
+
 void kn_matmul(kn_pool *p, float *y, const float *x, const void *w, ir_dtype wt, const float *bias,
                int64_t m, int64_t n, int64_t k) {
-  mm_args a = {.y = y,
-               .x = x,
-               .w = w,
-               .bias = bias,
-               .m = m,
-               .n = n,
-               .k = k,
-               .w_row_bytes = (int64_t)ir_dtype_bytes(wt, (uint64_t)k),
-               .kern = mm_pick(wt)};
-  mm_choose_panel(&a, wt);
-  mm_run(p, &a);
+  mm_args a = {.y = y, .x = x, .w = w, .bias = bias, .m = m, .n = n, .k = k};
+  mm_start(p, &a, wt);
 }
 
 void kn_matmul_swiglu(kn_pool *p, float *y, const float *x, const void *w, ir_dtype wt,
                       const float *bias, int64_t m, int64_t n, int64_t k) {
+  mm_args a = {.y = y, .x = x, .w = w, .bias = bias, .m = m, .n = n, .k = k, .swiglu = true};
+  mm_start(p, &a, wt);
+}
+
+void kn_matmul_bf16x(kn_pool *p, float *y, const float *x, const uint16_t *w, const float *bias,
+                     int64_t m, int64_t n, int64_t k, bool swiglu) {
   mm_args a = {.y = y,
                .x = x,
-               .w = w,
+               .w = (const char *)w,
                .bias = bias,
                .m = m,
                .n = n,
                .k = k,
-               .swiglu = true,
-               .w_row_bytes = (int64_t)ir_dtype_bytes(wt, (uint64_t)k),
-               .kern = mm_pick(wt)};
-  mm_choose_panel(&a, wt);
-  mm_run(p, &a);
+               .swiglu = swiglu,
+               .w_row_bytes = k * 2,
+               .kern = mm_pick_bf16x()};
+  if (m > 0 && n > 0 && k > 0) mm_run_bf16(p, &a);
 }

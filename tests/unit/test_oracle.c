@@ -5,7 +5,12 @@
  *   - batch invariance: the same prompts decoded together in one flat step, and a prompt
  *     decoded in chunks, give bit-identical logits to decoding each alone.
  * Tolerance: both sides compute in f32 from the same (exactly upcast) weights; only the
- * summation order differs, so |ours - hf| <= 1e-4 * (1 + |hf|) (logits here are < 10). */
+ * summation order differs, so |ours - hf| <= 1e-4 * (1 + |hf|) (logits here are < 10).
+ * The bf16 fixtures are built that way, and again with --act-dtype bf16: bf16 activations
+ * in their matmuls (x rounded to bf16's 8-bit mantissa, kn_matmul_bf16x): transformers'
+ * f32 forward is then an oracle within
+ * TOL_BF16_ACT (0.056 and 0.043 measured), the greedy tokens must still be its tokens, and
+ * the batch and chunk invariance checks are as strict as ever. */
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdlib.h>
@@ -19,6 +24,11 @@
 
 #define N_GREEDY 32
 #define TOL 1e-4
+#define TOL_BF16_ACT 0.1
+
+/* The run's activations and its tolerance (f32, TOL; or bf16 matmul activations). */
+static infc_act_dtype g_act = INFC_ACT_AUTO;
+static double g_tol = TOL;
 
 typedef struct oracle {
   cJSON *root;
@@ -41,8 +51,10 @@ static bool load_oracle(const char *dir, oracle *o) {
 /* max_context: the plan's context (0: the model's). */
 static irt_model *build_and_open(const char *name, const char *fixture, int64_t max_context) {
   char plan[1024];
-  snprintf(plan, sizeof plan, "%s/oracle-%s-%lld.plan", TEST_TMP_DIR, name, (long long)max_context);
+  snprintf(plan, sizeof plan, "%s/oracle-%s-%lld-%d.plan", TEST_TMP_DIR, name,
+           (long long)max_context, (int)g_act);
   infc_options o = infc_options_default();
+  o.act_dtype = g_act;
   o.model.max_tokens = 64; /* small steps so the chunked path is exercised too */
   o.model.max_context = max_context;
   ir_diag d = {0};
@@ -57,8 +69,8 @@ static double compare_logits(const float *lg, const cJSON *want, int64_t V, cons
   bool short_row;
   double worst = tmodel_max_rel_error(lg, want, V, &rows, &short_row);
   CHECKF(!short_row && rows > 0, "%s: an oracle row does not hold %lld logits", name, (long long)V);
-  CHECKF(worst <= TOL, "%s: logits differ from transformers by %.3g (relative), tolerance %g", name,
-         worst, TOL);
+  CHECKF(worst <= g_tol, "%s: logits differ from transformers by %.3g (relative), tolerance %g",
+         name, worst, g_tol);
   return worst;
 }
 
@@ -67,8 +79,10 @@ static void check_greedy(irt_model *m, const int32_t *ids, int64_t n, const cJSO
   int32_t expect[N_GREEDY], got[N_GREEDY];
   int64_t ne = tmodel_json_ids(want, expect, N_GREEDY);
   irt_status st = tmodel_greedy(m, ids, n, got, N_GREEDY);
-  CHECKF(st == IRT_OK && ne == N_GREEDY && memcmp(got, expect, sizeof got) == 0,
-         "%s: greedy tokens differ from transformers", name);
+  int same = 0; /* (the greedy tokens of both runs are transformers' to the last) */
+  while (same < N_GREEDY && got[same] == expect[same]) same++;
+  CHECKF(st == IRT_OK && ne == N_GREEDY && same == N_GREEDY,
+         "%s: greedy tokens differ from transformers from token %d", name, same);
 }
 
 /* All prompts of the fixture in one flat step; each must equal its solo logits bitwise. */
@@ -136,7 +150,8 @@ static void run_fixture(const char *name) {
     if (w > worst) worst = w;
     check_greedy(m, ids[np], n[np], cJSON_GetArrayItem(o.greedy, np), name);
   }
-  printf("%s: %d prompts, max relative logit error vs transformers %.3g\n", name, np, worst);
+  printf("%s%s: %d prompts, max relative logit error vs transformers %.3g\n", name,
+         g_act != INFC_ACT_BF16 ? "" : " (bf16 activations)", np, worst);
   check_batch_invariance(m, ids, n, np, solo, name);
   check_chunk_invariance(m, ids[np - 1], n[np - 1], solo[np - 1], name);
   for (int i = 0; i < np; i++) free(solo[i]);
@@ -174,5 +189,8 @@ int main(void) {
                             "qwen2-swa-f32"};
   for (size_t i = 0; i < sizeof fixtures / sizeof *fixtures; i++) run_fixture(fixtures[i]);
   run_longrope("phi3-longrope-f32", 16);
+  g_act = INFC_ACT_BF16, g_tol = TOL_BF16_ACT; /* the bf16 fixtures with bf16 activations */
+  run_fixture("qwen2-bias-bf16");
+  run_fixture("qwen3-qknorm-bf16");
   return tcheck_done("oracle");
 }

@@ -1,0 +1,157 @@
+/* test_matmul_bf16: kn_matmul_bf16x multiplies bf16 W by x rounded to bf16 with f32 sums,
+ * in the order of AVX512-BF16's vdpbf16ps (kn_matmul.c). Checked here:
+ *   - every path this CPU runs (portable C, AVX2, AVX-512F with f32 FMAs, and
+ *     vdpbf16ps itself where the CPU has it) gives the same bits, over shapes with k
+ *     tails, with values whose products and sums go subnormal;
+ *   - known answers that only the instruction's order gives: the odd product of a pair
+ *     before the even one, subnormal x and products flushed to zero;
+ *   - against a double reference of the bf16-rounded x, within f32 summation error;
+ *   - a row's bits do not depend on the rows beside it (m = 1 against m = 37), plain and
+ *     with the swiglu epilogue.
+ * Where the CPU has AVX512-BF16, the instruction is the oracle of the order; elsewhere
+ * the paths are checked against each other and the known answers. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kn_cpu.h"
+#include "tcheck.h"
+
+static uint64_t g_rng = 0x2545f4914f6cdd1dull;
+
+static uint32_t rnd_u32(void) {
+  g_rng ^= g_rng << 13, g_rng ^= g_rng >> 7, g_rng ^= g_rng << 17;
+  return (uint32_t)(g_rng >> 11);
+}
+
+static float rnd(void) { return (float)rnd_u32() / 2147483648.0f - 1.0f; } /* [-1, 1) */
+
+/* Random values; with edges, a quarter of them tiny (products and sums subnormal), some
+ * subnormal themselves, some zero. */
+static float rnd_val(int edges) {
+  float v = rnd();
+  if (!edges) return v;
+  switch (rnd_u32() % 8) {
+  case 0: return v * 1e-19f;
+  case 1: return v * 1e-39f; /* subnormal */
+  case 2: return 0.0f;
+  default: return v;
+  }
+}
+
+static float bits_f(uint32_t u) {
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+static void run(int isa, int dp, float *y, const float *x, const uint16_t *w, const float *bias,
+                int64_t m, int64_t n, int64_t k, int swiglu, kn_pool *p) {
+  kn_matmul_set_max_isa(isa);
+  kn_matmul_use_bf16dp(dp);
+  kn_matmul_bf16x(p, y, x, w, bias, m, n, k, swiglu);
+}
+
+/* The paths against each other (and m = 1 against the batch). */
+static void paths_case(kn_pool *p, int64_t m, int64_t n, int64_t k, int swiglu, int edges,
+                       int has_dp) {
+  int64_t rows = swiglu ? 2 * n : n;
+  float *x = malloc((size_t)(m * k) * sizeof *x), *bias = malloc((size_t)rows * sizeof *bias);
+  uint16_t *w = malloc((size_t)(rows * k) * sizeof *w);
+  float *y[4], *y1 = malloc((size_t)n * sizeof *y1);
+  for (int64_t i = 0; i < m * k; i++) x[i] = rnd_val(edges);
+  for (int64_t i = 0; i < rows * k; i++) w[i] = ir_f32_to_bf16(rnd_val(edges));
+  for (int64_t i = 0; i < rows; i++) bias[i] = rnd();
+  static const int isas[4] = {0, 1, 2, 2};
+  int paths = has_dp ? 4 : 3;
+  for (int q = 0; q < paths; q++) {
+    y[q] = malloc((size_t)(m * n) * sizeof *y[q]);
+    run(isas[q], q == 3, y[q], x, w, bias, m, n, k, swiglu, p);
+  }
+  int same = 1; /* (swiglu's silu epilogue is vectorised per kernel width: dot products only) */
+  for (int q = 1; q < paths && !swiglu; q++)
+    same &= memcmp(y[0], y[q], (size_t)(m * n) * sizeof(float)) == 0;
+  CHECKF(same, "m=%lld n=%lld k=%lld swiglu=%d edges=%d: paths differ", (long long)m, (long long)n,
+         (long long)k, swiglu, edges);
+  int alone = 1; /* each row by itself, on the best path */
+  for (int64_t i = 0; i < m; i++) {
+    run(2, 1, y1, x + i * k, w, bias, 1, n, k, swiglu, NULL);
+    alone &= memcmp(y1, y[paths - 1] + i * n, (size_t)n * sizeof(float)) == 0;
+  }
+  CHECKF(alone, "m=%lld n=%lld k=%lld swiglu=%d: a row alone differs from the batch", (long long)m,
+         (long long)n, (long long)k, swiglu);
+  if (!swiglu && !edges) { /* against double sums of the bf16 values */
+    int ok = 1;
+    for (int64_t i = 0; i < m; i++)
+      for (int64_t j = 0; j < n; j++) {
+        double s = bias[j], a = fabs(bias[j]);
+        for (int64_t t = 0; t < k; t++) {
+          double xv = ir_bf16_to_f32(ir_f32_to_bf16(x[i * k + t])),
+                 wv = ir_bf16_to_f32(w[j * k + t]);
+          s += xv * wv;
+          a += fabs(xv * wv);
+        }
+        ok &= fabs(y[0][i * n + j] - s) <= 1e-5 * a + 1e-30;
+      }
+    CHECKF(ok, "m=%lld n=%lld k=%lld: off the double reference", (long long)m, (long long)n,
+           (long long)k);
+  }
+  for (int q = 0; q < paths; q++) free(y[q]);
+  free(x), free(bias), free(w), free(y1);
+}
+
+/* y of one row (n = 1) with x and w given, on every path; all must equal want. */
+static void known(const char *what, const float *x, const float *w, int64_t k, float want,
+                  int has_dp) {
+  uint16_t wb[64];
+  for (int64_t i = 0; i < k; i++) wb[i] = ir_f32_to_bf16(w[i]);
+  for (int q = 0; q < (has_dp ? 4 : 3); q++) {
+    float y = -1.0f;
+    run(q < 3 ? q : 2, q == 3, &y, x, wb, NULL, 1, 1, k, 0, NULL);
+    CHECKF(memcmp(&y, &want, sizeof y) == 0, "%s, path %d: %.9g, want %.9g", what, q, (double)y,
+           (double)want);
+  }
+}
+
+int main(void) {
+  kn_pool *p3 = kn_pool_create(3);
+  CHECK(p3 != NULL);
+  if (!p3) return tcheck_done("matmul_bf16");
+  kn_matmul_set_max_isa(2);
+  kn_matmul_use_bf16dp(1);
+  int has_dp = kn_matmul_bf16dp();
+  printf("AVX512-BF16 %s\n", has_dp ? "present: vdpbf16ps checked against the f32-FMA paths"
+                                    : "absent: the f32-FMA paths checked against each other");
+
+  /* Lane 0 takes pairs 0 and 16 (k 0, 1 and 32, 33). The documented order adds x1 w1, x0 w0,
+   * x33 w33, x32 w32: 2^-24 + 0 + 2^-24 + 1 = 1 + 2^-23 exactly; an even-first order
+   * rounds 2^-24 + 1 to 1 before the second 2^-24 (1.0). */
+  float x[64] = {0}, w[64] = {0};
+  x[1] = w[1] = x[33] = w[33] = 0x1p-12f;
+  x[32] = w[32] = 1.0f;
+  known("odd product first", x, w, 34, 1.0f + 0x1p-23f, has_dp);
+  /* Subnormal x is zero; a subnormal product (2^-70 * 2^-70) flushes to zero. */
+  memset(x, 0, sizeof x), memset(w, 0, sizeof w);
+  x[0] = bits_f(0x00400000u), w[0] = 1.0f; /* 2^-127 */
+  x[1] = w[1] = 0x1p-70f;
+  known("subnormals flushed", x, w, 2, 0.0f, has_dp);
+  x[2] = 1.0f, w[2] = 3.0f; /* ... and a normal sum is kept */
+  known("normal kept", x, w, 3, 3.0f, has_dp);
+
+  static const int64_t ms[] = {1, 2, 5, 37}, ns[] = {1, 9, 40},
+                       ks[] = {1, 5, 31, 32, 33, 64, 172, 576};
+  for (int mi = 0; mi < 4; mi++)
+    for (int ni = 0; ni < 3; ni++)
+      for (int ki = 0; ki < 8; ki++)
+        for (int sw = 0; sw < 2; sw++)
+          paths_case(mi % 2 ? p3 : NULL, ms[mi], ns[ni], ks[ki], sw, (ki + ni) % 2, has_dp);
+  /* past the stack buffer of converted rows (heap), and a long row */
+  paths_case(p3, 70, 33, 576, 0, 1, has_dp);
+  paths_case(p3, 3, 5, 40000, 1, 0, has_dp);
+  kn_matmul_set_max_isa(2);
+  kn_matmul_use_bf16dp(1);
+  kn_pool_destroy(p3);
+  return tcheck_done("matmul_bf16");
+}
