@@ -112,7 +112,8 @@ static int run_membw(int threads, int64_t mib, int repeats) {
 /* What the cores can issue, measured (a shared or virtual machine may give far less than
  * the data sheet): N threads each run twelve independent chains of f32 fma and of int8
  * dot products (vpdpbusd with AVX512-VNNI, else vpmaddubsw + vpmaddwd) in the widest
- * registers the CPU has, and where the CPU and OS allow AMX-INT8, four independent
+ * registers the CPU has, bf16 pair dot products (vdpbf16ps) where the CPU has
+ * AVX512-BF16, and where the CPU and OS allow AMX-INT8, four independent
  * 16 x 16 x 64 tile products (tdpbssd). Prefill's roofline is the int8 (or f32) rate
  * over the multiply-adds a token takes: the tile rate where there is one. */
 enum { PK_CHAINS = 12, PK_ITERS = 1 << 24, PK_AMX_ITERS = 1 << 20 };
@@ -140,6 +141,17 @@ __attribute__((target("avx512f,avx512vnni"))) static float pk_i8_512(long n) {
   _mm512_storeu_si512(o, t);
   for (int i = 0; i < 16; i++) x ^= o[i];
   return (float)x;
+}
+/* bf16 pairs (vdpbf16ps: 32 multiply-adds a zmm), as kn_matmul_bf16x does them */
+__attribute__((target("avx512f,avx512bf16"))) static float pk_bf16_512(long n) {
+  __m512 a[PK_CHAINS];
+  __m512bh b = (__m512bh)_mm512_set1_epi32(0x3f7f3f7f), c = (__m512bh)_mm512_set1_epi32(0x38d138d1);
+  for (int i = 0; i < PK_CHAINS; i++) a[i] = _mm512_set1_ps((float)i * 1e-3f);
+  for (long k = 0; k < n; k++)
+    for (int i = 0; i < PK_CHAINS; i++) a[i] = _mm512_dpbf16_ps(a[i], b, c);
+  __m512 t = a[0];
+  for (int i = 1; i < PK_CHAINS; i++) t = _mm512_add_ps(t, a[i]);
+  return _mm512_reduce_add_ps(t);
 }
 /* Tiles 0-3 C, 4-5 A, 6-7 B, all 16 rows of 64 bytes; 4 x 16384 multiply-adds a step. */
 __attribute__((target("amx-tile,amx-int8"))) static float pk_i8_amx(long n) {
@@ -189,7 +201,7 @@ __attribute__((target("avx2"))) static float pk_i8_256(long n) {
 #endif
 
 typedef struct pk_job {
-  int kind; /* 0 f32, 1 int8, 2 int8 on AMX */
+  int kind; /* 0 f32, 1 int8, 2 int8 on AMX, 3 bf16 pairs (AVX512-BF16) */
   int wide; /* 512-bit registers */
   pthread_barrier_t *bar;
   double ms;
@@ -201,7 +213,8 @@ static void *pk_thread(void *arg) {
   pthread_barrier_wait(j->bar);
   double t0 = now_ms();
 #if PK_X86
-  j->sink = j->kind == 2   ? pk_i8_amx(PK_AMX_ITERS)
+  j->sink = j->kind == 3   ? pk_bf16_512(PK_ITERS)
+            : j->kind == 2 ? pk_i8_amx(PK_AMX_ITERS)
             : j->kind == 0 ? (j->wide ? pk_f32_512(PK_ITERS) : pk_f32_256(PK_ITERS))
                            : (j->wide ? pk_i8_512(PK_ITERS) : pk_i8_256(PK_ITERS));
 #endif
@@ -209,7 +222,7 @@ static void *pk_thread(void *arg) {
   return NULL;
 }
 
-/* Operations a second over all threads: f32 flops (2 a fma) or int8 ops (2 a
+/* Operations a second over all threads: f32 flops (2 a fma), int8 or bf16 ops (2 a
  * multiply-add), the slowest thread's time, best of `repeats`. */
 static double pk_rate(int threads, int kind, int wide, int repeats) {
   double best = 0;
@@ -227,7 +240,7 @@ static double pk_rate(int threads, int kind, int wide, int repeats) {
       ms = job[t].ms > ms ? job[t].ms : ms;
     }
     pthread_barrier_destroy(&bar);
-    double lanes = kind == 0 ? (wide ? 16 : 8) : (wide ? 64 : 32);
+    double lanes = kind == 0 ? (wide ? 16 : 8) : kind == 3 ? 32 : (wide ? 64 : 32);
     double ops = kind == 2 ? 2.0 * 4 * 16 * 16 * 64 * (double)PK_AMX_ITERS * threads
                            : 2.0 * lanes * PK_CHAINS * (double)PK_ITERS * threads;
     double rate = ops / (ms * 1e-3);
@@ -248,13 +261,17 @@ static int run_peak(int threads, int repeats) {
    * kn_matmul_q8 uses it); int8_vector_gops: the vector units' */
   bool amx = kn_cpu_isa() >= 3;
   double t = amx ? pk_rate(threads, 2, 1, repeats) : q;
+  /* bf16_gflops: vdpbf16ps where the CPU has it (kn_matmul_bf16x's unit), else absent */
+  char bf[64] = "";
+  if (kn_matmul_bf16dp())
+    snprintf(bf, sizeof bf, ", \"bf16_gflops\": %.1f", pk_rate(threads, 3, 1, repeats) / 1e9);
   printf("{\"threads\": %d, \"f32\": \"%s\", \"int8\": \"%s\", \"f32_gflops\": %.1f, "
-         "\"int8_gops\": %.1f, \"int8_vector_gops\": %.1f}\n",
+         "\"int8_gops\": %.1f, \"int8_vector_gops\": %.1f%s}\n",
          threads, wide ? "avx512 fma" : "avx2 fma",
          amx    ? "amx-int8"
          : vnni ? "avx512 vnni"
                 : "avx2 maddubs",
-         f / 1e9, t / 1e9, q / 1e9);
+         f / 1e9, t / 1e9, q / 1e9, bf);
   return 0;
 #else
   (void)threads, (void)repeats;

@@ -521,33 +521,106 @@ static WQ_AVX512 void w8_quant_avx512(const float *x, int64_t k, int8_t *q, floa
 #define WQ_VNNI512_INLINE                                                                          \
   static inline __attribute__((target("avx512f,avx512bw,avx512vnni"), always_inline))
 
-/* 64 bytes a step; the last step is a masked load (zero bytes add nothing). */
+/* out[i] = the sum of v[i]'s 16 lanes for 16 accumulators at once (a transposing tree: 4
+ * or 8 accumulators an add; integer sums are exact in any order). Over a short k (576: nine
+ * steps) a 4 x 4 call otherwise spends about as many instructions reducing as summing. */
+WQ_VNNI512_INLINE void w8_fold16x16_vnni512(const __m512i *v, int32_t *out) {
+  __m512i t[8], u[4], w[2];
+  for (int j = 0; j < 8; j++)
+    t[j] = _mm512_add_epi32(_mm512_shuffle_i32x4(v[2 * j], v[2 * j + 1], 0x44),
+                            _mm512_shuffle_i32x4(v[2 * j], v[2 * j + 1], 0xee));
+  for (int j = 0; j < 4; j++)
+    u[j] = _mm512_add_epi32(_mm512_shuffle_i32x4(t[2 * j], t[2 * j + 1], 0x88),
+                            _mm512_shuffle_i32x4(t[2 * j], t[2 * j + 1], 0xdd));
+  for (int j = 0; j < 2; j++) {
+    __m512 a = _mm512_castsi512_ps(u[2 * j]), b = _mm512_castsi512_ps(u[2 * j + 1]);
+    w[j] = _mm512_add_epi32(_mm512_castps_si512(_mm512_shuffle_ps(a, b, 0x44)),
+                            _mm512_castps_si512(_mm512_shuffle_ps(a, b, 0xee)));
+  }
+  __m512 a = _mm512_castsi512_ps(w[0]), b = _mm512_castsi512_ps(w[1]);
+  __m512i x = _mm512_add_epi32(_mm512_castps_si512(_mm512_shuffle_ps(a, b, 0x88)),
+                               _mm512_castps_si512(_mm512_shuffle_ps(a, b, 0xdd)));
+  const __m512i to = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  _mm512_storeu_si512(out, _mm512_permutexvar_epi32(to, x));
+}
+
+/* One 64-byte step of the mr x nr sums; the last step of a row is a masked load (zero
+ * bytes add nothing), full steps pass an all-ones mask (plain loads). A macro, not a
+ * function taking acc: GCC 12 then keeps the accumulators on the stack. The operands are
+ * pinned to registers (loaded once, not folded into every vpdpbusd that reads them). */
+#define WQ_PIN(v) __asm__("" : "+v"(v))
+/* acc += vpdpbusd(u, s) in place: GCC 12's intrinsic copies the accumulator through a
+ * scratch register around every one of a 4 x 4 block's. */
+#define WQ_DPBUSD(acc, u, s) __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(s))
+#define W8_STEP_VNNI512(i, mk)                                                                     \
+  do {                                                                                             \
+    __m512i xv[WQ_MAX_R];                                                                          \
+    for (int r = 0; r < mr; r++) {                                                                 \
+      xv[r] = _mm512_maskz_loadu_epi8((mk), xq[r] + (i));                                          \
+      if (nr > 1) WQ_PIN(xv[r]);                                                                   \
+    }                                                                                              \
+    for (int c = 0; c < nr; c++) {                                                                 \
+      wq_prefetch(wr[c] + (i));                                                                    \
+      __m512i wv = _mm512_xor_si512(_mm512_maskz_loadu_epi8((mk), wr[c] + (i)), flip);             \
+      if (mr > 1) WQ_PIN(wv);                                                                      \
+      for (int r = 0; r < mr; r++) WQ_DPBUSD(acc[r][c], wv, xv[r]);                                \
+    }                                                                                              \
+  } while (0)
+
+/* 64 bytes a step (W8_STEP_VNNI512): the 1 x 8 row kernel. */
 WQ_VNNI512_INLINE void w8_body_vnni512(const int8_t *const *xq, const int32_t *xs,
                                        const int8_t *const *wr, int64_t k, int32_t *out, int mr,
                                        int nr) {
   __m512i acc[WQ_MAX_R][WQ_MAX_C];
-  const __m512i flip = _mm512_set1_epi8((char)0x80);
   for (int r = 0; r < mr; r++)
     for (int c = 0; c < nr; c++) acc[r][c] = _mm512_setzero_si512();
-  for (int64_t i = 0; i < k; i += 64) {
-    __mmask64 mk = k - i >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << (k - i)) - 1);
-    __m512i xv[WQ_MAX_R];
-    for (int r = 0; r < mr; r++) xv[r] = _mm512_maskz_loadu_epi8(mk, xq[r] + i);
-    for (int c = 0; c < nr; c++) {
-      wq_prefetch(wr[c] + i);
-      __m512i wv = _mm512_xor_si512(_mm512_maskz_loadu_epi8(mk, wr[c] + i), flip);
-      for (int r = 0; r < mr; r++) acc[r][c] = _mm512_dpbusd_epi32(acc[r][c], wv, xv[r]);
-    }
-  }
+  const __m512i flip = _mm512_set1_epi8((char)0x80);
+  const __mmask64 tail = k % 64 ? ((__mmask64)1 << (k % 64)) - 1 : ~(__mmask64)0;
+  for (int64_t i = 0; i < k; i += 64) W8_STEP_VNNI512(i, k - i >= 64 ? ~(__mmask64)0 : tail);
   for (int r = 0; r < mr; r++)
     for (int c = 0; c < nr; c++)
       out[r * nr + c] =
           (int32_t)((uint32_t)_mm512_reduce_add_epi32(acc[r][c]) - 128u * (uint32_t)xs[r]);
 }
 
+/* The 4 x 4 block with its sixteen sums in named registers: GCC 12 keeps an array of
+ * them (w8_body_vnni512's) on the stack, a load and a store around every vpdpbusd. */
+#define W8_COL4(c, a0, a1, a2, a3)                                                                 \
+  do {                                                                                             \
+    wq_prefetch(wr[c] + i);                                                                        \
+    __m512i wv = _mm512_xor_si512(_mm512_maskz_loadu_epi8(mk, wr[c] + i), flip);                   \
+    WQ_DPBUSD(a0, wv, x0);                                                                         \
+    WQ_DPBUSD(a1, wv, x1);                                                                         \
+    WQ_DPBUSD(a2, wv, x2);                                                                         \
+    WQ_DPBUSD(a3, wv, x3);                                                                         \
+  } while (0)
 static WQ_VNNI512 void w8_vnni512_4x4(const int8_t *const *xq, const int32_t *xs,
                                       const int8_t *const *wr, int64_t k, int32_t *out) {
-  w8_body_vnni512(xq, xs, wr, k, out, 4, 4);
+  const __m512i flip = _mm512_set1_epi8((char)0x80);
+  const __mmask64 tail = k % 64 ? ((__mmask64)1 << (k % 64)) - 1 : ~(__mmask64)0;
+  __m512i v[16];
+  for (int j = 0; j < 16; j++) v[j] = _mm512_setzero_si512();
+  __m512i a00 = v[0], a01 = v[0], a02 = v[0], a03 = v[0], a10 = v[0], a11 = v[0], a12 = v[0],
+          a13 = v[0], a20 = v[0], a21 = v[0], a22 = v[0], a23 = v[0], a30 = v[0], a31 = v[0],
+          a32 = v[0], a33 = v[0];
+  for (int64_t i = 0; i < k; i += 64) {
+    __mmask64 mk = k - i >= 64 ? ~(__mmask64)0 : tail;
+    __m512i x0 = _mm512_maskz_loadu_epi8(mk, xq[0] + i),
+            x1 = _mm512_maskz_loadu_epi8(mk, xq[1] + i),
+            x2 = _mm512_maskz_loadu_epi8(mk, xq[2] + i),
+            x3 = _mm512_maskz_loadu_epi8(mk, xq[3] + i);
+    W8_COL4(0, a00, a10, a20, a30);
+    W8_COL4(1, a01, a11, a21, a31);
+    W8_COL4(2, a02, a12, a22, a32);
+    W8_COL4(3, a03, a13, a23, a33);
+  }
+  v[0] = a00, v[1] = a01, v[2] = a02, v[3] = a03, v[4] = a10, v[5] = a11, v[6] = a12, v[7] = a13;
+  v[8] = a20, v[9] = a21, v[10] = a22, v[11] = a23, v[12] = a30, v[13] = a31, v[14] = a32;
+  v[15] = a33;
+  w8_fold16x16_vnni512(v, out);
+  for (int r = 0; r < 4; r++)
+    for (int c = 0; c < 4; c++)
+      out[r * 4 + c] = (int32_t)((uint32_t)out[r * 4 + c] - 128u * (uint32_t)xs[r]);
 }
 static WQ_VNNI512 void w8_vnni512_1x8(const int8_t *const *xq, const int32_t *xs,
                                       const int8_t *const *wr, int64_t k, int32_t *out) {
@@ -654,24 +727,55 @@ static int64_t wq_rows(const wq_args *a, int nr, int64_t j0, int64_t j1, int64_t
   return nv;
 }
 
-/* y[i0 + r, j0 + c] from the dot products z of one call (bias and epilogue). */
+/* A swiglu tile's gate and up values of up to WQ_GATE_COLS columns of WQ_MAX_R rows,
+ * gathered to be gated together (wq_gate): a kernel call's two or four columns at a time
+ * spent a fifth of a W8A8 prefill in the gate's set-up. The gate's vector code is lane for
+ * lane its tail's, so the bits are the same. */
+enum { WQ_GATE_COLS = 64 };
+typedef struct wq_gates {
+  int64_t j0; /* the first column gathered */
+  float g[WQ_MAX_R][WQ_GATE_COLS], u[WQ_MAX_R][WQ_GATE_COLS];
+} wq_gates;
+
+/* y[i0 + r, j0 + c] from the dot products z of one call (bias and epilogue); with gates
+ * (swiglu), the gate and up values (bias added) go there instead. */
 static void wq_store(const wq_args *a, const float *z, int mr, int nr, int64_t nv, int64_t i0,
-                     int64_t j0) {
+                     int64_t j0, wq_gates *gates) {
   const float *b = a->bias;
+  if (gates) {
+    int cols = wq_cols(a, nr);
+    for (int r = 0; r < mr; r++)
+      for (int64_t c = 0; c < nv; c++) {
+        gates->g[r][j0 - gates->j0 + c] = z[r * nr + c] + (b ? b[j0 + c] : 0.0f);
+        gates->u[r][j0 - gates->j0 + c] = z[r * nr + cols + c] + (b ? b[a->n + j0 + c] : 0.0f);
+      }
+    return;
+  }
   kn_mm_store(a->y + i0 * a->n + j0, a->n, z, mr, nr, wq_cols(a, nr), nv, b ? b + j0 : NULL,
               b ? b + a->n + j0 : NULL, a->swiglu);
 }
 
+/* The gathered columns [gates->j0, je) of rows [i0, i0 + mr) gated into y. */
+static void wq_gate(const wq_args *a, const wq_gates *gates, int mr, int64_t i0, int64_t je) {
+  for (int r = 0; r < mr; r++)
+    kn_silu_mul_n(a->y + (i0 + r) * a->n + gates->j0, gates->g[r], gates->u[r], je - gates->j0);
+}
+
+/* Columns a tile's row group sweeps before gating: the whole tile, or (swiglu) a gather. */
+static int64_t wq_span(const wq_args *a, int64_t j0, int64_t j1) {
+  return a->swiglu ? WQ_GATE_COLS : j1 - j0;
+}
+
 /* Rows [i0, i0 + mr) of x against the W rows of columns [j0, j1). */
-static void wq_block(const wq_args *a, wq_fn fn, int mr, int nr, int64_t i0, int64_t j0,
-                     int64_t j1) {
+static void wq_block(const wq_args *a, wq_fn fn, int mr, int nr, int64_t i0, int64_t j0, int64_t j1,
+                     wq_gates *gates) {
   const float *xr[WQ_MAX_R] = {0};
   int64_t rows[WQ_MAX_C];
   float acc[WQ_MAX_R * WQ_MAX_C];
   int64_t nv = wq_rows(a, nr, j0, j1, rows);
   for (int r = 0; r < mr; r++) xr[r] = a->x + (i0 + r) * a->k;
   fn(a, xr, rows, acc);
-  wq_store(a, acc, mr, nr, nv, i0, j0);
+  wq_store(a, acc, mr, nr, nv, i0, j0, gates);
 }
 
 /* A W8A8 dot product scaled back (every path: the bits do not depend on the path). */
@@ -679,7 +783,7 @@ static inline float w8_deq(int32_t dot, float sx, float sw) { return (float)dot 
 
 /* The same for W8A8, with rows of x already quantized (xq, per-row scale sx and sum xs). */
 static void w8_block(const wq_args *a, w8_fn fn, int mr, int nr, int64_t i0, int64_t j0, int64_t j1,
-                     const int8_t *const *xq, const float *sx, const int32_t *xs) {
+                     const int8_t *const *xq, const float *sx, const int32_t *xs, wq_gates *gates) {
   const int8_t *wr[WQ_MAX_C];
   int64_t rows[WQ_MAX_C];
   int32_t acc[WQ_MAX_R * WQ_MAX_C];
@@ -690,18 +794,23 @@ static void w8_block(const wq_args *a, w8_fn fn, int mr, int nr, int64_t i0, int
   for (int r = 0; r < mr; r++)
     for (int c = 0; c < nr; c++)
       z[r * nr + c] = w8_deq(acc[r * nr + c], sx[r], wq_scale(a->w, 1, rows[c], 0));
-  wq_store(a, z, mr, nr, nv, i0, j0);
+  wq_store(a, z, mr, nr, nv, i0, j0, gates);
 }
 
 static void wq_tile(const wq_args *a, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
   const wq_kernels *kn = a->kern;
-  int64_t i = i0;
-  for (; i + kn->mr <= i1; i += kn->mr)
-    for (int64_t j = j0; j < j1; j += wq_cols(a, kn->nr))
-      wq_block(a, kn->block, kn->mr, kn->nr, i, j, j1);
-  for (; i < i1; i++)
-    for (int64_t j = j0; j < j1; j += wq_cols(a, kn->nr1))
-      wq_block(a, kn->row, 1, kn->nr1, i, j, j1);
+  wq_gates gates;
+  for (int64_t i = i0; i < i1;) {
+    int mr = i + kn->mr <= i1 ? kn->mr : 1, nr = mr > 1 ? kn->nr : kn->nr1;
+    for (int64_t jz = j0; jz < j1; jz += wq_span(a, j0, j1)) {
+      int64_t je = j1 - jz < wq_span(a, j0, j1) ? j1 : jz + wq_span(a, j0, j1);
+      gates.j0 = jz;
+      for (int64_t j = jz; j < je; j += wq_cols(a, nr))
+        wq_block(a, mr > 1 ? kn->block : kn->row, mr, nr, i, j, je, a->swiglu ? &gates : NULL);
+      if (a->swiglu) wq_gate(a, &gates, mr, i, je);
+    }
+    i += mr;
+  }
 }
 
 /* Rows are quantized here, per tile, onto the stack: recomputing them for each n tile
@@ -718,8 +827,15 @@ static void w8_tile(const wq_args *a, int64_t i0, int64_t i1, int64_t j0, int64_
       kn->quant(a->x + (i + r) * a->k, a->k, buf + r * a->k, &sx[r], &xs[r]);
       xq[r] = buf + r * a->k;
     }
-    for (int64_t j = j0; j < j1; j += wq_cols(a, nr))
-      w8_block(a, mr > 1 ? kn->block8 : kn->row8, mr, nr, i, j, j1, xq, sx, xs);
+    wq_gates gates;
+    for (int64_t jz = j0; jz < j1; jz += wq_span(a, j0, j1)) {
+      int64_t je = j1 - jz < wq_span(a, j0, j1) ? j1 : jz + wq_span(a, j0, j1);
+      gates.j0 = jz;
+      for (int64_t j = jz; j < je; j += wq_cols(a, nr))
+        w8_block(a, mr > 1 ? kn->block8 : kn->row8, mr, nr, i, j, je, xq, sx, xs,
+                 a->swiglu ? &gates : NULL);
+      if (a->swiglu) wq_gate(a, &gates, mr, i, je);
+    }
     i += mr;
   }
 }
@@ -834,7 +950,7 @@ static WQ_AMX void w8_amx_panel(const wq_args *a, const int8_t *xv, int64_t nkb,
         for (int b = 0; b < nw; b++)
           w8_amx_deq16(z + r * 32 + b * 16, c + (bx * 2 + b) * 256 + off[b] * 16 + r, vb[b],
                        sx[x + bx * 16 + r], sw + b * 16);
-      wq_store(a, z, 16, 32, nv, i0 + x + bx * 16, j0);
+      wq_store(a, z, 16, 32, nv, i0 + x + bx * 16, j0, NULL);
     }
   }
 }
