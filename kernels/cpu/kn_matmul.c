@@ -838,6 +838,15 @@ MM_INST_BF16_DP(mm_dp_bf16_4x4, 4, 4)
 MM_INST_BF16_DP(mm_dp_bf16_1x8, 1, 8)
 static const mm_kernels k_mm_bf16dp = {4, 4, mm_dp_bf16_4x4, 8, mm_dp_bf16_1x8};
 
+/* mm_bf16_row with vcvtne2ps2bf16 (the same rounding, checked by test_matmul_bf16). */
+static MM_BF16DP void mm_bf16_row_dp(const float *x, int64_t k, uint32_t *out) {
+  int64_t i = 0;
+  for (; i + 2 * KN_MM_BF16_STEP <= k; i += 2 * KN_MM_BF16_STEP)
+    _mm512_storeu_si512(out + i / 2, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + i + 16),
+                                                                  _mm512_loadu_ps(x + i)));
+  if (i < mm_bf16_words(k) * 2) mm_bf16_row(x + i, k - i, out + i / 2);
+}
+
 static const mm_kernels k_mm_avx512[6] = {
     {4, 4, mm_avx512_f32_4x4, 8, mm_avx512_f32_1x8},
     {4, 4, mm_avx512_f16_4x4, 8, mm_avx512_f16_1x8},
@@ -1211,12 +1220,23 @@ static void mm_run(kn_pool *p, mm_args *a) {
   kn_parallel_for(p, tasks, flops < KN_MM_SERIAL_FLOPS ? tasks : 1, mm_task, a);
 }
 
+/* One x row as bf16 pairs, with the CPU's conversion where it has one. */
+static void mm_bf16_convert(const float *x, int64_t k, uint32_t *out) {
+#if KN_MM_X86 && KN_MATMUL_MAX_ISA >= 2
+  if (kn_matmul_bf16dp()) {
+    mm_bf16_row_dp(x, k, out);
+    return;
+  }
+#endif
+  mm_bf16_row(x, k, out);
+}
+
 /* Rows [begin, end) of x as bf16 pairs. */
 static void mm_bf16_task(void *arg, int64_t begin, int64_t end, int tid) {
   (void)tid;
   const mm_args *a = arg;
   for (int64_t i = begin; i < end; i++)
-    mm_bf16_row(a->x + i * a->k, a->k, (uint32_t *)a->y + i * mm_bf16_words(a->k));
+    mm_bf16_convert(a->x + i * a->k, a->k, (uint32_t *)a->y + i * mm_bf16_words(a->k));
 }
 
 /* bf16 W: x rounded to bf16 pairs once, not once per tile a row meets; a few rows on the
@@ -1241,7 +1261,7 @@ static void mm_run_bf16(kn_pool *p, mm_args *a) {
   }
   for (int64_t i0 = 0; i0 < a->m; i0 += rows) {
     c.m = a->m - i0 < rows ? a->m - i0 : rows;
-    for (int64_t i = 0; i < c.m; i++) mm_bf16_row(a->x + (i0 + i) * a->k, a->k, stack + i * kw);
+    for (int64_t i = 0; i < c.m; i++) mm_bf16_convert(a->x + (i0 + i) * a->k, a->k, stack + i * kw);
     c.x = (const float *)stack;
     c.y = a->y + i0 * a->n;
     mm_run(p, &c);
