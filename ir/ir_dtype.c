@@ -18,6 +18,7 @@ static const char *const k_names[IR_DTYPE_COUNT] = {
     [IR_Q4_0_X8] = "q4_0x8",
     [IR_Q4_1_X8] = "q4_1x8",
     [IR_F8_E4M3] = "f8_e4m3",
+    [IR_BF16_X16] = "bf16x16",
 };
 
 int ir_dtype_block(ir_dtype t) { return ir_dtype_is_blocks(t) ? 32 : 1; }
@@ -25,6 +26,8 @@ int ir_dtype_block(ir_dtype t) { return ir_dtype_is_blocks(t) ? 32 : 1; }
 bool ir_dtype_is_quant(ir_dtype t) { return t == IR_Q8_0 || t == IR_Q4_0 || t == IR_Q4_1; }
 
 bool ir_dtype_is_x8(ir_dtype t) { return t == IR_Q8_0_X8 || t == IR_Q4_0_X8 || t == IR_Q4_1_X8; }
+
+bool ir_dtype_is_x16(ir_dtype t) { return t == IR_BF16_X16; }
 
 bool ir_dtype_is_blocks(ir_dtype t) { return ir_dtype_is_quant(t) || ir_dtype_is_x8(t); }
 
@@ -55,7 +58,8 @@ uint64_t ir_dtype_bytes(ir_dtype t, uint64_t n) {
   case IR_F32:
   case IR_I32: return n * 4;
   case IR_F16:
-  case IR_BF16: return n * 2;
+  case IR_BF16:
+  case IR_BF16_X16: return n * 2;
   case IR_I64: return n * 8;
   case IR_I8:
   case IR_U8:

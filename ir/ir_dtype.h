@@ -39,6 +39,12 @@ typedef enum ir_dtype {
   /* FP8 E4M3 (OCP "fn": bias 7, no infinities, 0x7f / 0xff NaN, largest 448): the codes of
    * --quant fp8 weights, scaled per output channel by a separate f32 tensor. */
   IR_F8_E4M3 = 15,
+  /* bf16 with 16 rows interleaved by pairs (a CPU layout the repack pass writes for the
+   * matmuls that take bf16 activations; rank 2, rows a multiple of 16, k even): rows
+   * 16g .. 16g+15 keep the bytes they take in the base layout, as k/2 runs of 64 bytes, run p
+   * holding values 2p and 2p+1 of each of the 16 rows in turn: one 64-byte load is a
+   * vdpbf16ps operand whose lane i is row 16g+i. */
+  IR_BF16_X16 = 16,
   IR_DTYPE_COUNT
 } ir_dtype;
 
@@ -58,6 +64,9 @@ bool ir_dtype_is_blocks(ir_dtype t);
 ir_dtype ir_dtype_x8_base(ir_dtype t);
 /* The interleaved type of a base block type (INVALID for others). */
 ir_dtype ir_dtype_x8_of(ir_dtype t);
+
+/* The 16-row interleaved bf16 type. */
+bool ir_dtype_is_x16(ir_dtype t);
 
 /* E4M3 -> f32, exact. */
 static inline float ir_f8e4m3_to_f32(uint8_t b) {

@@ -146,6 +146,14 @@ static bool is_float(ir_dtype t) { return t == IR_F32 || t == IR_F16 || t == IR_
  * whole blocks per row (rank and shape are checked by the caller). */
 static bool want_weight_dtype(infer_ctx *c, const ir_tensor *t) {
   if (is_float(t->dtype)) return true;
+  if (ir_dtype_is_x16(t->dtype)) {
+    if (t->rank == 2 && t->dims[0].sym == IR_SYM_NONE && t->dims[0].n % 16 == 0 &&
+        t->dims[1].sym == IR_SYM_NONE && t->dims[1].n % 2 == 0)
+      return true;
+    fail(c, "input '%s' is %s: it needs rank 2, a multiple of 16 rows and even rows", t->name,
+         ir_dtype_name(t->dtype));
+    return false;
+  }
   if (ir_dtype_is_x8(t->dtype) &&
       (t->rank != 2 || t->dims[0].sym != IR_SYM_NONE || t->dims[0].n % 8)) {
     fail(c, "input '%s' is %s: it needs rank 2 and a multiple of 8 rows", t->name,
@@ -211,6 +219,9 @@ static ir_status infer_embed(infer_ctx *c, infer_out *o) {
   if (!ids || !tab || !want_dtype(c, ids, IR_I32, IR_I32, IR_I32) || !want_rank(c, ids, 1) ||
       !want_weight_dtype(c, tab) || !want_rank(c, tab, 2))
     return c->d ? c->d->status : IR_BAD_FORMAT;
+  if (ir_dtype_is_x16(tab->dtype))
+    return fail(c, "table '%s' is %s: rows interleaved for matmuls only", tab->name,
+                ir_dtype_name(tab->dtype));
   if (!(ir_node_attr_f(c->n, "scale", 1.0) > 0))
     return fail(c, "scale must be positive%s%s", "", "");
   ir_dim dims[2] = {ids->dims[0], tab->dims[1]};
@@ -295,8 +306,10 @@ static ir_status infer_matmul(infer_ctx *c, infer_out *o) {
                 "act_int8 goes with an i8 weight (W8A8) or a q8_0/q4_0/q4_1 weight with "
                 "K <= 16384, not %s",
                 ir_dtype_name(w->dtype), "");
-  if (ir_node_attr_i(c->n, "act_bf16", 0) && w->dtype != IR_BF16)
+  if (ir_node_attr_i(c->n, "act_bf16", 0) && w->dtype != IR_BF16 && w->dtype != IR_BF16_X16)
     return fail(c, "act_bf16 goes with a bf16 weight, not %s%s", ir_dtype_name(w->dtype), "");
+  if (ir_dtype_is_x16(w->dtype) && !ir_node_attr_i(c->n, "act_bf16", 0))
+    return fail(c, "a %s weight (16 rows interleaved) needs act_bf16", ir_dtype_name(w->dtype), "");
   if (ir_dtype_is_x8(w->dtype) && !ir_node_attr_i(c->n, "act_int8", 0))
     return fail(c, "a %s weight (8 rows interleaved) needs act_int8", ir_dtype_name(w->dtype), "");
   if (b && (!want_dtype(c, b, IR_F32, IR_F32, IR_F32) || !want_rank(c, b, 1) ||

@@ -63,7 +63,7 @@ typedef struct pass_results {
   int act_int8_done, act_int8_long; /* matmuls given int8 activations; left f32 (K too long) */
   int act_bf16_done;                /* matmuls given bf16 activations */
   bool repack_ran;
-  int repack_done;
+  int repack_done, repack_bf16; /* weights interleaved; of them bf16 (by 16 rows) */
   uint64_t repack_bytes;
   bool repack_some_kept;
 } pass_results;

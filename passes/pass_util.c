@@ -67,12 +67,16 @@ bool pass_results_line(const pass_results *r, pass_line which, char *buf, size_t
     if (!r->act_bf16_done) return false;
     snprintf(buf, len, "act_bf16: %d bf16 matmuls take bf16 activations", r->act_bf16_done);
     return true;
-  case PASS_LINE_REPACK:
+  case PASS_LINE_REPACK: {
     if (!r->repack_ran) return false;
-    snprintf(buf, len, "repack: %d weights (%.1f MiB) interleaved by 8 rows%s", r->repack_done,
-             (double)r->repack_bytes / 1048576.0,
+    char bf[64] = "";
+    if (r->repack_bf16) /* (only then: the line of other plans keeps its bytes) */
+      snprintf(bf, sizeof bf, " (%d of them bf16, by 16 rows)", r->repack_bf16);
+    snprintf(buf, len, "repack: %d weights (%.1f MiB) interleaved by 8 rows%s%s", r->repack_done,
+             (double)r->repack_bytes / 1048576.0, bf,
              r->repack_some_kept ? "; some kept (other readers or shapes)" : "");
     return true;
+  }
   }
   return false;
 }

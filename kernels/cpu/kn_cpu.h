@@ -66,6 +66,12 @@ void kn_matmul_swiglu(kn_pool *p, float *y, const float *x, const void *w, ir_dt
 void kn_matmul_bf16x(kn_pool *p, float *y, const float *x, const uint16_t *w, const float *bias,
                      int64_t m, int64_t n, int64_t k, bool swiglu);
 
+/* kn_matmul_bf16x16: the same with W in IR_BF16_X16's layout (16 rows interleaved by
+ * pairs; n a multiple of 16, k even), summed in that layout's own order (one chain an
+ * output over the pairs, vdpbf16ps's step; kn_matmul.c). */
+void kn_matmul_bf16x16(kn_pool *p, float *y, const float *x, const void *w, const float *bias,
+                       int64_t m, int64_t n, int64_t k, bool swiglu);
+
 /* How the matmul kernels cut y (m, n) into pool tasks: tiles of mb rows x nb columns,
  * n_tiles of them along n; task t is row tile t / n_tiles, column tile t % n_tiles. Tiles
  * follow the cache (a W tile stays in L2 while x rows sweep it) and the thread count; they

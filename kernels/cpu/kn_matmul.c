@@ -52,6 +52,10 @@ enum {
    * lines are on their way while the current ones are being multiplied (the hardware
    * prefetchers ramp up too slowly over the short rows of a decode GEMV) */
   KN_MM_PREFETCH_BYTES = 8192,
+  KN_MM_X16_COLS = 16,            /* bf16x16: the columns of a W group (one zmm of y) */
+  KN_MM_X16_GROUPS = 4,           /* ... and the groups a kernel call computes */
+  KN_MM_X16_MAX_R = 6,            /* ... for up to this many x rows */
+  KN_MM_X16_KB = 256,             /* ... over this many pairs of k at a time (64 KiB of W, in L2) */
   KN_MM_SWIGLU_COLS = 64,         /* swiglu: gate and up values a row gathers before gating */
   KN_MM_BF16_STEP = 16,           /* bf16 path: pair words (32 k-indices) a lane step */
   KN_MM_BF16_STACK_WORDS = 16384, /* x rows of a few-row call converted on the stack */
@@ -1046,6 +1050,7 @@ typedef struct mm_args {
   int64_t m, n, k; /* n: columns of y */
   int64_t w_row_bytes;
   bool swiglu; /* y[:, j] = silu(z[:, j]) * z[:, n + j]: W has 2n rows */
+  bool x16;    /* W is IR_BF16_X16 (x as bf16 pairs): mm_x16_tile's path */
   kn_mm_tiles tiles;
   const mm_kernels *kern;
   const mm_panel_kernels *panel; /* the panel path, or NULL */
@@ -1154,13 +1159,254 @@ static void mm_tile(const mm_args *a, int64_t i0, int64_t i1, int64_t j0, int64_
   for (; i < i1; i++) mm_rows(a, &ws, kn->row, 1, kn->nr1, i, j0, j1);
 }
 
+/* ---- bf16x16 W: bf16 products, f32 sums, one chain an output ---------------------------- */
+/* IR_BF16_X16 (ir_dtype.h) has its own order, the same on every path: y = the chain over
+ * the k/2 pairs p of acc = fma(x[2p+1], w[2p+1], acc), then acc = fma(x[2p], w[2p], acc),
+ * subnormal inputs and results flushed to zero (vdpbf16ps's step; x rounded to bf16 as
+ * for kn_matmul_bf16x), then the bias. Lanes are 16 output columns (a W group), so no
+ * horizontal sums; a kernel call runs up to 6 x rows against 4 groups (24 accumulators),
+ * and with one chain an output a row's result never depends on the rows beside it. */
+
+/* out[r * 64 + 16 g + i] += rows xr[0 .. mr) against groups wg[0 .. 4) over kp pairs (the
+ * chain goes on from out's partial sums: a k block at a time, the same bits). */
+typedef void (*mm_x16_fn)(const uint32_t *const *xr, const uint32_t *const *wg, int64_t kp,
+                          float *out);
+
+static inline __attribute__((always_inline)) void mm_x16_body_c(const uint32_t *const *xr,
+                                                                const uint32_t *const *wg,
+                                                                int64_t kp, float *out, int mr) {
+  for (int r = 0; r < mr; r++)
+    for (int g = 0; g < KN_MM_X16_GROUPS; g++)
+      for (int i = 0; i < KN_MM_X16_COLS; i++) {
+        float acc = out[r * 64 + 16 * g + i];
+        for (int64_t p = 0; p < kp; p++) acc = mm_bf16_step(xr[r][p], wg[g][p * 16 + i], acc);
+        out[r * 64 + 16 * g + i] = acc;
+      }
+}
+
+#define MM_X16_C(name, mr)                                                                         \
+  static void name(const uint32_t *const *xr, const uint32_t *const *wg, int64_t kp, float *out) { \
+    mm_x16_body_c(xr, wg, kp, out, mr);                                                            \
+  }
+MM_X16_C(mm_x16_c_1, 1)
+MM_X16_C(mm_x16_c_2, 2)
+static const mm_x16_fn k_x16_c[KN_MM_X16_MAX_R + 1] = {
+    NULL, mm_x16_c_1, mm_x16_c_2, mm_x16_c_2, mm_x16_c_2, mm_x16_c_2, mm_x16_c_2};
+
+#if KN_MM_X86
+/* AVX2: a group is two ymm (lo: rows 0-7 of the group, hi: 8-15), under DAZ/FTZ. */
+MM_AVX2_INLINE void mm_x16_body_avx2(const uint32_t *const *xr, const uint32_t *const *wg,
+                                     int64_t kp, float *out, int mr) {
+  __m256 acc[2][KN_MM_X16_GROUPS][2];
+  unsigned csr = _mm_getcsr();
+  _mm_setcsr(csr | MM_CSR_FLUSH);
+  for (int r = 0; r < mr; r++)
+    for (int g = 0; g < KN_MM_X16_GROUPS; g++)
+      for (int h = 0; h < 2; h++) {
+        acc[r][g][h] = _mm256_loadu_ps(out + r * 64 + 16 * g + 8 * h);
+        MM_PIN(acc[r][g][h]);
+      }
+  for (int64_t p = 0; p < kp; p++) {
+    __m256 xo[2], xe[2];
+    for (int r = 0; r < mr; r++) {
+      uint32_t v = xr[r][p];
+      xo[r] = _mm256_castsi256_ps(_mm256_set1_epi32((int)(v & 0xffff0000u)));
+      xe[r] = _mm256_castsi256_ps(_mm256_set1_epi32((int)(v << 16)));
+    }
+    for (int g = 0; g < KN_MM_X16_GROUPS; g++)
+      for (int h = 0; h < 2; h++) {
+        __m256 wo, we;
+        mm_bf16_split_avx2(_mm256_loadu_si256((const __m256i *)(wg[g] + p * 16 + 8 * h)), &wo, &we);
+        for (int r = 0; r < mr; r++) {
+          acc[r][g][h] = _mm256_fmadd_ps(xo[r], wo, acc[r][g][h]);
+          acc[r][g][h] = _mm256_fmadd_ps(xe[r], we, acc[r][g][h]);
+        }
+      }
+  }
+  for (int r = 0; r < mr; r++)
+    for (int g = 0; g < KN_MM_X16_GROUPS; g++)
+      for (int h = 0; h < 2; h++) MM_PIN(acc[r][g][h]);
+  _mm_setcsr(csr);
+  for (int r = 0; r < mr; r++)
+    for (int g = 0; g < KN_MM_X16_GROUPS; g++)
+      for (int h = 0; h < 2; h++) _mm256_storeu_ps(out + r * 64 + 16 * g + 8 * h, acc[r][g][h]);
+}
+
+#define MM_X16_AVX2(name, mr)                                                                      \
+  static MM_AVX2 void name(const uint32_t *const *xr, const uint32_t *const *wg, int64_t kp,       \
+                           float *out) {                                                           \
+    mm_x16_body_avx2(xr, wg, kp, out, mr);                                                         \
+  }
+MM_X16_AVX2(mm_x16_avx2_1, 1)
+MM_X16_AVX2(mm_x16_avx2_2, 2)
+static const mm_x16_fn k_x16_avx2[KN_MM_X16_MAX_R + 1] = {
+    NULL, mm_x16_avx2_1, mm_x16_avx2_2, mm_x16_avx2_2, mm_x16_avx2_2, mm_x16_avx2_2, mm_x16_avx2_2};
+
+#if KN_MATMUL_MAX_ISA >= 2
+/* AVX512-BF16: one vdpbf16ps a (row, group, pair), x's pair broadcast from memory. */
+MM_BF16DP_INLINE void mm_x16_body_dp(const uint32_t *const *xr, const uint32_t *const *wg,
+                                     int64_t kp, float *out, int mr) {
+  __m512 acc[KN_MM_X16_MAX_R][KN_MM_X16_GROUPS];
+  for (int r = 0; r < mr; r++)
+    for (int g = 0; g < KN_MM_X16_GROUPS; g++) acc[r][g] = _mm512_loadu_ps(out + r * 64 + 16 * g);
+  for (int64_t p = 0; p < kp; p++) {
+    __m512i w[KN_MM_X16_GROUPS];
+    for (int g = 0; g < KN_MM_X16_GROUPS; g++) {
+      mm_prefetch_w(wg[g] + p * 16);
+      w[g] = _mm512_loadu_si512(wg[g] + p * 16);
+    }
+    for (int r = 0; r < mr; r++) {
+      __m512i xv = _mm512_set1_epi32((int)xr[r][p]);
+      for (int g = 0; g < KN_MM_X16_GROUPS; g++)
+        acc[r][g] = _mm512_dpbf16_ps(acc[r][g], (__m512bh)xv, (__m512bh)w[g]);
+    }
+  }
+  for (int r = 0; r < mr; r++)
+    for (int g = 0; g < KN_MM_X16_GROUPS; g++) _mm512_storeu_ps(out + r * 64 + 16 * g, acc[r][g]);
+}
+
+#define MM_X16_DP(name, mr)                                                                        \
+  static MM_BF16DP void name(const uint32_t *const *xr, const uint32_t *const *wg, int64_t kp,     \
+                             float *out) {                                                         \
+    mm_x16_body_dp(xr, wg, kp, out, mr);                                                           \
+  }
+MM_X16_DP(mm_x16_dp_1, 1)
+MM_X16_DP(mm_x16_dp_2, 2)
+MM_X16_DP(mm_x16_dp_3, 3)
+MM_X16_DP(mm_x16_dp_4, 4)
+MM_X16_DP(mm_x16_dp_5, 5)
+MM_X16_DP(mm_x16_dp_6, 6)
+static const mm_x16_fn k_x16_dp[KN_MM_X16_MAX_R + 1] = {
+    NULL, mm_x16_dp_1, mm_x16_dp_2, mm_x16_dp_3, mm_x16_dp_4, mm_x16_dp_5, mm_x16_dp_6};
+
+/* AVX-512F: the same steps with f32 FMAs under DAZ/FTZ. */
+MM_AVX512_INLINE void mm_x16_body_avx512(const uint32_t *const *xr, const uint32_t *const *wg,
+                                         int64_t kp, float *out, int mr) {
+  __m512 acc[3][KN_MM_X16_GROUPS];
+  const __m512i hi_mask = _mm512_set1_epi32((int)0xffff0000u);
+  unsigned csr = _mm_getcsr();
+  _mm_setcsr(csr | MM_CSR_FLUSH);
+  for (int r = 0; r < mr; r++)
+    for (int g = 0; g < KN_MM_X16_GROUPS; g++) {
+      acc[r][g] = _mm512_loadu_ps(out + r * 64 + 16 * g);
+      MM_PIN(acc[r][g]);
+    }
+  for (int64_t p = 0; p < kp; p++) {
+    __m512 xo[3], xe[3];
+    for (int r = 0; r < mr; r++) {
+      uint32_t v = xr[r][p];
+      xo[r] = _mm512_castsi512_ps(_mm512_set1_epi32((int)(v & 0xffff0000u)));
+      xe[r] = _mm512_castsi512_ps(_mm512_set1_epi32((int)(v << 16)));
+    }
+    for (int g = 0; g < KN_MM_X16_GROUPS; g++) {
+      __m512i v = _mm512_loadu_si512(wg[g] + p * 16);
+      __m512 wo = _mm512_castsi512_ps(_mm512_and_si512(v, hi_mask));
+      __m512 we = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+      for (int r = 0; r < mr; r++) {
+        acc[r][g] = _mm512_fmadd_ps(xo[r], wo, acc[r][g]);
+        acc[r][g] = _mm512_fmadd_ps(xe[r], we, acc[r][g]);
+      }
+    }
+  }
+  for (int r = 0; r < mr; r++)
+    for (int g = 0; g < KN_MM_X16_GROUPS; g++) MM_PIN(acc[r][g]);
+  _mm_setcsr(csr);
+  for (int r = 0; r < mr; r++)
+    for (int g = 0; g < KN_MM_X16_GROUPS; g++) _mm512_storeu_ps(out + r * 64 + 16 * g, acc[r][g]);
+}
+
+#define MM_X16_AVX512(name, mr)                                                                    \
+  static MM_AVX512 void name(const uint32_t *const *xr, const uint32_t *const *wg, int64_t kp,     \
+                             float *out) {                                                         \
+    mm_x16_body_avx512(xr, wg, kp, out, mr);                                                       \
+  }
+MM_X16_AVX512(mm_x16_avx512_1, 1)
+MM_X16_AVX512(mm_x16_avx512_2, 2)
+MM_X16_AVX512(mm_x16_avx512_3, 3)
+static const mm_x16_fn k_x16_avx512[KN_MM_X16_MAX_R + 1] = {NULL,
+                                                            mm_x16_avx512_1,
+                                                            mm_x16_avx512_2,
+                                                            mm_x16_avx512_3,
+                                                            mm_x16_avx512_3,
+                                                            mm_x16_avx512_3,
+                                                            mm_x16_avx512_3};
+#endif
+#endif
+
+/* The kernels by rows (k[r]: r rows at a time, at most; k[r] for fewer rows than its best
+ * takes a smaller entry), and how many rows the best takes. */
+static const mm_x16_fn *mm_x16_pick(int *best) {
+  int isa = mm_isa();
+#if KN_MM_X86
+#if KN_MATMUL_MAX_ISA >= 2
+  if (kn_matmul_bf16dp()) return *best = 6, k_x16_dp;
+  if (isa >= 2) return *best = 3, k_x16_avx512;
+#endif
+  if (isa >= 1) return *best = 2, k_x16_avx2;
+#endif
+  (void)isa;
+  return *best = 2, k_x16_c;
+}
+
+/* Rows [i0, i1) (at most KN_MM_M_TILE) against columns [j0, j1) (multiples of 16 but
+ * for n's end, n itself a multiple of 16): a call takes 4 groups (64 columns), or with
+ * swiglu 2 gate groups and their 2 up groups (32 columns); missing groups repeat the last
+ * one, their outputs dropped. Every row of the tile goes through one k block of the groups
+ * before the next block (KN_MM_X16_KB pairs), the partial sums waiting in z. (SmolLM2 at
+ * 512 tokens on 2 Zen 4 cores: blocks of 32 or 144 pairs, in L1, were 10% slower than
+ * whole rows of 288; 256 bounds the block of the long rows of larger models.) */
+static void mm_x16_tile(const mm_args *a, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+  int best;
+  const mm_x16_fn *fns = mm_x16_pick(&best);
+  const int64_t kp = a->k / 2, gw = kp * KN_MM_X16_COLS; /* words of a W group */
+  const uint32_t *w = (const uint32_t *)a->w;
+  const int ng = a->swiglu ? KN_MM_X16_GROUPS / 2 : KN_MM_X16_GROUPS; /* output groups */
+  _Alignas(64) float z[KN_MM_M_TILE * 64];
+  for (int64_t j = j0; j < j1; j += ng * KN_MM_X16_COLS) {
+    int64_t cols = j1 - j < ng * KN_MM_X16_COLS ? j1 - j : ng * KN_MM_X16_COLS;
+    int have = (int)((cols + KN_MM_X16_COLS - 1) / KN_MM_X16_COLS);
+    const uint32_t *wg[KN_MM_X16_GROUPS];
+    for (int g = 0; g < ng; g++) {
+      int64_t grp = j / KN_MM_X16_COLS + (g < have ? g : have - 1);
+      wg[g] = w + grp * gw;
+      if (a->swiglu) wg[ng + g] = w + (grp + a->n / KN_MM_X16_COLS) * gw;
+    }
+    memset(z, 0, (size_t)(i1 - i0) * 64 * sizeof *z);
+    for (int64_t p0 = 0; p0 < kp; p0 += KN_MM_X16_KB) {
+      int64_t pn = kp - p0 < KN_MM_X16_KB ? kp - p0 : KN_MM_X16_KB;
+      const uint32_t *wk[KN_MM_X16_GROUPS];
+      for (int g = 0; g < KN_MM_X16_GROUPS; g++) wk[g] = wg[g] + p0 * KN_MM_X16_COLS;
+      for (int64_t i = i0; i < i1;) {
+        int mr = i1 - i < best ? (int)(i1 - i) : best;
+        const uint32_t *xr[KN_MM_X16_MAX_R];
+        for (int r = 0; r < mr; r++) xr[r] = (const uint32_t *)a->x + (i + r) * a->x_stride + p0;
+        fns[mr](xr, wk, pn, z + (i - i0) * 64);
+        i += mr;
+      }
+    }
+    const float *b = a->bias;
+    for (int64_t i = i0; i < i1; i++) {
+      float *y = a->y + i * a->n + j, *o = z + (i - i0) * 64;
+      if (!a->swiglu) {
+        for (int64_t c = 0; c < cols; c++) y[c] = b ? o[c] + b[j + c] : o[c];
+        continue;
+      }
+      float *u = o + ng * KN_MM_X16_COLS; /* the up values, 32 columns on */
+      if (b)
+        for (int64_t c = 0; c < cols; c++) o[c] += b[j + c], u[c] += b[a->n + j + c];
+      kn_silu_mul_n(y, o, u, cols);
+    }
+  }
+}
+
 static void mm_task(void *arg, int64_t begin, int64_t end, int tid) {
   (void)tid;
   const mm_args *a = arg;
   for (int64_t t = begin; t < end; t++) {
     int64_t i0, i1, j0, j1;
     kn_mm_tile_bounds(&a->tiles, t, &i0, &i1, &j0, &j1);
-    mm_tile(a, i0, i1, j0, j1);
+    if (a->x16) mm_x16_tile(a, i0, i1, j0, j1);
+    else mm_tile(a, i0, i1, j0, j1);
   }
 }
 
@@ -1214,7 +1460,7 @@ static void mm_choose_panel(mm_args *a, ir_dtype wt) {
 static void mm_run(kn_pool *p, mm_args *a) {
   if (a->m <= 0 || a->n <= 0) return;
   a->tiles = kn_mm_tiles_plan(a->m, a->n, a->w_row_bytes * (a->swiglu ? 2 : 1), kn_pool_threads(p),
-                              KN_MM_TILE_ALIGN);
+                              a->x16 ? KN_MM_X16_COLS : KN_MM_TILE_ALIGN);
   int64_t tasks = a->tiles.n_tasks;
   int64_t flops = 2 * a->m * a->n * a->k * (a->swiglu ? 2 : 1);
   kn_parallel_for(p, tasks, flops < KN_MM_SERIAL_FLOPS ? tasks : 1, mm_task, a);
@@ -1300,5 +1546,21 @@ void kn_matmul_bf16x(kn_pool *p, float *y, const float *x, const uint16_t *w, co
                .swiglu = swiglu,
                .w_row_bytes = k * 2,
                .kern = mm_pick_bf16x()};
+  if (m > 0 && n > 0 && k > 0) mm_run_bf16(p, &a);
+}
+
+void kn_matmul_bf16x16(kn_pool *p, float *y, const float *x, const void *w, const float *bias,
+                       int64_t m, int64_t n, int64_t k, bool swiglu) {
+  if (n % KN_MM_X16_COLS || k % 2) return; /* (the IR checks both) */
+  mm_args a = {.y = y,
+               .x = x,
+               .w = (const char *)w,
+               .bias = bias,
+               .m = m,
+               .n = n,
+               .k = k,
+               .swiglu = swiglu,
+               .x16 = true,
+               .w_row_bytes = k * 2};
   if (m > 0 && n > 0 && k > 0) mm_run_bf16(p, &a);
 }

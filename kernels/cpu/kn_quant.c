@@ -131,3 +131,13 @@ float kn_dequant_one(const void *src, ir_dtype dt, uint64_t i) {
   default: return 0.0f;
   }
 }
+
+void kn_x16_pack(const uint16_t *src, int64_t rows, int64_t k, void *dst) {
+  uint16_t *o = dst;
+  for (int64_t g = 0; g < rows / 16; g++)
+    for (int64_t p = 0; p < k / 2; p++)
+      for (int i = 0; i < 16; i++, o += 2) {
+        const uint16_t *r = src + (g * 16 + i) * k + 2 * p;
+        o[0] = r[0], o[1] = r[1];
+      }
+}

@@ -66,6 +66,10 @@ static inline int kn_x8_code_at(int r, int i) { return 32 * (i / 4) + 4 * r + i 
  * (the same number of bytes; src and dst do not overlap). */
 void kn_x8_pack(const void *src, ir_dtype base, int64_t rows, int64_t k, void *dst);
 
+/* rows (a multiple of 16) x k (even) bf16 values at src rewritten as IR_BF16_X16 at dst:
+ * row group g, pair p, row i at uint32 (g * k / 2 + p) * 16 + i (the same bytes). */
+void kn_x16_pack(const uint16_t *src, int64_t rows, int64_t k, void *dst);
+
 /* Block b of row `row` of an interleaved tensor with k values a row, in the base layout. */
 void kn_x8_block(const void *src, ir_dtype base, int64_t k, int64_t row, int64_t b, uint8_t *blk);
 

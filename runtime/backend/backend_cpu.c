@@ -53,7 +53,7 @@ static void run_binary(kn_pool *p, const ir_graph *g, const ir_node *n, void *co
 }
 
 /* matmul: float / block-quantized W (with act_int8: int8 activations, kn_matmul_q8; bf16
- * W with act_bf16: bf16 activations, kn_matmul_bf16x), or
+ * W with act_bf16: bf16 activations, kn_matmul_bf16x, or kn_matmul_bf16x16 repacked), or
  * i8/i4 W with scales and zero points (inputs 3, 4), optionally with int8 activations
  * (act_int8, W8A8). */
 static void run_matmul(kn_pool *p, const ir_graph *g, const ir_node *n, void *const *ptrs,
@@ -66,9 +66,11 @@ static void run_matmul(kn_pool *p, const ir_graph *g, const ir_node *n, void *co
     kn_matmul_q8(p, O_(0), P_(0), P_(1), w->dtype, bias, m, swiglu ? rows / 2 : rows, k, swiglu);
     return;
   }
-  if (w->dtype == IR_BF16 && ir_node_attr_i(n, "act_bf16", 0)) {
+  if ((w->dtype == IR_BF16 || w->dtype == IR_BF16_X16) && ir_node_attr_i(n, "act_bf16", 0)) {
     bool swiglu = ir_node_attr_i(n, "act", IR_ACT_NONE) == IR_ACT_SWIGLU;
-    kn_matmul_bf16x(p, O_(0), P_(0), P_(1), bias, m, swiglu ? rows / 2 : rows, k, swiglu);
+    if (w->dtype == IR_BF16_X16)
+      kn_matmul_bf16x16(p, O_(0), P_(0), P_(1), bias, m, swiglu ? rows / 2 : rows, k, swiglu);
+    else kn_matmul_bf16x(p, O_(0), P_(0), P_(1), bias, m, swiglu ? rows / 2 : rows, k, swiglu);
     return;
   }
   if (w->dtype != IR_I8 && w->dtype != IR_I4 && w->dtype != IR_F8_E4M3) {

@@ -7,7 +7,9 @@
  *     before the even one, subnormal x and products flushed to zero;
  *   - against a double reference of the bf16-rounded x, within f32 summation error;
  *   - a row's bits do not depend on the rows beside it (m = 1 against m = 37), plain and
- *     with the swiglu epilogue.
+ *     with the swiglu epilogue;
+ *   - the same for W repacked as IR_BF16_X16 (kn_matmul_bf16x16), whose order is one chain
+ *     an output: its own known answer.
  * Where the CPU has AVX512-BF16, the instruction is the oracle of the order; elsewhere
  * the paths are checked against each other and the known answers. */
 #include <math.h>
@@ -17,6 +19,7 @@
 #include <string.h>
 
 #include "kn_cpu.h"
+#include "kn_quant.h"
 #include "tcheck.h"
 
 static uint64_t g_rng = 0x2545f4914f6cdd1dull;
@@ -47,11 +50,22 @@ static float bits_f(uint32_t u) {
   return f;
 }
 
+/* With g_x16, W is packed as IR_BF16_X16 and run through kn_matmul_bf16x16. */
+static int g_x16;
+
 static void run(int isa, int dp, float *y, const float *x, const uint16_t *w, const float *bias,
                 int64_t m, int64_t n, int64_t k, int swiglu, kn_pool *p) {
   kn_matmul_set_max_isa(isa);
   kn_matmul_use_bf16dp(dp);
-  kn_matmul_bf16x(p, y, x, w, bias, m, n, k, swiglu);
+  if (!g_x16) {
+    kn_matmul_bf16x(p, y, x, w, bias, m, n, k, swiglu);
+    return;
+  }
+  int64_t rows = swiglu ? 2 * n : n;
+  uint16_t *packed = malloc((size_t)(rows * k) * sizeof *packed);
+  kn_x16_pack(w, rows, k, packed);
+  kn_matmul_bf16x16(p, y, x, packed, bias, m, n, k, swiglu);
+  free(packed);
 }
 
 /* The paths against each other (and m = 1 against the batch). */
@@ -105,12 +119,14 @@ static void paths_case(kn_pool *p, int64_t m, int64_t n, int64_t k, int swiglu, 
 /* y of one row (n = 1) with x and w given, on every path; all must equal want. */
 static void known(const char *what, const float *x, const float *w, int64_t k, float want,
                   int has_dp) {
-  uint16_t wb[64];
-  for (int64_t i = 0; i < k; i++) wb[i] = ir_f32_to_bf16(w[i]);
+  uint16_t wb[16 * 64]; /* 16 equal rows (a bf16x16 group) */
+  for (int r = 0; r < 16; r++)
+    for (int64_t i = 0; i < k; i++) wb[r * k + i] = ir_f32_to_bf16(w[i]);
   for (int q = 0; q < (has_dp ? 4 : 3); q++) {
-    float y = -1.0f;
-    run(q < 3 ? q : 2, q == 3, &y, x, wb, NULL, 1, 1, k, 0, NULL);
-    CHECKF(memcmp(&y, &want, sizeof y) == 0, "%s, path %d: %.9g, want %.9g", what, q, (double)y,
+    float y[16] = {0};
+    run(q < 3 ? q : 2, q == 3, y, x, wb, NULL, 1, 16, k, 0, NULL);
+    CHECKF(memcmp(&y[0], &want, sizeof want) == 0 && memcmp(&y[15], &want, sizeof want) == 0,
+           "%s%s, path %d: %.9g, want %.9g", what, g_x16 ? " (bf16x16)" : "", q, (double)y[0],
            (double)want);
   }
 }
@@ -150,6 +166,26 @@ int main(void) {
   /* past the stack buffer of converted rows (heap), and a long row */
   paths_case(p3, 70, 33, 576, 0, 1, has_dp);
   paths_case(p3, 3, 5, 40000, 1, 0, has_dp);
+
+  /* bf16x16: one chain an output over the pairs. Pairs 0, 1 (k 0-3) in order x1 w1, x0 w0,
+   * x3 w3, x2 w2: 2^-24 + 0 + 2^-24 + 1 = 1 + 2^-23 exactly (the k-lane order above folds
+   * 2^-24 into 1 + 0 and gives 1; an even-first chain gives 1 too). */
+  g_x16 = 1;
+  memset(x, 0, sizeof x), memset(w, 0, sizeof w);
+  x[1] = w[1] = x[3] = w[3] = 0x1p-12f;
+  x[2] = w[2] = 1.0f;
+  known("one chain, odd product first", x, w, 4, 1.0f + 0x1p-23f, has_dp);
+  memset(x, 0, sizeof x), memset(w, 0, sizeof w);
+  x[0] = bits_f(0x00400000u), w[0] = 1.0f;
+  x[1] = w[1] = 0x1p-70f;
+  known("subnormals flushed", x, w, 2, 0.0f, has_dp);
+  static const int64_t ns16[] = {16, 48, 80}, ks16[] = {2, 6, 64, 576};
+  for (int mi = 0; mi < 4; mi++)
+    for (int ni = 0; ni < 3; ni++)
+      for (int ki = 0; ki < 4; ki++)
+        for (int sw = 0; sw < 2; sw++)
+          paths_case(mi % 2 ? p3 : NULL, ms[mi], ns16[ni], ks16[ki], sw, (ki + ni) % 2, has_dp);
+  paths_case(p3, 70, 96, 576, 1, 1, has_dp);
   kn_matmul_set_max_isa(2);
   kn_matmul_use_bf16dp(1);
   kn_pool_destroy(p3);
