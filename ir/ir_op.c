@@ -150,7 +150,7 @@ static bool want_weight_dtype(infer_ctx *c, const ir_tensor *t) {
     if (t->rank == 2 && t->dims[0].sym == IR_SYM_NONE && t->dims[0].n % 16 == 0 &&
         t->dims[1].sym == IR_SYM_NONE && t->dims[1].n % 2 == 0)
       return true;
-    fail(c, "input '%s' is %s: it needs rank 2, a multiple of 16 rows and even rows", t->name,
+    fail(c, "input '%s' is %s: it needs rank 2, a multiple of 16 rows and an even K", t->name,
          ir_dtype_name(t->dtype));
     return false;
   }
@@ -310,6 +310,10 @@ static ir_status infer_matmul(infer_ctx *c, infer_out *o) {
     return fail(c, "act_bf16 goes with a bf16 weight, not %s%s", ir_dtype_name(w->dtype), "");
   if (ir_dtype_is_x16(w->dtype) && !ir_node_attr_i(c->n, "act_bf16", 0))
     return fail(c, "a %s weight (16 rows interleaved) needs act_bf16", ir_dtype_name(w->dtype), "");
+  if (ir_dtype_is_x16(w->dtype) && ir_node_attr_i(c->n, "act", IR_ACT_NONE) == IR_ACT_SWIGLU &&
+      w->dims[0].n % 32)
+    return fail(c, "a swiglu %s weight needs whole 16-row groups of gate and of up rows%s",
+                ir_dtype_name(w->dtype), "");
   if (ir_dtype_is_x8(w->dtype) && !ir_node_attr_i(c->n, "act_int8", 0))
     return fail(c, "a %s weight (8 rows interleaved) needs act_int8", ir_dtype_name(w->dtype), "");
   if (b && (!want_dtype(c, b, IR_F32, IR_F32, IR_F32) || !want_rank(c, b, 1) ||

@@ -73,7 +73,7 @@ static ir_status check_tensor(const ir_graph *g, int32_t i, ir_diag *d) {
       (t->rank != 2 || t->dims[0].sym != IR_SYM_NONE || t->dims[0].n % 16 != 0 ||
        t->dims[1].sym != IR_SYM_NONE || t->dims[1].n % 2 != 0))
     return ir_diag_set(d, IR_BAD_FORMAT,
-                       "tensor '%s': %s needs rank 2, a multiple of 16 rows and even rows", t->name,
+                       "tensor '%s': %s needs rank 2, a multiple of 16 rows and an even K", t->name,
                        ir_dtype_name(t->dtype));
   if (ir_dtype_is_blocks(t->dtype) && (t->rank < 1 || t->dims[t->rank - 1].sym != IR_SYM_NONE ||
                                        t->dims[t->rank - 1].n % ir_dtype_block(t->dtype) != 0))

@@ -4,6 +4,7 @@
  * else. W is f32, f16, bf16, or block-quantized (q8_0, q4_0, q4_1) and converted to f32
  * in registers: x stays f32. kn_matmul_bf16x multiplies bf16 W by x rounded to bf16 (once
  * a call), f32 sums, on AVX512-BF16's vdpbf16ps where the CPU has it. */
+#include <float.h>
 #include <math.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -33,7 +34,7 @@
  * with subnormal inputs and result flushed to zero; then the fold above, then the bias.
  * The CPUs without the instruction compute the same steps with f32 FMAs (under MXCSR's
  * DAZ and FTZ on x86), so every path agrees bit for bit there too (checked against the
- * instruction on a CPU that has it: test_kernels). */
+ * instruction on a CPU that has it: test_matmul_bf16). */
 enum {
   KN_MM_LANES = 16,
   KN_MM_MAX_R = 4,                /* largest kernel shape: rows of x ... */
@@ -264,9 +265,21 @@ static inline float mm_bf16_f32(uint32_t h) {
 }
 
 /* One lane step, vdpbf16ps's: the odd product first, each fused and flushed. */
+/* fma(a, b, c) flushed as x86's FTZ flushes: a result is tiny when, rounded to 24 bits
+ * with an unbounded exponent, it is below FLT_MIN, which rounding on the subnormal grid
+ * (fmaf) misses for exact results in [FLT_MIN (1 - 2^-24), FLT_MIN (1 - 2^-25)): fmaf
+ * gives FLT_MIN there. a * b (bf16 values) is exact in double; near FLT_MIN so is the sum.
+ * (Round to nearest even, as vdpbf16ps: the portable path assumes the default mode.) */
+static inline float mm_fma_ftz(float a, float b, float c) {
+  float r = fmaf(a, b, c);
+  if (fabsf(r) == FLT_MIN && fabs((double)a * b + c) < (double)FLT_MIN * (1.0 - 0x1p-25))
+    return r < 0 ? -0.0f : 0.0f;
+  return mm_ftz(r);
+}
+
 static inline float mm_bf16_step(uint32_t x, uint32_t w, float acc) {
-  acc = mm_ftz(fmaf(mm_bf16_f32(x >> 16), mm_bf16_f32(w >> 16), acc));
-  return mm_ftz(fmaf(mm_bf16_f32(x & 0xffffu), mm_bf16_f32(w & 0xffffu), acc));
+  acc = mm_fma_ftz(mm_bf16_f32(x >> 16), mm_bf16_f32(w >> 16), acc);
+  return mm_fma_ftz(mm_bf16_f32(x & 0xffffu), mm_bf16_f32(w & 0xffffu), acc);
 }
 
 /* xr: rows of bf16 pairs (mm_bf16_row, cast); wr: W rows of k bf16 values. */
@@ -460,7 +473,8 @@ MM_INST_QAVX2(mm_avx2_q4_1_1x4, IR_Q4_1, 1, 4)
 /* MXCSR's DAZ and FTZ, for the bf16 order's flushing on FMAs that do not flush: set
  * around a kernel's steps, the accumulators passed through an empty asm after setting and
  * before restoring so that no FMA of the steps moves out from between. */
-#define MM_CSR_FLUSH 0x8040u
+#define MM_CSR_FLUSH 0x8040u /* (with rounding to nearest even: the 0x6000 bits cleared) */
+#define MM_CSR(csr) (((csr) & ~0x6000u) | MM_CSR_FLUSH)
 #define MM_PIN(v) __asm__ volatile("" : "+v"(v))
 
 /* The bf16 order on AVX2: lanes 0-7 (pair words p0..p0+7) in lo, 8-15 in hi; a word's
@@ -500,7 +514,7 @@ MM_AVX2_INLINE void mm_bf16_body_avx2(const float *const *xr, const void *const 
   const int64_t kw = mm_bf16_words(k), full = k / (2 * KN_MM_BF16_STEP) * KN_MM_BF16_STEP;
   for (int c = 0; c < nr; c++) w[c] = wr[c];
   unsigned csr = _mm_getcsr();
-  _mm_setcsr(csr | MM_CSR_FLUSH);
+  _mm_setcsr(MM_CSR(csr));
   for (int r = 0; r < mr; r++)
     for (int c = 0; c < nr; c++) {
       lo[r][c] = hi[r][c] = _mm256_setzero_ps();
@@ -731,7 +745,7 @@ MM_AVX512_INLINE void mm_bf16_body_avx512(const float *const *xr, const void *co
   const int64_t kw = mm_bf16_words(k), full = k / (2 * KN_MM_BF16_STEP) * KN_MM_BF16_STEP;
   for (int c = 0; c < nr; c++) w[c] = wr[c];
   unsigned csr = _mm_getcsr();
-  _mm_setcsr(csr | MM_CSR_FLUSH);
+  _mm_setcsr(MM_CSR(csr));
   for (int r = 0; r < mr; r++)
     for (int c = 0; c < nr; c++) {
       acc[r][c] = _mm512_setzero_ps();
@@ -979,7 +993,8 @@ static bool mm_cpu_has_bf16dp(void) {
   v = 0;
 #if KN_MM_X86 && KN_MATMUL_MAX_ISA >= 2
   unsigned a, b, c, d;
-  v = __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & 1u << 5);
+  v = __get_cpuid_count(7, 0, &a, &b, &c, &d) && a >= 1 &&
+      __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & 1u << 5);
 #endif
   atomic_store_explicit(&cached, v, memory_order_relaxed);
   return v;
@@ -1095,8 +1110,8 @@ static void mm_block(const mm_args *a, const mm_wsrc *ws, mm_kern_fn fn, int mr,
     for (int r = 0; r < mr; r++) {
       float *g = z + r * 2 * KN_MM_SWIGLU_COLS + (j0 - jz), *u = g + KN_MM_SWIGLU_COLS;
       for (int64_t c = 0; c < nv; c++) {
-        g[c] = acc[r * nr + c] + (b ? b[j0 + c] : 0.0f);
-        u[c] = acc[r * nr + nc + c] + (b ? b[a->n + j0 + c] : 0.0f);
+        g[c] = b ? acc[r * nr + c] + b[j0 + c] : acc[r * nr + c]; /* (-0 stays -0) */
+        u[c] = b ? acc[r * nr + nc + c] + b[a->n + j0 + c] : acc[r * nr + nc + c];
       }
     }
     return;
@@ -1199,7 +1214,7 @@ MM_AVX2_INLINE void mm_x16_body_avx2(const uint32_t *const *xr, const uint32_t *
                                      int64_t kp, float *out, int mr) {
   __m256 acc[2][KN_MM_X16_GROUPS][2];
   unsigned csr = _mm_getcsr();
-  _mm_setcsr(csr | MM_CSR_FLUSH);
+  _mm_setcsr(MM_CSR(csr));
   for (int r = 0; r < mr; r++)
     for (int g = 0; g < KN_MM_X16_GROUPS; g++)
       for (int h = 0; h < 2; h++) {
@@ -1285,7 +1300,7 @@ MM_AVX512_INLINE void mm_x16_body_avx512(const uint32_t *const *xr, const uint32
   __m512 acc[3][KN_MM_X16_GROUPS];
   const __m512i hi_mask = _mm512_set1_epi32((int)0xffff0000u);
   unsigned csr = _mm_getcsr();
-  _mm_setcsr(csr | MM_CSR_FLUSH);
+  _mm_setcsr(MM_CSR(csr));
   for (int r = 0; r < mr; r++)
     for (int g = 0; g < KN_MM_X16_GROUPS; g++) {
       acc[r][g] = _mm512_loadu_ps(out + r * 64 + 16 * g);
@@ -1534,6 +1549,14 @@ void kn_matmul_swiglu(kn_pool *p, float *y, const float *x, const void *w, ir_dt
   mm_start(p, &a, wt);
 }
 
+/* y of a matmul with nothing to sum (k = 0): the bias (swiglu: of gate and up), as
+ * kn_matmul gives it. */
+static void mm_bf16_empty(kn_pool *p, float *y, const float *x, const void *w, const float *bias,
+                          int64_t m, int64_t n, bool swiglu) {
+  if (swiglu) kn_matmul_swiglu(p, y, x, w, IR_BF16, bias, m, n, 0);
+  else kn_matmul(p, y, x, w, IR_BF16, bias, m, n, 0);
+}
+
 void kn_matmul_bf16x(kn_pool *p, float *y, const float *x, const uint16_t *w, const float *bias,
                      int64_t m, int64_t n, int64_t k, bool swiglu) {
   mm_args a = {.y = y,
@@ -1546,12 +1569,20 @@ void kn_matmul_bf16x(kn_pool *p, float *y, const float *x, const uint16_t *w, co
                .swiglu = swiglu,
                .w_row_bytes = k * 2,
                .kern = mm_pick_bf16x()};
-  if (m > 0 && n > 0 && k > 0) mm_run_bf16(p, &a);
+  if (k == 0) mm_bf16_empty(p, y, x, w, bias, m, n, swiglu);
+  else if (m > 0 && n > 0 && k > 0) mm_run_bf16(p, &a);
 }
 
 void kn_matmul_bf16x16(kn_pool *p, float *y, const float *x, const void *w, const float *bias,
                        int64_t m, int64_t n, int64_t k, bool swiglu) {
-  if (n % KN_MM_X16_COLS || k % 2) return; /* (the IR checks both) */
+  if (n % KN_MM_X16_COLS || k % 2 || k < 0) { /* (the IR refuses these) */
+    for (int64_t i = 0; i < m * n; i++) y[i] = NAN;
+    return;
+  }
+  if (k == 0) {
+    mm_bf16_empty(p, y, x, w, bias, m, n, swiglu);
+    return;
+  }
   mm_args a = {.y = y,
                .x = x,
                .w = (const char *)w,

@@ -746,8 +746,9 @@ static void wq_store(const wq_args *a, const float *z, int mr, int nr, int64_t n
     int cols = wq_cols(a, nr);
     for (int r = 0; r < mr; r++)
       for (int64_t c = 0; c < nv; c++) {
-        gates->g[r][j0 - gates->j0 + c] = z[r * nr + c] + (b ? b[j0 + c] : 0.0f);
-        gates->u[r][j0 - gates->j0 + c] = z[r * nr + cols + c] + (b ? b[a->n + j0 + c] : 0.0f);
+        float gz = z[r * nr + c], uz = z[r * nr + cols + c]; /* (-0 stays -0) */
+        gates->g[r][j0 - gates->j0 + c] = b ? gz + b[j0 + c] : gz;
+        gates->u[r][j0 - gates->j0 + c] = b ? uz + b[a->n + j0 + c] : uz;
       }
     return;
   }

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ir.h"
 #include "kn_cpu.h"
 #include "kn_quant.h"
 #include "tcheck.h"
@@ -96,6 +97,18 @@ static void paths_case(kn_pool *p, int64_t m, int64_t n, int64_t k, int swiglu, 
   }
   CHECKF(alone, "m=%lld n=%lld k=%lld swiglu=%d: a row alone differs from the batch", (long long)m,
          (long long)n, (long long)k, swiglu);
+  if (swiglu) { /* each path: the plain matmul of the 2n rows, then the gate, bit for bit */
+    float *z = malloc((size_t)(m * 2 * n) * sizeof *z), *g = malloc((size_t)(m * n) * sizeof *g);
+    int gated = 1;
+    for (int q = 0; q < paths; q++) {
+      run(isas[q], q == 3, z, x, w, bias, m, 2 * n, k, 0, p);
+      for (int64_t i = 0; i < m; i++) kn_silu_mul_n(g + i * n, z + i * 2 * n, z + i * 2 * n + n, n);
+      gated &= memcmp(g, y[q], (size_t)(m * n) * sizeof(float)) == 0;
+    }
+    CHECKF(gated, "m=%lld n=%lld k=%lld: swiglu differs from the matmul then the gate",
+           (long long)m, (long long)n, (long long)k);
+    free(z), free(g);
+  }
   if (!swiglu && !edges) { /* against double sums of the bf16 values */
     int ok = 1;
     for (int64_t i = 0; i < m; i++)
@@ -131,6 +144,85 @@ static void known(const char *what, const float *x, const float *w, int64_t k, f
   }
 }
 
+/* More known answers, on every path (k 32 or more: x converted by the vector code too). */
+static void known_more(int has_dp) {
+  float x[64] = {0}, w[64] = {0};
+  x[0] = 0x1p64f, w[0] = bits_f(0x00400000u); /* a subnormal w is zero, whatever x */
+  known("subnormal w flushed", x, w, 32, 0.0f, has_dp);
+  memset(x, 0, sizeof x), memset(w, 0, sizeof w);
+  x[0] = 1.0f + 0x1p-8f, w[0] = 1.0f;            /* a tie: to even, 1 */
+  x[1] = 1.0f + 3 * 0x1p-8f, w[1] = 1.0f;        /* a tie: to even, 1 + 2^-6 */
+  x[2] = 1.0f + 0x1p-8f + 0x1p-20f, w[2] = 1.0f; /* past the tie: 1 + 2^-7 */
+  known("x rounded to nearest even", x, w, 40, 3.0f + 0x1p-6f + 0x1p-7f, has_dp);
+  /* An exact 2^-126 - 2^-150 (x1 w1 = 2^-126 first, then -2^-150): tiny before rounding to
+   * the subnormal grid, so flushed, as FTZ does (the grid's rounding would give 2^-126). */
+  memset(x, 0, sizeof x), memset(w, 0, sizeof w);
+  x[0] = 0x1p-75f, w[0] = -0x1p-75f, x[1] = 0x1p-63f, w[1] = 0x1p-63f;
+  known("tiny before rounding flushed", x, w, 2, 0.0f, has_dp);
+}
+
+/* The IR's rules for the bf16-activation matmuls (hostile plans meet these on load). */
+static void ir_rules(void) {
+  static uint16_t wd[48 * 64];
+  ir_graph *g = ir_graph_create();
+  g->config =
+      (ir_model_config){.max_tokens = 8, .max_seqs = 1, .max_logits = 1, .kv_block_size = 16};
+  ir_dim xd[2] = {{.sym = IR_SYM_TOKENS}, {.n = 64}};
+  int32_t x = ir_graph_add_input(g, "x", IR_F32, 2, xd);
+  int32_t ids = ir_graph_add_input(g, "ids", IR_I32, 1, (ir_dim[]){{.sym = IR_SYM_TOKENS}});
+  int32_t wb = ir_graph_add_weight(g, "wb", IR_BF16, 2, (int64_t[]){32, 64}, wd, 32 * 64 * 2);
+  int32_t w16 = ir_graph_add_weight(g, "w16", IR_BF16_X16, 2, (int64_t[]){32, 64}, wd, 32 * 64 * 2);
+  int32_t w48 = ir_graph_add_weight(g, "w48", IR_BF16_X16, 2, (int64_t[]){48, 64}, wd, 48 * 64 * 2);
+  int32_t wf = ir_graph_add_weight(g, "wf", IR_F32, 2, (int64_t[]){8, 64}, wd, 8 * 64 * 4);
+  struct {
+    const char *name;
+    int32_t w;
+    bool bf16, swiglu;
+    const char *want; /* NULL: accepted */
+  } cases[] = {
+      {"bf16", wb, true, false, NULL},
+      {"x16", w16, true, false, NULL},
+      {"x16_swiglu", w16, true, true, NULL},
+      {"x16_swiglu_48", w48, true, true, "whole 16-row groups"},
+      {"x16_no_act", w16, false, false, "needs act_bf16"},
+      {"f32_act_bf16", wf, true, false, "act_bf16 goes with a bf16 weight"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    ir_attr at[2];
+    int na = 0;
+    if (cases[i].bf16) at[na++] = IR_AI(ir_attr_intern("act_bf16"), 1);
+    if (cases[i].swiglu) at[na++] = IR_AI(ir_attr_intern("act"), IR_ACT_SWIGLU);
+    ir_diag d = {0};
+    int32_t out;
+    bool ok = ir_graph_add_node(g, IR_OP_MATMUL, cases[i].name, (int32_t[]){x, cases[i].w}, 2, at,
+                                na, &out, &d) >= 0;
+    if (cases[i].want)
+      CHECKF(!ok && strstr(d.msg, cases[i].want), "%s: '%s'", cases[i].name, d.msg);
+    else CHECKF(ok, "%s: %s", cases[i].name, d.msg);
+  }
+  ir_diag d = {0};
+  int32_t out;
+  CHECKF(ir_graph_add_node(g, IR_OP_EMBED, "embed_x16", (int32_t[]){ids, w16}, 2, NULL, 0, &out,
+                           &d) < 0 &&
+             strstr(d.msg, "matmuls only"),
+         "a bf16x16 embedding table: '%s'", d.msg);
+  ir_graph_destroy(g);
+  /* a bf16x16 weight of 8 rows, or of an odd K, is refused (when added or verified) */
+  for (int c = 0; c < 2; c++) {
+    ir_graph *g2 = ir_graph_create();
+    g2->config =
+        (ir_model_config){.max_tokens = 8, .max_seqs = 1, .max_logits = 1, .kv_block_size = 16};
+    ir_diag d2 = {0};
+    int64_t dims[2] = {c ? 16 : 8, c ? 63 : 64};
+    bool refused =
+        ir_graph_add_weight(g2, "w", IR_BF16_X16, 2, dims, wd, dims[0] * dims[1] * 2) < 0 ||
+        (ir_graph_verify(g2, &d2) != IR_OK && strstr(d2.msg, "multiple of 16 rows"));
+    CHECKF(refused, "a bf16x16 weight of %lld x %lld accepted: '%s'", (long long)dims[0],
+           (long long)dims[1], d2.msg);
+    ir_graph_destroy(g2);
+  }
+}
+
 int main(void) {
   kn_pool *p3 = kn_pool_create(3);
   CHECK(p3 != NULL);
@@ -155,6 +247,7 @@ int main(void) {
   known("subnormals flushed", x, w, 2, 0.0f, has_dp);
   x[2] = 1.0f, w[2] = 3.0f; /* ... and a normal sum is kept */
   known("normal kept", x, w, 3, 3.0f, has_dp);
+  known_more(has_dp);
 
   static const int64_t ms[] = {1, 2, 5, 37}, ns[] = {1, 9, 40},
                        ks[] = {1, 5, 31, 32, 33, 64, 172, 576};
@@ -179,6 +272,7 @@ int main(void) {
   x[0] = bits_f(0x00400000u), w[0] = 1.0f;
   x[1] = w[1] = 0x1p-70f;
   known("subnormals flushed", x, w, 2, 0.0f, has_dp);
+  known_more(has_dp);
   static const int64_t ns16[] = {16, 48, 80}, ks16[] = {2, 6, 64, 576};
   for (int mi = 0; mi < 4; mi++)
     for (int ni = 0; ni < 3; ni++)
@@ -186,6 +280,13 @@ int main(void) {
         for (int sw = 0; sw < 2; sw++)
           paths_case(mi % 2 ? p3 : NULL, ms[mi], ns16[ni], ks16[ki], sw, (ki + ni) % 2, has_dp);
   paths_case(p3, 70, 96, 576, 1, 1, has_dp);
+  /* k = 0: the bias, as kn_matmul gives it */
+  float bias0[16], y0[16], y1[16], x0[1] = {0};
+  for (int i = 0; i < 16; i++) bias0[i] = (float)i - 3.5f;
+  kn_matmul_bf16x(NULL, y0, x0, (const uint16_t *)bias0, bias0, 1, 16, 0, false);
+  kn_matmul_bf16x16(NULL, y1, x0, bias0, bias0, 1, 16, 0, false);
+  CHECK(memcmp(y0, bias0, sizeof y0) == 0 && memcmp(y1, bias0, sizeof y1) == 0);
+  ir_rules();
   kn_matmul_set_max_isa(2);
   kn_matmul_use_bf16dp(1);
   kn_pool_destroy(p3);
