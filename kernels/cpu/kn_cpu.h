@@ -174,6 +174,36 @@ static inline void kn_mm_store(float *y, int64_t ldy, const float *z, int mr, in
   }
 }
 
+/* A swiglu matmul's gate and up values (bias added) of up to KN_MM_GATE_COLS columns of
+ * KN_MM_GATE_ROWS rows, gathered from kernel calls (kn_mm_gates_put, kn_mm_store's z and
+ * bias) and gated together (kn_mm_gates_apply): a kernel call's two or four columns at a
+ * time had spent a fifth of a prefill in the gate's set-up. The gate's vector code is lane
+ * for lane its tail's, so the bits are kn_mm_store's. */
+enum { KN_MM_GATE_ROWS = 4, KN_MM_GATE_COLS = 64 };
+typedef struct kn_mm_gates {
+  int64_t j0; /* the first column gathered */
+  float g[KN_MM_GATE_ROWS][KN_MM_GATE_COLS], u[KN_MM_GATE_ROWS][KN_MM_GATE_COLS];
+} kn_mm_gates;
+
+/* Columns [j0, j0 + nv) of one call's z (mr rows of nr sums: gate in [0, cols), up in
+ * [cols, 2 cols)); bg / bu as kn_mm_store's. Without a bias -0 stays -0, as there. */
+static inline void kn_mm_gates_put(kn_mm_gates *gt, const float *z, int mr, int nr, int cols,
+                                   int64_t nv, int64_t j0, const float *bg, const float *bu) {
+  for (int r = 0; r < mr; r++)
+    for (int64_t c = 0; c < nv; c++) {
+      float gz = z[r * nr + c], uz = z[r * nr + cols + c];
+      gt->g[r][j0 - gt->j0 + c] = bg ? gz + bg[c] : gz;
+      gt->u[r][j0 - gt->j0 + c] = bu ? uz + bu[c] : uz;
+    }
+}
+
+/* The gathered columns [gt->j0, je) of mr rows gated into y (its first row, stride ldy, at
+ * column 0 = gt->j0). */
+static inline void kn_mm_gates_apply(const kn_mm_gates *gt, float *y, int64_t ldy, int mr,
+                                     int64_t je) {
+  for (int r = 0; r < mr; r++) kn_silu_mul_n(y + r * ldy, gt->g[r], gt->u[r], je - gt->j0);
+}
+
 /* Rotates one head in place (x: head_dim values, the first rot_dim rotated) with the
  * (cos, sin) row of its position: cs = cos_sin + pos * rot_dim. The arithmetic of kn_rope. */
 void kn_rope_head(float *x, const float *cs, int64_t rot_dim, int neox);

@@ -57,7 +57,6 @@ enum {
   KN_MM_X16_GROUPS = 4,           /* ... and the groups a kernel call computes */
   KN_MM_X16_MAX_R = 6,            /* ... for up to this many x rows */
   KN_MM_X16_KB = 256,             /* ... over this many pairs of k at a time (64 KiB of W, in L2) */
-  KN_MM_SWIGLU_COLS = 64,         /* swiglu: gate and up values a row gathers before gating */
   KN_MM_BF16_STEP = 16,           /* bf16 path: pair words (32 k-indices) a lane step */
   KN_MM_BF16_STACK_WORDS = 16384, /* x rows of a few-row call converted on the stack */
   KN_MM_BF16_GRAIN = 1 << 14,     /* x values a converting task takes at least */
@@ -243,9 +242,11 @@ static inline uint32_t mm_bf16_wpair(const uint16_t *w, int64_t k, int64_t p) {
 
 /* W pairs [p, p + 16) of the nr rows (the k tail), with zeros past k. */
 static inline void mm_bf16_wtail(const void *const *wr, int64_t k, int64_t p, int nr,
-                                 uint32_t (*t)[KN_MM_BF16_STEP]) {
-  for (int c = 0; c < nr; c++)
+                                 uint32_t (*t)[KN_MM_BF16_STEP], const uint16_t **tw) {
+  for (int c = 0; c < nr; c++) {
     for (int l = 0; l < KN_MM_BF16_STEP; l++) t[c][l] = mm_bf16_wpair(wr[c], k, p + l);
+    tw[c] = (const uint16_t *)t[c]; /* (read from pair 0: the step's wp) */
+  }
 }
 
 /* A subnormal f32 (given or computed) as its signed zero. */
@@ -526,8 +527,7 @@ MM_AVX2_INLINE void mm_bf16_body_avx2(const float *const *xr, const void *const 
   if (p < kw) {
     _Alignas(32) uint32_t t[KN_MM_MAX_C][KN_MM_BF16_STEP];
     const uint16_t *tw[KN_MM_MAX_C];
-    mm_bf16_wtail(wr, k, p, nr, t);
-    for (int c = 0; c < nr; c++) tw[c] = (const uint16_t *)t[c];
+    mm_bf16_wtail(wr, k, p, nr, t, tw);
     mm_bf16_step_avx2(xr, tw, p, 0, lo, hi, mr, nr);
   }
   for (int r = 0; r < mr; r++)
@@ -756,8 +756,7 @@ MM_AVX512_INLINE void mm_bf16_body_avx512(const float *const *xr, const void *co
   if (p < kw) {
     _Alignas(64) uint32_t t[KN_MM_MAX_C][KN_MM_BF16_STEP];
     const uint16_t *tw[KN_MM_MAX_C];
-    mm_bf16_wtail(wr, k, p, nr, t);
-    for (int c = 0; c < nr; c++) tw[c] = (const uint16_t *)t[c];
+    mm_bf16_wtail(wr, k, p, nr, t, tw);
     mm_bf16_step_avx512(xr, tw, p, 0, acc, mr, nr);
   }
   for (int r = 0; r < mr; r++)
@@ -832,8 +831,7 @@ MM_BF16DP_INLINE void mm_bf16_body_dp(const float *const *xr, const void *const 
   if (p < kw) {
     _Alignas(64) uint32_t t[KN_MM_MAX_C][KN_MM_BF16_STEP];
     const uint16_t *tw[KN_MM_MAX_C];
-    mm_bf16_wtail(wr, k, p, nr, t);
-    for (int c = 0; c < nr; c++) tw[c] = (const uint16_t *)t[c];
+    mm_bf16_wtail(wr, k, p, nr, t, tw);
     mm_bf16_step_dp(xr, tw, p, 0, acc, mr, nr);
   }
   if (mr * nr == 16) {
@@ -1089,11 +1087,10 @@ static const void *mm_wrow(const mm_wsrc *s, int64_t j, int h) {
 static int mm_cols(const mm_args *a, int nr) { return a->swiglu ? nr / 2 : nr; }
 
 /* Runs one kernel call for rows [i0, i0 + mr) of x and columns [j0, j0 + cols) of y,
- * clipped at j1: missing W rows repeat row j0 and their outputs are dropped. With z, the
- * swiglu matmul's gate and up values (bias added) go to z: gate of row r, column j at
- * z[r * 2 * KN_MM_SWIGLU_COLS + j - jz], its up KN_MM_SWIGLU_COLS after. */
+ * clipped at j1: missing W rows repeat row j0 and their outputs are dropped. With gates,
+ * the swiglu matmul's gate and up values (bias added) are gathered there instead. */
 static void mm_block(const mm_args *a, const mm_wsrc *ws, mm_kern_fn fn, int mr, int nr, int64_t i0,
-                     int64_t j0, int64_t j1, float *z, int64_t jz) {
+                     int64_t j0, int64_t j1, kn_mm_gates *gates) {
   const float *xr[KN_MM_MAX_R] = {0};
   const void *wr[KN_MM_MAX_C] = {0};
   float acc[KN_MM_MAX_R * KN_MM_MAX_C];
@@ -1106,40 +1103,29 @@ static void mm_block(const mm_args *a, const mm_wsrc *ws, mm_kern_fn fn, int mr,
   }
   fn(xr, wr, a->k, acc);
   const float *b = a->bias;
-  if (z) {
-    for (int r = 0; r < mr; r++) {
-      float *g = z + r * 2 * KN_MM_SWIGLU_COLS + (j0 - jz), *u = g + KN_MM_SWIGLU_COLS;
-      for (int64_t c = 0; c < nv; c++) {
-        g[c] = b ? acc[r * nr + c] + b[j0 + c] : acc[r * nr + c]; /* (-0 stays -0) */
-        u[c] = b ? acc[r * nr + nc + c] + b[a->n + j0 + c] : acc[r * nr + nc + c];
-      }
-    }
+  if (gates) {
+    kn_mm_gates_put(gates, acc, mr, nr, nc, nv, j0, b ? b + j0 : NULL, b ? b + a->n + j0 : NULL);
     return;
   }
   kn_mm_store(a->y + i0 * a->n + j0, a->n, acc, mr, nr, nc, nv, b ? b + j0 : NULL,
               b ? b + a->n + j0 : NULL, a->swiglu);
 }
 
-/* Rows [i0, i0 + mr) against columns [j0, j1) in kernel calls of width nr. The swiglu
- * matmul gathers up to KN_MM_SWIGLU_COLS gate and up values of each row first and applies
- * the gate to them together (the same bits as a kernel call's few at a time: the gate's
- * vector code is lane for lane its scalar tail), where a call's handful of columns spent
- * a fifth of a bf16 prefill in the gate's set-up. */
+/* Rows [i0, i0 + mr) against columns [j0, j1) in kernel calls of width nr; the swiglu
+ * matmul gates KN_MM_GATE_COLS columns at a time (kn_mm_gates). */
 static void mm_rows(const mm_args *a, const mm_wsrc *ws, mm_kern_fn fn, int mr, int nr, int64_t i0,
                     int64_t j0, int64_t j1) {
   int cb = mm_cols(a, nr);
   if (!a->swiglu) {
-    for (int64_t j = j0; j < j1; j += cb) mm_block(a, ws, fn, mr, nr, i0, j, j1, NULL, 0);
+    for (int64_t j = j0; j < j1; j += cb) mm_block(a, ws, fn, mr, nr, i0, j, j1, NULL);
     return;
   }
-  _Alignas(64) float z[KN_MM_MAX_R * 2 * KN_MM_SWIGLU_COLS];
-  for (int64_t jz = j0; jz < j1; jz += KN_MM_SWIGLU_COLS) {
-    int64_t je = jz + KN_MM_SWIGLU_COLS < j1 ? jz + KN_MM_SWIGLU_COLS : j1;
-    for (int64_t j = jz; j < je; j += cb) mm_block(a, ws, fn, mr, nr, i0, j, je, z, jz);
-    for (int r = 0; r < mr; r++) {
-      const float *g = z + r * 2 * KN_MM_SWIGLU_COLS;
-      kn_silu_mul_n(a->y + (i0 + r) * a->n + jz, g, g + KN_MM_SWIGLU_COLS, je - jz);
-    }
+  _Static_assert((int)KN_MM_MAX_R <= (int)KN_MM_GATE_ROWS, "a kernel call's rows fit kn_mm_gates");
+  kn_mm_gates gates;
+  for (gates.j0 = j0; gates.j0 < j1; gates.j0 += KN_MM_GATE_COLS) {
+    int64_t je = gates.j0 + KN_MM_GATE_COLS < j1 ? gates.j0 + KN_MM_GATE_COLS : j1;
+    for (int64_t j = gates.j0; j < je; j += cb) mm_block(a, ws, fn, mr, nr, i0, j, je, &gates);
+    kn_mm_gates_apply(&gates, a->y + i0 * a->n + gates.j0, a->n, mr, je);
   }
 }
 

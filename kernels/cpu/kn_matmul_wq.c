@@ -727,49 +727,36 @@ static int64_t wq_rows(const wq_args *a, int nr, int64_t j0, int64_t j1, int64_t
   return nv;
 }
 
-/* A swiglu tile's gate and up values of up to WQ_GATE_COLS columns of WQ_MAX_R rows,
- * gathered to be gated together (wq_gate): a kernel call's two or four columns at a time
- * spent a fifth of a W8A8 prefill in the gate's set-up. The gate's vector code is lane for
- * lane its tail's, so the bits are the same. */
-enum { WQ_GATE_COLS = 64 };
-typedef struct wq_gates {
-  int64_t j0; /* the first column gathered */
-  float g[WQ_MAX_R][WQ_GATE_COLS], u[WQ_MAX_R][WQ_GATE_COLS];
-} wq_gates;
-
 /* y[i0 + r, j0 + c] from the dot products z of one call (bias and epilogue); with gates
- * (swiglu), the gate and up values (bias added) go there instead. */
+ * (swiglu), the gate and up values (bias added) are gathered there instead (kn_mm_gates:
+ * a kernel call's two or four columns at a time had spent a fifth of a W8A8 prefill in
+ * the gate's set-up). */
 static void wq_store(const wq_args *a, const float *z, int mr, int nr, int64_t nv, int64_t i0,
-                     int64_t j0, wq_gates *gates) {
+                     int64_t j0, kn_mm_gates *gates) {
   const float *b = a->bias;
   if (gates) {
-    int cols = wq_cols(a, nr);
-    for (int r = 0; r < mr; r++)
-      for (int64_t c = 0; c < nv; c++) {
-        float gz = z[r * nr + c], uz = z[r * nr + cols + c]; /* (-0 stays -0) */
-        gates->g[r][j0 - gates->j0 + c] = b ? gz + b[j0 + c] : gz;
-        gates->u[r][j0 - gates->j0 + c] = b ? uz + b[a->n + j0 + c] : uz;
-      }
+    kn_mm_gates_put(gates, z, mr, nr, wq_cols(a, nr), nv, j0, b ? b + j0 : NULL,
+                    b ? b + a->n + j0 : NULL);
     return;
   }
   kn_mm_store(a->y + i0 * a->n + j0, a->n, z, mr, nr, wq_cols(a, nr), nv, b ? b + j0 : NULL,
               b ? b + a->n + j0 : NULL, a->swiglu);
 }
 
-/* The gathered columns [gates->j0, je) of rows [i0, i0 + mr) gated into y. */
-static void wq_gate(const wq_args *a, const wq_gates *gates, int mr, int64_t i0, int64_t je) {
-  for (int r = 0; r < mr; r++)
-    kn_silu_mul_n(a->y + (i0 + r) * a->n + gates->j0, gates->g[r], gates->u[r], je - gates->j0);
+/* The gathered columns of rows [i0, i0 + mr) gated into y. */
+static void wq_gate(const wq_args *a, const kn_mm_gates *gates, int mr, int64_t i0, int64_t je) {
+  _Static_assert((int)WQ_MAX_R <= (int)KN_MM_GATE_ROWS, "a kernel call's rows fit kn_mm_gates");
+  kn_mm_gates_apply(gates, a->y + i0 * a->n + gates->j0, a->n, mr, je);
 }
 
 /* Columns a tile's row group sweeps before gating: the whole tile, or (swiglu) a gather. */
 static int64_t wq_span(const wq_args *a, int64_t j0, int64_t j1) {
-  return a->swiglu ? WQ_GATE_COLS : j1 - j0;
+  return a->swiglu ? KN_MM_GATE_COLS : j1 - j0;
 }
 
 /* Rows [i0, i0 + mr) of x against the W rows of columns [j0, j1). */
 static void wq_block(const wq_args *a, wq_fn fn, int mr, int nr, int64_t i0, int64_t j0, int64_t j1,
-                     wq_gates *gates) {
+                     kn_mm_gates *gates) {
   const float *xr[WQ_MAX_R] = {0};
   int64_t rows[WQ_MAX_C];
   float acc[WQ_MAX_R * WQ_MAX_C];
@@ -784,7 +771,8 @@ static inline float w8_deq(int32_t dot, float sx, float sw) { return (float)dot 
 
 /* The same for W8A8, with rows of x already quantized (xq, per-row scale sx and sum xs). */
 static void w8_block(const wq_args *a, w8_fn fn, int mr, int nr, int64_t i0, int64_t j0, int64_t j1,
-                     const int8_t *const *xq, const float *sx, const int32_t *xs, wq_gates *gates) {
+                     const int8_t *const *xq, const float *sx, const int32_t *xs,
+                     kn_mm_gates *gates) {
   const int8_t *wr[WQ_MAX_C];
   int64_t rows[WQ_MAX_C];
   int32_t acc[WQ_MAX_R * WQ_MAX_C];
@@ -800,7 +788,7 @@ static void w8_block(const wq_args *a, w8_fn fn, int mr, int nr, int64_t i0, int
 
 static void wq_tile(const wq_args *a, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
   const wq_kernels *kn = a->kern;
-  wq_gates gates;
+  kn_mm_gates gates;
   for (int64_t i = i0; i < i1;) {
     int mr = i + kn->mr <= i1 ? kn->mr : 1, nr = mr > 1 ? kn->nr : kn->nr1;
     for (int64_t jz = j0; jz < j1; jz += wq_span(a, j0, j1)) {
@@ -828,7 +816,7 @@ static void w8_tile(const wq_args *a, int64_t i0, int64_t i1, int64_t j0, int64_
       kn->quant(a->x + (i + r) * a->k, a->k, buf + r * a->k, &sx[r], &xs[r]);
       xq[r] = buf + r * a->k;
     }
-    wq_gates gates;
+    kn_mm_gates gates;
     for (int64_t jz = j0; jz < j1; jz += wq_span(a, j0, j1)) {
       int64_t je = j1 - jz < wq_span(a, j0, j1) ? j1 : jz + wq_span(a, j0, j1);
       gates.j0 = jz;

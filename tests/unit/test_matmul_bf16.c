@@ -161,12 +161,18 @@ static void known_more(int has_dp) {
   known("tiny before rounding flushed", x, w, 2, 0.0f, has_dp);
 }
 
-/* The IR's rules for the bf16-activation matmuls (hostile plans meet these on load). */
-static void ir_rules(void) {
-  static uint16_t wd[48 * 64];
+/* An empty graph with small step limits (the verifier wants positive ones). */
+static ir_graph *small_graph(void) {
   ir_graph *g = ir_graph_create();
   g->config =
       (ir_model_config){.max_tokens = 8, .max_seqs = 1, .max_logits = 1, .kv_block_size = 16};
+  return g;
+}
+
+/* The IR's rules for the bf16-activation matmuls (hostile plans meet these on load). */
+static void ir_rules(void) {
+  static uint16_t wd[48 * 64];
+  ir_graph *g = small_graph();
   ir_dim xd[2] = {{.sym = IR_SYM_TOKENS}, {.n = 64}};
   int32_t x = ir_graph_add_input(g, "x", IR_F32, 2, xd);
   int32_t ids = ir_graph_add_input(g, "ids", IR_I32, 1, (ir_dim[]){{.sym = IR_SYM_TOKENS}});
@@ -209,9 +215,7 @@ static void ir_rules(void) {
   ir_graph_destroy(g);
   /* a bf16x16 weight of 8 rows, or of an odd K, is refused (when added or verified) */
   for (int c = 0; c < 2; c++) {
-    ir_graph *g2 = ir_graph_create();
-    g2->config =
-        (ir_model_config){.max_tokens = 8, .max_seqs = 1, .max_logits = 1, .kv_block_size = 16};
+    ir_graph *g2 = small_graph();
     ir_diag d2 = {0};
     int64_t dims[2] = {c ? 16 : 8, c ? 63 : 64};
     bool refused =
