@@ -152,8 +152,27 @@ typedef struct attn_state {
   float acc[KN_ATTN_DSLICE];
 } attn_state;
 
+typedef struct attn_query {
+  const float *q;
+  int64_t lo, n_pos; /* the positions it attends: [lo, n_pos) */
+  float *out;
+} attn_query;
+
+/* The rows [*off, *n) of the chunk at slot s0 of the block at position j0 that query q
+ * reads (none: both 0): its slots of the block, then of the chunk, as when it is alone; a
+ * sliding window skips the rows before its first position. */
+static void attn_query_rows(const attn_query *q, int64_t j0, int64_t bs, int64_t s0, int *n,
+                            int *off) {
+  int64_t q_slot = q->n_pos - j0 < bs ? q->n_pos - j0 : bs;
+  *n = q_slot <= s0 ? 0 : (int)(q_slot - s0 < KN_ATTN_CHUNK ? q_slot - s0 : KN_ATTN_CHUNK);
+  int64_t skip = q->lo - (j0 + s0);
+  *off = skip <= 0 ? 0 : skip >= *n ? *n : (int)skip;
+  if (*off == *n) *n = *off = 0;
+}
+
 /* The kernels of one instruction set. */
-typedef struct attn_kernels {
+typedef struct attn_kernels attn_kernels;
+struct attn_kernels {
   /* s[j] = score of row j, j < r->n */
   void (*scores)(const float *q, const attn_rows *r, float scale, float *s);
   /* x[j] = attn_exp(x[j]), j < n */
@@ -166,7 +185,11 @@ typedef struct attn_kernels {
    * (head_dim a multiple of 16), or NULL */
   void (*chunk16)(attn_state *const *st, const float *const *q, int nq, const attn_rows *r,
                   const float *v_scale, float scale, int64_t d0, int64_t dn);
-} attn_kernels;
+  /* a whole group of nq (KN_ATTN_QL_MIN .. 16) queries of kv head kvh over positions
+   * [min_lo, max_pos) of sequence seq, outputs written (attn_ql_group), or NULL */
+  void (*qgroup)(const attn_args *a, const attn_kernels *kk, const attn_query *qs, int64_t nq,
+                 int64_t kvh, int64_t seq, int64_t min_lo, int64_t max_pos);
+};
 
 static float attn_kval(const attn_rows *r, int64_t j, int64_t d) {
   if (r->k) return r->k[j * r->hd + d];
@@ -221,7 +244,8 @@ static void attn_widen_from(const attn_rows *r, int64_t i0, float *k, float *v) 
 
 static void attn_widen_c(const attn_rows *r, float *k, float *v) { attn_widen_from(r, 0, k, v); }
 
-static const attn_kernels k_attn_c = {attn_scores_c, attn_exp_c, attn_accum_c, attn_widen_c, NULL};
+static const attn_kernels k_attn_c = {attn_scores_c, attn_exp_c, attn_accum_c,
+                                      attn_widen_c,  NULL,       NULL};
 
 #if KN_ATTN_X86
 #define ATTN_AVX2 __attribute__((target("avx2,fma,f16c")))
@@ -761,10 +785,174 @@ static ATTN_AVX2 void attn_chunk16_avx2(attn_state *const *st, const float *cons
   else attn_chunk2_i8(st, q, nq, r, v_scale, scale, d0, dn);
 }
 
-static const attn_kernels k_attn_avx512 = {attn_scores_avx512, attn_exp_avx2, attn_accum_avx512,
-                                           attn_widen_avx512, attn_chunk16_avx512};
-static const attn_kernels k_attn_avx2 = {attn_scores_avx2, attn_exp_avx2, attn_accum_avx2,
-                                         attn_widen_avx2, attn_chunk16_avx2};
+/* --- a prefill's group, the queries in the lanes ------------------------------------------
+ * A group of 8 to 16 queries of one kv head (a prefill's tokens times the head's query
+ * heads) goes through every chunk together, query i in lane i of every register, so the
+ * work of a chunk is whole-register work for all of them at once:
+ *  - scores: lane sum l of row j (attn_dot4_avx512's lane l: the fma chain over d = l,
+ *    l + 16, ... of q[d] k_j[d]) is a chain of fmas of the transposed queries qt[d] by
+ *    k_j[d] broadcast, and the fold (l, l+8), (l, l+4), (l, l+2), (0, 1) adds whole
+ *    registers: row j's scores for the 16 queries in one register;
+ *  - max, rescale, weights, sums: attn_chunk16_body's steps lane by lane (the max of a
+ *    query's rows is one value in any order; kn_vexp16 is lanewise; the sum runs over the
+ *    rows in order, a masked add a row), rows outside a query's [off, n) masked out;
+ *  - p . v: acc (transposed: acc[d * 16 + i]) = fma(p_j, v_j[d], acc) over the rows in
+ *    order, the weights of row j a register, v_j[d] broadcast, masked the same way.
+ * Every query's numbers are thus those of its own pass (attn_chunk_group), bit for bit. */
+enum { KN_ATTN_QL_MIN = 8 };
+
+typedef struct attn_ql {
+  float qt[KN_ATTN_DSLICE * KN_ATTN_LANES];  /* qt[d * 16 + i] = q_i[d] */
+  float acc[KN_ATTN_DSLICE * KN_ATTN_LANES]; /* acc[d * 16 + i] */
+  float pt[KN_ATTN_CHUNK * KN_ATTN_LANES];   /* row j's weights at j * 16 */
+  float kw[KN_ATTN_CHUNK * KN_ATTN_DSLICE];  /* f16 / int8 rows widened */
+  float vw[KN_ATTN_CHUNK * KN_ATTN_DSLICE];
+} attn_ql;
+
+static const float k_attn_zero_row[KN_ATTN_DSLICE];
+
+/* s[r] = the scores (unscaled) of rows kr[r], r < 4, against the queries of qt: lane sums
+ * l = b, b+8, b+4, b+12 make R_b = (P_b + P_b+8) + (P_b+4 + P_b+12), then T_h = R_h +
+ * R_h+2 and s = T_0 + T_1, the fold's pairs. */
+ATTN_AVX512_INLINE void attn_ql_scores4(const float *qt, const float *const *kr, int64_t hd,
+                                        __m512 *s) {
+  __m512 t[2][4];
+  for (int h = 0; h < 2; h++) {
+    __m512 rb[4];
+    for (int e = 0; e < 2; e++) {
+      const int b = h + 2 * e, l[4] = {b, b + 8, b + 4, b + 12};
+      __m512 a[4][4];
+      for (int r = 0; r < 4; r++)
+        for (int c = 0; c < 4; c++) a[r][c] = _mm512_setzero_ps();
+      for (int64_t d = 0; d < hd; d += KN_ATTN_LANES) {
+        __m512 qv[4];
+        for (int c = 0; c < 4; c++) qv[c] = _mm512_load_ps(qt + (d + l[c]) * KN_ATTN_LANES);
+        for (int r = 0; r < 4; r++)
+          for (int c = 0; c < 4; c++)
+            a[r][c] = _mm512_fmadd_ps(qv[c], _mm512_set1_ps(kr[r][d + l[c]]), a[r][c]);
+      }
+      for (int r = 0; r < 4; r++) {
+        __m512 rr = _mm512_add_ps(_mm512_add_ps(a[r][0], a[r][1]), _mm512_add_ps(a[r][2], a[r][3]));
+        if (e == 0) rb[r] = rr;
+        else t[h][r] = _mm512_add_ps(rb[r], rr);
+      }
+    }
+  }
+  for (int r = 0; r < 4; r++) s[r] = _mm512_add_ps(t[0][r], t[1][r]);
+}
+
+/* acc[d * 16 + i] += p_j(i) v_j[d] for the rows j < n in order (lanes of vm[j]; with
+ * `all`, every lane of every row: a masked fma costs a fifth more), 16 dims a pass in
+ * registers. */
+ATTN_AVX512_INLINE void attn_ql_pv_body(float *acc, const float *pt, const __mmask16 *vm,
+                                        const float *v, int n, int64_t hd, bool all) {
+  for (int64_t d = 0; d < hd; d += KN_ATTN_LANES) {
+    __m512 a[KN_ATTN_LANES];
+    for (int u = 0; u < KN_ATTN_LANES; u++) a[u] = _mm512_load_ps(acc + (d + u) * KN_ATTN_LANES);
+    for (int j = 0; j < n; j++) {
+      __m512 pj = _mm512_load_ps(pt + j * KN_ATTN_LANES);
+      const float *vj = v + j * hd + d;
+      for (int u = 0; u < KN_ATTN_LANES; u++)
+        a[u] = all ? _mm512_fmadd_ps(pj, _mm512_set1_ps(vj[u]), a[u])
+                   : _mm512_mask3_fmadd_ps(pj, _mm512_set1_ps(vj[u]), a[u], vm[j]);
+    }
+    for (int u = 0; u < KN_ATTN_LANES; u++) _mm512_store_ps(acc + (d + u) * KN_ATTN_LANES, a[u]);
+  }
+}
+
+static ATTN_AVX512 void attn_ql_pv(float *acc, const float *pt, const __mmask16 *vm, const float *v,
+                                   int n, int64_t hd, bool all) {
+  if (all) attn_ql_pv_body(acc, pt, vm, v, n, hd, true);
+  else attn_ql_pv_body(acc, pt, vm, v, n, hd, false);
+}
+
+static ATTN_AVX512 void attn_ql_group(const attn_args *a, const attn_kernels *kk,
+                                      const attn_query *qs, int64_t nq, int64_t kvh, int64_t seq,
+                                      int64_t min_lo, int64_t max_pos) {
+  const kn_kv_layer *kv = a->kv;
+  const int64_t hd = kv->head_dim, bs = kv->block_size;
+  _Alignas(64) attn_ql w;
+  memset(w.qt, 0, (size_t)(hd * KN_ATTN_LANES) * sizeof(float));
+  memset(w.acc, 0, (size_t)(hd * KN_ATTN_LANES) * sizeof(float));
+  for (int64_t i = 0; i < nq; i++)
+    for (int64_t d = 0; d < hd; d++) w.qt[d * KN_ATTN_LANES + i] = qs[i].q[d];
+  const __mmask16 live = (__mmask16)((1u << nq) - 1u);
+  __m512 maxv = _mm512_set1_ps(-INFINITY), sumv = _mm512_setzero_ps();
+  for (int64_t j0 = min_lo / bs * bs; j0 < max_pos; j0 += bs) {
+    int64_t row = attn_cache_off(kv, attn_block(a->b, seq, j0 / bs), kvh, 0) / hd;
+    int64_t n_slot = max_pos - j0 < bs ? max_pos - j0 : bs;
+    for (int64_t s0 = 0; s0 < n_slot; s0 += KN_ATTN_CHUNK) {
+      __mmask16 vm[KN_ATTN_CHUNK] = {0}; /* the queries that read row j */
+      int n_max = 0;
+      for (int64_t i = 0; i < nq; i++) {
+        int n, off;
+        attn_query_rows(&qs[i], j0, bs, s0, &n, &off);
+        for (int j = off; j < n; j++) vm[j] |= (__mmask16)(1u << i);
+        n_max = n > n_max ? n : n_max;
+      }
+      if (!n_max) continue;
+      int64_t r0 = row + s0;
+      const float *kb, *vb, *ks = NULL, *v_scale = NULL;
+      if (kv->k) {
+        kb = kv->k + r0 * hd, vb = kv->v + r0 * hd;
+      } else {
+        attn_rows rr = {.hd = hd, .n = n_max};
+        if (kv->k8) {
+          rr.k8 = kv->k8 + r0 * hd, rr.v8 = kv->v8 + r0 * hd;
+          ks = kv->k_scale + r0, v_scale = kv->v_scale + r0;
+        } else {
+          rr.k16 = kv->k16 + r0 * hd, rr.v16 = kv->v16 + r0 * hd;
+        }
+        kk->widen(&rr, w.kw, w.vw);
+        kb = w.kw, vb = w.vw;
+      }
+      __m512 sc[KN_ATTN_CHUNK];
+      for (int j = 0; j < n_max; j += 4) {
+        const float *kr[4];
+        for (int r = 0; r < 4; r++) kr[r] = j + r < n_max ? kb + (j + r) * hd : k_attn_zero_row;
+        attn_ql_scores4(w.qt, kr, hd, sc + j);
+      }
+      __m512 cm = _mm512_set1_ps(-INFINITY), scale = _mm512_set1_ps(a->scale);
+      for (int j = 0; j < n_max; j++) {
+        __m512 x = ks ? _mm512_mul_ps(sc[j], _mm512_set1_ps(ks[j])) : sc[j];
+        sc[j] = x = _mm512_mul_ps(x, scale);
+        cm = _mm512_mask_max_ps(cm, vm[j], cm, x);
+      }
+      __mmask16 resc = _mm512_mask_cmp_ps_mask(live, cm, maxv, _CMP_GT_OQ);
+      if (resc) { /* a rescale of the queries whose max the chunk raises */
+        __m512 corr = kn_vexp16(_mm512_sub_ps(maxv, cm));
+        sumv = _mm512_mask_mul_ps(sumv, resc, sumv, corr);
+        for (int64_t d = 0; d < hd; d++) {
+          float *ad = w.acc + d * KN_ATTN_LANES;
+          _mm512_store_ps(ad,
+                          _mm512_mask_mul_ps(_mm512_load_ps(ad), resc, _mm512_load_ps(ad), corr));
+        }
+        maxv = _mm512_mask_mov_ps(maxv, resc, cm);
+      }
+      bool all = true; /* every query reads every row: no masks in p . v */
+      for (int j = 0; j < n_max; j++) {
+        __m512 p = kn_vexp16(_mm512_sub_ps(sc[j], maxv));
+        sumv = _mm512_mask_add_ps(sumv, vm[j], sumv, p);
+        if (v_scale) p = _mm512_mul_ps(p, _mm512_set1_ps(v_scale[j]));
+        _mm512_store_ps(w.pt + j * KN_ATTN_LANES, _mm512_maskz_mov_ps(live, p));
+        all &= vm[j] == live;
+      }
+      attn_ql_pv(w.acc, w.pt, vm, vb, n_max, hd, all);
+    }
+  }
+  _Alignas(64) float sums[KN_ATTN_LANES];
+  _mm512_store_ps(sums, sumv);
+  for (int64_t i = 0; i < nq; i++) {
+    float inv = 1.0f / sums[i];
+    for (int64_t d = 0; d < hd; d++) qs[i].out[d] = w.acc[d * KN_ATTN_LANES + i] * inv;
+  }
+}
+
+static const attn_kernels k_attn_avx512 = {attn_scores_avx512,  attn_exp_avx2,
+                                           attn_accum_avx512,   attn_widen_avx512,
+                                           attn_chunk16_avx512, attn_ql_group};
+static const attn_kernels k_attn_avx2 = {attn_scores_avx2, attn_exp_avx2,     attn_accum_avx2,
+                                         attn_widen_avx2,  attn_chunk16_avx2, NULL};
 #endif
 
 static _Atomic bool g_attn_chunk_kernels = true;
@@ -778,12 +966,6 @@ static const attn_kernels *attn_pick(void) {
 #endif
   return &k_attn_c;
 }
-
-typedef struct attn_query {
-  const float *q;
-  int64_t lo, n_pos; /* the positions it attends: [lo, n_pos) */
-  float *out;
-} attn_query;
 
 /* Rows [off, off + n) of a chunk. */
 static attn_rows attn_rows_at(const attn_rows *c, int off, int n) {
@@ -811,13 +993,7 @@ static void attn_chunk_group(const attn_kernels *kk, attn_state *st, const attn_
   int n[KN_ATTN_GROUP], off[KN_ATTN_GROUP], rescale[KN_ATTN_GROUP], nr = 0, n_max = 0;
   int active = 0, rest = 0;
   for (int64_t i = 0; i < nq; i++) {
-    /* this query's slots of the block, then of the chunk: as when it is alone; a sliding
-     * window skips the rows before its first position (off of them) */
-    int64_t q_slot = qs[i].n_pos - j0 < bs ? qs[i].n_pos - j0 : bs;
-    n[i] = q_slot <= s0 ? 0 : (int)(q_slot - s0 < KN_ATTN_CHUNK ? q_slot - s0 : KN_ATTN_CHUNK);
-    int64_t skip = qs[i].lo - (j0 + s0);
-    off[i] = skip <= 0 ? 0 : skip >= n[i] ? n[i] : (int)skip;
-    if (off[i] == n[i]) n[i] = off[i] = 0;
+    attn_query_rows(&qs[i], j0, bs, s0, &n[i], &off[i]);
     n_max = n[i] > n_max ? n[i] : n_max;
     active += n[i] > 0;
   }
@@ -905,8 +1081,13 @@ static void attn_group_slice(const attn_args *a, const attn_kernels *kk, int64_t
     if (n_pos > max_pos) max_pos = n_pos;
     if (lo < min_lo) min_lo = lo;
     st[i].max = -INFINITY, st[i].sum = 0.0f;
-    memset(st[i].acc, 0, (size_t)dn * sizeof st[i].acc[0]);
   }
+  if (kk->qgroup && nq >= KN_ATTN_QL_MIN && d0 == 0 && dn == hd && hd % KN_ATTN_LANES == 0 &&
+      io->softcap == 0.0f && atomic_load_explicit(&g_attn_chunk_kernels, memory_order_relaxed)) {
+    kk->qgroup(a, kk, qs, nq, kvh, seq, min_lo, max_pos);
+    return;
+  }
+  for (int64_t i = 0; i < nq; i++) memset(st[i].acc, 0, (size_t)dn * sizeof st[i].acc[0]);
   for (int64_t j0 = min_lo / bs * bs; j0 < max_pos; j0 += bs) {
     int64_t row = attn_cache_off(kv, attn_block(a->b, seq, j0 / bs), kvh, 0) / hd;
     int64_t n_slot = max_pos - j0 < bs ? max_pos - j0 : bs;
