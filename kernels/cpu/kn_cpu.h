@@ -82,6 +82,10 @@ typedef struct kn_mm_tiles {
 /* col_bytes: bytes of W read per column of y; column tiles are multiples of align (a
  * multiple of 8: every kernel's width). */
 kn_mm_tiles kn_mm_tiles_plan(int64_t m, int64_t n, int64_t col_bytes, int n_threads, int align);
+/* The same with m tiles of up to m_tile rows (kn_mm_tiles_plan: 64), for kernels whose
+ * tile set-up is worth amortizing over more rows. */
+kn_mm_tiles kn_mm_tiles_plan_m(int64_t m, int64_t n, int64_t col_bytes, int n_threads, int align,
+                               int64_t m_tile);
 /* The rows [*i0, *i1) and columns [*j0, *j1) of task t. */
 void kn_mm_tile_bounds(const kn_mm_tiles *t, int64_t task, int64_t *i0, int64_t *i1, int64_t *j0,
                        int64_t *j1);

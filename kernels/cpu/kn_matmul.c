@@ -1414,12 +1414,17 @@ static void mm_task(void *arg, int64_t begin, int64_t end, int tid) {
 static int64_t mm_round_up(int64_t v, int64_t to) { return (v + to - 1) / to * to; }
 
 kn_mm_tiles kn_mm_tiles_plan(int64_t m, int64_t n, int64_t col_bytes, int n_threads, int align) {
+  return kn_mm_tiles_plan_m(m, n, col_bytes, n_threads, align, KN_MM_M_TILE);
+}
+
+kn_mm_tiles kn_mm_tiles_plan_m(int64_t m, int64_t n, int64_t col_bytes, int n_threads, int align,
+                               int64_t m_tile) {
   kn_mm_tiles t = {.m = m, .n = n};
   if (align < KN_MM_TILE_ALIGN) align = KN_MM_TILE_ALIGN;
   int64_t nb = KN_MM_W_TILE_BYTES / (col_bytes > 0 ? col_bytes : 1);
   nb = nb / align * align;
   if (nb < align) nb = align;
-  t.mb = m < KN_MM_M_TILE ? m : KN_MM_M_TILE;
+  t.mb = m < m_tile ? m : m_tile;
   if (t.mb < 1) t.mb = 1;
   int64_t m_tiles = (m + t.mb - 1) / t.mb;
   int64_t want = (int64_t)n_threads * KN_MM_TASKS_PER_THREAD;

@@ -10,6 +10,7 @@
 #include <stdbool.h>
 #include <string.h>
 
+#include "ir_alloc.h"
 #include "kn_cpu.h"
 
 /* Weight-only order (batch invariance): as kn_matmul, every y element is one dot product
@@ -32,6 +33,13 @@ enum {
   WQ_SERIAL_FLOPS = 1 << 18,
   WQ_RUN = 16,              /* SIMD paths: groups whose scales and zeros are read ahead into f32 */
   WQ_PREFETCH_BYTES = 8192, /* W bytes asked for ahead into L2, as kn_matmul does */
+  /* W8A8 prefill on the interleaved tile (w8x_tile): x rows and 16-column groups a
+   * kernel call, 16 columns a group, the fewest x rows that take it */
+  W8X_R = 6,
+  W8X_G = 4,
+  W8X_COLS = 16,
+  W8X_MIN_M = 16,
+  W8X_M_TILE = 512, /* x rows of a tile: each tile packs its W once */
 };
 
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
@@ -58,9 +66,17 @@ typedef struct wq_kernels {
   w8_fn block8, row8;
   w8_quant_fn quant;
   bool amx; /* W8A8: 16-row blocks of a tile on AMX-INT8 (block8 / row8 take the rest) */
+  bool x16; /* W8A8 prefill: the tile's W repacked 16 rows interleaved (w8x_tile) */
 } wq_kernels;
 
 struct wq_args {
+  uint8_t *x16_buf; /* w8x_tile's scratch (64-aligned), x16_bytes a thread, or NULL */
+  int64_t x16_bytes;
+  void *x16_block; /* the allocation it lies in */
+  int8_t *x16_xq;  /* x rows quantized once for every tile, x16_xstride bytes apart */
+  float *x16_sx;   /* their scales */
+  int32_t *x16_xs; /* and code sums */
+  int64_t x16_xstride;
   float *y;
   const float *x;
   const kn_wq *w;
@@ -626,27 +642,136 @@ static WQ_VNNI512 void w8_vnni512_1x8(const int8_t *const *xq, const int32_t *xs
                                       const int8_t *const *wr, int64_t k, int32_t *out) {
   w8_body_vnni512(xq, xs, wr, k, out, 1, 8);
 }
+
+/* ---- W8A8 prefill on AVX512-VNNI: the W tile interleaved ---------------------------------
+ * A prefill's tile (up to W8X_M_TILE rows of x against a W tile that stays in L2) first
+ * rewrites its W rows 16 at a time with the 4 bytes of each k quad side by side (the
+ * sign bit flipped: w + 128 as unsigned, vpdpbusd's unsigned operand): a 64-byte load is
+ * then one quad of 16 output columns, against a broadcast quad of an x row, so each
+ * output's integer sum grows in its own lane with no horizontal sums (the 4 x 4 kernel
+ * spent a third of its time in them and in the flips). The packing costs one pass over
+ * the tile's W, against the tile's rows of products. The sums are the exact integers of
+ * every other path, so are the results: (float)(sum - 128 * sum(xq)) * (sx * sw), the
+ * bias, the swiglu gate (kn_silu_mul_n). */
+
+/* In-place transpose of 16 registers of 16 dwords. */
+WQ_VNNI512_INLINE void w8x_transpose16(__m512i *r) {
+  __m512 t[16], u[16];
+  for (int i = 0; i < 16; i += 2) {
+    __m512 a = _mm512_castsi512_ps(r[i]), b = _mm512_castsi512_ps(r[i + 1]);
+    t[i] = _mm512_unpacklo_ps(a, b), t[i + 1] = _mm512_unpackhi_ps(a, b);
+  }
+  for (int i = 0; i < 16; i += 4)
+    for (int h = 0; h < 2; h++) {
+      __m512d a = _mm512_castps_pd(t[i + h]), b = _mm512_castps_pd(t[i + 2 + h]);
+      u[i + 2 * h] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
+      u[i + 2 * h + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
+    }
+  for (int e = 0; e < 4; e++) {
+    __m512 v0 = _mm512_shuffle_f32x4(u[e], u[4 + e], _MM_SHUFFLE(2, 0, 2, 0));
+    __m512 v1 = _mm512_shuffle_f32x4(u[e], u[4 + e], _MM_SHUFFLE(3, 1, 3, 1));
+    __m512 v2 = _mm512_shuffle_f32x4(u[8 + e], u[12 + e], _MM_SHUFFLE(2, 0, 2, 0));
+    __m512 v3 = _mm512_shuffle_f32x4(u[8 + e], u[12 + e], _MM_SHUFFLE(3, 1, 3, 1));
+    r[e] = _mm512_castps_si512(_mm512_shuffle_f32x4(v0, v2, _MM_SHUFFLE(2, 0, 2, 0)));
+    r[e + 8] = _mm512_castps_si512(_mm512_shuffle_f32x4(v0, v2, _MM_SHUFFLE(3, 1, 3, 1)));
+    r[e + 4] = _mm512_castps_si512(_mm512_shuffle_f32x4(v1, v3, _MM_SHUFFLE(2, 0, 2, 0)));
+    r[e + 12] = _mm512_castps_si512(_mm512_shuffle_f32x4(v1, v3, _MM_SHUFFLE(3, 1, 3, 1)));
+  }
+}
+
+/* dst (kq quads of 64 bytes) = W rows w[0 .. nv) (row stride k; rows nv .. 15 zero, as the
+ * bytes past k), quad p holding bytes 4p .. 4p+3 of the 16 rows, sign bits flipped. */
+static WQ_VNNI512 void w8x_pack(const int8_t *w, int64_t k, int nv, int64_t kq, uint8_t *dst) {
+  const __m512i flip = _mm512_set1_epi8((char)0x80);
+  for (int64_t i = 0; i < k; i += 64) {
+    __mmask64 mk = k - i >= 64 ? ~(__mmask64)0 : ((__mmask64)1 << (k - i)) - 1;
+    __m512i r[16];
+    for (int c = 0; c < 16; c++)
+      r[c] = c < nv ? _mm512_maskz_loadu_epi8(mk, w + c * k + i) : _mm512_setzero_si512();
+    w8x_transpose16(r);
+    for (int q = 0; q < 16 && i / 4 + q < kq; q++)
+      _mm512_store_si512((__m512i *)(dst + (i / 4 + q) * 64), _mm512_xor_si512(r[q], flip));
+  }
+}
+
+/* out[r * 64 + 16 g + c] = the sums of rows xr[r < 6] (zero-padded to kq quads) against
+ * the 16 columns of each group wg[g < 4] (w + 128: 128 * sum(xq) still to take off). The
+ * 24 sums in named registers (WQ_DPBUSD): GCC 12 keeps an array of them on the stack, and
+ * with the intrinsic copies each through a scratch register. Fewer rows repeat a row. */
+#define W8X_ROW(r, a0, a1, a2, a3)                                                                 \
+  do {                                                                                             \
+    int32_t q4;                                                                                    \
+    memcpy(&q4, xr[r] + 4 * p, 4);                                                                 \
+    __m512i xv = _mm512_set1_epi32(q4);                                                            \
+    WQ_DPBUSD(a0, w0, xv);                                                                         \
+    WQ_DPBUSD(a1, w1, xv);                                                                         \
+    WQ_DPBUSD(a2, w2, xv);                                                                         \
+    WQ_DPBUSD(a3, w3, xv);                                                                         \
+  } while (0)
+#define W8X_PUT(r, a0, a1, a2, a3)                                                                 \
+  do {                                                                                             \
+    _mm512_storeu_si512(out + (r)*64, a0), _mm512_storeu_si512(out + (r)*64 + 16, a1);             \
+    _mm512_storeu_si512(out + (r)*64 + 32, a2), _mm512_storeu_si512(out + (r)*64 + 48, a3);        \
+  } while (0)
+static WQ_VNNI512 void w8x_kernel(const int8_t *const *xr, const uint8_t *const *wg, int64_t kq,
+                                  int32_t *out) {
+  const __m512i z = _mm512_setzero_si512();
+  __m512i a00 = z, a01 = z, a02 = z, a03 = z, a10 = z, a11 = z, a12 = z, a13 = z, a20 = z, a21 = z,
+          a22 = z, a23 = z, a30 = z, a31 = z, a32 = z, a33 = z, a40 = z, a41 = z, a42 = z, a43 = z,
+          a50 = z, a51 = z, a52 = z, a53 = z;
+  for (int64_t p = 0; p < kq; p++) {
+    __m512i w0 = _mm512_load_si512((const __m512i *)(wg[0] + p * 64));
+    __m512i w1 = _mm512_load_si512((const __m512i *)(wg[1] + p * 64));
+    __m512i w2 = _mm512_load_si512((const __m512i *)(wg[2] + p * 64));
+    __m512i w3 = _mm512_load_si512((const __m512i *)(wg[3] + p * 64));
+    W8X_ROW(0, a00, a01, a02, a03);
+    W8X_ROW(1, a10, a11, a12, a13);
+    W8X_ROW(2, a20, a21, a22, a23);
+    W8X_ROW(3, a30, a31, a32, a33);
+    W8X_ROW(4, a40, a41, a42, a43);
+    W8X_ROW(5, a50, a51, a52, a53);
+  }
+  W8X_PUT(0, a00, a01, a02, a03);
+  W8X_PUT(1, a10, a11, a12, a13);
+  W8X_PUT(2, a20, a21, a22, a23);
+  W8X_PUT(3, a30, a31, a32, a33);
+  W8X_PUT(4, a40, a41, a42, a43);
+  W8X_PUT(5, a50, a51, a52, a53);
+}
+#undef W8X_ROW
+#undef W8X_PUT
+
+/* z[c] = (float)(s[c] - 128 xs) * (sx * sw[c]) (+ b[c]) for c < 16: w8_deq's steps. */
+static WQ_VNNI512 void w8x_deq16(float *z, const int32_t *s, int32_t xs, float sx, const float *sw,
+                                 const float *b) {
+  __m512i dot =
+      _mm512_sub_epi32(_mm512_loadu_si512(s), _mm512_set1_epi32((int32_t)(128u * (uint32_t)xs)));
+  __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(dot),
+                           _mm512_mul_ps(_mm512_set1_ps(sx), _mm512_loadu_ps(sw)));
+  if (b) v = _mm512_add_ps(v, _mm512_loadu_ps(b));
+  _mm512_storeu_ps(z, v);
+}
 #endif
 
 /* ---- dispatch --------------------------------------------------------------------------- */
 
 /* Weight-only [isa][i8, i4]; W8A8 [isa]. Only the fields each table is read for are set. */
 static const wq_kernels k_wq_c = {2,        2,        4,          wq_c_2x2, wq_c_1x4,
-                                  w8_c_2x2, w8_c_1x4, w8_quant_c, false};
+                                  w8_c_2x2, w8_c_1x4, w8_quant_c, false,    false};
 #if WQ_X86
 static const wq_kernels k_wq_simd[2][2] = {
-    {{2, 2, 4, wq_avx2_i8_2x2, wq_avx2_i8_1x4, NULL, NULL, NULL, false},
-     {2, 2, 4, wq_avx2_i4_2x2, wq_avx2_i4_1x4, NULL, NULL, NULL, false}},
-    {{4, 4, 8, wq_avx512_i8_4x4, wq_avx512_i8_1x8, NULL, NULL, NULL, false},
-     {4, 4, 8, wq_avx512_i4_4x4, wq_avx512_i4_1x8, NULL, NULL, NULL, false}},
+    {{2, 2, 4, wq_avx2_i8_2x2, wq_avx2_i8_1x4, NULL, NULL, NULL, false, false},
+     {2, 2, 4, wq_avx2_i4_2x2, wq_avx2_i4_1x4, NULL, NULL, NULL, false, false}},
+    {{4, 4, 8, wq_avx512_i8_4x4, wq_avx512_i8_1x8, NULL, NULL, NULL, false, false},
+     {4, 4, 8, wq_avx512_i4_4x4, wq_avx512_i4_1x8, NULL, NULL, NULL, false, false}},
 };
 /* Level 1 without AVX-VNNI */
 static const wq_kernels k_w8_avx2 = {
-    2, 4, 4, NULL, NULL, w8_avx2_2x4, w8_avx2_1x4, w8_quant_avx2, false};
+    2, 4, 4, NULL, NULL, w8_avx2_2x4, w8_avx2_1x4, w8_quant_avx2, false, false};
 static const wq_kernels k_w8_simd[3] = {
-    {2, 4, 4, NULL, NULL, w8_vnni256_2x4, w8_vnni256_1x4, w8_quant_avx2, false},
-    {4, 4, 8, NULL, NULL, w8_vnni512_4x4, w8_vnni512_1x8, w8_quant_avx512, false},
-    {4, 4, 8, NULL, NULL, w8_vnni512_4x4, w8_vnni512_1x8, w8_quant_avx512, true},
+    {2, 4, 4, NULL, NULL, w8_vnni256_2x4, w8_vnni256_1x4, w8_quant_avx2, false, false},
+    {4, 4, 8, NULL, NULL, w8_vnni512_4x4, w8_vnni512_1x8, w8_quant_avx512, false, true},
+    {4, 4, 8, NULL, NULL, w8_vnni512_4x4, w8_vnni512_1x8, w8_quant_avx512, true, false},
 };
 
 static bool wq_has_f16c(void) {
@@ -1018,6 +1143,79 @@ static int64_t w8_tile_amx(const wq_args *a, int64_t i0, int64_t i1, int64_t j0,
 }
 #endif
 
+#if WQ_X86
+/* The scratch of one thread: the tile's packed W groups (gate, then up) and their scales. */
+static int64_t w8x_layout(int64_t k, int64_t cols, bool swiglu, int64_t *w_bytes,
+                          int64_t *s_bytes) {
+  int64_t kq = (k + 3) / 4, ng = (cols + W8X_COLS - 1) / W8X_COLS * (swiglu ? 2 : 1);
+  *w_bytes = ng * kq * 64;
+  *s_bytes = (ng * W8X_COLS * (int64_t)sizeof(float) + 63) / 64 * 64;
+  return *w_bytes + *s_bytes;
+}
+
+/* x rows [begin, end) quantized (zero-padded to x16_xstride) for w8x_tile. */
+static void w8x_quant_task(void *arg, int64_t begin, int64_t end, int tid) {
+  (void)tid;
+  const wq_args *a = arg;
+  for (int64_t i = begin; i < end; i++) {
+    int8_t *q = a->x16_xq + i * a->x16_xstride;
+    a->kern->quant(a->x + i * a->k, a->k, q, &a->x16_sx[i], &a->x16_xs[i]);
+    memset(q + a->k, 0, (size_t)(a->x16_xstride - a->k));
+  }
+}
+
+/* Rows [i0, i1) against columns [j0, j1) of W8A8 on the interleaved tile (see w8x_pack). */
+static void w8x_tile(const wq_args *a, int64_t i0, int64_t i1, int64_t j0, int64_t j1, int tid) {
+  const int64_t k = a->k, kq = (k + 3) / 4, cols = j1 - j0, gb = kq * 64;
+  const int64_t ngc = (cols + W8X_COLS - 1) / W8X_COLS; /* gate (or plain) groups */
+  int64_t wb, sb;
+  w8x_layout(k, cols, a->swiglu, &wb, &sb);
+  uint8_t *buf = a->x16_buf + (int64_t)tid * a->x16_bytes;
+  float *sw = (float *)(buf + wb);
+  for (int h = 0; h < (a->swiglu ? 2 : 1); h++)
+    for (int64_t g = 0; g < ngc; g++) {
+      int64_t j = j0 + g * W8X_COLS, nv = j1 - j < W8X_COLS ? j1 - j : W8X_COLS;
+      const int8_t *w = (const int8_t *)a->w->q + (j + h * a->n) * k;
+      w8x_pack(w, k, (int)nv, kq, buf + (h * ngc + g) * gb);
+      for (int64_t c = 0; c < W8X_COLS; c++)
+        sw[(h * ngc + g) * W8X_COLS + c] = c < nv ? wq_scale(a->w, 1, j + h * a->n + c, 0) : 0.0f;
+    }
+  const float *b = a->bias;
+  const int ng = a->swiglu ? W8X_G / 2 : W8X_G; /* output groups a call */
+  for (int64_t i = i0; i < i1; i += W8X_R) {
+    int mr = i1 - i < W8X_R ? (int)(i1 - i) : W8X_R;
+    const int8_t *xr[W8X_R]; /* rows past mr repeat row i (their sums dropped) */
+    for (int r = 0; r < W8X_R; r++) xr[r] = a->x16_xq + (i + (r < mr ? r : 0)) * a->x16_xstride;
+    const float *sx = a->x16_sx + i;
+    const int32_t *xs = a->x16_xs + i;
+    for (int64_t g0 = 0; g0 < ngc; g0 += ng) {
+      const uint8_t *wg[W8X_G];
+      int64_t have = ngc - g0 < ng ? ngc - g0 : ng;
+      for (int g = 0; g < ng; g++) {
+        int64_t gi = g0 + (g < have ? g : have - 1); /* missing groups repeat the last */
+        wg[g] = buf + gi * gb;
+        if (a->swiglu) wg[ng + g] = buf + (ngc + gi) * gb;
+      }
+      _Alignas(64) int32_t s[W8X_R * 64];
+      w8x_kernel(xr, wg, kq, s);
+      int64_t j = j0 + g0 * W8X_COLS, nv = j1 - j < ng * W8X_COLS ? j1 - j : ng * W8X_COLS;
+      for (int r = 0; r < mr; r++) {
+        _Alignas(64) float z[64];
+        float *y = a->y + (i + r) * a->n + j;
+        for (int g = 0; g < (a->swiglu ? 2 * ng : ng); g++) {
+          int64_t gi = g < ng ? g0 + g : ngc + g0 + g - ng; /* the scale's group */
+          int64_t bj = g < ng ? j + g * W8X_COLS : a->n + j + (g - ng) * W8X_COLS;
+          w8x_deq16(z + 16 * g, s + r * 64 + 16 * g, xs[r], sx[r], sw + gi * W8X_COLS,
+                    b && (g % ng) * W8X_COLS < nv ? b + bj : NULL);
+        }
+        if (a->swiglu) kn_silu_mul_n(y, z, z + ng * W8X_COLS, nv);
+        else memcpy(y, z, (size_t)nv * sizeof *y);
+      }
+    }
+  }
+}
+#endif
+
 static void wq_task(void *arg, int64_t begin, int64_t end, int tid) {
   (void)tid;
   const wq_args *a = arg;
@@ -1035,6 +1233,10 @@ static void w8_task(void *arg, int64_t begin, int64_t end, int tid) {
     int64_t i0, i1, j0, j1;
     kn_mm_tile_bounds(&a->tiles, t, &i0, &i1, &j0, &j1);
 #if WQ_X86
+    if (a->x16_buf) {
+      w8x_tile(a, i0, i1, j0, j1, tid);
+      continue;
+    }
     i0 = w8_tile_amx(a, i0, i1, j0, j1);
 #endif
     w8_tile(a, i0, i1, j0, j1);
@@ -1056,9 +1258,28 @@ static void wq_run(kn_pool *p, float *y, const float *x, const kn_wq *w, const f
                .ng = k / w->group,
                .w_row_bytes = (int64_t)ir_dtype_bytes(w->qt, (uint64_t)k),
                .kern = wq_pick(w, k, w8a8)};
-  a.tiles = kn_mm_tiles_plan(a.m, a.n, a.w_row_bytes * (swiglu ? 2 : 1), kn_pool_threads(p), 8);
+  bool x16 = w8a8 && a.kern->x16 && m >= W8X_MIN_M && k > 0;
+  a.tiles = kn_mm_tiles_plan_m(a.m, a.n, a.w_row_bytes * (swiglu ? 2 : 1), kn_pool_threads(p),
+                               x16 ? W8X_COLS : 8, x16 ? W8X_M_TILE : 64);
   int64_t tasks = a.tiles.n_tasks, flops = 2 * m * n * k;
+#if WQ_X86
+  if (x16) { /* w8x_tile's scratch a thread and x quantized (without them, the other kernels) */
+    int64_t wb, sb, nt = kn_pool_threads(p);
+    a.x16_bytes = (w8x_layout(k, a.tiles.nb, swiglu, &wb, &sb) + 63) / 64 * 64;
+    a.x16_xstride = ((k + 3) / 4 * 4 + 63) / 64 * 64;
+    int64_t xb = m * a.x16_xstride, total = a.x16_bytes * nt + xb + m * 8;
+    a.x16_block = ir_malloc((size_t)(total + 63));
+    if (a.x16_block) {
+      a.x16_buf = (uint8_t *)(((uintptr_t)a.x16_block + 63) & ~(uintptr_t)63);
+      a.x16_xq = (int8_t *)(a.x16_buf + a.x16_bytes * nt);
+      a.x16_sx = (float *)(a.x16_buf + a.x16_bytes * nt + xb);
+      a.x16_xs = (int32_t *)(a.x16_sx + m);
+      kn_parallel_for(p, m, 1 + (1 << 14) / k, w8x_quant_task, &a);
+    }
+  }
+#endif
   kn_parallel_for(p, tasks, flops < WQ_SERIAL_FLOPS ? tasks : 1, w8a8 ? w8_task : wq_task, &a);
+  ir_free(a.x16_block);
 }
 
 void kn_matmul_wq(kn_pool *p, float *y, const float *x, const kn_wq *w, const float *bias,

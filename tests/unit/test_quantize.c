@@ -295,6 +295,40 @@ static void ref_w8a8(float *y, const float *x, const qmat *q, const float *bias,
   free(xq), free(z);
 }
 
+/* One shape against the documented result, bit for bit: from 16 rows on AVX512-VNNI
+ * without AMX, prefill's tiles take the interleaved W (w8x_tile) -- row groups of 6 and
+ * their leftovers, 16-column groups and a partial last one, k tails within a quad and a
+ * 64-byte step, swiglu's gate and up groups, bias or none. */
+static void w8a8_ref_case(kn_pool *p, int64_t m, int64_t n, int64_t k, bool with_bias, int act) {
+  qmat q = qmat_make(IR_I8, n, k, k, IR_F32, IR_DTYPE_INVALID);
+  float *x = rnd_vec(m * k), *bias = with_bias ? rnd_vec(n) : NULL;
+  int64_t ny = act == KN_WQ_ACT_SWIGLU ? n / 2 : n;
+  size_t bytes = (size_t)(m * ny) * 4;
+  float *y = malloc(bytes), *want = malloc(bytes);
+  if (m > 1) x[k + 3] = 40.0f;                               /* an outlier row */
+  for (int64_t i = 0; i < k; i++) x[(m - 1) * k + i] = 0.0f; /* a zero row: the bias */
+  kn_matmul_w8a8(p, y, x, &q.w, bias, m, n, k, act);
+  ref_w8a8(want, x, &q, bias, m, n, k, act);
+  CHECKF(!memcmp(y, want, bytes), "w8a8 %s m=%lld n=%lld k=%lld bias=%d act=%d: not the reference",
+         kn_matmul_w8a8_path(), (long long)m, (long long)n, (long long)k, with_bias, act);
+  free(x), free(bias), free(y), free(want);
+  qmat_free(&q);
+}
+
+static void test_w8a8_shapes(kn_pool *p1, kn_pool *p4) {
+  static const int64_t ms[] = {16, 17, 40, 64, 100}, ns[] = {16, 24, 40, 100},
+                       ks[] = {64, 96, 99, 576};
+  for (int a = 0; a < 5; a++)
+    for (int b = 0; b < 4; b++)
+      for (int c = 0; c < 4; c++)
+        for (int v = 0; v < 4; v++)
+          w8a8_ref_case(v & 2 ? p4 : p1, ms[a], ns[b], ks[c], v & 1,
+                        v & 2 ? KN_WQ_ACT_SWIGLU : KN_WQ_ACT_NONE);
+  w8a8_ref_case(p4, 256, 512, 576, true, KN_WQ_ACT_NONE); /* many tasks */
+  w8a8_ref_case(p4, 192, 384, 1536, true, KN_WQ_ACT_SWIGLU);
+  w8a8_ref_case(p4, 40, 24, 3000, false, KN_WQ_ACT_NONE); /* a tile of few columns */
+}
+
 /* One shape on AMX (isa 3, pool pa) and on AVX512-VNNI (isa 2, one thread): the same bits,
  * and the reference's. */
 static void amx_case(kn_pool *pa, kn_pool *p1, int64_t m, int64_t n, int64_t k, bool with_bias,
@@ -877,6 +911,7 @@ int main(void) {
     test_w8a8(p4, isa, 7, 29, 576);
     test_w8a8(p4, isa, 3, 10, 77); /* k tails of every path */
     test_w8a8(p1, isa, 66, 9, 1536);
+    test_w8a8_shapes(p1, p4);
   }
   kn_matmul_wq_set_max_isa(3);
   kn_matmul_set_max_isa(2);
