@@ -811,6 +811,53 @@ typedef struct attn_ql {
 
 static const float k_attn_zero_row[KN_ATTN_DSLICE];
 
+/* In-place transpose of 16 registers of 16 lanes. */
+ATTN_AVX512_INLINE void attn_transpose16(__m512 *r) {
+  __m512 t[16], u[16];
+  for (int i = 0; i < 16; i += 2)
+    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]), t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+  for (int i = 0; i < 16; i += 4)
+    for (int h = 0; h < 2; h++) {
+      __m512d a = _mm512_castps_pd(t[i + h]), b = _mm512_castps_pd(t[i + 2 + h]);
+      u[i + 2 * h] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
+      u[i + 2 * h + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
+    }
+  for (int e = 0; e < 4; e++) {
+    __m512 v0 = _mm512_shuffle_f32x4(u[e], u[4 + e], _MM_SHUFFLE(2, 0, 2, 0));
+    __m512 v1 = _mm512_shuffle_f32x4(u[e], u[4 + e], _MM_SHUFFLE(3, 1, 3, 1));
+    __m512 v2 = _mm512_shuffle_f32x4(u[8 + e], u[12 + e], _MM_SHUFFLE(2, 0, 2, 0));
+    __m512 v3 = _mm512_shuffle_f32x4(u[8 + e], u[12 + e], _MM_SHUFFLE(3, 1, 3, 1));
+    r[e] = _mm512_shuffle_f32x4(v0, v2, _MM_SHUFFLE(2, 0, 2, 0));
+    r[e + 8] = _mm512_shuffle_f32x4(v0, v2, _MM_SHUFFLE(3, 1, 3, 1));
+    r[e + 4] = _mm512_shuffle_f32x4(v1, v3, _MM_SHUFFLE(2, 0, 2, 0));
+    r[e + 12] = _mm512_shuffle_f32x4(v1, v3, _MM_SHUFFLE(3, 1, 3, 1));
+  }
+}
+
+/* qt[d * 16 + i] = q_i[d] (queries nq .. 15 zero), 16 dims at a time. */
+static ATTN_AVX512 void attn_ql_load_q(float *qt, const attn_query *qs, int64_t nq, int64_t hd) {
+  for (int64_t d = 0; d < hd; d += KN_ATTN_LANES) {
+    __m512 r[16];
+    for (int i = 0; i < 16; i++) r[i] = i < nq ? _mm512_loadu_ps(qs[i].q + d) : _mm512_setzero_ps();
+    attn_transpose16(r);
+    for (int u = 0; u < 16; u++) _mm512_store_ps(qt + (d + u) * KN_ATTN_LANES, r[u]);
+  }
+}
+
+/* out_i[d] = acc[d * 16 + i] * (1 / sum_i) for i < nq, 16 dims at a time. */
+static ATTN_AVX512 void attn_ql_store(const attn_query *qs, int64_t nq, const float *acc,
+                                      __m512 sumv, int64_t hd) {
+  _Alignas(64) float inv[KN_ATTN_LANES];
+  _mm512_store_ps(inv, _mm512_div_ps(_mm512_set1_ps(1.0f), sumv));
+  for (int64_t d = 0; d < hd; d += KN_ATTN_LANES) {
+    __m512 r[16];
+    for (int u = 0; u < 16; u++) r[u] = _mm512_load_ps(acc + (d + u) * KN_ATTN_LANES);
+    attn_transpose16(r);
+    for (int64_t i = 0; i < nq; i++)
+      _mm512_storeu_ps(qs[i].out + d, _mm512_mul_ps(r[i], _mm512_set1_ps(inv[i])));
+  }
+}
+
 /* s[r] = the scores (unscaled) of rows kr[r], r < 4, against the queries of qt: lane sums
  * l = b, b+8, b+4, b+12 make R_b = (P_b + P_b+8) + (P_b+4 + P_b+12), then T_h = R_h +
  * R_h+2 and s = T_0 + T_1, the fold's pairs. */
@@ -841,6 +888,16 @@ ATTN_AVX512_INLINE void attn_ql_scores4(const float *qt, const float *const *kr,
   for (int r = 0; r < 4; r++) s[r] = _mm512_add_ps(t[0][r], t[1][r]);
 }
 
+/* sc[j] = the scores of rows j < n of k (stride hd) against the queries of qt. */
+static ATTN_AVX512 __attribute__((noinline)) void attn_ql_scores(const float *qt, const float *k,
+                                                                 int n, int64_t hd, __m512 *sc) {
+  for (int j = 0; j < n; j += 4) {
+    const float *kr[4];
+    for (int r = 0; r < 4; r++) kr[r] = j + r < n ? k + (j + r) * hd : k_attn_zero_row;
+    attn_ql_scores4(qt, kr, hd, sc + j);
+  }
+}
+
 /* acc[d * 16 + i] += p_j(i) v_j[d] for the rows j < n in order (lanes of vm[j]; with
  * `all`, every lane of every row: a masked fma costs a fifth more), 16 dims a pass in
  * registers. */
@@ -860,8 +917,11 @@ ATTN_AVX512_INLINE void attn_ql_pv_body(float *acc, const float *pt, const __mma
   }
 }
 
-static ATTN_AVX512 void attn_ql_pv(float *acc, const float *pt, const __mmask16 *vm, const float *v,
-                                   int n, int64_t hd, bool all) {
+/* (Kept out of line, as attn_ql_scores: inlined into attn_ql_group, their registers were
+ * allocated worse.) */
+static ATTN_AVX512 __attribute__((noinline)) void attn_ql_pv(float *acc, const float *pt,
+                                                             const __mmask16 *vm, const float *v,
+                                                             int n, int64_t hd, bool all) {
   if (all) attn_ql_pv_body(acc, pt, vm, v, n, hd, true);
   else attn_ql_pv_body(acc, pt, vm, v, n, hd, false);
 }
@@ -872,23 +932,32 @@ static ATTN_AVX512 void attn_ql_group(const attn_args *a, const attn_kernels *kk
   const kn_kv_layer *kv = a->kv;
   const int64_t hd = kv->head_dim, bs = kv->block_size;
   _Alignas(64) attn_ql w;
-  memset(w.qt, 0, (size_t)(hd * KN_ATTN_LANES) * sizeof(float));
   memset(w.acc, 0, (size_t)(hd * KN_ATTN_LANES) * sizeof(float));
-  for (int64_t i = 0; i < nq; i++)
-    for (int64_t d = 0; d < hd; d++) w.qt[d * KN_ATTN_LANES + i] = qs[i].q[d];
+  attn_ql_load_q(w.qt, qs, nq, hd);
   const __mmask16 live = (__mmask16)((1u << nq) - 1u);
+  int64_t min_pos = INT64_MAX, max_lo = 0; /* a chunk within both: every query reads it all */
+  for (int64_t i = 0; i < nq; i++) {
+    min_pos = qs[i].n_pos < min_pos ? qs[i].n_pos : min_pos;
+    max_lo = qs[i].lo > max_lo ? qs[i].lo : max_lo;
+  }
   __m512 maxv = _mm512_set1_ps(-INFINITY), sumv = _mm512_setzero_ps();
   for (int64_t j0 = min_lo / bs * bs; j0 < max_pos; j0 += bs) {
     int64_t row = attn_cache_off(kv, attn_block(a->b, seq, j0 / bs), kvh, 0) / hd;
     int64_t n_slot = max_pos - j0 < bs ? max_pos - j0 : bs;
     for (int64_t s0 = 0; s0 < n_slot; s0 += KN_ATTN_CHUNK) {
-      __mmask16 vm[KN_ATTN_CHUNK] = {0}; /* the queries that read row j */
+      __mmask16 vm[KN_ATTN_CHUNK]; /* the queries that read row j */
       int n_max = 0;
-      for (int64_t i = 0; i < nq; i++) {
-        int n, off;
-        attn_query_rows(&qs[i], j0, bs, s0, &n, &off);
-        for (int j = off; j < n; j++) vm[j] |= (__mmask16)(1u << i);
-        n_max = n > n_max ? n : n_max;
+      if (s0 + KN_ATTN_CHUNK <= bs && j0 + s0 >= max_lo && j0 + s0 + KN_ATTN_CHUNK <= min_pos) {
+        for (int j = 0; j < KN_ATTN_CHUNK; j++) vm[j] = live;
+        n_max = KN_ATTN_CHUNK;
+      } else {
+        memset(vm, 0, sizeof vm);
+        for (int64_t i = 0; i < nq; i++) {
+          int n, off;
+          attn_query_rows(&qs[i], j0, bs, s0, &n, &off);
+          for (int j = off; j < n; j++) vm[j] |= (__mmask16)(1u << i);
+          n_max = n > n_max ? n : n_max;
+        }
       }
       if (!n_max) continue;
       int64_t r0 = row + s0;
@@ -907,11 +976,7 @@ static ATTN_AVX512 void attn_ql_group(const attn_args *a, const attn_kernels *kk
         kb = w.kw, vb = w.vw;
       }
       __m512 sc[KN_ATTN_CHUNK];
-      for (int j = 0; j < n_max; j += 4) {
-        const float *kr[4];
-        for (int r = 0; r < 4; r++) kr[r] = j + r < n_max ? kb + (j + r) * hd : k_attn_zero_row;
-        attn_ql_scores4(w.qt, kr, hd, sc + j);
-      }
+      attn_ql_scores(w.qt, kb, n_max, hd, sc);
       __m512 cm = _mm512_set1_ps(-INFINITY), scale = _mm512_set1_ps(a->scale);
       for (int j = 0; j < n_max; j++) {
         __m512 x = ks ? _mm512_mul_ps(sc[j], _mm512_set1_ps(ks[j])) : sc[j];
@@ -940,12 +1005,7 @@ static ATTN_AVX512 void attn_ql_group(const attn_args *a, const attn_kernels *kk
       attn_ql_pv(w.acc, w.pt, vm, vb, n_max, hd, all);
     }
   }
-  _Alignas(64) float sums[KN_ATTN_LANES];
-  _mm512_store_ps(sums, sumv);
-  for (int64_t i = 0; i < nq; i++) {
-    float inv = 1.0f / sums[i];
-    for (int64_t d = 0; d < hd; d++) qs[i].out[d] = w.acc[d * KN_ATTN_LANES + i] * inv;
-  }
+  attn_ql_store(qs, nq, w.acc, sumv, hd);
 }
 
 static const attn_kernels k_attn_avx512 = {attn_scores_avx512,  attn_exp_avx2,
