@@ -56,7 +56,7 @@ enum {
   KN_MM_X16_COLS = 16,            /* bf16x16: the columns of a W group (one zmm of y) */
   KN_MM_X16_GROUPS = 4,           /* ... and the groups a kernel call computes */
   KN_MM_X16_MAX_R = 6,            /* ... for up to this many x rows */
-  KN_MM_X16_KB = 256,             /* ... over this many pairs of k at a time (64 KiB of W, in L2) */
+  KN_MM_X16_KB = 1024,            /* ... over this many pairs of k at a time (256 KiB of W, L2) */
   KN_MM_BF16_STEP = 16,           /* bf16 path: pair words (32 k-indices) a lane step */
   KN_MM_BF16_STACK_WORDS = 16384, /* x rows of a few-row call converted on the stack */
   KN_MM_BF16_GRAIN = 1 << 14,     /* x values a converting task takes at least */
@@ -1355,7 +1355,8 @@ static const mm_x16_fn *mm_x16_pick(int *best) {
  * one, their outputs dropped. Every row of the tile goes through one k block of the groups
  * before the next block (KN_MM_X16_KB pairs), the partial sums waiting in z. (SmolLM2 at
  * 512 tokens on 2 Zen 4 cores: blocks of 32 or 144 pairs, in L1, were 10% slower than
- * whole rows of 288; 256 bounds the block of the long rows of larger models.) */
+ * whole rows of 288, and 256-pair blocks of 288-pair rows 4% slower than whole rows; 1024
+ * bounds the block of the long rows of larger models.) */
 static void mm_x16_tile(const mm_args *a, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
   int best;
   const mm_x16_fn *fns = mm_x16_pick(&best);
@@ -1465,8 +1466,11 @@ static void mm_choose_panel(mm_args *a, ir_dtype wt) {
 
 static void mm_run(kn_pool *p, mm_args *a) {
   if (a->m <= 0 || a->n <= 0) return;
-  a->tiles = kn_mm_tiles_plan(a->m, a->n, a->w_row_bytes * (a->swiglu ? 2 : 1), kn_pool_threads(p),
-                              a->x16 ? KN_MM_X16_COLS : KN_MM_TILE_ALIGN);
+  /* x16: whole kernel calls a tile (4 groups; with swiglu 2 gate groups and their up
+   * groups); tiles of 16-column multiples had left calls three quarters idle */
+  int align = a->x16 ? KN_MM_X16_COLS * (a->swiglu ? 2 : 4) : KN_MM_TILE_ALIGN;
+  a->tiles =
+      kn_mm_tiles_plan(a->m, a->n, a->w_row_bytes * (a->swiglu ? 2 : 1), kn_pool_threads(p), align);
   int64_t tasks = a->tiles.n_tasks;
   int64_t flops = 2 * a->m * a->n * a->k * (a->swiglu ? 2 : 1);
   kn_parallel_for(p, tasks, flops < KN_MM_SERIAL_FLOPS ? tasks : 1, mm_task, a);

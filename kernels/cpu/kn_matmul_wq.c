@@ -1260,7 +1260,8 @@ static void wq_run(kn_pool *p, float *y, const float *x, const kn_wq *w, const f
                .kern = wq_pick(w, k, w8a8)};
   bool x16 = w8a8 && a.kern->x16 && m >= W8X_MIN_M && k > 0;
   a.tiles = kn_mm_tiles_plan_m(a.m, a.n, a.w_row_bytes * (swiglu ? 2 : 1), kn_pool_threads(p),
-                               x16 ? W8X_COLS : 8, x16 ? W8X_M_TILE : 64);
+                               x16 ? W8X_COLS * (swiglu ? 2 : 4) : 8,
+                               x16 ? W8X_M_TILE : 64); /* x16: whole kernel calls a tile */
   int64_t tasks = a.tiles.n_tasks, flops = 2 * m * n * k;
 #if WQ_X86
   if (x16) { /* w8x_tile's scratch a thread and x quantized (without them, the other kernels) */
