@@ -851,7 +851,13 @@ MM_BF16DP_INLINE void mm_bf16_body_dp(const float *const *xr, const void *const 
     mm_bf16_body_dp(xr, wr, k, out, mr, nr);                                                       \
   }
 MM_INST_BF16_DP(mm_dp_bf16_4x4, 4, 4)
-MM_INST_BF16_DP(mm_dp_bf16_1x8, 1, 8)
+/* One x row against 8 W rows (decode): each W row read through before the next, so W
+ * streams in order (8 rows a 64-byte step each in turn kept 8 streams in flight, well
+ * under the memory rate); each output's steps are the same, so are its bits. */
+static MM_BF16DP void mm_dp_bf16_1x8(const float *const *xr, const void *const *wr, int64_t k,
+                                     float *out) {
+  for (int c = 0; c < 8; c++) mm_bf16_body_dp(xr, wr + c, k, out + c, 1, 1);
+}
 static const mm_kernels k_mm_bf16dp = {4, 4, mm_dp_bf16_4x4, 8, mm_dp_bf16_1x8};
 
 /* mm_bf16_row with vcvtne2ps2bf16 (the same rounding, checked by test_matmul_bf16). */
@@ -1247,6 +1253,18 @@ static const mm_x16_fn k_x16_avx2[KN_MM_X16_MAX_R + 1] = {
 /* AVX512-BF16: one vdpbf16ps a (row, group, pair), x's pair broadcast from memory. */
 MM_BF16DP_INLINE void mm_x16_body_dp(const uint32_t *const *xr, const uint32_t *const *wg,
                                      int64_t kp, float *out, int mr) {
+  if (mr == 1) { /* decode: a group at a time, so W streams in order (as mm_dp_bf16_1x8) */
+    for (int g = 0; g < KN_MM_X16_GROUPS; g++) {
+      __m512 a = _mm512_loadu_ps(out + 16 * g);
+      for (int64_t p = 0; p < kp; p++) {
+        mm_prefetch_w(wg[g] + p * 16);
+        a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_set1_epi32((int)xr[0][p]),
+                             (__m512bh)_mm512_loadu_si512(wg[g] + p * 16));
+      }
+      _mm512_storeu_ps(out + 16 * g, a);
+    }
+    return;
+  }
   __m512 acc[KN_MM_X16_MAX_R][KN_MM_X16_GROUPS];
   for (int r = 0; r < mr; r++)
     for (int g = 0; g < KN_MM_X16_GROUPS; g++) acc[r][g] = _mm512_loadu_ps(out + r * 64 + 16 * g);

@@ -638,9 +638,32 @@ static WQ_VNNI512 void w8_vnni512_4x4(const int8_t *const *xq, const int32_t *xs
     for (int c = 0; c < 4; c++)
       out[r * 4 + c] = (int32_t)((uint32_t)out[r * 4 + c] - 128u * (uint32_t)xs[r]);
 }
+/* One x row against 8 W rows (decode): each W row read through before the next, so the
+ * W bytes stream in order (a 64-byte step of each of the 8 rows in turn had kept 8 streams
+ * in flight: half the memory rate); two chains a row, the integer sums exact in any order. */
 static WQ_VNNI512 void w8_vnni512_1x8(const int8_t *const *xq, const int32_t *xs,
                                       const int8_t *const *wr, int64_t k, int32_t *out) {
-  w8_body_vnni512(xq, xs, wr, k, out, 1, 8);
+  const __m512i flip = _mm512_set1_epi8((char)0x80);
+  const __mmask64 tail = k % 64 ? ((__mmask64)1 << (k % 64)) - 1 : ~(__mmask64)0;
+  for (int c = 0; c < 8; c++) {
+    __m512i a0 = _mm512_setzero_si512(), a1 = a0;
+    int64_t i = 0;
+    for (; i + 128 <= k; i += 128) {
+      wq_prefetch(wr[c] + i);
+      wq_prefetch(wr[c] + i + 64);
+      __m512i w0 = _mm512_xor_si512(_mm512_loadu_si512(wr[c] + i), flip);
+      __m512i w1 = _mm512_xor_si512(_mm512_loadu_si512(wr[c] + i + 64), flip);
+      WQ_DPBUSD(a0, w0, _mm512_loadu_si512(xq[0] + i));
+      WQ_DPBUSD(a1, w1, _mm512_loadu_si512(xq[0] + i + 64));
+    }
+    for (; i < k; i += 64) {
+      __mmask64 mk = k - i >= 64 ? ~(__mmask64)0 : tail;
+      __m512i w0 = _mm512_xor_si512(_mm512_maskz_loadu_epi8(mk, wr[c] + i), flip);
+      WQ_DPBUSD(a0, w0, _mm512_maskz_loadu_epi8(mk, xq[0] + i));
+    }
+    out[c] = (int32_t)((uint32_t)_mm512_reduce_add_epi32(_mm512_add_epi32(a0, a1)) -
+                       128u * (uint32_t)xs[0]);
+  }
 }
 
 /* ---- W8A8 prefill on AVX512-VNNI: the W tile interleaved ---------------------------------
