@@ -62,6 +62,41 @@ static float attn_quant_row(int8_t *restrict q, const float *restrict x, int64_t
   return amax / 127.0f;
 }
 
+#if KN_ATTN_X86
+/* ir_f32_to_f16 on 16 lanes: vcvtps2ph rounding to nearest even (the same rounding,
+ * overflow to infinity and subnormals), NaN made ir_f32_to_f16's quiet NaN (the sign
+ * kept; the instruction would keep payload bits). */
+static __attribute__((target("avx512f"))) void attn_to_f16_avx512(uint16_t *dst, const float *x,
+                                                                  int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m512 v = _mm512_loadu_ps(x + i);
+    __m256i h = _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    if (nan) {
+      uint16_t t[16];
+      _mm256_storeu_si256((__m256i *)t, h);
+      for (int l = 0; l < 16; l++)
+        if (nan >> l & 1) t[l] = ir_f32_to_f16(x[i + l]);
+      h = _mm256_loadu_si256((const __m256i *)t);
+    }
+    _mm256_storeu_si256((__m256i *)(dst + i), h);
+  }
+  for (; i < n; i++) dst[i] = ir_f32_to_f16(x[i]);
+}
+#endif
+
+/* dst[i] = ir_f32_to_f16(x[i]), i < n. */
+static void attn_to_f16(uint16_t *dst, const float *x, int64_t n) {
+#if KN_ATTN_X86
+  if (kn_cpu_isa() >= 2) {
+    attn_to_f16_avx512(dst, x, n);
+    return;
+  }
+#endif
+  for (int64_t i = 0; i < n; i++) dst[i] = ir_f32_to_f16(x[i]);
+}
+
 /* Stores one (position, kv head) row of k (already roped) and v at cache offset dst in
  * the cache's dtype: f32 as is, f16 rounded to nearest, int8 with a scale per row. */
 static void attn_store_row(const kn_kv_layer *kv, int64_t dst, const float *k, const float *v) {
@@ -70,10 +105,8 @@ static void attn_store_row(const kn_kv_layer *kv, int64_t dst, const float *k, c
     kv->k_scale[dst / hd] = attn_quant_row(kv->k8 + dst, k, hd);
     kv->v_scale[dst / hd] = attn_quant_row(kv->v8 + dst, v, hd);
   } else if (kv->k16) {
-    for (int64_t d = 0; d < hd; d++) {
-      kv->k16[dst + d] = ir_f32_to_f16(k[d]);
-      kv->v16[dst + d] = ir_f32_to_f16(v[d]);
-    }
+    attn_to_f16(kv->k16 + dst, k, hd);
+    attn_to_f16(kv->v16 + dst, v, hd);
   } else {
     memcpy(kv->k + dst, k, (size_t)hd * sizeof *k);
     memcpy(kv->v + dst, v, (size_t)hd * sizeof *v);

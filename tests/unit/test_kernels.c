@@ -516,6 +516,45 @@ static void test_attention_groups(kn_pool *p4) {
     }
 }
 
+/* An f16 cache holds ir_f32_to_f16 of each k and v value on every path (the AVX-512 one
+ * converts 16 at a time): rounding ties, the largest finite and overflowing values,
+ * subnormal edges, signed zeros, infinities and NaNs with payloads. */
+static void test_attention_f16_store(void) {
+  enum { HD = 80 }; /* five 16-lane steps and no tail; values past 48 random */
+  static const uint32_t special[] = {
+      0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00000u, 0xffc00001u, 0x7f800001u,
+      0x7fa00000u, 0x477fe000u, 0x477ff000u, 0x477fefffu, 0xc77ff000u, 0x33000000u, 0x33000001u,
+      0xb3000000u, 0x32ffffffu, 0x387fe000u, 0x387ff000u, 0x38800000u, 0x3f801000u, 0x3f803000u,
+      0x3f800fffu, 0x00000001u, 0x807fffffu, 0x3c000000u, 0x42280000u, 0xc2280000u, 0x3f802000u,
+      0x33800000u, 0x337fffffu, 0x7f7fffffu, 0xff7fffffu};
+  const int64_t ns = sizeof special / sizeof special[0];
+  for (int isa = 0; isa <= 2; isa++) {
+    float k[HD], v[HD], q[HD] = {0}, out[HD];
+    for (int64_t i = 0; i < HD; i++) {
+      uint32_t u = i < ns ? special[i] : (rnd(), (uint32_t)(g_rng >> 32));
+      memcpy(&k[i], &u, 4);
+      u = i < ns ? special[ns - 1 - i] : (rnd(), (uint32_t)(g_rng >> 32));
+      memcpy(&v[i], &u, 4);
+    }
+    uint16_t k16[16 * HD] = {0}, v16[16 * HD] = {0};
+    int32_t table = 0, seq = 0, pos = 0;
+    kn_kv_layer kv = {
+        .n_blocks = 1, .block_size = 16, .n_kv_heads = 1, .head_dim = HD, .k16 = k16, .v16 = v16};
+    kn_attn_batch b = {.n_tok = 1,
+                       .tok_seq = &seq,
+                       .tok_pos = &pos,
+                       .max_blocks_per_seq = 1,
+                       .block_tables = &table};
+    int prev = kn_matmul_set_max_isa(isa);
+    kn_attention_paged(NULL, out, q, k, v, &kv, &b, 1, 0.125f);
+    kn_matmul_set_max_isa(prev);
+    int bad = 0;
+    for (int64_t i = 0; i < HD; i++)
+      bad += k16[i] != ir_f32_to_f16(k[i]) || v16[i] != ir_f32_to_f16(v[i]);
+    CHECKF(bad == 0, "f16 cache store isa %d: %d values not ir_f32_to_f16's", isa, bad);
+  }
+}
+
 /* ---- rope ------------------------------------------------------------------------- */
 
 static float *rope_table(int64_t max_pos, int64_t rot_dim) {
@@ -783,6 +822,7 @@ int main(void) {
   kn_matmul_set_max_isa(2);
   test_attention_long(p4);
   test_attention_groups(p4);
+  test_attention_f16_store();
   test_rope(p4);
   test_norm(p4);
   test_embed(p4);
