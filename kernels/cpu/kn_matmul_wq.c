@@ -764,14 +764,18 @@ static WQ_VNNI512 void w8x_kernel(const int8_t *const *xr, const uint8_t *const 
 #undef W8X_ROW
 #undef W8X_PUT
 
-/* z[c] = (float)(s[c] - 128 xs) * (sx * sw[c]) (+ b[c]) for c < 16: w8_deq's steps. */
+/* z[c] = (float)(s[c] - 128 xs) * (sx * sw[c]) (+ b[c]) for c < 16: w8_deq's steps; b is
+ * read for c < nb only (the columns that exist). */
 static WQ_VNNI512 void w8x_deq16(float *z, const int32_t *s, int32_t xs, float sx, const float *sw,
-                                 const float *b) {
+                                 const float *b, int64_t nb) {
   __m512i dot =
       _mm512_sub_epi32(_mm512_loadu_si512(s), _mm512_set1_epi32((int32_t)(128u * (uint32_t)xs)));
   __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(dot),
                            _mm512_mul_ps(_mm512_set1_ps(sx), _mm512_loadu_ps(sw)));
-  if (b) v = _mm512_add_ps(v, _mm512_loadu_ps(b));
+  if (b) {
+    __mmask16 m = nb >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << nb) - 1u);
+    v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, b));
+  }
   _mm512_storeu_ps(z, v);
 }
 #endif
@@ -1226,10 +1230,12 @@ static void w8x_tile(const wq_args *a, int64_t i0, int64_t i1, int64_t j0, int64
         _Alignas(64) float z[64];
         float *y = a->y + (i + r) * a->n + j;
         for (int g = 0; g < (a->swiglu ? 2 * ng : ng); g++) {
-          int64_t gi = g < ng ? g0 + g : ngc + g0 + g - ng; /* the scale's group */
+          int64_t gg = g % ng < have ? g % ng : have - 1; /* (a missing group: the last) */
+          int64_t gi = g < ng ? g0 + gg : ngc + g0 + gg;  /* the scale's group */
           int64_t bj = g < ng ? j + g * W8X_COLS : a->n + j + (g - ng) * W8X_COLS;
+          int64_t left = nv - (g % ng) * W8X_COLS; /* columns of the group that exist */
           w8x_deq16(z + 16 * g, s + r * 64 + 16 * g, xs[r], sx[r], sw + gi * W8X_COLS,
-                    b && (g % ng) * W8X_COLS < nv ? b + bj : NULL);
+                    b && left > 0 ? b + bj : NULL, left);
         }
         if (a->swiglu) kn_silu_mul_n(y, z, z + ng * W8X_COLS, nv);
         else memcpy(y, z, (size_t)nv * sizeof *y);

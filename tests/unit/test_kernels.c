@@ -295,7 +295,7 @@ static void test_attention(kn_pool *p1, kn_pool *p4) {
  * capped to that instruction set, and `chunks` off turns the full-chunk kernels off; the
  * caller compares the outputs across runs. */
 static void attn_long_run(kn_pool *p, int isa, bool chunks, bool f16, int64_t hd, int64_t bs,
-                          int64_t n_pos, float scale, float *out) {
+                          int64_t n_pos, float scale, float *out, float *pre) {
   enum { NH = 9, NKV = 3 };
   int64_t n_blk = (n_pos + bs - 1) / bs, row = NKV * hd;
   float *k = rnd_vec(n_pos * row, 1.0f), *v = rnd_vec(n_pos * row, 1.0f);
@@ -320,8 +320,9 @@ static void attn_long_run(kn_pool *p, int isa, bool chunks, bool f16, int64_t hd
                      .tok_pos = pos,
                      .max_blocks_per_seq = n_blk,
                      .block_tables = tables};
-  float *qs = calloc((size_t)(n_pos * NH * hd), sizeof *qs);
+  float *qs = rnd_vec(n_pos * NH * hd, 1.0f);
   attn_call(p, all, qs, k, v, &kv, &b, NH, scale); /* writes positions 0..n-2 */
+  memcpy(pre, all, (size_t)((n_pos - 1) * NH * hd) * sizeof *pre);
   b = (kn_attn_batch){.n_tok = 1,
                       .tok_seq = seq,
                       .tok_pos = pos + n_pos - 1,
@@ -372,22 +373,33 @@ static void test_attention_long(kn_pool *p) {
            {48, 16, 45, 0.125f, 0, 0},
            {80, 32, 70, 0.1f, 0, 0},
            /* windows that start mid-chunk, on a chunk's edge, past whole blocks; soft caps */
+           {128, 32, 70, 0.08f, 0, 0},
            {64, 32, 83, 0.125f, 37, 0},
            {64, 16, 70, 0.125f, 32, 0},
+           {128, 48, 90, 0.08f, 21, 0},
            {48, 16, 45, 8.0f, 20, 3.0f},
            {64, 32, 50, 8.0f, 0, 3.0f}};
   for (size_t i = 0; i < 2 * sizeof c / sizeof c[0]; i++) {
     g_window = c[i / 2].window, g_softcap = c[i / 2].softcap;
     bool f16 = i % 2;
     int64_t hd = c[i / 2].hd, bs = c[i / 2].bs, n = c[i / 2].n;
-    size_t sz = (size_t)(9 * hd) * sizeof(float);
-    float *o[5];           /* portable; AVX2, AVX-512 with the chunk kernels; then without */
+    size_t sz = (size_t)(9 * hd) * sizeof(float), psz = (size_t)(n - 1) * sz;
+    float *o[5], *pre[5];  /* portable; AVX2, AVX-512 with the chunk kernels; then without */
     uint64_t seed = g_rng; /* the same inputs for every run */
     for (int r = 0; r < 5; r++) {
       g_rng = seed;
-      o[r] = malloc(sz);
-      attn_long_run(p, r ? 1 + (r + 1) % 2 : 0, r < 3, f16, hd, bs, n, c[i / 2].scale, o[r]);
+      o[r] = malloc(sz), pre[r] = malloc(psz);
+      attn_long_run(p, r ? 1 + (r + 1) % 2 : 0, r < 3, f16, hd, bs, n, c[i / 2].scale, o[r],
+                    pre[r]);
     }
+    /* the prefill's tokens too (many queries a group: the AVX-512 one in the lanes) */
+    CHECKF(!memcmp(pre[1], pre[2], psz), "prefill attention AVX2 vs AVX-512 differ (hd %lld)",
+           (long long)hd);
+    for (int r = 3; r < 5; r++)
+      CHECKF(!memcmp(pre[r - 2], pre[r], psz),
+             "prefill attention chunk kernels vs per-query phases differ (isa %d %s hd %lld bs "
+             "%lld window %lld)",
+             r - 2, f16 ? "f16" : "f32", (long long)hd, (long long)bs, (long long)g_window);
     /* AVX2 and AVX-512 both fuse every multiply-add in the same order: the same bits
      * (and on a CPU with less, both runs take the same kernels) */
     CHECKF(!memcmp(o[1], o[2], sz), "attention AVX2 vs AVX-512 differ (hd %lld)", (long long)hd);
@@ -398,7 +410,7 @@ static void test_attention_long(kn_pool *p) {
     float worst = 0;
     for (int64_t j = 0; j < 9 * hd; j++) worst = fmaxf(worst, fabsf(o[0][j] - o[2][j]));
     CHECKF(worst <= 1e-5f, "attention portable vs SIMD differ by %g", worst);
-    for (int r = 0; r < 5; r++) free(o[r]);
+    for (int r = 0; r < 5; r++) free(o[r]), free(pre[r]);
   }
   g_window = 0, g_softcap = 0;
 }

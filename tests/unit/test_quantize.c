@@ -321,10 +321,11 @@ static void test_w8a8_shapes(kn_pool *p1, kn_pool *p4) {
   for (int a = 0; a < 5; a++)
     for (int b = 0; b < 4; b++)
       for (int c = 0; c < 4; c++)
-        for (int v = 0; v < 4; v++)
-          w8a8_ref_case(v & 2 ? p4 : p1, ms[a], ns[b], ks[c], v & 1,
+        for (int v = 0; v < 8; v++) /* bias or none, swiglu or none, one thread or four */
+          w8a8_ref_case(v & 4 ? p4 : p1, ms[a], ns[b], ks[c], v & 1,
                         v & 2 ? KN_WQ_ACT_SWIGLU : KN_WQ_ACT_NONE);
   w8a8_ref_case(p4, 256, 512, 576, true, KN_WQ_ACT_NONE); /* many tasks */
+  w8a8_ref_case(p4, 600, 40, 96, true, KN_WQ_ACT_SWIGLU); /* two row tiles */
   w8a8_ref_case(p4, 192, 384, 1536, true, KN_WQ_ACT_SWIGLU);
   w8a8_ref_case(p4, 40, 24, 3000, false, KN_WQ_ACT_NONE); /* a tile of few columns */
 }
