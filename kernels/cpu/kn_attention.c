@@ -931,14 +931,17 @@ static ATTN_AVX512 __attribute__((noinline)) void attn_ql_scores(const float *qt
   }
 }
 
-/* acc[d * 16 + i] += p_j(i) v_j[d] for the rows j < n in order (lanes of vm[j]; with
- * `all`, every lane of every row: a masked fma costs a fifth more), 16 dims a pass in
- * registers. */
-ATTN_AVX512_INLINE void attn_ql_pv_body(float *acc, const float *pt, const __mmask16 *vm,
-                                        const float *v, int n, int64_t hd, bool all) {
+/* acc[d * 16 + i] = acc * corr(i) for the lanes of resc (the chunk's rescale), then
+ * += p_j(i) v_j[d] for the rows j < n in order (lanes of vm[j]; with `all`, every lane of
+ * every row: a masked fma costs a fifth more), 16 dims a pass in registers. */
+ATTN_AVX512_INLINE void attn_ql_pv_body(float *acc, __mmask16 resc, __m512 corr, const float *pt,
+                                        const __mmask16 *vm, const float *v, int n, int64_t hd,
+                                        bool all) {
   for (int64_t d = 0; d < hd; d += KN_ATTN_LANES) {
     __m512 a[KN_ATTN_LANES];
     for (int u = 0; u < KN_ATTN_LANES; u++) a[u] = _mm512_load_ps(acc + (d + u) * KN_ATTN_LANES);
+    if (resc)
+      for (int u = 0; u < KN_ATTN_LANES; u++) a[u] = _mm512_mask_mul_ps(a[u], resc, a[u], corr);
     for (int j = 0; j < n; j++) {
       __m512 pj = _mm512_load_ps(pt + j * KN_ATTN_LANES);
       const float *vj = v + j * hd + d;
@@ -952,11 +955,12 @@ ATTN_AVX512_INLINE void attn_ql_pv_body(float *acc, const float *pt, const __mma
 
 /* (Kept out of line, as attn_ql_scores: inlined into attn_ql_group, their registers were
  * allocated worse.) */
-static ATTN_AVX512 __attribute__((noinline)) void attn_ql_pv(float *acc, const float *pt,
+static ATTN_AVX512 __attribute__((noinline)) void attn_ql_pv(float *acc, __mmask16 resc,
+                                                             __m512 corr, const float *pt,
                                                              const __mmask16 *vm, const float *v,
                                                              int n, int64_t hd, bool all) {
-  if (all) attn_ql_pv_body(acc, pt, vm, v, n, hd, true);
-  else attn_ql_pv_body(acc, pt, vm, v, n, hd, false);
+  if (all) attn_ql_pv_body(acc, resc, corr, pt, vm, v, n, hd, true);
+  else attn_ql_pv_body(acc, resc, corr, pt, vm, v, n, hd, false);
 }
 
 static ATTN_AVX512 void attn_ql_group(const attn_args *a, const attn_kernels *kk,
@@ -1017,14 +1021,10 @@ static ATTN_AVX512 void attn_ql_group(const attn_args *a, const attn_kernels *kk
         cm = _mm512_mask_max_ps(cm, vm[j], cm, x);
       }
       __mmask16 resc = _mm512_mask_cmp_ps_mask(live, cm, maxv, _CMP_GT_OQ);
-      if (resc) { /* a rescale of the queries whose max the chunk raises */
-        __m512 corr = kn_vexp16(_mm512_sub_ps(maxv, cm));
+      __m512 corr = _mm512_set1_ps(1.0f);
+      if (resc) { /* a rescale of the queries whose max the chunk raises (acc: in p . v) */
+        corr = kn_vexp16(_mm512_sub_ps(maxv, cm));
         sumv = _mm512_mask_mul_ps(sumv, resc, sumv, corr);
-        for (int64_t d = 0; d < hd; d++) {
-          float *ad = w.acc + d * KN_ATTN_LANES;
-          _mm512_store_ps(ad,
-                          _mm512_mask_mul_ps(_mm512_load_ps(ad), resc, _mm512_load_ps(ad), corr));
-        }
         maxv = _mm512_mask_mov_ps(maxv, resc, cm);
       }
       bool all = true; /* every query reads every row: no masks in p . v */
@@ -1035,7 +1035,7 @@ static ATTN_AVX512 void attn_ql_group(const attn_args *a, const attn_kernels *kk
         _mm512_store_ps(w.pt + j * KN_ATTN_LANES, _mm512_maskz_mov_ps(live, p));
         all &= vm[j] == live;
       }
-      attn_ql_pv(w.acc, w.pt, vm, vb, n_max, hd, all);
+      attn_ql_pv(w.acc, resc, corr, w.pt, vm, vb, n_max, hd, all);
     }
   }
   attn_ql_store(qs, nq, w.acc, sumv, hd);
