@@ -27,6 +27,16 @@ enum { KN_ATTN_GROUP = 16 };
 #define KN_ATTN_X86 0
 #endif
 
+/* An f16 / int8 cache's rows of the sequences a prefill reads in queries-in-lanes groups,
+ * widened to f32 once a call (attn_wide_make): each group had widened every chunk it read,
+ * so a chunk as many times as the groups after it. Sequence s, kv head h, position j at
+ * row base[s] + h * ctx[s] + j of k and v (hd floats a row); ctx[s] 0: not widened. */
+typedef struct attn_wide {
+  float *k, *v;
+  int64_t *base, *ctx;
+  int64_t n_seq;
+} attn_wide;
+
 typedef struct attn_args {
   float *out;
   const kn_attn_io *io;
@@ -36,6 +46,7 @@ typedef struct attn_args {
   float scale;
   const int32_t *groups; /* token groups (attn_plan_groups), or NULL: one token each */
   int64_t head_splits;   /* sub-groups a kv head's query heads are split into */
+  const attn_wide *wide; /* or NULL */
 } attn_args;
 
 /* Offset of (physical block, kv head, slot) in a (n_blocks, n_kv_heads, block_size,
@@ -968,6 +979,8 @@ static ATTN_AVX512 void attn_ql_group(const attn_args *a, const attn_kernels *kk
                                       int64_t min_lo, int64_t max_pos) {
   const kn_kv_layer *kv = a->kv;
   const int64_t hd = kv->head_dim, bs = kv->block_size;
+  const attn_wide *wd = a->wide;
+  const bool wide = wd && seq < wd->n_seq && wd->ctx[seq] >= max_pos;
   _Alignas(64) attn_ql w;
   memset(w.acc, 0, (size_t)(hd * KN_ATTN_LANES) * sizeof(float));
   attn_ql_load_q(w.qt, qs, nq, hd);
@@ -999,16 +1012,16 @@ static ATTN_AVX512 void attn_ql_group(const attn_args *a, const attn_kernels *kk
       if (!n_max) continue;
       int64_t r0 = row + s0;
       const float *kb, *vb, *ks = NULL, *v_scale = NULL;
+      if (kv->k8) ks = kv->k_scale + r0, v_scale = kv->v_scale + r0;
       if (kv->k) {
         kb = kv->k + r0 * hd, vb = kv->v + r0 * hd;
+      } else if (wide) {
+        int64_t o = (wd->base[seq] + kvh * wd->ctx[seq] + j0 + s0) * hd;
+        kb = wd->k + o, vb = wd->v + o;
       } else {
         attn_rows rr = {.hd = hd, .n = n_max};
-        if (kv->k8) {
-          rr.k8 = kv->k8 + r0 * hd, rr.v8 = kv->v8 + r0 * hd;
-          ks = kv->k_scale + r0, v_scale = kv->v_scale + r0;
-        } else {
-          rr.k16 = kv->k16 + r0 * hd, rr.v16 = kv->v16 + r0 * hd;
-        }
+        if (kv->k8) rr.k8 = kv->k8 + r0 * hd, rr.v8 = kv->v8 + r0 * hd;
+        else rr.k16 = kv->k16 + r0 * hd, rr.v16 = kv->v16 + r0 * hd;
         kk->widen(&rr, w.kw, w.vw);
         kb = w.kw, vb = w.vw;
       }
@@ -1252,6 +1265,89 @@ static int64_t attn_plan_groups(attn_args *a, int32_t **owned) {
   return n;
 }
 
+enum { KN_ATTN_WIDE_MAX = 16 << 20 }; /* bytes of widened rows a call may take */
+
+typedef struct attn_wide_job {
+  const attn_args *a;
+  attn_wide *w;
+  const int64_t *first; /* (n_seq + 1): the first unit of each sequence */
+} attn_wide_job;
+
+/* Units (sequence, kv head, block): the block's widened rows. */
+static void attn_wide_task(void *arg, int64_t begin, int64_t end, int tid) {
+  (void)tid;
+  const attn_wide_job *j = arg;
+  const kn_kv_layer *kv = j->a->kv;
+  const int64_t hd = kv->head_dim, bs = kv->block_size;
+  const attn_kernels *kk = attn_pick();
+  int64_t s = 0;
+  for (int64_t u = begin; u < end; u++) {
+    while (j->first[s + 1] <= u) s++;
+    int64_t ctx = j->w->ctx[s], nb = (ctx + bs - 1) / bs, r = u - j->first[s];
+    int64_t h = r / nb, blk = r % nb, n = ctx - blk * bs < bs ? ctx - blk * bs : bs;
+    int64_t src = attn_cache_off(kv, attn_block(j->a->b, s, blk), h, 0);
+    int64_t dst = (j->w->base[s] + h * ctx + blk * bs) * hd;
+    attn_rows rr = {.hd = hd, .n = (int)n};
+    if (kv->k8) rr.k8 = kv->k8 + src, rr.v8 = kv->v8 + src;
+    else rr.k16 = kv->k16 + src, rr.v16 = kv->v16 + src;
+    kk->widen(&rr, j->w->k + dst, j->w->v + dst);
+  }
+}
+
+/* Widens the rows of the sequences with two or more queries-in-lanes groups a kv head (a
+ * prefill's), when the kernel runs here and the rows fit KN_ATTN_WIDE_MAX; returns the
+ * block to free (NULL: none made, a->wide NULL). */
+static void *attn_wide_make(kn_pool *p, attn_args *a, attn_wide *w) {
+  const kn_kv_layer *kv = a->kv;
+  const kn_attn_batch *b = a->b;
+  const kn_attn_io *io = a->io;
+  a->wide = NULL;
+  if (!attn_pick()->qgroup || kv->k || kv->head_dim % KN_ATTN_LANES || io->softcap != 0.0f ||
+      !atomic_load_explicit(&g_attn_chunk_kernels, memory_order_relaxed) || b->n_tok < 2)
+    return NULL;
+  int64_t g = a->n_heads / kv->n_kv_heads, per = (g + a->head_splits - 1) / a->head_splits;
+  int64_t nh = per < KN_ATTN_GROUP ? per : KN_ATTN_GROUP, n_seq = 0;
+  for (int64_t t = 0; t < b->n_tok; t++)
+    n_seq = b->tok_seq[t] + 1 > n_seq ? b->tok_seq[t] + 1 : n_seq;
+  int64_t *mem = ir_calloc((size_t)(3 * n_seq + 1), sizeof *mem);
+  if (!mem) return NULL;
+  int64_t *ctx = mem, *base = mem + n_seq, *first = mem + 2 * n_seq;
+  int64_t *cnt = first; /* groups a sequence has, in first's place until first is made */
+  /* groups of >= KN_ATTN_QL_MIN queries a sequence has, and the context they read */
+  int64_t n_groups = a->groups ? 0 : b->n_tok;
+  if (a->groups)
+    while (a->groups[n_groups] < b->n_tok) n_groups++;
+  for (int64_t gi = 0; gi < n_groups; gi++) {
+    int64_t t0 = a->groups ? a->groups[gi] : gi, t1 = a->groups ? a->groups[gi + 1] : gi + 1;
+    if ((t1 - t0) * nh < KN_ATTN_QL_MIN) continue;
+    int64_t s = b->tok_seq[t0];
+    cnt[s]++;
+    for (int64_t t = t0; t < t1; t++)
+      ctx[s] = b->tok_pos[t] + 1 > ctx[s] ? b->tok_pos[t] + 1 : ctx[s];
+  }
+  int64_t rows = 0;
+  for (int64_t s = 0; s < n_seq; s++) {
+    if (cnt[s] < 2) ctx[s] = 0; /* one group: it widens each chunk once anyway */
+    base[s] = rows;
+    rows += ctx[s] * kv->n_kv_heads;
+  }
+  size_t bytes = (size_t)(rows * kv->head_dim) * 2 * sizeof(float);
+  float *buf = rows && bytes <= KN_ATTN_WIDE_MAX ? ir_malloc(bytes) : NULL;
+  if (!buf) {
+    ir_free(mem);
+    return NULL;
+  }
+  first[0] = 0; /* units: kv heads x blocks a sequence */
+  for (int64_t s = 0; s < n_seq; s++)
+    first[s + 1] = first[s] + kv->n_kv_heads * ((ctx[s] + kv->block_size - 1) / kv->block_size);
+  *w = (attn_wide){
+      .k = buf, .v = buf + rows * kv->head_dim, .base = base, .ctx = ctx, .n_seq = n_seq};
+  attn_wide_job job = {.a = a, .w = w, .first = first};
+  kn_parallel_for(p, first[n_seq], 1, attn_wide_task, &job);
+  a->wide = w;
+  return mem; /* (with w->k, the two blocks to free) */
+}
+
 /* Sizes chunks by the actual context lengths: a decode step over long contexts splits
  * down to single units, a short prefill batches many. */
 static int64_t attn_grain(const kn_attn_batch *b, int64_t units, int64_t n_heads, int64_t hd) {
@@ -1292,6 +1388,9 @@ void kn_attention_paged_io(kn_pool *p, float *out, const kn_attn_io *io, const k
   a.head_splits = 1;
   while (units * a.head_splits < want && a.head_splits < g) a.head_splits++;
   units *= a.head_splits;
+  attn_wide wide;
+  void *wide_mem = attn_wide_make(p, &a, &wide);
   kn_parallel_for(p, units, attn_grain(b, units, n_heads, kv->head_dim), attn_group_task, &a);
+  if (wide_mem) ir_free(wide.k), ir_free(wide_mem);
   ir_free(owned);
 }
