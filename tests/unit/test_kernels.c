@@ -660,7 +660,18 @@ static void norm_case(kn_pool *p, int64_t n, int64_t dim) {
   kn_add_rms_norm(p, out2, b, x, b, w, n, dim, eps); /* out_sum aliases b */
   CHECK(memcmp(b, sum, (size_t)(n * dim) * sizeof(float)) == 0);
   CHECK(memcmp(out2, out, (size_t)(n * dim) * sizeof(float)) == 0);
-  free(x), free(w), free(out), free(b), free(sum), free(out2);
+  /* the baseline build of the rows and the AVX-512 one: the same bits */
+  float *o0 = rnd_vec(n * dim, 1.0f), *s0 = rnd_vec(n * dim, 1.0f);
+  float *b0 = rnd_vec(n * dim, 4.0f);
+  int prev = kn_matmul_set_max_isa(0);
+  kn_add_rms_norm(p, o0, s0, x, b0, w, n, dim, eps);
+  kn_matmul_set_max_isa(prev);
+  kn_add_rms_norm(p, out, sum, x, b0, w, n, dim, eps);
+  CHECKF(!memcmp(o0, out, (size_t)(n * dim) * sizeof(float)) &&
+             !memcmp(s0, sum, (size_t)(n * dim) * sizeof(float)),
+         "add_rms_norm baseline vs %s n=%lld dim=%lld", kn_cpu_isa() >= 2 ? "AVX-512" : "itself",
+         (long long)n, (long long)dim);
+  free(x), free(w), free(out), free(b), free(sum), free(out2), free(o0), free(s0), free(b0);
 }
 
 static void test_norm(kn_pool *p4) {
@@ -668,6 +679,7 @@ static void test_norm(kn_pool *p4) {
   norm_case(p4, 3, 17);
   norm_case(NULL, 2, 576);
   norm_case(p4, 64, 1000);
+  norm_case(p4, 5, 1024); /* Qwen3-0.6B's width */
 }
 
 /* ---- embed, swiglu, add, gather_rows ---------------------------------------------- */
