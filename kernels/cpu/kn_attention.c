@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "kn_cpu.h"
+#include "kn_transpose.h"
 #include "kn_vexp.h"
 #include "ir_alloc.h"
 
@@ -855,35 +856,12 @@ typedef struct attn_ql {
 
 static const float k_attn_zero_row[KN_ATTN_DSLICE];
 
-/* In-place transpose of 16 registers of 16 lanes. */
-ATTN_AVX512_INLINE void attn_transpose16(__m512 *r) {
-  __m512 t[16], u[16];
-  for (int i = 0; i < 16; i += 2)
-    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]), t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
-  for (int i = 0; i < 16; i += 4)
-    for (int h = 0; h < 2; h++) {
-      __m512d a = _mm512_castps_pd(t[i + h]), b = _mm512_castps_pd(t[i + 2 + h]);
-      u[i + 2 * h] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
-      u[i + 2 * h + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
-    }
-  for (int e = 0; e < 4; e++) {
-    __m512 v0 = _mm512_shuffle_f32x4(u[e], u[4 + e], _MM_SHUFFLE(2, 0, 2, 0));
-    __m512 v1 = _mm512_shuffle_f32x4(u[e], u[4 + e], _MM_SHUFFLE(3, 1, 3, 1));
-    __m512 v2 = _mm512_shuffle_f32x4(u[8 + e], u[12 + e], _MM_SHUFFLE(2, 0, 2, 0));
-    __m512 v3 = _mm512_shuffle_f32x4(u[8 + e], u[12 + e], _MM_SHUFFLE(3, 1, 3, 1));
-    r[e] = _mm512_shuffle_f32x4(v0, v2, _MM_SHUFFLE(2, 0, 2, 0));
-    r[e + 8] = _mm512_shuffle_f32x4(v0, v2, _MM_SHUFFLE(3, 1, 3, 1));
-    r[e + 4] = _mm512_shuffle_f32x4(v1, v3, _MM_SHUFFLE(2, 0, 2, 0));
-    r[e + 12] = _mm512_shuffle_f32x4(v1, v3, _MM_SHUFFLE(3, 1, 3, 1));
-  }
-}
-
 /* qt[d * 16 + i] = q_i[d] (queries nq .. 15 zero), 16 dims at a time. */
 static ATTN_AVX512 void attn_ql_load_q(float *qt, const attn_query *qs, int64_t nq, int64_t hd) {
   for (int64_t d = 0; d < hd; d += KN_ATTN_LANES) {
     __m512 r[16];
     for (int i = 0; i < 16; i++) r[i] = i < nq ? _mm512_loadu_ps(qs[i].q + d) : _mm512_setzero_ps();
-    attn_transpose16(r);
+    kn_transpose16x16(r);
     for (int u = 0; u < 16; u++) _mm512_store_ps(qt + (d + u) * KN_ATTN_LANES, r[u]);
   }
 }
@@ -896,7 +874,7 @@ static ATTN_AVX512 void attn_ql_store(const attn_query *qs, int64_t nq, const fl
   for (int64_t d = 0; d < hd; d += KN_ATTN_LANES) {
     __m512 r[16];
     for (int u = 0; u < 16; u++) r[u] = _mm512_load_ps(acc + (d + u) * KN_ATTN_LANES);
-    attn_transpose16(r);
+    kn_transpose16x16(r);
     for (int64_t i = 0; i < nq; i++)
       _mm512_storeu_ps(qs[i].out + d, _mm512_mul_ps(r[i], _mm512_set1_ps(inv[i])));
   }

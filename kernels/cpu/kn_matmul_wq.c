@@ -12,6 +12,7 @@
 
 #include "ir_alloc.h"
 #include "kn_cpu.h"
+#include "kn_transpose.h"
 
 /* Weight-only order (batch invariance): as kn_matmul, every y element is one dot product
  * in a fixed order -- 16 lanes strided over k, folded (l, l+8), (l, l+4), (l, l+2),
@@ -677,43 +678,20 @@ static WQ_VNNI512 void w8_vnni512_1x8(const int8_t *const *xq, const int32_t *xs
  * every other path, so are the results: (float)(sum - 128 * sum(xq)) * (sx * sw), the
  * bias, the swiglu gate (kn_silu_mul_n). */
 
-/* In-place transpose of 16 registers of 16 dwords. */
-WQ_VNNI512_INLINE void w8x_transpose16(__m512i *r) {
-  __m512 t[16], u[16];
-  for (int i = 0; i < 16; i += 2) {
-    __m512 a = _mm512_castsi512_ps(r[i]), b = _mm512_castsi512_ps(r[i + 1]);
-    t[i] = _mm512_unpacklo_ps(a, b), t[i + 1] = _mm512_unpackhi_ps(a, b);
-  }
-  for (int i = 0; i < 16; i += 4)
-    for (int h = 0; h < 2; h++) {
-      __m512d a = _mm512_castps_pd(t[i + h]), b = _mm512_castps_pd(t[i + 2 + h]);
-      u[i + 2 * h] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
-      u[i + 2 * h + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
-    }
-  for (int e = 0; e < 4; e++) {
-    __m512 v0 = _mm512_shuffle_f32x4(u[e], u[4 + e], _MM_SHUFFLE(2, 0, 2, 0));
-    __m512 v1 = _mm512_shuffle_f32x4(u[e], u[4 + e], _MM_SHUFFLE(3, 1, 3, 1));
-    __m512 v2 = _mm512_shuffle_f32x4(u[8 + e], u[12 + e], _MM_SHUFFLE(2, 0, 2, 0));
-    __m512 v3 = _mm512_shuffle_f32x4(u[8 + e], u[12 + e], _MM_SHUFFLE(3, 1, 3, 1));
-    r[e] = _mm512_castps_si512(_mm512_shuffle_f32x4(v0, v2, _MM_SHUFFLE(2, 0, 2, 0)));
-    r[e + 8] = _mm512_castps_si512(_mm512_shuffle_f32x4(v0, v2, _MM_SHUFFLE(3, 1, 3, 1)));
-    r[e + 4] = _mm512_castps_si512(_mm512_shuffle_f32x4(v1, v3, _MM_SHUFFLE(2, 0, 2, 0)));
-    r[e + 12] = _mm512_castps_si512(_mm512_shuffle_f32x4(v1, v3, _MM_SHUFFLE(3, 1, 3, 1)));
-  }
-}
-
 /* dst (kq quads of 64 bytes) = W rows w[0 .. nv) (row stride k; rows nv .. 15 zero, as the
  * bytes past k), quad p holding bytes 4p .. 4p+3 of the 16 rows, sign bits flipped. */
 static WQ_VNNI512 void w8x_pack(const int8_t *w, int64_t k, int nv, int64_t kq, uint8_t *dst) {
   const __m512i flip = _mm512_set1_epi8((char)0x80);
   for (int64_t i = 0; i < k; i += 64) {
     __mmask64 mk = k - i >= 64 ? ~(__mmask64)0 : ((__mmask64)1 << (k - i)) - 1;
-    __m512i r[16];
+    __m512 r[16]; /* 16 rows of 16 quads; transposed, 16 quads of 16 rows */
     for (int c = 0; c < 16; c++)
-      r[c] = c < nv ? _mm512_maskz_loadu_epi8(mk, w + c * k + i) : _mm512_setzero_si512();
-    w8x_transpose16(r);
+      r[c] = _mm512_castsi512_ps(c < nv ? _mm512_maskz_loadu_epi8(mk, w + c * k + i)
+                                        : _mm512_setzero_si512());
+    kn_transpose16x16(r);
     for (int q = 0; q < 16 && i / 4 + q < kq; q++)
-      _mm512_store_si512((__m512i *)(dst + (i / 4 + q) * 64), _mm512_xor_si512(r[q], flip));
+      _mm512_store_si512((__m512i *)(dst + (i / 4 + q) * 64),
+                         _mm512_xor_si512(_mm512_castps_si512(r[q]), flip));
   }
 }
 
