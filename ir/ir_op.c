@@ -37,7 +37,9 @@
  *       rms-normalized (as rms_norm with w[hd], eps = qk_eps), then roped.
  *       window > 0 (default 0): a token at position p attends positions p - window < j <= p
  *       only (sliding-window attention); softcap > 0 (default 0): each scaled score s
- *       becomes softcap * tanh(s / softcap) before the softmax (Gemma 2).
+ *       becomes softcap * tanh(s / softcap) before the softmax (Gemma 2). act_bf16 = 1:
+ *       q . k and p . v take bf16 values, f32 sums (the CPU's bf16 order, kn_attention.c;
+ *       the GPU keeps its own kernels' precision, as for act_bf16 matmuls).
  *   swiglu(gate, up same shape; act?)                       -> like gate
  *       act = IR_ACT_SWIGLU (default): silu(gate) * up; IR_ACT_GEGLU: gelu_tanh(gate) * up
  *   softcap(x f32; cap > 0)                                 -> like x: cap * tanh(x / cap)

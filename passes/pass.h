@@ -62,6 +62,7 @@ typedef struct pass_results {
   bool act_int8_ran;
   int act_int8_done, act_int8_long; /* matmuls given int8 activations; left f32 (K too long) */
   int act_bf16_done;                /* matmuls given bf16 activations */
+  int act_bf16_attn;                /* attentions given bf16 products */
   bool repack_ran;
   int repack_done, repack_bf16; /* weights interleaved; of them bf16 (by 16 rows) */
   uint64_t repack_bytes;
@@ -73,7 +74,7 @@ typedef enum pass_line {
   PASS_LINE_QUANT,    /* "quantize int4:g32:asym: 84 matmul weights ..." */
   PASS_LINE_ACT_INT8, /* "act_int8: 84 q8_0/q4_0/q4_1 matmuls take int8 activations" */
   PASS_LINE_REPACK,   /* "repack: 84 weights (61.2 MiB) interleaved by 8 rows" */
-  PASS_LINE_ACT_BF16, /* "act_bf16: 151 bf16 matmuls take bf16 activations" */
+  PASS_LINE_ACT_BF16, /* "act_bf16: 211 bf16 matmuls take bf16 activations, 30 attentions ..." */
 } pass_line;
 
 /* The summary line of one result into buf (as the pass log has it); false, with buf empty,
@@ -121,8 +122,9 @@ ir_status pass_act_int8(ir_graph *g, const pass_opts *o, pass_log *log, ir_diag 
 
 /* Every matmul with a bf16 weight (rank 2) gets act_bf16 = 1: the CPU rounds x to bf16 and
  * sums bf16 products in f32 (AVX512-BF16's vdpbf16ps order, kn_matmul_bf16x): twice the
- * multiply rate of f32 activations, with bf16's 8-bit mantissa on x. Runs when
- * o->act_bf16 (infc's act_dtype bf16); logs a line only when a matmul took it. */
+ * multiply rate of f32 activations, with bf16's 8-bit mantissa on x. Every attention gets
+ * it too: q . k and p . v on bf16 values in the same order (kn_attention's bf16 order).
+ * Runs when o->act_bf16 (infc's act_dtype bf16); logs a line only when a node took it. */
 ir_status pass_act_bf16(ir_graph *g, const pass_opts *o, pass_log *log, ir_diag *d);
 
 /* The weights of act_int8 matmuls (q8_0, q4_0, q4_1; rows a multiple of 8, of 16 for a

@@ -959,19 +959,25 @@ ir_status pass_act_int8(ir_graph *g, const pass_opts *o, pass_log *log, ir_diag 
 
 ir_status pass_act_bf16(ir_graph *g, const pass_opts *o, pass_log *log, ir_diag *d) {
   (void)o;
-  int n_done = 0;
+  int n_done = 0, n_attn = 0;
   const char *key = ir_attr_intern("act_bf16");
   for (int32_t i = 0; i < g->n_nodes; i++) {
     ir_node *n = &g->nodes[i];
-    if (n->op != IR_OP_MATMUL || n->n_in < 2 || n->in[1] < 0) continue;
-    const ir_tensor *w = &g->tensors[n->in[1]];
-    if (w->dtype != IR_BF16 || w->rank != 2 || ir_node_attr_i(n, "act_bf16", 0)) continue;
+    if (n->op != IR_OP_MATMUL && n->op != IR_OP_ATTENTION) continue;
+    if (ir_node_attr_i(n, "act_bf16", 0)) continue;
+    if (n->op == IR_OP_MATMUL) {
+      if (n->n_in < 2 || n->in[1] < 0) continue;
+      const ir_tensor *w = &g->tensors[n->in[1]];
+      if (w->dtype != IR_BF16 || w->rank != 2) continue;
+    }
     if (n->n_attrs >= IR_MAX_ATTRS)
       return ir_diag_set(d, IR_UNSUPPORTED, "node '%s': no room for attribute act_bf16", n->name);
     n->attrs[n->n_attrs++] = IR_AI(key, 1);
-    n_done++;
+    if (n->op == IR_OP_MATMUL) n_done++;
+    else n_attn++;
   }
   log->res.act_bf16_done = n_done;
+  log->res.act_bf16_attn = n_attn;
   char line[256];
   if (pass_results_line(&log->res, PASS_LINE_ACT_BF16, line, sizeof line))
     pass_log_add(log, "%s", line);

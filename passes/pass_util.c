@@ -64,8 +64,10 @@ bool pass_results_line(const pass_results *r, pass_line which, char *buf, size_t
     return true;
   }
   case PASS_LINE_ACT_BF16:
-    if (!r->act_bf16_done) return false;
-    snprintf(buf, len, "act_bf16: %d bf16 matmuls take bf16 activations", r->act_bf16_done);
+    if (!r->act_bf16_done && !r->act_bf16_attn) return false;
+    snprintf(buf, len,
+             "act_bf16: %d bf16 matmuls take bf16 activations, %d attentions bf16 products",
+             r->act_bf16_done, r->act_bf16_attn);
     return true;
   case PASS_LINE_REPACK: {
     if (!r->repack_ran) return false;

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kn_bf16.h"
 #include "kn_cpu.h"
 #include "kn_transpose.h"
 #include "kn_vexp.h"
@@ -34,9 +35,14 @@ enum { KN_ATTN_GROUP = 16 };
  * row base[s] + h * ctx[s] + j of k and v (hd floats a row); ctx[s] 0: not widened. */
 typedef struct attn_wide {
   float *k, *v;
+  uint16_t *kb; /* bf16 order (io->bf16): K rows as bf16 and V as slot pairs (attn_qlb_group), */
+  uint32_t *vp; /* each head's rows attn_wide_stride(ctx[s]) apart, k and v NULL */
   int64_t *base, *ctx;
   int64_t n_seq;
 } attn_wide;
+
+/* Rows between the kv heads of a sequence in bf16 wide rows: even, so slot pairs align. */
+static int64_t attn_wide_stride(int64_t ctx) { return (ctx + 1) / 2 * 2; }
 
 typedef struct attn_args {
   float *out;
@@ -48,6 +54,7 @@ typedef struct attn_args {
   const int32_t *groups; /* token groups (attn_plan_groups), or NULL: one token each */
   int64_t head_splits;   /* sub-groups a kv head's query heads are split into */
   const attn_wide *wide; /* or NULL */
+  bool bf16;             /* io->bf16: the bf16 order */
 } attn_args;
 
 /* Offset of (physical block, kv head, slot) in a (n_blocks, n_kv_heads, block_size,
@@ -188,6 +195,7 @@ typedef struct attn_rows {
   const float *ks;           /* int8: the k scale of each row */
   int64_t hd;
   int n;
+  int odd; /* row 0 is an odd slot of its chunk (the bf16 order pairs slots) */
 } attn_rows;
 
 /* Online-softmax state for one (token, head) and one slice of value dims. */
@@ -291,6 +299,72 @@ static void attn_widen_c(const attn_rows *r, float *k, float *v) { attn_widen_fr
 
 static const attn_kernels k_attn_c = {attn_scores_c, attn_exp_c, attn_accum_c,
                                       attn_widen_c,  NULL,       NULL};
+
+/* --- bf16 attention (io->bf16: plans whose matmuls take bf16 activations) ---------------
+ * The f32 order with bf16 values in its products, vdpbf16ps's steps (kn_bf16.h): q, k and
+ * v rounded to bf16 as vcvtneps2bf16 rounds (an int8 cache's values are exact), each
+ * product added by one fma whose result is flushed to zero when subnormal:
+ *  - score: 16 lanes, lane l taking the pairs p = l mod 16 of dims (2p, 2p+1) (zero past
+ *    head_dim): acc = fma(q[2p+1], k[2p+1], acc), then fma(q[2p], k[2p], acc); then the
+ *    fold (l, l+8), (l, l+4), (l, l+2), (0, 1), k_scale and scale as in f32, unflushed;
+ *  - max, rescale, weights and sums as in f32; a weight (times v_scale for int8) is
+ *    rounded to bf16 for p . v;
+ *  - p . v: a chunk's slots in pairs (2m, 2m+1) in order, the odd slot first, a slot the
+ *    query does not read skipped: acc[d] = fma(p_j, v_j[d], acc[d]), flushed.
+ * The portable path takes these steps with kn_fma_ftz, AVX-512 with fmas under MXCSR's DAZ
+ * and FTZ, a prefill's queries-in-lanes groups on vdpbf16ps where the CPU has it (the
+ * pairs all its queries read whole) and masked fmas under DAZ and FTZ (the others), so
+ * every path gives the same bits (test_kernels). */
+enum { KN_ATTN_BF16_PAIRS = 16 }; /* pairs of dims a lane step of the scores */
+
+/* Pairs of dims the scores step over: head_dim padded to 32. */
+static int64_t attn_bf16_pairs(int64_t hd) {
+  return (hd + 2 * KN_ATTN_BF16_PAIRS - 1) / (2 * KN_ATTN_BF16_PAIRS) * KN_ATTN_BF16_PAIRS;
+}
+
+/* The rows of r in the order p . v adds them: slot pairs, the odd slot first. */
+static int attn_pair_order(const attn_rows *r, int *ord) {
+  int n = 0, o = r->odd;
+  for (int b = 0; b < r->n + o; b += 2) { /* slots b, b + 1 of the chunk: rows b - o, b + 1 - o */
+    if (b + 1 - o < r->n) ord[n++] = b + 1 - o;
+    if (b - o >= 0) ord[n++] = b - o;
+  }
+  return n;
+}
+
+static void attn_scores_bf16_c(const float *q, const attn_rows *r, float scale, float *s) {
+  const int64_t hd = r->hd, np = attn_bf16_pairs(hd);
+  float qb[KN_ATTN_DSLICE], kb[KN_ATTN_DSLICE], buf[KN_ATTN_DSLICE]; /* head_dim <= 256 */
+  for (int64_t i = 0; i < 2 * np; i++) qb[i] = i < hd ? kn_bf16_value(q[i]) : 0.0f;
+  for (int j = 0; j < r->n; j++) {
+    const float *k = attn_row_f32(r->k, r->k16, r->k8, j * hd, hd, buf);
+    for (int64_t i = 0; i < 2 * np; i++) kb[i] = i < hd ? kn_bf16_value(k[i]) : 0.0f;
+    float acc[KN_ATTN_LANES] = {0};
+    for (int64_t p = 0; p < np; p++) {
+      float *a = &acc[p % KN_ATTN_LANES];
+      *a = kn_fma_ftz(qb[2 * p + 1], kb[2 * p + 1], *a);
+      *a = kn_fma_ftz(qb[2 * p], kb[2 * p], *a);
+    }
+    for (int w = KN_ATTN_LANES / 2; w > 0; w /= 2)
+      for (int l = 0; l < w; l++) acc[l] += acc[l + w];
+    s[j] = (r->ks ? acc[0] * r->ks[j] : acc[0]) * scale;
+  }
+}
+
+static void attn_accum_bf16_c(float *acc, const float *p, const attn_rows *r, int64_t d0,
+                              int64_t dn) {
+  float buf[KN_ATTN_DSLICE];
+  int ord[KN_ATTN_CHUNK], no = attn_pair_order(r, ord);
+  for (int o = 0; o < no; o++) {
+    int j = ord[o];
+    const float *v = attn_row_f32(r->v, r->v16, r->v8, j * r->hd + d0, dn, buf);
+    float pj = kn_bf16_value(p[j]);
+    for (int64_t d = 0; d < dn; d++) acc[d] = kn_fma_ftz(pj, kn_bf16_value(v[d]), acc[d]);
+  }
+}
+
+static const attn_kernels k_attn_bf16_c = {attn_scores_bf16_c, attn_exp_c, attn_accum_bf16_c,
+                                           attn_widen_c,       NULL,       NULL};
 
 #if KN_ATTN_X86
 #define ATTN_AVX2 __attribute__((target("avx2,fma,f16c")))
@@ -1032,6 +1106,525 @@ static ATTN_AVX512 void attn_ql_group(const attn_args *a, const attn_kernels *kk
   attn_ql_store(qs, nq, w.acc, sumv, hd);
 }
 
+/* --- bf16 attention on AVX-512 (the bf16 order above) -------------------------------- */
+#define ATTN_PIN(v) __asm__ volatile("" : "+v"(v))
+#define ATTN_CSR_FLUSH(csr) (((csr) & ~0x6000u) | 0x8040u) /* DAZ, FTZ, nearest even */
+
+/* The first n (may be <= 0 or > 16) of 16 lanes. */
+ATTN_AVX512_INLINE __mmask16 attn_lanes(int64_t n) {
+  return n >= KN_ATTN_LANES ? (__mmask16)0xffff : n <= 0 ? 0 : (__mmask16)((1u << n) - 1u);
+}
+
+/* kn_bf16_value lane by lane. */
+ATTN_AVX512_INLINE __m512 attn_bf16v16(__m512 x) {
+  const __m512i u = _mm512_castps_si512(x);
+  __m512i r = _mm512_add_epi32(
+      u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff),
+                          _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1))));
+  r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q),
+                            _mm512_or_si512(u, _mm512_set1_epi32(0x400000)));
+  r = _mm512_mask_mov_epi32(r, _mm512_testn_epi32_mask(u, _mm512_set1_epi32(0x7f800000)),
+                            _mm512_and_si512(u, _mm512_set1_epi32((int)0x80000000u)));
+  return _mm512_castsi512_ps(_mm512_and_si512(r, _mm512_set1_epi32((int)0xffff0000u)));
+}
+
+/* 16 values of a row from off on as f32, nv of them real (zero past; nv may be <= 0). */
+ATTN_AVX512_INLINE __m512 attn_ld16n(const float *f, const uint16_t *h, const int8_t *b,
+                                     int64_t off, int64_t nv) {
+  if (nv >= KN_ATTN_LANES) return attn_ld16(attn_kind(f, h), f, h, b, off);
+  if (nv <= 0) return _mm512_setzero_ps();
+  if (f) return _mm512_maskz_loadu_ps(attn_lanes(nv), f + off);
+  if (h) {
+    uint16_t t[KN_ATTN_LANES] = {0};
+    memcpy(t, h + off, (size_t)nv * sizeof *t);
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)t));
+  }
+  int8_t t[KN_ATTN_LANES] = {0};
+  memcpy(t, b + off, (size_t)nv);
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)t)));
+}
+
+/* Lane l of odd / even: dim 2l+1 / 2l of the 32 values lo (dims 0-15), hi (16-31). */
+ATTN_AVX512_INLINE void attn_bf16_split(__m512 lo, __m512 hi, __m512 *odd, __m512 *even) {
+  *odd = _mm512_permutex2var_ps(
+      lo, _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31), hi);
+  *even = _mm512_permutex2var_ps(
+      lo, _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30), hi);
+}
+
+/* The bf16 dims 32t .. 32t+31 of row j of K, split. */
+ATTN_AVX512_INLINE void attn_bf16_krow(const attn_rows *r, int64_t j, int64_t t, __m512 *odd,
+                                       __m512 *even) {
+  int64_t off = j * r->hd + 32 * t, left = r->hd - 32 * t;
+  attn_bf16_split(attn_bf16v16(attn_ld16n(r->k, r->k16, r->k8, off, left)),
+                  attn_bf16v16(attn_ld16n(r->k, r->k16, r->k8, off + 16, left - 16)), odd, even);
+}
+
+/* The scores' lane steps of rows j .. j+nr-1 into lanes[j..] (under DAZ and FTZ). */
+ATTN_AVX512_INLINE void attn_bf16_dots(const __m512 *qo, const __m512 *qe, int64_t ns,
+                                       const attn_rows *r, int j, int nr, __m512 *lanes) {
+  __m512 a[4];
+  for (int c = 0; c < 4; c++) a[c] = _mm512_setzero_ps();
+  for (int c = 0; c < 4; c++) ATTN_PIN(a[c]);
+  for (int64_t t = 0; t < ns; t++)
+    for (int c = 0; c < nr; c++) {
+      __m512 ko, ke;
+      attn_bf16_krow(r, j + c, t, &ko, &ke);
+      a[c] = _mm512_fmadd_ps(qo[t], ko, a[c]);
+      a[c] = _mm512_fmadd_ps(qe[t], ke, a[c]);
+    }
+  for (int c = 0; c < 4; c++) ATTN_PIN(a[c]);
+  for (int c = 0; c < nr; c++) lanes[j + c] = a[c];
+}
+
+static ATTN_AVX512 void attn_scores_bf16_avx512(const float *q, const attn_rows *r, float scale,
+                                                float *s) {
+  const int64_t hd = r->hd, ns = attn_bf16_pairs(hd) / KN_ATTN_BF16_PAIRS;
+  __m512 qo[KN_ATTN_DSLICE / 32], qe[KN_ATTN_DSLICE / 32], lanes[KN_ATTN_CHUNK];
+  for (int64_t t = 0; t < ns; t++)
+    attn_bf16_split(attn_bf16v16(attn_ld16n(q, NULL, NULL, 32 * t, hd - 32 * t)),
+                    attn_bf16v16(attn_ld16n(q, NULL, NULL, 32 * t + 16, hd - 32 * t - 16)), &qo[t],
+                    &qe[t]);
+  const unsigned csr = _mm_getcsr();
+  _mm_setcsr(ATTN_CSR_FLUSH(csr));
+  int j = 0;
+  for (; j + 4 <= r->n; j += 4) attn_bf16_dots(qo, qe, ns, r, j, 4, lanes);
+  for (; j < r->n; j++) attn_bf16_dots(qo, qe, ns, r, j, 1, lanes);
+  _mm_setcsr(csr);
+  for (j = 0; j < r->n; j++) {
+    float d = attn_fold16(lanes[j]);
+    s[j] = (r->ks ? d * r->ks[j] : d) * scale;
+  }
+}
+
+static ATTN_AVX512 void attn_accum_bf16_avx512(float *acc, const float *p, const attn_rows *r,
+                                               int64_t d0, int64_t dn) {
+  int ord[KN_ATTN_CHUNK], no = attn_pair_order(r, ord);
+  float pb[KN_ATTN_CHUNK];
+  for (int j = 0; j < r->n; j++) pb[j] = kn_bf16_value(p[j]);
+  const unsigned csr = _mm_getcsr();
+  _mm_setcsr(ATTN_CSR_FLUSH(csr));
+  for (int64_t d = 0; d < dn; d += 4 * KN_ATTN_LANES) {
+    __m512 a[4];
+    for (int u = 0; u < 4; u++)
+      a[u] = _mm512_maskz_loadu_ps(attn_lanes(dn - d - 16 * u), acc + d + 16 * u);
+    for (int u = 0; u < 4; u++) ATTN_PIN(a[u]);
+    for (int o = 0; o < no; o++) {
+      const int j = ord[o];
+      const __m512 pj = _mm512_set1_ps(pb[j]);
+      const int64_t off = j * r->hd + d0 + d;
+      for (int u = 0; u < 4; u++)
+        a[u] = _mm512_fmadd_ps(
+            pj, attn_bf16v16(attn_ld16n(r->v, r->v16, r->v8, off + 16 * u, dn - d - 16 * u)), a[u]);
+    }
+    for (int u = 0; u < 4; u++) ATTN_PIN(a[u]);
+    for (int u = 0; u < 4; u++)
+      _mm512_mask_storeu_ps(acc + d + 16 * u, attn_lanes(dn - d - 16 * u), a[u]);
+  }
+  _mm_setcsr(csr);
+}
+
+/* --- a prefill's group in bf16, on vdpbf16ps (AVX512-BF16) -------------------------------
+ * attn_ql_group's work with the bf16 order: the queries' pairs transposed (qt[p * 16 + i]:
+ * q_i's dims 2p, 2p+1 as a bf16 pair), K rows as bf16 and V rows as slot pairs (vp[m *
+ * head_dim + d]: slots 2m, 2m+1 of dim d), made once a call (attn_wide_make) or a chunk.
+ * Score lane l is a chain of vdpbf16ps over the pairs p = l mod 16, folded as in f32; a
+ * slot pair every query reads is one vdpbf16ps a dim, the others masked fmas under DAZ and
+ * FTZ, the odd slot first. head_dim a multiple of 32, the block size even. */
+#define ATTN_BF16 __attribute__((target("avx512f,avx512bf16,avx2,fma,f16c")))
+#define ATTN_BF16_INLINE                                                                           \
+  static inline __attribute__((target("avx512f,avx512bf16,avx2,fma,f16c"), always_inline))
+
+typedef struct attn_qlb {
+  uint32_t qt[KN_ATTN_DSLICE / 2 * KN_ATTN_LANES];
+  float acc[KN_ATTN_DSLICE * KN_ATTN_LANES]; /* acc[d * 16 + i] */
+  float pt[KN_ATTN_CHUNK * KN_ATTN_LANES];   /* row j's weights at j * 16 */
+  uint16_t kb[KN_ATTN_CHUNK * KN_ATTN_DSLICE];
+  uint32_t vp[KN_ATTN_CHUNK / 2 * KN_ATTN_DSLICE];
+} attn_qlb;
+
+/* Pair words (e_i low, o_i high) of two registers, lane by lane. */
+ATTN_BF16_INLINE __m512i attn_bf16_pairs16(__m512 e, __m512 o) {
+  __m512 lo = _mm512_permutex2var_ps(
+      e, _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23), o);
+  __m512 hi = _mm512_permutex2var_ps(
+      e, _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31), o);
+  return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+}
+
+/* Rows [0, n) of a chunk (cache rows at f / h / b, n <= 16) as bf16 K rows and V slot
+ * pairs (an odd n's last pair with a zero slot). */
+static ATTN_BF16 void attn_bf16_rows(const float *kf, const uint16_t *kh, const int8_t *k8,
+                                     const float *vf, const uint16_t *vh, const int8_t *v8,
+                                     int64_t n, int64_t hd, uint16_t *kb, uint32_t *vp) {
+  const int kind = attn_kind(kf, kh);
+  for (int64_t j = 0; j < n; j++)
+    for (int64_t d = 0; d < hd; d += 32)
+      _mm512_storeu_si512(kb + j * hd + d,
+                          (__m512i)_mm512_cvtne2ps_pbh(attn_ld16(kind, kf, kh, k8, j * hd + d + 16),
+                                                       attn_ld16(kind, kf, kh, k8, j * hd + d)));
+  for (int64_t m = 0; 2 * m < n; m++)
+    for (int64_t d = 0; d < hd; d += KN_ATTN_LANES) {
+      __m512 e = attn_ld16(kind, vf, vh, v8, 2 * m * hd + d);
+      __m512 o =
+          2 * m + 1 < n ? attn_ld16(kind, vf, vh, v8, (2 * m + 1) * hd + d) : _mm512_setzero_ps();
+      _mm512_storeu_si512(vp + m * hd + d, attn_bf16_pairs16(e, o));
+    }
+}
+
+/* qt from the queries (queries nq .. 15 zero), 16 pairs at a time. */
+static ATTN_BF16 void attn_qlb_load_q(uint32_t *qt, const attn_query *qs, int64_t nq, int64_t hd) {
+  for (int64_t d = 0; d < hd; d += 32) {
+    __m512 r[16];
+    for (int i = 0; i < 16; i++)
+      r[i] = i < nq ? (__m512)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(qs[i].q + d + 16),
+                                                  _mm512_loadu_ps(qs[i].q + d))
+                    : _mm512_setzero_ps();
+    kn_transpose16x16(r);
+    for (int u = 0; u < 16; u++) _mm512_store_ps((float *)qt + (d / 2 + u) * KN_ATTN_LANES, r[u]);
+  }
+}
+
+/* attn_ql_scores4 on pairs: lane l's chain over the pairs p = l mod 16 of np. */
+ATTN_BF16_INLINE void attn_qlb_scores4(const uint32_t *qt, const uint32_t *const *kr, int64_t np,
+                                       __m512 *s) {
+  __m512 t[2][4];
+  for (int h = 0; h < 2; h++) {
+    __m512 rb[4];
+    for (int e = 0; e < 2; e++) {
+      const int b = h + 2 * e, l[4] = {b, b + 8, b + 4, b + 12};
+      __m512 a[4][4];
+      for (int r = 0; r < 4; r++)
+        for (int c = 0; c < 4; c++) a[r][c] = _mm512_setzero_ps();
+      for (int64_t p = 0; p < np; p += KN_ATTN_LANES) {
+        __m512i qv[4];
+        for (int c = 0; c < 4; c++) qv[c] = _mm512_load_si512(qt + (p + l[c]) * KN_ATTN_LANES);
+        for (int r = 0; r < 4; r++)
+          for (int c = 0; c < 4; c++)
+            a[r][c] = _mm512_dpbf16_ps(a[r][c], (__m512bh)qv[c],
+                                       (__m512bh)_mm512_set1_epi32((int)kr[r][p + l[c]]));
+      }
+      for (int r = 0; r < 4; r++) {
+        __m512 rr = _mm512_add_ps(_mm512_add_ps(a[r][0], a[r][1]), _mm512_add_ps(a[r][2], a[r][3]));
+        if (e == 0) rb[r] = rr;
+        else t[h][r] = _mm512_add_ps(rb[r], rr);
+      }
+    }
+  }
+  for (int r = 0; r < 4; r++) s[r] = _mm512_add_ps(t[0][r], t[1][r]);
+}
+
+static ATTN_BF16 __attribute__((noinline)) void
+attn_qlb_scores(const uint32_t *qt, const uint16_t *kb, int n, int64_t hd, __m512 *sc) {
+  for (int j = 0; j < n; j += 4) {
+    const uint32_t *kr[4];
+    for (int r = 0; r < 4; r++)
+      kr[r] = j + r < n ? (const uint32_t *)(kb + (j + r) * hd) : (const uint32_t *)k_attn_zero_row;
+    attn_qlb_scores4(qt, kr, hd / 2, sc + j);
+  }
+}
+
+/* The rescale, then p . v over the slot pairs of rows [0, n) (vm[j]: the queries that read
+ * row j), 16 dims a pass in registers. */
+static ATTN_BF16 __attribute__((noinline)) void attn_qlb_pv(float *acc, __mmask16 resc, __m512 corr,
+                                                            const float *pt, const __mmask16 *vm,
+                                                            const uint32_t *vp, int n, int64_t hd,
+                                                            __mmask16 live) {
+  const int np = (n + 1) / 2;
+  __m512i pw[KN_ATTN_CHUNK / 2];
+  __m512 po[KN_ATTN_CHUNK / 2], pe[KN_ATTN_CHUNK / 2];
+  __mmask16 mo[KN_ATTN_CHUNK / 2], me[KN_ATTN_CHUNK / 2];
+  unsigned full = 0, part = 0;
+  for (int m = 0; m < np; m++) {
+    __m512 e = _mm512_load_ps(pt + 2 * m * KN_ATTN_LANES);
+    __m512 o =
+        2 * m + 1 < n ? _mm512_load_ps(pt + (2 * m + 1) * KN_ATTN_LANES) : _mm512_setzero_ps();
+    pw[m] = attn_bf16_pairs16(e, o);
+    me[m] = vm[2 * m], mo[m] = 2 * m + 1 < n ? vm[2 * m + 1] : 0;
+    if (me[m] == live && mo[m] == live) full |= 1u << m;
+    else if (me[m] | mo[m]) part |= 1u << m;
+    po[m] = _mm512_castsi512_ps(_mm512_and_si512(pw[m], _mm512_set1_epi32((int)0xffff0000u)));
+    pe[m] = _mm512_castsi512_ps(_mm512_slli_epi32(pw[m], 16));
+  }
+  const unsigned csr = _mm_getcsr();
+  for (int64_t d = 0; d < hd; d += KN_ATTN_LANES) {
+    __m512 a[KN_ATTN_LANES];
+    for (int u = 0; u < KN_ATTN_LANES; u++) a[u] = _mm512_load_ps(acc + (d + u) * KN_ATTN_LANES);
+    if (resc)
+      for (int u = 0; u < KN_ATTN_LANES; u++) a[u] = _mm512_mask_mul_ps(a[u], resc, a[u], corr);
+    if (part) {
+      for (int u = 0; u < KN_ATTN_LANES; u++) ATTN_PIN(a[u]);
+      _mm_setcsr(ATTN_CSR_FLUSH(csr));
+      for (int u = 0; u < KN_ATTN_LANES; u++) ATTN_PIN(a[u]);
+    }
+    for (int m = 0; m < np; m++) {
+      const uint32_t *v = vp + m * hd + d;
+      if (full >> m & 1) {
+        for (int u = 0; u < KN_ATTN_LANES; u++)
+          a[u] = _mm512_dpbf16_ps(a[u], (__m512bh)pw[m], (__m512bh)_mm512_set1_epi32((int)v[u]));
+      } else if (part >> m & 1) {
+        for (int u = 0; u < KN_ATTN_LANES; u++) {
+          __m512i w = _mm512_set1_epi32((int)v[u]);
+          __m512 vo = _mm512_castsi512_ps(_mm512_and_si512(w, _mm512_set1_epi32((int)0xffff0000u)));
+          a[u] = _mm512_mask3_fmadd_ps(po[m], vo, a[u], mo[m]);
+          a[u] = _mm512_mask3_fmadd_ps(pe[m], _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)), a[u],
+                                       me[m]);
+        }
+      }
+    }
+    if (part) {
+      for (int u = 0; u < KN_ATTN_LANES; u++) ATTN_PIN(a[u]);
+      _mm_setcsr(csr);
+      for (int u = 0; u < KN_ATTN_LANES; u++) ATTN_PIN(a[u]);
+    }
+    for (int u = 0; u < KN_ATTN_LANES; u++) _mm512_store_ps(acc + (d + u) * KN_ATTN_LANES, a[u]);
+  }
+}
+
+/* The per-query kernels on vdpbf16ps: a score's lane steps are one instruction a 32 dims
+ * of a row; a slot pair of p . v one a 16 dims, a slot without its pair (a chunk's edge)
+ * one fma under DAZ and FTZ. */
+static ATTN_BF16 void attn_scores_bf16_dp(const float *q, const attn_rows *r, float scale,
+                                          float *s) {
+  const int64_t hd = r->hd, ns = attn_bf16_pairs(hd) / KN_ATTN_BF16_PAIRS;
+  __m512i qp[KN_ATTN_DSLICE / 32];
+  for (int64_t t = 0; t < ns; t++)
+    qp[t] = (__m512i)_mm512_cvtne2ps_pbh(attn_ld16n(q, NULL, NULL, 32 * t + 16, hd - 32 * t - 16),
+                                         attn_ld16n(q, NULL, NULL, 32 * t, hd - 32 * t));
+  for (int j = 0; j < r->n; j += 4) {
+    const int nr = r->n - j < 4 ? r->n - j : 4;
+    __m512 a[4];
+    for (int c = 0; c < 4; c++) a[c] = _mm512_setzero_ps();
+    for (int64_t t = 0; t < ns; t++)
+      for (int c = 0; c < nr; c++) {
+        int64_t off = (j + c) * hd + 32 * t, left = hd - 32 * t;
+        __m512bh kp = _mm512_cvtne2ps_pbh(attn_ld16n(r->k, r->k16, r->k8, off + 16, left - 16),
+                                          attn_ld16n(r->k, r->k16, r->k8, off, left));
+        a[c] = _mm512_dpbf16_ps(a[c], (__m512bh)qp[t], kp);
+      }
+    for (int c = 0; c < nr; c++) {
+      float d = attn_fold16(a[c]);
+      s[j + c] = (r->ks ? d * r->ks[j + c] : d) * scale;
+    }
+  }
+}
+
+static ATTN_BF16 void attn_accum_bf16_dp(float *acc, const float *p, const attn_rows *r, int64_t d0,
+                                         int64_t dn) {
+  const int o = r->odd, n = r->n;
+  uint32_t pb[KN_ATTN_CHUNK];
+  for (int j = 0; j < n; j++) pb[j] = kn_bf16_round(p[j]);
+  const bool edge = o || (n + o) % 2;
+  const unsigned csr = _mm_getcsr();
+  if (edge) _mm_setcsr(ATTN_CSR_FLUSH(csr));
+  for (int64_t d = 0; d < dn; d += 4 * KN_ATTN_LANES) {
+    __m512 a[4];
+    for (int u = 0; u < 4; u++)
+      a[u] = _mm512_maskz_loadu_ps(attn_lanes(dn - d - 16 * u), acc + d + 16 * u);
+    for (int u = 0; u < 4; u++) ATTN_PIN(a[u]);
+    for (int b = 0; b < n + o; b += 2) { /* slots b, b + 1: rows e, od */
+      const int e = b - o, od = b + 1 - o;
+      const int64_t oe = (int64_t)e * r->hd + d0 + d, oo = (int64_t)od * r->hd + d0 + d;
+      if (e >= 0 && od < n) {
+        __m512bh pw = (__m512bh)_mm512_set1_epi32((int)(pb[e] | pb[od] << 16));
+        for (int u = 0; u < 4; u++) {
+          int64_t nv = dn - d - 16 * u;
+          a[u] = _mm512_dpbf16_ps(
+              a[u], pw,
+              (__m512bh)attn_bf16_pairs16(attn_ld16n(r->v, r->v16, r->v8, oe + 16 * u, nv),
+                                          attn_ld16n(r->v, r->v16, r->v8, oo + 16 * u, nv)));
+        }
+      } else {
+        const int j = e >= 0 ? e : od;
+        const __m512 pj = _mm512_set1_ps(kn_bf16_f32(pb[j]));
+        const int64_t oj = e >= 0 ? oe : oo;
+        for (int u = 0; u < 4; u++)
+          a[u] = _mm512_fmadd_ps(
+              pj, attn_bf16v16(attn_ld16n(r->v, r->v16, r->v8, oj + 16 * u, dn - d - 16 * u)),
+              a[u]);
+      }
+    }
+    for (int u = 0; u < 4; u++) ATTN_PIN(a[u]);
+    for (int u = 0; u < 4; u++)
+      _mm512_mask_storeu_ps(acc + d + 16 * u, attn_lanes(dn - d - 16 * u), a[u]);
+  }
+  if (edge) _mm_setcsr(csr);
+}
+
+/* attn_chunk16_body in the bf16 order: a full chunk for nq (<= KN_ATTN_MQ) queries, each
+ * K pair vector and V slot-pair vector made once for all of them (every pair is whole). */
+ATTN_BF16_INLINE void attn_chunk16_bf16_body(attn_state *const *st, const float *const *q, int nq,
+                                             const attn_rows *r, const float *v_scale, float scale,
+                                             int64_t d0, int64_t dn) {
+  const int64_t hd = r->hd, ns = attn_bf16_pairs(hd) / KN_ATTN_BF16_PAIRS;
+  __m512i qp[KN_ATTN_MQ][KN_ATTN_DSLICE / 32];
+  for (int i = 0; i < nq; i++)
+    for (int64_t t = 0; t < ns; t++)
+      qp[i][t] =
+          (__m512i)_mm512_cvtne2ps_pbh(attn_ld16n(q[i], NULL, NULL, 32 * t + 16, hd - 32 * t - 16),
+                                       attn_ld16n(q[i], NULL, NULL, 32 * t, hd - 32 * t));
+  __m512 t4[KN_ATTN_MQ][4];
+  for (int g = 0; g < 4; g++) { /* rows 4g .. 4g+3 */
+    __m512 a[KN_ATTN_MQ][4];
+    for (int i = 0; i < nq; i++)
+      for (int c = 0; c < 4; c++) a[i][c] = _mm512_setzero_ps();
+    for (int64_t t = 0; t < ns; t++) {
+      __m512bh kp[4];
+      for (int c = 0; c < 4; c++) {
+        int64_t off = (4 * g + c) * hd + 32 * t, left = hd - 32 * t;
+        kp[c] = _mm512_cvtne2ps_pbh(attn_ld16n(r->k, r->k16, r->k8, off + 16, left - 16),
+                                    attn_ld16n(r->k, r->k16, r->k8, off, left));
+      }
+      for (int i = 0; i < nq; i++)
+        for (int c = 0; c < 4; c++) a[i][c] = _mm512_dpbf16_ps(a[i][c], (__m512bh)qp[i][t], kp[c]);
+    }
+    for (int i = 0; i < nq; i++) t4[i][g] = attn_fold4rows(a[i]);
+  }
+  uint32_t pb[KN_ATTN_MQ][KN_ATTN_CHUNK];
+  for (int i = 0; i < nq; i++) { /* max, rescale, weights, sum: as attn_chunk16_body */
+    __m512 w = attn_fold_rows(t4[i]);
+    if (r->ks) w = _mm512_mul_ps(w, _mm512_loadu_ps(r->ks));
+    w = _mm512_mul_ps(w, _mm512_set1_ps(scale));
+    attn_state *s = st[i];
+    float cm = _mm512_reduce_max_ps(w);
+    if (cm > s->max) {
+      float corr = _mm512_cvtss_f32(kn_vexp16(_mm512_set1_ps(s->max - cm)));
+      s->sum *= corr;
+      for (int64_t d = 0; d < dn; d++) s->acc[d] *= corr;
+      s->max = cm;
+    }
+    __m512 e = kn_vexp16(_mm512_sub_ps(w, _mm512_set1_ps(s->max)));
+    float p[KN_ATTN_CHUNK];
+    _mm512_storeu_ps(p, e);
+    float sum = s->sum;
+    for (int j = 0; j < KN_ATTN_CHUNK; j++) sum += p[j];
+    s->sum = sum;
+    if (v_scale) _mm512_storeu_ps(p, _mm512_mul_ps(e, _mm512_loadu_ps(v_scale)));
+    for (int j = 0; j < KN_ATTN_CHUNK; j++) pb[i][j] = kn_bf16_round(p[j]);
+  }
+  for (int64_t d = 0; d < dn; d += 4 * KN_ATTN_LANES) { /* p . v: a slot pair an instruction */
+    __m512 acc[KN_ATTN_MQ][4];
+    for (int i = 0; i < nq; i++)
+      for (int c = 0; c < 4; c++)
+        acc[i][c] = _mm512_maskz_loadu_ps(attn_lanes(dn - d - 16 * c), st[i]->acc + d + 16 * c);
+    for (int m = 0; m < KN_ATTN_CHUNK / 2; m++) {
+      __m512bh vp[4];
+      for (int c = 0; c < 4; c++) {
+        int64_t o = 2 * m * hd + d0 + d + 16 * c, nv = dn - d - 16 * c;
+        vp[c] = (__m512bh)attn_bf16_pairs16(attn_ld16n(r->v, r->v16, r->v8, o, nv),
+                                            attn_ld16n(r->v, r->v16, r->v8, o + hd, nv));
+      }
+      for (int i = 0; i < nq; i++) {
+        __m512bh pw = (__m512bh)_mm512_set1_epi32((int)(pb[i][2 * m] | pb[i][2 * m + 1] << 16));
+        for (int c = 0; c < 4; c++) acc[i][c] = _mm512_dpbf16_ps(acc[i][c], pw, vp[c]);
+      }
+    }
+    for (int i = 0; i < nq; i++)
+      for (int c = 0; c < 4; c++)
+        _mm512_mask_storeu_ps(st[i]->acc + d + 16 * c, attn_lanes(dn - d - 16 * c), acc[i][c]);
+  }
+}
+
+static ATTN_BF16 void attn_chunk16_bf16(attn_state *const *st, const float *const *q, int nq,
+                                        const attn_rows *r, const float *v_scale, float scale,
+                                        int64_t d0, int64_t dn) {
+  switch (nq) {
+  case 4: attn_chunk16_bf16_body(st, q, 4, r, v_scale, scale, d0, dn); break;
+  case 3: attn_chunk16_bf16_body(st, q, 3, r, v_scale, scale, d0, dn); break;
+  case 2: attn_chunk16_bf16_body(st, q, 2, r, v_scale, scale, d0, dn); break;
+  default: attn_chunk16_bf16_body(st, q, 1, r, v_scale, scale, d0, dn); break;
+  }
+}
+
+static ATTN_BF16 void attn_qlb_group(const attn_args *a, const attn_kernels *kk,
+                                     const attn_query *qs, int64_t nq, int64_t kvh, int64_t seq,
+                                     int64_t min_lo, int64_t max_pos) {
+  (void)kk;
+  const kn_kv_layer *kv = a->kv;
+  const int64_t hd = kv->head_dim, bs = kv->block_size;
+  const attn_wide *wd = a->wide;
+  const bool wide = wd && seq < wd->n_seq && wd->ctx[seq] >= max_pos;
+  _Alignas(64) attn_qlb w;
+  memset(w.acc, 0, (size_t)(hd * KN_ATTN_LANES) * sizeof(float));
+  attn_qlb_load_q(w.qt, qs, nq, hd);
+  const __mmask16 live = (__mmask16)((1u << nq) - 1u);
+  int64_t min_pos = INT64_MAX, max_lo = 0;
+  for (int64_t i = 0; i < nq; i++) {
+    min_pos = qs[i].n_pos < min_pos ? qs[i].n_pos : min_pos;
+    max_lo = qs[i].lo > max_lo ? qs[i].lo : max_lo;
+  }
+  __m512 maxv = _mm512_set1_ps(-INFINITY), sumv = _mm512_setzero_ps();
+  for (int64_t j0 = min_lo / bs * bs; j0 < max_pos; j0 += bs) {
+    int64_t row = attn_cache_off(kv, attn_block(a->b, seq, j0 / bs), kvh, 0) / hd;
+    int64_t n_slot = max_pos - j0 < bs ? max_pos - j0 : bs;
+    for (int64_t s0 = 0; s0 < n_slot; s0 += KN_ATTN_CHUNK) {
+      __mmask16 vm[KN_ATTN_CHUNK];
+      int n_max = 0;
+      if (s0 + KN_ATTN_CHUNK <= bs && j0 + s0 >= max_lo && j0 + s0 + KN_ATTN_CHUNK <= min_pos) {
+        for (int j = 0; j < KN_ATTN_CHUNK; j++) vm[j] = live;
+        n_max = KN_ATTN_CHUNK;
+      } else {
+        memset(vm, 0, sizeof vm);
+        for (int64_t i = 0; i < nq; i++) {
+          int n, off;
+          attn_query_rows(&qs[i], j0, bs, s0, &n, &off);
+          for (int j = off; j < n; j++) vm[j] |= (__mmask16)(1u << i);
+          n_max = n > n_max ? n : n_max;
+        }
+      }
+      if (!n_max) continue;
+      int64_t r0 = row + s0;
+      const float *ks = NULL, *v_scale = NULL;
+      const uint16_t *kb;
+      const uint32_t *vp;
+      if (kv->k8) ks = kv->k_scale + r0, v_scale = kv->v_scale + r0;
+      if (wide) {
+        int64_t o = wd->base[seq] + kvh * attn_wide_stride(wd->ctx[seq]) + j0 + s0;
+        kb = wd->kb + o * hd, vp = wd->vp + o / 2 * hd;
+      } else {
+        attn_bf16_rows(kv->k ? kv->k + r0 * hd : NULL, kv->k16 ? kv->k16 + r0 * hd : NULL,
+                       kv->k8 ? kv->k8 + r0 * hd : NULL, kv->v ? kv->v + r0 * hd : NULL,
+                       kv->v16 ? kv->v16 + r0 * hd : NULL, kv->v8 ? kv->v8 + r0 * hd : NULL, n_max,
+                       hd, w.kb, w.vp);
+        kb = w.kb, vp = w.vp;
+      }
+      __m512 sc[KN_ATTN_CHUNK];
+      attn_qlb_scores(w.qt, kb, n_max, hd, sc);
+      __m512 cm = _mm512_set1_ps(-INFINITY), scale = _mm512_set1_ps(a->scale);
+      for (int j = 0; j < n_max; j++) {
+        __m512 x = ks ? _mm512_mul_ps(sc[j], _mm512_set1_ps(ks[j])) : sc[j];
+        sc[j] = x = _mm512_mul_ps(x, scale);
+        cm = _mm512_mask_max_ps(cm, vm[j], cm, x);
+      }
+      __mmask16 resc = _mm512_mask_cmp_ps_mask(live, cm, maxv, _CMP_GT_OQ);
+      __m512 corr = _mm512_set1_ps(1.0f);
+      if (resc) {
+        corr = kn_vexp16(_mm512_sub_ps(maxv, cm));
+        sumv = _mm512_mask_mul_ps(sumv, resc, sumv, corr);
+        maxv = _mm512_mask_mov_ps(maxv, resc, cm);
+      }
+      for (int j = 0; j < n_max; j++) {
+        __m512 p = kn_vexp16(_mm512_sub_ps(sc[j], maxv));
+        sumv = _mm512_mask_add_ps(sumv, vm[j], sumv, p);
+        if (v_scale) p = _mm512_mul_ps(p, _mm512_set1_ps(v_scale[j]));
+        _mm512_store_ps(w.pt + j * KN_ATTN_LANES, _mm512_maskz_mov_ps(live, p));
+      }
+      attn_qlb_pv(w.acc, resc, corr, w.pt, vm, vp, n_max, hd, live);
+    }
+  }
+  attn_ql_store(qs, nq, w.acc, sumv, hd);
+}
+
+static const attn_kernels k_attn_bf16_avx512 = {
+    attn_scores_bf16_avx512, attn_exp_avx2, attn_accum_bf16_avx512, attn_widen_avx512, NULL, NULL};
+/* (the portable steps with AVX2's exp: the portable one gives other bits where the build
+ * has no native fma) */
+static const attn_kernels k_attn_bf16_avx2 = {attn_scores_bf16_c, attn_exp_avx2, attn_accum_bf16_c,
+                                              attn_widen_avx2,    NULL,          NULL};
+static const attn_kernels k_attn_bf16_dp = {attn_scores_bf16_dp, attn_exp_avx2,
+                                            attn_accum_bf16_dp,  attn_widen_avx512,
+                                            attn_chunk16_bf16,   attn_qlb_group};
+
 static const attn_kernels k_attn_avx512 = {attn_scores_avx512,  attn_exp_avx2,
                                            attn_accum_avx512,   attn_widen_avx512,
                                            attn_chunk16_avx512, attn_ql_group};
@@ -1043,12 +1636,23 @@ static _Atomic bool g_attn_chunk_kernels = true;
 
 bool kn_attention_set_chunk_kernels(bool on) { return atomic_exchange(&g_attn_chunk_kernels, on); }
 
-static const attn_kernels *attn_pick(void) {
+static const attn_kernels *attn_pick(bool bf16) {
 #if KN_ATTN_X86
+  if (bf16 && kn_cpu_isa() >= 2) return kn_matmul_bf16dp() ? &k_attn_bf16_dp : &k_attn_bf16_avx512;
+  if (bf16 && kn_cpu_isa() >= 1) return &k_attn_bf16_avx2;
   if (kn_cpu_isa() >= 2) return &k_attn_avx512;
   if (kn_cpu_isa() >= 1) return &k_attn_avx2;
 #endif
-  return &k_attn_c;
+  return bf16 ? &k_attn_bf16_c : &k_attn_c;
+}
+
+/* Whether a's shapes take the queries-in-lanes kernel of kk (the bf16 one: head_dim a
+ * multiple of 32, an even block size). */
+static bool attn_ql_fits(const attn_args *a, const attn_kernels *kk) {
+  const int64_t hd = a->kv->head_dim;
+  return kk->qgroup && hd % KN_ATTN_LANES == 0 && a->io->softcap == 0.0f &&
+         (!a->bf16 || (hd % 32 == 0 && a->kv->block_size % 2 == 0)) &&
+         atomic_load_explicit(&g_attn_chunk_kernels, memory_order_relaxed);
 }
 
 /* Rows [off, off + n) of a chunk. */
@@ -1060,6 +1664,7 @@ static attn_rows attn_rows_at(const attn_rows *c, int off, int n) {
   if (r.k8) r.k8 += e, r.v8 += e;
   if (r.ks) r.ks += off;
   r.n = n;
+  r.odd = (c->odd + off) & 1;
   return r;
 }
 
@@ -1166,8 +1771,7 @@ static void attn_group_slice(const attn_args *a, const attn_kernels *kk, int64_t
     if (lo < min_lo) min_lo = lo;
     st[i].max = -INFINITY, st[i].sum = 0.0f;
   }
-  if (kk->qgroup && nq >= KN_ATTN_QL_MIN && d0 == 0 && dn == hd && hd % KN_ATTN_LANES == 0 &&
-      io->softcap == 0.0f && atomic_load_explicit(&g_attn_chunk_kernels, memory_order_relaxed)) {
+  if (nq >= KN_ATTN_QL_MIN && d0 == 0 && dn == hd && attn_ql_fits(a, kk)) {
     kk->qgroup(a, kk, qs, nq, kvh, seq, min_lo, max_pos);
     return;
   }
@@ -1202,7 +1806,7 @@ static void attn_group_slice(const attn_args *a, const attn_kernels *kk, int64_t
 static void attn_group_task(void *arg, int64_t begin, int64_t end, int tid) {
   (void)tid;
   const attn_args *a = arg;
-  const attn_kernels *kk = attn_pick();
+  const attn_kernels *kk = attn_pick(a->bf16);
   int64_t hd = a->kv->head_dim, n_kv = a->kv->n_kv_heads, g = a->n_heads / n_kv;
   int64_t n_sub = a->head_splits, per = (g + n_sub - 1) / n_sub;
   for (int64_t u = begin; u < end; u++) {
@@ -1257,13 +1861,23 @@ static void attn_wide_task(void *arg, int64_t begin, int64_t end, int tid) {
   const attn_wide_job *j = arg;
   const kn_kv_layer *kv = j->a->kv;
   const int64_t hd = kv->head_dim, bs = kv->block_size;
-  const attn_kernels *kk = attn_pick();
+  const attn_kernels *kk = attn_pick(j->a->bf16);
   int64_t s = 0;
   for (int64_t u = begin; u < end; u++) {
     while (j->first[s + 1] <= u) s++;
     int64_t ctx = j->w->ctx[s], nb = (ctx + bs - 1) / bs, r = u - j->first[s];
     int64_t h = r / nb, blk = r % nb, n = ctx - blk * bs < bs ? ctx - blk * bs : bs;
     int64_t src = attn_cache_off(kv, attn_block(j->a->b, s, blk), h, 0);
+#if KN_ATTN_X86
+    if (j->w->kb) { /* (blocks start at even rows: bs even) */
+      int64_t o = j->w->base[s] + h * attn_wide_stride(ctx) + blk * bs;
+      attn_bf16_rows(kv->k ? kv->k + src : NULL, kv->k16 ? kv->k16 + src : NULL,
+                     kv->k8 ? kv->k8 + src : NULL, kv->v ? kv->v + src : NULL,
+                     kv->v16 ? kv->v16 + src : NULL, kv->v8 ? kv->v8 + src : NULL, n, hd,
+                     j->w->kb + o * hd, j->w->vp + o / 2 * hd);
+      continue;
+    }
+#endif
     int64_t dst = (j->w->base[s] + h * ctx + blk * bs) * hd;
     attn_rows rr = {.hd = hd, .n = (int)n};
     if (kv->k8) rr.k8 = kv->k8 + src, rr.v8 = kv->v8 + src;
@@ -1278,11 +1892,8 @@ static void attn_wide_task(void *arg, int64_t begin, int64_t end, int tid) {
 static void *attn_wide_make(kn_pool *p, attn_args *a, attn_wide *w) {
   const kn_kv_layer *kv = a->kv;
   const kn_attn_batch *b = a->b;
-  const kn_attn_io *io = a->io;
   a->wide = NULL;
-  if (!attn_pick()->qgroup || kv->k || kv->head_dim % KN_ATTN_LANES || io->softcap != 0.0f ||
-      !atomic_load_explicit(&g_attn_chunk_kernels, memory_order_relaxed) || b->n_tok < 2)
-    return NULL;
+  if (!attn_ql_fits(a, attn_pick(a->bf16)) || (kv->k && !a->bf16) || b->n_tok < 2) return NULL;
   int64_t g = a->n_heads / kv->n_kv_heads, per = (g + a->head_splits - 1) / a->head_splits;
   int64_t nh = per < KN_ATTN_GROUP ? per : KN_ATTN_GROUP, n_seq = 0;
   for (int64_t t = 0; t < b->n_tok; t++)
@@ -1307,9 +1918,10 @@ static void *attn_wide_make(kn_pool *p, attn_args *a, attn_wide *w) {
   for (int64_t s = 0; s < n_seq; s++) {
     if (cnt[s] < 2) ctx[s] = 0; /* one group: it widens each chunk once anyway */
     base[s] = rows;
-    rows += ctx[s] * kv->n_kv_heads;
+    rows += (a->bf16 ? attn_wide_stride(ctx[s]) : ctx[s]) * kv->n_kv_heads;
   }
-  size_t bytes = (size_t)(rows * kv->head_dim) * 2 * sizeof(float);
+  /* f32 K and V rows; bf16 K rows and V pairs (rows even) */
+  size_t bytes = (size_t)(rows * kv->head_dim) * (a->bf16 ? 4 : 2 * sizeof(float));
   float *buf = rows && bytes <= KN_ATTN_WIDE_MAX ? ir_malloc(bytes) : NULL;
   if (!buf) {
     ir_free(mem);
@@ -1318,8 +1930,15 @@ static void *attn_wide_make(kn_pool *p, attn_args *a, attn_wide *w) {
   first[0] = 0; /* units: kv heads x blocks a sequence */
   for (int64_t s = 0; s < n_seq; s++)
     first[s + 1] = first[s] + kv->n_kv_heads * ((ctx[s] + kv->block_size - 1) / kv->block_size);
-  *w = (attn_wide){
-      .k = buf, .v = buf + rows * kv->head_dim, .base = base, .ctx = ctx, .n_seq = n_seq};
+  if (a->bf16)
+    *w = (attn_wide){.kb = (uint16_t *)buf,
+                     .vp = (uint32_t *)((uint16_t *)buf + rows * kv->head_dim),
+                     .base = base,
+                     .ctx = ctx,
+                     .n_seq = n_seq};
+  else
+    *w = (attn_wide){
+        .k = buf, .v = buf + rows * kv->head_dim, .base = base, .ctx = ctx, .n_seq = n_seq};
   attn_wide_job job = {.a = a, .w = w, .first = first};
   kn_parallel_for(p, first[n_seq], 1, attn_wide_task, &job);
   a->wide = w;
@@ -1349,7 +1968,13 @@ void kn_attention_paged(kn_pool *p, float *out, const float *q, const float *k_n
 
 void kn_attention_paged_io(kn_pool *p, float *out, const kn_attn_io *io, const kn_kv_layer *kv,
                            const kn_attn_batch *b, int64_t n_heads, float scale) {
-  attn_args a = {.out = out, .io = io, .kv = kv, .b = b, .n_heads = n_heads, .scale = scale};
+  attn_args a = {.out = out,
+                 .io = io,
+                 .kv = kv,
+                 .b = b,
+                 .n_heads = n_heads,
+                 .scale = scale,
+                 .bf16 = io->bf16 != 0};
   int64_t row = kv->n_kv_heads * kv->head_dim;
   /* Every write lands before any read: a token may attend to positions written by
    * other tokens of the same step (prefill chunks). */
@@ -1369,6 +1994,6 @@ void kn_attention_paged_io(kn_pool *p, float *out, const kn_attn_io *io, const k
   attn_wide wide;
   void *wide_mem = attn_wide_make(p, &a, &wide);
   kn_parallel_for(p, units, attn_grain(b, units, n_heads, kv->head_dim), attn_group_task, &a);
-  if (wide_mem) ir_free(wide.k), ir_free(wide_mem);
+  if (wide_mem) ir_free(wide.k ? (void *)wide.k : (void *)wide.kb), ir_free(wide_mem);
   ir_free(owned);
 }

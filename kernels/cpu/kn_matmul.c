@@ -10,6 +10,7 @@
 #include <stdbool.h>
 #include <string.h>
 
+#include "kn_bf16.h"
 #include "kn_cpu.h"
 #include "kn_quant.h"
 #include "ir_alloc.h"
@@ -210,15 +211,6 @@ static const mm_panel_kernels k_panel_c = {
 
 /* ---- bf16 W: bf16 products, f32 sums (the order above) ------------------------------ */
 
-/* x rounded to bf16 as vcvtneps2bf16 does. */
-static inline uint16_t mm_bf16_round(float f) {
-  uint32_t u;
-  memcpy(&u, &f, sizeof u);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)(u >> 16 | 0x40u); /* quiet NaN */
-  if (!(u & 0x7f800000u)) return (uint16_t)(u >> 16 & 0x8000u); /* zero, subnormal: +-0 */
-  return (uint16_t)((u + 0x7fffu + (u >> 16 & 1u)) >> 16);
-}
-
 /* Words (pairs of bf16) an x row of k values takes: k padded to a multiple of 32. */
 static int64_t mm_bf16_words(int64_t k) {
   return (k + 2 * KN_MM_BF16_STEP - 1) / (2 * KN_MM_BF16_STEP) * KN_MM_BF16_STEP;
@@ -228,8 +220,8 @@ static int64_t mm_bf16_words(int64_t k) {
 static void mm_bf16_row(const float *x, int64_t k, uint32_t *out) {
   int64_t kw = mm_bf16_words(k);
   for (int64_t p = 0; p < kw; p++) {
-    uint32_t lo = 2 * p < k ? mm_bf16_round(x[2 * p]) : 0;
-    uint32_t hi = 2 * p + 1 < k ? mm_bf16_round(x[2 * p + 1]) : 0;
+    uint32_t lo = 2 * p < k ? kn_bf16_round(x[2 * p]) : 0;
+    uint32_t hi = 2 * p + 1 < k ? kn_bf16_round(x[2 * p + 1]) : 0;
     out[p] = lo | hi << 16;
   }
 }
@@ -249,38 +241,10 @@ static inline void mm_bf16_wtail(const void *const *wr, int64_t k, int64_t p, in
   }
 }
 
-/* A subnormal f32 (given or computed) as its signed zero. */
-static inline float mm_ftz(float f) {
-  uint32_t u;
-  memcpy(&u, &f, sizeof u);
-  if (!(u & 0x7f800000u)) u &= 0x80000000u;
-  memcpy(&f, &u, sizeof f);
-  return f;
-}
-
-static inline float mm_bf16_f32(uint32_t h) {
-  uint32_t u = h << 16;
-  float f;
-  memcpy(&f, &u, sizeof f);
-  return mm_ftz(f);
-}
-
 /* One lane step, vdpbf16ps's: the odd product first, each fused and flushed. */
-/* fma(a, b, c) flushed as x86's FTZ flushes: a result is tiny when, rounded to 24 bits
- * with an unbounded exponent, it is below FLT_MIN, which rounding on the subnormal grid
- * (fmaf) misses for exact results in [FLT_MIN (1 - 2^-24), FLT_MIN (1 - 2^-25)): fmaf
- * gives FLT_MIN there. a * b (bf16 values) is exact in double; near FLT_MIN so is the sum.
- * (Round to nearest even, as vdpbf16ps: the portable path assumes the default mode.) */
-static inline float mm_fma_ftz(float a, float b, float c) {
-  float r = fmaf(a, b, c);
-  if (fabsf(r) == FLT_MIN && fabs((double)a * b + c) < (double)FLT_MIN * (1.0 - 0x1p-25))
-    return r < 0 ? -0.0f : 0.0f;
-  return mm_ftz(r);
-}
-
 static inline float mm_bf16_step(uint32_t x, uint32_t w, float acc) {
-  acc = mm_fma_ftz(mm_bf16_f32(x >> 16), mm_bf16_f32(w >> 16), acc);
-  return mm_fma_ftz(mm_bf16_f32(x & 0xffffu), mm_bf16_f32(w & 0xffffu), acc);
+  acc = kn_fma_ftz(kn_bf16_f32(x >> 16), kn_bf16_f32(w >> 16), acc);
+  return kn_fma_ftz(kn_bf16_f32(x & 0xffffu), kn_bf16_f32(w & 0xffffu), acc);
 }
 
 /* xr: rows of bf16 pairs (mm_bf16_row, cast); wr: W rows of k bf16 values. */

@@ -115,6 +115,7 @@ static kn_attn_io attention_io(const ir_node *n, void *const *ptrs, int64_t nh, 
   }
   io.window = ir_node_attr_i(n, "window", 0);
   io.softcap = (float)ir_node_attr_f(n, "softcap", 0.0);
+  io.bf16 = (int)ir_node_attr_i(n, "act_bf16", 0);
   return io;
 }
 

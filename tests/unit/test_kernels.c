@@ -117,6 +117,15 @@ enum { A_SEQ = 2, A_BS = 4, A_MAXB = 5, A_NBLK = 12, A_MAXPOS = A_BS * A_MAXB };
 /* The sliding window and the score soft cap the attention tests run with (0: none). */
 static int64_t g_window;
 static float g_softcap;
+/* Nonzero: the attention runs in the bf16 order (io.bf16) and the references take q, k and
+ * v rounded to bf16 (the products are then exact, so only the weights' rounding and the
+ * f32 sums are left: a looser bound). */
+static int g_bf16;
+
+static double ref_val(float x) {
+  return g_bf16 ? (double)ir_bf16_to_f32(ir_f32_to_bf16(x)) : (double)x;
+}
+static double ref_tol(void) { return g_bf16 ? 6e-3 : 2e-5; }
 
 /* kn_attention_paged with g_window and g_softcap. */
 static void attn_call(kn_pool *p, float *out, const float *q, const float *k, const float *v,
@@ -127,7 +136,8 @@ static void attn_call(kn_pool *p, float *out, const float *q, const float *k, co
                    .q_stride = nh * kv->head_dim,
                    .kv_stride = kv->n_kv_heads * kv->head_dim,
                    .window = g_window,
-                   .softcap = g_softcap};
+                   .softcap = g_softcap,
+                   .bf16 = g_bf16};
   kn_attention_paged_io(p, out, &io, kv, b, nh, scale);
 }
 
@@ -198,7 +208,7 @@ static int attn_head_ok(const attn_fix *f, int64_t s, int64_t pos, int64_t h, co
   for (int64_t j = j0; j <= pos; j++) {
     const float *kr = attn_kv_row(f, f->k_all, s, j, kvh);
     double d = 0;
-    for (int64_t i = 0; i < f->hd; i++) d += (double)q[i] * kr[i];
+    for (int64_t i = 0; i < f->hd; i++) d += ref_val(q[i]) * ref_val(kr[i]);
     sc[j] = ref_score(d * scale);
     mx = sc[j] > mx ? sc[j] : mx;
   }
@@ -206,8 +216,9 @@ static int attn_head_ok(const attn_fix *f, int64_t s, int64_t pos, int64_t h, co
   int ok = 1;
   for (int64_t i = 0; i < f->hd; i++) {
     double ref = 0;
-    for (int64_t j = j0; j <= pos; j++) ref += sc[j] / sum * attn_kv_row(f, f->v_all, s, j, kvh)[i];
-    ok &= fabs(out[i] - ref) <= 2e-5;
+    for (int64_t j = j0; j <= pos; j++)
+      ref += sc[j] / sum * ref_val(attn_kv_row(f, f->v_all, s, j, kvh)[i]);
+    ok &= fabs(out[i] - ref) <= ref_tol();
   }
   return ok;
 }
@@ -241,6 +252,7 @@ static int attn_cache_ok(const attn_fix *f, const int32_t *seq, const int32_t *p
  * alone: references, cache placement and bitwise invariance. */
 static void attn_case(kn_pool *p1, kn_pool *p4, int64_t n_heads, int64_t n_kv, int64_t hd,
                       float scale) {
+  if (g_bf16 && hd > 256) return; /* (bf16: head_dim <= 256, as the IR's) */
   attn_fix f;
   attn_fix_init(&f, n_heads, n_kv, hd);
   static const int32_t pre_seq[] = {0, 1, 0, 0, 1, 0, 1, 0, 0, 1, 1, 0};
@@ -338,20 +350,22 @@ static void attn_long_run(kn_pool *p, int isa, bool chunks, bool f16, int64_t hd
     int64_t j0 = ref_first(n_pos - 1);
     for (int64_t j = j0; j < n_pos; j++) {
       double d = 0;
-      for (int64_t i = 0; i < hd; i++) d += (double)q[h * hd + i] * k[j * row + kvh * hd + i];
+      for (int64_t i = 0; i < hd; i++)
+        d += ref_val(q[h * hd + i]) * ref_val(k[j * row + kvh * hd + i]);
       sc[j] = ref_score(d * scale), mx = sc[j] > mx ? sc[j] : mx;
     }
     for (int64_t j = j0; j < n_pos; j++) sum += sc[j] = exp(sc[j] - mx);
     for (int64_t i = 0; i < hd; i++) {
       double ref = 0;
-      for (int64_t j = j0; j < n_pos; j++) ref += sc[j] / sum * v[j * row + kvh * hd + i];
-      ok &= fabs(out[h * hd + i] - ref) <= 2e-5;
+      for (int64_t j = j0; j < n_pos; j++) ref += sc[j] / sum * ref_val(v[j * row + kvh * hd + i]);
+      ok &= fabs(out[h * hd + i] - ref) <= ref_tol();
     }
     free(sc);
   }
-  CHECKF(ok, "long attention isa %d %s hd %lld bs %lld n %lld scale %g window %lld softcap %g", isa,
-         f16 ? "f16" : "f32", (long long)hd, (long long)bs, (long long)n_pos, scale,
-         (long long)g_window, g_softcap);
+  CHECKF(ok,
+         "long attention isa %d %s hd %lld bs %lld n %lld scale %g window %lld softcap %g bf16 %d",
+         isa, f16 ? "f16" : "f32", (long long)hd, (long long)bs, (long long)n_pos, scale,
+         (long long)g_window, g_softcap, g_bf16);
   free(k), free(v), free(q), free(tables), free(kv.k), free(kv.v), free(seq), free(pos);
   free(kv.k16), free(kv.v16);
   free(all), free(qs);
@@ -431,8 +445,8 @@ static double attn_cached(const kn_kv_layer *kv, const int32_t *tables, int64_t 
                           int64_t e, bool v) {
   int64_t bs = kv->block_size, r = (tables[j / bs] * kv->n_kv_heads + kvh) * bs + j % bs;
   int64_t o = r * kv->head_dim + e;
-  if (kv->k) return v ? kv->v[o] : kv->k[o];
-  if (kv->k16) return ir_f16_to_f32(v ? kv->v16[o] : kv->k16[o]);
+  if (kv->k) return ref_val(v ? kv->v[o] : kv->k[o]);
+  if (kv->k16) return ref_val(ir_f16_to_f32(v ? kv->v16[o] : kv->k16[o]));
   return v ? (double)kv->v8[o] * kv->v_scale[r] : (double)kv->k8[o] * kv->k_scale[r];
 }
 
@@ -460,7 +474,7 @@ static void attn_group_run(kn_pool *p, int isa, bool chunks, int kind, int64_t n
                      .tok_pos = pos,
                      .max_blocks_per_seq = n_blk,
                      .block_tables = tables};
-  kn_attention_paged(p, out, q, k, v, &kv, &b, nh, 0.125f);
+  attn_call(p, out, q, k, v, &kv, &b, nh, 0.125f);
   for (int64_t t = 0; t < n; t++) { /* every token again on its own, over that cache */
     b = (kn_attn_batch){.n_tok = 1,
                         .tok_seq = seq,
@@ -468,8 +482,8 @@ static void attn_group_run(kn_pool *p, int isa, bool chunks, int kind, int64_t n
                         .max_blocks_per_seq = n_blk,
                         .block_tables = tables};
     /* on one thread, or on four (fewer kv heads than threads: the heads split again) */
-    kn_attention_paged(t % 2 ? p : NULL, out + n * nh * hd + t * nh * hd, q + t * nh * hd,
-                       k + t * row, v + t * row, &kv, &b, nh, 0.125f);
+    attn_call(t % 2 ? p : NULL, out + n * nh * hd + t * nh * hd, q + t * nh * hd, k + t * row,
+              v + t * row, &kv, &b, nh, 0.125f);
   }
   kn_attention_set_chunk_kernels(prev_chunks);
   kn_matmul_set_max_isa(prev);
@@ -482,7 +496,7 @@ static void attn_group_run(kn_pool *p, int isa, bool chunks, int kind, int64_t n
       for (int64_t j = 0; j <= t; j++) {
         double d = 0;
         for (int64_t e = 0; e < hd; e++)
-          d += (double)q[(t * nh + h) * hd + e] * attn_cached(&kv, tables, j, kvh, e, false);
+          d += ref_val(q[(t * nh + h) * hd + e]) * attn_cached(&kv, tables, j, kvh, e, false);
         sc[j] = d * 0.125, mx = sc[j] > mx ? sc[j] : mx;
       }
       for (int64_t j = 0; j <= t; j++) sum += sc[j] = exp(sc[j] - mx);
@@ -490,7 +504,7 @@ static void attn_group_run(kn_pool *p, int isa, bool chunks, int kind, int64_t n
         double ref = 0;
         for (int64_t j = 0; j <= t; j++)
           ref += sc[j] / sum * attn_cached(&kv, tables, j, kvh, e, true);
-        ok &= fabs(out[(t * nh + h) * hd + e] - ref) <= 2e-5;
+        ok &= fabs(out[(t * nh + h) * hd + e] - ref) <= ref_tol();
       }
       free(sc);
     }
@@ -508,10 +522,15 @@ static void test_attention_groups(kn_pool *p4) {
   for (int hi = 0; hi < 4; hi++)
     for (int kind = 0; kind < 3; kind++) {
       int64_t nh = heads[hi][0], nkv = heads[hi][1], sz = n * nh * 64;
-      float *o[4];                  /* AVX2, AVX-512, each with the chunk kernels then without */
-      for (int r = 0; r < 4; r++) { /* each run draws the same inputs */
+      /* AVX2, AVX-512, each with the chunk kernels then without; bf16: AVX-512 without
+       * vdpbf16ps (the queries-in-lanes groups off: the fmas under DAZ and FTZ) */
+      float *o[5];
+      const int runs = g_bf16 ? 5 : 4;
+      for (int r = 0; r < runs; r++) { /* each run draws the same inputs */
         o[r] = malloc((size_t)(2 * sz) * sizeof *o[r]);
-        attn_group_run(p4, 1 + r % 2, r < 2, kind, nh, nkv, n, o[r]);
+        bool dp = kn_matmul_use_bf16dp(r < 4);
+        attn_group_run(p4, 1 + r % 2, r < 2 || r == 4, kind, nh, nkv, n, o[r]);
+        kn_matmul_use_bf16dp(dp);
         CHECKF(!memcmp(o[r], o[r] + sz, (size_t)sz * sizeof *o[r]),
                "grouped prefill vs each token alone differ (isa %d chunks %d heads %lld/%lld "
                "%s)",
@@ -524,8 +543,27 @@ static void test_attention_groups(kn_pool *p4) {
         CHECKF(!memcmp(o[r], o[r + 2], (size_t)(2 * sz) * sizeof *o[r]),
                "attention chunk kernels vs per-query phases differ (isa %d heads %lld/%lld %s)",
                1 + r, (long long)nh, (long long)nkv, kinds[kind]);
-      for (int r = 0; r < 4; r++) free(o[r]);
+      if (g_bf16)
+        CHECKF(!memcmp(o[1], o[4], (size_t)(2 * sz) * sizeof *o[1]),
+               "bf16 attention on vdpbf16ps vs fmas differ (heads %lld/%lld %s)", (long long)nh,
+               (long long)nkv, kinds[kind]);
+      for (int r = 0; r < runs; r++) free(o[r]);
     }
+}
+
+/* io.bf16 reaches the kernels: the same inputs give other bits than the f32 order. */
+static void test_attention_bf16_differs(kn_pool *p4) {
+  const int64_t n = 37, sz = n * 9 * 64;
+  float *o[2];
+  for (int r = 0; r < 2; r++) { /* (each run draws the same inputs) */
+    g_bf16 = r;
+    o[r] = malloc((size_t)(2 * sz) * sizeof *o[r]);
+    attn_group_run(p4, 2, true, ATTN_F16, 9, 3, n, o[r]);
+  }
+  g_bf16 = 0;
+  CHECKF(memcmp(o[0], o[1], (size_t)sz * sizeof *o[0]) != 0,
+         "bf16 attention gave the f32 order's bits: io.bf16 never reached the kernels");
+  free(o[0]), free(o[1]);
 }
 
 /* An f16 cache holds ir_f32_to_f16 of each k and v value on every path (the AVX-512 one
@@ -847,6 +885,15 @@ int main(void) {
   test_attention_long(p4);
   test_attention_groups(p4);
   test_attention_f16_store();
+  g_bf16 = 1; /* the bf16 order: every path, then each against the others */
+  for (int isa = 0; isa <= 2; isa++) {
+    kn_matmul_set_max_isa(isa);
+    test_attention(p1, p4);
+  }
+  test_attention_long(p4);
+  test_attention_groups(p4);
+  g_bf16 = 0;
+  test_attention_bf16_differs(p4);
   test_rope(p4);
   test_norm(p4);
   test_embed(p4);
