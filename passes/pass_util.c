@@ -66,7 +66,7 @@ bool pass_results_line(const pass_results *r, pass_line which, char *buf, size_t
   case PASS_LINE_ACT_BF16:
     if (!r->act_bf16_done && !r->act_bf16_attn) return false;
     snprintf(buf, len,
-             "act_bf16: %d bf16 matmuls take bf16 activations, %d attentions bf16 products",
+             "act_bf16: %d bf16 matmuls take bf16 activations, %d attentions take bf16 products",
              r->act_bf16_done, r->act_bf16_attn);
     return true;
   case PASS_LINE_REPACK: {

@@ -929,6 +929,7 @@ typedef struct attn_ql {
 } attn_ql;
 
 static const float k_attn_zero_row[KN_ATTN_DSLICE];
+static const uint32_t k_attn_zero_pairs[KN_ATTN_DSLICE / 2];
 
 /* qt[d * 16 + i] = q_i[d] (queries nq .. 15 zero), 16 dims at a time. */
 static ATTN_AVX512 void attn_ql_load_q(float *qt, const attn_query *qs, int64_t nq, int64_t hd) {
@@ -1319,7 +1320,7 @@ attn_qlb_scores(const uint32_t *qt, const uint16_t *kb, int n, int64_t hd, __m51
   for (int j = 0; j < n; j += 4) {
     const uint32_t *kr[4];
     for (int r = 0; r < 4; r++)
-      kr[r] = j + r < n ? (const uint32_t *)(kb + (j + r) * hd) : (const uint32_t *)k_attn_zero_row;
+      kr[r] = j + r < n ? (const uint32_t *)(kb + (j + r) * hd) : k_attn_zero_pairs;
     attn_qlb_scores4(qt, kr, hd / 2, sc + j);
   }
 }
@@ -1974,7 +1975,7 @@ void kn_attention_paged_io(kn_pool *p, float *out, const kn_attn_io *io, const k
                  .b = b,
                  .n_heads = n_heads,
                  .scale = scale,
-                 .bf16 = io->bf16 != 0};
+                 .bf16 = io->bf16 && kv->head_dim <= KN_ATTN_DSLICE};
   int64_t row = kv->n_kv_heads * kv->head_dim;
   /* Every write lands before any read: a token may attend to positions written by
    * other tokens of the same step (prefill chunks). */

@@ -40,12 +40,15 @@ static inline float kn_bf16_f32(uint32_t h) {
 /* f rounded to bf16, as an f32. */
 static inline float kn_bf16_value(float f) { return kn_bf16_f32(kn_bf16_round(f)); }
 
-/* fma(a, b, c) flushed as x86's FTZ flushes: a result is tiny when, rounded to 24 bits
- * with an unbounded exponent, it is below FLT_MIN, which rounding on the subnormal grid
- * (fmaf) misses for exact results in [FLT_MIN (1 - 2^-24), FLT_MIN (1 - 2^-25)): fmaf
- * gives FLT_MIN there. a * b (bf16 values) is exact in double; near FLT_MIN so is the sum.
- * (Round to nearest even, as vdpbf16ps: the portable path assumes the default mode.) */
+/* fma(a, b, c) with DAZ and FTZ as x86 applies them: a subnormal c is read as its signed
+ * zero (as are a and b: bf16 values here are never subnormal), and a result is tiny when,
+ * rounded to 24 bits with an unbounded exponent, it is below FLT_MIN, which rounding on the
+ * subnormal grid (fmaf) misses for exact results in [FLT_MIN (1 - 2^-24), FLT_MIN (1 -
+ * 2^-25)): fmaf gives FLT_MIN there. a * b (bf16 values) is exact in double; near FLT_MIN
+ * so is the sum. (Round to nearest even, as vdpbf16ps: the portable path assumes the
+ * default mode.) */
 static inline float kn_fma_ftz(float a, float b, float c) {
+  c = kn_ftz(c);
   float r = fmaf(a, b, c);
   if (fabsf(r) == FLT_MIN && fabs((double)a * b + c) < (double)FLT_MIN * (1.0 - 0x1p-25))
     return r < 0 ? -0.0f : 0.0f;

@@ -293,7 +293,8 @@ typedef struct kn_attn_io {
                      window); 0: every position <= p */
   float softcap;  /* > 0: each scaled score s becomes kn_softcap1(s, softcap) (Gemma 2) */
   int bf16;       /* nonzero: q . k and p . v on bf16 values in the bf16 order (plans with
-                     act_bf16 attention; kn_attention.c); 0: f32 */
+                     act_bf16 attention; kn_attention.c), head_dim <= 256 (wider heads take
+                     the f32 order); 0: f32 */
 } kn_attn_io;
 
 /* kn_attention_paged over strided (packed) inputs with an optional per-head norm and rope:

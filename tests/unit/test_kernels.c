@@ -398,14 +398,26 @@ static void test_attention_long(kn_pool *p) {
     bool f16 = i % 2;
     int64_t hd = c[i / 2].hd, bs = c[i / 2].bs, n = c[i / 2].n;
     size_t sz = (size_t)(9 * hd) * sizeof(float), psz = (size_t)(n - 1) * sz;
-    float *o[5], *pre[5];  /* portable; AVX2, AVX-512 with the chunk kernels; then without */
+    /* portable; AVX2, AVX-512 with the chunk kernels; then without; bf16: AVX-512 without
+     * vdpbf16ps */
+    float *o[6], *pre[6];
+    const int runs = g_bf16 ? 6 : 5;
     uint64_t seed = g_rng; /* the same inputs for every run */
-    for (int r = 0; r < 5; r++) {
+    for (int r = 0; r < runs; r++) {
       g_rng = seed;
       o[r] = malloc(sz), pre[r] = malloc(psz);
-      attn_long_run(p, r ? 1 + (r + 1) % 2 : 0, r < 3, f16, hd, bs, n, c[i / 2].scale, o[r],
-                    pre[r]);
+      bool dp = kn_matmul_use_bf16dp(r < 5);
+      attn_long_run(p,
+                    r == 5 ? 2
+                    : r    ? 1 + (r + 1) % 2
+                           : 0,
+                    r < 3, f16, hd, bs, n, c[i / 2].scale, o[r], pre[r]);
+      kn_matmul_use_bf16dp(dp);
     }
+    if (g_bf16)
+      CHECKF(!memcmp(o[2], o[5], sz) && !memcmp(pre[2], pre[5], psz),
+             "bf16 attention on vdpbf16ps vs fmas differ (%s hd %lld bs %lld window %lld)",
+             f16 ? "f16" : "f32", (long long)hd, (long long)bs, (long long)g_window);
     /* the prefill's tokens too (many queries a group: the AVX-512 one in the lanes) */
     CHECKF(!memcmp(pre[1], pre[2], psz), "prefill attention AVX2 vs AVX-512 differ (hd %lld)",
            (long long)hd);
@@ -424,7 +436,7 @@ static void test_attention_long(kn_pool *p) {
     float worst = 0;
     for (int64_t j = 0; j < 9 * hd; j++) worst = fmaxf(worst, fabsf(o[0][j] - o[2][j]));
     CHECKF(worst <= 1e-5f, "attention portable vs SIMD differ by %g", worst);
-    for (int r = 0; r < 5; r++) free(o[r]), free(pre[r]);
+    for (int r = 0; r < runs; r++) free(o[r]), free(pre[r]);
   }
   g_window = 0, g_softcap = 0;
 }
@@ -450,11 +462,15 @@ static double attn_cached(const kn_kv_layer *kv, const int32_t *tables, int64_t 
   return v ? (double)kv->v8[o] * kv->v_scale[r] : (double)kv->k8[o] * kv->k_scale[r];
 }
 
+/* The spread of the K and V values attn_group_run draws (uniform in [-x, x)). */
+static float g_kmul = 1.0f, g_vmul = 1.0f;
+
 static void attn_group_run(kn_pool *p, int isa, bool chunks, int kind, int64_t nh, int64_t nkv,
                            int64_t n, float *out) {
   const int64_t hd = 64, bs = 16, n_blk = (n + bs - 1) / bs, row = nkv * hd;
   uint64_t seed = g_rng;
-  float *k = rnd_vec(n * row, 1.0f), *v = rnd_vec(n * row, 1.0f), *q = rnd_vec(n * nh * hd, 1.0f);
+  float *k = rnd_vec(n * row, g_kmul), *v = rnd_vec(n * row, g_vmul);
+  float *q = rnd_vec(n * nh * hd, 1.0f);
   g_rng = seed;
   int32_t *tables = malloc((size_t)n_blk * sizeof *tables);
   for (int64_t b = 0; b < n_blk; b++) tables[b] = (int32_t)((b * 5 + 3) % n_blk); /* scattered */
@@ -529,7 +545,7 @@ static void test_attention_groups(kn_pool *p4) {
       for (int r = 0; r < runs; r++) { /* each run draws the same inputs */
         o[r] = malloc((size_t)(2 * sz) * sizeof *o[r]);
         bool dp = kn_matmul_use_bf16dp(r < 4);
-        attn_group_run(p4, 1 + r % 2, r < 2 || r == 4, kind, nh, nkv, n, o[r]);
+        attn_group_run(p4, r == 4 ? 2 : 1 + r % 2, r < 2, kind, nh, nkv, n, o[r]);
         kn_matmul_use_bf16dp(dp);
         CHECKF(!memcmp(o[r], o[r] + sz, (size_t)sz * sizeof *o[r]),
                "grouped prefill vs each token alone differ (isa %d chunks %d heads %lld/%lld "
@@ -892,6 +908,13 @@ int main(void) {
   }
   test_attention_long(p4);
   test_attention_groups(p4);
+  /* scores far apart (rescales by factors below FLT_MIN, weights near it: subnormal sums
+   * and products the order flushes), then tiny values */
+  g_kmul = 300.0f;
+  test_attention_groups(p4);
+  g_vmul = 1e-30f;
+  test_attention_groups(p4);
+  g_kmul = g_vmul = 1.0f;
   g_bf16 = 0;
   test_attention_bf16_differs(p4);
   test_rope(p4);
