@@ -320,6 +320,7 @@ ir_status infc_build(const char *src, const infc_options *opts, const char *out_
                   .quant_calib = o.quant_calib[0] ? o.quant_calib : NULL,
                   .act_int8 = infc_options_act_int8(&o),
                   .act_bf16 = infc_options_act_bf16(&o),
+                  .attn_bf16 = infc_options_attn_bf16(&o),
                   .repack = o.repack,
                   .pool = kn_pool_create(0)}; /* NULL (no threads): serial */
   if (st == IR_OK && o.act_dtype == INFC_ACT_INT8 && !strcmp(o.target, "cuda"))
@@ -331,6 +332,10 @@ ir_status infc_build(const char *src, const infc_options *opts, const char *out_
     st = ir_diag_set(d, IR_UNSUPPORTED,
                      "option 'act_dtype': bf16 activations of bf16 matmuls are a CPU path (the "
                      "GPU kernels read f32); use auto or f32 with --target cuda");
+  if (st == IR_OK && o.attn_dtype == INFC_ATTN_BF16 && !strcmp(o.target, "cuda"))
+    st = ir_diag_set(d, IR_UNSUPPORTED,
+                     "option 'attn_dtype': bf16 attention is a CPU path (the GPU kernels keep "
+                     "their own); use auto or f32 with --target cuda");
   if (!strcmp(o.target, "cuda")) {
     po.capture_plan = true;
     if (o.n_decode_buckets > 0)

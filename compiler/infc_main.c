@@ -58,6 +58,8 @@ static int usage_build(FILE *f) {
       "                         --target cpu, f32 for cuda), f32, int8 (per 32 values);\n"
       "                         bf16: int8 there, and bf16 weights multiply x rounded\n"
       "                         to bf16 (AVX512-BF16's bf16 products, f32 sums; CPU)\n"
+      "      --attn-dtype T     attention's q.k and p.v products: auto (bf16 with\n"
+      "                         --act-dtype bf16, else f32), f32, bf16 (CPU)\n"
       "      --no-repack        keep those weights in their GGUF block layout (default:\n"
       "                         8 rows interleaved, the CPU kernels' faster layout)\n"
       "      --shape NAME=DIMS  a generic ONNX graph's input range, dims like 1..64x3x224x224\n"
@@ -130,6 +132,7 @@ static int parse_build(int argc, char **argv, infc_options *o, build_args *a) {
                                         {"shape", required_argument, 0, 19},
                                         {"tp", required_argument, 0, 20},
                                         {"layers", required_argument, 0, 21},
+                                        {"attn-dtype", required_argument, 0, 22},
                                         {"help", no_argument, 0, 'h'},
                                         {0, 0, 0, 0}};
   static const char *keys[] = {"",           "dtype",         "max_tokens",  "max_seqs",
@@ -156,6 +159,7 @@ static int parse_build(int argc, char **argv, infc_options *o, build_args *a) {
     else if (c == 19) st = infc_options_set(o, "shape", optarg, &d);
     else if (c == 20) st = infc_options_set(o, "tp", optarg, &d);
     else if (c == 21) st = infc_options_set(o, "layers", optarg, &d);
+    else if (c == 22) st = infc_options_set(o, "attn_dtype", optarg, &d);
     else if (c == 'q') a->quiet = true;
     else if (c == 'h') return usage_build(stdout) - 1;
     else return usage_build(stderr);

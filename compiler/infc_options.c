@@ -179,6 +179,16 @@ ir_status infc_options_set(infc_options *o, const char *key, const char *v, ir_d
     return ir_diag_set(d, IR_INVALID_ARG,
                        "option 'act_dtype': '%s' is not one of auto, f32, int8, bf16", v);
   }
+  if (!strcmp(key, "attn_dtype")) {
+    static const char *const names[] = {"auto", "f32", "bf16"};
+    for (int i = 0; i < 3; i++)
+      if (!strcmp(v, names[i])) {
+        o->attn_dtype = (infc_attn_dtype)i;
+        return IR_OK;
+      }
+    return ir_diag_set(d, IR_INVALID_ARG, "option 'attn_dtype': '%s' is not one of auto, f32, bf16",
+                       v);
+  }
   if (!strcmp(key, "tokenizer")) {
     if (strlen(v) >= sizeof o->tokenizer)
       return ir_diag_set(d, IR_INVALID_ARG, "option 'tokenizer': path too long");
@@ -306,6 +316,11 @@ ir_status infc_options_load_yaml(infc_options *o, const char *path, ir_diag *d) 
 
 bool infc_options_act_bf16(const infc_options *o) { return o->act_dtype == INFC_ACT_BF16; }
 
+bool infc_options_attn_bf16(const infc_options *o) {
+  return o->attn_dtype == INFC_ATTN_BF16 ||
+         (o->attn_dtype == INFC_ATTN_AUTO && o->act_dtype == INFC_ACT_BF16);
+}
+
 bool infc_options_act_int8(const infc_options *o) {
   return o->act_dtype == INFC_ACT_INT8 || o->act_dtype == INFC_ACT_BF16 ||
          (o->act_dtype == INFC_ACT_AUTO && strcmp(o->target, "cuda") != 0);
@@ -357,6 +372,13 @@ int infc_options_describe(const infc_options *o, const char **keys, const char *
     keys[n] = "act_dtype";
     values[n++] = buf + off;
     off += strlen(act) + 1;
+  }
+  const char *attn = o->attn_dtype == INFC_ATTN_BF16 ? "bf16" : "f32";
+  if (o->attn_dtype != INFC_ATTN_AUTO && n < cap && off + strlen(attn) + 1 <= len) {
+    memcpy(buf + off, attn, strlen(attn) + 1); /* only when set: plans keep their bytes */
+    keys[n] = "attn_dtype";
+    values[n++] = buf + off;
+    off += strlen(attn) + 1;
   }
   char qs[64]; /* only when set: plans built without --quant keep their bytes */
   pass_quant_format(&o->quant, qs, sizeof qs);

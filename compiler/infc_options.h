@@ -16,6 +16,8 @@
  *   act_dtype: auto | f32 | int8 | bf16  # activations of q8_0/q4_0/q4_1 matmuls: int8
  *                                     # per 32-value block (auto: on target cpu); bf16:
  *                                     # that, and bf16 activations of bf16 matmuls
+ *   attn_dtype: auto | f32 | bf16     # attention's q.k and p.v products (CPU): bf16 values
+ *                                     # (auto: with act_dtype bf16, else f32)
  *   target: cpu | cuda
  *   arch: sm_80,sm_90                 # target cuda: GPU archs to compile kernels for
  *   passes: { fold: true, fuse: true }  # and fuse_rope_attention, fuse_qkv, fuse_gate_up,
@@ -41,6 +43,14 @@ typedef enum infc_act_dtype {
   INFC_ACT_BF16 = 3,
 } infc_act_dtype;
 
+/* attn_dtype: auto (bf16 with act_dtype bf16, else f32), f32, bf16 (q . k and p . v on
+ * bf16 values, f32 sums: kn_attention's bf16 order; a CPU path). */
+typedef enum infc_attn_dtype {
+  INFC_ATTN_AUTO = 0,
+  INFC_ATTN_F32 = 1,
+  INFC_ATTN_BF16 = 2,
+} infc_attn_dtype;
+
 /* A generic graph input's shape range (--shape NAME=1..64x3x224x224, or build.yaml's
  * `shapes: {NAME: ...}`): each dim a number or a range lo..hi. */
 #define INFC_MAX_SHAPES 16
@@ -62,14 +72,15 @@ typedef struct infc_options {
   unsigned no_fuse;    /* pass_fusion bits (passes/pass.h) of fusions to skip */
   bool max_tokens_set; /* max_tokens given: target cuda keeps it (else INFC_CUDA_MAX_TOKENS) */
   char target[16];
-  char arch[64];            /* target cuda: GPU archs, "sm_80,sm_90" ("" = that default) */
-  char cache_dir[4096];     /* target cuda: NVRTC's compile cache ("" = none; the infc CLI's
+  char arch[64];              /* target cuda: GPU archs, "sm_80,sm_90" ("" = that default) */
+  char cache_dir[4096];       /* target cuda: NVRTC's compile cache ("" = none; the infc CLI's
                                --cache-dir, default ~/.cache/infc). Not recorded in the plan:
                                it decides where outputs are kept, not what they are */
-  char tokenizer[4096];     /* --tokenizer PATH: a tokenizer.json to embed ("" = find one) */
-  pass_quant_opts quant;    /* --quant SCHEME: weight quantization (passes/pass_quantize.h) */
-  char quant_calib[4096];   /* --quant-calib FILE: w8a8 activation maxima ("" = none) */
-  infc_act_dtype act_dtype; /* --act-dtype: activations of block-quantized matmuls */
+  char tokenizer[4096];       /* --tokenizer PATH: a tokenizer.json to embed ("" = find one) */
+  pass_quant_opts quant;      /* --quant SCHEME: weight quantization (passes/pass_quantize.h) */
+  char quant_calib[4096];     /* --quant-calib FILE: w8a8 activation maxima ("" = none) */
+  infc_act_dtype act_dtype;   /* --act-dtype: activations of block-quantized matmuls */
+  infc_attn_dtype attn_dtype; /* --attn-dtype: attention's products */
   /* target cuda: --decode-buckets LIST, the CUDA Graph decode batch sizes (0: the default
    * 1, 2, 4, ... up to the step limit; checked against the limits by pass_capture_plan) */
   int32_t n_decode_buckets;
@@ -101,6 +112,8 @@ ir_status infc_options_load_yaml(infc_options *o, const char *path, ir_diag *d);
 bool infc_options_act_int8(const infc_options *o);
 /* Whether bf16 matmuls take bf16 activations (act_dtype bf16). */
 bool infc_options_act_bf16(const infc_options *o);
+/* Whether attention takes bf16 products (attn_dtype bf16, or auto with act_dtype bf16). */
+bool infc_options_attn_bf16(const infc_options *o);
 
 int infc_options_describe(const infc_options *o, const char **keys, const char **values, int cap,
                           char *buf, size_t len);

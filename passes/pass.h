@@ -31,6 +31,7 @@ typedef struct pass_opts {
   const char *quant_calib; /* w8a8: activation maxima for smoothing (pass_quantize.h); NULL */
   bool act_int8;     /* matmuls of q8_0/q4_0/q4_1 weights take int8 activations (pass_act_int8) */
   bool act_bf16;     /* matmuls of bf16 weights take bf16 activations (pass_act_bf16) */
+  bool attn_bf16;    /* attentions take bf16 products (pass_act_bf16) */
   bool repack;       /* their weights interleaved by 8 rows for the CPU kernels (pass_repack) */
   bool capture_plan; /* target cuda: plan the CUDA Graph decode buckets */
   const int64_t *decode_buckets; /* the buckets asked for; NULL: 1, 2, 4, ... up to the limit */
@@ -122,9 +123,10 @@ ir_status pass_act_int8(ir_graph *g, const pass_opts *o, pass_log *log, ir_diag 
 
 /* Every matmul with a bf16 weight (rank 2) gets act_bf16 = 1: the CPU rounds x to bf16 and
  * sums bf16 products in f32 (AVX512-BF16's vdpbf16ps order, kn_matmul_bf16x): twice the
- * multiply rate of f32 activations, with bf16's 8-bit mantissa on x. Every attention gets
- * it too: q . k and p . v on bf16 values in the same order (kn_attention's bf16 order).
- * Runs when o->act_bf16 (infc's act_dtype bf16); logs a line only when a node took it. */
+ * multiply rate of f32 activations, with bf16's 8-bit mantissa on x (when o->act_bf16:
+ * infc's act_dtype bf16). With o->attn_bf16 (attn_dtype bf16, or auto with act_dtype
+ * bf16) every attention gets it: q . k and p . v on bf16 values in the same order
+ * (kn_attention's bf16 order). Logs a line only when a node took it. */
 ir_status pass_act_bf16(ir_graph *g, const pass_opts *o, pass_log *log, ir_diag *d);
 
 /* The weights of act_int8 matmuls (q8_0, q4_0, q4_1; rows a multiple of 8, of 16 for a

@@ -27,7 +27,7 @@ ir_status pass_pipeline_run(ir_graph *g, const pass_opts *o, pass_log *log, ir_d
       /* after fusion: fused q/k/v and gate/up weights are quantized whole */
       {"quantize", pass_quantize, o->quant && o->quant->scheme != PASS_QUANT_NONE},
       {"act_int8", pass_act_int8, o->act_int8},
-      {"act_bf16", pass_act_bf16, o->act_bf16},
+      {"act_bf16", pass_act_bf16, o->act_bf16 || o->attn_bf16},
       {"repack", pass_repack, (o->act_int8 || o->act_bf16) && o->repack},
       {"memory_plan", pass_memory_plan, true},
       {"capture_plan", pass_capture_plan, o->capture_plan},

@@ -958,12 +958,12 @@ ir_status pass_act_int8(ir_graph *g, const pass_opts *o, pass_log *log, ir_diag 
 /* ---- bf16 activations for bf16 weights ---------------------------------------------------- */
 
 ir_status pass_act_bf16(ir_graph *g, const pass_opts *o, pass_log *log, ir_diag *d) {
-  (void)o;
   int n_done = 0, n_attn = 0;
   const char *key = ir_attr_intern("act_bf16");
   for (int32_t i = 0; i < g->n_nodes; i++) {
     ir_node *n = &g->nodes[i];
-    if (n->op != IR_OP_MATMUL && n->op != IR_OP_ATTENTION) continue;
+    if (!(n->op == IR_OP_MATMUL && o->act_bf16) && !(n->op == IR_OP_ATTENTION && o->attn_bf16))
+      continue;
     if (ir_node_attr_i(n, "act_bf16", 0)) continue;
     if (n->op == IR_OP_MATMUL) {
       if (n->n_in < 2 || n->in[1] < 0) continue;

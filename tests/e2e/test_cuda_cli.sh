@@ -19,6 +19,8 @@ expect_error "cpu plan on cuda" "needs a CUDA plan" "$INFERRT" "${GEN[0]}" "$TMP
 expect_error "decode buckets need cuda" "need --target cuda" "$INFC" build "$M" -o "$TMP/x.plan" --decode-buckets 1,2
 expect_error "int8 activations are a CPU path" "a CPU path" "$INFC" build "$M" -o "$TMP/x.plan" --target cuda --act-dtype int8
 expect_error "bad act_dtype" "'f8' is not one of auto, f32, int8" "$INFC" build "$M" -o "$TMP/x.plan" --act-dtype f8
+expect_error "bad attn_dtype" "'f16' is not one of auto, f32, bf16" "$INFC" build "$M" -o "$TMP/x.plan" --attn-dtype f16
+expect_error "bf16 attention is a CPU path" "a CPU path" "$INFC" build "$M" -o "$TMP/x.plan" --target cuda --attn-dtype bf16
 expect_error "unknown device" "device 'tpu'" "$INFERRT" "${GEN[0]}" "$TMP/cpu.plan" "${GEN[@]:1}" --device tpu
 check "cpu plan --device cpu" '"$INFERRT" "${GEN[@]:0:1}" "$TMP/cpu.plan" "${GEN[@]:1}" --device cpu --json >"$TMP/a.json" 2>/dev/null && grep -q "\"device\":\"cpu\"" "$TMP/a.json"'
 

@@ -320,6 +320,7 @@ kv_block_size: 32
 max_context: 1024
 quant: int4:g64:asym:lm_head
 act_dtype: int8
+attn_dtype: bf16
 target: cpu
 arch: sm_80,sm_90
 passes:
