@@ -445,8 +445,20 @@ static void cold_task(void *arg, int64_t begin, int64_t end, int tid) {
  * 64 MiB buffer written through by the pool, untimed), as a model's layer does after the
  * weights and the other layers' caches went by; the time is then the best mean of 16
  * such calls. */
+/* kn_attention_paged, in the bf16 order with bf16. */
+static void attn_call(kn_pool *pool, float *out, const float *q, const float *kn, const float *vn,
+                      const kn_kv_layer *kv, const kn_attn_batch *b, int64_t n_heads, bool bf16) {
+  kn_attn_io io = {.q = q,
+                   .k = kn,
+                   .v = vn,
+                   .q_stride = n_heads * kv->head_dim,
+                   .kv_stride = kv->n_kv_heads * kv->head_dim,
+                   .bf16 = bf16};
+  kn_attention_paged_io(pool, out, &io, kv, b, n_heads, 0.125f);
+}
+
 static int run_attn(int threads, int64_t ctx, int64_t batch, int64_t n_heads, int64_t n_kv,
-                    int64_t hd, irt_kv_dtype dtype, int repeats, bool cold) {
+                    int64_t hd, irt_kv_dtype dtype, int repeats, bool cold, bool bf16) {
   const int64_t bs = 16, per_seq = (ctx + bs - 1) / bs, nb = per_seq * batch;
   const int64_t vals = nb * n_kv * bs * hd;
   kn_kv_layer kv = {.n_blocks = nb, .block_size = bs, .n_kv_heads = n_kv, .head_dim = hd};
@@ -499,7 +511,7 @@ static int run_attn(int threads, int64_t ctx, int64_t batch, int64_t n_heads, in
        * the workers are awake when the call starts, as in a model) */
       kn_parallel_for(pool, COLD_BYTES / 4096, 1, cold_task, evict);
       double t0 = now_ms();
-      kn_attention_paged(pool, out, q, kn, vn, &kv, &b, n_heads, 0.125f);
+      attn_call(pool, out, q, kn, vn, &kv, &b, n_heads, bf16);
       ms += (now_ms() - t0) / COLD_CALLS;
     }
     if (ms < best) best = ms;
@@ -509,7 +521,7 @@ static int run_attn(int threads, int64_t ctx, int64_t batch, int64_t n_heads, in
     double t0 = now_ms();
     int calls = 0;
     do {
-      kn_attention_paged(pool, out, q, kn, vn, &kv, &b, n_heads, 0.125f);
+      attn_call(pool, out, q, kn, vn, &kv, &b, n_heads, bf16);
       calls++;
     } while (now_ms() - t0 < 200.0);
     double ms = (now_ms() - t0) / calls;
@@ -518,11 +530,12 @@ static int run_attn(int threads, int64_t ctx, int64_t batch, int64_t n_heads, in
   double bytes = (double)batch * (double)ctx * (double)(n_kv * hd) * 2.0 * (double)es +
                  (dtype == IRT_KV_DTYPE_INT8 ? (double)(batch * ctx * n_kv) * 8.0 : 0.0);
   printf("{\"threads\": %d, \"ctx\": %lld, \"batch\": %lld, \"heads\": %lld, \"kv_heads\": %lld, "
-         "\"head_dim\": %lld, \"kv_dtype\": \"%s\", \"cold\": %s, \"us\": %.1f, \"kv_gbps\": %.2f, "
-         "\"checksum\": %.6g}\n",
+         "\"head_dim\": %lld, \"kv_dtype\": \"%s\", \"bf16\": %s, \"cold\": %s, \"us\": %.1f, "
+         "\"kv_gbps\": %.2f, \"checksum\": %.6g}\n",
          threads, (long long)ctx, (long long)batch, (long long)n_heads, (long long)n_kv,
-         (long long)hd, irt_kv_dtype_name(dtype), cold ? "true" : "false", best * 1e3,
-         bytes / (best * 1e-3) / 1e9, (double)out[0] + (double)out[batch * n_heads * hd - 1]);
+         (long long)hd, irt_kv_dtype_name(dtype), bf16 ? "true" : "false", cold ? "true" : "false",
+         best * 1e3, bytes / (best * 1e-3) / 1e9,
+         (double)out[0] + (double)out[batch * n_heads * hd - 1]);
   kn_pool_destroy(pool);
   free(kbuf), free(vbuf), free(ks), free(vs), free(q), free(kn), free(vn), free(out);
   free(seq), free(pos), free(tables);
@@ -530,14 +543,14 @@ static int run_attn(int threads, int64_t ctx, int64_t batch, int64_t n_heads, in
 }
 
 static int usage(void) {
-  return fail(
-      "usage: bench_cpu membw [--threads N] [--mib M] [--repeats R]\n"
-      "       bench_cpu peak [--threads N] [--repeats R]\n"
-      "       bench_cpu attn [--threads N] [--ctx 4096] [--batch 1] [--heads 9]\n"
-      "                 [--kv-heads 3] [--head-dim 64] [--kv-dtype f16] [--repeats R] [--cold]\n"
-      "       bench_cpu model model.plan [--threads N] [--prompt 512] [--decode 128]\n"
-      "                 [--batch 16] [--batch-steps 32] [--repeats R] [--kv-tokens K]\n"
-      "                 [--kv-dtype f32|f16|int8] [--max-isa 0|1|2|3]");
+  return fail("usage: bench_cpu membw [--threads N] [--mib M] [--repeats R]\n"
+              "       bench_cpu peak [--threads N] [--repeats R]\n"
+              "       bench_cpu attn [--threads N] [--ctx 4096] [--batch 1] [--heads 9]\n"
+              "                 [--kv-heads 3] [--head-dim 64] [--kv-dtype f16] [--repeats R] "
+              "[--cold] [--bf16]\n"
+              "       bench_cpu model model.plan [--threads N] [--prompt 512] [--decode 128]\n"
+              "                 [--batch 16] [--batch-steps 32] [--repeats R] [--kv-tokens K]\n"
+              "                 [--kv-dtype f32|f16|int8] [--max-isa 0|1|2|3]");
 }
 
 int main(int argc, char **argv) {
@@ -546,6 +559,7 @@ int main(int argc, char **argv) {
       .threads = 0, .repeats = 3, .prompt = 512, .decode = 128, .batch = 16, .batch_steps = 32};
   int64_t mib = 1024, ctx = 4096, heads = 9, kv_heads = 3, head_dim = 64;
   bool membw = !strcmp(argv[1], "membw"), attn = !strcmp(argv[1], "attn"), cold = false;
+  bool bf16 = false;
   bool peak = !strcmp(argv[1], "peak");
   if (attn) o.batch = 1, o.kv_dtype = IRT_KV_DTYPE_F16;
   if (!membw && !attn && !peak && strcmp(argv[1], "model")) return usage();
@@ -566,6 +580,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--threads") && v) o.threads = atoi(v), i++;
     else if (!strcmp(a, "--repeats") && v) o.repeats = atoi(v), i++;
     else if (!strcmp(a, "--cold") && attn) cold = true;
+    else if (!strcmp(a, "--bf16") && attn) bf16 = true;
     else if (!strcmp(a, "--kv-dtype") && v && irt_kv_dtype_parse(v, &o.kv_dtype)) i++;
     else if (!strcmp(a, "--max-isa") && v) { /* 0 portable, 1 AVX2, 2 AVX-512, 3 + AMX */
       kn_matmul_set_max_isa(atoi(v)), kn_matmul_wq_set_max_isa(atoi(v)), i++;
@@ -582,8 +597,8 @@ int main(int argc, char **argv) {
     if (ctx < 1 || o.batch < 1 || kv_heads < 1 || heads % kv_heads || head_dim < 1 ||
         head_dim > 256)
       return usage();
-    return run_attn(o.threads, ctx, o.batch, heads, kv_heads, head_dim, o.kv_dtype, o.repeats,
-                    cold);
+    return run_attn(o.threads, ctx, o.batch, heads, kv_heads, head_dim, o.kv_dtype, o.repeats, cold,
+                    bf16);
   }
   return o.plan ? run_model(&o) : usage();
 }

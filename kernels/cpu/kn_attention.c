@@ -1526,15 +1526,112 @@ ATTN_BF16_INLINE void attn_chunk16_bf16_body(attn_state *const *st, const float 
   }
 }
 
+/* The same steps for head_dim a multiple of 32 and 64 value dims a pass (dn too), the cache
+ * type known at compile time: no masks, no branches in the loops (decode's common case). */
+ATTN_BF16_INLINE void attn_chunk16_bf16_fast(attn_state *const *st, const float *const *q, int nq,
+                                             const attn_rows *r, const float *v_scale, float scale,
+                                             int64_t d0, int64_t dn, int kind) {
+  const int64_t hd = r->hd, ns = hd / 32;
+  const float *kf = r->k, *vf = r->v;
+  const uint16_t *kh = r->k16, *vh = r->v16;
+  const int8_t *k8 = r->k8, *v8 = r->v8;
+  __m512bh qp[KN_ATTN_MQ][KN_ATTN_DSLICE / 32];
+  for (int i = 0; i < nq; i++)
+    for (int64_t t = 0; t < ns; t++)
+      qp[i][t] =
+          _mm512_cvtne2ps_pbh(_mm512_loadu_ps(q[i] + 32 * t + 16), _mm512_loadu_ps(q[i] + 32 * t));
+  __m512 t4[KN_ATTN_MQ][4];
+  for (int g = 0; g < 4; g++) {
+    __m512 a[KN_ATTN_MQ][4];
+    for (int i = 0; i < nq; i++)
+      for (int c = 0; c < 4; c++) a[i][c] = _mm512_setzero_ps();
+    for (int64_t t = 0; t < ns; t++) {
+      __m512bh kp[4];
+      for (int c = 0; c < 4; c++) {
+        int64_t off = (4 * g + c) * hd + 32 * t;
+        kp[c] = _mm512_cvtne2ps_pbh(attn_ld16(kind, kf, kh, k8, off + 16),
+                                    attn_ld16(kind, kf, kh, k8, off));
+      }
+      for (int i = 0; i < nq; i++)
+        for (int c = 0; c < 4; c++) a[i][c] = _mm512_dpbf16_ps(a[i][c], qp[i][t], kp[c]);
+    }
+    for (int i = 0; i < nq; i++) t4[i][g] = attn_fold4rows(a[i]);
+  }
+  uint32_t pb[KN_ATTN_MQ][KN_ATTN_CHUNK];
+  for (int i = 0; i < nq; i++) { /* max, rescale, weights, sum: as attn_chunk16_body */
+    __m512 w = attn_fold_rows(t4[i]);
+    if (r->ks) w = _mm512_mul_ps(w, _mm512_loadu_ps(r->ks));
+    w = _mm512_mul_ps(w, _mm512_set1_ps(scale));
+    attn_state *s = st[i];
+    float cm = _mm512_reduce_max_ps(w);
+    if (cm > s->max) {
+      float corr = _mm512_cvtss_f32(kn_vexp16(_mm512_set1_ps(s->max - cm)));
+      s->sum *= corr;
+      for (int64_t d = 0; d < dn; d++) s->acc[d] *= corr;
+      s->max = cm;
+    }
+    __m512 e = kn_vexp16(_mm512_sub_ps(w, _mm512_set1_ps(s->max)));
+    float p[KN_ATTN_CHUNK];
+    _mm512_storeu_ps(p, e);
+    float sum = s->sum;
+    for (int j = 0; j < KN_ATTN_CHUNK; j++) sum += p[j];
+    s->sum = sum;
+    if (v_scale) e = _mm512_mul_ps(e, _mm512_loadu_ps(v_scale));
+    /* the weights' bf16 pairs: word 2m the even slot, 2m + 1 the odd */
+    _mm512_storeu_si512(pb[i], (__m512i)_mm512_cvtne2ps_pbh(_mm512_setzero_ps(), e));
+  }
+  const uint16_t(*pw16)[2 * KN_ATTN_CHUNK] = (const uint16_t(*)[2 * KN_ATTN_CHUNK]) pb;
+  for (int64_t d = 0; d < dn; d += 4 * KN_ATTN_LANES) {
+    __m512 acc[KN_ATTN_MQ][4];
+    for (int i = 0; i < nq; i++)
+      for (int c = 0; c < 4; c++) acc[i][c] = _mm512_loadu_ps(st[i]->acc + d + 16 * c);
+    for (int m = 0; m < KN_ATTN_CHUNK / 2; m++) {
+      __m512bh vp[4];
+      for (int c = 0; c < 4; c++) {
+        int64_t o = 2 * m * hd + d0 + d + 16 * c;
+        vp[c] = (__m512bh)attn_bf16_pairs16(attn_ld16(kind, vf, vh, v8, o),
+                                            attn_ld16(kind, vf, vh, v8, o + hd));
+      }
+      for (int i = 0; i < nq; i++) {
+        uint32_t wv;
+        memcpy(&wv, &pw16[i][2 * m], sizeof wv);
+        __m512bh pw = (__m512bh)_mm512_set1_epi32((int)wv);
+        for (int c = 0; c < 4; c++) acc[i][c] = _mm512_dpbf16_ps(acc[i][c], pw, vp[c]);
+      }
+    }
+    for (int i = 0; i < nq; i++)
+      for (int c = 0; c < 4; c++) _mm512_storeu_ps(st[i]->acc + d + 16 * c, acc[i][c]);
+  }
+}
+
+#define ATTN_CHUNK16_BF16_INST(name, kind)                                                         \
+  static ATTN_BF16 void name(attn_state *const *st, const float *const *q, int nq,                 \
+                             const attn_rows *r, const float *v_scale, float scale, int64_t d0,    \
+                             int64_t dn) {                                                         \
+    switch (nq) {                                                                                  \
+    case 4: attn_chunk16_bf16_fast(st, q, 4, r, v_scale, scale, d0, dn, kind); break;              \
+    case 3: attn_chunk16_bf16_fast(st, q, 3, r, v_scale, scale, d0, dn, kind); break;              \
+    case 2: attn_chunk16_bf16_fast(st, q, 2, r, v_scale, scale, d0, dn, kind); break;              \
+    default: attn_chunk16_bf16_fast(st, q, 1, r, v_scale, scale, d0, dn, kind); break;             \
+    }                                                                                              \
+  }
+ATTN_CHUNK16_BF16_INST(attn_chunk16_bf16_f32, ATTN_KIND_F32)
+ATTN_CHUNK16_BF16_INST(attn_chunk16_bf16_f16, ATTN_KIND_F16)
+ATTN_CHUNK16_BF16_INST(attn_chunk16_bf16_i8, ATTN_KIND_I8)
+
 static ATTN_BF16 void attn_chunk16_bf16(attn_state *const *st, const float *const *q, int nq,
                                         const attn_rows *r, const float *v_scale, float scale,
                                         int64_t d0, int64_t dn) {
-  switch (nq) {
-  case 4: attn_chunk16_bf16_body(st, q, 4, r, v_scale, scale, d0, dn); break;
-  case 3: attn_chunk16_bf16_body(st, q, 3, r, v_scale, scale, d0, dn); break;
-  case 2: attn_chunk16_bf16_body(st, q, 2, r, v_scale, scale, d0, dn); break;
-  default: attn_chunk16_bf16_body(st, q, 1, r, v_scale, scale, d0, dn); break;
-  }
+  if (r->hd % 32 || dn % 64) { /* (rare shapes: the masked body) */
+    switch (nq) {
+    case 4: attn_chunk16_bf16_body(st, q, 4, r, v_scale, scale, d0, dn); break;
+    case 3: attn_chunk16_bf16_body(st, q, 3, r, v_scale, scale, d0, dn); break;
+    case 2: attn_chunk16_bf16_body(st, q, 2, r, v_scale, scale, d0, dn); break;
+    default: attn_chunk16_bf16_body(st, q, 1, r, v_scale, scale, d0, dn); break;
+    }
+  } else if (r->k) attn_chunk16_bf16_f32(st, q, nq, r, v_scale, scale, d0, dn);
+  else if (r->k16) attn_chunk16_bf16_f16(st, q, nq, r, v_scale, scale, d0, dn);
+  else attn_chunk16_bf16_i8(st, q, nq, r, v_scale, scale, d0, dn);
 }
 
 static ATTN_BF16 void attn_qlb_group(const attn_args *a, const attn_kernels *kk,
