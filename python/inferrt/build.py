@@ -16,8 +16,8 @@ from ._lib import EngineError
 
 _FLAGS = {"output", "config", "dtype", "max_tokens", "max_seqs", "max_logits", "kv_block_size",
           "max_context", "no_fold", "no_fuse", "tokenizer", "target", "arch", "cache_dir",
-          "decode_buckets", "quant", "quant_calib", "act_dtype", "no_repack", "shape", "quiet", "tp",
-          "layers"}
+          "decode_buckets", "quant", "quant_calib", "act_dtype", "attn_dtype", "no_repack", "shape",
+          "quiet", "tp", "layers"}
 
 
 class BuildError(EngineError):

@@ -118,3 +118,5 @@ def test_build_errors(tmp_path):
     with pytest.raises(inferrt.BuildError):
         inferrt.build(bad, tmp_path / "y.plan")
     assert not os.path.exists(tmp_path / "y.plan")
+    with pytest.raises(inferrt.BuildError, match="attn_dtype"):  # the flag reaches infc
+        inferrt.build(bad, tmp_path / "z.plan", attn_dtype="f8")
