@@ -388,6 +388,7 @@ static void test_attention_long(kn_pool *p) {
            {80, 32, 70, 0.1f, 0, 0},
            /* windows that start mid-chunk, on a chunk's edge, past whole blocks; soft caps */
            {128, 32, 70, 0.08f, 0, 0},
+           {64, 15, 50, 0.125f, 0, 0}, /* blocks of 15: every chunk odd (bf16: a lone slot) */
            {64, 32, 83, 0.125f, 37, 0},
            {64, 16, 70, 0.125f, 32, 0},
            {128, 48, 90, 0.08f, 21, 0},
