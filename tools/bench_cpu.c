@@ -5,6 +5,7 @@
  *   bench_cpu model model.plan [--threads N] [--prompt 512] [--decode 128] [--batch 16]
  *                   [--batch-steps 32] [--repeats R] [--kv-tokens K] [--kv-dtype T]
  *                   [--max-isa N: 0 portable, 1 AVX2, 2 AVX-512, 3 + AMX-INT8]
+ *                   [--x16-order chain|tile: bf16x16 matmuls' order, the CPU's by default]
  *       plan load ms (irt_model_open, best of R; wall and process CPU time), prefill
  *       tok/s of a --prompt token prompt,
  *       decode tok/s at batch 1 (--decode steps), aggregate tok/s of --batch sequences
@@ -584,6 +585,8 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--kv-dtype") && v && irt_kv_dtype_parse(v, &o.kv_dtype)) i++;
     else if (!strcmp(a, "--max-isa") && v) { /* 0 portable, 1 AVX2, 2 AVX-512, 3 + AMX */
       kn_matmul_set_max_isa(atoi(v)), kn_matmul_wq_set_max_isa(atoi(v)), i++;
+    } else if (!strcmp(a, "--x16-order") && v && (!strcmp(v, "chain") || !strcmp(v, "tile"))) {
+      kn_matmul_set_x16_order(!strcmp(v, "tile") ? KN_X16_TILE : KN_X16_CHAIN), i++;
     } else if (a[0] != '-' && !o.plan && !membw && !attn && !peak) o.plan = a;
     else return usage();
   }

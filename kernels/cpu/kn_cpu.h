@@ -72,6 +72,18 @@ void kn_matmul_bf16x(kn_pool *p, float *y, const float *x, const uint16_t *w, co
 void kn_matmul_bf16x16(kn_pool *p, float *y, const float *x, const void *w, const float *bias,
                        int64_t m, int64_t n, int64_t k, bool swiglu);
 
+/* The order IR_BF16_X16 sums in on this CPU: KN_X16_TILE (AMX-BF16's tdpbf16ps: blocks of
+ * 16 pairs, an even and an odd chain a block) where the CPU has AMX-BF16, on the tile unit
+ * and on every other path there; KN_X16_CHAIN (vdpbf16ps's one chain) elsewhere. Every
+ * row of every step on one CPU sums in the same order, so a row's result never depends on
+ * the batch; the two orders differ in the last bits. kn_matmul_set_x16_order forces one
+ * (-1: the CPU's again; tests) and returns the setting it replaces. */
+enum { KN_X16_CHAIN = 0, KN_X16_TILE = 1 };
+int kn_matmul_x16_order(void);
+int kn_matmul_set_x16_order(int order);
+/* Whether this CPU and OS run AMX-BF16. */
+bool kn_cpu_has_amx_bf16(void);
+
 /* How the matmul kernels cut y (m, n) into pool tasks: tiles of mb rows x nb columns,
  * n_tiles of them along n; task t is row tile t / n_tiles, column tile t % n_tiles. Tiles
  * follow the cache (a W tile stays in L2 while x rows sweep it) and the thread count; they

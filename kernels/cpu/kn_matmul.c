@@ -8,6 +8,7 @@
 #include <math.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "kn_bf16.h"
@@ -58,6 +59,7 @@ enum {
   KN_MM_X16_GROUPS = 4,           /* ... and the groups a kernel call computes */
   KN_MM_X16_MAX_R = 6,            /* ... for up to this many x rows */
   KN_MM_X16_KB = 1024,            /* ... over this many pairs of k at a time (256 KiB of W, L2) */
+  KN_MM_X16_TBLOCK = 16,          /* the tile order's block of pairs (an AMX tile's rows) */
   KN_MM_BF16_STEP = 16,           /* bf16 path: pair words (32 k-indices) a lane step */
   KN_MM_BF16_STACK_WORDS = 16384, /* x rows of a few-row call converted on the stack */
   KN_MM_BF16_GRAIN = 1 << 14,     /* x values a converting task takes at least */
@@ -1034,6 +1036,7 @@ typedef struct mm_args {
   int64_t w_row_bytes;
   bool swiglu; /* y[:, j] = silu(z[:, j]) * z[:, n + j]: W has 2n rows */
   bool x16;    /* W is IR_BF16_X16 (x as bf16 pairs): mm_x16_tile's path */
+  bool amx;    /* ... on AMX-BF16: mm_x16_amx_tile's, x in tile blocks (mm_xpack_at) */
   kn_mm_tiles tiles;
   const mm_kernels *kern;
   const mm_panel_kernels *panel; /* the panel path, or NULL */
@@ -1316,10 +1319,313 @@ static const mm_x16_fn k_x16_avx512[KN_MM_X16_MAX_R + 1] = {NULL,
 #endif
 #endif
 
+/* ---- bf16x16 W in the tile order (AMX-BF16's) ------------------------------------------ */
+/* On a CPU with AMX-BF16, IR_BF16_X16 sums in the order of the tile instruction,
+ * tdpbf16ps, on every path there (kn_matmul_x16_order): the pairs go in blocks of 16 from
+ * the first (the last block may be short); in a block the even products (x[2p] w[2p]) make
+ * one chain and the odd products another, each from +0 by FMAs, and acc += (even + odd);
+ * subnormal inputs and results flushed to zero, round to nearest even, then the bias.
+ * That is what the instruction computes for a 16-pair tile, bit for bit (checked against
+ * it in test_matmul_bf16); its pseudocode in the manual, one chain of alternating products,
+ * is not. A block's chains never see another row, so a row's result is its own whatever
+ * the rows beside it; padding a block with zero pairs (x's zero words) changes no bit, as
+ * a chain from +0 never holds -0. */
+
+static inline __attribute__((always_inline)) void mm_x16t_body_c(const uint32_t *const *xr,
+                                                                 const uint32_t *const *wg,
+                                                                 int64_t kp, float *out, int mr) {
+  for (int r = 0; r < mr; r++)
+    for (int g = 0; g < KN_MM_X16_GROUPS; g++)
+      for (int i = 0; i < KN_MM_X16_COLS; i++) {
+        float acc = out[r * 64 + 16 * g + i];
+        for (int64_t b = 0; b < kp; b += KN_MM_X16_TBLOCK) {
+          float e = 0.0f, o = 0.0f;
+          for (int64_t p = b; p < kp && p < b + KN_MM_X16_TBLOCK; p++) {
+            uint32_t xv = xr[r][p], wv = wg[g][p * 16 + i];
+            e = kn_fma_ftz(kn_bf16_f32(xv & 0xffffu), kn_bf16_f32(wv & 0xffffu), e);
+            o = kn_fma_ftz(kn_bf16_f32(xv >> 16), kn_bf16_f32(wv >> 16), o);
+          }
+          acc = kn_ftz(acc + kn_ftz(e + o));
+        }
+        out[r * 64 + 16 * g + i] = acc;
+      }
+}
+
+#define MM_X16T_C(name, mr)                                                                        \
+  static void name(const uint32_t *const *xr, const uint32_t *const *wg, int64_t kp, float *out) { \
+    mm_x16t_body_c(xr, wg, kp, out, mr);                                                           \
+  }
+MM_X16T_C(mm_x16t_c_1, 1)
+MM_X16T_C(mm_x16t_c_2, 2)
+static const mm_x16_fn k_x16t_c[KN_MM_X16_MAX_R + 1] = {
+    NULL, mm_x16t_c_1, mm_x16t_c_2, mm_x16t_c_2, mm_x16t_c_2, mm_x16t_c_2, mm_x16t_c_2};
+
+#if KN_MM_X86 && KN_MATMUL_MAX_ISA >= 2
+/* AVX-512F: the two chains of a (row, group) in two zmm, f32 FMAs under DAZ/FTZ; the
+ * running sums wait in out between blocks. Decode (m = 1) and the rows AMX leaves. */
+MM_AVX512_INLINE void mm_x16t_body_avx512(const uint32_t *const *xr, const uint32_t *const *wg,
+                                          int64_t kp, float *out, int mr) {
+  const __m512i hi_mask = _mm512_set1_epi32((int)0xffff0000u);
+  unsigned csr = _mm_getcsr();
+  _mm_setcsr(MM_CSR(csr));
+  for (int64_t b = 0; b < kp; b += KN_MM_X16_TBLOCK) {
+    const int64_t be = kp - b < KN_MM_X16_TBLOCK ? kp : b + KN_MM_X16_TBLOCK;
+    __m512 e[2][KN_MM_X16_GROUPS], o[2][KN_MM_X16_GROUPS];
+    for (int r = 0; r < mr; r++)
+      for (int g = 0; g < KN_MM_X16_GROUPS; g++) {
+        e[r][g] = _mm512_setzero_ps(), o[r][g] = _mm512_setzero_ps();
+        MM_PIN(e[r][g]);
+        MM_PIN(o[r][g]);
+      }
+    for (int64_t p = b; p < be; p++) {
+      __m512 xo[2], xe[2];
+      for (int r = 0; r < mr; r++) {
+        uint32_t v = xr[r][p];
+        xo[r] = _mm512_castsi512_ps(_mm512_set1_epi32((int)(v & 0xffff0000u)));
+        xe[r] = _mm512_castsi512_ps(_mm512_set1_epi32((int)(v << 16)));
+      }
+      for (int g = 0; g < KN_MM_X16_GROUPS; g++) {
+        mm_prefetch_w(wg[g] + p * 16);
+        __m512i v = _mm512_loadu_si512(wg[g] + p * 16);
+        __m512 wo = _mm512_castsi512_ps(_mm512_and_si512(v, hi_mask));
+        __m512 we = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+        for (int r = 0; r < mr; r++) {
+          e[r][g] = _mm512_fmadd_ps(xe[r], we, e[r][g]);
+          o[r][g] = _mm512_fmadd_ps(xo[r], wo, o[r][g]);
+        }
+      }
+    }
+    for (int r = 0; r < mr; r++)
+      for (int g = 0; g < KN_MM_X16_GROUPS; g++) {
+        float *d = out + r * 64 + 16 * g;
+        __m512 acc = _mm512_add_ps(_mm512_loadu_ps(d), _mm512_add_ps(e[r][g], o[r][g]));
+        MM_PIN(acc);
+        _mm512_storeu_ps(d, acc);
+      }
+  }
+  _mm_setcsr(csr);
+}
+
+#define MM_X16T_AVX512(name, mr)                                                                   \
+  static MM_AVX512 void name(const uint32_t *const *xr, const uint32_t *const *wg, int64_t kp,     \
+                             float *out) {                                                         \
+    mm_x16t_body_avx512(xr, wg, kp, out, mr);                                                      \
+  }
+MM_X16T_AVX512(mm_x16t_avx512_1, 1)
+MM_X16T_AVX512(mm_x16t_avx512_2, 2)
+static const mm_x16_fn k_x16t_avx512[KN_MM_X16_MAX_R + 1] = {NULL,
+                                                             mm_x16t_avx512_1,
+                                                             mm_x16t_avx512_2,
+                                                             mm_x16t_avx512_2,
+                                                             mm_x16t_avx512_2,
+                                                             mm_x16t_avx512_2,
+                                                             mm_x16t_avx512_2};
+
+/* AMX-BF16: 32 x rows (two A tiles) against two W groups (two B tiles: a group's 16
+ * pairs of 16 columns are one 1 KiB tile as they lie), four C tiles; tiles 0-3 C (row
+ * block a, group b: 2a + b), 4-5 A, 6-7 B. The C tiles hold the running sums over all of
+ * k. Rows past a block's count are not configured, so no load reads past x's rows; a
+ * short last block of pairs comes from a zero-padded copy of W (x's words are zero there
+ * already: mm_bf16_words). */
+#define MM_AMX_TARGET "amx-tile,amx-bf16,avx512f,avx512bw,avx2,fma,f16c"
+#define MM_AMX __attribute__((target(MM_AMX_TARGET)))
+#define MM_AMX_INLINE static inline __attribute__((target(MM_AMX_TARGET), always_inline))
+/* GCC's tile loads, stores and ldtilecfg do not tell the compiler which memory they touch:
+ * make the buffers' stores happen before them and their loads after. */
+#define MM_AMX_BARRIER() __asm__ volatile("" ::: "memory")
+
+MM_AMX_INLINE void mm_amx_config(int r0, int r1) {
+  kn_amx_cfg cfg = {.palette = 1};
+  for (int t = 0; t < 8; t++) cfg.colsb[t] = 64;
+  cfg.rows[0] = cfg.rows[1] = cfg.rows[4] = (uint8_t)r0;
+  cfg.rows[2] = cfg.rows[3] = cfg.rows[5] = (uint8_t)(r1 ? r1 : r0);
+  cfg.rows[6] = cfg.rows[7] = KN_MM_X16_TBLOCK;
+  MM_AMX_BARRIER();
+  _tile_loadconfig(&cfg);
+}
+
+/* C (tiles 0-3) = x row blocks x0 (x1) against groups wa, wb over nb whole blocks, then
+ * the short block from tail (2 KiB: wa's, then wb's) when there is one. A row block of r
+ * rows holds its k blocks 16 r words apart, a row's 16 words 64 bytes apart
+ * (mm_xpack_at); xs0, xs1: the blocks' strides in words. */
+MM_AMX_INLINE void mm_amx_steps(const uint32_t *x0, int64_t xs0, const uint32_t *x1, int64_t xs1,
+                                const uint32_t *wa, const uint32_t *wb, int64_t nb,
+                                const uint32_t *tail, int two) {
+  const int64_t step = KN_MM_X16_TBLOCK * KN_MM_X16_COLS;
+  _tile_zero(0);
+  _tile_zero(1);
+  if (two) {
+    _tile_zero(2);
+    _tile_zero(3);
+  }
+  for (int64_t t = 0; t <= nb; t++) {
+    const uint32_t *ba = wa + t * step, *bb = wb + t * step;
+    if (t == nb) {
+      if (!tail) break;
+      ba = tail, bb = tail + step;
+    }
+    _tile_loadd(6, ba, 64);
+    _tile_loadd(7, bb, 64);
+    _tile_loadd(4, x0 + t * xs0, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    if (two) {
+      _tile_loadd(5, x1 + t * xs1, 64);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+}
+
+static MM_AMX void mm_amx_setup(int r0, int r1) { mm_amx_config(r0, r1); }
+static MM_AMX void mm_amx_release(void) { _tile_release(); }
+
+/* One block: rows [i, i + r0 + r1) (r1: the second A tile's rows, or 0) against groups wa,
+ * wb into y's columns [j, j + cols) (swiglu: wa gate, wb up, 16 columns). Plain outputs
+ * without a bias go from the tiles straight to y; the rest through c (32 x 32 floats),
+ * added to and gated with AVX-512 (read back from a tile store, it waits for it). */
+static MM_AMX void mm_amx_block(const mm_args *a, int64_t i, int r0, int r1, int64_t j,
+                                int64_t cols, const uint32_t *wa, const uint32_t *wb, int64_t nb,
+                                const uint32_t *tail, float *c) {
+  const int64_t n = a->n;
+  const uint32_t *x0 = (const uint32_t *)a->x + i * a->x_stride, *x1 = x0 + 16 * a->x_stride;
+  const int rows = r0 + r1;
+  MM_AMX_BARRIER();
+  if (r1) mm_amx_steps(x0, 16 * r0, x1, 16 * r1, wa, wb, nb, tail, 1);
+  else mm_amx_steps(x0, 16 * r0, x1, 0, wa, wb, nb, tail, 0);
+  float *y = a->y + i * n + j;
+  const float *b = a->bias;
+  if (!a->swiglu && !b && cols == 2 * KN_MM_X16_COLS) {
+    _tile_stored(0, y, n * 4);
+    _tile_stored(1, y + 16, n * 4);
+    if (r1) {
+      _tile_stored(2, y + 16 * n, n * 4);
+      _tile_stored(3, y + 16 * n + 16, n * 4);
+    }
+    MM_AMX_BARRIER();
+    return;
+  }
+  /* c: the first 16 columns' rows (16 floats a row, gate with swiglu), then at c + 512 the
+   * second 16's (up) */
+  _tile_stored(0, c, 64);
+  _tile_stored(1, c + 512, 64);
+  if (r1) {
+    _tile_stored(2, c + 256, 64);
+    _tile_stored(3, c + 768, 64);
+  }
+  MM_AMX_BARRIER();
+  const int64_t half = KN_MM_X16_COLS;
+  if (b) {
+    __m512 b0 = _mm512_loadu_ps(b + j);
+    __m512 b1 = a->swiglu     ? _mm512_loadu_ps(b + n + j)
+                : cols > half ? _mm512_loadu_ps(b + j + half)
+                              : _mm512_setzero_ps();
+    for (int r = 0; r < rows; r++) {
+      _mm512_store_ps(c + 16 * r, _mm512_add_ps(_mm512_load_ps(c + 16 * r), b0));
+      _mm512_store_ps(c + 512 + 16 * r, _mm512_add_ps(_mm512_load_ps(c + 512 + 16 * r), b1));
+    }
+  }
+  if (a->swiglu) {
+    kn_silu_mul_n(c + 1024, c, c + 512, 16 * rows);
+    for (int r = 0; r < rows; r++) _mm512_storeu_ps(y + r * n, _mm512_load_ps(c + 1024 + 16 * r));
+    return;
+  }
+  for (int r = 0; r < rows; r++) {
+    _mm512_storeu_ps(y + r * n, _mm512_load_ps(c + 16 * r));
+    if (cols > half) _mm512_storeu_ps(y + r * n + half, _mm512_load_ps(c + 512 + 16 * r));
+  }
+}
+
+/* The tile's rows in blocks of 32 against its columns two groups at a time (swiglu: a
+ * gate group and its up group, 16 columns of y). A row block meets every column block
+ * before the next (its x in L1 while W streams from L2). */
+static void mm_x16_amx_tile(const mm_args *a, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+  const int64_t kp = a->k / 2, gw = kp * KN_MM_X16_COLS, nb = kp / KN_MM_X16_TBLOCK;
+  const int64_t rest = kp - nb * KN_MM_X16_TBLOCK;
+  const int64_t step = a->swiglu ? KN_MM_X16_COLS : 2 * KN_MM_X16_COLS;
+  const int64_t tw = 2 * KN_MM_X16_TBLOCK * KN_MM_X16_COLS; /* words of a block's tails */
+  const uint32_t *w = (const uint32_t *)a->w;
+  _Alignas(64) float c[32 * 48];
+  /* the short blocks' W, zero-padded, per column block */
+  uint32_t *tails = NULL;
+  if (rest) {
+    int64_t ncb = (j1 - j0 + step - 1) / step;
+    tails = ir_malloc((size_t)(ncb * tw) * sizeof *tails);
+    if (!tails) { /* no memory: no result */
+      for (int64_t i = i0; i < i1; i++)
+        for (int64_t j = j0; j < j1; j++) a->y[i * a->n + j] = NAN;
+      return;
+    }
+    memset(tails, 0, (size_t)(ncb * tw) * sizeof *tails);
+  }
+  int cr0 = -1, cr1 = -1;
+  for (int64_t i = i0; i < i1; i += 32) {
+    int r0 = i1 - i < 16 ? (int)(i1 - i) : 16;
+    int r1 = i1 - i - 16 <= 0 ? 0 : i1 - i - 16 < 16 ? (int)(i1 - i - 16) : 16;
+    if (r0 != cr0 || r1 != cr1) mm_amx_setup(r0, r1), cr0 = r0, cr1 = r1;
+    for (int64_t j = j0, cb = 0; j < j1; j += step, cb++) {
+      const int64_t grp = j / KN_MM_X16_COLS, cols = j1 - j < step ? j1 - j : step;
+      const uint32_t *wa = w + grp * gw;
+      const uint32_t *wb = a->swiglu ? w + (grp + a->n / KN_MM_X16_COLS) * gw
+                                     : (cols > KN_MM_X16_COLS ? wa + gw : wa);
+      uint32_t *tail = rest ? tails + cb * tw : NULL;
+      if (tail && i == i0) {
+        memcpy(tail, wa + nb * KN_MM_X16_TBLOCK * KN_MM_X16_COLS, (size_t)rest * 64);
+        memcpy(tail + tw / 2, wb + nb * KN_MM_X16_TBLOCK * KN_MM_X16_COLS, (size_t)rest * 64);
+      }
+      mm_amx_block(a, i, r0, r1, j, cols, wa, wb, nb, tail, c);
+    }
+  }
+  if (cr0 >= 0) mm_amx_release();
+  ir_free(tails);
+}
+#endif
+
+/* AMX-BF16 (cpuid 7.0 edx bit 22) with the tile state Linux grants (kn_cpu_has_amx). */
+bool kn_cpu_has_amx_bf16(void) {
+  static _Atomic int cached = -1; /* asked once: under a hypervisor cpuid is a VM exit */
+  int v = atomic_load_explicit(&cached, memory_order_relaxed);
+  if (v >= 0) return v;
+  v = 0;
+#if defined(__x86_64__) && defined(__GNUC__)
+  unsigned a, b, c, d;
+  v = kn_cpu_has_amx() && __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d & 1u << 22);
+#endif
+  atomic_store_explicit(&cached, v, memory_order_relaxed);
+  return v;
+}
+
+static _Atomic int g_mm_x16_order = -1; /* -1: the CPU's */
+
+int kn_matmul_set_x16_order(int order) {
+  return atomic_exchange(&g_mm_x16_order, order < 0 ? -1 : order ? KN_X16_TILE : KN_X16_CHAIN);
+}
+
+int kn_matmul_x16_order(void) {
+  int o = atomic_load_explicit(&g_mm_x16_order, memory_order_relaxed);
+  if (o >= 0) return o;
+  return kn_cpu_has_amx_bf16() ? KN_X16_TILE : KN_X16_CHAIN;
+}
+
+/* Whether the tile order's tiles run on AMX now (the order, the CPU, the cap). */
+static bool mm_x16_amx(void) {
+#if KN_MM_X86 && KN_MATMUL_MAX_ISA >= 3
+  return kn_matmul_x16_order() == KN_X16_TILE && mm_isa() >= 3 && kn_cpu_has_amx_bf16();
+#else
+  return false;
+#endif
+}
+
 /* The kernels by rows (k[r]: r rows at a time, at most; k[r] for fewer rows than its best
  * takes a smaller entry), and how many rows the best takes. */
 static const mm_x16_fn *mm_x16_pick(int *best) {
   int isa = mm_isa();
+  if (kn_matmul_x16_order() == KN_X16_TILE) {
+#if KN_MM_X86 && KN_MATMUL_MAX_ISA >= 2
+    if (isa >= 2) return *best = 2, k_x16t_avx512;
+#endif
+    return *best = 2, k_x16t_c;
+  }
 #if KN_MM_X86
 #if KN_MATMUL_MAX_ISA >= 2
   if (kn_matmul_bf16dp()) return *best = 6, k_x16_dp;
@@ -1389,6 +1695,12 @@ static void mm_task(void *arg, int64_t begin, int64_t end, int tid) {
   for (int64_t t = begin; t < end; t++) {
     int64_t i0, i1, j0, j1;
     kn_mm_tile_bounds(&a->tiles, t, &i0, &i1, &j0, &j1);
+#if KN_MM_X86 && KN_MATMUL_MAX_ISA >= 3
+    if (a->amx) {
+      mm_x16_amx_tile(a, i0, i1, j0, j1);
+      continue;
+    }
+#endif
     if (a->x16) mm_x16_tile(a, i0, i1, j0, j1);
     else mm_tile(a, i0, i1, j0, j1);
   }
@@ -1469,12 +1781,40 @@ static void mm_bf16_convert(const float *x, int64_t k, uint32_t *out) {
   mm_bf16_row(x, k, out);
 }
 
-/* Rows [begin, end) of x as bf16 pairs. */
+/* Where word p of converted row i of m goes in the tile blocks AMX loads: rows in blocks
+ * of 16 (the last one short: r rows), a block's rows kw words each, its k blocks (16 words
+ * of each of its r rows) one after the other, so an A tile is 64 r contiguous bytes. */
+static int64_t mm_xpack_at(int64_t i, int64_t p, int64_t m, int64_t kw) {
+  const int64_t rb = i / 16, r = m - rb * 16 < 16 ? m - rb * 16 : 16;
+  return rb * 16 * kw + (p / KN_MM_X16_TBLOCK) * r * KN_MM_X16_TBLOCK +
+         (i % 16) * KN_MM_X16_TBLOCK + p % KN_MM_X16_TBLOCK;
+}
+
+/* Row i of m (k values at x) as bf16 pairs into out: kw words in a row, or (pack) in tile
+ * blocks, converted a piece at a time on the stack. */
+static void mm_bf16_convert_row(const float *x, int64_t k, uint32_t *out, int64_t i, int64_t m,
+                                bool pack) {
+  const int64_t kw = mm_bf16_words(k);
+  if (!pack) {
+    mm_bf16_convert(x, k, out + i * kw);
+    return;
+  }
+  enum { PIECE = 1024 }; /* words, a multiple of the block's */
+  _Alignas(64) uint32_t buf[PIECE];
+  for (int64_t p0 = 0; p0 < kw; p0 += PIECE) {
+    int64_t np = kw - p0 < PIECE ? kw - p0 : PIECE;
+    mm_bf16_convert(x + 2 * p0, k - 2 * p0 < 2 * np ? k - 2 * p0 : 2 * np, buf);
+    for (int64_t p = 0; p < np; p += KN_MM_X16_TBLOCK)
+      memcpy(out + mm_xpack_at(i, p0 + p, m, kw), buf + p, KN_MM_X16_TBLOCK * sizeof *buf);
+  }
+}
+
+/* Rows [begin, end) of x as bf16 pairs (a->amx: in tile blocks). */
 static void mm_bf16_task(void *arg, int64_t begin, int64_t end, int tid) {
   (void)tid;
   const mm_args *a = arg;
   for (int64_t i = begin; i < end; i++)
-    mm_bf16_convert(a->x + i * a->k, a->k, (uint32_t *)a->y + i * mm_bf16_words(a->k));
+    mm_bf16_convert_row(a->x + i * a->k, a->k, (uint32_t *)a->y, i, a->m, a->amx);
 }
 
 /* bf16 W: x rounded to bf16 pairs once, not once per tile a row meets; a few rows on the
@@ -1482,13 +1822,16 @@ static void mm_bf16_task(void *arg, int64_t begin, int64_t end, int tid) {
 static void mm_run_bf16(kn_pool *p, mm_args *a) {
   const int64_t kw = mm_bf16_words(a->k), rows = KN_MM_BF16_STACK_WORDS / kw;
   _Alignas(64) uint32_t stack[KN_MM_BF16_STACK_WORDS];
-  uint32_t *heap = rows >= a->m ? NULL : ir_malloc((size_t)(a->m * kw) * sizeof *heap);
+  /* (64 bytes more, to start the rows on a cache line: a tile row, or a vector, that
+   * straddles two lines costs two loads) */
+  uint32_t *heap = rows >= a->m ? NULL : ir_malloc((size_t)(a->m * kw) * sizeof *heap + 64);
   mm_args c = *a;
   c.x_stride = kw;
   if (heap) {
-    mm_args conv = {.y = (float *)heap, .x = a->x, .k = a->k};
+    uint32_t *rows0 = (uint32_t *)(((uintptr_t)heap + 63) & ~(uintptr_t)63);
+    mm_args conv = {.y = (float *)rows0, .x = a->x, .k = a->k, .m = a->m, .amx = a->amx};
     kn_parallel_for(p, a->m, 1 + KN_MM_BF16_GRAIN / a->k, mm_bf16_task, &conv);
-    c.x = (const float *)heap;
+    c.x = (const float *)rows0;
     mm_run(p, &c);
     ir_free(heap);
     return;
@@ -1499,7 +1842,8 @@ static void mm_run_bf16(kn_pool *p, mm_args *a) {
   }
   for (int64_t i0 = 0; i0 < a->m; i0 += rows) {
     c.m = a->m - i0 < rows ? a->m - i0 : rows;
-    for (int64_t i = 0; i < c.m; i++) mm_bf16_convert(a->x + (i0 + i) * a->k, a->k, stack + i * kw);
+    for (int64_t i = 0; i < c.m; i++)
+      mm_bf16_convert_row(a->x + (i0 + i) * a->k, a->k, stack, i, c.m, a->amx);
     c.x = (const float *)stack;
     c.y = a->y + i0 * a->n;
     mm_run(p, &c);
@@ -1569,6 +1913,7 @@ void kn_matmul_bf16x16(kn_pool *p, float *y, const float *x, const void *w, cons
                .k = k,
                .swiglu = swiglu,
                .x16 = true,
+               .amx = mm_x16_amx(),
                .w_row_bytes = k * 2};
   if (m > 0 && n > 0 && k > 0) mm_run_bf16(p, &a);
 }

@@ -8,8 +8,10 @@
  *   - against a double reference of the bf16-rounded x, within f32 summation error;
  *   - a row's bits do not depend on the rows beside it (m = 1 against m = 37), plain and
  *     with the swiglu epilogue;
- *   - the same for W repacked as IR_BF16_X16 (kn_matmul_bf16x16), whose order is one chain
- *     an output: its own known answer.
+ *   - the same for W repacked as IR_BF16_X16 (kn_matmul_bf16x16) in its two orders: the
+ *     chain order (one chain an output) and the tile order (AMX-BF16's: two chains a block
+ *     of 16 pairs), each with known answers only it gives; where the CPU has AMX-BF16,
+ *     tdpbf16ps is the oracle of the tile order.
  * Where the CPU has AVX512-BF16, the instruction is the oracle of the order; elsewhere
  * the paths are checked against each other and the known answers. */
 #include <math.h>
@@ -51,13 +53,22 @@ static float bits_f(uint32_t u) {
   return f;
 }
 
-/* With g_x16, W is packed as IR_BF16_X16 and run through kn_matmul_bf16x16. */
+/* With g_x16, W is packed as IR_BF16_X16 and run through kn_matmul_bf16x16, in the chain
+ * order (g_x16 1) or the tile order (2). */
 static int g_x16;
+
+/* The paths of a case: the ISA cap and whether vdpbf16ps is on. The tile order runs on
+ * the portable C, AVX-512F, and AMX-BF16 (isa 3) where the CPU has it. */
+static int g_amx;
+static int n_paths(int has_dp) { return g_x16 == 2 ? 2 + g_amx : has_dp ? 4 : 3; }
+static int path_isa(int q) { return g_x16 == 2 ? (q ? q + 1 : 0) : q < 3 ? q : 2; }
+static int path_dp(int q) { return g_x16 != 2 && q == 3; }
 
 static void run(int isa, int dp, float *y, const float *x, const uint16_t *w, const float *bias,
                 int64_t m, int64_t n, int64_t k, int swiglu, kn_pool *p) {
   kn_matmul_set_max_isa(isa);
   kn_matmul_use_bf16dp(dp);
+  if (g_x16) kn_matmul_set_x16_order(g_x16 == 2 ? KN_X16_TILE : KN_X16_CHAIN);
   if (!g_x16) {
     kn_matmul_bf16x(p, y, x, w, bias, m, n, k, swiglu);
     return;
@@ -79,11 +90,10 @@ static void paths_case(kn_pool *p, int64_t m, int64_t n, int64_t k, int swiglu, 
   for (int64_t i = 0; i < m * k; i++) x[i] = rnd_val(edges);
   for (int64_t i = 0; i < rows * k; i++) w[i] = ir_f32_to_bf16(rnd_val(edges));
   for (int64_t i = 0; i < rows; i++) bias[i] = rnd();
-  static const int isas[4] = {0, 1, 2, 2};
-  int paths = has_dp ? 4 : 3;
+  int paths = n_paths(has_dp);
   for (int q = 0; q < paths; q++) {
     y[q] = malloc((size_t)(m * n) * sizeof *y[q]);
-    run(isas[q], q == 3, y[q], x, w, bias, m, n, k, swiglu, p);
+    run(path_isa(q), path_dp(q), y[q], x, w, bias, m, n, k, swiglu, p);
   }
   int same = 1; /* (swiglu's silu epilogue is vectorised per kernel width: dot products only) */
   for (int q = 1; q < paths && !swiglu; q++)
@@ -92,7 +102,7 @@ static void paths_case(kn_pool *p, int64_t m, int64_t n, int64_t k, int swiglu, 
          (long long)k, swiglu, edges);
   int alone = 1; /* each row by itself, on the best path */
   for (int64_t i = 0; i < m; i++) {
-    run(2, 1, y1, x + i * k, w, bias, 1, n, k, swiglu, NULL);
+    run(path_isa(paths - 1), path_dp(paths - 1), y1, x + i * k, w, bias, 1, n, k, swiglu, NULL);
     alone &= memcmp(y1, y[paths - 1] + i * n, (size_t)n * sizeof(float)) == 0;
   }
   CHECKF(alone, "m=%lld n=%lld k=%lld swiglu=%d: a row alone differs from the batch", (long long)m,
@@ -101,7 +111,7 @@ static void paths_case(kn_pool *p, int64_t m, int64_t n, int64_t k, int swiglu, 
     float *z = malloc((size_t)(m * 2 * n) * sizeof *z), *g = malloc((size_t)(m * n) * sizeof *g);
     int gated = 1;
     for (int q = 0; q < paths; q++) {
-      run(isas[q], q == 3, z, x, w, bias, m, 2 * n, k, 0, p);
+      run(path_isa(q), path_dp(q), z, x, w, bias, m, 2 * n, k, 0, p);
       for (int64_t i = 0; i < m; i++) kn_silu_mul_n(g + i * n, z + i * 2 * n, z + i * 2 * n + n, n);
       gated &= memcmp(g, y[q], (size_t)(m * n) * sizeof(float)) == 0;
     }
@@ -135,9 +145,9 @@ static void known(const char *what, const float *x, const float *w, int64_t k, f
   uint16_t wb[16 * 64]; /* 16 equal rows (a bf16x16 group) */
   for (int r = 0; r < 16; r++)
     for (int64_t i = 0; i < k; i++) wb[r * k + i] = ir_f32_to_bf16(w[i]);
-  for (int q = 0; q < (has_dp ? 4 : 3); q++) {
+  for (int q = 0; q < n_paths(has_dp); q++) {
     float y[16] = {0};
-    run(q < 3 ? q : 2, q == 3, y, x, wb, NULL, 1, 16, k, 0, NULL);
+    run(path_isa(q), path_dp(q), y, x, wb, NULL, 1, 16, k, 0, NULL);
     CHECKF(memcmp(&y[0], &want, sizeof want) == 0 && memcmp(&y[15], &want, sizeof want) == 0,
            "%s%s, path %d: %.9g, want %.9g", what, g_x16 ? " (bf16x16)" : "", q, (double)y[0],
            (double)want);
@@ -157,8 +167,18 @@ static void known_more(int has_dp) {
   /* An exact 2^-126 - 2^-150 (x1 w1 = 2^-126 first, then -2^-150): tiny before rounding to
    * the subnormal grid, so flushed, as FTZ does (the grid's rounding would give 2^-126). */
   memset(x, 0, sizeof x), memset(w, 0, sizeof w);
+  if (g_x16 != 2) {
+    x[0] = 0x1p-75f, w[0] = -0x1p-75f, x[1] = 0x1p-63f, w[1] = 0x1p-63f;
+    known("tiny before rounding flushed", x, w, 2, 0.0f, has_dp);
+    return;
+  }
+  /* the tile order: the two in one (the even) chain, as x0 w0 then x2 w2; products in two
+   * chains meet only in their sum (-2^-150 flushed to -0 alone, then -0 + 2^-126) */
+  x[0] = 0x1p-63f, w[0] = 0x1p-63f, x[2] = 0x1p-75f, w[2] = -0x1p-75f;
+  known("tiny before rounding flushed", x, w, 4, 0.0f, has_dp);
+  memset(x, 0, sizeof x), memset(w, 0, sizeof w);
   x[0] = 0x1p-75f, w[0] = -0x1p-75f, x[1] = 0x1p-63f, w[1] = 0x1p-63f;
-  known("tiny before rounding flushed", x, w, 2, 0.0f, has_dp);
+  known("a tiny chain flushed alone", x, w, 2, 0x1p-126f, has_dp);
 }
 
 /* An empty graph with small step limits (the verifier wants positive ones). */
@@ -227,6 +247,23 @@ static void ir_rules(void) {
   }
 }
 
+/* The IR_BF16_X16 cases of the current order: known answers, then the paths. */
+static void x16_cases(kn_pool *p3, int has_dp) {
+  float x[64] = {0}, w[64] = {0};
+  x[0] = bits_f(0x00400000u), w[0] = 1.0f;
+  x[1] = w[1] = 0x1p-70f;
+  known("subnormals flushed", x, w, 2, 0.0f, has_dp);
+  known_more(has_dp);
+  static const int64_t ms[] = {1, 2, 5, 37}, ns16[] = {16, 48, 80}, ks16[] = {2, 6, 64, 66, 576};
+  for (int mi = 0; mi < 4; mi++)
+    for (int ni = 0; ni < 3; ni++)
+      for (int ki = 0; ki < 5; ki++)
+        for (int sw = 0; sw < 2; sw++)
+          paths_case(mi % 2 ? p3 : NULL, ms[mi], ns16[ni], ks16[ki], sw, (ki + ni) % 2, has_dp);
+  paths_case(p3, 70, 96, 576, 1, 1, has_dp);
+  paths_case(p3, 150, 48, 1536, 0, 1, has_dp);
+}
+
 int main(void) {
   kn_pool *p3 = kn_pool_create(3);
   CHECK(p3 != NULL);
@@ -236,6 +273,12 @@ int main(void) {
   int has_dp = kn_matmul_bf16dp();
   printf("AVX512-BF16 %s\n", has_dp ? "present: vdpbf16ps checked against the f32-FMA paths"
                                     : "absent: the f32-FMA paths checked against each other");
+  kn_matmul_set_max_isa(3);
+  g_amx = kn_cpu_has_amx_bf16() && kn_cpu_isa() >= 3;
+  kn_matmul_set_max_isa(2);
+  printf("AMX-BF16 %s\n",
+         g_amx ? "present: tdpbf16ps checked against the tile order's other paths"
+               : "absent: the tile order checked on the portable and AVX-512F paths");
 
   /* Lane 0 takes pairs 0 and 16 (k 0, 1 and 32, 33). The documented order adds x1 w1, x0 w0,
    * x33 w33, x32 w32: 2^-24 + 0 + 2^-24 + 1 = 1 + 2^-23 exactly; an even-first order
@@ -264,26 +307,34 @@ int main(void) {
   paths_case(p3, 70, 33, 576, 0, 1, has_dp);
   paths_case(p3, 3, 5, 40000, 1, 0, has_dp);
 
-  /* bf16x16: one chain an output over the pairs. Pairs 0, 1 (k 0-3) in order x1 w1, x0 w0,
-   * x3 w3, x2 w2: 2^-24 + 0 + 2^-24 + 1 = 1 + 2^-23 exactly (the k-lane order above folds
-   * 2^-24 into 1 + 0 and gives 1; an even-first chain gives 1 too). */
+  /* bf16x16, chain order: one chain an output over the pairs. Pairs 0, 1 (k 0-3) in order
+   * x1 w1, x0 w0, x3 w3, x2 w2: 2^-24 + 0 + 2^-24 + 1 = 1 + 2^-23 exactly (the k-lane
+   * order above folds 2^-24 into 1 + 0 and gives 1; an even-first chain gives 1 too). */
   g_x16 = 1;
   memset(x, 0, sizeof x), memset(w, 0, sizeof w);
   x[1] = w[1] = x[3] = w[3] = 0x1p-12f;
   x[2] = w[2] = 1.0f;
   known("one chain, odd product first", x, w, 4, 1.0f + 0x1p-23f, has_dp);
+  /* ... and where the tile order differs: x0 w0 = 1, x1 w1 = x3 w3 = 2^-24; the chain
+   * gives 2^-24 + 1 = 1 (a tie, to even) and 1 + 2^-24 = 1 again */
   memset(x, 0, sizeof x), memset(w, 0, sizeof w);
-  x[0] = bits_f(0x00400000u), w[0] = 1.0f;
-  x[1] = w[1] = 0x1p-70f;
-  known("subnormals flushed", x, w, 2, 0.0f, has_dp);
-  known_more(has_dp);
-  static const int64_t ns16[] = {16, 48, 80}, ks16[] = {2, 6, 64, 576};
-  for (int mi = 0; mi < 4; mi++)
-    for (int ni = 0; ni < 3; ni++)
-      for (int ki = 0; ki < 4; ki++)
-        for (int sw = 0; sw < 2; sw++)
-          paths_case(mi % 2 ? p3 : NULL, ms[mi], ns16[ni], ks16[ki], sw, (ki + ni) % 2, has_dp);
-  paths_case(p3, 70, 96, 576, 1, 1, has_dp);
+  x[0] = w[0] = 1.0f, x[1] = w[1] = x[3] = w[3] = 0x1p-12f;
+  known("one chain, not two", x, w, 4, 1.0f, has_dp);
+  x16_cases(p3, has_dp);
+
+  /* bf16x16, tile order: two chains a block of 16 pairs. The same x and w: the even chain
+   * 1, the odd one 2^-24 + 2^-24 = 2^-23, then 1 + 2^-23 exactly. */
+  g_x16 = 2;
+  known("two chains, then their sum", x, w, 4, 1.0f + 0x1p-23f, has_dp);
+  /* blocks: x0 w0 = 1 in block 0, x32 w32 = x33 w33 = 2^-24 in block 1 (pair 16): block 1's
+   * 2^-24 + 2^-24 goes into the sum whole (1 + 2^-23); chains over all of k would give
+   * (1 + 2^-24) + 2^-24 = 1 */
+  memset(x, 0, sizeof x), memset(w, 0, sizeof w);
+  x[0] = w[0] = 1.0f, x[32] = w[32] = x[33] = w[33] = 0x1p-12f;
+  known("blocks of 16 pairs", x, w, 34, 1.0f + 0x1p-23f, has_dp);
+  x16_cases(p3, has_dp);
+  g_x16 = 0;
+  kn_matmul_set_x16_order(-1);
   /* k = 0: the bias, as kn_matmul gives it */
   float bias0[16], y0[16], y1[16], x0[1] = {0};
   for (int i = 0; i < 16; i++) bias0[i] = (float)i - 3.5f;
