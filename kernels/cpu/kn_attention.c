@@ -41,8 +41,10 @@ typedef struct attn_wide {
   int64_t n_seq;
 } attn_wide;
 
-/* Rows between the kv heads of a sequence in bf16 wide rows: even, so slot pairs align. */
+/* Rows between the kv heads of a sequence in bf16 wide rows: even, so slot pairs align
+ * (the tile order's: whole chunks, each chunk's V transposed by pairs in its place). */
 static int64_t attn_wide_stride(int64_t ctx) { return (ctx + 1) / 2 * 2; }
+static int64_t attn_wide_stride16(int64_t ctx) { return (ctx + 15) / 16 * 16; }
 
 typedef struct attn_args {
   float *out;
@@ -55,6 +57,7 @@ typedef struct attn_args {
   int64_t head_splits;   /* sub-groups a kv head's query heads are split into */
   const attn_wide *wide; /* or NULL */
   bool bf16;             /* io->bf16: the bf16 order */
+  bool tile;             /* ... in the tile order (kn_matmul_x16_order) */
 } attn_args;
 
 /* Offset of (physical block, kv head, slot) in a (n_blocks, n_kv_heads, block_size,
@@ -242,7 +245,13 @@ struct attn_kernels {
    * [min_lo, max_pos) of sequence seq, outputs written (attn_ql_group), or NULL */
   void (*qgroup)(const attn_args *a, const attn_kernels *kk, const attn_query *qs, int64_t nq,
                  int64_t kvh, int64_t seq, int64_t min_lo, int64_t max_pos);
+  /* qgroup takes any number of queries (not KN_ATTN_QL_MIN or more only) */
+  bool qgroup_any;
 };
+
+static void attn_rest(const attn_args *a, const attn_kernels *kk, attn_state *st,
+                      const attn_query *qs, int64_t nq, int64_t kvh, int64_t seq, int64_t from,
+                      int64_t max_pos, int64_t d0, int64_t dn);
 
 static float attn_kval(const attn_rows *r, int64_t j, int64_t d) {
   if (r->k) return r->k[j * r->hd + d];
@@ -297,8 +306,8 @@ static void attn_widen_from(const attn_rows *r, int64_t i0, float *k, float *v) 
 
 static void attn_widen_c(const attn_rows *r, float *k, float *v) { attn_widen_from(r, 0, k, v); }
 
-static const attn_kernels k_attn_c = {attn_scores_c, attn_exp_c, attn_accum_c,
-                                      attn_widen_c,  NULL,       NULL};
+static const attn_kernels k_attn_c = {attn_scores_c, attn_exp_c, attn_accum_c, attn_widen_c,
+                                      NULL,          NULL,       false};
 
 /* --- bf16 attention (io->bf16: plans whose matmuls take bf16 activations) ---------------
  * The f32 order with bf16 values in its products, vdpbf16ps's steps (kn_bf16.h): q, k and
@@ -363,8 +372,59 @@ static void attn_accum_bf16_c(float *acc, const float *p, const attn_rows *r, in
   }
 }
 
-static const attn_kernels k_attn_bf16_c = {attn_scores_bf16_c, attn_exp_c, attn_accum_bf16_c,
-                                           attn_widen_c,       NULL,       NULL};
+static const attn_kernels k_attn_bf16_c = {
+    attn_scores_bf16_c, attn_exp_c, attn_accum_bf16_c, attn_widen_c, NULL, NULL, false};
+
+/* --- bf16 attention in the tile order (a CPU whose bf16 order is AMX-BF16's) -------------
+ * Where the bf16 matmuls sum in the tile order (kn_matmul_x16_order), bf16 attention does
+ * too, every step of the bf16 order above but the two dot products, which take the steps
+ * of tdpbf16ps (two chains a block, then their sum; kn_matmul.c):
+ *  - score: dims in blocks of 32 (zero past head_dim, those products taken too), per block
+ *    an even chain (dims 2p) and an odd chain (dims 2p+1) of fmas from +0, then acc = acc +
+ *    (even + odd) from acc +0; k_scale and scale as in f32;
+ *  - p . v, a chunk at a time after its rescale: an even chain over the chunk's even slots
+ *    and an odd chain over its odd slots, in slot order, from +0, a slot the query does not
+ *    read skipped; then acc[d] = acc[d] + (+0 + (even + odd)).
+ * Every add flushed to zero when subnormal (a subnormal acc read as zero), as the fmas. The
+ * +0 makes the chunk's sum +0 whenever it is zero, so a slot the query does not read may
+ * as well enter as a zero weight times a finite v: the chains then differ at most in the
+ * sign of a zero, which the +0 erases. So a group of queries runs on AMX whole, the
+ * weights of the slots a query skips zero (the instruction's own steps: its tile starts
+ * at +0); every path gives the same bits (test_kernels). */
+static void attn_scores_bt_c(const float *q, const attn_rows *r, float scale, float *s) {
+  const int64_t hd = r->hd, nd = 2 * attn_bf16_pairs(hd);
+  float qb[KN_ATTN_DSLICE], kb[KN_ATTN_DSLICE], buf[KN_ATTN_DSLICE]; /* head_dim <= 256 */
+  for (int64_t i = 0; i < nd; i++) qb[i] = i < hd ? kn_bf16_value(q[i]) : 0.0f;
+  for (int j = 0; j < r->n; j++) {
+    const float *k = attn_row_f32(r->k, r->k16, r->k8, j * hd, hd, buf);
+    for (int64_t i = 0; i < nd; i++) kb[i] = i < hd ? kn_bf16_value(k[i]) : 0.0f;
+    float acc = 0.0f;
+    for (int64_t b = 0; b < nd; b += 2 * KN_ATTN_BF16_PAIRS) {
+      float e = 0.0f, o = 0.0f;
+      for (int64_t i = b; i < b + 2 * KN_ATTN_BF16_PAIRS; i += 2) {
+        e = kn_fma_ftz(qb[i], kb[i], e);
+        o = kn_fma_ftz(qb[i + 1], kb[i + 1], o);
+      }
+      acc = kn_ftz(acc + kn_ftz(e + o));
+    }
+    s[j] = (r->ks ? acc * r->ks[j] : acc) * scale;
+  }
+}
+
+static void attn_accum_bt_c(float *acc, const float *p, const attn_rows *r, int64_t d0,
+                            int64_t dn) {
+  float buf[KN_ATTN_DSLICE], e[KN_ATTN_DSLICE] = {0}, o[KN_ATTN_DSLICE] = {0};
+  for (int j = 0; j < r->n; j++) {
+    const float *v = attn_row_f32(r->v, r->v16, r->v8, j * r->hd + d0, dn, buf);
+    float pj = kn_bf16_value(p[j]), *c = (j + r->odd) & 1 ? o : e;
+    for (int64_t d = 0; d < dn; d++) c[d] = kn_fma_ftz(pj, kn_bf16_value(v[d]), c[d]);
+  }
+  /* (acc may be subnormal after an unflushed rescale: the add reads it as zero) */
+  for (int64_t d = 0; d < dn; d++) acc[d] = kn_ftz(kn_ftz(acc[d]) + (0.0f + kn_ftz(e[d] + o[d])));
+}
+
+static const attn_kernels k_attn_bt_c = {
+    attn_scores_bt_c, attn_exp_c, attn_accum_bt_c, attn_widen_c, NULL, NULL, false};
 
 #if KN_ATTN_X86
 #define ATTN_AVX2 __attribute__((target("avx2,fma,f16c")))
@@ -1713,34 +1773,354 @@ static ATTN_BF16 void attn_qlb_group(const attn_args *a, const attn_kernels *kk,
   attn_ql_store(qs, nq, w.acc, sumv, hd);
 }
 
-static const attn_kernels k_attn_bf16_avx512 = {
-    attn_scores_bf16_avx512, attn_exp_avx2, attn_accum_bf16_avx512, attn_widen_avx512, NULL, NULL};
+/* --- the tile order on AVX-512F: a query at a time -----------------------------------
+ * Scores with the chunk's 16 keys in the lanes (K transposed 16 dims at a time), the two
+ * chains of a block in two registers; p . v with 16 dims a register. Fmas and adds under
+ * DAZ and FTZ. */
+static ATTN_AVX512 void attn_scores_bt_avx512(const float *q, const attn_rows *r, float scale,
+                                              float *s) {
+  const int64_t hd = r->hd, nd = 2 * attn_bf16_pairs(hd);
+  _Alignas(64) float qb[KN_ATTN_DSLICE], a[KN_ATTN_LANES];
+  for (int64_t d = 0; d < nd; d += KN_ATTN_LANES)
+    _mm512_store_ps(qb + d, attn_bf16v16(attn_ld16n(q, NULL, NULL, d, hd - d)));
+  const unsigned csr = _mm_getcsr();
+  _mm_setcsr(ATTN_CSR_FLUSH(csr));
+  __m512 acc = _mm512_setzero_ps();
+  ATTN_PIN(acc);
+  for (int64_t b = 0; b < nd; b += 2 * KN_ATTN_BF16_PAIRS) {
+    __m512 e = _mm512_setzero_ps(), o = _mm512_setzero_ps();
+    ATTN_PIN(e);
+    ATTN_PIN(o);
+    for (int64_t h = b; h < b + 2 * KN_ATTN_BF16_PAIRS; h += KN_ATTN_LANES) {
+      __m512 t[KN_ATTN_LANES];
+      for (int j = 0; j < KN_ATTN_LANES; j++)
+        t[j] = j < r->n ? attn_bf16v16(attn_ld16n(r->k, r->k16, r->k8, j * hd + h, hd - h))
+                        : _mm512_setzero_ps();
+      kn_transpose16x16(t); /* t[i]: dim h + i of the 16 keys */
+      for (int i = 0; i < KN_ATTN_LANES; i += 2) {
+        e = _mm512_fmadd_ps(_mm512_set1_ps(qb[h + i]), t[i], e);
+        o = _mm512_fmadd_ps(_mm512_set1_ps(qb[h + i + 1]), t[i + 1], o);
+      }
+    }
+    acc = _mm512_add_ps(acc, _mm512_add_ps(e, o));
+  }
+  ATTN_PIN(acc);
+  _mm_setcsr(csr);
+  _mm512_store_ps(a, acc);
+  for (int j = 0; j < r->n; j++) s[j] = (r->ks ? a[j] * r->ks[j] : a[j]) * scale;
+}
+
+static ATTN_AVX512 void attn_accum_bt_avx512(float *acc, const float *p, const attn_rows *r,
+                                             int64_t d0, int64_t dn) {
+  float pb[KN_ATTN_CHUNK];
+  for (int j = 0; j < r->n; j++) pb[j] = kn_bf16_value(p[j]);
+  const unsigned csr = _mm_getcsr();
+  _mm_setcsr(ATTN_CSR_FLUSH(csr));
+  for (int64_t d = 0; d < dn; d += 2 * KN_ATTN_LANES) {
+    __m512 c[2][2]; /* [even, odd][dims d, d + 16] */
+    for (int u = 0; u < 2; u++) {
+      c[0][u] = _mm512_setzero_ps(), c[1][u] = _mm512_setzero_ps();
+      ATTN_PIN(c[0][u]);
+      ATTN_PIN(c[1][u]);
+    }
+    for (int j = 0; j < r->n; j++) {
+      const int par = (j + r->odd) & 1;
+      const __m512 pj = _mm512_set1_ps(pb[j]);
+      const int64_t off = j * r->hd + d0 + d;
+      for (int u = 0; u < 2; u++)
+        c[par][u] = _mm512_fmadd_ps(
+            pj, attn_bf16v16(attn_ld16n(r->v, r->v16, r->v8, off + 16 * u, dn - d - 16 * u)),
+            c[par][u]);
+    }
+    for (int u = 0; u < 2; u++) {
+      const __mmask16 m = attn_lanes(dn - d - 16 * u);
+      __m512 t = _mm512_add_ps(_mm512_setzero_ps(), _mm512_add_ps(c[0][u], c[1][u]));
+      __m512 a = _mm512_add_ps(_mm512_maskz_loadu_ps(m, acc + d + 16 * u), t);
+      ATTN_PIN(a);
+      _mm512_mask_storeu_ps(acc + d + 16 * u, m, a);
+    }
+  }
+  _mm_setcsr(csr);
+}
+
+/* --- a prefill's group in the tile order, on AMX-BF16 ------------------------------------
+ * attn_qlb_group's steps, the chunks every query of the group reads whole (16 slots) on the
+ * tile unit: S^T (16 keys x 16 queries) = K (bf16 rows, 32 dims a tile) against the
+ * queries' pairs transposed (qt), stored as the scores of 16 keys with the queries in the
+ * lanes; the weights' slot pairs (pw) against V transposed by pairs (vt: dim d's 8 slot
+ * pairs, 32 bytes a row) into (P V)^T, 16 dims x 16 queries a tile, added to the running
+ * acc[d * 16 + i] under DAZ and FTZ. The group's first chunk one of its queries does not
+ * read whole ends the tile part: the state goes to the queries one by one, and the rest of
+ * the chunks runs as for a query alone. Tiles: 0 S^T, 1 K, 2 qt, 3 pw (8 rows), 4 vt (32
+ * bytes a row), 5 a (P V)^T tile. */
+#define ATTN_AMX_TARGET "amx-tile,amx-bf16,avx512f,avx512bf16,avx512bw,avx2,fma,f16c"
+#define ATTN_AMX __attribute__((target(ATTN_AMX_TARGET)))
+#define ATTN_AMX_BARRIER() __asm__ volatile("" ::: "memory")
+
+/* The 16 cache rows of a chunk (n real, the rest zero) as bf16 K rows (kb) and vt. */
+static ATTN_BF16 void attn_bt_rows(const float *kf, const uint16_t *kh, const int8_t *k8,
+                                   const float *vf, const uint16_t *vh, const int8_t *v8, int64_t n,
+                                   int64_t hd, uint16_t *kb, uint32_t *vt) {
+  const int kind = attn_kind(kf, kh);
+  for (int64_t j = 0; j < KN_ATTN_CHUNK; j++)
+    for (int64_t d = 0; d < hd; d += 32)
+      _mm512_storeu_si512(kb + j * hd + d, j < n ? (__m512i)_mm512_cvtne2ps_pbh(
+                                                       attn_ld16(kind, kf, kh, k8, j * hd + d + 16),
+                                                       attn_ld16(kind, kf, kh, k8, j * hd + d))
+                                                 : _mm512_setzero_si512());
+  for (int64_t d = 0; d < hd; d += KN_ATTN_LANES) {
+    __m512 t[KN_ATTN_LANES];
+    for (int64_t j = 0; j < KN_ATTN_CHUNK; j++)
+      t[j] = j < n ? attn_ld16(kind, vf, vh, v8, j * hd + d) : _mm512_setzero_ps();
+    kn_transpose16x16(t); /* t[i]: dim d + i of the 16 slots */
+    for (int i = 0; i < KN_ATTN_LANES; i++)
+      _mm256_storeu_si256((__m256i *)(vt + (d + i) * (KN_ATTN_CHUNK / 2)),
+                          (__m256i)_mm512_cvtneps_pbh(t[i]));
+  }
+}
+
+typedef struct attn_qlt {
+  uint32_t qt[KN_ATTN_DSLICE / 2 * KN_ATTN_LANES];
+  float acc[KN_ATTN_DSLICE * KN_ATTN_LANES]; /* acc[d * 16 + i] */
+  float sc[KN_ATTN_CHUNK * KN_ATTN_LANES];   /* S^T: key j's scores at j * 16 */
+  float t[KN_ATTN_DSLICE * KN_ATTN_LANES];   /* a chunk's (P V)^T */
+  uint32_t pw[KN_ATTN_CHUNK / 2 * KN_ATTN_LANES];
+  uint16_t kb[KN_ATTN_CHUNK * KN_ATTN_DSLICE];
+  uint32_t vt[KN_ATTN_CHUNK / 2 * KN_ATTN_DSLICE];
+} attn_qlt;
+
+static ATTN_AMX void attn_qlt_config(int64_t hd) {
+  kn_amx_cfg cfg = {.palette = 1};
+  for (int t = 0; t < 6; t++) cfg.rows[t] = 16, cfg.colsb[t] = 64;
+  cfg.rows[3] = KN_ATTN_CHUNK / 2;
+  cfg.colsb[4] = 4 * KN_ATTN_CHUNK / 2;
+  (void)hd;
+  ATTN_AMX_BARRIER();
+  _tile_loadconfig(&cfg);
+}
+
+static ATTN_AMX void attn_qlt_release(void) { _tile_release(); }
+
+/* S^T of the chunk at kb (16 rows of hd bf16) into w->sc. */
+static ATTN_AMX void attn_qlt_scores(attn_qlt *w, const uint16_t *kb, int64_t hd) {
+  ATTN_AMX_BARRIER();
+  _tile_zero(0);
+  for (int64_t b = 0; b < hd; b += 32) {
+    _tile_loadd(1, kb + b, hd * 2);
+    _tile_loadd(2, w->qt + b / 2 * KN_ATTN_LANES, 64);
+    _tile_dpbf16ps(0, 1, 2);
+  }
+  _tile_stored(0, w->sc, 64);
+  ATTN_AMX_BARRIER();
+}
+
+/* (P V)^T of the chunk (w->pw against vt) into w->t. */
+static ATTN_AMX void attn_qlt_pv(attn_qlt *w, const uint32_t *vt, int64_t hd) {
+  ATTN_AMX_BARRIER();
+  _tile_loadd(3, w->pw, 64);
+  for (int64_t d = 0; d < hd; d += KN_ATTN_LANES) {
+    _tile_zero(5);
+    _tile_loadd(4, vt + d * (KN_ATTN_CHUNK / 2), 4 * KN_ATTN_CHUNK / 2);
+    _tile_dpbf16ps(5, 4, 3);
+    _tile_stored(5, w->t + d * KN_ATTN_LANES, 64);
+  }
+  ATTN_AMX_BARRIER();
+}
+
+/* Ends the tile part of a group: the queries' states from the lanes. */
+static ATTN_AVX512 void attn_qlt_states(const attn_qlt *w, __m512 maxv, __m512 sumv, int64_t nq,
+                                        int64_t hd, attn_state *st) {
+  _Alignas(64) float mx[KN_ATTN_LANES], sm[KN_ATTN_LANES];
+  _mm512_store_ps(mx, maxv);
+  _mm512_store_ps(sm, sumv);
+  for (int64_t i = 0; i < nq; i++) {
+    st[i].max = mx[i], st[i].sum = sm[i];
+    for (int64_t d = 0; d < hd; d++) st[i].acc[d] = w->acc[d * KN_ATTN_LANES + i];
+  }
+}
+
+/* Whether the n bf16 words at v hold no infinity or NaN (a slot a query does not read
+ * enters p . v on the tile unit as 0 x v: exact, and +0 after (even + odd) whatever the
+ * sign, only where v is finite). */
+static ATTN_AMX bool attn_bf16_finite(const uint32_t *v, int64_t n) {
+  const __m512i e = _mm512_set1_epi32(0x7f807f80);
+  __mmask16 bad = 0;
+  for (int64_t i = 0; i < n; i += 16) {
+    __m512i x = _mm512_and_si512(_mm512_loadu_si512(v + i), e);
+    bad |= _mm512_cmpeq_epi16_mask(x, e) ? 1 : 0;
+  }
+  return !bad;
+}
+
+static ATTN_AMX void attn_qlt_group(const attn_args *a, const attn_kernels *kk,
+                                    const attn_query *qs, int64_t nq, int64_t kvh, int64_t seq,
+                                    int64_t min_lo, int64_t max_pos) {
+  const kn_kv_layer *kv = a->kv;
+  const int64_t hd = kv->head_dim, bs = kv->block_size;
+  const attn_wide *wd = a->wide;
+  const bool wide = wd && seq < wd->n_seq && wd->ctx[seq] >= max_pos;
+  _Alignas(64) attn_qlt w;
+  memset(w.acc, 0, (size_t)(hd * KN_ATTN_LANES) * sizeof(float));
+  attn_qlb_load_q(w.qt, qs, nq, hd);
+  const __mmask16 live = (__mmask16)((1u << nq) - 1u);
+  int64_t min_pos = INT64_MAX, max_lo = 0;
+  for (int64_t i = 0; i < nq; i++) {
+    min_pos = qs[i].n_pos < min_pos ? qs[i].n_pos : min_pos;
+    max_lo = qs[i].lo > max_lo ? qs[i].lo : max_lo;
+  }
+  __m512 maxv = _mm512_set1_ps(-INFINITY), sumv = _mm512_setzero_ps();
+  int64_t pos = min_lo / bs * bs; /* the first position the tile part has not done */
+  bool cfg = false;
+  /* chunks of 16 slots from each block's start (bs % 16 == 0: attn_ql_fits) */
+  for (; pos < max_pos; pos += KN_ATTN_CHUNK) {
+    const int64_t j0 = pos / bs * bs, s0 = pos - j0;
+    __mmask16 vm[KN_ATTN_CHUNK];
+    int n_max = 0;
+    const bool full = pos >= max_lo && pos + KN_ATTN_CHUNK <= min_pos;
+    if (full) {
+      for (int j = 0; j < KN_ATTN_CHUNK; j++) vm[j] = live;
+      n_max = KN_ATTN_CHUNK;
+    } else {
+      memset(vm, 0, sizeof vm);
+      for (int64_t i = 0; i < nq; i++) {
+        int n, off;
+        attn_query_rows(&qs[i], j0, bs, s0, &n, &off);
+        for (int j = off; j < n; j++) vm[j] |= (__mmask16)(1u << i);
+        n_max = n > n_max ? n : n_max;
+      }
+    }
+    if (!n_max) continue;
+    const int64_t r0 = attn_cache_off(kv, attn_block(a->b, seq, j0 / bs), kvh, 0) / hd + s0;
+    const float *ks = NULL, *v_scale = NULL;
+    const uint16_t *kb;
+    const uint32_t *vt;
+    if (kv->k8) ks = kv->k_scale + r0, v_scale = kv->v_scale + r0;
+    if (wide) { /* (rows past the context zero) */
+      int64_t o = wd->base[seq] + kvh * attn_wide_stride16(wd->ctx[seq]) + pos;
+      kb = wd->kb + o * hd, vt = wd->vp + o / 2 * hd;
+    } else {
+      attn_bt_rows(kv->k ? kv->k + r0 * hd : NULL, kv->k16 ? kv->k16 + r0 * hd : NULL,
+                   kv->k8 ? kv->k8 + r0 * hd : NULL, kv->v ? kv->v + r0 * hd : NULL,
+                   kv->v16 ? kv->v16 + r0 * hd : NULL, kv->v8 ? kv->v8 + r0 * hd : NULL, n_max, hd,
+                   w.kb, w.vt);
+      kb = w.kb, vt = w.vt;
+    }
+    if (!full && !attn_bf16_finite(vt, hd * KN_ATTN_CHUNK / 2))
+      break; /* an infinite value some query skips: the rest per query */
+    if (!cfg) attn_qlt_config(hd), cfg = true;
+    attn_qlt_scores(&w, kb, hd);
+    __m512 cm = _mm512_set1_ps(-INFINITY), scale = _mm512_set1_ps(a->scale), sc[KN_ATTN_CHUNK];
+    for (int j = 0; j < n_max; j++) {
+      __m512 x = _mm512_load_ps(w.sc + j * KN_ATTN_LANES);
+      if (ks) x = _mm512_mul_ps(x, _mm512_set1_ps(ks[j]));
+      sc[j] = x = _mm512_mul_ps(x, scale);
+      cm = _mm512_mask_max_ps(cm, vm[j], cm, x);
+    }
+    __mmask16 resc = _mm512_mask_cmp_ps_mask(live, cm, maxv, _CMP_GT_OQ);
+    __m512 corr = _mm512_set1_ps(1.0f);
+    if (resc) {
+      corr = kn_vexp16(_mm512_sub_ps(maxv, cm));
+      sumv = _mm512_mask_mul_ps(sumv, resc, sumv, corr);
+      maxv = _mm512_mask_mov_ps(maxv, resc, cm);
+    }
+    for (int m = 0; m < KN_ATTN_CHUNK / 2; m++) {
+      __m512 pp[2];
+      for (int u = 0; u < 2; u++) {
+        const int j = 2 * m + u;
+        if (j >= n_max) {
+          pp[u] = _mm512_setzero_ps();
+          continue;
+        }
+        __m512 x = kn_vexp16(_mm512_sub_ps(sc[j], maxv));
+        sumv = _mm512_mask_add_ps(sumv, vm[j], sumv, x);
+        if (v_scale) x = _mm512_mul_ps(x, _mm512_set1_ps(v_scale[j]));
+        pp[u] = _mm512_maskz_mov_ps(vm[j], x);
+      }
+      _mm512_store_si512(w.pw + m * KN_ATTN_LANES, attn_bf16_pairs16(pp[0], pp[1]));
+    }
+    attn_qlt_pv(&w, vt, hd);
+    if (resc) /* (the rescale unflushed, as in f32) */
+      for (int64_t d = 0; d < hd; d++) {
+        __m512 x = _mm512_load_ps(w.acc + d * KN_ATTN_LANES);
+        _mm512_store_ps(w.acc + d * KN_ATTN_LANES, _mm512_mask_mul_ps(x, resc, x, corr));
+      }
+    const unsigned csr = _mm_getcsr();
+    _mm_setcsr(ATTN_CSR_FLUSH(csr));
+    for (int64_t d = 0; d < hd; d++) {
+      __m512 x = _mm512_load_ps(w.acc + d * KN_ATTN_LANES);
+      ATTN_PIN(x);
+      x = _mm512_add_ps(x, _mm512_load_ps(w.t + d * KN_ATTN_LANES));
+      ATTN_PIN(x);
+      _mm512_store_ps(w.acc + d * KN_ATTN_LANES, x);
+    }
+    _mm_setcsr(csr);
+  }
+  if (cfg) attn_qlt_release();
+  if (pos >= max_pos) {
+    attn_ql_store(qs, nq, w.acc, sumv, hd);
+    return;
+  }
+  attn_state st[KN_ATTN_GROUP];
+  attn_qlt_states(&w, maxv, sumv, nq, hd, st);
+  attn_rest(a, kk, st, qs, nq, kvh, seq, pos, max_pos, 0, hd);
+}
+
+static const attn_kernels k_attn_bf16_avx512 = {attn_scores_bf16_avx512,
+                                                attn_exp_avx2,
+                                                attn_accum_bf16_avx512,
+                                                attn_widen_avx512,
+                                                NULL,
+                                                NULL,
+                                                false};
 /* (the portable steps with AVX2's exp: the portable one gives other bits where the build
  * has no native fma) */
-static const attn_kernels k_attn_bf16_avx2 = {attn_scores_bf16_c, attn_exp_avx2, attn_accum_bf16_c,
-                                              attn_widen_avx2,    NULL,          NULL};
-static const attn_kernels k_attn_bf16_dp = {attn_scores_bf16_dp, attn_exp_avx2,
-                                            attn_accum_bf16_dp,  attn_widen_avx512,
-                                            attn_chunk16_bf16,   attn_qlb_group};
+static const attn_kernels k_attn_bf16_avx2 = {
+    attn_scores_bf16_c, attn_exp_avx2, attn_accum_bf16_c, attn_widen_avx2, NULL, NULL, false};
+static const attn_kernels k_attn_bf16_dp = {
+    attn_scores_bf16_dp, attn_exp_avx2, attn_accum_bf16_dp, attn_widen_avx512, attn_chunk16_bf16,
+    attn_qlb_group,      false};
 
-static const attn_kernels k_attn_avx512 = {attn_scores_avx512,  attn_exp_avx2,
-                                           attn_accum_avx512,   attn_widen_avx512,
-                                           attn_chunk16_avx512, attn_ql_group};
-static const attn_kernels k_attn_avx2 = {attn_scores_avx2, attn_exp_avx2,     attn_accum_avx2,
-                                         attn_widen_avx2,  attn_chunk16_avx2, NULL};
+static const attn_kernels k_attn_bt_avx512 = {attn_scores_bt_avx512,
+                                              attn_exp_avx2,
+                                              attn_accum_bt_avx512,
+                                              attn_widen_avx512,
+                                              NULL,
+                                              NULL,
+                                              false};
+static const attn_kernels k_attn_bt_amx = {
+    attn_scores_bt_avx512, attn_exp_avx2, attn_accum_bt_avx512, attn_widen_avx512, NULL,
+    attn_qlt_group,        true};
+static const attn_kernels k_attn_bt_avx2 = {
+    attn_scores_bt_c, attn_exp_avx2, attn_accum_bt_c, attn_widen_avx2, NULL, NULL, false};
+
+static const attn_kernels k_attn_avx512 = {
+    attn_scores_avx512, attn_exp_avx2, attn_accum_avx512, attn_widen_avx512, attn_chunk16_avx512,
+    attn_ql_group,      false};
+static const attn_kernels k_attn_avx2 = {attn_scores_avx2,
+                                         attn_exp_avx2,
+                                         attn_accum_avx2,
+                                         attn_widen_avx2,
+                                         attn_chunk16_avx2,
+                                         NULL,
+                                         false};
 #endif
 
 static _Atomic bool g_attn_chunk_kernels = true;
 
 bool kn_attention_set_chunk_kernels(bool on) { return atomic_exchange(&g_attn_chunk_kernels, on); }
 
-static const attn_kernels *attn_pick(bool bf16) {
+static const attn_kernels *attn_pick(const attn_args *a) {
+  const bool bf16 = a->bf16;
 #if KN_ATTN_X86
+  if (a->tile && kn_cpu_isa() >= 3 && kn_cpu_has_amx_bf16()) return &k_attn_bt_amx;
+  if (a->tile && kn_cpu_isa() >= 2) return &k_attn_bt_avx512;
+  if (a->tile && kn_cpu_isa() >= 1) return &k_attn_bt_avx2;
   if (bf16 && kn_cpu_isa() >= 2) return kn_matmul_bf16dp() ? &k_attn_bf16_dp : &k_attn_bf16_avx512;
   if (bf16 && kn_cpu_isa() >= 1) return &k_attn_bf16_avx2;
   if (kn_cpu_isa() >= 2) return &k_attn_avx512;
   if (kn_cpu_isa() >= 1) return &k_attn_avx2;
 #endif
+  if (a->tile) return &k_attn_bt_c;
   return bf16 ? &k_attn_bf16_c : &k_attn_c;
 }
 
@@ -1750,6 +2130,7 @@ static bool attn_ql_fits(const attn_args *a, const attn_kernels *kk) {
   const int64_t hd = a->kv->head_dim;
   return kk->qgroup && hd % KN_ATTN_LANES == 0 && a->io->softcap == 0.0f &&
          (!a->bf16 || (hd % 32 == 0 && a->kv->block_size % 2 == 0)) &&
+         (!a->tile || a->kv->block_size % KN_ATTN_CHUNK == 0) &&
          atomic_load_explicit(&g_attn_chunk_kernels, memory_order_relaxed);
 }
 
@@ -1869,15 +2250,27 @@ static void attn_group_slice(const attn_args *a, const attn_kernels *kk, int64_t
     if (lo < min_lo) min_lo = lo;
     st[i].max = -INFINITY, st[i].sum = 0.0f;
   }
-  if (nq >= KN_ATTN_QL_MIN && d0 == 0 && dn == hd && attn_ql_fits(a, kk)) {
+  /* (the tile unit takes a decode's few queries too: S^T's columns are the queries) */
+  if ((nq >= KN_ATTN_QL_MIN || kk->qgroup_any) && d0 == 0 && dn == hd && attn_ql_fits(a, kk)) {
     kk->qgroup(a, kk, qs, nq, kvh, seq, min_lo, max_pos);
     return;
   }
   for (int64_t i = 0; i < nq; i++) memset(st[i].acc, 0, (size_t)dn * sizeof st[i].acc[0]);
-  for (int64_t j0 = min_lo / bs * bs; j0 < max_pos; j0 += bs) {
+  attn_rest(a, kk, st, qs, nq, kvh, seq, min_lo / bs * bs, max_pos, d0, dn);
+}
+
+/* The chunks of positions [from, max_pos) (from a chunk's start) folded into the states of
+ * the queries, then their outputs. */
+static void attn_rest(const attn_args *a, const attn_kernels *kk, attn_state *st,
+                      const attn_query *qs, int64_t nq, int64_t kvh, int64_t seq, int64_t from,
+                      int64_t max_pos, int64_t d0, int64_t dn) {
+  const kn_kv_layer *kv = a->kv;
+  const kn_attn_io *io = a->io;
+  int64_t hd = kv->head_dim, bs = kv->block_size;
+  for (int64_t j0 = from / bs * bs; j0 < max_pos; j0 += bs) {
     int64_t row = attn_cache_off(kv, attn_block(a->b, seq, j0 / bs), kvh, 0) / hd;
     int64_t n_slot = max_pos - j0 < bs ? max_pos - j0 : bs;
-    for (int64_t s0 = 0; s0 < n_slot; s0 += KN_ATTN_CHUNK) {
+    for (int64_t s0 = j0 < from ? from - j0 : 0; s0 < n_slot; s0 += KN_ATTN_CHUNK) {
       int64_t r0 = row + s0;
       attn_rows r = {.hd = hd};
       const float *v_scale = NULL;
@@ -1904,7 +2297,7 @@ static void attn_group_slice(const attn_args *a, const attn_kernels *kk, int64_t
 static void attn_group_task(void *arg, int64_t begin, int64_t end, int tid) {
   (void)tid;
   const attn_args *a = arg;
-  const attn_kernels *kk = attn_pick(a->bf16);
+  const attn_kernels *kk = attn_pick(a);
   int64_t hd = a->kv->head_dim, n_kv = a->kv->n_kv_heads, g = a->n_heads / n_kv;
   int64_t n_sub = a->head_splits, per = (g + n_sub - 1) / n_sub;
   for (int64_t u = begin; u < end; u++) {
@@ -1959,7 +2352,7 @@ static void attn_wide_task(void *arg, int64_t begin, int64_t end, int tid) {
   const attn_wide_job *j = arg;
   const kn_kv_layer *kv = j->a->kv;
   const int64_t hd = kv->head_dim, bs = kv->block_size;
-  const attn_kernels *kk = attn_pick(j->a->bf16);
+  const attn_kernels *kk = attn_pick(j->a);
   int64_t s = 0;
   for (int64_t u = begin; u < end; u++) {
     while (j->first[s + 1] <= u) s++;
@@ -1967,6 +2360,17 @@ static void attn_wide_task(void *arg, int64_t begin, int64_t end, int tid) {
     int64_t h = r / nb, blk = r % nb, n = ctx - blk * bs < bs ? ctx - blk * bs : bs;
     int64_t src = attn_cache_off(kv, attn_block(j->a->b, s, blk), h, 0);
 #if KN_ATTN_X86
+    if (j->w->kb && j->a->tile) { /* chunks of 16 rows (bs % 16 == 0) */
+      int64_t o = j->w->base[s] + h * attn_wide_stride16(ctx) + blk * bs;
+      for (int64_t c = 0; c < n; c += KN_ATTN_CHUNK) {
+        int64_t sc = src + c * hd, nc = n - c < KN_ATTN_CHUNK ? n - c : KN_ATTN_CHUNK;
+        attn_bt_rows(kv->k ? kv->k + sc : NULL, kv->k16 ? kv->k16 + sc : NULL,
+                     kv->k8 ? kv->k8 + sc : NULL, kv->v ? kv->v + sc : NULL,
+                     kv->v16 ? kv->v16 + sc : NULL, kv->v8 ? kv->v8 + sc : NULL, nc, hd,
+                     j->w->kb + (o + c) * hd, j->w->vp + (o + c) / 2 * hd);
+      }
+      continue;
+    }
     if (j->w->kb) { /* (blocks start at even rows: bs even) */
       int64_t o = j->w->base[s] + h * attn_wide_stride(ctx) + blk * bs;
       attn_bf16_rows(kv->k ? kv->k + src : NULL, kv->k16 ? kv->k16 + src : NULL,
@@ -1991,7 +2395,7 @@ static void *attn_wide_make(kn_pool *p, attn_args *a, attn_wide *w) {
   const kn_kv_layer *kv = a->kv;
   const kn_attn_batch *b = a->b;
   a->wide = NULL;
-  if (!attn_ql_fits(a, attn_pick(a->bf16)) || (kv->k && !a->bf16) || b->n_tok < 2) return NULL;
+  if (!attn_ql_fits(a, attn_pick(a)) || (kv->k && !a->bf16) || b->n_tok < 2) return NULL;
   int64_t g = a->n_heads / kv->n_kv_heads, per = (g + a->head_splits - 1) / a->head_splits;
   int64_t nh = per < KN_ATTN_GROUP ? per : KN_ATTN_GROUP, n_seq = 0;
   for (int64_t t = 0; t < b->n_tok; t++)
@@ -2016,7 +2420,10 @@ static void *attn_wide_make(kn_pool *p, attn_args *a, attn_wide *w) {
   for (int64_t s = 0; s < n_seq; s++) {
     if (cnt[s] < 2) ctx[s] = 0; /* one group: it widens each chunk once anyway */
     base[s] = rows;
-    rows += (a->bf16 ? attn_wide_stride(ctx[s]) : ctx[s]) * kv->n_kv_heads;
+    rows += (a->tile   ? attn_wide_stride16(ctx[s])
+             : a->bf16 ? attn_wide_stride(ctx[s])
+                       : ctx[s]) *
+            kv->n_kv_heads;
   }
   /* f32 K and V rows; bf16 K rows and V pairs (rows even) */
   size_t bytes = (size_t)(rows * kv->head_dim) * (a->bf16 ? 4 : 2 * sizeof(float));
@@ -2073,6 +2480,7 @@ void kn_attention_paged_io(kn_pool *p, float *out, const kn_attn_io *io, const k
                  .n_heads = n_heads,
                  .scale = scale,
                  .bf16 = io->bf16 && kv->head_dim <= KN_ATTN_DSLICE};
+  a.tile = a.bf16 && kn_matmul_x16_order() == KN_X16_TILE;
   int64_t row = kv->n_kv_heads * kv->head_dim;
   /* Every write lands before any read: a token may attend to positions written by
    * other tokens of the same step (prefill chunks). */

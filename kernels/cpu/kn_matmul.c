@@ -1345,7 +1345,7 @@ static inline __attribute__((always_inline)) void mm_x16t_body_c(const uint32_t 
             e = kn_fma_ftz(kn_bf16_f32(xv & 0xffffu), kn_bf16_f32(wv & 0xffffu), e);
             o = kn_fma_ftz(kn_bf16_f32(xv >> 16), kn_bf16_f32(wv >> 16), o);
           }
-          acc = kn_ftz(acc + kn_ftz(e + o));
+          acc = kn_ftz(kn_ftz(acc) + kn_ftz(e + o));
         }
         out[r * 64 + 16 * g + i] = acc;
       }

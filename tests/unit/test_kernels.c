@@ -121,6 +121,9 @@ static float g_softcap;
  * v rounded to bf16 (the products are then exact, so only the weights' rounding and the
  * f32 sums are left: a looser bound). */
 static int g_bf16;
+/* The best instruction set the runs take: 2 (AVX-512), or 3 where the bf16 order is the
+ * tile order on a CPU with AMX-BF16 (the queries-in-lanes groups on the tile unit). */
+static int g_top = 2;
 
 static double ref_val(float x) {
   return g_bf16 ? (double)ir_bf16_to_f32(ir_f32_to_bf16(x)) : (double)x;
@@ -409,9 +412,10 @@ static void test_attention_long(kn_pool *p) {
       o[r] = malloc(sz), pre[r] = malloc(psz);
       bool dp = kn_matmul_use_bf16dp(r < 5);
       attn_long_run(p,
-                    r == 5 ? 2
-                    : r    ? 1 + (r + 1) % 2
-                           : 0,
+                    r == 5        ? g_top
+                    : r == 0      ? 0
+                    : (r + 1) % 2 ? g_top
+                                  : 1,
                     r < 3, f16, hd, bs, n, c[i / 2].scale, o[r], pre[r]);
       kn_matmul_use_bf16dp(dp);
     }
@@ -546,7 +550,7 @@ static void test_attention_groups(kn_pool *p4) {
       for (int r = 0; r < runs; r++) { /* each run draws the same inputs */
         o[r] = malloc((size_t)(2 * sz) * sizeof *o[r]);
         bool dp = kn_matmul_use_bf16dp(r < 4);
-        attn_group_run(p4, r == 4 ? 2 : 1 + r % 2, r < 2, kind, nh, nkv, n, o[r]);
+        attn_group_run(p4, r == 4 || r % 2 ? g_top : 1, r < 2, kind, nh, nkv, n, o[r]);
         kn_matmul_use_bf16dp(dp);
         CHECKF(!memcmp(o[r], o[r] + sz, (size_t)sz * sizeof *o[r]),
                "grouped prefill vs each token alone differ (isa %d chunks %d heads %lld/%lld "
@@ -902,20 +906,32 @@ int main(void) {
   test_attention_long(p4);
   test_attention_groups(p4);
   test_attention_f16_store();
-  g_bf16 = 1; /* the bf16 order: every path, then each against the others */
-  for (int isa = 0; isa <= 2; isa++) {
-    kn_matmul_set_max_isa(isa);
-    test_attention(p1, p4);
+  g_bf16 = 1; /* the bf16 order: every path, then each against the others; in the chain
+               * order, then in the tile order (AMX-BF16's; on it where the CPU has it) */
+  kn_matmul_set_max_isa(3);
+  const bool amx = kn_cpu_has_amx_bf16() && kn_cpu_isa() >= 3;
+  printf("bf16 attention in the tile order: %s\n",
+         amx ? "on AMX-BF16 and every other path" : "no AMX-BF16: the AVX-512 and portable paths");
+  for (int order = 0; order < 2; order++) {
+    kn_matmul_set_x16_order(order ? KN_X16_TILE : KN_X16_CHAIN);
+    g_top = order && amx ? 3 : 2;
+    for (int isa = 0; isa <= g_top; isa++) {
+      kn_matmul_set_max_isa(isa);
+      test_attention(p1, p4);
+    }
+    kn_matmul_set_max_isa(2);
+    test_attention_long(p4);
+    test_attention_groups(p4);
+    /* scores far apart (rescales by factors below FLT_MIN, weights near it: subnormal sums
+     * and products the order flushes), then tiny values */
+    g_kmul = 300.0f;
+    test_attention_groups(p4);
+    g_vmul = 1e-30f;
+    test_attention_groups(p4);
+    g_kmul = g_vmul = 1.0f;
   }
-  test_attention_long(p4);
-  test_attention_groups(p4);
-  /* scores far apart (rescales by factors below FLT_MIN, weights near it: subnormal sums
-   * and products the order flushes), then tiny values */
-  g_kmul = 300.0f;
-  test_attention_groups(p4);
-  g_vmul = 1e-30f;
-  test_attention_groups(p4);
-  g_kmul = g_vmul = 1.0f;
+  kn_matmul_set_x16_order(-1);
+  g_top = 2;
   g_bf16 = 0;
   test_attention_bf16_differs(p4);
   test_rope(p4);
