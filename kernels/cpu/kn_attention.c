@@ -2044,12 +2044,14 @@ static ATTN_AMX void attn_qlt_group(const attn_args *a, const attn_kernels *kk,
         __m512 x = _mm512_load_ps(w.acc + d * KN_ATTN_LANES);
         _mm512_store_ps(w.acc + d * KN_ATTN_LANES, _mm512_mask_mul_ps(x, resc, x, corr));
       }
+    __mmask16 rd = 0; /* the queries that read a slot of the chunk (the others' acc stays) */
+    for (int j = 0; j < n_max; j++) rd |= vm[j];
     const unsigned csr = _mm_getcsr();
     _mm_setcsr(ATTN_CSR_FLUSH(csr));
     for (int64_t d = 0; d < hd; d++) {
       __m512 x = _mm512_load_ps(w.acc + d * KN_ATTN_LANES);
       ATTN_PIN(x);
-      x = _mm512_add_ps(x, _mm512_load_ps(w.t + d * KN_ATTN_LANES));
+      x = _mm512_mask_add_ps(x, rd, x, _mm512_load_ps(w.t + d * KN_ATTN_LANES));
       ATTN_PIN(x);
       _mm512_store_ps(w.acc + d * KN_ATTN_LANES, x);
     }
@@ -2112,7 +2114,8 @@ bool kn_attention_set_chunk_kernels(bool on) { return atomic_exchange(&g_attn_ch
 static const attn_kernels *attn_pick(const attn_args *a) {
   const bool bf16 = a->bf16;
 #if KN_ATTN_X86
-  if (a->tile && kn_cpu_isa() >= 3 && kn_cpu_has_amx_bf16()) return &k_attn_bt_amx;
+  if (a->tile && kn_cpu_isa() >= 3 && kn_cpu_has_amx_bf16() && kn_cpu_has_avx512bf16())
+    return &k_attn_bt_amx;
   if (a->tile && kn_cpu_isa() >= 2) return &k_attn_bt_avx512;
   if (a->tile && kn_cpu_isa() >= 1) return &k_attn_bt_avx2;
   if (bf16 && kn_cpu_isa() >= 2) return kn_matmul_bf16dp() ? &k_attn_bf16_dp : &k_attn_bf16_avx512;

@@ -81,8 +81,9 @@ void kn_matmul_bf16x16(kn_pool *p, float *y, const float *x, const void *w, cons
 enum { KN_X16_CHAIN = 0, KN_X16_TILE = 1 };
 int kn_matmul_x16_order(void);
 int kn_matmul_set_x16_order(int order);
-/* Whether this CPU and OS run AMX-BF16. */
+/* Whether this CPU and OS run AMX-BF16; whether the CPU has AVX512-BF16. */
 bool kn_cpu_has_amx_bf16(void);
+bool kn_cpu_has_avx512bf16(void);
 
 /* How the matmul kernels cut y (m, n) into pool tasks: tiles of mb rows x nb columns,
  * n_tiles of them along n; task t is row tile t / n_tiles, column tile t % n_tiles. Tiles

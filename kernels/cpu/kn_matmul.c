@@ -979,6 +979,8 @@ static int mm_isa(void) {
 
 int kn_cpu_isa(void) { return mm_isa(); }
 
+bool kn_cpu_has_avx512bf16(void) { return mm_cpu_has_bf16dp(); }
+
 static _Atomic bool g_mm_bf16dp = true;
 
 bool kn_matmul_use_bf16dp(bool on) { return atomic_exchange(&g_mm_bf16dp, on); }
@@ -1328,8 +1330,9 @@ static const mm_x16_fn k_x16_avx512[KN_MM_X16_MAX_R + 1] = {NULL,
  * That is what the instruction computes for a 16-pair tile, bit for bit (checked against
  * it in test_matmul_bf16); its pseudocode in the manual, one chain of alternating products,
  * is not. A block's chains never see another row, so a row's result is its own whatever
- * the rows beside it; padding a block with zero pairs (x's zero words) changes no bit, as
- * a chain from +0 never holds -0. */
+ * the rows beside it. A short last block is the instruction's over zero pairs (x's zero
+ * words, W's zero-padded copy): each adds +0, which changes a chain only where it holds
+ * -0 (a tiny negative result flushed), to +0; the other paths add that +0 once. */
 
 static inline __attribute__((always_inline)) void mm_x16t_body_c(const uint32_t *const *xr,
                                                                  const uint32_t *const *wg,
@@ -1345,6 +1348,8 @@ static inline __attribute__((always_inline)) void mm_x16t_body_c(const uint32_t 
             e = kn_fma_ftz(kn_bf16_f32(xv & 0xffffu), kn_bf16_f32(wv & 0xffffu), e);
             o = kn_fma_ftz(kn_bf16_f32(xv >> 16), kn_bf16_f32(wv >> 16), o);
           }
+          if (kp - b < KN_MM_X16_TBLOCK) /* a short block's zero pairs: -0 + +0 is +0 */
+            e = 0.0f + e, o = 0.0f + o;
           acc = kn_ftz(kn_ftz(acc) + kn_ftz(e + o));
         }
         out[r * 64 + 16 * g + i] = acc;
@@ -1395,6 +1400,12 @@ MM_AVX512_INLINE void mm_x16t_body_avx512(const uint32_t *const *xr, const uint3
         }
       }
     }
+    if (be - b < KN_MM_X16_TBLOCK) /* a short block's zero pairs: -0 + +0 is +0 */
+      for (int r = 0; r < mr; r++)
+        for (int g = 0; g < KN_MM_X16_GROUPS; g++) {
+          e[r][g] = _mm512_add_ps(_mm512_setzero_ps(), e[r][g]);
+          o[r][g] = _mm512_add_ps(_mm512_setzero_ps(), o[r][g]);
+        }
     for (int r = 0; r < mr; r++)
       for (int g = 0; g < KN_MM_X16_GROUPS; g++) {
         float *d = out + r * 64 + 16 * g;

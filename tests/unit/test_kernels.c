@@ -470,6 +470,9 @@ static double attn_cached(const kn_kv_layer *kv, const int32_t *tables, int64_t 
 /* The spread of the K and V values attn_group_run draws (uniform in [-x, x)). */
 static float g_kmul = 1.0f, g_vmul = 1.0f;
 
+/* A token whose v rows hold an infinity (attn_group_run), or -1. */
+static int64_t g_vinf = -1;
+
 static void attn_group_run(kn_pool *p, int isa, bool chunks, int kind, int64_t nh, int64_t nkv,
                            int64_t n, float *out) {
   const int64_t hd = 64, bs = 16, n_blk = (n + bs - 1) / bs, row = nkv * hd;
@@ -477,6 +480,7 @@ static void attn_group_run(kn_pool *p, int isa, bool chunks, int kind, int64_t n
   float *k = rnd_vec(n * row, g_kmul), *v = rnd_vec(n * row, g_vmul);
   float *q = rnd_vec(n * nh * hd, 1.0f);
   g_rng = seed;
+  if (g_vinf >= 0) v[g_vinf * row + 5] = INFINITY; /* one value of one token's v rows */
   int32_t *tables = malloc((size_t)n_blk * sizeof *tables);
   for (int64_t b = 0; b < n_blk; b++) tables[b] = (int32_t)((b * 5 + 3) % n_blk); /* scattered */
   size_t cache = (size_t)(n_blk * bs * row), rows = (size_t)(n_blk * bs * nkv);
@@ -509,7 +513,8 @@ static void attn_group_run(kn_pool *p, int isa, bool chunks, int kind, int64_t n
   kn_attention_set_chunk_kernels(prev_chunks);
   kn_matmul_set_max_isa(prev);
   int ok = 1; /* tokens 0, 17 and n - 1 against the double reference */
-  const int64_t ts[3] = {0, 17 < n ? 17 : 0, n - 1};
+  const int64_t last = g_vinf >= 0 ? g_vinf - 1 : n - 1; /* (not the tokens that read inf) */
+  const int64_t ts[3] = {0, 17 < n ? 17 : 0, last};
   for (int i = 0; i < 3; i++)
     for (int64_t h = 0; h < nh; h++) {
       int64_t t = ts[i], kvh = h / (nh / nkv);
@@ -570,6 +575,30 @@ static void test_attention_groups(kn_pool *p4) {
                (long long)nkv, kinds[kind]);
       for (int r = 0; r < runs; r++) free(o[r]);
     }
+}
+
+/* An infinite v in a slot that some queries of a prefill group skip (the tile order's groups
+ * take such a chunk per query): the tokens before it give the bits they give alone, finite,
+ * on every path. Tokens 35-39 are a group (9/3 heads: 5 tokens a group); 35 and 36 skip
+ * token 37's slot of their chunk. */
+static void test_attention_vinf(kn_pool *p4) {
+  const int64_t n = 40, nh = 9, nkv = 3, sz = n * nh * 64;
+  float *o[2];
+  g_vinf = 37;
+  for (int r = 0; r < 2; r++) {
+    o[r] = malloc((size_t)(2 * sz) * sizeof *o[r]);
+    attn_group_run(p4, r ? g_top : 1, true, ATTN_F16, nh, nkv, n, o[r]);
+  }
+  g_vinf = -1;
+  const int64_t lo = 35 * nh * 64, m = 2 * nh * 64; /* tokens 35, 36 */
+  int finite = 1;
+  for (int64_t i = 0; i < 37 * nh * 64; i++) finite &= isfinite(o[1][i]) != 0;
+  CHECKF(finite, "an infinite v reached tokens that do not read it");
+  CHECKF(!memcmp(o[1], o[1] + sz, (size_t)(37 * nh * 64) * sizeof(float)),
+         "an infinite v some queries skip: their prefill differs from each alone");
+  CHECKF(!memcmp(o[0] + lo, o[1] + lo, (size_t)m * sizeof(float)),
+         "an infinite v some queries skip: the paths differ");
+  free(o[0]), free(o[1]);
 }
 
 /* io.bf16 reaches the kernels: the same inputs give other bits than the f32 order. */
@@ -929,6 +958,7 @@ int main(void) {
     g_vmul = 1e-30f;
     test_attention_groups(p4);
     g_kmul = g_vmul = 1.0f;
+    test_attention_vinf(p4);
   }
   kn_matmul_set_x16_order(-1);
   g_top = 2;

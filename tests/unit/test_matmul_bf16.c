@@ -142,7 +142,7 @@ static void paths_case(kn_pool *p, int64_t m, int64_t n, int64_t k, int swiglu, 
 /* y of one row (n = 1) with x and w given, on every path; all must equal want. */
 static void known(const char *what, const float *x, const float *w, int64_t k, float want,
                   int has_dp) {
-  uint16_t wb[16 * 64]; /* 16 equal rows (a bf16x16 group) */
+  uint16_t wb[16 * 128]; /* 16 equal rows (a bf16x16 group) */
   for (int r = 0; r < 16; r++)
     for (int64_t i = 0; i < k; i++) wb[r * k + i] = ir_f32_to_bf16(w[i]);
   for (int q = 0; q < n_paths(has_dp); q++) {
@@ -262,6 +262,7 @@ static void x16_cases(kn_pool *p3, int has_dp) {
           paths_case(mi % 2 ? p3 : NULL, ms[mi], ns16[ni], ks16[ki], sw, (ki + ni) % 2, has_dp);
   paths_case(p3, 70, 96, 576, 1, 1, has_dp);
   paths_case(p3, 150, 48, 1536, 0, 1, has_dp);
+  paths_case(p3, 40, 32, 2100, 1, 1, has_dp); /* k blocks of KN_MM_X16_KB pairs, a short tail */
 }
 
 int main(void) {
@@ -332,6 +333,13 @@ int main(void) {
   memset(x, 0, sizeof x), memset(w, 0, sizeof w);
   x[0] = w[0] = 1.0f, x[32] = w[32] = x[33] = w[33] = 0x1p-12f;
   known("blocks of 16 pairs", x, w, 34, 1.0f + 0x1p-23f, has_dp);
+  /* a short last block is the instruction's over zero pairs, each adding +0: block 0 leaves
+   * -1.5 2^-126, block 1 adds 2^-126 (-0.5 2^-126: flushed to -0), pair 32's products
+   * -2^-130 flush to -0; without the zero pairs -0 + (-0 + -0) = -0, with them +0 */
+  float x3[128] = {0}, w3[128] = {0};
+  x3[0] = -1.5f * 0x1p-63f, w3[0] = 0x1p-63f, x3[32] = w3[32] = 0x1p-63f;
+  x3[64] = -0x1p-65f, w3[64] = 0x1p-65f, x3[65] = 0x1p-65f, w3[65] = -0x1p-65f;
+  known("a short block's zero pairs", x3, w3, 66, 0.0f, has_dp);
   x16_cases(p3, has_dp);
   g_x16 = 0;
   kn_matmul_set_x16_order(-1);
