@@ -43,7 +43,8 @@ typedef enum ir_dtype {
    * matmuls that take bf16 activations; rank 2, rows a multiple of 16, k even): rows
    * 16g .. 16g+15 keep the bytes they take in the base layout, as k/2 runs of 64 bytes, run p
    * holding values 2p and 2p+1 of each of the 16 rows in turn: one 64-byte load is a
-   * vdpbf16ps operand whose lane i is row 16g+i. */
+   * vdpbf16ps operand whose lane i is row 16g+i, and 16 runs (1 KiB) one AMX-BF16 B tile.
+   * The kernels sum it in the CPU's bf16 order (kn_matmul_x16_order). */
   IR_BF16_X16 = 16,
   IR_DTYPE_COUNT
 } ir_dtype;

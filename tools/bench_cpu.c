@@ -174,6 +174,26 @@ __attribute__((target("amx-tile,amx-int8"))) static float pk_i8_amx(long n) {
                    : "memory");
   return (float)c[0];
 }
+/* The same on AMX-BF16 (tdpbf16ps: 16 x 16 x 32 multiply-adds a product, bf16 pairs). */
+__attribute__((target("amx-tile,amx-bf16"))) static float pk_bf16_amx(long n) {
+  kn_amx_cfg cfg = {.palette = 1};
+  for (int t = 0; t < 8; t++) cfg.rows[t] = 16, cfg.colsb[t] = 64;
+  static const uint16_t ab[16 * 32] = {0x3f80};
+  float c[16 * 16];
+  __asm__ volatile("ldtilecfg %0" ::"m"(cfg));
+  __asm__ volatile(
+      "tileloadd (%0,%1,1), %%tmm4\n\ttileloadd (%0,%1,1), %%tmm5\n\t"
+      "tileloadd (%0,%1,1), %%tmm6\n\ttileloadd (%0,%1,1), %%tmm7\n\t"
+      "tilezero %%tmm0\n\ttilezero %%tmm1\n\ttilezero %%tmm2\n\ttilezero %%tmm3" ::"r"(ab),
+      "r"((int64_t)64)
+      : "memory");
+  for (long k = 0; k < n; k++)
+    __asm__ volatile("tdpbf16ps %tmm6, %tmm4, %tmm0\n\ttdpbf16ps %tmm7, %tmm4, %tmm1\n\t"
+                     "tdpbf16ps %tmm6, %tmm5, %tmm2\n\ttdpbf16ps %tmm7, %tmm5, %tmm3");
+  __asm__ volatile("tilestored %%tmm0, (%0,%1,1)\n\ttilerelease" ::"r"(c), "r"((int64_t)64)
+                   : "memory");
+  return c[0];
+}
 __attribute__((target("avx2,fma"))) static float pk_f32_256(long n) {
   __m256 a[PK_CHAINS], b = _mm256_set1_ps(0.999f), c = _mm256_set1_ps(1e-4f);
   for (int i = 0; i < PK_CHAINS; i++) a[i] = _mm256_set1_ps((float)i * 1e-3f);
@@ -202,7 +222,7 @@ __attribute__((target("avx2"))) static float pk_i8_256(long n) {
 #endif
 
 typedef struct pk_job {
-  int kind; /* 0 f32, 1 int8, 2 int8 on AMX, 3 bf16 pairs (AVX512-BF16) */
+  int kind; /* 0 f32, 1 int8, 2 int8 on AMX, 3 bf16 pairs (AVX512-BF16), 4 bf16 on AMX */
   int wide; /* 512-bit registers */
   pthread_barrier_t *bar;
   double ms;
@@ -214,7 +234,8 @@ static void *pk_thread(void *arg) {
   pthread_barrier_wait(j->bar);
   double t0 = now_ms();
 #if PK_X86
-  j->sink = j->kind == 3   ? pk_bf16_512(PK_ITERS)
+  j->sink = j->kind == 4   ? pk_bf16_amx(PK_AMX_ITERS)
+            : j->kind == 3 ? pk_bf16_512(PK_ITERS)
             : j->kind == 2 ? pk_i8_amx(PK_AMX_ITERS)
             : j->kind == 0 ? (j->wide ? pk_f32_512(PK_ITERS) : pk_f32_256(PK_ITERS))
                            : (j->wide ? pk_i8_512(PK_ITERS) : pk_i8_256(PK_ITERS));
@@ -242,8 +263,9 @@ static double pk_rate(int threads, int kind, int wide, int repeats) {
     }
     pthread_barrier_destroy(&bar);
     double lanes = kind == 0 ? (wide ? 16 : 8) : kind == 3 ? 32 : (wide ? 64 : 32);
-    double ops = kind == 2 ? 2.0 * 4 * 16 * 16 * 64 * (double)PK_AMX_ITERS * threads
-                           : 2.0 * lanes * PK_CHAINS * (double)PK_ITERS * threads;
+    double ops = kind == 2   ? 2.0 * 4 * 16 * 16 * 64 * (double)PK_AMX_ITERS * threads
+                 : kind == 4 ? 2.0 * 4 * 16 * 16 * 32 * (double)PK_AMX_ITERS * threads
+                             : 2.0 * lanes * PK_CHAINS * (double)PK_ITERS * threads;
     double rate = ops / (ms * 1e-3);
     best = rate > best ? rate : best;
   }
@@ -266,13 +288,17 @@ static int run_peak(int threads, int repeats) {
   char bf[64] = "";
   if (kn_matmul_bf16dp())
     snprintf(bf, sizeof bf, ", \"bf16_gflops\": %.1f", pk_rate(threads, 3, 1, repeats) / 1e9);
+  /* bf16_amx_gflops: tdpbf16ps where the CPU has AMX-BF16 (the tile order's unit) */
+  char ba[64] = "";
+  if (amx && kn_cpu_has_amx_bf16())
+    snprintf(ba, sizeof ba, ", \"bf16_amx_gflops\": %.1f", pk_rate(threads, 4, 1, repeats) / 1e9);
   printf("{\"threads\": %d, \"f32\": \"%s\", \"int8\": \"%s\", \"f32_gflops\": %.1f, "
-         "\"int8_gops\": %.1f, \"int8_vector_gops\": %.1f%s}\n",
+         "\"int8_gops\": %.1f, \"int8_vector_gops\": %.1f%s%s}\n",
          threads, wide ? "avx512 fma" : "avx2 fma",
          amx    ? "amx-int8"
          : vnni ? "avx512 vnni"
                 : "avx2 maddubs",
-         f / 1e9, t / 1e9, q / 1e9, bf);
+         f / 1e9, t / 1e9, q / 1e9, bf, ba);
   return 0;
 #else
   (void)threads, (void)repeats;

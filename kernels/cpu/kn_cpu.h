@@ -67,8 +67,9 @@ void kn_matmul_bf16x(kn_pool *p, float *y, const float *x, const uint16_t *w, co
                      int64_t m, int64_t n, int64_t k, bool swiglu);
 
 /* kn_matmul_bf16x16: the same with W in IR_BF16_X16's layout (16 rows interleaved by
- * pairs; n a multiple of 16, k even), summed in that layout's own order (one chain an
- * output over the pairs, vdpbf16ps's step; kn_matmul.c). */
+ * pairs; n a multiple of 16, k even), summed in that layout's order on this CPU
+ * (kn_matmul_x16_order: one chain an output over the pairs, vdpbf16ps's step; or AMX-BF16's
+ * blocks of 16 pairs; kn_matmul.c). */
 void kn_matmul_bf16x16(kn_pool *p, float *y, const float *x, const void *w, const float *bias,
                        int64_t m, int64_t n, int64_t k, bool swiglu);
 

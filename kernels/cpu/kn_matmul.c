@@ -1801,6 +1801,24 @@ static int64_t mm_xpack_at(int64_t i, int64_t p, int64_t m, int64_t kw) {
          (i % 16) * KN_MM_X16_TBLOCK + p % KN_MM_X16_TBLOCK;
 }
 
+#if KN_MM_X86 && KN_MATMUL_MAX_ISA >= 2
+/* mm_bf16_row_dp into row i's tile blocks (mm_xpack_at), k's tail zero-padded. */
+static MM_BF16DP void mm_bf16_row_pack_dp(const float *x, int64_t k, uint32_t *out, int64_t i,
+                                          int64_t m) {
+  const int64_t kw = mm_bf16_words(k);
+  for (int64_t p = 0; p < kw; p += KN_MM_X16_TBLOCK) {
+    const int64_t c = 2 * p; /* the first of 32 values */
+    const __mmask16 lo = c + 16 <= k ? 0xffff : c >= k ? 0 : (__mmask16)((1u << (k - c)) - 1u);
+    const __mmask16 hi = c + 32 <= k   ? 0xffff
+                         : c + 16 >= k ? 0
+                                       : (__mmask16)((1u << (k - c - 16)) - 1u);
+    _mm512_store_si512(out + mm_xpack_at(i, p, m, kw),
+                       (__m512i)_mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(hi, x + c + 16),
+                                                    _mm512_maskz_loadu_ps(lo, x + c)));
+  }
+}
+#endif
+
 /* Row i of m (k values at x) as bf16 pairs into out: kw words in a row, or (pack) in tile
  * blocks, converted a piece at a time on the stack. */
 static void mm_bf16_convert_row(const float *x, int64_t k, uint32_t *out, int64_t i, int64_t m,
@@ -1810,6 +1828,12 @@ static void mm_bf16_convert_row(const float *x, int64_t k, uint32_t *out, int64_
     mm_bf16_convert(x, k, out + i * kw);
     return;
   }
+#if KN_MM_X86 && KN_MATMUL_MAX_ISA >= 2
+  if (kn_matmul_bf16dp()) { /* straight into the blocks, 16 words a store */
+    mm_bf16_row_pack_dp(x, k, out, i, m);
+    return;
+  }
+#endif
   enum { PIECE = 1024 }; /* words, a multiple of the block's */
   _Alignas(64) uint32_t buf[PIECE];
   for (int64_t p0 = 0; p0 < kw; p0 += PIECE) {

@@ -58,11 +58,14 @@ static float bits_f(uint32_t u) {
 static int g_x16;
 
 /* The paths of a case: the ISA cap and whether vdpbf16ps is on. The tile order runs on
- * the portable C, AVX-512F, and AMX-BF16 (isa 3) where the CPU has it. */
+ * the portable C, AVX-512F (x converted by the portable code, then by vcvtne2ps2bf16 where
+ * the CPU has it), and AMX-BF16 (isa 3) where the CPU has it. */
 static int g_amx;
-static int n_paths(int has_dp) { return g_x16 == 2 ? 2 + g_amx : has_dp ? 4 : 3; }
-static int path_isa(int q) { return g_x16 == 2 ? (q ? q + 1 : 0) : q < 3 ? q : 2; }
-static int path_dp(int q) { return g_x16 != 2 && q == 3; }
+static int n_paths(int has_dp) {
+  return g_x16 == 2 ? 2 + has_dp + (has_dp && g_amx) : has_dp ? 4 : 3;
+}
+static int path_isa(int q) { return g_x16 == 2 ? (q == 0 ? 0 : q < 3 ? 2 : 3) : q < 3 ? q : 2; }
+static int path_dp(int q) { return g_x16 == 2 ? q >= 2 : q == 3; }
 
 static void run(int isa, int dp, float *y, const float *x, const uint16_t *w, const float *bias,
                 int64_t m, int64_t n, int64_t k, int swiglu, kn_pool *p) {
