@@ -78,6 +78,9 @@ struct wq_args {
   float *x16_sx;   /* their scales */
   int32_t *x16_xs; /* and code sums */
   int64_t x16_xstride;
+  int8_t *amx_xv; /* AMX: the x rows of every whole 16-row block quantized and packed once a
+                   * call (w8_amx_prep), nkb steps a block, or NULL */
+  float *amx_sx;  /* their scales */
   float *y;
   const float *x;
   const kn_wq *w;
@@ -1134,6 +1137,45 @@ static WQ_AMX int64_t w8_amx_rows(const wq_args *a, int64_t i0, int64_t i1, int6
   return i;
 }
 
+/* The same over x packed once a call (a->amx_xv): every whole 16-row block of the tile. */
+static WQ_AMX int64_t w8_amx_rows_pre(const wq_args *a, int64_t i0, int64_t i1, int64_t j0,
+                                      int64_t j1, int64_t nkb) {
+  kn_amx_cfg cfg = {.palette = 1};
+  for (int t = 0; t < 8; t++) cfg.rows[t] = 16, cfg.colsb[t] = 64;
+  WQ_AMX_BARRIER();
+  _tile_loadconfig(&cfg);
+  const int64_t mr = (i1 - i0) / 16 * 16; /* (i0 a multiple of 16: tiles of 64 rows) */
+  const int8_t *xv = a->amx_xv + i0 / 16 * nkb * WQ_AMX_STEP;
+  for (int64_t j = j0; j < j1; j += wq_cols(a, 32))
+    w8_amx_panel(a, xv, nkb, mr, a->amx_sx + i0, i0, j, j1);
+  _tile_release();
+  return i0 + mr;
+}
+
+/* Whole 16-row blocks [begin, end) of x quantized and packed (w8_amx_rows' steps) into
+ * a->amx_xv and a->amx_sx. */
+static WQ_AMX void w8_amx_prep(const wq_args *a, int64_t begin, int64_t end) {
+  const int64_t k = a->k, nkb = (k + 63) / 64;
+  _Alignas(64) int8_t rows[4 * (WQ_AMX_X_BYTES / 16)]; /* 4 rows of kp <= 8192 bytes */
+  for (int64_t b = begin; b < end; b++) {
+    int8_t *xv = a->amx_xv + b * nkb * WQ_AMX_STEP;
+    for (int64_t r = 0; r < 16; r += 4) {
+      for (int q = 0; q < 4; q++) {
+        int8_t *row = rows + q * nkb * 64;
+        int32_t xs;
+        a->kern->quant(a->x + (b * 16 + r + q) * k, k, row, &a->amx_sx[b * 16 + r + q], &xs);
+        memset(row + k, 0, (size_t)(nkb * 64 - k));
+      }
+      w8_amx_pack4(xv, nkb, r, rows);
+    }
+  }
+}
+
+static void w8_amx_prep_task(void *arg, int64_t begin, int64_t end, int tid) {
+  (void)tid;
+  w8_amx_prep(arg, begin, end);
+}
+
 /* Rows [i0, i1) of a tile in blocks of 16 on AMX; returns the first row left to w8_tile
  * (i0 where AMX does not apply: no AMX, under 16 rows, k over 8192, W under 16 rows). The
  * checks stay out of the AVX-512/AMX function: an instrumented build (ASan) poisons its
@@ -1144,6 +1186,7 @@ static int64_t w8_tile_amx(const wq_args *a, int64_t i0, int64_t i1, int64_t j0,
   int64_t per = WQ_AMX_X_BYTES / (nkb * 64) / 16 * 16;
   if (per > WQ_AMX_MAX_ROWS) per = WQ_AMX_MAX_ROWS;
   if (!a->kern->amx || i1 - i0 < 16 || per < 16 || (a->swiglu ? 2 : 1) * a->n < 16) return i0;
+  if (a->amx_xv) return w8_amx_rows_pre(a, i0, i1, j0, j1, nkb);
   return w8_amx_rows(a, i0, i1, j0, j1, per, nkb);
 }
 #endif
@@ -1285,9 +1328,25 @@ static void wq_run(kn_pool *p, float *y, const float *x, const kn_wq *w, const f
       kn_parallel_for(p, m, 1 + (1 << 14) / k, w8x_quant_task, &a);
     }
   }
+  /* AMX: x quantized and packed once, not once per column tile (each tile had redone its
+   * rows: 15% of a SmolLM2 W8A8 prefill); the same values, so the same bits */
+  void *amx_block = NULL;
+  const int64_t nkb = (k + 63) / 64, nblk = m / 16;
+  if (w8a8 && !a.x16_buf && a.kern->amx && nblk > 0 && k > 0 && nkb * 64 * 16 <= WQ_AMX_X_BYTES &&
+      (swiglu ? 2 : 1) * a.n >= 16 && a.tiles.n_tiles > 1) {
+    amx_block = ir_malloc((size_t)(nblk * nkb * WQ_AMX_STEP + m * 4 + 64));
+    if (amx_block) {
+      a.amx_xv = (int8_t *)(((uintptr_t)amx_block + 63) & ~(uintptr_t)63);
+      a.amx_sx = (float *)(a.amx_xv + nblk * nkb * WQ_AMX_STEP);
+      kn_parallel_for(p, nblk, 1, w8_amx_prep_task, &a);
+    }
+  }
 #endif
   kn_parallel_for(p, tasks, flops < WQ_SERIAL_FLOPS ? tasks : 1, w8a8 ? w8_task : wq_task, &a);
   ir_free(a.x16_block);
+#if WQ_X86
+  ir_free(amx_block);
+#endif
 }
 
 void kn_matmul_wq(kn_pool *p, float *y, const float *x, const kn_wq *w, const float *bias,
