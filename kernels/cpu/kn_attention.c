@@ -1843,58 +1843,37 @@ static ATTN_AVX512 void attn_accum_bt_avx512(float *acc, const float *p, const a
   _mm_setcsr(csr);
 }
 
-/* --- a prefill's group in the tile order, on AMX-BF16 ------------------------------------
- * attn_qlb_group's steps, the chunks every query of the group reads whole (16 slots) on the
- * tile unit: S^T (16 keys x 16 queries) = K (bf16 rows, 32 dims a tile) against the
- * queries' pairs transposed (qt), stored as the scores of 16 keys with the queries in the
- * lanes; the weights' slot pairs (pw) against V transposed by pairs (vt: dim d's 8 slot
- * pairs, 32 bytes a row) into (P V)^T, 16 dims x 16 queries a tile, added to the running
- * acc[d * 16 + i] under DAZ and FTZ. The group's first chunk one of its queries does not
- * read whole ends the tile part: the state goes to the queries one by one, and the rest of
- * the chunks runs as for a query alone. Tiles: 0 S^T, 1 K, 2 qt, 3 pw (8 rows), 4 vt (32
- * bytes a row), 5 a (P V)^T tile. */
+/* --- a query group in the tile order, on AMX-BF16 -----------------------------------------
+ * attn_qlb_group's steps with the products on the tile unit, a chunk of 16 slots at a time:
+ * S^T (16 keys x 16 queries) = K (bf16 rows, 32 dims a tile) against the queries' pairs
+ * transposed (qt), stored as the scores of 16 keys with the queries in the lanes; then P V
+ * (16 queries x 16 dims a tile) = the weights as slot pairs a query row (pa: the queries'
+ * pair words transposed) against V's slot pairs (vp[m * head_dim + d], as attn_bf16_rows
+ * makes them: V is not transposed), added to the running acc[i * head_dim + d] of the
+ * queries that read the chunk, under DAZ and FTZ. A slot a query skips enters with a zero
+ * weight (the order's +0 makes that exact; V past the chunk's rows is zero); where such a
+ * slot's v is not finite, the state goes to the queries one by one and the rest of the
+ * chunks runs as for a query alone. Tiles: 0 S^T, 1 K, 2 qt, 3 pa (32 bytes a row), 4 vp
+ * (8 rows), 5 P V. */
 #define ATTN_AMX_TARGET "amx-tile,amx-bf16,avx512f,avx512bf16,avx512bw,avx2,fma,f16c"
 #define ATTN_AMX __attribute__((target(ATTN_AMX_TARGET)))
 #define ATTN_AMX_BARRIER() __asm__ volatile("" ::: "memory")
 
-/* The 16 cache rows of a chunk (n real, the rest zero) as bf16 K rows (kb) and vt. */
-static ATTN_BF16 void attn_bt_rows(const float *kf, const uint16_t *kh, const int8_t *k8,
-                                   const float *vf, const uint16_t *vh, const int8_t *v8, int64_t n,
-                                   int64_t hd, uint16_t *kb, uint32_t *vt) {
-  const int kind = attn_kind(kf, kh);
-  for (int64_t j = 0; j < KN_ATTN_CHUNK; j++)
-    for (int64_t d = 0; d < hd; d += 32)
-      _mm512_storeu_si512(kb + j * hd + d, j < n ? (__m512i)_mm512_cvtne2ps_pbh(
-                                                       attn_ld16(kind, kf, kh, k8, j * hd + d + 16),
-                                                       attn_ld16(kind, kf, kh, k8, j * hd + d))
-                                                 : _mm512_setzero_si512());
-  for (int64_t d = 0; d < hd; d += KN_ATTN_LANES) {
-    __m512 t[KN_ATTN_LANES];
-    for (int64_t j = 0; j < KN_ATTN_CHUNK; j++)
-      t[j] = j < n ? attn_ld16(kind, vf, vh, v8, j * hd + d) : _mm512_setzero_ps();
-    kn_transpose16x16(t); /* t[i]: dim d + i of the 16 slots */
-    for (int i = 0; i < KN_ATTN_LANES; i++)
-      _mm256_storeu_si256((__m256i *)(vt + (d + i) * (KN_ATTN_CHUNK / 2)),
-                          (__m256i)_mm512_cvtneps_pbh(t[i]));
-  }
-}
-
 typedef struct attn_qlt {
   uint32_t qt[KN_ATTN_DSLICE / 2 * KN_ATTN_LANES];
-  float acc[KN_ATTN_DSLICE * KN_ATTN_LANES]; /* acc[d * 16 + i] */
+  float acc[KN_ATTN_LANES * KN_ATTN_DSLICE]; /* acc[i * head_dim + d] */
   float sc[KN_ATTN_CHUNK * KN_ATTN_LANES];   /* S^T: key j's scores at j * 16 */
-  float t[KN_ATTN_DSLICE * KN_ATTN_LANES];   /* a chunk's (P V)^T */
-  uint32_t pw[KN_ATTN_CHUNK / 2 * KN_ATTN_LANES];
+  float t[KN_ATTN_LANES * KN_ATTN_DSLICE];   /* a chunk's P V, as acc */
+  uint32_t pa[KN_ATTN_LANES * KN_ATTN_CHUNK / 2];
   uint16_t kb[KN_ATTN_CHUNK * KN_ATTN_DSLICE];
-  uint32_t vt[KN_ATTN_CHUNK / 2 * KN_ATTN_DSLICE];
+  uint32_t vp[KN_ATTN_CHUNK / 2 * KN_ATTN_DSLICE];
 } attn_qlt;
 
-static ATTN_AMX void attn_qlt_config(int64_t hd) {
+static ATTN_AMX void attn_qlt_config(void) {
   kn_amx_cfg cfg = {.palette = 1};
   for (int t = 0; t < 6; t++) cfg.rows[t] = 16, cfg.colsb[t] = 64;
-  cfg.rows[3] = KN_ATTN_CHUNK / 2;
-  cfg.colsb[4] = 4 * KN_ATTN_CHUNK / 2;
-  (void)hd;
+  cfg.colsb[3] = 4 * KN_ATTN_CHUNK / 2;
+  cfg.rows[4] = KN_ATTN_CHUNK / 2;
   ATTN_AMX_BARRIER();
   _tile_loadconfig(&cfg);
 }
@@ -1914,20 +1893,20 @@ static ATTN_AMX void attn_qlt_scores(attn_qlt *w, const uint16_t *kb, int64_t hd
   ATTN_AMX_BARRIER();
 }
 
-/* (P V)^T of the chunk (w->pw against vt) into w->t. */
-static ATTN_AMX void attn_qlt_pv(attn_qlt *w, const uint32_t *vt, int64_t hd) {
+/* P V of the chunk (w->pa against vp) into w->t. */
+static ATTN_AMX void attn_qlt_pv(attn_qlt *w, const uint32_t *vp, int64_t hd) {
   ATTN_AMX_BARRIER();
-  _tile_loadd(3, w->pw, 64);
+  _tile_loadd(3, w->pa, 4 * KN_ATTN_CHUNK / 2);
   for (int64_t d = 0; d < hd; d += KN_ATTN_LANES) {
     _tile_zero(5);
-    _tile_loadd(4, vt + d * (KN_ATTN_CHUNK / 2), 4 * KN_ATTN_CHUNK / 2);
-    _tile_dpbf16ps(5, 4, 3);
-    _tile_stored(5, w->t + d * KN_ATTN_LANES, 64);
+    _tile_loadd(4, vp + d, hd * 4);
+    _tile_dpbf16ps(5, 3, 4);
+    _tile_stored(5, w->t + d, hd * 4);
   }
   ATTN_AMX_BARRIER();
 }
 
-/* Ends the tile part of a group: the queries' states from the lanes. */
+/* Ends the tile part of a group: the queries' states. */
 static ATTN_AVX512 void attn_qlt_states(const attn_qlt *w, __m512 maxv, __m512 sumv, int64_t nq,
                                         int64_t hd, attn_state *st) {
   _Alignas(64) float mx[KN_ATTN_LANES], sm[KN_ATTN_LANES];
@@ -1935,13 +1914,29 @@ static ATTN_AVX512 void attn_qlt_states(const attn_qlt *w, __m512 maxv, __m512 s
   _mm512_store_ps(sm, sumv);
   for (int64_t i = 0; i < nq; i++) {
     st[i].max = mx[i], st[i].sum = sm[i];
-    for (int64_t d = 0; d < hd; d++) st[i].acc[d] = w->acc[d * KN_ATTN_LANES + i];
+    memcpy(st[i].acc, w->acc + i * hd, (size_t)hd * sizeof(float));
   }
 }
 
-/* Whether the n bf16 words at v hold no infinity or NaN (a slot a query does not read
- * enters p . v on the tile unit as 0 x v: exact, and +0 after (even + odd) whatever the
- * sign, only where v is finite). */
+/* out_i[d] = acc[i * hd + d] * (1 / sum_i), as attn_ql_store. */
+static ATTN_AVX512 void attn_qlt_store(const attn_query *qs, int64_t nq, const float *acc,
+                                       __m512 sumv, int64_t hd) {
+  _Alignas(64) float inv[KN_ATTN_LANES];
+  _mm512_store_ps(inv, _mm512_div_ps(_mm512_set1_ps(1.0f), sumv));
+  for (int64_t i = 0; i < nq; i++)
+    for (int64_t d = 0; d < hd; d += KN_ATTN_LANES)
+      _mm512_storeu_ps(qs[i].out + d,
+                       _mm512_mul_ps(_mm512_load_ps(acc + i * hd + d), _mm512_set1_ps(inv[i])));
+}
+
+/* The chunk's rows [n, 16) of kb and vp zero (past the context, or the wide buffer's). */
+static void attn_qlt_zero_tail(uint16_t *kb, uint32_t *vp, int64_t n, int64_t hd) {
+  if (n >= KN_ATTN_CHUNK) return;
+  memset(kb + n * hd, 0, (size_t)((KN_ATTN_CHUNK - n) * hd) * sizeof *kb);
+  int64_t m0 = (n + 1) / 2; /* (an odd n's last pair has its zero slot already) */
+  memset(vp + m0 * hd, 0, (size_t)((KN_ATTN_CHUNK / 2 - m0) * hd) * sizeof *vp);
+}
+
 static ATTN_AMX bool attn_bf16_finite(const uint32_t *v, int64_t n) {
   const __m512i e = _mm512_set1_epi32(0x7f807f80);
   __mmask16 bad = 0;
@@ -1960,7 +1955,7 @@ static ATTN_AMX void attn_qlt_group(const attn_args *a, const attn_kernels *kk,
   const attn_wide *wd = a->wide;
   const bool wide = wd && seq < wd->n_seq && wd->ctx[seq] >= max_pos;
   _Alignas(64) attn_qlt w;
-  memset(w.acc, 0, (size_t)(hd * KN_ATTN_LANES) * sizeof(float));
+  memset(w.acc, 0, (size_t)(nq * hd) * sizeof(float));
   attn_qlb_load_q(w.qt, qs, nq, hd);
   const __mmask16 live = (__mmask16)((1u << nq) - 1u);
   int64_t min_pos = INT64_MAX, max_lo = 0;
@@ -1993,21 +1988,22 @@ static ATTN_AMX void attn_qlt_group(const attn_args *a, const attn_kernels *kk,
     const int64_t r0 = attn_cache_off(kv, attn_block(a->b, seq, j0 / bs), kvh, 0) / hd + s0;
     const float *ks = NULL, *v_scale = NULL;
     const uint16_t *kb;
-    const uint32_t *vt;
+    const uint32_t *vp;
     if (kv->k8) ks = kv->k_scale + r0, v_scale = kv->v_scale + r0;
     if (wide) { /* (rows past the context zero) */
       int64_t o = wd->base[seq] + kvh * attn_wide_stride16(wd->ctx[seq]) + pos;
-      kb = wd->kb + o * hd, vt = wd->vp + o / 2 * hd;
+      kb = wd->kb + o * hd, vp = wd->vp + o / 2 * hd;
     } else {
-      attn_bt_rows(kv->k ? kv->k + r0 * hd : NULL, kv->k16 ? kv->k16 + r0 * hd : NULL,
-                   kv->k8 ? kv->k8 + r0 * hd : NULL, kv->v ? kv->v + r0 * hd : NULL,
-                   kv->v16 ? kv->v16 + r0 * hd : NULL, kv->v8 ? kv->v8 + r0 * hd : NULL, n_max, hd,
-                   w.kb, w.vt);
-      kb = w.kb, vt = w.vt;
+      attn_bf16_rows(kv->k ? kv->k + r0 * hd : NULL, kv->k16 ? kv->k16 + r0 * hd : NULL,
+                     kv->k8 ? kv->k8 + r0 * hd : NULL, kv->v ? kv->v + r0 * hd : NULL,
+                     kv->v16 ? kv->v16 + r0 * hd : NULL, kv->v8 ? kv->v8 + r0 * hd : NULL, n_max,
+                     hd, w.kb, w.vp);
+      attn_qlt_zero_tail(w.kb, w.vp, n_max, hd);
+      kb = w.kb, vp = w.vp;
     }
-    if (!full && !attn_bf16_finite(vt, hd * KN_ATTN_CHUNK / 2))
+    if (!full && !attn_bf16_finite(vp, hd * KN_ATTN_CHUNK / 2))
       break; /* an infinite value some query skips: the rest per query */
-    if (!cfg) attn_qlt_config(hd), cfg = true;
+    if (!cfg) attn_qlt_config(), cfg = true;
     attn_qlt_scores(&w, kb, hd);
     __m512 cm = _mm512_set1_ps(-INFINITY), scale = _mm512_set1_ps(a->scale), sc[KN_ATTN_CHUNK];
     for (int j = 0; j < n_max; j++) {
@@ -2023,6 +2019,7 @@ static ATTN_AMX void attn_qlt_group(const attn_args *a, const attn_kernels *kk,
       sumv = _mm512_mask_mul_ps(sumv, resc, sumv, corr);
       maxv = _mm512_mask_mov_ps(maxv, resc, cm);
     }
+    __m512 pw[KN_ATTN_LANES]; /* slot pair m's weights, the queries in the lanes; then pa */
     for (int m = 0; m < KN_ATTN_CHUNK / 2; m++) {
       __m512 pp[2];
       for (int u = 0; u < 2; u++) {
@@ -2036,30 +2033,41 @@ static ATTN_AMX void attn_qlt_group(const attn_args *a, const attn_kernels *kk,
         if (v_scale) x = _mm512_mul_ps(x, _mm512_set1_ps(v_scale[j]));
         pp[u] = _mm512_maskz_mov_ps(vm[j], x);
       }
-      _mm512_store_si512(w.pw + m * KN_ATTN_LANES, attn_bf16_pairs16(pp[0], pp[1]));
+      pw[m] = _mm512_castsi512_ps(attn_bf16_pairs16(pp[0], pp[1]));
+      pw[m + KN_ATTN_CHUNK / 2] = _mm512_setzero_ps();
     }
-    attn_qlt_pv(&w, vt, hd);
-    if (resc) /* (the rescale unflushed, as in f32) */
-      for (int64_t d = 0; d < hd; d++) {
-        __m512 x = _mm512_load_ps(w.acc + d * KN_ATTN_LANES);
-        _mm512_store_ps(w.acc + d * KN_ATTN_LANES, _mm512_mask_mul_ps(x, resc, x, corr));
-      }
+    kn_transpose16x16(pw); /* pw[i]: query i's 8 slot pairs */
+    for (int i = 0; i < KN_ATTN_LANES; i++)
+      _mm256_store_si256((__m256i *)(w.pa + i * (KN_ATTN_CHUNK / 2)),
+                         _mm512_castsi512_si256(_mm512_castps_si512(pw[i])));
+    attn_qlt_pv(&w, vp, hd);
     __mmask16 rd = 0; /* the queries that read a slot of the chunk (the others' acc stays) */
     for (int j = 0; j < n_max; j++) rd |= vm[j];
+    _Alignas(64) float cf[KN_ATTN_LANES];
+    _mm512_store_ps(cf, corr);
+    for (int64_t i = 0; i < nq; i++) /* (the rescale unflushed, as in f32) */
+      if (resc >> i & 1)
+        for (int64_t d = 0; d < hd; d += KN_ATTN_LANES) {
+          float *acc = w.acc + i * hd + d;
+          _mm512_store_ps(acc, _mm512_mul_ps(_mm512_load_ps(acc), _mm512_set1_ps(cf[i])));
+        }
     const unsigned csr = _mm_getcsr();
     _mm_setcsr(ATTN_CSR_FLUSH(csr));
-    for (int64_t d = 0; d < hd; d++) {
-      __m512 x = _mm512_load_ps(w.acc + d * KN_ATTN_LANES);
-      ATTN_PIN(x);
-      x = _mm512_mask_add_ps(x, rd, x, _mm512_load_ps(w.t + d * KN_ATTN_LANES));
-      ATTN_PIN(x);
-      _mm512_store_ps(w.acc + d * KN_ATTN_LANES, x);
+    for (int64_t i = 0; i < nq; i++) {
+      if (!(rd >> i & 1)) continue;
+      for (int64_t d = 0; d < hd; d += KN_ATTN_LANES) {
+        __m512 x = _mm512_load_ps(w.acc + i * hd + d);
+        ATTN_PIN(x);
+        x = _mm512_add_ps(x, _mm512_load_ps(w.t + i * hd + d));
+        ATTN_PIN(x);
+        _mm512_store_ps(w.acc + i * hd + d, x);
+      }
     }
     _mm_setcsr(csr);
   }
   if (cfg) attn_qlt_release();
   if (pos >= max_pos) {
-    attn_ql_store(qs, nq, w.acc, sumv, hd);
+    attn_qlt_store(qs, nq, w.acc, sumv, hd);
     return;
   }
   attn_state st[KN_ATTN_GROUP];
@@ -2367,10 +2375,12 @@ static void attn_wide_task(void *arg, int64_t begin, int64_t end, int tid) {
       int64_t o = j->w->base[s] + h * attn_wide_stride16(ctx) + blk * bs;
       for (int64_t c = 0; c < n; c += KN_ATTN_CHUNK) {
         int64_t sc = src + c * hd, nc = n - c < KN_ATTN_CHUNK ? n - c : KN_ATTN_CHUNK;
-        attn_bt_rows(kv->k ? kv->k + sc : NULL, kv->k16 ? kv->k16 + sc : NULL,
-                     kv->k8 ? kv->k8 + sc : NULL, kv->v ? kv->v + sc : NULL,
-                     kv->v16 ? kv->v16 + sc : NULL, kv->v8 ? kv->v8 + sc : NULL, nc, hd,
-                     j->w->kb + (o + c) * hd, j->w->vp + (o + c) / 2 * hd);
+        uint16_t *kb = j->w->kb + (o + c) * hd;
+        uint32_t *vp = j->w->vp + (o + c) / 2 * hd;
+        attn_bf16_rows(kv->k ? kv->k + sc : NULL, kv->k16 ? kv->k16 + sc : NULL,
+                       kv->k8 ? kv->k8 + sc : NULL, kv->v ? kv->v + sc : NULL,
+                       kv->v16 ? kv->v16 + sc : NULL, kv->v8 ? kv->v8 + sc : NULL, nc, hd, kb, vp);
+        attn_qlt_zero_tail(kb, vp, nc, hd);
       }
       continue;
     }
