@@ -154,12 +154,11 @@ __attribute__((target("avx512f,avx512bf16"))) static float pk_bf16_512(long n) {
   for (int i = 1; i < PK_CHAINS; i++) t = _mm512_add_ps(t, a[i]);
   return _mm512_reduce_add_ps(t);
 }
-/* Tiles 0-3 C, 4-5 A, 6-7 B, all 16 rows of 64 bytes; 4 x 16384 multiply-adds a step. */
-__attribute__((target("amx-tile,amx-int8"))) static float pk_i8_amx(long n) {
+/* Tiles 0-3 C (zero), 4-5 A, 6-7 B (from ab), all 16 rows of 64 bytes: the peak loops'
+ * set-up; pk_amx_end stores C's tile 0 into c and releases the tiles. */
+__attribute__((target("amx-tile"))) static void pk_amx_start(const void *ab) {
   kn_amx_cfg cfg = {.palette = 1};
   for (int t = 0; t < 8; t++) cfg.rows[t] = 16, cfg.colsb[t] = 64;
-  static const int8_t ab[16 * 64] = {3};
-  int32_t c[16 * 16];
   __asm__ volatile("ldtilecfg %0" ::"m"(cfg));
   __asm__ volatile(
       "tileloadd (%0,%1,1), %%tmm4\n\ttileloadd (%0,%1,1), %%tmm5\n\t"
@@ -167,31 +166,31 @@ __attribute__((target("amx-tile,amx-int8"))) static float pk_i8_amx(long n) {
       "tilezero %%tmm0\n\ttilezero %%tmm1\n\ttilezero %%tmm2\n\ttilezero %%tmm3" ::"r"(ab),
       "r"((int64_t)64)
       : "memory");
+}
+__attribute__((target("amx-tile"))) static void pk_amx_end(void *c) {
+  __asm__ volatile("tilestored %%tmm0, (%0,%1,1)\n\ttilerelease" ::"r"(c), "r"((int64_t)64)
+                   : "memory");
+}
+/* AMX-INT8: 4 x 16384 multiply-adds a step. */
+__attribute__((target("amx-tile,amx-int8"))) static float pk_i8_amx(long n) {
+  static const int8_t ab[16 * 64] = {3};
+  int32_t c[16 * 16];
+  pk_amx_start(ab);
   for (long k = 0; k < n; k++)
     __asm__ volatile("tdpbssd %tmm6, %tmm4, %tmm0\n\ttdpbssd %tmm7, %tmm4, %tmm1\n\t"
                      "tdpbssd %tmm6, %tmm5, %tmm2\n\ttdpbssd %tmm7, %tmm5, %tmm3");
-  __asm__ volatile("tilestored %%tmm0, (%0,%1,1)\n\ttilerelease" ::"r"(c), "r"((int64_t)64)
-                   : "memory");
+  pk_amx_end(c);
   return (float)c[0];
 }
-/* The same on AMX-BF16 (tdpbf16ps: 16 x 16 x 32 multiply-adds a product, bf16 pairs). */
+/* AMX-BF16 (tdpbf16ps: 4 x 16 x 16 x 32 multiply-adds a step, bf16 pairs). */
 __attribute__((target("amx-tile,amx-bf16"))) static float pk_bf16_amx(long n) {
-  kn_amx_cfg cfg = {.palette = 1};
-  for (int t = 0; t < 8; t++) cfg.rows[t] = 16, cfg.colsb[t] = 64;
   static const uint16_t ab[16 * 32] = {0x3f80};
   float c[16 * 16];
-  __asm__ volatile("ldtilecfg %0" ::"m"(cfg));
-  __asm__ volatile(
-      "tileloadd (%0,%1,1), %%tmm4\n\ttileloadd (%0,%1,1), %%tmm5\n\t"
-      "tileloadd (%0,%1,1), %%tmm6\n\ttileloadd (%0,%1,1), %%tmm7\n\t"
-      "tilezero %%tmm0\n\ttilezero %%tmm1\n\ttilezero %%tmm2\n\ttilezero %%tmm3" ::"r"(ab),
-      "r"((int64_t)64)
-      : "memory");
+  pk_amx_start(ab);
   for (long k = 0; k < n; k++)
     __asm__ volatile("tdpbf16ps %tmm6, %tmm4, %tmm0\n\ttdpbf16ps %tmm7, %tmm4, %tmm1\n\t"
                      "tdpbf16ps %tmm6, %tmm5, %tmm2\n\ttdpbf16ps %tmm7, %tmm5, %tmm3");
-  __asm__ volatile("tilestored %%tmm0, (%0,%1,1)\n\ttilerelease" ::"r"(c), "r"((int64_t)64)
-                   : "memory");
+  pk_amx_end(c);
   return c[0];
 }
 __attribute__((target("avx2,fma"))) static float pk_f32_256(long n) {

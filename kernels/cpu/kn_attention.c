@@ -991,6 +991,26 @@ typedef struct attn_ql {
 static const float k_attn_zero_row[KN_ATTN_DSLICE];
 static const uint32_t k_attn_zero_pairs[KN_ATTN_DSLICE / 2];
 
+/* vm[j] = the queries of qs (nq) that read row j of the chunk at slot s0 of the block at
+ * j0, as each would alone; returns the rows any reads (0: none). A chunk every query reads
+ * whole (its slots past max_lo, before min_pos, inside the block) skips the per-query test. */
+static inline int attn_chunk_masks(const attn_query *qs, int64_t nq, int64_t j0, int64_t bs,
+                                   int64_t s0, int64_t max_lo, int64_t min_pos, __mmask16 *vm) {
+  if (s0 + KN_ATTN_CHUNK <= bs && j0 + s0 >= max_lo && j0 + s0 + KN_ATTN_CHUNK <= min_pos) {
+    for (int j = 0; j < KN_ATTN_CHUNK; j++) vm[j] = (__mmask16)((1u << nq) - 1u);
+    return KN_ATTN_CHUNK;
+  }
+  int n_max = 0;
+  memset(vm, 0, KN_ATTN_CHUNK * sizeof *vm);
+  for (int64_t i = 0; i < nq; i++) {
+    int n, off;
+    attn_query_rows(&qs[i], j0, bs, s0, &n, &off);
+    for (int j = off; j < n; j++) vm[j] |= (__mmask16)(1u << i);
+    n_max = n > n_max ? n : n_max;
+  }
+  return n_max;
+}
+
 /* qt[d * 16 + i] = q_i[d] (queries nq .. 15 zero), 16 dims at a time. */
 static ATTN_AVX512 void attn_ql_load_q(float *qt, const attn_query *qs, int64_t nq, int64_t hd) {
   for (int64_t d = 0; d < hd; d += KN_ATTN_LANES) {
@@ -1109,19 +1129,7 @@ static ATTN_AVX512 void attn_ql_group(const attn_args *a, const attn_kernels *kk
     int64_t n_slot = max_pos - j0 < bs ? max_pos - j0 : bs;
     for (int64_t s0 = 0; s0 < n_slot; s0 += KN_ATTN_CHUNK) {
       __mmask16 vm[KN_ATTN_CHUNK]; /* the queries that read row j */
-      int n_max = 0;
-      if (s0 + KN_ATTN_CHUNK <= bs && j0 + s0 >= max_lo && j0 + s0 + KN_ATTN_CHUNK <= min_pos) {
-        for (int j = 0; j < KN_ATTN_CHUNK; j++) vm[j] = live;
-        n_max = KN_ATTN_CHUNK;
-      } else {
-        memset(vm, 0, sizeof vm);
-        for (int64_t i = 0; i < nq; i++) {
-          int n, off;
-          attn_query_rows(&qs[i], j0, bs, s0, &n, &off);
-          for (int j = off; j < n; j++) vm[j] |= (__mmask16)(1u << i);
-          n_max = n > n_max ? n : n_max;
-        }
-      }
+      const int n_max = attn_chunk_masks(qs, nq, j0, bs, s0, max_lo, min_pos, vm);
       if (!n_max) continue;
       int64_t r0 = row + s0;
       const float *kb, *vb, *ks = NULL, *v_scale = NULL;
@@ -1717,19 +1725,7 @@ static ATTN_BF16 void attn_qlb_group(const attn_args *a, const attn_kernels *kk,
     int64_t n_slot = max_pos - j0 < bs ? max_pos - j0 : bs;
     for (int64_t s0 = 0; s0 < n_slot; s0 += KN_ATTN_CHUNK) {
       __mmask16 vm[KN_ATTN_CHUNK];
-      int n_max = 0;
-      if (s0 + KN_ATTN_CHUNK <= bs && j0 + s0 >= max_lo && j0 + s0 + KN_ATTN_CHUNK <= min_pos) {
-        for (int j = 0; j < KN_ATTN_CHUNK; j++) vm[j] = live;
-        n_max = KN_ATTN_CHUNK;
-      } else {
-        memset(vm, 0, sizeof vm);
-        for (int64_t i = 0; i < nq; i++) {
-          int n, off;
-          attn_query_rows(&qs[i], j0, bs, s0, &n, &off);
-          for (int j = off; j < n; j++) vm[j] |= (__mmask16)(1u << i);
-          n_max = n > n_max ? n : n_max;
-        }
-      }
+      const int n_max = attn_chunk_masks(qs, nq, j0, bs, s0, max_lo, min_pos, vm);
       if (!n_max) continue;
       int64_t r0 = row + s0;
       const float *ks = NULL, *v_scale = NULL;
@@ -1970,20 +1966,8 @@ static ATTN_AMX void attn_qlt_group(const attn_args *a, const attn_kernels *kk,
   for (; pos < max_pos; pos += KN_ATTN_CHUNK) {
     const int64_t j0 = pos / bs * bs, s0 = pos - j0;
     __mmask16 vm[KN_ATTN_CHUNK];
-    int n_max = 0;
+    const int n_max = attn_chunk_masks(qs, nq, j0, bs, s0, max_lo, min_pos, vm);
     const bool full = pos >= max_lo && pos + KN_ATTN_CHUNK <= min_pos;
-    if (full) {
-      for (int j = 0; j < KN_ATTN_CHUNK; j++) vm[j] = live;
-      n_max = KN_ATTN_CHUNK;
-    } else {
-      memset(vm, 0, sizeof vm);
-      for (int64_t i = 0; i < nq; i++) {
-        int n, off;
-        attn_query_rows(&qs[i], j0, bs, s0, &n, &off);
-        for (int j = off; j < n; j++) vm[j] |= (__mmask16)(1u << i);
-        n_max = n > n_max ? n : n_max;
-      }
-    }
     if (!n_max) continue;
     const int64_t r0 = attn_cache_off(kv, attn_block(a->b, seq, j0 / bs), kvh, 0) / hd + s0;
     const float *ks = NULL, *v_scale = NULL;

@@ -1621,7 +1621,8 @@ int kn_matmul_x16_order(void) {
 /* Whether the tile order's tiles run on AMX now (the order, the CPU, the cap). */
 static bool mm_x16_amx(void) {
 #if KN_MM_X86 && KN_MATMUL_MAX_ISA >= 3
-  return kn_matmul_x16_order() == KN_X16_TILE && mm_isa() >= 3 && kn_cpu_has_amx_bf16();
+  return kn_matmul_x16_order() == KN_X16_TILE && mm_isa() >= 3 && kn_cpu_has_amx_bf16() &&
+         mm_cpu_has_bf16dp();
 #else
   return false;
 #endif
@@ -1819,29 +1820,17 @@ static MM_BF16DP void mm_bf16_row_pack_dp(const float *x, int64_t k, uint32_t *o
 }
 #endif
 
-/* Row i of m (k values at x) as bf16 pairs into out: kw words in a row, or (pack) in tile
- * blocks, converted a piece at a time on the stack. */
+/* Row i of m (k values at x) as bf16 pairs into out: kw words in a row, or (pack, on AMX,
+ * whose CPUs have AVX512-BF16: mm_x16_amx) in tile blocks. */
 static void mm_bf16_convert_row(const float *x, int64_t k, uint32_t *out, int64_t i, int64_t m,
                                 bool pack) {
-  const int64_t kw = mm_bf16_words(k);
   if (!pack) {
-    mm_bf16_convert(x, k, out + i * kw);
+    mm_bf16_convert(x, k, out + i * mm_bf16_words(k));
     return;
   }
 #if KN_MM_X86 && KN_MATMUL_MAX_ISA >= 2
-  if (kn_matmul_bf16dp()) { /* straight into the blocks, 16 words a store */
-    mm_bf16_row_pack_dp(x, k, out, i, m);
-    return;
-  }
+  mm_bf16_row_pack_dp(x, k, out, i, m);
 #endif
-  enum { PIECE = 1024 }; /* words, a multiple of the block's */
-  _Alignas(64) uint32_t buf[PIECE];
-  for (int64_t p0 = 0; p0 < kw; p0 += PIECE) {
-    int64_t np = kw - p0 < PIECE ? kw - p0 : PIECE;
-    mm_bf16_convert(x + 2 * p0, k - 2 * p0 < 2 * np ? k - 2 * p0 : 2 * np, buf);
-    for (int64_t p = 0; p < np; p += KN_MM_X16_TBLOCK)
-      memcpy(out + mm_xpack_at(i, p0 + p, m, kw), buf + p, KN_MM_X16_TBLOCK * sizeof *buf);
-  }
 }
 
 /* Rows [begin, end) of x as bf16 pairs (a->amx: in tile blocks). */
