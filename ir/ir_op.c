@@ -14,7 +14,8 @@
  *       act_int8 = 1 with a q8_0|q4_0|q4_1 w: x is quantized to int8 per 32-value block
  *       at run time and summed in integers (kn_matmul_q8); K <= IR_Q8_ACT_MAX_K.
  *       act_bf16 = 1 with a bf16 w: x is rounded to bf16 at run time, bf16 products summed
- *       in f32 (kn_matmul_bf16x).
+ *       in f32 (kn_matmul_bf16x). With a q8_0|q4_0|q4_1 w (N a multiple of 16, of 32 with
+ *       swiglu): w's values rounded to bf16, then the same (kn_matmul_bf16q).
  *       act = IR_ACT_SWIGLU (ir.h): w holds gate rows then up rows, output [M,N/2]
  *   matmul(x[M,K], w[N,K] i8|i4, bias[N] f32?, scales[N,G] f32|f16, zero_points[N,G] u8|i8|f16|f32?;
  *          act_int8?)                                      -> [M,N]
@@ -308,16 +309,29 @@ static ir_status infer_matmul(infer_ctx *c, infer_out *o) {
                 "act_int8 goes with an i8 weight (W8A8) or a q8_0/q4_0/q4_1 weight with "
                 "K <= 16384, not %s",
                 ir_dtype_name(w->dtype), "");
-  if (ir_node_attr_i(c->n, "act_bf16", 0) && w->dtype != IR_BF16 && w->dtype != IR_BF16_X16)
-    return fail(c, "act_bf16 goes with a bf16 weight, not %s%s", ir_dtype_name(w->dtype), "");
+  bool bf16x = ir_node_attr_i(c->n, "act_bf16", 0) != 0;
+  if (bf16x && w->dtype != IR_BF16 && w->dtype != IR_BF16_X16 && !ir_dtype_is_blocks(w->dtype))
+    return fail(c, "act_bf16 goes with a bf16 or q8_0/q4_0/q4_1 weight, not %s%s",
+                ir_dtype_name(w->dtype), "");
+  if (bf16x && ir_node_attr_i(c->n, "act_int8", 0))
+    return fail(c, "act_bf16 and act_int8 exclude each other%s%s", "", "");
+  if (bf16x && ir_dtype_is_blocks(w->dtype) &&
+      (w->dims[0].sym != IR_SYM_NONE) |
+          (w->dims[0].n % (ir_node_attr_i(c->n, "act", IR_ACT_NONE) == IR_ACT_SWIGLU ? 32 : 16) !=
+           0))
+    return fail(c,
+                "act_bf16 with a %s weight needs rows in whole 16-row groups (of gate and of up "
+                "rows with swiglu)%s",
+                ir_dtype_name(w->dtype), "");
   if (ir_dtype_is_x16(w->dtype) && !ir_node_attr_i(c->n, "act_bf16", 0))
     return fail(c, "a %s weight (16 rows interleaved) needs act_bf16", ir_dtype_name(w->dtype), "");
   if (ir_dtype_is_x16(w->dtype) && ir_node_attr_i(c->n, "act", IR_ACT_NONE) == IR_ACT_SWIGLU &&
       w->dims[0].n % 32)
     return fail(c, "a swiglu %s weight needs whole 16-row groups of gate and of up rows%s",
                 ir_dtype_name(w->dtype), "");
-  if (ir_dtype_is_x8(w->dtype) && !ir_node_attr_i(c->n, "act_int8", 0))
-    return fail(c, "a %s weight (8 rows interleaved) needs act_int8", ir_dtype_name(w->dtype), "");
+  if (ir_dtype_is_x8(w->dtype) && !ir_node_attr_i(c->n, "act_int8", 0) && !bf16x)
+    return fail(c, "a %s weight (8 rows interleaved) needs act_int8 or act_bf16",
+                ir_dtype_name(w->dtype), "");
   if (b && (!want_dtype(c, b, IR_F32, IR_F32, IR_F32) || !want_rank(c, b, 1) ||
             !want_dim(c, b, 0, w->dims[0])))
     return IR_BAD_FORMAT;

@@ -63,6 +63,7 @@ typedef struct pass_results {
   bool act_int8_ran;
   int act_int8_done, act_int8_long; /* matmuls given int8 activations; left f32 (K too long) */
   int act_bf16_done;                /* matmuls given bf16 activations */
+  int act_bf16_blocks;              /* ... of them over q8_0/q4_0/q4_1 weights */
   int act_bf16_attn;                /* attentions given bf16 products */
   bool repack_ran;
   int repack_done, repack_bf16; /* weights interleaved; of them bf16 (by 16 rows) */
@@ -124,7 +125,9 @@ ir_status pass_act_int8(ir_graph *g, const pass_opts *o, pass_log *log, ir_diag 
 /* Every matmul with a bf16 weight (rank 2) gets act_bf16 = 1: the CPU rounds x to bf16 and
  * sums bf16 products in f32 (AVX512-BF16's vdpbf16ps order, kn_matmul_bf16x): twice the
  * multiply rate of f32 activations, with bf16's 8-bit mantissa on x (when o->act_bf16:
- * infc's act_dtype bf16). With o->attn_bf16 (attn_dtype bf16, or auto with act_dtype
+ * infc's act_dtype bf16). So does every matmul of a q8_0/q4_0/q4_1 weight whose rows fill
+ * 16-row groups, but the logits projection (which keeps act_int8): its W tiles are converted
+ * to bf16 once a step for all the step's rows (kn_matmul_bf16q), the tile units' prefill. With o->attn_bf16 (attn_dtype bf16, or auto with act_dtype
  * bf16) every attention gets it: q . k and p . v on bf16 values in the same order
  * (kn_attention's bf16 order). Logs a line only when a node took it. */
 ir_status pass_act_bf16(ir_graph *g, const pass_opts *o, pass_log *log, ir_diag *d);

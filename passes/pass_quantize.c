@@ -929,8 +929,22 @@ ir_status pass_quantize(ir_graph *g, const pass_opts *o, pass_log *log, ir_diag 
 
 /* ---- int8 activations for block-quantized weights ----------------------------------------- */
 
+/* Whether pass_act_bf16 gives matmul n bf16 activations over its block weight (o->act_bf16):
+ * every one whose rows fill 16-row groups (of gate and of up rows with swiglu) but the
+ * logits projection, which keeps int8 activations. A step converts a W tile to bf16 once
+ * for all its rows, which pays when a prompt's rows share it; the logits projection only
+ * ever multiplies one row a sequence, as does decode, where int8 activations read W with
+ * no conversion. */
+static bool bf16_blocks(const ir_graph *g, const ir_node *n, const pass_opts *o) {
+  if (!o->act_bf16 || n->op != IR_OP_MATMUL || n->n_in < 2 || n->in[1] < 0) return false;
+  const ir_tensor *w = &g->tensors[n->in[1]];
+  bool swiglu = ir_node_attr_i(n, "act", IR_ACT_NONE) == IR_ACT_SWIGLU;
+  return ir_dtype_is_quant(w->dtype) && w->rank == 2 && w->dims[0].sym == IR_SYM_NONE &&
+         w->dims[0].n % (swiglu ? 32 : 16) == 0 && !is_lm_head(g, n) &&
+         !ir_node_attr_i(n, "act_int8", 0);
+}
+
 ir_status pass_act_int8(ir_graph *g, const pass_opts *o, pass_log *log, ir_diag *d) {
-  (void)o;
   int n_done = 0, n_long = 0;
   const char *key = ir_attr_intern("act_int8");
   for (int32_t i = 0; i < g->n_nodes; i++) {
@@ -938,6 +952,7 @@ ir_status pass_act_int8(ir_graph *g, const pass_opts *o, pass_log *log, ir_diag 
     if (n->op != IR_OP_MATMUL || n->n_in < 2 || n->in[1] < 0) continue;
     const ir_tensor *w = &g->tensors[n->in[1]];
     if (!ir_dtype_is_quant(w->dtype) || w->rank != 2 || ir_node_attr_i(n, "act_int8", 0)) continue;
+    if (bf16_blocks(g, n, o) || ir_node_attr_i(n, "act_bf16", 0)) continue;
     if (w->dims[1].n > IR_Q8_ACT_MAX_K) {
       n_long++;
       continue;
@@ -958,7 +973,7 @@ ir_status pass_act_int8(ir_graph *g, const pass_opts *o, pass_log *log, ir_diag 
 /* ---- bf16 activations for bf16 weights ---------------------------------------------------- */
 
 ir_status pass_act_bf16(ir_graph *g, const pass_opts *o, pass_log *log, ir_diag *d) {
-  int n_done = 0, n_attn = 0;
+  int n_done = 0, n_attn = 0, n_blocks = 0;
   const char *key = ir_attr_intern("act_bf16");
   for (int32_t i = 0; i < g->n_nodes; i++) {
     ir_node *n = &g->nodes[i];
@@ -968,7 +983,8 @@ ir_status pass_act_bf16(ir_graph *g, const pass_opts *o, pass_log *log, ir_diag 
     if (n->op == IR_OP_MATMUL) {
       if (n->n_in < 2 || n->in[1] < 0) continue;
       const ir_tensor *w = &g->tensors[n->in[1]];
-      if (w->dtype != IR_BF16 || w->rank != 2) continue;
+      if ((w->dtype != IR_BF16 || w->rank != 2) && !bf16_blocks(g, n, o)) continue;
+      n_blocks += w->dtype != IR_BF16;
     }
     if (n->n_attrs >= IR_MAX_ATTRS)
       return ir_diag_set(d, IR_UNSUPPORTED, "node '%s': no room for attribute act_bf16", n->name);
@@ -977,6 +993,7 @@ ir_status pass_act_bf16(ir_graph *g, const pass_opts *o, pass_log *log, ir_diag 
     else n_attn++;
   }
   log->res.act_bf16_done = n_done;
+  log->res.act_bf16_blocks = n_blocks;
   log->res.act_bf16_attn = n_attn;
   char line[256];
   if (pass_results_line(&log->res, PASS_LINE_ACT_BF16, line, sizeof line))

@@ -45,6 +45,9 @@ static int reads_ok(const ir_graph *g, const ir_node *n, int32_t ti) {
         ir_dtype_is_quant(w->dtype) && w->dims[0].n % (swiglu ? 16 : 8) == 0)
       continue;
     if (n->op == IR_OP_MATMUL && i == 1 && ir_node_attr_i(n, "act_bf16", 0) &&
+        ir_dtype_is_quant(w->dtype) && w->dims[0].n % (swiglu ? 32 : 16) == 0)
+      continue;
+    if (n->op == IR_OP_MATMUL && i == 1 && ir_node_attr_i(n, "act_bf16", 0) &&
         w->dtype == IR_BF16 && w->dims[0].n % (swiglu ? 32 : 16) == 0 && w->dims[1].n % 2 == 0)
       continue;
     ok = 0;

@@ -65,9 +65,16 @@ bool pass_results_line(const pass_results *r, pass_line which, char *buf, size_t
   }
   case PASS_LINE_ACT_BF16:
     if (!r->act_bf16_done && !r->act_bf16_attn) return false;
-    snprintf(buf, len,
-             "act_bf16: %d bf16 matmuls take bf16 activations, %d attentions take bf16 products",
-             r->act_bf16_done, r->act_bf16_attn);
+    if (r->act_bf16_blocks)
+      snprintf(buf, len,
+               "act_bf16: %d matmuls take bf16 activations (%d bf16, %d q8_0/q4_0/q4_1 converted "
+               "to bf16 a tile at a time), %d attentions take bf16 products",
+               r->act_bf16_done, r->act_bf16_done - r->act_bf16_blocks, r->act_bf16_blocks,
+               r->act_bf16_attn);
+    else
+      snprintf(buf, len,
+               "act_bf16: %d bf16 matmuls take bf16 activations, %d attentions take bf16 products",
+               r->act_bf16_done, r->act_bf16_attn);
     return true;
   case PASS_LINE_REPACK: {
     if (!r->repack_ran) return false;

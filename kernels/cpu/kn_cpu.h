@@ -73,6 +73,19 @@ void kn_matmul_bf16x(kn_pool *p, float *y, const float *x, const uint16_t *w, co
 void kn_matmul_bf16x16(kn_pool *p, float *y, const float *x, const void *w, const float *bias,
                        int64_t m, int64_t n, int64_t k, bool swiglu);
 
+/* Block-quantized W (q8_0, q4_0, q4_1, or their 8-row interleaved layouts) with bf16
+ * activations (a matmul with act_bf16): W's values, kn_quant_value's f32 rounded to bf16,
+ * summed exactly as kn_matmul_bf16x16 sums that bf16 W (its order on this CPU), x rounded
+ * to bf16. Each task converts its W tile to the bf16x16 layout once (kn_x16_dequant) and
+ * sweeps up to KN_MM_Q16_M_TILE rows over it, so a prefill converts W a few times a step,
+ * not once per row. n a multiple of 16 (32 rows of W with swiglu), k of 32. A row's result
+ * never depends on m or the thread count. */
+void kn_matmul_bf16q(kn_pool *p, float *y, const float *x, const void *w, ir_dtype wt,
+                     const float *bias, int64_t m, int64_t n, int64_t k, bool swiglu);
+/* Rows 16 g .. 16 g + 15 of block W (k values a row) as IR_BF16_X16 group words at dst (k / 2
+ * runs of 16 words: run p, word i = row 16 g + i's values 2p, 2p + 1 as bf16). */
+void kn_x16_dequant(const void *w, ir_dtype wt, int64_t k, int64_t g, uint32_t *dst);
+
 /* The order IR_BF16_X16 sums in on this CPU: KN_X16_TILE (AMX-BF16's tdpbf16ps: blocks of
  * 16 pairs, an even and an odd chain a block) where the CPU has AMX-BF16, on the tile unit
  * and on every other path there; KN_X16_CHAIN (vdpbf16ps's one chain) elsewhere. Every

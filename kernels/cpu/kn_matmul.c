@@ -60,6 +60,7 @@ enum {
   KN_MM_X16_MAX_R = 6,            /* ... for up to this many x rows */
   KN_MM_X16_KB = 1024,            /* ... over this many pairs of k at a time (256 KiB of W, L2) */
   KN_MM_X16_TBLOCK = 16,          /* the tile order's block of pairs (an AMX tile's rows) */
+  KN_MM_Q16_M_TILE = 512,         /* block W to bf16x16: rows a converted W tile serves */
   KN_MM_BF16_STEP = 16,           /* bf16 path: pair words (32 k-indices) a lane step */
   KN_MM_BF16_STACK_WORDS = 16384, /* x rows of a few-row call converted on the stack */
   KN_MM_BF16_GRAIN = 1 << 14,     /* x values a converting task takes at least */
@@ -1036,9 +1037,13 @@ typedef struct mm_args {
   const float *bias;
   int64_t m, n, k; /* n: columns of y */
   int64_t w_row_bytes;
-  bool swiglu; /* y[:, j] = silu(z[:, j]) * z[:, n + j]: W has 2n rows */
-  bool x16;    /* W is IR_BF16_X16 (x as bf16 pairs): mm_x16_tile's path */
-  bool amx;    /* ... on AMX-BF16: mm_x16_amx_tile's, x in tile blocks (mm_xpack_at) */
+  bool swiglu;        /* y[:, j] = silu(z[:, j]) * z[:, n + j]: W has 2n rows */
+  bool x16;           /* W is IR_BF16_X16 (x as bf16 pairs): mm_x16_tile's path */
+  bool amx;           /* ... on AMX-BF16: mm_x16_amx_tile's, x in tile blocks (mm_xpack_at) */
+  ir_dtype qt;        /* block W converted to bf16x16 a tile at a time (kn_matmul_bf16q), or 0 */
+  const char *qw;     /* ... that W */
+  int64_t w_g0, up_g; /* x16: the group a->w starts at; groups from a gate group to its up */
+  int64_t m_tile;     /* rows of a task at most (0: KN_MM_M_TILE) */
   kn_mm_tiles tiles;
   const mm_kernels *kern;
   const mm_panel_kernels *panel; /* the panel path, or NULL */
@@ -1576,9 +1581,8 @@ static void mm_x16_amx_tile(const mm_args *a, int64_t i0, int64_t i1, int64_t j0
     if (r0 != cr0 || r1 != cr1) mm_amx_setup(r0, r1), cr0 = r0, cr1 = r1;
     for (int64_t j = j0, cb = 0; j < j1; j += step, cb++) {
       const int64_t grp = j / KN_MM_X16_COLS, cols = j1 - j < step ? j1 - j : step;
-      const uint32_t *wa = w + grp * gw;
-      const uint32_t *wb = a->swiglu ? w + (grp + a->n / KN_MM_X16_COLS) * gw
-                                     : (cols > KN_MM_X16_COLS ? wa + gw : wa);
+      const uint32_t *wa = w + (grp - a->w_g0) * gw;
+      const uint32_t *wb = a->swiglu ? wa + a->up_g * gw : (cols > KN_MM_X16_COLS ? wa + gw : wa);
       uint32_t *tail = rest ? tails + cb * tw : NULL;
       if (tail && i == i0) {
         memcpy(tail, wa + nb * KN_MM_X16_TBLOCK * KN_MM_X16_COLS, (size_t)rest * 64);
@@ -1670,8 +1674,8 @@ static void mm_x16_tile(const mm_args *a, int64_t i0, int64_t i1, int64_t j0, in
     const uint32_t *wg[KN_MM_X16_GROUPS];
     for (int g = 0; g < ng; g++) {
       int64_t grp = j / KN_MM_X16_COLS + (g < have ? g : have - 1);
-      wg[g] = w + grp * gw;
-      if (a->swiglu) wg[ng + g] = w + (grp + a->n / KN_MM_X16_COLS) * gw;
+      wg[g] = w + (grp - a->w_g0) * gw;
+      if (a->swiglu) wg[ng + g] = wg[g] + a->up_g * gw;
     }
     memset(z, 0, (size_t)(i1 - i0) * 64 * sizeof *z);
     for (int64_t p0 = 0; p0 < kp; p0 += KN_MM_X16_KB) {
@@ -1701,24 +1705,58 @@ static void mm_x16_tile(const mm_args *a, int64_t i0, int64_t i1, int64_t j0, in
   }
 }
 
+static int64_t mm_round_up(int64_t v, int64_t to) { return (v + to - 1) / to * to; }
+
+/* Rows [i0, i1) against a tile of bf16x16 groups (at a->w, group a->w_g0 first). */
+static void mm_x16_rows(const mm_args *a, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+#if KN_MM_X86 && KN_MATMUL_MAX_ISA >= 3
+  if (a->amx) {
+    mm_x16_amx_tile(a, i0, i1, j0, j1);
+    return;
+  }
+#endif
+  for (int64_t i = i0; i < i1; i += KN_MM_M_TILE) /* (mm_x16_tile's z holds that many) */
+    mm_x16_tile(a, i, i1 - i < KN_MM_M_TILE ? i1 : i + KN_MM_M_TILE, j0, j1);
+}
+
+/* Block W: the tile's columns (and with swiglu their up rows) converted to bf16x16 groups
+ * in buf (a->tiles.nb columns' worth, twice with swiglu), then summed as bf16 W. */
+static void mm_q16_tile(const mm_args *a, uint32_t *buf, int64_t i0, int64_t i1, int64_t j0,
+                        int64_t j1) {
+  const int64_t gw = a->k / 2 * KN_MM_X16_COLS, g0 = j0 / KN_MM_X16_COLS;
+  const int64_t ng = (j1 - j0 + KN_MM_X16_COLS - 1) / KN_MM_X16_COLS;
+  for (int h = 0; h < (a->swiglu ? 2 : 1); h++)
+    for (int64_t g = 0; g < ng; g++)
+      kn_x16_dequant(a->qw, a->qt, a->k, g0 + g + h * (a->n / KN_MM_X16_COLS),
+                     buf + (g + h * ng) * gw);
+  mm_args c = *a;
+  c.w = (const char *)buf, c.w_g0 = g0, c.up_g = ng;
+  mm_x16_rows(&c, i0, i1, j0, j1);
+}
+
 static void mm_task(void *arg, int64_t begin, int64_t end, int tid) {
   (void)tid;
   const mm_args *a = arg;
+  uint32_t *buf = NULL;
+  if (a->qt) {
+    int64_t cols = mm_round_up(a->tiles.nb, KN_MM_X16_COLS);
+    buf = ir_malloc((size_t)(cols * (a->swiglu ? 2 : 1) * a->k / 2) * sizeof *buf + 64);
+  }
   for (int64_t t = begin; t < end; t++) {
     int64_t i0, i1, j0, j1;
     kn_mm_tile_bounds(&a->tiles, t, &i0, &i1, &j0, &j1);
-#if KN_MM_X86 && KN_MATMUL_MAX_ISA >= 3
-    if (a->amx) {
-      mm_x16_amx_tile(a, i0, i1, j0, j1);
+    if (a->qt) {
+      if (buf) mm_q16_tile(a, (uint32_t *)(((uintptr_t)buf + 63) & ~(uintptr_t)63), i0, i1, j0, j1);
+      else /* no memory: no result */
+        for (int64_t i = i0; i < i1; i++)
+          for (int64_t j = j0; j < j1; j++) a->y[i * a->n + j] = NAN;
       continue;
     }
-#endif
-    if (a->x16) mm_x16_tile(a, i0, i1, j0, j1);
+    if (a->x16) mm_x16_rows(a, i0, i1, j0, j1);
     else mm_tile(a, i0, i1, j0, j1);
   }
+  ir_free(buf);
 }
-
-static int64_t mm_round_up(int64_t v, int64_t to) { return (v + to - 1) / to * to; }
 
 kn_mm_tiles kn_mm_tiles_plan(int64_t m, int64_t n, int64_t col_bytes, int n_threads, int align) {
   return kn_mm_tiles_plan_m(m, n, col_bytes, n_threads, align, KN_MM_M_TILE);
@@ -1775,8 +1813,8 @@ static void mm_run(kn_pool *p, mm_args *a) {
   /* x16: whole kernel calls a tile (4 groups; with swiglu 2 gate groups and their up
    * groups); tiles of 16-column multiples had left calls three quarters idle */
   int align = a->x16 ? KN_MM_X16_COLS * (a->swiglu ? 2 : 4) : KN_MM_TILE_ALIGN;
-  a->tiles =
-      kn_mm_tiles_plan(a->m, a->n, a->w_row_bytes * (a->swiglu ? 2 : 1), kn_pool_threads(p), align);
+  a->tiles = kn_mm_tiles_plan_m(a->m, a->n, a->w_row_bytes * (a->swiglu ? 2 : 1),
+                                kn_pool_threads(p), align, a->m_tile ? a->m_tile : KN_MM_M_TILE);
   int64_t tasks = a->tiles.n_tasks;
   int64_t flops = 2 * a->m * a->n * a->k * (a->swiglu ? 2 : 1);
   kn_parallel_for(p, tasks, flops < KN_MM_SERIAL_FLOPS ? tasks : 1, mm_task, a);
@@ -1938,6 +1976,31 @@ void kn_matmul_bf16x16(kn_pool *p, float *y, const float *x, const void *w, cons
                .swiglu = swiglu,
                .x16 = true,
                .amx = mm_x16_amx(),
+               .up_g = n / KN_MM_X16_COLS,
                .w_row_bytes = k * 2};
   if (m > 0 && n > 0 && k > 0) mm_run_bf16(p, &a);
+}
+
+void kn_matmul_bf16q(kn_pool *p, float *y, const float *x, const void *w, ir_dtype wt,
+                     const float *bias, int64_t m, int64_t n, int64_t k, bool swiglu) {
+  if (!ir_dtype_is_blocks(wt) || n % KN_MM_X16_COLS || k % 32 || k <= 0 ||
+      (ir_dtype_is_x8(wt) && n % 8)) { /* (the IR refuses these) */
+    for (int64_t i = 0; i < m * n; i++) y[i] = NAN;
+    return;
+  }
+  /* w_row_bytes: a column's converted bytes, which the tiles are cut to keep in L2 */
+  mm_args a = {.y = y,
+               .x = x,
+               .bias = bias,
+               .m = m,
+               .n = n,
+               .k = k,
+               .swiglu = swiglu,
+               .x16 = true,
+               .amx = mm_x16_amx(),
+               .qt = wt,
+               .qw = w,
+               .m_tile = KN_MM_Q16_M_TILE,
+               .w_row_bytes = k * 2};
+  if (m > 0 && n > 0) mm_run_bf16(p, &a);
 }

@@ -52,8 +52,9 @@ static void run_binary(kn_pool *p, const ir_graph *g, const ir_node *n, void *co
   }
 }
 
-/* matmul: float / block-quantized W (with act_int8: int8 activations, kn_matmul_q8; bf16
- * W with act_bf16: bf16 activations, kn_matmul_bf16x, or kn_matmul_bf16x16 repacked), or
+/* matmul: float / block-quantized W (with act_int8: int8 activations, kn_matmul_q8; with
+ * act_bf16: bf16 activations, kn_matmul_bf16q; bf16 W with act_bf16: kn_matmul_bf16x, or
+ * kn_matmul_bf16x16 repacked), or
  * i8/i4 W with scales and zero points (inputs 3, 4), optionally with int8 activations
  * (act_int8, W8A8). */
 static void run_matmul(kn_pool *p, const ir_graph *g, const ir_node *n, void *const *ptrs,
@@ -61,6 +62,11 @@ static void run_matmul(kn_pool *p, const ir_graph *g, const ir_node *n, void *co
   const ir_tensor *w = T_(1);
   const float *bias = n->n_in > 2 && n->in[2] >= 0 ? P_(2) : NULL;
   int64_t m = dimv(g, T_(0), 0, s), rows = dimv(g, w, 0, s), k = dimv(g, w, 1, s);
+  if (ir_dtype_is_blocks(w->dtype) && ir_node_attr_i(n, "act_bf16", 0)) {
+    bool swiglu = ir_node_attr_i(n, "act", IR_ACT_NONE) == IR_ACT_SWIGLU;
+    kn_matmul_bf16q(p, O_(0), P_(0), P_(1), w->dtype, bias, m, swiglu ? rows / 2 : rows, k, swiglu);
+    return;
+  }
   if (ir_dtype_is_blocks(w->dtype) && ir_node_attr_i(n, "act_int8", 0)) {
     bool swiglu = ir_node_attr_i(n, "act", IR_ACT_NONE) == IR_ACT_SWIGLU;
     kn_matmul_q8(p, O_(0), P_(0), P_(1), w->dtype, bias, m, swiglu ? rows / 2 : rows, k, swiglu);

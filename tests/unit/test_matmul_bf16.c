@@ -11,7 +11,11 @@
  *   - the same for W repacked as IR_BF16_X16 (kn_matmul_bf16x16) in its two orders: the
  *     chain order (one chain an output) and the tile order (AMX-BF16's: two chains a block
  *     of 16 pairs), each with known answers only it gives; where the CPU has AMX-BF16,
- *     tdpbf16ps is the oracle of the tile order.
+ *     tdpbf16ps is the oracle of the tile order;
+ *   - block W (q8_0, q4_0, q4_1, in the GGUF and the 8-row interleaved layouts) with bf16
+ *     activations (kn_matmul_bf16q): on every path, bit for bit the bf16x16 matmul of W's
+ *     values (kn_dequant_row, the contract gguf-py checks in test_quant) rounded to bf16, in
+ *     both orders, and a row alone as in the batch.
  * Where the CPU has AVX512-BF16, the instruction is the oracle of the order; elsewhere
  * the paths are checked against each other and the known answers. */
 #include <math.h>
@@ -21,6 +25,7 @@
 #include <string.h>
 
 #include "ir.h"
+#include "kn_bf16.h"
 #include "kn_cpu.h"
 #include "kn_quant.h"
 #include "tcheck.h"
@@ -203,23 +208,35 @@ static void ir_rules(void) {
   int32_t w16 = ir_graph_add_weight(g, "w16", IR_BF16_X16, 2, (int64_t[]){32, 64}, wd, 32 * 64 * 2);
   int32_t w48 = ir_graph_add_weight(g, "w48", IR_BF16_X16, 2, (int64_t[]){48, 64}, wd, 48 * 64 * 2);
   int32_t wf = ir_graph_add_weight(g, "wf", IR_F32, 2, (int64_t[]){8, 64}, wd, 8 * 64 * 4);
+  int32_t wq = ir_graph_add_weight(g, "wq", IR_Q4_1, 2, (int64_t[]){32, 64}, wd, 32 * 2 * 20);
+  int32_t wq8 = ir_graph_add_weight(g, "wq8", IR_Q8_0_X8, 2, (int64_t[]){16, 64}, wd, 16 * 2 * 34);
+  int32_t wq24 = ir_graph_add_weight(g, "wq24", IR_Q4_0, 2, (int64_t[]){24, 64}, wd, 24 * 2 * 18);
   struct {
     const char *name;
     int32_t w;
-    bool bf16, swiglu;
+    bool bf16, swiglu, int8;
     const char *want; /* NULL: accepted */
   } cases[] = {
-      {"bf16", wb, true, false, NULL},
-      {"x16", w16, true, false, NULL},
-      {"x16_swiglu", w16, true, true, NULL},
-      {"x16_swiglu_48", w48, true, true, "whole 16-row groups"},
-      {"x16_no_act", w16, false, false, "needs act_bf16"},
-      {"f32_act_bf16", wf, true, false, "act_bf16 goes with a bf16 weight"},
+      {"q4_1", wq, true, false, false, NULL},
+      {"q4_1_swiglu", wq, true, true, false, NULL},
+      {"q8_0_x8", wq8, true, false, false, NULL},
+      {"q8_0_x8_int8", wq8, false, false, true, NULL},
+      {"q8_0_x8_none", wq8, false, false, false, "needs act_int8 or act_bf16"},
+      {"q8_0_x8_swiglu", wq8, true, true, false, "whole 16-row groups"},
+      {"q4_0_24", wq24, true, false, false, "whole 16-row groups"},
+      {"q4_1_both", wq, true, false, true, "exclude each other"},
+      {"bf16", wb, true, false, false, NULL},
+      {"x16", w16, true, false, false, NULL},
+      {"x16_swiglu", w16, true, true, false, NULL},
+      {"x16_swiglu_48", w48, true, true, false, "whole 16-row groups"},
+      {"x16_no_act", w16, false, false, false, "needs act_bf16"},
+      {"f32_act_bf16", wf, true, false, false, "act_bf16 goes with a bf16 or q8_0"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-    ir_attr at[2];
+    ir_attr at[3];
     int na = 0;
     if (cases[i].bf16) at[na++] = IR_AI(ir_attr_intern("act_bf16"), 1);
+    if (cases[i].int8) at[na++] = IR_AI(ir_attr_intern("act_int8"), 1);
     if (cases[i].swiglu) at[na++] = IR_AI(ir_attr_intern("act"), IR_ACT_SWIGLU);
     ir_diag d = {0};
     int32_t out;
@@ -248,6 +265,58 @@ static void ir_rules(void) {
            (long long)dims[1], d2.msg);
     ir_graph_destroy(g2);
   }
+}
+
+/* kn_matmul_bf16q: W quantized to dt (base layout, or interleaved with x8) against the
+ * bf16x16 matmul of its values rounded to bf16 (the best path of the current order), on
+ * every path; then each row alone. */
+static void q16_case(kn_pool *p, ir_dtype dt, int x8, int64_t m, int64_t n, int64_t k, int swiglu,
+                     int has_dp) {
+  int64_t rows = swiglu ? 2 * n : n;
+  size_t wbytes = (size_t)ir_dtype_bytes(dt, (uint64_t)(rows * k));
+  float *x = malloc((size_t)(m * k) * sizeof *x), *bias = malloc((size_t)rows * sizeof *bias);
+  float *wf = malloc((size_t)(rows * k) * sizeof *wf);
+  uint8_t *wq = malloc(wbytes), *wx = malloc(wbytes);
+  uint16_t *wb = malloc((size_t)(rows * k) * sizeof *wb);
+  float *ref = malloc((size_t)(m * n) * sizeof *ref), *y = malloc((size_t)(m * n) * sizeof *y);
+  for (int64_t i = 0; i < m * k; i++) x[i] = rnd() * 4.0f;
+  for (int64_t i = 0; i < rows * k; i++) wf[i] = rnd() * (i % 7 ? 0.05f : 1.0f);
+  for (int64_t i = 0; i < rows; i++) bias[i] = rnd();
+  for (int64_t r = 0; r < rows; r++)
+    kn_quant_row(wf + r * k, dt, wq + r * ir_dtype_bytes(dt, (uint64_t)k), k);
+  kn_dequant_row(wq, dt, wf, rows * k);
+  for (int64_t i = 0; i < rows * k; i++) wb[i] = kn_bf16_round(wf[i]);
+  if (x8) kn_x8_pack(wq, dt, rows, k, wx);
+  else memcpy(wx, wq, wbytes);
+  ir_dtype wt = x8 ? ir_dtype_x8_of(dt) : dt;
+  int paths = n_paths(has_dp), same = 1, alone = 1;
+  run(path_isa(paths - 1), path_dp(paths - 1), ref, x, wb, bias, m, n, k, swiglu, p);
+  for (int q = 0; q < paths; q++) {
+    run(path_isa(q), path_dp(q), y, x, wb, bias, 0, n, k, swiglu, p); /* (sets the path) */
+    kn_matmul_bf16q(q % 2 ? p : NULL, y, x, wx, wt, bias, m, n, k, swiglu);
+    /* (swiglu's silu epilogue is vectorised per kernel width: the same path only) */
+    if (!swiglu || q == paths - 1) same &= memcmp(ref, y, (size_t)(m * n) * sizeof *y) == 0;
+  }
+  for (int64_t i = 0; i < m && i < 40; i++) {
+    kn_matmul_bf16q(NULL, y, x + i * k, wx, wt, bias, 1, n, k, swiglu);
+    alone &= memcmp(y, ref + i * n, (size_t)n * sizeof *y) == 0;
+  }
+  CHECKF(same && alone, "%s%s m=%lld n=%lld k=%lld swiglu=%d order=%d: %s", ir_dtype_name(dt),
+         x8 ? " x8" : "", (long long)m, (long long)n, (long long)k, swiglu, g_x16,
+         same ? "a row alone differs from the batch" : "off the bf16 matmul of W's values");
+  free(x), free(bias), free(wf), free(wq), free(wx), free(wb), free(ref), free(y);
+}
+
+static void q16_cases(kn_pool *p3, int has_dp) {
+  static const ir_dtype dts[] = {IR_Q8_0, IR_Q4_0, IR_Q4_1};
+  static const int64_t ms[] = {1, 3, 37, 600}, ns[] = {16, 48, 80}, ks[] = {32, 64, 576};
+  int c = 0;
+  for (int di = 0; di < 3; di++)
+    for (int x8 = 0; x8 < 2; x8++)
+      for (int mi = 0; mi < 4; mi++, c++)
+        q16_case(p3, dts[di], x8, ms[mi], ns[c % 3], ks[(c / 3) % 3], c % 2, has_dp);
+  q16_case(p3, IR_Q4_1, 1, 70, 96, 1536, 1, has_dp);
+  q16_case(p3, IR_Q8_0, 1, 520, 160, 2048, 0, has_dp);
 }
 
 /* The IR_BF16_X16 cases of the current order: known answers, then the paths. */
@@ -344,6 +413,9 @@ int main(void) {
   x3[64] = -0x1p-65f, w3[64] = 0x1p-65f, x3[65] = 0x1p-65f, w3[65] = -0x1p-65f;
   known("a short block's zero pairs", x3, w3, 66, 0.0f, has_dp);
   x16_cases(p3, has_dp);
+  q16_cases(p3, has_dp);
+  g_x16 = 1;
+  q16_cases(p3, has_dp);
   g_x16 = 0;
   kn_matmul_set_x16_order(-1);
   /* k = 0: the bias, as kn_matmul gives it */
