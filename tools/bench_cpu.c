@@ -355,6 +355,7 @@ static irt_status bench_single(irt_model *m, const bench_opts *o, float *lg, int
   int64_t V = irt_model_get_info(m)->vocab_size;
   irt_seq *s = NULL;
   irt_status st = irt_seq_create(m, &s, err);
+  if (st == IRT_OK) irt_seq_set_prompt_len(s, o->prompt); /* as the engine marks it */
   double t0 = now_ms();
   if (st == IRT_OK) st = irt_seq_decode(m, s, ids, o->prompt, lg, false, err);
   double t1 = now_ms();
@@ -380,6 +381,7 @@ static irt_status bench_batch(irt_model *m, const bench_opts *o, float *lg, int3
   irt_status st = s && it && tok ? IRT_OK : IRT_OOM;
   for (int64_t i = 0; st == IRT_OK && i < nb; i++) {
     st = irt_seq_create(m, &s[i], err);
+    if (st == IRT_OK) irt_seq_set_prompt_len(s[i], 16);
     if (st == IRT_OK) st = irt_seq_decode(m, s[i], ids + 16 * i, 16, lg + i * V, false, err);
   }
   double t0 = now_ms();

@@ -29,6 +29,10 @@ typedef struct model_step {
   int64_t syms[IR_SYM_COUNT]; /* T, S, L values for this step */
   const int32_t *tok_seq;
   const int32_t *tok_pos;
+  /* (T) 1 where the row is a generated token (irt_seq_set_prompt_len), 0 for a prompt's;
+   * NULL when the plan runs both kinds alike. Matmuls with act_bf16 over block weights
+   * take prompt rows with bf16 activations, generated rows with int8 ones. */
+  const uint8_t *tok_gen;
   const int32_t *block_tables;
   int64_t max_blocks;
   const kv_cache *kv;

@@ -63,8 +63,21 @@ static void run_matmul(kn_pool *p, const ir_graph *g, const ir_node *n, void *co
   const float *bias = n->n_in > 2 && n->in[2] >= 0 ? P_(2) : NULL;
   int64_t m = dimv(g, T_(0), 0, s), rows = dimv(g, w, 0, s), k = dimv(g, w, 1, s);
   if (ir_dtype_is_blocks(w->dtype) && ir_node_attr_i(n, "act_bf16", 0)) {
+    /* prompt rows with bf16 activations, generated rows (s->tok_gen) with int8 ones: runs of
+     * one kind at a time, each kernel a row's bits whatever the run */
     bool swiglu = ir_node_attr_i(n, "act", IR_ACT_NONE) == IR_ACT_SWIGLU;
-    kn_matmul_bf16q(p, O_(0), P_(0), P_(1), w->dtype, bias, m, swiglu ? rows / 2 : rows, k, swiglu);
+    int64_t cols = swiglu ? rows / 2 : rows;
+    const uint8_t *gen = s->tok_gen && m == s->syms[IR_SYM_TOKENS] ? s->tok_gen : NULL;
+    const float *x = P_(0);
+    float *y = O_(0);
+    for (int64_t i = 0, e; i < m; i = e) {
+      bool kind = gen && gen[i];
+      for (e = i + 1; e < m && (gen && gen[e]) == kind;) e++;
+      if (kind)
+        kn_matmul_q8(p, y + i * cols, x + i * k, P_(1), w->dtype, bias, e - i, cols, k, swiglu);
+      else
+        kn_matmul_bf16q(p, y + i * cols, x + i * k, P_(1), w->dtype, bias, e - i, cols, k, swiglu);
+    }
     return;
   }
   if (ir_dtype_is_blocks(w->dtype) && ir_node_attr_i(n, "act_int8", 0)) {

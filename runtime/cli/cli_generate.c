@@ -418,6 +418,7 @@ static irt_status run(gen_state *g, const gen_args *a, irt_error *err) {
   if (st == IRT_OK) memcpy(g->ctx, a->ids, (size_t)a->n_ids * sizeof *g->ctx);
   g->out = g->ctx ? g->ctx + a->n_ids : NULL;
   if (st == IRT_OK) st = irt_seq_create(g->m, &s, err);
+  if (st == IRT_OK) irt_seq_set_prompt_len(s, a->n_ids);
   if (st == IRT_OK) st = irt_sampler_create(&a->sampling, info->vocab_size, &smp, err);
   double t0 = cli_now_ms();
   /* the prompt in steps of the plan's size, the last one picking the first token */

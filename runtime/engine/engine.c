@@ -361,11 +361,13 @@ static irt_status eseq_make(irt_engine *e, ereq *q, int i, irt_error *err) {
   if (q->grammar && gram_state_create(q->grammar, &s->gram, &gd) != IR_OK)
     return rt_error_from_diag(err, &gd);
   if (irt_seq_create(e->m, &s->kv, err) != IRT_OK) return IRT_OOM;
+  irt_seq_set_prompt_len(s->kv, q->n_prompt);
   if (irt_sampler_create(&sp, in->vocab_size, &s->sampler, err) != IRT_OK) return IRT_OOM;
   if (e->o.draft) { /* the draft's KV, and a generator of its own for drafting */
     irt_sampling dp = sp;
     dp.seed ^= 0xd1b54a32d192ed03ull;
     if (irt_seq_create(e->o.draft, &s->dkv, err) != IRT_OK) return IRT_OOM;
+    irt_seq_set_prompt_len(s->dkv, q->n_prompt);
     if (irt_sampler_create(&dp, in->vocab_size, &s->dsampler, err) != IRT_OK) return IRT_OOM;
   }
   if (e->tok) tok_stream_init(&s->stream, e->tok, true);

@@ -105,9 +105,10 @@ static bool scoring(const eseq *s) {
  * token's; cache_register: k's full blocks of known tokens past *reg are registered. */
 static void cache_lookup(kv_cache *kv, const eseq *s, irt_seq *k, int64_t *reg, uint64_t *hash) {
   int64_t bs = kv->block_size, limit = (s->n_tokens - 1) / bs;
-  uint64_t parent = 0, tenant = s->req->tenant_hash;
+  uint64_t parent = 0;
   for (int64_t j = 0; j < limit; j++) {
     const int32_t *t = s->tokens + j * bs;
+    uint64_t tenant = kv_role_tenant(kv, s->req->tenant_hash, j, s->req->n_prompt);
     int32_t b = kv_prefix_lookup(kv, parent, t, tenant);
     if (b < 0) break;
     k->blocks[k->n_blocks++] = b;
@@ -121,9 +122,9 @@ static void cache_lookup(kv_cache *kv, const eseq *s, irt_seq *k, int64_t *reg, 
 static void cache_register(kv_cache *kv, const eseq *s, const irt_seq *k, int64_t *reg,
                            uint64_t *hash) {
   int64_t bs = kv->block_size;
-  uint64_t tenant = s->req->tenant_hash;
   while ((*reg + 1) * bs <= k->len) {
     const int32_t *t = s->tokens + *reg * bs;
+    uint64_t tenant = kv_role_tenant(kv, s->req->tenant_hash, *reg, s->req->n_prompt);
     kv_block_register(kv, k->blocks[*reg], *hash, t, tenant);
     *hash = kv_chain_hash(*hash, t, bs, tenant);
     (*reg)++;

@@ -207,6 +207,14 @@ const irt_model_info *irt_model_get_info(const irt_model *m);
 irt_status irt_seq_create(irt_model *m, irt_seq **out, irt_error *err);
 void irt_seq_destroy(irt_seq *s);
 int64_t irt_seq_length(const irt_seq *s);
+/* Positions [0, n) of s hold its prompt, the positions from n on tokens the model generated
+ * (a new sequence: all prompt). A plan may run the two kinds of row on different kernels:
+ * one built with --act-dtype bf16 multiplies a prompt's rows by block weights converted to
+ * bf16 a tile at a time (prefill's speed) and generated rows with int8 activations (decode's
+ * speed). A row's logits then depend on its kind, never on what else shares the step; the
+ * engine marks every sequence, so recomputing one after preemption, or finding it in the
+ * prefix cache, gives the same bits. */
+void irt_seq_set_prompt_len(irt_seq *s, int64_t n);
 /* Forgets every position from len on (no-op if len > the length) and gives back the
  * blocks past it: after a step that checked draft tokens, the rejected ones. The next
  * step writes from len on. */

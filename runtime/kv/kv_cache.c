@@ -260,3 +260,11 @@ void kv_block_copy(kv_cache *kv, int32_t src, int32_t dst) {
     copy_bytes(kv, kv->v_scale[l], src, dst, rows * sizeof(float));
   }
 }
+
+uint64_t kv_role_tenant(const kv_cache *kv, uint64_t tenant, int64_t j, int64_t prompt_len) {
+  int64_t bs = kv->block_size, p = prompt_len - j * bs;
+  if (!kv->row_roles || p >= bs) return tenant;
+  uint64_t x = (uint64_t)(p < 0 ? 0 : p) + 1; /* 1 .. bs: how many prompt positions, plus one */
+  x *= 0x9e3779b97f4a7c15ull;
+  return tenant ^ (x ^ x >> 29);
+}

@@ -66,7 +66,16 @@ typedef struct kv_cache {
   /* told of every kv_block_copy (tensor parallelism: rank 0 sends them to the other ranks) */
   void (*on_copy)(void *ctx, int32_t src, int32_t dst);
   void *on_copy_ctx;
+  /* the model's prompt rows and generated rows take different kernels (irt_seq_set_prompt_len):
+   * a block's key then also names how many of its positions were prompt (kv_role_tenant) */
+  bool row_roles;
 } kv_cache;
+
+/* The tenant key of block j (block_size tokens from position j * block_size) of a sequence
+ * whose first prompt_len positions are its prompt: the tenant's own where the block is all
+ * prompt or the cache has no roles; salted by the block's prompt positions otherwise, so
+ * KV computed from generated rows is only found by a sequence that has them there too. */
+uint64_t kv_role_tenant(const kv_cache *kv, uint64_t tenant, int64_t j, int64_t prompt_len);
 
 typedef void *(*kv_alloc_fn)(void *ctx, size_t bytes);
 typedef void (*kv_free_fn)(void *ctx, void *p);

@@ -158,20 +158,38 @@ static ir_status setup_device_kv(irt_model *m, int64_t tokens, kv_dtype_id dtype
   return IR_OK;
 }
 
+/* Whether a matmul of g takes prompt rows and generated rows on different kernels: act_bf16
+ * over a block weight (ir_op.c), whose generated rows take int8 activations instead. */
+static bool model_has_roles(const ir_graph *g) {
+  for (int32_t i = 0; i < g->n_nodes; i++) {
+    const ir_node *n = &g->nodes[i];
+    if (n->op == IR_OP_MATMUL && n->n_in > 1 && n->in[1] >= 0 &&
+        ir_dtype_is_blocks(g->tensors[n->in[1]].dtype) && ir_node_attr_i(n, "act_bf16", 0))
+      return true;
+  }
+  return false;
+}
+
 static ir_status setup_kv(irt_model *m, const irt_model_opts *o, ir_diag *d) {
   const ir_model_config *c = &m->g->config;
   int64_t tokens = o->kv_tokens > 0 ? o->kv_tokens : c->max_position;
   m->max_blocks = (c->max_position + c->kv_block_size - 1) / c->kv_block_size;
   m->tok_seq = ir_calloc((size_t)c->max_tokens, sizeof(int32_t));
   m->tok_pos = ir_calloc((size_t)c->max_tokens, sizeof(int32_t));
+  m->tok_gen = ir_calloc((size_t)c->max_tokens, sizeof(uint8_t));
+  m->roles = model_has_roles(m->g);
   m->block_tables = ir_calloc((size_t)(c->max_seqs * m->max_blocks), sizeof(int32_t));
   m->pad_block = -1;
-  if (!m->tok_seq || !m->tok_pos || !m->block_tables)
+  if (!m->tok_seq || !m->tok_pos || !m->tok_gen || !m->block_tables)
     return ir_diag_set(d, IR_OOM, "out of memory");
   /* a device backend has refused a KV dtype it cannot keep when it was created */
-  if (m->be.ops->run_step) return setup_device_kv(m, tokens, (kv_dtype_id)o->kv_dtype, d);
-  return kv_cache_init_dtype(&m->kv, c->n_layers, c->n_kv_heads, c->head_dim, c->kv_block_size,
-                             tokens, (kv_dtype_id)o->kv_dtype, m->be.ops->alloc, m->be.ctx, d);
+  ir_status st =
+      m->be.ops->run_step
+          ? setup_device_kv(m, tokens, (kv_dtype_id)o->kv_dtype, d)
+          : kv_cache_init_dtype(&m->kv, c->n_layers, c->n_kv_heads, c->head_dim, c->kv_block_size,
+                                tokens, (kv_dtype_id)o->kv_dtype, m->be.ops->alloc, m->be.ctx, d);
+  m->kv.row_roles = m->roles;
+  return st;
 }
 
 _Static_assert((int)IRT_KV_DTYPE_F32 == (int)KV_F32 && (int)IRT_KV_DTYPE_INT8 == (int)KV_INT8 &&
@@ -334,6 +352,7 @@ void irt_model_close(irt_model *m) {
   ir_free(m->ptrs);
   ir_free(m->tok_seq);
   ir_free(m->tok_pos);
+  ir_free(m->tok_gen);
   ir_free(m->block_tables);
   ir_free(m->h_tokens);
   ir_free(m->h_rows);
@@ -403,9 +422,12 @@ irt_status irt_seq_create(irt_model *m, irt_seq **out, irt_error *err) {
   }
   s->m = m;
   s->blocks = blocks;
+  s->prompt_len = INT64_MAX;
   *out = s;
   return IRT_OK;
 }
+
+void irt_seq_set_prompt_len(irt_seq *s, int64_t n) { s->prompt_len = n < 0 ? 0 : n; }
 
 void irt_seq_destroy(irt_seq *s) {
   if (!s) return;

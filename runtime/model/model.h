@@ -25,6 +25,10 @@ struct irt_model {
   int64_t max_blocks; /* blocks one sequence may hold: ceil(context / block_size) */
   /* step scratch, sized for the step limits at open */
   int32_t *tok_seq, *tok_pos, *block_tables;
+  /* roles: the plan has matmuls whose prompt rows and generated rows take different kernels
+   * (act_bf16 over block weights, model_step.tok_gen); tok_gen (max_tokens) per step row */
+  bool roles;
+  uint8_t *tok_gen;
   /* device backends (be.ops->run_step set): host copies of the tokens and logit_rows
    * inputs, and a KV block held by no sequence that padding tokens write to */
   int32_t *h_tokens, *h_rows;
@@ -59,8 +63,9 @@ struct irt_model {
 
 struct irt_seq {
   irt_model *m;
-  int64_t len;     /* tokens whose KV is cached */
-  int32_t *blocks; /* (max_blocks) physical block ids; first ceil(len/bs) valid */
+  int64_t len;        /* tokens whose KV is cached */
+  int64_t prompt_len; /* positions from here on hold generated tokens (irt_seq_set_prompt_len) */
+  int32_t *blocks;    /* (max_blocks) physical block ids; first ceil(len/bs) valid */
   int64_t n_blocks;
 };
 

@@ -120,12 +120,14 @@ static void fill_step(irt_model *m, const irt_batch_item *items, int n_items, mo
       pos[t] = (int32_t)(it->seq->len + k);
       m->tok_seq[t] = i;
       m->tok_pos[t] = pos[t];
+      m->tok_gen[t] = pos[t] >= it->seq->prompt_len;
       if (k >= it->n - r) rows[l++] = (int32_t)t;
     }
   }
   *st = (model_step){.syms = {[IR_SYM_TOKENS] = t, [IR_SYM_SEQS] = n_items, [IR_SYM_LOGITS] = l},
                      .tok_seq = m->tok_seq,
                      .tok_pos = m->tok_pos,
+                     .tok_gen = m->roles ? m->tok_gen : NULL,
                      .block_tables = m->block_tables,
                      .max_blocks = m->max_blocks,
                      .kv = &m->kv,

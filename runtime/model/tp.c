@@ -19,7 +19,8 @@ typedef struct tp_header {
 } tp_header;
 
 static int64_t payload_ints(const irt_model *m, const tp_header *h) {
-  return 3 * h->tokens + h->logits + h->seqs * m->max_blocks + 2 * h->copies;
+  /* (with roles, each token's kind last: model_step.tok_gen) */
+  return (m->roles ? 4 : 3) * h->tokens + h->logits + h->seqs * m->max_blocks + 2 * h->copies;
 }
 
 static ir_status grow_msg(irt_model *m, int64_t ints, ir_diag *d) {
@@ -132,6 +133,8 @@ ir_status tp_send_step(irt_model *m, const model_step *s, ir_diag *d) {
   memcpy(p, s->block_tables, (size_t)(h.seqs * m->max_blocks) * sizeof *p);
   p += h.seqs * m->max_blocks;
   if (h.copies) memcpy(p, m->tp_copies, (size_t)(2 * h.copies) * sizeof *p);
+  p += 2 * h.copies;
+  for (int64_t i = 0; m->roles && i < h.tokens; i++) p[i] = s->tok_gen[i];
   st = bcast(m, &h, sizeof h, d);
   if (st == IR_OK) st = bcast(m, m->tp_msg, (size_t)ints * sizeof *p, d);
   if (st == IR_OK) m->n_tp_copies = 0;
@@ -190,10 +193,12 @@ static ir_status follow_step(irt_model *m, const tp_header *h, ir_diag *d) {
       return ir_diag_set(d, IR_BAD_FORMAT, "tensor parallelism: rank 0 sent a bad block copy");
     kv_block_copy(&m->kv, p[0], p[1]);
   }
+  for (int64_t i = 0; m->roles && i < T; i++) m->tok_gen[i] = p[i] != 0;
   model_step st = {
       .syms = {[IR_SYM_TOKENS] = T, [IR_SYM_SEQS] = h->seqs, [IR_SYM_LOGITS] = h->logits},
       .tok_seq = m->tok_seq,
       .tok_pos = m->tok_pos,
+      .tok_gen = m->roles ? m->tok_gen : NULL,
       .block_tables = m->block_tables,
       .max_blocks = m->max_blocks,
       .kv = &m->kv,

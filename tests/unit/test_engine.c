@@ -2,7 +2,9 @@
  * preemption and cancellation, checked against single-sequence runs of the same model.
  * Because CPU kernels are batch-invariant, a request's tokens and log-probabilities must
  * be bit-identical however it was batched, chunked, cached or preempted.
- * `test_engine --kv-dtype int8` runs every check again over the int8 KV cache. */
+ * `test_engine --kv-dtype int8` runs every check again over the int8 KV cache; `--quant q8_0
+ * --act-dtype bf16` the invariance checks over block weights with bf16 activations (W tiles
+ * converted to bf16 once a step, kn_matmul_bf16q). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,6 +35,7 @@ static irt_kv_dtype g_kv_dtype; /* --kv-dtype */
 /* --fixture: the model (llama-gqa-f32, vocab 300; a Gemma fixture, vocab 256, checks the
  * sliding-window layers for batch invariance), and its prompts' token range */
 static const char *g_fixture = "llama-gqa-f32";
+static const char *g_quant = "none", *g_act = "auto"; /* --quant, --act-dtype (infc's) */
 static int g_vocab = 300;
 
 static void on_event(void *user, const irt_event *ev) {
@@ -58,8 +61,8 @@ static void on_event(void *user, const irt_event *ev) {
 static const char *build_plan(void) {
   /* one plan per dtype: both runs may go at once under ctest -j */
   static char path[512];
-  snprintf(path, sizeof path, "%s/engine-%s-%s.plan", TEST_TMP_DIR, g_fixture,
-           irt_kv_dtype_name(g_kv_dtype));
+  snprintf(path, sizeof path, "%s/engine-%s-%s-%s-%s.plan", TEST_TMP_DIR, g_fixture,
+           irt_kv_dtype_name(g_kv_dtype), g_quant, g_act);
   infc_options o = infc_options_default();
   o.model.max_tokens = 48;
   o.model.max_seqs = 8;
@@ -68,7 +71,14 @@ static const char *build_plan(void) {
   ir_diag d = {0};
   char dir[512];
   snprintf(dir, sizeof dir, "%s/%s", FIXTURES_DIR, g_fixture);
-  CHECKF(infc_build(dir, &o, path, NULL, NULL, &d) == IR_OK, "%s", d.msg);
+  infc_build_report rep = {0};
+  CHECKF(infc_options_set(&o, "quant", g_quant, &d) == IR_OK &&
+             infc_options_set(&o, "act_dtype", g_act, &d) == IR_OK &&
+             infc_build(dir, &o, path, NULL, &rep, &d) == IR_OK,
+         "%s", d.msg);
+  if (!strcmp(g_act, "bf16") && strcmp(g_quant, "none")) /* the path under test ran */
+    CHECKF(rep.passes.act_bf16_blocks > 0, "no block matmul took bf16 activations (%d)",
+           rep.passes.act_bf16_blocks);
   return path;
 }
 
@@ -1075,6 +1085,10 @@ int main(int argc, char **argv) {
       g_fixture = argv[i + 1];
       continue;
     }
+    if (!strcmp(argv[i], "--quant") || !strcmp(argv[i], "--act-dtype")) {
+      *(argv[i][2] == 'q' ? &g_quant : &g_act) = argv[i + 1];
+      continue;
+    }
     return fprintf(stderr, "test_engine: bad option '%s %s'\n", argv[i], argv[i + 1]), 2;
   }
   const char *plan = build_plan();
@@ -1087,7 +1101,8 @@ int main(int argc, char **argv) {
   run_solo(m, N_SPEC, ref);
   test_continuous(m, ref, N);
   test_speculative(m, ref, N_SPEC);
-  if (strcmp(g_fixture, "llama-gqa-f32")) { /* another model: the invariance checks alone */
+  if (strcmp(g_fixture, "llama-gqa-f32") || strcmp(g_quant, "none")) {
+    /* another model or weights: the invariance checks alone */
     irt_model_close(m);
     test_preemption(plan, ref, N, 0);
     test_preemption(plan, ref, N, 4);
