@@ -179,6 +179,36 @@ static void run_continuous(irt_model *m, const result *ref, int n_req, const irt
   irt_engine_destroy(e);
 }
 
+/* A second turn: request B's prompt is request A's prompt and answer. Through the engine
+ * that just ran A (its prefix cache holding A's blocks, the answer's among them) B must
+ * give the bits of B alone without a cache: with row kinds (--act-dtype bf16 over block
+ * weights) the answer's blocks were made by generated rows' kernels and B computes them as
+ * prompt rows, so the cache must not offer them (kv_role_tenant). */
+static void test_second_turn(irt_model *m) {
+  int32_t p[64];
+  int len = make_prompt(5, p);
+  result a = {0}, b = {0}, b_ref = {0};
+  irt_engine_opts eo = irt_engine_opts_default();
+  irt_engine *e = NULL, *e2 = NULL;
+  irt_error err = {0};
+  CHECK(irt_engine_create(m, &eo, &e, &err) == IRT_OK);
+  irt_request q = make_request(1, p, len, &a); /* greedy */
+  q.max_tokens = 13;
+  CHECK(irt_engine_submit(e, &q, NULL, &err) == IRT_OK && irt_engine_run(e, &err) == IRT_OK);
+  CHECK(a.n[0] == 13);
+  memcpy(p + len, a.tokens[0], (size_t)a.n[0] * sizeof *p);
+  irt_request q2 = make_request(1, p, len + a.n[0], &b);
+  CHECK(irt_engine_submit(e, &q2, NULL, &err) == IRT_OK && irt_engine_run(e, &err) == IRT_OK);
+  eo.disable_prefix_cache = true;
+  CHECK(irt_engine_create(m, &eo, &e2, &err) == IRT_OK);
+  q2.user = &b_ref;
+  CHECK(irt_engine_submit(e2, &q2, NULL, &err) == IRT_OK && irt_engine_run(e2, &err) == IRT_OK);
+  CHECKF(b.n[0] > 0 && same(&b, &b_ref, 1), "a second turn differs with the first one's cache");
+  CHECKF(b.cached > 0, "the second turn found nothing of the first in the cache");
+  irt_engine_destroy(e);
+  irt_engine_destroy(e2);
+}
+
 static void test_continuous(irt_model *m, const result *ref, int n_req) {
   irt_engine_opts eo = irt_engine_opts_default();
   eo.max_batched_tokens = 16; /* forces chunked prefill mixed with decodes */
@@ -1101,6 +1131,7 @@ int main(int argc, char **argv) {
   run_solo(m, N_SPEC, ref);
   test_continuous(m, ref, N);
   test_speculative(m, ref, N_SPEC);
+  test_second_turn(m);
   if (strcmp(g_fixture, "llama-gqa-f32") || strcmp(g_quant, "none")) {
     /* another model or weights: the invariance checks alone */
     irt_model_close(m);
