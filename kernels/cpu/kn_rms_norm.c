@@ -50,8 +50,18 @@ NORM_INLINE void norm_rows_body(const norm_args *a, int64_t begin, int64_t end) 
     int64_t o = r * a->dim;
     const float *src = a->x + o;
     if (a->b) { /* the sum lands in out_sum first, then is normalised from there */
-      for (int64_t i = 0; i < a->dim; i++) a->out_sum[o + i] = a->x[o + i] + a->b[o + i];
-      src = a->out_sum + o;
+      /* (in locals: through a's fields the compiler reloaded every pointer each element) */
+      float *sum = a->out_sum + o;
+      const float *xa = a->x + o, *xb = a->b + o;
+      int64_t i = 0;
+      for (; i + KN_NORM_LANES <= a->dim;
+           i += KN_NORM_LANES) { /* (sum may be xa: read, then write) */
+        float t[KN_NORM_LANES];
+        for (int l = 0; l < KN_NORM_LANES; l++) t[l] = xa[i + l] + xb[i + l];
+        for (int l = 0; l < KN_NORM_LANES; l++) sum[i + l] = t[l];
+      }
+      for (; i < a->dim; i++) sum[i] = xa[i] + xb[i];
+      src = sum;
     }
     norm_row_body(a->out + o, src, a->w, a->dim, a->eps);
   }
