@@ -17,7 +17,8 @@
  *       in f32 (kn_matmul_bf16x). With a q8_0|q4_0|q4_1 w (N a multiple of 16, of 32 with
  *       swiglu, K <= IR_Q8_ACT_MAX_K): w's values rounded to bf16, then the same
  *       (kn_matmul_bf16q), for the step's prompt rows; its generated rows as act_int8
- *       (model_step.tok_gen: a row's kind, never the batch, picks its kernel).
+ *       (model_step.tok_gen: a row's kind, never the batch, picks its kernel; x must be
+ *       the step's token rows, whose kinds are known).
  *       act = IR_ACT_SWIGLU (ir.h): w holds gate rows then up rows, output [M,N/2]
  *   matmul(x[M,K], w[N,K] i8|i4, bias[N] f32?, scales[N,G] f32|f16, zero_points[N,G] u8|i8|f16|f32?;
  *          act_int8?)                                      -> [M,N]
@@ -314,6 +315,11 @@ static ir_status infer_matmul(infer_ctx *c, infer_out *o) {
   bool bf16x = ir_node_attr_i(c->n, "act_bf16", 0) != 0;
   if (bf16x && w->dtype != IR_BF16 && w->dtype != IR_BF16_X16 && !ir_dtype_is_blocks(w->dtype))
     return fail(c, "act_bf16 goes with a bf16 or q8_0/q4_0/q4_1 weight, not %s%s",
+                ir_dtype_name(w->dtype), "");
+  if (bf16x && ir_dtype_is_blocks(w->dtype) && x->dims[0].sym != IR_SYM_TOKENS)
+    return fail(c,
+                "act_bf16 with a %s weight needs the step's token rows as x (a row's kind "
+                "picks its kernel)%s",
                 ir_dtype_name(w->dtype), "");
   if (bf16x && ir_dtype_is_blocks(w->dtype) && w->dims[1].n > IR_Q8_ACT_MAX_K)
     return fail(c,

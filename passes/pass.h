@@ -125,10 +125,12 @@ ir_status pass_act_int8(ir_graph *g, const pass_opts *o, pass_log *log, ir_diag 
 /* Every matmul with a bf16 weight (rank 2) gets act_bf16 = 1: the CPU rounds x to bf16 and
  * sums bf16 products in f32 (AVX512-BF16's vdpbf16ps order, kn_matmul_bf16x): twice the
  * multiply rate of f32 activations, with bf16's 8-bit mantissa on x (when o->act_bf16:
- * infc's act_dtype bf16). So does every matmul of a q8_0/q4_0/q4_1 weight whose rows fill
- * 16-row groups, but the logits projection (which keeps act_int8): its W tiles are converted
- * to bf16 once a step for all the step's rows (kn_matmul_bf16q), the tile units' prefill. With o->attn_bf16 (attn_dtype bf16, or auto with act_dtype
- * bf16) every attention gets it: q . k and p . v on bf16 values in the same order
+ * infc's act_dtype bf16). So does every matmul of a q8_0/q4_0/q4_1 weight over the step's
+ * token rows whose rows fill 16-row groups (K <= IR_Q8_ACT_MAX_K), but the logits
+ * projection (which keeps act_int8): a step's prompt rows multiply W tiles converted to
+ * bf16 once a call (kn_matmul_bf16q, the tile unit's prefill), its generated rows keep
+ * int8 activations (model_step.tok_gen). With o->attn_bf16 (attn_dtype bf16, or auto with
+ * act_dtype bf16) every attention gets it: q . k and p . v on bf16 values in the same order
  * (kn_attention's bf16 order). Logs a line only when a node took it. */
 ir_status pass_act_bf16(ir_graph *g, const pass_opts *o, pass_log *log, ir_diag *d);
 

@@ -930,16 +930,18 @@ ir_status pass_quantize(ir_graph *g, const pass_opts *o, pass_log *log, ir_diag 
 /* ---- int8 activations for block-quantized weights ----------------------------------------- */
 
 /* Whether pass_act_bf16 gives matmul n bf16 activations over its block weight (o->act_bf16):
- * every one whose rows fill 16-row groups (of gate and of up rows with swiglu) but the
- * logits projection, which keeps int8 activations. A step converts a W tile to bf16 once
+ * every one over the step's token rows (not the logit rows) whose rows fill 16-row groups
+ * (of gate and of up rows with swiglu), K <= IR_Q8_ACT_MAX_K, but the logits projection,
+ * which keeps int8 activations. A step converts a W tile to bf16 once
  * for all its prompt rows, which pays when a prompt's rows share it; generated rows (one
  * a sequence a step) keep int8 activations, which read W with no conversion, and so does
  * the logits projection, which only ever multiplies one row a sequence. */
 static bool bf16_blocks(const ir_graph *g, const ir_node *n, const pass_opts *o) {
   if (!o->act_bf16 || n->op != IR_OP_MATMUL || n->n_in < 2 || n->in[1] < 0) return false;
-  const ir_tensor *w = &g->tensors[n->in[1]];
+  const ir_tensor *w = &g->tensors[n->in[1]], *x = &g->tensors[n->in[0]];
   bool swiglu = ir_node_attr_i(n, "act", IR_ACT_NONE) == IR_ACT_SWIGLU;
   return ir_dtype_is_quant(w->dtype) && w->rank == 2 && w->dims[0].sym == IR_SYM_NONE &&
+         x->rank == 2 && x->dims[0].sym == IR_SYM_TOKENS &&
          w->dims[0].n % (swiglu ? 32 : 16) == 0 && w->dims[1].n <= IR_Q8_ACT_MAX_K &&
          !is_lm_head(g, n) && !ir_node_attr_i(n, "act_int8", 0);
 }

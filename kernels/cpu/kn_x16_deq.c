@@ -3,7 +3,8 @@
  * summed as bf16 weights). A value is kn_quant_value's f32 (kn_quant.h) rounded to bf16 as
  * vcvtneps2bf16 rounds (kn_bf16_round): one definition, computed by the portable loop for
  * every layout and by AVX-512 (with AVX512-BF16's conversion) from the 8-row interleaved
- * one, bit for bit alike (test_matmul_bf16). */
+ * one, bit for bit alike (test_matmul_bf16). The portable loop is a reference, slow: the
+ * path is meant for CPUs with AVX512-BF16 (and AMX-BF16, whose tiles make it pay). */
 #include <string.h>
 
 #include "kn_bf16.h"
@@ -62,7 +63,7 @@ DEQ_INLINE void deq_group_x8(const uint8_t *ga, const uint8_t *gb, ir_dtype base
   const int head = kn_x8_head(base);
   const __m512i nib = _mm512_set1_epi32(0x0f);
   for (int64_t b = 0; b < nb; b++, ga += gstep, gb += gstep, dst += 256) {
-    /* W streams from memory once a decode step: ask for it ahead (as kn_matmul does) */
+    /* W streams from memory (a short prompt reads each tile once): ask for it ahead */
     for (int64_t o = 0; o < gstep; o += 64) {
       _mm_prefetch((const char *)ga + KN_DEQ_PREFETCH + o, _MM_HINT_T0);
       _mm_prefetch((const char *)gb + KN_DEQ_PREFETCH + o, _MM_HINT_T0);

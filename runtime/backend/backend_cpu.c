@@ -52,6 +52,50 @@ static void run_binary(kn_pool *p, const ir_graph *g, const ir_node *n, void *co
   }
 }
 
+/* One kind's rows: kn_matmul_q8 (generated) or kn_matmul_bf16q (prompt). */
+static void matmul_kind(kn_pool *p, bool g, float *y, const float *x, const void *w, ir_dtype wt,
+                        const float *bias, int64_t m, int64_t n, int64_t k, bool swiglu) {
+  if (g) kn_matmul_q8(p, y, x, w, wt, bias, m, n, k, swiglu);
+  else kn_matmul_bf16q(p, y, x, w, wt, bias, m, n, k, swiglu);
+}
+
+/* A block matmul with act_bf16 over rows of two kinds (gen: 1 for a generated row, or NULL:
+ * all prompt rows). Steps interleave decoding and prefilling sequences, so the rows of a
+ * kind are gathered into one call each (one conversion, one pass over W); without memory
+ * for that, each run of one kind is a call (the same bits). */
+static void run_matmul_kinds(kn_pool *p, float *y, const float *x, const void *w, ir_dtype wt,
+                             const float *bias, const uint8_t *gen, int64_t m, int64_t n, int64_t k,
+                             bool swiglu) {
+  int64_t n_gen = 0, runs = 0;
+  for (int64_t i = 0; gen && i < m; i++) {
+    n_gen += gen[i] != 0;
+    runs += i == 0 || (gen[i] != 0) != (gen[i - 1] != 0);
+  }
+  if (n_gen == 0 || n_gen == m) {
+    matmul_kind(p, n_gen > 0, y, x, w, wt, bias, m, n, k, swiglu);
+    return;
+  }
+  float *xs = runs > 2 ? ir_malloc((size_t)(m * (k + n)) * sizeof *xs) : NULL;
+  if (!xs) { /* two runs (or no memory): a call a run */
+    for (int64_t i = 0, e; i < m; i = e) {
+      bool g = gen[i] != 0;
+      for (e = i + 1; e < m && (gen[e] != 0) == g;) e++;
+      matmul_kind(p, g, y + i * n, x + i * k, w, wt, bias, e - i, n, k, swiglu);
+    }
+    return;
+  }
+  float *ys = xs + m * k;
+  int64_t np = m - n_gen, at[2] = {0, np}; /* prompt rows first, then generated, in order */
+  for (int64_t i = 0; i < m; i++)
+    memcpy(xs + at[gen[i] != 0]++ * k, x + i * k, (size_t)k * sizeof *xs);
+  matmul_kind(p, false, ys, xs, w, wt, bias, np, n, k, swiglu);
+  matmul_kind(p, true, ys + np * n, xs + np * k, w, wt, bias, n_gen, n, k, swiglu);
+  at[0] = 0, at[1] = np;
+  for (int64_t i = 0; i < m; i++)
+    memcpy(y + i * n, ys + at[gen[i] != 0]++ * n, (size_t)n * sizeof *ys);
+  ir_free(xs);
+}
+
 /* matmul: float / block-quantized W (with act_int8: int8 activations, kn_matmul_q8; with
  * act_bf16: bf16 activations, kn_matmul_bf16q; bf16 W with act_bf16: kn_matmul_bf16x, or
  * kn_matmul_bf16x16 repacked), or
@@ -63,21 +107,12 @@ static void run_matmul(kn_pool *p, const ir_graph *g, const ir_node *n, void *co
   const float *bias = n->n_in > 2 && n->in[2] >= 0 ? P_(2) : NULL;
   int64_t m = dimv(g, T_(0), 0, s), rows = dimv(g, w, 0, s), k = dimv(g, w, 1, s);
   if (ir_dtype_is_blocks(w->dtype) && ir_node_attr_i(n, "act_bf16", 0)) {
-    /* prompt rows with bf16 activations, generated rows (s->tok_gen) with int8 ones: runs of
-     * one kind at a time, each kernel a row's bits whatever the run */
+    /* prompt rows with bf16 activations, generated rows (s->tok_gen) with int8 ones: a
+     * row's kind picks its kernel, whose result for it never depends on the other rows */
     bool swiglu = ir_node_attr_i(n, "act", IR_ACT_NONE) == IR_ACT_SWIGLU;
     int64_t cols = swiglu ? rows / 2 : rows;
     const uint8_t *gen = s->tok_gen && m == s->syms[IR_SYM_TOKENS] ? s->tok_gen : NULL;
-    const float *x = P_(0);
-    float *y = O_(0);
-    for (int64_t i = 0, e; i < m; i = e) {
-      bool kind = gen && gen[i];
-      for (e = i + 1; e < m && (gen && gen[e]) == kind;) e++;
-      if (kind)
-        kn_matmul_q8(p, y + i * cols, x + i * k, P_(1), w->dtype, bias, e - i, cols, k, swiglu);
-      else
-        kn_matmul_bf16q(p, y + i * cols, x + i * k, P_(1), w->dtype, bias, e - i, cols, k, swiglu);
-    }
+    run_matmul_kinds(p, O_(0), P_(0), P_(1), w->dtype, bias, gen, m, cols, k, swiglu);
     return;
   }
   if (ir_dtype_is_blocks(w->dtype) && ir_node_attr_i(n, "act_int8", 0)) {

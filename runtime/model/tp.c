@@ -90,8 +90,14 @@ ir_status tp_open(irt_model *m, const irt_model_opts *o, ir_diag *d) {
   const ir_model_config *cfg = &m->g->config;
   tp_header most = {.tokens = cfg->max_tokens, .seqs = cfg->max_seqs, .logits = cfg->max_logits};
   ir_status st = grow_msg(m, payload_ints(m, &most), d);
-  int64_t kv[2] = {m->kv.n_blocks, m->kv.block_size}, root[2] = {kv[0], kv[1]};
+  /* (and whether the plan has row kinds: the step message carries them then) */
+  int64_t kv[3] = {m->kv.n_blocks, m->kv.block_size, m->roles}, root[3] = {kv[0], kv[1], kv[2]};
   if (st == IR_OK) st = bcast(m, root, sizeof root, d);
+  if (st == IR_OK && root[2] != kv[2])
+    return ir_diag_set(d, IR_INVALID_ARG,
+                       "rank %d's plan %s prompt and generated rows on different kernels and "
+                       "rank 0's %s: run every rank on the same plan",
+                       c->rank, kv[2] ? "takes" : "does not take", root[2] ? "does" : "does not");
   if (st == IR_OK && (root[0] != kv[0] || root[1] != kv[1]))
     return ir_diag_set(d, IR_INVALID_ARG,
                        "rank %d's KV cache holds %lld blocks of %lld tokens and rank 0's %lld "

@@ -246,6 +246,17 @@ static void ir_rules(void) {
       CHECKF(!ok && strstr(d.msg, cases[i].want), "%s: '%s'", cases[i].name, d.msg);
     else CHECKF(ok, "%s: %s", cases[i].name, d.msg);
   }
+  /* block weights with act_bf16 take the step's token rows only (a row's kind picks its
+   * kernel): a matmul over the logit rows is refused */
+  ir_dim ld[2] = {{.sym = IR_SYM_LOGITS}, {.n = 64}};
+  int32_t xl = ir_graph_add_input(g, "xl", IR_F32, 2, ld);
+  ir_attr bf = IR_AI(ir_attr_intern("act_bf16"), 1);
+  ir_diag dl = {0};
+  int32_t outl;
+  CHECKF(ir_graph_add_node(g, IR_OP_MATMUL, "q4_1_logit_rows", (int32_t[]){xl, wq}, 2, &bf, 1,
+                           &outl, &dl) < 0 &&
+             strstr(dl.msg, "token rows"),
+         "act_bf16 over a block weight on the logit rows: '%s'", dl.msg);
   ir_diag d = {0};
   int32_t out;
   CHECKF(ir_graph_add_node(g, IR_OP_EMBED, "embed_x16", (int32_t[]){ids, w16}, 2, NULL, 0, &out,
