@@ -60,7 +60,7 @@ enum {
   KN_MM_X16_MAX_R = 6,            /* ... for up to this many x rows */
   KN_MM_X16_KB = 1024,            /* ... over this many pairs of k at a time (256 KiB of W, L2) */
   KN_MM_X16_TBLOCK = 16,          /* the tile order's block of pairs (an AMX tile's rows) */
-  KN_MM_Q16_M_TILE = 512,         /* block W to bf16x16: rows a converted W tile serves */
+  KN_MM_Q16_M_TILE = 512,         /* rows a W tile serves: block W converted to bf16x16, and AMX */
   KN_MM_BF16_STEP = 16,           /* bf16 path: pair words (32 k-indices) a lane step */
   KN_MM_BF16_STACK_WORDS = 16384, /* x rows of a few-row call converted on the stack */
   KN_MM_BF16_GRAIN = 1 << 14,     /* x values a converting task takes at least */
@@ -1978,6 +1978,9 @@ void kn_matmul_bf16x16(kn_pool *p, float *y, const float *x, const void *w, cons
                .amx = mm_x16_amx(),
                .up_g = n / KN_MM_X16_COLS,
                .w_row_bytes = k * 2};
+  /* AMX: a W tile (in L2) serves up to 512 rows, so a prefill streams W from memory once;
+   * tiles of 64 rows had read it 8 times for 512, which bound Qwen3-0.6B's prefill */
+  if (a.amx) a.m_tile = KN_MM_Q16_M_TILE;
   if (m > 0 && n > 0 && k > 0) mm_run_bf16(p, &a);
 }
 
