@@ -1956,6 +1956,23 @@ void kn_matmul_bf16x(kn_pool *p, float *y, const float *x, const uint16_t *w, co
   else if (m > 0 && n > 0 && k > 0) mm_run_bf16(p, &a);
 }
 
+/* The arguments of a matmul on the bf16x16 paths (x as bf16 pairs; the tiles cut for a
+ * column's k * 2 bytes of bf16 W); the caller says where W is. */
+static mm_args mm_x16_args(float *y, const float *x, const float *bias, int64_t m, int64_t n,
+                           int64_t k, bool swiglu) {
+  return (mm_args){.y = y,
+                   .x = x,
+                   .bias = bias,
+                   .m = m,
+                   .n = n,
+                   .k = k,
+                   .swiglu = swiglu,
+                   .x16 = true,
+                   .amx = mm_x16_amx(),
+                   .up_g = n / KN_MM_X16_COLS,
+                   .w_row_bytes = k * 2};
+}
+
 void kn_matmul_bf16x16(kn_pool *p, float *y, const float *x, const void *w, const float *bias,
                        int64_t m, int64_t n, int64_t k, bool swiglu) {
   if (n % KN_MM_X16_COLS || k % 2 || k < 0) { /* (the IR refuses these) */
@@ -1966,18 +1983,8 @@ void kn_matmul_bf16x16(kn_pool *p, float *y, const float *x, const void *w, cons
     mm_bf16_empty(p, y, x, w, bias, m, n, swiglu);
     return;
   }
-  mm_args a = {.y = y,
-               .x = x,
-               .w = (const char *)w,
-               .bias = bias,
-               .m = m,
-               .n = n,
-               .k = k,
-               .swiglu = swiglu,
-               .x16 = true,
-               .amx = mm_x16_amx(),
-               .up_g = n / KN_MM_X16_COLS,
-               .w_row_bytes = k * 2};
+  mm_args a = mm_x16_args(y, x, bias, m, n, k, swiglu);
+  a.w = (const char *)w;
   /* AMX: a W tile (in L2) serves up to 512 rows, so a prefill streams W from memory once;
    * tiles of 64 rows had read it 8 times for 512, which bound Qwen3-0.6B's prefill */
   if (a.amx) a.m_tile = KN_MM_Q16_M_TILE;
@@ -1991,19 +1998,8 @@ void kn_matmul_bf16q(kn_pool *p, float *y, const float *x, const void *w, ir_dty
     for (int64_t i = 0; i < m * n; i++) y[i] = NAN;
     return;
   }
-  /* w_row_bytes: a column's converted bytes, which the tiles are cut to keep in L2 */
-  mm_args a = {.y = y,
-               .x = x,
-               .bias = bias,
-               .m = m,
-               .n = n,
-               .k = k,
-               .swiglu = swiglu,
-               .x16 = true,
-               .amx = mm_x16_amx(),
-               .qt = wt,
-               .qw = w,
-               .m_tile = KN_MM_Q16_M_TILE,
-               .w_row_bytes = k * 2};
+  /* (the tiles are cut for a column's converted bytes, to keep in L2) */
+  mm_args a = mm_x16_args(y, x, bias, m, n, k, swiglu);
+  a.qt = wt, a.qw = w, a.m_tile = KN_MM_Q16_M_TILE;
   if (m > 0 && n > 0) mm_run_bf16(p, &a);
 }
